@@ -1,0 +1,29 @@
+# Two entry points for a newcomer on a fresh machine: `make demo` and `make test`.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-stamp
+
+.PHONY: demo test lint bench-plan clean
+
+$(STAMP): pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -c constraints.txt -e '.[dev,mpich]'
+	touch $@
+
+demo: $(STAMP)
+	$(BIN)/solar demo
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+test: lint
+	$(BIN)/pytest -q
+
+bench-plan: $(STAMP)
+	$(BIN)/python bench/plan_bench.py
+
+clean:
+	rm -rf $(VENV) .demo build *.egg-info

@@ -1,0 +1,19 @@
+"""solar: a clairvoyant data loader for distributed PyTorch training on HDF5 datasets."""
+
+from solar.config import BufferConfig, RunConfig
+from solar.errors import CorruptPlanError, PlanMismatchError, SolarError
+from solar.schedule import Plan, PlanSpec, load_plan, make_plan
+
+__all__ = [
+    "BufferConfig",
+    "CorruptPlanError",
+    "Plan",
+    "PlanMismatchError",
+    "PlanSpec",
+    "RunConfig",
+    "SolarError",
+    "load_plan",
+    "make_plan",
+]
+
+__version__ = "0.1.0"

@@ -1,0 +1,203 @@
+"""The ``solar`` command line: plan runs, make demo data."""
+
+from __future__ import annotations
+
+import json
+import sys
+from contextlib import contextmanager
+from pathlib import Path
+
+import click
+
+from solar.config import DEFAULT_SLACK, BufferConfig, RunConfig, parse_size
+from solar.errors import SolarError
+from solar.schedule import POLICIES, Plan, PlanSpec, make_plan
+
+# A plan this long gets a progress bar (a few seconds of work).
+_PROGRESS_ACCESSES = 10_000_000
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="solar")
+def cli() -> None:
+    """solar: clairvoyant data loading for distributed training on HDF5 datasets."""
+
+
+@cli.command()
+@click.argument("data", nargs=-1, type=click.Path())
+@click.option("--key", "keys", multiple=True, help="Dataset key (repeatable); default: all.")
+@click.option("--samples", type=int, help="Number of samples N, when no data files are given.")
+@click.option("--sample-bytes", type=int, help="Bytes per sample, when no data files are given.")
+@click.option("--world-size", "-P", type=int, required=True, help="Number of ranks P.")
+@click.option("--batch-size", "-B", type=int, required=True, help="Nominal local batch B.")
+@click.option("--epochs", "-E", type=int, required=True, help="Epochs E.")
+@click.option(
+    "--buffer", "-C", required=True, help="Per-rank buffer: samples (500) or bytes (4GiB)."
+)
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--slack", type=float, default=DEFAULT_SLACK, show_default=True,
+              help="Extra share of B a rank may serve to keep its hits.")  # fmt: skip
+@click.option("--drop-last", is_flag=True, help="Drop a short last global batch.")
+@click.option("--policy", type=click.Choice(list(POLICIES)), default="solar", show_default=True)
+@click.option("--reorder-epochs", is_flag=True, help="Order epochs to chain buffers (SOLAR's TSP).")
+@click.option("--out", "-o", type=click.Path(), required=True, help="Plan file to write.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of a table.")
+def plan(
+    data: tuple[str, ...],
+    keys: tuple[str, ...],
+    samples: int | None,
+    sample_bytes: int | None,
+    world_size: int,
+    batch_size: int,
+    epochs: int,
+    buffer: str,
+    seed: int,
+    slack: float,
+    drop_last: bool,
+    policy: str,
+    reorder_epochs: bool,
+    out: str,
+    as_json: bool,
+) -> None:
+    """Plan a run over DATA (HDF5 files or globs) or over --samples N, and write it to --out."""
+    dataset = None
+    if data:
+        from solar.io.hdf5 import describe
+
+        info = describe(list(data), list(keys) or None)
+        if samples is not None and samples != info.num_samples:
+            raise SolarError(f"--samples {samples} disagrees with the data's {info.num_samples}")
+        if sample_bytes is not None and sample_bytes != info.sample_bytes:
+            raise SolarError(
+                f"--sample-bytes {sample_bytes} disagrees with the data's {info.sample_bytes}"
+            )
+        samples, sample_bytes, dataset = info.num_samples, info.sample_bytes, info.identity
+    elif keys:
+        raise SolarError("--key needs data files")
+    elif samples is None:
+        raise SolarError("give data files or --samples N")
+    if sample_bytes is not None and sample_bytes <= 0:
+        raise SolarError(f"--sample-bytes must be positive, got {sample_bytes}")
+    run = RunConfig(samples, world_size, batch_size, epochs, seed, drop_last)
+    capacity = parse_size(buffer, sample_bytes=sample_bytes, name="--buffer")
+    spec = PlanSpec(
+        run, BufferConfig(capacity, slack), policy, reorder_epochs, sample_bytes, dataset
+    )
+    if not Path(out).resolve().parent.is_dir():
+        raise SolarError(f"--out {out}: directory {Path(out).parent} does not exist")
+    with _progress(run, enabled=run.num_accesses >= _PROGRESS_ACCESSES) as progress:
+        result = make_plan(spec, progress)
+    path = result.save(out)
+    summary = plan_summary(result, path)
+    click.echo(json.dumps(summary) if as_json else format_summary(summary))
+
+
+@cli.command()
+@click.option("--dir", "directory", type=click.Path(), default=".demo", show_default=True)
+def demo(directory: str) -> None:
+    """Generate a PtychoNN-like dataset (if absent), plan a 4-rank run over it, summarise."""
+    from solar.io.generate import generate
+
+    root = Path(directory)
+    root.mkdir(parents=True, exist_ok=True)
+    data = root / "ptychonn.h5"
+    if not data.exists():
+        click.echo(f"generating {data} (1024 PtychoNN-like samples, 288 MiB) ...", err=True)
+        generate(data, "ptychonn", 1024)
+    args = [str(data), "-P", "4", "-B", "16", "-E", "5", "-C", "128", "-o", str(root / "plan.h5")]
+    click.echo(f"$ solar plan {' '.join(args)}", err=True)
+    plan.main(args, standalone_mode=False)
+
+
+def plan_summary(p: Plan, path: Path | None = None) -> dict:
+    """The figures `solar plan` reports, as a JSON-ready dict."""
+    run, spec = p.run, p.spec
+    reads = p.accesses - p.hits
+    summary = {
+        "policy": spec.policy,
+        "num_samples": run.num_samples,
+        "sample_bytes": spec.sample_bytes,
+        "world_size": run.world_size,
+        "batch_size": run.batch_size,
+        "epochs": run.epochs,
+        "buffer": spec.buffer.capacity,
+        "slack": spec.buffer.slack,
+        "steps_per_epoch": run.steps_per_epoch,
+        "accesses": p.accesses,
+        "hits": p.hits,
+        "reads": reads,
+        "hit_rate": p.hit_rate,
+        "bound": p.bound,
+        "reads_per_epoch": reads / run.epochs,
+        "bytes_read_per_epoch": (reads * spec.sample_bytes / run.epochs)
+        if spec.sample_bytes
+        else None,
+        "plan_seconds": p.plan_seconds,
+        "fingerprint": p.fingerprint,
+        "ranks": [dict(rank=r, **vars(s)) for r, s in enumerate(p.stats)],
+    }
+    if path is not None:
+        size = path.stat().st_size
+        summary.update(out=str(path), file_bytes=size, bytes_per_access=size / p.accesses)
+    return summary
+
+
+def format_summary(s: dict) -> str:
+    each = f" ({_bytes(s['sample_bytes'])} each)" if s["sample_bytes"] else ""
+    lines = [
+        f"policy {s['policy']}: N={s['num_samples']} samples{each}, P={s['world_size']}, "
+        f"B={s['batch_size']}, E={s['epochs']}, {s['steps_per_epoch']} steps/epoch, "
+        f"buffer {s['buffer']} samples/rank, slack {s['slack']}",
+        f"{'rank':>5} {'accesses':>10} {'hits':>10} {'reads':>10} {'batch min-max':>14}",
+    ]
+    for r in s["ranks"]:
+        batch = f"{r['min_batch']}-{r['max_batch']}"
+        lines.append(
+            f"{r['rank']:>5} {r['accesses']:>10} {r['hits']:>10} {r['reads']:>10} {batch:>14}"
+        )
+    lines.append(f"{'all':>5} {s['accesses']:>10} {s['hits']:>10} {s['reads']:>10}")
+    share = s["hit_rate"] / s["bound"] if s["bound"] else 1.0
+    lines.append(
+        f"hit rate {100 * s['hit_rate']:.2f} %, bound min(P·C, N)·(E−1)/(N·E) = "
+        f"{100 * s['bound']:.2f} % ({100 * share:.1f} % of it)"
+    )
+    per_epoch = f"{s['reads_per_epoch']:.0f} samples"
+    if s["bytes_read_per_epoch"] is not None:
+        per_epoch += f" ({_bytes(s['bytes_read_per_epoch'])})"
+    lines.append(f"reads per epoch: {per_epoch}")
+    where = f" -> {s['out']} ({_bytes(s['file_bytes'])})" if "out" in s else ""
+    lines.append(f"planned in {s['plan_seconds']:.2f} s{where}")
+    lines.append(f"fingerprint {s['fingerprint']}")
+    return "\n".join(lines)
+
+
+def _bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError
+
+
+@contextmanager
+def _progress(run: RunConfig, enabled: bool):
+    if not enabled:
+        yield None
+        return
+    with click.progressbar(length=run.num_steps, label="planning", file=sys.stderr) as bar:
+        yield bar.update
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point: errors are one line on stderr and a non-zero exit, never a traceback."""
+    try:
+        cli.main(args=argv, prog_name="solar", standalone_mode=False)
+    except SolarError as exc:
+        click.echo(f"solar: error: {exc}", err=True)
+        sys.exit(1)
+    except click.exceptions.Abort:
+        click.echo("solar: aborted", err=True)
+        sys.exit(130)
+    except click.ClickException as exc:
+        click.echo(f"solar: error: {exc.format_message()}", err=True)
+        sys.exit(exc.exit_code)

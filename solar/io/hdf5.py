@@ -1,0 +1,169 @@
+"""Dataset discovery: which files and keys make the sample space, and what they hold.
+
+Samples are rows along the first dimension of one or more datasets (keys) that share that
+length; several files concatenate into one sample space in the order given.
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import h5py
+import numpy as np
+
+from solar.errors import SolarError
+
+
+@dataclass(frozen=True)
+class KeyInfo:
+    """One key's per-sample shape and type, the same in every file."""
+
+    name: str
+    sample_shape: tuple[int, ...]
+    dtype: np.dtype
+
+    @property
+    def row_bytes(self) -> int:
+        return int(np.prod(self.sample_shape, dtype=np.int64)) * self.dtype.itemsize
+
+
+@dataclass(frozen=True)
+class DatasetInfo:
+    """The sample space of a list of HDF5 files and keys."""
+
+    files: tuple[Path, ...]
+    keys: tuple[KeyInfo, ...]
+    lengths: tuple[int, ...]  # samples in each file
+
+    @property
+    def num_samples(self) -> int:
+        return sum(self.lengths)
+
+    @property
+    def sample_bytes(self) -> int:
+        return sum(k.row_bytes for k in self.keys)
+
+    @property
+    def identity(self) -> str:
+        """A digest of file names, sizes, keys, shapes and dtypes (not contents).
+
+        Renaming a directory or copying the files keeps it; another file, key or shape changes it.
+        """
+        record = [
+            [p.name, os.path.getsize(p), n] for p, n in zip(self.files, self.lengths, strict=True)
+        ]
+        keys = [[k.name, list(k.sample_shape), k.dtype.str] for k in self.keys]
+        return hashlib.sha256(json.dumps([record, keys]).encode()).hexdigest()[:32]
+
+
+def expand_paths(paths: list[str | os.PathLike]) -> list[Path]:
+    """Expand globs (sorted) in ``paths``; a pattern that matches nothing is an error."""
+    out: list[Path] = []
+    for p in paths:
+        s = os.fspath(p)
+        if not os.path.exists(s) and glob.has_magic(s):
+            matches = sorted(glob.glob(s))
+            if not matches:
+                raise SolarError(f"{s}: no file matches this pattern")
+            out.extend(Path(m) for m in matches)
+        else:
+            out.append(Path(s))
+    if not out:
+        raise SolarError("no data files given")
+    return out
+
+
+def open_h5(path: Path) -> h5py.File:
+    """Open an HDF5 file read-only, turning every failure into a one-line SolarError."""
+    if not path.exists():
+        raise SolarError(f"{path}: no such file")
+    if path.is_dir():
+        raise SolarError(f"{path}: is a directory, not an HDF5 file")
+    try:
+        if not h5py.is_hdf5(path):
+            raise SolarError(f"{path}: not an HDF5 file")
+        return h5py.File(path, "r")
+    except OSError as exc:
+        raise SolarError(f"{path}: truncated or corrupt HDF5 file ({_reason(exc)})") from None
+
+
+def describe(paths: list[str | os.PathLike], keys: list[str] | None = None) -> DatasetInfo:
+    """Check the files and keys and describe the sample space they make.
+
+    Without ``keys``, every dataset of the first file is a key.
+    """
+    files = expand_paths(paths)
+    infos: list[KeyInfo] | None = None
+    lengths = []
+    for path in files:
+        with open_h5(path) as f:
+            names = list(keys) if keys else _all_datasets(f, path)
+            n, found = _check_keys(f, path, names)
+            if infos is None:
+                infos = found
+            else:
+                for a, b in zip(infos, found, strict=True):
+                    if (a.sample_shape, a.dtype) != (b.sample_shape, b.dtype):
+                        raise SolarError(
+                            f"{path}: key {b.name!r} holds {b.sample_shape} {b.dtype} samples, "
+                            f"but {files[0]} holds {a.sample_shape} {a.dtype}"
+                        )
+            lengths.append(n)
+    return DatasetInfo(tuple(files), tuple(infos), tuple(lengths))
+
+
+def _all_datasets(f: h5py.File, path: Path) -> list[str]:
+    names: list[str] = []
+    f.visititems(lambda name, obj: names.append(name) if isinstance(obj, h5py.Dataset) else None)
+    if not names:
+        raise SolarError(f"{path}: holds no datasets")
+    return sorted(names)
+
+
+def _check_keys(f: h5py.File, path: Path, names: list[str]) -> tuple[int, list[KeyInfo]]:
+    size = os.path.getsize(path)
+    first: tuple[str, int] | None = None
+    infos = []
+    for name in names:
+        obj = f.get(name)
+        if not isinstance(obj, h5py.Dataset):
+            have = ", ".join(_all_datasets(f, path)[:8])
+            what = "no dataset" if obj is None else "a group, not a dataset, at"
+            raise SolarError(f"{path}: {what} key {name!r} (datasets: {have})")
+        if obj.ndim == 0:
+            raise SolarError(f"{path}: key {name!r} is a scalar, not an array of samples")
+        if first is None:
+            first = (name, obj.shape[0])
+        elif obj.shape[0] != first[1]:
+            raise SolarError(
+                f"{path}: key {name!r} has {obj.shape[0]} samples but {first[0]!r} has {first[1]}"
+            )
+        _check_extent(obj, path, name, size)
+        infos.append(KeyInfo(name, tuple(obj.shape[1:]), obj.dtype))
+    if first is None:
+        raise SolarError(f"{path}: no keys given")
+    return first[1], infos
+
+
+def _check_extent(dset: h5py.Dataset, path: Path, name: str, file_size: int) -> None:
+    """A contiguous dataset whose bytes run past the end of the file is truncated."""
+    if dset.chunks is not None or dset.size == 0:
+        return
+    offset = dset.id.get_offset()
+    if offset is None:
+        return  # never written: HDF5 reads it as fill values
+    end = offset + dset.id.get_storage_size()
+    if end > file_size:
+        raise SolarError(
+            f"{path}: truncated file: key {name!r} ends at byte {end}, the file has {file_size}"
+        )
+
+
+def _reason(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else type(exc).__name__

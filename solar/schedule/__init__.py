@@ -1,0 +1,19 @@
+"""The planner: order → assignment → eviction → Plan, all pure functions of the inputs."""
+
+from solar.schedule._common import ADMIT, HIT, RELEASE
+from solar.schedule.order import epoch_permutation
+from solar.schedule.plan import Plan, PlanSpec, RankPlan, load_plan, make_plan
+from solar.schedule.policies import POLICIES
+
+__all__ = [
+    "ADMIT",
+    "HIT",
+    "POLICIES",
+    "RELEASE",
+    "Plan",
+    "PlanSpec",
+    "RankPlan",
+    "epoch_permutation",
+    "load_plan",
+    "make_plan",
+]

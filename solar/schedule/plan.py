@@ -1,0 +1,341 @@
+"""The Plan: the only contract between the planner and the runtime, and its file format.
+
+File format (HDF5, version 1), readable with plain h5py::
+
+    attrs   format="solar-plan", format_version=1, fingerprint (sha256 hex of the spec),
+            spec (JSON of the inputs), stats (JSON of per-rank totals), plan_seconds,
+            checksums (one blake2b hex per rank)
+    epoch_order   (E,)      int64   permutation index used by each epoch of the run
+    rank_offsets  (P+1,)    int64   rank r's accesses are [rank_offsets[r], rank_offsets[r+1])
+    step_offsets  (P, S+1)  int64   within rank r, global step k is [step_offsets[r,k], ...[r,k+1])
+    sample        (A,)      int32 (int64 when N >= 2**31)   sample id, in service order
+    slot          (A,)      int32   buffer slot of the access, -1 for a read kept nowhere
+    flags         (A,)      uint8   bit 0 HIT, bit 1 ADMIT, bit 2 RELEASE
+
+Semantics of one rank's step k: its batch is ``sample[a:b]`` in that order. A HIT is gathered
+from ``slot`` as the buffer holds it at the start of the step; any other access is read from
+storage, and if ADMIT its bytes are then stored into ``slot`` (in order, after the gather).
+RELEASE marks a hit that is the sample's last use. Slots freed by a step are those released
+and those overwritten by its admissions.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import h5py
+import numpy as np
+from numba import njit
+
+from solar._atomic import atomic_path
+from solar.config import BufferConfig, RunConfig
+from solar.errors import CorruptPlanError, PlanMismatchError, SolarError
+from solar.schedule._common import ADMIT, HIT, RELEASE, Progress
+from solar.schedule.order import access_sequence
+from solar.schedule.policies import get_policy
+from solar.schedule.reorder import reorder_epochs
+
+FORMAT = "solar-plan"
+FORMAT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class PlanSpec:
+    """Everything a plan depends on; its digest is the plan's fingerprint."""
+
+    run: RunConfig
+    buffer: BufferConfig
+    policy: str = "solar"
+    reorder_epochs: bool = False
+    sample_bytes: int | None = None
+    dataset: str | None = None  # identity of the data files and keys, see solar.io.hdf5
+
+    def as_dict(self) -> dict:
+        d = {**dataclasses.asdict(self.run), **dataclasses.asdict(self.buffer)}
+        d.update(
+            policy=self.policy,
+            reorder_epochs=self.reorder_epochs,
+            sample_bytes=self.sample_bytes,
+            dataset=self.dataset,
+            format_version=FORMAT_VERSION,
+        )
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> PlanSpec:
+        run = RunConfig(**{f.name: d[f.name] for f in dataclasses.fields(RunConfig)})
+        buffer = BufferConfig(**{f.name: d[f.name] for f in dataclasses.fields(BufferConfig)})
+        return cls(run, buffer, d["policy"], d["reorder_epochs"], d["sample_bytes"], d["dataset"])
+
+    @property
+    def fingerprint(self) -> str:
+        return _digest(self.as_dict())
+
+
+def _digest(d: dict) -> str:
+    return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class RankPlan:
+    """One rank's part of a plan: its accesses in service order, cut into global steps."""
+
+    rank: int
+    sample: np.ndarray
+    slot: np.ndarray
+    flags: np.ndarray
+    step_offsets: np.ndarray  # (num_steps + 1,)
+
+    @property
+    def hit(self) -> np.ndarray:
+        return (self.flags & HIT) != 0
+
+    def steps(self) -> np.ndarray:
+        """Global step index of every access."""
+        return np.repeat(np.arange(self.step_offsets.size - 1), np.diff(self.step_offsets))
+
+    def batch_sizes(self) -> np.ndarray:
+        return np.diff(self.step_offsets)
+
+    def freed(self, step: int) -> np.ndarray:
+        """Slots whose content is no longer needed after ``step``: released or overwritten."""
+        a, b = self.step_offsets[step], self.step_offsets[step + 1]
+        f, s = self.flags[a:b], self.slot[a:b]
+        return np.unique(s[((f & RELEASE) != 0) | ((f & ADMIT) != 0)])
+
+
+@dataclass(frozen=True)
+class RankStats:
+    accesses: int
+    hits: int
+    reads: int
+    admits: int
+    min_batch: int
+    max_batch: int
+
+
+class Plan:
+    """A schedule for every rank and step, made by :func:`make_plan` or :func:`load_plan`."""
+
+    def __init__(
+        self,
+        spec: PlanSpec,
+        epoch_order: np.ndarray,
+        stats: list[RankStats],
+        plan_seconds: float,
+        fingerprint: str,
+        arrays: dict[str, np.ndarray] | None = None,
+        path: Path | None = None,
+        checksums: list[str] | None = None,
+    ) -> None:
+        self.spec = spec
+        self.epoch_order = epoch_order
+        self.stats = stats
+        self.plan_seconds = plan_seconds
+        self.fingerprint = fingerprint
+        self._arrays = arrays
+        self._path = path
+        self._checksums = checksums
+
+    # -- queries -------------------------------------------------------------------------
+    @property
+    def run(self) -> RunConfig:
+        return self.spec.run
+
+    @property
+    def world_size(self) -> int:
+        return self.spec.run.world_size
+
+    def rank(self, r: int) -> RankPlan:
+        """Rank ``r``'s accesses (read from the file and checked against its checksum)."""
+        if not 0 <= r < self.world_size:
+            raise SolarError(f"rank {r} is outside this plan's world size {self.world_size}")
+        if self._arrays is not None:
+            return _slice_rank(self._arrays, r)
+        return _read_rank(self._path, r, self.fingerprint, self._checksums[r])
+
+    def trace(self, r: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(step, sample, hit)`` over rank ``r``'s accesses in service order."""
+        rp = self.rank(r)
+        return rp.steps(), rp.sample, rp.hit
+
+    @property
+    def accesses(self) -> int:
+        return sum(s.accesses for s in self.stats)
+
+    @property
+    def hits(self) -> int:
+        return sum(s.hits for s in self.stats)
+
+    @property
+    def hit_rate(self) -> float:
+        return self.hits / self.accesses
+
+    @property
+    def bound(self) -> float:
+        """Largest possible hit rate: min(P·C, per-epoch samples) hits per epoch transition."""
+        run, c = self.run, self.spec.buffer.capacity
+        per_epoch = run.samples_per_epoch
+        return min(run.world_size * c, per_epoch) * (run.epochs - 1) / (per_epoch * run.epochs)
+
+    def check(self, expected: PlanSpec, source: str = "plan") -> None:
+        """Refuse this plan unless it was made for ``expected``; name the fields that differ."""
+        if self.fingerprint == expected.fingerprint:
+            return
+        mine, theirs = self.spec.as_dict(), expected.as_dict()
+        diff = [f"{k} {mine[k]!r} (expected {theirs[k]!r})" for k in mine if mine[k] != theirs[k]]
+        raise PlanMismatchError(f"{source} was made for another dataset or run: {', '.join(diff)}")
+
+    # -- persistence ---------------------------------------------------------------------
+    def save(self, path: str | os.PathLike) -> Path:
+        """Write the plan atomically: to a temporary file beside ``path``, then rename."""
+        if self._arrays is None:
+            raise SolarError("plan: only a plan made in this process can be saved")
+        path = Path(path)
+        a = self._arrays
+        world = self.world_size
+        checksums = [_rank_checksum(_slice_rank(a, r), self.fingerprint) for r in range(world)]
+        meta = {
+            "format": FORMAT,
+            "format_version": FORMAT_VERSION,
+            "fingerprint": self.fingerprint,
+            "spec": json.dumps(self.spec.as_dict(), sort_keys=True),
+            "stats": json.dumps([dataclasses.asdict(s) for s in self.stats]),
+            "plan_seconds": self.plan_seconds,
+            "checksums": json.dumps(checksums),
+        }
+        with atomic_path(path) as tmp, h5py.File(tmp, "w") as f:
+            f.attrs.update(meta)
+            f["epoch_order"] = self.epoch_order
+            for name in ("rank_offsets", "step_offsets", "sample", "slot", "flags"):
+                f.create_dataset(name, data=a[name])
+        return path
+
+
+def make_plan(spec: PlanSpec, progress: Progress | None = None) -> Plan:
+    """Plan a run: the order, then the policy's assignment and buffer decisions."""
+    t0 = time.perf_counter()
+    run = spec.run
+    policy = get_policy(spec.policy)
+    if spec.reorder_epochs:
+        epoch_order = reorder_epochs(run, spec.buffer.capacity)
+    else:
+        epoch_order = np.arange(run.epochs, dtype=np.int64)
+    seq = access_sequence(run, epoch_order)
+    sched = policy(run, spec.buffer, seq, progress)
+
+    counts = sched.counts.astype(np.int64)
+    per_rank = counts.sum(axis=0)
+    rank_offsets = np.concatenate([[0], np.cumsum(per_rank)])
+    step_offsets = np.zeros((run.world_size, run.num_steps + 1), np.int64)
+    np.cumsum(counts.T, axis=1, out=step_offsets[:, 1:])
+    arrays = {
+        "rank_offsets": rank_offsets,
+        "step_offsets": step_offsets,
+        "sample": np.empty_like(seq),
+        "slot": np.empty(seq.size, np.int32),
+        "flags": np.empty(seq.size, np.uint8),
+    }
+    _group_by_rank(
+        sched.rank, seq, sched.slot, sched.flags, rank_offsets,
+        arrays["sample"], arrays["slot"], arrays["flags"],
+    )  # fmt: skip
+    del sched, seq
+    stats = [_rank_stats(_slice_rank(arrays, r)) for r in range(run.world_size)]
+    seconds = time.perf_counter() - t0
+    return Plan(spec, epoch_order, stats, seconds, spec.fingerprint, arrays=arrays)
+
+
+def load_plan(path: str | os.PathLike) -> Plan:
+    """Open a plan file; rank data is read on demand and checked against its checksum."""
+    path = Path(path)
+    if not path.is_file():
+        raise SolarError(f"plan {path}: no such file")
+    try:
+        with h5py.File(path, "r") as f:
+            if f.attrs.get("format") != FORMAT:
+                raise CorruptPlanError(f"plan {path}: not a solar plan file")
+            version = int(f.attrs["format_version"])
+            if version != FORMAT_VERSION:
+                raise CorruptPlanError(
+                    f"plan {path}: format version {version}, this solar reads {FORMAT_VERSION}"
+                )
+            spec_dict = json.loads(f.attrs["spec"])
+            fingerprint = str(f.attrs["fingerprint"])
+            stats = [RankStats(**s) for s in json.loads(f.attrs["stats"])]
+            checksums = json.loads(f.attrs["checksums"])
+            epoch_order = f["epoch_order"][()]
+            seconds = float(f.attrs["plan_seconds"])
+    except (OSError, KeyError, ValueError, TypeError) as exc:
+        raise CorruptPlanError(f"plan {path}: unreadable or corrupt ({_first_line(exc)})") from None
+    if _digest(spec_dict) != fingerprint:
+        raise CorruptPlanError(f"plan {path}: its fingerprint does not match its recorded inputs")
+    spec = PlanSpec.from_dict(spec_dict)
+    if len(checksums) != spec.run.world_size or len(stats) != spec.run.world_size:
+        raise CorruptPlanError(f"plan {path}: per-rank records do not match its world size")
+    return Plan(spec, epoch_order, stats, seconds, fingerprint, path=path, checksums=checksums)
+
+
+# -- helpers ----------------------------------------------------------------------------------
+@njit(cache=True)
+def _group_by_rank(rank, seq, slot, flags, offsets, out_sample, out_slot, out_flags):
+    """Stable counting sort of the run-order decisions into rank-major order."""
+    fill = offsets[:-1].copy()
+    for i in range(rank.shape[0]):
+        j = fill[rank[i]]
+        out_sample[j] = seq[i]
+        out_slot[j] = slot[i]
+        out_flags[j] = flags[i]
+        fill[rank[i]] = j + 1
+
+
+def _slice_rank(a: dict[str, np.ndarray], r: int) -> RankPlan:
+    lo, hi = a["rank_offsets"][r], a["rank_offsets"][r + 1]
+    return RankPlan(
+        r, a["sample"][lo:hi], a["slot"][lo:hi], a["flags"][lo:hi], a["step_offsets"][r]
+    )
+
+
+def _read_rank(path: Path, r: int, fingerprint: str, checksum: str) -> RankPlan:
+    try:
+        with h5py.File(path, "r") as f:
+            lo, hi = (int(v) for v in f["rank_offsets"][r : r + 2])
+            rp = RankPlan(
+                r, f["sample"][lo:hi], f["slot"][lo:hi], f["flags"][lo:hi], f["step_offsets"][r]
+            )
+    except (OSError, KeyError, ValueError, IndexError) as exc:
+        raise CorruptPlanError(f"plan {path}: unreadable or corrupt ({_first_line(exc)})") from None
+    if _rank_checksum(rp, fingerprint) != checksum:
+        raise CorruptPlanError(f"plan {path}: rank {r}'s data fails its checksum (corrupt file)")
+    return rp
+
+
+def _rank_checksum(rp: RankPlan, fingerprint: str) -> str:
+    h = hashlib.blake2b(fingerprint.encode(), digest_size=16)
+    for arr in (rp.step_offsets, rp.sample, rp.slot, rp.flags):
+        h.update(np.ascontiguousarray(arr).data)
+    return h.hexdigest()
+
+
+def _rank_stats(rp: RankPlan) -> RankStats:
+    sizes = rp.batch_sizes()
+    hits = int(np.count_nonzero(rp.flags & HIT))
+    return RankStats(
+        accesses=int(rp.sample.size),
+        hits=hits,
+        reads=int(rp.sample.size) - hits,
+        admits=int(np.count_nonzero(rp.flags & ADMIT)),
+        min_batch=int(sizes.min()),
+        max_batch=int(sizes.max()),
+    )
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
