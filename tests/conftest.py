@@ -1,0 +1,25 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+
+
+@pytest.fixture
+def small_h5(tmp_path: Path) -> Path:
+    """A contiguous file with two keys of 103 samples (a prime: no batch divides it)."""
+    path = tmp_path / "small.h5"
+    rng = np.random.default_rng(0)
+    with h5py.File(path, "w") as f:
+        f["x"] = rng.standard_normal((103, 4, 5), np.float32)
+        f["y"] = rng.integers(0, 10, (103, 2)).astype(np.int64)
+    return path
+
+
+def write_h5(path: Path, **datasets: np.ndarray) -> Path:
+    with h5py.File(path, "w") as f:
+        for name, data in datasets.items():
+            f[name] = data
+    return path

@@ -1,0 +1,72 @@
+"""Independent checks of a plan against the run it claims to serve (used by several tests)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from solar.schedule import ADMIT, HIT, RELEASE, Plan
+from solar.schedule.order import access_sequence, nominal_batches, step_bounds
+
+
+def check_plan(plan: Plan) -> None:
+    """Assert every promise a plan makes; replay each rank's buffer to check its hits."""
+    run, buffer = plan.run, plan.spec.buffer
+    seq = access_sequence(run, plan.epoch_order)
+    bounds = step_bounds(run)
+    ranks = [plan.rank(r) for r in range(run.world_size)]
+    total_hits = 0
+    hits_per_epoch = np.zeros(run.epochs, np.int64)
+    for rp in ranks:
+        assert rp.step_offsets.shape == (run.num_steps + 1,)
+        assert rp.step_offsets[0] == 0 and rp.step_offsets[-1] == rp.sample.size
+    for k in range(run.num_steps):
+        epoch, t = divmod(k, run.steps_per_epoch)
+        a = epoch * run.samples_per_epoch + bounds[t]
+        b = epoch * run.samples_per_epoch + bounds[t + 1]
+        parts = [rp.sample[rp.step_offsets[k] : rp.step_offsets[k + 1]] for rp in ranks]
+        # The ranks' local batches together are exactly the step's global batch.
+        np.testing.assert_array_equal(np.sort(np.concatenate(parts)), np.sort(seq[a:b]))
+        nominal = nominal_batches(b - a, run.world_size)
+        for r, part in enumerate(parts):
+            assert part.size <= buffer.cap(int(nominal[r])), (k, r, part.size)
+            if buffer.slack == 0 and plan.spec.policy == "solar":
+                assert part.size == nominal[r]
+            if plan.spec.policy in ("lru", "fifo", "nopfs"):
+                assert part.size == nominal[r]
+    for rp in ranks:
+        _replay(rp, buffer.capacity)
+        steps = rp.steps()
+        hits = (rp.flags & HIT) != 0
+        total_hits += int(hits.sum())
+        np.add.at(hits_per_epoch, steps[hits] // run.steps_per_epoch, 1)
+        assert rp.sample.size == plan.stats[rp.rank].accesses
+        assert int(hits.sum()) == plan.stats[rp.rank].hits
+    # Every served sample exactly once per epoch.
+    for e in range(run.epochs):
+        served = np.concatenate([rp.sample[rp.steps() // run.steps_per_epoch == e] for rp in ranks])
+        assert served.size == run.samples_per_epoch
+        assert np.unique(served).size == served.size
+    # A hit needs the sample held across an epoch boundary, and at most P·C are.
+    assert hits_per_epoch[0] == 0
+    assert np.all(hits_per_epoch <= min(run.world_size * buffer.capacity, run.samples_per_epoch))
+    assert total_hits == plan.hits
+
+
+def _replay(rp, capacity: int) -> None:
+    """Hits must find their sample in their slot as the buffer stands at the step's start."""
+    state = np.full(capacity, -1, np.int64)
+    for k in range(rp.step_offsets.size - 1):
+        a, b = rp.step_offsets[k], rp.step_offsets[k + 1]
+        flags, slots, samples = rp.flags[a:b], rp.slot[a:b], rp.sample[a:b]
+        hit = (flags & HIT) != 0
+        assert np.all((slots[hit] >= 0) & (slots[hit] < capacity))
+        np.testing.assert_array_equal(state[slots[hit]], samples[hit])
+        assert np.all(slots[~hit & ((flags & ADMIT) == 0)] == -1)
+        assert not np.any(hit & ((flags & ADMIT) != 0))
+        assert not np.any(~hit & ((flags & RELEASE) != 0))
+        for f, s, x in zip(flags, slots, samples, strict=True):
+            if f & ADMIT:
+                assert 0 <= s < capacity
+                state[s] = x
+            elif f & RELEASE:
+                state[s] = -1

@@ -1,0 +1,130 @@
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+
+from solar import (
+    BufferConfig,
+    CorruptPlanError,
+    PlanMismatchError,
+    PlanSpec,
+    RunConfig,
+    load_plan,
+    make_plan,
+)
+from solar.errors import SolarError
+
+SPEC = PlanSpec(RunConfig(97, 3, 4, 3, seed=5), BufferConfig(9, 0.25), sample_bytes=80)
+
+
+@pytest.fixture
+def saved(tmp_path: Path) -> tuple:
+    plan = make_plan(SPEC)
+    return plan, plan.save(tmp_path / "run.plan.h5")
+
+
+def test_round_trip_keeps_everything(saved):
+    plan, path = saved
+    loaded = load_plan(path)
+    assert loaded.fingerprint == plan.fingerprint == SPEC.fingerprint
+    assert loaded.spec == SPEC
+    assert loaded.stats == plan.stats
+    np.testing.assert_array_equal(loaded.epoch_order, plan.epoch_order)
+    for r in range(3):
+        for a, b in zip(loaded.trace(r), plan.trace(r), strict=True):
+            np.testing.assert_array_equal(a, b)
+        np.testing.assert_array_equal(loaded.rank(r).slot, plan.rank(r).slot)
+
+
+def test_file_is_plain_hdf5_with_documented_fields(saved):
+    _, path = saved
+    with h5py.File(path, "r") as f:
+        assert f.attrs["format"] == "solar-plan"
+        assert set(f) == {"epoch_order", "rank_offsets", "step_offsets", "sample", "slot", "flags"}
+        assert f["step_offsets"].shape == (3, SPEC.run.num_steps + 1)
+        assert f["sample"].shape == (SPEC.run.num_accesses,)
+
+
+def test_check_accepts_its_own_run_and_names_what_differs(saved):
+    _, path = saved
+    plan = load_plan(path)
+    plan.check(SPEC)
+    other = PlanSpec(RunConfig(97, 4, 4, 3, seed=5), BufferConfig(9, 0.25), sample_bytes=80)
+    with pytest.raises(PlanMismatchError, match=r"world_size 3 \(expected 4\)"):
+        plan.check(other)
+    moved = PlanSpec(SPEC.run, SPEC.buffer, sample_bytes=80, dataset="another")
+    with pytest.raises(PlanMismatchError, match="dataset"):
+        plan.check(moved)
+
+
+def test_corrupt_data_is_refused(saved):
+    _, path = saved
+    with h5py.File(path, "r+") as f:
+        lo = f["rank_offsets"][1]
+        f["slot"][lo] = f["slot"][lo] + 1
+    plan = load_plan(path)
+    plan.rank(0)  # untouched rank still loads
+    with pytest.raises(CorruptPlanError, match=r"rank 1.*checksum"):
+        plan.rank(1)
+
+
+def test_edited_inputs_are_refused(saved):
+    _, path = saved
+    with h5py.File(path, "r+") as f:
+        f.attrs["spec"] = f.attrs["spec"].replace('"seed": 5', '"seed": 6')
+    with pytest.raises(CorruptPlanError, match="fingerprint"):
+        load_plan(path)
+
+
+@pytest.mark.parametrize("damage", ["truncate", "garbage", "other_hdf5"])
+def test_unreadable_files_are_refused(saved, damage, tmp_path):
+    _, path = saved
+    if damage == "truncate":
+        data = path.read_bytes()
+        path.write_bytes(data[: len(data) // 2])
+    elif damage == "garbage":
+        path.write_bytes(b"not a plan at all" * 100)
+    else:
+        with h5py.File(path, "w") as f:
+            f["data"] = np.zeros(3)
+    with pytest.raises(CorruptPlanError, match=re.escape(path.name)):
+        plan = load_plan(path)
+        plan.rank(0)
+
+
+def test_missing_file_is_named(tmp_path):
+    with pytest.raises(SolarError, match="nope.h5: no such file"):
+        load_plan(tmp_path / "nope.h5")
+
+
+def test_failed_save_leaves_nothing(tmp_path, monkeypatch):
+    plan = make_plan(SPEC)
+
+    def boom(*args, **kwargs):
+        raise RuntimeError("disk full")
+
+    monkeypatch.setattr(h5py.Group, "create_dataset", boom)
+    with pytest.raises(RuntimeError):
+        plan.save(tmp_path / "run.plan.h5")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_saving_a_loaded_plan_over_itself_is_refused(saved):
+    _, path = saved
+    with pytest.raises(SolarError):
+        load_plan(path).save(path)
+    assert load_plan(path).fingerprint == SPEC.fingerprint
+
+
+def test_freed_slots_are_released_or_overwritten():
+    plan = make_plan(SPEC)
+    rp = plan.rank(0)
+    freed = set()
+    for k in range(SPEC.run.num_steps):
+        freed |= set(rp.freed(k).tolist())
+    assert freed <= set(range(SPEC.buffer.capacity))
+    assert freed  # this run admits and releases
