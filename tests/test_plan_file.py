@@ -97,7 +97,7 @@ def test_unreadable_files_are_refused(saved, damage, tmp_path):
 
 
 def test_missing_file_is_named(tmp_path):
-    with pytest.raises(SolarError, match="nope.h5: no such file"):
+    with pytest.raises(SolarError, match=r"nope\.h5: no such file"):
         load_plan(tmp_path / "nope.h5")
 
 
