@@ -17,6 +17,12 @@ RELEASE = 4  # a hit that is the sample's last use: `slot` holds nothing useful 
 
 NEVER = np.iinfo(np.int64).max  # "next use" of a sample that is not used again
 
+
+def position_dtype(num_accesses: int) -> np.dtype:
+    """Narrowest type for access positions; its maximum stands for NEVER in stored arrays."""
+    return np.dtype(np.int32 if num_accesses < np.iinfo(np.int32).max else np.int64)
+
+
 Progress = Callable[[int], None]
 
 
@@ -24,9 +30,9 @@ Progress = Callable[[int], None]
 class Schedule:
     """A policy's decisions, indexed by global access position (run order).
 
-    ``rank[i]`` serves access ``i``; ``slot[i]`` is its buffer slot (-1 for a read that is not
-    admitted); ``flags[i]`` holds HIT/ADMIT/RELEASE; ``counts[k, r]`` is rank r's local batch
-    size at global step k.
+    ``rank[i]`` serves access ``i`` (int16: at most 32767 ranks); ``slot[i]`` is its buffer
+    slot (-1 for a read that is not admitted); ``flags[i]`` holds HIT/ADMIT/RELEASE;
+    ``counts[k, r]`` is rank r's local batch size at global step k.
     """
 
     rank: np.ndarray
@@ -38,7 +44,7 @@ class Schedule:
     def empty(cls, run: RunConfig) -> Schedule:
         n = run.num_accesses
         return cls(
-            rank=np.empty(n, np.int32),
+            rank=np.empty(n, np.int16),
             slot=np.empty(n, np.int32),
             flags=np.zeros(n, np.uint8),
             counts=np.zeros((run.num_steps, run.world_size), np.int32),

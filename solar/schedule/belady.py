@@ -22,14 +22,19 @@ from solar.schedule._common import (
     Schedule,
     by_epoch,
     cap_table,
+    position_dtype,
 )
 from solar.schedule.assign import assign_affinity, assign_balanced, step_caps
 
 
 @njit(cache=True)
 def next_use(seq, num_samples, out):
-    """``out[i]``: position of the next access to ``seq[i]``, or NEVER. One backward sweep."""
-    last = np.full(num_samples, NEVER, np.int64)
+    """``out[i]``: position of the next access to ``seq[i]``, or the maximum of out's type.
+
+    One backward sweep; ``out`` may be int32 to halve the planner's largest array.
+    """
+    never = np.iinfo(out.dtype).max
+    last = np.full(num_samples, never, out.dtype)
     for i in range(seq.shape[0] - 1, -1, -1):
         x = seq[i]
         out[i] = last[x]
@@ -82,6 +87,7 @@ def _solar_steps(
     rank_out, slot_out, flags, counts,  # outputs
 ):  # fmt: skip
     cap_slots = key.shape[1]
+    never = np.iinfo(nu.dtype).max
     count = np.zeros(world, np.int64)
     reads = np.zeros(world, np.int64)
     cap = np.zeros(world, np.int64)
@@ -98,7 +104,7 @@ def _solar_steps(
         for i in range(a, b):
             x = seq[i]
             r = rank_out[i]
-            n = nu[i]
+            n = NEVER if nu[i] == never else np.int64(nu[i])
             if flags[i] & HIT:
                 s = slot_out[i]
                 key[r, pos[r, s]] = n
@@ -137,7 +143,7 @@ def schedule(
 ) -> Schedule:
     """Plan ``seq`` with rank affinity and per-rank Belady eviction."""
     out = Schedule.empty(run)
-    nu = np.empty(seq.shape[0], np.int64)
+    nu = np.empty(seq.shape[0], position_dtype(seq.shape[0]))
     next_use(seq, run.num_samples, nu)
     world, c = run.world_size, buffer.capacity
     holder = np.full(run.num_samples, -1, np.int32)

@@ -235,18 +235,14 @@ def make_plan(spec: PlanSpec, progress: Progress | None = None) -> Plan:
     rank_offsets = np.concatenate([[0], np.cumsum(per_rank)])
     step_offsets = np.zeros((run.world_size, run.num_steps + 1), np.int64)
     np.cumsum(counts.T, axis=1, out=step_offsets[:, 1:])
-    arrays = {
-        "rank_offsets": rank_offsets,
-        "step_offsets": step_offsets,
-        "sample": np.empty_like(seq),
-        "slot": np.empty(seq.size, np.int32),
-        "flags": np.empty(seq.size, np.uint8),
-    }
-    _group_by_rank(
-        sched.rank, seq, sched.slot, sched.flags, rank_offsets,
-        arrays["sample"], arrays["slot"], arrays["flags"],
-    )  # fmt: skip
-    del sched, seq
+    arrays = {"rank_offsets": rank_offsets, "step_offsets": step_offsets}
+    # One field at a time, dropping each source once grouped: the planner's peak memory.
+    arrays["sample"] = _group_by_rank(sched.rank, seq, rank_offsets)
+    del seq
+    arrays["slot"] = _group_by_rank(sched.rank, sched.slot, rank_offsets)
+    sched.slot = None
+    arrays["flags"] = _group_by_rank(sched.rank, sched.flags, rank_offsets)
+    del sched
     stats = [_rank_stats(_slice_rank(arrays, r)) for r in range(run.world_size)]
     seconds = time.perf_counter() - t0
     return Plan(spec, epoch_order, stats, seconds, spec.fingerprint, arrays=arrays)
@@ -283,16 +279,18 @@ def load_plan(path: str | os.PathLike) -> Plan:
 
 
 # -- helpers ----------------------------------------------------------------------------------
+def _group_by_rank(rank: np.ndarray, values: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """Stable counting sort of run-order ``values`` into rank-major order."""
+    out = np.empty_like(values)
+    _scatter_by_rank(rank, values, offsets[:-1].copy(), out)
+    return out
+
+
 @njit(cache=True)
-def _group_by_rank(rank, seq, slot, flags, offsets, out_sample, out_slot, out_flags):
-    """Stable counting sort of the run-order decisions into rank-major order."""
-    fill = offsets[:-1].copy()
+def _scatter_by_rank(rank, values, fill, out):
     for i in range(rank.shape[0]):
-        j = fill[rank[i]]
-        out_sample[j] = seq[i]
-        out_slot[j] = slot[i]
-        out_flags[j] = flags[i]
-        fill[rank[i]] = j + 1
+        out[fill[rank[i]]] = values[i]
+        fill[rank[i]] += 1
 
 
 def _slice_rank(a: dict[str, np.ndarray], r: int) -> RankPlan:
