@@ -23,7 +23,7 @@ test: lint
 	$(BIN)/pytest -q
 
 bench-plan: $(STAMP)
-	$(BIN)/python bench/plan_bench.py
+	$(BIN)/python bench/plan_bench.py --json bench/results/plan.json
 
 clean:
 	rm -rf $(VENV) .demo build *.egg-info
