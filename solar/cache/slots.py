@@ -1,0 +1,79 @@
+"""The per-rank slot buffer: where samples are kept between steps, and copied into batches.
+
+One preallocated array per key, ``capacity`` rows each; the plan addresses rows by slot. Every
+copy between the buffer and a batch goes through :func:`copy_rows` (numba, GIL released).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from solar.errors import SolarError
+from solar.io.hdf5 import KeyInfo
+
+
+@njit(cache=True, nogil=True)
+def _copy_rows(src, src_rows, dst, dst_rows):
+    for j in range(src_rows.shape[0]):
+        dst[dst_rows[j], :] = src[src_rows[j], :]
+
+
+def copy_rows(src: np.ndarray, src_rows: np.ndarray, dst: np.ndarray, dst_rows: np.ndarray) -> None:
+    """``dst[dst_rows[j]] = src[src_rows[j]]`` in order (a later copy to a row wins)."""
+    if src_rows.size:
+        _copy_rows(_bytes2d(src), src_rows, _bytes2d(dst), dst_rows)
+
+
+def _bytes2d(a: np.ndarray) -> np.ndarray:
+    return a.reshape(a.shape[0], -1).view(np.uint8)
+
+
+def available_memory() -> int | None:
+    """MemAvailable from /proc/meminfo, in bytes (None where unknown)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+class SlotBuffer:
+    """``capacity`` sample slots per key, allocated up front."""
+
+    def __init__(self, capacity: int, keys: tuple[KeyInfo, ...]) -> None:
+        self.capacity = capacity
+        self.keys = keys
+        need = capacity * sum(k.row_bytes for k in keys)
+        avail = available_memory()
+        if avail is not None and need > avail:
+            raise SolarError(
+                f"buffer: {capacity} slots × {need // max(capacity, 1)} B = {need / 2**30:.2f} GiB "
+                f"exceed the {avail / 2**30:.2f} GiB of memory available"
+            )
+        try:
+            # Touch every page now, so that an over-committed budget fails here, not mid-run.
+            self.arrays = [np.zeros((capacity, *k.sample_shape), k.dtype) for k in keys]
+            for a in self.arrays:
+                a.reshape(-1).view(np.uint8)[::4096] = 0
+        except MemoryError:
+            raise SolarError(
+                f"buffer: cannot allocate {need / 2**30:.2f} GiB for {capacity} slots"
+            ) from None
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in self.arrays)
+
+    def gather(self, slots: np.ndarray, batch: list[np.ndarray], rows: np.ndarray) -> None:
+        """Hits: copy ``slots`` into ``batch`` rows ``rows``."""
+        for buf, out in zip(self.arrays, batch, strict=True):
+            copy_rows(buf, slots, out, rows)
+
+    def store(self, batch: list[np.ndarray], rows: np.ndarray, slots: np.ndarray) -> None:
+        """Admissions: copy ``batch`` rows into ``slots``, in order."""
+        for buf, src in zip(self.arrays, batch, strict=True):
+            copy_rows(src, rows, buf, slots)

@@ -1,0 +1,345 @@
+"""The Loader: executes one rank's part of a Plan and yields torch batches.
+
+Per step, the plan says which samples the rank serves (in batch order), which are hits (copied
+from buffer slots) and which are reads (read from storage straight into the batch, several steps
+ahead on a thread pool); reads marked ADMIT are then stored into their slots. Hits and
+admissions are applied on the consuming thread in strict step order, so the buffer always
+matches the plan, and a slot is overwritten only after every batch that reads it is assembled.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import time
+import warnings
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from solar.cache.slots import SlotBuffer
+from solar.config import DEFAULT_SLACK, BufferConfig, RunConfig, parse_size
+from solar.errors import SolarError
+from solar.io.hdf5 import describe
+from solar.io.reader import Reader
+from solar.schedule import ADMIT, HIT, Plan, PlanSpec, load_plan, make_plan
+
+
+@dataclass
+class EpochStats:
+    """What one epoch cost this rank."""
+
+    steps: int = 0
+    samples: int = 0
+    hits: int = 0
+    reads: int = 0
+    bytes_read: int = 0
+    read_seconds: float = 0.0  # busy time of the reader threads
+    stall_seconds: float = 0.0  # time the trainer waited for late reads
+    rebuild_seconds: float = 0.0  # refilling the buffer after a resume or a jump
+
+
+@dataclass
+class LoaderStats:
+    """Per-epoch totals and per-step figures (``steps``, also as JSON lines)."""
+
+    epochs: dict[int, EpochStats] = field(default_factory=dict)
+    steps: list[dict] = field(default_factory=list)
+
+    def epoch(self, e: int) -> EpochStats:
+        return self.epochs.setdefault(e, EpochStats())
+
+    def json_lines(self) -> str:
+        return "".join(json.dumps(s) + "\n" for s in self.steps)
+
+
+@dataclass
+class _StepIO:
+    step: int
+    samples: np.ndarray
+    tensors: list[Any]
+    batch: list[np.ndarray]
+    hit_rows: np.ndarray
+    hit_slots: np.ndarray
+    admit_rows: np.ndarray
+    admit_slots: np.ndarray
+    futures: list[Future]
+
+
+class Loader:
+    """Iterate one rank's batches of a planned multi-epoch run over HDF5 data.
+
+    Call :meth:`set_epoch` before each epoch, as with ``DistributedSampler``; iterating yields
+    that epoch's steps as dicts of torch tensors, one per key, plus ``"index"`` (int64 sample
+    ids in batch order). Local batches may differ in size when ``slack > 0``.
+    """
+
+    def __init__(
+        self,
+        paths: str | os.PathLike | list[str | os.PathLike],
+        keys: list[str] | None = None,
+        *,
+        batch_size: int,
+        epochs: int,
+        buffer: int | str,
+        seed: int = 0,
+        slack: float = DEFAULT_SLACK,
+        plan: Plan | str | os.PathLike | None = None,
+        comm: Any = None,
+        rank: int | None = None,
+        world_size: int | None = None,
+        drop_last: bool = False,
+        policy: str = "solar",
+        read_ahead: int = 4,
+        threads: int = 4,
+        pin_memory: bool = False,
+        direct_io: bool = False,
+    ) -> None:
+        import torch
+
+        paths = [paths] if isinstance(paths, str | os.PathLike) else list(paths)
+        self.info = describe(paths, keys)
+        self.rank, self.world_size = _rank_and_world(comm, rank, world_size)
+        for k in self.info.keys:
+            try:
+                torch.from_numpy(np.empty(0, k.dtype.newbyteorder("=")))
+            except TypeError:
+                raise SolarError(f"key {k.name!r}: dtype {k.dtype} has no torch type") from None
+        if read_ahead < 0:
+            raise SolarError(f"read_ahead must be >= 0, got {read_ahead}")
+        capacity = parse_size(buffer, sample_bytes=self.info.sample_bytes)
+        run = RunConfig(self.info.num_samples, self.world_size, batch_size, epochs, seed, drop_last)
+        self.plan = self._agree_on_plan(plan, run, BufferConfig(capacity, slack), policy, comm)
+        self.run = run
+        self.read_ahead = read_ahead
+        if pin_memory and not torch.cuda.is_available():
+            warnings.warn("pin_memory=True but no accelerator: not pinning", stacklevel=2)
+            pin_memory = False
+        self.pin_memory = pin_memory
+        self.reader = Reader(self.info, threads=threads, direct_io=direct_io)
+        self.stats = LoaderStats()
+        self._epoch = 0
+        self._next = 0  # global step the next iteration starts from
+        self._reset_runtime()
+
+    # -- plan agreement ----------------------------------------------------------------------
+    def _agree_on_plan(self, plan, run, buffer, policy, comm) -> Plan:
+        if plan is None:
+            spec = PlanSpec(run, buffer, policy, False, self.info.sample_bytes, self.info.identity)
+            made = make_plan(spec)
+        else:
+            made = plan if isinstance(plan, Plan) else load_plan(plan)
+            # Policy and epoch order are the plan's choice; everything else must match.
+            spec = PlanSpec(
+                run, buffer, made.spec.policy, made.spec.reorder_epochs,
+                self.info.sample_bytes, self.info.identity,
+            )  # fmt: skip
+            made.check(spec, source="plan" if isinstance(plan, Plan) else f"plan {plan}")
+        if comm is not None and comm.Get_size() > 1:
+            prints = comm.allgather(made.fingerprint)
+            if len(set(prints)) > 1:
+                bad = [r for r, p in enumerate(prints) if p != prints[0]]
+                raise SolarError(f"ranks disagree on the plan: ranks {bad} differ from rank 0")
+        return made
+
+    # -- runtime state (rebuilt in a forked or spawned process) ------------------------------
+    def _reset_runtime(self) -> None:
+        self._pid = os.getpid()
+        self._rank_plan = None
+        self._buffer: SlotBuffer | None = None
+        self._buffer_at = -1  # the buffer matches the plan at the start of this step
+        self._queue: collections.deque[_StepIO] = collections.deque()
+
+    def _ensure_process(self) -> None:
+        if self._pid != os.getpid():
+            # Forked: the parent's reader threads did not come along; its buffer contents did.
+            self._pid = os.getpid()
+            self._queue = collections.deque()
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state.update(_rank_plan=None, _buffer=None, _buffer_at=-1, _queue=None)
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._queue = collections.deque()
+
+    @property
+    def rank_plan(self):
+        if self._rank_plan is None:
+            self._rank_plan = self.plan.rank(self.rank)
+        return self._rank_plan
+
+    @property
+    def buffer(self) -> SlotBuffer:
+        if self._buffer is None:
+            self._buffer = SlotBuffer(self.plan.spec.buffer.capacity, self.info.keys)
+            self._buffer_at = 0  # an empty buffer is the plan's state before step 0
+        return self._buffer
+
+    # -- the public iteration protocol -------------------------------------------------------
+    def __len__(self) -> int:
+        return self.run.steps_per_epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        """Choose the epoch the next iteration serves (a resumed epoch keeps its position)."""
+        if not 0 <= epoch < self.run.epochs:
+            raise SolarError(f"epoch {epoch} is outside this run's {self.run.epochs} epochs")
+        if epoch != self._epoch:
+            self._epoch = epoch
+            self._next = epoch * self.run.steps_per_epoch
+
+    def __iter__(self):
+        self._ensure_process()
+        spe = self.run.steps_per_epoch
+        first, end = self._epoch * spe, (self._epoch + 1) * spe
+        start = self._next if first <= self._next < end else first
+        self._seek(start)
+        for k in range(start, end):
+            out = self._consume(k)
+            self._next = k + 1
+            yield out
+
+    def state_dict(self) -> dict:
+        """Where the run stands: resume with :meth:`load_state_dict` on the same plan."""
+        return {
+            "fingerprint": self.plan.fingerprint,
+            "rank": self.rank,
+            "world_size": self.world_size,
+            "epoch": self._epoch,
+            "next_step": self._next,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue exactly where ``state`` was taken: same samples, same order, same buffer."""
+        if state.get("fingerprint") != self.plan.fingerprint:
+            raise SolarError("loader state was saved for another plan (fingerprints differ)")
+        if state.get("world_size") != self.world_size or state.get("rank") != self.rank:
+            raise SolarError(
+                f"loader state is rank {state.get('rank')} of {state.get('world_size')}, "
+                f"this is rank {self.rank} of {self.world_size}"
+            )
+        self._epoch = int(state["epoch"])
+        self._next = int(state["next_step"])
+
+    def close(self) -> None:
+        self._drain()
+        self.reader.close()
+
+    def __enter__(self) -> Loader:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- execution ----------------------------------------------------------------------------
+    def _seek(self, step: int) -> None:
+        """Make the buffer match the plan at ``step``; keep prefetched steps if they follow."""
+        buf = self.buffer
+        if self._buffer_at == step:
+            return
+        self._drain()
+        t0 = time.perf_counter()
+        rp = self.rank_plan
+        a = rp.step_offsets[step]
+        slots, flags, samples = rp.slot[a:], rp.flags[a:], rp.sample[a:]
+        steps = rp.steps()[a:]
+        used = np.flatnonzero(slots >= 0)
+        # The first use of each slot from here on; within a step hits come before admissions.
+        order = np.lexsort(((flags[used] & ADMIT) != 0, steps[used], slots[used]))
+        used = used[order]
+        _, first = np.unique(slots[used], return_index=True)
+        need = used[first][(flags[used[first]] & HIT) != 0]
+        nbytes = self.reader.read(samples[need].astype(np.int64), buf.arrays, slots[need])
+        stats = self.stats.epoch(step // self.run.steps_per_epoch)
+        stats.rebuild_seconds += time.perf_counter() - t0
+        stats.bytes_read += nbytes
+        self._buffer_at = step
+
+    def _drain(self) -> None:
+        for io in self._queue:
+            for f in io.futures:
+                f.exception()  # wait; its result is discarded
+        self._queue.clear()
+
+    def _submit(self, k: int) -> _StepIO:
+        import torch
+
+        rp = self.rank_plan
+        a, b = rp.step_offsets[k], rp.step_offsets[k + 1]
+        samples = rp.sample[a:b].astype(np.int64)
+        flags, slots = rp.flags[a:b], rp.slot[a:b]
+        hit = (flags & HIT) != 0
+        tensors = [
+            torch.empty(
+                (b - a, *key.sample_shape),
+                dtype=torch.from_numpy(np.empty(0, key.dtype.newbyteorder("="))).dtype,
+                pin_memory=self.pin_memory,
+            )
+            for key in self.info.keys
+        ]
+        batch = [t.numpy() for t in tensors]
+        reads = np.flatnonzero(~hit)
+        admit = np.flatnonzero((flags & ADMIT) != 0)
+        futures = self.reader.submit(samples[reads], batch, reads)
+        return _StepIO(
+            k, samples, tensors, batch,
+            np.flatnonzero(hit), slots[hit].astype(np.int64),
+            admit, slots[admit].astype(np.int64), futures,
+        )  # fmt: skip
+
+    def _consume(self, k: int) -> dict:
+        import torch
+
+        last = self.run.num_steps - 1
+        if not self._queue or self._queue[0].step != k:
+            self._drain()
+            self._queue.append(self._submit(k))
+        while self._queue[-1].step < min(k + self.read_ahead, last):
+            self._queue.append(self._submit(self._queue[-1].step + 1))
+        io = self._queue.popleft()
+        t0 = time.perf_counter()
+        nbytes, busy = 0, 0.0
+        for f in io.futures:
+            got, seconds = f.result()
+            nbytes += got
+            busy += seconds
+        stall = time.perf_counter() - t0
+        self.buffer.gather(io.hit_slots, io.batch, io.hit_rows)
+        self.buffer.store(io.batch, io.admit_rows, io.admit_slots)
+        self._buffer_at = k + 1
+        epoch = k // self.run.steps_per_epoch
+        stats = self.stats.epoch(epoch)
+        hits = int(io.hit_rows.size)
+        reads = int(io.samples.size) - hits
+        stats.steps += 1
+        stats.samples += int(io.samples.size)
+        stats.hits += hits
+        stats.reads += reads
+        stats.bytes_read += nbytes
+        stats.read_seconds += busy
+        stats.stall_seconds += stall
+        self.stats.steps.append(
+            {"epoch": epoch, "step": k, "batch": int(io.samples.size), "hits": hits,
+             "reads": reads, "bytes_read": nbytes, "read_seconds": busy, "stall_seconds": stall}
+        )  # fmt: skip
+        out = {key.name: t for key, t in zip(self.info.keys, io.tensors, strict=True)}
+        out["index"] = torch.from_numpy(io.samples)
+        return out
+
+
+def _rank_and_world(comm: Any, rank: int | None, world_size: int | None) -> tuple[int, int]:
+    if comm is not None:
+        r, w = comm.Get_rank(), comm.Get_size()
+        if (rank is not None and rank != r) or (world_size is not None and world_size != w):
+            raise SolarError(f"rank/world_size {rank}/{world_size} disagree with comm's {r}/{w}")
+        return r, w
+    w = 1 if world_size is None else world_size
+    r = 0 if rank is None else rank
+    if not (isinstance(w, int) and w > 0 and isinstance(r, int) and 0 <= r < w):
+        raise SolarError(f"rank {r} is not within world_size {w}")
+    return r, w
