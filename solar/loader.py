@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from solar.cache.slots import SlotBuffer
+from solar.cache.slots import SlotBuffer, check_budget
 from solar.config import DEFAULT_SLACK, BufferConfig, RunConfig, parse_size
 from solar.errors import SolarError
 from solar.io.hdf5 import describe
@@ -105,12 +105,13 @@ class Loader:
         self.rank, self.world_size = _rank_and_world(comm, rank, world_size)
         for k in self.info.keys:
             try:
-                torch.from_numpy(np.empty(0, k.dtype.newbyteorder("=")))
+                torch.from_numpy(np.empty(0, k.native_dtype))
             except TypeError:
                 raise SolarError(f"key {k.name!r}: dtype {k.dtype} has no torch type") from None
         if read_ahead < 0:
             raise SolarError(f"read_ahead must be >= 0, got {read_ahead}")
         capacity = parse_size(buffer, sample_bytes=self.info.sample_bytes)
+        check_budget(min(capacity, self.info.num_samples), self.info.sample_bytes)
         run = RunConfig(self.info.num_samples, self.world_size, batch_size, epochs, seed, drop_last)
         self.plan = self._agree_on_plan(plan, run, BufferConfig(capacity, slack), policy, comm)
         self.run = run
@@ -177,7 +178,7 @@ class Loader:
     @property
     def buffer(self) -> SlotBuffer:
         if self._buffer is None:
-            self._buffer = SlotBuffer(self.plan.spec.buffer.capacity, self.info.keys)
+            self._buffer = SlotBuffer(self.plan.slots, self.info.keys)
             self._buffer_at = 0  # an empty buffer is the plan's state before step 0
         return self._buffer
 
@@ -277,7 +278,7 @@ class Loader:
         tensors = [
             torch.empty(
                 (b - a, *key.sample_shape),
-                dtype=torch.from_numpy(np.empty(0, key.dtype.newbyteorder("="))).dtype,
+                dtype=torch.from_numpy(np.empty(0, key.native_dtype)).dtype,
                 pin_memory=self.pin_memory,
             )
             for key in self.info.keys

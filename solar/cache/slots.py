@@ -41,6 +41,17 @@ def available_memory() -> int | None:
     return None
 
 
+def check_budget(slots: int, sample_bytes: int) -> None:
+    """Refuse a buffer larger than the memory available now."""
+    need = slots * sample_bytes
+    avail = available_memory()
+    if avail is not None and need > avail:
+        raise SolarError(
+            f"buffer: {slots} slots × {sample_bytes} B = {need / 2**30:.2f} GiB exceed the "
+            f"{avail / 2**30:.2f} GiB of memory available"
+        )
+
+
 class SlotBuffer:
     """``capacity`` sample slots per key, allocated up front."""
 
@@ -48,15 +59,10 @@ class SlotBuffer:
         self.capacity = capacity
         self.keys = keys
         need = capacity * sum(k.row_bytes for k in keys)
-        avail = available_memory()
-        if avail is not None and need > avail:
-            raise SolarError(
-                f"buffer: {capacity} slots × {need // max(capacity, 1)} B = {need / 2**30:.2f} GiB "
-                f"exceed the {avail / 2**30:.2f} GiB of memory available"
-            )
+        check_budget(capacity, sum(k.row_bytes for k in keys))
         try:
             # Touch every page now, so that an over-committed budget fails here, not mid-run.
-            self.arrays = [np.zeros((capacity, *k.sample_shape), k.dtype) for k in keys]
+            self.arrays = [np.zeros((capacity, *k.sample_shape), k.native_dtype) for k in keys]
             for a in self.arrays:
                 a.reshape(-1).view(np.uint8)[::4096] = 0
         except MemoryError:

@@ -28,6 +28,11 @@ class KeyInfo:
     dtype: np.dtype
 
     @property
+    def native_dtype(self) -> np.dtype:
+        """The dtype samples have in memory (buffers and batches): native byte order."""
+        return self.dtype.newbyteorder("=")
+
+    @property
     def row_bytes(self) -> int:
         return int(np.prod(self.sample_shape, dtype=np.int64)) * self.dtype.itemsize
 

@@ -51,6 +51,11 @@ class Schedule:
         )
 
 
+def slot_count(run: RunConfig, buffer: BufferConfig) -> int:
+    """Slots a rank's buffer needs: its capacity, but never more than N (it holds no more)."""
+    return min(buffer.capacity, run.num_samples)
+
+
 def cap_table(run: RunConfig, buffer: BufferConfig) -> np.ndarray:
     """``cap[b]``: the largest local batch allowed to a rank whose nominal share is ``b``."""
     return np.array([buffer.cap(b) for b in range(run.batch_size + 2)], dtype=np.int64)

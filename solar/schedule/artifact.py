@@ -13,7 +13,7 @@ import numpy as np
 from numba import njit
 
 from solar.config import BufferConfig, RunConfig
-from solar.schedule._common import ADMIT, HIT, Progress, Schedule, by_epoch, cap_table
+from solar.schedule._common import ADMIT, HIT, Progress, Schedule, by_epoch, cap_table, slot_count
 from solar.schedule.assign import assign_interleaved, assign_round_robin, step_caps
 
 
@@ -73,7 +73,7 @@ def schedule(
 ) -> Schedule:
     """Plan ``seq`` as SOLAR's artifact would."""
     out = Schedule.empty(run)
-    world, c = run.world_size, buffer.capacity
+    world, c = run.world_size, slot_count(run, buffer)
     slot_of = np.full((world, run.num_samples), -1, np.int32)
     occupant = np.full((world, c), -1, seq.dtype)
     fifo_next = np.zeros(world, np.int64)

@@ -23,6 +23,7 @@ from solar.schedule._common import (
     by_epoch,
     cap_table,
     position_dtype,
+    slot_count,
 )
 from solar.schedule.assign import assign_affinity, assign_balanced, step_caps
 
@@ -145,7 +146,7 @@ def schedule(
     out = Schedule.empty(run)
     nu = np.empty(seq.shape[0], position_dtype(seq.shape[0]))
     next_use(seq, run.num_samples, nu)
-    world, c = run.world_size, buffer.capacity
+    world, c = run.world_size, slot_count(run, buffer)
     holder = np.full(run.num_samples, -1, np.int32)
     hslot = np.full(run.num_samples, -1, np.int32)
     key = np.full((world, c), NEVER, np.int64)

@@ -10,7 +10,7 @@ import numpy as np
 from numba import njit
 
 from solar.config import BufferConfig, RunConfig
-from solar.schedule._common import ADMIT, HIT, Progress, Schedule, by_epoch
+from solar.schedule._common import ADMIT, HIT, Progress, Schedule, by_epoch, slot_count
 from solar.schedule.assign import assign_interleaved
 
 
@@ -76,7 +76,7 @@ def _schedule(
     run: RunConfig, buffer: BufferConfig, seq: np.ndarray, lru: bool, progress
 ) -> Schedule:
     out = Schedule.empty(run)
-    world, c = run.world_size, buffer.capacity
+    world, c = run.world_size, slot_count(run, buffer)
     slot_of = np.full((world, run.num_samples), -1, np.int32)
     occupant = np.full((world, c), -1, seq.dtype)
     # Slots 0..c-1 in a doubly linked list per rank, slot 0 at the head.

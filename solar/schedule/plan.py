@@ -36,7 +36,7 @@ from numba import njit
 from solar._atomic import atomic_path
 from solar.config import BufferConfig, RunConfig
 from solar.errors import CorruptPlanError, PlanMismatchError, SolarError
-from solar.schedule._common import ADMIT, HIT, RELEASE, Progress
+from solar.schedule._common import ADMIT, HIT, RELEASE, Progress, slot_count
 from solar.schedule.order import access_sequence
 from solar.schedule.policies import get_policy
 from solar.schedule.reorder import reorder_epochs
@@ -151,6 +151,11 @@ class Plan:
     @property
     def world_size(self) -> int:
         return self.spec.run.world_size
+
+    @property
+    def slots(self) -> int:
+        """Buffer slots a rank needs: the capacity, or N if that is smaller."""
+        return slot_count(self.spec.run, self.spec.buffer)
 
     def rank(self, r: int) -> RankPlan:
         """Rank ``r``'s accesses (read from the file and checked against its checksum)."""

@@ -1,0 +1,253 @@
+"""The runtime serves, for whole runs, exactly the bytes h5py reads at each index."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import pickle
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+
+from solar import Loader, PlanMismatchError, SolarError
+from solar.loader import LoaderStats
+
+N = 103  # prime: no batch size divides it
+
+
+def _write(path: Path, lo: int, hi: int, **layout) -> Path:
+    rng = np.random.default_rng(lo)
+    with h5py.File(path, "w") as f:
+        f.create_dataset("img", data=rng.standard_normal((hi - lo, 5, 6), np.float32), **layout)
+        lab = np.arange(lo, hi, dtype=np.int64)[:, None] * [1, -1]
+        if isinstance(layout.get("chunks"), tuple):
+            layout = {**layout, "chunks": (layout["chunks"][0], 2)}
+        f.create_dataset("lab", data=lab, **layout)
+        if not layout:
+            f.create_dataset("big", data=rng.integers(0, 99, (hi - lo, 3)).astype(">i4"))
+    return path
+
+
+@pytest.fixture(params=["contiguous", "chunked", "chunked-2d", "gzip", "multi-file"])
+def dataset(request, tmp_path) -> list[Path]:
+    kind = request.param
+    if kind == "contiguous":
+        return [_write(tmp_path / "d.h5", 0, N)]
+    if kind == "chunked":
+        return [_write(tmp_path / "d.h5", 0, N, chunks=True)]
+    if kind == "chunked-2d":  # chunks that also cut the sample dimensions
+        path = tmp_path / "d.h5"
+        rng = np.random.default_rng(1)
+        with h5py.File(path, "w") as f:
+            f.create_dataset(
+                "img", data=rng.standard_normal((N, 5, 6), np.float32), chunks=(7, 2, 4)
+            )
+            f.create_dataset("lab", data=np.arange(N), chunks=(10,))
+        return [path]
+    if kind == "gzip":
+        return [_write(tmp_path / "d.h5", 0, N, chunks=(6, 5, 6), compression="gzip")]
+    return [
+        _write(tmp_path / "a.h5", 0, 40),
+        _write(tmp_path / "b.h5", 40, 73),
+        _write(tmp_path / "c.h5", 73, N),
+    ]
+
+
+def reference(paths: list[Path]) -> dict[str, np.ndarray]:
+    out: dict[str, list] = {}
+    for p in paths:
+        with h5py.File(p) as f:
+            for k in f:
+                out.setdefault(k, []).append(f[k][()])
+    return {k: np.concatenate(v) for k, v in out.items()}
+
+
+def run_all(loaders: list[Loader], epochs: range, ref: dict) -> list[list[np.ndarray]]:
+    """Iterate every rank through ``epochs``; check bytes and exactly-once; return indices."""
+    served = []
+    for e in epochs:
+        seen = []
+        for ld in loaders:
+            ld.set_epoch(e)
+            steps = 0
+            for batch in ld:
+                idx = batch["index"].numpy()
+                for key, want in ref.items():
+                    got = batch[key].numpy()
+                    assert got.dtype == want.dtype.newbyteorder("=")
+                    assert got.tobytes() == want[idx].astype(got.dtype).tobytes(), (key, e)
+                seen.append(idx)
+                steps += 1
+            assert steps == len(ld)
+        every = np.concatenate(seen)
+        assert np.array_equal(np.sort(every), np.arange(N)), e
+        served.append(seen)
+    return served
+
+
+@pytest.mark.parametrize("world", [1, 3])
+def test_whole_run_is_byte_identical_and_matches_the_plan(dataset, world):
+    ref = reference(dataset)
+    loaders = [
+        Loader(dataset, batch_size=4, epochs=3, buffer=12, rank=r, world_size=world, threads=3)
+        for r in range(world)
+    ]
+    run_all(loaders, range(3), ref)
+    for ld in loaders:
+        planned = ld.plan.stats[ld.rank]
+        served = ld.stats.epochs.values()
+        assert sum(s.hits for s in served) == planned.hits > 0
+        assert sum(s.reads for s in served) == planned.reads
+        assert sum(s.rebuild_seconds for s in served) == 0
+        ld.close()
+
+
+def test_drop_last_and_no_read_ahead(tmp_path):
+    paths = [_write(tmp_path / "d.h5", 0, N)]
+    ref = reference(paths)
+    ld = Loader(paths, batch_size=5, epochs=2, buffer=30, drop_last=True, read_ahead=0)
+    for e in range(2):
+        ld.set_epoch(e)
+        idx = np.concatenate([b["index"].numpy() for b in ld])
+        assert idx.size == 100 and np.unique(idx).size == 100
+        for b in ld:
+            assert np.array_equal(b["img"].numpy(), ref["img"][b["index"].numpy()])
+
+
+def test_resume_mid_epoch_reproduces_the_rest(tmp_path):
+    paths = [_write(tmp_path / "d.h5", 0, N, chunks=(4, 5, 6))]
+    kw = {"batch_size": 3, "epochs": 3, "buffer": 15, "world_size": 2, "rank": 1}
+    whole = Loader(paths, **kw)
+    expected = []
+    for e in range(3):
+        whole.set_epoch(e)
+        expected += [{k: v.clone() for k, v in b.items()} for b in whole]
+
+    first = Loader(paths, **kw)
+    got = []
+    first.set_epoch(0)
+    got += list(first)
+    first.set_epoch(1)
+    for i, b in enumerate(first):
+        got.append(b)
+        if i == 6:
+            break
+    state = pickle.loads(pickle.dumps(first.state_dict()))
+    first.close()
+
+    resumed = Loader(paths, **kw)
+    resumed.load_state_dict(state)
+    for e in (1, 2):
+        resumed.set_epoch(e)
+        got += list(resumed)
+    assert len(got) == len(expected)
+    for a, b in zip(got, expected, strict=True):
+        assert a.keys() == b.keys()
+        for k in a:
+            assert np.array_equal(a[k].numpy(), b[k].numpy())
+    # The rebuilt buffer serves exactly the hits the plan promised.
+    rp = resumed.plan.rank(1)
+    steps = rp.steps()
+    later = steps >= state["next_step"]
+    served_hits = sum(s.hits for s in resumed.stats.epochs.values())
+    assert served_hits == int(rp.hit[later].sum())
+    assert resumed.stats.epochs[1].rebuild_seconds > 0
+
+
+def test_jumping_epochs_rebuilds_the_buffer(tmp_path):
+    paths = [_write(tmp_path / "d.h5", 0, N)]
+    ref = reference(paths)
+    ld = Loader(paths, batch_size=4, epochs=4, buffer=40)
+    run_all([ld], range(1), ref)
+    run_all([ld], range(3, 4), ref)  # skip epochs 1-2
+    run_all([ld], range(3, 4), ref)  # and repeat epoch 3
+    epoch3 = ld.plan.rank(0).hit[ld.plan.rank(0).steps() >= 3 * len(ld)].sum()
+    assert ld.stats.epochs[3].hits == 2 * epoch3
+
+
+def test_direct_io_is_byte_identical(tmp_path):
+    paths = [_write(tmp_path / "d.h5", 0, N)]
+    try:
+        ld = Loader(paths, batch_size=4, epochs=2, buffer=20, direct_io=True)
+        run_all([ld], range(2), reference(paths))
+    except SolarError as exc:
+        if "O_DIRECT" in str(exc):
+            pytest.skip(str(exc))
+        raise
+
+
+def _iterate_epoch(ld: Loader, q) -> None:
+    ld.set_epoch(1)
+    ref = reference(list(ld.info.files))
+    ok, idx = True, []
+    for b in ld:
+        i = b["index"].numpy()
+        idx.append(i)
+        ok &= bool(np.array_equal(b["img"].numpy(), ref["img"][i]))
+    q.put((ok, np.concatenate(idx).tolist()))
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_loader_works_in_a_forked_or_spawned_process(tmp_path, method):
+    paths = [_write(tmp_path / "d.h5", 0, N)]
+    ld = Loader(paths, batch_size=4, epochs=2, buffer=20)
+    ld.set_epoch(0)
+    list(ld)  # the parent has run an epoch, threads and descriptors included
+    ctx = mp.get_context(method)
+    q = ctx.Queue()
+    p = ctx.Process(target=_iterate_epoch, args=(ld, q))
+    p.start()
+    ok, idx = q.get(timeout=120)
+    p.join(timeout=60)
+    assert p.exitcode == 0 and ok
+    ld.set_epoch(1)
+    assert idx == np.concatenate([b["index"].numpy() for b in ld]).tolist()
+
+
+def test_a_plan_for_another_run_or_dataset_is_refused(tmp_path):
+    a = [_write(tmp_path / "a.h5", 0, N)]
+    b = [_write(tmp_path / "b.h5", 0, N + 1)]
+    plan_a = Loader(a, batch_size=4, epochs=2, buffer=10).plan
+    path = plan_a.save(tmp_path / "a.plan.h5")
+    Loader(a, batch_size=4, epochs=2, buffer=10, plan=path)  # its own run: accepted
+    with pytest.raises(PlanMismatchError, match="num_samples"):
+        Loader(b, batch_size=4, epochs=2, buffer=10, plan=path)
+    with pytest.raises(PlanMismatchError, match="epochs 2 \\(expected 3\\)"):
+        Loader(a, batch_size=4, epochs=3, buffer=10, plan=path)
+    ld = Loader(a, batch_size=4, epochs=2, buffer=10)
+    with pytest.raises(SolarError, match="another plan"):
+        ld.load_state_dict({**ld.state_dict(), "fingerprint": "0" * 64})
+
+
+def test_truncated_data_stops_with_a_message(tmp_path):
+    path = _write(tmp_path / "d.h5", 0, N)
+    ld = Loader([path], batch_size=4, epochs=1, buffer=0, keys=["img"])
+    with open(path, "r+b") as f:
+        f.truncate(path.stat().st_size // 2)
+    with pytest.raises(SolarError, match=r"short read|truncated"):
+        list(ld)
+
+
+def test_a_buffer_beyond_memory_stops_with_a_message(tmp_path):
+    path = tmp_path / "huge.h5"
+    with h5py.File(path, "w") as f:  # 4 TiB of samples, none written: a tiny file
+        f.create_dataset("img", shape=(2**20, 1024, 1024), dtype=np.float32)
+    with pytest.raises(SolarError, match=r"buffer: .* GiB exceed the .* GiB of memory available"):
+        Loader([path], batch_size=4, epochs=1, buffer="1TiB")
+    # More than the dataset holds is not more than it needs: clamped to N slots.
+    small = _write(tmp_path / "d.h5", 0, N)
+    ld = Loader([small], batch_size=4, epochs=2, buffer="64TiB")
+    run_all([ld], range(2), reference([small]))
+    assert ld.buffer.capacity == N
+
+
+def test_stats_json_lines(tmp_path):
+    ld = Loader([_write(tmp_path / "d.h5", 0, N)], batch_size=4, epochs=2, buffer=10)
+    for e in range(2):
+        ld.set_epoch(e)
+        list(ld)
+    lines = ld.stats.json_lines().splitlines()
+    assert len(lines) == 2 * len(ld)
+    assert isinstance(ld.stats, LoaderStats)
+    assert sum(s.samples for s in ld.stats.epochs.values()) == 2 * N
