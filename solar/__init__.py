@@ -1,5 +1,14 @@
 """solar: a clairvoyant data loader for distributed PyTorch training on HDF5 datasets."""
 
+import os as _os
+
+# numba caches compiled kernels beside the package; on a read-only install (common on HPC
+# systems) point it at a user cache instead, before numba is first imported.
+if "NUMBA_CACHE_DIR" not in _os.environ and not _os.access(_os.path.dirname(__file__), _os.W_OK):
+    _os.environ["NUMBA_CACHE_DIR"] = _os.path.join(
+        _os.environ.get("XDG_CACHE_HOME", _os.path.expanduser("~/.cache")), "solar", "numba"
+    )
+
 from solar.config import BufferConfig, RunConfig
 from solar.errors import CorruptPlanError, PlanMismatchError, SolarError
 from solar.schedule import Plan, PlanSpec, load_plan, make_plan

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import click
 
+from solar._atomic import check_writable
 from solar.config import DEFAULT_SLACK, BufferConfig, RunConfig, parse_size
 from solar.errors import SolarError
 from solar.schedule import POLICIES, Plan, PlanSpec, make_plan
@@ -83,9 +84,10 @@ def plan(
     spec = PlanSpec(
         run, BufferConfig(capacity, slack), policy, reorder_epochs, sample_bytes, dataset
     )
-    if not Path(out).resolve().parent.is_dir():
-        raise SolarError(f"--out {out}: directory {Path(out).parent} does not exist")
-    with _progress(run, enabled=run.num_accesses >= _PROGRESS_ACCESSES) as progress:
+    check_writable(out)
+    with _progress(
+        run, enabled=run.num_accesses >= _PROGRESS_ACCESSES and sys.stderr.isatty()
+    ) as progress:
         result = make_plan(spec, progress)
     path = result.save(out)
     summary = plan_summary(result, path)

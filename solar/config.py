@@ -106,8 +106,10 @@ class BufferConfig:
             raise SolarError(f"buffer must be >= 0 samples, got {self.capacity}")
         if not (isinstance(self.slack, int | float) and math.isfinite(self.slack)):
             raise SolarError(f"slack must be a finite number, got {self.slack!r}")
-        if self.slack < 0:
-            raise SolarError(f"slack must be >= 0, got {self.slack}")
+        if not 0 <= self.slack <= 1000:
+            raise SolarError(f"slack must be between 0 and 1000, got {self.slack}")
+        # 0 and 0.0 must fingerprint alike.
+        object.__setattr__(self, "slack", float(self.slack))
 
     def cap(self, nominal: int) -> int:
         """Largest local batch a rank may serve when its nominal share is ``nominal``."""
@@ -139,4 +141,7 @@ def parse_size(text: str | int, *, sample_bytes: int | None, name: str = "buffer
             f"{name}: {text!r} is a size in bytes, which needs the sample size: "
             "give data files or --sample-bytes"
         )
-    return int(float(number) * factor) // sample_bytes
+    samples = int(float(number) * factor) // sample_bytes
+    if samples == 0 and float(number) > 0:
+        raise SolarError(f"{name}: {text!r} holds no sample of {sample_bytes} bytes")
+    return samples

@@ -88,6 +88,9 @@ def _bad_inputs(tmp_path: Path, small_h5: Path) -> dict[str, tuple[list, str]]:
         "no data": (["-P", 2, "-B", 4, "-E", 2, "-C", 5], "--samples"),
         "missing option": ([small_h5, "-P", 2, "-B", 4, "-E", 2], "--buffer"),
         "bad policy": ([small_h5, *shape, "--policy", "magic"], "magic"),
+        "huge slack": ([small_h5, *shape, "--slack", "1e19"], "slack must be between"),
+        "too big to plan": (["--samples", 10**11, "-P", 2, "-B", 4, "-E", 2, "-C", 5], "GiB"),
+        "tiny byte buffer": ([small_h5, "-P", 2, "-B", 4, "-E", 2, "-C", "5B"], "holds no sample"),
     }
 
 
@@ -95,7 +98,7 @@ def _bad_inputs(tmp_path: Path, small_h5: Path) -> dict[str, tuple[list, str]]:
     "case",
     ["missing file", "not hdf5", "truncated", "unknown key", "uneven keys", "zero batch",
      "negative epochs", "negative buffer", "batch over data", "bytes unknown", "no data",
-     "missing option", "bad policy"],
+     "missing option", "bad policy", "huge slack", "too big to plan", "tiny byte buffer"],
 )  # fmt: skip
 def test_bad_input_is_one_line_and_leaves_nothing(case, small_h5, tmp_path, capsys):
     args, message = _bad_inputs(tmp_path, small_h5)[case]
@@ -129,3 +132,13 @@ def test_demo_plans_its_generated_dataset(tmp_path, capsys):
     with h5py.File(tmp_path / "demo" / "ptychonn.h5") as f:
         assert f["diffraction"].shape == (1024, 256, 256)
     assert load_plan(tmp_path / "demo" / "plan.h5").world_size == 4
+
+
+def test_output_path_problems_are_caught_before_planning(tmp_path, capsys):
+    shape = ["--samples", 100, "-P", 2, "-B", 4, "-E", 2, "-C", 5]
+    for out, message in [
+        (tmp_path, "is a directory"),
+        (tmp_path / "no" / "p.h5", "does not exist"),
+    ]:
+        code, _, err = run_cli(["plan", *shape, "-o", out], capsys)
+        assert code == 1 and message in err and err.count("\n") == 1, err

@@ -61,3 +61,31 @@ def test_generate_is_deterministic_and_atomic(preset, tmp_path):
     with pytest.raises(SolarError, match="preset"):
         generate(tmp_path / "c.h5", "nope", 9)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.h5", "b.h5"]
+
+
+def test_every_file_needs_the_first_files_keys(tmp_path):
+    a = write_h5(tmp_path / "a.h5", img=np.zeros((5, 2), np.float32))
+    b = write_h5(tmp_path / "b.h5", label=np.zeros((5, 2), np.float32))
+    with pytest.raises(SolarError, match=r"b\.h5: no dataset key 'img'"):
+        describe([a, b])
+    c = write_h5(tmp_path / "c.h5", img=np.zeros((4, 2), np.float32), extra=np.zeros(4))
+    assert describe([a, c]).num_samples == 9  # extra datasets elsewhere are ignored
+
+
+def test_non_numeric_keys_are_refused(tmp_path):
+    path = tmp_path / "s.h5"
+    with h5py.File(path, "w") as f:
+        f["names"] = np.array([b"a", b"bb"], dtype=h5py.string_dtype())
+    with pytest.raises(SolarError, match="'names' has dtype"):
+        describe([path])
+
+
+def test_damaged_metadata_is_one_error(tmp_path, monkeypatch):
+    path = write_h5(tmp_path / "a.h5", img=np.zeros((5, 2), np.float32))
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("Object visitation failed (bad symbol table)")
+
+    monkeypatch.setattr(h5py.File, "visititems", broken)
+    with pytest.raises(SolarError, match=r"a\.h5: corrupt HDF5 file"):
+        describe([path])

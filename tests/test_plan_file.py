@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -128,3 +129,33 @@ def test_freed_slots_are_released_or_overwritten():
         freed |= set(rp.freed(k).tolist())
     assert freed <= set(range(SPEC.buffer.capacity))
     assert freed  # this run admits and releases
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        lambda f: f["epoch_order"].__setitem__(Ellipsis, f["epoch_order"][()][::-1]),
+        lambda f: f.attrs.__setitem__("stats", f.attrs["stats"].replace('"hits": ', '"hits": 1')),
+        lambda f: f.attrs.__setitem__("checksums", "5"),
+    ],
+    ids=["epoch_order", "stats", "checksums"],
+)
+def test_edited_header_is_refused(saved, edit):
+    _, path = saved
+    with h5py.File(path, "r+") as f:
+        edit(f)
+    with pytest.raises(CorruptPlanError, match=re.escape(path.name)):
+        load_plan(path)
+
+
+def test_equal_inputs_fingerprint_alike():
+    a = PlanSpec(SPEC.run, BufferConfig(9, 0), sample_bytes=80)
+    b = PlanSpec(SPEC.run, BufferConfig(9, 0.0), sample_bytes=80)
+    assert a.fingerprint == b.fingerprint
+
+
+def test_saved_plan_has_the_usual_file_mode(saved):
+    _, path = saved
+    umask = os.umask(0)
+    os.umask(umask)
+    assert path.stat().st_mode & 0o777 == 0o666 & ~umask

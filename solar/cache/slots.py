@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from solar._memory import available_memory
 from solar.errors import SolarError
 from solar.io.hdf5 import KeyInfo
 
@@ -27,18 +28,6 @@ def copy_rows(src: np.ndarray, src_rows: np.ndarray, dst: np.ndarray, dst_rows: 
 
 def _bytes2d(a: np.ndarray) -> np.ndarray:
     return a.reshape(a.shape[0], -1).view(np.uint8)
-
-
-def available_memory() -> int | None:
-    """MemAvailable from /proc/meminfo, in bytes (None where unknown)."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
 
 
 def check_budget(slots: int, sample_bytes: int) -> None:

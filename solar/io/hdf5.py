@@ -100,25 +100,30 @@ def open_h5(path: Path) -> h5py.File:
 def describe(paths: list[str | os.PathLike], keys: list[str] | None = None) -> DatasetInfo:
     """Check the files and keys and describe the sample space they make.
 
-    Without ``keys``, every dataset of the first file is a key.
+    Without ``keys``, every dataset of the first file is a key, and every file must have them.
     """
     files = expand_paths(paths)
+    names = list(keys) if keys else None
     infos: list[KeyInfo] | None = None
     lengths = []
     for path in files:
-        with open_h5(path) as f:
-            names = list(keys) if keys else _all_datasets(f, path)
-            n, found = _check_keys(f, path, names)
-            if infos is None:
-                infos = found
-            else:
-                for a, b in zip(infos, found, strict=True):
-                    if (a.sample_shape, a.dtype) != (b.sample_shape, b.dtype):
-                        raise SolarError(
-                            f"{path}: key {b.name!r} holds {b.sample_shape} {b.dtype} samples, "
-                            f"but {files[0]} holds {a.sample_shape} {a.dtype}"
-                        )
-            lengths.append(n)
+        try:
+            with open_h5(path) as f:
+                if names is None:
+                    names = _all_datasets(f, path)
+                n, found = _check_keys(f, path, names)
+        except (OSError, RuntimeError, KeyError, ValueError, TypeError) as exc:
+            # h5py's errors on damaged files come in many types; all mean the same here.
+            raise SolarError(f"{path}: corrupt HDF5 file ({_reason(exc)})") from None
+        if infos is None:
+            infos = found
+        for a, b in zip(infos, found, strict=True):
+            if (a.sample_shape, a.dtype) != (b.sample_shape, b.dtype):
+                raise SolarError(
+                    f"{path}: key {b.name!r} holds {b.sample_shape} {b.dtype} samples, "
+                    f"but {files[0]} holds {a.sample_shape} {a.dtype}"
+                )
+        lengths.append(n)
     return DatasetInfo(tuple(files), tuple(infos), tuple(lengths))
 
 
@@ -142,6 +147,10 @@ def _check_keys(f: h5py.File, path: Path, names: list[str]) -> tuple[int, list[K
             raise SolarError(f"{path}: {what} key {name!r} (datasets: {have})")
         if obj.ndim == 0:
             raise SolarError(f"{path}: key {name!r} is a scalar, not an array of samples")
+        if obj.dtype.kind not in "biufc" or obj.dtype.fields is not None:
+            raise SolarError(
+                f"{path}: key {name!r} has dtype {obj.dtype}; solar serves arrays of numbers"
+            )
         if first is None:
             first = (name, obj.shape[0])
         elif obj.shape[0] != first[1]:

@@ -4,7 +4,8 @@ File format (HDF5, version 1), readable with plain h5py::
 
     attrs   format="solar-plan", format_version=1, fingerprint (sha256 hex of the spec),
             spec (JSON of the inputs), stats (JSON of per-rank totals), plan_seconds,
-            checksums (one blake2b hex per rank)
+            checksums (one blake2b hex per rank), header_checksum (blake2b of
+            fingerprint, stats, checksums, epoch_order and rank_offsets)
     epoch_order   (E,)      int64   permutation index used by each epoch of the run
     rank_offsets  (P+1,)    int64   rank r's accesses are [rank_offsets[r], rank_offsets[r+1])
     step_offsets  (P, S+1)  int64   within rank r, global step k is [step_offsets[r,k], ...[r,k+1])
@@ -34,6 +35,7 @@ import numpy as np
 from numba import njit
 
 from solar._atomic import atomic_path
+from solar._memory import available_memory
 from solar.config import BufferConfig, RunConfig
 from solar.errors import CorruptPlanError, PlanMismatchError, SolarError
 from solar.schedule._common import ADMIT, HIT, RELEASE, Progress, slot_count
@@ -206,14 +208,19 @@ class Plan:
         a = self._arrays
         world = self.world_size
         checksums = [_rank_checksum(_slice_rank(a, r), self.fingerprint) for r in range(world)]
+        stats = json.dumps([dataclasses.asdict(s) for s in self.stats])
+        header = _header_checksum(
+            self.fingerprint, stats, json.dumps(checksums), self.epoch_order, a["rank_offsets"]
+        )
         meta = {
             "format": FORMAT,
             "format_version": FORMAT_VERSION,
             "fingerprint": self.fingerprint,
             "spec": json.dumps(self.spec.as_dict(), sort_keys=True),
-            "stats": json.dumps([dataclasses.asdict(s) for s in self.stats]),
+            "stats": stats,
             "plan_seconds": self.plan_seconds,
             "checksums": json.dumps(checksums),
+            "header_checksum": header,
         }
         with atomic_path(path) as tmp, h5py.File(tmp, "w") as f:
             f.attrs.update(meta)
@@ -228,6 +235,7 @@ def make_plan(spec: PlanSpec, progress: Progress | None = None) -> Plan:
     t0 = time.perf_counter()
     run = spec.run
     policy = get_policy(spec.policy)
+    _check_memory(spec)
     if spec.reorder_epochs:
         epoch_order = reorder_epochs(run, spec.buffer.capacity)
     else:
@@ -267,18 +275,30 @@ def load_plan(path: str | os.PathLike) -> Plan:
                 raise CorruptPlanError(
                     f"plan {path}: format version {version}, this solar reads {FORMAT_VERSION}"
                 )
-            spec_dict = json.loads(f.attrs["spec"])
             fingerprint = str(f.attrs["fingerprint"])
-            stats = [RankStats(**s) for s in json.loads(f.attrs["stats"])]
-            checksums = json.loads(f.attrs["checksums"])
+            stats_json, checksums_json = str(f.attrs["stats"]), str(f.attrs["checksums"])
             epoch_order = f["epoch_order"][()]
+            rank_offsets = f["rank_offsets"][()]
+            header = _header_checksum(
+                fingerprint, stats_json, checksums_json, epoch_order, rank_offsets
+            )
+            if header != f.attrs["header_checksum"]:
+                raise CorruptPlanError(f"plan {path}: its header fails its checksum (corrupt file)")
+            spec_dict = json.loads(f.attrs["spec"])
+            if _digest(spec_dict) != fingerprint:
+                raise CorruptPlanError(
+                    f"plan {path}: its fingerprint does not match its recorded inputs"
+                )
+            spec = PlanSpec.from_dict(spec_dict)
+            stats = [RankStats(**s) for s in json.loads(stats_json)]
+            checksums = [str(c) for c in json.loads(checksums_json)]
             seconds = float(f.attrs["plan_seconds"])
-    except (OSError, KeyError, ValueError, TypeError) as exc:
+    except (OSError, KeyError, ValueError, TypeError, RuntimeError, SolarError) as exc:
+        if isinstance(exc, CorruptPlanError):
+            raise
         raise CorruptPlanError(f"plan {path}: unreadable or corrupt ({_first_line(exc)})") from None
-    if _digest(spec_dict) != fingerprint:
-        raise CorruptPlanError(f"plan {path}: its fingerprint does not match its recorded inputs")
-    spec = PlanSpec.from_dict(spec_dict)
-    if len(checksums) != spec.run.world_size or len(stats) != spec.run.world_size:
+    world = spec.run.world_size
+    if len(checksums) != world or len(stats) != world or rank_offsets.shape != (world + 1,):
         raise CorruptPlanError(f"plan {path}: per-rank records do not match its world size")
     return Plan(spec, epoch_order, stats, seconds, fingerprint, path=path, checksums=checksums)
 
@@ -312,7 +332,7 @@ def _read_rank(path: Path, r: int, fingerprint: str, checksum: str) -> RankPlan:
             rp = RankPlan(
                 r, f["sample"][lo:hi], f["slot"][lo:hi], f["flags"][lo:hi], f["step_offsets"][r]
             )
-    except (OSError, KeyError, ValueError, IndexError) as exc:
+    except (OSError, KeyError, ValueError, IndexError, TypeError, RuntimeError) as exc:
         raise CorruptPlanError(f"plan {path}: unreadable or corrupt ({_first_line(exc)})") from None
     if _rank_checksum(rp, fingerprint) != checksum:
         raise CorruptPlanError(f"plan {path}: rank {r}'s data fails its checksum (corrupt file)")
@@ -323,6 +343,31 @@ def _rank_checksum(rp: RankPlan, fingerprint: str) -> str:
     h = hashlib.blake2b(fingerprint.encode(), digest_size=16)
     for arr in (rp.step_offsets, rp.sample, rp.slot, rp.flags):
         h.update(np.ascontiguousarray(arr).data)
+    return h.hexdigest()
+
+
+def _check_memory(spec: PlanSpec) -> None:
+    """Refuse a plan that cannot fit in memory, before allocating any of it."""
+    run = spec.run
+    need = 16 * run.num_accesses  # measured peak: bench/plan_bench.py
+    if spec.policy != "solar":
+        need += 13 * run.world_size * run.num_samples  # per-(rank, sample) tables
+    avail = available_memory()
+    if avail is not None and need > avail:
+        raise SolarError(
+            f"planning {run.num_accesses} accesses needs about {need / 2**30:.1f} GiB of memory, "
+            f"{avail / 2**30:.1f} GiB are available"
+        )
+
+
+def _header_checksum(
+    fingerprint: str, stats: str, checksums: str, epoch_order: np.ndarray, rank_offsets: np.ndarray
+) -> str:
+    h = hashlib.blake2b(fingerprint.encode(), digest_size=16)
+    for text in (stats, checksums):
+        h.update(text.encode())
+    for arr in (epoch_order, rank_offsets):
+        h.update(np.ascontiguousarray(arr, dtype=np.int64).data)
     return h.hexdigest()
 
 
