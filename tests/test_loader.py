@@ -251,3 +251,28 @@ def test_stats_json_lines(tmp_path):
     assert len(lines) == 2 * len(ld)
     assert isinstance(ld.stats, LoaderStats)
     assert sum(s.samples for s in ld.stats.epochs.values()) == 2 * N
+
+
+def test_batches_kept_by_the_trainer_are_never_overwritten(tmp_path):
+    paths = [_write(tmp_path / "d.h5", 0, N)]
+    ref = reference(paths)
+    ld = Loader(paths, batch_size=4, epochs=3, buffer=N, read_ahead=2)
+    kept, views = [], []
+    for e in range(3):
+        ld.set_epoch(e)
+        for i, b in enumerate(ld):
+            if i % 3 == 0:
+                kept.append(b)  # the whole batch
+            elif i % 3 == 1:
+                views.append((b["index"].clone(), b["img"][1:].numpy()))  # only a view
+    for b in kept:
+        assert np.array_equal(b["img"].numpy(), ref["img"][b["index"].numpy()])
+    for idx, img in views:
+        assert np.array_equal(img, ref["img"][idx.numpy()[1:]])
+    # Batches the trainer drops are reused: memory stays bounded by the read-ahead.
+    dropped = Loader(paths, batch_size=4, epochs=3, buffer=20, read_ahead=2)
+    for e in range(3):
+        dropped.set_epoch(e)
+        for _ in dropped:
+            pass
+    assert len(dropped._pool._sets) <= 2 + 3
