@@ -133,7 +133,7 @@ class Loader:
         drop_last: bool = False,
         policy: str = "solar",
         read_ahead: int = 4,
-        threads: int = 4,
+        threads: int = 8,
         pin_memory: bool = False,
         direct_io: bool = False,
     ) -> None:

@@ -25,7 +25,7 @@ from solar.io.hdf5 import DatasetInfo, open_h5
 
 _ALIGN = 4096
 _IOV_MAX = min(os.sysconf("SC_IOV_MAX"), 1024) if hasattr(os, "sysconf") else 1024
-_DIRECT_MAX = 8 * 2**20  # largest O_DIRECT read; bigger runs are split
+_RUN_MAX = 8 * 2**20  # largest single read; longer runs are split over threads
 
 
 @dataclass(frozen=True)
@@ -40,7 +40,7 @@ class _Layout:
 class Reader:
     """Reads samples (global ids over the concatenated files) into rows of numpy arrays."""
 
-    def __init__(self, info: DatasetInfo, *, threads: int = 4, direct_io: bool = False) -> None:
+    def __init__(self, info: DatasetInfo, *, threads: int = 8, direct_io: bool = False) -> None:
         self.info = info
         self.threads = max(1, threads)
         self.direct_io = direct_io
@@ -84,11 +84,14 @@ class Reader:
     def _open_fd(self, path) -> int:
         flags = os.O_RDONLY | (os.O_DIRECT if self.direct_io else 0)
         try:
-            return os.open(path, flags)
+            fd = os.open(path, flags)
         except OSError as exc:
             if self.direct_io and exc.errno == 22:
                 raise SolarError(f"{path}: the file system does not support O_DIRECT") from None
             raise SolarError(f"{path}: cannot open ({exc.strerror})") from None
+        # No POSIX_FADV_RANDOM: without readahead the kernel splits a large coalesced read
+        # into small synchronous ones (measured: 19 % of sequential bandwidth instead of 100 %).
+        return fd
 
     def _h5file(self, file_index: int) -> h5py.File:
         f = self._h5.get(file_index)
@@ -161,21 +164,26 @@ class Reader:
         return sum(f.result()[0] for f in self.submit(samples, out, rows))
 
     def _offset_tasks(self, f, layout, local, rows, dest) -> list[tuple]:
+        """One pread task per run of adjacent samples, cut at ``_RUN_MAX`` bytes (IOV_MAX rows).
+
+        Cutting long runs lets several threads share one; the per-run work is done on plain
+        lists because tiny samples make every run a single row.
+        """
         order = np.argsort(local, kind="stable")
         local, rows = local[order], rows[order]
-        # Runs of adjacent samples, cut at IOV_MAX rows (and, with O_DIRECT, at _DIRECT_MAX).
-        limit = _IOV_MAX
-        if self.direct_io:
-            limit = max(1, min(limit, _DIRECT_MAX // max(1, layout.row_bytes)))
-        breaks = np.flatnonzero(np.diff(local) != 1) + 1
-        tasks = []
-        for run_local, run_rows in zip(
-            np.split(local, breaks), np.split(rows, breaks), strict=True
-        ):
-            for lo in range(0, run_local.size, limit):
-                start = layout.offset + int(run_local[lo]) * layout.row_bytes
-                tasks.append(("pread", f, start, dest, run_rows[lo : lo + limit]))
-        return tasks
+        limit = max(1, min(_IOV_MAX, _RUN_MAX // max(1, layout.row_bytes)))
+        new_run = np.ones(local.size, np.bool_)
+        new_run[1:] = np.diff(local) != 1
+        run_start = np.flatnonzero(new_run)
+        in_run = np.arange(local.size) - run_start[np.cumsum(new_run) - 1]
+        starts = np.flatnonzero(new_run | (in_run % limit == 0))
+        ends = np.append(starts[1:], local.size).tolist()
+        offsets = (layout.offset + local[starts] * layout.row_bytes).tolist()
+        rows_list = rows.tolist()
+        return [
+            ("pread", f, off, dest, rows_list[a:b])
+            for off, a, b in zip(offsets, starts.tolist(), ends, strict=True)
+        ]
 
     def _run(self, task: tuple) -> int:
         if task[0] == "pread":
@@ -186,26 +194,26 @@ class Reader:
         _, f, k, local, rows, out = task
         return self._read_chunked(f, k, local, rows, out)
 
-    def _pread(self, f: int, start: int, dest: np.ndarray, rows: np.ndarray) -> int:
+    def _pread(self, f: int, start: int, dest: np.ndarray, rows: list[int]) -> int:
         fd = self._fd(f)
-        want = dest.shape[1] * rows.size
+        want = dest.shape[1] * len(rows)
         got = os.preadv(fd, [dest[r] for r in rows], start)
         if got != want:
             # A short read at end of file: the file is shorter than its metadata says.
             self._short_read(f, start, want, got)
         return got
 
-    def _pread_direct(self, f: int, start: int, dest: np.ndarray, rows: np.ndarray) -> int:
+    def _pread_direct(self, f: int, start: int, dest: np.ndarray, rows: list[int]) -> int:
         fd = self._fd(f)
         row_bytes = dest.shape[1]
-        want = row_bytes * rows.size
+        want = row_bytes * len(rows)
         lo = start - start % _ALIGN
         hi = -(-(start + want) // _ALIGN) * _ALIGN
         bounce = self._bounce(hi - lo)
         got = os.preadv(fd, [bounce[: hi - lo]], lo)
         if got < start + want - lo:
             self._short_read(f, start, want, max(0, got - (start - lo)))
-        data = bounce[start - lo : start - lo + want].reshape(rows.size, row_bytes)
+        data = bounce[start - lo : start - lo + want].reshape(len(rows), row_bytes)
         dest[rows] = data
         return want
 
