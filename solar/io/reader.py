@@ -10,6 +10,7 @@ request. Files are opened lazily in the process that reads, so a reader survives
 
 from __future__ import annotations
 
+import ctypes
 import mmap
 import os
 import threading
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 
 import h5py
 import numpy as np
+from numba import njit
 
 from solar.errors import SolarError
 from solar.io.hdf5 import DatasetInfo, open_h5
@@ -26,6 +28,19 @@ from solar.io.hdf5 import DatasetInfo, open_h5
 _ALIGN = 4096
 _IOV_MAX = min(os.sysconf("SC_IOV_MAX"), 1024) if hasattr(os, "sysconf") else 1024
 _RUN_MAX = 8 * 2**20  # largest single read; longer runs are split over threads
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_preadv = _libc.preadv
+_preadv.restype = ctypes.c_ssize_t
+_preadv.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_int64]
+
+
+@njit(nogil=True)  # not cached: it embeds the address of libc's preadv
+def _preadv_runs(fd, iov, starts, counts, offsets, got):
+    """One preadv per run, without the GIL: ``iov`` rows are (address, length) pairs."""
+    for j in range(starts.shape[0]):
+        got[j] = _preadv(fd, iov.ctypes.data + 16 * starts[j], counts[j], offsets[j])
 
 
 @dataclass(frozen=True)
@@ -164,40 +179,61 @@ class Reader:
         return sum(f.result()[0] for f in self.submit(samples, out, rows))
 
     def _offset_tasks(self, f, layout, local, rows, dest) -> list[tuple]:
-        """One pread task per run of adjacent samples, cut at ``_RUN_MAX`` bytes (IOV_MAX rows).
+        """Pread tasks over runs of adjacent samples, cut at ``_RUN_MAX`` bytes and IOV_MAX rows.
 
-        Cutting long runs lets several threads share one; the per-run work is done on plain
-        lists because tiny samples make every run a single row.
+        Cutting long runs lets several threads share one. Buffered reads go through a numba
+        loop over an iovec array (no Python per sample); O_DIRECT reads through bounce buffers.
         """
         order = np.argsort(local, kind="stable")
         local, rows = local[order], rows[order]
-        limit = max(1, min(_IOV_MAX, _RUN_MAX // max(1, layout.row_bytes)))
+        row_bytes = layout.row_bytes
+        limit = max(1, min(_IOV_MAX, _RUN_MAX // max(1, row_bytes)))
         new_run = np.ones(local.size, np.bool_)
         new_run[1:] = np.diff(local) != 1
         run_start = np.flatnonzero(new_run)
         in_run = np.arange(local.size) - run_start[np.cumsum(new_run) - 1]
         starts = np.flatnonzero(new_run | (in_run % limit == 0))
-        ends = np.append(starts[1:], local.size).tolist()
-        offsets = (layout.offset + local[starts] * layout.row_bytes).tolist()
-        rows_list = rows.tolist()
+        counts = np.diff(np.append(starts, local.size))
+        offsets = layout.offset + local[starts] * row_bytes
+        if self.direct_io:
+            rows_list = rows.tolist()
+            runs = zip(offsets.tolist(), starts.tolist(), counts.tolist(), strict=True)
+            return [("direct", f, off, dest, rows_list[a : a + n]) for off, a, n in runs]
+        iov = np.empty((rows.size, 2), np.uint64)
+        iov[:, 0] = dest.ctypes.data + rows.astype(np.uint64) * np.uint64(row_bytes)
+        iov[:, 1] = row_bytes
+        groups = min(self.threads, starts.size)
         return [
-            ("pread", f, off, dest, rows_list[a:b])
-            for off, a, b in zip(offsets, starts.tolist(), ends, strict=True)
+            ("preadv", f, dest, rows, iov, starts[g::groups], counts[g::groups], offsets[g::groups])
+            for g in range(groups)
         ]
 
     def _run(self, task: tuple) -> int:
-        if task[0] == "pread":
-            _, f, start, dest, rows = task
-            if self.direct_io:
-                return self._pread_direct(f, start, dest, rows)
-            return self._pread(f, start, dest, rows)
+        kind = task[0]
+        if kind == "preadv":
+            return self._preadv_task(*task[1:])
+        if kind == "direct":
+            return self._pread_direct(*task[1:])
         _, f, k, local, rows, out = task
         return self._read_chunked(f, k, local, rows, out)
+
+    def _preadv_task(self, f, dest, rows, iov, starts, counts, offsets) -> int:
+        got = np.empty(starts.size, np.int64)
+        _preadv_runs(self._fd(f), iov, starts, counts, offsets, got)
+        want = counts * dest.shape[1]
+        for j in np.flatnonzero(got != want):
+            # Retry in Python: finishes an interrupted read, or names the short file.
+            a = starts[j]
+            self._pread(f, int(offsets[j]), dest, rows[a : a + counts[j]].tolist())
+        return int(want.sum())
 
     def _pread(self, f: int, start: int, dest: np.ndarray, rows: list[int]) -> int:
         fd = self._fd(f)
         want = dest.shape[1] * len(rows)
-        got = os.preadv(fd, [dest[r] for r in rows], start)
+        try:
+            got = os.preadv(fd, [dest[r] for r in rows], start)
+        except OSError as exc:
+            raise SolarError(f"{self.info.files[f]}: read error ({exc.strerror})") from None
         if got != want:
             # A short read at end of file: the file is shorter than its metadata says.
             self._short_read(f, start, want, got)
