@@ -27,6 +27,7 @@ from solar.errors import SolarError
 from solar.io.hdf5 import describe
 from solar.io.reader import Reader
 from solar.schedule import ADMIT, HIT, Plan, PlanSpec, load_plan, make_plan
+from solar.schedule.order import step_bounds
 
 
 @dataclass
@@ -137,6 +138,23 @@ class Loader:
         pin_memory: bool = False,
         direct_io: bool = False,
     ) -> None:
+        try:
+            self._setup(
+                paths, keys, batch_size, epochs, buffer, seed, slack, plan, comm, rank,
+                world_size, drop_last, policy, read_ahead, threads, pin_memory, direct_io,
+            )  # fmt: skip
+        except Exception:
+            if comm is not None and comm.Get_size() > 1:
+                # The other ranks may be waiting in the plan agreement: take the job down.
+                from solar.dist import abort
+
+                abort(comm)
+            raise
+
+    def _setup(
+        self, paths, keys, batch_size, epochs, buffer, seed, slack, plan, comm, rank,
+        world_size, drop_last, policy, read_ahead, threads, pin_memory, direct_io,
+    ) -> None:  # fmt: skip
         import torch
 
         paths = [paths] if isinstance(paths, str | os.PathLike) else list(paths)
@@ -161,6 +179,8 @@ class Loader:
         self.pin_memory = pin_memory
         self.reader = Reader(self.info, threads=threads, direct_io=direct_io)
         self.stats = LoaderStats()
+        self.global_batch = 0  # samples over all ranks in the step last yielded
+        self._global_sizes = np.diff(step_bounds(run))
         self._epoch = 0
         self._next = 0  # global step the next iteration starts from
         self._reset_runtime()
@@ -243,6 +263,7 @@ class Loader:
         for k in range(start, end):
             batch = self._consume(k)
             self._next = k + 1
+            self.global_batch = int(self._global_sizes[k - first])
             yield batch
             del batch  # let the pool reuse its memory as soon as the trainer drops it
 
