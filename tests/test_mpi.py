@@ -64,3 +64,33 @@ def test_a_failing_rank_ends_the_job_promptly():
     assert "solar: rank 1 failed" in result.stderr
     assert "unreachable" not in result.stderr
     assert time.monotonic() - t0 < 60
+
+
+def test_training_example_resumes_exactly(tmp_path):
+    """An interrupted run, resumed from its checkpoint, ends with the same parameters."""
+    example = HERE.parent.parent / "examples" / "train_surrogate.py"
+    data = tmp_path / "p.h5"
+    common = ["--data", data, "--samples", 96, "--epochs", 2, "--batch-size", 8,
+              "--buffer", "30%", "--slack", 0.5]  # fmt: skip
+
+    def train(*extra) -> str:
+        cmd = [
+            str(MPIEXEC),
+            "-n",
+            "2",
+            sys.executable,
+            str(example),
+            *map(str, common + list(extra)),
+        ]
+        result = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=False)
+        assert result.returncode == 0, result.stderr[-3000:]
+        return result.stdout
+
+    whole = train("--checkpoint", tmp_path / "a.pt")
+    assert whole.count("epoch ") == 2 and "hit rate" in whole
+    stopped = train("--checkpoint", tmp_path / "b.pt", "--stop-after", 9)
+    assert "stopped after 9 steps" in stopped
+    resumed = train("--checkpoint", tmp_path / "b.pt", "--resume")
+    assert "resumed" in resumed
+    checksum = [line for line in whole.splitlines() if "checksum" in line]
+    assert checksum and checksum == [line for line in resumed.splitlines() if "checksum" in line]

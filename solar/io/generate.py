@@ -60,8 +60,17 @@ def generate(
             for lo in range(0, num_samples, block):
                 hi = min(lo + block, num_samples)
                 rng = np.random.default_rng([seed, lo])
-                for name, shape in keys.items():
-                    dsets[name][lo:hi] = rng.standard_normal((hi - lo, *shape), np.float32)
+                for name, values in _samples(preset, keys, rng, hi - lo).items():
+                    dsets[name][lo:hi] = values
                 if progress is not None:
                     progress(hi - lo)
     return Path(path)
+
+
+def _samples(preset: str, keys: dict, rng: np.random.Generator, n: int) -> dict[str, np.ndarray]:
+    """Random inputs; for PtychoNN-like data, targets that a network can learn from them."""
+    if preset != "ptychonn":
+        return {name: rng.standard_normal((n, *shape), np.float32) for name, shape in keys.items()}
+    image = rng.standard_normal((n, 256, 256), np.float32)
+    pooled = image.reshape(n, 64, 4, 64, 4).mean(axis=(2, 4))
+    return {"diffraction": image, "amplitude": np.abs(pooled), "phase": np.tanh(2 * pooled)}
