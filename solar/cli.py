@@ -11,6 +11,7 @@ from pathlib import Path
 import click
 
 from solar._atomic import check_writable
+from solar._units import format_bytes
 from solar.config import DEFAULT_SLACK, BufferConfig, RunConfig, parse_size
 from solar.errors import SolarError
 from solar.schedule import POLICIES, Plan, PlanSpec, make_plan
@@ -156,6 +157,42 @@ def _run_demo(data: Path, plan_file: Path, world: int, batch: int, epochs: int, 
     click.echo("every epoch served each sample once; spot-checked batches equal h5py's bytes")
 
 
+@cli.command()
+@click.argument("data", nargs=-1, required=True, type=click.Path())
+@click.option("--one-per-file", is_flag=True, help="Each file's datasets are one sample.")
+@click.option("--probe", type=int, default=0, show_default=True,
+              help="Time this many random single-sample reads per dataset (cold).")  # fmt: skip
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
+def inspect(data: tuple[str, ...], one_per_file: bool, probe: int, as_json: bool) -> None:
+    """Show each dataset's layout, what it costs to load, and what to change."""
+    from solar.io.inspect import as_dicts, format_reports, inspect_files
+
+    reports = inspect_files(list(data), one_per_file=one_per_file, probe=probe)
+    click.echo(json.dumps(as_dicts(reports)) if as_json else format_reports(reports))
+
+
+@cli.command()
+@click.argument("src", nargs=-1, required=True, type=click.Path())
+@click.argument("dst", type=click.Path())
+@click.option("--key", "keys", multiple=True, help="Dataset key to copy (repeatable); default all.")
+@click.option("--one-per-file", is_flag=True, help="Each source file holds one sample.")
+@click.option("--align", type=int, default=4096, show_default=True, help="Dataset alignment.")
+@click.option("--force", is_flag=True, help="Overwrite DST if it exists.")
+def convert(
+    src: tuple[str, ...], dst: str, keys: tuple[str, ...], one_per_file: bool, align: int,
+    force: bool,
+) -> None:  # fmt: skip
+    """Rewrite SRC (HDF5 or .npy files, globs, directories) as one contiguous, aligned DST."""
+    from solar.io.convert import convert as run_convert
+
+    check_writable(dst)
+    result = run_convert(
+        list(src), dst, keys=list(keys) or None, one_per_file=one_per_file, align=align,
+        force=force, progress=_counter("converting") if sys.stderr.isatty() else None,
+    )  # fmt: skip
+    click.echo(f"{dst}: {result['samples']} samples, keys {result['keys']}; verified")
+
+
 def plan_summary(p: Plan, path: Path | None = None) -> dict:
     """The figures `solar plan` reports, as a JSON-ready dict."""
     run, spec = p.run, p.spec
@@ -190,7 +227,7 @@ def plan_summary(p: Plan, path: Path | None = None) -> dict:
 
 
 def format_summary(s: dict) -> str:
-    each = f" ({_bytes(s['sample_bytes'])} each)" if s["sample_bytes"] else ""
+    each = f" ({format_bytes(s['sample_bytes'])} each)" if s["sample_bytes"] else ""
     lines = [
         f"policy {s['policy']}: N={s['num_samples']} samples{each}, P={s['world_size']}, "
         f"B={s['batch_size']}, E={s['epochs']}, {s['steps_per_epoch']} steps/epoch, "
@@ -210,20 +247,25 @@ def format_summary(s: dict) -> str:
     )
     per_epoch = f"{s['reads_per_epoch']:.0f} samples"
     if s["bytes_read_per_epoch"] is not None:
-        per_epoch += f" ({_bytes(s['bytes_read_per_epoch'])})"
+        per_epoch += f" ({format_bytes(s['bytes_read_per_epoch'])})"
     lines.append(f"reads per epoch: {per_epoch}")
-    where = f" -> {s['out']} ({_bytes(s['file_bytes'])})" if "out" in s else ""
+    where = f" -> {s['out']} ({format_bytes(s['file_bytes'])})" if "out" in s else ""
     lines.append(f"planned in {s['plan_seconds']:.2f} s{where}")
     lines.append(f"fingerprint {s['fingerprint']}")
     return "\n".join(lines)
 
 
-def _bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if n < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    raise AssertionError
+def _counter(label: str):
+    """A progress line on stderr: ``progress(done, total)``."""
+
+    def show(done: int, total: int) -> None:
+        end = "\n" if done >= total else ""
+        click.echo(
+            f"\r{label} {done}/{total} ({100 * done // max(total, 1)} %)", nl=False, err=True
+        )
+        click.echo(end, nl=False, err=True)
+
+    return show
 
 
 @contextmanager

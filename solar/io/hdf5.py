@@ -127,12 +127,18 @@ def describe(paths: list[str | os.PathLike], keys: list[str] | None = None) -> D
     return DatasetInfo(tuple(files), tuple(infos), tuple(lengths))
 
 
-def _all_datasets(f: h5py.File, path: Path) -> list[str]:
+def dataset_names(f: h5py.File) -> list[str]:
+    """Every dataset in the file, at any depth, sorted."""
     names: list[str] = []
     f.visititems(lambda name, obj: names.append(name) if isinstance(obj, h5py.Dataset) else None)
+    return sorted(names)
+
+
+def _all_datasets(f: h5py.File, path: Path) -> list[str]:
+    names = dataset_names(f)
     if not names:
         raise SolarError(f"{path}: holds no datasets")
-    return sorted(names)
+    return names
 
 
 def _check_keys(f: h5py.File, path: Path, names: list[str]) -> tuple[int, list[KeyInfo]]:

@@ -1,0 +1,200 @@
+"""What a dataset's layout means for loading speed, and what to change (``solar inspect``)."""
+
+from __future__ import annotations
+
+import os
+import random
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import h5py
+import numpy as np
+
+from solar._units import format_bytes
+from solar.errors import SolarError
+from solar.io.hdf5 import dataset_names, expand_paths, open_h5
+
+_ALIGN = 4096
+_FILTERS = {1: "gzip", 2: "shuffle", 3: "fletcher32", 4: "szip", 5: "nbit", 6: "scaleoffset"}
+
+
+@dataclass
+class DatasetReport:
+    """One dataset of one file, as ``solar inspect`` reports it."""
+
+    file: str
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    layout: str  # contiguous, chunked, compact, virtual, external
+    chunks: tuple[int, ...] | None
+    filters: list[str]
+    offset: int | None
+    aligned: bool | None  # offset on a 4 KiB boundary
+    sample_bytes: int
+    stored_bytes: int
+    logical_bytes: int
+    offset_reader: bool  # solar reads it with preadv at computed offsets
+    advice: list[str] = field(default_factory=list)
+    probe_us: dict[str, float] | None = None  # measured random single-sample read cost
+
+
+def inspect_files(
+    paths: list[str | os.PathLike], *, one_per_file: bool = False, probe: int = 0
+) -> list[DatasetReport]:
+    """Report every dataset of every file; ``probe`` > 0 times that many random reads."""
+    reports = []
+    for path in expand_paths(paths):
+        try:
+            with open_h5(path) as f:
+                for name in dataset_names(f):
+                    reports.append(_report(path, f[name], one_per_file))
+        except (RuntimeError, KeyError, ValueError, TypeError) as exc:
+            raise SolarError(f"{path}: corrupt HDF5 file ({exc})") from None
+    if probe:
+        for r in reports:
+            if r.shape and not one_per_file:
+                r.probe_us = _probe(Path(r.file), r.name, r.shape[0], probe, r.offset_reader)
+    return reports
+
+
+def _report(path: Path, d: h5py.Dataset, one_per_file: bool) -> DatasetReport:
+    plist = d.id.get_create_plist()
+    layout = {h5py.h5d.CONTIGUOUS: "contiguous", h5py.h5d.CHUNKED: "chunked",
+              h5py.h5d.COMPACT: "compact"}.get(plist.get_layout(), "other")  # fmt: skip
+    if d.is_virtual:
+        layout = "virtual"
+    elif plist.get_external_count() > 0:
+        layout = "external"
+    filters = [
+        _FILTERS.get(plist.get_filter(i)[0], f"filter {plist.get_filter(i)[0]}")
+        for i in range(plist.get_nfilters())
+    ]
+    if "gzip" in filters and d.compression_opts is not None:
+        filters[filters.index("gzip")] = f"gzip level {d.compression_opts}"
+    offset = d.id.get_offset() if layout == "contiguous" else None
+    per_sample = d.shape if one_per_file else d.shape[1:]
+    sample_bytes = int(np.prod(per_sample, dtype=np.int64)) * d.dtype.itemsize
+    numeric = d.dtype.kind in "biufc" and d.dtype.fields is None
+    report = DatasetReport(
+        file=str(path),
+        name=d.name.lstrip("/"),
+        shape=tuple(d.shape),
+        dtype=str(d.dtype),
+        layout=layout,
+        chunks=tuple(d.chunks) if d.chunks else None,
+        filters=filters,
+        offset=offset,
+        aligned=None if offset is None else offset % _ALIGN == 0,
+        sample_bytes=sample_bytes,
+        stored_bytes=int(d.id.get_storage_size()),
+        logical_bytes=int(d.size) * d.dtype.itemsize,
+        offset_reader=offset is not None and numeric and d.dtype.isnative and d.ndim > 0,
+    )
+    report.advice = _advice(report, d, numeric, one_per_file)
+    return report
+
+
+def _advice(r: DatasetReport, d: h5py.Dataset, numeric: bool, one_per_file: bool) -> list[str]:
+    out = []
+    convert = f"`solar convert {r.file} OUT.h5` rewrites it contiguous and uncompressed"
+    if not numeric:
+        return [f"dtype {r.dtype} is not an array of numbers: solar cannot serve it"]
+    if d.ndim == 0:
+        return ["a scalar: not an array of samples (use --one-per-file if each file is a sample)"]
+    if r.layout == "contiguous" and r.offset is None:
+        out.append("never written: reads return the fill value")
+    elif r.offset_reader:
+        out.append("served directly: preadv at computed offsets, adjacent samples coalesced")
+        if not r.aligned:
+            out.append(
+                f"offset {r.offset} is not 4 KiB aligned: O_DIRECT reads need a bounce copy; "
+                "`solar convert --align 4096` aligns it"
+            )
+    if r.layout == "chunked" and r.chunks:
+        rows = 1 if one_per_file else r.chunks[0]
+        if rows == 1 and not one_per_file:
+            out.append(f"one sample per chunk: every read pays HDF5's per-chunk cost; {convert}")
+        elif rows > 1:
+            out.append(
+                f"{rows} samples per chunk: a random sample reads its whole chunk "
+                f"({rows}× the bytes); {convert}"
+            )
+        if len(r.chunks) > 1 and tuple(r.chunks[1:]) != tuple(d.shape[1:]):
+            out.append("chunks also cut each sample: one sample spans several chunks")
+    if any(f.startswith(("gzip", "szip", "filter")) for f in r.filters):
+        out.append(
+            f"compressed ({', '.join(r.filters)}): every read decompresses, serialised in "
+            f"h5py; {convert} (needs {format_bytes(r.logical_bytes)} uncompressed)"
+        )
+    if not d.dtype.isnative:
+        out.append("non-native byte order: read through h5py with conversion; convert fixes it")
+    if r.layout in ("virtual", "external"):
+        out.append(f"{r.layout} dataset: read through h5py; {convert}")
+    return out
+
+
+def _probe(path: Path, name: str, n: int, count: int, offset_reader: bool) -> dict[str, float]:
+    """Mean µs per random single-sample read, cold (the file's pages evicted first)."""
+    idx = random.Random(0).sample(range(n), min(count, n))
+    out: dict[str, float] = {}
+    _evict(path)
+    with h5py.File(path, "r") as f:
+        d = f[name]
+        t0 = time.perf_counter()
+        for i in idx:
+            d[i]
+        out["h5py"] = 1e6 * (time.perf_counter() - t0) / len(idx)
+    if offset_reader:
+        from solar.io.hdf5 import describe
+        from solar.io.reader import Reader
+
+        info = describe([path], [name])
+        reader = Reader(info, threads=1)
+        row = np.empty((1, *info.keys[0].sample_shape), info.keys[0].native_dtype)
+        reader.read(np.array([idx[0]]), [row])  # compile and start the pool outside the timing
+        _evict(path)
+        t0 = time.perf_counter()
+        for i in idx:
+            reader.read(np.array([i]), [row])
+        out["solar"] = 1e6 * (time.perf_counter() - t0) / len(idx)
+        reader.close()
+    return out
+
+
+def _evict(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def as_dicts(reports: list[DatasetReport]) -> list[dict]:
+    return [asdict(r) for r in reports]
+
+
+def format_reports(reports: list[DatasetReport]) -> str:
+    lines = []
+    current = None
+    for r in reports:
+        if r.file != current:
+            current = r.file
+            lines.append(f"{r.file}")
+        chunks = f", chunks {r.chunks}" if r.chunks else ""
+        filters = f", {', '.join(r.filters)}" if r.filters else ""
+        where = ""
+        if r.offset is not None:
+            where = f", offset {r.offset} ({'4 KiB aligned' if r.aligned else 'unaligned'})"
+        lines.append(
+            f"  {r.name}: {r.shape} {r.dtype}, {r.layout}{chunks}{filters}{where}; "
+            f"{format_bytes(r.sample_bytes)}/sample, {format_bytes(r.logical_bytes)} "
+            f"({format_bytes(r.stored_bytes)} stored)"
+        )
+        if r.probe_us:
+            probe = ", ".join(f"{k} {v:.0f} µs" for k, v in r.probe_us.items())
+            lines.append(f"    random single-sample read, cold: {probe}")
+        for a in r.advice:
+            lines.append(f"    - {a}")
+    return "\n".join(lines)
