@@ -91,6 +91,14 @@ class _BatchPool:
     def take(self, n: int) -> tuple[list[Any], list[np.ndarray]]:
         import torch
 
+        if self._pin:
+            # A non_blocking copy to the device may still read pinned memory after the last
+            # tensor is dropped; torch's pinned allocator tracks that, this pool could not.
+            tensors = [
+                torch.empty((n, *shape[1:]), dtype=dt, pin_memory=True)
+                for shape, dt in zip(self._shapes, self._dtypes, strict=True)
+            ]
+            return tensors, [t.numpy() for t in tensors]
         free = next((i for i, (_, refs) in enumerate(self._sets) if _dead(refs)), None)
         if free is None:
             arrays = [
@@ -269,11 +277,14 @@ class Loader:
 
     def state_dict(self) -> dict:
         """Where the run stands: resume with :meth:`load_state_dict` on the same plan."""
+        spe = self.run.steps_per_epoch
+        # After an epoch's last step the next thing to run is the next epoch.
+        epoch = self._epoch + 1 if self._next == (self._epoch + 1) * spe else self._epoch
         return {
             "fingerprint": self.plan.fingerprint,
             "rank": self.rank,
             "world_size": self.world_size,
-            "epoch": self._epoch,
+            "epoch": epoch,
             "next_step": self._next,
         }
 
@@ -286,8 +297,15 @@ class Loader:
                 f"loader state is rank {state.get('rank')} of {state.get('world_size')}, "
                 f"this is rank {self.rank} of {self.world_size}"
             )
-        self._epoch = int(state["epoch"])
-        self._next = int(state["next_step"])
+        try:
+            epoch, step = int(state["epoch"]), int(state["next_step"])
+        except (KeyError, TypeError, ValueError):
+            raise SolarError("loader state lacks a whole 'epoch' and 'next_step'") from None
+        spe = self.run.steps_per_epoch
+        if not (0 <= step <= self.run.num_steps and epoch * spe <= step <= (epoch + 1) * spe):
+            raise SolarError(f"loader state: step {step} is not within epoch {epoch} of this run")
+        self._epoch = min(epoch, self.run.epochs - 1)
+        self._next = step
 
     def close(self) -> None:
         self._drain()
@@ -317,6 +335,7 @@ class Loader:
         used = used[order]
         _, first = np.unique(slots[used], return_index=True)
         need = used[first][(flags[used[first]] & HIT) != 0]
+        self._buffer_at = -1  # until the refill succeeds, the buffer matches no step
         nbytes = self.reader.read(samples[need].astype(np.int64), buf.arrays, slots[need])
         stats = self.stats.epoch(step // self.run.steps_per_epoch)
         stats.rebuild_seconds += time.perf_counter() - t0
@@ -355,6 +374,9 @@ class Loader:
     def _consume(self, k: int) -> dict:
         import torch
 
+        self._ensure_process()  # a forked child may continue its parent's iterator
+        if self._buffer_at != k:
+            self._seek(k)  # another iterator (or a failed step) moved the buffer elsewhere
         last = self.run.num_steps - 1
         if not self._queue or self._queue[0].step != k:
             self._drain()
@@ -363,11 +385,7 @@ class Loader:
             self._queue.append(self._submit(self._queue[-1].step + 1))
         io = self._queue.popleft()
         t0 = time.perf_counter()
-        nbytes, busy = 0, 0.0
-        for f in io.futures:
-            got, seconds = f.result()
-            nbytes += got
-            busy += seconds
+        nbytes, busy = _wait_all(io.futures)
         stall = time.perf_counter() - t0
         if not io.batch:
             io.tensors, io.batch = self._pool.take(int(io.samples.size))
@@ -392,6 +410,16 @@ class Loader:
         out = {key.name: t for key, t in zip(self.info.keys, io.tensors, strict=True)}
         out["index"] = torch.from_numpy(io.samples)
         return out
+
+
+def _wait_all(futures: list[Future]) -> tuple[int, float]:
+    """(bytes, busy seconds) of the read futures; raise the first error once all have ended."""
+    done = [(f.exception(), f) for f in futures]  # waits for every one
+    for exc, _ in done:
+        if exc is not None:
+            raise exc
+    results = [f.result() for _, f in done]
+    return sum(r[0] for r in results), sum(r[1] for r in results)
 
 
 def _rank_and_world(comm: Any, rank: int | None, world_size: int | None) -> tuple[int, int]:

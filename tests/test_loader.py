@@ -276,3 +276,101 @@ def test_batches_kept_by_the_trainer_are_never_overwritten(tmp_path):
         for _ in dropped:
             pass
     assert len(dropped._pool._sets) <= 2 + 3
+
+
+# -- regressions found in review ---------------------------------------------------------------
+def _check(batches, ref):
+    for b in batches:
+        assert np.array_equal(b["img"].numpy(), ref["img"][b["index"].numpy()])
+
+
+def test_a_failed_refill_never_serves_stale_slots(tmp_path):
+    paths = [_write(tmp_path / "a.h5", 0, 50), _write(tmp_path / "b.h5", 50, N)]
+    ref = reference(paths)
+    ld = Loader(paths, batch_size=4, epochs=3, buffer=90)
+    ld.set_epoch(1)
+    for i, _ in enumerate(ld):
+        if i == 5:
+            break
+    state = ld.state_dict()
+    ld.close()
+    paths[1].rename(tmp_path / "away.h5")
+    ld.set_epoch(2)
+    with pytest.raises(SolarError):
+        next(iter(ld))
+    (tmp_path / "away.h5").rename(paths[1])
+    ld.load_state_dict(state)
+    _check(list(ld), ref)
+
+
+def test_two_live_iterators_both_serve_the_right_bytes(tmp_path):
+    paths = [_write(tmp_path / "d.h5", 0, N)]
+    ref = reference(paths)
+    ld = Loader(paths, batch_size=4, epochs=3, buffer=40)
+    ld.set_epoch(1)
+    a = iter(ld)
+    first = [next(a), next(a)]
+    ld.set_epoch(2)
+    b = iter(ld)
+    _check([next(b)], ref)
+    _check(first + list(a), ref)
+
+
+def test_resuming_after_an_epochs_last_step_starts_the_next_epoch(tmp_path):
+    paths = [_write(tmp_path / "d.h5", 0, N)]
+    ld = Loader(paths, batch_size=4, epochs=3, buffer=10)
+    ld.set_epoch(0)
+    list(ld)
+    state = ld.state_dict()
+    assert state["epoch"] == 1
+    resumed = Loader(paths, batch_size=4, epochs=3, buffer=10)
+    resumed.load_state_dict(state)
+    served = []
+    for e in range(state["epoch"], 3):
+        resumed.set_epoch(e)
+        served += list(resumed)
+    assert len(served) == 2 * len(resumed)
+    for bad in ({**state, "epoch": 9}, {k: v for k, v in state.items() if k != "next_step"}):
+        with pytest.raises(SolarError, match="loader state"):
+            resumed.load_state_dict(bad)
+
+
+def _continue_in_child(it, q) -> None:
+    q.put([b["index"].numpy().tolist() for b in it])
+
+
+def test_a_forked_child_can_continue_its_parents_iterator(tmp_path):
+    paths = [_write(tmp_path / "d.h5", 0, N)]
+    ld = Loader(paths, batch_size=4, epochs=1, buffer=10, read_ahead=3)
+    it = iter(ld)
+    next(it)
+    ctx = mp.get_context("fork")
+    q = ctx.Queue()
+    p = ctx.Process(target=_continue_in_child, args=(it, q))
+    p.start()
+    rest = q.get(timeout=60)
+    p.join(timeout=30)
+    assert p.exitcode == 0 and len(rest) == len(ld) - 1
+
+
+def test_a_truncated_chunked_file_stops_with_a_message(tmp_path):
+    path = _write(tmp_path / "d.h5", 0, N, chunks=(4, 5, 6))
+    ld = Loader([path], keys=["img"], batch_size=4, epochs=1, buffer=0)
+    with open(path, "r+b") as f:
+        f.truncate(path.stat().st_size * 2 // 3)
+    with pytest.raises(SolarError, match="truncated"):
+        list(ld)
+
+
+def test_loaders_dropped_without_close_release_their_files(tmp_path):
+    import gc
+    import os
+
+    paths = [_write(tmp_path / "d.h5", 0, N)]
+    before = len(os.listdir("/proc/self/fd"))
+    for _ in range(10):
+        ld = Loader(paths, batch_size=4, epochs=1, buffer=10)
+        next(iter(ld))
+        del ld
+    gc.collect()
+    assert len(os.listdir("/proc/self/fd")) < before + 5

@@ -11,10 +11,12 @@ request. Files are opened lazily in the process that reads, so a reader survives
 from __future__ import annotations
 
 import ctypes
+import itertools
 import mmap
 import os
 import threading
 import time
+import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -49,7 +51,7 @@ class _Layout:
 
     offset: int | None
     row_bytes: int
-    chunk_rows: int  # samples per chunk along the first dimension (h5py path only)
+    chunk_rows: int  # samples per chunk along the first dimension; 0: not chunked (h5py path)
 
 
 class Reader:
@@ -68,7 +70,7 @@ class Reader:
     def _layout(dset: h5py.Dataset, row_bytes: int) -> _Layout:
         native = dset.dtype.isnative and dset.dtype.kind in "biufc"
         offset = dset.id.get_offset() if dset.chunks is None and native else None
-        chunk_rows = dset.chunks[0] if dset.chunks is not None else max(1, dset.shape[0])
+        chunk_rows = dset.chunks[0] if dset.chunks is not None else 0
         return _Layout(offset, row_bytes, chunk_rows)
 
     def _file_layouts(self, path) -> list[_Layout]:
@@ -85,6 +87,8 @@ class Reader:
             self._fd_lock = threading.Lock()
             self._pool: ThreadPoolExecutor | None = None
             self._local = threading.local()
+            # A reader dropped without close() must not keep its descriptors open.
+            weakref.finalize(self, _close_all, self._fds, self._h5)
 
     def _fd(self, file_index: int) -> int:
         fd = self._fds.get(file_index)
@@ -127,11 +131,7 @@ class Reader:
         if self._pool is not None:
             self._pool.shutdown(wait=True)
             self._pool = None
-        for fd in self._fds.values():
-            os.close(fd)
-        for f in self._h5.values():
-            f.close()
-        self._fds, self._h5 = {}, {}
+        _close_all(self._fds, self._h5)
 
     def __getstate__(self) -> dict:
         state = {k: v for k, v in self.__dict__.items() if k in ("info", "threads", "direct_io")}
@@ -176,7 +176,11 @@ class Reader:
     ) -> int:
         """Blocking :meth:`submit`; returns the bytes read."""
         rows = np.arange(len(samples)) if rows is None else rows
-        return sum(f.result()[0] for f in self.submit(samples, out, rows))
+        futures = self.submit(samples, out, rows)
+        errors = [e for e in (f.exception() for f in futures) if e is not None]  # waits for all
+        if errors:
+            raise errors[0]
+        return sum(f.result()[0] for f in futures)
 
     def _offset_tasks(self, f, layout, local, rows, dest) -> list[tuple]:
         """Pread tasks over runs of adjacent samples, cut at ``_RUN_MAX`` bytes and IOV_MAX rows.
@@ -268,19 +272,56 @@ class Reader:
         )
 
     def _read_chunked(self, f: int, k: int, local, rows, out: np.ndarray) -> int:
-        """Read each chunk (along the first dimension) once; copy the wanted rows out of it."""
+        """Through h5py: each chunk (along the first dimension) once, or just the wanted rows."""
         layout = self._layouts[f][k]
-        chunk = local // layout.chunk_rows
-        n_file = self.info.lengths[f]
+        path = self.info.files[f]
         name = self.info.keys[k].name
-        with self._h5_lock:  # h5py serialises anyway; keep one reader in it at a time
-            dset = self._h5file(f)[name]
-            for c in np.unique(chunk):
-                sel = chunk == c
-                lo = int(c) * layout.chunk_rows
-                block = dset[lo : min(lo + layout.chunk_rows, n_file)]
-                out[rows[sel]] = block[local[sel] - lo]
+        try:
+            with self._h5_lock:  # h5py serialises anyway; keep one reader in it at a time
+                dset = self._h5file(f)[name]
+                if layout.chunk_rows == 0:
+                    wanted, where = np.unique(local, return_inverse=True)
+                    out[rows] = dset[wanted][where]
+                    return int(local.size) * layout.row_bytes
+                size = os.path.getsize(path)
+                chunk = local // layout.chunk_rows
+                for c in np.unique(chunk):
+                    sel = chunk == c
+                    lo = int(c) * layout.chunk_rows
+                    _check_chunk(dset, lo, size, path)
+                    block = dset[lo : min(lo + layout.chunk_rows, self.info.lengths[f])]
+                    out[rows[sel]] = block[local[sel] - lo]
+        except OSError as exc:
+            raise SolarError(f"{path}: read error, truncated or corrupt ({exc})") from None
         return int(local.size) * layout.row_bytes
+
+
+def _check_chunk(dset: h5py.Dataset, lo: int, file_size: int, path) -> None:
+    """HDF5 returns fill values for a chunk past the end of a truncated file: refuse instead."""
+    for coord in _chunk_coords(dset, lo):
+        info = dset.id.get_chunk_info_by_coord(coord)
+        if info.byte_offset is not None and info.byte_offset + info.size > file_size:
+            raise SolarError(
+                f"{path}: truncated file: a chunk of {dset.name!r} ends at byte "
+                f"{info.byte_offset + info.size}, the file has {file_size}"
+            )
+
+
+def _chunk_coords(dset: h5py.Dataset, lo: int):
+    """Coordinates of every chunk holding rows [lo, lo + chunk rows)."""
+
+    axes = [range(0, n, c) for n, c in zip(dset.shape[1:], dset.chunks[1:], strict=True)]
+    for rest in itertools.product(*axes):
+        yield (lo, *rest)
+
+
+def _close_all(fds: dict[int, int], files: dict[int, h5py.File]) -> None:
+    for fd in fds.values():
+        os.close(fd)
+    for f in files.values():
+        f.close()
+    fds.clear()
+    files.clear()
 
 
 def _timed(reader: Reader, tasks: list[tuple]) -> tuple[int, float]:
