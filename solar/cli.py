@@ -193,6 +193,107 @@ def convert(
     click.echo(f"{dst}: {result['samples']} samples, keys {result['keys']}; verified")
 
 
+@cli.command()
+@click.argument("out", type=click.Path())
+@click.option("--preset", type=click.Choice(["ptychonn", "braggnn", "autophasenn"]), required=True)
+@click.option("--samples", type=int, required=True, help="Number of samples.")
+@click.option("--chunks", type=int, help="Samples per chunk (default: contiguous).")
+@click.option("--compression", type=click.Choice(["gzip", "lzf"]), help="Compress (chunked).")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--force", is_flag=True, help="Overwrite OUT if it exists.")
+def gen(out, preset, samples, chunks, compression, seed, force) -> None:
+    """Write a synthetic dataset shaped like a surrogate's training data."""
+    from solar.io.generate import generate
+
+    if Path(out).exists() and not force:
+        raise SolarError(f"{out}: exists (use --force to overwrite)")
+    check_writable(out)
+    show = _counter("generating") if sys.stderr.isatty() else None
+    done = [0]
+
+    def progress(n: int) -> None:
+        done[0] += n
+        if show:
+            show(done[0], samples)
+
+    generate(out, preset, samples, seed=seed, chunks=chunks, compression=compression,
+             progress=progress)  # fmt: skip
+    click.echo(f"{out}: {samples} {preset}-like samples")
+
+
+@cli.command()
+@click.argument("data", nargs=-1, required=True, type=click.Path())
+@click.option("--key", "keys", multiple=True, help="Dataset key (repeatable); default: all.")
+@click.option("--world-size", "-P", type=int, default=1, show_default=True,
+              help="Ranks; launches itself under mpiexec when more than 1.")  # fmt: skip
+@click.option("--batch-size", "-B", type=int, default=32, show_default=True)
+@click.option("--epochs", "-E", type=int, default=5, show_default=True)
+@click.option("--buffer", default="50%", show_default=True,
+              help="Aggregate buffer over all ranks, as a share of the dataset.")  # fmt: skip
+@click.option("--slack", type=float, default=DEFAULT_SLACK, show_default=True)
+@click.option("--loaders", default=",".join(("torch", "lru", "fifo", "solar-artifact", "nopfs",
+              "solar")), show_default=True, help="Comma-separated loaders to compare.")  # fmt: skip
+@click.option("--workers", type=int, default=2, show_default=True, help="DataLoader workers.")
+@click.option("--threads", type=int, default=8, show_default=True, help="solar reader threads.")
+@click.option("--throttle", help="Emulate a remote file system: MBps,latency_ms per rank.")
+@click.option("--compute-ms", type=float, default=0.0, show_default=True,
+              help="Simulated training step per batch.")  # fmt: skip
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--json", "json_out", type=click.Path(), help="Write the results as JSON here.")
+@click.option("--plot", "plot_out", type=click.Path(), help="Write a PNG plot here.")
+def bench(data, keys, world_size, batch_size, epochs, buffer, slack, loaders, workers, threads,
+          throttle, compute_ms, seed, json_out, plot_out) -> None:  # fmt: skip
+    """Compare the PyTorch DataLoader and every policy on DATA, cold storage each epoch."""
+    import os
+
+    from solar import bench as harness
+
+    share = _share(buffer)
+    for out in (json_out, plot_out):
+        if out:
+            check_writable(out)
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
+    if world_size > 1 and comm.Get_size() == 1 and not os.environ.get("SOLAR_BENCH_CHILD"):
+        sys.exit(harness.relaunch_under_mpi(world_size, sys.argv[1:]))
+    if comm.Get_size() != world_size:
+        raise SolarError(f"--world-size {world_size} but mpiexec started {comm.Get_size()} ranks")
+    from solar.dist import install_abort_on_error
+
+    install_abort_on_error(comm)
+    cfg = harness.BenchConfig(
+        paths=tuple(data), keys=tuple(keys) or None, batch_size=batch_size, epochs=epochs,
+        buffer=share, slack=slack, loaders=tuple(x for x in loaders.split(",") if x),
+        workers=workers, threads=threads, throttle=throttle, compute_ms=compute_ms, seed=seed,
+    )  # fmt: skip
+
+    def progress(epoch: int, name: str, seconds: float) -> None:
+        click.echo(f"epoch {epoch} {name}: {seconds:.2f} s", err=True)
+
+    result = harness.run(cfg, comm, progress)
+    if result is None:
+        return
+    click.echo(harness.format_results(result))
+    if json_out:
+        from solar._atomic import atomic_path
+
+        with atomic_path(json_out) as tmp:
+            Path(tmp).write_text(json.dumps(result, indent=1))
+    if plot_out:
+        harness.plot(result, Path(plot_out))
+
+
+def _share(text: str) -> float:
+    try:
+        value = float(text[:-1]) / 100 if text.endswith("%") else float(text)
+    except ValueError:
+        raise SolarError(f"--buffer: expected a share like 50% or 0.5, got {text!r}") from None
+    if not 0 <= value:
+        raise SolarError(f"--buffer must be >= 0, got {text!r}")
+    return value
+
+
 def plan_summary(p: Plan, path: Path | None = None) -> dict:
     """The figures `solar plan` reports, as a JSON-ready dict."""
     run, spec = p.run, p.spec
@@ -290,3 +391,7 @@ def main(argv: list[str] | None = None) -> None:
     except click.ClickException as exc:
         click.echo(f"solar: error: {exc.format_message()}", err=True)
         sys.exit(exc.exit_code)
+
+
+if __name__ == "__main__":
+    main()

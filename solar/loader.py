@@ -145,11 +145,13 @@ class Loader:
         threads: int = 8,
         pin_memory: bool = False,
         direct_io: bool = False,
+        throttle: Any = None,
     ) -> None:
         try:
             self._setup(
                 paths, keys, batch_size, epochs, buffer, seed, slack, plan, comm, rank,
                 world_size, drop_last, policy, read_ahead, threads, pin_memory, direct_io,
+                throttle,
             )  # fmt: skip
         except Exception:
             if comm is not None and comm.Get_size() > 1:
@@ -161,7 +163,7 @@ class Loader:
 
     def _setup(
         self, paths, keys, batch_size, epochs, buffer, seed, slack, plan, comm, rank,
-        world_size, drop_last, policy, read_ahead, threads, pin_memory, direct_io,
+        world_size, drop_last, policy, read_ahead, threads, pin_memory, direct_io, throttle,
     ) -> None:  # fmt: skip
         import torch
 
@@ -185,7 +187,7 @@ class Loader:
             warnings.warn("pin_memory=True but no accelerator: not pinning", stacklevel=2)
             pin_memory = False
         self.pin_memory = pin_memory
-        self.reader = Reader(self.info, threads=threads, direct_io=direct_io)
+        self.reader = Reader(self.info, threads=threads, direct_io=direct_io, throttle=throttle)
         self.stats = LoaderStats()
         self.global_batch = 0  # samples over all ranks in the step last yielded
         self._global_sizes = np.diff(step_bounds(run))

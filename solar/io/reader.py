@@ -57,10 +57,13 @@ class _Layout:
 class Reader:
     """Reads samples (global ids over the concatenated files) into rows of numpy arrays."""
 
-    def __init__(self, info: DatasetInfo, *, threads: int = 8, direct_io: bool = False) -> None:
+    def __init__(
+        self, info: DatasetInfo, *, threads: int = 8, direct_io: bool = False, throttle=None
+    ) -> None:
         self.info = info
         self.threads = max(1, threads)
         self.direct_io = direct_io
+        self.throttle = throttle  # solar.io.throttle.Throttle: an emulated remote file system
         self._starts = np.concatenate([[0], np.cumsum(info.lengths)]).astype(np.int64)
         self._layouts = [self._file_layouts(path) for path in info.files]
         self._pid = -1
@@ -134,7 +137,8 @@ class Reader:
         _close_all(self._fds, self._h5)
 
     def __getstate__(self) -> dict:
-        state = {k: v for k, v in self.__dict__.items() if k in ("info", "threads", "direct_io")}
+        keep = ("info", "threads", "direct_io", "throttle")
+        state = {k: v for k, v in self.__dict__.items() if k in keep}
         state.update(_starts=self._starts, _layouts=self._layouts, _pid=-1)
         return state
 
@@ -215,11 +219,16 @@ class Reader:
     def _run(self, task: tuple) -> int:
         kind = task[0]
         if kind == "preadv":
-            return self._preadv_task(*task[1:])
-        if kind == "direct":
-            return self._pread_direct(*task[1:])
-        _, f, k, local, rows, out = task
-        return self._read_chunked(f, k, local, rows, out)
+            nbytes, requests = self._preadv_task(*task[1:]), task[5].size
+        elif kind == "direct":
+            nbytes, requests = self._pread_direct(*task[1:]), 1
+        else:
+            _, f, k, local, rows, out = task
+            nbytes = self._read_chunked(f, k, local, rows, out)
+            requests = len(np.unique(local // max(1, self._layouts[f][k].chunk_rows)))
+        if self.throttle is not None:
+            self.throttle.wait(nbytes, requests)
+        return nbytes
 
     def _preadv_task(self, f, dest, rows, iov, starts, counts, offsets) -> int:
         got = np.empty(starts.size, np.int64)

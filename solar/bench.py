@@ -1,0 +1,328 @@
+"""``solar bench``: loaders side by side, same processes, same epochs, same memory, cold storage.
+
+Every rank runs, for each epoch, each loader in turn (interleaved, so drift in the host's disk
+cache hits all alike): the PyTorch DataLoader + DistributedSampler over an h5py Dataset opened
+lazily in its workers, then solar's Loader with each policy. Before every loader's epoch rank 0
+evicts the data files' pages (posix_fadvise DONTNEED) and all ranks pass a barrier; an epoch's
+time is the slowest rank's. Limits measured in the same run: the files' cold sequential read
+bandwidth and memory copy bandwidth, giving the epoch time limit
+``bytes_missed / read_bw + bytes_hit / mem_bw`` (reads overlapped with compute).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from solar.errors import SolarError
+from solar.io.hdf5 import describe
+from solar.io.throttle import Throttle
+
+LOADERS = ("torch", "lru", "fifo", "solar-artifact", "nopfs", "solar")
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """One benchmark: the data, the run's shape and which loaders to compare."""
+
+    paths: tuple[str, ...]
+    keys: tuple[str, ...] | None = None
+    batch_size: int = 32
+    epochs: int = 5
+    buffer: float = 0.5  # aggregate buffer as a fraction of the dataset
+    slack: float = 0.25
+    loaders: tuple[str, ...] = LOADERS
+    workers: int = 2
+    threads: int = 8
+    read_ahead: int = 4
+    throttle: str | None = None  # "MBps,latency_ms"
+    compute_ms: float = 0.0
+    seed: int = 0
+
+
+@dataclass
+class LoaderResult:
+    name: str
+    epoch_seconds: list[float] = field(default_factory=list)
+    samples: list[int] = field(default_factory=list)
+    hits: list[int] = field(default_factory=list)
+    bytes_read: list[int] = field(default_factory=list)
+    stall_seconds: list[float] = field(default_factory=list)
+
+
+def evict(paths: list[Path]) -> None:
+    """Drop the files' pages from the page cache."""
+    for path in paths:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def sequential_bandwidth(paths: list[Path], limit: int = 2 * 2**30) -> float:
+    """Cold sequential read bandwidth of the files (16 MiB reads, at most ``limit`` bytes)."""
+    evict(paths)
+    block = bytearray(16 * 2**20)
+    total, t0 = 0, time.perf_counter()
+    for path in paths:
+        with open(path, "rb", buffering=0) as f:
+            while total < limit and (n := f.readinto(block)):
+                total += n
+    return total / (time.perf_counter() - t0)
+
+
+def memory_bandwidth(nbytes: int = 256 * 2**20) -> float:
+    """Bytes per second of a large in-memory copy (best of 3)."""
+    src = np.ones(nbytes, np.uint8)
+    dst = np.empty_like(src)
+    best = math.inf
+    for _ in range(3):
+        t0 = time.perf_counter()
+        np.copyto(dst, src)
+        best = min(best, time.perf_counter() - t0)
+    return nbytes / best
+
+
+class _H5Dataset:
+    """The setup users run today: a map-style Dataset opening the file lazily per worker."""
+
+    def __init__(self, info, throttle: Throttle | None) -> None:
+        self.files = [str(p) for p in info.files]
+        self.keys = [k.name for k in info.keys]
+        self.starts = np.concatenate([[0], np.cumsum(info.lengths)])
+        self.sample_bytes = info.sample_bytes
+        self.throttle = throttle
+        self.handles: dict[int, Any] = {}
+
+    def __len__(self) -> int:
+        return int(self.starts[-1])
+
+    def __getitem__(self, i: int) -> dict:
+        import h5py
+        import torch
+
+        f = int(np.searchsorted(self.starts, i, side="right") - 1)
+        if f not in self.handles:
+            self.handles[f] = h5py.File(self.files[f], "r")
+        local = int(i - self.starts[f])
+        out = {k: torch.from_numpy(self.handles[f][k][local]) for k in self.keys}
+        if self.throttle is not None:
+            self.throttle.wait(self.sample_bytes, len(self.keys))
+        return out
+
+
+def run(cfg: BenchConfig, comm: Any, progress=None) -> dict | None:
+    """Run the benchmark on every rank of ``comm``; rank 0 returns the results."""
+    from torch.utils.data import DataLoader, DistributedSampler
+
+    from solar.loader import Loader
+
+    rank, world = comm.Get_rank(), comm.Get_size()
+    info = describe(list(cfg.paths), list(cfg.keys) if cfg.keys else None)
+    files = list(info.files)
+    n, sample_bytes = info.num_samples, info.sample_bytes
+    unknown = set(cfg.loaders) - set(LOADERS)
+    if unknown:
+        raise SolarError(f"--loaders: unknown {sorted(unknown)} (choose from {', '.join(LOADERS)})")
+    capacity = math.ceil(cfg.buffer * n / world)
+    throttle = Throttle.parse(cfg.throttle) if cfg.throttle else None
+
+    limits = None
+    if rank == 0:
+        limits = {
+            "read_bytes_per_s": sequential_bandwidth(files),
+            "mem_bytes_per_s": memory_bandwidth(),
+        }
+    limits = comm.bcast(limits, root=0)
+    if throttle is not None:
+        limits["read_bytes_per_s"] = min(limits["read_bytes_per_s"], throttle.bytes_per_s * world)
+
+    loaders: dict[str, Any] = {}
+    for name in cfg.loaders:
+        if name == "torch":
+            ds = _H5Dataset(info, throttle)
+            sampler = DistributedSampler(ds, num_replicas=world, rank=rank, seed=cfg.seed)
+            dl = DataLoader(ds, batch_size=cfg.batch_size, sampler=sampler, num_workers=cfg.workers,
+                            persistent_workers=cfg.workers > 0)  # fmt: skip
+            loaders[name] = (dl, sampler)
+        else:
+            loaders[name] = Loader(
+                files, [k.name for k in info.keys], batch_size=cfg.batch_size, epochs=cfg.epochs,
+                buffer=capacity, seed=cfg.seed, slack=cfg.slack, policy=name, comm=comm,
+                threads=cfg.threads, read_ahead=cfg.read_ahead, throttle=throttle,
+            )  # fmt: skip
+    results = {name: LoaderResult(name) for name in cfg.loaders}
+    from mpi4py import MPI
+
+    for epoch in range(cfg.epochs):
+        for name, loader in loaders.items():
+            if rank == 0:
+                evict(files)
+            comm.Barrier()
+            t0 = time.perf_counter()
+            count = _epoch(name, loader, epoch, cfg.compute_ms)
+            seconds = comm.allreduce(time.perf_counter() - t0, op=MPI.MAX)
+            r = results[name]
+            r.epoch_seconds.append(seconds)
+            r.samples.append(comm.allreduce(count))
+            if name != "torch":
+                st = loader.stats.epochs[epoch]
+                r.hits.append(comm.allreduce(st.hits))
+                r.bytes_read.append(comm.allreduce(st.bytes_read))
+                r.stall_seconds.append(comm.allreduce(st.stall_seconds, op=MPI.MAX))
+            else:
+                r.bytes_read.append(r.samples[-1] * sample_bytes)
+            if progress is not None and rank == 0:
+                progress(epoch, name, seconds)
+    for name, loader in loaders.items():
+        if name != "torch":
+            loader.close()
+    if rank != 0:
+        return None
+    solar_plan = loaders["solar"].plan if "solar" in loaders else None
+    return _summarise(cfg, world, n, sample_bytes, capacity, limits, results, solar_plan, throttle)
+
+
+def _epoch(name: str, loader: Any, epoch: int, compute_ms: float) -> int:
+    count = 0
+    if name == "torch":
+        dl, sampler = loader
+        sampler.set_epoch(epoch)
+        batches = iter(dl)
+    else:
+        loader.set_epoch(epoch)
+        batches = iter(loader)
+    for batch in batches:
+        count += len(next(iter(batch.values())))
+        if compute_ms:
+            time.sleep(compute_ms / 1e3)
+    return count
+
+
+def _summarise(cfg, world, n, sample_bytes, capacity, limits, results, plan, throttle) -> dict:
+    out: dict = {
+        "config": {
+            **cfg.__dict__,
+            "world_size": world,
+            "num_samples": n,
+            "sample_bytes": sample_bytes,
+            "buffer_per_rank": capacity,
+            "throttle": str(throttle) if throttle else None,
+        },
+        "limits": limits,
+        "loaders": {},
+    }
+    base = None
+    for name, r in results.items():
+        total = sum(r.epoch_seconds)
+        rate = sum(r.samples) / total
+        entry = {
+            "epoch_seconds": r.epoch_seconds,
+            "samples_per_second": rate,
+            "bytes_read": r.bytes_read,
+            "stall_seconds": r.stall_seconds,
+        }
+        if r.hits:
+            entry["hit_rate_per_epoch"] = [h / s for h, s in zip(r.hits, r.samples, strict=True)]
+            entry["hit_rate"] = sum(r.hits) / sum(r.samples)
+        if name == "torch":
+            base = rate
+        out["loaders"][name] = entry
+    for entry in out["loaders"].values():
+        entry["speedup"] = entry["samples_per_second"] / base if base else None
+    if plan is not None:
+        out["bound"] = plan.bound
+        r = results["solar"]
+        steps = plan.run.steps_per_epoch
+        limit = []
+        for hits, samples in zip(r.hits, r.samples, strict=True):
+            io = (samples - hits) * sample_bytes / limits["read_bytes_per_s"]
+            io += hits * sample_bytes / limits["mem_bytes_per_s"]
+            limit.append(max(io, steps * cfg.compute_ms / 1e3))
+        out["loaders"]["solar"]["epoch_limit_seconds"] = limit
+        out["loaders"]["solar"]["share_of_limit"] = sum(r.epoch_seconds) / sum(limit)
+    return out
+
+
+def format_results(res: dict) -> str:
+    c, lim = res["config"], res["limits"]
+    lines = [
+        f"{c['num_samples']} samples of {c['sample_bytes'] / 2**10:.0f} KiB, P={c['world_size']}, "
+        f"B={c['batch_size']}, {c['epochs']} cold epochs, aggregate buffer "
+        f"{100 * c['buffer']:.0f} % ({c['buffer_per_rank']} samples/rank), compute "
+        f"{c['compute_ms']} ms/step" + (f", throttle {c['throttle']}" if c["throttle"] else ""),
+        f"limits: cold sequential read {lim['read_bytes_per_s'] / 1e9:.2f} GB/s, "
+        f"memory copy {lim['mem_bytes_per_s'] / 1e9:.2f} GB/s",
+        "",
+        "| loader | samples/s | speedup | hit rate | bound | GB read | max stall s | epoch s |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for name, e in res["loaders"].items():
+        hit = f"{100 * e['hit_rate']:.1f} %" if "hit_rate" in e else "—"
+        bound = f"{100 * res['bound']:.1f} %" if "hit_rate" in e and "bound" in res else "—"
+        stall = f"{max(e['stall_seconds']):.2f}" if e["stall_seconds"] else "—"
+        epochs = " ".join(f"{t:.2f}" for t in e["epoch_seconds"])
+        speedup = f"{e['speedup']:.2f}×" if e["speedup"] else "—"
+        lines.append(
+            f"| {name} | {e['samples_per_second']:.0f} | {speedup} | {hit} | {bound} | "
+            f"{sum(e['bytes_read']) / 1e9:.2f} | {stall} | {epochs} |"
+        )
+    s = res["loaders"].get("solar", {})
+    if "epoch_limit_seconds" in s:
+        limit = " ".join(f"{t:.2f}" for t in s["epoch_limit_seconds"])
+        lines.append(
+            f"\nsolar epoch time / time limit: {s['share_of_limit']:.2f} "
+            f"(limits per epoch: {limit} s)"
+        )
+    return "\n".join(lines)
+
+
+def plot(res: dict, path: Path) -> None:
+    """Samples/s per loader and hit rate per epoch, as a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(res["loaders"])
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    a.bar(names, [res["loaders"][k]["samples_per_second"] for k in names], color="tab:blue")
+    a.set_ylabel("samples/s")
+    a.set_title("throughput (cold storage each epoch)")
+    a.tick_params(axis="x", rotation=30)
+    for k in names:
+        if "hit_rate_per_epoch" in res["loaders"][k]:
+            b.plot([100 * h for h in res["loaders"][k]["hit_rate_per_epoch"]], marker="o", label=k)
+    if "bound" in res:
+        epochs = res["config"]["epochs"]
+        per_epoch = 100 * res["bound"] * epochs / max(1, epochs - 1)
+        b.axhline(per_epoch, ls="--", color="gray", label="bound (epochs ≥ 1)")
+    b.set_xticks(range(res["config"]["epochs"]))
+    b.set_xlabel("epoch")
+    b.set_ylabel("hit rate %")
+    b.set_title("buffer hit rate")
+    b.legend(fontsize=8)
+    fig.tight_layout()
+    tmp = path.with_name(path.name + ".tmp.png")
+    fig.savefig(tmp, dpi=110)
+    plt.close(fig)
+    os.replace(tmp, path)
+
+
+def relaunch_under_mpi(world: int, argv: list[str]) -> int:
+    """Run this same command under ``mpiexec -n world`` (the one beside this Python)."""
+    import subprocess
+
+    mpiexec = Path(sys.executable).with_name("mpiexec")
+    if not mpiexec.exists():
+        raise SolarError(f"--world-size {world} needs mpiexec (not found beside {sys.executable})")
+    cmd = [str(mpiexec), "-n", str(world), sys.executable, "-m", "solar.cli", *argv]
+    return subprocess.call(cmd, env={**os.environ, "SOLAR_BENCH_CHILD": "1"})

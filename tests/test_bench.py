@@ -1,0 +1,65 @@
+"""`solar gen` and `solar bench` (run as the console script, as users do)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import h5py
+import pytest
+from test_cli import run_cli
+
+SOLAR = str(Path(sys.executable).with_name("solar"))
+
+
+def test_gen_writes_presets_and_refuses_to_overwrite(tmp_path, capsys):
+    out = tmp_path / "b.h5"
+    code, stdout, _ = run_cli(["gen", out, "--preset", "braggnn", "--samples", 50], capsys)
+    assert code == 0 and "50 braggnn-like samples" in stdout
+    with h5py.File(out) as f:
+        assert f["patch"].shape == (50, 11, 11) and f["center"].shape == (50, 2)
+    code, _, err = run_cli(["gen", out, "--preset", "braggnn", "--samples", 50], capsys)
+    assert code == 1 and "exists" in err
+    code, _, _ = run_cli(["gen", out, "--preset", "autophasenn", "--samples", 3, "--chunks", 2,
+                          "--compression", "gzip", "--force"], capsys)  # fmt: skip
+    with h5py.File(out) as f:
+        assert f["volume"].chunks == (2, 64, 64, 64) and f["volume"].compression == "gzip"
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_bench_compares_loaders_with_json_and_plot(tmp_path, world):
+    data = tmp_path / "d.h5"
+    subprocess.run([SOLAR, "gen", data, "--preset", "braggnn", "--samples", "600"], check=True)
+    result = subprocess.run(
+        [SOLAR, "bench", data, "-P", str(world), "-E", "2", "-B", "16", "--buffer", "100%",
+         "--loaders", "torch,lru,solar", "--workers", "1", "--json", tmp_path / "r.json",
+         "--plot", tmp_path / "r.png", "--compute-ms", "1"],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "| solar |" in result.stdout and "time limit" in result.stdout
+    res = json.loads((tmp_path / "r.json").read_text())
+    assert set(res["loaders"]) == {"torch", "lru", "solar"}
+    assert res["config"]["world_size"] == world
+    solar = res["loaders"]["solar"]
+    assert len(solar["epoch_seconds"]) == 2
+    # A buffer holding the whole dataset: every reuse hits on one rank; on two, a rank at its
+    # batch cap (slack 0.25) hands a few held samples to the other.
+    first, second = solar["hit_rate_per_epoch"]
+    assert first == 0.0 and (second == 1.0 if world == 1 else 0.95 <= second < 1.0)
+    assert res["loaders"]["torch"]["speedup"] == 1.0
+    assert (tmp_path / "r.png").stat().st_size > 10_000
+
+
+def test_bench_bad_input_is_one_line(tmp_path):
+    data = tmp_path / "d.h5"
+    subprocess.run([SOLAR, "gen", data, "--preset", "braggnn", "--samples", "100"], check=True)
+    for args, message in [(["--loaders", "torch,magic"], "unknown ['magic']"),
+                          (["--buffer", "lots"], "--buffer"),
+                          (["--throttle", "fast"], "--throttle")]:  # fmt: skip
+        result = subprocess.run([SOLAR, "bench", data, "-E", "1", *args], capture_output=True,
+                                text=True, timeout=120, check=False)  # fmt: skip
+        assert result.returncode != 0 and message in result.stderr, result.stderr
+        assert "Traceback" not in result.stderr
