@@ -1,8 +1,9 @@
 """``solar bench``: loaders side by side, same processes, same epochs, same memory, cold storage.
 
-Every rank runs, for each epoch, each loader in turn (interleaved, so drift in the host's disk
-cache hits all alike): the PyTorch DataLoader + DistributedSampler over an h5py Dataset opened
-lazily in its workers, then solar's Loader with each policy. Before every loader's epoch rank 0
+Every rank runs, for each epoch, each loader in turn (interleaved, in an order rotated every
+epoch, so drift in the host's disk cache hits all alike): the PyTorch DataLoader +
+DistributedSampler over an h5py Dataset opened lazily in its workers, and solar's Loader with
+each policy. Before every loader's epoch rank 0
 evicts the data files' pages (posix_fadvise DONTNEED) and all ranks pass a barrier; an epoch's
 time is the slowest rank's. Limits measured in the same run: the files' cold sequential read
 bandwidth and memory copy bandwidth, giving the epoch time limit
@@ -67,16 +68,20 @@ def evict(paths: list[Path]) -> None:
             os.close(fd)
 
 
-def sequential_bandwidth(paths: list[Path], limit: int = 2 * 2**30) -> float:
-    """Cold sequential read bandwidth of the files (16 MiB reads, at most ``limit`` bytes)."""
-    evict(paths)
+def sequential_bandwidth(paths: list[Path], limit: int = 2**30, repeats: int = 3) -> float:
+    """Cold sequential read bandwidth of the files: 16 MiB reads of at most ``limit`` bytes,
+    median of ``repeats`` runs (the host caches this virtual disk erratically)."""
     block = bytearray(16 * 2**20)
-    total, t0 = 0, time.perf_counter()
-    for path in paths:
-        with open(path, "rb", buffering=0) as f:
-            while total < limit and (n := f.readinto(block)):
-                total += n
-    return total / (time.perf_counter() - t0)
+    rates = []
+    for _ in range(repeats):
+        evict(paths)
+        total, t0 = 0, time.perf_counter()
+        for path in paths:
+            with open(path, "rb", buffering=0) as f:
+                while total < limit and (n := f.readinto(block)):
+                    total += n
+        rates.append(total / (time.perf_counter() - t0))
+    return float(np.median(rates))
 
 
 def memory_bandwidth(nbytes: int = 256 * 2**20) -> float:
@@ -162,8 +167,11 @@ def run(cfg: BenchConfig, comm: Any, progress=None) -> dict | None:
     results = {name: LoaderResult(name) for name in cfg.loaders}
     from mpi4py import MPI
 
+    names = list(loaders)
     for epoch in range(cfg.epochs):
-        for name, loader in loaders.items():
+        # Rotate the order each epoch: no loader always follows the same one.
+        for name in names[epoch % len(names) :] + names[: epoch % len(names)]:
+            loader = loaders[name]
             if rank == 0:
                 evict(files)
             comm.Barrier()

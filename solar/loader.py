@@ -194,6 +194,10 @@ class Loader:
         self._epoch = 0
         self._next = 0  # global step the next iteration starts from
         self._reset_runtime()
+        # Allocate (and touch) the buffer and warm the reader now, not inside the first epoch:
+        # an impossible budget fails here, and epoch 0 measures loading, not set-up.
+        self.buffer  # noqa: B018
+        self.reader.warm_up()
 
     # -- plan agreement ----------------------------------------------------------------------
     def _agree_on_plan(self, plan, run, buffer, policy, comm) -> Plan:

@@ -127,6 +127,13 @@ class Reader:
             self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="solar-read")
         return self._pool
 
+    def warm_up(self) -> None:
+        """Compile the read kernel and open the files: one read of sample 0, discarded."""
+        if self._starts[-1] == 0:
+            return
+        out = [np.empty((1, *k.sample_shape), k.native_dtype) for k in self.info.keys]
+        self.read(np.zeros(1, np.int64), out)
+
     def close(self) -> None:
         """Close descriptors, h5py handles and the pool of this process."""
         if self._pid != os.getpid():
