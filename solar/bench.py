@@ -151,19 +151,24 @@ def run(cfg: BenchConfig, comm: Any, progress=None) -> dict | None:
         limits["read_bytes_per_s"] = min(limits["read_bytes_per_s"], throttle.bytes_per_s * world)
 
     loaders: dict[str, Any] = {}
+    if "torch" in cfg.loaders:
+        ds = _H5Dataset(info, throttle)
+        sampler = DistributedSampler(ds, num_replicas=world, rank=rank, seed=cfg.seed)
+        dl = DataLoader(ds, batch_size=cfg.batch_size, sampler=sampler, num_workers=cfg.workers,
+                        persistent_workers=cfg.workers > 0)  # fmt: skip
+        # Fork the persistent workers now, while this process is small: forked after solar's
+        # buffers exist, they would share those pages copy-on-write, and every first write to a
+        # buffer page (each admission of epoch 0) would pay a page fault and a 4 KiB copy.
+        iter(dl)
+        loaders["torch"] = (dl, sampler)
     for name in cfg.loaders:
-        if name == "torch":
-            ds = _H5Dataset(info, throttle)
-            sampler = DistributedSampler(ds, num_replicas=world, rank=rank, seed=cfg.seed)
-            dl = DataLoader(ds, batch_size=cfg.batch_size, sampler=sampler, num_workers=cfg.workers,
-                            persistent_workers=cfg.workers > 0)  # fmt: skip
-            loaders[name] = (dl, sampler)
-        else:
+        if name != "torch":
             loaders[name] = Loader(
                 files, [k.name for k in info.keys], batch_size=cfg.batch_size, epochs=cfg.epochs,
                 buffer=capacity, seed=cfg.seed, slack=cfg.slack, policy=name, comm=comm,
                 threads=cfg.threads, read_ahead=cfg.read_ahead, throttle=throttle,
             )  # fmt: skip
+    loaders = {name: loaders[name] for name in cfg.loaders}  # the order asked for
     results = {name: LoaderResult(name) for name in cfg.loaders}
     from mpi4py import MPI
 
