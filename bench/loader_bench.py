@@ -144,6 +144,7 @@ def bench_epochs(path: Path, batch: int, epochs: int, workers: int, threads: int
     sampler = DistributedSampler(ds, num_replicas=1, rank=0, shuffle=True, seed=0)
     dl = DataLoader(ds, batch_size=batch, sampler=sampler, num_workers=workers,
                     persistent_workers=workers > 0)  # fmt: skip
+    iter(dl)  # fork the workers before solar's buffer exists (no copy-on-write sharing)
     solar = Loader(path, batch_size=batch, epochs=epochs, buffer=n // 2, threads=threads)
     times: dict[str, list[float]] = {"torch": [], "solar": []}
     for e in range(epochs):  # interleaved A/B so that drift on the host hits both alike
