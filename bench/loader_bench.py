@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import tempfile
 import time
 from pathlib import Path
@@ -25,34 +24,18 @@ from pathlib import Path
 import h5py
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset, DistributedSampler
+from torch.utils.data import DataLoader, DistributedSampler
 
 from solar import Loader
+from solar import bench as harness
 from solar.io.generate import generate
 from solar.io.hdf5 import describe
+from solar.io.pagecache import evict
 from solar.io.reader import Reader
-
-KEYS = ["diffraction", "amplitude", "phase"]
-
-
-def evict(path: Path) -> None:
-    """Drop the file's pages from the page cache."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
 
 
 def sequential_bandwidth(path: Path) -> float:
-    evict(path)
-    block = bytearray(16 * 2**20)
-    total, t0 = 0, time.perf_counter()
-    with open(path, "rb", buffering=0) as f:
-        while n := f.readinto(block):
-            total += n
-    return total / (time.perf_counter() - t0)
+    return harness.sequential_bandwidth([path], repeats=1)  # main() repeats, interleaved
 
 
 def bench_hits(path: Path, batch: int) -> dict:
@@ -121,26 +104,9 @@ def bench_random(path: Path, info, threads: int, count: int) -> dict:
             "ratio": solar_rate / h5_rate}  # fmt: skip
 
 
-class H5Dataset(Dataset):
-    """What users run today: a map-style Dataset opening the file lazily in each worker."""
-
-    def __init__(self, path: Path) -> None:
-        self.path, self.file = path, None
-        with h5py.File(path, "r") as f:
-            self.n = len(f[KEYS[0]])
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, i: int) -> dict:
-        if self.file is None:
-            self.file = h5py.File(self.path, "r")
-        return {k: torch.from_numpy(self.file[k][i]) for k in KEYS}
-
-
 def bench_epochs(path: Path, batch: int, epochs: int, workers: int, threads: int) -> dict:
     n = describe([path]).num_samples
-    ds = H5Dataset(path)
+    ds = harness.H5Dataset(describe([path]))
     sampler = DistributedSampler(ds, num_replicas=1, rank=0, shuffle=True, seed=0)
     dl = DataLoader(ds, batch_size=batch, sampler=sampler, num_workers=workers,
                     persistent_workers=workers > 0)  # fmt: skip
@@ -153,7 +119,7 @@ def bench_epochs(path: Path, batch: int, epochs: int, workers: int, threads: int
             t0 = time.perf_counter()
             if name == "torch":
                 sampler.set_epoch(e)
-                count = sum(len(b[KEYS[0]]) for b in dl)
+                count = sum(len(b["diffraction"]) for b in dl)
             else:
                 solar.set_epoch(e)
                 count = sum(len(b["index"]) for b in solar)

@@ -24,6 +24,7 @@ import numpy as np
 
 from solar.errors import SolarError
 from solar.io.hdf5 import describe
+from solar.io.pagecache import evict
 from solar.io.throttle import Throttle
 
 LOADERS = ("torch", "lru", "fifo", "solar-artifact", "nopfs", "solar")
@@ -58,16 +59,6 @@ class LoaderResult:
     stall_seconds: list[float] = field(default_factory=list)
 
 
-def evict(paths: list[Path]) -> None:
-    """Drop the files' pages from the page cache."""
-    for path in paths:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
-
-
 def sequential_bandwidth(paths: list[Path], limit: int = 2**30, repeats: int = 3) -> float:
     """Cold sequential read bandwidth of the files: 16 MiB reads of at most ``limit`` bytes,
     median of ``repeats`` runs (the host caches this virtual disk erratically)."""
@@ -96,10 +87,10 @@ def memory_bandwidth(nbytes: int = 256 * 2**20) -> float:
     return nbytes / best
 
 
-class _H5Dataset:
+class H5Dataset:
     """The setup users run today: a map-style Dataset opening the file lazily per worker."""
 
-    def __init__(self, info, throttle: Throttle | None) -> None:
+    def __init__(self, info, throttle: Throttle | None = None) -> None:
         self.files = [str(p) for p in info.files]
         self.keys = [k.name for k in info.keys]
         self.starts = np.concatenate([[0], np.cumsum(info.lengths)])
@@ -152,7 +143,7 @@ def run(cfg: BenchConfig, comm: Any, progress=None) -> dict | None:
 
     loaders: dict[str, Any] = {}
     if "torch" in cfg.loaders:
-        ds = _H5Dataset(info, throttle)
+        ds = H5Dataset(info, throttle)
         sampler = DistributedSampler(ds, num_replicas=world, rank=rank, seed=cfg.seed)
         dl = DataLoader(ds, batch_size=cfg.batch_size, sampler=sampler, num_workers=cfg.workers,
                         persistent_workers=cfg.workers > 0)  # fmt: skip

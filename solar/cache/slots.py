@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from solar._memory import available_memory
+from solar._memory import require_memory
 from solar.errors import SolarError
 from solar.io.hdf5 import KeyInfo
 
@@ -38,13 +38,7 @@ def _bytes2d(a: np.ndarray) -> np.ndarray:
 
 def check_budget(slots: int, sample_bytes: int) -> None:
     """Refuse a buffer larger than the memory available now."""
-    need = slots * sample_bytes
-    avail = available_memory()
-    if avail is not None and need > avail:
-        raise SolarError(
-            f"buffer: {slots} slots × {sample_bytes} B = {need / 2**30:.2f} GiB exceed the "
-            f"{avail / 2**30:.2f} GiB of memory available"
-        )
+    require_memory(slots * sample_bytes, f"buffer: {slots} slots × {sample_bytes} B")
 
 
 class SlotBuffer:
@@ -53,8 +47,8 @@ class SlotBuffer:
     def __init__(self, capacity: int, keys: tuple[KeyInfo, ...]) -> None:
         self.capacity = capacity
         self.keys = keys
-        need = capacity * sum(k.row_bytes for k in keys)
-        check_budget(capacity, sum(k.row_bytes for k in keys))
+        sample_bytes = sum(k.row_bytes for k in keys)
+        check_budget(capacity, sample_bytes)
         try:
             # Touch every page now, so that an over-committed budget fails here, not mid-run.
             self.arrays = [np.zeros((capacity, *k.sample_shape), k.native_dtype) for k in keys]
@@ -62,7 +56,8 @@ class SlotBuffer:
                 a.reshape(-1).view(np.uint8)[::4096] = 0
         except MemoryError:
             raise SolarError(
-                f"buffer: cannot allocate {need / 2**30:.2f} GiB for {capacity} slots"
+                f"buffer: cannot allocate {capacity * sample_bytes / 2**30:.2f} GiB "
+                f"for {capacity} slots"
             ) from None
 
     @property

@@ -14,6 +14,7 @@ import numpy as np
 from solar._units import format_bytes
 from solar.errors import SolarError
 from solar.io.hdf5 import dataset_names, expand_paths, open_h5
+from solar.io.pagecache import evict
 
 _ALIGN = 4096
 _FILTERS = {1: "gzip", 2: "shuffle", 3: "fletcher32", 4: "szip", 5: "nbit", 6: "scaleoffset"}
@@ -139,7 +140,7 @@ def _probe(path: Path, name: str, n: int, count: int, offset_reader: bool) -> di
     """Mean µs per random single-sample read, cold (the file's pages evicted first)."""
     idx = random.Random(0).sample(range(n), min(count, n))
     out: dict[str, float] = {}
-    _evict(path)
+    evict(path)
     with h5py.File(path, "r") as f:
         d = f[name]
         t0 = time.perf_counter()
@@ -154,21 +155,13 @@ def _probe(path: Path, name: str, n: int, count: int, offset_reader: bool) -> di
         reader = Reader(info, threads=1)
         row = np.empty((1, *info.keys[0].sample_shape), info.keys[0].native_dtype)
         reader.read(np.array([idx[0]]), [row])  # compile and start the pool outside the timing
-        _evict(path)
+        evict(path)
         t0 = time.perf_counter()
         for i in idx:
             reader.read(np.array([i]), [row])
         out["solar"] = 1e6 * (time.perf_counter() - t0) / len(idx)
         reader.close()
     return out
-
-
-def _evict(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
 
 
 def as_dicts(reports: list[DatasetReport]) -> list[dict]:

@@ -35,7 +35,7 @@ import numpy as np
 from numba import njit
 
 from solar._atomic import atomic_path
-from solar._memory import available_memory
+from solar._memory import require_memory
 from solar.config import BufferConfig, RunConfig
 from solar.errors import CorruptPlanError, PlanMismatchError, SolarError
 from solar.schedule._common import ADMIT, HIT, RELEASE, Progress, slot_count
@@ -352,12 +352,7 @@ def _check_memory(spec: PlanSpec) -> None:
     need = 16 * run.num_accesses  # measured peak: bench/plan_bench.py
     if spec.policy != "solar":
         need += 13 * run.world_size * run.num_samples  # per-(rank, sample) tables
-    avail = available_memory()
-    if avail is not None and need > avail:
-        raise SolarError(
-            f"planning {run.num_accesses} accesses needs about {need / 2**30:.1f} GiB of memory, "
-            f"{avail / 2**30:.1f} GiB are available"
-        )
+    require_memory(need, f"planning {run.num_accesses} accesses")
 
 
 def _header_checksum(
