@@ -19,7 +19,7 @@ import numpy as np
 
 from solar._atomic import atomic_path
 from solar.errors import SolarError
-from solar.io.hdf5 import dataset_names, expand_paths, open_h5
+from solar.io.hdf5 import describe, expand_paths, open_h5
 
 _BLOCK_BYTES = 64 * 2**20
 
@@ -107,42 +107,10 @@ def _verify(path: Path, keys: dict, digests: dict) -> None:
 
 class _H5Sources:
     def __init__(self, files: list[Path], keys: list[str] | None, one_per_file: bool) -> None:
+        info = describe(files, keys, one_per_file=one_per_file)
         self.one_per_file = one_per_file
-        self.sources: list[_Source] = []
-        self.keys: dict[str, tuple[tuple[int, ...], np.dtype]] = {}
-        for path in files:
-            try:
-                with open_h5(path) as f:
-                    if keys is None:
-                        keys = dataset_names(f)
-                        if not keys:
-                            raise SolarError(f"{path}: holds no datasets")
-                    count = None
-                    for k in keys:
-                        d = f.get(k)
-                        if not isinstance(d, h5py.Dataset):
-                            raise SolarError(f"{path}: no dataset key {k!r}")
-                        if d.dtype.kind not in "biufc" or d.dtype.fields is not None:
-                            raise SolarError(f"{path}: key {k!r} has dtype {d.dtype}, not numbers")
-                        shape = tuple(d.shape) if one_per_file else tuple(d.shape[1:])
-                        if not one_per_file and d.ndim == 0:
-                            raise SolarError(
-                                f"{path}: key {k!r} is a scalar (one sample per file? "
-                                "use --one-per-file)"
-                            )
-                        n = 1 if one_per_file else d.shape[0]
-                        if count is not None and n != count:
-                            raise SolarError(f"{path}: key {k!r} has {n} samples, not {count}")
-                        count = n
-                        want = self.keys.setdefault(k, (shape, d.dtype))
-                        if want != (shape, d.dtype):
-                            raise SolarError(
-                                f"{path}: key {k!r} holds {shape} {d.dtype} samples, "
-                                f"the first file {want[0]} {want[1]}"
-                            )
-            except (OSError, RuntimeError, KeyError, ValueError, TypeError) as exc:
-                raise SolarError(f"{path}: unreadable ({exc})") from None
-            self.sources.append(_Source(path, count or 0))
+        self.sources = [_Source(p, n) for p, n in zip(info.files, info.lengths, strict=True)]
+        self.keys = {k.name: (k.sample_shape, k.dtype) for k in info.keys}
 
     def blocks(self, src: _Source) -> Iterator[tuple[int, dict[str, np.ndarray]]]:
         try:

@@ -97,10 +97,14 @@ def open_h5(path: Path) -> h5py.File:
         raise SolarError(f"{path}: truncated or corrupt HDF5 file ({_reason(exc)})") from None
 
 
-def describe(paths: list[str | os.PathLike], keys: list[str] | None = None) -> DatasetInfo:
+def describe(
+    paths: list[str | os.PathLike], keys: list[str] | None = None, *, one_per_file: bool = False
+) -> DatasetInfo:
     """Check the files and keys and describe the sample space they make.
 
     Without ``keys``, every dataset of the first file is a key, and every file must have them.
+    With ``one_per_file`` each file's datasets are one sample (what ``solar convert`` reads;
+    the reader serves only many-samples-per-file layouts).
     """
     files = expand_paths(paths)
     names = list(keys) if keys else None
@@ -111,7 +115,7 @@ def describe(paths: list[str | os.PathLike], keys: list[str] | None = None) -> D
             with open_h5(path) as f:
                 if names is None:
                     names = _all_datasets(f, path)
-                n, found = _check_keys(f, path, names)
+                n, found = _check_keys(f, path, names, one_per_file)
         except (OSError, RuntimeError, KeyError, ValueError, TypeError) as exc:
             # h5py's errors on damaged files come in many types; all mean the same here.
             raise SolarError(f"{path}: corrupt HDF5 file ({_reason(exc)})") from None
@@ -141,7 +145,9 @@ def _all_datasets(f: h5py.File, path: Path) -> list[str]:
     return names
 
 
-def _check_keys(f: h5py.File, path: Path, names: list[str]) -> tuple[int, list[KeyInfo]]:
+def _check_keys(
+    f: h5py.File, path: Path, names: list[str], one_per_file: bool = False
+) -> tuple[int, list[KeyInfo]]:
     size = os.path.getsize(path)
     first: tuple[str, int] | None = None
     infos = []
@@ -151,20 +157,25 @@ def _check_keys(f: h5py.File, path: Path, names: list[str]) -> tuple[int, list[K
             have = ", ".join(_all_datasets(f, path)[:8])
             what = "no dataset" if obj is None else "a group, not a dataset, at"
             raise SolarError(f"{path}: {what} key {name!r} (datasets: {have})")
-        if obj.ndim == 0:
-            raise SolarError(f"{path}: key {name!r} is a scalar, not an array of samples")
+        if obj.ndim == 0 and not one_per_file:
+            raise SolarError(
+                f"{path}: key {name!r} is a scalar, not an array of samples "
+                "(one sample per file? use --one-per-file)"
+            )
         if obj.dtype.kind not in "biufc" or obj.dtype.fields is not None:
             raise SolarError(
                 f"{path}: key {name!r} has dtype {obj.dtype}; solar serves arrays of numbers"
             )
+        n = 1 if one_per_file else obj.shape[0]
         if first is None:
-            first = (name, obj.shape[0])
-        elif obj.shape[0] != first[1]:
+            first = (name, n)
+        elif n != first[1]:
             raise SolarError(
-                f"{path}: key {name!r} has {obj.shape[0]} samples but {first[0]!r} has {first[1]}"
+                f"{path}: key {name!r} has {n} samples but {first[0]!r} has {first[1]}"
             )
         _check_extent(obj, path, name, size)
-        infos.append(KeyInfo(name, tuple(obj.shape[1:]), obj.dtype))
+        sample_shape = obj.shape if one_per_file else obj.shape[1:]
+        infos.append(KeyInfo(name, tuple(sample_shape), obj.dtype))
     if first is None:
         raise SolarError(f"{path}: no keys given")
     return first[1], infos
