@@ -208,14 +208,7 @@ def gen(out, preset, samples, chunks, compression, seed, force) -> None:
     if Path(out).exists() and not force:
         raise SolarError(f"{out}: exists (use --force to overwrite)")
     check_writable(out)
-    show = _counter("generating") if sys.stderr.isatty() else None
-    done = [0]
-
-    def progress(n: int) -> None:
-        done[0] += n
-        if show:
-            show(done[0], samples)
-
+    progress = _counter("generating") if sys.stderr.isatty() else None
     generate(out, preset, samples, seed=seed, chunks=chunks, compression=compression,
              progress=progress)  # fmt: skip
     click.echo(f"{out}: {samples} {preset}-like samples")

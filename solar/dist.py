@@ -9,11 +9,13 @@ on CPU, nccl with CUDA). It also makes an uncaught exception on any rank abort t
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import socket
 import sys
 import time
 import traceback
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -114,6 +116,17 @@ def abort(comm: Any, exc_info: tuple | None = None) -> None:
     # Give the launcher's proxy a moment to forward this output: MPI_Abort kills it too.
     time.sleep(0.5)
     comm.Abort(1)
+
+
+@contextlib.contextmanager
+def abort_job_on_error(comm: Any) -> Iterator[None]:
+    """Abort every rank of ``comm`` (size > 1) if the block raises, so none waits for this one."""
+    try:
+        yield
+    except Exception:
+        if comm is not None and comm.Get_size() > 1:
+            abort(comm)
+        raise
 
 
 def scale_loss(loss_sum: Any, global_batch: int, world_size: int | None = None) -> Any:

@@ -24,8 +24,8 @@ import numpy as np
 from solar.cache.slots import SlotBuffer, check_budget
 from solar.config import DEFAULT_SLACK, BufferConfig, RunConfig, parse_size
 from solar.errors import SolarError
-from solar.io.hdf5 import describe
-from solar.io.reader import Reader
+from solar.io.hdf5 import KeyInfo, describe
+from solar.io.reader import Reader, wait_all
 from solar.schedule import ADMIT, HIT, Plan, PlanSpec, load_plan, make_plan
 from solar.schedule.order import step_bounds
 
@@ -71,6 +71,16 @@ class _StepIO:
     futures: list[Future]
 
 
+def torch_dtype(key: KeyInfo) -> Any:
+    """The torch dtype of a key's samples, or a SolarError naming the key."""
+    import torch
+
+    try:
+        return torch.from_numpy(np.empty(0, key.native_dtype)).dtype
+    except TypeError:
+        raise SolarError(f"key {key.name!r}: dtype {key.dtype} has no torch type") from None
+
+
 class _BatchPool:
     """Batch memory, reused once no tensor or view of it is alive.
 
@@ -81,9 +91,8 @@ class _BatchPool:
     """
 
     def __init__(self, keys, rows: int, pin_memory: bool) -> None:
-        import torch
 
-        self._dtypes = [torch.from_numpy(np.empty(0, k.native_dtype)).dtype for k in keys]
+        self._dtypes = [torch_dtype(k) for k in keys]
         self._shapes = [(rows, *k.sample_shape) for k in keys]
         self._pin = pin_memory
         self._sets: list[tuple[list[np.ndarray], list[weakref.ref]]] = []
@@ -147,57 +156,42 @@ class Loader:
         direct_io: bool = False,
         throttle: Any = None,
     ) -> None:
-        try:
-            self._setup(
-                paths, keys, batch_size, epochs, buffer, seed, slack, plan, comm, rank,
-                world_size, drop_last, policy, read_ahead, threads, pin_memory, direct_io,
-                throttle,
-            )  # fmt: skip
-        except Exception:
-            if comm is not None and comm.Get_size() > 1:
-                # The other ranks may be waiting in the plan agreement: take the job down.
-                from solar.dist import abort
+        from solar.dist import abort_job_on_error
 
-                abort(comm)
-            raise
+        # Other ranks may be waiting in the plan agreement: a failure here takes the job down.
+        with abort_job_on_error(comm):
+            import torch
 
-    def _setup(
-        self, paths, keys, batch_size, epochs, buffer, seed, slack, plan, comm, rank,
-        world_size, drop_last, policy, read_ahead, threads, pin_memory, direct_io, throttle,
-    ) -> None:  # fmt: skip
-        import torch
-
-        paths = [paths] if isinstance(paths, str | os.PathLike) else list(paths)
-        self.info = describe(paths, keys)
-        self.rank, self.world_size = _rank_and_world(comm, rank, world_size)
-        for k in self.info.keys:
-            try:
-                torch.from_numpy(np.empty(0, k.native_dtype))
-            except TypeError:
-                raise SolarError(f"key {k.name!r}: dtype {k.dtype} has no torch type") from None
-        if read_ahead < 0:
-            raise SolarError(f"read_ahead must be >= 0, got {read_ahead}")
-        capacity = parse_size(buffer, sample_bytes=self.info.sample_bytes)
-        check_budget(min(capacity, self.info.num_samples), self.info.sample_bytes)
-        run = RunConfig(self.info.num_samples, self.world_size, batch_size, epochs, seed, drop_last)
-        self.plan = self._agree_on_plan(plan, run, BufferConfig(capacity, slack), policy, comm)
-        self.run = run
-        self.read_ahead = read_ahead
-        if pin_memory and not torch.cuda.is_available():
-            warnings.warn("pin_memory=True but no accelerator: not pinning", stacklevel=2)
-            pin_memory = False
-        self.pin_memory = pin_memory
-        self.reader = Reader(self.info, threads=threads, direct_io=direct_io, throttle=throttle)
-        self.stats = LoaderStats()
-        self.global_batch = 0  # samples over all ranks in the step last yielded
-        self._global_sizes = np.diff(step_bounds(run))
-        self._epoch = 0
-        self._next = 0  # global step the next iteration starts from
-        self._reset_runtime()
-        # Allocate (and touch) the buffer and warm the reader now, not inside the first epoch:
-        # an impossible budget fails here, and epoch 0 measures loading, not set-up.
-        self.buffer  # noqa: B018
-        self.reader.warm_up()
+            paths = [paths] if isinstance(paths, str | os.PathLike) else list(paths)
+            self.info = describe(paths, keys)
+            self.rank, self.world_size = _rank_and_world(comm, rank, world_size)
+            for k in self.info.keys:
+                torch_dtype(k)
+            if read_ahead < 0:
+                raise SolarError(f"read_ahead must be >= 0, got {read_ahead}")
+            capacity = parse_size(buffer, sample_bytes=self.info.sample_bytes)
+            check_budget(min(capacity, self.info.num_samples), self.info.sample_bytes)
+            run = RunConfig(
+                self.info.num_samples, self.world_size, batch_size, epochs, seed, drop_last
+            )
+            self.plan = self._agree_on_plan(plan, run, BufferConfig(capacity, slack), policy, comm)
+            self.run = run
+            self.read_ahead = read_ahead
+            if pin_memory and not torch.cuda.is_available():
+                warnings.warn("pin_memory=True but no accelerator: not pinning", stacklevel=2)
+                pin_memory = False
+            self.pin_memory = pin_memory
+            self.reader = Reader(self.info, threads=threads, direct_io=direct_io, throttle=throttle)
+            self.stats = LoaderStats()
+            self.global_batch = 0  # samples over all ranks in the step last yielded
+            self._global_sizes = np.diff(step_bounds(run))
+            self._epoch = 0
+            self._next = 0  # global step the next iteration starts from
+            self._reset_runtime()
+            # Allocate (and touch) the buffer and warm the reader now, not inside the first epoch:
+            # an impossible budget fails here, and epoch 0 measures loading, not set-up.
+            self.buffer  # noqa: B018
+            self.reader.warm_up()
 
     # -- plan agreement ----------------------------------------------------------------------
     def _agree_on_plan(self, plan, run, buffer, policy, comm) -> Plan:
@@ -391,7 +385,7 @@ class Loader:
             self._queue.append(self._submit(self._queue[-1].step + 1))
         io = self._queue.popleft()
         t0 = time.perf_counter()
-        nbytes, busy = _wait_all(io.futures)
+        nbytes, busy = wait_all(io.futures)
         stall = time.perf_counter() - t0
         if not io.batch:
             io.tensors, io.batch = self._pool.take(int(io.samples.size))
@@ -416,16 +410,6 @@ class Loader:
         out = {key.name: t for key, t in zip(self.info.keys, io.tensors, strict=True)}
         out["index"] = torch.from_numpy(io.samples)
         return out
-
-
-def _wait_all(futures: list[Future]) -> tuple[int, float]:
-    """(bytes, busy seconds) of the read futures; raise the first error once all have ended."""
-    done = [(f.exception(), f) for f in futures]  # waits for every one
-    for exc, _ in done:
-        if exc is not None:
-            raise exc
-    results = [f.result() for _, f in done]
-    return sum(r[0] for r in results), sum(r[1] for r in results)
 
 
 def _rank_and_world(comm: Any, rank: int | None, world_size: int | None) -> tuple[int, int]:

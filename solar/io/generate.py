@@ -32,7 +32,7 @@ def generate(
     seed: int = 0,
     chunks: int | None = None,
     compression: str | None = None,
-    progress: Callable[[int], None] | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> Path:
     """Write ``num_samples`` float32 samples of ``preset`` to ``path``, atomically.
 
@@ -63,7 +63,7 @@ def generate(
                 for name, values in _samples(preset, keys, rng, hi - lo).items():
                     dsets[name][lo:hi] = values
                 if progress is not None:
-                    progress(hi - lo)
+                    progress(hi, num_samples)
     return Path(path)
 
 

@@ -187,11 +187,7 @@ class Reader:
     ) -> int:
         """Blocking :meth:`submit`; returns the bytes read."""
         rows = np.arange(len(samples)) if rows is None else rows
-        futures = self.submit(samples, out, rows)
-        errors = [e for e in (f.exception() for f in futures) if e is not None]  # waits for all
-        if errors:
-            raise errors[0]
-        return sum(f.result()[0] for f in futures)
+        return wait_all(self.submit(samples, out, rows))[0]
 
     def _offset_tasks(self, f, layout, local, rows, dest) -> list[tuple]:
         """Pread tasks over runs of adjacent samples, cut at ``_RUN_MAX`` bytes and IOV_MAX rows.
@@ -226,16 +222,23 @@ class Reader:
     def _run(self, task: tuple) -> int:
         kind = task[0]
         if kind == "preadv":
-            nbytes, requests = self._preadv_task(*task[1:]), task[5].size
+            nbytes = self._preadv_task(*task[1:])
         elif kind == "direct":
-            nbytes, requests = self._pread_direct(*task[1:]), 1
+            nbytes = self._pread_direct(*task[1:])
         else:
-            _, f, k, local, rows, out = task
-            nbytes = self._read_chunked(f, k, local, rows, out)
-            requests = len(np.unique(local // max(1, self._layouts[f][k].chunk_rows)))
+            nbytes = self._read_chunked(*task[1:])
         if self.throttle is not None:
-            self.throttle.wait(nbytes, requests)
+            self.throttle.wait(nbytes, self._requests(task))
         return nbytes
+
+    def _requests(self, task: tuple) -> int:
+        """How many storage requests a task stands for (runs, or chunks), for the throttle."""
+        if task[0] == "preadv":
+            return task[5].size
+        if task[0] == "direct":
+            return 1
+        _, f, k, local, _, _ = task
+        return len(np.unique(local // max(1, self._layouts[f][k].chunk_rows)))
 
     def _preadv_task(self, f, dest, rows, iov, starts, counts, offsets) -> int:
         got = np.empty(starts.size, np.int64)
@@ -329,6 +332,16 @@ def _chunk_coords(dset: h5py.Dataset, lo: int):
     axes = [range(0, n, c) for n, c in zip(dset.shape[1:], dset.chunks[1:], strict=True)]
     for rest in itertools.product(*axes):
         yield (lo, *rest)
+
+
+def wait_all(futures: list[Future]) -> tuple[int, float]:
+    """(bytes, busy seconds) of read futures; raise the first error once *all* have ended,
+    so that no reader thread is still writing into memory the caller reuses."""
+    errors = [e for e in (f.exception() for f in futures) if e is not None]  # waits for all
+    if errors:
+        raise errors[0]
+    results = [f.result() for f in futures]
+    return sum(r[0] for r in results), sum(r[1] for r in results)
 
 
 def _close_all(fds: dict[int, int], files: dict[int, h5py.File]) -> None:
