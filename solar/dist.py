@@ -129,6 +129,19 @@ def abort_job_on_error(comm: Any) -> Iterator[None]:
         raise
 
 
+def agree(comm: Any, value: Any, what: str) -> None:
+    """Stop unless every rank of ``comm`` holds the same ``value`` (a collective: all must call).
+
+    ``comm`` is None or anything with ``Get_size`` and ``allgather`` (an mpi4py communicator).
+    """
+    if comm is None or comm.Get_size() <= 1:
+        return
+    values = comm.allgather(value)
+    bad = [r for r, v in enumerate(values) if v != values[0]]
+    if bad:
+        raise SolarError(f"ranks disagree on {what}: ranks {bad} differ from rank 0")
+
+
 def scale_loss(loss_sum: Any, global_batch: int, world_size: int | None = None) -> Any:
     """The loss to backpropagate so that DDP's gradient average is the global mean's gradient.
 

@@ -23,6 +23,7 @@ import numpy as np
 
 from solar.cache.slots import SlotBuffer, check_budget
 from solar.config import DEFAULT_SLACK, BufferConfig, RunConfig, parse_size
+from solar.dist import abort_job_on_error, agree
 from solar.errors import SolarError
 from solar.io.hdf5 import KeyInfo, describe
 from solar.io.reader import Reader, wait_all
@@ -156,8 +157,6 @@ class Loader:
         direct_io: bool = False,
         throttle: Any = None,
     ) -> None:
-        from solar.dist import abort_job_on_error
-
         # Other ranks may be waiting in the plan agreement: a failure here takes the job down.
         with abort_job_on_error(comm):
             import torch
@@ -206,11 +205,7 @@ class Loader:
                 self.info.sample_bytes, self.info.identity,
             )  # fmt: skip
             made.check(spec, source="plan" if isinstance(plan, Plan) else f"plan {plan}")
-        if comm is not None and comm.Get_size() > 1:
-            prints = comm.allgather(made.fingerprint)
-            if len(set(prints)) > 1:
-                bad = [r for r, p in enumerate(prints) if p != prints[0]]
-                raise SolarError(f"ranks disagree on the plan: ranks {bad} differ from rank 0")
+        agree(comm, made.fingerprint, "the plan")
         return made
 
     # -- runtime state (rebuilt in a forked or spawned process) ------------------------------
