@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, DistributedSampler
 
-from solar import Loader
+from solar import Loader, ReaderConfig
 from solar import bench as harness
 from solar.io.generate import generate
 from solar.io.hdf5 import describe
@@ -67,7 +67,7 @@ def bench_hits(path: Path, batch: int) -> dict:
 
 
 def bench_coalesced(path: Path, info, threads: int) -> dict:
-    reader = Reader(info, threads=threads)
+    reader = Reader(info, ReaderConfig(threads=threads))
     n = info.num_samples
     out = [np.empty((256, *k.sample_shape), k.native_dtype) for k in info.keys]
     evict(path)
@@ -84,7 +84,7 @@ def bench_random(path: Path, info, threads: int, count: int) -> dict:
     keys = [k.name for k in info.keys]
     rng = np.random.default_rng(1)
     idx = rng.choice(info.num_samples, count, replace=False)
-    reader = Reader(info, threads=threads)
+    reader = Reader(info, ReaderConfig(threads=threads))
     out = [np.empty((64, *k.sample_shape), k.native_dtype) for k in info.keys]
     evict(path)
     t0 = time.perf_counter()
@@ -111,7 +111,9 @@ def bench_epochs(path: Path, batch: int, epochs: int, workers: int, threads: int
     dl = DataLoader(ds, batch_size=batch, sampler=sampler, num_workers=workers,
                     persistent_workers=workers > 0)  # fmt: skip
     iter(dl)  # fork the workers before solar's buffer exists (no copy-on-write sharing)
-    solar = Loader(path, batch_size=batch, epochs=epochs, buffer=n // 2, threads=threads)
+    solar = Loader(
+        path, batch_size=batch, epochs=epochs, buffer=n // 2, reader=ReaderConfig(threads=threads)
+    )
     times: dict[str, list[float]] = {"torch": [], "solar": []}
     for e in range(epochs):  # interleaved A/B so that drift on the host hits both alike
         for name in ("torch", "solar"):

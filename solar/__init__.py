@@ -9,7 +9,7 @@ if "NUMBA_CACHE_DIR" not in _os.environ and not _os.access(_os.path.dirname(__fi
         _os.environ.get("XDG_CACHE_HOME", _os.path.expanduser("~/.cache")), "solar", "numba"
     )
 
-from solar.config import BufferConfig, RunConfig
+from solar.config import BufferConfig, ReaderConfig, RunConfig
 from solar.errors import CorruptPlanError, PlanMismatchError, SolarError
 from solar.schedule import Plan, PlanSpec, load_plan, make_plan
 
@@ -20,6 +20,7 @@ __all__ = [
     "Plan",
     "PlanMismatchError",
     "PlanSpec",
+    "ReaderConfig",
     "RunConfig",
     "SolarError",
     "load_plan",

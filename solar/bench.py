@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from solar.config import DEFAULT_SLACK, ReaderConfig
 from solar.errors import SolarError
 from solar.io.hdf5 import describe
 from solar.io.pagecache import evict
@@ -39,11 +40,10 @@ class BenchConfig:
     batch_size: int = 32
     epochs: int = 5
     buffer: float = 0.5  # aggregate buffer as a fraction of the dataset
-    slack: float = 0.25
+    slack: float = DEFAULT_SLACK
     loaders: tuple[str, ...] = LOADERS
     workers: int = 2
-    threads: int = 8
-    read_ahead: int = 4
+    reader: ReaderConfig = field(default_factory=ReaderConfig)
     throttle: str | None = None  # "MBps,latency_ms"
     compute_ms: float = 0.0
     seed: int = 0
@@ -157,7 +157,7 @@ def run(cfg: BenchConfig, comm: Any, progress=None) -> dict | None:
             loaders[name] = Loader(
                 files, [k.name for k in info.keys], batch_size=cfg.batch_size, epochs=cfg.epochs,
                 buffer=capacity, seed=cfg.seed, slack=cfg.slack, policy=name, comm=comm,
-                threads=cfg.threads, read_ahead=cfg.read_ahead, throttle=throttle,
+                reader=cfg.reader, throttle=throttle,
             )  # fmt: skip
     loaders = {name: loaders[name] for name in cfg.loaders}  # the order asked for
     results = {name: LoaderResult(name) for name in cfg.loaders}

@@ -12,9 +12,11 @@ import click
 
 from solar._atomic import check_writable
 from solar._units import format_bytes
-from solar.config import DEFAULT_SLACK, BufferConfig, RunConfig, parse_size
+from solar.config import DEFAULT_SLACK, BufferConfig, ReaderConfig, RunConfig, parse_size
 from solar.errors import SolarError
 from solar.schedule import POLICIES, Plan, PlanSpec, make_plan
+
+_READER = ReaderConfig()  # the defaults shown by --help
 
 # A plan this long gets a progress bar (a few seconds of work).
 _PROGRESS_ACCESSES = 10_000_000
@@ -227,7 +229,10 @@ def gen(out, preset, samples, chunks, compression, seed, force) -> None:
 @click.option("--loaders", default=",".join(("torch", "lru", "fifo", "solar-artifact", "nopfs",
               "solar")), show_default=True, help="Comma-separated loaders to compare.")  # fmt: skip
 @click.option("--workers", type=int, default=2, show_default=True, help="DataLoader workers.")
-@click.option("--threads", type=int, default=8, show_default=True, help="solar reader threads.")
+@click.option("--threads", type=int, default=_READER.threads, show_default=True,
+              help="solar reader threads per rank.")  # fmt: skip
+@click.option("--read-ahead", type=int, default=_READER.read_ahead, show_default=True,
+              help="Steps solar reads ahead of the one served.")  # fmt: skip
 @click.option("--throttle", help="Emulate a remote file system: MBps,latency_ms per rank.")
 @click.option("--compute-ms", type=float, default=0.0, show_default=True,
               help="Simulated training step per batch.")  # fmt: skip
@@ -235,13 +240,14 @@ def gen(out, preset, samples, chunks, compression, seed, force) -> None:
 @click.option("--json", "json_out", type=click.Path(), help="Write the results as JSON here.")
 @click.option("--plot", "plot_out", type=click.Path(), help="Write a PNG plot here.")
 def bench(data, keys, world_size, batch_size, epochs, buffer, slack, loaders, workers, threads,
-          throttle, compute_ms, seed, json_out, plot_out) -> None:  # fmt: skip
+          read_ahead, throttle, compute_ms, seed, json_out, plot_out) -> None:  # fmt: skip
     """Compare the PyTorch DataLoader and every policy on DATA, cold storage each epoch."""
     import os
 
     from solar import bench as harness
 
     share = _share(buffer)
+    reader = ReaderConfig(threads=threads, read_ahead=read_ahead)
     for out in (json_out, plot_out):
         if out:
             check_writable(out)
@@ -258,7 +264,7 @@ def bench(data, keys, world_size, batch_size, epochs, buffer, slack, loaders, wo
     cfg = harness.BenchConfig(
         paths=tuple(data), keys=tuple(keys) or None, batch_size=batch_size, epochs=epochs,
         buffer=share, slack=slack, loaders=tuple(x for x in loaders.split(",") if x),
-        workers=workers, threads=threads, throttle=throttle, compute_ms=compute_ms, seed=seed,
+        workers=workers, reader=reader, throttle=throttle, compute_ms=compute_ms, seed=seed,
     )  # fmt: skip
 
     def progress(epoch: int, name: str, seconds: float) -> None:

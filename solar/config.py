@@ -145,3 +145,28 @@ def parse_size(text: str | int, *, sample_bytes: int | None, name: str = "buffer
     if samples == 0 and float(number) > 0:
         raise SolarError(f"{name}: {text!r} holds no sample of {sample_bytes} bytes")
     return samples
+
+
+@dataclass(frozen=True)
+class ReaderConfig:
+    """How the runtime reads: the one owner of these defaults (Loader, ``solar bench``, CLI).
+
+    ``threads`` read concurrently (``preadv`` releases the GIL); ``read_ahead`` steps are read
+    ahead of the one being served; ``direct_io`` reads with ``O_DIRECT`` (the page cache is
+    bypassed, so the buffer is the only cache); ``pin_memory`` pins batches for fast copies to
+    an accelerator.
+    """
+
+    threads: int = 8
+    read_ahead: int = 4
+    direct_io: bool = False
+    pin_memory: bool = False
+
+    def __post_init__(self) -> None:
+        for name, low in (("threads", 1), ("read_ahead", 0)):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < low:
+                raise SolarError(f"{name} must be an integer >= {low}, got {value!r}")
+        for name in ("direct_io", "pin_memory"):
+            if not isinstance(getattr(self, name), bool):
+                raise SolarError(f"{name} must be True or False, got {getattr(self, name)!r}")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import secrets
 import socket
 import sys
 import time
@@ -18,6 +19,8 @@ import traceback
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 from solar.errors import SolarError
 
@@ -140,6 +143,22 @@ def agree(comm: Any, value: Any, what: str) -> None:
     bad = [r for r, v in enumerate(values) if v != values[0]]
     if bad:
         raise SolarError(f"ranks disagree on {what}: ranks {bad} differ from rank 0")
+
+
+def shared_key(comm: Any) -> int:
+    """A random 64-bit number, the same on every rank of ``comm`` (a collective)."""
+    key = secrets.randbits(64)
+    if comm is not None and comm.Get_size() > 1:
+        key = comm.bcast(key, root=0)
+    return key
+
+
+def allsum(comm: Any, values: np.ndarray) -> np.ndarray:
+    """Element-wise sum of ``values`` over the ranks of ``comm`` (uint64 wraps around)."""
+    total = np.zeros_like(values)
+    for part in comm.allgather(values):
+        total += np.asarray(part, values.dtype)
+    return total
 
 
 def scale_loss(loss_sum: Any, global_batch: int, world_size: int | None = None) -> Any:

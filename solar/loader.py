@@ -1,130 +1,35 @@
 """The Loader: executes one rank's part of a Plan and yields torch batches.
 
-Per step, the plan says which samples the rank serves (in batch order), which are hits (copied
-from buffer slots) and which are reads (read from storage straight into the batch, several steps
-ahead on a thread pool); reads marked ADMIT are then stored into their slots. Hits and
-admissions are applied on the consuming thread in strict step order, so the buffer always
-matches the plan, and a slot is overwritten only after every batch that reads it is assembled.
+Three places, one each: a sample's bytes are read from storage by ``Reader._run``
+(solar/io/reader.py); the decision to keep or evict them was made by the planner
+(solar/schedule/belady.py for the ``solar`` policy) and reaches the runtime as a
+:class:`~solar.schedule.rankplan.StepPlan`; they are copied into a batch by
+:func:`~solar.cache.slots.copy_rows`, through ``SlotBuffer.gather`` and ``SlotBuffer.store``
+in :meth:`Loader._consume`. The Loader itself owns no policy: per step it starts the plan's
+reads (several steps ahead), waits for them, gathers the hits and stores the admissions.
 """
 
 from __future__ import annotations
 
-import collections
-import json
+import dataclasses
 import os
 import time
 import warnings
-import weakref
-from concurrent.futures import Future
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from solar.cache.batches import BatchPool, torch_dtype
 from solar.cache.slots import SlotBuffer, check_budget
-from solar.config import DEFAULT_SLACK, BufferConfig, RunConfig, parse_size
+from solar.config import DEFAULT_SLACK, BufferConfig, ReaderConfig, RunConfig, parse_size
 from solar.dist import abort_job_on_error, agree
 from solar.errors import SolarError
-from solar.io.hdf5 import KeyInfo, describe
+from solar.io.hdf5 import describe
 from solar.io.reader import Reader, wait_all
-from solar.schedule import ADMIT, HIT, Plan, PlanSpec, load_plan, make_plan
+from solar.readahead import InFlight, ReadAhead
+from solar.schedule import Plan, PlanSpec, RankPlan, load_plan, make_plan
 from solar.schedule.order import step_bounds
-
-
-@dataclass
-class EpochStats:
-    """What one epoch cost this rank."""
-
-    steps: int = 0
-    samples: int = 0
-    hits: int = 0
-    reads: int = 0
-    bytes_read: int = 0
-    read_seconds: float = 0.0  # busy time of the reader threads
-    stall_seconds: float = 0.0  # time the trainer waited for late reads
-    rebuild_seconds: float = 0.0  # refilling the buffer after a resume or a jump
-
-
-@dataclass
-class LoaderStats:
-    """Per-epoch totals and per-step figures (``steps``, also as JSON lines)."""
-
-    epochs: dict[int, EpochStats] = field(default_factory=dict)
-    steps: list[dict] = field(default_factory=list)
-
-    def epoch(self, e: int) -> EpochStats:
-        return self.epochs.setdefault(e, EpochStats())
-
-    def json_lines(self) -> str:
-        return "".join(json.dumps(s) + "\n" for s in self.steps)
-
-
-@dataclass
-class _StepIO:
-    step: int
-    samples: np.ndarray
-    tensors: list[Any]
-    batch: list[np.ndarray]
-    hit_rows: np.ndarray
-    hit_slots: np.ndarray
-    admit_rows: np.ndarray
-    admit_slots: np.ndarray
-    futures: list[Future]
-
-
-def torch_dtype(key: KeyInfo) -> Any:
-    """The torch dtype of a key's samples, or a SolarError naming the key."""
-    import torch
-
-    try:
-        return torch.from_numpy(np.empty(0, key.native_dtype)).dtype
-    except TypeError:
-        raise SolarError(f"key {key.name!r}: dtype {key.dtype} has no torch type") from None
-
-
-class _BatchPool:
-    """Batch memory, reused once no tensor or view of it is alive.
-
-    Each step's batch is a numpy view of pooled memory wrapped by ``torch.from_numpy``, whose
-    storage keeps that view alive as long as any tensor (or view of one) shares it; a dead
-    weak reference to the view therefore means the memory is free. Reusing warm pages instead
-    of faulting in fresh ones each step makes a pure-hit step about as cheap as a gather.
-    """
-
-    def __init__(self, keys, rows: int, pin_memory: bool) -> None:
-
-        self._dtypes = [torch_dtype(k) for k in keys]
-        self._shapes = [(rows, *k.sample_shape) for k in keys]
-        self._pin = pin_memory
-        self._sets: list[tuple[list[np.ndarray], list[weakref.ref]]] = []
-
-    def take(self, n: int) -> tuple[list[Any], list[np.ndarray]]:
-        import torch
-
-        if self._pin:
-            # A non_blocking copy to the device may still read pinned memory after the last
-            # tensor is dropped; torch's pinned allocator tracks that, this pool could not.
-            tensors = [
-                torch.empty((n, *shape[1:]), dtype=dt, pin_memory=True)
-                for shape, dt in zip(self._shapes, self._dtypes, strict=True)
-            ]
-            return tensors, [t.numpy() for t in tensors]
-        free = next((i for i, (_, refs) in enumerate(self._sets) if _dead(refs)), None)
-        if free is None:
-            arrays = [
-                torch.empty(shape, dtype=dt, pin_memory=self._pin).numpy()
-                for shape, dt in zip(self._shapes, self._dtypes, strict=True)
-            ]
-            self._sets.append((arrays, []))
-            free = len(self._sets) - 1
-        arrays = self._sets[free][0]
-        batch = [a[:n] for a in arrays]
-        self._sets[free] = (arrays, [weakref.ref(b) for b in batch])
-        return [torch.from_numpy(b) for b in batch], batch
-
-
-def _dead(refs: list[weakref.ref]) -> bool:
-    return all(r() is None for r in refs)
+from solar.stats import LoaderStats, StepStats
 
 
 class Loader:
@@ -151,10 +56,7 @@ class Loader:
         world_size: int | None = None,
         drop_last: bool = False,
         policy: str = "solar",
-        read_ahead: int = 4,
-        threads: int = 8,
-        pin_memory: bool = False,
-        direct_io: bool = False,
+        reader: ReaderConfig | None = None,
         throttle: Any = None,
     ) -> None:
         # Other ranks may be waiting in the plan agreement: a failure here takes the job down.
@@ -166,8 +68,11 @@ class Loader:
             self.rank, self.world_size = _rank_and_world(comm, rank, world_size)
             for k in self.info.keys:
                 torch_dtype(k)
-            if read_ahead < 0:
-                raise SolarError(f"read_ahead must be >= 0, got {read_ahead}")
+            config = reader or ReaderConfig()
+            if config.pin_memory and not torch.cuda.is_available():
+                warnings.warn("pin_memory=True but no accelerator: not pinning", stacklevel=3)
+                config = dataclasses.replace(config, pin_memory=False)
+            self.config = config
             capacity = parse_size(buffer, sample_bytes=self.info.sample_bytes)
             check_budget(min(capacity, self.info.num_samples), self.info.sample_bytes)
             run = RunConfig(
@@ -175,12 +80,9 @@ class Loader:
             )
             self.plan = self._agree_on_plan(plan, run, BufferConfig(capacity, slack), policy, comm)
             self.run = run
-            self.read_ahead = read_ahead
-            if pin_memory and not torch.cuda.is_available():
-                warnings.warn("pin_memory=True but no accelerator: not pinning", stacklevel=2)
-                pin_memory = False
-            self.pin_memory = pin_memory
-            self.reader = Reader(self.info, threads=threads, direct_io=direct_io, throttle=throttle)
+            # Collective for a plan file: the ranks prove it safe together, here and only here.
+            self._rank_plan: RankPlan | None = self.plan.rank(self.rank, comm)
+            self.reader = Reader(self.info, config, throttle)
             self.stats = LoaderStats()
             self.global_batch = 0  # samples over all ranks in the step last yielded
             self._global_sizes = np.diff(step_bounds(run))
@@ -205,35 +107,36 @@ class Loader:
                 self.info.sample_bytes, self.info.identity,
             )  # fmt: skip
             made.check(spec, source="plan" if isinstance(plan, Plan) else f"plan {plan}")
-        agree(comm, made.fingerprint, "the plan")
+        # Same plan, and the same kind (a file's is validated collectively): or none may go on.
+        agree(comm, (made.fingerprint, made.from_file), "the plan")
         return made
 
     # -- runtime state (rebuilt in a forked or spawned process) ------------------------------
     def _reset_runtime(self) -> None:
         self._pid = os.getpid()
-        self._rank_plan = None
         self._buffer: SlotBuffer | None = None
         self._buffer_at = -1  # the buffer matches the plan at the start of this step
-        self._queue: collections.deque[_StepIO] = collections.deque()
-        self._pool: _BatchPool | None = None
+        self._ahead = ReadAhead(self._start, self.config.read_ahead)
+        self._pool: BatchPool | None = None
 
     def _ensure_process(self) -> None:
         if self._pid != os.getpid():
             # Forked: the parent's reader threads did not come along; its buffer contents did.
             self._pid = os.getpid()
-            self._queue = collections.deque()
+            self._ahead.forget()
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
-        state.update(_rank_plan=None, _buffer=None, _buffer_at=-1, _queue=None, _pool=None)
+        # The rank's plan is read (and validated) again from its file or plan in the new process.
+        state.update(_rank_plan=None, _buffer=None, _buffer_at=-1, _ahead=None, _pool=None)
         return state
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
-        self._queue = collections.deque()
+        self._ahead = ReadAhead(self._start, self.config.read_ahead)
 
     @property
-    def rank_plan(self):
+    def rank_plan(self) -> RankPlan:
         if self._rank_plan is None:
             self._rank_plan = self.plan.rank(self.rank)
         return self._rank_plan
@@ -303,7 +206,7 @@ class Loader:
         self._next = step
 
     def close(self) -> None:
-        self._drain()
+        self._ahead.drain()
         self.reader.close()
 
     def __enter__(self) -> Loader:
@@ -314,96 +217,63 @@ class Loader:
 
     # -- execution ----------------------------------------------------------------------------
     def _seek(self, step: int) -> None:
-        """Make the buffer match the plan at ``step``; keep prefetched steps if they follow."""
+        """Make the buffer match the plan at ``step`` by reading what its later hits need."""
         buf = self.buffer
         if self._buffer_at == step:
             return
-        self._drain()
+        self._ahead.drain()
         t0 = time.perf_counter()
-        rp = self.rank_plan
-        a = rp.step_offsets[step]
-        slots, flags, samples = rp.slot[a:], rp.flags[a:], rp.sample[a:]
-        steps = rp.steps()[a:]
-        used = np.flatnonzero(slots >= 0)
-        # The first use of each slot from here on; within a step hits come before admissions.
-        order = np.lexsort(((flags[used] & ADMIT) != 0, steps[used], slots[used]))
-        used = used[order]
-        _, first = np.unique(slots[used], return_index=True)
-        need = used[first][(flags[used[first]] & HIT) != 0]
+        slots, samples = self.rank_plan.refill_at(step)
         self._buffer_at = -1  # until the refill succeeds, the buffer matches no step
-        nbytes = self.reader.read(samples[need].astype(np.int64), buf.arrays, slots[need])
+        nbytes = self.reader.read(samples, buf.arrays, slots)
         stats = self.stats.epoch(step // self.run.steps_per_epoch)
         stats.rebuild_seconds += time.perf_counter() - t0
         stats.bytes_read += nbytes
         self._buffer_at = step
 
-    def _drain(self) -> None:
-        for io in self._queue:
-            for f in io.futures:
-                f.exception()  # wait; its result is discarded
-        self._queue.clear()
-
-    def _submit(self, k: int) -> _StepIO:
-        rp = self.rank_plan
+    def _start(self, k: int) -> InFlight:
+        """Start step ``k``'s storage reads, straight into its batch memory."""
         if self._pool is None:
-            rows = int(rp.batch_sizes().max())
-            self._pool = _BatchPool(self.info.keys, rows, self.pin_memory)
-        a, b = rp.step_offsets[k], rp.step_offsets[k + 1]
-        samples = rp.sample[a:b].astype(np.int64)
-        flags, slots = rp.flags[a:b], rp.slot[a:b]
-        hit = (flags & HIT) != 0
-        reads = np.flatnonzero(~hit)
-        admit = np.flatnonzero((flags & ADMIT) != 0)
+            rows = int(self.rank_plan.batch_sizes().max())
+            self._pool = BatchPool(self.info.keys, rows, self.config.pin_memory)
+        step = self.rank_plan.step(k)
         # Only reads need their batch ahead of time; a step of hits takes memory when it is
         # assembled, so that recently freed (cache-warm) batch memory is reused.
-        tensors, batch, futures = [], [], []
-        if reads.size:
-            tensors, batch = self._pool.take(int(b - a))
-            futures = self.reader.submit(samples[reads], batch, reads)
-        return _StepIO(
-            k, samples, tensors, batch,
-            np.flatnonzero(hit), slots[hit].astype(np.int64),
-            admit, slots[admit].astype(np.int64), futures,
-        )  # fmt: skip
+        if step.read_rows.size == 0:
+            return InFlight(step, [], [], [])
+        tensors, batch = self._pool.take(step.size)
+        futures = self.reader.submit(step.samples[step.read_rows], batch, step.read_rows)
+        return InFlight(step, tensors, batch, futures)
 
     def _consume(self, k: int) -> dict:
+        """Serve step ``k``: wait for its reads, gather its hits, store its admissions."""
         import torch
 
         self._ensure_process()  # a forked child may continue its parent's iterator
         if self._buffer_at != k:
             self._seek(k)  # another iterator (or a failed step) moved the buffer elsewhere
-        last = self.run.num_steps - 1
-        if not self._queue or self._queue[0].step != k:
-            self._drain()
-            self._queue.append(self._submit(k))
-        while self._queue[-1].step < min(k + self.read_ahead, last):
-            self._queue.append(self._submit(self._queue[-1].step + 1))
-        io = self._queue.popleft()
+        io = self._ahead.take(k, last=self.run.num_steps - 1)
         t0 = time.perf_counter()
         nbytes, busy = wait_all(io.futures)
         stall = time.perf_counter() - t0
         if not io.batch:
-            io.tensors, io.batch = self._pool.take(int(io.samples.size))
-        self.buffer.gather(io.hit_slots, io.batch, io.hit_rows)
-        self.buffer.store(io.batch, io.admit_rows, io.admit_slots)
+            assert self._pool is not None
+            io.tensors, io.batch = self._pool.take(io.plan.size)
+        step = io.plan
+        self.buffer.gather(step.hit_slots, io.batch, step.hit_rows)
+        # Overwriting a slot is the eviction. It was decided by the planner (for the `solar`
+        # policy, Belady in solar/schedule/belady.py); the runtime only obeys the plan.
+        self.buffer.store(io.batch, step.admit_rows, step.admit_slots)
         self._buffer_at = k + 1
-        epoch = k // self.run.steps_per_epoch
-        stats = self.stats.epoch(epoch)
-        hits = int(io.hit_rows.size)
-        reads = int(io.samples.size) - hits
-        stats.steps += 1
-        stats.samples += int(io.samples.size)
-        stats.hits += hits
-        stats.reads += reads
-        stats.bytes_read += nbytes
-        stats.read_seconds += busy
-        stats.stall_seconds += stall
-        self.stats.steps.append(
-            {"epoch": epoch, "step": k, "batch": int(io.samples.size), "hits": hits,
-             "reads": reads, "bytes_read": nbytes, "read_seconds": busy, "stall_seconds": stall}
+        hits = int(step.hit_rows.size)
+        self.stats.record(
+            StepStats(
+                epoch=k // self.run.steps_per_epoch, step=k, batch=step.size, hits=hits,
+                reads=step.size - hits, bytes_read=nbytes, read_seconds=busy, stall_seconds=stall,
+            )
         )  # fmt: skip
         out = {key.name: t for key, t in zip(self.info.keys, io.tensors, strict=True)}
-        out["index"] = torch.from_numpy(io.samples)
+        out["index"] = torch.from_numpy(step.samples)
         return out
 
 

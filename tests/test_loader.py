@@ -10,7 +10,7 @@ import h5py
 import numpy as np
 import pytest
 
-from solar import Loader, PlanMismatchError, SolarError
+from solar import Loader, PlanMismatchError, ReaderConfig, SolarError
 from solar.loader import LoaderStats
 
 N = 103  # prime: no batch size divides it
@@ -90,7 +90,15 @@ def run_all(loaders: list[Loader], epochs: range, ref: dict) -> list[list[np.nda
 def test_whole_run_is_byte_identical_and_matches_the_plan(dataset, world):
     ref = reference(dataset)
     loaders = [
-        Loader(dataset, batch_size=4, epochs=3, buffer=12, rank=r, world_size=world, threads=3)
+        Loader(
+            dataset,
+            batch_size=4,
+            epochs=3,
+            buffer=12,
+            rank=r,
+            world_size=world,
+            reader=ReaderConfig(threads=3),
+        )
         for r in range(world)
     ]
     run_all(loaders, range(3), ref)
@@ -106,7 +114,9 @@ def test_whole_run_is_byte_identical_and_matches_the_plan(dataset, world):
 def test_drop_last_and_no_read_ahead(tmp_path):
     paths = [_write(tmp_path / "d.h5", 0, N)]
     ref = reference(paths)
-    ld = Loader(paths, batch_size=5, epochs=2, buffer=30, drop_last=True, read_ahead=0)
+    ld = Loader(
+        paths, batch_size=5, epochs=2, buffer=30, drop_last=True, reader=ReaderConfig(read_ahead=0)
+    )
     for e in range(2):
         ld.set_epoch(e)
         idx = np.concatenate([b["index"].numpy() for b in ld])
@@ -169,7 +179,7 @@ def test_jumping_epochs_rebuilds_the_buffer(tmp_path):
 def test_direct_io_is_byte_identical(tmp_path):
     paths = [_write(tmp_path / "d.h5", 0, N)]
     try:
-        ld = Loader(paths, batch_size=4, epochs=2, buffer=20, direct_io=True)
+        ld = Loader(paths, batch_size=4, epochs=2, buffer=20, reader=ReaderConfig(direct_io=True))
         run_all([ld], range(2), reference(paths))
     except SolarError as exc:
         if "O_DIRECT" in str(exc):
@@ -256,7 +266,7 @@ def test_stats_json_lines(tmp_path):
 def test_batches_kept_by_the_trainer_are_never_overwritten(tmp_path):
     paths = [_write(tmp_path / "d.h5", 0, N)]
     ref = reference(paths)
-    ld = Loader(paths, batch_size=4, epochs=3, buffer=N, read_ahead=2)
+    ld = Loader(paths, batch_size=4, epochs=3, buffer=N, reader=ReaderConfig(read_ahead=2))
     kept, views = [], []
     for e in range(3):
         ld.set_epoch(e)
@@ -270,12 +280,12 @@ def test_batches_kept_by_the_trainer_are_never_overwritten(tmp_path):
     for idx, img in views:
         assert np.array_equal(img, ref["img"][idx.numpy()[1:]])
     # Batches the trainer drops are reused: memory stays bounded by the read-ahead.
-    dropped = Loader(paths, batch_size=4, epochs=3, buffer=20, read_ahead=2)
+    dropped = Loader(paths, batch_size=4, epochs=3, buffer=20, reader=ReaderConfig(read_ahead=2))
     for e in range(3):
         dropped.set_epoch(e)
         for _ in dropped:
             pass
-    assert len(dropped._pool._sets) <= 2 + 3
+    assert len(dropped._pool) <= 2 + 3
 
 
 # -- regressions found in review ---------------------------------------------------------------
@@ -341,7 +351,7 @@ def _continue_in_child(it, q) -> None:
 
 def test_a_forked_child_can_continue_its_parents_iterator(tmp_path):
     paths = [_write(tmp_path / "d.h5", 0, N)]
-    ld = Loader(paths, batch_size=4, epochs=1, buffer=10, read_ahead=3)
+    ld = Loader(paths, batch_size=4, epochs=1, buffer=10, reader=ReaderConfig(read_ahead=3))
     it = iter(ld)
     next(it)
     ctx = mp.get_context("fork")

@@ -16,6 +16,10 @@ from solar.io.hdf5 import KeyInfo
 
 @njit(cache=True, nogil=True)
 def _copy_rows(src, src_rows, dst, dst_rows):
+    # Rows come from plans, which may come from files: check them all before writing any.
+    for j in range(src_rows.shape[0]):
+        if not (0 <= src_rows[j] < src.shape[0] and 0 <= dst_rows[j] < dst.shape[0]):
+            return j
     # An explicit byte loop: LLVM turns it into a vector copy (a slice assignment here runs
     # at a sixth of the speed).
     m = src.shape[1]
@@ -24,12 +28,20 @@ def _copy_rows(src, src_rows, dst, dst_rows):
         d = dst[dst_rows[j]]
         for k in range(m):
             d[k] = s[k]
+    return -1
 
 
 def copy_rows(src: np.ndarray, src_rows: np.ndarray, dst: np.ndarray, dst_rows: np.ndarray) -> None:
     """``dst[dst_rows[j]] = src[src_rows[j]]`` in order (a later copy to a row wins)."""
+    if src_rows.shape != dst_rows.shape:
+        raise SolarError(f"copy_rows: {src_rows.size} source rows for {dst_rows.size} targets")
     if src_rows.size:
-        _copy_rows(_bytes2d(src), src_rows, _bytes2d(dst), dst_rows)
+        bad = _copy_rows(_bytes2d(src), src_rows, _bytes2d(dst), dst_rows)
+        if bad >= 0:
+            raise SolarError(
+                f"copy_rows: row {src_rows[bad]} -> {dst_rows[bad]} is outside "
+                f"{src.shape[0]} -> {dst.shape[0]} rows"
+            )
 
 
 def _bytes2d(a: np.ndarray) -> np.ndarray:

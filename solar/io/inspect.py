@@ -12,6 +12,7 @@ import h5py
 import numpy as np
 
 from solar._units import format_bytes
+from solar.config import ReaderConfig
 from solar.errors import SolarError
 from solar.io.hdf5 import dataset_names, expand_paths, open_h5
 from solar.io.pagecache import evict
@@ -152,7 +153,7 @@ def _probe(path: Path, name: str, n: int, count: int, offset_reader: bool) -> di
         from solar.io.reader import Reader
 
         info = describe([path], [name])
-        reader = Reader(info, threads=1)
+        reader = Reader(info, ReaderConfig(threads=1))
         row = np.empty((1, *info.keys[0].sample_shape), info.keys[0].native_dtype)
         reader.read(np.array([idx[0]]), [row])  # compile and start the pool outside the timing
         evict(path)

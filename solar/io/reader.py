@@ -6,6 +6,9 @@ one call, and calls run on a thread pool (``preadv`` releases the GIL; h5py woul
 With ``direct_io`` the reads use ``O_DIRECT`` through page-aligned bounce buffers, so the page
 cache is bypassed. Chunked or compressed datasets are read through h5py, each chunk once per
 request. Files are opened lazily in the process that reads, so a reader survives fork and spawn.
+
+What to read is decided by :func:`solar.io.tasks.plan_reads` (pure); this module executes the
+tasks it returns, one ``case`` per task type in :meth:`Reader._run`.
 """
 
 from __future__ import annotations
@@ -18,18 +21,18 @@ import threading
 import time
 import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from typing import Any
 
 import h5py
 import numpy as np
 from numba import njit
 
+from solar.config import ReaderConfig
 from solar.errors import SolarError
 from solar.io.hdf5 import DatasetInfo, open_h5
+from solar.io.tasks import DirectRun, H5Rows, Layout, PreadvRuns, ReadTask, plan_reads
 
 _ALIGN = 4096
-_IOV_MAX = min(os.sysconf("SC_IOV_MAX"), 1024) if hasattr(os, "sysconf") else 1024
-_RUN_MAX = 8 * 2**20  # largest single read; longer runs are split over threads
 
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -45,24 +48,16 @@ def _preadv_runs(fd, iov, starts, counts, offsets, got):
         got[j] = _preadv(fd, iov.ctypes.data + 16 * starts[j], counts[j], offsets[j])
 
 
-@dataclass(frozen=True)
-class _Layout:
-    """Where key ``key`` of file ``file`` lives: a byte offset, or None to go through h5py."""
-
-    offset: int | None
-    row_bytes: int
-    chunk_rows: int  # samples per chunk along the first dimension; 0: not chunked (h5py path)
-
-
 class Reader:
     """Reads samples (global ids over the concatenated files) into rows of numpy arrays."""
 
     def __init__(
-        self, info: DatasetInfo, *, threads: int = 8, direct_io: bool = False, throttle=None
+        self, info: DatasetInfo, config: ReaderConfig | None = None, throttle: Any = None
     ) -> None:
+        config = config or ReaderConfig()
         self.info = info
-        self.threads = max(1, threads)
-        self.direct_io = direct_io
+        self.threads = config.threads
+        self.direct_io = config.direct_io
         self.throttle = throttle  # solar.io.throttle.Throttle: an emulated remote file system
         self._starts = np.concatenate([[0], np.cumsum(info.lengths)]).astype(np.int64)
         self._layouts = [self._file_layouts(path) for path in info.files]
@@ -70,13 +65,13 @@ class Reader:
         self._local = threading.local()
 
     @staticmethod
-    def _layout(dset: h5py.Dataset, row_bytes: int) -> _Layout:
+    def _layout(dset: h5py.Dataset, row_bytes: int) -> Layout:
         native = dset.dtype.isnative and dset.dtype.kind in "biufc"
         offset = dset.id.get_offset() if dset.chunks is None and native else None
         chunk_rows = dset.chunks[0] if dset.chunks is not None else 0
-        return _Layout(offset, row_bytes, chunk_rows)
+        return Layout(offset, row_bytes, chunk_rows)
 
-    def _file_layouts(self, path) -> list[_Layout]:
+    def _file_layouts(self, path) -> list[Layout]:
         with open_h5(path) as f:
             return [self._layout(f[k.name], k.row_bytes) for k in self.info.keys]
 
@@ -153,34 +148,19 @@ class Reader:
         self.__dict__.update(state)
 
     # -- reading ---------------------------------------------------------------------------
-    def locate(self, samples: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(file index, index within that file) of global sample ids."""
-        if samples.size and (samples.min() < 0 or samples.max() >= self._starts[-1]):
-            raise SolarError(f"sample id out of range 0..{self._starts[-1] - 1}")
-        file_index = np.searchsorted(self._starts, samples, side="right") - 1
-        return file_index, samples - self._starts[file_index]
-
     def submit(self, samples: np.ndarray, out: list[np.ndarray], rows: np.ndarray) -> list[Future]:
         """Start reading ``samples[j]`` into ``out[key][rows[j]]`` for every key; returns futures.
 
         Each future's result is ``(bytes read, seconds busy)``.
         """
-        pool = self.pool()
-        samples = np.asarray(samples, np.int64)
-        rows = np.asarray(rows, np.int64)
-        if samples.size == 0:
+        tasks = plan_reads(
+            self._layouts, self._starts, samples, out, rows,
+            direct_io=self.direct_io, groups=self.threads,
+        )  # fmt: skip
+        if not tasks:
             return []
-        file_index, local = self.locate(samples)
-        tasks: list[tuple] = []
-        for f in np.unique(file_index):
-            sel = np.flatnonzero(file_index == f)
-            for k, layout in enumerate(self._layouts[f]):
-                dest = out[k].reshape(out[k].shape[0], -1).view(np.uint8)
-                if layout.offset is None:
-                    tasks.append(("h5", int(f), k, local[sel], rows[sel], out[k]))
-                else:
-                    tasks.extend(self._offset_tasks(int(f), layout, local[sel], rows[sel], dest))
-        return [pool.submit(_timed, self, task) for task in _balance(tasks, self.threads)]
+        pool = self.pool()
+        return [pool.submit(_timed, self, group) for group in _balance(tasks, self.threads)]
 
     def read(
         self, samples: np.ndarray, out: list[np.ndarray], rows: np.ndarray | None = None
@@ -189,65 +169,27 @@ class Reader:
         rows = np.arange(len(samples)) if rows is None else rows
         return wait_all(self.submit(samples, out, rows))[0]
 
-    def _offset_tasks(self, f, layout, local, rows, dest) -> list[tuple]:
-        """Pread tasks over runs of adjacent samples, cut at ``_RUN_MAX`` bytes and IOV_MAX rows.
-
-        Cutting long runs lets several threads share one. Buffered reads go through a numba
-        loop over an iovec array (no Python per sample); O_DIRECT reads through bounce buffers.
-        """
-        order = np.argsort(local, kind="stable")
-        local, rows = local[order], rows[order]
-        row_bytes = layout.row_bytes
-        limit = max(1, min(_IOV_MAX, _RUN_MAX // max(1, row_bytes)))
-        new_run = np.ones(local.size, np.bool_)
-        new_run[1:] = np.diff(local) != 1
-        run_start = np.flatnonzero(new_run)
-        in_run = np.arange(local.size) - run_start[np.cumsum(new_run) - 1]
-        starts = np.flatnonzero(new_run | (in_run % limit == 0))
-        counts = np.diff(np.append(starts, local.size))
-        offsets = layout.offset + local[starts] * row_bytes
-        if self.direct_io:
-            rows_list = rows.tolist()
-            runs = zip(offsets.tolist(), starts.tolist(), counts.tolist(), strict=True)
-            return [("direct", f, off, dest, rows_list[a : a + n]) for off, a, n in runs]
-        iov = np.empty((rows.size, 2), np.uint64)
-        iov[:, 0] = dest.ctypes.data + rows.astype(np.uint64) * np.uint64(row_bytes)
-        iov[:, 1] = row_bytes
-        groups = min(self.threads, starts.size)
-        return [
-            ("preadv", f, dest, rows, iov, starts[g::groups], counts[g::groups], offsets[g::groups])
-            for g in range(groups)
-        ]
-
-    def _run(self, task: tuple) -> int:
-        kind = task[0]
-        if kind == "preadv":
-            nbytes = self._preadv_task(*task[1:])
-        elif kind == "direct":
-            nbytes = self._pread_direct(*task[1:])
-        else:
-            nbytes = self._read_chunked(*task[1:])
+    def _run(self, task: ReadTask) -> int:
+        """Execute one task: the one place a sample's bytes are read from storage."""
+        match task:
+            case PreadvRuns():
+                nbytes = self._preadv_task(task)
+            case DirectRun():
+                nbytes = self._pread_direct(task.file, task.offset, task.dest, task.rows.tolist())
+            case H5Rows():
+                nbytes = self._read_h5(task)
         if self.throttle is not None:
-            self.throttle.wait(nbytes, self._requests(task))
+            self.throttle.wait(nbytes, task.requests)
         return nbytes
 
-    def _requests(self, task: tuple) -> int:
-        """How many storage requests a task stands for (runs, or chunks), for the throttle."""
-        if task[0] == "preadv":
-            return task[5].size
-        if task[0] == "direct":
-            return 1
-        _, f, k, local, _, _ = task
-        return len(np.unique(local // max(1, self._layouts[f][k].chunk_rows)))
-
-    def _preadv_task(self, f, dest, rows, iov, starts, counts, offsets) -> int:
-        got = np.empty(starts.size, np.int64)
-        _preadv_runs(self._fd(f), iov, starts, counts, offsets, got)
-        want = counts * dest.shape[1]
+    def _preadv_task(self, t: PreadvRuns) -> int:
+        got = np.empty(t.starts.size, np.int64)
+        _preadv_runs(self._fd(t.file), t.iov, t.starts, t.counts, t.offsets, got)
+        want = t.counts * t.dest.shape[1]
         for j in np.flatnonzero(got != want):
             # Retry in Python: finishes an interrupted read, or names the short file.
-            a = starts[j]
-            self._pread(f, int(offsets[j]), dest, rows[a : a + counts[j]].tolist())
+            a = t.starts[j]
+            self._pread(t.file, int(t.offsets[j]), t.dest, t.rows[a : a + t.counts[j]].tolist())
         return int(want.sum())
 
     def _pread(self, f: int, start: int, dest: np.ndarray, rows: list[int]) -> int:
@@ -290,8 +232,9 @@ class Reader:
             "the file is truncated or changed since it was opened"
         )
 
-    def _read_chunked(self, f: int, k: int, local, rows, out: np.ndarray) -> int:
+    def _read_h5(self, task: H5Rows) -> int:
         """Through h5py: each chunk (along the first dimension) once, or just the wanted rows."""
+        f, k, local, rows, out = task.file, task.key, task.local, task.rows, task.out
         layout = self._layouts[f][k]
         path = self.info.files[f]
         name = self.info.keys[k].name
@@ -353,13 +296,13 @@ def _close_all(fds: dict[int, int], files: dict[int, h5py.File]) -> None:
     files.clear()
 
 
-def _timed(reader: Reader, tasks: list[tuple]) -> tuple[int, float]:
+def _timed(reader: Reader, tasks: list[ReadTask]) -> tuple[int, float]:
     t0 = time.perf_counter()
     total = sum(reader._run(t) for t in tasks)
     return total, time.perf_counter() - t0
 
 
-def _balance(tasks: list[tuple], groups: int) -> list[list[tuple]]:
+def _balance(tasks: list[ReadTask], groups: int) -> list[list[ReadTask]]:
     """Deal tasks round-robin into at most ``groups`` lists (one pool job each)."""
     groups = min(groups, len(tasks))
     return [tasks[g::groups] for g in range(groups)] if groups else []

@@ -29,6 +29,7 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import h5py
 import numpy as np
@@ -38,10 +39,12 @@ from solar._atomic import atomic_path
 from solar._memory import require_memory
 from solar.config import BufferConfig, RunConfig
 from solar.errors import CorruptPlanError, PlanMismatchError, SolarError
-from solar.schedule._common import ADMIT, HIT, RELEASE, Progress, slot_count
+from solar.schedule._common import ADMIT, HIT, Progress, slot_count
 from solar.schedule.order import access_sequence
 from solar.schedule.policies import get_policy
+from solar.schedule.rankplan import RankPlan
 from solar.schedule.reorder import reorder_epochs
+from solar.schedule.validate import check_coverage, validate_rank
 
 FORMAT = "solar-plan"
 FORMAT_VERSION = 1
@@ -82,34 +85,6 @@ class PlanSpec:
 
 def _digest(d: dict) -> str:
     return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()
-
-
-@dataclass(frozen=True)
-class RankPlan:
-    """One rank's part of a plan: its accesses in service order, cut into global steps."""
-
-    rank: int
-    sample: np.ndarray
-    slot: np.ndarray
-    flags: np.ndarray
-    step_offsets: np.ndarray  # (num_steps + 1,)
-
-    @property
-    def hit(self) -> np.ndarray:
-        return (self.flags & HIT) != 0
-
-    def steps(self) -> np.ndarray:
-        """Global step index of every access."""
-        return np.repeat(np.arange(self.step_offsets.size - 1), np.diff(self.step_offsets))
-
-    def batch_sizes(self) -> np.ndarray:
-        return np.diff(self.step_offsets)
-
-    def freed(self, step: int) -> np.ndarray:
-        """Slots whose content is no longer needed after ``step``: released or overwritten."""
-        a, b = self.step_offsets[step], self.step_offsets[step + 1]
-        f, s = self.flags[a:b], self.slot[a:b]
-        return np.unique(s[((f & RELEASE) != 0) | ((f & ADMIT) != 0)])
 
 
 @dataclass(frozen=True)
@@ -155,17 +130,40 @@ class Plan:
         return self.spec.run.world_size
 
     @property
+    def from_file(self) -> bool:
+        """Read from a file (untrusted, validated rank by rank) rather than made here."""
+        return self._arrays is None
+
+    @property
     def slots(self) -> int:
         """Buffer slots a rank needs: the capacity, or N if that is smaller."""
         return slot_count(self.spec.run, self.spec.buffer)
 
-    def rank(self, r: int) -> RankPlan:
-        """Rank ``r``'s accesses (read from the file and checked against its checksum)."""
+    def rank(self, r: int, comm: Any = None) -> RankPlan:
+        """Rank ``r``'s accesses.
+
+        A plan made in this process is trusted. One read from a file is untrusted: it must pass
+        its checksum and :func:`~solar.schedule.validate.validate_rank` (ranges, the seed's
+        permutations, a replay proving every hit) before it is returned. With ``comm`` (every
+        rank of the run calls this collectively) the ranks also prove that each epoch serves
+        every sample exactly once; a single process can prove that only for world size 1.
+        """
         if not 0 <= r < self.world_size:
             raise SolarError(f"rank {r} is outside this plan's world size {self.world_size}")
         if self._arrays is not None:
-            return _slice_rank(self._arrays, r)
-        return _read_rank(self._path, r, self.fingerprint, self._checksums[r])
+            return _slice_rank(self._arrays, r, self.slots)
+        rp = _read_rank(self._path, r, self.fingerprint, self._checksums[r], self.slots)
+        from solar import dist  # a light module: no MPI or torch import
+
+        try:
+            mine, expected = validate_rank(rp, self.run, self.epoch_order, dist.shared_key(comm))
+            if comm is not None and comm.Get_size() > 1:
+                check_coverage(dist.allsum(comm, mine), expected)
+            elif self.world_size == 1:
+                check_coverage(mine, expected)
+        except CorruptPlanError as exc:
+            raise CorruptPlanError(f"plan {self._path}: {exc}") from None
+        return rp
 
     def trace(self, r: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``(step, sample, hit)`` over rank ``r``'s accesses in service order."""
@@ -207,7 +205,9 @@ class Plan:
         path = Path(path)
         a = self._arrays
         world = self.world_size
-        checksums = [_rank_checksum(_slice_rank(a, r), self.fingerprint) for r in range(world)]
+        checksums = [
+            _rank_checksum(_slice_rank(a, r, self.slots), self.fingerprint) for r in range(world)
+        ]
         stats = json.dumps([dataclasses.asdict(s) for s in self.stats])
         header = _header_checksum(
             self.fingerprint, stats, json.dumps(checksums), self.epoch_order, a["rank_offsets"]
@@ -256,7 +256,8 @@ def make_plan(spec: PlanSpec, progress: Progress | None = None) -> Plan:
     sched.slot = None
     arrays["flags"] = _group_by_rank(sched.rank, sched.flags, rank_offsets)
     del sched
-    stats = [_rank_stats(_slice_rank(arrays, r)) for r in range(run.world_size)]
+    slots = slot_count(run, spec.buffer)
+    stats = [_rank_stats(_slice_rank(arrays, r, slots)) for r in range(run.world_size)]
     seconds = time.perf_counter() - t0
     return Plan(spec, epoch_order, stats, seconds, spec.fingerprint, arrays=arrays)
 
@@ -300,6 +301,12 @@ def load_plan(path: str | os.PathLike) -> Plan:
     world = spec.run.world_size
     if len(checksums) != world or len(stats) != world or rank_offsets.shape != (world + 1,):
         raise CorruptPlanError(f"plan {path}: per-rank records do not match its world size")
+    identity = np.arange(spec.run.epochs)
+    if epoch_order.shape != identity.shape or not (
+        np.array_equal(np.sort(epoch_order), identity)
+        and (spec.reorder_epochs or np.array_equal(epoch_order, identity))
+    ):
+        raise CorruptPlanError(f"plan {path}: its epoch order is not one this run can use")
     return Plan(spec, epoch_order, stats, seconds, fingerprint, path=path, checksums=checksums)
 
 
@@ -318,20 +325,21 @@ def _scatter_by_rank(rank, values, fill, out):
         fill[rank[i]] += 1
 
 
-def _slice_rank(a: dict[str, np.ndarray], r: int) -> RankPlan:
+def _slice_rank(a: dict[str, np.ndarray], r: int, slots: int) -> RankPlan:
     lo, hi = a["rank_offsets"][r], a["rank_offsets"][r + 1]
     return RankPlan(
-        r, a["sample"][lo:hi], a["slot"][lo:hi], a["flags"][lo:hi], a["step_offsets"][r]
+        r, a["sample"][lo:hi], a["slot"][lo:hi], a["flags"][lo:hi], a["step_offsets"][r], slots
     )
 
 
-def _read_rank(path: Path, r: int, fingerprint: str, checksum: str) -> RankPlan:
+def _read_rank(path: Path, r: int, fingerprint: str, checksum: str, slots: int) -> RankPlan:
     try:
         with h5py.File(path, "r") as f:
             lo, hi = (int(v) for v in f["rank_offsets"][r : r + 2])
             rp = RankPlan(
-                r, f["sample"][lo:hi], f["slot"][lo:hi], f["flags"][lo:hi], f["step_offsets"][r]
-            )
+                r, f["sample"][lo:hi], f["slot"][lo:hi], f["flags"][lo:hi], f["step_offsets"][r],
+                slots,
+            )  # fmt: skip
     except (OSError, KeyError, ValueError, IndexError, TypeError, RuntimeError) as exc:
         raise CorruptPlanError(f"plan {path}: unreadable or corrupt ({_first_line(exc)})") from None
     if _rank_checksum(rp, fingerprint) != checksum:

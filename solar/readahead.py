@@ -1,0 +1,58 @@
+"""The read-ahead queue: steps whose storage reads are under way, in step order."""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from solar.schedule.rankplan import StepPlan
+
+
+@dataclass
+class InFlight:
+    """A step whose reads have been started into its own batch memory."""
+
+    plan: StepPlan
+    tensors: list[Any]  # torch tensors sharing ``batch``; empty until memory is taken
+    batch: list[np.ndarray]  # (size, *sample shape) per key
+    futures: list[Future]
+
+
+class ReadAhead:
+    """Keeps the reads of the next ``depth`` steps under way.
+
+    Invariant: the queue holds consecutive steps, the first being the next one served. A
+    step's reads land in its own batch memory, never in the slot buffer: the buffer is written
+    only on the consuming thread, in step order, so no read in flight races a store.
+    """
+
+    def __init__(self, start: Callable[[int], InFlight], depth: int) -> None:
+        self._start = start
+        self._depth = depth
+        self._queue: collections.deque[InFlight] = collections.deque()
+
+    def take(self, k: int, last: int) -> InFlight:
+        """Step ``k``'s reads (started now if they were not), after starting those up to
+        ``min(k + depth, last)``."""
+        if not self._queue or self._queue[0].plan.step != k:
+            self.drain()
+            self._queue.append(self._start(k))
+        while self._queue[-1].plan.step < min(k + self._depth, last):
+            self._queue.append(self._start(self._queue[-1].plan.step + 1))
+        return self._queue.popleft()
+
+    def drain(self) -> None:
+        """Wait for every read under way (results discarded), then forget them."""
+        for io in self._queue:
+            for f in io.futures:
+                f.exception()
+        self._queue.clear()
+
+    def forget(self) -> None:
+        """Drop the queue without waiting: its reads belong to another process (after fork)."""
+        self._queue = collections.deque()

@@ -1,0 +1,148 @@
+"""One rank's part of a plan, and the pure values the runtime executes: steps and buffer states.
+
+The runtime never works out what to do from flags itself: it asks :meth:`RankPlan.step` for a
+:class:`StepPlan` (what to read, gather and store at one step) and :meth:`RankPlan.refill_at`
+for what the buffer must hold to start at a step. Both are pure functions of the plan.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from numba import njit
+
+from solar.errors import CorruptPlanError
+from solar.schedule._common import ADMIT, HIT, RELEASE
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """What one rank does at one global step. Rows index the step's batch (0..size-1).
+
+    ``hit_rows`` are gathered from ``hit_slots`` as the buffer stands at the start of the step;
+    ``read_rows`` are read from storage; then ``admit_rows`` (a subset of the reads) are stored
+    into ``admit_slots`` in order. All arrays are int64 and 1-D.
+    """
+
+    step: int
+    samples: np.ndarray  # (size,) sample ids in batch order
+    read_rows: np.ndarray  # (reads,)
+    hit_rows: np.ndarray  # (hits,)
+    hit_slots: np.ndarray  # (hits,)
+    admit_rows: np.ndarray  # (admits,)
+    admit_slots: np.ndarray  # (admits,)
+
+    @property
+    def size(self) -> int:
+        return int(self.samples.size)
+
+
+@dataclass(frozen=True)
+class RankPlan:
+    """One rank's accesses in service order, cut into global steps, over ``slots`` slots."""
+
+    rank: int
+    sample: np.ndarray  # (A,) sample id of each access
+    slot: np.ndarray  # (A,) buffer slot, -1 for a read kept nowhere
+    flags: np.ndarray  # (A,) uint8 HIT | ADMIT | RELEASE
+    step_offsets: np.ndarray  # (num_steps + 1,) global step k is [step_offsets[k], [k + 1])
+    slots: int
+
+    @property
+    def num_steps(self) -> int:
+        return int(self.step_offsets.size - 1)
+
+    @property
+    def hit(self) -> np.ndarray:
+        return (self.flags & HIT) != 0
+
+    def steps(self) -> np.ndarray:
+        """Global step index of every access: shape (A,)."""
+        return np.repeat(np.arange(self.num_steps), np.diff(self.step_offsets))
+
+    def batch_sizes(self) -> np.ndarray:
+        """Local batch size at every global step: shape (num_steps,)."""
+        return np.diff(self.step_offsets)
+
+    def step(self, k: int) -> StepPlan:
+        """The instructions of global step ``k``."""
+        a, b = int(self.step_offsets[k]), int(self.step_offsets[k + 1])
+        flags, slots = self.flags[a:b], self.slot[a:b].astype(np.int64)
+        hit = (flags & HIT) != 0
+        admit = (flags & ADMIT) != 0
+        return StepPlan(
+            step=k,
+            samples=self.sample[a:b].astype(np.int64),
+            read_rows=np.flatnonzero(~hit),
+            hit_rows=np.flatnonzero(hit),
+            hit_slots=slots[hit],
+            admit_rows=np.flatnonzero(admit),
+            admit_slots=slots[admit],
+        )
+
+    def contents_at(self, k: int) -> np.ndarray:
+        """The sample each slot holds at the start of step ``k`` (-1: empty): shape (slots,).
+
+        A replay of the admissions (and releases) of steps ``0..k-1`` in service order.
+        """
+        state = np.full(self.slots, -1, np.int64)
+        end = int(self.step_offsets[k])
+        bad = _replay(self.sample, self.slot, self.flags, end, state)
+        if bad >= 0:
+            raise CorruptPlanError(f"rank {self.rank}: access {bad} names slot {self.slot[bad]}")
+        return state
+
+    def refill_at(self, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """``(slots, samples)`` the buffer must hold to start at step ``k``: those a later hit
+        reads before anything overwrites them (the rest of :meth:`contents_at` is dead)."""
+        needed = np.zeros(self.slots, np.bool_)
+        _hit_before_overwrite(self.slot, self.flags, self.step_offsets, k, needed)
+        slots = np.flatnonzero(needed)
+        return slots, self.contents_at(k)[slots]
+
+    def freed(self, k: int) -> np.ndarray:
+        """Slots whose content is no longer needed after step ``k``: released or overwritten."""
+        a, b = self.step_offsets[k], self.step_offsets[k + 1]
+        f, s = self.flags[a:b], self.slot[a:b]
+        return np.unique(s[((f & RELEASE) != 0) | ((f & ADMIT) != 0)])
+
+
+@njit(cache=True)
+def _replay(sample, slot, flags, end, state):
+    """Apply admissions and releases of accesses ``[0, end)``; the first bad access, or -1."""
+    n = state.shape[0]
+    for i in range(end):
+        f = flags[i]
+        if f & (ADMIT | RELEASE):
+            s = slot[i]
+            if s < 0 or s >= n:
+                return i
+            state[s] = sample[i] if f & ADMIT else -1
+    return -1
+
+
+@njit(cache=True)
+def _hit_before_overwrite(slot, flags, step_offsets, k, needed):
+    """``needed[s]``: slot s is hit at or after step k before an admission overwrites it.
+
+    Within a step, hits read the buffer as it stood at the step's start, so they count first.
+    """
+    n = needed.shape[0]
+    decided = np.zeros(n, np.bool_)
+    left = n
+    for t in range(k, step_offsets.shape[0] - 1):
+        a, b = step_offsets[t], step_offsets[t + 1]
+        for i in range(a, b):
+            s = slot[i]
+            if flags[i] & HIT and 0 <= s < n and not decided[s]:
+                decided[s] = True
+                needed[s] = True
+                left -= 1
+        for i in range(a, b):
+            s = slot[i]
+            if flags[i] & ADMIT and 0 <= s < n and not decided[s]:
+                decided[s] = True
+                left -= 1
+        if left == 0:
+            return

@@ -1,0 +1,172 @@
+"""Proof that one rank's part of an untrusted plan is safe to execute for a run.
+
+A plan file's checksums are unkeyed: they catch accidents, not edits. Before the runtime moves
+a byte, :func:`validate_rank` proves, in one numba pass over the rank's accesses (plus one
+permutation per epoch):
+
+* sample ids, slots and flags are within range, and step offsets are consistent with the run;
+* every sample the rank serves at global step k is in step k of that epoch's permutation for
+  the run's seed, and none is served twice in an epoch;
+* every HIT reads a slot that, replaying the plan's own admissions in order, holds that sample
+  at the start of the step (so nothing is read from a slot never written).
+
+Across ranks, exactly-once coverage is proven with a keyed multiset digest per epoch: each rank
+sums ``mix(sample, key)`` over what it serves, and the ranks' sums must add up to the digest of
+the epoch's samples. The key is drawn at run time, so an edited file cannot be crafted to match.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from solar.config import RunConfig
+from solar.errors import CorruptPlanError
+from solar.schedule._common import ADMIT, HIT, RELEASE
+from solar.schedule.order import epoch_permutation, epoch_samples, step_bounds
+from solar.schedule.rankplan import RankPlan
+
+_OK, _SAMPLE, _FLAGS, _SLOT, _NOT_IN_STEP, _REPEATED, _STALE_HIT = range(7)
+_KNOWN = HIT | ADMIT | RELEASE
+
+
+@njit(cache=True, inline="always")
+def _mix(x, key):
+    """splitmix64's finaliser of ``x ^ key``: a well-spread 64-bit hash."""
+    z = np.uint64(x) ^ key
+    z += np.uint64(0x9E3779B97F4A7C15)
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))
+
+
+@njit(cache=True)
+def _epoch_positions(served, pos, key):
+    """``pos[x]``: position of sample x in the epoch (-1 if not served); the epoch's digest."""
+    pos[:] = -1
+    digest = np.uint64(0)
+    for j in range(served.shape[0]):
+        pos[served[j]] = j
+        digest += _mix(served[j], key)
+    return digest
+
+
+@njit(cache=True)
+def _check_epoch(sample, slot, flags, offsets, k0, bounds, pos, seen, stamp, state, key):
+    """Check one epoch's steps of a rank; returns (code, access index, digest of its samples).
+
+    ``state`` (the buffer replay) and ``seen`` (stamp of the epoch a sample was last served in)
+    carry over from epoch to epoch.
+    """
+    n = pos.shape[0]
+    c = state.shape[0]
+    digest = np.uint64(0)
+    for t in range(bounds.shape[0] - 1):
+        a, b = offsets[k0 + t], offsets[k0 + t + 1]
+        lo, hi = bounds[t], bounds[t + 1]
+        for i in range(a, b):  # checks, and hits against the buffer as the step starts
+            x = sample[i]
+            f = flags[i]
+            s = slot[i]
+            if x < 0 or x >= n:
+                return _SAMPLE, i, digest
+            hit = (f & HIT) != 0
+            kept = (f & ADMIT) != 0
+            if (f & ~_KNOWN) != 0 or (hit and kept) or ((f & RELEASE) != 0 and not hit):
+                return _FLAGS, i, digest
+            if hit or kept:
+                if s < 0 or s >= c:
+                    return _SLOT, i, digest
+            elif s != -1:
+                return _SLOT, i, digest
+            p = pos[x]
+            if p < lo or p >= hi:
+                return _NOT_IN_STEP, i, digest
+            if seen[x] == stamp:
+                return _REPEATED, i, digest
+            seen[x] = stamp
+            if hit and state[s] != x:
+                return _STALE_HIT, i, digest
+            digest += _mix(x, key)
+        for i in range(a, b):  # then admissions and releases, in service order
+            if flags[i] & ADMIT:
+                state[slot[i]] = sample[i]
+            elif flags[i] & RELEASE:
+                state[slot[i]] = -1
+    return _OK, -1, digest
+
+
+def validate_rank(
+    rp: RankPlan, run: RunConfig, epoch_order: np.ndarray, key: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Prove ``rp`` safe for ``run``, or raise a one-line CorruptPlanError naming rank and step.
+
+    Returns ``(mine, expected)``, shape (E,) uint64 each: the keyed digest of the samples this
+    rank serves in each epoch, and of all samples each epoch serves. Summed over ranks, ``mine``
+    equals ``expected`` exactly when every epoch serves each of its samples once.
+    """
+    _check_shapes(rp, run, epoch_order)
+    n, spe = run.num_samples, run.steps_per_epoch
+    bounds = step_bounds(run)
+    key64 = np.uint64(key)
+    pos = np.empty(n, np.int64)
+    seen = np.full(n, -1, np.int64)
+    state = np.full(rp.slots, -1, np.int64)
+    mine = np.zeros(run.epochs, np.uint64)
+    expected = np.zeros(run.epochs, np.uint64)
+    for e in range(run.epochs):
+        perm = epoch_permutation(run.seed, int(epoch_order[e]), n)
+        expected[e] = _epoch_positions(epoch_samples(run, perm), pos, key64)
+        code, i, mine[e] = _check_epoch(
+            rp.sample, rp.slot, rp.flags, rp.step_offsets, e * spe, bounds, pos, seen, e, state,
+            key64,
+        )  # fmt: skip
+        if code != _OK:
+            raise CorruptPlanError(_describe(code, i, rp, state))
+    return mine, expected
+
+
+def check_coverage(total: np.ndarray, expected: np.ndarray) -> None:
+    """Refuse a plan whose ranks' digests (summed) differ from the epochs' own."""
+    bad = np.flatnonzero(total != expected)
+    if bad.size:
+        raise CorruptPlanError(
+            f"epoch {int(bad[0])} does not serve each of its samples exactly once across ranks"
+        )
+
+
+def _check_shapes(rp: RankPlan, run: RunConfig, epoch_order: np.ndarray) -> None:
+    where = f"rank {rp.rank}"
+    off = rp.step_offsets
+    if off.shape != (run.num_steps + 1,):
+        raise CorruptPlanError(
+            f"{where}: {off.size - 1} steps, the run has {run.num_steps} (step offsets)"
+        )
+    if not all(np.issubdtype(a.dtype, np.integer) for a in (off, rp.sample, rp.slot, rp.flags)):
+        raise CorruptPlanError(f"{where}: plan arrays must hold integers")
+    if not rp.sample.shape == rp.slot.shape == rp.flags.shape == (rp.sample.size,):
+        raise CorruptPlanError(f"{where}: sample, slot and flags differ in length")
+    steps = np.diff(off)
+    if off[0] != 0 or off[-1] != rp.sample.size or np.any(steps < 0):
+        k = int(np.argmax(steps < 0)) if np.any(steps < 0) else 0
+        raise CorruptPlanError(f"{where}, step {k}: step offsets are not monotone from 0 to A")
+    if np.any(steps > run.global_batch):
+        k = int(np.argmax(steps > run.global_batch))
+        raise CorruptPlanError(f"{where}, step {k}: {steps[k]} samples exceed the global batch")
+    if sorted(np.asarray(epoch_order).tolist()) != list(range(run.epochs)):
+        raise CorruptPlanError("epoch order is not a permutation of the run's epochs")
+
+
+def _describe(code: int, i: int, rp: RankPlan, state: np.ndarray) -> str:
+    k = int(np.searchsorted(rp.step_offsets, i, side="right") - 1)
+    x, s, f = int(rp.sample[i]), int(rp.slot[i]), int(rp.flags[i])
+    what = {
+        _SAMPLE: f"sample id {x} is out of range",
+        _FLAGS: f"sample {x} has invalid flags {f:#x}",
+        _SLOT: f"sample {x} names slot {s}, outside 0..{rp.slots - 1} (or a read kept nowhere)",
+        _NOT_IN_STEP: f"sample {x} is not in this step of the epoch's permutation for the seed",
+        _REPEATED: f"sample {x} is served twice in one epoch",
+        _STALE_HIT: f"hit for sample {x} from slot {s}, which holds "
+        + (f"sample {int(state[s])}" if state[s] >= 0 else "nothing written"),
+    }[code]
+    return f"rank {rp.rank}, step {k}: {what}"

@@ -1,0 +1,62 @@
+"""What loading cost: one record per step, totals per epoch."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class StepStats:
+    """One step of one rank."""
+
+    epoch: int
+    step: int
+    batch: int
+    hits: int
+    reads: int
+    bytes_read: int
+    read_seconds: float  # busy time of the reader threads
+    stall_seconds: float  # time the trainer waited for late reads
+
+
+@dataclass
+class EpochStats:
+    """What one epoch cost this rank."""
+
+    steps: int = 0
+    samples: int = 0
+    hits: int = 0
+    reads: int = 0
+    bytes_read: int = 0
+    read_seconds: float = 0.0
+    stall_seconds: float = 0.0
+    rebuild_seconds: float = 0.0  # refilling the buffer after a resume or a jump
+
+    def add(self, s: StepStats) -> None:
+        self.steps += 1
+        self.samples += s.batch
+        self.hits += s.hits
+        self.reads += s.reads
+        self.bytes_read += s.bytes_read
+        self.read_seconds += s.read_seconds
+        self.stall_seconds += s.stall_seconds
+
+
+@dataclass
+class LoaderStats:
+    """Per-epoch totals and per-step records (``steps``, also as JSON lines)."""
+
+    epochs: dict[int, EpochStats] = field(default_factory=dict)
+    steps: list[StepStats] = field(default_factory=list)
+
+    def epoch(self, e: int) -> EpochStats:
+        return self.epochs.setdefault(e, EpochStats())
+
+    def record(self, s: StepStats) -> None:
+        self.epoch(s.epoch).add(s)
+        self.steps.append(s)
+
+    def json_lines(self) -> str:
+        return "".join(json.dumps(dataclasses.asdict(s)) + "\n" for s in self.steps)
