@@ -34,13 +34,13 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     except OSError as exc:
         raise SolarError(f"{path}: cannot write ({exc.strerror})") from None
     os.close(fd)
-    tmp = Path(tmp)
+    tmp_path = Path(tmp)
     # mkstemp makes 0600; give the output the mode any new file would get.
     umask = os.umask(0)
     os.umask(umask)
-    os.chmod(tmp, 0o666 & ~umask)
+    os.chmod(tmp_path, 0o666 & ~umask)
     try:
-        yield tmp
-        os.replace(tmp, path)
+        yield tmp_path
+        os.replace(tmp_path, path)
     finally:
-        tmp.unlink(missing_ok=True)
+        tmp_path.unlink(missing_ok=True)

@@ -12,6 +12,7 @@ bandwidth and memory copy bandwidth, giving the epoch time limit
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import sys
@@ -143,10 +144,12 @@ def run(cfg: BenchConfig, comm: Any, progress=None) -> dict | None:
 
     loaders: dict[str, Any] = {}
     if "torch" in cfg.loaders:
-        ds = H5Dataset(info, throttle)
-        sampler = DistributedSampler(ds, num_replicas=world, rank=rank, seed=cfg.seed)
-        dl = DataLoader(ds, batch_size=cfg.batch_size, sampler=sampler, num_workers=cfg.workers,
-                        persistent_workers=cfg.workers > 0)  # fmt: skip
+        ds: Any = H5Dataset(info, throttle)  # a map-style Dataset by protocol
+        sampler: Any = DistributedSampler(ds, num_replicas=world, rank=rank, seed=cfg.seed)
+        dl: Any = DataLoader(
+            ds, batch_size=cfg.batch_size, sampler=sampler, num_workers=cfg.workers,
+            persistent_workers=cfg.workers > 0,
+        )  # fmt: skip
         # Fork the persistent workers now, while this process is small: forked after solar's
         # buffers exist, they would share those pages copy-on-write, and every first write to a
         # buffer page (each admission of epoch 0) would pay a page fault and a 4 KiB copy.
@@ -214,7 +217,7 @@ def _epoch(name: str, loader: Any, epoch: int, compute_ms: float) -> int:
 def _summarise(cfg, world, n, sample_bytes, capacity, limits, results, plan, throttle) -> dict:
     out: dict = {
         "config": {
-            **cfg.__dict__,
+            **dataclasses.asdict(cfg),
             "world_size": world,
             "num_samples": n,
             "sample_bytes": sample_bytes,

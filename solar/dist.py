@@ -109,7 +109,7 @@ def abort(comm: Any, exc_info: tuple | None = None) -> None:
     """Print the current (or given) error with this rank's number, then abort every rank."""
     exc_type, exc, tb = exc_info or sys.exc_info()
     rank = comm.Get_rank()
-    err = sys.__stderr__  # the real one, whatever a library has put in sys.stderr
+    err = sys.__stderr__ or sys.stderr  # the real one, whatever a library put in sys.stderr
     if exc_type is not None and issubclass(exc_type, SolarError):
         err.write(f"solar: rank {rank}: error: {exc}\n")
     elif exc_type is not None:

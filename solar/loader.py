@@ -15,6 +15,7 @@ import dataclasses
 import os
 import time
 import warnings
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -42,7 +43,7 @@ class Loader:
 
     def __init__(
         self,
-        paths: str | os.PathLike | list[str | os.PathLike],
+        paths: str | os.PathLike | Sequence[str | os.PathLike],
         keys: list[str] | None = None,
         *,
         batch_size: int,

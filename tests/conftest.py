@@ -16,10 +16,3 @@ def small_h5(tmp_path: Path) -> Path:
         f["x"] = rng.standard_normal((103, 4, 5), np.float32)
         f["y"] = rng.integers(0, 10, (103, 2)).astype(np.int64)
     return path
-
-
-def write_h5(path: Path, **datasets: np.ndarray) -> Path:
-    with h5py.File(path, "w") as f:
-        for name, data in datasets.items():
-            f[name] = data
-    return path

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import numpy as np
+from hypothesis import strategies as st
 
-from solar.schedule import ADMIT, HIT, RELEASE, Plan
+from solar import BufferConfig, PlanSpec, RunConfig
+from solar.schedule import ADMIT, HIT, POLICIES, RELEASE, Plan
 from solar.schedule.order import access_sequence, nominal_batches, step_bounds
 
 
@@ -70,3 +72,20 @@ def _replay(rp, capacity: int) -> None:
                 state[s] = x
             elif f & RELEASE:
                 state[s] = -1
+
+
+@st.composite
+def specs(draw, policies=tuple(POLICIES), max_world=4):
+    world = draw(st.integers(1, max_world))
+    batch = draw(st.integers(1, 6))
+    n = draw(st.integers(world * batch, world * batch * 5 + 7))
+    run = RunConfig(
+        num_samples=n,
+        world_size=world,
+        batch_size=batch,
+        epochs=draw(st.integers(1, 4)),
+        seed=draw(st.integers(0, 2**32 - 1)),
+        drop_last=draw(st.booleans()),
+    )
+    buffer = BufferConfig(draw(st.integers(0, n)), draw(st.sampled_from([0, 0.25, 0.5, 1.0])))
+    return PlanSpec(run, buffer, draw(st.sampled_from(policies)), draw(st.booleans()))

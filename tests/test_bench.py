@@ -58,7 +58,9 @@ def test_bench_bad_input_is_one_line(tmp_path):
     subprocess.run([SOLAR, "gen", data, "--preset", "braggnn", "--samples", "100"], check=True)
     for args, message in [(["--loaders", "torch,magic"], "unknown ['magic']"),
                           (["--buffer", "lots"], "--buffer"),
-                          (["--throttle", "fast"], "--throttle")]:  # fmt: skip
+                          (["--throttle", "fast"], "--throttle"),
+                          (["--threads", "0"], "threads must be an integer >= 1"),
+                          (["--read-ahead", "-1"], "read_ahead must be")]:  # fmt: skip
         result = subprocess.run([SOLAR, "bench", data, "-E", "1", *args], capture_output=True,
                                 text=True, timeout=120, check=False)  # fmt: skip
         assert result.returncode != 0 and message in result.stderr, result.stderr

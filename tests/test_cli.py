@@ -9,7 +9,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
-from conftest import write_h5
+from helpers import write_h5
 
 from solar import load_plan
 from solar.cli import main

@@ -5,7 +5,7 @@ import shutil
 import h5py
 import numpy as np
 import pytest
-from conftest import write_h5
+from helpers import write_h5
 
 from solar import SolarError
 from solar.io.generate import PRESETS, generate

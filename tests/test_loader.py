@@ -9,6 +9,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
+from helpers import reference
 
 from solar import Loader, PlanMismatchError, ReaderConfig, SolarError
 from solar.loader import LoaderStats
@@ -52,15 +53,6 @@ def dataset(request, tmp_path) -> list[Path]:
         _write(tmp_path / "b.h5", 40, 73),
         _write(tmp_path / "c.h5", 73, N),
     ]
-
-
-def reference(paths: list[Path]) -> dict[str, np.ndarray]:
-    out: dict[str, list] = {}
-    for p in paths:
-        with h5py.File(p) as f:
-            for k in f:
-                out.setdefault(k, []).append(f[k][()])
-    return {k: np.concatenate(v) for k, v in out.items()}
 
 
 def run_all(loaders: list[Loader], epochs: range, ref: dict) -> list[list[np.ndarray]]:
@@ -384,3 +376,10 @@ def test_loaders_dropped_without_close_release_their_files(tmp_path):
         del ld
     gc.collect()
     assert len(os.listdir("/proc/self/fd")) < before + 5
+
+
+@pytest.mark.parametrize("config", [{"threads": 0}, {"read_ahead": -1}])
+def test_bad_reader_settings_are_refused_by_name(tmp_path, config):
+    paths = [_write(tmp_path / "d.h5", 0, N)]
+    with pytest.raises(SolarError, match=f"{next(iter(config))} must be"):
+        Loader(paths, batch_size=4, epochs=1, buffer=10, reader=ReaderConfig(**config))

@@ -5,28 +5,11 @@ from __future__ import annotations
 import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from plan_checks import check_plan
+from plan_checks import check_plan, specs
 
 from solar import BufferConfig, PlanSpec, RunConfig, make_plan
 from solar.schedule import HIT, POLICIES
 from solar.schedule.order import access_sequence
-
-
-@st.composite
-def specs(draw, policies=tuple(POLICIES), max_world=4):
-    world = draw(st.integers(1, max_world))
-    batch = draw(st.integers(1, 6))
-    n = draw(st.integers(world * batch, world * batch * 5 + 7))
-    run = RunConfig(
-        num_samples=n,
-        world_size=world,
-        batch_size=batch,
-        epochs=draw(st.integers(1, 4)),
-        seed=draw(st.integers(0, 2**32 - 1)),
-        drop_last=draw(st.booleans()),
-    )
-    buffer = BufferConfig(draw(st.integers(0, n)), draw(st.sampled_from([0, 0.25, 0.5, 1.0])))
-    return PlanSpec(run, buffer, draw(st.sampled_from(policies)), draw(st.booleans()))
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import h5py
 import numpy as np
@@ -52,7 +53,7 @@ def generate(
         with h5py.File(tmp, "w") as f:
             dsets = {}
             for name, shape in keys.items():
-                layout = {}
+                layout: dict[str, Any] = {}
                 if chunks or compression:
                     layout["chunks"] = (min(chunks or 1, num_samples), *shape)
                     layout["compression"] = compression

@@ -10,6 +10,7 @@ import glob
 import hashlib
 import json
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -66,7 +67,7 @@ class DatasetInfo:
         return hashlib.sha256(json.dumps([record, keys]).encode()).hexdigest()[:32]
 
 
-def expand_paths(paths: list[str | os.PathLike]) -> list[Path]:
+def expand_paths(paths: Sequence[str | os.PathLike]) -> list[Path]:
     """Expand globs (sorted) in ``paths``; a pattern that matches nothing is an error."""
     out: list[Path] = []
     for p in paths:
@@ -98,7 +99,7 @@ def open_h5(path: Path) -> h5py.File:
 
 
 def describe(
-    paths: list[str | os.PathLike], keys: list[str] | None = None, *, one_per_file: bool = False
+    paths: Sequence[str | os.PathLike], keys: list[str] | None = None, *, one_per_file: bool = False
 ) -> DatasetInfo:
     """Check the files and keys and describe the sample space they make.
 
@@ -128,7 +129,7 @@ def describe(
                     f"but {files[0]} holds {a.sample_shape} {a.dtype}"
                 )
         lengths.append(n)
-    return DatasetInfo(tuple(files), tuple(infos), tuple(lengths))
+    return DatasetInfo(tuple(files), tuple(infos or ()), tuple(lengths))
 
 
 def dataset_names(f: h5py.File) -> list[str]:

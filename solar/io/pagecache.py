@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
 
-def evict(paths: list[str | os.PathLike] | str | os.PathLike) -> None:
+def evict(paths: Sequence[str | os.PathLike] | str | os.PathLike) -> None:
     """posix_fadvise(DONTNEED) over each file: its next reads come from storage.
 
     fsync first: DONTNEED drops only clean pages, and a freshly written file has dirty ones.

@@ -211,7 +211,7 @@ class Reader:
         lo = start - start % _ALIGN
         hi = -(-(start + want) // _ALIGN) * _ALIGN
         bounce = self._bounce(hi - lo)
-        got = os.preadv(fd, [bounce[: hi - lo]], lo)
+        got = os.preadv(fd, [bounce[: hi - lo].data], lo)
         if got < start + want - lo:
             self._short_read(f, start, want, max(0, got - (start - lo)))
         data = bounce[start - lo : start - lo + want].reshape(len(rows), row_bytes)

@@ -152,6 +152,7 @@ class Plan:
             raise SolarError(f"rank {r} is outside this plan's world size {self.world_size}")
         if self._arrays is not None:
             return _slice_rank(self._arrays, r, self.slots)
+        assert self._path is not None and self._checksums is not None
         rp = _read_rank(self._path, r, self.fingerprint, self._checksums[r], self.slots)
         from solar import dist  # a light module: no MPI or torch import
 
@@ -253,7 +254,7 @@ def make_plan(spec: PlanSpec, progress: Progress | None = None) -> Plan:
     arrays["sample"] = _group_by_rank(sched.rank, seq, rank_offsets)
     del seq
     arrays["slot"] = _group_by_rank(sched.rank, sched.slot, rank_offsets)
-    sched.slot = None
+    sched.slot = np.empty(0, np.int32)
     arrays["flags"] = _group_by_rank(sched.rank, sched.flags, rank_offsets)
     del sched
     slots = slot_count(run, spec.buffer)

@@ -160,13 +160,19 @@ def _check_shapes(rp: RankPlan, run: RunConfig, epoch_order: np.ndarray) -> None
 def _describe(code: int, i: int, rp: RankPlan, state: np.ndarray) -> str:
     k = int(np.searchsorted(rp.step_offsets, i, side="right") - 1)
     x, s, f = int(rp.sample[i]), int(rp.slot[i]), int(rp.flags[i])
-    what = {
-        _SAMPLE: f"sample id {x} is out of range",
-        _FLAGS: f"sample {x} has invalid flags {f:#x}",
-        _SLOT: f"sample {x} names slot {s}, outside 0..{rp.slots - 1} (or a read kept nowhere)",
-        _NOT_IN_STEP: f"sample {x} is not in this step of the epoch's permutation for the seed",
-        _REPEATED: f"sample {x} is served twice in one epoch",
-        _STALE_HIT: f"hit for sample {x} from slot {s}, which holds "
-        + (f"sample {int(state[s])}" if state[s] >= 0 else "nothing written"),
-    }[code]
+    if code == _SAMPLE:
+        what = f"sample id {x} is out of range"
+    elif code == _FLAGS:
+        what = f"sample {x} has invalid flags {f:#x}"
+    elif code == _SLOT and f & (HIT | ADMIT):
+        what = f"sample {x} names slot {s}, outside 0..{rp.slots - 1}"
+    elif code == _SLOT:
+        what = f"sample {x} is read and kept nowhere, yet names slot {s}"
+    elif code == _NOT_IN_STEP:
+        what = f"sample {x} is not in this step of the epoch's permutation for the seed"
+    elif code == _REPEATED:
+        what = f"sample {x} is served twice in one epoch"
+    else:
+        held = f"sample {int(state[s])}" if state[s] >= 0 else "nothing written"
+        what = f"hit for sample {x} from slot {s}, which holds {held}"
     return f"rank {rp.rank}, step {k}: {what}"

@@ -1,0 +1,26 @@
+"""Helpers shared by the tests: writing HDF5 files and reading reference bytes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import h5py
+import numpy as np
+
+
+def write_h5(path: Path, **datasets: np.ndarray) -> Path:
+    """A file with one contiguous dataset per keyword."""
+    with h5py.File(path, "w") as f:
+        for name, data in datasets.items():
+            f[name] = data
+    return path
+
+
+def reference(paths: list[Path]) -> dict[str, np.ndarray]:
+    """What h5py reads: every top-level dataset of ``paths``, concatenated along axis 0."""
+    out: dict[str, list] = {}
+    for p in paths:
+        with h5py.File(p) as f:
+            for k in f:
+                out.setdefault(k, []).append(f[k][()])
+    return {k: np.concatenate(v) for k, v in out.items()}

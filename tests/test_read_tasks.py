@@ -1,0 +1,138 @@
+"""The I/O plan as pure functions: run coalescing and read tasks, checked without files."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from solar import ReaderConfig, SolarError
+from solar.io.tasks import DirectRun, H5Rows, Layout, PreadvRuns, coalesce_runs, plan_reads
+
+
+def test_coalesce_joins_adjacent_samples_and_cuts_long_runs():
+    runs = coalesce_runs(np.array([7, 3, 4, 5, 9, 10, 11, 12, 13]), max_rows=3)
+    srt = np.array([7, 3, 4, 5, 9, 10, 11, 12, 13])[runs.order]
+    assert srt.tolist() == [3, 4, 5, 7, 9, 10, 11, 12, 13]
+    assert list(zip(runs.starts.tolist(), runs.counts.tolist(), strict=True)) == [
+        (0, 3), (3, 1), (4, 3), (7, 2),
+    ]  # fmt: skip
+
+
+def test_a_repeated_sample_starts_a_new_run():
+    runs = coalesce_runs(np.array([2, 2, 3]), max_rows=10)
+    assert runs.counts.tolist() == [1, 2]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(0, 40), max_size=60), st.integers(1, 8))
+def test_runs_cover_the_request_with_consecutive_samples(local, max_rows):
+    local = np.array(local, np.int64)
+    runs = coalesce_runs(local, max_rows)
+    srt = local[runs.order]
+    assert sorted(runs.order.tolist()) == list(range(local.size))
+    assert runs.counts.sum() == local.size
+    assert np.all((runs.counts >= 1) & (runs.counts <= max_rows))
+    for a, n in zip(runs.starts, runs.counts, strict=True):
+        np.testing.assert_array_equal(np.diff(srt[a : a + n]), np.ones(n - 1))
+
+
+class FakeStore:
+    """Executes read tasks against in-memory files and records every request."""
+
+    def __init__(self, files: list[bytes]) -> None:
+        self.files = files
+        self.requests: list[tuple[int, int, int]] = []  # (file, offset, bytes)
+
+    def run(self, task) -> None:
+        if isinstance(task, PreadvRuns):
+            row = task.dest.shape[1]
+            for a, n, off in zip(task.starts, task.counts, task.offsets, strict=True):
+                self.requests.append((task.file, int(off), int(n) * row))
+                for j in range(n):
+                    start = int(off) + j * row
+                    data = np.frombuffer(self.files[task.file][start : start + row], np.uint8)
+                    task.dest[task.rows[a + j]] = data
+                    # The iovec names the same row of dest: what preadv would write.
+                    assert task.iov[a + j, 0] == task.dest[task.rows[a + j]].ctypes.data
+        elif isinstance(task, DirectRun):
+            row = task.dest.shape[1]
+            self.requests.append((task.file, task.offset, row * task.rows.size))
+            for j, r in enumerate(task.rows.tolist()):
+                start = task.offset + j * row
+                task.dest[r] = np.frombuffer(self.files[task.file][start : start + row], np.uint8)
+        else:
+            raise AssertionError(f"unexpected task {task}")
+
+
+@pytest.mark.parametrize("direct_io", [False, True])
+@settings(max_examples=60, deadline=None)
+@given(data=st.data())
+def test_executing_the_plan_puts_each_sample_in_its_row(direct_io, data):
+    lengths = data.draw(st.lists(st.integers(1, 12), min_size=1, max_size=4))
+    row_bytes = data.draw(st.sampled_from([1, 8, 24]))
+    header = data.draw(st.integers(0, 100))
+    rng = np.random.default_rng(0)
+    contents = [rng.integers(0, 255, header + n * row_bytes, np.uint8) for n in lengths]
+    starts = np.concatenate([[0], np.cumsum(lengths)])
+    layouts = [[Layout(header, row_bytes, 0)] for _ in lengths]
+    samples = np.array(data.draw(st.lists(st.integers(0, starts[-1] - 1), min_size=1)), np.int64)
+    rows = np.random.default_rng(1).permutation(samples.size + 2)[: samples.size]
+    out = [np.zeros((samples.size + 2, row_bytes), np.uint8)]
+    tasks = plan_reads(layouts, starts, samples, out, rows, direct_io=direct_io, groups=3)
+    store = FakeStore([c.tobytes() for c in contents])
+    for t in tasks:
+        store.run(t)
+    for x, r in zip(samples.tolist(), rows.tolist(), strict=True):
+        f = int(np.searchsorted(starts, x, side="right") - 1)
+        local = x - starts[f]
+        want = contents[f][header + local * row_bytes : header + (local + 1) * row_bytes]
+        np.testing.assert_array_equal(out[0][r], want)
+    # Each run of adjacent samples within a file is one request, not one per sample.
+    files = np.searchsorted(starts, samples, side="right") - 1
+    runs = sum(1 + int(np.count_nonzero(np.diff(np.sort(samples[files == f])) != 1))
+               for f in np.unique(files))  # fmt: skip
+    assert len(store.requests) == runs
+
+
+def test_adjacent_samples_are_one_request_and_threads_share_runs():
+    layouts = [[Layout(0, 16, 0)]]
+    out = [np.zeros((12, 16), np.uint8)]
+    samples = np.array([0, 1, 2, 3, 10, 11, 20, 30], np.int64)
+    tasks = plan_reads(layouts, np.array([0, 40]), samples, out, np.arange(8),
+                       direct_io=False, groups=2)  # fmt: skip
+    store = FakeStore([bytes(640)])
+    for t in tasks:
+        store.run(t)
+    assert sorted(store.requests) == [(0, 0, 64), (0, 160, 32), (0, 320, 16), (0, 480, 16)]
+    assert len(tasks) == 2 and {t.requests for t in tasks} == {2}
+
+
+def test_datasets_without_an_offset_go_through_h5py():
+    layouts = [[Layout(0, 4, 0), Layout(None, 8, 5)]]
+    out = [np.zeros((3, 4), np.uint8), np.zeros((3, 2), np.float32)]
+    tasks = plan_reads(layouts, np.array([0, 20]), np.array([3, 4, 11]), out, np.arange(3),
+                       direct_io=False, groups=1)  # fmt: skip
+    h5 = [t for t in tasks if isinstance(t, H5Rows)]
+    assert len(h5) == 1 and h5[0].key == 1 and h5[0].requests == 2  # chunks 0 and 2
+
+
+@pytest.mark.parametrize(
+    ("samples", "rows", "message"),
+    [([20], [0], "sample id out of range"), ([-1], [0], "sample id"), ([1], [3], "row out of")],
+)
+def test_out_of_range_requests_are_refused(samples, rows, message):
+    out = [np.zeros((3, 4), np.uint8)]
+    with pytest.raises(SolarError, match=message):
+        plan_reads([[Layout(0, 4, 0)]], np.array([0, 20]), np.array(samples), out,
+                   np.array(rows), direct_io=False, groups=1)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("threads", 0), ("threads", 1.5), ("read_ahead", -1), ("direct_io", "yes"), ("threads", True)],
+)
+def test_reader_config_refuses_bad_values_by_name(field, value):
+    with pytest.raises(SolarError, match=f"^{field} must be"):
+        ReaderConfig(**{field: value})
