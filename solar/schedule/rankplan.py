@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from numba import njit
+from numpy.typing import NDArray
 
 from solar.errors import CorruptPlanError
 from solar.schedule._common import ADMIT, HIT, RELEASE
@@ -26,12 +27,12 @@ class StepPlan:
     """
 
     step: int
-    samples: np.ndarray  # (size,) sample ids in batch order
-    read_rows: np.ndarray  # (reads,)
-    hit_rows: np.ndarray  # (hits,)
-    hit_slots: np.ndarray  # (hits,)
-    admit_rows: np.ndarray  # (admits,)
-    admit_slots: np.ndarray  # (admits,)
+    samples: NDArray[np.int64]  # (size,) sample ids in batch order
+    read_rows: NDArray[np.int64]  # (reads,)
+    hit_rows: NDArray[np.int64]  # (hits,)
+    hit_slots: NDArray[np.int64]  # (hits,)
+    admit_rows: NDArray[np.int64]  # (admits,)
+    admit_slots: NDArray[np.int64]  # (admits,)
 
     @property
     def size(self) -> int:
@@ -43,10 +44,10 @@ class RankPlan:
     """One rank's accesses in service order, cut into global steps, over ``slots`` slots."""
 
     rank: int
-    sample: np.ndarray  # (A,) sample id of each access
-    slot: np.ndarray  # (A,) buffer slot, -1 for a read kept nowhere
-    flags: np.ndarray  # (A,) uint8 HIT | ADMIT | RELEASE
-    step_offsets: np.ndarray  # (num_steps + 1,) global step k is [step_offsets[k], [k + 1])
+    sample: NDArray[np.integer]  # (A,) sample id of each access (int32, or int64 if N >= 2**31)
+    slot: NDArray[np.int32]  # (A,) buffer slot, -1 for a read kept nowhere
+    flags: NDArray[np.uint8]  # (A,) HIT | ADMIT | RELEASE
+    step_offsets: NDArray[np.int64]  # (num_steps + 1,) step k is [step_offsets[k], [k + 1])
     slots: int
 
     @property
@@ -81,7 +82,7 @@ class RankPlan:
             admit_slots=slots[admit],
         )
 
-    def contents_at(self, k: int) -> np.ndarray:
+    def contents_at(self, k: int) -> NDArray[np.int64]:
         """The sample each slot holds at the start of step ``k`` (-1: empty): shape (slots,).
 
         A replay of the admissions (and releases) of steps ``0..k-1`` in service order.
@@ -93,13 +94,16 @@ class RankPlan:
             raise CorruptPlanError(f"rank {self.rank}: access {bad} names slot {self.slot[bad]}")
         return state
 
-    def refill_at(self, k: int) -> tuple[np.ndarray, np.ndarray]:
+    def refill_at(self, k: int) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
         """``(slots, samples)`` the buffer must hold to start at step ``k``: those a later hit
         reads before anything overwrites them (the rest of :meth:`contents_at` is dead)."""
         needed = np.zeros(self.slots, np.bool_)
         _hit_before_overwrite(self.slot, self.flags, self.step_offsets, k, needed)
         slots = np.flatnonzero(needed)
-        return slots, self.contents_at(k)[slots]
+        samples = self.contents_at(k)[slots]
+        if np.any(samples < 0):
+            raise CorruptPlanError(f"rank {self.rank}, step {k}: a later hit reads an empty slot")
+        return slots, samples
 
     def freed(self, k: int) -> np.ndarray:
         """Slots whose content is no longer needed after step ``k``: released or overwritten."""
