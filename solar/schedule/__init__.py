@@ -2,8 +2,9 @@
 
 from solar.schedule._common import ADMIT, HIT, RELEASE
 from solar.schedule.order import epoch_permutation
-from solar.schedule.plan import Plan, PlanSpec, RankPlan, load_plan, make_plan
+from solar.schedule.plan import Plan, PlanSpec, load_plan, make_plan
 from solar.schedule.policies import POLICIES
+from solar.schedule.rankplan import RankPlan, StepPlan
 
 __all__ = [
     "ADMIT",
@@ -13,6 +14,7 @@ __all__ = [
     "Plan",
     "PlanSpec",
     "RankPlan",
+    "StepPlan",
     "epoch_permutation",
     "load_plan",
     "make_plan",

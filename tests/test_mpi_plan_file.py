@@ -1,0 +1,50 @@
+"""Plan files under mpiexec: ranks prove together that each epoch serves every sample once."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from helpers import write_h5
+
+from solar import BufferConfig, Plan, PlanSpec, RunConfig, make_plan
+from solar.io.hdf5 import describe
+
+MPIEXEC = Path(sys.executable).with_name("mpiexec")
+SCRIPT = Path(__file__).parent / "mpi" / "plan_file.py"
+N = 61
+
+pytestmark = pytest.mark.skipif(not MPIEXEC.exists(), reason="no mpiexec beside python")
+
+
+def _plan(data: Path, path: Path, swap: bool) -> Path:
+    info = describe([data])
+    run = RunConfig(N, 2, 4, 3, seed=3)
+    spec = PlanSpec(run, BufferConfig(12), "solar", False, info.sample_bytes, info.identity)
+    plan = make_plan(spec)
+    arrays = {k: v.copy() for k, v in plan._arrays.items()}
+    if swap:
+        # Rank 1 reads a sample rank 0 also reads in step 0: each rank alone looks consistent.
+        lo0, lo1 = arrays["rank_offsets"][0], arrays["rank_offsets"][1]
+        arrays["sample"][lo1] = arrays["sample"][lo0]
+        arrays["flags"][lo1], arrays["slot"][lo1] = 0, -1
+    edited = Plan(spec, plan.epoch_order, plan.stats, 0.0, spec.fingerprint, arrays=arrays)
+    return edited.save(path)
+
+
+@pytest.mark.parametrize("swap", [False, True], ids=["honest", "sample-on-two-ranks"])
+def test_ranks_validate_a_plan_file_together(tmp_path, swap):
+    data = write_h5(tmp_path / "d.h5", x=np.arange(N * 3, dtype=np.float32).reshape(N, 3))
+    plan = _plan(data, tmp_path / "p.h5", swap)
+    cmd = [str(MPIEXEC), "-n", "2", sys.executable, str(SCRIPT), str(data), str(plan)]
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
+    if not swap:
+        assert result.returncode == 0, result.stderr[-3000:]
+        assert result.stdout.count(": ok") == 2
+    else:
+        assert result.returncode != 0
+        assert "epoch 0 does not serve each of its samples exactly once" in result.stderr
+        assert ": ok" not in result.stdout
