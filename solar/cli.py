@@ -14,7 +14,8 @@ from solar._atomic import check_writable
 from solar._units import format_bytes
 from solar.config import DEFAULT_SLACK, BufferConfig, ReaderConfig, RunConfig, parse_size
 from solar.errors import SolarError
-from solar.schedule import POLICIES, Plan, PlanSpec, make_plan
+from solar.schedule import POLICIES, Plan, PlanSpec
+from solar.schedule.plan import plan_to_file, simulate
 
 _READER = ReaderConfig()  # the defaults shown by --help
 
@@ -45,7 +46,8 @@ def cli() -> None:
 @click.option("--drop-last", is_flag=True, help="Drop a short last global batch.")
 @click.option("--policy", type=click.Choice(list(POLICIES)), default="solar", show_default=True)
 @click.option("--reorder-epochs", is_flag=True, help="Order epochs to chain buffers (SOLAR's TSP).")
-@click.option("--out", "-o", type=click.Path(), required=True, help="Plan file to write.")
+@click.option("--out", "-o", type=click.Path(),
+              help="Plan file to write; without it, plan and report only.")  # fmt: skip
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of a table.")
 def plan(
     data: tuple[str, ...],
@@ -61,10 +63,10 @@ def plan(
     drop_last: bool,
     policy: str,
     reorder_epochs: bool,
-    out: str,
+    out: str | None,
     as_json: bool,
 ) -> None:
-    """Plan a run over DATA (HDF5 files or globs) or over --samples N, and write it to --out."""
+    """Plan a run over DATA (HDF5 files or globs) or over --samples N; write it to --out."""
     dataset = None
     if data:
         from solar.io.hdf5 import describe
@@ -88,13 +90,14 @@ def plan(
     spec = PlanSpec(
         run, BufferConfig(capacity, slack), policy, reorder_epochs, sample_bytes, dataset
     )
-    check_writable(out)
+    if out:
+        check_writable(out)
     with _progress(
         run, enabled=run.num_accesses >= _PROGRESS_ACCESSES and sys.stderr.isatty()
     ) as progress:
-        result = make_plan(spec, progress)
-    path = result.save(out)
-    summary = plan_summary(result, path)
+        # Streamed one epoch at a time: memory does not grow with the number of epochs.
+        result = plan_to_file(spec, out, progress) if out else simulate(spec, progress)
+    summary = plan_summary(result, Path(out) if out else None)
     click.echo(json.dumps(summary) if as_json else format_summary(summary))
 
 

@@ -39,6 +39,17 @@ def test_plan_json_reports_the_figures(tmp_path, capsys):
     assert s["bytes_per_access"] < 40  # tiny plan: HDF5 headers dominate
 
 
+def test_plan_without_out_simulates_and_writes_nothing(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    args = ["plan", "--samples", 500, "-P", 4, "-B", 8, "-E", 4, "-C", 40, "--json"]
+    code, stdout, _ = run_cli(args, capsys)
+    assert code == 0
+    s = json.loads(stdout)
+    code, saved, _ = run_cli([*args, "-o", tmp_path / "p.h5"], capsys)
+    assert code == 0 and s["hits"] == json.loads(saved)["hits"] > 0
+    assert "out" not in s and list(tmp_path.iterdir()) == [tmp_path / "p.h5"]
+
+
 def test_plan_from_data_files_with_a_byte_buffer(small_h5, tmp_path, capsys):
     out = tmp_path / "p.h5"
     row = 4 * 5 * 4 + 2 * 8

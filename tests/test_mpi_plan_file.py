@@ -12,6 +12,7 @@ from helpers import write_h5
 
 from solar import BufferConfig, Plan, PlanSpec, RunConfig, make_plan
 from solar.io.hdf5 import describe
+from solar.schedule.planner import EpochPlan
 
 MPIEXEC = Path(sys.executable).with_name("mpiexec")
 SCRIPT = Path(__file__).parent / "mpi" / "plan_file.py"
@@ -25,13 +26,15 @@ def _plan(data: Path, path: Path, swap: bool) -> Path:
     run = RunConfig(N, 2, 4, 3, seed=3)
     spec = PlanSpec(run, BufferConfig(12), "solar", False, info.sample_bytes, info.identity)
     plan = make_plan(spec)
-    arrays = {k: v.copy() for k, v in plan._arrays.items()}
+    epochs = list(plan._epochs)
     if swap:
         # Rank 1 reads a sample rank 0 also reads in step 0: each rank alone looks consistent.
-        lo0, lo1 = arrays["rank_offsets"][0], arrays["rank_offsets"][1]
-        arrays["sample"][lo1] = arrays["sample"][lo0]
-        arrays["flags"][lo1], arrays["slot"][lo1] = 0, -1
-    edited = Plan(spec, plan.epoch_order, plan.stats, 0.0, spec.fingerprint, arrays=arrays)
+        a = {k: (v.copy() if isinstance(v, np.ndarray) else v) for k, v in vars(epochs[0]).items()}
+        lo0, lo1 = a["rank_offsets"][0], a["rank_offsets"][1]
+        a["sample"][lo1] = a["sample"][lo0]
+        a["flags"][lo1], a["slot"][lo1] = 0, -1
+        epochs[0] = EpochPlan(**a)
+    edited = Plan(spec, plan.epoch_order, plan.stats, 0.0, spec.fingerprint, epochs=epochs)
     return edited.save(path)
 
 

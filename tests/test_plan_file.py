@@ -45,9 +45,15 @@ def test_file_is_plain_hdf5_with_documented_fields(saved):
     _, path = saved
     with h5py.File(path, "r") as f:
         assert f.attrs["format"] == "solar-plan"
-        assert set(f) == {"epoch_order", "rank_offsets", "step_offsets", "sample", "slot", "flags"}
-        assert f["step_offsets"].shape == (3, SPEC.run.num_steps + 1)
-        assert f["sample"].shape == (SPEC.run.num_accesses,)
+        assert f.attrs["format_version"] == 2
+        assert set(f) == {"epoch_order", "checksums", "epochs"}
+        assert set(f["epochs"]) == {str(k) for k in range(SPEC.run.epochs)}
+        for k in range(SPEC.run.epochs):
+            g = f[f"epochs/{k}"]
+            assert set(g) == {"rank_offsets", "step_offsets", "sample", "slot", "flags"}
+            assert g["step_offsets"].shape == (3, SPEC.run.steps_per_epoch + 1)
+            assert g["sample"].shape == (SPEC.run.samples_per_epoch,)
+        assert f["checksums"].shape == (SPEC.run.epochs, 3, 16)
 
 
 def test_check_accepts_its_own_run_and_names_what_differs(saved):
@@ -65,11 +71,12 @@ def test_check_accepts_its_own_run_and_names_what_differs(saved):
 def test_corrupt_data_is_refused(saved):
     _, path = saved
     with h5py.File(path, "r+") as f:
-        lo = f["rank_offsets"][1]
-        f["slot"][lo] = f["slot"][lo] + 1
+        lo = f["epochs/2/rank_offsets"][1]
+        f["epochs/2/slot"][lo] = f["epochs/2/slot"][lo] + 1
     plan = load_plan(path)
     plan.rank(0)  # untouched rank still loads
-    with pytest.raises(CorruptPlanError, match=r"rank 1.*checksum"):
+    plan.rank_epoch(1, 1)  # and so does an untouched epoch
+    with pytest.raises(CorruptPlanError, match=r"rank 1's data of epoch 2 fails its checksum"):
         plan.rank(1)
 
 
@@ -136,7 +143,7 @@ def test_freed_slots_are_released_or_overwritten():
     [
         lambda f: f["epoch_order"].__setitem__(Ellipsis, f["epoch_order"][()][::-1]),
         lambda f: f.attrs.__setitem__("stats", f.attrs["stats"].replace('"hits": ', '"hits": 1')),
-        lambda f: f.attrs.__setitem__("checksums", "5"),
+        lambda f: f["checksums"].__setitem__((0, 0, 0), f["checksums"][0, 0, 0] ^ 1),
     ],
     ids=["epoch_order", "stats", "checksums"],
 )
@@ -159,3 +166,27 @@ def test_saved_plan_has_the_usual_file_mode(saved):
     umask = os.umask(0)
     os.umask(umask)
     assert path.stat().st_mode & 0o777 == 0o666 & ~umask
+
+
+def test_a_version_1_file_is_refused_with_a_clear_message(saved):
+    _, path = saved
+    with h5py.File(path, "r+") as f:
+        f.attrs["format_version"] = 1
+    with pytest.raises(
+        CorruptPlanError, match="format version 1, this solar reads 2: plan the run"
+    ):
+        load_plan(path)
+
+
+def test_streamed_file_and_simulation_match_the_plan_in_memory(tmp_path):
+    from solar.schedule.plan import plan_to_file, simulate
+
+    plan = make_plan(SPEC)
+    streamed = plan_to_file(SPEC, tmp_path / "s.plan.h5")
+    summary = simulate(SPEC)
+    assert streamed.stats == plan.stats == summary.stats
+    for r in range(3):
+        for a, b in zip(streamed.trace(r), plan.trace(r), strict=True):
+            np.testing.assert_array_equal(a, b)
+    with pytest.raises(SolarError, match="simulated plan keeps only its totals"):
+        summary.rank(0)

@@ -16,6 +16,7 @@ from plan_checks import specs
 
 from solar import BufferConfig, CorruptPlanError, Loader, Plan, PlanSpec, RunConfig, make_plan
 from solar.schedule import ADMIT, HIT, RELEASE, load_plan
+from solar.schedule.planner import EpochPlan
 from solar.schedule.validate import check_coverage, validate_rank
 
 N = 61
@@ -35,24 +36,30 @@ def dataset(tmp_path: Path) -> Path:
     return write_h5(tmp_path / "d.h5", x=x)
 
 
-def _edited(plan: Plan, path: Path, edit: Callable[[dict], None], spec: PlanSpec | None = None):
-    """Save ``plan`` with its arrays edited and every checksum recomputed (as a tool would)."""
-    arrays = {k: v.copy() for k, v in plan._arrays.items()}
-    edit(arrays)
+def _edited(
+    plan: Plan,
+    path: Path,
+    edit: Callable[[dict], None],
+    spec: PlanSpec | None = None,
+    epoch: int = 0,
+) -> Path:
+    """Save ``plan`` with one epoch's arrays edited and every checksum recomputed (as a tool
+    would)."""
+    epochs = list(plan._epochs)
+    fields = {
+        k: (v.copy() if isinstance(v, np.ndarray) else v) for k, v in vars(epochs[epoch]).items()
+    }
+    edit(fields)
+    epochs[epoch] = EpochPlan(**fields)
     spec = spec or plan.spec
-    Plan(spec, plan.epoch_order, plan.stats, 0.0, spec.fingerprint, arrays=arrays).save(path)
+    Plan(spec, plan.epoch_order, plan.stats, 0.0, spec.fingerprint, epochs=epochs).save(path)
     return path
 
 
-def _first(a: dict, rank: int, flag: int, epoch_from: int = 0) -> int:
-    """Index (in the file's arrays) of rank ``rank``'s first access with ``flag``."""
+def _first(a: dict, rank: int, flag: int) -> int:
+    """Index (in the epoch's arrays) of rank ``rank``'s first access with ``flag``."""
     lo, hi = a["rank_offsets"][rank], a["rank_offsets"][rank + 1]
-    start = lo + a["step_offsets"][rank][epoch_from * RUN.steps_per_epoch]
-    return int(start + np.flatnonzero(a["flags"][start:hi] & flag)[0])
-
-
-def _step_of(a: dict, rank: int, i: int) -> int:
-    return int(np.searchsorted(a["step_offsets"][rank], i - a["rank_offsets"][rank], "right") - 1)
+    return int(lo + np.flatnonzero(a["flags"][lo:hi] & flag)[0])
 
 
 def _hit_other_slot(a):
@@ -87,6 +94,7 @@ def _release_without_hit(a):
     a["flags"][a["rank_offsets"][0]] = RELEASE
 
 
+HITS_FROM = 1  # the first epoch with hits: edits of hits go there
 EDITS = {
     "slot out of range": (_hit_out_of_range, r"slot 1000000, outside 0\.\.11"),
     "hit to the wrong slot": (_hit_other_slot, r"hit for sample \d+ from slot \d+, which holds"),
@@ -102,7 +110,8 @@ EDITS = {
 def test_an_edited_plan_is_refused_naming_file_rank_and_step(tmp_path, dataset, name):
     edit, message = EDITS[name]
     plan = make_plan(_spec(dataset))
-    path = _edited(plan, tmp_path / "edited.plan.h5", edit)
+    epoch = HITS_FROM if name in ("slot out of range", "hit to the wrong slot") else 0
+    path = _edited(plan, tmp_path / "edited.plan.h5", edit, epoch=epoch)
     loaded = load_plan(path)  # the header is intact: the edit is found rank by rank
     bad_rank = 1 if name == "hit never written" else 0
     with pytest.raises(CorruptPlanError) as info:
@@ -136,7 +145,7 @@ def test_a_sample_served_by_two_ranks_is_caught_across_ranks(tmp_path, dataset):
         a["sample"][lo1] = a["sample"][lo0]
         a["flags"][lo1], a["slot"][lo1] = 0, -1
 
-    loaded = load_plan(_edited(plan, tmp_path / "dup.plan.h5", swap))
+    loaded = load_plan(_edited(plan, tmp_path / "dup.plan.h5", swap))  # epoch 0
     key = 12345
     parts = [validate_rank(loaded.rank(r), RUN, loaded.epoch_order, key) for r in (0, 1)]
     total = parts[0][0] + parts[1][0]  # each rank alone is consistent
@@ -149,17 +158,16 @@ def test_a_sample_served_by_two_ranks_is_caught_across_ranks(tmp_path, dataset):
 def test_an_epoch_order_this_run_cannot_use_is_refused(tmp_path, dataset):
     import h5py
 
+    from solar.schedule import plan as plan_module
+
     path = make_plan(_spec(dataset)).save(tmp_path / "p.h5")
     with h5py.File(path, "r+") as f:
         del f["epoch_order"]
         f["epoch_order"] = np.array([0, 0, 1])
-    # (the header checksum covers epoch_order: recompute it as an editor would)
-    from solar.schedule import plan as plan_module
-
-    with h5py.File(path, "r+") as f:
+        # The header checksum covers epoch_order: recompute it as an editor would.
         f.attrs["header_checksum"] = plan_module._header_checksum(
-            str(f.attrs["fingerprint"]), str(f.attrs["stats"]), str(f.attrs["checksums"]),
-            f["epoch_order"][()], f["rank_offsets"][()],
+            str(f.attrs["fingerprint"]), str(f.attrs["stats"]), f["epoch_order"][()],
+            f["checksums"][()],
         )  # fmt: skip
     with pytest.raises(CorruptPlanError, match="epoch order"):
         load_plan(path)

@@ -1,14 +1,14 @@
-"""What every policy produces, and the epoch-by-epoch driver they share."""
+"""What every policy produces and the interface every policy implements."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
 from solar.config import BufferConfig, RunConfig
-from solar.schedule.order import step_bounds
 
 # Per-access flags of a plan (a uint8 bit set).
 HIT = 1  # served from `slot` as the buffer holds it at the start of the step
@@ -18,37 +18,47 @@ RELEASE = 4  # a hit that is the sample's last use: `slot` holds nothing useful 
 NEVER = np.iinfo(np.int64).max  # "next use" of a sample that is not used again
 
 
-def position_dtype(num_accesses: int) -> np.dtype:
-    """Narrowest type for access positions; its maximum stands for NEVER in stored arrays."""
-    return np.dtype(np.int32 if num_accesses < np.iinfo(np.int32).max else np.int64)
-
-
 Progress = Callable[[int], None]
 
 
 @dataclass
-class Schedule:
-    """A policy's decisions, indexed by global access position (run order).
+class EpochSchedule:
+    """A policy's decisions for one epoch, indexed by position within the epoch.
 
-    ``rank[i]`` serves access ``i`` (int16: at most 32767 ranks); ``slot[i]`` is its buffer
-    slot (-1 for a read that is not admitted); ``flags[i]`` holds HIT/ADMIT/RELEASE;
-    ``counts[k, r]`` is rank r's local batch size at global step k.
+    ``rank[i]`` serves the epoch's access ``i`` (int16: at most 32767 ranks); ``slot[i]`` is its
+    buffer slot (-1 for a read that is not admitted); ``flags[i]`` holds HIT/ADMIT/RELEASE;
+    ``counts[t, r]`` is rank r's local batch size at the epoch's step t.
     """
 
-    rank: np.ndarray
-    slot: np.ndarray
-    flags: np.ndarray
-    counts: np.ndarray
+    rank: np.ndarray  # (samples per epoch,) int16
+    slot: np.ndarray  # (samples per epoch,) int32
+    flags: np.ndarray  # (samples per epoch,) uint8
+    counts: np.ndarray  # (steps per epoch, P) int32
 
     @classmethod
-    def empty(cls, run: RunConfig) -> Schedule:
-        n = run.num_accesses
+    def empty(cls, run: RunConfig) -> EpochSchedule:
+        n = run.samples_per_epoch
         return cls(
             rank=np.empty(n, np.int16),
             slot=np.empty(n, np.int32),
             flags=np.zeros(n, np.uint8),
-            counts=np.zeros((run.num_steps, run.world_size), np.int32),
+            counts=np.zeros((run.steps_per_epoch, run.world_size), np.int32),
         )
+
+
+class Policy(Protocol):
+    """A planning policy: its state carries over from epoch to epoch (O(N + P·C) for solar)."""
+
+    needs_next_use: bool  # plan_epoch wants next uses (Belady), or None will do
+
+    def plan_epoch(self, k: int, seq: np.ndarray, next_use: np.ndarray | None) -> EpochSchedule:
+        """Decide run epoch ``k``, whose served samples are ``seq``; ``next_use`` (global
+        positions, NEVER for none) is given when the policy's ``needs_next_use`` is true."""
+        ...
+
+    def contents(self, r: int) -> np.ndarray:
+        """The sample each of rank r's slots holds for later use now (-1: none): (slots,)."""
+        ...
 
 
 def slot_count(run: RunConfig, buffer: BufferConfig) -> int:
@@ -59,12 +69,3 @@ def slot_count(run: RunConfig, buffer: BufferConfig) -> int:
 def cap_table(run: RunConfig, buffer: BufferConfig) -> np.ndarray:
     """``cap[b]``: the largest local batch allowed to a rank whose nominal share is ``b``."""
     return np.array([buffer.cap(b) for b in range(run.batch_size + 2)], dtype=np.int64)
-
-
-def by_epoch(run: RunConfig, kernel: Callable[[np.ndarray, int], None], progress: Progress | None):
-    """Call ``kernel(bounds, first_step)`` once per epoch with the epoch's global step bounds."""
-    local = step_bounds(run)
-    for e in range(run.epochs):
-        kernel(local + e * run.samples_per_epoch, e * run.steps_per_epoch)
-        if progress is not None:
-            progress(run.steps_per_epoch)

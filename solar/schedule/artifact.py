@@ -13,11 +13,12 @@ import numpy as np
 from numba import njit
 
 from solar.config import BufferConfig, RunConfig
-from solar.schedule._common import ADMIT, HIT, Progress, Schedule, by_epoch, cap_table, slot_count
+from solar.schedule._common import ADMIT, HIT, EpochSchedule, cap_table, slot_count
 from solar.schedule.assign import assign_interleaved, assign_round_robin, step_caps
+from solar.schedule.order import sample_dtype, step_bounds
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _artifact_steps(
     seq, bounds, k0, world, cap_of, affinity_steps,
     slot_of, occupant, fifo_next,
@@ -65,27 +66,32 @@ def _artifact_steps(
             slot_of[r, x] = s
             flags[i] = ADMIT
             slot_out[i] = s
-        counts[k0 + k, :] = count
+        counts[k, :] = count
 
 
-def schedule(
-    run: RunConfig, buffer: BufferConfig, seq: np.ndarray, progress: Progress | None = None
-) -> Schedule:
-    """Plan ``seq`` as SOLAR's artifact would."""
-    out = Schedule.empty(run)
-    world, c = run.world_size, slot_count(run, buffer)
-    slot_of = np.full((world, run.num_samples), -1, np.int32)
-    occupant = np.full((world, c), -1, seq.dtype)
-    fifo_next = np.zeros(world, np.int64)
-    affinity_steps = math.ceil(c * world / run.global_batch)
-    cap_of = cap_table(run, buffer)
+class ArtifactPolicy:
+    """SOLAR's artifact: FIFO, affinity in each epoch's first steps, round-robin misses."""
 
-    def kernel(bounds: np.ndarray, k0: int) -> None:
+    needs_next_use = False
+
+    def __init__(self, run: RunConfig, buffer: BufferConfig) -> None:
+        self.run = run
+        world, c = run.world_size, slot_count(run, buffer)
+        self.slot_of = np.full((world, run.num_samples), -1, np.int32)
+        self.occupant = np.full((world, c), -1, sample_dtype(run.num_samples))
+        self.fifo_next = np.zeros(world, np.int64)
+        self.affinity_steps = math.ceil(c * world / run.global_batch)
+        self.cap_of = cap_table(run, buffer)
+        self.bounds = step_bounds(run)
+
+    def plan_epoch(self, k: int, seq: np.ndarray, next_use: np.ndarray | None) -> EpochSchedule:
+        out = EpochSchedule.empty(self.run)
         _artifact_steps(
-            seq, bounds, k0, world, cap_of, affinity_steps,
-            slot_of, occupant, fifo_next,
+            seq, self.bounds, k * self.run.steps_per_epoch, self.run.world_size, self.cap_of,
+            self.affinity_steps, self.slot_of, self.occupant, self.fifo_next,
             out.rank, out.slot, out.flags, out.counts,
         )  # fmt: skip
+        return out
 
-    by_epoch(run, kernel, progress)
-    return out
+    def contents(self, r: int) -> np.ndarray:
+        return self.occupant[r].astype(np.int64)

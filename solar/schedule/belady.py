@@ -13,33 +13,9 @@ import numpy as np
 from numba import njit
 
 from solar.config import BufferConfig, RunConfig
-from solar.schedule._common import (
-    ADMIT,
-    HIT,
-    NEVER,
-    RELEASE,
-    Progress,
-    Schedule,
-    by_epoch,
-    cap_table,
-    position_dtype,
-    slot_count,
-)
+from solar.schedule._common import ADMIT, HIT, NEVER, RELEASE, EpochSchedule, cap_table, slot_count
 from solar.schedule.assign import assign_affinity, assign_balanced, step_caps
-
-
-@njit(cache=True)
-def next_use(seq, num_samples, out):
-    """``out[i]``: position of the next access to ``seq[i]``, or the maximum of out's type.
-
-    One backward sweep; ``out`` may be int32 to halve the planner's largest array.
-    """
-    never = np.iinfo(out.dtype).max
-    last = np.full(num_samples, never, out.dtype)
-    for i in range(seq.shape[0] - 1, -1, -1):
-        x = seq[i]
-        out[i] = last[x]
-        last[x] = i
+from solar.schedule.order import sample_dtype, step_bounds
 
 
 @njit(cache=True, inline="always")
@@ -81,14 +57,13 @@ def _sift_down(key, heap, pos, r, i):
     pos[r, s] = i
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _solar_steps(
-    seq, nu, bounds, k0, world, cap_of,  # inputs
+    seq, nu, bounds, k0, world, cap_of,  # inputs: one epoch; k0 is its first global step
     holder, hslot, key, heap, pos, occupant,  # buffer state, carried across calls
     rank_out, slot_out, flags, counts,  # outputs
 ):  # fmt: skip
     cap_slots = key.shape[1]
-    never = np.iinfo(nu.dtype).max
     count = np.zeros(world, np.int64)
     reads = np.zeros(world, np.int64)
     cap = np.zeros(world, np.int64)
@@ -105,7 +80,7 @@ def _solar_steps(
         for i in range(a, b):
             x = seq[i]
             r = rank_out[i]
-            n = NEVER if nu[i] == never else np.int64(nu[i])
+            n = nu[i]
             if flags[i] & HIT:
                 s = slot_out[i]
                 key[r, pos[r, s]] = n
@@ -136,31 +111,36 @@ def _solar_steps(
                 _sift_down(key, heap, pos, r, 0)
                 flags[i] = ADMIT
                 slot_out[i] = s
-        counts[k0 + k, :] = count
+        counts[k, :] = count
 
 
-def schedule(
-    run: RunConfig, buffer: BufferConfig, seq: np.ndarray, progress: Progress | None = None
-) -> Schedule:
-    """Plan ``seq`` with rank affinity and per-rank Belady eviction."""
-    out = Schedule.empty(run)
-    nu = np.empty(seq.shape[0], position_dtype(seq.shape[0]))
-    next_use(seq, run.num_samples, nu)
-    world, c = run.world_size, slot_count(run, buffer)
-    holder = np.full(run.num_samples, -1, np.int32)
-    hslot = np.full(run.num_samples, -1, np.int32)
-    key = np.full((world, c), NEVER, np.int64)
-    heap = np.tile(np.arange(c, dtype=np.int32), (world, 1))
-    pos = heap.copy()
-    occupant = np.full((world, c), -1, seq.dtype)
-    cap_of = cap_table(run, buffer)
+class SolarPolicy:
+    """Rank affinity and per-rank Belady eviction; state carried across epochs, O(N + P·C)."""
 
-    def kernel(bounds: np.ndarray, k0: int) -> None:
+    needs_next_use = True
+
+    def __init__(self, run: RunConfig, buffer: BufferConfig) -> None:
+        self.run = run
+        world, c = run.world_size, slot_count(run, buffer)
+        self.holder = np.full(run.num_samples, -1, np.int32)
+        self.hslot = np.full(run.num_samples, -1, np.int32)
+        self.key = np.full((world, c), NEVER, np.int64)
+        self.heap = np.tile(np.arange(c, dtype=np.int32), (world, 1))
+        self.pos = self.heap.copy()
+        self.occupant = np.full((world, c), -1, sample_dtype(run.num_samples))
+        self.cap_of = cap_table(run, buffer)
+        self.bounds = step_bounds(run)
+
+    def plan_epoch(self, k: int, seq: np.ndarray, next_use: np.ndarray | None) -> EpochSchedule:
+        """Decide epoch ``k``; ``next_use`` is required."""
+        assert next_use is not None
+        out = EpochSchedule.empty(self.run)
         _solar_steps(
-            seq, nu, bounds, k0, world, cap_of,
-            holder, hslot, key, heap, pos, occupant,
+            seq, next_use, self.bounds, k * self.run.steps_per_epoch, self.run.world_size,
+            self.cap_of, self.holder, self.hslot, self.key, self.heap, self.pos, self.occupant,
             out.rank, out.slot, out.flags, out.counts,
         )  # fmt: skip
+        return out
 
-    by_epoch(run, kernel, progress)
-    return out
+    def contents(self, r: int) -> np.ndarray:
+        return self.occupant[r].astype(np.int64)

@@ -10,8 +10,9 @@ import numpy as np
 from numba import njit
 
 from solar.config import BufferConfig, RunConfig
-from solar.schedule._common import ADMIT, HIT, Progress, Schedule, by_epoch, slot_count
+from solar.schedule._common import ADMIT, HIT, EpochSchedule, slot_count
 from solar.schedule.assign import assign_interleaved
+from solar.schedule.order import sample_dtype, step_bounds
 
 
 @njit(cache=True, inline="always")
@@ -38,16 +39,16 @@ def _push_front(r, s, prev, nxt, head, tail):
         tail[r] = s
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _interleaved_steps(
-    seq, bounds, k0, world, lru,
+    seq, bounds, world, lru,
     slot_of, occupant, prev, nxt, head, tail,
     rank_out, slot_out, flags, counts,
 ):  # fmt: skip
     cap_slots = occupant.shape[1]
     for k in range(bounds.shape[0] - 1):
         a, b = bounds[k], bounds[k + 1]
-        assign_interleaved(a, b, world, counts[k0 + k], rank_out, slot_out, flags)
+        assign_interleaved(a, b, world, counts[k], rank_out, slot_out, flags)
         for i in range(a, b):
             x, r = seq[i], rank_out[i]
             s = slot_of[r, x]
@@ -72,40 +73,42 @@ def _interleaved_steps(
                 slot_out[i] = s
 
 
-def _schedule(
-    run: RunConfig, buffer: BufferConfig, seq: np.ndarray, lru: bool, progress
-) -> Schedule:
-    out = Schedule.empty(run)
-    world, c = run.world_size, slot_count(run, buffer)
-    slot_of = np.full((world, run.num_samples), -1, np.int32)
-    occupant = np.full((world, c), -1, seq.dtype)
-    # Slots 0..c-1 in a doubly linked list per rank, slot 0 at the head.
-    idx = np.arange(c, dtype=np.int32)
-    prev = np.tile(idx - 1, (world, 1))
-    nxt = np.tile(np.where(idx + 1 < c, idx + 1, -1).astype(np.int32), (world, 1))
-    head = np.full(world, 0 if c else -1, np.int32)
-    tail = np.full(world, c - 1, np.int32)
+class InterleavedPolicy:
+    """DistributedSampler's interleaved split with a per-rank LRU (or FIFO) cache."""
 
-    def kernel(bounds: np.ndarray, k0: int) -> None:
+    needs_next_use = False
+
+    def __init__(self, run: RunConfig, buffer: BufferConfig, lru: bool) -> None:
+        self.run, self.lru = run, lru
+        world, c = run.world_size, slot_count(run, buffer)
+        self.slot_of = np.full((world, run.num_samples), -1, np.int32)
+        self.occupant = np.full((world, c), -1, sample_dtype(run.num_samples))
+        # Slots 0..c-1 in a doubly linked list per rank, slot 0 at the head.
+        idx = np.arange(c, dtype=np.int32)
+        self.prev = np.tile(idx - 1, (world, 1))
+        self.nxt = np.tile(np.where(idx + 1 < c, idx + 1, -1).astype(np.int32), (world, 1))
+        self.head = np.full(world, 0 if c else -1, np.int32)
+        self.tail = np.full(world, c - 1, np.int32)
+        self.bounds = step_bounds(run)
+
+    def plan_epoch(self, k: int, seq: np.ndarray, next_use: np.ndarray | None) -> EpochSchedule:
+        out = EpochSchedule.empty(self.run)
         _interleaved_steps(
-            seq, bounds, k0, world, lru,
-            slot_of, occupant, prev, nxt, head, tail,
+            seq, self.bounds, self.run.world_size, self.lru,
+            self.slot_of, self.occupant, self.prev, self.nxt, self.head, self.tail,
             out.rank, out.slot, out.flags, out.counts,
         )  # fmt: skip
+        return out
 
-    by_epoch(run, kernel, progress)
-    return out
+    def contents(self, r: int) -> np.ndarray:
+        return self.occupant[r].astype(np.int64)
 
 
-def schedule_lru(
-    run: RunConfig, buffer: BufferConfig, seq: np.ndarray, progress: Progress | None = None
-) -> Schedule:
+def lru(run: RunConfig, buffer: BufferConfig) -> InterleavedPolicy:
     """Interleaved split, per-rank LRU."""
-    return _schedule(run, buffer, seq, True, progress)
+    return InterleavedPolicy(run, buffer, lru=True)
 
 
-def schedule_fifo(
-    run: RunConfig, buffer: BufferConfig, seq: np.ndarray, progress: Progress | None = None
-) -> Schedule:
+def fifo(run: RunConfig, buffer: BufferConfig) -> InterleavedPolicy:
     """Interleaved split, per-rank FIFO."""
-    return _schedule(run, buffer, seq, False, progress)
+    return InterleavedPolicy(run, buffer, lru=False)

@@ -11,25 +11,27 @@ import numpy as np
 from numba import njit
 
 from solar.config import BufferConfig, RunConfig
-from solar.schedule._common import ADMIT, HIT, Progress, Schedule, by_epoch
+from solar.schedule._common import ADMIT, HIT, EpochSchedule, slot_count
 from solar.schedule.assign import assign_interleaved
-from solar.schedule.order import interleaved_ranks
+from solar.schedule.epochs import EpochOrder
+from solar.schedule.order import interleaved_ranks, step_bounds
 
 
-@njit(cache=True)
-def _frequencies(seq, ranks, epoch_len, freq, first):
+@njit(cache=True, nogil=True)
+def _frequencies(seq, ranks, base, freq, first):
+    """Count one epoch's accesses per (rank, sample); ``base`` is its first global position."""
     for i in range(seq.shape[0]):
-        r, x = ranks[i % epoch_len], seq[i]
+        r, x = ranks[i], seq[i]
         if freq[r, x] == 0:
-            first[r, x] = i
+            first[r, x] = base + i
         freq[r, x] += 1
 
 
-@njit(cache=True)
-def _nopfs_steps(seq, bounds, k0, world, slot_of, loaded, rank_out, slot_out, flags, counts):
+@njit(cache=True, nogil=True)
+def _nopfs_steps(seq, bounds, world, slot_of, loaded, rank_out, slot_out, flags, counts):
     for k in range(bounds.shape[0] - 1):
         a, b = bounds[k], bounds[k + 1]
-        assign_interleaved(a, b, world, counts[k0 + k], rank_out, slot_out, flags)
+        assign_interleaved(a, b, world, counts[k], rank_out, slot_out, flags)
         for i in range(a, b):
             x, r = seq[i], rank_out[i]
             s = slot_of[r, x]
@@ -40,26 +42,39 @@ def _nopfs_steps(seq, bounds, k0, world, slot_of, loaded, rank_out, slot_out, fl
             slot_out[i] = s
 
 
-def schedule(
-    run: RunConfig, buffer: BufferConfig, seq: np.ndarray, progress: Progress | None = None
-) -> Schedule:
-    """Plan ``seq`` with NoPFS's static fill."""
-    out = Schedule.empty(run)
-    world, n = run.world_size, run.num_samples
-    freq = np.zeros((world, n), np.int32)
-    first = np.zeros((world, n), np.int64)
-    _frequencies(seq, interleaved_ranks(run), run.samples_per_epoch, freq, first)
-    slot_of = np.full((world, n), -1, np.int32)
-    for r in range(world):
-        seen = np.flatnonzero(freq[r])
-        kept = seen[np.lexsort((first[r, seen], -freq[r, seen]))[: buffer.capacity]]
-        slot_of[r, kept] = np.arange(kept.size, dtype=np.int32)
-    loaded = np.zeros((world, n), np.bool_)
+class NopfsPolicy:
+    """NoPFS: each rank keeps its C most frequently accessed samples, filled at first use."""
 
-    def kernel(bounds: np.ndarray, k0: int) -> None:
+    needs_next_use = False
+
+    def __init__(self, run: RunConfig, buffer: BufferConfig, order: EpochOrder) -> None:
+        self.run = run
+        world, n = run.world_size, run.num_samples
+        # Frequencies over the whole run, one epoch at a time: NoPFS's static ranking.
+        freq = np.zeros((world, n), np.int32)
+        first = np.zeros((world, n), np.int64)
+        ranks = interleaved_ranks(run)
+        for k in range(run.epochs):
+            _frequencies(order.served(k), ranks, k * run.samples_per_epoch, freq, first)
+        self.slot_of = np.full((world, n), -1, np.int32)
+        for r in range(world):
+            seen = np.flatnonzero(freq[r])
+            kept = seen[np.lexsort((first[r, seen], -freq[r, seen]))[: buffer.capacity]]
+            self.slot_of[r, kept] = np.arange(kept.size, dtype=np.int32)
+        self.loaded = np.zeros((world, n), np.bool_)
+        self.bounds = step_bounds(run)
+        self.slots = slot_count(run, buffer)
+
+    def plan_epoch(self, k: int, seq: np.ndarray, next_use: np.ndarray | None) -> EpochSchedule:
+        out = EpochSchedule.empty(self.run)
         _nopfs_steps(
-            seq, bounds, k0, world, slot_of, loaded, out.rank, out.slot, out.flags, out.counts
-        )
+            seq, self.bounds, self.run.world_size, self.slot_of, self.loaded,
+            out.rank, out.slot, out.flags, out.counts,
+        )  # fmt: skip
+        return out
 
-    by_epoch(run, kernel, progress)
-    return out
+    def contents(self, r: int) -> np.ndarray:
+        held = np.flatnonzero(self.loaded[r])
+        out = np.full(self.slots, -1, np.int64)
+        out[self.slot_of[r, held]] = held
+        return out

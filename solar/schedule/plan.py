@@ -1,23 +1,25 @@
 """The Plan: the only contract between the planner and the runtime, and its file format.
 
-File format (HDF5, version 1), readable with plain h5py::
+File format (HDF5, version 2), readable with plain h5py, one section per epoch so that a
+reader takes only the epochs it runs and a writer streams them as they are planned::
 
-    attrs   format="solar-plan", format_version=1, fingerprint (sha256 hex of the spec),
+    attrs   format="solar-plan", format_version=2, fingerprint (sha256 hex of the spec),
             spec (JSON of the inputs), stats (JSON of per-rank totals), plan_seconds,
-            checksums (one blake2b hex per rank), header_checksum (blake2b of
-            fingerprint, stats, checksums, epoch_order and rank_offsets)
-    epoch_order   (E,)      int64   permutation index used by each epoch of the run
-    rank_offsets  (P+1,)    int64   rank r's accesses are [rank_offsets[r], rank_offsets[r+1])
-    step_offsets  (P, S+1)  int64   within rank r, global step k is [step_offsets[r,k], ...[r,k+1])
-    sample        (A,)      int32 (int64 when N >= 2**31)   sample id, in service order
-    slot          (A,)      int32   buffer slot of the access, -1 for a read kept nowhere
-    flags         (A,)      uint8   bit 0 HIT, bit 1 ADMIT, bit 2 RELEASE
+            header_checksum (blake2b of fingerprint, stats, epoch_order and checksums)
+    epoch_order   (E,)        int64   permutation index used by each epoch of the run
+    checksums     (E, P, 16)  uint8   blake2b-128 of each epoch's part of each rank
+    epochs/<k>/rank_offsets  (P+1,)      int64  rank r's accesses are [rank_offsets[r], [r+1])
+    epochs/<k>/step_offsets  (P, S+1)    int64  within rank r's part, step t of the epoch is
+                                                 [step_offsets[r, t], step_offsets[r, t+1])
+    epochs/<k>/sample        (N_e,)      int32 (int64 when N >= 2**31)  sample ids
+    epochs/<k>/slot          (N_e,)      int32  buffer slot of the access, -1: kept nowhere
+    epochs/<k>/flags         (N_e,)      uint8  bit 0 HIT, bit 1 ADMIT, bit 2 RELEASE
 
-Semantics of one rank's step k: its batch is ``sample[a:b]`` in that order. A HIT is gathered
-from ``slot`` as the buffer holds it at the start of the step; any other access is read from
-storage, and if ADMIT its bytes are then stored into ``slot`` (in order, after the gather).
-RELEASE marks a hit that is the sample's last use. Slots freed by a step are those released
-and those overwritten by its admissions.
+Semantics of one rank's step: its batch is its accesses of the step, in order. A HIT is
+gathered from ``slot`` as the buffer holds it at the start of the step; any other access is
+read from storage, and if ADMIT its bytes are then stored into ``slot`` (in order, after the
+gather). RELEASE marks a hit that is the sample's last use. Slots freed by a step are those
+released and those overwritten by its admissions.
 """
 
 from __future__ import annotations
@@ -33,21 +35,18 @@ from typing import Any
 
 import h5py
 import numpy as np
-from numba import njit
 
 from solar._atomic import atomic_path
 from solar._memory import require_memory
 from solar.config import BufferConfig, RunConfig
 from solar.errors import CorruptPlanError, PlanMismatchError, SolarError
 from solar.schedule._common import ADMIT, HIT, Progress, slot_count
-from solar.schedule.order import access_sequence
-from solar.schedule.policies import get_policy
+from solar.schedule.planner import EpochPlan, Planner, RankEpoch, epoch_order_of
 from solar.schedule.rankplan import RankPlan
-from solar.schedule.reorder import reorder_epochs
 from solar.schedule.validate import check_coverage, validate_rank
 
 FORMAT = "solar-plan"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 
 
 @dataclass(frozen=True)
@@ -98,7 +97,9 @@ class RankStats:
 
 
 class Plan:
-    """A schedule for every rank and step, made by :func:`make_plan` or :func:`load_plan`."""
+    """A schedule for every rank and step: made in memory by :func:`make_plan`, streamed to a
+    file by :func:`plan_to_file`, summarised only by :func:`simulate`, or opened by
+    :func:`load_plan`."""
 
     def __init__(
         self,
@@ -107,16 +108,16 @@ class Plan:
         stats: list[RankStats],
         plan_seconds: float,
         fingerprint: str,
-        arrays: dict[str, np.ndarray] | None = None,
+        epochs: list[EpochPlan] | None = None,
         path: Path | None = None,
-        checksums: list[str] | None = None,
+        checksums: np.ndarray | None = None,
     ) -> None:
         self.spec = spec
         self.epoch_order = epoch_order
         self.stats = stats
         self.plan_seconds = plan_seconds
         self.fingerprint = fingerprint
-        self._arrays = arrays
+        self._epochs = epochs
         self._path = path
         self._checksums = checksums
 
@@ -132,28 +133,64 @@ class Plan:
     @property
     def from_file(self) -> bool:
         """Read from a file (untrusted, validated rank by rank) rather than made here."""
-        return self._arrays is None
+        return self._path is not None
 
     @property
     def slots(self) -> int:
         """Buffer slots a rank needs: the capacity, or N if that is smaller."""
         return slot_count(self.spec.run, self.spec.buffer)
 
+    def _check_rank(self, r: int) -> None:
+        if not 0 <= r < self.world_size:
+            raise SolarError(f"rank {r} is outside this plan's world size {self.world_size}")
+        if self._epochs is None and self._path is None:
+            raise SolarError("a simulated plan keeps only its totals, not its decisions")
+
+    def rank_epoch(self, r: int, k: int) -> RankEpoch:
+        """Rank ``r``'s part of run epoch ``k`` (from a file: checked against its checksum,
+        not validated; :meth:`rank` validates)."""
+        self._check_rank(r)
+        if self._epochs is not None:
+            return self._epochs[k].rank(r)
+        assert self._path is not None
+        with _open_plan(self._path) as f:
+            return self._read_part(f, r, k)
+
+    def _read_part(self, f: h5py.File, r: int, k: int) -> RankEpoch:
+        assert self._checksums is not None
+        try:
+            g = f[f"epochs/{k}"]
+            lo, hi = (int(v) for v in g["rank_offsets"][r : r + 2])
+            part = RankEpoch(
+                k, g["sample"][lo:hi], g["slot"][lo:hi], g["flags"][lo:hi], g["step_offsets"][r]
+            )
+        except (OSError, KeyError, ValueError, IndexError, TypeError, RuntimeError) as exc:
+            raise CorruptPlanError(
+                f"plan {self._path}: unreadable or corrupt ({_first_line(exc)})"
+            ) from None
+        if _part_checksum(part, r, self.fingerprint) != self._checksums[k, r].tobytes():
+            raise CorruptPlanError(
+                f"plan {self._path}: rank {r}'s data of epoch {k} fails its checksum (corrupt file)"
+            )
+        return part
+
     def rank(self, r: int, comm: Any = None) -> RankPlan:
-        """Rank ``r``'s accesses.
+        """Rank ``r``'s accesses over the whole run.
 
         A plan made in this process is trusted. One read from a file is untrusted: it must pass
-        its checksum and :func:`~solar.schedule.validate.validate_rank` (ranges, the seed's
+        its checksums and :func:`~solar.schedule.validate.validate_rank` (ranges, the seed's
         permutations, a replay proving every hit) before it is returned. With ``comm`` (every
         rank of the run calls this collectively) the ranks also prove that each epoch serves
         every sample exactly once; a single process can prove that only for world size 1.
         """
-        if not 0 <= r < self.world_size:
-            raise SolarError(f"rank {r} is outside this plan's world size {self.world_size}")
-        if self._arrays is not None:
-            return _slice_rank(self._arrays, r, self.slots)
-        assert self._path is not None and self._checksums is not None
-        rp = _read_rank(self._path, r, self.fingerprint, self._checksums[r], self.slots)
+        self._check_rank(r)
+        if self._epochs is not None:
+            parts = [ep.rank(r) for ep in self._epochs]
+            return RankPlan.from_parts(r, parts, self.slots)
+        assert self._path is not None
+        with _open_plan(self._path) as f:
+            parts = [self._read_part(f, r, k) for k in range(self.run.epochs)]
+        rp = RankPlan.from_parts(r, parts, self.slots)
         from solar import dist  # a light module: no MPI or torch import
 
         try:
@@ -201,89 +238,155 @@ class Plan:
     # -- persistence ---------------------------------------------------------------------
     def save(self, path: str | os.PathLike) -> Path:
         """Write the plan atomically: to a temporary file beside ``path``, then rename."""
-        if self._arrays is None:
+        if self._epochs is None:
             raise SolarError("plan: only a plan made in this process can be saved")
-        path = Path(path)
-        a = self._arrays
-        world = self.world_size
-        checksums = [
-            _rank_checksum(_slice_rank(a, r, self.slots), self.fingerprint) for r in range(world)
+        with PlanWriter(path, self.spec, self.epoch_order) as writer:
+            for ep in self._epochs:
+                writer.add(ep)
+            writer.finish(self.stats, self.plan_seconds)
+        return Path(path)
+
+
+class _Totals:
+    """Per-rank totals, accumulated epoch by epoch."""
+
+    def __init__(self, world: int) -> None:
+        self.a = np.zeros((4, world), np.int64)  # accesses, hits, admits, max batch
+        self.min_batch = np.full(world, np.iinfo(np.int64).max, np.int64)
+
+    def add(self, ep: EpochPlan) -> None:
+        world = ep.rank_offsets.size - 1
+        owner = np.repeat(np.arange(world), np.diff(ep.rank_offsets))
+        self.a[0] += np.diff(ep.rank_offsets)
+        self.a[1] += np.bincount(owner, (ep.flags & HIT) != 0, world).astype(np.int64)
+        self.a[2] += np.bincount(owner, (ep.flags & ADMIT) != 0, world).astype(np.int64)
+        sizes = np.diff(ep.step_offsets, axis=1)
+        self.a[3] = np.maximum(self.a[3], sizes.max(axis=1))
+        self.min_batch = np.minimum(self.min_batch, sizes.min(axis=1))
+
+    def stats(self) -> list[RankStats]:
+        acc, hits, admits, mx = (row.tolist() for row in self.a)
+        return [
+            RankStats(acc[r], hits[r], acc[r] - hits[r], admits[r], int(self.min_batch[r]), mx[r])
+            for r in range(len(acc))
         ]
-        stats = json.dumps([dataclasses.asdict(s) for s in self.stats])
-        header = _header_checksum(
-            self.fingerprint, stats, json.dumps(checksums), self.epoch_order, a["rank_offsets"]
-        )
-        meta = {
-            "format": FORMAT,
-            "format_version": FORMAT_VERSION,
-            "fingerprint": self.fingerprint,
-            "spec": json.dumps(self.spec.as_dict(), sort_keys=True),
-            "stats": stats,
-            "plan_seconds": self.plan_seconds,
-            "checksums": json.dumps(checksums),
-            "header_checksum": header,
-        }
-        with atomic_path(path) as tmp, h5py.File(tmp, "w") as f:
-            f.attrs.update(meta)
-            f["epoch_order"] = self.epoch_order
-            for name in ("rank_offsets", "step_offsets", "sample", "slot", "flags"):
-                f.create_dataset(name, data=a[name])
-        return path
+
+
+def _run_planner(
+    spec: PlanSpec, sink: Any, progress: Progress | None
+) -> tuple[np.ndarray, list[RankStats], float]:
+    """Plan every epoch in order, handing each to ``sink`` (or nothing); totals and seconds."""
+    t0 = time.perf_counter()
+    _check_memory(spec, keep_all=False)
+    planner = Planner(spec)
+    totals = _Totals(spec.run.world_size)
+    for _ in range(spec.run.epochs):
+        ep = planner.next_all()
+        totals.add(ep)
+        if sink is not None:
+            sink(ep)
+        if progress is not None:
+            progress(spec.run.steps_per_epoch)
+    return planner.epoch_order, totals.stats(), time.perf_counter() - t0
 
 
 def make_plan(spec: PlanSpec, progress: Progress | None = None) -> Plan:
-    """Plan a run: the order, then the policy's assignment and buffer decisions."""
-    t0 = time.perf_counter()
-    run = spec.run
-    policy = get_policy(spec.policy)
-    _check_memory(spec)
-    if spec.reorder_epochs:
-        epoch_order = reorder_epochs(run, spec.buffer.capacity)
-    else:
-        epoch_order = np.arange(run.epochs, dtype=np.int64)
-    seq = access_sequence(run, epoch_order)
-    sched = policy(run, spec.buffer, seq, progress)
+    """Plan a run and keep every decision in memory (about 9 bytes per access)."""
+    _check_memory(spec, keep_all=True)
+    epochs: list[EpochPlan] = []
+    order, stats, seconds = _run_planner(spec, epochs.append, progress)
+    return Plan(spec, order, stats, seconds, spec.fingerprint, epochs=epochs)
 
-    counts = sched.counts.astype(np.int64)
-    per_rank = counts.sum(axis=0)
-    rank_offsets = np.concatenate([[0], np.cumsum(per_rank)])
-    step_offsets = np.zeros((run.world_size, run.num_steps + 1), np.int64)
-    np.cumsum(counts.T, axis=1, out=step_offsets[:, 1:])
-    arrays = {"rank_offsets": rank_offsets, "step_offsets": step_offsets}
-    # One field at a time, dropping each source once grouped: the planner's peak memory.
-    arrays["sample"] = _group_by_rank(sched.rank, seq, rank_offsets)
-    del seq
-    arrays["slot"] = _group_by_rank(sched.rank, sched.slot, rank_offsets)
-    sched.slot = np.empty(0, np.int32)
-    arrays["flags"] = _group_by_rank(sched.rank, sched.flags, rank_offsets)
-    del sched
-    slots = slot_count(run, spec.buffer)
-    stats = [_rank_stats(_slice_rank(arrays, r, slots)) for r in range(run.world_size)]
-    seconds = time.perf_counter() - t0
-    return Plan(spec, epoch_order, stats, seconds, spec.fingerprint, arrays=arrays)
+
+def plan_to_file(spec: PlanSpec, path: str | os.PathLike, progress: Progress | None = None) -> Plan:
+    """Plan a run straight into a plan file, one epoch at a time (memory independent of E)."""
+    order = epoch_order_of(spec)
+    with PlanWriter(path, spec, order) as writer:
+        _, stats, seconds = _run_planner(spec, writer.add, progress)
+        writer.finish(stats, seconds)
+    return load_plan(path)
+
+
+def simulate(spec: PlanSpec, progress: Progress | None = None) -> Plan:
+    """Plan a run and keep only its totals: a simulator for runs too large to store."""
+    order, stats, seconds = _run_planner(spec, None, progress)
+    return Plan(spec, order, stats, seconds, spec.fingerprint)
+
+
+class PlanWriter:
+    """Streams a plan into a temporary file beside ``path``; renamed into place on success."""
+
+    def __init__(self, path: str | os.PathLike, spec: PlanSpec, epoch_order: np.ndarray) -> None:
+        self.spec = spec
+        self.epoch_order = epoch_order
+        self.checksums = np.zeros((spec.run.epochs, spec.run.world_size, 16), np.uint8)
+        self._atomic = atomic_path(path)
+        self._next = 0
+
+    def __enter__(self) -> PlanWriter:
+        self._tmp = self._atomic.__enter__()
+        self._file = h5py.File(self._tmp, "w")
+        self._file["epoch_order"] = self.epoch_order
+        return self
+
+    def add(self, ep: EpochPlan) -> None:
+        """Write the next epoch's section."""
+        assert ep.epoch == self._next, (ep.epoch, self._next)
+        g = self._file.create_group(f"epochs/{ep.epoch}")
+        for name in ("rank_offsets", "step_offsets", "sample", "slot", "flags"):
+            g.create_dataset(name, data=getattr(ep, name))
+        fp = self.spec.fingerprint
+        for r in range(ep.rank_offsets.size - 1):
+            digest = _part_checksum(ep.rank(r), r, fp)
+            self.checksums[ep.epoch, r] = np.frombuffer(digest, np.uint8)
+        self._next += 1
+
+    def finish(self, stats: list[RankStats], plan_seconds: float) -> None:
+        """Write the header; the file is renamed into place when the ``with`` block ends."""
+        if self._next != self.spec.run.epochs:
+            raise SolarError(f"plan: {self._next} of {self.spec.run.epochs} epochs written")
+        stats_json = json.dumps([dataclasses.asdict(s) for s in stats])
+        f = self._file
+        f["checksums"] = self.checksums
+        f.attrs.update(
+            {
+                "format": FORMAT,
+                "format_version": FORMAT_VERSION,
+                "fingerprint": self.spec.fingerprint,
+                "spec": json.dumps(self.spec.as_dict(), sort_keys=True),
+                "stats": stats_json,
+                "plan_seconds": plan_seconds,
+                "header_checksum": _header_checksum(
+                    self.spec.fingerprint, stats_json, self.epoch_order, self.checksums
+                ),
+            }
+        )
+
+    def __exit__(self, *exc: Any) -> None:
+        self._file.close()
+        self._atomic.__exit__(*exc)
 
 
 def load_plan(path: str | os.PathLike) -> Plan:
-    """Open a plan file; rank data is read on demand and checked against its checksum."""
+    """Open a plan file; rank data is read on demand and checked against its checksums."""
     path = Path(path)
     if not path.is_file():
         raise SolarError(f"plan {path}: no such file")
     try:
-        with h5py.File(path, "r") as f:
+        with _open_plan(path) as f:
             if f.attrs.get("format") != FORMAT:
                 raise CorruptPlanError(f"plan {path}: not a solar plan file")
             version = int(f.attrs["format_version"])
             if version != FORMAT_VERSION:
                 raise CorruptPlanError(
-                    f"plan {path}: format version {version}, this solar reads {FORMAT_VERSION}"
+                    f"plan {path}: format version {version}, this solar reads "
+                    f"{FORMAT_VERSION}: plan the run again with `solar plan`"
                 )
             fingerprint = str(f.attrs["fingerprint"])
-            stats_json, checksums_json = str(f.attrs["stats"]), str(f.attrs["checksums"])
-            epoch_order = f["epoch_order"][()]
-            rank_offsets = f["rank_offsets"][()]
-            header = _header_checksum(
-                fingerprint, stats_json, checksums_json, epoch_order, rank_offsets
-            )
+            stats_json = str(f.attrs["stats"])
+            epoch_order = np.asarray(f["epoch_order"][()])
+            checksums = np.asarray(f["checksums"][()])
+            header = _header_checksum(fingerprint, stats_json, epoch_order, checksums)
             if header != f.attrs["header_checksum"]:
                 raise CorruptPlanError(f"plan {path}: its header fails its checksum (corrupt file)")
             spec_dict = json.loads(f.attrs["spec"])
@@ -293,16 +396,15 @@ def load_plan(path: str | os.PathLike) -> Plan:
                 )
             spec = PlanSpec.from_dict(spec_dict)
             stats = [RankStats(**s) for s in json.loads(stats_json)]
-            checksums = [str(c) for c in json.loads(checksums_json)]
             seconds = float(f.attrs["plan_seconds"])
     except (OSError, KeyError, ValueError, TypeError, RuntimeError, SolarError) as exc:
         if isinstance(exc, CorruptPlanError):
             raise
         raise CorruptPlanError(f"plan {path}: unreadable or corrupt ({_first_line(exc)})") from None
-    world = spec.run.world_size
-    if len(checksums) != world or len(stats) != world or rank_offsets.shape != (world + 1,):
+    run = spec.run
+    if len(stats) != run.world_size or checksums.shape != (run.epochs, run.world_size, 16):
         raise CorruptPlanError(f"plan {path}: per-rank records do not match its world size")
-    identity = np.arange(spec.run.epochs)
+    identity = np.arange(run.epochs)
     if epoch_order.shape != identity.shape or not (
         np.array_equal(np.sort(epoch_order), identity)
         and (spec.reorder_epochs or np.array_equal(epoch_order, identity))
@@ -312,80 +414,40 @@ def load_plan(path: str | os.PathLike) -> Plan:
 
 
 # -- helpers ----------------------------------------------------------------------------------
-def _group_by_rank(rank: np.ndarray, values: np.ndarray, offsets: np.ndarray) -> np.ndarray:
-    """Stable counting sort of run-order ``values`` into rank-major order."""
-    out = np.empty_like(values)
-    _scatter_by_rank(rank, values, offsets[:-1].copy(), out)
-    return out
+def _open_plan(path: Path) -> h5py.File:
+    return h5py.File(path, "r")
 
 
-@njit(cache=True)
-def _scatter_by_rank(rank, values, fill, out):
-    for i in range(rank.shape[0]):
-        out[fill[rank[i]]] = values[i]
-        fill[rank[i]] += 1
-
-
-def _slice_rank(a: dict[str, np.ndarray], r: int, slots: int) -> RankPlan:
-    lo, hi = a["rank_offsets"][r], a["rank_offsets"][r + 1]
-    return RankPlan(
-        r, a["sample"][lo:hi], a["slot"][lo:hi], a["flags"][lo:hi], a["step_offsets"][r], slots
-    )
-
-
-def _read_rank(path: Path, r: int, fingerprint: str, checksum: str, slots: int) -> RankPlan:
-    try:
-        with h5py.File(path, "r") as f:
-            lo, hi = (int(v) for v in f["rank_offsets"][r : r + 2])
-            rp = RankPlan(
-                r, f["sample"][lo:hi], f["slot"][lo:hi], f["flags"][lo:hi], f["step_offsets"][r],
-                slots,
-            )  # fmt: skip
-    except (OSError, KeyError, ValueError, IndexError, TypeError, RuntimeError) as exc:
-        raise CorruptPlanError(f"plan {path}: unreadable or corrupt ({_first_line(exc)})") from None
-    if _rank_checksum(rp, fingerprint) != checksum:
-        raise CorruptPlanError(f"plan {path}: rank {r}'s data fails its checksum (corrupt file)")
-    return rp
-
-
-def _rank_checksum(rp: RankPlan, fingerprint: str) -> str:
-    h = hashlib.blake2b(fingerprint.encode(), digest_size=16)
-    for arr in (rp.step_offsets, rp.sample, rp.slot, rp.flags):
+def _part_checksum(part: RankEpoch, r: int, fingerprint: str) -> bytes:
+    h = hashlib.blake2b(f"{fingerprint}/{part.epoch}/{r}".encode(), digest_size=16)
+    for arr in (part.step_offsets, part.sample, part.slot, part.flags):
         h.update(np.ascontiguousarray(arr).data)
-    return h.hexdigest()
+    return h.digest()
 
 
-def _check_memory(spec: PlanSpec) -> None:
+def _check_memory(spec: PlanSpec, keep_all: bool) -> None:
     """Refuse a plan that cannot fit in memory, before allocating any of it."""
     run = spec.run
-    need = 16 * run.num_accesses  # measured peak: bench/plan_bench.py
+    # Planner state, two epochs of order and next uses, one epoch's decisions (measured peak:
+    # bench/plan_bench.py); a plan kept in memory adds about 9 bytes per access.
+    need = 48 * run.num_samples + 40 * run.samples_per_epoch + 24 * run.world_size * slot_count(
+        run, spec.buffer
+    )
+    if keep_all:
+        need += 10 * run.num_accesses
     if spec.policy != "solar":
         need += 13 * run.world_size * run.num_samples  # per-(rank, sample) tables
     require_memory(need, f"planning {run.num_accesses} accesses")
 
 
 def _header_checksum(
-    fingerprint: str, stats: str, checksums: str, epoch_order: np.ndarray, rank_offsets: np.ndarray
+    fingerprint: str, stats: str, epoch_order: np.ndarray, checksums: np.ndarray
 ) -> str:
     h = hashlib.blake2b(fingerprint.encode(), digest_size=16)
-    for text in (stats, checksums):
-        h.update(text.encode())
-    for arr in (epoch_order, rank_offsets):
-        h.update(np.ascontiguousarray(arr, dtype=np.int64).data)
+    h.update(stats.encode())
+    h.update(np.ascontiguousarray(epoch_order, dtype=np.int64).data)
+    h.update(np.ascontiguousarray(checksums, dtype=np.uint8).data)
     return h.hexdigest()
-
-
-def _rank_stats(rp: RankPlan) -> RankStats:
-    sizes = rp.batch_sizes()
-    hits = int(np.count_nonzero(rp.flags & HIT))
-    return RankStats(
-        accesses=int(rp.sample.size),
-        hits=hits,
-        reads=int(rp.sample.size) - hits,
-        admits=int(np.count_nonzero(rp.flags & ADMIT)),
-        min_batch=int(sizes.min()),
-        max_batch=int(sizes.max()),
-    )
 
 
 def _first_line(exc: BaseException) -> str:

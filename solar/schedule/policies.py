@@ -1,28 +1,27 @@
-"""Planning policies, chosen by name."""
+"""Planning policies, chosen by name: each makes a stateful per-epoch :class:`Policy`."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-import numpy as np
-
 from solar.config import BufferConfig, RunConfig
 from solar.errors import SolarError
 from solar.schedule import artifact, belady, interleaved, nopfs
-from solar.schedule._common import Progress, Schedule
+from solar.schedule._common import Policy
+from solar.schedule.epochs import EpochOrder
 
-Policy = Callable[[RunConfig, BufferConfig, np.ndarray, Progress | None], Schedule]
+PolicyFactory = Callable[[RunConfig, BufferConfig, EpochOrder], Policy]
 
-POLICIES: dict[str, Policy] = {
-    "solar": belady.schedule,
-    "lru": interleaved.schedule_lru,
-    "fifo": interleaved.schedule_fifo,
-    "solar-artifact": artifact.schedule,
-    "nopfs": nopfs.schedule,
+POLICIES: dict[str, PolicyFactory] = {
+    "solar": lambda run, buffer, order: belady.SolarPolicy(run, buffer),
+    "lru": lambda run, buffer, order: interleaved.lru(run, buffer),
+    "fifo": lambda run, buffer, order: interleaved.fifo(run, buffer),
+    "solar-artifact": lambda run, buffer, order: artifact.ArtifactPolicy(run, buffer),
+    "nopfs": nopfs.NopfsPolicy,
 }
 
 
-def get_policy(name: str) -> Policy:
+def get_policy(name: str) -> PolicyFactory:
     """The policy registered as ``name``."""
     try:
         return POLICIES[name]

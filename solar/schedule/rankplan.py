@@ -8,6 +8,7 @@ for what the buffer must hold to start at a step. Both are pure functions of the
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from numba import njit
@@ -41,18 +42,60 @@ class StepPlan:
 
 @dataclass(frozen=True)
 class RankPlan:
-    """One rank's accesses in service order, cut into global steps, over ``slots`` slots."""
+    """One rank's accesses in service order, cut into global steps, over ``slots`` slots.
+
+    It may be a window of the run: steps ``first_step`` to ``first_step + num_steps - 1``,
+    with the buffer holding ``initial`` (sample per slot, -1: nothing needed) as the window
+    starts; ``complete`` says whether the window reaches the end of the run. Steps are always
+    named by their global index.
+    """
 
     rank: int
     sample: NDArray[np.integer]  # (A,) sample id of each access (int32, or int64 if N >= 2**31)
     slot: NDArray[np.int32]  # (A,) buffer slot, -1 for a read kept nowhere
     flags: NDArray[np.uint8]  # (A,) HIT | ADMIT | RELEASE
-    step_offsets: NDArray[np.int64]  # (num_steps + 1,) step k is [step_offsets[k], [k + 1])
+    step_offsets: NDArray[np.int64]  # (num_steps + 1,) local step t is [offsets[t], [t + 1])
     slots: int
+    first_step: int = 0
+    initial: NDArray[np.int64] | None = None  # (slots,); None: an empty buffer
+    complete: bool = True
+
+    @classmethod
+    def from_parts(
+        cls,
+        rank: int,
+        parts: list[Any],
+        slots: int,
+        first_step: int = 0,
+        initial: NDArray[np.int64] | None = None,
+        complete: bool = True,
+    ) -> RankPlan:
+        """Concatenate consecutive epochs' parts (``RankEpoch``) of one rank."""
+        offsets = [np.zeros(1, np.int64)]
+        base = 0
+        for p in parts:
+            offsets.append(p.step_offsets[1:] + base)
+            base += int(p.step_offsets[-1])
+        return cls(
+            rank,
+            np.concatenate([p.sample for p in parts]),
+            np.concatenate([p.slot for p in parts]),
+            np.concatenate([p.flags for p in parts]),
+            np.concatenate(offsets),
+            slots,
+            first_step,
+            initial,
+            complete,
+        )
 
     @property
     def num_steps(self) -> int:
         return int(self.step_offsets.size - 1)
+
+    @property
+    def end_step(self) -> int:
+        """The first global step after the window."""
+        return self.first_step + self.num_steps
 
     @property
     def hit(self) -> np.ndarray:
@@ -60,15 +103,22 @@ class RankPlan:
 
     def steps(self) -> np.ndarray:
         """Global step index of every access: shape (A,)."""
-        return np.repeat(np.arange(self.num_steps), np.diff(self.step_offsets))
+        return self.first_step + np.repeat(np.arange(self.num_steps), np.diff(self.step_offsets))
 
     def batch_sizes(self) -> np.ndarray:
-        """Local batch size at every global step: shape (num_steps,)."""
+        """Local batch size at every step of the window: shape (num_steps,)."""
         return np.diff(self.step_offsets)
+
+    def _local(self, k: int, end_ok: bool = False) -> int:
+        t = k - self.first_step
+        if not 0 <= t <= self.num_steps - (0 if end_ok else 1):
+            raise IndexError(f"step {k} is outside steps {self.first_step}..{self.end_step - 1}")
+        return t
 
     def step(self, k: int) -> StepPlan:
         """The instructions of global step ``k``."""
-        a, b = int(self.step_offsets[k]), int(self.step_offsets[k + 1])
+        t = self._local(k)
+        a, b = int(self.step_offsets[t]), int(self.step_offsets[t + 1])
         flags, slots = self.flags[a:b], self.slot[a:b].astype(np.int64)
         hit = (flags & HIT) != 0
         admit = (flags & ADMIT) != 0
@@ -85,10 +135,14 @@ class RankPlan:
     def contents_at(self, k: int) -> NDArray[np.int64]:
         """The sample each slot holds at the start of step ``k`` (-1: empty): shape (slots,).
 
-        A replay of the admissions (and releases) of steps ``0..k-1`` in service order.
+        A replay, from ``initial``, of the window's admissions and releases before step ``k``.
         """
-        state = np.full(self.slots, -1, np.int64)
-        end = int(self.step_offsets[k])
+        t = self._local(k, end_ok=True)
+        if self.initial is None:
+            state = np.full(self.slots, -1, np.int64)
+        else:
+            state = self.initial.astype(np.int64, copy=True)
+        end = int(self.step_offsets[t])
         bad = _replay(self.sample, self.slot, self.flags, end, state)
         if bad >= 0:
             raise CorruptPlanError(f"rank {self.rank}: access {bad} names slot {self.slot[bad]}")
@@ -96,18 +150,24 @@ class RankPlan:
 
     def refill_at(self, k: int) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
         """``(slots, samples)`` the buffer must hold to start at step ``k``: those a later hit
-        reads before anything overwrites them (the rest of :meth:`contents_at` is dead)."""
+        reads before anything overwrites them (the rest of :meth:`contents_at` is dead). In an
+        incomplete window, a held slot untouched till its end is kept too."""
+        t = self._local(k, end_ok=True)
         needed = np.zeros(self.slots, np.bool_)
-        _hit_before_overwrite(self.slot, self.flags, self.step_offsets, k, needed)
+        decided = _hit_before_overwrite(self.slot, self.flags, self.step_offsets, t, needed)
+        contents = self.contents_at(k)
+        if not self.complete:
+            needed |= ~decided & (contents >= 0)
         slots = np.flatnonzero(needed)
-        samples = self.contents_at(k)[slots]
+        samples = contents[slots]
         if np.any(samples < 0):
             raise CorruptPlanError(f"rank {self.rank}, step {k}: a later hit reads an empty slot")
         return slots, samples
 
     def freed(self, k: int) -> np.ndarray:
         """Slots whose content is no longer needed after step ``k``: released or overwritten."""
-        a, b = self.step_offsets[k], self.step_offsets[k + 1]
+        t = self._local(k)
+        a, b = self.step_offsets[t], self.step_offsets[t + 1]
         f, s = self.flags[a:b], self.slot[a:b]
         return np.unique(s[((f & RELEASE) != 0) | ((f & ADMIT) != 0)])
 
@@ -128,7 +188,8 @@ def _replay(sample, slot, flags, end, state):
 
 @njit(cache=True)
 def _hit_before_overwrite(slot, flags, step_offsets, k, needed):
-    """``needed[s]``: slot s is hit at or after step k before an admission overwrites it.
+    """``needed[s]``: slot s is hit at or after local step k before an admission overwrites it.
+    Returns ``decided``: slots touched at all from step k on.
 
     Within a step, hits read the buffer as it stood at the step's start, so they count first.
     """
@@ -149,4 +210,5 @@ def _hit_before_overwrite(slot, flags, step_offsets, k, needed):
                 decided[s] = True
                 left -= 1
         if left == 0:
-            return
+            break
+    return decided

@@ -137,6 +137,8 @@ def check_coverage(total: np.ndarray, expected: np.ndarray) -> None:
 
 def _check_shapes(rp: RankPlan, run: RunConfig, epoch_order: np.ndarray) -> None:
     where = f"rank {rp.rank}"
+    if rp.first_step != 0 or rp.initial is not None:
+        raise CorruptPlanError(f"{where}: only a whole run's part can be validated")
     off = rp.step_offsets
     if off.shape != (run.num_steps + 1,):
         raise CorruptPlanError(

@@ -1,0 +1,145 @@
+"""Streamed planning: one epoch at a time, memory O(N + P·C) whatever the number of epochs.
+
+:class:`Planner` walks the run's epochs in order. For each it generates the epoch's order and
+(for Belady) the next uses from the epochs that follow, lets the policy decide, and returns
+the decisions grouped by rank (:class:`EpochPlan`), or only one rank's part
+(:class:`RankEpoch`): a rank that simulates every rank keeps just its own. The decisions are
+exactly those of planning the whole run at once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from numba import njit
+
+from solar.schedule._common import ADMIT, HIT, EpochSchedule
+from solar.schedule.epochs import EpochOrder
+from solar.schedule.policies import get_policy
+from solar.schedule.reorder import reorder_epochs
+
+
+@dataclass(frozen=True)
+class RankEpoch:
+    """One rank's part of one run epoch: its accesses in service order, cut into steps."""
+
+    epoch: int
+    sample: np.ndarray  # (n,) sample ids
+    slot: np.ndarray  # (n,) int32
+    flags: np.ndarray  # (n,) uint8
+    step_offsets: np.ndarray  # (steps per epoch + 1,) int64, from 0 to n
+
+
+@dataclass(frozen=True)
+class EpochStats:
+    """Totals of one rank over one epoch."""
+
+    accesses: int
+    hits: int
+    admits: int
+    min_batch: int
+    max_batch: int
+
+
+@dataclass(frozen=True)
+class EpochPlan:
+    """Every rank's part of one run epoch, rank-major."""
+
+    epoch: int
+    rank_offsets: np.ndarray  # (P + 1,) rank r's accesses are [rank_offsets[r], [r + 1])
+    step_offsets: np.ndarray  # (P, steps per epoch + 1) within rank r's part
+    sample: np.ndarray  # (samples per epoch,)
+    slot: np.ndarray
+    flags: np.ndarray
+
+    def rank(self, r: int) -> RankEpoch:
+        lo, hi = self.rank_offsets[r], self.rank_offsets[r + 1]
+        return RankEpoch(
+            self.epoch, self.sample[lo:hi], self.slot[lo:hi], self.flags[lo:hi],
+            self.step_offsets[r],
+        )  # fmt: skip
+
+
+def epoch_order_of(spec) -> np.ndarray:
+    """The permutation index each run epoch uses (SOLAR's TSP order, or the identity)."""
+    run = spec.run
+    if spec.reorder_epochs:
+        return reorder_epochs(run, spec.buffer.capacity)
+    return np.arange(run.epochs, dtype=np.int64)
+
+
+class Planner:
+    """Plans ``spec``'s run epoch by epoch; call :meth:`next` once per epoch, in order."""
+
+    def __init__(self, spec, epoch_order: np.ndarray | None = None) -> None:
+        self.spec = spec
+        run = spec.run
+        self.epoch_order = epoch_order_of(spec) if epoch_order is None else epoch_order
+        self.order = EpochOrder(run, self.epoch_order)
+        self.policy = get_policy(spec.policy)(run, spec.buffer, self.order)
+        self.epoch = 0  # the next epoch to plan
+
+    def _decide(self) -> tuple[np.ndarray, EpochSchedule]:
+        k = self.epoch
+        if k >= self.spec.run.epochs:
+            raise IndexError(f"the run has {self.spec.run.epochs} epochs, all planned")
+        seq = self.order.served(k)
+        nu = self.order.next_use(k, seq) if self.policy.needs_next_use else None
+        sched = self.policy.plan_epoch(k, seq, nu)
+        self.epoch += 1
+        return seq, sched
+
+    def skip(self) -> None:
+        """Plan the next epoch and keep nothing of it (to reach a later epoch)."""
+        self._decide()
+
+    def next_all(self) -> EpochPlan:
+        """Plan the next epoch; every rank's part."""
+        seq, sched = self._decide()
+        world = self.spec.run.world_size
+        per_rank = sched.counts.sum(axis=0, dtype=np.int64)
+        rank_offsets = np.concatenate([[0], np.cumsum(per_rank)]).astype(np.int64)
+        step_offsets = np.zeros((world, sched.counts.shape[0] + 1), np.int64)
+        np.cumsum(sched.counts.T, axis=1, out=step_offsets[:, 1:])
+        fill = rank_offsets[:-1].copy()
+        sample, slot = np.empty_like(seq), np.empty_like(sched.slot)
+        flags = np.empty_like(sched.flags)
+        _group(sched.rank, seq, sched.slot, sched.flags, fill, sample, slot, flags)
+        return EpochPlan(self.epoch - 1, rank_offsets, step_offsets, sample, slot, flags)
+
+    def next_rank(self, r: int) -> RankEpoch:
+        """Plan the next epoch; only rank ``r``'s part (every rank is simulated)."""
+        seq, sched = self._decide()
+        mine = np.flatnonzero(sched.rank == r)
+        step_offsets = np.zeros(sched.counts.shape[0] + 1, np.int64)
+        np.cumsum(sched.counts[:, r], out=step_offsets[1:])
+        return RankEpoch(self.epoch - 1, seq[mine], sched.slot[mine], sched.flags[mine],
+                         step_offsets)  # fmt: skip
+
+    def contents(self, r: int) -> np.ndarray:
+        """What rank r's slots hold for later use before the next epoch: (slots,) int64."""
+        return self.policy.contents(r)
+
+
+def epoch_stats(part: RankEpoch) -> EpochStats:
+    """Totals of one rank's part of an epoch."""
+    sizes = np.diff(part.step_offsets)
+    return EpochStats(
+        accesses=int(part.sample.size),
+        hits=int(np.count_nonzero(part.flags & HIT)),
+        admits=int(np.count_nonzero(part.flags & ADMIT)),
+        min_batch=int(sizes.min()),
+        max_batch=int(sizes.max()),
+    )
+
+
+@njit(cache=True, nogil=True)
+def _group(rank, seq, slot, flags, fill, sample_out, slot_out, flags_out):
+    """Stable counting sort of an epoch's decisions into rank-major order."""
+    for i in range(rank.shape[0]):
+        j = fill[rank[i]]
+        sample_out[j] = seq[i]
+        slot_out[j] = slot[i]
+        flags_out[j] = flags[i]
+        fill[rank[i]] += 1
