@@ -20,8 +20,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
 from solar.errors import SolarError
 
 
@@ -151,14 +149,6 @@ def shared_key(comm: Any) -> int:
     if comm is not None and comm.Get_size() > 1:
         key = comm.bcast(key, root=0)
     return key
-
-
-def allsum(comm: Any, values: np.ndarray) -> np.ndarray:
-    """Element-wise sum of ``values`` over the ranks of ``comm`` (uint64 wraps around)."""
-    total = np.zeros_like(values)
-    for part in comm.allgather(values):
-        total += np.asarray(part, values.dtype)
-    return total
 
 
 def scale_loss(loss_sum: Any, global_batch: int, world_size: int | None = None) -> Any:

@@ -12,6 +12,7 @@ reads (several steps ahead), waits for them, gathers the hits and stores the adm
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import os
 import time
 import warnings
@@ -29,7 +30,9 @@ from solar.io.hdf5 import describe
 from solar.io.reader import Reader, wait_all
 from solar.readahead import InFlight, ReadAhead
 from solar.schedule import Plan, PlanSpec, RankPlan, load_plan, make_plan
+from solar.schedule._common import slot_count
 from solar.schedule.order import step_bounds
+from solar.schedule.stream import RankStream
 from solar.stats import LoaderStats, StepStats
 
 
@@ -71,7 +74,7 @@ class Loader:
                 torch_dtype(k)
             config = reader or ReaderConfig()
             if config.pin_memory and not torch.cuda.is_available():
-                warnings.warn("pin_memory=True but no accelerator: not pinning", stacklevel=3)
+                warnings.warn("pin_memory=True but no accelerator: not pinning", stacklevel=2)
                 config = dataclasses.replace(config, pin_memory=False)
             self.config = config
             capacity = parse_size(buffer, sample_bytes=self.info.sample_bytes)
@@ -79,10 +82,15 @@ class Loader:
             run = RunConfig(
                 self.info.num_samples, self.world_size, batch_size, epochs, seed, drop_last
             )
-            self.plan = self._agree_on_plan(plan, run, BufferConfig(capacity, slack), policy, comm)
             self.run = run
-            # Collective for a plan file: the ranks prove it safe together, here and only here.
-            self._rank_plan: RankPlan | None = self.plan.rank(self.rank, comm)
+            self.spec, given = self._agree_on_plan(
+                plan, run, BufferConfig(capacity, slack), policy, comm
+            )
+            self._plan: Plan | None = given
+            # With a plan: this rank's whole part (a file's is proven safe collectively, here).
+            # Without: this rank's part is planned one epoch at a time, one epoch ahead.
+            self._whole: RankPlan | None = None if given is None else given.rank(self.rank, comm)
+            self._stream = RankStream(self.spec, self.rank) if given is None else None
             self.reader = Reader(self.info, config, throttle)
             self.stats = LoaderStats()
             self.global_batch = 0  # samples over all ranks in the step last yielded
@@ -96,10 +104,10 @@ class Loader:
             self.reader.warm_up()
 
     # -- plan agreement ----------------------------------------------------------------------
-    def _agree_on_plan(self, plan, run, buffer, policy, comm) -> Plan:
+    def _agree_on_plan(self, plan, run, buffer, policy, comm) -> tuple[PlanSpec, Plan | None]:
+        made = None
         if plan is None:
             spec = PlanSpec(run, buffer, policy, False, self.info.sample_bytes, self.info.identity)
-            made = make_plan(spec)
         else:
             made = plan if isinstance(plan, Plan) else load_plan(plan)
             # Policy and epoch order are the plan's choice; everything else must match.
@@ -109,8 +117,29 @@ class Loader:
             )  # fmt: skip
             made.check(spec, source="plan" if isinstance(plan, Plan) else f"plan {plan}")
         # Same plan, and the same kind (a file's is validated collectively): or none may go on.
-        agree(comm, (made.fingerprint, made.from_file), "the plan")
-        return made
+        agree(comm, (spec.fingerprint, made.header if made is not None else None), "the plan")
+        return spec, made
+
+    @property
+    def plan(self) -> Plan:
+        """The whole plan: the one given, or (for inspection; it costs a whole-run planning)
+        the plan this loader streams, made on first use."""
+        if self._plan is None:
+            self._plan = make_plan(self.spec)
+        return self._plan
+
+    def _window(self, k: int, trim: bool = True) -> RankPlan:
+        """A window of this rank's plan holding step ``k``."""
+        if self._whole is not None:
+            return self._whole
+        assert self._stream is not None
+        return self._stream.window(k, trim)
+
+    def _planned_end(self) -> int:
+        if self._whole is not None:
+            return self._whole.end_step
+        assert self._stream is not None
+        return self._stream.planned_end
 
     # -- runtime state (rebuilt in a forked or spawned process) ------------------------------
     def _reset_runtime(self) -> None:
@@ -129,23 +158,19 @@ class Loader:
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
         # The rank's plan is read (and validated) again from its file or plan in the new process.
-        state.update(_rank_plan=None, _buffer=None, _buffer_at=-1, _ahead=None, _pool=None)
+        state.update(_whole=None, _buffer=None, _buffer_at=-1, _ahead=None, _pool=None)
         return state
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
         self._ahead = ReadAhead(self._start, self.config.read_ahead)
-
-    @property
-    def rank_plan(self) -> RankPlan:
-        if self._rank_plan is None:
-            self._rank_plan = self.plan.rank(self.rank)
-        return self._rank_plan
+        if self._plan is not None:
+            self._whole = self._plan.rank(self.rank)
 
     @property
     def buffer(self) -> SlotBuffer:
         if self._buffer is None:
-            self._buffer = SlotBuffer(self.plan.slots, self.info.keys)
+            self._buffer = SlotBuffer(slot_count(self.run, self.spec.buffer), self.info.keys)
             self._buffer_at = 0  # an empty buffer is the plan's state before step 0
         return self._buffer
 
@@ -180,22 +205,38 @@ class Loader:
         # After an epoch's last step the next thing to run is the next epoch.
         epoch = self._epoch + 1 if self._next == (self._epoch + 1) * spe else self._epoch
         return {
-            "fingerprint": self.plan.fingerprint,
+            "fingerprint": self.spec.fingerprint,
+            "order": self._order_fingerprint(),
+            "global_batch": self.run.global_batch,
             "rank": self.rank,
             "world_size": self.world_size,
             "epoch": epoch,
             "next_step": self._next,
         }
 
+    def _order_fingerprint(self) -> str:
+        """What the global batches depend on: not the world size or local batch, only their
+        product (mosaicml-streaming's elastic determinism)."""
+        run = self.run
+        order = self._plan.epoch_order if self._plan is not None else np.arange(run.epochs)
+        key = (self.spec.dataset, run.num_samples, run.global_batch, run.epochs, run.seed,
+               run.drop_last, np.asarray(order).tolist())  # fmt: skip
+        return hashlib.sha256(repr(key).encode()).hexdigest()
+
     def load_state_dict(self, state: dict) -> None:
-        """Continue exactly where ``state`` was taken: same samples, same order, same buffer."""
-        if state.get("fingerprint") != self.plan.fingerprint:
-            raise SolarError("loader state was saved for another plan (fingerprints differ)")
-        if state.get("world_size") != self.world_size or state.get("rank") != self.rank:
+        """Continue exactly where ``state`` was taken: the same global batches in the same
+        order. A state from a run with another world size P' and local batch B' loads when
+        P'·B' equals this run's P·B; each rank then rebuilds its buffer to its own plan."""
+        run = self.run
+        if state.get("global_batch") != run.global_batch and state.get("global_batch"):
             raise SolarError(
-                f"loader state is rank {state.get('rank')} of {state.get('world_size')}, "
-                f"this is rank {self.rank} of {self.world_size}"
+                f"loader state has global batch {state.get('global_batch')} "
+                f"(P·B of its run), this run has {run.world_size}·{run.batch_size} = "
+                f"{run.global_batch}"
             )
+        same_plan = state.get("fingerprint") == self.spec.fingerprint
+        if not same_plan and state.get("order") != self._order_fingerprint():
+            raise SolarError("loader state was saved for another dataset or run (order differs)")
         try:
             epoch, step = int(state["epoch"]), int(state["next_step"])
         except (KeyError, TypeError, ValueError):
@@ -207,7 +248,10 @@ class Loader:
         self._next = step
 
     def close(self) -> None:
+        self._ensure_process()  # a forked child must not wait for its parent's reads
         self._ahead.drain()
+        if self._stream is not None:
+            self._stream.close()
         self.reader.close()
 
     def __enter__(self) -> Loader:
@@ -224,7 +268,7 @@ class Loader:
             return
         self._ahead.drain()
         t0 = time.perf_counter()
-        slots, samples = self.rank_plan.refill_at(step)
+        slots, samples = self._window(step).refill_at(step)
         self._buffer_at = -1  # until the refill succeeds, the buffer matches no step
         nbytes = self.reader.read(samples, buf.arrays, slots)
         stats = self.stats.epoch(step // self.run.steps_per_epoch)
@@ -235,9 +279,10 @@ class Loader:
     def _start(self, k: int) -> InFlight:
         """Start step ``k``'s storage reads, straight into its batch memory."""
         if self._pool is None:
-            rows = int(self.rank_plan.batch_sizes().max())
+            # No local batch exceeds the cap of a full nominal share.
+            rows = self.spec.buffer.cap(self.run.batch_size)
             self._pool = BatchPool(self.info.keys, rows, self.config.pin_memory)
-        step = self.rank_plan.step(k)
+        step = self._window(k, trim=False).step(k)
         # Only reads need their batch ahead of time; a step of hits takes memory when it is
         # assembled, so that recently freed (cache-warm) batch memory is reused.
         if step.read_rows.size == 0:
@@ -253,7 +298,9 @@ class Loader:
         self._ensure_process()  # a forked child may continue its parent's iterator
         if self._buffer_at != k:
             self._seek(k)  # another iterator (or a failed step) moved the buffer elsewhere
-        io = self._ahead.take(k, last=self.run.num_steps - 1)
+        self._window(k)  # the step being served: planned (waited for) if it must be
+        # Read ahead only into steps already planned: never wait for the planner here.
+        io = self._ahead.take(k, last=min(self.run.num_steps, self._planned_end()) - 1)
         t0 = time.perf_counter()
         nbytes, busy = wait_all(io.futures)
         stall = time.perf_counter() - t0

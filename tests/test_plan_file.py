@@ -74,7 +74,7 @@ def test_corrupt_data_is_refused(saved):
         lo = f["epochs/2/rank_offsets"][1]
         f["epochs/2/slot"][lo] = f["epochs/2/slot"][lo] + 1
     plan = load_plan(path)
-    plan.rank(0)  # untouched rank still loads
+    plan.rank_epoch(0, 2)  # the untouched rank still loads
     plan.rank_epoch(1, 1)  # and so does an untouched epoch
     with pytest.raises(CorruptPlanError, match=r"rank 1's data of epoch 2 fails its checksum"):
         plan.rank(1)

@@ -138,6 +138,10 @@ def plan_reads(
             if layout.offset is None:
                 tasks.append(H5Rows(f, k, local[sel], rows[sel], out[k], layout.chunk_rows))
                 continue
+            if not out[k].flags.c_contiguous or out[k][:1].nbytes not in (0, layout.row_bytes):
+                raise SolarError(
+                    f"destination for key {k} must be C-contiguous rows of {layout.row_bytes} B"
+                )
             dest = out[k].reshape(out[k].shape[0], -1).view(np.uint8)
             tasks.extend(_offset_tasks(f, layout, local[sel], rows[sel], dest, direct_io, groups))
     return tasks

@@ -41,6 +41,7 @@ from solar._memory import require_memory
 from solar.config import BufferConfig, RunConfig
 from solar.errors import CorruptPlanError, PlanMismatchError, SolarError
 from solar.schedule._common import ADMIT, HIT, Progress, slot_count
+from solar.schedule.order import sample_dtype
 from solar.schedule.planner import EpochPlan, Planner, RankEpoch, epoch_order_of
 from solar.schedule.rankplan import RankPlan
 from solar.schedule.validate import check_coverage, validate_rank
@@ -120,6 +121,7 @@ class Plan:
         self._epochs = epochs
         self._path = path
         self._checksums = checksums
+        self.header: str | None = None  # a file's header checksum: ranks compare it
 
     # -- queries -------------------------------------------------------------------------
     @property
@@ -160,7 +162,15 @@ class Plan:
         assert self._checksums is not None
         try:
             g = f[f"epochs/{k}"]
-            lo, hi = (int(v) for v in g["rank_offsets"][r : r + 2])
+            # Shapes and types before any read: a file may claim anything.
+            _expect(g, self._layout(), f"plan {self._path}: epoch {k}")
+            bounds = g["rank_offsets"][r : r + 2]
+            lo, hi = int(bounds[0]), int(bounds[1])
+            if not 0 <= lo <= hi <= self.run.samples_per_epoch:
+                raise CorruptPlanError(
+                    f"plan {self._path}: epoch {k}: rank {r}'s accesses [{lo}, {hi}) "
+                    "are out of range"
+                )
             part = RankEpoch(
                 k, g["sample"][lo:hi], g["slot"][lo:hi], g["flags"][lo:hi], g["step_offsets"][r]
             )
@@ -173,6 +183,19 @@ class Plan:
                 f"plan {self._path}: rank {r}'s data of epoch {k} fails its checksum (corrupt file)"
             )
         return part
+
+    def _layout(self) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+        """The shape and type of every dataset of an epoch section, as the writer makes them."""
+        run = self.run
+        world, n = run.world_size, run.samples_per_epoch
+        i64 = np.dtype(np.int64)
+        return {
+            "rank_offsets": ((world + 1,), i64),
+            "step_offsets": ((world, run.steps_per_epoch + 1), i64),
+            "sample": ((n,), sample_dtype(run.num_samples)),
+            "slot": ((n,), np.dtype(np.int32)),
+            "flags": ((n,), np.dtype(np.uint8)),
+        }
 
     def rank(self, r: int, comm: Any = None) -> RankPlan:
         """Rank ``r``'s accesses over the whole run.
@@ -187,21 +210,42 @@ class Plan:
         if self._epochs is not None:
             parts = [ep.rank(r) for ep in self._epochs]
             return RankPlan.from_parts(r, parts, self.slots)
+        from solar import dist  # a light module: no MPI or torch import
+
+        key = dist.shared_key(comm)
+        try:
+            rp, mine, expected = self._validated(r, key)
+            error = None
+        except CorruptPlanError as exc:
+            rp, mine, expected, error = None, None, None, str(exc)
+        if comm is not None and comm.Get_size() > 1:
+            # Every rank learns every rank's verdict, so all raise together: none is left
+            # waiting in a collective for a rank that gave up.
+            verdicts = comm.allgather((mine, error))
+            error = next((e for _, e in verdicts if e is not None), None)
+            if error is None and expected is not None:
+                error = _coverage_error(sum_digests([m for m, _ in verdicts]), expected)
+        elif mine is not None and expected is not None:
+            # Without a communicator, prove coverage from every rank's part in this process.
+            others = [self._validated(o, key)[1] for o in range(self.world_size) if o != r]
+            error = _coverage_error(sum_digests([mine, *others]), expected)
+        if error is not None:
+            where = "" if error.startswith("plan ") else f"plan {self._path}: "
+            raise CorruptPlanError(where + error)
+        assert rp is not None
+        return rp
+
+    def _validated(self, r: int, key: int) -> tuple[RankPlan, np.ndarray, np.ndarray]:
+        """Rank ``r``'s whole part from the file, checksummed and validated; its digests."""
         assert self._path is not None
         with _open_plan(self._path) as f:
             parts = [self._read_part(f, r, k) for k in range(self.run.epochs)]
         rp = RankPlan.from_parts(r, parts, self.slots)
-        from solar import dist  # a light module: no MPI or torch import
-
         try:
-            mine, expected = validate_rank(rp, self.run, self.epoch_order, dist.shared_key(comm))
-            if comm is not None and comm.Get_size() > 1:
-                check_coverage(dist.allsum(comm, mine), expected)
-            elif self.world_size == 1:
-                check_coverage(mine, expected)
+            mine, expected = validate_rank(rp, self.run, self.epoch_order, key)
         except CorruptPlanError as exc:
             raise CorruptPlanError(f"plan {self._path}: {exc}") from None
-        return rp
+        return rp, mine, expected
 
     def trace(self, r: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``(step, sample, hit)`` over rank ``r``'s accesses in service order."""
@@ -384,25 +428,28 @@ def load_plan(path: str | os.PathLike) -> Plan:
                 )
             fingerprint = str(f.attrs["fingerprint"])
             stats_json = str(f.attrs["stats"])
-            epoch_order = np.asarray(f["epoch_order"][()])
-            checksums = np.asarray(f["checksums"][()])
-            header = _header_checksum(fingerprint, stats_json, epoch_order, checksums)
-            if header != f.attrs["header_checksum"]:
-                raise CorruptPlanError(f"plan {path}: its header fails its checksum (corrupt file)")
             spec_dict = json.loads(f.attrs["spec"])
             if _digest(spec_dict) != fingerprint:
                 raise CorruptPlanError(
                     f"plan {path}: its fingerprint does not match its recorded inputs"
                 )
             spec = PlanSpec.from_dict(spec_dict)
+            run = spec.run
+            _expect(f, {"epoch_order": ((run.epochs,), np.dtype(np.int64)),
+                        "checksums": ((run.epochs, run.world_size, 16), np.dtype(np.uint8))},
+                    f"plan {path}")  # fmt: skip
+            epoch_order = np.asarray(f["epoch_order"][()])
+            checksums = np.asarray(f["checksums"][()])
+            header = str(f.attrs["header_checksum"])
+            if header != _header_checksum(fingerprint, stats_json, epoch_order, checksums):
+                raise CorruptPlanError(f"plan {path}: its header fails its checksum (corrupt file)")
             stats = [RankStats(**s) for s in json.loads(stats_json)]
             seconds = float(f.attrs["plan_seconds"])
     except (OSError, KeyError, ValueError, TypeError, RuntimeError, SolarError) as exc:
         if isinstance(exc, CorruptPlanError):
             raise
         raise CorruptPlanError(f"plan {path}: unreadable or corrupt ({_first_line(exc)})") from None
-    run = spec.run
-    if len(stats) != run.world_size or checksums.shape != (run.epochs, run.world_size, 16):
+    if len(stats) != run.world_size:
         raise CorruptPlanError(f"plan {path}: per-rank records do not match its world size")
     identity = np.arange(run.epochs)
     if epoch_order.shape != identity.shape or not (
@@ -410,10 +457,37 @@ def load_plan(path: str | os.PathLike) -> Plan:
         and (spec.reorder_epochs or np.array_equal(epoch_order, identity))
     ):
         raise CorruptPlanError(f"plan {path}: its epoch order is not one this run can use")
-    return Plan(spec, epoch_order, stats, seconds, fingerprint, path=path, checksums=checksums)
+    plan = Plan(spec, epoch_order, stats, seconds, fingerprint, path=path, checksums=checksums)
+    plan.header = header
+    return plan
 
 
 # -- helpers ----------------------------------------------------------------------------------
+def sum_digests(parts: list[np.ndarray]) -> np.ndarray:
+    """Element-wise sum of per-epoch uint64 digests (wrapping around)."""
+    total = np.zeros_like(parts[0])
+    for p in parts:
+        total += np.asarray(p, total.dtype)
+    return total
+
+
+def _coverage_error(total: np.ndarray, expected: np.ndarray) -> str | None:
+    try:
+        check_coverage(total, expected)
+    except CorruptPlanError as exc:
+        return str(exc)
+    return None
+
+
+def _expect(group: h5py.Group, layout: dict, where: str) -> None:
+    for name, (shape, dtype) in layout.items():
+        d = group[name]
+        if d.shape != shape or d.dtype != dtype:
+            raise CorruptPlanError(
+                f"{where}: {name} is {d.dtype}{list(d.shape)}, expected {dtype}{list(shape)}"
+            )
+
+
 def _open_plan(path: Path) -> h5py.File:
     return h5py.File(path, "r")
 
@@ -430,8 +504,10 @@ def _check_memory(spec: PlanSpec, keep_all: bool) -> None:
     run = spec.run
     # Planner state, two epochs of order and next uses, one epoch's decisions (measured peak:
     # bench/plan_bench.py); a plan kept in memory adds about 9 bytes per access.
-    need = 48 * run.num_samples + 40 * run.samples_per_epoch + 24 * run.world_size * slot_count(
-        run, spec.buffer
+    need = (
+        48 * run.num_samples
+        + 40 * run.samples_per_epoch
+        + 24 * run.world_size * slot_count(run, spec.buffer)
     )
     if keep_all:
         need += 10 * run.num_accesses

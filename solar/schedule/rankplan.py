@@ -8,7 +8,7 @@ for what the buffer must hold to start at a step. Both are pure functions of the
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 from numba import njit
@@ -18,8 +18,7 @@ from solar.errors import CorruptPlanError
 from solar.schedule._common import ADMIT, HIT, RELEASE
 
 
-@dataclass(frozen=True)
-class StepPlan:
+class StepPlan(NamedTuple):  # a NamedTuple: one is made per step, cheaper than a dataclass
     """What one rank does at one global step. Rows index the step's batch (0..size-1).
 
     ``hit_rows`` are gathered from ``hit_slots`` as the buffer stands at the start of the step;

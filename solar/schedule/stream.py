@@ -1,0 +1,150 @@
+"""One rank's plan, one epoch at a time: the next epoch is planned while this one runs.
+
+A :class:`RankStream` hands the runtime a window of the rank's plan (a :class:`RankPlan` over
+the current epoch and whatever later epochs are already planned). Planning runs in one
+background thread (the numba kernels release the GIL), one epoch ahead of the consumer; memory
+holds the planner's state, O(N + P·C), and the window, whatever the number of epochs. A jump
+backwards (a resume, or an epoch served again) replans from epoch 0 without keeping anything
+until the wanted epoch: a replay whose cost is the planning time of the epochs before it.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import numpy as np
+
+from solar.schedule.planner import Planner, RankEpoch
+from solar.schedule.rankplan import RankPlan
+
+
+class RankStream:
+    """Rank ``rank``'s steps of ``spec``'s run, planned epoch by epoch in the background."""
+
+    def __init__(self, spec, rank: int, epoch_order: np.ndarray | None = None) -> None:
+        self.spec = spec
+        self.rank = rank
+        self.epoch_order = epoch_order
+        self.slots = min(spec.buffer.capacity, spec.run.num_samples)
+        self.wait_seconds = 0.0  # time callers waited for planning (replays included)
+        self._reset()
+
+    def _reset(self) -> None:
+        self._pid = os.getpid()
+        self._planner: Planner | None = None
+        self._pool: ThreadPoolExecutor | None = None
+        self._future: Future[RankEpoch] | None = None
+        self._parts: list[RankEpoch] = []  # consecutive epochs, from self._first
+        self._first = 0
+        self._initial: np.ndarray | None = None  # buffer contents as epoch self._first starts
+        self._window: RankPlan | None = None
+
+    def __getstate__(self) -> dict:
+        return {"spec": self.spec, "rank": self.rank, "epoch_order": self.epoch_order,
+                "slots": self.slots, "wait_seconds": self.wait_seconds}  # fmt: skip
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._reset()
+
+    # -- planning ------------------------------------------------------------------------------
+    def _spe(self) -> int:
+        return int(self.spec.run.steps_per_epoch)
+
+    def _ensure_process(self) -> None:
+        if self._pid != os.getpid():
+            # Forked: the planning thread did not come along, and the planner's state may be
+            # half-updated by it. Keep the epochs already planned; replan the rest when needed.
+            parts, first, initial = self._parts, self._first, self._initial
+            self._reset()
+            self._parts, self._first, self._initial = parts, first, initial
+
+    def _submit(self) -> None:
+        """Start planning the planner's next epoch in the background, if any remain."""
+        assert self._planner is not None
+        if self._future is None and self._planner.epoch < self.spec.run.epochs:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(1, thread_name_prefix="solar-plan")
+            self._future = self._pool.submit(self._planner.next_rank, self.rank)
+
+    def _collect(self, wait: bool) -> bool:
+        """Append the background epoch to the window if it is done (or ``wait``)."""
+        if self._future is None or not (wait or self._future.done()):
+            return False
+        t0 = time.perf_counter()
+        part = self._future.result()
+        self.wait_seconds += time.perf_counter() - t0
+        self._future = None
+        if part.epoch == self._first + len(self._parts):
+            self._parts.append(part)
+            self._window = None
+        self._submit()
+        return True
+
+    def _restart_at(self, epoch: int) -> None:
+        """Replan from scratch (or from where the planner is) up to ``epoch``; keep only it."""
+        t0 = time.perf_counter()
+        if self._future is not None:
+            self._future.result()  # the planner is in use until then
+            self._future = None
+        if self._planner is None or self._planner.epoch > epoch:
+            self._planner = Planner(self.spec, self.epoch_order)
+        while self._planner.epoch < epoch:
+            self._planner.skip()
+        self._initial = self._planner.contents(self.rank)
+        self._first = epoch
+        self._parts = [self._planner.next_rank(self.rank)]
+        self._window = None
+        self.wait_seconds += time.perf_counter() - t0
+        self._submit()
+
+    # -- the window ----------------------------------------------------------------------------
+    @property
+    def planned_end(self) -> int:
+        """The first global step not yet planned (without waiting)."""
+        self._ensure_process()
+        if self._planner is not None:
+            self._collect(wait=False)
+        return (self._first + len(self._parts)) * self._spe()
+
+    def window(self, k: int, trim: bool = True) -> RankPlan:
+        """A window of the plan that holds global step ``k``: planned now if it must be.
+
+        With ``trim`` (the step being served, not one read ahead), epochs before k's are
+        dropped from the window."""
+        self._ensure_process()
+        e = k // self._spe()
+        end = self._first + len(self._parts)
+        if self._planner is None and not (self._first <= e < end):
+            self._restart_at(e)
+        elif e == end and self._future is not None:
+            self._collect(wait=True)
+        elif not (self._first <= e < self._first + len(self._parts)):
+            self._restart_at(e)
+        elif self._planner is not None:
+            self._collect(wait=False)
+        if trim and e > self._first:
+            # Epochs before e are done with: the buffer state at e's start replaces them.
+            self._initial = self._current().contents_at(e * self._spe())
+            self._parts = self._parts[e - self._first :]
+            self._first = e
+            self._window = None
+        return self._current()
+
+    def _current(self) -> RankPlan:
+        if self._window is None:
+            last = self._first + len(self._parts)
+            self._window = RankPlan.from_parts(
+                self.rank, self._parts, self.slots, first_step=self._first * self._spe(),
+                initial=self._initial, complete=last == self.spec.run.epochs,
+            )  # fmt: skip
+        return self._window
+
+    def close(self) -> None:
+        """Stop the planning thread (after its current epoch)."""
+        if self._pool is not None and self._pid == os.getpid():
+            self._pool.shutdown(wait=True)
+            self._pool = None
+            self._future = None
