@@ -86,6 +86,7 @@ class Planner:
             raise IndexError(f"the run has {self.spec.run.epochs} epochs, all planned")
         seq = self.order.served(k)
         nu = self.order.next_use(k, seq) if self.policy.needs_next_use else None
+        self.order.prefetch(k + 2)  # drawn while the kernel below runs without the GIL
         sched = self.policy.plan_epoch(k, seq, nu)
         self.epoch += 1
         return seq, sched
