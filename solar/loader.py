@@ -87,10 +87,12 @@ class Loader:
                 plan, run, BufferConfig(capacity, slack), policy, comm
             )
             self._plan: Plan | None = given
-            # With a plan: this rank's whole part (a file's is proven safe collectively, here).
-            # Without: this rank's part is planned one epoch at a time, one epoch ahead.
-            self._whole: RankPlan | None = None if given is None else given.rank(self.rank, comm)
-            self._stream = RankStream(self.spec, self.rank) if given is None else None
+            if given is not None:
+                # A file is proven safe before any byte moves, by all ranks together, here.
+                given.validate(self.rank, comm)
+            # This rank's part, one epoch at a time: read from the plan given, or planned one
+            # epoch ahead in the background.
+            self._stream = RankStream(self.spec, self.rank, given)
             self.reader = Reader(self.info, config, throttle)
             self.stats = LoaderStats()
             self.global_batch = 0  # samples over all ranks in the step last yielded
@@ -130,16 +132,7 @@ class Loader:
 
     def _window(self, k: int, trim: bool = True) -> RankPlan:
         """A window of this rank's plan holding step ``k``."""
-        if self._whole is not None:
-            return self._whole
-        assert self._stream is not None
         return self._stream.window(k, trim)
-
-    def _planned_end(self) -> int:
-        if self._whole is not None:
-            return self._whole.end_step
-        assert self._stream is not None
-        return self._stream.planned_end
 
     # -- runtime state (rebuilt in a forked or spawned process) ------------------------------
     def _reset_runtime(self) -> None:
@@ -158,14 +151,12 @@ class Loader:
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
         # The rank's plan is read (and validated) again from its file or plan in the new process.
-        state.update(_whole=None, _buffer=None, _buffer_at=-1, _ahead=None, _pool=None)
+        state.update(_buffer=None, _buffer_at=-1, _ahead=None, _pool=None)
         return state
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
         self._ahead = ReadAhead(self._start, self.config.read_ahead)
-        if self._plan is not None:
-            self._whole = self._plan.rank(self.rank)
 
     @property
     def buffer(self) -> SlotBuffer:
@@ -250,8 +241,7 @@ class Loader:
     def close(self) -> None:
         self._ensure_process()  # a forked child must not wait for its parent's reads
         self._ahead.drain()
-        if self._stream is not None:
-            self._stream.close()
+        self._stream.close()
         self.reader.close()
 
     def __enter__(self) -> Loader:
@@ -300,7 +290,7 @@ class Loader:
             self._seek(k)  # another iterator (or a failed step) moved the buffer elsewhere
         self._window(k)  # the step being served: planned (waited for) if it must be
         # Read ahead only into steps already planned: never wait for the planner here.
-        io = self._ahead.take(k, last=min(self.run.num_steps, self._planned_end()) - 1)
+        io = self._ahead.take(k, last=min(self.run.num_steps, self._stream.planned_end) - 1)
         t0 = time.perf_counter()
         nbytes, busy = wait_all(io.futures)
         stall = time.perf_counter() - t0

@@ -44,7 +44,7 @@ from solar.schedule._common import ADMIT, HIT, Progress, slot_count
 from solar.schedule.order import sample_dtype
 from solar.schedule.planner import EpochPlan, Planner, RankEpoch, epoch_order_of
 from solar.schedule.rankplan import RankPlan
-from solar.schedule.validate import check_coverage, validate_rank
+from solar.schedule.validate import RankValidator, check_coverage
 
 FORMAT = "solar-plan"
 FORMAT_VERSION = 2
@@ -200,24 +200,36 @@ class Plan:
     def rank(self, r: int, comm: Any = None) -> RankPlan:
         """Rank ``r``'s accesses over the whole run.
 
-        A plan made in this process is trusted. One read from a file is untrusted: it must pass
-        its checksums and :func:`~solar.schedule.validate.validate_rank` (ranges, the seed's
-        permutations, a replay proving every hit) before it is returned. With ``comm`` (every
-        rank of the run calls this collectively) the ranks also prove that each epoch serves
-        every sample exactly once; a single process can prove that only for world size 1.
+        A plan made in this process is trusted. One read from a file is untrusted: it is proven
+        safe first, as :meth:`validate` does (collectively with ``comm``).
         """
         self._check_rank(r)
         if self._epochs is not None:
-            parts = [ep.rank(r) for ep in self._epochs]
-            return RankPlan.from_parts(r, parts, self.slots)
+            return RankPlan.from_parts(r, [ep.rank(r) for ep in self._epochs], self.slots)
+        proven = self._prove(r, comm, keep=True)
+        assert proven is not None
+        return RankPlan.from_parts(r, proven, self.slots)
+
+    def validate(self, r: int, comm: Any = None) -> None:
+        """Prove rank ``r``'s part of a plan file safe to execute, epoch by epoch, keeping none
+        of it (memory O(N + slots)): its checksums, then
+        :class:`~solar.schedule.validate.RankValidator` (ranges, the seed's permutations, a
+        replay proving every hit). With ``comm`` (every rank calls this collectively) the ranks
+        prove together that each epoch serves every sample exactly once; without it, this
+        process checks every rank's part itself. A plan made in this process is trusted."""
+        self._check_rank(r)
+        if self._epochs is None:
+            self._prove(r, comm, keep=False)
+
+    def _prove(self, r: int, comm: Any, keep: bool) -> list[RankEpoch] | None:
         from solar import dist  # a light module: no MPI or torch import
 
         key = dist.shared_key(comm)
         try:
-            rp, mine, expected = self._validated(r, key)
+            parts, mine, expected = self._validated(r, key, keep)
             error = None
         except CorruptPlanError as exc:
-            rp, mine, expected, error = None, None, None, str(exc)
+            parts, mine, expected, error = None, None, None, str(exc)
         if comm is not None and comm.Get_size() > 1:
             # Every rank learns every rank's verdict, so all raise together: none is left
             # waiting in a collective for a rank that gave up.
@@ -227,25 +239,31 @@ class Plan:
                 error = _coverage_error(sum_digests([m for m, _ in verdicts]), expected)
         elif mine is not None and expected is not None:
             # Without a communicator, prove coverage from every rank's part in this process.
-            others = [self._validated(o, key)[1] for o in range(self.world_size) if o != r]
+            others = [self._validated(o, key, False)[1] for o in range(self.world_size) if o != r]
             error = _coverage_error(sum_digests([mine, *others]), expected)
         if error is not None:
             where = "" if error.startswith("plan ") else f"plan {self._path}: "
             raise CorruptPlanError(where + error)
-        assert rp is not None
-        return rp
+        return parts
 
-    def _validated(self, r: int, key: int) -> tuple[RankPlan, np.ndarray, np.ndarray]:
-        """Rank ``r``'s whole part from the file, checksummed and validated; its digests."""
+    def _validated(
+        self, r: int, key: int, keep: bool
+    ) -> tuple[list[RankEpoch] | None, np.ndarray, np.ndarray]:
+        """Rank ``r``'s parts from the file, checksummed and validated epoch by epoch (kept if
+        ``keep``); the validator's digests."""
         assert self._path is not None
+        v = RankValidator(self.run, self.epoch_order, self.slots, r, key)
+        parts = []
         with _open_plan(self._path) as f:
-            parts = [self._read_part(f, r, k) for k in range(self.run.epochs)]
-        rp = RankPlan.from_parts(r, parts, self.slots)
-        try:
-            mine, expected = validate_rank(rp, self.run, self.epoch_order, key)
-        except CorruptPlanError as exc:
-            raise CorruptPlanError(f"plan {self._path}: {exc}") from None
-        return rp, mine, expected
+            for k in range(self.run.epochs):
+                part = self._read_part(f, r, k)
+                try:
+                    v.check(part)
+                except CorruptPlanError as exc:
+                    raise CorruptPlanError(f"plan {self._path}: {exc}") from None
+                if keep:
+                    parts.append(part)
+        return (parts if keep else None), v.mine, v.expected
 
     def trace(self, r: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``(step, sample, hit)`` over rank ``r``'s accesses in service order."""

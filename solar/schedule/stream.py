@@ -13,20 +13,21 @@ from __future__ import annotations
 import os
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
 
 import numpy as np
 
 from solar.schedule.planner import Planner, RankEpoch
-from solar.schedule.rankplan import RankPlan
+from solar.schedule.rankplan import RankPlan, _replay
 
 
 class RankStream:
     """Rank ``rank``'s steps of ``spec``'s run, planned epoch by epoch in the background."""
 
-    def __init__(self, spec, rank: int, epoch_order: np.ndarray | None = None) -> None:
+    def __init__(self, spec, rank: int, plan: Any = None) -> None:
         self.spec = spec
         self.rank = rank
-        self.epoch_order = epoch_order
+        self.plan = plan  # a Plan to read epochs from (made, or a file proven safe), or None
         self.slots = min(spec.buffer.capacity, spec.run.num_samples)
         self.wait_seconds = 0.0  # time callers waited for planning (replays included)
         self._reset()
@@ -42,7 +43,7 @@ class RankStream:
         self._window: RankPlan | None = None
 
     def __getstate__(self) -> dict:
-        return {"spec": self.spec, "rank": self.rank, "epoch_order": self.epoch_order,
+        return {"spec": self.spec, "rank": self.rank, "plan": self.plan,
                 "slots": self.slots, "wait_seconds": self.wait_seconds}  # fmt: skip
 
     def __setstate__(self, state: dict) -> None:
@@ -84,13 +85,24 @@ class RankStream:
         return True
 
     def _restart_at(self, epoch: int) -> None:
-        """Replan from scratch (or from where the planner is) up to ``epoch``; keep only it."""
+        """Replan from scratch (or from where the planner is) up to ``epoch``; keep only it.
+        From a plan: replay the buffer through the epochs before it."""
         t0 = time.perf_counter()
+        if self.plan is not None:
+            state = np.full(self.slots, -1, np.int64)
+            for k in range(epoch):
+                p = self.plan.rank_epoch(self.rank, k)
+                _replay(p.sample, p.slot, p.flags, p.sample.size, state)
+            self._initial, self._first = state, epoch
+            self._parts = [self.plan.rank_epoch(self.rank, epoch)]
+            self._window = None
+            self.wait_seconds += time.perf_counter() - t0
+            return
         if self._future is not None:
             self._future.result()  # the planner is in use until then
             self._future = None
         if self._planner is None or self._planner.epoch > epoch:
-            self._planner = Planner(self.spec, self.epoch_order)
+            self._planner = Planner(self.spec)
         while self._planner.epoch < epoch:
             self._planner.skip()
         self._initial = self._planner.contents(self.rank)
@@ -105,6 +117,9 @@ class RankStream:
     def planned_end(self) -> int:
         """The first global step not yet planned (without waiting)."""
         self._ensure_process()
+        end = self._first + len(self._parts)
+        if self.plan is not None:  # the next epoch is a file read away: read ahead into it
+            return min(end + 1, self.spec.run.epochs) * self._spe()
         if self._planner is not None:
             self._collect(wait=False)
         return (self._first + len(self._parts)) * self._spe()
@@ -117,14 +132,11 @@ class RankStream:
         self._ensure_process()
         e = k // self._spe()
         end = self._first + len(self._parts)
-        if self._planner is None and not (self._first <= e < end):
+        if self._first <= e < end:
+            if self._planner is not None:
+                self._collect(wait=False)
+        elif not (e == end and self._parts and self._extend()):
             self._restart_at(e)
-        elif e == end and self._future is not None:
-            self._collect(wait=True)
-        elif not (self._first <= e < self._first + len(self._parts)):
-            self._restart_at(e)
-        elif self._planner is not None:
-            self._collect(wait=False)
         if trim and e > self._first:
             # Epochs before e are done with: the buffer state at e's start replaces them.
             self._initial = self._current().contents_at(e * self._spe())
@@ -132,6 +144,15 @@ class RankStream:
             self._first = e
             self._window = None
         return self._current()
+
+    def _extend(self) -> bool:
+        """Add the epoch after the window (waiting for the planner if need be)."""
+        end = self._first + len(self._parts)
+        if self.plan is not None:
+            self._parts.append(self.plan.rank_epoch(self.rank, end))
+            self._window = None
+            return True
+        return self._future is not None and self._collect(wait=True)
 
     def _current(self) -> RankPlan:
         if self._window is None:

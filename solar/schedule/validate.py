@@ -24,6 +24,7 @@ from solar.config import RunConfig
 from solar.errors import CorruptPlanError
 from solar.schedule._common import ADMIT, HIT, RELEASE
 from solar.schedule.order import epoch_permutation, epoch_samples, step_bounds
+from solar.schedule.planner import RankEpoch
 from solar.schedule.rankplan import RankPlan
 
 _OK, _SAMPLE, _FLAGS, _SLOT, _NOT_IN_STEP, _REPEATED, _STALE_HIT = range(7)
@@ -96,34 +97,66 @@ def _check_epoch(sample, slot, flags, offsets, k0, bounds, pos, seen, stamp, sta
     return _OK, -1, digest
 
 
+class RankValidator:
+    """Validates one rank's parts of a plan epoch by epoch, in order, carrying the replay of its
+    buffer and the samples it has served; memory O(N + slots), whatever the number of epochs.
+
+    ``mine`` and ``expected`` (E,) uint64 hold the keyed digests of the epochs checked so far:
+    of the samples this rank serves, and of all samples each epoch serves.
+    """
+
+    def __init__(
+        self, run: RunConfig, epoch_order: np.ndarray, slots: int, rank: int, key: int
+    ) -> None:
+        self.run, self.epoch_order, self.slots, self.rank = run, epoch_order, slots, rank
+        self.key = np.uint64(key)
+        self.bounds = step_bounds(run)
+        self.pos = np.empty(run.num_samples, np.int64)
+        self.seen = np.full(run.num_samples, -1, np.int64)
+        self.state = np.full(slots, -1, np.int64)  # the buffer as the next epoch starts
+        self.mine = np.zeros(run.epochs, np.uint64)
+        self.expected = np.zeros(run.epochs, np.uint64)
+        self.next_epoch = 0
+
+    def check(self, part: RankEpoch) -> None:
+        """Prove the next epoch's part safe, or raise a one-line CorruptPlanError naming the
+        rank and step."""
+        run, k = self.run, part.epoch
+        if k != self.next_epoch:
+            raise CorruptPlanError(f"rank {self.rank}: epoch {k} checked before {self.next_epoch}")
+        rp = RankPlan(self.rank, part.sample, part.slot, part.flags, part.step_offsets,
+                      self.slots, first_step=k * run.steps_per_epoch)  # fmt: skip
+        _check_shapes(rp, run)
+        perm = epoch_permutation(run.seed, int(self.epoch_order[k]), run.num_samples)
+        self.expected[k] = _epoch_positions(epoch_samples(run, perm), self.pos, self.key)
+        code, i, self.mine[k] = _check_epoch(
+            rp.sample, rp.slot, rp.flags, rp.step_offsets, 0, self.bounds, self.pos, self.seen,
+            k, self.state, self.key,
+        )  # fmt: skip
+        if code != _OK:
+            raise CorruptPlanError(_describe(code, i, rp, self.state))
+        self.next_epoch += 1
+
+
 def validate_rank(
     rp: RankPlan, run: RunConfig, epoch_order: np.ndarray, key: int
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Prove ``rp`` safe for ``run``, or raise a one-line CorruptPlanError naming rank and step.
-
-    Returns ``(mine, expected)``, shape (E,) uint64 each: the keyed digest of the samples this
-    rank serves in each epoch, and of all samples each epoch serves. Summed over ranks, ``mine``
-    equals ``expected`` exactly when every epoch serves each of its samples once.
-    """
-    _check_shapes(rp, run, epoch_order)
-    n, spe = run.num_samples, run.steps_per_epoch
-    bounds = step_bounds(run)
-    key64 = np.uint64(key)
-    pos = np.empty(n, np.int64)
-    seen = np.full(n, -1, np.int64)
-    state = np.full(rp.slots, -1, np.int64)
-    mine = np.zeros(run.epochs, np.uint64)
-    expected = np.zeros(run.epochs, np.uint64)
+    """Prove a whole-run ``rp`` safe for ``run``, or raise a one-line CorruptPlanError naming
+    rank and step. Returns the digests ``(mine, expected)`` of :class:`RankValidator`."""
+    spe = run.steps_per_epoch
+    if rp.first_step != 0 or rp.initial is not None or rp.num_steps != run.num_steps:
+        raise CorruptPlanError(f"rank {rp.rank}: {rp.num_steps} steps, the run has {run.num_steps}")
+    v = RankValidator(run, epoch_order, rp.slots, rp.rank, key)
+    off = rp.step_offsets
+    bad = np.flatnonzero(np.diff(off) < 0)
+    if off[0] != 0 or off[-1] != rp.sample.size or bad.size:
+        k = int(bad[0]) if bad.size else 0
+        raise CorruptPlanError(f"rank {rp.rank}, step {k}: step offsets are not monotone")
     for e in range(run.epochs):
-        perm = epoch_permutation(run.seed, int(epoch_order[e]), n)
-        expected[e] = _epoch_positions(epoch_samples(run, perm), pos, key64)
-        code, i, mine[e] = _check_epoch(
-            rp.sample, rp.slot, rp.flags, rp.step_offsets, e * spe, bounds, pos, seen, e, state,
-            key64,
-        )  # fmt: skip
-        if code != _OK:
-            raise CorruptPlanError(_describe(code, i, rp, state))
-    return mine, expected
+        lo, hi = int(off[e * spe]), int(off[(e + 1) * spe])
+        v.check(RankEpoch(e, rp.sample[lo:hi], rp.slot[lo:hi], rp.flags[lo:hi],
+                          off[e * spe : (e + 1) * spe + 1] - lo))  # fmt: skip
+    return v.mine, v.expected
 
 
 def check_coverage(total: np.ndarray, expected: np.ndarray) -> None:
@@ -135,30 +168,31 @@ def check_coverage(total: np.ndarray, expected: np.ndarray) -> None:
         )
 
 
-def _check_shapes(rp: RankPlan, run: RunConfig, epoch_order: np.ndarray) -> None:
-    where = f"rank {rp.rank}"
-    if rp.first_step != 0 or rp.initial is not None:
-        raise CorruptPlanError(f"{where}: only a whole run's part can be validated")
+def _check_shapes(rp: RankPlan, run: RunConfig) -> None:
+    """One epoch's part: its arrays' types and shapes, and step offsets from 0 to its length."""
+    where, k0 = f"rank {rp.rank}", rp.first_step
     off = rp.step_offsets
-    if off.shape != (run.num_steps + 1,):
+    if off.shape != (run.steps_per_epoch + 1,):
         raise CorruptPlanError(
-            f"{where}: {off.size - 1} steps, the run has {run.num_steps} (step offsets)"
+            f"{where}, step {k0}: {off.size - 1} steps in an epoch of {run.steps_per_epoch}"
         )
     if not all(np.issubdtype(a.dtype, np.integer) for a in (off, rp.sample, rp.slot, rp.flags)):
-        raise CorruptPlanError(f"{where}: plan arrays must hold integers")
+        raise CorruptPlanError(f"{where}, step {k0}: plan arrays must hold integers")
     if not rp.sample.shape == rp.slot.shape == rp.flags.shape == (rp.sample.size,):
-        raise CorruptPlanError(f"{where}: sample, slot and flags differ in length")
+        raise CorruptPlanError(f"{where}, step {k0}: sample, slot and flags differ in length")
     steps = np.diff(off)
     if off[0] != 0 or off[-1] != rp.sample.size or np.any(steps < 0):
         k = int(np.argmax(steps < 0)) if np.any(steps < 0) else 0
-        raise CorruptPlanError(f"{where}, step {k}: step offsets are not monotone from 0 to A")
+        raise CorruptPlanError(f"{where}, step {k0 + k}: step offsets are not monotone from 0 to A")
     if np.any(steps > run.global_batch):
         k = int(np.argmax(steps > run.global_batch))
-        raise CorruptPlanError(f"{where}, step {k}: {steps[k]} samples exceed the global batch")
+        raise CorruptPlanError(
+            f"{where}, step {k0 + k}: {steps[k]} samples exceed the global batch"
+        )
 
 
 def _describe(code: int, i: int, rp: RankPlan, state: np.ndarray) -> str:
-    k = int(np.searchsorted(rp.step_offsets, i, side="right") - 1)
+    k = rp.first_step + int(np.searchsorted(rp.step_offsets, i, side="right") - 1)
     x, s, f = int(rp.sample[i]), int(rp.slot[i]), int(rp.flags[i])
     if code == _SAMPLE:
         what = f"sample id {x} is out of range"
