@@ -142,7 +142,7 @@ def _init_torch(launch: Launch, backend: str | None, timeout_s: float) -> Dist:
         return Dist(rank, world, launch.local_rank, TorchComm(), backend, launch.kind)
     timeout = datetime.timedelta(seconds=timeout_s)
     if launch.world_size == 1:
-        store, hosts = td.HashStore(), True
+        store, hosts = td.HashStore(), False
     else:
         store, hosts = _store(launch, timeout)
     td.init_process_group(
@@ -209,8 +209,9 @@ class TorchComm:
     ``dist.init()`` returns one as ``comm`` under torchrun, srun and for a single process. The
     object collectives pickle, as mpi4py's lower-case methods do; ``gather`` returns the list on
     ``root`` and None elsewhere; ``allreduce`` takes numbers or numpy arrays and :data:`SUM` or
-    :data:`MAX`. Given the job's ``store``, ``Abort`` ends every rank, not only this one: each
-    rank runs a thread waiting in the store for a failing rank's word.
+    :data:`MAX`. Given the job's ``store`` (a TCPStore; ``prefix`` for solar's keys in it,
+    ``hosts_store`` if this process serves it), ``Abort`` ends every rank, not only this one:
+    each rank runs a thread waiting in the store for a failing rank's word.
     """
 
     def __init__(
@@ -225,6 +226,7 @@ class TorchComm:
         self._rank, self._size = td.get_rank(), td.get_world_size()
         self._store, self._prefix = store, prefix
         self.peer_failed: int | None = None  # the rank whose failure is ending the job
+        self._store_lost = False
         if store is not None and self._size > 1:
             self._watch(hosts_store)
 
@@ -295,6 +297,7 @@ class TorchComm:
                 client.wait([key], _FOREVER)
                 word = client.get(key).decode()
             except Exception:  # the store is gone (its host ended): nothing left to watch
+                self._store_lost = True
                 return
             if word != _EXIT and not _aborting:
                 self.peer_failed = int(word)
@@ -311,6 +314,8 @@ class TorchComm:
     def _stop_watching(self, thread: threading.Thread, hosts_store: bool) -> None:
         # Wake the watcher while the interpreter can still run it: a thread blocked in C++ that
         # wakes during finalisation may take the process down with it.
+        if self._store_lost:
+            return
         with contextlib.suppress(Exception):
             self._store.set(self._key(self._rank), _EXIT)
             thread.join(5)
