@@ -106,7 +106,7 @@ assert dist.allreduce(c, 3) == 3 and isinstance(dist.allreduce(c, 3), int)
 assert dist.allreduce(c, np.array([1.5, -2.0]), dist.MAX).tolist() == [1.5, -2.0]
 c.Barrier()
 dist.agree(c, "fingerprint", "the plan")
-assert "mpi4py.MPI" not in sys.modules, "mpi4py.MPI imported"
+assert "mpi4py" not in sys.modules, "mpi4py imported"  # solar works without it installed
 print("ok")
 """
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
