@@ -309,12 +309,13 @@ class TorchComm:
 
         thread = threading.Thread(target=watch, name="solar-abort-watch", daemon=True)
         thread.start()
-        atexit.register(self._stop_watching, thread, hosts_store)
+        atexit.register(self._stop_watching, thread, hosts_store, os.getpid())
 
-    def _stop_watching(self, thread: threading.Thread, hosts_store: bool) -> None:
+    def _stop_watching(self, thread: threading.Thread, hosts_store: bool, pid: int) -> None:
         # Wake the watcher while the interpreter can still run it: a thread blocked in C++ that
-        # wakes during finalisation may take the process down with it.
-        if self._store_lost:
+        # wakes during finalisation may take the process down with it. A forked child inherits
+        # this handler but not the thread, and must not wake its parent's.
+        if self._store_lost or os.getpid() != pid:
             return
         with contextlib.suppress(Exception):
             self._store.set(self._key(self._rank), _EXIT)
