@@ -250,8 +250,7 @@ def bench(data, keys, world_size, batch_size, epochs, buffer, slack, loaders, wo
     launch = dist.detect_launcher()
     if world_size > 1 and launch.kind == "none" and not os.environ.get("SOLAR_BENCH_CHILD"):
         sys.exit(harness.relaunch_under_mpi(world_size, sys.argv[1:]))
-    # Checked before init too (MPI's own count comes after), which would wait for ranks that
-    # were never started.
+    # Before init, which would wait for ranks never started (MPI's count comes from init).
     if launch.kind != "mpi":
         _check_world(world_size, launch.kind, launch.world_size)
     comm = dist.init().comm  # an error on any rank now ends them all
