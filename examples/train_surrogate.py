@@ -2,6 +2,10 @@
 
     mpiexec -n 4 python examples/train_surrogate.py --data .demo/ptychonn.h5 --epochs 5
     mpiexec -n 4 python examples/train_surrogate.py --data .demo/ptychonn.h5 --epochs 5 --resume
+    torchrun --nproc_per_node 4 examples/train_surrogate.py --data .demo/ptychonn.h5 --epochs 5
+    srun -n 4 python examples/train_surrogate.py --data .demo/ptychonn.h5 --epochs 5
+
+The script is the same under every launcher (``solar.dist.init`` finds out which one started it).
 
 A 256×256 diffraction image goes through a convolutional encoder and two decoders to 64×64
 amplitude and phase. Local batches may differ in size (slack > 0): the loss is the *sum* of
@@ -20,7 +24,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from mpi4py import MPI
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -63,7 +66,7 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=1024, help="generated if --data is absent")
     parser.add_argument("--epochs", type=int, default=5)
     parser.add_argument("--batch-size", type=int, default=16)
-    parser.add_argument("--buffer", default="25%", help="per rank: samples, bytes, or % of data")
+    parser.add_argument("--buffer", default="25%", help="per rank: samples, bytes, or %% of data")
     parser.add_argument("--slack", type=float, default=0.25)
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--seed", type=int, default=0)
@@ -74,6 +77,8 @@ def main() -> None:
     opts = parser.parse_args()
 
     d = dist.init()
+    if d.is_root:
+        print(f"training on {d.world_size} ranks ({d.launcher})", flush=True)
     if d.is_root and not opts.data.exists():
         opts.data.parent.mkdir(parents=True, exist_ok=True)
         generate(opts.data, "ptychonn", opts.samples)
@@ -131,9 +136,9 @@ def main() -> None:
                 return
         seconds = time.perf_counter() - t0
         st = loader.stats.epochs[epoch]
-        totals = d.comm.allreduce(np.array([loss_total, seen, st.hits, st.samples], float))
-        loss_total, seen, hits, samples = totals.tolist()
-        stall = d.comm.allreduce(st.stall_seconds, op=MPI.MAX)
+        totals = np.array([loss_total, seen, st.hits, st.samples], float)
+        loss_total, seen, hits, samples = dist.allreduce(d.comm, totals).tolist()
+        stall = dist.allreduce(d.comm, st.stall_seconds, dist.MAX)
         save(loader.state_dict()["next_step"])
         if d.is_root:
             print(

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from solar.config import DEFAULT_SLACK, ReaderConfig
+from solar.dist import MAX, allreduce
 from solar.errors import SolarError
 from solar.io.hdf5 import describe
 from solar.io.pagecache import evict
@@ -164,8 +165,6 @@ def run(cfg: BenchConfig, comm: Any, progress=None) -> dict | None:
             )  # fmt: skip
     loaders = {name: loaders[name] for name in cfg.loaders}  # the order asked for
     results = {name: LoaderResult(name) for name in cfg.loaders}
-    from mpi4py import MPI
-
     names = list(loaders)
     for epoch in range(cfg.epochs):
         # Rotate the order each epoch: no loader always follows the same one.
@@ -176,7 +175,7 @@ def run(cfg: BenchConfig, comm: Any, progress=None) -> dict | None:
             comm.Barrier()
             t0 = time.perf_counter()
             count = _epoch(name, loader, epoch, cfg.compute_ms)
-            seconds = comm.allreduce(time.perf_counter() - t0, op=MPI.MAX)
+            seconds = allreduce(comm, time.perf_counter() - t0, MAX)
             r = results[name]
             r.epoch_seconds.append(seconds)
             r.samples.append(comm.allreduce(count))
@@ -184,7 +183,7 @@ def run(cfg: BenchConfig, comm: Any, progress=None) -> dict | None:
                 st = loader.stats.epochs[epoch]
                 r.hits.append(comm.allreduce(st.hits))
                 r.bytes_read.append(comm.allreduce(st.bytes_read))
-                r.stall_seconds.append(comm.allreduce(st.stall_seconds, op=MPI.MAX))
+                r.stall_seconds.append(allreduce(comm, st.stall_seconds, MAX))
             else:
                 r.bytes_read.append(r.samples[-1] * sample_bytes)
             if progress is not None and rank == 0:

@@ -254,16 +254,16 @@ def bench(data, keys, world_size, batch_size, epochs, buffer, slack, loaders, wo
     for out in (json_out, plot_out):
         if out:
             check_writable(out)
-    from mpi4py import MPI
+    from solar import dist
 
-    comm = MPI.COMM_WORLD
-    if world_size > 1 and comm.Get_size() == 1 and not os.environ.get("SOLAR_BENCH_CHILD"):
+    launch = dist.detect_launcher()
+    if world_size > 1 and launch.kind == "none" and not os.environ.get("SOLAR_BENCH_CHILD"):
         sys.exit(harness.relaunch_under_mpi(world_size, sys.argv[1:]))
-    if comm.Get_size() != world_size:
-        raise SolarError(f"--world-size {world_size} but mpiexec started {comm.Get_size()} ranks")
-    from solar.dist import install_abort_on_error
-
-    install_abort_on_error(comm)
+    # Before init, which would wait for ranks never started (MPI's count comes from init).
+    if launch.kind != "mpi":
+        _check_world(world_size, launch.kind, launch.world_size)
+    comm = dist.init().comm  # an error on any rank now ends them all
+    _check_world(world_size, launch.kind, comm.Get_size())
     cfg = harness.BenchConfig(
         paths=tuple(data), keys=tuple(keys) or None, batch_size=batch_size, epochs=epochs,
         buffer=share, slack=slack, loaders=tuple(x for x in loaders.split(",") if x),
@@ -284,6 +284,11 @@ def bench(data, keys, world_size, batch_size, epochs, buffer, slack, loaders, wo
             Path(tmp).write_text(json.dumps(result, indent=1))
     if plot_out:
         harness.plot(result, Path(plot_out))
+
+
+def _check_world(world_size: int, launcher: str, started: int) -> None:
+    if started != world_size:
+        raise SolarError(f"--world-size {world_size} but {launcher} started {started} ranks")
 
 
 def _share(text: str) -> float:

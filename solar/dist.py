@@ -1,26 +1,68 @@
-"""MPI and torch.distributed glue: ranks from mpirun, one process group, exact gradients.
+"""Ranks from any launcher, one torch.distributed process group, abort on error, exact gradients.
 
-Launch with ``mpiexec -n P python train.py`` (the PyPI ``mpich`` wheel's mpiexec needs no
-system MPI); a plain ``python train.py`` is world size 1. :func:`init` finds rank and world
-size from MPI, agrees on a rendezvous address over MPI and initialises torch.distributed (gloo
-on CPU, nccl with CUDA). It also makes an uncaught exception on any rank abort the whole job
-(``MPI_Abort``), so that no rank waits forever in a collective for a peer that died.
+The same script runs under every launcher::
+
+    mpiexec -n 4 python train.py            # the PyPI mpich wheel's mpiexec needs no system MPI
+    torchrun --nproc_per_node 4 train.py
+    srun -n 4 python train.py
+    python train.py                         # world size 1
+
+:func:`init` reads the launcher from the environment first (:mod:`solar.launch`) and imports
+mpi4py only under MPI: importing ``mpi4py.MPI`` initialises MPI, and in a torchrun process that
+makes a world of one. Under MPI, ``Dist.comm`` is ``MPI.COMM_WORLD`` and the ranks agree over MPI
+on torch.distributed's rendezvous; under torchrun and srun (and for one process) it is a
+:class:`TorchComm`, mpi4py's few collectives over torch.distributed. ``Loader(..., comm=...)``
+takes either, and :func:`allreduce` with :data:`SUM` or :data:`MAX` works on both.
+
+An uncaught exception on any rank ends the whole job promptly: under MPI with ``MPI_Abort``;
+otherwise the failing rank tells every other rank through torch.distributed's store (each rank
+has a thread waiting for that word) and they all exit with status 1, so no rank waits in a
+collective for a dead peer. A rank killed outright (SIGKILL, out of memory) is the launcher's to
+handle: torchrun's agent stops the others, srun does with ``--kill-on-bad-exit``; otherwise the
+peers fail at the collective timeout (``timeout_s``).
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import datetime
+import functools
+import operator
+import os
 import secrets
 import socket
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from solar.errors import SolarError
+from solar.launch import Launch, detect_launcher
+
+__all__ = [
+    "MAX",
+    "SUM",
+    "Dist",
+    "Launch",
+    "TorchComm",
+    "abort",
+    "abort_job_on_error",
+    "agree",
+    "allreduce",
+    "detect_launcher",
+    "init",
+    "install_abort_on_error",
+    "scale_loss",
+]
+
+SUM = "sum"  # reduction operations of allreduce, for either kind of comm
+MAX = "max"
 
 
 @dataclass(frozen=True)
@@ -30,8 +72,9 @@ class Dist:
     rank: int
     world_size: int
     local_rank: int
-    comm: Any  # mpi4py communicator
+    comm: Any  # mpi4py communicator under MPI, else a TorchComm
     backend: str
+    launcher: str  # mpi, torchrun, srun or none
 
     @property
     def is_root(self) -> bool:
@@ -39,29 +82,46 @@ class Dist:
 
 
 _state: Dist | None = None
+_aborting = False  # this process is reporting its own failure and ending the job
 
 
 def init(backend: str | None = None, timeout_s: float = 120.0) -> Dist:
-    """Initialise MPI and torch.distributed once per process and return this rank's place."""
+    """Find this process's launcher and rank, initialise torch.distributed once, return the place.
+
+    ``backend`` defaults to nccl with CUDA, else gloo; ``timeout_s`` bounds the rendezvous and
+    every collective. Also makes an uncaught exception on any rank end the whole job.
+    """
     global _state
     if _state is not None:
         return _state
-    from mpi4py import MPI
+    launch = detect_launcher()
+    if launch.kind == "mpi":
+        _state = _init_mpi(backend, timeout_s)
+    else:
+        _state = _init_torch(launch, backend, timeout_s)
+    # torch wraps sys.excepthook in init_process_group (capturing stderr while it runs the
+    # previous hook); ours must be outermost, or its message is swallowed before the abort.
+    install_abort_on_error(_state.comm)
+    return _state
 
+
+def _init_mpi(backend: str | None, timeout_s: float) -> Dist:
+    try:
+        from mpi4py import MPI
+    except ImportError:
+        raise SolarError(
+            "launched by mpiexec (or SOLAR_LAUNCHER=mpi) but mpi4py is not installed: "
+            "pip install 'solar[mpich]' (or 'solar[mpi]' to build it for the MPI you have)"
+        ) from None
     comm = MPI.COMM_WORLD
     install_abort_on_error(comm)
     rank, world = comm.Get_rank(), comm.Get_size()
     local = comm.Split_type(MPI.COMM_TYPE_SHARED)
     local_rank = local.Get_rank()
     local.Free()
-
-    import torch
+    backend = _backend(backend, local_rank)
     import torch.distributed as td
 
-    if backend is None:
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
-    if backend == "nccl":
-        torch.cuda.set_device(local_rank % torch.cuda.device_count())
     address = comm.bcast(_rendezvous() if rank == 0 else None, root=0)
     if not td.is_initialized():
         td.init_process_group(
@@ -71,11 +131,60 @@ def init(backend: str | None = None, timeout_s: float = 120.0) -> Dist:
             world_size=world,
             timeout=datetime.timedelta(seconds=timeout_s),
         )
-    # torch wraps sys.excepthook in init_process_group (capturing stderr while it runs the
-    # previous hook); ours must be outermost, or its message is swallowed before the abort.
-    install_abort_on_error(comm)
-    _state = Dist(rank, world, local_rank, comm, backend)
-    return _state
+    return Dist(rank, world, local_rank, comm, backend, "mpi")
+
+
+def _init_torch(launch: Launch, backend: str | None, timeout_s: float) -> Dist:
+    import torch.distributed as td
+
+    backend = _backend(backend, launch.local_rank)
+    if td.is_initialized():  # the caller's own process group: use it as it is
+        rank, world = td.get_rank(), td.get_world_size()
+        return Dist(rank, world, launch.local_rank, TorchComm(), backend, launch.kind)
+    timeout = datetime.timedelta(seconds=timeout_s)
+    if launch.world_size == 1:
+        store, hosts = td.HashStore(), False
+    else:
+        store, hosts = _store(launch, timeout)
+    td.init_process_group(
+        backend, store=store, rank=launch.rank, world_size=launch.world_size, timeout=timeout
+    )
+    # Keys of this attempt only: torchrun's agent keeps its store across restarts.
+    prefix = f"solar/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/"
+    comm = TorchComm(store if launch.world_size > 1 else None, prefix, hosts)
+    return Dist(launch.rank, launch.world_size, launch.local_rank, comm, backend, launch.kind)
+
+
+def _backend(backend: str | None, local_rank: int) -> str:
+    import torch
+
+    if backend is None:
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if backend == "nccl":
+        torch.cuda.set_device(local_rank % torch.cuda.device_count())
+    return backend
+
+
+def _store(launch: Launch, timeout: datetime.timedelta) -> tuple[Any, bool]:
+    """The job's TCPStore (where ranks meet), and whether this process serves it."""
+    import torch.distributed as td
+
+    # torchrun's agent already serves a store at MASTER_ADDR:MASTER_PORT; otherwise rank 0 does.
+    hosts = launch.rank == 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True"
+    where = f"{launch.master_addr}:{launch.master_port}"
+    assert launch.master_addr is not None and launch.master_port is not None
+    try:
+        store = td.TCPStore(
+            launch.master_addr, launch.master_port, launch.world_size, hosts, timeout=timeout
+        )
+    except (RuntimeError, OSError) as exc:
+        reason = (str(exc).splitlines() or [type(exc).__name__])[0]
+        raise SolarError(
+            f"{launch.kind}: rank {launch.rank} of {launch.world_size} did not meet the others at "
+            f"{where} within {timeout.total_seconds():.0f} s ({reason}); set MASTER_ADDR and "
+            "MASTER_PORT, or SOLAR_LAUNCHER (see solar.launch)"
+        ) from None
+    return store, hosts
 
 
 def _rendezvous() -> tuple[str, int]:
@@ -89,6 +198,164 @@ def _rendezvous() -> tuple[str, int]:
         s.bind(("", 0))
         port = s.getsockname()[1]
     return addr, port
+
+
+_FOREVER = datetime.timedelta(days=365)
+_EXIT = "exit"  # the word that wakes a rank's abort watcher at a normal exit
+_LINGER_S = 10.0  # how long the rank serving the store waits at exit for the others
+
+
+class TorchComm:
+    """mpi4py's few collectives that solar and its examples use, over torch.distributed.
+
+    ``dist.init()`` returns one as ``comm`` under torchrun, srun and for a single process. The
+    object collectives pickle, as mpi4py's lower-case methods do; ``gather`` returns the list on
+    ``root`` and None elsewhere; ``allreduce`` takes numbers or numpy arrays and :data:`SUM` or
+    :data:`MAX`. Given the job's ``store`` (a TCPStore; ``prefix`` for solar's keys in it,
+    ``hosts_store`` if this process serves it), ``Abort`` ends every rank, not only this one:
+    each rank runs a thread waiting in the store for a failing rank's word.
+    """
+
+    def __init__(
+        self,
+        store: Any = None,
+        prefix: str = "solar/",
+        hosts_store: bool = False,
+    ) -> None:
+        import torch.distributed as td
+
+        self._td = td
+        self._rank, self._size = td.get_rank(), td.get_world_size()
+        self._store, self._prefix = store, prefix
+        self.peer_failed: int | None = None  # the rank whose failure is ending the job
+        self._store_lost = False
+        if store is not None and self._size > 1:
+            self._watch(hosts_store)
+
+    def Get_rank(self) -> int:
+        """This process's rank."""
+        return self._rank
+
+    def Get_size(self) -> int:
+        """The number of ranks."""
+        return self._size
+
+    def allgather(self, obj: Any) -> list:
+        """Every rank's ``obj``, in rank order, on every rank."""
+        out = [None] * self._size
+        self._td.all_gather_object(out, obj)
+        return out
+
+    def bcast(self, obj: Any, root: int = 0) -> Any:
+        """``root``'s ``obj`` on every rank."""
+        box = [obj]
+        self._td.broadcast_object_list(box, src=root)
+        return box[0]
+
+    def gather(self, obj: Any, root: int = 0) -> list | None:
+        """Every rank's ``obj`` in rank order on ``root``; None on the other ranks."""
+        out = [None] * self._size if self._rank == root else None
+        self._td.gather_object(obj, out, dst=root)
+        return out
+
+    def allreduce(self, value: Any, op: str = SUM) -> Any:
+        """``value`` (a number or numpy array) summed or maximised over the ranks."""
+        _check_op(op)
+        values = self.allgather(value)
+        if op == SUM:
+            return functools.reduce(operator.add, values)
+        if any(isinstance(v, np.ndarray) for v in values):
+            return functools.reduce(np.maximum, values)
+        return max(values)
+
+    def Barrier(self) -> None:
+        """Wait until every rank has called Barrier."""
+        self._td.barrier()
+
+    barrier = Barrier
+
+    def Abort(self, errorcode: int = 1) -> None:
+        """End this process now with ``errorcode``, and every other rank through the store."""
+        if self._store is not None:
+            others = [self._key(r) for r in range(self._size) if r != self._rank]
+            with contextlib.suppress(Exception):
+                self._store.multi_set(others, [str(self._rank)] * len(others))
+                # The store may live in this process: give it a moment to deliver the word.
+                time.sleep(0.2)
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os._exit(errorcode)
+
+    def _key(self, rank: int) -> str:
+        return f"{self._prefix}abort/{rank}"
+
+    def _watch(self, hosts_store: bool) -> None:
+        client = self._store.clone()  # its own connection: the main thread may use the store
+        key = self._key(self._rank)
+
+        def watch() -> None:
+            try:
+                client.wait([key], _FOREVER)
+                word = client.get(key).decode()
+            except Exception:  # the store is gone (its host ended): nothing left to watch
+                self._store_lost = True
+                return
+            if word != _EXIT and not _aborting:
+                self.peer_failed = int(word)
+                err = sys.__stderr__ or sys.stderr
+                err.write(f"solar: rank {self._rank}: ending: rank {word} failed\n")
+                err.flush()
+                # Let the failing rank end first, so that the launcher names it as the cause.
+                time.sleep(1.0)
+                os._exit(1)
+
+        thread = threading.Thread(target=watch, name="solar-abort-watch", daemon=True)
+        thread.start()
+        atexit.register(self._stop_watching, thread, hosts_store, os.getpid())
+
+    def _stop_watching(self, thread: threading.Thread, hosts_store: bool, pid: int) -> None:
+        # Wake the watcher while the interpreter can still run it: a thread blocked in C++ that
+        # wakes during finalisation may take the process down with it. A forked child inherits
+        # this handler but not the thread, and must not wake its parent's.
+        if self._store_lost or os.getpid() != pid:
+            return
+        with contextlib.suppress(Exception):
+            self._store.set(self._key(self._rank), _EXIT)
+            thread.join(5)
+            done = self._store.add(f"{self._prefix}exited", 1)
+            # A store served by this process vanishes with it: stay a little, until every rank
+            # has stopped watching it (harmless otherwise, but torch logs each lost connection).
+            deadline = time.monotonic() + _LINGER_S
+            while hosts_store and done < self._size and time.monotonic() < deadline:
+                time.sleep(0.05)
+                done = self._store.add(f"{self._prefix}exited", 0)
+
+
+def allreduce(comm: Any, value: Any, op: str = SUM) -> Any:
+    """``value`` (a number or numpy array) summed (:data:`SUM`) or maximised (:data:`MAX`) over
+    every rank of ``comm``: an mpi4py communicator, a :class:`TorchComm`, or None (one process).
+    """
+    _check_op(op)
+    if comm is None:
+        return value
+    if type(comm).__module__.startswith("mpi4py"):
+        from mpi4py import MPI
+
+        mpi_op = MPI.SUM if op == SUM else MPI.MAX
+        if isinstance(value, np.ndarray):
+            # mpi4py's pickling allreduce applies max() to whole arrays, which numpy refuses.
+            value = np.ascontiguousarray(value)
+            out = np.empty_like(value)
+            comm.Allreduce(value, out, op=mpi_op)
+            return out
+        return comm.allreduce(value, op=mpi_op)
+    return comm.allreduce(value, op=op)
+
+
+def _check_op(op: Any) -> None:
+    if op not in (SUM, MAX):
+        raise SolarError(f"allreduce: op must be solar.dist.SUM or solar.dist.MAX, got {op!r}")
 
 
 def install_abort_on_error(comm: Any) -> None:
@@ -105,6 +372,14 @@ def install_abort_on_error(comm: Any) -> None:
 
 def abort(comm: Any, exc_info: tuple | None = None) -> None:
     """Print the current (or given) error with this rank's number, then abort every rank."""
+    if getattr(comm, "peer_failed", None) is not None:
+        # Another rank failed first and this error follows from it (its exit broke a
+        # collective): one traceback tells the story, and the abort watcher is ending this
+        # process just after the failing one (so the launcher names that one as the cause).
+        time.sleep(5)
+        os._exit(1)
+    global _aborting
+    _aborting = True
     exc_type, exc, tb = exc_info or sys.exc_info()
     rank = comm.Get_rank()
     err = sys.__stderr__ or sys.stderr  # the real one, whatever a library put in sys.stderr
@@ -133,7 +408,8 @@ def abort_job_on_error(comm: Any) -> Iterator[None]:
 def agree(comm: Any, value: Any, what: str) -> None:
     """Stop unless every rank of ``comm`` holds the same ``value`` (a collective: all must call).
 
-    ``comm`` is None or anything with ``Get_size`` and ``allgather`` (an mpi4py communicator).
+    ``comm`` is None or anything with ``Get_size`` and ``allgather`` (an mpi4py communicator or
+    a :class:`TorchComm`).
     """
     if comm is None or comm.Get_size() <= 1:
         return

@@ -1,9 +1,17 @@
-"""Tests that run under mpiexec (the mpich wheel's), as part of `make test`."""
+"""The scripts in tests/mpi run unchanged under mpiexec (the mpich wheel's), torchrun and srun.
+
+srun is simulated: plain processes with the variables srun sets (SLURM_PROCID, SLURM_NTASKS,
+SLURM_LOCALID, SLURM_JOB_ID, SLURM_STEP_ID, SLURM_STEP_NODELIST).
+"""
 
 from __future__ import annotations
 
+import os
+import random
+import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -11,16 +19,79 @@ import h5py
 import numpy as np
 import pytest
 
+from solar.launch import srun_port
+
 HERE = Path(__file__).parent / "mpi"
+EXAMPLE = HERE.parent.parent / "examples" / "train_surrogate.py"
 MPIEXEC = Path(sys.executable).with_name("mpiexec")
+TORCHRUN = Path(sys.executable).with_name("torchrun")
 N = 103
+# Variables of an outer launcher that would mislead the ones started here.
+FOREIGN = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "SOLAR_LAUNCHER")
+FOREIGN_PREFIXES = ("SLURM_", "PMI_", "OMPI_", "TORCHELASTIC_")
 
-pytestmark = pytest.mark.skipif(not MPIEXEC.exists(), reason="no mpiexec beside python")
+
+def launch(launcher: str, n: int, script: str | Path, *args, timeout: float = 300):
+    """Run ``script`` (in tests/mpi, or a path) on ``n`` ranks under ``launcher``."""
+    argv = [str(HERE / script if isinstance(script, str) else script), *map(str, args)]
+    env = {k: v for k, v in os.environ.items()
+           if k not in FOREIGN and not k.startswith(FOREIGN_PREFIXES)}  # fmt: skip
+    if launcher == "srun":
+        return simulated_srun(n, argv, env, timeout)
+    exe = MPIEXEC if launcher == "mpiexec" else TORCHRUN
+    if not exe.exists():
+        pytest.skip(f"no {exe.name} beside python")
+    if launcher == "mpiexec":
+        cmd = [str(exe), "-n", str(n), sys.executable, *argv]
+    else:
+        cmd = [str(exe), "--standalone", "--nproc_per_node", str(n), *argv]
+    return subprocess.run(
+        cmd, capture_output=True, text=True, timeout=timeout, env=env, check=False
+    )
 
 
-def mpirun(n: int, script: str, *args, timeout: float = 300) -> subprocess.CompletedProcess:
-    cmd = [str(MPIEXEC), "-n", str(n), sys.executable, str(HERE / script), *map(str, args)]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
+def simulated_srun(n: int, argv: list[str], env: dict, timeout: float):
+    """Start ``n`` processes as ``srun -n n`` would on one node: one job step, tasks 0..n-1."""
+    job = free_job_id()
+    with tempfile.TemporaryDirectory() as tmp:
+        procs, outs = [], []
+        for r in range(n):
+            out, err = open(f"{tmp}/{r}.out", "w+"), open(f"{tmp}/{r}.err", "w+")
+            outs.append((out, err))
+            task = {"SLURM_PROCID": str(r), "SLURM_NTASKS": str(n), "SLURM_LOCALID": str(r),
+                    "SLURM_JOB_ID": str(job), "SLURM_STEP_ID": "0",
+                    "SLURM_STEP_NODELIST": "localhost", "OMP_NUM_THREADS": "1"}  # fmt: skip
+            procs.append(subprocess.Popen([sys.executable, *argv], stdout=out, stderr=err,
+                                          env={**env, **task}, text=True))  # fmt: skip
+        deadline = time.monotonic() + timeout
+        try:
+            codes = [p.wait(max(deadline - time.monotonic(), 0)) for p in procs]
+        finally:
+            for p in procs:
+                p.kill()
+        texts = []
+        for out, err in outs:
+            texts.append([])
+            for f in (out, err):
+                f.seek(0)
+                texts[-1].append(f.read())
+                f.close()
+    code = next((c for c in codes if c != 0), 0)
+    return subprocess.CompletedProcess(argv, code, "".join(t[0] for t in texts),
+                                       "".join(t[1] for t in texts))  # fmt: skip
+
+
+def free_job_id() -> int:
+    """A job ID whose derived rendezvous port is free here now (other test runs share the host)."""
+    for _ in range(100):
+        job = random.randrange(1, 10**7)
+        with socket.socket() as s:
+            try:
+                s.bind(("", srun_port(job, 0)))
+            except OSError:
+                continue
+        return job
+    raise RuntimeError("no free port for a simulated srun job")
 
 
 def write(path: Path, lo: int, hi: int, **layout) -> Path:
@@ -31,10 +102,12 @@ def write(path: Path, lo: int, hi: int, **layout) -> Path:
     return path
 
 
-@pytest.mark.parametrize(("ranks", "slack", "layout"), [
-    (2, 0.25, "one file"), (3, 0.0, "three files"), (3, 0.5, "chunked"), (4, 0.25, "one file"),
+@pytest.mark.parametrize(("launcher", "ranks", "slack", "layout"), [
+    ("mpiexec", 2, 0.25, "one file"), ("mpiexec", 3, 0.0, "three files"),
+    ("mpiexec", 3, 0.5, "chunked"), ("mpiexec", 4, 0.25, "one file"),
+    ("torchrun", 3, 0.25, "three files"), ("srun", 2, 0.5, "one file"),
 ])  # fmt: skip
-def test_ranks_serve_every_sample_once_with_h5py_bytes(tmp_path, ranks, slack, layout):
+def test_ranks_serve_every_sample_once_with_h5py_bytes(tmp_path, launcher, ranks, slack, layout):
     if layout == "three files":
         data = [
             write(tmp_path / f"{i}.h5", lo, hi)
@@ -44,53 +117,66 @@ def test_ranks_serve_every_sample_once_with_h5py_bytes(tmp_path, ranks, slack, l
         data = [write(tmp_path / "d.h5", 0, N, chunks=True, compression="gzip")]
     else:
         data = [write(tmp_path / "d.h5", 0, N)]
-    result = mpirun(ranks, "coverage.py", *data, "--slack", slack)
+    result = launch(launcher, ranks, "coverage.py", *data, "--slack", slack)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stdout.count(": ok") == ranks
+    # One job of `ranks` ranks, not `ranks` jobs of one.
+    for r in range(ranks):
+        assert f"rank {r} of {ranks}: ok" in result.stdout, result.stdout
 
 
-def test_ddp_gradients_equal_a_single_process_step(tmp_path):
+@pytest.mark.parametrize("launcher", ["mpiexec", "torchrun"])
+def test_ddp_gradients_equal_a_single_process_step(tmp_path, launcher):
     data = write(tmp_path / "d.h5", 0, N)
-    result = mpirun(3, "gradients.py", data)
+    result = launch(launcher, 3, "gradients.py", data)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.count("gradients equal") == 3
 
 
-def test_a_failing_rank_ends_the_job_promptly():
+@pytest.mark.parametrize(("launcher", "wait"), [
+    ("mpiexec", "allreduce"), ("torchrun", "allreduce"),
+    # No launcher here to stop the others, nor a collective to notice: only solar's abort can.
+    ("srun", "sleep"),
+])  # fmt: skip
+def test_a_failing_rank_ends_the_job_promptly(launcher, wait):
     t0 = time.monotonic()
-    result = mpirun(3, "fail.py", timeout=120)
+    result = launch(launcher, 3, "fail.py", wait, timeout=120)
     assert result.returncode != 0
     assert "boom from rank 1" in result.stderr
     assert "solar: rank 1 failed" in result.stderr
     assert "unreachable" not in result.stderr
+    if launcher != "mpiexec":  # MPI_Abort ends the others without a word
+        for r in (0, 2):
+            assert f"solar: rank {r}: ending: rank 1 failed" in result.stderr, result.stderr
     assert time.monotonic() - t0 < 60
 
 
-def test_training_example_resumes_exactly(tmp_path):
-    """An interrupted run, resumed from its checkpoint, ends with the same parameters."""
-    example = HERE.parent.parent / "examples" / "train_surrogate.py"
+def test_training_example_help_lists_its_options():
+    result = subprocess.run([sys.executable, EXAMPLE, "--help"], capture_output=True, text=True,
+                            timeout=120, check=False)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    for option in ("--data", "--buffer", "% of data", "--resume", "--stop-after"):
+        assert option in result.stdout
+
+
+def test_training_example_resumes_exactly_under_either_launcher(tmp_path):
+    """A run, and an interrupted run resumed from its checkpoint, end with the same parameters,
+    whichever launcher runs each part."""
     data = tmp_path / "p.h5"
     common = ["--data", data, "--samples", 96, "--epochs", 2, "--batch-size", 8,
               "--buffer", "30%", "--slack", 0.5]  # fmt: skip
 
-    def train(*extra) -> str:
-        cmd = [
-            str(MPIEXEC),
-            "-n",
-            "2",
-            sys.executable,
-            str(example),
-            *map(str, common + list(extra)),
-        ]
-        result = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=False)
+    def train(launcher: str, *extra) -> str:
+        result = launch(launcher, 2, EXAMPLE, *common, *extra)
         assert result.returncode == 0, result.stderr[-3000:]
+        kind = {"mpiexec": "mpi", "torchrun": "torchrun"}[launcher]
+        assert f"training on 2 ranks ({kind})" in result.stdout
         return result.stdout
 
-    whole = train("--checkpoint", tmp_path / "a.pt")
+    whole = train("torchrun", "--checkpoint", tmp_path / "a.pt")
     assert whole.count("epoch ") == 2 and "hit rate" in whole
-    stopped = train("--checkpoint", tmp_path / "b.pt", "--stop-after", 9)
+    stopped = train("mpiexec", "--checkpoint", tmp_path / "b.pt", "--stop-after", 9)
     assert "stopped after 9 steps" in stopped
-    resumed = train("--checkpoint", tmp_path / "b.pt", "--resume")
+    resumed = train("torchrun", "--checkpoint", tmp_path / "b.pt", "--resume")
     assert "resumed" in resumed
     checksum = [line for line in whole.splitlines() if "checksum" in line]
     assert checksum and checksum == [line for line in resumed.splitlines() if "checksum" in line]
