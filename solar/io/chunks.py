@@ -101,10 +101,21 @@ def chunk_index(dset: h5py.Dataset) -> ChunkIndex:
     slot[cell] = np.arange(cell.shape[0])
     starts, offsets, sizes, masks = starts[order], offsets[order], sizes[order], masks[order]
     _check_extent(file, name, starts, offsets, sizes)
-    fill = np.array(dset.fillvalue, dset.dtype).reshape(())
+    fill = np.array(_fill_value(dset), dset.dtype).reshape(())
     return ChunkIndex(
         file, name, shape, chunk_shape, dset.dtype, fill, starts, offsets, sizes, masks, slot
     )
+
+
+def _fill_value(dset: h5py.Dataset):
+    """What h5py reads where no chunk was written.
+
+    With fill time "never" HDF5 leaves the caller's memory as it was; h5py reads into fresh
+    (zeroed) arrays, so zero is what it returns in practice.
+    """
+    if dset.id.get_create_plist().get_fill_time() == h5py.h5d.FILL_TIME_NEVER:
+        return 0
+    return dset.fillvalue
 
 
 def _stored_chunks(dsid: h5py.h5d.DatasetID) -> list:
