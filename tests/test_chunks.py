@@ -222,6 +222,17 @@ def test_fill_value_and_unwritten_dataset(tmp_path):
     assert plan.reads.size == 0 and plan.row.size == 0
 
 
+def test_index_without_chunk_iter_is_the_same(tmp_path):
+    path = str(tmp_path / "i.h5")
+    shape, chunks, written = LAYOUTS["cut-sample-dims"]
+    _write(path, _data(shape, "<f4"), chunks, rows=written, compression="gzip")
+    with h5py.File(path, "r") as f:
+        a, b = chunk_index(f["x"]), chunk_index(f["x"], iterate=False)
+    assert 0 < a.num_chunks < int(np.prod(a.grid))
+    for field in ("starts", "offsets", "sizes", "masks", "slot"):
+        assert np.array_equal(getattr(a, field), getattr(b, field))
+
+
 # -- bad data ----------------------------------------------------------------------------------
 
 

@@ -1,0 +1,255 @@
+"""Decode benchmark: compressed chunks decoded outside h5py, on 1 and 2 threads, vs h5py.
+
+    python bench/decode_bench.py [--samples 256] [--json bench/results/decode.json]
+
+PtychoNN-like samples (a 256×256 float32 diffraction image, two 64×64 float32 targets; the data
+of ``solar gen``), one sample per chunk, written three ways: gzip level 4 (h5py's default),
+Zstd and Bitshuffle+LZ4 (hdf5plugin). Everything is warm (in memory or in the page cache): this
+measures decoding, not storage.
+
+1. codecs: per layout, the stored/raw ratio; decode CPU time per sample on one thread (stored
+   bytes already in memory, decoded into batch rows); samples/s doing the same on 1 and 2
+   threads (2T/1T near 2 means the codec releases the GIL; the machine has 2 cores shared with
+   others); ``read_rows`` (pread + decode + scatter, warm page cache) on 1 and 2 threads; h5py
+   ``dset[i]`` for the three keys on 1 and 2 threads.
+2. filters: each filter alone on diffraction images of Poisson photon counts (so that every
+   codec has something to compress, as real diffraction data does): µs per 256 KiB chunk and
+   2T/1T scaling of ``Decoder.decode`` — the GIL check of each library.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import h5py
+import hdf5plugin
+import imagecodecs
+import numpy as np
+
+from solar.io.chunks import chunk_index, read_chunk, read_rows
+from solar.io.codecs import Decoder, decoder_for
+from solar.io.generate import generate
+
+KEYS = ("diffraction", "amplitude", "phase")
+CODECS = {
+    "gzip-4": dict(compression="gzip", compression_opts=4),
+    "zstd": dict(hdf5plugin.Zstd(clevel=3)),
+    "bitshuffle-lz4": dict(hdf5plugin.Bitshuffle(cname="lz4")),
+}
+FILTERS = {
+    "shuffle": dict(shuffle=True),
+    "fletcher32": dict(fletcher32=True),
+    "deflate": dict(compression="gzip", compression_opts=4),
+    "lzf": dict(compression="lzf"),
+    "lz4": dict(hdf5plugin.LZ4()),
+    "zstd": dict(hdf5plugin.Zstd(clevel=3)),
+    "blosc(lz4,shuffle)": dict(hdf5plugin.Blosc(cname="lz4")),
+    "bitshuffle": dict(hdf5plugin.Bitshuffle(cname="none")),
+    "bitshuffle(lz4)": dict(hdf5plugin.Bitshuffle(cname="lz4")),
+    "bitshuffle(zstd)": dict(hdf5plugin.Bitshuffle(cname="zstd")),
+}
+REPEATS = 3
+
+
+def best_rate(fn, items: int) -> float:
+    """Items per second of ``fn()``, best of REPEATS runs."""
+    best = float("inf")
+    for _ in range(REPEATS):
+        t = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t)
+    return items / best
+
+
+def on_threads(pool: ThreadPoolExecutor | None, task, jobs) -> None:
+    if pool is None:
+        for job in jobs:
+            task(job)
+    else:
+        list(pool.map(task, jobs))
+
+
+def write_layouts(tmp: Path, n: int) -> dict[str, Path]:
+    """The generator's gzip file, and the same arrays rewritten with the other codecs."""
+    paths = {"gzip-4": generate(tmp / "gzip-4.h5", "ptychonn", n, chunks=1, compression="gzip")}
+    with h5py.File(paths["gzip-4"], "r") as src:
+        arrays = {k: src[k][()] for k in KEYS}
+    for name, filters in CODECS.items():
+        if name in paths:
+            continue
+        paths[name] = tmp / f"{name}.h5"
+        with h5py.File(paths[name], "w") as f:
+            for k, a in arrays.items():
+                f.create_dataset(k, data=a, chunks=(1, *a.shape[1:]), **filters)
+    return paths
+
+
+def stored_chunks(path: Path):
+    """Per key: its index, decoder, and every stored chunk's bytes (read with os.pread)."""
+    out = {}
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        with h5py.File(path, "r") as f:
+            for k in KEYS:
+                index, decoder = chunk_index(f[k]), decoder_for(f[k])
+                assert isinstance(decoder, Decoder), decoder
+                raws = [read_chunk(fd, index, i) for i in range(index.num_chunks)]
+                out[k] = (index, decoder, raws)
+    finally:
+        os.close(fd)
+    return out
+
+
+def bench_codec(path: Path, n: int, batch: int) -> dict:
+    chunks = stored_chunks(path)
+    stored = sum(sum(len(r) for r in raws) for _, _, raws in chunks.values())
+    logical = sum(idx.dtype.itemsize * int(np.prod(idx.shape)) for idx, _, _ in chunks.values())
+    order = np.random.default_rng(0).permutation(n)
+    outs = {k: np.empty((batch, *idx.shape[1:]), np.float32) for k, (idx, _, _) in chunks.items()}
+
+    def decode_sample(j: int) -> None:
+        i = int(order[j])
+        for k, (idx, dec, raws) in chunks.items():
+            p = int(idx.slot[i])  # one sample per chunk: grid cell i
+            outs[k][j % batch] = dec.decode(raws[p], int(idx.masks[p]))[0]
+
+    cpu = time.process_time()
+    for j in range(n):
+        decode_sample(j)
+    cpu_us = (time.process_time() - cpu) / n * 1e6
+    res = {"ratio": stored / logical, "decode_cpu_us_per_sample": cpu_us}
+    res["decode_1t"] = best_rate(lambda: on_threads(None, decode_sample, range(n)), n)
+    with ThreadPoolExecutor(2) as pool:
+        res["decode_2t"] = best_rate(lambda: on_threads(pool, decode_sample, range(n)), n)
+
+    # read_rows: pread (warm) + decode + scatter, a batch of random rows per call
+    with h5py.File(path, "r") as f:
+        dsets = {k: f[k] for k in KEYS}
+        fd = os.open(path, os.O_RDONLY)
+        batches = [order[s : s + batch] for s in range(0, n, batch)]
+
+        def rows_pass(pool):
+            for rows in batches:
+                for k, (idx, dec, _) in chunks.items():
+                    read_rows(idx, dec, rows, fd, outs[k][: rows.size], pool=pool)
+
+        res["read_rows_1t"] = best_rate(lambda: rows_pass(None), n)
+        with ThreadPoolExecutor(2) as pool:
+            res["read_rows_2t"] = best_rate(lambda: rows_pass(pool), n)
+        os.close(fd)
+
+        def h5py_sample(j: int) -> None:
+            i = int(order[j])
+            for k in KEYS:
+                outs[k][j % batch] = dsets[k][i]
+
+        res["h5py_1t"] = best_rate(lambda: on_threads(None, h5py_sample, range(n)), n)
+        with ThreadPoolExecutor(2) as pool:
+            res["h5py_2t"] = best_rate(lambda: on_threads(pool, h5py_sample, range(n)), n)
+    return res
+
+
+def bench_filters(tmp: Path, n: int) -> dict:
+    """Each filter alone on Poisson-count diffraction images: decode µs and 2T/1T scaling."""
+    rng = np.random.default_rng(1)
+    yy, xx = np.mgrid[-128:128, -128:128]
+    rate = 200.0 * np.exp(-(xx**2 + yy**2) / (2 * 30.0**2))
+    images = rng.poisson(rate, (n, 256, 256)).astype(np.float32)
+    results = {}
+    for name, filters in FILTERS.items():
+        path = tmp / "filter.h5"
+        with h5py.File(path, "w") as f:
+            f.create_dataset("x", data=images, chunks=(1, 256, 256), **filters)
+        fd = os.open(path, os.O_RDONLY)
+        with h5py.File(path, "r") as f:
+            index, dec = chunk_index(f["x"]), decoder_for(f["x"])
+        raws = [read_chunk(fd, index, i) for i in range(index.num_chunks)]
+        os.close(fd)
+        masks = [int(m) for m in index.masks]
+
+        def one(i: int, raws=raws, masks=masks, dec=dec) -> None:
+            dec.decode(raws[i], masks[i])
+
+        one(0)
+        t1 = best_rate(lambda one=one: on_threads(None, one, range(n)), n)
+        with ThreadPoolExecutor(2) as pool:
+            t2 = best_rate(lambda one=one, pool=pool: on_threads(pool, one, range(n)), n)
+        stored = sum(len(r) for r in raws) / (n * 256 * 256 * 4)
+        skipped = sum(1 for m in masks if m)
+        results[name] = {
+            "ratio": stored,
+            "us_per_chunk": 1e6 / t1,
+            "chunks_per_s_1t": t1,
+            "chunks_per_s_2t": t2,
+            "scaling": t2 / t1,
+            "chunks_with_filter_skipped": skipped,
+        }
+    return results
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--samples", type=int, default=256)
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--json", type=Path, default=None)
+    args = ap.parse_args()
+    n = args.samples
+    with tempfile.TemporaryDirectory(dir=os.environ.get("SOLAR_BENCH_DIR")) as tmp:
+        paths = write_layouts(Path(tmp), n)
+        codecs = {name: bench_codec(p, n, args.batch) for name, p in paths.items()}
+        filters = bench_filters(Path(tmp), min(n, 64))
+
+    print(f"PtychoNN-like samples ({n}, one per chunk, warm), samples/s; 2 cores shared")
+    head = (
+        f"{'codec':15s} {'ratio':>6s} {'cpu µs':>7s} {'dec 1T':>7s} {'dec 2T':>7s} {'x':>5s} "
+        f"{'rows 1T':>7s} {'rows 2T':>7s} {'h5py 1T':>7s} {'h5py 2T':>7s}"
+    )
+    print(head)
+    for name, r in codecs.items():
+        print(
+            f"{name:15s} {r['ratio']:6.3f} {r['decode_cpu_us_per_sample']:7.0f} "
+            f"{r['decode_1t']:7.0f} {r['decode_2t']:7.0f} {r['decode_2t'] / r['decode_1t']:5.2f} "
+            f"{r['read_rows_1t']:7.0f} {r['read_rows_2t']:7.0f} "
+            f"{r['h5py_1t']:7.0f} {r['h5py_2t']:7.0f}"
+        )
+    print("\nEach filter alone, Poisson-count 256×256 float32 chunks: Decoder.decode")
+    print(f"{'filter':20s} {'ratio':>6s} {'µs/chunk':>9s} {'1T/s':>7s} {'2T/s':>7s} {'x':>5s}")
+    for name, r in filters.items():
+        note = (
+            f"  ({r['chunks_with_filter_skipped']} chunks stored raw)"
+            if r["chunks_with_filter_skipped"]
+            else ""
+        )
+        print(
+            f"{name:20s} {r['ratio']:6.3f} {r['us_per_chunk']:9.1f} {r['chunks_per_s_1t']:7.0f} "
+            f"{r['chunks_per_s_2t']:7.0f} {r['scaling']:5.2f}{note}"
+        )
+    if args.json:
+        record = {
+            "samples": n,
+            "batch": args.batch,
+            "cpus": os.cpu_count(),
+            "load_average": os.getloadavg(),
+            "versions": {
+                "python": platform.python_version(),
+                "h5py": h5py.__version__,
+                "hdf5": h5py.version.hdf5_version,
+                "imagecodecs": imagecodecs.__version__,
+                "hdf5plugin": hdf5plugin.version,
+            },
+            "codecs": codecs,
+            "filters": filters,
+        }
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(record, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
