@@ -24,6 +24,7 @@ from solar.io.chunks import (
     assemble,
     chunk_index,
     chunks_for_rows,
+    decodes_into_rows,
     read_chunk,
     read_rows,
 )
@@ -95,6 +96,17 @@ def _check(path, name="x", *, rows=None, threads=0) -> tuple[ChunkIndex, Decoder
         os.close(fd)
     want = expected[rows].astype(out.dtype)
     assert out.tobytes() == want.tobytes()
+    # decoding into a caller's array (a batch row) gives the same bytes
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        for k in range(index.num_chunks):
+            raw, mask, where = read_chunk(fd, index, k), int(index.masks[k]), index.starts[k]
+            into = np.full(index.chunk_shape, 77, index.dtype)
+            got = decoder.decode(raw, mask, where, out=into)
+            assert np.shares_memory(got, into)
+            assert into.tobytes() == decoder.decode(raw, mask, where).tobytes()
+    finally:
+        os.close(fd)
     return index, decoder
 
 
@@ -162,6 +174,42 @@ def test_dtypes_and_byte_orders(tmp_path, dtype, flt):
     assert index.dtype == np.dtype(dtype)
 
 
+@pytest.mark.parametrize("flt", ["gzip", "shuffle+gzip+fletcher32", "bitshuffle-lz4", "lzf"])
+def test_one_sample_per_chunk_decodes_into_rows(tmp_path, flt):
+    path = str(tmp_path / "o.h5")
+    _write(path, _data((9, 6, 4), ">f4"), (1, 6, 4), **FILTERS[flt])
+    with h5py.File(path, "r") as f:
+        index = chunk_index(f["x"])
+    assert decodes_into_rows(index, np.empty((3, 6, 4), ">f4"))
+    assert not decodes_into_rows(index, np.empty((3, 6, 4), "<f4"))  # converts: scatter
+    for dtype in (">f4", "<f4"):
+        rows = [8, 0, 8, 3]
+        got = np.empty((4, 6, 4), dtype)
+        with h5py.File(path, "r") as f:
+            read_rows(index, decoder_for(f["x"]), rows, os.open(path, 0), got)
+            assert np.array_equal(got, f["x"][()][rows])
+        slots = np.array([6, 1, 3, 0])  # into buffer slots, repeats included
+        buf = np.zeros((7, 6, 4), dtype)
+        with h5py.File(path, "r") as f:
+            read_rows(index, decoder_for(f["x"]), rows, os.open(path, 0), buf, targets=slots)
+            assert np.array_equal(buf[slots], f["x"][()][rows])
+
+
+def test_decode_into_a_wrong_buffer_is_refused(tmp_path):
+    path = str(tmp_path / "w.h5")
+    _write(path, _data((4, 8), "<f4"), (2, 8), **FILTERS["zstd"])
+    _, decoder, raw = _first_chunk(path)
+    with pytest.raises(ValueError, match="hold 64 bytes"):
+        decoder.decode(raw, out=np.empty(15, "<f4"))
+    with pytest.raises(ValueError, match="writable"):
+        decoder.decode(raw, out=np.frombuffer(bytes(64), "<f4"))
+    import imagecodecs
+
+    short = imagecodecs.zstd_encode(bytes(60))
+    with pytest.raises(SolarError, match="chunk at \\(0, 0\\)"):
+        decoder.decode(short, 0, (0, 0), out=np.empty(16, "<f4"))
+
+
 def test_one_dimensional_and_raw_chunks(tmp_path):
     path = str(tmp_path / "v.h5")
     _write(path, _data((29,), ">i4"), (4,), compression="gzip", shuffle=True)
@@ -207,6 +255,8 @@ def test_unfiltered_partial_edge_chunks(tmp_path):
         h5py.Dataset(dsid)[...] = np.arange(70).reshape(7, 10)
     index, decoder = _check(path)
     assert decoder.unfiltered_edges and index.sizes[1] == 4 * 10 * 4
+    with pytest.raises(ValueError, match="pass where"):
+        decoder.decode(b"")
 
 
 def test_fill_value_and_unwritten_dataset(tmp_path):

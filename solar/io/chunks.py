@@ -260,6 +260,17 @@ def assemble(
         scatter_chunk(index, plan, k, chunk, out, targets)
 
 
+def decodes_into_rows(index: ChunkIndex, out: np.ndarray) -> bool:
+    """Whether a chunk of ``index`` is exactly one row of ``out``, byte for byte."""
+    return (
+        index.chunk_shape[0] == 1
+        and index.chunk_shape[1:] == index.shape[1:]
+        and out.dtype == index.dtype
+        and out.flags.c_contiguous
+        and out.shape[1:] == index.shape[1:]
+    )
+
+
 def read_chunk(fd: int, index: ChunkIndex, position: int) -> bytes:
     """The stored bytes of chunk ``position`` of the index, with one ``os.pread``."""
     size, offset = int(index.sizes[position]), int(index.offsets[position])
@@ -285,15 +296,27 @@ def read_rows(
 ) -> RowPlan:
     """Reference executor: read, decode and scatter every chunk ``rows`` need into ``out``.
 
-    With ``pool``, each chunk is one task (pread, decode, scatter) on the pool's threads.
+    With ``pool``, each chunk is one task (pread, decode, scatter) on the pool's threads. When a
+    chunk is exactly one sample and ``out`` has the file's dtype, it is decoded straight into
+    its destination row (no intermediate array, no copy).
     """
     plan = chunks_for_rows(index, rows)
     fill_absent(index, plan, out, targets)
+    direct = decodes_into_rows(index, out)
 
     def one(k: int) -> None:
         position = int(plan.reads[k])
         raw = read_chunk(fd, index, position)
-        chunk = decoder.decode(raw, int(index.masks[position]), index.starts[position])
+        mask, where = int(index.masks[position]), index.starts[position]
+        if direct:
+            lo, hi = int(plan.bounds[k]), int(plan.bounds[k + 1])
+            dst = plan.row[lo:hi] if targets is None else targets[plan.row[lo:hi]]
+            first = int(dst[0])
+            decoder.decode(raw, mask, where, out=out[first : first + 1])
+            if dst.size > 1:  # the same sample requested again
+                out[dst[1:]] = out[first]
+            return
+        chunk = decoder.decode(raw, mask, where)
         scatter_chunk(index, plan, k, chunk, out, targets)
 
     if pool is None:

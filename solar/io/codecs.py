@@ -55,9 +55,13 @@ FILTER_NAMES = {
 _BSHUF_LZ4, _BSHUF_ZSTD = 2, 3  # bitshuffle's cd_values[4]: compression applied to each block
 _DONT_FILTER_PARTIAL_CHUNKS = 0x0002  # H5Pset_chunk_opts: edge chunks stored unfiltered
 
-# A stage turns the bytes one filter wrote back into its input; ``size`` is that input's length
-# when known (None after a compressor earlier in the pipeline).
-StageFn = Callable[[memoryview, "int | None"], "bytes | bytearray | memoryview | np.ndarray"]
+# A stage turns the bytes one filter wrote back into its input: (stored, size, dst) -> bytes.
+# ``size`` is that input's length when known (None after a compressor earlier in the pipeline);
+# ``dst``, when given, is a writable buffer of ``size`` bytes for the result (the last stage
+# decodes straight into the caller's array). A stage may return fewer or more bytes than
+# ``size``: the Decoder checks.
+Buffer = bytes | bytearray | memoryview | np.ndarray
+StageFn = Callable[[memoryview, "int | None", "memoryview | None"], Buffer]
 
 
 @dataclass(frozen=True)
@@ -70,6 +74,7 @@ class Stage:
     decode: StageFn
     label: str  # what describe_decoding shows, e.g. "bitshuffle(lz4)"
     compresses: bool  # the encoded size is unknown before decoding
+    fills_dst: bool = True  # writes its result into ``dst`` (fletcher32 returns a view)
 
 
 @dataclass(frozen=True)
@@ -105,30 +110,47 @@ class Decoder:
         return "+".join(s.label for s in self.stages) or "no filters"
 
     def decode(
-        self, raw: bytes | bytearray | memoryview | np.ndarray, mask: int = 0, where=None
+        self, raw: Buffer, mask: int = 0, where=None, out: np.ndarray | None = None
     ) -> np.ndarray:
-        """Decode one chunk. ``where`` (its start coordinates) only names it in errors."""
-        buf = memoryview(raw).cast("B")
-        if self.unfiltered_edges and where is not None and self._is_edge(where):
-            mask = ~0
+        """Decode one chunk: an array of the chunk's shape and the file's dtype.
+
+        ``mask`` is the chunk's filter mask, ``where`` its start coordinates (they name it in
+        errors, and are required when edge chunks are stored unfiltered). With ``out`` (a
+        writable C-contiguous array of the chunk's byte size, e.g. a batch row), the last
+        stage decodes straight into it and the result is a view of it.
+        """
+        if self.unfiltered_edges:
+            if where is None:
+                raise ValueError(f"{self.name}: edge chunks are stored unfiltered: pass where")
+            if self._is_edge(where):
+                mask = ~0
+        dst = None
+        if out is not None:
+            dst = memoryview(out).cast("B")
+            if dst.readonly or dst.nbytes != self.chunk_nbytes:
+                raise ValueError(f"out must be writable and hold {self.chunk_nbytes} bytes")
         sizes = self._input_sizes(mask)
-        out: bytes | bytearray | memoryview | np.ndarray = buf
-        for i in range(len(self.stages) - 1, -1, -1):
-            if mask >> i & 1:
-                continue
+        applied = [i for i in range(len(self.stages)) if not mask >> i & 1]
+        data: Buffer = memoryview(raw).cast("B")
+        for i in reversed(applied):
             stage = self.stages[i]
+            target = dst if i == applied[0] else None
             try:
-                out = stage.decode(memoryview(out).cast("B"), sizes[i])
+                data = stage.decode(memoryview(data).cast("B"), sizes[i], target)
             except SolarError as exc:
                 raise self._error(where, f"{stage.name}: {exc}") from None
             except Exception as exc:  # the codec libraries raise their own error types
                 raise self._error(
                     where, f"{stage.name} decode failed ({_first_line(exc)})"
                 ) from None
-        nbytes = memoryview(out).nbytes
+        nbytes = memoryview(data).nbytes
         if nbytes != self.chunk_nbytes:
             raise self._error(where, f"decoded to {nbytes} bytes, expected {self.chunk_nbytes}")
-        return np.frombuffer(out, self.dtype).reshape(self.chunk_shape)
+        if dst is None:
+            return np.frombuffer(data, self.dtype).reshape(self.chunk_shape)
+        if not applied or not self.stages[applied[0]].fills_dst:
+            dst[:] = memoryview(data).cast("B")
+        return np.frombuffer(dst, self.dtype).reshape(self.chunk_shape)
 
     def _input_sizes(self, mask: int) -> list[int | None]:
         """The length of each stage's input when writing (its decoded output)."""
@@ -185,19 +207,22 @@ def _unshuffle(src, dst, itemsize):  # pragma: no cover - compiled
         dst[k] = src[k]
 
 
-def unshuffle(buf: memoryview, itemsize: int) -> np.ndarray:
+def unshuffle(buf: memoryview, itemsize: int, dst: memoryview | None = None) -> np.ndarray:
     """Undo HDF5's shuffle filter (bytes grouped by significance) for ``itemsize``-byte items."""
     src = np.frombuffer(buf, np.uint8)
+    out = np.empty_like(src) if dst is None else np.frombuffer(dst, np.uint8)
+    if out.size != src.size:
+        raise SolarError(f"{src.size} bytes where {out.size} were expected")
     if itemsize <= 1 or src.size < 2 * itemsize:  # HDF5 leaves such buffers as they are
-        return src
-    dst = np.empty_like(src)
-    _unshuffle(src, dst, itemsize)
-    return dst
+        out[:] = src
+    else:
+        _unshuffle(src, out, itemsize)
+    return out
 
 
 def _shuffle_stage(cd: tuple[int, ...], dtype: np.dtype) -> StageFn:
     itemsize = cd[0] if cd else dtype.itemsize
-    return lambda buf, size: unshuffle(buf, itemsize)
+    return lambda buf, size, dst: unshuffle(buf, itemsize, dst)
 
 
 def verify_fletcher32(buf: memoryview) -> memoryview:
@@ -223,29 +248,32 @@ def _byteswap32(value: int) -> int:
     return int.from_bytes(value.to_bytes(4, "little"), "big")
 
 
-def _deflate(buf: memoryview, size: int | None):
+def _out(size: int | None, dst: memoryview | None):
+    """imagecodecs' ``out``: the caller's buffer, else the expected size (None: unknown)."""
+    return dst if dst is not None else size
+
+
+def _deflate(buf: memoryview, size: int | None, dst: memoryview | None):
     if size is None:
         return imagecodecs.zlib_decode(buf)
-    return imagecodecs.deflate_decode(buf, out=size)  # libdeflate: needs the output size
+    return imagecodecs.deflate_decode(buf, out=_out(size, dst))  # libdeflate: needs the size
 
 
-def _zstd(buf: memoryview, size: int | None):
-    return imagecodecs.zstd_decode(buf) if size is None else imagecodecs.zstd_decode(buf, out=size)
+def _zstd(buf: memoryview, size: int | None, dst: memoryview | None):
+    return imagecodecs.zstd_decode(buf, out=_out(size, dst))
 
 
-def _lz4(buf: memoryview, size: int | None):
-    return (
-        imagecodecs.lz4h5_decode(buf) if size is None else imagecodecs.lz4h5_decode(buf, out=size)
-    )
+def _lz4(buf: memoryview, size: int | None, dst: memoryview | None):
+    return imagecodecs.lz4h5_decode(buf, out=_out(size, dst))
 
 
-def _lzf(buf: memoryview, size: int | None):
+def _lzf(buf: memoryview, size: int | None, dst: memoryview | None):
     # HDF5's LZF frames carry no length; decoder_for refuses pipelines where it is unknown.
-    return imagecodecs.lzf_decode(buf, header=False, out=size)
+    return imagecodecs.lzf_decode(buf, header=False, out=_out(size, dst))
 
 
-def _blosc(buf: memoryview, size: int | None):
-    return imagecodecs.blosc_decode(buf, numthreads=1)  # the frame header gives its size
+def _blosc(buf: memoryview, size: int | None, dst: memoryview | None):
+    return imagecodecs.blosc_decode(buf, numthreads=1, out=dst)  # the frame gives its size
 
 
 def _bitshuffle_stage(cd: tuple[int, ...], dtype: np.dtype) -> StageFn:
@@ -253,15 +281,19 @@ def _bitshuffle_stage(cd: tuple[int, ...], dtype: np.dtype) -> StageFn:
     block = cd[3] if len(cd) > 3 else 0
     compression = cd[4] if len(cd) > 4 else 0
     if compression == 0:
-        return lambda buf, size: imagecodecs.bitshuffle_decode(
-            buf, itemsize=itemsize, blocksize=block
+        return lambda buf, size, dst: imagecodecs.bitshuffle_decode(
+            buf, itemsize=itemsize, blocksize=block, out=dst
         )
     codec = imagecodecs.lz4_decode if compression == _BSHUF_LZ4 else imagecodecs.zstd_decode
     kwargs = {"header": False} if compression == _BSHUF_LZ4 else {}
 
-    def decode(buf: memoryview, size: int | None):
+    def decode(buf: memoryview, size: int | None, dst: memoryview | None):
         shuffled, block_elems = _bitshuffle_blocks(buf, itemsize, codec, kwargs)
-        return imagecodecs.bitshuffle_decode(shuffled, itemsize=itemsize, blocksize=block_elems)
+        if dst is not None and dst.nbytes != len(shuffled):
+            raise SolarError(f"decoded to {len(shuffled)} bytes, expected {dst.nbytes}")
+        return imagecodecs.bitshuffle_decode(
+            shuffled, itemsize=itemsize, blocksize=block_elems, out=dst
+        )
 
     return decode
 
@@ -311,7 +343,7 @@ def _simple(fn: StageFn):
 # filter id -> (builds the stage's function from cd_values and the dtype, compresses)
 _STAGES: dict[int, tuple[Callable[[tuple[int, ...], np.dtype], StageFn], bool]] = {
     SHUFFLE: (_shuffle_stage, False),
-    FLETCHER32: (_simple(lambda buf, size: verify_fletcher32(buf)), False),
+    FLETCHER32: (_simple(lambda buf, size, dst: verify_fletcher32(buf)), False),
     DEFLATE: (_simple(_deflate), True),
     ZSTD: (_simple(_zstd), True),
     LZ4: (_simple(_lz4), True),
@@ -394,12 +426,13 @@ def decoder_for(dset: h5py.Dataset) -> Decoder | Unsupported:
         build, compresses = _STAGES[filter_id]
         stages.append(
             Stage(
-                filter_id,
-                FILTER_NAMES[filter_id],
-                cd,
-                build(cd, dtype),
-                _label(filter_id, cd),
-                compresses,
+                filter_id=filter_id,
+                name=FILTER_NAMES[filter_id],
+                cd_values=cd,
+                decode=build(cd, dtype),
+                label=_label(filter_id, cd),
+                compresses=compresses,
+                fills_dst=filter_id != FLETCHER32,
             )
         )
     if _size_unknown_for_lzf(stages):
