@@ -182,17 +182,20 @@ def test_one_sample_per_chunk_decodes_into_rows(tmp_path, flt):
         index = chunk_index(f["x"])
     assert decodes_into_rows(index, np.empty((3, 6, 4), ">f4"))
     assert not decodes_into_rows(index, np.empty((3, 6, 4), "<f4"))  # converts: scatter
-    for dtype in (">f4", "<f4"):
-        rows = [8, 0, 8, 3]
-        got = np.empty((4, 6, 4), dtype)
+    rows, slots = [8, 0, 8, 3], np.array([6, 1, 3, 0])  # repeats; into buffer slots
+    fd = os.open(path, os.O_RDONLY)
+    try:
         with h5py.File(path, "r") as f:
-            read_rows(index, decoder_for(f["x"]), rows, os.open(path, 0), got)
-            assert np.array_equal(got, f["x"][()][rows])
-        slots = np.array([6, 1, 3, 0])  # into buffer slots, repeats included
-        buf = np.zeros((7, 6, 4), dtype)
-        with h5py.File(path, "r") as f:
-            read_rows(index, decoder_for(f["x"]), rows, os.open(path, 0), buf, targets=slots)
-            assert np.array_equal(buf[slots], f["x"][()][rows])
+            decoder, want = decoder_for(f["x"]), f["x"][()][rows]
+        for dtype in (">f4", "<f4"):
+            got = np.empty((4, 6, 4), dtype)
+            read_rows(index, decoder, rows, fd, got)
+            assert np.array_equal(got, want)
+            buf = np.zeros((7, 6, 4), dtype)
+            read_rows(index, decoder, rows, fd, buf, targets=slots)
+            assert np.array_equal(buf[slots], want) and not buf[[2, 4, 5]].any()
+    finally:
+        os.close(fd)
 
 
 def test_decode_into_a_wrong_buffer_is_refused(tmp_path):

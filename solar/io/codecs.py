@@ -6,7 +6,8 @@ whose bit is set in the chunk's filter mask (HDF5 skips an optional filter that 
 on incompressible data). Every codec call goes to a library that releases the GIL while it
 works (imagecodecs: libdeflate, zstd, lz4, liblzf, c-blosc, bitshuffle and HDF5's own
 fletcher32), and HDF5's byte shuffle is a numba kernel compiled with ``nogil``, so chunks decode
-in parallel on the reader's threads.
+in parallel on the reader's threads. Sizes are checked at every stage that knows its output
+size, so a corrupt length field cannot make a stage allocate more than the chunk.
 
 A dataset whose pipeline has a filter without a decoder here gets an ``Unsupported`` with the
 reason, and the caller reads it through h5py. Bad data (a codec error, a wrong decoded size, a
@@ -273,7 +274,7 @@ def _lzf(buf: memoryview, size: int | None, dst: memoryview | None):
 
 
 def _blosc(buf: memoryview, size: int | None, dst: memoryview | None):
-    return imagecodecs.blosc_decode(buf, numthreads=1, out=dst)  # the frame gives its size
+    return imagecodecs.blosc_decode(buf, numthreads=1, out=_out(size, dst))
 
 
 def _bitshuffle_stage(cd: tuple[int, ...], dtype: np.dtype) -> StageFn:
@@ -288,29 +289,35 @@ def _bitshuffle_stage(cd: tuple[int, ...], dtype: np.dtype) -> StageFn:
     kwargs = {"header": False} if compression == _BSHUF_LZ4 else {}
 
     def decode(buf: memoryview, size: int | None, dst: memoryview | None):
-        shuffled, block_elems = _bitshuffle_blocks(buf, itemsize, codec, kwargs)
-        if dst is not None and dst.nbytes != len(shuffled):
-            raise SolarError(f"decoded to {len(shuffled)} bytes, expected {dst.nbytes}")
+        shuffled, block_elems = _bitshuffle_blocks(buf, size, itemsize, codec, kwargs)
+        if dst is not None and dst.nbytes != shuffled.nbytes:
+            raise SolarError(f"decoded to {shuffled.nbytes} bytes, expected {dst.nbytes}")
+        # a memoryview: given an ndarray, imagecodecs takes the item size from its dtype
         return imagecodecs.bitshuffle_decode(
-            shuffled, itemsize=itemsize, blocksize=block_elems, out=dst
+            memoryview(shuffled), itemsize=itemsize, blocksize=block_elems, out=dst
         )
 
     return decode
 
 
-def _bitshuffle_blocks(buf: memoryview, itemsize: int, codec, kwargs) -> tuple[bytearray, int]:
+def _bitshuffle_blocks(
+    buf: memoryview, size: int | None, itemsize: int, codec, kwargs
+) -> tuple[np.ndarray, int]:
     """Decompress the blocks of a compressed bitshuffle chunk, leaving them bit-shuffled.
 
     Framing: big-endian uint64 decoded size, uint32 block size in bytes; then each block as a
     big-endian uint32 compressed size and the compressed bytes. The last block holds what is
     left rounded down to 8 elements; the last (elements mod 8) elements follow uncompressed.
+    One codec call per block (8 KiB by default), each without the GIL; the loop holds it.
     """
     if buf.nbytes < 12:
         raise SolarError(f"{buf.nbytes} bytes, too short for a bitshuffle header")
     total, block_bytes = struct.unpack_from(">QI", buf)
-    if total % itemsize or block_bytes % (8 * itemsize) or (total and not block_bytes):
+    if (size is not None and total != size) or total % itemsize or block_bytes % (8 * itemsize):
         raise SolarError(f"bad bitshuffle header (size {total}, block {block_bytes} bytes)")
-    out = bytearray(total)
+    if total and not block_bytes:
+        raise SolarError("bad bitshuffle header (block size 0)")
+    out = np.empty(total, np.uint8)  # every byte is written below, or an error is raised
     view = memoryview(out)
     block_elems = block_bytes // itemsize
     elems = total // itemsize
