@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import pickle
 import shutil
 import subprocess
 import sys
@@ -28,7 +29,15 @@ from solar.io.chunks import (
     read_chunk,
     read_rows,
 )
-from solar.io.codecs import Decoder, Unsupported, decoder_for, describe_decoding, pipeline
+from solar.io.codecs import (
+    BSHUF_MODES,
+    Decoder,
+    Unsupported,
+    decode_bitshuffle,
+    decoder_for,
+    describe_decoding,
+    pipeline,
+)
 
 hdf5plugin = pytest.importorskip("hdf5plugin")  # the `plugins` extra: h5py's reference reads
 pytest.importorskip("imagecodecs")
@@ -211,6 +220,37 @@ def test_decode_into_a_wrong_buffer_is_refused(tmp_path):
     short = imagecodecs.zstd_encode(bytes(60))
     with pytest.raises(SolarError, match="chunk at \\(0, 0\\)"):
         decoder.decode(short, 0, (0, 0), out=np.empty(16, "<f4"))
+
+
+@pytest.mark.parametrize("flt", ["bitshuffle-lz4", "bitshuffle-lz4-blocks", "bitshuffle-zstd"])
+@pytest.mark.parametrize("shape", [(3, 75), (2, 1000), (1, 3)])  # 75, 1000, 3 elements a chunk
+def test_bitshuffle_block_loops_agree(tmp_path, flt, shape):
+    # The fused numba kernel (the default here), numba blocks + one unshuffle, and the Python
+    # loop over imagecodecs calls decode the same bytes, incompressible blocks included.
+    path = str(tmp_path / "b.h5")
+    data = _data((shape[0] * 3, shape[1]), "<i4")
+    _write(path, data, shape, **FILTERS[flt])
+    _, decoder, raw = _first_chunk(path)
+    cd = decoder.stages[0].cd_values
+    want = data[: shape[0]].tobytes()
+    assert decoder.decode(raw).tobytes() == want
+    for mode in BSHUF_MODES:
+        got = decode_bitshuffle(memoryview(raw), len(want), 4, cd[4], mode=mode)
+        assert got.tobytes() == want, mode
+        with pytest.raises(SolarError, match="bitshuffle"):
+            decode_bitshuffle(memoryview(raw)[:-1], len(want), 4, cd[4], mode=mode)
+
+
+def test_decoder_and_index_pickle(tmp_path):
+    # A reader survives spawn: what it holds per dataset must pickle.
+    path = str(tmp_path / "k.h5")
+    _write(path, _data((6, 16), ">f4"), (2, 16), **FILTERS["shuffle+gzip+fletcher32"])
+    index, decoder, raw = _first_chunk(path)
+    decoder.decode(raw)  # fills its per-mask cache
+    again = pickle.loads(pickle.dumps(decoder))
+    assert again == decoder and again.decode(raw).tobytes() == decoder.decode(raw).tobytes()
+    copy = pickle.loads(pickle.dumps(index))
+    assert np.array_equal(copy.offsets, index.offsets) and copy.fill_value == index.fill_value
 
 
 def test_one_dimensional_and_raw_chunks(tmp_path):
@@ -424,7 +464,7 @@ def test_plugin_files_decode_without_hdf5plugin(tmp_path):
     # Reading the pipeline needs no plugin: solar decodes files h5py alone cannot read.
     path = str(tmp_path / "p.h5")
     data = _data((6, 16), "<f4")
-    _write(path, data, (2, 16), **FILTERS["bitshuffle-zstd"])
+    _write(path, data, (2, 16), **FILTERS["shuffle+zstd"])
     code = (
         "import h5py, numpy as np, os, sys\n"
         "from solar.io.chunks import chunk_index, read_rows\n"

@@ -17,6 +17,9 @@ fletcher32 mismatch) raises ``SolarError`` naming the file, dataset and chunk: n
 from __future__ import annotations
 
 import ctypes
+import functools
+import importlib
+import math
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -56,26 +59,38 @@ FILTER_NAMES = {
 _BSHUF_LZ4, _BSHUF_ZSTD = 2, 3  # bitshuffle's cd_values[4]: compression applied to each block
 _DONT_FILTER_PARTIAL_CHUNKS = 0x0002  # H5Pset_chunk_opts: edge chunks stored unfiltered
 
-# A stage turns the bytes one filter wrote back into its input: (stored, size, dst) -> bytes.
-# ``size`` is that input's length when known (None after a compressor earlier in the pipeline);
-# ``dst``, when given, is a writable buffer of ``size`` bytes for the result (the last stage
-# decodes straight into the caller's array). A stage may return fewer or more bytes than
-# ``size``: the Decoder checks.
 Buffer = bytes | bytearray | memoryview | np.ndarray
-StageFn = Callable[[memoryview, "int | None", "memoryview | None"], Buffer]
 
 
 @dataclass(frozen=True)
 class Stage:
-    """One filter of the pipeline, in HDF5's (writing) order."""
+    """One filter of the pipeline, in HDF5's (writing) order: plain data, so it pickles."""
 
     filter_id: int
     name: str
     cd_values: tuple[int, ...]
-    decode: StageFn
+    itemsize: int  # the dataset's element size (shuffle and bitshuffle default to it)
     label: str  # what describe_decoding shows, e.g. "bitshuffle(lz4)"
-    compresses: bool  # the encoded size is unknown before decoding
-    fills_dst: bool = True  # writes its result into ``dst`` (fletcher32 returns a view)
+
+    @property
+    def compresses(self) -> bool:
+        """Its encoded size is unknown before decoding."""
+        return self.filter_id not in (SHUFFLE, FLETCHER32)
+
+    @property
+    def fills_dst(self) -> bool:
+        """Writes its result into ``dst`` (fletcher32 returns a view of its input)."""
+        return self.filter_id != FLETCHER32
+
+    def decode(self, buf: memoryview, size: int | None, dst: memoryview | None) -> Buffer:
+        """Turn the bytes this filter wrote back into its input.
+
+        ``size`` is that input's length when known (None after a compressor earlier in the
+        pipeline); ``dst``, when given, is a writable buffer of ``size`` bytes for the result
+        (the last stage decodes straight into the caller's array). The result may be shorter
+        or longer than ``size``: the Decoder checks.
+        """
+        return _DECODE[self.filter_id](self, buf, size, dst)
 
 
 @dataclass(frozen=True)
@@ -102,9 +117,9 @@ class Decoder:
     stages: tuple[Stage, ...]
     unfiltered_edges: bool = False  # H5D_CHUNK_DONT_FILTER_PARTIAL_CHUNKS is set
 
-    @property
+    @functools.cached_property
     def chunk_nbytes(self) -> int:
-        return int(np.prod(self.chunk_shape, dtype=np.int64)) * self.dtype.itemsize
+        return math.prod(self.chunk_shape) * self.dtype.itemsize
 
     @property
     def label(self) -> str:
@@ -130,8 +145,7 @@ class Decoder:
             dst = memoryview(out).cast("B")
             if dst.readonly or dst.nbytes != self.chunk_nbytes:
                 raise ValueError(f"out must be writable and hold {self.chunk_nbytes} bytes")
-        sizes = self._input_sizes(mask)
-        applied = [i for i in range(len(self.stages)) if not mask >> i & 1]
+        sizes, applied = self._plan(mask)
         data: Buffer = memoryview(raw).cast("B")
         for i in reversed(applied):
             stage = self.stages[i]
@@ -153,8 +167,16 @@ class Decoder:
             dst[:] = memoryview(data).cast("B")
         return np.frombuffer(dst, self.dtype).reshape(self.chunk_shape)
 
+    def _plan(self, mask: int) -> tuple[list[int | None], list[int]]:
+        """Each stage's input length when writing (its decoded output), the stages applied."""
+        key = mask & ((1 << len(self.stages)) - 1)
+        cache = self.__dict__.setdefault("_plans", {})  # per mask; a race only recomputes
+        if key not in cache:
+            applied = [i for i in range(len(self.stages)) if not key >> i & 1]
+            cache[key] = (self._input_sizes(key), applied)
+        return cache[key]
+
     def _input_sizes(self, mask: int) -> list[int | None]:
-        """The length of each stage's input when writing (its decoded output)."""
         sizes: list[int | None] = []
         size: int | None = self.chunk_nbytes
         for i, stage in enumerate(self.stages):
@@ -221,9 +243,12 @@ def unshuffle(buf: memoryview, itemsize: int, dst: memoryview | None = None) -> 
     return out
 
 
-def _shuffle_stage(cd: tuple[int, ...], dtype: np.dtype) -> StageFn:
-    itemsize = cd[0] if cd else dtype.itemsize
-    return lambda buf, size, dst: unshuffle(buf, itemsize, dst)
+def _shuffle(stage: Stage, buf: memoryview, size: int | None, dst: memoryview | None):
+    return unshuffle(buf, stage.cd_values[0] if stage.cd_values else stage.itemsize, dst)
+
+
+def _fletcher32(stage: Stage, buf: memoryview, size: int | None, dst: memoryview | None):
+    return verify_fletcher32(buf)
 
 
 def verify_fletcher32(buf: memoryview) -> memoryview:
@@ -254,109 +279,245 @@ def _out(size: int | None, dst: memoryview | None):
     return dst if dst is not None else size
 
 
-def _deflate(buf: memoryview, size: int | None, dst: memoryview | None):
+def _deflate(stage: Stage, buf: memoryview, size: int | None, dst: memoryview | None):
     if size is None:
         return imagecodecs.zlib_decode(buf)
     return imagecodecs.deflate_decode(buf, out=_out(size, dst))  # libdeflate: needs the size
 
 
-def _zstd(buf: memoryview, size: int | None, dst: memoryview | None):
+def _zstd(stage: Stage, buf: memoryview, size: int | None, dst: memoryview | None):
     return imagecodecs.zstd_decode(buf, out=_out(size, dst))
 
 
-def _lz4(buf: memoryview, size: int | None, dst: memoryview | None):
+def _lz4(stage: Stage, buf: memoryview, size: int | None, dst: memoryview | None):
     return imagecodecs.lz4h5_decode(buf, out=_out(size, dst))
 
 
-def _lzf(buf: memoryview, size: int | None, dst: memoryview | None):
+def _lzf(stage: Stage, buf: memoryview, size: int | None, dst: memoryview | None):
     # HDF5's LZF frames carry no length; decoder_for refuses pipelines where it is unknown.
     return imagecodecs.lzf_decode(buf, header=False, out=_out(size, dst))
 
 
-def _blosc(buf: memoryview, size: int | None, dst: memoryview | None):
+def _blosc(stage: Stage, buf: memoryview, size: int | None, dst: memoryview | None):
     return imagecodecs.blosc_decode(buf, numthreads=1, out=_out(size, dst))
 
 
-def _bitshuffle_stage(cd: tuple[int, ...], dtype: np.dtype) -> StageFn:
-    itemsize = cd[2] if len(cd) > 2 else dtype.itemsize
-    block = cd[3] if len(cd) > 3 else 0
+def _bitshuffle(stage: Stage, buf: memoryview, size: int | None, dst: memoryview | None):
+    cd = stage.cd_values
+    itemsize = cd[2] if len(cd) > 2 else stage.itemsize
     compression = cd[4] if len(cd) > 4 else 0
     if compression == 0:
-        return lambda buf, size, dst: imagecodecs.bitshuffle_decode(
-            buf, itemsize=itemsize, blocksize=block, out=dst
-        )
-    codec = imagecodecs.lz4_decode if compression == _BSHUF_LZ4 else imagecodecs.zstd_decode
-    kwargs = {"header": False} if compression == _BSHUF_LZ4 else {}
-
-    def decode(buf: memoryview, size: int | None, dst: memoryview | None):
-        shuffled, block_elems = _bitshuffle_blocks(buf, size, itemsize, codec, kwargs)
-        if dst is not None and dst.nbytes != shuffled.nbytes:
-            raise SolarError(f"decoded to {shuffled.nbytes} bytes, expected {dst.nbytes}")
-        # a memoryview: given an ndarray, imagecodecs takes the item size from its dtype
-        return imagecodecs.bitshuffle_decode(
-            memoryview(shuffled), itemsize=itemsize, blocksize=block_elems, out=dst
-        )
-
-    return decode
+        block = cd[3] if len(cd) > 3 else 0
+        return imagecodecs.bitshuffle_decode(buf, itemsize=itemsize, blocksize=block, out=dst)
+    return decode_bitshuffle(buf, size, itemsize, compression, dst)
 
 
-def _bitshuffle_blocks(
-    buf: memoryview, size: int | None, itemsize: int, codec, kwargs
-) -> tuple[np.ndarray, int]:
-    """Decompress the blocks of a compressed bitshuffle chunk, leaving them bit-shuffled.
+BSHUF_MODES = ("fused", "blocks", "python")
+
+
+def decode_bitshuffle(
+    buf: memoryview,
+    size: int | None,
+    itemsize: int,
+    compression: int,
+    dst: memoryview | None = None,
+    mode: str | None = None,
+) -> np.ndarray:
+    """Decode a bitshuffle chunk whose blocks are LZ4- or Zstd-compressed (HDF5 filter 32008).
 
     Framing: big-endian uint64 decoded size, uint32 block size in bytes; then each block as a
     big-endian uint32 compressed size and the compressed bytes. The last block holds what is
-    left rounded down to 8 elements; the last (elements mod 8) elements follow uncompressed.
-    One codec call per block (8 KiB by default), each without the GIL; the loop holds it.
+    left rounded down to 8 elements; the last (elements mod 8) elements follow as they are.
+
+    Blocks are small (8 KiB by default): an imagecodecs call per block costs more in call
+    overhead, with the GIL held, than the work. So ``mode`` "fused" (the default where the
+    symbols are found) is one numba call without the GIL that, per block, calls the C functions
+    of the libraries imagecodecs links: LZ4_decompress_safe or ZSTD_decompress into a small
+    scratch buffer, then bitshuffle's bshuf_bitunshuffle into the output, as bitshuffle's own
+    HDF5 filter does. "blocks" decompresses every block in numba, then unshuffles with one
+    imagecodecs call; "python" loops over imagecodecs calls (the fallback).
     """
     if buf.nbytes < 12:
         raise SolarError(f"{buf.nbytes} bytes, too short for a bitshuffle header")
     total, block_bytes = struct.unpack_from(">QI", buf)
     if (size is not None and total != size) or total % itemsize or block_bytes % (8 * itemsize):
         raise SolarError(f"bad bitshuffle header (size {total}, block {block_bytes} bytes)")
-    if total and not block_bytes:
+    if not block_bytes:
         raise SolarError("bad bitshuffle header (block size 0)")
-    out = np.empty(total, np.uint8)  # every byte is written below, or an error is raised
-    view = memoryview(out)
-    block_elems = block_bytes // itemsize
-    elems = total // itemsize
-    tail = elems % block_elems if block_elems else 0
-    lengths = [block_bytes] * (elems // block_elems if block_elems else 0)
+    out = np.empty(total, np.uint8) if dst is None else np.frombuffer(dst, np.uint8)
+    if out.size != total:
+        raise SolarError(f"decoded to {total} bytes, expected {out.size}")
+    if mode is None:
+        mode = next(m for m in BSHUF_MODES if m == "python" or _kernel(compression, m))
+    src = np.frombuffer(buf, np.uint8)
+    if mode == "fused":
+        _check_blocks(_kernel(compression, mode)(src, out, block_bytes, itemsize))
+        return out
+    shuffled = np.empty(total, np.uint8)  # every byte is written, or an error is raised
+    if mode == "blocks":
+        _check_blocks(_kernel(compression, mode)(src, shuffled, block_bytes, itemsize))
+    else:
+        _blocks_in_python(buf, shuffled, block_bytes, itemsize, compression)
+    # a memoryview: given an ndarray, imagecodecs takes the item size from its dtype
+    imagecodecs.bitshuffle_decode(
+        memoryview(shuffled), itemsize=itemsize, blocksize=block_bytes // itemsize, out=out
+    )
+    return out
+
+
+_BLOCK_ERRORS = {
+    1: "bitshuffle block header runs past the end of the chunk",
+    2: "bitshuffle block runs past the end of the chunk",
+    3: "a bitshuffle block does not decompress to its size",
+    4: "bitshuffle chunk length does not match its blocks",
+    5: "bitshuffle could not unshuffle a block",
+}
+
+
+def _check_blocks(status: int) -> None:
+    if status:
+        raise SolarError(_BLOCK_ERRORS.get(status, f"bitshuffle block error {status}"))
+
+
+def _block_lengths(total: int, block_bytes: int, itemsize: int) -> list[int]:
+    elems, block_elems = total // itemsize, block_bytes // itemsize
+    tail = elems % block_elems
+    lengths = [block_bytes] * (elems // block_elems)
     if tail - tail % 8:
         lengths.append((tail - tail % 8) * itemsize)
+    return lengths
+
+
+def _blocks_in_python(
+    buf: memoryview, out: np.ndarray, block_bytes: int, itemsize: int, compression: int
+) -> None:
+    view = memoryview(out)
     pos, at = 12, 0
-    for length in lengths:
+    for length in _block_lengths(out.size, block_bytes, itemsize):
+        if pos + 4 > buf.nbytes:
+            raise SolarError(_BLOCK_ERRORS[1])
         (stored,) = struct.unpack_from(">I", buf, pos)
         pos += 4
         if pos + stored > buf.nbytes:
-            raise SolarError("bitshuffle block runs past the end of the chunk")
-        got = codec(buf[pos : pos + stored], out=view[at : at + length], **kwargs)
+            raise SolarError(_BLOCK_ERRORS[2])
+        block = buf[pos : pos + stored]
+        if compression == _BSHUF_LZ4:
+            got = imagecodecs.lz4_decode(block, header=False, out=view[at : at + length])
+        else:
+            got = imagecodecs.zstd_decode(block, out=view[at : at + length])
         if memoryview(got).nbytes != length:
-            raise SolarError(f"bitshuffle block decoded to {memoryview(got).nbytes} bytes")
+            raise SolarError(_BLOCK_ERRORS[3])
         pos += stored
         at += length
-    rest = total - at
-    if pos + rest != buf.nbytes:
-        raise SolarError(f"bitshuffle chunk has {buf.nbytes} bytes, its blocks {pos + rest}")
+    if pos + out.size - at != buf.nbytes:
+        raise SolarError(_BLOCK_ERRORS[4])
     view[at:] = buf[pos:]
-    return out, block_elems
 
 
-def _simple(fn: StageFn):
-    return lambda cd, dtype: fn
+_kernels: dict[tuple[int, str], Callable | None] = {}
 
 
-# filter id -> (builds the stage's function from cd_values and the dtype, compresses)
-_STAGES: dict[int, tuple[Callable[[tuple[int, ...], np.dtype], StageFn], bool]] = {
-    SHUFFLE: (_shuffle_stage, False),
-    FLETCHER32: (_simple(lambda buf, size, dst: verify_fletcher32(buf)), False),
-    DEFLATE: (_simple(_deflate), True),
-    ZSTD: (_simple(_zstd), True),
-    LZ4: (_simple(_lz4), True),
-    LZF: (_simple(_lzf), True),
-    BLOSC: (_simple(_blosc), True),
-    BITSHUFFLE: (_bitshuffle_stage, True),
+def _kernel(compression: int, mode: str) -> Callable | None:
+    """The nogil block loop for (LZ4 or Zstd, fused or blocks), built once per process."""
+    if mode not in ("fused", "blocks"):
+        return None
+    if (compression, mode) not in _kernels:
+        _kernels[compression, mode] = _make_kernel(compression, mode == "fused")
+    return _kernels[compression, mode]
+
+
+def _c_function(module: str, symbol: str, restype, argtypes):
+    """A C function of the library an imagecodecs extension links, or None if not exported."""
+    try:
+        lib = ctypes.CDLL(importlib.import_module(f"imagecodecs.{module}").__file__)
+        fn = getattr(lib, symbol)
+    except (ImportError, OSError, AttributeError):
+        return None
+    fn.restype, fn.argtypes = restype, argtypes
+    return fn
+
+
+def _make_kernel(compression: int, fused: bool) -> Callable | None:
+    vp, i32, i64, sz = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_size_t
+    if compression == _BSHUF_LZ4:
+        # int LZ4_decompress_safe(const char *src, char *dst, int srcSize, int dstCapacity)
+        lz4 = _c_function("_lz4", "LZ4_decompress_safe", i32, [vp, vp, i32, i32])
+        if lz4 is None:
+            return None
+
+        @njit(nogil=True)  # not cached: these kernels embed the functions' addresses
+        def inflate(src, dst, stored, length):  # pragma: no cover - compiled
+            return lz4(src, dst, stored, length)
+
+    else:
+        # size_t ZSTD_decompress(void *dst, size_t dstCapacity, const void *src, size_t srcSize)
+        zstd = _c_function("_zstd", "ZSTD_decompress", sz, [vp, sz, vp, sz])
+        if zstd is None:
+            return None
+
+        @njit(nogil=True)
+        def inflate(src, dst, stored, length):  # pragma: no cover - compiled
+            return zstd(dst, length, src, stored)
+
+    # int64_t bshuf_bitunshuffle(const void *in, void *out, size_t size, size_t elem_size,
+    #                            size_t block_size): sizes in elements
+    unshuffle_fn = _c_function("_bitshuffle", "bshuf_bitunshuffle", i64, [vp, vp, sz, sz, sz])
+    if fused and unshuffle_fn is None:
+        return None
+    if not fused:
+        unshuffle_fn = lz4 if compression == _BSHUF_LZ4 else zstd  # typed, never called
+
+    @njit(nogil=True)
+    def kernel(src, dst, block_bytes, itemsize):  # pragma: no cover - compiled
+        """0, or the _BLOCK_ERRORS code of the first problem."""
+        total = dst.size
+        elems = total // itemsize
+        block_elems = block_bytes // itemsize
+        full = elems // block_elems
+        tail = elems % block_elems
+        nblocks = full + (1 if tail - tail % 8 else 0)
+        scratch = np.empty(block_bytes if fused else 0, np.uint8)
+        pos = 12
+        at = 0
+        for k in range(nblocks):
+            length = block_bytes if k < full else (tail - tail % 8) * itemsize
+            if pos + 4 > src.size:
+                return 1
+            stored = (
+                (np.int64(src[pos]) << 24)
+                | (np.int64(src[pos + 1]) << 16)
+                | (np.int64(src[pos + 2]) << 8)
+                | np.int64(src[pos + 3])
+            )
+            pos += 4
+            if pos + stored > src.size:
+                return 2
+            target = scratch.ctypes.data if fused else dst.ctypes.data + at
+            if inflate(src.ctypes.data + pos, target, stored, length) != length:
+                return 3
+            if fused:
+                n = length // itemsize
+                if unshuffle_fn(target, dst.ctypes.data + at, n, itemsize, n) != length:
+                    return 5
+            pos += stored
+            at += length
+        if pos + total - at != src.size:
+            return 4
+        dst[at:] = src[pos:]
+        return 0
+
+    return kernel
+
+
+_DECODE: dict[int, Callable[[Stage, memoryview, int | None, memoryview | None], Buffer]] = {
+    SHUFFLE: _shuffle,
+    FLETCHER32: _fletcher32,
+    DEFLATE: _deflate,
+    ZSTD: _zstd,
+    LZ4: _lz4,
+    LZF: _lzf,
+    BLOSC: _blosc,
+    BITSHUFFLE: _bitshuffle,
 }
 _NEEDS_IMAGECODECS = {FLETCHER32, DEFLATE, ZSTD, LZ4, LZF, BLOSC, BITSHUFFLE}
 _BSHUF_NAMES = {0: "none", _BSHUF_LZ4: "lz4", _BSHUF_ZSTD: "zstd"}
@@ -375,7 +536,7 @@ def _label(filter_id: int, cd: tuple[int, ...]) -> str:
 
 def _stage_problem(filter_id: int, cd: tuple[int, ...], name: str) -> str | None:
     """Why this filter cannot be decoded here, or None."""
-    if filter_id not in _STAGES:
+    if filter_id not in _DECODE:
         known = FILTER_NAMES.get(filter_id) or name or "unknown"
         return f"filter {filter_id} ({known}) has no decoder"
     if filter_id in _NEEDS_IMAGECODECS and imagecodecs is None:
@@ -430,18 +591,8 @@ def decoder_for(dset: h5py.Dataset) -> Decoder | Unsupported:
         problem = _stage_problem(filter_id, cd, name)
         if problem:
             return Unsupported(problem)
-        build, compresses = _STAGES[filter_id]
-        stages.append(
-            Stage(
-                filter_id=filter_id,
-                name=FILTER_NAMES[filter_id],
-                cd_values=cd,
-                decode=build(cd, dtype),
-                label=_label(filter_id, cd),
-                compresses=compresses,
-                fills_dst=filter_id != FLETCHER32,
-            )
-        )
+        label = _label(filter_id, cd)
+        stages.append(Stage(filter_id, FILTER_NAMES[filter_id], cd, dtype.itemsize, label))
     if _size_unknown_for_lzf(stages):
         return Unsupported("lzf follows another compressor: its decoded size is unknown")
     unfiltered_edges = _partial_chunks_unfiltered(dset)
