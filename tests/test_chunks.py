@@ -37,6 +37,7 @@ from solar.io.codecs import (
     decoder_for,
     describe_decoding,
     pipeline,
+    verify_fletcher32,
 )
 
 hdf5plugin = pytest.importorskip("hdf5plugin")  # the `plugins` extra: h5py's reference reads
@@ -380,6 +381,50 @@ def test_fletcher32_mismatch_is_caught(tmp_path):
     # Files from HDF5 before 1.6.3 stored the checksum byte-swapped; HDF5 accepts both.
     swapped = raw[:-4] + raw[-4:][::-1]
     assert decoder.decode(swapped).tobytes() == data[:3].tobytes()
+
+
+def _fletcher32_reference(data: bytes) -> int:
+    """HDF5's Fletcher-32, written from its definition: big-endian 16-bit words (an odd last
+    byte is the high byte of a last word), both sums folded to 16 bits (end-around carry)
+    every 360 words and twice at the end; (sum2 << 16) | sum1."""
+    words = [data[i] << 8 | data[i + 1] for i in range(0, len(data) - 1, 2)]
+    if len(data) % 2:
+        words.append(data[-1] << 8)
+    sum1 = sum2 = 0
+    for k, w in enumerate(words, 1):
+        sum1 += w
+        sum2 += sum1
+        if k % 360 == 0 or k == len(words):
+            sum1 = (sum1 & 0xFFFF) + (sum1 >> 16)
+            sum2 = (sum2 & 0xFFFF) + (sum2 >> 16)
+    sum1 = (sum1 & 0xFFFF) + (sum1 >> 16)
+    sum2 = (sum2 & 0xFFFF) + (sum2 >> 16)
+    return sum2 << 16 | sum1
+
+
+@pytest.mark.parametrize("dtype", ["|u1", "<i2", ">f8"])
+def test_fletcher32_is_hdf5s_definition(tmp_path, dtype):
+    # The checksum h5py's HDF5 stores after each chunk (little-endian) is the definition above.
+    path = str(tmp_path / "f.h5")
+    rng = np.random.default_rng(3)
+    data = rng.integers(0, 256, (25, 777), np.uint8)
+    data = data[:, : 777 - 777 % np.dtype(dtype).itemsize].copy().view(dtype)
+    data[:3] = np.array(-1).astype(dtype)  # 0xff.. words: sums that fold to 0xffff
+    _write(path, data, (3, data.shape[1]), fletcher32=True)
+    with h5py.File(path, "r") as f:
+        index = chunk_index(f["x"])
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        for k in range(index.num_chunks):
+            raw = read_chunk(fd, index, k)
+            stored = int.from_bytes(raw[-4:], "little")
+            assert stored == _fletcher32_reference(raw[:-4])
+    finally:
+        os.close(fd)
+    for n in (1, 2, 3, 719, 720, 721, 1441):  # odd lengths, around the 360-word folds
+        blob = rng.integers(0, 256, n, np.uint8).tobytes()
+        sealed = blob + _fletcher32_reference(blob).to_bytes(4, "little")
+        assert verify_fletcher32(memoryview(sealed)) == memoryview(blob)
 
 
 def test_wrong_decoded_size_is_caught(tmp_path):
