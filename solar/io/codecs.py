@@ -77,11 +77,6 @@ class Stage:
         """Its encoded size is unknown before decoding."""
         return self.filter_id not in (SHUFFLE, FLETCHER32)
 
-    @property
-    def fills_dst(self) -> bool:
-        """Writes its result into ``dst`` (fletcher32 returns a view of its input)."""
-        return self.filter_id != FLETCHER32
-
     def decode(self, buf: memoryview, size: int | None, dst: memoryview | None) -> Buffer:
         """Turn the bytes this filter wrote back into its input.
 
@@ -163,7 +158,7 @@ class Decoder:
             raise self._error(where, f"decoded to {nbytes} bytes, expected {self.chunk_nbytes}")
         if dst is None:
             return np.frombuffer(data, self.dtype).reshape(self.chunk_shape)
-        if not applied or not self.stages[applied[0]].fills_dst:
+        if _address(data) != _address(dst):  # no filter, or the last one returned a view
             dst[:] = memoryview(data).cast("B")
         return np.frombuffer(dst, self.dtype).reshape(self.chunk_shape)
 
@@ -663,6 +658,10 @@ def _get_chunk_opts():
 
 def _text(name) -> str:
     return name.decode(errors="replace") if isinstance(name, bytes) else str(name)
+
+
+def _address(buf: Buffer) -> int:
+    return np.frombuffer(buf, np.uint8).ctypes.data
 
 
 def _first_line(exc: BaseException) -> str:
