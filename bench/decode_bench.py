@@ -59,16 +59,19 @@ FILTERS = {
     "bitshuffle(zstd)": dict(hdf5plugin.Bitshuffle(cname="zstd")),
 }
 REPEATS = 3
+TRIALS = 7
 
 
-def best_rate(fn, items: int) -> float:
-    """Items per second of ``fn()``, best of REPEATS runs."""
-    best = float("inf")
-    for _ in range(REPEATS):
-        t = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t)
-    return items / best
+def rates(run, items: int, pool: ThreadPoolExecutor) -> tuple[float, float]:
+    """Items per second of ``run(None)`` and ``run(pool)``: best of TRIALS runs each, A/B
+    interleaved, so that both see the same moments of other load on the shared cores."""
+    best = [float("inf"), float("inf")]
+    for _ in range(TRIALS):
+        for k, p in enumerate((None, pool)):
+            t = time.perf_counter()
+            run(p)
+            best[k] = min(best[k], time.perf_counter() - t)
+    return items / best[0], items / best[1]
 
 
 def cpu_per(task, n: int) -> float:
@@ -83,11 +86,16 @@ def cpu_per(task, n: int) -> float:
 
 
 def on_threads(pool: ThreadPoolExecutor | None, task, jobs) -> None:
+    """``task`` over ``jobs`` here, or split in two halves on two threads of ``pool`` (one
+    future each: per-item futures would measure the executor's own GIL-bound overhead)."""
+    jobs = list(jobs)
     if pool is None:
         for job in jobs:
             task(job)
-    else:
-        list(pool.map(task, jobs))
+        return
+    halves = [pool.submit(lambda part: [task(j) for j in part], jobs[k::2]) for k in (0, 1)]
+    for half in halves:
+        half.result()
 
 
 def write_layouts(tmp: Path, n: int) -> dict[str, Path]:
@@ -135,9 +143,10 @@ def bench_codec(path: Path, n: int, batch: int) -> dict:
             dec.decode(raws[p], int(idx.masks[p]), out=outs[k][j % batch : j % batch + 1])
 
     res = {"ratio": stored / logical, "decode_cpu_us_per_sample": cpu_per(decode_sample, n)}
-    res["decode_1t"] = best_rate(lambda: on_threads(None, decode_sample, range(n)), n)
     with ThreadPoolExecutor(2) as pool:
-        res["decode_2t"] = best_rate(lambda: on_threads(pool, decode_sample, range(n)), n)
+        res["decode_1t"], res["decode_2t"] = rates(
+            lambda p: on_threads(p, decode_sample, range(n)), n, pool
+        )
 
     # read_rows: pread (warm) + decode + scatter, a batch of random rows per call
     with h5py.File(path, "r") as f:
@@ -150,9 +159,8 @@ def bench_codec(path: Path, n: int, batch: int) -> dict:
                 for k, (idx, dec, _) in chunks.items():
                     read_rows(idx, dec, rows, fd, outs[k][: rows.size], pool=pool)
 
-        res["read_rows_1t"] = best_rate(lambda: rows_pass(None), n)
         with ThreadPoolExecutor(2) as pool:
-            res["read_rows_2t"] = best_rate(lambda: rows_pass(pool), n)
+            res["read_rows_1t"], res["read_rows_2t"] = rates(rows_pass, n, pool)
         os.close(fd)
 
         def h5py_sample(j: int) -> None:
@@ -161,9 +169,10 @@ def bench_codec(path: Path, n: int, batch: int) -> dict:
                 outs[k][j % batch] = dsets[k][i]
 
         res["h5py_cpu_us_per_sample"] = cpu_per(h5py_sample, n)
-        res["h5py_1t"] = best_rate(lambda: on_threads(None, h5py_sample, range(n)), n)
         with ThreadPoolExecutor(2) as pool:
-            res["h5py_2t"] = best_rate(lambda: on_threads(pool, h5py_sample, range(n)), n)
+            res["h5py_1t"], res["h5py_2t"] = rates(
+                lambda p: on_threads(p, h5py_sample, range(n)), n, pool
+            )
     return res
 
 
@@ -191,9 +200,8 @@ def bench_filters(tmp: Path, n: int) -> dict:
             dec.decode(raws[i], masks[i], out=rows[i])
 
         one(0)
-        t1 = best_rate(lambda one=one: on_threads(None, one, range(n)), n)
         with ThreadPoolExecutor(2) as pool:
-            t2 = best_rate(lambda one=one, pool=pool: on_threads(pool, one, range(n)), n)
+            t1, t2 = rates(lambda p, one=one: on_threads(p, one, range(n)), n, pool)
         stored = sum(len(r) for r in raws) / (n * 256 * 256 * 4)
         skipped = sum(1 for m in masks if m)
         results[name] = {
