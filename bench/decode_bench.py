@@ -194,14 +194,15 @@ def bench_filters(tmp: Path, n: int) -> dict:
         os.close(fd)
         masks = [int(m) for m in index.masks]
 
-        rows = np.empty((n, 1, 256, 256), np.float32)  # decode into rows, as the reader will
+        rows = np.empty((8, 1, 256, 256), np.float32)  # decode into rows, as the reader will
 
         def one(i: int, raws=raws, masks=masks, dec=dec, rows=rows) -> None:
-            dec.decode(raws[i], masks[i], out=rows[i])
+            dec.decode(raws[i], masks[i], out=rows[i % 8])  # 8 rows: stays in cache
 
         one(0)
         with ThreadPoolExecutor(2) as pool:
-            t1, t2 = rates(lambda p, one=one: on_threads(p, one, range(n)), n, pool)
+            jobs = list(range(n)) * 4  # ≥ 25 ms a trial: thread start-up is noise
+            t1, t2 = rates(lambda p, one=one, jobs=jobs: on_threads(p, one, jobs), len(jobs), pool)
         stored = sum(len(r) for r in raws) / (n * 256 * 256 * 4)
         skipped = sum(1 for m in masks if m)
         results[name] = {
