@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed-stamp
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -c constraints.txt -e '.[dev,mpich,bench]'
+	$(BIN)/pip install --quiet -c constraints.txt -e '.[dev,mpich,bench,plugins]'
 	touch $@
 
 demo: $(STAMP)
