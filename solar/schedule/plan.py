@@ -133,11 +133,6 @@ class Plan:
         return self.spec.run.world_size
 
     @property
-    def from_file(self) -> bool:
-        """Read from a file (untrusted, validated rank by rank) rather than made here."""
-        return self._path is not None
-
-    @property
     def slots(self) -> int:
         """Buffer slots a rank needs: the capacity, or N if that is smaller."""
         return slot_count(self.spec.run, self.spec.buffer)

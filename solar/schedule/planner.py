@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 from numba import njit
 
-from solar.schedule._common import ADMIT, HIT, EpochSchedule
+from solar.schedule._common import EpochSchedule
 from solar.schedule.epochs import EpochOrder
 from solar.schedule.policies import get_policy
 from solar.schedule.reorder import reorder_epochs
@@ -29,17 +29,6 @@ class RankEpoch:
     slot: np.ndarray  # (n,) int32
     flags: np.ndarray  # (n,) uint8
     step_offsets: np.ndarray  # (steps per epoch + 1,) int64, from 0 to n
-
-
-@dataclass(frozen=True)
-class EpochStats:
-    """Totals of one rank over one epoch."""
-
-    accesses: int
-    hits: int
-    admits: int
-    min_batch: int
-    max_batch: int
 
 
 @dataclass(frozen=True)
@@ -121,18 +110,6 @@ class Planner:
     def contents(self, r: int) -> np.ndarray:
         """What rank r's slots hold for later use before the next epoch: (slots,) int64."""
         return self.policy.contents(r)
-
-
-def epoch_stats(part: RankEpoch) -> EpochStats:
-    """Totals of one rank's part of an epoch."""
-    sizes = np.diff(part.step_offsets)
-    return EpochStats(
-        accesses=int(part.sample.size),
-        hits=int(np.count_nonzero(part.flags & HIT)),
-        admits=int(np.count_nonzero(part.flags & ADMIT)),
-        min_batch=int(sizes.min()),
-        max_batch=int(sizes.max()),
-    )
 
 
 @njit(cache=True, nogil=True)
