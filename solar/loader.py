@@ -118,7 +118,7 @@ class Loader:
                 self.info.sample_bytes, self.info.identity,
             )  # fmt: skip
             made.check(spec, source="plan" if isinstance(plan, Plan) else f"plan {plan}")
-        # Same plan, and the same kind (a file's is validated collectively): or none may go on.
+        # The same inputs and the same plan file (its header) on every rank, or none goes on.
         agree(comm, (spec.fingerprint, made.header if made is not None else None), "the plan")
         return spec, made
 
