@@ -122,10 +122,8 @@ class SolarPolicy:
     def __init__(self, run: RunConfig, buffer: BufferConfig) -> None:
         self.run = run
         world, c = run.world_size, slot_count(run, buffer)
-        # Holder rank and slot of each sample side by side: the kernel reads both for every
-        # access, at random, so one cache line instead of two (measured: see the README).
-        held = np.full((run.num_samples, 2), -1, np.int32)
-        self.holder, self.hslot = held[:, 0], held[:, 1]
+        self.holder = np.full(run.num_samples, -1, np.int32)
+        self.hslot = np.full(run.num_samples, -1, np.int32)
         self.key = np.full((world, c), NEVER, np.int64)
         self.heap = np.tile(np.arange(c, dtype=np.int32), (world, 1))
         self.pos = self.heap.copy()
