@@ -34,7 +34,7 @@ from numba import njit
 from solar.config import ReaderConfig
 from solar.errors import SolarError
 from solar.io.chunks import chunk_index, fill_absent, scatter_chunk
-from solar.io.codecs import Decoder, decoder_for
+from solar.io.codecs import Decoder, decoder_for, describe_decoding
 from solar.io.hdf5 import DatasetInfo, open_h5
 from solar.io.tasks import (
     ChunkReads,
@@ -81,17 +81,10 @@ class Reader:
         self._local = threading.local()
 
     def _layout(self, dset: h5py.Dataset, row_bytes: int) -> Layout:
-        native = dset.dtype.isnative and dset.dtype.kind in "biufc"
-        offset = dset.id.get_offset() if dset.chunks is None and native else None
+        path, _ = read_path(dset, decode_chunks=self.decode_chunks)
+        offset = dset.id.get_offset() if path == "offset" else None
         chunk_rows = dset.chunks[0] if dset.chunks is not None else 0
-        # Numbers in either byte order: scattering converts to native order row by row.
-        decoded = (
-            self.decode_chunks
-            and dset.chunks is not None
-            and dset.dtype.kind in "biufc"
-            and isinstance(decoder_for(dset), Decoder)
-        )
-        return Layout(offset, row_bytes, chunk_rows, decoded)
+        return Layout(offset, row_bytes, chunk_rows, path == "chunks")
 
     def _file_layouts(self, path) -> list[Layout]:
         with open_h5(path) as f:
@@ -367,6 +360,27 @@ class Reader:
         except OSError as exc:
             raise SolarError(f"{path}: read error, truncated or corrupt ({exc})") from None
         return int(local.size) * layout.row_bytes
+
+
+def read_path(dset: h5py.Dataset, *, decode_chunks: bool = True) -> tuple[str, str]:
+    """How a Reader reads a dataset, and why (one line): ``"offset"`` (preadv at computed
+    offsets), ``"chunks"`` (solar reads and decodes the chunks) or ``"h5py"``."""
+    numeric = dset.dtype.kind in "biufc" and dset.dtype.fields is None
+    if not numeric:
+        return "h5py", f"dtype {dset.dtype} is not numbers"
+    if dset.chunks is None:
+        if dset.dtype.isnative and dset.id.get_offset() is not None:
+            return "offset", "contiguous and native: preadv at computed offsets"
+        if not dset.dtype.isnative:
+            return "h5py", "contiguous with non-native byte order: h5py converts it"
+        return "h5py", "not stored contiguously at one offset (never written, compact, ...)"
+    if not decode_chunks:
+        return "h5py", "chunk decoding is off (ReaderConfig.decode_chunks)"
+    found = decoder_for(dset)
+    if not isinstance(found, Decoder):
+        return "h5py", describe_decoding(dset)  # "h5py fallback: <the filter's problem>"
+    # Either byte order: scattering a chunk into rows converts to native order.
+    return "chunks", f"{describe_decoding(dset)} on the reader's threads"
 
 
 def _check_chunk(dset: h5py.Dataset, lo: int, file_size: int, path) -> None:
