@@ -77,6 +77,7 @@ class Reader:
         self.throttle = throttle  # solar.io.throttle.Throttle: an emulated remote file system
         self._starts = np.concatenate([[0], np.cumsum(info.lengths)]).astype(np.int64)
         self._layouts = [self._file_layouts(path) for path in info.files]
+        self._any_decoded = any(lay.decoded for file in self._layouts for lay in file)
         self._pid = -1
         self._local = threading.local()
 
@@ -157,7 +158,9 @@ class Reader:
     def __getstate__(self) -> dict:
         keep = ("info", "threads", "direct_io", "decode_chunks", "throttle")
         state = {k: v for k, v in self.__dict__.items() if k in keep}
-        state.update(_starts=self._starts, _layouts=self._layouts, _pid=-1)
+        state.update(
+            _starts=self._starts, _layouts=self._layouts, _any_decoded=self._any_decoded, _pid=-1
+        )
         return state
 
     def __setstate__(self, state: dict) -> None:
@@ -183,7 +186,7 @@ class Reader:
         """The chunk indexes and decoders of the decoded keys of the files ``samples`` touch,
         built once per (file, key) in this process (an index costs a walk of the file's
         chunk B-tree, so only files actually read pay it)."""
-        if not any(layout.decoded for file in self._layouts for layout in file):
+        if not self._any_decoded:
             return self._sources
         ids = np.asarray(samples, np.int64)
         files = np.unique(np.searchsorted(self._starts, ids, side="right") - 1)
