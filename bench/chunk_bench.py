@@ -7,9 +7,10 @@ zstd and bitshuffle-lz4, this times, with the files' pages evicted before each m
 * ``old``: the same Reader with ``decode_chunks=False`` (H5Rows: h5py behind one lock);
 * ``h5py``: ``dset[i]`` for every key, one sample at a time;
 
-on random single samples and on sorted batches of 32 random samples. Reports samples/s.
+on random single samples and on sorted batches of 32 random samples. Reports samples/s, the
+median of ``--repeat`` interleaved measurements (the disk's cold latency drifts between runs).
 
-    .venv/bin/python bench/chunk_bench.py --samples 2000 --json bench/results/chunks.json
+    .venv/bin/python bench/chunk_bench.py --samples 1500 --reads 320 --json bench/results/chunks.json
 """
 
 from __future__ import annotations
@@ -83,6 +84,7 @@ def main() -> None:
     ap.add_argument("--samples", type=int, default=2000, help="samples per file")
     ap.add_argument("--reads", type=int, default=400, help="samples read per measurement")
     ap.add_argument("--threads", type=int, default=4)
+    ap.add_argument("--repeat", type=int, default=3, help="medians of this many measurements")
     ap.add_argument("--dir", default=None, help="where to write the files (default: a tmp dir)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
@@ -96,16 +98,17 @@ def main() -> None:
                 count = args.reads // batch
 
                 def draw(count: int = count, batch: int = batch) -> list[np.ndarray]:
-                    picks = rng.choice(args.samples, count * batch, replace=False)
+                    picks = rng.choice(args.samples, count * batch, replace=False)  # distinct
                     return [np.sort(p) for p in picks.reshape(count, batch)]
 
-                row = {
-                    "codec": codec,
-                    "pattern": pattern,
-                    "solar": _solar(path, draw(), True, args.threads),
-                    "old": _solar(path, draw(), False, args.threads),
-                    "h5py": _h5py(path, draw()),
-                }
+                runs: dict[str, list[float]] = {"solar": [], "old": [], "h5py": []}
+                for _ in range(args.repeat):  # interleaved, so drifts of the disk hit all three
+                    runs["solar"].append(_solar(path, draw(), True, args.threads))
+                    runs["old"].append(_solar(path, draw(), False, args.threads))
+                    runs["h5py"].append(_h5py(path, draw()))
+                row = {"codec": codec, "pattern": pattern}
+                row.update({k: float(np.median(v)) for k, v in runs.items()})
+                row["runs"] = runs
                 row["vs_h5py"] = row["solar"] / row["h5py"]
                 row["vs_old"] = row["solar"] / row["old"]
                 results.append(row)
@@ -117,7 +120,7 @@ def main() -> None:
                 )
     if args.json:
         meta = {"samples": args.samples, "reads": args.reads, "threads": args.threads,
-                "cpus": os.cpu_count(), "preset": "ptychonn", "chunk": "one sample"}  # fmt: skip
+                "repeat": args.repeat, "cpus": os.cpu_count(), "preset": "ptychonn", "chunk": "one sample"}  # fmt: skip
         Path(args.json).write_text(json.dumps({"meta": meta, "results": results}, indent=1))
 
 

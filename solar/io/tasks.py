@@ -147,6 +147,11 @@ class ChunkReads:
         """One per chunk, as a remote file system would see the reads."""
         return int(self.chunks.size)
 
+    @property
+    def stored_bytes(self) -> int:
+        """The compressed bytes this task reads."""
+        return int(self.source.index.sizes[self.plan.reads[self.chunks]].sum())
+
 
 ReadTask = PreadvRuns | DirectRun | H5Rows | ChunkReads
 
