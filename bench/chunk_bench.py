@@ -10,7 +10,8 @@ zstd and bitshuffle-lz4, this times, with the files' pages evicted before each m
 on random single samples and on sorted batches of 32 random samples. Reports samples/s, the
 median of ``--repeat`` interleaved measurements (the disk's cold latency drifts between runs).
 
-    .venv/bin/python bench/chunk_bench.py --samples 1500 --reads 320 --json bench/results/chunks.json
+    .venv/bin/python bench/chunk_bench.py --samples 1500 --reads 320 \
+        --json bench/results/chunks.json
 """
 
 from __future__ import annotations
@@ -119,8 +120,11 @@ def main() -> None:
                     flush=True,
                 )
     if args.json:
-        meta = {"samples": args.samples, "reads": args.reads, "threads": args.threads,
-                "repeat": args.repeat, "cpus": os.cpu_count(), "preset": "ptychonn", "chunk": "one sample"}  # fmt: skip
+        meta = {
+            "samples": args.samples, "reads": args.reads, "threads": args.threads,
+            "repeat": args.repeat, "cpus": os.cpu_count(), "preset": "ptychonn",
+            "chunk": "one sample", "evicted": "before each measurement",
+        }  # fmt: skip
         Path(args.json).write_text(json.dumps({"meta": meta, "results": results}, indent=1))
 
 
