@@ -84,7 +84,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--samples", type=int, default=2000, help="samples per file")
     ap.add_argument("--reads", type=int, default=400, help="samples read per measurement")
-    ap.add_argument("--threads", type=int, default=4)
+    ap.add_argument("--threads", type=int, default=8, help="ReaderConfig.threads (its default)")
     ap.add_argument("--repeat", type=int, default=3, help="medians of this many measurements")
     ap.add_argument("--dir", default=None, help="where to write the files (default: a tmp dir)")
     ap.add_argument("--json", default=None)
