@@ -154,19 +154,21 @@ class ReaderConfig:
     ``threads`` read concurrently (``preadv`` releases the GIL); ``read_ahead`` steps are read
     ahead of the one being served; ``direct_io`` reads with ``O_DIRECT`` (the page cache is
     bypassed, so the buffer is the only cache); ``pin_memory`` pins batches for fast copies to
-    an accelerator.
+    an accelerator; ``decode_chunks`` reads chunked datasets chunk by chunk, decoding them on
+    the threads (else through h5py, one reader at a time).
     """
 
     threads: int = 8
     read_ahead: int = 4
     direct_io: bool = False
     pin_memory: bool = False
+    decode_chunks: bool = True  # False: chunked datasets are read through h5py (as before)
 
     def __post_init__(self) -> None:
         for name, low in (("threads", 1), ("read_ahead", 0)):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
                 raise SolarError(f"{name} must be an integer >= {low}, got {value!r}")
-        for name in ("direct_io", "pin_memory"):
+        for name in ("direct_io", "pin_memory", "decode_chunks"):
             if not isinstance(getattr(self, name), bool):
                 raise SolarError(f"{name} must be True or False, got {getattr(self, name)!r}")

@@ -11,7 +11,7 @@ from test_cli import run_cli
 
 from solar import Loader
 from solar.io.convert import convert
-from solar.io.inspect import inspect_files
+from solar.io.inspect import format_reports, inspect_files
 
 RNG = np.random.default_rng(7)
 IMG = RNG.standard_normal((23, 4, 6)).astype(np.float32)
@@ -86,6 +86,22 @@ def test_inspect_names_layout_and_advice(tmp_path):
     assert any("compressed" in a and "solar convert" in a for a in img.advice)
     (lab,) = [r for r in inspect_files([path]) if r.name == "grp/lab"]
     assert lab.layout == "contiguous" and lab.offset_reader
+    # Which path the Reader takes, and why: the same decision the Reader makes.
+    assert img.read_path == "chunks" and "deflate" in img.read_path_why
+    assert lab.read_path == "offset"
+
+
+def test_inspect_says_why_a_dataset_falls_back_to_h5py(tmp_path):
+    path = tmp_path / "s.h5"
+    with h5py.File(path, "w") as f:
+        f.create_dataset("lab", data=np.arange(40).reshape(10, 4), chunks=(2, 4), scaleoffset=0)
+        f.create_dataset("be", data=np.zeros((10, 4), ">f4"))
+    reports = {r.name: r for r in inspect_files([path])}
+    assert reports["lab"].read_path == "h5py" and "scaleoffset" in reports["lab"].read_path_why
+    assert reports["be"].read_path == "h5py" and "byte order" in reports["be"].read_path_why
+    assert "read path: h5py (h5py fallback: filter 6 (scaleoffset)" in format_reports(
+        list(reports.values())
+    )
 
 
 def test_inspect_cli_json_and_probe(tmp_path, capsys):

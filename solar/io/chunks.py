@@ -21,6 +21,7 @@ import os
 from collections.abc import Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass
+from typing import Any
 
 import h5py
 import numpy as np
@@ -227,10 +228,10 @@ def scatter_chunk(
         return
     dst_rows = plan.row[lo:hi] if targets is None else targets[plan.row[lo:hi]]
     dst, src = index.region(int(plan.cell[lo]))  # a chunk covers exactly one cell
-    if hi - lo == 1:
-        out[(int(dst_rows[0]), *dst)] = chunk[(int(plan.within[lo]), *src)]
-    else:
-        out[(dst_rows, *dst)] = chunk[(plan.within[lo:hi], *src)]
+    # numpy's stubs cannot type a tuple mixing an index array with slices: build it as Any
+    first: Any = int(dst_rows[0]) if hi - lo == 1 else dst_rows
+    within: Any = int(plan.within[lo]) if hi - lo == 1 else plan.within[lo:hi]
+    out[(first, *dst)] = chunk[(within, *src)]
 
 
 def fill_absent(

@@ -23,6 +23,7 @@ import math
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, cast
 
 import h5py
 import numpy as np
@@ -31,9 +32,13 @@ from numba import njit
 from solar.errors import SolarError
 
 try:  # a default dependency; without it only shuffle-only pipelines decode here
-    import imagecodecs
+    import imagecodecs as _imagecodecs
 except ImportError:  # pragma: no cover - exercised only on a partial install
-    imagecodecs = None
+    _imagecodecs = None  # type: ignore[assignment]
+
+# imagecodecs' stubs accept only bytes, bytearray and mmap, but its functions take any buffer
+# (memoryview, ndarray), which is what lets chunks decode without copies: call it untyped.
+imagecodecs: Any = _imagecodecs
 
 # HDF5's registered filter ids (the HDF Group's list of registered filter plugins).
 DEFLATE, SHUFFLE, FLETCHER32, SZIP, NBIT, SCALEOFFSET = 1, 2, 3, 4, 5, 6
@@ -137,29 +142,29 @@ class Decoder:
                 mask = ~0
         dst = None
         if out is not None:
-            dst = memoryview(out).cast("B")
+            dst = _bytes(out)
             if dst.readonly or dst.nbytes != self.chunk_nbytes:
                 raise ValueError(f"out must be writable and hold {self.chunk_nbytes} bytes")
         sizes, applied = self._plan(mask)
-        data: Buffer = memoryview(raw).cast("B")
+        data: Buffer = _bytes(raw)
         for i in reversed(applied):
             stage = self.stages[i]
             target = dst if i == applied[0] else None
             try:
-                data = stage.decode(memoryview(data).cast("B"), sizes[i], target)
+                data = stage.decode(_bytes(data), sizes[i], target)
             except SolarError as exc:
                 raise self._error(where, f"{stage.name}: {exc}") from None
             except Exception as exc:  # the codec libraries raise their own error types
                 raise self._error(
                     where, f"{stage.name} decode failed ({_first_line(exc)})"
                 ) from None
-        nbytes = memoryview(data).nbytes
+        nbytes = _bytes(data).nbytes
         if nbytes != self.chunk_nbytes:
             raise self._error(where, f"decoded to {nbytes} bytes, expected {self.chunk_nbytes}")
         if dst is None:
             return np.frombuffer(data, self.dtype).reshape(self.chunk_shape)
         if _address(data) != _address(dst):  # no filter, or the last one returned a view
-            dst[:] = memoryview(data).cast("B")
+            dst[:] = _bytes(data)
         return np.frombuffer(dst, self.dtype).reshape(self.chunk_shape)
 
     def _plan(self, mask: int) -> tuple[list[int | None], list[int]]:
@@ -346,16 +351,16 @@ def decode_bitshuffle(
         mode = next(m for m in BSHUF_MODES if m == "python" or _kernel(compression, m))
     src = np.frombuffer(buf, np.uint8)
     if mode == "fused":
-        _check_blocks(_kernel(compression, mode)(src, out, block_bytes, itemsize))
+        _check_blocks(_kernel_for(compression, mode)(src, out, block_bytes, itemsize))
         return out
     shuffled = np.empty(total, np.uint8)  # every byte is written, or an error is raised
     if mode == "blocks":
-        _check_blocks(_kernel(compression, mode)(src, shuffled, block_bytes, itemsize))
+        _check_blocks(_kernel_for(compression, mode)(src, shuffled, block_bytes, itemsize))
     else:
         _blocks_in_python(buf, shuffled, block_bytes, itemsize, compression)
     # a memoryview: given an ndarray, imagecodecs takes the item size from its dtype
     imagecodecs.bitshuffle_decode(
-        memoryview(shuffled), itemsize=itemsize, blocksize=block_bytes // itemsize, out=out
+        _bytes(shuffled), itemsize=itemsize, blocksize=block_bytes // itemsize, out=out
     )
     return out
 
@@ -386,7 +391,7 @@ def _block_lengths(total: int, block_bytes: int, itemsize: int) -> list[int]:
 def _blocks_in_python(
     buf: memoryview, out: np.ndarray, block_bytes: int, itemsize: int, compression: int
 ) -> None:
-    view = memoryview(out)
+    view = _bytes(out)
     pos, at = 12, 0
     for length in _block_lengths(out.size, block_bytes, itemsize):
         if pos + 4 > buf.nbytes:
@@ -400,7 +405,7 @@ def _blocks_in_python(
             got = imagecodecs.lz4_decode(block, header=False, out=view[at : at + length])
         else:
             got = imagecodecs.zstd_decode(block, out=view[at : at + length])
-        if memoryview(got).nbytes != length:
+        if _bytes(got).nbytes != length:
             raise SolarError(_BLOCK_ERRORS[3])
         pos += stored
         at += length
@@ -410,6 +415,13 @@ def _blocks_in_python(
 
 
 _kernels: dict[tuple[int, str], Callable | None] = {}
+
+
+def _kernel_for(compression: int, mode: str) -> Callable:
+    """The kernel of a mode that ``_kernel`` found (the caller checked)."""
+    kernel = _kernel(compression, mode)
+    assert kernel is not None
+    return kernel
 
 
 def _kernel(compression: int, mode: str) -> Callable | None:
@@ -472,7 +484,7 @@ def _make_kernel(compression: int, fused: bool) -> Callable | None:
         tail = elems % block_elems
         nblocks = full + (1 if tail - tail % 8 else 0)
         scratch = np.empty(block_bytes if fused else 0, np.uint8)
-        pos = 12
+        pos = np.int64(12)  # int64 throughout: block sizes read from the chunk are int64
         at = 0
         for k in range(nblocks):
             length = block_bytes if k < full else (tail - tail % 8) * itemsize
@@ -658,6 +670,11 @@ def _get_chunk_opts():
 
 def _text(name) -> str:
     return name.decode(errors="replace") if isinstance(name, bytes) else str(name)
+
+
+def _bytes(buf: Buffer) -> memoryview:
+    """A flat byte view of any buffer (numpy's stubs do not declare ndarray a Buffer)."""
+    return memoryview(cast(bytes, buf)).cast("B")
 
 
 def _address(buf: Buffer) -> int:

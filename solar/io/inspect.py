@@ -38,6 +38,8 @@ class DatasetReport:
     stored_bytes: int
     logical_bytes: int
     offset_reader: bool  # solar reads it with preadv at computed offsets
+    read_path: str = ""  # how the Reader reads it: "offset", "chunks" (decoded by solar), "h5py"
+    read_path_why: str = ""  # one line: why that path (e.g. the filter h5py must decode)
     advice: list[str] = field(default_factory=list)
     probe_us: dict[str, float] | None = None  # measured random single-sample read cost
 
@@ -57,7 +59,8 @@ def inspect_files(
     if probe:
         for r in reports:
             if r.shape and not one_per_file:
-                r.probe_us = _probe(Path(r.file), r.name, r.shape[0], probe, r.offset_reader)
+                solar = r.offset_reader or r.read_path == "chunks"
+                r.probe_us = _probe(Path(r.file), r.name, r.shape[0], probe, solar)
     return reports
 
 
@@ -94,6 +97,10 @@ def _report(path: Path, d: h5py.Dataset, one_per_file: bool) -> DatasetReport:
         logical_bytes=int(d.size) * d.dtype.itemsize,
         offset_reader=offset is not None and numeric and d.dtype.isnative and d.ndim > 0,
     )
+    if d.ndim > 0 and not one_per_file:
+        from solar.io.reader import read_path
+
+        report.read_path, report.read_path_why = read_path(d)
     report.advice = _advice(report, d, numeric, one_per_file)
     return report
 
@@ -126,18 +133,23 @@ def _advice(r: DatasetReport, d: h5py.Dataset, numeric: bool, one_per_file: bool
         if len(r.chunks) > 1 and tuple(r.chunks[1:]) != tuple(d.shape[1:]):
             out.append("chunks also cut each sample: one sample spans several chunks")
     if any(f.startswith(("gzip", "szip", "filter")) for f in r.filters):
-        out.append(
-            f"compressed ({', '.join(r.filters)}): every read decompresses, serialised in "
-            f"h5py; {convert} (needs {format_bytes(r.logical_bytes)} uncompressed)"
+        how = (
+            "decoded in parallel"
+            if r.read_path == "chunks"
+            else f"serialised in h5py ({r.read_path_why})"
         )
-    if not d.dtype.isnative:
+        out.append(
+            f"compressed ({', '.join(r.filters)}): every read decompresses, {how}; "
+            f"{convert} (needs {format_bytes(r.logical_bytes)} uncompressed)"
+        )
+    if not d.dtype.isnative and r.read_path != "chunks":
         out.append("non-native byte order: read through h5py with conversion; convert fixes it")
     if r.layout in ("virtual", "external"):
         out.append(f"{r.layout} dataset: read through h5py; {convert}")
     return out
 
 
-def _probe(path: Path, name: str, n: int, count: int, offset_reader: bool) -> dict[str, float]:
+def _probe(path: Path, name: str, n: int, count: int, with_solar: bool) -> dict[str, float]:
     """Mean µs per random single-sample read, cold (the file's pages evicted first)."""
     idx = random.Random(0).sample(range(n), min(count, n))
     out: dict[str, float] = {}
@@ -148,7 +160,7 @@ def _probe(path: Path, name: str, n: int, count: int, offset_reader: bool) -> di
         for i in idx:
             d[i]
         out["h5py"] = 1e6 * (time.perf_counter() - t0) / len(idx)
-    if offset_reader:
+    if with_solar:
         from solar.io.hdf5 import describe
         from solar.io.reader import Reader
 
@@ -186,6 +198,8 @@ def format_reports(reports: list[DatasetReport]) -> str:
             f"{format_bytes(r.sample_bytes)}/sample, {format_bytes(r.logical_bytes)} "
             f"({format_bytes(r.stored_bytes)} stored)"
         )
+        if r.read_path:
+            lines.append(f"    read path: {r.read_path} ({r.read_path_why})")
         if r.probe_us:
             probe = ", ".join(f"{k} {v:.0f} µs" for k, v in r.probe_us.items())
             lines.append(f"    random single-sample read, cold: {probe}")

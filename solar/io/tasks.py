@@ -3,16 +3,23 @@
 :func:`plan_reads` turns "read these samples into these rows" into tasks that name files, byte
 offsets and destination rows; it opens nothing, so it is tested without files. A new way of
 reading (a local tier, a chunk decoder) is a new task type here and one case in the reader.
+
+Chunked datasets whose filters solar decodes (:func:`solar.io.codecs.decoder_for`) become
+:class:`ChunkReads`: the chunks a step needs, from :func:`solar.io.chunks.chunks_for_rows`,
+split over the reader's threads; everything else without a byte offset stays :class:`H5Rows`.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
 
 from solar.errors import SolarError
+from solar.io.chunks import ChunkIndex, RowPlan, chunks_for_rows, decodes_into_rows
+from solar.io.codecs import Decoder
 
 IOV_MAX = min(os.sysconf("SC_IOV_MAX"), 1024) if hasattr(os, "sysconf") else 1024
 RUN_MAX_BYTES = 8 * 2**20  # largest single read; longer runs are cut so threads share them
@@ -20,11 +27,12 @@ RUN_MAX_BYTES = 8 * 2**20  # largest single read; longer runs are cut so threads
 
 @dataclass(frozen=True)
 class Layout:
-    """Where one key of one file lives: a byte offset, or None to read through h5py."""
+    """Where one key of one file lives: a byte offset, or None for chunks or h5py."""
 
     offset: int | None
     row_bytes: int
     chunk_rows: int  # samples per chunk along the first dimension; 0: not chunked
+    decoded: bool = False  # chunked, and solar decodes its chunks (else h5py reads it)
 
 
 @dataclass(frozen=True)
@@ -102,7 +110,50 @@ class H5Rows:
         return int(np.unique(self.local // self.chunk_rows).size)
 
 
-ReadTask = PreadvRuns | DirectRun | H5Rows
+@dataclass(frozen=True, eq=False)
+class ChunkSource:
+    """What reading one chunked key of one file needs: its chunk index and its decoder.
+
+    Built lazily in the process that reads (it opens the file); plain data, so it pickles.
+    """
+
+    index: ChunkIndex
+    decoder: Decoder
+
+
+@dataclass(frozen=True, eq=False)
+class ChunkReads:
+    """Some of the chunks one step needs from one chunked key: pread, decode, scatter.
+
+    ``chunks`` are positions in ``plan.reads`` (in file order); ``pieces`` of them go to
+    ``out[rows[plan.row]]``. ``run_starts`` cut ``chunks`` into runs stored back to back (one
+    ``pread`` each). The task with ``fill`` also writes the fill value where no chunk was
+    written. ``direct``: each chunk is one row of ``out``, so it decodes straight into it.
+    """
+
+    file: int
+    key: int
+    source: ChunkSource
+    plan: RowPlan
+    chunks: np.ndarray  # (m,) positions in plan.reads
+    run_starts: np.ndarray  # (runs,) first entry of ``chunks`` in each run
+    out: np.ndarray  # (batch rows, *sample shape) the destination array
+    rows: np.ndarray  # (n,) destination row of each requested sample
+    fill: bool
+    direct: bool
+
+    @property
+    def requests(self) -> int:
+        """One per chunk, as a remote file system would see the reads."""
+        return int(self.chunks.size)
+
+    @property
+    def stored_bytes(self) -> int:
+        """The compressed bytes this task reads."""
+        return int(self.source.index.sizes[self.plan.reads[self.chunks]].sum())
+
+
+ReadTask = PreadvRuns | DirectRun | H5Rows | ChunkReads
 
 
 def plan_reads(
@@ -114,11 +165,13 @@ def plan_reads(
     *,
     direct_io: bool,
     groups: int,
+    chunks: Mapping[tuple[int, int], ChunkSource] | None = None,
 ) -> list[ReadTask]:
     """The tasks that read ``samples[j]`` into ``out[key][rows[j]]`` for every key.
 
     ``file_starts`` (files + 1,) holds the first global sample id of each file. Buffered runs
-    of one file and key are dealt over ``groups`` tasks, so that threads share them.
+    of one file and key are dealt over ``groups`` tasks, so that threads share them; so are
+    the chunks of a ``decoded`` layout, whose source ``chunks[file, key]`` must be given.
     """
     samples = np.asarray(samples, np.int64)
     rows = np.asarray(rows, np.int64)
@@ -135,6 +188,12 @@ def plan_reads(
     for f in np.unique(file_index).tolist():
         sel = np.flatnonzero(file_index == f)
         for k, layout in enumerate(layouts[f]):
+            if layout.offset is None and layout.decoded:
+                source = (chunks or {}).get((f, k))
+                if source is None:
+                    raise SolarError(f"no chunk index for key {k} of file {f}")
+                tasks.extend(_chunk_tasks(f, k, source, local[sel], rows[sel], out[k], groups))
+                continue
             if layout.offset is None:
                 tasks.append(H5Rows(f, k, local[sel], rows[sel], out[k], layout.chunk_rows))
                 continue
@@ -174,3 +233,56 @@ def _offset_tasks(
         PreadvRuns(f, dest, rows, iov, runs.starts[i::g], runs.counts[i::g], offsets[i::g])
         for i in range(g)
     ]
+
+
+def _chunk_tasks(
+    f: int,
+    k: int,
+    source: ChunkSource,
+    local: np.ndarray,
+    rows: np.ndarray,
+    out: np.ndarray,
+    groups: int,
+) -> list[ReadTask]:
+    """The chunks ``local`` need, in file order, cut into at most ``groups`` tasks.
+
+    Contiguous slices (not round-robin) keep each task's chunks adjacent in the file, so a
+    task reads them in few ``pread`` calls; several chunks per task, because a task costs
+    about as much Python as decoding a fast codec's chunk.
+    """
+    index = source.index
+    if out.shape[1:] != index.shape[1:]:
+        raise SolarError(f"destination for key {k} must have sample shape {index.shape[1:]}")
+    plan = chunks_for_rows(index, local)
+    m = int(plan.reads.size)
+    direct = decodes_into_rows(index, out)
+    parts = np.array_split(np.arange(m), max(1, min(groups, m)))
+    tasks: list[ReadTask] = []
+    for i, part in enumerate(parts):
+        runs = chunk_runs(index, plan.reads[part])
+        tasks.append(ChunkReads(f, k, source, plan, part, runs, out, rows, i == 0, direct))
+    return tasks
+
+
+def chunk_runs(index: ChunkIndex, positions: np.ndarray, max_bytes: int = RUN_MAX_BYTES):
+    """Where runs of chunks stored back to back start (indices into ``positions``, which are
+    in file order); a run is cut before it exceeds ``max_bytes`` unless it is one chunk."""
+    offsets, sizes = index.offsets[positions], index.sizes[positions]
+    if positions.size == 0:
+        return np.zeros(0, np.int64)
+    new = np.ones(positions.size, np.bool_)
+    new[1:] = offsets[1:] != offsets[:-1] + sizes[:-1]
+    starts = np.flatnonzero(new)
+    if int(sizes.sum()) <= max_bytes:
+        return starts
+    # Cut long runs: a short Python pass over runs, not chunks' bytes.
+    cut: list[int] = []
+    ends = np.append(starts[1:], positions.size)
+    for a, b in zip(starts.tolist(), ends.tolist(), strict=True):
+        run = 0
+        for j in range(a, b):
+            if j == a or run + int(sizes[j]) > max_bytes:
+                cut.append(j)
+                run = 0
+            run += int(sizes[j])
+    return np.array(cut, np.int64)

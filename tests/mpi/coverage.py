@@ -66,4 +66,8 @@ for e in range(1, opts.epochs):
     rest += [b["index"].numpy().copy() for b in resumed]
 assert len(rest) == len(batches) - cut
 assert all(np.array_equal(a, b) for a, b in zip(rest, batches[cut:], strict=True))
+# Which read path each key took: "chunks" (decoded by solar), "h5py" or "offset".
+paths = sorted({"chunks" if lay.decoded else "offset" if lay.offset is not None else "h5py"
+                for file in ld.reader._layouts for lay in file})  # fmt: skip
+print(f"rank {d.rank} of {d.world_size}: read paths {','.join(paths)}", flush=True)
 print(f"rank {d.rank} of {d.world_size}: ok", flush=True)
