@@ -3,6 +3,7 @@ byte-identical to h5py/numpy; descriptors stay bounded; bad input is one line.""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -145,8 +146,6 @@ def test_fd_cache_closes_idle_descriptors_only(tmp_path):
     for i in range(20):
         paths.append(tmp_path / f"{i}")
         paths[-1].write_bytes(b"x")
-    import os
-
     cache = FdCache(16, lambda i: os.open(paths[i], os.O_RDONLY))
     with cache.use(0) as held:
         for i in range(1, 20):
@@ -168,7 +167,8 @@ def test_descriptors_bounded_by_rlimit(tmp_path):
         data = np.arange(300 * 8, dtype=np.float64).reshape(300, 8)
         for i in range(300):
             np.save(f"{{root}}/{{i:04d}}.npy", data[i])
-        resource.setrlimit(resource.RLIMIT_NOFILE, (64, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+        hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+        resource.setrlimit(resource.RLIMIT_NOFILE, (64, hard))
         from solar import Loader
         from solar.config import ReaderConfig
         ld = Loader(root, batch_size=32, epochs=2, buffer=10, one_per_file=True,

@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import dataclasses
+import functools
 import itertools
 import mmap
 import os
@@ -126,7 +127,9 @@ class Reader:
     def _state(self) -> None:
         if self._pid != os.getpid():
             self._pid = os.getpid()
-            self._fds = FdCache(fd_capacity(), self._open_fd)
+            # The opener must not hold self: the finalizer below keeps it alive.
+            opener = functools.partial(_open_fd, self._paths, self.direct_io)
+            self._fds = FdCache(fd_capacity(), opener)
             self._h5 = _H5Cache(max(4, min(64, self._fds.capacity // 4)))
             self._sources: dict[tuple[int, int], ChunkSource] = {}
             self._h5_lock = threading.Lock()
@@ -138,19 +141,6 @@ class Reader:
     def _fd(self, path_index: int) -> contextlib.AbstractContextManager[int]:
         """The descriptor of ``self._paths[path_index]``, held open while the block runs."""
         return self._fds.use(path_index)
-
-    def _open_fd(self, path_index: int) -> int:
-        path = self._paths[path_index]
-        flags = os.O_RDONLY | (os.O_DIRECT if self.direct_io else 0)
-        try:
-            fd = os.open(path, flags)
-        except OSError as exc:
-            if self.direct_io and exc.errno == 22:
-                raise SolarError(f"{path}: the file system does not support O_DIRECT") from None
-            raise SolarError(f"{path}: cannot open ({exc.strerror})") from None
-        # No POSIX_FADV_RANDOM: without readahead the kernel splits a large coalesced read
-        # into small synchronous ones (measured: 19 % of sequential bandwidth instead of 100 %).
-        return fd
 
     def _h5file(self, file_index: int) -> h5py.File:
         """An h5py handle of file ``file_index`` (call with ``_h5_lock`` held)."""
@@ -460,6 +450,20 @@ def wait_all(futures: list[Future]) -> tuple[int, float]:
     return sum(r[0] for r in results), sum(r[1] for r in results)
 
 
+def _open_fd(paths: tuple, direct_io: bool, path_index: int) -> int:
+    path = paths[path_index]
+    flags = os.O_RDONLY | (os.O_DIRECT if direct_io else 0)
+    try:
+        fd = os.open(path, flags)
+    except OSError as exc:
+        if direct_io and exc.errno == 22:
+            raise SolarError(f"{path}: the file system does not support O_DIRECT") from None
+        raise SolarError(f"{path}: cannot open ({exc.strerror})") from None
+    # No POSIX_FADV_RANDOM: without readahead the kernel splits a large coalesced read
+    # into small synchronous ones (measured: 19 % of sequential bandwidth instead of 100 %).
+    return fd
+
+
 def _close_all(fds: FdCache, files: _H5Cache) -> None:
     fds.close()
     files.close()
@@ -524,7 +528,13 @@ class FdCache:
         excess = len(self._fds) - self.capacity
         if excess <= 0:
             return
-        for key in [k for k in self._fds if k not in self._refs][:excess]:
+        victims = []
+        for key in self._fds:  # oldest first; only the few in use are skipped
+            if key not in self._refs:
+                victims.append(key)
+                if len(victims) == excess:
+                    break
+        for key in victims:
             os.close(self._fds.pop(key))
 
     def close(self) -> None:
