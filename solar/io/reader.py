@@ -67,6 +67,16 @@ _preadv.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_int64]
 
 
 @njit(nogil=True)  # not cached: it embeds the address of libc's preadv
+def _preadv_each(fds, iov, starts, counts, offsets, got):
+    """One preadv per run, each from its own descriptor, without the GIL."""
+    for j in range(starts.shape[0]):
+        got[j] = _preadv(fds[j], iov.ctypes.data + 16 * starts[j], counts[j], offsets[j])
+
+
+_HOLD = 16  # descriptors one thread holds at a time (one sample per file)
+
+
+@njit(nogil=True)  # not cached: it embeds the address of libc's preadv
 def _preadv_runs(fd, iov, starts, counts, offsets, got):
     """One preadv per run, without the GIL: ``iov`` rows are (address, length) pairs."""
     for j in range(starts.shape[0]):
@@ -263,13 +273,26 @@ class Reader:
 
     def _preadv_task(self, t: PreadvRuns) -> int:
         got = np.empty(t.starts.size, np.int64)
-        with self._fd(t.file) as fd:
-            _preadv_runs(fd, t.iov, t.starts, t.counts, t.offsets, got)
+        if t.files is None:
+            with self._fd(t.file) as fd:
+                _preadv_runs(fd, t.iov, t.starts, t.counts, t.offsets, got)
+        else:
+            # A run per file: hold a few descriptors at a time (bounded over all threads).
+            files = t.files.tolist()
+            for a in range(0, len(files), _HOLD):
+                keys = files[a : a + _HOLD]
+                fds = np.array(self._fds.acquire(keys), np.int64)
+                try:
+                    b = a + len(keys)
+                    _preadv_each(fds, t.iov, t.starts[a:b], t.counts[a:b], t.offsets[a:b], got[a:b])
+                finally:
+                    self._fds.release(keys)
         want = t.counts * t.dest.shape[1]
         for j in np.flatnonzero(got != want):
             # Retry in Python: finishes an interrupted read, or names the short file.
             a = t.starts[j]
-            self._pread(t.file, int(t.offsets[j]), t.dest, t.rows[a : a + t.counts[j]].tolist())
+            f = t.file if t.files is None else int(t.files[j])
+            self._pread(f, int(t.offsets[j]), t.dest, t.rows[a : a + t.counts[j]].tolist())
         return int(want.sum())
 
     def _pread(self, f: int, start: int, dest: np.ndarray, rows: list[int]) -> int:
@@ -496,32 +519,53 @@ class FdCache:
 
     @contextlib.contextmanager
     def use(self, key: int) -> Iterator[int]:
+        """The descriptor of ``key``, never closed while the block runs."""
+        fd = self.acquire([key])[0]
+        try:
+            yield fd
+        finally:
+            self.release([key])
+
+    def acquire(self, keys: list[int]) -> list[int]:
+        """Descriptors of ``keys``, each held until :meth:`release` of the same keys."""
+        fds: list[int] = []
+        try:
+            for key in keys:
+                fds.append(self._acquire(key))
+        except BaseException:
+            self.release(keys[: len(fds)])
+            raise
+        return fds
+
+    def _acquire(self, key: int) -> int:
         with self._lock:
             fd = self._fds.get(key)
             if fd is not None:
                 self._fds.move_to_end(key)
                 self._refs[key] = self._refs.get(key, 0) + 1
-        if fd is None:
-            new = self._open(key)  # outside the lock: opening may be slow
-            with self._lock:
-                fd = self._fds.get(key)
-                if fd is None:
-                    fd = self._fds[key] = new
-                else:
-                    os.close(new)  # another thread opened it meanwhile
-                    self._fds.move_to_end(key)
-                self._refs[key] = self._refs.get(key, 0) + 1
-                self._evict()
-        try:
-            yield fd
-        finally:
-            with self._lock:
+                return fd
+        new = self._open(key)  # outside the lock: opening may be slow
+        with self._lock:
+            fd = self._fds.get(key)
+            if fd is None:
+                fd = self._fds[key] = new
+            else:
+                os.close(new)  # another thread opened it meanwhile
+                self._fds.move_to_end(key)
+            self._refs[key] = self._refs.get(key, 0) + 1
+            self._evict()
+        return fd
+
+    def release(self, keys: list[int]) -> None:
+        """Drop one hold of each of ``keys``; idle descriptors beyond capacity are closed."""
+        with self._lock:
+            for key in keys:
                 left = self._refs[key] - 1
                 if left:
                     self._refs[key] = left
                 else:
                     del self._refs[key]
-                    self._evict()
+            self._evict()
 
     def _evict(self) -> None:
         """Close the least recently used idle descriptors beyond capacity (lock held)."""

@@ -100,7 +100,8 @@ def coalesce_runs(local: np.ndarray, max_rows: int) -> Runs:
 class PreadvRuns:
     """Buffered reads: one ``preadv`` per run, scattering rows of ``dest`` through ``iov``.
 
-    ``file`` names the descriptor (the reader's ``paths``; for HDF5 the file index).
+    ``file`` names the descriptor (the reader's ``paths``; for HDF5 the file index), or, when
+    ``files`` is given, each run has its own (one sample per file: one run per file and key).
     """
 
     file: int
@@ -110,6 +111,7 @@ class PreadvRuns:
     starts: np.ndarray  # (runs,) first sorted entry of each run
     counts: np.ndarray  # (runs,) rows in each run
     offsets: np.ndarray  # (runs,) file byte offset of each run
+    files: np.ndarray | None = None  # (runs,) descriptor of each run; None: all read ``file``
 
     @property
     def requests(self) -> int:
@@ -222,9 +224,14 @@ def plan_reads(
     for a in out:
         if rows.min() < 0 or rows.max() >= a.shape[0]:
             raise SolarError(f"destination row out of range 0..{a.shape[0] - 1}")
+    tasks: list[ReadTask] = []
+    if isinstance(layouts, FileLayouts) and layouts.whole and not direct_io:
+        # One sample per file: each file's offset keys in a few tasks, not one task per file.
+        tasks, samples, rows = _one_per_file_tasks(layouts, samples, rows, out, groups)
+        if samples.size == 0:
+            return tasks
     file_index = np.searchsorted(file_starts, samples, side="right") - 1
     local = samples - file_starts[file_index]
-    tasks: list[ReadTask] = []
     by_file = np.argsort(file_index, kind="stable")
     files, first = np.unique(file_index[by_file], return_index=True)
     for f, sel in zip(files.tolist(), np.split(by_file, first[1:]), strict=True):
@@ -248,6 +255,38 @@ def plan_reads(
             fd = f if layout.path < 0 else layout.path
             tasks.extend(_offset_tasks(fd, layout, local[sel], rows[sel], dest, direct_io, groups))
     return tasks
+
+
+def _one_per_file_tasks(
+    layouts: FileLayouts, samples: np.ndarray, rows: np.ndarray, out: list[np.ndarray], groups: int
+) -> tuple[list[ReadTask], np.ndarray, np.ndarray]:
+    """Buffered reads of every key stored at an offset, one run per (file, key), dealt over
+    ``groups`` tasks; returns them with the samples left (some key not at an offset)."""
+    tasks: list[ReadTask] = []
+    by_file = np.argsort(samples, kind="stable")  # file order: neighbours on disk
+    samples, rows = samples[by_file], rows[by_file]
+    offsets = layouts.offsets[samples]  # (n, keys); one sample per file: file == sample
+    paths = layouts.paths[samples] if layouts.paths is not None else None
+    complete = (offsets >= 0).all(axis=1)
+    for k, row_bytes in enumerate(layouts.row_bytes):
+        sel = np.flatnonzero(complete)
+        if sel.size == 0:
+            break
+        if not out[k].flags.c_contiguous or out[k][:1].nbytes not in (0, row_bytes):
+            raise SolarError(f"destination for key {k} must be C-contiguous rows of {row_bytes} B")
+        dest = out[k].reshape(out[k].shape[0], -1).view(np.uint8)
+        r = rows[sel]
+        iov = np.empty((sel.size, 2), np.uint64)
+        iov[:, 0] = dest.ctypes.data + r.astype(np.uint64) * np.uint64(row_bytes)
+        iov[:, 1] = row_bytes
+        files = paths[sel, k] if paths is not None else samples[sel]
+        ones = np.ones(sel.size, np.int64)
+        for part in np.array_split(np.arange(sel.size), min(groups, sel.size)):
+            tasks.append(
+                PreadvRuns(int(files[part[0]]), dest, r, iov, part, ones[part],
+                           offsets[sel[part], k], files[part])
+            )  # fmt: skip
+    return tasks, samples[~complete], rows[~complete]
 
 
 def _offset_tasks(
