@@ -179,6 +179,12 @@ def test_descriptors_bounded_by_rlimit(tmp_path):
                 assert (b["data"].numpy() == data[b["index"].numpy()]).all()
         assert len(ld.reader._fds) <= 32, len(ld.reader._fds)
         assert len(os.listdir("/proc/self/fd")) < 64
+        # Three readers at once would want 3 x 32: they shrink when the process runs out.
+        more = [Loader(root, batch_size=32, epochs=1, buffer=10, one_per_file=True, seed=s,
+                       reader=ReaderConfig(threads=4)) for s in range(3)]
+        for other in more:
+            for b in other:
+                assert (b["data"].numpy() == data[b["index"].numpy()]).all()
         print("ok")
         """
     )

@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import dataclasses
+import errno
 import functools
 import itertools
 import mmap
@@ -481,10 +482,18 @@ def _open_fd(paths: tuple, direct_io: bool, path_index: int) -> int:
     except OSError as exc:
         if direct_io and exc.errno == 22:
             raise SolarError(f"{path}: the file system does not support O_DIRECT") from None
-        raise SolarError(f"{path}: cannot open ({exc.strerror})") from None
+        error = _TooManyOpen if exc.errno == errno.EMFILE else SolarError
+        raise error(f"{path}: cannot open ({exc.strerror})") from None
     # No POSIX_FADV_RANDOM: without readahead the kernel splits a large coalesced read
     # into small synchronous ones (measured: 19 % of sequential bandwidth instead of 100 %).
     return fd
+
+
+_CACHES: weakref.WeakSet[FdCache] = weakref.WeakSet()  # every reader's, to shrink on EMFILE
+
+
+class _TooManyOpen(SolarError):
+    """The process ran out of descriptors (EMFILE): other readers or the program hold them."""
 
 
 def _close_all(fds: FdCache, files: _H5Cache) -> None:
@@ -513,6 +522,7 @@ class FdCache:
         self._lock = threading.Lock()
         self._fds: OrderedDict[int, int] = OrderedDict()
         self._refs: dict[int, int] = {}
+        _CACHES.add(self)
 
     def __len__(self) -> int:
         return len(self._fds)
@@ -544,7 +554,14 @@ class FdCache:
                 self._fds.move_to_end(key)
                 self._refs[key] = self._refs.get(key, 0) + 1
                 return fd
-        new = self._open(key)  # outside the lock: opening may be slow
+        try:
+            new = self._open(key)  # outside the lock: opening may be slow
+        except _TooManyOpen:
+            # Other readers (or the program) hold descriptors too: every reader of this
+            # process keeps fewer from now on and closes its idle ones; then retry once.
+            for cache in list(_CACHES):
+                cache.shrink()
+            new = self._open(key)
         with self._lock:
             fd = self._fds.get(key)
             if fd is None:
@@ -567,9 +584,16 @@ class FdCache:
                     del self._refs[key]
             self._evict()
 
-    def _evict(self) -> None:
-        """Close the least recently used idle descriptors beyond capacity (lock held)."""
-        excess = len(self._fds) - self.capacity
+    def shrink(self) -> None:
+        """Halve the capacity (at least 16) and close every idle descriptor."""
+        with self._lock:
+            self.capacity = max(16, self.capacity // 2)
+            self._evict(idle=True)
+
+    def _evict(self, idle: bool = False) -> None:
+        """Close the least recently used idle descriptors beyond capacity, or every idle one
+        (lock held)."""
+        excess = len(self._fds) - (0 if idle else self.capacity)
         if excess <= 0:
             return
         victims = []
