@@ -193,3 +193,19 @@ def test_descriptors_bounded_by_rlimit(tmp_path):
     )
     assert out.returncode == 0, out.stderr[-2000:]
     assert "ok" in out.stdout
+
+
+def test_plan_file_from_the_cli_runs_one_sample_files(tmp_path, capsys):
+    import json
+
+    from test_cli import run_cli
+
+    root = one_per_file_h5(tmp_path / "d")
+    plan = tmp_path / "p.h5"
+    args = ["plan", root, "--one-per-file", "-P", 3, "-B", 4, "-E", 2, "-C", 7, "-o", plan]
+    code, stdout, err = run_cli([*args, "--json"], capsys)
+    assert code == 0, err
+    assert json.loads(stdout)["accesses"] == 2 * N
+    run_all(root, None, 3, one_per_file=True, plan=plan)  # the plan's dataset identity matches
+    with pytest.raises(SolarError, match="dataset"):
+        run_all(root, ["img"], 3, one_per_file=True, plan=plan)
