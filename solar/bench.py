@@ -26,8 +26,8 @@ import numpy as np
 from solar.config import DEFAULT_SLACK, ReaderConfig
 from solar.dist import MAX, allreduce
 from solar.errors import SolarError
-from solar.io.hdf5 import describe
 from solar.io.pagecache import evict
+from solar.io.sources import describe_source
 from solar.io.throttle import Throttle
 
 LOADERS = ("torch", "lru", "fifo", "solar-artifact", "nopfs", "solar")
@@ -39,6 +39,7 @@ class BenchConfig:
 
     paths: tuple[str, ...]
     keys: tuple[str, ...] | None = None
+    one_per_file: bool = False  # each file is one sample
     batch_size: int = 32
     epochs: int = 5
     buffer: float = 0.5  # aggregate buffer as a fraction of the dataset
@@ -90,11 +91,16 @@ def memory_bandwidth(nbytes: int = 256 * 2**20) -> float:
 
 
 class H5Dataset:
-    """The setup users run today: a map-style Dataset opening the file lazily per worker."""
+    """The setup users run today: a map-style Dataset opening the file lazily per worker.
+
+    One-sample files (HDF5 or .npy) are opened per sample, as such datasets are read today.
+    """
 
     def __init__(self, info, throttle: Throttle | None = None) -> None:
         self.files = [str(p) for p in info.files]
         self.keys = [k.name for k in info.keys]
+        self.npy = [[str(p) for p in fs] for fs in info.key_files] if info.format == "npy" else []
+        self.one_per_file = info.one_per_file
         self.starts = np.concatenate([[0], np.cumsum(info.lengths)])
         self.sample_bytes = info.sample_bytes
         self.throttle = throttle
@@ -108,13 +114,27 @@ class H5Dataset:
         import torch
 
         f = int(np.searchsorted(self.starts, i, side="right") - 1)
-        if f not in self.handles:
-            self.handles[f] = h5py.File(self.files[f], "r")
         local = int(i - self.starts[f])
-        out = {k: torch.from_numpy(self.handles[f][k][local]) for k in self.keys}
+        if self.npy:
+            arrays = [np.load(fs[f], mmap_mode="r") for fs in self.npy]
+            rows = [np.array(a if self.one_per_file else a[local]) for a in arrays]
+            out = {k: torch.from_numpy(r) for k, r in zip(self.keys, rows, strict=True)}
+        elif self.one_per_file:
+            with h5py.File(self.files[f], "r") as fh:
+                out = {k: torch.from_numpy(np.asarray(fh[k][()])) for k in self.keys}
+        else:
+            out = self._many(f, local)
         if self.throttle is not None:
             self.throttle.wait(self.sample_bytes, len(self.keys))
         return out
+
+    def _many(self, f: int, local: int) -> dict:
+        import h5py
+        import torch
+
+        if f not in self.handles:
+            self.handles[f] = h5py.File(self.files[f], "r")
+        return {k: torch.from_numpy(self.handles[f][k][local]) for k in self.keys}
 
 
 def run(cfg: BenchConfig, comm: Any, progress=None) -> dict | None:
@@ -124,8 +144,10 @@ def run(cfg: BenchConfig, comm: Any, progress=None) -> dict | None:
     from solar.loader import Loader
 
     rank, world = comm.Get_rank(), comm.Get_size()
-    info = describe(list(cfg.paths), list(cfg.keys) if cfg.keys else None)
-    files = list(info.files)
+    info = describe_source(
+        list(cfg.paths), list(cfg.keys) if cfg.keys else None, one_per_file=cfg.one_per_file
+    )
+    files = [p for fs in info.key_files for p in fs] or list(info.files)
     n, sample_bytes = info.num_samples, info.sample_bytes
     unknown = set(cfg.loaders) - set(LOADERS)
     if unknown:
@@ -159,7 +181,8 @@ def run(cfg: BenchConfig, comm: Any, progress=None) -> dict | None:
     for name in cfg.loaders:
         if name != "torch":
             loaders[name] = Loader(
-                files, [k.name for k in info.keys], batch_size=cfg.batch_size, epochs=cfg.epochs,
+                list(cfg.paths), [k.name for k in info.keys], one_per_file=cfg.one_per_file,
+                batch_size=cfg.batch_size, epochs=cfg.epochs,
                 buffer=capacity, seed=cfg.seed, slack=cfg.slack, policy=name, comm=comm,
                 reader=cfg.reader, throttle=throttle,
             )  # fmt: skip

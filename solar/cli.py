@@ -32,6 +32,7 @@ def cli() -> None:
 @cli.command()
 @click.argument("data", nargs=-1, type=click.Path())
 @click.option("--key", "keys", multiple=True, help="Dataset key (repeatable); default: all.")
+@click.option("--one-per-file", is_flag=True, help="Each data file is one sample.")
 @click.option("--samples", type=int, help="Number of samples N, when no data files are given.")
 @click.option("--sample-bytes", type=int, help="Bytes per sample, when no data files are given.")
 @click.option("--world-size", "-P", type=int, required=True, help="Number of ranks P.")
@@ -52,6 +53,7 @@ def cli() -> None:
 def plan(
     data: tuple[str, ...],
     keys: tuple[str, ...],
+    one_per_file: bool,
     samples: int | None,
     sample_bytes: int | None,
     world_size: int,
@@ -66,12 +68,13 @@ def plan(
     out: str | None,
     as_json: bool,
 ) -> None:
-    """Plan a run over DATA (HDF5 files or globs) or over --samples N; write it to --out."""
+    """Plan a run over DATA (HDF5 or .npy files, globs, directories) or over --samples N;
+    write it to --out."""
     dataset = None
     if data:
-        from solar.io.hdf5 import describe
+        from solar.io.sources import describe_source
 
-        info = describe(list(data), list(keys) or None)
+        info = describe_source(list(data), list(keys) or None, one_per_file=one_per_file)
         if samples is not None and samples != info.num_samples:
             raise SolarError(f"--samples {samples} disagrees with the data's {info.num_samples}")
         if sample_bytes is not None and sample_bytes != info.sample_bytes:
@@ -222,6 +225,7 @@ def gen(out, preset, samples, chunks, compression, seed, force) -> None:
 @cli.command()
 @click.argument("data", nargs=-1, required=True, type=click.Path())
 @click.option("--key", "keys", multiple=True, help="Dataset key (repeatable); default: all.")
+@click.option("--one-per-file", is_flag=True, help="Each data file is one sample.")
 @click.option("--world-size", "-P", type=int, default=1, show_default=True,
               help="Ranks; launches itself under mpiexec when more than 1.")  # fmt: skip
 @click.option("--batch-size", "-B", type=int, default=32, show_default=True)
@@ -242,8 +246,9 @@ def gen(out, preset, samples, chunks, compression, seed, force) -> None:
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--json", "json_out", type=click.Path(), help="Write the results as JSON here.")
 @click.option("--plot", "plot_out", type=click.Path(), help="Write a PNG plot here.")
-def bench(data, keys, world_size, batch_size, epochs, buffer, slack, loaders, workers, threads,
-          read_ahead, throttle, compute_ms, seed, json_out, plot_out) -> None:  # fmt: skip
+def bench(data, keys, one_per_file, world_size, batch_size, epochs, buffer, slack, loaders,
+          workers, threads, read_ahead, throttle, compute_ms, seed, json_out,
+          plot_out) -> None:  # fmt: skip
     """Compare the PyTorch DataLoader and every policy on DATA, cold storage each epoch."""
     import os
 
@@ -265,7 +270,8 @@ def bench(data, keys, world_size, batch_size, epochs, buffer, slack, loaders, wo
     comm = dist.init().comm  # an error on any rank now ends them all
     _check_world(world_size, launch.kind, comm.Get_size())
     cfg = harness.BenchConfig(
-        paths=tuple(data), keys=tuple(keys) or None, batch_size=batch_size, epochs=epochs,
+        paths=tuple(data), keys=tuple(keys) or None, one_per_file=one_per_file,
+        batch_size=batch_size, epochs=epochs,
         buffer=share, slack=slack, loaders=tuple(x for x in loaders.split(",") if x),
         workers=workers, reader=reader, throttle=throttle, compute_ms=compute_ms, seed=seed,
     )  # fmt: skip

@@ -16,7 +16,7 @@ import hashlib
 import os
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -26,8 +26,8 @@ from solar.cache.slots import SlotBuffer, check_budget
 from solar.config import DEFAULT_SLACK, BufferConfig, ReaderConfig, RunConfig, parse_size
 from solar.dist import abort_job_on_error, agree
 from solar.errors import SolarError
-from solar.io.hdf5 import describe
 from solar.io.reader import Reader, wait_all
+from solar.io.sources import describe_source
 from solar.readahead import InFlight, ReadAhead
 from solar.schedule import Plan, PlanSpec, RankPlan, load_plan, make_plan
 from solar.schedule._common import slot_count
@@ -42,11 +42,16 @@ class Loader:
     Call :meth:`set_epoch` before each epoch, as with ``DistributedSampler``; iterating yields
     that epoch's steps as dicts of torch tensors, one per key, plus ``"index"`` (int64 sample
     ids in batch order). Local batches may differ in size when ``slack > 0``.
+
+    ``paths`` is a path, glob, directory or list of HDF5 files (``keys``: their datasets,
+    default all), or of ``.npy`` files (one key, ``keys[0]`` or ``"data"``), or a dict
+    ``{key: .npy files}``; see :mod:`solar.io.sources`. With ``one_per_file`` each file is
+    one sample (its whole datasets), else files hold samples along their first axis.
     """
 
     def __init__(
         self,
-        paths: str | os.PathLike | Sequence[str | os.PathLike],
+        paths: str | os.PathLike | Sequence[str | os.PathLike] | Mapping[str, Any],
         keys: list[str] | None = None,
         *,
         batch_size: int,
@@ -62,13 +67,13 @@ class Loader:
         policy: str = "solar",
         reader: ReaderConfig | None = None,
         throttle: Any = None,
+        one_per_file: bool = False,
     ) -> None:
         # Other ranks may be waiting in the plan agreement: a failure here takes the job down.
         with abort_job_on_error(comm):
             import torch
 
-            paths = [paths] if isinstance(paths, str | os.PathLike) else list(paths)
-            self.info = describe(paths, keys)
+            self.info = describe_source(paths, keys, one_per_file=one_per_file)
             self.rank, self.world_size = _rank_and_world(comm, rank, world_size)
             for k in self.info.keys:
                 torch_dtype(k)

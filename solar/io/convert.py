@@ -19,7 +19,8 @@ import numpy as np
 
 from solar._atomic import atomic_path
 from solar.errors import SolarError
-from solar.io.hdf5 import describe, expand_paths, open_h5
+from solar.io.hdf5 import describe, open_h5
+from solar.io.sources import expand_sources
 
 _BLOCK_BYTES = 64 * 2**20
 
@@ -32,17 +33,7 @@ class _Source:
 
 def sources(paths: list[str | os.PathLike]) -> list[Path]:
     """Files named by ``paths``: directories give their sorted ``.h5``/``.hdf5``/``.npy`` files."""
-    out: list[Path] = []
-    for p in paths:
-        p = Path(p)
-        if p.is_dir():
-            found = sorted(q for q in p.iterdir() if q.suffix in (".h5", ".hdf5", ".npy"))
-            if not found:
-                raise SolarError(f"{p}: directory holds no .h5, .hdf5 or .npy files")
-            out.extend(found)
-        else:
-            out.extend(expand_paths([p]))
-    return out
+    return expand_sources(paths)
 
 
 def convert(

@@ -10,8 +10,9 @@ import glob
 import hashlib
 import json
 import os
+import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import h5py
@@ -38,13 +39,35 @@ class KeyInfo:
         return int(np.prod(self.sample_shape, dtype=np.int64)) * self.dtype.itemsize
 
 
+@dataclass(frozen=True, eq=False)
+class StoredLayout:
+    """Where each key of each file is stored, found once while the files were checked.
+
+    ``offsets[f, k]``: byte offset of a contiguous native dataset (-1: none); ``chunk_rows``:
+    samples per chunk (0: not chunked); ``decodable``: chunked with filters solar decodes.
+    """
+
+    offsets: np.ndarray  # (files, keys) int64
+    chunk_rows: np.ndarray  # (files, keys) int64
+    decodable: np.ndarray  # (files, keys) bool
+
+
 @dataclass(frozen=True)
 class DatasetInfo:
-    """The sample space of a list of HDF5 files and keys."""
+    """The sample space of a list of HDF5 (or .npy) files and keys.
+
+    ``format`` is ``"hdf5"`` or ``"npy"``; with ``one_per_file`` each file (its datasets) is
+    one sample. A .npy key has its own files: ``key_files[k]`` (``files`` are the first key's).
+    ``stored`` is what the reader needs to serve the files without opening each again.
+    """
 
     files: tuple[Path, ...]
     keys: tuple[KeyInfo, ...]
     lengths: tuple[int, ...]  # samples in each file
+    format: str = "hdf5"
+    one_per_file: bool = False
+    key_files: tuple[tuple[Path, ...], ...] = ()
+    stored: StoredLayout | None = field(default=None, compare=False, repr=False)
 
     @property
     def num_samples(self) -> int:
@@ -64,7 +87,12 @@ class DatasetInfo:
             [p.name, os.path.getsize(p), n] for p, n in zip(self.files, self.lengths, strict=True)
         ]
         keys = [[k.name, list(k.sample_shape), k.dtype.str] for k in self.keys]
-        return hashlib.sha256(json.dumps([record, keys]).encode()).hexdigest()[:32]
+        what: list = [record, keys]
+        if self.format != "hdf5" or self.one_per_file:
+            # Other sources say what they are, and every key's files (names and sizes).
+            more = [[p.name, os.path.getsize(p)] for files in self.key_files[1:] for p in files]
+            what += [self.format, self.one_per_file, more]
+        return hashlib.sha256(json.dumps(what).encode()).hexdigest()[:32]
 
 
 def expand_paths(paths: Sequence[str | os.PathLike]) -> list[Path]:
@@ -104,19 +132,22 @@ def describe(
     """Check the files and keys and describe the sample space they make.
 
     Without ``keys``, every dataset of the first file is a key, and every file must have them.
-    With ``one_per_file`` each file's datasets are one sample (what ``solar convert`` reads;
-    the reader serves only many-samples-per-file layouts).
+    With ``one_per_file`` each file's datasets are one sample. Each file is opened once; where
+    every key is stored is recorded then (``DatasetInfo.stored``), so a reader opens no file
+    to plan its reads. Many small files read as many samples each get a warning.
     """
     files = expand_paths(paths)
     names = list(keys) if keys else None
     infos: list[KeyInfo] | None = None
     lengths = []
+    where: list[list[tuple[int, int, bool]]] = []
     for path in files:
         try:
             with open_h5(path) as f:
                 if names is None:
                     names = _all_datasets(f, path)
                 n, found = _check_keys(f, path, names, one_per_file)
+                where.append([_stored(f[name]) for name in names])
         except (OSError, RuntimeError, KeyError, ValueError, TypeError) as exc:
             # h5py's errors on damaged files come in many types; all mean the same here.
             raise SolarError(f"{path}: corrupt HDF5 file ({_reason(exc)})") from None
@@ -129,7 +160,27 @@ def describe(
                     f"but {files[0]} holds {a.sample_shape} {a.dtype}"
                 )
         lengths.append(n)
-    return DatasetInfo(tuple(files), tuple(infos or ()), tuple(lengths))
+    if not one_per_file and len(files) > 8 and max(lengths) <= 4:
+        warnings.warn(
+            f"{len(files)} HDF5 files hold at most {max(lengths)} samples each along their "
+            "first axis: if each file is one sample, pass one_per_file=True (--one-per-file)",
+            stacklevel=2,
+        )
+    table = np.array(where, np.int64).reshape(len(files), -1, 3)
+    stored = StoredLayout(table[..., 0], table[..., 1], table[..., 2].astype(bool))
+    return DatasetInfo(
+        tuple(files), tuple(infos or ()), tuple(lengths), one_per_file=one_per_file, stored=stored
+    )
+
+
+def _stored(dset: h5py.Dataset) -> tuple[int, int, bool]:
+    """(offset or -1, rows per chunk or 0, chunks solar decodes) of one dataset."""
+    from solar.io.reader import read_path  # the reader decides; it imports this module
+
+    path, _ = read_path(dset, decode_chunks=True)
+    offset = int(dset.id.get_offset()) if path == "offset" else -1
+    chunk_rows = int(dset.chunks[0]) if dset.chunks is not None and dset.ndim else 0
+    return offset, chunk_rows, path == "chunks"
 
 
 def dataset_names(f: h5py.File) -> list[str]:

@@ -14,8 +14,9 @@ import numpy as np
 from solar._units import format_bytes
 from solar.config import ReaderConfig
 from solar.errors import SolarError
-from solar.io.hdf5 import dataset_names, expand_paths, open_h5
+from solar.io.hdf5 import dataset_names, open_h5
 from solar.io.pagecache import evict
+from solar.io.sources import expand_sources
 
 _ALIGN = 4096
 _FILTERS = {1: "gzip", 2: "shuffle", 3: "fletcher32", 4: "szip", 5: "nbit", 6: "scaleoffset"}
@@ -49,7 +50,7 @@ def inspect_files(
 ) -> list[DatasetReport]:
     """Report every dataset of every file; ``probe`` > 0 times that many random reads."""
     reports = []
-    for path in expand_paths(paths):
+    for path in expand_sources(paths):
         try:
             with open_h5(path) as f:
                 for name in dataset_names(f):

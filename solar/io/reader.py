@@ -9,7 +9,10 @@ chunk by chunk: ``pread`` of the stored bytes (chunks stored back to back are on
 without the GIL on the reader's threads, and a scatter into the destination rows (or decoding
 straight into them). Other chunked, compressed or non-native datasets are read through h5py,
 each chunk once per request. Files, and chunk indexes, are opened lazily in the process that
-reads, so a reader survives fork and spawn.
+reads, so a reader survives fork and spawn. Descriptors are cached per process, least recently
+used closed beyond half the RLIMIT_NOFILE soft limit (:class:`FdCache`), so a dataset of a
+million one-sample files (HDF5 or ``.npy``, served by offset like any contiguous dataset) reads
+within the limit.
 
 What to read is decided by :func:`solar.io.tasks.plan_reads` (pure); this module executes the
 tasks it returns, one ``case`` per task type in :meth:`Reader._run`.
@@ -17,13 +20,20 @@ tasks it returns, one ``case`` per task type in :meth:`Reader._run`.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import dataclasses
+import errno
+import functools
 import itertools
 import mmap
 import os
+import resource
 import threading
 import time
 import weakref
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -33,13 +43,14 @@ from numba import njit
 
 from solar.config import ReaderConfig
 from solar.errors import SolarError
-from solar.io.chunks import chunk_index, fill_absent, scatter_chunk
+from solar.io.chunks import ChunkIndex, chunk_index, fill_absent, scatter_chunk
 from solar.io.codecs import Decoder, decoder_for, describe_decoding
 from solar.io.hdf5 import DatasetInfo, open_h5
 from solar.io.tasks import (
     ChunkReads,
     ChunkSource,
     DirectRun,
+    FileLayouts,
     H5Rows,
     Layout,
     PreadvRuns,
@@ -54,6 +65,16 @@ _libc = ctypes.CDLL(None, use_errno=True)
 _preadv = _libc.preadv
 _preadv.restype = ctypes.c_ssize_t
 _preadv.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_int64]
+
+
+@njit(nogil=True)  # not cached: it embeds the address of libc's preadv
+def _preadv_each(fds, iov, starts, counts, offsets, got):
+    """One preadv per run, each from its own descriptor, without the GIL."""
+    for j in range(starts.shape[0]):
+        got[j] = _preadv(fds[j], iov.ctypes.data + 16 * starts[j], counts[j], offsets[j])
+
+
+_HOLD = 16  # descriptors one thread holds at a time (one sample per file)
 
 
 @njit(nogil=True)  # not cached: it embeds the address of libc's preadv
@@ -76,10 +97,32 @@ class Reader:
         self.decode_chunks = config.decode_chunks
         self.throttle = throttle  # solar.io.throttle.Throttle: an emulated remote file system
         self._starts = np.concatenate([[0], np.cumsum(info.lengths)]).astype(np.int64)
-        self._layouts = [self._file_layouts(path) for path in info.files]
-        self._any_decoded = any(lay.decoded for file in self._layouts for lay in file)
+        # Descriptors are opened per path: a .npy key's files follow the previous key's.
+        self._paths = tuple(p for files in info.key_files for p in files) or info.files
+        self._layouts: FileLayouts | list[list[Layout]]
+        if info.stored is not None:
+            self._layouts = self._stored_layouts(info)
+        else:
+            self._layouts = [self._file_layouts(path) for path in info.files]
+        if isinstance(self._layouts, FileLayouts):
+            self._any_decoded = self._layouts.any_decoded
+        else:
+            self._any_decoded = any(lay.decoded for file in self._layouts for lay in file)
         self._pid = -1
         self._local = threading.local()
+
+    def _stored_layouts(self, info: DatasetInfo) -> FileLayouts:
+        """Layouts from what ``describe`` recorded: no file is opened again."""
+        assert info.stored is not None
+        st = info.stored
+        paths = None
+        if info.key_files:
+            n = len(info.files)
+            paths = np.arange(len(info.keys), dtype=np.int64)[None, :] * n + np.arange(n)[:, None]
+        return FileLayouts(
+            st.offsets, tuple(k.row_bytes for k in info.keys), st.chunk_rows,
+            st.decodable & self.decode_chunks, paths, info.one_per_file,
+        )  # fmt: skip
 
     def _layout(self, dset: h5py.Dataset, row_bytes: int) -> Layout:
         path, _ = read_path(dset, decode_chunks=self.decode_chunks)
@@ -95,42 +138,27 @@ class Reader:
     def _state(self) -> None:
         if self._pid != os.getpid():
             self._pid = os.getpid()
-            self._fds: dict[int, int] = {}
-            self._h5: dict[int, h5py.File] = {}
+            # The opener must not hold self: the finalizer below keeps it alive.
+            opener = functools.partial(_open_fd, self._paths, self.direct_io)
+            self._fds = FdCache(fd_capacity(), opener)
+            self._h5 = _H5Cache(max(4, min(64, self._fds.capacity // 4)))
             self._sources: dict[tuple[int, int], ChunkSource] = {}
             self._h5_lock = threading.Lock()
-            self._fd_lock = threading.Lock()
             self._pool: ThreadPoolExecutor | None = None
             self._local = threading.local()
             # A reader dropped without close() must not keep its descriptors open.
             weakref.finalize(self, _close_all, self._fds, self._h5)
 
-    def _fd(self, file_index: int) -> int:
-        fd = self._fds.get(file_index)
-        if fd is None:
-            with self._fd_lock:
-                fd = self._fds.get(file_index)
-                if fd is None:
-                    fd = self._open_fd(self.info.files[file_index])
-                    self._fds[file_index] = fd
-        return fd
-
-    def _open_fd(self, path) -> int:
-        flags = os.O_RDONLY | (os.O_DIRECT if self.direct_io else 0)
-        try:
-            fd = os.open(path, flags)
-        except OSError as exc:
-            if self.direct_io and exc.errno == 22:
-                raise SolarError(f"{path}: the file system does not support O_DIRECT") from None
-            raise SolarError(f"{path}: cannot open ({exc.strerror})") from None
-        # No POSIX_FADV_RANDOM: without readahead the kernel splits a large coalesced read
-        # into small synchronous ones (measured: 19 % of sequential bandwidth instead of 100 %).
-        return fd
+    def _fd(self, path_index: int) -> contextlib.AbstractContextManager[int]:
+        """The descriptor of ``self._paths[path_index]``, held open while the block runs."""
+        return self._fds.use(path_index)
 
     def _h5file(self, file_index: int) -> h5py.File:
+        """An h5py handle of file ``file_index`` (call with ``_h5_lock`` held)."""
         f = self._h5.get(file_index)
         if f is None:
-            f = self._h5[file_index] = open_h5(self.info.files[file_index])
+            f = open_h5(self.info.files[file_index])
+            self._h5.put(file_index, f)
         return f
 
     def pool(self) -> ThreadPoolExecutor:
@@ -159,8 +187,9 @@ class Reader:
         keep = ("info", "threads", "direct_io", "decode_chunks", "throttle")
         state = {k: v for k, v in self.__dict__.items() if k in keep}
         state.update(
-            _starts=self._starts, _layouts=self._layouts, _any_decoded=self._any_decoded, _pid=-1
-        )
+            _starts=self._starts, _layouts=self._layouts, _any_decoded=self._any_decoded, _pid=-1,
+            _paths=self._paths,
+        )  # fmt: skip
         return state
 
     def __setstate__(self, state: dict) -> None:
@@ -206,6 +235,8 @@ class Reader:
             raise SolarError(f"{path}: cannot read the chunk index ({exc})") from None
         if not isinstance(decoder, Decoder):  # decided when the reader was built
             raise SolarError(f"{path}: key {self.info.keys[k].name!r}: {decoder.reason}")
+        if self.info.one_per_file:
+            index, decoder = lift_one_sample(index, decoder)
         return ChunkSource(index, decoder)
 
     def read(
@@ -243,34 +274,48 @@ class Reader:
 
     def _preadv_task(self, t: PreadvRuns) -> int:
         got = np.empty(t.starts.size, np.int64)
-        _preadv_runs(self._fd(t.file), t.iov, t.starts, t.counts, t.offsets, got)
+        if t.files is None:
+            with self._fd(t.file) as fd:
+                _preadv_runs(fd, t.iov, t.starts, t.counts, t.offsets, got)
+        else:
+            # A run per file: hold a few descriptors at a time (bounded over all threads).
+            files = t.files.tolist()
+            for a in range(0, len(files), _HOLD):
+                keys = files[a : a + _HOLD]
+                fds = np.array(self._fds.acquire(keys), np.int64)
+                try:
+                    b = a + len(keys)
+                    _preadv_each(fds, t.iov, t.starts[a:b], t.counts[a:b], t.offsets[a:b], got[a:b])
+                finally:
+                    self._fds.release(keys)
         want = t.counts * t.dest.shape[1]
         for j in np.flatnonzero(got != want):
             # Retry in Python: finishes an interrupted read, or names the short file.
             a = t.starts[j]
-            self._pread(t.file, int(t.offsets[j]), t.dest, t.rows[a : a + t.counts[j]].tolist())
+            f = t.file if t.files is None else int(t.files[j])
+            self._pread(f, int(t.offsets[j]), t.dest, t.rows[a : a + t.counts[j]].tolist())
         return int(want.sum())
 
     def _pread(self, f: int, start: int, dest: np.ndarray, rows: list[int]) -> int:
-        fd = self._fd(f)
         want = dest.shape[1] * len(rows)
         try:
-            got = os.preadv(fd, [dest[r] for r in rows], start)
+            with self._fd(f) as fd:
+                got = os.preadv(fd, [dest[r] for r in rows], start)
         except OSError as exc:
-            raise SolarError(f"{self.info.files[f]}: read error ({exc.strerror})") from None
+            raise SolarError(f"{self._paths[f]}: read error ({exc.strerror})") from None
         if got != want:
             # A short read at end of file: the file is shorter than its metadata says.
             self._short_read(f, start, want, got)
         return got
 
     def _pread_direct(self, f: int, start: int, dest: np.ndarray, rows: list[int]) -> int:
-        fd = self._fd(f)
         row_bytes = dest.shape[1]
         want = row_bytes * len(rows)
         lo = start - start % _ALIGN
         hi = -(-(start + want) // _ALIGN) * _ALIGN
         bounce = self._bounce(hi - lo)
-        got = os.preadv(fd, [bounce[: hi - lo].data], lo)
+        with self._fd(f) as fd:
+            got = os.preadv(fd, [bounce[: hi - lo].data], lo)
         if got < start + want - lo:
             self._short_read(f, start, want, max(0, got - (start - lo)))
         data = bounce[start - lo : start - lo + want].reshape(len(rows), row_bytes)
@@ -287,7 +332,7 @@ class Reader:
 
     def _short_read(self, f: int, start: int, want: int, got: int) -> None:
         raise SolarError(
-            f"{self.info.files[f]}: short read ({got} of {want} bytes at offset {start}): "
+            f"{self._paths[f]}: short read ({got} of {want} bytes at offset {start}): "
             "the file is truncated or changed since it was opened"
         )
 
@@ -309,17 +354,17 @@ class Reader:
         span = -(-(hi - lo) // _ALIGN) * _ALIGN
         at = np.concatenate([[0], np.cumsum(span)])
         buf = self._bounce(int(at[-1]))
-        fd = self._fd(t.file)
-        for r in range(lo.size):
-            want = int(span[r])
-            try:
-                got = os.preadv(fd, [buf[at[r] : at[r] + want].data], int(lo[r]))
-            except OSError as exc:
-                raise SolarError(
-                    f"{self.info.files[t.file]}: read error ({exc.strerror})"
-                ) from None
-            if got < int(hi[r] - lo[r]):
-                self._truncated(t, int(hi[r]))
+        with self._fd(t.file) as fd:
+            for r in range(lo.size):
+                want = int(span[r])
+                try:
+                    got = os.preadv(fd, [buf[at[r] : at[r] + want].data], int(lo[r]))
+                except OSError as exc:
+                    raise SolarError(
+                        f"{self.info.files[t.file]}: read error ({exc.strerror})"
+                    ) from None
+                if got < int(hi[r] - lo[r]):
+                    self._truncated(t, int(hi[r]))
         # Where each chunk's bytes are in the buffer.
         run_of = np.repeat(np.arange(lo.size), np.diff(np.append(t.run_starts, positions.size)))
         starts = (at[:-1][run_of] + offsets - lo[run_of]).tolist()
@@ -344,7 +389,7 @@ class Reader:
 
     def _truncated(self, t: ChunkReads, end: int) -> None:
         path = self.info.files[t.file]
-        size = os.fstat(self._fd(t.file)).st_size
+        size = os.path.getsize(path)
         raise SolarError(
             f"{path}: truncated file: a chunk of {t.source.index.name!r} ends at byte {end}, "
             f"the file has {size}"
@@ -359,6 +404,9 @@ class Reader:
         try:
             with self._h5_lock:  # h5py serialises anyway; keep one reader in it at a time
                 dset = self._h5file(f)[name]
+                if layout.whole:  # one sample per file: the whole dataset
+                    out[rows] = dset[()]
+                    return int(local.size) * layout.row_bytes
                 if layout.chunk_rows == 0:
                     wanted, where = np.unique(local, return_inverse=True)
                     out[rows] = dset[wanted][where]
@@ -426,13 +474,175 @@ def wait_all(futures: list[Future]) -> tuple[int, float]:
     return sum(r[0] for r in results), sum(r[1] for r in results)
 
 
-def _close_all(fds: dict[int, int], files: dict[int, h5py.File]) -> None:
-    for fd in fds.values():
-        os.close(fd)
-    for f in files.values():
-        f.close()
-    fds.clear()
-    files.clear()
+def _open_fd(paths: tuple, direct_io: bool, path_index: int) -> int:
+    path = paths[path_index]
+    flags = os.O_RDONLY | (os.O_DIRECT if direct_io else 0)
+    try:
+        fd = os.open(path, flags)
+    except OSError as exc:
+        if direct_io and exc.errno == 22:
+            raise SolarError(f"{path}: the file system does not support O_DIRECT") from None
+        error = _TooManyOpen if exc.errno == errno.EMFILE else SolarError
+        raise error(f"{path}: cannot open ({exc.strerror})") from None
+    # No POSIX_FADV_RANDOM: without readahead the kernel splits a large coalesced read
+    # into small synchronous ones (measured: 19 % of sequential bandwidth instead of 100 %).
+    return fd
+
+
+_CACHES: weakref.WeakSet[FdCache] = weakref.WeakSet()  # every reader's, to shrink on EMFILE
+
+
+class _TooManyOpen(SolarError):
+    """The process ran out of descriptors (EMFILE): other readers or the program hold them."""
+
+
+def _close_all(fds: FdCache, files: _H5Cache) -> None:
+    fds.close()
+    files.close()
+
+
+def fd_capacity() -> int:
+    """Descriptors a reader keeps open: half the soft RLIMIT_NOFILE, at least 16."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft <= 0:
+        soft = 65536
+    return max(16, min(soft // 2, 65536))
+
+
+class FdCache:
+    """Open descriptors by path index: least recently used closed beyond ``capacity``.
+
+    ``use(i)`` holds a reference while its block runs: a descriptor in use is never closed
+    (evicted when released, if it is still beyond capacity), so threads may share one.
+    """
+
+    def __init__(self, capacity: int, opener: Callable[[int], int]) -> None:
+        self.capacity = capacity
+        self._open = opener
+        self._lock = threading.Lock()
+        self._fds: OrderedDict[int, int] = OrderedDict()
+        self._refs: dict[int, int] = {}
+        _CACHES.add(self)
+
+    def __len__(self) -> int:
+        return len(self._fds)
+
+    @contextlib.contextmanager
+    def use(self, key: int) -> Iterator[int]:
+        """The descriptor of ``key``, never closed while the block runs."""
+        fd = self.acquire([key])[0]
+        try:
+            yield fd
+        finally:
+            self.release([key])
+
+    def acquire(self, keys: list[int]) -> list[int]:
+        """Descriptors of ``keys``, each held until :meth:`release` of the same keys."""
+        fds: list[int] = []
+        try:
+            for key in keys:
+                fds.append(self._acquire(key))
+        except BaseException:
+            self.release(keys[: len(fds)])
+            raise
+        return fds
+
+    def _acquire(self, key: int) -> int:
+        with self._lock:
+            fd = self._fds.get(key)
+            if fd is not None:
+                self._fds.move_to_end(key)
+                self._refs[key] = self._refs.get(key, 0) + 1
+                return fd
+        try:
+            new = self._open(key)  # outside the lock: opening may be slow
+        except _TooManyOpen:
+            # Other readers (or the program) hold descriptors too: every reader of this
+            # process keeps fewer from now on and closes its idle ones; then retry once.
+            for cache in list(_CACHES):
+                cache.shrink()
+            new = self._open(key)
+        with self._lock:
+            fd = self._fds.get(key)
+            if fd is None:
+                fd = self._fds[key] = new
+            else:
+                os.close(new)  # another thread opened it meanwhile
+                self._fds.move_to_end(key)
+            self._refs[key] = self._refs.get(key, 0) + 1
+            self._evict()
+        return fd
+
+    def release(self, keys: list[int]) -> None:
+        """Drop one hold of each of ``keys``; idle descriptors beyond capacity are closed."""
+        with self._lock:
+            for key in keys:
+                left = self._refs[key] - 1
+                if left:
+                    self._refs[key] = left
+                else:
+                    del self._refs[key]
+            self._evict()
+
+    def shrink(self) -> None:
+        """Halve the capacity (at least 16) and close every idle descriptor."""
+        with self._lock:
+            self.capacity = max(16, self.capacity // 2)
+            self._evict(idle=True)
+
+    def _evict(self, idle: bool = False) -> None:
+        """Close the least recently used idle descriptors beyond capacity, or every idle one
+        (lock held)."""
+        excess = len(self._fds) - (0 if idle else self.capacity)
+        if excess <= 0:
+            return
+        victims = []
+        for key in self._fds:  # oldest first; only the few in use are skipped
+            if key not in self._refs:
+                victims.append(key)
+                if len(victims) == excess:
+                    break
+        for key in victims:
+            os.close(self._fds.pop(key))
+
+    def close(self) -> None:
+        with self._lock:
+            for fd in self._fds.values():
+                os.close(fd)
+            self._fds.clear()
+
+
+class _H5Cache:
+    """h5py handles, least recently used closed beyond ``capacity`` (used under a lock)."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self._files: OrderedDict[int, h5py.File] = OrderedDict()
+
+    def get(self, key: int) -> h5py.File | None:
+        f = self._files.get(key)
+        if f is not None:
+            self._files.move_to_end(key)
+        return f
+
+    def put(self, key: int, f: h5py.File) -> None:
+        self._files[key] = f
+        while len(self._files) > self.capacity:
+            self._files.popitem(last=False)[1].close()
+
+    def close(self) -> None:
+        for f in self._files.values():
+            f.close()
+        self._files.clear()
+
+
+def lift_one_sample(index: ChunkIndex, decoder: Decoder) -> tuple[ChunkIndex, Decoder]:
+    """A one-sample file's chunk index and decoder with a leading sample axis of length 1,
+    so that the whole dataset is row 0 of the chunk path."""
+    starts = np.concatenate([np.zeros((index.starts.shape[0], 1), np.int64), index.starts], 1)
+    shape, chunk = (1, *index.shape), (1, *index.chunk_shape)
+    lifted = dataclasses.replace(index, shape=shape, chunk_shape=chunk, starts=starts)
+    return lifted, dataclasses.replace(decoder, shape=shape, chunk_shape=chunk)
 
 
 def _timed(reader: Reader, tasks: list[ReadTask]) -> tuple[int, float]:

@@ -12,7 +12,7 @@ split over the reader's threads; everything else without a byte offset stays :cl
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -33,6 +33,40 @@ class Layout:
     row_bytes: int
     chunk_rows: int  # samples per chunk along the first dimension; 0: not chunked
     decoded: bool = False  # chunked, and solar decodes its chunks (else h5py reads it)
+    path: int = -1  # descriptor to read from (index into the reader's paths); -1: the file's
+    whole: bool = False  # the whole dataset is one sample (one sample per file)
+
+
+@dataclass(frozen=True, eq=False)
+class FileLayouts:
+    """Every file's layouts as compact arrays (a million files keep no million objects).
+
+    ``offsets[f, k]`` is the byte offset of key ``k`` in file ``f`` (-1: none), ``chunk_rows``
+    samples per chunk (0: not chunked), ``decoded`` whether solar decodes its chunks, ``paths``
+    which descriptor holds it (-1: file ``f`` itself). ``layouts[f]`` gives file f's Layouts.
+    """
+
+    offsets: np.ndarray  # (files, keys) int64
+    row_bytes: tuple[int, ...]  # (keys,)
+    chunk_rows: np.ndarray  # (files, keys) int64
+    decoded: np.ndarray  # (files, keys) bool
+    paths: np.ndarray | None = None  # (files, keys) int64
+    whole: bool = False
+
+    def __len__(self) -> int:
+        return int(self.offsets.shape[0])
+
+    def __getitem__(self, f: int) -> list[Layout]:
+        off, rows, dec = self.offsets[f].tolist(), self.chunk_rows[f].tolist(), self.decoded[f]
+        paths = self.paths[f].tolist() if self.paths is not None else [-1] * len(off)
+        return [
+            Layout(None if o < 0 else o, b, c, bool(d), p, self.whole)
+            for o, b, c, d, p in zip(off, self.row_bytes, rows, dec.tolist(), paths, strict=True)
+        ]
+
+    @property
+    def any_decoded(self) -> bool:
+        return bool(self.decoded.any())
 
 
 @dataclass(frozen=True)
@@ -64,7 +98,11 @@ def coalesce_runs(local: np.ndarray, max_rows: int) -> Runs:
 
 @dataclass(frozen=True)
 class PreadvRuns:
-    """Buffered reads: one ``preadv`` per run, scattering rows of ``dest`` through ``iov``."""
+    """Buffered reads: one ``preadv`` per run, scattering rows of ``dest`` through ``iov``.
+
+    ``file`` names the descriptor (the reader's ``paths``; for HDF5 the file index), or, when
+    ``files`` is given, each run has its own (one sample per file: one run per file and key).
+    """
 
     file: int
     dest: np.ndarray  # (batch rows, row bytes) uint8
@@ -73,6 +111,7 @@ class PreadvRuns:
     starts: np.ndarray  # (runs,) first sorted entry of each run
     counts: np.ndarray  # (runs,) rows in each run
     offsets: np.ndarray  # (runs,) file byte offset of each run
+    files: np.ndarray | None = None  # (runs,) descriptor of each run; None: all read ``file``
 
     @property
     def requests(self) -> int:
@@ -101,11 +140,12 @@ class H5Rows:
     rows: np.ndarray  # (n,) destination rows
     out: np.ndarray  # (batch rows, *sample shape) the destination array
     chunk_rows: int
+    whole: bool = False  # the whole dataset is the one sample of its file
 
     @property
     def requests(self) -> int:
         """Chunks touched (one request each), or one per sample when not chunked."""
-        if self.chunk_rows == 0:
+        if self.chunk_rows == 0 or self.whole:
             return int(self.local.size)
         return int(np.unique(self.local // self.chunk_rows).size)
 
@@ -157,7 +197,7 @@ ReadTask = PreadvRuns | DirectRun | H5Rows | ChunkReads
 
 
 def plan_reads(
-    layouts: list[list[Layout]],
+    layouts: Sequence[Sequence[Layout]] | FileLayouts,
     file_starts: np.ndarray,
     samples: np.ndarray,
     out: list[np.ndarray],
@@ -169,6 +209,8 @@ def plan_reads(
 ) -> list[ReadTask]:
     """The tasks that read ``samples[j]`` into ``out[key][rows[j]]`` for every key.
 
+    ``layouts[f][k]`` says where key ``k`` of file ``f`` lives; an offset layout is read from
+    descriptor ``layout.path`` (another file per key, as .npy keys are) or else ``f``.
     ``file_starts`` (files + 1,) holds the first global sample id of each file. Buffered runs
     of one file and key are dealt over ``groups`` tasks, so that threads share them; so are
     the chunks of a ``decoded`` layout, whose source ``chunks[file, key]`` must be given.
@@ -182,11 +224,17 @@ def plan_reads(
     for a in out:
         if rows.min() < 0 or rows.max() >= a.shape[0]:
             raise SolarError(f"destination row out of range 0..{a.shape[0] - 1}")
+    tasks: list[ReadTask] = []
+    if isinstance(layouts, FileLayouts) and layouts.whole and not direct_io:
+        # One sample per file: each file's offset keys in a few tasks, not one task per file.
+        tasks, samples, rows = _one_per_file_tasks(layouts, samples, rows, out, groups)
+        if samples.size == 0:
+            return tasks
     file_index = np.searchsorted(file_starts, samples, side="right") - 1
     local = samples - file_starts[file_index]
-    tasks: list[ReadTask] = []
-    for f in np.unique(file_index).tolist():
-        sel = np.flatnonzero(file_index == f)
+    by_file = np.argsort(file_index, kind="stable")
+    files, first = np.unique(file_index[by_file], return_index=True)
+    for f, sel in zip(files.tolist(), np.split(by_file, first[1:]), strict=True):
         for k, layout in enumerate(layouts[f]):
             if layout.offset is None and layout.decoded:
                 source = (chunks or {}).get((f, k))
@@ -195,15 +243,50 @@ def plan_reads(
                 tasks.extend(_chunk_tasks(f, k, source, local[sel], rows[sel], out[k], groups))
                 continue
             if layout.offset is None:
-                tasks.append(H5Rows(f, k, local[sel], rows[sel], out[k], layout.chunk_rows))
+                tasks.append(
+                    H5Rows(f, k, local[sel], rows[sel], out[k], layout.chunk_rows, layout.whole)
+                )
                 continue
             if not out[k].flags.c_contiguous or out[k][:1].nbytes not in (0, layout.row_bytes):
                 raise SolarError(
                     f"destination for key {k} must be C-contiguous rows of {layout.row_bytes} B"
                 )
             dest = out[k].reshape(out[k].shape[0], -1).view(np.uint8)
-            tasks.extend(_offset_tasks(f, layout, local[sel], rows[sel], dest, direct_io, groups))
+            fd = f if layout.path < 0 else layout.path
+            tasks.extend(_offset_tasks(fd, layout, local[sel], rows[sel], dest, direct_io, groups))
     return tasks
+
+
+def _one_per_file_tasks(
+    layouts: FileLayouts, samples: np.ndarray, rows: np.ndarray, out: list[np.ndarray], groups: int
+) -> tuple[list[ReadTask], np.ndarray, np.ndarray]:
+    """Buffered reads of every key stored at an offset, one run per (file, key), dealt over
+    ``groups`` tasks; returns them with the samples left (some key not at an offset)."""
+    tasks: list[ReadTask] = []
+    by_file = np.argsort(samples, kind="stable")  # file order: neighbours on disk
+    samples, rows = samples[by_file], rows[by_file]
+    offsets = layouts.offsets[samples]  # (n, keys); one sample per file: file == sample
+    paths = layouts.paths[samples] if layouts.paths is not None else None
+    complete = (offsets >= 0).all(axis=1)
+    for k, row_bytes in enumerate(layouts.row_bytes):
+        sel = np.flatnonzero(complete)
+        if sel.size == 0:
+            break
+        if not out[k].flags.c_contiguous or out[k][:1].nbytes not in (0, row_bytes):
+            raise SolarError(f"destination for key {k} must be C-contiguous rows of {row_bytes} B")
+        dest = out[k].reshape(out[k].shape[0], -1).view(np.uint8)
+        r = rows[sel]
+        iov = np.empty((sel.size, 2), np.uint64)
+        iov[:, 0] = dest.ctypes.data + r.astype(np.uint64) * np.uint64(row_bytes)
+        iov[:, 1] = row_bytes
+        files = paths[sel, k] if paths is not None else samples[sel]
+        ones = np.ones(sel.size, np.int64)
+        for part in np.array_split(np.arange(sel.size), min(groups, sel.size)):
+            tasks.append(
+                PreadvRuns(int(files[part[0]]), dest, r, iov, part, ones[part],
+                           offsets[sel[part], k], files[part])
+            )  # fmt: skip
+    return tasks, samples[~complete], rows[~complete]
 
 
 def _offset_tasks(
