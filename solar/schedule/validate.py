@@ -23,7 +23,8 @@ from numba import njit
 from solar.config import RunConfig
 from solar.errors import CorruptPlanError
 from solar.schedule._common import ADMIT, HIT, RELEASE
-from solar.schedule.order import epoch_permutation, epoch_samples, step_bounds
+from solar.schedule.epochs import EpochOrder
+from solar.schedule.order import step_bounds
 from solar.schedule.planner import RankEpoch
 from solar.schedule.rankplan import RankPlan
 
@@ -41,7 +42,7 @@ def _mix(x, key):
     return z ^ (z >> np.uint64(31))
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _epoch_positions(served, pos, key):
     """``pos[x]``: position of sample x in the epoch (-1 if not served); the epoch's digest."""
     pos[:] = -1
@@ -52,7 +53,7 @@ def _epoch_positions(served, pos, key):
     return digest
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _check_epoch(sample, slot, flags, offsets, k0, bounds, pos, seen, stamp, state, key):
     """Check one epoch's steps of a rank; returns (code, access index, digest of its samples).
 
@@ -117,6 +118,7 @@ class RankValidator:
         self.mine = np.zeros(run.epochs, np.uint64)
         self.expected = np.zeros(run.epochs, np.uint64)
         self.next_epoch = 0
+        self.order = EpochOrder(run, epoch_order, keep=2)
 
     def check(self, part: RankEpoch) -> None:
         """Prove the next epoch's part safe, or raise a one-line CorruptPlanError naming the
@@ -127,8 +129,9 @@ class RankValidator:
         rp = RankPlan(self.rank, part.sample, part.slot, part.flags, part.step_offsets,
                       self.slots, first_step=k * run.steps_per_epoch)  # fmt: skip
         _check_shapes(rp, run)
-        perm = epoch_permutation(run.seed, int(self.epoch_order[k]), run.num_samples)
-        self.expected[k] = _epoch_positions(epoch_samples(run, perm), self.pos, self.key)
+        served = self.order.served(k)
+        self.order.prefetch(k + 1)  # drawn (GIL held) while the checks below run without it
+        self.expected[k] = _epoch_positions(served, self.pos, self.key)
         code, i, self.mine[k] = _check_epoch(
             rp.sample, rp.slot, rp.flags, rp.step_offsets, 0, self.bounds, self.pos, self.seen,
             k, self.state, self.key,
