@@ -61,6 +61,15 @@ class Policy(Protocol):
         ...
 
 
+class OccupantContents:
+    """``contents`` for policies that keep ``occupant`` (P, slots): the sample in each slot."""
+
+    occupant: np.ndarray
+
+    def contents(self, r: int) -> np.ndarray:
+        return self.occupant[r].astype(np.int64)
+
+
 def slot_count(run: RunConfig, buffer: BufferConfig) -> int:
     """Slots a rank's buffer needs: its capacity, but never more than N (it holds no more)."""
     return min(buffer.capacity, run.num_samples)

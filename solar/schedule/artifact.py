@@ -13,7 +13,14 @@ import numpy as np
 from numba import njit
 
 from solar.config import BufferConfig, RunConfig
-from solar.schedule._common import ADMIT, HIT, EpochSchedule, cap_table, slot_count
+from solar.schedule._common import (
+    ADMIT,
+    HIT,
+    EpochSchedule,
+    OccupantContents,
+    cap_table,
+    slot_count,
+)
 from solar.schedule.assign import assign_interleaved, assign_round_robin, step_caps
 from solar.schedule.order import sample_dtype, step_bounds
 
@@ -69,7 +76,7 @@ def _artifact_steps(
         counts[k, :] = count
 
 
-class ArtifactPolicy:
+class ArtifactPolicy(OccupantContents):
     """SOLAR's artifact: FIFO, affinity in each epoch's first steps, round-robin misses."""
 
     needs_next_use = False
@@ -92,6 +99,3 @@ class ArtifactPolicy:
             out.rank, out.slot, out.flags, out.counts,
         )  # fmt: skip
         return out
-
-    def contents(self, r: int) -> np.ndarray:
-        return self.occupant[r].astype(np.int64)

@@ -13,7 +13,16 @@ import numpy as np
 from numba import njit
 
 from solar.config import BufferConfig, RunConfig
-from solar.schedule._common import ADMIT, HIT, NEVER, RELEASE, EpochSchedule, cap_table, slot_count
+from solar.schedule._common import (
+    ADMIT,
+    HIT,
+    NEVER,
+    RELEASE,
+    EpochSchedule,
+    OccupantContents,
+    cap_table,
+    slot_count,
+)
 from solar.schedule.assign import assign_affinity, assign_balanced, step_caps
 from solar.schedule.order import sample_dtype, step_bounds
 
@@ -114,7 +123,7 @@ def _solar_steps(
         counts[k, :] = count
 
 
-class SolarPolicy:
+class SolarPolicy(OccupantContents):
     """Rank affinity and per-rank Belady eviction; state carried across epochs, O(N + P·C)."""
 
     needs_next_use = True
@@ -141,6 +150,3 @@ class SolarPolicy:
             out.rank, out.slot, out.flags, out.counts,
         )  # fmt: skip
         return out
-
-    def contents(self, r: int) -> np.ndarray:
-        return self.occupant[r].astype(np.int64)

@@ -10,7 +10,7 @@ import numpy as np
 from numba import njit
 
 from solar.config import BufferConfig, RunConfig
-from solar.schedule._common import ADMIT, HIT, EpochSchedule, slot_count
+from solar.schedule._common import ADMIT, HIT, EpochSchedule, OccupantContents, slot_count
 from solar.schedule.assign import assign_interleaved
 from solar.schedule.order import sample_dtype, step_bounds
 
@@ -73,7 +73,7 @@ def _interleaved_steps(
                 slot_out[i] = s
 
 
-class InterleavedPolicy:
+class InterleavedPolicy(OccupantContents):
     """DistributedSampler's interleaved split with a per-rank LRU (or FIFO) cache."""
 
     needs_next_use = False
@@ -99,16 +99,3 @@ class InterleavedPolicy:
             out.rank, out.slot, out.flags, out.counts,
         )  # fmt: skip
         return out
-
-    def contents(self, r: int) -> np.ndarray:
-        return self.occupant[r].astype(np.int64)
-
-
-def lru(run: RunConfig, buffer: BufferConfig) -> InterleavedPolicy:
-    """Interleaved split, per-rank LRU."""
-    return InterleavedPolicy(run, buffer, lru=True)
-
-
-def fifo(run: RunConfig, buffer: BufferConfig) -> InterleavedPolicy:
-    """Interleaved split, per-rank FIFO."""
-    return InterleavedPolicy(run, buffer, lru=False)

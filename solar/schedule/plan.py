@@ -44,7 +44,7 @@ from solar.schedule._common import ADMIT, HIT, Progress, slot_count
 from solar.schedule.order import sample_dtype
 from solar.schedule.planner import EpochPlan, Planner, RankEpoch, epoch_order_of
 from solar.schedule.rankplan import RankPlan
-from solar.schedule.validate import RankValidator, check_coverage
+from solar.schedule.validate import RankValidator, coverage_error
 
 FORMAT = "solar-plan"
 FORMAT_VERSION = 2
@@ -150,7 +150,7 @@ class Plan:
         if self._epochs is not None:
             return self._epochs[k].rank(r)
         assert self._path is not None
-        with _open_plan(self._path) as f:
+        with h5py.File(self._path, "r") as f:
             return self._read_part(f, r, k)
 
     def _read_part(self, f: h5py.File, r: int, k: int) -> RankEpoch:
@@ -231,11 +231,11 @@ class Plan:
             verdicts = comm.allgather((mine, error))
             error = next((e for _, e in verdicts if e is not None), None)
             if error is None and expected is not None:
-                error = _coverage_error(sum_digests([m for m, _ in verdicts]), expected)
+                error = coverage_error([m for m, _ in verdicts], expected)
         elif mine is not None and expected is not None:
             # Without a communicator, prove coverage from every rank's part in this process.
             others = [self._validated(o, key, False)[1] for o in range(self.world_size) if o != r]
-            error = _coverage_error(sum_digests([mine, *others]), expected)
+            error = coverage_error([mine, *others], expected)
         if error is not None:
             where = "" if error.startswith("plan ") else f"plan {self._path}: "
             raise CorruptPlanError(where + error)
@@ -249,7 +249,7 @@ class Plan:
         assert self._path is not None
         v = RankValidator(self.run, self.epoch_order, self.slots, r, key)
         parts = []
-        with _open_plan(self._path) as f:
+        with h5py.File(self._path, "r") as f:
             for k in range(self.run.epochs):
                 part = self._read_part(f, r, k)
                 try:
@@ -330,12 +330,11 @@ class _Totals:
 
 
 def _run_planner(
-    spec: PlanSpec, sink: Any, progress: Progress | None
+    spec: PlanSpec, sink: Any, progress: Progress | None, epoch_order: np.ndarray | None = None
 ) -> tuple[np.ndarray, list[RankStats], float]:
     """Plan every epoch in order, handing each to ``sink`` (or nothing); totals and seconds."""
     t0 = time.perf_counter()
-    _check_memory(spec, keep_all=False)
-    planner = Planner(spec)
+    planner = Planner(spec, epoch_order)
     totals = _Totals(spec.run.world_size)
     for _ in range(spec.run.epochs):
         ep = planner.next_all()
@@ -357,15 +356,17 @@ def make_plan(spec: PlanSpec, progress: Progress | None = None) -> Plan:
 
 def plan_to_file(spec: PlanSpec, path: str | os.PathLike, progress: Progress | None = None) -> Plan:
     """Plan a run straight into a plan file, one epoch at a time (memory independent of E)."""
-    order = epoch_order_of(spec)
+    _check_memory(spec, keep_all=False)
+    order = epoch_order_of(spec)  # the header needs it first; the planner takes the same one
     with PlanWriter(path, spec, order) as writer:
-        _, stats, seconds = _run_planner(spec, writer.add, progress)
+        _, stats, seconds = _run_planner(spec, writer.add, progress, order)
         writer.finish(stats, seconds)
     return load_plan(path)
 
 
 def simulate(spec: PlanSpec, progress: Progress | None = None) -> Plan:
     """Plan a run and keep only its totals: a simulator for runs too large to store."""
+    _check_memory(spec, keep_all=False)
     order, stats, seconds = _run_planner(spec, None, progress)
     return Plan(spec, order, stats, seconds, spec.fingerprint)
 
@@ -402,7 +403,7 @@ class PlanWriter:
         """Write the header; the file is renamed into place when the ``with`` block ends."""
         if self._next != self.spec.run.epochs:
             raise SolarError(f"plan: {self._next} of {self.spec.run.epochs} epochs written")
-        stats_json = json.dumps([dataclasses.asdict(s) for s in stats])
+        stats_json = json.dumps([vars(s) for s in stats])  # asdict deep-copies: slow at P=4096
         f = self._file
         f["checksums"] = self.checksums
         f.attrs.update(
@@ -430,7 +431,7 @@ def load_plan(path: str | os.PathLike) -> Plan:
     if not path.is_file():
         raise SolarError(f"plan {path}: no such file")
     try:
-        with _open_plan(path) as f:
+        with h5py.File(path, "r") as f:
             if f.attrs.get("format") != FORMAT:
                 raise CorruptPlanError(f"plan {path}: not a solar plan file")
             version = int(f.attrs["format_version"])
@@ -476,22 +477,6 @@ def load_plan(path: str | os.PathLike) -> Plan:
 
 
 # -- helpers ----------------------------------------------------------------------------------
-def sum_digests(parts: list[np.ndarray]) -> np.ndarray:
-    """Element-wise sum of per-epoch uint64 digests (wrapping around)."""
-    total = np.zeros_like(parts[0])
-    for p in parts:
-        total += np.asarray(p, total.dtype)
-    return total
-
-
-def _coverage_error(total: np.ndarray, expected: np.ndarray) -> str | None:
-    try:
-        check_coverage(total, expected)
-    except CorruptPlanError as exc:
-        return str(exc)
-    return None
-
-
 def _expect(group: h5py.Group, layout: dict, where: str) -> None:
     for name, (shape, dtype) in layout.items():
         d = group[name]
@@ -499,10 +484,6 @@ def _expect(group: h5py.Group, layout: dict, where: str) -> None:
             raise CorruptPlanError(
                 f"{where}: {name} is {d.dtype}{list(d.shape)}, expected {dtype}{list(shape)}"
             )
-
-
-def _open_plan(path: Path) -> h5py.File:
-    return h5py.File(path, "r")
 
 
 def _part_checksum(part: RankEpoch, r: int, fingerprint: str) -> bytes:

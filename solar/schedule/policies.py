@@ -14,8 +14,8 @@ PolicyFactory = Callable[[RunConfig, BufferConfig, EpochOrder], Policy]
 
 POLICIES: dict[str, PolicyFactory] = {
     "solar": lambda run, buffer, order: belady.SolarPolicy(run, buffer),
-    "lru": lambda run, buffer, order: interleaved.lru(run, buffer),
-    "fifo": lambda run, buffer, order: interleaved.fifo(run, buffer),
+    "lru": lambda run, buffer, order: interleaved.InterleavedPolicy(run, buffer, lru=True),
+    "fifo": lambda run, buffer, order: interleaved.InterleavedPolicy(run, buffer, lru=False),
     "solar-artifact": lambda run, buffer, order: artifact.ArtifactPolicy(run, buffer),
     "nopfs": nopfs.NopfsPolicy,
 }

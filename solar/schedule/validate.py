@@ -23,7 +23,7 @@ from numba import njit
 from solar.config import RunConfig
 from solar.errors import CorruptPlanError
 from solar.schedule._common import ADMIT, HIT, RELEASE
-from solar.schedule.epochs import EpochOrder
+from solar.schedule.epochs import EpochOrder, _positions
 from solar.schedule.order import step_bounds
 from solar.schedule.planner import RankEpoch
 from solar.schedule.rankplan import RankPlan
@@ -43,13 +43,11 @@ def _mix(x, key):
 
 
 @njit(cache=True, nogil=True)
-def _epoch_positions(served, pos, key):
-    """``pos[x]``: position of sample x in the epoch (-1 if not served); the epoch's digest."""
-    pos[:] = -1
+def _digest(samples, key):
+    """The keyed multiset digest of ``samples``: the sum of their mixes (wrapping)."""
     digest = np.uint64(0)
-    for j in range(served.shape[0]):
-        pos[served[j]] = j
-        digest += _mix(served[j], key)
+    for j in range(samples.shape[0]):
+        digest += _mix(samples[j], key)
     return digest
 
 
@@ -131,7 +129,8 @@ class RankValidator:
         _check_shapes(rp, run)
         served = self.order.served(k)
         self.order.prefetch(k + 1)  # drawn (GIL held) while the checks below run without it
-        self.expected[k] = _epoch_positions(served, self.pos, self.key)
+        _positions(served, 0, self.pos)
+        self.expected[k] = _digest(served, self.key)
         code, i, self.mine[k] = _check_epoch(
             rp.sample, rp.slot, rp.flags, rp.step_offsets, 0, self.bounds, self.pos, self.seen,
             k, self.state, self.key,
@@ -162,13 +161,20 @@ def validate_rank(
     return v.mine, v.expected
 
 
-def check_coverage(total: np.ndarray, expected: np.ndarray) -> None:
-    """Refuse a plan whose ranks' digests (summed) differ from the epochs' own."""
+def coverage_error(mine: list[np.ndarray], expected: np.ndarray) -> str | None:
+    """Why the ranks' digests ``mine`` (summed, wrapping) differ from the epochs' own, or None."""
+    total = np.sum(mine, axis=0, dtype=np.uint64)
     bad = np.flatnonzero(total != expected)
     if bad.size:
-        raise CorruptPlanError(
-            f"epoch {int(bad[0])} does not serve each of its samples exactly once across ranks"
-        )
+        return f"epoch {int(bad[0])} does not serve each of its samples exactly once across ranks"
+    return None
+
+
+def check_coverage(total: np.ndarray, expected: np.ndarray) -> None:
+    """Refuse a plan whose ranks' summed digests differ from the epochs' own."""
+    error = coverage_error([total], expected)
+    if error is not None:
+        raise CorruptPlanError(error)
 
 
 def _check_shapes(rp: RankPlan, run: RunConfig) -> None:
