@@ -51,7 +51,7 @@ def write(root: Path, n: int, shape: tuple[int, ...]) -> dict[str, Path]:
 
 def epoch_rate(source: Path, one_per_file: bool, threads: int, batch: int) -> float:
     info = describe_source(source, one_per_file=one_per_file)
-    files = [p for fs in info.key_files for p in fs] or list(info.files)
+    files = list(info.all_files)
     with Loader(
         source, batch_size=batch, epochs=1, buffer=1, one_per_file=one_per_file,
         reader=ReaderConfig(threads=threads),

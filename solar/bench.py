@@ -147,7 +147,7 @@ def run(cfg: BenchConfig, comm: Any, progress=None) -> dict | None:
     info = describe_source(
         list(cfg.paths), list(cfg.keys) if cfg.keys else None, one_per_file=cfg.one_per_file
     )
-    files = [p for fs in info.key_files for p in fs] or list(info.files)
+    files = list(info.all_files)
     n, sample_bytes = info.num_samples, info.sample_bytes
     unknown = set(cfg.loaders) - set(LOADERS)
     if unknown:

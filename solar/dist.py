@@ -42,7 +42,7 @@ from typing import Any
 
 import numpy as np
 
-from solar.errors import SolarError
+from solar.errors import SolarError, first_line
 from solar.launch import Launch, detect_launcher
 
 __all__ = [
@@ -178,7 +178,7 @@ def _store(launch: Launch, timeout: datetime.timedelta) -> tuple[Any, bool]:
             launch.master_addr, launch.master_port, launch.world_size, hosts, timeout=timeout
         )
     except (RuntimeError, OSError) as exc:
-        reason = (str(exc).splitlines() or [type(exc).__name__])[0]
+        reason = first_line(exc)
         raise SolarError(
             f"{launch.kind}: rank {launch.rank} of {launch.world_size} did not meet the others at "
             f"{where} within {timeout.total_seconds():.0f} s ({reason}); set MASTER_ADDR and "

@@ -13,3 +13,9 @@ class PlanMismatchError(SolarError):
 
 class CorruptPlanError(SolarError):
     """A plan file is unreadable, truncated or fails its checksum."""
+
+
+def first_line(exc: BaseException) -> str:
+    """An exception's message, first line only (its type's name if it has none)."""
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else type(exc).__name__

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 
 import h5py
 import numpy as np
+import pytest
+
+from solar import SolarError
 
 
 def write_h5(path: Path, **datasets: np.ndarray) -> Path:
@@ -24,3 +29,14 @@ def reference(paths: list[Path]) -> dict[str, np.ndarray]:
             for k in f:
                 out.setdefault(k, []).append(f[k][()])
     return {k: np.concatenate(v) for k, v in out.items()}
+
+
+@contextlib.contextmanager
+def skip_without_o_direct() -> Iterator[None]:
+    """Skip the test where the file system refuses O_DIRECT (tmpfs, some overlays)."""
+    try:
+        yield
+    except SolarError as exc:
+        if "O_DIRECT" in str(exc):
+            pytest.skip(str(exc))
+        raise

@@ -8,7 +8,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
-from helpers import reference
+from helpers import reference, skip_without_o_direct
 from test_loader import N, run_all
 
 from solar import Loader, ReaderConfig, SolarError
@@ -235,10 +235,6 @@ def test_a_truncated_compressed_file_is_one_line_error_never_fill_values(tmp_pat
 
 def test_direct_io_reads_chunks_through_aligned_buffers(tmp_path):
     paths = [_write_chunked(tmp_path / "d.h5", "gzip+shuffle", (3, 5, 6), "<f4")]
-    try:
+    with skip_without_o_direct():
         ld = Loader(paths, batch_size=4, epochs=1, buffer=8, reader=ReaderConfig(direct_io=True))
         run_all([ld], range(1), reference(paths))
-    except SolarError as exc:
-        if "O_DIRECT" in str(exc):
-            pytest.skip(str(exc))
-        raise

@@ -9,7 +9,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
-from helpers import reference
+from helpers import reference, skip_without_o_direct
 
 from solar import Loader, PlanMismatchError, ReaderConfig, SolarError
 from solar.loader import LoaderStats
@@ -170,13 +170,9 @@ def test_jumping_epochs_rebuilds_the_buffer(tmp_path):
 
 def test_direct_io_is_byte_identical(tmp_path):
     paths = [_write(tmp_path / "d.h5", 0, N)]
-    try:
+    with skip_without_o_direct():
         ld = Loader(paths, batch_size=4, epochs=2, buffer=20, reader=ReaderConfig(direct_io=True))
         run_all([ld], range(2), reference(paths))
-    except SolarError as exc:
-        if "O_DIRECT" in str(exc):
-            pytest.skip(str(exc))
-        raise
 
 
 def _iterate_epoch(ld: Loader, q) -> None:

@@ -29,7 +29,7 @@ import h5py
 import numpy as np
 from numba import njit
 
-from solar.errors import SolarError
+from solar.errors import SolarError, first_line
 
 try:  # a default dependency; without it only shuffle-only pipelines decode here
     import imagecodecs as _imagecodecs
@@ -156,7 +156,7 @@ class Decoder:
                 raise self._error(where, f"{stage.name}: {exc}") from None
             except Exception as exc:  # the codec libraries raise their own error types
                 raise self._error(
-                    where, f"{stage.name} decode failed ({_first_line(exc)})"
+                    where, f"{stage.name} decode failed ({first_line(exc)})"
                 ) from None
         nbytes = _bytes(data).nbytes
         if nbytes != self.chunk_nbytes:
@@ -616,11 +616,12 @@ def decoder_for(dset: h5py.Dataset) -> Decoder | Unsupported:
     )
 
 
-def describe_decoding(dset: h5py.Dataset) -> str:
-    """One line for ``solar inspect``: how this dataset's chunks are decoded."""
+def describe_decoding(dset: h5py.Dataset, found: Decoder | Unsupported | None = None) -> str:
+    """One line for ``solar inspect``: how this dataset's chunks are decoded (``found``: its
+    :func:`decoder_for`, if already known)."""
     if dset.chunks is None:
         return "not chunked: no decoding"
-    found = decoder_for(dset)
+    found = decoder_for(dset) if found is None else found
     if isinstance(found, Unsupported):
         return f"h5py fallback: {found.reason}"
     if not found.stages:
@@ -679,8 +680,3 @@ def _bytes(buf: Buffer) -> memoryview:
 
 def _address(buf: Buffer) -> int:
     return np.frombuffer(buf, np.uint8).ctypes.data
-
-
-def _first_line(exc: BaseException) -> str:
-    lines = str(exc).strip().splitlines()
-    return lines[0] if lines else type(exc).__name__

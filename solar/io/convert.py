@@ -31,11 +31,6 @@ class _Source:
     count: int  # samples in this file
 
 
-def sources(paths: list[str | os.PathLike]) -> list[Path]:
-    """Files named by ``paths``: directories give their sorted ``.h5``/``.hdf5``/``.npy`` files."""
-    return expand_sources(paths)
-
-
 def convert(
     srcs: list[str | os.PathLike],
     dst: str | os.PathLike,
@@ -52,7 +47,7 @@ def convert(
         raise SolarError(f"{dst}: exists (use --force to overwrite)")
     if align <= 0 or align & (align - 1):
         raise SolarError(f"--align must be a power of two, got {align}")
-    files = sources(srcs)
+    files = expand_sources(srcs)
     if any(f.resolve() == dst.resolve() for f in files):
         raise SolarError(f"{dst}: is also a source")
     npy = [f.suffix == ".npy" for f in files]

@@ -18,7 +18,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from solar.errors import SolarError
+from solar.errors import SolarError, first_line
 
 
 @dataclass(frozen=True)
@@ -68,6 +68,11 @@ class DatasetInfo:
     one_per_file: bool = False
     key_files: tuple[tuple[Path, ...], ...] = ()
     stored: StoredLayout | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def all_files(self) -> tuple[Path, ...]:
+        """Every data file: each .npy key's files in turn, else ``files``."""
+        return tuple(p for fs in self.key_files for p in fs) or self.files
 
     @property
     def num_samples(self) -> int:
@@ -123,7 +128,7 @@ def open_h5(path: Path) -> h5py.File:
             raise SolarError(f"{path}: not an HDF5 file")
         return h5py.File(path, "r")
     except OSError as exc:
-        raise SolarError(f"{path}: truncated or corrupt HDF5 file ({_reason(exc)})") from None
+        raise SolarError(f"{path}: truncated or corrupt HDF5 file ({first_line(exc)})") from None
 
 
 def describe(
@@ -150,7 +155,7 @@ def describe(
                 where.append([_stored(f[name]) for name in names])
         except (OSError, RuntimeError, KeyError, ValueError, TypeError) as exc:
             # h5py's errors on damaged files come in many types; all mean the same here.
-            raise SolarError(f"{path}: corrupt HDF5 file ({_reason(exc)})") from None
+            raise SolarError(f"{path}: corrupt HDF5 file ({first_line(exc)})") from None
         if infos is None:
             infos = found
         for a, b in zip(infos, found, strict=True):
@@ -245,8 +250,3 @@ def _check_extent(dset: h5py.Dataset, path: Path, name: str, file_size: int) -> 
         raise SolarError(
             f"{path}: truncated file: key {name!r} ends at byte {end}, the file has {file_size}"
         )
-
-
-def _reason(exc: BaseException) -> str:
-    lines = str(exc).strip().splitlines()
-    return lines[0] if lines else type(exc).__name__

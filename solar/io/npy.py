@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 from numpy.lib import format as npformat
 
-from solar.errors import SolarError
+from solar.errors import SolarError, first_line
 from solar.io.hdf5 import DatasetInfo, KeyInfo, StoredLayout
 
 
@@ -37,7 +37,7 @@ def npy_header(path: Path) -> tuple[tuple[int, ...], np.dtype, int]:
     except IsADirectoryError:
         raise SolarError(f"{path}: is a directory, not a .npy file") from None
     except (OSError, ValueError, SyntaxError) as exc:
-        line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        line = first_line(exc)
         raise SolarError(f"{path}: not a readable .npy file ({line})") from None
     if fortran and len(shape) > 1:
         raise SolarError(f"{path}: Fortran-ordered array; save it C-ordered (np.ascontiguousarray)")

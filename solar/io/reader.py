@@ -52,7 +52,6 @@ from solar.io.tasks import (
     DirectRun,
     FileLayouts,
     H5Rows,
-    Layout,
     PreadvRuns,
     ReadTask,
     plan_reads,
@@ -77,13 +76,6 @@ def _preadv_each(fds, iov, starts, counts, offsets, got):
 _HOLD = 16  # descriptors one thread holds at a time (one sample per file)
 
 
-@njit(nogil=True)  # not cached: it embeds the address of libc's preadv
-def _preadv_runs(fd, iov, starts, counts, offsets, got):
-    """One preadv per run, without the GIL: ``iov`` rows are (address, length) pairs."""
-    for j in range(starts.shape[0]):
-        got[j] = _preadv(fd, iov.ctypes.data + 16 * starts[j], counts[j], offsets[j])
-
-
 class Reader:
     """Reads samples (global ids over the concatenated files) into rows of numpy arrays."""
 
@@ -98,22 +90,16 @@ class Reader:
         self.throttle = throttle  # solar.io.throttle.Throttle: an emulated remote file system
         self._starts = np.concatenate([[0], np.cumsum(info.lengths)]).astype(np.int64)
         # Descriptors are opened per path: a .npy key's files follow the previous key's.
-        self._paths = tuple(p for files in info.key_files for p in files) or info.files
-        self._layouts: FileLayouts | list[list[Layout]]
-        if info.stored is not None:
-            self._layouts = self._stored_layouts(info)
-        else:
-            self._layouts = [self._file_layouts(path) for path in info.files]
-        if isinstance(self._layouts, FileLayouts):
-            self._any_decoded = self._layouts.any_decoded
-        else:
-            self._any_decoded = any(lay.decoded for file in self._layouts for lay in file)
+        self._paths = info.all_files
+        self._layouts = self._stored_layouts(info)
+        self._any_decoded = self._layouts.any_decoded
         self._pid = -1
         self._local = threading.local()
 
     def _stored_layouts(self, info: DatasetInfo) -> FileLayouts:
         """Layouts from what ``describe`` recorded: no file is opened again."""
-        assert info.stored is not None
+        if info.stored is None:
+            raise SolarError("reader: the dataset description lacks its storage layout")
         st = info.stored
         paths = None
         if info.key_files:
@@ -123,16 +109,6 @@ class Reader:
             st.offsets, tuple(k.row_bytes for k in info.keys), st.chunk_rows,
             st.decodable & self.decode_chunks, paths, info.one_per_file,
         )  # fmt: skip
-
-    def _layout(self, dset: h5py.Dataset, row_bytes: int) -> Layout:
-        path, _ = read_path(dset, decode_chunks=self.decode_chunks)
-        offset = dset.id.get_offset() if path == "offset" else None
-        chunk_rows = dset.chunks[0] if dset.chunks is not None else 0
-        return Layout(offset, row_bytes, chunk_rows, path == "chunks")
-
-    def _file_layouts(self, path) -> list[Layout]:
-        with open_h5(path) as f:
-            return [self._layout(f[k.name], k.row_bytes) for k in self.info.keys]
 
     # -- per-process state: descriptors, h5py handles and the pool are never inherited --------
     def _state(self) -> None:
@@ -201,15 +177,18 @@ class Reader:
 
         Each future's result is ``(bytes read, seconds busy)``.
         """
-        self._state()
-        tasks = plan_reads(
-            self._layouts, self._starts, samples, out, rows,
-            direct_io=self.direct_io, groups=self.threads, chunks=self._chunk_sources(samples),
-        )  # fmt: skip
+        tasks = self._tasks(samples, out, rows)
         if not tasks:
             return []
         pool = self.pool()
         return [pool.submit(_timed, self, group) for group in _balance(tasks, _jobs(tasks, self))]
+
+    def _tasks(self, samples: np.ndarray, out: list[np.ndarray], rows: np.ndarray) -> list:
+        self._state()
+        return plan_reads(
+            self._layouts, self._starts, samples, out, rows,
+            direct_io=self.direct_io, groups=self.threads, chunks=self._chunk_sources(samples),
+        )  # fmt: skip
 
     def _chunk_sources(self, samples: np.ndarray) -> dict[tuple[int, int], ChunkSource]:
         """The chunk indexes and decoders of the decoded keys of the files ``samples`` touch,
@@ -244,18 +223,14 @@ class Reader:
     ) -> int:
         """Blocking :meth:`submit`; returns the bytes read."""
         rows = np.arange(len(samples)) if rows is None else rows
-        self._state()
-        tasks = plan_reads(
-            self._layouts, self._starts, samples, out, rows,
-            direct_io=self.direct_io, groups=self.threads, chunks=self._chunk_sources(samples),
-        )  # fmt: skip
-        if tasks and _jobs(tasks, self) == 1:
+        tasks = self._tasks(samples, out, rows)
+        jobs = _jobs(tasks, self)
+        if tasks and jobs == 1:
             # A few small chunks: decoding them here beats handing them to a pool thread
             # (measured: ~0.5 ms of handoff per single-sample read, more than a zstd decode).
             return _timed(self, tasks)[0]
         pool = self.pool()
-        jobs = [pool.submit(_timed, self, group) for group in _balance(tasks, _jobs(tasks, self))]
-        return wait_all(jobs)[0]
+        return wait_all([pool.submit(_timed, self, g) for g in _balance(tasks, jobs)])[0]
 
     def _run(self, task: ReadTask) -> int:
         """Execute one task: the one place a sample's bytes are read from storage."""
@@ -276,7 +251,8 @@ class Reader:
         got = np.empty(t.starts.size, np.int64)
         if t.files is None:
             with self._fd(t.file) as fd:
-                _preadv_runs(fd, t.iov, t.starts, t.counts, t.offsets, got)
+                fds = np.full(t.starts.size, fd, np.int64)
+                _preadv_each(fds, t.iov, t.starts, t.counts, t.offsets, got)
         else:
             # A run per file: hold a few descriptors at a time (bounded over all threads).
             files = t.files.tolist()
@@ -398,30 +374,30 @@ class Reader:
     def _read_h5(self, task: H5Rows) -> int:
         """Through h5py: each chunk (along the first dimension) once, or just the wanted rows."""
         f, k, local, rows, out = task.file, task.key, task.local, task.rows, task.out
-        layout = self._layouts[f][k]
+        row_bytes = self.info.keys[k].row_bytes
         path = self.info.files[f]
         name = self.info.keys[k].name
         try:
             with self._h5_lock:  # h5py serialises anyway; keep one reader in it at a time
                 dset = self._h5file(f)[name]
-                if layout.whole:  # one sample per file: the whole dataset
+                if task.whole:  # one sample per file: the whole dataset
                     out[rows] = dset[()]
-                    return int(local.size) * layout.row_bytes
-                if layout.chunk_rows == 0:
+                    return int(local.size) * row_bytes
+                if task.chunk_rows == 0:
                     wanted, where = np.unique(local, return_inverse=True)
                     out[rows] = dset[wanted][where]
-                    return int(local.size) * layout.row_bytes
+                    return int(local.size) * row_bytes
                 size = os.path.getsize(path)
-                chunk = local // layout.chunk_rows
+                chunk = local // task.chunk_rows
                 for c in np.unique(chunk):
                     sel = chunk == c
-                    lo = int(c) * layout.chunk_rows
+                    lo = int(c) * task.chunk_rows
                     _check_chunk(dset, lo, size, path)
-                    block = dset[lo : min(lo + layout.chunk_rows, self.info.lengths[f])]
+                    block = dset[lo : min(lo + task.chunk_rows, self.info.lengths[f])]
                     out[rows[sel]] = block[local[sel] - lo]
         except OSError as exc:
             raise SolarError(f"{path}: read error, truncated or corrupt ({exc})") from None
-        return int(local.size) * layout.row_bytes
+        return int(local.size) * row_bytes
 
 
 def read_path(dset: h5py.Dataset, *, decode_chunks: bool = True) -> tuple[str, str]:
@@ -439,10 +415,11 @@ def read_path(dset: h5py.Dataset, *, decode_chunks: bool = True) -> tuple[str, s
     if not decode_chunks:
         return "h5py", "chunk decoding is off (ReaderConfig.decode_chunks)"
     found = decoder_for(dset)
+    how = describe_decoding(dset, found)
     if not isinstance(found, Decoder):
-        return "h5py", describe_decoding(dset)  # "h5py fallback: <the filter's problem>"
+        return "h5py", how  # "h5py fallback: <the filter's problem>"
     # Either byte order: scattering a chunk into rows converts to native order.
-    return "chunks", f"{describe_decoding(dset)} on the reader's threads"
+    return "chunks", f"{how} on the reader's threads"
 
 
 def _check_chunk(dset: h5py.Dataset, lo: int, file_size: int, path) -> None:

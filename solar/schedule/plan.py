@@ -39,7 +39,7 @@ import numpy as np
 from solar._atomic import atomic_path
 from solar._memory import require_memory
 from solar.config import BufferConfig, RunConfig
-from solar.errors import CorruptPlanError, PlanMismatchError, SolarError
+from solar.errors import CorruptPlanError, PlanMismatchError, SolarError, first_line
 from solar.schedule._common import ADMIT, HIT, Progress, slot_count
 from solar.schedule.order import sample_dtype
 from solar.schedule.planner import EpochPlan, Planner, RankEpoch, epoch_order_of
@@ -171,7 +171,7 @@ class Plan:
             )
         except (OSError, KeyError, ValueError, IndexError, TypeError, RuntimeError) as exc:
             raise CorruptPlanError(
-                f"plan {self._path}: unreadable or corrupt ({_first_line(exc)})"
+                f"plan {self._path}: unreadable or corrupt ({first_line(exc)})"
             ) from None
         if _part_checksum(part, r, self.fingerprint) != self._checksums[k, r].tobytes():
             raise CorruptPlanError(
@@ -462,7 +462,7 @@ def load_plan(path: str | os.PathLike) -> Plan:
     except (OSError, KeyError, ValueError, TypeError, RuntimeError, SolarError) as exc:
         if isinstance(exc, CorruptPlanError):
             raise
-        raise CorruptPlanError(f"plan {path}: unreadable or corrupt ({_first_line(exc)})") from None
+        raise CorruptPlanError(f"plan {path}: unreadable or corrupt ({first_line(exc)})") from None
     if len(stats) != run.world_size:
         raise CorruptPlanError(f"plan {path}: per-rank records do not match its world size")
     identity = np.arange(run.epochs)
@@ -518,8 +518,3 @@ def _header_checksum(
     h.update(np.ascontiguousarray(epoch_order, dtype=np.int64).data)
     h.update(np.ascontiguousarray(checksums, dtype=np.uint8).data)
     return h.hexdigest()
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0] if text else type(exc).__name__
