@@ -19,6 +19,7 @@ import h5py
 import numpy as np
 
 from solar.errors import SolarError, first_line
+from solar.io.codecs import read_path
 
 
 @dataclass(frozen=True)
@@ -180,7 +181,6 @@ def describe(
 
 def _stored(dset: h5py.Dataset) -> tuple[int, int, bool]:
     """(offset or -1, rows per chunk or 0, chunks solar decodes) of one dataset."""
-    from solar.io.reader import read_path  # the reader decides; it imports this module
 
     path, _ = read_path(dset, decode_chunks=True)
     offset = int(dset.id.get_offset()) if path == "offset" else -1

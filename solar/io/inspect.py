@@ -14,6 +14,7 @@ import numpy as np
 from solar._units import format_bytes
 from solar.config import ReaderConfig
 from solar.errors import SolarError
+from solar.io.codecs import read_path
 from solar.io.hdf5 import dataset_names, open_h5
 from solar.io.pagecache import evict
 from solar.io.sources import expand_sources
@@ -99,8 +100,6 @@ def _report(path: Path, d: h5py.Dataset, one_per_file: bool) -> DatasetReport:
         offset_reader=offset is not None and numeric and d.dtype.isnative and d.ndim > 0,
     )
     if d.ndim > 0 and not one_per_file:
-        from solar.io.reader import read_path
-
         report.read_path, report.read_path_why = read_path(d)
     report.advice = _advice(report, d, numeric, one_per_file)
     return report

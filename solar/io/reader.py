@@ -44,7 +44,7 @@ from numba import njit
 from solar.config import ReaderConfig
 from solar.errors import SolarError
 from solar.io.chunks import ChunkIndex, chunk_index, fill_absent, scatter_chunk
-from solar.io.codecs import Decoder, decoder_for, describe_decoding
+from solar.io.codecs import Decoder, decoder_for
 from solar.io.hdf5 import DatasetInfo, open_h5
 from solar.io.tasks import (
     ChunkReads,
@@ -196,12 +196,16 @@ class Reader:
         chunk B-tree, so only files actually read pay it)."""
         if not self._any_decoded:
             return self._sources
+        decoded = self._layouts.decoded  # (files, keys) bool
+        if len(self._sources) == int(decoded.sum()):
+            return self._sources  # every one built already
         ids = np.asarray(samples, np.int64)
         files = np.unique(np.searchsorted(self._starts, ids, side="right") - 1)
-        for f in files[(files >= 0) & (files < len(self._layouts))].tolist():
-            for k, layout in enumerate(self._layouts[f]):
-                if layout.decoded and (f, k) not in self._sources:
-                    self._sources[f, k] = self._chunk_source(f, k)
+        files = files[(files >= 0) & (files < decoded.shape[0])]
+        for f, k in zip(*np.nonzero(decoded[files]), strict=True):
+            key = (int(files[f]), int(k))
+            if key not in self._sources:
+                self._sources[key] = self._chunk_source(*key)
         return self._sources
 
     def _chunk_source(self, f: int, k: int) -> ChunkSource:
@@ -398,28 +402,6 @@ class Reader:
         except OSError as exc:
             raise SolarError(f"{path}: read error, truncated or corrupt ({exc})") from None
         return int(local.size) * row_bytes
-
-
-def read_path(dset: h5py.Dataset, *, decode_chunks: bool = True) -> tuple[str, str]:
-    """How a Reader reads a dataset, and why (one line): ``"offset"`` (preadv at computed
-    offsets), ``"chunks"`` (solar reads and decodes the chunks) or ``"h5py"``."""
-    numeric = dset.dtype.kind in "biufc" and dset.dtype.fields is None
-    if not numeric:
-        return "h5py", f"dtype {dset.dtype} is not numbers"
-    if dset.chunks is None:
-        if dset.dtype.isnative and dset.id.get_offset() is not None:
-            return "offset", "contiguous and native: preadv at computed offsets"
-        if not dset.dtype.isnative:
-            return "h5py", "contiguous with non-native byte order: h5py converts it"
-        return "h5py", "not stored contiguously at one offset (never written, compact, ...)"
-    if not decode_chunks:
-        return "h5py", "chunk decoding is off (ReaderConfig.decode_chunks)"
-    found = decoder_for(dset)
-    how = describe_decoding(dset, found)
-    if not isinstance(found, Decoder):
-        return "h5py", how  # "h5py fallback: <the filter's problem>"
-    # Either byte order: scattering a chunk into rows converts to native order.
-    return "chunks", f"{how} on the reader's threads"
 
 
 def _check_chunk(dset: h5py.Dataset, lo: int, file_size: int, path) -> None:
