@@ -129,6 +129,12 @@ class RankStream:
 
         With ``trim`` (the step being served, not one read ahead), epochs before k's are
         dropped from the window."""
+        w = self._window
+        if w is not None and self._pid == os.getpid():
+            # The common case, every step: k is in the window (in its first epoch, if trimming).
+            end = min(w.end_step, w.first_step + self._spe()) if trim else w.end_step
+            if w.first_step <= k < end:
+                return w
         self._ensure_process()
         e = k // self._spe()
         end = self._first + len(self._parts)
