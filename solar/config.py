@@ -90,7 +90,8 @@ class RunConfig:
 
 @dataclass(frozen=True)
 class BufferConfig:
-    """The per-rank RAM buffer: ``capacity`` samples held across steps, and the batch slack.
+    """The per-rank buffer: ``capacity`` samples held in RAM across steps, ``tier`` more on a
+    second tier (a file on node-local NVMe), and the batch slack.
 
     ``slack`` lets a rank serve up to ``ceil(batch_size * (1 + slack))`` samples of a global
     batch, so that more of the samples it already holds stay with it; 0 gives equal batches.
@@ -98,12 +99,14 @@ class BufferConfig:
 
     capacity: int
     slack: float = DEFAULT_SLACK
+    tier: int = 0
 
     def __post_init__(self) -> None:
-        if not isinstance(self.capacity, int) or isinstance(self.capacity, bool):
-            raise SolarError(f"buffer must be a whole number of samples, got {self.capacity!r}")
-        if self.capacity < 0:
-            raise SolarError(f"buffer must be >= 0 samples, got {self.capacity}")
+        for name, value in (("buffer", self.capacity), ("tier_size", self.tier)):
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise SolarError(f"{name} must be a whole number of samples, got {value!r}")
+            if value < 0:
+                raise SolarError(f"{name} must be >= 0 samples, got {value}")
         if not (isinstance(self.slack, int | float) and math.isfinite(self.slack)):
             raise SolarError(f"slack must be a finite number, got {self.slack!r}")
         if not 0 <= self.slack <= 1000:

@@ -6,7 +6,9 @@ import numpy as np
 from hypothesis import strategies as st
 
 from solar import BufferConfig, PlanSpec, RunConfig
-from solar.schedule import ADMIT, HIT, POLICIES, RELEASE, Plan
+from solar.schedule import POLICIES, Plan
+from solar.schedule._common import ADMIT, DEMOTE, HIT, RELEASE, TADMIT, THIT
+from solar.schedule.policies import TIERED
 from solar.schedule.order import access_sequence, nominal_batches, step_bounds
 
 
@@ -36,9 +38,9 @@ def check_plan(plan: Plan) -> None:
             if plan.spec.policy in ("lru", "fifo", "nopfs"):
                 assert part.size == nominal[r]
     for rp in ranks:
-        _replay(rp, buffer.capacity)
+        _replay(rp, buffer.capacity, buffer.tier)
         steps = rp.steps()
-        hits = (rp.flags & HIT) != 0
+        hits = rp.hit
         total_hits += int(hits.sum())
         np.add.at(hits_per_epoch, steps[hits] // run.steps_per_epoch, 1)
         assert rp.sample.size == plan.stats[rp.rank].accesses
@@ -48,34 +50,50 @@ def check_plan(plan: Plan) -> None:
         served = np.concatenate([rp.sample[rp.steps() // run.steps_per_epoch == e] for rp in ranks])
         assert served.size == run.samples_per_epoch
         assert np.unique(served).size == served.size
-    # A hit needs the sample held across an epoch boundary, and at most P·C are.
+    # A hit needs the sample held across an epoch boundary, and at most P·(C+D) are.
     assert hits_per_epoch[0] == 0
-    assert np.all(hits_per_epoch <= min(run.world_size * buffer.capacity, run.samples_per_epoch))
+    held = run.world_size * (buffer.capacity + buffer.tier)
+    assert np.all(hits_per_epoch <= min(held, run.samples_per_epoch))
     assert total_hits == plan.hits
+    assert plan.tier_hits == sum(int(np.sum(rp.flags & THIT != 0)) for rp in ranks)
 
 
-def _replay(rp, capacity: int) -> None:
-    """Hits must find their sample in their slot as the buffer stands at the step's start."""
-    state = np.full(capacity, -1, np.int64)
+def _replay(rp, capacity: int, tier: int) -> None:
+    """Hits must find their sample in their slot (RAM or tier) as the buffers stand at the
+    step's start; updates apply in access order (a plain re-implementation of the format)."""
+    ram = np.full(capacity, -1, np.int64)
+    disk = np.full(tier, -1, np.int64)
     for k in range(rp.step_offsets.size - 1):
         a, b = rp.step_offsets[k], rp.step_offsets[k + 1]
-        flags, slots, samples = rp.flags[a:b], rp.slot[a:b], rp.sample[a:b]
-        hit = (flags & HIT) != 0
+        flags, slots, tslots, samples = rp.flags[a:b], rp.slot[a:b], rp.tiers[a:b], rp.sample[a:b]
+        hit, thit = (flags & HIT) != 0, (flags & THIT) != 0
+        assert not np.any(hit & thit)
         assert np.all((slots[hit] >= 0) & (slots[hit] < capacity))
-        np.testing.assert_array_equal(state[slots[hit]], samples[hit])
-        assert np.all(slots[~hit & ((flags & ADMIT) == 0)] == -1)
+        assert np.all((tslots[thit] >= 0) & (tslots[thit] < tier))
+        np.testing.assert_array_equal(ram[slots[hit]], samples[hit])
+        np.testing.assert_array_equal(disk[tslots[thit]], samples[thit])
+        assert not np.any((hit | thit) & ((flags & TADMIT) != 0))
         assert not np.any(hit & ((flags & ADMIT) != 0))
-        assert not np.any(~hit & ((flags & RELEASE) != 0))
-        for f, s, x in zip(flags, slots, samples, strict=True):
+        assert not np.any(~(hit | thit) & ((flags & RELEASE) != 0))
+        assert np.all(slots[(flags & (HIT | ADMIT)) == 0] == -1)
+        assert np.all(tslots[(flags & (THIT | TADMIT | DEMOTE)) == 0] == -1)
+        for f, s, t, x in zip(flags, slots, tslots, samples, strict=True):
+            if f & DEMOTE:
+                assert f & ADMIT and ram[s] >= 0
+                disk[t] = ram[s]
+            elif f & THIT and f & (ADMIT | RELEASE):
+                disk[t] = -1
             if f & ADMIT:
-                assert 0 <= s < capacity
-                state[s] = x
-            elif f & RELEASE:
-                state[s] = -1
+                ram[s] = x
+            elif f & TADMIT:
+                disk[t] = x
+            elif f & RELEASE and f & HIT:
+                ram[s] = -1
 
 
 @st.composite
-def specs(draw, policies=tuple(POLICIES), max_world=4):
+def specs(draw, policies=tuple(POLICIES), max_world=4, tier=False):
+    """Random plan specs; with ``tier``, a second tier of random size (tiered policies)."""
     world = draw(st.integers(1, max_world))
     batch = draw(st.integers(1, 6))
     n = draw(st.integers(world * batch, world * batch * 5 + 7))
@@ -87,5 +105,11 @@ def specs(draw, policies=tuple(POLICIES), max_world=4):
         seed=draw(st.integers(0, 2**32 - 1)),
         drop_last=draw(st.booleans()),
     )
-    buffer = BufferConfig(draw(st.integers(0, n)), draw(st.sampled_from([0, 0.25, 0.5, 1.0])))
+    buffer = BufferConfig(
+        draw(st.integers(0, n)),
+        draw(st.sampled_from([0, 0.25, 0.5, 1.0])),
+        draw(st.integers(1, n)) if tier else 0,
+    )
+    if tier:
+        policies = tuple(p for p in policies if p in TIERED)
     return PlanSpec(run, buffer, draw(st.sampled_from(policies)), draw(st.booleans()))

@@ -10,10 +10,15 @@ import numpy as np
 
 from solar.config import BufferConfig, RunConfig
 
-# Per-access flags of a plan (a uint8 bit set).
-HIT = 1  # served from `slot` as the buffer holds it at the start of the step
-ADMIT = 2  # a read whose bytes are stored into `slot` once the step's batch is assembled
-RELEASE = 4  # a hit that is the sample's last use: `slot` holds nothing useful after the step
+# Per-access flags of a plan (a uint8 bit set). ``slot`` names a RAM slot, ``tslot`` a slot of
+# the rank's second tier (a file on local NVMe).
+HIT = 1  # served from RAM `slot` as the buffer holds it at the start of the step
+ADMIT = 2  # once the step's batch is assembled, its row is stored into RAM `slot`
+RELEASE = 4  # a hit that is the sample's last use: its slot holds nothing useful after the step
+THIT = 8  # served from tier `tslot` as the tier holds it at the start of the step
+TADMIT = 16  # once the batch is assembled, its row is written into tier `tslot`
+DEMOTE = 32  # with ADMIT: first, what RAM `slot` holds is written into tier `tslot`
+KNOWN_FLAGS = HIT | ADMIT | RELEASE | THIT | TADMIT | DEMOTE
 
 NEVER = np.iinfo(np.int64).max  # "next use" of a sample that is not used again
 
@@ -26,7 +31,7 @@ class EpochSchedule:
     """A policy's decisions for one epoch, indexed by position within the epoch.
 
     ``rank[i]`` serves the epoch's access ``i`` (int16: at most 32767 ranks); ``slot[i]`` is its
-    buffer slot (-1 for a read that is not admitted); ``flags[i]`` holds HIT/ADMIT/RELEASE;
+    RAM slot and ``tslot[i]`` its tier slot (-1: none); ``flags[i]`` holds the flags above;
     ``counts[t, r]`` is rank r's local batch size at the epoch's step t.
     """
 
@@ -34,16 +39,23 @@ class EpochSchedule:
     slot: np.ndarray  # (samples per epoch,) int32
     flags: np.ndarray  # (samples per epoch,) uint8
     counts: np.ndarray  # (steps per epoch, P) int32
+    tslot: np.ndarray  # (samples per epoch,) int32; without a tier a read-only view of -1s
 
     @classmethod
-    def empty(cls, run: RunConfig) -> EpochSchedule:
+    def empty(cls, run: RunConfig, with_tier: bool = False) -> EpochSchedule:
         n = run.samples_per_epoch
         return cls(
             rank=np.empty(n, np.int16),
             slot=np.empty(n, np.int32),
             flags=np.zeros(n, np.uint8),
             counts=np.zeros((run.steps_per_epoch, run.world_size), np.int32),
+            tslot=np.full(n, -1, np.int32) if with_tier else no_tier(n),
         )
+
+
+def no_tier(n: int) -> np.ndarray:
+    """``tslot`` of accesses that never touch a tier: n read-only -1s in no memory."""
+    return np.broadcast_to(np.int32(-1), (n,))
 
 
 class Policy(Protocol):
@@ -57,7 +69,8 @@ class Policy(Protocol):
         ...
 
     def contents(self, r: int) -> np.ndarray:
-        """The sample each of rank r's slots holds for later use now (-1: none): (slots,)."""
+        """The sample each of rank r's slots holds for later use now (-1: none): RAM slots,
+        then tier slots: (slots + tier slots,)."""
         ...
 
 
@@ -73,6 +86,11 @@ class OccupantContents:
 def slot_count(run: RunConfig, buffer: BufferConfig) -> int:
     """Slots a rank's buffer needs: its capacity, but never more than N (it holds no more)."""
     return min(buffer.capacity, run.num_samples)
+
+
+def tier_slot_count(run: RunConfig, buffer: BufferConfig) -> int:
+    """Slots a rank's tier needs: its capacity, but never more than the samples RAM leaves."""
+    return min(buffer.tier, run.num_samples - slot_count(run, buffer))
 
 
 def cap_table(run: RunConfig, buffer: BufferConfig) -> np.ndarray:

@@ -5,6 +5,15 @@ Each rank keeps a max-heap of its C slots keyed by the next use of the sample in
 is sooner than the farthest one in the heap, replacing it; otherwise it bypasses the buffer.
 With affinity, a held sample's next use is its next global appearance, so with one rank this is
 exactly Belady's optimal replacement for the access sequence.
+
+With a second tier of D slots (:func:`_tiered_steps`), two Belady caches run on the same
+accesses: one over all C + D cells decides what a rank holds (so what is read, and who serves
+what, is exactly the plan of a RAM-only buffer of C + D), and one over the C RAM cells decides
+which of the held samples sit in RAM, as MIN on RAM alone would (MIN is a stack algorithm: its
+content with C slots is always inside its content with C + D). The tier holds the difference:
+a sample leaving RAM while still held is demoted (written to the tier), a tier hit that MIN on
+RAM would admit is promoted. With one rank, hits from both tiers are Belady's optimum for
+C + D, and RAM hits are those of a RAM-only plan of C.
 """
 
 from __future__ import annotations
@@ -15,13 +24,17 @@ from numba import njit
 from solar.config import BufferConfig, RunConfig
 from solar.schedule._common import (
     ADMIT,
+    DEMOTE,
     HIT,
     NEVER,
     RELEASE,
+    TADMIT,
+    THIT,
     EpochSchedule,
     OccupantContents,
     cap_table,
     slot_count,
+    tier_slot_count,
 )
 from solar.schedule.assign import assign_affinity, assign_balanced, step_caps
 from solar.schedule.order import sample_dtype, step_bounds
@@ -64,6 +77,18 @@ def _sift_down(key, heap, pos, r, i):
     key[r, i] = k
     heap[r, i] = s
     pos[r, s] = i
+
+
+@njit(cache=True)
+def _rekey(key, heap, pos, r, s, n):
+    """Set the key of rank r's cell ``s`` to ``n`` and restore the max-heap."""
+    i = pos[r, s]
+    old = key[r, i]
+    key[r, i] = n
+    if n > old:
+        _sift_up(key, heap, pos, r, i)
+    elif n < old:
+        _sift_down(key, heap, pos, r, i)
 
 
 @njit(cache=True, nogil=True)
@@ -123,6 +148,122 @@ def _solar_steps(
         counts[k, :] = count
 
 
+@njit(cache=True, nogil=True)
+def _tiered_steps(
+    seq, nu, bounds, k0, world, cap_of,  # inputs: one epoch; k0 is its first global step
+    holder, hslot, key, heap, pos, rkey, rheap, rpos, occupant,  # state, carried across calls
+    rank_out, slot_out, tslot_out, flags, counts,  # outputs
+):  # fmt: skip
+    """:func:`_solar_steps` over cells ``0..C-1`` (RAM slots) and ``C..C+D-1`` (tier slots).
+
+    ``key/heap/pos`` is the max-heap of all C + D cells, ``rkey/rheap/rpos`` that of the C RAM
+    cells; ``hslot[x]`` is the cell holding x. An empty cell has key NEVER, a held one the next
+    use of its sample (unique), so a RAM cell on top of the whole heap is on top of RAM's too.
+    """
+    c = rkey.shape[1]
+    u = key.shape[1]
+    count = np.zeros(world, np.int64)
+    reads = np.zeros(world, np.int64)
+    cap = np.zeros(world, np.int64)
+    for k in range(bounds.shape[0] - 1):
+        a, b = bounds[k], bounds[k + 1]
+        step_caps(b - a, world, cap_of, cap)
+        count[:] = 0
+        reads[:] = 0
+        assign_affinity(seq, a, b, holder, hslot, count, cap, rank_out, slot_out, flags)
+        assign_balanced(a, b, k0 + k, world, count, reads, cap, rank_out)
+        for i in range(a, b):
+            x = seq[i]
+            r = rank_out[i]
+            n = nu[i]
+            tslot_out[i] = -1
+            if flags[i] & HIT:
+                s = slot_out[i]  # a cell: a RAM slot or C + a tier slot
+                _rekey(key, heap, pos, r, s, n)
+                if s < c:
+                    _rekey(rkey, rheap, rpos, r, s, n)
+                else:
+                    flags[i] = THIT
+                    slot_out[i] = -1
+                    tslot_out[i] = s - c
+                if n == NEVER:
+                    flags[i] |= RELEASE
+                    holder[x] = -1
+                    occupant[r, s] = -1
+                elif s >= c and c > 0 and n < rkey[r, 0]:
+                    # MIN on RAM alone would admit x now: promote it, demoting RAM's farthest.
+                    d = rheap[r, 0]
+                    y = occupant[r, d]
+                    ky = rkey[r, 0]
+                    occupant[r, d] = x
+                    hslot[x] = d
+                    _rekey(key, heap, pos, r, d, n)
+                    rkey[r, 0] = n
+                    _sift_down(rkey, rheap, rpos, r, 0)
+                    flags[i] |= ADMIT
+                    slot_out[i] = d
+                    occupant[r, s] = y
+                    if y >= 0:
+                        hslot[y] = s
+                        _rekey(key, heap, pos, r, s, ky)
+                        flags[i] |= DEMOTE
+                    else:
+                        _rekey(key, heap, pos, r, s, NEVER)
+                continue
+            h = holder[x]
+            if h >= 0:
+                # Held by a rank already at its cap: that rank keeps it for its next use.
+                s = hslot[x]
+                _rekey(key, heap, pos, h, s, n)
+                if s < c:
+                    _rekey(rkey, rheap, rpos, h, s, n)
+                if n == NEVER:
+                    holder[x] = -1
+                    occupant[h, s] = -1
+                continue
+            if u == 0 or n >= key[r, 0]:
+                continue  # bypass: every cell holds a sample used sooner
+            z = heap[r, 0]  # the cell given up: the farthest next use of all
+            if c > 0 and n < rkey[r, 0]:
+                d = rheap[r, 0]  # x goes to RAM, in place of RAM's farthest
+                y = occupant[r, d]
+                ky = rkey[r, 0]
+                if y >= 0 and d != z:
+                    # y is still worth holding: demoted into z (a tier cell), evicting its sample.
+                    old = occupant[r, z]
+                    if old >= 0:
+                        holder[old] = -1
+                    occupant[r, z] = y
+                    hslot[y] = z
+                    _rekey(key, heap, pos, r, z, ky)
+                    flags[i] = ADMIT | DEMOTE
+                    tslot_out[i] = z - c
+                else:
+                    if y >= 0:
+                        holder[y] = -1  # d was the farthest of all: y is evicted
+                    flags[i] = ADMIT
+                occupant[r, d] = x
+                holder[x] = r
+                hslot[x] = d
+                _rekey(key, heap, pos, r, d, n)
+                rkey[r, 0] = n
+                _sift_down(rkey, rheap, rpos, r, 0)
+                slot_out[i] = d
+            else:
+                # RAM holds only sooner uses: x goes to the tier, in place of the farthest.
+                old = occupant[r, z]
+                if old >= 0:
+                    holder[old] = -1
+                occupant[r, z] = x
+                holder[x] = r
+                hslot[x] = z
+                key[r, 0] = n
+                _sift_down(key, heap, pos, r, 0)
+                flags[i] = TADMIT
+                tslot_out[i] = z - c
+        counts[k, :] = count
+
+
 class SolarPolicy(OccupantContents):
     """Rank affinity and per-rank Belady eviction; state carried across epochs, O(N + P·C)."""
 
@@ -131,22 +272,37 @@ class SolarPolicy(OccupantContents):
     def __init__(self, run: RunConfig, buffer: BufferConfig) -> None:
         self.run = run
         world, c = run.world_size, slot_count(run, buffer)
+        self.tier = tier_slot_count(run, buffer)
+        u = c + self.tier  # cells: RAM slots, then tier slots
         self.holder = np.full(run.num_samples, -1, np.int32)
         self.hslot = np.full(run.num_samples, -1, np.int32)
-        self.key = np.full((world, c), NEVER, np.int64)
-        self.heap = np.tile(np.arange(c, dtype=np.int32), (world, 1))
-        self.pos = self.heap.copy()
-        self.occupant = np.full((world, c), -1, sample_dtype(run.num_samples))
+        self.key, self.heap, self.pos = _heaps(world, u)
+        self.rkey, self.rheap, self.rpos = _heaps(world, c if self.tier else 0)
+        self.occupant = np.full((world, u), -1, sample_dtype(run.num_samples))
         self.cap_of = cap_table(run, buffer)
         self.bounds = step_bounds(run)
 
     def plan_epoch(self, k: int, seq: np.ndarray, next_use: np.ndarray | None) -> EpochSchedule:
         """Decide epoch ``k``; ``next_use`` is required."""
         assert next_use is not None
-        out = EpochSchedule.empty(self.run)
-        _solar_steps(
-            seq, next_use, self.bounds, k * self.run.steps_per_epoch, self.run.world_size,
-            self.cap_of, self.holder, self.hslot, self.key, self.heap, self.pos, self.occupant,
-            out.rank, out.slot, out.flags, out.counts,
-        )  # fmt: skip
+        out = EpochSchedule.empty(self.run, with_tier=self.tier > 0)
+        k0, world = k * self.run.steps_per_epoch, self.run.world_size
+        if self.tier:
+            _tiered_steps(
+                seq, next_use, self.bounds, k0, world, self.cap_of, self.holder, self.hslot,
+                self.key, self.heap, self.pos, self.rkey, self.rheap, self.rpos, self.occupant,
+                out.rank, out.slot, out.tslot, out.flags, out.counts,
+            )  # fmt: skip
+        else:
+            _solar_steps(
+                seq, next_use, self.bounds, k0, world, self.cap_of, self.holder, self.hslot,
+                self.key, self.heap, self.pos, self.occupant,
+                out.rank, out.slot, out.flags, out.counts,
+            )  # fmt: skip
         return out
+
+
+def _heaps(world: int, cells: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Empty per-rank max-heaps over ``cells`` cells: (key, heap, pos), all keys NEVER."""
+    heap = np.tile(np.arange(cells, dtype=np.int32), (world, 1))
+    return np.full((world, cells), NEVER, np.int64), heap, heap.copy()

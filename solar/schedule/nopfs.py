@@ -1,8 +1,9 @@
 """The ``nopfs`` baseline: NoPFS's static, frequency-ranked fill, with no eviction.
 
 Knowing the seed, each rank counts how often it will access every sample under the interleaved
-split over the whole run and keeps the C most frequent (ties: first accessed first). A kept
-sample is stored at its first access and served from the buffer afterwards.
+split over the whole run and keeps the C most frequent in RAM and the next D in its second
+tier (ties: first accessed first). A kept sample is stored at its first access and served from
+its tier afterwards.
 """
 
 from __future__ import annotations
@@ -11,7 +12,15 @@ import numpy as np
 from numba import njit
 
 from solar.config import BufferConfig, RunConfig
-from solar.schedule._common import ADMIT, HIT, EpochSchedule, slot_count
+from solar.schedule._common import (
+    ADMIT,
+    HIT,
+    TADMIT,
+    THIT,
+    EpochSchedule,
+    slot_count,
+    tier_slot_count,
+)
 from solar.schedule.assign import assign_interleaved
 from solar.schedule.epochs import EpochOrder
 from solar.schedule.order import interleaved_ranks, step_bounds
@@ -28,7 +37,9 @@ def _frequencies(seq, ranks, base, freq, first):
 
 
 @njit(cache=True, nogil=True)
-def _nopfs_steps(seq, bounds, world, slot_of, loaded, rank_out, slot_out, flags, counts):
+def _nopfs_steps(seq, bounds, world, c, slot_of, loaded, rank_out, slot_out, tslot_out, flags,
+                 counts):  # fmt: skip
+    """``slot_of[r, x]``: the cell rank r keeps x in (RAM slots 0..c-1, then tier slots), -1."""
     for k in range(bounds.shape[0] - 1):
         a, b = bounds[k], bounds[k + 1]
         assign_interleaved(a, b, world, counts[k], rank_out, slot_out, flags)
@@ -37,13 +48,18 @@ def _nopfs_steps(seq, bounds, world, slot_of, loaded, rank_out, slot_out, flags,
             s = slot_of[r, x]
             if s < 0:
                 continue
-            flags[i] = HIT if loaded[r, x] else ADMIT
+            if s < c:
+                flags[i] = HIT if loaded[r, x] else ADMIT
+                slot_out[i] = s
+            else:
+                flags[i] = THIT if loaded[r, x] else TADMIT
+                tslot_out[i] = s - c
             loaded[r, x] = True
-            slot_out[i] = s
 
 
 class NopfsPolicy:
-    """NoPFS: each rank keeps its C most frequently accessed samples, filled at first use."""
+    """NoPFS: each rank keeps its C (then D) most frequently accessed samples in RAM (then its
+    tier), filled at first use."""
 
     needs_next_use = False
 
@@ -56,25 +72,27 @@ class NopfsPolicy:
         ranks = interleaved_ranks(run)
         for k in range(run.epochs):
             _frequencies(order.served(k), ranks, k * run.samples_per_epoch, freq, first)
+        self.slots, self.tier = slot_count(run, buffer), tier_slot_count(run, buffer)
         self.slot_of = np.full((world, n), -1, np.int32)
         for r in range(world):
             seen = np.flatnonzero(freq[r])
-            kept = seen[np.lexsort((first[r, seen], -freq[r, seen]))[: buffer.capacity]]
+            kept = seen[np.lexsort((first[r, seen], -freq[r, seen]))[: self.slots + self.tier]]
             self.slot_of[r, kept] = np.arange(kept.size, dtype=np.int32)
         self.loaded = np.zeros((world, n), np.bool_)
         self.bounds = step_bounds(run)
-        self.slots = slot_count(run, buffer)
 
     def plan_epoch(self, k: int, seq: np.ndarray, next_use: np.ndarray | None) -> EpochSchedule:
-        out = EpochSchedule.empty(self.run)
+        out = EpochSchedule.empty(self.run, with_tier=self.tier > 0)
+        # Without a tier no tier slot is written: a writable stand-in for the read-only -1s.
+        tslot = out.tslot if self.tier else np.empty(0, np.int32)
         _nopfs_steps(
-            seq, self.bounds, self.run.world_size, self.slot_of, self.loaded,
-            out.rank, out.slot, out.flags, out.counts,
+            seq, self.bounds, self.run.world_size, self.slots, self.slot_of, self.loaded,
+            out.rank, out.slot, tslot, out.flags, out.counts,
         )  # fmt: skip
         return out
 
     def contents(self, r: int) -> np.ndarray:
         held = np.flatnonzero(self.loaded[r])
-        out = np.full(self.slots, -1, np.int64)
+        out = np.full(self.slots + self.tier, -1, np.int64)
         out[self.slot_of[r, held]] = held
         return out

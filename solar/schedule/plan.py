@@ -12,14 +12,17 @@ reader takes only the epochs it runs and a writer streams them as they are plann
     epochs/<k>/step_offsets  (P, S+1)    int64  within rank r's part, step t of the epoch is
                                                  [step_offsets[r, t], step_offsets[r, t+1])
     epochs/<k>/sample        (N_e,)      int32 (int64 when N >= 2**31)  sample ids
-    epochs/<k>/slot          (N_e,)      int32  buffer slot of the access, -1: kept nowhere
-    epochs/<k>/flags         (N_e,)      uint8  bit 0 HIT, bit 1 ADMIT, bit 2 RELEASE
+    epochs/<k>/slot          (N_e,)      int32  RAM slot of the access, -1: none
+    epochs/<k>/flags         (N_e,)      uint8  bit 0 HIT, 1 ADMIT, 2 RELEASE, 3 THIT, 4 TADMIT,
+                                                 5 DEMOTE
+    epochs/<k>/tslot         (N_e,)      int32  tier slot of the access, -1: none (only in
+                                                 plans with a second tier)
 
 Semantics of one rank's step: its batch is its accesses of the step, in order. A HIT is
-gathered from ``slot`` as the buffer holds it at the start of the step; any other access is
-read from storage, and if ADMIT its bytes are then stored into ``slot`` (in order, after the
-gather). RELEASE marks a hit that is the sample's last use. Slots freed by a step are those
-released and those overwritten by its admissions.
+gathered from RAM ``slot`` and a THIT read from tier ``tslot``, as they stand at the start of
+the step; any other access is read from storage. Then, in access order: DEMOTE writes what RAM
+``slot`` holds into tier ``tslot``, ADMIT stores the access's row into RAM ``slot``, TADMIT
+writes it into tier ``tslot``. RELEASE marks a hit that is the sample's last use.
 """
 
 from __future__ import annotations
@@ -40,7 +43,15 @@ from solar._atomic import atomic_path
 from solar._memory import require_memory
 from solar.config import BufferConfig, RunConfig
 from solar.errors import CorruptPlanError, PlanMismatchError, SolarError, first_line
-from solar.schedule._common import ADMIT, HIT, Progress, slot_count
+from solar.schedule._common import (
+    ADMIT,
+    HIT,
+    THIT,
+    Progress,
+    no_tier,
+    slot_count,
+    tier_slot_count,
+)
 from solar.schedule.order import sample_dtype
 from solar.schedule.planner import EpochPlan, Planner, RankEpoch, epoch_order_of
 from solar.schedule.rankplan import RankPlan
@@ -70,12 +81,14 @@ class PlanSpec:
             dataset=self.dataset,
             format_version=FORMAT_VERSION,
         )
+        if not self.buffer.tier:
+            del d["tier"]  # plans without a tier keep the fingerprints they always had
         return d
 
     @classmethod
     def from_dict(cls, d: dict) -> PlanSpec:
         run = RunConfig(**{f.name: d[f.name] for f in dataclasses.fields(RunConfig)})
-        buffer = BufferConfig(**{f.name: d[f.name] for f in dataclasses.fields(BufferConfig)})
+        buffer = BufferConfig(d["capacity"], d["slack"], d.get("tier", 0))
         return cls(run, buffer, d["policy"], d["reorder_epochs"], d["sample_bytes"], d["dataset"])
 
     @property
@@ -90,11 +103,12 @@ def _digest(d: dict) -> str:
 @dataclass(frozen=True)
 class RankStats:
     accesses: int
-    hits: int
+    hits: int  # from RAM or the tier
     reads: int
     admits: int
     min_batch: int
     max_batch: int
+    tier_hits: int = 0
 
 
 class Plan:
@@ -137,6 +151,11 @@ class Plan:
         """Buffer slots a rank needs: the capacity, or N if that is smaller."""
         return slot_count(self.spec.run, self.spec.buffer)
 
+    @property
+    def tier_slots(self) -> int:
+        """Tier slots a rank needs (0: no second tier)."""
+        return tier_slot_count(self.spec.run, self.spec.buffer)
+
     def _check_rank(self, r: int) -> None:
         if not 0 <= r < self.world_size:
             raise SolarError(f"rank {r} is outside this plan's world size {self.world_size}")
@@ -166,14 +185,15 @@ class Plan:
                     f"plan {self._path}: epoch {k}: rank {r}'s accesses [{lo}, {hi}) "
                     "are out of range"
                 )
-            part = RankEpoch(
-                k, g["sample"][lo:hi], g["slot"][lo:hi], g["flags"][lo:hi], g["step_offsets"][r]
-            )
+            tslot = g["tslot"][lo:hi] if self.tier_slots else no_tier(hi - lo)
+            part = RankEpoch(k, g["sample"][lo:hi], g["slot"][lo:hi], g["flags"][lo:hi],
+                             g["step_offsets"][r], tslot)  # fmt: skip
         except (OSError, KeyError, ValueError, IndexError, TypeError, RuntimeError) as exc:
             raise CorruptPlanError(
                 f"plan {self._path}: unreadable or corrupt ({first_line(exc)})"
             ) from None
-        if _part_checksum(part, r, self.fingerprint) != self._checksums[k, r].tobytes():
+        digest = _part_checksum(part, r, self.fingerprint, self.tier_slots > 0)
+        if digest != self._checksums[k, r].tobytes():
             raise CorruptPlanError(
                 f"plan {self._path}: rank {r}'s data of epoch {k} fails its checksum (corrupt file)"
             )
@@ -184,13 +204,16 @@ class Plan:
         run = self.run
         world, n = run.world_size, run.samples_per_epoch
         i64 = np.dtype(np.int64)
-        return {
+        layout = {
             "rank_offsets": ((world + 1,), i64),
             "step_offsets": ((world, run.steps_per_epoch + 1), i64),
             "sample": ((n,), sample_dtype(run.num_samples)),
             "slot": ((n,), np.dtype(np.int32)),
             "flags": ((n,), np.dtype(np.uint8)),
         }
+        if self.tier_slots:
+            layout["tslot"] = ((n,), np.dtype(np.int32))
+        return layout
 
     def rank(self, r: int, comm: Any = None) -> RankPlan:
         """Rank ``r``'s accesses over the whole run.
@@ -200,10 +223,12 @@ class Plan:
         """
         self._check_rank(r)
         if self._epochs is not None:
-            return RankPlan.from_parts(r, [ep.rank(r) for ep in self._epochs], self.slots)
-        proven = self._prove(r, comm, keep=True)
-        assert proven is not None
-        return RankPlan.from_parts(r, proven, self.slots)
+            parts = [ep.rank(r) for ep in self._epochs]
+        else:
+            proven = self._prove(r, comm, keep=True)
+            assert proven is not None
+            parts = proven
+        return RankPlan.from_parts(r, parts, self.slots, tier_slots=self.tier_slots)
 
     def validate(self, r: int, comm: Any = None) -> None:
         """Prove rank ``r``'s part of a plan file safe to execute, epoch by epoch, keeping none
@@ -247,7 +272,7 @@ class Plan:
         """Rank ``r``'s parts from the file, checksummed and validated epoch by epoch (kept if
         ``keep``); the validator's digests."""
         assert self._path is not None
-        v = RankValidator(self.run, self.epoch_order, self.slots, r, key)
+        v = RankValidator(self.run, self.epoch_order, self.slots, r, key, self.tier_slots)
         parts = []
         with h5py.File(self._path, "r") as f:
             for k in range(self.run.epochs):
@@ -261,7 +286,8 @@ class Plan:
         return (parts if keep else None), v.mine, v.expected
 
     def trace(self, r: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """``(step, sample, hit)`` over rank ``r``'s accesses in service order."""
+        """``(step, sample, hit)`` over rank ``r``'s accesses in service order (a hit from
+        RAM or from the tier)."""
         rp = self.rank(r)
         return rp.steps(), rp.sample, rp.hit
 
@@ -271,7 +297,16 @@ class Plan:
 
     @property
     def hits(self) -> int:
+        """Hits from RAM and from the tier."""
         return sum(s.hits for s in self.stats)
+
+    @property
+    def tier_hits(self) -> int:
+        return sum(s.tier_hits for s in self.stats)
+
+    @property
+    def ram_hits(self) -> int:
+        return self.hits - self.tier_hits
 
     @property
     def hit_rate(self) -> float:
@@ -279,8 +314,9 @@ class Plan:
 
     @property
     def bound(self) -> float:
-        """Largest possible hit rate: min(P·C, per-epoch samples) hits per epoch transition."""
-        run, c = self.run, self.spec.buffer.capacity
+        """Largest possible hit rate: min(P·(C+D), per-epoch samples) hits per epoch
+        transition, for C RAM and D tier slots per rank."""
+        run, c = self.run, self.spec.buffer.capacity + self.spec.buffer.tier
         per_epoch = run.samples_per_epoch
         return min(run.world_size * c, per_epoch) * (run.epochs - 1) / (per_epoch * run.epochs)
 
@@ -308,23 +344,25 @@ class _Totals:
     """Per-rank totals, accumulated epoch by epoch."""
 
     def __init__(self, world: int) -> None:
-        self.a = np.zeros((4, world), np.int64)  # accesses, hits, admits, max batch
+        self.a = np.zeros((5, world), np.int64)  # accesses, hits, admits, max batch, tier hits
         self.min_batch = np.full(world, np.iinfo(np.int64).max, np.int64)
 
     def add(self, ep: EpochPlan) -> None:
         world = ep.rank_offsets.size - 1
         owner = np.repeat(np.arange(world), np.diff(ep.rank_offsets))
         self.a[0] += np.diff(ep.rank_offsets)
-        self.a[1] += np.bincount(owner, (ep.flags & HIT) != 0, world).astype(np.int64)
+        self.a[1] += np.bincount(owner, (ep.flags & (HIT | THIT)) != 0, world).astype(np.int64)
         self.a[2] += np.bincount(owner, (ep.flags & ADMIT) != 0, world).astype(np.int64)
+        self.a[4] += np.bincount(owner, (ep.flags & THIT) != 0, world).astype(np.int64)
         sizes = np.diff(ep.step_offsets, axis=1)
         self.a[3] = np.maximum(self.a[3], sizes.max(axis=1))
         self.min_batch = np.minimum(self.min_batch, sizes.min(axis=1))
 
     def stats(self) -> list[RankStats]:
-        acc, hits, admits, mx = (row.tolist() for row in self.a)
+        acc, hits, admits, mx, tier = (row.tolist() for row in self.a)
+        low = self.min_batch.tolist()
         return [
-            RankStats(acc[r], hits[r], acc[r] - hits[r], admits[r], int(self.min_batch[r]), mx[r])
+            RankStats(acc[r], hits[r], acc[r] - hits[r], admits[r], low[r], mx[r], tier[r])
             for r in range(len(acc))
         ]
 
@@ -393,9 +431,12 @@ class PlanWriter:
         g = self._file.create_group(f"epochs/{ep.epoch}")
         for name in ("rank_offsets", "step_offsets", "sample", "slot", "flags"):
             g.create_dataset(name, data=getattr(ep, name))
+        tier = tier_slot_count(self.spec.run, self.spec.buffer) > 0
+        if tier:
+            g.create_dataset("tslot", data=ep.tslot)
         fp = self.spec.fingerprint
         for r in range(ep.rank_offsets.size - 1):
-            digest = _part_checksum(ep.rank(r), r, fp)
+            digest = _part_checksum(ep.rank(r), r, fp, tier)
             self.checksums[ep.epoch, r] = np.frombuffer(digest, np.uint8)
         self._next += 1
 
@@ -486,10 +527,12 @@ def _expect(group: h5py.Group, layout: dict, where: str) -> None:
             )
 
 
-def _part_checksum(part: RankEpoch, r: int, fingerprint: str) -> bytes:
+def _part_checksum(part: RankEpoch, r: int, fingerprint: str, tier: bool) -> bytes:
     h = hashlib.blake2b(f"{fingerprint}/{part.epoch}/{r}".encode(), digest_size=16)
     for arr in (part.step_offsets, part.sample, part.slot, part.flags):
         h.update(np.ascontiguousarray(arr).data)
+    if tier:  # (plans without one keep the checksums they always had)
+        h.update(np.ascontiguousarray(part.tslot).data)
     return h.digest()
 
 
@@ -502,6 +545,7 @@ def _check_memory(spec: PlanSpec, keep_all: bool) -> None:
         48 * run.num_samples
         + 40 * run.samples_per_epoch
         + 24 * run.world_size * slot_count(run, spec.buffer)
+        + 36 * run.world_size * tier_slot_count(run, spec.buffer)
     )
     if keep_all:
         need += 10 * run.num_accesses

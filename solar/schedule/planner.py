@@ -14,9 +14,9 @@ from dataclasses import dataclass
 import numpy as np
 from numba import njit
 
-from solar.schedule._common import EpochSchedule
+from solar.schedule._common import EpochSchedule, tier_slot_count
 from solar.schedule.epochs import EpochOrder
-from solar.schedule.policies import get_policy
+from solar.schedule.policies import make_policy
 from solar.schedule.reorder import reorder_epochs
 
 
@@ -26,9 +26,10 @@ class RankEpoch:
 
     epoch: int
     sample: np.ndarray  # (n,) sample ids
-    slot: np.ndarray  # (n,) int32
+    slot: np.ndarray  # (n,) int32 RAM slot, -1: none
     flags: np.ndarray  # (n,) uint8
     step_offsets: np.ndarray  # (steps per epoch + 1,) int64, from 0 to n
+    tslot: np.ndarray  # (n,) int32 tier slot, -1: none
 
 
 @dataclass(frozen=True)
@@ -41,12 +42,13 @@ class EpochPlan:
     sample: np.ndarray  # (samples per epoch,)
     slot: np.ndarray
     flags: np.ndarray
+    tslot: np.ndarray
 
     def rank(self, r: int) -> RankEpoch:
         lo, hi = self.rank_offsets[r], self.rank_offsets[r + 1]
         return RankEpoch(
             self.epoch, self.sample[lo:hi], self.slot[lo:hi], self.flags[lo:hi],
-            self.step_offsets[r],
+            self.step_offsets[r], self.tslot[lo:hi],
         )  # fmt: skip
 
 
@@ -54,7 +56,7 @@ def epoch_order_of(spec) -> np.ndarray:
     """The permutation index each run epoch uses (SOLAR's TSP order, or the identity)."""
     run = spec.run
     if spec.reorder_epochs:
-        return reorder_epochs(run, spec.buffer.capacity)
+        return reorder_epochs(run, spec.buffer.capacity + spec.buffer.tier)  # all a rank holds
     return np.arange(run.epochs, dtype=np.int64)
 
 
@@ -66,7 +68,7 @@ class Planner:
         run = spec.run
         self.epoch_order = epoch_order_of(spec) if epoch_order is None else epoch_order
         self.order = EpochOrder(run, self.epoch_order)
-        self.policy = get_policy(spec.policy)(run, spec.buffer, self.order)
+        self.policy = make_policy(spec.policy, run, spec.buffer, self.order)
         self.epoch = 0  # the next epoch to plan
 
     def _decide(self) -> tuple[np.ndarray, EpochSchedule]:
@@ -92,11 +94,15 @@ class Planner:
         rank_offsets = np.concatenate([[0], np.cumsum(per_rank)]).astype(np.int64)
         step_offsets = np.zeros((world, sched.counts.shape[0] + 1), np.int64)
         np.cumsum(sched.counts.T, axis=1, out=step_offsets[:, 1:])
-        fill = rank_offsets[:-1].copy()
         sample, slot = np.empty_like(seq), np.empty_like(sched.slot)
         flags = np.empty_like(sched.flags)
-        _group(sched.rank, seq, sched.slot, sched.flags, fill, sample, slot, flags)
-        return EpochPlan(self.epoch - 1, rank_offsets, step_offsets, sample, slot, flags)
+        _group(sched.rank, seq, sched.slot, sched.flags, rank_offsets[:-1].copy(), sample, slot,
+               flags)  # fmt: skip
+        tslot = sched.tslot
+        if tier_slot_count(self.spec.run, self.spec.buffer):  # else all -1s, in no memory
+            tslot = np.empty_like(sched.tslot)
+            _group_one(sched.rank, sched.tslot, rank_offsets[:-1].copy(), tslot)
+        return EpochPlan(self.epoch - 1, rank_offsets, step_offsets, sample, slot, flags, tslot)
 
     def next_rank(self, r: int) -> RankEpoch:
         """Plan the next epoch; only rank ``r``'s part (every rank is simulated)."""
@@ -105,10 +111,11 @@ class Planner:
         step_offsets = np.zeros(sched.counts.shape[0] + 1, np.int64)
         np.cumsum(sched.counts[:, r], out=step_offsets[1:])
         return RankEpoch(self.epoch - 1, seq[mine], sched.slot[mine], sched.flags[mine],
-                         step_offsets)  # fmt: skip
+                         step_offsets, sched.tslot[mine])  # fmt: skip
 
     def contents(self, r: int) -> np.ndarray:
-        """What rank r's slots hold for later use before the next epoch: (slots,) int64."""
+        """What rank r's cells (RAM slots, then tier slots) hold for later use before the next
+        epoch: (slots + tier slots,) int64."""
         return self.policy.contents(r)
 
 
@@ -120,4 +127,12 @@ def _group(rank, seq, slot, flags, fill, sample_out, slot_out, flags_out):
         sample_out[j] = seq[i]
         slot_out[j] = slot[i]
         flags_out[j] = flags[i]
+        fill[rank[i]] += 1
+
+
+@njit(cache=True, nogil=True)
+def _group_one(rank, values, fill, out):
+    """:func:`_group` of one more array."""
+    for i in range(rank.shape[0]):
+        out[fill[rank[i]]] = values[i]
         fill[rank[i]] += 1

@@ -21,9 +21,23 @@ POLICIES: dict[str, PolicyFactory] = {
 }
 
 
+TIERED = ("solar", "nopfs")  # the policies that plan a second tier
+
+
 def get_policy(name: str) -> PolicyFactory:
     """The policy registered as ``name``."""
     try:
         return POLICIES[name]
     except KeyError:
         raise SolarError(f"policy: unknown {name!r} (choose from {', '.join(POLICIES)})") from None
+
+
+def make_policy(name: str, run: RunConfig, buffer: BufferConfig, order: EpochOrder) -> Policy:
+    """The policy ``name`` for a run, or a SolarError if it cannot plan ``buffer``'s tier."""
+    factory = get_policy(name)
+    if buffer.tier and name not in TIERED:
+        raise SolarError(
+            f"policy {name!r} has no second tier (tier_size {buffer.tier}): "
+            f"use {' or '.join(TIERED)}"
+        )
+    return factory(run, buffer, order)

@@ -15,15 +15,22 @@ from numba import njit
 from numpy.typing import NDArray
 
 from solar.errors import CorruptPlanError
-from solar.schedule._common import ADMIT, HIT, RELEASE
+from solar.schedule._common import ADMIT, DEMOTE, HIT, RELEASE, TADMIT, THIT, no_tier
+
+_NONE = np.zeros(0, np.int64)
+_NONE.flags.writeable = False
 
 
 class StepPlan(NamedTuple):  # a NamedTuple: one is made per step, cheaper than a dataclass
     """What one rank does at one global step. Rows index the step's batch (0..size-1).
 
-    ``hit_rows`` are gathered from ``hit_slots`` as the buffer stands at the start of the step;
-    ``read_rows`` are read from storage; then ``admit_rows`` (a subset of the reads) are stored
-    into ``admit_slots`` in order. All arrays are int64 and 1-D.
+    ``hit_rows`` are gathered from RAM ``hit_slots`` and ``tier_rows`` read from tier
+    ``tier_slots``, both as they stand at the start of the step; ``read_rows`` are read from
+    storage. Once the batch is assembled, in order: RAM ``demote_slots`` are written to tier
+    ``demote_tslots``, ``admit_rows`` are stored into RAM ``admit_slots`` and ``tadmit_rows``
+    written to tier ``tadmit_tslots``. When a RAM slot is admitted twice in the step
+    (``in_order``), these must be applied access by access, as :func:`step_actions` lists
+    them. All arrays are int64 and 1-D.
     """
 
     step: int
@@ -33,31 +40,62 @@ class StepPlan(NamedTuple):  # a NamedTuple: one is made per step, cheaper than 
     hit_slots: NDArray[np.int64]  # (hits,)
     admit_rows: NDArray[np.int64]  # (admits,)
     admit_slots: NDArray[np.int64]  # (admits,)
+    tier_rows: NDArray[np.int64] = _NONE  # (tier hits,)
+    tier_slots: NDArray[np.int64] = _NONE  # (tier hits,)
+    demote_slots: NDArray[np.int64] = _NONE  # (demotions,)
+    demote_tslots: NDArray[np.int64] = _NONE  # (demotions,)
+    tadmit_rows: NDArray[np.int64] = _NONE  # (tier admits,)
+    tadmit_tslots: NDArray[np.int64] = _NONE  # (tier admits,)
+    in_order: bool = False
 
     @property
     def size(self) -> int:
         return int(self.samples.size)
 
+    @property
+    def tier_writes(self) -> NDArray[np.int64]:
+        """Tier slots this step writes."""
+        return np.concatenate([self.demote_tslots, self.tadmit_tslots])
+
 
 @dataclass(frozen=True)
 class RankPlan:
-    """One rank's accesses in service order, cut into global steps, over ``slots`` slots.
+    """One rank's accesses in service order, cut into global steps, over ``slots`` RAM slots
+    and ``tier_slots`` tier slots.
 
     It may be a window of the run: steps ``first_step`` to ``first_step + num_steps - 1``,
-    with the buffer holding ``initial`` (sample per slot, -1: nothing needed) as the window
+    with the buffer holding ``initial`` (sample per cell, -1: nothing needed) as the window
     starts; ``complete`` says whether the window reaches the end of the run. Steps are always
-    named by their global index.
+    named by their global index. Buffer states are arrays over cells: RAM slots ``0..slots-1``,
+    then tier slot t as cell ``slots + t``.
     """
 
     rank: int
     sample: NDArray[np.integer]  # (A,) sample id of each access (int32, or int64 if N >= 2**31)
-    slot: NDArray[np.int32]  # (A,) buffer slot, -1 for a read kept nowhere
-    flags: NDArray[np.uint8]  # (A,) HIT | ADMIT | RELEASE
+    slot: NDArray[np.int32]  # (A,) RAM slot, -1: none
+    flags: NDArray[np.uint8]  # (A,) HIT | ADMIT | RELEASE | THIT | TADMIT | DEMOTE
     step_offsets: NDArray[np.int64]  # (num_steps + 1,) local step t is [offsets[t], [t + 1])
     slots: int
     first_step: int = 0
-    initial: NDArray[np.int64] | None = None  # (slots,); None: an empty buffer
+    initial: NDArray[np.int64] | None = None  # (cells,); None: an empty buffer
     complete: bool = True
+    tslot: NDArray[np.int32] | None = None  # (A,) tier slot, -1: none; None: no tier
+    tier_slots: int = 0
+
+    def __post_init__(self) -> None:
+        if self.tslot is None:
+            object.__setattr__(self, "tslot", no_tier(self.sample.size))
+
+    @property
+    def cells(self) -> int:
+        """RAM slots and tier slots together."""
+        return self.slots + self.tier_slots
+
+    @property
+    def tiers(self) -> NDArray[np.int32]:
+        """``tslot`` (never None after construction)."""
+        assert self.tslot is not None
+        return self.tslot
 
     @classmethod
     def from_parts(
@@ -68,6 +106,7 @@ class RankPlan:
         first_step: int = 0,
         initial: NDArray[np.int64] | None = None,
         complete: bool = True,
+        tier_slots: int = 0,
     ) -> RankPlan:
         """Concatenate consecutive epochs' parts (``RankEpoch``) of one rank."""
         offsets = [np.zeros(1, np.int64)]
@@ -75,6 +114,7 @@ class RankPlan:
         for p in parts:
             offsets.append(p.step_offsets[1:] + base)
             base += int(p.step_offsets[-1])
+        tslot = np.concatenate([p.tslot for p in parts]) if tier_slots else None
         return cls(
             rank,
             np.concatenate([p.sample for p in parts]),
@@ -85,6 +125,8 @@ class RankPlan:
             first_step,
             initial,
             complete,
+            tslot,
+            tier_slots,
         )
 
     @property
@@ -98,7 +140,8 @@ class RankPlan:
 
     @property
     def hit(self) -> np.ndarray:
-        return (self.flags & HIT) != 0
+        """Accesses served from a buffer (RAM or tier), not read from storage."""
+        return (self.flags & (HIT | THIT)) != 0
 
     def steps(self) -> np.ndarray:
         """Global step index of every access: shape (A,)."""
@@ -121,92 +164,136 @@ class RankPlan:
         flags, slots = self.flags[a:b], self.slot[a:b].astype(np.int64)
         hit = (flags & HIT) != 0
         admit = (flags & ADMIT) != 0
+        samples = self.sample[a:b].astype(np.int64)
+        if not self.tier_slots or not np.any(flags & (THIT | TADMIT | DEMOTE)):
+            return StepPlan(k, samples, np.flatnonzero(~hit), np.flatnonzero(hit), slots[hit],
+                            np.flatnonzero(admit), slots[admit])  # fmt: skip
+        tslots = self.tiers[a:b].astype(np.int64)
+        thit = (flags & THIT) != 0
+        demote = (flags & DEMOTE) != 0
+        tadmit = (flags & TADMIT) != 0
+        admit_slots = slots[admit]
         return StepPlan(
-            step=k,
-            samples=self.sample[a:b].astype(np.int64),
-            read_rows=np.flatnonzero(~hit),
-            hit_rows=np.flatnonzero(hit),
-            hit_slots=slots[hit],
-            admit_rows=np.flatnonzero(admit),
-            admit_slots=slots[admit],
-        )
+            k, samples, np.flatnonzero(~(hit | thit)), np.flatnonzero(hit), slots[hit],
+            np.flatnonzero(admit), admit_slots, np.flatnonzero(thit), tslots[thit],
+            slots[demote], tslots[demote], np.flatnonzero(tadmit), tslots[tadmit],
+            in_order=bool(np.unique(admit_slots).size < admit_slots.size),
+        )  # fmt: skip
+
+    def step_actions(self, k: int) -> list[tuple[int, int, int]]:
+        """Step ``k``'s buffer updates access by access, for steps ``in_order``: a list of
+        ``(flag, row, slot)`` with flag DEMOTE (``row`` is the RAM slot, ``slot`` the tier
+        slot), ADMIT (row into RAM slot) or TADMIT (row into tier slot)."""
+        t = self._local(k)
+        a, b = int(self.step_offsets[t]), int(self.step_offsets[t + 1])
+        out = []
+        for j in np.flatnonzero(self.flags[a:b] & (ADMIT | TADMIT | DEMOTE)).tolist():
+            f, s, ts = int(self.flags[a + j]), int(self.slot[a + j]), int(self.tiers[a + j])
+            if f & DEMOTE:
+                out.append((DEMOTE, s, ts))
+            if f & ADMIT:
+                out.append((ADMIT, j, s))
+            if f & TADMIT:
+                out.append((TADMIT, j, ts))
+        return out
 
     def contents_at(self, k: int) -> NDArray[np.int64]:
-        """The sample each slot holds at the start of step ``k`` (-1: empty): shape (slots,).
+        """The sample each cell holds at the start of step ``k`` (-1: empty): shape (cells,).
 
         A replay, from ``initial``, of the window's admissions and releases before step ``k``.
         """
         t = self._local(k, end_ok=True)
         if self.initial is None:
-            state = np.full(self.slots, -1, np.int64)
+            state = np.full(self.cells, -1, np.int64)
         else:
             state = self.initial.astype(np.int64, copy=True)
         end = int(self.step_offsets[t])
-        bad = _replay(self.sample, self.slot, self.flags, end, state)
+        bad = _replay(self.sample, self.slot, self.tiers, self.flags, 0, end, self.slots, state)
         if bad >= 0:
-            raise CorruptPlanError(f"rank {self.rank}: access {bad} names slot {self.slot[bad]}")
+            raise CorruptPlanError(
+                f"rank {self.rank}: access {bad} names slot {self.slot[bad]} / "
+                f"tier slot {self.tiers[bad]}"
+            )
         return state
 
     def refill_at(self, k: int) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
-        """``(slots, samples)`` the buffer must hold to start at step ``k``: those a later hit
-        reads before anything overwrites them (the rest of :meth:`contents_at` is dead). In an
-        incomplete window, a held slot untouched till its end is kept too."""
+        """``(cells, samples)`` the buffer must hold to start at step ``k``: those a later hit
+        (or demotion) reads before anything overwrites them (the rest of :meth:`contents_at`
+        is dead). In an incomplete window, a held cell untouched till its end is kept too."""
         t = self._local(k, end_ok=True)
-        needed = np.zeros(self.slots, np.bool_)
-        decided = _hit_before_overwrite(self.slot, self.flags, self.step_offsets, t, needed)
+        needed = np.zeros(self.cells, np.bool_)
+        decided = _read_before_overwrite(
+            self.slot, self.tiers, self.flags, self.step_offsets, t, self.slots, needed
+        )
         contents = self.contents_at(k)
         if not self.complete:
             needed |= ~decided & (contents >= 0)
-        slots = np.flatnonzero(needed)
-        samples = contents[slots]
+        cells = np.flatnonzero(needed)
+        samples = contents[cells]
         if np.any(samples < 0):
             raise CorruptPlanError(f"rank {self.rank}, step {k}: a later hit reads an empty slot")
-        return slots, samples
-
-    def freed(self, k: int) -> np.ndarray:
-        """Slots whose content is no longer needed after step ``k``: released or overwritten."""
-        t = self._local(k)
-        a, b = self.step_offsets[t], self.step_offsets[t + 1]
-        f, s = self.flags[a:b], self.slot[a:b]
-        return np.unique(s[((f & RELEASE) != 0) | ((f & ADMIT) != 0)])
+        return cells, samples
 
 
-@njit(cache=True)
-def _replay(sample, slot, flags, end, state):
-    """Apply admissions and releases of accesses ``[0, end)``; the first bad access, or -1."""
+@njit(cache=True, nogil=True)
+def _replay(sample, slot, tslot, flags, start, end, c, state):
+    """Apply the buffer updates of accesses ``[start, end)`` to ``state`` (cells: RAM slots,
+    then ``c`` + tier slot); the first access naming a cell outside it, or -1."""
     n = state.shape[0]
-    for i in range(end):
+    for i in range(start, end):
         f = flags[i]
-        if f & (ADMIT | RELEASE):
-            s = slot[i]
-            if s < 0 or s >= n:
-                return i
-            state[s] = sample[i] if f & ADMIT else -1
+        if not f & (ADMIT | RELEASE | TADMIT | DEMOTE):
+            continue
+        s = slot[i]
+        ts = c + tslot[i]
+        if (f & (ADMIT | DEMOTE | HIT) and not 0 <= s < c) or (
+            f & (TADMIT | DEMOTE | THIT) and not c <= ts < n
+        ):
+            return i
+        if f & DEMOTE:
+            state[ts] = state[s]
+        elif f & THIT and f & (ADMIT | RELEASE):
+            state[ts] = -1  # promoted (to RAM) or released: the tier slot is free
+        if f & ADMIT:
+            state[s] = sample[i]
+        elif f & TADMIT:
+            state[ts] = sample[i]
+        elif f & RELEASE and f & HIT:
+            state[s] = -1
     return -1
 
 
 @njit(cache=True)
-def _hit_before_overwrite(slot, flags, step_offsets, k, needed):
-    """``needed[s]``: slot s is hit at or after local step k before an admission overwrites it.
-    Returns ``decided``: slots touched at all from step k on.
-
-    Within a step, hits read the buffer as it stood at the step's start, so they count first.
-    """
+def _read_before_overwrite(slot, tslot, flags, step_offsets, k, c, needed):
+    """``needed[cell]``: the cell is read (hit, or the source of a demotion) at or after local
+    step k before anything overwrites it. Returns ``decided``: cells touched at all from step
+    k on. Within a step, hits read the buffer as it stood at the step's start, so they count
+    first; then updates apply in access order."""
     n = needed.shape[0]
     decided = np.zeros(n, np.bool_)
     left = n
     for t in range(k, step_offsets.shape[0] - 1):
         a, b = step_offsets[t], step_offsets[t + 1]
         for i in range(a, b):
-            s = slot[i]
-            if flags[i] & HIT and 0 <= s < n and not decided[s]:
-                decided[s] = True
-                needed[s] = True
+            f = flags[i]
+            cell = slot[i] if f & HIT else (c + tslot[i] if f & THIT else -1)
+            if 0 <= cell < n and not decided[cell]:
+                decided[cell] = True
+                needed[cell] = True
                 left -= 1
         for i in range(a, b):
+            f = flags[i]
             s = slot[i]
-            if flags[i] & ADMIT and 0 <= s < n and not decided[s]:
-                decided[s] = True
+            if f & DEMOTE and 0 <= s < c and not decided[s]:
+                decided[s] = True  # read by the demotion
+                needed[s] = True
+                left -= 1
+            if f & ADMIT and 0 <= s < c and not decided[s]:
+                decided[s] = True  # overwritten
+                left -= 1
+            ts = c + tslot[i]
+            if f & (TADMIT | DEMOTE) and c <= ts < n and not decided[ts]:
+                decided[ts] = True  # overwritten
                 left -= 1
         if left == 0:
             break

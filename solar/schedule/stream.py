@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from solar.schedule._common import slot_count, tier_slot_count
 from solar.schedule.planner import Planner, RankEpoch
 from solar.schedule.rankplan import RankPlan, _replay
 
@@ -28,7 +29,8 @@ class RankStream:
         self.spec = spec
         self.rank = rank
         self.plan = plan  # a Plan to read epochs from (made, or a file proven safe), or None
-        self.slots = min(spec.buffer.capacity, spec.run.num_samples)
+        self.slots = slot_count(spec.run, spec.buffer)
+        self.tier_slots = tier_slot_count(spec.run, spec.buffer)
         self.wait_seconds = 0.0  # time callers waited for planning (replays included)
         self._reset()
 
@@ -43,8 +45,8 @@ class RankStream:
         self._window: RankPlan | None = None
 
     def __getstate__(self) -> dict:
-        return {"spec": self.spec, "rank": self.rank, "plan": self.plan,
-                "slots": self.slots, "wait_seconds": self.wait_seconds}  # fmt: skip
+        return {"spec": self.spec, "rank": self.rank, "plan": self.plan, "slots": self.slots,
+                "tier_slots": self.tier_slots, "wait_seconds": self.wait_seconds}  # fmt: skip
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
@@ -89,10 +91,10 @@ class RankStream:
         From a plan: replay the buffer through the epochs before it."""
         t0 = time.perf_counter()
         if self.plan is not None:
-            state = np.full(self.slots, -1, np.int64)
+            state = np.full(self.slots + self.tier_slots, -1, np.int64)
             for k in range(epoch):
                 p = self.plan.rank_epoch(self.rank, k)
-                _replay(p.sample, p.slot, p.flags, p.sample.size, state)
+                _replay(p.sample, p.slot, p.tslot, p.flags, 0, p.sample.size, self.slots, state)
             self._initial, self._first = state, epoch
             self._parts = [self.plan.rank_epoch(self.rank, epoch)]
             self._window = None
@@ -166,6 +168,7 @@ class RankStream:
             self._window = RankPlan.from_parts(
                 self.rank, self._parts, self.slots, first_step=self._first * self._spe(),
                 initial=self._initial, complete=last == self.spec.run.epochs,
+                tier_slots=self.tier_slots,
             )  # fmt: skip
         return self._window
 

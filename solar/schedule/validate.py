@@ -7,8 +7,9 @@ permutation per epoch):
 * sample ids, slots and flags are within range, and step offsets are consistent with the run;
 * every sample the rank serves at global step k is in step k of that epoch's permutation for
   the run's seed, and none is served twice in an epoch;
-* every HIT reads a slot that, replaying the plan's own admissions in order, holds that sample
-  at the start of the step (so nothing is read from a slot never written).
+* every HIT (THIT) reads a RAM (tier) slot that, replaying the plan's own admissions and
+  demotions in order, holds that sample at the start of the step (so nothing is read from a
+  slot never written).
 
 Across ranks, exactly-once coverage is proven with a keyed multiset digest per epoch: each rank
 sums ``mix(sample, key)`` over what it serves, and the ranks' sums must add up to the digest of
@@ -22,14 +23,23 @@ from numba import njit
 
 from solar.config import RunConfig
 from solar.errors import CorruptPlanError
-from solar.schedule._common import ADMIT, HIT, RELEASE
+from solar.schedule._common import ADMIT, DEMOTE, HIT, RELEASE, TADMIT, THIT
 from solar.schedule.epochs import EpochOrder, _positions
 from solar.schedule.order import step_bounds
 from solar.schedule.planner import RankEpoch
-from solar.schedule.rankplan import RankPlan
+from solar.schedule.rankplan import RankPlan, _replay
 
 _OK, _SAMPLE, _FLAGS, _SLOT, _NOT_IN_STEP, _REPEATED, _STALE_HIT = range(7)
-_KNOWN = HIT | ADMIT | RELEASE
+
+# The flag sets an access may carry, and the cells each names: bit 0 a RAM slot, bit 1 a tier
+# slot, bit 2 "valid". Anything else is refused.
+_NEEDS = np.zeros(64, np.int8)
+for _f, _needs in (
+    (0, 0), (HIT, 1), (HIT | RELEASE, 1), (ADMIT, 1),  # RAM only
+    (THIT, 2), (THIT | RELEASE, 2), (TADMIT, 2),  # the tier only
+    (THIT | ADMIT, 3), (THIT | ADMIT | DEMOTE, 3), (ADMIT | DEMOTE, 3),  # promotions, demotions
+):  # fmt: skip
+    _NEEDS[_f] = 4 | _needs
 
 
 @njit(cache=True, inline="always")
@@ -52,14 +62,15 @@ def _digest(samples, key):
 
 
 @njit(cache=True, nogil=True)
-def _check_epoch(sample, slot, flags, offsets, k0, bounds, pos, seen, stamp, state, key):
+def _check_epoch(sample, slot, tslot, flags, offsets, k0, bounds, pos, seen, stamp, c, state,
+                 key, needs):  # fmt: skip
     """Check one epoch's steps of a rank; returns (code, access index, digest of its samples).
 
-    ``state`` (the buffer replay) and ``seen`` (stamp of the epoch a sample was last served in)
-    carry over from epoch to epoch.
+    ``state`` (the replay of the buffer's cells: ``c`` RAM slots, then the tier's) and
+    ``seen`` (stamp of the epoch a sample was last served in) carry over from epoch to epoch.
     """
     n = pos.shape[0]
-    c = state.shape[0]
+    cells = state.shape[0]
     digest = np.uint64(0)
     for t in range(bounds.shape[0] - 1):
         a, b = offsets[k0 + t], offsets[k0 + t + 1]
@@ -68,16 +79,15 @@ def _check_epoch(sample, slot, flags, offsets, k0, bounds, pos, seen, stamp, sta
             x = sample[i]
             f = flags[i]
             s = slot[i]
+            ts = tslot[i]
             if x < 0 or x >= n:
                 return _SAMPLE, i, digest
-            hit = (f & HIT) != 0
-            kept = (f & ADMIT) != 0
-            if (f & ~_KNOWN) != 0 or (hit and kept) or ((f & RELEASE) != 0 and not hit):
+            need = needs[f] if f < needs.shape[0] else 0
+            if need == 0:
                 return _FLAGS, i, digest
-            if hit or kept:
-                if s < 0 or s >= c:
-                    return _SLOT, i, digest
-            elif s != -1:
+            if (s != -1 and not need & 1) or (need & 1 and not 0 <= s < c):
+                return _SLOT, i, digest
+            if (ts != -1 and not need & 2) or (need & 2 and not 0 <= ts < cells - c):
                 return _SLOT, i, digest
             p = pos[x]
             if p < lo or p >= hi:
@@ -85,14 +95,10 @@ def _check_epoch(sample, slot, flags, offsets, k0, bounds, pos, seen, stamp, sta
             if seen[x] == stamp:
                 return _REPEATED, i, digest
             seen[x] = stamp
-            if hit and state[s] != x:
+            if (f & HIT and state[s] != x) or (f & THIT and state[c + ts] != x):
                 return _STALE_HIT, i, digest
             digest += _mix(x, key)
-        for i in range(a, b):  # then admissions and releases, in service order
-            if flags[i] & ADMIT:
-                state[slot[i]] = sample[i]
-            elif flags[i] & RELEASE:
-                state[slot[i]] = -1
+        _replay(sample, slot, tslot, flags, a, b, c, state)  # then the updates, in order
     return _OK, -1, digest
 
 
@@ -105,14 +111,21 @@ class RankValidator:
     """
 
     def __init__(
-        self, run: RunConfig, epoch_order: np.ndarray, slots: int, rank: int, key: int
+        self,
+        run: RunConfig,
+        epoch_order: np.ndarray,
+        slots: int,
+        rank: int,
+        key: int,
+        tier_slots: int = 0,
     ) -> None:
         self.run, self.epoch_order, self.slots, self.rank = run, epoch_order, slots, rank
+        self.tier_slots = tier_slots
         self.key = np.uint64(key)
         self.bounds = step_bounds(run)
         self.pos = np.empty(run.num_samples, np.int64)
         self.seen = np.full(run.num_samples, -1, np.int64)
-        self.state = np.full(slots, -1, np.int64)  # the buffer as the next epoch starts
+        self.state = np.full(slots + tier_slots, -1, np.int64)  # cells as the next epoch starts
         self.mine = np.zeros(run.epochs, np.uint64)
         self.expected = np.zeros(run.epochs, np.uint64)
         self.next_epoch = 0
@@ -125,15 +138,16 @@ class RankValidator:
         if k != self.next_epoch:
             raise CorruptPlanError(f"rank {self.rank}: epoch {k} checked before {self.next_epoch}")
         rp = RankPlan(self.rank, part.sample, part.slot, part.flags, part.step_offsets,
-                      self.slots, first_step=k * run.steps_per_epoch)  # fmt: skip
+                      self.slots, first_step=k * run.steps_per_epoch, tslot=part.tslot,
+                      tier_slots=self.tier_slots)  # fmt: skip
         _check_shapes(rp, run)
         served = self.order.served(k)
         self.order.prefetch(k + 1)  # drawn (GIL held) while the checks below run without it
         _positions(served, 0, self.pos)
         self.expected[k] = _digest(served, self.key)
         code, i, self.mine[k] = _check_epoch(
-            rp.sample, rp.slot, rp.flags, rp.step_offsets, 0, self.bounds, self.pos, self.seen,
-            k, self.state, self.key,
+            rp.sample, rp.slot, rp.tiers, rp.flags, rp.step_offsets, 0, self.bounds, self.pos,
+            self.seen, k, self.slots, self.state, self.key, _NEEDS,
         )  # fmt: skip
         if code != _OK:
             raise CorruptPlanError(_describe(code, i, rp, self.state))
@@ -148,7 +162,7 @@ def validate_rank(
     spe = run.steps_per_epoch
     if rp.first_step != 0 or rp.initial is not None or rp.num_steps != run.num_steps:
         raise CorruptPlanError(f"rank {rp.rank}: {rp.num_steps} steps, the run has {run.num_steps}")
-    v = RankValidator(run, epoch_order, rp.slots, rp.rank, key)
+    v = RankValidator(run, epoch_order, rp.slots, rp.rank, key, rp.tier_slots)
     off = rp.step_offsets
     bad = np.flatnonzero(np.diff(off) < 0)
     if off[0] != 0 or off[-1] != rp.sample.size or bad.size:
@@ -157,7 +171,7 @@ def validate_rank(
     for e in range(run.epochs):
         lo, hi = int(off[e * spe]), int(off[(e + 1) * spe])
         v.check(RankEpoch(e, rp.sample[lo:hi], rp.slot[lo:hi], rp.flags[lo:hi],
-                          off[e * spe : (e + 1) * spe + 1] - lo))  # fmt: skip
+                          off[e * spe : (e + 1) * spe + 1] - lo, rp.tiers[lo:hi]))  # fmt: skip
     return v.mine, v.expected
 
 
@@ -185,10 +199,11 @@ def _check_shapes(rp: RankPlan, run: RunConfig) -> None:
         raise CorruptPlanError(
             f"{where}, step {k0}: {off.size - 1} steps in an epoch of {run.steps_per_epoch}"
         )
-    if not all(np.issubdtype(a.dtype, np.integer) for a in (off, rp.sample, rp.slot, rp.flags)):
+    arrays = (off, rp.sample, rp.slot, rp.flags, rp.tiers)
+    if not all(np.issubdtype(a.dtype, np.integer) for a in arrays):
         raise CorruptPlanError(f"{where}, step {k0}: plan arrays must hold integers")
-    if not rp.sample.shape == rp.slot.shape == rp.flags.shape == (rp.sample.size,):
-        raise CorruptPlanError(f"{where}, step {k0}: sample, slot and flags differ in length")
+    if not rp.sample.shape == rp.slot.shape == rp.flags.shape == rp.tiers.shape:
+        raise CorruptPlanError(f"{where}, step {k0}: plan arrays differ in length")
     steps = np.diff(off)
     if off[0] != 0 or off[-1] != rp.sample.size or np.any(steps < 0):
         k = int(np.argmax(steps < 0)) if np.any(steps < 0) else 0
@@ -202,20 +217,24 @@ def _check_shapes(rp: RankPlan, run: RunConfig) -> None:
 
 def _describe(code: int, i: int, rp: RankPlan, state: np.ndarray) -> str:
     k = rp.first_step + int(np.searchsorted(rp.step_offsets, i, side="right") - 1)
-    x, s, f = int(rp.sample[i]), int(rp.slot[i]), int(rp.flags[i])
+    x, s, f, ts = int(rp.sample[i]), int(rp.slot[i]), int(rp.flags[i]), int(rp.tiers[i])
+    need = int(_NEEDS[f]) if f < _NEEDS.size else 0
     if code == _SAMPLE:
         what = f"sample id {x} is out of range"
     elif code == _FLAGS:
         what = f"sample {x} has invalid flags {f:#x}"
-    elif code == _SLOT and f & (HIT | ADMIT):
+    elif code == _SLOT and need & 1 and not 0 <= s < rp.slots:
         what = f"sample {x} names slot {s}, outside 0..{rp.slots - 1}"
+    elif code == _SLOT and need & 2 and not 0 <= ts < rp.tier_slots:
+        what = f"sample {x} names tier slot {ts}, outside 0..{rp.tier_slots - 1}"
     elif code == _SLOT:
-        what = f"sample {x} is read and kept nowhere, yet names slot {s}"
+        what = f"sample {x} names slot {s} / tier slot {ts} its flags {f:#x} do not use"
     elif code == _NOT_IN_STEP:
         what = f"sample {x} is not in this step of the epoch's permutation for the seed"
     elif code == _REPEATED:
         what = f"sample {x} is served twice in one epoch"
     else:
-        held = f"sample {int(state[s])}" if state[s] >= 0 else "nothing written"
-        what = f"hit for sample {x} from slot {s}, which holds {held}"
+        cell, name = (s, f"slot {s}") if f & HIT else (rp.slots + ts, f"tier slot {ts}")
+        held = f"sample {int(state[cell])}" if state[cell] >= 0 else "nothing written"
+        what = f"hit for sample {x} from {name}, which holds {held}"
     return f"rank {rp.rank}, step {k}: {what}"
