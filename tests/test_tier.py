@@ -1,0 +1,380 @@
+"""The tier file: layout, round trips on both read paths, ordering, lifetime and errors."""
+
+from __future__ import annotations
+
+import errno
+import mmap
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from solar.cache import tier as tier_mod
+from solar.cache.tier import TierFile, measure_bandwidth, tier_stride
+from solar.errors import SolarError
+from solar.io.hdf5 import KeyInfo
+
+TINY = (KeyInfo("x", (11, 11), np.dtype(np.float32)), KeyInfo("y", (), np.dtype(np.int64)))
+PAGES = (
+    KeyInfo("img", (256, 256), np.dtype(np.float32)),
+    KeyInfo("mask", (64, 64), np.dtype(np.float32)),
+)
+ODD = (
+    KeyInfo("a", (3,), np.dtype(">i2")),  # stored big-endian, native in memory
+    KeyInfo("b", (5, 7), np.dtype(np.complex64)),
+    KeyInfo("c", (0,), np.dtype(np.uint8)),  # an empty key
+    KeyInfo("d", (2,), np.dtype(np.bool_)),
+)
+
+
+def samples(keys, n, seed=0):
+    rng = np.random.default_rng(seed)
+    out = []
+    for k in keys:
+        raw = rng.integers(0, 256, n * k.row_bytes, np.uint8)
+        out.append(raw.view(k.native_dtype).reshape(n, *k.sample_shape))
+    return out
+
+
+def empty(keys, n, aligned=False):
+    """Destination arrays; ``aligned``: page-aligned memory (mmap), else deliberately not."""
+    out = []
+    for k in keys:
+        nbytes = n * k.row_bytes
+        if aligned:
+            buf = np.frombuffer(mmap.mmap(-1, max(nbytes, 1)), np.uint8)[:nbytes]
+        else:
+            buf = np.zeros(nbytes + 8, np.uint8)[8:] if nbytes else np.zeros(0, np.uint8)
+        out.append(buf.view(k.native_dtype).reshape(n, *k.sample_shape))
+    return out
+
+
+def wait(futures):
+    return sum(f.result() for f in futures)
+
+
+def tier_files(d: Path) -> list[Path]:
+    return sorted(d.glob("solar-tier-*.bin"))
+
+
+def test_stride():
+    assert tier_stride(TINY) == 4096  # 484 + 8 bytes
+    assert tier_stride(PAGES) == 256 * 256 * 4 + 64 * 64 * 4
+    assert tier_stride((KeyInfo("z", (0,), np.dtype(np.uint8)),)) == 4096
+
+
+@pytest.mark.parametrize("keys", [TINY, PAGES, ODD], ids=["tiny", "pages", "odd"])
+@pytest.mark.parametrize("aligned", [True, False], ids=["aligned", "unaligned"])
+@pytest.mark.parametrize("direct", [True, False], ids=["direct", "buffered"])
+def test_round_trip(tmp_path, keys, aligned, direct):
+    n = 24
+    src = samples(keys, n)
+    with TierFile(tmp_path, slots=40, keys=keys, name="rt-r0", direct=direct) as tier:
+        assert tier.direct_io == direct
+        assert tier.nbytes == os.stat(tier.path).st_size == 40 * tier.stride
+        assert os.stat(tier.path).st_blocks * 512 >= tier.nbytes  # allocated, not sparse
+        # Slots: a run of adjacent ones, scattered ones, the last one.
+        tslots = np.r_[np.arange(3, 15), [39, 0, 20, 22, 21, 30, 31, 25, 26, 27, 1, 33]]
+        wait(tier.submit_write(tslots, src, np.arange(n)))
+        tier.wait_writes()
+        out = empty(keys, n + 3, aligned)
+        rows = np.random.default_rng(1).permutation(n + 3)[:n]
+        order = np.random.default_rng(2).permutation(n)
+        got = wait(tier.submit_read(tslots[order], out, rows))
+        assert got > 0 and tier.bytes_read == got
+        assert tier.bytes_written == n * tier.stride
+        direct_path = tier._direct_into_rows(out)
+        assert direct_path == (not direct or (aligned and keys is PAGES))
+        for s, o in zip(src, out, strict=True):
+            np.testing.assert_array_equal(o[rows], s[order])
+        path = tier.path
+    assert not path.exists()
+
+
+def test_duplicate_write_last_wins(tmp_path):
+    src = samples(TINY, 3)
+    with TierFile(tmp_path, slots=4, keys=TINY, name="dup") as tier:
+        wait(tier.submit_write(np.array([2, 2, 2]), src, np.arange(3)))
+        out = empty(TINY, 1)
+        wait(tier.submit_read(np.array([2]), out, np.array([0])))
+        for s, o in zip(src, out, strict=True):
+            np.testing.assert_array_equal(o[0], s[2])
+
+
+ops = st.lists(
+    st.tuples(st.booleans(), st.lists(st.integers(0, 7), min_size=1, max_size=6)),
+    min_size=1,
+    max_size=40,
+)
+
+
+@settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(ops=ops)
+def test_write_then_read_ordering(tmp_path, ops):
+    """Random writes and reads, never waiting for writes: reads see the latest write.
+
+    Like the loader, a write waits only for the reads of its slots' old content (the
+    contract: the tier orders write-then-read, the caller read-then-write).
+    """
+    keys = TINY
+    pool = samples(keys, 50, seed=3)
+    model: dict[int, int] = {}
+    reads: list = []  # (futures, out, tier slots, the sample each slot held)
+
+    def check(done):
+        futures, out, t, seen = done
+        wait(futures)
+        for j, s in enumerate(t.tolist()):
+            for p, o in zip(pool, out, strict=True):
+                assert o[j].tobytes() == p[seen[s]].tobytes()
+
+    with TierFile(tmp_path, slots=8, keys=keys, name="ord", threads=3, staging_slots=4) as tier:
+        counter = 0
+        for is_write, slots in ops:
+            t = np.array(slots, np.int64)
+            if is_write:
+                for done in [x for x in reads if set(x[2].tolist()) & set(slots)]:
+                    check(done)
+                    reads.remove(done)
+                ids = (np.arange(len(slots)) + counter) % 50
+                counter += len(slots)
+                tier.submit_write(t, pool, ids)
+                for s, i in zip(slots, ids.tolist(), strict=True):
+                    model[s] = i
+            else:
+                t = np.array([s for s in slots if s in model], np.int64)
+                out = empty(keys, t.size)
+                reads.append((tier.submit_read(t, out, np.arange(t.size)), out, t, dict(model)))
+        for done in reads:
+            check(done)
+
+
+def test_ordering_with_a_slow_write(tmp_path, monkeypatch):
+    """A delayed write of a slot: a later write of it lands after, a read waits for both."""
+    real_pwritev = os.pwritev
+    calls = []
+
+    def slow(fd, buffers, offset):
+        calls.append(offset)
+        if len(calls) == 1:
+            time.sleep(0.3)
+        return real_pwritev(fd, buffers, offset)
+
+    monkeypatch.setattr(tier_mod.os, "pwritev", slow)
+    src = samples(TINY, 2)
+    with TierFile(tmp_path, slots=2, keys=TINY, name="slow", threads=2) as tier:
+        tier.submit_write(np.array([1]), src, np.array([0]))
+        tier.submit_write(np.array([1]), src, np.array([1]))
+        for _ in range(2):  # at once, then with every write done
+            out = empty(TINY, 1)
+            wait(tier.submit_read(np.array([1]), out, np.array([0])))
+            for s, o in zip(src, out, strict=True):
+                assert o[0].tobytes() == s[1].tobytes()
+            tier.wait_writes()
+
+
+def test_staging_bounded(tmp_path):
+    """More rows than staging slots in one call: written in turns, all correct."""
+    src = samples(PAGES, 40)
+    with TierFile(tmp_path, slots=64, keys=PAGES, name="stage", staging_slots=3) as tier:
+        futures = tier.submit_write(np.arange(40)[::-1].copy(), src, np.arange(40))
+        assert len(futures) >= 14
+        tier.wait_writes()
+        out = empty(PAGES, 40, aligned=True)
+        wait(tier.submit_read(np.arange(40), out, np.arange(40)))
+        for s, o in zip(src, out, strict=True):
+            np.testing.assert_array_equal(o, s[::-1])
+        assert tier.write_wait_seconds >= 0
+
+
+def test_gone_after_gc(tmp_path):
+    import gc
+
+    tier = TierFile(tmp_path, slots=2, keys=TINY, name="gc")
+    wait(tier.submit_write(np.array([0]), samples(TINY, 1), np.array([0])))
+    path = tier.path
+    assert path.exists()
+    del tier
+    gc.collect()
+    assert not path.exists()
+
+
+def test_gone_at_exit(tmp_path):
+    code = (
+        "import sys, numpy as np\n"
+        "from solar.cache.tier import TierFile\n"
+        "from solar.io.hdf5 import KeyInfo\n"
+        "k = (KeyInfo('x', (3,), np.dtype(np.float32)),)\n"
+        "t = TierFile(sys.argv[1], slots=4, keys=k, name='exit')\n"
+        "t.submit_write(np.array([1]), [np.ones((1, 3), np.float32)], np.array([0]))\n"
+        "sys._tier = t  # still referenced at exit: only the exit hook can remove it\n"
+        "print(t.path)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(Path(tier_mod.__file__).parents[2])}
+    res = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path)],
+        capture_output=True,
+        env=env,
+        text=True,
+        check=True,
+    )
+    assert "solar-tier-exit-" in res.stdout
+    assert not Path(res.stdout.strip()).exists()
+    assert tier_files(tmp_path) == []
+
+
+def test_fork_child_keeps_parent_file(tmp_path):
+    src = samples(TINY, 2)
+    with TierFile(tmp_path, slots=4, keys=TINY, name="fork") as tier:
+        wait(tier.submit_write(np.array([0]), src, np.array([0])))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)  # fork with threads
+            pid = os.fork()
+        if pid == 0:  # the child: its own pool; close() must not remove the file
+            ok = 1
+            try:
+                out = empty(TINY, 1)
+                wait(tier.submit_read(np.array([0]), out, np.array([0])))
+                wait(tier.submit_write(np.array([1]), src, np.array([1])))
+                tier.close()
+                ok = (
+                    0
+                    if all(np.array_equal(o[0], s[0]) for o, s in zip(out, src, strict=True))
+                    else 2
+                )
+            finally:
+                os._exit(ok)
+        assert os.waitpid(pid, 0)[1] == 0
+        assert tier.path.exists()
+        out = empty(TINY, 1)
+        wait(tier.submit_read(np.array([1]), out, np.array([0])))
+        for o, s in zip(out, src, strict=True):
+            np.testing.assert_array_equal(o[0], s[1])
+
+
+def test_stale_files(tmp_path):
+    host = tier_mod._sanitise(socket.gethostname())
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    dead = tmp_path / f"solar-tier-abc-r3-{host}-{proc.pid}.bin"
+    live = tmp_path / f"solar-tier-abc-r1-{host}-{os.getppid()}.bin"
+    other = tmp_path / f"solar-tier-abc-r3-otherhost-{proc.pid}.bin"
+    for p in (dead, live, other):
+        p.write_bytes(b"old")
+    with pytest.warns(UserWarning, match="removed a tier file left by a crashed run: .*abc-r3"):
+        tier = TierFile(tmp_path, slots=1, keys=TINY, name="new-r0")
+    assert not dead.exists() and live.exists() and other.exists()
+    tier.close()
+
+
+def test_no_space(tmp_path, monkeypatch):
+    class Vfs:
+        f_bavail, f_frsize = 10, 4096
+
+    monkeypatch.setattr(tier_mod.os, "statvfs", lambda d: Vfs())
+    message = f"tier {tmp_path}: needs 1.6 MiB for 100 slots of 16.0 KiB, 40.0 KiB free"
+    with pytest.raises(SolarError, match=re.escape(message)):
+        TierFile(
+            tmp_path, slots=100, keys=(KeyInfo("x", (4000,), np.dtype(np.float32)),), name="big"
+        )
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_bad_arguments(tmp_path):
+    with pytest.raises(SolarError, match="does not exist"):
+        TierFile(tmp_path / "nope", slots=1, keys=TINY, name="x")
+    (tmp_path / "f").write_bytes(b"")
+    with pytest.raises(SolarError, match="not a directory"):
+        TierFile(tmp_path / "f", slots=1, keys=TINY, name="x")
+    with pytest.raises(SolarError, match="must be >= 1"):
+        TierFile(tmp_path, slots=0, keys=TINY, name="x")
+    assert tier_files(tmp_path) == []
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes anywhere")
+def test_read_only_directory(tmp_path):
+    ro = tmp_path / "ro"
+    ro.mkdir(mode=0o555)
+    with pytest.raises(SolarError, match="not writable"):
+        TierFile(ro, slots=1, keys=TINY, name="x")
+
+
+def test_out_of_range(tmp_path):
+    src = samples(TINY, 2)
+    with TierFile(tmp_path, slots=4, keys=TINY, name="rng/r0 weird") as tier:
+        assert tier.path.name.startswith("solar-tier-rng_r0_weird-")
+        with pytest.raises(SolarError, match=r"slot 4 outside 0\.\.3"):
+            tier.submit_write(np.array([0, 4]), src, np.arange(2))
+        with pytest.raises(SolarError, match="slot -1 outside"):
+            tier.submit_read(np.array([-1]), empty(TINY, 1), np.array([0]))
+        with pytest.raises(SolarError, match=r"row 2 outside 0\.\.1"):
+            tier.submit_read(np.array([0]), empty(TINY, 2), np.array([2]))
+        assert tier.bytes_written == tier.bytes_read == 0
+    with pytest.raises(SolarError, match="after close"):
+        tier.submit_read(np.array([0]), empty(TINY, 1), np.array([0]))
+    tier.close()  # idempotent
+
+
+def test_o_direct_refused(tmp_path, monkeypatch):
+    real_open = os.open
+    advised = []
+
+    def no_direct(path, flags, *args):
+        if flags & os.O_DIRECT:
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real_open(path, flags, *args)
+
+    monkeypatch.setattr(tier_mod.os, "open", no_direct)
+    real_fadvise = os.posix_fadvise
+    monkeypatch.setattr(
+        tier_mod.os, "posix_fadvise", lambda *a: advised.append(a) or real_fadvise(*a)
+    )
+    src = samples(ODD, 5)
+    with pytest.warns(UserWarning, match="no O_DIRECT here"):
+        tier = TierFile(tmp_path, slots=5, keys=ODD, name="fb")
+    with tier:
+        assert not tier.direct_io
+        wait(tier.submit_write(np.arange(5), src, np.arange(5)))
+        assert advised and advised[0][3] == os.POSIX_FADV_DONTNEED
+        out = empty(ODD, 5)
+        wait(tier.submit_read(np.arange(5), out, np.arange(5)))
+        for s, o in zip(src, out, strict=True):
+            np.testing.assert_array_equal(o, s)
+
+
+def test_io_error_is_one_line(tmp_path, monkeypatch):
+    def eio(*a):
+        raise OSError(errno.EIO, "Input/output error")
+
+    with TierFile(tmp_path, slots=4, keys=TINY, name="eio") as tier:
+        monkeypatch.setattr(tier_mod.os, "pwritev", eio)
+        futures = tier.submit_write(np.array([2]), samples(TINY, 1), np.array([0]))
+        with pytest.raises(SolarError, match=r"slot 2: Input/output error"):
+            wait(futures)
+        with pytest.raises(SolarError, match="Input/output error"):
+            tier.wait_writes()
+        with pytest.raises(SolarError, match="Input/output error"):  # the tier is unusable now
+            tier.submit_read(np.array([2]), empty(TINY, 1), np.array([0]))
+    monkeypatch.undo()
+    with TierFile(tmp_path, slots=4, keys=TINY, name="eio-read") as tier:
+        wait(tier.submit_write(np.array([1]), samples(TINY, 1), np.array([0])))
+        monkeypatch.setattr(tier_mod.os, "preadv", eio)
+        with pytest.raises(SolarError, match=r"solar-tier-eio-read-.*: slot 1: Input/output error"):
+            wait(tier.submit_read(np.array([1]), empty(TINY, 1), np.array([0])))
+
+
+def test_measure_bandwidth(tmp_path):
+    write, read = measure_bandwidth(tmp_path, nbytes=8 * 2**20, block=2**20)
+    assert write > 0 and read > 0
+    assert list(tmp_path.iterdir()) == []
