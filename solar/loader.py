@@ -7,6 +7,11 @@ Three places, one each: a sample's bytes are read from storage by ``Reader._run`
 :func:`~solar.cache.slots.copy_rows`, through ``SlotBuffer.gather`` and ``SlotBuffer.store``
 in :meth:`Loader._consume`. The Loader itself owns no policy: per step it starts the plan's
 reads (several steps ahead), waits for them, gathers the hits and stores the admissions.
+
+With a second tier (``tier=`` a directory on node-local NVMe), the same holds one level down:
+tier hits are read from the rank's tier file (solar/cache/tier.py) straight into batch rows
+like storage reads, and the plan's demotions and tier admissions are written there off the
+critical path, after the batch is assembled.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import numpy as np
 
 from solar.cache.batches import BatchPool, torch_dtype
 from solar.cache.slots import SlotBuffer, check_budget
+from solar.cache.tier import TierFile, wait_tier
 from solar.config import DEFAULT_SLACK, BufferConfig, ReaderConfig, RunConfig, parse_size
 from solar.dist import abort_job_on_error, agree
 from solar.errors import SolarError
@@ -30,8 +36,9 @@ from solar.io.reader import Reader, wait_all
 from solar.io.sources import describe_source
 from solar.readahead import InFlight, ReadAhead
 from solar.schedule import Plan, PlanSpec, RankPlan, load_plan, make_plan
-from solar.schedule._common import slot_count
+from solar.schedule._common import ADMIT, DEMOTE, slot_count, tier_slot_count
 from solar.schedule.order import step_bounds
+from solar.schedule.rankplan import StepPlan
 from solar.schedule.stream import RankStream
 from solar.stats import LoaderStats, StepStats
 
@@ -47,6 +54,10 @@ class Loader:
     default all), or of ``.npy`` files (one key, ``keys[0]`` or ``"data"``), or a dict
     ``{key: .npy files}``; see :mod:`solar.io.sources`. With ``one_per_file`` each file is
     one sample (its whole datasets), else files hold samples along their first axis.
+
+    ``buffer`` (RAM) and ``tier_size`` (a second tier: one file per rank in the directory
+    ``tier``, on node-local NVMe) are per-rank capacities in samples (``500``) or bytes
+    (``4GiB``). The planner decides, for every access, a RAM hit, a tier hit or a storage read.
     """
 
     def __init__(
@@ -68,6 +79,8 @@ class Loader:
         reader: ReaderConfig | None = None,
         throttle: Any = None,
         one_per_file: bool = False,
+        tier: str | os.PathLike | None = None,
+        tier_size: int | str = 0,
     ) -> None:
         # Other ranks may be waiting in the plan agreement: a failure here takes the job down.
         with abort_job_on_error(comm):
@@ -84,12 +97,21 @@ class Loader:
             self.config = config
             capacity = parse_size(buffer, sample_bytes=self.info.sample_bytes)
             check_budget(min(capacity, self.info.num_samples), self.info.sample_bytes)
+            tier_capacity = parse_size(
+                tier_size, sample_bytes=self.info.sample_bytes, name="tier_size"
+            )
+            if (tier is None) != (tier_capacity == 0):
+                raise SolarError(
+                    "a second tier needs both tier=<directory> and tier_size > 0 "
+                    f"(got tier={tier!r}, tier_size={tier_size!r})"
+                )
+            self._tier_dir = tier
             run = RunConfig(
                 self.info.num_samples, self.world_size, batch_size, epochs, seed, drop_last
             )
             self.run = run
             self.spec, given = self._agree_on_plan(
-                plan, run, BufferConfig(capacity, slack), policy, comm
+                plan, run, BufferConfig(capacity, slack, tier_capacity), policy, comm
             )
             self._plan: Plan | None = given
             if given is not None:
@@ -105,9 +127,11 @@ class Loader:
             self._epoch = 0
             self._next = 0  # global step the next iteration starts from
             self._reset_runtime()
-            # Allocate (and touch) the buffer and warm the reader now, not inside the first epoch:
-            # an impossible budget fails here, and epoch 0 measures loading, not set-up.
+            # Allocate (and touch) the buffer, create the tier file and warm the reader now, not
+            # inside the first epoch: an impossible budget or a full disk fails here, and epoch
+            # 0 measures loading, not set-up.
             self.buffer  # noqa: B018
+            self.tier  # noqa: B018
             self.reader.warm_up()
 
     # -- plan agreement ----------------------------------------------------------------------
@@ -143,20 +167,27 @@ class Loader:
     def _reset_runtime(self) -> None:
         self._pid = os.getpid()
         self._buffer: SlotBuffer | None = None
-        self._buffer_at = -1  # the buffer matches the plan at the start of this step
+        self._buffer_at = -1  # the buffer (and tier) match the plan at the start of this step
         self._ahead = ReadAhead(self._start, self.config.read_ahead)
         self._pool: BatchPool | None = None
+        self._tier: TierFile | None = None
+        self._serving = -1  # the step being served: its tier writes are not submitted yet
+        self._written_at = np.zeros(0, np.int64)  # per tier slot: the last step started writing it
 
     def _ensure_process(self) -> None:
         if self._pid != os.getpid():
             # Forked: the parent's reader threads did not come along; its buffer contents did.
             self._pid = os.getpid()
             self._ahead.forget()
+            if self._tier is not None:
+                # The tier file is the parent's, still in use: the child fills one of its own.
+                self._tier = None
+                self._buffer_at = -1
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
         # The rank's plan is read (and validated) again from its file or plan in the new process.
-        state.update(_buffer=None, _buffer_at=-1, _ahead=None, _pool=None)
+        state.update(_buffer=None, _buffer_at=-1, _ahead=None, _pool=None, _tier=None)
         return state
 
     def __setstate__(self, state: dict) -> None:
@@ -169,6 +200,21 @@ class Loader:
             self._buffer = SlotBuffer(slot_count(self.run, self.spec.buffer), self.info.keys)
             self._buffer_at = 0  # an empty buffer is the plan's state before step 0
         return self._buffer
+
+    @property
+    def tier(self) -> TierFile | None:
+        """This rank's second tier (None without one): a file created on first use."""
+        slots = tier_slot_count(self.run, self.spec.buffer)
+        if self._tier is None and slots and self._tier_dir is not None:
+            # Named for the plan and the rank (and, by TierFile, the host and process).
+            self._tier = TierFile(
+                self._tier_dir, slots=slots, keys=self.info.keys, threads=self.config.threads,
+                name=f"{self.spec.fingerprint[:12]}-r{self.rank}",
+                staging_slots=max(64, (256 << 20) // max(self.info.sample_bytes, 1)),
+            )  # fmt: skip
+            self._written_at = np.full(slots, -1, np.int64)
+            self._buffer_at = -1  # a new, empty tier: refill before serving
+        return self._tier
 
     # -- the public iteration protocol -------------------------------------------------------
     def __len__(self) -> int:
@@ -244,10 +290,14 @@ class Loader:
         self._next = step
 
     def close(self) -> None:
+        """Stop the background work; remove the tier file."""
         self._ensure_process()  # a forked child must not wait for its parent's reads
         self._ahead.drain()
         self._stream.close()
         self.reader.close()
+        if self._tier is not None:
+            self._tier.close()
+            self._tier = None
 
     def __enter__(self) -> Loader:
         return self
@@ -257,34 +307,94 @@ class Loader:
 
     # -- execution ----------------------------------------------------------------------------
     def _seek(self, step: int) -> None:
-        """Make the buffer match the plan at ``step`` by reading what its later hits need."""
-        buf = self.buffer
+        """Make the buffer (and tier) match the plan at ``step``: read what later hits need."""
+        buf, tier = self.buffer, self.tier
         if self._buffer_at == step:
             return
         self._ahead.drain()
+        self._written_at[:] = -1  # no step after this one has started
         t0 = time.perf_counter()
-        slots, samples = self._window(step).refill_at(step)
+        cells, samples = self._window(step).refill_at(step)
         self._buffer_at = -1  # until the refill succeeds, the buffer matches no step
-        nbytes = self.reader.read(samples, buf.arrays, slots)
+        ram = cells < buf.capacity
+        nbytes = self.reader.read(samples[ram], buf.arrays, cells[ram])
+        if tier is not None and not np.all(ram):
+            nbytes += self._refill_tier(tier, cells[~ram] - buf.capacity, samples[~ram])
         stats = self.stats.epoch(step // self.run.steps_per_epoch)
         stats.rebuild_seconds += time.perf_counter() - t0
         stats.bytes_read += nbytes
         self._buffer_at = step
 
+    def _refill_tier(self, tier: TierFile, tslots: np.ndarray, samples: np.ndarray) -> int:
+        """Read ``samples`` from storage into tier ``tslots``, a batch's worth at a time."""
+        n = max(1, self.spec.buffer.cap(self.run.batch_size))
+        staging = [np.empty((n, *k.sample_shape), k.native_dtype) for k in self.info.keys]
+        nbytes = 0
+        for lo in range(0, samples.size, n):
+            part = slice(lo, lo + n)
+            rows = np.arange(samples[part].size)
+            nbytes += self.reader.read(samples[part], staging, rows)
+            tier.submit_write(tslots[part], staging, rows)  # copied before it returns
+        tier.wait_writes()
+        return nbytes
+
     def _start(self, k: int) -> InFlight:
-        """Start step ``k``'s storage reads, straight into its batch memory."""
+        """Start step ``k``'s storage and tier reads, straight into its batch memory."""
         if self._pool is None:
             # No local batch exceeds the cap of a full nominal share.
             rows = self.spec.buffer.cap(self.run.batch_size)
             self._pool = BatchPool(self.info.keys, rows, self.config.pin_memory)
         step = self._window(k, trim=False).step(k)
+        late = None
+        if step.tier_rows.size or step.demote_slots.size or step.tadmit_rows.size:
+            # A tier slot written by a step not yet served holds its new sample only once that
+            # step has been served: such reads start when this step is served.
+            late = self._written_at[step.tier_slots] >= self._serving
+            self._written_at[step.tier_writes] = k
         # Only reads need their batch ahead of time; a step of hits takes memory when it is
         # assembled, so that recently freed (cache-warm) batch memory is reused.
-        if step.read_rows.size == 0:
+        if step.read_rows.size == 0 and step.tier_rows.size == 0:
             return InFlight(step, [], [], [])
         tensors, batch = self._pool.take(step.size)
-        futures = self.reader.submit(step.samples[step.read_rows], batch, step.read_rows)
-        return InFlight(step, tensors, batch, futures)
+        futures = []
+        if step.read_rows.size:
+            futures = self.reader.submit(step.samples[step.read_rows], batch, step.read_rows)
+        io = InFlight(step, tensors, batch, futures, tier_late=late)
+        if step.tier_rows.size:
+            assert late is not None and self._tier is not None
+            now = ~late
+            io.tier_futures = self._tier.submit_read(
+                step.tier_slots[now], batch, step.tier_rows[now]
+            )
+        return io
+
+    def _update(self, k: int, step: StepPlan, batch: list[np.ndarray]) -> int:
+        """Apply step ``k``'s buffer updates, in the plan's order; samples written to the tier.
+
+        Overwriting a slot is the eviction. It was decided by the planner (for the `solar`
+        policy, Belady in solar/schedule/belady.py); the runtime only obeys the plan.
+        """
+        buf, tier = self.buffer, self._tier
+        if not step.in_order:
+            if step.demote_slots.size:  # first: the stores below overwrite these slots
+                assert tier is not None
+                tier.submit_write(step.demote_tslots, buf.arrays, step.demote_slots)
+            buf.store(batch, step.admit_rows, step.admit_slots)
+            if step.tadmit_rows.size:
+                assert tier is not None
+                tier.submit_write(step.tadmit_tslots, batch, step.tadmit_rows)
+            return int(step.demote_slots.size + step.tadmit_rows.size)
+        # A slot updated twice in this step (rare): one update at a time, in access order.
+        assert tier is not None
+        writes = 0
+        for flag, src, dst in self._window(k).step_actions(k):
+            one_src, one_dst = np.array([src]), np.array([dst])
+            if flag == ADMIT:
+                buf.store(batch, one_src, one_dst)
+            else:
+                tier.submit_write(one_dst, buf.arrays if flag == DEMOTE else batch, one_src)
+                writes += 1
+        return writes
 
     def _consume(self, k: int) -> dict:
         """Serve step ``k``: wait for its reads, gather its hits, store its admissions."""
@@ -294,25 +404,34 @@ class Loader:
         if self._buffer_at != k:
             self._seek(k)  # another iterator (or a failed step) moved the buffer elsewhere
         self._window(k)  # the step being served: planned (waited for) if it must be
+        self._serving = k
         # Read ahead only into steps already planned: never wait for the planner here.
         io = self._ahead.take(k, last=min(self.run.num_steps, self._stream.planned_end) - 1)
+        step = io.plan
+        if io.tier_late is not None and io.tier_late.any():
+            # Every step before this one is served: the tier slots these read are written.
+            assert self._tier is not None
+            late = io.tier_late
+            io.tier_futures += self._tier.submit_read(
+                step.tier_slots[late], io.batch, step.tier_rows[late]
+            )
         t0 = time.perf_counter()
         nbytes, busy = wait_all(io.futures)
+        tier_bytes = wait_tier(io.tier_futures)
         stall = time.perf_counter() - t0
         if not io.batch:
             assert self._pool is not None
             io.tensors, io.batch = self._pool.take(io.plan.size)
-        step = io.plan
         self.buffer.gather(step.hit_slots, io.batch, step.hit_rows)
-        # Overwriting a slot is the eviction. It was decided by the planner (for the `solar`
-        # policy, Belady in solar/schedule/belady.py); the runtime only obeys the plan.
-        self.buffer.store(io.batch, step.admit_rows, step.admit_slots)
+        tier_writes = self._update(k, step, io.batch)
         self._buffer_at = k + 1
-        hits = int(step.hit_rows.size)
+        hits, tier_hits = int(step.hit_rows.size), int(step.tier_rows.size)
         self.stats.record(
             StepStats(
                 epoch=k // self.run.steps_per_epoch, step=k, batch=step.size, hits=hits,
-                reads=step.size - hits, bytes_read=nbytes, read_seconds=busy, stall_seconds=stall,
+                reads=step.size - hits - tier_hits, bytes_read=nbytes, read_seconds=busy,
+                stall_seconds=stall, tier_hits=tier_hits, tier_bytes=tier_bytes,
+                tier_writes=tier_writes,
             )
         )  # fmt: skip
         out = {key.name: t for key, t in zip(self.info.keys, io.tensors, strict=True)}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import collections
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -20,7 +20,11 @@ class InFlight:
     plan: StepPlan
     tensors: list[Any]  # torch tensors sharing ``batch``; empty until memory is taken
     batch: list[np.ndarray]  # (size, *sample shape) per key
-    futures: list[Future]
+    futures: list[Future]  # storage reads
+    tier_futures: list[Future] = field(default_factory=list)  # tier reads
+    # Tier reads not started yet: their slot is written by a step before this one that has not
+    # been served (its writes do not exist yet). A mask over ``plan.tier_rows``.
+    tier_late: np.ndarray | None = None
 
 
 class ReadAhead:
@@ -49,7 +53,7 @@ class ReadAhead:
     def drain(self) -> None:
         """Wait for every read under way (results discarded), then forget them."""
         for io in self._queue:
-            for f in io.futures:
+            for f in io.futures + io.tier_futures:
                 f.exception()
         self._queue.clear()
 

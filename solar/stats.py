@@ -19,6 +19,9 @@ class StepStats:
     bytes_read: int
     read_seconds: float  # busy time of the reader threads
     stall_seconds: float  # time the trainer waited for late reads
+    tier_hits: int = 0  # served from the second tier (not in ``hits`` or ``reads``)
+    tier_bytes: int = 0  # read from the tier
+    tier_writes: int = 0  # samples written to the tier
 
 
 @dataclass
@@ -27,12 +30,15 @@ class EpochStats:
 
     steps: int = 0
     samples: int = 0
-    hits: int = 0
-    reads: int = 0
-    bytes_read: int = 0
+    hits: int = 0  # from RAM
+    reads: int = 0  # from storage
+    bytes_read: int = 0  # from storage
     read_seconds: float = 0.0
     stall_seconds: float = 0.0
     rebuild_seconds: float = 0.0  # refilling the buffer after a resume or a jump
+    tier_hits: int = 0
+    tier_bytes: int = 0
+    tier_writes: int = 0
 
     def add(self, s: StepStats) -> None:
         self.steps += 1
@@ -42,6 +48,9 @@ class EpochStats:
         self.bytes_read += s.bytes_read
         self.read_seconds += s.read_seconds
         self.stall_seconds += s.stall_seconds
+        self.tier_hits += s.tier_hits
+        self.tier_bytes += s.tier_bytes
+        self.tier_writes += s.tier_writes
 
 
 @dataclass

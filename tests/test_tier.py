@@ -229,7 +229,7 @@ def test_gone_at_exit(tmp_path):
         text=True,
         check=True,
     )
-    assert "solar-tier-exit-" in res.stdout
+    assert "solar-tier-exit." in res.stdout
     assert not Path(res.stdout.strip()).exists()
     assert tier_files(tmp_path) == []
 
@@ -313,7 +313,7 @@ def test_read_only_directory(tmp_path):
 def test_out_of_range(tmp_path):
     src = samples(TINY, 2)
     with TierFile(tmp_path, slots=4, keys=TINY, name="rng/r0 weird") as tier:
-        assert tier.path.name.startswith("solar-tier-rng_r0_weird-")
+        assert tier.path.name.startswith("solar-tier-rng_r0_weird.")
         with pytest.raises(SolarError, match=r"slot 4 outside 0\.\.3"):
             tier.submit_write(np.array([0, 4]), src, np.arange(2))
         with pytest.raises(SolarError, match="slot -1 outside"):
@@ -370,7 +370,7 @@ def test_io_error_is_one_line(tmp_path, monkeypatch):
     with TierFile(tmp_path, slots=4, keys=TINY, name="eio-read") as tier:
         wait(tier.submit_write(np.array([1]), samples(TINY, 1), np.array([0])))
         monkeypatch.setattr(tier_mod.os, "preadv", eio)
-        with pytest.raises(SolarError, match=r"solar-tier-eio-read-.*: slot 1: Input/output error"):
+        with pytest.raises(SolarError, match=r"solar-tier-eio-read\..*: slot 1: Input/output error"):
             wait(tier.submit_read(np.array([1]), empty(TINY, 1), np.array([0])))
 
 

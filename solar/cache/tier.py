@@ -5,9 +5,10 @@ key order, padded so that a slot starts at a multiple of 4096 bytes (what ``O_DI
 It owns the file and its I/O only; which sample lives in which tier slot is the planner's
 business. Reads and writes run on a private thread pool (``preadv``/``pwritev`` release the GIL).
 
-The file is named ``solar-tier-{name}-{host}-{pid}.bin`` and removed at :meth:`TierFile.close`,
-at garbage collection and at interpreter exit, by the process that created it only. Files left
-by crashed runs on this host (their pid no longer alive) are removed when a tier is created.
+The file is named ``solar-tier-{name}.{n}-{host}-{pid}.bin`` (n counts the process's tiers) and
+removed at :meth:`TierFile.close`, at garbage collection and at interpreter exit, by the process
+that created it only. Files left by crashed runs on this host (their pid no longer alive) are
+removed when a tier is created.
 """
 
 from __future__ import annotations
@@ -15,7 +16,9 @@ from __future__ import annotations
 import contextlib
 import errno
 import functools
+import itertools
 import mmap
+import multiprocessing.util
 import os
 import re
 import socket
@@ -36,6 +39,9 @@ from solar.io.hdf5 import KeyInfo
 _ALIGN = 4096
 _RUN_BYTES = 4 * 2**20  # per call: enough for full NVMe bandwidth, small enough to share out
 _IOV_MAX = 1024  # Linux's limit of iovecs per preadv/pwritev
+
+
+_INSTANCES = itertools.count()
 
 
 def tier_stride(keys: tuple[KeyInfo, ...]) -> int:
@@ -84,9 +90,13 @@ class TierFile:
                 f"tier {directory}: needs {format_bytes(self.nbytes)} for {slots} slots of "
                 f"{format_bytes(self.stride)}, {format_bytes(free)} free"
             )
-        self.path = directory / f"solar-tier-{_sanitise(name)}-{host}-{os.getpid()}.bin"
+        # A process may hold several tiers of one plan and rank (loaders live side by side).
+        seq = next(_INSTANCES)
+        self.path = directory / f"solar-tier-{_sanitise(name)}.{seq}-{host}-{os.getpid()}.bin"
         self._fd, self.direct_io = _create(self.path, self.nbytes, direct)
         self._finalizer = weakref.finalize(self, _remove, self._fd, str(self.path), os.getpid())
+        # Also at the exit of a multiprocessing child, which skips atexit (and so weakref's).
+        multiprocessing.util.Finalize(self, self._finalizer, exitpriority=0)
         self.bytes_written = self.bytes_read = 0
         self.write_wait_seconds = 0.0
         self._error: BaseException | None = None  # a failed write: the tier is unusable
@@ -309,6 +319,16 @@ class TierFile:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def wait_tier(futures: list[Future]) -> int:
+    """Bytes moved by tier futures; raise the first error once *all* have ended, so that no
+    tier thread still writes into memory the caller reuses."""
+    wait(futures)
+    errors = [e for e in (f.exception() for f in futures) if e is not None]
+    if errors:
+        raise errors[0]
+    return sum(f.result() for f in futures)
 
 
 def _remove(fd: int, path: str, pid: int) -> None:

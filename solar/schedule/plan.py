@@ -54,6 +54,7 @@ from solar.schedule._common import (
 )
 from solar.schedule.order import sample_dtype
 from solar.schedule.planner import EpochPlan, Planner, RankEpoch, epoch_order_of
+from solar.schedule.policies import check_policy
 from solar.schedule.rankplan import RankPlan
 from solar.schedule.validate import RankValidator, coverage_error
 
@@ -71,6 +72,9 @@ class PlanSpec:
     reorder_epochs: bool = False
     sample_bytes: int | None = None
     dataset: str | None = None  # identity of the data files and keys, see solar.io.hdf5
+
+    def __post_init__(self) -> None:
+        check_policy(self.policy, self.buffer)
 
     def as_dict(self) -> dict:
         d = {**dataclasses.asdict(self.run), **dataclasses.asdict(self.buffer)}

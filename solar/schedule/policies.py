@@ -32,12 +32,17 @@ def get_policy(name: str) -> PolicyFactory:
         raise SolarError(f"policy: unknown {name!r} (choose from {', '.join(POLICIES)})") from None
 
 
-def make_policy(name: str, run: RunConfig, buffer: BufferConfig, order: EpochOrder) -> Policy:
-    """The policy ``name`` for a run, or a SolarError if it cannot plan ``buffer``'s tier."""
-    factory = get_policy(name)
+def check_policy(name: str, buffer: BufferConfig) -> None:
+    """Refuse an unknown policy, or one that cannot plan ``buffer``'s second tier."""
+    get_policy(name)
     if buffer.tier and name not in TIERED:
         raise SolarError(
             f"policy {name!r} has no second tier (tier_size {buffer.tier}): "
             f"use {' or '.join(TIERED)}"
         )
-    return factory(run, buffer, order)
+
+
+def make_policy(name: str, run: RunConfig, buffer: BufferConfig, order: EpochOrder) -> Policy:
+    """The policy ``name`` for a run."""
+    check_policy(name, buffer)
+    return get_policy(name)(run, buffer, order)

@@ -28,9 +28,9 @@ class StepPlan(NamedTuple):  # a NamedTuple: one is made per step, cheaper than 
     ``tier_slots``, both as they stand at the start of the step; ``read_rows`` are read from
     storage. Once the batch is assembled, in order: RAM ``demote_slots`` are written to tier
     ``demote_tslots``, ``admit_rows`` are stored into RAM ``admit_slots`` and ``tadmit_rows``
-    written to tier ``tadmit_tslots``. When a RAM slot is admitted twice in the step
-    (``in_order``), these must be applied access by access, as :func:`step_actions` lists
-    them. All arrays are int64 and 1-D.
+    written to tier ``tadmit_tslots``. When a RAM slot is stored or a tier slot written twice
+    in the step (``in_order``), these must be applied access by access, as
+    :meth:`RankPlan.step_actions` lists them. All arrays are int64 and 1-D.
     """
 
     step: int
@@ -173,11 +173,17 @@ class RankPlan:
         demote = (flags & DEMOTE) != 0
         tadmit = (flags & TADMIT) != 0
         admit_slots = slots[admit]
+        writes = tslots[demote | tadmit]
+        # Applying demotions, then stores, then tier admissions in bulk is the access order
+        # unless a RAM slot is stored twice or a tier slot written twice.
+        in_order = np.unique(admit_slots).size < admit_slots.size or (
+            np.unique(writes).size < writes.size
+        )
         return StepPlan(
             k, samples, np.flatnonzero(~(hit | thit)), np.flatnonzero(hit), slots[hit],
             np.flatnonzero(admit), admit_slots, np.flatnonzero(thit), tslots[thit],
             slots[demote], tslots[demote], np.flatnonzero(tadmit), tslots[tadmit],
-            in_order=bool(np.unique(admit_slots).size < admit_slots.size),
+            in_order=bool(in_order),
         )  # fmt: skip
 
     def step_actions(self, k: int) -> list[tuple[int, int, int]]:

@@ -1,9 +1,10 @@
 """Under mpiexec: every rank's batches are h5py's bytes, each sample once per epoch, resume exact.
 
-mpiexec -n P python tests/mpi/coverage.py DATA.h5 [DATA2.h5 ...] --slack X
+mpiexec -n P python tests/mpi/coverage.py DATA.h5 [DATA2.h5 ...] --slack X [--tier DIR --tier-size D]
 """
 
 import argparse
+import os
 
 import h5py
 import numpy as np
@@ -14,6 +15,8 @@ parser = argparse.ArgumentParser()
 parser.add_argument("data", nargs="+")
 parser.add_argument("--slack", type=float, default=0.25)
 parser.add_argument("--epochs", type=int, default=3)
+parser.add_argument("--tier", default=None)
+parser.add_argument("--tier-size", type=int, default=0)
 opts = parser.parse_args()
 
 d = dist.init()
@@ -24,7 +27,8 @@ for path in opts.data:
             ref.setdefault(k, []).append(f[k][()])
 ref = {k: np.concatenate(v) for k, v in ref.items()}
 n = len(next(iter(ref.values())))
-kw = {"batch_size": 4, "epochs": opts.epochs, "buffer": 12, "slack": opts.slack, "comm": d.comm}
+kw = {"batch_size": 4, "epochs": opts.epochs, "buffer": 12, "slack": opts.slack, "comm": d.comm,
+      "tier": opts.tier, "tier_size": opts.tier_size}
 ld = Loader(opts.data, **kw)
 
 batches = []
@@ -43,8 +47,12 @@ for e in range(opts.epochs):
         every = np.concatenate(every)
         assert np.array_equal(np.sort(every), np.arange(n)), f"epoch {e} not served exactly once"
 planned = ld.plan.stats[d.rank]
-assert sum(s.hits for s in ld.stats.epochs.values()) == planned.hits
-assert sum(s.reads for s in ld.stats.epochs.values()) == planned.reads
+served = ld.stats.epochs.values()
+assert sum(s.hits + s.tier_hits for s in served) == planned.hits
+assert sum(s.tier_hits for s in served) == planned.tier_hits
+assert sum(s.reads for s in served) == planned.reads
+if opts.tier:
+    assert planned.tier_hits > 0 and ld.tier is not None and ld.tier.path.exists()
 
 # Resume in a fresh loader from the middle of epoch 1: the same batches follow.
 cut = len(ld) + len(ld) // 2
@@ -66,6 +74,11 @@ for e in range(1, opts.epochs):
     rest += [b["index"].numpy().copy() for b in resumed]
 assert len(rest) == len(batches) - cut
 assert all(np.array_equal(a, b) for a, b in zip(rest, batches[cut:], strict=True))
+for loader in (ld, first, resumed):
+    loader.close()
+d.comm.Barrier()
+if opts.tier:
+    assert os.listdir(opts.tier) == [], os.listdir(opts.tier)  # every rank's tier file removed
 # Which read path each key took: "chunks" (decoded by solar), "h5py" or "offset".
 paths = sorted({"chunks" if lay.decoded else "offset" if lay.offset is not None else "h5py"
                 for file in ld.reader._layouts for lay in file})  # fmt: skip

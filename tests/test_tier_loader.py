@@ -1,0 +1,162 @@
+"""The Loader with a second tier: h5py's bytes from RAM, tier and storage alike, each sample
+once per epoch, exact resume, and no tier file left behind."""
+
+from __future__ import annotations
+
+import gc
+import multiprocessing as mp
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+from helpers import reference, skip_without_o_direct
+from test_loader import N, _iterate_epoch, _write, run_all
+
+from solar import Loader, ReaderConfig, SolarError
+
+
+@pytest.fixture(params=["contiguous", "chunked gzip"])
+def data(request, tmp_path) -> list[Path]:
+    layout = {"chunks": (3, 5, 6), "compression": "gzip", "shuffle": True}
+    return [_write(tmp_path / "d.h5", 0, N, **(layout if request.param != "contiguous" else {}))]
+
+
+@pytest.fixture
+def nvme(tmp_path) -> Path:
+    (tmp_path / "nvme").mkdir()
+    return tmp_path / "nvme"
+
+
+@pytest.mark.parametrize("world", [1, 3])
+def test_whole_runs_with_a_tier_are_byte_identical(data, nvme, world):
+    ref = reference(data)
+    loaders = [
+        Loader(data, batch_size=4, epochs=4, buffer=5, tier=nvme, tier_size=40, rank=r,
+               world_size=world, reader=ReaderConfig(threads=3))  # fmt: skip
+        for r in range(world)
+    ]
+    assert len(os.listdir(nvme)) == world  # one file per rank, created up front
+    run_all(loaders, range(4), ref)
+    for ld in loaders:
+        planned = ld.plan.stats[ld.rank]
+        served = ld.stats.epochs.values()
+        assert sum(s.tier_hits for s in served) == planned.tier_hits > 0
+        assert sum(s.hits + s.tier_hits for s in served) == planned.hits
+        assert sum(s.reads for s in served) == planned.reads
+        assert sum(s.tier_bytes for s in served) > 0 and sum(s.tier_writes for s in served) > 0
+        ld.close()
+    assert os.listdir(nvme) == []
+
+
+def test_with_room_for_everything_later_epochs_read_nothing_from_storage(data, nvme):
+    ref = reference(data)
+    ld = Loader(data, batch_size=4, epochs=3, buffer=10, tier=nvme, tier_size=N)
+    run_all([ld], range(3), ref)
+    epochs = ld.stats.epochs
+    assert epochs[0].reads == N
+    assert epochs[1].reads == epochs[2].reads == 0
+    assert epochs[1].hits == 10 and epochs[1].tier_hits == N - 10
+    ld.close()
+
+
+def test_resume_mid_epoch_rebuilds_both_tiers(data, nvme):
+    kw = {"batch_size": 3, "epochs": 3, "buffer": 6, "tier": nvme, "tier_size": 30,
+          "world_size": 2, "rank": 1}  # fmt: skip
+    whole = Loader(data, **kw)
+    expected = []
+    for e in range(3):
+        whole.set_epoch(e)
+        expected += [{k: v.clone() for k, v in b.items()} for b in whole]
+    first = Loader(data, **kw)
+    first.set_epoch(0)
+    cut = len(first) + 5
+    first.set_epoch(1)
+    for i, _ in enumerate(first):
+        if i + 1 == 5:
+            break
+    state = first.state_dict()
+    first.close()
+    resumed = Loader(data, **kw)
+    resumed.load_state_dict(state)
+    got = []
+    for e in (1, 2):
+        resumed.set_epoch(e)
+        got += list(resumed)
+    assert len(got) == len(expected) - cut
+    for a, b in zip(got, expected[cut:], strict=True):
+        for key in b:
+            assert a[key].numpy().tobytes() == b[key].numpy().tobytes()
+    assert resumed.stats.epochs[1].rebuild_seconds > 0
+    for ld in (whole, resumed):
+        ld.close()
+    assert os.listdir(nvme) == []
+
+
+def test_direct_io_reader_with_a_tier(nvme, tmp_path):
+    data = [_write(tmp_path / "d.h5", 0, N)]
+    with skip_without_o_direct():
+        ld = Loader(data, batch_size=4, epochs=3, buffer=4, tier=nvme, tier_size=30,
+                    reader=ReaderConfig(direct_io=True))  # fmt: skip
+        assert ld.tier is not None and ld.tier.direct_io
+        run_all([ld], range(3), reference(data))
+        ld.close()
+
+
+def test_a_loader_dropped_without_close_removes_its_tier_file(data, nvme):
+    ld = Loader(data, batch_size=4, epochs=2, buffer=5, tier=nvme, tier_size=20)
+    ld.set_epoch(0)
+    list(ld)
+    assert len(os.listdir(nvme)) == 1
+    del ld
+    gc.collect()
+    assert os.listdir(nvme) == []
+
+
+def test_a_full_disk_is_refused_up_front(data, nvme, monkeypatch):
+    real = os.statvfs
+
+    class Full:
+        def __init__(self, st):
+            self.f_frsize, self.f_bavail = st.f_frsize, 2
+
+    monkeypatch.setattr(os, "statvfs", lambda p: Full(real(p)))
+    with pytest.raises(SolarError, match=rf"tier {nvme}: needs .* free") as info:
+        Loader(data, batch_size=4, epochs=2, buffer=5, tier=nvme, tier_size=50)
+    assert "\n" not in str(info.value)
+    assert os.listdir(nvme) == []
+
+
+@pytest.mark.parametrize(
+    ("kw", "message"),
+    [
+        ({"tier_size": 10}, "needs both tier=<directory> and tier_size > 0"),
+        ({"tier": "NVME"}, "needs both tier=<directory> and tier_size > 0"),
+        ({"tier": "NVME", "tier_size": 10, "policy": "lru"}, "policy 'lru' has no second tier"),
+        ({"tier": "NVME", "tier_size": "1 parsec"}, "tier_size: unknown unit"),
+        ({"tier": "missing", "tier_size": 10}, "directory does not exist"),
+    ],
+)
+def test_bad_tier_arguments_are_refused(data, nvme, kw, message):
+    kw = {k: (nvme if v == "NVME" else nvme / v if k == "tier" else v) for k, v in kw.items()}
+    with pytest.raises(SolarError, match=message):
+        Loader(data, batch_size=4, epochs=2, buffer=5, **kw)
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_a_child_process_fills_a_tier_of_its_own(nvme, tmp_path, method):
+    data = [_write(tmp_path / "d.h5", 0, N)]
+    ld = Loader(data, batch_size=4, epochs=2, buffer=5, tier=nvme, tier_size=40)
+    ld.set_epoch(0)
+    list(ld)
+    ctx = mp.get_context(method)
+    q = ctx.Queue()
+    p = ctx.Process(target=_iterate_epoch, args=(ld, q))
+    p.start()
+    ok, idx = q.get(timeout=120)
+    p.join(timeout=60)
+    assert p.exitcode == 0 and ok
+    ld.set_epoch(1)
+    assert idx == np.concatenate([b["index"].numpy() for b in ld]).tolist()
+    ld.close()
+    assert os.listdir(nvme) == []
