@@ -8,6 +8,10 @@ evicts the data files' pages (posix_fadvise DONTNEED) and all ranks pass a barri
 time is the slowest rank's. Limits measured in the same run: the files' cold sequential read
 bandwidth and memory copy bandwidth, giving the epoch time limit
 ``bytes_missed / read_bw + bytes_hit / mem_bw`` (reads overlapped with compute).
+
+With ``tier`` (a directory on local NVMe) ``solar`` and ``nopfs`` also get a second tier of
+``tier_size`` (an aggregate share, like ``buffer``), ``solar-ram`` is solar without it, and the
+limit adds ``bytes_tier / tier_bw`` with the tier's O_DIRECT read bandwidth measured here.
 """
 
 from __future__ import annotations
@@ -30,7 +34,8 @@ from solar.io.pagecache import evict
 from solar.io.sources import describe_source
 from solar.io.throttle import Throttle
 
-LOADERS = ("torch", "lru", "fifo", "solar-artifact", "nopfs", "solar")
+LOADERS = ("torch", "lru", "fifo", "solar-artifact", "nopfs", "solar", "solar-ram")
+TIERED = ("solar", "nopfs")  # the loaders given the second tier
 
 
 @dataclass(frozen=True)
@@ -43,6 +48,8 @@ class BenchConfig:
     batch_size: int = 32
     epochs: int = 5
     buffer: float = 0.5  # aggregate buffer as a fraction of the dataset
+    tier: str | None = None  # directory of the second tier (local NVMe)
+    tier_size: float = 0.0  # aggregate second tier as a fraction of the dataset
     slack: float = DEFAULT_SLACK
     loaders: tuple[str, ...] = LOADERS
     workers: int = 2
@@ -57,8 +64,9 @@ class LoaderResult:
     name: str
     epoch_seconds: list[float] = field(default_factory=list)
     samples: list[int] = field(default_factory=list)
-    hits: list[int] = field(default_factory=list)
-    bytes_read: list[int] = field(default_factory=list)
+    hits: list[int] = field(default_factory=list)  # from RAM
+    tier_hits: list[int] = field(default_factory=list)
+    bytes_read: list[int] = field(default_factory=list)  # from storage
     stall_seconds: list[float] = field(default_factory=list)
 
 
@@ -153,6 +161,7 @@ def run(cfg: BenchConfig, comm: Any, progress=None) -> dict | None:
     if unknown:
         raise SolarError(f"--loaders: unknown {sorted(unknown)} (choose from {', '.join(LOADERS)})")
     capacity = math.ceil(cfg.buffer * n / world)
+    tier_capacity = math.ceil(cfg.tier_size * n / world) if cfg.tier else 0
     throttle = Throttle.parse(cfg.throttle) if cfg.throttle else None
 
     limits = None
@@ -161,6 +170,10 @@ def run(cfg: BenchConfig, comm: Any, progress=None) -> dict | None:
             "read_bytes_per_s": sequential_bandwidth(files),
             "mem_bytes_per_s": memory_bandwidth(),
         }
+        if cfg.tier:
+            from solar.cache.tier import measure_bandwidth
+
+            limits["tier_bytes_per_s"] = measure_bandwidth(cfg.tier)[1]  # reads, O_DIRECT
     limits = comm.bcast(limits, root=0)
     if throttle is not None:
         limits["read_bytes_per_s"] = min(limits["read_bytes_per_s"], throttle.bytes_per_s * world)
@@ -180,11 +193,14 @@ def run(cfg: BenchConfig, comm: Any, progress=None) -> dict | None:
         loaders["torch"] = (dl, sampler)
     for name in cfg.loaders:
         if name != "torch":
+            tiered = name in TIERED and tier_capacity > 0
             loaders[name] = Loader(
                 list(cfg.paths), [k.name for k in info.keys], one_per_file=cfg.one_per_file,
                 batch_size=cfg.batch_size, epochs=cfg.epochs,
-                buffer=capacity, seed=cfg.seed, slack=cfg.slack, policy=name, comm=comm,
+                buffer=capacity, seed=cfg.seed, slack=cfg.slack,
+                policy="solar" if name == "solar-ram" else name, comm=comm,
                 reader=cfg.reader, throttle=throttle,
+                tier=cfg.tier if tiered else None, tier_size=tier_capacity if tiered else 0,
             )  # fmt: skip
     loaders = {name: loaders[name] for name in cfg.loaders}  # the order asked for
     results = {name: LoaderResult(name) for name in cfg.loaders}
@@ -205,6 +221,7 @@ def run(cfg: BenchConfig, comm: Any, progress=None) -> dict | None:
             if name != "torch":
                 st = loader.stats.epochs[epoch]
                 r.hits.append(comm.allreduce(st.hits))
+                r.tier_hits.append(comm.allreduce(st.tier_hits))
                 r.bytes_read.append(comm.allreduce(st.bytes_read))
                 r.stall_seconds.append(allreduce(comm, st.stall_seconds, MAX))
             else:
@@ -217,7 +234,8 @@ def run(cfg: BenchConfig, comm: Any, progress=None) -> dict | None:
     if rank != 0:
         return None
     solar_plan = loaders["solar"].plan if "solar" in loaders else None
-    return _summarise(cfg, world, n, sample_bytes, capacity, limits, results, solar_plan, throttle)
+    return _summarise(cfg, world, n, sample_bytes, (capacity, tier_capacity), limits, results,
+                      solar_plan, throttle)  # fmt: skip
 
 
 def _epoch(name: str, loader: Any, epoch: int, compute_ms: float) -> int:
@@ -243,7 +261,8 @@ def _summarise(cfg, world, n, sample_bytes, capacity, limits, results, plan, thr
             "world_size": world,
             "num_samples": n,
             "sample_bytes": sample_bytes,
-            "buffer_per_rank": capacity,
+            "buffer_per_rank": capacity[0],
+            "tier_per_rank": capacity[1],
             "throttle": str(throttle) if throttle else None,
         },
         "limits": limits,
@@ -260,8 +279,10 @@ def _summarise(cfg, world, n, sample_bytes, capacity, limits, results, plan, thr
             "stall_seconds": r.stall_seconds,
         }
         if r.hits:
-            entry["hit_rate_per_epoch"] = [h / s for h, s in zip(r.hits, r.samples, strict=True)]
-            entry["hit_rate"] = sum(r.hits) / sum(r.samples)
+            both = [h + t for h, t in zip(r.hits, r.tier_hits, strict=True)]
+            entry["hit_rate_per_epoch"] = [h / s for h, s in zip(both, r.samples, strict=True)]
+            entry["hit_rate"] = sum(both) / sum(r.samples)
+            entry["ram_hits"], entry["tier_hits"] = r.hits, r.tier_hits
         if name == "torch":
             base = rate
         out["loaders"][name] = entry
@@ -272,9 +293,11 @@ def _summarise(cfg, world, n, sample_bytes, capacity, limits, results, plan, thr
         r = results["solar"]
         steps = plan.run.steps_per_epoch
         limit = []
-        for hits, samples in zip(r.hits, r.samples, strict=True):
-            io = (samples - hits) * sample_bytes / limits["read_bytes_per_s"]
+        for hits, tier, samples in zip(r.hits, r.tier_hits, r.samples, strict=True):
+            io = (samples - hits - tier) * sample_bytes / limits["read_bytes_per_s"]
             io += hits * sample_bytes / limits["mem_bytes_per_s"]
+            if tier:
+                io += tier * sample_bytes / limits["tier_bytes_per_s"]
             limit.append(max(io, steps * cfg.compute_ms / 1e3))
         out["loaders"]["solar"]["epoch_limit_seconds"] = limit
         out["loaders"]["solar"]["share_of_limit"] = sum(r.epoch_seconds) / sum(limit)
@@ -283,26 +306,32 @@ def _summarise(cfg, world, n, sample_bytes, capacity, limits, results, plan, thr
 
 def format_results(res: dict) -> str:
     c, lim = res["config"], res["limits"]
+    tier = c.get("tier_per_rank", 0)
     lines = [
         f"{c['num_samples']} samples of {c['sample_bytes'] / 2**10:.0f} KiB, P={c['world_size']}, "
         f"B={c['batch_size']}, {c['epochs']} cold epochs, aggregate buffer "
-        f"{100 * c['buffer']:.0f} % ({c['buffer_per_rank']} samples/rank), compute "
-        f"{c['compute_ms']} ms/step" + (f", throttle {c['throttle']}" if c["throttle"] else ""),
+        f"{100 * c['buffer']:.0f} % ({c['buffer_per_rank']} samples/rank)"
+        + (f", tier {100 * c['tier_size']:.0f} % ({tier} samples/rank)" if tier else "")
+        + f", compute {c['compute_ms']} ms/step"
+        + (f", throttle {c['throttle']}" if c["throttle"] else ""),
         f"limits: cold sequential read {lim['read_bytes_per_s'] / 1e9:.2f} GB/s, "
-        f"memory copy {lim['mem_bytes_per_s'] / 1e9:.2f} GB/s",
+        f"memory copy {lim['mem_bytes_per_s'] / 1e9:.2f} GB/s"
+        + (f", tier read {lim['tier_bytes_per_s'] / 1e9:.2f} GB/s" if tier else ""),
         "",
-        "| loader | samples/s | speedup | hit rate | bound | GB read | max stall s | epoch s |",
-        "|---|---|---|---|---|---|---|---|",
+        "| loader | samples/s | speedup | hit rate | bound | RAM hits | tier hits | GB from "
+        "storage | max stall s | epoch s |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, e in res["loaders"].items():
         hit = f"{100 * e['hit_rate']:.1f} %" if "hit_rate" in e else "—"
         bound = f"{100 * res['bound']:.1f} %" if "hit_rate" in e and "bound" in res else "—"
+        ram, tiers = (sum(e[k]) if k in e else "—" for k in ("ram_hits", "tier_hits"))
         stall = f"{max(e['stall_seconds']):.2f}" if e["stall_seconds"] else "—"
         epochs = " ".join(f"{t:.2f}" for t in e["epoch_seconds"])
         speedup = f"{e['speedup']:.2f}×" if e["speedup"] else "—"
         lines.append(
-            f"| {name} | {e['samples_per_second']:.0f} | {speedup} | {hit} | {bound} | "
-            f"{sum(e['bytes_read']) / 1e9:.2f} | {stall} | {epochs} |"
+            f"| {name} | {e['samples_per_second']:.0f} | {speedup} | {hit} | {bound} | {ram} | "
+            f"{tiers} | {sum(e['bytes_read']) / 1e9:.2f} | {stall} | {epochs} |"
         )
     s = res["loaders"].get("solar", {})
     if "epoch_limit_seconds" in s:

@@ -41,6 +41,8 @@ def cli() -> None:
 @click.option(
     "--buffer", "-C", required=True, help="Per-rank buffer: samples (500) or bytes (4GiB)."
 )
+@click.option("--tier-size", "-D", default="0", show_default=True,
+              help="Per-rank second tier (local NVMe): samples or bytes.")  # fmt: skip
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--slack", type=float, default=DEFAULT_SLACK, show_default=True,
               help="Extra share of B a rank may serve to keep its hits.")  # fmt: skip
@@ -60,6 +62,7 @@ def plan(
     batch_size: int,
     epochs: int,
     buffer: str,
+    tier_size: str,
     seed: int,
     slack: float,
     drop_last: bool,
@@ -90,8 +93,9 @@ def plan(
         raise SolarError(f"--sample-bytes must be positive, got {sample_bytes}")
     run = RunConfig(samples, world_size, batch_size, epochs, seed, drop_last)
     capacity = parse_size(buffer, sample_bytes=sample_bytes, name="--buffer")
+    tier = parse_size(tier_size, sample_bytes=sample_bytes, name="--tier-size")
     spec = PlanSpec(
-        run, BufferConfig(capacity, slack), policy, reorder_epochs, sample_bytes, dataset
+        run, BufferConfig(capacity, slack, tier), policy, reorder_epochs, sample_bytes, dataset
     )
     if out:
         check_writable(out)
@@ -232,9 +236,12 @@ def gen(out, preset, samples, chunks, compression, seed, force) -> None:
 @click.option("--epochs", "-E", type=int, default=5, show_default=True)
 @click.option("--buffer", default="50%", show_default=True,
               help="Aggregate buffer over all ranks, as a share of the dataset.")  # fmt: skip
+@click.option("--tier", type=click.Path(), help="Directory on local NVMe for a second tier.")
+@click.option("--tier-size", default="0%", show_default=True,
+              help="Aggregate second tier, as a share of the dataset (with --tier).")  # fmt: skip
 @click.option("--slack", type=float, default=DEFAULT_SLACK, show_default=True)
-@click.option("--loaders", default=",".join(("torch", "lru", "fifo", "solar-artifact", "nopfs",
-              "solar")), show_default=True, help="Comma-separated loaders to compare.")  # fmt: skip
+@click.option("--loaders", help="Comma-separated loaders to compare (default: torch, lru, fifo, "
+              "solar-artifact, nopfs, solar; and solar-ram with --tier).")  # fmt: skip
 @click.option("--workers", type=int, default=2, show_default=True, help="DataLoader workers.")
 @click.option("--threads", type=int, default=_READER.threads, show_default=True,
               help="solar reader threads per rank.")  # fmt: skip
@@ -246,8 +253,8 @@ def gen(out, preset, samples, chunks, compression, seed, force) -> None:
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--json", "json_out", type=click.Path(), help="Write the results as JSON here.")
 @click.option("--plot", "plot_out", type=click.Path(), help="Write a PNG plot here.")
-def bench(data, keys, one_per_file, world_size, batch_size, epochs, buffer, slack, loaders,
-          workers, threads, read_ahead, throttle, compute_ms, seed, json_out,
+def bench(data, keys, one_per_file, world_size, batch_size, epochs, buffer, tier, tier_size,
+          slack, loaders, workers, threads, read_ahead, throttle, compute_ms, seed, json_out,
           plot_out) -> None:  # fmt: skip
     """Compare the PyTorch DataLoader and every policy on DATA, cold storage each epoch."""
     import os
@@ -255,6 +262,11 @@ def bench(data, keys, one_per_file, world_size, batch_size, epochs, buffer, slac
     from solar import bench as harness
 
     share = _share(buffer)
+    tier_share = _share(tier_size, "--tier-size")
+    if (tier is None) != (tier_share == 0):
+        raise SolarError("--tier DIR and --tier-size > 0 go together")
+    if loaders is None:
+        loaders = ",".join(harness.LOADERS if tier else harness.LOADERS[:-1])
     reader = ReaderConfig(threads=threads, read_ahead=read_ahead)
     for out in (json_out, plot_out):
         if out:
@@ -272,7 +284,8 @@ def bench(data, keys, one_per_file, world_size, batch_size, epochs, buffer, slac
     cfg = harness.BenchConfig(
         paths=tuple(data), keys=tuple(keys) or None, one_per_file=one_per_file,
         batch_size=batch_size, epochs=epochs,
-        buffer=share, slack=slack, loaders=tuple(x for x in loaders.split(",") if x),
+        buffer=share, tier=tier, tier_size=tier_share, slack=slack,
+        loaders=tuple(x for x in loaders.split(",") if x),
         workers=workers, reader=reader, throttle=throttle, compute_ms=compute_ms, seed=seed,
     )  # fmt: skip
 
@@ -297,13 +310,13 @@ def _check_world(world_size: int, launcher: str, started: int) -> None:
         raise SolarError(f"--world-size {world_size} but {launcher} started {started} ranks")
 
 
-def _share(text: str) -> float:
+def _share(text: str, name: str = "--buffer") -> float:
     try:
         value = float(text[:-1]) / 100 if text.endswith("%") else float(text)
     except ValueError:
-        raise SolarError(f"--buffer: expected a share like 50% or 0.5, got {text!r}") from None
+        raise SolarError(f"{name}: expected a share like 50% or 0.5, got {text!r}") from None
     if not 0 <= value:
-        raise SolarError(f"--buffer must be >= 0, got {text!r}")
+        raise SolarError(f"{name} must be >= 0, got {text!r}")
     return value
 
 
@@ -319,10 +332,13 @@ def plan_summary(p: Plan, path: Path | None = None) -> dict:
         "batch_size": run.batch_size,
         "epochs": run.epochs,
         "buffer": spec.buffer.capacity,
+        "tier_size": spec.buffer.tier,
         "slack": spec.buffer.slack,
         "steps_per_epoch": run.steps_per_epoch,
         "accesses": p.accesses,
         "hits": p.hits,
+        "ram_hits": p.ram_hits,
+        "tier_hits": p.tier_hits,
         "reads": reads,
         "hit_rate": p.hit_rate,
         "bound": p.bound,
@@ -345,7 +361,9 @@ def format_summary(s: dict) -> str:
     lines = [
         f"policy {s['policy']}: N={s['num_samples']} samples{each}, P={s['world_size']}, "
         f"B={s['batch_size']}, E={s['epochs']}, {s['steps_per_epoch']} steps/epoch, "
-        f"buffer {s['buffer']} samples/rank, slack {s['slack']}",
+        f"buffer {s['buffer']} samples/rank"
+        + (f" + tier {s['tier_size']}" if s["tier_size"] else "")
+        + f", slack {s['slack']}",
         f"{'rank':>5} {'accesses':>10} {'hits':>10} {'reads':>10} {'batch min-max':>14}",
     ]
     for r in s["ranks"]:
@@ -354,9 +372,12 @@ def format_summary(s: dict) -> str:
             f"{r['rank']:>5} {r['accesses']:>10} {r['hits']:>10} {r['reads']:>10} {batch:>14}"
         )
     lines.append(f"{'all':>5} {s['accesses']:>10} {s['hits']:>10} {s['reads']:>10}")
+    if s["tier_size"]:
+        lines.append(f"hits from RAM {s['ram_hits']}, from the tier {s['tier_hits']}")
     share = s["hit_rate"] / s["bound"] if s["bound"] else 1.0
+    held = "P·(C+D)" if s["tier_size"] else "P·C"
     lines.append(
-        f"hit rate {100 * s['hit_rate']:.2f} %, bound min(P·C, N)·(E−1)/(N·E) = "
+        f"hit rate {100 * s['hit_rate']:.2f} %, bound min({held}, N)·(E−1)/(N·E) = "
         f"{100 * s['bound']:.2f} % ({100 * share:.1f} % of it)"
     )
     per_epoch = f"{s['reads_per_epoch']:.0f} samples"

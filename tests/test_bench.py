@@ -53,6 +53,29 @@ def test_bench_compares_loaders_with_json_and_plot(tmp_path, world):
     assert (tmp_path / "r.png").stat().st_size > 10_000
 
 
+def test_bench_with_a_second_tier(tmp_path):
+    data, nvme = tmp_path / "d.h5", tmp_path / "nvme"
+    nvme.mkdir()
+    subprocess.run([SOLAR, "gen", data, "--preset", "braggnn", "--samples", "400"], check=True)
+    result = subprocess.run(
+        [SOLAR, "bench", data, "-P", "2", "-E", "3", "-B", "8", "--buffer", "10%",
+         "--tier", nvme, "--tier-size", "100%", "--loaders", "nopfs,solar,solar-ram",
+         "--json", tmp_path / "r.json", "--throttle", "200,1"],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "tier hits" in result.stdout and "tier read" in result.stdout
+    res = json.loads((tmp_path / "r.json").read_text())
+    solar, ram, nopfs = (res["loaders"][k] for k in ("solar", "solar-ram", "nopfs"))
+    assert sum(solar["tier_hits"]) > 0 and sum(nopfs["tier_hits"]) > 0
+    assert ram["tier_hits"] == [0, 0, 0]
+    assert res["bound"] == pytest.approx(2 / 3)  # P·(C+D) = 2·(20+200) holds all 400
+    # Nearly everything after epoch 0 comes from RAM or the tier, not storage.
+    assert solar["hit_rate_per_epoch"][0] == 0 and min(solar["hit_rate_per_epoch"][1:]) > 0.9
+    assert res["limits"]["tier_bytes_per_s"] > 0 and solar["epoch_limit_seconds"]
+    assert list(nvme.iterdir()) == []
+
+
 def test_bench_bad_input_is_one_line(tmp_path):
     data = tmp_path / "d.h5"
     subprocess.run([SOLAR, "gen", data, "--preset", "braggnn", "--samples", "100"], check=True)
@@ -60,7 +83,10 @@ def test_bench_bad_input_is_one_line(tmp_path):
                           (["--buffer", "lots"], "--buffer"),
                           (["--throttle", "fast"], "--throttle"),
                           (["--threads", "0"], "threads must be an integer >= 1"),
-                          (["--read-ahead", "-1"], "read_ahead must be")]:  # fmt: skip
+                          (["--read-ahead", "-1"], "read_ahead must be"),
+                          (["--tier-size", "50%"], "--tier DIR and --tier-size > 0 go together"),
+                          (["--tier", tmp_path, "--tier-size", "x"], "--tier-size: expected"),
+                          ]:  # fmt: skip
         result = subprocess.run([SOLAR, "bench", data, "-E", "1", *args], capture_output=True,
                                 text=True, timeout=120, check=False)  # fmt: skip
         assert result.returncode != 0 and message in result.stderr, result.stderr

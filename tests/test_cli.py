@@ -39,6 +39,19 @@ def test_plan_json_reports_the_figures(tmp_path, capsys):
     assert s["bytes_per_access"] < 40  # tiny plan: HDF5 headers dominate
 
 
+def test_plan_with_a_second_tier_reports_ram_and_tier_hits(tmp_path, capsys):
+    args = ["plan", "--samples", 1000, "-P", 2, "-B", 8, "-E", 3, "-C", 50, "--tier-size", 300]
+    code, out, _ = run_cli([*args, "--json"], capsys)
+    s = json.loads(out)
+    assert code == 0 and s["tier_size"] == 300 and s["tier_hits"] > s["ram_hits"] > 0
+    assert s["ram_hits"] + s["tier_hits"] == s["hits"]
+    assert s["bound"] == pytest.approx(700 * 2 / (1000 * 3))
+    code, out, _ = run_cli(args, capsys)
+    assert code == 0 and "from the tier" in out and "P·(C+D)" in out
+    code, _, err = run_cli([*args, "--policy", "lru"], capsys)
+    assert code == 1 and "policy 'lru' has no second tier" in err and err.count("\n") == 1
+
+
 def test_plan_without_out_simulates_and_writes_nothing(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     args = ["plan", "--samples", 500, "-P", 4, "-B", 8, "-E", 4, "-C", 40, "--json"]

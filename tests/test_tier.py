@@ -370,7 +370,7 @@ def test_io_error_is_one_line(tmp_path, monkeypatch):
     with TierFile(tmp_path, slots=4, keys=TINY, name="eio-read") as tier:
         wait(tier.submit_write(np.array([1]), samples(TINY, 1), np.array([0])))
         monkeypatch.setattr(tier_mod.os, "preadv", eio)
-        with pytest.raises(SolarError, match=r"solar-tier-eio-read\..*: slot 1: Input/output error"):
+        with pytest.raises(SolarError, match=r"eio-read\..*: slot 1: Input/output error"):
             wait(tier.submit_read(np.array([1]), empty(TINY, 1), np.array([0])))
 
 

@@ -31,9 +31,9 @@ def nvme(tmp_path) -> Path:
 @pytest.mark.parametrize("world", [1, 3])
 def test_whole_runs_with_a_tier_are_byte_identical(data, nvme, world):
     ref = reference(data)
+    kw = {"batch_size": 4, "epochs": 4, "buffer": 5, "tier": nvme, "tier_size": 40}
     loaders = [
-        Loader(data, batch_size=4, epochs=4, buffer=5, tier=nvme, tier_size=40, rank=r,
-               world_size=world, reader=ReaderConfig(threads=3))  # fmt: skip
+        Loader(data, **kw, rank=r, world_size=world, reader=ReaderConfig(threads=3))
         for r in range(world)
     ]
     assert len(os.listdir(nvme)) == world  # one file per rank, created up front

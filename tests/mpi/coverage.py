@@ -1,6 +1,7 @@
 """Under mpiexec: every rank's batches are h5py's bytes, each sample once per epoch, resume exact.
 
-mpiexec -n P python tests/mpi/coverage.py DATA.h5 [DATA2.h5 ...] --slack X [--tier DIR --tier-size D]
+mpiexec -n P python tests/mpi/coverage.py DATA.h5 [DATA2.h5 ...] --slack X
+    [--tier DIR --tier-size D]
 """
 
 import argparse
@@ -27,8 +28,15 @@ for path in opts.data:
             ref.setdefault(k, []).append(f[k][()])
 ref = {k: np.concatenate(v) for k, v in ref.items()}
 n = len(next(iter(ref.values())))
-kw = {"batch_size": 4, "epochs": opts.epochs, "buffer": 12, "slack": opts.slack, "comm": d.comm,
-      "tier": opts.tier, "tier_size": opts.tier_size}
+kw = {
+    "batch_size": 4,
+    "epochs": opts.epochs,
+    "buffer": 12,
+    "slack": opts.slack,
+    "comm": d.comm,
+    "tier": opts.tier,
+    "tier_size": opts.tier_size,
+}
 ld = Loader(opts.data, **kw)
 
 batches = []
