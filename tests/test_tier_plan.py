@@ -104,9 +104,8 @@ def test_nopfs_fills_ram_then_the_tier_with_the_most_frequent():
 
 @pytest.mark.parametrize("policy", ["lru", "fifo", "solar-artifact"])
 def test_policies_without_a_tier_refuse_one(policy):
-    spec = PlanSpec(RunConfig(50, 1, 5, 2), BufferConfig(5, 0, 5), policy)
     with pytest.raises(SolarError, match=f"policy '{policy}' has no second tier"):
-        make_plan(spec)
+        PlanSpec(RunConfig(50, 1, 5, 2), BufferConfig(5, 0, 5), policy)
 
 
 def test_fingerprints_without_a_tier_are_unchanged():
