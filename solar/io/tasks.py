@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -221,8 +222,9 @@ def plan_reads(
         return []
     if samples.min() < 0 or samples.max() >= file_starts[-1]:
         raise SolarError(f"sample id out of range 0..{file_starts[-1] - 1}")
+    low, high = int(rows.min()), int(rows.max())
     for a in out:
-        if rows.min() < 0 or rows.max() >= a.shape[0]:
+        if low < 0 or high >= a.shape[0]:
             raise SolarError(f"destination row out of range 0..{a.shape[0] - 1}")
     tasks: list[ReadTask] = []
     if isinstance(layouts, FileLayouts) and layouts.whole and not direct_io:
@@ -230,21 +232,17 @@ def plan_reads(
         tasks, samples, rows = _one_per_file_tasks(layouts, samples, rows, out, groups)
         if samples.size == 0:
             return tasks
-    file_index = np.searchsorted(file_starts, samples, side="right") - 1
-    local = samples - file_starts[file_index]
-    by_file = np.argsort(file_index, kind="stable")
-    files, first = np.unique(file_index[by_file], return_index=True)
-    for f, sel in zip(files.tolist(), np.split(by_file, first[1:]), strict=True):
+    for f, sel, local in _by_file(file_starts, samples):
         for k, layout in enumerate(layouts[f]):
             if layout.offset is None and layout.decoded:
                 source = (chunks or {}).get((f, k))
                 if source is None:
                     raise SolarError(f"no chunk index for key {k} of file {f}")
-                tasks.extend(_chunk_tasks(f, k, source, local[sel], rows[sel], out[k], groups))
+                tasks.extend(_chunk_tasks(f, k, source, local, rows[sel], out[k], groups))
                 continue
             if layout.offset is None:
                 tasks.append(
-                    H5Rows(f, k, local[sel], rows[sel], out[k], layout.chunk_rows, layout.whole)
+                    H5Rows(f, k, local, rows[sel], out[k], layout.chunk_rows, layout.whole)
                 )
                 continue
             if not out[k].flags.c_contiguous or out[k][:1].nbytes not in (0, layout.row_bytes):
@@ -253,8 +251,23 @@ def plan_reads(
                 )
             dest = out[k].reshape(out[k].shape[0], -1).view(np.uint8)
             fd = f if layout.path < 0 else layout.path
-            tasks.extend(_offset_tasks(fd, layout, local[sel], rows[sel], dest, direct_io, groups))
+            tasks.extend(_offset_tasks(fd, layout, local, rows[sel], dest, direct_io, groups))
     return tasks
+
+
+def _by_file(file_starts: np.ndarray, samples: np.ndarray) -> list[tuple[int, Any, np.ndarray]]:
+    """(file, selection of ``samples``, their indices within the file) for each file touched,
+    in file order; one file needs no grouping (a slice: no sort, no copies)."""
+    if file_starts.size == 2:
+        return [(0, slice(None), samples - file_starts[0])]
+    file_index = np.searchsorted(file_starts, samples, side="right") - 1
+    local = samples - file_starts[file_index]
+    by_file = np.argsort(file_index, kind="stable")
+    files, first = np.unique(file_index[by_file], return_index=True)
+    return [
+        (f, sel, local[sel])
+        for f, sel in zip(files.tolist(), np.split(by_file, first[1:]), strict=True)
+    ]
 
 
 def _one_per_file_tasks(
@@ -339,6 +352,9 @@ def _chunk_tasks(
     plan = chunks_for_rows(index, local)
     m = int(plan.reads.size)
     direct = decodes_into_rows(index, out)
+    if m <= 1:  # a single sample's chunk: one task, no split (its numpy calls cost ~20 µs)
+        everything = np.arange(m)
+        return [ChunkReads(f, k, source, plan, everything, everything, out, rows, True, direct)]
     parts = np.array_split(np.arange(m), max(1, min(groups, m)))
     tasks: list[ReadTask] = []
     for i, part in enumerate(parts):
