@@ -198,15 +198,7 @@ def chunks_for_rows(index: ChunkIndex, rows: Sequence[int] | np.ndarray) -> RowP
 def one_row_chunks(index: ChunkIndex) -> bool:
     """Whether every chunk is exactly one whole row (one sample per chunk, sample axes uncut):
     a row's chunk is then a slot lookup, with no pieces to cut."""
-    return (
-        bool(index.shape)
-        and index.chunk_shape[0] == 1
-        and index.chunk_shape
-        == (
-            1,
-            *index.shape[1:],
-        )
-    )
+    return bool(index.shape) and index.chunk_shape == (1, *index.shape[1:])
 
 
 def _one_row_plan(index: ChunkIndex, rows: np.ndarray) -> RowPlan:

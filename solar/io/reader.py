@@ -51,6 +51,7 @@ from solar.io.tasks import (
     ChunkSource,
     DirectRun,
     FileLayouts,
+    FileRuns,
     H5Rows,
     PreadvRuns,
     ReadTask,
@@ -71,6 +72,65 @@ def _preadv_each(fds, iov, starts, counts, offsets, got):
     """One preadv per run, each from its own descriptor, without the GIL."""
     for j in range(starts.shape[0]):
         got[j] = _preadv(fds[j], iov.ctypes.data + 16 * starts[j], counts[j], offsets[j])
+
+
+_fadvise = _libc.posix_fadvise
+_fadvise.restype = ctypes.c_int
+_fadvise.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_int]
+_WILLNEED = getattr(os, "POSIX_FADV_WILLNEED", 3)
+
+
+@njit(nogil=True)  # not cached: it embeds the addresses of libc's functions
+def _advise_preadv_each(fds, iov, offsets, got):
+    """Read j: ``iov[j, 1]`` bytes at ``offsets[j]`` of ``fds[j]``, without the GIL. Every
+    read is announced first (WILLNEED), so all are in flight at once rather than one at
+    a time: small files are bound by latency, not bandwidth."""
+    n = fds.shape[0]
+    if n > 1:
+        for j in range(n):
+            _fadvise(fds[j], offsets[j], iov[j, 1], _WILLNEED)  # a hint: its errors are moot
+    for j in range(n):
+        got[j] = _preadv(fds[j], iov.ctypes.data + 16 * j, 1, offsets[j])
+
+
+_open = _libc.open
+_open.restype = ctypes.c_int
+_open.argtypes = [ctypes.c_void_p, ctypes.c_int]  # no mode: O_CREAT is never passed
+_close = _libc.close
+_close.restype = ctypes.c_int
+_close.argtypes = [ctypes.c_int]
+_O_READ = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)  # as os.open: not inherited
+
+
+@njit(nogil=True)  # not cached: it embeds the addresses of libc's functions
+def _open_read_close(names, name_at, files, iov, offsets, got, hold):
+    """FileRuns without the descriptor cache: open ``hold`` files at a time (a file's
+    neighbouring reads share one open), announce every read (WILLNEED), read, close; all
+    without the GIL. ``names[name_at[f]:]`` is path f, NUL-terminated. A read whose file
+    did not open gets ``got`` -1 (the caller retries it through the cache, which raises)."""
+    n = files.shape[0]
+    fds = np.empty(n, np.int64)
+    a = 0
+    while a < n:
+        b = a
+        opened = 0
+        while b < n and (opened < hold or files[b] == files[b - 1]):
+            if b > a and files[b] == files[b - 1]:
+                fds[b] = fds[b - 1]
+            else:
+                fds[b] = _open(names.ctypes.data + name_at[files[b]], _O_READ)
+                opened += 1
+            b += 1
+        if b - a > 1:
+            for j in range(a, b):
+                if fds[j] >= 0:
+                    _fadvise(fds[j], offsets[j], iov[j, 1], _WILLNEED)
+        for j in range(a, b):
+            got[j] = -1 if fds[j] < 0 else _preadv(fds[j], iov.ctypes.data + 16 * j, 1, offsets[j])
+        for j in range(a, b):
+            if fds[j] >= 0 and (j == b - 1 or files[j + 1] != files[j]):
+                _close(fds[j])
+        a = b
 
 
 _HOLD = 16  # descriptors one thread holds at a time (one sample per file)
@@ -241,6 +301,8 @@ class Reader:
         match task:
             case PreadvRuns():
                 nbytes = self._preadv_task(task)
+            case FileRuns():
+                nbytes = self._file_runs(task)
             case DirectRun():
                 nbytes = self._pread_direct(task.file, task.offset, task.dest, task.rows.tolist())
             case H5Rows():
@@ -253,28 +315,72 @@ class Reader:
 
     def _preadv_task(self, t: PreadvRuns) -> int:
         got = np.empty(t.starts.size, np.int64)
-        if t.files is None:
-            with self._fd(t.file) as fd:
-                fds = np.full(t.starts.size, fd, np.int64)
-                _preadv_each(fds, t.iov, t.starts, t.counts, t.offsets, got)
-        else:
-            # A run per file: hold a few descriptors at a time (bounded over all threads).
-            files = t.files.tolist()
-            for a in range(0, len(files), _HOLD):
-                keys = files[a : a + _HOLD]
-                fds = np.array(self._fds.acquire(keys), np.int64)
-                try:
-                    b = a + len(keys)
-                    _preadv_each(fds, t.iov, t.starts[a:b], t.counts[a:b], t.offsets[a:b], got[a:b])
-                finally:
-                    self._fds.release(keys)
+        with self._fd(t.file) as fd:
+            fds = np.full(t.starts.size, fd, np.int64)
+            _preadv_each(fds, t.iov, t.starts, t.counts, t.offsets, got)
         want = t.counts * t.dest.shape[1]
         for j in np.flatnonzero(got != want):
             # Retry in Python: finishes an interrupted read, or names the short file.
             a = t.starts[j]
-            f = t.file if t.files is None else int(t.files[j])
-            self._pread(f, int(t.offsets[j]), t.dest, t.rows[a : a + t.counts[j]].tolist())
+            self._pread(t.file, int(t.offsets[j]), t.dest, t.rows[a : a + t.counts[j]].tolist())
         return int(want.sum())
+
+    def _file_runs(self, t: FileRuns) -> int:
+        """One read per (file, key); a file's keys, neighbours in the task, share one open.
+
+        More files than the descriptor cache holds (``streams_files``): an LRU cache over an
+        epoch's random order would miss almost always and only add Python and a lock per
+        file, so a compiled loop opens, reads and closes them, ``_HOLD`` at a time per thread.
+        Fewer: the cache keeps them all open, and later epochs open nothing.
+        """
+        got = np.empty(t.files.size, np.int64)
+        if self.streams_files:
+            names, name_at = self._names()
+            # Open at most the cache's share per thread: the same bound on descriptors.
+            hold = max(1, min(_HOLD, self._fds.capacity // max(1, self.threads)))
+            _open_read_close(names, name_at, t.files, t.iov, t.offsets, got, hold)
+        else:
+            self._cached_file_runs(t, got)
+        want = t.iov[:, 1].astype(np.int64)
+        for j in np.flatnonzero(got != want):
+            # Retry in Python: finishes an interrupted read, or names the short file.
+            dest = t.dests[int(t.keys[j])]
+            self._pread(int(t.files[j]), int(t.offsets[j]), dest, [int(t.rows[j])])
+        return int(want.sum())
+
+    @property
+    def streams_files(self) -> bool:
+        """Whether one-sample files are opened per read rather than kept in the cache."""
+        self._state()
+        return len(self._paths) > self._fds.capacity
+
+    def _names(self) -> tuple[np.ndarray, np.ndarray]:
+        """Every path NUL-terminated in one byte array, and where each starts (built once
+        per process, on first use)."""
+        names = getattr(self, "_name_bytes", None)
+        if names is None:
+            encoded = [os.fsencode(p) + b"\0" for p in self._paths]
+            at = np.zeros(len(encoded), np.int64)
+            at[1:] = np.cumsum([len(e) for e in encoded[:-1]])
+            names = self._name_bytes = (np.frombuffer(b"".join(encoded), np.uint8), at)
+        return names
+
+    def _cached_file_runs(self, t: FileRuns, got: np.ndarray) -> None:
+        """FileRuns through the descriptor cache, ``_HOLD`` files held at a time."""
+        files = t.files.tolist()
+        a = 0
+        while a < len(files):
+            held = list(dict.fromkeys(files[a : a + _HOLD]))  # unique, in order
+            b = a + _HOLD
+            while b < len(files) and files[b] == files[b - 1]:
+                b += 1  # never split a file's keys over two windows
+            fds = dict(zip(held, self._fds.acquire(held), strict=True))
+            try:
+                window = np.array([fds[f] for f in files[a:b]], np.int64)
+                _advise_preadv_each(window, t.iov[a:b], t.offsets[a:b], got[a:b])
+            finally:
+                self._fds.release(held)
+            a = b
 
     def _pread(self, f: int, start: int, dest: np.ndarray, rows: list[int]) -> int:
         want = dest.shape[1] * len(rows)

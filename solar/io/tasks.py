@@ -101,8 +101,7 @@ def coalesce_runs(local: np.ndarray, max_rows: int) -> Runs:
 class PreadvRuns:
     """Buffered reads: one ``preadv`` per run, scattering rows of ``dest`` through ``iov``.
 
-    ``file`` names the descriptor (the reader's ``paths``; for HDF5 the file index), or, when
-    ``files`` is given, each run has its own (one sample per file: one run per file and key).
+    ``file`` names the descriptor (the reader's ``paths``; for HDF5 the file index).
     """
 
     file: int
@@ -112,11 +111,31 @@ class PreadvRuns:
     starts: np.ndarray  # (runs,) first sorted entry of each run
     counts: np.ndarray  # (runs,) rows in each run
     offsets: np.ndarray  # (runs,) file byte offset of each run
-    files: np.ndarray | None = None  # (runs,) descriptor of each run; None: all read ``file``
 
     @property
     def requests(self) -> int:
         return int(self.starts.size)
+
+
+@dataclass(frozen=True, eq=False)
+class FileRuns:
+    """One sample per file: one read per (file, key) stored at an offset, file-major, so
+    that a file's keys are read under one open of it (one open per file, not per key).
+
+    Read j puts ``iov[j, 1]`` bytes from offset ``offsets[j]`` of descriptor ``files[j]``
+    at address ``iov[j, 0]``: row ``rows[j]`` of ``dests[keys[j]]``.
+    """
+
+    files: np.ndarray  # (n,) descriptor (index into the reader's paths) of each read
+    offsets: np.ndarray  # (n,) file byte offset of each read
+    iov: np.ndarray  # (n, 2) uint64: (address, length) of each read's destination row
+    keys: np.ndarray  # (n,) key of each read
+    rows: np.ndarray  # (n,) destination row of each read
+    dests: tuple[np.ndarray, ...]  # (keys,) (batch rows, row bytes) uint8 views of ``out``
+
+    @property
+    def requests(self) -> int:
+        return int(self.files.size)
 
 
 @dataclass(frozen=True)
@@ -194,7 +213,7 @@ class ChunkReads:
         return int(self.source.index.sizes[self.plan.reads[self.chunks]].sum())
 
 
-ReadTask = PreadvRuns | DirectRun | H5Rows | ChunkReads
+ReadTask = PreadvRuns | FileRuns | DirectRun | H5Rows | ChunkReads
 
 
 def plan_reads(
@@ -273,32 +292,38 @@ def _by_file(file_starts: np.ndarray, samples: np.ndarray) -> list[tuple[int, An
 def _one_per_file_tasks(
     layouts: FileLayouts, samples: np.ndarray, rows: np.ndarray, out: list[np.ndarray], groups: int
 ) -> tuple[list[ReadTask], np.ndarray, np.ndarray]:
-    """Buffered reads of every key stored at an offset, one run per (file, key), dealt over
-    ``groups`` tasks; returns them with the samples left (some key not at an offset)."""
-    tasks: list[ReadTask] = []
+    """Buffered reads of every sample whose keys are all stored at an offset: one read per
+    (file, key), file-major, dealt in contiguous slices over ``groups`` tasks; returns them
+    with the samples left (some key not at an offset)."""
     by_file = np.argsort(samples, kind="stable")  # file order: neighbours on disk
     samples, rows = samples[by_file], rows[by_file]
     offsets = layouts.offsets[samples]  # (n, keys); one sample per file: file == sample
-    paths = layouts.paths[samples] if layouts.paths is not None else None
     complete = (offsets >= 0).all(axis=1)
-    for k, row_bytes in enumerate(layouts.row_bytes):
-        sel = np.flatnonzero(complete)
-        if sel.size == 0:
-            break
-        if not out[k].flags.c_contiguous or out[k][:1].nbytes not in (0, row_bytes):
-            raise SolarError(f"destination for key {k} must be C-contiguous rows of {row_bytes} B")
-        dest = out[k].reshape(out[k].shape[0], -1).view(np.uint8)
-        r = rows[sel]
-        iov = np.empty((sel.size, 2), np.uint64)
-        iov[:, 0] = dest.ctypes.data + r.astype(np.uint64) * np.uint64(row_bytes)
-        iov[:, 1] = row_bytes
-        files = paths[sel, k] if paths is not None else samples[sel]
-        ones = np.ones(sel.size, np.int64)
-        for part in np.array_split(np.arange(sel.size), min(groups, sel.size)):
-            tasks.append(
-                PreadvRuns(int(files[part[0]]), dest, r, iov, part, ones[part],
-                           offsets[sel[part], k], files[part])
-            )  # fmt: skip
+    sel = np.flatnonzero(complete)
+    if sel.size == 0:
+        return [], samples, rows
+    nkeys = len(layouts.row_bytes)
+    dests = []
+    for k, nbytes in enumerate(layouts.row_bytes):
+        if not out[k].flags.c_contiguous or out[k][:1].nbytes not in (0, nbytes):
+            raise SolarError(f"destination for key {k} must be C-contiguous rows of {nbytes} B")
+        dests.append(out[k].reshape(out[k].shape[0], -1).view(np.uint8))
+    # (samples, keys) grids, flattened file-major: a file's keys are neighbours.
+    r = np.repeat(rows[sel], nkeys)
+    keys = np.tile(np.arange(nkeys, dtype=np.int64), sel.size)
+    row_bytes = np.array(layouts.row_bytes, np.uint64)
+    base = np.array([d.ctypes.data for d in dests], np.uint64)
+    iov = np.empty((r.size, 2), np.uint64)
+    iov[:, 0] = base[keys] + r.astype(np.uint64) * row_bytes[keys]
+    iov[:, 1] = row_bytes[keys]
+    paths = layouts.paths[samples[sel]] if layouts.paths is not None else None
+    files = paths.reshape(-1) if paths is not None else np.repeat(samples[sel], nkeys)
+    offs = offsets[sel].reshape(-1)
+    # Whole samples per task (a file's keys stay together), contiguous: few opens each.
+    tasks: list[ReadTask] = []
+    for part in np.array_split(np.arange(sel.size), min(groups, sel.size)):
+        j = slice(int(part[0]) * nkeys, (int(part[-1]) + 1) * nkeys)
+        tasks.append(FileRuns(files[j], offs[j], iov[j], keys[j], r[j], tuple(dests)))
     return tasks, samples[~complete], rows[~complete]
 
 
