@@ -742,16 +742,21 @@ def _timed(reader: Reader, tasks: list[ReadTask]) -> tuple[int, float]:
     return total, time.perf_counter() - t0
 
 
+_CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 _JOB_BYTES = 512 * 2**10  # stored chunk bytes worth a pool job of their own (see _jobs)
 
 
 def _jobs(tasks: list[ReadTask], reader: Reader) -> int:
     """Pool jobs for a step's tasks: one per thread, except for chunk reads too small to
-    share; a job's handoff costs about as much as decoding a few hundred KiB of zstd."""
+    share (a job's handoff costs about as much as decoding a few hundred KiB of zstd), and
+    at most one per core for chunk reads announced to the kernel (``Reader._advise``): their
+    fetches are in flight however few threads wait, and more decoding threads than cores only
+    fight over the CPU and the GIL (measured, cold, 2 cores: zstd batches 1.36x faster)."""
     if not all(isinstance(t, ChunkReads) for t in tasks):
         return reader.threads
     work = sum(t.stored_bytes for t in tasks if isinstance(t, ChunkReads))
-    return max(1, min(reader.threads, -(-work // _JOB_BYTES)))
+    threads = reader.threads if reader.direct_io else min(reader.threads, _CORES)
+    return max(1, min(threads, -(-work // _JOB_BYTES)))
 
 
 def _balance(tasks: list[ReadTask], groups: int) -> list[list[ReadTask]]:
