@@ -47,6 +47,7 @@ from solar.io.chunks import ChunkIndex, chunk_index, fill_absent, scatter_chunk
 from solar.io.codecs import Decoder, decoder_for
 from solar.io.hdf5 import DatasetInfo, open_h5
 from solar.io.tasks import (
+    PAGE,
     ChunkReads,
     ChunkSource,
     DirectRun,
@@ -58,7 +59,7 @@ from solar.io.tasks import (
     plan_reads,
 )
 
-_ALIGN = 4096
+_ALIGN = PAGE  # O_DIRECT's alignment, and where chunk runs are read from
 
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -430,12 +431,19 @@ class Reader:
             fill_absent(index, plan, t.out, t.rows)
         if t.chunks.size == 0:
             return 0
-        positions, offsets, sizes, lo, hi = _chunk_spans(t)
+        positions, offsets, sizes, lo, hi = t.spans
         # Each run lands at a page-aligned place of one per-thread buffer, read from an
         # aligned start: what O_DIRECT requires, and harmless (a few KiB) without it.
         span = -(-(hi - lo) // _ALIGN) * _ALIGN
-        at = np.concatenate([[0], np.cumsum(span)])
-        buf = self._bounce(int(at[-1]))
+        if lo.size == 1:  # one run (e.g. one sample's chunk): no layout to compute
+            at = [0, int(span[0])]
+            starts = (offsets - lo[0]).tolist()
+        else:
+            at = np.concatenate([[0], np.cumsum(span)]).tolist()
+            # Where each chunk's bytes are in the buffer.
+            run_of = np.repeat(np.arange(lo.size), np.diff(np.append(t.run_starts, positions.size)))
+            starts = (np.array(at[:-1])[run_of] + offsets - lo[run_of]).tolist()
+        buf = self._bounce(at[-1])
         with self._fd(t.file) as fd:
             for r in range(lo.size):
                 want = int(span[r])
@@ -447,9 +455,6 @@ class Reader:
                     ) from None
                 if got < int(hi[r] - lo[r]):
                     self._truncated(t, int(hi[r]))
-        # Where each chunk's bytes are in the buffer.
-        run_of = np.repeat(np.arange(lo.size), np.diff(np.append(t.run_starts, positions.size)))
-        starts = (at[:-1][run_of] + offsets - lo[run_of]).tolist()
         view = buf.data
         out, rows = t.out, t.rows
         for j, k in enumerate(t.chunks.tolist()):  # one decode call per chunk: the work itself
@@ -480,7 +485,7 @@ class Reader:
         if sum(t.chunks.size for t in chunk_tasks) < 2:
             return  # one chunk: its pread is the request
         for t in chunk_tasks:
-            _, _, _, lo, hi = _chunk_spans(t)
+            _, _, _, lo, hi = t.spans
             with self._fd(t.file) as fd:
                 for a, b in zip(lo.tolist(), hi.tolist(), strict=True):
                     os.posix_fadvise(fd, a, b - a, os.POSIX_FADV_WILLNEED)
@@ -720,19 +725,6 @@ def lift_one_sample(index: ChunkIndex, decoder: Decoder) -> tuple[ChunkIndex, De
     shape, chunk = (1, *index.shape), (1, *index.chunk_shape)
     lifted = dataclasses.replace(index, shape=shape, chunk_shape=chunk, starts=starts)
     return lifted, dataclasses.replace(decoder, shape=shape, chunk_shape=chunk)
-
-
-def _chunk_spans(t: ChunkReads):
-    """A chunk task's (positions, offsets, sizes) in the index, and each run's byte range
-    [lo, hi) in the file, lo rounded down to a page."""
-    index = t.source.index
-    positions = t.plan.reads[t.chunks]
-    offsets, sizes = index.offsets[positions], index.sizes[positions]
-    last = np.empty_like(t.run_starts)  # last chunk of each run
-    last[:-1] = t.run_starts[1:] - 1
-    last[-1:] = positions.size - 1
-    lo = offsets[t.run_starts] // _ALIGN * _ALIGN
-    return positions, offsets, sizes, lo, offsets[last] + sizes[last]
 
 
 def _timed(reader: Reader, tasks: list[ReadTask]) -> tuple[int, float]:

@@ -11,6 +11,7 @@ split over the reader's threads; everything else without a byte offset stays :cl
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -23,6 +24,7 @@ from solar.io.chunks import ChunkIndex, RowPlan, chunks_for_rows, decodes_into_r
 from solar.io.codecs import Decoder
 
 IOV_MAX = min(os.sysconf("SC_IOV_MAX"), 1024) if hasattr(os, "sysconf") else 1024
+PAGE = 4096  # chunk runs are read from a page boundary (what O_DIRECT requires)
 RUN_MAX_BYTES = 8 * 2**20  # largest single read; longer runs are cut so threads share them
 
 
@@ -210,7 +212,21 @@ class ChunkReads:
     @property
     def stored_bytes(self) -> int:
         """The compressed bytes this task reads."""
-        return int(self.source.index.sizes[self.plan.reads[self.chunks]].sum())
+        return int(self.spans[2].sum())
+
+    @functools.cached_property
+    def spans(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(positions in the index, offsets, sizes) of its chunks, and each run's byte range
+        [lo, hi) in the file, lo rounded down to a page; computed once (the job sizing, the
+        read-ahead hints and the reads all need them)."""
+        index = self.source.index
+        positions = self.plan.reads[self.chunks]
+        offsets, sizes = index.offsets[positions], index.sizes[positions]
+        last = np.empty_like(self.run_starts)  # last chunk of each run
+        last[:-1] = self.run_starts[1:] - 1
+        last[-1:] = positions.size - 1
+        lo = offsets[self.run_starts] // PAGE * PAGE
+        return positions, offsets, sizes, lo, offsets[last] + sizes[last]
 
 
 ReadTask = PreadvRuns | FileRuns | DirectRun | H5Rows | ChunkReads
