@@ -447,6 +447,7 @@ class Reader:
         with self._fd(t.file) as fd:
             for r in range(lo.size):
                 want = int(span[r])
+                self._read_ahead(int(hi[r] - lo[r]))
                 try:
                     got = os.preadv(fd, [buf[at[r] : at[r] + want].data], int(lo[r]))
                 except OSError as exc:
@@ -475,20 +476,17 @@ class Reader:
         return int(sizes.sum())
 
     def _advise(self, tasks: list[ReadTask]) -> None:
-        """Ask the kernel for every chunk a job will read before reading the first: the
-        reads are then in flight together, and decoding one chunk overlaps fetching the
-        next (a job otherwise waits for each pread in turn). Not with O_DIRECT, which
-        bypasses the page cache these hints fill."""
-        if self.direct_io:
-            return
-        chunk_tasks = [t for t in tasks if isinstance(t, ChunkReads) and t.chunks.size]
-        if sum(t.chunks.size for t in chunk_tasks) < 2:
-            return  # one chunk: its pread is the request
-        for t in chunk_tasks:
-            _, _, _, lo, hi = t.spans
-            with self._fd(t.file) as fd:
-                for a, b in zip(lo.tolist(), hi.tolist(), strict=True):
-                    os.posix_fadvise(fd, a, b - a, os.POSIX_FADV_WILLNEED)
+        """Start this thread's read-ahead over a job's chunk runs (see :class:`_ReadAhead`);
+        none with O_DIRECT, which bypasses the page cache the hints fill, or for one run."""
+        runs = [] if self.direct_io else [t for t in tasks if isinstance(t, ChunkReads)]
+        ahead = _ReadAhead(self, runs) if sum(t.spans[3].size for t in runs) > 1 else None
+        self._local.ahead = ahead
+
+    def _read_ahead(self, upto: int) -> None:
+        """Announce this thread's job's runs up to ``upto`` bytes read plus the window."""
+        ahead = getattr(self._local, "ahead", None)
+        if ahead is not None:
+            ahead.announce(upto)
 
     def _truncated(self, t: ChunkReads, end: int) -> None:
         path = self.info.files[t.file]
@@ -725,6 +723,42 @@ def lift_one_sample(index: ChunkIndex, decoder: Decoder) -> tuple[ChunkIndex, De
     shape, chunk = (1, *index.shape), (1, *index.chunk_shape)
     lifted = dataclasses.replace(index, shape=shape, chunk_shape=chunk, starts=starts)
     return lifted, dataclasses.replace(decoder, shape=shape, chunk_shape=chunk)
+
+
+class _ReadAhead:
+    """WILLNEED hints for a job's chunk runs, kept ``WINDOW`` bytes ahead of its reads, in
+    the order it reads them.
+
+    A hint starts a fetch without waiting, so the next runs arrive while this one decodes
+    (a job otherwise waits for each pread in turn). Not every run of a huge job at once: the
+    kernel's elevator serves queued reads in disk order, not in the order they are needed,
+    so the first pread can wait for most of what is queued (traced once: 34 ms of a 50 ms
+    step). Measured on 32-sample steps (~4.5 MiB per job), 2 cores: windows of 4 MiB and
+    more, and no window, perform alike; 2 MiB was slower (deeper queues read faster).
+    """
+
+    WINDOW = 8 * 2**20
+
+    def __init__(self, reader: Reader, tasks: list[ChunkReads]) -> None:
+        self._reader = reader
+        self._runs = [
+            (t.file, lo, hi)
+            for t in tasks
+            for lo, hi in zip(t.spans[3].tolist(), t.spans[4].tolist(), strict=True)
+        ]
+        self._next = 0  # first run not announced yet
+        self._announced = 0  # bytes announced
+        self._read = 0  # bytes asked for by announce()
+
+    def announce(self, nbytes: int) -> None:
+        """The caller reads its next ``nbytes``: announce runs up to them plus the window."""
+        self._read += nbytes
+        while self._next < len(self._runs) and self._announced < self._read + self.WINDOW:
+            file, lo, hi = self._runs[self._next]
+            with self._reader._fd(file) as fd:
+                os.posix_fadvise(fd, lo, hi - lo, os.POSIX_FADV_WILLNEED)
+            self._announced += hi - lo
+            self._next += 1
 
 
 def _timed(reader: Reader, tasks: list[ReadTask]) -> tuple[int, float]:
