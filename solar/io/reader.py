@@ -10,9 +10,10 @@ without the GIL on the reader's threads, and a scatter into the destination rows
 straight into them). Other chunked, compressed or non-native datasets are read through h5py,
 each chunk once per request. Files, and chunk indexes, are opened lazily in the process that
 reads, so a reader survives fork and spawn. Descriptors are cached per process, least recently
-used closed beyond half the RLIMIT_NOFILE soft limit (:class:`FdCache`), so a dataset of a
-million one-sample files (HDF5 or ``.npy``, served by offset like any contiguous dataset) reads
-within the limit.
+used closed beyond half the RLIMIT_NOFILE soft limit (:class:`FdCache`). One-sample files (HDF5
+or ``.npy``, served by offset like any contiguous dataset) are read one open per file for all
+its keys; when there are more of them than the cache holds (a million files), a compiled loop
+opens, announces, reads and closes a few at a time per thread instead, within the same bound.
 
 What to read is decided by :func:`solar.io.tasks.plan_reads` (pure); this module executes the
 tasks it returns, one ``case`` per task type in :meth:`Reader._run`.
