@@ -22,10 +22,13 @@ import pytest
 from solar import SolarError
 from solar.io.chunks import (
     ChunkIndex,
+    _general_plan,
+    _one_row_plan,
     assemble,
     chunk_index,
     chunks_for_rows,
     decodes_into_rows,
+    one_row_chunks,
     read_chunk,
     read_rows,
 )
@@ -620,3 +623,28 @@ def test_plan_targets_scatter_into_buffer_slots():
     assert not buf[[0, 2, 4]].any()
     with pytest.raises(ValueError, match="row 10 is outside"):
         chunks_for_rows(index, [10])
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_one_row_plan_is_the_general_plan(seed):
+    """The one-sample-per-chunk fast path plans exactly what the general path plans:
+    repeated rows, never-written chunks, a one-dimensional dataset, an empty request."""
+    rng = np.random.default_rng(seed)
+    shape = (int(rng.integers(1, 40)), *([] if seed % 3 == 0 else [3, 2][: 1 + seed % 2]))
+    chunks = (1, *shape[1:])
+    stored = rng.choice(shape[0], int(rng.integers(0, shape[0] + 1)), replace=False)
+    index = _fake_index(shape, chunks, stored, seed)
+    assert one_row_chunks(index)
+    rows = rng.integers(0, shape[0], int(rng.integers(0, 2 * shape[0])))
+    fast, general = _one_row_plan(index, rows), _general_plan(index, rows)
+    for name in ("reads", "bounds", "row", "within", "cell"):
+        a, b = getattr(fast, name), getattr(general, name)
+        assert a.dtype == b.dtype and np.array_equal(a, b), name
+    assert np.array_equal(chunks_for_rows(index, rows).row, general.row)
+
+
+def test_one_row_chunks_needs_whole_rows():
+    assert one_row_chunks(_fake_index((5, 4), (1, 4), range(5)))
+    assert one_row_chunks(_fake_index((5,), (1,), range(5)))
+    assert not one_row_chunks(_fake_index((5, 4), (1, 2), range(10)))  # cuts the row
+    assert not one_row_chunks(_fake_index((5, 4), (2, 4), range(3)))  # two rows a chunk

@@ -11,9 +11,11 @@ split over the reader's threads; everything else without a byte offset stays :cl
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -22,6 +24,7 @@ from solar.io.chunks import ChunkIndex, RowPlan, chunks_for_rows, decodes_into_r
 from solar.io.codecs import Decoder
 
 IOV_MAX = min(os.sysconf("SC_IOV_MAX"), 1024) if hasattr(os, "sysconf") else 1024
+PAGE = 4096  # chunk runs are read from a page boundary (what O_DIRECT requires)
 RUN_MAX_BYTES = 8 * 2**20  # largest single read; longer runs are cut so threads share them
 
 
@@ -100,8 +103,7 @@ def coalesce_runs(local: np.ndarray, max_rows: int) -> Runs:
 class PreadvRuns:
     """Buffered reads: one ``preadv`` per run, scattering rows of ``dest`` through ``iov``.
 
-    ``file`` names the descriptor (the reader's ``paths``; for HDF5 the file index), or, when
-    ``files`` is given, each run has its own (one sample per file: one run per file and key).
+    ``file`` names the descriptor (the reader's ``paths``; for HDF5 the file index).
     """
 
     file: int
@@ -111,11 +113,31 @@ class PreadvRuns:
     starts: np.ndarray  # (runs,) first sorted entry of each run
     counts: np.ndarray  # (runs,) rows in each run
     offsets: np.ndarray  # (runs,) file byte offset of each run
-    files: np.ndarray | None = None  # (runs,) descriptor of each run; None: all read ``file``
 
     @property
     def requests(self) -> int:
         return int(self.starts.size)
+
+
+@dataclass(frozen=True, eq=False)
+class FileRuns:
+    """One sample per file: one read per (file, key) stored at an offset, file-major, so
+    that a file's keys are read under one open of it (one open per file, not per key).
+
+    Read j puts ``iov[j, 1]`` bytes from offset ``offsets[j]`` of descriptor ``files[j]``
+    at address ``iov[j, 0]``: row ``rows[j]`` of ``dests[keys[j]]``.
+    """
+
+    files: np.ndarray  # (n,) descriptor (index into the reader's paths) of each read
+    offsets: np.ndarray  # (n,) file byte offset of each read
+    iov: np.ndarray  # (n, 2) uint64: (address, length) of each read's destination row
+    keys: np.ndarray  # (n,) key of each read
+    rows: np.ndarray  # (n,) destination row of each read
+    dests: tuple[np.ndarray, ...]  # (keys,) (batch rows, row bytes) uint8 views of ``out``
+
+    @property
+    def requests(self) -> int:
+        return int(self.files.size)
 
 
 @dataclass(frozen=True)
@@ -190,10 +212,24 @@ class ChunkReads:
     @property
     def stored_bytes(self) -> int:
         """The compressed bytes this task reads."""
-        return int(self.source.index.sizes[self.plan.reads[self.chunks]].sum())
+        return int(self.spans[2].sum())
+
+    @functools.cached_property
+    def spans(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(positions in the index, offsets, sizes) of its chunks, and each run's byte range
+        [lo, hi) in the file, lo rounded down to a page; computed once (the job sizing, the
+        read-ahead hints and the reads all need them)."""
+        index = self.source.index
+        positions = self.plan.reads[self.chunks]
+        offsets, sizes = index.offsets[positions], index.sizes[positions]
+        last = np.empty_like(self.run_starts)  # last chunk of each run
+        last[:-1] = self.run_starts[1:] - 1
+        last[-1:] = positions.size - 1
+        lo = offsets[self.run_starts] // PAGE * PAGE
+        return positions, offsets, sizes, lo, offsets[last] + sizes[last]
 
 
-ReadTask = PreadvRuns | DirectRun | H5Rows | ChunkReads
+ReadTask = PreadvRuns | FileRuns | DirectRun | H5Rows | ChunkReads
 
 
 def plan_reads(
@@ -221,8 +257,9 @@ def plan_reads(
         return []
     if samples.min() < 0 or samples.max() >= file_starts[-1]:
         raise SolarError(f"sample id out of range 0..{file_starts[-1] - 1}")
+    low, high = int(rows.min()), int(rows.max())
     for a in out:
-        if rows.min() < 0 or rows.max() >= a.shape[0]:
+        if low < 0 or high >= a.shape[0]:
             raise SolarError(f"destination row out of range 0..{a.shape[0] - 1}")
     tasks: list[ReadTask] = []
     if isinstance(layouts, FileLayouts) and layouts.whole and not direct_io:
@@ -230,21 +267,17 @@ def plan_reads(
         tasks, samples, rows = _one_per_file_tasks(layouts, samples, rows, out, groups)
         if samples.size == 0:
             return tasks
-    file_index = np.searchsorted(file_starts, samples, side="right") - 1
-    local = samples - file_starts[file_index]
-    by_file = np.argsort(file_index, kind="stable")
-    files, first = np.unique(file_index[by_file], return_index=True)
-    for f, sel in zip(files.tolist(), np.split(by_file, first[1:]), strict=True):
+    for f, sel, local in _by_file(file_starts, samples):
         for k, layout in enumerate(layouts[f]):
             if layout.offset is None and layout.decoded:
                 source = (chunks or {}).get((f, k))
                 if source is None:
                     raise SolarError(f"no chunk index for key {k} of file {f}")
-                tasks.extend(_chunk_tasks(f, k, source, local[sel], rows[sel], out[k], groups))
+                tasks.extend(_chunk_tasks(f, k, source, local, rows[sel], out[k], groups))
                 continue
             if layout.offset is None:
                 tasks.append(
-                    H5Rows(f, k, local[sel], rows[sel], out[k], layout.chunk_rows, layout.whole)
+                    H5Rows(f, k, local, rows[sel], out[k], layout.chunk_rows, layout.whole)
                 )
                 continue
             if not out[k].flags.c_contiguous or out[k][:1].nbytes not in (0, layout.row_bytes):
@@ -253,39 +286,60 @@ def plan_reads(
                 )
             dest = out[k].reshape(out[k].shape[0], -1).view(np.uint8)
             fd = f if layout.path < 0 else layout.path
-            tasks.extend(_offset_tasks(fd, layout, local[sel], rows[sel], dest, direct_io, groups))
+            tasks.extend(_offset_tasks(fd, layout, local, rows[sel], dest, direct_io, groups))
     return tasks
+
+
+def _by_file(file_starts: np.ndarray, samples: np.ndarray) -> list[tuple[int, Any, np.ndarray]]:
+    """(file, selection of ``samples``, their indices within the file) for each file touched,
+    in file order; one file needs no grouping (a slice: no sort, no copies)."""
+    if file_starts.size == 2:
+        return [(0, slice(None), samples - file_starts[0])]
+    file_index = np.searchsorted(file_starts, samples, side="right") - 1
+    local = samples - file_starts[file_index]
+    by_file = np.argsort(file_index, kind="stable")
+    files, first = np.unique(file_index[by_file], return_index=True)
+    return [
+        (f, sel, local[sel])
+        for f, sel in zip(files.tolist(), np.split(by_file, first[1:]), strict=True)
+    ]
 
 
 def _one_per_file_tasks(
     layouts: FileLayouts, samples: np.ndarray, rows: np.ndarray, out: list[np.ndarray], groups: int
 ) -> tuple[list[ReadTask], np.ndarray, np.ndarray]:
-    """Buffered reads of every key stored at an offset, one run per (file, key), dealt over
-    ``groups`` tasks; returns them with the samples left (some key not at an offset)."""
-    tasks: list[ReadTask] = []
+    """Buffered reads of every sample whose keys are all stored at an offset: one read per
+    (file, key), file-major, dealt in contiguous slices over ``groups`` tasks; returns them
+    with the samples left (some key not at an offset)."""
     by_file = np.argsort(samples, kind="stable")  # file order: neighbours on disk
     samples, rows = samples[by_file], rows[by_file]
     offsets = layouts.offsets[samples]  # (n, keys); one sample per file: file == sample
-    paths = layouts.paths[samples] if layouts.paths is not None else None
     complete = (offsets >= 0).all(axis=1)
-    for k, row_bytes in enumerate(layouts.row_bytes):
-        sel = np.flatnonzero(complete)
-        if sel.size == 0:
-            break
-        if not out[k].flags.c_contiguous or out[k][:1].nbytes not in (0, row_bytes):
-            raise SolarError(f"destination for key {k} must be C-contiguous rows of {row_bytes} B")
-        dest = out[k].reshape(out[k].shape[0], -1).view(np.uint8)
-        r = rows[sel]
-        iov = np.empty((sel.size, 2), np.uint64)
-        iov[:, 0] = dest.ctypes.data + r.astype(np.uint64) * np.uint64(row_bytes)
-        iov[:, 1] = row_bytes
-        files = paths[sel, k] if paths is not None else samples[sel]
-        ones = np.ones(sel.size, np.int64)
-        for part in np.array_split(np.arange(sel.size), min(groups, sel.size)):
-            tasks.append(
-                PreadvRuns(int(files[part[0]]), dest, r, iov, part, ones[part],
-                           offsets[sel[part], k], files[part])
-            )  # fmt: skip
+    sel = np.flatnonzero(complete)
+    if sel.size == 0:
+        return [], samples, rows
+    nkeys = len(layouts.row_bytes)
+    dests = []
+    for k, nbytes in enumerate(layouts.row_bytes):
+        if not out[k].flags.c_contiguous or out[k][:1].nbytes not in (0, nbytes):
+            raise SolarError(f"destination for key {k} must be C-contiguous rows of {nbytes} B")
+        dests.append(out[k].reshape(out[k].shape[0], -1).view(np.uint8))
+    # (samples, keys) grids, flattened file-major: a file's keys are neighbours.
+    r = np.repeat(rows[sel], nkeys)
+    keys = np.tile(np.arange(nkeys, dtype=np.int64), sel.size)
+    row_bytes = np.array(layouts.row_bytes, np.uint64)
+    base = np.array([d.ctypes.data for d in dests], np.uint64)
+    iov = np.empty((r.size, 2), np.uint64)
+    iov[:, 0] = base[keys] + r.astype(np.uint64) * row_bytes[keys]
+    iov[:, 1] = row_bytes[keys]
+    paths = layouts.paths[samples[sel]] if layouts.paths is not None else None
+    files = paths.reshape(-1) if paths is not None else np.repeat(samples[sel], nkeys)
+    offs = offsets[sel].reshape(-1)
+    # Whole samples per task (a file's keys stay together), contiguous: few opens each.
+    tasks: list[ReadTask] = []
+    for part in np.array_split(np.arange(sel.size), min(groups, sel.size)):
+        j = slice(int(part[0]) * nkeys, (int(part[-1]) + 1) * nkeys)
+        tasks.append(FileRuns(files[j], offs[j], iov[j], keys[j], r[j], tuple(dests)))
     return tasks, samples[~complete], rows[~complete]
 
 
@@ -339,6 +393,9 @@ def _chunk_tasks(
     plan = chunks_for_rows(index, local)
     m = int(plan.reads.size)
     direct = decodes_into_rows(index, out)
+    if m <= 1:  # a single sample's chunk: one task, no split (its numpy calls cost ~20 µs)
+        everything = np.arange(m)
+        return [ChunkReads(f, k, source, plan, everything, everything, out, rows, True, direct)]
     parts = np.array_split(np.arange(m), max(1, min(groups, m)))
     tasks: list[ReadTask] = []
     for i, part in enumerate(parts):
