@@ -33,9 +33,9 @@ from solar.errors import SolarError
 from solar.io.pagecache import evict
 from solar.io.sources import describe_source
 from solar.io.throttle import Throttle
+from solar.schedule.policies import TIERED
 
 LOADERS = ("torch", "lru", "fifo", "solar-artifact", "nopfs", "solar", "solar-ram")
-TIERED = ("solar", "nopfs")  # the loaders given the second tier
 
 
 @dataclass(frozen=True)
@@ -193,7 +193,7 @@ def run(cfg: BenchConfig, comm: Any, progress=None) -> dict | None:
         loaders["torch"] = (dl, sampler)
     for name in cfg.loaders:
         if name != "torch":
-            tiered = name in TIERED and tier_capacity > 0
+            tiered = name in TIERED and tier_capacity > 0  # the policies that plan a tier
             loaders[name] = Loader(
                 list(cfg.paths), [k.name for k in info.keys], one_per_file=cfg.one_per_file,
                 batch_size=cfg.batch_size, epochs=cfg.epochs,
