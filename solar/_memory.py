@@ -1,8 +1,28 @@
-"""How much memory the machine has free now."""
+"""How much memory the machine has free now, and page-aligned memory for O_DIRECT."""
 
 from __future__ import annotations
 
+import mmap
+import threading
+
+import numpy as np
+
 from solar.errors import SolarError
+
+PAGE = 4096  # the alignment O_DIRECT needs of offsets, lengths and memory
+
+
+def aligned(nbytes: int) -> np.ndarray:
+    """Page-aligned private memory of at least one page (an anonymous mmap)."""
+    return np.frombuffer(mmap.mmap(-1, max(nbytes, PAGE), flags=mmap.MAP_PRIVATE), np.uint8)
+
+
+def thread_buffer(local: threading.local, nbytes: int) -> np.ndarray:
+    """This thread's page-aligned buffer in ``local``, grown to at least ``nbytes``."""
+    buf = getattr(local, "bounce", None)
+    if buf is None or buf.size < nbytes:
+        buf = local.bounce = aligned(nbytes)
+    return buf
 
 
 def available_memory() -> int | None:

@@ -17,7 +17,6 @@ import contextlib
 import errno
 import functools
 import itertools
-import mmap
 import multiprocessing.util
 import os
 import re
@@ -32,11 +31,11 @@ from pathlib import Path
 
 import numpy as np
 
+from solar._memory import PAGE, aligned, thread_buffer
 from solar._units import format_bytes
 from solar.errors import SolarError
 from solar.io.hdf5 import KeyInfo
 
-_ALIGN = 4096
 _RUN_BYTES = 4 * 2**20  # per call: enough for full NVMe bandwidth, small enough to share out
 _IOV_MAX = 1024  # Linux's limit of iovecs per preadv/pwritev
 
@@ -47,7 +46,7 @@ _INSTANCES = itertools.count()
 def tier_stride(keys: tuple[KeyInfo, ...]) -> int:
     """Bytes per tier slot: the keys' rows back to back, rounded up to a multiple of 4096."""
     total = sum(k.row_bytes for k in keys)
-    return max(_ALIGN, -(-total // _ALIGN) * _ALIGN)
+    return max(PAGE, -(-total // PAGE) * PAGE)
 
 
 class TierFile:
@@ -112,9 +111,9 @@ class TierFile:
         self._room = threading.Condition(self._lock)  # staging slots freed
         self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="solar-tier")
         self._local = threading.local()
-        self._staging = _aligned(self.staging_slots * self.stride).reshape(-1, self.stride)
+        self._staging = aligned(self.staging_slots * self.stride).reshape(-1, self.stride)
         self._free = list(range(self.staging_slots))
-        self._scratch = _aligned(_ALIGN)  # padding between slots read into rows (discarded)
+        self._scratch = aligned(PAGE)  # padding between slots read into rows (discarded)
         self._pending: dict[int, Future] = {}  # tier slot -> its latest write in flight
         self._writes: dict[Future, None] = {}  # writes in flight, oldest first
 
@@ -123,8 +122,8 @@ class TierFile:
         if every row starts page-aligned in the slot and in memory."""
         if not self.direct_io:
             return True
-        return all(s % _ALIGN == 0 for s in self._sizes) and all(
-            a.ctypes.data % _ALIGN == 0 for a in out
+        return all(s % PAGE == 0 for s in self._sizes) and all(
+            a.ctypes.data % PAGE == 0 for a in out
         )
 
     # -- writes ----------------------------------------------------------------------------
@@ -261,7 +260,7 @@ class TierFile:
             want = n * self._sample_bytes + (n - 1) * pad
         else:
             want = n * self.stride
-            bounce = self._bounce(want)
+            bounce = thread_buffer(self._local, want)
             iov = [bounce[:want]]
         try:
             got = os.preadv(self._fd, iov, t0 * self.stride)
@@ -274,13 +273,6 @@ class TierFile:
             for d, off, size in zip(dst, self._offsets, self._sizes, strict=True):
                 d[rows] = slots[:, off : off + size]
         return got
-
-    def _bounce(self, size: int) -> np.ndarray:
-        """A page-aligned per-thread buffer of at least ``size`` bytes."""
-        buf = getattr(self._local, "bounce", None)
-        if buf is None or buf.size < size:
-            buf = self._local.bounce = _aligned(size)
-        return buf
 
     def _check(self, tslots, rows, arrays: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
         """Arguments as int64 arrays, every slot and row in range: before any I/O."""
@@ -410,9 +402,9 @@ def measure_bandwidth(
     """O_DIRECT (write, read) bandwidth in bytes/s of a scratch file in ``directory``, which is
     always removed: ``nbytes`` written in ``block``-sized calls, fsync'ed, then read back."""
     _check_directory(Path(directory))
-    block = max(_ALIGN, block // _ALIGN * _ALIGN)
+    block = max(PAGE, block // PAGE * PAGE)
     count = max(1, nbytes // block)
-    buf = _aligned(block)
+    buf = aligned(block)
     buf[:] = np.random.default_rng(0).integers(0, 256, block, np.uint8)  # incompressible
     fd, tmp = tempfile.mkstemp(prefix=".solar-tier-bench-", dir=directory)
     os.close(fd)
@@ -438,11 +430,6 @@ def measure_bandwidth(
     finally:
         os.unlink(tmp)
     return count * block / (t1 - t0), count * block / (t2 - t1)
-
-
-def _aligned(nbytes: int) -> np.ndarray:
-    """Page-aligned private memory (anonymous mmap, not shared with forked children)."""
-    return np.frombuffer(mmap.mmap(-1, max(nbytes, _ALIGN), flags=mmap.MAP_PRIVATE), np.uint8)
 
 
 def _rows_u8(a: np.ndarray, row_bytes: int) -> np.ndarray:

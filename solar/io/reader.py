@@ -27,7 +27,6 @@ import dataclasses
 import errno
 import functools
 import itertools
-import mmap
 import os
 import resource
 import threading
@@ -42,6 +41,7 @@ import h5py
 import numpy as np
 from numba import njit
 
+from solar._memory import thread_buffer
 from solar.config import ReaderConfig
 from solar.errors import SolarError
 from solar.io.chunks import ChunkIndex, chunk_index, fill_absent, scatter_chunk
@@ -401,7 +401,7 @@ class Reader:
         want = row_bytes * len(rows)
         lo = start - start % _ALIGN
         hi = -(-(start + want) // _ALIGN) * _ALIGN
-        bounce = self._bounce(hi - lo)
+        bounce = thread_buffer(self._local, hi - lo)
         with self._fd(f) as fd:
             got = os.preadv(fd, [bounce[: hi - lo].data], lo)
         if got < start + want - lo:
@@ -409,14 +409,6 @@ class Reader:
         data = bounce[start - lo : start - lo + want].reshape(len(rows), row_bytes)
         dest[rows] = data
         return want
-
-    def _bounce(self, size: int) -> np.ndarray:
-        """A page-aligned per-thread buffer (anonymous mmap) of at least ``size`` bytes."""
-        buf = getattr(self._local, "bounce", None)
-        if buf is None or buf.size < size:
-            buf = np.frombuffer(mmap.mmap(-1, max(size, _ALIGN)), np.uint8)
-            self._local.bounce = buf
-        return buf
 
     def _short_read(self, f: int, start: int, want: int, got: int) -> None:
         raise SolarError(
@@ -444,7 +436,7 @@ class Reader:
             # Where each chunk's bytes are in the buffer.
             run_of = np.repeat(np.arange(lo.size), np.diff(np.append(t.run_starts, positions.size)))
             starts = (np.array(at[:-1])[run_of] + offsets - lo[run_of]).tolist()
-        buf = self._bounce(at[-1])
+        buf = thread_buffer(self._local, at[-1])
         with self._fd(t.file) as fd:
             for r in range(lo.size):
                 want = int(span[r])

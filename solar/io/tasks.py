@@ -19,12 +19,13 @@ from typing import Any
 
 import numpy as np
 
+from solar._memory import PAGE
 from solar.errors import SolarError
 from solar.io.chunks import ChunkIndex, RowPlan, chunks_for_rows, decodes_into_rows
 from solar.io.codecs import Decoder
 
 IOV_MAX = min(os.sysconf("SC_IOV_MAX"), 1024) if hasattr(os, "sysconf") else 1024
-PAGE = 4096  # chunk runs are read from a page boundary (what O_DIRECT requires)
+# Chunk runs are read from a page boundary (what O_DIRECT requires).
 RUN_MAX_BYTES = 8 * 2**20  # largest single read; longer runs are cut so threads share them
 
 
