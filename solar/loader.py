@@ -28,7 +28,7 @@ import numpy as np
 
 from solar.cache.batches import BatchPool, torch_dtype
 from solar.cache.slots import SlotBuffer, check_budget
-from solar.cache.tier import TierFile, wait_tier
+from solar.cache.tier import TierFile
 from solar.config import DEFAULT_SLACK, BufferConfig, ReaderConfig, RunConfig, parse_size
 from solar.dist import abort_job_on_error, agree
 from solar.errors import SolarError
@@ -417,7 +417,7 @@ class Loader:
             )
         t0 = time.perf_counter()
         nbytes, busy = wait_all(io.futures)
-        tier_bytes = wait_tier(io.tier_futures)
+        tier_bytes, _ = wait_all(io.tier_futures)
         stall = time.perf_counter() - t0
         if not io.batch:
             assert self._pool is not None

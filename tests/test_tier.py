@@ -59,7 +59,7 @@ def empty(keys, n, aligned=False):
 
 
 def wait(futures):
-    return sum(f.result() for f in futures)
+    return sum(f.result()[0] for f in futures)  # (bytes, busy seconds), as reader futures
 
 
 def tier_files(d: Path) -> list[Path]:

@@ -134,7 +134,8 @@ class TierFile:
 
         The rows are copied before returning (the caller may overwrite ``sources`` at once);
         this waits while staging memory is full (counted in ``write_wait_seconds``). If a tier
-        slot appears twice, the last one wins. Each future's result is the bytes written.
+        slot appears twice, the last one wins. Each future's result is (bytes written, seconds),
+        as the reader's are (``solar.io.reader.wait_all`` waits for either).
         """
         t, r = self._check(tslots, rows, sources)
         last = t.size - 1 - np.unique(t[::-1], return_index=True)[1]  # sorted by tier slot
@@ -174,7 +175,10 @@ class TierFile:
             self.write_wait_seconds += time.perf_counter() - t0
         return np.array(stage, np.int64)
 
-    def _write_job(self, runs: list[tuple[int, np.ndarray]], deps: set[Future], stage) -> int:
+    def _write_job(
+        self, runs: list[tuple[int, np.ndarray]], deps: set[Future], stage
+    ) -> tuple[int, float]:
+        t_start = time.perf_counter()
         try:
             wait(deps)  # an earlier write of the same slot must not land after this one
             total = 0
@@ -192,7 +196,7 @@ class TierFile:
                 total += got
             with self._lock:
                 self.bytes_written += total
-            return total
+            return total, time.perf_counter() - t_start
         finally:
             with self._room:
                 self._free.extend(stage.tolist())
@@ -225,7 +229,7 @@ class TierFile:
     ) -> list[Future]:
         """Start reading tier slot ``tslots[j]`` into ``out[i][rows[j]]`` for every key i.
 
-        ``out`` arrays must be C-contiguous. Each future's result is the bytes read.
+        ``out`` arrays must be C-contiguous. Each future's result is (bytes read, seconds).
         """
         t, r = self._check(tslots, rows, out)
         order = np.argsort(t, kind="stable")  # adjacent tier slots: one call
@@ -241,13 +245,16 @@ class TierFile:
                 futures.append(self._pool.submit(self._read_job, runs, dst, direct, deps))
         return futures
 
-    def _read_job(self, runs: list, dst: list[np.ndarray], direct: bool, deps: set) -> int:
+    def _read_job(
+        self, runs: list, dst: list[np.ndarray], direct: bool, deps: set
+    ) -> tuple[int, float]:
+        t_start = time.perf_counter()
         for f in deps:
             f.result()  # the slot's write must be on disk; its error is this read's too
         total = sum(self._pread(t0, rows, dst, direct) for t0, rows in runs)
         with self._lock:
             self.bytes_read += total
-        return total
+        return total, time.perf_counter() - t_start
 
     def _pread(self, t0: int, rows: np.ndarray, dst: list[np.ndarray], direct: bool) -> int:
         n, pad = rows.size, self.stride - self._sample_bytes
@@ -311,16 +318,6 @@ class TierFile:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def wait_tier(futures: list[Future]) -> int:
-    """Bytes moved by tier futures; raise the first error once *all* have ended, so that no
-    tier thread still writes into memory the caller reuses."""
-    wait(futures)
-    errors = [e for e in (f.exception() for f in futures) if e is not None]
-    if errors:
-        raise errors[0]
-    return sum(f.result() for f in futures)
 
 
 def _remove(fd: int, path: str, pid: int) -> None:
