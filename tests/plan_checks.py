@@ -65,7 +65,7 @@ def _replay(rp, capacity: int, tier: int) -> None:
     disk = np.full(tier, -1, np.int64)
     for k in range(rp.step_offsets.size - 1):
         a, b = rp.step_offsets[k], rp.step_offsets[k + 1]
-        flags, slots, tslots, samples = rp.flags[a:b], rp.slot[a:b], rp.tiers[a:b], rp.sample[a:b]
+        flags, slots, tslots, samples = rp.flags[a:b], rp.slot[a:b], rp.tslot[a:b], rp.sample[a:b]
         hit, thit = (flags & HIT) != 0, (flags & THIT) != 0
         assert not np.any(hit & thit)
         assert np.all((slots[hit] >= 0) & (slots[hit] < capacity))

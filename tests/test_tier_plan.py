@@ -156,8 +156,8 @@ def test_starting_from_refill_alone_every_later_tier_hit_matches():
             f, x = rp.flags[a:b], rp.sample[a:b]
             hit, thit = (f & HIT) != 0, (f & THIT) != 0
             np.testing.assert_array_equal(state[rp.slot[a:b][hit]], x[hit])
-            np.testing.assert_array_equal(state[rp.slots + rp.tiers[a:b][thit]], x[thit])
-            _replay(rp.sample, rp.slot, rp.tiers, rp.flags, a, b, rp.slots, state)
+            np.testing.assert_array_equal(state[rp.slots + rp.tslot[a:b][thit]], x[thit])
+            _replay(rp.sample, rp.slot, rp.tslot, rp.flags, a, b, rp.slots, state)
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ for what the buffer must hold to start at a step. Both are pure functions of the
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -79,23 +79,14 @@ class RankPlan:
     first_step: int = 0
     initial: NDArray[np.int64] | None = None  # (cells,); None: an empty buffer
     complete: bool = True
-    tslot: NDArray[np.int32] | None = None  # (A,) tier slot, -1: none; None: no tier
     tier_slots: int = 0
-
-    def __post_init__(self) -> None:
-        if self.tslot is None:
-            object.__setattr__(self, "tslot", no_tier(self.sample.size))
+    # (A,) tier slot, -1: none (without a tier, ``no_tier``'s -1s in no memory)
+    tslot: NDArray[np.int32] = field(kw_only=True)
 
     @property
     def cells(self) -> int:
         """RAM slots and tier slots together."""
         return self.slots + self.tier_slots
-
-    @property
-    def tiers(self) -> NDArray[np.int32]:
-        """``tslot`` (never None after construction)."""
-        assert self.tslot is not None
-        return self.tslot
 
     @classmethod
     def from_parts(
@@ -114,10 +105,11 @@ class RankPlan:
         for p in parts:
             offsets.append(p.step_offsets[1:] + base)
             base += int(p.step_offsets[-1])
-        tslot = np.concatenate([p.tslot for p in parts]) if tier_slots else None
+        sample = np.concatenate([p.sample for p in parts])
+        tslot = np.concatenate([p.tslot for p in parts]) if tier_slots else no_tier(sample.size)
         return cls(
             rank,
-            np.concatenate([p.sample for p in parts]),
+            sample,
             np.concatenate([p.slot for p in parts]),
             np.concatenate([p.flags for p in parts]),
             np.concatenate(offsets),
@@ -125,8 +117,8 @@ class RankPlan:
             first_step,
             initial,
             complete,
-            tslot,
             tier_slots,
+            tslot=tslot,
         )
 
     @property
@@ -168,7 +160,7 @@ class RankPlan:
         if not self.tier_slots or not np.any(flags & (THIT | TADMIT | DEMOTE)):
             return StepPlan(k, samples, np.flatnonzero(~hit), np.flatnonzero(hit), slots[hit],
                             np.flatnonzero(admit), slots[admit])  # fmt: skip
-        tslots = self.tiers[a:b].astype(np.int64)
+        tslots = self.tslot[a:b].astype(np.int64)
         thit = (flags & THIT) != 0
         demote = (flags & DEMOTE) != 0
         tadmit = (flags & TADMIT) != 0
@@ -194,7 +186,7 @@ class RankPlan:
         a, b = int(self.step_offsets[t]), int(self.step_offsets[t + 1])
         out = []
         for j in np.flatnonzero(self.flags[a:b] & (ADMIT | TADMIT | DEMOTE)).tolist():
-            f, s, ts = int(self.flags[a + j]), int(self.slot[a + j]), int(self.tiers[a + j])
+            f, s, ts = int(self.flags[a + j]), int(self.slot[a + j]), int(self.tslot[a + j])
             if f & DEMOTE:
                 out.append((DEMOTE, s, ts))
             if f & ADMIT:
@@ -214,11 +206,11 @@ class RankPlan:
         else:
             state = self.initial.astype(np.int64, copy=True)
         end = int(self.step_offsets[t])
-        bad = _replay(self.sample, self.slot, self.tiers, self.flags, 0, end, self.slots, state)
+        bad = _replay(self.sample, self.slot, self.tslot, self.flags, 0, end, self.slots, state)
         if bad >= 0:
             raise CorruptPlanError(
                 f"rank {self.rank}: access {bad} names slot {self.slot[bad]} / "
-                f"tier slot {self.tiers[bad]}"
+                f"tier slot {self.tslot[bad]}"
             )
         return state
 
@@ -229,7 +221,7 @@ class RankPlan:
         t = self._local(k, end_ok=True)
         needed = np.zeros(self.cells, np.bool_)
         decided = _read_before_overwrite(
-            self.slot, self.tiers, self.flags, self.step_offsets, t, self.slots, needed
+            self.slot, self.tslot, self.flags, self.step_offsets, t, self.slots, needed
         )
         contents = self.contents_at(k)
         if not self.complete:

@@ -138,15 +138,15 @@ class RankValidator:
         if k != self.next_epoch:
             raise CorruptPlanError(f"rank {self.rank}: epoch {k} checked before {self.next_epoch}")
         rp = RankPlan(self.rank, part.sample, part.slot, part.flags, part.step_offsets,
-                      self.slots, first_step=k * run.steps_per_epoch, tslot=part.tslot,
-                      tier_slots=self.tier_slots)  # fmt: skip
+                      self.slots, first_step=k * run.steps_per_epoch,
+                      tier_slots=self.tier_slots, tslot=part.tslot)  # fmt: skip
         _check_shapes(rp, run)
         served = self.order.served(k)
         self.order.prefetch(k + 1)  # drawn (GIL held) while the checks below run without it
         _positions(served, 0, self.pos)
         self.expected[k] = _digest(served, self.key)
         code, i, self.mine[k] = _check_epoch(
-            rp.sample, rp.slot, rp.tiers, rp.flags, rp.step_offsets, 0, self.bounds, self.pos,
+            rp.sample, rp.slot, rp.tslot, rp.flags, rp.step_offsets, 0, self.bounds, self.pos,
             self.seen, k, self.slots, self.state, self.key, _NEEDS,
         )  # fmt: skip
         if code != _OK:
@@ -171,7 +171,7 @@ def validate_rank(
     for e in range(run.epochs):
         lo, hi = int(off[e * spe]), int(off[(e + 1) * spe])
         v.check(RankEpoch(e, rp.sample[lo:hi], rp.slot[lo:hi], rp.flags[lo:hi],
-                          off[e * spe : (e + 1) * spe + 1] - lo, rp.tiers[lo:hi]))  # fmt: skip
+                          off[e * spe : (e + 1) * spe + 1] - lo, rp.tslot[lo:hi]))  # fmt: skip
     return v.mine, v.expected
 
 
@@ -199,10 +199,10 @@ def _check_shapes(rp: RankPlan, run: RunConfig) -> None:
         raise CorruptPlanError(
             f"{where}, step {k0}: {off.size - 1} steps in an epoch of {run.steps_per_epoch}"
         )
-    arrays = (off, rp.sample, rp.slot, rp.flags, rp.tiers)
+    arrays = (off, rp.sample, rp.slot, rp.flags, rp.tslot)
     if not all(np.issubdtype(a.dtype, np.integer) for a in arrays):
         raise CorruptPlanError(f"{where}, step {k0}: plan arrays must hold integers")
-    if not rp.sample.shape == rp.slot.shape == rp.flags.shape == rp.tiers.shape:
+    if not rp.sample.shape == rp.slot.shape == rp.flags.shape == rp.tslot.shape:
         raise CorruptPlanError(f"{where}, step {k0}: plan arrays differ in length")
     steps = np.diff(off)
     if off[0] != 0 or off[-1] != rp.sample.size or np.any(steps < 0):
@@ -217,7 +217,7 @@ def _check_shapes(rp: RankPlan, run: RunConfig) -> None:
 
 def _describe(code: int, i: int, rp: RankPlan, state: np.ndarray) -> str:
     k = rp.first_step + int(np.searchsorted(rp.step_offsets, i, side="right") - 1)
-    x, s, f, ts = int(rp.sample[i]), int(rp.slot[i]), int(rp.flags[i]), int(rp.tiers[i])
+    x, s, f, ts = int(rp.sample[i]), int(rp.slot[i]), int(rp.flags[i]), int(rp.tslot[i])
     need = int(_NEEDS[f]) if f < _NEEDS.size else 0
     if code == _SAMPLE:
         what = f"sample id {x} is out of range"
