@@ -91,6 +91,19 @@ def _rekey(key, heap, pos, r, s, n):
         _sift_down(key, heap, pos, r, i)
 
 
+@njit(cache=True, inline="always")
+def _place(seq, a, b, k, world, cap_of, holder, hslot, count, rank_out, slot_out, flags):
+    """Who serves each access of global step ``k`` (``[a, b)``): affinity to the rank holding
+    it (a hit, ``slot_out`` its cell) while under its cap, then the balanced assignment of the
+    rest. ``count[r]`` becomes rank r's local batch."""
+    cap = np.zeros(world, np.int64)
+    reads = np.zeros(world, np.int64)
+    step_caps(b - a, world, cap_of, cap)
+    count[:] = 0
+    assign_affinity(seq, a, b, holder, hslot, count, cap, rank_out, slot_out, flags)
+    assign_balanced(a, b, k, world, count, reads, cap, rank_out)
+
+
 @njit(cache=True, nogil=True)
 def _solar_steps(
     seq, nu, bounds, k0, world, cap_of,  # inputs: one epoch; k0 is its first global step
@@ -99,15 +112,9 @@ def _solar_steps(
 ):  # fmt: skip
     cap_slots = key.shape[1]
     count = np.zeros(world, np.int64)
-    reads = np.zeros(world, np.int64)
-    cap = np.zeros(world, np.int64)
     for k in range(bounds.shape[0] - 1):
         a, b = bounds[k], bounds[k + 1]
-        step_caps(b - a, world, cap_of, cap)
-        count[:] = 0
-        reads[:] = 0
-        assign_affinity(seq, a, b, holder, hslot, count, cap, rank_out, slot_out, flags)
-        assign_balanced(a, b, k0 + k, world, count, reads, cap, rank_out)
+        _place(seq, a, b, k0 + k, world, cap_of, holder, hslot, count, rank_out, slot_out, flags)
         # Buffer updates in access order: a sample hit in this step has its key equal to its
         # position here, which is sooner than any read's next use, so it is never evicted
         # before it is served.
@@ -163,15 +170,9 @@ def _tiered_steps(
     c = rkey.shape[1]
     u = key.shape[1]
     count = np.zeros(world, np.int64)
-    reads = np.zeros(world, np.int64)
-    cap = np.zeros(world, np.int64)
     for k in range(bounds.shape[0] - 1):
         a, b = bounds[k], bounds[k + 1]
-        step_caps(b - a, world, cap_of, cap)
-        count[:] = 0
-        reads[:] = 0
-        assign_affinity(seq, a, b, holder, hslot, count, cap, rank_out, slot_out, flags)
-        assign_balanced(a, b, k0 + k, world, count, reads, cap, rank_out)
+        _place(seq, a, b, k0 + k, world, cap_of, holder, hslot, count, rank_out, slot_out, flags)
         for i in range(a, b):
             x = seq[i]
             r = rank_out[i]
