@@ -84,15 +84,17 @@ _WILLNEED = getattr(os, "POSIX_FADV_WILLNEED", 3)
 
 @njit(nogil=True)  # not cached: it embeds the addresses of libc's functions
 def _advise_preadv_each(fds, iov, offsets, got):
-    """Read j: ``iov[j, 1]`` bytes at ``offsets[j]`` of ``fds[j]``, without the GIL. Every
-    read is announced first (WILLNEED), so all are in flight at once rather than one at
-    a time: small files are bound by latency, not bandwidth."""
+    """Read j: ``iov[j, 1]`` bytes at ``offsets[j]`` of ``fds[j]``, without the GIL (``got``
+    -1 where ``fds[j]`` < 0: a file that did not open). Every read is announced first
+    (WILLNEED), so all are in flight at once rather than one at a time: small files are
+    bound by latency, not bandwidth."""
     n = fds.shape[0]
     if n > 1:
         for j in range(n):
-            _fadvise(fds[j], offsets[j], iov[j, 1], _WILLNEED)  # a hint: its errors are moot
+            if fds[j] >= 0:
+                _fadvise(fds[j], offsets[j], iov[j, 1], _WILLNEED)  # a hint: errors are moot
     for j in range(n):
-        got[j] = _preadv(fds[j], iov.ctypes.data + 16 * j, 1, offsets[j])
+        got[j] = -1 if fds[j] < 0 else _preadv(fds[j], iov.ctypes.data + 16 * j, 1, offsets[j])
 
 
 _open = _libc.open
@@ -123,12 +125,7 @@ def _open_read_close(names, name_at, files, iov, offsets, got, hold):
                 fds[b] = _open(names.ctypes.data + name_at[files[b]], _O_READ)
                 opened += 1
             b += 1
-        if b - a > 1:
-            for j in range(a, b):
-                if fds[j] >= 0:
-                    _fadvise(fds[j], offsets[j], iov[j, 1], _WILLNEED)
-        for j in range(a, b):
-            got[j] = -1 if fds[j] < 0 else _preadv(fds[j], iov.ctypes.data + 16 * j, 1, offsets[j])
+        _advise_preadv_each(fds[a:b], iov[a:b], offsets[a:b], got[a:b])
         for j in range(a, b):
             if fds[j] >= 0 and (j == b - 1 or files[j + 1] != files[j]):
                 _close(fds[j])
