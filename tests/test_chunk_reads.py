@@ -132,13 +132,13 @@ def test_read_ahead_announces_runs_in_read_order_within_its_window(tmp_path, mon
     monkeypatch.setattr(
         reader_module.os, "posix_fadvise", lambda fd, a, n, how: seen.append((a, n))
     )
-    monkeypatch.setattr(reader_module._ReadAhead, "WINDOW", 10)
+    monkeypatch.setattr(reader_module._ChunkHints, "WINDOW", 10)
 
     class Fds:
         def _fd(self, file):
             return contextlib.nullcontext(-1)
 
-    ahead = reader_module._ReadAhead(Fds(), tasks)  # type: ignore[arg-type]
+    ahead = reader_module._ChunkHints(Fds(), tasks)  # type: ignore[arg-type]
     ranges = [(lo, hi - lo) for t in tasks for lo, hi in zip(*t.spans[3:], strict=True)]
     assert len(ranges) == 12 and [t.spans[3].size for t in tasks] == [6, 6]
     assert all(n == 4 for _, n in ranges) and np.all(np.diff([a for a, _ in ranges]) > 0)

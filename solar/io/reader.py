@@ -466,10 +466,10 @@ class Reader:
         return int(sizes.sum())
 
     def _advise(self, tasks: list[ReadTask]) -> None:
-        """Start this thread's read-ahead over a job's chunk runs (see :class:`_ReadAhead`);
+        """Start this thread's read-ahead over a job's chunk runs (see :class:`_ChunkHints`);
         none with O_DIRECT, which bypasses the page cache the hints fill, or for one run."""
         runs = [] if self.direct_io else [t for t in tasks if isinstance(t, ChunkReads)]
-        ahead = _ReadAhead(self, runs) if sum(t.spans[3].size for t in runs) > 1 else None
+        ahead = _ChunkHints(self, runs) if sum(t.spans[3].size for t in runs) > 1 else None
         self._local.ahead = ahead
 
     def _read_ahead(self, upto: int) -> None:
@@ -715,7 +715,7 @@ def lift_one_sample(index: ChunkIndex, decoder: Decoder) -> tuple[ChunkIndex, De
     return lifted, dataclasses.replace(decoder, shape=shape, chunk_shape=chunk)
 
 
-class _ReadAhead:
+class _ChunkHints:
     """WILLNEED hints for a job's chunk runs, kept ``WINDOW`` bytes ahead of its reads, in
     the order it reads them.
 
