@@ -192,6 +192,11 @@ def test_loader_works_in_a_forked_or_spawned_process(tmp_path, method):
     ld = Loader(paths, batch_size=4, epochs=2, buffer=20)
     ld.set_epoch(0)
     list(ld)  # the parent has run an epoch, threads and descriptors included
+    check_child_serves_epoch_1(ld, method)
+
+
+def check_child_serves_epoch_1(ld: Loader, method: str) -> None:
+    """A child process (forked or spawned) serves epoch 1 with h5py's bytes, as the parent."""
     ctx = mp.get_context(method)
     q = ctx.Queue()
     p = ctx.Process(target=_iterate_epoch, args=(ld, q))

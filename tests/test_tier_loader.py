@@ -4,15 +4,13 @@ once per epoch, exact resume, and no tier file left behind."""
 from __future__ import annotations
 
 import gc
-import multiprocessing as mp
 import os
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
 from helpers import reference, skip_without_o_direct
-from test_loader import N, _iterate_epoch, _write, run_all
+from test_loader import N, _write, check_child_serves_epoch_1, run_all
 
 from solar import Loader, ReaderConfig, SolarError
 
@@ -154,14 +152,6 @@ def test_a_child_process_fills_a_tier_of_its_own(nvme, tmp_path, method):
     ld = Loader(data, batch_size=4, epochs=2, buffer=5, tier=nvme, tier_size=40)
     ld.set_epoch(0)
     list(ld)
-    ctx = mp.get_context(method)
-    q = ctx.Queue()
-    p = ctx.Process(target=_iterate_epoch, args=(ld, q))
-    p.start()
-    ok, idx = q.get(timeout=120)
-    p.join(timeout=60)
-    assert p.exitcode == 0 and ok
-    ld.set_epoch(1)
-    assert idx == np.concatenate([b["index"].numpy() for b in ld]).tolist()
+    check_child_serves_epoch_1(ld, method)
     ld.close()
     assert os.listdir(nvme) == []
