@@ -347,8 +347,9 @@ class Plan:
 class _Totals:
     """Per-rank totals, accumulated epoch by epoch."""
 
-    def __init__(self, world: int) -> None:
+    def __init__(self, world: int, tier: bool) -> None:
         self.a = np.zeros((5, world), np.int64)  # accesses, hits, admits, max batch, tier hits
+        self.tier = tier  # count tier hits (a pass over the epoch spared without a tier)
         self.min_batch = np.full(world, np.iinfo(np.int64).max, np.int64)
 
     def add(self, ep: EpochPlan) -> None:
@@ -357,7 +358,8 @@ class _Totals:
         self.a[0] += np.diff(ep.rank_offsets)
         self.a[1] += np.bincount(owner, (ep.flags & (HIT | THIT)) != 0, world).astype(np.int64)
         self.a[2] += np.bincount(owner, (ep.flags & ADMIT) != 0, world).astype(np.int64)
-        self.a[4] += np.bincount(owner, (ep.flags & THIT) != 0, world).astype(np.int64)
+        if self.tier:
+            self.a[4] += np.bincount(owner, (ep.flags & THIT) != 0, world).astype(np.int64)
         sizes = np.diff(ep.step_offsets, axis=1)
         self.a[3] = np.maximum(self.a[3], sizes.max(axis=1))
         self.min_batch = np.minimum(self.min_batch, sizes.min(axis=1))
@@ -377,7 +379,7 @@ def _run_planner(
     """Plan every epoch in order, handing each to ``sink`` (or nothing); totals and seconds."""
     t0 = time.perf_counter()
     planner = Planner(spec, epoch_order)
-    totals = _Totals(spec.run.world_size)
+    totals = _Totals(spec.run.world_size, tier_slot_count(spec.run, spec.buffer) > 0)
     for _ in range(spec.run.epochs):
         ep = planner.next_all()
         totals.add(ep)
