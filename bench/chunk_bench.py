@@ -17,7 +17,6 @@ median of ``--repeat`` interleaved measurements (the disk's cold latency drifts 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import tempfile
 import time
@@ -27,6 +26,7 @@ import h5py
 import numpy as np
 
 from solar import ReaderConfig
+from solar._atomic import write_json
 from solar.io.generate import generate
 from solar.io.hdf5 import describe
 from solar.io.pagecache import evict
@@ -125,7 +125,7 @@ def main() -> None:
             "repeat": args.repeat, "cpus": os.cpu_count(), "preset": "ptychonn",
             "chunk": "one sample", "evicted": "before each measurement",
         }  # fmt: skip
-        Path(args.json).write_text(json.dumps({"meta": meta, "results": results}, indent=1))
+        write_json(args.json, {"meta": meta, "results": results})
 
 
 if __name__ == "__main__":

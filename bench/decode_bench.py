@@ -23,7 +23,6 @@ CPU µs (thread CPU time) hold under other load; samples/s and 2T/1T need the 2 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import tempfile
@@ -36,6 +35,7 @@ import hdf5plugin
 import imagecodecs
 import numpy as np
 
+from solar._atomic import write_json
 from solar.io.chunks import chunk_index, read_chunk, read_rows
 from solar.io.codecs import Decoder, decoder_for
 from solar.io.generate import generate
@@ -271,8 +271,7 @@ def main() -> None:
             "codecs": codecs,
             "filters": filters,
         }
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(record, indent=1) + "\n")
+        write_json(args.json, record)
 
 
 if __name__ == "__main__":

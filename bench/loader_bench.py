@@ -16,7 +16,6 @@ notes §7, so figures are ratios measured side by side in this one run).
 from __future__ import annotations
 
 import argparse
-import json
 import tempfile
 import time
 from pathlib import Path
@@ -28,6 +27,7 @@ from torch.utils.data import DataLoader, DistributedSampler
 
 from solar import Loader, ReaderConfig
 from solar import bench as harness
+from solar._atomic import write_json
 from solar.io.generate import generate
 from solar.io.hdf5 import describe
 from solar.io.pagecache import evict
@@ -215,8 +215,7 @@ def main() -> None:
           f"torch {[round(t, 2) for t in e['torch_epoch_seconds']]}; "
           f"solar stall s {[round(t, 2) for t in e['solar_stall_seconds']]}")  # fmt: skip
     if opts.json:
-        opts.json.parent.mkdir(parents=True, exist_ok=True)
-        opts.json.write_text(json.dumps(results, indent=1))
+        write_json(opts.json, results)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,6 @@ that the reader's descriptor cache must recycle descriptors. Reports samples/s (
 from __future__ import annotations
 
 import argparse
-import json
 import resource
 import tempfile
 import time
@@ -23,6 +22,7 @@ import h5py
 import numpy as np
 
 from solar import Loader, ReaderConfig
+from solar._atomic import write_json
 from solar.io.convert import convert
 from solar.io.pagecache import evict
 from solar.io.sources import describe_source
@@ -96,7 +96,7 @@ def main() -> None:
     for k, v in result["share_of_converted"].items():
         print(f"{k:>14}: {100 * v:.0f} % of converted")
     if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=1))
+        write_json(args.json, result)
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 from solar import BufferConfig, PlanSpec, RunConfig, make_plan
+from solar._atomic import write_json
 from solar.schedule import POLICIES
 from solar.schedule.order import access_sequence
 from solar.schedule.policies import get_policy
@@ -143,8 +144,7 @@ def main() -> None:
             f"{r['max_local_batch']} |"
         )
     if opts.json:
-        opts.json.parent.mkdir(parents=True, exist_ok=True)
-        opts.json.write_text(json.dumps(results, indent=1))
+        write_json(opts.json, results)
 
 
 if __name__ == "__main__":

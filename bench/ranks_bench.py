@@ -22,6 +22,8 @@ import sys
 import time
 from pathlib import Path
 
+from solar._atomic import write_json
+
 N, B, E = 1_000_000, 32, 4
 BUFFER_SHARE = 0.2  # aggregate buffer as a share of N
 WORLDS = (8, 64, 256, 1024, 4096)
@@ -107,13 +109,12 @@ def main() -> None:
         rows = child(worlds, opts.repeat)
     print(table(rows))
     if opts.json:
-        opts.json.parent.mkdir(parents=True, exist_ok=True)
         results = {
             "config": {"num_samples": N, "batch_size": B, "epochs": E,
                        "buffer_share": BUFFER_SHARE, "pinned": pinned, "repeat": opts.repeat},
             "rows": rows,
         }  # fmt: skip
-        opts.json.write_text(json.dumps(results, indent=1) + "\n")
+        write_json(opts.json, results)
 
 
 if __name__ == "__main__":

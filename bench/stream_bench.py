@@ -13,7 +13,6 @@ planning, not I/O, is what is measured:
 from __future__ import annotations
 
 import argparse
-import json
 import resource
 import tempfile
 import time
@@ -23,6 +22,7 @@ import h5py
 import numpy as np
 
 from solar import Loader
+from solar._atomic import write_json
 
 
 def peak_rss() -> int:
@@ -86,8 +86,7 @@ def main() -> None:
         f"{replay:.1f} s ({n * last / replay / 1e6:.1f} M accesses/s)"
     )
     if opts.json:
-        opts.json.parent.mkdir(parents=True, exist_ok=True)
-        opts.json.write_text(json.dumps(r, indent=1))
+        write_json(opts.json, r)
 
 
 if __name__ == "__main__":

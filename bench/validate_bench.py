@@ -11,12 +11,12 @@ every epoch, a replay proving every hit). Every rank does this for itself, in pa
 from __future__ import annotations
 
 import argparse
-import json
 import tempfile
 import time
 from pathlib import Path
 
 from solar import BufferConfig, PlanSpec, RunConfig, load_plan, make_plan
+from solar._atomic import write_json
 from solar.schedule.validate import validate_rank
 
 
@@ -69,8 +69,7 @@ def main() -> None:
         f"{r['validate_all_ranks_without_comm_seconds']:.2f} s"
     )
     if opts.json:
-        opts.json.parent.mkdir(parents=True, exist_ok=True)
-        opts.json.write_text(json.dumps(r, indent=1))
+        write_json(opts.json, r)
 
 
 if __name__ == "__main__":

@@ -44,3 +44,12 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
         os.replace(tmp_path, path)
     finally:
         tmp_path.unlink(missing_ok=True)
+
+
+def write_json(path: str | os.PathLike, obj: object) -> None:
+    """Write ``obj`` as indented JSON to ``path`` atomically, making its directory if need be."""
+    import json
+
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    with atomic_path(path) as tmp:
+        tmp.write_text(json.dumps(obj, indent=1) + "\n")

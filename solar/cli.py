@@ -297,10 +297,9 @@ def bench(data, keys, one_per_file, world_size, batch_size, epochs, buffer, tier
         return
     click.echo(harness.format_results(result))
     if json_out:
-        from solar._atomic import atomic_path
+        from solar._atomic import write_json
 
-        with atomic_path(json_out) as tmp:
-            Path(tmp).write_text(json.dumps(result, indent=1))
+        write_json(json_out, result)
     if plot_out:
         harness.plot(result, Path(plot_out))
 
