@@ -22,6 +22,7 @@ import os
 import time
 import warnings
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -58,6 +59,10 @@ class Loader:
     ``buffer`` (RAM) and ``tier_size`` (a second tier: one file per rank in the directory
     ``tier``, on node-local NVMe) are per-rank capacities in samples (``500``) or bytes
     (``4GiB``). The planner decides, for every access, a RAM hit, a tier hit or a storage read.
+
+    ``snapshots``: a directory (shared by the ranks, beside the checkpoints) where rank 0 saves
+    the planner's state after each epoch it plans, a few MB; a resume (:meth:`load_state_dict`)
+    then replans from the newest snapshot at or before its epoch instead of from epoch 0.
     """
 
     def __init__(
@@ -81,6 +86,7 @@ class Loader:
         one_per_file: bool = False,
         tier: str | os.PathLike | None = None,
         tier_size: int | str = 0,
+        snapshots: str | os.PathLike | None = None,
     ) -> None:
         # Other ranks may be waiting in the plan agreement: a failure here takes the job down.
         with abort_job_on_error(comm):
@@ -119,7 +125,9 @@ class Loader:
                 given.validate(self.rank, comm)
             # This rank's part, one epoch at a time: read from the plan given, or planned one
             # epoch ahead in the background.
-            self._stream = RankStream(self.spec, self.rank, given)
+            if snapshots is not None and not Path(snapshots).is_dir():
+                raise SolarError(f"snapshots: {snapshots} is not a directory")
+            self._stream = RankStream(self.spec, self.rank, given, snapshots)
             self.reader = Reader(self.info, config, throttle)
             self.stats = LoaderStats()
             self.global_batch = 0  # samples over all ranks in the step last yielded

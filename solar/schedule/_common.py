@@ -24,6 +24,7 @@ NEVER = np.iinfo(np.int64).max  # "next use" of a sample that is not used again
 
 
 Progress = Callable[[int], None]
+NextUse = Callable[[np.ndarray], np.ndarray]  # samples -> their next uses (global positions)
 
 
 @dataclass

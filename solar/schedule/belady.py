@@ -31,64 +31,15 @@ from solar.schedule._common import (
     TADMIT,
     THIT,
     EpochSchedule,
+    NextUse,
     OccupantContents,
     cap_table,
     slot_count,
     tier_slot_count,
 )
 from solar.schedule.assign import assign_affinity, assign_balanced, step_caps
+from solar.schedule.maxheap import ARITY, empty_heaps, rekey, sift_down, sift_up
 from solar.schedule.order import sample_dtype, step_bounds
-
-
-@njit(cache=True, inline="always")
-def _sift_up(key, heap, pos, r, i):
-    k = key[r, i]
-    s = heap[r, i]
-    while i > 0:
-        p = (i - 1) >> 1
-        if key[r, p] >= k:
-            break
-        key[r, i] = key[r, p]
-        heap[r, i] = heap[r, p]
-        pos[r, heap[r, i]] = i
-        i = p
-    key[r, i] = k
-    heap[r, i] = s
-    pos[r, s] = i
-
-
-@njit(cache=True, inline="always")
-def _sift_down(key, heap, pos, r, i):
-    n = key.shape[1]
-    k = key[r, i]
-    s = heap[r, i]
-    while True:
-        c = 2 * i + 1
-        if c >= n:
-            break
-        if c + 1 < n and key[r, c + 1] > key[r, c]:
-            c += 1
-        if key[r, c] <= k:
-            break
-        key[r, i] = key[r, c]
-        heap[r, i] = heap[r, c]
-        pos[r, heap[r, i]] = i
-        i = c
-    key[r, i] = k
-    heap[r, i] = s
-    pos[r, s] = i
-
-
-@njit(cache=True)
-def _rekey(key, heap, pos, r, s, n):
-    """Set the key of rank r's cell ``s`` to ``n`` and restore the max-heap."""
-    i = pos[r, s]
-    old = key[r, i]
-    key[r, i] = n
-    if n > old:
-        _sift_up(key, heap, pos, r, i)
-    elif n < old:
-        _sift_down(key, heap, pos, r, i)
 
 
 @njit(cache=True, inline="always")
@@ -125,7 +76,7 @@ def _solar_steps(
             if flags[i] & HIT:
                 s = slot_out[i]
                 key[r, pos[r, s]] = n
-                _sift_up(key, heap, pos, r, pos[r, s])
+                sift_up(key, heap, pos, r, pos[r, s])
                 if n == NEVER:
                     flags[i] |= RELEASE
                     holder[x] = -1
@@ -136,7 +87,7 @@ def _solar_steps(
                 # Held by a rank already at its cap: that rank keeps it for its next use.
                 s = hslot[x]
                 key[h, pos[h, s]] = n
-                _sift_up(key, heap, pos, h, pos[h, s])
+                sift_up(key, heap, pos, h, pos[h, s])
                 if n == NEVER:
                     holder[x] = -1
                     occupant[h, s] = -1
@@ -149,7 +100,7 @@ def _solar_steps(
                 holder[x] = r
                 hslot[x] = s
                 key[r, 0] = n
-                _sift_down(key, heap, pos, r, 0)
+                sift_down(key, heap, pos, r, 0)
                 flags[i] = ADMIT
                 slot_out[i] = s
         counts[k, :] = count
@@ -180,9 +131,9 @@ def _tiered_steps(
             tslot_out[i] = -1
             if flags[i] & HIT:
                 s = slot_out[i]  # a cell: a RAM slot or C + a tier slot
-                _rekey(key, heap, pos, r, s, n)
+                rekey(key, heap, pos, r, s, n)
                 if s < c:
-                    _rekey(rkey, rheap, rpos, r, s, n)
+                    rekey(rkey, rheap, rpos, r, s, n)
                 else:
                     flags[i] = THIT
                     slot_out[i] = -1
@@ -198,26 +149,26 @@ def _tiered_steps(
                     ky = rkey[r, 0]
                     occupant[r, d] = x
                     hslot[x] = d
-                    _rekey(key, heap, pos, r, d, n)
+                    rekey(key, heap, pos, r, d, n)
                     rkey[r, 0] = n
-                    _sift_down(rkey, rheap, rpos, r, 0)
+                    sift_down(rkey, rheap, rpos, r, 0)
                     flags[i] |= ADMIT
                     slot_out[i] = d
                     occupant[r, s] = y
                     if y >= 0:
                         hslot[y] = s
-                        _rekey(key, heap, pos, r, s, ky)
+                        rekey(key, heap, pos, r, s, ky)
                         flags[i] |= DEMOTE
                     else:
-                        _rekey(key, heap, pos, r, s, NEVER)
+                        rekey(key, heap, pos, r, s, NEVER)
                 continue
             h = holder[x]
             if h >= 0:
                 # Held by a rank already at its cap: that rank keeps it for its next use.
                 s = hslot[x]
-                _rekey(key, heap, pos, h, s, n)
+                rekey(key, heap, pos, h, s, n)
                 if s < c:
-                    _rekey(rkey, rheap, rpos, h, s, n)
+                    rekey(rkey, rheap, rpos, h, s, n)
                 if n == NEVER:
                     holder[x] = -1
                     occupant[h, s] = -1
@@ -236,7 +187,7 @@ def _tiered_steps(
                         holder[old] = -1
                     occupant[r, z] = y
                     hslot[y] = z
-                    _rekey(key, heap, pos, r, z, ky)
+                    rekey(key, heap, pos, r, z, ky)
                     flags[i] = ADMIT | DEMOTE
                     tslot_out[i] = z - c
                 else:
@@ -246,9 +197,9 @@ def _tiered_steps(
                 occupant[r, d] = x
                 holder[x] = r
                 hslot[x] = d
-                _rekey(key, heap, pos, r, d, n)
+                rekey(key, heap, pos, r, d, n)
                 rkey[r, 0] = n
-                _sift_down(rkey, rheap, rpos, r, 0)
+                sift_down(rkey, rheap, rpos, r, 0)
                 slot_out[i] = d
             else:
                 # RAM holds only sooner uses: x goes to the tier, in place of the farthest.
@@ -259,7 +210,7 @@ def _tiered_steps(
                 holder[x] = r
                 hslot[x] = z
                 key[r, 0] = n
-                _sift_down(key, heap, pos, r, 0)
+                sift_down(key, heap, pos, r, 0)
                 flags[i] = TADMIT
                 tslot_out[i] = z - c
         counts[k, :] = count
@@ -275,13 +226,47 @@ class SolarPolicy(OccupantContents):
         world, c = run.world_size, slot_count(run, buffer)
         self.tier = tier_slot_count(run, buffer)
         u = c + self.tier  # cells: RAM slots, then tier slots
-        self.holder = np.full(run.num_samples, -1, np.int32)
-        self.hslot = np.full(run.num_samples, -1, np.int32)
-        self.key, self.heap, self.pos = _heaps(world, u)
-        self.rkey, self.rheap, self.rpos = _heaps(world, c if self.tier else 0)
+        # holder[x] (rank) and hslot[x] (cell) side by side: one cache miss finds both.
+        held = np.full((run.num_samples, 2), -1, np.int32)
+        self.holder, self.hslot = held[:, 0], held[:, 1]
+        self.key, self.heap, self.pos = empty_heaps(world, u)
+        self.rkey, self.rheap, self.rpos = empty_heaps(world, c if self.tier else 0)
         self.occupant = np.full((world, u), -1, sample_dtype(run.num_samples))
         self.cap_of = cap_table(run, buffer)
         self.bounds = step_bounds(run)
+
+    def snapshot(self) -> dict[str, np.ndarray]:
+        """The state between epochs, less what the order gives back (keys are next uses, and
+        who holds what is in the cells): each cell's sample, and the heaps' layouts."""
+        return {"occupant": self.occupant, "heap": self.heap, "rheap": self.rheap}
+
+    def restore(self, state: dict[str, np.ndarray], next_use: NextUse) -> None:
+        """Take the state of :meth:`snapshot`, proven consistent first: ``next_use(samples)``
+        gives their next uses from the epoch it was taken before. Raises ValueError naming
+        what is wrong, leaving the policy as it was."""
+        world, u = self.occupant.shape
+        c = self.rkey.shape[1]
+        occ = _array(state, "occupant", self.occupant.dtype, (world, u))
+        heap = _array(state, "heap", np.int32, (world, u))
+        rheap = _array(state, "rheap", np.int32, (world, c))
+        held = occ[occ >= 0]
+        if occ.size and (occ.min() < -1 or occ.max() >= self.run.num_samples):
+            raise ValueError("occupant: a sample id out of range")
+        if np.unique(held).size != held.size:
+            raise ValueError("occupant: a sample held in two cells")
+        keys = np.full((world, u), NEVER, np.int64)
+        keys[occ >= 0] = next_use(held)
+        if np.any(keys[occ >= 0] == NEVER):
+            raise ValueError("occupant: a sample held but never used again")
+        key, pos = _heap_of(keys, heap, "heap")
+        rkey, rpos = _heap_of(keys[:, :c], rheap, "rheap")
+        ranks, cells = np.nonzero(occ >= 0)
+        self.holder[:] = -1
+        self.holder[held] = ranks
+        self.hslot[held] = cells
+        self.occupant[:] = occ
+        self.key[:], self.heap[:], self.pos[:] = key, heap, pos
+        self.rkey[:], self.rheap[:], self.rpos[:] = rkey, rheap, rpos
 
     def plan_epoch(self, k: int, seq: np.ndarray, next_use: np.ndarray | None) -> EpochSchedule:
         """Decide epoch ``k``; ``next_use`` is required."""
@@ -303,7 +288,23 @@ class SolarPolicy(OccupantContents):
         return out
 
 
-def _heaps(world: int, cells: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Empty per-rank max-heaps over ``cells`` cells: (key, heap, pos), all keys NEVER."""
-    heap = np.tile(np.arange(cells, dtype=np.int32), (world, 1))
-    return np.full((world, cells), NEVER, np.int64), heap, heap.copy()
+def _array(state: dict[str, np.ndarray], name: str, dtype, shape: tuple[int, int]) -> np.ndarray:
+    a = state.get(name)
+    if not isinstance(a, np.ndarray) or a.dtype != dtype or a.shape != shape:
+        raise ValueError(f"{name}: expected {np.dtype(dtype)} {shape}")
+    return a
+
+
+def _heap_of(keys: np.ndarray, heap: np.ndarray, name: str) -> tuple[np.ndarray, np.ndarray]:
+    """Keys in ``heap``'s order and its inverse (``pos``), once ``heap`` is proven to be, row by
+    row, a permutation of the cells that orders ``keys`` as a max-heap."""
+    cells = keys.shape[1]
+    if not np.array_equal(np.sort(heap, axis=1), np.broadcast_to(np.arange(cells), heap.shape)):
+        raise ValueError(f"{name}: a row is not a permutation of the cells")
+    key = np.take_along_axis(keys, heap.astype(np.intp), axis=1)
+    child = np.arange(1, cells)
+    if np.any(key[:, child] > key[:, (child - 1) // ARITY]):
+        raise ValueError(f"{name}: not a heap under the next uses")
+    pos = np.empty_like(heap)
+    np.put_along_axis(pos, heap.astype(np.intp), np.arange(cells, dtype=np.int32)[None], axis=1)
+    return key, pos

@@ -8,6 +8,7 @@ Belady needs a few epochs of order, never the whole run.
 from __future__ import annotations
 
 import os
+import threading
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 
@@ -29,6 +30,22 @@ def _positions(served, base, pos):
 
 
 @njit(cache=True, nogil=True)
+def _fill_first(seq, pos, unserved, out):
+    """``out[i] = pos[seq[i]]`` where found; returns the ``i`` not found, at most
+    ``unserved`` (the samples ``pos``'s epoch leaves out: drop_last)."""
+    pending = np.empty(unserved, np.int64)
+    left = 0
+    for i in range(seq.shape[0]):
+        p = pos[seq[i]]
+        if p >= 0:
+            out[i] = p
+        else:
+            pending[left] = i
+            left += 1
+    return pending[:left]
+
+
+@njit(cache=True, nogil=True)
 def _fill_next(seq, pending, pos, out):
     """Resolve ``out[i]`` for pending ``i`` found in ``pos``; returns the still-pending ones."""
     left = 0
@@ -45,54 +62,112 @@ def _fill_next(seq, pending, pos, out):
 
 class EpochOrder:
     """Served samples of each run epoch (``epoch_order[k]`` names its permutation), generated on
-    demand; the last few are kept, since planning epoch k reads epochs k and k+1."""
+    demand; the last few are kept, since planning epoch k reads epochs k and k+1.
+
+    One background thread works ahead: :meth:`prefetch` draws an epoch's order there, and
+    :meth:`ahead` also computes its next uses, so that the planner finds both ready while its
+    kernel (which releases the GIL) runs on the epoch before. The cache and the position buffer
+    are guarded by locks, so the caller may use :meth:`served` meanwhile.
+    """
 
     def __init__(self, run: RunConfig, epoch_order: np.ndarray, keep: int = 4) -> None:
         self.run = run
         self.epoch_order = epoch_order
         self._keep = keep
         self._cache: OrderedDict[int, np.ndarray] = OrderedDict()
+        self._cache_lock = threading.Lock()
         self._pos: np.ndarray | None = None
-        self._ahead: dict[int, Future[np.ndarray]] = {}
+        self._pos_lock = threading.Lock()
+        self._spare: list[np.ndarray] = []  # next-use buffers handed back: no fresh pages
+        self._jobs: dict[tuple[str, int], Future] = {}
         self._pool: ThreadPoolExecutor | None = None
+        self._local = threading.local()
         self._pid = os.getpid()
 
     def _draw(self, k: int) -> np.ndarray:
         perm = epoch_permutation(self.run.seed, int(self.epoch_order[k]), self.run.num_samples)
         return epoch_samples(self.run, perm)
 
-    def prefetch(self, k: int) -> None:
-        """Start drawing epoch ``k``'s order in a background thread. numpy holds the GIL while
-        it shuffles, but the planning kernels release it, so the two overlap on two cores."""
+    def _submit(self, kind: str, k: int, fn, *args) -> None:
         if os.getpid() != self._pid:  # forked: the pool's thread did not come along
-            self._pid, self._pool, self._ahead = os.getpid(), None, {}
-        if k >= self.run.epochs or k in self._cache or k in self._ahead:
+            self._pid, self._pool, self._jobs = os.getpid(), None, {}
+        if k >= self.run.epochs or (kind, k) in self._jobs:
             return
         if self._pool is None:
-            self._pool = ThreadPoolExecutor(1, thread_name_prefix="solar-order")
-        self._ahead[k] = self._pool.submit(self._draw, k)
+            self._pool = ThreadPoolExecutor(
+                1, thread_name_prefix="solar-order", initializer=self._mark_worker
+            )
+        self._jobs[kind, k] = self._pool.submit(fn, *args)
+
+    def _mark_worker(self) -> None:
+        self._local.worker = True
+
+    def _take(self, kind: str, k: int) -> Future | None:
+        """The job started for (kind, k), if any and if waiting for it cannot deadlock: never
+        in the pool's own thread, where it would wait for a job queued behind itself."""
+        if os.getpid() != self._pid or getattr(self._local, "worker", False):
+            return None
+        return self._jobs.pop((kind, k), None)
+
+    def prefetch(self, k: int) -> None:
+        """Start drawing epoch ``k``'s order in the background thread (numpy's shuffle and the
+        planning kernels both release the GIL, so the two overlap on two cores)."""
+        with self._cache_lock:
+            if k in self._cache:
+                return
+        self._submit("served", k, self._draw, k)
+
+    def ahead(self, k: int) -> None:
+        """Start computing epoch ``k``'s order and next uses in the background thread."""
+        self._submit("next_use", k, self._with_next_use, k)
+
+    def with_next_use(self, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """Epoch ``k``'s served samples and their next uses (see :meth:`next_use`): from the
+        background thread if :meth:`ahead` started them, else computed now."""
+        job = self._take("next_use", k)
+        return job.result() if job is not None else self._with_next_use(k)
+
+    def _with_next_use(self, k: int) -> tuple[np.ndarray, np.ndarray]:
+        seq = self.served(k)
+        return seq, self.next_use(k, seq)
 
     def served(self, k: int) -> np.ndarray:
         """Samples served by run epoch ``k``, in order: shape (samples per epoch,)."""
-        got = self._cache.get(k)
-        if got is None:
-            ahead = self._ahead.pop(k, None) if os.getpid() == self._pid else None
-            got = self._cache[k] = ahead.result() if ahead is not None else self._draw(k)
+        with self._cache_lock:
+            got = self._cache.get(k)
+        if got is not None:
+            return got
+        job = self._take("served", k)
+        got = job.result() if job is not None else self._draw(k)
+        with self._cache_lock:
+            self._cache[k] = got
             while len(self._cache) > self._keep:
                 self._cache.popitem(last=False)
         return got
+
+    def recycle(self, next_use: np.ndarray) -> None:
+        """Hand back a next-use array no longer used, to be filled again for a later epoch."""
+        if next_use.shape == (self.run.samples_per_epoch,) and len(self._spare) < 2:
+            self._spare.append(next_use)
 
     def next_use(self, k: int, seq: np.ndarray) -> np.ndarray:
         """Global position of the next access to each of epoch ``k``'s samples ``seq`` (NEVER
         if none): shape (samples per epoch,) int64."""
         run = self.run
-        out = np.full(seq.shape[0], NEVER, np.int64)
-        if self._pos is None:
-            self._pos = np.empty(run.num_samples, np.int64)
-        pending = np.arange(seq.shape[0], dtype=np.int64)
-        for later in range(k + 1, run.epochs):
-            _positions(self.served(later), later * run.samples_per_epoch, self._pos)
-            pending = _fill_next(seq, pending, self._pos, out)
-            if pending.size == 0:
-                break
+        out = self._spare.pop() if self._spare else np.empty(0, np.int64)
+        if out.shape != seq.shape:
+            out = np.empty(seq.shape, np.int64)
+        out.fill(NEVER)
+        with self._pos_lock:
+            if self._pos is None:
+                self._pos = np.empty(run.num_samples, np.int64)
+            for later in range(k + 1, run.epochs):
+                _positions(self.served(later), later * run.samples_per_epoch, self._pos)
+                if later == k + 1:
+                    unserved = run.num_samples - run.samples_per_epoch
+                    pending = _fill_first(seq, self._pos, unserved, out)
+                else:
+                    pending = _fill_next(seq, pending, self._pos, out)
+                if pending.size == 0:
+                    break
         return out

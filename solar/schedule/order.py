@@ -18,8 +18,11 @@ def epoch_permutation(seed: int, epoch: int, num_samples: int) -> np.ndarray:
     epochs are independent streams and epoch 7 does not require drawing epochs 0..6.
     """
     ss = np.random.SeedSequence(seed, spawn_key=(epoch,))
-    perm = np.random.Generator(np.random.PCG64(ss)).permutation(num_samples)
-    return perm.astype(sample_dtype(num_samples), copy=False)
+    # Generator.permutation(n) shuffles arange(n) as int64; shuffling it in the narrower type
+    # swaps the same positions (the same permutation) with half the memory traffic.
+    perm = np.arange(num_samples, dtype=sample_dtype(num_samples))
+    np.random.Generator(np.random.PCG64(ss)).shuffle(perm)
+    return perm
 
 
 def sample_dtype(num_samples: int) -> np.dtype:

@@ -38,6 +38,7 @@ from typing import Any
 
 import h5py
 import numpy as np
+from numba import njit
 
 from solar._atomic import atomic_path
 from solar._memory import require_memory
@@ -47,6 +48,7 @@ from solar.schedule._common import (
     ADMIT,
     HIT,
     THIT,
+    EpochSchedule,
     Progress,
     no_tier,
     slot_count,
@@ -344,31 +346,40 @@ class Plan:
         return Path(path)
 
 
+@njit(cache=True, nogil=True)
+def _tally(rank, flags, out):
+    """Add each rank's accesses, hits (either tier), admissions and tier hits to ``out``
+    (4, P): one pass over an epoch's decisions in access order."""
+    for i in range(rank.shape[0]):
+        r = rank[i]
+        f = flags[i]
+        out[0, r] += 1
+        if f & (HIT | THIT):
+            out[1, r] += 1
+        if f & ADMIT:
+            out[2, r] += 1
+        if f & THIT:
+            out[3, r] += 1
+
+
 class _Totals:
     """Per-rank totals, accumulated epoch by epoch."""
 
-    def __init__(self, world: int, tier: bool) -> None:
-        self.a = np.zeros((5, world), np.int64)  # accesses, hits, admits, max batch, tier hits
-        self.tier = tier  # count tier hits (a pass over the epoch spared without a tier)
+    def __init__(self, world: int) -> None:
+        self.a = np.zeros((4, world), np.int64)  # accesses, hits, admits, tier hits
+        self.max_batch = np.zeros(world, np.int64)
         self.min_batch = np.full(world, np.iinfo(np.int64).max, np.int64)
 
-    def add(self, ep: EpochPlan) -> None:
-        world = ep.rank_offsets.size - 1
-        owner = np.repeat(np.arange(world), np.diff(ep.rank_offsets))
-        self.a[0] += np.diff(ep.rank_offsets)
-        self.a[1] += np.bincount(owner, (ep.flags & (HIT | THIT)) != 0, world).astype(np.int64)
-        self.a[2] += np.bincount(owner, (ep.flags & ADMIT) != 0, world).astype(np.int64)
-        if self.tier:
-            self.a[4] += np.bincount(owner, (ep.flags & THIT) != 0, world).astype(np.int64)
-        sizes = np.diff(ep.step_offsets, axis=1)
-        self.a[3] = np.maximum(self.a[3], sizes.max(axis=1))
-        self.min_batch = np.minimum(self.min_batch, sizes.min(axis=1))
+    def add(self, sched: EpochSchedule) -> None:
+        _tally(sched.rank, sched.flags, self.a)
+        self.max_batch = np.maximum(self.max_batch, sched.counts.max(axis=0))
+        self.min_batch = np.minimum(self.min_batch, sched.counts.min(axis=0))
 
     def stats(self) -> list[RankStats]:
-        acc, hits, admits, mx, tier = (row.tolist() for row in self.a)
-        low = self.min_batch.tolist()
+        acc, hits, admits, tier = (row.tolist() for row in self.a)
+        low, high = self.min_batch.tolist(), self.max_batch.tolist()
         return [
-            RankStats(acc[r], hits[r], acc[r] - hits[r], admits[r], low[r], mx[r], tier[r])
+            RankStats(acc[r], hits[r], acc[r] - hits[r], admits[r], low[r], high[r], tier[r])
             for r in range(len(acc))
         ]
 
@@ -379,12 +390,12 @@ def _run_planner(
     """Plan every epoch in order, handing each to ``sink`` (or nothing); totals and seconds."""
     t0 = time.perf_counter()
     planner = Planner(spec, epoch_order)
-    totals = _Totals(spec.run.world_size, tier_slot_count(spec.run, spec.buffer) > 0)
+    totals = _Totals(spec.run.world_size)
     for _ in range(spec.run.epochs):
-        ep = planner.next_all()
-        totals.add(ep)
+        seq, sched = planner.next_schedule()
+        totals.add(sched)
         if sink is not None:
-            sink(ep)
+            sink(planner.group(seq, sched))
         if progress is not None:
             progress(spec.run.steps_per_epoch)
     return planner.epoch_order, totals.stats(), time.perf_counter() - t0

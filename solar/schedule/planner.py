@@ -71,24 +71,52 @@ class Planner:
         self.policy = make_policy(spec.policy, run, spec.buffer, self.order)
         self.epoch = 0  # the next epoch to plan
 
-    def _decide(self) -> tuple[np.ndarray, EpochSchedule]:
+    def next_schedule(self) -> tuple[np.ndarray, EpochSchedule]:
+        """Plan the next epoch: its served samples and the policy's decisions, in access order
+        (what a simulation needs; :meth:`next_all` and :meth:`next_rank` group them)."""
         k = self.epoch
         if k >= self.spec.run.epochs:
             raise IndexError(f"the run has {self.spec.run.epochs} epochs, all planned")
-        seq = self.order.served(k)
-        nu = self.order.next_use(k, seq) if self.policy.needs_next_use else None
-        self.order.prefetch(k + 2)  # drawn while the kernel below runs without the GIL
+        if self.policy.needs_next_use:
+            seq, nu = self.order.with_next_use(k)
+            self.order.ahead(k + 1)  # computed while the kernel below runs without the GIL
+        else:
+            seq, nu = self.order.served(k), None
+            self.order.prefetch(k + 1)
         sched = self.policy.plan_epoch(k, seq, nu)
+        if nu is not None:
+            self.order.recycle(nu)
         self.epoch += 1
         return seq, sched
 
+    def snapshot(self) -> dict[str, np.ndarray] | None:
+        """The state before the next epoch (:mod:`solar.schedule.snapshot`), or None if the
+        policy has no :meth:`restore` (it is replanned from epoch 0)."""
+        take = getattr(self.policy, "snapshot", None)
+        return take() if take is not None else None
+
+    def restore(self, epoch: int, state: dict[str, np.ndarray]) -> None:
+        """Continue from the state a planner had before ``epoch`` (0 < epoch < E); raises
+        ValueError if ``state`` is not consistent with this run's order."""
+        if not 0 < epoch < self.spec.run.epochs:
+            raise ValueError(f"epoch {epoch} outside 1..{self.spec.run.epochs - 1}")
+        restore = getattr(self.policy, "restore", None)
+        if restore is None:
+            raise ValueError(f"policy {self.spec.policy!r} cannot be restored from a snapshot")
+        restore(state, lambda samples: self.order.next_use(epoch - 1, samples))
+        self.epoch = epoch
+
     def skip(self) -> None:
         """Plan the next epoch and keep nothing of it (to reach a later epoch)."""
-        self._decide()
+        self.next_schedule()
 
     def next_all(self) -> EpochPlan:
         """Plan the next epoch; every rank's part."""
-        seq, sched = self._decide()
+        return self.group(*self.next_schedule())
+
+    def group(self, seq: np.ndarray, sched: EpochSchedule) -> EpochPlan:
+        """The last epoch planned, ``seq`` and ``sched`` from :meth:`next_schedule`, grouped
+        by rank."""
         world = self.spec.run.world_size
         per_rank = sched.counts.sum(axis=0, dtype=np.int64)
         rank_offsets = np.concatenate([[0], np.cumsum(per_rank)]).astype(np.int64)
@@ -106,7 +134,7 @@ class Planner:
 
     def next_rank(self, r: int) -> RankEpoch:
         """Plan the next epoch; only rank ``r``'s part (every rank is simulated)."""
-        seq, sched = self._decide()
+        seq, sched = self.next_schedule()
         mine = np.flatnonzero(sched.rank == r)
         step_offsets = np.zeros(sched.counts.shape[0] + 1, np.int64)
         np.cumsum(sched.counts[:, r], out=step_offsets[1:])

@@ -5,18 +5,23 @@ the current epoch and whatever later epochs are already planned). Planning runs 
 background thread (the numba kernels release the GIL), one epoch ahead of the consumer; memory
 holds the planner's state, O(N + P·C), and the window, whatever the number of epochs. A jump
 backwards (a resume, or an epoch served again) replans from epoch 0 without keeping anything
-until the wanted epoch: a replay whose cost is the planning time of the epochs before it.
+until the wanted epoch: a replay whose cost is the planning time of the epochs before it; or,
+given a directory of planner snapshots (:mod:`solar.schedule.snapshot`, which rank 0 writes
+after each epoch it plans), from the newest snapshot at or before the wanted epoch.
 """
 
 from __future__ import annotations
 
 import os
 import time
+import warnings
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
 
+from solar.errors import SolarError
+from solar.schedule import snapshot
 from solar.schedule._common import slot_count, tier_slot_count
 from solar.schedule.planner import Planner, RankEpoch
 from solar.schedule.rankplan import RankPlan, _replay
@@ -25,10 +30,11 @@ from solar.schedule.rankplan import RankPlan, _replay
 class RankStream:
     """Rank ``rank``'s steps of ``spec``'s run, planned epoch by epoch in the background."""
 
-    def __init__(self, spec, rank: int, plan: Any = None) -> None:
+    def __init__(self, spec, rank: int, plan: Any = None, snapshots: Any = None) -> None:
         self.spec = spec
         self.rank = rank
         self.plan = plan  # a Plan to read epochs from (made, or a file proven safe), or None
+        self.snapshots = snapshots  # a directory of planner snapshots (rank 0 writes), or None
         self.slots = slot_count(spec.run, spec.buffer)
         self.tier_slots = tier_slot_count(spec.run, spec.buffer)
         self.wait_seconds = 0.0  # time callers waited for planning (replays included)
@@ -46,7 +52,8 @@ class RankStream:
 
     def __getstate__(self) -> dict:
         return {"spec": self.spec, "rank": self.rank, "plan": self.plan, "slots": self.slots,
-                "tier_slots": self.tier_slots, "wait_seconds": self.wait_seconds}  # fmt: skip
+                "tier_slots": self.tier_slots, "wait_seconds": self.wait_seconds,
+                "snapshots": self.snapshots}  # fmt: skip
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
@@ -70,7 +77,17 @@ class RankStream:
         if self._future is None and self._planner.epoch < self.spec.run.epochs:
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(1, thread_name_prefix="solar-plan")
-            self._future = self._pool.submit(self._planner.next_rank, self.rank)
+            self._future = self._pool.submit(self._plan_next, self._planner)
+
+    def _plan_next(self, planner: Planner) -> RankEpoch:
+        """Plan the next epoch (in the background thread); rank 0 then saves a snapshot."""
+        part = planner.next_rank(self.rank)
+        if self.snapshots is not None and self.rank == 0 and self._pid == os.getpid():
+            try:
+                snapshot.save(self.snapshots, planner)
+            except (OSError, SolarError) as exc:  # a resume will replan further back, that's all
+                warnings.warn(f"planner snapshot not saved: {exc}", stacklevel=1)
+        return part
 
     def _collect(self, wait: bool) -> bool:
         """Append the background epoch to the window if it is done (or ``wait``)."""
@@ -104,12 +121,15 @@ class RankStream:
             self._future.result()  # the planner is in use until then
             self._future = None
         if self._planner is None or self._planner.epoch > epoch:
-            self._planner = Planner(self.spec)
+            restored = None
+            if self.snapshots is not None:
+                restored = snapshot.load(self.snapshots, self.spec, epoch)
+            self._planner = restored or Planner(self.spec)
         while self._planner.epoch < epoch:
             self._planner.skip()
         self._initial = self._planner.contents(self.rank)
         self._first = epoch
-        self._parts = [self._planner.next_rank(self.rank)]
+        self._parts = [self._plan_next(self._planner)]
         self._window = None
         self.wait_seconds += time.perf_counter() - t0
         self._submit()

@@ -142,7 +142,7 @@ class RankValidator:
                       tier_slots=self.tier_slots, tslot=part.tslot)  # fmt: skip
         _check_shapes(rp, run)
         served = self.order.served(k)
-        self.order.prefetch(k + 1)  # drawn (GIL held) while the checks below run without it
+        self.order.prefetch(k + 1)  # drawn while the checks below run
         _positions(served, 0, self.pos)
         self.expected[k] = _digest(served, self.key)
         code, i, self.mine[k] = _check_epoch(
