@@ -88,8 +88,12 @@ def main() -> None:
         from solar.io.hdf5 import describe
 
         buffer = int(describe([opts.data]).num_samples * float(buffer[:-1]) / 100)
+    # Planner snapshots beside the checkpoint: a resume replans from the last epoch boundary.
+    snapshots = opts.checkpoint.with_name(opts.checkpoint.name + ".planner")
+    snapshots.mkdir(parents=True, exist_ok=True)
     loader = Loader(opts.data, batch_size=opts.batch_size, epochs=opts.epochs, buffer=buffer,
-                    slack=opts.slack, seed=opts.seed, comm=d.comm)  # fmt: skip
+                    slack=opts.slack, seed=opts.seed, comm=d.comm,
+                    snapshots=snapshots)  # fmt: skip
 
     torch.manual_seed(opts.seed)
     model = DDP(Surrogate())
