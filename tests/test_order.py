@@ -75,3 +75,13 @@ def test_buffer_sizes():
         BufferConfig(5, -0.1)
     assert BufferConfig(0, 0.1).cap(10) == 11
     assert BufferConfig(0, 0.0).cap(10) == 10
+
+
+def test_next_uses_of_a_repeated_sample_are_refused_not_written_past_the_end():
+    from solar.schedule.epochs import EpochOrder
+
+    run = RunConfig(10, 1, 3, 3, 0, True)  # 9 served per epoch: one sample left out
+    order = EpochOrder(run, np.arange(3))
+    left_out = np.setdiff1d(np.arange(10), order.served(1))
+    with pytest.raises(ValueError, match="repeated"):
+        order.next_use(0, np.repeat(left_out, 3))

@@ -40,6 +40,8 @@ def _fill_first(seq, pos, unserved, out):
         if p >= 0:
             out[i] = p
         else:
+            if left == unserved:  # only if seq repeats a sample: never write past the end
+                raise ValueError("next uses asked for a repeated sample")
             pending[left] = i
             left += 1
     return pending[:left]
