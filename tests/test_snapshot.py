@@ -133,6 +133,15 @@ def test_a_damaged_or_foreign_snapshot_is_refused(tmp_path):
         assert snapshot.load(tmp_path, spec, 4) is None
 
 
+def test_a_snapshot_that_inflates_beyond_its_size_is_refused_before_inflating(tmp_path):
+    spec = _spec()
+    path = _saved(tmp_path, spec)
+    with open(path, "wb") as f:  # 8 MB of zeros in a few KB: a zip bomb in miniature
+        np.savez_compressed(f, occupant=np.zeros(2**20, np.int64))
+    with pytest.warns(UserWarning, match="more than a snapshot's"):
+        assert snapshot.load(tmp_path, spec, 4) is None
+
+
 def test_the_newest_snapshot_not_after_the_epoch_is_used(tmp_path):
     spec = _spec()
     planner = Planner(spec)

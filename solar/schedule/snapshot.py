@@ -77,26 +77,34 @@ def save(directory: str | os.PathLike, planner: Planner) -> Path | None:
     return path
 
 
-def load(directory: str | os.PathLike, spec: Any, epoch: int, after: int = 0) -> Planner | None:
+def load(directory: str | os.PathLike, spec: Any, epoch: int) -> Planner | None:
     """A planner for ``spec`` restored from its newest valid snapshot in ``directory`` taken
-    at an epoch in (after, epoch]; None if there is none. A snapshot refused is named in a
-    warning and skipped."""
+    at an epoch at or before ``epoch``; None if there is none. A snapshot refused is named in
+    a warning and skipped."""
+    planner: Planner | None = None
     for e in _epochs(Path(directory), spec.fingerprint):
-        if not after < e <= epoch:
+        if e > epoch:
             continue
+        planner = planner or Planner(spec)  # a refused restore leaves it as it was
+        state = planner.snapshot()
+        if state is None:
+            return None
+        # What the file may hold, uncompressed: the arrays a snapshot has, and a header.
+        limit = sum(a.nbytes for a in state.values()) + 2**16
         path = Path(directory) / _name(spec.fingerprint, e)
         try:
-            state = _read(path, spec.fingerprint, e)
-            planner = Planner(spec)
-            planner.restore(e, state)
+            planner.restore(e, _read(path, spec.fingerprint, e, limit))
             return planner
         except Exception as exc:  # untrusted bytes: any failure means "not this one"
             warnings.warn(f"{path}: planner snapshot refused ({exc})", stacklevel=2)
     return None
 
 
-def _read(path: Path, fingerprint: str, epoch: int) -> dict[str, np.ndarray]:
+def _read(path: Path, fingerprint: str, epoch: int, limit: int) -> dict[str, np.ndarray]:
     with np.load(path, allow_pickle=False) as z:
+        size = sum(info.file_size for info in z.zip.infolist())
+        if size > limit:  # refused before anything is inflated into memory
+            raise ValueError(f"{size} bytes uncompressed, more than a snapshot's {limit}")
         arrays = {name: z[name] for name in z.files}
     meta, digest = str(arrays.pop("meta", "")), str(arrays.pop("digest", ""))
     if _digest(meta, arrays) != digest:
