@@ -41,6 +41,8 @@ from solar.schedule.assign import assign_affinity, assign_balanced, step_caps
 from solar.schedule.maxheap import ARITY, empty_heaps, rekey, sift_down, sift_up
 from solar.schedule.order import sample_dtype, step_bounds
 
+POS, OCC, RPOS = 0, 1, 2  # fields of ``cells``: heap position, sample, position in RAM's heap
+
 
 @njit(cache=True, inline="always")
 def _place(seq, a, b, k, world, cap_of, holder, hslot, count, rank_out, slot_out, flags):
@@ -58,7 +60,7 @@ def _place(seq, a, b, k, world, cap_of, holder, hslot, count, rank_out, slot_out
 @njit(cache=True, nogil=True)
 def _solar_steps(
     seq, nu, bounds, k0, world, cap_of,  # inputs: one epoch; k0 is its first global step
-    holder, hslot, key, heap, pos, occupant,  # buffer state, carried across calls
+    holder, hslot, key, heap, cells,  # buffer state, carried across calls
     rank_out, slot_out, flags, counts,  # outputs
 ):  # fmt: skip
     cap_slots = key.shape[1]
@@ -75,32 +77,32 @@ def _solar_steps(
             n = nu[i]
             if flags[i] & HIT:
                 s = slot_out[i]
-                key[r, pos[r, s]] = n
-                sift_up(key, heap, pos, r, pos[r, s])
+                key[r, cells[r, s, POS]] = n
+                sift_up(key, heap, cells, POS, r, cells[r, s, POS])
                 if n == NEVER:
                     flags[i] |= RELEASE
                     holder[x] = -1
-                    occupant[r, s] = -1
+                    cells[r, s, OCC] = -1
                 continue
             h = holder[x]
             if h >= 0:
                 # Held by a rank already at its cap: that rank keeps it for its next use.
                 s = hslot[x]
-                key[h, pos[h, s]] = n
-                sift_up(key, heap, pos, h, pos[h, s])
+                key[h, cells[h, s, POS]] = n
+                sift_up(key, heap, cells, POS, h, cells[h, s, POS])
                 if n == NEVER:
                     holder[x] = -1
-                    occupant[h, s] = -1
+                    cells[h, s, OCC] = -1
             elif cap_slots > 0 and n < key[r, 0]:
                 s = heap[r, 0]
-                old = occupant[r, s]
+                old = cells[r, s, OCC]
                 if old >= 0:
                     holder[old] = -1
-                occupant[r, s] = x
+                cells[r, s, OCC] = x
                 holder[x] = r
                 hslot[x] = s
                 key[r, 0] = n
-                sift_down(key, heap, pos, r, 0)
+                sift_down(key, heap, cells, POS, r, 0)
                 flags[i] = ADMIT
                 slot_out[i] = s
         counts[k, :] = count
@@ -109,14 +111,15 @@ def _solar_steps(
 @njit(cache=True, nogil=True)
 def _tiered_steps(
     seq, nu, bounds, k0, world, cap_of,  # inputs: one epoch; k0 is its first global step
-    holder, hslot, key, heap, pos, rkey, rheap, rpos, occupant,  # state, carried across calls
+    holder, hslot, key, heap, rkey, rheap, cells,  # state, carried across calls
     rank_out, slot_out, tslot_out, flags, counts,  # outputs
 ):  # fmt: skip
     """:func:`_solar_steps` over cells ``0..C-1`` (RAM slots) and ``C..C+D-1`` (tier slots).
 
-    ``key/heap/pos`` is the max-heap of all C + D cells, ``rkey/rheap/rpos`` that of the C RAM
-    cells; ``hslot[x]`` is the cell holding x. An empty cell has key NEVER, a held one the next
-    use of its sample (unique), so a RAM cell on top of the whole heap is on top of RAM's too.
+    ``key/heap`` (positions ``cells[..., POS]``) is the max-heap of all C + D cells,
+    ``rkey/rheap`` (positions ``cells[..., RPOS]``) that of the C RAM cells; ``hslot[x]`` is
+    the cell holding x. An empty cell has key NEVER, a held one the next use of its sample
+    (unique), so a RAM cell on top of the whole heap is on top of RAM's too.
     """
     c = rkey.shape[1]
     u = key.shape[1]
@@ -131,9 +134,9 @@ def _tiered_steps(
             tslot_out[i] = -1
             if flags[i] & HIT:
                 s = slot_out[i]  # a cell: a RAM slot or C + a tier slot
-                rekey(key, heap, pos, r, s, n)
+                rekey(key, heap, cells, POS, r, s, n)
                 if s < c:
-                    rekey(rkey, rheap, rpos, r, s, n)
+                    rekey(rkey, rheap, cells, RPOS, r, s, n)
                 else:
                     flags[i] = THIT
                     slot_out[i] = -1
@@ -141,76 +144,76 @@ def _tiered_steps(
                 if n == NEVER:
                     flags[i] |= RELEASE
                     holder[x] = -1
-                    occupant[r, s] = -1
+                    cells[r, s, OCC] = -1
                 elif s >= c and c > 0 and n < rkey[r, 0]:
                     # MIN on RAM alone would admit x now: promote it, demoting RAM's farthest.
                     d = rheap[r, 0]
-                    y = occupant[r, d]
+                    y = cells[r, d, OCC]
                     ky = rkey[r, 0]
-                    occupant[r, d] = x
+                    cells[r, d, OCC] = x
                     hslot[x] = d
-                    rekey(key, heap, pos, r, d, n)
+                    rekey(key, heap, cells, POS, r, d, n)
                     rkey[r, 0] = n
-                    sift_down(rkey, rheap, rpos, r, 0)
+                    sift_down(rkey, rheap, cells, RPOS, r, 0)
                     flags[i] |= ADMIT
                     slot_out[i] = d
-                    occupant[r, s] = y
+                    cells[r, s, OCC] = y
                     if y >= 0:
                         hslot[y] = s
-                        rekey(key, heap, pos, r, s, ky)
+                        rekey(key, heap, cells, POS, r, s, ky)
                         flags[i] |= DEMOTE
                     else:
-                        rekey(key, heap, pos, r, s, NEVER)
+                        rekey(key, heap, cells, POS, r, s, NEVER)
                 continue
             h = holder[x]
             if h >= 0:
                 # Held by a rank already at its cap: that rank keeps it for its next use.
                 s = hslot[x]
-                rekey(key, heap, pos, h, s, n)
+                rekey(key, heap, cells, POS, h, s, n)
                 if s < c:
-                    rekey(rkey, rheap, rpos, h, s, n)
+                    rekey(rkey, rheap, cells, RPOS, h, s, n)
                 if n == NEVER:
                     holder[x] = -1
-                    occupant[h, s] = -1
+                    cells[h, s, OCC] = -1
                 continue
             if u == 0 or n >= key[r, 0]:
                 continue  # bypass: every cell holds a sample used sooner
             z = heap[r, 0]  # the cell given up: the farthest next use of all
             if c > 0 and n < rkey[r, 0]:
                 d = rheap[r, 0]  # x goes to RAM, in place of RAM's farthest
-                y = occupant[r, d]
+                y = cells[r, d, OCC]
                 ky = rkey[r, 0]
                 if y >= 0 and d != z:
                     # y is still worth holding: demoted into z (a tier cell), evicting its sample.
-                    old = occupant[r, z]
+                    old = cells[r, z, OCC]
                     if old >= 0:
                         holder[old] = -1
-                    occupant[r, z] = y
+                    cells[r, z, OCC] = y
                     hslot[y] = z
-                    rekey(key, heap, pos, r, z, ky)
+                    rekey(key, heap, cells, POS, r, z, ky)
                     flags[i] = ADMIT | DEMOTE
                     tslot_out[i] = z - c
                 else:
                     if y >= 0:
                         holder[y] = -1  # d was the farthest of all: y is evicted
                     flags[i] = ADMIT
-                occupant[r, d] = x
+                cells[r, d, OCC] = x
                 holder[x] = r
                 hslot[x] = d
-                rekey(key, heap, pos, r, d, n)
+                rekey(key, heap, cells, POS, r, d, n)
                 rkey[r, 0] = n
-                sift_down(rkey, rheap, rpos, r, 0)
+                sift_down(rkey, rheap, cells, RPOS, r, 0)
                 slot_out[i] = d
             else:
                 # RAM holds only sooner uses: x goes to the tier, in place of the farthest.
-                old = occupant[r, z]
+                old = cells[r, z, OCC]
                 if old >= 0:
                     holder[old] = -1
-                occupant[r, z] = x
+                cells[r, z, OCC] = x
                 holder[x] = r
                 hslot[x] = z
                 key[r, 0] = n
-                sift_down(key, heap, pos, r, 0)
+                sift_down(key, heap, cells, POS, r, 0)
                 flags[i] = TADMIT
                 tslot_out[i] = z - c
         counts[k, :] = count
@@ -229,9 +232,15 @@ class SolarPolicy(OccupantContents):
         # holder[x] (rank) and hslot[x] (cell) side by side: one cache miss finds both.
         held = np.full((run.num_samples, 2), -1, np.int32)
         self.holder, self.hslot = held[:, 0], held[:, 1]
-        self.key, self.heap, self.pos = empty_heaps(world, u)
-        self.rkey, self.rheap, self.rpos = empty_heaps(world, c if self.tier else 0)
-        self.occupant = np.full((world, u), -1, sample_dtype(run.num_samples))
+        self.key, self.heap = empty_heaps(world, u)
+        self.rkey, self.rheap = empty_heaps(world, c if self.tier else 0)
+        # Per cell, side by side: its heap position(s) and its sample (one miss finds all).
+        self.cells = np.full((world, u, RPOS + 1 if self.tier else OCC + 1), -1,
+                             sample_dtype(run.num_samples))  # fmt: skip
+        self.cells[:, :, POS] = self.heap
+        if self.tier:
+            self.cells[:, :c, RPOS] = self.rheap
+        self.occupant = self.cells[:, :, OCC]  # (P, cells) view: the sample in each cell
         self.cap_of = cap_table(run, buffer)
         self.bounds = step_bounds(run)
 
@@ -265,8 +274,10 @@ class SolarPolicy(OccupantContents):
         self.holder[held] = ranks
         self.hslot[held] = cells
         self.occupant[:] = occ
-        self.key[:], self.heap[:], self.pos[:] = key, heap, pos
-        self.rkey[:], self.rheap[:], self.rpos[:] = rkey, rheap, rpos
+        self.key[:], self.heap[:], self.cells[:, :, POS] = key, heap, pos
+        self.rkey[:], self.rheap[:] = rkey, rheap
+        if self.tier:
+            self.cells[:, :c, RPOS] = rpos
 
     def plan_epoch(self, k: int, seq: np.ndarray, next_use: np.ndarray | None) -> EpochSchedule:
         """Decide epoch ``k``; ``next_use`` is required."""
@@ -276,13 +287,13 @@ class SolarPolicy(OccupantContents):
         if self.tier:
             _tiered_steps(
                 seq, next_use, self.bounds, k0, world, self.cap_of, self.holder, self.hslot,
-                self.key, self.heap, self.pos, self.rkey, self.rheap, self.rpos, self.occupant,
+                self.key, self.heap, self.rkey, self.rheap, self.cells,
                 out.rank, out.slot, out.tslot, out.flags, out.counts,
             )  # fmt: skip
         else:
             _solar_steps(
                 seq, next_use, self.bounds, k0, world, self.cap_of, self.holder, self.hslot,
-                self.key, self.heap, self.pos, self.occupant,
+                self.key, self.heap, self.cells,
                 out.rank, out.slot, out.flags, out.counts,
             )  # fmt: skip
         return out
