@@ -161,6 +161,8 @@ def test_kept_snapshots_are_the_newest_and_every_tenth(tmp_path):
         planner.next_all()
         snapshot.save(tmp_path, planner)
     assert snapshot._epochs(tmp_path, spec.fingerprint) == [24, 23, 22, 20, 10]
+    planner.next_all()  # the last epoch: no snapshot after it
+    assert snapshot.save(tmp_path, planner) is None
 
 
 def test_policies_without_state_to_restore_save_nothing(tmp_path):

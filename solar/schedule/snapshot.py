@@ -59,8 +59,8 @@ def save(directory: str | os.PathLike, planner: Planner) -> Path | None:
     """Write ``planner``'s state before its next epoch into ``directory`` (atomically) and drop
     this plan's older snapshots; None if its policy keeps no state worth saving."""
     state = planner.snapshot()
-    if state is None or planner.epoch == 0:
-        return None
+    if state is None or not 0 < planner.epoch < planner.spec.run.epochs:
+        return None  # nothing is replanned from before epoch 0 or after the last
     directory, fp = Path(directory), planner.spec.fingerprint
     meta = json.dumps({"format": FORMAT, "version": VERSION, "fingerprint": fp,
                        "epoch": planner.epoch}, sort_keys=True)  # fmt: skip
