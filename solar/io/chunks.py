@@ -313,8 +313,7 @@ def assemble(
 def decodes_into_rows(index: ChunkIndex, out: np.ndarray) -> bool:
     """Whether a chunk of ``index`` is exactly one row of ``out``, byte for byte."""
     return (
-        index.chunk_shape[0] == 1
-        and index.chunk_shape[1:] == index.shape[1:]
+        one_row_chunks(index)
         and out.dtype == index.dtype
         and out.flags.c_contiguous
         and out.shape[1:] == index.shape[1:]

@@ -682,7 +682,7 @@ def _address(buf: Buffer) -> int:
     return np.frombuffer(buf, np.uint8).ctypes.data
 
 
-def read_path(dset: h5py.Dataset, *, decode_chunks: bool = True) -> tuple[str, str]:
+def read_path(dset: h5py.Dataset) -> tuple[str, str]:
     """How a Reader reads a dataset, and why (one line): ``"offset"`` (preadv at computed
     offsets), ``"chunks"`` (solar reads and decodes the chunks) or ``"h5py"``."""
     numeric = dset.dtype.kind in "biufc" and dset.dtype.fields is None
@@ -694,8 +694,6 @@ def read_path(dset: h5py.Dataset, *, decode_chunks: bool = True) -> tuple[str, s
         if not dset.dtype.isnative:
             return "h5py", "contiguous with non-native byte order: h5py converts it"
         return "h5py", "not stored contiguously at one offset (never written, compact, ...)"
-    if not decode_chunks:
-        return "h5py", "chunk decoding is off (ReaderConfig.decode_chunks)"
     found = decoder_for(dset)
     how = describe_decoding(dset, found)
     if not isinstance(found, Decoder):

@@ -181,8 +181,7 @@ def describe(
 
 def _stored(dset: h5py.Dataset) -> tuple[int, int, bool]:
     """(offset or -1, rows per chunk or 0, chunks solar decodes) of one dataset."""
-
-    path, _ = read_path(dset, decode_chunks=True)
+    path, _ = read_path(dset)
     offset = int(dset.id.get_offset()) if path == "offset" else -1
     chunk_rows = int(dset.chunks[0]) if dset.chunks is not None and dset.ndim else 0
     return offset, chunk_rows, path == "chunks"

@@ -41,14 +41,13 @@ import h5py
 import numpy as np
 from numba import njit
 
-from solar._memory import thread_buffer
+from solar._memory import PAGE, thread_buffer
 from solar.config import ReaderConfig
 from solar.errors import SolarError
 from solar.io.chunks import ChunkIndex, chunk_index, fill_absent, scatter_chunk
 from solar.io.codecs import Decoder, decoder_for
 from solar.io.hdf5 import DatasetInfo, open_h5
 from solar.io.tasks import (
-    PAGE,
     ChunkReads,
     ChunkSource,
     DirectRun,
@@ -60,9 +59,6 @@ from solar.io.tasks import (
     plan_reads,
 )
 
-_ALIGN = PAGE  # O_DIRECT's alignment, and where chunk runs are read from
-
-
 _libc = ctypes.CDLL(None, use_errno=True)
 _preadv = _libc.preadv
 _preadv.restype = ctypes.c_ssize_t
@@ -70,10 +66,10 @@ _preadv.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_int64]
 
 
 @njit(nogil=True)  # not cached: it embeds the address of libc's preadv
-def _preadv_each(fds, iov, starts, counts, offsets, got):
-    """One preadv per run, each from its own descriptor, without the GIL."""
+def _preadv_runs(fd, iov, starts, counts, offsets, got):
+    """One preadv per run of one file, without the GIL."""
     for j in range(starts.shape[0]):
-        got[j] = _preadv(fds[j], iov.ctypes.data + 16 * starts[j], counts[j], offsets[j])
+        got[j] = _preadv(fd, iov.ctypes.data + 16 * starts[j], counts[j], offsets[j])
 
 
 _fadvise = _libc.posix_fadvise
@@ -151,7 +147,7 @@ class Reader:
         # Descriptors are opened per path: a .npy key's files follow the previous key's.
         self._paths = info.all_files
         self._layouts = self._stored_layouts(info)
-        self._any_decoded = self._layouts.any_decoded
+        self._decoded = self._layouts.decoded_count  # once: a sum over every (file, key)
         self._pid = -1
         self._local = threading.local()
 
@@ -222,7 +218,7 @@ class Reader:
         keep = ("info", "threads", "direct_io", "decode_chunks", "throttle")
         state = {k: v for k, v in self.__dict__.items() if k in keep}
         state.update(
-            _starts=self._starts, _layouts=self._layouts, _any_decoded=self._any_decoded, _pid=-1,
+            _starts=self._starts, _layouts=self._layouts, _decoded=self._decoded, _pid=-1,
             _paths=self._paths,
         )  # fmt: skip
         return state
@@ -253,11 +249,9 @@ class Reader:
         """The chunk indexes and decoders of the decoded keys of the files ``samples`` touch,
         built once per (file, key) in this process (an index costs a walk of the file's
         chunk B-tree, so only files actually read pay it)."""
-        if not self._any_decoded:
-            return self._sources
+        if len(self._sources) == self._decoded:
+            return self._sources  # every one built already (or none to build)
         decoded = self._layouts.decoded  # (files, keys) bool
-        if len(self._sources) == int(decoded.sum()):
-            return self._sources  # every one built already
         ids = np.asarray(samples, np.int64)
         files = np.unique(np.searchsorted(self._starts, ids, side="right") - 1)
         files = files[(files >= 0) & (files < decoded.shape[0])]
@@ -315,8 +309,7 @@ class Reader:
     def _preadv_task(self, t: PreadvRuns) -> int:
         got = np.empty(t.starts.size, np.int64)
         with self._fd(t.file) as fd:
-            fds = np.full(t.starts.size, fd, np.int64)
-            _preadv_each(fds, t.iov, t.starts, t.counts, t.offsets, got)
+            _preadv_runs(fd, t.iov, t.starts, t.counts, t.offsets, got)
         want = t.counts * t.dest.shape[1]
         for j in np.flatnonzero(got != want):
             # Retry in Python: finishes an interrupted read, or names the short file.
@@ -396,8 +389,8 @@ class Reader:
     def _pread_direct(self, f: int, start: int, dest: np.ndarray, rows: list[int]) -> int:
         row_bytes = dest.shape[1]
         want = row_bytes * len(rows)
-        lo = start - start % _ALIGN
-        hi = -(-(start + want) // _ALIGN) * _ALIGN
+        lo = start - start % PAGE
+        hi = -(-(start + want) // PAGE) * PAGE
         bounce = thread_buffer(self._local, hi - lo)
         with self._fd(f) as fd:
             got = os.preadv(fd, [bounce[: hi - lo].data], lo)
@@ -424,7 +417,7 @@ class Reader:
         positions, offsets, sizes, lo, hi = t.spans
         # Each run lands at a page-aligned place of one per-thread buffer, read from an
         # aligned start: what O_DIRECT requires, and harmless (a few KiB) without it.
-        span = -(-(hi - lo) // _ALIGN) * _ALIGN
+        span = -(-(hi - lo) // PAGE) * PAGE
         if lo.size == 1:  # one run (e.g. one sample's chunk): no layout to compute
             at = [0, int(span[0])]
             starts = (offsets - lo[0]).tolist()

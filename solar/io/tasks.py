@@ -25,7 +25,6 @@ from solar.io.chunks import ChunkIndex, RowPlan, chunks_for_rows, decodes_into_r
 from solar.io.codecs import Decoder
 
 IOV_MAX = min(os.sysconf("SC_IOV_MAX"), 1024) if hasattr(os, "sysconf") else 1024
-# Chunk runs are read from a page boundary (what O_DIRECT requires).
 RUN_MAX_BYTES = 8 * 2**20  # largest single read; longer runs are cut so threads share them
 
 
@@ -69,8 +68,9 @@ class FileLayouts:
         ]
 
     @property
-    def any_decoded(self) -> bool:
-        return bool(self.decoded.any())
+    def decoded_count(self) -> int:
+        """(file, key) pairs read through the chunk path."""
+        return int(self.decoded.sum())
 
 
 @dataclass(frozen=True)
@@ -226,7 +226,7 @@ class ChunkReads:
         last = np.empty_like(self.run_starts)  # last chunk of each run
         last[:-1] = self.run_starts[1:] - 1
         last[-1:] = positions.size - 1
-        lo = offsets[self.run_starts] // PAGE * PAGE
+        lo = offsets[self.run_starts] // PAGE * PAGE  # from a page boundary, as O_DIRECT needs
         return positions, offsets, sizes, lo, offsets[last] + sizes[last]
 
 

@@ -258,21 +258,22 @@ class SolarPolicy(OccupantContents):
         occ = _array(state, "occupant", self.occupant.dtype, (world, u))
         heap = _array(state, "heap", np.int32, (world, u))
         rheap = _array(state, "rheap", np.int32, (world, c))
-        held = occ[occ >= 0]
         if occ.size and (occ.min() < -1 or occ.max() >= self.run.num_samples):
             raise ValueError("occupant: a sample id out of range")
+        ranks, where = np.nonzero(occ >= 0)  # row-major, as occ[occ >= 0]
+        held = occ[ranks, where]
         if np.unique(held).size != held.size:
             raise ValueError("occupant: a sample held in two cells")
-        keys = np.full((world, u), NEVER, np.int64)
-        keys[occ >= 0] = next_use(held)
-        if np.any(keys[occ >= 0] == NEVER):
+        uses = next_use(held)
+        if np.any(uses == NEVER):
             raise ValueError("occupant: a sample held but never used again")
+        keys = np.full((world, u), NEVER, np.int64)
+        keys[ranks, where] = uses
         key, pos = _heap_of(keys, heap, "heap")
         rkey, rpos = _heap_of(keys[:, :c], rheap, "rheap")
-        ranks, cells = np.nonzero(occ >= 0)
         self.holder[:] = -1
         self.holder[held] = ranks
-        self.hslot[held] = cells
+        self.hslot[held] = where
         self.occupant[:] = occ
         self.key[:], self.heap[:], self.cells[:, :, POS] = key, heap, pos
         self.rkey[:], self.rheap[:] = rkey, rheap

@@ -47,21 +47,6 @@ def _fill_first(seq, pos, unserved, out):
     return pending[:left]
 
 
-@njit(cache=True, nogil=True)
-def _fill_next(seq, pending, pos, out):
-    """Resolve ``out[i]`` for pending ``i`` found in ``pos``; returns the still-pending ones."""
-    left = 0
-    for j in range(pending.shape[0]):
-        i = pending[j]
-        p = pos[seq[i]]
-        if p >= 0:
-            out[i] = p
-        else:
-            pending[left] = i
-            left += 1
-    return pending[:left]
-
-
 class EpochOrder:
     """Served samples of each run epoch (``epoch_order[k]`` names its permutation), generated on
     demand; the last few are kept, since planning epoch k reads epochs k and k+1.
@@ -168,8 +153,10 @@ class EpochOrder:
                 if later == k + 1:
                     unserved = run.num_samples - run.samples_per_epoch
                     pending = _fill_first(seq, self._pos, unserved, out)
-                else:
-                    pending = _fill_next(seq, pending, self._pos, out)
+                else:  # the few samples left out of every epoch so far (drop_last)
+                    found = self._pos[seq[pending]]
+                    out[pending[found >= 0]] = found[found >= 0]
+                    pending = pending[found < 0]
                 if pending.size == 0:
                     break
         return out
