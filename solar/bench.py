@@ -38,6 +38,11 @@ from solar.schedule.policies import TIERED
 LOADERS = ("torch", "lru", "fifo", "solar-artifact", "nopfs", "solar", "solar-ram")
 
 
+def default_loaders(tier: bool) -> tuple[str, ...]:
+    """Every loader; ``solar-ram`` (solar without its tier) only when there is a tier."""
+    return LOADERS if tier else tuple(n for n in LOADERS if n != "solar-ram")
+
+
 @dataclass(frozen=True)
 class BenchConfig:
     """One benchmark: the data, the run's shape and which loaders to compare."""
@@ -51,7 +56,7 @@ class BenchConfig:
     tier: str | None = None  # directory of the second tier (local NVMe)
     tier_size: float = 0.0  # aggregate second tier as a fraction of the dataset
     slack: float = DEFAULT_SLACK
-    loaders: tuple[str, ...] = LOADERS
+    loaders: tuple[str, ...] | None = None  # None: default_loaders(tier)
     workers: int = 2
     reader: ReaderConfig = field(default_factory=ReaderConfig)
     throttle: str | None = None  # "MBps,latency_ms"
@@ -157,6 +162,9 @@ def run(cfg: BenchConfig, comm: Any, progress=None) -> dict | None:
     )
     files = list(info.all_files)
     n, sample_bytes = info.num_samples, info.sample_bytes
+    if cfg.loaders is None:
+        cfg = dataclasses.replace(cfg, loaders=default_loaders(cfg.tier is not None))
+    assert cfg.loaders is not None
     unknown = set(cfg.loaders) - set(LOADERS)
     if unknown:
         raise SolarError(f"--loaders: unknown {sorted(unknown)} (choose from {', '.join(LOADERS)})")

@@ -266,7 +266,7 @@ def bench(data, keys, one_per_file, world_size, batch_size, epochs, buffer, tier
     if (tier is None) != (tier_share == 0):
         raise SolarError("--tier DIR and --tier-size > 0 go together")
     if loaders is None:
-        loaders = ",".join(harness.LOADERS if tier else harness.LOADERS[:-1])
+        loaders = ",".join(harness.default_loaders(tier is not None))
     reader = ReaderConfig(threads=threads, read_ahead=read_ahead)
     for out in (json_out, plot_out):
         if out:

@@ -29,7 +29,7 @@ import numpy as np
 
 from solar.cache.batches import BatchPool, torch_dtype
 from solar.cache.slots import SlotBuffer, check_budget
-from solar.cache.tier import TierFile
+from solar.cache.tier import TierFile, tier_stride
 from solar.config import DEFAULT_SLACK, BufferConfig, ReaderConfig, RunConfig, parse_size
 from solar.dist import abort_job_on_error, agree
 from solar.errors import SolarError
@@ -218,7 +218,7 @@ class Loader:
             self._tier = TierFile(
                 self._tier_dir, slots=slots, keys=self.info.keys, threads=self.config.threads,
                 name=f"{self.spec.fingerprint[:12]}-r{self.rank}",
-                staging_slots=max(64, (256 << 20) // max(self.info.sample_bytes, 1)),
+                staging_slots=max(64, (256 << 20) // tier_stride(self.info.keys)),  # 256 MiB
             )  # fmt: skip
             self._written_at = np.full(slots, -1, np.int64)
             self._buffer_at = -1  # a new, empty tier: refill before serving
@@ -376,8 +376,8 @@ class Loader:
             )
         return io
 
-    def _update(self, k: int, step: StepPlan, batch: list[np.ndarray]) -> int:
-        """Apply step ``k``'s buffer updates, in the plan's order; samples written to the tier.
+    def _update(self, k: int, step: StepPlan, batch: list[np.ndarray]) -> None:
+        """Apply step ``k``'s buffer updates, in the plan's order.
 
         Overwriting a slot is the eviction. It was decided by the planner (for the `solar`
         policy, Belady in solar/schedule/belady.py); the runtime only obeys the plan.
@@ -391,18 +391,15 @@ class Loader:
             if step.tadmit_rows.size:
                 assert tier is not None
                 tier.submit_write(step.tadmit_tslots, batch, step.tadmit_rows)
-            return int(step.demote_slots.size + step.tadmit_rows.size)
+            return
         # A slot updated twice in this step (rare): one update at a time, in access order.
         assert tier is not None
-        writes = 0
         for flag, src, dst in self._window(k).step_actions(k):
             one_src, one_dst = np.array([src]), np.array([dst])
             if flag == ADMIT:
                 buf.store(batch, one_src, one_dst)
             else:
                 tier.submit_write(one_dst, buf.arrays if flag == DEMOTE else batch, one_src)
-                writes += 1
-        return writes
 
     def _consume(self, k: int) -> dict:
         """Serve step ``k``: wait for its reads, gather its hits, store its admissions."""
@@ -431,15 +428,15 @@ class Loader:
             assert self._pool is not None
             io.tensors, io.batch = self._pool.take(io.plan.size)
         self.buffer.gather(step.hit_slots, io.batch, step.hit_rows)
-        tier_writes = self._update(k, step, io.batch)
+        self._update(k, step, io.batch)
         self._buffer_at = k + 1
         hits, tier_hits = int(step.hit_rows.size), int(step.tier_rows.size)
         self.stats.record(
             StepStats(
                 epoch=k // self.run.steps_per_epoch, step=k, batch=step.size, hits=hits,
-                reads=step.size - hits - tier_hits, bytes_read=nbytes, read_seconds=busy,
+                reads=int(step.read_rows.size), bytes_read=nbytes, read_seconds=busy,
                 stall_seconds=stall, tier_hits=tier_hits, tier_bytes=tier_bytes,
-                tier_writes=tier_writes,
+                tier_writes=int(step.tier_writes.size),
             )
         )  # fmt: skip
         out = {key.name: t for key, t in zip(self.info.keys, io.tensors, strict=True)}

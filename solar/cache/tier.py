@@ -13,6 +13,7 @@ removed when a tier is created.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import errno
 import functools
@@ -33,11 +34,13 @@ import numpy as np
 
 from solar._memory import PAGE, aligned, thread_buffer
 from solar._units import format_bytes
+from solar.cache.slots import copy_rows
 from solar.errors import SolarError
 from solar.io.hdf5 import KeyInfo
+from solar.io.pagecache import drop
+from solar.io.tasks import IOV_MAX, coalesce_runs
 
 _RUN_BYTES = 4 * 2**20  # per call: enough for full NVMe bandwidth, small enough to share out
-_IOV_MAX = 1024  # Linux's limit of iovecs per preadv/pwritev
 
 
 _INSTANCES = itertools.count()
@@ -77,7 +80,7 @@ class TierFile:
         self._sizes = [k.row_bytes for k in self.keys]
         self._offsets = [sum(self._sizes[:i]) for i in range(len(self._sizes))]
         self._sample_bytes = sum(self._sizes)
-        self._run_cap = max(1, min(_RUN_BYTES // self.stride, _IOV_MAX // (len(keys) + 1)))
+        self._run_cap = max(1, min(_RUN_BYTES // self.stride, IOV_MAX // (len(keys) + 1)))
         directory = Path(directory)
         _check_directory(directory)
         host = _sanitise(socket.gethostname())
@@ -112,7 +115,7 @@ class TierFile:
         self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="solar-tier")
         self._local = threading.local()
         self._staging = aligned(self.staging_slots * self.stride).reshape(-1, self.stride)
-        self._free = list(range(self.staging_slots))
+        self._free = collections.deque(range(self.staging_slots))
         self._scratch = aligned(PAGE)  # padding between slots read into rows (discarded)
         self._pending: dict[int, Future] = {}  # tier slot -> its latest write in flight
         self._writes: dict[Future, None] = {}  # writes in flight, oldest first
@@ -146,22 +149,26 @@ class TierFile:
         cap = min(self._run_cap, self.staging_slots)
         job_cap = min(self.staging_slots, max(cap, -(-t.size // self.threads)))
         futures = []
-        for job in _pack(_runs(t, cap), job_cap):
+        for job in _pack(_runs(t, cap)[1], job_cap):
             idx = np.concatenate([np.arange(a, b) for a, b in job])
             stage = self._take(idx.size)
             for s, off, size in zip(src, self._offsets, self._sizes, strict=True):
-                self._staging[stage, off : off + size] = s[r[idx]]
+                copy_rows(s, r[idx], self._staging[:, off : off + size], stage)
             at = np.cumsum([0] + [b - a for a, b in job])
             runs = [(int(t[a]), stage[at[i] : at[i + 1]]) for i, (a, b) in enumerate(job)]
             slots = t[idx].tolist()
             with self._lock:
-                deps = {f for x in slots if (f := self._pending.get(x)) is not None}
+                deps = self._writes_to(slots)
                 fut = self._pool.submit(self._write_job, runs, deps, stage)
                 self._pending.update(dict.fromkeys(slots, fut))
                 self._writes[fut] = None
             fut.add_done_callback(functools.partial(self._written, slots))
             futures.append(fut)
         return futures
+
+    def _writes_to(self, slots: list[int]) -> set[Future]:
+        """The writes in flight to any of ``slots`` (the lock held)."""
+        return {f for x in slots if (f := self._pending.get(x)) is not None}
 
     def _take(self, n: int) -> np.ndarray:
         """``n`` free staging slots, waiting for writes to finish if there are too few."""
@@ -170,10 +177,10 @@ class TierFile:
             waited = len(self._free) < n
             while len(self._free) < n:
                 self._room.wait()
-            stage, self._free[:] = self._free[:n], self._free[n:]
+            stage = np.array([self._free.popleft() for _ in range(n)], np.int64)
         if waited:
             self.write_wait_seconds += time.perf_counter() - t0
-        return np.array(stage, np.int64)
+        return stage
 
     def _write_job(
         self, runs: list[tuple[int, np.ndarray]], deps: set[Future], stage
@@ -192,7 +199,7 @@ class TierFile:
                     raise SolarError(f"tier {self.path}: slot {t0}: wrote {got} of {want} B")
                 if not self.direct_io:
                     # Buffered fallback: the page cache must not silently become the store.
-                    os.posix_fadvise(self._fd, off, want, os.POSIX_FADV_DONTNEED)
+                    drop(self._fd, off, want)
                 total += got
             with self._lock:
                 self.bytes_written += total
@@ -232,17 +239,21 @@ class TierFile:
         ``out`` arrays must be C-contiguous. Each future's result is (bytes read, seconds).
         """
         t, r = self._check(tslots, rows, out)
-        order = np.argsort(t, kind="stable")  # adjacent tier slots: one call
+        order, runs = _runs(t, self._run_cap)  # adjacent tier slots: one call
         t, r = t[order], r[order]
         dst = [_rows_u8(a, s) for a, s in zip(out, self._sizes, strict=True)]
         direct = self._direct_into_rows(out)
         cap = self._run_cap
         futures = []
         with self._lock:
-            for job in _pack(_runs(t, cap), max(cap, -(-t.size // self.threads))):
-                deps = {f for a, b in job for x in t[a:b].tolist() if (f := self._pending.get(x))}
-                runs = [(int(t[a]), r[a:b]) for a, b in job]
-                futures.append(self._pool.submit(self._read_job, runs, dst, direct, deps))
+            for job in _pack(runs, max(cap, -(-t.size // self.threads))):
+                deps = (
+                    self._writes_to([x for a, b in job for x in t[a:b].tolist()])
+                    if self._pending
+                    else set()
+                )  # with no write in flight, no per-slot lookups
+                parts = [(int(t[a]), r[a:b]) for a, b in job]
+                futures.append(self._pool.submit(self._read_job, parts, dst, direct, deps))
         return futures
 
     def _read_job(
@@ -438,13 +449,12 @@ def _rows_u8(a: np.ndarray, row_bytes: int) -> np.ndarray:
     return a.view(np.uint8).reshape(a.shape[0], row_bytes)
 
 
-def _runs(t: np.ndarray, cap: int) -> list[tuple[int, int]]:
-    """[a, b) ranges of sorted ``t`` holding consecutive tier slots, at most ``cap`` long."""
-    breaks = np.flatnonzero(np.diff(t) != 1) + 1
-    starts, ends = np.r_[0, breaks].tolist(), np.r_[breaks, t.size].tolist()
-    return [
-        (s, min(s + cap, b)) for a, b in zip(starts, ends, strict=True) for s in range(a, b, cap)
-    ]
+def _runs(t: np.ndarray, cap: int) -> tuple[np.ndarray, list[tuple[int, int]]]:
+    """The order sorting tier slots ``t``, and [a, b) ranges of the sorted slots that are
+    consecutive, at most ``cap`` long (``solar.io.tasks.coalesce_runs``)."""
+    runs = coalesce_runs(t, cap)
+    ends = runs.starts + runs.counts
+    return runs.order, list(zip(runs.starts.tolist(), ends.tolist(), strict=True))
 
 
 def _pack(runs: list[tuple[int, int]], cap: int) -> list[list[tuple[int, int]]]:
