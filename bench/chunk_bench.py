@@ -7,8 +7,12 @@ zstd and bitshuffle-lz4, this times, with the files' pages evicted before each m
 * ``old``: the same Reader with ``decode_chunks=False`` (H5Rows: h5py behind one lock);
 * ``h5py``: ``dset[i]`` for every key, one sample at a time;
 
-on random single samples and on sorted batches of 32 random samples. Reports samples/s, the
-median of ``--repeat`` interleaved measurements (the disk's cold latency drifts between runs).
+on random single samples and on sorted batches of 32 random samples. A third pattern is what
+a training loop sees: a ``Loader`` at batch size 1 (no buffer, so every sample is read) serves
+one epoch, its read-ahead overlapping reads and decodes of the next steps, against h5py
+``dset[i]`` over as many random samples (``old``: the Loader with ``decode_chunks=False``).
+Reports samples/s, the median of ``--repeat`` interleaved measurements (the disk's cold latency
+drifts between runs).
 
     .venv/bin/python bench/chunk_bench.py --samples 1500 --reads 320 \
         --json bench/results/chunks.json
@@ -25,7 +29,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from solar import ReaderConfig
+from solar import Loader, ReaderConfig
 from solar._atomic import write_json
 from solar.io.generate import generate
 from solar.io.hdf5 import describe
@@ -67,6 +71,19 @@ def _solar(path: Path, batches: list[np.ndarray], decode: bool, threads: int) ->
     return sum(b.size for b in batches) / seconds
 
 
+def _loader(path: Path, decode: bool, threads: int) -> float:
+    loader = Loader(
+        path, batch_size=1, epochs=1, buffer=0,
+        reader=ReaderConfig(threads=threads, decode_chunks=decode),
+    )  # fmt: skip
+    evict(path)  # after construction: planning and the reader's warm-up are not timed
+    t0 = time.perf_counter()
+    served = sum(b["index"].numel() for b in loader)
+    seconds = time.perf_counter() - t0
+    loader.close()
+    return served / seconds
+
+
 def _h5py(path: Path, batches: list[np.ndarray]) -> float:
     evict(path)
     with h5py.File(path) as f:
@@ -87,16 +104,24 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=8, help="ReaderConfig.threads (its default)")
     ap.add_argument("--repeat", type=int, default=3, help="medians of this many measurements")
     ap.add_argument("--dir", default=None, help="where to write the files (default: a tmp dir)")
+    ap.add_argument("--codecs", default=None, help="comma-separated subset (gzip,zstd,...)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     rng = np.random.default_rng(0)
+    # (name, samples per read, reads); the Loader serves a whole epoch: h5py reads as many.
+    patterns = (
+        ("random single", 1, args.reads),
+        ("sorted batch 32", 32, args.reads // 32),
+        ("loader batch 1", 1, args.samples),
+    )
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         files = write_files(Path(tmp), args.samples)
         results = []
         for codec, path in files.items():
+            if args.codecs and codec not in args.codecs.split(","):
+                continue
             # Different samples per pattern and method: nothing is read warm by accident.
-            for pattern, batch in (("random single", 1), ("sorted batch 32", 32)):
-                count = args.reads // batch
+            for pattern, batch, count in patterns:
 
                 def draw(count: int = count, batch: int = batch) -> list[np.ndarray]:
                     picks = rng.choice(args.samples, count * batch, replace=False)  # distinct
@@ -104,8 +129,12 @@ def main() -> None:
 
                 runs: dict[str, list[float]] = {"solar": [], "old": [], "h5py": []}
                 for _ in range(args.repeat):  # interleaved, so drifts of the disk hit all three
-                    runs["solar"].append(_solar(path, draw(), True, args.threads))
-                    runs["old"].append(_solar(path, draw(), False, args.threads))
+                    if pattern.startswith("loader"):
+                        runs["solar"].append(_loader(path, True, args.threads))
+                        runs["old"].append(_loader(path, False, args.threads))
+                    else:
+                        runs["solar"].append(_solar(path, draw(), True, args.threads))
+                        runs["old"].append(_solar(path, draw(), False, args.threads))
                     runs["h5py"].append(_h5py(path, draw()))
                 row = {"codec": codec, "pattern": pattern}
                 row.update({k: float(np.median(v)) for k, v in runs.items()})

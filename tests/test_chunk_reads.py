@@ -139,8 +139,8 @@ def test_read_ahead_announces_runs_in_read_order_within_its_window(tmp_path, mon
             return contextlib.nullcontext(-1)
 
     ahead = reader_module._ChunkHints(Fds(), tasks)  # type: ignore[arg-type]
-    ranges = [(lo, hi - lo) for t in tasks for lo, hi in zip(*t.spans[3:], strict=True)]
-    assert len(ranges) == 12 and [t.spans[3].size for t in tasks] == [6, 6]
+    ranges = [(lo, hi - lo) for t in tasks for lo, hi in zip(t.spans.lo, t.spans.hi, strict=True)]
+    assert len(ranges) == 12 and [t.spans.lo.size for t in tasks] == [6, 6]
     assert all(n == 4 for _, n in ranges) and np.all(np.diff([a for a, _ in ranges]) > 0)
     ahead.announce(0)
     assert seen == ranges[:3]  # 10 bytes past nothing read: three 4-byte runs
@@ -150,7 +150,7 @@ def test_read_ahead_announces_runs_in_read_order_within_its_window(tmp_path, mon
     assert seen == ranges
     single = plan_reads(layouts, np.array([0, 12]), np.array([3]), out, np.arange(1),
                         direct_io=False, groups=8, chunks={(0, 0): source})  # fmt: skip
-    assert len(single) == 1 and single[0].spans[3].size == 1
+    assert len(single) == 1 and single[0].spans.lo.size == 1
 
 
 def test_undecodable_or_unchunked_layouts_still_go_through_h5py_and_need_no_index():
@@ -166,7 +166,7 @@ def test_undecodable_or_unchunked_layouts_still_go_through_h5py_and_need_no_inde
 
 # -- whole runs, byte for byte against h5py ------------------------------------------------
 
-_PLUGIN = {"zstd", "lz4", "bitshuffle-lz4"}
+_PLUGIN = {"zstd", "zstd+shuffle", "lz4", "bitshuffle-lz4"}
 
 
 def _filters(kind: str) -> dict:
@@ -174,6 +174,7 @@ def _filters(kind: str) -> dict:
         hdf5plugin = pytest.importorskip("hdf5plugin")
         return {
             "zstd": lambda: dict(hdf5plugin.Zstd(clevel=3)),
+            "zstd+shuffle": lambda: dict(hdf5plugin.Zstd(), shuffle=True),
             "lz4": lambda: dict(hdf5plugin.LZ4()),
             "bitshuffle-lz4": lambda: dict(hdf5plugin.Bitshuffle(cname="lz4")),
         }[kind]()
@@ -189,11 +190,13 @@ def _filters(kind: str) -> dict:
 CASES = {  # name: (filters, img chunks, img dtype)
     "gzip, one sample a chunk": ("gzip", (1, 5, 6), "<f4"),
     "gzip+shuffle, partial last chunk": ("gzip+shuffle", (6, 5, 6), "<f4"),
+    "gzip+shuffle, one sample a chunk": ("gzip+shuffle", (1, 5, 6), "<f8"),
     "lzf, chunks of 16 samples": ("lzf", (16, 5, 6), "<f4"),
     "fletcher32, chunks cut the sample": ("fletcher32", (7, 2, 4), "<f4"),
     "big-endian gzip": ("gzip", (5, 5, 6), ">f4"),
     "unfiltered chunks": ("none", (4, 5, 3), "<f8"),
     "zstd": ("zstd", (1, 5, 6), "<f4"),
+    "zstd+shuffle": ("zstd+shuffle", (1, 5, 6), "<i2"),
     "lz4": ("lz4", (3, 5, 6), "<f4"),
     "bitshuffle-lz4": ("bitshuffle-lz4", (1, 5, 6), "<f4"),
 }

@@ -95,11 +95,13 @@ def free_job_id() -> int:
     raise RuntimeError("no free port for a simulated srun job")
 
 
-def write(path: Path, lo: int, hi: int, **layout) -> Path:
+def write(path: Path, lo: int, hi: int, one_row: bool = False, **layout) -> Path:
+    """``one_row``: one sample per chunk (solar's fast path for gzip and zstd)."""
     rng = np.random.default_rng(lo)
     with h5py.File(path, "w") as f:
-        f.create_dataset("img", data=rng.standard_normal((hi - lo, 5, 6)), **layout)
-        f.create_dataset("lab", data=rng.standard_normal((hi - lo, 2)), **layout)
+        for name, shape in (("img", (5, 6)), ("lab", (2,))):
+            options = dict(layout, chunks=(1, *shape)) if one_row else layout
+            f.create_dataset(name, data=rng.standard_normal((hi - lo, *shape)), **options)
     return path
 
 
@@ -108,6 +110,7 @@ def write(path: Path, lo: int, hi: int, **layout) -> Path:
     ("mpiexec", 3, 0.5, "chunked"), ("mpiexec", 4, 0.25, "one file"),
     ("torchrun", 3, 0.25, "three files"), ("srun", 2, 0.5, "one file"),
     ("mpiexec", 3, 0.25, "one file, tier"), ("mpiexec", 3, 0.25, "chunked, tier"),
+    ("mpiexec", 3, 0.25, "chunked, one sample a chunk"),
 ])  # fmt: skip
 def test_ranks_serve_every_sample_once_with_h5py_bytes(tmp_path, launcher, ranks, slack, layout):
     """Whole runs, a mid-epoch resume, each sample once per epoch; with a second tier too."""
@@ -117,7 +120,9 @@ def test_ranks_serve_every_sample_once_with_h5py_bytes(tmp_path, launcher, ranks
             for i, (lo, hi) in enumerate([(0, 40), (40, 77), (77, N)])
         ]
     elif layout.startswith("chunked"):
-        data = [write(tmp_path / "d.h5", 0, N, chunks=True, compression="gzip", shuffle=True)]
+        one_row = layout.endswith("one sample a chunk")
+        data = [write(tmp_path / "d.h5", 0, N, one_row, chunks=True, compression="gzip",
+                      shuffle=True)]  # fmt: skip
     else:
         data = [write(tmp_path / "d.h5", 0, N)]
     tier = []

@@ -433,7 +433,7 @@ def _kernel(compression: int, mode: str) -> Callable | None:
     return _kernels[compression, mode]
 
 
-def _c_function(module: str, symbol: str, restype, argtypes):
+def c_function(module: str, symbol: str, restype, argtypes):
     """A C function of the library an imagecodecs extension links, or None if not exported."""
     try:
         lib = ctypes.CDLL(importlib.import_module(f"imagecodecs.{module}").__file__)
@@ -448,7 +448,7 @@ def _make_kernel(compression: int, fused: bool) -> Callable | None:
     vp, i32, i64, sz = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_size_t
     if compression == _BSHUF_LZ4:
         # int LZ4_decompress_safe(const char *src, char *dst, int srcSize, int dstCapacity)
-        lz4 = _c_function("_lz4", "LZ4_decompress_safe", i32, [vp, vp, i32, i32])
+        lz4 = c_function("_lz4", "LZ4_decompress_safe", i32, [vp, vp, i32, i32])
         if lz4 is None:
             return None
 
@@ -458,7 +458,7 @@ def _make_kernel(compression: int, fused: bool) -> Callable | None:
 
     else:
         # size_t ZSTD_decompress(void *dst, size_t dstCapacity, const void *src, size_t srcSize)
-        zstd = _c_function("_zstd", "ZSTD_decompress", sz, [vp, sz, vp, sz])
+        zstd = c_function("_zstd", "ZSTD_decompress", sz, [vp, sz, vp, sz])
         if zstd is None:
             return None
 
@@ -468,7 +468,7 @@ def _make_kernel(compression: int, fused: bool) -> Callable | None:
 
     # int64_t bshuf_bitunshuffle(const void *in, void *out, size_t size, size_t elem_size,
     #                            size_t block_size): sizes in elements
-    unshuffle_fn = _c_function("_bitshuffle", "bshuf_bitunshuffle", i64, [vp, vp, sz, sz, sz])
+    unshuffle_fn = c_function("_bitshuffle", "bshuf_bitunshuffle", i64, [vp, vp, sz, sz, sz])
     if fused and unshuffle_fn is None:
         return None
     if not fused:

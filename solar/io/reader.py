@@ -46,6 +46,7 @@ from solar.config import ReaderConfig
 from solar.errors import SolarError
 from solar.io.chunks import ChunkIndex, chunk_index, fill_absent, scatter_chunk
 from solar.io.codecs import Decoder, decoder_for
+from solar.io.fused import fused_codec, read_fused
 from solar.io.hdf5 import DatasetInfo, open_h5
 from solar.io.tasks import (
     ChunkReads,
@@ -273,7 +274,7 @@ class Reader:
             raise SolarError(f"{path}: key {self.info.keys[k].name!r}: {decoder.reason}")
         if self.info.one_per_file:
             index, decoder = lift_one_sample(index, decoder)
-        return ChunkSource(index, decoder)
+        return ChunkSource(index, decoder, fused_codec(decoder))
 
     def read(
         self, samples: np.ndarray, out: list[np.ndarray], rows: np.ndarray | None = None
@@ -414,36 +415,32 @@ class Reader:
             fill_absent(index, plan, t.out, t.rows)
         if t.chunks.size == 0:
             return 0
-        positions, offsets, sizes, lo, hi = t.spans
-        # Each run lands at a page-aligned place of one per-thread buffer, read from an
-        # aligned start: what O_DIRECT requires, and harmless (a few KiB) without it.
-        span = -(-(hi - lo) // PAGE) * PAGE
-        if lo.size == 1:  # one run (e.g. one sample's chunk): no layout to compute
-            at = [0, int(span[0])]
-            starts = (offsets - lo[0]).tolist()
-        else:
-            at = np.concatenate([[0], np.cumsum(span)]).tolist()
-            # Where each chunk's bytes are in the buffer.
-            run_of = np.repeat(np.arange(lo.size), np.diff(np.append(t.run_starts, positions.size)))
-            starts = (np.array(at[:-1])[run_of] + offsets - lo[run_of]).tolist()
-        buf = thread_buffer(self._local, at[-1])
+        sp = t.spans
+        buf = thread_buffer(self._local, int(sp.at[-1]))
+        if t.direct and t.source.fused is not None and not sp.masked:
+            self._read_ahead(int((sp.hi - sp.lo).sum()))
+            with self._fd(t.file) as fd:
+                if read_fused(t.source.fused, fd, buf, t) == 0:
+                    return int(sp.sizes.sum())
+            # Something went wrong (a short read, a corrupt chunk): the general path says what.
+        lo, hi, at = sp.lo.tolist(), sp.hi.tolist(), sp.at.tolist()
         with self._fd(t.file) as fd:
-            for r in range(lo.size):
-                want = int(span[r])
-                self._read_ahead(int(hi[r] - lo[r]))
+            for r in range(len(lo)):
+                self._read_ahead(hi[r] - lo[r])
                 try:
-                    got = os.preadv(fd, [buf[at[r] : at[r] + want].data], int(lo[r]))
+                    got = os.preadv(fd, [buf[at[r] : at[r + 1]].data], lo[r])
                 except OSError as exc:
                     raise SolarError(
                         f"{self.info.files[t.file]}: read error ({exc.strerror})"
                     ) from None
-                if got < int(hi[r] - lo[r]):
-                    self._truncated(t, int(hi[r]))
+                if got < hi[r] - lo[r]:
+                    self._truncated(t, hi[r])
         view = buf.data
         out, rows = t.out, t.rows
+        starts, sizes = sp.starts.tolist(), sp.sizes.tolist()
         for j, k in enumerate(t.chunks.tolist()):  # one decode call per chunk: the work itself
-            p = int(positions[j])
-            raw = view[starts[j] : starts[j] + int(sizes[j])]
+            p = int(sp.positions[j])
+            raw = view[starts[j] : starts[j] + sizes[j]]
             if t.direct:
                 a, b = int(plan.bounds[k]), int(plan.bounds[k + 1])
                 dst = rows[plan.row[a:b]]
@@ -456,13 +453,13 @@ class Reader:
             else:
                 chunk = decoder.decode(raw, int(index.masks[p]), index.starts[p])
                 scatter_chunk(index, plan, k, chunk, out, rows)
-        return int(sizes.sum())
+        return int(sp.sizes.sum())
 
     def _advise(self, tasks: list[ReadTask]) -> None:
         """Start this thread's read-ahead over a job's chunk runs (see :class:`_ChunkHints`);
         none with O_DIRECT, which bypasses the page cache the hints fill, or for one run."""
         runs = [] if self.direct_io else [t for t in tasks if isinstance(t, ChunkReads)]
-        ahead = _ChunkHints(self, runs) if sum(t.spans[3].size for t in runs) > 1 else None
+        ahead = _ChunkHints(self, runs) if sum(t.spans.lo.size for t in runs) > 1 else None
         self._local.ahead = ahead
 
     def _read_ahead(self, upto: int) -> None:
@@ -727,7 +724,7 @@ class _ChunkHints:
         self._runs = [
             (t.file, lo, hi)
             for t in tasks
-            for lo, hi in zip(t.spans[3].tolist(), t.spans[4].tolist(), strict=True)
+            for lo, hi in zip(t.spans.lo.tolist(), t.spans.hi.tolist(), strict=True)
         ]
         self._next = 0  # first run not announced yet
         self._announced = 0  # bytes announced
