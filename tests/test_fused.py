@@ -164,3 +164,19 @@ def test_the_kernel_reports_short_reads_and_bad_streams(tmp_path):
         f.truncate(int(task.spans.hi[-1]) + 4096)
         assert read_fused(fused, f.fileno(), buf, task) == -1
     reader.close()
+
+
+def test_inspect_says_which_datasets_take_the_fast_path(tmp_path):
+    from solar.io.inspect import inspect_files
+
+    path = tmp_path / "d.h5"
+    with h5py.File(path, "w") as f:
+        for name, chunks, filters in [
+            ("one", (1, 6, 7), FILTERS["shuffle+zstd"][0]),
+            ("four", (4, 6, 7), FILTERS["gzip"][0]),
+            ("lz4", (1, 6, 7), FILTERS["lz4"][0]),
+        ]:
+            f.create_dataset(name, data=_data((N, 6, 7), "<f4"), chunks=chunks, **filters)
+    why = {r.name: r.read_path_why for r in inspect_files([path])}
+    assert "one compiled call" in why["one"]
+    assert "one compiled call" not in why["four"] and "one compiled call" not in why["lz4"]

@@ -209,7 +209,7 @@ def _one_row_plan(index: ChunkIndex, rows: np.ndarray) -> RowPlan:
     return RowPlan(reads, bounds, order, zeros, zeros)
 
 
-@njit(nogil=True, cache=True)
+@njit(cache=True)  # with the GIL: a few µs on the consuming thread, no handoff to a reader
 def _one_row_kernel(slot, offsets, rows):  # pragma: no cover - compiled
     """(reads, bounds, order) of a one-row-chunk plan: rows sorted by their chunk's offset,
     never-written ones first, stably (rows ascend within a chunk, as ``_general_plan``'s

@@ -14,7 +14,8 @@ import numpy as np
 from solar._units import format_bytes
 from solar.config import ReaderConfig
 from solar.errors import SolarError
-from solar.io.codecs import read_path
+from solar.io.codecs import Decoder, decoder_for, read_path
+from solar.io.fused import fused_codec
 from solar.io.hdf5 import dataset_names, open_h5
 from solar.io.pagecache import evict
 from solar.io.sources import expand_sources
@@ -101,8 +102,17 @@ def _report(path: Path, d: h5py.Dataset, one_per_file: bool) -> DatasetReport:
     )
     if d.ndim > 0 and not one_per_file:
         report.read_path, report.read_path_why = read_path(d)
+        if report.read_path == "chunks" and _fast_path(d):
+            report.read_path_why += ", each sample's chunk read and decoded in one compiled call"
     report.advice = _advice(report, d, numeric, one_per_file)
     return report
+
+
+def _fast_path(d: h5py.Dataset) -> bool:
+    """Whether the Reader takes solar/io/fused.py's fast path for this dataset's chunks."""
+    decoder = decoder_for(d)
+    one_row = tuple(d.chunks or ()) == (1, *d.shape[1:])
+    return one_row and isinstance(decoder, Decoder) and fused_codec(decoder) is not None
 
 
 def _advice(r: DatasetReport, d: h5py.Dataset, numeric: bool, one_per_file: bool) -> list[str]:
