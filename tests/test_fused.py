@@ -12,7 +12,7 @@ from helpers import skip_without_o_direct
 
 from solar import ReaderConfig, SolarError
 from solar.io.codecs import Decoder, decoder_for
-from solar.io.fused import Fused, fused_codec, kernel, read_fused
+from solar.io.fused import Fused, fused_codec, kernel, read_fused, windows
 from solar.io.hdf5 import describe
 from solar.io.reader import Reader
 
@@ -156,13 +156,13 @@ def test_the_kernel_reports_short_reads_and_bad_streams(tmp_path):
     assert fused == Fused("deflate", 0) and kernel("deflate") is not None
     buf = np.zeros(int(task.spans.at[-1]), np.uint8)
     with open(path, "rb") as f:
-        assert read_fused(fused, f.fileno(), buf, task) == 0
+        assert read_fused(fused, f.fileno(), buf, task, 0, 1) == 0
         assert np.array_equal(out[0][1], h5py.File(path)["x"][3])
     with open(tmp_path / "empty", "wb+") as f:  # every pread at the end of the file
-        assert read_fused(fused, f.fileno(), buf, task) == 1
+        assert read_fused(fused, f.fileno(), buf, task, 0, 1) == 1
     with open(tmp_path / "zeros", "wb+") as f:  # the bytes are there, but no zlib stream
         f.truncate(int(task.spans.hi[-1]) + 4096)
-        assert read_fused(fused, f.fileno(), buf, task) == -1
+        assert read_fused(fused, f.fileno(), buf, task, 0, 1) == -1
     reader.close()
 
 
@@ -180,3 +180,66 @@ def test_inspect_says_which_datasets_take_the_fast_path(tmp_path):
     why = {r.name: r.read_path_why for r in inspect_files([path])}
     assert "one compiled call" in why["one"]
     assert "one compiled call" not in why["four"] and "one compiled call" not in why["lz4"]
+
+
+def test_windows_group_runs_within_a_byte_limit():
+    assert windows(np.array([5, 5, 5]), 100) == [(0, 3)]
+    assert windows(np.array([5, 5, 5, 200, 1]), 10) == [(0, 2), (2, 3), (3, 4), (4, 5)]
+    assert windows(np.array([30]), 10) == [(0, 1)]
+
+
+def test_a_task_is_read_window_by_window_each_announced_first(tmp_path, monkeypatch):
+    from solar.io import reader as reader_module
+
+    path = tmp_path / "d.h5"
+    data = _file(path, FILTERS["gzip"][0])
+    _never_general(monkeypatch)
+    monkeypatch.setattr(reader_module._ChunkHints, "WINDOW", 1)  # one run per window
+    announced: list[int] = []
+    monkeypatch.setattr(reader_module.os, "posix_fadvise", lambda fd, a, n, h: announced.append(a))
+    calls = []
+    real = reader_module.read_fused
+
+    def read_fused(fused, fd, buf, task, first, end):
+        # Every run of the window was announced before the kernel reads it.
+        assert set(task.spans.lo[first:end].tolist()) <= set(announced)
+        calls.append((first, end))
+        return real(fused, fd, buf, task, first, end)
+
+    monkeypatch.setattr(reader_module, "read_fused", read_fused)
+    reader = Reader(describe([path]), ReaderConfig(threads=1))
+    request = np.array([30, 2, 9, 10, 11, 20])  # runs: 2, 9-11, 20, 30
+    out = [np.empty((6, 6, 7), np.float32)]
+    reader.read(request, out)
+    assert np.array_equal(out[0], data[request])
+    assert calls == [(0, 1), (1, 2), (2, 3), (3, 4)]
+    reader.close()
+
+
+def test_decoding_jobs_run_on_one_thread_per_core(tmp_path, monkeypatch):
+    """Steps read ahead decode on at most one thread per core; O_DIRECT reads (not announced
+    to the kernel) and other reads keep the whole pool."""
+    import threading
+
+    from solar.io import reader as reader_module
+
+    path = tmp_path / "d.h5"
+    data = _file(path, FILTERS["gzip"][0])
+    monkeypatch.setattr(reader_module, "_CORES", 2)
+    names: set[str] = set()
+    real = reader_module._timed
+
+    def timed(reader, tasks):
+        names.add(threading.current_thread().name)
+        return real(reader, tasks)
+
+    monkeypatch.setattr(reader_module, "_timed", timed)
+    reader = Reader(describe([path]), ReaderConfig(threads=8))
+    outs = [np.empty((1, 6, 7), np.float32) for _ in range(N)]
+    futures = [reader.submit(np.array([i]), [outs[i]], np.arange(1)) for i in range(N)]
+    for f in futures:
+        reader_module.wait_all(f)
+    assert np.array_equal(np.concatenate(outs), data)
+    assert 1 <= len(names) <= 2
+    assert reader.pool(decoding=True)._max_workers == 2 and reader.pool()._max_workers == 8
+    reader.close()

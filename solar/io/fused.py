@@ -55,19 +55,36 @@ def fused_codec(decoder: Decoder) -> Fused | None:
     return Fused(_CODECS[ids[0]], shuffle if shuffle > 1 else 0)
 
 
-def read_fused(fused: Fused, fd: int, buf: np.ndarray, task: ChunkReads) -> int:
-    """Read a task's runs into ``buf`` (at least ``task.spans.at[-1]`` bytes) and decode each
-    chunk into its rows of ``task.out``; 0, or a non-zero status (the caller then takes the
-    general path)."""
+def read_fused(
+    fused: Fused, fd: int, buf: np.ndarray, task: ChunkReads, first: int, end: int
+) -> int:
+    """Read a task's runs ``first..end-1`` into ``buf`` (``task.spans.at[-1]`` bytes or more)
+    and decode each of their chunks into its rows of ``task.out``, run by run; 0, or a
+    non-zero status (the caller then takes the general path)."""
     sp, plan, out = task.spans, task.plan, task.out
     scratch = _scratch(out[0].nbytes if fused.shuffle else 0)
     rows = out.reshape(out.shape[0], -1).view(np.uint8)  # (rows, row bytes)
     return int(
         kernel_for(fused.codec)(
-            fd, buf, sp.lo, sp.hi, sp.at, sp.starts, sp.sizes,
+            fd, buf, first, end, task.run_starts, sp.lo, sp.hi, sp.at, sp.starts, sp.sizes,
             plan.bounds, plan.row, task.chunks, task.rows, rows, scratch, fused.shuffle,
         )
     )  # fmt: skip
+
+
+def windows(nbytes: np.ndarray, limit: int) -> list[tuple[int, int]]:
+    """Consecutive runs in groups of at most ``limit`` bytes (or one run): ``(first, end)``
+    each, so that the caller announces each group to the kernel before reading it."""
+    if int(nbytes.sum()) <= limit:
+        return [(0, int(nbytes.size))]
+    groups, first, total = [], 0, 0
+    for r, n in enumerate(nbytes.tolist()):
+        if r > first and total + n > limit:
+            groups.append((first, r))
+            first, total = r, 0
+        total += n
+    groups.append((first, int(nbytes.size)))
+    return groups
 
 
 _local = threading.local()
@@ -129,7 +146,7 @@ def _make_kernel(codec: str) -> Callable | None:
             return inflate(state, src, stored, dst, length, 0) == 0
 
         @njit(nogil=True)
-        def end(state):  # pragma: no cover - compiled
+        def end_state(state):  # pragma: no cover - compiled
             if state != 0:
                 free(state)
 
@@ -149,22 +166,28 @@ def _make_kernel(codec: str) -> Callable | None:
             return zstd(dst, length, src, stored) == length
 
         @njit(nogil=True)
-        def end(state):  # pragma: no cover - compiled
+        def end_state(state):  # pragma: no cover - compiled
             pass
 
     else:
         return None
 
     @njit(nogil=True)
-    def run(fd, buf, lo, hi, at, starts, sizes, bounds, prow, chunks, targets, rows, scratch,
-            shuffle):  # pragma: no cover - compiled  # fmt: skip
+    def run(fd, buf, first, end, run_starts, lo, hi, at, starts, sizes, bounds, prow, chunks,
+            targets, rows, scratch, shuffle):  # pragma: no cover - compiled  # fmt: skip
         """0, or: 1 + r for run r read short (or failed), -1 - j for chunk j not decoded.
 
-        Chunk j is ``plan.reads[chunks[j]]``; its pieces ``bounds[c]:bounds[c + 1]`` go to rows
+        Run r holds chunks ``run_starts[r]`` up to the next run's first. Chunk j is
+        ``plan.reads[chunks[j]]``; its pieces ``bounds[c]:bounds[c + 1]`` go to rows
         ``targets[prow[i]]`` (one piece, but a sample may be asked for twice in a step).
         """
         base = buf.ctypes.data
-        for r in range(lo.size):
+        length = rows.shape[1]
+        unshuffled = shuffle > 1 and length >= 2 * shuffle  # HDF5 leaves shorter ones as they are
+        state = begin()
+        if state == 0:
+            return -1
+        for r in range(first, end):
             span, got = at[r + 1] - at[r], 0
             while got < span:
                 n = _pread(fd, base + at[r] + got, span - got, lo[r] + got)
@@ -172,24 +195,21 @@ def _make_kernel(codec: str) -> Callable | None:
                     break
                 got += n
             if got < hi[r] - lo[r]:
+                end_state(state)
                 return 1 + r
-        length = rows.shape[1]
-        unshuffled = shuffle > 1 and length >= 2 * shuffle  # HDF5 leaves shorter ones as they are
-        state = begin()
-        if state == 0:
-            return -1
-        for j in range(chunks.size):
-            c = chunks[j]
-            dst = rows[targets[prow[bounds[c]]]]
-            target = scratch.ctypes.data if unshuffled else dst.ctypes.data
-            if not decode(state, base + starts[j], sizes[j], target, length):
-                end(state)
-                return -1 - j
-            if unshuffled:
-                _unshuffle(scratch, dst, shuffle)
-            for i in range(bounds[c] + 1, bounds[c + 1]):  # the same sample again
-                rows[targets[prow[i]], :] = dst
-        end(state)
+            last = run_starts[r + 1] if r + 1 < run_starts.size else chunks.size
+            for j in range(run_starts[r], last):  # decoded while later runs arrive
+                c = chunks[j]
+                dst = rows[targets[prow[bounds[c]]]]
+                target = scratch.ctypes.data if unshuffled else dst.ctypes.data
+                if not decode(state, base + starts[j], sizes[j], target, length):
+                    end_state(state)
+                    return -1 - j
+                if unshuffled:
+                    _unshuffle(scratch, dst, shuffle)
+                for i in range(bounds[c] + 1, bounds[c + 1]):  # the same sample again
+                    rows[targets[prow[i]], :] = dst
+        end_state(state)
         return 0
 
     return run
