@@ -176,7 +176,7 @@ class Loader:
         self._pid = os.getpid()
         self._buffer: SlotBuffer | None = None
         self._buffer_at = -1  # the buffer (and tier) match the plan at the start of this step
-        self._ahead = ReadAhead(self._start, self.config.read_ahead)
+        self._ahead = ReadAhead(self._start, self.config.read_ahead_steps(self.run.batch_size))
         self._pool: BatchPool | None = None
         self._tier: TierFile | None = None
         self._serving = -1  # the step being served: its tier writes are not submitted yet
@@ -200,7 +200,7 @@ class Loader:
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
-        self._ahead = ReadAhead(self._start, self.config.read_ahead)
+        self._ahead = ReadAhead(self._start, self.config.read_ahead_steps(self.run.batch_size))
 
     @property
     def buffer(self) -> SlotBuffer:

@@ -229,9 +229,9 @@ def test_decoding_jobs_run_on_one_thread_per_core(tmp_path, monkeypatch):
     names: set[str] = set()
     real = reader_module._timed
 
-    def timed(reader, tasks):
+    def timed(reader, tasks, ahead):
         names.add(threading.current_thread().name)
-        return real(reader, tasks)
+        return real(reader, tasks, ahead)
 
     monkeypatch.setattr(reader_module, "_timed", timed)
     reader = Reader(describe([path]), ReaderConfig(threads=8))

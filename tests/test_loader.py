@@ -273,12 +273,13 @@ def test_batches_kept_by_the_trainer_are_never_overwritten(tmp_path):
     for idx, img in views:
         assert np.array_equal(img, ref["img"][idx.numpy()[1:]])
     # Batches the trainer drops are reused: memory stays bounded by the read-ahead.
-    dropped = Loader(paths, batch_size=4, epochs=3, buffer=20, reader=ReaderConfig(read_ahead=2))
+    config = ReaderConfig(read_ahead=2)
+    dropped = Loader(paths, batch_size=4, epochs=3, buffer=20, reader=config)
     for e in range(3):
         dropped.set_epoch(e)
         for _ in dropped:
             pass
-    assert len(dropped._pool) <= 2 + 3
+    assert len(dropped._pool) <= config.read_ahead_steps(4) + 3
 
 
 # -- regressions found in review ---------------------------------------------------------------

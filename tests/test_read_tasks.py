@@ -131,8 +131,16 @@ def test_out_of_range_requests_are_refused(samples, rows, message):
 
 @pytest.mark.parametrize(
     ("field", "value"),
-    [("threads", 0), ("threads", 1.5), ("read_ahead", -1), ("direct_io", "yes"), ("threads", True)],
-)
+    [("threads", 0), ("threads", 1.5), ("read_ahead", -1), ("direct_io", "yes"), ("threads", True),
+     ("read_ahead_samples", -2)],
+)  # fmt: skip
 def test_reader_config_refuses_bad_values_by_name(field, value):
     with pytest.raises(SolarError, match=f"^{field} must be"):
         ReaderConfig(**{field: value})
+
+
+def test_small_batches_read_ahead_more_steps():
+    config = ReaderConfig(read_ahead=4, read_ahead_samples=16)
+    assert [config.read_ahead_steps(b) for b in (1, 3, 4, 5, 64)] == [16, 6, 4, 4, 4]
+    assert ReaderConfig(read_ahead=0).read_ahead_steps(1) == 0  # none asked: none
+    assert ReaderConfig(read_ahead_samples=0).read_ahead_steps(1) == 4

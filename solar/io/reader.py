@@ -240,7 +240,8 @@ class Reader:
         if not tasks:
             return []
         pool = self.pool(_decodes(tasks, self))
-        return [pool.submit(_timed, self, group) for group in _balance(tasks, _jobs(tasks, self))]
+        jobs = _balance(tasks, _jobs(tasks, self))
+        return [pool.submit(_timed, self, job, self._announce(job)) for job in jobs]
 
     def _tasks(self, samples: np.ndarray, out: list[np.ndarray], rows: np.ndarray) -> list:
         self._state()
@@ -289,9 +290,10 @@ class Reader:
         if tasks and jobs == 1:
             # A few small chunks: decoding them here beats handing them to a pool thread
             # (measured: ~0.5 ms of handoff per single-sample read, more than a zstd decode).
-            return _timed(self, tasks)[0]
+            return _timed(self, tasks, self._hints(tasks, more_than=1))[0]
         pool = self.pool(_decodes(tasks, self))
-        return wait_all([pool.submit(_timed, self, g) for g in _balance(tasks, jobs)])[0]
+        groups = _balance(tasks, jobs)
+        return wait_all([pool.submit(_timed, self, g, self._announce(g)) for g in groups])[0]
 
     def _run(self, task: ReadTask) -> int:
         """Execute one task: the one place a sample's bytes are read from storage."""
@@ -461,12 +463,19 @@ class Reader:
                 scatter_chunk(index, plan, k, chunk, out, rows)
         return int(sp.sizes.sum())
 
-    def _advise(self, tasks: list[ReadTask]) -> None:
-        """Start this thread's read-ahead over a job's chunk runs (see :class:`_ChunkHints`);
-        none with O_DIRECT, which bypasses the page cache the hints fill, or for one run."""
+    def _hints(self, tasks: list[ReadTask], more_than: int = 0) -> _ChunkHints | None:
+        """Read-ahead hints over a job's chunk runs (see :class:`_ChunkHints`) if it has more
+        than ``more_than`` runs; none with O_DIRECT, which bypasses the page cache they fill."""
         runs = [] if self.direct_io else [t for t in tasks if isinstance(t, ChunkReads)]
-        ahead = _ChunkHints(self, runs) if sum(t.spans.lo.size for t in runs) > 1 else None
-        self._local.ahead = ahead
+        return _ChunkHints(self, runs) if sum(t.spans.lo.size for t in runs) > more_than else None
+
+    def _announce(self, tasks: list[ReadTask]) -> _ChunkHints | None:
+        """A pool job's hints, the first window announced now: its fetches start while it
+        waits for a thread (steps read ahead queue behind the one being decoded)."""
+        ahead = self._hints(tasks)
+        if ahead is not None:
+            ahead.announce(0)
+        return ahead
 
     def _read_ahead(self, upto: int) -> None:
         """Announce this thread's job's runs up to ``upto`` bytes read plus the window."""
@@ -747,9 +756,9 @@ class _ChunkHints:
             self._next += 1
 
 
-def _timed(reader: Reader, tasks: list[ReadTask]) -> tuple[int, float]:
+def _timed(reader: Reader, tasks: list[ReadTask], ahead: _ChunkHints | None) -> tuple[int, float]:
     t0 = time.perf_counter()
-    reader._advise(tasks)
+    reader._local.ahead = ahead  # this thread's job's hints, for _read_ahead
     total = sum(reader._run(t) for t in tasks)
     return total, time.perf_counter() - t0
 
@@ -770,7 +779,7 @@ def _jobs(tasks: list[ReadTask], reader: Reader) -> int:
 
 
 def _decodes(tasks: list[ReadTask], reader: Reader) -> bool:
-    """Whether a step's tasks all decode chunk reads announced to the kernel (``_advise``).
+    """Whether a step's tasks all decode chunk reads announced to the kernel (``_announce``).
 
     Their fetches are in flight however few threads wait, so such jobs run on one thread per
     core: more decoding threads than cores only fight over the CPU and the GIL, and delay the
