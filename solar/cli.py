@@ -246,7 +246,8 @@ def gen(out, preset, samples, chunks, compression, seed, force) -> None:
 @click.option("--threads", type=int, default=_READER.threads, show_default=True,
               help="solar reader threads per rank.")  # fmt: skip
 @click.option("--read-ahead", type=int, default=_READER.read_ahead, show_default=True,
-              help="Steps solar reads ahead of the one served.")  # fmt: skip
+              help=f"Steps solar reads ahead of the one served (at least "
+                   f"{_READER.read_ahead_samples} samples: more at small batches).")  # fmt: skip
 @click.option("--throttle", help="Emulate a remote file system: MBps,latency_ms per rank.")
 @click.option("--compute-ms", type=float, default=0.0, show_default=True,
               help="Simulated training step per batch.")  # fmt: skip

@@ -243,3 +243,23 @@ def test_decoding_jobs_run_on_one_thread_per_core(tmp_path, monkeypatch):
     assert 1 <= len(names) <= 2
     assert reader.pool(decoding=True)._max_workers == 2 and reader.pool()._max_workers == 8
     reader.close()
+
+
+def test_a_failing_hint_is_only_a_hint(tmp_path, monkeypatch):
+    """WILLNEED refused when a job is submitted: its reads still run, nothing is raised."""
+    from solar.io import reader as reader_module
+
+    path = tmp_path / "d.h5"
+    data = _file(path, FILTERS["shuffle+zstd"][0])
+
+    def refuse(*args):
+        raise OSError(5, "hint refused")
+
+    monkeypatch.setattr(reader_module.os, "posix_fadvise", refuse)
+    reader = Reader(describe([path]), ReaderConfig(threads=2))
+    outs = [np.empty((2, 6, 7), np.float32) for _ in range(N)]
+    futures = [reader.submit(np.array([i, N - 1 - i]), [outs[i]], np.arange(2)) for i in range(N)]
+    for i, f in enumerate(futures):
+        reader_module.wait_all(f)
+        assert np.array_equal(outs[i], data[[i, N - 1 - i]])
+    reader.close()

@@ -62,6 +62,11 @@ def read_fused(
     and decode each of their chunks into its rows of ``task.out``, run by run; 0, or a
     non-zero status (the caller then takes the general path)."""
     sp, plan, out = task.spans, task.plan, task.out
+    # The kernel trusts these sizes and layouts: check them here, once per task.
+    if not (task.direct and out.flags.c_contiguous and buf.dtype == np.uint8):
+        raise ValueError("read_fused needs a direct task, C-contiguous rows and a byte buffer")
+    if buf.size < sp.at[-1] or not buf.flags.c_contiguous:
+        raise ValueError(f"read_fused needs a contiguous buffer of {sp.at[-1]} bytes")
     scratch = _scratch(out[0].nbytes if fused.shuffle else 0)
     rows = out.reshape(out.shape[0], -1).view(np.uint8)  # (rows, row bytes)
     return int(
@@ -151,23 +156,27 @@ def _make_kernel(codec: str) -> Callable | None:
                 free(state)
 
     elif codec == "zstd":
-        # size_t ZSTD_decompress(void *dst, size_t cap, const void *src, size_t n): the size,
-        # or an error code (a huge value), never equal to a row's length.
-        zstd = c_function("_zstd", "ZSTD_decompress", sz, [vp, sz, vp, sz])
-        if zstd is None:
+        # One decompression context per call, not one per chunk (ZSTD_decompress makes one).
+        create = c_function("_zstd", "ZSTD_createDCtx", sz, [])
+        free_ctx = c_function("_zstd", "ZSTD_freeDCtx", sz, [sz])
+        # size_t ZSTD_decompressDCtx(ctx, void *dst, size_t cap, const void *src, size_t n):
+        # the size, or an error code (a huge value), never equal to a row's length.
+        zstd = c_function("_zstd", "ZSTD_decompressDCtx", sz, [sz, vp, sz, vp, sz])
+        if create is None or free_ctx is None or zstd is None:
             return None
 
         @njit(nogil=True)
         def begin():  # pragma: no cover - compiled
-            return np.uint64(1)
+            return create()
 
         @njit(nogil=True)
         def decode(state, src, stored, dst, length):  # pragma: no cover - compiled
-            return zstd(dst, length, src, stored) == length
+            return zstd(state, dst, length, src, stored) == length
 
         @njit(nogil=True)
         def end_state(state):  # pragma: no cover - compiled
-            pass
+            if state != 0:
+                free_ctx(state)
 
     else:
         return None
@@ -175,7 +184,8 @@ def _make_kernel(codec: str) -> Callable | None:
     @njit(nogil=True)
     def run(fd, buf, first, end, run_starts, lo, hi, at, starts, sizes, bounds, prow, chunks,
             targets, rows, scratch, shuffle):  # pragma: no cover - compiled  # fmt: skip
-        """0, or: 1 + r for run r read short (or failed), -1 - j for chunk j not decoded.
+        """0, or: 1 + r for run r read short (or failed), -1 - j for chunk j not decoded,
+        -1 - chunks.size if the codec's state could not be allocated.
 
         Run r holds chunks ``run_starts[r]`` up to the next run's first. Chunk j is
         ``plan.reads[chunks[j]]``; its pieces ``bounds[c]:bounds[c + 1]`` go to rows
@@ -186,7 +196,7 @@ def _make_kernel(codec: str) -> Callable | None:
         unshuffled = shuffle > 1 and length >= 2 * shuffle  # HDF5 leaves shorter ones as they are
         state = begin()
         if state == 0:
-            return -1
+            return -1 - chunks.size
         for r in range(first, end):
             span, got = at[r + 1] - at[r], 0
             while got < span:

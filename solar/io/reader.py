@@ -199,7 +199,8 @@ class Reader:
         self._state()
         size = min(self.threads, _CORES) if decoding else self.threads
         if size not in self._pools:
-            self._pools[size] = ThreadPoolExecutor(size, thread_name_prefix="solar-read")
+            name = "solar-decode" if decoding else "solar-read"
+            self._pools[size] = ThreadPoolExecutor(size, thread_name_prefix=name)
         return self._pools[size]
 
     def warm_up(self) -> None:
@@ -241,7 +242,10 @@ class Reader:
             return []
         pool = self.pool(_decodes(tasks, self))
         jobs = _balance(tasks, _jobs(tasks, self))
-        return [pool.submit(_timed, self, job, self._announce(job)) for job in jobs]
+        hints = [self._announce(job) for job in jobs]  # before any job runs: nothing raises after
+        return [
+            pool.submit(_timed, self, job, ahead) for job, ahead in zip(jobs, hints, strict=True)
+        ]
 
     def _tasks(self, samples: np.ndarray, out: list[np.ndarray], rows: np.ndarray) -> list:
         self._state()
@@ -293,7 +297,9 @@ class Reader:
             return _timed(self, tasks, self._hints(tasks, more_than=1))[0]
         pool = self.pool(_decodes(tasks, self))
         groups = _balance(tasks, jobs)
-        return wait_all([pool.submit(_timed, self, g, self._announce(g)) for g in groups])[0]
+        hints = [self._announce(g) for g in groups]
+        futures = [pool.submit(_timed, self, g, a) for g, a in zip(groups, hints, strict=True)]
+        return wait_all(futures)[0]
 
     def _run(self, task: ReadTask) -> int:
         """Execute one task: the one place a sample's bytes are read from storage."""
@@ -750,8 +756,11 @@ class _ChunkHints:
         self._read += nbytes
         while self._next < len(self._runs) and self._announced < self._read + self.WINDOW:
             file, lo, hi = self._runs[self._next]
-            with self._reader._fd(file) as fd:
-                os.posix_fadvise(fd, lo, hi - lo, os.POSIX_FADV_WILLNEED)
+            try:
+                with self._reader._fd(file) as fd:
+                    os.posix_fadvise(fd, lo, hi - lo, os.POSIX_FADV_WILLNEED)
+            except (OSError, SolarError):  # only a hint: the reads themselves name a problem
+                pass
             self._announced += hi - lo
             self._next += 1
 
