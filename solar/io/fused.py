@@ -17,6 +17,7 @@ path never reports an error of its own.
 from __future__ import annotations
 
 import ctypes
+import functools
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -25,6 +26,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 from numba import njit
 
+from solar._memory import thread_buffer
+from solar.io import libc
 from solar.io.codecs import DEFLATE, SHUFFLE, ZSTD, Decoder, _unshuffle, c_function
 
 if TYPE_CHECKING:
@@ -42,8 +45,12 @@ class Fused:
 
 
 def fused_codec(decoder: Decoder) -> Fused | None:
-    """The fast path's predicate: a ``Fused`` for [shuffle,] deflate or zstd pipelines whose
-    C functions were found, else None (the general path)."""
+    """The fast path's predicate: a ``Fused`` for datasets of one sample per chunk in native
+    byte order (a chunk is then one batch row, byte for byte) whose pipeline is [shuffle,]
+    deflate or zstd with C functions found, else None (the general path)."""
+    one_row = decoder.chunk_shape == (1, *decoder.shape[1:])
+    if not (one_row and decoder.dtype.isnative):
+        return None
     ids = [s.filter_id for s in decoder.stages]
     shuffle = 0
     if ids[:1] == [SHUFFLE]:
@@ -67,10 +74,13 @@ def read_fused(
         raise ValueError("read_fused needs a direct task, C-contiguous rows and a byte buffer")
     if buf.size < sp.at[-1] or not buf.flags.c_contiguous:
         raise ValueError(f"read_fused needs a contiguous buffer of {sp.at[-1]} bytes")
-    scratch = _scratch(out[0].nbytes if fused.shuffle else 0)
+    n = out[0].nbytes if fused.shuffle else 0
+    scratch = thread_buffer(_scratch, n)[:n]
     rows = out.reshape(out.shape[0], -1).view(np.uint8)  # (rows, row bytes)
+    run = kernel(fused.codec)
+    assert run is not None  # fused_codec found it
     return int(
-        kernel_for(fused.codec)(
+        run(
             fd, buf, first, end, task.run_starts, sp.lo, sp.hi, sp.at, sp.starts, sp.sizes,
             plan.bounds, plan.row, task.chunks, task.rows, rows, scratch, fused.shuffle,
         )
@@ -92,41 +102,14 @@ def windows(nbytes: np.ndarray, limit: int) -> list[tuple[int, int]]:
     return groups
 
 
-_local = threading.local()
+_scratch = threading.local()  # per thread: a shuffled chunk before it is unshuffled into its row
 
 
-def _scratch(nbytes: int) -> np.ndarray:
-    """This thread's buffer for a shuffled chunk before it is unshuffled into its row."""
-    buf = getattr(_local, "scratch", None)
-    if buf is None or buf.size < nbytes:
-        buf = _local.scratch = np.empty(nbytes, np.uint8)
-    return buf[:nbytes]
-
-
-_kernels: dict[str, Callable | None] = {}
-_lock = threading.Lock()
-
-
-def kernel_for(codec: str) -> Callable:
-    """The kernel ``kernel`` found (the caller checked)."""
-    found = _kernels.get(codec) or kernel(codec)
-    assert found is not None
-    return found
-
-
+@functools.cache
 def kernel(codec: str) -> Callable | None:
     """The compiled read-and-decode loop for a codec, built once per process (None: its C
     functions are not exported by this imagecodecs build)."""
-    with _lock:
-        if codec not in _kernels:
-            _kernels[codec] = _make_kernel(codec)
-        return _kernels[codec]
-
-
-_libc = ctypes.CDLL(None)
-_pread = _libc.pread
-_pread.restype = ctypes.c_ssize_t
-_pread.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int64]
+    return _make_kernel(codec)
 
 
 def _make_kernel(codec: str) -> Callable | None:
@@ -200,7 +183,7 @@ def _make_kernel(codec: str) -> Callable | None:
         for r in range(first, end):
             span, got = at[r + 1] - at[r], 0
             while got < span:
-                n = _pread(fd, base + at[r] + got, span - got, lo[r] + got)
+                n = libc.pread(fd, base + at[r] + got, span - got, lo[r] + got)
                 if n <= 0:  # end of file, or an error: the general path tells which
                     break
                 got += n

@@ -111,9 +111,7 @@ def _report(path: Path, d: h5py.Dataset, one_per_file: bool) -> DatasetReport:
 def _fast_path(d: h5py.Dataset) -> bool:
     """Whether the Reader takes solar/io/fused.py's fast path for this dataset's chunks."""
     decoder = decoder_for(d)
-    one_row = tuple(d.chunks or ()) == (1, *d.shape[1:])
-    native = d.dtype.isnative  # else rows are byte-swapped while scattered: the general path
-    return one_row and native and isinstance(decoder, Decoder) and fused_codec(decoder) is not None
+    return isinstance(decoder, Decoder) and fused_codec(decoder) is not None
 
 
 def _advice(r: DatasetReport, d: h5py.Dataset, numeric: bool, one_per_file: bool) -> list[str]:

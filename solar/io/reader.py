@@ -22,7 +22,6 @@ tasks it returns, one ``case`` per task type in :meth:`Reader._run`.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import dataclasses
 import errno
 import functools
@@ -44,6 +43,7 @@ from numba import njit
 from solar._memory import PAGE, thread_buffer
 from solar.config import ReaderConfig
 from solar.errors import SolarError
+from solar.io import libc
 from solar.io.chunks import ChunkIndex, chunk_index, fill_absent, scatter_chunk
 from solar.io.codecs import Decoder, decoder_for
 from solar.io.fused import fused_codec, read_fused, windows
@@ -60,23 +60,12 @@ from solar.io.tasks import (
     plan_reads,
 )
 
-_libc = ctypes.CDLL(None, use_errno=True)
-_preadv = _libc.preadv
-_preadv.restype = ctypes.c_ssize_t
-_preadv.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_int64]
-
 
 @njit(nogil=True)  # not cached: it embeds the address of libc's preadv
 def _preadv_runs(fd, iov, starts, counts, offsets, got):
     """One preadv per run of one file, without the GIL."""
     for j in range(starts.shape[0]):
-        got[j] = _preadv(fd, iov.ctypes.data + 16 * starts[j], counts[j], offsets[j])
-
-
-_fadvise = _libc.posix_fadvise
-_fadvise.restype = ctypes.c_int
-_fadvise.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_int]
-_WILLNEED = getattr(os, "POSIX_FADV_WILLNEED", 3)
+        got[j] = libc.preadv(fd, iov.ctypes.data + 16 * starts[j], counts[j], offsets[j])
 
 
 @njit(nogil=True)  # not cached: it embeds the addresses of libc's functions
@@ -89,18 +78,11 @@ def _advise_preadv_each(fds, iov, offsets, got):
     if n > 1:
         for j in range(n):
             if fds[j] >= 0:
-                _fadvise(fds[j], offsets[j], iov[j, 1], _WILLNEED)  # a hint: errors are moot
+                libc.fadvise(
+                    fds[j], offsets[j], iov[j, 1], libc.WILLNEED
+                )  # a hint: errors are moot
     for j in range(n):
-        got[j] = -1 if fds[j] < 0 else _preadv(fds[j], iov.ctypes.data + 16 * j, 1, offsets[j])
-
-
-_open = _libc.open
-_open.restype = ctypes.c_int
-_open.argtypes = [ctypes.c_void_p, ctypes.c_int]  # no mode: O_CREAT is never passed
-_close = _libc.close
-_close.restype = ctypes.c_int
-_close.argtypes = [ctypes.c_int]
-_O_READ = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)  # as os.open: not inherited
+        got[j] = -1 if fds[j] < 0 else libc.preadv(fds[j], iov.ctypes.data + 16 * j, 1, offsets[j])
 
 
 @njit(nogil=True)  # not cached: it embeds the addresses of libc's functions
@@ -119,13 +101,13 @@ def _open_read_close(names, name_at, files, iov, offsets, got, hold):
             if b > a and files[b] == files[b - 1]:
                 fds[b] = fds[b - 1]
             else:
-                fds[b] = _open(names.ctypes.data + name_at[files[b]], _O_READ)
+                fds[b] = libc.open_file(names.ctypes.data + name_at[files[b]], libc.O_READ)
                 opened += 1
             b += 1
         _advise_preadv_each(fds[a:b], iov[a:b], offsets[a:b], got[a:b])
         for j in range(a, b):
             if fds[j] >= 0 and (j == b - 1 or files[j + 1] != files[j]):
-                _close(fds[j])
+                libc.close(fds[j])
         a = b
 
 

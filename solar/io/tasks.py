@@ -239,7 +239,6 @@ class ChunkSpans:
     """
 
     positions: np.ndarray  # (m,) positions in the chunk index
-    offsets: np.ndarray  # (m,) file offsets
     sizes: np.ndarray  # (m,) stored sizes
     lo: np.ndarray  # (runs,)
     hi: np.ndarray  # (runs,)
@@ -269,7 +268,7 @@ def _spans(reads, chunks, run_starts, offsets, sizes, masks, page):  # pragma: n
     masked = False
     for j in range(m):
         masked = masked or masks[positions[j]] != 0
-    return positions, off, size, lo, hi, at, starts, masked
+    return positions, size, lo, hi, at, starts, masked
 
 
 ReadTask = PreadvRuns | FileRuns | DirectRun | H5Rows | ChunkReads
