@@ -19,6 +19,14 @@ ARITY = 4
 
 
 @njit(cache=True, inline="always")
+def _put(key, heap, cells, f, r, i, k, s):
+    """Heap position ``i`` of rank r holds cell ``s`` with key ``k``; the cell knows it."""
+    key[r, i] = k
+    heap[r, i] = s
+    cells[r, s, f] = i
+
+
+@njit(cache=True, inline="always")
 def sift_up(key, heap, cells, f, r, i):
     """Move rank r's heap entry at position ``i`` up while its key exceeds its parent's."""
     k = key[r, i]
@@ -27,13 +35,9 @@ def sift_up(key, heap, cells, f, r, i):
         p = (i - 1) // ARITY
         if key[r, p] >= k:
             break
-        key[r, i] = key[r, p]
-        heap[r, i] = heap[r, p]
-        cells[r, heap[r, i], f] = i
+        _put(key, heap, cells, f, r, i, key[r, p], heap[r, p])
         i = p
-    key[r, i] = k
-    heap[r, i] = s
-    cells[r, s, f] = i
+    _put(key, heap, cells, f, r, i, k, s)
 
 
 @njit(cache=True, inline="always")
@@ -52,13 +56,9 @@ def sift_down(key, heap, cells, f, r, i):
                 c = j
         if key[r, c] <= k:
             break
-        key[r, i] = key[r, c]
-        heap[r, i] = heap[r, c]
-        cells[r, heap[r, i], f] = i
+        _put(key, heap, cells, f, r, i, key[r, c], heap[r, c])
         i = c
-    key[r, i] = k
-    heap[r, i] = s
-    cells[r, s, f] = i
+    _put(key, heap, cells, f, r, i, k, s)
 
 
 @njit(cache=True)
