@@ -219,15 +219,17 @@ class Reader:
 
         Each future's result is ``(bytes read, seconds busy)``.
         """
-        tasks = self._tasks(samples, out, rows)
+        return self._start(self._tasks(samples, out, rows))
+
+    def _start(self, tasks: list[ReadTask]) -> list[Future]:
+        """Hand a step's tasks to the pool as jobs, every job's hints announced first (so
+        that nothing can raise once a job runs)."""
         if not tasks:
             return []
         pool = self.pool(_decodes(tasks, self))
         jobs = _balance(tasks, _jobs(tasks, self))
-        hints = [self._announce(job) for job in jobs]  # before any job runs: nothing raises after
-        return [
-            pool.submit(_timed, self, job, ahead) for job, ahead in zip(jobs, hints, strict=True)
-        ]
+        hints = [self._announce(job) for job in jobs]
+        return [pool.submit(_timed, self, j, a) for j, a in zip(jobs, hints, strict=True)]
 
     def _tasks(self, samples: np.ndarray, out: list[np.ndarray], rows: np.ndarray) -> list:
         self._state()
@@ -272,16 +274,11 @@ class Reader:
         """Blocking :meth:`submit`; returns the bytes read."""
         rows = np.arange(len(samples)) if rows is None else rows
         tasks = self._tasks(samples, out, rows)
-        jobs = _jobs(tasks, self)
-        if tasks and jobs == 1:
+        if tasks and _jobs(tasks, self) == 1:
             # A few small chunks: decoding them here beats handing them to a pool thread
             # (measured: ~0.5 ms of handoff per single-sample read, more than a zstd decode).
             return _timed(self, tasks, self._hints(tasks, more_than=1))[0]
-        pool = self.pool(_decodes(tasks, self))
-        groups = _balance(tasks, jobs)
-        hints = [self._announce(g) for g in groups]
-        futures = [pool.submit(_timed, self, g, a) for g, a in zip(groups, hints, strict=True)]
-        return wait_all(futures)[0]
+        return wait_all(self._start(tasks))[0]
 
     def _run(self, task: ReadTask) -> int:
         """Execute one task: the one place a sample's bytes are read from storage."""
