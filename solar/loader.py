@@ -1,7 +1,7 @@
 """The Loader: executes one rank's part of a Plan and yields torch batches.
 
-Three places, one each: a sample's bytes are read from storage by ``Reader._run``
-(solar/io/reader.py); the decision to keep or evict them was made by the planner
+Three places, one each: a sample's bytes are read by ``Executor._run`` (solar/io/executor.py),
+from storage or the tier; the decision to keep or evict them was made by the planner
 (solar/schedule/belady.py for the ``solar`` policy) and reaches the runtime as a
 :class:`~solar.schedule.rankplan.StepPlan`; they are copied into a batch by
 :func:`~solar.cache.slots.copy_rows`, through ``SlotBuffer.gather`` and ``SlotBuffer.store``
@@ -9,9 +9,10 @@ in :meth:`Loader._consume`. The Loader itself owns no policy: per step it starts
 reads (several steps ahead), waits for them, gathers the hits and stores the admissions.
 
 With a second tier (``tier=`` a directory on node-local NVMe), the same holds one level down:
-tier hits are read from the rank's tier file (solar/cache/tier.py) straight into batch rows
-like storage reads, and the plan's demotions and tier admissions are written there off the
-critical path, after the batch is assembled.
+tier hits are read from the rank's tier file (solar/cache/tier.py) straight into batch rows by
+the same executor as storage reads, and the plan's demotions and tier admissions are written
+there off the critical path, after the batch is assembled; the tier orders its own slots'
+writes and reads.
 """
 
 from __future__ import annotations
@@ -22,18 +23,21 @@ import os
 import time
 import warnings
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from solar._process import ProcessLocal
 from solar.cache.batches import BatchPool, torch_dtype
 from solar.cache.slots import SlotBuffer, check_budget
 from solar.cache.tier import TierFile, tier_stride
 from solar.config import DEFAULT_SLACK, BufferConfig, ReaderConfig, RunConfig, parse_size
 from solar.dist import abort_job_on_error, agree
 from solar.errors import SolarError
-from solar.io.reader import Reader, wait_all
+from solar.io.executor import wait_all
+from solar.io.reader import Reader
 from solar.io.sources import describe_source
 from solar.readahead import InFlight, ReadAhead
 from solar.schedule import Plan, PlanSpec, RankPlan, load_plan, make_plan
@@ -173,34 +177,33 @@ class Loader:
 
     # -- runtime state (rebuilt in a forked or spawned process) ------------------------------
     def _reset_runtime(self) -> None:
-        self._pid = os.getpid()
         self._buffer: SlotBuffer | None = None
         self._buffer_at = -1  # the buffer (and tier) match the plan at the start of this step
-        self._ahead = ReadAhead(self._start, self.config.read_ahead_steps(self.run.batch_size))
         self._pool: BatchPool | None = None
-        self._tier: TierFile | None = None
-        self._serving = -1  # the step being served: its tier writes are not submitted yet
-        self._written_at = np.zeros(0, np.int64)  # per tier slot: the last step started writing it
+        self._rt: ProcessLocal[_Runtime] = ProcessLocal(self._new_runtime)
 
-    def _ensure_process(self) -> None:
-        if self._pid != os.getpid():
-            # Forked: the parent's reader threads did not come along; its buffer contents did.
-            self._pid = os.getpid()
-            self._ahead.forget()
-            if self._tier is not None:
-                # The tier file is the parent's, still in use: the child fills one of its own.
-                self._tier = None
-                self._buffer_at = -1
+    def _new_runtime(self) -> _Runtime:
+        """This process's read-ahead queue and tier. In a forked child the parent's reads did
+        not come along and its tier file is the parent's, still in use: the child fills one of
+        its own (its buffer's contents, inherited, stay valid)."""
+        slots = tier_slot_count(self.run, self.spec.buffer)
+        tier = None
+        if slots and self._tier_dir is not None:
+            # Named for the plan and the rank (and, by TierFile, the host and process).
+            tier = TierFile(
+                self._tier_dir, slots=slots, keys=self.info.keys, executor=self.reader.executor,
+                name=f"{self.spec.fingerprint[:12]}-r{self.rank}",
+                staging_slots=max(64, (256 << 20) // tier_stride(self.info.keys)),  # 256 MiB
+            )  # fmt: skip
+            self._buffer_at = -1  # a new, empty tier: refill before serving
+        depth = self.config.read_ahead_steps(self.run.batch_size)
+        return _Runtime(ReadAhead(self._start, depth), tier)
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
         # The rank's plan is read (and validated) again from its file or plan in the new process.
-        state.update(_buffer=None, _buffer_at=-1, _ahead=None, _pool=None, _tier=None)
+        state.update(_buffer=None, _buffer_at=-1, _pool=None)
         return state
-
-    def __setstate__(self, state: dict) -> None:
-        self.__dict__.update(state)
-        self._ahead = ReadAhead(self._start, self.config.read_ahead_steps(self.run.batch_size))
 
     @property
     def buffer(self) -> SlotBuffer:
@@ -211,18 +214,8 @@ class Loader:
 
     @property
     def tier(self) -> TierFile | None:
-        """This rank's second tier (None without one): a file created on first use."""
-        slots = tier_slot_count(self.run, self.spec.buffer)
-        if self._tier is None and slots and self._tier_dir is not None:
-            # Named for the plan and the rank (and, by TierFile, the host and process).
-            self._tier = TierFile(
-                self._tier_dir, slots=slots, keys=self.info.keys, threads=self.config.threads,
-                name=f"{self.spec.fingerprint[:12]}-r{self.rank}",
-                staging_slots=max(64, (256 << 20) // tier_stride(self.info.keys)),  # 256 MiB
-            )  # fmt: skip
-            self._written_at = np.full(slots, -1, np.int64)
-            self._buffer_at = -1  # a new, empty tier: refill before serving
-        return self._tier
+        """This rank's second tier in this process (None without one)."""
+        return self._rt.get().tier
 
     # -- the public iteration protocol -------------------------------------------------------
     def __len__(self) -> int:
@@ -237,7 +230,6 @@ class Loader:
             self._next = epoch * self.run.steps_per_epoch
 
     def __iter__(self):
-        self._ensure_process()
         spe = self.run.steps_per_epoch
         first, end = self._epoch * spe, (self._epoch + 1) * spe
         start = self._next if first <= self._next < end else first
@@ -299,13 +291,13 @@ class Loader:
 
     def close(self) -> None:
         """Stop the background work; remove the tier file."""
-        self._ensure_process()  # a forked child must not wait for its parent's reads
-        self._ahead.drain()
+        rt = self._rt.drop()  # a forked child never waits for its parent's reads
+        if rt is not None:
+            rt.drain()
+            if rt.tier is not None:
+                rt.tier.close()
         self._stream.close()
         self.reader.close()
-        if self._tier is not None:
-            self._tier.close()
-            self._tier = None
 
     def __enter__(self) -> Loader:
         return self
@@ -316,11 +308,13 @@ class Loader:
     # -- execution ----------------------------------------------------------------------------
     def _seek(self, step: int) -> None:
         """Make the buffer (and tier) match the plan at ``step``: read what later hits need."""
-        buf, tier = self.buffer, self.tier
+        buf, rt = self.buffer, self._rt.get()
         if self._buffer_at == step:
             return
-        self._ahead.drain()
-        self._written_at[:] = -1  # no step after this one has started
+        rt.drain()
+        tier = rt.tier
+        if tier is not None:
+            tier.reset(step)  # no step from here on has started
         t0 = time.perf_counter()
         cells, samples = self._window(step).refill_at(step)
         self._buffer_at = -1  # until the refill succeeds, the buffer matches no step
@@ -353,27 +347,24 @@ class Loader:
             rows = self.spec.buffer.cap(self.run.batch_size)
             self._pool = BatchPool(self.info.keys, rows, self.config.pin_memory)
         step = self._window(k, trim=False).step(k)
-        late = None
-        if step.tier_rows.size or step.demote_slots.size or step.tadmit_rows.size:
-            # A tier slot written by a step not yet served holds its new sample only once that
-            # step has been served: such reads start when this step is served.
-            late = self._written_at[step.tier_slots] >= self._serving
-            self._written_at[step.tier_writes] = k
+        tier = self.tier
+        io = InFlight(step, [], [], [])
         # Only reads need their batch ahead of time; a step of hits takes memory when it is
         # assembled, so that recently freed (cache-warm) batch memory is reused.
-        if step.read_rows.size == 0 and step.tier_rows.size == 0:
-            return InFlight(step, [], [], [])
-        tensors, batch = self._pool.take(step.size)
-        futures = []
-        if step.read_rows.size:
-            futures = self.reader.submit(step.samples[step.read_rows], batch, step.read_rows)
-        io = InFlight(step, tensors, batch, futures, tier_late=late)
-        if step.tier_rows.size:
-            assert late is not None and self._tier is not None
-            now = ~late
-            io.tier_futures = self._tier.submit_read(
-                step.tier_slots[now], batch, step.tier_rows[now]
-            )
+        if step.read_rows.size or step.tier_rows.size:
+            io.tensors, io.batch = self._pool.take(step.size)
+            if step.read_rows.size:
+                io.futures = self.reader.submit(
+                    step.samples[step.read_rows], io.batch, step.read_rows
+                )
+            io.storage = len(io.futures)
+            if step.tier_rows.size:
+                assert tier is not None
+                io.futures += tier.read_step(k, step.tier_slots, io.batch, step.tier_rows)
+        writes = step.tier_writes
+        if writes.size:  # after this step's reads: they see the slots as the step starts
+            assert tier is not None
+            tier.expect_writes(k, writes)
         return io
 
     def _update(self, k: int, step: StepPlan, batch: list[np.ndarray]) -> None:
@@ -382,7 +373,7 @@ class Loader:
         Overwriting a slot is the eviction. It was decided by the planner (for the `solar`
         policy, Belady in solar/schedule/belady.py); the runtime only obeys the plan.
         """
-        buf, tier = self.buffer, self._tier
+        buf, tier = self.buffer, self.tier
         if not step.in_order:
             if step.demote_slots.size:  # first: the stores below overwrite these slots
                 assert tier is not None
@@ -405,30 +396,25 @@ class Loader:
         """Serve step ``k``: wait for its reads, gather its hits, store its admissions."""
         import torch
 
-        self._ensure_process()  # a forked child may continue its parent's iterator
+        rt = self._rt.get()  # first: a forked child's new, empty tier moves the buffer's step
         if self._buffer_at != k:
             self._seek(k)  # another iterator (or a failed step) moved the buffer elsewhere
         self._window(k)  # the step being served: planned (waited for) if it must be
-        self._serving = k
         # Read ahead only into steps already planned: never wait for the planner here.
-        io = self._ahead.take(k, last=min(self.run.num_steps, self._stream.planned_end) - 1)
+        io = rt.ahead.take(k, last=min(self.run.num_steps, self._stream.planned_end) - 1)
         step = io.plan
-        if io.tier_late is not None and io.tier_late.any():
-            # Every step before this one is served: the tier slots these read are written.
-            assert self._tier is not None
-            late = io.tier_late
-            io.tier_futures += self._tier.submit_read(
-                step.tier_slots[late], io.batch, step.tier_rows[late]
-            )
         t0 = time.perf_counter()
-        nbytes, busy = wait_all(io.futures)
-        tier_bytes, _ = wait_all(io.tier_futures)
+        wait_all(io.futures)
         stall = time.perf_counter() - t0
+        nbytes, busy = wait_all(io.futures[: io.storage])
+        tier_bytes = wait_all(io.futures[io.storage :])[0]
         if not io.batch:
             assert self._pool is not None
             io.tensors, io.batch = self._pool.take(io.plan.size)
         self.buffer.gather(step.hit_slots, io.batch, step.hit_rows)
         self._update(k, step, io.batch)
+        if rt.tier is not None:
+            rt.tier.done_writing(k)
         self._buffer_at = k + 1
         hits, tier_hits = int(step.hit_rows.size), int(step.tier_rows.size)
         self.stats.record(
@@ -442,6 +428,21 @@ class Loader:
         out = {key.name: t for key, t in zip(self.info.keys, io.tensors, strict=True)}
         out["index"] = torch.from_numpy(step.samples)
         return out
+
+
+@dataclass
+class _Runtime:
+    """A Loader's threads and files in one process: its read-ahead queue and its tier."""
+
+    ahead: ReadAhead
+    tier: TierFile | None
+
+    def drain(self) -> None:
+        """Wait for the reads under way; the tier's held reads are dropped first, since they
+        would start only when steps that will not be served are."""
+        if self.tier is not None:
+            self.tier.reset(0)
+        self.ahead.drain()
 
 
 def _rank_and_world(comm: Any, rank: int | None, world_size: int | None) -> tuple[int, int]:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import collections
 from collections.abc import Callable
-from concurrent.futures import Future
-from dataclasses import dataclass, field
+from concurrent.futures import Future, wait
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -20,11 +20,8 @@ class InFlight:
     plan: StepPlan
     tensors: list[Any]  # torch tensors sharing ``batch``; empty until memory is taken
     batch: list[np.ndarray]  # (size, *sample shape) per key
-    futures: list[Future]  # storage reads
-    tier_futures: list[Future] = field(default_factory=list)  # tier reads
-    # Tier reads not started yet: their slot is written by a step before this one that has not
-    # been served (its writes do not exist yet). A mask over ``plan.tier_rows``.
-    tier_late: np.ndarray | None = None
+    futures: list[Future]  # its reads: from storage first, then from the tier
+    storage: int = 0  # futures[:storage] read from storage
 
 
 class ReadAhead:
@@ -51,12 +48,7 @@ class ReadAhead:
         return self._queue.popleft()
 
     def drain(self) -> None:
-        """Wait for every read under way (results discarded), then forget them."""
-        for io in self._queue:
-            for f in io.futures + io.tier_futures:
-                f.exception()
+        """Wait for every read under way (results discarded, cancelled ones skipped), then
+        forget them."""
+        wait([f for io in self._queue for f in io.futures])
         self._queue.clear()
-
-    def forget(self) -> None:
-        """Drop the queue without waiting: its reads belong to another process (after fork)."""
-        self._queue = collections.deque()

@@ -115,12 +115,12 @@ def test_long_runs_of_chunks_are_cut_and_gaps_split_them():
     assert chunk_runs(source.index, np.array([0, 1, 3, 4])).tolist() == [0, 2]
 
 
-def test_read_ahead_announces_runs_in_read_order_within_its_window(tmp_path, monkeypatch):
-    """The hints cover a job's runs in the order it reads them, at most WINDOW bytes past
+def test_advice_covers_runs_in_read_order_within_its_window(tmp_path, monkeypatch):
+    """The advice covers a job's runs in the order it reads them, at most WINDOW bytes past
     what it has read; a single-sample task is one run (its spans: one range)."""
     import contextlib
 
-    from solar.io import reader as reader_module
+    from solar.io import advice as advice_module
 
     data = np.zeros((12, 4), np.uint8)  # 4-byte chunks, each on its own page: 12 runs
     source, _ = _memory_source(data, 1, gaps=4092)
@@ -130,23 +130,18 @@ def test_read_ahead_announces_runs_in_read_order_within_its_window(tmp_path, mon
                        direct_io=False, groups=2, chunks={(0, 0): source})  # fmt: skip
     seen: list[tuple[int, int]] = []
     monkeypatch.setattr(
-        reader_module.os, "posix_fadvise", lambda fd, a, n, how: seen.append((a, n))
+        advice_module.os, "posix_fadvise", lambda fd, a, n, how: seen.append((a, n))
     )
-    monkeypatch.setattr(reader_module._ChunkHints, "WINDOW", 10)
-
-    class Fds:
-        def _fd(self, file):
-            return contextlib.nullcontext(-1)
-
-    ahead = reader_module._ChunkHints(Fds(), tasks)  # type: ignore[arg-type]
+    monkeypatch.setattr(advice_module.Advice, "WINDOW", 10)
+    ahead = advice_module.Advice(lambda file: contextlib.nullcontext(-1), tasks)
     ranges = [(lo, hi - lo) for t in tasks for lo, hi in zip(t.spans.lo, t.spans.hi, strict=True)]
     assert len(ranges) == 12 and [t.spans.lo.size for t in tasks] == [6, 6]
     assert all(n == 4 for _, n in ranges) and np.all(np.diff([a for a, _ in ranges]) > 0)
-    ahead.announce(0)
+    ahead.advise(0)
     assert seen == ranges[:3]  # 10 bytes past nothing read: three 4-byte runs
-    ahead.announce(12)
+    ahead.advise(12)
     assert seen == ranges[:6]
-    ahead.announce(100)
+    ahead.advise(100)
     assert seen == ranges
     single = plan_reads(layouts, np.array([0, 12]), np.array([3]), out, np.arange(1),
                         direct_io=False, groups=8, chunks={(0, 0): source})  # fmt: skip

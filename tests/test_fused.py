@@ -188,25 +188,26 @@ def test_windows_group_runs_within_a_byte_limit():
     assert windows(np.array([30]), 10) == [(0, 1)]
 
 
-def test_a_task_is_read_window_by_window_each_announced_first(tmp_path, monkeypatch):
-    from solar.io import reader as reader_module
+def test_a_task_is_read_window_by_window_each_advised_first(tmp_path, monkeypatch):
+    from solar.io import advice as advice_module
+    from solar.io import executor as executor_module
 
     path = tmp_path / "d.h5"
     data = _file(path, FILTERS["gzip"][0])
     _never_general(monkeypatch)
-    monkeypatch.setattr(reader_module._ChunkHints, "WINDOW", 1)  # one run per window
-    announced: list[int] = []
-    monkeypatch.setattr(reader_module.os, "posix_fadvise", lambda fd, a, n, h: announced.append(a))
+    monkeypatch.setattr(advice_module.Advice, "WINDOW", 1)  # one run per window
+    advised: list[int] = []
+    monkeypatch.setattr(advice_module.os, "posix_fadvise", lambda fd, a, n, h: advised.append(a))
     calls = []
-    real = reader_module.read_fused
+    real = executor_module.read_fused
 
     def read_fused(fused, fd, buf, task, first, end):
-        # Every run of the window was announced before the kernel reads it.
-        assert set(task.spans.lo[first:end].tolist()) <= set(announced)
+        # Every run of the window was advised before the kernel reads it.
+        assert set(task.spans.lo[first:end].tolist()) <= set(advised)
         calls.append((first, end))
         return real(fused, fd, buf, task, first, end)
 
-    monkeypatch.setattr(reader_module, "read_fused", read_fused)
+    monkeypatch.setattr(executor_module, "read_fused", read_fused)
     reader = Reader(describe([path]), ReaderConfig(threads=1))
     request = np.array([30, 2, 9, 10, 11, 20])  # runs: 2, 9-11, 20, 30
     out = [np.empty((6, 6, 7), np.float32)]
@@ -217,37 +218,39 @@ def test_a_task_is_read_window_by_window_each_announced_first(tmp_path, monkeypa
 
 
 def test_decoding_jobs_run_on_one_thread_per_core(tmp_path, monkeypatch):
-    """Steps read ahead decode on at most one thread per core; O_DIRECT reads (not announced
+    """Steps read ahead decode on at most one thread per core; O_DIRECT reads (not advised
     to the kernel) and other reads keep the whole pool."""
     import threading
 
-    from solar.io import reader as reader_module
+    from solar.io import executor as executor_module
 
     path = tmp_path / "d.h5"
     data = _file(path, FILTERS["gzip"][0])
-    monkeypatch.setattr(reader_module, "_CORES", 2)
+    monkeypatch.setattr(executor_module, "CORES", 2)
     names: set[str] = set()
-    real = reader_module._timed
+    real = executor_module.Executor._job
 
-    def timed(reader, tasks, ahead):
+    def job(self, *args):
         names.add(threading.current_thread().name)
-        return real(reader, tasks, ahead)
+        return real(self, *args)
 
-    monkeypatch.setattr(reader_module, "_timed", timed)
+    monkeypatch.setattr(executor_module.Executor, "_job", job)
     reader = Reader(describe([path]), ReaderConfig(threads=8))
     outs = [np.empty((1, 6, 7), np.float32) for _ in range(N)]
     futures = [reader.submit(np.array([i]), [outs[i]], np.arange(1)) for i in range(N)]
     for f in futures:
-        reader_module.wait_all(f)
+        executor_module.wait_all(f)
     assert np.array_equal(np.concatenate(outs), data)
     assert 1 <= len(names) <= 2
-    assert reader.pool(decoding=True)._max_workers == 2 and reader.pool()._max_workers == 8
+    pool = reader.executor.pool
+    assert pool(decoding=True)._max_workers == 2 and pool()._max_workers == 8
     reader.close()
 
 
 def test_a_failing_hint_is_only_a_hint(tmp_path, monkeypatch):
     """WILLNEED refused when a job is submitted: its reads still run, nothing is raised."""
-    from solar.io import reader as reader_module
+    from solar.io import advice as advice_module
+    from solar.io import executor as executor_module
 
     path = tmp_path / "d.h5"
     data = _file(path, FILTERS["shuffle+zstd"][0])
@@ -255,11 +258,11 @@ def test_a_failing_hint_is_only_a_hint(tmp_path, monkeypatch):
     def refuse(*args):
         raise OSError(5, "hint refused")
 
-    monkeypatch.setattr(reader_module.os, "posix_fadvise", refuse)
+    monkeypatch.setattr(advice_module.os, "posix_fadvise", refuse)
     reader = Reader(describe([path]), ReaderConfig(threads=2))
     outs = [np.empty((2, 6, 7), np.float32) for _ in range(N)]
     futures = [reader.submit(np.array([i, N - 1 - i]), [outs[i]], np.arange(2)) for i in range(N)]
     for i, f in enumerate(futures):
-        reader_module.wait_all(f)
+        executor_module.wait_all(f)
         assert np.array_equal(outs[i], data[[i, N - 1 - i]])
     reader.close()

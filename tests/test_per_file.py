@@ -15,7 +15,8 @@ import pytest
 
 from solar import Loader
 from solar.errors import SolarError
-from solar.io.reader import FdCache, Reader
+from solar.io.handles import FdCache
+from solar.io.reader import Reader
 from solar.io.sources import describe_source
 
 N = 31  # prime
@@ -156,9 +157,9 @@ def test_streamed_files_read_what_the_cache_reads(tmp_path, monkeypatch, kind):
     samples = np.concatenate([np.random.default_rng(3).permutation(N), [4, 4, 30]])
     got = {}
     for capacity in (1024, 16):  # 16 < N files: streamed
-        monkeypatch.setattr("solar.io.reader.fd_capacity", lambda c=capacity: c)
+        monkeypatch.setattr("solar.io.handles.fd_capacity", lambda c=capacity: c)
         reader = Reader(info)
-        assert reader.streams_files == (capacity < N)
+        assert reader.files.streams == (capacity < N)
         out = [np.full((samples.size, *k.sample_shape), 7, k.native_dtype) for k in info.keys]
         reader.read(samples, out)
         reader.close()
@@ -210,7 +211,7 @@ def test_descriptors_bounded_by_rlimit(tmp_path):
             ld.set_epoch(e)
             for b in ld:
                 assert (b["data"].numpy() == data[b["index"].numpy()]).all()
-        assert len(ld.reader._fds) <= 32, len(ld.reader._fds)
+        assert len(ld.reader.files.fds) <= 32, len(ld.reader.files.fds)
         assert len(os.listdir("/proc/self/fd")) < 64
         # Three readers at once would want 3 x 32: they shrink when the process runs out.
         more = [Loader(root, batch_size=32, epochs=1, buffer=10, one_per_file=True, seed=s,

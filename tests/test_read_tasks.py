@@ -2,13 +2,26 @@
 
 from __future__ import annotations
 
+import ctypes
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from solar import ReaderConfig, SolarError
-from solar.io.tasks import DirectRun, H5Rows, Layout, PreadvRuns, coalesce_runs, plan_reads
+from solar._memory import PAGE
+from solar.io.tasks import (
+    BounceRun,
+    H5Rows,
+    Layout,
+    PreadvRuns,
+    SlotLayout,
+    coalesce_runs,
+    plan_reads,
+    plan_slot_reads,
+    plan_slot_writes,
+)
 
 
 def test_coalesce_joins_adjacent_samples_and_cuts_long_runs():
@@ -39,29 +52,34 @@ def test_runs_cover_the_request_with_consecutive_samples(local, max_rows):
 
 
 class FakeStore:
-    """Executes read tasks against in-memory files and records every request."""
+    """Executes read tasks against in-memory files and records every request: each iovec
+    entry gets the bytes preadv would put at its address."""
 
     def __init__(self, files: list[bytes]) -> None:
-        self.files = files
+        self.files = [bytearray(f) for f in files]
         self.requests: list[tuple[int, int, int]] = []  # (file, offset, bytes)
 
     def run(self, task) -> None:
         if isinstance(task, PreadvRuns):
-            row = task.dest.shape[1]
-            for a, n, off in zip(task.starts, task.counts, task.offsets, strict=True):
-                self.requests.append((task.file, int(off), int(n) * row))
-                for j in range(n):
-                    start = int(off) + j * row
-                    data = np.frombuffer(self.files[task.file][start : start + row], np.uint8)
-                    task.dest[task.rows[a + j]] = data
-                    # The iovec names the same row of dest: what preadv would write.
-                    assert task.iov[a + j, 0] == task.dest[task.rows[a + j]].ctypes.data
-        elif isinstance(task, DirectRun):
-            row = task.dest.shape[1]
-            self.requests.append((task.file, task.offset, row * task.rows.size))
-            for j, r in enumerate(task.rows.tolist()):
-                start = task.offset + j * row
-                task.dest[r] = np.frombuffer(self.files[task.file][start : start + row], np.uint8)
+            want = task.want()
+            for a, n, off, size in zip(task.starts, task.counts, task.offsets, want, strict=True):
+                self.requests.append((task.file, int(off), int(size)))
+                at = int(off)
+                for address, length in task.iov[a : a + n].tolist():
+                    if task.write:  # pwritev: from memory into the file
+                        self.files[task.file][at : at + length] = ctypes.string_at(address, length)
+                    else:
+                        data = bytes(self.files[task.file][at : at + length])
+                        assert len(data) == length
+                        ctypes.memmove(address, data, length)
+                    at += length
+        elif isinstance(task, BounceRun):
+            size = task.stride * task.rows.size
+            self.requests.append((task.file, task.offset, size))
+            data = bytes(self.files[task.file][task.offset : task.offset + size])
+            records = np.frombuffer(data, np.uint8).reshape(task.rows.size, task.stride)
+            for d, at in zip(task.dests, task.fields, strict=True):
+                d[task.rows] = records[:, at : at + d.shape[1]]
         else:
             raise AssertionError(f"unexpected task {task}")
 
@@ -144,3 +162,35 @@ def test_small_batches_read_ahead_more_steps():
     assert [config.read_ahead_steps(b) for b in (1, 3, 4, 5, 64)] == [16, 6, 4, 4, 4]
     assert ReaderConfig(read_ahead=0).read_ahead_steps(1) == 0  # none asked: none
     assert ReaderConfig(read_ahead_samples=0).read_ahead_steps(1) == 4
+
+
+@pytest.mark.parametrize("into_rows", [True, False], ids=["into-rows", "bounce"])
+@settings(max_examples=40, deadline=None)
+@given(data=st.data())
+def test_tier_records_written_then_read_land_in_their_rows(into_rows, data):
+    """Slot writes from staging and slot reads into batch rows, executed by the recording
+    fake: every key's row comes back from its record; adjacent slots are one request."""
+    sizes = tuple(data.draw(st.lists(st.sampled_from([0, 3, 8, 4096, 5000]), min_size=1,
+                                     max_size=3)))  # fmt: skip
+    layout = SlotLayout(sizes)
+    slots = 12
+    written = np.array(sorted(data.draw(st.sets(st.integers(0, slots - 1), min_size=1))))
+    rng = np.random.default_rng(0)
+    staging = rng.integers(0, 256, (written.size, layout.stride), np.uint8)
+    stage = rng.permutation(written.size)  # staging row of each written slot
+    store = FakeStore([bytes(slots * layout.stride)])
+    store.run(plan_slot_writes(layout, written, staging, stage, drop=False))
+    assert len(store.requests) == 1 + int(np.count_nonzero(np.diff(written) != 1))
+    wanted = np.array(data.draw(st.lists(st.sampled_from(written.tolist()), min_size=1)))
+    rows = rng.permutation(wanted.size + 1)[: wanted.size]
+    dests = [np.zeros((wanted.size + 1, n), np.uint8) for n in sizes]
+    scratch = np.zeros(PAGE, np.uint8)
+    tasks = plan_slot_reads(layout, wanted, dests, rows, into_rows=into_rows,
+                            scratch=scratch.ctypes.data, groups=2)  # fmt: skip
+    assert all(isinstance(t, PreadvRuns if into_rows else BounceRun) for t in tasks)
+    for t in tasks:
+        store.run(t)
+    at = {int(s): int(g) for s, g in zip(written, stage, strict=True)}
+    for s, r in zip(wanted.tolist(), rows.tolist(), strict=True):
+        for d, field, n in zip(dests, layout.fields, sizes, strict=True):
+            assert d[r].tobytes() == staging[at[s], field : field + n].tobytes()

@@ -21,6 +21,8 @@ from hypothesis import strategies as st
 from solar.cache import tier as tier_mod
 from solar.cache.tier import TierFile, measure_bandwidth, tier_stride
 from solar.errors import SolarError
+from solar.io import executor as executor_mod
+from solar.io.executor import Executor
 from solar.io.hdf5 import KeyInfo
 
 TINY = (KeyInfo("x", (11, 11), np.dtype(np.float32)), KeyInfo("y", (), np.dtype(np.int64)))
@@ -62,6 +64,17 @@ def wait(futures):
     return sum(f.result()[0] for f in futures)  # (bytes, busy seconds), as reader futures
 
 
+def python_io(monkeypatch) -> None:
+    """Runs of tier reads and writes skip the compiled kernel (it reports a failed call), so
+    each goes through the executor's retry with os.preadv / os.pwritev, where a test injects
+    its fault."""
+
+    def fail(fd, iov, starts, counts, offsets, write, got):
+        got[:] = -1
+
+    monkeypatch.setattr(executor_mod, "_iov_runs", fail)
+
+
 def tier_files(d: Path) -> list[Path]:
     return sorted(d.glob("solar-tier-*.bin"))
 
@@ -78,7 +91,7 @@ def test_stride():
 def test_round_trip(tmp_path, keys, aligned, direct):
     n = 24
     src = samples(keys, n)
-    with TierFile(tmp_path, slots=40, keys=keys, name="rt-r0", direct=direct) as tier:
+    with TierFile(tmp_path, slots=40, keys=keys, name="rt-r0", direct_io=direct) as tier:
         assert tier.direct_io == direct
         assert tier.nbytes == os.stat(tier.path).st_size == 40 * tier.stride
         assert os.stat(tier.path).st_blocks * 512 >= tier.nbytes  # allocated, not sparse
@@ -92,7 +105,7 @@ def test_round_trip(tmp_path, keys, aligned, direct):
         got = wait(tier.submit_read(tslots[order], out, rows))
         assert got > 0 and tier.bytes_read == got
         assert tier.bytes_written == n * tier.stride
-        direct_path = tier._direct_into_rows(out)
+        direct_path = tier._into_rows(out)
         assert direct_path == (not direct or (aligned and keys is PAGES))
         for s, o in zip(src, out, strict=True):
             np.testing.assert_array_equal(o[rows], s[order])
@@ -139,7 +152,10 @@ def test_write_then_read_ordering(tmp_path, ops):
             for p, o in zip(pool, out, strict=True):
                 assert o[j].tobytes() == p[seen[s]].tobytes()
 
-    with TierFile(tmp_path, slots=8, keys=keys, name="ord", threads=3, staging_slots=4) as tier:
+    executor = Executor(3)
+    with TierFile(
+        tmp_path, slots=8, keys=keys, name="ord", executor=executor, staging_slots=4
+    ) as tier:
         counter = 0
         for is_write, slots in ops:
             t = np.array(slots, np.int64)
@@ -171,9 +187,10 @@ def test_ordering_with_a_slow_write(tmp_path, monkeypatch):
             time.sleep(0.3)
         return real_pwritev(fd, buffers, offset)
 
+    python_io(monkeypatch)
     monkeypatch.setattr(tier_mod.os, "pwritev", slow)
     src = samples(TINY, 2)
-    with TierFile(tmp_path, slots=2, keys=TINY, name="slow", threads=2) as tier:
+    with TierFile(tmp_path, slots=2, keys=TINY, name="slow", executor=Executor(2)) as tier:
         tier.submit_write(np.array([1]), src, np.array([0]))
         tier.submit_write(np.array([1]), src, np.array([1]))
         for _ in range(2):  # at once, then with every write done
@@ -357,6 +374,7 @@ def test_io_error_is_one_line(tmp_path, monkeypatch):
     def eio(*a):
         raise OSError(errno.EIO, "Input/output error")
 
+    python_io(monkeypatch)
     with TierFile(tmp_path, slots=4, keys=TINY, name="eio") as tier:
         monkeypatch.setattr(tier_mod.os, "pwritev", eio)
         futures = tier.submit_write(np.array([2]), samples(TINY, 1), np.array([0]))
@@ -367,6 +385,7 @@ def test_io_error_is_one_line(tmp_path, monkeypatch):
         with pytest.raises(SolarError, match="Input/output error"):  # the tier is unusable now
             tier.submit_read(np.array([2]), empty(TINY, 1), np.array([0]))
     monkeypatch.undo()
+    python_io(monkeypatch)
     with TierFile(tmp_path, slots=4, keys=TINY, name="eio-read") as tier:
         wait(tier.submit_write(np.array([1]), samples(TINY, 1), np.array([0])))
         monkeypatch.setattr(tier_mod.os, "preadv", eio)
@@ -378,3 +397,28 @@ def test_measure_bandwidth(tmp_path):
     write, read = measure_bandwidth(tmp_path, nbytes=8 * 2**20, block=2**20)
     assert write > 0 and read > 0
     assert list(tmp_path.iterdir()) == []
+
+
+def test_reads_of_a_slot_a_pending_step_writes_are_held_until_it_writes(tmp_path):
+    """The tier owns the read-ahead hazard: step 3's read of slot 1, started while step 2
+    (which writes slot 1 when served) is pending, sees step 2's sample, not the old one."""
+    src = samples(TINY, 2)
+    with TierFile(tmp_path, slots=2, keys=TINY, name="held") as tier:
+        wait(tier.submit_write(np.array([1]), src, np.array([0])))  # the old content
+        tier.reset(2)
+        tier.expect_writes(2, np.array([1]))
+        out = empty(TINY, 2)
+        early = tier.read_step(3, np.array([0, 1]), out, np.array([0, 1]))
+        time.sleep(0.1)
+        assert not early[-1].done()  # held: step 2 has not written
+        tier.submit_write(np.array([1]), src, np.array([1]))  # step 2 served: its write
+        tier.done_writing(2)
+        assert wait(early) == 2 * tier.stride
+        for s, o in zip(src, out, strict=True):
+            assert o[1].tobytes() == s[1].tobytes()
+        # A new run of steps drops reads still held.
+        tier.expect_writes(4, np.array([0]))
+        held = tier.read_step(5, np.array([0]), empty(TINY, 1), np.array([0]))
+        tier.reset(0)
+        assert held[-1].cancelled()
+    assert tier_files(tmp_path) == []

@@ -2,8 +2,9 @@
 
 A :class:`TierFile` holds ``slots`` tier slots, each one whole sample: every key's row packed in
 key order, padded so that a slot starts at a multiple of 4096 bytes (what ``O_DIRECT`` needs).
-It owns the file and its I/O only; which sample lives in which tier slot is the planner's
-business. Reads and writes run on a private thread pool (``preadv``/``pwritev`` release the GIL).
+It owns the file, its staged writes and every tier-slot hazard; which sample lives in which
+tier slot is the planner's business. Its reads and writes are tasks (solar/io/tasks.py) run by
+the rank's one executor (solar/io/executor.py), as the dataset's reads are.
 
 The file is named ``solar-tier-{name}.{n}-{host}-{pid}.bin`` (n counts the process's tiers) and
 removed at :meth:`TierFile.close`, at garbage collection and at interpreter exit, by the process
@@ -15,7 +16,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import errno
 import functools
 import itertools
 import multiprocessing.util
@@ -27,60 +27,61 @@ import threading
 import time
 import warnings
 import weakref
-from concurrent.futures import Future, ThreadPoolExecutor, wait
+from concurrent.futures import Future, wait
 from pathlib import Path
 
 import numpy as np
 
-from solar._memory import PAGE, aligned, thread_buffer
+from solar._memory import PAGE, aligned
+from solar._process import ProcessLocal
 from solar._units import format_bytes
 from solar.cache.slots import copy_rows
 from solar.errors import SolarError
+from solar.io.executor import Executor
+from solar.io.handles import NoDirectIO, open_descriptor
 from solar.io.hdf5 import KeyInfo
-from solar.io.pagecache import drop
-from solar.io.tasks import IOV_MAX, coalesce_runs
-
-_RUN_BYTES = 4 * 2**20  # per call: enough for full NVMe bandwidth, small enough to share out
-
+from solar.io.tasks import SlotLayout, plan_slot_reads, plan_slot_writes
 
 _INSTANCES = itertools.count()
 
 
 def tier_stride(keys: tuple[KeyInfo, ...]) -> int:
     """Bytes per tier slot: the keys' rows back to back, rounded up to a multiple of 4096."""
-    total = sum(k.row_bytes for k in keys)
-    return max(PAGE, -(-total // PAGE) * PAGE)
+    return SlotLayout(tuple(k.row_bytes for k in keys)).stride
 
 
 class TierFile:
-    """``slots`` whole-sample slots in a new preallocated file in ``directory``.
+    """``slots`` whole-sample slots in a new preallocated file in ``directory``: a byte source
+    of the executor (solar/io/executor.py), which runs its reads and writes as tasks.
 
     ``slots`` must be at least 1 (a caller with no tier creates none). ``staging_slots`` bounds
     the page-aligned memory (``staging_slots * stride`` bytes, touched as used) holding rows
-    copied by :meth:`submit_write` until they are on disk.
+    copied by :meth:`submit_write` until they are on disk. ``executor``: the rank's (the
+    Loader shares its reader's); by default one of two threads, closed with the tier.
 
-    Ordering contract: a read of a tier slot starts after every write of that slot submitted
-    before it has completed, and writes of one slot complete in submission order. A write does
-    NOT wait for earlier reads: the caller must wait for a read of a slot's old content before
-    submitting a write of that slot. A slot never written reads as zeros (or the caller's bug).
+    The tier owns every tier-slot hazard. Writes of one slot complete in submission order, and
+    a read starts after every write of its slots submitted before it. Within a run of steps,
+    :meth:`expect_writes` announces the slots a step will write once it is served, and
+    :meth:`read_step` holds back a read of such a slot until :meth:`done_writing` says that
+    step's writes are submitted. A write does NOT wait for earlier reads: the caller must wait
+    for a read of a slot's old content before submitting a write of that slot (the Loader
+    serves a step's reads before its writes). A slot never written reads as zeros.
 
     A failed write leaves its slots unknown: every later call raises its error (one line).
     """
 
     def __init__(
         self, directory: str | os.PathLike, *, slots: int, keys: tuple[KeyInfo, ...], name: str,
-        threads: int = 2, direct: bool = True, staging_slots: int = 256,
+        executor: Executor | None = None, direct_io: bool = True, staging_slots: int = 256,
     ) -> None:  # fmt: skip
-        if slots < 1 or threads < 1 or staging_slots < 1:
-            raise SolarError(f"tier: slots ({slots}), threads, staging_slots must be >= 1")
-        self.keys, self.slots, self.threads = tuple(keys), slots, threads
-        self.stride = tier_stride(self.keys)
+        if slots < 1 or staging_slots < 1:
+            raise SolarError(f"tier: slots ({slots}) and staging_slots must be >= 1")
+        self.keys, self.slots = tuple(keys), slots
+        self.layout = SlotLayout(tuple(k.row_bytes for k in self.keys))
+        self.stride = self.layout.stride
         self.nbytes = slots * self.stride
         self.staging_slots = staging_slots
-        self._sizes = [k.row_bytes for k in self.keys]
-        self._offsets = [sum(self._sizes[:i]) for i in range(len(self._sizes))]
-        self._sample_bytes = sum(self._sizes)
-        self._run_cap = max(1, min(_RUN_BYTES // self.stride, IOV_MAX // (len(keys) + 1)))
+        self.throttle = None  # node-local: never the emulated remote file system
         directory = Path(directory)
         _check_directory(directory)
         host = _sanitise(socket.gethostname())
@@ -95,37 +96,40 @@ class TierFile:
         # A process may hold several tiers of one plan and rank (loaders live side by side).
         seq = next(_INSTANCES)
         self.path = directory / f"solar-tier-{_sanitise(name)}.{seq}-{host}-{os.getpid()}.bin"
-        self._fd, self.direct_io = _create(self.path, self.nbytes, direct)
+        self._fd, self.direct_io = _create(self.path, self.nbytes, direct_io)
         self._finalizer = weakref.finalize(self, _remove, self._fd, str(self.path), os.getpid())
         # Also at the exit of a multiprocessing child, which skips atexit (and so weakref's).
         multiprocessing.util.Finalize(self, self._finalizer, exitpriority=0)
-        self.bytes_written = self.bytes_read = 0
+        self._own_executor = executor is None
+        self.executor = executor or Executor(2)
+        self.bytes_written = self.bytes_read = 0  # bytes submitted
         self.write_wait_seconds = 0.0
         self._error: BaseException | None = None  # a failed write: the tier is unusable
         self._closed = False
-        self._pid = -1
+        self._state: ProcessLocal[_State] = ProcessLocal(self._new_state)
 
-    def _state(self) -> None:
-        """Pool, locks, staging and in-flight writes of this process: never inherited by fork."""
-        if self._pid == os.getpid():
-            return
-        self._pid = os.getpid()
-        self._lock = threading.Lock()
-        self._room = threading.Condition(self._lock)  # staging slots freed
-        self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="solar-tier")
-        self._local = threading.local()
-        self._staging = aligned(self.staging_slots * self.stride).reshape(-1, self.stride)
-        self._free = collections.deque(range(self.staging_slots))
-        self._scratch = aligned(PAGE)  # padding between slots read into rows (discarded)
-        self._pending: dict[int, Future] = {}  # tier slot -> its latest write in flight
-        self._writes: dict[Future, None] = {}  # writes in flight, oldest first
+    def _new_state(self) -> _State:
+        return _State(self.slots, self.staging_slots, self.stride)
 
-    def _direct_into_rows(self, out: list[np.ndarray]) -> bool:
+    # -- a byte source of the executor ---------------------------------------------------------
+    def fd(self, i: int) -> contextlib.AbstractContextManager[int]:
+        """The tier's descriptor (it has one file: ``i`` is 0)."""
+        return contextlib.nullcontext(self._fd)
+
+    def io_error(self, i: int, offset: int, exc: OSError) -> SolarError:
+        return SolarError(f"tier {self.path}: slot {offset // self.stride}: {exc.strerror}")
+
+    def short_read(self, i: int, offset: int, want: int, got: int, write: bool) -> SolarError:
+        verb = "wrote" if write else "read"
+        slot = offset // self.stride
+        return SolarError(f"tier {self.path}: slot {slot}: {verb} {got} of {want} B")
+
+    def _into_rows(self, out: list[np.ndarray]) -> bool:
         """Read straight into the destination rows: always when buffered; with O_DIRECT only
         if every row starts page-aligned in the slot and in memory."""
         if not self.direct_io:
             return True
-        return all(s % PAGE == 0 for s in self._sizes) and all(
+        return all(s % PAGE == 0 for s in self.layout.sizes) and all(
             a.ctypes.data % PAGE == 0 for a in out
         )
 
@@ -138,95 +142,54 @@ class TierFile:
         The rows are copied before returning (the caller may overwrite ``sources`` at once);
         this waits while staging memory is full (counted in ``write_wait_seconds``). If a tier
         slot appears twice, the last one wins. Each future's result is (bytes written, seconds),
-        as the reader's are (``solar.io.reader.wait_all`` waits for either).
+        as the reader's are (``solar.io.executor.wait_all`` waits for either).
         """
         t, r = self._check(tslots, rows, sources)
+        st = self._state.get()
         last = t.size - 1 - np.unique(t[::-1], return_index=True)[1]  # sorted by tier slot
         t, r = t[last], r[last]
-        src = [
-            _rows_u8(np.ascontiguousarray(a), s) for a, s in zip(sources, self._sizes, strict=True)
-        ]
-        cap = min(self._run_cap, self.staging_slots)
-        job_cap = min(self.staging_slots, max(cap, -(-t.size // self.threads)))
+        sizes = self.layout.sizes
+        src = [_rows_u8(np.ascontiguousarray(a), s) for a, s in zip(sources, sizes, strict=True)]
+        # Jobs of consecutive slots, enough for every thread, each within the staging memory.
+        cap = min(self.layout.run_cap, self.staging_slots)
+        job = min(self.staging_slots, max(cap, -(-t.size // self.executor.threads)))
         futures = []
-        for job in _pack(_runs(t, cap)[1], job_cap):
-            idx = np.concatenate([np.arange(a, b) for a, b in job])
-            stage = self._take(idx.size)
-            for s, off, size in zip(src, self._offsets, self._sizes, strict=True):
-                copy_rows(s, r[idx], self._staging[:, off : off + size], stage)
-            at = np.cumsum([0] + [b - a for a, b in job])
-            runs = [(int(t[a]), stage[at[i] : at[i + 1]]) for i, (a, b) in enumerate(job)]
-            slots = t[idx].tolist()
-            with self._lock:
-                deps = self._writes_to(slots)
-                fut = self._pool.submit(self._write_job, runs, deps, stage)
-                self._pending.update(dict.fromkeys(slots, fut))
-                self._writes[fut] = None
-            fut.add_done_callback(functools.partial(self._written, slots))
+        for a in range(0, t.size, job):
+            slots, stage = t[a : a + job], st.take(min(job, t.size - a), self)
+            for s, off, size in zip(src, self.layout.fields, self.layout.sizes, strict=True):
+                copy_rows(s, r[a : a + job], st.staging[:, off : off + size], stage)
+            task = plan_slot_writes(self.layout, slots, st.staging, stage, drop=not self.direct_io)
+            listed = slots.tolist()
+            with st.lock:
+                (fut,) = self.executor.start(self, [task], after=st.writes_to(listed))
+                st.pending.update(dict.fromkeys(listed, fut))
+                st.writes[fut] = None
+                self.bytes_written += slots.size * self.stride
+            fut.add_done_callback(functools.partial(self._written, st, listed, stage))
             futures.append(fut)
         return futures
 
-    def _writes_to(self, slots: list[int]) -> set[Future]:
-        """The writes in flight to any of ``slots`` (the lock held)."""
-        return {f for x in slots if (f := self._pending.get(x)) is not None}
-
-    def _take(self, n: int) -> np.ndarray:
-        """``n`` free staging slots, waiting for writes to finish if there are too few."""
-        t0 = time.perf_counter()
-        with self._room:
-            waited = len(self._free) < n
-            while len(self._free) < n:
-                self._room.wait()
-            stage = np.array([self._free.popleft() for _ in range(n)], np.int64)
-        if waited:
-            self.write_wait_seconds += time.perf_counter() - t0
-        return stage
-
-    def _write_job(
-        self, runs: list[tuple[int, np.ndarray]], deps: set[Future], stage
-    ) -> tuple[int, float]:
-        t_start = time.perf_counter()
-        try:
-            wait(deps)  # an earlier write of the same slot must not land after this one
-            total = 0
-            for t0, sidx in runs:
-                off, want = t0 * self.stride, sidx.size * self.stride
-                try:
-                    got = os.pwritev(self._fd, [self._staging[s] for s in sidx.tolist()], off)
-                except OSError as exc:
-                    raise SolarError(f"tier {self.path}: slot {t0}: {exc.strerror}") from None
-                if got != want:
-                    raise SolarError(f"tier {self.path}: slot {t0}: wrote {got} of {want} B")
-                if not self.direct_io:
-                    # Buffered fallback: the page cache must not silently become the store.
-                    drop(self._fd, off, want)
-                total += got
-            with self._lock:
-                self.bytes_written += total
-            return total, time.perf_counter() - t_start
-        finally:
-            with self._room:
-                self._free.extend(stage.tolist())
-                self._room.notify_all()
-
-    def _written(self, slots: list[int], fut: Future) -> None:
-        with self._lock:
+    def _written(self, st: _State, slots: list[int], stage: np.ndarray, fut: Future) -> None:
+        with st.lock:
             for x in slots:
-                if self._pending.get(x) is fut:
-                    del self._pending[x]
-            self._writes.pop(fut, None)
+                if st.pending.get(x) is fut:
+                    del st.pending[x]
+            st.writes.pop(fut, None)
             if self._error is None and not fut.cancelled():
                 self._error = fut.exception()
+            st.free.extend(stage.tolist())
+            st.room.notify_all()
 
     def wait_writes(self) -> None:
         """Wait for every write in flight; raise the first error of any write so far."""
-        if self._pid == os.getpid():
-            with self._lock:
-                futures = list(self._writes)
+        st = self._state.here()
+        if st is not None:
+            with st.lock:
+                futures = list(st.writes)
             wait(futures)
             for f in futures:
-                if not f.cancelled() and f.exception() is not None:
-                    raise SolarError(str(f.exception()))
+                if not f.cancelled() and f.exception() is not None and self._error is None:
+                    self._error = f.exception()
         if self._error is not None:
             raise SolarError(str(self._error))
 
@@ -234,69 +197,70 @@ class TierFile:
     def submit_read(
         self, tslots: np.ndarray, out: list[np.ndarray], rows: np.ndarray
     ) -> list[Future]:
-        """Start reading tier slot ``tslots[j]`` into ``out[i][rows[j]]`` for every key i.
+        """Start reading tier slot ``tslots[j]`` into ``out[i][rows[j]]`` for every key i, after
+        the writes of those slots submitted so far.
 
         ``out`` arrays must be C-contiguous. Each future's result is (bytes read, seconds).
         """
         t, r = self._check(tslots, rows, out)
-        order, runs = _runs(t, self._run_cap)  # adjacent tier slots: one call
-        t, r = t[order], r[order]
-        dst = [_rows_u8(a, s) for a, s in zip(out, self._sizes, strict=True)]
-        direct = self._direct_into_rows(out)
-        cap = self._run_cap
-        futures = []
-        with self._lock:
-            for job in _pack(runs, max(cap, -(-t.size // self.threads))):
-                deps = (
-                    self._writes_to([x for a, b in job for x in t[a:b].tolist()])
-                    if self._pending
-                    else set()
-                )  # with no write in flight, no per-slot lookups
-                parts = [(int(t[a]), r[a:b]) for a, b in job]
-                futures.append(self._pool.submit(self._read_job, parts, dst, direct, deps))
-        return futures
+        if t.size == 0:
+            return []
+        st = self._state.get()
+        dests = [_rows_u8(a, s) for a, s in zip(out, self.layout.sizes, strict=True)]
+        tasks = plan_slot_reads(
+            self.layout, t, dests, r, into_rows=self._into_rows(out),
+            scratch=st.scratch.ctypes.data, groups=self.executor.threads,
+        )  # fmt: skip
+        with st.lock:
+            # With no write in flight, no per-slot lookups.
+            after = st.writes_to(t.tolist()) if st.pending else set()
+            self.bytes_read += t.size * self.stride
+        return self.executor.start(self, tasks, after=after)
 
-    def _read_job(
-        self, runs: list, dst: list[np.ndarray], direct: bool, deps: set
-    ) -> tuple[int, float]:
-        t_start = time.perf_counter()
-        for f in deps:
-            f.result()  # the slot's write must be on disk; its error is this read's too
-        total = sum(self._pread(t0, rows, dst, direct) for t0, rows in runs)
-        with self._lock:
-            self.bytes_read += total
-        return total, time.perf_counter() - t_start
+    def expect_writes(self, step: int, tslots: np.ndarray) -> None:
+        """Step ``step`` writes ``tslots`` once it is served (see :meth:`read_step`)."""
+        self._state.get().written_at[tslots] = step
 
-    def _pread(self, t0: int, rows: np.ndarray, dst: list[np.ndarray], direct: bool) -> int:
-        n, pad = rows.size, self.stride - self._sample_bytes
-        if direct:
-            iov: list = []
-            for j, row in enumerate(rows.tolist()):
-                iov.extend(d[row] for d in dst)
-                if pad and j < n - 1:
-                    iov.append(self._scratch[:pad])
-            want = n * self._sample_bytes + (n - 1) * pad
-        else:
-            want = n * self.stride
-            bounce = thread_buffer(self._local, want)
-            iov = [bounce[:want]]
-        try:
-            got = os.preadv(self._fd, iov, t0 * self.stride)
-        except OSError as exc:
-            raise SolarError(f"tier {self.path}: slot {t0}: {exc.strerror}") from None
-        if got != want:
-            raise SolarError(f"tier {self.path}: slot {t0}: read {got} of {want} B")
-        if not direct:
-            slots = bounce[:want].reshape(n, self.stride)
-            for d, off, size in zip(dst, self._offsets, self._sizes, strict=True):
-                d[rows] = slots[:, off : off + size]
-        return got
+    def read_step(
+        self, step: int, tslots: np.ndarray, out: list[np.ndarray], rows: np.ndarray
+    ) -> list[Future]:
+        """:meth:`submit_read` for step ``step`` of a run, which may be read ahead of steps
+        not served yet: a slot that such a step writes (:meth:`expect_writes`) holds its
+        sample only once that step's writes are submitted, so its read waits for
+        :meth:`done_writing` of that step, behind a future returned now."""
+        st = self._state.get()
+        t = np.asarray(tslots, np.int64)
+        late = st.written_at[t] >= st.submitted
+        if not late.any():
+            return self.submit_read(t, out, rows)
+        futures = self.submit_read(t[~late], out, rows[~late])
+        held: Future = Future()
+        st.held.append((int(st.written_at[t[late]].max()), t[late], out, rows[late], held))
+        return [*futures, held]
+
+    def done_writing(self, step: int) -> None:
+        """Every write of steps up to ``step`` is submitted: start the reads they held."""
+        st = self._state.get()
+        st.submitted = step + 1
+        ready = [h for h in st.held if h[0] <= step]
+        st.held = [h for h in st.held if h[0] > step]
+        for _, t, out, rows, held in ready:
+            _forward(self.submit_read(t, out, rows), held)
+
+    def reset(self, step: int) -> None:
+        """Start a run of steps at ``step``: no step after it has announced writes; held
+        reads are cancelled (their results were not wanted)."""
+        st = self._state.get()
+        st.written_at[:] = -1
+        st.submitted = step
+        for *_, held in st.held:
+            held.cancel()
+        st.held = []
 
     def _check(self, tslots, rows, arrays: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
         """Arguments as int64 arrays, every slot and row in range: before any I/O."""
         if self._closed:
             raise SolarError(f"tier {self.path}: used after close()")
-        self._state()
         if self._error is not None:
             raise SolarError(str(self._error))
         t, r = np.asarray(tslots, np.int64).ravel(), np.asarray(rows, np.int64).ravel()
@@ -312,7 +276,7 @@ class TierFile:
         return t, r
 
     def close(self) -> None:
-        """Wait for I/O in flight, stop the pool, close and remove the file (idempotent).
+        """Wait for writes in flight, close and remove the file (idempotent).
 
         Errors of writes nobody waited for are dropped with the file: :meth:`wait_writes`
         first to see them. In a forked child this closes the child's descriptor only.
@@ -320,8 +284,13 @@ class TierFile:
         if self._closed:
             return
         self._closed = True
-        if self._pid == os.getpid():  # a forked child never touches its parent's pool
-            self._pool.shutdown(wait=True)
+        st = self._state.drop()  # a forked child never waits for its parent's writes
+        if st is not None:
+            wait(list(st.writes))
+            for *_, held in st.held:
+                held.cancel()
+        if self._own_executor:
+            self.executor.close()
         self._finalizer()
 
     def __enter__(self) -> TierFile:
@@ -329,6 +298,64 @@ class TierFile:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class _State:
+    """A tier's state in one process: staging memory, writes in flight and held reads."""
+
+    def __init__(self, slots: int, staging_slots: int, stride: int) -> None:
+        self.lock = threading.Lock()
+        self.room = threading.Condition(self.lock)  # staging slots freed
+        self.staging = aligned(staging_slots * stride).reshape(-1, stride)
+        self.free = collections.deque(range(staging_slots))
+        self.scratch = aligned(PAGE)  # padding between slots read into rows (discarded)
+        self.pending: dict[int, Future] = {}  # tier slot -> its latest write in flight
+        self.writes: dict[Future, None] = {}  # writes in flight, oldest first
+        self.written_at = np.full(slots, -1, np.int64)  # the last step announced to write it
+        self.submitted = 0  # steps before this one have submitted their writes
+        # Reads held back: (the step whose writes they wait for, slots, out, rows, future).
+        self.held: list[tuple[int, np.ndarray, list[np.ndarray], np.ndarray, Future]] = []
+
+    def writes_to(self, slots: list[int]) -> set[Future]:
+        """The writes in flight to any of ``slots`` (the lock held)."""
+        return {f for x in slots if (f := self.pending.get(x)) is not None}
+
+    def take(self, n: int, tier: TierFile) -> np.ndarray:
+        """``n`` free staging slots, waiting for writes to finish if there are too few."""
+        t0 = time.perf_counter()
+        with self.room:
+            waited = len(self.free) < n
+            while len(self.free) < n:
+                self.room.wait()
+            stage = np.array([self.free.popleft() for _ in range(n)], np.int64)
+        if waited:
+            tier.write_wait_seconds += time.perf_counter() - t0
+        return stage
+
+
+def _forward(futures: list[Future], held: Future) -> None:
+    """Complete ``held`` with the combined result of ``futures`` once all have ended."""
+    if not held.set_running_or_notify_cancel():
+        return
+    left = [len(futures)]
+    lock = threading.Lock()
+
+    def one_done(_: Future) -> None:
+        with lock:
+            left[0] -= 1
+            if left[0]:
+                return
+        errors = [e for e in (f.exception() for f in futures) if e is not None]
+        if errors:
+            held.set_exception(errors[0])
+        else:
+            results = [f.result() for f in futures]
+            held.set_result((sum(r[0] for r in results), sum(r[1] for r in results)))
+
+    if not futures:
+        held.set_result((0, 0.0))
+    for f in futures:
+        f.add_done_callback(one_done)
 
 
 def _remove(fd: int, path: str, pid: int) -> None:
@@ -339,7 +366,7 @@ def _remove(fd: int, path: str, pid: int) -> None:
             os.unlink(path)
 
 
-def _create(path: Path, nbytes: int, direct: bool) -> tuple[int, bool]:
+def _create(path: Path, nbytes: int, direct_io: bool) -> tuple[int, bool]:
     """A new file of ``nbytes`` allocated bytes; its descriptor and whether O_DIRECT is on."""
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
@@ -347,23 +374,20 @@ def _create(path: Path, nbytes: int, direct: bool) -> tuple[int, bool]:
         raise SolarError(f"tier {path}: cannot create ({exc.strerror})") from None
     try:
         os.posix_fallocate(fd, 0, nbytes)  # before O_DIRECT: glibc may emulate it by writes
-        if direct:
+        if direct_io:
             try:
-                dfd = os.open(path, os.O_RDWR | os.O_DIRECT)
-            except OSError as exc:
-                if exc.errno != errno.EINVAL:
-                    raise
+                dfd = open_descriptor(path, os.O_RDWR, o_direct=True)
+            except NoDirectIO:
                 warnings.warn(f"tier {path}: no O_DIRECT here, using buffered I/O", stacklevel=3)
             else:
                 os.close(fd)
                 return dfd, True
         return fd, False
-    except OSError as exc:
+    except (OSError, SolarError) as exc:
         os.close(fd)
         os.unlink(path)
-        raise SolarError(
-            f"tier {path}: cannot allocate {format_bytes(nbytes)} ({exc.strerror})"
-        ) from None
+        why = exc.strerror if isinstance(exc, OSError) else exc
+        raise SolarError(f"tier {path}: cannot allocate {format_bytes(nbytes)} ({why})") from None
 
 
 def _check_directory(directory: Path) -> None:
@@ -447,27 +471,6 @@ def _rows_u8(a: np.ndarray, row_bytes: int) -> np.ndarray:
             f"tier: an array of shape {a.shape} is not C-contiguous {row_bytes} B rows"
         )
     return a.view(np.uint8).reshape(a.shape[0], row_bytes)
-
-
-def _runs(t: np.ndarray, cap: int) -> tuple[np.ndarray, list[tuple[int, int]]]:
-    """The order sorting tier slots ``t``, and [a, b) ranges of the sorted slots that are
-    consecutive, at most ``cap`` long (``solar.io.tasks.coalesce_runs``)."""
-    runs = coalesce_runs(t, cap)
-    ends = runs.starts + runs.counts
-    return runs.order, list(zip(runs.starts.tolist(), ends.tolist(), strict=True))
-
-
-def _pack(runs: list[tuple[int, int]], cap: int) -> list[list[tuple[int, int]]]:
-    """Consecutive runs grouped into jobs of at most ``cap`` slots (one pool task each)."""
-    jobs: list[list[tuple[int, int]]] = []
-    size = cap
-    for a, b in runs:
-        if size + b - a > cap:
-            jobs.append([])
-            size = 0
-        jobs[-1].append((a, b))
-        size += b - a
-    return jobs
 
 
 def _sanitise(s: str) -> str:

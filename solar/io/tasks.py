@@ -102,24 +102,32 @@ def coalesce_runs(local: np.ndarray, max_rows: int) -> Runs:
     return Runs(order, starts, counts)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class PreadvRuns:
-    """Buffered reads: one ``preadv`` per run, scattering rows of ``dest`` through ``iov``.
+    """One ``preadv`` (or, with ``write``, ``pwritev``) per run of one descriptor.
 
-    ``file`` names the descriptor (the reader's ``paths``; for HDF5 the file index).
+    Run j moves ``counts[j]`` iovec entries from ``iov[starts[j]]`` on, back to back in the
+    file from byte ``offsets[j]``. ``file`` names the descriptor in the task's byte source
+    (the dataset's files: the reader's paths; the tier: its one file). ``drop``: drop the
+    written pages from the page cache (a buffered tier must not become a hidden third tier).
     """
 
     file: int
-    dest: np.ndarray  # (batch rows, row bytes) uint8
-    rows: np.ndarray  # (n,) destination row of each sorted entry
-    iov: np.ndarray  # (n, 2) uint64: (address, length) of each sorted entry's row
-    starts: np.ndarray  # (runs,) first sorted entry of each run
-    counts: np.ndarray  # (runs,) rows in each run
+    iov: np.ndarray  # (entries, 2) uint64: (address, length)
+    starts: np.ndarray  # (runs,) first iovec entry of each run
+    counts: np.ndarray  # (runs,) iovec entries in each run
     offsets: np.ndarray  # (runs,) file byte offset of each run
+    write: bool = False
+    drop: bool = False
 
     @property
     def requests(self) -> int:
         return int(self.starts.size)
+
+    def want(self) -> np.ndarray:
+        """(runs,) bytes each run moves."""
+        ends = np.concatenate([[0], np.cumsum(self.iov[:, 1].astype(np.int64))])
+        return ends[self.starts + self.counts] - ends[self.starts]
 
 
 @dataclass(frozen=True, eq=False)
@@ -143,14 +151,20 @@ class FileRuns:
         return int(self.files.size)
 
 
-@dataclass(frozen=True)
-class DirectRun:
-    """One ``O_DIRECT`` read of a run through an aligned bounce buffer, then a row copy."""
+@dataclass(frozen=True, eq=False)
+class BounceRun:
+    """One ``O_DIRECT`` read through this thread's page-aligned bounce buffer, for rows whose
+    memory or size O_DIRECT cannot take: ``rows.size`` records of ``stride`` bytes from byte
+    ``offset``; field k of record j (``dests[k].shape[1]`` bytes at ``fields[k]``) goes to
+    row ``rows[j]`` of ``dests[k]``. A dataset key is one field; a tier slot, every key.
+    """
 
     file: int
     offset: int
-    dest: np.ndarray  # (batch rows, row bytes) uint8
-    rows: np.ndarray  # (count,) destination rows, in file order
+    stride: int
+    fields: tuple[int, ...]  # (keys,) byte offset of each field in a record
+    dests: tuple[np.ndarray, ...]  # (keys,) (batch rows, field bytes) uint8
+    rows: np.ndarray  # (records,) destination row of each record, in file order
 
     requests = 1
 
@@ -271,7 +285,7 @@ def _spans(reads, chunks, run_starts, offsets, sizes, masks, page):  # pragma: n
     return positions, size, lo, hi, at, starts, masked
 
 
-ReadTask = PreadvRuns | FileRuns | DirectRun | H5Rows | ChunkReads
+ReadTask = PreadvRuns | FileRuns | BounceRun | H5Rows | ChunkReads
 
 
 def plan_reads(
@@ -401,17 +415,27 @@ def _offset_tasks(
     offsets = layout.offset + srt[runs.starts] * row_bytes
     if direct_io:
         return [
-            DirectRun(f, int(off), dest, rows[a : a + n])
+            BounceRun(f, int(off), row_bytes, (0,), (dest,), rows[a : a + n])
             for off, a, n in zip(offsets.tolist(), runs.starts, runs.counts, strict=True)
         ]
     iov = np.empty((rows.size, 2), np.uint64)
     iov[:, 0] = dest.ctypes.data + rows.astype(np.uint64) * np.uint64(row_bytes)
     iov[:, 1] = row_bytes
-    g = min(groups, runs.starts.size)
-    return [
-        PreadvRuns(f, dest, rows, iov, runs.starts[i::g], runs.counts[i::g], offsets[i::g])
-        for i in range(g)
-    ]
+    return _deal_runs(f, iov, runs.starts, runs.counts, offsets, groups)
+
+
+def _deal_runs(
+    f: int,
+    iov: np.ndarray,
+    starts: np.ndarray,
+    counts: np.ndarray,
+    offsets: np.ndarray,
+    groups: int,
+    **kind: bool,
+) -> list[ReadTask]:
+    """Runs dealt round-robin over at most ``groups`` tasks, so that threads share them."""
+    g = min(groups, starts.size)
+    return [PreadvRuns(f, iov, starts[i::g], counts[i::g], offsets[i::g], **kind) for i in range(g)]
 
 
 def _chunk_tasks(
@@ -468,3 +492,74 @@ def chunk_runs(index: ChunkIndex, positions: np.ndarray, max_bytes: int = RUN_MA
                 run = 0
             run += int(sizes[j])
     return np.array(cut, np.int64)
+
+
+@dataclass(frozen=True)
+class SlotLayout:
+    """Records of whole samples in a file (the second tier): every key's row back to back,
+    in key order, each record padded to ``stride`` bytes, a multiple of ``PAGE``."""
+
+    sizes: tuple[int, ...]  # (keys,) row bytes of each key
+
+    @functools.cached_property
+    def fields(self) -> tuple[int, ...]:
+        """(keys,) byte offset of each key's row in a record."""
+        return tuple(int(x) for x in np.cumsum((0, *self.sizes[:-1])))
+
+    @functools.cached_property
+    def stride(self) -> int:
+        return max(PAGE, -(-sum(self.sizes) // PAGE) * PAGE)
+
+    @functools.cached_property
+    def run_cap(self) -> int:
+        """Records per call: at most RUN_MAX_BYTES, and iovec entries (keys + padding each)
+        within IOV_MAX."""
+        return max(1, min(RUN_MAX_BYTES // self.stride, IOV_MAX // (len(self.sizes) + 1)))
+
+
+def plan_slot_reads(
+    layout: SlotLayout,
+    slots: np.ndarray,
+    dests: Sequence[np.ndarray],
+    rows: np.ndarray,
+    *,
+    into_rows: bool,
+    scratch: int,
+    groups: int,
+) -> list[ReadTask]:
+    """The tasks that read record ``slots[j]`` into row ``rows[j]`` of every ``dests[k]``
+    ((batch rows, row bytes) uint8 each). ``into_rows``: straight into the rows, the padding
+    between records into ``scratch`` (an address of at least a page, its bytes discarded);
+    else one bounce read per run (O_DIRECT with rows it cannot take). Adjacent records are
+    one call."""
+    runs = coalesce_runs(slots, layout.run_cap)
+    t, r = slots[runs.order], rows[runs.order]
+    offsets = t[runs.starts] * layout.stride
+    if not into_rows:
+        return [
+            BounceRun(0, int(off), layout.stride, layout.fields, tuple(dests), r[a : a + n])
+            for off, a, n in zip(offsets.tolist(), runs.starts, runs.counts, strict=True)
+        ]
+    pad = layout.stride - sum(layout.sizes)
+    per = len(layout.sizes) + (pad > 0)  # iovec entries per record
+    iov = np.empty((r.size, per, 2), np.uint64)  # (records, entries, (address, length))
+    for k, (d, size) in enumerate(zip(dests, layout.sizes, strict=True)):
+        iov[:, k, 0] = d.ctypes.data + r.astype(np.uint64) * np.uint64(size)
+        iov[:, k, 1] = size
+    if pad:
+        iov[:, -1] = (scratch, pad)
+    iov = iov.reshape(-1, 2)  # (records * entries, 2)
+    return _deal_runs(0, iov, runs.starts * per, runs.counts * per, offsets, groups)
+
+
+def plan_slot_writes(
+    layout: SlotLayout, slots: np.ndarray, staging: np.ndarray, stage: np.ndarray, *, drop: bool
+) -> PreadvRuns:
+    """The task that writes row ``stage[j]`` of ``staging`` ((rows, stride) uint8,
+    page-aligned) to record ``slots[j]``; ``slots`` sorted and distinct."""
+    runs = coalesce_runs(slots, layout.run_cap)  # sorted already: runs.order is the identity
+    iov = np.empty((slots.size, 2), np.uint64)
+    iov[:, 0] = staging.ctypes.data + stage.astype(np.uint64) * np.uint64(layout.stride)
+    iov[:, 1] = layout.stride
+    offsets = slots[runs.starts] * layout.stride
+    return PreadvRuns(0, iov, runs.starts, runs.counts, offsets, write=True, drop=drop)
