@@ -7,7 +7,6 @@ Belady needs a few epochs of order, never the whole run.
 
 from __future__ import annotations
 
-import os
 import threading
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -15,6 +14,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import numpy as np
 from numba import njit
 
+from solar._process import ProcessLocal
 from solar.config import RunConfig
 from solar.schedule._common import NEVER
 from solar.schedule.order import epoch_permutation, epoch_samples
@@ -66,35 +66,26 @@ class EpochOrder:
         self._pos: np.ndarray | None = None
         self._pos_lock = threading.Lock()
         self._spare: list[np.ndarray] = []  # next-use buffers handed back: no fresh pages
-        self._jobs: dict[tuple[str, int], Future] = {}
-        self._pool: ThreadPoolExecutor | None = None
-        self._local = threading.local()
-        self._pid = os.getpid()
+        # The background thread and its jobs, per process: a forked child's did not come along.
+        self._bg: ProcessLocal[_Background] = ProcessLocal(_Background)
 
     def _draw(self, k: int) -> np.ndarray:
         perm = epoch_permutation(self.run.seed, int(self.epoch_order[k]), self.run.num_samples)
         return epoch_samples(self.run, perm)
 
     def _submit(self, kind: str, k: int, fn, *args) -> None:
-        if os.getpid() != self._pid:  # forked: the pool's thread did not come along
-            self._pid, self._pool, self._jobs = os.getpid(), None, {}
-        if k >= self.run.epochs or (kind, k) in self._jobs:
+        bg = self._bg.get()
+        if k >= self.run.epochs or (kind, k) in bg.jobs:
             return
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(
-                1, thread_name_prefix="solar-order", initializer=self._mark_worker
-            )
-        self._jobs[kind, k] = self._pool.submit(fn, *args)
-
-    def _mark_worker(self) -> None:
-        self._local.worker = True
+        bg.jobs[kind, k] = bg.pool.submit(fn, *args)
 
     def _take(self, kind: str, k: int) -> Future | None:
         """The job started for (kind, k), if any and if waiting for it cannot deadlock: never
         in the pool's own thread, where it would wait for a job queued behind itself."""
-        if os.getpid() != self._pid or getattr(self._local, "worker", False):
+        bg = self._bg.here()
+        if bg is None or getattr(bg.local, "worker", False):
             return None
-        return self._jobs.pop((kind, k), None)
+        return bg.jobs.pop((kind, k), None)
 
     def prefetch(self, k: int) -> None:
         """Start drawing epoch ``k``'s order in the background thread (numpy's shuffle and the
@@ -160,3 +151,17 @@ class EpochOrder:
                 if pending.size == 0:
                     break
         return out
+
+
+class _Background:
+    """An EpochOrder's thread and the jobs it was given, in one process."""
+
+    def __init__(self) -> None:
+        self.jobs: dict[tuple[str, int], Future] = {}
+        self.local = threading.local()  # marks the pool's own thread
+        self.pool = ThreadPoolExecutor(
+            1, thread_name_prefix="solar-order", initializer=self._mark_worker
+        )
+
+    def _mark_worker(self) -> None:
+        self.local.worker = True

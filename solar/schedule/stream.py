@@ -12,14 +12,15 @@ after each epoch it plans), from the newest snapshot at or before the wanted epo
 
 from __future__ import annotations
 
-import os
 import time
 import warnings
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from solar._process import ProcessLocal
 from solar.errors import SolarError
 from solar.schedule import snapshot
 from solar.schedule._common import slot_count, tier_slot_count
@@ -41,10 +42,7 @@ class RankStream:
         self._reset()
 
     def _reset(self) -> None:
-        self._pid = os.getpid()
-        self._planner: Planner | None = None
-        self._pool: ThreadPoolExecutor | None = None
-        self._future: Future[RankEpoch] | None = None
+        self._bg: ProcessLocal[_Planning] = ProcessLocal(self._new_planning)
         self._parts: list[RankEpoch] = []  # consecutive epochs, from self._first
         self._first = 0
         self._initial: np.ndarray | None = None  # buffer contents as epoch self._first starts
@@ -63,26 +61,26 @@ class RankStream:
     def _spe(self) -> int:
         return int(self.spec.run.steps_per_epoch)
 
-    def _ensure_process(self) -> None:
-        if self._pid != os.getpid():
-            # Forked: the planning thread did not come along, and the planner's state may be
-            # half-updated by it. Keep the epochs already planned; replan the rest when needed.
-            parts, first, initial = self._parts, self._first, self._initial
-            self._reset()
-            self._parts, self._first, self._initial = parts, first, initial
+    def _new_planning(self) -> _Planning:
+        """This process's planner and planning thread. In a forked child the thread did not
+        come along and the planner's state may be half-updated by it: the child keeps the
+        epochs already planned and replans the rest when needed."""
+        self._window = None
+        return _Planning()
 
     def _submit(self) -> None:
         """Start planning the planner's next epoch in the background, if any remain."""
-        assert self._planner is not None
-        if self._future is None and self._planner.epoch < self.spec.run.epochs:
-            if self._pool is None:
-                self._pool = ThreadPoolExecutor(1, thread_name_prefix="solar-plan")
-            self._future = self._pool.submit(self._plan_next, self._planner)
+        bg = self._bg.get()
+        assert bg.planner is not None
+        if bg.future is None and bg.planner.epoch < self.spec.run.epochs:
+            if bg.pool is None:
+                bg.pool = ThreadPoolExecutor(1, thread_name_prefix="solar-plan")
+            bg.future = bg.pool.submit(self._plan_next, bg.planner)
 
     def _plan_next(self, planner: Planner) -> RankEpoch:
         """Plan the next epoch (in the background thread); rank 0 then saves a snapshot."""
         part = planner.next_rank(self.rank)
-        if self.snapshots is not None and self.rank == 0 and self._pid == os.getpid():
+        if self.snapshots is not None and self.rank == 0:
             try:
                 snapshot.save(self.snapshots, planner)
             except (OSError, SolarError) as exc:  # a resume will replan further back, that's all
@@ -91,12 +89,13 @@ class RankStream:
 
     def _collect(self, wait: bool) -> bool:
         """Append the background epoch to the window if it is done (or ``wait``)."""
-        if self._future is None or not (wait or self._future.done()):
+        bg = self._bg.get()
+        if bg.future is None or not (wait or bg.future.done()):
             return False
         t0 = time.perf_counter()
-        part = self._future.result()
+        part = bg.future.result()
         self.wait_seconds += time.perf_counter() - t0
-        self._future = None
+        bg.future = None
         if part.epoch == self._first + len(self._parts):
             self._parts.append(part)
             self._window = None
@@ -117,19 +116,20 @@ class RankStream:
             self._window = None
             self.wait_seconds += time.perf_counter() - t0
             return
-        if self._future is not None:
-            self._future.result()  # the planner is in use until then
-            self._future = None
-        if self._planner is None or self._planner.epoch > epoch:
+        bg = self._bg.get()
+        if bg.future is not None:
+            bg.future.result()  # the planner is in use until then
+            bg.future = None
+        if bg.planner is None or bg.planner.epoch > epoch:
             restored = None
             if self.snapshots is not None:
                 restored = snapshot.load(self.snapshots, self.spec, epoch)
-            self._planner = restored or Planner(self.spec)
-        while self._planner.epoch < epoch:
-            self._planner.skip()
-        self._initial = self._planner.contents(self.rank)
+            bg.planner = restored or Planner(self.spec)
+        while bg.planner.epoch < epoch:
+            bg.planner.skip()
+        self._initial = bg.planner.contents(self.rank)
         self._first = epoch
-        self._parts = [self._plan_next(self._planner)]
+        self._parts = [self._plan_next(bg.planner)]
         self._window = None
         self.wait_seconds += time.perf_counter() - t0
         self._submit()
@@ -138,11 +138,11 @@ class RankStream:
     @property
     def planned_end(self) -> int:
         """The first global step not yet planned (without waiting)."""
-        self._ensure_process()
+        bg = self._bg.get()
         end = self._first + len(self._parts)
         if self.plan is not None:  # the next epoch is a file read away: read ahead into it
             return min(end + 1, self.spec.run.epochs) * self._spe()
-        if self._planner is not None:
+        if bg.planner is not None:
             self._collect(wait=False)
         return (self._first + len(self._parts)) * self._spe()
 
@@ -152,16 +152,16 @@ class RankStream:
         With ``trim`` (the step being served, not one read ahead), epochs before k's are
         dropped from the window."""
         w = self._window
-        if w is not None and self._pid == os.getpid():
+        if w is not None and self._bg.here() is not None:
             # The common case, every step: k is in the window (in its first epoch, if trimming).
             end = min(w.end_step, w.first_step + self._spe()) if trim else w.end_step
             if w.first_step <= k < end:
                 return w
-        self._ensure_process()
+        bg = self._bg.get()
         e = k // self._spe()
         end = self._first + len(self._parts)
         if self._first <= e < end:
-            if self._planner is not None:
+            if bg.planner is not None:
                 self._collect(wait=False)
         elif not (e == end and self._parts and self._extend()):
             self._restart_at(e)
@@ -180,7 +180,7 @@ class RankStream:
             self._parts.append(self.plan.rank_epoch(self.rank, end))
             self._window = None
             return True
-        return self._future is not None and self._collect(wait=True)
+        return self._bg.get().future is not None and self._collect(wait=True)
 
     def _current(self) -> RankPlan:
         if self._window is None:
@@ -194,7 +194,15 @@ class RankStream:
 
     def close(self) -> None:
         """Stop the planning thread (after its current epoch)."""
-        if self._pool is not None and self._pid == os.getpid():
-            self._pool.shutdown(wait=True)
-            self._pool = None
-            self._future = None
+        bg = self._bg.drop()  # a forked child never touches its parent's thread
+        if bg is not None and bg.pool is not None:
+            bg.pool.shutdown(wait=True)
+
+
+@dataclass
+class _Planning:
+    """A stream's planner and its planning thread, in one process."""
+
+    planner: Planner | None = None
+    pool: ThreadPoolExecutor | None = None
+    future: Future[RankEpoch] | None = None
