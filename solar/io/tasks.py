@@ -1,8 +1,11 @@
-"""The I/O plan: typed read tasks, built by pure functions and executed by :class:`Reader`.
+"""The I/O plan: typed tasks, built by pure functions and executed by one executor
+(:class:`solar.io.executor.Executor`).
 
 :func:`plan_reads` turns "read these samples into these rows" into tasks that name files, byte
-offsets and destination rows; it opens nothing, so it is tested without files. A new way of
-reading (a local tier, a chunk decoder) is a new task type here and one case in the reader.
+offsets and destination rows; :func:`plan_slot_reads` and :func:`plan_slot_writes` do the same
+for the second tier's records. They open nothing, so they are tested without files. A new way
+of reading is a new task type here and one case in the executor: the tier's reads are
+:class:`PreadvRuns` (and :class:`BounceRun`) on its descriptor, like the dataset's.
 
 Chunked datasets whose filters solar decodes (:func:`solar.io.codecs.decoder_for`) become
 :class:`ChunkReads`: the chunks a step needs, from :func:`solar.io.chunks.chunks_for_rows`,
