@@ -27,7 +27,6 @@ writes it into tier ``tslot``. RELEASE marks a hit that is the sample's last use
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import os
@@ -42,7 +41,7 @@ from numba import njit
 
 from solar._atomic import atomic_path
 from solar._memory import require_memory
-from solar.config import BufferConfig, RunConfig
+from solar.config import RunConfig
 from solar.errors import CorruptPlanError, PlanMismatchError, SolarError, first_line
 from solar.schedule._common import (
     ADMIT,
@@ -56,54 +55,11 @@ from solar.schedule._common import (
 )
 from solar.schedule.order import sample_dtype
 from solar.schedule.planner import EpochPlan, Planner, RankEpoch, epoch_order_of
-from solar.schedule.policies import check_policy
 from solar.schedule.rankplan import RankPlan
+from solar.schedule.spec import FORMAT_VERSION, PlanSpec, fingerprint_of
 from solar.schedule.validate import RankValidator, coverage_error
 
 FORMAT = "solar-plan"
-FORMAT_VERSION = 2
-
-
-@dataclass(frozen=True)
-class PlanSpec:
-    """Everything a plan depends on; its digest is the plan's fingerprint."""
-
-    run: RunConfig
-    buffer: BufferConfig
-    policy: str = "solar"
-    reorder_epochs: bool = False
-    sample_bytes: int | None = None
-    dataset: str | None = None  # identity of the data files and keys, see solar.io.hdf5
-
-    def __post_init__(self) -> None:
-        check_policy(self.policy, self.buffer)
-
-    def as_dict(self) -> dict:
-        d = {**dataclasses.asdict(self.run), **dataclasses.asdict(self.buffer)}
-        d.update(
-            policy=self.policy,
-            reorder_epochs=self.reorder_epochs,
-            sample_bytes=self.sample_bytes,
-            dataset=self.dataset,
-            format_version=FORMAT_VERSION,
-        )
-        if not self.buffer.tier:
-            del d["tier"]  # plans without a tier keep the fingerprints they always had
-        return d
-
-    @classmethod
-    def from_dict(cls, d: dict) -> PlanSpec:
-        run = RunConfig(**{f.name: d[f.name] for f in dataclasses.fields(RunConfig)})
-        buffer = BufferConfig(d["capacity"], d["slack"], d.get("tier", 0))
-        return cls(run, buffer, d["policy"], d["reorder_epochs"], d["sample_bytes"], d["dataset"])
-
-    @property
-    def fingerprint(self) -> str:
-        return _digest(self.as_dict())
-
-
-def _digest(d: dict) -> str:
-    return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -501,7 +457,7 @@ def load_plan(path: str | os.PathLike) -> Plan:
             fingerprint = str(f.attrs["fingerprint"])
             stats_json = str(f.attrs["stats"])
             spec_dict = json.loads(f.attrs["spec"])
-            if _digest(spec_dict) != fingerprint:
+            if fingerprint_of(spec_dict) != fingerprint:
                 raise CorruptPlanError(
                     f"plan {path}: its fingerprint does not match its recorded inputs"
                 )
