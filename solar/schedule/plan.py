@@ -31,23 +31,16 @@ import hashlib
 import json
 import os
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import h5py
 import numpy as np
-from numba import njit
 
 from solar._atomic import atomic_path
 from solar._memory import require_memory
-from solar.config import RunConfig
 from solar.errors import CorruptPlanError, PlanMismatchError, SolarError, first_line
 from solar.schedule._common import (
-    ADMIT,
-    HIT,
-    THIT,
-    EpochSchedule,
     Progress,
     no_tier,
     slot_count,
@@ -57,32 +50,21 @@ from solar.schedule.order import sample_dtype
 from solar.schedule.planner import EpochPlan, Planner, RankEpoch, epoch_order_of
 from solar.schedule.rankplan import RankPlan
 from solar.schedule.spec import FORMAT_VERSION, PlanSpec, fingerprint_of
+from solar.schedule.summary import PlanSummary, RankStats, Tally, Totals
 from solar.schedule.validate import RankValidator, coverage_error
 
 FORMAT = "solar-plan"
 
 
-@dataclass(frozen=True)
-class RankStats:
-    accesses: int
-    hits: int  # from RAM or the tier
-    reads: int
-    admits: int
-    min_batch: int
-    max_batch: int
-    tier_hits: int = 0
-
-
-class Plan:
-    """A schedule for every rank and step: made in memory by :func:`make_plan`, streamed to a
-    file by :func:`plan_to_file`, summarised only by :func:`simulate`, or opened by
-    :func:`load_plan`."""
+class Plan(Totals):
+    """A schedule for every rank and step: made in memory by :func:`make_plan` or
+    :func:`plan_to_file`, or opened by :func:`load_plan`."""
 
     def __init__(
         self,
         spec: PlanSpec,
         epoch_order: np.ndarray,
-        stats: list[RankStats],
+        stats: tuple[RankStats, ...],
         plan_seconds: float,
         fingerprint: str,
         epochs: list[EpochPlan] | None = None,
@@ -101,12 +83,9 @@ class Plan:
 
     # -- queries -------------------------------------------------------------------------
     @property
-    def run(self) -> RunConfig:
-        return self.spec.run
-
-    @property
-    def world_size(self) -> int:
-        return self.spec.run.world_size
+    def summary(self) -> PlanSummary:
+        """The totals without the decisions."""
+        return PlanSummary(self.spec, self.stats, self.plan_seconds, self.fingerprint)
 
     @property
     def slots(self) -> int:
@@ -121,8 +100,6 @@ class Plan:
     def _check_rank(self, r: int) -> None:
         if not 0 <= r < self.world_size:
             raise SolarError(f"rank {r} is outside this plan's world size {self.world_size}")
-        if self._epochs is None and self._path is None:
-            raise SolarError("a simulated plan keeps only its totals, not its decisions")
 
     def rank_epoch(self, r: int, k: int) -> RankEpoch:
         """Rank ``r``'s part of run epoch ``k`` (from a file: checked against its checksum,
@@ -253,35 +230,6 @@ class Plan:
         rp = self.rank(r)
         return rp.steps(), rp.sample, rp.hit
 
-    @property
-    def accesses(self) -> int:
-        return sum(s.accesses for s in self.stats)
-
-    @property
-    def hits(self) -> int:
-        """Hits from RAM and from the tier."""
-        return sum(s.hits for s in self.stats)
-
-    @property
-    def tier_hits(self) -> int:
-        return sum(s.tier_hits for s in self.stats)
-
-    @property
-    def ram_hits(self) -> int:
-        return self.hits - self.tier_hits
-
-    @property
-    def hit_rate(self) -> float:
-        return self.hits / self.accesses
-
-    @property
-    def bound(self) -> float:
-        """Largest possible hit rate: min(P·(C+D), per-epoch samples) hits per epoch
-        transition, for C RAM and D tier slots per rank."""
-        run, c = self.run, self.spec.buffer.capacity + self.spec.buffer.tier
-        per_epoch = run.samples_per_epoch
-        return min(run.world_size * c, per_epoch) * (run.epochs - 1) / (per_epoch * run.epochs)
-
     def check(self, expected: PlanSpec, source: str = "plan") -> None:
         """Refuse this plan unless it was made for ``expected``; name the fields that differ."""
         if self.fingerprint == expected.fingerprint:
@@ -302,59 +250,21 @@ class Plan:
         return Path(path)
 
 
-@njit(cache=True, nogil=True)
-def _tally(rank, flags, out):
-    """Add each rank's accesses, hits (either tier), admissions and tier hits to ``out``
-    (4, P): one pass over an epoch's decisions in access order."""
-    for i in range(rank.shape[0]):
-        r = rank[i]
-        f = flags[i]
-        out[0, r] += 1
-        if f & (HIT | THIT):
-            out[1, r] += 1
-        if f & ADMIT:
-            out[2, r] += 1
-        if f & THIT:
-            out[3, r] += 1
-
-
-class _Totals:
-    """Per-rank totals, accumulated epoch by epoch."""
-
-    def __init__(self, world: int) -> None:
-        self.a = np.zeros((4, world), np.int64)  # accesses, hits, admits, tier hits
-        self.max_batch = np.zeros(world, np.int64)
-        self.min_batch = np.full(world, np.iinfo(np.int64).max, np.int64)
-
-    def add(self, sched: EpochSchedule) -> None:
-        _tally(sched.rank, sched.flags, self.a)
-        self.max_batch = np.maximum(self.max_batch, sched.counts.max(axis=0))
-        self.min_batch = np.minimum(self.min_batch, sched.counts.min(axis=0))
-
-    def stats(self) -> list[RankStats]:
-        acc, hits, admits, tier = (row.tolist() for row in self.a)
-        low, high = self.min_batch.tolist(), self.max_batch.tolist()
-        return [
-            RankStats(acc[r], hits[r], acc[r] - hits[r], admits[r], low[r], high[r], tier[r])
-            for r in range(len(acc))
-        ]
-
-
 def _run_planner(
     spec: PlanSpec, sink: Any, progress: Progress | None, epoch_order: np.ndarray | None = None
-) -> tuple[np.ndarray, list[RankStats], float]:
+) -> tuple[np.ndarray, tuple[RankStats, ...], float]:
     """Plan every epoch in order, handing each to ``sink`` (or nothing); totals and seconds."""
     t0 = time.perf_counter()
     planner = Planner(spec, epoch_order)
-    totals = _Totals(spec.run.world_size)
+    tally = Tally(spec.run.world_size)
     for _ in range(spec.run.epochs):
         seq, sched = planner.next_schedule()
-        totals.add(sched)
+        tally.add(sched)
         if sink is not None:
             sink(planner.group(seq, sched))
         if progress is not None:
             progress(spec.run.steps_per_epoch)
-    return planner.epoch_order, totals.stats(), time.perf_counter() - t0
+    return planner.epoch_order, tally.stats(), time.perf_counter() - t0
 
 
 def make_plan(spec: PlanSpec, progress: Progress | None = None) -> Plan:
@@ -375,11 +285,11 @@ def plan_to_file(spec: PlanSpec, path: str | os.PathLike, progress: Progress | N
     return load_plan(path)
 
 
-def simulate(spec: PlanSpec, progress: Progress | None = None) -> Plan:
+def simulate(spec: PlanSpec, progress: Progress | None = None) -> PlanSummary:
     """Plan a run and keep only its totals: a simulator for runs too large to store."""
     _check_memory(spec, keep_all=False)
-    order, stats, seconds = _run_planner(spec, None, progress)
-    return Plan(spec, order, stats, seconds, spec.fingerprint)
+    _, stats, seconds = _run_planner(spec, None, progress)
+    return PlanSummary(spec, stats, seconds, spec.fingerprint)
 
 
 class PlanWriter:
@@ -413,7 +323,7 @@ class PlanWriter:
             self.checksums[ep.epoch, r] = np.frombuffer(digest, np.uint8)
         self._next += 1
 
-    def finish(self, stats: list[RankStats], plan_seconds: float) -> None:
+    def finish(self, stats: tuple[RankStats, ...], plan_seconds: float) -> None:
         """Write the header; the file is renamed into place when the ``with`` block ends."""
         if self._next != self.spec.run.epochs:
             raise SolarError(f"plan: {self._next} of {self.spec.run.epochs} epochs written")
@@ -471,7 +381,7 @@ def load_plan(path: str | os.PathLike) -> Plan:
             header = str(f.attrs["header_checksum"])
             if header != _header_checksum(fingerprint, stats_json, epoch_order, checksums):
                 raise CorruptPlanError(f"plan {path}: its header fails its checksum (corrupt file)")
-            stats = [RankStats(**s) for s in json.loads(stats_json)]
+            stats = tuple(RankStats(**s) for s in json.loads(stats_json))
             seconds = float(f.attrs["plan_seconds"])
     except (OSError, KeyError, ValueError, TypeError, RuntimeError, SolarError) as exc:
         if isinstance(exc, CorruptPlanError):
