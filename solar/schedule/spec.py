@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from solar.config import BufferConfig, RunConfig
 from solar.schedule.policies import check_policy
 
-# The version of the plan file format (solar/schedule/plan.py). It is one of a spec's
+# The version of the plan file format (solar/schedule/planfile.py). It is one of a spec's
 # inputs, so a plan of another format never matches a spec's fingerprint.
 FORMAT_VERSION = 2
 
