@@ -14,8 +14,9 @@ from solar._atomic import check_writable
 from solar._units import format_bytes
 from solar.config import DEFAULT_SLACK, BufferConfig, ReaderConfig, RunConfig, parse_size
 from solar.errors import SolarError
-from solar.schedule import POLICIES, Plan, PlanSpec
+from solar.schedule import POLICIES, PlanSpec
 from solar.schedule.plan import plan_to_file, simulate
+from solar.schedule.summary import PlanSummary
 
 _READER = ReaderConfig()  # the defaults shown by --help
 
@@ -103,7 +104,7 @@ def plan(
         run, enabled=run.num_accesses >= _PROGRESS_ACCESSES and sys.stderr.isatty()
     ) as progress:
         # Streamed one epoch at a time: memory does not grow with the number of epochs.
-        result = plan_to_file(spec, out, progress) if out else simulate(spec, progress)
+        result = plan_to_file(spec, out, progress).summary if out else simulate(spec, progress)
     summary = plan_summary(result, Path(out) if out else None)
     click.echo(json.dumps(summary) if as_json else format_summary(summary))
 
@@ -320,7 +321,7 @@ def _share(text: str, name: str = "--buffer") -> float:
     return value
 
 
-def plan_summary(p: Plan, path: Path | None = None) -> dict:
+def plan_summary(p: PlanSummary, path: Path | None = None) -> dict:
     """The figures `solar plan` reports, as a JSON-ready dict."""
     run, spec = p.run, p.spec
     reads = p.accesses - p.hits

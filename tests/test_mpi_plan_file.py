@@ -26,7 +26,7 @@ def _plan(data: Path, path: Path, swap: bool) -> Path:
     run = RunConfig(N, 2, 4, 3, seed=3)
     spec = PlanSpec(run, BufferConfig(12), "solar", False, info.sample_bytes, info.identity)
     plan = make_plan(spec)
-    epochs = list(plan._epochs)
+    epochs = list(plan.epochs)
     if swap:
         # Rank 1 reads a sample rank 0 also reads in step 0: each rank alone looks consistent.
         a = {k: (v.copy() if isinstance(v, np.ndarray) else v) for k, v in vars(epochs[0]).items()}

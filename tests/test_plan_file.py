@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 from pathlib import Path
@@ -18,6 +19,9 @@ from solar import (
     make_plan,
 )
 from solar.errors import SolarError
+from solar.schedule.plan import plan_to_file, simulate
+from solar.schedule.planfile import PlanFile, section_layout
+from solar.schedule.summary import PlanSummary
 
 SPEC = PlanSpec(RunConfig(97, 3, 4, 3, seed=5), BufferConfig(9, 0.25), sample_bytes=80)
 
@@ -169,8 +173,6 @@ def test_a_version_1_file_is_refused_with_a_clear_message(saved):
 
 
 def test_streamed_file_and_simulation_match_the_plan_in_memory(tmp_path):
-    from solar.schedule.plan import plan_to_file, simulate
-
     plan = make_plan(SPEC)
     streamed = plan_to_file(SPEC, tmp_path / "s.plan.h5")
     summary = simulate(SPEC)
@@ -178,5 +180,50 @@ def test_streamed_file_and_simulation_match_the_plan_in_memory(tmp_path):
     for r in range(3):
         for a, b in zip(streamed.trace(r), plan.trace(r), strict=True):
             np.testing.assert_array_equal(a, b)
-    with pytest.raises(SolarError, match="simulated plan keeps only its totals"):
-        summary.rank(0)
+    # A simulation keeps only its totals: there is no rank to ask it for.
+    assert isinstance(summary, PlanSummary) and not hasattr(summary, "rank")
+
+
+@pytest.mark.parametrize("tier", [0, 40])
+def test_simulate_returns_the_figures_of_the_plan(tier):
+    spec = PlanSpec(SPEC.run, BufferConfig(9, 0.25, tier))
+    plan, summary = make_plan(spec), simulate(spec)
+    assert summary == dataclasses.replace(plan.summary, plan_seconds=summary.plan_seconds)
+    assert summary.fingerprint == spec.fingerprint and summary.spec == spec
+    figures = "run world_size accesses hits tier_hits ram_hits hit_rate bound".split()
+    assert [getattr(summary, f) for f in figures] == [getattr(plan, f) for f in figures]
+    assert summary.accesses == SPEC.run.num_accesses and (summary.tier_hits > 0) == (tier > 0)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        summary.stats = ()
+
+
+@pytest.mark.parametrize("tier", [0, 40], ids=["ram", "tier"])
+def test_writer_and_reader_share_the_epoch_section_layout(tmp_path, tier):
+    spec = PlanSpec(RunConfig(101, 3, 4, 2, seed=1, drop_last=True), BufferConfig(9, 0.25, tier))
+    plan = make_plan(spec)
+    assert plan.epochs is not None
+    layout = section_layout(spec)
+    assert ("tslot" in layout) == (tier > 0)
+    path = plan.save(tmp_path / "p.h5")
+    with h5py.File(path, "r") as f:
+        for k in range(spec.run.epochs):
+            g = f[f"epochs/{k}"]
+            assert list(g) == sorted(layout)  # nothing else is written
+            assert {n: (g[n].shape, g[n].dtype) for n in g} == layout
+    file = PlanFile.open(path)
+    for ep in plan.epochs:
+        for r in range(spec.run.world_size):
+            want, got = ep.rank(r), file.read(r, ep.epoch)
+            for name in ("sample", "slot", "flags", "step_offsets", "tslot"):
+                np.testing.assert_array_equal(getattr(got, name), getattr(want, name))
+                assert getattr(got, name).dtype == getattr(want, name).dtype
+
+
+def test_writer_refuses_a_section_the_reader_would_refuse(tmp_path):
+    plan = make_plan(SPEC)
+    assert plan.epochs is not None
+    ep = plan.epochs[0]
+    plan.epochs[0] = dataclasses.replace(ep, slot=ep.slot.astype(np.int64))
+    with pytest.raises(SolarError, match=r"epoch 0 as planned: slot is int64.*expected int32"):
+        plan.save(tmp_path / "p.h5")
+    assert list(tmp_path.iterdir()) == []

@@ -45,7 +45,7 @@ def _edited(
 ) -> Path:
     """Save ``plan`` with one epoch's arrays edited and every checksum recomputed (as a tool
     would)."""
-    epochs = list(plan._epochs)
+    epochs = list(plan.epochs)
     fields = {
         k: (v.copy() if isinstance(v, np.ndarray) else v) for k, v in vars(epochs[epoch]).items()
     }
@@ -160,14 +160,14 @@ def test_a_sample_served_by_two_ranks_is_caught_across_ranks(tmp_path, dataset):
 def test_an_epoch_order_this_run_cannot_use_is_refused(tmp_path, dataset):
     import h5py
 
-    from solar.schedule import plan as plan_module
+    from solar.schedule import planfile
 
     path = make_plan(_spec(dataset)).save(tmp_path / "p.h5")
     with h5py.File(path, "r+") as f:
         del f["epoch_order"]
         f["epoch_order"] = np.array([0, 0, 1])
         # The header checksum covers epoch_order: recompute it as an editor would.
-        f.attrs["header_checksum"] = plan_module._header_checksum(
+        f.attrs["header_checksum"] = planfile._header_checksum(
             str(f.attrs["fingerprint"]), str(f.attrs["stats"]), f["epoch_order"][()],
             f["checksums"][()],
         )  # fmt: skip

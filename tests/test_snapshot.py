@@ -18,8 +18,8 @@ from plan_checks import specs
 from solar import Loader, SolarError
 from solar.config import BufferConfig, RunConfig
 from solar.schedule import snapshot
-from solar.schedule.plan import PlanSpec
 from solar.schedule.planner import Planner
+from solar.schedule.spec import PlanSpec
 
 FIELDS = ("sample", "slot", "flags", "tslot", "rank_offsets", "step_offsets")
 

@@ -191,12 +191,12 @@ def test_an_edited_tier_slot_is_refused(tier_plan, edit, message):
     path, spec = tier_plan
     made = make_plan(spec)
     # Edit rank 0's first tier hit of epoch 1 and recompute every checksum, as a tool would.
-    ep = made._epochs[1]
+    ep = made.epochs[1]
     lo, hi = ep.rank_offsets[0], ep.rank_offsets[1]
     i = int(lo + np.flatnonzero(ep.flags[lo:hi] & THIT)[0])
     tslot = ep.tslot.copy()
     edit(tslot, ep.flags, i)
-    made._epochs[1] = type(ep)(**{**vars(ep), "tslot": tslot})
+    made.epochs[1] = type(ep)(**{**vars(ep), "tslot": tslot})
     edited = path.with_name("edited.plan.h5")
     made.save(edited)
     with pytest.raises(CorruptPlanError) as info:

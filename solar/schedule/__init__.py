@@ -2,9 +2,10 @@
 
 from solar.schedule._common import ADMIT, HIT, RELEASE
 from solar.schedule.order import epoch_permutation
-from solar.schedule.plan import Plan, PlanSpec, load_plan, make_plan
+from solar.schedule.plan import Plan, load_plan, make_plan
 from solar.schedule.policies import POLICIES
 from solar.schedule.rankplan import RankPlan, StepPlan
+from solar.schedule.spec import PlanSpec
 
 __all__ = [
     "ADMIT",

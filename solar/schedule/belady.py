@@ -57,6 +57,41 @@ def _place(seq, a, b, k, world, cap_of, holder, hslot, count, rank_out, slot_out
     assign_balanced(a, b, k, world, count, reads, cap, rank_out)
 
 
+@njit(cache=True, inline="always")
+def _used(x, n, r, s, c, holder, key, heap, rkey, rheap, cells):
+    """Sample ``x`` in rank r's cell ``s`` is used now: the cell is keyed by x's next use ``n``
+    in the heap of all cells (and in RAM's, for a RAM cell of a tiered buffer: ``s < c``), or
+    freed at x's last use (True). Its key was this use, so a later one only moves it up."""
+    i = cells[r, s, POS]
+    key[r, i] = n
+    sift_up(key, heap, cells, POS, r, i)
+    if s < c:
+        i = cells[r, s, RPOS]
+        rkey[r, i] = n
+        sift_up(rkey, rheap, cells, RPOS, r, i)
+    if n == NEVER:
+        holder[x] = -1
+        cells[r, s, OCC] = -1
+        return True
+    return False
+
+
+@njit(cache=True, inline="always")
+def _replace_top(x, n, r, holder, hslot, key, heap, cells):
+    """Sample ``x``, next used at ``n``, takes the cell on top of rank r's heap (the farthest
+    next use), evicting its sample; returns the cell."""
+    s = heap[r, 0]
+    old = cells[r, s, OCC]
+    if old >= 0:
+        holder[old] = -1
+    cells[r, s, OCC] = x
+    holder[x] = r
+    hslot[x] = s
+    key[r, 0] = n
+    sift_down(key, heap, cells, POS, r, 0)
+    return s
+
+
 @njit(cache=True, nogil=True)
 def _solar_steps(
     seq, nu, bounds, k0, world, cap_of,  # inputs: one epoch; k0 is its first global step
@@ -65,6 +100,7 @@ def _solar_steps(
 ):  # fmt: skip
     cap_slots = key.shape[1]
     count = np.zeros(world, np.int64)
+    # ``_used`` with c = 0: one heap, no RAM heap to keep beside it (key/heap stand in, unused).
     for k in range(bounds.shape[0] - 1):
         a, b = bounds[k], bounds[k + 1]
         _place(seq, a, b, k0 + k, world, cap_of, holder, hslot, count, rank_out, slot_out, flags)
@@ -76,35 +112,16 @@ def _solar_steps(
             r = rank_out[i]
             n = nu[i]
             if flags[i] & HIT:
-                s = slot_out[i]
-                key[r, cells[r, s, POS]] = n
-                sift_up(key, heap, cells, POS, r, cells[r, s, POS])
-                if n == NEVER:
+                if _used(x, n, r, slot_out[i], 0, holder, key, heap, key, heap, cells):
                     flags[i] |= RELEASE
-                    holder[x] = -1
-                    cells[r, s, OCC] = -1
                 continue
             h = holder[x]
             if h >= 0:
                 # Held by a rank already at its cap: that rank keeps it for its next use.
-                s = hslot[x]
-                key[h, cells[h, s, POS]] = n
-                sift_up(key, heap, cells, POS, h, cells[h, s, POS])
-                if n == NEVER:
-                    holder[x] = -1
-                    cells[h, s, OCC] = -1
+                _used(x, n, h, hslot[x], 0, holder, key, heap, key, heap, cells)
             elif cap_slots > 0 and n < key[r, 0]:
-                s = heap[r, 0]
-                old = cells[r, s, OCC]
-                if old >= 0:
-                    holder[old] = -1
-                cells[r, s, OCC] = x
-                holder[x] = r
-                hslot[x] = s
-                key[r, 0] = n
-                sift_down(key, heap, cells, POS, r, 0)
+                slot_out[i] = _replace_top(x, n, r, holder, hslot, key, heap, cells)
                 flags[i] = ADMIT
-                slot_out[i] = s
         counts[k, :] = count
 
 
@@ -134,17 +151,12 @@ def _tiered_steps(
             tslot_out[i] = -1
             if flags[i] & HIT:
                 s = slot_out[i]  # a cell: a RAM slot or C + a tier slot
-                rekey(key, heap, cells, POS, r, s, n)
-                if s < c:
-                    rekey(rkey, rheap, cells, RPOS, r, s, n)
-                else:
+                if s >= c:
                     flags[i] = THIT
                     slot_out[i] = -1
                     tslot_out[i] = s - c
-                if n == NEVER:
+                if _used(x, n, r, s, c, holder, key, heap, rkey, rheap, cells):
                     flags[i] |= RELEASE
-                    holder[x] = -1
-                    cells[r, s, OCC] = -1
                 elif s >= c and c > 0 and n < rkey[r, 0]:
                     # MIN on RAM alone would admit x now: promote it, demoting RAM's farthest.
                     d = rheap[r, 0]
@@ -168,13 +180,7 @@ def _tiered_steps(
             h = holder[x]
             if h >= 0:
                 # Held by a rank already at its cap: that rank keeps it for its next use.
-                s = hslot[x]
-                rekey(key, heap, cells, POS, h, s, n)
-                if s < c:
-                    rekey(rkey, rheap, cells, RPOS, h, s, n)
-                if n == NEVER:
-                    holder[x] = -1
-                    cells[h, s, OCC] = -1
+                _used(x, n, h, hslot[x], c, holder, key, heap, rkey, rheap, cells)
                 continue
             if u == 0 or n >= key[r, 0]:
                 continue  # bypass: every cell holds a sample used sooner
@@ -206,16 +212,8 @@ def _tiered_steps(
                 slot_out[i] = d
             else:
                 # RAM holds only sooner uses: x goes to the tier, in place of the farthest.
-                old = cells[r, z, OCC]
-                if old >= 0:
-                    holder[old] = -1
-                cells[r, z, OCC] = x
-                holder[x] = r
-                hslot[x] = z
-                key[r, 0] = n
-                sift_down(key, heap, cells, POS, r, 0)
+                tslot_out[i] = _replace_top(x, n, r, holder, hslot, key, heap, cells) - c
                 flags[i] = TADMIT
-                tslot_out[i] = z - c
         counts[k, :] = count
 
 

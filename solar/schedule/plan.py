@@ -1,156 +1,59 @@
-"""The Plan: the only contract between the planner and the runtime, and its file format.
-
-File format (HDF5, version 2), readable with plain h5py, one section per epoch so that a
-reader takes only the epochs it runs and a writer streams them as they are planned::
-
-    attrs   format="solar-plan", format_version=2, fingerprint (sha256 hex of the spec),
-            spec (JSON of the inputs), stats (JSON of per-rank totals), plan_seconds,
-            header_checksum (blake2b of fingerprint, stats, epoch_order and checksums)
-    epoch_order   (E,)        int64   permutation index used by each epoch of the run
-    checksums     (E, P, 16)  uint8   blake2b-128 of each epoch's part of each rank
-    epochs/<k>/rank_offsets  (P+1,)      int64  rank r's accesses are [rank_offsets[r], [r+1])
-    epochs/<k>/step_offsets  (P, S+1)    int64  within rank r's part, step t of the epoch is
-                                                 [step_offsets[r, t], step_offsets[r, t+1])
-    epochs/<k>/sample        (N_e,)      int32 (int64 when N >= 2**31)  sample ids
-    epochs/<k>/slot          (N_e,)      int32  RAM slot of the access, -1: none
-    epochs/<k>/flags         (N_e,)      uint8  bit 0 HIT, 1 ADMIT, 2 RELEASE, 3 THIT, 4 TADMIT,
-                                                 5 DEMOTE
-    epochs/<k>/tslot         (N_e,)      int32  tier slot of the access, -1: none (only in
-                                                 plans with a second tier)
-
-Semantics of one rank's step: its batch is its accesses of the step, in order. A HIT is
-gathered from RAM ``slot`` and a THIT read from tier ``tslot``, as they stand at the start of
-the step; any other access is read from storage. Then, in access order: DEMOTE writes what RAM
-``slot`` holds into tier ``tslot``, ADMIT stores the access's row into RAM ``slot``, TADMIT
-writes it into tier ``tslot``. RELEASE marks a hit that is the sample's last use.
+"""The Plan, the only contract between the planner and the runtime, and the ways to get one:
+:func:`make_plan` keeps every decision in memory, :func:`plan_to_file` streams them to a plan
+file (:mod:`solar.schedule.planfile`) and :func:`load_plan` opens one; :func:`simulate` keeps
+only the totals (a :class:`~solar.schedule.summary.PlanSummary`).
 """
 
 from __future__ import annotations
 
-import dataclasses
-import hashlib
-import json
 import os
 import time
+from collections.abc import Callable
+from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import h5py
 import numpy as np
-from numba import njit
 
-from solar._atomic import atomic_path
 from solar._memory import require_memory
-from solar.config import BufferConfig, RunConfig
-from solar.errors import CorruptPlanError, PlanMismatchError, SolarError, first_line
-from solar.schedule._common import (
-    ADMIT,
-    HIT,
-    THIT,
-    EpochSchedule,
-    Progress,
-    no_tier,
-    slot_count,
-    tier_slot_count,
-)
-from solar.schedule.order import sample_dtype
+from solar.errors import CorruptPlanError, PlanMismatchError, SolarError
+from solar.schedule._common import Progress, slot_count, tier_slot_count
+from solar.schedule.planfile import PlanFile, PlanWriter
 from solar.schedule.planner import EpochPlan, Planner, RankEpoch, epoch_order_of
-from solar.schedule.policies import check_policy
 from solar.schedule.rankplan import RankPlan
+from solar.schedule.spec import PlanSpec
+from solar.schedule.summary import PlanSummary, RankStats, Tally, Totals
 from solar.schedule.validate import RankValidator, coverage_error
 
-FORMAT = "solar-plan"
-FORMAT_VERSION = 2
 
+@dataclass(frozen=True, eq=False)
+class Plan(Totals):
+    """A schedule for every rank and step: made in memory by :func:`make_plan` (``epochs``),
+    or opened by :func:`load_plan` (``file``)."""
 
-@dataclass(frozen=True)
-class PlanSpec:
-    """Everything a plan depends on; its digest is the plan's fingerprint."""
-
-    run: RunConfig
-    buffer: BufferConfig
-    policy: str = "solar"
-    reorder_epochs: bool = False
-    sample_bytes: int | None = None
-    dataset: str | None = None  # identity of the data files and keys, see solar.io.hdf5
+    spec: PlanSpec
+    epoch_order: np.ndarray  # (E,) int64: the permutation index each run epoch uses
+    stats: tuple[RankStats, ...]
+    plan_seconds: float
+    fingerprint: str
+    epochs: list[EpochPlan] | None = None  # every epoch's decisions, made in this process
+    file: PlanFile | None = None  # or a plan file, read on demand
 
     def __post_init__(self) -> None:
-        check_policy(self.policy, self.buffer)
-
-    def as_dict(self) -> dict:
-        d = {**dataclasses.asdict(self.run), **dataclasses.asdict(self.buffer)}
-        d.update(
-            policy=self.policy,
-            reorder_epochs=self.reorder_epochs,
-            sample_bytes=self.sample_bytes,
-            dataset=self.dataset,
-            format_version=FORMAT_VERSION,
-        )
-        if not self.buffer.tier:
-            del d["tier"]  # plans without a tier keep the fingerprints they always had
-        return d
-
-    @classmethod
-    def from_dict(cls, d: dict) -> PlanSpec:
-        run = RunConfig(**{f.name: d[f.name] for f in dataclasses.fields(RunConfig)})
-        buffer = BufferConfig(d["capacity"], d["slack"], d.get("tier", 0))
-        return cls(run, buffer, d["policy"], d["reorder_epochs"], d["sample_bytes"], d["dataset"])
-
-    @property
-    def fingerprint(self) -> str:
-        return _digest(self.as_dict())
-
-
-def _digest(d: dict) -> str:
-    return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()
-
-
-@dataclass(frozen=True)
-class RankStats:
-    accesses: int
-    hits: int  # from RAM or the tier
-    reads: int
-    admits: int
-    min_batch: int
-    max_batch: int
-    tier_hits: int = 0
-
-
-class Plan:
-    """A schedule for every rank and step: made in memory by :func:`make_plan`, streamed to a
-    file by :func:`plan_to_file`, summarised only by :func:`simulate`, or opened by
-    :func:`load_plan`."""
-
-    def __init__(
-        self,
-        spec: PlanSpec,
-        epoch_order: np.ndarray,
-        stats: list[RankStats],
-        plan_seconds: float,
-        fingerprint: str,
-        epochs: list[EpochPlan] | None = None,
-        path: Path | None = None,
-        checksums: np.ndarray | None = None,
-    ) -> None:
-        self.spec = spec
-        self.epoch_order = epoch_order
-        self.stats = stats
-        self.plan_seconds = plan_seconds
-        self.fingerprint = fingerprint
-        self._epochs = epochs
-        self._path = path
-        self._checksums = checksums
-        self.header: str | None = None  # a file's header checksum: ranks compare it
+        if (self.epochs is None) == (self.file is None):
+            raise ValueError("a Plan holds either its epochs or a plan file")
 
     # -- queries -------------------------------------------------------------------------
     @property
-    def run(self) -> RunConfig:
-        return self.spec.run
+    def header(self) -> str | None:
+        """A plan file's header checksum (ranks compare it); None for a plan in memory."""
+        return self.file.header if self.file is not None else None
 
     @property
-    def world_size(self) -> int:
-        return self.spec.run.world_size
+    def summary(self) -> PlanSummary:
+        """The totals without the decisions."""
+        return PlanSummary(self.spec, self.stats, self.plan_seconds, self.fingerprint)
 
     @property
     def slots(self) -> int:
@@ -165,61 +68,15 @@ class Plan:
     def _check_rank(self, r: int) -> None:
         if not 0 <= r < self.world_size:
             raise SolarError(f"rank {r} is outside this plan's world size {self.world_size}")
-        if self._epochs is None and self._path is None:
-            raise SolarError("a simulated plan keeps only its totals, not its decisions")
 
     def rank_epoch(self, r: int, k: int) -> RankEpoch:
         """Rank ``r``'s part of run epoch ``k`` (from a file: checked against its checksum,
         not validated; :meth:`rank` validates)."""
         self._check_rank(r)
-        if self._epochs is not None:
-            return self._epochs[k].rank(r)
-        assert self._path is not None
-        with h5py.File(self._path, "r") as f:
-            return self._read_part(f, r, k)
-
-    def _read_part(self, f: h5py.File, r: int, k: int) -> RankEpoch:
-        assert self._checksums is not None
-        try:
-            g = f[f"epochs/{k}"]
-            # Shapes and types before any read: a file may claim anything.
-            _expect(g, self._layout(), f"plan {self._path}: epoch {k}")
-            bounds = g["rank_offsets"][r : r + 2]
-            lo, hi = int(bounds[0]), int(bounds[1])
-            if not 0 <= lo <= hi <= self.run.samples_per_epoch:
-                raise CorruptPlanError(
-                    f"plan {self._path}: epoch {k}: rank {r}'s accesses [{lo}, {hi}) "
-                    "are out of range"
-                )
-            tslot = g["tslot"][lo:hi] if self.tier_slots else no_tier(hi - lo)
-            part = RankEpoch(k, g["sample"][lo:hi], g["slot"][lo:hi], g["flags"][lo:hi],
-                             g["step_offsets"][r], tslot)  # fmt: skip
-        except (OSError, KeyError, ValueError, IndexError, TypeError, RuntimeError) as exc:
-            raise CorruptPlanError(
-                f"plan {self._path}: unreadable or corrupt ({first_line(exc)})"
-            ) from None
-        digest = _part_checksum(part, r, self.fingerprint, self.tier_slots > 0)
-        if digest != self._checksums[k, r].tobytes():
-            raise CorruptPlanError(
-                f"plan {self._path}: rank {r}'s data of epoch {k} fails its checksum (corrupt file)"
-            )
-        return part
-
-    def _layout(self) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
-        """The shape and type of every dataset of an epoch section, as the writer makes them."""
-        run = self.run
-        world, n = run.world_size, run.samples_per_epoch
-        i64 = np.dtype(np.int64)
-        layout = {
-            "rank_offsets": ((world + 1,), i64),
-            "step_offsets": ((world, run.steps_per_epoch + 1), i64),
-            "sample": ((n,), sample_dtype(run.num_samples)),
-            "slot": ((n,), np.dtype(np.int32)),
-            "flags": ((n,), np.dtype(np.uint8)),
-        }
-        if self.tier_slots:
-            layout["tslot"] = ((n,), np.dtype(np.int32))
-        return layout
+        if self.epochs is not None:
+            return self.epochs[k].rank(r)
+        assert self.file is not None
+        return self.file.read(r, k)
 
     def rank(self, r: int, comm: Any = None) -> RankPlan:
         """Rank ``r``'s accesses over the whole run.
@@ -228,8 +85,8 @@ class Plan:
         safe first, as :meth:`validate` does (collectively with ``comm``).
         """
         self._check_rank(r)
-        if self._epochs is not None:
-            parts = [ep.rank(r) for ep in self._epochs]
+        if self.epochs is not None:
+            parts = [ep.rank(r) for ep in self.epochs]
         else:
             proven = self._prove(r, comm, keep=True)
             assert proven is not None
@@ -244,12 +101,13 @@ class Plan:
         prove together that each epoch serves every sample exactly once; without it, this
         process checks every rank's part itself. A plan made in this process is trusted."""
         self._check_rank(r)
-        if self._epochs is None:
+        if self.epochs is None:
             self._prove(r, comm, keep=False)
 
     def _prove(self, r: int, comm: Any, keep: bool) -> list[RankEpoch] | None:
         from solar import dist  # a light module: no MPI or torch import
 
+        assert self.file is not None
         key = dist.shared_key(comm)
         try:
             parts, mine, expected = self._validated(r, key, keep)
@@ -268,7 +126,7 @@ class Plan:
             others = [self._validated(o, key, False)[1] for o in range(self.world_size) if o != r]
             error = coverage_error([mine, *others], expected)
         if error is not None:
-            where = "" if error.startswith("plan ") else f"plan {self._path}: "
+            where = "" if error.startswith("plan ") else f"plan {self.file.path}: "
             raise CorruptPlanError(where + error)
         return parts
 
@@ -277,16 +135,15 @@ class Plan:
     ) -> tuple[list[RankEpoch] | None, np.ndarray, np.ndarray]:
         """Rank ``r``'s parts from the file, checksummed and validated epoch by epoch (kept if
         ``keep``); the validator's digests."""
-        assert self._path is not None
+        assert self.file is not None
         v = RankValidator(self.run, self.epoch_order, self.slots, r, key, self.tier_slots)
         parts = []
-        with h5py.File(self._path, "r") as f:
-            for k in range(self.run.epochs):
-                part = self._read_part(f, r, k)
+        with closing(self.file.parts(r)) as each:  # the file is closed whatever happens
+            for part in each:
                 try:
                     v.check(part)
                 except CorruptPlanError as exc:
-                    raise CorruptPlanError(f"plan {self._path}: {exc}") from None
+                    raise CorruptPlanError(f"plan {self.file.path}: {exc}") from None
                 if keep:
                     parts.append(part)
         return (parts if keep else None), v.mine, v.expected
@@ -296,35 +153,6 @@ class Plan:
         RAM or from the tier)."""
         rp = self.rank(r)
         return rp.steps(), rp.sample, rp.hit
-
-    @property
-    def accesses(self) -> int:
-        return sum(s.accesses for s in self.stats)
-
-    @property
-    def hits(self) -> int:
-        """Hits from RAM and from the tier."""
-        return sum(s.hits for s in self.stats)
-
-    @property
-    def tier_hits(self) -> int:
-        return sum(s.tier_hits for s in self.stats)
-
-    @property
-    def ram_hits(self) -> int:
-        return self.hits - self.tier_hits
-
-    @property
-    def hit_rate(self) -> float:
-        return self.hits / self.accesses
-
-    @property
-    def bound(self) -> float:
-        """Largest possible hit rate: min(P·(C+D), per-epoch samples) hits per epoch
-        transition, for C RAM and D tier slots per rank."""
-        run, c = self.run, self.spec.buffer.capacity + self.spec.buffer.tier
-        per_epoch = run.samples_per_epoch
-        return min(run.world_size * c, per_epoch) * (run.epochs - 1) / (per_epoch * run.epochs)
 
     def check(self, expected: PlanSpec, source: str = "plan") -> None:
         """Refuse this plan unless it was made for ``expected``; name the fields that differ."""
@@ -337,68 +165,13 @@ class Plan:
     # -- persistence ---------------------------------------------------------------------
     def save(self, path: str | os.PathLike) -> Path:
         """Write the plan atomically: to a temporary file beside ``path``, then rename."""
-        if self._epochs is None:
+        if self.epochs is None:
             raise SolarError("plan: only a plan made in this process can be saved")
         with PlanWriter(path, self.spec, self.epoch_order) as writer:
-            for ep in self._epochs:
+            for ep in self.epochs:
                 writer.add(ep)
             writer.finish(self.stats, self.plan_seconds)
         return Path(path)
-
-
-@njit(cache=True, nogil=True)
-def _tally(rank, flags, out):
-    """Add each rank's accesses, hits (either tier), admissions and tier hits to ``out``
-    (4, P): one pass over an epoch's decisions in access order."""
-    for i in range(rank.shape[0]):
-        r = rank[i]
-        f = flags[i]
-        out[0, r] += 1
-        if f & (HIT | THIT):
-            out[1, r] += 1
-        if f & ADMIT:
-            out[2, r] += 1
-        if f & THIT:
-            out[3, r] += 1
-
-
-class _Totals:
-    """Per-rank totals, accumulated epoch by epoch."""
-
-    def __init__(self, world: int) -> None:
-        self.a = np.zeros((4, world), np.int64)  # accesses, hits, admits, tier hits
-        self.max_batch = np.zeros(world, np.int64)
-        self.min_batch = np.full(world, np.iinfo(np.int64).max, np.int64)
-
-    def add(self, sched: EpochSchedule) -> None:
-        _tally(sched.rank, sched.flags, self.a)
-        self.max_batch = np.maximum(self.max_batch, sched.counts.max(axis=0))
-        self.min_batch = np.minimum(self.min_batch, sched.counts.min(axis=0))
-
-    def stats(self) -> list[RankStats]:
-        acc, hits, admits, tier = (row.tolist() for row in self.a)
-        low, high = self.min_batch.tolist(), self.max_batch.tolist()
-        return [
-            RankStats(acc[r], hits[r], acc[r] - hits[r], admits[r], low[r], high[r], tier[r])
-            for r in range(len(acc))
-        ]
-
-
-def _run_planner(
-    spec: PlanSpec, sink: Any, progress: Progress | None, epoch_order: np.ndarray | None = None
-) -> tuple[np.ndarray, list[RankStats], float]:
-    """Plan every epoch in order, handing each to ``sink`` (or nothing); totals and seconds."""
-    t0 = time.perf_counter()
-    planner = Planner(spec, epoch_order)
-    totals = _Totals(spec.run.world_size)
-    for _ in range(spec.run.epochs):
-        seq, sched = planner.next_schedule()
-        totals.add(sched)
-        if sink is not None:
-            sink(planner.group(seq, sched))
-        if progress is not None:
-            progress(spec.run.steps_per_epoch)
-    return planner.epoch_order, totals.stats(), time.perf_counter() - t0
 
 
 def make_plan(spec: PlanSpec, progress: Progress | None = None) -> Plan:
@@ -419,138 +192,37 @@ def plan_to_file(spec: PlanSpec, path: str | os.PathLike, progress: Progress | N
     return load_plan(path)
 
 
-def simulate(spec: PlanSpec, progress: Progress | None = None) -> Plan:
+def simulate(spec: PlanSpec, progress: Progress | None = None) -> PlanSummary:
     """Plan a run and keep only its totals: a simulator for runs too large to store."""
     _check_memory(spec, keep_all=False)
-    order, stats, seconds = _run_planner(spec, None, progress)
-    return Plan(spec, order, stats, seconds, spec.fingerprint)
-
-
-class PlanWriter:
-    """Streams a plan into a temporary file beside ``path``; renamed into place on success."""
-
-    def __init__(self, path: str | os.PathLike, spec: PlanSpec, epoch_order: np.ndarray) -> None:
-        self.spec = spec
-        self.epoch_order = epoch_order
-        self.checksums = np.zeros((spec.run.epochs, spec.run.world_size, 16), np.uint8)
-        self._atomic = atomic_path(path)
-        self._next = 0
-
-    def __enter__(self) -> PlanWriter:
-        self._tmp = self._atomic.__enter__()
-        self._file = h5py.File(self._tmp, "w")
-        self._file["epoch_order"] = self.epoch_order
-        return self
-
-    def add(self, ep: EpochPlan) -> None:
-        """Write the next epoch's section."""
-        assert ep.epoch == self._next, (ep.epoch, self._next)
-        g = self._file.create_group(f"epochs/{ep.epoch}")
-        for name in ("rank_offsets", "step_offsets", "sample", "slot", "flags"):
-            g.create_dataset(name, data=getattr(ep, name))
-        tier = tier_slot_count(self.spec.run, self.spec.buffer) > 0
-        if tier:
-            g.create_dataset("tslot", data=ep.tslot)
-        fp = self.spec.fingerprint
-        for r in range(ep.rank_offsets.size - 1):
-            digest = _part_checksum(ep.rank(r), r, fp, tier)
-            self.checksums[ep.epoch, r] = np.frombuffer(digest, np.uint8)
-        self._next += 1
-
-    def finish(self, stats: list[RankStats], plan_seconds: float) -> None:
-        """Write the header; the file is renamed into place when the ``with`` block ends."""
-        if self._next != self.spec.run.epochs:
-            raise SolarError(f"plan: {self._next} of {self.spec.run.epochs} epochs written")
-        stats_json = json.dumps([vars(s) for s in stats])  # asdict deep-copies: slow at P=4096
-        f = self._file
-        f["checksums"] = self.checksums
-        f.attrs.update(
-            {
-                "format": FORMAT,
-                "format_version": FORMAT_VERSION,
-                "fingerprint": self.spec.fingerprint,
-                "spec": json.dumps(self.spec.as_dict(), sort_keys=True),
-                "stats": stats_json,
-                "plan_seconds": plan_seconds,
-                "header_checksum": _header_checksum(
-                    self.spec.fingerprint, stats_json, self.epoch_order, self.checksums
-                ),
-            }
-        )
-
-    def __exit__(self, *exc: Any) -> None:
-        self._file.close()
-        self._atomic.__exit__(*exc)
+    _, stats, seconds = _run_planner(spec, None, progress)
+    return PlanSummary(spec, stats, seconds, spec.fingerprint)
 
 
 def load_plan(path: str | os.PathLike) -> Plan:
     """Open a plan file; rank data is read on demand and checked against its checksums."""
-    path = Path(path)
-    if not path.is_file():
-        raise SolarError(f"plan {path}: no such file")
-    try:
-        with h5py.File(path, "r") as f:
-            if f.attrs.get("format") != FORMAT:
-                raise CorruptPlanError(f"plan {path}: not a solar plan file")
-            version = int(f.attrs["format_version"])
-            if version != FORMAT_VERSION:
-                raise CorruptPlanError(
-                    f"plan {path}: format version {version}, this solar reads "
-                    f"{FORMAT_VERSION}: plan the run again with `solar plan`"
-                )
-            fingerprint = str(f.attrs["fingerprint"])
-            stats_json = str(f.attrs["stats"])
-            spec_dict = json.loads(f.attrs["spec"])
-            if _digest(spec_dict) != fingerprint:
-                raise CorruptPlanError(
-                    f"plan {path}: its fingerprint does not match its recorded inputs"
-                )
-            spec = PlanSpec.from_dict(spec_dict)
-            run = spec.run
-            _expect(f, {"epoch_order": ((run.epochs,), np.dtype(np.int64)),
-                        "checksums": ((run.epochs, run.world_size, 16), np.dtype(np.uint8))},
-                    f"plan {path}")  # fmt: skip
-            epoch_order = np.asarray(f["epoch_order"][()])
-            checksums = np.asarray(f["checksums"][()])
-            header = str(f.attrs["header_checksum"])
-            if header != _header_checksum(fingerprint, stats_json, epoch_order, checksums):
-                raise CorruptPlanError(f"plan {path}: its header fails its checksum (corrupt file)")
-            stats = [RankStats(**s) for s in json.loads(stats_json)]
-            seconds = float(f.attrs["plan_seconds"])
-    except (OSError, KeyError, ValueError, TypeError, RuntimeError, SolarError) as exc:
-        if isinstance(exc, CorruptPlanError):
-            raise
-        raise CorruptPlanError(f"plan {path}: unreadable or corrupt ({first_line(exc)})") from None
-    if len(stats) != run.world_size:
-        raise CorruptPlanError(f"plan {path}: per-rank records do not match its world size")
-    identity = np.arange(run.epochs)
-    if epoch_order.shape != identity.shape or not (
-        np.array_equal(np.sort(epoch_order), identity)
-        and (spec.reorder_epochs or np.array_equal(epoch_order, identity))
-    ):
-        raise CorruptPlanError(f"plan {path}: its epoch order is not one this run can use")
-    plan = Plan(spec, epoch_order, stats, seconds, fingerprint, path=path, checksums=checksums)
-    plan.header = header
-    return plan
+    f = PlanFile.open(path)
+    return Plan(f.spec, f.epoch_order, f.stats, f.plan_seconds, f.fingerprint, file=f)
 
 
-# -- helpers ----------------------------------------------------------------------------------
-def _expect(group: h5py.Group, layout: dict, where: str) -> None:
-    for name, (shape, dtype) in layout.items():
-        d = group[name]
-        if d.shape != shape or d.dtype != dtype:
-            raise CorruptPlanError(
-                f"{where}: {name} is {d.dtype}{list(d.shape)}, expected {dtype}{list(shape)}"
-            )
-
-
-def _part_checksum(part: RankEpoch, r: int, fingerprint: str, tier: bool) -> bytes:
-    h = hashlib.blake2b(f"{fingerprint}/{part.epoch}/{r}".encode(), digest_size=16)
-    for arr in (part.step_offsets, part.sample, part.slot, part.flags):
-        h.update(np.ascontiguousarray(arr).data)
-    if tier:  # (plans without one keep the checksums they always had)
-        h.update(np.ascontiguousarray(part.tslot).data)
-    return h.digest()
+def _run_planner(
+    spec: PlanSpec,
+    sink: Callable[[EpochPlan], None] | None,
+    progress: Progress | None,
+    epoch_order: np.ndarray | None = None,
+) -> tuple[np.ndarray, tuple[RankStats, ...], float]:
+    """Plan every epoch in order, handing each to ``sink`` (or nothing); totals and seconds."""
+    t0 = time.perf_counter()
+    planner = Planner(spec, epoch_order)
+    tally = Tally(spec.run.world_size)
+    for _ in range(spec.run.epochs):
+        seq, sched = planner.next_schedule()
+        tally.add(sched)
+        if sink is not None:
+            sink(planner.group(seq, sched))
+        if progress is not None:
+            progress(spec.run.steps_per_epoch)
+    return planner.epoch_order, tally.stats(), time.perf_counter() - t0
 
 
 def _check_memory(spec: PlanSpec, keep_all: bool) -> None:
@@ -569,13 +241,3 @@ def _check_memory(spec: PlanSpec, keep_all: bool) -> None:
     if spec.policy != "solar":
         need += 13 * run.world_size * run.num_samples  # per-(rank, sample) tables
     require_memory(need, f"planning {run.num_accesses} accesses")
-
-
-def _header_checksum(
-    fingerprint: str, stats: str, epoch_order: np.ndarray, checksums: np.ndarray
-) -> str:
-    h = hashlib.blake2b(fingerprint.encode(), digest_size=16)
-    h.update(stats.encode())
-    h.update(np.ascontiguousarray(epoch_order, dtype=np.int64).data)
-    h.update(np.ascontiguousarray(checksums, dtype=np.uint8).data)
-    return h.hexdigest()

@@ -18,6 +18,7 @@ from solar.schedule._common import EpochSchedule, tier_slot_count
 from solar.schedule.epochs import EpochOrder
 from solar.schedule.policies import make_policy
 from solar.schedule.reorder import reorder_epochs
+from solar.schedule.spec import PlanSpec
 
 
 @dataclass(frozen=True)
@@ -52,7 +53,7 @@ class EpochPlan:
         )  # fmt: skip
 
 
-def epoch_order_of(spec) -> np.ndarray:
+def epoch_order_of(spec: PlanSpec) -> np.ndarray:
     """The permutation index each run epoch uses (SOLAR's TSP order, or the identity)."""
     run = spec.run
     if spec.reorder_epochs:
@@ -63,7 +64,7 @@ def epoch_order_of(spec) -> np.ndarray:
 class Planner:
     """Plans ``spec``'s run epoch by epoch; call :meth:`next` once per epoch, in order."""
 
-    def __init__(self, spec, epoch_order: np.ndarray | None = None) -> None:
+    def __init__(self, spec: PlanSpec, epoch_order: np.ndarray | None = None) -> None:
         self.spec = spec
         run = spec.run
         self.epoch_order = epoch_order_of(spec) if epoch_order is None else epoch_order

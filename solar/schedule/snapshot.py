@@ -24,6 +24,7 @@ import numpy as np
 
 from solar._atomic import atomic_path
 from solar.schedule.planner import Planner
+from solar.schedule.spec import PlanSpec
 
 FORMAT = "solar-planner-snapshot"
 VERSION = 1
@@ -77,7 +78,7 @@ def save(directory: str | os.PathLike, planner: Planner) -> Path | None:
     return path
 
 
-def load(directory: str | os.PathLike, spec: Any, epoch: int) -> Planner | None:
+def load(directory: str | os.PathLike, spec: PlanSpec, epoch: int) -> Planner | None:
     """A planner for ``spec`` restored from its newest valid snapshot in ``directory`` taken
     at an epoch at or before ``epoch``; None if there is none. A snapshot refused is named in
     a warning and skipped."""

@@ -12,11 +12,11 @@ after each epoch it plans), from the newest snapshot at or before the wanted epo
 
 from __future__ import annotations
 
+import os
 import time
 import warnings
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
@@ -24,14 +24,22 @@ from solar._process import ProcessLocal
 from solar.errors import SolarError
 from solar.schedule import snapshot
 from solar.schedule._common import slot_count, tier_slot_count
+from solar.schedule.plan import Plan
 from solar.schedule.planner import Planner, RankEpoch
 from solar.schedule.rankplan import RankPlan, _replay
+from solar.schedule.spec import PlanSpec
 
 
 class RankStream:
     """Rank ``rank``'s steps of ``spec``'s run, planned epoch by epoch in the background."""
 
-    def __init__(self, spec, rank: int, plan: Any = None, snapshots: Any = None) -> None:
+    def __init__(
+        self,
+        spec: PlanSpec,
+        rank: int,
+        plan: Plan | None = None,
+        snapshots: str | os.PathLike | None = None,
+    ) -> None:
         self.spec = spec
         self.rank = rank
         self.plan = plan  # a Plan to read epochs from (made, or a file proven safe), or None

@@ -1,0 +1,60 @@
+"""The inputs of a plan (:class:`PlanSpec`) and their fingerprint."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from dataclasses import dataclass
+
+from solar.config import BufferConfig, RunConfig
+from solar.schedule.policies import check_policy
+
+# The version of the plan file format (solar/schedule/planfile.py). It is one of a spec's
+# inputs, so a plan of another format never matches a spec's fingerprint.
+FORMAT_VERSION = 2
+
+
+@dataclass(frozen=True)
+class PlanSpec:
+    """Everything a plan depends on; its digest is the plan's fingerprint."""
+
+    run: RunConfig
+    buffer: BufferConfig
+    policy: str = "solar"
+    reorder_epochs: bool = False
+    sample_bytes: int | None = None
+    dataset: str | None = None  # identity of the data files and keys, see solar.io.hdf5
+
+    def __post_init__(self) -> None:
+        check_policy(self.policy, self.buffer)
+
+    def as_dict(self) -> dict:
+        """The inputs as a flat JSON-ready dict (what a plan file records)."""
+        d = {**dataclasses.asdict(self.run), **dataclasses.asdict(self.buffer)}
+        d.update(
+            policy=self.policy,
+            reorder_epochs=self.reorder_epochs,
+            sample_bytes=self.sample_bytes,
+            dataset=self.dataset,
+            format_version=FORMAT_VERSION,
+        )
+        if not self.buffer.tier:
+            del d["tier"]  # plans without a tier keep the fingerprints they always had
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> PlanSpec:
+        """The spec :meth:`as_dict` recorded."""
+        run = RunConfig(**{f.name: d[f.name] for f in dataclasses.fields(RunConfig)})
+        buffer = BufferConfig(d["capacity"], d["slack"], d.get("tier", 0))
+        return cls(run, buffer, d["policy"], d["reorder_epochs"], d["sample_bytes"], d["dataset"])
+
+    @property
+    def fingerprint(self) -> str:
+        return fingerprint_of(self.as_dict())
+
+
+def fingerprint_of(d: dict) -> str:
+    """The fingerprint of a spec recorded as :meth:`PlanSpec.as_dict`: sha256 hex of its JSON."""
+    return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()

@@ -1,0 +1,122 @@
+"""What a plan comes to: per-rank totals, the figures derived from them, and
+:class:`PlanSummary`, all that :func:`~solar.schedule.plan.simulate` keeps of a run."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from numba import njit
+
+from solar.config import RunConfig
+from solar.schedule._common import ADMIT, HIT, THIT, EpochSchedule
+from solar.schedule.spec import PlanSpec
+
+
+@dataclass(frozen=True)
+class RankStats:
+    """One rank's totals over the run."""
+
+    accesses: int
+    hits: int  # from RAM or the tier
+    reads: int
+    admits: int
+    min_batch: int
+    max_batch: int
+    tier_hits: int = 0
+
+
+class Totals:
+    """Figures of a run derived from its spec and per-rank totals: shared by
+    :class:`PlanSummary` and :class:`~solar.schedule.plan.Plan`."""
+
+    spec: PlanSpec
+    stats: tuple[RankStats, ...]
+
+    @property
+    def run(self) -> RunConfig:
+        return self.spec.run
+
+    @property
+    def world_size(self) -> int:
+        return self.spec.run.world_size
+
+    @property
+    def accesses(self) -> int:
+        return sum(s.accesses for s in self.stats)
+
+    @property
+    def hits(self) -> int:
+        """Hits from RAM and from the tier."""
+        return sum(s.hits for s in self.stats)
+
+    @property
+    def tier_hits(self) -> int:
+        return sum(s.tier_hits for s in self.stats)
+
+    @property
+    def ram_hits(self) -> int:
+        return self.hits - self.tier_hits
+
+    @property
+    def hit_rate(self) -> float:
+        return self.hits / self.accesses
+
+    @property
+    def bound(self) -> float:
+        """Largest possible hit rate: min(P·(C+D), per-epoch samples) hits per epoch
+        transition, for C RAM and D tier slots per rank."""
+        run, c = self.run, self.spec.buffer.capacity + self.spec.buffer.tier
+        per_epoch = run.samples_per_epoch
+        return min(run.world_size * c, per_epoch) * (run.epochs - 1) / (per_epoch * run.epochs)
+
+
+@dataclass(frozen=True)
+class PlanSummary(Totals):
+    """A run's totals without its decisions: what :func:`~solar.schedule.plan.simulate`
+    returns, and :attr:`Plan.summary <solar.schedule.plan.Plan.summary>`."""
+
+    spec: PlanSpec
+    stats: tuple[RankStats, ...]
+    plan_seconds: float
+    fingerprint: str
+
+
+@njit(cache=True, nogil=True)
+def _tally(rank, flags, out):
+    """Add each rank's accesses, hits (either tier), admissions and tier hits to ``out``
+    (4, P): one pass over an epoch's decisions in access order."""
+    for i in range(rank.shape[0]):
+        r = rank[i]
+        f = flags[i]
+        out[0, r] += 1
+        if f & (HIT | THIT):
+            out[1, r] += 1
+        if f & ADMIT:
+            out[2, r] += 1
+        if f & THIT:
+            out[3, r] += 1
+
+
+class Tally:
+    """Per-rank totals, accumulated epoch by epoch."""
+
+    def __init__(self, world: int) -> None:
+        self.a = np.zeros((4, world), np.int64)  # accesses, hits, admits, tier hits
+        self.max_batch = np.zeros(world, np.int64)
+        self.min_batch = np.full(world, np.iinfo(np.int64).max, np.int64)
+
+    def add(self, sched: EpochSchedule) -> None:
+        """Count one epoch's decisions."""
+        _tally(sched.rank, sched.flags, self.a)
+        self.max_batch = np.maximum(self.max_batch, sched.counts.max(axis=0))
+        self.min_batch = np.minimum(self.min_batch, sched.counts.min(axis=0))
+
+    def stats(self) -> tuple[RankStats, ...]:
+        """Each rank's totals so far."""
+        acc, hits, admits, tier = (row.tolist() for row in self.a)
+        low, high = self.min_batch.tolist(), self.max_batch.tolist()
+        return tuple(
+            RankStats(acc[r], hits[r], acc[r] - hits[r], admits[r], low[r], high[r], tier[r])
+            for r in range(len(acc))
+        )
