@@ -241,9 +241,10 @@ def run(cfg: BenchConfig, comm: Any, progress=None) -> dict | None:
             loader.close()
     if rank != 0:
         return None
-    solar_plan = loaders["solar"].plan if "solar" in loaders else None
+    # The bound is the spec's: no need to plan the run again for it.
+    spec = loaders["solar"].spec if "solar" in loaders else None
     return _summarise(cfg, world, n, sample_bytes, (capacity, tier_capacity), limits, results,
-                      solar_plan, throttle)  # fmt: skip
+                      spec, throttle)  # fmt: skip
 
 
 def _epoch(name: str, loader: Any, epoch: int, compute_ms: float) -> int:
@@ -262,7 +263,7 @@ def _epoch(name: str, loader: Any, epoch: int, compute_ms: float) -> int:
     return count
 
 
-def _summarise(cfg, world, n, sample_bytes, capacity, limits, results, plan, throttle) -> dict:
+def _summarise(cfg, world, n, sample_bytes, capacity, limits, results, spec, throttle) -> dict:
     out: dict = {
         "config": {
             **dataclasses.asdict(cfg),
@@ -296,10 +297,10 @@ def _summarise(cfg, world, n, sample_bytes, capacity, limits, results, plan, thr
         out["loaders"][name] = entry
     for entry in out["loaders"].values():
         entry["speedup"] = entry["samples_per_second"] / base if base else None
-    if plan is not None:
-        out["bound"] = plan.bound
+    if spec is not None:
+        out["bound"] = spec.bound
         r = results["solar"]
-        steps = plan.run.steps_per_epoch
+        steps = spec.run.steps_per_epoch
         limit = []
         for hits, tier, samples in zip(r.hits, r.tier_hits, r.samples, strict=True):
             io = (samples - hits - tier) * sample_bytes / limits["read_bytes_per_s"]

@@ -29,6 +29,14 @@ class PlanSpec:
     def __post_init__(self) -> None:
         check_policy(self.policy, self.buffer)
 
+    @property
+    def bound(self) -> float:
+        """Largest possible hit rate: min(P·(C+D), per-epoch samples) hits per epoch
+        transition, for C RAM and D tier slots per rank (a pure function of the spec)."""
+        run, c = self.run, self.buffer.capacity + self.buffer.tier
+        per_epoch = run.samples_per_epoch
+        return min(run.world_size * c, per_epoch) * (run.epochs - 1) / (per_epoch * run.epochs)
+
     def as_dict(self) -> dict:
         """The inputs as a flat JSON-ready dict (what a plan file records)."""
         d = {**dataclasses.asdict(self.run), **dataclasses.asdict(self.buffer)}

@@ -64,11 +64,8 @@ class Totals:
 
     @property
     def bound(self) -> float:
-        """Largest possible hit rate: min(P·(C+D), per-epoch samples) hits per epoch
-        transition, for C RAM and D tier slots per rank."""
-        run, c = self.run, self.spec.buffer.capacity + self.spec.buffer.tier
-        per_epoch = run.samples_per_epoch
-        return min(run.world_size * c, per_epoch) * (run.epochs - 1) / (per_epoch * run.epochs)
+        """Largest possible hit rate (:attr:`PlanSpec.bound`)."""
+        return self.spec.bound
 
 
 @dataclass(frozen=True)
