@@ -147,7 +147,14 @@ class Loader:
             self.reader.warm_up()
 
     # -- plan agreement ----------------------------------------------------------------------
-    def _agree_on_plan(self, plan, run, buffer, policy, comm) -> tuple[PlanSpec, Plan | None]:
+    def _agree_on_plan(
+        self,
+        plan: Plan | str | os.PathLike | None,
+        run: RunConfig,
+        buffer: BufferConfig,
+        policy: str,
+        comm: Any,
+    ) -> tuple[PlanSpec, Plan | None]:
         made = None
         if plan is None:
             spec = PlanSpec(run, buffer, policy, False, self.info.sample_bytes, self.info.identity)

@@ -8,7 +8,7 @@ for what the buffer must hold to start at a step. Both are pure functions of the
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 from numba import njit
@@ -16,6 +16,9 @@ from numpy.typing import NDArray
 
 from solar.errors import CorruptPlanError
 from solar.schedule._common import ADMIT, DEMOTE, HIT, RELEASE, TADMIT, THIT, no_tier
+
+if TYPE_CHECKING:  # planner.py does not import this module: no cycle at run time either
+    from solar.schedule.planner import RankEpoch
 
 _NONE = np.zeros(0, np.int64)
 _NONE.flags.writeable = False
@@ -92,7 +95,7 @@ class RankPlan:
     def from_parts(
         cls,
         rank: int,
-        parts: list[Any],
+        parts: list[RankEpoch],
         slots: int,
         first_step: int = 0,
         initial: NDArray[np.int64] | None = None,
