@@ -368,10 +368,8 @@ class Loader:
             if step.tier_rows.size:
                 assert tier is not None
                 io.futures += tier.read_step(k, step.tier_slots, io.batch, step.tier_rows)
-        writes = step.tier_writes
-        if writes.size:  # after this step's reads: they see the slots as the step starts
-            assert tier is not None
-            tier.expect_writes(k, writes)
+        if tier is not None:  # after this step's reads: they see the slots as the step starts
+            tier.expect_writes(k, step.tier_writes)
         return io
 
     def _update(self, k: int, step: StepPlan, batch: list[np.ndarray]) -> None:
@@ -410,11 +408,14 @@ class Loader:
         # Read ahead only into steps already planned: never wait for the planner here.
         io = rt.ahead.take(k, last=min(self.run.num_steps, self._stream.planned_end) - 1)
         step = io.plan
-        t0 = time.perf_counter()
-        wait_all(io.futures)
-        stall = time.perf_counter() - t0
-        nbytes, busy = wait_all(io.futures[: io.storage])
-        tier_bytes = wait_all(io.futures[io.storage :])[0]
+        nbytes = tier_bytes = 0
+        busy = stall = 0.0
+        if io.futures:  # a step of hits has none: it costs no waiting at all
+            t0 = time.perf_counter()
+            wait_all(io.futures)
+            stall = time.perf_counter() - t0
+            nbytes, busy = wait_all(io.futures[: io.storage])
+            tier_bytes = wait_all(io.futures[io.storage :])[0]
         if not io.batch:
             assert self._pool is not None
             io.tensors, io.batch = self._pool.take(io.plan.size)

@@ -219,7 +219,8 @@ class TierFile:
 
     def expect_writes(self, step: int, tslots: np.ndarray) -> None:
         """Step ``step`` writes ``tslots`` once it is served (see :meth:`read_step`)."""
-        self._state.get().written_at[tslots] = step
+        if tslots.size:
+            self._state.get().written_at[tslots] = step
 
     def read_step(
         self, step: int, tslots: np.ndarray, out: list[np.ndarray], rows: np.ndarray
