@@ -27,7 +27,7 @@ import h5py
 import numpy as np
 from numba import njit
 
-from solar.errors import SolarError
+from solar.errors import SolarError, truncated
 from solar.io.codecs import Decoder
 
 
@@ -103,7 +103,7 @@ def chunk_index(dset: h5py.Dataset, *, iterate: bool = True) -> ChunkIndex:
     slot = np.full(int(np.prod(grid, dtype=np.int64)), -1, np.int64)
     slot[cell] = np.arange(cell.shape[0])
     starts, offsets, sizes, masks = starts[order], offsets[order], sizes[order], masks[order]
-    _check_extent(file, name, starts, offsets, sizes)
+    _check_chunks_in_file(file, name, starts, offsets, sizes)
     fill = np.array(_fill_value(dset), dset.dtype).reshape(())
     return ChunkIndex(
         file, name, shape, chunk_shape, dset.dtype, fill, starts, offsets, sizes, masks, slot
@@ -145,17 +145,16 @@ def _stored_chunks(dsid: h5py.h5d.DatasetID, grid: tuple[int, ...], iterate: boo
     return records
 
 
-def _check_extent(file: str, name: str, starts, offsets, sizes) -> None:
+def _check_chunks_in_file(file: str, name: str, starts, offsets, sizes) -> None:
+    """Every stored chunk ends within the file, else the file is truncated."""
     if offsets.shape[0] == 0:
         return
     ends = offsets + sizes
     worst = int(np.argmax(ends))
     file_size = os.path.getsize(file)
     if ends[worst] > file_size:
-        raise SolarError(
-            f"{file}: truncated file: key {name!r}, chunk at {tuple(starts[worst].tolist())} "
-            f"ends at byte {int(ends[worst])}, the file has {file_size}"
-        )
+        where = f"key {name!r}, chunk at {tuple(starts[worst].tolist())}"
+        raise truncated(file, where, int(ends[worst]), file_size)
 
 
 @dataclass(frozen=True, eq=False)
@@ -326,10 +325,8 @@ def read_chunk(fd: int, index: ChunkIndex, position: int) -> bytes:
     raw = os.pread(fd, size, offset)
     if len(raw) != size:
         where = tuple(index.starts[position].tolist())
-        raise SolarError(
-            f"{index.file}: truncated file: key {index.name!r}, chunk at {where}: "
-            f"read {len(raw)} of {size} bytes at offset {offset}"
-        )
+        what = f"key {index.name!r}, chunk at {where}: read {len(raw)} of {size} bytes; it"
+        raise truncated(index.file, what, offset + size, os.fstat(fd).st_size)
     return raw
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from solar.errors import SolarError, first_line
+from solar.errors import SolarError, first_line, truncated
 from solar.io.codecs import read_path
 
 
@@ -229,7 +229,7 @@ def _check_keys(
             raise SolarError(
                 f"{path}: key {name!r} has {n} samples but {first[0]!r} has {first[1]}"
             )
-        _check_extent(obj, path, name, size)
+        _check_contiguous_in_file(obj, path, name, size)
         sample_shape = obj.shape if one_per_file else obj.shape[1:]
         infos.append(KeyInfo(name, tuple(sample_shape), obj.dtype))
     if first is None:
@@ -237,7 +237,7 @@ def _check_keys(
     return first[1], infos
 
 
-def _check_extent(dset: h5py.Dataset, path: Path, name: str, file_size: int) -> None:
+def _check_contiguous_in_file(dset: h5py.Dataset, path: Path, name: str, file_size: int) -> None:
     """A contiguous dataset whose bytes run past the end of the file is truncated."""
     if dset.chunks is not None or dset.size == 0:
         return
@@ -246,6 +246,4 @@ def _check_extent(dset: h5py.Dataset, path: Path, name: str, file_size: int) -> 
         return  # never written: HDF5 reads it as fill values
     end = offset + dset.id.get_storage_size()
     if end > file_size:
-        raise SolarError(
-            f"{path}: truncated file: key {name!r} ends at byte {end}, the file has {file_size}"
-        )
+        raise truncated(path, f"key {name!r}", end, file_size)
