@@ -680,23 +680,3 @@ def _bytes(buf: Buffer) -> memoryview:
 
 def _address(buf: Buffer) -> int:
     return np.frombuffer(buf, np.uint8).ctypes.data
-
-
-def read_path(dset: h5py.Dataset) -> tuple[str, str]:
-    """How a Reader reads a dataset, and why (one line): ``"offset"`` (preadv at computed
-    offsets), ``"chunks"`` (solar reads and decodes the chunks) or ``"h5py"``."""
-    numeric = dset.dtype.kind in "biufc" and dset.dtype.fields is None
-    if not numeric:
-        return "h5py", f"dtype {dset.dtype} is not numbers"
-    if dset.chunks is None:
-        if dset.dtype.isnative and dset.id.get_offset() is not None:
-            return "offset", "contiguous and native: preadv at computed offsets"
-        if not dset.dtype.isnative:
-            return "h5py", "contiguous with non-native byte order: h5py converts it"
-        return "h5py", "not stored contiguously at one offset (never written, compact, ...)"
-    found = decoder_for(dset)
-    how = describe_decoding(dset, found)
-    if not isinstance(found, Decoder):
-        return "h5py", how  # "h5py fallback: <the filter's problem>"
-    # Either byte order: scattering a chunk into rows converts to native order.
-    return "chunks", f"{how} on the reader's threads"

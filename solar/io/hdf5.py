@@ -1,7 +1,9 @@
 """Dataset discovery: which files and keys make the sample space, and what they hold.
 
 Samples are rows along the first dimension of one or more datasets (keys) that share that
-length; several files concatenate into one sample space in the order given.
+length; several files concatenate into one sample space in the order given. How the reader
+reads each key (at an offset, through solar's chunk decoder, or through h5py) is decided here
+once, by :func:`read_path`, and recorded in ``DatasetInfo.stored``.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import h5py
 import numpy as np
 
 from solar.errors import SolarError, first_line, truncated
-from solar.io.codecs import read_path
+from solar.io.codecs import Decoder, decoder_for, describe_decoding
 
 
 @dataclass(frozen=True)
@@ -185,6 +187,26 @@ def _stored(dset: h5py.Dataset) -> tuple[int, int, bool]:
     offset = int(dset.id.get_offset()) if path == "offset" else -1
     chunk_rows = int(dset.chunks[0]) if dset.chunks is not None and dset.ndim else 0
     return offset, chunk_rows, path == "chunks"
+
+
+def read_path(dset: h5py.Dataset) -> tuple[str, str]:
+    """How a Reader reads a dataset, and why (one line): ``"offset"`` (preadv at computed
+    offsets), ``"chunks"`` (solar reads and decodes the chunks) or ``"h5py"``."""
+    numeric = dset.dtype.kind in "biufc" and dset.dtype.fields is None
+    if not numeric:
+        return "h5py", f"dtype {dset.dtype} is not numbers"
+    if dset.chunks is None:
+        if dset.dtype.isnative and dset.id.get_offset() is not None:
+            return "offset", "contiguous and native: preadv at computed offsets"
+        if not dset.dtype.isnative:
+            return "h5py", "contiguous with non-native byte order: h5py converts it"
+        return "h5py", "not stored contiguously at one offset (never written, compact, ...)"
+    found = decoder_for(dset)
+    how = describe_decoding(dset, found)
+    if not isinstance(found, Decoder):
+        return "h5py", how  # "h5py fallback: <the filter's problem>"
+    # Either byte order: scattering a chunk into rows converts to native order.
+    return "chunks", f"{how} on the reader's threads"
 
 
 def dataset_names(f: h5py.File) -> list[str]:

@@ -14,9 +14,9 @@ import numpy as np
 from solar._units import format_bytes
 from solar.config import ReaderConfig
 from solar.errors import SolarError
-from solar.io.codecs import Decoder, decoder_for, read_path
+from solar.io.codecs import Decoder, decoder_for
 from solar.io.fused import fused_codec
-from solar.io.hdf5 import dataset_names, open_h5
+from solar.io.hdf5 import dataset_names, open_h5, read_path
 from solar.io.pagecache import evict
 from solar.io.sources import expand_sources
 
