@@ -199,6 +199,15 @@ class Decoder:
         return SolarError(f"{self.file}: key {self.name!r}{at}: {what}")
 
 
+@dataclass(frozen=True)
+class Fused:
+    """How a pipeline decodes on the fast path (solar/io/fused.py, which finds it): its one
+    compressor, and the byte shuffle undone after it."""
+
+    codec: str  # "deflate" or "zstd"
+    shuffle: int  # item size of the byte shuffle to undo; 0: none
+
+
 # -- the stages ------------------------------------------------------------------------------
 
 

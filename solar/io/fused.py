@@ -20,28 +20,16 @@ import ctypes
 import functools
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 from numba import njit
 
 from solar._memory import thread_buffer
 from solar.io import libc
-from solar.io.codecs import DEFLATE, SHUFFLE, ZSTD, Decoder, _unshuffle, c_function
-
-if TYPE_CHECKING:
-    from solar.io.tasks import ChunkReads
+from solar.io.codecs import DEFLATE, SHUFFLE, ZSTD, Decoder, Fused, _unshuffle, c_function
+from solar.io.tasks import ChunkReads
 
 _CODECS = {DEFLATE: "deflate", ZSTD: "zstd"}
-
-
-@dataclass(frozen=True)
-class Fused:
-    """How a pipeline decodes on the fast path: its compressor, and the shuffle undone after."""
-
-    codec: str  # "deflate" or "zstd"
-    shuffle: int  # item size of the byte shuffle to undo; 0: none
 
 
 def fused_codec(decoder: Decoder) -> Fused | None:
