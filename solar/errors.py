@@ -15,6 +15,12 @@ class CorruptPlanError(SolarError):
     """A plan file is unreadable, truncated or fails its checksum."""
 
 
+def truncated(path, what: str, end: int, size: int) -> SolarError:
+    """The error for a file shorter than its metadata says: ``what`` (e.g. "key 'x', chunk at
+    (4, 0)") ends at byte ``end`` of ``path``, which has ``size`` bytes."""
+    return SolarError(f"{path}: truncated file: {what} ends at byte {end}, the file has {size}")
+
+
 def first_line(exc: BaseException) -> str:
     """An exception's message, first line only (its type's name if it has none)."""
     lines = str(exc).strip().splitlines()

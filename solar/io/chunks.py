@@ -6,8 +6,9 @@ dataset's fill value. ``chunks_for_rows`` is a pure function from the index and 
 a step needs (indices along axis 0) to a ``RowPlan``: which chunks to read, each once and in file
 order, and for each needed row the piece of which chunk holds it. ``scatter_chunk`` and
 ``fill_absent`` (or ``assemble``) copy decoded chunks into destination rows, one numpy copy per
-chunk, converting to the destination's byte order. ``read_rows`` is a small reference executor
-(``os.pread`` + ``Decoder.decode`` + scatter, optionally on a thread pool).
+chunk, converting to the destination's byte order. ``decode_chunk`` decodes one read into its
+rows (straight into a row when a chunk is exactly one), as the reader does; ``read_rows`` is a
+small reference executor (``os.pread`` + ``decode_chunk``, optionally on a thread pool).
 
 A chunk whose sample dimensions are cut (e.g. chunks (7, 2, 4) over shape (N, 5, 6)) covers one
 *cell* of the chunk grid along the sample axes; a row is then assembled from one piece per cell.
@@ -27,8 +28,8 @@ import h5py
 import numpy as np
 from numba import njit
 
-from solar.errors import SolarError
-from solar.io.codecs import Decoder
+from solar.errors import SolarError, truncated
+from solar.io.codecs import Buffer, Decoder
 
 
 @dataclass(frozen=True, eq=False)
@@ -103,7 +104,7 @@ def chunk_index(dset: h5py.Dataset, *, iterate: bool = True) -> ChunkIndex:
     slot = np.full(int(np.prod(grid, dtype=np.int64)), -1, np.int64)
     slot[cell] = np.arange(cell.shape[0])
     starts, offsets, sizes, masks = starts[order], offsets[order], sizes[order], masks[order]
-    _check_extent(file, name, starts, offsets, sizes)
+    _check_chunks_in_file(file, name, starts, offsets, sizes)
     fill = np.array(_fill_value(dset), dset.dtype).reshape(())
     return ChunkIndex(
         file, name, shape, chunk_shape, dset.dtype, fill, starts, offsets, sizes, masks, slot
@@ -145,17 +146,16 @@ def _stored_chunks(dsid: h5py.h5d.DatasetID, grid: tuple[int, ...], iterate: boo
     return records
 
 
-def _check_extent(file: str, name: str, starts, offsets, sizes) -> None:
+def _check_chunks_in_file(file: str, name: str, starts, offsets, sizes) -> None:
+    """Every stored chunk ends within the file, else the file is truncated."""
     if offsets.shape[0] == 0:
         return
     ends = offsets + sizes
     worst = int(np.argmax(ends))
     file_size = os.path.getsize(file)
     if ends[worst] > file_size:
-        raise SolarError(
-            f"{file}: truncated file: key {name!r}, chunk at {tuple(starts[worst].tolist())} "
-            f"ends at byte {int(ends[worst])}, the file has {file_size}"
-        )
+        where = f"key {name!r}, chunk at {tuple(starts[worst].tolist())}"
+        raise truncated(file, where, int(ends[worst]), file_size)
 
 
 @dataclass(frozen=True, eq=False)
@@ -326,11 +326,40 @@ def read_chunk(fd: int, index: ChunkIndex, position: int) -> bytes:
     raw = os.pread(fd, size, offset)
     if len(raw) != size:
         where = tuple(index.starts[position].tolist())
-        raise SolarError(
-            f"{index.file}: truncated file: key {index.name!r}, chunk at {where}: "
-            f"read {len(raw)} of {size} bytes at offset {offset}"
-        )
+        what = f"key {index.name!r}, chunk at {where}: read {len(raw)} of {size} bytes; it"
+        raise truncated(index.file, what, offset + size, os.fstat(fd).st_size)
     return raw
+
+
+def decode_chunk(
+    index: ChunkIndex,
+    decoder: Decoder,
+    plan: RowPlan,
+    k: int,
+    raw: Buffer,
+    out: np.ndarray,
+    targets: np.ndarray | None = None,
+    *,
+    direct: bool,
+) -> None:
+    """Decode the plan's ``k``-th read from its stored bytes ``raw`` into its rows of ``out``.
+
+    ``direct`` (:func:`decodes_into_rows`): the chunk is decoded straight into the first row
+    that asked for it and copied to the others (the same sample requested twice in a step);
+    else decoded into a new array and scattered. The fast path (solar/io/fused.py) does the
+    same in its compiled loop.
+    """
+    position = int(plan.reads[k])
+    mask, where = int(index.masks[position]), index.starts[position]
+    if not direct:
+        scatter_chunk(index, plan, k, decoder.decode(raw, mask, where), out, targets)
+        return
+    lo, hi = int(plan.bounds[k]), int(plan.bounds[k + 1])
+    rows = plan.row[lo:hi] if targets is None else targets[plan.row[lo:hi]]
+    first = int(rows[0])
+    decoder.decode(raw, mask, where, out=out[first : first + 1])
+    if rows.size > 1:
+        out[rows[1:]] = out[first]
 
 
 def read_rows(
@@ -354,19 +383,8 @@ def read_rows(
     direct = decodes_into_rows(index, out)
 
     def one(k: int) -> None:
-        position = int(plan.reads[k])
-        raw = read_chunk(fd, index, position)
-        mask, where = int(index.masks[position]), index.starts[position]
-        if direct:
-            lo, hi = int(plan.bounds[k]), int(plan.bounds[k + 1])
-            dst = plan.row[lo:hi] if targets is None else targets[plan.row[lo:hi]]
-            first = int(dst[0])
-            decoder.decode(raw, mask, where, out=out[first : first + 1])
-            if dst.size > 1:  # the same sample requested again
-                out[dst[1:]] = out[first]
-            return
-        chunk = decoder.decode(raw, mask, where)
-        scatter_chunk(index, plan, k, chunk, out, targets)
+        raw = read_chunk(fd, index, int(plan.reads[k]))
+        decode_chunk(index, decoder, plan, k, raw, out, targets, direct=direct)
 
     if pool is None or plan.reads.size < 2:
         for k in range(plan.reads.size):

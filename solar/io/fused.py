@@ -20,28 +20,16 @@ import ctypes
 import functools
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 from numba import njit
 
 from solar._memory import thread_buffer
 from solar.io import libc
-from solar.io.codecs import DEFLATE, SHUFFLE, ZSTD, Decoder, _unshuffle, c_function
-
-if TYPE_CHECKING:
-    from solar.io.tasks import ChunkReads
-
-_CODECS = {DEFLATE: "deflate", ZSTD: "zstd"}
-
-
-@dataclass(frozen=True)
-class Fused:
-    """How a pipeline decodes on the fast path: its compressor, and the shuffle undone after."""
-
-    codec: str  # "deflate" or "zstd"
-    shuffle: int  # item size of the byte shuffle to undo; 0: none
+from solar.io.codeclibs import c_function
+from solar.io.codecs import Decoder, Fused
+from solar.io.filters import SHUFFLE, shuffle_width, unshuffle_into
+from solar.io.tasks import ChunkReads
 
 
 def fused_codec(decoder: Decoder) -> Fused | None:
@@ -51,15 +39,14 @@ def fused_codec(decoder: Decoder) -> Fused | None:
     one_row = decoder.chunk_shape == (1, *decoder.shape[1:])
     if not (one_row and decoder.dtype.isnative):
         return None
-    ids = [s.filter_id for s in decoder.stages]
+    stages = decoder.stages
     shuffle = 0
-    if ids[:1] == [SHUFFLE]:
-        first = decoder.stages[0]
-        shuffle = first.cd_values[0] if first.cd_values else first.itemsize
-        ids = ids[1:]
-    if len(ids) != 1 or ids[0] not in _CODECS or kernel(_CODECS[ids[0]]) is None:
+    if stages and stages[0].filter.id == SHUFFLE:
+        shuffle = shuffle_width(stages[0].cd_values, stages[0].itemsize)
+        stages = stages[1:]
+    if len(stages) != 1 or kernel(stages[0].name) is None:
         return None
-    return Fused(_CODECS[ids[0]], shuffle if shuffle > 1 else 0)
+    return Fused(stages[0].name, shuffle if shuffle > 1 else 0)
 
 
 def read_fused(
@@ -107,12 +94,9 @@ _scratch = threading.local()  # per thread: a shuffled chunk before it is unshuf
 
 @functools.cache
 def kernel(codec: str) -> Callable | None:
-    """The compiled read-and-decode loop for a codec, built once per process (None: its C
-    functions are not exported by this imagecodecs build)."""
-    return _make_kernel(codec)
-
-
-def _make_kernel(codec: str) -> Callable | None:
+    """The compiled read-and-decode loop for a compressor, by its filter name (see
+    solar/io/filters.py), built once per process (None: a compressor without one, or whose C
+    functions this imagecodecs build does not export)."""
     vp, sz, i32 = ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int
     if codec == "deflate":
         # libdeflate: a decompressor per call (a few KiB); zlib framing, as HDF5 writes it.
@@ -199,8 +183,10 @@ def _make_kernel(codec: str) -> Callable | None:
                     end_state(state)
                     return -1 - j
                 if unshuffled:
-                    _unshuffle(scratch, dst, shuffle)
-                for i in range(bounds[c] + 1, bounds[c + 1]):  # the same sample again
+                    unshuffle_into(scratch, dst, shuffle)
+                # The same sample again: decode_chunk's copy (solar/io/chunks.py), compiled
+                # here so that no Python runs between chunks.
+                for i in range(bounds[c] + 1, bounds[c + 1]):
                     rows[targets[prow[i]], :] = dst
         end_state(state)
         return 0

@@ -1,7 +1,9 @@
 """Dataset discovery: which files and keys make the sample space, and what they hold.
 
 Samples are rows along the first dimension of one or more datasets (keys) that share that
-length; several files concatenate into one sample space in the order given.
+length; several files concatenate into one sample space in the order given. How the reader
+reads each key (at an offset, through solar's chunk decoder, or through h5py) is decided here
+once, by :func:`read_path`, and recorded in ``DatasetInfo.stored``.
 """
 
 from __future__ import annotations
@@ -18,8 +20,8 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from solar.errors import SolarError, first_line
-from solar.io.codecs import read_path
+from solar.errors import SolarError, first_line, truncated
+from solar.io.codecs import Decoder, decoder_for, describe_decoding
 
 
 @dataclass(frozen=True)
@@ -187,6 +189,26 @@ def _stored(dset: h5py.Dataset) -> tuple[int, int, bool]:
     return offset, chunk_rows, path == "chunks"
 
 
+def read_path(dset: h5py.Dataset) -> tuple[str, str]:
+    """How a Reader reads a dataset, and why (one line): ``"offset"`` (preadv at computed
+    offsets), ``"chunks"`` (solar reads and decodes the chunks) or ``"h5py"``."""
+    numeric = dset.dtype.kind in "biufc" and dset.dtype.fields is None
+    if not numeric:
+        return "h5py", f"dtype {dset.dtype} is not numbers"
+    if dset.chunks is None:
+        if dset.dtype.isnative and dset.id.get_offset() is not None:
+            return "offset", "contiguous and native: preadv at computed offsets"
+        if not dset.dtype.isnative:
+            return "h5py", "contiguous with non-native byte order: h5py converts it"
+        return "h5py", "not stored contiguously at one offset (never written, compact, ...)"
+    found = decoder_for(dset)
+    how = describe_decoding(dset, found)
+    if not isinstance(found, Decoder):
+        return "h5py", how  # "h5py fallback: <the filter's problem>"
+    # Either byte order: scattering a chunk into rows converts to native order.
+    return "chunks", f"{how} on the reader's threads"
+
+
 def dataset_names(f: h5py.File) -> list[str]:
     """Every dataset in the file, at any depth, sorted."""
     names: list[str] = []
@@ -229,7 +251,7 @@ def _check_keys(
             raise SolarError(
                 f"{path}: key {name!r} has {n} samples but {first[0]!r} has {first[1]}"
             )
-        _check_extent(obj, path, name, size)
+        _check_contiguous_in_file(obj, path, name, size)
         sample_shape = obj.shape if one_per_file else obj.shape[1:]
         infos.append(KeyInfo(name, tuple(sample_shape), obj.dtype))
     if first is None:
@@ -237,7 +259,7 @@ def _check_keys(
     return first[1], infos
 
 
-def _check_extent(dset: h5py.Dataset, path: Path, name: str, file_size: int) -> None:
+def _check_contiguous_in_file(dset: h5py.Dataset, path: Path, name: str, file_size: int) -> None:
     """A contiguous dataset whose bytes run past the end of the file is truncated."""
     if dset.chunks is not None or dset.size == 0:
         return
@@ -246,6 +268,4 @@ def _check_extent(dset: h5py.Dataset, path: Path, name: str, file_size: int) -> 
         return  # never written: HDF5 reads it as fill values
     end = offset + dset.id.get_storage_size()
     if end > file_size:
-        raise SolarError(
-            f"{path}: truncated file: key {name!r} ends at byte {end}, the file has {file_size}"
-        )
+        raise truncated(path, f"key {name!r}", end, file_size)

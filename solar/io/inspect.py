@@ -14,14 +14,14 @@ import numpy as np
 from solar._units import format_bytes
 from solar.config import ReaderConfig
 from solar.errors import SolarError
-from solar.io.codecs import Decoder, decoder_for, read_path
+from solar.io.codecs import Decoder, decoder_for, pipeline
+from solar.io.filters import FILTERS, describe_filter
 from solar.io.fused import fused_codec
-from solar.io.hdf5 import dataset_names, open_h5
+from solar.io.hdf5 import dataset_names, open_h5, read_path
 from solar.io.pagecache import evict
 from solar.io.sources import expand_sources
 
 _ALIGN = 4096
-_FILTERS = {1: "gzip", 2: "shuffle", 3: "fletcher32", 4: "szip", 5: "nbit", 6: "scaleoffset"}
 
 
 @dataclass
@@ -34,7 +34,8 @@ class DatasetReport:
     dtype: str
     layout: str  # contiguous, chunked, compact, virtual, external
     chunks: tuple[int, ...] | None
-    filters: list[str]
+    filters: list[str]  # each as solar/io/filters.py names it, e.g. "deflate level 4"
+    compressed: bool  # some filter compresses (or is not in solar's filter table)
     offset: int | None
     aligned: bool | None  # offset on a 4 KiB boundary
     sample_bytes: int
@@ -75,12 +76,7 @@ def _report(path: Path, d: h5py.Dataset, one_per_file: bool) -> DatasetReport:
         layout = "virtual"
     elif plist.get_external_count() > 0:
         layout = "external"
-    filters = [
-        _FILTERS.get(plist.get_filter(i)[0], f"filter {plist.get_filter(i)[0]}")
-        for i in range(plist.get_nfilters())
-    ]
-    if "gzip" in filters and d.compression_opts is not None:
-        filters[filters.index("gzip")] = f"gzip level {d.compression_opts}"
+    filters = pipeline(d)
     offset = d.id.get_offset() if layout == "contiguous" else None
     per_sample = d.shape if one_per_file else d.shape[1:]
     sample_bytes = int(np.prod(per_sample, dtype=np.int64)) * d.dtype.itemsize
@@ -92,7 +88,11 @@ def _report(path: Path, d: h5py.Dataset, one_per_file: bool) -> DatasetReport:
         dtype=str(d.dtype),
         layout=layout,
         chunks=tuple(d.chunks) if d.chunks else None,
-        filters=filters,
+        filters=[describe_filter(filter_id, cd) for filter_id, _, cd, _ in filters],
+        compressed=any(
+            filter_id not in FILTERS or FILTERS[filter_id].compresses
+            for filter_id, _, _, _ in filters
+        ),
         offset=offset,
         aligned=None if offset is None else offset % _ALIGN == 0,
         sample_bytes=sample_bytes,
@@ -141,7 +141,7 @@ def _advice(r: DatasetReport, d: h5py.Dataset, numeric: bool, one_per_file: bool
             )
         if len(r.chunks) > 1 and tuple(r.chunks[1:]) != tuple(d.shape[1:]):
             out.append("chunks also cut each sample: one sample spans several chunks")
-    if any(f.startswith(("gzip", "szip", "filter")) for f in r.filters):
+    if r.compressed:
         how = (
             "decoded in parallel"
             if r.read_path == "chunks"

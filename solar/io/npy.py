@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 from numpy.lib import format as npformat
 
-from solar.errors import SolarError, first_line
+from solar.errors import SolarError, first_line, truncated
 from solar.io.hdf5 import DatasetInfo, KeyInfo, StoredLayout
 
 
@@ -44,11 +44,9 @@ def npy_header(path: Path) -> tuple[tuple[int, ...], np.dtype, int]:
     if dtype.hasobject or dtype.kind not in "biufc" or dtype.fields is not None:
         raise SolarError(f"{path}: dtype {dtype} is not an array of numbers")
     need = offset + int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-    if os.path.getsize(path) < need:
-        raise SolarError(
-            f"{path}: truncated file: the array ends at byte {need}, "
-            f"the file has {os.path.getsize(path)}"
-        )
+    size = os.path.getsize(path)
+    if size < need:
+        raise truncated(path, "the array", need, size)
     return tuple(shape), dtype, offset
 
 

@@ -26,8 +26,7 @@ from numba import njit
 from solar._memory import PAGE
 from solar.errors import SolarError
 from solar.io.chunks import ChunkIndex, RowPlan, chunks_for_rows, decodes_into_rows
-from solar.io.codecs import Decoder
-from solar.io.fused import Fused
+from solar.io.codecs import Decoder, Fused
 
 IOV_MAX = min(os.sysconf("SC_IOV_MAX"), 1024) if hasattr(os, "sysconf") else 1024
 RUN_MAX_BYTES = 8 * 2**20  # largest single read; longer runs are cut so threads share them
