@@ -87,12 +87,12 @@ def test_stride():
 
 @pytest.mark.parametrize("keys", [TINY, PAGES, ODD], ids=["tiny", "pages", "odd"])
 @pytest.mark.parametrize("aligned", [True, False], ids=["aligned", "unaligned"])
-@pytest.mark.parametrize("direct", [True, False], ids=["direct", "buffered"])
-def test_round_trip(tmp_path, keys, aligned, direct):
+@pytest.mark.parametrize("direct_io", [True, False], ids=["direct", "buffered"])
+def test_round_trip(tmp_path, keys, aligned, direct_io):
     n = 24
     src = samples(keys, n)
-    with TierFile(tmp_path, slots=40, keys=keys, name="rt-r0", direct_io=direct) as tier:
-        assert tier.direct_io == direct
+    with TierFile(tmp_path, slots=40, keys=keys, name="rt-r0", direct_io=direct_io) as tier:
+        assert tier.direct_io == direct_io
         assert tier.nbytes == os.stat(tier.path).st_size == 40 * tier.stride
         assert os.stat(tier.path).st_blocks * 512 >= tier.nbytes  # allocated, not sparse
         # Slots: a run of adjacent ones, scattered ones, the last one.
@@ -105,8 +105,8 @@ def test_round_trip(tmp_path, keys, aligned, direct):
         got = wait(tier.submit_read(tslots[order], out, rows))
         assert got > 0 and tier.bytes_read == got
         assert tier.bytes_written == n * tier.stride
-        direct_path = tier._into_rows(out)
-        assert direct_path == (not direct or (aligned and keys is PAGES))
+        into_rows = tier._into_rows(out)
+        assert into_rows == (not direct_io or (aligned and keys is PAGES))
         for s, o in zip(src, out, strict=True):
             np.testing.assert_array_equal(o[rows], s[order])
         path = tier.path

@@ -340,18 +340,18 @@ def decode_chunk(
     out: np.ndarray,
     targets: np.ndarray | None = None,
     *,
-    direct: bool,
+    into_rows: bool,
 ) -> None:
     """Decode the plan's ``k``-th read from its stored bytes ``raw`` into its rows of ``out``.
 
-    ``direct`` (:func:`decodes_into_rows`): the chunk is decoded straight into the first row
+    ``into_rows`` (:func:`decodes_into_rows`): the chunk is decoded straight into the first row
     that asked for it and copied to the others (the same sample requested twice in a step);
     else decoded into a new array and scattered. The fast path (solar/io/fused.py) does the
     same in its compiled loop.
     """
     position = int(plan.reads[k])
     mask, where = int(index.masks[position]), index.starts[position]
-    if not direct:
+    if not into_rows:
         scatter_chunk(index, plan, k, decoder.decode(raw, mask, where), out, targets)
         return
     lo, hi = int(plan.bounds[k]), int(plan.bounds[k + 1])
@@ -380,11 +380,11 @@ def read_rows(
     """
     plan = chunks_for_rows(index, rows)
     fill_absent(index, plan, out, targets)
-    direct = decodes_into_rows(index, out)
+    into_rows = decodes_into_rows(index, out)
 
     def one(k: int) -> None:
         raw = read_chunk(fd, index, int(plan.reads[k]))
-        decode_chunk(index, decoder, plan, k, raw, out, targets, direct=direct)
+        decode_chunk(index, decoder, plan, k, raw, out, targets, into_rows=into_rows)
 
     if pool is None or plan.reads.size < 2:
         for k in range(plan.reads.size):

@@ -31,10 +31,10 @@ from numba import njit
 
 from solar._memory import PAGE, thread_buffer
 from solar._process import ProcessLocal
-from solar.errors import SolarError
+from solar.errors import SolarError, truncated
 from solar.io import libc
 from solar.io.advice import Advice
-from solar.io.chunks import fill_absent, scatter_chunk
+from solar.io.chunks import decode_chunk, fill_absent
 from solar.io.fused import read_fused, windows
 from solar.io.handles import Files
 from solar.io.pagecache import drop
@@ -245,7 +245,7 @@ class Executor:
         """
         got = np.empty(t.files.size, np.int64)
         if source.streams:
-            names, name_at = source.names()
+            names, name_at = source.names
             # Open at most the cache's share per thread: the same bound on descriptors.
             hold = max(1, min(_HOLD, source.fds.capacity // max(1, self.threads)))
             _open_read_close(names, name_at, t.files, t.iov, t.offsets, got, hold)
@@ -269,7 +269,7 @@ class Executor:
             return 0
         sp = t.spans
         buf = thread_buffer(self._local.get(), int(sp.at[-1]))
-        if t.direct and t.source.fused is not None and not sp.masked:
+        if t.into_rows and t.source.fused is not None and not sp.masked:
             need = sp.hi - sp.lo
             with source.fd(t.file) as fd:
                 for first, end in windows(need, Advice.WINDOW):
@@ -290,28 +290,13 @@ class Executor:
                     raise source.io_error(t.file, lo[r], exc) from None
                 if got < hi[r] - lo[r]:
                     path = source.h5_paths[t.file]
-                    raise SolarError(
-                        f"{path}: truncated file: a chunk of {index.name!r} ends at byte "
-                        f"{hi[r]}, the file has {os.path.getsize(path)}"
-                    )
+                    size = os.path.getsize(path)
+                    raise truncated(path, f"a chunk of {index.name!r}", hi[r], size)
         view = buf.data
-        out, rows = t.out, t.rows
         starts, sizes = sp.starts.tolist(), sp.sizes.tolist()
         for j, k in enumerate(t.chunks.tolist()):  # one decode call per chunk: the work itself
-            p = int(sp.positions[j])
             raw = view[starts[j] : starts[j] + sizes[j]]
-            if t.direct:
-                a, b = int(plan.bounds[k]), int(plan.bounds[k + 1])
-                dst = rows[plan.row[a:b]]
-                first = int(dst[0])
-                decoder.decode(
-                    raw, int(index.masks[p]), index.starts[p], out=out[first : first + 1]
-                )
-                if dst.size > 1:  # the same sample requested again in this step
-                    out[dst[1:]] = out[first]
-            else:
-                chunk = decoder.decode(raw, int(index.masks[p]), index.starts[p])
-                scatter_chunk(index, plan, k, chunk, out, rows)
+            decode_chunk(index, decoder, plan, k, raw, t.out, t.rows, into_rows=t.into_rows)
         return int(sp.sizes.sum())
 
 
@@ -381,10 +366,8 @@ def _check_chunk(dset: h5py.Dataset, lo: int, file_size: int, path) -> None:
     for rest in itertools.product(*axes):
         info = dset.id.get_chunk_info_by_coord((lo, *rest))
         if info.byte_offset is not None and info.byte_offset + info.size > file_size:
-            raise SolarError(
-                f"{path}: truncated file: a chunk of {dset.name!r} ends at byte "
-                f"{info.byte_offset + info.size}, the file has {file_size}"
-            )
+            end = info.byte_offset + info.size
+            raise truncated(path, f"a chunk of {dset.name!r}", end, file_size)
 
 
 def wait_all(futures: Sequence[Future]) -> tuple[int, float]:

@@ -2,7 +2,7 @@
 
 A chunk task (:class:`~solar.io.tasks.ChunkReads`) qualifies when :func:`fused_codec` finds
 its pipeline is deflate or zstd, optionally after HDF5's byte shuffle, and the task decodes
-each chunk straight into one batch row (one sample per chunk, ``ChunkReads.direct``) with no
+each chunk straight into one batch row (one sample per chunk, ``ChunkReads.into_rows``) with no
 filter skipped. :func:`read_fused` then ``pread``\\ s each run of chunks stored back to back
 and inflates each chunk into its row, calling libdeflate's and zstd's C functions (the
 libraries imagecodecs ships) from numba without the GIL.
@@ -57,8 +57,8 @@ def read_fused(
     non-zero status (the caller then takes the general path)."""
     sp, plan, out = task.spans, task.plan, task.out
     # The kernel trusts these sizes and layouts: check them here, once per task.
-    if not (task.direct and out.flags.c_contiguous and buf.dtype == np.uint8):
-        raise ValueError("read_fused needs a direct task, C-contiguous rows and a byte buffer")
+    if not (task.into_rows and out.flags.c_contiguous and buf.dtype == np.uint8):
+        raise ValueError("read_fused needs a task decoding into C-contiguous rows, a byte buffer")
     if buf.size < sp.at[-1] or not buf.flags.c_contiguous:
         raise ValueError(f"read_fused needs a contiguous buffer of {sp.at[-1]} bytes")
     n = out[0].nbytes if fused.shuffle else 0

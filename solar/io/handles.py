@@ -205,7 +205,6 @@ class Files:
         self.fds = FdCache(fd_capacity(), opener)
         self._h5 = H5Cache(max(4, min(64, self.fds.capacity // 4)))
         self.h5_lock = threading.Lock()  # h5py serialises anyway: one thread in it at a time
-        self._names: tuple[np.ndarray, np.ndarray] | None = None
         # Files dropped without close() must not keep their descriptors open.
         self._finalizer = weakref.finalize(self, _close_all, self.fds, self._h5)
 
@@ -228,14 +227,13 @@ class Files:
         always, adding only Python and a lock per file)."""
         return len(self.paths) > self.fds.capacity
 
+    @functools.cached_property
     def names(self) -> tuple[np.ndarray, np.ndarray]:
-        """Every path NUL-terminated in one byte array, and where each starts (built once)."""
-        if self._names is None:
-            encoded = [os.fsencode(p) + b"\0" for p in self.paths]
-            at = np.zeros(len(encoded), np.int64)
-            at[1:] = np.cumsum([len(e) for e in encoded[:-1]])
-            self._names = (np.frombuffer(b"".join(encoded), np.uint8), at)
-        return self._names
+        """Every path NUL-terminated in one byte array, and where each starts."""
+        encoded = [os.fsencode(p) + b"\0" for p in self.paths]
+        at = np.zeros(len(encoded), np.int64)
+        at[1:] = np.cumsum([len(e) for e in encoded[:-1]])
+        return np.frombuffer(b"".join(encoded), np.uint8), at
 
     def io_error(self, i: int, offset: int, exc: OSError) -> SolarError:
         return SolarError(f"{self.paths[i]}: read error ({exc.strerror})")

@@ -210,7 +210,7 @@ class ChunkReads:
     ``chunks`` are positions in ``plan.reads`` (in file order); ``pieces`` of them go to
     ``out[rows[plan.row]]``. ``run_starts`` cut ``chunks`` into runs stored back to back (one
     ``pread`` each). The task with ``fill`` also writes the fill value where no chunk was
-    written. ``direct``: each chunk is one row of ``out``, so it decodes straight into it.
+    written. ``into_rows``: each chunk is one row of ``out``, so it decodes straight into it.
     """
 
     file: int
@@ -222,7 +222,7 @@ class ChunkReads:
     out: np.ndarray  # (batch rows, *sample shape) the destination array
     rows: np.ndarray  # (n,) destination row of each requested sample
     fill: bool
-    direct: bool
+    into_rows: bool
 
     @property
     def requests(self) -> int:
@@ -460,15 +460,15 @@ def _chunk_tasks(
         raise SolarError(f"destination for key {k} must have sample shape {index.shape[1:]}")
     plan = chunks_for_rows(index, local)
     m = int(plan.reads.size)
-    direct = decodes_into_rows(index, out)
+    into_rows = decodes_into_rows(index, out)
     if m <= 1:  # a single sample's chunk: one task, no split (its numpy calls cost ~20 µs)
         everything = np.arange(m)
-        return [ChunkReads(f, k, source, plan, everything, everything, out, rows, True, direct)]
+        return [ChunkReads(f, k, source, plan, everything, everything, out, rows, True, into_rows)]
     parts = np.array_split(np.arange(m), max(1, min(groups, m)))
     tasks: list[ReadTask] = []
     for i, part in enumerate(parts):
         runs = chunk_runs(index, plan.reads[part])
-        tasks.append(ChunkReads(f, k, source, plan, part, runs, out, rows, i == 0, direct))
+        tasks.append(ChunkReads(f, k, source, plan, part, runs, out, rows, i == 0, into_rows))
     return tasks
 
 
