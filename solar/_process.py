@@ -9,10 +9,23 @@ the parent), and they do not pickle for ``spawn``. An object keeps such state in
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
 T = TypeVar("T")
+
+# Serialises builds (several pool threads may ask first at once); reentrant, since a build may
+# use another ProcessLocal. A new one in a forked child: a thread of the parent may have held it.
+_BUILD = threading.RLock()
+
+
+def _new_lock() -> None:
+    global _BUILD
+    _BUILD = threading.RLock()
+
+
+os.register_at_fork(after_in_child=_new_lock)
 
 
 class ProcessLocal(Generic[T]):
@@ -30,10 +43,12 @@ class ProcessLocal(Generic[T]):
         self._value: T | None = None
 
     def get(self) -> T:
-        """This process's value, built now if it has none."""
+        """This process's value, built now if it has none (once, whichever thread asks)."""
         if self._pid != os.getpid():
-            self._value = self._build()
-            self._pid = os.getpid()
+            with _BUILD:
+                if self._pid != os.getpid():
+                    self._value = self._build()
+                    self._pid = os.getpid()
         assert self._value is not None
         return self._value
 

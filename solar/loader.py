@@ -36,7 +36,7 @@ from solar.cache.tier import TierFile, tier_stride
 from solar.config import DEFAULT_SLACK, BufferConfig, ReaderConfig, RunConfig, parse_size
 from solar.dist import abort_job_on_error, agree
 from solar.errors import SolarError
-from solar.io.executor import wait_all
+from solar.io.executor import combine, wait_all
 from solar.io.reader import Reader
 from solar.io.sources import describe_source
 from solar.readahead import InFlight, ReadAhead
@@ -397,14 +397,9 @@ class Loader:
             else:
                 tier.submit_write(one_dst, buf.arrays if flag == DEMOTE else batch, one_src)
 
-    def _consume(self, k: int) -> dict:
-        """Serve step ``k``: wait for its reads, gather its hits, store its admissions."""
-        import torch
-
-        rt = self._rt.get()  # first: a forked child's new, empty tier moves the buffer's step
-        if self._buffer_at != k:
-            self._seek(k)  # another iterator (or a failed step) moved the buffer elsewhere
-        self._window(k)  # the step being served: planned (waited for) if it must be
+    def _serve(self, rt: _Runtime, k: int) -> InFlight:
+        """Step ``k``'s batch, assembled: its reads waited for, its hits gathered, its updates
+        applied, its figures recorded."""
         # Read ahead only into steps already planned: never wait for the planner here.
         io = rt.ahead.take(k, last=min(self.run.num_steps, self._stream.planned_end) - 1)
         step = io.plan
@@ -414,8 +409,8 @@ class Loader:
             t0 = time.perf_counter()
             wait_all(io.futures)
             stall = time.perf_counter() - t0
-            nbytes, busy = wait_all(io.futures[: io.storage])
-            tier_bytes = wait_all(io.futures[io.storage :])[0]
+            nbytes, busy = combine(io.futures[: io.storage])
+            tier_bytes = combine(io.futures[io.storage :])[0]
         if not io.batch:
             assert self._pool is not None
             io.tensors, io.batch = self._pool.take(io.plan.size)
@@ -423,18 +418,34 @@ class Loader:
         self._update(k, step, io.batch)
         if rt.tier is not None:
             rt.tier.done_writing(k)
-        self._buffer_at = k + 1
-        hits, tier_hits = int(step.hit_rows.size), int(step.tier_rows.size)
         self.stats.record(
             StepStats(
-                epoch=k // self.run.steps_per_epoch, step=k, batch=step.size, hits=hits,
-                reads=int(step.read_rows.size), bytes_read=nbytes, read_seconds=busy,
-                stall_seconds=stall, tier_hits=tier_hits, tier_bytes=tier_bytes,
-                tier_writes=int(step.tier_writes.size),
+                epoch=k // self.run.steps_per_epoch, step=k, batch=step.size,
+                hits=int(step.hit_rows.size), reads=int(step.read_rows.size), bytes_read=nbytes,
+                read_seconds=busy, stall_seconds=stall, tier_hits=int(step.tier_rows.size),
+                tier_bytes=tier_bytes, tier_writes=int(step.tier_writes.size),
             )
         )  # fmt: skip
+        return io
+
+    def _consume(self, k: int) -> dict:
+        """Serve step ``k``: wait for its reads, gather its hits, store its admissions."""
+        import torch
+
+        rt = self._rt.get()  # first: a forked child's new, empty tier moves the buffer's step
+        if self._buffer_at != k:
+            self._seek(k)  # another iterator (or a failed step) moved the buffer elsewhere
+        self._window(k)  # the step being served: planned (waited for) if it must be
+        try:
+            io = self._serve(rt, k)
+        except BaseException:
+            # A failed step leaves the buffer, the read-ahead queue and the tier's held reads
+            # unknown: the next iteration seeks (drains, resets, refills) before serving.
+            self._buffer_at = -1
+            raise
+        self._buffer_at = k + 1
         out = {key.name: t for key, t in zip(self.info.keys, io.tensors, strict=True)}
-        out["index"] = torch.from_numpy(step.samples)
+        out["index"] = torch.from_numpy(io.plan.samples)
         return out
 
 

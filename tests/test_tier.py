@@ -38,6 +38,13 @@ ODD = (
 )
 
 
+EXECUTOR = Executor(2)  # the tiers' of this module, as a Loader's reader lends its own
+
+
+def tier_file(directory, **kw) -> TierFile:
+    return TierFile(directory, executor=kw.pop("executor", EXECUTOR), **kw)
+
+
 def samples(keys, n, seed=0):
     rng = np.random.default_rng(seed)
     out = []
@@ -91,7 +98,7 @@ def test_stride():
 def test_round_trip(tmp_path, keys, aligned, direct_io):
     n = 24
     src = samples(keys, n)
-    with TierFile(tmp_path, slots=40, keys=keys, name="rt-r0", direct_io=direct_io) as tier:
+    with tier_file(tmp_path, slots=40, keys=keys, name="rt-r0", direct_io=direct_io) as tier:
         assert tier.direct_io == direct_io
         assert tier.nbytes == os.stat(tier.path).st_size == 40 * tier.stride
         assert os.stat(tier.path).st_blocks * 512 >= tier.nbytes  # allocated, not sparse
@@ -115,7 +122,7 @@ def test_round_trip(tmp_path, keys, aligned, direct_io):
 
 def test_duplicate_write_last_wins(tmp_path):
     src = samples(TINY, 3)
-    with TierFile(tmp_path, slots=4, keys=TINY, name="dup") as tier:
+    with tier_file(tmp_path, slots=4, keys=TINY, name="dup") as tier:
         wait(tier.submit_write(np.array([2, 2, 2]), src, np.arange(3)))
         out = empty(TINY, 1)
         wait(tier.submit_read(np.array([2]), out, np.array([0])))
@@ -152,7 +159,7 @@ def test_write_then_read_ordering(tmp_path, ops):
             for p, o in zip(pool, out, strict=True):
                 assert o[j].tobytes() == p[seen[s]].tobytes()
 
-    executor = Executor(3)
+    executor = Executor(1)  # one thread: the tightest case for jobs that wait for others
     with TierFile(
         tmp_path, slots=8, keys=keys, name="ord", executor=executor, staging_slots=4
     ) as tier:
@@ -174,6 +181,7 @@ def test_write_then_read_ordering(tmp_path, ops):
                 reads.append((tier.submit_read(t, out, np.arange(t.size)), out, t, dict(model)))
         for done in reads:
             check(done)
+    executor.close()
 
 
 def test_ordering_with_a_slow_write(tmp_path, monkeypatch):
@@ -188,9 +196,9 @@ def test_ordering_with_a_slow_write(tmp_path, monkeypatch):
         return real_pwritev(fd, buffers, offset)
 
     python_io(monkeypatch)
-    monkeypatch.setattr(tier_mod.os, "pwritev", slow)
+    monkeypatch.setattr(executor_mod.os, "pwritev", slow)
     src = samples(TINY, 2)
-    with TierFile(tmp_path, slots=2, keys=TINY, name="slow", executor=Executor(2)) as tier:
+    with tier_file(tmp_path, slots=2, keys=TINY, name="slow") as tier:
         tier.submit_write(np.array([1]), src, np.array([0]))
         tier.submit_write(np.array([1]), src, np.array([1]))
         for _ in range(2):  # at once, then with every write done
@@ -204,7 +212,7 @@ def test_ordering_with_a_slow_write(tmp_path, monkeypatch):
 def test_staging_bounded(tmp_path):
     """More rows than staging slots in one call: written in turns, all correct."""
     src = samples(PAGES, 40)
-    with TierFile(tmp_path, slots=64, keys=PAGES, name="stage", staging_slots=3) as tier:
+    with tier_file(tmp_path, slots=64, keys=PAGES, name="stage", staging_slots=3) as tier:
         futures = tier.submit_write(np.arange(40)[::-1].copy(), src, np.arange(40))
         assert len(futures) >= 14
         tier.wait_writes()
@@ -218,7 +226,7 @@ def test_staging_bounded(tmp_path):
 def test_gone_after_gc(tmp_path):
     import gc
 
-    tier = TierFile(tmp_path, slots=2, keys=TINY, name="gc")
+    tier = tier_file(tmp_path, slots=2, keys=TINY, name="gc")
     wait(tier.submit_write(np.array([0]), samples(TINY, 1), np.array([0])))
     path = tier.path
     assert path.exists()
@@ -231,9 +239,10 @@ def test_gone_at_exit(tmp_path):
     code = (
         "import sys, numpy as np\n"
         "from solar.cache.tier import TierFile\n"
+        "from solar.io.executor import Executor\n"
         "from solar.io.hdf5 import KeyInfo\n"
         "k = (KeyInfo('x', (3,), np.dtype(np.float32)),)\n"
-        "t = TierFile(sys.argv[1], slots=4, keys=k, name='exit')\n"
+        "t = TierFile(sys.argv[1], slots=4, keys=k, name='exit', executor=Executor(1))\n"
         "t.submit_write(np.array([1]), [np.ones((1, 3), np.float32)], np.array([0]))\n"
         "sys._tier = t  # still referenced at exit: only the exit hook can remove it\n"
         "print(t.path)\n"
@@ -251,33 +260,30 @@ def test_gone_at_exit(tmp_path):
     assert tier_files(tmp_path) == []
 
 
-def test_fork_child_keeps_parent_file(tmp_path):
+def test_a_forked_child_is_refused_and_leaves_the_parents_file(tmp_path):
+    """The file and its ordering belong to the process that made it: a forked child's use is
+    refused (it makes a tier of its own), and its close() does not remove the file."""
     src = samples(TINY, 2)
-    with TierFile(tmp_path, slots=4, keys=TINY, name="fork") as tier:
+    with tier_file(tmp_path, slots=4, keys=TINY, name="fork") as tier:
         wait(tier.submit_write(np.array([0]), src, np.array([0])))
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", DeprecationWarning)  # fork with threads
             pid = os.fork()
-        if pid == 0:  # the child: its own pool; close() must not remove the file
+        if pid == 0:
             ok = 1
             try:
-                out = empty(TINY, 1)
-                wait(tier.submit_read(np.array([0]), out, np.array([0])))
-                wait(tier.submit_write(np.array([1]), src, np.array([1])))
+                with pytest.raises(SolarError, match="belongs to process"):
+                    tier.submit_read(np.array([0]), empty(TINY, 1), np.array([0]))
                 tier.close()
-                ok = (
-                    0
-                    if all(np.array_equal(o[0], s[0]) for o, s in zip(out, src, strict=True))
-                    else 2
-                )
+                ok = 0
             finally:
                 os._exit(ok)
         assert os.waitpid(pid, 0)[1] == 0
         assert tier.path.exists()
         out = empty(TINY, 1)
-        wait(tier.submit_read(np.array([1]), out, np.array([0])))
+        wait(tier.submit_read(np.array([0]), out, np.array([0])))
         for o, s in zip(out, src, strict=True):
-            np.testing.assert_array_equal(o[0], s[1])
+            np.testing.assert_array_equal(o[0], s[0])
 
 
 def test_stale_files(tmp_path):
@@ -290,7 +296,7 @@ def test_stale_files(tmp_path):
     for p in (dead, live, other):
         p.write_bytes(b"old")
     with pytest.warns(UserWarning, match="removed a tier file left by a crashed run: .*abc-r3"):
-        tier = TierFile(tmp_path, slots=1, keys=TINY, name="new-r0")
+        tier = tier_file(tmp_path, slots=1, keys=TINY, name="new-r0")
     assert not dead.exists() and live.exists() and other.exists()
     tier.close()
 
@@ -302,7 +308,7 @@ def test_no_space(tmp_path, monkeypatch):
     monkeypatch.setattr(tier_mod.os, "statvfs", lambda d: Vfs())
     message = f"tier {tmp_path}: needs 1.6 MiB for 100 slots of 16.0 KiB, 40.0 KiB free"
     with pytest.raises(SolarError, match=re.escape(message)):
-        TierFile(
+        tier_file(
             tmp_path, slots=100, keys=(KeyInfo("x", (4000,), np.dtype(np.float32)),), name="big"
         )
     assert list(tmp_path.iterdir()) == []
@@ -310,12 +316,12 @@ def test_no_space(tmp_path, monkeypatch):
 
 def test_bad_arguments(tmp_path):
     with pytest.raises(SolarError, match="does not exist"):
-        TierFile(tmp_path / "nope", slots=1, keys=TINY, name="x")
+        tier_file(tmp_path / "nope", slots=1, keys=TINY, name="x")
     (tmp_path / "f").write_bytes(b"")
     with pytest.raises(SolarError, match="not a directory"):
-        TierFile(tmp_path / "f", slots=1, keys=TINY, name="x")
+        tier_file(tmp_path / "f", slots=1, keys=TINY, name="x")
     with pytest.raises(SolarError, match="must be >= 1"):
-        TierFile(tmp_path, slots=0, keys=TINY, name="x")
+        tier_file(tmp_path, slots=0, keys=TINY, name="x")
     assert tier_files(tmp_path) == []
 
 
@@ -324,12 +330,12 @@ def test_read_only_directory(tmp_path):
     ro = tmp_path / "ro"
     ro.mkdir(mode=0o555)
     with pytest.raises(SolarError, match="not writable"):
-        TierFile(ro, slots=1, keys=TINY, name="x")
+        tier_file(ro, slots=1, keys=TINY, name="x")
 
 
 def test_out_of_range(tmp_path):
     src = samples(TINY, 2)
-    with TierFile(tmp_path, slots=4, keys=TINY, name="rng/r0 weird") as tier:
+    with tier_file(tmp_path, slots=4, keys=TINY, name="rng/r0 weird") as tier:
         assert tier.path.name.startswith("solar-tier-rng_r0_weird.")
         with pytest.raises(SolarError, match=r"slot 4 outside 0\.\.3"):
             tier.submit_write(np.array([0, 4]), src, np.arange(2))
@@ -359,7 +365,7 @@ def test_o_direct_refused(tmp_path, monkeypatch):
     )
     src = samples(ODD, 5)
     with pytest.warns(UserWarning, match="no O_DIRECT here"):
-        tier = TierFile(tmp_path, slots=5, keys=ODD, name="fb")
+        tier = tier_file(tmp_path, slots=5, keys=ODD, name="fb")
     with tier:
         assert not tier.direct_io
         wait(tier.submit_write(np.arange(5), src, np.arange(5)))
@@ -375,8 +381,8 @@ def test_io_error_is_one_line(tmp_path, monkeypatch):
         raise OSError(errno.EIO, "Input/output error")
 
     python_io(monkeypatch)
-    with TierFile(tmp_path, slots=4, keys=TINY, name="eio") as tier:
-        monkeypatch.setattr(tier_mod.os, "pwritev", eio)
+    with tier_file(tmp_path, slots=4, keys=TINY, name="eio") as tier:
+        monkeypatch.setattr(executor_mod.os, "pwritev", eio)
         futures = tier.submit_write(np.array([2]), samples(TINY, 1), np.array([0]))
         with pytest.raises(SolarError, match=r"slot 2: Input/output error"):
             wait(futures)
@@ -386,9 +392,9 @@ def test_io_error_is_one_line(tmp_path, monkeypatch):
             tier.submit_read(np.array([2]), empty(TINY, 1), np.array([0]))
     monkeypatch.undo()
     python_io(monkeypatch)
-    with TierFile(tmp_path, slots=4, keys=TINY, name="eio-read") as tier:
+    with tier_file(tmp_path, slots=4, keys=TINY, name="eio-read") as tier:
         wait(tier.submit_write(np.array([1]), samples(TINY, 1), np.array([0])))
-        monkeypatch.setattr(tier_mod.os, "preadv", eio)
+        monkeypatch.setattr(executor_mod.os, "preadv", eio)
         with pytest.raises(SolarError, match=r"eio-read\..*: slot 1: Input/output error"):
             wait(tier.submit_read(np.array([1]), empty(TINY, 1), np.array([0])))
 
@@ -403,13 +409,12 @@ def test_reads_of_a_slot_a_pending_step_writes_are_held_until_it_writes(tmp_path
     """The tier owns the read-ahead hazard: step 3's read of slot 1, started while step 2
     (which writes slot 1 when served) is pending, sees step 2's sample, not the old one."""
     src = samples(TINY, 2)
-    with TierFile(tmp_path, slots=2, keys=TINY, name="held") as tier:
+    with tier_file(tmp_path, slots=2, keys=TINY, name="held") as tier:
         wait(tier.submit_write(np.array([1]), src, np.array([0])))  # the old content
         tier.reset(2)
         tier.expect_writes(2, np.array([1]))
         out = empty(TINY, 2)
         early = tier.read_step(3, np.array([0, 1]), out, np.array([0, 1]))
-        time.sleep(0.1)
         assert not early[-1].done()  # held: step 2 has not written
         tier.submit_write(np.array([1]), src, np.array([1]))  # step 2 served: its write
         tier.done_writing(2)
@@ -422,3 +427,36 @@ def test_reads_of_a_slot_a_pending_step_writes_are_held_until_it_writes(tmp_path
         tier.reset(0)
         assert held[-1].cancelled()
     assert tier_files(tmp_path) == []
+
+
+def test_held_reads_fail_rather_than_hang_when_the_tier_has_failed(tmp_path, monkeypatch):
+    """A write fails while a read waits for a later step's write: done_writing fails the held
+    read (one line) instead of leaving its future pending, and close() returns."""
+
+    def eio(*a):
+        raise OSError(errno.EIO, "Input/output error")
+
+    python_io(monkeypatch)
+    src = samples(TINY, 1)
+    with tier_file(tmp_path, slots=2, keys=TINY, name="held-eio") as tier:
+        tier.reset(0)
+        tier.expect_writes(0, np.array([1]))
+        held = tier.read_step(1, np.array([1]), empty(TINY, 1), np.array([0]))
+        monkeypatch.setattr(executor_mod.os, "pwritev", eio)
+        with pytest.raises(SolarError, match="Input/output error"):
+            wait(tier.submit_write(np.array([1]), src, np.array([0])))  # step 0's write
+        with pytest.raises(SolarError, match="Input/output error"):
+            tier.wait_writes()  # the tier knows it failed
+        tier.done_writing(0)
+        with pytest.raises(SolarError, match="Input/output error"):
+            wait(held)
+
+
+def test_a_read_of_a_step_never_waits_for_its_own_or_later_writes(tmp_path):
+    """Step 2 announced its writes, then fails and is served again: its reads (and an earlier
+    step's) start at once, they do not wait for step 2's writes."""
+    with tier_file(tmp_path, slots=2, keys=TINY, name="own") as tier:
+        tier.reset(1)
+        tier.expect_writes(2, np.array([0, 1]))
+        assert wait(tier.read_step(2, np.array([0, 1]), empty(TINY, 2), np.arange(2))) > 0
+        assert wait(tier.read_step(1, np.array([1]), empty(TINY, 1), np.arange(1))) > 0

@@ -33,11 +33,10 @@ from pathlib import Path
 import numpy as np
 
 from solar._memory import PAGE, aligned
-from solar._process import ProcessLocal
 from solar._units import format_bytes
 from solar.cache.slots import copy_rows
 from solar.errors import SolarError
-from solar.io.executor import Executor
+from solar.io.executor import Executor, combine, when_all
 from solar.io.handles import NoDirectIO, open_descriptor
 from solar.io.hdf5 import KeyInfo
 from solar.io.tasks import SlotLayout, plan_slot_reads, plan_slot_writes
@@ -52,27 +51,27 @@ def tier_stride(keys: tuple[KeyInfo, ...]) -> int:
 
 class TierFile:
     """``slots`` whole-sample slots in a new preallocated file in ``directory``: a byte source
-    of the executor (solar/io/executor.py), which runs its reads and writes as tasks.
+    of ``executor`` (the rank's, solar/io/executor.py), which runs its reads and writes as
+    tasks. The file belongs to the process that created it: another (a forked child) is
+    refused and makes a tier of its own.
 
     ``slots`` must be at least 1 (a caller with no tier creates none). ``staging_slots`` bounds
     the page-aligned memory (``staging_slots * stride`` bytes, touched as used) holding rows
-    copied by :meth:`submit_write` until they are on disk. ``executor``: the rank's (the
-    Loader shares its reader's); by default one of two threads, closed with the tier.
+    copied by :meth:`submit_write` until they are on disk.
 
-    The tier owns every tier-slot hazard. Writes of one slot complete in submission order, and
-    a read starts after every write of its slots submitted before it. Within a run of steps,
-    :meth:`expect_writes` announces the slots a step will write once it is served, and
-    :meth:`read_step` holds back a read of such a slot until :meth:`done_writing` says that
-    step's writes are submitted. A write does NOT wait for earlier reads: the caller must wait
-    for a read of a slot's old content before submitting a write of that slot (the Loader
-    serves a step's reads before its writes). A slot never written reads as zeros.
+    The tier owns every tier-slot hazard. Writes of one slot complete in submission order; a
+    read starts after every write of its slots submitted before it, and a write after every
+    read of its slots submitted before it. Within a run of steps, :meth:`expect_writes`
+    announces the slots a step will write once it is served, and :meth:`read_step` of a later
+    step holds back a read of such a slot until :meth:`done_writing` says that step's writes
+    are submitted. A slot never written reads as zeros.
 
     A failed write leaves its slots unknown: every later call raises its error (one line).
     """
 
     def __init__(
         self, directory: str | os.PathLike, *, slots: int, keys: tuple[KeyInfo, ...], name: str,
-        executor: Executor | None = None, direct_io: bool = True, staging_slots: int = 256,
+        executor: Executor, direct_io: bool = True, staging_slots: int = 256,
     ) -> None:  # fmt: skip
         if slots < 1 or staging_slots < 1:
             raise SolarError(f"tier: slots ({slots}) and staging_slots must be >= 1")
@@ -81,6 +80,7 @@ class TierFile:
         self.stride = self.layout.stride
         self.nbytes = slots * self.stride
         self.staging_slots = staging_slots
+        self.executor = executor
         self.throttle = None  # node-local: never the emulated remote file system
         directory = Path(directory)
         _check_directory(directory)
@@ -95,21 +95,17 @@ class TierFile:
             )
         # A process may hold several tiers of one plan and rank (loaders live side by side).
         seq = next(_INSTANCES)
-        self.path = directory / f"solar-tier-{_sanitise(name)}.{seq}-{host}-{os.getpid()}.bin"
+        self._pid = os.getpid()
+        self.path = directory / f"solar-tier-{_sanitise(name)}.{seq}-{host}-{self._pid}.bin"
         self._fd, self.direct_io = _create(self.path, self.nbytes, direct_io)
-        self._finalizer = weakref.finalize(self, _remove, self._fd, str(self.path), os.getpid())
+        self._finalizer = weakref.finalize(self, _remove, self._fd, str(self.path), self._pid)
         # Also at the exit of a multiprocessing child, which skips atexit (and so weakref's).
         multiprocessing.util.Finalize(self, self._finalizer, exitpriority=0)
-        self._own_executor = executor is None
-        self.executor = executor or Executor(2)
         self.bytes_written = self.bytes_read = 0  # bytes submitted
         self.write_wait_seconds = 0.0
         self._error: BaseException | None = None  # a failed write: the tier is unusable
         self._closed = False
-        self._state: ProcessLocal[_State] = ProcessLocal(self._new_state)
-
-    def _new_state(self) -> _State:
-        return _State(self.slots, self.staging_slots, self.stride)
+        self._st = _State(slots, staging_slots, self.stride)
 
     # -- a byte source of the executor ---------------------------------------------------------
     def fd(self, i: int) -> contextlib.AbstractContextManager[int]:
@@ -119,7 +115,7 @@ class TierFile:
     def io_error(self, i: int, offset: int, exc: OSError) -> SolarError:
         return SolarError(f"tier {self.path}: slot {offset // self.stride}: {exc.strerror}")
 
-    def short_read(self, i: int, offset: int, want: int, got: int, write: bool) -> SolarError:
+    def short_transfer(self, i: int, offset: int, want: int, got: int, write: bool) -> SolarError:
         verb = "wrote" if write else "read"
         slot = offset // self.stride
         return SolarError(f"tier {self.path}: slot {slot}: {verb} {got} of {want} B")
@@ -145,7 +141,7 @@ class TierFile:
         as the reader's are (``solar.io.executor.wait_all`` waits for either).
         """
         t, r = self._check(tslots, rows, sources)
-        st = self._state.get()
+        st = self._st
         last = t.size - 1 - np.unique(t[::-1], return_index=True)[1]  # sorted by tier slot
         t, r = t[last], r[last]
         sizes = self.layout.sizes
@@ -161,15 +157,17 @@ class TierFile:
             task = plan_slot_writes(self.layout, slots, st.staging, stage, drop=not self.direct_io)
             listed = slots.tolist()
             with st.lock:
-                (fut,) = self.executor.start(self, [task], after=st.writes_to(listed))
+                after = st.writes_to(listed) | st.reads_of(listed)
+                (fut,) = self.executor.start(self, [task], after=after)
                 st.pending.update(dict.fromkeys(listed, fut))
                 st.writes[fut] = None
                 self.bytes_written += slots.size * self.stride
-            fut.add_done_callback(functools.partial(self._written, st, listed, stage))
+            fut.add_done_callback(functools.partial(self._written, listed, stage))
             futures.append(fut)
         return futures
 
-    def _written(self, st: _State, slots: list[int], stage: np.ndarray, fut: Future) -> None:
+    def _written(self, slots: list[int], stage: np.ndarray, fut: Future) -> None:
+        st = self._st
         with st.lock:
             for x in slots:
                 if st.pending.get(x) is fut:
@@ -182,14 +180,12 @@ class TierFile:
 
     def wait_writes(self) -> None:
         """Wait for every write in flight; raise the first error of any write so far."""
-        st = self._state.here()
-        if st is not None:
-            with st.lock:
-                futures = list(st.writes)
-            wait(futures)
-            for f in futures:
-                if not f.cancelled() and f.exception() is not None and self._error is None:
-                    self._error = f.exception()
+        with self._st.lock:
+            futures = list(self._st.writes)
+        wait(futures)
+        for f in futures:
+            if not f.cancelled() and f.exception() is not None and self._error is None:
+                self._error = f.exception()
         if self._error is not None:
             raise SolarError(str(self._error))
 
@@ -203,81 +199,106 @@ class TierFile:
         ``out`` arrays must be C-contiguous. Each future's result is (bytes read, seconds).
         """
         t, r = self._check(tslots, rows, out)
+        return self._read(t, out, r)
+
+    def _read(self, t: np.ndarray, out: list[np.ndarray], r: np.ndarray) -> list[Future]:
+        """:meth:`submit_read` of checked arguments."""
         if t.size == 0:
             return []
-        st = self._state.get()
+        st = self._st
         dests = [_rows_u8(a, s) for a, s in zip(out, self.layout.sizes, strict=True)]
         tasks = plan_slot_reads(
             self.layout, t, dests, r, into_rows=self._into_rows(out),
             scratch=st.scratch.ctypes.data, groups=self.executor.threads,
         )  # fmt: skip
+        listed = t.tolist()
         with st.lock:
             # With no write in flight, no per-slot lookups.
-            after = st.writes_to(t.tolist()) if st.pending else set()
+            after = st.writes_to(listed) if st.pending else set()
+            futures = self.executor.start(self, tasks, after=after)
+            reads = set(futures)
+            for x in listed:  # a later write of these slots waits for these reads
+                st.readers.setdefault(x, set()).update(reads)
             self.bytes_read += t.size * self.stride
-        return self.executor.start(self, tasks, after=after)
+        when_all(futures, functools.partial(st.read_done, listed, reads))
+        return futures
 
     def expect_writes(self, step: int, tslots: np.ndarray) -> None:
         """Step ``step`` writes ``tslots`` once it is served (see :meth:`read_step`)."""
         if tslots.size:
-            self._state.get().written_at[tslots] = step
+            self._check(tslots, np.zeros(tslots.size, np.int64), [])
+            self._st.written_at[tslots] = step
 
     def read_step(
         self, step: int, tslots: np.ndarray, out: list[np.ndarray], rows: np.ndarray
     ) -> list[Future]:
         """:meth:`submit_read` for step ``step`` of a run, which may be read ahead of steps
-        not served yet: a slot that such a step writes (:meth:`expect_writes`) holds its
-        sample only once that step's writes are submitted, so its read waits for
+        not served yet: a slot that such an earlier step writes (:meth:`expect_writes`) holds
+        its sample only once that step's writes are submitted, so its read waits for
         :meth:`done_writing` of that step, behind a future returned now."""
-        st = self._state.get()
-        t = np.asarray(tslots, np.int64)
-        late = st.written_at[t] >= st.submitted
+        t, r = self._check(tslots, rows, out)
+        st = self._st
+        w = st.written_at[t]
+        late = (w >= st.submitted) & (w < step)
         if not late.any():
-            return self.submit_read(t, out, rows)
-        futures = self.submit_read(t[~late], out, rows[~late])
+            return self._read(t, out, r)
+        futures = self._read(t[~late], out, r[~late])
         held: Future = Future()
-        st.held.append((int(st.written_at[t[late]].max()), t[late], out, rows[late], held))
+        st.held.append((int(w[late].max()), t[late], out, r[late], held))
         return [*futures, held]
 
     def done_writing(self, step: int) -> None:
-        """Every write of steps up to ``step`` is submitted: start the reads they held."""
-        st = self._state.get()
+        """Every write of steps up to ``step`` is submitted: start the reads they held. A read
+        that cannot start (the tier failed) fails its future; none is left pending."""
+        st = self._st
         st.submitted = step + 1
         ready = [h for h in st.held if h[0] <= step]
         st.held = [h for h in st.held if h[0] > step]
         for _, t, out, rows, held in ready:
-            _forward(self.submit_read(t, out, rows), held)
+            if not held.set_running_or_notify_cancel():
+                continue
+            try:
+                self._check(t, rows, out)  # the tier may have failed (or closed) meanwhile
+                futures = self._read(t, out, rows)
+            except BaseException as exc:
+                held.set_exception(exc)
+                continue
+            when_all(futures, functools.partial(_settle, held, futures))
 
     def reset(self, step: int) -> None:
         """Start a run of steps at ``step``: no step after it has announced writes; held
         reads are cancelled (their results were not wanted)."""
-        st = self._state.get()
+        st = self._st
         st.written_at[:] = -1
         st.submitted = step
-        for *_, held in st.held:
-            held.cancel()
+        _cancel([held for *_, held in st.held])
         st.held = []
 
     def _check(self, tslots, rows, arrays: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
         """Arguments as int64 arrays, every slot and row in range: before any I/O."""
         if self._closed:
             raise SolarError(f"tier {self.path}: used after close()")
+        if os.getpid() != self._pid:
+            raise SolarError(
+                f"tier {self.path}: belongs to process {self._pid}; a forked child makes its own"
+            )
         if self._error is not None:
             raise SolarError(str(self._error))
         t, r = np.asarray(tslots, np.int64).ravel(), np.asarray(rows, np.int64).ravel()
-        if t.shape != r.shape or len(arrays) != len(self.keys):
+        if t.shape != r.shape or (arrays and len(arrays) != len(self.keys)):
             raise SolarError(f"tier: {t.size} slots, {r.size} rows, {len(arrays)} arrays")
         bad = np.flatnonzero((t < 0) | (t >= self.slots))
         if bad.size:
             raise SolarError(f"tier {self.path}: slot {t[bad[0]]} outside 0..{self.slots - 1}")
-        n = min(a.shape[0] for a in arrays) if arrays else 0
-        bad = np.flatnonzero((r < 0) | (r >= n))
-        if bad.size:
-            raise SolarError(f"tier {self.path}: row {r[bad[0]]} outside 0..{n - 1}")
+        if arrays:
+            n = min(a.shape[0] for a in arrays)
+            bad = np.flatnonzero((r < 0) | (r >= n))
+            if bad.size:
+                raise SolarError(f"tier {self.path}: row {r[bad[0]]} outside 0..{n - 1}")
         return t, r
 
     def close(self) -> None:
-        """Wait for writes in flight, close and remove the file (idempotent).
+        """Wait for the reads and writes in flight, close and remove the file (idempotent).
 
         Errors of writes nobody waited for are dropped with the file: :meth:`wait_writes`
         first to see them. In a forked child this closes the child's descriptor only.
@@ -285,13 +306,12 @@ class TierFile:
         if self._closed:
             return
         self._closed = True
-        st = self._state.drop()  # a forked child never waits for its parent's writes
-        if st is not None:
-            wait(list(st.writes))
-            for *_, held in st.held:
-                held.cancel()
-        if self._own_executor:
-            self.executor.close()
+        if os.getpid() == self._pid:  # a forked child never waits for its parent's I/O
+            st = self._st
+            _cancel([held for *_, held in st.held])
+            with st.lock:
+                flying = list(st.writes) + [f for fs in st.readers.values() for f in fs]
+            wait(flying)
         self._finalizer()
 
     def __enter__(self) -> TierFile:
@@ -302,7 +322,7 @@ class TierFile:
 
 
 class _State:
-    """A tier's state in one process: staging memory, writes in flight and held reads."""
+    """A tier's I/O state: staging memory, reads and writes in flight, held reads."""
 
     def __init__(self, slots: int, staging_slots: int, stride: int) -> None:
         self.lock = threading.Lock()
@@ -312,6 +332,7 @@ class _State:
         self.scratch = aligned(PAGE)  # padding between slots read into rows (discarded)
         self.pending: dict[int, Future] = {}  # tier slot -> its latest write in flight
         self.writes: dict[Future, None] = {}  # writes in flight, oldest first
+        self.readers: dict[int, set[Future]] = {}  # tier slot -> reads of it in flight
         self.written_at = np.full(slots, -1, np.int64)  # the last step announced to write it
         self.submitted = 0  # steps before this one have submitted their writes
         # Reads held back: (the step whose writes they wait for, slots, out, rows, future).
@@ -320,6 +341,20 @@ class _State:
     def writes_to(self, slots: list[int]) -> set[Future]:
         """The writes in flight to any of ``slots`` (the lock held)."""
         return {f for x in slots if (f := self.pending.get(x)) is not None}
+
+    def reads_of(self, slots: list[int]) -> set[Future]:
+        """The reads in flight of any of ``slots`` (the lock held)."""
+        return {f for x in slots for f in self.readers.get(x, ())}
+
+    def read_done(self, slots: list[int], reads: set[Future]) -> None:
+        """A read call's futures have all ended: its slots are free to write."""
+        with self.lock:
+            for x in slots:
+                left = self.readers.get(x)
+                if left is not None:
+                    left -= reads
+                    if not left:
+                        del self.readers[x]
 
     def take(self, n: int, tier: TierFile) -> np.ndarray:
         """``n`` free staging slots, waiting for writes to finish if there are too few."""
@@ -334,29 +369,19 @@ class _State:
         return stage
 
 
-def _forward(futures: list[Future], held: Future) -> None:
-    """Complete ``held`` with the combined result of ``futures`` once all have ended."""
-    if not held.set_running_or_notify_cancel():
-        return
-    left = [len(futures)]
-    lock = threading.Lock()
+def _cancel(held: list[Future]) -> None:
+    """Cancel futures no executor runs; notified at once, so that ``wait`` sees them done."""
+    for f in held:
+        f.cancel()
+        f.set_running_or_notify_cancel()
 
-    def one_done(_: Future) -> None:
-        with lock:
-            left[0] -= 1
-            if left[0]:
-                return
-        errors = [e for e in (f.exception() for f in futures) if e is not None]
-        if errors:
-            held.set_exception(errors[0])
-        else:
-            results = [f.result() for f in futures]
-            held.set_result((sum(r[0] for r in results), sum(r[1] for r in results)))
 
-    if not futures:
-        held.set_result((0, 0.0))
-    for f in futures:
-        f.add_done_callback(one_done)
+def _settle(held: Future, futures: list[Future]) -> None:
+    """Complete ``held`` with the combined result of ``futures`` (all ended)."""
+    try:
+        held.set_result(combine(futures))
+    except BaseException as exc:
+        held.set_exception(exc)
 
 
 def _remove(fd: int, path: str, pid: int) -> None:

@@ -13,7 +13,7 @@ import os
 from collections.abc import Callable, Sequence
 
 from solar.errors import SolarError
-from solar.io.tasks import ChunkReads, ReadTask
+from solar.io.tasks import ChunkReads, Task
 
 
 class Advice:
@@ -49,7 +49,7 @@ class Advice:
     def for_job(
         cls,
         fd: Callable[[int], contextlib.AbstractContextManager[int]],
-        tasks: Sequence[ReadTask],
+        tasks: Sequence[Task],
         more_than: int = 0,
     ) -> Advice | None:
         """Advice over a job's chunk runs if it has more than ``more_than`` of them."""

@@ -1,4 +1,5 @@
-"""The I/O executor: where every byte that lands in a batch row is read.
+"""The I/O executor: where every byte that lands in a batch row is read (and the tier's
+records are written).
 
 :meth:`Executor.start` runs a step's typed tasks (solar/io/tasks.py) on a thread pool, dealt
 into a few jobs; :meth:`Executor._run` executes one task, one ``case`` per task type. Tasks
@@ -8,9 +9,11 @@ errors, as ffcv's memory managers make the page cache and its own cache intercha
 sources behind one read. ``preadv`` and the compiled kernels release the GIL, so the pool
 gives real concurrency (h5py would serialise).
 
-A job may wait for earlier futures (``after``: a tier slot's write in flight). The pools are
-first in, first out and those futures were submitted before, so they are running or done:
-waiting cannot deadlock.
+A job may wait for futures (``after``: the tier's writes and reads in flight of its slots).
+They must be futures of this executor's read pool returned by an earlier :meth:`Executor.start`
+(never a future completed by a caller): the pool is first in, first out, so they were dequeued
+before the job and are running or done, and waiting cannot deadlock. (Tier tasks never decode,
+so they always run on the read pool.)
 """
 
 from __future__ import annotations
@@ -21,9 +24,9 @@ import itertools
 import os
 import threading
 import time
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
-from typing import Any, Protocol
+from typing import Any, Protocol, assert_never
 
 import h5py
 import numpy as np
@@ -38,7 +41,7 @@ from solar.io.chunks import decode_chunk, fill_absent
 from solar.io.fused import read_fused, windows
 from solar.io.handles import Files
 from solar.io.pagecache import drop
-from solar.io.tasks import BounceRun, ChunkReads, FileRuns, H5Rows, PreadvRuns, ReadTask
+from solar.io.tasks import BounceRun, ChunkReads, FileRuns, H5Rows, PreadvRuns, Task
 
 
 class ByteSource(Protocol):
@@ -51,8 +54,8 @@ class ByteSource(Protocol):
 
     def io_error(self, i: int, offset: int, exc: OSError) -> SolarError: ...
 
-    def short_read(self, i: int, offset: int, want: int, got: int, write: bool) -> SolarError:
-        """A transfer of ``got`` of ``want`` bytes at ``offset`` (a write if ``write``)."""
+    def short_transfer(self, i: int, offset: int, want: int, got: int, write: bool) -> SolarError:
+        """A read (a write if ``write``) of ``got`` of ``want`` bytes at ``offset``."""
 
 
 @njit(nogil=True)  # not cached: it embeds the addresses of libc's preadv and pwritev
@@ -133,7 +136,7 @@ class Executor:
         return pools[size]
 
     def start(
-        self, source: ByteSource, tasks: Sequence[ReadTask], after: Collection[Future] = ()
+        self, source: ByteSource, tasks: Sequence[Task], after: Collection[Future] = ()
     ) -> list[Future]:
         """Hand tasks to the pool as jobs, each job's advice built first (so that nothing can
         raise once a job runs); every job first waits for the futures ``after``. Each
@@ -152,7 +155,7 @@ class Executor:
             for job, a in zip(jobs, advice, strict=True)
         ]
 
-    def run_here(self, source: ByteSource, tasks: Sequence[ReadTask]) -> int | None:
+    def run_here(self, source: ByteSource, tasks: Sequence[Task]) -> int | None:
         """Run ``tasks`` on this thread when they are one job's worth (a few small chunks:
         decoding them here beats a pool handoff, ~0.5 ms, more than a zstd decode); returns
         the bytes read, or None when they are worth several jobs."""
@@ -161,7 +164,7 @@ class Executor:
         return self._job(source, tasks, self._advice(source, tasks, more_than=1))[0]
 
     def _advice(
-        self, source: ByteSource, tasks: Sequence[ReadTask], more_than: int = 0
+        self, source: ByteSource, tasks: Sequence[Task], more_than: int = 0
     ) -> Advice | None:
         # None with O_DIRECT: it bypasses the page cache that advice fills.
         return None if source.direct_io else Advice.for_job(source.fd, tasks, more_than)
@@ -169,7 +172,7 @@ class Executor:
     def _job(
         self,
         source: ByteSource,
-        tasks: Sequence[ReadTask],
+        tasks: Sequence[Task],
         advice: Advice | None,
         after: Collection[Future] = (),
     ) -> tuple[int, float]:
@@ -179,13 +182,19 @@ class Executor:
         total = sum(self._run(source, t, advice) for t in tasks)
         return total, time.perf_counter() - t0
 
+    def warm_up(self) -> None:
+        """Compile the preadv/pwritev kernel now (it cannot be cached: it embeds libc's
+        addresses), not at the first read that needs it, maybe inside an epoch."""
+        empty = np.zeros(0, np.int64)
+        _iov_runs(-1, np.zeros((0, 2), np.uint64), empty, empty, empty, False, empty)
+
     def close(self) -> None:
         """Stop this process's pools (after the jobs queued)."""
         for pool in (self._pools.drop() or {}).values():
             pool.shutdown(wait=True)
 
     # -- the one place a task's bytes move -----------------------------------------------------
-    def _run(self, source: ByteSource, task: ReadTask, advice: Advice | None) -> int:
+    def _run(self, source: ByteSource, task: Task, advice: Advice | None) -> int:
         """Execute one task: the one place a sample's bytes are read, whatever the source."""
         match task:
             case PreadvRuns():
@@ -201,6 +210,8 @@ class Executor:
             case ChunkReads():
                 assert isinstance(source, Files)
                 nbytes = self._read_chunks(source, task, advice)
+            case _:
+                assert_never(task)
         if source.throttle is not None:
             source.throttle.wait(nbytes, task.requests)
         return nbytes
@@ -230,7 +241,9 @@ class Executor:
             except OSError as exc:
                 raise source.io_error(t.file, t.offset, exc) from None
         if got < t.offset + want - lo:
-            raise source.short_read(t.file, t.offset, want, max(0, got - (t.offset - lo)), False)
+            raise source.short_transfer(
+                t.file, t.offset, want, max(0, got - (t.offset - lo)), False
+            )
         records = bounce[t.offset - lo : t.offset - lo + want].reshape(t.rows.size, t.stride)
         for d, at in zip(t.dests, t.fields, strict=True):
             d[t.rows] = records[:, at : at + d.shape[1]]
@@ -310,7 +323,7 @@ def _retry(source: ByteSource, i: int, fd: int, iov: np.ndarray, offset: int, wr
     except OSError as exc:
         raise source.io_error(i, offset, exc) from None
     if got != want:
-        raise source.short_read(i, offset, want, got, write)
+        raise source.short_transfer(i, offset, want, got, write)
 
 
 def _cached_file_runs(source: Files, t: FileRuns, got: np.ndarray) -> None:
@@ -374,14 +387,39 @@ def wait_all(futures: Sequence[Future]) -> tuple[int, float]:
     """(bytes, busy seconds) of task futures; raise the first error once *all* have ended,
     so that no thread is still writing into memory the caller reuses."""
     wait(futures)
-    errors = [e for e in (f.exception() for f in futures) if e is not None]
-    if errors:
-        raise errors[0]
+    return combine(futures)
+
+
+def combine(futures: Sequence[Future]) -> tuple[int, float]:
+    """(bytes, busy seconds) summed over futures that have all ended; the first error (or
+    cancellation) of any is raised."""
+    for f in futures:
+        if f.cancelled() or f.exception() is not None:
+            f.result()  # raises it
     results = [f.result() for f in futures]
     return sum(r[0] for r in results), sum(r[1] for r in results)
 
 
-def job_count(tasks: Sequence[ReadTask], threads: int, decoding: bool) -> int:
+def when_all(futures: Sequence[Future], fn: Callable[[], object]) -> None:
+    """Call ``fn()`` once every future has ended (now, if there are none), on the thread
+    that ends the last one: no thread waits for it."""
+    left = [len(futures)]
+    lock = threading.Lock()
+
+    def one_done(_: Future) -> None:
+        with lock:
+            left[0] -= 1
+            last = left[0] == 0
+        if last:
+            fn()
+
+    if not futures:
+        fn()
+    for f in futures:
+        f.add_done_callback(one_done)
+
+
+def job_count(tasks: Sequence[Task], threads: int, decoding: bool) -> int:
     """Pool jobs for a step's tasks: one per thread, except for chunk reads too small to
     share (a job's handoff costs about as much as decoding a few hundred KiB of zstd), and
     at most one per core for decoding jobs (:func:`decodes`)."""
@@ -391,7 +429,7 @@ def job_count(tasks: Sequence[ReadTask], threads: int, decoding: bool) -> int:
     return max(1, min(min(threads, CORES) if decoding else threads, -(-work // _JOB_BYTES)))
 
 
-def decodes(tasks: Sequence[ReadTask], direct_io: bool) -> bool:
+def decodes(tasks: Sequence[Task], direct_io: bool) -> bool:
     """Whether a step's tasks all decode chunk reads advised to the kernel.
 
     Their fetches are in flight however few threads wait, so such jobs run on one thread per
@@ -402,7 +440,7 @@ def decodes(tasks: Sequence[ReadTask], direct_io: bool) -> bool:
     return not direct_io and all(isinstance(t, ChunkReads) for t in tasks)
 
 
-def deal(tasks: Sequence[ReadTask], groups: int) -> list[list[ReadTask]]:
+def deal(tasks: Sequence[Task], groups: int) -> list[list[Task]]:
     """Deal tasks round-robin into at most ``groups`` lists (one pool job each)."""
     groups = min(groups, len(tasks))
     return [list(tasks[g::groups]) for g in range(groups)] if groups else []

@@ -238,7 +238,7 @@ class Files:
     def io_error(self, i: int, offset: int, exc: OSError) -> SolarError:
         return SolarError(f"{self.paths[i]}: read error ({exc.strerror})")
 
-    def short_read(self, i: int, offset: int, want: int, got: int, write: bool) -> SolarError:
+    def short_transfer(self, i: int, offset: int, want: int, got: int, write: bool) -> SolarError:
         return SolarError(
             f"{self.paths[i]}: short read ({got} of {want} bytes at offset {offset}): "
             "the file is truncated or changed since it was opened"

@@ -36,23 +36,18 @@ from solar.io.tasks import ChunkSource, FileLayouts, plan_reads
 class Reader:
     """Reads samples (global ids over the concatenated files) into rows of numpy arrays.
 
-    ``executor``: the one that runs this rank's I/O (the Loader shares it with the tier);
-    by default one of ``config.threads`` threads.
+    Its ``executor`` (``config.threads`` threads) runs them; the Loader's tier borrows it.
     """
 
     def __init__(
-        self,
-        info: DatasetInfo,
-        config: ReaderConfig | None = None,
-        throttle: Any = None,
-        executor: Executor | None = None,
+        self, info: DatasetInfo, config: ReaderConfig | None = None, throttle: Any = None
     ) -> None:
         config = config or ReaderConfig()
         self.info = info
         self.direct_io = config.direct_io
         self.decode_chunks = config.decode_chunks
         self.throttle = throttle  # solar.io.throttle.Throttle: an emulated remote file system
-        self.executor = executor or Executor(config.threads)
+        self.executor = Executor(config.threads)
         self._starts = np.concatenate([[0], np.cumsum(info.lengths)]).astype(np.int64)
         self._layouts = self._stored_layouts(info)
         self._decoded = self._layouts.decoded_count  # once: a sum over every (file, key)
@@ -84,6 +79,7 @@ class Reader:
 
     def warm_up(self) -> None:
         """Compile the read kernels and open the files: one read of sample 0, discarded."""
+        self.executor.warm_up()
         if self._starts[-1] == 0:
             return
         out = [np.empty((1, *k.sample_shape), k.native_dtype) for k in self.info.keys]

@@ -287,7 +287,7 @@ def _spans(reads, chunks, run_starts, offsets, sizes, masks, page):  # pragma: n
     return positions, size, lo, hi, at, starts, masked
 
 
-ReadTask = PreadvRuns | FileRuns | BounceRun | H5Rows | ChunkReads
+Task = PreadvRuns | FileRuns | BounceRun | H5Rows | ChunkReads  # what the executor runs
 
 
 def plan_reads(
@@ -300,7 +300,7 @@ def plan_reads(
     direct_io: bool,
     groups: int,
     chunks: Mapping[tuple[int, int], ChunkSource] | None = None,
-) -> list[ReadTask]:
+) -> list[Task]:
     """The tasks that read ``samples[j]`` into ``out[key][rows[j]]`` for every key.
 
     ``layouts[f][k]`` says where key ``k`` of file ``f`` lives; an offset layout is read from
@@ -319,7 +319,7 @@ def plan_reads(
     for a in out:
         if low < 0 or high >= a.shape[0]:
             raise SolarError(f"destination row out of range 0..{a.shape[0] - 1}")
-    tasks: list[ReadTask] = []
+    tasks: list[Task] = []
     if isinstance(layouts, FileLayouts) and layouts.whole and not direct_io:
         # One sample per file: each file's offset keys in a few tasks, not one task per file.
         tasks, samples, rows = _one_per_file_tasks(layouts, samples, rows, out, groups)
@@ -365,7 +365,7 @@ def _by_file(file_starts: np.ndarray, samples: np.ndarray) -> list[tuple[int, An
 
 def _one_per_file_tasks(
     layouts: FileLayouts, samples: np.ndarray, rows: np.ndarray, out: list[np.ndarray], groups: int
-) -> tuple[list[ReadTask], np.ndarray, np.ndarray]:
+) -> tuple[list[Task], np.ndarray, np.ndarray]:
     """Buffered reads of every sample whose keys are all stored at an offset: one read per
     (file, key), file-major, dealt in contiguous slices over ``groups`` tasks; returns them
     with the samples left (some key not at an offset)."""
@@ -394,7 +394,7 @@ def _one_per_file_tasks(
     files = paths.reshape(-1) if paths is not None else np.repeat(samples[sel], nkeys)
     offs = offsets[sel].reshape(-1)
     # Whole samples per task (a file's keys stay together), contiguous: few opens each.
-    tasks: list[ReadTask] = []
+    tasks: list[Task] = []
     for part in np.array_split(np.arange(sel.size), min(groups, sel.size)):
         j = slice(int(part[0]) * nkeys, (int(part[-1]) + 1) * nkeys)
         tasks.append(FileRuns(files[j], offs[j], iov[j], keys[j], r[j], tuple(dests)))
@@ -409,7 +409,7 @@ def _offset_tasks(
     dest: np.ndarray,
     direct_io: bool,
     groups: int,
-) -> list[ReadTask]:
+) -> list[Task]:
     assert layout.offset is not None
     row_bytes = layout.row_bytes
     runs = coalesce_runs(local, min(IOV_MAX, RUN_MAX_BYTES // max(1, row_bytes)))
@@ -434,7 +434,7 @@ def _deal_runs(
     offsets: np.ndarray,
     groups: int,
     **kind: bool,
-) -> list[ReadTask]:
+) -> list[Task]:
     """Runs dealt round-robin over at most ``groups`` tasks, so that threads share them."""
     g = min(groups, starts.size)
     return [PreadvRuns(f, iov, starts[i::g], counts[i::g], offsets[i::g], **kind) for i in range(g)]
@@ -448,7 +448,7 @@ def _chunk_tasks(
     rows: np.ndarray,
     out: np.ndarray,
     groups: int,
-) -> list[ReadTask]:
+) -> list[Task]:
     """The chunks ``local`` need, in file order, cut into at most ``groups`` tasks.
 
     Contiguous slices (not round-robin) keep each task's chunks adjacent in the file, so a
@@ -465,7 +465,7 @@ def _chunk_tasks(
         everything = np.arange(m)
         return [ChunkReads(f, k, source, plan, everything, everything, out, rows, True, into_rows)]
     parts = np.array_split(np.arange(m), max(1, min(groups, m)))
-    tasks: list[ReadTask] = []
+    tasks: list[Task] = []
     for i, part in enumerate(parts):
         runs = chunk_runs(index, plan.reads[part])
         tasks.append(ChunkReads(f, k, source, plan, part, runs, out, rows, i == 0, into_rows))
@@ -528,7 +528,7 @@ def plan_slot_reads(
     into_rows: bool,
     scratch: int,
     groups: int,
-) -> list[ReadTask]:
+) -> list[Task]:
     """The tasks that read record ``slots[j]`` into row ``rows[j]`` of every ``dests[k]``
     ((batch rows, row bytes) uint8 each). ``into_rows``: straight into the rows, the padding
     between records into ``scratch`` (an address of at least a page, its bytes discarded);
