@@ -54,8 +54,9 @@ def _memory_source(data: np.ndarray, chunk_rows: int, gaps: int = 0, absent=()) 
 
 
 def _execute(task: ChunkReads, blob: bytes) -> list[tuple[int, int]]:
-    """What Reader._run does, from memory: returns the (offset, bytes) of each run read."""
-    from solar.io.chunks import fill_absent, scatter_chunk
+    """What Executor._run does with a chunk task, from memory: returns the (offset, bytes) of
+    each run read."""
+    from solar.io.chunks import decode_chunk, fill_absent
 
     index, plan = task.source.index, task.plan
     if task.fill:
@@ -70,8 +71,9 @@ def _execute(task: ChunkReads, blob: bytes) -> list[tuple[int, int]]:
     ]  # fmt: skip
     for k, p in zip(task.chunks.tolist(), positions.tolist(), strict=True):
         off, size = int(index.offsets[p]), int(index.sizes[p])
-        chunk = task.source.decoder.decode(blob[off : off + size])
-        scatter_chunk(index, plan, k, chunk, task.out, task.rows)
+        raw = blob[off : off + size]
+        decode_chunk(index, task.source.decoder, plan, k, raw, task.out, task.rows,
+                     into_rows=task.into_rows)  # fmt: skip
     return runs
 
 

@@ -112,7 +112,7 @@ def test_inspect_cli_json_and_probe(tmp_path, capsys):
     assert report["img"]["shape"] == [23, 4, 6]
     assert set(report["img"]["probe_us"]) == {"h5py", "solar"}
     code, out, _ = run_cli(["inspect", path], capsys)
-    assert "served directly" in out and "contiguous" in out
+    assert "served at byte offsets" in out and "contiguous" in out
 
 
 def _bad(tmp_path):

@@ -247,7 +247,7 @@ def test_decoding_jobs_run_on_one_thread_per_core(tmp_path, monkeypatch):
     reader.close()
 
 
-def test_a_failing_hint_is_only_a_hint(tmp_path, monkeypatch):
+def test_refused_advice_is_only_advice(tmp_path, monkeypatch):
     """WILLNEED refused when a job is submitted: its reads still run, nothing is raised."""
     from solar.io import advice as advice_module
     from solar.io import executor as executor_module
@@ -256,7 +256,7 @@ def test_a_failing_hint_is_only_a_hint(tmp_path, monkeypatch):
     data = _file(path, FILTERS["shuffle+zstd"][0])
 
     def refuse(*args):
-        raise OSError(5, "hint refused")
+        raise OSError(5, "advice refused")
 
     monkeypatch.setattr(advice_module.os, "posix_fadvise", refuse)
     reader = Reader(describe([path]), ReaderConfig(threads=2))

@@ -17,10 +17,10 @@ from solar.io.tasks import ChunkReads, Task
 
 
 class Advice:
-    """WILLNEED hints for a job's chunk runs, kept ``WINDOW`` bytes ahead of its reads, in
+    """WILLNEED advice for a job's chunk runs, kept ``WINDOW`` bytes ahead of its reads, in
     the order it reads them.
 
-    A hint starts a fetch without waiting, so the next runs arrive while this one decodes
+    Advice starts a fetch without waiting, so the next runs arrive while this one decodes
     (a job otherwise waits for each pread in turn). Not every run of a huge job at once: the
     kernel's elevator serves queued reads in disk order, not in the order they are needed,
     so the first pread can wait for most of what is queued (traced once: 34 ms of a 50 ms

@@ -76,7 +76,7 @@ def read_fused(
 
 def windows(nbytes: np.ndarray, limit: int) -> list[tuple[int, int]]:
     """Consecutive runs in groups of at most ``limit`` bytes (or one run): ``(first, end)``
-    each, so that the caller announces each group to the kernel before reading it."""
+    each, so that the caller advises the kernel of each group before reading it."""
     if int(nbytes.sum()) <= limit:
         return [(0, int(nbytes.size))]
     groups, first, total = [], 0, 0

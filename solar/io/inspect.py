@@ -124,7 +124,7 @@ def _advice(r: DatasetReport, d: h5py.Dataset, numeric: bool, one_per_file: bool
     if r.layout == "contiguous" and r.offset is None:
         out.append("never written: reads return the fill value")
     elif r.offset_reader:
-        out.append("served directly: preadv at computed offsets, adjacent samples coalesced")
+        out.append("served at byte offsets: preadv at computed offsets, adjacent samples coalesced")
         if not r.aligned:
             out.append(
                 f"offset {r.offset} is not 4 KiB aligned: O_DIRECT reads need a bounce copy; "

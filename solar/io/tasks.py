@@ -237,7 +237,7 @@ class ChunkReads:
     @functools.cached_property
     def spans(self) -> ChunkSpans:
         """Where its chunks are, in the file and in the reading thread's buffer; computed
-        once (the job sizing, the read-ahead hints and the reads all need it)."""
+        once (the job sizing, the advice and the reads all need it)."""
         index = self.source.index
         return ChunkSpans(
             *_spans(self.plan.reads, self.chunks, self.run_starts, index.offsets, index.sizes,
