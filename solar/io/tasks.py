@@ -551,6 +551,9 @@ def plan_slot_reads(
     if pad:
         iov[:, -1] = (scratch, pad)
     iov = iov.reshape(-1, 2)  # (records * entries, 2)
+    # At most ``groups`` tasks, each worth a full run or more: the tier is fast local storage,
+    # where a task's handoff costs more than splitting its reads gains.
+    groups = max(1, min(groups, -(-slots.size // layout.run_cap)))
     return _deal_runs(0, iov, runs.starts * per, runs.counts * per, offsets, groups)
 
 
