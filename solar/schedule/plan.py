@@ -148,10 +148,10 @@ class Plan(Totals):
                     parts.append(part)
         return (parts if keep else None), v.mine, v.expected
 
-    def trace(self, r: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """``(step, sample, hit)`` over rank ``r``'s accesses in service order (a hit from
-        RAM or from the tier)."""
-        rp = self.rank(r)
+    def trace(self, rank: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(step, sample, hit)`` over ``rank``'s accesses in service order (a hit from RAM
+        or from the tier)."""
+        rp = self.rank(rank)
         return rp.steps(), rp.sample, rp.hit
 
     def check(self, expected: PlanSpec, source: str = "plan") -> None:

@@ -1,0 +1,131 @@
+"""Every example of the README runs: its Python blocks, its `solar` command lines, the example.
+
+The fixture, the only substitution: each Python block runs as it is written, in a fresh
+process, in a directory holding small generated data under the names the README uses
+(``data.h5``: 320 PtychoNN-like samples; ``data/*.h5`` with keys ``img`` and ``grp/lab``;
+``data/x_*.npy`` and ``data/y_*.npy``, one sample each; ``cosmoflow/``: one-sample HDF5 files;
+``frames/``: ``.npy`` files of several samples), after a prelude that binds the names a block
+takes from its surroundings (:data:`PRELUDE`). Every ``solar`` command line is checked with
+``--help``; the short ones (``solar plan``) run in full on the same data.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from solar.cli import cli
+from solar.io.generate import generate
+
+ROOT = Path(__file__).resolve().parents[1]
+README = (ROOT / "README.md").read_text()
+
+# Names a block uses without defining them (its context in the README's prose), by block.
+PRELUDE = {
+    "rank=rank": "rank, world = 0, 1\n",
+    "dist.init()": (
+        "import torch\n"
+        "path, B, E, C = 'data.h5', 16, 2, 40\n"
+        "net = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(256 * 256, 1))\n"
+        "def per_sample_loss(model, batch):\n"
+        "    return model(batch['diffraction']).square().flatten()\n"
+    ),
+}
+
+
+def _blocks(language: str) -> list[str]:
+    """The README's fenced blocks of ``language`` ("" for unlabelled ones), in order."""
+    blocks: list[tuple[str, list[str]]] = []
+    inside = False
+    for line in README.splitlines():
+        if line.startswith("```"):
+            inside = not inside
+            if inside:
+                blocks.append((line[3:].strip(), []))
+        elif inside:
+            blocks[-1][1].append(line)
+    return ["\n".join(lines) + "\n" for lang, lines in blocks if lang == language]
+
+
+PYTHON = _blocks("python")
+COMMANDS = [
+    shlex.split(line.split("  #")[0])
+    for block in _blocks("")
+    for line in block.replace("\\\n", " ").splitlines()
+    if line.startswith("solar ")
+]
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("readme")
+    generate(d / "data.h5", "ptychonn", 320)  # the README plans 8 ranks x 32
+    rng = np.random.default_rng(0)
+    for sub in ("data", "cosmoflow", "frames"):
+        (d / sub).mkdir()
+    for i, n in enumerate((40, 23)):
+        with h5py.File(d / "data" / f"part{i}.h5", "w") as f:
+            f["img"] = rng.random((n, 4, 4), np.float32)
+            f["grp/lab"] = rng.integers(0, 9, n)
+    for i in range(40):
+        np.save(d / "data" / f"x_{i:02d}.npy", rng.random((4, 4), np.float32))
+        np.save(d / "data" / f"y_{i:02d}.npy", np.int64(i))
+        with h5py.File(d / "cosmoflow" / f"{i:03d}.hdf5", "w") as f:
+            f["x"] = rng.random((4, 4, 4), np.float32)
+        np.save(d / "frames" / f"{i:02d}.npy", rng.random((5, 8), np.float32))
+    return d
+
+
+def test_the_readme_has_the_examples_this_file_runs():
+    assert len(PYTHON) >= 4 and {c[1] for c in COMMANDS} >= {"plan", "gen", "inspect", "bench"}
+    assert all(any(key in block for block in PYTHON) for key in PRELUDE)
+
+
+@pytest.mark.parametrize("block", PYTHON, ids=[f"block{i}" for i in range(len(PYTHON))])
+def test_python_block_runs(block, workdir):
+    prelude = "".join(code for key, code in PRELUDE.items() if key in block)
+    env = {**os.environ, "SOLAR_LAUNCHER": "none", "PYTHONPATH": str(ROOT)}
+    res = subprocess.run(
+        [sys.executable, "-c", prelude + block], cwd=workdir, env=env, capture_output=True,
+        text=True, timeout=120,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr[-3000:]
+
+
+@pytest.mark.parametrize(
+    "command", COMMANDS, ids=[" ".join(c[:2]) + f"-{i}" for i, c in enumerate(COMMANDS)]
+)
+def test_solar_command_line(command, workdir, monkeypatch):
+    """``--help`` for every command line; the ones without placeholders and quick to run
+    (``solar plan``) in full."""
+    assert command[0] == "solar"
+    runner = CliRunner()
+    res = runner.invoke(cli, [command[1], "--help"])
+    assert res.exit_code == 0, res.output
+    quick = command[1] == "plan" and not any(c in " ".join(command) for c in "[]|")
+    if quick:
+        monkeypatch.chdir(workdir)
+        res = runner.invoke(cli, command[1:])
+        assert res.exit_code == 0, res.output
+
+
+def test_the_example_script_helps_and_runs(tmp_path):
+    script = ROOT / "examples" / "train_surrogate.py"
+    env = {**os.environ, "SOLAR_LAUNCHER": "none", "PYTHONPATH": str(ROOT)}
+    res = subprocess.run([sys.executable, str(script), "--help"], capture_output=True, text=True,
+                         env=env, timeout=60)  # fmt: skip
+    assert res.returncode == 0 and "--epochs" in res.stdout
+    args = ["--data", str(tmp_path / "d.h5"), "--samples", "48", "--epochs", "1",
+            "--batch-size", "16", "--checkpoint", str(tmp_path / "ck.pt")]  # fmt: skip
+    res = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True,
+                         env=env, cwd=tmp_path, timeout=120)  # fmt: skip
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert (tmp_path / "ck.pt").exists()
