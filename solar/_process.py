@@ -15,14 +15,14 @@ from typing import Generic, TypeVar
 
 T = TypeVar("T")
 
-# Serialises builds (several pool threads may ask first at once); reentrant, since a build may
-# use another ProcessLocal. A new one in a forked child: a thread of the parent may have held it.
-_BUILD = threading.RLock()
+# Guards making each ProcessLocal's own build lock, briefly; made anew in a forked child, since
+# a thread of the parent may have held it at the fork.
+_LOCKS = threading.Lock()
 
 
 def _new_lock() -> None:
-    global _BUILD
-    _BUILD = threading.RLock()
+    global _LOCKS
+    _LOCKS = threading.Lock()
 
 
 os.register_at_fork(after_in_child=_new_lock)
@@ -35,22 +35,34 @@ class ProcessLocal(Generic[T]):
     never returned, used or closed there. Pickling keeps only ``build``.
     """
 
-    __slots__ = ("_build", "_pid", "_value")
+    __slots__ = ("_build", "_lock", "_lock_pid", "_pid", "_value")
 
     def __init__(self, build: Callable[[], T]) -> None:
         self._build = build
-        self._pid = -1
+        self._pid = self._lock_pid = -1
+        self._lock = threading.Lock()
         self._value: T | None = None
 
     def get(self) -> T:
         """This process's value, built now if it has none (once, whichever thread asks)."""
-        if self._pid != os.getpid():
-            with _BUILD:
-                if self._pid != os.getpid():
+        pid = os.getpid()
+        if self._pid != pid:
+            with self._build_lock(pid):
+                if self._pid != pid:
                     self._value = self._build()
-                    self._pid = os.getpid()
+                    self._pid = pid
         assert self._value is not None
         return self._value
+
+    def _build_lock(self, pid: int) -> threading.Lock:
+        """This process's lock for building (one per instance: a slow build holds up no
+        other ProcessLocal)."""
+        if self._lock_pid != pid:
+            with _LOCKS:
+                if self._lock_pid != pid:
+                    self._lock = threading.Lock()
+                    self._lock_pid = pid
+        return self._lock
 
     def here(self) -> T | None:
         """This process's value if it was built here, else None (builds nothing)."""

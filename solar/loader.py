@@ -23,6 +23,7 @@ import os
 import time
 import warnings
 from collections.abc import Mapping, Sequence
+from concurrent.futures import wait
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,7 +37,7 @@ from solar.cache.tier import TierFile, tier_stride
 from solar.config import DEFAULT_SLACK, BufferConfig, ReaderConfig, RunConfig, parse_size
 from solar.dist import abort_job_on_error, agree
 from solar.errors import SolarError
-from solar.io.executor import combine, wait_all
+from solar.io.executor import combine
 from solar.io.reader import Reader
 from solar.io.sources import describe_source
 from solar.readahead import InFlight, ReadAhead
@@ -318,10 +319,8 @@ class Loader:
         buf, rt = self.buffer, self._rt.get()
         if self._buffer_at == step:
             return
-        rt.drain()
+        rt.drain(step)  # no step from here on has started
         tier = rt.tier
-        if tier is not None:
-            tier.reset(step)  # no step from here on has started
         t0 = time.perf_counter()
         cells, samples = self._window(step).refill_at(step)
         self._buffer_at = -1  # until the refill succeeds, the buffer matches no step
@@ -367,7 +366,11 @@ class Loader:
             io.storage = len(io.futures)
             if step.tier_rows.size:
                 assert tier is not None
-                io.futures += tier.read_step(k, step.tier_slots, io.batch, step.tier_rows)
+                try:
+                    io.futures += tier.read_step(k, step.tier_slots, io.batch, step.tier_rows)
+                except BaseException:
+                    wait(io.futures)  # no read may still write into memory handed back
+                    raise
         if tier is not None:  # after this step's reads: they see the slots as the step starts
             tier.expect_writes(k, step.tier_writes)
         return io
@@ -407,7 +410,7 @@ class Loader:
         busy = stall = 0.0
         if io.futures:  # a step of hits has none: it costs no waiting at all
             t0 = time.perf_counter()
-            wait_all(io.futures)
+            wait(io.futures)  # all of them, even if one failed: none writes into the batch after
             stall = time.perf_counter() - t0
             nbytes, busy = combine(io.futures[: io.storage])
             tier_bytes = combine(io.futures[io.storage :])[0]
@@ -456,11 +459,12 @@ class _Runtime:
     ahead: ReadAhead
     tier: TierFile | None
 
-    def drain(self) -> None:
-        """Wait for the reads under way; the tier's held reads are dropped first, since they
-        would start only when steps that will not be served are."""
+    def drain(self, step: int = 0) -> None:
+        """Wait for the reads under way, and start the tier's run of steps at ``step``: its
+        held reads are dropped first, since they would start only when steps that will not
+        be served are."""
         if self.tier is not None:
-            self.tier.reset(0)
+            self.tier.reset(step)
         self.ahead.drain()
 
 

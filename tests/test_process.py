@@ -5,7 +5,9 @@ from __future__ import annotations
 import os
 import pickle
 import threading
+import time
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 
 from solar._process import ProcessLocal
 
@@ -34,3 +36,40 @@ def test_pickling_keeps_only_the_builder():
     local.get()["x"] = 1
     copy = pickle.loads(pickle.dumps(local))
     assert copy.here() is None and copy.get() == {}
+
+
+def test_threads_asking_first_build_once():
+    builds = []
+
+    def build():
+        builds.append(1)
+        time.sleep(0.05)  # long enough for the other threads to ask meanwhile
+        return object()
+
+    local = ProcessLocal(build)
+    with ThreadPoolExecutor(8) as pool:
+        values = list(pool.map(lambda _: local.get(), range(8)))
+    assert len(builds) == 1 and all(v is values[0] for v in values)
+
+
+def test_a_child_forked_while_another_thread_builds_can_build():
+    started, release = threading.Event(), threading.Event()
+
+    def slow():
+        started.set()
+        release.wait(10)
+        return "parent"
+
+    local = ProcessLocal(slow)
+    other = ProcessLocal(lambda: "child")
+    t = threading.Thread(target=local.get)
+    t.start()
+    started.wait(10)  # a thread of the parent holds the build lock now
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # fork with threads
+        pid = os.fork()
+    if pid == 0:
+        os._exit(0 if other.get() == "child" and local._pid != os.getpid() else 1)
+    release.set()
+    t.join()
+    assert os.waitpid(pid, 0)[1] == 0

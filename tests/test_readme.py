@@ -104,12 +104,17 @@ def test_python_block_runs(block, workdir):
     "command", COMMANDS, ids=[" ".join(c[:2]) + f"-{i}" for i, c in enumerate(COMMANDS)]
 )
 def test_solar_command_line(command, workdir, monkeypatch):
-    """``--help`` for every command line; the ones without placeholders and quick to run
-    (``solar plan``) in full."""
-    assert command[0] == "solar"
+    """Every command line names a command and only options it has (``--help`` works); the
+    ones without placeholders and quick to run (``solar plan``) run in full."""
+    assert command[0] == "solar" and command[1] in cli.commands, command
     runner = CliRunner()
     res = runner.invoke(cli, [command[1], "--help"])
     assert res.exit_code == 0, res.output
+    params = cli.commands[command[1]].params
+    known = {o for p in params for o in (*p.opts, *p.secondary_opts)}
+    words = " ".join(command[2:]).replace("[", " ").replace("]", " ").split()
+    options = {w.split("=")[0] for w in words if w.startswith("-") and not w[1:2].isdigit()}
+    assert options <= known, f"{command[1]}: no option {sorted(options - known)}"
     quick = command[1] == "plan" and not any(c in " ".join(command) for c in "[]|")
     if quick:
         monkeypatch.chdir(workdir)

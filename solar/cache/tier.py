@@ -157,8 +157,11 @@ class TierFile:
             task = plan_slot_writes(self.layout, slots, st.staging, stage, drop=not self.direct_io)
             listed = slots.tolist()
             with st.lock:
-                after = st.writes_to(listed) | st.reads_of(listed)
-                (fut,) = self.executor.start(self, [task], after=after)
+                # The slot's earlier writes must have landed (their error is ours); its old
+                # content must have been read (a failed read leaves no slot unknown).
+                (fut,) = self.executor.start(
+                    self, [task], after=st.writes_to(listed), settled=st.reads_of(slots)
+                )
                 st.pending.update(dict.fromkeys(listed, fut))
                 st.writes[fut] = None
                 self.bytes_written += slots.size * self.stride
@@ -180,6 +183,7 @@ class TierFile:
 
     def wait_writes(self) -> None:
         """Wait for every write in flight; raise the first error of any write so far."""
+        self._owned()
         with self._st.lock:
             futures = list(self._st.writes)
         wait(futures)
@@ -211,23 +215,19 @@ class TierFile:
             self.layout, t, dests, r, into_rows=self._into_rows(out),
             scratch=st.scratch.ctypes.data, groups=self.executor.threads,
         )  # fmt: skip
-        listed = t.tolist()
         with st.lock:
             # With no write in flight, no per-slot lookups.
-            after = st.writes_to(listed) if st.pending else set()
+            after = st.writes_to(t.tolist()) if st.pending else set()
             futures = self.executor.start(self, tasks, after=after)
-            reads = set(futures)
-            for x in listed:  # a later write of these slots waits for these reads
-                st.readers.setdefault(x, set()).update(reads)
+            call = next(st.calls)
+            st.reads[call] = (t, futures)  # a later write of these slots waits for them
             self.bytes_read += t.size * self.stride
-        when_all(futures, functools.partial(st.read_done, listed, reads))
+        when_all(futures, functools.partial(st.read_done, call))
         return futures
 
     def expect_writes(self, step: int, tslots: np.ndarray) -> None:
         """Step ``step`` writes ``tslots`` once it is served (see :meth:`read_step`)."""
-        if tslots.size:
-            self._check(tslots, np.zeros(tslots.size, np.int64), [])
-            self._st.written_at[tslots] = step
+        self._st.written_at[tslots] = step  # the plan's slots: checked when it was read
 
     def read_step(
         self, step: int, tslots: np.ndarray, out: list[np.ndarray], rows: np.ndarray
@@ -250,6 +250,7 @@ class TierFile:
     def done_writing(self, step: int) -> None:
         """Every write of steps up to ``step`` is submitted: start the reads they held. A read
         that cannot start (the tier failed) fails its future; none is left pending."""
+        self._owned()
         st = self._st
         st.submitted = step + 1
         ready = [h for h in st.held if h[0] <= step]
@@ -268,6 +269,7 @@ class TierFile:
     def reset(self, step: int) -> None:
         """Start a run of steps at ``step``: no step after it has announced writes; held
         reads are cancelled (their results were not wanted)."""
+        self._owned()
         st = self._st
         st.written_at[:] = -1
         st.submitted = step
@@ -278,10 +280,7 @@ class TierFile:
         """Arguments as int64 arrays, every slot and row in range: before any I/O."""
         if self._closed:
             raise SolarError(f"tier {self.path}: used after close()")
-        if os.getpid() != self._pid:
-            raise SolarError(
-                f"tier {self.path}: belongs to process {self._pid}; a forked child makes its own"
-            )
+        self._owned()
         if self._error is not None:
             raise SolarError(str(self._error))
         t, r = np.asarray(tslots, np.int64).ravel(), np.asarray(rows, np.int64).ravel()
@@ -297,6 +296,14 @@ class TierFile:
                 raise SolarError(f"tier {self.path}: row {r[bad[0]]} outside 0..{n - 1}")
         return t, r
 
+    def _owned(self) -> None:
+        """Refuse a process other than the one that made the tier (its I/O state is not
+        this process's: a forked child makes a tier of its own)."""
+        if os.getpid() != self._pid:
+            raise SolarError(
+                f"tier {self.path}: belongs to process {self._pid}; a forked child makes its own"
+            )
+
     def close(self) -> None:
         """Wait for the reads and writes in flight, close and remove the file (idempotent).
 
@@ -310,7 +317,7 @@ class TierFile:
             st = self._st
             _cancel([held for *_, held in st.held])
             with st.lock:
-                flying = list(st.writes) + [f for fs in st.readers.values() for f in fs]
+                flying = list(st.writes) + [f for _, fs in st.reads.values() for f in fs]
             wait(flying)
         self._finalizer()
 
@@ -332,7 +339,8 @@ class _State:
         self.scratch = aligned(PAGE)  # padding between slots read into rows (discarded)
         self.pending: dict[int, Future] = {}  # tier slot -> its latest write in flight
         self.writes: dict[Future, None] = {}  # writes in flight, oldest first
-        self.readers: dict[int, set[Future]] = {}  # tier slot -> reads of it in flight
+        self.reads: dict[int, tuple[np.ndarray, list[Future]]] = {}  # read calls in flight
+        self.calls = itertools.count()
         self.written_at = np.full(slots, -1, np.int64)  # the last step announced to write it
         self.submitted = 0  # steps before this one have submitted their writes
         # Reads held back: (the step whose writes they wait for, slots, out, rows, future).
@@ -342,19 +350,15 @@ class _State:
         """The writes in flight to any of ``slots`` (the lock held)."""
         return {f for x in slots if (f := self.pending.get(x)) is not None}
 
-    def reads_of(self, slots: list[int]) -> set[Future]:
-        """The reads in flight of any of ``slots`` (the lock held)."""
-        return {f for x in slots for f in self.readers.get(x, ())}
+    def reads_of(self, slots: np.ndarray) -> list[Future]:
+        """The reads in flight of any of ``slots`` (the lock held): a few calls at most (the
+        read-ahead's), so one vector test each."""
+        return [f for read, fs in self.reads.values() if np.isin(slots, read).any() for f in fs]
 
-    def read_done(self, slots: list[int], reads: set[Future]) -> None:
+    def read_done(self, call: int) -> None:
         """A read call's futures have all ended: its slots are free to write."""
         with self.lock:
-            for x in slots:
-                left = self.readers.get(x)
-                if left is not None:
-                    left -= reads
-                    if not left:
-                        del self.readers[x]
+            del self.reads[call]
 
     def take(self, n: int, tier: TierFile) -> np.ndarray:
         """``n`` free staging slots, waiting for writes to finish if there are too few."""

@@ -9,7 +9,8 @@ errors, as ffcv's memory managers make the page cache and its own cache intercha
 sources behind one read. ``preadv`` and the compiled kernels release the GIL, so the pool
 gives real concurrency (h5py would serialise).
 
-A job may wait for futures (``after``: the tier's writes and reads in flight of its slots).
+A job may wait for futures (``after``, ``settled``: the tier's writes and reads in flight of
+its slots).
 They must be futures of this executor's read pool returned by an earlier :meth:`Executor.start`
 (never a future completed by a caller): the pool is first in, first out, so they were dequeued
 before the job and are running or done, and waiting cannot deadlock. (Tier tasks never decode,
@@ -136,10 +137,15 @@ class Executor:
         return pools[size]
 
     def start(
-        self, source: ByteSource, tasks: Sequence[Task], after: Collection[Future] = ()
+        self,
+        source: ByteSource,
+        tasks: Sequence[Task],
+        after: Collection[Future] = (),
+        settled: Collection[Future] = (),
     ) -> list[Future]:
         """Hand tasks to the pool as jobs, each job's advice built first (so that nothing can
-        raise once a job runs); every job first waits for the futures ``after``. Each
+        raise once a job runs); every job first waits for the futures ``after`` (their error
+        is its own) and for ``settled`` to end (their outcome is not its business). Each
         future's result is ``(bytes moved, seconds busy)``."""
         if not tasks:
             return []
@@ -151,7 +157,7 @@ class Executor:
                 a.advise(0)  # the first window now: its fetch starts while the job queues
         pool = self.pool(decoding)
         return [
-            pool.submit(self._job, source, job, a, after)
+            pool.submit(self._job, source, job, a, after, settled)
             for job, a in zip(jobs, advice, strict=True)
         ]
 
@@ -175,10 +181,12 @@ class Executor:
         tasks: Sequence[Task],
         advice: Advice | None,
         after: Collection[Future] = (),
+        settled: Collection[Future] = (),
     ) -> tuple[int, float]:
         t0 = time.perf_counter()
         for f in after:
             f.result()  # e.g. the tier slot's write must be on disk; its error is ours too
+        wait(settled)  # e.g. the old content of the slot this job writes has been read
         total = sum(self._run(source, t, advice) for t in tasks)
         return total, time.perf_counter() - t0
 
@@ -393,10 +401,7 @@ def wait_all(futures: Sequence[Future]) -> tuple[int, float]:
 def combine(futures: Sequence[Future]) -> tuple[int, float]:
     """(bytes, busy seconds) summed over futures that have all ended; the first error (or
     cancellation) of any is raised."""
-    for f in futures:
-        if f.cancelled() or f.exception() is not None:
-            f.result()  # raises it
-    results = [f.result() for f in futures]
+    results = [f.result() for f in futures]  # the first error (or cancellation) raises
     return sum(r[0] for r in results), sum(r[1] for r in results)
 
 
