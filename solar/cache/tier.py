@@ -151,7 +151,9 @@ class TierFile:
         job = min(self.staging_slots, max(cap, -(-t.size // self.executor.threads)))
         futures = []
         for a in range(0, t.size, job):
-            slots, stage = t[a : a + job], st.take(min(job, t.size - a), self)
+            stage, waited = st.take(min(job, t.size - a))
+            self.write_wait_seconds += waited
+            slots = t[a : a + job]
             for s, off, size in zip(src, self.layout.fields, self.layout.sizes, strict=True):
                 copy_rows(s, r[a : a + job], st.staging[:, off : off + size], stage)
             task = plan_slot_writes(self.layout, slots, st.staging, stage, drop=not self.direct_io)
@@ -360,17 +362,14 @@ class _State:
         with self.lock:
             del self.reads[call]
 
-    def take(self, n: int, tier: TierFile) -> np.ndarray:
-        """``n`` free staging slots, waiting for writes to finish if there are too few."""
+    def take(self, n: int) -> tuple[np.ndarray, float]:
+        """``n`` free staging slots, and the seconds spent waiting for writes to free them."""
         t0 = time.perf_counter()
         with self.room:
-            waited = len(self.free) < n
             while len(self.free) < n:
                 self.room.wait()
             stage = np.array([self.free.popleft() for _ in range(n)], np.int64)
-        if waited:
-            tier.write_wait_seconds += time.perf_counter() - t0
-        return stage
+        return stage, time.perf_counter() - t0
 
 
 def _cancel(held: list[Future]) -> None:

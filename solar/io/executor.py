@@ -124,6 +124,8 @@ class Executor:
             raise SolarError(f"executor: threads must be >= 1, got {threads}")
         self.threads = threads
         self._pools: ProcessLocal[dict[int, ThreadPoolExecutor]] = ProcessLocal(dict)
+        # Bounce buffers per thread. A ProcessLocal although threads never survive a fork: it
+        # is what lets an Executor (inside a Reader) pickle for spawn.
         self._local: ProcessLocal[threading.local] = ProcessLocal(threading.local)
 
     def pool(self, decoding: bool = False) -> ThreadPoolExecutor:
