@@ -12,6 +12,7 @@ if "NUMBA_CACHE_DIR" not in _os.environ and not _os.access(_os.path.dirname(__fi
 from solar.config import BufferConfig, ReaderConfig, RunConfig
 from solar.errors import CorruptPlanError, PlanMismatchError, SolarError
 from solar.schedule import Plan, PlanSpec, load_plan, make_plan
+from solar.schedule.samplers import Shuffle, Trace, Weighted
 
 __all__ = [
     "BufferConfig",
@@ -22,7 +23,10 @@ __all__ = [
     "PlanSpec",
     "ReaderConfig",
     "RunConfig",
+    "Shuffle",
     "SolarError",
+    "Trace",
+    "Weighted",
     "load_plan",
     "make_plan",
 ]

@@ -16,6 +16,8 @@ from solar.config import DEFAULT_SLACK, BufferConfig, ReaderConfig, RunConfig, p
 from solar.errors import SolarError
 from solar.schedule import POLICIES, PlanSpec
 from solar.schedule.plan import plan_to_file, simulate
+from solar.schedule.policies import TRACE_POLICIES
+from solar.schedule.samplers import make_sampler
 from solar.schedule.summary import PlanSummary
 
 _READER = ReaderConfig()  # the defaults shown by --help
@@ -48,8 +50,35 @@ def cli() -> None:
 @click.option("--slack", type=float, default=DEFAULT_SLACK, show_default=True,
               help="Extra share of B a rank may serve to keep its hits.")  # fmt: skip
 @click.option("--drop-last", is_flag=True, help="Drop a short last global batch.")
-@click.option("--policy", type=click.Choice(list(POLICIES)), default="solar", show_default=True)
+@click.option(
+    "--policy",
+    type=click.Choice(sorted({*POLICIES, *TRACE_POLICIES})),
+    default="solar",
+    show_default=True,
+    help="Planning policy (static: --sampler weighted only).",
+)
 @click.option("--reorder-epochs", is_flag=True, help="Order epochs to chain buffers (SOLAR's TSP).")
+@click.option(
+    "--sampler",
+    "sampler_kind",
+    type=click.Choice(["shuffle", "weighted"]),
+    default="shuffle",
+    show_default=True,
+    help="Who draws each step's samples.",
+)
+@click.option(
+    "--weights", type=click.Path(), help="Weights .npy (one per sample) of --sampler weighted."
+)
+@click.option("--num-samples", type=int, help="Draws per epoch of --sampler weighted (default N).")
+@click.option(
+    "--no-replacement", is_flag=True, help="--sampler weighted draws without replacement."
+)
+@click.option(
+    "--horizon",
+    type=int,
+    help="Epochs of look-ahead for --sampler weighted "
+    "(default: the whole run if it fits in memory).",
+)
 @click.option("--out", "-o", type=click.Path(),
               help="Plan file to write; without it, plan and report only.")  # fmt: skip
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of a table.")
@@ -69,6 +98,11 @@ def plan(
     drop_last: bool,
     policy: str,
     reorder_epochs: bool,
+    sampler_kind: str,
+    weights: str | None,
+    num_samples: int | None,
+    no_replacement: bool,
+    horizon: int | None,
     out: str | None,
     as_json: bool,
 ) -> None:
@@ -92,12 +126,17 @@ def plan(
         raise SolarError("give data files or --samples N")
     if sample_bytes is not None and sample_bytes <= 0:
         raise SolarError(f"--sample-bytes must be positive, got {sample_bytes}")
-    run = RunConfig(samples, world_size, batch_size, epochs, seed, drop_last)
+    sampler = make_sampler(sampler_kind, weights, num_samples, not no_replacement)
+    sampler.check(samples)
+    draws = sampler.draws(samples, world_size * batch_size)
+    run = RunConfig(samples, world_size, batch_size, epochs, seed, drop_last,
+                    None if draws == samples else draws)  # fmt: skip
     capacity = parse_size(buffer, sample_bytes=sample_bytes, name="--buffer")
     tier = parse_size(tier_size, sample_bytes=sample_bytes, name="--tier-size")
     spec = PlanSpec(
-        run, BufferConfig(capacity, slack, tier), policy, reorder_epochs, sample_bytes, dataset
-    )
+        run, BufferConfig(capacity, slack, tier), policy, reorder_epochs, sample_bytes, dataset,
+        sampler, horizon,
+    )  # fmt: skip
     if out:
         check_writable(out)
     with _progress(
@@ -342,7 +381,8 @@ def plan_summary(p: PlanSummary, path: Path | None = None) -> dict:
         "tier_hits": p.tier_hits,
         "reads": reads,
         "hit_rate": p.hit_rate,
-        "bound": p.bound,
+        "bound": None if spec.traced else p.bound,  # (P·C bounds permutations only)
+        "sampler": spec.sampler.identity() or {"kind": "shuffle"},
         "reads_per_epoch": reads / run.epochs,
         "bytes_read_per_epoch": (reads * spec.sample_bytes / run.epochs)
         if spec.sample_bytes
@@ -375,12 +415,15 @@ def format_summary(s: dict) -> str:
     lines.append(f"{'all':>5} {s['accesses']:>10} {s['hits']:>10} {s['reads']:>10}")
     if s["tier_size"]:
         lines.append(f"hits from RAM {s['ram_hits']}, from the tier {s['tier_hits']}")
-    share = s["hit_rate"] / s["bound"] if s["bound"] else 1.0
-    held = "P·(C+D)" if s["tier_size"] else "P·C"
-    lines.append(
-        f"hit rate {100 * s['hit_rate']:.2f} %, bound min({held}, N)·(E−1)/(N·E) = "
-        f"{100 * s['bound']:.2f} % ({100 * share:.1f} % of it)"
-    )
+    if s["bound"] is None:
+        lines.append(f"hit rate {100 * s['hit_rate']:.2f} % ({s['sampler']['kind']} sampler)")
+    else:
+        share = s["hit_rate"] / s["bound"] if s["bound"] else 1.0
+        held = "P·(C+D)" if s["tier_size"] else "P·C"
+        lines.append(
+            f"hit rate {100 * s['hit_rate']:.2f} %, bound min({held}, N)·(E−1)/(N·E) = "
+            f"{100 * s['bound']:.2f} % ({100 * share:.1f} % of it)"
+        )
     per_epoch = f"{s['reads_per_epoch']:.0f} samples"
     if s["bytes_read_per_epoch"] is not None:
         per_epoch += f" ({format_bytes(s['bytes_read_per_epoch'])})"

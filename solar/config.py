@@ -37,7 +37,8 @@ class RunConfig:
     """The shape of a training run: everything the access order depends on.
 
     ``batch_size`` is the nominal local batch of one rank; a global step covers
-    ``batch_size * world_size`` positions of the epoch's permutation.
+    ``batch_size * world_size`` positions of the epoch's order. ``draws`` is the number of
+    positions per epoch when a sampler draws other than ``num_samples`` (None: all of them).
     """
 
     num_samples: int
@@ -46,20 +47,24 @@ class RunConfig:
     epochs: int
     seed: int = 0
     drop_last: bool = False
+    draws: int | None = None
 
     def __post_init__(self) -> None:
-        for name in ("num_samples", "world_size", "batch_size", "epochs"):
+        for name in ("num_samples", "world_size", "batch_size", "epochs", "draws"):
             value = getattr(self, name)
+            if name == "draws" and value is None:
+                continue
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise SolarError(f"{name} must be a positive integer, got {value!r}")
         if not isinstance(self.seed, int) or self.seed < 0:
             raise SolarError(f"seed must be a non-negative integer, got {self.seed!r}")
         if self.world_size > 32767:
             raise SolarError(f"world_size {self.world_size} exceeds the supported 32767 ranks")
-        if self.global_batch > self.num_samples:
+        if self.global_batch > self.epoch_draws:
+            what = "samples of the dataset" if self.draws is None else "draws of an epoch"
             raise SolarError(
                 f"global batch batch_size×world_size = {self.batch_size}×{self.world_size} "
-                f"= {self.global_batch} exceeds the {self.num_samples} samples of the dataset"
+                f"= {self.global_batch} exceeds the {self.epoch_draws} {what}"
             )
 
     @property
@@ -67,17 +72,23 @@ class RunConfig:
         return self.batch_size * self.world_size
 
     @property
+    def epoch_draws(self) -> int:
+        """Positions of an epoch's order: ``draws``, or one per sample."""
+        return self.num_samples if self.draws is None else self.draws
+
+    @property
     def steps_per_epoch(self) -> int:
         if self.drop_last:
-            return self.num_samples // self.global_batch
-        return -(-self.num_samples // self.global_batch)
+            return self.epoch_draws // self.global_batch
+        return -(-self.epoch_draws // self.global_batch)
 
     @property
     def samples_per_epoch(self) -> int:
-        """Samples served per epoch: all of them, or whole global batches with ``drop_last``."""
+        """Positions served per epoch: all of them, or whole global batches with
+        ``drop_last``."""
         if self.drop_last:
             return self.steps_per_epoch * self.global_batch
-        return self.num_samples
+        return self.epoch_draws
 
     @property
     def num_steps(self) -> int:

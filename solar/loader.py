@@ -32,7 +32,7 @@ import numpy as np
 
 from solar._process import ProcessLocal
 from solar.cache.batches import BatchPool, torch_dtype
-from solar.cache.slots import SlotBuffer, check_budget
+from solar.cache.slots import SlotBuffer, check_budget, copy_rows
 from solar.cache.tier import TierFile, tier_stride
 from solar.config import DEFAULT_SLACK, BufferConfig, ReaderConfig, RunConfig, parse_size
 from solar.dist import abort_job_on_error, agree
@@ -45,6 +45,7 @@ from solar.schedule import Plan, PlanSpec, RankPlan, load_plan, make_plan
 from solar.schedule._common import ADMIT, DEMOTE, slot_count, tier_slot_count
 from solar.schedule.order import step_bounds
 from solar.schedule.rankplan import StepPlan
+from solar.schedule.samplers import SHUFFLE, Sampler, Trace
 from solar.schedule.stream import RankStream
 from solar.stats import LoaderStats, StepStats
 
@@ -68,6 +69,11 @@ class Loader:
     ``snapshots``: a directory (shared by the ranks, beside the checkpoints) where rank 0 saves
     the planner's state after each epoch it plans, a few MB; a resume (:meth:`load_state_dict`)
     then replans from the newest snapshot at or before its epoch instead of from epoch 0.
+
+    ``sampler`` draws each step's ids (:mod:`solar.schedule.samplers`): ``Shuffle()`` (the
+    default), ``Weighted(...)`` or ``Trace(...)``; with the latter two the sampler splits the
+    batches over the ranks, a batch may repeat an id (read once, copied) and the planner looks
+    ``horizon`` epochs ahead (default: the whole run if it fits in memory).
     """
 
     def __init__(
@@ -92,6 +98,8 @@ class Loader:
         tier: str | os.PathLike | None = None,
         tier_size: int | str = 0,
         snapshots: str | os.PathLike | None = None,
+        sampler: Sampler | None = None,
+        horizon: int | None = None,
     ) -> None:
         # Other ranks may be waiting in the plan agreement: a failure here takes the job down.
         with abort_job_on_error(comm):
@@ -117,12 +125,15 @@ class Loader:
                     f"(got tier={tier!r}, tier_size={tier_size!r})"
                 )
             self._tier_dir = tier
-            run = RunConfig(
-                self.info.num_samples, self.world_size, batch_size, epochs, seed, drop_last
-            )
+            self.sampler = SHUFFLE if sampler is None else sampler
+            n = self.info.num_samples
+            self.sampler.check(n)
+            draws = self.sampler.draws(n, self.world_size * batch_size)
+            run = RunConfig(n, self.world_size, batch_size, epochs, seed, drop_last,
+                            None if draws == n else draws)  # fmt: skip
             self.run = run
             self.spec, given = self._agree_on_plan(
-                plan, run, BufferConfig(capacity, slack, tier_capacity), policy, comm
+                plan, run, BufferConfig(capacity, slack, tier_capacity), policy, comm, horizon
             )
             self._plan: Plan | None = given
             if given is not None:
@@ -136,7 +147,7 @@ class Loader:
             self.reader = Reader(self.info, config, throttle)
             self.stats = LoaderStats()
             self.global_batch = 0  # samples over all ranks in the step last yielded
-            self._global_sizes = np.diff(step_bounds(run))
+            self._global_sizes: tuple[int, np.ndarray] = (-1, np.diff(step_bounds(run)))
             self._epoch = 0
             self._next = 0  # global step the next iteration starts from
             self._reset_runtime()
@@ -155,18 +166,21 @@ class Loader:
         buffer: BufferConfig,
         policy: str,
         comm: Any,
+        horizon: int | None,
     ) -> tuple[PlanSpec, Plan | None]:
         made = None
         if plan is None:
-            spec = PlanSpec(run, buffer, policy, False, self.info.sample_bytes, self.info.identity)
+            spec = PlanSpec(run, buffer, policy, False, self.info.sample_bytes,
+                            self.info.identity, self.sampler, horizon)  # fmt: skip
         else:
             made = plan if isinstance(plan, Plan) else load_plan(plan)
-            # Policy and epoch order are the plan's choice; everything else must match.
+            # Policy, epoch order and horizon are the plan's choice; everything else must match.
             spec = PlanSpec(
                 run, buffer, made.spec.policy, made.spec.reorder_epochs,
-                self.info.sample_bytes, self.info.identity,
+                self.info.sample_bytes, self.info.identity, self.sampler, made.spec.horizon,
             )  # fmt: skip
             made.check(spec, source="plan" if isinstance(plan, Plan) else f"plan {plan}")
+            made = made.bound_to(spec)  # a file's plan, proven against this loader's sampler
         # The same inputs and the same plan file (its header) on every rank, or none goes on.
         agree(comm, (spec.fingerprint, made.header if made is not None else None), "the plan")
         return spec, made
@@ -245,9 +259,19 @@ class Loader:
         for k in range(start, end):
             batch = self._consume(k)
             self._next = k + 1
-            self.global_batch = int(self._global_sizes[k - first])
+            self.global_batch = int(self._global_sizes_of(self._epoch)[k - first])
             yield batch
             del batch  # let the pool reuse its memory as soon as the trainer drops it
+
+    def _global_sizes_of(self, epoch: int) -> np.ndarray:
+        """Rows of every global step of ``epoch``, over all ranks: (steps per epoch,)."""
+        if not self.spec.traced:
+            return self._global_sizes[1]
+        if self._global_sizes[0] != epoch:
+            d = self.sampler.epoch(self.run, epoch)
+            rows = np.diff(d.offsets).reshape(self.run.steps_per_epoch, self.world_size)
+            self._global_sizes = (epoch, rows.sum(axis=1))
+        return self._global_sizes[1]
 
     def state_dict(self) -> dict:
         """Where the run stands: resume with :meth:`load_state_dict` on the same plan."""
@@ -269,8 +293,12 @@ class Loader:
         product (mosaicml-streaming's elastic determinism)."""
         run = self.run
         order = self._plan.epoch_order if self._plan is not None else np.arange(run.epochs)
-        key = (self.spec.dataset, run.num_samples, run.global_batch, run.epochs, run.seed,
-               run.drop_last, np.asarray(order).tolist())  # fmt: skip
+        key: tuple = (self.spec.dataset, run.num_samples, run.global_batch, run.epochs,
+                      run.seed, run.drop_last, np.asarray(order).tolist())  # fmt: skip
+        if self.spec.traced:
+            # Weighted's global batches depend on P·B only; a Trace's on its ranks too.
+            ranks = run.world_size if isinstance(self.sampler, Trace) else None
+            key += (run.draws, repr(sorted((self.sampler.identity() or {}).items())), ranks)
         return hashlib.sha256(repr(key).encode()).hexdigest()
 
     def load_state_dict(self, state: dict) -> None:
@@ -349,10 +377,13 @@ class Loader:
     def _start(self, k: int) -> InFlight:
         """Start step ``k``'s storage and tier reads, straight into its batch memory."""
         if self._pool is None:
-            # No local batch exceeds the cap of a full nominal share.
+            # No local batch exceeds the cap of a full nominal share (or a sampler's longest;
+            # the pool grows for a longer one).
             rows = self.spec.buffer.cap(self.run.batch_size)
+            if self.spec.traced:
+                rows = self.sampler.max_batch(self.run) or self.run.batch_size
             self._pool = BatchPool(self.info.keys, rows, self.config.pin_memory)
-        step = self._window(k, trim=False).step(k)
+        step = self._step(k)
         tier = self.tier
         io = InFlight(step, [], [], [])
         # Only reads need their batch ahead of time; a step of hits takes memory when it is
@@ -375,6 +406,21 @@ class Loader:
             tier.expect_writes(k, step.tier_writes)
         return io
 
+    def _step(self, k: int) -> StepPlan:
+        """Step ``k``'s plan, its rows in the sampler's batch order."""
+        step = self._window(k, trim=False).step(k)
+        if not self.spec.traced:
+            return step  # Shuffle: the planner chose the batch, its order is the plan's
+        spe = self.run.steps_per_epoch
+        ids = self.sampler.batch(self.run, k // spe, k % spe, self.rank)
+        try:
+            return step.in_batch(ids)
+        except ValueError:
+            raise SolarError(
+                f"step {k}, rank {self.rank}: the sampler's batch is not the one planned "
+                "(a Trace function must return the same ids for the same arguments)"
+            ) from None
+
     def _update(self, k: int, step: StepPlan, batch: list[np.ndarray]) -> None:
         """Apply step ``k``'s buffer updates, in the plan's order.
 
@@ -394,6 +440,8 @@ class Loader:
         # A slot updated twice in this step (rare): one update at a time, in access order.
         assert tier is not None
         for flag, src, dst in self._window(k).step_actions(k):
+            if flag != DEMOTE:  # src is an access of the step: its batch row
+                src = step.row(src)
             one_src, one_dst = np.array([src]), np.array([dst])
             if flag == ADMIT:
                 buf.store(batch, one_src, one_dst)
@@ -418,6 +466,9 @@ class Loader:
             assert self._pool is not None
             io.tensors, io.batch = self._pool.take(io.plan.size)
         self.buffer.gather(step.hit_slots, io.batch, step.hit_rows)
+        if step.copy_dst.size:  # a sample drawn twice in the batch: read once, copied
+            for rows in io.batch:
+                copy_rows(rows, step.copy_src, rows, step.copy_dst)
         self._update(k, step, io.batch)
         if rt.tier is not None:
             rt.tier.done_writing(k)

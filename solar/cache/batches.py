@@ -44,6 +44,9 @@ class BatchPool:
         """Memory for a batch of ``n`` rows: (torch tensors, the numpy views they share)."""
         import torch
 
+        if n > self._shapes[0][0]:  # a longer batch than any so far: larger sets from now on
+            self._shapes = [(n, *shape[1:]) for shape in self._shapes]
+            self._sets = []  # sets still in use are freed with their last tensor
         if self._pin:
             # A non_blocking copy to the device may still read pinned memory after the last
             # tensor is dropped; torch's pinned allocator tracks that, this pool could not.

@@ -18,6 +18,8 @@ C + D, and RAM hits are those of a RAM-only plan of C.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 from numba import njit
 
@@ -34,6 +36,7 @@ from solar.schedule._common import (
     NextUse,
     OccupantContents,
     cap_table,
+    no_tier,
     slot_count,
     tier_slot_count,
 )
@@ -92,46 +95,49 @@ def _replace_top(x, n, r, holder, hslot, key, heap, cells):
     return s
 
 
+@njit(cache=True, inline="always")
+def _ram_step(seq, nu, a, b, rank_out, slot_out, flags, holder, hslot, key, heap, cells):
+    """Buffer updates of one step's accesses ``[a, b)``, placed, in access order: a hit's key
+    becomes its next use; a read is admitted if used sooner than the farthest, else bypasses.
+    A sample hit in this step has its key equal to its position here, sooner than any read's
+    next use, so it is never evicted before it is served."""
+    cap_slots = key.shape[1]
+    # ``_used`` with c = 0: one heap, no RAM heap to keep beside it (key/heap stand in, unused).
+    for i in range(a, b):
+        x = seq[i]
+        r = rank_out[i]
+        n = nu[i]
+        if flags[i] & HIT:
+            if _used(x, n, r, slot_out[i], 0, holder, key, heap, key, heap, cells):
+                flags[i] |= RELEASE
+            continue
+        h = holder[x]
+        if h >= 0:
+            # Held by a rank already at its cap: that rank keeps it for its next use.
+            _used(x, n, h, hslot[x], 0, holder, key, heap, key, heap, cells)
+        elif cap_slots > 0 and n < key[r, 0]:
+            slot_out[i] = _replace_top(x, n, r, holder, hslot, key, heap, cells)
+            flags[i] = ADMIT
+
+
 @njit(cache=True, nogil=True)
 def _solar_steps(
     seq, nu, bounds, k0, world, cap_of,  # inputs: one epoch; k0 is its first global step
     holder, hslot, key, heap, cells,  # buffer state, carried across calls
     rank_out, slot_out, flags, counts,  # outputs
 ):  # fmt: skip
-    cap_slots = key.shape[1]
     count = np.zeros(world, np.int64)
-    # ``_used`` with c = 0: one heap, no RAM heap to keep beside it (key/heap stand in, unused).
     for k in range(bounds.shape[0] - 1):
         a, b = bounds[k], bounds[k + 1]
         _place(seq, a, b, k0 + k, world, cap_of, holder, hslot, count, rank_out, slot_out, flags)
-        # Buffer updates in access order: a sample hit in this step has its key equal to its
-        # position here, which is sooner than any read's next use, so it is never evicted
-        # before it is served.
-        for i in range(a, b):
-            x = seq[i]
-            r = rank_out[i]
-            n = nu[i]
-            if flags[i] & HIT:
-                if _used(x, n, r, slot_out[i], 0, holder, key, heap, key, heap, cells):
-                    flags[i] |= RELEASE
-                continue
-            h = holder[x]
-            if h >= 0:
-                # Held by a rank already at its cap: that rank keeps it for its next use.
-                _used(x, n, h, hslot[x], 0, holder, key, heap, key, heap, cells)
-            elif cap_slots > 0 and n < key[r, 0]:
-                slot_out[i] = _replace_top(x, n, r, holder, hslot, key, heap, cells)
-                flags[i] = ADMIT
+        _ram_step(seq, nu, a, b, rank_out, slot_out, flags, holder, hslot, key, heap, cells)
         counts[k, :] = count
 
 
-@njit(cache=True, nogil=True)
-def _tiered_steps(
-    seq, nu, bounds, k0, world, cap_of,  # inputs: one epoch; k0 is its first global step
-    holder, hslot, key, heap, rkey, rheap, cells,  # state, carried across calls
-    rank_out, slot_out, tslot_out, flags, counts,  # outputs
-):  # fmt: skip
-    """:func:`_solar_steps` over cells ``0..C-1`` (RAM slots) and ``C..C+D-1`` (tier slots).
+@njit(cache=True, inline="always")
+def _tiered_step(seq, nu, a, b, rank_out, slot_out, tslot_out, flags, holder, hslot, key, heap,
+                 rkey, rheap, cells):  # fmt: skip
+    """:func:`_ram_step` over cells ``0..C-1`` (RAM slots) and ``C..C+D-1`` (tier slots).
 
     ``key/heap`` (positions ``cells[..., POS]``) is the max-heap of all C + D cells,
     ``rkey/rheap`` (positions ``cells[..., RPOS]``) that of the C RAM cells; ``hslot[x]`` is
@@ -140,101 +146,164 @@ def _tiered_steps(
     """
     c = rkey.shape[1]
     u = key.shape[1]
-    count = np.zeros(world, np.int64)
-    for k in range(bounds.shape[0] - 1):
-        a, b = bounds[k], bounds[k + 1]
-        _place(seq, a, b, k0 + k, world, cap_of, holder, hslot, count, rank_out, slot_out, flags)
-        for i in range(a, b):
-            x = seq[i]
-            r = rank_out[i]
-            n = nu[i]
-            tslot_out[i] = -1
-            if flags[i] & HIT:
-                s = slot_out[i]  # a cell: a RAM slot or C + a tier slot
-                if s >= c:
-                    flags[i] = THIT
-                    slot_out[i] = -1
-                    tslot_out[i] = s - c
-                if _used(x, n, r, s, c, holder, key, heap, rkey, rheap, cells):
-                    flags[i] |= RELEASE
-                elif s >= c and c > 0 and n < rkey[r, 0]:
-                    # MIN on RAM alone would admit x now: promote it, demoting RAM's farthest.
-                    d = rheap[r, 0]
-                    y = cells[r, d, OCC]
-                    ky = rkey[r, 0]
-                    cells[r, d, OCC] = x
-                    hslot[x] = d
-                    rekey(key, heap, cells, POS, r, d, n)
-                    rkey[r, 0] = n
-                    sift_down(rkey, rheap, cells, RPOS, r, 0)
-                    flags[i] |= ADMIT
-                    slot_out[i] = d
-                    cells[r, s, OCC] = y
-                    if y >= 0:
-                        hslot[y] = s
-                        rekey(key, heap, cells, POS, r, s, ky)
-                        flags[i] |= DEMOTE
-                    else:
-                        rekey(key, heap, cells, POS, r, s, NEVER)
-                continue
-            h = holder[x]
-            if h >= 0:
-                # Held by a rank already at its cap: that rank keeps it for its next use.
-                _used(x, n, h, hslot[x], c, holder, key, heap, rkey, rheap, cells)
-                continue
-            if u == 0 or n >= key[r, 0]:
-                continue  # bypass: every cell holds a sample used sooner
-            z = heap[r, 0]  # the cell given up: the farthest next use of all
-            if c > 0 and n < rkey[r, 0]:
-                d = rheap[r, 0]  # x goes to RAM, in place of RAM's farthest
+    for i in range(a, b):
+        x = seq[i]
+        r = rank_out[i]
+        n = nu[i]
+        tslot_out[i] = -1
+        if flags[i] & HIT:
+            s = slot_out[i]  # a cell: a RAM slot or C + a tier slot
+            if s >= c:
+                flags[i] = THIT
+                slot_out[i] = -1
+                tslot_out[i] = s - c
+            if _used(x, n, r, s, c, holder, key, heap, rkey, rheap, cells):
+                flags[i] |= RELEASE
+            elif s >= c and c > 0 and n < rkey[r, 0]:
+                # MIN on RAM alone would admit x now: promote it, demoting RAM's farthest.
+                d = rheap[r, 0]
                 y = cells[r, d, OCC]
                 ky = rkey[r, 0]
-                if y >= 0 and d != z:
-                    # y is still worth holding: demoted into z (a tier cell), evicting its sample.
-                    old = cells[r, z, OCC]
-                    if old >= 0:
-                        holder[old] = -1
-                    cells[r, z, OCC] = y
-                    hslot[y] = z
-                    rekey(key, heap, cells, POS, r, z, ky)
-                    flags[i] = ADMIT | DEMOTE
-                    tslot_out[i] = z - c
-                else:
-                    if y >= 0:
-                        holder[y] = -1  # d was the farthest of all: y is evicted
-                    flags[i] = ADMIT
                 cells[r, d, OCC] = x
-                holder[x] = r
                 hslot[x] = d
                 rekey(key, heap, cells, POS, r, d, n)
                 rkey[r, 0] = n
                 sift_down(rkey, rheap, cells, RPOS, r, 0)
+                flags[i] |= ADMIT
                 slot_out[i] = d
+                cells[r, s, OCC] = y
+                if y >= 0:
+                    hslot[y] = s
+                    rekey(key, heap, cells, POS, r, s, ky)
+                    flags[i] |= DEMOTE
+                else:
+                    rekey(key, heap, cells, POS, r, s, NEVER)
+            continue
+        h = holder[x]
+        if h >= 0:
+            # Held by a rank already at its cap: that rank keeps it for its next use.
+            _used(x, n, h, hslot[x], c, holder, key, heap, rkey, rheap, cells)
+            continue
+        if u == 0 or n >= key[r, 0]:
+            continue  # bypass: every cell holds a sample used sooner
+        z = heap[r, 0]  # the cell given up: the farthest next use of all
+        if c > 0 and n < rkey[r, 0]:
+            d = rheap[r, 0]  # x goes to RAM, in place of RAM's farthest
+            y = cells[r, d, OCC]
+            ky = rkey[r, 0]
+            if y >= 0 and d != z:
+                # y is still worth holding: demoted into z (a tier cell), evicting its sample.
+                old = cells[r, z, OCC]
+                if old >= 0:
+                    holder[old] = -1
+                cells[r, z, OCC] = y
+                hslot[y] = z
+                rekey(key, heap, cells, POS, r, z, ky)
+                flags[i] = ADMIT | DEMOTE
+                tslot_out[i] = z - c
             else:
-                # RAM holds only sooner uses: x goes to the tier, in place of the farthest.
-                tslot_out[i] = _replace_top(x, n, r, holder, hslot, key, heap, cells) - c
-                flags[i] = TADMIT
+                if y >= 0:
+                    holder[y] = -1  # d was the farthest of all: y is evicted
+                flags[i] = ADMIT
+            cells[r, d, OCC] = x
+            holder[x] = r
+            hslot[x] = d
+            rekey(key, heap, cells, POS, r, d, n)
+            rkey[r, 0] = n
+            sift_down(rkey, rheap, cells, RPOS, r, 0)
+            slot_out[i] = d
+        else:
+            # RAM holds only sooner uses: x goes to the tier, in place of the farthest.
+            tslot_out[i] = _replace_top(x, n, r, holder, hslot, key, heap, cells) - c
+            flags[i] = TADMIT
+
+
+@njit(cache=True, nogil=True)
+def _tiered_steps(
+    seq, nu, bounds, k0, world, cap_of,  # inputs: one epoch; k0 is its first global step
+    holder, hslot, key, heap, rkey, rheap, cells,  # state, carried across calls
+    rank_out, slot_out, tslot_out, flags, counts,  # outputs
+):  # fmt: skip
+    """:func:`_solar_steps` with a second tier (:func:`_tiered_step`)."""
+    count = np.zeros(world, np.int64)
+    for k in range(bounds.shape[0] - 1):
+        a, b = bounds[k], bounds[k + 1]
+        _place(seq, a, b, k0 + k, world, cap_of, holder, hslot, count, rank_out, slot_out, flags)
+        _tiered_step(seq, nu, a, b, rank_out, slot_out, tslot_out, flags, holder, hslot, key,
+                     heap, rkey, rheap, cells)  # fmt: skip
         counts[k, :] = count
+
+
+@njit(cache=True, inline="always")
+def _hits_first(a, b, seq, nu, sample, slot, flags):
+    """Stably move the accesses of ``[a, b)`` (one rank's part of a step) that are hits before
+    the rest, permuting the access arrays alike."""
+    order = np.empty(b - a, np.int64)
+    j = 0
+    for hit in (True, False):
+        for i in range(a, b):
+            if (flags[i] & HIT != 0) == hit:
+                order[j] = i
+                j += 1
+    seq[a:b] = seq[order]
+    nu[a:b] = nu[order]
+    sample[a:b] = sample[order]
+    slot[a:b] = slot[order]
+    flags[a:b] = flags[order]
+
+
+@njit(cache=True, nogil=True)
+def _trace_steps(
+    seq, nu, sample, rank, bounds, counts, tiered,  # one epoch of a trace: (rank, sample) ids
+    holder, hslot, key, heap, rkey, rheap, cells,  # state, carried across calls
+    slot_out, tslot_out, flags,  # outputs
+):  # fmt: skip
+    """Belady over a sampler's trace: the sampler chose who serves each access (``rank``), and
+    an id names a (rank, sample) pair, so an id held is held by the rank serving it: a hit.
+
+    A step's hits read the buffer as it starts; then, as Ginex's changesets do, the rank keeps
+    the C ids of (held ∪ step) used soonest. So each rank's hits of the step come first (the
+    accesses are reordered: a step's accesses are a set, the runtime puts each in its batch
+    row), their keys become their next uses, and only then are the reads admitted or bypassed.
+    """
+    for k in range(bounds.shape[0] - 1):
+        a, b = bounds[k], bounds[k + 1]
+        for i in range(a, b):
+            s = hslot[seq[i]] if holder[seq[i]] >= 0 else -1
+            slot_out[i] = s
+            flags[i] = HIT if s >= 0 else 0
+        p = a
+        for r in range(counts.shape[1]):
+            q = p + counts[k, r]
+            _hits_first(p, q, seq, nu, sample, slot_out, flags)
+            p = q
+        if tiered:
+            _tiered_step(seq, nu, a, b, rank, slot_out, tslot_out, flags, holder, hslot, key,
+                         heap, rkey, rheap, cells)  # fmt: skip
+        else:
+            _ram_step(seq, nu, a, b, rank, slot_out, flags, holder, hslot, key, heap, cells)
 
 
 class SolarPolicy(OccupantContents):
     """Rank affinity and per-rank Belady eviction; state carried across epochs, O(N + P·C)."""
 
     needs_next_use = True
+    ids_per_rank = False  # ids are samples; TracePolicy's name (rank, sample) pairs
 
     def __init__(self, run: RunConfig, buffer: BufferConfig) -> None:
         self.run = run
         world, c = run.world_size, slot_count(run, buffer)
         self.tier = tier_slot_count(run, buffer)
         u = c + self.tier  # cells: RAM slots, then tier slots
+        self.ids = run.num_samples * (world if self.ids_per_rank else 1)
         # holder[x] (rank) and hslot[x] (cell) side by side: one cache miss finds both.
-        held = np.full((run.num_samples, 2), -1, np.int32)
+        held = np.full((self.ids, 2), -1, np.int32)
         self.holder, self.hslot = held[:, 0], held[:, 1]
         self.key, self.heap = empty_heaps(world, u)
         self.rkey, self.rheap = empty_heaps(world, c if self.tier else 0)
         # Per cell, side by side: its heap position(s) and its sample (one miss finds all).
         self.cells = np.full((world, u, RPOS + 1 if self.tier else OCC + 1), -1,
-                             sample_dtype(run.num_samples))  # fmt: skip
+                             sample_dtype(self.ids))  # fmt: skip
         self.cells[:, :, POS] = self.heap
         if self.tier:
             self.cells[:, :c, RPOS] = self.rheap
@@ -256,14 +325,14 @@ class SolarPolicy(OccupantContents):
         occ = _array(state, "occupant", self.occupant.dtype, (world, u))
         heap = _array(state, "heap", np.int32, (world, u))
         rheap = _array(state, "rheap", np.int32, (world, c))
-        if occ.size and (occ.min() < -1 or occ.max() >= self.run.num_samples):
+        if occ.size and (occ.min() < -1 or occ.max() >= self.ids):
             raise ValueError("occupant: a sample id out of range")
         ranks, where = np.nonzero(occ >= 0)  # row-major, as occ[occ >= 0]
         held = occ[ranks, where]
         if np.unique(held).size != held.size:
             raise ValueError("occupant: a sample held in two cells")
         uses = next_use(held)
-        if np.any(uses == NEVER):
+        if np.any(uses == NEVER) and not self.ids_per_rank:  # (a trace's horizon may end first)
             raise ValueError("occupant: a sample held but never used again")
         keys = np.full((world, u), NEVER, np.int64)
         keys[ranks, where] = uses
@@ -295,6 +364,39 @@ class SolarPolicy(OccupantContents):
                 self.key, self.heap, self.cells,
                 out.rank, out.slot, out.flags, out.counts,
             )  # fmt: skip
+        return out
+
+
+class TracePolicy(SolarPolicy):
+    """Belady with bypass, per rank, over a general sampler's trace (the sampler decides who
+    serves what: no affinity). Ids are (rank, sample) pairs, ``rank * N + sample``: the state
+    is O(P·N + P·C), independent of the number of epochs."""
+
+    ids_per_rank = True
+
+    def __init__(self, run: RunConfig, buffer: BufferConfig, order: Any) -> None:
+        super().__init__(run, buffer)
+        self.order = order
+
+    def contents(self, r: int) -> np.ndarray:
+        ids = self.occupant[r].astype(np.int64)
+        return np.where(ids >= 0, ids - r * self.run.num_samples, -1)
+
+    def plan_epoch(self, k: int, seq: np.ndarray, next_use: np.ndarray | None) -> EpochSchedule:
+        """Decide epoch ``k``: ``seq`` holds its (rank, sample) ids, ``next_use`` theirs."""
+        assert next_use is not None
+        trace = self.order.epoch(k)
+        n = seq.size
+        out = EpochSchedule(
+            rank=trace.rank, slot=np.empty(n, np.int32), flags=np.zeros(n, np.uint8),
+            counts=trace.counts, tslot=np.full(n, -1, np.int32) if self.tier else no_tier(n),
+        )  # fmt: skip
+        tslot = out.tslot if self.tier else np.empty(0, np.int32)
+        _trace_steps(
+            seq, next_use, trace.sample, trace.rank, trace.bounds, trace.counts, self.tier > 0,
+            self.holder, self.hslot, self.key,
+            self.heap, self.rkey, self.rheap, self.cells, out.slot, tslot, out.flags,
+        )  # fmt: skip
         return out
 
 

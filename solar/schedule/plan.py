@@ -6,6 +6,7 @@ only the totals (a :class:`~solar.schedule.summary.PlanSummary`).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from collections.abc import Callable
@@ -22,9 +23,10 @@ from solar.schedule._common import Progress, slot_count, tier_slot_count
 from solar.schedule.planfile import PlanFile, PlanWriter
 from solar.schedule.planner import EpochPlan, Planner, RankEpoch, epoch_order_of
 from solar.schedule.rankplan import RankPlan
+from solar.schedule.samplers import Sampler
 from solar.schedule.spec import PlanSpec
 from solar.schedule.summary import PlanSummary, RankStats, Tally, Totals
-from solar.schedule.validate import RankValidator, coverage_error
+from solar.schedule.validate import RankValidator, TraceValidator, coverage_error
 
 
 @dataclass(frozen=True, eq=False)
@@ -136,7 +138,11 @@ class Plan(Totals):
         """Rank ``r``'s parts from the file, checksummed and validated epoch by epoch (kept if
         ``keep``); the validator's digests."""
         assert self.file is not None
-        v = RankValidator(self.run, self.epoch_order, self.slots, r, key, self.tier_slots)
+        v = (
+            TraceValidator(self.spec, self.slots, r, key, self.tier_slots)
+            if self.spec.traced
+            else RankValidator(self.run, self.epoch_order, self.slots, r, key, self.tier_slots)
+        )
         parts = []
         with closing(self.file.parts(r)) as each:  # the file is closed whatever happens
             for part in each:
@@ -153,6 +159,13 @@ class Plan(Totals):
         or from the tier)."""
         rp = self.rank(rank)
         return rp.steps(), rp.sample, rp.hit
+
+    def bound_to(self, spec: PlanSpec) -> Plan:
+        """This plan with ``spec``, which has its fingerprint: a plan file records its
+        sampler's identity, ``spec`` holds the sampler itself, to prove the plan against."""
+        if spec.fingerprint != self.fingerprint:
+            raise PlanMismatchError("plan: bound to a spec it was not made for")
+        return dataclasses.replace(self, spec=spec)
 
     def check(self, expected: PlanSpec, source: str = "plan") -> None:
         """Refuse this plan unless it was made for ``expected``; name the fields that differ."""
@@ -199,10 +212,14 @@ def simulate(spec: PlanSpec, progress: Progress | None = None) -> PlanSummary:
     return PlanSummary(spec, stats, seconds, spec.fingerprint)
 
 
-def load_plan(path: str | os.PathLike) -> Plan:
-    """Open a plan file; rank data is read on demand and checked against its checksums."""
+def load_plan(path: str | os.PathLike, sampler: Sampler | None = None) -> Plan:
+    """Open a plan file; rank data is read on demand and checked against its checksums. A plan
+    of a general sampler is proven against ``sampler`` (it must be the one it was made with)."""
     f = PlanFile.open(path)
-    return Plan(f.spec, f.epoch_order, f.stats, f.plan_seconds, f.fingerprint, file=f)
+    plan = Plan(f.spec, f.epoch_order, f.stats, f.plan_seconds, f.fingerprint, file=f)
+    if sampler is not None:
+        plan = plan.bound_to(dataclasses.replace(f.spec, sampler=sampler))
+    return plan
 
 
 def _run_planner(
@@ -238,6 +255,11 @@ def _check_memory(spec: PlanSpec, keep_all: bool) -> None:
     )
     if keep_all:
         need += 10 * run.num_accesses
-    if spec.policy != "solar":
-        need += 13 * run.world_size * run.num_samples  # per-(rank, sample) tables
+    if spec.policy != "solar" or spec.traced:
+        need += 16 * run.world_size * run.num_samples  # per-(rank, sample) tables
+    if spec.traced:  # the trace over the horizon (solar.schedule.traces)
+        from solar.schedule.traces import BYTES_PER_ACCESS, default_horizon
+
+        h = default_horizon(run) if spec.horizon is None else spec.horizon
+        need += BYTES_PER_ACCESS * run.samples_per_epoch * (min(h, run.epochs - 1) + 1)
     require_memory(need, f"planning {run.num_accesses} accesses")

@@ -57,7 +57,8 @@ def section_layout(spec: PlanSpec) -> Layout:
     """The name, shape and type of every dataset of an epoch section (``epochs/<k>``), in the
     order they are written: what the writer writes and the reader demands."""
     run = spec.run
-    world, n = run.world_size, run.samples_per_epoch
+    # A sampler's trace has as many accesses per epoch as distinct ids per batch (-1: any).
+    world, n = run.world_size, -1 if spec.traced else run.samples_per_epoch
     i64 = np.dtype(np.int64)
     layout = {
         "rank_offsets": ((world + 1,), i64),
@@ -216,7 +217,7 @@ class PlanFile:
             _expect(g, layout, f"plan {self.path}: epoch {k}")
             bounds = g["rank_offsets"][r : r + 2]
             lo, hi = int(bounds[0]), int(bounds[1])
-            if not 0 <= lo <= hi <= self.spec.run.samples_per_epoch:
+            if not 0 <= lo <= hi <= g["sample"].shape[0]:
                 raise CorruptPlanError(
                     f"plan {self.path}: epoch {k}: rank {r}'s accesses [{lo}, {hi}) "
                     "are out of range"
@@ -246,7 +247,10 @@ def _expect(
     its shape and type."""
     for name, (shape, dtype) in layout.items():
         d = arrays[name]
-        if d.shape != shape or d.dtype != dtype:
+        same = len(d.shape) == len(shape) and all(
+            w in (-1, h) for w, h in zip(shape, d.shape, strict=True)
+        )
+        if not same or d.dtype != dtype:
             raise error(
                 f"{where}: {name} is {d.dtype}{list(d.shape)}, expected {dtype}{list(shape)}"
             )

@@ -19,6 +19,7 @@ from solar.schedule.epochs import EpochOrder
 from solar.schedule.policies import make_policy
 from solar.schedule.reorder import reorder_epochs
 from solar.schedule.spec import PlanSpec
+from solar.schedule.traces import TraceOrder
 
 
 @dataclass(frozen=True)
@@ -68,7 +69,11 @@ class Planner:
         self.spec = spec
         run = spec.run
         self.epoch_order = epoch_order_of(spec) if epoch_order is None else epoch_order
-        self.order = EpochOrder(run, self.epoch_order)
+        self.order: EpochOrder | TraceOrder
+        if spec.traced:
+            self.order = TraceOrder(run, spec.sampler, spec.horizon)
+        else:
+            self.order = EpochOrder(run, self.epoch_order)
         self.policy = make_policy(spec.policy, run, spec.buffer, self.order)
         self.epoch = 0  # the next epoch to plan
 
@@ -88,6 +93,8 @@ class Planner:
         if nu is not None:
             self.order.recycle(nu)
         self.epoch += 1
+        if self.spec.traced:  # seq held (rank, sample) pairs; the plan names samples
+            seq = self.order.served(k)
         return seq, sched
 
     def snapshot(self) -> dict[str, np.ndarray] | None:

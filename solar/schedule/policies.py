@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from solar.config import BufferConfig, RunConfig
 from solar.errors import SolarError
-from solar.schedule import artifact, belady, interleaved, nopfs
+from solar.schedule import artifact, belady, interleaved, nopfs, tracebase
 from solar.schedule._common import Policy
-from solar.schedule.epochs import EpochOrder
 
-PolicyFactory = Callable[[RunConfig, BufferConfig, EpochOrder], Policy]
+PolicyFactory = Callable[[RunConfig, BufferConfig, Any], Policy]  # (run, buffer, order)
 
 POLICIES: dict[str, PolicyFactory] = {
     "solar": lambda run, buffer, order: belady.SolarPolicy(run, buffer),
@@ -21,20 +21,33 @@ POLICIES: dict[str, PolicyFactory] = {
 }
 
 
+# The policies of a general sampler's trace (solar.schedule.traces): the sampler splits the
+# batches over the ranks, each rank is a cache of its own.
+TRACE_POLICIES: dict[str, PolicyFactory] = {
+    "solar": belady.TracePolicy,
+    "lru": tracebase.TraceLRU,
+    "static": tracebase.TraceStatic,
+}
+
+
 TIERED = ("solar", "nopfs")  # the policies that plan a second tier
 
 
-def get_policy(name: str) -> PolicyFactory:
-    """The policy registered as ``name``."""
+def get_policy(name: str, traced: bool = False) -> PolicyFactory:
+    """The policy registered as ``name`` (for a general sampler's trace if ``traced``)."""
+    table = TRACE_POLICIES if traced else POLICIES
     try:
-        return POLICIES[name]
+        return table[name]
     except KeyError:
-        raise SolarError(f"policy: unknown {name!r} (choose from {', '.join(POLICIES)})") from None
+        what = "for this sampler " if traced else ""
+        raise SolarError(
+            f"policy: unknown {name!r} {what}(choose from {', '.join(table)})"
+        ) from None
 
 
-def check_policy(name: str, buffer: BufferConfig) -> None:
+def check_policy(name: str, buffer: BufferConfig, traced: bool = False) -> None:
     """Refuse an unknown policy, or one that cannot plan ``buffer``'s second tier."""
-    get_policy(name)
+    get_policy(name, traced)
     if buffer.tier and name not in TIERED:
         raise SolarError(
             f"policy {name!r} has no second tier (tier_size {buffer.tier}): "
@@ -42,7 +55,8 @@ def check_policy(name: str, buffer: BufferConfig) -> None:
         )
 
 
-def make_policy(name: str, run: RunConfig, buffer: BufferConfig, order: EpochOrder) -> Policy:
-    """The policy ``name`` for a run."""
-    check_policy(name, buffer)
-    return get_policy(name)(run, buffer, order)
+def make_policy(name: str, run: RunConfig, buffer: BufferConfig, order: Any) -> Policy:
+    """The policy ``name`` for a run whose order (an EpochOrder or a TraceOrder) is ``order``."""
+    traced = getattr(order, "traced", False)
+    check_policy(name, buffer, traced)
+    return get_policy(name, traced)(run, buffer, order)

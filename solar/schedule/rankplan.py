@@ -50,10 +50,40 @@ class StepPlan(NamedTuple):  # a NamedTuple: one is made per step, cheaper than 
     tadmit_rows: NDArray[np.int64] = _NONE  # (tier admits,)
     tadmit_tslots: NDArray[np.int64] = _NONE  # (tier admits,)
     in_order: bool = False
+    # A sampler's batch with repeats: access j lands in batch row ``rows[j]`` (None: row j),
+    # and once the batch is assembled rows ``copy_src`` are copied into ``copy_dst``.
+    rows: NDArray[np.int64] | None = None
+    copy_src: NDArray[np.int64] = _NONE
+    copy_dst: NDArray[np.int64] = _NONE
 
     @property
     def size(self) -> int:
         return int(self.samples.size)
+
+    def row(self, j: int) -> int:
+        """The batch row of the step's access ``j``."""
+        return j if self.rows is None else int(self.rows[j])
+
+    def in_batch(self, ids: NDArray[np.int64]) -> StepPlan:
+        """This step as a sampler's batch ``ids`` (batch order, repeats allowed): each access
+        lands in the row of its sample's first occurrence, repeats are copies of it. Raises
+        ValueError unless the step's accesses are exactly the distinct ``ids``."""
+        uniq, first, inverse = np.unique(ids, return_index=True, return_inverse=True)
+        at = np.searchsorted(uniq, self.samples)
+        if uniq.size != self.size or not np.array_equal(uniq[np.minimum(at, uniq.size - 1)],
+                                                        self.samples):  # fmt: skip
+            raise ValueError("the sampler's batch differs from the plan's accesses")
+        rows = first[at]  # access j -> the first row of its sample
+        src = first[inverse]
+        if uniq.size == ids.size and np.array_equal(rows, np.arange(ids.size)):
+            return self  # the accesses are the batch, in its order
+        dst = np.flatnonzero(src != np.arange(ids.size))
+        return self._replace(
+            samples=ids.astype(np.int64), read_rows=rows[self.read_rows],
+            hit_rows=rows[self.hit_rows], admit_rows=rows[self.admit_rows],
+            tier_rows=rows[self.tier_rows], tadmit_rows=rows[self.tadmit_rows],
+            rows=rows, copy_src=src[dst], copy_dst=dst,
+        )  # fmt: skip
 
     @property
     def tier_writes(self) -> NDArray[np.int64]:

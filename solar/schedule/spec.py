@@ -5,10 +5,12 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from solar.config import BufferConfig, RunConfig
+from solar.errors import SolarError
 from solar.schedule.policies import check_policy
+from solar.schedule.samplers import SHUFFLE, Sampler, is_shuffle, sampler_from_record
 
 # The version of the plan file format (solar/schedule/planfile.py). It is one of a spec's
 # inputs, so a plan of another format never matches a spec's fingerprint.
@@ -25,9 +27,22 @@ class PlanSpec:
     reorder_epochs: bool = False
     sample_bytes: int | None = None
     dataset: str | None = None  # identity of the data files and keys, see solar.io.hdf5
+    # Who draws each step's ids (solar.schedule.samplers) and, for all but Shuffle, how many
+    # epochs ahead the planner looks for next uses (None: the whole run, see traces.py).
+    sampler: Sampler = field(default=SHUFFLE, compare=False)
+    horizon: int | None = None
 
     def __post_init__(self) -> None:
-        check_policy(self.policy, self.buffer)
+        check_policy(self.policy, self.buffer, traced=self.traced)
+        if self.traced and self.reorder_epochs:
+            raise SolarError("reorder_epochs reorders Shuffle's permutations: not for this sampler")
+        if self.horizon is not None and (not isinstance(self.horizon, int) or self.horizon < 0):
+            raise SolarError(f"horizon must be a whole number of epochs >= 0, got {self.horizon!r}")
+
+    @property
+    def traced(self) -> bool:
+        """Whether the sampler's trace is planned (every sampler but Shuffle)."""
+        return not is_shuffle(self.sampler)
 
     @property
     def bound(self) -> float:
@@ -47,16 +62,22 @@ class PlanSpec:
             dataset=self.dataset,
             format_version=FORMAT_VERSION,
         )
+        # Plans without a tier, or of Shuffle, keep the fingerprints they always had.
         if not self.buffer.tier:
-            del d["tier"]  # plans without a tier keep the fingerprints they always had
+            del d["tier"]
+        if self.run.draws is None:
+            del d["draws"]
+        if self.traced:
+            d.update(sampler=self.sampler.identity(), horizon=self.horizon)
         return d
 
     @classmethod
     def from_dict(cls, d: dict) -> PlanSpec:
         """The spec :meth:`as_dict` recorded."""
-        run = RunConfig(**{f.name: d[f.name] for f in dataclasses.fields(RunConfig)})
+        run = RunConfig(**{f.name: d[f.name] for f in dataclasses.fields(RunConfig) if f.name in d})
         buffer = BufferConfig(d["capacity"], d["slack"], d.get("tier", 0))
-        return cls(run, buffer, d["policy"], d["reorder_epochs"], d["sample_bytes"], d["dataset"])
+        return cls(run, buffer, d["policy"], d["reorder_epochs"], d["sample_bytes"], d["dataset"],
+                   sampler_from_record(d.get("sampler")), d.get("horizon"))  # fmt: skip
 
     @property
     def fingerprint(self) -> str:

@@ -28,6 +28,8 @@ from solar.schedule.epochs import EpochOrder, _positions
 from solar.schedule.order import step_bounds
 from solar.schedule.planner import RankEpoch
 from solar.schedule.rankplan import RankPlan, _replay
+from solar.schedule.spec import PlanSpec
+from solar.schedule.traces import TraceOrder
 
 _OK, _SAMPLE, _FLAGS, _SLOT, _NOT_IN_STEP, _REPEATED, _STALE_HIT = range(7)
 
@@ -61,6 +63,23 @@ def _digest(samples, key):
     return digest
 
 
+@njit(cache=True, inline="always")
+def _check_cells(x, f, s, ts, n, c, cells, needs, state):
+    """An access's sample, flags and cells in range, and a hit reading its sample."""
+    if x < 0 or x >= n:
+        return _SAMPLE
+    need = needs[f] if f < needs.shape[0] else 0
+    if need == 0:
+        return _FLAGS
+    if (s != -1 and not need & 1) or (need & 1 and not 0 <= s < c):
+        return _SLOT
+    if (ts != -1 and not need & 2) or (need & 2 and not 0 <= ts < cells - c):
+        return _SLOT
+    if (f & HIT and state[s] != x) or (f & THIT and state[c + ts] != x):
+        return _STALE_HIT
+    return _OK
+
+
 @njit(cache=True, nogil=True)
 def _check_epoch(sample, slot, tslot, flags, offsets, k0, bounds, pos, seen, stamp, c, state,
                  key, needs):  # fmt: skip
@@ -77,28 +96,36 @@ def _check_epoch(sample, slot, tslot, flags, offsets, k0, bounds, pos, seen, sta
         lo, hi = bounds[t], bounds[t + 1]
         for i in range(a, b):  # checks, and hits against the buffer as the step starts
             x = sample[i]
-            f = flags[i]
-            s = slot[i]
-            ts = tslot[i]
-            if x < 0 or x >= n:
-                return _SAMPLE, i, digest
-            need = needs[f] if f < needs.shape[0] else 0
-            if need == 0:
-                return _FLAGS, i, digest
-            if (s != -1 and not need & 1) or (need & 1 and not 0 <= s < c):
-                return _SLOT, i, digest
-            if (ts != -1 and not need & 2) or (need & 2 and not 0 <= ts < cells - c):
-                return _SLOT, i, digest
-            p = pos[x]
-            if p < lo or p >= hi:
-                return _NOT_IN_STEP, i, digest
-            if seen[x] == stamp:
-                return _REPEATED, i, digest
-            seen[x] = stamp
-            if (f & HIT and state[s] != x) or (f & THIT and state[c + ts] != x):
-                return _STALE_HIT, i, digest
+            code = _check_cells(x, flags[i], slot[i], tslot[i], n, c, cells, needs, state)
+            if code == _STALE_HIT or code == _OK:  # (in step first: the likelier edit)
+                p = pos[x]
+                if p < lo or p >= hi:
+                    return _NOT_IN_STEP, i, digest
+                if seen[x] == stamp:
+                    return _REPEATED, i, digest
+                seen[x] = stamp
+            if code != _OK:
+                return code, i, digest
             digest += _mix(x, key)
         _replay(sample, slot, tslot, flags, a, b, c, state)  # then the updates, in order
+    return _OK, -1, digest
+
+
+@njit(cache=True, nogil=True)
+def _check_trace_epoch(sample, slot, tslot, flags, offsets, n, c, state, key, needs):
+    """:func:`_check_epoch` for a sampler's trace, whose accesses were compared with the
+    sampler's already: ranges, flags and hits by replay."""
+    cells = state.shape[0]
+    digest = np.uint64(0)
+    for t in range(offsets.shape[0] - 1):
+        a, b = offsets[t], offsets[t + 1]
+        for i in range(a, b):
+            code = _check_cells(sample[i], flags[i], slot[i], tslot[i], n, c, cells, needs,
+                                state)  # fmt: skip
+            if code != _OK:
+                return code, i, digest
+            digest += _mix(sample[i], key)
+        _replay(sample, slot, tslot, flags, a, b, c, state)
     return _OK, -1, digest
 
 
@@ -154,6 +181,50 @@ class RankValidator:
         self.next_epoch += 1
 
 
+class TraceValidator(RankValidator):
+    """:class:`RankValidator` for a general sampler's plan: every step's accesses are the
+    distinct ids of the rank's batch as the sampler draws it (in any order), and
+    every hit is held (a replay); the digests cover the ranks' accesses as with Shuffle."""
+
+    def __init__(self, spec: PlanSpec, slots: int, rank: int, key: int, tier_slots: int = 0):
+        run = spec.run
+        super().__init__(run, np.arange(run.epochs), slots, rank, key, tier_slots)
+        self.trace = TraceOrder(run, spec.sampler, horizon=0)
+
+    def check(self, part: RankEpoch) -> None:
+        run, k, r = self.run, part.epoch, self.rank
+        if k != self.next_epoch:
+            raise CorruptPlanError(f"rank {r}: epoch {k} checked before {self.next_epoch}")
+        rp = RankPlan(r, part.sample, part.slot, part.flags, part.step_offsets, self.slots,
+                      first_step=k * run.steps_per_epoch, tier_slots=self.tier_slots,
+                      tslot=part.tslot)  # fmt: skip
+        _check_shapes(rp, run, limit=None)
+        t = self.trace.epoch(k)
+        counts = np.diff(rp.step_offsets)
+        same = np.array_equal(counts, t.counts[:, r])
+        if same:  # each step's accesses as sets: (step, sample) sorted, both sides
+            step_of = np.repeat(np.arange(counts.size), counts)
+            mine = np.lexsort((rp.sample, step_of))
+            want = t.sample[t.rank == r]
+            theirs = np.lexsort((want, step_of))
+            diff = np.flatnonzero(rp.sample[mine] != want[theirs])
+            same = diff.size == 0
+        if not same:
+            bad = np.flatnonzero(counts != t.counts[:, r])
+            if bad.size == 0:
+                bad = step_of[mine[diff[:1]]]
+            raise CorruptPlanError(f"rank {r}, step {rp.first_step + int(bad[0])}: the accesses "
+                                   "are not the sampler's batch")  # fmt: skip
+        self.expected[k] = _digest(t.sample, self.key)
+        code, i, self.mine[k] = _check_trace_epoch(
+            rp.sample, rp.slot, rp.tslot, rp.flags, rp.step_offsets, run.num_samples,
+            self.slots, self.state, self.key, _NEEDS,
+        )  # fmt: skip
+        if code != _OK:
+            raise CorruptPlanError(_describe(code, i, rp, self.state))
+        self.next_epoch += 1
+
+
 def validate_rank(
     rp: RankPlan, run: RunConfig, epoch_order: np.ndarray, key: int
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -191,8 +262,9 @@ def check_coverage(total: np.ndarray, expected: np.ndarray) -> None:
         raise CorruptPlanError(error)
 
 
-def _check_shapes(rp: RankPlan, run: RunConfig) -> None:
-    """One epoch's part: its arrays' types and shapes, and step offsets from 0 to its length."""
+def _check_shapes(rp: RankPlan, run: RunConfig, limit: int | None = -1) -> None:
+    """One epoch's part: its arrays' types and shapes, and step offsets from 0 to its length,
+    no step longer than ``limit`` (-1: the global batch; None: no limit)."""
     where, k0 = f"rank {rp.rank}", rp.first_step
     off = rp.step_offsets
     if off.shape != (run.steps_per_epoch + 1,):
@@ -208,7 +280,7 @@ def _check_shapes(rp: RankPlan, run: RunConfig) -> None:
     if off[0] != 0 or off[-1] != rp.sample.size or np.any(steps < 0):
         k = int(np.argmax(steps < 0)) if np.any(steps < 0) else 0
         raise CorruptPlanError(f"{where}, step {k0 + k}: step offsets are not monotone from 0 to A")
-    if np.any(steps > run.global_batch):
+    if limit is not None and np.any(steps > run.global_batch):
         k = int(np.argmax(steps > run.global_batch))
         raise CorruptPlanError(
             f"{where}, step {k0 + k}: {steps[k]} samples exceed the global batch"

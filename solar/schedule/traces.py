@@ -1,0 +1,185 @@
+"""A general sampler's trace one epoch at a time, and next uses over a horizon.
+
+A rank's accesses at a step are the distinct ids of its batch, in first-occurrence order (a
+repeat within the batch is a copy, not a second read). The planner keys them by (rank, sample)
+pairs, ``rank * N + sample``, since without affinity each rank is a cache of its own. The next
+use of an access is the position of the same pair's next access: positions are
+``(epoch << 40) + index`` so they order accesses in time whatever the epochs' lengths.
+
+Next uses are looked up ``horizon`` epochs ahead (beyond: NEVER, evicted first): epoch k's
+come from one backward pass over epochs k..k+H. With the horizon reaching the end of the run
+(the default when the run's trace fits the memory budget) one pass over the rest of the run
+serves every later epoch. Under skew a sample's next draw may be epochs away; the planner's
+hits against the horizon are what ``bench/sampler_bench.py`` reports.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+import numpy as np
+from numba import njit
+
+from solar._memory import available_memory
+from solar.config import RunConfig
+from solar.schedule._common import NEVER
+from solar.schedule.order import sample_dtype
+from solar.schedule.samplers import Sampler
+
+EPOCH_SHIFT = 40  # positions: (epoch << 40) + index within the epoch's accesses
+# Bytes the planner holds per access of the horizon: its pair id, next use, sample, rank and
+# decisions (measured: bench/sampler_bench.py).
+BYTES_PER_ACCESS = 40
+
+
+@dataclass(frozen=True)
+class EpochTrace:
+    """One epoch's accesses, step-major then rank-major: rank r's accesses at the epoch's step
+    t are ``[bounds[t] + counts[t, :r].sum(), ...)``, ``counts[t, r]`` of them: the distinct
+    ids of its batch, in first-occurrence order until the planner puts its hits first."""
+
+    sample: np.ndarray  # (A,) sample ids (sample_dtype)
+    pair: np.ndarray  # (A,) int64 rank * N + sample
+    rank: np.ndarray  # (A,) int16
+    counts: np.ndarray  # (steps, P) int32: distinct ids per rank and step
+    bounds: np.ndarray  # (steps + 1,) int64: each global step's first access
+
+
+@njit(cache=True, nogil=True)
+def _distinct(ids, offsets, world, stamp, base, sample_out, rank_out, counts):
+    """Per (step, rank) batch ``g`` of ``ids``, its distinct ids in first-occurrence order;
+    ``stamp[x]`` (carried across calls, ``base`` makes each batch's stamp new) marks ids seen
+    in the current batch. Returns the number of accesses."""
+    n = 0
+    for g in range(offsets.shape[0] - 1):
+        tag = base + g
+        c = 0
+        for j in range(offsets[g], offsets[g + 1]):
+            x = ids[j]
+            if stamp[x] != tag:
+                stamp[x] = tag
+                sample_out[n] = x
+                rank_out[n] = g % world
+                n += 1
+                c += 1
+        counts[g // world, g % world] = c
+    return n
+
+
+@njit(cache=True, nogil=True)
+def _backward(pair, first, nu, last):
+    """Next uses over a window of accesses (``pair`` concatenated, ``first`` their positions'
+    base per access run): ``nu[i]`` = position of the next access to ``pair[i]`` in the window,
+    NEVER if none; ``last`` (all NEVER on entry) is left all NEVER again."""
+    for i in range(pair.shape[0] - 1, -1, -1):
+        v = pair[i]
+        nu[i] = last[v]
+        last[v] = first[i]
+    for i in range(pair.shape[0]):
+        last[pair[i]] = NEVER
+
+
+class TraceOrder:
+    """The trace of a sampler's run, epoch by epoch, with next uses ``horizon`` epochs ahead
+    (None: the whole run if it fits, else the most epochs that do)."""
+
+    traced = True
+
+    def __init__(self, run: RunConfig, sampler: Sampler, horizon: int | None = None) -> None:
+        self.run, self.sampler = run, sampler
+        self.horizon = default_horizon(run) if horizon is None else max(0, int(horizon))
+        self._stamp = np.full(run.num_samples, -1, np.int64)
+        self._stamps = 0
+        self._last = np.full(run.num_samples * run.world_size, NEVER, np.int64)
+        self._lock = threading.Lock()
+        self._epochs: dict[int, EpochTrace] = {}
+        self._nu: dict[int, np.ndarray] = {}  # next uses computed once for the rest of the run
+
+    def epoch(self, k: int) -> EpochTrace:
+        """Run epoch ``k``'s accesses (the last few are kept)."""
+        with self._lock:
+            got = self._epochs.get(k)
+            if got is None:
+                got = self._epochs[k] = self._make(k)
+                for old in [e for e in self._epochs if e < k - 1 or e > k + self.horizon + 1]:
+                    del self._epochs[old]
+            return got
+
+    def _make(self, k: int) -> EpochTrace:
+        run = self.run
+        draws = self.sampler.epoch(run, k)
+        ids, offsets = draws.ids, draws.offsets
+        world, steps = run.world_size, run.steps_per_epoch
+        if offsets.shape != (steps * world + 1,):
+            raise ValueError(f"sampler: epoch {k} has {offsets.size - 1} batches, expected "
+                             f"{steps} steps × {world} ranks")  # fmt: skip
+        sample = np.empty(ids.size, sample_dtype(run.num_samples))
+        rank = np.empty(ids.size, np.int16)
+        counts = np.zeros((steps, world), np.int32)
+        n = _distinct(ids, offsets, world, self._stamp, self._stamps, sample, rank, counts)
+        self._stamps += offsets.size
+        sample, rank = sample[:n].copy(), rank[:n].copy()
+        bounds = np.zeros(steps + 1, np.int64)
+        np.cumsum(counts.sum(axis=1), out=bounds[1:])
+        pair = rank.astype(np.int64) * run.num_samples + sample
+        return EpochTrace(sample, pair, rank, counts, bounds)
+
+    def served(self, k: int) -> np.ndarray:
+        """Run epoch ``k``'s accesses' sample ids."""
+        return self.epoch(k).sample
+
+    def with_next_use(self, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """Epoch ``k``'s (rank, sample) ids and their next uses (positions, NEVER for none
+        within the horizon)."""
+        with self._lock:
+            nu = self._nu.pop(k, None)
+        if nu is None:
+            nu = self._window(k)
+        return self.epoch(k).pair, nu
+
+    def _window(self, k: int) -> np.ndarray:
+        end = min(self.run.epochs, k + self.horizon + 1)
+        parts = [self.epoch(e) for e in range(k, end)]
+        pair = np.concatenate([p.pair for p in parts])
+        pos = np.concatenate([(np.int64(e) << EPOCH_SHIFT) + np.arange(p.pair.size)
+                              for e, p in zip(range(k, end), parts, strict=True)])  # fmt: skip
+        nu = np.empty(pair.size, np.int64)
+        with self._lock:
+            _backward(pair, pos, nu, self._last)
+        sizes = [p.pair.size for p in parts]
+        cut = np.cumsum(sizes)[:-1]
+        mine, *rest = np.split(nu, cut)
+        if end == self.run.epochs:  # the window reaches the end: later epochs' are final
+            with self._lock:
+                self._nu.update({e: r for e, r in zip(range(k + 1, end), rest, strict=True)})
+        return mine
+
+    def next_use(self, k: int, pairs: np.ndarray) -> np.ndarray:
+        """The first position after epoch ``k`` (within the horizon of epoch k + 1) of each of
+        ``pairs``: what a snapshot's held ids need on restore."""
+        out = np.full(pairs.size, NEVER, np.int64)
+        for e in range(k + 1, min(self.run.epochs, k + self.horizon + 2)):
+            t = self.epoch(e).pair
+            order = np.argsort(t, kind="stable")
+            at = np.searchsorted(t[order], pairs)
+            at = np.minimum(at, max(t.size - 1, 0))
+            found = (t.size > 0) & (t[order][at] == pairs) & (out == NEVER)
+            out[found] = (np.int64(e) << EPOCH_SHIFT) + order[at[found]]
+        return out
+
+    def ahead(self, k: int) -> None:
+        """(Shuffle's order works ahead in a thread; a trace is drawn when asked.)"""
+
+    prefetch = ahead
+
+    def recycle(self, next_use: np.ndarray) -> None:
+        """(Nothing to recycle.)"""
+
+
+def default_horizon(run: RunConfig) -> int:
+    """Epochs of look-ahead: the whole run if its trace fits a quarter of the memory available
+    now (at most ``BYTES_PER_ACCESS`` per access), else the most epochs that do (at least 1)."""
+    avail = available_memory() or 8 << 30
+    per_epoch = max(1, run.samples_per_epoch) * BYTES_PER_ACCESS
+    return int(max(1, min(run.epochs - 1, (avail // 4) // per_epoch - 1)))

@@ -1,0 +1,337 @@
+"""Samplers (solar.schedule.samplers) and the planner and runtime of their traces."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from helpers import write_h5
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from solar import (
+    BufferConfig,
+    CorruptPlanError,
+    Loader,
+    PlanSpec,
+    RunConfig,
+    SolarError,
+    Trace,
+    Weighted,
+    load_plan,
+    make_plan,
+)
+from solar.schedule import HIT
+from solar.schedule._common import THIT
+from solar.schedule.plan import plan_to_file
+from solar.schedule.rng import uniform
+from solar.schedule.samplers import SHUFFLE, _alias_table
+
+# -- the samplers -----------------------------------------------------------------------------
+
+
+def test_uniform_stream_is_a_pure_function_of_position():
+    u = uniform(np.uint64(7), np.arange(100_000))
+    assert 0 <= u.min() and u.max() < 1
+    assert abs(u.mean() - 0.5) < 0.005
+    np.testing.assert_array_equal(uniform(np.uint64(7), np.arange(500, 600)), u[500:600])
+    assert not np.array_equal(uniform(np.uint64(8), np.arange(100)), u[:100])
+
+
+def test_weighted_draws_follow_the_weights():
+    # Chi-square of 400k draws over 12 ids against their probabilities: far below the 1e-6
+    # quantile (~ 45 for 11 degrees of freedom) for a correct sampler, far above for a wrong one.
+    w = np.array([0, 1, 2, 3, 0.5, 9, 0, 4, 4, 1e-3, 7, 1.5])
+    s = Weighted(w, num_samples=400_000)
+    run = RunConfig(12, 1, 1000, 1, seed=3, draws=400_000)
+    ids = s.epoch(run, 0).ids
+    counts = np.bincount(ids, minlength=w.size)
+    expected = w / w.sum() * ids.size
+    assert np.all(counts[w == 0] == 0)
+    nz = w > 0
+    chi2 = float(np.sum((counts[nz] - expected[nz]) ** 2 / expected[nz]))
+    assert chi2 < 45, (chi2, counts, expected)
+
+
+def test_alias_table_reproduces_the_weights_exactly():
+    w = np.random.default_rng(1).random(50) ** 3
+    prob, alias = _alias_table(w / w.sum() * w.size)
+    mass = prob.copy()
+    np.add.at(mass, alias, 1 - prob)
+    np.testing.assert_allclose(mass / w.size, w / w.sum(), atol=1e-12)
+
+
+def test_weighted_steps_are_recomputable_alone():
+    w = np.arange(1, 101, dtype=float)
+    run = RunConfig(100, 3, 7, 2, seed=5)  # 15 steps, the last one short
+    for s in (Weighted(w), Weighted(w, replacement=False)):
+        d = s.epoch(run, 1)
+        for t in range(run.steps_per_epoch):
+            for r in range(3):
+                got = s.batch(run, 1, t, r)
+                np.testing.assert_array_equal(
+                    got, d.ids[d.offsets[t * 3 + r] : d.offsets[t * 3 + r + 1]]
+                )
+        assert not np.array_equal(s.epoch(run, 0).ids, d.ids)
+    d = Weighted(w, replacement=False).epoch(run, 0)
+    assert np.unique(d.ids).size == d.ids.size == 100  # without replacement: each id once
+
+
+@pytest.mark.parametrize(
+    "weights, match",
+    [
+        (np.array([1.0, np.nan]), "not finite"),
+        (np.array([1.0, -1.0]), "negative"),
+        (np.zeros(3), "all zero"),
+        (np.ones((2, 2)), "1-D"),
+    ],
+)
+def test_bad_weights_are_refused(weights, match):
+    with pytest.raises(SolarError, match=match):
+        Weighted(weights)
+
+
+def test_weights_must_match_the_dataset(tmp_path):
+    path = write_h5(tmp_path / "a.h5", x=np.zeros((10, 2), np.float32))
+    with pytest.raises(SolarError, match="3 weights for a dataset of 10"):
+        Loader(path, batch_size=2, epochs=1, buffer=2, sampler=Weighted(np.ones(3)))
+    np.save(tmp_path / "w.npy", np.array([1.0, np.inf]))
+    with pytest.raises(SolarError, match=r"weights .*w\.npy.*not finite"):
+        Weighted(tmp_path / "w.npy")
+
+
+def test_trace_array_rows_and_padding():
+    a = np.full((1, 2, 1, 3), -1)
+    a[0, 0, 0] = [4, 4, 1]
+    a[0, 1, 0, :1] = [2]
+    s = Trace(a)
+    run = RunConfig(5, 1, 3, 1, draws=6)
+    np.testing.assert_array_equal(s.batch(run, 0, 0, 0), [4, 4, 1])
+    np.testing.assert_array_equal(s.batch(run, 0, 1, 0), [2])
+    a[0, 1, 0] = [2, -1, 3]
+    with pytest.raises(SolarError, match="pads only the end"):
+        Trace(a).batch(run, 0, 1, 0)
+    with pytest.raises(SolarError, match=r"outside 0\.\.4"):
+        Trace(lambda e, t, r: [9]).batch(run, 0, 0, 0)
+
+
+# -- the planner ------------------------------------------------------------------------------
+
+
+def _weighted_spec(n, world, batch, epochs, capacity, seed, tier=0, policy="solar", horizon=None):
+    w = (1.0 + np.arange(n)) ** -1.0
+    return PlanSpec(
+        RunConfig(n, world, batch, epochs, seed), BufferConfig(capacity, 0.0, tier), policy,
+        sampler=Weighted(w), horizon=horizon,
+    )  # fmt: skip
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    n=st.integers(3, 40), world=st.integers(1, 3), batch=st.integers(1, 4),
+    epochs=st.integers(1, 4), capacity=st.integers(0, 6), tier=st.integers(0, 4),
+    seed=st.integers(0, 100),
+)  # fmt: skip
+def test_trace_plans_serve_the_samplers_batches_and_hit_only_what_is_held(
+    n, world, batch, epochs, capacity, tier, seed
+):
+    if world * batch > n:
+        return
+    spec = _weighted_spec(n, world, batch, epochs, capacity, seed, tier)
+    plan = make_plan(spec)
+    run = spec.run
+    for r in range(world):
+        rp = plan.rank(r)
+        held = np.full(rp.cells, -1)
+        for k in range(run.num_steps):
+            step = rp.step(k)
+            want = spec.sampler.batch(run, k // run.steps_per_epoch, k % run.steps_per_epoch, r)
+            np.testing.assert_array_equal(np.sort(step.samples), np.unique(want))
+            np.testing.assert_array_equal(held[step.hit_slots], step.samples[step.hit_rows])
+            np.testing.assert_array_equal(
+                held[rp.slots + step.tier_slots], step.samples[step.tier_rows]
+            )
+            held = rp.contents_at(k + 1)
+    # Identical inputs, identical plans.
+    again = make_plan(_weighted_spec(n, world, batch, epochs, capacity, seed, tier))
+    for r in range(world):
+        assert again.rank(r).flags.tobytes() == plan.rank(r).flags.tobytes()
+
+
+def brute_force_steps(steps: list[list[int]], capacity: int) -> int:
+    """Most hits any buffer of ``capacity`` gets when each step's distinct ids hit if held as
+    the step starts (exhaustive over what is kept after each step)."""
+    states = {frozenset(): 0}
+    for ids in steps:
+        nxt: dict[frozenset, int] = {}
+        for state, hits in states.items():
+            got = hits + sum(x in state for x in ids)
+            pool = sorted(state | set(ids))
+            from itertools import combinations
+
+            for keep in combinations(pool, min(capacity, len(pool))):
+                # Fewer than the capacity is never better: keeping more cannot lose hits.
+                key = frozenset(keep)
+                nxt[key] = max(nxt.get(key, -1), got)
+        states = nxt
+    return max(states.values())
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    n=st.integers(2, 7), batch=st.integers(1, 3), epochs=st.integers(1, 4),
+    capacity=st.integers(1, 3), seed=st.integers(0, 1000),
+)  # fmt: skip
+def test_one_rank_hits_equal_beladys_optimum(n, batch, epochs, capacity, seed):
+    if batch > n:
+        return
+    spec = _weighted_spec(n, 1, batch, epochs, capacity, seed)
+    plan = make_plan(spec)
+    rp = plan.rank(0)
+    steps = [rp.step(k).samples.tolist() for k in range(spec.run.num_steps)]
+    assert plan.hits == brute_force_steps(steps, capacity)
+
+
+def test_baselines_on_a_skewed_trace():
+    spec = _weighted_spec(400, 2, 8, 4, 40, seed=1)
+    hits = {p: make_plan(PlanSpec(spec.run, spec.buffer, p, sampler=spec.sampler)).hits
+            for p in ("solar", "lru", "static")}  # fmt: skip
+    assert hits["solar"] > hits["static"] > 0 and hits["solar"] > hits["lru"] > 0
+    # static: never evicts, so every sample it admits is admitted once per rank.
+    plan = make_plan(PlanSpec(spec.run, spec.buffer, "static", sampler=spec.sampler))
+    for r in range(2):
+        rp = plan.rank(r)
+        admitted = rp.sample[(rp.flags & 2) != 0]
+        assert np.unique(admitted).size == admitted.size
+
+
+def test_a_short_horizon_loses_hits_a_long_one_keeps():
+    full = make_plan(_weighted_spec(300, 1, 10, 6, 30, seed=2)).hits
+    short = make_plan(_weighted_spec(300, 1, 10, 6, 30, seed=2, horizon=0)).hits
+    assert 0 < short <= full
+
+
+def test_a_plan_file_of_a_sampler_is_proven_against_it(tmp_path):
+    spec = _weighted_spec(60, 2, 4, 3, 8, seed=4, tier=4)
+    plan_to_file(spec, tmp_path / "p.h5")
+    with pytest.raises(SolarError, match=r"weighted.*sampler"):
+        load_plan(tmp_path / "p.h5").rank(0)
+    plan = load_plan(tmp_path / "p.h5", sampler=spec.sampler)
+    for r in range(2):
+        np.testing.assert_array_equal(plan.rank(r).flags, make_plan(spec).rank(r).flags)
+    other = Weighted(np.ones(60))
+    with pytest.raises(SolarError, match=r"another dataset or run|not made for"):
+        load_plan(tmp_path / "p.h5", sampler=other)
+
+
+def test_an_edited_trace_plan_is_refused(tmp_path):
+    import h5py
+
+    spec = _weighted_spec(60, 1, 4, 2, 8, seed=4)
+    plan_to_file(spec, tmp_path / "p.h5")
+    with h5py.File(tmp_path / "p.h5", "r+") as f:
+        flags = f["epochs/1/flags"][()]
+        i = int(np.flatnonzero(flags == 0)[0])
+        flags[i] = HIT  # a read turned into a hit of whatever slot 0 holds
+        f["epochs/1/flags"][...] = flags
+        f["epochs/1/slot"][i] = 0
+    # The checksum catches the edit; with the checksum forged the replay would.
+    with pytest.raises(CorruptPlanError):
+        load_plan(tmp_path / "p.h5", sampler=spec.sampler).rank(0)
+
+
+def test_shuffle_specs_keep_their_fingerprints():
+    run, buf = RunConfig(100, 2, 8, 3), BufferConfig(10)
+    assert PlanSpec(run, buf).fingerprint == PlanSpec(run, buf, sampler=SHUFFLE).fingerprint
+    assert "sampler" not in PlanSpec(run, buf).as_dict()
+    assert "draws" not in PlanSpec(run, buf).as_dict()
+
+
+# -- the runtime ------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def data(tmp_path):
+    x = np.random.default_rng(0).random((53, 3, 4)).astype(np.float32)
+    return write_h5(tmp_path / "a.h5", x=x, y=np.arange(53) * 10), x
+
+
+def _epochs(loader, epochs):
+    for e in range(epochs):
+        loader.set_epoch(e)
+        yield from loader
+
+
+@pytest.mark.parametrize("world, tier", [(1, 0), (2, 0), (3, 6)])
+def test_weighted_batches_are_byte_exact(data, tmp_path, world, tier):
+    path, x = data
+    w = (1.0 + np.arange(53)) ** -1.2
+    for r in range(world):
+        kw = dict(tier=tmp_path, tier_size=tier) if tier else {}
+        with Loader(path, batch_size=5, epochs=3, buffer=6, sampler=Weighted(w), rank=r,
+                    world_size=world, **kw) as loader:  # fmt: skip
+            seen = 0
+            for k, b in enumerate(_epochs(loader, 3)):
+                idx = b["index"].numpy()
+                e, t = divmod(k, loader.run.steps_per_epoch)
+                np.testing.assert_array_equal(idx, loader.sampler.batch(loader.run, e, t, r))
+                np.testing.assert_array_equal(b["x"].numpy(), x[idx])
+                np.testing.assert_array_equal(b["y"].numpy(), idx * 10)
+                seen += 1
+            assert seen == 3 * loader.run.steps_per_epoch
+            assert loader.plan.hits > 0
+
+
+def test_a_trace_with_repeats_and_varying_lengths(data):
+    path, x = data
+
+    def fn(epoch, step, rank):
+        return np.array([(epoch * 7 + step) % 53, 5, 5, step % 53, 5][: 2 + step % 4])
+
+    sampler = Trace(fn, steps=5)
+    with Loader(path, batch_size=4, epochs=2, buffer=4, sampler=sampler) as loader:
+        assert len(loader) == 5
+        for k, b in enumerate(_epochs(loader, 2)):
+            idx = b["index"].numpy()
+            np.testing.assert_array_equal(idx, fn(*divmod(k, 5), 0))
+            np.testing.assert_array_equal(b["x"].numpy(), x[idx])
+            assert loader.global_batch == idx.size
+        trace_steps, _, hit = loader.plan.trace(rank=0)
+        assert np.all(np.diff(trace_steps) >= 0) and hit.any()
+
+
+def test_a_trace_that_changes_its_mind_is_refused_when_served(data):
+    path, _ = data
+    calls = {"n": 0}
+
+    def fickle(epoch, step, rank):
+        calls["n"] += 1
+        return np.array([calls["n"] % 53])
+
+    with Loader(path, batch_size=1, epochs=1, buffer=2, sampler=Trace(fickle, steps=3)) as loader:
+        with pytest.raises(SolarError, match="not the one planned"):
+            list(loader)
+
+
+def test_a_weighted_resume_replays_the_same_batches(data):
+    path, _ = data
+    w = np.linspace(1, 3, 53)
+    with Loader(path, batch_size=4, epochs=2, buffer=5, sampler=Weighted(w)) as a:
+        first = [b["index"].numpy().copy() for b in _epochs(a, 2)]
+    with Loader(path, batch_size=4, epochs=2, buffer=5, sampler=Weighted(w)) as b:
+        b.set_epoch(1)
+        it = iter(b)
+        next(it)
+        state = b.state_dict()
+    with Loader(path, batch_size=4, epochs=2, buffer=5, sampler=Weighted(w)) as c:
+        c.load_state_dict(state)
+        c.set_epoch(state["epoch"])
+        rest = [x["index"].numpy().copy() for x in c]
+    spe = len(first) // 2
+    for got, want in zip(rest, first[spe + 1 :], strict=True):
+        np.testing.assert_array_equal(got, want)
+
+
+def test_thit_flag_is_used_with_a_tier():
+    spec = _weighted_spec(200, 1, 8, 4, 5, seed=0, tier=20)
+    rp = make_plan(spec).rank(0)
+    assert np.any(rp.flags & THIT)
