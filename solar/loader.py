@@ -381,7 +381,7 @@ class Loader:
             # the pool grows for a longer one).
             rows = self.spec.buffer.cap(self.run.batch_size)
             if self.spec.traced:
-                rows = self.sampler.max_batch(self.run) or self.run.batch_size
+                rows = self.sampler.max_batch(self.run) or rows
             self._pool = BatchPool(self.info.keys, rows, self.config.pin_memory)
         step = self._step(k)
         tier = self.tier
@@ -411,8 +411,12 @@ class Loader:
         step = self._window(k, trim=False).step(k)
         if not self.spec.traced:
             return step  # Shuffle: the planner chose the batch, its order is the plan's
-        spe = self.run.steps_per_epoch
-        ids = self.sampler.batch(self.run, k // spe, k % spe, self.rank)
+        e, t = divmod(k, self.run.steps_per_epoch)
+        if self.spec.affinity:  # the draws of the global batch the planner gave this rank
+            draws = self.sampler.global_batch(self.run, e, t)
+            ids = draws[np.isin(draws, step.samples)]
+        else:
+            ids = self.sampler.batch(self.run, e, t, self.rank)
         try:
             return step.in_batch(ids)
         except ValueError:

@@ -117,11 +117,13 @@ def test_trace_array_rows_and_padding():
 # -- the planner ------------------------------------------------------------------------------
 
 
-def _weighted_spec(n, world, batch, epochs, capacity, seed, tier=0, policy="solar", horizon=None):
+def _weighted_spec(
+    n, world, batch, epochs, capacity, seed, tier=0, policy="solar", horizon=None, affinity=True
+):
     w = (1.0 + np.arange(n)) ** -1.0
     return PlanSpec(
-        RunConfig(n, world, batch, epochs, seed), BufferConfig(capacity, 0.0, tier), policy,
-        sampler=Weighted(w), horizon=horizon,
+        RunConfig(n, world, batch, epochs, seed), BufferConfig(capacity, 0.25, tier), policy,
+        sampler=Weighted(w, affinity=affinity), horizon=horizon,
     )  # fmt: skip
 
 
@@ -129,30 +131,38 @@ def _weighted_spec(n, world, batch, epochs, capacity, seed, tier=0, policy="sola
 @given(
     n=st.integers(3, 40), world=st.integers(1, 3), batch=st.integers(1, 4),
     epochs=st.integers(1, 4), capacity=st.integers(0, 6), tier=st.integers(0, 4),
-    seed=st.integers(0, 100),
+    seed=st.integers(0, 100), affinity=st.booleans(),
 )  # fmt: skip
 def test_trace_plans_serve_the_samplers_batches_and_hit_only_what_is_held(
-    n, world, batch, epochs, capacity, tier, seed
+    n, world, batch, epochs, capacity, tier, seed, affinity
 ):
     if world * batch > n:
         return
-    spec = _weighted_spec(n, world, batch, epochs, capacity, seed, tier)
+    spec = _weighted_spec(n, world, batch, epochs, capacity, seed, tier, affinity=affinity)
     plan = make_plan(spec)
-    run = spec.run
+    run, spe = spec.run, spec.run.steps_per_epoch
+    served: list[list[np.ndarray]] = [[] for _ in range(run.num_steps)]
     for r in range(world):
         rp = plan.rank(r)
         held = np.full(rp.cells, -1)
         for k in range(run.num_steps):
             step = rp.step(k)
-            want = spec.sampler.batch(run, k // run.steps_per_epoch, k % run.steps_per_epoch, r)
-            np.testing.assert_array_equal(np.sort(step.samples), np.unique(want))
+            served[k].append(step.samples)
+            if not affinity:  # each rank's batch is the sampler's share
+                want = spec.sampler.batch(run, k // spe, k % spe, r)
+                np.testing.assert_array_equal(np.sort(step.samples), np.unique(want))
             np.testing.assert_array_equal(held[step.hit_slots], step.samples[step.hit_rows])
             np.testing.assert_array_equal(
                 held[rp.slots + step.tier_slots], step.samples[step.tier_rows]
             )
             held = rp.contents_at(k + 1)
+    for k in range(run.num_steps if affinity else 0):  # each distinct draw served once
+        drawn = spec.sampler.global_batch(run, k // spe, k % spe)
+        np.testing.assert_array_equal(np.sort(np.concatenate(served[k])), np.unique(drawn))
     # Identical inputs, identical plans.
-    again = make_plan(_weighted_spec(n, world, batch, epochs, capacity, seed, tier))
+    again = make_plan(
+        _weighted_spec(n, world, batch, epochs, capacity, seed, tier, affinity=affinity)
+    )
     for r in range(world):
         assert again.rank(r).flags.tobytes() == plan.rank(r).flags.tobytes()
 
@@ -261,24 +271,32 @@ def _epochs(loader, epochs):
         yield from loader
 
 
-@pytest.mark.parametrize("world, tier", [(1, 0), (2, 0), (3, 6)])
-def test_weighted_batches_are_byte_exact(data, tmp_path, world, tier):
+@pytest.mark.parametrize("world, tier, affinity", [(1, 0, True), (2, 0, True), (3, 6, True),
+                                                    (2, 0, False), (3, 6, False)])  # fmt: skip
+def test_weighted_batches_are_byte_exact(data, tmp_path, world, tier, affinity):
     path, x = data
     w = (1.0 + np.arange(53)) ** -1.2
+    sampler = Weighted(w, affinity=affinity)
+    batches: dict[int, list[np.ndarray]] = {}
     for r in range(world):
         kw = dict(tier=tmp_path, tier_size=tier) if tier else {}
-        with Loader(path, batch_size=5, epochs=3, buffer=6, sampler=Weighted(w), rank=r,
+        with Loader(path, batch_size=5, epochs=3, buffer=6, sampler=sampler, rank=r,
                     world_size=world, **kw) as loader:  # fmt: skip
-            seen = 0
+            run = loader.run
             for k, b in enumerate(_epochs(loader, 3)):
                 idx = b["index"].numpy()
-                e, t = divmod(k, loader.run.steps_per_epoch)
-                np.testing.assert_array_equal(idx, loader.sampler.batch(loader.run, e, t, r))
                 np.testing.assert_array_equal(b["x"].numpy(), x[idx])
                 np.testing.assert_array_equal(b["y"].numpy(), idx * 10)
-                seen += 1
-            assert seen == 3 * loader.run.steps_per_epoch
+                batches.setdefault(k, []).append(idx)
+                e, t = divmod(k, run.steps_per_epoch)
+                if not affinity:
+                    np.testing.assert_array_equal(idx, sampler.batch(run, e, t, r))
+                assert loader.global_batch == sampler.global_batch(run, e, t).size
             assert loader.plan.hits > 0
+    assert len(batches) == 3 * run.steps_per_epoch
+    for k, parts in batches.items():  # every draw of every global batch delivered once
+        drawn = sampler.global_batch(run, *divmod(k, run.steps_per_epoch))
+        np.testing.assert_array_equal(np.sort(np.concatenate(parts)), np.sort(drawn))
 
 
 def test_a_trace_with_repeats_and_varying_lengths(data):

@@ -43,8 +43,9 @@ class EpochSchedule:
     tslot: np.ndarray  # (samples per epoch,) int32; without a tier a read-only view of -1s
 
     @classmethod
-    def empty(cls, run: RunConfig, with_tier: bool = False) -> EpochSchedule:
-        n = run.samples_per_epoch
+    def empty(cls, run: RunConfig, with_tier: bool = False, n: int | None = None) -> EpochSchedule:
+        """Room for an epoch's decisions: ``n`` accesses (default: the samples an epoch serves)."""
+        n = run.samples_per_epoch if n is None else n
         return cls(
             rank=np.empty(n, np.int16),
             slot=np.empty(n, np.int32),

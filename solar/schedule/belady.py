@@ -235,9 +235,9 @@ def _tiered_steps(
 
 
 @njit(cache=True, inline="always")
-def _hits_first(a, b, seq, nu, sample, slot, flags):
-    """Stably move the accesses of ``[a, b)`` (one rank's part of a step) that are hits before
-    the rest, permuting the access arrays alike."""
+def _hits_first(a, b, seq, nu, sample, rank, slot, flags):
+    """Stably move the accesses of ``[a, b)`` that are hits before the rest, permuting the
+    access arrays alike."""
     order = np.empty(b - a, np.int64)
     j = 0
     for hit in (True, False):
@@ -248,6 +248,7 @@ def _hits_first(a, b, seq, nu, sample, slot, flags):
     seq[a:b] = seq[order]
     nu[a:b] = nu[order]
     sample[a:b] = sample[order]
+    rank[a:b] = rank[order]
     slot[a:b] = slot[order]
     flags[a:b] = flags[order]
 
@@ -275,7 +276,7 @@ def _trace_steps(
         p = a
         for r in range(counts.shape[1]):
             q = p + counts[k, r]
-            _hits_first(p, q, seq, nu, sample, slot_out, flags)
+            _hits_first(p, q, seq, nu, sample, rank, slot_out, flags)
             p = q
         if tiered:
             _tiered_step(seq, nu, a, b, rank, slot_out, tslot_out, flags, holder, hslot, key,
@@ -284,14 +285,38 @@ def _trace_steps(
             _ram_step(seq, nu, a, b, rank, slot_out, flags, holder, hslot, key, heap, cells)
 
 
+@njit(cache=True, nogil=True)
+def _affinity_steps(
+    seq, nu, sample, bounds, k0, world, cap_of, tiered,  # one epoch of a trace's global steps
+    holder, hslot, key, heap, rkey, rheap, cells,  # state, carried across calls
+    rank_out, slot_out, tslot_out, flags, counts,  # outputs
+):  # fmt: skip
+    """:func:`_solar_steps` (or :func:`_tiered_steps`) over a sampler's global steps of
+    distinct ids, with a step's hits first as in :func:`_trace_steps`: with one rank, the
+    optimum when hits read the buffer as the step starts."""
+    count = np.zeros(world, np.int64)
+    for k in range(bounds.shape[0] - 1):
+        a, b = bounds[k], bounds[k + 1]
+        _place(seq, a, b, k0 + k, world, cap_of, holder, hslot, count, rank_out, slot_out, flags)
+        _hits_first(a, b, seq, nu, sample, rank_out, slot_out, flags)
+        if tiered:
+            _tiered_step(seq, nu, a, b, rank_out, slot_out, tslot_out, flags, holder, hslot, key,
+                         heap, rkey, rheap, cells)  # fmt: skip
+        else:
+            _ram_step(seq, nu, a, b, rank_out, slot_out, flags, holder, hslot, key, heap, cells)
+        counts[k, :] = count
+
+
 class SolarPolicy(OccupantContents):
     """Rank affinity and per-rank Belady eviction; state carried across epochs, O(N + P·C)."""
 
     needs_next_use = True
     ids_per_rank = False  # ids are samples; TracePolicy's name (rank, sample) pairs
 
-    def __init__(self, run: RunConfig, buffer: BufferConfig) -> None:
+    def __init__(self, run: RunConfig, buffer: BufferConfig, order: Any = None) -> None:
         self.run = run
+        # A sampler's trace with affinity (traces.py): its epochs' global steps vary in size.
+        self.order = order if getattr(order, "traced", False) else None
         world, c = run.world_size, slot_count(run, buffer)
         self.tier = tier_slot_count(run, buffer)
         u = c + self.tier  # cells: RAM slots, then tier slots
@@ -332,7 +357,7 @@ class SolarPolicy(OccupantContents):
         if np.unique(held).size != held.size:
             raise ValueError("occupant: a sample held in two cells")
         uses = next_use(held)
-        if np.any(uses == NEVER) and not self.ids_per_rank:  # (a trace's horizon may end first)
+        if np.any(uses == NEVER) and self.order is None:  # (a trace's horizon may end first)
             raise ValueError("occupant: a sample held but never used again")
         keys = np.full((world, u), NEVER, np.int64)
         keys[ranks, where] = uses
@@ -350,9 +375,17 @@ class SolarPolicy(OccupantContents):
     def plan_epoch(self, k: int, seq: np.ndarray, next_use: np.ndarray | None) -> EpochSchedule:
         """Decide epoch ``k``; ``next_use`` is required."""
         assert next_use is not None
-        out = EpochSchedule.empty(self.run, with_tier=self.tier > 0)
+        out = EpochSchedule.empty(self.run, with_tier=self.tier > 0, n=seq.size)
         k0, world = k * self.run.steps_per_epoch, self.run.world_size
-        if self.tier:
+        if self.order is not None:  # a sampler's trace, its global steps split by affinity
+            trace = self.order.epoch(k)
+            _affinity_steps(
+                seq, next_use, trace.sample, trace.bounds, k0, world, self.cap_of, self.tier > 0,
+                self.holder, self.hslot, self.key, self.heap, self.rkey, self.rheap, self.cells,
+                out.rank, out.slot, out.tslot if self.tier else np.empty(0, np.int32), out.flags,
+                out.counts,
+            )  # fmt: skip
+        elif self.tier:
             _tiered_steps(
                 seq, next_use, self.bounds, k0, world, self.cap_of, self.holder, self.hslot,
                 self.key, self.heap, self.rkey, self.rheap, self.cells,
@@ -375,8 +408,7 @@ class TracePolicy(SolarPolicy):
     ids_per_rank = True
 
     def __init__(self, run: RunConfig, buffer: BufferConfig, order: Any) -> None:
-        super().__init__(run, buffer)
-        self.order = order
+        super().__init__(run, buffer, order)
 
     def contents(self, r: int) -> np.ndarray:
         ids = self.occupant[r].astype(np.int64)
@@ -384,7 +416,7 @@ class TracePolicy(SolarPolicy):
 
     def plan_epoch(self, k: int, seq: np.ndarray, next_use: np.ndarray | None) -> EpochSchedule:
         """Decide epoch ``k``: ``seq`` holds its (rank, sample) ids, ``next_use`` theirs."""
-        assert next_use is not None
+        assert next_use is not None and self.order is not None
         trace = self.order.epoch(k)
         n = seq.size
         out = EpochSchedule(

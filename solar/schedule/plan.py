@@ -255,7 +255,7 @@ def _check_memory(spec: PlanSpec, keep_all: bool) -> None:
     )
     if keep_all:
         need += 10 * run.num_accesses
-    if spec.policy != "solar" or spec.traced:
+    if spec.policy != "solar" or (spec.traced and not spec.affinity):
         need += 16 * run.world_size * run.num_samples  # per-(rank, sample) tables
     if spec.traced:  # the trace over the horizon (solar.schedule.traces)
         from solar.schedule.traces import BYTES_PER_ACCESS, default_horizon

@@ -71,7 +71,7 @@ class Planner:
         self.epoch_order = epoch_order_of(spec) if epoch_order is None else epoch_order
         self.order: EpochOrder | TraceOrder
         if spec.traced:
-            self.order = TraceOrder(run, spec.sampler, spec.horizon)
+            self.order = TraceOrder(run, spec.sampler, spec.horizon, spec.affinity)
         else:
             self.order = EpochOrder(run, self.epoch_order)
         self.policy = make_policy(spec.policy, run, spec.buffer, self.order)

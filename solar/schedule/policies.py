@@ -21,12 +21,18 @@ POLICIES: dict[str, PolicyFactory] = {
 }
 
 
-# The policies of a general sampler's trace (solar.schedule.traces): the sampler splits the
-# batches over the ranks, each rank is a cache of its own.
+# The policies of a general sampler's trace (solar.schedule.traces). The baselines take the
+# sampler's own split (rank r's share of each global batch), each rank a cache of its own.
 TRACE_POLICIES: dict[str, PolicyFactory] = {
-    "solar": belady.TracePolicy,
+    # With affinity the planner splits global batches: Shuffle's policy on the trace's steps.
+    "solar": lambda run, buffer, order: (
+        belady.SolarPolicy(run, buffer, order)
+        if order.affinity
+        else belady.TracePolicy(run, buffer, order)
+    ),
     "lru": tracebase.TraceLRU,
     "static": tracebase.TraceStatic,
+    "nopfs": lambda run, buffer, order: tracebase.TraceStatic(run, buffer, order, whole_run=True),
 }
 
 
@@ -48,10 +54,10 @@ def get_policy(name: str, traced: bool = False) -> PolicyFactory:
 def check_policy(name: str, buffer: BufferConfig, traced: bool = False) -> None:
     """Refuse an unknown policy, or one that cannot plan ``buffer``'s second tier."""
     get_policy(name, traced)
-    if buffer.tier and name not in TIERED:
+    if buffer.tier and name not in (("solar",) if traced else TIERED):
         raise SolarError(
             f"policy {name!r} has no second tier (tier_size {buffer.tier}): "
-            f"use {' or '.join(TIERED)}"
+            f"use {'solar' if traced else ' or '.join(TIERED)}"
         )
 
 

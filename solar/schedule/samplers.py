@@ -10,8 +10,11 @@ ahead: the planner plans it. Three are built in:
 * :class:`Weighted`: ``torch.utils.data.WeightedRandomSampler``'s semantics.
 * :class:`Trace`: a user's own deterministic sampler, a function or a precomputed array.
 
-For every sampler but :class:`Shuffle` the rank split is the sampler's: rank r's batch at a
-step is what :meth:`Sampler.batch` says, repeats allowed, lengths free to vary.
+A sampler with ``affinity`` (Shuffle, and Weighted by default) draws global batches and the
+planner splits each over the ranks, keeping samples with the rank that holds them (within the
+batch slack); rank r's batch is then the draws it was given, in draw order. Without (Trace, or
+``Weighted(..., affinity=False)``) rank r's batch is what :meth:`Sampler.batch` says. Either
+way repeats are allowed (read once, copied) and lengths may vary.
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ class Sampler:
     """The contract every sampler keeps (see the module's docstring)."""
 
     kind: ClassVar[str]
+    affinity: bool = False  # the planner splits global batches (see the module's docstring)
 
     def draws(self, num_samples: int, global_batch: int) -> int:
         """Ids drawn per epoch over all ranks, for a dataset of ``num_samples`` and global
@@ -68,6 +72,12 @@ class Sampler:
         i = step * run.world_size + rank
         return d.ids[d.offsets[i] : d.offsets[i + 1]]
 
+    def global_batch(self, run: RunConfig, epoch: int, step: int) -> np.ndarray:
+        """Every draw of global step ``step`` (within the epoch), in draw order."""
+        d = self.epoch(run, epoch)
+        w = run.world_size
+        return d.ids[d.offsets[step * w] : d.offsets[(step + 1) * w]]
+
     def max_batch(self, run: RunConfig) -> int | None:
         """The longest local batch, if known without drawing the run."""
         return run.batch_size
@@ -82,6 +92,7 @@ class Shuffle(Sampler):
     batch over the ranks. The default: plans are exactly those solar always made."""
 
     kind = "shuffle"
+    affinity = True
 
     def epoch(self, run: RunConfig, epoch: int) -> EpochDraws:
         from solar.schedule.order import epoch_permutation, epoch_samples
@@ -107,6 +118,9 @@ class Weighted(Sampler):
     Both are pure functions of (seed, epoch, position), stable across numpy versions.
 
     ``weights``: a 1-D array or a ``.npy`` file; finite, >= 0, not all 0, one per sample.
+    ``affinity`` (default): the planner splits each global batch over the ranks (a rank's
+    batch then varies within the slack, as with Shuffle); else rank r takes the r-th
+    contiguous share of the draws (``WeightedRandomSampler`` under a rank split).
     """
 
     kind = "weighted"
@@ -116,6 +130,7 @@ class Weighted(Sampler):
         weights: np.ndarray | str | os.PathLike,
         num_samples: int | None = None,
         replacement: bool = True,
+        affinity: bool = True,
     ) -> None:
         where = "weights"
         if isinstance(weights, str | os.PathLike):
@@ -147,6 +162,7 @@ class Weighted(Sampler):
         self.weights = w
         self.num_samples = None if num_samples is None else int(num_samples)
         self.replacement = bool(replacement)
+        self.affinity = bool(affinity)
         self._prob, self._alias = _alias_table(w / w.sum() * w.size)
         self._digest = hashlib.sha256(w.tobytes()).hexdigest()
         self._cache = _EpochCache()
@@ -193,9 +209,18 @@ class Weighted(Sampler):
         lo, hi = _span(run, step, rank)
         return self._draw(run, epoch, np.arange(lo, hi))
 
+    def global_batch(self, run: RunConfig, epoch: int, step: int) -> np.ndarray:
+        if not self.replacement:
+            return super().global_batch(run, epoch, step)
+        bounds = step_bounds(run)
+        return self._draw(run, epoch, np.arange(bounds[step], bounds[step + 1]))
+
+    def max_batch(self, run: RunConfig) -> int | None:
+        return None if self.affinity else run.batch_size  # (the pool grows as needed)
+
     def identity(self) -> dict[str, Any]:
         return {"kind": self.kind, "weights": self._digest, "num_samples": self.num_samples,
-                "replacement": self.replacement}  # fmt: skip
+                "replacement": self.replacement, "affinity": self.affinity}  # fmt: skip
 
 
 class Trace(Sampler):

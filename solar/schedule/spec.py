@@ -45,6 +45,12 @@ class PlanSpec:
         return not is_shuffle(self.sampler)
 
     @property
+    def affinity(self) -> bool:
+        """Whether the planner splits a traced sampler's global batches over the ranks (the
+        ``solar`` policy, for a sampler with affinity); else each rank takes the sampler's."""
+        return self.traced and self.sampler.affinity and self.policy == "solar"
+
+    @property
     def bound(self) -> float:
         """Largest possible hit rate: min(P·(C+D), per-epoch samples) hits per epoch
         transition, for C RAM and D tier slots per rank (a pure function of the spec)."""

@@ -1,7 +1,9 @@
 """Baselines for a general sampler's trace, on the sampler's own rank split: ``lru`` (each rank
-caches every read, evicting its least recently used) and ``static`` (each rank's buffer holds
+caches every read, evicting its least recently used), ``static`` (each rank's buffer holds
 the ids it drew most often in a pre-sampled epoch, filled on first use, never evicted: what
-DiskGNN and GIDS keep). Ids are (rank, sample) pairs as in :mod:`solar.schedule.traces`.
+DiskGNN and GIDS keep) and ``nopfs`` (the same, ranked by the run's own access counts, as NoPFS
+ranks by its clairvoyant frequencies). Ids are (rank, sample) pairs as in
+:mod:`solar.schedule.traces`.
 """
 
 from __future__ import annotations
@@ -91,26 +93,31 @@ class TraceLRU:
 
 
 class TraceStatic:
-    """Per rank, the C ids drawn most often in a pre-sampled epoch, kept for the whole run."""
+    """Per rank, the C ids drawn most often in a pre-sampled epoch (or, ``whole_run``, over
+    the run itself), kept for the whole run."""
 
     needs_next_use = False
 
-    def __init__(self, run: RunConfig, buffer: BufferConfig, order: TraceOrder) -> None:
+    def __init__(
+        self, run: RunConfig, buffer: BufferConfig, order: TraceOrder, whole_run: bool = False
+    ) -> None:
         self.run, self.order = run, order
-        world, c = run.world_size, slot_count(run, buffer)
-        draws = _presample(order)
-        self.home = np.full(run.num_samples * world, -1, np.int32)
-        self.filled = np.zeros(run.num_samples * world, np.bool_)
-        steps = run.steps_per_epoch
+        n, world, c = run.num_samples, run.world_size, slot_count(run, buffer)
+        counts = np.zeros(n * world, np.int64)  # per (rank, sample) pair
+        if whole_run:
+            for k in range(run.epochs):
+                counts += np.bincount(order.epoch(k).pair, minlength=counts.size)
+        else:
+            draws = _presample(order)
+            ranks = np.repeat(np.arange(draws.offsets.size - 1) % world, np.diff(draws.offsets))
+            counts += np.bincount(ranks * n + draws.ids, minlength=counts.size)
+        self.home = np.full(n * world, -1, np.int32)
+        self.filled = np.zeros(n * world, np.bool_)
         for r in range(world):
-            batches = [(t * world + r) for t in range(steps)]
-            ids = np.concatenate(
-                [draws.ids[draws.offsets[g] : draws.offsets[g + 1]] for g in batches]
-            )
-            counts = np.bincount(ids, minlength=run.num_samples)
-            top = np.argsort(-counts, kind="stable")[:c]
-            top = top[counts[top] > 0]
-            self.home[r * run.num_samples + top] = np.arange(top.size, dtype=np.int32)
+            mine = counts[r * n : (r + 1) * n]
+            top = np.argsort(-mine, kind="stable")[:c]
+            top = top[mine[top] > 0]
+            self.home[r * n + top] = np.arange(top.size, dtype=np.int32)
         self._c = c
 
     def plan_epoch(self, k: int, seq: np.ndarray, next_use: np.ndarray | None) -> EpochSchedule:

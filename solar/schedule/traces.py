@@ -1,10 +1,12 @@
 """A general sampler's trace one epoch at a time, and next uses over a horizon.
 
 A rank's accesses at a step are the distinct ids of its batch, in first-occurrence order (a
-repeat within the batch is a copy, not a second read). The planner keys them by (rank, sample)
-pairs, ``rank * N + sample``, since without affinity each rank is a cache of its own. The next
-use of an access is the position of the same pair's next access: positions are
-``(epoch << 40) + index`` so they order accesses in time whatever the epochs' lengths.
+repeat within the batch is a copy, not a second read). Without affinity the planner keys them
+by (rank, sample) pairs, ``rank * N + sample``: each rank is a cache of its own. With affinity
+(the planner splits each global batch) an epoch is the sequence of each global batch's
+distinct ids, keyed by sample, who serves each left to the planner (``rank`` all 0 here,
+``counts`` one column). The next use of an access is the position of the same key's next
+access: positions are ``(epoch << 40) + index``, ordering accesses whatever the epochs' lengths.
 
 Next uses are looked up ``horizon`` epochs ahead (beyond: NEVER, evicted first): epoch k's
 come from one backward pass over epochs k..k+H. With the horizon reaching the end of the run
@@ -86,12 +88,16 @@ class TraceOrder:
 
     traced = True
 
-    def __init__(self, run: RunConfig, sampler: Sampler, horizon: int | None = None) -> None:
+    def __init__(
+        self, run: RunConfig, sampler: Sampler, horizon: int | None = None, affinity: bool = False
+    ) -> None:
         self.run, self.sampler = run, sampler
+        self.affinity = affinity
         self.horizon = default_horizon(run) if horizon is None else max(0, int(horizon))
         self._stamp = np.full(run.num_samples, -1, np.int64)
         self._stamps = 0
-        self._last = np.full(run.num_samples * run.world_size, NEVER, np.int64)
+        keys = run.num_samples * (1 if self.affinity else run.world_size)
+        self._last = np.full(keys, NEVER, np.int64)
         self._lock = threading.Lock()
         self._epochs: dict[int, EpochTrace] = {}
         self._nu: dict[int, np.ndarray] = {}  # next uses computed once for the rest of the run
@@ -114,6 +120,8 @@ class TraceOrder:
         if offsets.shape != (steps * world + 1,):
             raise ValueError(f"sampler: epoch {k} has {offsets.size - 1} batches, expected "
                              f"{steps} steps × {world} ranks")  # fmt: skip
+        if self.affinity:  # one batch per global step, split by the planner
+            offsets, world = offsets[::world], 1
         sample = np.empty(ids.size, sample_dtype(run.num_samples))
         rank = np.empty(ids.size, np.int16)
         counts = np.zeros((steps, world), np.int32)
@@ -124,6 +132,10 @@ class TraceOrder:
         np.cumsum(counts.sum(axis=1), out=bounds[1:])
         pair = rank.astype(np.int64) * run.num_samples + sample
         return EpochTrace(sample, pair, rank, counts, bounds)
+
+    def pair_count(self) -> int:
+        """Keys of next-use and holder tables: N (affinity) or P·N."""
+        return int(self._last.size)
 
     def served(self, k: int) -> np.ndarray:
         """Run epoch ``k``'s accesses' sample ids."""

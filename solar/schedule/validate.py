@@ -182,14 +182,16 @@ class RankValidator:
 
 
 class TraceValidator(RankValidator):
-    """:class:`RankValidator` for a general sampler's plan: every step's accesses are the
-    distinct ids of the rank's batch as the sampler draws it (in any order), and
-    every hit is held (a replay); the digests cover the ranks' accesses as with Shuffle."""
+    """:class:`RankValidator` for a general sampler's plan. Without affinity every step's
+    accesses are the distinct ids of the rank's batch as the sampler draws it (in any order);
+    with, they are distinct ids of the step's global batch (and the ranks' digests prove each
+    served exactly once). Every hit is held (a replay), as with Shuffle."""
 
     def __init__(self, spec: PlanSpec, slots: int, rank: int, key: int, tier_slots: int = 0):
         run = spec.run
         super().__init__(run, np.arange(run.epochs), slots, rank, key, tier_slots)
-        self.trace = TraceOrder(run, spec.sampler, horizon=0)
+        self.affinity = spec.affinity
+        self.trace = TraceOrder(run, spec.sampler, horizon=0, affinity=spec.affinity)
 
     def check(self, part: RankEpoch) -> None:
         run, k, r = self.run, part.epoch, self.rank
@@ -201,19 +203,9 @@ class TraceValidator(RankValidator):
         _check_shapes(rp, run, limit=None)
         t = self.trace.epoch(k)
         counts = np.diff(rp.step_offsets)
-        same = np.array_equal(counts, t.counts[:, r])
-        if same:  # each step's accesses as sets: (step, sample) sorted, both sides
-            step_of = np.repeat(np.arange(counts.size), counts)
-            mine = np.lexsort((rp.sample, step_of))
-            want = t.sample[t.rank == r]
-            theirs = np.lexsort((want, step_of))
-            diff = np.flatnonzero(rp.sample[mine] != want[theirs])
-            same = diff.size == 0
-        if not same:
-            bad = np.flatnonzero(counts != t.counts[:, r])
-            if bad.size == 0:
-                bad = step_of[mine[diff[:1]]]
-            raise CorruptPlanError(f"rank {r}, step {rp.first_step + int(bad[0])}: the accesses "
+        bad = self._not_drawn(rp, counts, t)
+        if bad is not None:
+            raise CorruptPlanError(f"rank {r}, step {rp.first_step + bad}: the accesses "
                                    "are not the sampler's batch")  # fmt: skip
         self.expected[k] = _digest(t.sample, self.key)
         code, i, self.mine[k] = _check_trace_epoch(
@@ -223,6 +215,28 @@ class TraceValidator(RankValidator):
         if code != _OK:
             raise CorruptPlanError(_describe(code, i, rp, self.state))
         self.next_epoch += 1
+
+    def _not_drawn(self, rp: RankPlan, counts: np.ndarray, t) -> int | None:
+        """The first step (within the epoch) whose accesses the sampler did not draw, or None."""
+        n = np.int64(self.run.num_samples)
+        steps = np.repeat(np.arange(counts.size), counts)
+        if not np.all((rp.sample >= 0) & (rp.sample < n)):
+            return int(steps[np.argmax((rp.sample < 0) | (rp.sample >= n))])
+        keys = steps * n + rp.sample  # (step, sample): unique within the epoch
+        if self.affinity:
+            drawn = np.repeat(np.arange(t.counts.shape[0]), t.counts[:, 0]) * n + t.sample
+            ok = np.isin(keys, drawn)
+            _, first = np.unique(keys, return_index=True)
+            ok[np.setdiff1d(np.arange(keys.size), first)] = False  # served twice in a step
+        else:
+            if not np.array_equal(counts, t.counts[:, self.rank]):
+                return int(np.argmax(counts != t.counts[:, self.rank]))
+            want = steps * n + t.sample[t.rank == self.rank]
+            ok = np.sort(keys) == np.sort(want)
+            keys = np.sort(keys)
+        if np.all(ok):
+            return None
+        return int(keys[np.argmax(~ok)] // n)
 
 
 def validate_rank(

@@ -1,0 +1,132 @@
+"""Planner benchmark for a weighted sampler: hits of every policy, the horizon, affinity, speed.
+
+    python bench/sampler_bench.py [--quick] [--json bench/results/sampler.json]
+
+The trace: ``Weighted`` draws with replacement, weights ∝ (1 + i)^-0.6 over a random order of
+N samples (N = 10^6; --quick 10^5), B = 64, E = 5, one rank with a 10 % buffer; then P = 4
+with the same aggregate buffer. Reported:
+
+1. hits of ``solar`` (default horizon, and full future), ``lru``, ``static``, ``nopfs``;
+2. hits against the horizon (epochs of look-ahead);
+3. planning speed of ``solar`` (accesses per second; kernels warmed first);
+4. at P = 4, whether rank affinity on the global batch would raise hits: the Shuffle planner's
+   affinity kernel (solar/schedule/belady.py, slack 0.25) run on each global batch's distinct
+   ids, beside the sampler's own split planned per rank; storage reads per epoch both ways.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import numpy as np
+
+from solar import BufferConfig, PlanSpec, RunConfig, Weighted
+from solar._atomic import write_json
+from solar.schedule.belady import SolarPolicy, _solar_steps
+from solar.schedule.plan import simulate
+from solar.schedule.traces import TraceOrder
+
+
+def weights(n: int, seed: int = 0) -> np.ndarray:
+    w = (1.0 + np.arange(n)) ** -0.6
+    np.random.default_rng(seed).shuffle(w)
+    return w
+
+
+def hits(spec: PlanSpec) -> tuple[float, float, int]:
+    """(hit rate, seconds, accesses) of ``spec``'s plan."""
+    s = simulate(spec)
+    return s.hit_rate, s.plan_seconds, s.accesses
+
+
+def affinity_reads(run: RunConfig, sampler: Weighted, capacity: int, slack: float) -> dict:
+    """Storage reads and hits if the planner chose who serves each draw of a global batch (the
+    Shuffle path's affinity + Belady), each global batch's distinct ids one access each."""
+    world = run.world_size
+    one = RunConfig(run.num_samples, 1, run.global_batch, run.epochs, run.seed, run.drop_last,
+                    run.draws)  # fmt: skip
+    order = TraceOrder(one, sampler)  # one "rank" whose batch is the global batch
+    policy = SolarPolicy(run, BufferConfig(capacity, slack))
+    total = hit = 0
+    for k in range(run.epochs):
+        t = order.epoch(k)
+        _, nu = order.with_next_use(k)
+        n = t.sample.size
+        rank, slot = np.empty(n, np.int16), np.empty(n, np.int32)
+        flags = np.zeros(n, np.uint8)
+        counts = np.zeros((t.bounds.size - 1, world), np.int32)
+        _solar_steps(t.sample, nu, t.bounds, k * run.steps_per_epoch, world, policy.cap_of,
+                     policy.holder, policy.hslot, policy.key, policy.heap, policy.cells,
+                     rank, slot, flags, counts)  # fmt: skip
+        total += n
+        hit += int(np.count_nonzero(flags & 1))
+    return {"accesses": total, "hits": hit, "reads_per_epoch": (total - hit) / run.epochs}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    n = 100_000 if args.quick else 1_000_000
+    b, e = 64, 5
+    sampler = Weighted(weights(n))
+    # Warm every kernel on a small run first: the timed plans must not time numba's compiler.
+    small = Weighted(weights(2000))
+    for pol in ("solar", "lru", "static", "nopfs"):
+        simulate(PlanSpec(RunConfig(2000, 2, 8, 2), BufferConfig(100, 0.0), pol, sampler=small))
+    out: dict = {"num_samples": n, "batch_size": b, "epochs": e, "weights": "(1+i)^-0.6 shuffled"}
+
+    run = RunConfig(n, 1, b, e)
+    buf = BufferConfig(n // 10, 0.0)
+    rows = {}
+    for name, pol, horizon in [
+        ("solar", "solar", None), ("solar full future", "solar", e - 1), ("lru", "lru", None),
+        ("static", "static", None), ("nopfs", "nopfs", None),
+    ]:  # fmt: skip
+        rate, secs, acc = hits(PlanSpec(run, buf, pol, sampler=sampler, horizon=horizon))
+        rows[name] = {"hit_rate": rate, "seconds": secs, "accesses_per_second": acc / secs}
+        print(f"P=1 {name:18s} hit rate {rate:.4f}  planned in {secs:.2f} s "
+              f"({acc / secs / 1e6:.2f} M accesses/s)")  # fmt: skip
+    s = rows["solar"]["hit_rate"]
+    print(f"solar / lru {s / rows['lru']['hit_rate']:.2f}x, solar / static "
+          f"{s / rows['static']['hit_rate']:.2f}x, default horizon / full future "
+          f"{s / rows['solar full future']['hit_rate']:.4f}")  # fmt: skip
+    out["P1"] = rows
+
+    out["horizon"] = {}
+    for h in (0, 1, 2, e - 1):
+        rate, _, _ = hits(PlanSpec(run, buf, "solar", sampler=sampler, horizon=h))
+        out["horizon"][h] = rate
+        print(f"horizon {h} epochs: hit rate {rate:.4f}")
+
+    world = 4
+    run4 = RunConfig(n, world, b // world, e)
+    c4 = n // 10 // world
+    rows4 = {}
+    for pol in ("solar", "lru", "static"):
+        spec = PlanSpec(run4, BufferConfig(c4, 0.0), pol, sampler=sampler)
+        t0 = time.perf_counter()
+        summary = simulate(spec)
+        reads = (summary.accesses - summary.hits) / e
+        rows4[pol] = {"hit_rate": summary.hit_rate, "reads_per_epoch": reads,
+                      "seconds": time.perf_counter() - t0}  # fmt: skip
+        print(f"P=4 {pol:8s} (sampler's split) hit rate {summary.hit_rate:.4f}, "
+              f"reads/epoch {reads:.0f}")  # fmt: skip
+    aff = affinity_reads(run4, sampler, c4, 0.25)
+    rows4["solar with affinity"] = aff
+    print(
+        f"P=4 solar with affinity (slack 0.25): hit rate {aff['hits'] / aff['accesses']:.4f} "
+        f"of {aff['accesses']} accesses, reads/epoch {aff['reads_per_epoch']:.0f}"
+    )
+    out["P4"] = rows4
+    if args.json:
+        write_json(args.json, out)
+    else:
+        print(json.dumps(out, indent=1, default=str))
+
+
+if __name__ == "__main__":
+    main()
