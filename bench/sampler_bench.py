@@ -9,24 +9,21 @@ with the same aggregate buffer. Reported:
 1. hits of ``solar`` (default horizon, and full future), ``lru``, ``static``, ``nopfs``;
 2. hits against the horizon (epochs of look-ahead);
 3. planning speed of ``solar`` (accesses per second; kernels warmed first);
-4. at P = 4, whether rank affinity on the global batch would raise hits: the Shuffle planner's
-   affinity kernel (solar/schedule/belady.py, slack 0.25) run on each global batch's distinct
-   ids, beside the sampler's own split planned per rank; storage reads per epoch both ways.
+4. at P = 4 (the same aggregate buffer): ``solar`` with affinity (the default: the planner
+   splits each global batch's distinct draws, slack 0.25) and without (each rank plans the
+   sampler's contiguous share), beside lru and static; storage reads per epoch.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import time
 
 import numpy as np
 
 from solar import BufferConfig, PlanSpec, RunConfig, Weighted
 from solar._atomic import write_json
-from solar.schedule.belady import SolarPolicy, _solar_steps
 from solar.schedule.plan import simulate
-from solar.schedule.traces import TraceOrder
 
 
 def weights(n: int, seed: int = 0) -> np.ndarray:
@@ -39,30 +36,6 @@ def hits(spec: PlanSpec) -> tuple[float, float, int]:
     """(hit rate, seconds, accesses) of ``spec``'s plan."""
     s = simulate(spec)
     return s.hit_rate, s.plan_seconds, s.accesses
-
-
-def affinity_reads(run: RunConfig, sampler: Weighted, capacity: int, slack: float) -> dict:
-    """Storage reads and hits if the planner chose who serves each draw of a global batch (the
-    Shuffle path's affinity + Belady), each global batch's distinct ids one access each."""
-    world = run.world_size
-    one = RunConfig(run.num_samples, 1, run.global_batch, run.epochs, run.seed, run.drop_last,
-                    run.draws)  # fmt: skip
-    order = TraceOrder(one, sampler)  # one "rank" whose batch is the global batch
-    policy = SolarPolicy(run, BufferConfig(capacity, slack))
-    total = hit = 0
-    for k in range(run.epochs):
-        t = order.epoch(k)
-        _, nu = order.with_next_use(k)
-        n = t.sample.size
-        rank, slot = np.empty(n, np.int16), np.empty(n, np.int32)
-        flags = np.zeros(n, np.uint8)
-        counts = np.zeros((t.bounds.size - 1, world), np.int32)
-        _solar_steps(t.sample, nu, t.bounds, k * run.steps_per_epoch, world, policy.cap_of,
-                     policy.holder, policy.hslot, policy.key, policy.heap, policy.cells,
-                     rank, slot, flags, counts)  # fmt: skip
-        total += n
-        hit += int(np.count_nonzero(flags & 1))
-    return {"accesses": total, "hits": hit, "reads_per_epoch": (total - hit) / run.epochs}
 
 
 def main() -> None:
@@ -106,21 +79,21 @@ def main() -> None:
     run4 = RunConfig(n, world, b // world, e)
     c4 = n // 10 // world
     rows4 = {}
-    for pol in ("solar", "lru", "static"):
-        spec = PlanSpec(run4, BufferConfig(c4, 0.0), pol, sampler=sampler)
-        t0 = time.perf_counter()
-        summary = simulate(spec)
+    for name, pol, smp, slack in [
+        ("solar (affinity)", "solar", sampler, 0.25),
+        ("solar (sampler's split)", "solar", Weighted(sampler.weights, affinity=False), 0.0),
+        ("lru", "lru", sampler, 0.0),
+        ("static", "static", sampler, 0.0),
+    ]:  # fmt: skip
+        summary = simulate(PlanSpec(run4, BufferConfig(c4, slack), pol, sampler=smp))
         reads = (summary.accesses - summary.hits) / e
-        rows4[pol] = {"hit_rate": summary.hit_rate, "reads_per_epoch": reads,
-                      "seconds": time.perf_counter() - t0}  # fmt: skip
-        print(f"P=4 {pol:8s} (sampler's split) hit rate {summary.hit_rate:.4f}, "
-              f"reads/epoch {reads:.0f}")  # fmt: skip
-    aff = affinity_reads(run4, sampler, c4, 0.25)
-    rows4["solar with affinity"] = aff
-    print(
-        f"P=4 solar with affinity (slack 0.25): hit rate {aff['hits'] / aff['accesses']:.4f} "
-        f"of {aff['accesses']} accesses, reads/epoch {aff['reads_per_epoch']:.0f}"
-    )
+        batches = (
+            f"{min(s.min_batch for s in summary.stats)}-{max(s.max_batch for s in summary.stats)}"
+        )
+        rows4[name] = {"hit_rate": summary.hit_rate, "reads_per_epoch": reads,
+                       "accesses": summary.accesses, "local_batches": batches}  # fmt: skip
+        print(f"P=4 {name:24s} hit rate {summary.hit_rate:.4f}, reads/epoch {reads:.0f}, "
+              f"local batches (distinct ids) {batches}")  # fmt: skip
     out["P4"] = rows4
     if args.json:
         write_json(args.json, out)

@@ -353,3 +353,55 @@ def test_thit_flag_is_used_with_a_tier():
     spec = _weighted_spec(200, 1, 8, 4, 5, seed=0, tier=20)
     rp = make_plan(spec).rank(0)
     assert np.any(rp.flags & THIT)
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    world=st.integers(1, 3), tier=st.sampled_from([0, 5]), affinity=st.booleans(),
+    horizon=st.sampled_from([None, 0, 1]), epoch=st.integers(1, 3), seed=st.integers(0, 50),
+)  # fmt: skip
+def test_a_restored_trace_planner_decides_as_the_run_that_saved_it(
+    tmp_path_factory, world, tier, affinity, horizon, epoch, seed
+):
+    from solar.schedule import snapshot
+    from solar.schedule.planner import Planner
+
+    spec = _weighted_spec(90, world, 4, 4, 6, seed, tier, horizon=horizon, affinity=affinity)
+    directory = tmp_path_factory.mktemp("snap")
+    ref = Planner(spec)
+    for _ in range(epoch):
+        ref.next_all()
+    assert snapshot.save(directory, ref) is not None
+    restored = snapshot.load(directory, spec, epoch)
+    assert restored is not None and restored.epoch == epoch
+    for _ in range(epoch, spec.run.epochs):
+        a, b = restored.next_all(), ref.next_all()
+        for name in ("sample", "slot", "flags", "tslot", "rank_offsets", "step_offsets"):
+            np.testing.assert_array_equal(getattr(a, name), getattr(b, name), err_msg=name)
+
+
+def test_a_weighted_state_resumes_on_another_world_size(data):
+    """Elastic resume: Weighted's global batches depend on P·B only."""
+    path, _ = data
+    w = np.linspace(1, 4, 53)
+    with Loader(path, batch_size=4, epochs=2, buffer=5, sampler=Weighted(w), rank=0,
+                world_size=2) as a:  # fmt: skip
+        a.set_epoch(0)
+        it = iter(a)
+        next(it), next(it)
+        state = a.state_dict()
+    with Loader(path, batch_size=8, epochs=2, buffer=10, sampler=Weighted(w)) as b:
+        b.load_state_dict(state)
+        b.set_epoch(0)
+        got = [x["index"].numpy() for x in b]
+        for k, idx in enumerate(got, start=2):
+            np.testing.assert_array_equal(
+                np.sort(idx), np.sort(b.sampler.global_batch(b.run, 0, k))
+            )
+    fixed = Trace(np.zeros((2, 3, 2, 4), np.int64))
+    with Loader(path, batch_size=4, epochs=2, buffer=5, sampler=fixed, rank=0, world_size=2) as c:
+        state = c.state_dict()
+    with Loader(path, batch_size=8, epochs=2, buffer=5,
+                sampler=Trace(np.zeros((2, 3, 1, 8), np.int64))) as d:  # fmt: skip
+        with pytest.raises(SolarError, match="another dataset or run"):
+            d.load_state_dict(state)
