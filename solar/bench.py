@@ -35,12 +35,16 @@ from solar.io.sources import describe_source
 from solar.io.throttle import Throttle
 from solar.schedule.policies import TIERED
 
-LOADERS = ("torch", "lru", "fifo", "solar-artifact", "nopfs", "solar", "solar-ram")
+LOADERS = ("torch", "lru", "fifo", "solar-artifact", "nopfs", "solar", "solar-ram", "static")
+# With a weighted sampler: solar's baselines on the sampler's own split (solar.schedule.tracebase).
+WEIGHTED_LOADERS = ("torch", "lru", "static", "nopfs", "solar", "solar-ram")
 
 
-def default_loaders(tier: bool) -> tuple[str, ...]:
-    """Every loader; ``solar-ram`` (solar without its tier) only when there is a tier."""
-    return LOADERS if tier else tuple(n for n in LOADERS if n != "solar-ram")
+def default_loaders(tier: bool, weighted: bool = False) -> tuple[str, ...]:
+    """Every loader (of the sampler); ``solar-ram`` (solar without its tier) only when there
+    is a tier; ``static`` only with a weighted sampler."""
+    names = WEIGHTED_LOADERS if weighted else LOADERS[:-1]
+    return names if tier else tuple(n for n in names if n != "solar-ram")
 
 
 @dataclass(frozen=True)
@@ -62,6 +66,7 @@ class BenchConfig:
     throttle: str | None = None  # "MBps,latency_ms"
     compute_ms: float = 0.0
     seed: int = 0
+    weights: str | None = None  # a .npy of weights: every loader draws as WeightedRandomSampler
 
 
 @dataclass
@@ -162,12 +167,21 @@ def run(cfg: BenchConfig, comm: Any, progress=None) -> dict | None:
     )
     files = list(info.all_files)
     n, sample_bytes = info.num_samples, info.sample_bytes
+    weighted = cfg.weights is not None
     if cfg.loaders is None:
-        cfg = dataclasses.replace(cfg, loaders=default_loaders(cfg.tier is not None))
+        cfg = dataclasses.replace(cfg, loaders=default_loaders(cfg.tier is not None, weighted))
     assert cfg.loaders is not None
-    unknown = set(cfg.loaders) - set(LOADERS)
+    known = WEIGHTED_LOADERS if weighted else LOADERS[:-1]
+    unknown = set(cfg.loaders) - set(known)
     if unknown:
-        raise SolarError(f"--loaders: unknown {sorted(unknown)} (choose from {', '.join(LOADERS)})")
+        raise SolarError(f"--loaders: unknown {sorted(unknown)} (choose from {', '.join(known)})")
+    solar_sampler = None
+    if weighted:
+        from solar.schedule.samplers import Weighted
+
+        assert cfg.weights is not None
+        solar_sampler = Weighted(cfg.weights)
+        solar_sampler.check(n)
     capacity = math.ceil(cfg.buffer * n / world)
     tier_capacity = math.ceil(cfg.tier_size * n / world) if cfg.tier else 0
     throttle = Throttle.parse(cfg.throttle) if cfg.throttle else None
@@ -190,6 +204,8 @@ def run(cfg: BenchConfig, comm: Any, progress=None) -> dict | None:
     if "torch" in cfg.loaders:
         ds: Any = H5Dataset(info, throttle)  # a map-style Dataset by protocol
         sampler: Any = DistributedSampler(ds, num_replicas=world, rank=rank, seed=cfg.seed)
+        if solar_sampler is not None:
+            sampler = _RankWeighted(solar_sampler.weights, n // world, cfg.seed, rank)
         dl: Any = DataLoader(
             ds, batch_size=cfg.batch_size, sampler=sampler, num_workers=cfg.workers,
             persistent_workers=cfg.workers > 0,
@@ -209,6 +225,7 @@ def run(cfg: BenchConfig, comm: Any, progress=None) -> dict | None:
                 policy="solar" if name == "solar-ram" else name, comm=comm,
                 reader=cfg.reader, throttle=throttle,
                 tier=cfg.tier if tiered else None, tier_size=tier_capacity if tiered else 0,
+                sampler=solar_sampler,
             )  # fmt: skip
     loaders = {name: loaders[name] for name in cfg.loaders}  # the order asked for
     results = {name: LoaderResult(name) for name in cfg.loaders}
@@ -245,6 +262,29 @@ def run(cfg: BenchConfig, comm: Any, progress=None) -> dict | None:
     spec = loaders["solar"].spec if "solar" in loaders else None
     return _summarise(cfg, world, n, sample_bytes, (capacity, tier_capacity), limits, results,
                       spec, throttle)  # fmt: skip
+
+
+class _RankWeighted:
+    """What a DDP user runs with weights: ``WeightedRandomSampler`` on each rank (its own
+    seed per rank and epoch, ``num_samples`` N/P), with ``set_epoch``."""
+
+    def __init__(self, weights: np.ndarray, num_samples: int, seed: int, rank: int) -> None:
+        self.weights, self.num_samples, self.seed, self.rank = weights, num_samples, seed, rank
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+    def __iter__(self):
+        import torch
+        from torch.utils.data import WeightedRandomSampler
+
+        g = torch.Generator().manual_seed(self.seed * 1_000_003 + self.rank * 10_007 + self.epoch)
+        w: Any = torch.as_tensor(self.weights, dtype=torch.double)  # a Sequence by protocol
+        return iter(WeightedRandomSampler(w, self.num_samples, replacement=True, generator=g))
 
 
 def _epoch(name: str, loader: Any, epoch: int, compute_ms: float) -> int:
@@ -298,7 +338,8 @@ def _summarise(cfg, world, n, sample_bytes, capacity, limits, results, spec, thr
     for entry in out["loaders"].values():
         entry["speedup"] = entry["samples_per_second"] / base if base else None
     if spec is not None:
-        out["bound"] = spec.bound
+        if not spec.traced:  # (P·C bounds permutations only)
+            out["bound"] = spec.bound
         r = results["solar"]
         steps = spec.run.steps_per_epoch
         limit = []

@@ -292,11 +292,18 @@ def gen(out, preset, samples, chunks, compression, seed, force) -> None:
 @click.option("--compute-ms", type=float, default=0.0, show_default=True,
               help="Simulated training step per batch.")  # fmt: skip
 @click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--sampler", "sampler_kind", type=click.Choice(["shuffle", "weighted"]),
+              default="shuffle", show_default=True,
+              help="weighted: every loader draws by --weights (the DataLoader with "
+                   "WeightedRandomSampler).")  # fmt: skip
+@click.option(
+    "--weights", type=click.Path(), help="Weights .npy (one per sample) of --sampler weighted."
+)
 @click.option("--json", "json_out", type=click.Path(), help="Write the results as JSON here.")
 @click.option("--plot", "plot_out", type=click.Path(), help="Write a PNG plot here.")
 def bench(data, keys, one_per_file, world_size, batch_size, epochs, buffer, tier, tier_size,
-          slack, loaders, workers, threads, read_ahead, throttle, compute_ms, seed, json_out,
-          plot_out) -> None:  # fmt: skip
+          slack, loaders, workers, threads, read_ahead, throttle, compute_ms, seed, sampler_kind,
+          weights, json_out, plot_out) -> None:  # fmt: skip
     """Compare the PyTorch DataLoader and every policy on DATA, cold storage each epoch."""
     import os
 
@@ -306,8 +313,9 @@ def bench(data, keys, one_per_file, world_size, batch_size, epochs, buffer, tier
     tier_share = _share(tier_size, "--tier-size")
     if (tier is None) != (tier_share == 0):
         raise SolarError("--tier DIR and --tier-size > 0 go together")
+    make_sampler(sampler_kind, weights)  # a bad --weights fails here, before any rank starts
     if loaders is None:
-        loaders = ",".join(harness.default_loaders(tier is not None))
+        loaders = ",".join(harness.default_loaders(tier is not None, weights is not None))
     reader = ReaderConfig(threads=threads, read_ahead=read_ahead)
     for out in (json_out, plot_out):
         if out:
@@ -328,6 +336,7 @@ def bench(data, keys, one_per_file, world_size, batch_size, epochs, buffer, tier
         buffer=share, tier=tier, tier_size=tier_share, slack=slack,
         loaders=tuple(x for x in loaders.split(",") if x),
         workers=workers, reader=reader, throttle=throttle, compute_ms=compute_ms, seed=seed,
+        weights=weights,
     )  # fmt: skip
 
     def progress(epoch: int, name: str, seconds: float) -> None:
