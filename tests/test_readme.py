@@ -69,6 +69,7 @@ def workdir(tmp_path_factory) -> Path:
     d = tmp_path_factory.mktemp("readme")
     generate(d / "data.h5", "ptychonn", 320)  # the README plans 8 ranks x 32
     rng = np.random.default_rng(0)
+    np.save(d / "weights.npy", (1.0 + np.arange(320)) ** -0.6)
     for sub in ("data", "cosmoflow", "frames"):
         (d / sub).mkdir()
     for i, n in enumerate((40, 23)):

@@ -235,16 +235,35 @@ def _tiered_steps(
 
 
 @njit(cache=True, inline="always")
-def _hits_first(a, b, seq, nu, sample, rank, slot, flags):
+def _longest(bounds):
+    """The most accesses of any step."""
+    n = 0
+    for k in range(bounds.shape[0] - 1):
+        n = max(n, bounds[k + 1] - bounds[k])
+    return n
+
+
+@njit(cache=True, inline="always")
+def _hits_first(a, b, seq, nu, sample, rank, slot, flags, scratch):
     """Stably move the accesses of ``[a, b)`` that are hits before the rest, permuting the
-    access arrays alike."""
-    order = np.empty(b - a, np.int64)
+    access arrays alike (``scratch``: room for b - a positions)."""
+    m = a
+    while m < b and flags[m] & HIT:
+        m += 1  # the first miss
+    late = False
+    for i in range(m, b):
+        if flags[i] & HIT:
+            late = True
+            break
+    if not late:
+        return  # the hits are first already
     j = 0
     for hit in (True, False):
         for i in range(a, b):
             if (flags[i] & HIT != 0) == hit:
-                order[j] = i
+                scratch[j] = i
                 j += 1
+    order = scratch[: b - a]
     seq[a:b] = seq[order]
     nu[a:b] = nu[order]
     sample[a:b] = sample[order]
@@ -267,6 +286,7 @@ def _trace_steps(
     accesses are reordered: a step's accesses are a set, the runtime puts each in its batch
     row), their keys become their next uses, and only then are the reads admitted or bypassed.
     """
+    scratch = np.empty(_longest(bounds), np.int64)
     for k in range(bounds.shape[0] - 1):
         a, b = bounds[k], bounds[k + 1]
         for i in range(a, b):
@@ -276,7 +296,7 @@ def _trace_steps(
         p = a
         for r in range(counts.shape[1]):
             q = p + counts[k, r]
-            _hits_first(p, q, seq, nu, sample, rank, slot_out, flags)
+            _hits_first(p, q, seq, nu, sample, rank, slot_out, flags, scratch)
             p = q
         if tiered:
             _tiered_step(seq, nu, a, b, rank, slot_out, tslot_out, flags, holder, hslot, key,
@@ -295,10 +315,11 @@ def _affinity_steps(
     distinct ids, with a step's hits first as in :func:`_trace_steps`: with one rank, the
     optimum when hits read the buffer as the step starts."""
     count = np.zeros(world, np.int64)
+    scratch = np.empty(_longest(bounds), np.int64)
     for k in range(bounds.shape[0] - 1):
         a, b = bounds[k], bounds[k + 1]
         _place(seq, a, b, k0 + k, world, cap_of, holder, hslot, count, rank_out, slot_out, flags)
-        _hits_first(a, b, seq, nu, sample, rank_out, slot_out, flags)
+        _hits_first(a, b, seq, nu, sample, rank_out, slot_out, flags, scratch)
         if tiered:
             _tiered_step(seq, nu, a, b, rank_out, slot_out, tslot_out, flags, holder, hslot, key,
                          heap, rkey, rheap, cells)  # fmt: skip

@@ -18,6 +18,7 @@ hits against the horizon are what ``bench/sampler_bench.py`` reports.
 from __future__ import annotations
 
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -94,12 +95,11 @@ class TraceOrder:
         self.run, self.sampler = run, sampler
         self.affinity = affinity
         self.horizon = default_horizon(run) if horizon is None else max(0, int(horizon))
-        self._stamp = np.full(run.num_samples, -1, np.int64)
-        self._stamps = 0
         keys = run.num_samples * (1 if self.affinity else run.world_size)
         self._last = np.full(keys, NEVER, np.int64)
         self._lock = threading.Lock()
         self._epochs: dict[int, EpochTrace] = {}
+        self._front = 0  # the epoch being planned: the ones before it are done with
         self._nu: dict[int, np.ndarray] = {}  # next uses computed once for the rest of the run
 
     def epoch(self, k: int) -> EpochTrace:
@@ -108,7 +108,8 @@ class TraceOrder:
             got = self._epochs.get(k)
             if got is None:
                 got = self._epochs[k] = self._make(k)
-                for old in [e for e in self._epochs if e < k - 1 or e > k + self.horizon + 1]:
+                lo, hi = self._front, self._front + self.horizon + 1
+                for old in [e for e in self._epochs if not lo - 1 <= e <= hi]:
                     del self._epochs[old]
             return got
 
@@ -125,8 +126,8 @@ class TraceOrder:
         sample = np.empty(ids.size, sample_dtype(run.num_samples))
         rank = np.empty(ids.size, np.int16)
         counts = np.zeros((steps, world), np.int32)
-        n = _distinct(ids, offsets, world, self._stamp, self._stamps, sample, rank, counts)
-        self._stamps += offsets.size
+        stamp = np.full(run.num_samples, -1, np.int64)  # per call: epochs are drawn in threads
+        n = _distinct(ids, offsets, world, stamp, 0, sample, rank, counts)
         sample, rank = sample[:n].copy(), rank[:n].copy()
         bounds = np.zeros(steps + 1, np.int64)
         np.cumsum(counts.sum(axis=1), out=bounds[1:])
@@ -145,6 +146,7 @@ class TraceOrder:
         """Epoch ``k``'s (rank, sample) ids and their next uses (positions, NEVER for none
         within the horizon)."""
         with self._lock:
+            self._front = k
             nu = self._nu.pop(k, None)
         if nu is None:
             nu = self._window(k)
@@ -152,6 +154,14 @@ class TraceOrder:
 
     def _window(self, k: int) -> np.ndarray:
         end = min(self.run.epochs, k + self.horizon + 1)
+        with self._lock:
+            missing = [e for e in range(k, end) if e not in self._epochs]
+        if len(missing) > 1:  # drawn side by side: the kernels and numpy release the GIL
+            with ThreadPoolExecutor(2, thread_name_prefix="solar-trace") as pool:
+                made = dict(zip(missing, pool.map(self._make, missing), strict=True))
+            with self._lock:
+                for e, t in made.items():
+                    self._epochs.setdefault(e, t)
         parts = [self.epoch(e) for e in range(k, end)]
         pair = np.concatenate([p.pair for p in parts])
         pos = np.concatenate([(np.int64(e) << EPOCH_SHIFT) + np.arange(p.pair.size)
