@@ -326,6 +326,7 @@ class RecordedSampler(Sampler):
 
     def __init__(self, record: dict[str, Any]) -> None:
         self.record = record
+        self.affinity = bool(record.get("affinity", False))
 
     def epoch(self, run: RunConfig, epoch: int) -> EpochDraws:
         raise SolarError(
