@@ -91,3 +91,26 @@ def test_bench_bad_input_is_one_line(tmp_path):
                                 text=True, timeout=120, check=False)  # fmt: skip
         assert result.returncode != 0 and message in result.stderr, result.stderr
         assert "Traceback" not in result.stderr
+
+
+def test_bench_with_a_weighted_sampler(tmp_path):
+    import numpy as np
+
+    data = tmp_path / "d.h5"
+    subprocess.run([SOLAR, "gen", data, "--preset", "braggnn", "--samples", "300"], check=True)
+    np.save(tmp_path / "w.npy", (1.0 + np.arange(300)) ** -1.0)
+    result = subprocess.run(
+        [SOLAR, "bench", data, "-P", "2", "-E", "2", "-B", "8", "--buffer", "20%", "--workers",
+         "1", "--sampler", "weighted", "--weights", tmp_path / "w.npy", "--json",
+         tmp_path / "r.json"],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    res = json.loads((tmp_path / "r.json").read_text())
+    assert set(res["loaders"]) == {"torch", "lru", "static", "nopfs", "solar"}
+    hits = {k: v["hit_rate"] for k, v in res["loaders"].items() if "hit_rate" in v}
+    assert hits["solar"] >= max(hits["lru"], hits["static"]) and hits["solar"] > 0
+    assert "bound" not in res  # the permutation bound does not apply
+    bad = subprocess.run([SOLAR, "bench", data, "--sampler", "weighted"], capture_output=True,
+                         text=True, check=False)  # fmt: skip
+    assert bad.returncode != 0 and "--weights" in bad.stderr
