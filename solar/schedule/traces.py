@@ -71,14 +71,18 @@ def _distinct(ids, offsets, world, stamp, base, sample_out, rank_out, counts):
 
 
 @njit(cache=True, nogil=True)
-def _backward(pair, first, nu, last):
-    """Next uses over a window of accesses (``pair`` concatenated, ``first`` their positions'
-    base per access run): ``nu[i]`` = position of the next access to ``pair[i]`` in the window,
-    NEVER if none; ``last`` (all NEVER on entry) is left all NEVER again."""
+def _backward(pair, base, nu, last):
+    """One epoch of a backward pass: ``nu[i]`` = ``last[pair[i]]`` (the next use seen so far,
+    NEVER if none), then ``last[pair[i]]`` = this access's position ``base + i``."""
     for i in range(pair.shape[0] - 1, -1, -1):
         v = pair[i]
         nu[i] = last[v]
-        last[v] = first[i]
+        last[v] = base + i
+
+
+@njit(cache=True, nogil=True)
+def _forget(pair, last):
+    """``last[v]`` = NEVER again for every id of ``pair``."""
     for i in range(pair.shape[0]):
         last[pair[i]] = NEVER
 
@@ -163,19 +167,16 @@ class TraceOrder:
                 for e, t in made.items():
                     self._epochs.setdefault(e, t)
         parts = [self.epoch(e) for e in range(k, end)]
-        pair = np.concatenate([p.pair for p in parts])
-        pos = np.concatenate([(np.int64(e) << EPOCH_SHIFT) + np.arange(p.pair.size)
-                              for e, p in zip(range(k, end), parts, strict=True)])  # fmt: skip
-        nu = np.empty(pair.size, np.int64)
-        with self._lock:
-            _backward(pair, pos, nu, self._last)
-        sizes = [p.pair.size for p in parts]
-        cut = np.cumsum(sizes)[:-1]
-        mine, *rest = np.split(nu, cut)
+        nus = [np.empty(p.pair.size, np.int64) for p in parts]
+        with self._lock:  # latest epoch first: each access sees the next use after it
+            for e, p, nu in zip(range(end - 1, k - 1, -1), parts[::-1], nus[::-1], strict=True):
+                _backward(p.pair, np.int64(e) << EPOCH_SHIFT, nu, self._last)
+            for p in parts:
+                _forget(p.pair, self._last)
         if end == self.run.epochs:  # the window reaches the end: later epochs' are final
             with self._lock:
-                self._nu.update({e: r for e, r in zip(range(k + 1, end), rest, strict=True)})
-        return mine
+                self._nu.update({e: nu for e, nu in zip(range(k + 1, end), nus[1:], strict=True)})
+        return nus[0]
 
     def next_use(self, k: int, pairs: np.ndarray) -> np.ndarray:
         """The first position after epoch ``k`` (within the horizon of epoch k + 1) of each of
