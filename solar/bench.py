@@ -217,7 +217,8 @@ def run(cfg: BenchConfig, comm: Any, progress=None) -> dict | None:
         loaders["torch"] = (dl, sampler)
     for name in cfg.loaders:
         if name != "torch":
-            tiered = name in TIERED and tier_capacity > 0  # the policies that plan a tier
+            # The policies that plan a tier (of a sampler's trace: solar only).
+            tiered = name in (("solar", "solar-ram") if weighted else TIERED) and tier_capacity > 0
             loaders[name] = Loader(
                 list(cfg.paths), [k.name for k in info.keys], one_per_file=cfg.one_per_file,
                 batch_size=cfg.batch_size, epochs=cfg.epochs,

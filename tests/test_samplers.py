@@ -405,3 +405,38 @@ def test_a_weighted_state_resumes_on_another_world_size(data):
                 sampler=Trace(np.zeros((2, 3, 1, 8), np.int64))) as d:  # fmt: skip
         with pytest.raises(SolarError, match="another dataset or run"):
             d.load_state_dict(state)
+
+
+def test_a_draw_moved_to_another_step_and_rank_is_refused():
+    """With affinity the ranks' digests bind each draw to its step: moving a sample from one
+    step (on one rank) to another step (on the other rank) keeps each epoch's multiset but not
+    the global batches, and coverage fails."""
+    from solar.schedule.planner import RankEpoch
+    from solar.schedule.validate import TraceValidator, coverage_error
+
+    spec = PlanSpec(RunConfig(40, 2, 4, 1, 3), BufferConfig(0), "solar",
+                    sampler=Weighted((1.0 + np.arange(40)) ** -1.0))  # fmt: skip
+    ep, spe = make_plan(spec).epochs[0], spec.run.steps_per_epoch
+    steps = [[ep.rank(r).sample[ep.rank(r).step_offsets[t] : ep.rank(r).step_offsets[t + 1]]
+              .tolist() for t in range(spe)] for r in range(2)]  # fmt: skip
+    moved = next((x, t1, a, t2) for t1 in range(spe) for a in range(2) for x in steps[a][t1]
+                 for t2 in range(spe) if t2 != t1 and x in steps[1 - a][t2]
+                 and x not in steps[1 - a][t1])  # fmt: skip
+    x, t1, a, t2 = moved
+    steps[1 - a][t2].remove(x)
+    steps[1 - a][t1].append(x)
+
+    def verdict(parts):
+        mine = []
+        for r in range(2):
+            sample = np.array([x for s in parts[r] for x in s], np.int32)
+            offsets = np.zeros(spe + 1, np.int64)
+            np.cumsum([len(s) for s in parts[r]], out=offsets[1:])
+            m = sample.size
+            v = TraceValidator(spec, 0, r, 12345)
+            v.check(RankEpoch(0, sample, np.full(m, -1, np.int32), np.zeros(m, np.uint8),
+                              offsets, np.full(m, -1, np.int32)))  # fmt: skip
+            mine.append(v.mine)
+        return coverage_error(mine, v.expected)
+
+    assert verdict(steps) is not None

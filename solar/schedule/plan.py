@@ -172,7 +172,9 @@ class Plan(Totals):
         if self.fingerprint == expected.fingerprint:
             return
         mine, theirs = self.spec.as_dict(), expected.as_dict()
-        diff = [f"{k} {mine[k]!r} (expected {theirs[k]!r})" for k in mine if mine[k] != theirs[k]]
+        keys = sorted(mine.keys() | theirs.keys())
+        diff = [f"{k} {mine.get(k)!r} (expected {theirs.get(k)!r})" for k in keys
+                if mine.get(k) != theirs.get(k)]  # fmt: skip
         raise PlanMismatchError(f"{source} was made for another dataset or run: {', '.join(diff)}")
 
     # -- persistence ---------------------------------------------------------------------

@@ -24,7 +24,6 @@ from dataclasses import dataclass
 import numpy as np
 from numba import njit
 
-from solar._memory import available_memory
 from solar.config import RunConfig
 from solar.schedule._common import NEVER
 from solar.schedule.order import sample_dtype
@@ -200,9 +199,14 @@ class TraceOrder:
         """(Nothing to recycle.)"""
 
 
+# The trace a default horizon may hold: a constant, not the memory free now, so that every rank
+# (and every resume) resolves the same horizon for the same run.
+HORIZON_BUDGET = 4 << 30
+
+
 def default_horizon(run: RunConfig) -> int:
-    """Epochs of look-ahead: the whole run if its trace fits a quarter of the memory available
-    now (at most ``BYTES_PER_ACCESS`` per access), else the most epochs that do (at least 1)."""
-    avail = available_memory() or 8 << 30
+    """Epochs of look-ahead: the whole run if its trace fits ``HORIZON_BUDGET`` (at most
+    ``BYTES_PER_ACCESS`` per access), else the most epochs that do (at least 1). A pure
+    function of the run: ranks that plan alike must look equally far."""
     per_epoch = max(1, run.samples_per_epoch) * BYTES_PER_ACCESS
-    return int(max(1, min(run.epochs - 1, (avail // 4) // per_epoch - 1)))
+    return int(max(1, min(run.epochs - 1, HORIZON_BUDGET // per_epoch - 1)))

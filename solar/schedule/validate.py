@@ -112,9 +112,10 @@ def _check_epoch(sample, slot, tslot, flags, offsets, k0, bounds, pos, seen, sta
 
 
 @njit(cache=True, nogil=True)
-def _check_trace_epoch(sample, slot, tslot, flags, offsets, n, c, state, key, needs):
+def _check_trace_epoch(sample, slot, tslot, flags, offsets, n, c, state, key, needs, stride):
     """:func:`_check_epoch` for a sampler's trace, whose accesses were compared with the
-    sampler's already: ranges, flags and hits by replay."""
+    sampler's already: ranges, flags and hits by replay. The digest mixes ``t * stride + x``
+    for access x at the epoch's step t (``stride`` N: each draw bound to its step)."""
     cells = state.shape[0]
     digest = np.uint64(0)
     for t in range(offsets.shape[0] - 1):
@@ -124,7 +125,7 @@ def _check_trace_epoch(sample, slot, tslot, flags, offsets, n, c, state, key, ne
                                 state)  # fmt: skip
             if code != _OK:
                 return code, i, digest
-            digest += _mix(sample[i], key)
+            digest += _mix(t * stride + sample[i], key)
         _replay(sample, slot, tslot, flags, a, b, c, state)
     return _OK, -1, digest
 
@@ -207,10 +208,14 @@ class TraceValidator(RankValidator):
         if bad is not None:
             raise CorruptPlanError(f"rank {r}, step {rp.first_step + bad}: the accesses "
                                    "are not the sampler's batch")  # fmt: skip
-        self.expected[k] = _digest(t.sample, self.key)
+        # With affinity the ranks' digests must add up per (step, sample): a draw moved to
+        # another step on another rank would leave the epoch's multiset of samples intact.
+        stride = np.int64(run.num_samples) if self.affinity else np.int64(0)
+        steps = np.repeat(np.arange(t.counts.shape[0], dtype=np.int64), t.counts.sum(axis=1))
+        self.expected[k] = _digest(steps * stride + t.sample, self.key)
         code, i, self.mine[k] = _check_trace_epoch(
             rp.sample, rp.slot, rp.tslot, rp.flags, rp.step_offsets, run.num_samples,
-            self.slots, self.state, self.key, _NEEDS,
+            self.slots, self.state, self.key, _NEEDS, stride,
         )  # fmt: skip
         if code != _OK:
             raise CorruptPlanError(_describe(code, i, rp, self.state))
