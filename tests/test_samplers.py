@@ -440,3 +440,10 @@ def test_a_draw_moved_to_another_step_and_rank_is_refused():
         return coverage_error(mine, v.expected)
 
     assert verdict(steps) is not None
+
+
+def test_huge_weights_keep_their_proportions():
+    s = Weighted(np.array([1e308, 1e308, 1e300]), num_samples=30_000)
+    ids = s.epoch(RunConfig(3, 1, 100, 1, draws=30_000), 0).ids
+    counts = np.bincount(ids, minlength=3)
+    assert counts[2] == 0 and abs(counts[0] - counts[1]) < 1000

@@ -163,6 +163,7 @@ class Weighted(Sampler):
         self.num_samples = None if num_samples is None else int(num_samples)
         self.replacement = bool(replacement)
         self.affinity = bool(affinity)
+        w = w / w.max()  # a sum of huge weights would overflow to inf
         self._prob, self._alias = _alias_table(w / w.sum() * w.size)
         self._digest = hashlib.sha256(w.tobytes()).hexdigest()
         self._cache = _EpochCache()

@@ -98,8 +98,8 @@ class TraceOrder:
         self.run, self.sampler = run, sampler
         self.affinity = affinity
         self.horizon = default_horizon(run) if horizon is None else max(0, int(horizon))
-        keys = run.num_samples * (1 if self.affinity else run.world_size)
-        self._last = np.full(keys, NEVER, np.int64)
+        self._keys = run.num_samples * (1 if self.affinity else run.world_size)
+        self._last_table: np.ndarray | None = None  # made when next uses are first asked for
         self._lock = threading.Lock()
         self._epochs: dict[int, EpochTrace] = {}
         self._front = 0  # the epoch being planned: the ones before it are done with
@@ -137,9 +137,12 @@ class TraceOrder:
         pair = rank.astype(np.int64) * run.num_samples + sample
         return EpochTrace(sample, pair, rank, counts, bounds)
 
-    def pair_count(self) -> int:
-        """Keys of next-use and holder tables: N (affinity) or P·N."""
-        return int(self._last.size)
+    @property
+    def _last(self) -> np.ndarray:
+        """The backward pass's table, one entry per key: N (affinity) or P·N."""
+        if self._last_table is None:
+            self._last_table = np.full(self._keys, NEVER, np.int64)
+        return self._last_table
 
     def served(self, k: int) -> np.ndarray:
         """Run epoch ``k``'s accesses' sample ids."""
