@@ -537,19 +537,19 @@ class Loader:
         import torch
 
         rt = self._rt.get()  # first: a forked child's new, empty tier moves the buffer's step
-        if self._buffer_at != k:
-            self._seek(k)  # another iterator (or a failed step) moved the buffer elsewhere
-        self._window(k)  # the step being served: planned (waited for) if it must be
-        try:
-            # With equal batches the other ranks wait for this one's rows: a failure here
-            # ends the job rather than leave them in the exchange.
-            with abort_job_on_error(self._comm if self._exchange is not None else None):
+        # With equal batches the other ranks wait for this one's rows: a failure here ends the
+        # job rather than leave them in the exchange.
+        with abort_job_on_error(self._comm if self._exchange is not None else None):
+            if self._buffer_at != k:
+                self._seek(k)  # another iterator (or a failed step) moved the buffer elsewhere
+            self._window(k)  # the step being served: planned (waited for) if it must be
+            try:
                 io = self._serve(rt, k)
-        except BaseException:
-            # A failed step leaves the buffer, the read-ahead queue and the tier's held reads
-            # unknown: the next iteration seeks (drains, resets, refills) before serving.
-            self._buffer_at = -1
-            raise
+            except BaseException:
+                # A failed step leaves the buffer, the read-ahead queue and the tier's held
+                # reads unknown: the next iteration seeks (drains, resets, refills) first.
+                self._buffer_at = -1
+                raise
         self._buffer_at = k + 1
         out = {key.name: t for key, t in zip(self.info.keys, io.tensors, strict=True)}
         out["index"] = torch.from_numpy(io.plan.samples if io.index is None else io.index)
