@@ -141,12 +141,12 @@ class Plan(Totals):
         """Rank ``r``'s parts from the file, checksummed and validated epoch by epoch (kept if
         ``keep``); the validator, holding its digests."""
         assert self.file is not None
-        v = (
-            TraceValidator(self.spec, self.slots, r, key, self.tier_slots)
-            if self.spec.traced
-            else RankValidator(self.run, self.epoch_order, self.slots, r, key, self.tier_slots,
-                               self.spec.equal_batches)  # fmt: skip
-        )
+        v: RankValidator
+        if self.spec.traced:
+            v = TraceValidator(self.spec, self.slots, r, key, self.tier_slots)
+        else:
+            v = RankValidator(self.run, self.epoch_order, self.slots, r, key, self.tier_slots,
+                              self.spec.equal_batches)  # fmt: skip
         parts = []
         with closing(self.file.parts(r)) as each:  # the file is closed whatever happens
             for part in each:

@@ -123,8 +123,6 @@ class Tally:
         """Each rank's totals so far."""
         acc, hits, admits, tier, sent, received = (row.tolist() for row in self.a)
         low, high = self.min_batch.tolist(), self.max_batch.tolist()
-        return tuple(
-            RankStats(acc[r], hits[r], acc[r] - hits[r], admits[r], low[r], high[r], tier[r],
-                      sent[r], received[r])  # fmt: skip
-            for r in range(len(acc))
-        )
+        each = zip(acc, hits, admits, low, high, tier, sent, received, strict=True)
+        return tuple(RankStats(a, h, a - h, ad, lo, hi, t, s, rc)
+                     for a, h, ad, lo, hi, t, s, rc in each)  # fmt: skip

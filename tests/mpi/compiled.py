@@ -72,7 +72,8 @@ for e in range(opts.epochs):
         if d.is_root:
             opt1.zero_grad()
             ((single(torch.cat(xs)) - torch.cat(ys)) ** 2).sum(dim=1).mean().backward()
-            tol = dict(rtol=1e-9, atol=1e-12) if opts.backend == "count" else dict(rtol=1e-6, atol=1e-9)
+            # Eager graphs: the same arithmetic; inductor's kernels may sum in another order.
+            tol = {"rtol": 1e-9, "atol": 1e-12} if opts.backend == "count" else {"rtol": 1e-6}
             for g, p in zip(grads, single.parameters(), strict=True):
                 assert torch.allclose(g, p.grad, **tol), (steps, (g - p.grad).abs().max())
             opt1.step()
