@@ -285,7 +285,10 @@ def gen(out, preset, samples, chunks, compression, seed, force) -> None:
               help="Aggregate second tier, as a share of the dataset (with --tier).")  # fmt: skip
 @click.option("--slack", type=float, default=DEFAULT_SLACK, show_default=True)
 @click.option("--loaders", help="Comma-separated loaders to compare (default: torch, lru, fifo, "
-              "solar-artifact, nopfs, solar; and solar-ram with --tier).")  # fmt: skip
+              "solar-artifact, nopfs, solar; and solar-ram with --tier; on request "
+              "solar-equal: equal batches, solar-slack0: slack 0).")  # fmt: skip
+@click.option("--equal-batches", is_flag=True,
+              help="Also compare solar-equal: solar with equal local batches.")  # fmt: skip
 @click.option("--workers", type=int, default=2, show_default=True, help="DataLoader workers.")
 @click.option("--threads", type=int, default=_READER.threads, show_default=True,
               help="solar reader threads per rank.")  # fmt: skip
@@ -306,8 +309,8 @@ def gen(out, preset, samples, chunks, compression, seed, force) -> None:
 @click.option("--json", "json_out", type=click.Path(), help="Write the results as JSON here.")
 @click.option("--plot", "plot_out", type=click.Path(), help="Write a PNG plot here.")
 def bench(data, keys, one_per_file, world_size, batch_size, epochs, buffer, tier, tier_size,
-          slack, loaders, workers, threads, read_ahead, throttle, compute_ms, seed, sampler_kind,
-          weights, json_out, plot_out) -> None:  # fmt: skip
+          slack, loaders, equal_batches, workers, threads, read_ahead, throttle, compute_ms, seed,
+          sampler_kind, weights, json_out, plot_out) -> None:  # fmt: skip
     """Compare the PyTorch DataLoader and every policy on DATA, cold storage each epoch."""
     import os
 
@@ -320,6 +323,8 @@ def bench(data, keys, one_per_file, world_size, batch_size, epochs, buffer, tier
     make_sampler(sampler_kind, weights)  # a bad --weights fails here, before any rank starts
     if loaders is None:
         loaders = ",".join(harness.default_loaders(tier is not None, weights is not None))
+    if equal_batches and "solar-equal" not in loaders.split(","):
+        loaders += ",solar-equal"
     reader = ReaderConfig(threads=threads, read_ahead=read_ahead)
     for out in (json_out, plot_out):
         if out:
