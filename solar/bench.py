@@ -85,6 +85,7 @@ class LoaderResult:
     bytes_read: list[int] = field(default_factory=list)  # from storage
     stall_seconds: list[float] = field(default_factory=list)
     rows_moved: list[int] = field(default_factory=list)  # equal batches: between ranks
+    exchange_seconds: list[float] = field(default_factory=list)  # moving them (slowest rank)
 
 
 def sequential_bandwidth(paths: list[Path], limit: int = 2**30, repeats: int = 3) -> float:
@@ -258,6 +259,7 @@ def run(cfg: BenchConfig, comm: Any, progress=None) -> dict | None:
                 r.bytes_read.append(comm.allreduce(st.bytes_read))
                 r.stall_seconds.append(allreduce(comm, st.stall_seconds, MAX))
                 r.rows_moved.append(comm.allreduce(st.sent))
+                r.exchange_seconds.append(allreduce(comm, st.exchange_seconds, MAX))
             else:
                 r.bytes_read.append(r.samples[-1] * sample_bytes)
             if progress is not None and rank == 0:
@@ -344,6 +346,7 @@ def _summarise(cfg, world, n, sample_bytes, capacity, limits, results, spec, thr
         if any(r.rows_moved):
             entry["rows_moved"] = r.rows_moved
             entry["bytes_moved"] = [m * sample_bytes for m in r.rows_moved]
+            entry["exchange_seconds"] = r.exchange_seconds
         if name == "torch":
             base = rate
         out["loaders"][name] = entry
@@ -399,7 +402,8 @@ def format_results(res: dict) -> str:
         if "rows_moved" in e:
             lines.append(
                 f"\n{name}: moved between ranks {sum(e['bytes_moved']) / 1e9:.2f} GB over "
-                f"{len(e['rows_moved'])} epochs ({sum(e['rows_moved'])} rows)"
+                f"{len(e['rows_moved'])} epochs ({sum(e['rows_moved'])} rows); exchange s per "
+                f"epoch (slowest rank) {' '.join(f'{t:.2f}' for t in e['exchange_seconds'])}"
             )
     s = res["loaders"].get("solar", {})
     if "epoch_limit_seconds" in s:
