@@ -38,6 +38,12 @@ from solar.schedule.policies import TIERED
 LOADERS = ("torch", "lru", "fifo", "solar-artifact", "nopfs", "solar", "solar-ram", "static")
 # With a weighted sampler: solar's baselines on the sampler's own split (solar.schedule.tracebase).
 WEIGHTED_LOADERS = ("torch", "lru", "static", "nopfs", "solar", "solar-ram")
+# Variants of solar, compared when asked for: equal local batches (surplus rows handed between
+# ranks, solar.exchange), and equal batches by slack 0 (each rank serves only its share).
+VARIANTS: dict[str, dict[str, Any]] = {
+    "solar-equal": {"equal_batches": True},
+    "solar-slack0": {"slack": 0.0},
+}
 
 
 def default_loaders(tier: bool, weighted: bool = False) -> tuple[str, ...]:
@@ -78,6 +84,8 @@ class LoaderResult:
     tier_hits: list[int] = field(default_factory=list)
     bytes_read: list[int] = field(default_factory=list)  # from storage
     stall_seconds: list[float] = field(default_factory=list)
+    rows_moved: list[int] = field(default_factory=list)  # equal batches: between ranks
+    exchange_seconds: list[float] = field(default_factory=list)  # moving them (slowest rank)
 
 
 def sequential_bandwidth(paths: list[Path], limit: int = 2**30, repeats: int = 3) -> float:
@@ -171,7 +179,7 @@ def run(cfg: BenchConfig, comm: Any, progress=None) -> dict | None:
     if cfg.loaders is None:
         cfg = dataclasses.replace(cfg, loaders=default_loaders(cfg.tier is not None, weighted))
     assert cfg.loaders is not None
-    known = WEIGHTED_LOADERS if weighted else LOADERS[:-1]
+    known = WEIGHTED_LOADERS if weighted else (*LOADERS[:-1], *VARIANTS)
     unknown = set(cfg.loaders) - set(known)
     if unknown:
         raise SolarError(f"--loaders: unknown {sorted(unknown)} (choose from {', '.join(known)})")
@@ -217,16 +225,18 @@ def run(cfg: BenchConfig, comm: Any, progress=None) -> dict | None:
         loaders["torch"] = (dl, sampler)
     for name in cfg.loaders:
         if name != "torch":
-            # The policies that plan a tier (of a sampler's trace: solar only).
-            tiered = name in (("solar", "solar-ram") if weighted else TIERED) and tier_capacity > 0
+            policy = "solar" if name == "solar-ram" or name in VARIANTS else name
+            # The policies that plan a tier (solar-ram is solar without its tier).
+            # (of a sampler's trace: solar only)
+            tiers = ("solar",) if weighted else TIERED
+            tiered = policy in tiers and name != "solar-ram" and tier_capacity > 0
             loaders[name] = Loader(
                 list(cfg.paths), [k.name for k in info.keys], one_per_file=cfg.one_per_file,
                 batch_size=cfg.batch_size, epochs=cfg.epochs,
-                buffer=capacity, seed=cfg.seed, slack=cfg.slack,
-                policy="solar" if name == "solar-ram" else name, comm=comm,
+                buffer=capacity, seed=cfg.seed, policy=policy, comm=comm,
                 reader=cfg.reader, throttle=throttle,
                 tier=cfg.tier if tiered else None, tier_size=tier_capacity if tiered else 0,
-                sampler=solar_sampler,
+                sampler=solar_sampler, **{"slack": cfg.slack, **VARIANTS.get(name, {})},
             )  # fmt: skip
     loaders = {name: loaders[name] for name in cfg.loaders}  # the order asked for
     results = {name: LoaderResult(name) for name in cfg.loaders}
@@ -250,6 +260,8 @@ def run(cfg: BenchConfig, comm: Any, progress=None) -> dict | None:
                 r.tier_hits.append(comm.allreduce(st.tier_hits))
                 r.bytes_read.append(comm.allreduce(st.bytes_read))
                 r.stall_seconds.append(allreduce(comm, st.stall_seconds, MAX))
+                r.rows_moved.append(comm.allreduce(st.sent))
+                r.exchange_seconds.append(allreduce(comm, st.exchange_seconds, MAX))
             else:
                 r.bytes_read.append(r.samples[-1] * sample_bytes)
             if progress is not None and rank == 0:
@@ -333,6 +345,10 @@ def _summarise(cfg, world, n, sample_bytes, capacity, limits, results, spec, thr
             entry["hit_rate_per_epoch"] = [h / s for h, s in zip(both, r.samples, strict=True)]
             entry["hit_rate"] = sum(both) / sum(r.samples)
             entry["ram_hits"], entry["tier_hits"] = r.hits, r.tier_hits
+        if any(r.rows_moved):
+            entry["rows_moved"] = r.rows_moved
+            entry["bytes_moved"] = [m * sample_bytes for m in r.rows_moved]
+            entry["exchange_seconds"] = r.exchange_seconds
         if name == "torch":
             base = rate
         out["loaders"][name] = entry
@@ -384,6 +400,13 @@ def format_results(res: dict) -> str:
             f"| {name} | {e['samples_per_second']:.0f} | {speedup} | {hit} | {bound} | {ram} | "
             f"{tiers} | {sum(e['bytes_read']) / 1e9:.2f} | {stall} | {epochs} |"
         )
+    for name, e in res["loaders"].items():
+        if "rows_moved" in e:
+            lines.append(
+                f"\n{name}: moved between ranks {sum(e['bytes_moved']) / 1e9:.2f} GB over "
+                f"{len(e['rows_moved'])} epochs ({sum(e['rows_moved'])} rows); exchange s per "
+                f"epoch (slowest rank) {' '.join(f'{t:.2f}' for t in e['exchange_seconds'])}"
+            )
     s = res["loaders"].get("solar", {})
     if "epoch_limit_seconds" in s:
         limit = " ".join(f"{t:.2f}" for t in s["epoch_limit_seconds"])

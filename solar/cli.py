@@ -50,6 +50,9 @@ def cli() -> None:
 @click.option("--slack", type=float, default=DEFAULT_SLACK, show_default=True,
               help="Extra share of B a rank may serve to keep its hits.")  # fmt: skip
 @click.option("--drop-last", is_flag=True, help="Drop a short last global batch.")
+@click.option("--equal-batches", is_flag=True,
+              help="Every rank delivers exactly B: ranks over B hand their surplus rows to "
+                   "ranks under it (Shuffle only).")  # fmt: skip
 @click.option(
     "--policy",
     type=click.Choice(sorted({*POLICIES, *TRACE_POLICIES})),
@@ -96,6 +99,7 @@ def plan(
     seed: int,
     slack: float,
     drop_last: bool,
+    equal_batches: bool,
     policy: str,
     reorder_epochs: bool,
     sampler_kind: str,
@@ -135,7 +139,7 @@ def plan(
     tier = parse_size(tier_size, sample_bytes=sample_bytes, name="--tier-size")
     spec = PlanSpec(
         run, BufferConfig(capacity, slack, tier), policy, reorder_epochs, sample_bytes, dataset,
-        sampler, horizon,
+        sampler, horizon, equal_batches,
     )  # fmt: skip
     if out:
         check_writable(out)
@@ -281,7 +285,10 @@ def gen(out, preset, samples, chunks, compression, seed, force) -> None:
               help="Aggregate second tier, as a share of the dataset (with --tier).")  # fmt: skip
 @click.option("--slack", type=float, default=DEFAULT_SLACK, show_default=True)
 @click.option("--loaders", help="Comma-separated loaders to compare (default: torch, lru, fifo, "
-              "solar-artifact, nopfs, solar; and solar-ram with --tier).")  # fmt: skip
+              "solar-artifact, nopfs, solar; and solar-ram with --tier; on request "
+              "solar-equal: equal batches, solar-slack0: slack 0).")  # fmt: skip
+@click.option("--equal-batches", is_flag=True,
+              help="Also compare solar-equal: solar with equal local batches.")  # fmt: skip
 @click.option("--workers", type=int, default=2, show_default=True, help="DataLoader workers.")
 @click.option("--threads", type=int, default=_READER.threads, show_default=True,
               help="solar reader threads per rank.")  # fmt: skip
@@ -302,8 +309,8 @@ def gen(out, preset, samples, chunks, compression, seed, force) -> None:
 @click.option("--json", "json_out", type=click.Path(), help="Write the results as JSON here.")
 @click.option("--plot", "plot_out", type=click.Path(), help="Write a PNG plot here.")
 def bench(data, keys, one_per_file, world_size, batch_size, epochs, buffer, tier, tier_size,
-          slack, loaders, workers, threads, read_ahead, throttle, compute_ms, seed, sampler_kind,
-          weights, json_out, plot_out) -> None:  # fmt: skip
+          slack, loaders, equal_batches, workers, threads, read_ahead, throttle, compute_ms, seed,
+          sampler_kind, weights, json_out, plot_out) -> None:  # fmt: skip
     """Compare the PyTorch DataLoader and every policy on DATA, cold storage each epoch."""
     import os
 
@@ -316,6 +323,8 @@ def bench(data, keys, one_per_file, world_size, batch_size, epochs, buffer, tier
     make_sampler(sampler_kind, weights)  # a bad --weights fails here, before any rank starts
     if loaders is None:
         loaders = ",".join(harness.default_loaders(tier is not None, weights is not None))
+    if equal_batches and "solar-equal" not in loaders.split(","):
+        loaders += ",solar-equal"
     reader = ReaderConfig(threads=threads, read_ahead=read_ahead)
     for out in (json_out, plot_out):
         if out:
@@ -399,7 +408,15 @@ def plan_summary(p: PlanSummary, path: Path | None = None) -> dict:
         "plan_seconds": p.plan_seconds,
         "fingerprint": p.fingerprint,
         "ranks": [dict(rank=r, **vars(s)) for r, s in enumerate(p.stats)],
+        "equal_batches": spec.equal_batches,
     }
+    if spec.equal_batches:  # rows served by one rank and delivered by another
+        moved = sum(s.sent for s in p.stats) / run.epochs
+        summary.update(
+            rows_moved_per_epoch=moved,
+            moved_share=moved / run.samples_per_epoch,
+            bytes_moved_per_epoch=moved * spec.sample_bytes if spec.sample_bytes else None,
+        )
     if path is not None:
         size = path.stat().st_size
         summary.update(out=str(path), file_bytes=size, bytes_per_access=size / p.accesses)
@@ -437,6 +454,11 @@ def format_summary(s: dict) -> str:
     if s["bytes_read_per_epoch"] is not None:
         per_epoch += f" ({format_bytes(s['bytes_read_per_epoch'])})"
     lines.append(f"reads per epoch: {per_epoch}")
+    if s["equal_batches"]:
+        moved = f"{s['rows_moved_per_epoch']:.0f} rows ({100 * s['moved_share']:.1f} %"
+        if s["bytes_moved_per_epoch"] is not None:
+            moved += f", {format_bytes(s['bytes_moved_per_epoch'])}"
+        lines.append(f"equal batches: moved between ranks per epoch {moved})")
     where = f" -> {s['out']} ({format_bytes(s['file_bytes'])})" if "out" in s else ""
     lines.append(f"planned in {s['plan_seconds']:.2f} s{where}")
     lines.append(f"fingerprint {s['fingerprint']}")

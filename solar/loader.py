@@ -37,6 +37,7 @@ from solar.cache.tier import TierFile, tier_stride
 from solar.config import DEFAULT_SLACK, BufferConfig, ReaderConfig, RunConfig, parse_size
 from solar.dist import abort_job_on_error, agree
 from solar.errors import SolarError
+from solar.exchange import Exchange
 from solar.io.executor import combine
 from solar.io.reader import Reader
 from solar.io.sources import describe_source
@@ -55,7 +56,11 @@ class Loader:
 
     Call :meth:`set_epoch` before each epoch, as with ``DistributedSampler``; iterating yields
     that epoch's steps as dicts of torch tensors, one per key, plus ``"index"`` (int64 sample
-    ids in batch order). Local batches may differ in size when ``slack > 0``.
+    ids in batch order). Local batches may differ in size when ``slack > 0``, unless
+    ``equal_batches``: then every rank's batch is exactly ``batch_size`` every step (a short
+    last step split evenly), the rows a rank serves beyond it moving to ranks under it through
+    ``comm`` (:mod:`solar.exchange`); a rank's batch is its own rows in service order, then
+    those received, by sender rank (:mod:`solar.schedule.transfer`).
 
     ``paths`` is a path, glob, directory or list of HDF5 files (``keys``: their datasets,
     default all), or of ``.npy`` files (one key, ``keys[0]`` or ``"data"``), or a dict
@@ -100,6 +105,7 @@ class Loader:
         snapshots: str | os.PathLike | None = None,
         sampler: Sampler | None = None,
         horizon: int | None = None,
+        equal_batches: bool = False,
     ) -> None:
         # Other ranks may be waiting in the plan agreement: a failure here takes the job down.
         with abort_job_on_error(comm):
@@ -132,9 +138,16 @@ class Loader:
             run = RunConfig(n, self.world_size, batch_size, epochs, seed, drop_last,
                             None if draws == n else draws)  # fmt: skip
             self.run = run
+            if equal_batches and self.world_size > 1 and comm is None:
+                raise SolarError("equal_batches: the ranks exchange rows, pass comm=")
             self.spec, given = self._agree_on_plan(
-                plan, run, BufferConfig(capacity, slack, tier_capacity), policy, comm, horizon
-            )
+                plan, run, BufferConfig(capacity, slack, tier_capacity), policy, comm, horizon,
+                equal_batches,
+            )  # fmt: skip
+            self._comm = comm
+            self._exchange: Exchange | None = None
+            if self.spec.equal_batches and self.world_size > 1:
+                self._exchange = Exchange(comm, self.info.keys)  # every rank, together
             self._plan: Plan | None = given
             if given is not None:
                 # A file is proven safe before any byte moves, by all ranks together, here.
@@ -167,17 +180,19 @@ class Loader:
         policy: str,
         comm: Any,
         horizon: int | None,
+        equal_batches: bool,
     ) -> tuple[PlanSpec, Plan | None]:
         made = None
         if plan is None:
             spec = PlanSpec(run, buffer, policy, False, self.info.sample_bytes,
-                            self.info.identity, self.sampler, horizon)  # fmt: skip
+                            self.info.identity, self.sampler, horizon, equal_batches)  # fmt: skip
         else:
             made = plan if isinstance(plan, Plan) else load_plan(plan)
             # Policy, epoch order and horizon are the plan's choice; everything else must match.
             spec = PlanSpec(
                 run, buffer, made.spec.policy, made.spec.reorder_epochs,
                 self.info.sample_bytes, self.info.identity, self.sampler, made.spec.horizon,
+                equal_batches,
             )  # fmt: skip
             made.check(spec, source="plan" if isinstance(plan, Plan) else f"plan {plan}")
             made = made.bound_to(spec)  # a file's plan, proven against this loader's sampler
@@ -224,7 +239,8 @@ class Loader:
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
         # The rank's plan is read (and validated) again from its file or plan in the new process.
-        state.update(_buffer=None, _buffer_at=-1, _pool=None)
+        # The exchange belongs to this process's communicator: a copy cannot take part.
+        state.update(_buffer=None, _buffer_at=-1, _pool=None, _exchange=None, _comm=None)
         return state
 
     @property
@@ -334,6 +350,8 @@ class Loader:
                 rt.tier.close()
         self._stream.close()
         self.reader.close()
+        if self._exchange is not None:
+            self._exchange.close()
 
     def __enter__(self) -> Loader:
         return self
@@ -386,10 +404,11 @@ class Loader:
         step = self._step(k)
         tier = self.tier
         io = InFlight(step, [], [], [])
+        rows = self._rows(k, step)
         # Only reads need their batch ahead of time; a step of hits takes memory when it is
         # assembled, so that recently freed (cache-warm) batch memory is reused.
         if step.read_rows.size or step.tier_rows.size:
-            io.tensors, io.batch = self._pool.take(step.size)
+            io.tensors, io.batch = self._pool.take(rows)
             if step.read_rows.size:
                 io.futures = self.reader.submit(
                     step.samples[step.read_rows], io.batch, step.read_rows
@@ -468,7 +487,7 @@ class Loader:
             tier_bytes = combine(io.futures[io.storage :])[0]
         if not io.batch:
             assert self._pool is not None
-            io.tensors, io.batch = self._pool.take(io.plan.size)
+            io.tensors, io.batch = self._pool.take(self._rows(k, step))
         self.buffer.gather(step.hit_slots, io.batch, step.hit_rows)
         if step.copy_dst.size:  # a sample drawn twice in the batch: read once, copied
             for rows in io.batch:
@@ -476,34 +495,64 @@ class Loader:
         self._update(k, step, io.batch)
         if rt.tier is not None:
             rt.tier.done_writing(k)
+        moved, seconds = self._deliver(k, io)
         self.stats.record(
             StepStats(
-                epoch=k // self.run.steps_per_epoch, step=k, batch=step.size,
+                epoch=k // self.run.steps_per_epoch, step=k,
+                batch=step.size if io.index is None else io.index.size,
                 hits=int(step.hit_rows.size), reads=int(step.read_rows.size), bytes_read=nbytes,
                 read_seconds=busy, stall_seconds=stall, tier_hits=int(step.tier_rows.size),
                 tier_bytes=tier_bytes, tier_writes=int(step.tier_writes.size),
+                sent=moved[0], received=moved[1], exchange_seconds=seconds,
             )
         )  # fmt: skip
         return io
+
+    def _rows(self, k: int, step: StepPlan) -> int:
+        """Rows of batch memory step ``k`` needs: what it serves, or its share if more."""
+        tr = self._window(k, trim=False).transfer(k)
+        return step.size if tr is None else max(step.size, tr.size)
+
+    def _deliver(self, k: int, io: InFlight) -> tuple[tuple[int, int], float]:
+        """With equal batches, make step ``k``'s served batch (``io``) the one this rank
+        delivers: its first rows, and rows from other ranks after them; rows sent and
+        received, and the seconds it took."""
+        tr = self._window(k).transfer(k)
+        if tr is None:
+            return (0, 0), 0.0
+        io.index = np.empty(max(io.plan.size, tr.size), np.int64)
+        io.index[: io.plan.size] = io.plan.samples
+        t0 = time.perf_counter()
+        if tr.collective:  # some rank moves rows: every rank takes part, in step order
+            if self._exchange is None:
+                raise SolarError("equal_batches: this Loader was copied into another process; "
+                                 "iterate it where it was made")  # fmt: skip
+            self._exchange.run(tr, io.batch, io.index)
+        io.index = io.index[: tr.size]
+        io.tensors = [t[: tr.size] for t in io.tensors]
+        return (int(tr.send.sum()), int(tr.recv.sum())), time.perf_counter() - t0
 
     def _consume(self, k: int) -> dict:
         """Serve step ``k``: wait for its reads, gather its hits, store its admissions."""
         import torch
 
         rt = self._rt.get()  # first: a forked child's new, empty tier moves the buffer's step
-        if self._buffer_at != k:
-            self._seek(k)  # another iterator (or a failed step) moved the buffer elsewhere
-        self._window(k)  # the step being served: planned (waited for) if it must be
-        try:
-            io = self._serve(rt, k)
-        except BaseException:
-            # A failed step leaves the buffer, the read-ahead queue and the tier's held reads
-            # unknown: the next iteration seeks (drains, resets, refills) before serving.
-            self._buffer_at = -1
-            raise
+        # With equal batches the other ranks wait for this one's rows: a failure here ends the
+        # job rather than leave them in the exchange.
+        with abort_job_on_error(self._comm if self._exchange is not None else None):
+            if self._buffer_at != k:
+                self._seek(k)  # another iterator (or a failed step) moved the buffer elsewhere
+            self._window(k)  # the step being served: planned (waited for) if it must be
+            try:
+                io = self._serve(rt, k)
+            except BaseException:
+                # A failed step leaves the buffer, the read-ahead queue and the tier's held
+                # reads unknown: the next iteration seeks (drains, resets, refills) first.
+                self._buffer_at = -1
+                raise
         self._buffer_at = k + 1
         out = {key.name: t for key, t in zip(self.info.keys, io.tensors, strict=True)}
-        out["index"] = torch.from_numpy(io.plan.samples)
+        out["index"] = torch.from_numpy(io.plan.samples if io.index is None else io.index)
         return out
 
 

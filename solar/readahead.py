@@ -22,6 +22,7 @@ class InFlight:
     batch: list[np.ndarray]  # (size, *sample shape) per key
     futures: list[Future]  # its reads: from storage first, then from the tier
     storage: int = 0  # futures[:storage] read from storage
+    index: np.ndarray | None = None  # the delivered batch's ids, when not the plan's (exchange)
 
 
 class ReadAhead:

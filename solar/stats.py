@@ -22,6 +22,9 @@ class StepStats:
     tier_hits: int = 0  # served from the second tier (not in ``hits`` or ``reads``)
     tier_bytes: int = 0  # read from the tier
     tier_writes: int = 0  # samples written to the tier
+    sent: int = 0  # equal batches: rows served here, delivered by another rank
+    received: int = 0  # equal batches: rows another rank served, delivered here
+    exchange_seconds: float = 0.0  # equal batches: moving them
 
 
 @dataclass
@@ -39,6 +42,9 @@ class EpochStats:
     tier_hits: int = 0
     tier_bytes: int = 0
     tier_writes: int = 0
+    sent: int = 0
+    received: int = 0
+    exchange_seconds: float = 0.0
 
     def add(self, s: StepStats) -> None:
         self.steps += 1
@@ -51,6 +57,9 @@ class EpochStats:
         self.tier_hits += s.tier_hits
         self.tier_bytes += s.tier_bytes
         self.tier_writes += s.tier_writes
+        self.sent += s.sent
+        self.received += s.received
+        self.exchange_seconds += s.exchange_seconds
 
 
 @dataclass

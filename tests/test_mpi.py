@@ -168,6 +168,65 @@ def test_a_weighted_sampler_serves_every_draw_once(tmp_path, ranks, mode, tier, 
         assert f"rank {r} of {ranks}: ok" in result.stdout, result.stdout
 
 
+@pytest.mark.parametrize(("launcher", "ranks", "slack", "layout"), [
+    ("mpiexec", 2, 0.25, "one file"), ("mpiexec", 3, 0.5, "three files"),
+    ("mpiexec", 3, 0.25, "one file, tier"), ("mpiexec", 3, 0.25, "one file, plan file"),
+    ("torchrun", 3, 0.5, "one file, tier"),
+])  # fmt: skip
+def test_equal_batches_deliver_every_sample_once_with_h5py_bytes(
+    tmp_path, launcher, ranks, slack, layout
+):
+    """Whole runs with equal batches: every batch its rank's share, the samples the plan's
+    exchange delivers, h5py's bytes, each sample once per epoch, rows moved as planned, an
+    exact resume; N = 103 does not divide; with a tier; from a `solar plan` file."""
+    if layout.startswith("three files"):
+        data = [write(tmp_path / f"{i}.h5", lo, hi)
+                for i, (lo, hi) in enumerate([(0, 40), (40, 77), (77, N)])]  # fmt: skip
+    else:
+        data = [write(tmp_path / "d.h5", 0, N)]
+    args = ["--slack", slack, "--equal-batches"]
+    if layout.endswith("tier"):
+        (tmp_path / "nvme").mkdir()
+        args += ["--tier", tmp_path / "nvme", "--tier-size", 20]
+    if layout.endswith("plan file"):
+        made = subprocess.run(
+            [str(Path(sys.executable).with_name("solar")), "plan", *map(str, data), "-P",
+             str(ranks), "-B", "4", "-E", "3", "-C", "12", "--slack", str(slack),
+             "--equal-batches", "-o", str(tmp_path / "p.h5")],
+            capture_output=True, text=True, check=False,
+        )  # fmt: skip
+        assert made.returncode == 0, made.stderr
+        args += ["--plan", tmp_path / "p.h5"]
+    result = launch(launcher, ranks, "coverage.py", *data, *args)
+    assert result.returncode == 0, result.stderr[-3000:]
+    for r in range(ranks):
+        assert f"rank {r} of {ranks}: ok" in result.stdout, result.stdout
+
+
+def test_a_compiled_model_on_equal_batches_compiles_once_with_exact_gradients(tmp_path):
+    """torch.compile (dynamo, a backend counting the graphs it is handed; inductor itself in
+    bench/compile_bench.py) under DDP for 2 epochs: no compilation after the first step, and
+    each step's gradients equal one process's over the same global batch, the loss a plain
+    mean (no re-weighting)."""
+    data = write(tmp_path / "d.h5", 0, N)
+    result = launch("mpiexec", 2, "compiled.py", data)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.count("none after the first step, gradients equal") == 2, result.stdout
+
+
+@pytest.mark.parametrize("launcher", ["mpiexec", "torchrun"])
+def test_a_rank_failing_before_its_exchange_ends_the_job_promptly(tmp_path, launcher):
+    """With equal batches the others wait for rank 1's rows: its failed read ends them all."""
+    data = write(tmp_path / "d.h5", 0, N)
+    t0 = time.monotonic()
+    result = launch(launcher, 3, "equal_fail.py", data, timeout=120)
+    assert result.returncode != 0
+    assert "boom from rank 1's read" in result.stderr, result.stderr[-3000:]
+    assert "solar: rank 1" in result.stderr
+    assert "unreachable" not in result.stderr
+    assert time.monotonic() - t0 < 60
+
+
 @pytest.mark.parametrize("launcher", ["mpiexec", "torchrun"])
 def test_ddp_gradients_equal_a_single_process_step(tmp_path, launcher):
     data = write(tmp_path / "d.h5", 0, N)

@@ -146,10 +146,10 @@ def test_a_sample_served_by_two_ranks_is_caught_across_ranks(tmp_path, dataset):
 
     loaded = load_plan(_edited(plan, tmp_path / "dup.plan.h5", swap))  # epoch 0
     key = 12345
-    parts = [loaded._validated(r, key, keep=False)[1:] for r in (0, 1)]
-    total = parts[0][0] + parts[1][0]  # each rank alone is consistent
+    parts = [loaded._validated(r, key, keep=False)[1] for r in (0, 1)]
+    total = parts[0].mine + parts[1].mine  # each rank alone is consistent
     with pytest.raises(CorruptPlanError, match="epoch 0 does not serve each of its samples"):
-        check_coverage(total, parts[0][1])
+        check_coverage(total, parts[0].expected)
     # A single process without a communicator checks every rank's part itself.
     with pytest.raises(CorruptPlanError, match="epoch 0 does not serve each of its samples"):
         loaded.rank(0)

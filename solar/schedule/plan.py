@@ -112,37 +112,41 @@ class Plan(Totals):
         assert self.file is not None
         key = dist.shared_key(comm)
         try:
-            parts, mine, expected = self._validated(r, key, keep)
+            parts, v = self._validated(r, key, keep)
+            mine, expected, peers = v.mine, v.expected, v.peers_digest
             error = None
         except CorruptPlanError as exc:
-            parts, mine, expected, error = None, None, None, str(exc)
+            parts, mine, expected, peers, error = None, None, None, None, str(exc)
         if comm is not None and comm.Get_size() > 1:
             # Every rank learns every rank's verdict, so all raise together: none is left
             # waiting in a collective for a rank that gave up.
-            verdicts = comm.allgather((mine, error))
-            error = next((e for _, e in verdicts if e is not None), None)
+            verdicts = comm.allgather((mine, error, peers))
+            error = next((e for _, e, _ in verdicts if e is not None), None)
             if error is None and expected is not None:
-                error = coverage_error([m for m, _ in verdicts], expected)
+                error = coverage_error([m for m, _, _ in verdicts], expected)
+            if error is None:
+                error = _peers_error([p for _, _, p in verdicts])
         elif mine is not None and expected is not None:
             # Without a communicator, prove coverage from every rank's part in this process.
             others = [self._validated(o, key, False)[1] for o in range(self.world_size) if o != r]
-            error = coverage_error([mine, *others], expected)
+            error = coverage_error([mine, *(v.mine for v in others)], expected)
+            if error is None:
+                error = _peers_error([peers, *(v.peers_digest for v in others)])
         if error is not None:
             where = "" if error.startswith("plan ") else f"plan {self.file.path}: "
             raise CorruptPlanError(where + error)
         return parts
 
-    def _validated(
-        self, r: int, key: int, keep: bool
-    ) -> tuple[list[RankEpoch] | None, np.ndarray, np.ndarray]:
+    def _validated(self, r: int, key: int, keep: bool) -> tuple[list[RankEpoch] | None, Any]:
         """Rank ``r``'s parts from the file, checksummed and validated epoch by epoch (kept if
-        ``keep``); the validator's digests."""
+        ``keep``); the validator, holding its digests."""
         assert self.file is not None
-        v = (
-            TraceValidator(self.spec, self.slots, r, key, self.tier_slots)
-            if self.spec.traced
-            else RankValidator(self.run, self.epoch_order, self.slots, r, key, self.tier_slots)
-        )
+        v: RankValidator
+        if self.spec.traced:
+            v = TraceValidator(self.spec, self.slots, r, key, self.tier_slots)
+        else:
+            v = RankValidator(self.run, self.epoch_order, self.slots, r, key, self.tier_slots,
+                              self.spec.equal_batches)  # fmt: skip
         parts = []
         with closing(self.file.parts(r)) as each:  # the file is closed whatever happens
             for part in each:
@@ -152,7 +156,7 @@ class Plan(Totals):
                     raise CorruptPlanError(f"plan {self.file.path}: {exc}") from None
                 if keep:
                     parts.append(part)
-        return (parts if keep else None), v.mine, v.expected
+        return (parts if keep else None), v
 
     def trace(self, rank: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``(step, sample, hit)`` over ``rank``'s accesses in service order (a hit from RAM
@@ -172,7 +176,7 @@ class Plan(Totals):
         if self.fingerprint == expected.fingerprint:
             return
         mine, theirs = self.spec.as_dict(), expected.as_dict()
-        keys = sorted(mine.keys() | theirs.keys())
+        keys = [*mine, *(k for k in theirs if k not in mine)]  # a field only one records
         diff = [f"{k} {mine.get(k)!r} (expected {theirs.get(k)!r})" for k in keys
                 if mine.get(k) != theirs.get(k)]  # fmt: skip
         raise PlanMismatchError(f"{source} was made for another dataset or run: {', '.join(diff)}")
@@ -187,6 +191,13 @@ class Plan(Totals):
                 writer.add(ep)
             writer.finish(self.stats, self.plan_seconds)
         return Path(path)
+
+
+def _peers_error(digests: list[str | None]) -> str | None:
+    """Why the ranks' digests of every rank's counts (equal batches) differ, or None."""
+    if any(d != digests[0] for d in digests):
+        return "ranks hold different counts of each other's batches (equal batches)"
+    return None
 
 
 def make_plan(spec: PlanSpec, progress: Progress | None = None) -> Plan:
@@ -233,7 +244,7 @@ def _run_planner(
     """Plan every epoch in order, handing each to ``sink`` (or nothing); totals and seconds."""
     t0 = time.perf_counter()
     planner = Planner(spec, epoch_order)
-    tally = Tally(spec.run.world_size)
+    tally = Tally(spec.run.world_size, spec.equal_batches)
     for _ in range(spec.run.epochs):
         seq, sched = planner.next_schedule()
         tally.add(sched)

@@ -18,6 +18,10 @@ only the epochs it runs and a writer streams them as they are planned::
     epochs/<k>/tslot         (N_e,)      int32  tier slot of the access, -1: none (only in
                                                  plans with a second tier)
 
+With ``equal_batches`` (in the spec), rank r's checksum also covers every rank's served counts
+(``step_offsets`` of all ranks), from which the exchange of rows is computed
+(:mod:`solar.schedule.transfer`).
+
 (:func:`section_layout` is the epoch section's layout in code.)
 
 Semantics of one rank's step: its batch is its accesses of the step, in order. A HIT is
@@ -44,7 +48,7 @@ from solar._atomic import atomic_path
 from solar.errors import CorruptPlanError, SolarError, first_line
 from solar.schedule._common import no_tier, tier_slot_count
 from solar.schedule.order import sample_dtype
-from solar.schedule.planner import EpochPlan, RankEpoch
+from solar.schedule.planner import EpochPlan, RankEpoch, peer_counts
 from solar.schedule.spec import FORMAT_VERSION, PlanSpec, fingerprint_of
 from solar.schedule.summary import RankStats
 
@@ -108,7 +112,9 @@ class PlanWriter:
         """Write the header; the file is renamed into place when the ``with`` block ends."""
         if self._next != self.spec.run.epochs:
             raise SolarError(f"plan: {self._next} of {self.spec.run.epochs} epochs written")
-        stats_json = json.dumps([vars(s) for s in stats])  # asdict deep-copies: slow at P=4096
+        # (asdict deep-copies: slow at P=4096.) Plans without equal batches keep the records,
+        # and so the header checksums, they always had.
+        stats_json = json.dumps([_record(s) for s in stats])
         f = self._file
         f["checksums"] = self.checksums
         f.attrs.update(
@@ -223,8 +229,14 @@ class PlanFile:
                     "are out of range"
                 )
             tslot = g["tslot"][lo:hi] if "tslot" in layout else no_tier(hi - lo)
+            peers = None
+            if self.spec.equal_batches:  # every rank's counts: one read, this rank's row from it
+                every = g["step_offsets"][()]
+                offsets, peers = every[r], peer_counts(every)
+            else:
+                offsets = g["step_offsets"][r]
             part = RankEpoch(k, g["sample"][lo:hi], g["slot"][lo:hi], g["flags"][lo:hi],
-                             g["step_offsets"][r], tslot)  # fmt: skip
+                             offsets, tslot, peers)  # fmt: skip
         except (OSError, KeyError, ValueError, IndexError, TypeError, RuntimeError) as exc:
             raise CorruptPlanError(
                 f"plan {self.path}: unreadable or corrupt ({first_line(exc)})"
@@ -235,6 +247,14 @@ class PlanFile:
                 f"plan {self.path}: rank {r}'s data of epoch {k} fails its checksum (corrupt file)"
             )
         return part
+
+
+def _record(s: RankStats) -> dict:
+    """A rank's totals as recorded: rows moved only by plans that move them."""
+    d = dict(vars(s))
+    if not (d["sent"] or d["received"]):
+        del d["sent"], d["received"]
+    return d
 
 
 def _expect(
@@ -262,6 +282,8 @@ def _part_checksum(part: RankEpoch, r: int, fingerprint: str, tier: bool) -> byt
         h.update(np.ascontiguousarray(arr).data)
     if tier:  # (plans without one keep the checksums they always had)
         h.update(np.ascontiguousarray(part.tslot).data)
+    if part.peers is not None:  # equal batches: each rank's checksum covers every rank's counts
+        h.update(np.ascontiguousarray(part.peers, dtype=np.int32).data)
     return h.digest()
 
 

@@ -32,6 +32,8 @@ class RankEpoch:
     flags: np.ndarray  # (n,) uint8
     step_offsets: np.ndarray  # (steps per epoch + 1,) int64, from 0 to n
     tslot: np.ndarray  # (n,) int32 tier slot, -1: none
+    # With equal batches: every rank's served counts, (steps per epoch, P) int32 (transfer.py).
+    peers: np.ndarray | None = None
 
 
 @dataclass(frozen=True)
@@ -45,13 +47,20 @@ class EpochPlan:
     slot: np.ndarray
     flags: np.ndarray
     tslot: np.ndarray
+    equal_batches: bool = False  # a rank's part carries every rank's counts
 
     def rank(self, r: int) -> RankEpoch:
         lo, hi = self.rank_offsets[r], self.rank_offsets[r + 1]
         return RankEpoch(
             self.epoch, self.sample[lo:hi], self.slot[lo:hi], self.flags[lo:hi],
             self.step_offsets[r], self.tslot[lo:hi],
+            peer_counts(self.step_offsets) if self.equal_batches else None,
         )  # fmt: skip
+
+
+def peer_counts(step_offsets: np.ndarray) -> np.ndarray:
+    """Every rank's served counts from every rank's step offsets (P, steps + 1): (steps, P)."""
+    return np.ascontiguousarray(np.diff(step_offsets, axis=1).T, dtype=np.int32)
 
 
 def epoch_order_of(spec: PlanSpec) -> np.ndarray:
@@ -138,7 +147,8 @@ class Planner:
         if tier_slot_count(self.spec.run, self.spec.buffer):  # else all -1s, in no memory
             tslot = np.empty_like(sched.tslot)
             _group_one(sched.rank, sched.tslot, rank_offsets[:-1].copy(), tslot)
-        return EpochPlan(self.epoch - 1, rank_offsets, step_offsets, sample, slot, flags, tslot)
+        return EpochPlan(self.epoch - 1, rank_offsets, step_offsets, sample, slot, flags, tslot,
+                         self.spec.equal_batches)  # fmt: skip
 
     def next_rank(self, r: int) -> RankEpoch:
         """Plan the next epoch; only rank ``r``'s part (every rank is simulated)."""
@@ -146,8 +156,9 @@ class Planner:
         mine = np.flatnonzero(sched.rank == r)
         step_offsets = np.zeros(sched.counts.shape[0] + 1, np.int64)
         np.cumsum(sched.counts[:, r], out=step_offsets[1:])
+        peers = sched.counts.astype(np.int32) if self.spec.equal_batches else None
         return RankEpoch(self.epoch - 1, seq[mine], sched.slot[mine], sched.flags[mine],
-                         step_offsets, sched.tslot[mine])  # fmt: skip
+                         step_offsets, sched.tslot[mine], peers)  # fmt: skip
 
     def contents(self, r: int) -> np.ndarray:
         """What rank r's cells (RAM slots, then tier slots) hold for later use before the next

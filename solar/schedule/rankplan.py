@@ -16,6 +16,7 @@ from numpy.typing import NDArray
 
 from solar.errors import CorruptPlanError
 from solar.schedule._common import ADMIT, DEMOTE, HIT, RELEASE, TADMIT, THIT, no_tier
+from solar.schedule.transfer import Transfer, rank_transfer
 
 if TYPE_CHECKING:  # planner.py does not import this module: no cycle at run time either
     from solar.schedule.planner import RankEpoch
@@ -115,6 +116,8 @@ class RankPlan:
     tier_slots: int = 0
     # (A,) tier slot, -1: none (without a tier, ``no_tier``'s -1s in no memory)
     tslot: NDArray[np.int32] = field(kw_only=True)
+    # With equal batches: every rank's served counts at each step, (num_steps, P) int32.
+    peers: NDArray[np.int32] | None = field(default=None, kw_only=True)
 
     @property
     def cells(self) -> int:
@@ -140,6 +143,9 @@ class RankPlan:
             base += int(p.step_offsets[-1])
         sample = np.concatenate([p.sample for p in parts])
         tslot = np.concatenate([p.tslot for p in parts]) if tier_slots else no_tier(sample.size)
+        peers = None
+        if parts and all(p.peers is not None for p in parts):
+            peers = np.concatenate([p.peers for p in parts])
         return cls(
             rank,
             sample,
@@ -152,6 +158,7 @@ class RankPlan:
             complete,
             tier_slots,
             tslot=tslot,
+            peers=peers,
         )
 
     @property
@@ -210,6 +217,12 @@ class RankPlan:
             slots[demote], tslots[demote], np.flatnonzero(tadmit), tslots[tadmit],
             in_order=bool(in_order),
         )  # fmt: skip
+
+    def transfer(self, k: int) -> Transfer | None:
+        """Step ``k``'s exchange of rows with the other ranks (equal batches), or None."""
+        if self.peers is None:
+            return None
+        return rank_transfer(self.peers[self._local(k)], self.rank)
 
     def step_actions(self, k: int) -> list[tuple[int, int, int]]:
         """Step ``k``'s buffer updates access by access, for steps ``in_order``: a list of

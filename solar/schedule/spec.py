@@ -31,6 +31,9 @@ class PlanSpec:
     # epochs ahead the planner looks for next uses (None: the whole run, see traces.py).
     sampler: Sampler = field(default=SHUFFLE, compare=False)
     horizon: int | None = None
+    # Every rank delivers exactly its nominal share each step: the rows a rank serves beyond
+    # it move to the ranks under it (solar.schedule.transfer); Shuffle's planning only.
+    equal_batches: bool = False
 
     def __post_init__(self) -> None:
         check_policy(self.policy, self.buffer, traced=self.traced)
@@ -38,6 +41,13 @@ class PlanSpec:
             raise SolarError("reorder_epochs reorders Shuffle's permutations: not for this sampler")
         if self.horizon is not None and (not isinstance(self.horizon, int) or self.horizon < 0):
             raise SolarError(f"horizon must be a whole number of epochs >= 0, got {self.horizon!r}")
+        if not isinstance(self.equal_batches, bool):
+            raise SolarError(f"equal_batches must be True or False, got {self.equal_batches!r}")
+        if self.equal_batches and self.traced:
+            raise SolarError(
+                "equal_batches applies to the default Shuffle sampler only (another sampler "
+                "fixes each rank's batch itself)"
+            )
 
     @property
     def traced(self) -> bool:
@@ -75,6 +85,8 @@ class PlanSpec:
             del d["draws"]
         if self.traced:
             d.update(sampler=self.sampler.identity(), horizon=self.horizon)
+        if self.equal_batches:
+            d.update(equal_batches=True)
         return d
 
     @classmethod
@@ -83,7 +95,8 @@ class PlanSpec:
         run = RunConfig(**{f.name: d[f.name] for f in dataclasses.fields(RunConfig) if f.name in d})
         buffer = BufferConfig(d["capacity"], d["slack"], d.get("tier", 0))
         return cls(run, buffer, d["policy"], d["reorder_epochs"], d["sample_bytes"], d["dataset"],
-                   sampler_from_record(d.get("sampler")), d.get("horizon"))  # fmt: skip
+                   sampler_from_record(d.get("sampler")), d.get("horizon"),
+                   bool(d.get("equal_batches", False)))  # fmt: skip
 
     @property
     def fingerprint(self) -> str:

@@ -11,6 +11,7 @@ from numba import njit
 from solar.config import RunConfig
 from solar.schedule._common import ADMIT, HIT, THIT, EpochSchedule
 from solar.schedule.spec import PlanSpec
+from solar.schedule.transfer import moved_rows, shares_of_steps
 
 
 @dataclass(frozen=True)
@@ -21,9 +22,11 @@ class RankStats:
     hits: int  # from RAM or the tier
     reads: int
     admits: int
-    min_batch: int
+    min_batch: int  # delivered local batches (with equal batches: each rank's share)
     max_batch: int
     tier_hits: int = 0
+    sent: int = 0  # equal batches: rows served here and delivered by another rank
+    received: int = 0  # equal batches: rows delivered here that another rank served
 
 
 class Totals:
@@ -98,22 +101,28 @@ def _tally(rank, flags, out):
 class Tally:
     """Per-rank totals, accumulated epoch by epoch."""
 
-    def __init__(self, world: int) -> None:
-        self.a = np.zeros((4, world), np.int64)  # accesses, hits, admits, tier hits
+    def __init__(self, world: int, equal_batches: bool = False) -> None:
+        self.equal_batches = equal_batches
+        self.a = np.zeros((6, world), np.int64)  # accesses, hits, admits, tier hits, sent, recv
         self.max_batch = np.zeros(world, np.int64)
         self.min_batch = np.full(world, np.iinfo(np.int64).max, np.int64)
 
     def add(self, sched: EpochSchedule) -> None:
         """Count one epoch's decisions."""
         _tally(sched.rank, sched.flags, self.a)
-        self.max_batch = np.maximum(self.max_batch, sched.counts.max(axis=0))
-        self.min_batch = np.minimum(self.min_batch, sched.counts.min(axis=0))
+        counts = sched.counts
+        if self.equal_batches:  # what each rank delivers: its share (transfer.py)
+            sent, received = moved_rows(counts)
+            self.a[4] += sent
+            self.a[5] += received
+            counts = shares_of_steps(counts)
+        self.max_batch = np.maximum(self.max_batch, counts.max(axis=0))
+        self.min_batch = np.minimum(self.min_batch, counts.min(axis=0))
 
     def stats(self) -> tuple[RankStats, ...]:
         """Each rank's totals so far."""
-        acc, hits, admits, tier = (row.tolist() for row in self.a)
+        acc, hits, admits, tier, sent, received = (row.tolist() for row in self.a)
         low, high = self.min_batch.tolist(), self.max_batch.tolist()
-        return tuple(
-            RankStats(acc[r], hits[r], acc[r] - hits[r], admits[r], low[r], high[r], tier[r])
-            for r in range(len(acc))
-        )
+        each = zip(acc, hits, admits, low, high, tier, sent, received, strict=True)
+        return tuple(RankStats(a, h, a - h, ad, lo, hi, t, s, rc)
+                     for a, h, ad, lo, hi, t, s, rc in each)  # fmt: skip

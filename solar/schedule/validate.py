@@ -14,9 +14,18 @@ permutation per epoch):
 Across ranks, exactly-once coverage is proven with a keyed multiset digest per epoch: each rank
 sums ``mix(sample, key)`` over what it serves, and the ranks' sums must add up to the digest of
 the epoch's samples. The key is drawn at run time, so an edited file cannot be crafted to match.
+
+With equal batches, each rank's part also carries every rank's served counts, from which the
+ranks compute the exchange of rows (:mod:`solar.schedule.transfer`). The validator proves them
+non-negative, adding up to each step's global batch, and equal to the rank's own in its column;
+``peers_digest`` lets the ranks prove they all hold the same counts. Then every rank's column is
+what that rank serves, every row served is delivered exactly once (the exchange is a bijection
+from the surplus rows onto the missing ones), and served exactly once means delivered exactly once.
 """
 
 from __future__ import annotations
+
+import hashlib
 
 import numpy as np
 from numba import njit
@@ -30,6 +39,7 @@ from solar.schedule.planner import RankEpoch
 from solar.schedule.rankplan import RankPlan, _replay
 from solar.schedule.spec import PlanSpec
 from solar.schedule.traces import TraceOrder
+from solar.schedule.transfer import check_counts
 
 _OK, _SAMPLE, _FLAGS, _SLOT, _NOT_IN_STEP, _REPEATED, _STALE_HIT = range(7)
 
@@ -146,9 +156,12 @@ class RankValidator:
         rank: int,
         key: int,
         tier_slots: int = 0,
+        equal_batches: bool = False,
     ) -> None:
         self.run, self.epoch_order, self.slots, self.rank = run, epoch_order, slots, rank
         self.tier_slots = tier_slots
+        self.equal_batches = equal_batches
+        self._peers = hashlib.blake2b(digest_size=16)  # every rank's counts, epoch by epoch
         self.key = np.uint64(key)
         self.bounds = step_bounds(run)
         self.pos = np.empty(run.num_samples, np.int64)
@@ -179,7 +192,24 @@ class RankValidator:
         )  # fmt: skip
         if code != _OK:
             raise CorruptPlanError(_describe(code, i, rp, self.state))
+        if self.equal_batches:
+            self._check_peers(part, np.diff(self.bounds))
         self.next_epoch += 1
+
+    def _check_peers(self, part: RankEpoch, global_sizes: np.ndarray) -> None:
+        k0 = part.epoch * self.run.steps_per_epoch
+        if part.peers is None:
+            raise CorruptPlanError(f"rank {self.rank}, step {k0}: no peer counts (equal batches)")
+        error = check_counts(part.peers, global_sizes, self.rank, np.diff(part.step_offsets))
+        if error is not None:
+            raise CorruptPlanError(f"rank {self.rank}, epoch {part.epoch}: {error}")
+        self._peers.update(np.ascontiguousarray(part.peers, dtype=np.int64).data)
+
+    @property
+    def peers_digest(self) -> str | None:
+        """Digest of every rank's counts in the epochs checked (equal batches; else None):
+        the same on every rank, or the ranks would exchange rows inconsistently."""
+        return self._peers.hexdigest() if self.equal_batches else None
 
 
 class TraceValidator(RankValidator):
@@ -252,7 +282,8 @@ def validate_rank(
     spe = run.steps_per_epoch
     if rp.first_step != 0 or rp.initial is not None or rp.num_steps != run.num_steps:
         raise CorruptPlanError(f"rank {rp.rank}: {rp.num_steps} steps, the run has {run.num_steps}")
-    v = RankValidator(run, epoch_order, rp.slots, rp.rank, key, rp.tier_slots)
+    v = RankValidator(run, epoch_order, rp.slots, rp.rank, key, rp.tier_slots,
+                      rp.peers is not None)  # fmt: skip
     off = rp.step_offsets
     bad = np.flatnonzero(np.diff(off) < 0)
     if off[0] != 0 or off[-1] != rp.sample.size or bad.size:
@@ -260,8 +291,10 @@ def validate_rank(
         raise CorruptPlanError(f"rank {rp.rank}, step {k}: step offsets are not monotone")
     for e in range(run.epochs):
         lo, hi = int(off[e * spe]), int(off[(e + 1) * spe])
+        peers = None if rp.peers is None else rp.peers[e * spe : (e + 1) * spe]
         v.check(RankEpoch(e, rp.sample[lo:hi], rp.slot[lo:hi], rp.flags[lo:hi],
-                          off[e * spe : (e + 1) * spe + 1] - lo, rp.tslot[lo:hi]))  # fmt: skip
+                          off[e * spe : (e + 1) * spe + 1] - lo, rp.tslot[lo:hi],
+                          peers))  # fmt: skip
     return v.mine, v.expected
 
 

@@ -2,7 +2,10 @@
 --weighted: each draw of every global batch once), resume exact.
 
 mpiexec -n P python tests/mpi/coverage.py DATA.h5 [DATA2.h5 ...] --slack X
-    [--tier DIR --tier-size D] [--weighted {affinity,split}] [--plan PLAN.h5]
+    [--tier DIR --tier-size D] [--weighted {affinity,split}] [--plan PLAN.h5] [--equal-batches]
+
+With --equal-batches every batch is the rank's nominal share and holds the samples the plan's
+exchange (solar.schedule.transfer) delivers to it, in its order.
 """
 
 import argparse
@@ -12,6 +15,8 @@ import h5py
 import numpy as np
 
 from solar import Loader, Weighted, dist
+from solar.schedule.order import nominal_batches
+from solar.schedule.transfer import delivered
 
 parser = argparse.ArgumentParser()
 parser.add_argument("data", nargs="+")
@@ -21,6 +26,7 @@ parser.add_argument("--tier", default=None)
 parser.add_argument("--tier-size", type=int, default=0)
 parser.add_argument("--weighted", choices=["affinity", "split"])
 parser.add_argument("--plan", help="A `solar plan` file to load (proven against the sampler).")
+parser.add_argument("--equal-batches", action="store_true")
 opts = parser.parse_args()
 
 d = dist.init()
@@ -46,7 +52,13 @@ if opts.weighted:  # skewed weights, a few samples never drawn
     w[::17] = 0
     sampler = Weighted(w, affinity=opts.weighted == "affinity")
     kw.update(sampler=sampler, plan=opts.plan)
+if opts.equal_batches:
+    kw.update(equal_batches=True, plan=opts.plan)
 ld = Loader(opts.data, **kw)
+expected = None
+if opts.equal_batches:
+    parts = [ld.plan.rank(r) for r in range(d.world_size)]
+    expected = delivered([p.sample for p in parts], [p.step_offsets for p in parts])[d.rank]
 
 batches = []
 for e in range(opts.epochs):
@@ -56,6 +68,11 @@ for e in range(opts.epochs):
         idx = b["index"].numpy()
         for key, want in ref.items():
             assert b[key].numpy().tobytes() == want[idx].tobytes(), (d.rank, e, key)
+        if expected is not None:
+            k = e * len(ld) + len(mine)
+            share = nominal_batches(ld.global_batch, d.world_size)[d.rank]
+            assert idx.size == share, (d.rank, k, idx.size, share)
+            assert np.array_equal(idx, expected[k]), (d.rank, k)
         mine.append(idx)
         batches.append(idx.copy())
     assert len(mine) == len(ld)
@@ -72,6 +89,10 @@ served = ld.stats.epochs.values()
 assert sum(s.hits + s.tier_hits for s in served) == planned.hits
 assert sum(s.tier_hits for s in served) == planned.tier_hits
 assert sum(s.reads for s in served) == planned.reads
+if opts.equal_batches:  # rows did move, as many as planned
+    assert sum(s.sent for s in served) == planned.sent
+    assert sum(s.received for s in served) == planned.received
+    assert sum(d.comm.allgather(planned.sent)) > 0, "no rows moved: the test proves nothing"
 if opts.tier:
     assert ld.tier is not None and ld.tier.path.exists()
     # (under skewed draws a rank's RAM may hold all it reuses: the job's tier hits count)
