@@ -105,7 +105,7 @@ class Loader:
         with abort_job_on_error(comm):
             import torch
 
-            self.info = describe_source(paths, keys, one_per_file=one_per_file)
+            self.info = describe_source(paths, keys, one_per_file=one_per_file, comm=comm)
             self.rank, self.world_size = _rank_and_world(comm, rank, world_size)
             for k in self.info.keys:
                 torch_dtype(k)
