@@ -11,8 +11,9 @@ stored and its size. A part that comes from another rank is untrusted input, as 
 :func:`check_part` checks its types, shapes and values (lengths, offsets within the file)
 before it is used, and :func:`merge_parts` checks that every file holds the same keys, shapes
 and dtypes, naming the first file that differs. A scan error on any rank (a corrupt file) is
-raised, with its message, on every rank; any other failure aborts the job
-(:func:`solar.dist.abort_job_on_error`), so no rank waits in a collective for a dead peer.
+raised, with its message, on every rank (each checks every part alike); any other failure
+while scanning aborts the job (:func:`solar.dist.abort_job_on_error`), so no rank waits in a
+collective for a dead peer.
 """
 
 from __future__ import annotations
@@ -67,19 +68,19 @@ def on_root(comm: Any, make: Callable[[], T]) -> T:
     every rank with the same message. Without a communicator, just ``make()``."""
     if comm is None or comm.Get_size() <= 1:
         return make()
+    out: Any = None
     with abort_job_on_error(comm):
-        out: Any = None
         if comm.Get_rank() == 0:
             try:
                 out = ("ok", make())
             except SolarError as exc:
                 out = ("error", str(exc))
         out = comm.bcast(out, root=0)
-        if not (isinstance(out, tuple) and len(out) == 2 and out[0] in ("ok", "error")):
-            raise SolarError("rank 0 sent a malformed description of the dataset's files")
-        if out[0] == "error":
-            raise SolarError(str(out[1]))
-        return out[1]
+    if not (isinstance(out, tuple) and len(out) == 2 and out[0] in ("ok", "error")):
+        raise SolarError("rank 0 sent a malformed description of the dataset's files")
+    if out[0] == "error":
+        raise SolarError(str(out[1]))
+    return out[1]
 
 
 def shared_scan(
@@ -95,27 +96,29 @@ def shared_scan(
         return [scan(0, n)]
     mode = mode or SCAN_MODE
     rank, world = comm.Get_rank(), comm.Get_size()
+    # Only the scan and the collective can fail on one rank alone (an unexpected error): that
+    # takes the job down. Every rank checks the same parts the same way, so a bad part or a
+    # peer's scan error is raised on all of them alike.
     with abort_job_on_error(comm):
         if mode == ROOT:
-            got = [_attempt(scan, 0, n) if rank == 0 else None]
-            got = [comm.bcast(got[0], root=0)]
+            got = [comm.bcast(_attempt(scan, 0, n) if rank == 0 else None, root=0)]
             spans = [(0, n)]
         else:
             got = comm.allgather(_attempt(scan, *share(n, rank, world)))
             spans = [share(n, r, world) for r in range(world)]
-        if len(got) != len(spans):
-            raise SolarError(f"scan: {len(got)} parts for {len(spans)} ranks")
-        parts = []
-        for (lo, hi), item in zip(spans, got, strict=True):
-            if not (isinstance(item, tuple) and len(item) == 2 and item[0] in ("ok", "error")):
-                raise SolarError(f"scan: a malformed answer for files {lo}..{hi - 1}")
-            if item[0] == "error":
-                raise SolarError(str(item[1]))
-            if not isinstance(item[1], ScanPart):
-                raise SolarError(f"scan: a malformed part for files {lo}..{hi - 1}")
-            check(item[1], lo, hi)
-            parts.append(item[1])
-        return parts
+    if not isinstance(got, list) or len(got) != len(spans):
+        raise SolarError(f"scan: {len(got)} parts for {len(spans)} ranks")
+    parts = []
+    for (lo, hi), item in zip(spans, got, strict=True):
+        if not (isinstance(item, tuple) and len(item) == 2 and item[0] in ("ok", "error")):
+            raise SolarError(f"scan: a malformed answer for files {lo}..{hi - 1}")
+        if item[0] == "error":
+            raise SolarError(str(item[1]))
+        if not isinstance(item[1], ScanPart):
+            raise SolarError(f"scan: a malformed part for files {lo}..{hi - 1}")
+        check(item[1], lo, hi)
+        parts.append(item[1])
+    return parts
 
 
 def _attempt(scan: Callable[[int, int], ScanPart], lo: int, hi: int) -> tuple[str, Any]:
