@@ -85,7 +85,7 @@ def test_a_directory_with_nothing_usable_names_itself(tmp_path):
         describe_source(tmp_path / "d")
     tree(tmp_path / "mixed")
     np.save(tmp_path / "mixed" / "c" / "z.npy", IMG[0])
-    with pytest.raises(SolarError, match="mix .npy and HDF5"):
+    with pytest.raises(SolarError, match=r"mix \.npy and HDF5"):
         describe_source(tmp_path / "mixed", one_per_file=True)
 
 

@@ -44,9 +44,7 @@ def expand_sources(paths: PathsArg) -> list[Path]:
         if p.is_dir():
             found = walk(p)
             if not found:
-                raise SolarError(
-                    f"{p}: directory holds no .h5, .hdf5 or .npy files (at any depth)"
-                )
+                raise SolarError(f"{p}: directory holds no .h5, .hdf5 or .npy files (at any depth)")
             out.extend(found)
         else:
             out.extend(expand_paths([p]))
