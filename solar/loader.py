@@ -48,6 +48,7 @@ from solar.schedule.rankplan import StepPlan
 from solar.schedule.samplers import SHUFFLE, Sampler, Trace
 from solar.schedule.stream import RankStream
 from solar.stats import LoaderStats, StepStats
+from solar.warm import measured, rehearse_loader
 
 
 class Loader:
@@ -69,6 +70,10 @@ class Loader:
     ``snapshots``: a directory (shared by the ranks, beside the checkpoints) where rank 0 saves
     the planner's state after each epoch it plans, a few MB; a resume (:meth:`load_state_dict`)
     then replans from the newest snapshot at or before its epoch instead of from epoch 0.
+
+    ``warm`` (default): compile every numba kernel the epochs will call now, by running a
+    tiny copy of this run (:mod:`solar.warm`); ``stats.warm_seconds`` and
+    ``stats.compile_seconds`` say what it cost.
 
     ``sampler`` draws each step's ids (:mod:`solar.schedule.samplers`): ``Shuffle()`` (the
     default), ``Weighted(...)`` or ``Trace(...)``; with the latter two the sampler splits the
@@ -100,9 +105,10 @@ class Loader:
         snapshots: str | os.PathLike | None = None,
         sampler: Sampler | None = None,
         horizon: int | None = None,
+        warm: bool = True,
     ) -> None:
         # Other ranks may be waiting in the plan agreement: a failure here takes the job down.
-        with abort_job_on_error(comm):
+        with abort_job_on_error(comm), measured() as warmth:
             import torch
 
             self.info = describe_source(paths, keys, one_per_file=one_per_file, comm=comm)
@@ -156,7 +162,15 @@ class Loader:
             # 0 measures loading, not set-up.
             self.buffer  # noqa: B018
             self.tier  # noqa: B018
+            t0 = time.perf_counter()
             self.reader.warm_up()
+            if warm:  # every kernel the epochs call, compiled now (solar/warm.py)
+                kind = None if given is None else "file" if given.file is not None else "memory"
+                rehearse_loader(self, kind)
+            self.stats.warm_seconds = time.perf_counter() - t0
+        self.stats.compile_seconds, self.stats.compiled = (
+            warmth[0].compile_seconds, warmth[0].compiled
+        )
 
     # -- plan agreement ----------------------------------------------------------------------
     def _agree_on_plan(

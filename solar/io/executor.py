@@ -195,8 +195,13 @@ class Executor:
     def warm_up(self) -> None:
         """Compile the preadv/pwritev kernel now (it cannot be cached: it embeds libc's
         addresses), not at the first read that needs it, maybe inside an epoch."""
-        empty = np.zeros(0, np.int64)
-        _iov_runs(-1, np.zeros((0, 2), np.uint64), empty, empty, empty, False, empty)
+        # Runs come as columns of a table (strided: numba's layout 'A'), or contiguous when a
+        # task has one run ('C'): both, each a bad descriptor's failed call (nothing read).
+        iov = np.zeros((2, 2), np.uint64)
+        got = np.zeros(2, np.int64)
+        for runs in (np.zeros((2, 3), np.int64).T, np.zeros((3, 2), np.int64)):
+            starts, counts, offsets = runs
+            _iov_runs(-1, iov, starts, counts, offsets, False, got)
 
     def close(self) -> None:
         """Stop this process's pools (after the jobs queued)."""
