@@ -162,8 +162,9 @@ def run(cfg: BenchConfig, comm: Any, progress=None) -> dict | None:
     from solar.loader import Loader
 
     rank, world = comm.Get_rank(), comm.Get_size()
-    info = describe_source(
-        list(cfg.paths), list(cfg.keys) if cfg.keys else None, one_per_file=cfg.one_per_file
+    info = describe_source(  # one scan for the job and every loader in it
+        list(cfg.paths), list(cfg.keys) if cfg.keys else None, one_per_file=cfg.one_per_file,
+        comm=comm,
     )
     files = list(info.all_files)
     n, sample_bytes = info.num_samples, info.sample_bytes
@@ -219,7 +220,7 @@ def run(cfg: BenchConfig, comm: Any, progress=None) -> dict | None:
         if name != "torch":
             tiered = name in TIERED and tier_capacity > 0  # the policies that plan a tier
             loaders[name] = Loader(
-                list(cfg.paths), [k.name for k in info.keys], one_per_file=cfg.one_per_file,
+                info, [k.name for k in info.keys], one_per_file=cfg.one_per_file,
                 batch_size=cfg.batch_size, epochs=cfg.epochs,
                 buffer=capacity, seed=cfg.seed, slack=cfg.slack,
                 policy="solar" if name == "solar-ram" else name, comm=comm,
@@ -229,6 +230,13 @@ def run(cfg: BenchConfig, comm: Any, progress=None) -> dict | None:
             )  # fmt: skip
     loaders = {name: loaders[name] for name in cfg.loaders}  # the order asked for
     results = {name: LoaderResult(name) for name in cfg.loaders}
+    # Each Loader compiled its kernels when constructed (solar/warm.py): none in a timed epoch.
+    warm = {
+        name: {k: allreduce(comm, float(getattr(ld.stats, k)), MAX)
+               for k in ("warm_seconds", "compile_seconds")}  # fmt: skip
+        for name, ld in loaders.items()
+        if name != "torch"
+    }
     names = list(loaders)
     for epoch in range(cfg.epochs):
         # Rotate the order each epoch: no loader always follows the same one.
@@ -260,8 +268,10 @@ def run(cfg: BenchConfig, comm: Any, progress=None) -> dict | None:
         return None
     # The bound is the spec's: no need to plan the run again for it.
     spec = loaders["solar"].spec if "solar" in loaders else None
-    return _summarise(cfg, world, n, sample_bytes, (capacity, tier_capacity), limits, results,
-                      spec, throttle)  # fmt: skip
+    out = _summarise(cfg, world, n, sample_bytes, (capacity, tier_capacity), limits, results,
+                     spec, throttle)  # fmt: skip
+    out["warm"] = warm
+    return out
 
 
 class _RankWeighted:
@@ -382,6 +392,13 @@ def format_results(res: dict) -> str:
         lines.append(
             f"| {name} | {e['samples_per_second']:.0f} | {speedup} | {hit} | {bound} | {ram} | "
             f"{tiers} | {sum(e['bytes_read']) / 1e9:.2f} | {stall} | {epochs} |"
+        )
+    if res.get("warm"):
+        w = res["warm"].values()
+        lines.append(
+            f"\nkernels compiled before the first timed epoch: "
+            f"{sum(x['warm_seconds'] for x in w):.2f} s warming the loaders, of which "
+            f"{sum(x['compile_seconds'] for x in w):.2f} s compiling (max over ranks)"
         )
     s = res["loaders"].get("solar", {})
     if "epoch_limit_seconds" in s:
