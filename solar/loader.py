@@ -339,6 +339,13 @@ class Loader:
         self._epoch = min(epoch, self.run.epochs - 1)
         self._next = step
 
+    def wait_reads(self) -> None:
+        """Wait until the reads under way (ahead of the next step, maybe into the next epoch)
+        are done; they are kept for the steps that need them."""
+        rt = self._rt.here()
+        if rt is not None:
+            rt.ahead.wait()
+
     def close(self) -> None:
         """Stop the background work; remove the tier file."""
         rt = self._rt.drop()  # a forked child never waits for its parent's reads
