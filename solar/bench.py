@@ -39,6 +39,7 @@ from solar.io.sources import describe_source
 from solar.io.throttle import Throttle
 from solar.schedule.policies import TIERED
 
+WARM_FIELDS = ("warm_seconds", "compile_seconds")  # of loader.stats, reported per loader
 LOADERS = ("torch", "lru", "fifo", "solar-artifact", "nopfs", "solar", "solar-ram", "static")
 # With a weighted sampler: solar's baselines on the sampler's own split (solar.schedule.tracebase).
 WEIGHTED_LOADERS = ("torch", "lru", "static", "nopfs", "solar", "solar-ram")
@@ -167,7 +168,9 @@ def run(cfg: BenchConfig, comm: Any, progress=None) -> dict | None:
 
     rank, world = comm.Get_rank(), comm.Get_size()
     info = describe_source(  # one scan for the job and every loader in it
-        list(cfg.paths), list(cfg.keys) if cfg.keys else None, one_per_file=cfg.one_per_file,
+        list(cfg.paths),
+        list(cfg.keys) if cfg.keys else None,
+        one_per_file=cfg.one_per_file,
         comm=comm,
     )
     files = list(info.all_files)
@@ -237,8 +240,7 @@ def run(cfg: BenchConfig, comm: Any, progress=None) -> dict | None:
     results = {name: LoaderResult(name) for name in cfg.loaders}
     # Each Loader compiled its kernels when constructed (solar/warm.py): none in a timed epoch.
     warm = {
-        name: {k: allreduce(comm, float(getattr(ld.stats, k)), MAX)
-               for k in ("warm_seconds", "compile_seconds")}  # fmt: skip
+        name: {k: allreduce(comm, float(getattr(ld.stats, k)), MAX) for k in WARM_FIELDS}
         for name, ld in loaders.items()
         if name != "torch"
     }

@@ -38,6 +38,7 @@ from solar.config import DEFAULT_SLACK, BufferConfig, ReaderConfig, RunConfig, p
 from solar.dist import abort_job_on_error, agree
 from solar.errors import SolarError
 from solar.io.executor import combine
+from solar.io.hdf5 import DatasetInfo
 from solar.io.reader import Reader
 from solar.io.sources import describe_source
 from solar.readahead import InFlight, ReadAhead
@@ -60,7 +61,8 @@ class Loader:
 
     ``paths`` is a path, glob, directory or list of HDF5 files (``keys``: their datasets,
     default all), or of ``.npy`` files (one key, ``keys[0]`` or ``"data"``), or a dict
-    ``{key: .npy files}``; see :mod:`solar.io.sources`. With ``one_per_file`` each file is
+    ``{key: .npy files}``, or a :class:`~solar.io.hdf5.DatasetInfo` already made (by
+    ``describe_source``); see :mod:`solar.io.sources`. With ``one_per_file`` each file is
     one sample (its whole datasets), else files hold samples along their first axis.
 
     ``buffer`` (RAM) and ``tier_size`` (a second tier: one file per rank in the directory
@@ -83,7 +85,7 @@ class Loader:
 
     def __init__(
         self,
-        paths: str | os.PathLike | Sequence[str | os.PathLike] | Mapping[str, Any],
+        paths: str | os.PathLike | Sequence[str | os.PathLike] | Mapping[str, Any] | DatasetInfo,
         keys: list[str] | None = None,
         *,
         batch_size: int,
@@ -169,7 +171,8 @@ class Loader:
                 rehearse_loader(self, kind)
             self.stats.warm_seconds = time.perf_counter() - t0
         self.stats.compile_seconds, self.stats.compiled = (
-            warmth[0].compile_seconds, warmth[0].compiled
+            warmth[0].compile_seconds,
+            warmth[0].compiled,
         )
 
     # -- plan agreement ----------------------------------------------------------------------

@@ -32,7 +32,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 from numba.core import event
@@ -115,7 +115,7 @@ def dispatchers() -> dict[str, Dispatcher]:
     for codec in ("deflate", "zstd"):
         run = kernel(codec)
         if run is not None:
-            out[f"solar.io.fused.kernel({codec!r})"] = run
+            out[f"solar.io.fused.kernel({codec!r})"] = cast(Dispatcher, run)
     return out
 
 
