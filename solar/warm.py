@@ -1,8 +1,9 @@
 """Compile numba kernels before any timed or trained epoch, and say what it cost.
 
 solar's hot loops are numba kernels. Most are cached (``cache=True``: compiled once per
-install into numba's cache, then loaded in a few ms each); a few embed libc's or a codec's
-function addresses and are compiled in every process (solar/io/executor.py, fused.py). A
+install into numba's cache, then loaded in a few ms each; libc's calls are linked by name,
+solar/io/libc.py); the few that embed a codec library's function addresses are compiled in
+every process (solar/io/fused.py, bitshuffle.py). A
 kernel is compiled (or loaded) for each new combination of argument types at its first call,
 and which combinations a run needs depends on its data (dtypes, layout), policy, sampler and
 tier. So rather than list signatures, solar *rehearses*: a Loader, ``solar plan`` and

@@ -31,8 +31,9 @@ from solar.errors import SolarError
 T = TypeVar("T")
 
 # How ranks share a scan: "split" (each rank scans a share, allgather) or "root" (rank 0 scans
-# everything, broadcast). Measured by bench/scan_bench.py: split is faster (see its docstring).
-SPLIT, ROOT = "split", "root"
+# everything, broadcast); "every" (each rank scans every file, as before) is for comparison.
+# Measured by bench/scan_bench.py: split is the fastest (see its docstring).
+SPLIT, ROOT, EVERY = "split", "root", "every"
 SCAN_MODE = SPLIT
 
 
@@ -95,6 +96,8 @@ def shared_scan(
     if comm is None or comm.Get_size() <= 1:
         return [scan(0, n)]
     mode = mode or SCAN_MODE
+    if mode == EVERY:
+        return [scan(0, n)]
     rank, world = comm.Get_rank(), comm.Get_size()
     # Only the scan and the collective can fail on one rank alone (an unexpected error): that
     # takes the job down. Every rank checks the same parts the same way, so a bad part or a
