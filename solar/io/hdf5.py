@@ -137,6 +137,10 @@ def expand_paths(paths: Sequence[str | os.PathLike]) -> list[Path]:
 
 def open_h5(path: Path) -> h5py.File:
     """Open an HDF5 file read-only, turning every failure into a one-line SolarError."""
+    try:
+        return h5py.File(path, "r")  # the common case first: no checks ahead (a scan opens many)
+    except OSError as exc:
+        failure = exc
     if not path.exists():
         raise SolarError(f"{path}: no such file")
     if path.is_dir():
@@ -144,9 +148,9 @@ def open_h5(path: Path) -> h5py.File:
     try:
         if not h5py.is_hdf5(path):
             raise SolarError(f"{path}: not an HDF5 file")
-        return h5py.File(path, "r")
-    except OSError as exc:
-        raise SolarError(f"{path}: truncated or corrupt HDF5 file ({first_line(exc)})") from None
+    except OSError:
+        pass
+    raise SolarError(f"{path}: truncated or corrupt HDF5 file ({first_line(failure)})")
 
 
 def describe(
@@ -209,7 +213,8 @@ def scan_hdf5(files: Sequence[Path], names: list[str], one_per_file: bool) -> Sc
     for path in files:
         try:
             with open_h5(path) as f:
-                n, found = _check_keys(f, path, names, one_per_file)
+                size = os.path.getsize(path)
+                n, found = _check_keys(f, path, names, one_per_file, size)
                 where.append([_stored(f[name]) for name in names])
         except (OSError, RuntimeError, KeyError, ValueError, TypeError) as exc:
             # h5py's errors on damaged files come in many types; all mean the same here.
@@ -223,7 +228,7 @@ def scan_hdf5(files: Sequence[Path], names: list[str], one_per_file: bool) -> Sc
                     f"but {files[0]} holds {a.sample_shape} {a.dtype}"
                 )
         lengths.append(n)
-        sizes.append(os.path.getsize(path))
+        sizes.append(size)
     if not files:
         return empty_part(len(names), 1)
     keys = tuple((k.name, k.sample_shape, k.dtype.str) for k in infos or ())
@@ -276,9 +281,9 @@ def _all_datasets(f: h5py.File, path: Path) -> list[str]:
 
 
 def _check_keys(
-    f: h5py.File, path: Path, names: list[str], one_per_file: bool = False
+    f: h5py.File, path: Path, names: list[str], one_per_file: bool = False, size: int = -1
 ) -> tuple[int, list[KeyInfo]]:
-    size = os.path.getsize(path)
+    size = os.path.getsize(path) if size < 0 else size
     first: tuple[str, int] | None = None
     infos = []
     for name in names:
