@@ -10,6 +10,8 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -c constraints.txt -e '.[dev,mpich,bench,plugins]'
+	# Compile solar's numba kernels into the cache once, here, not inside a first epoch.
+	$(BIN)/solar warm --jobs 2
 	touch $@
 
 demo: $(STAMP)

@@ -5,13 +5,16 @@ epoch, so drift in the host's disk cache hits all alike): the PyTorch DataLoader
 DistributedSampler over an h5py Dataset opened lazily in its workers, and solar's Loader with
 each policy. Before every loader's epoch rank 0
 evicts the data files' pages (posix_fadvise DONTNEED) and all ranks pass a barrier; an epoch's
-time is the slowest rank's. Limits measured in the same run: the files' cold sequential read
-bandwidth and memory copy bandwidth, giving the epoch time limit
-``bytes_missed / read_bw + bytes_hit / mem_bw`` (reads overlapped with compute).
+time is the slowest rank's. Limits measured in the same run: the files' cold read bandwidth
+as the loaders read (every rank, its reader threads, random batches; solar/io/bandwidth.py)
+and memory copy bandwidth, giving the epoch time limit
+``max(bytes_read / read_bw, bytes_hit / mem_bw, compute)``: these overlap, so an epoch lasts
+at least as long as the busiest.
 
 With ``tier`` (a directory on local NVMe) ``solar`` and ``nopfs`` also get a second tier of
 ``tier_size`` (an aggregate share, like ``buffer``), ``solar-ram`` is solar without it, and the
-limit adds ``bytes_tier / tier_bw`` with the tier's O_DIRECT read bandwidth measured here.
+limit takes ``bytes_tier / tier_bw`` into the max, with the tier's O_DIRECT read bandwidth
+measured here.
 """
 
 from __future__ import annotations
@@ -30,11 +33,13 @@ import numpy as np
 from solar.config import DEFAULT_SLACK, ReaderConfig
 from solar.dist import MAX, allreduce
 from solar.errors import SolarError
+from solar.io.bandwidth import read_bandwidth
 from solar.io.pagecache import evict
 from solar.io.sources import describe_source
 from solar.io.throttle import Throttle
 from solar.schedule.policies import TIERED
 
+WARM_FIELDS = ("warm_seconds", "compile_seconds")  # of loader.stats, reported per loader
 LOADERS = ("torch", "lru", "fifo", "solar-artifact", "nopfs", "solar", "solar-ram", "static")
 # With a weighted sampler: solar's baselines on the sampler's own split (solar.schedule.tracebase).
 WEIGHTED_LOADERS = ("torch", "lru", "static", "nopfs", "solar", "solar-ram")
@@ -104,12 +109,12 @@ def sequential_bandwidth(paths: list[Path], limit: int = 2**30, repeats: int = 3
     return float(np.median(rates))
 
 
-def memory_bandwidth(nbytes: int = 256 * 2**20) -> float:
-    """Bytes per second of a large in-memory copy (best of 3)."""
+def memory_bandwidth(nbytes: int = 256 * 2**20, repeats: int = 5) -> float:
+    """Bytes per second of a large in-memory copy (best of ``repeats``: an upper estimate)."""
     src = np.ones(nbytes, np.uint8)
-    dst = np.empty_like(src)
+    dst = np.ones_like(src)  # (touched: no page faults in the copies timed)
     best = math.inf
-    for _ in range(3):
+    for _ in range(repeats):
         t0 = time.perf_counter()
         np.copyto(dst, src)
         best = min(best, time.perf_counter() - t0)
@@ -170,8 +175,11 @@ def run(cfg: BenchConfig, comm: Any, progress=None) -> dict | None:
     from solar.loader import Loader
 
     rank, world = comm.Get_rank(), comm.Get_size()
-    info = describe_source(
-        list(cfg.paths), list(cfg.keys) if cfg.keys else None, one_per_file=cfg.one_per_file
+    info = describe_source(  # one scan for the job and every loader in it
+        list(cfg.paths),
+        list(cfg.keys) if cfg.keys else None,
+        one_per_file=cfg.one_per_file,
+        comm=comm,
     )
     files = list(info.all_files)
     n, sample_bytes = info.num_samples, info.sample_bytes
@@ -194,12 +202,13 @@ def run(cfg: BenchConfig, comm: Any, progress=None) -> dict | None:
     tier_capacity = math.ceil(cfg.tier_size * n / world) if cfg.tier else 0
     throttle = Throttle.parse(cfg.throttle) if cfg.throttle else None
 
+    # Storage read as the loaders read it (all ranks, their threads, random batches): the
+    # limit it gives is a lower bound on an epoch's time (solar/io/bandwidth.py).
+    read_bw = read_bandwidth(info, cfg.reader, comm, cfg.batch_size, throttle, seed=cfg.seed)
     limits = None
     if rank == 0:
-        limits = {
-            "read_bytes_per_s": sequential_bandwidth(files),
-            "mem_bytes_per_s": memory_bandwidth(),
-        }
+        limits = {"read_bytes_per_s": read_bw, "mem_bytes_per_s": memory_bandwidth(),
+                  "read_threads": cfg.reader.threads * world}  # fmt: skip
         if cfg.tier:
             from solar.cache.tier import measure_bandwidth
 
@@ -231,7 +240,7 @@ def run(cfg: BenchConfig, comm: Any, progress=None) -> dict | None:
             tiers = ("solar",) if weighted else TIERED
             tiered = policy in tiers and name != "solar-ram" and tier_capacity > 0
             loaders[name] = Loader(
-                list(cfg.paths), [k.name for k in info.keys], one_per_file=cfg.one_per_file,
+                info, [k.name for k in info.keys], one_per_file=cfg.one_per_file,
                 batch_size=cfg.batch_size, epochs=cfg.epochs,
                 buffer=capacity, seed=cfg.seed, policy=policy, comm=comm,
                 reader=cfg.reader, throttle=throttle,
@@ -240,6 +249,12 @@ def run(cfg: BenchConfig, comm: Any, progress=None) -> dict | None:
             )  # fmt: skip
     loaders = {name: loaders[name] for name in cfg.loaders}  # the order asked for
     results = {name: LoaderResult(name) for name in cfg.loaders}
+    # Each Loader compiled its kernels when constructed (solar/warm.py): none in a timed epoch.
+    warm = {
+        name: {k: allreduce(comm, float(getattr(ld.stats, k)), MAX) for k in WARM_FIELDS}
+        for name, ld in loaders.items()
+        if name != "torch"
+    }
     names = list(loaders)
     for epoch in range(cfg.epochs):
         # Rotate the order each epoch: no loader always follows the same one.
@@ -273,8 +288,10 @@ def run(cfg: BenchConfig, comm: Any, progress=None) -> dict | None:
         return None
     # The bound is the spec's: no need to plan the run again for it.
     spec = loaders["solar"].spec if "solar" in loaders else None
-    return _summarise(cfg, world, n, sample_bytes, (capacity, tier_capacity), limits, results,
-                      spec, throttle)  # fmt: skip
+    out = _summarise(cfg, world, n, sample_bytes, (capacity, tier_capacity), limits, results,
+                     spec, throttle)  # fmt: skip
+    out["warm"] = warm
+    return out
 
 
 class _RankWeighted:
@@ -313,6 +330,10 @@ def _epoch(name: str, loader: Any, epoch: int, compute_ms: float) -> int:
         count += len(next(iter(batch.values())))
         if compute_ms:
             time.sleep(compute_ms / 1e3)
+    if name != "torch":
+        # Reads started ahead into the next epoch are this window's: none runs on while
+        # another loader is timed, and the limit's bytes are all read inside timed windows.
+        loader.wait_reads()
     return count
 
 
@@ -360,12 +381,17 @@ def _summarise(cfg, world, n, sample_bytes, capacity, limits, results, spec, thr
         r = results["solar"]
         steps = spec.run.steps_per_epoch
         limit = []
-        for hits, tier, samples in zip(r.hits, r.tier_hits, r.samples, strict=True):
-            io = (samples - hits - tier) * sample_bytes / limits["read_bytes_per_s"]
-            io += hits * sample_bytes / limits["mem_bytes_per_s"]
+        for hits, tier, nbytes in zip(r.hits, r.tier_hits, r.bytes_read, strict=True):
+            # Storage reads (the reader's threads), tier reads, copies of hits (the consuming
+            # thread) and compute overlap: an epoch lasts at least as long as the busiest one.
+            # (A sum would not be a lower bound.) Bandwidths are the best of their runs; the
+            # storage's is all ranks' together, memory's and the tier's one rank's, so those
+            # take the average rank's share (the slowest rank has at least as much).
+            terms = [nbytes / limits["read_bytes_per_s"], steps * cfg.compute_ms / 1e3,
+                     hits * sample_bytes / world / limits["mem_bytes_per_s"]]  # fmt: skip
             if tier:
-                io += tier * sample_bytes / limits["tier_bytes_per_s"]
-            limit.append(max(io, steps * cfg.compute_ms / 1e3))
+                terms.append(tier * sample_bytes / world / limits["tier_bytes_per_s"])
+            limit.append(max(terms))
         out["loaders"]["solar"]["epoch_limit_seconds"] = limit
         out["loaders"]["solar"]["share_of_limit"] = sum(r.epoch_seconds) / sum(limit)
     return out
@@ -381,7 +407,8 @@ def format_results(res: dict) -> str:
         + (f", tier {100 * c['tier_size']:.0f} % ({tier} samples/rank)" if tier else "")
         + f", compute {c['compute_ms']} ms/step"
         + (f", throttle {c['throttle']}" if c["throttle"] else ""),
-        f"limits: cold sequential read {lim['read_bytes_per_s'] / 1e9:.2f} GB/s, "
+        f"limits: cold read {lim['read_bytes_per_s'] / 1e9:.2f} GB/s "
+        f"({lim.get('read_threads', 1)} threads over the ranks, random batches), "
         f"memory copy {lim['mem_bytes_per_s'] / 1e9:.2f} GB/s"
         + (f", tier read {lim['tier_bytes_per_s'] / 1e9:.2f} GB/s" if tier else ""),
         "",
@@ -407,6 +434,13 @@ def format_results(res: dict) -> str:
                 f"{len(e['rows_moved'])} epochs ({sum(e['rows_moved'])} rows); exchange s per "
                 f"epoch (slowest rank) {' '.join(f'{t:.2f}' for t in e['exchange_seconds'])}"
             )
+    if res.get("warm"):
+        w = res["warm"].values()
+        lines.append(
+            f"\nkernels compiled before the first timed epoch: "
+            f"{sum(x['warm_seconds'] for x in w):.2f} s warming the loaders, of which "
+            f"{sum(x['compile_seconds'] for x in w):.2f} s compiling (max over ranks)"
+        )
     s = res["loaders"].get("solar", {})
     if "epoch_limit_seconds" in s:
         limit = " ".join(f"{t:.2f}" for t in s["epoch_limit_seconds"])

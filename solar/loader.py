@@ -39,6 +39,7 @@ from solar.dist import abort_job_on_error, agree
 from solar.errors import SolarError
 from solar.exchange import Exchange
 from solar.io.executor import combine
+from solar.io.hdf5 import DatasetInfo
 from solar.io.reader import Reader
 from solar.io.sources import describe_source
 from solar.readahead import InFlight, ReadAhead
@@ -49,6 +50,7 @@ from solar.schedule.rankplan import StepPlan
 from solar.schedule.samplers import SHUFFLE, Sampler, Trace
 from solar.schedule.stream import RankStream
 from solar.stats import LoaderStats, StepStats
+from solar.warm import measured, rehearse_loader
 
 
 class Loader:
@@ -64,7 +66,8 @@ class Loader:
 
     ``paths`` is a path, glob, directory or list of HDF5 files (``keys``: their datasets,
     default all), or of ``.npy`` files (one key, ``keys[0]`` or ``"data"``), or a dict
-    ``{key: .npy files}``; see :mod:`solar.io.sources`. With ``one_per_file`` each file is
+    ``{key: .npy files}``, or a :class:`~solar.io.hdf5.DatasetInfo` already made (by
+    ``describe_source``); see :mod:`solar.io.sources`. With ``one_per_file`` each file is
     one sample (its whole datasets), else files hold samples along their first axis.
 
     ``buffer`` (RAM) and ``tier_size`` (a second tier: one file per rank in the directory
@@ -75,6 +78,10 @@ class Loader:
     the planner's state after each epoch it plans, a few MB; a resume (:meth:`load_state_dict`)
     then replans from the newest snapshot at or before its epoch instead of from epoch 0.
 
+    ``warm`` (default): compile every numba kernel the epochs will call now, by running a
+    tiny copy of this run (:mod:`solar.warm`); ``stats.warm_seconds`` and
+    ``stats.compile_seconds`` say what it cost.
+
     ``sampler`` draws each step's ids (:mod:`solar.schedule.samplers`): ``Shuffle()`` (the
     default), ``Weighted(...)`` or ``Trace(...)``; with the latter two the sampler splits the
     batches over the ranks, a batch may repeat an id (read once, copied) and the planner looks
@@ -83,7 +90,7 @@ class Loader:
 
     def __init__(
         self,
-        paths: str | os.PathLike | Sequence[str | os.PathLike] | Mapping[str, Any],
+        paths: str | os.PathLike | Sequence[str | os.PathLike] | Mapping[str, Any] | DatasetInfo,
         keys: list[str] | None = None,
         *,
         batch_size: int,
@@ -106,12 +113,13 @@ class Loader:
         sampler: Sampler | None = None,
         horizon: int | None = None,
         equal_batches: bool = False,
+        warm: bool = True,
     ) -> None:
         # Other ranks may be waiting in the plan agreement: a failure here takes the job down.
-        with abort_job_on_error(comm):
+        with abort_job_on_error(comm), measured() as warmth:
             import torch
 
-            self.info = describe_source(paths, keys, one_per_file=one_per_file)
+            self.info = describe_source(paths, keys, one_per_file=one_per_file, comm=comm)
             self.rank, self.world_size = _rank_and_world(comm, rank, world_size)
             for k in self.info.keys:
                 torch_dtype(k)
@@ -169,7 +177,16 @@ class Loader:
             # 0 measures loading, not set-up.
             self.buffer  # noqa: B018
             self.tier  # noqa: B018
+            t0 = time.perf_counter()
             self.reader.warm_up()
+            if warm:  # every kernel the epochs call, compiled now (solar/warm.py)
+                kind = None if given is None else "file" if given.file is not None else "memory"
+                rehearse_loader(self, kind)
+            self.stats.warm_seconds = time.perf_counter() - t0
+        self.stats.compile_seconds, self.stats.compiled = (
+            warmth[0].compile_seconds,
+            warmth[0].compiled,
+        )
 
     # -- plan agreement ----------------------------------------------------------------------
     def _agree_on_plan(
@@ -340,6 +357,13 @@ class Loader:
             raise SolarError(f"loader state: step {step} is not within epoch {epoch} of this run")
         self._epoch = min(epoch, self.run.epochs - 1)
         self._next = step
+
+    def wait_reads(self) -> None:
+        """Wait until the reads under way (ahead of the next step, maybe into the next epoch)
+        are done; they are kept for the steps that need them."""
+        rt = self._rt.here()
+        if rt is not None:
+            rt.ahead.wait()
 
     def close(self) -> None:
         """Stop the background work; remove the tier file."""

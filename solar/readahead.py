@@ -48,6 +48,11 @@ class ReadAhead:
             self._queue.append(self._start(self._queue[-1].plan.step + 1))
         return self._queue.popleft()
 
+    def wait(self) -> None:
+        """Wait for every read under way, keeping them queued (a benchmark's epoch ends when
+        its reads, also those read ahead into the next epoch, have)."""
+        wait([f for io in self._queue for f in io.futures])
+
     def drain(self) -> None:
         """Wait for every read under way (results discarded, cancelled ones skipped), then
         forget them."""

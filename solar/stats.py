@@ -68,6 +68,11 @@ class LoaderStats:
 
     epochs: dict[int, EpochStats] = field(default_factory=dict)
     steps: list[StepStats] = field(default_factory=list)
+    # Set up before epoch 0 (solar/warm.py): compiling (or loading) kernels, in all; of which
+    # numba compiling ``compiled`` kernels (0 once numba's cache holds them).
+    warm_seconds: float = 0.0
+    compile_seconds: float = 0.0
+    compiled: int = 0
 
     def epoch(self, e: int) -> EpochStats:
         got = self.epochs.get(e)

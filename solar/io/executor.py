@@ -59,7 +59,7 @@ class ByteSource(Protocol):
         """A read (a write if ``write``) of ``got`` of ``want`` bytes at ``offset``."""
 
 
-@njit(nogil=True)  # not cached: it embeds the addresses of libc's preadv and pwritev
+@njit(cache=True, nogil=True)
 def _iov_runs(fd, iov, starts, counts, offsets, write, got):
     """One preadv (pwritev) per run of one descriptor, without the GIL."""
     for j in range(starts.shape[0]):
@@ -70,7 +70,7 @@ def _iov_runs(fd, iov, starts, counts, offsets, write, got):
             got[j] = libc.preadv(fd, at, counts[j], offsets[j])
 
 
-@njit(nogil=True)  # not cached: it embeds the addresses of libc's functions
+@njit(cache=True, nogil=True)
 def _advise_preadv_each(fds, iov, offsets, got):
     """Read j: ``iov[j, 1]`` bytes at ``offsets[j]`` of ``fds[j]``, without the GIL (``got``
     -1 where ``fds[j]`` < 0: a file that did not open). Every read is advised first
@@ -85,7 +85,7 @@ def _advise_preadv_each(fds, iov, offsets, got):
         got[j] = -1 if fds[j] < 0 else libc.preadv(fds[j], iov.ctypes.data + 16 * j, 1, offsets[j])
 
 
-@njit(nogil=True)  # not cached: it embeds the addresses of libc's functions
+@njit(cache=True, nogil=True)
 def _open_read_close(names, name_at, files, iov, offsets, got, hold):
     """FileRuns without the descriptor cache: open ``hold`` files at a time (a file's
     neighbouring reads share one open), advise every read (WILLNEED), read, close; all
@@ -193,10 +193,15 @@ class Executor:
         return total, time.perf_counter() - t0
 
     def warm_up(self) -> None:
-        """Compile the preadv/pwritev kernel now (it cannot be cached: it embeds libc's
-        addresses), not at the first read that needs it, maybe inside an epoch."""
-        empty = np.zeros(0, np.int64)
-        _iov_runs(-1, np.zeros((0, 2), np.uint64), empty, empty, empty, False, empty)
+        """Compile (or load from numba's cache) the preadv/pwritev kernel now, not at the first
+        read that needs it, maybe inside an epoch."""
+        # Runs come as columns of a table (strided: numba's layout 'A'), or contiguous when a
+        # task has one run ('C'): both, each a bad descriptor's failed call (nothing read).
+        iov = np.zeros((2, 2), np.uint64)
+        got = np.zeros(2, np.int64)
+        for runs in (np.zeros((2, 3), np.int64).T, np.zeros((3, 2), np.int64)):
+            starts, counts, offsets = runs
+            _iov_runs(-1, iov, starts, counts, offsets, False, got)
 
     def close(self) -> None:
         """Stop this process's pools (after the jobs queued)."""

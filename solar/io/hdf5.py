@@ -16,12 +16,14 @@ import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import h5py
 import numpy as np
 
 from solar.errors import SolarError, first_line, truncated
 from solar.io.codecs import Decoder, decoder_for, describe_decoding
+from solar.io.scan import ScanPart, check_part, empty_part, merge_parts, on_root, shared_scan
 
 
 @dataclass(frozen=True)
@@ -53,6 +55,7 @@ class StoredLayout:
     offsets: np.ndarray  # (files, keys) int64
     chunk_rows: np.ndarray  # (files, keys) int64
     decodable: np.ndarray  # (files, keys) bool
+    sizes: np.ndarray | None = None  # (files, 1 or keys) int64: bytes of each (key's) file
 
 
 @dataclass(frozen=True)
@@ -92,15 +95,27 @@ class DatasetInfo:
         Renaming a directory or copying the files keeps it; another file, key or shape changes it.
         """
         record = [
-            [p.name, os.path.getsize(p), n] for p, n in zip(self.files, self.lengths, strict=True)
+            [p.name, self._size(p, i, 0), n]
+            for i, (p, n) in enumerate(zip(self.files, self.lengths, strict=True))
         ]
         keys = [[k.name, list(k.sample_shape), k.dtype.str] for k in self.keys]
         what: list = [record, keys]
         if self.format != "hdf5" or self.one_per_file:
             # Other sources say what they are, and every key's files (names and sizes).
-            more = [[p.name, os.path.getsize(p)] for files in self.key_files[1:] for p in files]
+            more = [
+                [p.name, self._size(p, i, k)]
+                for k, files in enumerate(self.key_files[1:], 1)
+                for i, p in enumerate(files)
+            ]
             what += [self.format, self.one_per_file, more]
         return hashlib.sha256(json.dumps(what).encode()).hexdigest()[:32]
+
+    def _size(self, path: Path, i: int, k: int) -> int:
+        """Bytes of file ``i`` of key ``k``: as scanned (no stat per file), else asked."""
+        sizes = self.stored.sizes if self.stored is not None else None
+        if sizes is None:
+            return os.path.getsize(path)
+        return int(sizes[i, k if sizes.shape[1] > 1 else 0])
 
 
 def expand_paths(paths: Sequence[str | os.PathLike]) -> list[Path]:
@@ -108,7 +123,7 @@ def expand_paths(paths: Sequence[str | os.PathLike]) -> list[Path]:
     out: list[Path] = []
     for p in paths:
         s = os.fspath(p)
-        if not os.path.exists(s) and glob.has_magic(s):
+        if glob.has_magic(s) and not os.path.exists(s):  # (no stat per plain name)
             matches = sorted(glob.glob(s))
             if not matches:
                 raise SolarError(f"{s}: no file matches this pattern")
@@ -122,6 +137,10 @@ def expand_paths(paths: Sequence[str | os.PathLike]) -> list[Path]:
 
 def open_h5(path: Path) -> h5py.File:
     """Open an HDF5 file read-only, turning every failure into a one-line SolarError."""
+    try:
+        return h5py.File(path, "r")  # the common case first: no checks ahead (a scan opens many)
+    except OSError as exc:
+        failure = exc
     if not path.exists():
         raise SolarError(f"{path}: no such file")
     if path.is_dir():
@@ -129,32 +148,73 @@ def open_h5(path: Path) -> h5py.File:
     try:
         if not h5py.is_hdf5(path):
             raise SolarError(f"{path}: not an HDF5 file")
-        return h5py.File(path, "r")
-    except OSError as exc:
-        raise SolarError(f"{path}: truncated or corrupt HDF5 file ({first_line(exc)})") from None
+    except OSError:
+        pass
+    raise SolarError(f"{path}: truncated or corrupt HDF5 file ({first_line(failure)})")
 
 
 def describe(
-    paths: Sequence[str | os.PathLike], keys: list[str] | None = None, *, one_per_file: bool = False
+    paths: Sequence[str | os.PathLike],
+    keys: list[str] | None = None,
+    *,
+    one_per_file: bool = False,
+    comm: Any = None,
 ) -> DatasetInfo:
     """Check the files and keys and describe the sample space they make.
 
     Without ``keys``, every dataset of the first file is a key, and every file must have them.
-    With ``one_per_file`` each file's datasets are one sample. Each file is opened once; where
-    every key is stored is recorded then (``DatasetInfo.stored``), so a reader opens no file
-    to plan its reads. Many small files read as many samples each get a warning.
+    With ``one_per_file`` each file's datasets are one sample. Each file is opened once per
+    job: with a communicator ``comm`` each rank opens a share and the ranks exchange what they
+    found (:mod:`solar.io.scan`). Where every key is stored is recorded then
+    (``DatasetInfo.stored``), so a reader opens no file to plan its reads. Many small files
+    read as many samples each get a warning.
     """
     files = expand_paths(paths)
-    names = list(keys) if keys else None
+    names = list(keys) if keys else on_root(comm, lambda: _first_datasets(files[0]))
+
+    def check(part: ScanPart, lo: int, hi: int) -> None:
+        check_part(part, files, lo, hi, len(names), 1, one_per_file)
+
+    parts = shared_scan(
+        comm, len(files), lambda lo, hi: scan_hdf5(files[lo:hi], names, one_per_file), check
+    )
+    found, whole = merge_parts(parts, files, len(names), 1)
+    lengths = [int(n) for n in whole.lengths]
+    if not one_per_file and len(files) > 8 and max(lengths) <= 4:
+        warnings.warn(
+            f"{len(files)} HDF5 files hold at most {max(lengths)} samples each along their "
+            "first axis: if each file is one sample, pass one_per_file=True (--one-per-file)",
+            stacklevel=2,
+        )
+    table = whole.where
+    stored = StoredLayout(table[..., 0], table[..., 1], table[..., 2].astype(bool), whole.sizes)
+    infos = tuple(KeyInfo(n, s, np.dtype(d)) for n, s, d in found)
+    return DatasetInfo(
+        tuple(files), infos, tuple(lengths), one_per_file=one_per_file, stored=stored
+    )
+
+
+def _first_datasets(path: Path) -> list[str]:
+    """Every dataset of ``path`` (the keys when none are given)."""
+    try:
+        with open_h5(path) as f:
+            return _all_datasets(f, path)
+    except (OSError, RuntimeError, KeyError, ValueError, TypeError) as exc:
+        raise SolarError(f"{path}: corrupt HDF5 file ({first_line(exc)})") from None
+
+
+def scan_hdf5(files: Sequence[Path], names: list[str], one_per_file: bool) -> ScanPart:
+    """Open each of ``files`` once: its sample count, where each key is stored, its size; each
+    key's shape and dtype must be the first file's."""
     infos: list[KeyInfo] | None = None
     lengths = []
     where: list[list[tuple[int, int, bool]]] = []
+    sizes = []
     for path in files:
         try:
             with open_h5(path) as f:
-                if names is None:
-                    names = _all_datasets(f, path)
-                n, found = _check_keys(f, path, names, one_per_file)
+                size = os.path.getsize(path)
+                n, found = _check_keys(f, path, names, one_per_file, size)
                 where.append([_stored(f[name]) for name in names])
         except (OSError, RuntimeError, KeyError, ValueError, TypeError) as exc:
             # h5py's errors on damaged files come in many types; all mean the same here.
@@ -168,16 +228,13 @@ def describe(
                     f"but {files[0]} holds {a.sample_shape} {a.dtype}"
                 )
         lengths.append(n)
-    if not one_per_file and len(files) > 8 and max(lengths) <= 4:
-        warnings.warn(
-            f"{len(files)} HDF5 files hold at most {max(lengths)} samples each along their "
-            "first axis: if each file is one sample, pass one_per_file=True (--one-per-file)",
-            stacklevel=2,
-        )
-    table = np.array(where, np.int64).reshape(len(files), -1, 3)
-    stored = StoredLayout(table[..., 0], table[..., 1], table[..., 2].astype(bool))
-    return DatasetInfo(
-        tuple(files), tuple(infos or ()), tuple(lengths), one_per_file=one_per_file, stored=stored
+        sizes.append(size)
+    if not files:
+        return empty_part(len(names), 1)
+    keys = tuple((k.name, k.sample_shape, k.dtype.str) for k in infos or ())
+    table = np.array(where, np.int64).reshape(len(files), len(names), 3)
+    return ScanPart(
+        keys, np.array(lengths, np.int64), table, np.array(sizes, np.int64).reshape(-1, 1)
     )
 
 
@@ -224,9 +281,9 @@ def _all_datasets(f: h5py.File, path: Path) -> list[str]:
 
 
 def _check_keys(
-    f: h5py.File, path: Path, names: list[str], one_per_file: bool = False
+    f: h5py.File, path: Path, names: list[str], one_per_file: bool = False, size: int = -1
 ) -> tuple[int, list[KeyInfo]]:
-    size = os.path.getsize(path)
+    size = os.path.getsize(path) if size < 0 else size
     first: tuple[str, int] | None = None
     infos = []
     for name in names:

@@ -1,30 +1,30 @@
-"""libc's file calls as ctypes functions, for the numba kernels that read without the GIL.
+"""libc's file calls for the numba kernels that read without the GIL.
 
-A kernel calling one embeds its address, so such kernels are compiled in each process, never
-cached (solar/io/executor.py, solar/io/fused.py).
+Declared to numba by symbol name (``ExternalFunction``), not by address: the JIT links them
+against this process's libc when a kernel is compiled or loaded, so kernels calling them are
+cached like any other (an address embedded in a kernel would change with every process).
+Pointers are passed as integers (``array.ctypes.data``).
 """
 
 from __future__ import annotations
 
-import ctypes
 import os
 
-_libc = ctypes.CDLL(None, use_errno=True)
+from numba import types
+
+_i32, _i64, _ptr, _size = types.int32, types.int64, types.intp, types.uintp
 
 
-def _function(name: str, restype, argtypes: list):
-    fn = getattr(_libc, name)
-    fn.restype, fn.argtypes = restype, argtypes
-    return fn
+def _function(name: str, restype, *argtypes):
+    return types.ExternalFunction(name, restype(*argtypes))
 
 
-_int, _i64, _vp = ctypes.c_int, ctypes.c_int64, ctypes.c_void_p
-preadv = _function("preadv", ctypes.c_ssize_t, [_int, _vp, _int, _i64])
-pwritev = _function("pwritev", ctypes.c_ssize_t, [_int, _vp, _int, _i64])
-pread = _function("pread", ctypes.c_ssize_t, [_int, _vp, ctypes.c_size_t, _i64])
-fadvise = _function("posix_fadvise", _int, [_int, _i64, _i64, _int])
-open_file = _function("open", _int, [_vp, _int])  # no mode: O_CREAT is never passed
-close = _function("close", _int, [_int])
+preadv = _function("preadv", types.intp, _i32, _ptr, _i32, _i64)
+pwritev = _function("pwritev", types.intp, _i32, _ptr, _i32, _i64)
+pread = _function("pread", types.intp, _i32, _ptr, _size, _i64)
+fadvise = _function("posix_fadvise", _i32, _i32, _i64, _i64, _i32)
+open_file = _function("open", _i32, _ptr, _i32)  # no mode: O_CREAT is never passed
+close = _function("close", _i32, _i32)
 
 WILLNEED = getattr(os, "POSIX_FADV_WILLNEED", 3)
 O_READ = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)  # as os.open: not inherited

@@ -11,16 +11,18 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from numpy.lib import format as npformat
 
 from solar.errors import SolarError, first_line, truncated
 from solar.io.hdf5 import DatasetInfo, KeyInfo, StoredLayout
+from solar.io.scan import ScanPart, check_part, empty_part, merge_parts, shared_scan
 
 
-def npy_header(path: Path) -> tuple[tuple[int, ...], np.dtype, int]:
-    """(shape, dtype, data offset) of a .npy file; a one-line SolarError if it cannot be
+def npy_header(path: Path) -> tuple[tuple[int, ...], np.dtype, int, int]:
+    """(shape, dtype, data offset, file size) of a .npy file; a one-line SolarError if it cannot be
     served by offset (not .npy, Fortran order, objects or structured dtypes, truncated)."""
     try:
         with open(path, "rb") as fh:
@@ -47,49 +49,76 @@ def npy_header(path: Path) -> tuple[tuple[int, ...], np.dtype, int]:
     size = os.path.getsize(path)
     if size < need:
         raise truncated(path, "the array", need, size)
-    return tuple(shape), dtype, offset
+    return tuple(shape), dtype, offset, size
 
 
-def describe_npy(keys: Mapping[str, Sequence[Path]], *, one_per_file: bool = False) -> DatasetInfo:
-    """The sample space of .npy files: ``keys`` maps each key to its files (already expanded)."""
+def describe_npy(
+    keys: Mapping[str, Sequence[Path]], *, one_per_file: bool = False, comm: Any = None
+) -> DatasetInfo:
+    """The sample space of .npy files: ``keys`` maps each key to its files (already expanded).
+    With a communicator ``comm`` each rank reads a share of the headers (:mod:`solar.io.scan`).
+    """
     if not keys:
         raise SolarError("no .npy keys given")
     names = list(keys)
     counts = {k: len(v) for k, v in keys.items()}
     if len(set(counts.values())) != 1:
         raise SolarError(f".npy keys have different numbers of files: {counts}")
-    nfiles = counts[names[0]]
-    offsets = np.empty((nfiles, len(names)), np.int64)
+    paths = [[Path(p) for p in keys[name]] for name in names]
+    nfiles, nkeys = len(paths[0]), len(names)
+
+    def check(part: ScanPart, lo: int, hi: int) -> None:
+        check_part(part, paths[0], lo, hi, nkeys, nkeys, one_per_file)
+
+    def scan(lo: int, hi: int) -> ScanPart:
+        return scan_npy(names, [p[lo:hi] for p in paths], one_per_file)
+
+    parts = shared_scan(comm, nfiles, scan, check)
+    found, whole = merge_parts(parts, paths[0], nkeys, nkeys)
+    stored = StoredLayout(
+        whole.where[..., 0], np.zeros((nfiles, nkeys), np.int64),
+        np.zeros((nfiles, nkeys), bool), whole.sizes,
+    )  # fmt: skip
+    infos = tuple(KeyInfo(n, s, np.dtype(d)) for n, s, d in found)
+    key_files = tuple(tuple(p) for p in paths)
+    return DatasetInfo(
+        key_files[0], infos, tuple(int(n) for n in whole.lengths), format="npy",
+        one_per_file=one_per_file, key_files=key_files, stored=stored,
+    )  # fmt: skip
+
+
+def scan_npy(names: list[str], paths: list[list[Path]], one_per_file: bool) -> ScanPart:
+    """Read the headers of files ``paths[k][i]`` (key k's i-th file): every key's files must
+    hold the same per-sample shape and dtype as its first, file i of every key the same count."""
+    nfiles, nkeys = len(paths[0]), len(names)
+    if nfiles == 0:
+        return empty_part(nkeys, nkeys)
+    where = np.zeros((nfiles, nkeys, 3), np.int64)
+    sizes = np.empty((nfiles, nkeys), np.int64)
     lengths = np.empty(nfiles, np.int64)
-    infos: list[KeyInfo] = []
+    infos: list[tuple[str, tuple[int, ...], str]] = []
     for k, name in enumerate(names):
         want: tuple[tuple[int, ...], np.dtype] | None = None
-        for i, path in enumerate(keys[name]):
-            shape, dtype, offset = npy_header(Path(path))
+        for i, path in enumerate(paths[k]):
+            shape, dtype, offset, sizes[i, k] = npy_header(path)
             if not one_per_file and not shape:
                 raise SolarError(f"{path}: a scalar (one sample per file? use one_per_file=True)")
             sample = shape if one_per_file else shape[1:]
             n = 1 if one_per_file else shape[0]
             if want is None:
                 want = (sample, dtype)
-                infos.append(KeyInfo(name, sample, dtype))
+                infos.append((name, sample, dtype.str))
             elif want != (sample, dtype):
                 raise SolarError(
                     f"{path}: key {name!r} holds {sample} {dtype} samples, "
-                    f"but {keys[name][0]} holds {want[0]} {want[1]}"
+                    f"but {paths[k][0]} holds {want[0]} {want[1]}"
                 )
             if k == 0:
                 lengths[i] = n
             elif lengths[i] != n:
                 raise SolarError(
-                    f"{path}: key {name!r} has {n} samples but {keys[names[0]][i]} "
+                    f"{path}: key {name!r} has {n} samples but {paths[0][i]} "
                     f"({names[0]!r}) has {lengths[i]}"
                 )
-            offsets[i, k] = offset
-    zeros = np.zeros_like(offsets)
-    stored = StoredLayout(offsets, zeros, zeros.astype(bool))
-    key_files = tuple(tuple(Path(p) for p in keys[name]) for name in names)
-    return DatasetInfo(
-        key_files[0], tuple(infos), tuple(int(n) for n in lengths), format="npy",
-        one_per_file=one_per_file, key_files=key_files, stored=stored,
-    )  # fmt: skip
+            where[i, k, 0] = offset
+    return ScanPart(tuple(infos), lengths, where, sizes)

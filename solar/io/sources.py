@@ -9,7 +9,12 @@
 * a dict ``{key: path, glob, directory or list}`` of ``.npy`` files: one key per entry, files
   paired in sorted order (``{"x": "data/x_*.npy", "y": "data/y_*.npy"}``).
 
-A directory stands for its sorted ``.h5``, ``.hdf5`` and ``.npy`` files.
+A directory stands for its ``.h5``, ``.hdf5`` and ``.npy`` files at any depth (``train/000/
+*.hdf5``), in sorted order of their paths below it (the order ``solar inspect`` prints); names
+starting with a dot (``.ipynb_checkpoints``, editors' temporary files) are skipped.
+
+With a communicator (``comm``), rank 0 lists the files and the ranks share the scan of them
+(:mod:`solar.io.scan`): one scan per job. A :class:`DatasetInfo` passes through unchanged.
 """
 
 from __future__ import annotations
@@ -17,10 +22,12 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from solar.errors import SolarError
 from solar.io.hdf5 import DatasetInfo, describe, expand_paths
 from solar.io.npy import describe_npy
+from solar.io.scan import on_root
 
 SUFFIXES = (".h5", ".hdf5", ".npy")
 
@@ -28,16 +35,16 @@ PathsArg = str | os.PathLike | Sequence[str | os.PathLike]
 
 
 def expand_sources(paths: PathsArg) -> list[Path]:
-    """Files named by ``paths``: directories give their sorted .h5/.hdf5/.npy files, globs
-    their sorted matches."""
+    """Files named by ``paths``: directories give their .h5/.hdf5/.npy files at any depth
+    (sorted, see the module's docstring), globs their sorted matches."""
     paths = [paths] if isinstance(paths, str | os.PathLike) else list(paths)
     out: list[Path] = []
     for p in paths:
         p = Path(p)
         if p.is_dir():
-            found = sorted(q for q in p.iterdir() if q.suffix in SUFFIXES and q.is_file())
+            found = walk(p)
             if not found:
-                raise SolarError(f"{p}: directory holds no .h5, .hdf5 or .npy files")
+                raise SolarError(f"{p}: directory holds no .h5, .hdf5 or .npy files (at any depth)")
             out.extend(found)
         else:
             out.extend(expand_paths([p]))
@@ -46,13 +53,49 @@ def expand_sources(paths: PathsArg) -> list[Path]:
     return out
 
 
+def walk(root: Path) -> list[Path]:
+    """The data files below ``root``, at any depth, sorted by their path's parts (a
+    directory's files before a sibling directory's that sorts after it). Directory entries'
+    types come from the listing: no stat per file. Symbolic links to directories are not
+    followed (no cycles)."""
+    found: list[tuple[str, ...]] = []
+    for top, dirs, names in os.walk(root, onerror=_raise):
+        dirs[:] = [d for d in dirs if not d.startswith(".")]
+        rel = Path(top).relative_to(root).parts
+        found.extend((*rel, n) for n in names if not n.startswith(".") and _usable(n))
+    found.sort()
+    return [root.joinpath(*parts) for parts in found]
+
+
+def _usable(name: str) -> bool:
+    return os.path.splitext(name)[1] in SUFFIXES
+
+
+def _raise(exc: OSError) -> None:
+    raise SolarError(f"{exc.filename}: cannot list ({exc.strerror})")
+
+
 def describe_source(
-    paths: PathsArg | Mapping[str, PathsArg],
+    paths: PathsArg | Mapping[str, PathsArg] | DatasetInfo,
     keys: list[str] | None = None,
     *,
     one_per_file: bool = False,
+    comm: Any = None,
 ) -> DatasetInfo:
-    """Describe the sample space ``paths`` name (see the module docstring)."""
+    """Describe the sample space ``paths`` name (see the module docstring); with ``comm`` (a
+    collective) every rank gets the same description from one scan of the files."""
+    if isinstance(paths, DatasetInfo):
+        return paths
+    npy, found = on_root(comm, lambda: _list(paths, keys))
+    if npy:
+        return describe_npy(found, one_per_file=one_per_file, comm=comm)
+    return describe(found[""], keys, one_per_file=one_per_file, comm=comm)
+
+
+def _list(
+    paths: PathsArg | Mapping[str, PathsArg], keys: list[str] | None
+) -> tuple[bool, dict[str, list[Path]]]:
+    """(whether the files are .npy, their files by key; "" for HDF5's)."""
     if isinstance(paths, Mapping):
         if keys:
             raise SolarError("a dict of .npy keys names its keys: give no keys as well")
@@ -60,7 +103,7 @@ def describe_source(
         for k, fs in by_key.items():
             if any(f.suffix != ".npy" for f in fs):
                 raise SolarError(f"key {k!r}: a dict of keys takes .npy files only")
-        return describe_npy(by_key, one_per_file=one_per_file)
+        return True, by_key
     files = expand_sources(paths)
     npy = [f.suffix == ".npy" for f in files]
     if any(npy) and not all(npy):
@@ -68,5 +111,5 @@ def describe_source(
     if all(npy):
         if keys and len(keys) > 1:
             raise SolarError(".npy files hold one array each: give at most one key")
-        return describe_npy({keys[0] if keys else "data": files}, one_per_file=one_per_file)
-    return describe(files, keys, one_per_file=one_per_file)
+        return True, {keys[0] if keys else "data": files}
+    return False, {"": files}

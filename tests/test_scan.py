@@ -1,0 +1,167 @@
+"""Directory trees walked recursively in sorted order; one scan per job under a communicator,
+its exchanged table validated as any file-derived input."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import h5py
+import numpy as np
+import pytest
+from test_mpi import launch
+
+from solar import Loader
+from solar.errors import SolarError
+from solar.io.hdf5 import scan_hdf5
+from solar.io.inspect import inspect_files
+from solar.io.scan import ScanPart, shared_scan
+from solar.io.sources import describe_source, expand_sources
+
+N = 23  # prime: shares and batches that do not divide evenly
+RNG = np.random.default_rng(5)
+IMG = RNG.standard_normal((N, 4, 3)).astype(np.float32)
+LAB = RNG.integers(-9, 9, (N, 2)).astype(np.int64)
+# Sorted by path parts: a/ before a0/ (a plain string sort of "a/.." vs "a0/.." agrees; "a-1"
+# sorts before "a/" by character but after it by parts).
+DIRS = ["a", "a-1", "a/x", "b/000", "b/001", "c"]
+
+
+def tree(root, kind: str = "h5"):
+    """N one-sample files spread over nested directories, with decoys the walk must skip;
+    returns the files in the order the walk must give."""
+    order = []
+    for i in range(N):
+        sub = root / DIRS[i % len(DIRS)]
+        sub.mkdir(parents=True, exist_ok=True)
+        path = sub / f"s{i:02d}.{'npy' if kind == 'npy' else 'hdf5'}"
+        if kind == "npy":
+            np.save(path, IMG[i])
+        else:
+            with h5py.File(path, "w") as f:
+                f["img"], f["lab"] = IMG[i], LAB[i]
+        order.append(path)
+    (root / "b" / "notes.txt").write_text("not data")
+    (root / ".hidden").mkdir()
+    np.save(root / ".hidden" / "x.npy", IMG[0])  # skipped: a dot directory
+    order.sort(key=lambda p: p.relative_to(root).parts)
+    return order
+
+
+@pytest.mark.parametrize("kind", ["h5", "npy"])
+def test_a_directory_tree_is_walked_in_sorted_order_and_served_exactly(tmp_path, kind):
+    order = tree(tmp_path / "train", kind)
+    assert expand_sources(tmp_path / "train") == order
+    assert [p.relative_to(tmp_path / "train").parts[0] for p in order][:2] == ["a", "a"]
+    info = describe_source(tmp_path / "train", one_per_file=True)
+    assert list(info.files) == order
+    if kind == "h5":
+        assert [r.file for r in inspect_files([tmp_path / "train"]) if r.name == "img"] == [
+            str(p) for p in order
+        ]
+    ref = {int(p.stem[1:]): i for i, p in enumerate(order)}  # file name's number -> sample id
+    seen = []
+    with Loader(tmp_path / "train", batch_size=4, epochs=2, buffer=5,
+                one_per_file=True) as ld:  # fmt: skip
+        for e in range(2):
+            ld.set_epoch(e)
+            for b in ld:
+                idx = b["index"].numpy()
+                seen.append(idx)
+                numbers = np.array([int(order[i].stem[1:]) for i in idx])
+                key = "data" if kind == "npy" else "img"
+                assert b[key].numpy().tobytes() == IMG[numbers].tobytes()
+                if kind == "h5":
+                    assert b["lab"].numpy().tobytes() == LAB[numbers].tobytes()
+    assert sorted(ref.values()) == list(range(N))
+    assert (np.bincount(np.concatenate(seen), minlength=N) == 2).all()
+
+
+def test_a_directory_with_nothing_usable_names_itself(tmp_path):
+    (tmp_path / "d" / "sub").mkdir(parents=True)
+    (tmp_path / "d" / "sub" / "a.txt").write_text("x")
+    (tmp_path / "d" / ".cache").mkdir()
+    np.save(tmp_path / "d" / ".cache" / "x.npy", IMG)
+    with pytest.raises(SolarError, match=r"d: directory holds no \.h5, \.hdf5 or \.npy files"):
+        describe_source(tmp_path / "d")
+    tree(tmp_path / "mixed")
+    np.save(tmp_path / "mixed" / "c" / "z.npy", IMG[0])
+    with pytest.raises(SolarError, match=r"mix \.npy and HDF5"):
+        describe_source(tmp_path / "mixed", one_per_file=True)
+
+
+class _Comm:
+    """Two ranks in one process: this is rank 0; ``peer`` makes what rank 1 sends."""
+
+    def __init__(self, peer):
+        self.peer = peer
+
+    def Get_rank(self):
+        return 0
+
+    def Get_size(self):
+        return 2
+
+    def bcast(self, obj, root=0):
+        return obj
+
+    def allgather(self, obj):
+        return [obj, self.peer(obj)]
+
+
+def test_a_peers_table_is_validated(tmp_path):
+    files = tree(tmp_path / "t")
+    whole = describe_source(files, one_per_file=True)
+    names = [k.name for k in whole.keys]
+
+    def part(lo, hi):
+        return scan_hdf5(files[lo:hi], names, True)
+
+    honest = describe_source(files, one_per_file=True, comm=_Comm(lambda _: ("ok", part(11, 23))))
+    assert honest.identity == whole.identity and honest.lengths == whole.lengths
+    assert np.array_equal(honest.stored.offsets, whole.stored.offsets)
+    good = part(11, 23)
+    where = good.where.copy()
+    where[3, 0, 0] = good.sizes[3, 0]  # a dataset starting at the end of its file
+    lies = {
+        "ends past the file's end": dataclasses.replace(good, where=where),
+        "sample count is out of range": dataclasses.replace(good, lengths=good.lengths * 2),
+        "lengths is not int64": dataclasses.replace(good, lengths=good.lengths[:-1]),
+        "malformed key record": dataclasses.replace(
+            good, keys=(good.keys[0], ("lab", (-2,), "<i8"))
+        ),
+        "a storage record is out of range": dataclasses.replace(good, where=where - 10**9),
+    }
+    for message, lie in lies.items():
+        with pytest.raises(SolarError, match=message):
+            describe_source(files, one_per_file=True, comm=_Comm(lambda _, x=lie: ("ok", x)))
+    with pytest.raises(SolarError, match="malformed answer"):
+        describe_source(files, one_per_file=True, comm=_Comm(lambda _: "rubbish"))
+    with pytest.raises(SolarError, match=r"s05\.hdf5: corrupt"):  # a peer's error, raised here
+        describe_source(
+            files, one_per_file=True, comm=_Comm(lambda _: ("error", "x/s05.hdf5: corrupt"))
+        )
+    other = dataclasses.replace(good, keys=(("img", (4, 4), "<f4"), good.keys[1]))
+    with pytest.raises(SolarError, match=r"key 'img' holds \(4, 4\) float32 samples, but"):
+        describe_source(files, one_per_file=True, comm=_Comm(lambda _: ("ok", other)))
+
+
+def test_shared_scan_gives_parts_in_file_order():
+    made = []
+
+    def scan(lo, hi):
+        made.append((lo, hi))
+        return ScanPart((), np.zeros(0, np.int64), np.zeros((0, 0, 3), np.int64),
+                        np.zeros((0, 1), np.int64))  # fmt: skip
+
+    shared_scan(_Comm(lambda mine: mine), 0, scan, lambda *a: None)
+    assert made == [(0, 0)]  # this rank's share of none
+
+
+@pytest.mark.parametrize(("ranks", "kind"), [(2, "h5"), (3, "h5"), (3, "npy")])
+def test_ranks_share_one_scan_and_serve_exact_bytes(tmp_path, ranks, kind):
+    tree(tmp_path / "train", kind)
+    args = ["--npy"] if kind == "npy" else []
+    result = launch("mpiexec", ranks, "scan.py", tmp_path / "train", *args)
+    assert result.returncode == 0, result.stderr[-3000:]
+    for r in range(ranks):
+        assert f"rank {r} of {ranks}: ok" in result.stdout, result.stdout

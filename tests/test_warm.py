@@ -1,0 +1,133 @@
+"""No kernel compiles inside an epoch: a Loader compiles (or loads) every numba kernel its
+epochs call when it is constructed (solar/warm.py). Proven without timing, by numba's own
+records: each kernel's signatures and numba's compile events, before and after whole runs,
+each case in a fresh process (one where nothing has been compiled or loaded yet)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import h5py
+import numpy as np
+import pytest
+
+from solar.warm import dispatchers, head, tiny_spec
+
+# Each case: Loader keyword arguments (``DATA`` is replaced by the case's data). Batches larger
+# than a rehearsal's, sizes that do not divide, two ranks of one job, several epochs.
+CASES = {
+    "one file, solar, rank 1 of 2": dict(data="one", world_size=2, rank=1),
+    "gzip chunks, a second tier": dict(data="gzip", tier="TIER", tier_size=40),
+    "one-sample files, nopfs and lru": dict(data="files", one_per_file=True, policy="nopfs"),
+    # The control: without warming, kernels do compile (or load) inside the epochs.
+    "control: warm=False": dict(data="one", warm=False),
+    ".npy files, weighted, a plan file": dict(
+        data="npy", one_per_file=True, sampler="weighted", plan=True
+    ),
+}
+
+CHILD = textwrap.dedent(
+    """
+    import json, sys
+    import numpy as np
+    from solar import Loader, Weighted
+    from solar.schedule.plan import plan_to_file
+    from solar.warm import TALLY, signatures
+
+    kw = json.loads(sys.argv[1])
+    if kw.pop("sampler", None) == "weighted":
+        kw["sampler"] = Weighted(1.0 / (1.0 + np.arange(kw.pop("n"))))
+    kw.pop("n", None)
+    if kw.pop("plan", False):
+        made = Loader(**kw, warm=False)
+        kw["plan"] = plan_to_file(made.spec, sys.argv[2])
+        made.close()
+    loaders = [Loader(**kw)]
+    if kw.get("policy") == "nopfs":  # a second policy in the same process
+        loaders.append(Loader(**{**kw, "policy": "lru", "tier": None, "tier_size": 0}))
+    before, compiles = signatures(), TALLY.count
+    served = 0
+    for ld in loaders:
+        for e in range(ld.run.epochs):
+            ld.set_epoch(e)
+            for b in ld:
+                served += len(b["index"])
+    after = signatures()
+    print(json.dumps({
+        "new": {k: after[k] - before[k] for k in after if after[k] != before[k]},
+        "compiled": TALLY.count - compiles,
+        "warm": [ld.stats.warm_seconds for ld in loaders],
+        "served": served,
+    }))
+    """
+)
+
+
+def _data(tmp_path, kind: str, n: int) -> str:
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((n, 6, 5)).astype(np.float32)
+    y = rng.integers(0, 9, (n, 3)).astype(np.int16)
+    if kind in ("one", "gzip"):
+        path = tmp_path / "d.h5"
+        opts = dict(chunks=True, compression="gzip", shuffle=True) if kind == "gzip" else {}
+        with h5py.File(path, "w") as f:
+            f.create_dataset("x", data=x, **opts)
+            f.create_dataset("y", data=y, **opts)
+        return str(path)
+    root = tmp_path / "d"
+    for i in range(n):
+        sub = root / f"{i % 3:03d}"
+        sub.mkdir(parents=True, exist_ok=True)
+        if kind == "npy":
+            np.save(sub / f"{i:04d}.npy", x[i])
+        else:
+            with h5py.File(sub / f"{i:04d}.h5", "w") as f:
+                f["x"], f["y"] = x[i], y[i]
+    return str(root)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_no_kernel_compiles_inside_an_epoch(tmp_path, case):
+    kw = dict(CASES[case])
+    n = 157
+    kw.update(paths=_data(tmp_path, kw.pop("data"), n), batch_size=12, epochs=3, buffer=30, n=n)
+    if kw.get("tier") == "TIER":
+        (tmp_path / "nvme").mkdir()
+        kw["tier"] = str(tmp_path / "nvme")
+    result = subprocess.run(
+        [sys.executable, "-c", CHILD, json.dumps(kw), str(tmp_path / "plan.h5")],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = json.loads(result.stdout.strip().splitlines()[-1])
+    assert out["served"] >= 3 * n // kw.get("world_size", 1) - 3 * 12  # the epochs ran
+    if kw.get("warm") is False:
+        assert "solar.cache.slots._copy_rows" in out["new"], out
+        return
+    assert out["new"] == {} and out["compiled"] == 0, out
+    assert all(w > 0 for w in out["warm"])
+
+
+def test_a_rehearsal_keeps_the_runs_choices(small_h5):
+    from solar import Loader, Weighted
+
+    with Loader(small_h5, batch_size=8, epochs=9, buffer=20, world_size=3, rank=2, slack=0.5,
+                sampler=Weighted(np.ones(103), num_samples=90), warm=False) as ld:  # fmt: skip
+        tiny = tiny_spec(ld.spec)
+    run = tiny.run
+    assert (run.world_size, run.epochs, run.seed, tiny.policy) == (3, 3, 0, "solar")
+    assert tiny.buffer.slack == 0.5 and 0 < tiny.buffer.capacity < 20
+    assert isinstance(tiny.sampler, Weighted) and run.draws is not None
+    assert run.num_samples < 103 and run.batch_size <= 4
+    first = head(ld.info, 40)
+    assert first.num_samples == 40 and first.files == ld.info.files
+
+
+def test_every_kernel_is_found():
+    found = dispatchers()
+    for name in ("solar.cache.slots._copy_rows", "solar.schedule.belady._solar_steps",
+                 "solar.schedule.rankplan._replay", "solar.io.executor._iov_runs"):  # fmt: skip
+        assert name in found
