@@ -23,7 +23,7 @@ import hashlib
 import os
 import threading
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -85,6 +85,14 @@ class Sampler:
     def identity(self) -> dict[str, Any] | None:
         """What a plan's fingerprint records of the sampler (None: the default, Shuffle)."""
         raise NotImplementedError
+
+    def extras(
+        self, run: RunConfig, epoch: int, step: int, rank: int, batch: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        """More entries for rank ``rank``'s batch at ``step`` of ``epoch`` (``batch``: the
+        Loader's tensors so far, one per key, and ``index``), merged into it by the Loader:
+        e.g. a neighbour sampler's subgraph (solar.graph.neighbor). None by default."""
+        return {}
 
 
 class Shuffle(Sampler):
