@@ -141,6 +141,7 @@ class Loader:
             draws = self.sampler.draws(n, self.world_size * batch_size)
             run = RunConfig(n, self.world_size, batch_size, epochs, seed, drop_last,
                             None if draws == n else draws)  # fmt: skip
+            self.sampler.check_run(run)
             self.run = run
             if equal_batches and self.world_size > 1 and comm is None:
                 raise SolarError("equal_batches: the ranks exchange rows, pass comm=")

@@ -160,7 +160,7 @@ def _array(value: Any, where: str) -> np.ndarray:
             value = np.load(Path(value), mmap_mode="r", allow_pickle=False)
         except (OSError, ValueError) as exc:
             raise SolarError(f"{where}: {value} is not a readable .npy file ({exc})") from None
-    a = np.asarray(value)
+    a = value if isinstance(value, np.ndarray) else np.asarray(value)  # (a memmap stays one)
     if a.ndim == 2 and 1 in a.shape:  # OGB keeps labels as (N, 1)
         a = a.reshape(-1)
     return a

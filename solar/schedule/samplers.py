@@ -62,6 +62,9 @@ class Sampler:
     def check(self, num_samples: int) -> None:
         """Refuse a dataset of ``num_samples`` this sampler cannot draw from."""
 
+    def check_run(self, run: RunConfig) -> None:
+        """Refuse a run this sampler cannot draw (the Loader asks before planning)."""
+
     def epoch(self, run: RunConfig, epoch: int) -> EpochDraws:
         """Every rank's batches of ``epoch``."""
         raise NotImplementedError
