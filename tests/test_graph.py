@@ -252,3 +252,30 @@ def test_one_rank_gnn_plan_hits_equal_beladys_optimum(n, edges, train, batch, ca
     ]
     assert plan.hits == brute_force_steps(steps, capacity)
     assert int(np.count_nonzero(rp.flags & HIT)) == plan.hits
+
+
+def test_direct_io_gathers_small_rows_exactly_and_names_a_short_file(graph_file, tmp_path):
+    """Under O_DIRECT small rows are read in page spans (solar.io.tasks.PageGather)."""
+    from helpers import skip_without_o_direct
+
+    from solar import ReaderConfig
+
+    path = tmp_path / "g.h5"
+    path.write_bytes(graph_file.read_bytes())
+    with h5py.File(path) as f:
+        feats = f["features"][()]
+    sampler = NeighborSampler(path, (3, 2), batch_size=64)
+    with skip_without_o_direct():
+        ld = Loader(path, ["features"], sampler=sampler, epochs=1, buffer=100,
+                    reader=ReaderConfig(direct_io=True))  # fmt: skip
+        for b in ld:
+            assert b["x"].numpy().tobytes() == feats[b["n_id"].numpy()].tobytes()
+        assert ld.stats.epochs[0].bytes_read % 4096 == 0  # whole pages from storage
+        with h5py.File(path) as f:
+            end = f["features"].id.get_offset() + feats.nbytes
+        with open(path, "r+b") as f:
+            f.truncate(end - 3000)
+        with pytest.raises(SolarError, match=r"short read|truncated"):
+            for _ in Loader(path, ["features"], sampler=sampler, epochs=1, buffer=0,
+                            reader=ReaderConfig(direct_io=True)):  # fmt: skip
+                pass

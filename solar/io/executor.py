@@ -42,7 +42,15 @@ from solar.io.chunks import decode_chunk, fill_absent
 from solar.io.fused import read_fused, windows
 from solar.io.handles import Files
 from solar.io.pagecache import drop
-from solar.io.tasks import BounceRun, ChunkReads, FileRuns, H5Rows, PreadvRuns, Task
+from solar.io.tasks import (
+    BounceRun,
+    ChunkReads,
+    FileRuns,
+    H5Rows,
+    PageGather,
+    PreadvRuns,
+    Task,
+)
 
 
 class ByteSource(Protocol):
@@ -109,6 +117,24 @@ def _open_read_close(names, name_at, files, iov, offsets, got, hold):
             if fds[j] >= 0 and (j == b - 1 or files[j + 1] != files[j]):
                 libc.close(fds[j])
         a = b
+
+
+@njit(nogil=True)  # not cached: it embeds the address of libc's pread
+def _page_gather(fd, buf, lo, size, first, src, rows, dest, got):
+    """Each span read into ``buf`` and its rows copied out (see PageGather); returns the
+    first span that failed (``got`` < 0) or ended before one of its rows, else -1."""
+    width = dest.shape[1]
+    for s in range(lo.shape[0]):
+        n = libc.pread(fd, buf.ctypes.data, size[s], lo[s])
+        got[s] = n
+        if n < 0:
+            return s
+        for j in range(first[s], first[s + 1]):
+            at = src[j] - lo[s]
+            if at + width > n:
+                return s
+            dest[rows[j], :] = buf[at : at + width]
+    return -1
 
 
 _HOLD = 16  # descriptors one thread holds at a time (one sample per file)
@@ -211,6 +237,8 @@ class Executor:
                 nbytes = self._iov_runs(source, task)
             case BounceRun():
                 nbytes = self._bounce(source, task)
+            case PageGather():
+                nbytes = self._gather(source, task)
             case FileRuns():
                 assert isinstance(source, Files)
                 nbytes = self._file_runs(source, task)
@@ -258,6 +286,21 @@ class Executor:
         for d, at in zip(t.dests, t.fields, strict=True):
             d[t.rows] = records[:, at : at + d.shape[1]]
         return want
+
+    def _gather(self, source: ByteSource, t: PageGather) -> int:
+        """A PageGather's spans read and its rows copied, in one compiled call."""
+        bounce = thread_buffer(self._local.get(), int(t.size.max()))
+        got = np.empty(t.lo.size, np.int64)
+        with source.fd(t.file) as fd:
+            bad = _page_gather(fd, bounce, t.lo, t.size, t.first, t.src, t.rows, t.dest, got)
+            if bad >= 0:  # an error (once more in Python, which names it), or a short file
+                lo, want = int(t.lo[bad]), int(t.size[bad])
+                try:
+                    n = os.preadv(fd, [bounce[:want].data], lo)
+                except OSError as exc:
+                    raise source.io_error(t.file, lo, exc) from None
+                raise source.short_transfer(t.file, lo, want, n, False)
+        return int(t.size.sum())
 
     def _file_runs(self, source: Files, t: FileRuns) -> int:
         """One read per (file, key); a file's keys, neighbours in the task, share one open.
