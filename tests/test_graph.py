@@ -279,3 +279,40 @@ def test_direct_io_gathers_small_rows_exactly_and_names_a_short_file(graph_file,
             for _ in Loader(path, ["features"], sampler=sampler, epochs=1, buffer=0,
                             reader=ReaderConfig(direct_io=True)):  # fmt: skip
                 pass
+
+
+def test_the_graphsage_example_learns_and_resumes_exactly_under_either_launcher(tmp_path):
+    """Loss falls over 3 epochs on 2 ranks; a run stopped under mpiexec and resumed under
+    torchrun ends with the parameters of an uninterrupted run."""
+    from pathlib import Path
+
+    from test_mpi import launch
+
+    example = Path(__file__).parent.parent / "examples" / "train_graphsage.py"
+    common = ["--data", tmp_path / "g.h5", "--nodes", 3000, "--features", 16, "--batch-size",
+              32, "--epochs", 3]  # fmt: skip
+
+    def train(launcher: str, *extra) -> str:
+        result = launch(launcher, 2, example, *common, *extra)
+        assert result.returncode == 0, result.stderr[-3000:]
+        return result.stdout
+
+    whole = train("mpiexec", "--checkpoint", tmp_path / "a.pt")
+    losses = [float(line.split()[3]) for line in whole.splitlines() if line.startswith("epoch")]
+    assert len(losses) == 3 and losses[0] > losses[1] > losses[2], whole
+    assert "hit rate" in whole
+    stopped = train("mpiexec", "--checkpoint", tmp_path / "b.pt", "--stop-after", 6)
+    assert "stopped after 6 steps" in stopped
+    resumed = train("torchrun", "--checkpoint", tmp_path / "b.pt", "--resume")
+    assert "resumed" in resumed and "training on 2 ranks (torchrun)" in resumed
+    checksum = [line for line in whole.splitlines() if "checksum" in line]
+    assert checksum and checksum == [line for line in resumed.splitlines() if "checksum" in line]
+
+
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_ranks_serve_h5py_rows_and_every_seed_once_under_mpiexec(graph_file, ranks):
+    from test_mpi import launch
+
+    result = launch("mpiexec", ranks, "graph_coverage.py", graph_file)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "ok" in result.stdout

@@ -108,10 +108,20 @@ class NeighborSampler(Sampler):
                              f"features have {num_samples} rows")  # fmt: skip
 
     def check_run(self, run: RunConfig) -> None:
-        """Refuse a run whose local batch is not this sampler's."""
+        """Refuse a run whose local batch is not this sampler's, or whose last global batch
+        would leave a rank without a seed."""
         if run.batch_size != self.batch_size:
             raise SolarError(f"NeighborSampler(batch_size={self.batch_size}) in a run of "
                              f"batch_size {run.batch_size}")  # fmt: skip
+        last = run.samples_per_epoch - (run.steps_per_epoch - 1) * run.global_batch
+        if last < run.world_size:
+            raise SolarError(f"the last global batch has {last} seeds for {run.world_size} "
+                             "ranks: use drop_last=True or another batch size")  # fmt: skip
+
+    def seed_count(self, run: RunConfig, step: int) -> int:
+        """Seeds of global step ``step`` (within an epoch) over all ranks: what a per-seed
+        loss summed over the ranks is divided by (``solar.dist.scale_loss``)."""
+        return int(min(run.global_batch, run.samples_per_epoch - step * run.global_batch))
 
     def seeds(self, run: RunConfig, epoch: int, step: int, rank: int) -> np.ndarray:
         """Rank ``rank``'s seed nodes at ``step`` of ``epoch`` (int64)."""
