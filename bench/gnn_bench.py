@@ -310,7 +310,7 @@ def run_loaders(args) -> dict | None:
         n = x.shape[0]
     capacity = int(args.buffer * n / world)
     throttle = Throttle.parse(args.throttle) if args.throttle else None
-    reader = ReaderConfig(direct_io=True, threads=args.threads)
+    reader = ReaderConfig(direct_io=True, threads=args.threads, page_gap=args.page_gap)
     loaders: dict = {}
     first_batch: dict = {}
     for name in args.loaders:
@@ -368,7 +368,8 @@ def run_loaders(args) -> dict | None:
         return None
     out: dict = {"graph": str(args.graph), "nodes": n, "row_bytes": row_bytes, "world": world,
                  "epochs": args.epochs, "batch": args.batch, "buffer_per_rank": capacity,
-                 "throttle": args.throttle, "threads": args.threads, "loaders": {}}  # fmt: skip
+                 "throttle": args.throttle, "threads": args.threads, "page_gap": args.page_gap,
+                 "loaders": {}}  # fmt: skip
     for name, r in results.items():
         secs = sum(r["seconds"])
         out["loaders"][name] = {
@@ -387,9 +388,8 @@ def run_loaders(args) -> dict | None:
 
 def gap_report(args) -> dict:
     """Rows/s of solar's O_DIRECT reader on real subgraphs' rows (cold, 8 threads), with rows
-    coalesced across gaps of g pages: the measurement behind ``solar.io.tasks.PAGE_GAP``."""
+    coalesced across gaps of g pages: the measurement behind ``ReaderConfig.page_gap``."""
     from solar import ReaderConfig
-    from solar.io import tasks
     from solar.io.pagecache import evict
     from solar.io.reader import Reader
     from solar.io.sources import describe_source
@@ -397,21 +397,23 @@ def gap_report(args) -> dict:
     info = describe_source(str(args.graph), ["features"])
     sampler = NeighborSampler(args.graph, FANOUTS, batch_size=args.batch)
     run = _run(sampler, args.world, args.epochs)
-    reader = Reader(info, ReaderConfig(direct_io=True, threads=args.threads))
-    reader.warm_up()
+    readers = {g: Reader(info, ReaderConfig(direct_io=True, threads=args.threads, page_gap=g))
+               for g in args.gaps}  # fmt: skip
+    for reader in readers.values():
+        reader.warm_up()
     rows: dict = {g: [0, 0.0, 0] for g in args.gaps}
     for t in range(min(run.steps_per_epoch, 8)):
         ids = sampler.batch(run, 0, t, 0)
         out = [np.empty((ids.size, *info.keys[0].sample_shape), info.keys[0].native_dtype)]
         for g in args.gaps[t % len(args.gaps) :] + args.gaps[: t % len(args.gaps)]:
-            tasks.PAGE_GAP = g
             evict([args.graph])
             t0 = time.perf_counter()
-            nbytes = reader.read(ids, out)
+            nbytes = readers[g].read(ids, out)
             rows[g][0] += ids.size
             rows[g][1] += time.perf_counter() - t0
             rows[g][2] += nbytes
-    reader.close()
+    for reader in readers.values():
+        reader.close()
     out_: dict = {}
     for g, (n, secs, nbytes) in rows.items():
         out_[g] = {"rows_per_second": n / secs, "amplification": nbytes / (n * info.sample_bytes)}
@@ -433,6 +435,7 @@ def main() -> None:
     ap.add_argument("--loaders", type=lambda s: s.split(","), default=["solar", "static", "lru",
                                                                         "mmap"])  # fmt: skip
     ap.add_argument("--threads", type=int, default=8)
+    ap.add_argument("--page-gap", type=int, default=0, help="run: ReaderConfig.page_gap")
     ap.add_argument("--throttle", help="MBps,latency_ms per rank (emulated storage)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()

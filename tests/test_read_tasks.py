@@ -240,3 +240,23 @@ def test_tier_records_written_then_read_land_in_their_rows(into_rows, data):
     for s, r in zip(wanted.tolist(), rows.tolist(), strict=True):
         for d, field, n in zip(dests, layout.fields, sizes, strict=True):
             assert d[r].tobytes() == staging[at[s], field : field + n].tobytes()
+
+
+def test_o_direct_small_rows_bridge_gaps_of_page_gap_pages():
+    """Rows 100 B wide on pages 0, 2 and 9: with page_gap 1 the first two are one read."""
+    layouts = [[Layout(0, 100, 0)]]
+    samples = np.array([0, 2 * PAGE // 100 + 1, 9 * PAGE // 100 + 1], np.int64)
+    out = [np.zeros((3, 100), np.uint8)]
+    store = FakeStore([np.arange(10 * PAGE, dtype=np.uint8).tobytes()])
+    for gap, want in ((0, [(0, 0, PAGE), (0, 2 * PAGE, PAGE), (0, 9 * PAGE, PAGE)]),
+                      (1, [(0, 0, 3 * PAGE), (0, 9 * PAGE, PAGE)])):  # fmt: skip
+        store.requests.clear()
+        tasks = plan_reads(layouts, np.array([0, 10 * PAGE // 100]), samples, out, np.arange(3),
+                           direct_io=True, groups=1, page_gap=gap)  # fmt: skip
+        for t in tasks:
+            store.run(t)
+        assert sorted(store.requests) == want
+        for r, x in enumerate(samples.tolist()):
+            assert out[0][r].tobytes() == store.files[0][x * 100 : x * 100 + 100]
+    with pytest.raises(SolarError, match="page_gap"):
+        ReaderConfig(page_gap=-1)

@@ -198,10 +198,6 @@ class PageGather:
 
 
 SMALL_ROW = 4 * PAGE  # rows up to this size are read by PageGather under O_DIRECT
-# Pages of a gap between two rows read through rather than split into two requests (0: only
-# rows sharing or touching pages are one read). Measured (bench/gnn_bench.py --gaps, 1 KiB
-# rows, 1 M nodes, cold, 8 threads): see its closing note; 0 was best on this virtio disk.
-PAGE_GAP = 0
 
 
 @njit(cache=True)
@@ -363,6 +359,7 @@ def plan_reads(
     direct_io: bool,
     groups: int,
     chunks: Mapping[tuple[int, int], ChunkSource] | None = None,
+    page_gap: int = 0,
 ) -> list[Task]:
     """The tasks that read ``samples[j]`` into ``out[key][rows[j]]`` for every key.
 
@@ -371,6 +368,7 @@ def plan_reads(
     ``file_starts`` (files + 1,) holds the first global sample id of each file. Buffered runs
     of one file and key are dealt over ``groups`` tasks, so that threads share them; so are
     the chunks of a ``decoded`` layout, whose source ``chunks[file, key]`` must be given.
+    Small rows under ``direct_io`` are read in page spans bridging ``page_gap`` pages.
     """
     samples = np.asarray(samples, np.int64)
     rows = np.asarray(rows, np.int64)
@@ -407,7 +405,9 @@ def plan_reads(
                 )
             dest = out[k].reshape(out[k].shape[0], -1).view(np.uint8)
             fd = f if layout.path < 0 else layout.path
-            tasks.extend(_offset_tasks(fd, layout, local, rows[sel], dest, direct_io, groups))
+            tasks.extend(
+                _offset_tasks(fd, layout, local, rows[sel], dest, direct_io, groups, page_gap)
+            )
     return tasks
 
 
@@ -472,6 +472,7 @@ def _offset_tasks(
     dest: np.ndarray,
     direct_io: bool,
     groups: int,
+    page_gap: int = 0,
 ) -> list[Task]:
     assert layout.offset is not None
     row_bytes = layout.row_bytes
@@ -479,7 +480,8 @@ def _offset_tasks(
     srt, rows = local[runs.order], rows[runs.order]
     offsets = layout.offset + srt[runs.starts] * row_bytes
     if direct_io and row_bytes <= SMALL_ROW:
-        return _gather_tasks(f, layout.offset + srt * row_bytes, row_bytes, rows, dest, groups)
+        src = layout.offset + srt * row_bytes
+        return _gather_tasks(f, src, row_bytes, rows, dest, groups, page_gap)
     if direct_io:
         return [
             BounceRun(f, int(off), row_bytes, (0,), (dest,), rows[a : a + n])
@@ -492,11 +494,13 @@ def _offset_tasks(
 
 
 def _gather_tasks(
-    f: int, src: np.ndarray, row_bytes: int, rows: np.ndarray, dest: np.ndarray, groups: int
-) -> list[Task]:
-    """Small rows at sorted byte offsets ``src``: their page spans, in at most ``groups``
-    tasks of contiguous spans (neighbours on disk stay in one thread's order)."""
-    lo, size, first = page_spans(src, row_bytes, PAGE_GAP, RUN_MAX_BYTES, PAGE)
+    f: int, src: np.ndarray, row_bytes: int, rows: np.ndarray, dest: np.ndarray, groups: int,
+    page_gap: int,
+) -> list[Task]:  # fmt: skip
+    """Small rows at sorted byte offsets ``src``: their page spans (bridging ``page_gap``
+    pages), in at most ``groups`` tasks of contiguous spans (neighbours on disk stay in one
+    thread's order)."""
+    lo, size, first = page_spans(src, row_bytes, page_gap, RUN_MAX_BYTES, PAGE)
     tasks: list[Task] = []
     for part in np.array_split(np.arange(lo.size), min(groups, lo.size)):
         a, b = int(part[0]), int(part[-1]) + 1
