@@ -70,6 +70,10 @@ class NeighborSampler(Sampler):
 
     kind = "neighbor"
     affinity = False
+    # A node's reuse is steps away, not epochs (measured, README "Graphs": 20 steps of
+    # look-ahead hold every hit of the full future), so the planner looks one epoch ahead:
+    # the first batch waits for two epochs' subgraphs, not the whole run's.
+    horizon = 1
 
     def __init__(
         self,

@@ -43,6 +43,8 @@ from solar.io.fused import read_fused, windows
 from solar.io.handles import Files
 from solar.io.pagecache import drop
 from solar.io.tasks import (
+    GATHER_WINDOW,
+    SPAN_MAX,
     BounceRun,
     ChunkReads,
     FileRuns,
@@ -119,21 +121,19 @@ def _open_read_close(names, name_at, files, iov, offsets, got, hold):
         a = b
 
 
-@njit(nogil=True)  # not cached: it embeds the address of libc's pread
-def _page_gather(fd, buf, lo, size, first, src, rows, dest, got):
-    """Each span read into ``buf`` and its rows copied out (see PageGather); returns the
-    first span that failed (``got`` < 0) or ended before one of its rows, else -1."""
+@njit(cache=True, nogil=True)
+def _scatter_rows(buf, at, lo, got, first, src, rows, dest):  # pragma: no cover - compiled
+    """Rows of spans read into ``buf`` (span s at ``at[s]``, ``got[s]`` bytes) copied to
+    their batch rows; returns the first span that failed or ended before a row, else -1."""
     width = dest.shape[1]
     for s in range(lo.shape[0]):
-        n = libc.pread(fd, buf.ctypes.data, size[s], lo[s])
-        got[s] = n
-        if n < 0:
+        if got[s] < 0:
             return s
         for j in range(first[s], first[s + 1]):
-            at = src[j] - lo[s]
-            if at + width > n:
+            off = src[j] - lo[s]
+            if off + width > got[s]:
                 return s
-            dest[rows[j], :] = buf[at : at + width]
+            dest[rows[j], :] = buf[at[s] + off : at[s] + off + width]
     return -1
 
 
@@ -288,18 +288,37 @@ class Executor:
         return want
 
     def _gather(self, source: ByteSource, t: PageGather) -> int:
-        """A PageGather's spans read and its rows copied, in one compiled call."""
-        bounce = thread_buffer(self._local.get(), int(t.size.max()))
-        got = np.empty(t.lo.size, np.int64)
+        """A PageGather: its spans read by the preadv kernel (one call per span, windows of
+        spans ending within each GATHER_WINDOW bytes at a time into this thread's bounce
+        buffer), its rows copied out by one compiled call per window (cached: a new process
+        compiles nothing for it)."""
+        ends = np.cumsum(t.size)
+        cuts = np.arange(1, -(-int(ends[-1]) // GATHER_WINDOW) + 1) * GATHER_WINDOW
+        # A window: the spans ending in ((k - 1)·W, k·W], at most W + SPAN_MAX bytes.
+        bounce = thread_buffer(self._local.get(), GATHER_WINDOW + SPAN_MAX)
+        a = 0
         with source.fd(t.file) as fd:
-            bad = _page_gather(fd, bounce, t.lo, t.size, t.first, t.src, t.rows, t.dest, got)
-            if bad >= 0:  # an error (once more in Python, which names it), or a short file
-                lo, want = int(t.lo[bad]), int(t.size[bad])
-                try:
-                    n = os.preadv(fd, [bounce[:want].data], lo)
-                except OSError as exc:
-                    raise source.io_error(t.file, lo, exc) from None
-                raise source.short_transfer(t.file, lo, want, n, False)
+            for b in np.searchsorted(ends, cuts, side="right").tolist():
+                if b <= a:
+                    continue
+                size = t.size[a:b]
+                at = np.concatenate([[0], np.cumsum(size)])
+                iov = np.empty((b - a, 2), np.uint64)
+                iov[:, 0] = bounce.ctypes.data + at[:-1].astype(np.uint64)
+                iov[:, 1] = size
+                got = np.empty(b - a, np.int64)
+                spans = np.arange(b - a)
+                _iov_runs(fd, iov, spans, np.ones(b - a, np.int64), t.lo[a:b], False, got)
+                bad = _scatter_rows(bounce, at, t.lo[a:b], got, t.first[a : b + 1], t.src,
+                                    t.rows, t.dest)  # fmt: skip
+                if bad >= 0:  # an error (once more in Python, which names it), or a short file
+                    lo, want = int(t.lo[a + bad]), int(size[bad])
+                    try:
+                        n = os.preadv(fd, [bounce[:want].data], lo)
+                    except OSError as exc:
+                        raise source.io_error(t.file, lo, exc) from None
+                    raise source.short_transfer(t.file, lo, want, n, False)
+                a = b
         return int(t.size.sum())
 
     def _file_runs(self, source: Files, t: FileRuns) -> int:

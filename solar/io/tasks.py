@@ -198,6 +198,8 @@ class PageGather:
 
 
 SMALL_ROW = 4 * PAGE  # rows up to this size are read by PageGather under O_DIRECT
+SPAN_MAX = 2**20  # longest span of PageGather (its rows are small: 1 MiB amortises a read)
+GATHER_WINDOW = 4 * 2**20  # spans read per preadv call batch; a thread's buffer holds one
 
 
 @njit(cache=True)
@@ -500,7 +502,7 @@ def _gather_tasks(
     """Small rows at sorted byte offsets ``src``: their page spans (bridging ``page_gap``
     pages), in at most ``groups`` tasks of contiguous spans (neighbours on disk stay in one
     thread's order)."""
-    lo, size, first = page_spans(src, row_bytes, page_gap, RUN_MAX_BYTES, PAGE)
+    lo, size, first = page_spans(src, row_bytes, page_gap, SPAN_MAX, PAGE)
     tasks: list[Task] = []
     for part in np.array_split(np.arange(lo.size), min(groups, lo.size)):
         a, b = int(part[0]), int(part[-1]) + 1

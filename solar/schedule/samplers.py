@@ -53,6 +53,8 @@ class Sampler:
 
     kind: ClassVar[str]
     affinity: bool = False  # the planner splits global batches (see the module's docstring)
+    # Epochs of look-ahead its trace's reuse needs (None: the planner's default, see traces.py).
+    horizon: int | None = None
 
     def draws(self, num_samples: int, global_batch: int) -> int:
         """Ids drawn per epoch over all ranks, for a dataset of ``num_samples`` and global
