@@ -11,13 +11,16 @@ if "NUMBA_CACHE_DIR" not in _os.environ and not _os.access(_os.path.dirname(__fi
 
 from solar.config import BufferConfig, ReaderConfig, RunConfig
 from solar.errors import CorruptPlanError, PlanMismatchError, SolarError
+from solar.graph import Graph, NeighborSampler
 from solar.schedule import Plan, PlanSpec, load_plan, make_plan
 from solar.schedule.samplers import Shuffle, Trace, Weighted
 
 __all__ = [
     "BufferConfig",
     "CorruptPlanError",
+    "Graph",
     "Loader",
+    "NeighborSampler",
     "Plan",
     "PlanMismatchError",
     "PlanSpec",

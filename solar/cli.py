@@ -288,20 +288,40 @@ def convert(
 
 @cli.command()
 @click.argument("out", type=click.Path())
-@click.option("--preset", type=click.Choice(["ptychonn", "braggnn", "autophasenn"]), required=True)
-@click.option("--samples", type=int, required=True, help="Number of samples.")
+@click.option(
+    "--preset", type=click.Choice(["ptychonn", "braggnn", "autophasenn", "graph"]), required=True
+)
+@click.option("--samples", type=int, help="Number of samples.")
 @click.option("--chunks", type=int, help="Samples per chunk (default: contiguous).")
 @click.option("--compression", type=click.Choice(["gzip", "lzf"]), help="Compress (chunked).")
+@click.option("--nodes", type=int, help="graph: number of nodes.")
+@click.option("--avg-degree", type=float, default=20.0, show_default=True, help="graph.")
+@click.option("--features", type=int, default=256, show_default=True, help="graph: floats/node.")
+@click.option("--train-fraction", type=float, default=0.1, show_default=True, help="graph.")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--force", is_flag=True, help="Overwrite OUT if it exists.")
-def gen(out, preset, samples, chunks, compression, seed, force) -> None:
-    """Write a synthetic dataset shaped like a surrogate's training data."""
+def gen(out, preset, samples, chunks, compression, nodes, avg_degree, features, train_fraction,
+        seed, force) -> None:  # fmt: skip
+    """Write a synthetic dataset shaped like a surrogate's training data, or (``--preset
+    graph``) a power-law graph with node features for GNN training."""
     from solar.io.generate import generate
 
     if Path(out).exists() and not force:
         raise SolarError(f"{out}: exists (use --force to overwrite)")
     check_writable(out)
     progress = _counter("generating") if sys.stderr.isatty() else None
+    if preset == "graph":
+        from solar.graph.generate import generate_graph
+
+        if nodes is None or samples is not None or chunks or compression:
+            raise SolarError("--preset graph takes --nodes (not --samples, --chunks, "
+                             "--compression)")  # fmt: skip
+        generate_graph(out, nodes, avg_degree, features, seed=seed,
+                       train_fraction=train_fraction, progress=progress)  # fmt: skip
+        click.echo(f"{out}: graph of {nodes} nodes, {features} features each")
+        return
+    if samples is None:
+        raise SolarError(f"--preset {preset} needs --samples")
     generate(out, preset, samples, seed=seed, chunks=chunks, compression=compression,
              progress=progress)  # fmt: skip
     click.echo(f"{out}: {samples} {preset}-like samples")

@@ -181,9 +181,15 @@ class ReaderConfig:
     direct_io: bool = False
     pin_memory: bool = False
     decode_chunks: bool = True  # False: chunked datasets are read through h5py (as before)
+    # O_DIRECT reads of small rows (<= 16 KiB, e.g. a GNN's feature rows): rows whose pages are
+    # within ``page_gap`` pages of each other are one read (the gap read and discarded). 0:
+    # only rows sharing or touching pages. Fewer, longer reads pay where requests, not bytes,
+    # are the limit (bench/gnn_bench.py gaps measures it: README, "Graphs").
+    page_gap: int = 0
 
     def __post_init__(self) -> None:
-        for name, low in (("threads", 1), ("read_ahead", 0), ("read_ahead_samples", 0)):
+        for name, low in (("threads", 1), ("read_ahead", 0), ("read_ahead_samples", 0),
+                          ("page_gap", 0)):  # fmt: skip
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
                 raise SolarError(f"{name} must be an integer >= {low}, got {value!r}")

@@ -93,7 +93,7 @@ class Loader:
         paths: str | os.PathLike | Sequence[str | os.PathLike] | Mapping[str, Any] | DatasetInfo,
         keys: list[str] | None = None,
         *,
-        batch_size: int,
+        batch_size: int | None = None,
         epochs: int,
         buffer: int | str,
         seed: int = 0,
@@ -140,11 +140,16 @@ class Loader:
                 )
             self._tier_dir = tier
             self.sampler = SHUFFLE if sampler is None else sampler
+            if batch_size is None:  # a sampler that knows its batch (NeighborSampler) gives it
+                batch_size = getattr(self.sampler, "batch_size", None)
+                if batch_size is None:
+                    raise SolarError("Loader needs batch_size (this sampler has none)")
             n = self.info.num_samples
             self.sampler.check(n)
             draws = self.sampler.draws(n, self.world_size * batch_size)
             run = RunConfig(n, self.world_size, batch_size, epochs, seed, drop_last,
                             None if draws == n else draws)  # fmt: skip
+            self.sampler.check_run(run)
             self.run = run
             if equal_batches and self.world_size > 1 and comm is None:
                 raise SolarError("equal_batches: the ranks exchange rows, pass comm=")
@@ -577,6 +582,8 @@ class Loader:
         self._buffer_at = k + 1
         out = {key.name: t for key, t in zip(self.info.keys, io.tensors, strict=True)}
         out["index"] = torch.from_numpy(io.plan.samples if io.index is None else io.index)
+        e, t = divmod(k, self.run.steps_per_epoch)
+        out.update(self.sampler.extras(self.run, e, t, self.rank, out))  # e.g. a subgraph
         return out
 
 

@@ -15,9 +15,11 @@ from solar.io.tasks import (
     BounceRun,
     H5Rows,
     Layout,
+    PageGather,
     PreadvRuns,
     SlotLayout,
     coalesce_runs,
+    page_spans,
     plan_reads,
     plan_slot_reads,
     plan_slot_writes,
@@ -80,6 +82,16 @@ class FakeStore:
             records = np.frombuffer(data, np.uint8).reshape(task.rows.size, task.stride)
             for d, at in zip(task.dests, task.fields, strict=True):
                 d[task.rows] = records[:, at : at + d.shape[1]]
+        elif isinstance(task, PageGather):
+            for s, (lo, size) in enumerate(zip(task.lo.tolist(), task.size.tolist(), strict=True)):
+                assert lo % PAGE == 0 and size % PAGE == 0
+                self.requests.append((task.file, lo, size))
+                span = bytes(self.files[task.file][lo : lo + size])  # short at the file's end
+                width = task.dest.shape[1]
+                for j in range(task.first[s], task.first[s + 1]):
+                    at = int(task.src[j]) - lo
+                    assert 0 <= at and at + width <= len(span)
+                    task.dest[task.rows[j]] = np.frombuffer(span[at : at + width], np.uint8)
         else:
             raise AssertionError(f"unexpected task {task}")
 
@@ -107,11 +119,45 @@ def test_executing_the_plan_puts_each_sample_in_its_row(direct_io, data):
         local = x - starts[f]
         want = contents[f][header + local * row_bytes : header + (local + 1) * row_bytes]
         np.testing.assert_array_equal(out[0][r], want)
-    # Each run of adjacent samples within a file is one request, not one per sample.
+    # Each run of adjacent samples within a file is one request, not one per sample; with
+    # O_DIRECT, each run of samples whose pages touch or overlap.
     files = np.searchsorted(starts, samples, side="right") - 1
-    runs = sum(1 + int(np.count_nonzero(np.diff(np.sort(samples[files == f])) != 1))
-               for f in np.unique(files))  # fmt: skip
+    runs = 0
+    for f in np.unique(files):
+        srt = np.unique(samples[files == f]) - starts[f]
+        if direct_io:
+            first, last = (
+                (header + srt * row_bytes) // PAGE,
+                (header + (srt + 1) * row_bytes - 1) // PAGE,
+            )
+            runs += 1 + int(np.count_nonzero(first[1:] > last[:-1] + 1))
+        else:
+            runs += 1 + int(np.count_nonzero(np.diff(srt) != 1))
+        runs += 0 if direct_io else int(np.sum(samples[files == f].size - srt.size))
     assert len(store.requests) == runs
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.integers(0, 3000), min_size=1, max_size=40), st.sampled_from([1, 100, 4096, 5000]),
+    st.integers(0, 2), st.sampled_from([PAGE, 4 * PAGE, 2**20]),
+)  # fmt: skip
+def test_page_spans_cover_every_row_in_whole_pages(offsets, row_bytes, gap, max_bytes):
+    src = np.sort(np.array(offsets, np.int64) * 7)
+    lo, size, first = page_spans(src, row_bytes, gap, max_bytes, PAGE)
+    assert np.all(lo % PAGE == 0) and np.all(size % PAGE == 0) and np.all(size > 0)
+    assert first[0] == 0 and first[-1] == src.size and np.all(np.diff(first) > 0)
+    assert np.all(lo[1:] >= lo[:-1])
+    for s in range(lo.size):
+        rows = src[first[s] : first[s + 1]]
+        assert np.all(rows >= lo[s]) and np.all(rows + row_bytes <= lo[s] + size[s])
+        # A span is exactly the pages its rows need, bridging gaps of at most ``gap`` pages.
+        assert lo[s] == rows[0] // PAGE * PAGE
+        assert lo[s] + size[s] == -(-(rows + row_bytes).max() // PAGE) * PAGE
+        assert size[s] <= max(max_bytes, -(-row_bytes // PAGE) * PAGE + PAGE)
+        if s + 1 < lo.size and lo[s + 1] <= lo[s] + size[s] + gap * PAGE:
+            end = -(-(src[first[s + 1]] + row_bytes) // PAGE) * PAGE  # the next row's pages
+            assert end - lo[s] > max_bytes  # merging it would have made the span too long
 
 
 def test_adjacent_samples_are_one_request_and_threads_share_runs():
@@ -194,3 +240,23 @@ def test_tier_records_written_then_read_land_in_their_rows(into_rows, data):
     for s, r in zip(wanted.tolist(), rows.tolist(), strict=True):
         for d, field, n in zip(dests, layout.fields, sizes, strict=True):
             assert d[r].tobytes() == staging[at[s], field : field + n].tobytes()
+
+
+def test_o_direct_small_rows_bridge_gaps_of_page_gap_pages():
+    """Rows 100 B wide on pages 0, 2 and 9: with page_gap 1 the first two are one read."""
+    layouts = [[Layout(0, 100, 0)]]
+    samples = np.array([0, 2 * PAGE // 100 + 1, 9 * PAGE // 100 + 1], np.int64)
+    out = [np.zeros((3, 100), np.uint8)]
+    store = FakeStore([np.arange(10 * PAGE, dtype=np.uint8).tobytes()])
+    for gap, want in ((0, [(0, 0, PAGE), (0, 2 * PAGE, PAGE), (0, 9 * PAGE, PAGE)]),
+                      (1, [(0, 0, 3 * PAGE), (0, 9 * PAGE, PAGE)])):  # fmt: skip
+        store.requests.clear()
+        tasks = plan_reads(layouts, np.array([0, 10 * PAGE // 100]), samples, out, np.arange(3),
+                           direct_io=True, groups=1, page_gap=gap)  # fmt: skip
+        for t in tasks:
+            store.run(t)
+        assert sorted(store.requests) == want
+        for r, x in enumerate(samples.tolist()):
+            assert out[0][r].tobytes() == store.files[0][x * 100 : x * 100 + 100]
+    with pytest.raises(SolarError, match="page_gap"):
+        ReaderConfig(page_gap=-1)

@@ -23,6 +23,7 @@ import pytest
 from click.testing import CliRunner
 
 from solar.cli import cli
+from solar.graph import generate_graph
 from solar.io.generate import generate
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -70,6 +71,14 @@ def workdir(tmp_path_factory) -> Path:
     generate(d / "data.h5", "ptychonn", 320)  # the README plans 8 ranks x 32
     rng = np.random.default_rng(0)
     np.save(d / "weights.npy", (1.0 + np.arange(320)) ** -0.6)
+    generate_graph(d / "graph.h5", 500, 6.0, 8, train_fraction=0.3)  # and as OGB keeps it:
+    (d / "ogb").mkdir()
+    with h5py.File(d / "graph.h5") as f:
+        np.save(d / "ogb" / "features.npy", f["features"][()])
+        np.save(d / "ogb" / "labels.npy", f["labels"][()][:, None])
+        np.save(d / "ogb" / "train_idx.npy", f["train_idx"][()])
+        dst = np.repeat(np.arange(500), np.diff(f["indptr"][()]))
+        np.save(d / "ogb" / "edge_index.npy", np.stack([f["indices"][()], dst]))
     for sub in ("data", "cosmoflow", "frames"):
         (d / sub).mkdir()
     for i, n in enumerate((40, 23)):

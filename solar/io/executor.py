@@ -42,7 +42,17 @@ from solar.io.chunks import decode_chunk, fill_absent
 from solar.io.fused import read_fused, windows
 from solar.io.handles import Files
 from solar.io.pagecache import drop
-from solar.io.tasks import BounceRun, ChunkReads, FileRuns, H5Rows, PreadvRuns, Task
+from solar.io.tasks import (
+    GATHER_WINDOW,
+    SPAN_MAX,
+    BounceRun,
+    ChunkReads,
+    FileRuns,
+    H5Rows,
+    PageGather,
+    PreadvRuns,
+    Task,
+)
 
 
 class ByteSource(Protocol):
@@ -109,6 +119,22 @@ def _open_read_close(names, name_at, files, iov, offsets, got, hold):
             if fds[j] >= 0 and (j == b - 1 or files[j + 1] != files[j]):
                 libc.close(fds[j])
         a = b
+
+
+@njit(cache=True, nogil=True)
+def _scatter_rows(buf, at, lo, got, first, src, rows, dest):  # pragma: no cover - compiled
+    """Rows of spans read into ``buf`` (span s at ``at[s]``, ``got[s]`` bytes) copied to
+    their batch rows; returns the first span that failed or ended before a row, else -1."""
+    width = dest.shape[1]
+    for s in range(lo.shape[0]):
+        if got[s] < 0:
+            return s
+        for j in range(first[s], first[s + 1]):
+            off = src[j] - lo[s]
+            if off + width > got[s]:
+                return s
+            dest[rows[j], :] = buf[at[s] + off : at[s] + off + width]
+    return -1
 
 
 _HOLD = 16  # descriptors one thread holds at a time (one sample per file)
@@ -216,6 +242,8 @@ class Executor:
                 nbytes = self._iov_runs(source, task)
             case BounceRun():
                 nbytes = self._bounce(source, task)
+            case PageGather():
+                nbytes = self._gather(source, task)
             case FileRuns():
                 assert isinstance(source, Files)
                 nbytes = self._file_runs(source, task)
@@ -263,6 +291,40 @@ class Executor:
         for d, at in zip(t.dests, t.fields, strict=True):
             d[t.rows] = records[:, at : at + d.shape[1]]
         return want
+
+    def _gather(self, source: ByteSource, t: PageGather) -> int:
+        """A PageGather: its spans read by the preadv kernel (one call per span, windows of
+        spans ending within each GATHER_WINDOW bytes at a time into this thread's bounce
+        buffer), its rows copied out by one compiled call per window (cached: a new process
+        compiles nothing for it)."""
+        ends = np.cumsum(t.size)
+        cuts = np.arange(1, -(-int(ends[-1]) // GATHER_WINDOW) + 1) * GATHER_WINDOW
+        # A window: the spans ending in ((k - 1)·W, k·W], at most W + SPAN_MAX bytes.
+        bounce = thread_buffer(self._local.get(), GATHER_WINDOW + SPAN_MAX)
+        a = 0
+        with source.fd(t.file) as fd:
+            for b in np.searchsorted(ends, cuts, side="right").tolist():
+                if b <= a:
+                    continue
+                size = t.size[a:b]
+                at = np.concatenate([[0], np.cumsum(size)])
+                iov = np.empty((b - a, 2), np.uint64)
+                iov[:, 0] = bounce.ctypes.data + at[:-1].astype(np.uint64)
+                iov[:, 1] = size
+                got = np.empty(b - a, np.int64)
+                spans = np.arange(b - a)
+                _iov_runs(fd, iov, spans, np.ones(b - a, np.int64), t.lo[a:b], False, got)
+                bad = _scatter_rows(bounce, at, t.lo[a:b], got, t.first[a : b + 1], t.src,
+                                    t.rows, t.dest)  # fmt: skip
+                if bad >= 0:  # an error (once more in Python, which names it), or a short file
+                    lo, want = int(t.lo[a + bad]), int(size[bad])
+                    try:
+                        n = os.preadv(fd, [bounce[:want].data], lo)
+                    except OSError as exc:
+                        raise source.io_error(t.file, lo, exc) from None
+                    raise source.short_transfer(t.file, lo, want, n, False)
+                a = b
+        return int(t.size.sum())
 
     def _file_runs(self, source: Files, t: FileRuns) -> int:
         """One read per (file, key); a file's keys, neighbours in the task, share one open.

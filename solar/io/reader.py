@@ -46,6 +46,7 @@ class Reader:
         self.info = info
         self.direct_io = config.direct_io
         self.decode_chunks = config.decode_chunks
+        self.page_gap = config.page_gap
         self.throttle = throttle  # solar.io.throttle.Throttle: an emulated remote file system
         self.executor = Executor(config.threads)
         self._starts = np.concatenate([[0], np.cumsum(info.lengths)]).astype(np.int64)
@@ -113,6 +114,7 @@ class Reader:
         return plan_reads(
             self._layouts, self._starts, samples, out, rows, direct_io=self.direct_io,
             groups=self.executor.threads, chunks=self._chunk_sources(samples),
+            page_gap=self.page_gap,
         )  # fmt: skip
 
     def _chunk_sources(self, samples: np.ndarray) -> dict[tuple[int, int], ChunkSource]:

@@ -171,6 +171,67 @@ class BounceRun:
     requests = 1
 
 
+@dataclass(frozen=True, eq=False)
+class PageGather:
+    """``O_DIRECT`` reads of small rows (a GNN's feature rows: 512 B-16 KiB), many per task:
+    one ``pread`` per span of whole pages into this thread's bounce buffer, each row then
+    copied to its batch row, all in one compiled call without the GIL (a Python call per row,
+    as :class:`BounceRun` makes, costs more than the read itself at this size).
+
+    Span s is the file's bytes ``[lo[s], lo[s] + size[s])`` (pages) holding rows
+    ``first[s]..first[s + 1] - 1`` of ``src`` (each row's byte offset in the file, sorted)
+    and ``rows`` (its destination row in ``dest``). What it returns is the bytes read from
+    storage, whole pages: ``bytes read / bytes used`` is the read amplification.
+    """
+
+    file: int
+    lo: np.ndarray  # (spans,) int64, page-aligned
+    size: np.ndarray  # (spans,) int64, page multiples
+    first: np.ndarray  # (spans + 1,) int64
+    src: np.ndarray  # (rows,) int64
+    rows: np.ndarray  # (rows,) int64
+    dest: np.ndarray  # (batch rows, row bytes) uint8
+
+    @property
+    def requests(self) -> int:
+        return int(self.lo.size)
+
+
+SMALL_ROW = 4 * PAGE  # rows up to this size are read by PageGather under O_DIRECT
+SPAN_MAX = 2**20  # longest span of PageGather (its rows are small: 1 MiB amortises a read)
+GATHER_WINDOW = 4 * 2**20  # spans read per preadv call batch; a thread's buffer holds one
+
+
+@njit(cache=True)
+def page_spans(src, row_bytes, gap_pages, max_bytes, page):  # pragma: no cover - compiled
+    """Spans of whole pages covering rows at sorted byte offsets ``src`` (``row_bytes`` each):
+    a row joins the current span when its first page is within ``gap_pages`` pages of the
+    span's end and the span stays within ``max_bytes``. Returns (lo, size, first)."""
+    n = src.shape[0]
+    lo = np.empty(n, np.int64)
+    size = np.empty(n, np.int64)
+    first = np.empty(n + 1, np.int64)
+    s = -1
+    end = np.int64(0)
+    for j in range(n):
+        a = src[j] // page * page
+        b = (src[j] + row_bytes + page - 1) // page * page
+        if s >= 0 and a <= end + gap_pages * page and b - lo[s] <= max_bytes:
+            if b > end:
+                end = b
+        else:
+            if s >= 0:
+                size[s] = end - lo[s]
+            s += 1
+            lo[s] = a
+            first[s] = j
+            end = b
+    if s >= 0:
+        size[s] = end - lo[s]
+    first[s + 1] = n
+    return lo[: s + 1].copy(), size[: s + 1].copy(), first[: s + 2].copy()
+
+
 @dataclass(frozen=True)
 class H5Rows:
     """Rows of a chunked, compressed or non-native dataset, read through h5py."""
@@ -287,7 +348,7 @@ def _spans(reads, chunks, run_starts, offsets, sizes, masks, page):  # pragma: n
     return positions, size, lo, hi, at, starts, masked
 
 
-Task = PreadvRuns | FileRuns | BounceRun | H5Rows | ChunkReads  # what the executor runs
+Task = PreadvRuns | FileRuns | BounceRun | PageGather | H5Rows | ChunkReads  # executor's
 
 
 def plan_reads(
@@ -300,6 +361,7 @@ def plan_reads(
     direct_io: bool,
     groups: int,
     chunks: Mapping[tuple[int, int], ChunkSource] | None = None,
+    page_gap: int = 0,
 ) -> list[Task]:
     """The tasks that read ``samples[j]`` into ``out[key][rows[j]]`` for every key.
 
@@ -308,6 +370,7 @@ def plan_reads(
     ``file_starts`` (files + 1,) holds the first global sample id of each file. Buffered runs
     of one file and key are dealt over ``groups`` tasks, so that threads share them; so are
     the chunks of a ``decoded`` layout, whose source ``chunks[file, key]`` must be given.
+    Small rows under ``direct_io`` are read in page spans bridging ``page_gap`` pages.
     """
     samples = np.asarray(samples, np.int64)
     rows = np.asarray(rows, np.int64)
@@ -344,7 +407,9 @@ def plan_reads(
                 )
             dest = out[k].reshape(out[k].shape[0], -1).view(np.uint8)
             fd = f if layout.path < 0 else layout.path
-            tasks.extend(_offset_tasks(fd, layout, local, rows[sel], dest, direct_io, groups))
+            tasks.extend(
+                _offset_tasks(fd, layout, local, rows[sel], dest, direct_io, groups, page_gap)
+            )
     return tasks
 
 
@@ -409,12 +474,16 @@ def _offset_tasks(
     dest: np.ndarray,
     direct_io: bool,
     groups: int,
+    page_gap: int = 0,
 ) -> list[Task]:
     assert layout.offset is not None
     row_bytes = layout.row_bytes
     runs = coalesce_runs(local, min(IOV_MAX, RUN_MAX_BYTES // max(1, row_bytes)))
     srt, rows = local[runs.order], rows[runs.order]
     offsets = layout.offset + srt[runs.starts] * row_bytes
+    if direct_io and row_bytes <= SMALL_ROW:
+        src = layout.offset + srt * row_bytes
+        return _gather_tasks(f, src, row_bytes, rows, dest, groups, page_gap)
     if direct_io:
         return [
             BounceRun(f, int(off), row_bytes, (0,), (dest,), rows[a : a + n])
@@ -424,6 +493,23 @@ def _offset_tasks(
     iov[:, 0] = dest.ctypes.data + rows.astype(np.uint64) * np.uint64(row_bytes)
     iov[:, 1] = row_bytes
     return _deal_runs(f, iov, runs.starts, runs.counts, offsets, groups)
+
+
+def _gather_tasks(
+    f: int, src: np.ndarray, row_bytes: int, rows: np.ndarray, dest: np.ndarray, groups: int,
+    page_gap: int,
+) -> list[Task]:  # fmt: skip
+    """Small rows at sorted byte offsets ``src``: their page spans (bridging ``page_gap``
+    pages), in at most ``groups`` tasks of contiguous spans (neighbours on disk stay in one
+    thread's order)."""
+    lo, size, first = page_spans(src, row_bytes, page_gap, SPAN_MAX, PAGE)
+    tasks: list[Task] = []
+    for part in np.array_split(np.arange(lo.size), min(groups, lo.size)):
+        a, b = int(part[0]), int(part[-1]) + 1
+        r = slice(int(first[a]), int(first[b]))
+        tasks.append(PageGather(f, lo[a:b], size[a:b], first[a : b + 1] - first[a], src[r],
+                                rows[r], dest))  # fmt: skip
+    return tasks
 
 
 def _deal_runs(

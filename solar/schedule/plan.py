@@ -273,6 +273,6 @@ def _check_memory(spec: PlanSpec, keep_all: bool) -> None:
     if spec.traced:  # the trace over the horizon (solar.schedule.traces)
         from solar.schedule.traces import BYTES_PER_ACCESS, default_horizon
 
-        h = default_horizon(run) if spec.horizon is None else spec.horizon
+        h = default_horizon(run, spec.sampler) if spec.horizon is None else spec.horizon
         need += BYTES_PER_ACCESS * run.samples_per_epoch * (min(h, run.epochs - 1) + 1)
     require_memory(need, f"planning {run.num_accesses} accesses")

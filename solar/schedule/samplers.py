@@ -23,7 +23,7 @@ import hashlib
 import os
 import threading
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -53,6 +53,8 @@ class Sampler:
 
     kind: ClassVar[str]
     affinity: bool = False  # the planner splits global batches (see the module's docstring)
+    # Epochs of look-ahead its trace's reuse needs (None: the planner's default, see traces.py).
+    horizon: int | None = None
 
     def draws(self, num_samples: int, global_batch: int) -> int:
         """Ids drawn per epoch over all ranks, for a dataset of ``num_samples`` and global
@@ -61,6 +63,9 @@ class Sampler:
 
     def check(self, num_samples: int) -> None:
         """Refuse a dataset of ``num_samples`` this sampler cannot draw from."""
+
+    def check_run(self, run: RunConfig) -> None:
+        """Refuse a run this sampler cannot draw (the Loader asks before planning)."""
 
     def epoch(self, run: RunConfig, epoch: int) -> EpochDraws:
         """Every rank's batches of ``epoch``."""
@@ -85,6 +90,14 @@ class Sampler:
     def identity(self) -> dict[str, Any] | None:
         """What a plan's fingerprint records of the sampler (None: the default, Shuffle)."""
         raise NotImplementedError
+
+    def extras(
+        self, run: RunConfig, epoch: int, step: int, rank: int, batch: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        """More entries for rank ``rank``'s batch at ``step`` of ``epoch`` (``batch``: the
+        Loader's tensors so far, one per key, and ``index``), merged into it by the Loader:
+        e.g. a neighbour sampler's subgraph (solar.graph.neighbor). None by default."""
+        return {}
 
 
 class Shuffle(Sampler):

@@ -97,7 +97,7 @@ class TraceOrder:
     ) -> None:
         self.run, self.sampler = run, sampler
         self.affinity = affinity
-        self.horizon = default_horizon(run) if horizon is None else max(0, int(horizon))
+        self.horizon = default_horizon(run, sampler) if horizon is None else max(0, int(horizon))
         self._keys = run.num_samples * (1 if self.affinity else run.world_size)
         self._last_table: np.ndarray | None = None  # made when next uses are first asked for
         self._lock = threading.Lock()
@@ -207,9 +207,12 @@ class TraceOrder:
 HORIZON_BUDGET = 4 << 30
 
 
-def default_horizon(run: RunConfig) -> int:
-    """Epochs of look-ahead: the whole run if its trace fits ``HORIZON_BUDGET`` (at most
-    ``BYTES_PER_ACCESS`` per access), else the most epochs that do (at least 1). A pure
-    function of the run: ranks that plan alike must look equally far."""
+def default_horizon(run: RunConfig, sampler: Sampler | None = None) -> int:
+    """Epochs of look-ahead: the sampler's own ``horizon`` if it has one, else the whole run
+    if its trace fits ``HORIZON_BUDGET`` (at most ``BYTES_PER_ACCESS`` per access), else the
+    most epochs that do (at least 1). A pure function of the run (and sampler): ranks that
+    plan alike must look equally far."""
+    if sampler is not None and sampler.horizon is not None:
+        return int(min(max(0, run.epochs - 1), sampler.horizon))
     per_epoch = max(1, run.samples_per_epoch) * BYTES_PER_ACCESS
     return int(max(1, min(run.epochs - 1, HORIZON_BUDGET // per_epoch - 1)))

@@ -1,0 +1,330 @@
+"""``NeighborSampler``: k-hop neighbour sampling around seed nodes, as a solar sampler.
+
+Each epoch the training nodes are permuted (``solar.schedule.order.epoch_permutation`` of the
+split, keyed by the run's seed and the epoch); global step t takes positions ``[t·G,
+(t+1)·G)`` of it, G = P·B, and rank r the r-th contiguous share (``affinity`` is False: the
+sampler, not the planner, fixes the split, so every seed is served exactly once per epoch).
+Around its seeds a rank samples ``fanouts[h]`` neighbours per node at hop h, without
+replacement (all of them when a node has fewer; -1: all), expanding at hop h only the nodes
+first reached at hop h - 1, as PyTorch Geometric's ``NeighborLoader`` does. Which neighbours
+node v draws at hop h of step t of epoch e is a pure function of (seed, e, t, v, h): the
+counter-based stream of :mod:`solar.schedule.rng` (splitmix64), Floyd's sampling of k of d
+positions. Any step is recomputed alone, on any rank, in any process.
+
+A step's ids are its subgraph's distinct nodes, seeds first, then each hop's new nodes in the
+order they were reached: the feature rows solar plans and reads. :meth:`NeighborSampler.extras`
+adds what a GNN trains on (PyG's layout): ``x`` (the rows, an alias of the loader's feature
+key), ``y`` (the seeds' labels), ``edge_index`` (2, E) in local ids, edges from the sampled
+neighbour (row 0) to the node it was sampled for (row 1), ``n_id``, ``batch_size`` and
+``num_sampled_nodes`` / ``num_sampled_edges`` per hop.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from numba import njit
+
+from solar.config import RunConfig
+from solar.errors import SolarError
+from solar.graph.csr import Graph, as_graph, check_nodes
+from solar.schedule import rng
+from solar.schedule.order import epoch_permutation
+from solar.schedule.samplers import EpochDraws, Sampler, _EpochCache, _span
+
+_NEIGHBOR_STREAM = 2  # spawn-key tag of the neighbour draws (Weighted's is 1)
+MAX_HOPS = 64
+
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_M1 = np.uint64(0xBF58476D1CE4E5B9)
+_M2 = np.uint64(0x94D049BB133111EB)
+
+
+@dataclass(frozen=True)
+class Subgraph:
+    """One (epoch, step, rank) sample: ``nodes`` (seeds first, distinct), the edges in local
+    ids (``src`` the sampled neighbour, ``dst`` the node it was drawn for), and per hop the
+    nodes first reached and the edges drawn (``hop_nodes[0]`` = the seeds)."""
+
+    nodes: np.ndarray  # (n,) int64
+    src: np.ndarray  # (E,) int64
+    dst: np.ndarray  # (E,) int64
+    hop_nodes: np.ndarray  # (hops + 1,) int64
+    hop_edges: np.ndarray  # (hops,) int64
+
+
+class NeighborSampler(Sampler):
+    """k-hop neighbour sampling around each rank's seed nodes (see the module's docstring).
+
+    ``graph``: a :class:`~solar.graph.csr.Graph`, an HDF5 path (as ``solar gen --preset
+    graph`` writes) or a dict of arrays / ``.npy`` paths. ``fanouts``: neighbours per node at
+    each hop (-1: all). ``batch_size``: seeds per rank and step (the Loader's default).
+    ``train``: the seed nodes (default: the graph's ``train_idx``, else every node).
+    ``features``: the loader key whose rows become ``x``.
+    """
+
+    kind = "neighbor"
+    affinity = False
+    # A node's reuse is steps away, not epochs (measured, README "Graphs": 20 steps of
+    # look-ahead hold every hit of the full future), so the planner looks one epoch ahead:
+    # the first batch waits for two epochs' subgraphs, not the whole run's.
+    horizon = 1
+
+    def __init__(
+        self,
+        graph: Graph | str | Any,
+        fanouts: Sequence[int] = (10, 5),
+        batch_size: int = 1024,
+        train: Any = None,
+        features: str = "features",
+    ) -> None:
+        self.graph = as_graph(graph)
+        f = tuple(fanouts)
+        if not 1 <= len(f) <= MAX_HOPS or not all(
+            isinstance(x, int | np.integer) and not isinstance(x, bool) and (x > 0 or x == -1)
+            for x in f
+        ):
+            raise SolarError(f"fanouts must be 1..{MAX_HOPS} integers > 0 or -1, got {fanouts!r}")
+        if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size <= 0:
+            raise SolarError(f"batch_size must be a positive integer, got {batch_size!r}")
+        self.fanouts = tuple(int(x) for x in f)
+        self.batch_size = batch_size
+        n = self.graph.num_nodes
+        if train is None:
+            train = self.graph.train_idx if self.graph.train_idx is not None else np.arange(n)
+        self.train = check_nodes(train, n, "train")
+        self.features = features
+        self._cache = _EpochCache()
+        self._steps = _StepCache()
+
+    # -- the sampler contract ----------------------------------------------------------------
+    def draws(self, num_samples: int, global_batch: int) -> int:
+        return int(self.train.size)  # positions of an epoch: one per seed
+
+    def check(self, num_samples: int) -> None:
+        if num_samples != self.graph.num_nodes:
+            raise SolarError(f"{self.graph.where}: {self.graph.num_nodes} nodes, but the "
+                             f"features have {num_samples} rows")  # fmt: skip
+
+    def check_run(self, run: RunConfig) -> None:
+        """Refuse a run whose local batch is not this sampler's, or whose last global batch
+        would leave a rank without a seed."""
+        if run.batch_size != self.batch_size:
+            raise SolarError(f"NeighborSampler(batch_size={self.batch_size}) in a run of "
+                             f"batch_size {run.batch_size}")  # fmt: skip
+        last = run.samples_per_epoch - (run.steps_per_epoch - 1) * run.global_batch
+        if last < run.world_size:
+            raise SolarError(f"the last global batch has {last} seeds for {run.world_size} "
+                             "ranks: use drop_last=True or another batch size")  # fmt: skip
+
+    def seed_count(self, run: RunConfig, step: int) -> int:
+        """Seeds of global step ``step`` (within an epoch) over all ranks: what a per-seed
+        loss summed over the ranks is divided by (``solar.dist.scale_loss``)."""
+        return int(min(run.global_batch, run.samples_per_epoch - step * run.global_batch))
+
+    def seeds(self, run: RunConfig, epoch: int, step: int, rank: int) -> np.ndarray:
+        """Rank ``rank``'s seed nodes at ``step`` of ``epoch`` (int64)."""
+        lo, hi = _span(run, step, rank)
+        perm = self._permutation(run.seed, epoch)
+        return self.train[perm[lo:hi]]
+
+    def _permutation(self, seed: int, epoch: int) -> np.ndarray:
+        key = ("perm", seed, epoch)
+        got = self._steps.get(key)
+        if got is None:
+            got = self._steps.put(key, epoch_permutation(seed, epoch, self.train.size))
+        return got
+
+    def subgraph(self, run: RunConfig, epoch: int, step: int, rank: int) -> Subgraph:
+        """The sampled subgraph of rank ``rank`` at ``step`` of ``epoch`` (recent ones kept)."""
+        self.check_run(run)
+        key = (run, epoch, step, rank)
+        got = self._steps.get(key)
+        if got is None:
+            scratch = np.full(self.graph.num_nodes, -1, np.int64)
+            got = self._steps.put(key, self._sample(run, epoch, step, rank, scratch))
+        return got
+
+    def _sample(
+        self, run: RunConfig, epoch: int, step: int, rank: int, scratch: np.ndarray
+    ) -> Subgraph:
+        key = rng.stream_key(run.seed, _NEIGHBOR_STREAM, epoch, step)
+        g = self.graph
+        out = _sample(g.indptr, g.indices, self.seeds(run, epoch, step, rank),
+                      np.array(self.fanouts, np.int64), key, scratch)  # fmt: skip
+        return Subgraph(*out)
+
+    def epoch(self, run: RunConfig, epoch: int) -> EpochDraws:
+        def make() -> EpochDraws:
+            self.check_run(run)
+            scratch = np.full(self.graph.num_nodes, -1, np.int64)  # reset by each call
+            rows = [
+                self._sample(run, epoch, t, r, scratch).nodes
+                for t in range(run.steps_per_epoch)
+                for r in range(run.world_size)
+            ]
+            offsets = np.zeros(len(rows) + 1, np.int64)
+            np.cumsum([r.size for r in rows], out=offsets[1:])
+            return EpochDraws(np.concatenate(rows), offsets)
+
+        return self._cache.get((run, epoch), make)
+
+    def batch(self, run: RunConfig, epoch: int, step: int, rank: int) -> np.ndarray:
+        return self.subgraph(run, epoch, step, rank).nodes
+
+    def max_batch(self, run: RunConfig) -> int | None:
+        return None  # a subgraph's size varies (the batch pool grows as needed)
+
+    def identity(self) -> dict[str, Any]:
+        import hashlib
+
+        return {"kind": self.kind, "graph": self.graph.identity, "fanouts": list(self.fanouts),
+                "batch_size": self.batch_size,
+                "train": hashlib.sha256(self.train.tobytes()).hexdigest()}  # fmt: skip
+
+    def extras(
+        self, run: RunConfig, epoch: int, step: int, rank: int, batch: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        """PyG ``NeighborLoader``'s fields for this step's batch (module docstring)."""
+        import torch
+
+        sub = self.subgraph(run, epoch, step, rank)
+        seeds = int(sub.hop_nodes[0])
+        out: dict[str, Any] = {
+            "edge_index": torch.from_numpy(np.stack([sub.src, sub.dst])),
+            "n_id": torch.from_numpy(sub.nodes),
+            "batch_size": seeds,
+            "num_sampled_nodes": sub.hop_nodes.tolist(),
+            "num_sampled_edges": sub.hop_edges.tolist(),
+        }
+        if self.features in batch:
+            out["x"] = batch[self.features]
+        if self.graph.labels is not None:
+            out["y"] = torch.from_numpy(np.asarray(self.graph.labels[sub.nodes[:seeds]], np.int64))
+        return out
+
+
+class _StepCache:
+    """The last few subgraphs (the runtime asks for a step's ids when it starts its reads,
+    and for its edges when it serves it) and the epoch permutations of the split."""
+
+    def __init__(self, keep: int = 32) -> None:
+        self._keep = keep
+        self._lock = threading.Lock()
+        self._items: OrderedDict[Any, Any] = OrderedDict()
+
+    def get(self, key: Any) -> Any:
+        with self._lock:
+            got = self._items.get(key)
+            if got is not None:
+                self._items.move_to_end(key)
+            return got
+
+    def put(self, key: Any, value: Any) -> Any:
+        with self._lock:
+            self._items[key] = value
+            while len(self._items) > self._keep:
+                self._items.popitem(last=False)
+        return value
+
+    def __getstate__(self) -> dict:
+        return {"_keep": self._keep}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(state["_keep"])  # type: ignore[misc]
+
+
+@njit(cache=True, inline="always")
+def _mix(z):  # pragma: no cover - compiled
+    """splitmix64's finaliser (the same arithmetic as :func:`solar.schedule.rng.bits`)."""
+    z = (z ^ (z >> np.uint64(30))) * _M1
+    z = (z ^ (z >> np.uint64(27))) * _M2
+    return z ^ (z >> np.uint64(31))
+
+
+@njit(cache=True, nogil=True)
+def _choose(key, v, h, d, k, chosen):  # pragma: no cover - compiled
+    """Floyd's sampling of ``k`` of positions ``0..d-1`` without replacement into
+    ``chosen[:k]``: draw j uses position ``j`` of the stream of (``key``, node v, hop h)."""
+    sub = _mix(key + (np.uint64(v) * np.uint64(MAX_HOPS) + np.uint64(h) + np.uint64(1)) * _GOLDEN)
+    c = 0
+    for j in range(d - k, d):
+        u = _mix(sub + np.uint64(c + 1) * _GOLDEN) >> np.uint64(11)
+        t = np.int64(np.float64(u) * (1.0 / 9007199254740992.0) * (j + 1))  # 0..j
+        if t > j:
+            t = j
+        for i in range(c):
+            if chosen[i] == t:
+                t = j
+                break
+        chosen[c] = t
+        c += 1
+
+
+@njit(cache=True, nogil=True)
+def _sample(indptr, indices, seeds, fanouts, key, local):  # pragma: no cover - compiled
+    """The k-hop sample around ``seeds``; ``local`` (N,) is all -1 on entry and on return.
+
+    Returns (nodes, src, dst, hop_nodes, hop_edges) as in :class:`Subgraph`."""
+    hops = fanouts.shape[0]
+    s = seeds.shape[0]
+    nodes = np.empty(max(16, 4 * s), np.int64)
+    src = np.empty(max(16, 4 * s), np.int64)
+    dst = np.empty(max(16, 4 * s), np.int64)
+    hop_nodes = np.zeros(hops + 1, np.int64)
+    hop_edges = np.zeros(hops, np.int64)
+    chosen = np.empty(max(1, fanouts.max()), np.int64)
+    for i in range(s):
+        nodes[i] = seeds[i]
+        local[seeds[i]] = i
+    n = s
+    e = 0
+    lo, hi = 0, s
+    hop_nodes[0] = s
+    for h in range(hops):
+        f = fanouts[h]
+        # Room for this hop's edges and new nodes: at most min(f, degree) per frontier node.
+        need = 0
+        for i in range(lo, hi):
+            d = indptr[nodes[i] + 1] - indptr[nodes[i]]
+            need += d if f < 0 or f > d else f
+        if e + need > src.shape[0]:
+            size = max(2 * src.shape[0], e + need)
+            src = _grown(src, size, e)
+            dst = _grown(dst, size, e)
+        if n + need > nodes.shape[0]:
+            nodes = _grown(nodes, max(2 * nodes.shape[0], n + need), n)
+        for i in range(lo, hi):
+            v = nodes[i]
+            a = indptr[v]
+            d = indptr[v + 1] - a
+            k = d if f < 0 or f >= d else f
+            if k < d:
+                _choose(key, v, h, d, k, chosen)
+            for j in range(k):
+                u = indices[a + (chosen[j] if k < d else j)]
+                if local[u] < 0:
+                    local[u] = n
+                    nodes[n] = u
+                    n += 1
+                src[e] = local[u]
+                dst[e] = i
+                e += 1
+        hop_nodes[h + 1] = n - hi
+        hop_edges[h] = e - (hop_edges[:h].sum())
+        lo, hi = hi, n
+    for i in range(n):
+        local[nodes[i]] = -1
+    return nodes[:n].copy(), src[:e].copy(), dst[:e].copy(), hop_nodes, hop_edges
+
+
+@njit(cache=True, inline="always")
+def _grown(a, size, used):  # pragma: no cover - compiled
+    b = np.empty(size, a.dtype)
+    b[:used] = a[:used]
+    return b

@@ -1,0 +1,41 @@
+"""Under mpiexec: a NeighborSampler's batches on every rank are h5py's feature rows, the
+seeds' labels and a subgraph of the graph; every training node seeds once per epoch.
+
+mpiexec -n P python tests/mpi/graph_coverage.py GRAPH.h5
+"""
+
+import sys
+
+import h5py
+import numpy as np
+
+from solar import Loader, NeighborSampler, dist
+
+d = dist.init()
+path = sys.argv[1]
+with h5py.File(path) as f:
+    feats, labels = f["features"][()], f["labels"][()]
+    indptr, indices, train = f["indptr"][()], f["indices"][()], f["train_idx"][()]
+sampler = NeighborSampler(path, (4, 2), batch_size=13)
+ld = Loader(path, ["features"], sampler=sampler, epochs=2, buffer=60, comm=d.comm)
+for e in range(2):
+    ld.set_epoch(e)
+    seeds = []
+    for b in ld:
+        n_id = b["n_id"].numpy()
+        assert b["x"].numpy().tobytes() == feats[n_id].tobytes(), (d.rank, e)
+        bs = b["batch_size"]
+        assert np.array_equal(b["y"].numpy(), labels[n_id[:bs]])
+        src, dst = n_id[b["edge_index"].numpy()]
+        for s, t in zip(src.tolist(), dst.tolist(), strict=True):
+            assert s in indices[indptr[t] : indptr[t + 1]]
+        seeds.append(n_id[:bs])
+    every = d.comm.gather(np.concatenate(seeds), root=0)
+    if d.is_root:
+        every = np.concatenate(every)
+        assert np.array_equal(np.sort(every), train), f"epoch {e}: seeds not served once each"
+planned = ld.plan.stats[d.rank]
+assert sum(s.hits for s in ld.stats.epochs.values()) == planned.hits
+ld.close()
+if d.is_root:
+    print("ok", flush=True)

@@ -1,0 +1,318 @@
+"""Graphs (solar.graph): CSR validation, the generator, neighbour sampling and GNN batches."""
+
+from __future__ import annotations
+
+import h5py
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_samplers import brute_force_steps
+
+from solar import Graph, Loader, NeighborSampler, PlanSpec, make_plan
+from solar.config import BufferConfig, RunConfig
+from solar.errors import SolarError
+from solar.graph import generate_graph
+from solar.schedule import HIT
+
+
+@pytest.fixture(scope="module")
+def graph_file(tmp_path_factory):
+    """997 nodes (a prime), 5 floats (20 B) per node, 30 % of them training seeds."""
+    path = tmp_path_factory.mktemp("graph") / "g.h5"
+    generate_graph(path, 997, 6.0, 5, seed=3, train_fraction=0.3)
+    return path
+
+
+def _run(sampler: NeighborSampler, n: int, world: int, epochs: int = 2, seed: int = 0):
+    draws = sampler.draws(n, world * sampler.batch_size)
+    return RunConfig(n, world, sampler.batch_size, epochs, seed, False, draws)
+
+
+# -- CSR ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "indptr, indices, match",
+    [
+        ([1, 2, 3], [0, 1, 0], "start at 0"),
+        ([0, 2, 1, 3], [0, 1, 2], "decreases"),
+        ([0, 1, 2], [0, 1, 1], "ends at 2, but indices has 3"),
+        ([0, 1, 2], [0, 2], "outside 0..1"),
+        ([0, 1, 2], [0, -1], "outside 0..1"),
+        ([0.0, 1.0], [0], "integer"),
+        ([0], np.zeros(0, np.int64), "N \\+ 1 >= 2"),
+    ],
+)
+def test_a_bad_csr_is_refused_in_one_line(indptr, indices, match):
+    with pytest.raises(SolarError, match=match) as info:
+        Graph({"indptr": np.array(indptr), "indices": np.array(indices)})
+    assert "\n" not in str(info.value)
+
+
+def test_bad_labels_and_splits_are_refused(tmp_path):
+    g = {"indptr": np.array([0, 1, 2]), "indices": np.array([1, 0])}
+    with pytest.raises(SolarError, match="labels: expected 2 integer labels"):
+        Graph({**g, "labels": np.array([0, 1, 2])})
+    with pytest.raises(SolarError, match="listed twice"):
+        Graph({**g, "train_idx": np.array([1, 1])})
+    with pytest.raises(SolarError, match="outside 0..1"):
+        NeighborSampler(Graph(g), train=[0, 2], batch_size=1)
+    with pytest.raises(SolarError, match="fanouts"):
+        NeighborSampler(Graph(g), fanouts=(2, 0), batch_size=1)
+    path = tmp_path / "bad.h5"
+    with h5py.File(path, "w") as f:
+        f["indptr"] = np.array([0, 1, 3])
+        f["indices"] = np.array([1, 0, 7])
+    with pytest.raises(SolarError, match=f"graph {path}: indices name nodes outside 0..1"):
+        Graph(path)
+    with h5py.File(path, "w") as f:
+        f["indptr"] = np.array([0, 1, 2])
+    with pytest.raises(SolarError, match="no 'indices'"):
+        Graph(path)
+    (tmp_path / "junk.h5").write_bytes(b"not hdf5")
+    with pytest.raises(SolarError, match="not a readable HDF5 file"):
+        Graph(tmp_path / "junk.h5")
+
+
+def test_a_graph_from_npy_files_is_mapped(tmp_path, graph_file):
+    with h5py.File(graph_file) as f:
+        parts = {k: f[k][()] for k in ("indptr", "indices", "labels", "train_idx")}
+    for k, v in parts.items():
+        np.save(tmp_path / f"{k}.npy", v)
+    g = Graph({k: str(tmp_path / f"{k}.npy") for k in parts})
+    assert isinstance(g.indices, np.memmap)
+    assert g.identity == Graph(graph_file).identity
+
+
+# -- the generator -----------------------------------------------------------------------------
+def test_the_generated_graph_is_a_symmetric_power_law_csr(graph_file):
+    g = Graph(graph_file)
+    assert isinstance(g.indptr, np.memmap) and isinstance(g.indices, np.memmap)
+    src = np.repeat(np.arange(g.num_nodes), g.degree())
+    fwd = set(zip(src.tolist(), np.asarray(g.indices).tolist(), strict=True))
+    assert all((v, u) in fwd for u, v in fwd) and all(u != v for u, v in fwd)
+    deg = g.degree()
+    assert deg.max() > 4 * deg.mean()  # skewed: a few hubs
+    with h5py.File(graph_file) as f:
+        x = f["features"]
+        assert x.shape == (997, 5) and x.dtype == np.float32 and x.chunks is None
+        assert x.id.get_offset() % 4096 == 0
+        assert f["train_idx"].shape == (299,)
+
+
+def test_the_generator_is_seeded(tmp_path):
+    a, b, c = (tmp_path / f"{k}.h5" for k in "abc")
+    generate_graph(a, 300, 4.0, 3, seed=1)
+    generate_graph(b, 300, 4.0, 3, seed=1)
+    generate_graph(c, 300, 4.0, 3, seed=2)
+    with h5py.File(a) as fa, h5py.File(b) as fb, h5py.File(c) as fc:
+        for k in fa:
+            np.testing.assert_array_equal(fa[k][()], fb[k][()])
+        assert not np.array_equal(fa["indices"][()], fc["indices"][()])
+    with pytest.raises(SolarError, match="avg-degree"):
+        generate_graph(tmp_path / "d.h5", 10, 20.0, 3)
+    assert not (tmp_path / "d.h5").exists()
+
+
+# -- sampling ----------------------------------------------------------------------------------
+def _check_subgraph(g: Graph, sampler: NeighborSampler, sub, seeds: np.ndarray) -> None:
+    """Everything a subgraph promises, checked against the topology itself."""
+    nodes, src, dst = sub.nodes, sub.src, sub.dst
+    assert np.unique(nodes).size == nodes.size
+    np.testing.assert_array_equal(nodes[: seeds.size], seeds)
+    assert sub.hop_nodes.sum() == nodes.size and sub.hop_edges.sum() == src.size
+    bounds = np.concatenate([[0], np.cumsum(sub.hop_nodes)])
+    edge_bounds = np.concatenate([[0], np.cumsum(sub.hop_edges)])
+    indptr, indices = np.asarray(g.indptr), np.asarray(g.indices)
+    for h, fanout in enumerate(sampler.fanouts):
+        es = slice(edge_bounds[h], edge_bounds[h + 1])
+        # Targets of hop h are exactly the nodes first reached at hop h - 1 (the seeds at 0).
+        targets = np.arange(bounds[h], bounds[h + 1])
+        count = np.bincount(dst[es] - bounds[h], minlength=targets.size)
+        assert np.all((dst[es] >= bounds[h]) & (dst[es] < bounds[h + 1]))
+        deg = indptr[nodes[targets] + 1] - indptr[nodes[targets]]
+        np.testing.assert_array_equal(count, np.minimum(deg, fanout) if fanout > 0 else deg)
+        # New nodes of hop h + 1 are reached by hop h's edges, and only by edges so far.
+        assert np.all(src[es] < bounds[h + 2])
+        new = np.arange(bounds[h + 1], bounds[h + 2])
+        assert np.isin(new, src[es]).all()
+    for s, d in zip(nodes[src].tolist(), nodes[dst].tolist(), strict=True):
+        assert s in indices[indptr[d] : indptr[d + 1]]
+    # Without replacement: no neighbour twice for one target (the generator has no multi-edges).
+    pairs = src * nodes.size + dst
+    assert np.unique(pairs).size == pairs.size
+
+
+@pytest.mark.parametrize("fanouts", [(3, 2), (4,), (-1, 2, 1)])
+def test_subgraphs_follow_the_topology_and_the_fanouts(graph_file, fanouts):
+    sampler = NeighborSampler(graph_file, fanouts, batch_size=16)
+    g = sampler.graph
+    run = _run(sampler, g.num_nodes, 3)
+    for step, rank in [(0, 0), (2, 1), (run.steps_per_epoch - 1, 2)]:
+        sub = sampler.subgraph(run, 1, step, rank)
+        _check_subgraph(g, sampler, sub, sampler.seeds(run, 1, step, rank))
+
+
+def test_sampling_is_a_pure_function_of_seed_epoch_step_and_rank(graph_file):
+    a = NeighborSampler(graph_file, (5, 3), batch_size=16)
+    run = _run(a, a.graph.num_nodes, 2)
+    whole = a.epoch(run, 1)
+    b = NeighborSampler(graph_file, (5, 3), batch_size=16)  # a fresh process's sampler
+    for t in (run.steps_per_epoch - 1, 3, 0):
+        for r in (1, 0):
+            sa, sb = a.subgraph(run, 1, t, r), b.subgraph(run, 1, t, r)
+            for f in ("nodes", "src", "dst", "hop_nodes", "hop_edges"):
+                np.testing.assert_array_equal(getattr(sa, f), getattr(sb, f))
+            i = t * 2 + r
+            np.testing.assert_array_equal(whole.ids[whole.offsets[i] : whole.offsets[i + 1]],
+                                          sa.nodes)  # fmt: skip
+    other = b.epoch(run, 0)
+    assert not np.array_equal(other.ids[: other.offsets[1]], whole.ids[: whole.offsets[1]])
+    reseeded = b.epoch(_run(b, b.graph.num_nodes, 2, seed=5), 1)
+    assert not np.array_equal(reseeded.ids, whole.ids)
+
+
+def test_every_seed_once_per_epoch_over_uneven_ranks(graph_file):
+    sampler = NeighborSampler(graph_file, (2,), batch_size=23)
+    run = _run(sampler, sampler.graph.num_nodes, 3)
+    for e in range(2):
+        seeds = [sampler.seeds(run, e, t, r) for t in range(run.steps_per_epoch) for r in range(3)]
+        np.testing.assert_array_equal(np.sort(np.concatenate(seeds)), sampler.train)
+    with pytest.raises(SolarError, match="batch_size 8"):
+        sampler.epoch(RunConfig(997, 1, 8, 1, draws=299), 0)
+    with pytest.raises(SolarError, match="features have 5 rows"):
+        sampler.check(5)
+
+
+# -- batches -----------------------------------------------------------------------------------
+@pytest.mark.parametrize("world", [1, 2])
+def test_loader_batches_are_pyg_shaped_and_byte_exact(graph_file, world):
+    with h5py.File(graph_file) as f:
+        feats, labels = f["features"][()], f["labels"][()]
+    seen = []
+    for rank in range(world):
+        sampler = NeighborSampler(graph_file, (4, 3), batch_size=40)
+        with Loader(graph_file, ["features"], sampler=sampler, epochs=2, buffer=150, rank=rank,
+                    world_size=world) as ld:  # fmt: skip
+            for e in range(2):
+                ld.set_epoch(e)
+                for t, b in enumerate(ld):
+                    n_id = b["n_id"].numpy()
+                    assert b["x"].numpy().tobytes() == feats[n_id].tobytes()
+                    assert b["x"] is b["features"]
+                    np.testing.assert_array_equal(b["index"].numpy(), n_id)
+                    bs = b["batch_size"]
+                    np.testing.assert_array_equal(b["y"].numpy(), labels[n_id[:bs]])
+                    assert sum(b["num_sampled_nodes"]) == n_id.size
+                    assert sum(b["num_sampled_edges"]) == b["edge_index"].shape[1]
+                    ei = b["edge_index"].numpy()
+                    assert ei.dtype == np.int64 and ei.min() >= 0 and ei.max() < n_id.size
+                    seeds = sampler.seeds(ld.run, e, t, rank)
+                    np.testing.assert_array_equal(n_id[:bs], seeds)
+                    seen.append((e, seeds))
+            planned = ld.plan.stats[rank]
+            assert sum(s.hits for s in ld.stats.epochs.values()) == planned.hits > 0
+    for e in range(2):
+        got = np.concatenate([s for k, s in seen if k == e])
+        np.testing.assert_array_equal(np.sort(got), sampler.train)
+
+
+def test_the_loader_takes_its_batch_size_from_the_sampler_or_refuses(graph_file):
+    sampler = NeighborSampler(graph_file, (2,), batch_size=30)
+    with pytest.raises(SolarError, match="batch_size 31"):
+        Loader(graph_file, ["features"], sampler=sampler, batch_size=31, epochs=1, buffer=10)
+    with pytest.raises(SolarError, match="needs batch_size"):
+        Loader(graph_file, ["features"], epochs=1, buffer=10)
+
+
+# -- planning ----------------------------------------------------------------------------------
+@settings(max_examples=40, deadline=None)
+@given(
+    n=st.integers(3, 7), edges=st.integers(2, 12), train=st.integers(1, 4),
+    batch=st.integers(1, 2), capacity=st.integers(1, 3), seed=st.integers(0, 10**6),
+)  # fmt: skip
+def test_one_rank_gnn_plan_hits_equal_beladys_optimum(n, edges, train, batch, capacity, seed):
+    """On tiny random graphs the planner's hits are the exhaustive optimum of the subgraphs'
+    node sets (each step's distinct nodes hit if held), and every hit is a held node."""
+    if batch > train:
+        return
+    r = np.random.default_rng(seed)
+    u, v = r.integers(0, n, edges), r.integers(0, n, edges)
+    key = np.unique(np.concatenate([u * n + v, v * n + u]))
+    src, dst = np.divmod(key, n)
+    indptr = np.concatenate([[0], np.cumsum(np.bincount(src, minlength=n))])
+    sampler = NeighborSampler({"indptr": indptr, "indices": dst}, (2, 1), batch_size=batch,
+                              train=r.permutation(n)[:train])  # fmt: skip
+    run = _run(sampler, n, 1, epochs=2, seed=seed % 7)
+    plan = make_plan(PlanSpec(run, BufferConfig(capacity, 0.0), sampler=sampler))
+    rp = plan.rank(0)
+    steps = [rp.step(k).samples.tolist() for k in range(run.num_steps)]
+    assert [sorted(s) for s in steps] == [
+        sorted(sampler.batch(run, k // run.steps_per_epoch, k % run.steps_per_epoch, 0).tolist())
+        for k in range(run.num_steps)
+    ]
+    assert plan.hits == brute_force_steps(steps, capacity)
+    assert int(np.count_nonzero(rp.flags & HIT)) == plan.hits
+
+
+def test_direct_io_gathers_small_rows_exactly_and_names_a_short_file(graph_file, tmp_path):
+    """Under O_DIRECT small rows are read in page spans (solar.io.tasks.PageGather)."""
+    from helpers import skip_without_o_direct
+
+    from solar import ReaderConfig
+
+    path = tmp_path / "g.h5"
+    path.write_bytes(graph_file.read_bytes())
+    with h5py.File(path) as f:
+        feats = f["features"][()]
+    sampler = NeighborSampler(path, (3, 2), batch_size=64)
+    with skip_without_o_direct():
+        ld = Loader(path, ["features"], sampler=sampler, epochs=1, buffer=100,
+                    reader=ReaderConfig(direct_io=True))  # fmt: skip
+        for b in ld:
+            assert b["x"].numpy().tobytes() == feats[b["n_id"].numpy()].tobytes()
+        assert ld.stats.epochs[0].bytes_read % 4096 == 0  # whole pages from storage
+        with h5py.File(path) as f:
+            end = f["features"].id.get_offset() + feats.nbytes
+        with open(path, "r+b") as f:
+            f.truncate(end - 3000)
+        with pytest.raises(SolarError, match=r"short read|truncated"):
+            for _ in Loader(path, ["features"], sampler=sampler, epochs=1, buffer=0,
+                            reader=ReaderConfig(direct_io=True)):  # fmt: skip
+                pass
+
+
+def test_the_graphsage_example_learns_and_resumes_exactly_under_either_launcher(tmp_path):
+    """Loss falls over 3 epochs on 2 ranks; a run stopped under mpiexec and resumed under
+    torchrun ends with the parameters of an uninterrupted run."""
+    from pathlib import Path
+
+    from test_mpi import launch
+
+    example = Path(__file__).parent.parent / "examples" / "train_graphsage.py"
+    common = ["--data", tmp_path / "g.h5", "--nodes", 3000, "--features", 16, "--batch-size",
+              32, "--epochs", 3]  # fmt: skip
+
+    def train(launcher: str, *extra) -> str:
+        result = launch(launcher, 2, example, *common, *extra)
+        assert result.returncode == 0, result.stderr[-3000:]
+        return result.stdout
+
+    whole = train("mpiexec", "--checkpoint", tmp_path / "a.pt")
+    losses = [float(line.split()[3]) for line in whole.splitlines() if line.startswith("epoch")]
+    assert len(losses) == 3 and losses[0] > losses[1] > losses[2], whole
+    assert "hit rate" in whole
+    stopped = train("mpiexec", "--checkpoint", tmp_path / "b.pt", "--stop-after", 6)
+    assert "stopped after 6 steps" in stopped
+    resumed = train("torchrun", "--checkpoint", tmp_path / "b.pt", "--resume")
+    assert "resumed" in resumed and "training on 2 ranks (torchrun)" in resumed
+    checksum = [line for line in whole.splitlines() if "checksum" in line]
+    assert checksum and checksum == [line for line in resumed.splitlines() if "checksum" in line]
+
+
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_ranks_serve_h5py_rows_and_every_seed_once_under_mpiexec(graph_file, ranks):
+    from test_mpi import launch
+
+    result = launch("mpiexec", ranks, "graph_coverage.py", graph_file)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "ok" in result.stdout
