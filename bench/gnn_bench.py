@@ -31,6 +31,7 @@ rotated order per epoch, and reports steps/s, nodes gathered/s, hit rate and byt
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import sys
 import time
@@ -43,7 +44,6 @@ from solar import BufferConfig, NeighborSampler, PlanSpec, RunConfig, make_plan
 from solar._memory import PAGE
 from solar.io import libc
 from solar.io.tasks import RUN_MAX_BYTES, page_spans
-from solar.schedule import HIT
 from solar.schedule.plan import simulate
 
 FANOUTS = (10, 5)
@@ -231,7 +231,12 @@ class MmapGather:
         from solar._memory import aligned
 
         self.sampler, self.run, self.rank = sampler, run, rank
-        self.offset, self.row_bytes, self.threads, self.throttle = offset, row_bytes, threads, throttle
+        self.offset, self.row_bytes, self.threads, self.throttle = (
+            offset,
+            row_bytes,
+            threads,
+            throttle,
+        )
         self.size = size = os.path.getsize(path)
         npages = size // PAGE + 1
         cap = max(1, budget // PAGE)
@@ -277,7 +282,7 @@ class MmapGather:
         ms, mo = slots[miss], pages[miss] * PAGE
         got = np.empty(ms.size, np.int64)
         cuts = np.linspace(0, ms.size, self.threads + 1).astype(np.int64)
-        parts = [slice(a, b) for a, b in zip(cuts[:-1], cuts[1:], strict=True) if b > a]
+        parts = [slice(a, b) for a, b in itertools.pairwise(cuts) if b > a]
 
         def read(part):
             _read_pages(self.fd, self.pool, ms[part], mo[part], got[part])
@@ -338,7 +343,7 @@ def run_loaders(args) -> dict | None:
             t0 = time.perf_counter()
             rows = steps = 0
             if name == "mmap":
-                h0, b0 = ld.rows, ld.bytes_read
+                _h0, b0 = ld.rows, ld.bytes_read
                 for out in ld.epoch(e):
                     rows += out.shape[0]
                     steps += 1
@@ -417,7 +422,9 @@ def gap_report(args) -> dict:
     out_: dict = {}
     for g, (n, secs, nbytes) in rows.items():
         out_[g] = {"rows_per_second": n / secs, "amplification": nbytes / (n * info.sample_bytes)}
-        print(f"gap {g} pages: {n / secs:,.0f} rows/s, amplification {out_[g]['amplification']:.2f}")
+        print(
+            f"gap {g} pages: {n / secs:,.0f} rows/s, amplification {out_[g]['amplification']:.2f}"
+        )
     return {"graph": str(args.graph), "threads": args.threads, "gaps": out_}
 
 

@@ -18,6 +18,7 @@ epoch end; ``--resume`` continues exactly.
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import time
 from pathlib import Path
@@ -55,7 +56,7 @@ class GraphSAGE(nn.Module):
     def __init__(self, inputs: int, hidden: int, classes: int, layers: int) -> None:
         super().__init__()
         sizes = [inputs] + [hidden] * (layers - 1) + [classes]
-        self.convs = nn.ModuleList(SAGEConv(a, b) for a, b in zip(sizes, sizes[1:]))
+        self.convs = nn.ModuleList(SAGEConv(a, b) for a, b in itertools.pairwise(sizes))
 
     def forward(self, x: torch.Tensor, edge_index: torch.Tensor) -> torch.Tensor:
         for i, conv in enumerate(self.convs):

@@ -164,12 +164,14 @@ def tiny_sampler(sampler: Sampler, n: int, epochs: int, world: int, batch: int) 
         w = 1.0 / (1.0 + np.arange(n))
         draws = None if sampler.num_samples is None else max(world * batch, n // 2)
         return Weighted(w, draws, sampler.replacement, sampler.affinity)
-    if isinstance(sampler, Trace):
+    if isinstance(sampler, Trace) or not sampler.affinity:
+        # Any sampler that splits its own batches (a Trace, a NeighborSampler) plans and
+        # serves through the same kernels as a small Trace with repeats.
         steps = max(1, n // (world * batch))
         ids = np.random.default_rng(0).integers(0, n, (epochs, steps, world, batch))
         ids[..., -1] = ids[..., 0]  # a repeat within a batch: read once, copied
         return Trace(ids, name="rehearsal")
-    return sampler
+    return sampler  # (a sampler with affinity of another kind: rehearsed as it is)
 
 
 def head(info: DatasetInfo, n: int) -> DatasetInfo:

@@ -54,7 +54,7 @@ def test_bad_labels_and_splits_are_refused(tmp_path):
         Graph({**g, "labels": np.array([0, 1, 2])})
     with pytest.raises(SolarError, match="listed twice"):
         Graph({**g, "train_idx": np.array([1, 1])})
-    with pytest.raises(SolarError, match="outside 0..1"):
+    with pytest.raises(SolarError, match=r"outside 0\.\.1"):
         NeighborSampler(Graph(g), train=[0, 2], batch_size=1)
     with pytest.raises(SolarError, match="fanouts"):
         NeighborSampler(Graph(g), fanouts=(2, 0), batch_size=1)

@@ -82,7 +82,7 @@ def chung_lu(
     w = (1.0 + np.arange(n)) ** -alpha
     cdf = np.cumsum(w / w.sum())
     cdf[-1] = 1.0
-    m = int(round(n * avg_degree / 2))
+    m = round(n * avg_degree / 2)
     ends = np.searchsorted(cdf, rng.random(2 * m), side="right")
     relabel = rng.permutation(n)
     u, v = relabel[ends[:m]], relabel[ends[m:]]

@@ -255,7 +255,7 @@ def _choose(key, v, h, d, k, chosen):  # pragma: no cover - compiled
     c = 0
     for j in range(d - k, d):
         u = _mix(sub + np.uint64(c + 1) * _GOLDEN) >> np.uint64(11)
-        t = np.int64(np.float64(u) * (1.0 / 9007199254740992.0) * (j + 1))  # 0..j
+        t = int(np.float64(u) * (1.0 / 9007199254740992.0) * (j + 1))  # 0..j
         if t > j:
             t = j
         for i in range(c):
