@@ -250,7 +250,8 @@ def _mix(z):  # pragma: no cover - compiled
 @njit(cache=True, nogil=True)
 def _choose(key, v, h, d, k, chosen):  # pragma: no cover - compiled
     """Floyd's sampling of ``k`` of positions ``0..d-1`` without replacement into
-    ``chosen[:k]``: draw j uses position ``j`` of the stream of (``key``, node v, hop h)."""
+    ``chosen[:k]``: draw c (0-based) is position ``c + 1`` of the stream of (``key``, node v,
+    hop h), a 53-bit uniform scaled to ``0..j`` (Floyd's j)."""
     sub = _mix(key + (np.uint64(v) * np.uint64(MAX_HOPS) + np.uint64(h) + np.uint64(1)) * _GOLDEN)
     c = 0
     for j in range(d - k, d):
