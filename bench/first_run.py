@@ -3,7 +3,8 @@ again with the cache it filled, each in a fresh process (as a user's first and s
 
     python bench/first_run.py DATA.h5 [--epochs 3] [--world 1] [--no-warm] [--json OUT]
 
-Prints, per run: construction seconds, of which warming (compile/load kernels) and numba's
+Each epoch starts with the data's pages evicted (cold storage in both runs). Prints, per run:
+construction seconds (torch's import included), of which warming (compile/load kernels) and numba's
 compile seconds, each epoch's seconds, and how many kernels compiled or loaded during the
 epochs (0: none landed in an epoch). Compare "fresh" with "warm": the target is epoch 0 of
 the fresh run within 1.3x of the warm run's.
@@ -22,17 +23,18 @@ CHILD = r"""
 import json, sys, time
 t0 = time.perf_counter()
 from solar import Loader
+from solar.io.pagecache import evict
 from solar.warm import TALLY, signatures
 data, epochs, world, warm = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4] == "1"
 t1 = time.perf_counter()
-ld = Loader(data, batch_size=16, epochs=epochs, buffer="50%" if False else 128, rank=0,
-            world_size=world, warm=warm)
+ld = Loader(data, batch_size=16, epochs=epochs, buffer=128, rank=0, world_size=world, warm=warm)
 t2 = time.perf_counter()
 before, compiled = signatures(), TALLY.count
 out = {"import_s": t1 - t0, "construct_s": t2 - t1, "warm_s": ld.stats.warm_seconds,
        "compile_s": ld.stats.compile_seconds, "compiled": ld.stats.compiled, "epochs_s": []}
 for e in range(epochs):
     ld.set_epoch(e)
+    evict(data)  # cold, every epoch, in both runs: only compilation may differ
     t = time.perf_counter()
     for _ in ld:
         pass
