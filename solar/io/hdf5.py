@@ -129,7 +129,7 @@ def expand_paths(paths: Sequence[str | os.PathLike]) -> list[Path]:
                 raise SolarError(f"{s}: no file matches this pattern")
             out.extend(Path(m) for m in matches)
         else:
-            out.append(Path(s))
+            out.append(p if isinstance(p, Path) else Path(s))  # (pathlib parses are slow)
     if not out:
         raise SolarError("no data files given")
     return out

@@ -64,7 +64,7 @@ def describe_npy(
     counts = {k: len(v) for k, v in keys.items()}
     if len(set(counts.values())) != 1:
         raise SolarError(f".npy keys have different numbers of files: {counts}")
-    paths = [[Path(p) for p in keys[name]] for name in names]
+    paths = [[p if isinstance(p, Path) else Path(p) for p in keys[name]] for name in names]
     nfiles, nkeys = len(paths[0]), len(names)
 
     def check(part: ScanPart, lo: int, hi: int) -> None:

@@ -77,6 +77,7 @@ def on_root(comm: Any, make: Callable[[], T]) -> T:
                 out = ("ok", make())
             except SolarError as exc:
                 out = ("error", str(exc))
+        _wait_quietly(comm)
         out = comm.bcast(out, root=0)
     if not (isinstance(out, tuple) and len(out) == 2 and out[0] in ("ok", "error")):
         raise SolarError("rank 0 sent a malformed description of the dataset's files")
