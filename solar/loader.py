@@ -17,12 +17,13 @@ writes and reads.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import hashlib
 import os
 import time
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import wait
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,7 +40,7 @@ from solar.dist import abort_job_on_error, agree
 from solar.errors import SolarError
 from solar.exchange import Exchange
 from solar.io.executor import combine
-from solar.io.hdf5 import DatasetInfo
+from solar.io.hdf5 import DatasetInfo, KeyInfo
 from solar.io.reader import Reader
 from solar.io.sources import describe_source
 from solar.readahead import InFlight, ReadAhead
@@ -50,6 +51,16 @@ from solar.schedule.rankplan import StepPlan
 from solar.schedule.samplers import SHUFFLE, Sampler, Trace
 from solar.schedule.stream import RankStream
 from solar.stats import LoaderStats, StepStats
+from solar.transform import (
+    Rows,
+    SampleFn,
+    Transform,
+    TransformPool,
+    as_transform,
+    first_outputs,
+    output_keys,
+    repeats,
+)
 from solar.warm import measured, rehearse_loader
 
 
@@ -86,6 +97,13 @@ class Loader:
     default), ``Weighted(...)`` or ``Trace(...)``; with the latter two the sampler splits the
     batches over the ranks, a batch may repeat an id (read once, copied) and the planner looks
     ``horizon`` epochs ahead (default: the whole run if it fits in memory).
+
+    ``transform``: a function ``fn(sample, rng) -> sample`` run on every sample once its bytes
+    are in memory, on worker threads, its outputs written into the batch
+    (:mod:`solar.transform`; a :class:`~solar.transform.Transform` sets workers, processes,
+    declared output shapes); ``rng`` is a pure function of (seed, epoch, sample, occurrence),
+    so a resumed run replays the same augmentation. ``batch_transform(batch) -> batch`` runs on
+    each delivered batch (the dict of tensors), on the trainer's thread.
     """
 
     def __init__(
@@ -113,6 +131,8 @@ class Loader:
         sampler: Sampler | None = None,
         horizon: int | None = None,
         equal_batches: bool = False,
+        transform: SampleFn | Transform | None = None,
+        batch_transform: Callable[[dict], dict] | None = None,
         warm: bool = True,
     ) -> None:
         # Other ranks may be waiting in the plan agreement: a failure here takes the job down.
@@ -158,9 +178,6 @@ class Loader:
                 equal_batches,
             )  # fmt: skip
             self._comm = comm
-            self._exchange: Exchange | None = None
-            if self.spec.equal_batches and self.world_size > 1:
-                self._exchange = Exchange(comm, self.info.keys)  # every rank, together
             self._plan: Plan | None = given
             if given is not None:
                 # A file is proven safe before any byte moves, by all ranks together, here.
@@ -171,6 +188,21 @@ class Loader:
                 raise SolarError(f"snapshots: {snapshots} is not a directory")
             self._stream = RankStream(self.spec, self.rank, given, snapshots)
             self.reader = Reader(self.info, config, throttle)
+            self.transform = as_transform(transform)
+            if batch_transform is not None and not callable(batch_transform):
+                raise SolarError(f"batch_transform must be callable, got {batch_transform!r}")
+            self.batch_transform = batch_transform
+            if self.transform is not None and self.transform.processes and config.pin_memory:
+                raise SolarError("transform processes write batches in shared memory, which is "
+                                 "not pinned: pass pin_memory=False or use thread workers")  # fmt: skip
+            # The keys batches hold: the dataset's, or the transform's outputs.
+            self.out_keys = self.info.keys if self.transform is None else self._output_keys()
+            agree(comm, [(k.name, k.sample_shape, k.dtype.str) for k in self.out_keys],
+                  "the transform's output keys, shapes and dtypes")  # fmt: skip
+            self._exchange: Exchange | None = None
+            if self.spec.equal_batches and self.world_size > 1:
+                # Rows move as delivered: transformed, if there is a transform.
+                self._exchange = Exchange(comm, self.out_keys)  # every rank, together
             self.stats = LoaderStats()
             self.global_batch = 0  # samples over all ranks in the step last yielded
             self._global_sizes: tuple[int, np.ndarray] = (-1, np.diff(step_bounds(run)))
@@ -222,6 +254,20 @@ class Loader:
         agree(comm, (spec.fingerprint, made.header if made is not None else None), "the plan")
         return spec, made
 
+    def _output_keys(self) -> tuple[KeyInfo, ...]:
+        """The transform's output keys: declared, or those of its call on sample 0."""
+        assert self.transform is not None
+        if self.transform.out is not None:
+            keys = output_keys(self.transform.out, "transform out=", declared=True)
+        else:
+            first = np.zeros(1, np.int64)
+            raw = [np.empty((1, *k.sample_shape), k.native_dtype) for k in self.info.keys]
+            self.reader.read(first, raw, first)
+            keys = first_outputs(self.transform.fn, self.run.seed, self.info.keys, raw)
+        for k in keys:
+            torch_dtype(k)
+        return keys
+
     @property
     def plan(self) -> Plan:
         """The whole plan: the one given, or (for inspection; it costs a whole-run planning)
@@ -239,6 +285,7 @@ class Loader:
         self._buffer: SlotBuffer | None = None
         self._buffer_at = -1  # the buffer (and tier) match the plan at the start of this step
         self._pool: BatchPool | None = None
+        self._out_pool: BatchPool | None = None  # transformed batches
         self._rt: ProcessLocal[_Runtime] = ProcessLocal(self._new_runtime)
 
     def _new_runtime(self) -> _Runtime:
@@ -256,13 +303,18 @@ class Loader:
             )  # fmt: skip
             self._buffer_at = -1  # a new, empty tier: refill before serving
         depth = self.config.read_ahead_steps(self.run.batch_size)
-        return _Runtime(ReadAhead(self._start, depth), tier)
+        transforms = None
+        if self.transform is not None:
+            transforms = TransformPool(self.transform, self.run.seed, self.info.keys,
+                                       self.out_keys)  # fmt: skip
+        return _Runtime(ReadAhead(self._start, depth), tier, transforms)
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
         # The rank's plan is read (and validated) again from its file or plan in the new process.
         # The exchange belongs to this process's communicator: a copy cannot take part.
-        state.update(_buffer=None, _buffer_at=-1, _pool=None, _exchange=None, _comm=None)
+        state.update(_buffer=None, _buffer_at=-1, _pool=None, _out_pool=None, _exchange=None,
+                     _comm=None)  # fmt: skip
         return state
 
     @property
@@ -369,6 +421,7 @@ class Loader:
         rt = self._rt.here()
         if rt is not None:
             rt.ahead.wait()
+            wait([f for io in rt.ready for f in io.transforms])
 
     def close(self) -> None:
         """Stop the background work; remove the tier file."""
@@ -377,6 +430,8 @@ class Loader:
             rt.drain()
             if rt.tier is not None:
                 rt.tier.close()
+            if rt.transforms is not None:
+                rt.transforms.close()
         self._stream.close()
         self.reader.close()
         if self._exchange is not None:
@@ -392,7 +447,7 @@ class Loader:
     def _seek(self, step: int) -> None:
         """Make the buffer (and tier) match the plan at ``step``: read what later hits need."""
         buf, rt = self.buffer, self._rt.get()
-        if self._buffer_at == step:
+        if rt.next_step(self._buffer_at) == step:
             return
         rt.drain(step)  # no step from here on has started
         tier = rt.tier
@@ -429,7 +484,8 @@ class Loader:
             rows = self.spec.buffer.cap(self.run.batch_size)
             if self.spec.traced:
                 rows = self.sampler.max_batch(self.run) or rows
-            self._pool = BatchPool(self.info.keys, rows, self.config.pin_memory)
+            self._pool = BatchPool(self.info.keys, rows, self.config.pin_memory,
+                                   self._rt.get().allocate())  # fmt: skip
         step = self._step(k)
         tier = self.tier
         io = InFlight(step, [], [], [])
@@ -500,20 +556,19 @@ class Loader:
             else:
                 tier.submit_write(one_dst, buf.arrays if flag == DEMOTE else batch, one_src)
 
-    def _serve(self, rt: _Runtime, k: int) -> InFlight:
-        """Step ``k``'s batch, assembled: its reads waited for, its hits gathered, its updates
-        applied, its figures recorded."""
+    def _assemble(self, rt: _Runtime, k: int) -> InFlight:
+        """Step ``k``'s batch as read: its reads waited for, its hits gathered, its updates
+        applied (the buffer then stands at step ``k + 1``); its transform started."""
+        self._buffer_at = -1  # until the step is assembled, the buffer matches no step
         # Read ahead only into steps already planned: never wait for the planner here.
         io = rt.ahead.take(k, last=min(self.run.num_steps, self._stream.planned_end) - 1)
         step = io.plan
-        nbytes = tier_bytes = 0
-        busy = stall = 0.0
         if io.futures:  # a step of hits has none: it costs no waiting at all
             t0 = time.perf_counter()
             wait(io.futures)  # all of them, even if one failed: none writes into the batch after
             stall = time.perf_counter() - t0
             nbytes, busy = combine(io.futures[: io.storage])
-            tier_bytes = combine(io.futures[io.storage :])[0]
+            io.figures = (nbytes, busy, stall, combine(io.futures[io.storage :])[0])
         if not io.batch:
             assert self._pool is not None
             io.tensors, io.batch = self._pool.take(self._rows(k, step))
@@ -524,6 +579,59 @@ class Loader:
         self._update(k, step, io.batch)
         if rt.tier is not None:
             rt.tier.done_writing(k)
+        self._buffer_at = k + 1
+        if rt.transforms is not None:
+            self._start_transform(rt.transforms, k, io)
+        return io
+
+    def _start_transform(self, pool: TransformPool, k: int, io: InFlight) -> None:
+        """Start transforming step ``k``'s rows (``io.batch``, raw) into batch memory of its
+        own (``io.out``)."""
+        if self._out_pool is None:
+            assert self._pool is not None
+            self._out_pool = BatchPool(self.out_keys, self._pool.rows, self.config.pin_memory,
+                                       pool.allocate())  # fmt: skip
+        step = io.plan
+        e, t = divmod(k, self.run.steps_per_epoch)
+        again = repeats(step.samples) if step.copy_dst.size else np.zeros(step.size, np.int64)
+        if self.spec.traced and not self.spec.affinity:
+            again += self.rank << 32  # a trace's ranks may draw one sample in the same step
+        io.out = self._out_pool.take(self._rows(k, step))
+        rows = Rows(e, t, step.samples, again, np.arange(step.size))
+        io.transforms = pool.submit(io.batch, io.out[1], rows)
+
+    def _assemble_ahead(self, rt: _Runtime) -> None:
+        """With a transform: assemble the next steps whose reads are done, so that their
+        transforms run while the trainer computes on this one."""
+        if rt.transforms is None:
+            return
+        last = min(self.run.num_steps, self._stream.planned_end) - 1
+        while len(rt.ready) < self.transform_ahead and 0 <= self._buffer_at <= last:
+            if not rt.ahead.ready(self._buffer_at):
+                return  # its reads are late: it is assembled when it is asked for
+            try:
+                rt.ready.append(self._assemble(rt, self._buffer_at))
+            except Exception:
+                return  # left unassembled (the buffer is refilled): it fails in its own turn
+
+    @property
+    def transform_ahead(self) -> int:
+        return 0 if self.transform is None else self.transform.ahead
+
+    def _serve(self, rt: _Runtime, k: int) -> InFlight:
+        """Step ``k``'s batch, delivered: assembled (now or ahead), transformed, exchanged,
+        its figures recorded."""
+        io = rt.ready.popleft() if rt.ready else self._assemble(rt, k)
+        self._assemble_ahead(rt)
+        step = io.plan
+        nbytes, busy, stall, tier_bytes = io.figures
+        tbusy = 0.0
+        if io.out is not None:
+            t0 = time.perf_counter()
+            wait(io.transforms)  # all of them: none writes into the batch after
+            stall += time.perf_counter() - t0
+            tbusy = sum(f.result() for f in io.transforms)  # the first failure, if any
+            io.tensors, io.batch = io.out  # the raw rows go back to their pool
         moved, seconds = self._deliver(k, io)
         self.stats.record(
             StepStats(
@@ -533,6 +641,8 @@ class Loader:
                 read_seconds=busy, stall_seconds=stall, tier_hits=int(step.tier_rows.size),
                 tier_bytes=tier_bytes, tier_writes=int(step.tier_writes.size),
                 sent=moved[0], received=moved[1], exchange_seconds=seconds,
+                transform_seconds=tbusy, transformed=step.size if io.out is not None else 0,
+                transform_workers=0 if rt.transforms is None else rt.transforms.workers,
             )
         )  # fmt: skip
         return io
@@ -566,11 +676,11 @@ class Loader:
         import torch
 
         rt = self._rt.get()  # first: a forked child's new, empty tier moves the buffer's step
-        # With equal batches the other ranks wait for this one's rows: a failure here ends the
-        # job rather than leave them in the exchange.
-        with abort_job_on_error(self._comm if self._exchange is not None else None):
-            if self._buffer_at != k:
-                self._seek(k)  # another iterator (or a failed step) moved the buffer elsewhere
+        # With equal batches the other ranks wait for this one's rows, and a failed transform
+        # must end the job: a failure here ends it rather than leave the others waiting.
+        ends_job = self._exchange is not None or self.transform is not None
+        with abort_job_on_error(self._comm if ends_job else None):
+            self._seek(k)  # if another iterator (or a failed step) moved the buffer elsewhere
             self._window(k)  # the step being served: planned (waited for) if it must be
             try:
                 io = self._serve(rt, k)
@@ -579,12 +689,25 @@ class Loader:
                 # reads unknown: the next iteration seeks (drains, resets, refills) first.
                 self._buffer_at = -1
                 raise
-        self._buffer_at = k + 1
-        out = {key.name: t for key, t in zip(self.info.keys, io.tensors, strict=True)}
-        out["index"] = torch.from_numpy(io.plan.samples if io.index is None else io.index)
-        e, t = divmod(k, self.run.steps_per_epoch)
-        out.update(self.sampler.extras(self.run, e, t, self.rank, out))  # e.g. a subgraph
+            out = {key.name: t for key, t in zip(self.out_keys, io.tensors, strict=True)}
+            out["index"] = torch.from_numpy(io.plan.samples if io.index is None else io.index)
+            e, t = divmod(k, self.run.steps_per_epoch)
+            out.update(self.sampler.extras(self.run, e, t, self.rank, out))  # e.g. a subgraph
+            if self.batch_transform is not None:
+                out = self._transform_batch(out, e, k)
         return out
+
+    def _transform_batch(self, batch: dict, epoch: int, k: int) -> dict:
+        assert self.batch_transform is not None
+        try:
+            got = self.batch_transform(batch)
+        except Exception as exc:
+            raise SolarError(f"batch_transform of step {k} (epoch {epoch}) failed: "
+                             f"{type(exc).__name__}: {exc}") from exc  # fmt: skip
+        if not isinstance(got, Mapping):
+            raise SolarError(f"batch_transform of step {k} (epoch {epoch}) returned "
+                             f"{type(got).__name__}, not a dict")  # fmt: skip
+        return dict(got)
 
 
 @dataclass
@@ -593,11 +716,24 @@ class _Runtime:
 
     ahead: ReadAhead
     tier: TierFile | None
+    transforms: TransformPool | None = None
+    # Steps assembled ahead of the one served, their transforms under way (solar.transform).
+    ready: collections.deque[InFlight] = dataclasses.field(default_factory=collections.deque)
+
+    def allocate(self) -> Any:
+        """How batch memory is allocated here: in shared memory for transform processes."""
+        return None if self.transforms is None else self.transforms.allocate()
+
+    def next_step(self, buffer_at: int) -> int:
+        """The step served next here, with the buffer at ``buffer_at``."""
+        return self.ready[0].plan.step if self.ready else buffer_at
 
     def drain(self, step: int = 0) -> None:
-        """Wait for the reads under way, and start the tier's run of steps at ``step``: its
-        held reads are dropped first, since they would start only when steps that will not
-        be served are."""
+        """Wait for the reads and transforms under way, and start the tier's run of steps at
+        ``step``: its held reads are dropped first, since they would start only when steps
+        that will not be served are."""
+        wait([f for io in self.ready for f in io.transforms])
+        self.ready.clear()
         if self.tier is not None:
             self.tier.reset(step)
         self.ahead.drain()

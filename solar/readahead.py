@@ -5,7 +5,7 @@ from __future__ import annotations
 import collections
 from collections.abc import Callable
 from concurrent.futures import Future, wait
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -23,6 +23,11 @@ class InFlight:
     futures: list[Future]  # its reads: from storage first, then from the tier
     storage: int = 0  # futures[:storage] read from storage
     index: np.ndarray | None = None  # the delivered batch's ids, when not the plan's (exchange)
+    # Once assembled: (bytes read, reader busy seconds, seconds waited, tier bytes).
+    figures: tuple[int, float, float, int] = (0, 0.0, 0.0, 0)
+    # With a transform: the transformed batch (tensors, numpy views) and its tasks' futures.
+    out: tuple[list[Any], list[np.ndarray]] | None = None
+    transforms: list[Future] = field(default_factory=list)
 
 
 class ReadAhead:
@@ -47,6 +52,13 @@ class ReadAhead:
         while self._queue[-1].plan.step < min(k + self._depth, last):
             self._queue.append(self._start(self._queue[-1].plan.step + 1))
         return self._queue.popleft()
+
+    def ready(self, k: int) -> bool:
+        """Whether step ``k`` is next and its reads are all done, none failed."""
+        if not self._queue or self._queue[0].plan.step != k:
+            return False
+        futures = self._queue[0].futures
+        return all(f.done() and not f.cancelled() and f.exception() is None for f in futures)
 
     def wait(self) -> None:
         """Wait for every read under way, keeping them queued (a benchmark's epoch ends when

@@ -25,6 +25,9 @@ class StepStats:
     sent: int = 0  # equal batches: rows served here, delivered by another rank
     received: int = 0  # equal batches: rows another rank served, delivered here
     exchange_seconds: float = 0.0  # equal batches: moving them
+    transform_seconds: float = 0.0  # busy time of the transform workers on this step's rows
+    transformed: int = 0  # rows transformed
+    transform_workers: int = 0
 
 
 @dataclass
@@ -45,6 +48,8 @@ class EpochStats:
     sent: int = 0
     received: int = 0
     exchange_seconds: float = 0.0
+    transform_seconds: float = 0.0
+    transformed: int = 0
 
     def add(self, s: StepStats) -> None:
         self.steps += 1
@@ -60,6 +65,8 @@ class EpochStats:
         self.sent += s.sent
         self.received += s.received
         self.exchange_seconds += s.exchange_seconds
+        self.transform_seconds += s.transform_seconds
+        self.transformed += s.transformed
 
 
 @dataclass

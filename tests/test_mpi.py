@@ -171,7 +171,7 @@ def test_a_weighted_sampler_serves_every_draw_once(tmp_path, ranks, mode, tier, 
 @pytest.mark.parametrize(("launcher", "ranks", "slack", "layout"), [
     ("mpiexec", 2, 0.25, "one file"), ("mpiexec", 3, 0.5, "three files"),
     ("mpiexec", 3, 0.25, "one file, tier"), ("mpiexec", 3, 0.25, "one file, plan file"),
-    ("torchrun", 3, 0.5, "one file, tier"),
+    ("torchrun", 3, 0.5, "one file, tier"), ("mpiexec", 3, 0.25, "one file, transform"),
 ])  # fmt: skip
 def test_equal_batches_deliver_every_sample_once_with_h5py_bytes(
     tmp_path, launcher, ranks, slack, layout
@@ -188,6 +188,8 @@ def test_equal_batches_deliver_every_sample_once_with_h5py_bytes(
     if layout.endswith("tier"):
         (tmp_path / "nvme").mkdir()
         args += ["--tier", tmp_path / "nvme", "--tier-size", 20]
+    if layout.endswith("transform"):  # rows move transformed, their draws their own
+        args += ["--transform"]
     if layout.endswith("plan file"):
         made = subprocess.run(
             [str(Path(sys.executable).with_name("solar")), "plan", *map(str, data), "-P",
@@ -223,6 +225,20 @@ def test_a_rank_failing_before_its_exchange_ends_the_job_promptly(tmp_path, laun
     assert result.returncode != 0
     assert "boom from rank 1's read" in result.stderr, result.stderr[-3000:]
     assert "solar: rank 1" in result.stderr
+    assert "unreachable" not in result.stderr
+    assert time.monotonic() - t0 < 60
+
+
+@pytest.mark.parametrize("launcher", ["mpiexec", "torchrun"])
+def test_a_transform_failing_on_one_rank_ends_the_job_promptly(tmp_path, launcher):
+    """The others wait in a training step's collective: rank 1's failed transform, named by
+    sample and epoch, ends them all."""
+    data = write(tmp_path / "d.h5", 0, N)
+    t0 = time.monotonic()
+    result = launch(launcher, 3, "transform_fail.py", data, timeout=120)
+    assert result.returncode != 0
+    assert re.search(r"transform of sample \d+ \(epoch \d\) failed: ValueError: boom from "
+                     "rank 1's transform", result.stderr), result.stderr[-3000:]  # fmt: skip
     assert "unreachable" not in result.stderr
     assert time.monotonic() - t0 < 60
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -30,11 +31,24 @@ class BatchPool:
     of faulting in fresh ones each step makes a pure-hit step about as cheap as a gather.
     """
 
-    def __init__(self, keys: tuple[KeyInfo, ...], rows: int, pin_memory: bool) -> None:
+    def __init__(
+        self,
+        keys: tuple[KeyInfo, ...],
+        rows: int,
+        pin_memory: bool,
+        allocate: Callable[[list[tuple[int, ...]], list[np.dtype]], list[np.ndarray]] | None = None,
+    ) -> None:
         self._dtypes = [torch_dtype(k) for k in keys]
+        self._np_dtypes = [k.native_dtype for k in keys]
         self._shapes = [(rows, *k.sample_shape) for k in keys]
         self._pin = pin_memory
+        self._allocate = allocate  # e.g. in shared memory (transform processes); None: torch's
         self._sets: list[tuple[list[np.ndarray], list[weakref.ref]]] = []
+
+    @property
+    def rows(self) -> int:
+        """Rows of each set."""
+        return self._shapes[0][0]
 
     def __len__(self) -> int:
         """Sets of batch memory allocated so far."""
@@ -57,10 +71,13 @@ class BatchPool:
             return tensors, [t.numpy() for t in tensors]
         free = next((i for i, (_, refs) in enumerate(self._sets) if _dead(refs)), None)
         if free is None:
-            arrays = [
-                torch.empty(shape, dtype=dt).numpy()
-                for shape, dt in zip(self._shapes, self._dtypes, strict=True)
-            ]
+            if self._allocate is not None:
+                arrays = self._allocate(self._shapes, self._np_dtypes)
+            else:
+                arrays = [
+                    torch.empty(shape, dtype=dt).numpy()
+                    for shape, dt in zip(self._shapes, self._dtypes, strict=True)
+                ]
             self._sets.append((arrays, []))
             free = len(self._sets) - 1
         arrays = self._sets[free][0]

@@ -5,7 +5,9 @@ mpiexec -n P python tests/mpi/coverage.py DATA.h5 [DATA2.h5 ...] --slack X
     [--tier DIR --tier-size D] [--weighted {affinity,split}] [--plan PLAN.h5] [--equal-batches]
 
 With --equal-batches every batch is the rank's nominal share and holds the samples the plan's
-exchange (solar.schedule.transfer) delivers to it, in its order.
+exchange (solar.schedule.transfer) delivers to it, in its order. With --transform each sample
+passes through a transform drawing from its rng: every row carries the draws its (seed, epoch,
+sample, step) give, wherever it was transformed, in the first run and the resumed one.
 """
 
 import argparse
@@ -17,6 +19,19 @@ import numpy as np
 from solar import Loader, Weighted, dist
 from solar.schedule.order import nominal_batches
 from solar.schedule.transfer import delivered
+from solar.transform import sample_rng
+
+
+def noisy(sample, rng):
+    return {**{k: v.copy() for k, v in sample.items()}, "noise": rng.integers(0, 2**62, 2)}
+
+
+def check_noise(batch, e, t):
+    """Each row's draws are its own (Shuffle: no repeats)."""
+    if opts.transform:
+        for i, got in zip(batch["index"].tolist(), batch["noise"].numpy(), strict=True):
+            assert np.array_equal(got, sample_rng(0, e, i, t, 0).integers(0, 2**62, 2)), (e, t, i)
+
 
 parser = argparse.ArgumentParser()
 parser.add_argument("data", nargs="+")
@@ -27,6 +42,7 @@ parser.add_argument("--tier-size", type=int, default=0)
 parser.add_argument("--weighted", choices=["affinity", "split"])
 parser.add_argument("--plan", help="A `solar plan` file to load (proven against the sampler).")
 parser.add_argument("--equal-batches", action="store_true")
+parser.add_argument("--transform", action="store_true")
 opts = parser.parse_args()
 
 d = dist.init()
@@ -54,6 +70,8 @@ if opts.weighted:  # skewed weights, a few samples never drawn
     kw.update(sampler=sampler, plan=opts.plan)
 if opts.equal_batches:
     kw.update(equal_batches=True, plan=opts.plan)
+if opts.transform:
+    kw.update(transform=noisy)
 ld = Loader(opts.data, **kw)
 expected = None
 if opts.equal_batches:
@@ -66,6 +84,7 @@ for e in range(opts.epochs):
     mine = []
     for b in ld:
         idx = b["index"].numpy()
+        check_noise(b, e, len(mine))
         for key, want in ref.items():
             assert b[key].numpy().tobytes() == want[idx].tobytes(), (d.rank, e, key)
         if expected is not None:
@@ -115,7 +134,9 @@ resumed.load_state_dict(state)
 rest = []
 for e in range(1, opts.epochs):
     resumed.set_epoch(e)
-    rest += [b["index"].numpy().copy() for b in resumed]
+    for t, b in enumerate(resumed, start=cut - e * len(resumed) if e == 1 else 0):
+        check_noise(b, e, t)
+        rest.append(b["index"].numpy().copy())
 assert len(rest) == len(batches) - cut
 assert all(np.array_equal(a, b) for a, b in zip(rest, batches[cut:], strict=True))
 for loader in (ld, first, resumed):

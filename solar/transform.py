@@ -1,0 +1,244 @@
+"""Per-sample transforms inside the pipeline, off the trainer's thread.
+
+A :class:`Transform` runs a user function on each row of a step's batch once the row's bytes
+are in memory (a RAM hit, a tier read or a storage read), on a pool of worker threads (numpy,
+torch and numba release the GIL in their loops), or of worker processes for functions that
+hold it. Its outputs are written straight into preallocated batch rows: the trainer gets
+them as they are. The buffer and the tier keep raw bytes, so a transform runs anew at every
+access, as a ``DataLoader``'s ``__getitem__`` does.
+
+Each call gets a ``numpy.random.Generator`` of its own, a pure function of (seed, epoch, sample
+id, occurrence), so augmentation is reproducible whatever rank or worker runs it, and an
+exact resume replays it bit for bit. The occurrence is the draw's step within the epoch and
+its repeat within that step (with samplers that draw a sample more than once).
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import time
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+
+from solar.errors import SolarError
+from solar.io.hdf5 import KeyInfo
+
+SampleFn = Callable[[dict[str, np.ndarray], np.random.Generator], Mapping[str, np.ndarray]]
+
+
+def cpu_count() -> int:
+    """Cores this process may run on (its affinity mask, not the machine's count)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+@dataclass(frozen=True)
+class Transform:
+    """How the Loader transforms each sample: the one owner of these defaults.
+
+    ``fn(sample, rng) -> sample``: ``sample`` maps each key to its row (a read-only view:
+    return new arrays); the result maps output keys to arrays whose shapes and dtypes are the
+    same for every sample: ``out`` declares them (``{key: (shape, dtype)}``), else they are
+    taken from a first call on sample 0. ``workers``: threads (or processes) transforming at
+    once, ``"auto"``: the cores this process may use. ``processes``: run ``fn`` in worker
+    processes (it must pickle, as with a ``DataLoader`` under spawn); rows travel through
+    shared memory, never pickled. ``ahead``: steps transformed ahead of the one the trainer
+    takes.
+    """
+
+    fn: SampleFn
+    workers: int | Literal["auto"] = "auto"
+    processes: bool = False
+    out: Mapping[str, tuple[Sequence[int], Any]] | None = None
+    ahead: int = 2
+
+    def __post_init__(self) -> None:
+        if not callable(self.fn):
+            raise SolarError(f"transform must be callable, got {self.fn!r}")
+        w = self.workers
+        if w != "auto" and (not isinstance(w, int) or isinstance(w, bool) or w < 1):
+            raise SolarError(f"transform workers must be 'auto' or an integer >= 1, got {w!r}")
+        if not isinstance(self.ahead, int) or isinstance(self.ahead, bool) or self.ahead < 0:
+            raise SolarError(f"transform ahead must be an integer >= 0, got {self.ahead!r}")
+        if not isinstance(self.processes, bool):
+            raise SolarError(f"transform processes must be True or False, got {self.processes!r}")
+
+    @property
+    def worker_count(self) -> int:
+        return cpu_count() if self.workers == "auto" else int(self.workers)
+
+
+def as_transform(value: SampleFn | Transform | None) -> Transform | None:
+    """``Loader(transform=)``'s argument as a :class:`Transform` (a bare function: defaults)."""
+    if value is None or isinstance(value, Transform):
+        return value
+    return Transform(value)
+
+
+def sample_rng(seed: int, epoch: int, sample: int, step: int, repeat: int) -> np.random.Generator:
+    """The generator of one draw: Philox keyed by (seed, epoch), its counter starting at
+    (repeat, step, sample) in the high words, so no two draws' streams overlap within 2^64
+    numbers each."""
+    key = np.array([seed, epoch], np.uint64)
+    counter = np.array([0, repeat, step, sample], np.uint64)
+    return np.random.Generator(np.random.Philox(counter=counter, key=key))
+
+
+def repeats(ids: np.ndarray) -> np.ndarray:
+    """For each position of ``ids``, how many times its id occurred before it: (n,) int64."""
+    order = np.argsort(ids, kind="stable")
+    srt = ids[order]
+    starts = np.flatnonzero(np.r_[True, srt[1:] != srt[:-1]]) if ids.size else ids[:0]
+    first = np.repeat(starts, np.diff(np.r_[starts, ids.size]))
+    out = np.empty(ids.size, np.int64)
+    out[order] = np.arange(ids.size) - first
+    return out
+
+
+def output_keys(out: Mapping[str, Any], where: str, declared: bool = False) -> tuple[KeyInfo, ...]:
+    """Output keys from a transform's result ``{key: array}`` or, ``declared``, from
+    ``{key: (shape, dtype)}``; ``where`` names the source in errors."""
+    keys = []
+    if not isinstance(out, Mapping) or not out:
+        raise SolarError(f"{where}: a transform must return a non-empty dict of arrays")
+    for name, v in out.items():
+        if not isinstance(name, str) or name == "index":
+            raise SolarError(f"{where}: output key {name!r} (keys are strings, not 'index')")
+        try:
+            if declared:
+                shape, dtype = tuple(int(s) for s in v[0]), np.dtype(v[1])
+            else:
+                a = np.asarray(v)
+                shape, dtype = a.shape, a.dtype
+        except (TypeError, ValueError, IndexError):
+            what = "(shape, dtype)" if declared else "an array"
+            raise SolarError(f"{where}: key {name!r}: expected {what}, got {v!r}") from None
+        if dtype.hasobject or any(s < 0 for s in shape):
+            raise SolarError(f"{where}: key {name!r}: {shape} {dtype} is not a sample's shape")
+        keys.append(KeyInfo(name, tuple(shape), dtype.newbyteorder("=")))
+    return tuple(keys)
+
+
+@dataclass(frozen=True)
+class Rows:
+    """One step's rows to transform: batch rows ``rows`` hold draws of ``samples`` at
+    ``step`` of ``epoch`` (their repeats in ``repeat``)."""
+
+    epoch: int
+    step: int  # within the epoch
+    samples: np.ndarray  # (n,) int64
+    repeat: np.ndarray  # (n,) int64
+    rows: np.ndarray  # (n,) int64
+
+
+def _call(fn: SampleFn, seed: int, keys: tuple[KeyInfo, ...], src: Sequence[np.ndarray],
+          row: int, sample: int, epoch: int, step: int, repeat: int) -> Any:  # fmt: skip
+    """``fn`` on row ``row`` of ``src`` (read-only views), with its draw's generator."""
+    views = {}
+    for k, a in zip(keys, src, strict=True):
+        v = a[row, ...]  # a view, 0-d for scalar samples
+        v.flags.writeable = False  # the raw row may be on its way to the buffer or tier
+        views[k.name] = v
+    try:
+        return fn(views, sample_rng(seed, epoch, sample, step, repeat))
+    except Exception as exc:
+        raise SolarError(f"transform of sample {sample} (epoch {epoch}) failed: "
+                         f"{type(exc).__name__}: {exc}") from exc  # fmt: skip
+
+
+def first_outputs(fn: SampleFn, seed: int, keys: tuple[KeyInfo, ...],
+                  src: Sequence[np.ndarray]) -> tuple[KeyInfo, ...]:  # fmt: skip
+    """The output keys of ``fn`` on sample 0 (row 0 of ``src``), as at step 0 of epoch 0."""
+    got = _call(fn, seed, keys, src, 0, 0, 0, 0, 0)
+    return output_keys(got, "transform of sample 0 (epoch 0)")
+
+
+def transform_rows(
+    fn: SampleFn,
+    seed: int,
+    keys: tuple[KeyInfo, ...],
+    src: Sequence[np.ndarray],
+    out_keys: tuple[KeyInfo, ...],
+    dst: Sequence[np.ndarray],
+    job: Rows,
+) -> float:
+    """Transform ``job``'s rows of ``src`` (raw, per key) into the same rows of ``dst`` (per
+    output key); returns the seconds it took. Errors name the sample and epoch."""
+    t0 = time.perf_counter()
+    for j in range(job.rows.size):
+        row, sample = int(job.rows[j]), int(job.samples[j])
+        got = _call(fn, seed, keys, src, row, sample, job.epoch, job.step, int(job.repeat[j]))
+        where = f"transform of sample {sample} (epoch {job.epoch})"
+        if not isinstance(got, Mapping) or len(got) != len(out_keys):
+            names = sorted(got) if isinstance(got, Mapping) else type(got).__name__
+            raise SolarError(f"{where} returned {names}, expected keys "
+                             f"{[k.name for k in out_keys]}")  # fmt: skip
+        for k, a in zip(out_keys, dst, strict=True):
+            v = got.get(k.name)
+            v = np.asarray(v) if v is not None else None
+            if v is None or v.shape != k.sample_shape or v.dtype != k.dtype:
+                what = "nothing" if v is None else f"{v.shape} {v.dtype}"
+                raise SolarError(f"{where} returned {what} for key {k.name!r}, expected "
+                                 f"{k.sample_shape} {k.dtype} (declared or first seen)")  # fmt: skip
+            a[row] = v
+    return time.perf_counter() - t0
+
+
+class TransformPool:
+    """The workers of one process: ``submit`` splits a step's rows into a few tasks."""
+
+    def __init__(self, spec: Transform, seed: int, keys: tuple[KeyInfo, ...],
+                 out_keys: tuple[KeyInfo, ...]) -> None:  # fmt: skip
+        self.spec = spec
+        self.workers = spec.worker_count
+        self.seed, self.keys, self.out_keys = seed, keys, out_keys
+        self._pool: Executor | None = None
+        if spec.processes:
+            from solar.transform_procs import ProcessTransforms
+
+            self._procs: ProcessTransforms | None = ProcessTransforms(self)
+        else:
+            self._procs = None
+
+    def allocate(
+        self,
+    ) -> Callable[[list[tuple[int, ...]], list[np.dtype]], list[np.ndarray]] | None:
+        """How batches the workers touch are allocated: in shared memory for processes."""
+        return None if self._procs is None else self._procs.arena.allocate
+
+    def _threads(self) -> Executor:
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="solar-transform")
+        return self._pool
+
+    def submit(self, src: list[np.ndarray], dst: list[np.ndarray], job: Rows) -> list[Future]:
+        """Start transforming ``job``'s rows; the futures' results are busy seconds."""
+        n = job.rows.size
+        if n == 0:
+            return []
+        parts = min(n, 2 * self.workers)  # two tasks per worker: the slowest one ends sooner
+        cuts = np.linspace(0, n, parts + 1).astype(np.int64)
+        jobs = [
+            Rows(job.epoch, job.step, job.samples[a:b], job.repeat[a:b], job.rows[a:b])
+            for a, b in itertools.pairwise(cuts)
+        ]
+        if self._procs is not None:
+            return self._procs.submit(src, dst, jobs)
+        pool, fn = self._threads(), self.spec.fn
+        args = (self.seed, self.keys, src, self.out_keys, dst)
+        return [pool.submit(transform_rows, fn, *args, part) for part in jobs]
+
+    def close(self) -> None:
+        """Stop the workers (after the tasks under way)."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+        if self._procs is not None:
+            self._procs.close()
