@@ -193,8 +193,8 @@ class Loader:
                 raise SolarError(f"batch_transform must be callable, got {batch_transform!r}")
             self.batch_transform = batch_transform
             if self.transform is not None and self.transform.processes and config.pin_memory:
-                raise SolarError("transform processes write batches in shared memory, which is "
-                                 "not pinned: pass pin_memory=False or use thread workers")  # fmt: skip
+                raise SolarError("transform processes write batches in shared memory, not "
+                                 "pinned: pass pin_memory=False or use thread workers")  # fmt: skip
             # The keys batches hold: the dataset's, or the transform's outputs.
             self.out_keys = self.info.keys if self.transform is None else self._output_keys()
             agree(comm, [(k.name, k.sample_shape, k.dtype.str) for k in self.out_keys],

@@ -29,6 +29,8 @@ from solar.errors import SolarError
 from solar.io.hdf5 import KeyInfo
 
 SampleFn = Callable[[dict[str, np.ndarray], np.random.Generator], Mapping[str, np.ndarray]]
+# Allocates batch memory: (shapes, dtypes) -> one array each.
+Allocator = Callable[[list[tuple[int, ...]], list[np.dtype]], list[np.ndarray]]
 
 
 def cpu_count() -> int:
@@ -186,7 +188,7 @@ def transform_rows(
             if v is None or v.shape != k.sample_shape or v.dtype != k.dtype:
                 what = "nothing" if v is None else f"{v.shape} {v.dtype}"
                 raise SolarError(f"{where} returned {what} for key {k.name!r}, expected "
-                                 f"{k.sample_shape} {k.dtype} (declared or first seen)")  # fmt: skip
+                                 f"{k.sample_shape} {k.dtype} (as first seen)")  # fmt: skip
             a[row] = v
     return time.perf_counter() - t0
 

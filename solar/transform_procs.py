@@ -40,7 +40,9 @@ class SharedArena:
             size += -(-int(np.prod(shape, dtype=np.int64)) * dt.itemsize // 64) * 64
         seg = shared_memory.SharedMemory(create=True, size=max(size, 1))
         with self._lock:
-            self._segments.append((seg, np.frombuffer(seg.buf, np.uint8).ctypes.data))
+            buf = seg.buf
+            assert buf is not None
+            self._segments.append((seg, np.frombuffer(buf, np.uint8).ctypes.data))
         return [np.ndarray(shape, dt, buffer=seg.buf, offset=o)
                 for shape, dt, o in zip(shapes, dtypes, offsets, strict=True)]  # fmt: skip
 

@@ -186,7 +186,8 @@ def test_a_failing_transform_names_the_sample_and_epoch(data, processes):
     (lambda s, r: {"img": s["img"][: 1 + int(s["label"]) % 2]}, None,
      r"transform of sample \d+ \(epoch 0\) returned \(2, 12\) float32 for key 'img', expected "
      r"\(1, 12\) float32"),
-    (lambda s, r: {"img": s["img"]}, {"img": ((12, 12), "float64")}, r"expected \(12, 12\) float64"),
+    (lambda s, r: {"img": s["img"]}, {"img": ((12, 12), "float64")},
+     r"expected \(12, 12\) float64"),
     (lambda s, r: s["img"], None, r"transform of sample 0 \(epoch 0\): a transform must return a "
      r"non-empty dict"),
     (lambda s, r: {"index": s["img"]}, None, r"output key 'index'"),
