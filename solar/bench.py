@@ -38,6 +38,7 @@ from solar.io.pagecache import evict
 from solar.io.sources import describe_source
 from solar.io.throttle import Throttle
 from solar.schedule.policies import TIERED
+from solar.transform import cpu_count, load_transform, sample_rng
 
 WARM_FIELDS = ("warm_seconds", "compile_seconds")  # of loader.stats, reported per loader
 LOADERS = ("torch", "lru", "fifo", "solar-artifact", "nopfs", "solar", "solar-ram", "static")
@@ -51,9 +52,16 @@ VARIANTS: dict[str, dict[str, Any]] = {
 }
 
 
-def default_loaders(tier: bool, weighted: bool = False) -> tuple[str, ...]:
+# With --transform: solar without it, the transform applied in the training loop.
+INLOOP = "solar-inloop"
+
+
+def default_loaders(tier: bool, weighted: bool = False, transform: bool = False) -> tuple[str, ...]:
     """Every loader (of the sampler); ``solar-ram`` (solar without its tier) only when there
-    is a tier; ``static`` only with a weighted sampler."""
+    is a tier; ``static`` only with a weighted sampler. With a transform: the DataLoader,
+    solar with the transform in the training loop and solar with it in its pipeline."""
+    if transform:
+        return ("torch", INLOOP, "solar")
     names = WEIGHTED_LOADERS if weighted else LOADERS[:-1]
     return names if tier else tuple(n for n in names if n != "solar-ram")
 
@@ -72,12 +80,15 @@ class BenchConfig:
     tier_size: float = 0.0  # aggregate second tier as a fraction of the dataset
     slack: float = DEFAULT_SLACK
     loaders: tuple[str, ...] | None = None  # None: default_loaders(tier)
-    workers: int = 2
+    workers: int | None = None  # DataLoader workers; None: the cores this process may use
     reader: ReaderConfig = field(default_factory=ReaderConfig)
     throttle: str | None = None  # "MBps,latency_ms"
     compute_ms: float = 0.0
     seed: int = 0
     weights: str | None = None  # a .npy of weights: every loader draws as WeightedRandomSampler
+    # MODULE:FUNC, a per-sample transform every loader applies: the DataLoader in
+    # __getitem__, solar in its pipeline (transform=), and solar-inloop in the training loop.
+    transform: str | None = None
 
 
 @dataclass
@@ -91,6 +102,7 @@ class LoaderResult:
     stall_seconds: list[float] = field(default_factory=list)
     rows_moved: list[int] = field(default_factory=list)  # equal batches: between ranks
     exchange_seconds: list[float] = field(default_factory=list)  # moving them (slowest rank)
+    cpu_seconds: list[float] = field(default_factory=list)  # the machine's, in each epoch
 
 
 def sequential_bandwidth(paths: list[Path], limit: int = 2**30, repeats: int = 3) -> float:
@@ -107,6 +119,15 @@ def sequential_bandwidth(paths: list[Path], limit: int = 2**30, repeats: int = 3
                     total += n
         rates.append(total / (time.perf_counter() - t0))
     return float(np.median(rates))
+
+
+def machine_cpu_seconds() -> float:
+    """CPU seconds spent by every process on this machine so far (busy, not idle or waiting
+    for I/O): what a loader's epoch costs, workers and ranks included, when it runs alone."""
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+    busy = sum(fields[:3]) + sum(fields[5:8])  # user nice system, irq softirq steal
+    return busy / os.sysconf("SC_CLK_TCK")
 
 
 def memory_bandwidth(nbytes: int = 256 * 2**20, repeats: int = 5) -> float:
@@ -127,7 +148,8 @@ class H5Dataset:
     One-sample files (HDF5 or .npy) are opened per sample, as such datasets are read today.
     """
 
-    def __init__(self, info, throttle: Throttle | None = None) -> None:
+    def __init__(self, info, throttle: Throttle | None = None, transform: Any = None,
+                 seed: int = 0) -> None:  # fmt: skip
         self.files = [str(p) for p in info.files]
         self.keys = [k.name for k in info.keys]
         self.npy = [[str(p) for p in fs] for fs in info.key_files] if info.format == "npy" else []
@@ -135,6 +157,7 @@ class H5Dataset:
         self.starts = np.concatenate([[0], np.cumsum(info.lengths)])
         self.sample_bytes = info.sample_bytes
         self.throttle = throttle
+        self.transform, self.seed = transform, seed
         self.handles: dict[int, Any] = {}
 
     def __len__(self) -> int:
@@ -157,6 +180,10 @@ class H5Dataset:
             out = self._many(f, local)
         if self.throttle is not None:
             self.throttle.wait(self.sample_bytes, len(self.keys))
+        if self.transform is not None:  # as a user's __getitem__ would (its rng: the sample's)
+            got = self.transform({k: v.numpy() for k, v in out.items()},
+                                 sample_rng(self.seed, 0, i, 0, 0))  # fmt: skip
+            out = {k: torch.from_numpy(np.asarray(v)) for k, v in got.items()}
         return out
 
     def _many(self, f: int, local: int) -> dict:
@@ -185,9 +212,11 @@ def run(cfg: BenchConfig, comm: Any, progress=None) -> dict | None:
     n, sample_bytes = info.num_samples, info.sample_bytes
     weighted = cfg.weights is not None
     if cfg.loaders is None:
-        cfg = dataclasses.replace(cfg, loaders=default_loaders(cfg.tier is not None, weighted))
+        chosen = default_loaders(cfg.tier is not None, weighted, cfg.transform is not None)
+        cfg = dataclasses.replace(cfg, loaders=chosen)
     assert cfg.loaders is not None
     known = WEIGHTED_LOADERS if weighted else (*LOADERS[:-1], *VARIANTS)
+    known += (INLOOP,) if cfg.transform else ()
     unknown = set(cfg.loaders) - set(known)
     if unknown:
         raise SolarError(f"--loaders: unknown {sorted(unknown)} (choose from {', '.join(known)})")
@@ -201,6 +230,8 @@ def run(cfg: BenchConfig, comm: Any, progress=None) -> dict | None:
     capacity = math.ceil(cfg.buffer * n / world)
     tier_capacity = math.ceil(cfg.tier_size * n / world) if cfg.tier else 0
     throttle = Throttle.parse(cfg.throttle) if cfg.throttle else None
+    fn = load_transform(cfg.transform) if cfg.transform else None
+    workers = cpu_count() if cfg.workers is None else cfg.workers
 
     # Storage read as the loaders read it (all ranks, their threads, random batches): the
     # limit it gives is a lower bound on an epoch's time (solar/io/bandwidth.py).
@@ -219,13 +250,13 @@ def run(cfg: BenchConfig, comm: Any, progress=None) -> dict | None:
 
     loaders: dict[str, Any] = {}
     if "torch" in cfg.loaders:
-        ds: Any = H5Dataset(info, throttle)  # a map-style Dataset by protocol
+        ds: Any = H5Dataset(info, throttle, fn, cfg.seed)  # a map-style Dataset by protocol
         sampler: Any = DistributedSampler(ds, num_replicas=world, rank=rank, seed=cfg.seed)
         if solar_sampler is not None:
             sampler = _RankWeighted(solar_sampler.weights, n // world, cfg.seed, rank)
         dl: Any = DataLoader(
-            ds, batch_size=cfg.batch_size, sampler=sampler, num_workers=cfg.workers,
-            persistent_workers=cfg.workers > 0,
+            ds, batch_size=cfg.batch_size, sampler=sampler, num_workers=workers,
+            persistent_workers=workers > 0,
         )  # fmt: skip
         # Fork the persistent workers now, while this process is small: forked after solar's
         # buffers exist, they would share those pages copy-on-write, and every first write to a
@@ -234,7 +265,7 @@ def run(cfg: BenchConfig, comm: Any, progress=None) -> dict | None:
         loaders["torch"] = (dl, sampler)
     for name in cfg.loaders:
         if name != "torch":
-            policy = "solar" if name == "solar-ram" or name in VARIANTS else name
+            policy = "solar" if name in ("solar-ram", INLOOP) or name in VARIANTS else name
             # The policies that plan a tier (solar-ram is solar without its tier).
             # (of a sampler's trace: solar only)
             tiers = ("solar",) if weighted else TIERED
@@ -246,6 +277,7 @@ def run(cfg: BenchConfig, comm: Any, progress=None) -> dict | None:
                 reader=cfg.reader, throttle=throttle,
                 tier=cfg.tier if tiered else None, tier_size=tier_capacity if tiered else 0,
                 sampler=solar_sampler, **{"slack": cfg.slack, **VARIANTS.get(name, {})},
+                transform=None if name == INLOOP else fn,
             )  # fmt: skip
     loaders = {name: loaders[name] for name in cfg.loaders}  # the order asked for
     results = {name: LoaderResult(name) for name in cfg.loaders}
@@ -263,11 +295,13 @@ def run(cfg: BenchConfig, comm: Any, progress=None) -> dict | None:
             if rank == 0:
                 evict(files)
             comm.Barrier()
-            t0 = time.perf_counter()
-            count = _epoch(name, loader, epoch, cfg.compute_ms)
+            t0, cpu0 = time.perf_counter(), machine_cpu_seconds()
+            inloop = (fn, cfg.seed) if name == INLOOP else None
+            count = _epoch(name, loader, epoch, cfg.compute_ms, inloop)
             seconds = allreduce(comm, time.perf_counter() - t0, MAX)
             r = results[name]
             r.epoch_seconds.append(seconds)
+            r.cpu_seconds.append(machine_cpu_seconds() - cpu0)  # rank 0's figure is reported
             r.samples.append(comm.allreduce(count))
             if name != "torch":
                 st = loader.stats.epochs[epoch]
@@ -317,7 +351,9 @@ class _RankWeighted:
         return iter(WeightedRandomSampler(w, self.num_samples, replacement=True, generator=g))
 
 
-def _epoch(name: str, loader: Any, epoch: int, compute_ms: float) -> int:
+def _epoch(name: str, loader: Any, epoch: int, compute_ms: float, inloop: Any = None) -> int:
+    """One epoch of ``loader``; ``inloop`` (fn, seed): transform each batch's samples in the
+    training loop, one at a time, as users of a loader without transforms do."""
     count = 0
     if name == "torch":
         dl, sampler = loader
@@ -326,8 +362,11 @@ def _epoch(name: str, loader: Any, epoch: int, compute_ms: float) -> int:
     else:
         loader.set_epoch(epoch)
         batches = iter(loader)
-    for batch in batches:
+    for step, batch in enumerate(batches):
         count += len(next(iter(batch.values())))
+        if inloop is not None:
+            fn, seed = inloop
+            batch = _transform_in_loop(batch, fn, seed, epoch, step)
         if compute_ms:
             time.sleep(compute_ms / 1e3)
     if name != "torch":
@@ -335,6 +374,15 @@ def _epoch(name: str, loader: Any, epoch: int, compute_ms: float) -> int:
         # another loader is timed, and the limit's bytes are all read inside timed windows.
         loader.wait_reads()
     return count
+
+
+def _transform_in_loop(batch: dict, fn: Any, seed: int, epoch: int, step: int) -> dict:
+    import torch
+
+    ids = batch["index"].tolist()
+    rows = [fn({k: v[i].numpy() for k, v in batch.items() if k != "index"},
+               sample_rng(seed, epoch, s, step, 0)) for i, s in enumerate(ids)]  # fmt: skip
+    return {k: torch.from_numpy(np.stack([r[k] for r in rows])) for k in rows[0]}
 
 
 def _summarise(cfg, world, n, sample_bytes, capacity, limits, results, spec, throttle) -> dict:
@@ -360,6 +408,7 @@ def _summarise(cfg, world, n, sample_bytes, capacity, limits, results, spec, thr
             "samples_per_second": rate,
             "bytes_read": r.bytes_read,
             "stall_seconds": r.stall_seconds,
+            "cpu_seconds_per_sample": sum(r.cpu_seconds) / max(1, sum(r.samples)),
         }
         if r.hits:
             both = [h + t for h, t in zip(r.hits, r.tier_hits, strict=True)]

@@ -19,6 +19,7 @@ from solar.schedule.plan import plan_to_file, simulate
 from solar.schedule.policies import TRACE_POLICIES
 from solar.schedule.samplers import make_sampler
 from solar.schedule.summary import PlanSummary
+from solar.transform import load_transform
 
 _READER = ReaderConfig()  # the defaults shown by --help
 
@@ -346,7 +347,8 @@ def gen(out, preset, samples, chunks, compression, nodes, avg_degree, features, 
               "solar-equal: equal batches, solar-slack0: slack 0).")  # fmt: skip
 @click.option("--equal-batches", is_flag=True,
               help="Also compare solar-equal: solar with equal local batches.")  # fmt: skip
-@click.option("--workers", type=int, default=2, show_default=True, help="DataLoader workers.")
+@click.option("--workers", type=click.IntRange(min=0),
+              help="DataLoader workers (default: the cores this process may use).")  # fmt: skip
 @click.option("--threads", type=int, default=_READER.threads, show_default=True,
               help="solar reader threads per rank.")  # fmt: skip
 @click.option("--read-ahead", type=int, default=_READER.read_ahead, show_default=True,
@@ -363,11 +365,15 @@ def gen(out, preset, samples, chunks, compression, nodes, avg_degree, features, 
 @click.option(
     "--weights", type=click.Path(), help="Weights .npy (one per sample) of --sampler weighted."
 )
+@click.option("--transform", metavar="MODULE:FUNC",
+              help="A per-sample transform fn(sample, rng) (MODULE importable or a .py path): "
+                   "the DataLoader runs it in __getitem__, solar in its pipeline, solar-inloop "
+                   "in the training loop.")  # fmt: skip
 @click.option("--json", "json_out", type=click.Path(), help="Write the results as JSON here.")
 @click.option("--plot", "plot_out", type=click.Path(), help="Write a PNG plot here.")
 def bench(data, keys, one_per_file, world_size, batch_size, epochs, buffer, tier, tier_size,
           slack, loaders, equal_batches, workers, threads, read_ahead, throttle, compute_ms, seed,
-          sampler_kind, weights, json_out, plot_out) -> None:  # fmt: skip
+          sampler_kind, weights, transform, json_out, plot_out) -> None:  # fmt: skip
     """Compare the PyTorch DataLoader and every policy on DATA, cold storage each epoch."""
     import os
 
@@ -378,8 +384,12 @@ def bench(data, keys, one_per_file, world_size, batch_size, epochs, buffer, tier
     if (tier is None) != (tier_share == 0):
         raise SolarError("--tier DIR and --tier-size > 0 go together")
     make_sampler(sampler_kind, weights)  # a bad --weights fails here, before any rank starts
+    if transform:
+        load_transform(transform)  # a bad --transform fails here, before any rank starts
     if loaders is None:
-        loaders = ",".join(harness.default_loaders(tier is not None, weights is not None))
+        loaders = ",".join(
+            harness.default_loaders(tier is not None, weights is not None, transform is not None)
+        )
     if equal_batches and "solar-equal" not in loaders.split(","):
         loaders += ",solar-equal"
     reader = ReaderConfig(threads=threads, read_ahead=read_ahead)
@@ -402,7 +412,7 @@ def bench(data, keys, one_per_file, world_size, batch_size, epochs, buffer, tier
         buffer=share, tier=tier, tier_size=tier_share, slack=slack,
         loaders=tuple(x for x in loaders.split(",") if x),
         workers=workers, reader=reader, throttle=throttle, compute_ms=compute_ms, seed=seed,
-        weights=weights,
+        weights=weights, transform=transform,
     )  # fmt: skip
 
     def progress(epoch: int, name: str, seconds: float) -> None:

@@ -84,6 +84,36 @@ def as_transform(value: SampleFn | Transform | None) -> Transform | None:
     return Transform(value)
 
 
+def load_transform(text: str) -> SampleFn:
+    """The function ``MODULE:FUNC`` names (``MODULE`` importable, or a ``.py`` file's path)."""
+    import importlib
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    module_name, sep, name = text.rpartition(":")
+    if not sep or not module_name or not name:
+        raise SolarError(f"--transform: expected MODULE:FUNC or FILE.py:FUNC, got {text!r}")
+    try:
+        if module_name.endswith(".py"):
+            path = Path(module_name)
+            spec = importlib.util.spec_from_file_location(path.stem, path)
+            if spec is None or spec.loader is None or not path.is_file():
+                raise FileNotFoundError(f"no file {path}")
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[path.stem] = module  # so that the function pickles (processes)
+            spec.loader.exec_module(module)
+        else:
+            module = importlib.import_module(module_name)
+    except Exception as exc:
+        raise SolarError(f"--transform {text}: cannot import {module_name}: "
+                         f"{type(exc).__name__}: {exc}") from exc  # fmt: skip
+    fn = getattr(module, name, None)
+    if not callable(fn):
+        raise SolarError(f"--transform {text}: {module_name} has no function {name!r}")
+    return fn
+
+
 def sample_rng(seed: int, epoch: int, sample: int, step: int, repeat: int) -> np.random.Generator:
     """The generator of one draw: Philox keyed by (seed, epoch), its counter starting at
     (repeat, step, sample) in the high words, so no two draws' streams overlap within 2^64

@@ -133,3 +133,25 @@ def test_bench_with_a_weighted_sampler(tmp_path):
     bad = subprocess.run([SOLAR, "bench", data, "--sampler", "weighted"], capture_output=True,
                          text=True, check=False)  # fmt: skip
     assert bad.returncode != 0 and "--weights" in bad.stderr
+
+
+def test_bench_applies_one_transform_in_every_loader(tmp_path):
+    """--transform: the DataLoader in __getitem__, solar in its pipeline, solar-inloop in the
+    training loop; CPU seconds per sample reported for each; a bad one refused up front."""
+    data, mod = tmp_path / "d.h5", tmp_path / "aug.py"
+    subprocess.run([SOLAR, "gen", data, "--preset", "braggnn", "--samples", "300"], check=True)
+    mod.write_text("def halve(sample, rng):\n    return {k: v / 2 for k, v in sample.items()}\n")
+    result = subprocess.run(
+        [SOLAR, "bench", data, "-E", "2", "-B", "16", "--buffer", "25%", "--workers", "1",
+         "--transform", f"{mod}:halve", "--json", tmp_path / "r.json"],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    res = json.loads((tmp_path / "r.json").read_text())
+    assert list(res["loaders"]) == ["torch", "solar-inloop", "solar"]
+    assert all(e["cpu_seconds_per_sample"] > 0 for e in res["loaders"].values())
+    assert res["config"]["transform"] == f"{mod}:halve"
+    bad = subprocess.run([SOLAR, "bench", data, "--transform", f"{mod}:nothing"],
+                         capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+    assert bad.returncode != 0
+    assert f"--transform {mod}:nothing: {mod} has no function 'nothing'" in bad.stderr
