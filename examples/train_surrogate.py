@@ -13,6 +13,10 @@ per-sample losses scaled by ``solar.dist.scale_loss``, so DDP's average is the g
 global mean. Rank 0 logs loss, samples/s, stall time and hit rate per epoch, and writes a
 checkpoint (model, optimizer, every rank's loader state) at each epoch end and every
 ``--checkpoint-every`` steps; ``--resume`` continues from it exactly.
+
+Each sample is prepared by ``prepare`` on solar's transform workers, off the training thread:
+the image log-normalised, and image and targets flipped together at random. Its generator is
+the sample's own (seed, epoch, sample), so a resumed run sees the same flips.
 """
 
 from __future__ import annotations
@@ -54,6 +58,16 @@ class Surrogate(nn.Module):
         return self.amplitude(z)[:, 0], self.phase(z)[:, 0]
 
 
+def prepare(sample: dict[str, np.ndarray], rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """Log-normalise the diffraction image; flip image and targets left-right at random."""
+    x = np.log1p(np.abs(sample["diffraction"]))
+    out = {"diffraction": (x - x.mean()) / (x.std() + 1e-6),
+           "amplitude": sample["amplitude"], "phase": sample["phase"]}  # fmt: skip
+    if rng.random() < 0.5:
+        out = {k: v[:, ::-1] for k, v in out.items()}
+    return {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in out.items()}
+
+
 def per_sample_loss(model: nn.Module, batch: dict) -> torch.Tensor:
     amp, phase = model(batch["diffraction"])
     err = (amp - batch["amplitude"]) ** 2 + (phase - batch["phase"]) ** 2
@@ -93,7 +107,7 @@ def main() -> None:
     snapshots.mkdir(parents=True, exist_ok=True)
     loader = Loader(opts.data, batch_size=opts.batch_size, epochs=opts.epochs, buffer=buffer,
                     slack=opts.slack, seed=opts.seed, comm=d.comm,
-                    snapshots=snapshots)  # fmt: skip
+                    snapshots=snapshots, transform=prepare)  # fmt: skip
 
     torch.manual_seed(opts.seed)
     model = DDP(Surrogate())
