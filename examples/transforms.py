@@ -1,7 +1,7 @@
 """Per-sample transforms for ``Loader(transform=...)`` and ``solar bench --transform``.
 
 ``augment`` is a PtychoNN-style augmentation costing 1-3 ms per 256x256 float32 sample on a
-2-core machine: on the first key (the network's input) a random crop to 7/8 of the image, a
+2-core machine: on the largest key (the network's input image) a random crop to 7/8 of the image, a
 random horizontal flip, a log, a light blur, normalisation and Gaussian noise; the other keys
 (its targets) take the same flip. ``solar bench DATA --transform examples/transforms.py:augment``
 """
@@ -12,8 +12,8 @@ import numpy as np
 
 
 def augment(sample: dict[str, np.ndarray], rng: np.random.Generator) -> dict[str, np.ndarray]:
-    """Crop, flip, log-normalise and add noise to the first key; flip the others alike."""
-    keys = list(sample)
+    """Crop, flip, log-normalise and add noise to the largest key; flip the others alike."""
+    keys = sorted(sample, key=lambda k: -sample[k].size)  # the largest first: the image
     x = sample[keys[0]]
     h, w = x.shape[-2:]
     ch, cw = h - h // 8, w - w // 8

@@ -14,6 +14,7 @@ from solar.errors import CorruptPlanError, PlanMismatchError, SolarError
 from solar.graph import Graph, NeighborSampler
 from solar.schedule import Plan, PlanSpec, load_plan, make_plan
 from solar.schedule.samplers import Shuffle, Trace, Weighted
+from solar.transform import Transform
 
 __all__ = [
     "BufferConfig",
@@ -29,6 +30,7 @@ __all__ = [
     "Shuffle",
     "SolarError",
     "Trace",
+    "Transform",
     "Weighted",
     "load_plan",
     "make_plan",

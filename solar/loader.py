@@ -24,7 +24,7 @@ import os
 import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import wait
+from concurrent.futures import FIRST_COMPLETED, wait
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -628,7 +628,13 @@ class Loader:
         tbusy = 0.0
         if io.out is not None:
             t0 = time.perf_counter()
-            wait(io.transforms)  # all of them: none writes into the batch after
+            # Waiting for this step's transforms, assemble the next steps as their reads land,
+            # so that their transforms queue behind these and the workers never idle.
+            while running := [f for f in io.transforms if not f.done()]:
+                more = len(rt.ready) < self.transform_ahead
+                landing = rt.ahead.pending(self._buffer_at) if more else []
+                wait([*running, *landing], return_when=FIRST_COMPLETED)
+                self._assemble_ahead(rt)
             stall += time.perf_counter() - t0
             tbusy = sum(f.result() for f in io.transforms)  # the first failure, if any
             io.tensors, io.batch = io.out  # the raw rows go back to their pool

@@ -53,6 +53,12 @@ class ReadAhead:
             self._queue.append(self._start(self._queue[-1].plan.step + 1))
         return self._queue.popleft()
 
+    def pending(self, k: int) -> list[Future]:
+        """Step ``k``'s reads not yet done, if it is next (else none)."""
+        if not self._queue or self._queue[0].plan.step != k:
+            return []
+        return [f for f in self._queue[0].futures if not f.done()]
+
     def ready(self, k: int) -> bool:
         """Whether step ``k`` is next and its reads are all done, none failed."""
         if not self._queue or self._queue[0].plan.step != k:
