@@ -197,6 +197,10 @@ class Loader:
                                  "pinned: pass pin_memory=False or use thread workers")  # fmt: skip
             # The keys batches hold: the dataset's, or the transform's outputs.
             self.out_keys = self.info.keys if self.transform is None else self._output_keys()
+            # What the buffer and tier hold: raw rows, or transformed ones if deterministic.
+            self._held_keys = self.out_keys if self._holds_transformed else self.info.keys
+            if self._holds_transformed:
+                check_budget(min(capacity, n), sum(k.row_bytes for k in self._held_keys))
             agree(comm, [(k.name, k.sample_shape, k.dtype.str) for k in self.out_keys],
                   "the transform's output keys, shapes and dtypes")  # fmt: skip
             self._exchange: Exchange | None = None
@@ -254,6 +258,10 @@ class Loader:
         agree(comm, (spec.fingerprint, made.header if made is not None else None), "the plan")
         return spec, made
 
+    @property
+    def _holds_transformed(self) -> bool:
+        return self.transform is not None and self.transform.deterministic
+
     def _output_keys(self) -> tuple[KeyInfo, ...]:
         """The transform's output keys: declared, or those of its call on sample 0."""
         assert self.transform is not None
@@ -297,9 +305,9 @@ class Loader:
         if slots and self._tier_dir is not None:
             # Named for the plan and the rank (and, by TierFile, the host and process).
             tier = TierFile(
-                self._tier_dir, slots=slots, keys=self.info.keys, executor=self.reader.executor,
+                self._tier_dir, slots=slots, keys=self._held_keys, executor=self.reader.executor,
                 name=f"{self.spec.fingerprint[:12]}-r{self.rank}",
-                staging_slots=max(64, (256 << 20) // tier_stride(self.info.keys)),  # 256 MiB
+                staging_slots=max(64, (256 << 20) // tier_stride(self._held_keys)),  # 256 MiB
             )  # fmt: skip
             self._buffer_at = -1  # a new, empty tier: refill before serving
         depth = self.config.read_ahead_steps(self.run.batch_size)
@@ -320,7 +328,7 @@ class Loader:
     @property
     def buffer(self) -> SlotBuffer:
         if self._buffer is None:
-            self._buffer = SlotBuffer(slot_count(self.run, self.spec.buffer), self.info.keys)
+            self._buffer = SlotBuffer(slot_count(self.run, self.spec.buffer), self._held_keys)
             self._buffer_at = 0  # an empty buffer is the plan's state before step 0
         return self._buffer
 
@@ -455,9 +463,12 @@ class Loader:
         cells, samples = self._window(step).refill_at(step)
         self._buffer_at = -1  # until the refill succeeds, the buffer matches no step
         ram = cells < buf.capacity
-        nbytes = self.reader.read(samples[ram], buf.arrays, cells[ram])
-        if tier is not None and not np.all(ram):
-            nbytes += self._refill_tier(tier, cells[~ram] - buf.capacity, samples[~ram])
+        if self._holds_transformed:
+            nbytes = self._refill_transformed(rt, step, cells, samples)
+        else:
+            nbytes = self.reader.read(samples[ram], buf.arrays, cells[ram])
+            if tier is not None and not np.all(ram):
+                nbytes += self._refill_tier(tier, cells[~ram] - buf.capacity, samples[~ram])
         stats = self.stats.epoch(step // self.run.steps_per_epoch)
         stats.rebuild_seconds += time.perf_counter() - t0
         stats.bytes_read += nbytes
@@ -474,6 +485,31 @@ class Loader:
             nbytes += self.reader.read(samples[part], staging, rows)
             tier.submit_write(tslots[part], staging, rows)  # copied before it returns
         tier.wait_writes()
+        return nbytes
+
+    def _refill_transformed(self, rt: _Runtime, step: int, cells: np.ndarray,
+                            samples: np.ndarray) -> int:  # fmt: skip
+        """Read ``samples`` from storage, transform them and store them in buffer (or tier)
+        ``cells``, a batch's worth at a time (a deterministic transform's held rows)."""
+        assert rt.transforms is not None
+        n = max(1, self.spec.buffer.cap(self.run.batch_size))
+        raw, out = (rt.transforms.staging(keys, n) for keys in (self.info.keys, self.out_keys))
+        buf, tier, nbytes = self.buffer, rt.tier, 0
+        e, t = divmod(step, self.run.steps_per_epoch)
+        for lo in range(0, samples.size, n):
+            ids, dst = samples[lo : lo + n], cells[lo : lo + n]
+            rows = np.arange(ids.size)
+            nbytes += self.reader.read(ids, raw, rows)
+            futures = rt.transforms.submit(raw, out, Rows(e, t, ids, np.zeros_like(ids), rows))
+            wait(futures)
+            for f in futures:
+                f.result()  # the first failure, if any
+            ram = dst < buf.capacity
+            buf.store(out, rows[ram], dst[ram])
+            if not np.all(ram):
+                assert tier is not None
+                tier.submit_write(dst[~ram] - buf.capacity, out, rows[~ram])
+                tier.wait_writes()  # before ``out`` is overwritten
         return nbytes
 
     def _start(self, k: int) -> InFlight:
@@ -501,8 +537,12 @@ class Loader:
             io.storage = len(io.futures)
             if step.tier_rows.size:
                 assert tier is not None
+                into = io.batch
+                if self._holds_transformed:  # the tier holds transformed rows
+                    io.out = self._take_out(k, step)
+                    into = io.out[1]
                 try:
-                    io.futures += tier.read_step(k, step.tier_slots, io.batch, step.tier_rows)
+                    io.futures += tier.read_step(k, step.tier_slots, into, step.tier_rows)
                 except BaseException:
                     wait(io.futures)  # no read may still write into memory handed back
                     raise
@@ -572,33 +612,56 @@ class Loader:
         if not io.batch:
             assert self._pool is not None
             io.tensors, io.batch = self._pool.take(self._rows(k, step))
+        if self._holds_transformed:
+            # Hits are held transformed: straight into the delivered batch. Only storage
+            # reads are transformed; the step is settled once they are (its admissions are).
+            assert rt.transforms is not None
+            if io.out is None:
+                io.out = self._take_out(k, step)
+            self.buffer.gather(step.hit_slots, io.out[1], step.hit_rows)
+            self._start_transform(rt.transforms, k, io, step.read_rows)
+            return io
         self.buffer.gather(step.hit_slots, io.batch, step.hit_rows)
-        if step.copy_dst.size:  # a sample drawn twice in the batch: read once, copied
-            for rows in io.batch:
-                copy_rows(rows, step.copy_src, rows, step.copy_dst)
-        self._update(k, step, io.batch)
-        if rt.tier is not None:
-            rt.tier.done_writing(k)
-        self._buffer_at = k + 1
+        self._settle(rt, k, io, io.batch)
         if rt.transforms is not None:
-            self._start_transform(rt.transforms, k, io)
+            io.out = self._take_out(k, step)
+            self._start_transform(rt.transforms, k, io, np.arange(step.size))
         return io
 
-    def _start_transform(self, pool: TransformPool, k: int, io: InFlight) -> None:
-        """Start transforming step ``k``'s rows (``io.batch``, raw) into batch memory of its
-        own (``io.out``)."""
+    def _settle(self, rt: _Runtime, k: int, io: InFlight, batch: list[np.ndarray]) -> None:
+        """Complete step ``k``'s ``batch`` (repeats copied) and apply its buffer and tier
+        updates: the buffer then stands at step ``k + 1``."""
+        step = io.plan
+        if step.copy_dst.size:  # a sample drawn twice in the batch: read once, copied
+            for rows in batch:
+                copy_rows(rows, step.copy_src, rows, step.copy_dst)
+        self._update(k, step, batch)
+        if rt.tier is not None:
+            rt.tier.done_writing(k)
+        io.settled = True
+        self._buffer_at = k + 1
+
+    def _take_out(self, k: int, step: StepPlan) -> tuple[list[Any], list[np.ndarray]]:
+        """Batch memory for step ``k``'s transformed rows."""
         if self._out_pool is None:
             assert self._pool is not None
+            allocate = self._rt.get().allocate()
             self._out_pool = BatchPool(self.out_keys, self._pool.rows, self.config.pin_memory,
-                                       pool.allocate())  # fmt: skip
+                                       allocate)  # fmt: skip
+        return self._out_pool.take(self._rows(k, step))
+
+    def _start_transform(self, pool: TransformPool, k: int, io: InFlight, rows: np.ndarray) -> None:
+        """Start transforming ``rows`` of step ``k`` (``io.batch``, raw) into the same rows of
+        ``io.out``."""
+        assert io.out is not None
         step = io.plan
         e, t = divmod(k, self.run.steps_per_epoch)
         again = repeats(step.samples) if step.copy_dst.size else np.zeros(step.size, np.int64)
         if self.spec.traced and not self.spec.affinity:
             again += self.rank << 32  # a trace's ranks may draw one sample in the same step
-        io.out = self._out_pool.take(self._rows(k, step))
-        rows = Rows(e, t, step.samples, again, np.arange(step.size))
-        io.transforms = pool.submit(io.batch, io.out[1], rows)
+        job = Rows(e, t, step.samples[rows], again[rows], rows)
+        io.transforms = pool.submit(io.batch, io.out[1], job)
+        io.transformed = int(rows.size)
 
     def _assemble_ahead(self, rt: _Runtime) -> None:
         """With a transform: assemble the next steps whose reads are done, so that their
@@ -638,6 +701,9 @@ class Loader:
             stall += time.perf_counter() - t0
             tbusy = sum(f.result() for f in io.transforms)  # the first failure, if any
             io.tensors, io.batch = io.out  # the raw rows go back to their pool
+            if not io.settled:  # held transformed: admitted once transformed
+                self._settle(rt, k, io, io.batch)
+                self._assemble_ahead(rt)
         moved, seconds = self._deliver(k, io)
         self.stats.record(
             StepStats(
@@ -647,7 +713,7 @@ class Loader:
                 read_seconds=busy, stall_seconds=stall, tier_hits=int(step.tier_rows.size),
                 tier_bytes=tier_bytes, tier_writes=int(step.tier_writes.size),
                 sent=moved[0], received=moved[1], exchange_seconds=seconds,
-                transform_seconds=tbusy, transformed=step.size if io.out is not None else 0,
+                transform_seconds=tbusy, transformed=io.transformed,
                 transform_workers=0 if rt.transforms is None else rt.transforms.workers,
             )
         )  # fmt: skip

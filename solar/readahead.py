@@ -28,6 +28,8 @@ class InFlight:
     # With a transform: the transformed batch (tensors, numpy views) and its tasks' futures.
     out: tuple[list[Any], list[np.ndarray]] | None = None
     transforms: list[Future] = field(default_factory=list)
+    transformed: int = 0  # rows being transformed
+    settled: bool = False  # its buffer and tier updates are applied
 
 
 class ReadAhead:

@@ -52,7 +52,10 @@ class Transform:
     once, ``"auto"``: the cores this process may use. ``processes``: run ``fn`` in worker
     processes (it must pickle, as with a ``DataLoader`` under spawn); rows travel through
     shared memory, never pickled. ``ahead``: steps transformed ahead of the one the trainer
-    takes.
+    takes. ``deterministic``: ``fn``'s result depends on the sample alone (not on ``rng``), so
+    the buffer and the tier may keep transformed samples: a hit is then served as held, only
+    storage reads are transformed (one step ahead, since a step's admissions are its
+    transformed rows).
     """
 
     fn: SampleFn
@@ -60,6 +63,7 @@ class Transform:
     processes: bool = False
     out: Mapping[str, tuple[Sequence[int], Any]] | None = None
     ahead: int = 2
+    deterministic: bool = False
 
     def __post_init__(self) -> None:
         if not callable(self.fn):
@@ -69,8 +73,10 @@ class Transform:
             raise SolarError(f"transform workers must be 'auto' or an integer >= 1, got {w!r}")
         if not isinstance(self.ahead, int) or isinstance(self.ahead, bool) or self.ahead < 0:
             raise SolarError(f"transform ahead must be an integer >= 0, got {self.ahead!r}")
-        if not isinstance(self.processes, bool):
-            raise SolarError(f"transform processes must be True or False, got {self.processes!r}")
+        for name in ("processes", "deterministic"):
+            if not isinstance(getattr(self, name), bool):
+                raise SolarError(f"transform {name} must be True or False, "
+                                 f"got {getattr(self, name)!r}")  # fmt: skip
 
     @property
     def worker_count(self) -> int:
@@ -244,6 +250,13 @@ class TransformPool:
     ) -> Callable[[list[tuple[int, ...]], list[np.dtype]], list[np.ndarray]] | None:
         """How batches the workers touch are allocated: in shared memory for processes."""
         return None if self._procs is None else self._procs.arena.allocate
+
+    def staging(self, keys: tuple[KeyInfo, ...], n: int) -> list[np.ndarray]:
+        """``n`` rows of each key, where the workers can reach them."""
+        shapes, dtypes = [(n, *k.sample_shape) for k in keys], [k.native_dtype for k in keys]
+        if self._procs is not None:
+            return self._procs.arena.allocate(shapes, dtypes)
+        return [np.empty(shape, dt) for shape, dt in zip(shapes, dtypes, strict=True)]
 
     def _threads(self) -> Executor:
         if self._pool is None:

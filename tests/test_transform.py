@@ -235,3 +235,64 @@ def test_a_batch_transform_that_fails_names_the_step(data):
 def test_repeats_count_earlier_occurrences():
     assert repeats(np.array([5, 3, 5, 5, 3, 9])).tolist() == [0, 0, 1, 2, 1, 0]
     assert repeats(np.array([], np.int64)).tolist() == []
+
+
+def shrink(sample, rng):
+    """Deterministic: the centre, doubled, as float64 (other shape and dtype than the raw)."""
+    return {"centre": sample["img"][2:10, 2:10].astype(np.float64) * 2, "label": sample["label"]}
+
+
+def check_shrunk(ref: dict, batch: dict) -> None:
+    idx = batch["index"].numpy()
+    want = ref["img"][idx][:, 2:10, 2:10].astype(np.float64) * 2
+    assert batch["centre"].numpy().tobytes() == want.tobytes()
+    assert np.array_equal(batch["label"].numpy(), ref["label"][idx])
+
+
+@pytest.mark.parametrize(("tier", "processes"), [(False, False), (True, False), (True, True)])
+def test_a_deterministic_transform_is_held_transformed(data, tmp_path, tier, processes):
+    """Buffer (and tier) hold transformed rows: hits are served as held, only storage reads
+    are transformed; bytes are the transform's of h5py's, also after a resume (the refill
+    transforms what it reads)."""
+    ref = read_all(data)
+    t = Transform(shrink, deterministic=True, processes=processes, workers=2)
+    kw: dict = dict(batch_size=10, epochs=3, buffer=20, seed=3, transform=t)
+    if tier:
+        (tmp_path / "nvme").mkdir()
+        kw.update(tier=tmp_path / "nvme", tier_size=40)
+    ld = Loader(data, **kw)
+    for e in range(3):
+        ld.set_epoch(e)
+        for b in ld:
+            check_shrunk(ref, b)
+    for e, st in ld.stats.epochs.items():
+        assert st.transformed == st.reads, e  # hits (RAM and tier) need no transform
+    assert sum(st.hits for st in ld.stats.epochs.values()) > 0
+    if tier:
+        assert sum(st.tier_hits for st in ld.stats.epochs.values()) > 0
+    ld.set_epoch(1)
+    it = iter(ld)
+    for _ in range(3):
+        next(it)
+    state = ld.state_dict()
+    ld.close()
+    resumed = Loader(data, **kw)
+    resumed.load_state_dict(state)
+    resumed.set_epoch(1)
+    for b in resumed:
+        check_shrunk(ref, b)
+    assert resumed.stats.epochs[1].rebuild_seconds > 0  # refilled, transformed
+    resumed.close()
+
+
+def test_a_deterministic_transform_with_repeats_in_a_batch(data):
+    w = np.zeros(N)
+    w[:5] = 1.0
+    ref = read_all(data)
+    ld = Loader(data, batch_size=8, epochs=2, buffer=3, sampler=Weighted(w, num_samples=40),
+                transform=Transform(shrink, deterministic=True))  # fmt: skip
+    for e in range(2):
+        ld.set_epoch(e)
+        for b in ld:
+            check_shrunk(ref, b)
+    ld.close()
