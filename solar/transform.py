@@ -251,6 +251,17 @@ class TransformPool:
         """How batches the workers touch are allocated: in shared memory for processes."""
         return None if self._procs is None else self._procs.arena.allocate
 
+    def resize(self, workers: int) -> None:
+        """Transform on ``workers`` threads from the next task on (tasks under way finish
+        where they are). Worker processes keep their number."""
+        if self._procs is not None or workers == self.workers:
+            return
+        if workers < 1:
+            raise SolarError(f"transform workers must be >= 1, got {workers}")
+        old, self._pool, self.workers = self._pool, None, workers
+        if old is not None:
+            old.shutdown(wait=False)
+
     def staging(self, keys: tuple[KeyInfo, ...], n: int) -> list[np.ndarray]:
         """``n`` rows of each key, where the workers can reach them."""
         shapes, dtypes = [(n, *k.sample_shape) for k in keys], [k.native_dtype for k in keys]

@@ -296,3 +296,14 @@ def test_a_deterministic_transform_with_repeats_in_a_batch(data):
         for b in ld:
             check_shrunk(ref, b)
     ld.close()
+
+
+def test_transform_threads_resize_between_steps(data):
+    """The tuner's knob: a pool resized mid-epoch serves the same bytes."""
+    ref = read_all(data)
+    ld = Loader(data, batch_size=10, epochs=1, buffer=20, transform=Transform(shrink, workers=1))
+    for i, b in enumerate(ld):
+        check_shrunk(ref, b)
+        ld._rt.get().transforms.resize(1 + i % 3)
+    assert {s.transform_workers for s in ld.stats.steps} == {1, 2, 3}
+    ld.close()
