@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import multiprocessing
 import threading
+import weakref
 from concurrent.futures import Future, ProcessPoolExecutor
 from multiprocessing import resource_tracker, shared_memory
 from typing import TYPE_CHECKING, Any
@@ -110,6 +111,8 @@ class ProcessTransforms:
             pool.workers, mp_context=ctx, initializer=_init,
             initargs=(pool.spec.fn, pool.seed, pool.keys, pool.out_keys),
         )  # fmt: skip
+        # Stopped and unlinked at close, or when dropped, or at exit: never left behind.
+        self._finalizer = weakref.finalize(self, _stop, self._procs, self.arena)
         try:  # start them all now, not inside the first epoch
             for f in [self._procs.submit(_ready) for _ in range(pool.workers)]:
                 f.result()
@@ -127,5 +130,9 @@ class ProcessTransforms:
         return [self._procs.submit(_run, s, d, job) for job in jobs]
 
     def close(self) -> None:
-        self._procs.shutdown(wait=True, cancel_futures=True)
-        self.arena.close()
+        self._finalizer()
+
+
+def _stop(procs: ProcessPoolExecutor, arena: SharedArena) -> None:
+    procs.shutdown(wait=True, cancel_futures=True)
+    arena.close()

@@ -307,3 +307,10 @@ def test_transform_threads_resize_between_steps(data):
         ld._rt.get().transforms.resize(1 + i % 3)
     assert {s.transform_workers for s in ld.stats.steps} == {1, 2, 3}
     ld.close()
+
+
+def test_transform_processes_need_a_function_that_pickles(data):
+    with pytest.raises(SolarError, match=r"transform processes did not start \(does the "
+                       r"transform pickle\?"):  # fmt: skip
+        Loader(data, batch_size=10, epochs=1, buffer=0,
+               transform=Transform(lambda s, r: s, processes=True, workers=1))  # fmt: skip
