@@ -693,11 +693,15 @@ class Loader:
             t0 = time.perf_counter()
             # Waiting for this step's transforms, assemble the next steps as their reads land,
             # so that their transforms queue behind these and the workers never idle.
-            while running := [f for f in io.transforms if not f.done()]:
-                more = len(rt.ready) < self.transform_ahead
-                landing = rt.ahead.pending(self._buffer_at) if more else []
-                wait([*running, *landing], return_when=FIRST_COMPLETED)
-                self._assemble_ahead(rt)
+            try:
+                while running := [f for f in io.transforms if not f.done()]:
+                    more = len(rt.ready) < self.transform_ahead
+                    landing = rt.ahead.pending(self._buffer_at) if more else []
+                    wait([*running, *landing], return_when=FIRST_COMPLETED)
+                    self._assemble_ahead(rt)
+            except BaseException:
+                wait(io.transforms)  # (an interrupt) none may write into memory handed back
+                raise
             stall += time.perf_counter() - t0
             tbusy = sum(f.result() for f in io.transforms)  # the first failure, if any
             io.tensors, io.batch = io.out  # the raw rows go back to their pool
