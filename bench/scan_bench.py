@@ -10,7 +10,10 @@ solar/io/scan.py: ``every`` (each rank scans every file: solar before one scan p
 ``split`` (each rank scans N/P files, allgather) and ``root`` (rank 0 scans, broadcast):
 ``describe_source`` and ``Loader`` construction (``warm=False``: construction proper, not the
 kernels' warm-up), each the slowest rank's seconds, after a barrier. The same for the
-converted file. The files are deleted at the end (``--keep`` keeps them). Metadata stays in
+converted file. ``--warm`` constructs the Loader as users do (its kernels' warm-up included);
+``--repeat R`` runs every case R times, interleaved, and keeps each case's median (this machine
+is shared: single runs vary by 1.5x). The files are deleted at the end (``--keep`` keeps them).
+Metadata stays in
 the page cache between runs (dropping it needs privileges this machine does not grant): the
 figures are the CPU and system-call cost of a scan, the floor of a parallel file system's.
 """
@@ -21,6 +24,7 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -56,7 +60,7 @@ def make_files(root: Path, n: int, fmt: str) -> None:
     template.unlink()
 
 
-def child(source: str, mode: str, one_per_file: bool) -> None:
+def child(source: str, mode: str, one_per_file: bool, warm: bool) -> None:
     """Under mpiexec: time describe_source and Loader construction; rank 0 prints JSON."""
     import torch  # noqa: F401  (imported by the Loader: not a cost of the scan)
     from mpi4py import MPI
@@ -70,23 +74,25 @@ def child(source: str, mode: str, one_per_file: bool) -> None:
     out = {}
     for what in ("describe", "loader"):
         comm.Barrier()
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         if what == "describe":
             info = describe_source(source, one_per_file=one_per_file, comm=comm)
         else:
             ld = Loader(source, batch_size=4, epochs=2, buffer=8, comm=comm,
-                        one_per_file=one_per_file, warm=False)  # fmt: skip
-        seconds = time.perf_counter() - t0
+                        one_per_file=one_per_file, warm=warm)  # fmt: skip
+        seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
         out[what] = comm.allreduce(seconds, op=MPI.MAX)
+        # CPU seconds (the slowest rank's, all its threads): what a loaded machine disturbs less.
+        out[what + "_cpu"] = comm.allreduce(cpu, op=MPI.MAX)
     ld.close()
     out["samples"] = info.num_samples
     if comm.Get_rank() == 0:
         print("RESULT " + json.dumps(out), flush=True)
 
 
-def run(source: Path, ranks: int, mode: str, one_per_file: bool) -> dict:
+def _run_once(source: Path, ranks: int, mode: str, one_per_file: bool, warm: bool) -> dict:
     cmd = [str(MPIEXEC), "-n", str(ranks), sys.executable, __file__, "--child", str(source),
-           mode, "1" if one_per_file else "0"]  # fmt: skip
+           mode, "1" if one_per_file else "0", "1" if warm else "0"]  # fmt: skip
     p = subprocess.run(cmd, capture_output=True, text=True, check=False,
                        env={**os.environ, "OMP_NUM_THREADS": "1"})  # fmt: skip
     if p.returncode:
@@ -97,7 +103,7 @@ def run(source: Path, ranks: int, mode: str, one_per_file: bool) -> dict:
 
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--child":
-        child(sys.argv[2], sys.argv[3], sys.argv[4] == "1")
+        child(sys.argv[2], sys.argv[3], sys.argv[4] == "1", sys.argv[5] == "1")
         return
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--files", type=int, nargs="+", default=[1000, 10000])
@@ -106,6 +112,8 @@ def main() -> None:
     ap.add_argument("--modes", nargs="+", default=["every", "split", "root"])
     ap.add_argument("--dir", type=Path, default=Path("/tmp/solar-scan-bench"))
     ap.add_argument("--keep", action="store_true")
+    ap.add_argument("--warm", action="store_true", help="Loader with its kernels' warm-up")
+    ap.add_argument("--repeat", type=int, default=1, help="runs per case (medians)")
     ap.add_argument("--json", type=Path)
     opts = ap.parse_args()
     rows = []
@@ -121,17 +129,27 @@ def main() -> None:
                 subprocess.run([str(SOLAR), "convert", str(root), str(single), "--one-per-file"],
                                check=True, capture_output=True)  # fmt: skip
             for p in opts.ranks:
-                for mode in opts.modes if p > 1 else ["every"]:
-                    r = run(root, p, mode, True)
-                    rows.append(dict(files=n, ranks=p, mode=mode, **r))
-                    print(f"{n:>7} files, P={p}, {mode:>5}: describe {r['describe']:.2f} s, "
-                          f"Loader {r['loader']:.2f} s", flush=True)  # fmt: skip
-                if single.exists():
-                    r = run(single, p, "split", False)
-                    rows.append(dict(files=n, ranks=p, mode="converted", **r))
-                    print(f"{n:>7} files, P={p}, converted file: describe "
-                          f"{r['describe']:.2f} s, Loader {r['loader']:.2f} s",
+                cases = [(root, mode, True) for mode in (opts.modes if p > 1 else ["every"])]
+                cases += [(single, "converted", False)] if single.exists() else []
+                runs: list[list[dict]] = [[] for _ in cases]
+                for _ in range(opts.repeat):  # interleaved: the machine's load hits all alike
+                    for (source, mode, per_file), got in zip(cases, runs, strict=True):
+                        got.append(_run_once(source, p, "split" if mode == "converted" else mode,
+                                             per_file, opts.warm))  # fmt: skip
+                for (_, mode, _), got in zip(cases, runs, strict=True):
+                    r = {k: statistics.median(x[k] for x in got) for k in got[0]}
+                    rows.append(dict(files=n, ranks=p, mode=mode, warm=opts.warm, **r))
+                    print(f"{n:>7} files, P={p}, {mode:>9}: describe {r['describe']:.3f} s, "
+                          f"Loader {r['loader']:.3f} s (CPU {r['loader_cpu']:.3f} s)",
                           flush=True)  # fmt: skip
+                if single.exists() and len(cases) > 1:
+                    conv = rows[-1]["loader"]
+                    for row in rows[-len(cases) : -1]:
+                        row["loader_vs_converted"] = row["loader"] / conv
+                        row["cpu_vs_converted"] = row["loader_cpu"] / rows[-1]["loader_cpu"]
+                        print(f"{n:>7} files, P={p}, {row['mode']:>9}: Loader "
+                              f"{row['loader_vs_converted']:.2f}x the converted file's "
+                              f"(CPU {row['cpu_vs_converted']:.2f}x)", flush=True)  # fmt: skip
     finally:
         if not opts.keep:
             shutil.rmtree(opts.dir, ignore_errors=True)

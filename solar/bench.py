@@ -13,8 +13,8 @@ at least as long as the busiest.
 
 With ``tier`` (a directory on local NVMe) ``solar`` and ``nopfs`` also get a second tier of
 ``tier_size`` (an aggregate share, like ``buffer``), ``solar-ram`` is solar without it, and the
-limit takes ``bytes_tier / tier_bw`` into the max, with the tier's O_DIRECT read bandwidth
-measured here.
+limit takes ``bytes_tier / tier_bw`` into the max, with the tiers' O_DIRECT read bandwidth
+measured here as the loaders read them (every rank's tier, its threads, random batches).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ import numpy as np
 from solar.config import DEFAULT_SLACK, ReaderConfig
 from solar.dist import MAX, allreduce
 from solar.errors import SolarError
-from solar.io.bandwidth import read_bandwidth
+from solar.io.bandwidth import read_bandwidth, tier_read_bandwidth
 from solar.io.pagecache import evict
 from solar.io.sources import describe_source
 from solar.io.throttle import Throttle
@@ -236,14 +236,15 @@ def run(cfg: BenchConfig, comm: Any, progress=None) -> dict | None:
     # Storage read as the loaders read it (all ranks, their threads, random batches): the
     # limit it gives is a lower bound on an epoch's time (solar/io/bandwidth.py).
     read_bw = read_bandwidth(info, cfg.reader, comm, cfg.batch_size, throttle, seed=cfg.seed)
+    # The tiers likewise: all ranks' at once, their threads, random batches of slots.
+    tier_bw = (tier_read_bandwidth(info, cfg.reader, comm, cfg.batch_size, cfg.tier,
+                                   seed=cfg.seed) if cfg.tier else 0.0)  # fmt: skip
     limits = None
     if rank == 0:
         limits = {"read_bytes_per_s": read_bw, "mem_bytes_per_s": memory_bandwidth(),
                   "read_threads": cfg.reader.threads * world}  # fmt: skip
         if cfg.tier:
-            from solar.cache.tier import measure_bandwidth
-
-            limits["tier_bytes_per_s"] = measure_bandwidth(cfg.tier)[1]  # reads, O_DIRECT
+            limits["tier_bytes_per_s"] = tier_bw  # all ranks' together, as storage's
     limits = comm.bcast(limits, root=0)
     if throttle is not None:
         limits["read_bytes_per_s"] = min(limits["read_bytes_per_s"], throttle.bytes_per_s * world)
@@ -434,12 +435,12 @@ def _summarise(cfg, world, n, sample_bytes, capacity, limits, results, spec, thr
             # Storage reads (the reader's threads), tier reads, copies of hits (the consuming
             # thread) and compute overlap: an epoch lasts at least as long as the busiest one.
             # (A sum would not be a lower bound.) Bandwidths are the best of their runs; the
-            # storage's is all ranks' together, memory's and the tier's one rank's, so those
-            # take the average rank's share (the slowest rank has at least as much).
+            # storage's and the tier's are all ranks' together, memory's one rank's, so that
+            # takes the average rank's share (the slowest rank has at least as much).
             terms = [nbytes / limits["read_bytes_per_s"], steps * cfg.compute_ms / 1e3,
                      hits * sample_bytes / world / limits["mem_bytes_per_s"]]  # fmt: skip
             if tier:
-                terms.append(tier * sample_bytes / world / limits["tier_bytes_per_s"])
+                terms.append(tier * sample_bytes / limits["tier_bytes_per_s"])
             limit.append(max(terms))
         out["loaders"]["solar"]["epoch_limit_seconds"] = limit
         out["loaders"]["solar"]["share_of_limit"] = sum(r.epoch_seconds) / sum(limit)

@@ -1,9 +1,8 @@
 """Compile numba kernels before any timed or trained epoch, and say what it cost.
 
-solar's hot loops are numba kernels. Most are cached (``cache=True``: compiled once per
-install into numba's cache, then loaded in a few ms each; libc's calls are linked by name,
-solar/io/libc.py); the few that embed a codec library's function addresses are compiled in
-every process (solar/io/fused.py, bitshuffle.py). A
+solar's hot loops are numba kernels, all cached (``cache=True``: compiled once per install
+into numba's cache, then loaded in a few ms each; libc's and the codec libraries' C functions
+are linked by name, solar/io/libc.py and solar/io/codeclibs.py). A
 kernel is compiled (or loaded) for each new combination of argument types at its first call,
 and which combinations a run needs depends on its data (dtypes, layout), policy, sampler and
 tier. So rather than list signatures, solar *rehearses*: a Loader, ``solar plan`` and
@@ -33,7 +32,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 from numba.core import event
@@ -99,8 +98,7 @@ def measured() -> Iterator[list[Warmth]]:
 
 
 def dispatchers() -> dict[str, Dispatcher]:
-    """Every numba kernel of solar, by qualified name (the per-process codec kernels of
-    solar/io/fused.py included)."""
+    """Every numba kernel of solar, by qualified name."""
     import solar
 
     out: dict[str, Dispatcher] = {}
@@ -111,12 +109,6 @@ def dispatchers() -> dict[str, Dispatcher]:
         for name, obj in vars(module).items():
             if isinstance(obj, Dispatcher) and obj.__module__ == m.name:
                 out[f"{m.name}.{name}"] = obj
-    from solar.io.fused import kernel
-
-    for codec in ("deflate", "zstd"):
-        run = kernel(codec)
-        if run is not None:
-            out[f"solar.io.fused.kernel({codec!r})"] = cast(Dispatcher, run)
     return out
 
 

@@ -77,16 +77,39 @@ def test_the_limit_is_below_every_epoch(tmp_path, preset):
         _check(harness.run(cfg, _Solo()))
 
 
-def test_the_limit_is_below_every_epoch_on_two_ranks(tmp_path):
+@pytest.mark.parametrize("tier", [False, True])
+def test_the_limit_is_below_every_epoch_on_two_ranks(tmp_path, tier):
     data = generate(tmp_path / "d.h5", "ptychonn", SMALL["ptychonn"])
     out = tmp_path / "r.json"
+    (tmp_path / "tier").mkdir()
+    tiered = ["--tier", tmp_path / "tier", "--tier-size", "50%"]
     result = subprocess.run(
-        [SOLAR, "bench", data, "-P", "2", "-E", "2", "-B", "8", "--buffer", "50%",
-         "--loaders", "solar", "--json", out],
+        [SOLAR, "bench", data, "-P", "2", "-E", "2", "-B", "8", "--buffer",
+         "25%" if tier else "50%", "--loaders", "solar", "--json", out,
+         *(tiered if tier else [])],
         capture_output=True, text=True, timeout=300, check=False,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     res = json.loads(out.read_text())
     assert res["limits"]["read_threads"] == 2 * 8 and res["config"]["world_size"] == 2
+    if tier:  # both ranks' tiers read at once (a collective), and the tier served
+        assert res["limits"]["tier_bytes_per_s"] > 0
+        assert sum(res["loaders"]["solar"]["tier_hits"]) > 0
     _check(res)
     assert "kernels compiled before the first timed epoch" in result.stdout
+
+
+def test_the_limit_is_below_every_epoch_with_a_tier(tmp_path):
+    """A tier scenario (`solar bench --tier DIR --tier-size X`): the tier's read bandwidth is
+    measured as the loaders read their tiers (threads, random batches of slots), not by one
+    stream, so the limit stays below the epochs when the tier's term is the largest."""
+    data = generate(tmp_path / "d.h5", "ptychonn", SMALL["ptychonn"])
+    (tmp_path / "tier").mkdir()
+    cfg = harness.BenchConfig(paths=(str(data),), batch_size=16, epochs=2, buffer=0.25,
+                              tier=str(tmp_path / "tier"), tier_size=0.5, loaders=("solar",),
+                              workers=0)  # fmt: skip
+    res = harness.run(cfg, _Solo())
+    assert res["limits"]["tier_bytes_per_s"] > 0
+    assert sum(res["loaders"]["solar"]["tier_hits"]) > 0  # the tier served: its term counts
+    _check(res)
+    assert not list((tmp_path / "tier").iterdir())  # the measurement's tier files are gone

@@ -165,3 +165,67 @@ def test_ranks_share_one_scan_and_serve_exact_bytes(tmp_path, ranks, kind):
     assert result.returncode == 0, result.stderr[-3000:]
     for r in range(ranks):
         assert f"rank {r} of {ranks}: ok" in result.stdout, result.stdout
+
+
+def test_low_level_scan_agrees_with_the_general_one(tmp_path, monkeypatch):
+    """The scan's fast path (h5py's low-level calls, plain datasets only) finds what the general
+    path finds, for every kind of dataset; anything not plain goes the general way."""
+    import solar.io.hdf5 as hdf5
+
+    x = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
+    kinds = {
+        "plain": dict(data=x),
+        "big-endian": dict(data=x.astype(">f4")),
+        "chunked": dict(data=x, chunks=(1, 3, 4)),
+        "gzip": dict(data=x, chunks=(1, 3, 4), compression="gzip"),
+        "compact": dict(data=x[:, :1, :1].copy()),
+        "unwritten": dict(shape=(2, 3, 4), dtype=np.float32),
+        "empty": dict(shape=(0, 3), dtype=np.int16),
+        "bool": dict(data=np.ones((2, 3), bool)),
+    }
+    for name, kw in kinds.items():
+        path = tmp_path / f"{name}.h5"
+        with h5py.File(path, "w") as f:
+            if name == "compact":
+                space = h5py.h5s.create_simple((2, 1, 1))
+                plist = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
+                plist.set_layout(h5py.h5d.COMPACT)
+                dset = h5py.h5d.create(f.id, b"k", h5py.h5t.IEEE_F32LE, space, plist)
+                dset.write(h5py.h5s.ALL, h5py.h5s.ALL, kw["data"])
+            else:
+                f.create_dataset("k", **kw)
+            f["g/v"] = np.arange(2, dtype=np.int32)
+        for names in (["k"], ["k", "g/v"]):
+            for one in (False, True):
+                try:
+                    fast = scan_hdf5([path], names, one)
+                except SolarError as exc:
+                    fast = str(exc)
+                with monkeypatch.context() as m:
+                    m.setattr(hdf5, "_scan_plain", lambda *a: None)
+                    try:
+                        general = scan_hdf5([path], names, one)
+                    except SolarError as exc:
+                        general = str(exc)
+                if isinstance(general, str):
+                    assert fast == general, (name, names, one)
+                    continue
+                assert isinstance(fast, ScanPart), (name, names, one, fast)
+                assert fast.keys == general.keys, (name, names, one)
+                for field in ("lengths", "where", "sizes"):
+                    assert np.array_equal(getattr(fast, field), getattr(general, field)), (
+                        name, names, one, field,
+                    )  # fmt: skip
+    took = {
+        name: hdf5._scan_plain(p, [b"k"], ["k"], False, p.stat().st_size) is not None
+        for name in kinds
+        for p in [tmp_path / f"{name}.h5"]
+    }
+    assert took == {**dict.fromkeys(kinds, False), "plain": True, "bool": True}, took
+    # A truncated file: the fast path steps aside and the general one names the file.
+    path = tmp_path / "plain.h5"
+    data = path.read_bytes()
+    cut = tmp_path / "cut.h5"
+    cut.write_bytes(data[: len(data) - 40])
+    with pytest.raises(SolarError, match=r"cut\.h5"):
+        scan_hdf5([cut], ["k"], False)

@@ -16,16 +16,15 @@ None and the filter's record refuses the pipeline (h5py reads it).
 
 from __future__ import annotations
 
-import ctypes
 import functools
 import struct
 from collections.abc import Callable
 
 import numpy as np
-from numba import njit
+from numba import njit, types
 
 from solar.errors import SolarError
-from solar.io.codeclibs import c_function, imagecodecs
+from solar.io.codeclibs import external, imagecodecs, link_codec_libraries
 
 NONE, LZ4, ZSTD = 0, 2, 3  # cd_values[4]: the compression applied to each block
 COMPRESSIONS = {NONE: "none", LZ4: "lz4", ZSTD: "zstd"}
@@ -99,72 +98,65 @@ def decode_bitshuffle(
 
 @functools.cache
 def kernel(compression: int) -> Callable | None:
-    """The nogil block loop for LZ4 or Zstd blocks, built once per process (None: this
-    imagecodecs build does not export the C functions it calls)."""
-    vp, i32, i64, sz = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_size_t
-    if compression == LZ4:
-        # int LZ4_decompress_safe(const char *src, char *dst, int srcSize, int dstCapacity)
-        lz4 = c_function("_lz4", "LZ4_decompress_safe", i32, [vp, vp, i32, i32])
-        if lz4 is None:
-            return None
-
-        @njit(nogil=True)  # not cached: these kernels embed the functions' addresses
-        def inflate(src, dst, stored, length):  # pragma: no cover - compiled
-            return lz4(src, dst, stored, length)
-
-    elif compression == ZSTD:
-        # size_t ZSTD_decompress(void *dst, size_t dstCapacity, const void *src, size_t srcSize)
-        zstd = c_function("_zstd", "ZSTD_decompress", sz, [vp, sz, vp, sz])
-        if zstd is None:
-            return None
-
-        @njit(nogil=True)
-        def inflate(src, dst, stored, length):  # pragma: no cover - compiled
-            return zstd(dst, length, src, stored)
-
-    else:
+    """The nogil block loop for LZ4 or Zstd blocks (called ``run(src, dst, block_bytes,
+    itemsize)``), None where this imagecodecs build does not export the C functions it calls
+    (LZ4's, Zstd's and bitshuffle's, all three: one cached kernel calls them)."""
+    if compression not in (LZ4, ZSTD) or not link_codec_libraries(_SYMBOLS):
         return None
-    # int64_t bshuf_bitunshuffle(const void *in, void *out, size_t size, size_t elem_size,
-    #                            size_t block_size): sizes in elements
-    unshuffle = c_function("_bitshuffle", "bshuf_bitunshuffle", i64, [vp, vp, sz, sz, sz])
-    if unshuffle is None:
-        return None
+    return functools.partial(_run, compression=compression)
 
-    @njit(nogil=True)
-    def run(src, dst, block_bytes, itemsize):  # pragma: no cover - compiled
-        """0, or the _BLOCK_ERRORS code of the first problem."""
-        total = dst.size
-        elems = total // itemsize
-        block_elems = block_bytes // itemsize
-        full = elems // block_elems
-        tail = elems % block_elems
-        nblocks = full + (1 if tail - tail % 8 else 0)
-        scratch = np.empty(block_bytes, np.uint8)
-        pos = np.int64(12)  # int64 throughout: block sizes read from the chunk are int64
-        at = 0
-        for k in range(nblocks):
-            length = block_bytes if k < full else (tail - tail % 8) * itemsize
-            if pos + 4 > src.size:
-                return 1
-            stored = (
-                (np.int64(src[pos]) << 24)
-                | (np.int64(src[pos + 1]) << 16)
-                | (np.int64(src[pos + 2]) << 8)
-                | np.int64(src[pos + 3])
-            )
-            pos += 4
-            if pos + stored > src.size:
-                return 2
-            if inflate(src.ctypes.data + pos, scratch.ctypes.data, stored, length) != length:
-                return 3
-            n = length // itemsize
-            if unshuffle(scratch.ctypes.data, dst.ctypes.data + at, n, itemsize, n) != length:
-                return 5
-            pos += stored
-            at += length
-        if pos + total - at != src.size:
-            return 4
-        dst[at:] = src[pos:]
-        return 0
 
-    return run
+# The C functions, declared by name (as libc's, solar/io/libc.py): the kernel links them when it
+# is compiled or loaded, so it is cached like any other, not compiled in every process.
+_SYMBOLS = {"_lz4": ["LZ4_decompress_safe"], "_zstd": ["ZSTD_decompress"],
+            "_bitshuffle": ["bshuf_bitunshuffle"]}  # fmt: skip
+_ptr, _size = types.intp, types.uintp
+# int LZ4_decompress_safe(const char *src, char *dst, int srcSize, int dstCapacity)
+_lz4 = external("LZ4_decompress_safe", types.int32, _ptr, _ptr, types.int32, types.int32)
+# size_t ZSTD_decompress(void *dst, size_t dstCapacity, const void *src, size_t srcSize)
+_zstd = external("ZSTD_decompress", _size, _ptr, _size, _ptr, _size)
+# int64_t bshuf_bitunshuffle(const void *in, void *out, size_t size, size_t elem_size,
+#                            size_t block_size): sizes in elements
+_unshuffle = external("bshuf_bitunshuffle", types.int64, _ptr, _ptr, _size, _size, _size)
+
+
+@njit(nogil=True, cache=True)
+def _run(src, dst, block_bytes, itemsize, compression):  # pragma: no cover - compiled
+    """0, or the _BLOCK_ERRORS code of the first problem."""
+    total = dst.size
+    elems = total // itemsize
+    block_elems = block_bytes // itemsize
+    full = elems // block_elems
+    tail = elems % block_elems
+    nblocks = full + (1 if tail - tail % 8 else 0)
+    scratch = np.empty(block_bytes, np.uint8)
+    pos = np.int64(12)  # int64 throughout: block sizes read from the chunk are int64
+    at = 0
+    for k in range(nblocks):
+        length = block_bytes if k < full else (tail - tail % 8) * itemsize
+        if pos + 4 > src.size:
+            return 1
+        stored = (
+            (np.int64(src[pos]) << 24)
+            | (np.int64(src[pos + 1]) << 16)
+            | (np.int64(src[pos + 2]) << 8)
+            | np.int64(src[pos + 3])
+        )
+        pos += 4
+        if pos + stored > src.size:
+            return 2
+        if compression == LZ4:
+            got = np.int64(_lz4(src.ctypes.data + pos, scratch.ctypes.data, stored, length))
+        else:
+            got = np.int64(_zstd(scratch.ctypes.data, length, src.ctypes.data + pos, stored))
+        if got != length:
+            return 3
+        n = length // itemsize
+        if _unshuffle(scratch.ctypes.data, dst.ctypes.data + at, n, itemsize, n) != length:
+            return 5
+        pos += stored
+        at += length
+    if pos + total - at != src.size:
+        return 4
+    dst[at:] = src[pos:]
+    return 0

@@ -16,17 +16,16 @@ path never reports an error of its own.
 
 from __future__ import annotations
 
-import ctypes
 import functools
 import threading
 from collections.abc import Callable
 
 import numpy as np
-from numba import njit
+from numba import njit, types
 
 from solar._memory import thread_buffer
 from solar.io import libc
-from solar.io.codeclibs import c_function
+from solar.io.codeclibs import external, link_codec_libraries
 from solar.io.codecs import Decoder, Fused
 from solar.io.filters import SHUFFLE, shuffle_width, unshuffle_into
 from solar.io.tasks import ChunkReads
@@ -95,100 +94,97 @@ _scratch = threading.local()  # per thread: a shuffled chunk before it is unshuf
 @functools.cache
 def kernel(codec: str) -> Callable | None:
     """The compiled read-and-decode loop for a compressor, by its filter name (see
-    solar/io/filters.py), built once per process (None: a compressor without one, or whose C
-    functions this imagecodecs build does not export)."""
-    vp, sz, i32 = ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int
-    if codec == "deflate":
-        # libdeflate: a decompressor per call (a few KiB); zlib framing, as HDF5 writes it.
-        alloc = c_function("_deflate", "libdeflate_alloc_decompressor", sz, [])
-        free = c_function("_deflate", "libdeflate_free_decompressor", None, [sz])
-        # enum result libdeflate_zlib_decompress(d, in, in_nbytes, out, out_nbytes_avail,
-        #                                        size_t *actual_out): NULL actual = exact size
-        args = [sz, vp, sz, vp, sz, vp]
-        inflate = c_function("_deflate", "libdeflate_zlib_decompress", i32, args)
-        if alloc is None or free is None or inflate is None:
-            return None
-
-        @njit(nogil=True)  # not cached: these kernels embed the functions' addresses
-        def begin():  # pragma: no cover - compiled
-            return alloc()
-
-        @njit(nogil=True)
-        def decode(state, src, stored, dst, length):  # pragma: no cover - compiled
-            return inflate(state, src, stored, dst, length, 0) == 0
-
-        @njit(nogil=True)
-        def end_state(state):  # pragma: no cover - compiled
-            if state != 0:
-                free(state)
-
-    elif codec == "zstd":
-        # One decompression context per call, not one per chunk (ZSTD_decompress makes one).
-        create = c_function("_zstd", "ZSTD_createDCtx", sz, [])
-        free_ctx = c_function("_zstd", "ZSTD_freeDCtx", sz, [sz])
-        # size_t ZSTD_decompressDCtx(ctx, void *dst, size_t cap, const void *src, size_t n):
-        # the size, or an error code (a huge value), never equal to a row's length.
-        zstd = c_function("_zstd", "ZSTD_decompressDCtx", sz, [sz, vp, sz, vp, sz])
-        if create is None or free_ctx is None or zstd is None:
-            return None
-
-        @njit(nogil=True)
-        def begin():  # pragma: no cover - compiled
-            return create()
-
-        @njit(nogil=True)
-        def decode(state, src, stored, dst, length):  # pragma: no cover - compiled
-            return zstd(state, dst, length, src, stored) == length
-
-        @njit(nogil=True)
-        def end_state(state):  # pragma: no cover - compiled
-            if state != 0:
-                free_ctx(state)
-
-    else:
+    solar/io/filters.py; called as ``run(fd, buf, ...)``, see :func:`read_fused`), None for a
+    compressor without one, or where this imagecodecs build does not export the C functions
+    the loop calls (libdeflate's and zstd's, both: one cached kernel calls them)."""
+    if codec not in _CODECS or not link_codec_libraries(_SYMBOLS):
         return None
+    return functools.partial(_run, codec=_CODECS[codec])
 
-    @njit(nogil=True)
-    def run(fd, buf, first, end, run_starts, lo, hi, at, starts, sizes, bounds, prow, chunks,
-            targets, rows, scratch, shuffle):  # pragma: no cover - compiled  # fmt: skip
-        """0, or: 1 + r for run r read short (or failed), -1 - j for chunk j not decoded,
-        -1 - chunks.size if the codec's state could not be allocated.
 
-        Run r holds chunks ``run_starts[r]`` up to the next run's first. Chunk j is
-        ``plan.reads[chunks[j]]``; its pieces ``bounds[c]:bounds[c + 1]`` go to rows
-        ``targets[prow[i]]`` (one piece, but a sample may be asked for twice in a step).
-        """
-        base = buf.ctypes.data
-        length = rows.shape[1]
-        unshuffled = shuffle > 1 and length >= 2 * shuffle  # HDF5 leaves shorter ones as they are
-        state = begin()
-        if state == 0:
-            return -1 - chunks.size
-        for r in range(first, end):
-            span, got = at[r + 1] - at[r], 0
-            while got < span:
-                n = libc.pread(fd, base + at[r] + got, span - got, lo[r] + got)
-                if n <= 0:  # end of file, or an error: the general path tells which
-                    break
-                got += n
-            if got < hi[r] - lo[r]:
-                end_state(state)
-                return 1 + r
-            last = run_starts[r + 1] if r + 1 < run_starts.size else chunks.size
-            for j in range(run_starts[r], last):  # decoded while later runs arrive
-                c = chunks[j]
-                dst = rows[targets[prow[bounds[c]]]]
-                target = scratch.ctypes.data if unshuffled else dst.ctypes.data
-                if not decode(state, base + starts[j], sizes[j], target, length):
-                    end_state(state)
-                    return -1 - j
-                if unshuffled:
-                    unshuffle_into(scratch, dst, shuffle)
-                # The same sample again: decode_chunk's copy (solar/io/chunks.py), compiled
-                # here so that no Python runs between chunks.
-                for i in range(bounds[c] + 1, bounds[c + 1]):
-                    rows[targets[prow[i]], :] = dst
-        end_state(state)
-        return 0
+_CODECS = {"deflate": 0, "zstd": 1}
+# The C functions, declared by name (as libc's, solar/io/libc.py): the kernel links them when it
+# is compiled or loaded, so it is cached like any other, not compiled in every process.
+_SYMBOLS = {
+    "_deflate": ["libdeflate_alloc_decompressor", "libdeflate_free_decompressor",
+                 "libdeflate_zlib_decompress"],
+    "_zstd": ["ZSTD_createDCtx", "ZSTD_freeDCtx", "ZSTD_decompressDCtx"],
+}  # fmt: skip
+_ptr, _size, _i32 = types.intp, types.uintp, types.int32
+# libdeflate: a decompressor per call (a few KiB); zlib framing, as HDF5 writes it.
+# enum result libdeflate_zlib_decompress(d, in, in_nbytes, out, out_nbytes_avail,
+#                                        size_t *actual_out): NULL actual = exact size
+_deflate_alloc = external("libdeflate_alloc_decompressor", _size)
+_deflate_free = external("libdeflate_free_decompressor", types.void, _size)
+_inflate = external("libdeflate_zlib_decompress", _i32, _size, _ptr, _size, _ptr, _size, _ptr)
+# zstd: one decompression context per call, not one per chunk (ZSTD_decompress makes one).
+# size_t ZSTD_decompressDCtx(ctx, void *dst, size_t cap, const void *src, size_t n): the size,
+# or an error code (a huge value), never equal to a row's length.
+_zstd_create = external("ZSTD_createDCtx", _size)
+_zstd_free = external("ZSTD_freeDCtx", _size, _size)
+_zstd = external("ZSTD_decompressDCtx", _size, _size, _ptr, _size, _ptr, _size)
 
-    return run
+
+@njit(nogil=True, cache=True)
+def _begin(codec):  # pragma: no cover - compiled
+    return _deflate_alloc() if codec == 0 else _zstd_create()
+
+
+@njit(nogil=True, cache=True)
+def _decode(codec, state, src, stored, dst, length):  # pragma: no cover - compiled
+    if codec == 0:
+        return _inflate(state, src, stored, dst, length, 0) == 0
+    return _zstd(state, dst, length, src, stored) == length
+
+
+@njit(nogil=True, cache=True)
+def _end(codec, state):  # pragma: no cover - compiled
+    if state != 0:
+        if codec == 0:
+            _deflate_free(state)
+        else:
+            _zstd_free(state)
+
+
+@njit(nogil=True, cache=True)
+def _run(fd, buf, first, end, run_starts, lo, hi, at, starts, sizes, bounds, prow, chunks,
+         targets, rows, scratch, shuffle, codec):  # pragma: no cover - compiled  # fmt: skip
+    """0, or: 1 + r for run r read short (or failed), -1 - j for chunk j not decoded,
+    -1 - chunks.size if the codec's state could not be allocated.
+
+    Run r holds chunks ``run_starts[r]`` up to the next run's first. Chunk j is
+    ``plan.reads[chunks[j]]``; its pieces ``bounds[c]:bounds[c + 1]`` go to rows
+    ``targets[prow[i]]`` (one piece, but a sample may be asked for twice in a step).
+    """
+    base = buf.ctypes.data
+    length = rows.shape[1]
+    unshuffled = shuffle > 1 and length >= 2 * shuffle  # HDF5 leaves shorter ones as they are
+    state = _begin(codec)
+    if state == 0:
+        return -1 - chunks.size
+    for r in range(first, end):
+        span, got = at[r + 1] - at[r], 0
+        while got < span:
+            n = libc.pread(fd, base + at[r] + got, span - got, lo[r] + got)
+            if n <= 0:  # end of file, or an error: the general path tells which
+                break
+            got += n
+        if got < hi[r] - lo[r]:
+            _end(codec, state)
+            return 1 + r
+        last = run_starts[r + 1] if r + 1 < run_starts.size else chunks.size
+        for j in range(run_starts[r], last):  # decoded while later runs arrive
+            c = chunks[j]
+            dst = rows[targets[prow[bounds[c]]]]
+            target = scratch.ctypes.data if unshuffled else dst.ctypes.data
+            if not _decode(codec, state, base + starts[j], sizes[j], target, length):
+                _end(codec, state)
+                return -1 - j
+            if unshuffled:
+                unshuffle_into(scratch, dst, shuffle)
+            # The same sample again: decode_chunk's copy (solar/io/chunks.py), compiled
+            # here so that no Python runs between chunks.
+            for i in range(bounds[c] + 1, bounds[c + 1]):
+                rows[targets[prow[i]], :] = dst
+    _end(codec, state)
+    return 0

@@ -210,15 +210,25 @@ def scan_hdf5(files: Sequence[Path], names: list[str], one_per_file: bool) -> Sc
     lengths = []
     where: list[list[tuple[int, int, bool]]] = []
     sizes = []
+    encoded = [name.encode() for name in names]
     for path in files:
         try:
-            with open_h5(path) as f:
-                size = os.path.getsize(path)
-                n, found = _check_keys(f, path, names, one_per_file, size)
-                where.append([_stored(f[name]) for name in names])
-        except (OSError, RuntimeError, KeyError, ValueError, TypeError) as exc:
-            # h5py's errors on damaged files come in many types; all mean the same here.
-            raise SolarError(f"{path}: corrupt HDF5 file ({first_line(exc)})") from None
+            size = os.stat(path).st_size
+        except OSError:
+            size = -1  # (open_h5 says why)
+        plain = _scan_plain(path, encoded, names, one_per_file, size) if size >= 0 else None
+        if plain is not None:
+            n, found, stored = plain
+            where.append(stored)
+        else:
+            try:
+                with open_h5(path) as f:
+                    size = os.path.getsize(path)
+                    n, found = _check_keys(f, path, names, one_per_file, size)
+                    where.append([_stored(f[name]) for name in names])
+            except (OSError, RuntimeError, KeyError, ValueError, TypeError) as exc:
+                # h5py's errors on damaged files come in many types; all mean the same here.
+                raise SolarError(f"{path}: corrupt HDF5 file ({first_line(exc)})") from None
         if infos is None:
             infos = found
         for a, b in zip(infos, found, strict=True):
@@ -236,6 +246,55 @@ def scan_hdf5(files: Sequence[Path], names: list[str], one_per_file: bool) -> Sc
     return ScanPart(
         keys, np.array(lengths, np.int64), table, np.array(sizes, np.int64).reshape(-1, 1)
     )
+
+
+def open_fid(path: Path) -> h5py.h5f.FileID:
+    """``path`` opened read-only with h5py's low-level API (a scan's cheap open)."""
+    return h5py.h5f.open(os.fsencode(path), h5py.h5f.ACC_RDONLY)
+
+
+def _scan_plain(
+    path: Path, encoded: list[bytes], names: list[str], one_per_file: bool, size: int
+) -> tuple[int, list[KeyInfo], list[tuple[int, int, bool]]] | None:
+    """The scan of one file whose keys are all plain (contiguous, written, native numbers,
+    within the file), through h5py's low-level calls: a third of the high-level objects' cost
+    a file (800 one-sample files: 0.07 s against 0.20 s). ``None`` for anything else, which
+    :func:`scan_hdf5` then scans (and explains) the general way."""
+    try:
+        fid = open_fid(path)
+    except (OSError, RuntimeError, ValueError, TypeError):  # the general way says why
+        return None
+    try:
+        infos = []
+        stored = []
+        first = -1
+        for name, raw in zip(names, encoded, strict=True):
+            dset = h5py.h5d.open(fid, raw)
+            try:
+                dtype, shape = dset.dtype, dset.shape
+                if (
+                    dtype.kind not in "biufc"
+                    or dtype.fields is not None
+                    or not dtype.isnative
+                    or (not shape and not one_per_file)
+                    or dset.get_create_plist().get_layout() != h5py.h5d.CONTIGUOUS
+                ):
+                    return None
+                offset = dset.get_offset()
+                end = -1 if offset is None else offset + dset.get_storage_size()
+            finally:
+                dset.close()
+            n = 1 if one_per_file else shape[0]
+            if offset is None or end > size or int(np.prod(shape)) == 0 or first not in (-1, n):
+                return None
+            first = n
+            infos.append(KeyInfo(name, tuple(shape if one_per_file else shape[1:]), dtype))
+            stored.append((int(offset), 0, False))
+        return (first, infos, stored) if infos else None
+    except (OSError, RuntimeError, KeyError, ValueError, TypeError):  # (the general way)
+        return None
+    finally:
+        fid.close()
 
 
 def _stored(dset: h5py.Dataset) -> tuple[int, int, bool]:

@@ -29,7 +29,9 @@ if opts.npy:
     npy_module.npy_header = lambda path: (opened.append(path), real(path))[1]
 else:
     real_open = hdf5_module.open_h5
+    real_fid = hdf5_module.open_fid  # (the scan's low-level open; open_h5 when it falls back)
     hdf5_module.open_h5 = lambda path: (opened.append(path), real_open(path))[1]
+    hdf5_module.open_fid = lambda path: (opened.append(path), real_fid(path))[1]
 info = describe_source(opts.root, one_per_file=True, comm=comm)
 files = expand_sources(opts.root)
 # Rank 0 may also open the first file to learn the keys: at most one file more than a share.
