@@ -239,7 +239,7 @@ def run(cfg: BenchConfig, comm: Any, progress=None) -> dict | None:
     limits = None
     if rank == 0:
         limits = {"read_bytes_per_s": read_bw, "mem_bytes_per_s": memory_bandwidth(),
-                  "read_threads": cfg.reader.threads * world}  # fmt: skip
+                  "read_threads": cfg.reader.thread_count * world}  # fmt: skip
         if cfg.tier:
             from solar.cache.tier import measure_bandwidth
 
