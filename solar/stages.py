@@ -52,8 +52,11 @@ class StageFigures:
 
     @property
     def utilisation(self) -> float:
-        """busy / (workers × wall): 1 when every worker was busy all the time."""
-        return self.busy_seconds / self.worker_seconds if self.worker_seconds > 0 else 0.0
+        """busy / (workers × wall): 1 when every worker was busy all the time. (Capped at 1:
+        reads started ahead, before the figures' first step, are busy time of that step.)"""
+        if self.worker_seconds <= 0:
+            return 0.0
+        return min(1.0, self.busy_seconds / self.worker_seconds)
 
     @property
     def active(self) -> bool:
@@ -113,7 +116,8 @@ def bottleneck(stages: dict[str, StageFigures]) -> tuple[str, str]:
         return "none", "bottleneck: none (no steps recorded)"
     waited = (trainer.blocked_seconds or 0.0) / trainer.wall_seconds
     busy = [s for n, s in stages.items() if n != "trainer" and s.active]
-    wait_text = f"trainer waited {100 * waited:.0f} % of {trainer.wall_seconds:.1f} s"
+    wall = trainer.wall_seconds
+    wait_text = f"trainer waited {100 * waited:.0f} % of {wall:.{1 if wall >= 1 else 2}f} s"
     if waited < TRAINER_WAIT or not busy:
         name = "trainer"
         head = f"bottleneck: trainer ({wait_text.removeprefix('trainer ')})"
@@ -127,7 +131,8 @@ def bottleneck(stages: dict[str, StageFigures]) -> tuple[str, str]:
 
 
 def _figure(s: StageFigures, long: bool = False) -> str:
-    unit = "threads" if s.name in ("read", "decode") else "workers"
+    unit = "thread" if s.name in ("read", "decode") else "worker"
+    unit += "" if round(s.workers, 2) == 1 else "s"
     if long:
         return f"{s.name} ({100 * s.utilisation:.0f} % busy on {s.workers:.3g} {unit})"
     return f"{s.name} {100 * s.utilisation:.0f} % on {s.workers:.3g}"

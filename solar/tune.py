@@ -178,7 +178,8 @@ def little_depth(latency: float, period: float, lo: int, hi: int) -> int:
     storage and fast consumers; ``hi`` caps its memory)."""
     if period <= 0 or not math.isfinite(latency):
         return lo
-    return max(lo, min(hi, math.ceil(latency / period) + 1))
+    # (rounded first: 0.1 / 0.01 is 10.000000000000002, not a reason for an 11th step)
+    return max(lo, min(hi, math.ceil(round(latency / period, 6)) + 1))
 
 
 @dataclass
