@@ -18,11 +18,12 @@ The rule is tf.data's ``STAGE_BASED`` autotuning, as a hill climb with take-back
 3. Otherwise, unless the trainer is the limit (it waited less than
    :data:`~solar.stages.TRAINER_WAIT` of the window: more workers cannot help), the stage
    that limits (the highest utilisation, as :func:`~solar.stages.bottleneck` names it) gets
-   more workers through its knob: +1 for a CPU-bound knob, +50 % (at least 1) for I/O
-   concurrency (reader threads spend their time waiting on storage, and the useful range
-   spans 1 to 64), within the knob's bounds and, for CPU-bound knobs, within the CPU budget
-   (the sum of the CPU-bound knobs' values at most ``budget``, by default the cores this
-   process may use). A CPU-bound stage at the budget may take a worker from another
+   more workers through its knob: +1 for a CPU-bound knob, twice as many for I/O
+   concurrency (reader threads spend their time waiting on storage and their useful range
+   spans 1 to 64: one more at a time would take dozens of windows; an overshoot that does
+   not pay is taken back like any trial), within the knob's bounds and, for CPU-bound
+   knobs, within the CPU budget (the sum of the CPU-bound knobs' values at most
+   ``budget``, by default the cores this process may use). A CPU-bound stage at the budget may take a worker from another
    CPU-bound stage busy less than :data:`DONOR_BUSY` of its time (InTune's division of a
    trainer's cores among stages, by the same trial and take-back).
 """
@@ -147,7 +148,7 @@ def rule(
         if k.stage != limit or values[k.name] >= k.hi:
             continue
         v = values[k.name]
-        up = min(k.hi, v + (1 if k.cpu else max(1, v // 2)))
+        up = min(k.hi, v + 1 if k.cpu else 2 * v)
         if not k.cpu or cpu_used + (up - v) <= budget:
             changes = {k.name: up}
         else:

@@ -68,19 +68,19 @@ def test_rule_raises_the_limit_and_keeps_a_raise_that_pays() -> None:
     read, decode = Box(8), Box(1)
     knobs = _knobs(read, decode)
     state, changes = _decide(TuneState(), _window(100, read=0.97, decode=0.2), knobs)
-    assert changes == {"read_threads": 12}  # I/O concurrency: +50 %
+    assert changes == {"read_threads": 16}  # I/O concurrency: doubled
     state, changes = _decide(state, _window(130, read=0.97, decode=0.2), knobs)
-    assert changes == {"read_threads": 18}  # kept (+30 %), and raised again
+    assert changes == {"read_threads": 32}  # kept (+30 %), and raised again
     state, changes = _decide(state, _window(200, read=0.5, decode=0.9), knobs)
     assert changes == {"decode_threads": 2}  # now decoding limits: +1 (CPU-bound)
-    assert (read.value, decode.value) == (18, 2)
+    assert (read.value, decode.value) == (32, 2)
 
 
 def test_rule_takes_back_a_raise_that_does_not_pay_and_holds_the_stage() -> None:
     read, decode = Box(8), Box(1)
     knobs = _knobs(read, decode)
     state, changes = _decide(TuneState(), _window(100, read=0.97), knobs)
-    assert changes == {"read_threads": 12}
+    assert changes == {"read_threads": 16}
     flat = 100 * (1 + MARGIN / 2)  # rose, but less than the margin
     state, changes = _decide(state, _window(flat, read=0.97), knobs)
     assert changes == {"read_threads": 8} and read.value == 8
@@ -89,7 +89,7 @@ def test_rule_takes_back_a_raise_that_does_not_pay_and_holds_the_stage() -> None
         state, changes = _decide(state, _window(100, read=0.97), knobs)
         assert changes == {}
     state, changes = _decide(state, _window(100, read=0.97), knobs)
-    assert changes == {"read_threads": 12}
+    assert changes == {"read_threads": 16}
 
 
 def test_rule_leaves_a_trainer_bound_pipeline_alone() -> None:
@@ -105,7 +105,7 @@ def test_rule_respects_bounds_and_the_cpu_budget() -> None:
     read, decode, transform = Box(60), Box(2), Box(2)
     knobs = _knobs(read, decode, transform)
     state, changes = _decide(TuneState(), _window(100, read=0.99), knobs)
-    assert changes == {"read_threads": 64}  # its bound, not 90
+    assert changes == {"read_threads": 64}  # its bound, not 120
     state, changes = _decide(state, _window(200, read=0.99), knobs)
     assert changes == {}  # at its bound
     # decode + transform = 4 = the budget, both busy: no raise, no donor.
@@ -148,13 +148,13 @@ def test_tuner_acts_once_per_window_and_reports() -> None:
     first = [i for i, m in enumerate(made) if m]
     assert first[0] == WINDOW_STEPS - 1  # at the end of the first window
     # (50 ms reads every 40 ms: Little's law asks for 3 steps, under the configured 4)
-    assert made[first[0]] == {"read_threads": 12}
+    assert made[first[0]] == {"read_threads": 16}
     # The steps' throughput did not change: taken back a window later (the settling steps
     # after a change left out of it), then held.
     assert first[1] == first[0] + SETTLE_STEPS + WINDOW_STEPS
     assert made[first[1]] == {"read_threads": 8} and len(first) == 2
     assert read.value == 8 and stats.tuned["read_threads"] == 8
-    assert [t["set"] for t in stats.tuning] == [{"read_threads": 12}, {"read_threads": 8}]
+    assert [t["set"] for t in stats.tuning] == [{"read_threads": 16}, {"read_threads": 8}]
 
 
 def test_tuner_depth_follows_littles_law() -> None:
@@ -208,10 +208,17 @@ def test_reader_config_threads_auto() -> None:
 
 @pytest.mark.parametrize("kind", ["contiguous", "gzip"])
 def test_auto_loader_serves_what_a_fixed_one_does(tmp_path: Path, kind: str, monkeypatch) -> None:
-    # Windows of 2 steps, none too short: the tuner moves the knobs many times in a tiny run.
+    # Windows of 2 steps, none too short, and a rule that moves the threads every window
+    # (whatever the timings): the executor is resized many times with reads in flight.
     monkeypatch.setattr("solar.tune.WINDOW_STEPS", 2)
     monkeypatch.setattr("solar.tune.WINDOW_SECONDS", 0.0)
     monkeypatch.setattr("solar.tune.SETTLE_STEPS", 0)
+
+    def churn(state, window, knobs, values, budget):
+        state = TuneState(window=state.window + 1)
+        return state, {"read_threads": 1 + state.window % 5, "decode_threads": 1 + state.window % 2}
+
+    monkeypatch.setattr("solar.tune.rule", churn)
     rng = np.random.default_rng(3)
     path = tmp_path / "d.h5"
     layout = {"chunks": (4, 6, 5), "compression": "gzip"} if kind == "gzip" else {}
@@ -228,7 +235,7 @@ def test_auto_loader_serves_what_a_fixed_one_does(tmp_path: Path, kind: str, mon
                 got += [{k: v.numpy().copy() for k, v in b.items()} for b in loader]
             if threads == "auto":
                 assert loader.stats.tuned["read_threads"] >= 1
-                assert loader.stats.tuning  # it did move something
+                assert len(loader.stats.tuning) > 20
         served[threads] = got
     assert len(served[3]) == len(served["auto"]) == 3 * 26
     for a, b in zip(served[3], served["auto"], strict=True):
