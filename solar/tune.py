@@ -23,9 +23,10 @@ The rule is tf.data's ``STAGE_BASED`` autotuning, as a hill climb with take-back
    spans 1 to 64: one more at a time would take dozens of windows; an overshoot that does
    not pay is taken back like any trial), within the knob's bounds and, for CPU-bound
    knobs, within the CPU budget (the sum of the CPU-bound knobs' values at most
-   ``budget``, by default the cores this process may use). A CPU-bound stage at the budget may take a worker from another
-   CPU-bound stage busy less than :data:`DONOR_BUSY` of its time (InTune's division of a
-   trainer's cores among stages, by the same trial and take-back).
+   ``budget``, by default the cores this process may use). A CPU-bound stage at the
+   budget may take a worker from another CPU-bound stage busy less than
+   :data:`DONOR_BUSY` of its time (InTune's division of a trainer's cores among stages, by
+   the same trial and take-back).
 """
 
 from __future__ import annotations
@@ -40,7 +41,9 @@ from solar.stages import TRAINER_WAIT, stage_figures
 from solar.stats import EpochStats, LoaderStats, StepStats
 
 WINDOW_STEPS = 8  # steps in a window, at least
-WINDOW_SECONDS = 0.25  # and seconds: shorter windows measure scheduling noise
+# And seconds: shorter windows measure scheduling noise; longer ones make the search slow
+# (bench/tune_bench.py: 4 windows from 8 threads to 32 and back from 64).
+WINDOW_SECONDS = 0.1
 SETTLE_STEPS = 2  # steps after a change not measured (their reads began under the old setting)
 MARGIN = 0.05  # a trial is kept if throughput rose by at least 5 %
 HOLD_WINDOWS = 10  # a stage whose trial was taken back is not raised for 10 windows
