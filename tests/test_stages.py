@@ -1,9 +1,11 @@
 """Per-stage figures add up from the steps, and the bottleneck line names the stage that limits:
-on synthetic figures, and on real tiny pipelines (throttled storage: read; gzip chunks: decode)."""
+on synthetic figures, and on real tiny pipelines (throttled storage: read; gzip chunks: decode;
+a slow transform on one worker: transform)."""
 
 from __future__ import annotations
 
 import dataclasses
+import time
 from pathlib import Path
 
 import h5py
@@ -14,6 +16,7 @@ from solar import Loader, ReaderConfig
 from solar.io.throttle import Throttle
 from solar.stages import TRAINER_WAIT, StageFigures, bottleneck, stage_figures
 from solar.stats import EpochStats, LoaderStats, StepStats
+from solar.transform import Transform
 
 
 def _step(epoch: int, step: int, **kw) -> StepStats:
@@ -29,7 +32,7 @@ def test_stage_figures_add_up_from_steps() -> None:
               read_ahead=4, ready_ahead=1, transform_seconds=0.3, transformed=8,
               transform_workers=2),
         _step(0, 1, decode_seconds=0.1, wall_seconds=0.5, read_threads=8, decode_threads=2,
-              read_ahead=4, ready_ahead=3, stall_seconds=0.2, transform_wait_seconds=0.05),
+              read_ahead=4, ready_ahead=3, stall_seconds=0.25),
         _step(1, 2, decode_seconds=0.0, wall_seconds=2.0, read_threads=8, decode_threads=2,
               read_ahead=2, ready_ahead=2, tier_hits=1),
     ]  # fmt: skip
@@ -131,9 +134,10 @@ def test_gzip_chunks_are_decode_bound(tmp_path: Path) -> None:
     rng = np.random.default_rng(0)
     # Compressible but not trivially (small integers): inflating costs more than reading
     # the page-cached file, and 8 reader threads mostly wait while 1 decoding thread works.
+    # (Two samples a chunk: one a chunk takes the fused kernel, compiled in each process.)
     data = rng.integers(0, 16, (96, 128, 128)).astype(np.float32)
     with h5py.File(path, "w") as f:
-        f.create_dataset("x", data=data, chunks=(1, 128, 128), compression="gzip")
+        f.create_dataset("x", data=data, chunks=(2, 128, 128), compression="gzip")
     cfg = ReaderConfig(threads=8)
     with Loader(path, batch_size=8, epochs=2, buffer=0, reader=cfg) as loader:
         loader.reader.executor.resize(decode_threads=1)  # one decoding thread: it limits
@@ -145,3 +149,22 @@ def test_gzip_chunks_are_decode_bound(tmp_path: Path) -> None:
     assert stages["decode"].items == 2 * 96 and stages["decode"].busy_seconds > 0
     assert stages["read"].busy_seconds < stages["decode"].busy_seconds * 8
     assert len(batches) == 12  # (last epoch again: the resized executor still reads)
+
+
+def _slow_identity(sample, rng):
+    time.sleep(0.002)  # 2 ms a sample, on one worker: the transform limits
+    return {"x": sample["x"] * 1}
+
+
+def test_a_slow_transform_is_transform_bound(tmp_path: Path) -> None:
+    path = tmp_path / "plain.h5"
+    with h5py.File(path, "w") as f:
+        f["x"] = np.random.default_rng(0).standard_normal((64, 16, 16), np.float32)
+    with Loader(path, batch_size=8, epochs=1, buffer=0,
+                transform=Transform(_slow_identity, workers=1)) as loader:  # fmt: skip
+        _run(loader, 1)
+        name, line = loader.stats.bottleneck()
+        stages = loader.stats.stages()
+    assert name == "transform", line
+    assert stages["transform"].items == 64 and stages["transform"].workers == pytest.approx(1)
+    assert "transform (" in line and "busy on 1 worker)" in line

@@ -242,3 +242,21 @@ def test_auto_loader_serves_what_a_fixed_one_does(tmp_path: Path, kind: str, mon
         assert a.keys() == b.keys()
         for k in a:
             assert a[k].tobytes() == b[k].tobytes()
+
+
+def test_auto_tunes_transform_threads_too(tmp_path: Path) -> None:
+    from solar.transform import Transform
+
+    path = tmp_path / "d.h5"
+    with h5py.File(path, "w") as f:
+        f["x"] = np.arange(40 * 4, dtype=np.float32).reshape(40, 4)
+
+    def double(sample, rng):
+        return {"x": sample["x"] * 2}
+
+    for workers, tuned in (("auto", True), (2, False)):
+        with Loader(path, batch_size=4, epochs=1, buffer=0, reader=ReaderConfig(threads="auto"),
+                    transform=Transform(double, workers=workers)) as loader:  # fmt: skip
+            got = np.concatenate([b["x"].numpy() for b in loader])
+            assert ("transform_workers" in loader.stats.tuned) == tuned
+        assert np.array_equal(np.sort(got.ravel()), np.arange(160, dtype=np.float32) * 2)
