@@ -27,6 +27,12 @@ The rule is tf.data's ``STAGE_BASED`` autotuning, as a hill climb with take-back
    budget may take a worker from another CPU-bound stage busy less than
    :data:`DONOR_BUSY` of its time (InTune's division of a trainer's cores among stages, by
    the same trial and take-back).
+4. If nothing was raised, an I/O stage busy less than :data:`IDLE` of its threads' time has
+   them halved (not below its bound): a trial kept unless throughput fell by more than
+   :data:`MARGIN` from the best since the cuts began (so cuts cannot creep down), else
+   taken back and that stage's cuts held for :data:`HOLD_WINDOWS` windows. Idle reader
+   threads are not free: a step's reads are split into one task per thread, and on a
+   decode-bound pipeline fewer, larger tasks decode faster (bench/tune_bench.py).
 """
 
 from __future__ import annotations
@@ -48,6 +54,7 @@ SETTLE_STEPS = 2  # steps after a change not measured (their reads began under t
 MARGIN = 0.05  # a trial is kept if throughput rose by at least 5 %
 HOLD_WINDOWS = 10  # a stage whose trial was taken back is not raised for 10 windows
 DONOR_BUSY = 0.5  # a CPU-bound stage busy less than this may give a worker to the limit
+IDLE = 0.25  # an I/O stage busy less than this has its threads halved, if that costs nothing
 MAX_READ_THREADS = 64  # reader threads are I/O concurrency: beyond the cores, but bounded
 READ_AHEAD_BYTES = 512 << 20  # batch memory the read-ahead queue may hold (Little's law cap)
 MAX_READ_AHEAD = 64  # steps
@@ -114,7 +121,8 @@ class TuneState:
 
     window: int = 0  # windows seen
     trial: tuple[tuple[str, int], ...] = ()  # a change under trial: (knob, value before)
-    baseline: float = 0.0  # throughput before the trial
+    baseline: float = 0.0  # throughput before the trial (the best since cuts began)
+    down: bool = False  # the trial cuts workers
     held: tuple[tuple[str, int], ...] = ()  # (stage, first window it may be raised again)
 
     def held_until(self, stage: str) -> int:
@@ -134,18 +142,44 @@ def rule(
     w = state.window + 1
     state = replace(state, window=w, held=tuple((s, u) for s, u in state.held if u > w))
     if state.trial:
-        if window.rate >= state.baseline * (1 + MARGIN):
-            state = replace(state, trial=())  # kept: the next raise is tried below
-        else:  # taken back; the limit's stage (the trial's first knob) is held
+        # A raise must pay by the margin; a cut must not cost more than it.
+        need = state.baseline * (1 - MARGIN if state.down else 1 + MARGIN)
+        if window.rate >= need:  # kept: the next move is tried below
+            best = max(state.baseline, window.rate) if state.down else window.rate
+            state = replace(state, trial=(), baseline=best)
+        else:  # taken back; the stage moved (the trial's first knob) is held that way
             by_name = {k.name: k for k in knobs}
             first = by_name.get(state.trial[0][0])
-            held = state.held if first is None else (*state.held, (first.stage, w + HOLD_WINDOWS))
+            held = state.held
+            if first is not None:
+                held = (*held, (_way(first.stage, state.down), w + HOLD_WINDOWS))
             return replace(state, trial=(), held=held), dict(state.trial)
-    if window.waited < TRAINER_WAIT or not window.utilisation:
+    else:
+        state = replace(state, baseline=window.rate)
+    changes = {} if window.waited < TRAINER_WAIT else _raise(state, window, knobs, values, budget)
+    down = False
+    if not changes:
+        changes, down = _cut(state, window, knobs, values), True
+    if not changes:
         return state, {}
+    trial = tuple((n, values[n]) for n in changes)
+    return replace(state, trial=trial, down=down), changes
+
+
+def _way(stage: str, down: bool) -> str:
+    """The key a stage is held by: raising it, or cutting it."""
+    return f"{stage}:down" if down else stage
+
+
+def _raise(
+    state: TuneState, window: Window, knobs: Sequence[Knob], values: dict[str, int], budget: int
+) -> dict[str, int]:
+    """More workers for the limiting stage (step 3), if it may have them."""
+    if not window.utilisation:
+        return {}
     limit = max(window.utilisation, key=lambda s: window.utilisation[s])
-    if state.held_until(limit) > w:
-        return state, {}
+    if state.held_until(limit) > state.window:
+        return {}
     cpu_used = sum(values[k.name] for k in knobs if k.cpu)
     for k in knobs:
         if k.stage != limit or values[k.name] >= k.hi:
@@ -153,16 +187,24 @@ def rule(
         v = values[k.name]
         up = min(k.hi, v + 1 if k.cpu else 2 * v)
         if not k.cpu or cpu_used + (up - v) <= budget:
-            changes = {k.name: up}
-        else:
-            donor = _donor(k, knobs, values, window)
-            if donor is None:
-                continue
-            up = v + 1
-            changes = {k.name: up, donor.name: values[donor.name] - 1}
-        trial = tuple((n, values[n]) for n in changes)
-        return replace(state, trial=trial, baseline=window.rate), changes
-    return state, {}
+            return {k.name: up}
+        donor = _donor(k, knobs, values, window)
+        if donor is not None:
+            return {k.name: v + 1, donor.name: values[donor.name] - 1}
+    return {}
+
+
+def _cut(
+    state: TuneState, window: Window, knobs: Sequence[Knob], values: dict[str, int]
+) -> dict[str, int]:
+    """Half the threads of an I/O stage that is mostly idle (step 4)."""
+    for k in knobs:
+        v = values[k.name]
+        busy = window.utilisation.get(k.stage, 0.0)
+        held = state.held_until(_way(k.stage, True)) > state.window
+        if not k.cpu and v > k.lo and busy < IDLE and not held:
+            return {k.name: max(k.lo, v // 2)}
+    return {}
 
 
 def _donor(k: Knob, knobs: Sequence[Knob], values: dict[str, int], window: Window) -> Knob | None:

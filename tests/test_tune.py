@@ -109,14 +109,36 @@ def test_rule_respects_bounds_and_the_cpu_budget() -> None:
     state, changes = _decide(state, _window(200, read=0.99), knobs)
     assert changes == {}  # at its bound
     # decode + transform = 4 = the budget, both busy: no raise, no donor.
-    state, changes = _decide(state, _window(200, decode=0.95, transform=0.9), knobs)
+    state, changes = _decide(state, _window(200, read=0.5, decode=0.95, transform=0.9), knobs)
     assert changes == {}
     # transform is mostly idle: it gives decode one of its workers (a trial like any other).
-    state, changes = _decide(state, _window(200, decode=0.95, transform=0.2), knobs)
+    state, changes = _decide(state, _window(200, read=0.5, decode=0.95, transform=0.2), knobs)
     assert changes == {"decode_threads": 3, "transform_workers": 1}
     assert decode.value + transform.value <= 4
-    state, changes = _decide(state, _window(201, decode=0.95, transform=0.2), knobs)
+    state, changes = _decide(state, _window(201, read=0.5, decode=0.95, transform=0.2), knobs)
     assert changes == {"decode_threads": 2, "transform_workers": 2}  # both taken back
+
+
+def test_rule_halves_idle_reader_threads_while_it_costs_nothing() -> None:
+    read, decode = Box(8), Box(2)
+    knobs = _knobs(read, decode)
+    # Decoding limits at the budget; the reader threads idle: halved, while throughput holds.
+    state, changes = _decide(TuneState(), _window(100, read=0.02, decode=0.98), knobs, budget=2)
+    assert changes == {"read_threads": 4}
+    state, changes = _decide(state, _window(103, read=0.04, decode=0.98), knobs, budget=2)
+    assert changes == {"read_threads": 2}  # kept (no loss): halved again
+    # Slightly lower (within the margin of the best, 103): kept, halved again.
+    state, changes = _decide(state, _window(100, read=0.08, decode=0.98), knobs, budget=2)
+    assert changes == {"read_threads": 1}
+    # Now it costs: taken back, and no more cuts for HOLD_WINDOWS windows.
+    state, changes = _decide(state, _window(60, read=0.2, decode=0.5), knobs, budget=2)
+    assert changes == {"read_threads": 2} and read.value == 2
+    for _ in range(HOLD_WINDOWS - 1):
+        state, changes = _decide(state, _window(100, read=0.08, decode=0.98), knobs, budget=2)
+        assert changes == {}
+    # A trainer-bound pipeline's idle threads are cut too.
+    state, changes = _decide(TuneState(), _window(100, waited=0.0, read=0.1), knobs)
+    assert changes == {"read_threads": 1}
 
 
 def test_little_depth() -> None:
