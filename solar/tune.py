@@ -14,7 +14,8 @@ The rule is tf.data's ``STAGE_BASED`` autotuning, as a hill climb with take-back
    window are computed (solar/stages.py).
 2. A change made at the end of the previous window is a *trial*: kept if the window's
    throughput (samples/s) rose by at least :data:`MARGIN` over the window before it, else
-   taken back, and that stage is not raised again for :data:`HOLD_WINDOWS` windows.
+   taken back, and that stage is not raised again for :data:`HOLD_WINDOWS` windows (twice
+   as long after each take-back in a row, up to :data:`MAX_DOUBLINGS` doublings).
 3. Otherwise, unless the trainer is the limit (it waited less than
    :data:`~solar.stages.TRAINER_WAIT` of the window: more workers cannot help), the stage
    that limits (the highest utilisation, as :func:`~solar.stages.bottleneck` names it) gets
@@ -53,6 +54,7 @@ WINDOW_SECONDS = 0.1
 SETTLE_STEPS = 2  # steps after a change not measured (their reads began under the old setting)
 MARGIN = 0.05  # a trial is kept if throughput rose by at least 5 %
 HOLD_WINDOWS = 10  # a stage whose trial was taken back is not raised for 10 windows
+MAX_DOUBLINGS = 5  # ... twice as long after each take-back in a row, up to 320 windows
 DONOR_BUSY = 0.5  # a CPU-bound stage busy less than this may give a worker to the limit
 IDLE = 0.25  # an I/O stage busy less than this has its threads halved, if that costs nothing
 MAX_READ_THREADS = 64  # reader threads are I/O concurrency: beyond the cores, but bounded
@@ -124,6 +126,7 @@ class TuneState:
     baseline: float = 0.0  # throughput before the trial (the best since cuts began)
     down: bool = False  # the trial cuts workers
     held: tuple[tuple[str, int], ...] = ()  # (stage, first window it may be raised again)
+    strikes: tuple[tuple[str, int], ...] = ()  # (stage, trials taken back in a row)
 
     def held_until(self, stage: str) -> int:
         return max((w for s, w in self.held if s == stage), default=0)
@@ -144,16 +147,25 @@ def rule(
     if state.trial:
         # A raise must pay by the margin; a cut must not cost more than it.
         need = state.baseline * (1 - MARGIN if state.down else 1 + MARGIN)
+        by_name = {k.name: k for k in knobs}
+        first = by_name.get(state.trial[0][0])
+        way = None if first is None else _way(first.stage, state.down)
+        strikes = dict(state.strikes)
         if window.rate >= need:  # kept: the next move is tried below
             best = max(state.baseline, window.rate) if state.down else window.rate
-            state = replace(state, trial=(), baseline=best)
+            if way is not None:
+                strikes.pop(way, None)
+            state = replace(state, trial=(), baseline=best, strikes=tuple(strikes.items()))
         else:  # taken back; the stage moved (the trial's first knob) is held that way
-            by_name = {k.name: k for k in knobs}
-            first = by_name.get(state.trial[0][0])
             held = state.held
-            if first is not None:
-                held = (*held, (_way(first.stage, state.down), w + HOLD_WINDOWS))
-            return replace(state, trial=(), held=held), dict(state.trial)
+            if way is not None:
+                # Held twice as long after each take-back in a row: a stage settled at its
+                # best is probed ever more rarely, so probing costs ever less throughput.
+                strikes[way] = strikes.get(way, 0) + 1
+                hold = HOLD_WINDOWS << min(strikes[way] - 1, MAX_DOUBLINGS)
+                held = (*held, (way, w + hold))
+            undo = dict(state.trial)
+            return replace(state, trial=(), held=held, strikes=tuple(strikes.items())), undo
     else:
         state = replace(state, baseline=window.rate)
     changes = {} if window.waited < TRAINER_WAIT else _raise(state, window, knobs, values, budget)

@@ -90,6 +90,14 @@ def test_rule_takes_back_a_raise_that_does_not_pay_and_holds_the_stage() -> None
         assert changes == {}
     state, changes = _decide(state, _window(100, read=0.97), knobs)
     assert changes == {"read_threads": 16}
+    # Taken back again: held twice as long.
+    state, changes = _decide(state, _window(100, read=0.97), knobs)
+    assert changes == {"read_threads": 8}
+    for _ in range(2 * HOLD_WINDOWS - 1):
+        state, changes = _decide(state, _window(100, read=0.97), knobs)
+        assert changes == {}
+    state, changes = _decide(state, _window(100, read=0.97), knobs)
+    assert changes == {"read_threads": 16}
 
 
 def test_rule_leaves_a_trainer_bound_pipeline_alone() -> None:
