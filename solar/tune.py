@@ -88,6 +88,9 @@ def reader_knobs(executor: Executor, budget: int) -> list[Knob]:
     """The reader's knobs: its threads (I/O concurrency, up to :data:`MAX_READ_THREADS`) and
     its decoding threads (CPU-bound, up to ``budget``), resized with reads in flight."""
     ex = executor
+    # Decoding threads follow the reader threads (one per core at most) until set: set them
+    # now, so that each knob moves one stage only.
+    ex.resize(decode_threads=ex.decode_threads)
     return [
         Knob("read_threads", "read", lambda: ex.threads, lambda n: ex.resize(threads=n),
              1, MAX_READ_THREADS, cpu=False),
