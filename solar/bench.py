@@ -324,7 +324,7 @@ def run(cfg: BenchConfig, comm: Any, progress=None) -> dict | None:
         if name != "torch":
             figures = {n: f.as_dict() for n, f in loader.stats.stages().items()}
             mine = (figures, loader.stats.bottleneck(), loader.stats.tuned)
-            every = comm.gather(mine, root=0)
+            every = [mine] if world == 1 else comm.gather(mine, root=0)
             if rank == 0:
                 r = results[name]
                 r.stages, r.bottleneck, r.tuned = (list(x) for x in zip(*every, strict=True))
