@@ -103,6 +103,11 @@ class LoaderResult:
     rows_moved: list[int] = field(default_factory=list)  # equal batches: between ranks
     exchange_seconds: list[float] = field(default_factory=list)  # moving them (slowest rank)
     cpu_seconds: list[float] = field(default_factory=list)  # the machine's, in each epoch
+    # solar loaders, over the run, per rank: stage figures (solar/stages.py), the bottleneck
+    # line, and where threads="auto" left its knobs.
+    stages: list[dict] = field(default_factory=list)
+    bottleneck: list[tuple[str, str]] = field(default_factory=list)
+    tuned: list[dict] = field(default_factory=list)
 
 
 def sequential_bandwidth(paths: list[Path], limit: int = 2**30, repeats: int = 3) -> float:
@@ -242,7 +247,7 @@ def run(cfg: BenchConfig, comm: Any, progress=None) -> dict | None:
     limits = None
     if rank == 0:
         limits = {"read_bytes_per_s": read_bw, "mem_bytes_per_s": memory_bandwidth(),
-                  "read_threads": cfg.reader.threads * world}  # fmt: skip
+                  "read_threads": cfg.reader.thread_count * world}  # fmt: skip
         if cfg.tier:
             limits["tier_bytes_per_s"] = tier_bw  # all ranks' together, as storage's
     limits = comm.bcast(limits, root=0)
@@ -318,6 +323,12 @@ def run(cfg: BenchConfig, comm: Any, progress=None) -> dict | None:
                 progress(epoch, name, seconds)
     for name, loader in loaders.items():
         if name != "torch":
+            figures = {n: f.as_dict() for n, f in loader.stats.stages().items()}
+            mine = (figures, loader.stats.bottleneck(), loader.stats.tuned)
+            every = [mine] if world == 1 else comm.gather(mine, root=0)
+            if rank == 0:
+                r = results[name]
+                r.stages, r.bottleneck, r.tuned = (list(x) for x in zip(*every, strict=True))
             loader.close()
     if rank != 0:
         return None
@@ -416,6 +427,12 @@ def _summarise(cfg, world, n, sample_bytes, capacity, limits, results, spec, thr
             entry["hit_rate_per_epoch"] = [h / s for h, s in zip(both, r.samples, strict=True)]
             entry["hit_rate"] = sum(both) / sum(r.samples)
             entry["ram_hits"], entry["tier_hits"] = r.hits, r.tier_hits
+        if r.stages:  # per rank
+            entry["stages"] = r.stages
+            entry["bottleneck"] = [line for _, line in r.bottleneck]
+            entry["bottleneck_stage"] = [stage for stage, _ in r.bottleneck]
+            if any(r.tuned):
+                entry["tuned"] = r.tuned
         if any(r.rows_moved):
             entry["rows_moved"] = r.rows_moved
             entry["bytes_moved"] = [m * sample_bytes for m in r.rows_moved]
@@ -477,6 +494,14 @@ def format_results(res: dict) -> str:
             f"| {name} | {e['samples_per_second']:.0f} | {speedup} | {hit} | {bound} | {ram} | "
             f"{tiers} | {sum(e['bytes_read']) / 1e9:.2f} | {stall} | {epochs} |"
         )
+    lines.append("")
+    for name, e in res["loaders"].items():
+        if "bottleneck" in e:  # rank 0's line; the others' stages if they differ
+            others = sorted(set(e["bottleneck_stage"][1:]) - {e["bottleneck_stage"][0]})
+            line = f"{name}: {e['bottleneck'][0]}"
+            line += f" (other ranks: {', '.join(others)})" if others else ""
+            line += f"; tuned {_tuned(e['tuned'][0])}" if e.get("tuned") else ""
+            lines.append(line)
     for name, e in res["loaders"].items():
         if "rows_moved" in e:
             lines.append(
@@ -499,6 +524,10 @@ def format_results(res: dict) -> str:
             f"(limits per epoch: {limit} s)"
         )
     return "\n".join(lines)
+
+
+def _tuned(knobs: dict) -> str:
+    return ", ".join(f"{k} {v}" for k, v in knobs.items())
 
 
 def plot(res: dict, path: Path) -> None:

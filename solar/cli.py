@@ -349,8 +349,8 @@ def gen(out, preset, samples, chunks, compression, nodes, avg_degree, features, 
               help="Also compare solar-equal: solar with equal local batches.")  # fmt: skip
 @click.option("--workers", type=click.IntRange(min=0),
               help="DataLoader workers (default: the cores this process may use).")  # fmt: skip
-@click.option("--threads", type=int, default=_READER.threads, show_default=True,
-              help="solar reader threads per rank.")  # fmt: skip
+@click.option("--threads", default=str(_READER.threads), show_default=True,
+              help='solar reader threads per rank, or "auto": tuned online.')  # fmt: skip
 @click.option("--read-ahead", type=int, default=_READER.read_ahead, show_default=True,
               help=f"Steps solar reads ahead of the one served (at least "
                    f"{_READER.read_ahead_samples} samples: more at small batches).")  # fmt: skip
@@ -392,7 +392,7 @@ def bench(data, keys, one_per_file, world_size, batch_size, epochs, buffer, tier
         )
     if equal_batches and "solar-equal" not in loaders.split(","):
         loaders += ",solar-equal"
-    reader = ReaderConfig(threads=threads, read_ahead=read_ahead)
+    reader = ReaderConfig(threads=_threads(threads), read_ahead=read_ahead)
     for out in (json_out, plot_out):
         if out:
             check_writable(out)
@@ -428,6 +428,15 @@ def bench(data, keys, one_per_file, world_size, batch_size, epochs, buffer, tier
         write_json(json_out, result)
     if plot_out:
         harness.plot(result, Path(plot_out))
+
+
+def _threads(text: str) -> int | str:
+    """--threads: a count, or "auto" (ReaderConfig checks the value)."""
+    text = text.strip()
+    try:
+        return int(text)
+    except ValueError:
+        return text
 
 
 def _check_world(world_size: int, launcher: str, started: int) -> None:

@@ -161,6 +161,10 @@ def parse_size(text: str | int, *, sample_bytes: int | None, name: str = "buffer
     return samples
 
 
+# threads="auto" starts where a fixed setting would by default: the tuner moves from there.
+AUTO_THREADS = 8
+
+
 @dataclass(frozen=True)
 class ReaderConfig:
     """How the runtime reads: the one owner of these defaults (Loader, ``solar bench``, CLI).
@@ -171,9 +175,13 @@ class ReaderConfig:
     cache is bypassed, so the buffer is the only cache); ``pin_memory`` pins batches for fast
     copies to an accelerator; ``decode_chunks`` reads chunked datasets chunk by chunk, decoding
     them on the threads (else through h5py, one reader at a time).
+
+    ``threads="auto"``: start at :data:`AUTO_THREADS` and let the Loader's tuner
+    (solar/tune.py) move the reader (and decoding) threads and the read-ahead depth online,
+    by the measured stage figures; ``loader.stats.tuned`` says where they settled.
     """
 
-    threads: int = 8
+    threads: int | str = 8
     read_ahead: int = 4
     # Measured, cold, gzip one sample per chunk at batch size 1: 4 samples ahead 1,020/s,
     # 8 to 64 samples 1,160-1,220/s (bench/chunk_bench.py's Loader pattern).
@@ -191,11 +199,24 @@ class ReaderConfig:
         for name, low in (("threads", 1), ("read_ahead", 0), ("read_ahead_samples", 0),
                           ("page_gap", 0)):  # fmt: skip
             value = getattr(self, name)
+            if name == "threads" and value == "auto":
+                continue
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
-                raise SolarError(f"{name} must be an integer >= {low}, got {value!r}")
+                what = 'an integer >= 1 or "auto"' if name == "threads" else f"an integer >= {low}"
+                raise SolarError(f"{name} must be {what}, got {value!r}")
         for name in ("direct_io", "pin_memory", "decode_chunks"):
             if not isinstance(getattr(self, name), bool):
                 raise SolarError(f"{name} must be True or False, got {getattr(self, name)!r}")
+
+    @property
+    def auto(self) -> bool:
+        """Whether the threads (and read-ahead depth) tune themselves."""
+        return self.threads == "auto"
+
+    @property
+    def thread_count(self) -> int:
+        """Reader threads to start with: ``threads``, or :data:`AUTO_THREADS` when auto."""
+        return AUTO_THREADS if isinstance(self.threads, str) else self.threads
 
     def read_ahead_steps(self, batch_size: int) -> int:
         """Steps read ahead at this local batch size."""

@@ -39,7 +39,7 @@ from solar.config import DEFAULT_SLACK, BufferConfig, ReaderConfig, RunConfig, p
 from solar.dist import abort_job_on_error, agree
 from solar.errors import SolarError
 from solar.exchange import Exchange
-from solar.io.executor import combine
+from solar.io.executor import combine, step_io
 from solar.io.hdf5 import DatasetInfo, KeyInfo
 from solar.io.reader import Reader
 from solar.io.sources import describe_source
@@ -61,6 +61,7 @@ from solar.transform import (
     output_keys,
     repeats,
 )
+from solar.tune import MAX_READ_AHEAD, READ_AHEAD_BYTES, Knob, Tuner, reader_knobs
 from solar.warm import measured, rehearse_loader
 
 
@@ -315,7 +316,24 @@ class Loader:
         if self.transform is not None:
             transforms = TransformPool(self.transform, self.run.seed, self.info.keys,
                                        self.out_keys)  # fmt: skip
-        return _Runtime(ReadAhead(self._start, depth), tier, transforms)
+        ahead = ReadAhead(self._start, depth)
+        tuner = self._new_tuner(ahead, transforms) if self.config.auto else None
+        return _Runtime(ahead, tier, transforms, tuner=tuner)
+
+    def _new_tuner(self, ahead: ReadAhead, transforms: TransformPool | None) -> Tuner:
+        """threads="auto": the tuner of this process's reader threads, read-ahead depth and
+        (threads, workers="auto") transform workers (solar/tune.py)."""
+        tuner = Tuner(self.stats)
+        for knob in reader_knobs(self.reader.executor, tuner.budget):
+            tuner.register(knob)
+        if transforms is not None and self.transform is not None:
+            if self.transform.workers == "auto" and not self.transform.processes:
+                tuner.register(Knob("transform_workers", "transform", lambda: transforms.workers,
+                                    transforms.resize, 1, tuner.budget))  # fmt: skip
+        step_bytes = max(1, self.run.batch_size * self.info.sample_bytes)
+        cap = min(MAX_READ_AHEAD, READ_AHEAD_BYTES // step_bytes)
+        tuner.read_ahead(lambda d: setattr(ahead, "depth", d), ahead.depth, cap)
+        return tuner
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
@@ -602,13 +620,15 @@ class Loader:
         self._buffer_at = -1  # until the step is assembled, the buffer matches no step
         # Read ahead only into steps already planned: never wait for the planner here.
         io = rt.ahead.take(k, last=min(self.run.num_steps, self._stream.planned_end) - 1)
+        io.depth, io.landed = rt.ahead.depth, rt.ahead.landed
         step = io.plan
         if io.futures:  # a step of hits has none: it costs no waiting at all
             t0 = time.perf_counter()
             wait(io.futures)  # all of them, even if one failed: none writes into the batch after
             stall = time.perf_counter() - t0
-            nbytes, busy = combine(io.futures[: io.storage])
-            io.figures = (nbytes, busy, stall, combine(io.futures[io.storage :])[0])
+            got = step_io(io.futures[: io.storage])
+            io.figures = (got.nbytes, got.busy, stall, combine(io.futures[io.storage :])[0])
+            io.decode_seconds, io.latency = got.decode, got.longest
         if not io.batch:
             assert self._pool is not None
             io.tensors, io.batch = self._pool.take(self._rows(k, step))
@@ -684,6 +704,7 @@ class Loader:
     def _serve(self, rt: _Runtime, k: int) -> InFlight:
         """Step ``k``'s batch, delivered: assembled (now or ahead), transformed, exchanged,
         its figures recorded."""
+        began = time.perf_counter()
         io = rt.ready.popleft() if rt.ready else self._assemble(rt, k)
         self._assemble_ahead(rt)
         step = io.plan
@@ -709,18 +730,29 @@ class Loader:
                 self._settle(rt, k, io, io.batch)
                 self._assemble_ahead(rt)
         moved, seconds = self._deliver(k, io)
-        self.stats.record(
-            StepStats(
-                epoch=k // self.run.steps_per_epoch, step=k,
-                batch=step.size if io.index is None else io.index.size,
-                hits=int(step.hit_rows.size), reads=int(step.read_rows.size), bytes_read=nbytes,
-                read_seconds=busy, stall_seconds=stall, tier_hits=int(step.tier_rows.size),
-                tier_bytes=tier_bytes, tier_writes=int(step.tier_writes.size),
-                sent=moved[0], received=moved[1], exchange_seconds=seconds,
-                transform_seconds=tbusy, transformed=io.transformed,
-                transform_workers=0 if rt.transforms is None else rt.transforms.workers,
-            )
+        # The trainer's period: since the previous step was served, if it was the step
+        # before in this epoch (else the time serving this one: a gap between epochs is not
+        # the pipeline's).
+        now, ex = time.perf_counter(), self.reader.executor
+        last, at = rt.served
+        wall = now - at if last == k - 1 and k % self.run.steps_per_epoch else now - began
+        rt.served = (k, now)
+        record = StepStats(
+            epoch=k // self.run.steps_per_epoch, step=k,
+            batch=step.size if io.index is None else io.index.size,
+            hits=int(step.hit_rows.size), reads=int(step.read_rows.size), bytes_read=nbytes,
+            read_seconds=busy, stall_seconds=stall, tier_hits=int(step.tier_rows.size),
+            tier_bytes=tier_bytes, tier_writes=int(step.tier_writes.size),
+            sent=moved[0], received=moved[1], exchange_seconds=seconds,
+            transform_seconds=tbusy, transformed=io.transformed,
+            transform_workers=0 if rt.transforms is None else rt.transforms.workers,
+            decode_seconds=io.decode_seconds, wall_seconds=wall, read_threads=ex.threads,
+            decode_threads=ex.decode_threads, read_ahead=io.depth, ready_ahead=io.landed,
+            read_latency=io.latency,
         )  # fmt: skip
+        self.stats.record(record)
+        if rt.tuner is not None:
+            rt.tuner.observe(record)
         return io
 
     def _rows(self, k: int, step: StepPlan) -> int:
@@ -793,6 +825,8 @@ class _Runtime:
     ahead: ReadAhead
     tier: TierFile | None
     transforms: TransformPool | None = None
+    tuner: Tuner | None = None  # threads="auto" (solar/tune.py)
+    served: tuple[int, float] = (-1, 0.0)  # the last step served, and when
     # Steps assembled ahead of the one served, their transforms under way (solar.transform).
     ready: collections.deque[InFlight] = dataclasses.field(default_factory=collections.deque)
 

@@ -25,6 +25,12 @@ class InFlight:
     index: np.ndarray | None = None  # the delivered batch's ids, when not the plan's (exchange)
     # Once assembled: (bytes read, reader busy seconds, seconds waited, tier bytes).
     figures: tuple[int, float, float, int] = (0, 0.0, 0.0, 0)
+    # Stage figures (solar/stages.py): of the busy seconds, decoding; the longest read job;
+    # the read-ahead depth when the step was taken, and the steps after it already read.
+    decode_seconds: float = 0.0
+    latency: float = 0.0
+    depth: int = 0
+    landed: int = 0
     # With a transform: the transformed batch (tensors, numpy views) and its tasks' futures.
     out: tuple[list[Any], list[np.ndarray]] | None = None
     transforms: list[Future] = field(default_factory=list)
@@ -44,6 +50,20 @@ class ReadAhead:
         self._start = start
         self._depth = depth
         self._queue: collections.deque[InFlight] = collections.deque()
+        self.landed = 0  # at the last take: steps queued after it whose reads had all ended
+
+    @property
+    def depth(self) -> int:
+        """Steps read ahead of the one taken."""
+        return self._depth
+
+    @depth.setter
+    def depth(self, steps: int) -> None:
+        """From the next take on (steps already started stay queued: a shallower queue
+        drains to its depth as they are taken)."""
+        if steps < 0:
+            raise ValueError(f"read-ahead depth must be >= 0, got {steps}")
+        self._depth = steps
 
     def take(self, k: int, last: int) -> InFlight:
         """Step ``k``'s reads (started now if they were not), after starting those up to
@@ -51,6 +71,9 @@ class ReadAhead:
         if not self._queue or self._queue[0].plan.step != k:
             self.drain()
             self._queue.append(self._start(k))
+        # Counted before starting more: the queue's occupancy as the consumer arrives.
+        ahead = list(self._queue)[1 : 1 + self._depth]
+        self.landed = sum(all(f.done() for f in io.futures) for io in ahead)
         while self._queue[-1].plan.step < min(k + self._depth, last):
             self._queue.append(self._start(self._queue[-1].plan.step + 1))
         return self._queue.popleft()

@@ -6,6 +6,8 @@ import dataclasses
 import json
 from dataclasses import dataclass, field
 
+from solar.stages import StageFigures, bottleneck, stage_figures
+
 
 @dataclass(slots=True)  # not frozen: one is made per step, and frozen ones cost 3x more
 class StepStats:
@@ -18,15 +20,26 @@ class StepStats:
     reads: int
     bytes_read: int
     read_seconds: float  # busy time of the reader threads
-    stall_seconds: float  # time the trainer waited for late reads
+    stall_seconds: float  # time the trainer waited for late reads (and transforms)
     tier_hits: int = 0  # served from the second tier (not in ``hits`` or ``reads``)
     tier_bytes: int = 0  # read from the tier
     tier_writes: int = 0  # samples written to the tier
     sent: int = 0  # equal batches: rows served here, delivered by another rank
     received: int = 0  # equal batches: rows another rank served, delivered here
     exchange_seconds: float = 0.0  # equal batches: moving them
-    transform_seconds: float = 0.0  # busy time of the transform workers on this step's rows
-    transformed: int = 0  # rows transformed
+    # Stage figures (solar/stages.py). ``read_seconds`` includes ``decode_seconds``: chunk
+    # decoding runs inside the read tasks, timed apart there (solar/io/executor.py).
+    decode_seconds: float = 0.0  # busy time of the threads decoding chunks
+    wall_seconds: float = 0.0  # since the previous step was served: the trainer's period
+    read_threads: int = 0  # reader threads when the step's reads were started
+    decode_threads: int = 0  # of which may decode at once (one per core at most)
+    read_ahead: int = 0  # read-ahead depth (steps) when the step was taken
+    ready_ahead: int = 0  # of the steps queued then, those whose reads had all ended
+    read_latency: float = 0.0  # the step's longest read job (its latency, had none queued)
+    # Transforms (solar/transform.py): the workers' busy time on this step's rows, rows
+    # transformed, workers. (The trainer's wait for them is in ``stall_seconds``.)
+    transform_seconds: float = 0.0
+    transformed: int = 0
     transform_workers: int = 0
 
 
@@ -48,6 +61,15 @@ class EpochStats:
     sent: int = 0
     received: int = 0
     exchange_seconds: float = 0.0
+    decode_seconds: float = 0.0
+    wall_seconds: float = 0.0
+    # Worker-seconds offered (workers × wall, step by step: the tuner changes workers).
+    read_thread_seconds: float = 0.0
+    decode_thread_seconds: float = 0.0
+    transform_worker_seconds: float = 0.0
+    read_ahead: int = 0  # summed over steps (÷ steps: the mean depth)
+    ready_ahead: int = 0  # summed over steps
+    read_latency: float = 0.0
     transform_seconds: float = 0.0
     transformed: int = 0
 
@@ -65,8 +87,23 @@ class EpochStats:
         self.sent += s.sent
         self.received += s.received
         self.exchange_seconds += s.exchange_seconds
+        self.decode_seconds += s.decode_seconds
+        self.wall_seconds += s.wall_seconds
+        self.read_thread_seconds += s.read_threads * s.wall_seconds
+        self.decode_thread_seconds += s.decode_threads * s.wall_seconds
+        self.transform_worker_seconds += s.transform_workers * s.wall_seconds
+        self.read_ahead += s.read_ahead
+        self.ready_ahead += s.ready_ahead
+        self.read_latency += s.read_latency
         self.transform_seconds += s.transform_seconds
         self.transformed += s.transformed
+
+    def merge(self, other: EpochStats) -> EpochStats:
+        """The sum of two epochs' totals (a new record)."""
+        return EpochStats(
+            **{f.name: getattr(self, f.name) + getattr(other, f.name)
+               for f in dataclasses.fields(self)}
+        )  # fmt: skip
 
 
 @dataclass
@@ -80,6 +117,9 @@ class LoaderStats:
     warm_seconds: float = 0.0
     compile_seconds: float = 0.0
     compiled: int = 0
+    # threads="auto": where the tuner left each knob (name -> value), and its moves.
+    tuned: dict[str, int] = field(default_factory=dict)
+    tuning: list[dict] = field(default_factory=list)
 
     def epoch(self, e: int) -> EpochStats:
         got = self.epochs.get(e)
@@ -90,6 +130,25 @@ class LoaderStats:
     def record(self, s: StepStats) -> None:
         self.epoch(s.epoch).add(s)
         self.steps.append(s)
+
+    def totals(self, epoch: int | None = None) -> EpochStats:
+        """One epoch's totals, or (None) all epochs' together."""
+        if epoch is not None:
+            return self.epochs.get(epoch, EpochStats())
+        out = EpochStats()
+        for e in self.epochs.values():
+            out = out.merge(e)
+        return out
+
+    def stages(self, epoch: int | None = None) -> dict[str, StageFigures]:
+        """Figures of each pipeline stage (read, decode, transform, trainer) over one epoch
+        or (None) all of them: :func:`solar.stages.stage_figures`."""
+        return stage_figures(self.totals(epoch))
+
+    def bottleneck(self, epoch: int | None = None) -> tuple[str, str]:
+        """The stage that limits (its name) and a line saying by how much:
+        :func:`solar.stages.bottleneck`."""
+        return bottleneck(self.stages(epoch))
 
     def json_lines(self) -> str:
         return "".join(json.dumps(dataclasses.asdict(s)) + "\n" for s in self.steps)

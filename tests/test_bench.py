@@ -35,11 +35,14 @@ def test_bench_compares_loaders_with_json_and_plot(tmp_path, world):
     result = subprocess.run(
         [SOLAR, "bench", data, "-P", str(world), "-E", "2", "-B", "16", "--buffer", "100%",
          "--loaders", "torch,lru,solar", "--workers", "1", "--json", tmp_path / "r.json",
-         "--plot", tmp_path / "r.png", "--compute-ms", "1"],
+         "--plot", tmp_path / "r.png", "--compute-ms", "1",
+         *(["--threads", "auto"] if world == 2 else [])],
         capture_output=True, text=True, timeout=300, check=False,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     assert "| solar |" in result.stdout and "time limit" in result.stdout
+    # A bottleneck line per solar loader; the stage figures of every rank in the JSON.
+    assert "\nsolar: bottleneck: " in result.stdout and "\nlru: bottleneck: " in result.stdout
     res = json.loads((tmp_path / "r.json").read_text())
     assert set(res["loaders"]) == {"torch", "lru", "solar"}
     assert res["config"]["world_size"] == world
@@ -51,6 +54,14 @@ def test_bench_compares_loaders_with_json_and_plot(tmp_path, world):
     assert first == 0.0 and (second == 1.0 if world == 1 else 0.95 <= second < 1.0)
     assert res["loaders"]["torch"]["speedup"] == 1.0
     assert (tmp_path / "r.png").stat().st_size > 10_000
+    assert len(solar["stages"]) == len(solar["bottleneck"]) == world
+    read = solar["stages"][0]["read"]
+    assert read["items"] > 0 and 0 <= read["utilisation"] <= 1
+    assert sum(s["trainer"]["items"] for s in solar["stages"]) == 2 * 600  # every sample served
+    assert ("tuned" in solar) == (world == 2)  # --threads auto
+    if world == 2:
+        assert "tuned read_threads" in result.stdout
+        assert {"read_threads", "decode_threads", "read_ahead"} <= set(solar["tuned"][0])
 
 
 def test_bench_compares_equal_batches_with_variable_ones_and_slack_0(tmp_path):

@@ -27,7 +27,7 @@ import threading
 import time
 from collections.abc import Callable, Collection, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
-from typing import Any, Protocol, assert_never
+from typing import Any, NamedTuple, Protocol, assert_never
 
 import h5py
 import numpy as np
@@ -142,27 +142,83 @@ CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os
 _JOB_BYTES = 512 * 2**10  # stored chunk bytes worth a pool job of their own (see job_count)
 
 
-class Executor:
-    """Runs read (and tier write) tasks on ``threads`` threads; its pools are per process."""
+class JobResult(NamedTuple):
+    """What one pool job reports: bytes moved, seconds busy (from its start to its end, waits
+    for ``after``/``settled`` included), of which seconds decoding chunks."""
 
-    def __init__(self, threads: int) -> None:
+    nbytes: int
+    busy: float
+    decode: float = 0.0
+
+
+class StepIO(NamedTuple):
+    """A step's storage reads, summed over its jobs (:func:`step_io`)."""
+
+    nbytes: int
+    busy: float  # reader threads' busy seconds, decoding included
+    decode: float  # of which decoding chunks
+    longest: float  # the longest job: the step's read latency had its jobs not queued
+
+
+class Executor:
+    """Runs read (and tier write) tasks on ``threads`` threads; its pools are per process.
+
+    :meth:`resize` changes the thread counts while reads are in flight (the tuner's knob,
+    solar/tune.py): later jobs go to a pool of the new size; the old pool finishes the jobs
+    it was given, then its threads end.
+    """
+
+    def __init__(self, threads: int, decode_threads: int | None = None) -> None:
         if threads < 1:
             raise SolarError(f"executor: threads must be >= 1, got {threads}")
         self.threads = threads
+        self._decode_threads = decode_threads
+        # Pools are swapped (resize) while other threads submit. (Per process: pickles.)
+        self._lock: ProcessLocal[threading.Lock] = ProcessLocal(threading.Lock)
         self._pools: ProcessLocal[dict[int, ThreadPoolExecutor]] = ProcessLocal(dict)
         # Bounce buffers per thread. A ProcessLocal although threads never survive a fork: it
         # is what lets an Executor (inside a Reader) pickle for spawn.
         self._local: ProcessLocal[threading.local] = ProcessLocal(threading.local)
 
+    @property
+    def decode_threads(self) -> int:
+        """Threads for jobs that decode advised chunk reads (:func:`decodes`): as set by
+        :meth:`resize`, else one per core at most."""
+        given = self._decode_threads
+        return min(self.threads, CORES) if given is None else given
+
+    def _size(self, decoding: bool) -> int:
+        return self.decode_threads if decoding else self.threads
+
     def pool(self, decoding: bool = False) -> ThreadPoolExecutor:
         """The pool of ``threads`` threads; ``decoding``: the pool for jobs that decode
-        advised chunk reads (see :func:`decodes`), one thread per core at most."""
+        advised chunk reads (see :func:`decodes`), ``decode_threads`` (one per core at most)."""
         pools = self._pools.get()
-        size = min(self.threads, CORES) if decoding else self.threads
+        size = self._size(decoding)
         if size not in pools:
             name = "solar-decode" if decoding else "solar-read"
             pools[size] = ThreadPoolExecutor(size, thread_name_prefix=name)
         return pools[size]
+
+    def resize(self, threads: int | None = None, decode_threads: int | None = None) -> None:
+        """Use ``threads`` reader threads (and ``decode_threads`` decoding ones) for the jobs
+        started from now on. Safe with jobs in flight: a pool no longer used is shut down
+        without waiting, so it still runs every job queued on it (a later job waiting for
+        one of them, ``after``, cannot deadlock) and its threads end when it is empty."""
+        with self._lock.get():
+            if threads is not None:
+                if threads < 1:
+                    raise SolarError(f"executor: threads must be >= 1, got {threads}")
+                self.threads = threads
+            if decode_threads is not None:
+                if decode_threads < 1:
+                    raise SolarError(f"executor: decode threads must be >= 1, got {decode_threads}")
+                self._decode_threads = decode_threads
+            pools = self._pools.here()
+            if not pools:
+                return
+            for size in [s for s in pools if s not in (self.threads, self.decode_threads)]:
+                pools.pop(size).shutdown(wait=False)
 
     def start(
         self,
@@ -178,22 +234,26 @@ class Executor:
         if not tasks:
             return []
         decoding = decodes(tasks, source.direct_io)
-        jobs = deal(tasks, job_count(tasks, self.threads, decoding))
+        jobs = deal(tasks, job_count(tasks, self._size(decoding), decoding))
         advice = [self._advice(source, job) for job in jobs]
         for a in advice:
             if a is not None:
                 a.advise(0)  # the first window now: its fetch starts while the job queues
-        pool = self.pool(decoding)
-        return [
-            pool.submit(self._job, source, job, a, after, settled)
-            for job, a in zip(jobs, advice, strict=True)
-        ]
+        with self._lock.get():  # not a pool that resize shuts down meanwhile
+            pool = self.pool(decoding)
+            return [
+                pool.submit(self._job, source, job, a, after, settled)
+                for job, a in zip(jobs, advice, strict=True)
+            ]
 
     def run_here(self, source: ByteSource, tasks: Sequence[Task]) -> int | None:
         """Run ``tasks`` on this thread when they are one job's worth (a few small chunks:
         decoding them here beats a pool handoff, ~0.5 ms, more than a zstd decode); returns
         the bytes read, or None when they are worth several jobs."""
-        if not tasks or job_count(tasks, self.threads, decodes(tasks, source.direct_io)) != 1:
+        if not tasks:
+            return None
+        decoding = decodes(tasks, source.direct_io)
+        if job_count(tasks, self._size(decoding), decoding) != 1:
             return None
         return self._job(source, tasks, self._advice(source, tasks, more_than=1))[0]
 
@@ -210,13 +270,15 @@ class Executor:
         advice: Advice | None,
         after: Collection[Future] = (),
         settled: Collection[Future] = (),
-    ) -> tuple[int, float]:
+    ) -> JobResult:
         t0 = time.perf_counter()
         for f in after:
             f.result()  # e.g. the tier slot's write must be on disk; its error is ours too
         wait(settled)  # e.g. the old content of the slot this job writes has been read
+        local = self._local.get()
+        local.decode = 0.0  # _read_chunks adds its decoding time
         total = sum(self._run(source, t, advice) for t in tasks)
-        return total, time.perf_counter() - t0
+        return JobResult(total, time.perf_counter() - t0, local.decode)
 
     def warm_up(self) -> None:
         """Compile (or load from numba's cache) the preadv/pwritev kernel now, not at the first
@@ -358,14 +420,20 @@ class Executor:
         if t.chunks.size == 0:
             return 0
         sp = t.spans
-        buf = thread_buffer(self._local.get(), int(sp.at[-1]))
+        local = self._local.get()
+        buf = thread_buffer(local, int(sp.at[-1]))
         if t.into_rows and t.source.fused is not None and not sp.masked:
             need = sp.hi - sp.lo
             with source.fd(t.file) as fd:
                 for first, end in windows(need, Advice.WINDOW):
                     if advice is not None:
                         advice.advise(int(need[first:end].sum()))
-                    if read_fused(t.source.fused, fd, buf, t, first, end):
+                    # The fused kernel reads (pages advised ahead) and decodes run by run:
+                    # its time is counted as decoding.
+                    t0 = time.perf_counter()
+                    failed = read_fused(t.source.fused, fd, buf, t, first, end)
+                    _add_decode(local, time.perf_counter() - t0)
+                    if failed:
                         break  # a short read or a corrupt chunk: the general path says which
                 else:
                     return int(sp.sizes.sum())
@@ -384,10 +452,17 @@ class Executor:
                     raise truncated(path, f"a chunk of {index.name!r}", hi[r], size)
         view = buf.data
         starts, sizes = sp.starts.tolist(), sp.sizes.tolist()
+        t0 = time.perf_counter()
         for j, k in enumerate(t.chunks.tolist()):  # one decode call per chunk: the work itself
             raw = view[starts[j] : starts[j] + sizes[j]]
             decode_chunk(index, decoder, plan, k, raw, t.out, t.rows, into_rows=t.into_rows)
+        _add_decode(local, time.perf_counter() - t0)
         return int(sp.sizes.sum())
+
+
+def _add_decode(local: threading.local, seconds: float) -> None:
+    """Add decoding time to this thread's job (none outside a pool job: run_here)."""
+    local.decode = getattr(local, "decode", 0.0) + seconds
 
 
 def _retry(source: ByteSource, i: int, fd: int, iov: np.ndarray, offset: int, write: bool) -> None:
@@ -467,6 +542,16 @@ def wait_all(futures: Sequence[Future]) -> tuple[int, float]:
     return combine(futures)
 
 
+def step_io(futures: Sequence[Future]) -> StepIO:
+    """A step's storage read futures (all ended) summed: bytes, busy and decoding seconds,
+    and its longest job; the first error (or cancellation) of any is raised."""
+    results = [f.result() for f in futures]
+    return StepIO(
+        sum(r[0] for r in results), sum(r[1] for r in results),
+        sum(r[2] for r in results), max((r[1] for r in results), default=0.0),
+    )  # fmt: skip
+
+
 def combine(futures: Sequence[Future]) -> tuple[int, float]:
     """(bytes, busy seconds) summed over futures that have all ended; the first error (or
     cancellation) of any is raised."""
@@ -494,9 +579,9 @@ def when_all(futures: Sequence[Future], fn: Callable[[], object]) -> None:
 
 
 def job_count(tasks: Sequence[Task], threads: int, decoding: bool) -> int:
-    """Pool jobs for a step's tasks: one per thread, except for chunk reads too small to
-    share (a job's handoff costs about as much as decoding a few hundred KiB of zstd), and
-    at most one per core for decoding jobs (:func:`decodes`)."""
+    """Pool jobs for a step's tasks on a pool of ``threads``: one per thread, except for
+    chunk reads too small to share (a job's handoff costs about as much as decoding a few
+    hundred KiB of zstd), and at most one per core for decoding jobs (:func:`decodes`)."""
     if not all(isinstance(t, ChunkReads) for t in tasks):
         return threads
     work = sum(t.stored_bytes for t in tasks if isinstance(t, ChunkReads))

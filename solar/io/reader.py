@@ -36,7 +36,7 @@ from solar.io.tasks import ChunkSource, FileLayouts, plan_reads
 class Reader:
     """Reads samples (global ids over the concatenated files) into rows of numpy arrays.
 
-    Its ``executor`` (``config.threads`` threads) runs them; the Loader's tier borrows it.
+    Its ``executor`` (``config.thread_count`` threads) runs them; the Loader's tier borrows it.
     """
 
     def __init__(
@@ -48,7 +48,7 @@ class Reader:
         self.decode_chunks = config.decode_chunks
         self.page_gap = config.page_gap
         self.throttle = throttle  # solar.io.throttle.Throttle: an emulated remote file system
-        self.executor = Executor(config.threads)
+        self.executor = Executor(config.thread_count)
         self._starts = np.concatenate([[0], np.cumsum(info.lengths)]).astype(np.int64)
         self._layouts = self._stored_layouts(info)
         self._decoded = self._layouts.decoded_count  # once: a sum over every (file, key)

@@ -1,0 +1,170 @@
+"""Per-stage figures add up from the steps, and the bottleneck line names the stage that limits:
+on synthetic figures, and on real tiny pipelines (throttled storage: read; gzip chunks: decode;
+a slow transform on one worker: transform)."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+
+from solar import Loader, ReaderConfig
+from solar.io.throttle import Throttle
+from solar.stages import TRAINER_WAIT, StageFigures, bottleneck, stage_figures
+from solar.stats import EpochStats, LoaderStats, StepStats
+from solar.transform import Transform
+
+
+def _step(epoch: int, step: int, **kw) -> StepStats:
+    base = dict(epoch=epoch, step=step, batch=8, hits=2, reads=6, bytes_read=600,
+                read_seconds=0.5, stall_seconds=0.1)  # fmt: skip
+    return StepStats(**{**base, **kw})
+
+
+def test_stage_figures_add_up_from_steps() -> None:
+    stats = LoaderStats()
+    steps = [
+        _step(0, 0, decode_seconds=0.2, wall_seconds=1.0, read_threads=4, decode_threads=2,
+              read_ahead=4, ready_ahead=1, transform_seconds=0.3, transformed=8,
+              transform_workers=2),
+        _step(0, 1, decode_seconds=0.1, wall_seconds=0.5, read_threads=8, decode_threads=2,
+              read_ahead=4, ready_ahead=3, stall_seconds=0.25),
+        _step(1, 2, decode_seconds=0.0, wall_seconds=2.0, read_threads=8, decode_threads=2,
+              read_ahead=2, ready_ahead=2, tier_hits=1),
+    ]  # fmt: skip
+    for s in steps:
+        stats.record(s)
+    e0 = stats.stages(0)
+    wall = 1.5
+    assert e0["read"].wall_seconds == pytest.approx(wall)
+    assert e0["read"].busy_seconds == pytest.approx(1.0 - 0.3)  # decoding taken out
+    assert e0["read"].items == 12
+    assert e0["read"].workers == pytest.approx((4 * 1.0 + 8 * 0.5) / wall)
+    assert e0["read"].utilisation == pytest.approx(0.7 / (4 * 1.0 + 8 * 0.5))
+    assert e0["read"].occupancy == pytest.approx(4 / 8)
+    assert e0["decode"].busy_seconds == pytest.approx(0.3)
+    assert e0["decode"].utilisation == pytest.approx(0.3 / (2 * wall))
+    assert e0["transform"].items == 8 and e0["transform"].busy_seconds == pytest.approx(0.3)
+    assert e0["transform"].utilisation == pytest.approx(0.3 / (2 * 1.0))
+    trainer = e0["trainer"]
+    assert trainer.blocked_seconds == pytest.approx(0.1 + 0.2 + 0.05)
+    assert trainer.busy_seconds == pytest.approx(wall - 0.35)
+    assert trainer.items == 16 and trainer.items_per_second == pytest.approx(16 / wall)
+    # All epochs: the sums of both.
+    run = stats.stages()
+    assert run["read"].items == 12 + 7
+    assert run["read"].wall_seconds == pytest.approx(3.5)
+    assert run["decode"].busy_seconds == pytest.approx(0.3)
+    assert stats.totals().steps == 3
+    every = stats.totals(0).merge(stats.totals(1))
+    assert dataclasses.asdict(every) == pytest.approx(dataclasses.asdict(stats.totals()))
+
+
+def _stage(name: str, busy: float, workers: float, wall: float = 10.0, **kw) -> StageFigures:
+    return StageFigures(name, busy, 100, wall, workers * wall, **kw)
+
+
+def _figures(read: float, decode: float, transform: float, waited: float) -> dict:
+    wall = 10.0
+    return {
+        "read": _stage("read", read * 8 * wall, 8),
+        "decode": _stage("decode", decode * 2 * wall, 2),
+        "transform": _stage("transform", transform * 2 * wall, 2 if transform else 0),
+        "trainer": _stage("trainer", (1 - waited) * wall, 1, blocked_seconds=waited * wall),
+    }
+
+
+@pytest.mark.parametrize(
+    "figures, expected",
+    [
+        (_figures(0.97, 0.12, 0.0, 0.61), "read"),
+        (_figures(0.20, 0.95, 0.0, 0.50), "decode"),
+        (_figures(0.30, 0.40, 0.90, 0.40), "transform"),
+        (_figures(0.97, 0.90, 0.90, TRAINER_WAIT / 2), "trainer"),  # it rarely waits
+        (_figures(0.0, 0.0, 0.0, 0.9), "trainer"),  # nothing else did anything
+    ],
+)
+def test_bottleneck_names_the_limit(figures: dict, expected: str) -> None:
+    name, line = bottleneck(figures)
+    assert name == expected
+    assert line.startswith(f"bottleneck: {expected} (")
+    if expected == "read":
+        assert line == (
+            "bottleneck: read (97 % busy on 8 threads); decode 12 % on 2; "
+            "trainer waited 61 % of 10.0 s"
+        )
+
+
+def test_no_steps_no_bottleneck() -> None:
+    assert bottleneck(stage_figures(EpochStats()))[0] == "none"
+    assert LoaderStats().bottleneck()[0] == "none"
+
+
+# -- real tiny pipelines --------------------------------------------------------------------
+
+
+def _run(loader: Loader, epochs: int) -> None:
+    for e in range(epochs):
+        loader.set_epoch(e)
+        for _ in loader:
+            pass
+
+
+def test_throttled_storage_is_read_bound(tmp_path: Path) -> None:
+    path = tmp_path / "plain.h5"
+    with h5py.File(path, "w") as f:
+        f["x"] = np.random.default_rng(0).standard_normal((96, 32, 32), np.float32)
+    # 4 KiB samples behind 4 ms requests: every thread waits on storage.
+    with Loader(path, batch_size=8, epochs=1, buffer=0, throttle=Throttle(20, 4),
+                reader=ReaderConfig(threads=4)) as loader:  # fmt: skip
+        _run(loader, 1)
+        name, line = loader.stats.bottleneck()
+        stages = loader.stats.stages()
+    assert name == "read", line
+    assert stages["read"].items == 96 and stages["decode"].busy_seconds == 0
+    assert stages["trainer"].blocked_seconds > 0
+
+
+def test_gzip_chunks_are_decode_bound(tmp_path: Path) -> None:
+    path = tmp_path / "gz.h5"
+    rng = np.random.default_rng(0)
+    # Compressible but not trivially (small integers): inflating costs more than reading
+    # the page-cached file, and 8 reader threads mostly wait while 1 decoding thread works.
+    # (Two samples a chunk: one a chunk takes the fused kernel, compiled in each process.)
+    data = rng.integers(0, 16, (96, 128, 128)).astype(np.float32)
+    with h5py.File(path, "w") as f:
+        f.create_dataset("x", data=data, chunks=(2, 128, 128), compression="gzip")
+    cfg = ReaderConfig(threads=8)
+    with Loader(path, batch_size=8, epochs=2, buffer=0, reader=cfg) as loader:
+        loader.reader.executor.resize(decode_threads=1)  # one decoding thread: it limits
+        _run(loader, 2)
+        name, line = loader.stats.bottleneck()
+        stages = loader.stats.stages()
+        batches = [b["x"].numpy().copy() for b in loader]
+    assert name == "decode", line
+    assert stages["decode"].items == 2 * 96 and stages["decode"].busy_seconds > 0
+    assert stages["read"].busy_seconds < stages["decode"].busy_seconds * 8
+    assert len(batches) == 12  # (last epoch again: the resized executor still reads)
+
+
+def _slow_identity(sample, rng):
+    time.sleep(0.002)  # 2 ms a sample, on one worker: the transform limits
+    return {"x": sample["x"] * 1}
+
+
+def test_a_slow_transform_is_transform_bound(tmp_path: Path) -> None:
+    path = tmp_path / "plain.h5"
+    with h5py.File(path, "w") as f:
+        f["x"] = np.random.default_rng(0).standard_normal((64, 16, 16), np.float32)
+    with Loader(path, batch_size=8, epochs=1, buffer=0,
+                transform=Transform(_slow_identity, workers=1)) as loader:  # fmt: skip
+        _run(loader, 1)
+        name, line = loader.stats.bottleneck()
+        stages = loader.stats.stages()
+    assert name == "transform", line
+    assert stages["transform"].items == 64 and stages["transform"].workers == pytest.approx(1)
+    assert "transform (" in line and "busy on 1 worker)" in line
