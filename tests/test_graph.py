@@ -281,6 +281,49 @@ def test_direct_io_gathers_small_rows_exactly_and_names_a_short_file(graph_file,
                 pass
 
 
+def test_the_mmap_baseline_gathers_exact_rows_through_a_page_lru_of_its_budget(tmp_path):
+    """solar.graph.mmapbase: rows byte-identical to h5py's, a budget of 3 pages (steps larger
+    than the budget gathered in chunks), whole pages read, rows counted as hits only when every
+    page of theirs was cached; a truncated file is a short read."""
+    from helpers import skip_without_o_direct
+
+    from solar.graph.mmapbase import MmapGather
+
+    path = tmp_path / "g.h5"
+    generate_graph(path, 500, 4.0, 300, seed=1)  # 1200-byte rows: some span two pages
+    with h5py.File(path) as f:
+        feats = f["features"][()]
+    rng = np.random.default_rng(0)
+    with skip_without_o_direct(), MmapGather.of_key(path, "features", budget=3 * 4096) as g:
+        assert g.capacity_bytes == 3 * 4096
+        for size in (1, 7, 40):
+            ids = rng.choice(500, size, replace=False)
+            assert g.gather(ids).tobytes() == feats[ids].tobytes()
+        reads = g.bytes_read
+        assert reads % 4096 == 0 and reads >= 48 * 1200
+        ids = np.array([10])  # its pages were just read: cached unless evicted since
+        g.gather(ids)
+        g.gather(ids)
+        assert g.rows == 50 and g.hits >= 1 and g.bytes_read <= reads + 2 * 4096
+    big = MmapGather.of_key(path, "features", budget=10**6)
+    with big:
+        everything = big.gather(np.arange(500))
+        first = big.hits  # rows whose page a previous chunk's row read (a chunk: 122 rows)
+        again = big.gather(np.arange(500)[::-1])
+        assert 0 < first < 10 and big.hits == first + 500  # all cached the second time
+        assert everything.tobytes() == feats.tobytes()
+        assert again.tobytes() == feats[::-1].tobytes()
+    with pytest.raises(SolarError, match="no dataset key"):
+        MmapGather.of_key(path, "labels_missing", budget=4096)
+    with h5py.File(path) as f:
+        offset = f["features"].id.get_offset()
+    with open(path, "r+b") as f:
+        f.truncate(offset + feats.nbytes - 3000)
+    with MmapGather(path, offset, 1200, budget=4 * 4096) as g:
+        with pytest.raises(SolarError, match="short read"):
+            g.gather(np.array([499]))
+
+
 def test_the_graphsage_example_learns_and_resumes_exactly_under_either_launcher(tmp_path):
     """Loss falls over 3 epochs on 2 ranks; a run stopped under mpiexec and resumed under
     torchrun ends with the parameters of an uninterrupted run."""

@@ -167,6 +167,11 @@ class MmapGather:
     def gather(self, ids: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
         """Rows ``ids`` (distinct) as ``(len(ids), row_bytes)`` uint8, in order."""
         ids = np.asarray(ids, np.int64)
+        # The kernels index page tables by these rows: none may fall outside the file.
+        end = self.offset + (int(ids.max()) + 1) * self.row_bytes if ids.size else 0
+        if ids.size and (ids.min() < 0 or end > self.size):
+            raise SolarError(f"mmap baseline: {self.path}: short read (row {ids.max()} or "
+                             f"{ids.min()} outside the file's {self.size} bytes)")  # fmt: skip
         if out is None:
             out = np.empty((ids.size, self.row_bytes), np.uint8)
         chunk = max(1, self.pool.shape[0] // self._span)
