@@ -281,6 +281,30 @@ def test_direct_io_gathers_small_rows_exactly_and_names_a_short_file(graph_file,
                 pass
 
 
+@pytest.mark.parametrize("policy", ["solar", "lru", "static"])
+@pytest.mark.parametrize("world", [2, 3])
+def test_a_rank_planning_alone_plans_what_the_whole_run_gives_it(graph_file, world, policy):
+    """Without affinity a rank's part depends on its own draws alone: a planner of that rank
+    (sampling only its subgraphs, as a Loader's does) decides exactly as one of every rank,
+    tier included."""
+    from solar.schedule.planner import Planner
+
+    sampler = NeighborSampler(graph_file, (3, 2), batch_size=16)
+    run = _run(sampler, 997, world, epochs=3)
+    tier = 40 if policy == "solar" else 0
+    spec = PlanSpec(run, BufferConfig(25, 0.0, tier), policy, sampler=sampler)
+    everyone = Planner(spec)
+    alone = [Planner(spec, only_rank=r) for r in range(world)]
+    for _ in range(run.epochs):
+        whole = everyone.next_all()
+        for r, planner in enumerate(alone):
+            got, want = planner.next_rank(r), whole.rank(r)
+            for name in ("sample", "slot", "flags", "step_offsets", "tslot"):
+                assert np.array_equal(getattr(got, name), getattr(want, name)), (r, name)
+    with pytest.raises(ValueError, match="plans rank 0 alone"):
+        Planner(spec, only_rank=0).next_rank(1)
+
+
 def test_the_mmap_baseline_gathers_exact_rows_through_a_page_lru_of_its_budget(tmp_path):
     """solar.graph.mmapbase: rows byte-identical to h5py's, a budget of 3 pages (steps larger
     than the budget gathered in chunks), whole pages read, rows counted as hits only when every

@@ -35,7 +35,7 @@ from solar.errors import SolarError
 from solar.graph.csr import Graph, as_graph, check_nodes
 from solar.schedule import rng
 from solar.schedule.order import epoch_permutation
-from solar.schedule.samplers import EpochDraws, Sampler, _EpochCache, _span
+from solar.schedule.samplers import EpochDraws, Sampler, _EpochCache, _span, rank_draws
 
 _NEIGHBOR_STREAM = 2  # spawn-key tag of the neighbour draws (Weighted's is 1)
 MAX_HOPS = 64
@@ -173,6 +173,14 @@ class NeighborSampler(Sampler):
             return EpochDraws(np.concatenate(rows), offsets)
 
         return self._cache.get((run, epoch), make)
+
+    def rank_epoch(self, run: RunConfig, epoch: int, rank: int) -> EpochDraws:
+        """Only rank ``rank``'s subgraphs of ``epoch`` (a P-th of :meth:`epoch`'s work)."""
+        self.check_run(run)
+        scratch = np.full(self.graph.num_nodes, -1, np.int64)  # reset by each call
+        nodes = [self._sample(run, epoch, t, rank, scratch).nodes
+                 for t in range(run.steps_per_epoch)]  # fmt: skip
+        return rank_draws(run, nodes, rank)
 
     def batch(self, run: RunConfig, epoch: int, step: int, rank: int) -> np.ndarray:
         return self.subgraph(run, epoch, step, rank).nodes
