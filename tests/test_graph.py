@@ -305,6 +305,49 @@ def test_a_rank_planning_alone_plans_what_the_whole_run_gives_it(graph_file, wor
         Planner(spec, only_rank=0).next_rank(1)
 
 
+def test_memory_checks_count_a_batch_as_its_subgraph_not_its_seeds(graph_file, monkeypatch):
+    """A step's batch holds its subgraph's nodes (~10x the seeds here): the Loader's check of
+    buffer + batches in flight and the planner's of the trace use the sampler's bound on them,
+    which no sampled subgraph exceeds."""
+    import solar._memory
+    from solar import ReaderConfig
+    from solar.schedule.plan import trace_accesses
+
+    sampler = NeighborSampler(graph_file, (3, 2), batch_size=16)
+    run = _run(sampler, 997, 2, epochs=2)
+    bound = sampler.batch_bound(run)
+    assert bound == 16 * (1 + 3 + 3 * 2)
+    assert max(sampler.batch(run, e, t, r).size for e in range(2)
+               for t in range(run.steps_per_epoch) for r in range(2)) <= bound  # fmt: skip
+    assert NeighborSampler(graph_file, (-1,), batch_size=4).batch_bound(run) <= 997
+    # Room for the buffer and 4 batches of seeds, not for 4 batches of subgraphs (20 B rows).
+    monkeypatch.setattr(solar._memory, "available_memory", lambda: (100 + 4 * 16 * 4) * 20)
+    reader = ReaderConfig(read_ahead=2)
+    with pytest.raises(SolarError, match=r"buffer and batches: 100 buffer rows \+ 4 batches "
+                                         r"of up to 160 rows, 20 B each") as info:  # fmt: skip
+        Loader(
+            graph_file,
+            ["features"],
+            sampler=sampler,
+            epochs=1,
+            buffer=100,
+            reader=reader,
+            warm=False,
+        )
+    assert "\n" not in str(info.value)
+    monkeypatch.setattr(solar._memory, "available_memory", lambda: (100 + 4 * 160) * 20)
+    Loader(
+        graph_file, ["features"], sampler=sampler, epochs=1, buffer=100, reader=reader, warm=False
+    ).close()
+    # The planner's trace: every rank's largest subgraph every step, not one access per seed.
+    spec = PlanSpec(run, BufferConfig(10, 0.0), "solar", sampler=sampler)
+    assert trace_accesses(spec) == 2 * run.steps_per_epoch * bound > run.samples_per_epoch
+    # ~122 kB counting one access per seed, ~412 kB counting the subgraphs.
+    monkeypatch.setattr(solar._memory, "available_memory", lambda: 250_000)
+    with pytest.raises(SolarError, match=f"planning {2 * trace_accesses(spec)} accesses"):
+        make_plan(spec)
+
+
 def test_the_mmap_baseline_gathers_exact_rows_through_a_page_lru_of_its_budget(tmp_path):
     """solar.graph.mmapbase: rows byte-identical to h5py's, a budget of 3 pages (steps larger
     than the budget gathered in chunks), whole pages read, rows counted as hits only when every

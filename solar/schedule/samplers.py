@@ -93,6 +93,11 @@ class Sampler:
         """The longest local batch, if known without drawing the run."""
         return run.batch_size
 
+    def batch_bound(self, run: RunConfig) -> int:
+        """At most this many distinct ids in any local batch, known without drawing the run:
+        what memory checks count a batch as (its rows, and a trace's accesses per step)."""
+        return self.max_batch(run) or run.batch_size
+
     def identity(self) -> dict[str, Any] | None:
         """What a plan's fingerprint records of the sampler (None: the default, Shuffle)."""
         raise NotImplementedError
