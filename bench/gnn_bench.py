@@ -22,27 +22,27 @@ aggregate budget of ``--buffer`` of the features (per rank: buffer·N/P rows, or
 reads; rank 0 also evicts the file's pages before each loader's epoch), interleaved in a
 rotated order per epoch, and reports steps/s, nodes gathered/s, hit rate and bytes read:
 * ``solar``, ``static``, ``lru``: solar's Loader with that policy (the same reader);
-* ``mmap``: PyG+'s way, a gather from a memory map whose page cache is limited to the budget.
-  Emulated (no cgroup here): an LRU of 4 KiB pages of the budget's bytes; a step's missing
-  pages read with O_DIRECT on 8 threads, no readahead (a real mmap would fault one page at a
-  time, with readahead on top: this emulation is generous to it), rows copied from the pages.
+* ``mmap``: PyG+'s way, a gather from a memory map whose page cache is limited to the budget,
+  emulated (no cgroup here) by :class:`solar.graph.mmapbase.MmapGather`: an LRU of 4 KiB pages
+  of the budget's bytes, a step's missing pages read with O_DIRECT on the reader's threads;
+  its hit rate counts rows whose pages were all cached.
+
+``solar bench GRAPH.h5 --sampler neighbor`` runs the same comparison as a solar command.
 """
 
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
-from numba import njit
 
 from solar import BufferConfig, NeighborSampler, PlanSpec, RunConfig, make_plan
 from solar._memory import PAGE
-from solar.io import libc
+from solar.graph.mmapbase import MmapGather
 from solar.io.tasks import RUN_MAX_BYTES, page_spans
 from solar.schedule.plan import simulate
 
@@ -154,150 +154,10 @@ def plan_report(args) -> dict:
 
 
 # -- run: throughput ---------------------------------------------------------------------------
-@njit(cache=True)
-def _lru_pages(pages, prev, nxt, slot, free, head, clock):  # pragma: no cover - compiled
-    """An LRU of page slots over ``pages`` (this step's, distinct): for each page, its slot
-    (a hit) or a slot evicted for it (a miss: ``misses`` lists them). ``prev``/``nxt``: a
-    doubly linked list of resident pages by recency, ``head[0]`` the most recent, ``head[1]``
-    the least; ``free[0]`` slots never used yet. Returns (slots, miss mask)."""
-    m = pages.shape[0]
-    slots = np.empty(m, np.int64)
-    miss = np.zeros(m, np.bool_)
-    for j in range(m):
-        p = pages[j]
-        if slot[p] < 0:
-            miss[j] = True
-            if free[0] < free[1]:
-                s = free[0]
-                free[0] += 1
-            else:  # evict the least recent
-                v = head[1]
-                s = slot[v]
-                slot[v] = -1
-                head[1] = prev[v]
-                if head[1] >= 0:
-                    nxt[head[1]] = -1
-                else:
-                    head[0] = -1
-            slot[p] = s
-        else:  # unlink p
-            a, b = prev[p], nxt[p]
-            if a >= 0:
-                nxt[a] = b
-            else:
-                head[0] = b
-            if b >= 0:
-                prev[b] = a
-            else:
-                head[1] = a
-        prev[p] = -1  # to the front
-        nxt[p] = head[0]
-        if head[0] >= 0:
-            prev[head[0]] = p
-        head[0] = p
-        if head[1] < 0:
-            head[1] = p
-        slots[j] = slot[p]
-    return slots, miss
-
-
-@njit(nogil=True)  # not cached: it embeds libc's pread
-def _read_pages(fd, pool, slots, offsets, got):  # pragma: no cover - compiled
-    for j in range(slots.shape[0]):
-        got[j] = libc.pread(fd, pool[slots[j]].ctypes.data, PAGE, offsets[j])
-
-
-@njit(cache=True, nogil=True)
-def _copy_rows(pool, slot_of, ids, base, row_bytes, out):  # pragma: no cover - compiled
-    """Row i of ``out`` from the cached pages holding node ``ids[i]``'s bytes."""
-    for i in range(ids.shape[0]):
-        a = base + ids[i] * row_bytes
-        done = 0
-        while done < row_bytes:
-            p = (a + done) // PAGE
-            at = (a + done) - p * PAGE
-            take = min(row_bytes - done, PAGE - at)
-            out[i, done : done + take] = pool[slot_of[p], at : at + take]
-            done += take
-
-
-class MmapGather:
-    """PyG+'s gather from a memory map, its page cache limited to ``budget`` bytes
-    (emulated, see the module's docstring)."""
-
-    def __init__(self, path, sampler, run, rank, budget, offset, row_bytes, threads, throttle):
-        import os
-
-        from solar._memory import aligned
-
-        self.sampler, self.run, self.rank = sampler, run, rank
-        self.offset, self.row_bytes, self.threads, self.throttle = (
-            offset,
-            row_bytes,
-            threads,
-            throttle,
-        )
-        self.size = size = os.path.getsize(path)
-        npages = size // PAGE + 1
-        cap = max(1, budget // PAGE)
-        self.pool = aligned(cap * PAGE).reshape(cap, PAGE)
-        self.prev = np.full(npages, -1, np.int64)
-        self.nxt = np.full(npages, -1, np.int64)
-        self.slot = np.full(npages, -1, np.int64)
-        self.free = np.array([0, cap], np.int64)
-        self.head = np.array([-1, -1], np.int64)
-        self.fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
-        self.hits = self.rows = self.bytes_read = 0
-        # Compile the kernels now, not inside the first timed epoch.
-        none = np.zeros(0, np.int64)
-        _read_pages(self.fd, self.pool, none, none, none)
-        _lru_pages(none, self.prev, self.nxt, self.slot, self.free, self.head, 0)
-        _copy_rows(self.pool, self.slot, none, 0, row_bytes, np.zeros((0, row_bytes), np.uint8))
-
-    def epoch(self, e: int):
-        from concurrent.futures import ThreadPoolExecutor
-
-        # A step's rows in chunks whose pages fit the cache (a row spans at most
-        # 1 + ceil(row_bytes / PAGE) pages): the pages a chunk needs are all resident when
-        # its rows are copied, as a fault brings back a page evicted under pressure.
-        span = 1 + -(-self.row_bytes // PAGE)
-        chunk = max(1, self.pool.shape[0] // span)
-        with ThreadPoolExecutor(self.threads) as pool:
-            for t in range(self.run.steps_per_epoch):
-                ids = self.sampler.batch(self.run, e, t, self.rank)
-                out = np.empty((ids.size, self.row_bytes), np.uint8)
-                for lo in range(0, ids.size, chunk):
-                    part = ids[lo : lo + chunk]
-                    self._gather(pool, part, out[lo : lo + chunk])
-                self.rows += ids.size
-                yield out
-
-    def _gather(self, pool, ids: np.ndarray, out: np.ndarray) -> None:
-        a = self.offset + ids * self.row_bytes
-        first = a // PAGE
-        count = (a + self.row_bytes - 1) // PAGE - first + 1  # pages of each row
-        starts = np.repeat(np.cumsum(count) - count, count)
-        pages = np.unique(np.repeat(first, count) + np.arange(int(count.sum())) - starts)
-        slots, miss = _lru_pages(pages, self.prev, self.nxt, self.slot, self.free, self.head, 0)
-        ms, mo = slots[miss], pages[miss] * PAGE
-        got = np.empty(ms.size, np.int64)
-        cuts = np.linspace(0, ms.size, self.threads + 1).astype(np.int64)
-        parts = [slice(a, b) for a, b in itertools.pairwise(cuts) if b > a]
-
-        def read(part):
-            _read_pages(self.fd, self.pool, ms[part], mo[part], got[part])
-            if self.throttle is not None:
-                self.throttle.wait((part.stop - part.start) * PAGE, part.stop - part.start)
-
-        list(pool.map(read, parts))
-        assert np.all(got == np.minimum(PAGE, self.size - mo)), "short read"
-        _copy_rows(self.pool, self.slot, ids, self.offset, self.row_bytes, out)
-        self.bytes_read += ms.size * PAGE
-
-    def close(self):
-        import os
-
-        os.close(self.fd)
+def mmap_epoch(gather: MmapGather, sampler: NeighborSampler, run: RunConfig, e: int, rank: int):
+    """Rank ``rank``'s steps of epoch ``e`` gathered by the mmap baseline: each step's rows."""
+    for t in range(run.steps_per_epoch):
+        yield gather.gather(sampler.batch(run, e, t, rank))
 
 
 def run_loaders(args) -> dict | None:
@@ -322,8 +182,9 @@ def run_loaders(args) -> dict | None:
         sampler = NeighborSampler(args.graph, FANOUTS, batch_size=args.batch)
         if name == "mmap":
             run = _run(sampler, world, args.epochs)
-            loaders[name] = MmapGather(args.graph, sampler, run, rank, capacity * row_bytes,
-                                       offset, row_bytes, args.threads, throttle)  # fmt: skip
+            gather = MmapGather(args.graph, offset, row_bytes, capacity * row_bytes, args.threads,
+                                throttle)  # fmt: skip
+            loaders[name] = (gather, sampler, run)
             continue
         t0 = time.perf_counter()
         ld = Loader(args.graph, ["features"], sampler=sampler, epochs=args.epochs,
@@ -343,12 +204,13 @@ def run_loaders(args) -> dict | None:
             t0 = time.perf_counter()
             rows = steps = 0
             if name == "mmap":
-                _h0, b0 = ld.rows, ld.bytes_read
-                for out in ld.epoch(e):
+                gather, sampler, run = ld
+                h0, b0 = gather.hits, gather.bytes_read
+                for out in mmap_epoch(gather, sampler, run, e, rank):
                     rows += out.shape[0]
                     steps += 1
-                hits = 0  # (page hits are not row hits; bytes read tell the story)
-                nbytes = ld.bytes_read - b0
+                hits = gather.hits - h0  # rows whose pages were all cached
+                nbytes = gather.bytes_read - b0
             else:
                 ld.set_epoch(e)
                 for b in ld:
@@ -368,7 +230,7 @@ def run_loaders(args) -> dict | None:
             if rank == 0:
                 print(f"epoch {e} {name}: {seconds:.2f} s", file=sys.stderr, flush=True)
     for ld in loaders.values():
-        ld.close()
+        (ld[0] if isinstance(ld, tuple) else ld).close()
     if rank != 0:
         return None
     out: dict = {"graph": str(args.graph), "nodes": n, "row_bytes": row_bytes, "world": world,
@@ -381,7 +243,7 @@ def run_loaders(args) -> dict | None:
             "epoch_seconds": r["seconds"],
             "steps_per_second": sum(r["steps"]) / secs,
             "nodes_per_second": sum(r["rows"]) / secs,
-            "hit_rate": sum(r["hits"]) / sum(r["rows"]) if name != "mmap" else None,
+            "hit_rate": sum(r["hits"]) / sum(r["rows"]),
             "gb_read": sum(r["bytes_read"]) / 1e9,
             "first_batch_seconds": first_batch.get(name),
         }

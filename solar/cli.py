@@ -358,10 +358,14 @@ def gen(out, preset, samples, chunks, compression, nodes, avg_degree, features, 
 @click.option("--compute-ms", type=float, default=0.0, show_default=True,
               help="Simulated training step per batch.")  # fmt: skip
 @click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--sampler", "sampler_kind", type=click.Choice(["shuffle", "weighted"]),
+@click.option("--sampler", "sampler_kind",
+              type=click.Choice(["shuffle", "weighted", "neighbor"]),
               default="shuffle", show_default=True,
               help="weighted: every loader draws by --weights (the DataLoader with "
-                   "WeightedRandomSampler).")  # fmt: skip
+                   "WeightedRandomSampler); neighbor: GNN feature gathering on a graph "
+                   "(solar gen --preset graph), loaders mmap, lru, static, solar.")  # fmt: skip
+@click.option("--fanouts", default="10,5", show_default=True,
+              help="--sampler neighbor: neighbours per node at each hop (-1: all).")  # fmt: skip
 @click.option(
     "--weights", type=click.Path(), help="Weights .npy (one per sample) of --sampler weighted."
 )
@@ -373,12 +377,20 @@ def gen(out, preset, samples, chunks, compression, nodes, avg_degree, features, 
 @click.option("--plot", "plot_out", type=click.Path(), help="Write a PNG plot here.")
 def bench(data, keys, one_per_file, world_size, batch_size, epochs, buffer, tier, tier_size,
           slack, loaders, equal_batches, workers, threads, read_ahead, throttle, compute_ms, seed,
-          sampler_kind, weights, transform, json_out, plot_out) -> None:  # fmt: skip
+          sampler_kind, fanouts, weights, transform, json_out, plot_out) -> None:  # fmt: skip
     """Compare the PyTorch DataLoader and every policy on DATA, cold storage each epoch."""
     import os
 
     from solar import bench as harness
 
+    if sampler_kind == "neighbor":  # GNN feature gathering: its own loaders (solar/graph/bench.py)
+        others = {"--one-per-file": one_per_file, "--tier": tier, "--equal-batches": equal_batches,
+                  "--weights": weights, "--transform": transform, "--plot": plot_out,
+                  "--workers": workers is not None}  # fmt: skip
+        _bench_graph(data, keys, world_size, batch_size, epochs, buffer, loaders, threads,
+                     read_ahead, throttle, compute_ms, seed, fanouts, json_out,
+                     [k for k, v in others.items() if v])  # fmt: skip
+        return
     share = _share(buffer)
     tier_share = _share(tier_size, "--tier-size")
     if (tier is None) != (tier_share == 0):
@@ -437,6 +449,56 @@ def _threads(text: str) -> int | str:
         return int(text)
     except ValueError:
         return text
+
+
+def _bench_graph(data, keys, world_size, batch_size, epochs, buffer, loaders, threads, read_ahead,
+                 throttle, compute_ms, seed, fanouts, json_out, refused) -> None:  # fmt: skip
+    """``solar bench GRAPH.h5 --sampler neighbor``: mmap, lru, static and solar gathering the
+    feature rows of sampled subgraphs under one memory budget (solar/graph/bench.py)."""
+    import os
+
+    from solar import bench as harness
+    from solar import dist
+    from solar.graph import bench as graph_bench
+
+    if refused:
+        raise SolarError(f"--sampler neighbor does not take {', '.join(refused)}")
+    if len(data) != 1 or len(keys) > 1:
+        raise SolarError("--sampler neighbor takes one graph file (solar gen --preset graph) "
+                         "and at most one --key (default: features)")  # fmt: skip
+    cfg = graph_bench.GraphBenchConfig(
+        path=data[0], key=keys[0] if keys else "features",
+        fanouts=graph_bench.parse_fanouts(fanouts), batch_size=batch_size, epochs=epochs,
+        buffer=_share(buffer),
+        loaders=tuple(x for x in loaders.split(",") if x) if loaders else graph_bench.GRAPH_LOADERS,
+        reader=ReaderConfig(threads=_threads(threads), read_ahead=read_ahead, direct_io=True),
+        throttle=throttle, compute_ms=compute_ms, seed=seed,
+    )  # fmt: skip
+    from solar.graph.neighbor import NeighborSampler
+
+    # A bad graph, fanouts or batch fails here, before any rank starts.
+    NeighborSampler(cfg.path, cfg.fanouts, cfg.batch_size, features=cfg.key)
+    if json_out:
+        check_writable(json_out)
+    launch = dist.detect_launcher()
+    if world_size > 1 and launch.kind == "none" and not os.environ.get("SOLAR_BENCH_CHILD"):
+        sys.exit(harness.relaunch_under_mpi(world_size, sys.argv[1:]))
+    if launch.kind != "mpi":
+        _check_world(world_size, launch.kind, launch.world_size)
+    comm = dist.init().comm
+    _check_world(world_size, launch.kind, comm.Get_size())
+
+    def progress(epoch: int, name: str, seconds: float) -> None:
+        click.echo(f"epoch {epoch} {name}: {seconds:.2f} s", err=True)
+
+    result = graph_bench.run_graph(cfg, comm, progress)
+    if result is None:
+        return
+    click.echo(graph_bench.format_graph_results(result))
+    if json_out:
+        from solar._atomic import write_json
+
+        write_json(json_out, result)
 
 
 def _check_world(world_size: int, launcher: str, started: int) -> None:

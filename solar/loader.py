@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from solar._memory import require_memory
 from solar._process import ProcessLocal
 from solar.cache.batches import BatchPool, torch_dtype
 from solar.cache.slots import SlotBuffer, check_budget, copy_rows
@@ -63,6 +64,23 @@ from solar.transform import (
 )
 from solar.tune import MAX_READ_AHEAD, READ_AHEAD_BYTES, Knob, Tuner, reader_knobs
 from solar.warm import measured, rehearse_loader
+
+
+def check_batch_memory(spec: PlanSpec, config: ReaderConfig, sample_bytes: int) -> None:
+    """Refuse a run whose buffer and batch memory exceed the memory available now. Batches in
+    memory at once: those read ahead, the one served and the one the trainer holds, each as
+    long as the sampler's largest (a neighbour sampler's subgraph, not its seeds)."""
+    run = spec.run
+    rows = spec.buffer.cap(run.batch_size)
+    if spec.traced:
+        rows = max(rows, spec.sampler.batch_bound(run))
+    sets = config.read_ahead_steps(run.batch_size) + 2
+    slots = slot_count(run, spec.buffer)
+    require_memory(
+        (slots + sets * rows) * sample_bytes,
+        f"buffer and batches: {slots} buffer rows + {sets} batches of up to {rows} rows, "
+        f"{sample_bytes} B each",
+    )
 
 
 class Loader:
@@ -178,6 +196,8 @@ class Loader:
                 plan, run, BufferConfig(capacity, slack, tier_capacity), policy, comm, horizon,
                 equal_batches,
             )  # fmt: skip
+            # The buffer with the batches in flight, counted as the sampler's largest batch.
+            check_batch_memory(self.spec, config, self.info.sample_bytes)
             self._comm = comm
             self._plan: Plan | None = given
             if given is not None:
@@ -209,7 +229,7 @@ class Loader:
                 # Rows move as delivered: transformed, if there is a transform.
                 self._exchange = Exchange(comm, self.out_keys)  # every rank, together
             self.stats = LoaderStats()
-            self.global_batch = 0  # samples over all ranks in the step last yielded
+            self._yielded: tuple[int, int] | None = None  # (epoch, step) last yielded
             self._global_sizes: tuple[int, np.ndarray] = (-1, np.diff(step_bounds(run)))
             self._epoch = 0
             self._next = 0  # global step the next iteration starts from
@@ -375,9 +395,19 @@ class Loader:
         for k in range(start, end):
             batch = self._consume(k)
             self._next = k + 1
-            self.global_batch = int(self._global_sizes_of(self._epoch)[k - first])
+            self._yielded = (self._epoch, k - first)
             yield batch
             del batch  # let the pool reuse its memory as soon as the trainer drops it
+
+    @property
+    def global_batch(self) -> int:
+        """Samples over all ranks in the step last yielded (0 before any). Found when asked:
+        with a sampler's trace it needs every rank's batches of the epoch, which a rank
+        planning alone never draws otherwise."""
+        if self._yielded is None:
+            return 0
+        epoch, t = self._yielded
+        return int(self._global_sizes_of(epoch)[t])
 
     def _global_sizes_of(self, epoch: int) -> np.ndarray:
         """Rows of every global step of ``epoch``, over all ranks: (steps per epoch,)."""

@@ -166,3 +166,39 @@ def test_bench_applies_one_transform_in_every_loader(tmp_path):
                          capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
     assert bad.returncode != 0
     assert f"--transform {mod}:nothing: {mod} has no function 'nothing'" in bad.stderr
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_bench_gathers_gnn_features_with_every_loader(tmp_path, world):
+    """--sampler neighbor: mmap (emulated), lru, static and solar gather the same subgraphs'
+    rows under one budget; steps/s, nodes/s, hit rate and read amplification per loader."""
+    graph = tmp_path / "g.h5"
+    subprocess.run([SOLAR, "gen", graph, "--preset", "graph", "--nodes", "3000", "--avg-degree",
+                    "6", "--features", "16"], check=True)  # fmt: skip
+    result = subprocess.run(
+        [SOLAR, "bench", graph, "--sampler", "neighbor", "--fanouts", "4,3", "-P", str(world),
+         "-E", "2", "-B", "32", "--buffer", "20%", "--json", tmp_path / "r.json"],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    res = json.loads((tmp_path / "r.json").read_text())
+    assert list(res["loaders"]) == ["mmap", "lru", "static", "solar"]
+    assert res["config"]["world_size"] == world and res["config"]["fanouts"] == [4, 3]
+    loaders = res["loaders"].values()
+    # The same subgraphs: every loader gathers the same rows each epoch.
+    assert len({tuple(e["rows"]) for e in loaders}) == 1
+    assert all(e["steps_per_second"] > 0 and e["nodes_per_second"] > 0 for e in loaders)
+    assert all(e["read_amplification"] >= 1 for e in loaders)  # whole pages (O_DIRECT)
+    hits = {k: e["hit_rate"] for k, e in res["loaders"].items()}
+    assert hits["solar"] >= max(hits["lru"], hits["static"]) and hits["solar"] > 0
+    assert res["loaders"]["static"]["vs_static"] == 1.0
+    assert "| solar |" in result.stdout and "emulated page cache" in result.stdout
+    if world > 1:
+        return
+    bad = subprocess.run([SOLAR, "bench", graph, "--sampler", "neighbor", "--loaders", "torch"],
+                         capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+    assert bad.returncode != 0 and "unknown ['torch'] with --sampler neighbor" in bad.stderr
+    bad = subprocess.run([SOLAR, "bench", graph, "--sampler", "neighbor", "--fanouts", "4,x"],
+                         capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+    assert bad.returncode != 0 and "--fanouts: expected integers" in bad.stderr
+    assert "Traceback" not in bad.stderr

@@ -281,6 +281,116 @@ def test_direct_io_gathers_small_rows_exactly_and_names_a_short_file(graph_file,
                 pass
 
 
+@pytest.mark.parametrize("policy", ["solar", "lru", "static"])
+@pytest.mark.parametrize("world", [2, 3])
+def test_a_rank_planning_alone_plans_what_the_whole_run_gives_it(graph_file, world, policy):
+    """Without affinity a rank's part depends on its own draws alone: a planner of that rank
+    (sampling only its subgraphs, as a Loader's does) decides exactly as one of every rank,
+    tier included."""
+    from solar.schedule.planner import Planner
+
+    sampler = NeighborSampler(graph_file, (3, 2), batch_size=16)
+    run = _run(sampler, 997, world, epochs=3)
+    tier = 40 if policy == "solar" else 0
+    spec = PlanSpec(run, BufferConfig(25, 0.0, tier), policy, sampler=sampler)
+    everyone = Planner(spec)
+    alone = [Planner(spec, only_rank=r) for r in range(world)]
+    for _ in range(run.epochs):
+        whole = everyone.next_all()
+        for r, planner in enumerate(alone):
+            got, want = planner.next_rank(r), whole.rank(r)
+            for name in ("sample", "slot", "flags", "step_offsets", "tslot"):
+                assert np.array_equal(getattr(got, name), getattr(want, name)), (r, name)
+    with pytest.raises(ValueError, match="plans rank 0 alone"):
+        Planner(spec, only_rank=0).next_rank(1)
+
+
+def test_memory_checks_count_a_batch_as_its_subgraph_not_its_seeds(graph_file, monkeypatch):
+    """A step's batch holds its subgraph's nodes (~10x the seeds here): the Loader's check of
+    buffer + batches in flight and the planner's of the trace use the sampler's bound on them,
+    which no sampled subgraph exceeds."""
+    import solar._memory
+    from solar import ReaderConfig
+    from solar.schedule.plan import trace_accesses
+
+    sampler = NeighborSampler(graph_file, (3, 2), batch_size=16)
+    run = _run(sampler, 997, 2, epochs=2)
+    bound = sampler.batch_bound(run)
+    assert bound == 16 * (1 + 3 + 3 * 2)
+    assert max(sampler.batch(run, e, t, r).size for e in range(2)
+               for t in range(run.steps_per_epoch) for r in range(2)) <= bound  # fmt: skip
+    assert NeighborSampler(graph_file, (-1,), batch_size=4).batch_bound(run) <= 997
+    # Room for the buffer and 4 batches of seeds, not for 4 batches of subgraphs (20 B rows).
+    monkeypatch.setattr(solar._memory, "available_memory", lambda: (100 + 4 * 16 * 4) * 20)
+    reader = ReaderConfig(read_ahead=2)
+    with pytest.raises(SolarError, match=r"buffer and batches: 100 buffer rows \+ 4 batches "
+                                         r"of up to 160 rows, 20 B each") as info:  # fmt: skip
+        Loader(
+            graph_file,
+            ["features"],
+            sampler=sampler,
+            epochs=1,
+            buffer=100,
+            reader=reader,
+            warm=False,
+        )
+    assert "\n" not in str(info.value)
+    monkeypatch.setattr(solar._memory, "available_memory", lambda: (100 + 4 * 160) * 20)
+    Loader(
+        graph_file, ["features"], sampler=sampler, epochs=1, buffer=100, reader=reader, warm=False
+    ).close()
+    # The planner's trace: every rank's largest subgraph every step, not one access per seed.
+    spec = PlanSpec(run, BufferConfig(10, 0.0), "solar", sampler=sampler)
+    assert trace_accesses(spec) == 2 * run.steps_per_epoch * bound > run.samples_per_epoch
+    # ~122 kB counting one access per seed, ~412 kB counting the subgraphs.
+    monkeypatch.setattr(solar._memory, "available_memory", lambda: 250_000)
+    with pytest.raises(SolarError, match=f"planning {2 * trace_accesses(spec)} accesses"):
+        make_plan(spec)
+
+
+def test_the_mmap_baseline_gathers_exact_rows_through_a_page_lru_of_its_budget(tmp_path):
+    """solar.graph.mmapbase: rows byte-identical to h5py's, a budget of 3 pages (steps larger
+    than the budget gathered in chunks), whole pages read, rows counted as hits only when every
+    page of theirs was cached; a truncated file is a short read."""
+    from helpers import skip_without_o_direct
+
+    from solar.graph.mmapbase import MmapGather
+
+    path = tmp_path / "g.h5"
+    generate_graph(path, 500, 4.0, 300, seed=1)  # 1200-byte rows: some span two pages
+    with h5py.File(path) as f:
+        feats = f["features"][()]
+    rng = np.random.default_rng(0)
+    with skip_without_o_direct(), MmapGather.of_key(path, "features", budget=3 * 4096) as g:
+        assert g.capacity_bytes == 3 * 4096
+        for size in (1, 7, 40):
+            ids = rng.choice(500, size, replace=False)
+            assert g.gather(ids).tobytes() == feats[ids].tobytes()
+        reads = g.bytes_read
+        assert reads % 4096 == 0 and reads >= 48 * 1200
+        ids = np.array([10])  # its pages were just read: cached unless evicted since
+        g.gather(ids)
+        g.gather(ids)
+        assert g.rows == 50 and g.hits >= 1 and g.bytes_read <= reads + 2 * 4096
+    big = MmapGather.of_key(path, "features", budget=10**6)
+    with big:
+        everything = big.gather(np.arange(500))
+        first = big.hits  # rows whose page a previous chunk's row read (a chunk: 122 rows)
+        again = big.gather(np.arange(500)[::-1])
+        assert 0 < first < 10 and big.hits == first + 500  # all cached the second time
+        assert everything.tobytes() == feats.tobytes()
+        assert again.tobytes() == feats[::-1].tobytes()
+    with pytest.raises(SolarError, match="no dataset key"):
+        MmapGather.of_key(path, "labels_missing", budget=4096)
+    with h5py.File(path) as f:
+        offset = f["features"].id.get_offset()
+    with open(path, "r+b") as f:
+        f.truncate(offset + feats.nbytes - 3000)
+    with MmapGather(path, offset, 1200, budget=4 * 4096) as g:
+        with pytest.raises(SolarError, match="short read"):
+            g.gather(np.array([499]))
+
+
 def test_the_graphsage_example_learns_and_resumes_exactly_under_either_launcher(tmp_path):
     """Loss falls over 3 epochs on 2 ranks; a run stopped under mpiexec and resumed under
     torchrun ends with the parameters of an uninterrupted run."""

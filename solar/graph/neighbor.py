@@ -35,7 +35,7 @@ from solar.errors import SolarError
 from solar.graph.csr import Graph, as_graph, check_nodes
 from solar.schedule import rng
 from solar.schedule.order import epoch_permutation
-from solar.schedule.samplers import EpochDraws, Sampler, _EpochCache, _span
+from solar.schedule.samplers import EpochDraws, Sampler, _EpochCache, _span, rank_draws
 
 _NEIGHBOR_STREAM = 2  # spawn-key tag of the neighbour draws (Weighted's is 1)
 MAX_HOPS = 64
@@ -174,11 +174,32 @@ class NeighborSampler(Sampler):
 
         return self._cache.get((run, epoch), make)
 
+    def rank_epoch(self, run: RunConfig, epoch: int, rank: int) -> EpochDraws:
+        """Only rank ``rank``'s subgraphs of ``epoch`` (a P-th of :meth:`epoch`'s work)."""
+        self.check_run(run)
+        scratch = np.full(self.graph.num_nodes, -1, np.int64)  # reset by each call
+        nodes = [self._sample(run, epoch, t, rank, scratch).nodes
+                 for t in range(run.steps_per_epoch)]  # fmt: skip
+        return rank_draws(run, nodes, rank)
+
     def batch(self, run: RunConfig, epoch: int, step: int, rank: int) -> np.ndarray:
         return self.subgraph(run, epoch, step, rank).nodes
 
     def max_batch(self, run: RunConfig) -> int | None:
         return None  # a subgraph's size varies (the batch pool grows as needed)
+
+    def batch_bound(self, run: RunConfig) -> int:
+        """The most nodes a rank's subgraph can have: its seeds, then each hop's frontier times
+        that hop's fanout (-1: the largest degree), at most N. (With fanouts (10, 5) and 1024
+        seeds: 62,464 rows, against ~53k sampled on average at N = 10^6.)"""
+        seeds = -(-run.global_batch // run.world_size)  # the largest nominal share
+        n = self.graph.num_nodes
+        widest = int(np.diff(self.graph.indptr).max(initial=0)) if min(self.fanouts) < 0 else 0
+        total = frontier = min(seeds, self.batch_size)
+        for f in self.fanouts:
+            frontier = min(n, frontier * (widest if f < 0 else f))
+            total = min(n, total + frontier)
+        return int(total)
 
     def identity(self) -> dict[str, Any]:
         import hashlib

@@ -255,6 +255,15 @@ def _run_planner(
     return planner.epoch_order, tally.stats(), time.perf_counter() - t0
 
 
+def trace_accesses(spec: PlanSpec) -> int:
+    """At most this many accesses in an epoch of a sampler's trace: its draws, or every rank's
+    largest batch every step where batches hold more than their draws (a neighbour sampler's
+    subgraphs: ~50 nodes per seed)."""
+    run = spec.run
+    bound = spec.sampler.batch_bound(run) * run.world_size * run.steps_per_epoch
+    return int(max(run.samples_per_epoch, bound))
+
+
 def _check_memory(spec: PlanSpec, keep_all: bool) -> None:
     """Refuse a plan that cannot fit in memory, before allocating any of it."""
     run = spec.run
@@ -266,13 +275,14 @@ def _check_memory(spec: PlanSpec, keep_all: bool) -> None:
         + 24 * run.world_size * slot_count(run, spec.buffer)
         + 36 * run.world_size * tier_slot_count(run, spec.buffer)
     )
+    accesses = trace_accesses(spec) * run.epochs if spec.traced else run.num_accesses
     if keep_all:
-        need += 10 * run.num_accesses
+        need += 10 * accesses
     if spec.policy != "solar" or (spec.traced and not spec.affinity):
         need += 16 * run.world_size * run.num_samples  # per-(rank, sample) tables
     if spec.traced:  # the trace over the horizon (solar.schedule.traces)
         from solar.schedule.traces import BYTES_PER_ACCESS, default_horizon
 
         h = default_horizon(run, spec.sampler) if spec.horizon is None else spec.horizon
-        need += BYTES_PER_ACCESS * run.samples_per_epoch * (min(h, run.epochs - 1) + 1)
-    require_memory(need, f"planning {run.num_accesses} accesses")
+        need += BYTES_PER_ACCESS * trace_accesses(spec) * (min(h, run.epochs - 1) + 1)
+    require_memory(need, f"planning {accesses} accesses")

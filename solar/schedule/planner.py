@@ -71,16 +71,30 @@ def epoch_order_of(spec: PlanSpec) -> np.ndarray:
     return np.arange(run.epochs, dtype=np.int64)
 
 
+def rank_alone(spec: PlanSpec) -> bool:
+    """Whether a rank's part of ``spec``'s plan depends on its own accesses alone: a sampler's
+    trace split by the sampler (no affinity), without equal batches (which need every rank's
+    counts)."""
+    return spec.traced and not spec.affinity and not spec.equal_batches
+
+
 class Planner:
     """Plans ``spec``'s run epoch by epoch; call :meth:`next` once per epoch, in order."""
 
-    def __init__(self, spec: PlanSpec, epoch_order: np.ndarray | None = None) -> None:
+    def __init__(
+        self, spec: PlanSpec, epoch_order: np.ndarray | None = None, only_rank: int | None = None
+    ) -> None:
         self.spec = spec
         run = spec.run
         self.epoch_order = epoch_order_of(spec) if epoch_order is None else epoch_order
         self.order: EpochOrder | TraceOrder
+        # ``only_rank``: plan that rank alone, where its part does not depend on the others'
+        # (a sampler's trace without affinity: the sampler split it); :meth:`next_rank` of it
+        # is the same, the other ranks' parts are empty.
+        self.only_rank = only_rank if rank_alone(spec) else None
         if spec.traced:
-            self.order = TraceOrder(run, spec.sampler, spec.horizon, spec.affinity)
+            self.order = TraceOrder(run, spec.sampler, spec.horizon, spec.affinity,
+                                    self.only_rank)  # fmt: skip
         else:
             self.order = EpochOrder(run, self.epoch_order)
         self.policy = make_policy(spec.policy, run, spec.buffer, self.order)
@@ -151,7 +165,10 @@ class Planner:
                          self.spec.equal_batches)  # fmt: skip
 
     def next_rank(self, r: int) -> RankEpoch:
-        """Plan the next epoch; only rank ``r``'s part (every rank is simulated)."""
+        """Plan the next epoch; only rank ``r``'s part (every rank is simulated, unless this
+        planner plans rank ``r`` alone)."""
+        if self.only_rank is not None and r != self.only_rank:
+            raise ValueError(f"this planner plans rank {self.only_rank} alone, not rank {r}")
         seq, sched = self.next_schedule()
         mine = np.flatnonzero(sched.rank == r)
         step_offsets = np.zeros(sched.counts.shape[0] + 1, np.int64)

@@ -77,6 +77,12 @@ class Sampler:
         i = step * run.world_size + rank
         return d.ids[d.offsets[i] : d.offsets[i + 1]]
 
+    def rank_epoch(self, run: RunConfig, epoch: int, rank: int) -> EpochDraws:
+        """Rank ``rank``'s batches of ``epoch`` in :meth:`epoch`'s layout, every other rank's
+        batch empty: all a rank planning only its own accesses needs (a sampler without
+        affinity decides who serves what, so each rank's plan depends on its draws alone)."""
+        return _only_rank(self.epoch(run, epoch), run, rank)
+
     def global_batch(self, run: RunConfig, epoch: int, step: int) -> np.ndarray:
         """Every draw of global step ``step`` (within the epoch), in draw order."""
         d = self.epoch(run, epoch)
@@ -86,6 +92,11 @@ class Sampler:
     def max_batch(self, run: RunConfig) -> int | None:
         """The longest local batch, if known without drawing the run."""
         return run.batch_size
+
+    def batch_bound(self, run: RunConfig) -> int:
+        """At most this many distinct ids in any local batch, known without drawing the run:
+        what memory checks count a batch as (its rows, and a trace's accesses per step)."""
+        return self.max_batch(run) or run.batch_size
 
     def identity(self) -> dict[str, Any] | None:
         """What a plan's fingerprint records of the sampler (None: the default, Shuffle)."""
@@ -394,6 +405,24 @@ def _split(run: RunConfig) -> np.ndarray:
     offsets = np.zeros(sizes.size + 1, np.int64)
     np.cumsum(sizes, out=offsets[1:])
     return offsets
+
+
+def _only_rank(draws: EpochDraws, run: RunConfig, rank: int) -> EpochDraws:
+    """``draws`` with every batch but rank ``rank``'s emptied (the same layout)."""
+    mine = np.arange(run.steps_per_epoch, dtype=np.int64) * run.world_size + rank
+    lo, hi = draws.offsets[mine], draws.offsets[mine + 1]
+    return rank_draws(run, [draws.ids[a:b] for a, b in zip(lo, hi, strict=True)], rank)
+
+
+def rank_draws(run: RunConfig, batches: list[np.ndarray], rank: int) -> EpochDraws:
+    """An epoch's draws in :class:`EpochDraws`' layout from rank ``rank``'s ``batches`` (one
+    per step), every other rank's batch empty."""
+    sizes = np.zeros(run.steps_per_epoch * run.world_size, np.int64)
+    sizes[rank :: run.world_size] = [b.size for b in batches]
+    offsets = np.zeros(sizes.size + 1, np.int64)
+    np.cumsum(sizes, out=offsets[1:])
+    ids = np.concatenate(batches) if batches else np.zeros(0, np.int64)
+    return EpochDraws(ids.astype(np.int64, copy=False), offsets)
 
 
 def _span(run: RunConfig, step: int, rank: int) -> tuple[int, int]:

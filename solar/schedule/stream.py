@@ -132,7 +132,9 @@ class RankStream:
             restored = None
             if self.snapshots is not None:
                 restored = snapshot.load(self.snapshots, self.spec, epoch)
-            bg.planner = restored or Planner(self.spec)
+            # Rank 0's snapshots hold every rank's state: with them, plan every rank.
+            alone = self.rank if self.snapshots is None else None
+            bg.planner = restored or Planner(self.spec, only_rank=alone)
         while bg.planner.epoch < epoch:
             bg.planner.skip()
         self._initial = bg.planner.contents(self.rank)

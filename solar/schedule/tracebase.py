@@ -140,8 +140,8 @@ class TraceStatic:
 def _presample(order: TraceOrder):
     """An epoch drawn but not served (the run's epoch E) where the sampler has one, else the
     run's first epoch: what a static cache is filled from."""
-    run, sampler = order.run, order.sampler
+    run = order.run
     try:
-        return sampler.epoch(run, run.epochs)
+        return order.draws(run.epochs)
     except (IndexError, SolarError):
-        return sampler.epoch(run, 0)
+        return order.draws(0)

@@ -27,7 +27,7 @@ from numba import njit
 from solar.config import RunConfig
 from solar.schedule._common import NEVER
 from solar.schedule.order import sample_dtype
-from solar.schedule.samplers import Sampler
+from solar.schedule.samplers import EpochDraws, Sampler
 
 EPOCH_SHIFT = 40  # positions: (epoch << 40) + index within the epoch's accesses
 # Bytes the planner holds per access of the horizon: its pair id, next use, sample, rank and
@@ -93,10 +93,18 @@ class TraceOrder:
     traced = True
 
     def __init__(
-        self, run: RunConfig, sampler: Sampler, horizon: int | None = None, affinity: bool = False
+        self,
+        run: RunConfig,
+        sampler: Sampler,
+        horizon: int | None = None,
+        affinity: bool = False,
+        only_rank: int | None = None,
     ) -> None:
         self.run, self.sampler = run, sampler
         self.affinity = affinity
+        # Without affinity each rank's decisions depend on its own accesses alone: a rank
+        # planning for itself draws only its own batches (the others' are empty).
+        self.only_rank = None if affinity else only_rank
         self.horizon = default_horizon(run, sampler) if horizon is None else max(0, int(horizon))
         self._keys = run.num_samples * (1 if self.affinity else run.world_size)
         self._last_table: np.ndarray | None = None  # made when next uses are first asked for
@@ -118,7 +126,7 @@ class TraceOrder:
 
     def _make(self, k: int) -> EpochTrace:
         run = self.run
-        draws = self.sampler.epoch(run, k)
+        draws = self.draws(k)
         ids, offsets = draws.ids, draws.offsets
         world, steps = run.world_size, run.steps_per_epoch
         if offsets.shape != (steps * world + 1,):
@@ -136,6 +144,12 @@ class TraceOrder:
         np.cumsum(counts.sum(axis=1), out=bounds[1:])
         pair = rank.astype(np.int64) * run.num_samples + sample
         return EpochTrace(sample, pair, rank, counts, bounds)
+
+    def draws(self, k: int) -> EpochDraws:
+        """The sampler's draws of epoch ``k`` (only ``only_rank``'s, if set)."""
+        if self.only_rank is None:
+            return self.sampler.epoch(self.run, k)
+        return self.sampler.rank_epoch(self.run, k, self.only_rank)
 
     @property
     def _last(self) -> np.ndarray:

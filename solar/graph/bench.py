@@ -1,0 +1,247 @@
+"""``solar bench GRAPH.h5 --sampler neighbor``: GNN feature gathering, loaders side by side.
+
+The workload is Ginex's: each rank samples a k-hop subgraph around its seeds every step
+(:class:`~solar.graph.neighbor.NeighborSampler`) and gathers the feature rows of the
+subgraph's distinct nodes. Every loader serves the same subgraphs under the same memory
+budget (``buffer``: an aggregate share of the feature rows, split evenly over the ranks):
+
+* ``mmap``: PyTorch Geometric's gather from memory-mapped features with the page cache
+  limited to the budget, EMULATED (:mod:`solar.graph.mmapbase`: an LRU of 4 KiB pages of the
+  budget's bytes, missing pages read with O_DIRECT on the reader's threads);
+* ``lru``, ``static`` (hot nodes by the frequency of a pre-sampled epoch, as DiskGNN and GIDS
+  cache) and ``solar`` (Belady over the sampler's trace): solar's Loader with that policy, the
+  same reader (O_DIRECT page spans of small rows, ``PageGather``).
+
+As in ``solar bench``: every rank runs each loader's epoch in turn, in an order rotated every
+epoch, behind a barrier; an epoch's time is the slowest rank's. Feature reads bypass the page
+cache (O_DIRECT) and rank 0 also drops the features' cached pages before each loader's epoch;
+the topology stays cached (memory-mapped, as any GNN trainer keeps it). Reported per loader:
+training steps/s (global steps), nodes gathered/s (all ranks), hit rate (rows served without
+a storage read), read amplification (bytes read / bytes of the rows read) and the seconds
+from construction to the first batch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from solar.config import ReaderConfig, RunConfig
+from solar.dist import MAX, allreduce
+from solar.errors import SolarError
+from solar.io.throttle import Throttle
+
+GRAPH_LOADERS = ("mmap", "lru", "static", "solar")
+
+
+@dataclass(frozen=True)
+class GraphBenchConfig:
+    """One GNN gathering benchmark: the graph, the sampling, the budget and the loaders."""
+
+    path: str
+    key: str = "features"
+    fanouts: tuple[int, ...] = (10, 5)
+    batch_size: int = 1024  # seeds per rank and step
+    epochs: int = 3
+    buffer: float = 0.1  # aggregate budget as a share of the feature rows
+    loaders: tuple[str, ...] = GRAPH_LOADERS
+    reader: ReaderConfig = field(default_factory=lambda: ReaderConfig(direct_io=True))
+    throttle: str | None = None  # "MBps,latency_ms" per rank
+    compute_ms: float = 0.0  # a simulated training step
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        unknown = set(self.loaders) - set(GRAPH_LOADERS)
+        if unknown or not self.loaders:
+            raise SolarError(f"--loaders: unknown {sorted(unknown)} with --sampler neighbor "
+                             f"(choose from {', '.join(GRAPH_LOADERS)})")  # fmt: skip
+        if not 0 <= self.buffer <= 1:
+            raise SolarError(f"--buffer must be a share in [0, 1], got {self.buffer}")
+
+
+def parse_fanouts(text: str) -> tuple[int, ...]:
+    """``"10,5"`` -> (10, 5); -1 takes every neighbour."""
+    try:
+        return tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise SolarError(f"--fanouts: expected integers like 10,5, got {text!r}") from None
+
+
+def run_graph(cfg: GraphBenchConfig, comm: Any, progress=None) -> dict | None:
+    """Run the benchmark on every rank of ``comm``; rank 0 returns the results."""
+    from solar.graph.mmapbase import MmapGather
+    from solar.graph.neighbor import NeighborSampler
+    from solar.io.sources import describe_source
+    from solar.loader import Loader
+
+    rank, world = comm.Get_rank(), comm.Get_size()
+    info = describe_source(cfg.path, [cfg.key], comm=comm)
+    n, row_bytes = info.num_samples, info.sample_bytes
+    offset = -1 if info.stored is None else int(info.stored.offsets[0, 0])
+    capacity = math.ceil(cfg.buffer * n / world)
+    throttle = Throttle.parse(cfg.throttle) if cfg.throttle else None
+
+    loaders: dict[str, Any] = {}
+    construct: dict[str, float] = {}
+    for name in cfg.loaders:
+        t0 = time.perf_counter()
+        sampler = NeighborSampler(cfg.path, cfg.fanouts, cfg.batch_size, features=cfg.key)
+        if name == "mmap":
+            gather = MmapGather.of_key(cfg.path, cfg.key, capacity * row_bytes,
+                                       cfg.reader.threads, throttle)  # fmt: skip
+            run = _run_config(sampler, n, world, cfg.epochs, cfg.seed)
+            loaders[name] = (gather, sampler, run)
+        else:
+            loaders[name] = Loader(
+                info, [cfg.key], sampler=sampler, epochs=cfg.epochs, buffer=capacity,
+                policy=name, comm=comm, reader=cfg.reader, throttle=throttle, seed=cfg.seed,
+            )  # fmt: skip
+        construct[name] = allreduce(comm, time.perf_counter() - t0, MAX)
+    results: dict[str, dict[str, list]] = {
+        name: {k: [] for k in ("seconds", "steps", "rows", "hits", "bytes_read", "first")}
+        for name in cfg.loaders
+    }
+    names = list(cfg.loaders)
+    for epoch in range(cfg.epochs):
+        for name in names[epoch % len(names) :] + names[: epoch % len(names)]:
+            if rank == 0 and offset >= 0:
+                _drop_range(info.all_files[0], offset, n * row_bytes)
+            comm.Barrier()
+            t0 = time.perf_counter()
+            steps, rows, hits, nbytes, first = _graph_epoch(loaders[name], epoch, rank,
+                                                            cfg.compute_ms)  # fmt: skip
+            seconds = allreduce(comm, time.perf_counter() - t0, MAX)
+            r = results[name]
+            r["seconds"].append(seconds)
+            r["steps"].append(allreduce(comm, steps, MAX))  # global steps
+            r["first"].append(allreduce(comm, first - t0, MAX))
+            for k, v in (("rows", rows), ("hits", hits), ("bytes_read", nbytes)):
+                r[k].append(comm.allreduce(v))
+            if progress is not None and rank == 0:
+                progress(epoch, name, seconds)
+    for ld in loaders.values():
+        (ld[0] if isinstance(ld, tuple) else ld).close()
+    if rank != 0:
+        return None
+    out: dict = {
+        "config": {
+            **dataclasses.asdict(cfg),
+            "sampler": "neighbor",
+            "world_size": world,
+            "num_nodes": n,
+            "row_bytes": row_bytes,
+            "buffer_per_rank": capacity,
+            "throttle": str(throttle) if throttle else None,
+        },
+        "loaders": {},
+    }
+    for name, r in results.items():
+        secs = sum(r["seconds"])
+        missed = sum(r["rows"]) - sum(r["hits"])
+        out["loaders"][name] = {
+            "epoch_seconds": r["seconds"],
+            "steps_per_second": sum(r["steps"]) / secs,
+            "nodes_per_second": sum(r["rows"]) / secs,
+            "hit_rate_per_epoch": [
+                h / max(1, x) for h, x in zip(r["hits"], r["rows"], strict=True)
+            ],
+            "hit_rate": sum(r["hits"]) / max(1, sum(r["rows"])),
+            "bytes_read": r["bytes_read"],
+            "read_amplification": sum(r["bytes_read"]) / (missed * row_bytes) if missed else None,
+            "rows": r["rows"],
+            "construct_seconds": construct[name],
+            # Construction, then epoch 0's wait for its first batch (slowest rank each).
+            "first_batch_seconds": construct[name] + r["first"][0],
+        }
+    for base in ("mmap", "static"):
+        rate = out["loaders"].get(base, {}).get("nodes_per_second")
+        for e in out["loaders"].values():
+            e[f"vs_{base}"] = e["nodes_per_second"] / rate if rate else None
+    return out
+
+
+def _rates(hits: list[int], rows: list[int]) -> list[float]:
+    return [h / max(1, x) for h, x in zip(hits, rows, strict=True)]
+
+
+def _run_config(sampler: Any, n: int, world: int, epochs: int, seed: int) -> RunConfig:
+    """The run a Loader makes of this sampler (its steps and seeds)."""
+    draws = sampler.draws(n, world * sampler.batch_size)
+    run = RunConfig(
+        n, world, sampler.batch_size, epochs, seed, False, None if draws == n else draws
+    )
+    sampler.check_run(run)
+    return run
+
+
+def _graph_epoch(loader: Any, epoch: int, rank: int, compute_ms: float):
+    """One epoch of ``loader``: (steps, rows, hits, bytes read, when the first batch came)."""
+    steps = rows = 0
+    first = math.nan
+    if isinstance(loader, tuple):  # mmap: the gather PyG's loader makes, after its sampling
+        gather, sampler, run = loader
+        h0, b0 = gather.hits, gather.bytes_read
+        for t in range(run.steps_per_epoch):
+            x = gather.gather(sampler.batch(run, epoch, t, rank))
+            sampler.extras(run, epoch, t, rank, {})  # the batch's edges, as the others have
+            first = time.perf_counter() if steps == 0 else first
+            rows += x.shape[0]
+            steps += 1
+            if compute_ms:
+                time.sleep(compute_ms / 1e3)
+        return steps, rows, gather.hits - h0, gather.bytes_read - b0, first
+    loader.set_epoch(epoch)
+    for batch in loader:
+        first = time.perf_counter() if steps == 0 else first
+        rows += batch["x"].shape[0]
+        steps += 1
+        if compute_ms:
+            time.sleep(compute_ms / 1e3)
+    loader.wait_reads()  # reads started into the next epoch are this window's
+    st = loader.stats.epochs[epoch]
+    return steps, rows, st.hits, st.bytes_read, first
+
+
+def _drop_range(path: os.PathLike, offset: int, length: int) -> None:
+    from solar.io.pagecache import drop
+
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        drop(fd, offset, length)
+    finally:
+        os.close(fd)
+
+
+def format_graph_results(res: dict) -> str:
+    """The results as a table (README style)."""
+    c = res["config"]
+    lines = [
+        f"graph of {c['num_nodes']} nodes, rows of {c['row_bytes']} B, fanouts "
+        f"{tuple(c['fanouts'])}, {c['batch_size']} seeds/rank, P={c['world_size']}, "
+        f"{c['epochs']} epochs, aggregate budget {100 * c['buffer']:.0f} % "
+        f"({c['buffer_per_rank']} rows/rank), compute {c['compute_ms']} ms/step"
+        + (f", throttle {c['throttle']}" if c["throttle"] else "")
+        + " (mmap: emulated page cache of the budget, O_DIRECT page reads)",
+        "",
+        "| loader | steps/s | nodes/s | vs mmap | vs static | hit rate | read ampl. | GB read "
+        "| first batch s | epoch s |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+
+    def ratio(x: float | None) -> str:
+        return f"{x:.2f}×" if x else "—"
+
+    for name, e in res["loaders"].items():
+        amp = f"{e['read_amplification']:.2f}" if e["read_amplification"] else "—"
+        epochs = " ".join(f"{t:.2f}" for t in e["epoch_seconds"])
+        lines.append(
+            f"| {name} | {e['steps_per_second']:.2f} | {e['nodes_per_second']:,.0f} | "
+            f"{ratio(e['vs_mmap'])} | {ratio(e['vs_static'])} | {100 * e['hit_rate']:.1f} % | "
+            f"{amp} | {sum(e['bytes_read']) / 1e9:.2f} | {e['first_batch_seconds']:.2f} | "
+            f"{epochs} |"
+        )
+    return "\n".join(lines)
