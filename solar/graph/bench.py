@@ -92,7 +92,7 @@ def run_graph(cfg: GraphBenchConfig, comm: Any, progress=None) -> dict | None:
         sampler = NeighborSampler(cfg.path, cfg.fanouts, cfg.batch_size, features=cfg.key)
         if name == "mmap":
             gather = MmapGather.of_key(cfg.path, cfg.key, capacity * row_bytes,
-                                       cfg.reader.threads, throttle)  # fmt: skip
+                                       cfg.reader.thread_count, throttle)  # fmt: skip
             run = _run_config(sampler, n, world, cfg.epochs, cfg.seed)
             loaders[name] = (gather, sampler, run)
         else:

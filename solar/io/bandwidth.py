@@ -104,7 +104,7 @@ def tier_read_bandwidth(
     rng = np.random.default_rng([seed, rank])
     for a in scratch:  # incompressible content
         a.view(np.uint8).reshape(-1)[:] = rng.integers(0, 256, a.nbytes, np.uint8)
-    executor = Executor(config.threads)
+    executor = Executor(config.thread_count)
     best = 0.0
     try:
         with TierFile(directory, slots=slots, keys=info.keys, executor=executor,
