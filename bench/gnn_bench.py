@@ -2,6 +2,7 @@
 
     python bench/gnn_bench.py plan GRAPH.h5 [--epochs 3 --world 2 --buffer 0.1]
     flock /tmp/solar-bench.lock python bench/gnn_bench.py gaps GRAPH.h5 [--gaps 0,1,2,4]
+    flock /tmp/solar-bench.lock mpiexec -n 2 python bench/gnn_bench.py first GRAPH.h5
     flock /tmp/solar-bench.lock mpiexec -n 2 python bench/gnn_bench.py run GRAPH.h5 \\
         [--epochs 3 --buffer 0.1 --loaders solar,static,lru,mmap --throttle MBps,ms]
 
@@ -17,6 +18,10 @@ aggregate budget of ``--buffer`` of the features (per rank: buffer·N/P rows, or
 3. read amplification of solar's storage reads under O_DIRECT (bytes read / bytes used),
    rows coalesced into page spans bridging gaps of g pages (``solar.io.tasks.page_spans``);
 4. sampling and planning speed: an epoch's subgraphs of all ranks and its plan, seconds.
+
+``first`` (under mpiexec) times a solar Loader from construction to its first batch: the
+construction, the plan of the first epoch (two epochs of the rank's subgraphs sampled) and the
+first step's reads (slowest rank each).
 
 ``run`` (under mpiexec, one rank per process) times every loader's epochs, cold (O_DIRECT
 reads; rank 0 also evicts the file's pages before each loader's epoch), interleaved in a
@@ -37,12 +42,12 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from solar import BufferConfig, NeighborSampler, PlanSpec, RunConfig, make_plan
 from solar._memory import PAGE
-from solar.graph.mmapbase import MmapGather
 from solar.io.tasks import RUN_MAX_BYTES, page_spans
 from solar.schedule.plan import simulate
 
@@ -154,7 +159,7 @@ def plan_report(args) -> dict:
 
 
 # -- run: throughput ---------------------------------------------------------------------------
-def mmap_epoch(gather: MmapGather, sampler: NeighborSampler, run: RunConfig, e: int, rank: int):
+def mmap_epoch(gather: Any, sampler: NeighborSampler, run: RunConfig, e: int, rank: int):
     """Rank ``rank``'s steps of epoch ``e`` gathered by the mmap baseline: each step's rows."""
     for t in range(run.steps_per_epoch):
         yield gather.gather(sampler.batch(run, e, t, rank))
@@ -164,6 +169,7 @@ def run_loaders(args) -> dict | None:
     import h5py
 
     from solar import Loader, ReaderConfig, dist
+    from solar.graph.mmapbase import MmapGather
     from solar.io.pagecache import evict
     from solar.io.throttle import Throttle
 
@@ -290,9 +296,39 @@ def gap_report(args) -> dict:
     return {"graph": str(args.graph), "threads": args.threads, "gaps": out_}
 
 
+def first_batch(args) -> dict | None:
+    """Seconds from a Loader's construction to its first batch (under mpiexec; the slowest
+    rank), split into construction, planning the first epoch and the first step's reads."""
+    from solar import Loader, ReaderConfig, dist
+
+    d = dist.init()
+    comm = d.comm
+    comm.Barrier()
+    t0 = time.perf_counter()
+    sampler = NeighborSampler(args.graph, FANOUTS, batch_size=args.batch)
+    capacity = int(args.buffer * sampler.graph.num_nodes / d.world_size)
+    reader = ReaderConfig(direct_io=True, threads=args.threads)
+    ld = Loader(args.graph, ["features"], sampler=sampler, epochs=args.epochs, buffer=capacity,
+                comm=comm, reader=reader, seed=0)  # fmt: skip
+    t1 = time.perf_counter()
+    ld._stream.window(0)  # the first epoch's plan (the first batch waits for it)
+    t2 = time.perf_counter()
+    batch = next(iter(ld))
+    t3 = time.perf_counter()
+    parts = {"construct": t1 - t0, "plan_epoch0": t2 - t1, "first_step": t3 - t2,
+             "first_batch": t3 - t0}  # fmt: skip
+    out = {k: dist.allreduce(comm, v, dist.MAX) for k, v in parts.items()}
+    out["rows"] = int(batch["x"].shape[0])
+    ld.close()
+    if d.rank != 0:
+        return None
+    print(" ".join(f"{k} {v:.2f} s" for k, v in out.items() if k != "rows"), flush=True)
+    return {"graph": str(args.graph), "world": d.world_size, **out}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("mode", choices=["plan", "run", "gaps"])
+    ap.add_argument("mode", choices=["plan", "run", "gaps", "first"])
     ap.add_argument("graph", type=Path)
     ap.add_argument("--epochs", type=int, default=3)
     ap.add_argument("--world", type=int, default=2, help="plan: ranks simulated")
@@ -308,7 +344,7 @@ def main() -> None:
     ap.add_argument("--throttle", help="MBps,latency_ms per rank (emulated storage)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
-    modes = {"plan": plan_report, "run": run_loaders, "gaps": gap_report}
+    modes = {"plan": plan_report, "run": run_loaders, "gaps": gap_report, "first": first_batch}
     out = modes[args.mode](args)
     if out is not None:
         print(json.dumps(out, indent=1))
