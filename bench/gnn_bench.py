@@ -3,6 +3,7 @@
     python bench/gnn_bench.py plan GRAPH.h5 [--epochs 3 --world 2 --buffer 0.1]
     flock /tmp/solar-bench.lock python bench/gnn_bench.py gaps GRAPH.h5 [--gaps 0,1,2,4]
     flock /tmp/solar-bench.lock mpiexec -n 2 python bench/gnn_bench.py first GRAPH.h5
+    flock /tmp/solar-bench.lock python bench/gnn_bench.py inspector GRAPH.h5 [--world 2]
     flock /tmp/solar-bench.lock mpiexec -n 2 python bench/gnn_bench.py run GRAPH.h5 \\
         [--epochs 3 --buffer 0.1 --loaders solar,static,lru,mmap --throttle MBps,ms]
 
@@ -22,6 +23,9 @@ aggregate budget of ``--buffer`` of the features (per rank: buffer·N/P rows, or
 ``first`` (under mpiexec) times a solar Loader from construction to its first batch: the
 construction, the plan of the first epoch (two epochs of the rank's subgraphs sampled) and the
 first step's reads (slowest rank each).
+
+``inspector`` (one process) times the plan of rank 0's first epoch, planning every rank
+against planning rank 0 alone (``Planner(only_rank=0)``), alternated.
 
 ``run`` (under mpiexec, one rank per process) times every loader's epochs, cold (O_DIRECT
 reads; rank 0 also evicts the file's pages before each loader's epoch), interleaved in a
@@ -326,9 +330,30 @@ def first_batch(args) -> dict | None:
     return {"graph": str(args.graph), "world": d.world_size, **out}
 
 
+def inspector(args) -> dict:
+    """Seconds to plan rank 0's first epoch (what its first batch waits for), planning every
+    rank (as before a rank planned alone) against rank 0 alone, alternated, one process."""
+    from solar.schedule.planner import Planner
+
+    tiny = NeighborSampler(args.graph, FANOUTS, batch_size=8)  # kernels loaded, not timed
+    Planner(PlanSpec(_run(tiny, 1, 2), BufferConfig(100, 0.25), "solar", sampler=tiny)).next_rank(0)
+    out: dict = {"every_rank": [], "rank_alone": []}
+    for _ in range(args.repeat):
+        for name, alone in (("every_rank", None), ("rank_alone", 0)):
+            sampler = NeighborSampler(args.graph, FANOUTS, batch_size=args.batch)
+            run = _run(sampler, args.world, args.epochs)
+            capacity = int(args.buffer * sampler.graph.num_nodes / args.world)
+            spec = PlanSpec(run, BufferConfig(capacity, 0.25), "solar", sampler=sampler)
+            t0 = time.perf_counter()
+            Planner(spec, only_rank=alone).next_rank(0)
+            out[name].append(time.perf_counter() - t0)
+            print(f"{name}: plan of epoch 0 {out[name][-1]:.2f} s", flush=True)
+    return {"graph": str(args.graph), "world": args.world, **out}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("mode", choices=["plan", "run", "gaps", "first"])
+    ap.add_argument("mode", choices=["plan", "run", "gaps", "first", "inspector"])
     ap.add_argument("graph", type=Path)
     ap.add_argument("--epochs", type=int, default=3)
     ap.add_argument("--world", type=int, default=2, help="plan: ranks simulated")
@@ -340,11 +365,18 @@ def main() -> None:
     ap.add_argument("--loaders", type=lambda s: s.split(","), default=["solar", "static", "lru",
                                                                         "mmap"])  # fmt: skip
     ap.add_argument("--threads", type=int, default=8)
+    ap.add_argument("--repeat", type=int, default=2, help="inspector: alternations")
     ap.add_argument("--page-gap", type=int, default=0, help="run: ReaderConfig.page_gap")
     ap.add_argument("--throttle", help="MBps,latency_ms per rank (emulated storage)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
-    modes = {"plan": plan_report, "run": run_loaders, "gaps": gap_report, "first": first_batch}
+    modes = {
+        "plan": plan_report,
+        "run": run_loaders,
+        "gaps": gap_report,
+        "first": first_batch,
+        "inspector": inspector,
+    }
     out = modes[args.mode](args)
     if out is not None:
         print(json.dumps(out, indent=1))
