@@ -2,6 +2,8 @@
 
     python bench/gnn_bench.py plan GRAPH.h5 [--epochs 3 --world 2 --buffer 0.1]
     flock /tmp/solar-bench.lock python bench/gnn_bench.py gaps GRAPH.h5 [--gaps 0,1,2,4]
+    flock /tmp/solar-bench.lock mpiexec -n 2 python bench/gnn_bench.py first GRAPH.h5
+    flock /tmp/solar-bench.lock python bench/gnn_bench.py inspector GRAPH.h5 [--world 2]
     flock /tmp/solar-bench.lock mpiexec -n 2 python bench/gnn_bench.py run GRAPH.h5 \\
         [--epochs 3 --buffer 0.1 --loaders solar,static,lru,mmap --throttle MBps,ms]
 
@@ -17,6 +19,13 @@ aggregate budget of ``--buffer`` of the features (per rank: buffer·N/P rows, or
 3. read amplification of solar's storage reads under O_DIRECT (bytes read / bytes used),
    rows coalesced into page spans bridging gaps of g pages (``solar.io.tasks.page_spans``);
 4. sampling and planning speed: an epoch's subgraphs of all ranks and its plan, seconds.
+
+``first`` (under mpiexec) times a solar Loader from construction to its first batch: the
+construction, the plan of the first epoch (two epochs of the rank's subgraphs sampled) and the
+first step's reads (slowest rank each).
+
+``inspector`` (one process) times the plan of rank 0's first epoch, planning every rank
+against planning rank 0 alone (``Planner(only_rank=0)``), alternated.
 
 ``run`` (under mpiexec, one rank per process) times every loader's epochs, cold (O_DIRECT
 reads; rank 0 also evicts the file's pages before each loader's epoch), interleaved in a
@@ -37,12 +46,12 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from solar import BufferConfig, NeighborSampler, PlanSpec, RunConfig, make_plan
 from solar._memory import PAGE
-from solar.graph.mmapbase import MmapGather
 from solar.io.tasks import RUN_MAX_BYTES, page_spans
 from solar.schedule.plan import simulate
 
@@ -154,7 +163,7 @@ def plan_report(args) -> dict:
 
 
 # -- run: throughput ---------------------------------------------------------------------------
-def mmap_epoch(gather: MmapGather, sampler: NeighborSampler, run: RunConfig, e: int, rank: int):
+def mmap_epoch(gather: Any, sampler: NeighborSampler, run: RunConfig, e: int, rank: int):
     """Rank ``rank``'s steps of epoch ``e`` gathered by the mmap baseline: each step's rows."""
     for t in range(run.steps_per_epoch):
         yield gather.gather(sampler.batch(run, e, t, rank))
@@ -164,6 +173,7 @@ def run_loaders(args) -> dict | None:
     import h5py
 
     from solar import Loader, ReaderConfig, dist
+    from solar.graph.mmapbase import MmapGather
     from solar.io.pagecache import evict
     from solar.io.throttle import Throttle
 
@@ -290,9 +300,60 @@ def gap_report(args) -> dict:
     return {"graph": str(args.graph), "threads": args.threads, "gaps": out_}
 
 
+def first_batch(args) -> dict | None:
+    """Seconds from a Loader's construction to its first batch (under mpiexec; the slowest
+    rank), split into construction, planning the first epoch and the first step's reads."""
+    from solar import Loader, ReaderConfig, dist
+
+    d = dist.init()
+    comm = d.comm
+    comm.Barrier()
+    t0 = time.perf_counter()
+    sampler = NeighborSampler(args.graph, FANOUTS, batch_size=args.batch)
+    capacity = int(args.buffer * sampler.graph.num_nodes / d.world_size)
+    reader = ReaderConfig(direct_io=True, threads=args.threads)
+    ld = Loader(args.graph, ["features"], sampler=sampler, epochs=args.epochs, buffer=capacity,
+                comm=comm, reader=reader, seed=0)  # fmt: skip
+    t1 = time.perf_counter()
+    ld._stream.window(0)  # the first epoch's plan (the first batch waits for it)
+    t2 = time.perf_counter()
+    batch = next(iter(ld))
+    t3 = time.perf_counter()
+    parts = {"construct": t1 - t0, "plan_epoch0": t2 - t1, "first_step": t3 - t2,
+             "first_batch": t3 - t0}  # fmt: skip
+    out = {k: dist.allreduce(comm, v, dist.MAX) for k, v in parts.items()}
+    out["rows"] = int(batch["x"].shape[0])
+    ld.close()
+    if d.rank != 0:
+        return None
+    print(" ".join(f"{k} {v:.2f} s" for k, v in out.items() if k != "rows"), flush=True)
+    return {"graph": str(args.graph), "world": d.world_size, **out}
+
+
+def inspector(args) -> dict:
+    """Seconds to plan rank 0's first epoch (what its first batch waits for), planning every
+    rank (as before a rank planned alone) against rank 0 alone, alternated, one process."""
+    from solar.schedule.planner import Planner
+
+    tiny = NeighborSampler(args.graph, FANOUTS, batch_size=8)  # kernels loaded, not timed
+    Planner(PlanSpec(_run(tiny, 1, 2), BufferConfig(100, 0.25), "solar", sampler=tiny)).next_rank(0)
+    out: dict = {"every_rank": [], "rank_alone": []}
+    for _ in range(args.repeat):
+        for name, alone in (("every_rank", None), ("rank_alone", 0)):
+            sampler = NeighborSampler(args.graph, FANOUTS, batch_size=args.batch)
+            run = _run(sampler, args.world, args.epochs)
+            capacity = int(args.buffer * sampler.graph.num_nodes / args.world)
+            spec = PlanSpec(run, BufferConfig(capacity, 0.25), "solar", sampler=sampler)
+            t0 = time.perf_counter()
+            Planner(spec, only_rank=alone).next_rank(0)
+            out[name].append(time.perf_counter() - t0)
+            print(f"{name}: plan of epoch 0 {out[name][-1]:.2f} s", flush=True)
+    return {"graph": str(args.graph), "world": args.world, **out}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("mode", choices=["plan", "run", "gaps"])
+    ap.add_argument("mode", choices=["plan", "run", "gaps", "first", "inspector"])
     ap.add_argument("graph", type=Path)
     ap.add_argument("--epochs", type=int, default=3)
     ap.add_argument("--world", type=int, default=2, help="plan: ranks simulated")
@@ -304,11 +365,18 @@ def main() -> None:
     ap.add_argument("--loaders", type=lambda s: s.split(","), default=["solar", "static", "lru",
                                                                         "mmap"])  # fmt: skip
     ap.add_argument("--threads", type=int, default=8)
+    ap.add_argument("--repeat", type=int, default=2, help="inspector: alternations")
     ap.add_argument("--page-gap", type=int, default=0, help="run: ReaderConfig.page_gap")
     ap.add_argument("--throttle", help="MBps,latency_ms per rank (emulated storage)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
-    modes = {"plan": plan_report, "run": run_loaders, "gaps": gap_report}
+    modes = {
+        "plan": plan_report,
+        "run": run_loaders,
+        "gaps": gap_report,
+        "first": first_batch,
+        "inspector": inspector,
+    }
     out = modes[args.mode](args)
     if out is not None:
         print(json.dumps(out, indent=1))
