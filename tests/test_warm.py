@@ -131,3 +131,38 @@ def test_every_kernel_is_found():
     for name in ("solar.cache.slots._copy_rows", "solar.schedule.belady._solar_steps",
                  "solar.schedule.rankplan._replay", "solar.io.executor._iov_runs"):  # fmt: skip
         assert name in found
+
+
+def test_what_compiling_left_is_frozen_after_a_rehearsal_that_compiled(small_h5, monkeypatch):
+    """A warm-up that compiled collects and freezes what numba left (so the epochs' garbage
+    collections do not walk it again); one that only loaded kernels leaves the collector be."""
+    import gc
+
+    import solar.warm as warm
+    from solar import Loader
+
+    class Tally:  # numba's tally: each look finds ``step`` more kernels compiled
+        seconds = 0.0
+
+        def __init__(self, step: int) -> None:
+            self._count, self._step = 0, step
+
+        @property
+        def count(self) -> int:
+            self._count += self._step
+            return self._count
+
+    settled = []
+    monkeypatch.setattr(warm, "settle_compiler_garbage", lambda: settled.append(1))
+    monkeypatch.setattr(warm, "TALLY", Tally(0))
+    Loader(small_h5, batch_size=4, epochs=2, buffer=8).close()
+    assert settled == []  # every kernel came from the cache
+    monkeypatch.setattr(warm, "TALLY", Tally(1))
+    Loader(small_h5, batch_size=4, epochs=2, buffer=8).close()
+    assert settled == [1]
+    monkeypatch.undo()
+    try:
+        warm.settle_compiler_garbage()
+        assert gc.get_freeze_count() > 0
+    finally:
+        gc.unfreeze()
