@@ -39,6 +39,7 @@ from solar.io.sources import describe_source
 from solar.io.throttle import Throttle
 from solar.schedule.policies import TIERED
 from solar.transform import cpu_count, load_transform, sample_rng
+from solar.tune import MAX_READ_THREADS
 
 WARM_FIELDS = ("warm_seconds", "compile_seconds")  # of loader.stats, reported per loader
 LOADERS = ("torch", "lru", "fifo", "solar-artifact", "nopfs", "solar", "solar-ram", "static")
@@ -240,14 +241,19 @@ def run(cfg: BenchConfig, comm: Any, progress=None) -> dict | None:
 
     # Storage read as the loaders read it (all ranks, their threads, random batches): the
     # limit it gives is a lower bound on an epoch's time (solar/io/bandwidth.py).
-    read_bw = read_bandwidth(info, cfg.reader, comm, cfg.batch_size, throttle, seed=cfg.seed)
+    # threads="auto" may read with up to MAX_READ_THREADS: the limit is measured with those,
+    # else it would not bound what the tuned loaders reach.
+    bw_reader = cfg.reader
+    if cfg.reader.auto:
+        bw_reader = dataclasses.replace(cfg.reader, threads=MAX_READ_THREADS)
+    read_bw = read_bandwidth(info, bw_reader, comm, cfg.batch_size, throttle, seed=cfg.seed)
     # The tiers likewise: all ranks' at once, their threads, random batches of slots.
     tier_bw = (tier_read_bandwidth(info, cfg.reader, comm, cfg.batch_size, cfg.tier,
                                    seed=cfg.seed) if cfg.tier else 0.0)  # fmt: skip
     limits = None
     if rank == 0:
         limits = {"read_bytes_per_s": read_bw, "mem_bytes_per_s": memory_bandwidth(),
-                  "read_threads": cfg.reader.thread_count * world}  # fmt: skip
+                  "read_threads": bw_reader.thread_count * world}  # fmt: skip
         if cfg.tier:
             limits["tier_bytes_per_s"] = tier_bw  # all ranks' together, as storage's
     limits = comm.bcast(limits, root=0)
