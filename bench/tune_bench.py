@@ -12,7 +12,9 @@ Pipelines (``--pipelines``):
 
 * ``io``: uncompressed samples behind emulated remote storage (``--throttle`` MB/s and ms
   per request, solar/io/throttle.py): latency-bound, so reader threads are concurrency;
-* ``decode``: gzip chunks of one sample (the ptychonn preset), page-cached: decoding limits.
+* ``decode``: gzip chunks of one sample (the ptychonn preset), page-cached: decoding limits;
+* ``transform``: page-cached contiguous samples through examples/transforms.py's ``augment``
+  (1-3 ms a sample): the transform workers limit (reader threads × transform workers).
 
 To add a stage's dimension (e.g. transform workers) or a pipeline: a ``DIMENSIONS`` entry
 maps a setting's value into the Loader's keyword arguments, ``AUTO`` says which value of it
@@ -39,19 +41,30 @@ from typing import Any
 import h5py
 import numpy as np
 
-from solar import Loader, ReaderConfig
+from solar import Loader, ReaderConfig, Transform
 from solar._atomic import write_json
 from solar.io.generate import generate
 from solar.io.throttle import Throttle
+from solar.transform import load_transform
 
 
 def _threads(kw: dict, value: Any) -> None:
     kw["reader"] = ReaderConfig(threads=value)
 
 
+def _transform_workers(kw: dict, value: Any) -> None:
+    kw["transform"] = Transform(load_transform(TRANSFORM), workers=value)
+
+
+# The transform of the ``transform`` pipeline: 1-3 ms per 256x256 float32 sample.
+TRANSFORM = str(Path(__file__).resolve().parents[1] / "examples" / "transforms.py") + ":augment"
+
 # A setting's dimensions: how each value reaches the Loader, and the value meaning "tuned".
-DIMENSIONS: dict[str, Callable[[dict, Any], None]] = {"threads": _threads}
-AUTO: dict[str, Any] = {"threads": "auto"}
+DIMENSIONS: dict[str, Callable[[dict, Any], None]] = {
+    "threads": _threads,
+    "transform_workers": _transform_workers,
+}
+AUTO: dict[str, Any] = {"threads": "auto", "transform_workers": "auto"}
 
 
 @dataclass
@@ -87,9 +100,20 @@ def decode_pipeline(folder: Path, args: argparse.Namespace) -> Pipeline:
     )  # fmt: skip
 
 
+def transform_pipeline(folder: Path, args: argparse.Namespace) -> Pipeline:
+    path = generate(folder / "t.h5", "ptychonn", args.transform_samples)
+    return Pipeline(
+        "transform", [path], {"batch_size": args.batch_size},
+        {"threads": [2, 8], "transform_workers": [1, 2, 3, 4]},
+        f"{args.transform_samples} ptychonn samples, contiguous, page-cached, transform "
+        f"{TRANSFORM.rsplit('/', 1)[-1]} (crop, flip, log, blur, normalise, noise)",
+    )  # fmt: skip
+
+
 PIPELINES: dict[str, Callable[[Path, argparse.Namespace], Pipeline]] = {
     "io": io_pipeline,
     "decode": decode_pipeline,
+    "transform": transform_pipeline,
 }
 
 
@@ -154,6 +178,8 @@ def main() -> None:
     ap.add_argument("--threads", default="1,2,4,8,16,32,64", help="fixed reader threads tried")
     ap.add_argument("--samples", type=int, default=4000, help="io pipeline samples")
     ap.add_argument("--gzip-samples", type=int, default=1000, help="decode pipeline samples")
+    ap.add_argument("--transform-samples", type=int, default=1000,
+                    help="transform pipeline samples")  # fmt: skip
     ap.add_argument("--throttle", default="400,4", help="io pipeline: MB/s,ms per request")
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--epochs", type=int, default=5)
