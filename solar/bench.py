@@ -486,8 +486,8 @@ def format_results(res: dict) -> str:
         + (f", tier read {lim['tier_bytes_per_s'] / 1e9:.2f} GB/s" if tier else ""),
         "",
         "| loader | samples/s | speedup | hit rate | bound | RAM hits | tier hits | GB from "
-        "storage | max stall s | epoch s |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "storage | max stall s | CPU ms/sample | epoch s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, e in res["loaders"].items():
         hit = f"{100 * e['hit_rate']:.1f} %" if "hit_rate" in e else "—"
@@ -498,7 +498,8 @@ def format_results(res: dict) -> str:
         speedup = f"{e['speedup']:.2f}×" if e["speedup"] else "—"
         lines.append(
             f"| {name} | {e['samples_per_second']:.0f} | {speedup} | {hit} | {bound} | {ram} | "
-            f"{tiers} | {sum(e['bytes_read']) / 1e9:.2f} | {stall} | {epochs} |"
+            f"{tiers} | {sum(e['bytes_read']) / 1e9:.2f} | {stall} | "
+            f"{1e3 * e['cpu_seconds_per_sample']:.2f} | {epochs} |"
         )
     lines.append("")
     for name, e in res["loaders"].items():
