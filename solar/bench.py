@@ -38,7 +38,7 @@ from solar.io.pagecache import evict
 from solar.io.sources import describe_source
 from solar.io.throttle import Throttle
 from solar.schedule.policies import TIERED
-from solar.transform import cpu_count, load_transform, sample_rng
+from solar.transform import Transform, cpu_count, load_transform, sample_rng
 from solar.tune import MAX_READ_THREADS
 
 WARM_FIELDS = ("warm_seconds", "compile_seconds")  # of loader.stats, reported per loader
@@ -53,16 +53,19 @@ VARIANTS: dict[str, dict[str, Any]] = {
 }
 
 
-# With --transform: solar without it, the transform applied in the training loop.
+# With --transform: solar without it, the transform applied in the training loop; and solar
+# with it in worker processes (for transforms that hold the GIL).
 INLOOP = "solar-inloop"
+PROCS = "solar-procs"
 
 
 def default_loaders(tier: bool, weighted: bool = False, transform: bool = False) -> tuple[str, ...]:
     """Every loader (of the sampler); ``solar-ram`` (solar without its tier) only when there
     is a tier; ``static`` only with a weighted sampler. With a transform: the DataLoader,
-    solar with the transform in the training loop and solar with it in its pipeline."""
+    solar with the transform in the training loop, and solar with it in its pipeline on
+    threads and in processes."""
     if transform:
-        return ("torch", INLOOP, "solar")
+        return ("torch", INLOOP, "solar", PROCS)
     names = WEIGHTED_LOADERS if weighted else LOADERS[:-1]
     return names if tier else tuple(n for n in names if n != "solar-ram")
 
@@ -222,7 +225,7 @@ def run(cfg: BenchConfig, comm: Any, progress=None) -> dict | None:
         cfg = dataclasses.replace(cfg, loaders=chosen)
     assert cfg.loaders is not None
     known = WEIGHTED_LOADERS if weighted else (*LOADERS[:-1], *VARIANTS)
-    known += (INLOOP,) if cfg.transform else ()
+    known += (INLOOP, PROCS) if cfg.transform else ()
     unknown = set(cfg.loaders) - set(known)
     if unknown:
         raise SolarError(f"--loaders: unknown {sorted(unknown)} (choose from {', '.join(known)})")
@@ -277,7 +280,7 @@ def run(cfg: BenchConfig, comm: Any, progress=None) -> dict | None:
         loaders["torch"] = (dl, sampler)
     for name in cfg.loaders:
         if name != "torch":
-            policy = "solar" if name in ("solar-ram", INLOOP) or name in VARIANTS else name
+            policy = "solar" if name in ("solar-ram", INLOOP, PROCS) or name in VARIANTS else name
             # The policies that plan a tier (solar-ram is solar without its tier).
             # (of a sampler's trace: solar only)
             tiers = ("solar",) if weighted else TIERED
@@ -289,7 +292,8 @@ def run(cfg: BenchConfig, comm: Any, progress=None) -> dict | None:
                 reader=cfg.reader, throttle=throttle,
                 tier=cfg.tier if tiered else None, tier_size=tier_capacity if tiered else 0,
                 sampler=solar_sampler, **{"slack": cfg.slack, **VARIANTS.get(name, {})},
-                transform=None if name == INLOOP else fn,
+                transform=None if name == INLOOP or fn is None
+                else Transform(fn, processes=name == PROCS),
             )  # fmt: skip
     loaders = {name: loaders[name] for name in cfg.loaders}  # the order asked for
     results = {name: LoaderResult(name) for name in cfg.loaders}

@@ -107,7 +107,11 @@ def load_transform(text: str) -> SampleFn:
             if spec is None or spec.loader is None or not path.is_file():
                 raise FileNotFoundError(f"no file {path}")
             module = importlib.util.module_from_spec(spec)
-            sys.modules[path.stem] = module  # so that the function pickles (processes)
+            # Importable by name here and in spawned workers (which take this sys.path), so
+            # that the function pickles for Transform(processes=True).
+            sys.modules[path.stem] = module
+            if str(path.resolve().parent) not in sys.path:
+                sys.path.append(str(path.resolve().parent))
             spec.loader.exec_module(module)
         else:
             module = importlib.import_module(module_name)

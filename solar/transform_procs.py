@@ -13,7 +13,7 @@ import multiprocessing
 import threading
 import weakref
 from concurrent.futures import Future, ProcessPoolExecutor
-from multiprocessing import resource_tracker, shared_memory
+from multiprocessing import shared_memory
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -80,11 +80,10 @@ def _view(w: Where) -> np.ndarray:
     name, offset, shape, dtype = w
     segs = _STATE["segments"]
     if name not in segs:
-        seg = shared_memory.SharedMemory(name=name)
-        # The parent owns the segment, this process only maps it: the resource tracker must
-        # not unlink it when the worker ends (Python < 3.13 has no ``track=False``).
-        resource_tracker.unregister(seg._name, "shared_memory")  # type: ignore[attr-defined]
-        segs[name] = seg
+        # Registered again with the parent's resource tracker (a spawned child shares it): the
+        # same entry, removed when the parent unlinks the segment. (Unregistering here would
+        # remove the parent's.)
+        segs[name] = shared_memory.SharedMemory(name=name)
     return np.ndarray(shape, np.dtype(dtype), buffer=segs[name].buf, offset=offset)
 
 

@@ -159,7 +159,7 @@ def test_bench_applies_one_transform_in_every_loader(tmp_path):
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     res = json.loads((tmp_path / "r.json").read_text())
-    assert list(res["loaders"]) == ["torch", "solar-inloop", "solar"]
+    assert list(res["loaders"]) == ["torch", "solar-inloop", "solar", "solar-procs"]
     assert all(e["cpu_seconds_per_sample"] > 0 for e in res["loaders"].values())
     assert res["config"]["transform"] == f"{mod}:halve"
     bad = subprocess.run([SOLAR, "bench", data, "--transform", f"{mod}:nothing"],
