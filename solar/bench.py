@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from solar._cpu import cores
 from solar.config import DEFAULT_SLACK, ReaderConfig
 from solar.dist import MAX, allreduce
 from solar.errors import SolarError
@@ -38,7 +39,7 @@ from solar.io.pagecache import evict
 from solar.io.sources import describe_source
 from solar.io.throttle import Throttle
 from solar.schedule.policies import TIERED
-from solar.transform import Transform, cpu_count, load_transform, sample_rng
+from solar.transform import Transform, load_transform, sample_rng
 from solar.tune import MAX_READ_THREADS
 
 WARM_FIELDS = ("warm_seconds", "compile_seconds")  # of loader.stats, reported per loader
@@ -240,7 +241,7 @@ def run(cfg: BenchConfig, comm: Any, progress=None) -> dict | None:
     tier_capacity = math.ceil(cfg.tier_size * n / world) if cfg.tier else 0
     throttle = Throttle.parse(cfg.throttle) if cfg.throttle else None
     fn = load_transform(cfg.transform) if cfg.transform else None
-    workers = cpu_count() if cfg.workers is None else cfg.workers
+    workers = cores() if cfg.workers is None else cfg.workers
 
     # Storage read as the loaders read it (all ranks, their threads, random batches): the
     # limit it gives is a lower bound on an epoch's time (solar/io/bandwidth.py).

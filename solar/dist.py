@@ -419,6 +419,14 @@ def agree(comm: Any, value: Any, what: str) -> None:
         raise SolarError(f"ranks disagree on {what}: ranks {bad} differ from rank 0")
 
 
+def ranks_on_host(comm: Any) -> int:
+    """How many ranks of ``comm`` run on this host (a collective: all must call)."""
+    if comm is None or comm.Get_size() <= 1:
+        return 1
+    hosts = comm.allgather(socket.gethostname())
+    return hosts.count(socket.gethostname())
+
+
 def shared_key(comm: Any) -> int:
     """A random 64-bit number, the same on every rank of ``comm`` (a collective)."""
     key = secrets.randbits(64)

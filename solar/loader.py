@@ -31,13 +31,14 @@ from typing import Any
 
 import numpy as np
 
+from solar._cpu import cpu_share
 from solar._memory import require_memory
 from solar._process import ProcessLocal
 from solar.cache.batches import BatchPool, torch_dtype
 from solar.cache.slots import SlotBuffer, check_budget, copy_rows
 from solar.cache.tier import TierFile, tier_stride
 from solar.config import DEFAULT_SLACK, BufferConfig, ReaderConfig, RunConfig, parse_size
-from solar.dist import abort_job_on_error, agree
+from solar.dist import abort_job_on_error, agree, ranks_on_host
 from solar.errors import SolarError
 from solar.exchange import Exchange
 from solar.io.executor import combine, step_io
@@ -160,6 +161,8 @@ class Loader:
 
             self.info = describe_source(paths, keys, one_per_file=one_per_file, comm=comm)
             self.rank, self.world_size = _rank_and_world(comm, rank, world_size)
+            # This rank's share of the host's cores: its transform workers and CPU budget.
+            self._cores = cpu_share(ranks_on_host(comm))
             for k in self.info.keys:
                 torch_dtype(k)
             config = reader or ReaderConfig()
@@ -335,7 +338,7 @@ class Loader:
         transforms = None
         if self.transform is not None:
             transforms = TransformPool(self.transform, self.run.seed, self.info.keys,
-                                       self.out_keys)  # fmt: skip
+                                       self.out_keys, self._cores)  # fmt: skip
         ahead = ReadAhead(self._start, depth)
         tuner = self._new_tuner(ahead, transforms) if self.config.auto else None
         return _Runtime(ahead, tier, transforms, tuner=tuner)
@@ -343,7 +346,7 @@ class Loader:
     def _new_tuner(self, ahead: ReadAhead, transforms: TransformPool | None) -> Tuner:
         """threads="auto": the tuner of this process's reader threads, read-ahead depth and
         (threads, workers="auto") transform workers (solar/tune.py)."""
-        tuner = Tuner(self.stats)
+        tuner = Tuner(self.stats, self._cores)
         for knob in reader_knobs(self.reader.executor, tuner.budget):
             tuner.register(knob)
         if transforms is not None and self.transform is not None:

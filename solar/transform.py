@@ -16,7 +16,6 @@ its repeat within that step (with samplers that draw a sample more than once).
 from __future__ import annotations
 
 import itertools
-import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
@@ -33,14 +32,6 @@ SampleFn = Callable[[dict[str, np.ndarray], np.random.Generator], Mapping[str, n
 Allocator = Callable[[list[tuple[int, ...]], list[np.dtype]], list[np.ndarray]]
 
 
-def cpu_count() -> int:
-    """Cores this process may run on (its affinity mask, not the machine's count)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
-
-
 @dataclass(frozen=True)
 class Transform:
     """How the Loader transforms each sample: the one owner of these defaults.
@@ -49,7 +40,8 @@ class Transform:
     return new arrays); the result maps output keys to arrays whose shapes and dtypes are the
     same for every sample: ``out`` declares them (``{key: (shape, dtype)}``), else they are
     taken from a first call on sample 0. ``workers``: threads (or processes) transforming at
-    once, ``"auto"``: the cores this process may use. ``processes``: run ``fn`` in worker
+    once; ``"auto"``: this rank's share of the cores (:func:`solar._cpu.cpu_share`), tuned
+    online with ``ReaderConfig(threads="auto")``. ``processes``: run ``fn`` in worker
     processes (it must pickle, as with a ``DataLoader`` under spawn); rows travel through
     shared memory, never pickled. ``ahead``: steps transformed ahead of the one the trainer
     takes. ``deterministic``: ``fn``'s result depends on the sample alone (not on ``rng``), so
@@ -78,9 +70,9 @@ class Transform:
                 raise SolarError(f"transform {name} must be True or False, "
                                  f"got {getattr(self, name)!r}")  # fmt: skip
 
-    @property
-    def worker_count(self) -> int:
-        return cpu_count() if self.workers == "auto" else int(self.workers)
+    def worker_count(self, cores: int) -> int:
+        """Workers to start with, given this rank's share of the cores."""
+        return cores if self.workers == "auto" else int(self.workers)
 
 
 def as_transform(value: SampleFn | Transform | None) -> Transform | None:
@@ -237,9 +229,9 @@ class TransformPool:
     """The workers of one process: ``submit`` splits a step's rows into a few tasks."""
 
     def __init__(self, spec: Transform, seed: int, keys: tuple[KeyInfo, ...],
-                 out_keys: tuple[KeyInfo, ...]) -> None:  # fmt: skip
+                 out_keys: tuple[KeyInfo, ...], cores: int) -> None:  # fmt: skip
         self.spec = spec
-        self.workers = spec.worker_count
+        self.workers = spec.worker_count(cores)
         self.seed, self.keys, self.out_keys = seed, keys, out_keys
         self._pool: Executor | None = None
         if spec.processes:

@@ -39,10 +39,10 @@ The rule is tf.data's ``STAGE_BASED`` autotuning, as a hill climb with take-back
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
+from solar._cpu import cores
 from solar.io.executor import Executor
 from solar.stages import TRAINER_WAIT, stage_figures
 from solar.stats import EpochStats, LoaderStats, StepStats
@@ -60,13 +60,6 @@ IDLE = 0.25  # an I/O stage busy less than this has its threads halved, if that 
 MAX_READ_THREADS = 64  # reader threads are I/O concurrency: beyond the cores, but bounded
 READ_AHEAD_BYTES = 512 << 20  # batch memory the read-ahead queue may hold (Little's law cap)
 MAX_READ_AHEAD = 64  # steps
-
-
-def cpu_budget() -> int:
-    """Cores this process may use: the default budget of CPU-bound stages."""
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
 
 
 @dataclass(frozen=True)
@@ -254,7 +247,7 @@ class Tuner:
     """
 
     stats: LoaderStats | None = None
-    budget: int = field(default_factory=cpu_budget)
+    budget: int = field(default_factory=cores)
     knobs: list[Knob] = field(default_factory=list)
     state: TuneState = field(default_factory=TuneState)
     depth: tuple[Callable[[int], None], int, int] | None = None  # (set, lo, hi)

@@ -314,3 +314,16 @@ def test_transform_processes_need_a_function_that_pickles(data):
                        r"transform pickle\?"):  # fmt: skip
         Loader(data, batch_size=10, epochs=1, buffer=0,
                transform=Transform(lambda s, r: s, processes=True, workers=1))  # fmt: skip
+
+
+def test_a_ranks_share_of_the_cores(monkeypatch):
+    """Ranks that may each use the whole host split its cores; ranks bound to cores keep
+    theirs."""
+    from solar import _cpu
+
+    monkeypatch.setattr(_cpu.os, "cpu_count", lambda: 8)
+    monkeypatch.setattr(_cpu.os, "sched_getaffinity", lambda pid: set(range(8)), raising=False)
+    assert (_cpu.cpu_share(1), _cpu.cpu_share(2), _cpu.cpu_share(3), _cpu.cpu_share(16)) == (
+        8, 4, 2, 1)  # fmt: skip
+    monkeypatch.setattr(_cpu.os, "sched_getaffinity", lambda pid: {2, 3}, raising=False)
+    assert _cpu.cpu_share(4) == 2  # bound by the launcher: its own cores

@@ -33,6 +33,7 @@ import h5py
 import numpy as np
 from numba import njit
 
+from solar._cpu import cores
 from solar._memory import PAGE, thread_buffer
 from solar._process import ProcessLocal
 from solar.errors import SolarError, truncated
@@ -138,7 +139,7 @@ def _scatter_rows(buf, at, lo, got, first, src, rows, dest):  # pragma: no cover
 
 
 _HOLD = 16  # descriptors one thread holds at a time (one sample per file)
-CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+CORES = cores()
 _JOB_BYTES = 512 * 2**10  # stored chunk bytes worth a pool job of their own (see job_count)
 
 
