@@ -638,7 +638,8 @@ class Loader:
             return
         # A slot updated twice in this step (rare): one update at a time, in access order.
         assert tier is not None
-        for flag, src, dst in self._window(k).step_actions(k):
+        # (no trim: a step assembled ahead must not drop the window of the one being served)
+        for flag, src, dst in self._window(k, trim=False).step_actions(k):
             if flag != DEMOTE:  # src is an access of the step: its batch row
                 src = step.row(src)
             one_src, one_dst = np.array([src]), np.array([dst])
@@ -648,8 +649,9 @@ class Loader:
                 tier.submit_write(one_dst, buf.arrays if flag == DEMOTE else batch, one_src)
 
     def _assemble(self, rt: _Runtime, k: int) -> InFlight:
-        """Step ``k``'s batch as read: its reads waited for, its hits gathered, its updates
-        applied (the buffer then stands at step ``k + 1``); its transform started."""
+        """Step ``k``'s batch as read: its reads waited for, its hits gathered, its transform
+        started, and (unless a deterministic transform's rows are held: then once they are
+        transformed, in :meth:`_serve`) its updates applied, the buffer standing at ``k + 1``."""
         self._buffer_at = -1  # until the step is assembled, the buffer matches no step
         # Read ahead only into steps already planned: never wait for the planner here.
         io = rt.ahead.take(k, last=min(self.run.num_steps, self._stream.planned_end) - 1)
@@ -660,7 +662,9 @@ class Loader:
             wait(io.futures)  # all of them, even if one failed: none writes into the batch after
             stall = time.perf_counter() - t0
             got = step_io(io.futures[: io.storage])
-            io.figures = (got.nbytes, got.busy, stall, combine(io.futures[io.storage :])[0])
+            tier_bytes, tier_busy = combine(io.futures[io.storage :])
+            # The tier's reads run on the reader threads too: their time is the read stage's.
+            io.figures = (got.nbytes, got.busy + tier_busy, stall, tier_bytes)
             io.decode_seconds, io.latency = got.decode, got.longest
         if not io.batch:
             assert self._pool is not None
@@ -728,7 +732,10 @@ class Loader:
             try:
                 rt.ready.append(self._assemble(rt, self._buffer_at))
             except Exception:
-                return  # left unassembled (the buffer is refilled): it fails in its own turn
+                # Left unassembled: the buffer matches no step until refilled, and the step
+                # fails (or not) in its own turn.
+                self._buffer_at = -1
+                return
 
     @property
     def transform_ahead(self) -> int:
@@ -739,6 +746,7 @@ class Loader:
         its figures recorded."""
         began = time.perf_counter()
         io = rt.ready.popleft() if rt.ready else self._assemble(rt, k)
+        assert io.plan.step == k, (io.plan.step, k)  # _seek made the next step served k
         self._assemble_ahead(rt)
         step = io.plan
         nbytes, busy, stall, tier_bytes = io.figures
@@ -757,7 +765,8 @@ class Loader:
                 wait(io.transforms)  # (an interrupt) none may write into memory handed back
                 raise
             stall += time.perf_counter() - t0
-            tbusy = sum(f.result() for f in io.transforms)  # the first failure, if any
+            with abort_job_on_error(self._comm):  # a user's transform failed: the job ends
+                tbusy = sum(f.result() for f in io.transforms)  # the first failure, if any
             io.tensors, io.batch = io.out  # the raw rows go back to their pool
             if not io.settled:  # held transformed: admitted once transformed
                 self._settle(rt, k, io, io.batch)
@@ -817,10 +826,9 @@ class Loader:
         import torch
 
         rt = self._rt.get()  # first: a forked child's new, empty tier moves the buffer's step
-        # With equal batches the other ranks wait for this one's rows, and a failed transform
-        # must end the job: a failure here ends it rather than leave the others waiting.
-        ends_job = self._exchange is not None or self.transform is not None
-        with abort_job_on_error(self._comm if ends_job else None):
+        # With equal batches the other ranks wait for this one's rows: a failure here ends the
+        # job rather than leave them in the exchange.
+        with abort_job_on_error(self._comm if self._exchange is not None else None):
             self._seek(k)  # if another iterator (or a failed step) moved the buffer elsewhere
             self._window(k)  # the step being served: planned (waited for) if it must be
             try:
@@ -843,8 +851,9 @@ class Loader:
         try:
             got = self.batch_transform(batch)
         except Exception as exc:
-            raise SolarError(f"batch_transform of step {k} (epoch {epoch}) failed: "
-                             f"{type(exc).__name__}: {exc}") from exc  # fmt: skip
+            with abort_job_on_error(self._comm):  # a user's transform failed: the job ends
+                raise SolarError(f"batch_transform of step {k} (epoch {epoch}) failed: "
+                                 f"{type(exc).__name__}: {exc}") from exc  # fmt: skip
         if not isinstance(got, Mapping):
             raise SolarError(f"batch_transform of step {k} (epoch {epoch}) returned "
                              f"{type(got).__name__}, not a dict")  # fmt: skip

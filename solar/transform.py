@@ -5,12 +5,14 @@ are in memory (a RAM hit, a tier read or a storage read), on a pool of worker th
 torch and numba release the GIL in their loops), or of worker processes for functions that
 hold it. Its outputs are written straight into preallocated batch rows: the trainer gets
 them as they are. The buffer and the tier keep raw bytes, so a transform runs anew at every
-access, as a ``DataLoader``'s ``__getitem__`` does.
+access, as a ``DataLoader``'s ``__getitem__`` does (unless it is declared deterministic:
+then they keep its outputs).
 
 Each call gets a ``numpy.random.Generator`` of its own, a pure function of (seed, epoch, sample
-id, occurrence), so augmentation is reproducible whatever rank or worker runs it, and an
-exact resume replays it bit for bit. The occurrence is the draw's step within the epoch and
-its repeat within that step (with samplers that draw a sample more than once).
+id, occurrence), so augmentation is reproducible whatever worker (and, but with a Trace
+sampler's per-rank batches, whatever rank) runs it, and an exact resume replays it bit for
+bit. The occurrence is the draw's step within the epoch and its repeat within that step
+(with samplers that draw a sample more than once; a Trace's ranks count apart).
 """
 
 from __future__ import annotations
@@ -24,12 +26,11 @@ from typing import Any, Literal
 
 import numpy as np
 
+from solar.cache.batches import Allocator
 from solar.errors import SolarError
 from solar.io.hdf5 import KeyInfo
 
 SampleFn = Callable[[dict[str, np.ndarray], np.random.Generator], Mapping[str, np.ndarray]]
-# Allocates batch memory: (shapes, dtypes) -> one array each.
-Allocator = Callable[[list[tuple[int, ...]], list[np.dtype]], list[np.ndarray]]
 
 
 @dataclass(frozen=True)
@@ -40,14 +41,16 @@ class Transform:
     return new arrays); the result maps output keys to arrays whose shapes and dtypes are the
     same for every sample: ``out`` declares them (``{key: (shape, dtype)}``), else they are
     taken from a first call on sample 0. ``workers``: threads (or processes) transforming at
-    once; ``"auto"``: this rank's share of the cores (:func:`solar._cpu.cpu_share`), tuned
-    online with ``ReaderConfig(threads="auto")``. ``processes``: run ``fn`` in worker
-    processes (it must pickle, as with a ``DataLoader`` under spawn); rows travel through
-    shared memory, never pickled. ``ahead``: steps transformed ahead of the one the trainer
-    takes. ``deterministic``: ``fn``'s result depends on the sample alone (not on ``rng``), so
-    the buffer and the tier may keep transformed samples: a hit is then served as held, only
-    storage reads are transformed (one step ahead, since a step's admissions are its
-    transformed rows).
+    once; ``"auto"``: this rank's share of the cores (:func:`solar._cpu.cpu_share`), and for
+    threads tuned online with ``ReaderConfig(threads="auto")`` (processes keep their number).
+    ``processes``: run ``fn`` in worker processes (it must pickle, as with a ``DataLoader``
+    under spawn); rows travel through shared memory, never pickled. ``ahead``: steps
+    transformed ahead of the one the trainer takes (steps whose reads have landed: none with
+    ``ReaderConfig(read_ahead=0)``). ``deterministic``: ``fn``'s result depends on the sample
+    alone (not on ``rng``), so the buffer and the tier may keep transformed samples: a hit is
+    then served as held, only storage reads are transformed (one step ahead, since a step's
+    admissions are its transformed rows). Their slots hold transformed rows, but ``buffer``
+    and ``tier_size`` given in bytes are converted with the raw sample's size.
     """
 
     fn: SampleFn
@@ -98,12 +101,16 @@ def load_transform(text: str) -> SampleFn:
             spec = importlib.util.spec_from_file_location(path.stem, path)
             if spec is None or spec.loader is None or not path.is_file():
                 raise FileNotFoundError(f"no file {path}")
+            known = sys.modules.get(path.stem)
+            if known is not None and getattr(known, "__file__", None) != str(path):
+                raise ImportError(f"a module named {path.stem!r} is already imported "
+                                  "(rename the file)")  # fmt: skip
             module = importlib.util.module_from_spec(spec)
             # Importable by name here and in spawned workers (which take this sys.path), so
             # that the function pickles for Transform(processes=True).
             sys.modules[path.stem] = module
             if str(path.resolve().parent) not in sys.path:
-                sys.path.append(str(path.resolve().parent))
+                sys.path.insert(0, str(path.resolve().parent))
             spec.loader.exec_module(module)
         else:
             module = importlib.import_module(module_name)
@@ -234,6 +241,7 @@ class TransformPool:
         self.workers = spec.worker_count(cores)
         self.seed, self.keys, self.out_keys = seed, keys, out_keys
         self._pool: Executor | None = None
+        self._staging: dict[tuple[tuple[KeyInfo, ...], int], list[np.ndarray]] = {}
         if spec.processes:
             from solar.transform_procs import ProcessTransforms
 
@@ -241,9 +249,7 @@ class TransformPool:
         else:
             self._procs = None
 
-    def allocate(
-        self,
-    ) -> Callable[[list[tuple[int, ...]], list[np.dtype]], list[np.ndarray]] | None:
+    def allocate(self) -> Allocator | None:
         """How batches the workers touch are allocated: in shared memory for processes."""
         return None if self._procs is None else self._procs.arena.allocate
 
@@ -259,11 +265,18 @@ class TransformPool:
             old.shutdown(wait=False)
 
     def staging(self, keys: tuple[KeyInfo, ...], n: int) -> list[np.ndarray]:
-        """``n`` rows of each key, where the workers can reach them."""
-        shapes, dtypes = [(n, *k.sample_shape) for k in keys], [k.native_dtype for k in keys]
-        if self._procs is not None:
-            return self._procs.arena.allocate(shapes, dtypes)
-        return [np.empty(shape, dt) for shape, dt in zip(shapes, dtypes, strict=True)]
+        """``n`` rows of each key, where the workers can reach them: made once per (keys,
+        n) and reused (each refill would otherwise leave shared memory behind)."""
+        got = self._staging.get((keys, n))
+        if got is None:
+            shapes = [(n, *k.sample_shape) for k in keys]
+            dtypes = [k.native_dtype for k in keys]
+            if self._procs is not None:
+                got = self._procs.arena.allocate(shapes, dtypes)
+            else:
+                got = [np.empty(shape, dt) for shape, dt in zip(shapes, dtypes, strict=True)]
+            self._staging[(keys, n)] = got
+        return got
 
     def _threads(self) -> Executor:
         if self._pool is None:

@@ -11,6 +11,9 @@ import numpy as np
 from solar.errors import SolarError
 from solar.io.hdf5 import KeyInfo
 
+# Allocates batch memory: (shapes, dtypes) -> one array each (e.g. in shared memory).
+Allocator = Callable[[list[tuple[int, ...]], list[np.dtype]], list[np.ndarray]]
+
 
 def torch_dtype(key: KeyInfo) -> Any:
     """The torch dtype of a key's samples, or a SolarError naming the key."""
@@ -36,7 +39,7 @@ class BatchPool:
         keys: tuple[KeyInfo, ...],
         rows: int,
         pin_memory: bool,
-        allocate: Callable[[list[tuple[int, ...]], list[np.dtype]], list[np.ndarray]] | None = None,
+        allocate: Allocator | None = None,
     ) -> None:
         self._dtypes = [torch_dtype(k) for k in keys]
         self._np_dtypes = [k.native_dtype for k in keys]
