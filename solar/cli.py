@@ -7,6 +7,7 @@ import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -379,7 +380,6 @@ def bench(data, keys, one_per_file, world_size, batch_size, epochs, buffer, tier
           slack, loaders, equal_batches, workers, threads, read_ahead, throttle, compute_ms, seed,
           sampler_kind, fanouts, weights, transform, json_out, plot_out) -> None:  # fmt: skip
     """Compare the PyTorch DataLoader and every policy on DATA, cold storage each epoch."""
-    import os
 
     from solar import bench as harness
 
@@ -408,6 +408,31 @@ def bench(data, keys, one_per_file, world_size, batch_size, epochs, buffer, tier
     for out in (json_out, plot_out):
         if out:
             check_writable(out)
+    comm = _bench_ranks(world_size)
+    cfg = harness.BenchConfig(
+        paths=tuple(data), keys=tuple(keys) or None, one_per_file=one_per_file,
+        batch_size=batch_size, epochs=epochs,
+        buffer=share, tier=tier, tier_size=tier_share, slack=slack,
+        loaders=tuple(x for x in loaders.split(",") if x),
+        workers=workers, reader=reader, throttle=throttle, compute_ms=compute_ms, seed=seed,
+        weights=weights, transform=transform,
+    )  # fmt: skip
+
+    result = harness.run(cfg, comm, _epoch_done)
+    if result is None:
+        return
+    click.echo(harness.format_results(result))
+    _write_json(json_out, result)
+    if plot_out:
+        harness.plot(result, Path(plot_out))
+
+
+def _bench_ranks(world_size: int) -> Any:
+    """The job's communicator, this command relaunched under mpiexec first if it runs alone
+    and ``world_size`` > 1."""
+    import os
+
+    from solar import bench as harness
     from solar import dist
 
     launch = dist.detect_launcher()
@@ -418,28 +443,18 @@ def bench(data, keys, one_per_file, world_size, batch_size, epochs, buffer, tier
         _check_world(world_size, launch.kind, launch.world_size)
     comm = dist.init().comm  # an error on any rank now ends them all
     _check_world(world_size, launch.kind, comm.Get_size())
-    cfg = harness.BenchConfig(
-        paths=tuple(data), keys=tuple(keys) or None, one_per_file=one_per_file,
-        batch_size=batch_size, epochs=epochs,
-        buffer=share, tier=tier, tier_size=tier_share, slack=slack,
-        loaders=tuple(x for x in loaders.split(",") if x),
-        workers=workers, reader=reader, throttle=throttle, compute_ms=compute_ms, seed=seed,
-        weights=weights, transform=transform,
-    )  # fmt: skip
+    return comm
 
-    def progress(epoch: int, name: str, seconds: float) -> None:
-        click.echo(f"epoch {epoch} {name}: {seconds:.2f} s", err=True)
 
-    result = harness.run(cfg, comm, progress)
-    if result is None:
-        return
-    click.echo(harness.format_results(result))
-    if json_out:
+def _epoch_done(epoch: int, name: str, seconds: float) -> None:
+    click.echo(f"epoch {epoch} {name}: {seconds:.2f} s", err=True)
+
+
+def _write_json(path: str | None, result: dict) -> None:
+    if path:
         from solar._atomic import write_json
 
-        write_json(json_out, result)
-    if plot_out:
-        harness.plot(result, Path(plot_out))
+        write_json(path, result)
 
 
 def _threads(text: str) -> int | str:
@@ -455,10 +470,6 @@ def _bench_graph(data, keys, world_size, batch_size, epochs, buffer, loaders, th
                  throttle, compute_ms, seed, fanouts, json_out, refused) -> None:  # fmt: skip
     """``solar bench GRAPH.h5 --sampler neighbor``: mmap, lru, static and solar gathering the
     feature rows of sampled subgraphs under one memory budget (solar/graph/bench.py)."""
-    import os
-
-    from solar import bench as harness
-    from solar import dist
     from solar.graph import bench as graph_bench
 
     if refused:
@@ -480,25 +491,12 @@ def _bench_graph(data, keys, world_size, batch_size, epochs, buffer, loaders, th
     NeighborSampler(cfg.path, cfg.fanouts, cfg.batch_size, features=cfg.key)
     if json_out:
         check_writable(json_out)
-    launch = dist.detect_launcher()
-    if world_size > 1 and launch.kind == "none" and not os.environ.get("SOLAR_BENCH_CHILD"):
-        sys.exit(harness.relaunch_under_mpi(world_size, sys.argv[1:]))
-    if launch.kind != "mpi":
-        _check_world(world_size, launch.kind, launch.world_size)
-    comm = dist.init().comm
-    _check_world(world_size, launch.kind, comm.Get_size())
-
-    def progress(epoch: int, name: str, seconds: float) -> None:
-        click.echo(f"epoch {epoch} {name}: {seconds:.2f} s", err=True)
-
-    result = graph_bench.run_graph(cfg, comm, progress)
+    comm = _bench_ranks(world_size)
+    result = graph_bench.run_graph(cfg, comm, _epoch_done)
     if result is None:
         return
     click.echo(graph_bench.format_graph_results(result))
-    if json_out:
-        from solar._atomic import write_json
-
-        write_json(json_out, result)
+    _write_json(json_out, result)
 
 
 def _check_world(world_size: int, launcher: str, started: int) -> None:
