@@ -67,21 +67,43 @@ from solar.tune import MAX_READ_AHEAD, READ_AHEAD_BYTES, Knob, Tuner, reader_kno
 from solar.warm import measured, rehearse_loader
 
 
-def check_batch_memory(spec: PlanSpec, config: ReaderConfig, sample_bytes: int) -> None:
+def check_batch_memory(
+    spec: PlanSpec,
+    config: ReaderConfig,
+    sample_bytes: int,
+    transform: Transform | None = None,
+    out_bytes: int = 0,
+    held_bytes: int | None = None,
+) -> None:
     """Refuse a run whose buffer and batch memory exceed the memory available now. Batches in
     memory at once: those read ahead, the one served and the one the trainer holds, each as
-    long as the sampler's largest (a neighbour sampler's subgraph, not its seeds)."""
+    long as the sampler's largest (a neighbour sampler's subgraph, not its seeds); with a
+    ``transform``, also those transformed ahead, each with its transformed rows
+    (``out_bytes`` a row), and the buffer holding ``held_bytes`` rows; with transform
+    processes the batches live in /dev/shm, whose free space is checked too."""
     run = spec.run
     rows = spec.buffer.cap(run.batch_size)
     if spec.traced:
         rows = max(rows, spec.sampler.batch_bound(run))
     sets = config.read_ahead_steps(run.batch_size) + 2
+    if transform is not None:
+        sets += transform.ahead
     slots = slot_count(run, spec.buffer)
+    held = sample_bytes if held_bytes is None else held_bytes
+    batches = sets * rows * (sample_bytes + out_bytes)
     require_memory(
-        (slots + sets * rows) * sample_bytes,
-        f"buffer and batches: {slots} buffer rows + {sets} batches of up to {rows} rows, "
-        f"{sample_bytes} B each",
+        slots * held + batches,
+        f"buffer and batches: {slots} buffer rows of {held} B + {sets} batches of up to {rows} "
+        f"rows, {sample_bytes + out_bytes} B each",
     )
+    if transform is not None and transform.processes and os.path.isdir("/dev/shm"):
+        st = os.statvfs("/dev/shm")
+        if batches > st.f_bavail * st.f_frsize:
+            raise SolarError(
+                f"transform processes: batches in flight need {batches / 2**20:.0f} MiB of "
+                f"shared memory, /dev/shm has {st.f_bavail * st.f_frsize / 2**20:.0f} MiB free "
+                "(fewer read_ahead steps or Transform(ahead=), or thread workers)"
+            )
 
 
 class Loader:
@@ -223,8 +245,10 @@ class Loader:
             self.out_keys = self.info.keys if self.transform is None else self._output_keys()
             # What the buffer and tier hold: raw rows, or transformed ones if deterministic.
             self._held_keys = self.out_keys if self._holds_transformed else self.info.keys
-            if self._holds_transformed:
-                check_budget(min(capacity, n), sum(k.row_bytes for k in self._held_keys))
+            if self.transform is not None:  # again, with its rows and steps ahead
+                check_batch_memory(self.spec, config, self.info.sample_bytes, self.transform,
+                                   sum(k.row_bytes for k in self.out_keys),
+                                   sum(k.row_bytes for k in self._held_keys))  # fmt: skip
             agree(comm, [(k.name, k.sample_shape, k.dtype.str) for k in self.out_keys],
                   "the transform's output keys, shapes and dtypes")  # fmt: skip
             self._exchange: Exchange | None = None

@@ -327,3 +327,10 @@ def test_a_ranks_share_of_the_cores(monkeypatch):
         8, 4, 2, 1)  # fmt: skip
     monkeypatch.setattr(_cpu.os, "sched_getaffinity", lambda pid: {2, 3}, raising=False)
     assert _cpu.cpu_share(4) == 2  # bound by the launcher: its own cores
+
+
+def test_the_memory_check_counts_transformed_rows(data):
+    """Declared outputs of 4 GiB a row: the batches in flight could never fit."""
+    t = Transform(shrink, out={"centre": ((1 << 20, 1 << 10), "float32")})
+    with pytest.raises(SolarError, match="buffer and batches"):
+        Loader(data, batch_size=10, epochs=1, buffer=0, transform=t)
