@@ -93,8 +93,8 @@ def check_batch_memory(
     batches = sets * rows * (sample_bytes + out_bytes)
     require_memory(
         slots * held + batches,
-        f"buffer and batches: {slots} buffer rows of {held} B + {sets} batches of up to {rows} "
-        f"rows, {sample_bytes + out_bytes} B each",
+        f"buffer and batches: {slots} buffer rows + {sets} batches of up to {rows} rows, "
+        f"{sample_bytes + out_bytes} B each" + (f" (buffer rows {held} B)" if held_bytes else ""),
     )
     if transform is not None and transform.processes and os.path.isdir("/dev/shm"):
         st = os.statvfs("/dev/shm")
