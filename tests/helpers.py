@@ -31,6 +31,15 @@ def reference(paths: list[Path]) -> dict[str, np.ndarray]:
     return {k: np.concatenate(v) for k, v in out.items()}
 
 
+def every_batch(loader, epochs: range | list[int]) -> list[dict]:
+    """Copies of every batch ``loader`` yields over ``epochs`` (its memory is reused after)."""
+    out = []
+    for e in epochs:
+        loader.set_epoch(e)
+        out += [{k: v.clone() for k, v in b.items()} for b in loader]
+    return out
+
+
 @contextlib.contextmanager
 def skip_without_o_direct() -> Iterator[None]:
     """Skip the test where the file system refuses O_DIRECT (tmpfs, some overlays)."""

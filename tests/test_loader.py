@@ -9,7 +9,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
-from helpers import reference, skip_without_o_direct
+from helpers import every_batch, reference, skip_without_o_direct
 
 from solar import Loader, PlanMismatchError, ReaderConfig, SolarError
 from solar.loader import LoaderStats
@@ -121,10 +121,7 @@ def test_resume_mid_epoch_reproduces_the_rest(tmp_path):
     paths = [_write(tmp_path / "d.h5", 0, N, chunks=(4, 5, 6))]
     kw = {"batch_size": 3, "epochs": 3, "buffer": 15, "world_size": 2, "rank": 1}
     whole = Loader(paths, **kw)
-    expected = []
-    for e in range(3):
-        whole.set_epoch(e)
-        expected += [{k: v.clone() for k, v in b.items()} for b in whole]
+    expected = every_batch(whole, range(3))
 
     first = Loader(paths, **kw)
     got = []

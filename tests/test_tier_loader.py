@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import reference, skip_without_o_direct
+from helpers import every_batch, reference, skip_without_o_direct
 from test_loader import N, _write, check_child_serves_epoch_1, run_all
 
 from solar import Loader, ReaderConfig, SolarError
@@ -65,10 +65,7 @@ def test_resume_mid_epoch_rebuilds_both_tiers(data, nvme):
     kw = {"batch_size": 3, "epochs": 3, "buffer": 6, "tier": nvme, "tier_size": 30,
           "world_size": 2, "rank": 1}  # fmt: skip
     whole = Loader(data, **kw)
-    expected = []
-    for e in range(3):
-        whole.set_epoch(e)
-        expected += [{k: v.clone() for k, v in b.items()} for b in whole]
+    expected = every_batch(whole, range(3))
     first = Loader(data, **kw)
     first.set_epoch(0)
     cut = len(first) + 5

@@ -10,6 +10,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
+from helpers import every_batch
 
 from solar import Loader, SolarError, Weighted
 from solar.transform import Transform, repeats, sample_rng
@@ -82,10 +83,7 @@ def test_every_row_is_the_transform_of_h5pys_bytes_with_its_own_draws(data, work
 def test_an_exact_resume_replays_the_augmentation_bit_for_bit(data):
     kw = dict(batch_size=8, epochs=2, buffer=30, transform=crop_flip_noise)
     whole = Loader(data, **kw)
-    batches = []
-    for e in range(2):
-        whole.set_epoch(e)
-        batches += [{k: v.clone() for k, v in b.items()} for b in whole]
+    batches = every_batch(whole, range(2))
     first = Loader(data, **kw)
     first.set_epoch(0)
     for i, _ in enumerate(first):
