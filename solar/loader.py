@@ -34,7 +34,7 @@ import numpy as np
 from solar._cpu import cpu_share
 from solar._memory import require_memory
 from solar._process import ProcessLocal
-from solar.cache.batches import BatchPool, torch_dtype
+from solar.cache.batches import Allocator, BatchPool, torch_dtype
 from solar.cache.slots import SlotBuffer, check_budget, copy_rows
 from solar.cache.tier import TierFile, tier_stride
 from solar.config import DEFAULT_SLACK, BufferConfig, ReaderConfig, RunConfig, parse_size
@@ -896,7 +896,7 @@ class _Runtime:
     # Steps assembled ahead of the one served, their transforms under way (solar.transform).
     ready: collections.deque[InFlight] = dataclasses.field(default_factory=collections.deque)
 
-    def allocate(self) -> Any:
+    def allocate(self) -> Allocator | None:
         """How batch memory is allocated here: in shared memory for transform processes."""
         return None if self.transforms is None else self.transforms.allocate()
 
