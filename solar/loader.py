@@ -49,6 +49,7 @@ from solar.readahead import InFlight, ReadAhead
 from solar.schedule import Plan, PlanSpec, RankPlan, load_plan, make_plan
 from solar.schedule._common import ADMIT, DEMOTE, slot_count, tier_slot_count
 from solar.schedule.order import step_bounds
+from solar.schedule.pagemates import PageLayout
 from solar.schedule.rankplan import StepPlan
 from solar.schedule.samplers import SHUFFLE, Sampler, Trace
 from solar.schedule.stream import RankStream
@@ -85,6 +86,8 @@ def check_batch_memory(
     rows = spec.buffer.cap(run.batch_size)
     if spec.traced:
         rows = max(rows, spec.sampler.batch_bound(run))
+    if spec.pages is not None:
+        rows *= 2  # a step's side rows, as many as its batch at most, follow it
     sets = config.read_ahead_steps(run.batch_size) + 2
     if transform is not None:
         sets += transform.ahead
@@ -104,6 +107,18 @@ def check_batch_memory(
                 f"shared memory, /dev/shm has {st.f_bavail * st.f_frsize / 2**20:.0f} MiB free "
                 "(fewer read_ahead steps or Transform(ahead=), or thread workers)"
             )
+
+
+def page_layout(info: DatasetInfo) -> PageLayout | None:
+    """Where the rows lie, if a page read brings other rows along (solar.schedule.pagemates):
+    one file and one contiguous key of rows at most half a page. Else None."""
+    if len(info.all_files) != 1 or len(info.keys) != 1 or info.one_per_file:
+        return None
+    offset = -1 if info.stored is None else int(info.stored.offsets[0, 0])
+    row_bytes = info.keys[0].row_bytes
+    if offset < 0 or not PageLayout.worth_it(row_bytes):
+        return None
+    return PageLayout(offset, row_bytes)
 
 
 class Loader:
@@ -217,9 +232,10 @@ class Loader:
             self.run = run
             if equal_batches and self.world_size > 1 and comm is None:
                 raise SolarError("equal_batches: the ranks exchange rows, pass comm=")
+            deterministic = isinstance(transform, Transform) and transform.deterministic
             self.spec, given = self._agree_on_plan(
                 plan, run, BufferConfig(capacity, slack, tier_capacity), policy, comm, horizon,
-                equal_batches,
+                equal_batches, None if deterministic else page_layout(self.info),
             )  # fmt: skip
             # The buffer with the batches in flight, counted as the sampler's largest batch.
             check_batch_memory(self.spec, config, self.info.sample_bytes)
@@ -272,6 +288,7 @@ class Loader:
                 kind = None if given is None else "file" if given.file is not None else "memory"
                 rehearse_loader(self, kind)
             self.stats.warm_seconds = time.perf_counter() - t0
+            self._stream.start()  # the first epoch planned from now (its kernels are loaded)
         self.stats.compile_seconds, self.stats.compiled = (
             warmth[0].compile_seconds,
             warmth[0].compiled,
@@ -287,18 +304,21 @@ class Loader:
         comm: Any,
         horizon: int | None,
         equal_batches: bool,
+        pages: PageLayout | None,
     ) -> tuple[PlanSpec, Plan | None]:
         made = None
         if plan is None:
             spec = PlanSpec(run, buffer, policy, False, self.info.sample_bytes,
                             self.info.identity, self.sampler, horizon, equal_batches)  # fmt: skip
+            if pages is not None and spec.plans_page_mates:  # rows sharing pages with reads
+                spec = dataclasses.replace(spec, pages=pages)
         else:
             made = plan if isinstance(plan, Plan) else load_plan(plan)
             # Policy, epoch order and horizon are the plan's choice; everything else must match.
             spec = PlanSpec(
                 run, buffer, made.spec.policy, made.spec.reorder_epochs,
                 self.info.sample_bytes, self.info.identity, self.sampler, made.spec.horizon,
-                equal_batches,
+                equal_batches, made.spec.pages,
             )  # fmt: skip
             made.check(spec, source="plan" if isinstance(plan, Plan) else f"plan {plan}")
             made = made.bound_to(spec)  # a file's plan, proven against this loader's sampler
@@ -587,28 +607,70 @@ class Loader:
                 tier.wait_writes()  # before ``out`` is overwritten
         return nbytes
 
-    def _start(self, k: int) -> InFlight:
-        """Start step ``k``'s storage and tier reads, straight into its batch memory."""
+    @property
+    def _batches(self) -> BatchPool:
+        """Batch memory, made on first use."""
         if self._pool is None:
             # No local batch exceeds the cap of a full nominal share (or a sampler's longest;
-            # the pool grows for a longer one).
+            # the pool grows for a longer one). Side rows, at most a batch's, follow a batch.
             rows = self.spec.buffer.cap(self.run.batch_size)
             if self.spec.traced:
                 rows = self.sampler.max_batch(self.run) or rows
+            rows *= 1 if self.spec.pages is None else 2
             self._pool = BatchPool(self.info.keys, rows, self.config.pin_memory,
                                    self._rt.get().allocate())  # fmt: skip
+        return self._pool
+
+    def _head_start(self, rt: _Runtime, k: int) -> None:
+        """Start step ``k``'s storage reads before its plan is made, where they cannot depend
+        on it: the run's first step, the buffer empty, the sampler drawing each rank's batch.
+        Every row is then read whatever the plan keeps; :meth:`_confirm` checks the plan."""
+        if k != 0 or self._buffer_at != 0 or not self.spec.traced or self.spec.affinity:
+            return
+        if rt.ready or rt.ahead.started or self._stream.planned_end > 0:
+            return  # reads under way already, or the plan is there: the usual path
+        ids = np.asarray(self.sampler.batch(self.run, 0, 0, self.rank), np.int64)
+        if ids.size == 0:
+            return
+        rows = np.arange(ids.size, dtype=np.int64)
+        none = np.zeros(0, np.int64)
+        io = InFlight(StepPlan(k, ids, rows, none, none, none, none), [], [], [])
+        io.tensors, io.batch = self._batches.take(ids.size * (1 if self.spec.pages is None else 2))
+        io.futures = self.reader.submit(ids, io.batch, rows)
+        io.storage, io.provisional = len(io.futures), True
+        rt.ahead.head(io)
+
+    def _confirm(self, k: int, io: InFlight) -> InFlight:
+        """Step ``k`` read ahead of its plan (:meth:`_head_start`), now with its plan: its side
+        rows read too, or, should the plan read other rows (never, for a valid plan), read
+        again as planned."""
+        step = self._step(k)
+        if (step.hit_rows.size or step.tier_rows.size or step.rows_needed > len(io.batch[0])
+                or not np.array_equal(step.samples, io.plan.samples)):  # fmt: skip
+            wait(io.futures)  # none may write into memory handed back
+            return self._start(k)
+        if step.side_samples.size:
+            sides = np.arange(step.size, step.rows_needed, dtype=np.int64)
+            io.futures += self.reader.submit(step.side_samples, io.batch, sides)
+            io.storage = len(io.futures)
+        if self.tier is not None:
+            self.tier.expect_writes(k, step.tier_writes)
+        io.plan, io.provisional = step, False
+        return io
+
+    def _start(self, k: int) -> InFlight:
+        """Start step ``k``'s storage and tier reads, straight into its batch memory."""
         step = self._step(k)
         tier = self.tier
         io = InFlight(step, [], [], [])
         rows = self._rows(k, step)
         # Only reads need their batch ahead of time; a step of hits takes memory when it is
         # assembled, so that recently freed (cache-warm) batch memory is reused.
-        if step.read_rows.size or step.tier_rows.size:
-            io.tensors, io.batch = self._pool.take(rows)
-            if step.read_rows.size:
-                io.futures = self.reader.submit(
-                    step.samples[step.read_rows], io.batch, step.read_rows
-                )
+        reads, read_rows = step.storage_reads()  # the batch's reads, then its side rows
+        if reads.size or step.tier_rows.size:
+            io.tensors, io.batch = self._batches.take(rows)
+            if reads.size:
+                io.futures = self.reader.submit(reads, io.batch, read_rows)
             io.storage = len(io.futures)
             if step.tier_rows.size:
                 assert tier is not None
@@ -679,6 +741,8 @@ class Loader:
         self._buffer_at = -1  # until the step is assembled, the buffer matches no step
         # Read ahead only into steps already planned: never wait for the planner here.
         io = rt.ahead.take(k, last=min(self.run.num_steps, self._stream.planned_end) - 1)
+        if io.provisional:
+            io = self._confirm(k, io)
         io.depth, io.landed = rt.ahead.depth, rt.ahead.landed
         step = io.plan
         if io.futures:  # a step of hits has none: it costs no waiting at all
@@ -691,8 +755,7 @@ class Loader:
             io.figures = (got.nbytes, got.busy + tier_busy, stall, tier_bytes)
             io.decode_seconds, io.latency = got.decode, got.longest
         if not io.batch:
-            assert self._pool is not None
-            io.tensors, io.batch = self._pool.take(self._rows(k, step))
+            io.tensors, io.batch = self._batches.take(self._rows(k, step))
         if self._holds_transformed:
             # Hits are held transformed: straight into the delivered batch. Only storage
             # reads are transformed; the step is settled once they are (its admissions are).
@@ -824,14 +887,15 @@ class Loader:
     def _rows(self, k: int, step: StepPlan) -> int:
         """Rows of batch memory step ``k`` needs: what it serves, or its share if more."""
         tr = self._window(k, trim=False).transfer(k)
-        return step.size if tr is None else max(step.size, tr.size)
+        return step.rows_needed if tr is None else max(step.size, tr.size)
 
     def _deliver(self, k: int, io: InFlight) -> tuple[tuple[int, int], float]:
         """With equal batches, make step ``k``'s served batch (``io``) the one this rank
         delivers: its first rows, and rows from other ranks after them; rows sent and
         received, and the seconds it took."""
         tr = self._window(k).transfer(k)
-        if tr is None:
+        if tr is None:  # the batch: side rows (stored, not served) and spare rows stay behind
+            io.tensors = [t[: io.plan.size] for t in io.tensors]
             return (0, 0), 0.0
         io.index = np.empty(max(io.plan.size, tr.size), np.int64)
         io.index[: io.plan.size] = io.plan.samples
@@ -854,6 +918,7 @@ class Loader:
         # job rather than leave them in the exchange.
         with abort_job_on_error(self._comm if self._exchange is not None else None):
             self._seek(k)  # if another iterator (or a failed step) moved the buffer elsewhere
+            self._head_start(rt, k)  # the first step's reads, while its plan is made
             self._window(k)  # the step being served: planned (waited for) if it must be
             try:
                 io = self._serve(rt, k)

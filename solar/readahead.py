@@ -36,6 +36,7 @@ class InFlight:
     transforms: list[Future] = field(default_factory=list)
     transformed: int = 0  # rows being transformed
     settled: bool = False  # its buffer and tier updates are applied
+    provisional: bool = False  # read before its plan was made: ``plan`` names only its reads
 
 
 class ReadAhead:
@@ -77,6 +78,16 @@ class ReadAhead:
         while self._queue[-1].plan.step < min(k + self._depth, last):
             self._queue.append(self._start(self._queue[-1].plan.step + 1))
         return self._queue.popleft()
+
+    @property
+    def started(self) -> bool:
+        """Whether any step's reads are queued."""
+        return bool(self._queue)
+
+    def head(self, io: InFlight) -> None:
+        """Queue ``io``, started by the caller, as the next step (the queue must be empty)."""
+        assert not self._queue, "a step queued before the one started first"
+        self._queue.append(io)
 
     def pending(self, k: int) -> list[Future]:
         """Step ``k``'s reads not yet done, if it is next (else none)."""

@@ -145,6 +145,7 @@ def tiny_spec(
     return PlanSpec(
         small, BufferConfig(scaled(buf.capacity), buf.slack, scaled(buf.tier)), spec.policy,
         spec.reorder_epochs, spec.sample_bytes, dataset or spec.dataset, sampler, horizon,
+        pages=spec.pages,
     )  # fmt: skip
 
 
@@ -226,6 +227,7 @@ def rehearse_loader(loader: Any, plan: str | None) -> Warmth:
                 tiny.set_epoch(run.epochs - 1)
                 for _ in zip(tiny, range(1), strict=False):
                     pass
+            loader.sampler.rehearse(loader.run, loader.rank)  # its own kernels, if any
         if TALLY.count > compiled_before:
             settle_compiler_garbage()
     return w[0]

@@ -36,7 +36,8 @@ def every_batch(loader, epochs: range | list[int]) -> list[dict]:
     out = []
     for e in epochs:
         loader.set_epoch(e)
-        out += [{k: v.clone() for k, v in b.items()} for b in loader]
+        out += [{k: v.clone() if hasattr(v, "clone") else v for k, v in b.items()}
+                for b in loader]  # fmt: skip
     return out
 
 

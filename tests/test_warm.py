@@ -27,19 +27,25 @@ CASES = {
     ".npy files, weighted, a plan file": dict(
         data="npy", one_per_file=True, sampler="weighted", plan=True
     ),
+    # Small feature rows: the planner keeps their page mates (solar.schedule.pagemates).
+    "a graph's features, neighbour sampling": dict(data="graph", sampler="neighbor"),
 }
 
 CHILD = textwrap.dedent(
     """
     import json, sys
     import numpy as np
-    from solar import Loader, Weighted
+    from solar import Loader, NeighborSampler, Weighted
     from solar.schedule.plan import plan_to_file
     from solar.warm import TALLY, signatures
 
     kw = json.loads(sys.argv[1])
-    if kw.pop("sampler", None) == "weighted":
+    sampler = kw.pop("sampler", None)
+    if sampler == "weighted":
         kw["sampler"] = Weighted(1.0 / (1.0 + np.arange(kw.pop("n"))))
+    if sampler == "neighbor":
+        kw.update(sampler=NeighborSampler(kw["paths"], (3, 2), batch_size=kw["batch_size"]),
+                  keys=["features"], n=0)
     kw.pop("n", None)
     if kw.pop("plan", False):
         made = Loader(**kw, warm=False)
@@ -61,12 +67,18 @@ CHILD = textwrap.dedent(
         "compiled": TALLY.count - compiles,
         "warm": [ld.stats.warm_seconds for ld in loaders],
         "served": served,
+        "pages": [ld.spec.pages is not None for ld in loaders],
     }))
     """
 )
 
 
 def _data(tmp_path, kind: str, n: int) -> str:
+    if kind == "graph":  # 96 B feature rows, 42 to a page
+        from solar.graph import generate_graph
+
+        generate_graph(tmp_path / "g.h5", n, 6.0, 24, seed=1, train_fraction=0.5)
+        return str(tmp_path / "g.h5")
     rng = np.random.default_rng(1)
     x = rng.standard_normal((n, 6, 5)).astype(np.float32)
     y = rng.integers(0, 9, (n, 3)).astype(np.int16)
@@ -104,6 +116,7 @@ def test_no_kernel_compiles_inside_an_epoch(tmp_path, case):
     assert result.returncode == 0, result.stderr[-3000:]
     out = json.loads(result.stdout.strip().splitlines()[-1])
     assert out["served"] >= 3 * n // kw.get("world_size", 1) - 3 * 12  # the epochs ran
+    assert all(out["pages"]) == (kw.get("sampler") == "neighbor")  # page mates planned
     if kw.get("warm") is False:
         assert "solar.cache.slots._copy_rows" in out["new"], out
         return

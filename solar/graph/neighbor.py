@@ -182,6 +182,10 @@ class NeighborSampler(Sampler):
                  for t in range(run.steps_per_epoch)]  # fmt: skip
         return rank_draws(run, nodes, rank)
 
+    def rehearse(self, run: RunConfig, rank: int) -> None:
+        """Sample the run's first subgraph (kept: the first step asks for it)."""
+        self.subgraph(run, 0, 0, rank)
+
     def batch(self, run: RunConfig, epoch: int, step: int, rank: int) -> np.ndarray:
         return self.subgraph(run, epoch, step, rank).nodes
 

@@ -18,7 +18,10 @@ RELEASE = 4  # a hit that is the sample's last use: its slot holds nothing usefu
 THIT = 8  # served from tier `tslot` as the tier holds it at the start of the step
 TADMIT = 16  # once the batch is assembled, its row is written into tier `tslot`
 DEMOTE = 32  # with ADMIT: first, what RAM `slot` holds is written into tier `tslot`
-KNOWN_FLAGS = HIT | ADMIT | RELEASE | THIT | TADMIT | DEMOTE
+# With ADMIT: not served. A row sharing a page with the step's reads, read with them (its
+# bytes come with pages read anyway) only to be stored. A step's side rows follow its batch.
+SIDE = 64
+KNOWN_FLAGS = HIT | ADMIT | RELEASE | THIT | TADMIT | DEMOTE | SIDE
 
 NEVER = np.iinfo(np.int64).max  # "next use" of a sample that is not used again
 
@@ -33,7 +36,9 @@ class EpochSchedule:
 
     ``rank[i]`` serves the epoch's access ``i`` (int16: at most 32767 ranks); ``slot[i]`` is its
     RAM slot and ``tslot[i]`` its tier slot (-1: none); ``flags[i]`` holds the flags above;
-    ``counts[t, r]`` is rank r's local batch size at the epoch's step t.
+    ``counts[t, r]`` is rank r's local batch size at the epoch's step t. A policy that adds
+    side rows (SIDE) gives the epoch's accesses itself, ``sample``, and ``sides[t, r]``: rank
+    r's side rows at step t, after its batch.
     """
 
     rank: np.ndarray  # (samples per epoch,) int16
@@ -41,6 +46,13 @@ class EpochSchedule:
     flags: np.ndarray  # (samples per epoch,) uint8
     counts: np.ndarray  # (steps per epoch, P) int32
     tslot: np.ndarray  # (samples per epoch,) int32; without a tier a read-only view of -1s
+    sample: np.ndarray | None = None  # (accesses,) with side rows: the samples, sides included
+    sides: np.ndarray | None = None  # (steps per epoch, P) int32: side rows per rank and step
+
+    @property
+    def access_counts(self) -> np.ndarray:
+        """``counts[t, r]`` plus rank r's side rows at step t: its accesses, (steps, P)."""
+        return self.counts if self.sides is None else self.counts + self.sides
 
     @classmethod
     def empty(cls, run: RunConfig, with_tier: bool = False, n: int | None = None) -> EpochSchedule:

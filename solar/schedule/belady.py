@@ -30,6 +30,7 @@ from solar.schedule._common import (
     HIT,
     NEVER,
     RELEASE,
+    SIDE,
     TADMIT,
     THIT,
     EpochSchedule,
@@ -43,6 +44,7 @@ from solar.schedule._common import (
 from solar.schedule.assign import assign_affinity, assign_balanced, step_caps
 from solar.schedule.maxheap import ARITY, empty_heaps, rekey, sift_down, sift_up
 from solar.schedule.order import sample_dtype, step_bounds
+from solar.schedule.pagemates import mates_of, next_after, with_sides
 
 POS, OCC, RPOS = 0, 1, 2  # fields of ``cells``: heap position, sample, position in RAM's heap
 
@@ -272,11 +274,75 @@ def _hits_first(a, b, seq, nu, sample, rank, slot, flags, scratch):
     flags[a:b] = flags[order]
 
 
+@njit(cache=True)
+def _grown(a):
+    """``a`` in an array twice as long (its tail uninitialised)."""
+    out = np.empty(2 * a.shape[0] + 16, a.dtype)
+    out[: a.shape[0]] = a
+    return out
+
+
+@njit(cache=True, inline="always")
+def _mates(seq, sample, flags, a, t, k0, world, seg_counts, layout, later, state, holder, hslot,
+           key, heap, cells, side, m):  # fmt: skip
+    """Offer step ``t``'s page mates to each rank's buffer (pagemates.py): a row wholly inside
+    a page the rank reads now, not accessed by it now and not held, is admitted, as a read is,
+    if its next use is sooner than the farthest held; at most as many as the rank's batch
+    (they share its batch memory). Appends ``(segment, sample, slot)`` to ``side`` from row
+    ``m``; returns the new row count and ``side`` (grown if need be)."""
+    if key.shape[1] == 0:
+        return m, side  # no buffer to offer them to
+    offset, row_bytes, page, n, epoch = layout[0], layout[1], layout[2], layout[3], layout[4]
+    first, pos, starts = later
+    page_stamp, row_stamp = state
+    seg_id, side_sample, side_slot = side
+    w = a  # the first window position after this step (epoch k is the window's first)
+    for r in range(world):
+        w += seg_counts[r]
+    p = a
+    for r in range(world):
+        q = p + seg_counts[r]
+        tag = (k0 + t) * world + r
+        for i in range(p, q):
+            row_stamp[sample[i]] = tag
+        room = m + seg_counts[r]  # side rows up to the batch's own length
+        for i in range(p, q):
+            if flags[i] & HIT:
+                continue
+            x = sample[i]
+            lo = (offset + x * row_bytes) // page
+            hi = (offset + x * row_bytes + row_bytes - 1) // page
+            for pg in range(lo, hi + 1):
+                if page_stamp[pg] == tag:
+                    continue
+                page_stamp[pg] = tag
+                y0, y1 = mates_of(pg, offset, row_bytes, page, n)
+                for y in range(y0, y1):
+                    if m == room:
+                        break
+                    v = seq[i] - x + y  # rank r's key of sample y
+                    if row_stamp[y] == tag or holder[v] >= 0:
+                        continue
+                    nxt = next_after(v, w, first, pos, starts, epoch)
+                    if nxt < 0 or nxt >= key[r, 0]:
+                        continue  # the buffer holds only sooner uses
+                    if m == side_sample.shape[0]:
+                        seg_id, side_sample, side_slot = (_grown(seg_id), _grown(side_sample),
+                                                          _grown(side_slot))  # fmt: skip
+                    seg_id[m] = t * world + r
+                    side_sample[m] = y
+                    side_slot[m] = _replace_top(v, nxt, r, holder, hslot, key, heap, cells)
+                    m += 1
+        p = q
+    return m, (seg_id, side_sample, side_slot)
+
+
 @njit(cache=True, nogil=True)
 def _trace_steps(
     seq, nu, sample, rank, bounds, counts, tiered,  # one epoch of a trace: (rank, sample) ids
     holder, hslot, key, heap, rkey, rheap, cells,  # state, carried across calls
     slot_out, tslot_out, flags,  # outputs
+    layout, later, stamps, side,  # page mates (layout empty: none), see _mates
 ):  # fmt: skip
     """Belady over a sampler's trace: the sampler chose who serves each access (``rank``), and
     an id names a (rank, sample) pair, so an id held is held by the rank serving it: a hit.
@@ -285,8 +351,12 @@ def _trace_steps(
     the C ids of (held ∪ step) used soonest. So each rank's hits of the step come first (the
     accesses are reordered: a step's accesses are a set, the runtime puts each in its batch
     row), their keys become their next uses, and only then are the reads admitted or bypassed.
+    Then, given a page ``layout``, the rows sharing pages with the reads are offered
+    (:func:`_mates`). Returns the side rows kept: their count and ``side``.
     """
     scratch = np.empty(_longest(bounds), np.int64)
+    m = 0
+    k0 = layout[5] if layout.shape[0] else 0
     for k in range(bounds.shape[0] - 1):
         a, b = bounds[k], bounds[k + 1]
         for i in range(a, b):
@@ -303,6 +373,11 @@ def _trace_steps(
                          heap, rkey, rheap, cells)  # fmt: skip
         else:
             _ram_step(seq, nu, a, b, rank, slot_out, flags, holder, hslot, key, heap, cells)
+            if layout.shape[0]:
+                m, side = _mates(seq, sample, flags, a, k, k0, counts.shape[1], counts[k],
+                                 layout, later, stamps, holder, hslot, key, heap, cells, side,
+                                 m)  # fmt: skip
+    return m, side
 
 
 @njit(cache=True, nogil=True)
@@ -430,6 +505,15 @@ class TracePolicy(SolarPolicy):
 
     def __init__(self, run: RunConfig, buffer: BufferConfig, order: Any) -> None:
         super().__init__(run, buffer, order)
+        pages = getattr(order, "pages", None)
+        # Page mates (pagemates.py) are offered to a RAM buffer; a tier plans without them.
+        self.pages = pages if pages is not None and not self.tier else None
+        self._stamps = (np.zeros(0, np.int64), np.zeros(0, np.int64))
+        if self.pages is not None:
+            p = self.pages
+            pages_n = (p.offset + run.num_samples * p.row_bytes) // p.page + 1
+            # Stamps of the (step, rank) that last read each page and accessed each sample.
+            self._stamps = (np.full(pages_n, -1, np.int64), np.full(run.num_samples, -1, np.int64))
 
     def contents(self, r: int) -> np.ndarray:
         ids = self.occupant[r].astype(np.int64)
@@ -445,12 +529,28 @@ class TracePolicy(SolarPolicy):
             counts=trace.counts, tslot=np.full(n, -1, np.int32) if self.tier else no_tier(n),
         )  # fmt: skip
         tslot = out.tslot if self.tier else np.empty(0, np.int32)
-        _trace_steps(
+        none = np.zeros(0, np.int64)
+        layout, later = none, (none, none, none)
+        if self.pages is not None:
+            p, uses = self.pages, self.order.later_uses(k)
+            layout = np.array([p.offset, p.row_bytes, p.page, self.run.num_samples, k,
+                               k * self.run.steps_per_epoch], np.int64)  # fmt: skip
+            later = (uses.first, uses.pos, uses.starts)
+        side = (np.empty(n // 4 + 16, np.int64), np.empty(n // 4 + 16, np.int64),
+                np.empty(n // 4 + 16, np.int32))  # fmt: skip
+        m, side = _trace_steps(
             seq, next_use, trace.sample, trace.rank, trace.bounds, trace.counts, self.tier > 0,
             self.holder, self.hslot, self.key,
             self.heap, self.rkey, self.rheap, self.cells, out.slot, tslot, out.flags,
+            layout, later, self._stamps, side,
         )  # fmt: skip
-        return out
+        if self.pages is None:
+            return out
+        sample, rank, slot, flags, sides = with_sides(
+            trace.counts, trace.sample, trace.rank, out.slot, out.flags, side[0][:m],
+            side[1][:m], side[2][:m], SIDE | ADMIT,
+        )  # fmt: skip
+        return EpochSchedule(rank, slot, flags, trace.counts, no_tier(sample.size), sample, sides)
 
 
 def _array(state: dict[str, np.ndarray], name: str, dtype, shape: tuple[int, int]) -> np.ndarray:

@@ -160,9 +160,10 @@ class Plan(Totals):
 
     def trace(self, rank: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``(step, sample, hit)`` over ``rank``'s accesses in service order (a hit from RAM
-        or from the tier)."""
+        or from the tier); side rows, read only to be kept, are not accesses."""
         rp = self.rank(rank)
-        return rp.steps(), rp.sample, rp.hit
+        served = rp.served
+        return rp.steps()[served], rp.sample[served], rp.hit[served]
 
     def bound_to(self, spec: PlanSpec) -> Plan:
         """This plan with ``spec``, which has its fingerprint: a plan file records its

@@ -94,7 +94,7 @@ class Planner:
         self.only_rank = only_rank if rank_alone(spec) else None
         if spec.traced:
             self.order = TraceOrder(run, spec.sampler, spec.horizon, spec.affinity,
-                                    self.only_rank)  # fmt: skip
+                                    self.only_rank, spec.pages)  # fmt: skip
         else:
             self.order = EpochOrder(run, self.epoch_order)
         self.policy = make_policy(spec.policy, run, spec.buffer, self.order)
@@ -116,7 +116,9 @@ class Planner:
         if nu is not None:
             self.order.recycle(nu)
         self.epoch += 1
-        if self.spec.traced:  # seq held (rank, sample) pairs; the plan names samples
+        if sched.sample is not None:  # the policy added side rows: its accesses are its own
+            seq = sched.sample
+        elif self.spec.traced:  # seq held (rank, sample) pairs; the plan names samples
             seq = self.order.served(k)
         return seq, sched
 
@@ -149,10 +151,11 @@ class Planner:
         """The last epoch planned, ``seq`` and ``sched`` from :meth:`next_schedule`, grouped
         by rank."""
         world = self.spec.run.world_size
-        per_rank = sched.counts.sum(axis=0, dtype=np.int64)
+        counts = sched.access_counts
+        per_rank = counts.sum(axis=0, dtype=np.int64)
         rank_offsets = np.concatenate([[0], np.cumsum(per_rank)]).astype(np.int64)
-        step_offsets = np.zeros((world, sched.counts.shape[0] + 1), np.int64)
-        np.cumsum(sched.counts.T, axis=1, out=step_offsets[:, 1:])
+        step_offsets = np.zeros((world, counts.shape[0] + 1), np.int64)
+        np.cumsum(counts.T, axis=1, out=step_offsets[:, 1:])
         sample, slot = np.empty_like(seq), np.empty_like(sched.slot)
         flags = np.empty_like(sched.flags)
         _group(sched.rank, seq, sched.slot, sched.flags, rank_offsets[:-1].copy(), sample, slot,
@@ -172,7 +175,7 @@ class Planner:
         seq, sched = self.next_schedule()
         mine = np.flatnonzero(sched.rank == r)
         step_offsets = np.zeros(sched.counts.shape[0] + 1, np.int64)
-        np.cumsum(sched.counts[:, r], out=step_offsets[1:])
+        np.cumsum(sched.access_counts[:, r], out=step_offsets[1:])
         peers = sched.counts.astype(np.int32) if self.spec.equal_batches else None
         return RankEpoch(self.epoch - 1, seq[mine], sched.slot[mine], sched.flags[mine],
                          step_offsets, sched.tslot[mine], peers)  # fmt: skip

@@ -15,7 +15,7 @@ from numba import njit
 from numpy.typing import NDArray
 
 from solar.errors import CorruptPlanError
-from solar.schedule._common import ADMIT, DEMOTE, HIT, RELEASE, TADMIT, THIT, no_tier
+from solar.schedule._common import ADMIT, DEMOTE, HIT, RELEASE, SIDE, TADMIT, THIT, no_tier
 from solar.schedule.transfer import Transfer, rank_transfer
 
 if TYPE_CHECKING:  # planner.py does not import this module: no cycle at run time either
@@ -56,10 +56,27 @@ class StepPlan(NamedTuple):  # a NamedTuple: one is made per step, cheaper than 
     rows: NDArray[np.int64] | None = None
     copy_src: NDArray[np.int64] = _NONE
     copy_dst: NDArray[np.int64] = _NONE
+    # Side rows (pagemates.py): read with the reads into rows ``size..size + m - 1`` after the
+    # batch, stored as admissions (``admit_rows`` name them), never served.
+    side_samples: NDArray[np.int64] = _NONE  # (m,)
 
     @property
     def size(self) -> int:
+        """Rows served: the batch."""
         return int(self.samples.size)
+
+    @property
+    def rows_needed(self) -> int:
+        """Rows of batch memory: the batch, then its side rows."""
+        return int(self.samples.size + self.side_samples.size)
+
+    def storage_reads(self) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
+        """``(samples, rows)`` read from storage: the batch's reads, then its side rows."""
+        if not self.side_samples.size:
+            return self.samples[self.read_rows], self.read_rows
+        sides = np.arange(self.size, self.rows_needed, dtype=np.int64)
+        return (np.concatenate([self.samples[self.read_rows], self.side_samples]),
+                np.concatenate([self.read_rows, sides]))  # fmt: skip
 
     def row(self, j: int) -> int:
         """The batch row of the step's access ``j``."""
@@ -79,6 +96,8 @@ class StepPlan(NamedTuple):  # a NamedTuple: one is made per step, cheaper than 
         if uniq.size == ids.size and np.array_equal(rows, np.arange(ids.size)):
             return self  # the accesses are the batch, in its order
         dst = np.flatnonzero(src != np.arange(ids.size))
+        # Side rows follow the batch: they move with its length.
+        rows = np.concatenate([rows, np.arange(self.side_samples.size) + ids.size])
         return self._replace(
             samples=ids.astype(np.int64), read_rows=rows[self.read_rows],
             hit_rows=rows[self.hit_rows], admit_rows=rows[self.admit_rows],
@@ -175,13 +194,23 @@ class RankPlan:
         """Accesses served from a buffer (RAM or tier), not read from storage."""
         return (self.flags & (HIT | THIT)) != 0
 
+    @property
+    def served(self) -> np.ndarray:
+        """Accesses served (all but side rows)."""
+        return (self.flags & SIDE) == 0
+
     def steps(self) -> np.ndarray:
         """Global step index of every access: shape (A,)."""
         return self.first_step + np.repeat(np.arange(self.num_steps), np.diff(self.step_offsets))
 
     def batch_sizes(self) -> np.ndarray:
         """Local batch size at every step of the window: shape (num_steps,)."""
-        return np.diff(self.step_offsets)
+        sizes = np.diff(self.step_offsets)
+        side = np.flatnonzero((self.flags & SIDE) != 0)
+        if side.size:
+            step = np.searchsorted(self.step_offsets, side, side="right") - 1
+            sizes = sizes - np.bincount(step, minlength=self.num_steps)
+        return sizes
 
     def _local(self, k: int, end_ok: bool = False) -> int:
         t = k - self.first_step
@@ -197,6 +226,13 @@ class RankPlan:
         hit = (flags & HIT) != 0
         admit = (flags & ADMIT) != 0
         samples = self.sample[a:b].astype(np.int64)
+        served = b - a
+        if self.tier_slots == 0 and served and flags[-1] & SIDE:  # side rows follow the batch
+            served = int(np.argmax((flags & SIDE) != 0))
+            side = np.arange(served, b - a)
+            return StepPlan(k, samples[:served], np.flatnonzero(~hit[:served]),
+                            np.flatnonzero(hit), slots[hit], np.flatnonzero(admit),
+                            slots[admit], side_samples=samples[side])  # fmt: skip
         if not self.tier_slots or not np.any(flags & (THIT | TADMIT | DEMOTE)):
             return StepPlan(k, samples, np.flatnonzero(~hit), np.flatnonzero(hit), slots[hit],
                             np.flatnonzero(admit), slots[admit])  # fmt: skip

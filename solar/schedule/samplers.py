@@ -98,6 +98,10 @@ class Sampler:
         what memory checks count a batch as (its rows, and a trace's accesses per step)."""
         return self.max_batch(run) or run.batch_size
 
+    def rehearse(self, run: RunConfig, rank: int) -> None:
+        """Call every kernel of this sampler's own that the run's epochs call, once, before them
+        (solar/warm.py: a rehearsal's tiny copy of the run samples another way): nothing here."""
+
     def identity(self) -> dict[str, Any] | None:
         """What a plan's fingerprint records of the sampler (None: the default, Shuffle)."""
         raise NotImplementedError

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 from solar.config import BufferConfig, RunConfig
 from solar.errors import SolarError
+from solar.schedule.pagemates import PageLayout
 from solar.schedule.policies import check_policy
 from solar.schedule.samplers import SHUFFLE, Sampler, is_shuffle, sampler_from_record
 
@@ -34,6 +35,10 @@ class PlanSpec:
     # Every rank delivers exactly its nominal share each step: the rows a rank serves beyond
     # it move to the ranks under it (solar.schedule.transfer); Shuffle's planning only.
     equal_batches: bool = False
+    # Where the sampled rows lie in the file read (solar.schedule.pagemates): the solar policy
+    # then keeps rows that share pages with a step's reads. A sampler's trace without affinity,
+    # a RAM buffer only.
+    pages: PageLayout | None = None
 
     def __post_init__(self) -> None:
         check_policy(self.policy, self.buffer, traced=self.traced)
@@ -43,6 +48,9 @@ class PlanSpec:
             raise SolarError(f"horizon must be a whole number of epochs >= 0, got {self.horizon!r}")
         if not isinstance(self.equal_batches, bool):
             raise SolarError(f"equal_batches must be True or False, got {self.equal_batches!r}")
+        if self.pages is not None and not self.plans_page_mates:
+            raise SolarError("pages: page mates are planned for a sampler's trace without "
+                             "affinity, by the solar policy, in a RAM buffer only")  # fmt: skip
         if self.equal_batches and self.traced:
             raise SolarError(
                 "equal_batches applies to the default Shuffle sampler only (another sampler "
@@ -59,6 +67,13 @@ class PlanSpec:
         """Whether the planner splits a traced sampler's global batches over the ranks (the
         ``solar`` policy, for a sampler with affinity); else each rank takes the sampler's."""
         return self.traced and self.sampler.affinity and self.policy == "solar"
+
+    @property
+    def plans_page_mates(self) -> bool:
+        """Whether its rows' page layout (``pages``) may be planned: a sampler's trace split by
+        the sampler, the solar policy, a RAM buffer (solar.schedule.pagemates)."""
+        solar_ram = self.policy == "solar" and not self.buffer.tier
+        return self.traced and not self.affinity and solar_ram
 
     @property
     def bound(self) -> float:
@@ -87,6 +102,8 @@ class PlanSpec:
             d.update(sampler=self.sampler.identity(), horizon=self.horizon)
         if self.equal_batches:
             d.update(equal_batches=True)
+        if self.pages is not None:
+            d.update(pages=self.pages.as_record())
         return d
 
     @classmethod
@@ -94,9 +111,10 @@ class PlanSpec:
         """The spec :meth:`as_dict` recorded."""
         run = RunConfig(**{f.name: d[f.name] for f in dataclasses.fields(RunConfig) if f.name in d})
         buffer = BufferConfig(d["capacity"], d["slack"], d.get("tier", 0))
+        pages = None if d.get("pages") is None else PageLayout.from_record(d["pages"])
         return cls(run, buffer, d["policy"], d["reorder_epochs"], d["sample_bytes"], d["dataset"],
                    sampler_from_record(d.get("sampler")), d.get("horizon"),
-                   bool(d.get("equal_batches", False)))  # fmt: skip
+                   bool(d.get("equal_batches", False)), pages)  # fmt: skip
 
     @property
     def fingerprint(self) -> str:

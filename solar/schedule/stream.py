@@ -85,6 +85,19 @@ class RankStream:
                 bg.pool = ThreadPoolExecutor(1, thread_name_prefix="solar-plan")
             bg.future = bg.pool.submit(self._plan_next, bg.planner)
 
+    def start(self) -> None:
+        """Begin planning the first epoch in the background (the first batch waits for it),
+        unless a plan was given or planning has begun."""
+        if self.plan is not None or self._parts or self._first:
+            return
+        bg = self._bg.get()
+        if bg.planner is None:
+            # As :meth:`_restart_at` plans epoch 0: this rank alone, unless rank 0 saves
+            # snapshots of every rank's state.
+            alone = self.rank if self.snapshots is None else None
+            bg.planner = Planner(self.spec, only_rank=alone)
+        self._submit()
+
     def _plan_next(self, planner: Planner) -> RankEpoch:
         """Plan the next epoch (in the background thread); rank 0 then saves a snapshot."""
         part = planner.next_rank(self.rank)
@@ -173,7 +186,7 @@ class RankStream:
         if self._first <= e < end:
             if bg.planner is not None:
                 self._collect(wait=False)
-        elif not (e == end and self._parts and self._extend()):
+        elif not (e == end and (self._parts or bg.future is not None) and self._extend()):
             self._restart_at(e)
         if trim and e > self._first:
             # Epochs before e are done with: the buffer state at e's start replaces them.

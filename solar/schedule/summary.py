@@ -9,7 +9,7 @@ import numpy as np
 from numba import njit
 
 from solar.config import RunConfig
-from solar.schedule._common import ADMIT, HIT, THIT, EpochSchedule
+from solar.schedule._common import ADMIT, HIT, SIDE, THIT, EpochSchedule
 from solar.schedule.spec import PlanSpec
 from solar.schedule.transfer import moved_rows, shares_of_steps
 
@@ -85,10 +85,14 @@ class PlanSummary(Totals):
 @njit(cache=True, nogil=True)
 def _tally(rank, flags, out):
     """Add each rank's accesses, hits (either tier), admissions and tier hits to ``out``
-    (4, P): one pass over an epoch's decisions in access order."""
+    (4, P): one pass over an epoch's decisions in access order. A side row is an admission,
+    not an access (nothing serves it)."""
     for i in range(rank.shape[0]):
         r = rank[i]
         f = flags[i]
+        if f & SIDE:
+            out[2, r] += 1
+            continue
         out[0, r] += 1
         if f & (HIT | THIT):
             out[1, r] += 1

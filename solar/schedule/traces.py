@@ -27,6 +27,7 @@ from numba import njit
 from solar.config import RunConfig
 from solar.schedule._common import NEVER
 from solar.schedule.order import sample_dtype
+from solar.schedule.pagemates import LaterUses, PageLayout
 from solar.schedule.samplers import EpochDraws, Sampler
 
 EPOCH_SHIFT = 40  # positions: (epoch << 40) + index within the epoch's accesses
@@ -99,9 +100,11 @@ class TraceOrder:
         horizon: int | None = None,
         affinity: bool = False,
         only_rank: int | None = None,
+        pages: PageLayout | None = None,
     ) -> None:
         self.run, self.sampler = run, sampler
         self.affinity = affinity
+        self.pages = pages  # where the traced rows lie, for a policy that reads page mates
         # Without affinity each rank's decisions depend on its own accesses alone: a rank
         # planning for itself draws only its own batches (the others' are empty).
         self.only_rank = None if affinity else only_rank
@@ -193,6 +196,12 @@ class TraceOrder:
             with self._lock:
                 self._nu.update({e: nu for e, nu in zip(range(k + 1, end), nus[1:], strict=True)})
         return nus[0]
+
+    def later_uses(self, k: int) -> LaterUses:
+        """Every use of every key over epoch ``k``'s horizon (:mod:`solar.schedule.pagemates`):
+        when a row not accessed now is next used."""
+        end = min(self.run.epochs, k + self.horizon + 1)
+        return LaterUses.of(k, [self.epoch(e).pair for e in range(k, end)], self._keys)
 
     def next_use(self, k: int, pairs: np.ndarray) -> np.ndarray:
         """The first position after epoch ``k`` (within the horizon of epoch k + 1) of each of

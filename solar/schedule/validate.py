@@ -32,7 +32,7 @@ from numba import njit
 
 from solar.config import RunConfig
 from solar.errors import CorruptPlanError
-from solar.schedule._common import ADMIT, DEMOTE, HIT, RELEASE, TADMIT, THIT
+from solar.schedule._common import ADMIT, DEMOTE, HIT, RELEASE, SIDE, TADMIT, THIT
 from solar.schedule.epochs import EpochOrder, _positions
 from solar.schedule.order import step_bounds
 from solar.schedule.planner import RankEpoch
@@ -41,17 +41,20 @@ from solar.schedule.spec import PlanSpec
 from solar.schedule.traces import TraceOrder
 from solar.schedule.transfer import check_counts
 
-_OK, _SAMPLE, _FLAGS, _SLOT, _NOT_IN_STEP, _REPEATED, _STALE_HIT = range(7)
+_OK, _SAMPLE, _FLAGS, _SLOT, _NOT_IN_STEP, _REPEATED, _STALE_HIT, _SIDE_FIRST = range(8)
 
 # The flag sets an access may carry, and the cells each names: bit 0 a RAM slot, bit 1 a tier
 # slot, bit 2 "valid". Anything else is refused.
-_NEEDS = np.zeros(64, np.int8)
+_NEEDS = np.zeros(2 * SIDE, np.int8)
 for _f, _needs in (
     (0, 0), (HIT, 1), (HIT | RELEASE, 1), (ADMIT, 1),  # RAM only
     (THIT, 2), (THIT | RELEASE, 2), (TADMIT, 2),  # the tier only
     (THIT | ADMIT, 3), (THIT | ADMIT | DEMOTE, 3), (ADMIT | DEMOTE, 3),  # promotions, demotions
 ):  # fmt: skip
     _NEEDS[_f] = 4 | _needs
+# A sampler's trace in a RAM buffer may also store side rows (pagemates.py), after the batch.
+_NEEDS_SIDES = _NEEDS.copy()
+_NEEDS_SIDES[SIDE | ADMIT] = 4 | 1
 
 
 @njit(cache=True, inline="always")
@@ -130,12 +133,18 @@ def _check_trace_epoch(sample, slot, tslot, flags, offsets, n, c, state, key, ne
     digest = np.uint64(0)
     for t in range(offsets.shape[0] - 1):
         a, b = offsets[t], offsets[t + 1]
+        sides = False
         for i in range(a, b):
             code = _check_cells(sample[i], flags[i], slot[i], tslot[i], n, c, cells, needs,
                                 state)  # fmt: skip
+            if code == _OK and sides and not flags[i] & SIDE:
+                code = _SIDE_FIRST  # the runtime serves a step's first rows, sides after them
             if code != _OK:
                 return code, i, digest
-            digest += _mix(t * stride + sample[i], key)
+            if flags[i] & SIDE:
+                sides = True  # stored, not served: not in the digest
+            else:
+                digest += _mix(t * stride + sample[i], key)
         _replay(sample, slot, tslot, flags, a, b, c, state)
     return _OK, -1, digest
 
@@ -245,7 +254,7 @@ class TraceValidator(RankValidator):
         self.expected[k] = _digest(steps * stride + t.sample, self.key)
         code, i, self.mine[k] = _check_trace_epoch(
             rp.sample, rp.slot, rp.tslot, rp.flags, rp.step_offsets, run.num_samples,
-            self.slots, self.state, self.key, _NEEDS, stride,
+            self.slots, self.state, self.key, _NEEDS if self.tier_slots else _NEEDS_SIDES, stride,
         )  # fmt: skip
         if code != _OK:
             raise CorruptPlanError(_describe(code, i, rp, self.state))
@@ -257,7 +266,11 @@ class TraceValidator(RankValidator):
         steps = np.repeat(np.arange(counts.size), counts)
         if not np.all((rp.sample >= 0) & (rp.sample < n)):
             return int(steps[np.argmax((rp.sample < 0) | (rp.sample >= n))])
-        keys = steps * n + rp.sample  # (step, sample): unique within the epoch
+        served = rp.served  # side rows are stored, not served (their flags are checked later)
+        if not np.all(served):
+            counts = counts - np.bincount(steps[~served], minlength=counts.size)
+            steps = steps[served]
+        keys = steps * n + rp.sample[served]  # (step, sample): unique within the epoch
         if self.affinity:
             drawn = np.repeat(np.arange(t.counts.shape[0]), t.counts[:, 0]) * n + t.sample
             ok = np.isin(keys, drawn)
@@ -342,7 +355,7 @@ def _check_shapes(rp: RankPlan, run: RunConfig, limit: int | None = -1) -> None:
 def _describe(code: int, i: int, rp: RankPlan, state: np.ndarray) -> str:
     k = rp.first_step + int(np.searchsorted(rp.step_offsets, i, side="right") - 1)
     x, s, f, ts = int(rp.sample[i]), int(rp.slot[i]), int(rp.flags[i]), int(rp.tslot[i])
-    need = int(_NEEDS[f]) if f < _NEEDS.size else 0
+    need = int(_NEEDS_SIDES[f]) if f < _NEEDS_SIDES.size else 0
     if code == _SAMPLE:
         what = f"sample id {x} is out of range"
     elif code == _FLAGS:
@@ -357,6 +370,8 @@ def _describe(code: int, i: int, rp: RankPlan, state: np.ndarray) -> str:
         what = f"sample {x} is not in this step of the epoch's permutation for the seed"
     elif code == _REPEATED:
         what = f"sample {x} is served twice in one epoch"
+    elif code == _SIDE_FIRST:
+        what = f"sample {x} is served after a side row (side rows follow the batch)"
     else:
         cell, name = (s, f"slot {s}") if f & HIT else (rp.slots + ts, f"tier slot {ts}")
         held = f"sample {int(state[cell])}" if state[cell] >= 0 else "nothing written"

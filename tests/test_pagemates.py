@@ -1,0 +1,200 @@
+"""Page mates (solar.schedule.pagemates): rows sharing a page with a step's reads, kept free."""
+
+from __future__ import annotations
+
+import h5py
+import numpy as np
+import pytest
+from helpers import every_batch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from solar import BufferConfig, Loader, NeighborSampler, PlanSpec, RunConfig, make_plan
+from solar.errors import CorruptPlanError, SolarError
+from solar.graph import generate_graph
+from solar.schedule import HIT
+from solar.schedule._common import ADMIT, SIDE
+from solar.schedule.pagemates import LaterUses, PageLayout, mates_of, next_after
+from solar.schedule.planner import Planner, RankEpoch
+from solar.schedule.validate import TraceValidator
+
+
+@pytest.fixture(scope="module")
+def graph(tmp_path_factory):
+    """1999 nodes (a prime) of 24 floats (96 B: 42 rows a page, the last straddling two)."""
+    path = tmp_path_factory.mktemp("pagemates") / "g.h5"
+    generate_graph(path, 1999, 6.0, 24, seed=5, train_fraction=0.3)
+    with h5py.File(path) as f:
+        offset = f["features"].id.get_offset()
+        feats = f["features"][()]
+    return path, PageLayout(int(offset), feats[0].nbytes), feats
+
+
+def _spec(path, layout, world=2, epochs=3, capacity=120, pages=True) -> PlanSpec:
+    sampler = NeighborSampler(path, (4, 2), batch_size=24)
+    n = sampler.graph.num_nodes
+    run = RunConfig(n, world, 24, epochs, 1, False, sampler.draws(n, world * 24))
+    return PlanSpec(run, BufferConfig(capacity, 0.25), sampler=sampler,
+                    pages=layout if pages else None)  # fmt: skip
+
+
+@settings(max_examples=200, deadline=None)
+@given(offset=st.integers(0, 9000), row=st.integers(1, 3000), page=st.sampled_from([512, 4096]),
+       n=st.integers(1, 50), p=st.integers(0, 40))  # fmt: skip
+def test_mates_of_a_page_are_the_rows_wholly_inside_it(offset, row, page, n, p):
+    lo, hi = mates_of(p, offset, row, page, n)
+    starts = offset + np.arange(n) * row
+    inside = np.flatnonzero((starts >= p * page) & (starts + row <= (p + 1) * page))
+    assert list(range(lo, hi)) == inside.tolist()
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 6), max_size=12), min_size=1, max_size=3),
+       st.integers(0, 6), st.integers(0, 40))  # fmt: skip
+def test_later_uses_give_a_keys_first_use_at_or_after_a_position(epochs, v, w):
+    pairs = [np.array(e, np.int64) for e in epochs]
+    uses = LaterUses.of(5, pairs, 7)
+    window = np.concatenate(pairs)
+    at = [i for i in range(window.size) if window[i] == v and i >= w]
+    got = next_after(v, w, uses.first, uses.pos, uses.starts, 5)
+    if not at:
+        assert got == -1
+    else:
+        e = int(np.searchsorted(uses.starts, at[0], side="right") - 1)
+        assert got == ((5 + e) << 40) + at[0] - int(uses.starts[e])
+
+
+def _parts(spec: PlanSpec, rank: int) -> list[RankEpoch]:
+    planner = Planner(spec, only_rank=rank)
+    return [planner.next_rank(rank) for _ in range(spec.run.epochs)]
+
+
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_side_rows_share_a_page_read_by_their_rank_in_their_step(graph, world):
+    """Every side row lies wholly inside a page holding a row the rank reads (not hits) in the
+    same step, is not one of the step's accesses, and follows them; the accesses served are
+    exactly the plan without pages; hits only grow."""
+    path, layout, _ = graph
+    with_pages, without = _spec(path, layout, world), _spec(path, layout, world, pages=False)
+    sides = 0
+    for r in range(world):
+        for part, plain in zip(_parts(with_pages, r), _parts(without, r), strict=True):
+            off = part.step_offsets
+            for t in range(off.size - 1):
+                f, x = part.flags[off[t] : off[t + 1]], part.sample[off[t] : off[t + 1]]
+                side = (f & SIDE) != 0
+                served = int(np.argmax(side)) if side.any() else side.size
+                assert not side[:served].any() and side[served:].all()  # sides follow the batch
+                assert np.all(f[side] == SIDE | ADMIT)
+                batch = x[:served]
+                p0, p1 = plain.step_offsets[t], plain.step_offsets[t + 1]
+                assert np.array_equal(np.sort(batch), np.sort(plain.sample[p0:p1]))
+                read = batch[(f[:served] & HIT) == 0].astype(np.int64)
+                read = layout.offset + read * layout.row_bytes
+                pages = set((read // layout.page).tolist())  # a row's first and last pages
+                pages |= set(((read + layout.row_bytes - 1) // layout.page).tolist())
+                for y in x[side].tolist():
+                    start = layout.offset + y * layout.row_bytes
+                    assert start // layout.page in pages
+                    assert (start + layout.row_bytes - 1) // layout.page == start // layout.page
+                    assert y not in set(batch.tolist())
+                sides += int(side.sum())
+    assert sides > 0
+    a, b = make_plan(with_pages), make_plan(without)
+    assert a.accesses == b.accesses and a.hits > b.hits
+    assert make_plan(with_pages).hits == a.hits  # identical inputs, identical plans
+
+
+def test_a_plan_with_side_rows_is_proven_by_replay_from_its_file(graph, tmp_path):
+    path, layout, _ = graph
+    spec = _spec(path, layout, world=2)
+    plan = make_plan(spec)
+    plan.save(tmp_path / "p.h5")
+    from solar.schedule import load_plan
+
+    loaded = load_plan(tmp_path / "p.h5", sampler=spec.sampler)
+    assert loaded.spec.pages == layout
+    for r in range(2):
+        loaded.validate(r)
+        mine = plan.rank(r)
+        got = loaded.rank(r)
+        np.testing.assert_array_equal(got.flags, mine.flags)
+        _, samples, _ = loaded.trace(r)
+        assert samples.size == int(np.count_nonzero((mine.flags & SIDE) == 0))
+
+
+def _checked(spec: PlanSpec, part: RankEpoch, tier: int = 0) -> None:
+    TraceValidator(spec, spec.buffer.capacity, 0, key=7, tier_slots=tier).check(part)
+
+
+def test_the_validator_refuses_side_rows_out_of_place(graph):
+    path, layout, _ = graph
+    spec = _spec(path, layout, world=1, epochs=2)
+    part = _parts(spec, 0)[0]
+    _checked(spec, part)  # as planned: fine
+    side = np.flatnonzero(part.flags & SIDE)
+    assert side.size
+    t = int(np.searchsorted(part.step_offsets, side[0], side="right") - 1)
+    a = int(part.step_offsets[t])
+    swapped = part.flags.copy()
+    swapped[a], swapped[side[0]] = swapped[side[0]], swapped[a]  # a side row before the batch
+    moved = RankEpoch(0, part.sample, part.slot, swapped, part.step_offsets, part.tslot)
+    with pytest.raises(CorruptPlanError, match="rank 0, step"):
+        _checked(spec, moved)
+    served = part.flags.copy()
+    served[side[0]] = ADMIT  # a side row turned into a served access: not the sampler's batch
+    with pytest.raises(CorruptPlanError, match="not the sampler's batch"):
+        _checked(spec, RankEpoch(0, part.sample, part.slot, served, part.step_offsets,
+                                 part.tslot))  # fmt: skip
+    lone = part.flags.copy()
+    lone[side[0]] = SIDE  # stored nowhere
+    with pytest.raises(CorruptPlanError, match="invalid flags"):
+        _checked(spec, RankEpoch(0, part.sample, part.slot, lone, part.step_offsets, part.tslot))
+
+
+def test_page_mates_are_refused_where_they_cannot_be_planned(graph):
+    path, layout, _ = graph
+    spec = _spec(path, layout)
+    with pytest.raises(SolarError, match="pages"):
+        PlanSpec(spec.run, BufferConfig(10, 0.25, 5), sampler=spec.sampler, pages=layout)
+    with pytest.raises(SolarError, match="pages"):
+        PlanSpec(spec.run, spec.buffer, "lru", sampler=spec.sampler, pages=layout)
+    with pytest.raises(SolarError, match="pages"):
+        PageLayout(-1, 8)
+    assert not PageLayout.worth_it(2049) and PageLayout.worth_it(2048)
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_the_loader_reads_side_rows_serves_exact_rows_and_resumes(graph, world):
+    """With page mates the Loader's batches are h5py's rows and nothing else; its hits are the
+    plan's; a resume mid-epoch serves the same rows."""
+    path, _, feats = graph
+    for rank in range(world):
+
+        def make(rank: int = rank) -> Loader:
+            sampler = NeighborSampler(path, (4, 2), batch_size=24)
+            return Loader(path, ["features"], sampler=sampler, epochs=3, buffer=120, rank=rank,
+                          world_size=world)  # fmt: skip
+
+        with make() as ld:
+            assert ld.spec.pages is not None
+            whole = every_batch(ld, range(3))
+            assert np.any(ld.plan.rank(rank).flags & SIDE)
+            planned = ld.plan.stats[rank]
+            assert sum(s.hits for s in ld.stats.epochs.values()) == planned.hits > 0
+        for b in whole:
+            n_id = b["n_id"].numpy()
+            assert b["x"].shape[0] == n_id.size
+            assert b["x"].numpy().tobytes() == feats[n_id].tobytes()
+        spe = len(whole) // 3
+        with make() as ld:
+            ld.set_epoch(1)
+            it = iter(ld)
+            for _ in range(spe // 2):
+                next(it)
+            state = ld.state_dict()
+        with make() as ld:
+            ld.load_state_dict(state)
+            rest = every_batch(ld, [1, 2])
+        for got, want in zip(rest, whole[spe + spe // 2 :], strict=True):
+            assert got["x"].numpy().tobytes() == want["x"].numpy().tobytes()
