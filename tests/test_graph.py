@@ -323,8 +323,9 @@ def test_memory_checks_count_a_batch_as_its_subgraph_not_its_seeds(graph_file, m
     # Room for the buffer and 4 batches of seeds, not for 4 batches of subgraphs (20 B rows).
     monkeypatch.setattr(solar._memory, "available_memory", lambda: (100 + 4 * 16 * 4) * 20)
     reader = ReaderConfig(read_ahead=2)
+    # (Each batch with room for as many side rows: the 20 B rows share pages, pagemates.py.)
     with pytest.raises(SolarError, match=r"buffer and batches: 100 buffer rows \+ 4 batches "
-                                         r"of up to 160 rows, 20 B each") as info:  # fmt: skip
+                                         r"of up to 320 rows, 20 B each") as info:  # fmt: skip
         Loader(
             graph_file,
             ["features"],
@@ -335,7 +336,7 @@ def test_memory_checks_count_a_batch_as_its_subgraph_not_its_seeds(graph_file, m
             warm=False,
         )
     assert "\n" not in str(info.value)
-    monkeypatch.setattr(solar._memory, "available_memory", lambda: (100 + 4 * 160) * 20)
+    monkeypatch.setattr(solar._memory, "available_memory", lambda: (100 + 4 * 320) * 20)
     Loader(
         graph_file, ["features"], sampler=sampler, epochs=1, buffer=100, reader=reader, warm=False
     ).close()

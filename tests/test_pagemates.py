@@ -198,3 +198,45 @@ def test_the_loader_reads_side_rows_serves_exact_rows_and_resumes(graph, world):
             rest = every_batch(ld, [1, 2])
         for got, want in zip(rest, whole[spe + spe // 2 :], strict=True):
             assert got["x"].numpy().tobytes() == want["x"].numpy().tobytes()
+
+
+def test_the_first_steps_reads_start_before_its_plan_is_made(graph, monkeypatch):
+    """The run's first step reads every row whatever the plan keeps (the buffer is empty): its
+    reads start while the first epoch is still being planned, and its batch is still exact."""
+    import threading
+    import time
+
+    from solar.schedule.stream import RankStream
+
+    path, _, feats = graph
+    gate = threading.Event()
+    plan_next = RankStream._plan_next
+
+    def held(self, planner):
+        gate.wait(30)  # the planner waits until the test has seen the reads start
+        return plan_next(self, planner)
+
+    monkeypatch.setattr(RankStream, "_plan_next", held)
+    sampler = NeighborSampler(path, (4, 2), batch_size=24)
+    with Loader(path, ["features"], sampler=sampler, epochs=2, buffer=120, warm=False) as ld:
+        submitted: list[int] = []
+        submit = ld.reader.submit
+
+        def recorded(samples, *args, **kw):
+            submitted.append(len(samples))
+            return submit(samples, *args, **kw)
+
+        ld.reader.submit = recorded  # type: ignore[method-assign]
+        got: list[dict] = []
+        first = threading.Thread(target=lambda: got.append(next(iter(ld))))
+        first.start()
+        deadline = time.monotonic() + 20
+        while not submitted and time.monotonic() < deadline:
+            time.sleep(0.01)
+        planned = ld._stream.planned_end
+        gate.set()
+        first.join(30)
+        assert submitted and planned == 0  # read before the plan existed
+        assert submitted[0] == sampler.batch(ld.run, 0, 0, 0).size
+        n_id = got[0]["n_id"].numpy()
+        assert got[0]["x"].numpy().tobytes() == feats[n_id].tobytes()

@@ -141,13 +141,17 @@ class RankStream:
         if bg.future is not None:
             bg.future.result()  # the planner is in use until then
             bg.future = None
-        if bg.planner is None or bg.planner.epoch > epoch:
+        behind = bg.planner is None or bg.planner.epoch > epoch
+        if behind or (self.snapshots is not None and bg.planner.epoch < epoch):
             restored = None
             if self.snapshots is not None:
                 restored = snapshot.load(self.snapshots, self.spec, epoch)
-            # Rank 0's snapshots hold every rank's state: with them, plan every rank.
-            alone = self.rank if self.snapshots is None else None
-            bg.planner = restored or Planner(self.spec, only_rank=alone)
+            if restored is not None and (behind or restored.epoch > bg.planner.epoch):
+                bg.planner = restored  # nearer than replanning (or than where the planner is)
+            elif behind:
+                # Rank 0's snapshots hold every rank's state: with them, plan every rank.
+                alone = self.rank if self.snapshots is None else None
+                bg.planner = Planner(self.spec, only_rank=alone)
         while bg.planner.epoch < epoch:
             bg.planner.skip()
         self._initial = bg.planner.contents(self.rank)
