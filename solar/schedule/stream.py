@@ -141,22 +141,22 @@ class RankStream:
         if bg.future is not None:
             bg.future.result()  # the planner is in use until then
             bg.future = None
-        behind = bg.planner is None or bg.planner.epoch > epoch
-        if behind or (self.snapshots is not None and bg.planner.epoch < epoch):
-            restored = None
-            if self.snapshots is not None:
-                restored = snapshot.load(self.snapshots, self.spec, epoch)
-            if restored is not None and (behind or restored.epoch > bg.planner.epoch):
-                bg.planner = restored  # nearer than replanning (or than where the planner is)
-            elif behind:
-                # Rank 0's snapshots hold every rank's state: with them, plan every rank.
-                alone = self.rank if self.snapshots is None else None
-                bg.planner = Planner(self.spec, only_rank=alone)
-        while bg.planner.epoch < epoch:
-            bg.planner.skip()
-        self._initial = bg.planner.contents(self.rank)
+        planner = bg.planner
+        # Where the planner can go on from: not past ``epoch`` (it never plans backwards).
+        at = -1 if planner is None or planner.epoch > epoch else planner.epoch
+        if at < epoch and self.snapshots is not None:
+            restored = snapshot.load(self.snapshots, self.spec, epoch)
+            if restored is not None and restored.epoch > at:
+                planner, at = restored, restored.epoch  # nearer than where the planner is
+        if planner is None or at < 0:
+            # Rank 0's snapshots hold every rank's state: with them, plan every rank.
+            planner = Planner(self.spec, only_rank=self.rank if self.snapshots is None else None)
+        bg.planner = planner
+        while planner.epoch < epoch:
+            planner.skip()
+        self._initial = planner.contents(self.rank)
         self._first = epoch
-        self._parts = [self._plan_next(bg.planner)]
+        self._parts = [self._plan_next(planner)]
         self._window = None
         self.wait_seconds += time.perf_counter() - t0
         self._submit()
