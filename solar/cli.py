@@ -364,7 +364,8 @@ def gen(out, preset, samples, chunks, compression, nodes, avg_degree, features, 
               default="shuffle", show_default=True,
               help="weighted: every loader draws by --weights (the DataLoader with "
                    "WeightedRandomSampler); neighbor: GNN feature gathering on a graph "
-                   "(solar gen --preset graph), loaders mmap, lru, static, solar.")  # fmt: skip
+                   "(solar gen --preset graph), loaders mmap, lru, static, solar "
+                   "(and solar-rows: no page mates).")  # fmt: skip
 @click.option("--fanouts", default="10,5", show_default=True,
               help="--sampler neighbor: neighbours per node at each hop (-1: all).")  # fmt: skip
 @click.option(

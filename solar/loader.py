@@ -86,17 +86,17 @@ def check_batch_memory(
     rows = spec.buffer.cap(run.batch_size)
     if spec.traced:
         rows = max(rows, spec.sampler.batch_bound(run))
-    if spec.pages is not None:
-        rows *= 2  # a step's side rows, as many as its batch at most, follow it
     sets = config.read_ahead_steps(run.batch_size) + 2
     if transform is not None:
         sets += transform.ahead
     slots = slot_count(run, spec.buffer)
     held = sample_bytes if held_bytes is None else held_bytes
-    batches = sets * rows * (sample_bytes + out_bytes)
+    # Raw rows with room for a step's side rows (page mates); transformed rows without.
+    batches = sets * (spec.batch_rows(rows) * sample_bytes + rows * out_bytes)
     require_memory(
         slots * held + batches,
-        f"buffer and batches: {slots} buffer rows + {sets} batches of up to {rows} rows, "
+        f"buffer and batches: {slots} buffer rows + {sets} batches of up to "
+        f"{spec.batch_rows(rows)} rows, "
         f"{sample_bytes + out_bytes} B each" + (f" (buffer rows {held} B)" if held_bytes else ""),
     )
     if transform is not None and transform.processes and os.path.isdir("/dev/shm"):
@@ -150,6 +150,11 @@ class Loader:
     tiny copy of this run (:mod:`solar.warm`); ``stats.warm_seconds`` and
     ``stats.compile_seconds`` say what it cost.
 
+    ``page_mates`` (default): where rows are smaller than a page (one contiguous key, a sampler
+    that splits its own batches, the solar policy, a RAM buffer), also keep the rows that share
+    pages with a step's reads when they are used sooner than what the buffer holds
+    (:mod:`solar.schedule.pagemates`); False plans rows alone.
+
     ``sampler`` draws each step's ids (:mod:`solar.schedule.samplers`): ``Shuffle()`` (the
     default), ``Weighted(...)`` or ``Trace(...)``; with the latter two the sampler splits the
     batches over the ranks, a batch may repeat an id (read once, copied) and the planner looks
@@ -191,6 +196,7 @@ class Loader:
         transform: SampleFn | Transform | None = None,
         batch_transform: Callable[[dict], dict] | None = None,
         warm: bool = True,
+        page_mates: bool = True,
     ) -> None:
         # Other ranks may be waiting in the plan agreement: a failure here takes the job down.
         with abort_job_on_error(comm), measured() as warmth:
@@ -232,10 +238,12 @@ class Loader:
             self.run = run
             if equal_batches and self.world_size > 1 and comm is None:
                 raise SolarError("equal_batches: the ranks exchange rows, pass comm=")
-            deterministic = isinstance(transform, Transform) and transform.deterministic
+            # Side rows are stored raw: not where the buffer holds transformed rows.
+            holds_transformed = isinstance(transform, Transform) and transform.deterministic
+            pages = page_layout(self.info) if page_mates and not holds_transformed else None
             self.spec, given = self._agree_on_plan(
                 plan, run, BufferConfig(capacity, slack, tier_capacity), policy, comm, horizon,
-                equal_batches, None if deterministic else page_layout(self.info),
+                equal_batches, pages,
             )  # fmt: skip
             # The buffer with the batches in flight, counted as the sampler's largest batch.
             check_batch_memory(self.spec, config, self.info.sample_bytes)
@@ -288,7 +296,7 @@ class Loader:
                 kind = None if given is None else "file" if given.file is not None else "memory"
                 rehearse_loader(self, kind)
             self.stats.warm_seconds = time.perf_counter() - t0
-            self._stream.start()  # the first epoch planned from now (its kernels are loaded)
+            self._stream.start()  # the first epoch planned from now, while the caller goes on
         self.stats.compile_seconds, self.stats.compiled = (
             warmth[0].compile_seconds,
             warmth[0].compiled,
@@ -320,7 +328,14 @@ class Loader:
                 self.info.sample_bytes, self.info.identity, self.sampler, made.spec.horizon,
                 equal_batches, made.spec.pages,
             )  # fmt: skip
-            made.check(spec, source="plan" if isinstance(plan, Plan) else f"plan {plan}")
+            source = "plan" if isinstance(plan, Plan) else f"plan {plan}"
+            if made.spec.pages is not None and made.spec.pages != pages:
+                raise SolarError(
+                    f"{source}: planned page mates of rows at {made.spec.pages.as_record()} "
+                    "(offset, row bytes, page); this loader's rows "
+                    + ("share no pages it keeps" if pages is None else f"at {pages.as_record()}")
+                )
+            made.check(spec, source=source)
             made = made.bound_to(spec)  # a file's plan, proven against this loader's sampler
         # The same inputs and the same plan file (its header) on every rank, or none goes on.
         agree(comm, (spec.fingerprint, made.header if made is not None else None), "the plan")
@@ -383,7 +398,7 @@ class Loader:
         if self.transform is not None:
             transforms = TransformPool(self.transform, self.run.seed, self.info.keys,
                                        self.out_keys, self._cores)  # fmt: skip
-        ahead = ReadAhead(self._start, depth)
+        ahead = ReadAhead(self._start, depth, self._confirm)
         tuner = self._new_tuner(ahead, transforms) if self.config.auto else None
         return _Runtime(ahead, tier, transforms, tuner=tuner)
 
@@ -616,9 +631,8 @@ class Loader:
             rows = self.spec.buffer.cap(self.run.batch_size)
             if self.spec.traced:
                 rows = self.sampler.max_batch(self.run) or rows
-            rows *= 1 if self.spec.pages is None else 2
-            self._pool = BatchPool(self.info.keys, rows, self.config.pin_memory,
-                                   self._rt.get().allocate())  # fmt: skip
+            self._pool = BatchPool(self.info.keys, self.spec.batch_rows(rows),
+                                   self.config.pin_memory, self._rt.get().allocate())  # fmt: skip
         return self._pool
 
     def _head_start(self, rt: _Runtime, k: int) -> None:
@@ -627,15 +641,17 @@ class Loader:
         Every row is then read whatever the plan keeps; :meth:`_confirm` checks the plan."""
         if k != 0 or self._buffer_at != 0 or not self.spec.traced or self.spec.affinity:
             return
-        if rt.ready or rt.ahead.started or self._stream.planned_end > 0:
-            return  # reads under way already, or the plan is there: the usual path
+        if rt.tier is not None or rt.ready or rt.ahead.started or self._stream.planned_end > 0:
+            return  # a tier's writes, reads under way, or the plan there: the usual path
         ids = np.asarray(self.sampler.batch(self.run, 0, 0, self.rank), np.int64)
         if ids.size == 0:
             return
         rows = np.arange(ids.size, dtype=np.int64)
         none = np.zeros(0, np.int64)
-        io = InFlight(StepPlan(k, ids, rows, none, none, none, none), [], [], [])
-        io.tensors, io.batch = self._batches.take(ids.size * (1 if self.spec.pages is None else 2))
+        plan = StepPlan(k, ids, read_rows=rows, hit_rows=none, hit_slots=none, admit_rows=none,
+                        admit_slots=none)  # fmt: skip
+        io = InFlight(plan, [], [], [])
+        io.tensors, io.batch = self._batches.take(self.spec.batch_rows(ids.size))
         io.futures = self.reader.submit(ids, io.batch, rows)
         io.storage, io.provisional = len(io.futures), True
         rt.ahead.head(io)
@@ -643,8 +659,12 @@ class Loader:
     def _confirm(self, k: int, io: InFlight) -> InFlight:
         """Step ``k`` read ahead of its plan (:meth:`_head_start`), now with its plan: its side
         rows read too, or, should the plan read other rows (never, for a valid plan), read
-        again as planned."""
-        step = self._step(k)
+        again as planned. (Called by the read-ahead queue before it starts later steps.)"""
+        try:
+            step = self._step(k)
+        except BaseException:
+            wait(io.futures)  # none may write into memory handed back
+            raise
         if (step.hit_rows.size or step.tier_rows.size or step.rows_needed > len(io.batch[0])
                 or not np.array_equal(step.samples, io.plan.samples)):  # fmt: skip
             wait(io.futures)  # none may write into memory handed back
@@ -653,8 +673,6 @@ class Loader:
             sides = np.arange(step.size, step.rows_needed, dtype=np.int64)
             io.futures += self.reader.submit(step.side_samples, io.batch, sides)
             io.storage = len(io.futures)
-        if self.tier is not None:
-            self.tier.expect_writes(k, step.tier_writes)
         io.plan, io.provisional = step, False
         return io
 
@@ -741,8 +759,6 @@ class Loader:
         self._buffer_at = -1  # until the step is assembled, the buffer matches no step
         # Read ahead only into steps already planned: never wait for the planner here.
         io = rt.ahead.take(k, last=min(self.run.num_steps, self._stream.planned_end) - 1)
-        if io.provisional:
-            io = self._confirm(k, io)
         io.depth, io.landed = rt.ahead.depth, rt.ahead.landed
         step = io.plan
         if io.futures:  # a step of hits has none: it costs no waiting at all
@@ -792,7 +808,7 @@ class Loader:
             allocate = self._rt.get().allocate()
             self._out_pool = BatchPool(self.out_keys, self._pool.rows, self.config.pin_memory,
                                        allocate)  # fmt: skip
-        return self._out_pool.take(self._rows(k, step))
+        return self._out_pool.take(self._rows(k, step, sides=False))
 
     def _start_transform(self, pool: TransformPool, k: int, io: InFlight, rows: np.ndarray) -> None:
         """Start transforming ``rows`` of step ``k`` (``io.batch``, raw) into the same rows of
@@ -884,10 +900,13 @@ class Loader:
             rt.tuner.observe(record)
         return io
 
-    def _rows(self, k: int, step: StepPlan) -> int:
-        """Rows of batch memory step ``k`` needs: what it serves, or its share if more."""
+    def _rows(self, k: int, step: StepPlan, sides: bool = True) -> int:
+        """Rows of batch memory step ``k`` needs: what it serves (and its side rows, read to be
+        stored), or its share if more."""
         tr = self._window(k, trim=False).transfer(k)
-        return step.rows_needed if tr is None else max(step.size, tr.size)
+        if tr is not None:
+            return max(step.size, tr.size)
+        return step.rows_needed if sides else step.size
 
     def _deliver(self, k: int, io: InFlight) -> tuple[tuple[int, int], float]:
         """With equal batches, make step ``k``'s served batch (``io``) the one this rank

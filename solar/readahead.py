@@ -47,8 +47,16 @@ class ReadAhead:
     only on the consuming thread, in step order, so no read in flight races a store.
     """
 
-    def __init__(self, start: Callable[[int], InFlight], depth: int) -> None:
+    def __init__(
+        self,
+        start: Callable[[int], InFlight],
+        depth: int,
+        confirm: Callable[[int, InFlight], InFlight] | None = None,
+    ) -> None:
         self._start = start
+        # A step queued before its plan was made (``provisional``) is confirmed against it
+        # when taken, before any later step starts: their reads queue behind its own.
+        self._confirm = confirm
         self._depth = depth
         self._queue: collections.deque[InFlight] = collections.deque()
         self.landed = 0  # at the last take: steps queued after it whose reads had all ended
@@ -72,6 +80,9 @@ class ReadAhead:
         if not self._queue or self._queue[0].plan.step != k:
             self.drain()
             self._queue.append(self._start(k))
+        if self._queue[0].provisional:
+            assert self._confirm is not None, "a provisional step and no way to confirm it"
+            self._queue[0] = self._confirm(k, self._queue[0])
         # Counted before starting more: the queue's occupancy as the consumer arrives.
         ahead = list(self._queue)[1 : 1 + self._depth]
         self.landed = sum(all(f.done() for f in io.futures) for io in ahead)

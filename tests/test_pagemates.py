@@ -52,9 +52,9 @@ def test_mates_of_a_page_are_the_rows_wholly_inside_it(offset, row, page, n, p):
 @given(st.lists(st.lists(st.integers(0, 6), max_size=12), min_size=1, max_size=3),
        st.integers(0, 6), st.integers(0, 40))  # fmt: skip
 def test_later_uses_give_a_keys_first_use_at_or_after_a_position(epochs, v, w):
-    pairs = [np.array(e, np.int64) for e in epochs]
-    uses = LaterUses.of(5, pairs, 7)
-    window = np.concatenate(pairs)
+    pairs = [np.array(e, np.int64) + 10 for e in epochs]  # keys 10..16: indexed from 10
+    uses = LaterUses.of(5, pairs, 10, 7)
+    window = np.concatenate(pairs) - 10
     at = [i for i in range(window.size) if window[i] == v and i >= w]
     got = next_after(v, w, uses.first, uses.pos, uses.starts, 5)
     if not at:
@@ -240,3 +240,64 @@ def test_the_first_steps_reads_start_before_its_plan_is_made(graph, monkeypatch)
         assert submitted[0] == sampler.batch(ld.run, 0, 0, 0).size
         n_id = got[0]["n_id"].numpy()
         assert got[0]["x"].numpy().tobytes() == feats[n_id].tobytes()
+
+
+def test_the_validator_refuses_side_rows_a_spec_does_not_plan_or_too_many(graph):
+    path, layout, _ = graph
+    spec = _spec(path, layout, world=1, epochs=2)
+    part = _parts(spec, 0)[0]
+    rows_only = _spec(path, layout, world=1, epochs=2, pages=False)
+    with pytest.raises(CorruptPlanError, match="invalid flags"):
+        _checked(rows_only, part)  # side rows in a plan of rows alone
+    off = part.step_offsets
+    t = int(np.argmax(np.diff(off)))
+    flags = part.flags.copy()
+    a, b = int(off[t]), int(off[t + 1])
+    batch = np.flatnonzero((flags[a:b] & SIDE) == 0) + a
+    flags[batch[: batch.size // 2 + 1]] = SIDE | ADMIT  # more side rows than served ones
+    with pytest.raises(CorruptPlanError, match="more side rows than the batch"):
+        _checked(spec, RankEpoch(0, part.sample, part.slot, flags, off, part.tslot))
+
+
+def test_a_plan_with_page_mates_is_refused_where_they_do_not_apply(graph, tmp_path):
+    """A plan's page mates must be those of this loader's rows, and rows it keeps raw."""
+    from solar import Transform
+
+    path, layout, _ = graph
+    sampler = NeighborSampler(path, (4, 2), batch_size=24)
+    kw = dict(sampler=sampler, epochs=3, buffer=120, rank=0, world_size=2, warm=False)
+    with Loader(path, ["features"], **kw) as ld:
+        made = ld.plan
+    assert made.spec.pages == layout
+    with pytest.raises(SolarError, match="page mates"):
+        Loader(path, ["features"], plan=made,
+               transform=Transform(lambda x, rng: x, deterministic=True), **kw)  # fmt: skip
+    with pytest.raises(SolarError, match="page mates"):
+        Loader(path, ["features"], plan=made, page_mates=False, **kw)
+    with Loader(path, ["features"], page_mates=False, **kw) as ld:
+        assert ld.spec.pages is None
+
+
+def test_side_rows_follow_a_trace_batch_with_repeats_byte_for_byte(tmp_path):
+    """A Trace's batch may repeat an id (read once, copied): side rows still land after the
+    whole batch, and every row served is h5py's."""
+    from solar import Trace
+
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((600, 24)).astype(np.float32)  # 96 B rows
+    path = tmp_path / "d.h5"
+    with h5py.File(path, "w") as f:
+        f["x"] = x
+    ids = rng.integers(0, 600, (3, 10, 2, 16))  # (epochs, steps, ranks, B)
+    ids[..., 1] = ids[..., 0]  # a repeat in every batch
+    for rank in range(2):
+        with Loader(path, ["x"], sampler=Trace(ids), batch_size=16, epochs=3, buffer=60, rank=rank,
+                    world_size=2) as ld:  # fmt: skip
+            assert ld.spec.pages is not None
+            got = every_batch(ld, range(3))
+            assert np.any(ld.plan.rank(rank).flags & SIDE)
+        assert len(got) == 30
+        for k, b in enumerate(got):
+            want = ids[k // 10, k % 10, rank]
+            np.testing.assert_array_equal(b["index"].numpy(), want)
+            assert b["x"].numpy().tobytes() == x[want].tobytes()

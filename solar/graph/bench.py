@@ -9,8 +9,10 @@ budget (``buffer``: an aggregate share of the feature rows, split evenly over th
   limited to the budget, EMULATED (:mod:`solar.graph.mmapbase`: an LRU of 4 KiB pages of the
   budget's bytes, missing pages read with O_DIRECT on the reader's threads);
 * ``lru``, ``static`` (hot nodes by the frequency of a pre-sampled epoch, as DiskGNN and GIDS
-  cache) and ``solar`` (Belady over the sampler's trace): solar's Loader with that policy, the
-  same reader (O_DIRECT page spans of small rows, ``PageGather``).
+  cache) and ``solar`` (Belady over the sampler's trace, keeping the page mates of its reads:
+  :mod:`solar.schedule.pagemates`): solar's Loader with that policy, the same reader
+  (O_DIRECT page spans of small rows, ``PageGather``); on request ``solar-rows``, solar
+  planning rows alone.
 
 As in ``solar bench``: every rank runs each loader's epoch in turn, in an order rotated every
 epoch, behind a barrier; an epoch's time is the slowest rank's. Feature reads bypass the page
@@ -36,6 +38,8 @@ from solar.errors import SolarError
 from solar.io.throttle import Throttle
 
 GRAPH_LOADERS = ("mmap", "lru", "static", "solar")
+# Also on request: ``solar-rows``, solar planning rows alone (no page mates): what they add.
+MORE_LOADERS = ("solar-rows",)
 
 
 @dataclass(frozen=True)
@@ -55,10 +59,11 @@ class GraphBenchConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        unknown = set(self.loaders) - set(GRAPH_LOADERS)
+        known = GRAPH_LOADERS + MORE_LOADERS
+        unknown = set(self.loaders) - set(known)
         if unknown or not self.loaders:
             raise SolarError(f"--loaders: unknown {sorted(unknown)} with --sampler neighbor "
-                             f"(choose from {', '.join(GRAPH_LOADERS)})")  # fmt: skip
+                             f"(choose from {', '.join(known)})")  # fmt: skip
         if not 0 <= self.buffer <= 1:
             raise SolarError(f"--buffer must be a share in [0, 1], got {self.buffer}")
 
@@ -98,7 +103,8 @@ def run_graph(cfg: GraphBenchConfig, comm: Any, progress=None) -> dict | None:
         else:
             loaders[name] = Loader(
                 info, [cfg.key], sampler=sampler, epochs=cfg.epochs, buffer=capacity,
-                policy=name, comm=comm, reader=cfg.reader, throttle=throttle, seed=cfg.seed,
+                policy=name.removesuffix("-rows"), comm=comm, reader=cfg.reader,
+                throttle=throttle, seed=cfg.seed, page_mates=name != "solar-rows",
             )  # fmt: skip
         construct[name] = allreduce(comm, time.perf_counter() - t0, MAX)
     results: dict[str, dict[str, list]] = {

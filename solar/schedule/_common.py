@@ -41,11 +41,11 @@ class EpochSchedule:
     r's side rows at step t, after its batch.
     """
 
-    rank: np.ndarray  # (samples per epoch,) int16
-    slot: np.ndarray  # (samples per epoch,) int32
-    flags: np.ndarray  # (samples per epoch,) uint8
+    rank: np.ndarray  # (accesses,) int16: the samples an epoch serves, and any side rows
+    slot: np.ndarray  # (accesses,) int32
+    flags: np.ndarray  # (accesses,) uint8
     counts: np.ndarray  # (steps per epoch, P) int32
-    tslot: np.ndarray  # (samples per epoch,) int32; without a tier a read-only view of -1s
+    tslot: np.ndarray  # (accesses,) int32; without a tier a read-only view of -1s
     sample: np.ndarray | None = None  # (accesses,) with side rows: the samples, sides included
     sides: np.ndarray | None = None  # (steps per epoch, P) int32: side rows per rank and step
 

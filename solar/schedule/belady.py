@@ -282,31 +282,36 @@ def _grown(a):
     return out
 
 
+# Fields of ``_trace_steps``'s page ``layout`` (int64): where rows lie (pagemates.PageLayout),
+# N, the epoch planned, its first global step, and the first key of the index ``later``.
+_OFFSET, _ROW, _PAGE, _N, _EPOCH, _K0, _BASE = range(7)
+
+
 @njit(cache=True, inline="always")
-def _mates(seq, sample, flags, a, t, k0, world, seg_counts, layout, later, state, holder, hslot,
+def _mates(seq, sample, flags, a, b, t, world, seg_counts, layout, later, state, holder, hslot,
            key, heap, cells, side, m):  # fmt: skip
-    """Offer step ``t``'s page mates to each rank's buffer (pagemates.py): a row wholly inside
-    a page the rank reads now, not accessed by it now and not held, is admitted, as a read is,
-    if its next use is sooner than the farthest held; at most as many as the rank's batch
-    (they share its batch memory). Appends ``(segment, sample, slot)`` to ``side`` from row
-    ``m``; returns the new row count and ``side`` (grown if need be)."""
+    """Offer step ``t``'s page mates (accesses ``[a, b)``) to each rank's buffer
+    (pagemates.py): a row wholly inside a page the rank reads now, not accessed by it now and
+    not held, is admitted, as a read is, if its next use is sooner than the farthest held; at
+    most as many as the rank's batch (they share its batch memory). Appends ``(segment,
+    sample, slot)`` to ``side`` from row ``m``; returns the new row count and ``side`` (grown
+    if need be)."""
     if key.shape[1] == 0:
         return m, side  # no buffer to offer them to
-    offset, row_bytes, page, n, epoch = layout[0], layout[1], layout[2], layout[3], layout[4]
+    offset, row_bytes, page, n = layout[_OFFSET], layout[_ROW], layout[_PAGE], layout[_N]
     first, pos, starts = later
     page_stamp, row_stamp = state
     seg_id, side_sample, side_slot = side
-    w = a  # the first window position after this step (epoch k is the window's first)
-    for r in range(world):
-        w += seg_counts[r]
     p = a
     for r in range(world):
         q = p + seg_counts[r]
-        tag = (k0 + t) * world + r
+        tag = (layout[_K0] + t) * world + r
         for i in range(p, q):
             row_stamp[sample[i]] = tag
         room = m + seg_counts[r]  # side rows up to the batch's own length
         for i in range(p, q):
+            if m == room:
+                break
             if flags[i] & HIT:
                 continue
             x = sample[i]
@@ -323,7 +328,7 @@ def _mates(seq, sample, flags, a, t, k0, world, seg_counts, layout, later, state
                     v = seq[i] - x + y  # rank r's key of sample y
                     if row_stamp[y] == tag or holder[v] >= 0:
                         continue
-                    nxt = next_after(v, w, first, pos, starts, epoch)
+                    nxt = next_after(v - layout[_BASE], b, first, pos, starts, layout[_EPOCH])
                     if nxt < 0 or nxt >= key[r, 0]:
                         continue  # the buffer holds only sooner uses
                     if m == side_sample.shape[0]:
@@ -356,7 +361,6 @@ def _trace_steps(
     """
     scratch = np.empty(_longest(bounds), np.int64)
     m = 0
-    k0 = layout[5] if layout.shape[0] else 0
     for k in range(bounds.shape[0] - 1):
         a, b = bounds[k], bounds[k + 1]
         for i in range(a, b):
@@ -373,8 +377,10 @@ def _trace_steps(
                          heap, rkey, rheap, cells)  # fmt: skip
         else:
             _ram_step(seq, nu, a, b, rank, slot_out, flags, holder, hslot, key, heap, cells)
-            if layout.shape[0]:
-                m, side = _mates(seq, sample, flags, a, k, k0, counts.shape[1], counts[k],
+            # The run's first step is read before its plan is made (Loader._head_start): no
+            # page mates there, they would be read apart from its pages.
+            if layout.shape[0] and layout[_K0] + k > 0:
+                m, side = _mates(seq, sample, flags, a, b, k, counts.shape[1], counts[k],
                                  layout, later, stamps, holder, hslot, key, heap, cells, side,
                                  m)  # fmt: skip
     return m, side
@@ -505,9 +511,7 @@ class TracePolicy(SolarPolicy):
 
     def __init__(self, run: RunConfig, buffer: BufferConfig, order: Any) -> None:
         super().__init__(run, buffer, order)
-        pages = getattr(order, "pages", None)
-        # Page mates (pagemates.py) are offered to a RAM buffer; a tier plans without them.
-        self.pages = pages if pages is not None and not self.tier else None
+        self.pages = order.pages  # where rows lie, to keep their page mates (PlanSpec.pages)
         self._stamps = (np.zeros(0, np.int64), np.zeros(0, np.int64))
         if self.pages is not None:
             p = self.pages
@@ -533,8 +537,8 @@ class TracePolicy(SolarPolicy):
         layout, later = none, (none, none, none)
         if self.pages is not None:
             p, uses = self.pages, self.order.later_uses(k)
-            layout = np.array([p.offset, p.row_bytes, p.page, self.run.num_samples, k,
-                               k * self.run.steps_per_epoch], np.int64)  # fmt: skip
+            layout = np.array([p.offset, p.row_bytes, p.page, self.run.num_samples, uses.epoch,
+                               k * self.run.steps_per_epoch, uses.base], np.int64)  # fmt: skip
             later = (uses.first, uses.pos, uses.starts)
         side = (np.empty(n // 4 + 16, np.int64), np.empty(n // 4 + 16, np.int64),
                 np.empty(n // 4 + 16, np.int32))  # fmt: skip

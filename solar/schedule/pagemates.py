@@ -4,8 +4,10 @@ Small rows (a GNN's feature rows: 512 B–2 KiB) are read in whole pages, so a p
 miss brings its neighbours' bytes along. Belady over rows alone cannot use them; the planner
 can: after a step's own decisions it offers each such page mate to the buffer as a free read,
 kept if its next use is sooner than the farthest held (:func:`solar.schedule.belady._mates`).
-The runtime reads the kept ones with the step's reads (the same pages: no more requests) and
-stores them as it stores admissions: a side row of the step (``SIDE``), never served.
+The runtime reads the kept ones with the step's reads and stores them as it stores
+admissions: a side row of the step (``SIDE``), never served. Under O_DIRECT a step's rows are
+read in page spans (solar.io.tasks.PageGather): its side rows add no page and no request;
+buffered, the kernel has read their pages with the reads' anyway.
 
 This module holds the pure parts: the layout that says which rows share a page
 (:class:`PageLayout`), the index of next uses by (rank, sample) key over the horizon
@@ -55,50 +57,58 @@ class PageLayout:
         return 0 < 2 * row_bytes <= page
 
 
+# Epochs after the current one whose uses a page mate's next use is looked for: a row used
+# later than that is not kept (it would be evicted before then anyway); the index stays O(A).
+LOOK_AHEAD = 1
+
+
 @dataclass(frozen=True)
 class LaterUses:
-    """Every access position of epochs k..k+H (a window of the trace: ``starts[e]`` is the
-    window position where epoch k + e begins), grouped by key: key v's positions, ascending,
-    are ``pos[first[v]:first[v + 1]]`` (a counting sort, O(window + keys))."""
+    """Every access position of epoch ``epoch`` and the next few (a window of the trace:
+    ``starts[e]`` is the window position where epoch ``epoch + e`` begins), grouped by key:
+    key ``base + v``'s positions, ascending, are ``pos[first[v]:first[v + 1]]`` (a counting
+    sort, O(window + keys))."""
 
     epoch: int
+    base: int  # the first key indexed (a rank planning alone: its own keys only)
     first: np.ndarray  # (keys + 1,) int64
     pos: np.ndarray  # (window,) int64
     starts: np.ndarray  # (epochs in window + 1,) int64
 
     @classmethod
-    def of(cls, epoch: int, pairs: list[np.ndarray], keys: int) -> LaterUses:
-        """The index of the window whose epochs' keys, in order, are ``pairs``."""
+    def of(cls, epoch: int, pairs: list[np.ndarray], base: int, keys: int) -> LaterUses:
+        """The index of the window whose epochs' keys, in order, are ``pairs``, all within
+        ``base .. base + keys - 1``."""
         starts = np.zeros(len(pairs) + 1, np.int64)
         np.cumsum([p.size for p in pairs], out=starts[1:])
         window = np.concatenate(pairs) if pairs else np.zeros(0, np.int64)
         first = np.zeros(keys + 1, np.int64)
         pos = np.empty(window.size, np.int64)
-        _group_positions(window, first, pos)
-        return cls(epoch, first, pos, starts)
+        _group_positions(window, np.int64(base), first, pos)
+        return cls(epoch, base, first, pos, starts)
 
 
 @njit(cache=True, nogil=True)
-def _group_positions(window, first, pos):
+def _group_positions(window, base, first, pos):
     """Counting sort of window positions by key: ``first`` (keys + 1, zeroed) becomes the
     offsets, ``pos`` the positions, each key's ascending."""
     for i in range(window.shape[0]):
-        first[window[i] + 1] += 1
+        first[window[i] - base + 1] += 1
     for v in range(1, first.shape[0]):
         first[v] += first[v - 1]
     fill = first[:-1].copy()
     for i in range(window.shape[0]):
-        v = window[i]
+        v = window[i] - base
         pos[fill[v]] = i
         fill[v] += 1
 
 
 @njit(cache=True, inline="always")
 def next_after(v, w, first, pos, starts, epoch):
-    """Key ``v``'s first use at window position ``w`` or later, as a global position
-    (``(epoch << 40) + index``, traces.py), or -1 if none in the window."""
+    """Key ``v``'s (indexed from the index's ``base``) first use at window position ``w`` or
+    later, as a global position (``(epoch << 40) + index``, traces.py), or -1 if none."""
     lo, hi = first[v], first[v + 1]
-    while lo < hi:  # the first position >= w (a key has few uses in a window)
+    while lo < hi:  # the first position >= w
         mid = (lo + hi) // 2
         if pos[mid] < w:
             lo = mid + 1

@@ -282,8 +282,12 @@ def _check_memory(spec: PlanSpec, keep_all: bool) -> None:
     if spec.policy != "solar" or (spec.traced and not spec.affinity):
         need += 16 * run.world_size * run.num_samples  # per-(rank, sample) tables
     if spec.traced:  # the trace over the horizon (solar.schedule.traces)
+        from solar.schedule.pagemates import LOOK_AHEAD
         from solar.schedule.traces import BYTES_PER_ACCESS, default_horizon
 
         h = default_horizon(run, spec.sampler) if spec.horizon is None else spec.horizon
         need += BYTES_PER_ACCESS * trace_accesses(spec) * (min(h, run.epochs - 1) + 1)
+        if spec.pages is not None:  # page mates: a key index and its window, side rows
+            window = trace_accesses(spec) * (min(h, LOOK_AHEAD, run.epochs - 1) + 1)
+            need += 16 * run.world_size * run.num_samples + 8 * window + 20 * trace_accesses(spec)
     require_memory(need, f"planning {accesses} accesses")

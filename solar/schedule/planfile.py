@@ -14,7 +14,7 @@ only the epochs it runs and a writer streams them as they are planned::
     epochs/<k>/sample        (N_e,)      int32 (int64 when N >= 2**31)  sample ids
     epochs/<k>/slot          (N_e,)      int32  RAM slot of the access, -1: none
     epochs/<k>/flags         (N_e,)      uint8  bit 0 HIT, 1 ADMIT, 2 RELEASE, 3 THIT, 4 TADMIT,
-                                                 5 DEMOTE
+                                                 5 DEMOTE, 6 SIDE (with ADMIT)
     epochs/<k>/tslot         (N_e,)      int32  tier slot of the access, -1: none (only in
                                                  plans with a second tier)
 
@@ -24,7 +24,9 @@ With ``equal_batches`` (in the spec), rank r's checksum also covers every rank's
 
 (:func:`section_layout` is the epoch section's layout in code.)
 
-Semantics of one rank's step: its batch is its accesses of the step, in order. A HIT is
+Semantics of one rank's step: its batch is its accesses of the step, in order, but for side
+rows (SIDE, with page mates: ``pages`` in the spec): they follow the batch, are read from
+storage with it and stored into RAM ``slot`` like an ADMIT, never served. A HIT is
 gathered from RAM ``slot`` and a THIT read from tier ``tslot``, as they stand at the start of
 the step; any other access is read from storage. Then, in access order: DEMOTE writes what RAM
 ``slot`` holds into tier ``tslot``, ADMIT stores the access's row into RAM ``slot``, TADMIT

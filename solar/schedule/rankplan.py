@@ -26,7 +26,8 @@ _NONE.flags.writeable = False
 
 
 class StepPlan(NamedTuple):  # a NamedTuple: one is made per step, cheaper than a dataclass
-    """What one rank does at one global step. Rows index the step's batch (0..size-1).
+    """What one rank does at one global step. Rows index the step's batch (0..size-1), then
+    its side rows (size..rows_needed-1), read only to be stored.
 
     ``hit_rows`` are gathered from RAM ``hit_slots`` and ``tier_rows`` read from tier
     ``tier_slots``, both as they stand at the start of the step; ``read_rows`` are read from
@@ -126,7 +127,7 @@ class RankPlan:
     rank: int
     sample: NDArray[np.integer]  # (A,) sample id of each access (int32, or int64 if N >= 2**31)
     slot: NDArray[np.int32]  # (A,) RAM slot, -1: none
-    flags: NDArray[np.uint8]  # (A,) HIT | ADMIT | RELEASE | THIT | TADMIT | DEMOTE
+    flags: NDArray[np.uint8]  # (A,) HIT | ADMIT | RELEASE | THIT | TADMIT | DEMOTE | SIDE
     step_offsets: NDArray[np.int64]  # (num_steps + 1,) local step t is [offsets[t], [t + 1])
     slots: int
     first_step: int = 0

@@ -78,13 +78,15 @@ def save(directory: str | os.PathLike, planner: Planner) -> Path | None:
     return path
 
 
-def load(directory: str | os.PathLike, spec: PlanSpec, epoch: int) -> Planner | None:
+def load(
+    directory: str | os.PathLike, spec: PlanSpec, epoch: int, after: int = -1
+) -> Planner | None:
     """A planner for ``spec`` restored from its newest valid snapshot in ``directory`` taken
-    at an epoch at or before ``epoch``; None if there is none. A snapshot refused is named in
-    a warning and skipped."""
+    at an epoch at or before ``epoch`` and after ``after`` (a planner already there needs none
+    older); None if there is none. A snapshot refused is named in a warning and skipped."""
     planner: Planner | None = None
     for e in _epochs(Path(directory), spec.fingerprint):
-        if e > epoch:
+        if e > epoch or e <= after:
             continue
         planner = planner or Planner(spec)  # a refused restore leaves it as it was
         state = planner.snapshot()

@@ -75,6 +75,11 @@ class PlanSpec:
         solar_ram = self.policy == "solar" and not self.buffer.tier
         return self.traced and not self.affinity and solar_ram
 
+    def batch_rows(self, rows: int) -> int:
+        """Rows of batch memory a batch of ``rows`` needs: with page mates, room for its side
+        rows too (a step keeps at most its batch's length of them)."""
+        return rows if self.pages is None else 2 * rows
+
     @property
     def bound(self) -> float:
         """Largest possible hit rate: min(P·(C+D), per-epoch samples) hits per epoch

@@ -145,8 +145,8 @@ class RankStream:
         # Where the planner can go on from: not past ``epoch`` (it never plans backwards).
         at = -1 if planner is None or planner.epoch > epoch else planner.epoch
         if at < epoch and self.snapshots is not None:
-            restored = snapshot.load(self.snapshots, self.spec, epoch)
-            if restored is not None and restored.epoch > at:
+            restored = snapshot.load(self.snapshots, self.spec, epoch, after=at)
+            if restored is not None:
                 planner, at = restored, restored.epoch  # nearer than where the planner is
         if planner is None or at < 0:
             # Rank 0's snapshots hold every rank's state: with them, plan every rank.

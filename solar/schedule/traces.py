@@ -27,7 +27,7 @@ from numba import njit
 from solar.config import RunConfig
 from solar.schedule._common import NEVER
 from solar.schedule.order import sample_dtype
-from solar.schedule.pagemates import LaterUses, PageLayout
+from solar.schedule.pagemates import LOOK_AHEAD, LaterUses, PageLayout
 from solar.schedule.samplers import EpochDraws, Sampler
 
 EPOCH_SHIFT = 40  # positions: (epoch << 40) + index within the epoch's accesses
@@ -198,10 +198,14 @@ class TraceOrder:
         return nus[0]
 
     def later_uses(self, k: int) -> LaterUses:
-        """Every use of every key over epoch ``k``'s horizon (:mod:`solar.schedule.pagemates`):
-        when a row not accessed now is next used."""
-        end = min(self.run.epochs, k + self.horizon + 1)
-        return LaterUses.of(k, [self.epoch(e).pair for e in range(k, end)], self._keys)
+        """Every use of every key in epoch ``k`` and the next (within the horizon;
+        :mod:`solar.schedule.pagemates`): when a row not accessed now is next used."""
+        end = min(self.run.epochs, k + min(self.horizon, LOOK_AHEAD) + 1)
+        pairs = [self.epoch(e).pair for e in range(k, end)]
+        if self.only_rank is None:
+            return LaterUses.of(k, pairs, 0, self._keys)
+        n = self.run.num_samples  # a rank planning alone draws only its own keys
+        return LaterUses.of(k, pairs, self.only_rank * n, n)
 
     def next_use(self, k: int, pairs: np.ndarray) -> np.ndarray:
         """The first position after epoch ``k`` (within the horizon of epoch k + 1) of each of

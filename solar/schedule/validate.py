@@ -231,6 +231,8 @@ class TraceValidator(RankValidator):
         run = spec.run
         super().__init__(run, np.arange(run.epochs), slots, rank, key, tier_slots)
         self.affinity = spec.affinity
+        # Side rows only where the spec plans page mates, at most a batch's length a step.
+        self.needs = _NEEDS if spec.pages is None else _NEEDS_SIDES
         self.trace = TraceOrder(run, spec.sampler, horizon=0, affinity=spec.affinity)
 
     def check(self, part: RankEpoch) -> None:
@@ -243,6 +245,12 @@ class TraceValidator(RankValidator):
         _check_shapes(rp, run, limit=None)
         t = self.trace.epoch(k)
         counts = np.diff(rp.step_offsets)
+        steps = np.repeat(np.arange(counts.size), counts)
+        sides = np.bincount(steps[(rp.flags & SIDE) != 0], minlength=counts.size)
+        over = np.flatnonzero(2 * sides > counts)  # more side rows than the batch has
+        if over.size:
+            raise CorruptPlanError(f"rank {r}, step {rp.first_step + int(over[0])}: "
+                                   "more side rows than the batch has rows")  # fmt: skip
         bad = self._not_drawn(rp, counts, t)
         if bad is not None:
             raise CorruptPlanError(f"rank {r}, step {rp.first_step + bad}: the accesses "
@@ -254,7 +262,7 @@ class TraceValidator(RankValidator):
         self.expected[k] = _digest(steps * stride + t.sample, self.key)
         code, i, self.mine[k] = _check_trace_epoch(
             rp.sample, rp.slot, rp.tslot, rp.flags, rp.step_offsets, run.num_samples,
-            self.slots, self.state, self.key, _NEEDS if self.tier_slots else _NEEDS_SIDES, stride,
+            self.slots, self.state, self.key, self.needs, stride,
         )  # fmt: skip
         if code != _OK:
             raise CorruptPlanError(_describe(code, i, rp, self.state))
