@@ -290,13 +290,19 @@ class Loader:
             # 0 measures loading, not set-up.
             self.buffer  # noqa: B018
             self.tier  # noqa: B018
+            # The first epoch planned from now on, beside the warm-up and whatever the caller
+            # does before iterating.
+            self._stream.start()
             t0 = time.perf_counter()
-            self.reader.warm_up()
-            if warm:  # every kernel the epochs call, compiled now (solar/warm.py)
-                kind = None if given is None else "file" if given.file is not None else "memory"
-                rehearse_loader(self, kind)
+            try:
+                self.reader.warm_up()
+                if warm:  # every kernel the epochs call, compiled now (solar/warm.py)
+                    kind = None if given is None else "file" if given.file is not None else "memory"
+                    rehearse_loader(self, kind)
+            except BaseException:
+                self._stream.close()  # no planning thread outlives a Loader never made
+                raise
             self.stats.warm_seconds = time.perf_counter() - t0
-            self._stream.start()  # the first epoch planned from now, while the caller goes on
         self.stats.compile_seconds, self.stats.compiled = (
             warmth[0].compile_seconds,
             warmth[0].compiled,
@@ -886,6 +892,7 @@ class Loader:
             epoch=k // self.run.steps_per_epoch, step=k,
             batch=step.size if io.index is None else io.index.size,
             hits=int(step.hit_rows.size), reads=int(step.read_rows.size), bytes_read=nbytes,
+            side_reads=int(step.side_samples.size),
             read_seconds=busy, stall_seconds=stall, tier_hits=int(step.tier_rows.size),
             tier_bytes=tier_bytes, tier_writes=int(step.tier_writes.size),
             sent=moved[0], received=moved[1], exchange_seconds=seconds,

@@ -84,7 +84,8 @@ def stage_figures(t: EpochStats) -> dict[str, StageFigures]:
     occupancy = t.ready_ahead / t.read_ahead if t.read_ahead else None
     return {
         "read": StageFigures(
-            "read", max(0.0, t.read_seconds - t.decode_seconds), t.reads + t.tier_hits, wall,
+            "read", max(0.0, t.read_seconds - t.decode_seconds),
+            t.reads + t.side_reads + t.tier_hits, wall,
             t.read_thread_seconds, occupancy=occupancy,
         ),
         "decode": StageFigures(

@@ -22,6 +22,7 @@ class StepStats:
     read_seconds: float  # busy time of the reader threads
     stall_seconds: float  # time the trainer waited for late reads (and transforms)
     tier_hits: int = 0  # served from the second tier (not in ``hits`` or ``reads``)
+    side_reads: int = 0  # page mates read to be stored, not served (in ``bytes_read``)
     tier_bytes: int = 0  # read from the tier
     tier_writes: int = 0  # samples written to the tier
     sent: int = 0  # equal batches: rows served here, delivered by another rank
@@ -51,6 +52,7 @@ class EpochStats:
     samples: int = 0
     hits: int = 0  # from RAM
     reads: int = 0  # from storage
+    side_reads: int = 0  # from storage, stored not served (page mates)
     bytes_read: int = 0  # from storage
     read_seconds: float = 0.0
     stall_seconds: float = 0.0
@@ -78,6 +80,7 @@ class EpochStats:
         self.samples += s.batch
         self.hits += s.hits
         self.reads += s.reads
+        self.side_reads += s.side_reads
         self.bytes_read += s.bytes_read
         self.read_seconds += s.read_seconds
         self.stall_seconds += s.stall_seconds

@@ -179,7 +179,8 @@ def test_the_loader_reads_side_rows_serves_exact_rows_and_resumes(graph, world):
         with make() as ld:
             assert ld.spec.pages is not None
             whole = every_batch(ld, range(3))
-            assert np.any(ld.plan.rank(rank).flags & SIDE)
+            sides = int(np.count_nonzero(ld.plan.rank(rank).flags & SIDE))
+            assert sides > 0 and sum(s.side_reads for s in ld.stats.epochs.values()) == sides
             planned = ld.plan.stats[rank]
             assert sum(s.hits for s in ld.stats.epochs.values()) == planned.hits > 0
         for b in whole:
