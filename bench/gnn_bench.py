@@ -23,8 +23,8 @@ aggregate budget of ``--buffer`` of the features (per rank: buffer·N/P rows, or
 4. sampling and planning speed: an epoch's subgraphs of all ranks and its plan, seconds.
 
 ``first`` (under mpiexec) times a solar Loader from construction to its first batch: the
-construction, then the first batch (the first epoch is planned in the background from the end
-of construction, the first step's reads start before its plan is done), and of that the time
+construction, then the first batch (the first epoch is planned in the background from
+construction on, the first step's reads start before its plan is done), and of that the time
 waited for the plan (slowest rank each).
 
 ``inspector`` (one process) times the plan of rank 0's first epoch, planning every rank
@@ -328,7 +328,7 @@ def first_batch(args) -> dict | None:
     ld = Loader(args.graph, ["features"], sampler=sampler, epochs=args.epochs, buffer=capacity,
                 comm=comm, reader=reader, seed=0)  # fmt: skip
     t1 = time.perf_counter()
-    # The first epoch is planned in the background from the end of construction, while the
+    # The first epoch is planned in the background from construction on, while the
     # first step's reads start (they need no plan: the buffer is empty): not forced here.
     batch = next(iter(ld))
     t3 = time.perf_counter()

@@ -96,8 +96,9 @@ def check_batch_memory(
     require_memory(
         slots * held + batches,
         f"buffer and batches: {slots} buffer rows + {sets} batches of up to "
-        f"{spec.batch_rows(rows)} rows, "
-        f"{sample_bytes + out_bytes} B each" + (f" (buffer rows {held} B)" if held_bytes else ""),
+        f"{spec.batch_rows(rows)} rows, {sample_bytes} B each"
+        + (f", and {rows} transformed rows of {out_bytes} B" if out_bytes else "")
+        + (f" (buffer rows {held} B)" if held_bytes else ""),
     )
     if transform is not None and transform.processes and os.path.isdir("/dev/shm"):
         st = os.statvfs("/dev/shm")
@@ -150,10 +151,11 @@ class Loader:
     tiny copy of this run (:mod:`solar.warm`); ``stats.warm_seconds`` and
     ``stats.compile_seconds`` say what it cost.
 
-    ``page_mates`` (default): where rows are smaller than a page (one contiguous key, a sampler
-    that splits its own batches, the solar policy, a RAM buffer), also keep the rows that share
-    pages with a step's reads when they are used sooner than what the buffer holds
-    (:mod:`solar.schedule.pagemates`); False plans rows alone.
+    ``page_mates`` (default): where rows are at most half a page (one file, one contiguous
+    key, a sampler that splits its own batches, the solar policy, a RAM buffer, no
+    deterministic transform), also keep the rows that share pages with a step's reads when they
+    are used sooner than what the buffer holds (:mod:`solar.schedule.pagemates`); raw batch
+    memory then has room for twice a batch's rows. False plans rows alone.
 
     ``sampler`` draws each step's ids (:mod:`solar.schedule.samplers`): ``Shuffle()`` (the
     default), ``Weighted(...)`` or ``Trace(...)``; with the latter two the sampler splits the
@@ -240,10 +242,9 @@ class Loader:
                 raise SolarError("equal_batches: the ranks exchange rows, pass comm=")
             # Side rows are stored raw: not where the buffer holds transformed rows.
             holds_transformed = isinstance(transform, Transform) and transform.deterministic
-            pages = page_layout(self.info) if page_mates and not holds_transformed else None
             self.spec, given = self._agree_on_plan(
                 plan, run, BufferConfig(capacity, slack, tier_capacity), policy, comm, horizon,
-                equal_batches, pages,
+                equal_batches, page_mates and not holds_transformed, holds_transformed,
             )  # fmt: skip
             # The buffer with the batches in flight, counted as the sampler's largest batch.
             check_batch_memory(self.spec, config, self.info.sample_bytes)
@@ -291,8 +292,10 @@ class Loader:
             self.buffer  # noqa: B018
             self.tier  # noqa: B018
             # The first epoch planned from now on, beside the warm-up and whatever the caller
-            # does before iterating.
-            self._stream.start()
+            # does before iterating. (Not without the warm-up: the planning thread would then
+            # compile under numba's lock, which a fork meanwhile would leave held in the child.)
+            if warm:
+                self._stream.start()
             t0 = time.perf_counter()
             try:
                 self.reader.warm_up()
@@ -300,7 +303,7 @@ class Loader:
                     kind = None if given is None else "file" if given.file is not None else "memory"
                     rehearse_loader(self, kind)
             except BaseException:
-                self._stream.close()  # no planning thread outlives a Loader never made
+                self.close()  # no thread, process or tier file outlives a Loader never made
                 raise
             self.stats.warm_seconds = time.perf_counter() - t0
         self.stats.compile_seconds, self.stats.compiled = (
@@ -318,13 +321,15 @@ class Loader:
         comm: Any,
         horizon: int | None,
         equal_batches: bool,
-        pages: PageLayout | None,
+        page_mates: bool,
+        holds_transformed: bool,
     ) -> tuple[PlanSpec, Plan | None]:
         made = None
+        pages = page_layout(self.info)  # None: rows share no pages worth keeping
         if plan is None:
             spec = PlanSpec(run, buffer, policy, False, self.info.sample_bytes,
                             self.info.identity, self.sampler, horizon, equal_batches)  # fmt: skip
-            if pages is not None and spec.plans_page_mates:  # rows sharing pages with reads
+            if page_mates and pages is not None and spec.plans_page_mates:
                 spec = dataclasses.replace(spec, pages=pages)
         else:
             made = plan if isinstance(plan, Plan) else load_plan(plan)
@@ -335,13 +340,17 @@ class Loader:
                 equal_batches, made.spec.pages,
             )  # fmt: skip
             source = "plan" if isinstance(plan, Plan) else f"plan {plan}"
-            if made.spec.pages is not None and made.spec.pages != pages:
-                raise SolarError(
-                    f"{source}: planned page mates of rows at {made.spec.pages.as_record()} "
-                    "(offset, row bytes, page); this loader's rows "
-                    + ("share no pages it keeps" if pages is None else f"at {pages.as_record()}")
-                )
             made.check(spec, source=source)
+            # Page mates too are the plan's choice, if they are this data's and stored raw.
+            kept = made.spec.pages
+            if kept is not None and holds_transformed:
+                raise SolarError(f"{source}: it keeps page mates, stored raw; this loader's "
+                                 "deterministic transform holds transformed rows")  # fmt: skip
+            if kept is not None and kept != pages:
+                where = "share no pages" if pages is None else f"lie at {pages.as_record()}"
+                raise SolarError(f"{source}: it keeps page mates of rows at "
+                                 f"{kept.as_record()} (offset, row bytes, page); this data's "
+                                 f"rows {where}")  # fmt: skip
             made = made.bound_to(spec)  # a file's plan, proven against this loader's sampler
         # The same inputs and the same plan file (its header) on every rank, or none goes on.
         agree(comm, (spec.fingerprint, made.header if made is not None else None), "the plan")
@@ -628,16 +637,19 @@ class Loader:
                 tier.wait_writes()  # before ``out`` is overwritten
         return nbytes
 
+    def _served_rows(self) -> int:
+        """Rows a served batch may have: no local batch exceeds the cap of a full nominal share
+        (or a sampler's longest; the pools grow for a longer one)."""
+        rows = self.spec.buffer.cap(self.run.batch_size)
+        if self.spec.traced:
+            rows = self.sampler.max_batch(self.run) or rows
+        return rows
+
     @property
     def _batches(self) -> BatchPool:
-        """Batch memory, made on first use."""
+        """Batch memory for raw rows, made on first use: a batch, then its side rows."""
         if self._pool is None:
-            # No local batch exceeds the cap of a full nominal share (or a sampler's longest;
-            # the pool grows for a longer one). Side rows, at most a batch's, follow a batch.
-            rows = self.spec.buffer.cap(self.run.batch_size)
-            if self.spec.traced:
-                rows = self.sampler.max_batch(self.run) or rows
-            self._pool = BatchPool(self.info.keys, self.spec.batch_rows(rows),
+            self._pool = BatchPool(self.info.keys, self.spec.batch_rows(self._served_rows()),
                                    self.config.pin_memory, self._rt.get().allocate())  # fmt: skip
         return self._pool
 
@@ -657,7 +669,7 @@ class Loader:
         plan = StepPlan(k, ids, read_rows=rows, hit_rows=none, hit_slots=none, admit_rows=none,
                         admit_slots=none)  # fmt: skip
         io = InFlight(plan, [], [], [])
-        io.tensors, io.batch = self._batches.take(self.spec.batch_rows(ids.size))
+        io.tensors, io.batch = self._batches.take(ids.size)  # (no side rows at this step)
         io.futures = self.reader.submit(ids, io.batch, rows)
         io.storage, io.provisional = len(io.futures), True
         rt.ahead.head(io)
@@ -809,11 +821,10 @@ class Loader:
 
     def _take_out(self, k: int, step: StepPlan) -> tuple[list[Any], list[np.ndarray]]:
         """Batch memory for step ``k``'s transformed rows."""
-        if self._out_pool is None:
-            assert self._pool is not None
+        if self._out_pool is None:  # transformed rows: the batch only, no side rows
             allocate = self._rt.get().allocate()
-            self._out_pool = BatchPool(self.out_keys, self._pool.rows, self.config.pin_memory,
-                                       allocate)  # fmt: skip
+            self._out_pool = BatchPool(self.out_keys, self._served_rows(),
+                                       self.config.pin_memory, allocate)  # fmt: skip
         return self._out_pool.take(self._rows(k, step, sides=False))
 
     def _start_transform(self, pool: TransformPool, k: int, io: InFlight, rows: np.ndarray) -> None:

@@ -216,7 +216,7 @@ def rehearse_loader(loader: Any, plan: str | None) -> Warmth:
                 reader=loader.config, one_per_file=info.one_per_file,
                 tier=loader._tier_dir if spec.buffer.tier else None,
                 tier_size=spec.buffer.tier, sampler=spec.sampler, horizon=spec.horizon,
-                warm=False,
+                warm=False, page_mates=spec.pages is not None,
             )  # fmt: skip
             with tiny:
                 for epoch in range(run.epochs):

@@ -273,10 +273,15 @@ def test_a_plan_with_page_mates_is_refused_where_they_do_not_apply(graph, tmp_pa
     with pytest.raises(SolarError, match="page mates"):
         Loader(path, ["features"], plan=made,
                transform=Transform(lambda x, rng: x, deterministic=True), **kw)  # fmt: skip
-    with pytest.raises(SolarError, match="page mates"):
-        Loader(path, ["features"], plan=made, page_mates=False, **kw)
+    with Loader(path, ["features"], plan=made, page_mates=False, **kw) as ld:
+        assert ld.spec.pages == layout  # the plan's choice, for this data
     with Loader(path, ["features"], page_mates=False, **kw) as ld:
         assert ld.spec.pages is None
+    moved = PlanSpec(made.spec.run, made.spec.buffer, sampler=sampler, dataset=made.spec.dataset,
+                     sample_bytes=made.spec.sample_bytes,
+                     pages=PageLayout(layout.offset + 8, layout.row_bytes))  # fmt: skip
+    with pytest.raises(SolarError, match="page mates of rows at"):
+        Loader(path, ["features"], plan=make_plan(moved), **kw)
 
 
 def test_side_rows_follow_a_trace_batch_with_repeats_byte_for_byte(tmp_path):
@@ -302,3 +307,39 @@ def test_side_rows_follow_a_trace_batch_with_repeats_byte_for_byte(tmp_path):
             want = ids[k // 10, k % 10, rank]
             np.testing.assert_array_equal(b["index"].numpy(), want)
             assert b["x"].numpy().tobytes() == x[want].tobytes()
+
+
+def test_page_mates_under_a_transform_serve_transformed_rows_and_keep_raw_ones(graph):
+    """Side rows are stored raw, as the buffer holds rows; the transform sees batch rows only,
+    whose memory has no room for side rows."""
+    from solar import Transform
+
+    path, _, feats = graph
+    sampler = NeighborSampler(path, (4, 2), batch_size=24)
+    twice = Transform(lambda s, rng: {"features": s["features"] * 2}, workers=2)
+    with Loader(path, ["features"], sampler=sampler, epochs=2, buffer=120,
+                transform=twice) as ld:  # fmt: skip
+        assert ld.spec.pages is not None
+        got = every_batch(ld, range(2))
+        assert sum(s.side_reads for s in ld.stats.epochs.values()) > 0
+        out_rows = ld._out_pool.rows if ld._out_pool is not None else 0
+    assert out_rows == max(b["n_id"].numel() for b in got)  # the largest batch: no side rows
+    for b in got:
+        n_id = b["n_id"].numpy()
+        np.testing.assert_array_equal(b["features"].numpy(), feats[n_id] * 2)
+
+
+def test_a_loader_failing_in_its_warm_up_leaves_no_planning_thread(graph, monkeypatch):
+    import threading
+
+    import solar.loader
+
+    def broken(*args, **kw):
+        raise RuntimeError("rehearsal failed")
+
+    monkeypatch.setattr(solar.loader, "rehearse_loader", broken)
+    path, _, _ = graph
+    sampler = NeighborSampler(path, (4, 2), batch_size=24)
+    with pytest.raises(RuntimeError, match="rehearsal failed"):
+        Loader(path, ["features"], sampler=sampler, epochs=2, buffer=120)
+    assert not [t for t in threading.enumerate() if t.name.startswith("solar-plan")]

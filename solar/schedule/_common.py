@@ -21,9 +21,11 @@ DEMOTE = 32  # with ADMIT: first, what RAM `slot` holds is written into tier `ts
 # With ADMIT: not served. A row sharing a page with the step's reads, read with them (its
 # bytes come with pages read anyway) only to be stored. A step's side rows follow its batch.
 SIDE = 64
-KNOWN_FLAGS = HIT | ADMIT | RELEASE | THIT | TADMIT | DEMOTE | SIDE
 
 NEVER = np.iinfo(np.int64).max  # "next use" of a sample that is not used again
+# A sampler's trace names an access by a global position: (epoch << EPOCH_SHIFT) + its index
+# within the epoch's accesses, ordering them whatever the epochs' lengths (traces.py).
+EPOCH_SHIFT = 40
 
 
 Progress = Callable[[int], None]

@@ -10,8 +10,9 @@ read in page spans (solar.io.tasks.PageGather): its side rows add no page and no
 buffered, the kernel has read their pages with the reads' anyway.
 
 This module holds the pure parts: the layout that says which rows share a page
-(:class:`PageLayout`), the index of next uses by (rank, sample) key over the horizon
-(:class:`LaterUses`), and the merge of a step's side rows after its batch (:func:`with_sides`).
+(:class:`PageLayout`), the index of next uses by (rank, sample) key over the epoch planned and
+the next (:class:`LaterUses`, ``LOOK_AHEAD``), and the merge of a step's side rows after its
+batch (:func:`with_sides`).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from numba import njit
 
 from solar._memory import PAGE
 from solar.errors import SolarError
+from solar.schedule._common import EPOCH_SHIFT
 
 
 @dataclass(frozen=True)
@@ -82,6 +84,9 @@ class LaterUses:
         starts = np.zeros(len(pairs) + 1, np.int64)
         np.cumsum([p.size for p in pairs], out=starts[1:])
         window = np.concatenate(pairs) if pairs else np.zeros(0, np.int64)
+        if window.size and (window.min() < base or window.max() >= base + keys):
+            raise SolarError(f"page mates: the trace names keys outside {base}..{base + keys - 1}"
+                             " (a sampler's rank_epoch gave another rank's batches?)")  # fmt: skip
         first = np.zeros(keys + 1, np.int64)
         pos = np.empty(window.size, np.int64)
         _group_positions(window, np.int64(base), first, pos)
@@ -106,7 +111,7 @@ def _group_positions(window, base, first, pos):
 @njit(cache=True, inline="always")
 def next_after(v, w, first, pos, starts, epoch):
     """Key ``v``'s (indexed from the index's ``base``) first use at window position ``w`` or
-    later, as a global position (``(epoch << 40) + index``, traces.py), or -1 if none."""
+    later, as a global position (``(epoch << EPOCH_SHIFT) + index``), or -1 if none."""
     lo, hi = first[v], first[v + 1]
     while lo < hi:  # the first position >= w
         mid = (lo + hi) // 2
@@ -120,7 +125,7 @@ def next_after(v, w, first, pos, starts, epoch):
     e = 0
     while starts[e + 1] <= p:
         e += 1
-    return ((epoch + e) << 40) + (p - starts[e])
+    return ((epoch + e) << EPOCH_SHIFT) + (p - starts[e])
 
 
 @njit(cache=True, inline="always")

@@ -7,7 +7,9 @@ holds the planner's state, O(N + P·C), and the window, whatever the number of e
 backwards (a resume, or an epoch served again) replans from epoch 0 without keeping anything
 until the wanted epoch: a replay whose cost is the planning time of the epochs before it; or,
 given a directory of planner snapshots (:mod:`solar.schedule.snapshot`, which rank 0 writes
-after each epoch it plans), from the newest snapshot at or before the wanted epoch.
+after each epoch it plans), from the nearer of the planner and the newest snapshot at or
+before the wanted epoch. The first epoch is planned from :meth:`RankStream.start` on (the
+Loader calls it as it is constructed).
 """
 
 from __future__ import annotations
@@ -92,11 +94,13 @@ class RankStream:
             return
         bg = self._bg.get()
         if bg.planner is None:
-            # As :meth:`_restart_at` plans epoch 0: this rank alone, unless rank 0 saves
-            # snapshots of every rank's state.
-            alone = self.rank if self.snapshots is None else None
-            bg.planner = Planner(self.spec, only_rank=alone)
+            bg.planner = self._new_planner()
         self._submit()
+
+    def _new_planner(self) -> Planner:
+        """A planner from epoch 0: of this rank alone, unless rank 0 saves snapshots (they hold
+        every rank's state: then every rank is planned)."""
+        return Planner(self.spec, only_rank=self.rank if self.snapshots is None else None)
 
     def _plan_next(self, planner: Planner) -> RankEpoch:
         """Plan the next epoch (in the background thread); rank 0 then saves a snapshot."""
@@ -149,8 +153,7 @@ class RankStream:
             if restored is not None:
                 planner, at = restored, restored.epoch  # nearer than where the planner is
         if planner is None or at < 0:
-            # Rank 0's snapshots hold every rank's state: with them, plan every rank.
-            planner = Planner(self.spec, only_rank=self.rank if self.snapshots is None else None)
+            planner = self._new_planner()
         bg.planner = planner
         while planner.epoch < epoch:
             planner.skip()

@@ -13,9 +13,9 @@ from numba import njit
 
 from solar.config import BufferConfig, RunConfig
 from solar.errors import SolarError
-from solar.schedule._common import ADMIT, HIT, EpochSchedule, no_tier, slot_count
+from solar.schedule._common import ADMIT, EPOCH_SHIFT, HIT, EpochSchedule, no_tier, slot_count
 from solar.schedule.maxheap import empty_heaps, rekey
-from solar.schedule.traces import EPOCH_SHIFT, TraceOrder
+from solar.schedule.traces import TraceOrder
 
 POS_FIELD = 0  # fields of ``cells``: heap position, then the pair held
 

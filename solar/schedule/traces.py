@@ -25,12 +25,11 @@ import numpy as np
 from numba import njit
 
 from solar.config import RunConfig
-from solar.schedule._common import NEVER
+from solar.schedule._common import EPOCH_SHIFT, NEVER
 from solar.schedule.order import sample_dtype
 from solar.schedule.pagemates import LOOK_AHEAD, LaterUses, PageLayout
 from solar.schedule.samplers import EpochDraws, Sampler
 
-EPOCH_SHIFT = 40  # positions: (epoch << 40) + index within the epoch's accesses
 # Bytes the planner holds per access of the horizon: its pair id, next use, sample, rank and
 # decisions (measured: bench/sampler_bench.py).
 BYTES_PER_ACCESS = 40
@@ -199,7 +198,8 @@ class TraceOrder:
 
     def later_uses(self, k: int) -> LaterUses:
         """Every use of every key in epoch ``k`` and the next (within the horizon;
-        :mod:`solar.schedule.pagemates`): when a row not accessed now is next used."""
+        :mod:`solar.schedule.pagemates`): when a row not accessed now is next used. Raises
+        SolarError if a rank planning alone was given another rank's keys."""
         end = min(self.run.epochs, k + min(self.horizon, LOOK_AHEAD) + 1)
         pairs = [self.epoch(e).pair for e in range(k, end)]
         if self.only_rank is None:
