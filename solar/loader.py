@@ -240,11 +240,10 @@ class Loader:
             self.run = run
             if equal_batches and self.world_size > 1 and comm is None:
                 raise SolarError("equal_batches: the ranks exchange rows, pass comm=")
-            # Side rows are stored raw: not where the buffer holds transformed rows.
-            holds_transformed = isinstance(transform, Transform) and transform.deterministic
+            self.transform = as_transform(transform)
             self.spec, given = self._agree_on_plan(
                 plan, run, BufferConfig(capacity, slack, tier_capacity), policy, comm, horizon,
-                equal_batches, page_mates and not holds_transformed, holds_transformed,
+                equal_batches, page_mates,
             )  # fmt: skip
             # The buffer with the batches in flight, counted as the sampler's largest batch.
             check_batch_memory(self.spec, config, self.info.sample_bytes)
@@ -259,7 +258,6 @@ class Loader:
                 raise SolarError(f"snapshots: {snapshots} is not a directory")
             self._stream = RankStream(self.spec, self.rank, given, snapshots)
             self.reader = Reader(self.info, config, throttle)
-            self.transform = as_transform(transform)
             if batch_transform is not None and not callable(batch_transform):
                 raise SolarError(f"batch_transform must be callable, got {batch_transform!r}")
             self.batch_transform = batch_transform
@@ -322,14 +320,15 @@ class Loader:
         horizon: int | None,
         equal_batches: bool,
         page_mates: bool,
-        holds_transformed: bool,
     ) -> tuple[PlanSpec, Plan | None]:
         made = None
         pages = page_layout(self.info)  # None: rows share no pages worth keeping
         if plan is None:
             spec = PlanSpec(run, buffer, policy, False, self.info.sample_bytes,
                             self.info.identity, self.sampler, horizon, equal_batches)  # fmt: skip
-            if page_mates and pages is not None and spec.plans_page_mates:
+            # Side rows are stored raw: not where the buffer holds transformed rows.
+            keep = page_mates and pages is not None and not self._holds_transformed
+            if keep and spec.plans_page_mates:
                 spec = dataclasses.replace(spec, pages=pages)
         else:
             made = plan if isinstance(plan, Plan) else load_plan(plan)
@@ -343,7 +342,7 @@ class Loader:
             made.check(spec, source=source)
             # Page mates too are the plan's choice, if they are this data's and stored raw.
             kept = made.spec.pages
-            if kept is not None and holds_transformed:
+            if kept is not None and self._holds_transformed:
                 raise SolarError(f"{source}: it keeps page mates, stored raw; this loader's "
                                  "deterministic transform holds transformed rows")  # fmt: skip
             if kept is not None and kept != pages:

@@ -540,8 +540,8 @@ class TracePolicy(SolarPolicy):
             layout = np.array([p.offset, p.row_bytes, p.page, self.run.num_samples, uses.epoch,
                                k * self.run.steps_per_epoch, uses.base], np.int64)  # fmt: skip
             later = (uses.first, uses.pos, uses.starts)
-        side = (np.empty(n // 4 + 16, np.int64), np.empty(n // 4 + 16, np.int64),
-                np.empty(n // 4 + 16, np.int32))  # fmt: skip
+        room = 0 if self.pages is None else n // 4 + 16  # side rows: grown as kept
+        side = (np.empty(room, np.int64), np.empty(room, np.int64), np.empty(room, np.int32))
         m, side = _trace_steps(
             seq, next_use, trace.sample, trace.rank, trace.bounds, trace.counts, self.tier > 0,
             self.holder, self.hslot, self.key,

@@ -246,12 +246,13 @@ class TraceValidator(RankValidator):
         t = self.trace.epoch(k)
         counts = np.diff(rp.step_offsets)
         steps = np.repeat(np.arange(counts.size), counts)
-        sides = np.bincount(steps[(rp.flags & SIDE) != 0], minlength=counts.size)
+        side = (rp.flags & SIDE) != 0  # stored, not served (their flags are checked below)
+        sides = np.bincount(steps[side], minlength=counts.size)
         over = np.flatnonzero(2 * sides > counts)  # more side rows than the batch has
         if over.size:
             raise CorruptPlanError(f"rank {r}, step {rp.first_step + int(over[0])}: "
                                    "more side rows than the batch has rows")  # fmt: skip
-        bad = self._not_drawn(rp, counts, t)
+        bad = self._not_drawn(rp, steps, ~side, counts - sides, t)
         if bad is not None:
             raise CorruptPlanError(f"rank {r}, step {rp.first_step + bad}: the accesses "
                                    "are not the sampler's batch")  # fmt: skip
@@ -268,16 +269,14 @@ class TraceValidator(RankValidator):
             raise CorruptPlanError(_describe(code, i, rp, self.state))
         self.next_epoch += 1
 
-    def _not_drawn(self, rp: RankPlan, counts: np.ndarray, t) -> int | None:
-        """The first step (within the epoch) whose accesses the sampler did not draw, or None."""
+    def _not_drawn(self, rp: RankPlan, steps: np.ndarray, served: np.ndarray,
+                   counts: np.ndarray, t) -> int | None:  # fmt: skip
+        """The first step (within the epoch) whose served accesses (``served``, ``counts`` per
+        step; ``steps``: each access's step) the sampler did not draw, or None."""
         n = np.int64(self.run.num_samples)
-        steps = np.repeat(np.arange(counts.size), counts)
         if not np.all((rp.sample >= 0) & (rp.sample < n)):
             return int(steps[np.argmax((rp.sample < 0) | (rp.sample >= n))])
-        served = rp.served  # side rows are stored, not served (their flags are checked later)
-        if not np.all(served):
-            counts = counts - np.bincount(steps[~served], minlength=counts.size)
-            steps = steps[served]
+        steps = steps[served]
         keys = steps * n + rp.sample[served]  # (step, sample): unique within the epoch
         if self.affinity:
             drawn = np.repeat(np.arange(t.counts.shape[0]), t.counts[:, 0]) * n + t.sample
