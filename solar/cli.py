@@ -178,7 +178,7 @@ def warm(jobs: int) -> None:
     with and without a tier, Shuffle and Weighted: later runs load them in milliseconds."""
     import os
 
-    from solar.warm import warm_ahead
+    from solar.precompile import warm_ahead
 
     if jobs < 1:
         raise SolarError(f"--jobs must be >= 1, got {jobs}")

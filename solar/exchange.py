@@ -24,7 +24,7 @@ import numpy as np
 
 from solar.cache.slots import copy_rows
 from solar.errors import SolarError
-from solar.io.hdf5 import KeyInfo
+from solar.io.info import KeyInfo
 from solar.schedule.transfer import Transfer
 
 

@@ -26,13 +26,10 @@ import dataclasses
 import gc
 import importlib
 import math
-import os
 import pkgutil
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -40,7 +37,7 @@ from numba.core import event
 from numba.core.dispatcher import Dispatcher
 
 from solar.config import BufferConfig, RunConfig
-from solar.io.hdf5 import DatasetInfo, StoredLayout
+from solar.io.info import DatasetInfo, StoredLayout
 from solar.schedule.samplers import SHUFFLE, Sampler, Trace, Weighted, is_shuffle
 from solar.schedule.spec import PlanSpec
 
@@ -187,52 +184,6 @@ def head(info: DatasetInfo, n: int) -> DatasetInfo:
     )  # fmt: skip
 
 
-def rehearse_loader(loader: Any, plan: str | None) -> Warmth:
-    """Run a tiny copy of ``loader``'s run over its own files to its end, then drop it: every
-    kernel ``loader``'s epochs call is compiled (or loaded from the cache) by then. ``plan``:
-    how the real run's plan came, ``"file"`` or ``"memory"`` (None: streamed)."""
-    from solar.loader import Loader
-    from solar.schedule.plan import make_plan, plan_to_file
-
-    info: DatasetInfo = loader.info
-    compiled_before = TALLY.count
-    with measured() as w:
-        fit = max(1, READ_BUDGET // max(1, info.sample_bytes)) * loader.world_size
-        first = head(info, tiny_spec(loader.spec, min(info.num_samples, fit)).run.num_samples)
-        spec = tiny_spec(loader.spec, first.num_samples, first.identity)
-        run = spec.run
-        with contextlib.ExitStack() as stack:
-            made: Any = None
-            if plan == "file":  # the same path as the real run's: read from a file, proven
-                tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="solar-warm-"))
-                made = plan_to_file(spec, Path(tmp) / "plan.h5")
-            elif plan == "memory":
-                made = make_plan(spec)
-            tiny = Loader(
-                first, [k.name for k in info.keys],
-                batch_size=run.batch_size, epochs=run.epochs, buffer=spec.buffer.capacity,
-                seed=run.seed, slack=spec.buffer.slack, plan=made, rank=loader.rank,
-                world_size=run.world_size, drop_last=run.drop_last, policy=spec.policy,
-                reader=loader.config, one_per_file=info.one_per_file,
-                tier=loader._tier_dir if spec.buffer.tier else None,
-                tier_size=spec.buffer.tier, sampler=spec.sampler, horizon=spec.horizon,
-                warm=False, page_mates=spec.pages is not None,
-            )  # fmt: skip
-            with tiny:
-                for epoch in range(run.epochs):
-                    tiny.set_epoch(epoch)
-                    for _ in tiny:
-                        pass
-                # A resume's path too: a jump back replays the buffer (and refills it).
-                tiny.set_epoch(run.epochs - 1)
-                for _ in zip(tiny, range(1), strict=False):
-                    pass
-            loader.sampler.rehearse(loader.run, loader.rank)  # its own kernels, if any
-        if TALLY.count > compiled_before:
-            settle_compiler_garbage()
-    return w[0]
-
-
 def settle_compiler_garbage() -> None:
     """Collect, then freeze, what compiling left: numba's compiler leaves hundreds of thousands
     of live objects (types, IR, caches) that every later full collection of the garbage
@@ -248,93 +199,3 @@ def rehearse_planning(spec: PlanSpec, plan: Callable[[PlanSpec], Any]) -> Warmth
     with measured() as w:
         plan(tiny_spec(spec))
     return w[0]
-
-
-# -- ahead of time -----------------------------------------------------------------------------
-def common_configs() -> list[dict[str, Any]]:
-    """What ``solar warm`` rehearses: every policy of each sampler, with and without a tier,
-    one rank and several, on float32 samples in one HDF5 file and in one-sample files."""
-    from solar.schedule.policies import POLICIES, TIERED, TRACE_POLICIES
-
-    out: list[dict[str, Any]] = []
-    for world in (1, 2):
-        for policy in POLICIES:
-            for tier in (False, True) if policy in TIERED else (False,):
-                out.append(dict(world=world, policy=policy, tier=tier, sampler="shuffle"))
-        for policy in TRACE_POLICIES:
-            for tier in (False, True) if policy == "solar" else (False,):
-                out.append(dict(world=world, policy=policy, tier=tier, sampler="weighted"))
-    return out
-
-
-def warm_config(cfg: dict[str, Any], root: Path) -> None:
-    """Rehearse one of :func:`common_configs` over small generated data in ``root``."""
-    from solar.loader import Loader
-
-    n = 40
-    data = root / "data.h5"
-    if not data.exists():
-        _write_data(root, n)
-    sampler = Weighted(1.0 / (1.0 + np.arange(n))) if cfg["sampler"] == "weighted" else None
-    tier = root / f"tier-{os.getpid()}" if cfg["tier"] else None
-    if tier is not None:
-        tier.mkdir(exist_ok=True)
-    for source, one in ((data, False), (root / "files", True)):
-        for rank in range(cfg["world"]):
-            ld = Loader(
-                source, batch_size=4, epochs=2, buffer=5, rank=rank, world_size=cfg["world"],
-                policy=cfg["policy"], one_per_file=one, tier=tier, tier_size=8 if tier else 0,
-                sampler=sampler,
-            )  # fmt: skip
-            ld.close()
-
-
-def _write_data(root: Path, n: int) -> None:
-    import h5py
-
-    rng = np.random.default_rng(0)
-    x = rng.standard_normal((n, 8, 8)).astype(np.float32)
-    y = rng.standard_normal((n, 2)).astype(np.float32)
-    tmp = root / "data.tmp.h5"
-    with h5py.File(tmp, "w") as f:
-        f["x"], f["y"] = x, y
-    files = root / "files"
-    files.mkdir(exist_ok=True)
-    for i in range(n):
-        with h5py.File(files / f"{i:03d}.h5", "w") as f:
-            f["x"], f["y"] = x[i], y[i]
-    os.replace(tmp, root / "data.h5")
-
-
-def warm_ahead(jobs: int = 1, progress: Callable[[str], None] | None = None) -> Warmth:
-    """Compile the kernels of :func:`common_configs` into numba's cache, in ``jobs``
-    processes (each takes every ``jobs``-th configuration)."""
-    configs = common_configs()
-    with measured() as w, tempfile.TemporaryDirectory(prefix="solar-warm-") as tmp:
-        root = Path(tmp)
-        _write_data(root, 40)
-        if jobs <= 1:
-            for cfg in configs:
-                if progress is not None:
-                    progress(_name(cfg))
-                warm_config(cfg, root)
-        else:
-            import multiprocessing as mp
-
-            ctx = mp.get_context("spawn")  # a fresh interpreter each: no inherited threads
-            with ctx.Pool(jobs) as pool:
-                for name in pool.imap_unordered(_warm_one, [(c, str(root)) for c in configs]):
-                    if progress is not None:
-                        progress(name)
-    return w[0]
-
-
-def _warm_one(arg: tuple[dict[str, Any], str]) -> str:
-    cfg, root = arg
-    warm_config(cfg, Path(root))
-    return _name(cfg)
-
-
-def _name(cfg: dict[str, Any]) -> str:
-    tier = ", tier" if cfg["tier"] else ""
-    return f"{cfg['policy']} ({cfg['sampler']}{tier}, P={cfg['world']})"

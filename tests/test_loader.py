@@ -276,7 +276,9 @@ def test_batches_kept_by_the_trainer_are_never_overwritten(tmp_path):
         dropped.set_epoch(e)
         for _ in dropped:
             pass
-    assert len(dropped._pool) <= 4 + 3  # read_ahead 2, but 16 samples at batch 4: 4 steps
+    assert (
+        len(dropped._pipeline.get().memory.raw) <= 4 + 3
+    )  # read_ahead 2, but 16 samples at batch 4: 4 steps
 
 
 # -- regressions found in review ---------------------------------------------------------------

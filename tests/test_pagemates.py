@@ -322,7 +322,8 @@ def test_page_mates_under_a_transform_serve_transformed_rows_and_keep_raw_ones(g
         assert ld.spec.pages is not None
         got = every_batch(ld, range(2))
         assert sum(s.side_reads for s in ld.stats.epochs.values()) > 0
-        out_rows = ld._out_pool.rows if ld._out_pool is not None else 0
+        out = ld._pipeline.get().memory.out
+        out_rows = out.rows if out is not None else 0
     assert out_rows == max(b["n_id"].numel() for b in got)  # the largest batch: no side rows
     for b in got:
         n_id = b["n_id"].numpy()
@@ -337,7 +338,7 @@ def test_a_loader_failing_in_its_warm_up_leaves_no_planning_thread(graph, monkey
     def broken(*args, **kw):
         raise RuntimeError("rehearsal failed")
 
-    monkeypatch.setattr(solar.loader, "rehearse_loader", broken)
+    monkeypatch.setattr(solar.loader, "_rehearse", broken)
     path, _, _ = graph
     sampler = NeighborSampler(path, (4, 2), batch_size=24)
     with pytest.raises(RuntimeError, match="rehearsal failed"):

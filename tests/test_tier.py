@@ -23,7 +23,7 @@ from solar.cache.tier import TierFile, measure_bandwidth, tier_stride
 from solar.errors import SolarError
 from solar.io import executor as executor_mod
 from solar.io.executor import Executor
-from solar.io.hdf5 import KeyInfo
+from solar.io.info import KeyInfo
 
 TINY = (KeyInfo("x", (11, 11), np.dtype(np.float32)), KeyInfo("y", (), np.dtype(np.int64)))
 PAGES = (
@@ -242,7 +242,7 @@ def test_gone_at_exit(tmp_path):
         "import sys, numpy as np\n"
         "from solar.cache.tier import TierFile\n"
         "from solar.io.executor import Executor\n"
-        "from solar.io.hdf5 import KeyInfo\n"
+        "from solar.io.info import KeyInfo\n"
         "k = (KeyInfo('x', (3,), np.dtype(np.float32)),)\n"
         "t = TierFile(sys.argv[1], slots=4, keys=k, name='exit', executor=Executor(1))\n"
         "t.submit_write(np.array([1]), [np.ones((1, 3), np.float32)], np.array([0]))\n"

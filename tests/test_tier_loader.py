@@ -172,7 +172,7 @@ def test_a_step_that_failed_is_served_again_with_the_right_bytes(data, nvme, mon
     # An epoch's last steps write tier slots that the next epoch's first steps, read ahead,
     # read: fail such a step of epoch 1.
     spe = ld.run.steps_per_epoch
-    steps = {k: ld._window(k, trim=False).step(k) for k in range(spe, 3 * spe)}
+    steps = {k: ld._stream.window(k, trim=False).step(k) for k in range(spe, 3 * spe)}
     target = next(
         (k for k in range(spe, 2 * spe)
          if steps[k].read_rows.size and np.intersect1d(
@@ -181,7 +181,8 @@ def test_a_step_that_failed_is_served_again_with_the_right_bytes(data, nvme, mon
         None,
     )  # fmt: skip
     assert target is not None, "no step of epoch 1 writes slots read just after: change the run"
-    real = ld._start
+    reads = ld._pipeline.get().queue.reads
+    real = reads.start
 
     def failing(k):
         io = real(k)
@@ -194,7 +195,7 @@ def test_a_step_that_failed_is_served_again_with_the_right_bytes(data, nvme, mon
         return io
 
     failing.done = False
-    monkeypatch.setattr(ld._rt.get().ahead, "_start", failing)  # the read-ahead's hook
+    monkeypatch.setattr(reads, "start", failing)  # the read stage's entry
     ld.set_epoch(1)
     seen = []
     with pytest.raises(SolarError, match="injected read error"):

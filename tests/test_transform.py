@@ -302,7 +302,7 @@ def test_transform_threads_resize_between_steps(data):
     ld = Loader(data, batch_size=10, epochs=1, buffer=20, transform=Transform(shrink, workers=1))
     for i, b in enumerate(ld):
         check_shrunk(ref, b)
-        ld._rt.get().transforms.resize(1 + i % 3)
+        ld._pipeline.get().pool.resize(1 + i % 3)
     assert {s.transform_workers for s in ld.stats.steps} == {1, 2, 3}
     ld.close()
 

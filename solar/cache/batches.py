@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from solar.errors import SolarError
-from solar.io.hdf5 import KeyInfo
+from solar.io.info import KeyInfo
 
 # Allocates batch memory: (shapes, dtypes) -> one array each (e.g. in shared memory).
 Allocator = Callable[[list[tuple[int, ...]], list[np.dtype]], list[np.ndarray]]

@@ -11,7 +11,7 @@ from numba import njit
 
 from solar._memory import require_memory
 from solar.errors import SolarError
-from solar.io.hdf5 import KeyInfo
+from solar.io.info import KeyInfo
 
 
 @njit(cache=True, nogil=True)

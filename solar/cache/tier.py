@@ -38,7 +38,7 @@ from solar.cache.slots import copy_rows
 from solar.errors import SolarError
 from solar.io.executor import Executor, combine, when_all
 from solar.io.handles import NoDirectIO, open_descriptor
-from solar.io.hdf5 import KeyInfo
+from solar.io.info import KeyInfo
 from solar.io.tasks import SlotLayout, plan_slot_reads, plan_slot_writes
 
 _INSTANCES = itertools.count()

@@ -23,7 +23,7 @@ from solar._memory import aligned
 from solar.config import ReaderConfig
 from solar.dist import MAX, SUM, allreduce
 from solar.io.executor import Executor, combine
-from solar.io.hdf5 import DatasetInfo
+from solar.io.info import DatasetInfo
 from solar.io.pagecache import evict
 from solar.io.reader import Reader
 

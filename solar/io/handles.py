@@ -24,7 +24,8 @@ import h5py
 import numpy as np
 
 from solar.errors import SolarError
-from solar.io.hdf5 import DatasetInfo, open_h5
+from solar.io.hdf5 import open_h5
+from solar.io.info import DatasetInfo
 
 
 def open_descriptor(path: str | os.PathLike, flags: int, o_direct: bool) -> int:

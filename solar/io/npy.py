@@ -17,7 +17,7 @@ import numpy as np
 from numpy.lib import format as npformat
 
 from solar.errors import SolarError, first_line, truncated
-from solar.io.hdf5 import DatasetInfo, KeyInfo, StoredLayout
+from solar.io.info import DatasetInfo, KeyInfo, StoredLayout
 from solar.io.scan import ScanPart, check_part, empty_part, merge_parts, shared_scan
 
 

@@ -29,7 +29,7 @@ from solar.io.codecs import Decoder, decoder_for
 from solar.io.executor import Executor, wait_all
 from solar.io.fused import fused_codec
 from solar.io.handles import Files
-from solar.io.hdf5 import DatasetInfo
+from solar.io.info import DatasetInfo
 from solar.io.tasks import ChunkSource, FileLayouts, plan_reads
 
 

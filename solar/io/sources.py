@@ -25,7 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from solar.errors import SolarError
-from solar.io.hdf5 import DatasetInfo, describe, expand_paths
+from solar.io.hdf5 import describe, expand_paths
+from solar.io.info import DatasetInfo
 from solar.io.npy import describe_npy
 from solar.io.scan import on_root
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 from solar.config import BufferConfig, RunConfig
 from solar.errors import SolarError
+from solar.schedule._common import slot_count, tier_slot_count
 from solar.schedule.pagemates import PageLayout
 from solar.schedule.policies import check_policy
 from solar.schedule.samplers import SHUFFLE, Sampler, is_shuffle, sampler_from_record
@@ -74,6 +75,16 @@ class PlanSpec:
         the sampler, the solar policy, a RAM buffer (solar.schedule.pagemates)."""
         solar_ram = self.policy == "solar" and not self.buffer.tier
         return self.traced and not self.affinity and solar_ram
+
+    @property
+    def slots(self) -> int:
+        """Slots of a rank's RAM buffer: its capacity, at most N."""
+        return slot_count(self.run, self.buffer)
+
+    @property
+    def tier_slots(self) -> int:
+        """Slots of a rank's tier: its capacity, at most the samples RAM leaves."""
+        return tier_slot_count(self.run, self.buffer)
 
     def batch_rows(self, rows: int) -> int:
         """Rows of batch memory a batch of ``rows`` needs: with page mates, room for its side

@@ -14,14 +14,12 @@ import threading
 import weakref
 from concurrent.futures import Future, ProcessPoolExecutor
 from multiprocessing import shared_memory
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from solar.errors import SolarError
-
-if TYPE_CHECKING:
-    from solar.transform import Rows, TransformPool
+from solar.transform import Rows, SampleFn, transform_rows
 
 Where = tuple[str, int, tuple[int, ...], str]  # segment, offset, shape, dtype
 
@@ -88,8 +86,6 @@ def _view(w: Where) -> np.ndarray:
 
 
 def _run(src: list[Where], dst: list[Where], job: Rows) -> float:
-    from solar.transform import transform_rows
-
     return transform_rows(_STATE["fn"], _STATE["seed"], _STATE["keys"],
                           [_view(w) for w in src], _STATE["out_keys"],
                           [_view(w) for w in dst], job)  # fmt: skip
@@ -101,19 +97,19 @@ def _ready() -> None:
 
 # -- in the Loader's process ----------------------------------------------------------------
 class ProcessTransforms:
-    """``pool``'s workers as processes; its batch pools allocate from :attr:`arena`."""
+    """``workers`` processes running ``fn`` (solar.transform.transform_rows); batch memory
+    they reach is allocated from :attr:`arena`."""
 
-    def __init__(self, pool: TransformPool) -> None:
+    def __init__(self, workers: int, fn: SampleFn, seed: int, keys: tuple, out_keys: tuple) -> None:
         self.arena = SharedArena()
         ctx = multiprocessing.get_context("spawn")
         self._procs = ProcessPoolExecutor(
-            pool.workers, mp_context=ctx, initializer=_init,
-            initargs=(pool.spec.fn, pool.seed, pool.keys, pool.out_keys),
-        )  # fmt: skip
+            workers, mp_context=ctx, initializer=_init, initargs=(fn, seed, keys, out_keys)
+        )
         # Stopped and unlinked at close, or when dropped, or at exit: never left behind.
         self._finalizer = weakref.finalize(self, _stop, self._procs, self.arena)
         try:  # start them all now, not inside the first epoch
-            for f in [self._procs.submit(_ready) for _ in range(pool.workers)]:
+            for f in [self._procs.submit(_ready) for _ in range(workers)]:
                 f.result()
         except Exception as exc:
             self._procs.shutdown(wait=False, cancel_futures=True)

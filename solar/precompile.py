@@ -1,0 +1,105 @@
+"""``solar warm``: compile the kernels of common configurations into numba's cache, ahead of
+time (``make`` runs it at install), by building small Loaders over generated data. The
+rehearsal a Loader runs at construction is solar/loader.py's; the machinery both use is
+solar/warm.py's."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from solar.loader import Loader
+from solar.schedule.samplers import Weighted
+from solar.warm import Warmth, measured
+
+
+def common_configs() -> list[dict[str, Any]]:
+    """What ``solar warm`` rehearses: every policy of each sampler, with and without a tier,
+    one rank and several, on float32 samples in one HDF5 file and in one-sample files."""
+    from solar.schedule.policies import POLICIES, TIERED, TRACE_POLICIES
+
+    out: list[dict[str, Any]] = []
+    for world in (1, 2):
+        for policy in POLICIES:
+            for tier in (False, True) if policy in TIERED else (False,):
+                out.append(dict(world=world, policy=policy, tier=tier, sampler="shuffle"))
+        for policy in TRACE_POLICIES:
+            for tier in (False, True) if policy == "solar" else (False,):
+                out.append(dict(world=world, policy=policy, tier=tier, sampler="weighted"))
+    return out
+
+
+def warm_config(cfg: dict[str, Any], root: Path) -> None:
+    """Rehearse one of :func:`common_configs` over small generated data in ``root``."""
+    n = 40
+    data = root / "data.h5"
+    if not data.exists():
+        _write_data(root, n)
+    sampler = Weighted(1.0 / (1.0 + np.arange(n))) if cfg["sampler"] == "weighted" else None
+    tier = root / f"tier-{os.getpid()}" if cfg["tier"] else None
+    if tier is not None:
+        tier.mkdir(exist_ok=True)
+    for source, one in ((data, False), (root / "files", True)):
+        for rank in range(cfg["world"]):
+            ld = Loader(
+                source, batch_size=4, epochs=2, buffer=5, rank=rank, world_size=cfg["world"],
+                policy=cfg["policy"], one_per_file=one, tier=tier, tier_size=8 if tier else 0,
+                sampler=sampler,
+            )  # fmt: skip
+            ld.close()
+
+
+def _write_data(root: Path, n: int) -> None:
+    import h5py
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((n, 8, 8)).astype(np.float32)
+    y = rng.standard_normal((n, 2)).astype(np.float32)
+    tmp = root / "data.tmp.h5"
+    with h5py.File(tmp, "w") as f:
+        f["x"], f["y"] = x, y
+    files = root / "files"
+    files.mkdir(exist_ok=True)
+    for i in range(n):
+        with h5py.File(files / f"{i:03d}.h5", "w") as f:
+            f["x"], f["y"] = x[i], y[i]
+    os.replace(tmp, root / "data.h5")
+
+
+def warm_ahead(jobs: int = 1, progress: Callable[[str], None] | None = None) -> Warmth:
+    """Compile the kernels of :func:`common_configs` into numba's cache, in ``jobs``
+    processes (each takes every ``jobs``-th configuration)."""
+    configs = common_configs()
+    with measured() as w, tempfile.TemporaryDirectory(prefix="solar-warm-") as tmp:
+        root = Path(tmp)
+        _write_data(root, 40)
+        if jobs <= 1:
+            for cfg in configs:
+                if progress is not None:
+                    progress(_name(cfg))
+                warm_config(cfg, root)
+        else:
+            import multiprocessing as mp
+
+            ctx = mp.get_context("spawn")  # a fresh interpreter each: no inherited threads
+            with ctx.Pool(jobs) as pool:
+                for name in pool.imap_unordered(_warm_one, [(c, str(root)) for c in configs]):
+                    if progress is not None:
+                        progress(name)
+    return w[0]
+
+
+def _warm_one(arg: tuple[dict[str, Any], str]) -> str:
+    cfg, root = arg
+    warm_config(cfg, Path(root))
+    return _name(cfg)
+
+
+def _name(cfg: dict[str, Any]) -> str:
+    tier = ", tier" if cfg["tier"] else ""
+    return f"{cfg['policy']} ({cfg['sampler']}{tier}, P={cfg['world']})"

@@ -1,0 +1,199 @@
+"""The pipeline: one process's stages, built once, run one step at a time.
+
+:func:`build` composes the stages a :class:`~solar.runtime.setup.Setup` calls for — which
+assembly (rows as read, transformed, or held transformed), whether the first step is read
+before its plan, a tier or not — so no stage tests a mode per step. :meth:`Pipeline.serve`
+runs step ``k`` through them in order: holdings (refilled if the step is not the next one
+they match), assembly (reads waited for, hits gathered, updates applied, transforms),
+delivery (trim or exchange, the dict), then the step's figures, from the stages' own records.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from solar.cache.slots import SlotBuffer
+from solar.cache.tier import TierFile, tier_stride
+from solar.dist import abort_job_on_error
+from solar.exchange import Exchange
+from solar.runtime.assembly import Assembly
+from solar.runtime.delivery import Delivered, Delivery
+from solar.runtime.holdings import Holdings, RawRefill, Refill
+from solar.runtime.memory import BatchMemory, InFlight
+from solar.runtime.reads import ReadAhead, Reads
+from solar.runtime.setup import Setup
+from solar.runtime.steps import Steps
+from solar.runtime.transforms import HeldTransformAssembly, TransformAssembly, TransformedRefill
+from solar.runtime.workers import TransformPool
+from solar.schedule.stream import RankStream
+from solar.stats import LoaderStats, StepStats
+from solar.tune import MAX_READ_AHEAD, READ_AHEAD_BYTES, Knob, Tuner, reader_knobs
+
+
+class Pipeline:
+    """A Loader's stages in one process (its threads, batch memory, buffer and tier)."""
+
+    def __init__(self, steps: Steps, holdings: Holdings, assembly: Assembly, delivery: Delivery,
+                 stats: LoaderStats, tuner: Tuner | None, pool: TransformPool | None,
+                 first_ahead: bool, comm: Any) -> None:  # fmt: skip
+        self.steps = steps
+        self.holdings = holdings
+        self.assembly = assembly
+        self.queue = assembly.queue
+        self.memory = assembly.memory
+        self.delivery = delivery
+        self.stats = stats
+        self.tuner = tuner
+        self.pool = pool
+        self._first_ahead = first_ahead
+        self._comm = comm  # with equal batches the other ranks wait for this one's rows
+        self._served = (-1, 0.0)  # the last step served, and when
+
+    @property
+    def tier(self) -> TierFile | None:
+        """This process's tier (None without one)."""
+        return self.holdings.tier
+
+    def seek(self, k: int) -> None:
+        """Make step ``k`` the next one served: if it is not, drain the work under way and
+        refill the buffer and tier to the plan's state at ``k``."""
+        if self.assembly.next_step() == k:
+            return
+        self._drain(k)
+        t0 = time.perf_counter()
+        nbytes = self.holdings.refill(k)
+        stats = self.stats.epoch(k // self.steps.spe)
+        stats.rebuild_seconds += time.perf_counter() - t0
+        stats.bytes_read += nbytes
+
+    def _drain(self, k: int) -> None:
+        """Wait for the reads and transforms under way, and start the tier's run of steps at
+        ``k`` (no step from there on has started)."""
+        self.assembly.drain()
+        self.holdings.reset(k)
+        self.queue.drain()
+
+    def serve(self, k: int) -> dict:
+        """Step ``k``'s batch, delivered, its figures recorded."""
+        # With equal batches the other ranks wait for this one's rows: a failure here ends
+        # the job rather than leave them in the exchange.
+        with abort_job_on_error(self._comm):
+            self.seek(k)  # if another iterator (or a failed step) moved the buffer elsewhere
+            if self._first_ahead and k == 0 and self.holdings.at == 0:
+                self.queue.start_first()  # the first step's reads, while its plan is made
+            self.steps.enter(k)  # the step being served: planned (waited for) if it must be
+            try:
+                began = time.perf_counter()
+                io = self.assembly.take(k)
+                assert io.plan.step == k, (io.plan.step, k)  # seek made the next step k
+                self.assembly.finish(k, io)
+                rows = self.delivery.fit(k, io)
+                self._record(k, io, rows, began)
+            except BaseException:
+                # A failed step leaves the buffer, the read-ahead queue and the tier's held
+                # reads unknown: the next iteration seeks (drains, resets, refills) first.
+                self.holdings.lose()
+                raise
+            del io  # the raw rows go back to their pool
+            return self.delivery.batch(k, rows)
+
+    def _record(self, k: int, io: InFlight, rows: Delivered, began: float) -> None:
+        """Step ``k``'s figures, each from the stage that wrote it."""
+        # The trainer's period: since the previous step was served, if it was the step
+        # before in this epoch (else the time serving this one: a gap between epochs is not
+        # the pipeline's).
+        now, spe = time.perf_counter(), self.steps.spe
+        last, at = self._served
+        wall = now - at if last == k - 1 and k % spe else now - began
+        self._served = (k, now)
+        step, read, shaped = io.plan, io.read, io.shaped
+        executor = self.queue.reads.reader.executor
+        record = StepStats(
+            epoch=k // spe, step=k, batch=int(rows.ids.size),
+            hits=int(step.hit_rows.size), reads=int(step.read_rows.size),
+            side_reads=int(step.side_samples.size), tier_hits=int(step.tier_rows.size),
+            tier_writes=int(step.tier_writes.size), **read._asdict(),
+            sent=rows.sent, received=rows.received, exchange_seconds=rows.exchange_seconds,
+            transform_seconds=shaped.transform_seconds, transformed=shaped.transformed,
+            transform_workers=shaped.transform_workers, wall_seconds=wall,
+            read_threads=executor.threads, decode_threads=executor.decode_threads,
+        )  # fmt: skip
+        record.stall_seconds += shaped.waited
+        self.stats.record(record)
+        if self.tuner is not None:
+            self.tuner.observe(record)
+
+    def wait_reads(self) -> None:
+        """Wait until the reads (and transforms) under way are done; they stay queued."""
+        self.queue.wait()
+        self.assembly.wait()
+
+    def close(self) -> None:
+        """Wait for the work under way; remove the tier file; stop the transform workers."""
+        self._drain(0)
+        self.holdings.close()
+        if self.pool is not None:
+            self.pool.close()
+
+
+def build(setup: Setup, stream: RankStream, stats: LoaderStats,
+          exchange: Exchange | None) -> Pipeline:  # fmt: skip
+    """This process's pipeline for ``setup``'s run, its buffer and tier allocated now."""
+    spec, run = setup.spec, setup.run
+    steps = Steps(spec, setup.rank, stream)
+    tier = None
+    if stream.tier_slots and setup.tier_dir is not None:
+        # Named for the plan and the rank (and, by TierFile, the host and process).
+        tier = TierFile(
+            setup.tier_dir, slots=stream.tier_slots, keys=setup.held_keys,
+            executor=setup.reader.executor, name=f"{spec.fingerprint[:12]}-r{setup.rank}",
+            staging_slots=max(64, (256 << 20) // tier_stride(setup.held_keys)),  # 256 MiB
+        )  # fmt: skip
+    pool = None
+    if setup.transform is not None:
+        pool = TransformPool(setup.transform, run.seed, setup.info.keys, setup.out_keys,
+                             setup.cores)  # fmt: skip
+    buffer = SlotBuffer(stream.slots, setup.held_keys)
+    n = spec.buffer.cap(run.batch_size)  # rows a refill reads at a time
+    refill: Refill = RawRefill(setup.reader, buffer, tier, setup.info.keys, n)
+    if setup.holds_transformed:
+        assert pool is not None
+        refill = TransformedRefill(setup.reader, pool, buffer, tier, steps, setup.info.keys,
+                                   setup.out_keys, n)  # fmt: skip
+    holdings = Holdings(buffer, tier, steps, refill)
+    memory = BatchMemory(
+        setup.info.keys, spec.batch_rows(steps.served_rows()),
+        None if pool is None else setup.out_keys, steps.served_rows(),
+        setup.config.pin_memory, None if pool is None else pool.allocate(),
+    )  # fmt: skip
+    # The first step read before its plan: a sampler that splits its own batches, no tier.
+    first_ahead = steps.own_batches and tier is None
+    queue = ReadAhead(Reads(steps, setup.reader, memory, tier, setup.holds_transformed),
+                      setup.config.read_ahead_steps(run.batch_size), first_ahead)  # fmt: skip
+    assembly = Assembly(steps, queue, memory, holdings)
+    if pool is not None:
+        kind = HeldTransformAssembly if setup.holds_transformed else TransformAssembly
+        assert setup.transform is not None
+        assembly = kind(steps, queue, memory, holdings, pool, setup.transform.ahead, setup.comm)
+    delivery = Delivery(steps, setup.out_keys, exchange, setup.batch_transform, setup.comm)
+    tuner = _tuner(setup, stats, queue, pool) if setup.config.auto else None
+    comm = setup.comm if exchange is not None else None
+    return Pipeline(steps, holdings, assembly, delivery, stats, tuner, pool, first_ahead, comm)
+
+
+def _tuner(setup: Setup, stats: LoaderStats, queue: ReadAhead,
+           pool: TransformPool | None) -> Tuner:  # fmt: skip
+    """threads="auto": the tuner of this process's reader threads, read-ahead depth and
+    (threads, workers="auto") transform workers (solar/tune.py)."""
+    tuner = Tuner(stats, setup.cores)
+    for knob in reader_knobs(setup.reader.executor, tuner.budget):
+        tuner.register(knob)
+    spec = setup.transform
+    if pool is not None and spec is not None and spec.workers == "auto" and not spec.processes:
+        tuner.register(Knob("transform_workers", "transform", lambda: pool.workers,
+                            pool.resize, 1, tuner.budget))  # fmt: skip
+    step_bytes = max(1, setup.run.batch_size * setup.info.sample_bytes)
+    cap = min(MAX_READ_AHEAD, READ_AHEAD_BYTES // step_bytes)
+    tuner.read_ahead(lambda d: setattr(queue, "depth", d), queue.depth, cap)
+    return tuner

@@ -1,0 +1,295 @@
+"""Set-up: everything a run decides before its first batch, and refuses if it must.
+
+:func:`configure` turns a Loader's arguments into a frozen :class:`Setup`: the data described,
+the ranks, the run, the plan's inputs agreed by every rank (a plan file validated), the memory
+checked, the keys delivered and held. It starts no thread; the pipeline is built from it
+(solar.runtime.pipeline).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from solar._cpu import cpu_share
+from solar._memory import require_memory
+from solar.cache.batches import torch_dtype
+from solar.cache.slots import check_budget
+from solar.config import BufferConfig, ReaderConfig, RunConfig, parse_size
+from solar.dist import agree, ranks_on_host
+from solar.errors import SolarError
+from solar.io.info import DatasetInfo, KeyInfo
+from solar.io.reader import Reader
+from solar.io.sources import describe_source
+from solar.schedule import Plan, PlanSpec, load_plan
+from solar.schedule.pagemates import PageLayout
+from solar.schedule.samplers import SHUFFLE, Sampler
+from solar.transform import SampleFn, Transform, as_transform, first_outputs, output_keys
+
+
+@dataclass(frozen=True)
+class Setup:
+    """A rank's run as decided at construction."""
+
+    info: DatasetInfo
+    rank: int
+    world_size: int
+    cores: int  # this rank's share of the host's cores
+    config: ReaderConfig
+    run: RunConfig
+    spec: PlanSpec
+    given: Plan | None  # a plan given (proven safe), or None: streamed
+    sampler: Sampler
+    reader: Reader
+    transform: Transform | None
+    batch_transform: Callable[[dict], dict] | None
+    out_keys: tuple[KeyInfo, ...]  # the keys batches hold
+    held_keys: tuple[KeyInfo, ...]  # the keys the buffer and tier hold
+    tier_dir: str | os.PathLike | None
+    comm: Any
+
+    @property
+    def holds_transformed(self) -> bool:
+        """Whether the buffer holds a deterministic transform's outputs."""
+        return self.transform is not None and self.transform.deterministic
+
+
+def configure(
+    paths: Any,
+    keys: list[str] | None,
+    *,
+    batch_size: int | None,
+    epochs: int,
+    buffer: int | str,
+    seed: int,
+    slack: float,
+    plan: Plan | str | os.PathLike | None,
+    comm: Any,
+    rank: int | None,
+    world_size: int | None,
+    drop_last: bool,
+    policy: str,
+    reader: ReaderConfig | None,
+    throttle: Any,
+    one_per_file: bool,
+    tier: str | os.PathLike | None,
+    tier_size: int | str,
+    sampler: Sampler | None,
+    horizon: int | None,
+    equal_batches: bool,
+    transform: SampleFn | Transform | None,
+    batch_transform: Callable[[dict], dict] | None,
+    page_mates: bool,
+) -> Setup:
+    """A Loader's arguments (solar.loader) checked and decided, in the order a user's
+    mistakes are best reported; every rank agrees on the plan and the keys."""
+    info = describe_source(paths, keys, one_per_file=one_per_file, comm=comm)
+    r, w = rank_and_world(comm, rank, world_size)
+    cores = cpu_share(ranks_on_host(comm))  # this rank's share: transform workers, CPU budget
+    config = _reader_config(info, reader)
+    buf = _buffer(info, buffer, tier, tier_size, slack)
+    chosen = SHUFFLE if sampler is None else sampler
+    run = _run(info, chosen, w, batch_size, epochs, seed, drop_last)
+    if equal_batches and w > 1 and comm is None:
+        raise SolarError("equal_batches: the ranks exchange rows, pass comm=")
+    fn = as_transform(transform)
+    holds = fn is not None and fn.deterministic
+    made = plan if plan is None or isinstance(plan, Plan) else load_plan(plan)
+    # Policy, epoch order, horizon and page mates are a given plan's choice.
+    chose = None if made is None else made.spec
+    spec = PlanSpec(
+        run, buf, policy if chose is None else chose.policy,
+        False if chose is None else chose.reorder_epochs, info.sample_bytes, info.identity,
+        chosen, horizon if chose is None else chose.horizon, equal_batches,
+        None if chose is None else chose.pages,
+    )  # fmt: skip
+    source = "plan" if isinstance(plan, Plan) else f"plan {plan}"
+    spec, given = agree_on_plan(spec, made, source, page_layout(info), page_mates, holds, comm)
+    # The buffer with the batches in flight, counted as the sampler's largest batch.
+    check_batch_memory(spec, config, info.sample_bytes)
+    if given is not None:
+        given.validate(r, comm)  # a file is proven safe before any byte moves, by all ranks
+    io = Reader(info, config, throttle)
+    if batch_transform is not None and not callable(batch_transform):
+        raise SolarError(f"batch_transform must be callable, got {batch_transform!r}")
+    if fn is not None and fn.processes and config.pin_memory:
+        raise SolarError("transform processes write batches in shared memory, not "
+                         "pinned: pass pin_memory=False or use thread workers")  # fmt: skip
+    out = info.keys if fn is None else _output_keys(fn, info, io, seed)
+    held = out if holds else info.keys
+    if fn is not None:  # again, with its rows and steps ahead
+        check_batch_memory(spec, config, info.sample_bytes, fn, sum(k.row_bytes for k in out),
+                           sum(k.row_bytes for k in held))  # fmt: skip
+    agree(comm, [(k.name, k.sample_shape, k.dtype.str) for k in out],
+          "the transform's output keys, shapes and dtypes")  # fmt: skip
+    return Setup(info, r, w, cores, config, run, spec, given, chosen,
+                 io, fn, batch_transform, out, held, tier, comm)  # fmt: skip
+
+
+def _reader_config(info: DatasetInfo, reader: ReaderConfig | None) -> ReaderConfig:
+    import torch
+
+    for k in info.keys:
+        torch_dtype(k)
+    config = reader or ReaderConfig()
+    if config.pin_memory and not torch.cuda.is_available():
+        warnings.warn("pin_memory=True but no accelerator: not pinning", stacklevel=4)
+        config = dataclasses.replace(config, pin_memory=False)
+    return config
+
+
+def _buffer(info: DatasetInfo, buffer: int | str, tier: str | os.PathLike | None,
+            tier_size: int | str, slack: float) -> BufferConfig:  # fmt: skip
+    capacity = parse_size(buffer, sample_bytes=info.sample_bytes)
+    check_budget(min(capacity, info.num_samples), info.sample_bytes)
+    tier_capacity = parse_size(tier_size, sample_bytes=info.sample_bytes, name="tier_size")
+    if (tier is None) != (tier_capacity == 0):
+        raise SolarError(
+            "a second tier needs both tier=<directory> and tier_size > 0 "
+            f"(got tier={tier!r}, tier_size={tier_size!r})"
+        )
+    return BufferConfig(capacity, slack, tier_capacity)
+
+
+def _run(info: DatasetInfo, sampler: Sampler, world: int, batch_size: int | None, epochs: int,
+         seed: int, drop_last: bool) -> RunConfig:  # fmt: skip
+    if batch_size is None:  # a sampler that knows its batch (NeighborSampler) gives it
+        batch_size = getattr(sampler, "batch_size", None)
+        if batch_size is None:
+            raise SolarError("Loader needs batch_size (this sampler has none)")
+    n = info.num_samples
+    sampler.check(n)
+    draws = sampler.draws(n, world * batch_size)
+    run = RunConfig(n, world, batch_size, epochs, seed, drop_last, None if draws == n else draws)
+    sampler.check_run(run)
+    return run
+
+
+def check_snapshots(snapshots: str | os.PathLike | None) -> None:
+    """Refuse a snapshots argument that is not a directory."""
+    if snapshots is not None and not Path(snapshots).is_dir():
+        raise SolarError(f"snapshots: {snapshots} is not a directory")
+
+
+def rank_and_world(comm: Any, rank: int | None, world_size: int | None) -> tuple[int, int]:
+    """This rank and the world size: ``comm``'s, or as given (default one rank)."""
+    if comm is not None:
+        r, w = comm.Get_rank(), comm.Get_size()
+        if (rank is not None and rank != r) or (world_size is not None and world_size != w):
+            raise SolarError(f"rank/world_size {rank}/{world_size} disagree with comm's {r}/{w}")
+        return r, w
+    w = 1 if world_size is None else world_size
+    r = 0 if rank is None else rank
+    if not (isinstance(w, int) and w > 0 and isinstance(r, int) and 0 <= r < w):
+        raise SolarError(f"rank {r} is not within world_size {w}")
+    return r, w
+
+
+def page_layout(info: DatasetInfo) -> PageLayout | None:
+    """Where the rows lie, if a page read brings other rows along (solar.schedule.pagemates):
+    one file and one contiguous key of rows at most half a page. Else None."""
+    if len(info.all_files) != 1 or len(info.keys) != 1 or info.one_per_file:
+        return None
+    offset = -1 if info.stored is None else int(info.stored.offsets[0, 0])
+    row_bytes = info.keys[0].row_bytes
+    if offset < 0 or not PageLayout.worth_it(row_bytes):
+        return None
+    return PageLayout(offset, row_bytes)
+
+
+def agree_on_plan(
+    spec: PlanSpec,
+    made: Plan | None,
+    source: str,
+    pages: PageLayout | None,
+    page_mates: bool,
+    holds_transformed: bool,
+    comm: Any,
+) -> tuple[PlanSpec, Plan | None]:
+    """The plan's inputs and the plan given (``made``, from ``source``), bound to them; the
+    same on every rank, or none goes on. ``pages``: the data's page layout (None: rows share
+    no pages worth keeping)."""
+    if made is None:
+        # Side rows are stored raw: not where the buffer holds transformed rows.
+        if page_mates and pages is not None and not holds_transformed and spec.plans_page_mates:
+            spec = dataclasses.replace(spec, pages=pages)
+    else:
+        made.check(spec, source=source)  # everything but the plan's choices must match
+        # Page mates too are the plan's choice, if they are this data's and stored raw.
+        kept = made.spec.pages
+        if kept is not None and holds_transformed:
+            raise SolarError(f"{source}: it keeps page mates, stored raw; this loader's "
+                             "deterministic transform holds transformed rows")  # fmt: skip
+        if kept is not None and kept != pages:
+            where = "share no pages" if pages is None else f"lie at {pages.as_record()}"
+            raise SolarError(f"{source}: it keeps page mates of rows at "
+                             f"{kept.as_record()} (offset, row bytes, page); this data's "
+                             f"rows {where}")  # fmt: skip
+        made = made.bound_to(spec)  # a file's plan, proven against this loader's sampler
+    # The same inputs and the same plan file (its header) on every rank, or none goes on.
+    agree(comm, (spec.fingerprint, made.header if made is not None else None), "the plan")
+    return spec, made
+
+
+def _output_keys(fn: Transform, info: DatasetInfo, reader: Reader,
+                 seed: int) -> tuple[KeyInfo, ...]:  # fmt: skip
+    """The transform's output keys: declared, or those of its call on sample 0."""
+    if fn.out is not None:
+        keys = output_keys(fn.out, "transform out=", declared=True)
+    else:
+        first = np.zeros(1, np.int64)
+        raw = [np.empty((1, *k.sample_shape), k.native_dtype) for k in info.keys]
+        reader.read(first, raw, first)
+        keys = first_outputs(fn.fn, seed, info.keys, raw)
+    for k in keys:
+        torch_dtype(k)
+    return keys
+
+
+def check_batch_memory(
+    spec: PlanSpec,
+    config: ReaderConfig,
+    sample_bytes: int,
+    transform: Transform | None = None,
+    out_bytes: int = 0,
+    held_bytes: int | None = None,
+) -> None:
+    """Refuse a run whose buffer and batch memory exceed the memory available now. Batches in
+    memory at once: those read ahead, the one served and the one the trainer holds, each as
+    long as the sampler's largest (a neighbour sampler's subgraph, not its seeds); with a
+    ``transform``, also those transformed ahead, each with its transformed rows
+    (``out_bytes`` a row), and the buffer holding ``held_bytes`` rows; with transform
+    processes the batches live in /dev/shm, whose free space is checked too."""
+    run = spec.run
+    rows = spec.buffer.cap(run.batch_size)
+    if spec.traced:
+        rows = max(rows, spec.sampler.batch_bound(run))
+    sets = config.read_ahead_steps(run.batch_size) + 2
+    if transform is not None:
+        sets += transform.ahead
+    held = sample_bytes if held_bytes is None else held_bytes
+    # Raw rows with room for a step's side rows (page mates); transformed rows without.
+    batches = sets * (spec.batch_rows(rows) * sample_bytes + rows * out_bytes)
+    require_memory(
+        spec.slots * held + batches,
+        f"buffer and batches: {spec.slots} buffer rows + {sets} batches of up to "
+        f"{spec.batch_rows(rows)} rows, {sample_bytes} B each"
+        + (f", and {rows} transformed rows of {out_bytes} B" if out_bytes else "")
+        + (f" (buffer rows {held} B)" if held_bytes else ""),
+    )
+    if transform is not None and transform.processes and os.path.isdir("/dev/shm"):
+        st = os.statvfs("/dev/shm")
+        if batches > st.f_bavail * st.f_frsize:
+            raise SolarError(
+                f"transform processes: batches in flight need {batches / 2**20:.0f} MiB of "
+                "shared memory, /dev/shm has "
+                f"{st.f_bavail * st.f_frsize / 2**20:.0f} MiB free "
+                "(fewer read_ahead steps or Transform(ahead=), or thread workers)"
+            )

@@ -1,0 +1,120 @@
+"""What step k is: the one place that answers it for the runtime.
+
+Every stage asks :class:`Steps` about a global step ``k`` — its plan in the sampler's batch
+order, the rows of batch memory it needs, its exchange of rows, the buffer updates of a step
+that touches a slot twice, its transform jobs — and nothing else reads the rank's plan. The
+window of planned epochs is trimmed in one place, :meth:`Steps.enter`: when a step becomes
+the next one served, the epochs before it are done with.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from solar.errors import SolarError
+from solar.schedule.rankplan import StepPlan
+from solar.schedule.samplers import Sampler
+from solar.schedule.spec import PlanSpec
+from solar.schedule.stream import RankStream
+from solar.schedule.transfer import Transfer
+from solar.transform import Rows, repeats
+
+
+class Steps:
+    """Rank ``rank``'s steps of ``spec``'s run, as ``stream`` plans them."""
+
+    def __init__(self, spec: PlanSpec, rank: int, stream: RankStream) -> None:
+        self.spec = spec
+        self.run = spec.run
+        self.rank = rank
+        self.sampler: Sampler = spec.sampler
+        self._stream = stream
+        self.spe = spec.run.steps_per_epoch
+        # A trace split by the sampler (not the planner): a rank's batch is the sampler's.
+        self.own_batches = spec.traced and not spec.affinity
+
+    def enter(self, k: int) -> None:
+        """Step ``k`` is served next: planned now if it must be (waiting for the planner),
+        and the window's epochs before it dropped. The only trim of the window."""
+        self._stream.window(k, trim=True)
+
+    @property
+    def last_planned(self) -> int:
+        """The last step planned so far (reads run ahead only into planned steps: they never
+        wait for the planner)."""
+        return min(self.run.num_steps, self._stream.planned_end) - 1
+
+    @property
+    def planned_any(self) -> bool:
+        """Whether any step is planned yet (without waiting)."""
+        return self._stream.planned_end > 0
+
+    def plan(self, k: int) -> StepPlan:
+        """Step ``k``'s plan, its rows in the sampler's batch order."""
+        step = self._stream.window(k, trim=False).step(k)
+        if not self.spec.traced:
+            return step  # Shuffle: the planner chose the batch, its order is the plan's
+        e, t = divmod(k, self.spe)
+        if self.spec.affinity:  # the draws of the global batch the planner gave this rank
+            draws = self.sampler.global_batch(self.run, e, t)
+            ids = draws[np.isin(draws, step.samples)]
+        else:
+            ids = self.sampler.batch(self.run, e, t, self.rank)
+        try:
+            return step.in_batch(ids)
+        except ValueError:
+            raise SolarError(
+                f"step {k}, rank {self.rank}: the sampler's batch is not the one planned "
+                "(a Trace function must return the same ids for the same arguments)"
+            ) from None
+
+    def first_batch(self) -> np.ndarray:
+        """The run's first step's ids as the sampler draws them for this rank (a sampler
+        that splits its own batches: known before the plan is)."""
+        return np.asarray(self.sampler.batch(self.run, 0, 0, self.rank), np.int64)
+
+    def transfer(self, k: int) -> Transfer | None:
+        """Step ``k``'s exchange of rows with the other ranks (equal batches), or None."""
+        return self._stream.window(k, trim=False).transfer(k)
+
+    def rows(self, k: int, step: StepPlan, sides: bool = True) -> int:
+        """Rows of batch memory step ``k`` needs: what it serves (and its side rows, read to
+        be stored), or its share if more."""
+        tr = self.transfer(k)
+        if tr is not None:
+            return max(step.size, tr.size)
+        return step.rows_needed if sides else step.size
+
+    def served_rows(self) -> int:
+        """Rows a served batch may have: no local batch exceeds the cap of a full nominal
+        share (or a sampler's longest; batch memory grows for a longer one)."""
+        rows = self.spec.buffer.cap(self.run.batch_size)
+        if self.spec.traced:
+            rows = self.sampler.max_batch(self.run) or rows
+        return rows
+
+    def actions(self, k: int) -> list[tuple[int, int, int]]:
+        """Step ``k``'s buffer updates access by access (a step that updates a slot twice)."""
+        return self._stream.window(k, trim=False).step_actions(k)
+
+    def refill_at(self, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """``(cells, samples)`` the buffer and tier must hold to start at step ``k`` (which is
+        served next: the window is trimmed to it)."""
+        self.enter(k)
+        return self._stream.window(k, trim=False).refill_at(k)
+
+    def transform_job(self, k: int, step: StepPlan, rows: np.ndarray) -> Rows:
+        """The transform job of ``rows`` of step ``k``: their samples and each draw's
+        occurrence (the generator's input: a resumed run replays the same augmentation)."""
+        e, t = divmod(k, self.spe)
+        again = repeats(step.samples) if step.copy_dst.size else np.zeros(step.size, np.int64)
+        if self.own_batches:
+            again += self.rank << 32  # a trace's ranks may draw one sample in the same step
+        return Rows(e, t, step.samples[rows], again[rows], rows)
+
+    def global_rows(self, epoch: int) -> np.ndarray:
+        """Rows of every global step of ``epoch`` over all ranks: (steps per epoch,). With a
+        sampler's trace it needs every rank's batches of the epoch (drawn when asked)."""
+        d = self.sampler.epoch(self.run, epoch)
+        rows = np.diff(d.offsets).reshape(self.spe, self.run.world_size)
+        return rows.sum(axis=1)
