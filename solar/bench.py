@@ -108,7 +108,7 @@ class LoaderResult:
     rows_moved: list[int] = field(default_factory=list)  # equal batches: between ranks
     exchange_seconds: list[float] = field(default_factory=list)  # moving them (slowest rank)
     cpu_seconds: list[float] = field(default_factory=list)  # the machine's, in each epoch
-    # solar loaders, over the run, per rank: stage figures (solar/stages.py), the bottleneck
+    # solar loaders, over the run, per rank: stage figures (solar/stats.py), the bottleneck
     # line, and where threads="auto" left its knobs.
     stages: list[dict] = field(default_factory=list)
     bottleneck: list[tuple[str, str]] = field(default_factory=list)

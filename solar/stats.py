@@ -1,12 +1,29 @@
-"""What loading cost: one record per step, totals per epoch."""
+"""What loading cost: one record per step, totals per epoch, and the pipeline's stages.
+
+Records: :class:`StepStats` (one step of one rank, written by the pipeline from the stages'
+own figures), :class:`EpochStats` (an epoch's totals), :class:`LoaderStats` (both, per Loader).
+From the totals, the figures of each stage of the pipeline and which one limits it.
+
+A Loader's pipeline has four stages, each with workers that are busy or idle:
+
+* ``read``: storage (and tier) reads on the reader threads, decoding excluded; throttled
+  storage's waits count as busy (a thread waiting for a remote file system is taken);
+* ``decode``: decoding chunks, inside the read tasks, on at most one thread per core;
+* ``transform``: per-sample transforms on their workers (solar/transform.py);
+* ``trainer``: the consumer, one worker; it is busy when it is not waiting for a step.
+
+As SPDL reports its stages (``TaskPerfStats``: busy time and items per task;
+``QueuePerfStats``: occupancy and the time a consumer was blocked), each stage gets busy
+seconds, items, the wall time, the worker-seconds it was offered (workers × wall, summed step
+by step, since the tuner moves workers), its utilisation (busy / worker-seconds) and, where
+meaningful, the queue occupancy after it and the time its consumer was blocked.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import json
 from dataclasses import dataclass, field
-
-from solar.stages import StageFigures, bottleneck, stage_figures
 
 
 @dataclass(slots=True)  # not frozen: one is made per step, and frozen ones cost 3x more
@@ -28,7 +45,7 @@ class StepStats:
     sent: int = 0  # equal batches: rows served here, delivered by another rank
     received: int = 0  # equal batches: rows another rank served, delivered here
     exchange_seconds: float = 0.0  # equal batches: moving them
-    # Stage figures (solar/stages.py). ``read_seconds`` includes ``decode_seconds``: chunk
+    # Stage figures (below). ``read_seconds`` includes ``decode_seconds``: chunk
     # decoding runs inside the read tasks, timed apart there (solar/io/executor.py).
     decode_seconds: float = 0.0  # busy time of the threads decoding chunks
     wall_seconds: float = 0.0  # since the previous step was served: the trainer's period
@@ -76,30 +93,14 @@ class EpochStats:
     transformed: int = 0
 
     def add(self, s: StepStats) -> None:
+        """Add step ``s``: its figures of the same name summed, and the worker-seconds it
+        offered (workers × its wall time)."""
         self.steps += 1
         self.samples += s.batch
-        self.hits += s.hits
-        self.reads += s.reads
-        self.side_reads += s.side_reads
-        self.bytes_read += s.bytes_read
-        self.read_seconds += s.read_seconds
-        self.stall_seconds += s.stall_seconds
-        self.tier_hits += s.tier_hits
-        self.tier_bytes += s.tier_bytes
-        self.tier_writes += s.tier_writes
-        self.sent += s.sent
-        self.received += s.received
-        self.exchange_seconds += s.exchange_seconds
-        self.decode_seconds += s.decode_seconds
-        self.wall_seconds += s.wall_seconds
-        self.read_thread_seconds += s.read_threads * s.wall_seconds
-        self.decode_thread_seconds += s.decode_threads * s.wall_seconds
-        self.transform_worker_seconds += s.transform_workers * s.wall_seconds
-        self.read_ahead += s.read_ahead
-        self.ready_ahead += s.ready_ahead
-        self.read_latency += s.read_latency
-        self.transform_seconds += s.transform_seconds
-        self.transformed += s.transformed
+        for name in _SUMMED:
+            setattr(self, name, getattr(self, name) + getattr(s, name))
+        for total, workers in _OFFERED:
+            setattr(self, total, getattr(self, total) + getattr(s, workers) * s.wall_seconds)
 
     def merge(self, other: EpochStats) -> EpochStats:
         """The sum of two epochs' totals (a new record)."""
@@ -107,6 +108,134 @@ class EpochStats:
             **{f.name: getattr(self, f.name) + getattr(other, f.name)
                for f in dataclasses.fields(self)}
         )  # fmt: skip
+
+
+# What an epoch sums of each step: the figures both records name alike, and worker-seconds
+# offered (``EpochStats`` field, ``StepStats`` workers field). A new figure is one field in each.
+_SUMMED = tuple(
+    f.name for f in dataclasses.fields(EpochStats) if f.name in StepStats.__dataclass_fields__
+)
+_OFFERED = (
+    ("read_thread_seconds", "read_threads"),
+    ("decode_thread_seconds", "decode_threads"),
+    ("transform_worker_seconds", "transform_workers"),
+)
+
+
+STAGES = ("read", "decode", "transform", "trainer")
+# The trainer limits the pipeline when it waits for less than this share of its time.
+TRAINER_WAIT = 0.10
+
+
+@dataclass(frozen=True)
+class StageFigures:
+    """One stage's figures over an epoch (or a run, or a tuner's window)."""
+
+    name: str
+    busy_seconds: float  # summed over the stage's workers
+    items: int  # samples through the stage
+    wall_seconds: float  # the time the figures cover
+    worker_seconds: float  # workers × wall, summed step by step
+    blocked_seconds: float | None = None  # trainer: waiting for its steps
+    occupancy: float | None = None  # read: mean steps ready in the read-ahead queue / depth
+
+    @property
+    def workers(self) -> float:
+        """Mean workers over the wall time."""
+        return self.worker_seconds / self.wall_seconds if self.wall_seconds > 0 else 0.0
+
+    @property
+    def items_per_second(self) -> float:
+        """Items over the wall time (the stage's throughput, not its capacity)."""
+        return self.items / self.wall_seconds if self.wall_seconds > 0 else 0.0
+
+    @property
+    def utilisation(self) -> float:
+        """busy / (workers × wall): 1 when every worker was busy all the time. (Capped at 1:
+        reads started ahead, before the figures' first step, are busy time of that step.)"""
+        if self.worker_seconds <= 0:
+            return 0.0
+        return min(1.0, self.busy_seconds / self.worker_seconds)
+
+    @property
+    def active(self) -> bool:
+        """Whether the stage did anything (a run without transforms has no transform stage)."""
+        return self.busy_seconds > 0 and self.worker_seconds > 0
+
+    def as_dict(self) -> dict:
+        """JSON-ready: the fields and the derived figures."""
+        return {
+            "workers": self.workers,
+            "busy_seconds": self.busy_seconds,
+            "items": self.items,
+            "items_per_second": self.items_per_second,
+            "wall_seconds": self.wall_seconds,
+            "utilisation": self.utilisation,
+            "occupancy": self.occupancy,
+            "blocked_seconds": self.blocked_seconds,
+        }
+
+
+def stage_figures(t: EpochStats) -> dict[str, StageFigures]:
+    """The four stages' figures from an epoch's (or a window's) totals."""
+    wall = t.wall_seconds
+    waited = t.stall_seconds  # for reads and transforms
+    occupancy = t.ready_ahead / t.read_ahead if t.read_ahead else None
+    return {
+        "read": StageFigures(
+            "read", max(0.0, t.read_seconds - t.decode_seconds),
+            t.reads + t.side_reads + t.tier_hits, wall,
+            t.read_thread_seconds, occupancy=occupancy,
+        ),
+        "decode": StageFigures(
+            "decode", t.decode_seconds, t.reads if t.decode_seconds > 0 else 0, wall,
+            t.decode_thread_seconds,
+        ),
+        "transform": StageFigures(
+            "transform", t.transform_seconds, t.transformed, wall, t.transform_worker_seconds
+        ),
+        "trainer": StageFigures(
+            "trainer", max(0.0, wall - waited), t.samples, wall, wall, blocked_seconds=waited
+        ),
+    }  # fmt: skip
+
+
+def bottleneck(stages: dict[str, StageFigures]) -> tuple[str, str]:
+    """The stage that limits the pipeline, and a line saying by how much.
+
+    Rule: the trainer limits when it rarely waits (less than ``TRAINER_WAIT``, 10 %, of its
+    wall time: the loader keeps up, so only a faster training step would go faster).
+    Otherwise the limit is the stage whose workers are busiest: the highest utilisation
+    (busy / (workers × wall)) among read, decode and transform; a stage near 100 % is
+    saturated, more of its workers (or faster ones) would raise throughput. E.g.
+    ``bottleneck: read (97 % busy on 8 threads); decode 12 % on 2; trainer waited 61 % of
+    4.2 s``. ``("none", ...)`` when no step was recorded.
+    """
+    trainer = stages.get("trainer")
+    if trainer is None or trainer.wall_seconds <= 0:
+        return "none", "bottleneck: none (no steps recorded)"
+    waited = (trainer.blocked_seconds or 0.0) / trainer.wall_seconds
+    busy = [s for n, s in stages.items() if n != "trainer" and s.active]
+    wall = trainer.wall_seconds
+    wait_text = f"trainer waited {100 * waited:.0f} % of {wall:.{1 if wall >= 1 else 2}f} s"
+    if waited < TRAINER_WAIT or not busy:
+        name = "trainer"
+        head = f"bottleneck: trainer ({wait_text.removeprefix('trainer ')})"
+        rest = [_figure(s) for s in busy]
+    else:
+        top = max(busy, key=lambda s: s.utilisation)
+        name = top.name
+        head = f"bottleneck: {_figure(top, long=True)}"
+        rest = [_figure(s) for s in busy if s is not top] + [wait_text]
+    return name, "; ".join([head, *rest])
+
+
+def _figure(s: StageFigures, long: bool = False) -> str:
+    unit = "thread" if s.name in ("read", "decode") else "worker"
+    unit += "" if round(s.workers, 2) == 1 else "s"
+    if long:
+        return f"{s.name} ({100 * s.utilisation:.0f} % busy on {s.workers:.3g} {unit})"
+    return f"{s.name} {100 * s.utilisation:.0f} % on {s.workers:.3g}"
 
 
 @dataclass
@@ -145,12 +274,12 @@ class LoaderStats:
 
     def stages(self, epoch: int | None = None) -> dict[str, StageFigures]:
         """Figures of each pipeline stage (read, decode, transform, trainer) over one epoch
-        or (None) all of them: :func:`solar.stages.stage_figures`."""
+        or (None) all of them: :func:`stage_figures`."""
         return stage_figures(self.totals(epoch))
 
     def bottleneck(self, epoch: int | None = None) -> tuple[str, str]:
         """The stage that limits (its name) and a line saying by how much:
-        :func:`solar.stages.bottleneck`."""
+        :func:`bottleneck`."""
         return bottleneck(self.stages(epoch))
 
     def json_lines(self) -> str:

@@ -11,14 +11,14 @@ The rule is tf.data's ``STAGE_BASED`` autotuning, as a hill climb with take-back
 
 1. Every window (at least :data:`WINDOW_STEPS` steps and :data:`WINDOW_SECONDS` seconds,
    the steps just after a change left out, :data:`SETTLE_STEPS`) the stage figures of the
-   window are computed (solar/stages.py).
+   window are computed (solar/stats.py).
 2. A change made at the end of the previous window is a *trial*: kept if the window's
    throughput (samples/s) rose by at least :data:`MARGIN` over the window before it, else
    taken back, and that stage is not raised again for :data:`HOLD_WINDOWS` windows (twice
    as long after each take-back in a row, up to :data:`MAX_DOUBLINGS` doublings).
 3. Otherwise, unless the trainer is the limit (it waited less than
-   :data:`~solar.stages.TRAINER_WAIT` of the window: more workers cannot help), the stage
-   that limits (the highest utilisation, as :func:`~solar.stages.bottleneck` names it) gets
+   :data:`~solar.stats.TRAINER_WAIT` of the window: more workers cannot help), the stage
+   that limits (the highest utilisation, as :func:`~solar.stats.bottleneck` names it) gets
    more workers through its knob: +1 for a CPU-bound knob, twice as many for I/O
    concurrency (reader threads spend their time waiting on storage and their useful range
    spans 1 to 64: one more at a time would take dozens of windows; an overshoot that does
@@ -44,8 +44,7 @@ from dataclasses import dataclass, field, replace
 
 from solar._cpu import cores
 from solar.io.executor import Executor
-from solar.stages import TRAINER_WAIT, stage_figures
-from solar.stats import EpochStats, LoaderStats, StepStats
+from solar.stats import TRAINER_WAIT, EpochStats, LoaderStats, StepStats, stage_figures
 
 WINDOW_STEPS = 8  # steps in a window, at least
 # And seconds: shorter windows measure scheduling noise; longer ones make the search slow

@@ -14,8 +14,15 @@ import pytest
 
 from solar import Loader, ReaderConfig
 from solar.io.throttle import Throttle
-from solar.stages import TRAINER_WAIT, StageFigures, bottleneck, stage_figures
-from solar.stats import EpochStats, LoaderStats, StepStats
+from solar.stats import (
+    TRAINER_WAIT,
+    EpochStats,
+    LoaderStats,
+    StageFigures,
+    StepStats,
+    bottleneck,
+    stage_figures,
+)
 from solar.transform import Transform
 
 
