@@ -31,10 +31,11 @@ from typing import Any
 import numpy as np
 
 from solar._cpu import cores
+from solar.cache.bandwidth import tier_read_bandwidth
 from solar.config import DEFAULT_SLACK, ReaderConfig
 from solar.dist import MAX, allreduce
 from solar.errors import SolarError
-from solar.io.bandwidth import read_bandwidth, tier_read_bandwidth
+from solar.io.bandwidth import read_bandwidth
 from solar.io.pagecache import evict
 from solar.io.sources import describe_source
 from solar.io.throttle import Throttle
