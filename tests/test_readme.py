@@ -144,3 +144,13 @@ def test_the_example_script_helps_and_runs(tmp_path):
                          env=env, cwd=tmp_path, timeout=120)  # fmt: skip
     assert res.returncode == 0, res.stderr[-3000:]
     assert (tmp_path / "ck.pt").exists()
+
+
+def test_the_layout_lists_every_module():
+    """The README's Layout names each module of the package once, and none that is gone."""
+    section = README.split("## Layout\n", 1)[1].split("\n## ", 1)[0]
+    listed = [line.split()[0] for line in section.split("```")[1].splitlines() if line.strip()]
+    listed = [p for p in listed if p.startswith("solar/")]
+    tree = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "solar").rglob("*.py"))
+    assert sorted(listed) == tree
+    assert len(listed) == len(set(listed))

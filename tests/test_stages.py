@@ -175,3 +175,22 @@ def test_a_slow_transform_is_transform_bound(tmp_path: Path) -> None:
     assert name == "transform", line
     assert stages["transform"].items == 64 and stages["transform"].workers == pytest.approx(1)
     assert "transform (" in line and "busy on 1 worker)" in line
+
+
+def test_epoch_add_covers_every_figure() -> None:
+    """Every EpochStats figure is counted by ``add`` (or, ``rebuild_seconds``, by the Loader):
+    a new StepStats figure gets summed by adding an EpochStats field of its name."""
+    from solar.stats import _OFFERED, _SUMMED
+
+    counted = {"steps", "samples", "rebuild_seconds", *_SUMMED, *(n for n, _ in _OFFERED)}
+    assert {f.name for f in dataclasses.fields(EpochStats)} == counted
+    step = _step(0, 0, wall_seconds=2.0, read_threads=3, decode_threads=1, transform_workers=4)
+    e = EpochStats()
+    e.add(step)
+    e.add(step)
+    assert (e.steps, e.samples, e.hits, e.bytes_read) == (2, 16, 4, 1200)
+    assert (e.read_thread_seconds, e.decode_thread_seconds, e.transform_worker_seconds) == (
+        12.0,
+        4.0,
+        16.0,
+    )
