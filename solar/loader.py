@@ -15,6 +15,7 @@ in the batch's rows.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import os
 import tempfile
@@ -141,51 +142,57 @@ class Loader:
                 batch_transform=batch_transform, page_mates=page_mates,
             )  # fmt: skip
             check_snapshots(snapshots)
-            self._setup = setup
-            self.info, self.rank, self.world_size = setup.info, setup.rank, setup.world_size
-            self.config, self.run, self.spec = setup.config, setup.run, setup.spec
-            self.sampler, self.reader, self.out_keys = setup.sampler, setup.reader, setup.out_keys
-            self.transform, self.batch_transform = setup.transform, setup.batch_transform
-            self._plan: Plan | None = setup.given
-            # This rank's part, one epoch at a time: read from the plan given, or planned one
-            # epoch ahead in the background.
-            self._stream = RankStream(self.spec, self.rank, setup.given, snapshots)
-            self._exchange: Exchange | None = None
-            if self.spec.equal_batches and self.world_size > 1:
-                # Rows move as delivered: transformed, if there is a transform.
-                self._exchange = Exchange(comm, self.out_keys)  # every rank, together
-            self.stats = LoaderStats()
-            self._yielded: tuple[int, int] | None = None  # (epoch, step) last yielded
-            # Rows of each global step of an epoch (a sampler's trace: of the epoch named).
-            self._global_rows: tuple[int, np.ndarray] = (-1, np.diff(step_bounds(self.run)))
-            self._epoch = 0
-            self._next = 0  # global step the next iteration starts from
-            self._pipeline: ProcessLocal[pipeline.Pipeline] = ProcessLocal(self._build)
-            # Allocate (and touch) the buffer, create the tier file and warm the reader now,
-            # not inside the first epoch: an impossible budget or a full disk fails here, and
-            # epoch 0 measures loading, not set-up.
-            try:
-                self._pipeline.get()
-                # The first epoch planned from now on, beside the warm-up and whatever the
-                # caller does before iterating. (Not without the warm-up: the planning thread
-                # would then compile under numba's lock, which a fork meanwhile would leave
-                # held in the child.)
-                if warm:
-                    self._stream.start()
-                t0 = time.perf_counter()
-                self.reader.warm_up()
-                if warm:  # every kernel the epochs call, compiled now (solar/warm.py)
-                    given = setup.given
-                    kind = None if given is None else "file" if given.file is not None else "memory"
-                    _rehearse(self, kind)
-            except BaseException:
-                self.close()  # no thread, process or tier file outlives a Loader never made
-                raise
+            self._adopt(setup, snapshots)
+            self._start(warm)
+        self.stats.compile_seconds = warmth[0].compile_seconds
+        self.stats.compiled = warmth[0].compiled
+
+    def _adopt(self, setup: Setup, snapshots: str | os.PathLike | None) -> None:
+        """Take ``setup``'s decisions: the attributes users read, the rank's plan stream, the
+        exchange (made by every rank together), the iteration position."""
+        self._setup = setup
+        self.info, self.rank, self.world_size = setup.info, setup.rank, setup.world_size
+        self.config, self.run, self.spec = setup.config, setup.run, setup.spec
+        self.sampler, self.reader, self.out_keys = setup.sampler, setup.reader, setup.out_keys
+        self.transform, self.batch_transform = setup.transform, setup.batch_transform
+        self._plan: Plan | None = setup.given
+        # This rank's part, one epoch at a time: read from the plan given, or planned one
+        # epoch ahead in the background.
+        self._stream = RankStream(self.spec, self.rank, setup.given, snapshots)
+        self._exchange: Exchange | None = None
+        if self.spec.equal_batches and self.world_size > 1:
+            # Rows move as delivered: transformed, if there is a transform.
+            self._exchange = Exchange(setup.comm, self.out_keys)
+        self.stats = LoaderStats()
+        self._yielded: tuple[int, int] | None = None  # (epoch, step) last yielded
+        # Rows of each global step of an epoch (a sampler's trace: of the epoch named).
+        self._global_rows: tuple[int, np.ndarray] = (-1, np.diff(step_bounds(self.run)))
+        self._epoch = 0
+        self._next = 0  # global step the next iteration starts from
+        self._pipeline: ProcessLocal[pipeline.Pipeline] = ProcessLocal(self._build)
+
+    def _start(self, warm: bool) -> None:
+        """Allocate (and touch) the buffer, create the tier file and warm the reader now, not
+        inside the first epoch: an impossible budget or a full disk fails here, and epoch 0
+        measures loading, not set-up. With ``warm``, plan the first epoch from now on and
+        rehearse the run (every kernel its epochs call, compiled now: solar/warm.py)."""
+        try:
+            self._pipeline.get()
+            # (Not without the warm-up: the planning thread would then compile under numba's
+            # lock, which a fork meanwhile would leave held in the child.)
+            if warm:
+                self._stream.start()
+            t0 = time.perf_counter()
+            self.reader.warm_up()
+            if warm:
+                given = self._plan
+                _rehearse(
+                    self, None if given is None else "memory" if given.file is None else "file"
+                )
             self.stats.warm_seconds = time.perf_counter() - t0
-        self.stats.compile_seconds, self.stats.compiled = (
-            warmth[0].compile_seconds,
-            warmth[0].compiled,
-        )
+        except BaseException:
+            self.close()  # no thread, process or tier file outlives a Loader never made
+            raise
 
     def _build(self) -> pipeline.Pipeline:
         """This process's pipeline. A forked child builds its own, with a new buffer and tier
@@ -233,8 +240,7 @@ class Loader:
         spe = self.run.steps_per_epoch
         first, end = self._epoch * spe, (self._epoch + 1) * spe
         start = self._next if first <= self._next < end else first
-        runner = self._pipeline.get()
-        runner.seek(start)
+        self._pipeline.get().seek(start)
         for k in range(start, end):
             batch = self._pipeline.get().serve(k)
             self._next = k + 1
@@ -332,8 +338,6 @@ class Loader:
 
 def _portable(setup: Setup) -> Setup:
     """``setup`` for another process: its communicator stays here."""
-    import dataclasses
-
     return dataclasses.replace(setup, comm=None)
 
 

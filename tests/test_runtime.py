@@ -308,3 +308,28 @@ def test_the_pipeline_seeks_as_it_runs_straight(tmp_path, mode):
             p.close()
             stream.close()
         setup.reader.close()
+
+
+# -- steps --------------------------------------------------------------------------------------
+def test_steps_give_the_samplers_batch_order_rows_and_transform_draws():
+    from solar import BufferConfig, PlanSpec, RunConfig, Trace
+    from solar.runtime.steps import Steps
+
+    ids = np.array([[[[5, 3, 5, 1]], [[2, 2, 7, 0]]]], np.int64)  # (epochs, steps, ranks, B)
+    run = RunConfig(8, 1, 4, 1, 0, False, 8)
+    spec = PlanSpec(run, BufferConfig(2, 0.0, 0), "solar", False, 12, "d", Trace(ids), None)
+    stream = RankStream(spec, 0)
+    try:
+        steps = Steps(spec, 0, stream)
+        assert steps.own_batches and steps.first_batch().tolist() == [5, 3, 5, 1]
+        for k in range(2):
+            steps.enter(k)
+            step = steps.plan(k)
+            assert step.samples.tolist() == ids[0, k, 0].tolist()  # the sampler's order
+            assert steps.rows(k, step) == step.rows_needed >= 4 and steps.transfer(k) is None
+            job = steps.transform_job(k, step, np.arange(step.size))
+            # A repeat is a second draw: its own generator input.
+            assert job.repeat.tolist() == ([0, 0, 1, 0] if k == 0 else [0, 1, 0, 0])
+        assert steps.global_rows(0).tolist() == [4, 4] and steps.last_planned == 1
+    finally:
+        stream.close()
