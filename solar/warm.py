@@ -30,6 +30,7 @@ import pkgutil
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -97,10 +98,9 @@ def measured() -> Iterator[list[Warmth]]:
 
 def dispatchers() -> dict[str, Dispatcher]:
     """Every numba kernel of solar, by qualified name."""
-    import solar
-
     out: dict[str, Dispatcher] = {}
-    for m in pkgutil.walk_packages(solar.__path__, "solar."):
+    # The package's directory, not ``import solar``: its __init__ imports the Loader, above.
+    for m in pkgutil.walk_packages([str(Path(__file__).parent)], "solar."):
         if m.name in ("solar.cli", "solar.loader", "solar.bench"):
             continue  # (no kernels; torch and click are slow to import)
         module = importlib.import_module(m.name)

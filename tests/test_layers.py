@@ -50,8 +50,7 @@ def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
 
 def _graph() -> dict[str, set[str]]:
     modules = _modules()
-    # ``solar/__init__.py`` re-exports the public API (lazily): it is the top, not a layer.
-    return {n: _imports(n, p, modules) - {"solar"} for n, p in modules.items()}
+    return {n: _imports(n, p, modules) for n, p in modules.items()}
 
 
 def _cycle(graph: dict[str, set[str]]) -> list[str] | None:

@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from solar.cache import tier as tier_mod
-from solar.cache.tier import TierFile, measure_bandwidth, tier_stride
+from solar.cache.tier import TierFile, tier_stride
 from solar.errors import SolarError
 from solar.io import executor as executor_mod
 from solar.io.executor import Executor
@@ -399,12 +399,6 @@ def test_io_error_is_one_line(tmp_path, monkeypatch):
         monkeypatch.setattr(executor_mod.os, "preadv", eio)
         with pytest.raises(SolarError, match=r"eio-read\..*: slot 1: Input/output error"):
             wait(tier.submit_read(np.array([1]), empty(TINY, 1), np.array([0])))
-
-
-def test_measure_bandwidth(tmp_path):
-    write, read = measure_bandwidth(tmp_path, nbytes=8 * 2**20, block=2**20)
-    assert write > 0 and read > 0
-    assert list(tmp_path.iterdir()) == []
 
 
 def test_reads_of_a_slot_a_pending_step_writes_are_held_until_it_writes(tmp_path):

@@ -35,7 +35,7 @@ def tier_read_bandwidth(
     batch in flight at once; the best of ``repeats`` runs. At most ``limit`` bytes of slots in
     all, written first (a slot never written would read as a hole, not from the device).
 
-    The single-stream sequential read it replaces (``measure_bandwidth``) measured less than
+    A single-stream sequential read (what this replaced) measured less than
     the loaders' threads reach, which put a tier run's limit above its measured epochs."""
     rank, world = (0, 1) if comm is None else (comm.Get_rank(), comm.Get_size())
     stride = tier_stride(info.keys)

@@ -22,7 +22,6 @@ import multiprocessing.util
 import os
 import re
 import socket
-import tempfile
 import threading
 import time
 import warnings
@@ -455,42 +454,6 @@ def _alive(pid: int) -> bool:
     except (PermissionError, OverflowError):
         return True  # another user's process, or not a pid: leave its file alone
     return True
-
-
-def measure_bandwidth(
-    directory: str | os.PathLike, nbytes: int = 256 * 2**20, block: int = 4 * 2**20
-) -> tuple[float, float]:
-    """O_DIRECT (write, read) bandwidth in bytes/s of a scratch file in ``directory``, which is
-    always removed: ``nbytes`` written in ``block``-sized calls, fsync'ed, then read back."""
-    _check_directory(Path(directory))
-    block = max(PAGE, block // PAGE * PAGE)
-    count = max(1, nbytes // block)
-    buf = aligned(block)
-    buf[:] = np.random.default_rng(0).integers(0, 256, block, np.uint8)  # incompressible
-    fd, tmp = tempfile.mkstemp(prefix=".solar-tier-bench-", dir=directory)
-    os.close(fd)
-    try:
-        try:
-            fd = os.open(tmp, os.O_RDWR | os.O_DIRECT)
-            os.posix_fallocate(fd, 0, count * block)
-        except OSError as exc:
-            raise SolarError(
-                f"tier {directory}: cannot measure with O_DIRECT ({exc.strerror})"
-            ) from None
-        try:
-            t0 = time.perf_counter()
-            for i in range(count):
-                os.pwrite(fd, buf.data, i * block)
-            os.fsync(fd)
-            t1 = time.perf_counter()
-            for i in range(count):
-                os.preadv(fd, [buf.data], i * block)
-            t2 = time.perf_counter()
-        finally:
-            os.close(fd)
-    finally:
-        os.unlink(tmp)
-    return count * block / (t1 - t0), count * block / (t2 - t1)
 
 
 def _rows_u8(a: np.ndarray, row_bytes: int) -> np.ndarray:
