@@ -24,6 +24,7 @@ import math
 import os
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -151,6 +152,60 @@ def memory_bandwidth(nbytes: int = 256 * 2**20, repeats: int = 5) -> float:
         np.copyto(dst, src)
         best = min(best, time.perf_counter() - t0)
     return nbytes / best
+
+
+def limit_terms(
+    *,
+    bytes_read: int,
+    hits: int,
+    tier_hits: int,
+    steps: int,
+    compute_ms: float,
+    sample_bytes: int,
+    world: int,
+    limits: Mapping[str, float],
+) -> dict[str, float]:
+    """The seconds each part of one solar epoch needs at least, from measured bandwidths.
+
+    ``bytes_read``, ``hits`` (from RAM) and ``tier_hits`` are the epoch's over all ranks;
+    ``steps`` its steps per rank, each computing ``compute_ms``; ``limits`` the bandwidths
+    measured in the run (bytes/s): ``read_bytes_per_s`` and ``tier_bytes_per_s`` all ranks'
+    together, ``mem_bytes_per_s`` one rank's copy. The terms, each present only when the epoch
+    has that part (so every term is > 0):
+
+    * ``read``: ``bytes_read / read_bytes_per_s``, storage reads on the reader threads;
+    * ``compute``: ``steps * compute_ms``, the training steps;
+    * ``memory``: ``hits * sample_bytes / world / mem_bytes_per_s``, copies of RAM hits on the
+      consuming thread: memory's bandwidth is one rank's, so the term is the average rank's
+      share (the slowest rank has at least as much);
+    * ``tier``: ``tier_hits * sample_bytes / tier_bytes_per_s``, second-tier reads.
+
+    These overlap, so the epoch lasts at least as long as the largest (:func:`epoch_limit`);
+    their sum would not be a lower bound. Raises ValueError for a negative amount, or a term
+    whose bandwidth is missing or not positive.
+    """
+    if world < 1 or min(bytes_read, hits, tier_hits, steps, compute_ms, sample_bytes) < 0:
+        raise ValueError(f"limit: amounts must be >= 0 and world >= 1, got world {world}")
+    terms: dict[str, float] = {}
+    for name, nbytes, key in (
+        ("read", bytes_read, "read_bytes_per_s"),
+        ("memory", hits * sample_bytes / world, "mem_bytes_per_s"),
+        ("tier", tier_hits * sample_bytes, "tier_bytes_per_s"),
+    ):
+        if nbytes > 0:
+            bandwidth = limits.get(key, 0.0)
+            if not bandwidth > 0:  # (also NaN) a term that would be infinite or meaningless
+                raise ValueError(f"limit: the {name} term needs {key} > 0, got {bandwidth}")
+            terms[name] = nbytes / bandwidth
+    if steps > 0 and compute_ms > 0:
+        terms["compute"] = steps * compute_ms / 1e3
+    return terms
+
+
+def epoch_limit(terms: Mapping[str, float]) -> float:
+    """The lower bound on one solar epoch's time from its :func:`limit_terms`: the largest
+    (they overlap); 0 for an epoch with nothing to do."""
+    return max(terms.values(), default=0.0)
 
 
 class H5Dataset:
@@ -459,20 +514,18 @@ def _summarise(cfg, world, n, sample_bytes, capacity, limits, results, spec, thr
             out["bound"] = spec.bound
         r = results["solar"]
         steps = spec.run.steps_per_epoch
-        limit = []
+        terms = []
         for hits, tier, nbytes in zip(r.hits, r.tier_hits, r.bytes_read, strict=True):
-            # Storage reads (the reader's threads), tier reads, copies of hits (the consuming
-            # thread) and compute overlap: an epoch lasts at least as long as the busiest one.
-            # (A sum would not be a lower bound.) Bandwidths are the best of their runs; the
-            # storage's and the tier's are all ranks' together, memory's one rank's, so that
-            # takes the average rank's share (the slowest rank has at least as much).
-            terms = [nbytes / limits["read_bytes_per_s"], steps * cfg.compute_ms / 1e3,
-                     hits * sample_bytes / world / limits["mem_bytes_per_s"]]  # fmt: skip
-            if tier:
-                terms.append(tier * sample_bytes / limits["tier_bytes_per_s"])
-            limit.append(max(terms))
-        out["loaders"]["solar"]["epoch_limit_seconds"] = limit
-        out["loaders"]["solar"]["share_of_limit"] = sum(r.epoch_seconds) / sum(limit)
+            terms.append(limit_terms(bytes_read=nbytes, hits=hits, tier_hits=tier, steps=steps,
+                                     compute_ms=cfg.compute_ms, sample_bytes=sample_bytes,
+                                     world=world, limits=limits))  # fmt: skip
+        limit = [epoch_limit(t) for t in terms]
+        solar = out["loaders"]["solar"]
+        # The limit's inputs beside it: the limit can be recomputed from the result alone.
+        solar["steps_per_epoch"] = steps
+        solar["epoch_limit_terms"] = terms
+        solar["epoch_limit_seconds"] = limit
+        solar["share_of_limit"] = sum(r.epoch_seconds) / sum(limit)
     return out
 
 
@@ -531,10 +584,15 @@ def format_results(res: dict) -> str:
         )
     s = res["loaders"].get("solar", {})
     if "epoch_limit_seconds" in s:
-        limit = " ".join(f"{t:.2f}" for t in s["epoch_limit_seconds"])
+        # Each epoch's limit and the term that sets it (older results have no terms).
+        terms = s.get("epoch_limit_terms") or [{} for _ in s["epoch_limit_seconds"]]
+        limit = " ".join(
+            f"{t:.2f}" + (f" ({max(ts, key=ts.__getitem__)})" if ts else "")
+            for t, ts in zip(s["epoch_limit_seconds"], terms, strict=True)
+        )
         lines.append(
             f"\nsolar epoch time / time limit: {s['share_of_limit']:.2f} "
-            f"(limits per epoch: {limit} s)"
+            f"(limits per epoch, s: {limit})"
         )
     return "\n".join(lines)
 

@@ -5,6 +5,13 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, settings
+
+# Property tests check what the code computes, never how fast this machine is: no per-example
+# deadline, and no failure when examples are drawn slowly (Hypothesis's two timing checks). A
+# test's own @settings inherits these unless it sets the same field.
+settings.register_profile("solar", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("solar")
 
 
 @pytest.fixture

@@ -160,7 +160,9 @@ def test_bench_applies_one_transform_in_every_loader(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     res = json.loads((tmp_path / "r.json").read_text())
     assert list(res["loaders"]) == ["torch", "solar-inloop", "solar", "solar-procs"]
-    assert all(e["cpu_seconds_per_sample"] > 0 for e in res["loaders"].values())
+    # Reported for each (>= 0, not > 0: /proc/stat counts in 10 ms ticks, and a fast machine's
+    # two short epochs may see none).
+    assert all(e["cpu_seconds_per_sample"] >= 0 for e in res["loaders"].values())
     assert res["config"]["transform"] == f"{mod}:halve"
     bad = subprocess.run([SOLAR, "bench", data, "--transform", f"{mod}:nothing"],
                          capture_output=True, text=True, timeout=120, check=False)  # fmt: skip

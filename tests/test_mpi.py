@@ -27,6 +27,12 @@ EXAMPLE = HERE.parent.parent / "examples" / "train_surrogate.py"
 MPIEXEC = Path(sys.executable).with_name("mpiexec")
 TORCHRUN = Path(sys.executable).with_name("torchrun")
 N = 103
+# "Promptly", for a job one of whose ranks failed: it ends within this, or the test fails (the
+# launch raises TimeoutExpired). A hang guard, not a speed: without solar's abort the other
+# ranks would wait in a collective (whose timeout the failing scripts set to 900 s) or in
+# fail.py's 600 s sleep; with it, the job ends seconds after the failure (1.6-1.8 s here,
+# README). Generous, so that a loaded machine starting three Pythons with torch cannot fail it.
+HANG_GUARD = 240
 # Variables of an outer launcher that would mislead the ones started here.
 FOREIGN = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "SOLAR_LAUNCHER")
 FOREIGN_PREFIXES = ("SLURM_", "PMI_", "OMPI_", "TORCHELASTIC_")
@@ -220,13 +226,11 @@ def test_a_compiled_model_on_equal_batches_compiles_once_with_exact_gradients(tm
 def test_a_rank_failing_before_its_exchange_ends_the_job_promptly(tmp_path, launcher):
     """With equal batches the others wait for rank 1's rows: its failed read ends them all."""
     data = write(tmp_path / "d.h5", 0, N)
-    t0 = time.monotonic()
-    result = launch(launcher, 3, "equal_fail.py", data, timeout=120)
+    result = launch(launcher, 3, "equal_fail.py", data, timeout=HANG_GUARD)
     assert result.returncode != 0
     assert "boom from rank 1's read" in result.stderr, result.stderr[-3000:]
     assert "solar: rank 1" in result.stderr
     assert "unreachable" not in result.stderr
-    assert time.monotonic() - t0 < 60
 
 
 @pytest.mark.parametrize("launcher", ["mpiexec", "torchrun"])
@@ -234,13 +238,11 @@ def test_a_transform_failing_on_one_rank_ends_the_job_promptly(tmp_path, launche
     """The others wait in a training step's collective: rank 1's failed transform, named by
     sample and epoch, ends them all."""
     data = write(tmp_path / "d.h5", 0, N)
-    t0 = time.monotonic()
-    result = launch(launcher, 3, "transform_fail.py", data, timeout=120)
+    result = launch(launcher, 3, "transform_fail.py", data, timeout=HANG_GUARD)
     assert result.returncode != 0
     assert re.search(r"transform of sample \d+ \(epoch \d\) failed: ValueError: boom from "
                      "rank 1's transform", result.stderr), result.stderr[-3000:]  # fmt: skip
     assert "unreachable" not in result.stderr
-    assert time.monotonic() - t0 < 60
 
 
 @pytest.mark.parametrize("launcher", ["mpiexec", "torchrun"])
@@ -257,8 +259,7 @@ def test_ddp_gradients_equal_a_single_process_step(tmp_path, launcher):
     ("srun", "sleep"),
 ])  # fmt: skip
 def test_a_failing_rank_ends_the_job_promptly(launcher, wait):
-    t0 = time.monotonic()
-    result = launch(launcher, 3, "fail.py", wait, timeout=120)
+    result = launch(launcher, 3, "fail.py", wait, timeout=HANG_GUARD)
     assert result.returncode != 0
     assert "boom from rank 1" in result.stderr
     assert "solar: rank 1 failed" in result.stderr
@@ -266,7 +267,6 @@ def test_a_failing_rank_ends_the_job_promptly(launcher, wait):
     if launcher != "mpiexec":  # MPI_Abort ends the others without a word
         for r in (0, 2):
             assert f"solar: rank {r}: ending: rank 1 failed" in result.stderr, result.stderr
-    assert time.monotonic() - t0 < 60
 
 
 def test_training_example_help_lists_its_options():

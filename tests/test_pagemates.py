@@ -214,7 +214,7 @@ def test_the_first_steps_reads_start_before_its_plan_is_made(graph, monkeypatch)
     plan_next = RankStream._plan_next
 
     def held(self, planner):
-        gate.wait(30)  # the planner waits until the test has seen the reads start
+        gate.wait(120)  # the planner waits until the test has seen the reads start
         return plan_next(self, planner)
 
     monkeypatch.setattr(RankStream, "_plan_next", held)
@@ -231,12 +231,14 @@ def test_the_first_steps_reads_start_before_its_plan_is_made(graph, monkeypatch)
         got: list[dict] = []
         first = threading.Thread(target=lambda: got.append(next(iter(ld))))
         first.start()
-        deadline = time.monotonic() + 20
+        # Hang guards only: the reads start at once, whatever the speed (the planner is held
+        # until they do, and longer than this loop waits for them).
+        deadline = time.monotonic() + 60
         while not submitted and time.monotonic() < deadline:
             time.sleep(0.01)
         planned = ld._stream.planned_end
         gate.set()
-        first.join(30)
+        first.join(120)
         assert submitted and planned == 0  # read before the plan existed
         assert submitted[0] == sampler.batch(ld.run, 0, 0, 0).size
         n_id = got[0]["n_id"].numpy()

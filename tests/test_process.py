@@ -43,7 +43,8 @@ def test_threads_asking_first_build_once():
 
     def build():
         builds.append(1)
-        time.sleep(0.05)  # long enough for the other threads to ask meanwhile
+        # Widens the race (other threads ask meanwhile); one build holds at any speed.
+        time.sleep(0.05)
         return object()
 
     local = ProcessLocal(build)

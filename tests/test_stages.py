@@ -1,6 +1,7 @@
-"""Per-stage figures add up from the steps, and the bottleneck line names the stage that limits:
-on synthetic figures, and on real tiny pipelines (throttled storage: read; gzip chunks: decode;
-a slow transform on one worker: transform)."""
+"""Per-stage figures add up from the steps, and the bottleneck line names the stage that limits
+(on synthetic figures); on real tiny pipelines (throttled storage, gzip chunks, a slow
+transform on one worker) each stage's figures account for the work that ran in it. Which stage
+a real pipeline names is a matter of speed: bench/stages_bench.py."""
 
 from __future__ import annotations
 
@@ -111,7 +112,12 @@ def test_no_steps_no_bottleneck() -> None:
     assert LoaderStats().bottleneck()[0] == "none"
 
 
-# -- real tiny pipelines --------------------------------------------------------------------
+# -- real tiny pipelines ----------------------------------------------------------------------
+# Which stage a real pipeline names depends on how fast this machine reads, inflates and runs
+# Python against each other: bench/stages_bench.py reports it, with its spread over runs. Here
+# only what holds at any speed: each stage counts the items that went through it, the stages
+# that did work are active (their busy time is at least the sleeps that ran in them: a sleep
+# never ends early), and the line is the rule's on the recorded figures, naming one of them.
 
 
 def _run(loader: Loader, epochs: int) -> None:
@@ -121,60 +127,75 @@ def _run(loader: Loader, epochs: int) -> None:
             pass
 
 
-def test_throttled_storage_is_read_bound(tmp_path: Path) -> None:
+def _active(stages: dict[str, StageFigures]) -> set[str]:
+    return {n for n, s in stages.items() if n != "trainer" and s.active}
+
+
+def _check_line(loader: Loader, stages: dict[str, StageFigures]) -> tuple[str, str]:
+    """The loader's bottleneck is the rule's on its own figures: a stage that did work, or the
+    trainer, and every active stage in the line."""
+    name, line = loader.stats.bottleneck()
+    assert (name, line) == bottleneck(stages)
+    assert name in _active(stages) | {"trainer"}, line
+    assert all(n in line for n in _active(stages)), line
+    return name, line
+
+
+def test_throttled_reads_are_the_read_stages(tmp_path: Path) -> None:
     path = tmp_path / "plain.h5"
     with h5py.File(path, "w") as f:
         f["x"] = np.random.default_rng(0).standard_normal((96, 32, 32), np.float32)
-    # 4 KiB samples behind 4 ms requests: every thread waits on storage.
+    # 4 KiB samples behind 4 ms requests: every read sleeps at least 4 ms per request.
     with Loader(path, batch_size=8, epochs=1, buffer=0, throttle=Throttle(20, 4),
                 reader=ReaderConfig(threads=4)) as loader:  # fmt: skip
         _run(loader, 1)
-        name, line = loader.stats.bottleneck()
         stages = loader.stats.stages()
-    assert name == "read", line
-    assert stages["read"].items == 96 and stages["decode"].busy_seconds == 0
-    assert stages["trainer"].blocked_seconds > 0
+        _check_line(loader, stages)
+    assert _active(stages) == {"read"}  # nothing decoded, nothing transformed
+    assert stages["read"].items == 96 and stages["decode"].items == 0
+    assert stages["decode"].busy_seconds == 0
+    assert stages["read"].busy_seconds >= 12 * 0.004  # 12 steps, each at least one request
+    # Each step waited for its reads (a positive wait, however short, at any speed).
+    assert stages["trainer"].items == 96 and stages["trainer"].blocked_seconds > 0
 
 
-def test_gzip_chunks_are_decode_bound(tmp_path: Path) -> None:
+def test_gzip_chunks_are_decoded_in_the_decode_stage(tmp_path: Path) -> None:
     path = tmp_path / "gz.h5"
     rng = np.random.default_rng(0)
-    # Compressible but not trivially (small integers): inflating costs more than reading
-    # the page-cached file, and 8 reader threads mostly wait while 1 decoding thread works.
     # (Two samples a chunk: one a chunk takes the fused kernel, compiled in each process.)
     data = rng.integers(0, 16, (96, 128, 128)).astype(np.float32)
     with h5py.File(path, "w") as f:
         f.create_dataset("x", data=data, chunks=(2, 128, 128), compression="gzip")
     cfg = ReaderConfig(threads=8)
     with Loader(path, batch_size=8, epochs=2, buffer=0, reader=cfg) as loader:
-        loader.reader.executor.resize(decode_threads=1)  # one decoding thread: it limits
+        loader.reader.executor.resize(decode_threads=1)
         _run(loader, 2)
-        name, line = loader.stats.bottleneck()
         stages = loader.stats.stages()
+        _check_line(loader, stages)
         batches = [b["x"].numpy().copy() for b in loader]
-    assert name == "decode", line
+    assert _active(stages) == {"read", "decode"}  # both did work: both in the line
     assert stages["decode"].items == 2 * 96 and stages["decode"].busy_seconds > 0
-    assert stages["read"].busy_seconds < stages["decode"].busy_seconds * 8
+    assert stages["decode"].workers == pytest.approx(1)  # the resized executor's one thread
     assert len(batches) == 12  # (last epoch again: the resized executor still reads)
 
 
 def _slow_identity(sample, rng):
-    time.sleep(0.002)  # 2 ms a sample, on one worker: the transform limits
+    time.sleep(0.002)  # 2 ms a sample: the transform stage's busy time is at least that
     return {"x": sample["x"] * 1}
 
 
-def test_a_slow_transform_is_transform_bound(tmp_path: Path) -> None:
+def test_a_transforms_time_is_the_transform_stages(tmp_path: Path) -> None:
     path = tmp_path / "plain.h5"
     with h5py.File(path, "w") as f:
         f["x"] = np.random.default_rng(0).standard_normal((64, 16, 16), np.float32)
     with Loader(path, batch_size=8, epochs=1, buffer=0,
                 transform=Transform(_slow_identity, workers=1)) as loader:  # fmt: skip
         _run(loader, 1)
-        name, line = loader.stats.bottleneck()
         stages = loader.stats.stages()
-    assert name == "transform", line
+        _check_line(loader, stages)
+    assert _active(stages) == {"read", "transform"}
     assert stages["transform"].items == 64 and stages["transform"].workers == pytest.approx(1)
-    assert "transform (" in line and "busy on 1 worker)" in line
+    assert stages["transform"].busy_seconds >= 64 * 0.002
 
 
 def test_epoch_add_covers_every_figure() -> None:

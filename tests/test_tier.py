@@ -145,7 +145,9 @@ ops = st.lists(
 
 
 @settings(
-    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=25,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 @given(ops=ops, threads=st.sampled_from([1, 4]))
 def test_write_then_read_ordering(tmp_path, ops, threads):
@@ -194,7 +196,7 @@ def test_ordering_with_a_slow_write(tmp_path, monkeypatch):
     def slow(fd, buffers, offset):
         calls.append(offset)
         if len(calls) == 1:
-            time.sleep(0.3)
+            time.sleep(0.3)  # lands late, so a wrong order would show; the right one holds anyway
         return real_pwritev(fd, buffers, offset)
 
     python_io(monkeypatch)
@@ -464,7 +466,7 @@ def test_a_write_waits_for_the_reads_of_the_old_content(tmp_path, monkeypatch):
     python_io(monkeypatch)
 
     def slow(fd, buffers, offset):
-        time.sleep(0.3)
+        time.sleep(0.3)  # as above: widens the window a wrong order would need, at any speed
         return real_preadv(fd, buffers, offset)
 
     src = samples(TINY, 2)

@@ -131,6 +131,8 @@ def test_a_sample_drawn_twice_in_a_batch_draws_its_own_numbers_each_time(data):
 
 def test_transforms_run_ahead_on_worker_threads(data):
     """While the trainer holds a batch, the next steps are transformed on other threads."""
+    from concurrent.futures import wait
+
     names: list[str] = []
 
     def record(sample, rng):
@@ -139,9 +141,20 @@ def test_transforms_run_ahead_on_worker_threads(data):
 
     ld = Loader(data, batch_size=10, epochs=1, buffer=0, transform=record)
     names.clear()  # the call on sample 0 for the output shapes
+    submit = ld.reader.submit
+
+    def landed(*args, **kw):
+        # Steps are transformed ahead once their reads have landed: reads that land before
+        # submit returns make that so at any speed (else a read slower than step 0's
+        # transforms would leave its step for the trainer's next call, and the test to race).
+        futures = submit(*args, **kw)
+        wait(futures, timeout=60)
+        return futures
+
+    ld.reader.submit = landed  # type: ignore[method-assign]
     it = iter(ld)
     next(it)
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + 60  # a hang guard: the transforms are queued by now
     while len(names) < 30 and time.monotonic() < deadline:
         time.sleep(0.01)  # the trainer computing
     assert len(names) >= 30  # this step and the two ahead of it

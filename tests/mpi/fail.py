@@ -12,7 +12,9 @@ import torch.distributed as td
 
 from solar import dist
 
-d = dist.init()
+# Collectives wait up to 15 min (not the default 2): longer than tests/test_mpi.py's hang
+# guard, so that only solar's abort, not a collective's timeout, ends the others in time.
+d = dist.init(timeout_s=900)
 td.barrier()  # every rank is up: the failure below is not one of start-up
 if d.rank == 1:
     raise RuntimeError("boom from rank 1")
