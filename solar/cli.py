@@ -350,7 +350,7 @@ def gen(out, preset, samples, chunks, compression, nodes, avg_degree, features, 
 @click.option("--slack", type=float, default=DEFAULT_SLACK, show_default=True)
 @click.option("--loaders", help="Comma-separated loaders to compare (default: torch, lru, fifo, "
               "solar-artifact, nopfs, solar; and solar-ram with --tier; on request "
-              "solar-variable: batches varying within --slack, solar-slack0: slack 0).")  # fmt: skip
+              "solar-variable: varying batches, solar-slack0: slack 0).")  # fmt: skip
 @click.option("--variable-batches", is_flag=True,
               help="Also compare solar-variable: solar with local batches that vary within "
                    "--slack (solar's default is equal batches, with several ranks).")  # fmt: skip
