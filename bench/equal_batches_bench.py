@@ -1,5 +1,5 @@
 """Equal local batches at the hit bound: `solar plan` with slack and variable batches, with
-slack 0 (equal batches by serving only the share), and with slack and --equal-batches (rows
+slack 0 (equal batches by serving only the share), and with slack and equal batches (rows
 handed between ranks), side by side.
 
     PYTHONPATH=. python bench/equal_batches_bench.py [--json bench/results/equal-batches-plan.json]
@@ -21,9 +21,9 @@ import sys
 N, P, B, E = 100_000, 8, 32, 5
 SAMPLE_BYTES = 256 * 1024 + 2 * 16 * 1024  # PtychoNN-like: diffraction, amplitude, phase
 VARIANTS = {
-    "slack 0.25, variable": ["--slack", "0.25"],
-    "slack 0": ["--slack", "0"],
-    "slack 0.25, equal batches": ["--slack", "0.25", "--equal-batches"],
+    "slack 0.25, variable": ["--slack", "0.25", "--variable-batches"],
+    "slack 0": ["--slack", "0", "--variable-batches"],
+    "slack 0.25, equal batches (the default)": ["--slack", "0.25"],
 }
 
 

@@ -125,7 +125,6 @@ def main() -> None:
             os.replace(tmp, opts.checkpoint)
 
     steps_done = 0
-    spe = loader.run.steps_per_epoch
     for epoch in range(start_epoch, opts.epochs):
         loader.set_epoch(epoch)
         t0 = time.perf_counter()
@@ -136,8 +135,7 @@ def main() -> None:
             optimizer.zero_grad()
             logits = model(batch["x"], batch["edge_index"])[:n]
             losses = nn.functional.cross_entropy(logits, batch["y"], reduction="sum")
-            global_seeds = sampler.seed_count(loader.run, step % spe)
-            dist.scale_loss(losses, global_seeds).backward()
+            dist.scale_loss(losses, loader).backward()  # over the step's seeds on all ranks
             optimizer.step()
             loss_total += float(losses.detach())
             correct += float((logits.argmax(1) == batch["y"]).sum())

@@ -139,7 +139,7 @@ def main() -> None:
         for batch in loader:
             optimizer.zero_grad()
             losses = per_sample_loss(model, batch)
-            dist.scale_loss(losses.sum(), loader.global_batch).backward()
+            dist.scale_loss(losses.sum(), loader).backward()
             optimizer.step()
             loss_total += float(losses.sum().detach())
             seen += len(losses)

@@ -49,9 +49,11 @@ LOADERS = ("torch", "lru", "fifo", "solar-artifact", "nopfs", "solar", "solar-ra
 # With a weighted sampler: solar's baselines on the sampler's own split (solar.schedule.tracebase).
 WEIGHTED_LOADERS = ("torch", "lru", "static", "nopfs", "solar", "solar-ram")
 # Variants of solar, compared when asked for: equal local batches (surplus rows handed between
-# ranks, solar.exchange), and equal batches by slack 0 (each rank serves only its share).
+# ranks, solar.exchange: the default with several ranks), local batches varying within the
+# slack (the opt-in), and equal batches by slack 0 (each rank serves only its share).
 VARIANTS: dict[str, dict[str, Any]] = {
     "solar-equal": {"equal_batches": True},
+    "solar-variable": {"equal_batches": False},
     "solar-slack0": {"slack": 0.0},
 }
 

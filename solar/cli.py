@@ -18,7 +18,7 @@ from solar.errors import SolarError
 from solar.schedule import POLICIES, PlanSpec
 from solar.schedule.plan import plan_to_file, simulate
 from solar.schedule.policies import TRACE_POLICIES
-from solar.schedule.samplers import make_sampler
+from solar.schedule.samplers import is_shuffle, make_sampler
 from solar.schedule.summary import PlanSummary
 from solar.transform import load_transform
 
@@ -52,9 +52,10 @@ def cli() -> None:
 @click.option("--slack", type=float, default=DEFAULT_SLACK, show_default=True,
               help="Extra share of B a rank may serve to keep its hits.")  # fmt: skip
 @click.option("--drop-last", is_flag=True, help="Drop a short last global batch.")
-@click.option("--equal-batches", is_flag=True,
-              help="Every rank delivers exactly B: ranks over B hand their surplus rows to "
-                   "ranks under it (Shuffle only).")  # fmt: skip
+@click.option("--equal-batches/--variable-batches", default=None,
+              help="Every rank delivers exactly B, ranks over B handing their surplus rows to "
+                   "ranks under it (the default with several ranks and Shuffle, as a Loader's), "
+                   "or local batches that vary within --slack.")  # fmt: skip
 @click.option(
     "--policy",
     type=click.Choice(sorted({*POLICIES, *TRACE_POLICIES})),
@@ -101,7 +102,7 @@ def plan(
     seed: int,
     slack: float,
     drop_last: bool,
-    equal_batches: bool,
+    equal_batches: bool | None,
     policy: str,
     reorder_epochs: bool,
     sampler_kind: str,
@@ -139,6 +140,8 @@ def plan(
                     None if draws == samples else draws)  # fmt: skip
     capacity = parse_size(buffer, sample_bytes=sample_bytes, name="--buffer")
     tier = parse_size(tier_size, sample_bytes=sample_bytes, name="--tier-size")
+    if equal_batches is None:  # a Loader's default, so that its plan file serves a Loader's run
+        equal_batches = world_size > 1 and is_shuffle(sampler)
     spec = PlanSpec(
         run, BufferConfig(capacity, slack, tier), policy, reorder_epochs, sample_bytes, dataset,
         sampler, horizon, equal_batches,
@@ -204,7 +207,9 @@ def demo(directory: str) -> None:
         click.echo(f"generating {data} (1024 PtychoNN-like samples, 288 MiB) ...", err=True)
         generate(data, "ptychonn", 1024)
     plan_file = root / "plan.h5"
-    args = [str(data), "-P", "4", "-B", "16", "-E", "5", "-C", "128", "-o", str(plan_file)]
+    # Ranks simulated one after another in one process exchange no rows: variable batches.
+    args = [str(data), "-P", "4", "-B", "16", "-E", "5", "-C", "128", "--variable-batches",
+            "-o", str(plan_file)]  # fmt: skip
     click.echo(f"$ solar plan {' '.join(args)}", err=True)
     plan.main(args, standalone_mode=False)
     click.echo("\nexecuting the plan: 4 ranks, one after another in this process")
@@ -345,9 +350,10 @@ def gen(out, preset, samples, chunks, compression, nodes, avg_degree, features, 
 @click.option("--slack", type=float, default=DEFAULT_SLACK, show_default=True)
 @click.option("--loaders", help="Comma-separated loaders to compare (default: torch, lru, fifo, "
               "solar-artifact, nopfs, solar; and solar-ram with --tier; on request "
-              "solar-equal: equal batches, solar-slack0: slack 0).")  # fmt: skip
-@click.option("--equal-batches", is_flag=True,
-              help="Also compare solar-equal: solar with equal local batches.")  # fmt: skip
+              "solar-variable: varying batches, solar-slack0: slack 0).")  # fmt: skip
+@click.option("--variable-batches", is_flag=True,
+              help="Also compare solar-variable: solar with local batches that vary within "
+                   "--slack (solar's default is equal batches, with several ranks).")  # fmt: skip
 @click.option("--workers", type=click.IntRange(min=0),
               help="DataLoader workers (default: the cores this process may use).")  # fmt: skip
 @click.option("--threads", default=str(_READER.threads), show_default=True,
@@ -378,14 +384,15 @@ def gen(out, preset, samples, chunks, compression, nodes, avg_degree, features, 
 @click.option("--json", "json_out", type=click.Path(), help="Write the results as JSON here.")
 @click.option("--plot", "plot_out", type=click.Path(), help="Write a PNG plot here.")
 def bench(data, keys, one_per_file, world_size, batch_size, epochs, buffer, tier, tier_size,
-          slack, loaders, equal_batches, workers, threads, read_ahead, throttle, compute_ms, seed,
-          sampler_kind, fanouts, weights, transform, json_out, plot_out) -> None:  # fmt: skip
+          slack, loaders, variable_batches, workers, threads, read_ahead, throttle, compute_ms,
+          seed, sampler_kind, fanouts, weights, transform, json_out, plot_out) -> None:  # fmt: skip
     """Compare the PyTorch DataLoader and every policy on DATA, cold storage each epoch."""
 
     from solar import bench as harness
 
     if sampler_kind == "neighbor":  # GNN feature gathering: its own loaders (solar/graph/bench.py)
-        others = {"--one-per-file": one_per_file, "--tier": tier, "--equal-batches": equal_batches,
+        others = {"--one-per-file": one_per_file, "--tier": tier,
+                  "--variable-batches": variable_batches,
                   "--weights": weights, "--transform": transform, "--plot": plot_out,
                   "--workers": workers is not None}  # fmt: skip
         _bench_graph(data, keys, world_size, batch_size, epochs, buffer, loaders, threads,
@@ -403,8 +410,8 @@ def bench(data, keys, one_per_file, world_size, batch_size, epochs, buffer, tier
         loaders = ",".join(
             harness.default_loaders(tier is not None, weights is not None, transform is not None)
         )
-    if equal_batches and "solar-equal" not in loaders.split(","):
-        loaders += ",solar-equal"
+    if variable_batches and "solar-variable" not in loaders.split(","):
+        loaders += ",solar-variable"
     reader = ReaderConfig(threads=_threads(threads), read_ahead=read_ahead)
     for out in (json_out, plot_out):
         if out:

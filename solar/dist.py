@@ -58,6 +58,7 @@ __all__ = [
     "detect_launcher",
     "init",
     "install_abort_on_error",
+    "job_comm",
     "scale_loss",
 ]
 
@@ -103,6 +104,39 @@ def init(backend: str | None = None, timeout_s: float = 120.0) -> Dist:
     # previous hook); ours must be outermost, or its message is swallowed before the abort.
     install_abort_on_error(_state.comm)
     return _state
+
+
+def job_comm(comm: Any = None, rank: int | None = None, world_size: int | None = None) -> Any:
+    """The communicator of a Loader built without one, found as DistributedSampler finds its
+    process group: :func:`init`'s; the initialised torch.distributed default group; an MPI
+    world of more than one process (mpiexec). ``comm`` if given, and none where the caller
+    places the rank itself (``rank``/``world_size``: a plan made offline, ranks simulated in
+    one process). None for a process alone. A job its launcher says has several ranks, none
+    of which can be had, is refused in one line: a Loader never runs as world 1 there."""
+    if comm is not None or rank is not None or world_size is not None:
+        return comm
+    if _state is not None and _state.world_size > 1:
+        return _state.comm
+    import torch.distributed as td
+
+    if td.is_available() and td.is_initialized() and td.get_world_size() > 1:
+        return TorchComm()
+    launch = detect_launcher()
+    if launch.world_size <= 1:
+        return None
+    where = f"launched by {launch.kind} as rank {launch.rank} of {launch.world_size}"
+    if launch.kind == "mpi":
+        try:
+            from mpi4py import MPI
+        except ImportError:
+            raise SolarError(f"{where} but mpi4py is not installed: pip install 'solar[mpich]', "
+                             "or pass comm=") from None  # fmt: skip
+        if MPI.COMM_WORLD.Get_size() == launch.world_size:
+            return MPI.COMM_WORLD
+        raise SolarError(f"{where} but MPI's world has {MPI.COMM_WORLD.Get_size()} (mpi4py "
+                         "built for another MPI than mpiexec's?): pass comm=")  # fmt: skip
+    raise SolarError(f"{where} but torch.distributed is not initialised: call solar.dist.init() "
+                     "(or torch.distributed.init_process_group) first, or pass comm=")  # fmt: skip
 
 
 def _init_mpi(backend: str | None, timeout_s: float) -> Dist:
@@ -435,18 +469,22 @@ def shared_key(comm: Any) -> int:
     return key
 
 
-def scale_loss(loss_sum: Any, global_batch: int, world_size: int | None = None) -> Any:
+def scale_loss(loss_sum: Any, count: Any, world_size: int | None = None) -> Any:
     """The loss to backpropagate so that DDP's gradient average is the global mean's gradient.
 
     ``loss_sum`` is the *sum* of per-sample losses over this rank's local batch, whatever its
-    size; ``global_batch`` is the number of samples in the step over all ranks (the loader's
-    ``global_batch``). DDP averages gradients over P ranks, so each rank contributes
-    ``loss_sum · P / global_batch`` and the average is ∇ (Σ_all losses / global_batch).
+    size; ``count`` what the loss averages over in the step on all ranks: a :class:`Loader`
+    (its :attr:`~solar.Loader.loss_count`: the step's rows, or a GNN batch's seeds) or that
+    number. DDP averages gradients over P ranks, so each rank contributes
+    ``loss_sum · P / count`` and the average is ∇ (Σ_all losses / count).
     """
-    if global_batch <= 0:
-        raise SolarError(f"global_batch must be positive, got {global_batch}")
+    if not isinstance(count, int | np.integer):  # a Loader: its count and world
+        world_size = count.world_size if world_size is None else world_size
+        count = count.loss_count
+    if count <= 0:
+        raise SolarError(f"scale_loss: the step's count must be positive, got {count}")
     if world_size is None:
         import torch.distributed as td
 
         world_size = td.get_world_size() if td.is_initialized() else 1
-    return loss_sum * (world_size / global_batch)
+    return loss_sum * (world_size / count)

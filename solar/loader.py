@@ -30,7 +30,7 @@ from solar._process import ProcessLocal
 from solar.cache.slots import SlotBuffer
 from solar.cache.tier import TierFile
 from solar.config import DEFAULT_SLACK, ReaderConfig
-from solar.dist import abort_job_on_error
+from solar.dist import abort_job_on_error, job_comm
 from solar.errors import SolarError
 from solar.exchange import Exchange
 from solar.io.info import DatasetInfo
@@ -58,11 +58,22 @@ class Loader:
 
     Call :meth:`set_epoch` before each epoch, as with ``DistributedSampler``; iterating yields
     that epoch's steps as dicts of torch tensors, one per key, plus ``"index"`` (int64 sample
-    ids in batch order). Local batches may differ in size when ``slack > 0``, unless
-    ``equal_batches``: then every rank's batch is exactly ``batch_size`` every step (a short
-    last step split evenly), the rows a rank serves beyond it moving to ranks under it through
-    ``comm`` (:mod:`solar.exchange`); a rank's batch is its own rows in service order, then
-    those received, by sender rank (:mod:`solar.schedule.transfer`).
+    ids in batch order).
+
+    The ranks: as ``DistributedSampler`` finds its group, a Loader built without ``comm``,
+    ``rank`` or ``world_size`` uses the job's (:func:`solar.dist.job_comm`: ``dist.init()``'s,
+    the initialised torch.distributed group, or mpiexec's MPI world) and refuses a job of
+    several ranks it cannot reach. ``comm`` passes one; ``rank``/``world_size`` without it
+    place this process by hand (plans made offline, ranks simulated in one process).
+
+    Equal batches by default: with several ranks and a communicator, every rank's batch is
+    exactly ``batch_size`` every step (a short last step split evenly), as a DataLoader's; the
+    rows a rank serves beyond it move to ranks under it through ``comm``
+    (:mod:`solar.exchange`); a rank's batch is its own rows in service order, then those
+    received, by sender rank (:mod:`solar.schedule.transfer`). ``equal_batches=False`` opts
+    into local batches that vary within ``slack`` (fewer rows moved; weigh the loss with
+    ``solar.dist.scale_loss(loss_sum, loader)``, :attr:`loss_count`). With a plan given, the
+    plan's choice holds.
 
     ``paths`` is a path, glob, directory or list of HDF5 files (``keys``: their datasets,
     default all), or of ``.npy`` files (one key, ``keys[0]`` or ``"data"``), or a dict
@@ -125,12 +136,13 @@ class Loader:
         snapshots: str | os.PathLike | None = None,
         sampler: Sampler | None = None,
         horizon: int | None = None,
-        equal_batches: bool = False,
+        equal_batches: bool | None = None,
         transform: SampleFn | Transform | None = None,
         batch_transform: Callable[[dict], dict] | None = None,
         warm: bool = True,
         page_mates: bool = True,
     ) -> None:
+        comm = job_comm(comm, rank, world_size)  # the job's, if the caller gave no place
         # Other ranks may be waiting in the plan agreement: a failure here takes the job down.
         with abort_job_on_error(comm), measured() as warmth:
             setup = configure(
@@ -259,6 +271,15 @@ class Loader:
         if self.spec.traced and self._global_rows[0] != epoch:
             self._global_rows = (epoch, self._pipeline.get().steps.global_rows(epoch))
         return int(self._global_rows[1][t])
+
+    @property
+    def loss_count(self) -> int:
+        """What a loss averages over in the step last yielded, over all ranks (0 before any):
+        its rows (:attr:`global_batch`), or a GNN batch's seeds. ``solar.dist.scale_loss(
+        loss_sum, loader)`` divides by it, for a gradient that is the global mean's."""
+        if self._yielded is None:
+            return 0
+        return self.sampler.loss_count(self.run, self._yielded[1], self.global_batch)
 
     def state_dict(self) -> dict:
         """Where the run stands: resume with :meth:`load_state_dict` on the same plan."""

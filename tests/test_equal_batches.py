@@ -172,6 +172,10 @@ def test_equal_batches_are_for_shuffle_and_part_of_the_fingerprint(tmp_path):
                     info.sample_bytes, info.identity, equal_batches=True)  # fmt: skip
     path = make_plan(spec).save(tmp_path / "p.h5")
     with pytest.raises(SolarError, match="equal_batches True \\(expected None\\)"):
+        Loader(data, batch_size=4, epochs=2, buffer=12, rank=0, world_size=3, plan=path,
+               equal_batches=False)  # fmt: skip
+    # By default the plan's choice holds: equal batches, which need the ranks' communicator.
+    with pytest.raises(SolarError, match="equal_batches: the ranks exchange rows, pass comm="):
         Loader(data, batch_size=4, epochs=2, buffer=12, rank=0, world_size=3, plan=path)
 
 

@@ -253,6 +253,17 @@ def test_ddp_gradients_equal_a_single_process_step(tmp_path, launcher):
     assert result.stdout.count("gradients equal") == 3
 
 
+@pytest.mark.parametrize(("launcher", "ranks"), [("mpiexec", 2), ("mpiexec", 3), ("torchrun", 3)])
+def test_ddp_with_the_default_loader_and_a_mean_loss_equals_one_process(tmp_path, launcher,
+                                                                        ranks):  # fmt: skip
+    """Equal batches by default: a ported loop's ``loss.mean()`` gives the global mean's
+    gradient (N = 102: not a multiple of the global batch; its last step splits evenly)."""
+    data = write(tmp_path / "d.h5", 0, 102)
+    result = launch(launcher, ranks, "default_gradients.py", data)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.count("gradients equal") == ranks
+
+
 @pytest.mark.parametrize(("launcher", "wait"), [
     ("mpiexec", "allreduce"), ("torchrun", "allreduce"),
     # No launcher here to stop the others, nor a collective to notice: only solar's abort can.
@@ -299,3 +310,35 @@ def test_training_example_resumes_exactly_under_either_launcher(tmp_path):
     assert "resumed" in resumed
     checksum = [line for line in whole.splitlines() if "checksum" in line]
     assert checksum and checksum == [line for line in resumed.splitlines() if "checksum" in line]
+
+
+@pytest.mark.parametrize(("launcher", "mode", "ranks"), [
+    ("torchrun", "torch", 2), ("torchrun", "init", 2), ("mpiexec", "none", 2),
+    ("mpiexec", "init", 3), ("srun", "init", 2),
+])  # fmt: skip
+def test_a_loader_without_distributed_arguments_uses_the_jobs_world(tmp_path, launcher, mode,
+                                                                    ranks):  # fmt: skip
+    """As DistributedSampler finds its group: each sample once per epoch over the job's ranks,
+    equal local batches, h5py's bytes (N = 103: no size divides it)."""
+    path = tmp_path / "d.h5"
+    with h5py.File(path, "w") as f:
+        f["x"] = np.random.default_rng(0).standard_normal((N, 3))
+    result = launch(launcher, ranks, "default_world.py", path, mode)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    assert sorted(re.findall(r"rank (\d) world (\d)", result.stdout)) == [
+        (str(r), str(ranks)) for r in range(ranks)
+    ]
+    assert "OK" in result.stdout
+
+
+@pytest.mark.parametrize("launcher", ["torchrun", "srun"])
+def test_a_loader_refuses_a_job_it_cannot_reach(tmp_path, launcher):
+    """Several ranks and no process group: one line saying what to do, never world 1."""
+    path = tmp_path / "d.h5"
+    with h5py.File(path, "w") as f:
+        f["x"] = np.zeros((N, 3))
+    result = launch(launcher, 2, "default_world.py", path, "none")
+    lines = [x for x in result.stdout.splitlines() if x.startswith("refused: ")]
+    assert len(lines) == 2 and "world 1" not in result.stdout, result.stdout + result.stderr
+    assert f"launched by {launcher} as rank" in lines[0]
+    assert "torch.distributed is not initialised: call solar.dist.init()" in lines[0]

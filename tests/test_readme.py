@@ -31,7 +31,6 @@ README = (ROOT / "README.md").read_text()
 
 # Names a block uses without defining them (its context in the README's prose), by block.
 PRELUDE = {
-    "rank=rank": "rank, world = 0, 1\n",
     "dist.init()": (
         "import torch\n"
         "path, B, E, C = 'data.h5', 16, 2, 40\n"

@@ -127,6 +127,10 @@ class NeighborSampler(Sampler):
         loss summed over the ranks is divided by (``solar.dist.scale_loss``)."""
         return int(min(run.global_batch, run.samples_per_epoch - step * run.global_batch))
 
+    def loss_count(self, run: RunConfig, step: int, rows: int) -> int:
+        """A node classification loss averages over the step's seeds, not its rows."""
+        return self.seed_count(run, step)
+
     def seeds(self, run: RunConfig, epoch: int, step: int, rank: int) -> np.ndarray:
         """Rank ``rank``'s seed nodes at ``step`` of ``epoch`` (int64)."""
         lo, hi = _span(run, step, rank)

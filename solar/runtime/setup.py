@@ -30,7 +30,7 @@ from solar.io.reader import Reader
 from solar.io.sources import describe_source
 from solar.schedule import Plan, PlanSpec, load_plan
 from solar.schedule.pagemates import PageLayout
-from solar.schedule.samplers import SHUFFLE, Sampler
+from solar.schedule.samplers import SHUFFLE, Sampler, is_shuffle
 from solar.transform import SampleFn, Transform, as_transform, first_outputs, output_keys
 
 
@@ -83,7 +83,7 @@ def configure(
     tier_size: int | str,
     sampler: Sampler | None,
     horizon: int | None,
-    equal_batches: bool,
+    equal_batches: bool | None,
     transform: SampleFn | Transform | None,
     batch_transform: Callable[[dict], dict] | None,
     page_mates: bool,
@@ -97,11 +97,10 @@ def configure(
     buf = _buffer(info, buffer, tier, tier_size, slack)
     chosen = SHUFFLE if sampler is None else sampler
     run = _run(info, chosen, w, batch_size, epochs, seed, drop_last)
-    if equal_batches and w > 1 and comm is None:
-        raise SolarError("equal_batches: the ranks exchange rows, pass comm=")
+    made = plan if plan is None or isinstance(plan, Plan) else load_plan(plan)
+    equal_batches = _equal_batches(equal_batches, made, chosen, buf, policy, w, comm)
     fn = as_transform(transform)
     holds = fn is not None and fn.deterministic
-    made = plan if plan is None or isinstance(plan, Plan) else load_plan(plan)
     # Policy, epoch order, horizon and page mates are a given plan's choice.
     chose = None if made is None else made.spec
     spec = PlanSpec(
@@ -156,6 +155,29 @@ def _buffer(info: DatasetInfo, buffer: int | str, tier: str | os.PathLike | None
             f"(got tier={tier!r}, tier_size={tier_size!r})"
         )
     return BufferConfig(capacity, slack, tier_capacity)
+
+
+def _equal_batches(equal: bool | None, made: Plan | None, sampler: Sampler, buf: BufferConfig,
+                   policy: str, world: int, comm: Any) -> bool:  # fmt: skip
+    """Whether every rank's batch is ``batch_size`` rows each step: as asked; a given plan's
+    choice; by default (None), as a DataLoader's, wherever ranks can exchange rows (several
+    ranks, a communicator, the Shuffle sampler). A sampler whose batches the planner splits
+    unevenly (slack > 0) is said so here, once."""
+    if equal is None and made is not None:
+        equal = made.spec.equal_batches
+    if equal is None:
+        equal = world > 1 and comm is not None and is_shuffle(sampler)
+        traced = not is_shuffle(sampler)
+        uneven = world > 1 and traced and sampler.affinity and policy == "solar" and buf.slack > 0
+        if uneven:
+            warnings.warn(
+                f"{type(sampler).__name__}(affinity=True): local batches vary in size "
+                f"(slack {buf.slack}); weigh the loss with solar.dist.scale_loss(loss_sum, "
+                "loader), or pass slack=0 for equal ones", stacklevel=4,
+            )  # fmt: skip
+    if equal and world > 1 and comm is None:
+        raise SolarError("equal_batches: the ranks exchange rows, pass comm=")
+    return bool(equal)
 
 
 def _run(info: DatasetInfo, sampler: Sampler, world: int, batch_size: int | None, epochs: int,

@@ -114,6 +114,11 @@ class Sampler:
         e.g. a neighbour sampler's subgraph (solar.graph.neighbor). None by default."""
         return {}
 
+    def loss_count(self, run: RunConfig, step: int, rows: int) -> int:
+        """What a loss averages over at ``step`` of an epoch, over all ranks, whose batches
+        hold ``rows`` rows in all: the rows by default (a GNN sampler: its seeds)."""
+        return rows
+
 
 class Shuffle(Sampler):
     """One permutation per epoch (``solar.schedule.order``); the planner splits each global

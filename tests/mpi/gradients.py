@@ -1,4 +1,5 @@
-"""Under mpiexec -n 3: a DDP step with uneven local batches equals one process on the batch.
+"""Under mpiexec -n 3: a DDP step with uneven local batches (the opt-in) and the loss scaled
+by ``dist.scale_loss(loss_sum, loader)`` equals one process on the global batch.
 
 mpiexec -n 3 python tests/mpi/gradients.py DATA.h5
 """
@@ -20,7 +21,9 @@ def model() -> torch.nn.Module:
 
 
 d = dist.init()
-ld = Loader(sys.argv[1], batch_size=4, epochs=2, buffer=20, slack=0.5, comm=d.comm)
+ld = Loader(
+    sys.argv[1], batch_size=4, epochs=2, buffer=20, slack=0.5, comm=d.comm, equal_batches=False
+)
 ddp = DDP(model())
 single = model()
 uneven = 0
@@ -30,7 +33,7 @@ for e in range(2):
         x, y = b["img"].double()[:, None], b["lab"].double()
         ddp.zero_grad()
         loss_sum = ((ddp(x) - y) ** 2).sum()
-        dist.scale_loss(loss_sum, ld.global_batch).backward()
+        dist.scale_loss(loss_sum, ld).backward()
         sizes = d.comm.allgather(len(x))
         uneven += len(set(sizes)) > 1
         xs, ys = d.comm.gather(x, root=0), d.comm.gather(y, root=0)
