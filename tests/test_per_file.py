@@ -236,7 +236,9 @@ def test_plan_file_from_the_cli_runs_one_sample_files(tmp_path, capsys):
 
     root = one_per_file_h5(tmp_path / "d")
     plan = tmp_path / "p.h5"
-    args = ["plan", root, "--one-per-file", "-P", 3, "-B", 4, "-E", 2, "-C", 7, "-o", plan]
+    # Ranks simulated in one process exchange no rows: a plan of variable batches.
+    args = ["plan", root, "--one-per-file", "-P", 3, "-B", 4, "-E", 2, "-C", 7,
+            "--variable-batches", "-o", plan]  # fmt: skip
     code, stdout, err = run_cli([*args, "--json"], capsys)
     assert code == 0, err
     assert json.loads(stdout)["accesses"] == 2 * N

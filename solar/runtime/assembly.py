@@ -40,8 +40,8 @@ class Assembly:
         # Read ahead only into steps already planned: never wait for the planner here.
         io = self.queue.take(k, self.steps.last_planned)
         self.queue.finish(io)
-        step = io.plan
-        self.memory.provide(io, self.steps.rows(k, step), self.steps.rows(k, step, False))
+        if not io.batch:  # a step of hits: memory taken now (recently freed, cache-warm)
+            self.memory.provide(io, *self.steps.rows(k, io.plan))
         self.shape(k, io)
         return io
 

@@ -82,9 +82,7 @@ class BatchMemory:
 
     def provide(self, io: InFlight, rows: int, out_rows: int) -> None:
         """Give ``io`` memory for ``rows`` raw rows (and ``out_rows`` transformed ones, with
-        a transform), unless it has some already."""
-        if io.batch:
-            return
+        a transform)."""
         keys, raw_rows, out_keys, out_pool_rows, pin, allocate = self._make
         if self.raw is None:
             self.raw = BatchPool(keys, raw_rows, pin, allocate)

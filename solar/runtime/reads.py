@@ -49,7 +49,7 @@ class Reads:
         # assembled, so that recently freed (cache-warm) batch memory is reused.
         reads, read_rows = step.storage_reads()  # the batch's reads, then its side rows
         if reads.size or step.tier_rows.size:
-            self.memory.provide(io, self.steps.rows(k, step), self.steps.rows(k, step, False))
+            self.memory.provide(io, *self.steps.rows(k, step))
             if reads.size:
                 io.futures = self.reader.submit(reads, io.batch, read_rows)
             io.storage = len(io.futures)

@@ -77,13 +77,14 @@ class Steps:
         """Step ``k``'s exchange of rows with the other ranks (equal batches), or None."""
         return self._stream.window(k, trim=False).transfer(k)
 
-    def rows(self, k: int, step: StepPlan, sides: bool = True) -> int:
-        """Rows of batch memory step ``k`` needs: what it serves (and its side rows, read to
-        be stored), or its share if more."""
+    def rows(self, k: int, step: StepPlan) -> tuple[int, int]:
+        """Rows of batch memory step ``k`` needs, raw and transformed: what it serves (raw:
+        and its side rows, read to be stored), or its share if more."""
         tr = self.transfer(k)
         if tr is not None:
-            return max(step.size, tr.size)
-        return step.rows_needed if sides else step.size
+            n = max(step.size, tr.size)
+            return n, n
+        return step.rows_needed, step.size
 
     def served_rows(self) -> int:
         """Rows a served batch may have: no local batch exceeds the cap of a full nominal
