@@ -12,7 +12,7 @@ and memory copy bandwidth, giving the epoch time limit
 at least as long as the busiest.
 
 With ``tier`` (a directory on local NVMe) ``solar`` and ``nopfs`` also get a second tier of
-``tier_size`` (an aggregate share, like ``buffer``), ``solar-ram`` is solar without it, and the
+``tier_size`` (a size like ``buffer``: solar/config.py), ``solar-ram`` is solar without it, and the
 limit takes ``bytes_tier / tier_bw`` into the max, with the tiers' O_DIRECT read bandwidth
 measured here as the loaders read them (every rank's tier, its threads, random batches).
 """
@@ -32,7 +32,7 @@ import numpy as np
 
 from solar._cpu import cores
 from solar.cache.bandwidth import tier_read_bandwidth
-from solar.config import DEFAULT_SLACK, ReaderConfig
+from solar.config import DEFAULT_SLACK, ReaderConfig, per_rank
 from solar.dist import MAX, allreduce
 from solar.errors import SolarError
 from solar.io.bandwidth import read_bandwidth
@@ -81,9 +81,11 @@ class BenchConfig:
     one_per_file: bool = False  # each file is one sample
     batch_size: int = 32
     epochs: int = 5
-    buffer: float = 0.5  # aggregate buffer as a fraction of the dataset
+    # A share of the dataset over all ranks as a fraction (0.5), or a size as solar.config
+    # reads it ("500", "2GiB": per rank; "50%").
+    buffer: float | str = 0.5
     tier: str | None = None  # directory of the second tier (local NVMe)
-    tier_size: float = 0.0  # aggregate second tier as a fraction of the dataset
+    tier_size: float | str = 0.0  # the second tier, as buffer
     slack: float = DEFAULT_SLACK
     loaders: tuple[str, ...] | None = None  # None: default_loaders(tier)
     workers: int | None = None  # DataLoader workers; None: the cores this process may use
@@ -238,8 +240,9 @@ def run(cfg: BenchConfig, comm: Any, progress=None) -> dict | None:
         assert cfg.weights is not None
         solar_sampler = Weighted(cfg.weights)
         solar_sampler.check(n)
-    capacity = math.ceil(cfg.buffer * n / world)
-    tier_capacity = math.ceil(cfg.tier_size * n / world) if cfg.tier else 0
+    sizes = {"num_samples": n, "sample_bytes": sample_bytes, "world_size": world}
+    capacity = per_rank(cfg.buffer, name="--buffer", **sizes)
+    tier_capacity = per_rank(cfg.tier_size, name="--tier-size", **sizes) if cfg.tier else 0
     throttle = Throttle.parse(cfg.throttle) if cfg.throttle else None
     fn = load_transform(cfg.transform) if cfg.transform else None
     workers = cores() if cfg.workers is None else cfg.workers
@@ -476,14 +479,19 @@ def _summarise(cfg, world, n, sample_bytes, capacity, limits, results, spec, thr
     return out
 
 
+def _size(what: str, size: float | str) -> str:
+    """A config's size as given: a share (a fraction) over all ranks, else per rank."""
+    return f"aggregate {what} {100 * size:.0f} %" if isinstance(size, float) else f"{what} {size}"
+
+
 def format_results(res: dict) -> str:
     c, lim = res["config"], res["limits"]
     tier = c.get("tier_per_rank", 0)
     lines = [
         f"{c['num_samples']} samples of {c['sample_bytes'] / 2**10:.0f} KiB, P={c['world_size']}, "
-        f"B={c['batch_size']}, {c['epochs']} cold epochs, aggregate buffer "
-        f"{100 * c['buffer']:.0f} % ({c['buffer_per_rank']} samples/rank)"
-        + (f", tier {100 * c['tier_size']:.0f} % ({tier} samples/rank)" if tier else "")
+        f"B={c['batch_size']}, {c['epochs']} cold epochs, {_size('buffer', c['buffer'])} "
+        f"({c['buffer_per_rank']} samples/rank)"
+        + (f", {_size('tier', c['tier_size'])} ({tier} samples/rank)" if tier else "")
         + f", compute {c['compute_ms']} ms/step"
         + (f", throttle {c['throttle']}" if c["throttle"] else ""),
         f"limits: cold read {lim['read_bytes_per_s'] / 1e9:.2f} GB/s "

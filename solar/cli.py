@@ -13,7 +13,15 @@ import click
 
 from solar._atomic import check_writable
 from solar._units import format_bytes
-from solar.config import DEFAULT_SLACK, BufferConfig, ReaderConfig, RunConfig, parse_size
+from solar.config import (
+    DEFAULT_SLACK,
+    BufferConfig,
+    ReaderConfig,
+    RunConfig,
+    Size,
+    parse_size,
+    share_or_size,
+)
 from solar.errors import SolarError
 from solar.schedule import POLICIES, PlanSpec
 from solar.schedule.plan import plan_to_file, simulate
@@ -43,11 +51,11 @@ def cli() -> None:
 @click.option("--world-size", "-P", type=int, required=True, help="Number of ranks P.")
 @click.option("--batch-size", "-B", type=int, required=True, help="Nominal local batch B.")
 @click.option("--epochs", "-E", type=int, required=True, help="Epochs E.")
-@click.option(
-    "--buffer", "-C", required=True, help="Per-rank buffer: samples (500) or bytes (4GiB)."
-)
+@click.option("--buffer", "-C", required=True,
+              help="RAM buffer: samples (500) or bytes (4GiB) per rank, or a share of the "
+                   "dataset over all ranks (10%).")  # fmt: skip
 @click.option("--tier-size", "-D", default="0", show_default=True,
-              help="Per-rank second tier (local NVMe): samples or bytes.")  # fmt: skip
+              help="Second tier (local NVMe), as --buffer.")  # fmt: skip
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--slack", type=float, default=DEFAULT_SLACK, show_default=True,
               help="Extra share of B a rank may serve to keep its hits.")  # fmt: skip
@@ -137,8 +145,11 @@ def plan(
     draws = sampler.draws(samples, world_size * batch_size)
     run = RunConfig(samples, world_size, batch_size, epochs, seed, drop_last,
                     None if draws == samples else draws)  # fmt: skip
-    capacity = parse_size(buffer, sample_bytes=sample_bytes, name="--buffer")
-    tier = parse_size(tier_size, sample_bytes=sample_bytes, name="--tier-size")
+    capacity, tier = (
+        parse_size(text, sample_bytes=sample_bytes, name=name, num_samples=samples,
+                   world_size=world_size)
+        for text, name in ((buffer, "--buffer"), (tier_size, "--tier-size"))
+    )  # fmt: skip
     spec = PlanSpec(
         run, BufferConfig(capacity, slack, tier), policy, reorder_epochs, sample_bytes, dataset,
         sampler, horizon, equal_batches,
@@ -338,10 +349,11 @@ def gen(out, preset, samples, chunks, compression, nodes, avg_degree, features, 
 @click.option("--batch-size", "-B", type=int, default=32, show_default=True)
 @click.option("--epochs", "-E", type=int, default=5, show_default=True)
 @click.option("--buffer", default="50%", show_default=True,
-              help="Aggregate buffer over all ranks, as a share of the dataset.")  # fmt: skip
+              help="A share of the dataset over all ranks (50%), or samples (500) or bytes "
+                   "(4GiB) per rank.")  # fmt: skip
 @click.option("--tier", type=click.Path(), help="Directory on local NVMe for a second tier.")
 @click.option("--tier-size", default="0%", show_default=True,
-              help="Aggregate second tier, as a share of the dataset (with --tier).")  # fmt: skip
+              help="Second tier (with --tier), as --buffer.")  # fmt: skip
 @click.option("--slack", type=float, default=DEFAULT_SLACK, show_default=True)
 @click.option("--loaders", help="Comma-separated loaders to compare (default: torch, lru, fifo, "
               "solar-artifact, nopfs, solar; and solar-ram with --tier; on request "
@@ -392,9 +404,9 @@ def bench(data, keys, one_per_file, world_size, batch_size, epochs, buffer, tier
                      read_ahead, throttle, compute_ms, seed, fanouts, json_out,
                      [k for k, v in others.items() if v])  # fmt: skip
         return
-    share = _share(buffer)
-    tier_share = _share(tier_size, "--tier-size")
-    if (tier is None) != (tier_share == 0):
+    share = share_or_size(buffer, "--buffer")
+    tier_share = share_or_size(tier_size, "--tier-size")
+    if (tier is None) != Size.parse(tier_size, "--tier-size").zero:
         raise SolarError("--tier DIR and --tier-size > 0 go together")
     make_sampler(sampler_kind, weights)  # a bad --weights fails here, before any rank starts
     if transform:
@@ -481,7 +493,7 @@ def _bench_graph(data, keys, world_size, batch_size, epochs, buffer, loaders, th
     cfg = graph_bench.GraphBenchConfig(
         path=data[0], key=keys[0] if keys else "features",
         fanouts=graph_bench.parse_fanouts(fanouts), batch_size=batch_size, epochs=epochs,
-        buffer=_share(buffer),
+        buffer=share_or_size(buffer, "--buffer"),
         loaders=tuple(x for x in loaders.split(",") if x) if loaders else graph_bench.GRAPH_LOADERS,
         reader=ReaderConfig(threads=_threads(threads), read_ahead=read_ahead, direct_io=True),
         throttle=throttle, compute_ms=compute_ms, seed=seed,
@@ -503,16 +515,6 @@ def _bench_graph(data, keys, world_size, batch_size, epochs, buffer, loaders, th
 def _check_world(world_size: int, launcher: str, started: int) -> None:
     if started != world_size:
         raise SolarError(f"--world-size {world_size} but {launcher} started {started} ranks")
-
-
-def _share(text: str, name: str = "--buffer") -> float:
-    try:
-        value = float(text[:-1]) / 100 if text.endswith("%") else float(text)
-    except ValueError:
-        raise SolarError(f"{name}: expected a share like 50% or 0.5, got {text!r}") from None
-    if not 0 <= value:
-        raise SolarError(f"{name} must be >= 0, got {text!r}")
-    return value
 
 
 def plan_summary(p: PlanSummary, path: Path | None = None) -> dict:
