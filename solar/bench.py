@@ -20,6 +20,7 @@ measured here as the loaders read them (every rank's tier, its threads, random b
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import os
 import sys
@@ -43,6 +44,7 @@ from solar.schedule.policies import TIERED
 from solar.transform import Transform, load_transform, sample_rng
 from solar.tune import MAX_READ_THREADS
 
+log = logging.getLogger(__name__)  # solar.bench: what the harness is doing, for long runs' logs
 WARM_FIELDS = ("warm_seconds", "compile_seconds")  # of loader.stats, reported per loader
 LOADERS = ("torch", "lru", "fifo", "solar-artifact", "nopfs", "solar", "solar-ram", "static")
 # With a weighted sampler: solar's baselines on the sampler's own split (solar.schedule.tracebase).
@@ -254,6 +256,8 @@ def run(cfg: BenchConfig, comm: Any, progress=None) -> dict | None:
     bw_reader = cfg.reader
     if cfg.reader.auto:
         bw_reader = dataclasses.replace(cfg.reader, threads=MAX_READ_THREADS)
+    if rank == 0:
+        log.info("bench: %d samples on %d ranks; measuring the cold read bandwidth", n, world)
     read_bw = read_bandwidth(info, bw_reader, comm, cfg.batch_size, throttle, seed=cfg.seed)
     # The tiers likewise: all ranks' at once, their threads, random batches of slots.
     tier_bw = (tier_read_bandwidth(info, cfg.reader, comm, cfg.batch_size, cfg.tier,
@@ -268,6 +272,9 @@ def run(cfg: BenchConfig, comm: Any, progress=None) -> dict | None:
     if throttle is not None:
         limits["read_bytes_per_s"] = min(limits["read_bytes_per_s"], throttle.bytes_per_s * world)
 
+    if rank == 0:
+        log.info("bench: constructing the loaders %s (each rehearses its run)",
+                 ", ".join(cfg.loaders))  # fmt: skip
     loaders: dict[str, Any] = {}
     if "torch" in cfg.loaders:
         ds: Any = H5Dataset(info, throttle, fn, cfg.seed)  # a map-style Dataset by protocol

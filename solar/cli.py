@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import sys
 import time
 from contextlib import contextmanager
@@ -34,6 +35,12 @@ _READER = ReaderConfig()  # the defaults shown by --help
 
 # A plan this long gets a progress bar (a few seconds of work).
 _PROGRESS_ACCESSES = 10_000_000
+
+log = logging.getLogger(__name__)  # solar.cli
+
+# Progress when stderr is not a terminal (a Slurm log): log lines, the first once the work has
+# taken this long (a short run says nothing), then every 10 % or this often.
+_LOG_AFTER, _LOG_EVERY = 5.0, 60.0
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -157,9 +164,11 @@ def plan(
     if out:
         check_writable(out)
     warmth = _warm_planner(spec, bool(out))
-    with _progress(
-        run, enabled=run.num_accesses >= _PROGRESS_ACCESSES and sys.stderr.isatty()
-    ) as progress:
+    if warmth.compiled:
+        log.info("compiled %d planner kernels in %.1f s (numba's cache did not hold them); "
+                 "`solar warm` (run by `make`) compiles them once per install",
+                 warmth.compiled, warmth.compile_seconds)  # fmt: skip
+    with _progress(run, enabled=run.num_accesses >= _PROGRESS_ACCESSES) as progress:
         # Streamed one epoch at a time: memory does not grow with the number of epochs.
         result = plan_to_file(spec, out, progress).summary if out else simulate(spec, progress)
     summary = plan_summary(result, Path(out) if out else None)
@@ -294,7 +303,7 @@ def convert(
     check_writable(dst)
     result = run_convert(
         list(src), dst, keys=list(keys) or None, one_per_file=one_per_file, align=align,
-        force=force, progress=_counter("converting") if sys.stderr.isatty() else None,
+        force=force, progress=_counter("converting"),
     )  # fmt: skip
     click.echo(f"{dst}: {result['samples']} samples, keys {result['keys']}; verified")
 
@@ -322,7 +331,7 @@ def gen(out, preset, samples, chunks, compression, nodes, avg_degree, features, 
     if Path(out).exists() and not force:
         raise SolarError(f"{out}: exists (use --force to overwrite)")
     check_writable(out)
-    progress = _counter("generating") if sys.stderr.isatty() else None
+    progress = _counter("generating")
     if preset == "graph":
         from solar.graph.generate import generate_graph
 
@@ -456,6 +465,8 @@ def _bench_ranks(world_size: int) -> Any:
         _check_world(world_size, launch.kind, launch.world_size)
     comm = dist.init().comm  # an error on any rank now ends them all
     _check_world(world_size, launch.kind, comm.Get_size())
+    if comm.Get_rank() != 0:  # rank 0 speaks for the job
+        logging.getLogger("solar").setLevel(logging.WARNING)
     return comm
 
 
@@ -610,7 +621,10 @@ def format_summary(s: dict) -> str:
 
 
 def _counter(label: str):
-    """A progress line on stderr: ``progress(done, total)``."""
+    """A progress line on stderr, ``progress(done, total)``: redrawn on a terminal, else
+    (a batch job's log) :class:`_LogProgress` lines."""
+    if not sys.stderr.isatty():
+        return _LogProgress(label)
 
     def show(done: int, total: int) -> None:
         end = "\n" if done >= total else ""
@@ -622,17 +636,69 @@ def _counter(label: str):
     return show
 
 
+class _LogProgress:
+    """Progress as INFO log lines (``solar: planning: 40 % (4000/10000 steps), 12 s``): the
+    first once the work has run ``_LOG_AFTER`` seconds, then at each further 10 % or every
+    ``_LOG_EVERY`` seconds, and the end if anything was said. ``(done, total)`` or, as a
+    progress bar's ``update``, ``(steps)`` with ``total`` given here."""
+
+    def __init__(self, label: str, total: int | None = None, unit: str = "") -> None:
+        self.label, self.total, self.unit = label, total, unit
+        self.done, self.t0 = 0, time.perf_counter()
+        self.said, self.tenth, self.last = False, 0, self.t0
+
+    def __call__(self, done: int, total: int | None = None) -> None:
+        if total is None:  # an increment, as click's bar.update
+            self.done += done
+        else:
+            self.done, self.total = done, total
+        whole = max(1, self.total or 1)
+        now = time.perf_counter()
+        tenth = 10 * self.done // whole
+        end = self.done >= whole
+        if now - self.t0 < _LOG_AFTER and not (end and self.said):
+            return
+        if self.said and not end and tenth <= self.tenth and now - self.last < _LOG_EVERY:
+            return
+        self.said, self.tenth, self.last = True, tenth, now
+        log.info("%s: %d %% (%d/%d%s), %.0f s", self.label, 100 * self.done // whole,
+                 self.done, whole, self.unit, now - self.t0)  # fmt: skip
+
+
 @contextmanager
 def _progress(run: RunConfig, enabled: bool):
     if not enabled:
         yield None
         return
+    if not sys.stderr.isatty():
+        yield _LogProgress("planning", run.num_steps, " steps")
+        return
     with click.progressbar(length=run.num_steps, label="planning", file=sys.stderr) as bar:
         yield bar.update
 
 
+class _Stderr(logging.Handler):
+    """solar's log records as ``solar: message`` lines on the stderr of the moment."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            click.echo(f"solar: {self.format(record)}", err=True)
+        except Exception:  # (as logging's own handlers: a log line never ends a run)
+            self.handleError(record)
+
+
+def _log_to_stderr() -> None:
+    """The command's logging (library code sets up none): INFO and up of the ``solar``
+    loggers on stderr; kept to WARNING on ranks other than 0 (``solar bench``)."""
+    root = logging.getLogger("solar")
+    if not any(isinstance(h, _Stderr) for h in root.handlers):
+        root.addHandler(_Stderr())
+    root.setLevel(logging.INFO)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point: errors are one line on stderr and a non-zero exit, never a traceback."""
+    _log_to_stderr()
     try:
         cli.main(args=argv, prog_name="solar", standalone_mode=False)
     except SolarError as exc:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
+import logging
 import os
 import sys
 import tempfile
@@ -54,6 +55,8 @@ from solar.warm import (
     settle_compiler_garbage,
     tiny_spec,
 )
+
+log = logging.getLogger(__name__)  # solar.loader (solar sets up no handler: the application does)
 
 
 class Loader(IterableDataset[dict]):
@@ -156,6 +159,13 @@ class Loader(IterableDataset[dict]):
             self._start(warm)
         self.stats.compile_seconds = warmth[0].compile_seconds
         self.stats.compiled = warmth[0].compiled
+        if warm and warmth[0].compiled:  # (a rehearsal's own tiny Loader is not warm)
+            log.info(
+                "this Loader compiled %d numba kernels in %.1f s (numba's cache did not hold "
+                "them); `solar warm` (run by `make`) compiles them once per install, then a "
+                "Loader loads them in milliseconds",
+                warmth[0].compiled, warmth[0].compile_seconds,
+            )  # fmt: skip
 
     def _adopt(self, setup: Setup, snapshots: str | os.PathLike | None) -> None:
         """Take ``setup``'s decisions: the attributes users read, the rank's plan stream, the
