@@ -389,8 +389,14 @@ def _check_torch_caller(caller: Any) -> None:
             "(num_workers=0: the Loader reads on its own threads, ReaderConfig(threads=...), "
             "and transforms on its workers, Transform(...))"
         )
-    here = caller.f_locals
-    if type(here.get("self")).__name__ == "_IterableDatasetFetcher" and here.get("auto_collation"):
+    # Only torch's fetcher's frame is looked into: reading another frame's f_locals would
+    # keep a snapshot of its locals (this Loader among them) alive with that frame.
+    code = caller.f_code
+    if (
+        code.co_name == "__init__"
+        and code.co_filename.endswith(os.path.join("data", "_utils", "fetch.py"))
+        and caller.f_locals.get("auto_collation")
+    ):
         raise SolarError(
             "a solar Loader yields whole batches: wrap it as DataLoader(loader, "
             "batch_size=None), not with a batch_size (it would batch the batches)"

@@ -3,6 +3,7 @@ warning when an epoch is iterated again without it), and a Loader wrapped in a D
 
 from __future__ import annotations
 
+import time
 import warnings
 
 import numpy as np
@@ -84,3 +85,21 @@ def test_a_dataloader_with_workers_is_refused_not_duplicated(loader):
     dl = DataLoader(loader, batch_size=None, num_workers=2)
     with pytest.raises(SolarError, match="num_workers=2: every worker would serve the whole"):
         list(dl)
+
+
+def test_iterating_keeps_no_reference_to_the_loader(small_h5):
+    """The DataLoader check looks into torch's frame only: the iterating frame's locals are
+    not snapshotted, so a Loader dropped after an epoch is collected (and its files closed)."""
+    import gc
+    import weakref
+
+    ld = Loader(small_h5, batch_size=8, epochs=1, buffer=20, warm=False)
+    alive = weakref.ref(ld)
+    assert len(list(ld)) == len(ld)
+    del ld
+    for _ in range(100):
+        gc.collect()
+        if alive() is None:
+            break
+        time.sleep(0.05)
+    assert alive() is None
