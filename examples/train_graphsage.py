@@ -74,7 +74,9 @@ def main() -> None:
     parser.add_argument("--fanouts", default="10,5")
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--batch-size", type=int, default=64, help="seeds per rank and step")
-    parser.add_argument("--buffer", default="10%", help="per rank: rows, bytes, or %% of nodes")
+    parser.add_argument(
+        "--buffer", default="20%", help="rows or bytes per rank, or %% of data over all ranks"
+    )
     parser.add_argument("--hidden", type=int, default=64)
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--seed", type=int, default=0)
@@ -92,11 +94,8 @@ def main() -> None:
     d.comm.Barrier()
     fanouts = tuple(int(f) for f in opts.fanouts.split(","))
     sampler = NeighborSampler(opts.data, fanouts, batch_size=opts.batch_size)
-    buffer = opts.buffer
-    if buffer.endswith("%"):
-        buffer = int(sampler.graph.num_nodes * float(buffer[:-1]) / 100)
-    loader = Loader(opts.data, ["features"], sampler=sampler, epochs=opts.epochs, buffer=buffer,
-                    seed=opts.seed, comm=d.comm, drop_last=True)  # fmt: skip
+    loader = Loader(opts.data, ["features"], sampler=sampler, epochs=opts.epochs,
+                    buffer=opts.buffer, seed=opts.seed, comm=d.comm, drop_last=True)  # fmt: skip
     labels = sampler.graph.labels
     assert labels is not None, "the graph needs labels"
     classes = int(np.max(labels)) + 1

@@ -80,7 +80,9 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=1024, help="generated if --data is absent")
     parser.add_argument("--epochs", type=int, default=5)
     parser.add_argument("--batch-size", type=int, default=16)
-    parser.add_argument("--buffer", default="25%", help="per rank: samples, bytes, or %% of data")
+    parser.add_argument(
+        "--buffer", default="50%", help="samples or bytes per rank, or %% of data over all ranks"
+    )
     parser.add_argument("--slack", type=float, default=0.25)
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--seed", type=int, default=0)
@@ -97,15 +99,10 @@ def main() -> None:
         opts.data.parent.mkdir(parents=True, exist_ok=True)
         generate(opts.data, "ptychonn", opts.samples)
     d.comm.Barrier()
-    buffer = opts.buffer
-    if buffer.endswith("%"):
-        from solar.io.hdf5 import describe
-
-        buffer = int(describe([opts.data]).num_samples * float(buffer[:-1]) / 100)
     # Planner snapshots beside the checkpoint: a resume replans from the last epoch boundary.
     snapshots = opts.checkpoint.with_name(opts.checkpoint.name + ".planner")
     snapshots.mkdir(parents=True, exist_ok=True)
-    loader = Loader(opts.data, batch_size=opts.batch_size, epochs=opts.epochs, buffer=buffer,
+    loader = Loader(opts.data, batch_size=opts.batch_size, epochs=opts.epochs, buffer=opts.buffer,
                     slack=opts.slack, seed=opts.seed, comm=d.comm,
                     snapshots=snapshots, transform=prepare)  # fmt: skip
 

@@ -12,7 +12,7 @@ and memory copy bandwidth, giving the epoch time limit
 at least as long as the busiest.
 
 With ``tier`` (a directory on local NVMe) ``solar`` and ``nopfs`` also get a second tier of
-``tier_size`` (an aggregate share, like ``buffer``), ``solar-ram`` is solar without it, and the
+``tier_size`` (a size like ``buffer``: solar/config.py), ``solar-ram`` is solar without it, and the
 limit takes ``bytes_tier / tier_bw`` into the max, with the tiers' O_DIRECT read bandwidth
 measured here as the loaders read them (every rank's tier, its threads, random batches).
 """
@@ -20,6 +20,7 @@ measured here as the loaders read them (every rank's tier, its threads, random b
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import os
 import sys
@@ -33,7 +34,7 @@ import numpy as np
 
 from solar._cpu import cores
 from solar.cache.bandwidth import tier_read_bandwidth
-from solar.config import DEFAULT_SLACK, ReaderConfig
+from solar.config import DEFAULT_SLACK, ReaderConfig, per_rank
 from solar.dist import MAX, allreduce
 from solar.errors import SolarError
 from solar.io.bandwidth import read_bandwidth
@@ -44,6 +45,7 @@ from solar.schedule.policies import TIERED
 from solar.transform import Transform, load_transform, sample_rng
 from solar.tune import MAX_READ_THREADS
 
+log = logging.getLogger(__name__)  # solar.bench: what the harness is doing, for long runs' logs
 WARM_FIELDS = ("warm_seconds", "compile_seconds")  # of loader.stats, reported per loader
 LOADERS = ("torch", "lru", "fifo", "solar-artifact", "nopfs", "solar", "solar-ram", "static")
 # With a weighted sampler: solar's baselines on the sampler's own split (solar.schedule.tracebase).
@@ -84,9 +86,11 @@ class BenchConfig:
     one_per_file: bool = False  # each file is one sample
     batch_size: int = 32
     epochs: int = 5
-    buffer: float = 0.5  # aggregate buffer as a fraction of the dataset
+    # A share of the dataset over all ranks as a fraction (0.5), or a size as solar.config
+    # reads it ("500", "2GiB": per rank; "50%").
+    buffer: float | str = 0.5
     tier: str | None = None  # directory of the second tier (local NVMe)
-    tier_size: float = 0.0  # aggregate second tier as a fraction of the dataset
+    tier_size: float | str = 0.0  # the second tier, as buffer
     slack: float = DEFAULT_SLACK
     loaders: tuple[str, ...] | None = None  # None: default_loaders(tier)
     workers: int | None = None  # DataLoader workers; None: the cores this process may use
@@ -295,8 +299,9 @@ def run(cfg: BenchConfig, comm: Any, progress=None) -> dict | None:
         assert cfg.weights is not None
         solar_sampler = Weighted(cfg.weights)
         solar_sampler.check(n)
-    capacity = math.ceil(cfg.buffer * n / world)
-    tier_capacity = math.ceil(cfg.tier_size * n / world) if cfg.tier else 0
+    sizes = {"num_samples": n, "sample_bytes": sample_bytes, "world_size": world}
+    capacity = per_rank(cfg.buffer, name="--buffer", **sizes)
+    tier_capacity = per_rank(cfg.tier_size, name="--tier-size", **sizes) if cfg.tier else 0
     throttle = Throttle.parse(cfg.throttle) if cfg.throttle else None
     fn = load_transform(cfg.transform) if cfg.transform else None
     workers = cores() if cfg.workers is None else cfg.workers
@@ -308,6 +313,8 @@ def run(cfg: BenchConfig, comm: Any, progress=None) -> dict | None:
     bw_reader = cfg.reader
     if cfg.reader.auto:
         bw_reader = dataclasses.replace(cfg.reader, threads=MAX_READ_THREADS)
+    if rank == 0:
+        log.info("bench: %d samples on %d ranks; measuring the cold read bandwidth", n, world)
     read_bw = read_bandwidth(info, bw_reader, comm, cfg.batch_size, throttle, seed=cfg.seed)
     # The tiers likewise: all ranks' at once, their threads, random batches of slots.
     tier_bw = (tier_read_bandwidth(info, cfg.reader, comm, cfg.batch_size, cfg.tier,
@@ -322,6 +329,9 @@ def run(cfg: BenchConfig, comm: Any, progress=None) -> dict | None:
     if throttle is not None:
         limits["read_bytes_per_s"] = min(limits["read_bytes_per_s"], throttle.bytes_per_s * world)
 
+    if rank == 0:
+        log.info("bench: constructing the loaders %s (each rehearses its run)",
+                 ", ".join(cfg.loaders))  # fmt: skip
     loaders: dict[str, Any] = {}
     if "torch" in cfg.loaders:
         ds: Any = H5Dataset(info, throttle, fn, cfg.seed)  # a map-style Dataset by protocol
@@ -531,14 +541,19 @@ def _summarise(cfg, world, n, sample_bytes, capacity, limits, results, spec, thr
     return out
 
 
+def _size(what: str, size: float | str) -> str:
+    """A config's size as given: a share (a fraction) over all ranks, else per rank."""
+    return f"aggregate {what} {100 * size:.0f} %" if isinstance(size, float) else f"{what} {size}"
+
+
 def format_results(res: dict) -> str:
     c, lim = res["config"], res["limits"]
     tier = c.get("tier_per_rank", 0)
     lines = [
         f"{c['num_samples']} samples of {c['sample_bytes'] / 2**10:.0f} KiB, P={c['world_size']}, "
-        f"B={c['batch_size']}, {c['epochs']} cold epochs, aggregate buffer "
-        f"{100 * c['buffer']:.0f} % ({c['buffer_per_rank']} samples/rank)"
-        + (f", tier {100 * c['tier_size']:.0f} % ({tier} samples/rank)" if tier else "")
+        f"B={c['batch_size']}, {c['epochs']} cold epochs, {_size('buffer', c['buffer'])} "
+        f"({c['buffer_per_rank']} samples/rank)"
+        + (f", {_size('tier', c['tier_size'])} ({tier} samples/rank)" if tier else "")
         + f", compute {c['compute_ms']} ms/step"
         + (f", throttle {c['throttle']}" if c["throttle"] else ""),
         f"limits: cold read {lim['read_bytes_per_s'] / 1e9:.2f} GB/s "

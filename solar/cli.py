@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import sys
 import time
 from contextlib import contextmanager
@@ -13,7 +14,15 @@ import click
 
 from solar._atomic import check_writable
 from solar._units import format_bytes
-from solar.config import DEFAULT_SLACK, BufferConfig, ReaderConfig, RunConfig, parse_size
+from solar.config import (
+    DEFAULT_SLACK,
+    BufferConfig,
+    ReaderConfig,
+    RunConfig,
+    Size,
+    parse_size,
+    share_or_size,
+)
 from solar.errors import SolarError
 from solar.schedule import POLICIES, PlanSpec
 from solar.schedule.plan import plan_to_file, simulate
@@ -26,6 +35,12 @@ _READER = ReaderConfig()  # the defaults shown by --help
 
 # A plan this long gets a progress bar (a few seconds of work).
 _PROGRESS_ACCESSES = 10_000_000
+
+log = logging.getLogger(__name__)  # solar.cli
+
+# Progress when stderr is not a terminal (a Slurm log): log lines, the first once the work has
+# taken this long (a short run says nothing), then every 10 % or this often.
+_LOG_AFTER, _LOG_EVERY = 5.0, 60.0
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -43,11 +58,11 @@ def cli() -> None:
 @click.option("--world-size", "-P", type=int, required=True, help="Number of ranks P.")
 @click.option("--batch-size", "-B", type=int, required=True, help="Nominal local batch B.")
 @click.option("--epochs", "-E", type=int, required=True, help="Epochs E.")
-@click.option(
-    "--buffer", "-C", required=True, help="Per-rank buffer: samples (500) or bytes (4GiB)."
-)
+@click.option("--buffer", "-C", required=True,
+              help="RAM buffer: samples (500) or bytes (4GiB) per rank, or a share of the "
+                   "dataset over all ranks (10%).")  # fmt: skip
 @click.option("--tier-size", "-D", default="0", show_default=True,
-              help="Per-rank second tier (local NVMe): samples or bytes.")  # fmt: skip
+              help="Second tier (local NVMe), as --buffer.")  # fmt: skip
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--slack", type=float, default=DEFAULT_SLACK, show_default=True,
               help="Extra share of B a rank may serve to keep its hits.")  # fmt: skip
@@ -138,8 +153,11 @@ def plan(
     draws = sampler.draws(samples, world_size * batch_size)
     run = RunConfig(samples, world_size, batch_size, epochs, seed, drop_last,
                     None if draws == samples else draws)  # fmt: skip
-    capacity = parse_size(buffer, sample_bytes=sample_bytes, name="--buffer")
-    tier = parse_size(tier_size, sample_bytes=sample_bytes, name="--tier-size")
+    capacity, tier = (
+        parse_size(text, sample_bytes=sample_bytes, name=name, num_samples=samples,
+                   world_size=world_size)
+        for text, name in ((buffer, "--buffer"), (tier_size, "--tier-size"))
+    )  # fmt: skip
     if equal_batches is None:  # a Loader's default, so that its plan file serves a Loader's run
         equal_batches = world_size > 1 and is_shuffle(sampler)
     spec = PlanSpec(
@@ -149,9 +167,11 @@ def plan(
     if out:
         check_writable(out)
     warmth = _warm_planner(spec, bool(out))
-    with _progress(
-        run, enabled=run.num_accesses >= _PROGRESS_ACCESSES and sys.stderr.isatty()
-    ) as progress:
+    if warmth.compiled:
+        log.info("compiled %d planner kernels in %.1f s (numba's cache did not hold them); "
+                 "`solar warm` (run by `make`) compiles them once per install",
+                 warmth.compiled, warmth.compile_seconds)  # fmt: skip
+    with _progress(run, enabled=run.num_accesses >= _PROGRESS_ACCESSES) as progress:
         # Streamed one epoch at a time: memory does not grow with the number of epochs.
         result = plan_to_file(spec, out, progress).summary if out else simulate(spec, progress)
     summary = plan_summary(result, Path(out) if out else None)
@@ -288,7 +308,7 @@ def convert(
     check_writable(dst)
     result = run_convert(
         list(src), dst, keys=list(keys) or None, one_per_file=one_per_file, align=align,
-        force=force, progress=_counter("converting") if sys.stderr.isatty() else None,
+        force=force, progress=_counter("converting"),
     )  # fmt: skip
     click.echo(f"{dst}: {result['samples']} samples, keys {result['keys']}; verified")
 
@@ -316,7 +336,7 @@ def gen(out, preset, samples, chunks, compression, nodes, avg_degree, features, 
     if Path(out).exists() and not force:
         raise SolarError(f"{out}: exists (use --force to overwrite)")
     check_writable(out)
-    progress = _counter("generating") if sys.stderr.isatty() else None
+    progress = _counter("generating")
     if preset == "graph":
         from solar.graph.generate import generate_graph
 
@@ -343,10 +363,11 @@ def gen(out, preset, samples, chunks, compression, nodes, avg_degree, features, 
 @click.option("--batch-size", "-B", type=int, default=32, show_default=True)
 @click.option("--epochs", "-E", type=int, default=5, show_default=True)
 @click.option("--buffer", default="50%", show_default=True,
-              help="Aggregate buffer over all ranks, as a share of the dataset.")  # fmt: skip
+              help="A share of the dataset over all ranks (50%), or samples (500) or bytes "
+                   "(4GiB) per rank.")  # fmt: skip
 @click.option("--tier", type=click.Path(), help="Directory on local NVMe for a second tier.")
 @click.option("--tier-size", default="0%", show_default=True,
-              help="Aggregate second tier, as a share of the dataset (with --tier).")  # fmt: skip
+              help="Second tier (with --tier), as --buffer.")  # fmt: skip
 @click.option("--slack", type=float, default=DEFAULT_SLACK, show_default=True)
 @click.option("--loaders", help="Comma-separated loaders to compare (default: torch, lru, fifo, "
               "solar-artifact, nopfs, solar; and solar-ram with --tier; on request "
@@ -399,9 +420,9 @@ def bench(data, keys, one_per_file, world_size, batch_size, epochs, buffer, tier
                      read_ahead, throttle, compute_ms, seed, fanouts, json_out,
                      [k for k, v in others.items() if v])  # fmt: skip
         return
-    share = _share(buffer)
-    tier_share = _share(tier_size, "--tier-size")
-    if (tier is None) != (tier_share == 0):
+    share = share_or_size(buffer, "--buffer")
+    tier_share = share_or_size(tier_size, "--tier-size")
+    if (tier is None) != Size.parse(tier_size, "--tier-size").zero:
         raise SolarError("--tier DIR and --tier-size > 0 go together")
     make_sampler(sampler_kind, weights)  # a bad --weights fails here, before any rank starts
     if transform:
@@ -451,6 +472,8 @@ def _bench_ranks(world_size: int) -> Any:
         _check_world(world_size, launch.kind, launch.world_size)
     comm = dist.init().comm  # an error on any rank now ends them all
     _check_world(world_size, launch.kind, comm.Get_size())
+    if comm.Get_rank() != 0:  # rank 0 speaks for the job
+        logging.getLogger("solar").setLevel(logging.WARNING)
     return comm
 
 
@@ -488,7 +511,7 @@ def _bench_graph(data, keys, world_size, batch_size, epochs, buffer, loaders, th
     cfg = graph_bench.GraphBenchConfig(
         path=data[0], key=keys[0] if keys else "features",
         fanouts=graph_bench.parse_fanouts(fanouts), batch_size=batch_size, epochs=epochs,
-        buffer=_share(buffer),
+        buffer=share_or_size(buffer, "--buffer"),
         loaders=tuple(x for x in loaders.split(",") if x) if loaders else graph_bench.GRAPH_LOADERS,
         reader=ReaderConfig(threads=_threads(threads), read_ahead=read_ahead, direct_io=True),
         throttle=throttle, compute_ms=compute_ms, seed=seed,
@@ -510,16 +533,6 @@ def _bench_graph(data, keys, world_size, batch_size, epochs, buffer, loaders, th
 def _check_world(world_size: int, launcher: str, started: int) -> None:
     if started != world_size:
         raise SolarError(f"--world-size {world_size} but {launcher} started {started} ranks")
-
-
-def _share(text: str, name: str = "--buffer") -> float:
-    try:
-        value = float(text[:-1]) / 100 if text.endswith("%") else float(text)
-    except ValueError:
-        raise SolarError(f"{name}: expected a share like 50% or 0.5, got {text!r}") from None
-    if not 0 <= value:
-        raise SolarError(f"{name} must be >= 0, got {text!r}")
-    return value
 
 
 def plan_summary(p: PlanSummary, path: Path | None = None) -> dict:
@@ -615,7 +628,10 @@ def format_summary(s: dict) -> str:
 
 
 def _counter(label: str):
-    """A progress line on stderr: ``progress(done, total)``."""
+    """A progress line on stderr, ``progress(done, total)``: redrawn on a terminal, else
+    (a batch job's log) :class:`_LogProgress` lines."""
+    if not sys.stderr.isatty():
+        return _LogProgress(label)
 
     def show(done: int, total: int) -> None:
         end = "\n" if done >= total else ""
@@ -627,17 +643,69 @@ def _counter(label: str):
     return show
 
 
+class _LogProgress:
+    """Progress as INFO log lines (``solar: planning: 40 % (4000/10000 steps), 12 s``): the
+    first once the work has run ``_LOG_AFTER`` seconds, then at each further 10 % or every
+    ``_LOG_EVERY`` seconds, and the end if anything was said. ``(done, total)`` or, as a
+    progress bar's ``update``, ``(steps)`` with ``total`` given here."""
+
+    def __init__(self, label: str, total: int | None = None, unit: str = "") -> None:
+        self.label, self.total, self.unit = label, total, unit
+        self.done, self.t0 = 0, time.perf_counter()
+        self.said, self.tenth, self.last = False, 0, self.t0
+
+    def __call__(self, done: int, total: int | None = None) -> None:
+        if total is None:  # an increment, as click's bar.update
+            self.done += done
+        else:
+            self.done, self.total = done, total
+        whole = max(1, self.total or 1)
+        now = time.perf_counter()
+        tenth = 10 * self.done // whole
+        end = self.done >= whole
+        if now - self.t0 < _LOG_AFTER and not (end and self.said):
+            return
+        if self.said and not end and tenth <= self.tenth and now - self.last < _LOG_EVERY:
+            return
+        self.said, self.tenth, self.last = True, tenth, now
+        log.info("%s: %d %% (%d/%d%s), %.0f s", self.label, 100 * self.done // whole,
+                 self.done, whole, self.unit, now - self.t0)  # fmt: skip
+
+
 @contextmanager
 def _progress(run: RunConfig, enabled: bool):
     if not enabled:
         yield None
         return
+    if not sys.stderr.isatty():
+        yield _LogProgress("planning", run.num_steps, " steps")
+        return
     with click.progressbar(length=run.num_steps, label="planning", file=sys.stderr) as bar:
         yield bar.update
 
 
+class _Stderr(logging.Handler):
+    """solar's log records as ``solar: message`` lines on the stderr of the moment."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            click.echo(f"solar: {self.format(record)}", err=True)
+        except Exception:  # (as logging's own handlers: a log line never ends a run)
+            self.handleError(record)
+
+
+def _log_to_stderr() -> None:
+    """The command's logging (library code sets up none): INFO and up of the ``solar``
+    loggers on stderr; kept to WARNING on ranks other than 0 (``solar bench``)."""
+    root = logging.getLogger("solar")
+    if not any(isinstance(h, _Stderr) for h in root.handlers):
+        root.addHandler(_Stderr())
+    root.setLevel(logging.INFO)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point: errors are one line on stderr and a non-zero exit, never a traceback."""
+    _log_to_stderr()
     try:
         cli.main(args=argv, prog_name="solar", standalone_mode=False)
     except SolarError as exc:

@@ -1,10 +1,27 @@
-"""Frozen configuration of a run and of the per-rank buffer."""
+"""Frozen configuration of a run and of the per-rank buffer; the one grammar of sizes.
+
+Sizes (``Loader(buffer=, tier_size=)``, ``solar plan -C/-D``, ``solar bench --buffer/--tier-size``,
+the examples' ``--buffer``) are read by :func:`parse_size` alone, in one of three forms:
+
+* samples, a whole number: ``500`` -- **per rank**;
+* bytes, a number and a unit: ``4GiB``, ``512MB``, ``1.5KB`` (B, KB, MB, GB, TB: powers of
+  1000; KiB, MiB, GiB, TiB: of 1024) -- **per rank**, rounded down to whole samples;
+* a share of the dataset, a number and ``%``: ``10%`` -- **over all ranks together**: the
+  ranks' buffers hold that share of the dataset between them, each ``ceil(p/100 * N / P)``
+  samples (N samples, P ranks), so ``50%`` means the same on 1 rank or 64; at most 100 %.
+
+Samples and bytes are what one rank's memory holds (a node's RAM is divided among its ranks);
+a share is a statement about the dataset (the job keeps a tenth of it), which is also what
+``solar bench --buffer 50%`` has always meant. Anything else is refused in one line naming
+the parameter.
+"""
 
 from __future__ import annotations
 
 import math
 import re
 from dataclasses import dataclass
+from fractions import Fraction
 
 from solar.errors import SolarError
 
@@ -131,34 +148,115 @@ class BufferConfig:
         return math.ceil(round(nominal * (1.0 + self.slack), 9))
 
 
-def parse_size(text: str | int, *, sample_bytes: int | None, name: str = "buffer") -> int:
-    """Parse a buffer size given in samples (``500``) or bytes (``4GiB``, ``512MB``) to samples."""
-    if isinstance(text, int) and not isinstance(text, bool):
-        return text
-    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", str(text))
-    if not match:
-        raise SolarError(
-            f"{name}: cannot parse {text!r} (give samples, e.g. 500, or bytes, e.g. 4GiB)"
-        )
-    number, unit = match.groups()
-    if unit == "":
-        if "." in number:
-            raise SolarError(f"{name}: a count of samples must be a whole number, got {text!r}")
-        return int(number)
-    factor = _UNITS.get(unit.lower())
-    if factor is None:
-        raise SolarError(
-            f"{name}: unknown unit {unit!r} in {text!r} (use B, KB, MB, GB, KiB, MiB, GiB)"
-        )
-    if not sample_bytes:
-        raise SolarError(
-            f"{name}: {text!r} is a size in bytes, which needs the sample size: "
-            "give data files or --sample-bytes"
-        )
-    samples = int(float(number) * factor) // sample_bytes
-    if samples == 0 and float(number) > 0:
-        raise SolarError(f"{name}: {text!r} holds no sample of {sample_bytes} bytes")
-    return samples
+_GRAMMAR = "give samples per rank (500), bytes per rank (4GiB) or a share of the dataset (10%)"
+
+
+@dataclass(frozen=True)
+class Size:
+    """A size as written: ``kind`` "samples", "bytes" or "share"; ``amount`` the samples, the
+    bytes, or the share as a fraction of the dataset (``Fraction(1, 10)`` for ``10%``)."""
+
+    kind: str
+    amount: int | Fraction
+    text: str
+
+    @classmethod
+    def parse(cls, text: str | int, name: str = "buffer") -> Size:
+        """``text`` read by the grammar (module docstring); refused in one line naming ``name``."""
+        if isinstance(text, int) and not isinstance(text, bool):
+            if text < 0:
+                raise SolarError(f"{name} must be >= 0 samples, got {text}")
+            return cls("samples", text, str(text))
+        if not isinstance(text, str):
+            raise SolarError(f"{name}: {text!r} is not a size ({_GRAMMAR})")
+        match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(%|[a-zA-Z]*)\s*", text)
+        if not match:
+            raise SolarError(f"{name}: cannot parse {text!r} ({_GRAMMAR})")
+        number, unit = match.groups()
+        if unit == "%":
+            share = Fraction(number) / 100
+            if share > 1:
+                raise SolarError(
+                    f"{name}: {text!r} is more than the whole dataset (a share is over all "
+                    "ranks together: at most 100%)"
+                )
+            return cls("share", share, text)
+        if unit == "":
+            if "." in number:
+                raise SolarError(
+                    f"{name}: a count of samples must be a whole number, got {text!r} "
+                    "(a share of the dataset is written 50%)"
+                )
+            return cls("samples", int(number), text)
+        factor = _UNITS.get(unit.lower())
+        if factor is None:
+            raise SolarError(
+                f"{name}: unknown unit {unit!r} in {text!r} (use B, KB, MB, GB, KiB, MiB, GiB, "
+                "or % of the dataset)"
+            )
+        return cls("bytes", int(Fraction(number) * factor), text)
+
+    @property
+    def zero(self) -> bool:
+        return self.amount == 0
+
+    def per_rank(
+        self, *, sample_bytes: int | None, num_samples: int | None, world_size: int, name: str
+    ) -> int:
+        """Samples one rank holds: samples and bytes as given (per rank); a share of the
+        ``num_samples`` split over ``world_size`` ranks, rounded up."""
+        if self.kind == "samples":
+            return int(self.amount)
+        if self.kind == "share":
+            if num_samples is None:
+                raise SolarError(f"{name}: {self.text!r} is a share of the dataset, which needs "
+                                 "its number of samples")  # fmt: skip
+            return math.ceil(self.amount * num_samples / max(1, world_size))
+        if not sample_bytes:
+            raise SolarError(
+                f"{name}: {self.text!r} is a size in bytes, which needs the sample size: "
+                "give data files or --sample-bytes"
+            )
+        samples = int(self.amount) // sample_bytes
+        if samples == 0 and self.amount > 0:
+            raise SolarError(f"{name}: {self.text!r} holds no sample of {sample_bytes} bytes")
+        return samples
+
+
+def parse_size(
+    text: str | int,
+    *,
+    sample_bytes: int | None,
+    name: str = "buffer",
+    num_samples: int | None = None,
+    world_size: int = 1,
+) -> int:
+    """A size in samples per rank, from samples (``500``), bytes (``4GiB``, ``512MB``) or a
+    share of the dataset over all ranks (``10%``): the one grammar (module docstring)."""
+    return Size.parse(text, name).per_rank(
+        sample_bytes=sample_bytes, num_samples=num_samples, world_size=world_size, name=name
+    )
+
+
+def per_rank(
+    size: float | int | str, *, num_samples: int, sample_bytes: int | None, world_size: int,
+    name: str,
+) -> int:  # fmt: skip
+    """:func:`parse_size` of a benchmark config's size, where a float is a share of the
+    dataset as a fraction (0.5: 50 %, over all ranks), as their results files record it."""
+    if isinstance(size, float):
+        if not 0 <= size <= 1:
+            raise SolarError(f"{name}: a share of the dataset must be in [0, 1], got {size}")
+        return math.ceil(Fraction(str(size)) * num_samples / max(1, world_size))
+    return parse_size(size, sample_bytes=sample_bytes, name=name, num_samples=num_samples,
+                      world_size=world_size)  # fmt: skip
+
+
+def share_or_size(text: str, name: str) -> float | str:
+    """A command's size option for the benchmarks' configs: a share as a fraction (what their
+    results files record), anything else as written (checked here, resolved with the data)."""
+    size = Size.parse(text, name)
+    return float(size.amount) if size.kind == "share" else text
 
 
 # threads="auto" starts where a fixed setting would by default: the tuner moves from there.

@@ -17,14 +17,18 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
+import logging
 import os
+import sys
 import tempfile
 import time
+import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from torch.utils.data import IterableDataset, get_worker_info
 
 from solar._process import ProcessLocal
 from solar.cache.slots import SlotBuffer
@@ -52,13 +56,22 @@ from solar.warm import (
     tiny_spec,
 )
 
+log = logging.getLogger(__name__)  # solar.loader (solar sets up no handler: the application does)
 
-class Loader:
+
+class Loader(IterableDataset[dict]):
     """Iterate one rank's batches of a planned multi-epoch run over HDF5 data.
 
     Call :meth:`set_epoch` before each epoch, as with ``DistributedSampler``; iterating yields
     that epoch's steps as dicts of torch tensors, one per key, plus ``"index"`` (int64 sample
-    ids in batch order).
+    ids in batch order). Iterating a finished epoch again without :meth:`set_epoch` serves
+    it again, as a ``DistributedSampler`` would, and warns once (``set_epoch`` with the same
+    epoch first says it is meant; an epoch broken off continues where it stopped).
+
+    A Loader is a torch ``IterableDataset`` of batches: ``DataLoader(loader, batch_size=None)``
+    yields them (for ``pin_memory=True`` and the like); other batch sizes and
+    ``num_workers > 0`` are refused (the Loader batches, reads on its own threads and keeps
+    its buffer in this process).
 
     The ranks: as ``DistributedSampler`` finds its group, a Loader built without ``comm``,
     ``rank`` or ``world_size`` uses the job's (:func:`solar.dist.job_comm`: ``dist.init()``'s,
@@ -158,6 +171,13 @@ class Loader:
             self._start(warm)
         self.stats.compile_seconds = warmth[0].compile_seconds
         self.stats.compiled = warmth[0].compiled
+        if warm and warmth[0].compiled:  # (a rehearsal's own tiny Loader is not warm)
+            log.info(
+                "this Loader compiled %d numba kernels in %.1f s (numba's cache did not hold "
+                "them); `solar warm` (run by `make`) compiles them once per install, then a "
+                "Loader loads them in milliseconds",
+                warmth[0].compiled, warmth[0].compile_seconds,
+            )  # fmt: skip
 
     def _adopt(self, setup: Setup, snapshots: str | os.PathLike | None) -> None:
         """Take ``setup``'s decisions: the attributes users read, the rank's plan stream, the
@@ -181,6 +201,10 @@ class Loader:
         self._global_rows: tuple[int, np.ndarray] = (-1, np.diff(step_bounds(self.run)))
         self._epoch = 0
         self._next = 0  # global step the next iteration starts from
+        # Whether set_epoch (or a resume) came since the last iteration began, and whether
+        # an epoch iterated again without it has been warned of (once per Loader).
+        self._epoch_chosen = True
+        self._warned_again = False
         self._pipeline: ProcessLocal[pipeline.Pipeline] = ProcessLocal(self._build)
 
     def _start(self, warm: bool) -> None:
@@ -247,10 +271,25 @@ class Loader:
         if epoch != self._epoch:
             self._epoch = epoch
             self._next = epoch * self.run.steps_per_epoch
+        self._epoch_chosen = True
 
     def __iter__(self) -> Iterator[dict]:
+        _check_torch_caller(sys._getframe(1))
         spe = self.run.steps_per_epoch
         first, end = self._epoch * spe, (self._epoch + 1) * spe
+        if self._next == end and not self._epoch_chosen and not self._warned_again:
+            self._warned_again = True
+            warnings.warn(
+                f"solar: epoch {self._epoch} was iterated to its end and is iterated again "
+                "without set_epoch: serving the same batches again (call "
+                "loader.set_epoch(epoch) before each epoch, as with DistributedSampler; "
+                "set_epoch with the same epoch to repeat it on purpose)",
+                stacklevel=2,
+            )
+        self._epoch_chosen = False
+        return self._serve(first, end)
+
+    def _serve(self, first: int, end: int) -> Iterator[dict]:
         start = self._next if first <= self._next < end else first
         self._pipeline.get().seek(start)
         for k in range(start, end):
@@ -332,6 +371,7 @@ class Loader:
             raise SolarError(f"loader state: step {step} is not within epoch {epoch} of this run")
         self._epoch = min(epoch, self.run.epochs - 1)
         self._next = step
+        self._epoch_chosen = True
 
     def wait_reads(self) -> None:
         """Wait until the reads under way (ahead of the next step, maybe into the next epoch)
@@ -355,6 +395,33 @@ class Loader:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _check_torch_caller(caller: Any) -> None:
+    """Refuse, in one line, the ways torch's DataLoader would serve a Loader wrongly: in
+    worker processes (each would serve the whole epoch: samples repeated) or collated again
+    into batches of batches (``batch_size`` other than None). ``caller``: the frame that
+    asked for an iterator (torch's fetcher, when a DataLoader asks)."""
+    worker = get_worker_info()
+    if worker is not None:
+        raise SolarError(
+            f"a solar Loader in a DataLoader with num_workers={worker.num_workers}: every "
+            "worker would serve the whole epoch; use DataLoader(loader, batch_size=None) "
+            "(num_workers=0: the Loader reads on its own threads, ReaderConfig(threads=...), "
+            "and transforms on its workers, Transform(...))"
+        )
+    # Only torch's fetcher's frame is looked into: reading another frame's f_locals would
+    # keep a snapshot of its locals (this Loader among them) alive with that frame.
+    code = caller.f_code
+    if (
+        code.co_name == "__init__"
+        and code.co_filename.endswith(os.path.join("data", "_utils", "fetch.py"))
+        and caller.f_locals.get("auto_collation")
+    ):
+        raise SolarError(
+            "a solar Loader yields whole batches: wrap it as DataLoader(loader, "
+            "batch_size=None), not with a batch_size (it would batch the batches)"
+        )
 
 
 def _portable(setup: Setup) -> Setup:

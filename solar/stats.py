@@ -24,7 +24,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 
 @dataclass(slots=True)  # not frozen: one is made per step, and frozen ones cost 3x more
@@ -62,9 +62,9 @@ class StepStats:
     transform_workers: int = 0
 
 
-@dataclass
+@dataclass(repr=False)
 class EpochStats:
-    """What one epoch cost this rank."""
+    """What one epoch cost this rank; ``print``-ed as one line (:meth:`__str__`)."""
 
     steps: int = 0
     samples: int = 0
@@ -97,6 +97,31 @@ class EpochStats:
         """Add step ``s``: its figures of the same name summed, and the worker-seconds it
         offered (workers × its wall time). (Generated below from the two tables.)"""
         raise NotImplementedError
+
+    @property
+    def hit_rate(self) -> float:
+        """Samples served from RAM or the tier, of those served (0 before any)."""
+        return (self.hits + self.tier_hits) / self.samples if self.samples else 0.0
+
+    def __str__(self) -> str:
+        """One line: ``1024 samples in 32 steps, hit rate 48.2 %, read 0.152 GB (528 samples),
+        4.20 s, stall 0.82 s`` (and the tier, a rebuild, rows exchanged when there are)."""
+        rate = f"hit rate {100 * self.hit_rate:.1f} %"
+        line = f"{self.samples} samples in {self.steps} steps, {rate}"
+        if self.tier_hits:
+            line += f" ({self.tier_hits} from the tier)"
+        line += (
+            f", read {self.bytes_read / 1e9:.3g} GB ({self.reads + self.side_reads} samples), "
+            f"{self.wall_seconds:.2f} s, stall {self.stall_seconds:.2f} s"
+        )
+        if self.rebuild_seconds:
+            line += f", rebuild {self.rebuild_seconds:.2f} s"
+        if self.sent or self.received:
+            line += f", rows sent {self.sent} received {self.received}"
+        return line
+
+    def __repr__(self) -> str:
+        return f"<EpochStats: {self}>"
 
     def merge(self, other: EpochStats) -> EpochStats:
         """The sum of two epochs' totals (a new record)."""
@@ -212,7 +237,18 @@ def stage_figures(t: EpochStats) -> dict[str, StageFigures]:
     }  # fmt: skip
 
 
-def bottleneck(stages: dict[str, StageFigures]) -> tuple[str, str]:
+class Bottleneck(NamedTuple):
+    """The stage that limits the pipeline and the line that says so: ``str()`` is the line,
+    and it unpacks as before, ``stage, line = stats.bottleneck()``."""
+
+    stage: str  # "read", "decode", "transform", "trainer" or "none"
+    line: str
+
+    def __str__(self) -> str:
+        return self.line
+
+
+def bottleneck(stages: dict[str, StageFigures]) -> Bottleneck:
     """The stage that limits the pipeline, and a line saying by how much.
 
     Rule: the trainer limits when it rarely waits (less than ``TRAINER_WAIT``, 10 %, of its
@@ -221,11 +257,12 @@ def bottleneck(stages: dict[str, StageFigures]) -> tuple[str, str]:
     (busy / (workers × wall)) among read, decode and transform; a stage near 100 % is
     saturated, more of its workers (or faster ones) would raise throughput. E.g.
     ``bottleneck: read (97 % busy on 8 threads); decode 12 % on 2; trainer waited 61 % of
-    4.2 s``. ``("none", ...)`` when no step was recorded.
+    4.2 s``. ``("none", ...)`` when no step was recorded. A :class:`Bottleneck`: a (stage,
+    line) tuple whose ``str()`` is the line.
     """
     trainer = stages.get("trainer")
     if trainer is None or trainer.wall_seconds <= 0:
-        return "none", "bottleneck: none (no steps recorded)"
+        return Bottleneck("none", "bottleneck: none (no steps recorded)")
     waited = (trainer.blocked_seconds or 0.0) / trainer.wall_seconds
     busy = [s for n, s in stages.items() if n != "trainer" and s.active]
     wall = trainer.wall_seconds
@@ -239,7 +276,7 @@ def bottleneck(stages: dict[str, StageFigures]) -> tuple[str, str]:
         name = top.name
         head = f"bottleneck: {_figure(top, long=True)}"
         rest = [_figure(s) for s in busy if s is not top] + [wait_text]
-    return name, "; ".join([head, *rest])
+    return Bottleneck(name, "; ".join([head, *rest]))
 
 
 def _figure(s: StageFigures, long: bool = False) -> str:
@@ -289,9 +326,10 @@ class LoaderStats:
         or (None) all of them: :func:`stage_figures`."""
         return stage_figures(self.totals(epoch))
 
-    def bottleneck(self, epoch: int | None = None) -> tuple[str, str]:
-        """The stage that limits (its name) and a line saying by how much:
-        :func:`bottleneck`."""
+    def bottleneck(self, epoch: int | None = None) -> Bottleneck:
+        """The stage that limits and a line saying by how much, as a :class:`Bottleneck`:
+        ``print(stats.bottleneck(epoch))`` prints the line, ``.stage`` names the stage (and
+        ``stage, line = ...`` unpacks it): :func:`bottleneck`."""
         return bottleneck(self.stages(epoch))
 
     def json_lines(self) -> str:

@@ -119,7 +119,7 @@ def test_bench_bad_input_is_one_line(tmp_path):
                           (["--threads", "0"], "threads must be an integer >= 1"),
                           (["--read-ahead", "-1"], "read_ahead must be"),
                           (["--tier-size", "50%"], "--tier DIR and --tier-size > 0 go together"),
-                          (["--tier", tmp_path, "--tier-size", "x"], "--tier-size: expected"),
+                          (["--tier", tmp_path, "--tier-size", "x"], "--tier-size: cannot parse"),
                           ]:  # fmt: skip
         result = subprocess.run([SOLAR, "bench", data, "-E", "1", *args], capture_output=True,
                                 text=True, timeout=120, check=False)  # fmt: skip

@@ -113,6 +113,7 @@ def test_drop_last_and_no_read_ahead(tmp_path):
         ld.set_epoch(e)
         idx = np.concatenate([b["index"].numpy() for b in ld])
         assert idx.size == 100 and np.unique(idx).size == 100
+        ld.set_epoch(e)  # the same epoch again, on purpose
         for b in ld:
             assert np.array_equal(b["img"].numpy(), ref["img"][b["index"].numpy()])
 

@@ -107,6 +107,35 @@ def test_bottleneck_names_the_limit(figures: dict, expected: str) -> None:
         )
 
 
+def test_the_bottleneck_prints_as_its_line_and_unpacks_as_before() -> None:
+    b = bottleneck(_figures(0.97, 0.12, 0.0, 0.61))
+    stage, line = b
+    assert (b.stage, b.line) == (stage, line) == ("read", str(b)) and b[0] == "read"
+    assert f"{b}".startswith("bottleneck: read (97 % busy") and "\n" not in str(b)
+    stats = LoaderStats()
+    for k in range(4):
+        stats.record(_step(0, k, wall_seconds=1.0, stall_seconds=0.9, read_threads=8,
+                           read_seconds=7.5))  # fmt: skip
+    assert str(stats.bottleneck(0)) == stats.bottleneck(0).line == stats.bottleneck()[1]
+
+
+def test_epoch_stats_print_as_one_readable_line() -> None:
+    stats = LoaderStats()
+    for k in range(4):
+        stats.record(_step(0, k, wall_seconds=0.5, stall_seconds=0.1, bytes_read=75_000_000))
+    e = stats.epochs[0]
+    assert str(e) == (
+        "32 samples in 4 steps, hit rate 25.0 %, read 0.3 GB (24 samples), 2.00 s, stall 0.40 s"
+    )
+    assert repr(e) == f"<EpochStats: {e}>" and e.hit_rate == 0.25
+    e.tier_hits, e.rebuild_seconds, e.sent, e.received = 8, 1.5, 3, 2
+    assert str(e) == (
+        "32 samples in 4 steps, hit rate 50.0 % (8 from the tier), read 0.3 GB (24 samples), "
+        "2.00 s, stall 0.40 s, rebuild 1.50 s, rows sent 3 received 2"
+    )
+    assert str(EpochStats()).startswith("0 samples in 0 steps, hit rate 0.0 %")
+
+
 def test_no_steps_no_bottleneck() -> None:
     assert bottleneck(stage_figures(EpochStats()))[0] == "none"
     assert LoaderStats().bottleneck()[0] == "none"

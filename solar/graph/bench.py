@@ -3,7 +3,7 @@
 The workload is Ginex's: each rank samples a k-hop subgraph around its seeds every step
 (:class:`~solar.graph.neighbor.NeighborSampler`) and gathers the feature rows of the
 subgraph's distinct nodes. Every loader serves the same subgraphs under the same memory
-budget (``buffer``: an aggregate share of the feature rows, split evenly over the ranks):
+budget (``buffer``: a share of the feature rows over all ranks, or rows or bytes per rank):
 
 * ``mmap``: PyTorch Geometric's gather from memory-mapped features with the page cache
   limited to the budget, EMULATED (:mod:`solar.graph.mmapbase`: an LRU of 4 KiB pages of the
@@ -32,7 +32,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from solar.config import ReaderConfig, RunConfig
+from solar.config import ReaderConfig, RunConfig, per_rank
 from solar.dist import MAX, allreduce
 from solar.errors import SolarError
 from solar.io.throttle import Throttle
@@ -51,7 +51,9 @@ class GraphBenchConfig:
     fanouts: tuple[int, ...] = (10, 5)
     batch_size: int = 1024  # seeds per rank and step
     epochs: int = 3
-    buffer: float = 0.1  # aggregate budget as a share of the feature rows
+    # The budget: a share of the feature rows over all ranks as a fraction (0.1), or a size as
+    # solar.config reads it ("2000" rows, "64MiB": per rank; "10%").
+    buffer: float | str = 0.1
     loaders: tuple[str, ...] = GRAPH_LOADERS
     reader: ReaderConfig = field(default_factory=lambda: ReaderConfig(direct_io=True))
     throttle: str | None = None  # "MBps,latency_ms" per rank
@@ -64,7 +66,7 @@ class GraphBenchConfig:
         if unknown or not self.loaders:
             raise SolarError(f"--loaders: unknown {sorted(unknown)} with --sampler neighbor "
                              f"(choose from {', '.join(known)})")  # fmt: skip
-        if not 0 <= self.buffer <= 1:
+        if isinstance(self.buffer, float) and not 0 <= self.buffer <= 1:
             raise SolarError(f"--buffer must be a share in [0, 1], got {self.buffer}")
 
 
@@ -87,7 +89,9 @@ def run_graph(cfg: GraphBenchConfig, comm: Any, progress=None) -> dict | None:
     info = describe_source(cfg.path, [cfg.key], comm=comm)
     n, row_bytes = info.num_samples, info.sample_bytes
     offset = -1 if info.stored is None else int(info.stored.offsets[0, 0])
-    capacity = math.ceil(cfg.buffer * n / world)
+    capacity = per_rank(
+        cfg.buffer, num_samples=n, sample_bytes=row_bytes, world_size=world, name="--buffer"
+    )
     throttle = Throttle.parse(cfg.throttle) if cfg.throttle else None
 
     loaders: dict[str, Any] = {}
@@ -227,11 +231,13 @@ def _drop_range(path: os.PathLike, offset: int, length: int) -> None:
 def format_graph_results(res: dict) -> str:
     """The results as a table (README style)."""
     c = res["config"]
+    b = c["buffer"]  # a share as a fraction, else a size as written
+    budget = f"aggregate budget {100 * b:.0f} %" if isinstance(b, float) else f"budget {b}"
     lines = [
         f"graph of {c['num_nodes']} nodes, rows of {c['row_bytes']} B, fanouts "
         f"{tuple(c['fanouts'])}, {c['batch_size']} seeds/rank, P={c['world_size']}, "
-        f"{c['epochs']} epochs, aggregate budget {100 * c['buffer']:.0f} % "
-        f"({c['buffer_per_rank']} rows/rank), compute {c['compute_ms']} ms/step"
+        f"{c['epochs']} epochs, {budget} ({c['buffer_per_rank']} rows/rank), "
+        f"compute {c['compute_ms']} ms/step"
         + (f", throttle {c['throttle']}" if c["throttle"] else "")
         + " (mmap: emulated page cache of the budget, O_DIRECT page reads)",
         "",

@@ -94,7 +94,7 @@ def configure(
     r, w = rank_and_world(comm, rank, world_size)
     cores = cpu_share(ranks_on_host(comm))  # this rank's share: transform workers, CPU budget
     config = _reader_config(info, reader)
-    buf = _buffer(info, buffer, tier, tier_size, slack)
+    buf = _buffer(info, w, buffer, tier, tier_size, slack)
     chosen = SHUFFLE if sampler is None else sampler
     run = _run(info, chosen, w, batch_size, epochs, seed, drop_last)
     made = plan if plan is None or isinstance(plan, Plan) else load_plan(plan)
@@ -144,11 +144,16 @@ def _reader_config(info: DatasetInfo, reader: ReaderConfig | None) -> ReaderConf
     return config
 
 
-def _buffer(info: DatasetInfo, buffer: int | str, tier: str | os.PathLike | None,
+def _buffer(info: DatasetInfo, world: int, buffer: int | str, tier: str | os.PathLike | None,
             tier_size: int | str, slack: float) -> BufferConfig:  # fmt: skip
-    capacity = parse_size(buffer, sample_bytes=info.sample_bytes)
-    check_budget(min(capacity, info.num_samples), info.sample_bytes)
-    tier_capacity = parse_size(tier_size, sample_bytes=info.sample_bytes, name="tier_size")
+    """Per-rank capacities from sizes in the one grammar (solar/config.py): samples and bytes
+    per rank, a share of the dataset over the ``world`` ranks."""
+    n, each = info.num_samples, info.sample_bytes
+    capacity = parse_size(buffer, sample_bytes=each, num_samples=n, world_size=world)
+    check_budget(min(capacity, n), each)
+    tier_capacity = parse_size(
+        tier_size, sample_bytes=each, name="tier_size", num_samples=n, world_size=world
+    )
     if (tier is None) != (tier_capacity == 0):
         raise SolarError(
             "a second tier needs both tier=<directory> and tier_size > 0 "
