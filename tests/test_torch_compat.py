@@ -82,8 +82,9 @@ def test_a_dataloader_batching_the_batches_is_refused(loader, kwargs):
 
 
 def test_a_dataloader_with_workers_is_refused_not_duplicated(loader):
-    dl = DataLoader(loader, batch_size=None, num_workers=2)
-    with pytest.raises(SolarError, match="num_workers=2: every worker would serve the whole"):
+    # (One worker: torch waits 5 s for each worker to exit after the refusal.)
+    dl = DataLoader(loader, batch_size=None, num_workers=1)
+    with pytest.raises(SolarError, match="num_workers=1: every worker would serve the whole"):
         list(dl)
 
 
