@@ -24,6 +24,7 @@ import solar.io.hdf5 as hdf5
 import solar.io.scan as scan
 import solar.io.sources as sources
 import solar.loader as loader
+import solar.runtime.setup as setup
 
 SECONDS: dict[str, float] = {}
 
@@ -49,11 +50,11 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=3)
     opts = ap.parse_args()
     for module, name, label in [
-        (sources, "describe_source", "describe"), (loader, "describe_source", "describe"),
+        (sources, "describe_source", "describe"), (setup, "describe_source", "describe"),
         (hdf5, "shared_scan", "shared_scan"), (hdf5, "scan_hdf5", "scan_hdf5"),
         (scan, "_wait_quietly", "wait"), (hdf5, "check_part", "check"),
-        (loader, "agree", "agree"), (loader.Reader, "warm_up", "reader_warm_up"),
-        (loader, "rehearse_loader", "rehearse"),
+        (setup, "agree", "agree"), (setup.Reader, "warm_up", "reader_warm_up"),
+        (loader, "_rehearse", "rehearse"),
     ]:  # fmt: skip
         timed(module, name, label)
     comm = MPI.COMM_WORLD

@@ -23,7 +23,7 @@ import numpy as np
 from solar import Loader, ReaderConfig
 
 
-def trace_step(loader: Loader, it) -> list[tuple[int, str, str, bool]]:
+def trace_step(it) -> list[tuple[int, str, str, bool]]:
     """(depth, module, function, back) of every solar call the next step makes on this
     thread; ``back``: a call back into a module already on the call stack, below another one
     (a callee calling its caller's module: A -> B -> A)."""
@@ -65,7 +65,7 @@ def main() -> None:
         it = iter(ld)
         for _ in range(opts.steps):
             next(it)
-        calls = trace_step(ld, it)
+        calls = trace_step(it)
         ld.close()
     for depth, mod, fn, back in calls:
         print(f"{'  ' * min(depth, 20)}{mod}.{fn}{'   <- back' if back else ''}")

@@ -27,7 +27,8 @@ from solar.errors import SolarError
 from solar.schedule import POLICIES, PlanSpec
 from solar.schedule.plan import plan_to_file, simulate
 from solar.schedule.policies import TRACE_POLICIES
-from solar.schedule.samplers import is_shuffle, make_sampler
+from solar.schedule.samplers import make_sampler
+from solar.schedule.spec import equal_by_default
 from solar.schedule.summary import PlanSummary
 from solar.transform import load_transform
 
@@ -159,7 +160,7 @@ def plan(
         for text, name in ((buffer, "--buffer"), (tier_size, "--tier-size"))
     )  # fmt: skip
     if equal_batches is None:  # a Loader's default, so that its plan file serves a Loader's run
-        equal_batches = world_size > 1 and is_shuffle(sampler)
+        equal_batches = equal_by_default(world_size, sampler)
     spec = PlanSpec(
         run, BufferConfig(capacity, slack, tier), policy, reorder_epochs, sample_bytes, dataset,
         sampler, horizon, equal_batches,

@@ -19,6 +19,7 @@ the parameter.
 from __future__ import annotations
 
 import math
+import numbers
 import re
 from dataclasses import dataclass
 from fractions import Fraction
@@ -163,10 +164,10 @@ class Size:
     @classmethod
     def parse(cls, text: str | int, name: str = "buffer") -> Size:
         """``text`` read by the grammar (module docstring); refused in one line naming ``name``."""
-        if isinstance(text, int) and not isinstance(text, bool):
+        if isinstance(text, numbers.Integral) and not isinstance(text, bool):
             if text < 0:
                 raise SolarError(f"{name} must be >= 0 samples, got {text}")
-            return cls("samples", text, str(text))
+            return cls("samples", int(text), str(text))
         if not isinstance(text, str):
             raise SolarError(f"{name}: {text!r} is not a size ({_GRAMMAR})")
         match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(%|[a-zA-Z]*)\s*", text)

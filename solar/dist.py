@@ -136,7 +136,9 @@ def job_comm(comm: Any = None, rank: int | None = None, world_size: int | None =
         raise SolarError(f"{where} but MPI's world has {MPI.COMM_WORLD.Get_size()} (mpi4py "
                          "built for another MPI than mpiexec's?): pass comm=")  # fmt: skip
     raise SolarError(f"{where} but torch.distributed is not initialised: call solar.dist.init() "
-                     "(or torch.distributed.init_process_group) first, or pass comm=")  # fmt: skip
+                     "(or torch.distributed.init_process_group) first, or pass comm= (one "
+                     "process, e.g. a batch script outside srun: SOLAR_LAUNCHER=none or "
+                     "rank=0, world_size=1)")  # fmt: skip
 
 
 def _init_mpi(backend: str | None, timeout_s: float) -> Dist:
@@ -478,7 +480,7 @@ def scale_loss(loss_sum: Any, count: Any, world_size: int | None = None) -> Any:
     number. DDP averages gradients over P ranks, so each rank contributes
     ``loss_sum · P / count`` and the average is ∇ (Σ_all losses / count).
     """
-    if not isinstance(count, int | np.integer):  # a Loader: its count and world
+    if hasattr(count, "loss_count"):  # a Loader: its count and world
         world_size = count.world_size if world_size is None else world_size
         count = count.loss_count
     if count <= 0:

@@ -77,9 +77,13 @@ class Loader(IterableDataset[dict]):
     ``rank`` or ``world_size`` uses the job's (:func:`solar.dist.job_comm`: ``dist.init()``'s,
     the initialised torch.distributed group, or mpiexec's MPI world) and refuses a job of
     several ranks it cannot reach. ``comm`` passes one; ``rank``/``world_size`` without it
-    place this process by hand (plans made offline, ranks simulated in one process).
+    place this process by hand (plans made offline, ranks simulated in one process, a Loader
+    that only some ranks make, e.g. a validation loader on rank 0: ``rank=0, world_size=1``).
+    With a communicator, construction is collective (every rank makes its Loader) and a
+    failure in it ends the job, so that no rank waits for another forever.
 
-    Equal batches by default: with several ranks and a communicator, every rank's batch is
+    Equal batches by default: with several ranks, a communicator and the Shuffle sampler
+    (another sampler decides each rank's batch itself), every rank's batch is
     exactly ``batch_size`` every step (a short last step split evenly), as a DataLoader's; the
     rows a rank serves beyond it move to ranks under it through ``comm``
     (:mod:`solar.exchange`); a rank's batch is its own rows in service order, then those
@@ -95,8 +99,10 @@ class Loader(IterableDataset[dict]):
     one sample (its whole datasets), else files hold samples along their first axis.
 
     ``buffer`` (RAM) and ``tier_size`` (a second tier: one file per rank in the directory
-    ``tier``, on node-local NVMe) are per-rank capacities in samples (``500``) or bytes
-    (``4GiB``). The planner decides, for every access, a RAM hit, a tier hit or a storage read.
+    ``tier``, on node-local NVMe) are capacities in samples (``500``) or bytes (``4GiB``) per
+    rank, or a share of the dataset over all ranks (``10%``): :func:`solar.config.parse_size`.
+    The planner decides, for every access, a RAM hit, a tier hit or a storage read. A forked
+    child process builds its own buffer (and tier), refilled before it serves.
 
     ``snapshots``: a directory (shared by the ranks, beside the checkpoints) where rank 0 saves
     the planner's state after each epoch it plans, a few MB; a resume (:meth:`load_state_dict`)
@@ -275,8 +281,7 @@ class Loader(IterableDataset[dict]):
 
     def __iter__(self) -> Iterator[dict]:
         _check_torch_caller(sys._getframe(1))
-        spe = self.run.steps_per_epoch
-        first, end = self._epoch * spe, (self._epoch + 1) * spe
+        end = (self._epoch + 1) * self.run.steps_per_epoch
         if self._next == end and not self._epoch_chosen and not self._warned_again:
             self._warned_again = True
             warnings.warn(
@@ -287,11 +292,14 @@ class Loader(IterableDataset[dict]):
                 stacklevel=2,
             )
         self._epoch_chosen = False
-        return self._serve(first, end)
+        return self._serve()
 
-    def _serve(self, first: int, end: int) -> Iterator[dict]:
+    def _serve(self) -> Iterator[dict]:
+        """The epoch chosen when the first batch is asked for, from where it stands (the
+        pipeline moves its buffer there, under the job's abort guard)."""
+        spe = self.run.steps_per_epoch
+        first, end = self._epoch * spe, (self._epoch + 1) * spe
         start = self._next if first <= self._next < end else first
-        self._pipeline.get().seek(start)
         for k in range(start, end):
             batch = self._pipeline.get().serve(k)
             self._next = k + 1
@@ -318,7 +326,8 @@ class Loader(IterableDataset[dict]):
         loss_sum, loader)`` divides by it, for a gradient that is the global mean's."""
         if self._yielded is None:
             return 0
-        return self.sampler.loss_count(self.run, self._yielded[1], self.global_batch)
+        count = self.sampler.loss_count(self.run, self._yielded[1])
+        return self.global_batch if count is None else count
 
     def state_dict(self) -> dict:
         """Where the run stands: resume with :meth:`load_state_dict` on the same plan."""
@@ -446,16 +455,18 @@ def _rehearse(loader: Loader, plan: str | None) -> Warmth:
                 made = plan_to_file(spec, Path(tmp) / "plan.h5")
             elif plan == "memory":
                 made = make_plan(spec)
-            tiny = Loader(
-                first, [k.name for k in info.keys],
-                batch_size=run.batch_size, epochs=run.epochs, buffer=spec.buffer.capacity,
-                seed=run.seed, slack=spec.buffer.slack, plan=made, rank=loader.rank,
-                world_size=run.world_size, drop_last=run.drop_last, policy=spec.policy,
-                reader=loader.config, one_per_file=info.one_per_file,
-                tier=loader._setup.tier_dir if spec.buffer.tier else None,
-                tier_size=spec.buffer.tier, sampler=spec.sampler, horizon=spec.horizon,
-                warm=False, page_mates=spec.pages is not None,
-            )  # fmt: skip
+            with warnings.catch_warnings():  # the real run said what its tiny copy would
+                warnings.simplefilter("ignore", UserWarning)
+                tiny = Loader(
+                    first, [k.name for k in info.keys],
+                    batch_size=run.batch_size, epochs=run.epochs, buffer=spec.buffer.capacity,
+                    seed=run.seed, slack=spec.buffer.slack, plan=made, rank=loader.rank,
+                    world_size=run.world_size, drop_last=run.drop_last, policy=spec.policy,
+                    reader=loader.config, one_per_file=info.one_per_file,
+                    tier=loader._setup.tier_dir if spec.buffer.tier else None,
+                    tier_size=spec.buffer.tier, sampler=spec.sampler, horizon=spec.horizon,
+                    warm=False, page_mates=spec.pages is not None,
+                )  # fmt: skip
             with tiny:
                 for epoch in range(run.epochs):
                     tiny.set_epoch(epoch)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -46,11 +47,13 @@ def warm_config(cfg: dict[str, Any], root: Path) -> None:
         tier.mkdir(exist_ok=True)
     for source, one in ((data, False), (root / "files", True)):
         for rank in range(cfg["world"]):
-            ld = Loader(
-                source, batch_size=4, epochs=2, buffer=5, rank=rank, world_size=cfg["world"],
-                policy=cfg["policy"], one_per_file=one, tier=tier, tier_size=8 if tier else 0,
-                sampler=sampler,
-            )  # fmt: skip
+            with warnings.catch_warnings():  # (varying batches: these serve nobody)
+                warnings.simplefilter("ignore", UserWarning)
+                ld = Loader(
+                    source, batch_size=4, epochs=2, buffer=5, rank=rank, world_size=cfg["world"],
+                    policy=cfg["policy"], one_per_file=one, tier=tier,
+                    tier_size=8 if tier else 0, sampler=sampler,
+                )  # fmt: skip
             ld.close()
 
 

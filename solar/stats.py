@@ -9,7 +9,7 @@ A Loader's pipeline has four stages, each with workers that are busy or idle:
 * ``read``: storage (and tier) reads on the reader threads, decoding excluded; throttled
   storage's waits count as busy (a thread waiting for a remote file system is taken);
 * ``decode``: decoding chunks, inside the read tasks, on at most one thread per core;
-* ``transform``: per-sample transforms on their workers (solar/transform.py);
+* ``transform``: per-sample transforms on their workers (solar/runtime/workers.py);
 * ``trainer``: the consumer, one worker; it is busy when it is not waiting for a step.
 
 As SPDL reports its stages (``TaskPerfStats``: busy time and items per task;
@@ -55,7 +55,7 @@ class StepStats:
     read_ahead: int = 0  # read-ahead depth (steps) when the step was taken
     ready_ahead: int = 0  # of the steps queued then, those whose reads had all ended
     read_latency: float = 0.0  # the step's longest read job (its latency, had none queued)
-    # Transforms (solar/transform.py): the workers' busy time on this step's rows, rows
+    # Transforms (solar/runtime/transforms.py): the workers' busy time on this step's rows, rows
     # transformed, workers. (The trainer's wait for them is in ``stall_seconds``.)
     transform_seconds: float = 0.0
     transformed: int = 0

@@ -99,9 +99,10 @@ def measured() -> Iterator[list[Warmth]]:
 def dispatchers() -> dict[str, Dispatcher]:
     """Every numba kernel of solar, by qualified name."""
     out: dict[str, Dispatcher] = {}
-    # The package's directory, not ``import solar``: its __init__ imports the Loader, above.
+    # The package's directory, not ``import solar``: its __init__ (lazily) reaches the Loader,
+    # a layer above this module.
     for m in pkgutil.walk_packages([str(Path(__file__).parent)], "solar."):
-        if m.name in ("solar.cli", "solar.loader", "solar.bench"):
+        if m.name in ("solar.cli", "solar.loader", "solar.bench", "solar.precompile"):
             continue  # (no kernels; torch and click are slow to import)
         module = importlib.import_module(m.name)
         for name, obj in vars(module).items():

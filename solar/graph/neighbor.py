@@ -127,7 +127,7 @@ class NeighborSampler(Sampler):
         loss summed over the ranks is divided by (``solar.dist.scale_loss``)."""
         return int(min(run.global_batch, run.samples_per_epoch - step * run.global_batch))
 
-    def loss_count(self, run: RunConfig, step: int, rows: int) -> int:
+    def loss_count(self, run: RunConfig, step: int) -> int | None:
         """A node classification loss averages over the step's seeds, not its rows."""
         return self.seed_count(run, step)
 

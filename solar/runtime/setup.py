@@ -28,9 +28,11 @@ from solar.errors import SolarError
 from solar.io.info import DatasetInfo, KeyInfo
 from solar.io.reader import Reader
 from solar.io.sources import describe_source
+from solar.launch import detect_launcher
 from solar.schedule import Plan, PlanSpec, load_plan
 from solar.schedule.pagemates import PageLayout
 from solar.schedule.samplers import SHUFFLE, Sampler, is_shuffle
+from solar.schedule.spec import equal_by_default
 from solar.transform import SampleFn, Transform, as_transform, first_outputs, output_keys
 
 
@@ -171,7 +173,7 @@ def _equal_batches(equal: bool | None, made: Plan | None, sampler: Sampler, buf:
     if equal is None and made is not None:
         equal = made.spec.equal_batches
     if equal is None:
-        equal = world > 1 and comm is not None and is_shuffle(sampler)
+        equal = comm is not None and equal_by_default(world, sampler)
         traced = not is_shuffle(sampler)
         uneven = world > 1 and traced and sampler.affinity and policy == "solar" and buf.slack > 0
         if uneven:
@@ -179,6 +181,12 @@ def _equal_batches(equal: bool | None, made: Plan | None, sampler: Sampler, buf:
                 f"{type(sampler).__name__}(affinity=True): local batches vary in size "
                 f"(slack {buf.slack}); weigh the loss with solar.dist.scale_loss(loss_sum, "
                 "loader), or pass slack=0 for equal ones", stacklevel=4,
+            )  # fmt: skip
+        elif not equal and equal_by_default(world, sampler) and detect_launcher().world_size > 1:
+            warnings.warn(
+                f"rank/world_size given without comm in a job of several ranks: local batches "
+                f"vary in size (slack {buf.slack}); pass comm= for equal ones, or weigh the "
+                "loss with solar.dist.scale_loss(loss_sum, loader)", stacklevel=4,
             )  # fmt: skip
     if equal and world > 1 and comm is None:
         raise SolarError("equal_batches: the ranks exchange rows, pass comm=")

@@ -377,8 +377,9 @@ def _trace_steps(
                          heap, rkey, rheap, cells)  # fmt: skip
         else:
             _ram_step(seq, nu, a, b, rank, slot_out, flags, holder, hslot, key, heap, cells)
-            # The run's first step is read before its plan is made (Loader._head_start): no
-            # page mates there, they would be read apart from its pages.
+            # The run's first step is read before its plan is made (Reads.start_first in
+            # solar/runtime/reads.py): no page mates there, they would be read apart from its
+            # pages.
             if layout.shape[0] and layout[_K0] + k > 0:
                 m, side = _mates(seq, sample, flags, a, b, k, counts.shape[1], counts[k],
                                  layout, later, stamps, holder, hslot, key, heap, cells, side,

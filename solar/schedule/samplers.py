@@ -114,10 +114,10 @@ class Sampler:
         e.g. a neighbour sampler's subgraph (solar.graph.neighbor). None by default."""
         return {}
 
-    def loss_count(self, run: RunConfig, step: int, rows: int) -> int:
-        """What a loss averages over at ``step`` of an epoch, over all ranks, whose batches
-        hold ``rows`` rows in all: the rows by default (a GNN sampler: its seeds)."""
-        return rows
+    def loss_count(self, run: RunConfig, step: int) -> int | None:
+        """What a loss averages over at ``step`` of an epoch, over all ranks, if not the
+        step's rows (None, the default): e.g. a GNN sampler's seeds."""
+        return None
 
 
 class Shuffle(Sampler):

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from solar.config import BufferConfig, RunConfig
 from solar.errors import SolarError
-from solar.schedule._common import slot_count, tier_slot_count
+from solar.schedule._common import slot_count
 from solar.schedule.pagemates import PageLayout
 from solar.schedule.policies import check_policy
 from solar.schedule.samplers import SHUFFLE, Sampler, is_shuffle, sampler_from_record
@@ -81,11 +81,6 @@ class PlanSpec:
         """Slots of a rank's RAM buffer: its capacity, at most N."""
         return slot_count(self.run, self.buffer)
 
-    @property
-    def tier_slots(self) -> int:
-        """Slots of a rank's tier: its capacity, at most the samples RAM leaves."""
-        return tier_slot_count(self.run, self.buffer)
-
     def batch_rows(self, rows: int) -> int:
         """Rows of batch memory a batch of ``rows`` needs: with page mates, room for its side
         rows too (a step keeps at most its batch's length of them)."""
@@ -140,3 +135,10 @@ class PlanSpec:
 def fingerprint_of(d: dict) -> str:
     """The fingerprint of a spec recorded as :meth:`PlanSpec.as_dict`: sha256 hex of its JSON."""
     return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()
+
+
+def equal_by_default(world: int, sampler: Sampler) -> bool:
+    """Whether a run plans equal local batches unless told: several ranks and the Shuffle
+    sampler (another sampler decides each rank's batch itself). The Loader also needs the
+    ranks' communicator; ``solar plan``'s files are for such a Loader."""
+    return world > 1 and is_shuffle(sampler)
