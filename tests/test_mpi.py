@@ -248,7 +248,7 @@ def test_a_transform_failing_on_one_rank_ends_the_job_promptly(tmp_path, launche
 @pytest.mark.parametrize("launcher", ["mpiexec", "torchrun"])
 def test_ddp_gradients_equal_a_single_process_step(tmp_path, launcher):
     data = write(tmp_path / "d.h5", 0, N)
-    result = launch(launcher, 3, "gradients.py", data)
+    result = launch(launcher, 3, "gradients.py", data, "variable")
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.count("gradients equal") == 3
 
@@ -259,7 +259,7 @@ def test_ddp_with_the_default_loader_and_a_mean_loss_equals_one_process(tmp_path
     """Equal batches by default: a ported loop's ``loss.mean()`` gives the global mean's
     gradient (N = 102: not a multiple of the global batch; its last step splits evenly)."""
     data = write(tmp_path / "d.h5", 0, 102)
-    result = launch(launcher, ranks, "default_gradients.py", data)
+    result = launch(launcher, ranks, "gradients.py", data, "default")
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.count("gradients equal") == ranks
 

@@ -1,7 +1,12 @@
-"""Under mpiexec -n 3: a DDP step with uneven local batches (the opt-in) and the loss scaled
-by ``dist.scale_loss(loss_sum, loader)`` equals one process on the global batch.
+"""A DDP step equals one process's on the global batch, two ways:
 
-mpiexec -n 3 python tests/mpi/gradients.py DATA.h5
+mpiexec -n 3 python tests/mpi/gradients.py DATA.h5 variable
+    local batches that vary (the opt-in, slack 0.5) and the loss scaled by
+    ``dist.scale_loss(loss_sum, loader)``;
+mpiexec -n 3 python tests/mpi/gradients.py DATA.h5 default
+    a loop ported from a DataLoader as it stands: the default Loader (no distributed
+    argument: equal batches) and ``loss.mean()`` (N: a short last step that the ranks split
+    evenly, e.g. N = 102 for P = 2 or 3 and B = 4).
 """
 
 import sys
@@ -20,20 +25,26 @@ def model() -> torch.nn.Module:
     ).double()  # fmt: skip
 
 
+path, mode = sys.argv[1], sys.argv[2]
 d = dist.init()
-ld = Loader(
-    sys.argv[1], batch_size=4, epochs=2, buffer=20, slack=0.5, comm=d.comm, equal_batches=False
-)
+if mode == "variable":
+    ld = Loader(path, batch_size=4, epochs=2, buffer=20, slack=0.5, comm=d.comm,
+                equal_batches=False)  # fmt: skip
+else:
+    ld = Loader(path, batch_size=4, epochs=2, buffer=20)  # as a DataLoader user writes it
 ddp = DDP(model())
 single = model()
-uneven = 0
+uneven = steps = 0
 for e in range(2):
     ld.set_epoch(e)
     for b in ld:
         x, y = b["img"].double()[:, None], b["lab"].double()
         ddp.zero_grad()
-        loss_sum = ((ddp(x) - y) ** 2).sum()
-        dist.scale_loss(loss_sum, ld).backward()
+        per_sample = ((ddp(x) - y) ** 2).sum(dim=1)  # summed over the 2 outputs
+        if mode == "variable":
+            dist.scale_loss(per_sample.sum(), ld).backward()
+        else:
+            per_sample.mean().backward()
         sizes = d.comm.allgather(len(x))
         uneven += len(set(sizes)) > 1
         xs, ys = d.comm.gather(x, root=0), d.comm.gather(y, root=0)
@@ -41,10 +52,14 @@ for e in range(2):
         if d.is_root:
             assert sum(sizes) == ld.global_batch
             single.zero_grad()
-            # The global mean of the per-sample loss (summed over the 2 outputs).
-            per_sample = ((single(torch.cat(xs)) - torch.cat(ys)) ** 2).sum(dim=1)
-            per_sample.mean().backward()
+            # The global mean of the per-sample loss.
+            ((single(torch.cat(xs)) - torch.cat(ys)) ** 2).sum(dim=1).mean().backward()
             for g, p in zip(grads, single.parameters(), strict=True):
                 assert torch.allclose(g, p.grad, rtol=1e-9, atol=1e-12), (g - p.grad).abs().max()
-assert d.comm.allreduce(uneven) > 0, "no step had uneven local batches: the test proves nothing"
-print(f"rank {d.rank}: gradients equal, {uneven} uneven steps", flush=True)
+        steps += 1
+uneven = d.comm.allreduce(uneven)
+if mode == "variable":
+    assert uneven > 0, "no step had uneven local batches: the test proves nothing"
+else:
+    assert uneven == 0 and steps == 2 * len(ld), (uneven, steps)
+print(f"rank {d.rank}: gradients equal, {steps} steps, {uneven} uneven", flush=True)
