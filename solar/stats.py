@@ -95,8 +95,8 @@ class EpochStats:
 
     def add(self, s: StepStats) -> None:
         """Add step ``s``: its figures of the same name summed, and the worker-seconds it
-        offered (workers × its wall time). (Generated below from the two tables.)"""
-        raise NotImplementedError
+        offered (workers × its wall time). (This signature only: the body is made below
+        from the two tables, by ``_adder``.)"""
 
     @property
     def hit_rate(self) -> float:

@@ -36,7 +36,7 @@ class Pipeline:
 
     def __init__(self, steps: Steps, holdings: Holdings, assembly: Assembly, delivery: Delivery,
                  stats: LoaderStats, tuner: Tuner | None, pool: TransformPool | None,
-                 first_ahead: bool, comm: Any) -> None:  # fmt: skip
+                 comm: Any) -> None:  # fmt: skip
         self.steps = steps
         self.holdings = holdings
         self.assembly = assembly
@@ -46,7 +46,6 @@ class Pipeline:
         self.stats = stats
         self.tuner = tuner
         self.pool = pool
-        self._first_ahead = first_ahead
         self._comm = comm  # with equal batches the other ranks wait for this one's rows
         self._served = (-1, 0.0)  # the last step served, and when
 
@@ -80,7 +79,7 @@ class Pipeline:
         # the job rather than leave them in the exchange.
         with abort_job_on_error(self._comm):
             self.seek(k)  # if another iterator (or a failed step) moved the buffer elsewhere
-            if self._first_ahead and k == 0 and self.holdings.at == 0:
+            if k == 0 and self.holdings.at == 0:  # nothing held: where the run's mode says,
                 self.queue.start_first()  # the first step's reads, while its plan is made
             self.steps.enter(k)  # the step being served: planned (waited for) if it must be
             try:
@@ -179,7 +178,7 @@ def build(setup: Setup, stream: RankStream, stats: LoaderStats,
     delivery = Delivery(steps, setup.out_keys, exchange, setup.batch_transform, setup.comm)
     tuner = _tuner(setup, stats, queue, pool) if setup.config.auto else None
     comm = setup.comm if exchange is not None else None
-    return Pipeline(steps, holdings, assembly, delivery, stats, tuner, pool, first_ahead, comm)
+    return Pipeline(steps, holdings, assembly, delivery, stats, tuner, pool, comm)
 
 
 def _tuner(setup: Setup, stats: LoaderStats, queue: ReadAhead,
