@@ -4,12 +4,12 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo test lint bench-plan clean
+.PHONY: demo test lint docs bench-plan clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -c constraints.txt -e '.[dev,mpich,bench,plugins]'
+	$(BIN)/pip install --quiet -c constraints.txt -e '.[dev,mpich,bench,plugins,docs]'
 	# Compile solar's numba kernels into the cache once, here, not inside a first epoch.
 	$(BIN)/solar warm --jobs 2
 	touch $@
@@ -25,8 +25,12 @@ lint: $(STAMP)
 test: lint
 	$(BIN)/pytest -q
 
+# The documentation site, from docs/ and mkdocs.yml, into site/ (warnings are errors).
+docs: $(STAMP)
+	$(BIN)/mkdocs build --strict
+
 bench-plan: $(STAMP)
 	$(BIN)/python bench/plan_bench.py --json bench/results/plan.json
 
 clean:
-	rm -rf $(VENV) .demo build *.egg-info
+	rm -rf $(VENV) .demo build site *.egg-info
