@@ -1,12 +1,18 @@
-"""Every example of the README runs: its Python blocks, its `solar` command lines, the example.
+"""Every example of the README and of the documentation site runs: their Python blocks, their
+`solar` command lines, the example script.
 
-The fixture, the only substitution: each Python block runs as it is written, in a fresh
-process, in a directory holding small generated data under the names the README uses
-(``data.h5``: 320 PtychoNN-like samples; ``data/*.h5`` with keys ``img`` and ``grp/lab``;
-``data/x_*.npy`` and ``data/y_*.npy``, one sample each; ``cosmoflow/``: one-sample HDF5 files;
-``frames/``: ``.npy`` files of several samples), after a prelude that binds the names a block
-takes from its surroundings (:data:`PRELUDE`). Every ``solar`` command line is checked with
-``--help``; the short ones (``solar plan``) run in full on the same data.
+The pages: README.md and every page under docs/. A fenced block labelled ``python`` is a
+program and runs; one labelled ``py`` is a fragment of one (shown, not run); an unlabelled
+block's lines that start with ``solar`` are command lines.
+
+The fixture, the only substitution: each distinct Python block runs as it is written, in a
+fresh process, in a directory holding small generated data under the names the pages use
+(``data.h5``: 320 PtychoNN-like samples; ``graph.h5``: a 500-node graph; ``ogb/``: the same
+graph as OGB keeps it; ``data/*.h5`` with keys ``img`` and ``grp/lab``; ``data/x_*.npy`` and
+``data/y_*.npy``, one sample each; ``cosmoflow/``: one-sample HDF5 files; ``frames/``:
+``.npy`` files of several samples), after a prelude that binds the names a block takes from
+its surroundings (:data:`PRELUDE`). Every ``solar`` command line is checked with ``--help``;
+the short ones (``solar plan``) run in full on the same data.
 """
 
 from __future__ import annotations
@@ -28,8 +34,12 @@ from solar.io.generate import generate
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
+PAGES = {"README.md": README} | {
+    str(p.relative_to(ROOT)): p.read_text() for p in sorted((ROOT / "docs").rglob("*.md"))
+}
 
-# Names a block uses without defining them (its context in the README's prose), by block.
+# Names a block uses without defining them (its context in the page's prose), by what the
+# block contains.
 PRELUDE = {
     "dist.init()": (
         "import torch\n"
@@ -38,29 +48,52 @@ PRELUDE = {
         "def per_sample_loss(model, batch):\n"
         "    return model(batch['diffraction']).square().flatten()\n"
     ),
+    # A DataLoader script as torchrun starts it, here as a world of one.
+    "td.init_process_group": (
+        "import os, socket\n"
+        "with socket.socket() as _s:\n"
+        "    _s.bind(('127.0.0.1', 0))\n"
+        "    _port = _s.getsockname()[1]\n"
+        "os.environ.update(RANK='0', WORLD_SIZE='1', MASTER_ADDR='127.0.0.1',\n"
+        "                  MASTER_PORT=str(_port))\n"
+    ),
 }
 
 
-def _blocks(language: str) -> list[str]:
-    """The README's fenced blocks of ``language`` ("" for unlabelled ones), in order."""
-    blocks: list[tuple[str, list[str]]] = []
+def blocks(text: str, language: str) -> list[str]:
+    """The fenced blocks of ``language`` ("" for unlabelled ones) in ``text``, in order."""
+    found: list[tuple[str, list[str]]] = []
     inside = False
-    for line in README.splitlines():
+    for line in text.splitlines():
         if line.startswith("```"):
             inside = not inside
             if inside:
-                blocks.append((line[3:].strip(), []))
+                found.append((line[3:].strip(), []))
         elif inside:
-            blocks[-1][1].append(line)
-    return ["\n".join(lines) + "\n" for lang, lines in blocks if lang == language]
+            found[-1][1].append(line)
+    return ["\n".join(lines) + "\n" for lang, lines in found if lang == language]
 
 
-PYTHON = _blocks("python")
-COMMANDS = [
-    shlex.split(line.split("  #")[0])
-    for block in _blocks("")
-    for line in block.replace("\\\n", " ").splitlines()
-    if line.startswith("solar ")
+def _distinct_python() -> dict[str, str]:
+    """Each distinct ``python`` block of the pages, named by the first page that shows it
+    (the README's quick start repeats the DataLoader guide's blocks: they run once)."""
+    out: dict[str, str] = {}
+    for page, text in PAGES.items():
+        for i, block in enumerate(blocks(text, "python")):
+            out.setdefault(block, f"{page}:{i}")
+    return out
+
+
+PYTHON = _distinct_python()
+COMMANDS = [  # each distinct one, in order
+    list(c)
+    for c in dict.fromkeys(
+        tuple(shlex.split(line.split("  #")[0]))
+        for text in PAGES.values()
+        for block in blocks(text, "")
+        for line in block.replace("\\\n", " ").splitlines()
+        if line.startswith("solar ")
+    )
 ]
 
 
@@ -93,12 +126,21 @@ def workdir(tmp_path_factory) -> Path:
     return d
 
 
-def test_the_readme_has_the_examples_this_file_runs():
-    assert len(PYTHON) >= 4 and {c[1] for c in COMMANDS} >= {"plan", "gen", "inspect", "bench"}
+def test_the_pages_have_the_examples_this_file_runs():
+    readme = blocks(README, "python")
+    assert len(readme) >= 3 and all(block in PYTHON for block in readme)
+    guides = [name for name in PYTHON.values() if name.startswith("docs/guides/")]
+    assert {name.split(":")[0] for name in guides} >= {
+        f"docs/guides/{g}.md" for g in ("dataloader", "pyg", "one-sample-files", "launchers", "resume")
+    }
+    readme_commands = {
+        c[1] for b in blocks(README, "") for c in map(str.split, b.splitlines()) if c[:1] == ["solar"]
+    }
+    assert readme_commands >= set(cli.commands), "the README shows every command once"
     assert all(any(key in block for block in PYTHON) for key in PRELUDE)
 
 
-@pytest.mark.parametrize("block", PYTHON, ids=[f"block{i}" for i in range(len(PYTHON))])
+@pytest.mark.parametrize("block", list(PYTHON), ids=list(PYTHON.values()))
 def test_python_block_runs(block, workdir):
     prelude = "".join(code for key, code in PRELUDE.items() if key in block)
     env = {**os.environ, "SOLAR_LAUNCHER": "none", "PYTHONPATH": str(ROOT)}
@@ -146,8 +188,10 @@ def test_the_example_script_helps_and_runs(tmp_path):
 
 
 def test_the_layout_lists_every_module():
-    """The README's Layout names each module of the package once, and none that is gone."""
-    section = README.split("## Layout\n", 1)[1].split("\n## ", 1)[0]
+    """The architecture page's Layout names each module of the package once, and none that
+    is gone."""
+    architecture = PAGES["docs/architecture.md"]
+    section = architecture.split("## Layout\n", 1)[1].split("\n## ", 1)[0]
     listed = [line.split()[0] for line in section.split("```")[1].splitlines() if line.strip()]
     listed = [p for p in listed if p.startswith("solar/")]
     tree = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "solar").rglob("*.py"))
