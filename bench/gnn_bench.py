@@ -16,8 +16,9 @@ aggregate budget of ``--buffer`` of the features (per rank: buffer·N/P rows, or
    the Loader plans), ``solar-rows`` (Belady over rows alone), ``static`` (hot nodes by the
    frequency of a pre-sampled epoch, as DiskGNN/GIDS), ``nopfs`` (hot nodes over the whole
    run), ``lru``;
-2. Belady against a look-ahead of H steps (Ginex's superbatch is a short horizon): the
-   per-step changeset rule with next uses beyond t + H unknown (evicted first);
+2. Belady against a sliding look-ahead of H steps: the per-step changeset rule with next uses
+   beyond t + H unknown (evicted first). Not Ginex's model: Ginex applies the same rule over
+   a whole superbatch and resets and refills its cache at each boundary (docs/performance.md);
 3. read amplification of solar's storage reads under O_DIRECT (bytes read / bytes used),
    rows coalesced into page spans bridging gaps of g pages (``solar.io.tasks.page_spans``);
 4. sampling and planning speed: an epoch's subgraphs of all ranks and its plan, seconds.

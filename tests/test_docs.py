@@ -43,10 +43,8 @@ ABSOLUTE = re.compile(r"(?<![\w.:/~\])-])/[A-Za-z_][\w.-]*(?:/|\.\w)")
 def test_absolute_paths_are_found():
     found = [ABSOLUTE.search(t) for t in ("see /work/x.h5", "`/tmp/a/b`", "(/home/me/d)")]
     assert all(found)
-    assert not any(
-        ABSOLUTE.search(t)
-        for t in ("1/P of the reuse", "I/O", "bench/results/a.json", "https://x.org/a", "~/.cache/x")
-    )
+    fine = ("1/P of the reuse", "I/O", "bench/results/a.json", "https://x.org/a", "~/.cache/x")
+    assert not any(ABSOLUTE.search(t) for t in fine)
 
 
 @pytest.mark.parametrize("page", list(PAGES))

@@ -129,13 +129,10 @@ def workdir(tmp_path_factory) -> Path:
 def test_the_pages_have_the_examples_this_file_runs():
     readme = blocks(README, "python")
     assert len(readme) >= 3 and all(block in PYTHON for block in readme)
-    guides = [name for name in PYTHON.values() if name.startswith("docs/guides/")]
-    assert {name.split(":")[0] for name in guides} >= {
-        f"docs/guides/{g}.md" for g in ("dataloader", "pyg", "one-sample-files", "launchers", "resume")
-    }
-    readme_commands = {
-        c[1] for b in blocks(README, "") for c in map(str.split, b.splitlines()) if c[:1] == ["solar"]
-    }
+    for guide in ("dataloader", "pyg", "one-sample-files", "launchers", "resume"):
+        assert blocks(PAGES[f"docs/guides/{guide}.md"], "python"), guide
+    lines = [line.split() for block in blocks(README, "") for line in block.splitlines()]
+    readme_commands = {words[1] for words in lines if words[:1] == ["solar"]}
     assert readme_commands >= set(cli.commands), "the README shows every command once"
     assert all(any(key in block for block in PYTHON) for key in PRELUDE)
 
