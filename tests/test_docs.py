@@ -59,6 +59,9 @@ def test_the_readme_is_short_and_links_the_site():
     assert readme.startswith("# solar\n\n```\nmake demo ") and "\nmake test " in readme[:300]
     for page in ("docs/guides/dataloader.md", "docs/performance.md", "docs/cli.md"):
         assert f"]({page})" in readme
+    # Its links to files of the repository (mkdocs checks the site's own) lead somewhere.
+    targets = re.findall(r"\]\(([^)#:]+)(?:#[^)]*)?\)", prose(readme))
+    assert len(targets) > 10 and [t for t in targets if not (ROOT / t).exists()] == []
 
 
 # `solar/...py` files and `solar.x.y` dotted names quoted in the prose.
