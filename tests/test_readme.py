@@ -17,6 +17,7 @@ the short ones (``solar plan``) run in full on the same data.
 
 from __future__ import annotations
 
+import itertools
 import os
 import shlex
 import subprocess
@@ -168,6 +169,10 @@ def test_solar_command_line(command, workdir, monkeypatch):
         monkeypatch.chdir(workdir)
         res = runner.invoke(cli, command[1:])
         assert res.exit_code == 0, res.output
+        # Each example starts afresh: what it wrote goes (-o refuses to overwrite).
+        for flag, name in itertools.pairwise(command):
+            if flag in ("-o", "--out", "--plot"):
+                (workdir / name).unlink(missing_ok=True)
 
 
 def test_the_example_script_helps_and_runs(tmp_path):
