@@ -47,7 +47,8 @@ _LOG_AFTER, _LOG_EVERY = 5.0, 60.0
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="solar")
 def cli() -> None:
-    """solar: clairvoyant data loading for distributed training on HDF5 datasets."""
+    """solar: clairvoyant data loading for distributed training on HDF5 datasets and GNN
+    node features."""
 
 
 @cli.command(short_help="Plan a run: hits, reads and batches per rank; write a plan file.")

@@ -129,6 +129,10 @@ def test_solar_command_line(command, workdir, monkeypatch):
         monkeypatch.chdir(workdir)
         res = runner.invoke(cli, command[1:])
         assert res.exit_code == 0, res.output
+        # Each example starts afresh: what it wrote goes (-o refuses to overwrite).
+        for flag, name in zip(command, command[1:]):
+            if flag in ("-o", "--out", "--plot"):
+                (workdir / name).unlink(missing_ok=True)
 
 
 def test_the_example_script_helps_and_runs(tmp_path):
