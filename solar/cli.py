@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 import time
 from contextlib import contextmanager
@@ -156,7 +157,7 @@ def plan(
                                     "--reorder-epochs": reorder_epochs, "--weights": weights,
                                     "--num-samples": num_samples,
                                     "--no-replacement": no_replacement}.items()
-                     if v]) # fmt: skip
+                     if v])  # fmt: skip
         return
     _refuse_graph(data, keys, "plan")
     dataset = None
@@ -316,7 +317,8 @@ def warm(jobs: int) -> None:
 
 @cli.command(short_help="Make a small dataset, plan a 4-rank run, run it, compare.")
 @click.option("--dir", "directory", type=click.Path(), default=".demo", show_default=True,
-              help="Directory for the demo's dataset (kept for the next run) and plan file.")  # fmt: skip
+              help="Directory for the demo's dataset (kept for the next run) and plan "
+                   "file.")  # fmt: skip
 def demo(directory: str) -> None:
     """Generate a PtychoNN-like dataset (if absent), plan a 4-rank run, execute it, and
     show what solar buys: storage reads against a DataLoader's, which reads every sample
@@ -469,7 +471,7 @@ def convert(
 def format_key_table(keys: dict[str, list]) -> str:
     """``{key: [sample shape, dtype]}`` as aligned columns: key, shape of a sample, dtype."""
     rows = [("key", "sample shape", "dtype")]
-    rows += [(k, "×".join(map(str, shape)) or "scalar", dtype) for k, (shape, dtype) in keys.items()]
+    rows += [(k, "×".join(map(str, s)) or "scalar", dtype) for k, (s, dtype) in keys.items()]
     width = [max(len(r[i]) for r in rows) for i in range(2)]
     return "\n".join(f"  {a:<{width[0]}}  {b:<{width[1]}}  {c}" for a, b, c in rows)
 
@@ -477,7 +479,8 @@ def format_key_table(keys: dict[str, list]) -> str:
 @cli.command(short_help="Write a synthetic dataset (surrogate samples or a GNN graph).")
 @click.argument("out", type=click.Path())
 @click.option(
-    "--preset", type=click.Choice(["ptychonn", "braggnn", "autophasenn", "graph"]),
+    "--preset",
+    type=click.Choice(["ptychonn", "braggnn", "autophasenn", "graph"]),
     required=True,
     help="ptychonn: 256×256 images → 64×64 amplitude and phase (288 KiB/sample); braggnn: "
     "11×11 patches → 2-D centres; autophasenn: 64³ volumes (1 MiB/sample); graph: a "
@@ -488,7 +491,8 @@ def format_key_table(keys: dict[str, list]) -> str:
 @click.option("--compression", type=click.Choice(["gzip", "lzf"]), help="Compress (chunked).")
 @click.option("--nodes", type=int, help="graph: number of nodes.")
 @click.option("--avg-degree", type=float, default=20.0, show_default=True,
-              help="graph: mean number of neighbours per node (edges stored both ways).")  # fmt: skip
+              help="graph: mean number of neighbours per node (edges stored both "
+                   "ways).")  # fmt: skip
 @click.option("--features", type=int, default=256, show_default=True,
               help="graph: float32 features per node.")  # fmt: skip
 @click.option("--train-fraction", type=float, default=0.1, show_default=True,

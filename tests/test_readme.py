@@ -11,6 +11,7 @@ takes from its surroundings (:data:`PRELUDE`). Every ``solar`` command line is c
 
 from __future__ import annotations
 
+import itertools
 import os
 import shlex
 import subprocess
@@ -130,7 +131,7 @@ def test_solar_command_line(command, workdir, monkeypatch):
         res = runner.invoke(cli, command[1:])
         assert res.exit_code == 0, res.output
         # Each example starts afresh: what it wrote goes (-o refuses to overwrite).
-        for flag, name in zip(command, command[1:]):
+        for flag, name in itertools.pairwise(command):
             if flag in ("-o", "--out", "--plot"):
                 (workdir / name).unlink(missing_ok=True)
 

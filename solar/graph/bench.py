@@ -241,8 +241,8 @@ def format_graph_results(res: dict) -> str:
         + (f", throttle {c['throttle']}" if c["throttle"] else "")
         + " (mmap: emulated page cache of the budget, O_DIRECT page reads)",
         "",
-        "| loader | steps/s | nodes/s | vs mmap | vs static | hit rate | read ampl. | GB read (pages) "
-        "| construct s | first wait s | epoch s |",
+        "| loader | steps/s | nodes/s | vs mmap | vs static | hit rate | read ampl. "
+        "| GB read (pages) | construct s | first wait s | epoch s |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
 

@@ -77,7 +77,8 @@ def describe_graph(path: str | os.PathLike, *, probe: int = 0) -> GraphReport:
         classes = None
         if isinstance(f.get("labels"), h5py.Dataset) and f["labels"].size:
             labels = f["labels"]
-            classes = 1 + max(int(labels[lo : lo + _BLOCK].max()) for lo in range(0, labels.shape[0], _BLOCK))
+            top = (int(labels[lo : lo + _BLOCK].max()) for lo in range(0, labels.shape[0], _BLOCK))
+            classes = 1 + max(top)
         train = f["train_idx"].shape[0] if isinstance(f.get("train_idx"), h5py.Dataset) else None
         has_features = isinstance(f.get("features"), h5py.Dataset)
     features = None
@@ -147,17 +148,19 @@ def format_graph(g: GraphReport) -> str:
     if g.classes is not None:
         split.append(f"labels: {g.classes} classes")
     if g.train is not None:
-        split.append(f"training split: {g.train:,} seed nodes ({100 * g.train / max(1, g.nodes):.1f} %)")
+        share = 100 * g.train / max(1, g.nodes)
+        split.append(f"training split: {g.train:,} seed nodes ({share:.1f} %)")
     if split:
         lines.append("  " + "; ".join(split))
+    mates = x is not None and x.offset_reader and 0 < x.sample_bytes <= _PAGE // 2
     lines.append(
         "solar serves it with NeighborSampler: each step samples k-hop subgraphs around B seed "
         "nodes per rank and gathers their feature rows, planned ahead"
-        + (" (page mates: rows sharing a page kept when read)" if x is not None and x.offset_reader
-           and 0 < x.sample_bytes <= _PAGE // 2 else "")  # fmt: skip
+        + (" (page mates: rows sharing a page kept when read)" if mates else "")
     )
-    lines.append(f"  solar plan {g.file} --sampler neighbor --fanouts 10,5 -P 1 -B 1024 -E 3 -C 10%")
-    lines.append(f"  solar bench {g.file} --sampler neighbor --fanouts 10,5 -B 1024 -E 3")
+    run = "--sampler neighbor --fanouts 10,5 -B 1024 -E 3"
+    lines.append(f"  solar plan {g.file} {run} -P 1 -C 10%")
+    lines.append(f"  solar bench {g.file} {run}")
     lines.append(f'  Loader("{g.file}", ["features"], sampler=NeighborSampler("{g.file}", '
                  '(10, 5), 1024), epochs=3, buffer="10%")')  # fmt: skip
     lines.extend(f"- {n}" for n in g.notes)

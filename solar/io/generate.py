@@ -40,7 +40,8 @@ def generate(
 
     Contiguous and uncompressed unless ``chunks`` (samples per chunk) or ``compression`` is set;
     contiguous datasets start on a 4 KiB page (what ``solar convert`` writes, and what O_DIRECT
-    reads need; chunks are not aligned: each would be padded to a page). Sample values are a pure function of (seed, preset, sample index block).
+    reads need; chunks are not aligned: each would be padded to a page).
+    Sample values are a pure function of (seed, preset, sample index block).
     """
     if preset not in PRESETS:
         raise SolarError(f"preset: unknown {preset!r} (choose from {', '.join(PRESETS)})")
@@ -52,8 +53,11 @@ def generate(
     row_bytes = sum(4 * int(np.prod(s)) for s in keys.values())
     block = max(1, _BLOCK_BYTES // row_bytes)
     with atomic_path(path) as tmp:
-        aligned = {} if chunks or compression else {"alignment_threshold": 1,
-                                                     "alignment_interval": _ALIGN}
+        aligned = (
+            {}
+            if chunks or compression
+            else {"alignment_threshold": 1, "alignment_interval": _ALIGN}
+        )
         with h5py.File(tmp, "w", **aligned) as f:
             dsets = {}
             for name, shape in keys.items():

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import random
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -53,7 +54,7 @@ class DatasetReport:
 
 
 def inspect_files(
-    paths: list[str | os.PathLike],
+    paths: Sequence[str | os.PathLike],
     *,
     one_per_file: bool = False,
     probe: int = 0,

@@ -116,9 +116,9 @@ def _looks_one_per_file(by_file: dict[str, list[DatasetReport]]) -> bool:
     """Whether the files look like one sample each (see the module's docstring)."""
     if not by_file:
         return False
-    firsts = [[r.shape[0] if r.shape else None for r in rs] for rs in by_file.values()]
-    if any(None in f for f in firsts):  # a scalar key: no axis of samples
+    if any(not r.shape for rs in by_file.values() for r in rs):  # a scalar: no axis of samples
         return True
+    firsts = [[r.shape[0] for r in rs] for rs in by_file.values()]
     if all(len(set(f)) > 1 for f in firsts):  # every file's keys disagree
         return True
     return len(by_file) > _MANY_FILES and max(max(f) for f in firsts) <= _FEW_ROWS
@@ -165,10 +165,8 @@ def _problems(o: Overview, by_file: dict[str, list[DatasetReport]], per_file: bo
             o.blocked = o.blocked or f"key {key!r} is missing from some files"
         kinds = sorted({(g.shape, g.dtype) for g in mine})
         if len(kinds) > 1:
-            seen = ", ".join(
-                f"{shape_text(s)} {d} in {sum(g.files for g in mine if (g.shape, g.dtype) == (s, d))}"
-                for s, d in kinds
-            )
+            count = {k: sum(g.files for g in mine if (g.shape, g.dtype) == k) for k in kinds}
+            seen = ", ".join(f"{shape_text(s)} {d} in {count[s, d]}" for s, d in kinds)
             o.problems.append(f"key {key!r} holds samples of different shapes or dtypes ({seen} "
                               "files): solar serves one shape and dtype per key")  # fmt: skip
             o.blocked = o.blocked or f"key {key!r} differs between files"
@@ -178,7 +176,7 @@ def _problems(o: Overview, by_file: dict[str, list[DatasetReport]], per_file: bo
                                   "cannot serve it (leave it out with --key)")  # fmt: skip
                 break
     if not per_file and not o.blocked:  # (a missing key already says why)
-        totals = {}
+        totals: dict[str, int] = {}
         for g in o.groups:
             totals[g.key] = totals.get(g.key, 0) + g.samples
         if len(set(totals.values())) > 1:
@@ -236,8 +234,10 @@ def _conversion(o: Overview, reports: list[DatasetReport], per_file: bool,
                    "spans, not one open and read per key per sample")  # fmt: skip
     elif slow:
         reasons = sorted({_why_slow(r) for r in slow})
-        why.append("contiguous and uncompressed, every sample read at its offset; now "
-                   + "; ".join(reasons))
+        why.append(
+            "contiguous and uncompressed, every sample read at its offset; now "
+            + "; ".join(reasons)
+        )
     if not why:
         return
     cmd = ["solar", "convert", *o.sources, "OUT.h5"]
@@ -270,7 +270,9 @@ def format_overview(o: Overview, verbose: bool = False) -> str:
         head += " (one per file)" if o.one_per_file else ""
     lines = [head]
     shape_head = "shape in each file" if per_file else "sample shape"
-    rows = [("key", "samples", shape_head, "dtype", "layout", "files", "size")]
+    rows: list[tuple[str, ...]] = [
+        ("key", "samples", shape_head, "dtype", "layout", "files", "size")
+    ]
     for g in o.groups:
         size = format_bytes(g.logical_bytes)
         if g.stored_bytes != g.logical_bytes:
