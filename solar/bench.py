@@ -294,7 +294,9 @@ def run(cfg: BenchConfig, comm: Any, progress=None) -> dict | None:
     known += (INLOOP, PROCS) if cfg.transform else ()
     unknown = set(cfg.loaders) - set(known)
     if unknown:
-        raise SolarError(f"--loaders: unknown {sorted(unknown)} (choose from {', '.join(known)})")
+        raise SolarError(
+            f"--loaders: unknown {', '.join(sorted(unknown))} (choose from {', '.join(known)})"
+        )
     solar_sampler = None
     if weighted:
         from solar.schedule.samplers import Weighted
@@ -706,7 +708,8 @@ def _figure(panels: int) -> tuple[Any, Any, Any]:
 
 def _save(plt: Any, fig: Any, legend_axes: Any, path: Path) -> None:
     """The legend beside the axes (never over a point), the PNG written atomically."""
-    legend_axes.set_ylim(0, legend_axes.get_ylim()[1] * 1.06)  # (a point on the bound shows)
+    top = legend_axes.get_ylim()[1]
+    legend_axes.set_ylim(-0.04 * top, 1.06 * top)  # whole markers at 0 % and on the bound
     legend_axes.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0)
     fig.tight_layout()
     tmp = path.with_name(path.name + ".tmp.png")
