@@ -83,6 +83,13 @@ def inspect_files(
 
 
 def _report(path: Path, d: h5py.Dataset, one_per_file: bool) -> DatasetReport:
+    if d.shape is None:  # an empty dataset (H5S_NULL): no array at all
+        return DatasetReport(
+            file=str(path), name=d.name.lstrip("/"), shape=(), dtype=str(d.dtype),
+            layout="empty", chunks=None, filters=[], compressed=False, offset=None,
+            aligned=None, sample_bytes=0, stored_bytes=0, logical_bytes=0, offset_reader=False,
+            advice=["an empty dataset (no values): solar cannot serve it"],
+        )  # fmt: skip
     plist = d.id.get_create_plist()
     layout = {h5py.h5d.CONTIGUOUS: "contiguous", h5py.h5d.CHUNKED: "chunked",
               h5py.h5d.COMPACT: "compact"}.get(plist.get_layout(), "other")  # fmt: skip

@@ -83,13 +83,14 @@ def overview(
         looks_one_per_file=looks, samples=None, sample_bytes=0, groups=groups,
     )  # fmt: skip
     _problems(o, by_file, per_file)
-    totals = {g.key: 0 for g in groups}
+    totals = {g.key: 0 for g in groups if _servable(g)}
     for g in groups:
-        totals[g.key] += g.samples
+        if _servable(g):
+            totals[g.key] += g.samples
     if len(set(totals.values())) == 1 and not o.blocked:
         o.samples = next(iter(totals.values()))
     o.sample_bytes = sum(
-        {g.key: _nbytes(g) for g in groups if _numeric(g.dtype)}.values()
+        {g.key: _nbytes(g) for g in groups if _servable(g)}.values()
     )  # one shape per key where nothing is blocked
     _will(o, per_file)
     _conversion(o, reports, per_file, keys)
@@ -100,6 +101,11 @@ def _nbytes(g: KeyGroup) -> int:
     import numpy as np
 
     return int(np.prod(g.shape, dtype=np.int64)) * np.dtype(g.dtype).itemsize
+
+
+def _servable(g: KeyGroup | DatasetReport) -> bool:
+    """An array of numbers with values: what solar can serve."""
+    return _numeric(g.dtype) and g.layout != "empty"
 
 
 def _numeric(dtype: str) -> bool:
@@ -116,9 +122,12 @@ def _looks_one_per_file(by_file: dict[str, list[DatasetReport]]) -> bool:
     """Whether the files look like one sample each (see the module's docstring)."""
     if not by_file:
         return False
+    by_file = {f: [r for r in rs if _servable(r)] for f, rs in by_file.items()}
     if any(not r.shape for rs in by_file.values() for r in rs):  # a scalar: no axis of samples
         return True
-    firsts = [[r.shape[0] for r in rs] for rs in by_file.values()]
+    firsts = [[r.shape[0] for r in rs] for rs in by_file.values() if rs]
+    if not firsts:
+        return False
     if all(len(set(f)) > 1 for f in firsts):  # every file's keys disagree
         return True
     return len(by_file) > _MANY_FILES and max(max(f) for f in firsts) <= _FEW_ROWS
@@ -171,14 +180,16 @@ def _problems(o: Overview, by_file: dict[str, list[DatasetReport]], per_file: bo
                               "files): solar serves one shape and dtype per key")  # fmt: skip
             o.blocked = o.blocked or f"key {key!r} differs between files"
         for g in mine:
-            if not _numeric(g.dtype):
-                o.problems.append(f"key {key!r} is {g.dtype}, not an array of numbers: solar "
-                                  "cannot serve it (leave it out with --key)")  # fmt: skip
+            if not _servable(g):
+                what = "an empty dataset" if g.layout == "empty" else f"{g.dtype}, not numbers"
+                o.problems.append(f"key {key!r} is {what}: solar cannot serve it (leave it out "
+                                  "with --key)")  # fmt: skip
                 break
     if not per_file and not o.blocked:  # (a missing key already says why)
         totals: dict[str, int] = {}
         for g in o.groups:
-            totals[g.key] = totals.get(g.key, 0) + g.samples
+            if _servable(g):
+                totals[g.key] = totals.get(g.key, 0) + g.samples
         if len(set(totals.values())) > 1:
             seen = ", ".join(f"{k} {n}" for k, n in totals.items())
             o.problems.append(f"the keys hold different numbers of samples ({seen})")
@@ -187,19 +198,25 @@ def _problems(o: Overview, by_file: dict[str, list[DatasetReport]], per_file: bo
 
 def _will(o: Overview, per_file: bool) -> None:
     """What solar does with the files, by read path."""
-    numeric = [g for g in o.groups if _numeric(g.dtype)]
+    numeric = [g for g in o.groups if _servable(g)]
     if o.looks_one_per_file:
         firsts = ", ".join(
             f"{g.key} {g.shape[0] if g.shape else 'scalar'}"
             for g in {g.key: g for g in numeric}.values()
         )
+        why = (
+            "a scalar has no axis of samples"
+            if any(not g.shape for g in numeric)
+            else "the keys' sample counts disagree"
+        )
         o.will.append(f"each file looks like one sample (first dimensions: {firsts}): as they "
-                      "are, solar refuses them (the keys' sample counts disagree); with "
-                      "--one-per-file it serves them")  # fmt: skip
+                      f"are, solar refuses them ({why}); with --one-per-file it serves "
+                      "them")  # fmt: skip
     if per_file:
         slow = sorted({g.key for g in numeric if g.layout != "contiguous"})
         o.will.append(
-            f"with one sample per file: {o.files} samples of {format_bytes(o.sample_bytes)}, "
+            f"with one sample per file: {o.files} sample{'s' if o.files != 1 else ''} of "
+            f"{format_bytes(o.sample_bytes)}, "
             "each opening its file and reading every key (no read spans two samples)"
             + (f"; {', '.join(slow)} through h5py ({numeric[0].layout})" if slow else "")
         )
@@ -223,11 +240,15 @@ def _conversion(o: Overview, reports: list[DatasetReport], per_file: bool,
     """The one ``solar convert`` worth running, if any (none that would fail)."""
     if o.blocked:
         return
-    numeric = list(dict.fromkeys(g.key for g in o.groups if _numeric(g.dtype)))
+    numeric = list(dict.fromkeys(g.key for g in o.groups if _servable(g)))
     if not numeric:
         o.blocked = "no key is an array of numbers"
         return
-    slow = [r for r in reports if r.read_path in ("chunks", "h5py") or r.compressed]
+    slow = [
+        r
+        for r in reports
+        if r.name in numeric and (r.read_path in ("chunks", "h5py") or r.compressed)
+    ]
     why = []
     if per_file and o.files > 1:
         why.append(f"one file of {o.files} samples: a batch's samples read in coalesced "
