@@ -764,11 +764,14 @@ def plan_summary(p: PlanSummary, path: Path | None = None) -> dict:
 
 
 def format_summary(s: dict) -> str:
+    """``solar plan``'s report: the run, each rank's figures, the hit rate against the bound."""
     each = f" ({format_bytes(s['sample_bytes'])} each)" if s["sample_bytes"] else ""
+    graph = s["sampler"]["kind"] == "neighbor"  # a graph's feature rows, B seed nodes per rank
+    unit = "feature rows" if graph else "samples"
     lines = [
-        f"policy {s['policy']}: N={s['num_samples']} samples{each}, P={s['world_size']}, "
-        f"B={s['batch_size']}, E={s['epochs']}, {s['steps_per_epoch']} steps/epoch, "
-        f"buffer {s['buffer']} samples/rank"
+        f"policy {s['policy']}: N={s['num_samples']} {unit}{each}, P={s['world_size']}, "
+        f"B={s['batch_size']}{' seeds' if graph else ''}, E={s['epochs']}, "
+        f"{s['steps_per_epoch']} steps/epoch, buffer {s['buffer']} {unit}/rank"
         + (f" + tier {s['tier_size']}" if s["tier_size"] else "")
         + f", slack {s['slack']}",
         f"{'rank':>5} {'accesses':>10} {'hits':>10} {'reads':>10} {'batch min-max':>14}",
