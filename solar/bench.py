@@ -111,7 +111,10 @@ class LoaderResult:
     samples: list[int] = field(default_factory=list)
     hits: list[int] = field(default_factory=list)  # from RAM
     tier_hits: list[int] = field(default_factory=list)
-    bytes_read: list[int] = field(default_factory=list)  # from storage
+    bytes_read: list[int] = field(default_factory=list)  # from storage, as stored
+    # From storage, logical: samples read × sample bytes, counted alike for every loader (the
+    # DataLoader's stored bytes are h5py's, unseen; a compressed file's differ).
+    logical_bytes: list[int] = field(default_factory=list)
     stall_seconds: list[float] = field(default_factory=list)
     rows_moved: list[int] = field(default_factory=list)  # equal batches: between ranks
     exchange_seconds: list[float] = field(default_factory=list)  # moving them (slowest rank)
@@ -291,7 +294,9 @@ def run(cfg: BenchConfig, comm: Any, progress=None) -> dict | None:
     known += (INLOOP, PROCS) if cfg.transform else ()
     unknown = set(cfg.loaders) - set(known)
     if unknown:
-        raise SolarError(f"--loaders: unknown {sorted(unknown)} (choose from {', '.join(known)})")
+        raise SolarError(
+            f"--loaders: unknown {', '.join(sorted(unknown))} (choose from {', '.join(known)})"
+        )
     solar_sampler = None
     if weighted:
         from solar.schedule.samplers import Weighted
@@ -393,11 +398,13 @@ def run(cfg: BenchConfig, comm: Any, progress=None) -> dict | None:
                 r.hits.append(comm.allreduce(st.hits))
                 r.tier_hits.append(comm.allreduce(st.tier_hits))
                 r.bytes_read.append(comm.allreduce(st.bytes_read))
+                r.logical_bytes.append(comm.allreduce(st.reads + st.side_reads) * sample_bytes)
                 r.stall_seconds.append(allreduce(comm, st.stall_seconds, MAX))
                 r.rows_moved.append(comm.allreduce(st.sent))
                 r.exchange_seconds.append(allreduce(comm, st.exchange_seconds, MAX))
             else:
                 r.bytes_read.append(r.samples[-1] * sample_bytes)
+                r.logical_bytes.append(r.samples[-1] * sample_bytes)
             if progress is not None and rank == 0:
                 progress(epoch, name, seconds)
     for name, loader in loaders.items():
@@ -498,6 +505,7 @@ def _summarise(cfg, world, n, sample_bytes, capacity, limits, results, spec, thr
             "epoch_seconds": r.epoch_seconds,
             "samples_per_second": rate,
             "bytes_read": r.bytes_read,
+            "logical_bytes_read": r.logical_bytes,
             "stall_seconds": r.stall_seconds,
             "cpu_seconds_per_sample": sum(r.cpu_seconds) / max(1, sum(r.samples)),
         }
@@ -561,8 +569,8 @@ def format_results(res: dict) -> str:
         f"memory copy {lim['mem_bytes_per_s'] / 1e9:.2f} GB/s"
         + (f", tier read {lim['tier_bytes_per_s'] / 1e9:.2f} GB/s" if tier else ""),
         "",
-        "| loader | samples/s | speedup | hit rate | bound | RAM hits | tier hits | GB from "
-        "storage | max stall s | CPU ms/sample | epoch s |",
+        "| loader | samples/s | speedup | hit rate | bound (run) | RAM hits | tier hits | GB read "
+        "(logical) | max stall s | CPU ms/sample | epoch s |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, e in res["loaders"].items():
@@ -574,12 +582,27 @@ def format_results(res: dict) -> str:
         speedup = f"{e['speedup']:.2f}×" if e["speedup"] else "—"
         lines.append(
             f"| {name} | {e['samples_per_second']:.0f} | {speedup} | {hit} | {bound} | {ram} | "
-            f"{tiers} | {sum(e['bytes_read']) / 1e9:.2f} | {stall} | "
+            f"{tiers} | {sum(_logical_bytes(e)) / 1e9:.2f} | {stall} | "
             f"{1e3 * e['cpu_seconds_per_sample']:.2f} | {epochs} |"
         )
     lines.append("")
+    lines.append(
+        "GB read (logical): samples read from storage × their size, for every loader alike "
+        "(a compressed file's stored bytes are fewer: bytes_read in the JSON)"
+    )
+    if "bound" in res:
+        lines.append(
+            f"bound (run): the largest hit rate over the whole run, epoch 0 cold, "
+            f"min(P·C, N)·(E−1)/(N·E) = {100 * res['bound']:.1f} %; from epoch 1 on, per "
+            f"epoch: {100 * steady_bound(res):.1f} % (the plot's dashed line)"
+        )
+    idle = not res["config"].get("compute_ms")
     for name, e in res["loaders"].items():
-        if "bottleneck" in e:  # rank 0's line; the others' stages if they differ
+        if "bottleneck" in e and idle and e["bottleneck_stage"][0] == "trainer":
+            # Nothing trains: the loop keeping up names no stage worth speeding up.
+            lines.append(f"{name}: no bottleneck (nothing trains, --compute-ms 0; the loader "
+                         "kept up with an empty loop)")  # fmt: skip
+        elif "bottleneck" in e:  # rank 0's line; the others' stages if they differ
             others = sorted(set(e["bottleneck_stage"][1:]) - {e["bottleneck_stage"][0]})
             line = f"{name}: {e['bottleneck'][0]}"
             line += f" (other ranks: {', '.join(others)})" if others else ""
@@ -618,34 +641,79 @@ def _tuned(knobs: dict) -> str:
     return ", ".join(f"{k} {v}" for k, v in knobs.items())
 
 
+def _logical_bytes(e: dict) -> list[int]:
+    """A loader's logical bytes read per epoch (results before they were kept: as stored)."""
+    return e.get("logical_bytes_read", e["bytes_read"])
+
+
+def steady_bound(res: dict) -> float:
+    """The bound on one epoch's hit rate from epoch 1 on (epoch 0 is cold): the whole run's
+    bound, ``min(P·C, N)·(E−1)/(N·E)``, without its cold epoch."""
+    epochs = res["config"]["epochs"]
+    return res["bound"] * epochs / max(1, epochs - 1)
+
+
 def plot(res: dict, path: Path) -> None:
-    """Samples/s per loader and hit rate per epoch, as a PNG."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    """Throughput per loader and hit rate per epoch against the bound, as a PNG; a GNN
+    gathering result (``--sampler neighbor``) plots nodes/s."""
+    graph = res["config"].get("sampler") == "neighbor"
+    rate, unit = ("nodes_per_second", "nodes/s") if graph else ("samples_per_second", "samples/s")
     names = list(res["loaders"])
-    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
-    a.bar(names, [res["loaders"][k]["samples_per_second"] for k in names], color="tab:blue")
-    a.set_ylabel("samples/s")
+    plt, fig, (a, b) = _figure(2)
+    a.bar(names, [res["loaders"][k][rate] for k in names], color="tab:blue")
+    a.set_ylabel(unit)
     a.set_title("throughput (cold storage each epoch)")
     a.tick_params(axis="x", rotation=30)
     for k in names:
         if "hit_rate_per_epoch" in res["loaders"][k]:
             b.plot([100 * h for h in res["loaders"][k]["hit_rate_per_epoch"]], marker="o", label=k)
     if "bound" in res:
-        epochs = res["config"]["epochs"]
-        per_epoch = 100 * res["bound"] * epochs / max(1, epochs - 1)
-        b.axhline(per_epoch, ls="--", color="gray", label="bound (epochs ≥ 1)")
+        b.axhline(100 * steady_bound(res), ls="--", color="gray",
+                  label=f"bound, epochs ≥ 1 (run: {100 * res['bound']:.1f} %)")  # fmt: skip
     b.set_xticks(range(res["config"]["epochs"]))
     b.set_xlabel("epoch")
     b.set_ylabel("hit rate %")
-    b.set_title("buffer hit rate")
-    b.legend(fontsize=8)
+    b.set_title("feature rows served from the buffer" if graph else "buffer hit rate")
+    _save(plt, fig, b, path)
+
+
+def plot_plan(summary: dict, path: Path) -> None:
+    """``solar plan --plot``: the planned hit rate of every epoch against the bound (P·C
+    held of N, from epoch 1 on), as a PNG."""
+    plt, fig, (b,) = _figure(1)
+    rates = [100 * h for h in summary["hit_rate_per_epoch"]]
+    b.plot(range(len(rates)), rates, marker="o", label=f"{summary['policy']} (planned)")
+    if summary.get("bound") is not None:
+        epochs = summary["epochs"]
+        b.axhline(100 * summary["bound"] * epochs / max(1, epochs - 1), ls="--", color="gray",
+                  label=f"bound, epochs ≥ 1 (run: {100 * summary['bound']:.1f} %)")  # fmt: skip
+    b.set_xticks(range(len(rates)))
+    b.set_xlabel("epoch")
+    b.set_ylabel("hit rate %")
+    kind = summary["sampler"]["kind"]
+    b.set_title(f"N={summary['num_samples']}, P={summary['world_size']}, "
+                f"B={summary['batch_size']}, C={summary['buffer']}/rank, {kind}")  # fmt: skip
+    _save(plt, fig, b, path)
+
+
+def _figure(panels: int) -> tuple[Any, Any, Any]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, panels, figsize=(5.5 * panels + 1.5, 4), squeeze=False)
+    return plt, fig, tuple(axes[0])
+
+
+def _save(plt: Any, fig: Any, legend_axes: Any, path: Path) -> None:
+    """The legend beside the axes (never over a point), the PNG written atomically."""
+    top = legend_axes.get_ylim()[1]
+    legend_axes.set_ylim(-0.04 * top, 1.06 * top)  # whole markers at 0 % and on the bound
+    legend_axes.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0)
     fig.tight_layout()
     tmp = path.with_name(path.name + ".tmp.png")
-    fig.savefig(tmp, dpi=110)
+    fig.savefig(tmp, dpi=110, bbox_inches="tight")
     plt.close(fig)
     os.replace(tmp, path)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 import time
 from contextlib import contextmanager
@@ -47,12 +48,14 @@ _LOG_AFTER, _LOG_EVERY = 5.0, 60.0
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="solar")
 def cli() -> None:
-    """solar: clairvoyant data loading for distributed training on HDF5 datasets."""
+    """solar: clairvoyant data loading for distributed training on HDF5 datasets and GNN
+    node features."""
 
 
-@cli.command()
+@cli.command(short_help="Plan a run: hits, reads and batches per rank; write a plan file.")
 @click.argument("data", nargs=-1, type=click.Path())
-@click.option("--key", "keys", multiple=True, help="Dataset key (repeatable); default: all.")
+@click.option("--key", "keys", multiple=True,
+              help="Dataset key (repeatable); default: all (a graph: features).")  # fmt: skip
 @click.option("--one-per-file", is_flag=True, help="Each data file is one sample.")
 @click.option("--samples", type=int, help="Number of samples N, when no data files are given.")
 @click.option("--sample-bytes", type=int, help="Bytes per sample, when no data files are given.")
@@ -64,7 +67,8 @@ def cli() -> None:
                    "dataset over all ranks (10%).")  # fmt: skip
 @click.option("--tier-size", "-D", default="0", show_default=True,
               help="Second tier (local NVMe), as --buffer.")  # fmt: skip
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True,
+              help="Seed of the epochs' shuffles (and of --sampler's draws).")  # fmt: skip
 @click.option("--slack", type=float, default=DEFAULT_SLACK, show_default=True,
               help="Extra share of B a rank may serve to keep its hits.")  # fmt: skip
 @click.option("--drop-last", is_flag=True, help="Drop a short last global batch.")
@@ -83,11 +87,15 @@ def cli() -> None:
 @click.option(
     "--sampler",
     "sampler_kind",
-    type=click.Choice(["shuffle", "weighted"]),
+    type=click.Choice(["shuffle", "weighted", "neighbor"]),
     default="shuffle",
     show_default=True,
-    help="Who draws each step's samples.",
+    help="Who draws each step's samples: shuffle (DistributedSampler's), weighted (by "
+    "--weights), neighbor (a graph file's k-hop subgraphs around -B seeds per rank, "
+    "--fanouts).",
 )
+@click.option("--fanouts", default="10,5", show_default=True,
+              help="--sampler neighbor: neighbours per node at each hop (-1: all).")  # fmt: skip
 @click.option(
     "--weights", type=click.Path(), help="Weights .npy (one per sample) of --sampler weighted."
 )
@@ -103,6 +111,9 @@ def cli() -> None:
 )
 @click.option("--out", "-o", type=click.Path(),
               help="Plan file to write; without it, plan and report only.")  # fmt: skip
+@click.option("--plot", "plot_out", type=click.Path(),
+              help="Write a PNG here: the hit rate of every epoch against the bound.")  # fmt: skip
+@click.option("--force", is_flag=True, help="Overwrite --out and --plot if they exist.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of a table.")
 def plan(
     data: tuple[str, ...],
@@ -122,15 +133,33 @@ def plan(
     policy: str,
     reorder_epochs: bool,
     sampler_kind: str,
+    fanouts: str,
     weights: str | None,
     num_samples: int | None,
     no_replacement: bool,
     horizon: int | None,
     out: str | None,
+    plot_out: str | None,
+    force: bool,
     as_json: bool,
 ) -> None:
     """Plan a run over DATA (HDF5 or .npy files, globs, directories) or over --samples N;
-    write it to --out."""
+    write it to --out. A graph file (solar gen --preset graph) is planned with --sampler
+    neighbor: the feature rows of every step's sampled subgraphs."""
+    for path in (out, plot_out):
+        _check_out(path, force)
+    if sampler_kind == "neighbor":
+        _plan_graph(data, keys, world_size, batch_size, epochs, buffer, tier_size, seed, slack,
+                    policy, fanouts, horizon, out, plot_out, as_json,
+                    [k for k, v in {"--one-per-file": one_per_file, "--samples": samples,
+                                    "--sample-bytes": sample_bytes, "--drop-last": drop_last,
+                                    "--equal-batches": equal_batches,
+                                    "--reorder-epochs": reorder_epochs, "--weights": weights,
+                                    "--num-samples": num_samples,
+                                    "--no-replacement": no_replacement}.items()
+                     if v])  # fmt: skip
+        return
+    _refuse_graph(data, keys, "plan")
     dataset = None
     if data:
         from solar.io.sources import describe_source
@@ -165,19 +194,92 @@ def plan(
         run, BufferConfig(capacity, slack, tier), policy, reorder_epochs, sample_bytes, dataset,
         sampler, horizon, equal_batches,
     )  # fmt: skip
-    if out:
-        check_writable(out)
+    _run_plan(spec, out, plot_out, as_json)
+
+
+def _run_plan(spec: PlanSpec, out: str | None, plot_out: str | None, as_json: bool) -> None:
+    """Plan ``spec`` (into ``out`` if given), print its summary, plot its epochs."""
     warmth = _warm_planner(spec, bool(out))
     if warmth.compiled:
         log.info("compiled %d planner kernels in %.1f s (numba's cache did not hold them); "
                  "`solar warm` (run by `make`) compiles them once per install",
                  warmth.compiled, warmth.compile_seconds)  # fmt: skip
+    epochs: list[tuple[int, int]] = []  # (accesses, hits) of each epoch
+    run = spec.run
     with _progress(run, enabled=run.num_accesses >= _PROGRESS_ACCESSES) as progress:
         # Streamed one epoch at a time: memory does not grow with the number of epochs.
-        result = plan_to_file(spec, out, progress).summary if out else simulate(spec, progress)
+        result = (
+            plan_to_file(spec, out, progress, epochs.append).summary
+            if out
+            else simulate(spec, progress, epochs.append)
+        )
     summary = plan_summary(result, Path(out) if out else None)
     summary.update(warm_seconds=warmth.seconds, compile_seconds=warmth.compile_seconds)
+    summary["hit_rate_per_epoch"] = [h / max(1, a) for a, h in epochs]
+    if plot_out:
+        from solar.bench import plot_plan
+
+        plot_plan(summary, Path(plot_out))
+        summary["plot"] = plot_out
     click.echo(json.dumps(summary) if as_json else format_summary(summary))
+
+
+def _check_out(path: str | None, force: bool) -> None:
+    """An output path (-o, --json, --plot) is refused if it exists, unless --force."""
+    if not path:
+        return
+    if Path(path).exists() and not Path(path).is_dir() and not force:
+        raise SolarError(f"{path}: exists (use --force to overwrite)")
+    check_writable(path)
+
+
+def _refuse_graph(data: tuple[str, ...], keys: tuple[str, ...], command: str) -> None:
+    """A graph file given to a command of samples, without --key: one line saying how."""
+    if keys or len(data) != 1:
+        return
+    from solar.graph.describe import is_graph_file
+
+    if is_graph_file(data[0]):
+        raise SolarError(f"{data[0]}: a graph (indptr, indices, features): `solar {command} "
+                         f"{data[0]} --sampler neighbor` samples subgraphs around seed nodes "
+                         "and gathers their feature rows")  # fmt: skip
+
+
+def _plan_graph(data, keys, world_size, batch_size, epochs, buffer, tier_size, seed, slack,
+                policy, fanouts, horizon, out, plot_out, as_json, refused) -> None:  # fmt: skip
+    """``solar plan GRAPH.h5 --sampler neighbor``: the plan a Loader with a NeighborSampler
+    makes of the graph's feature rows (page mates included where the rows share pages)."""
+    import dataclasses
+
+    from solar.graph.bench import parse_fanouts
+    from solar.graph.neighbor import NeighborSampler
+    from solar.io.sources import describe_source
+    from solar.runtime.setup import page_layout
+
+    if refused:
+        raise SolarError(f"--sampler neighbor does not take {', '.join(refused)}")
+    if len(data) != 1 or len(keys) > 1:
+        raise SolarError("--sampler neighbor takes one graph file (solar gen --preset graph) "
+                         "and at most one --key (default: features)")  # fmt: skip
+    key = keys[0] if keys else "features"
+    sampler = NeighborSampler(data[0], parse_fanouts(fanouts), batch_size, features=key)
+    info = describe_source(data[0], [key])
+    n, row = info.num_samples, info.sample_bytes
+    sampler.check(n)
+    draws = sampler.draws(n, world_size * batch_size)
+    run = RunConfig(n, world_size, batch_size, epochs, seed, False,
+                    None if draws == n else draws)  # fmt: skip
+    sampler.check_run(run)
+    capacity, tier = (
+        parse_size(text, sample_bytes=row, name=name, num_samples=n, world_size=world_size)
+        for text, name in ((buffer, "--buffer"), (tier_size, "--tier-size"))
+    )  # fmt: skip
+    spec = PlanSpec(run, BufferConfig(capacity, slack, tier), policy, False, row, info.identity,
+                    sampler, horizon, False)  # fmt: skip
+    pages = page_layout(info)
+    if pages is not None and spec.plans_page_mates:  # as a Loader plans it (page_mates=True)
+        spec = dataclasses.replace(spec, pages=pages)
+    _run_plan(spec, out, plot_out, as_json)
 
 
 def _warm_planner(spec: PlanSpec, to_file: bool):
@@ -193,15 +295,13 @@ def _warm_planner(spec: PlanSpec, to_file: bool):
         return rehearse_planning(spec, simulate)
 
 
-@cli.command()
+@cli.command(short_help="Compile solar's kernels into numba's cache (once per install).")
 @click.option("--jobs", "-j", type=int, default=1, show_default=True,
               help="Processes compiling at once (numba compiles one kernel at a time per "
                    "process).")  # fmt: skip
 def warm(jobs: int) -> None:
     """Compile solar's kernels into numba's cache now (once per install), for every policy,
     with and without a tier, Shuffle and Weighted: later runs load them in milliseconds."""
-    import os
-
     from solar.precompile import warm_ahead
 
     if jobs < 1:
@@ -215,10 +315,14 @@ def warm(jobs: int) -> None:
     )
 
 
-@cli.command()
-@click.option("--dir", "directory", type=click.Path(), default=".demo", show_default=True)
+@cli.command(short_help="Make a small dataset, plan a 4-rank run, run it, compare.")
+@click.option("--dir", "directory", type=click.Path(), default=".demo", show_default=True,
+              help="Directory for the demo's dataset (kept for the next run) and plan "
+                   "file.")  # fmt: skip
 def demo(directory: str) -> None:
-    """Generate a PtychoNN-like dataset (if absent), plan a 4-rank run, and execute it."""
+    """Generate a PtychoNN-like dataset (if absent), plan a 4-rank run, execute it, and
+    show what solar buys: storage reads against a DataLoader's, which reads every sample
+    of every epoch."""
     from solar.io.generate import generate
 
     root = Path(directory)
@@ -230,14 +334,27 @@ def demo(directory: str) -> None:
     plan_file = root / "plan.h5"
     # Ranks simulated one after another in one process exchange no rows: variable batches.
     args = [str(data), "-P", "4", "-B", "16", "-E", "5", "-C", "128", "--variable-batches",
-            "-o", str(plan_file)]  # fmt: skip
+            "-o", str(plan_file), "--force"]  # fmt: skip
     click.echo(f"$ solar plan {' '.join(args)}", err=True)
     plan.main(args, standalone_mode=False)
     click.echo("\nexecuting the plan: 4 ranks, one after another in this process")
-    _run_demo(data, plan_file, world=4, batch=16, epochs=5, buffer=128)
+    served, reads, read_bytes = _run_demo(data, plan_file, world=4, batch=16, epochs=5,
+                                          buffer=128)  # fmt: skip
+    # What a DataLoader does in the same run: every sample of every epoch from storage.
+    with_torch = served * (read_bytes / max(1, reads)) if reads else 0.0
+    click.echo(
+        f"\nwhat it showed: over 5 epochs solar read {reads} of the {served} samples it served "
+        f"from storage ({format_bytes(read_bytes)}); a PyTorch DataLoader reads all {served} "
+        f"({format_bytes(with_torch)}), {served / max(1, reads):.1f}× as many"
+    )
+    click.echo("next, measured on your storage, and your own data:")
+    click.echo(f"  solar bench {data} -E 3 --plot bench.png   # solar against the DataLoader")
+    click.echo(f"  solar inspect {data}   # what solar does with a file, and what to change")
 
 
-def _run_demo(data: Path, plan_file: Path, world: int, batch: int, epochs: int, buffer: int):
+def _run_demo(data: Path, plan_file: Path, world: int, batch: int, epochs: int,
+              buffer: int) -> tuple[int, int, int]:  # fmt: skip
+    """Run the plan rank by rank; (samples served, samples read, bytes read) over the run."""
     import h5py
     import numpy as np
 
@@ -250,6 +367,7 @@ def _run_demo(data: Path, plan_file: Path, world: int, batch: int, epochs: int, 
     ]  # fmt: skip
     click.echo(f"{'epoch':>5} {'samples':>8} {'hits':>6} {'reads':>6} {'MiB read':>9} "
                f"{'read s':>7} {'stall s':>8} {'samples/s':>10}")  # fmt: skip
+    totals = [0, 0, 0]
     with h5py.File(data) as f:
         for e in range(epochs):
             t0 = time.perf_counter()
@@ -269,6 +387,9 @@ def _run_demo(data: Path, plan_file: Path, world: int, batch: int, epochs: int, 
             if not np.array_equal(np.sort(served), np.arange(len(served))):
                 raise SolarError(f"demo: epoch {e} did not serve every sample once")
             st = [ld.stats.epochs[e] for ld in loaders]
+            totals[0] += sum(s.samples for s in st)
+            totals[1] += sum(s.reads for s in st)
+            totals[2] += sum(s.bytes_read for s in st)
             click.echo(
                 f"{e:>5} {sum(s.samples for s in st):>8} {sum(s.hits for s in st):>6} "
                 f"{sum(s.reads for s in st):>6} {sum(s.bytes_read for s in st) / 2**20:>9.1f} "
@@ -276,28 +397,60 @@ def _run_demo(data: Path, plan_file: Path, world: int, batch: int, epochs: int, 
                 f"{len(served) / seconds:>10.0f}"
             )
     click.echo("every epoch served each sample once; spot-checked batches equal h5py's bytes")
+    return totals[0], totals[1], totals[2]
 
 
-@cli.command()
+@cli.command(short_help="Summarise files: keys, layouts, what solar does, what to convert.")
 @click.argument("data", nargs=-1, required=True, type=click.Path())
+@click.option("--key", "keys", multiple=True, help="Dataset key (repeatable); default: all.")
 @click.option("--one-per-file", is_flag=True, help="Each file's datasets are one sample.")
+@click.option("--verbose", "-v", is_flag=True,
+              help="Also each file's datasets: offsets, read path, advice.")  # fmt: skip
 @click.option("--probe", type=int, default=0, show_default=True,
               help="Time this many random single-sample reads per dataset (cold).")  # fmt: skip
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
-def inspect(data: tuple[str, ...], one_per_file: bool, probe: int, as_json: bool) -> None:
-    """Show each dataset's layout, what it costs to load, and what to change."""
-    from solar.io.inspect import as_dicts, format_reports, inspect_files
+def inspect(data: tuple[str, ...], keys: tuple[str, ...], one_per_file: bool, verbose: bool,
+            probe: int, as_json: bool) -> None:  # fmt: skip
+    """Summarise DATA (HDF5 files, globs, directories): files, keys, shapes and layouts,
+    what solar will do with them and the one conversion to run, if any; a graph file
+    (solar gen --preset graph): nodes, edges, degrees, features, how solar serves it."""
+    from solar.graph.describe import describe_graph, format_graph, is_graph_file
+    from solar.io.inspect import format_reports, inspect_files
+    from solar.io.overview import format_overview, overview
+    from solar.io.sources import expand_sources
 
-    reports = inspect_files(list(data), one_per_file=one_per_file, probe=probe)
-    click.echo(json.dumps(as_dicts(reports)) if as_json else format_reports(reports))
+    files = expand_sources(list(data))
+    graphs = [f for f in files if not keys and is_graph_file(f)]
+    others = [f for f in files if f not in graphs]
+    found = [describe_graph(g, probe=probe) for g in graphs]
+    reports = (
+        inspect_files(others, one_per_file=one_per_file, probe=probe, keys=list(keys) or None)
+        if others
+        else []
+    )
+    summary = overview(data, others, reports, one_per_file, list(keys)) if others else None
+    if as_json:
+        out: dict[str, Any] = {"graphs": [g.as_dict() for g in found]}
+        if summary is not None:
+            out.update(summary=summary.as_dict(), datasets=[r.as_dict() for r in reports])
+        click.echo(json.dumps(out))
+        return
+    parts = [format_graph(g) for g in found]
+    if summary is not None:
+        parts.append(format_overview(summary, verbose))
+        if verbose:
+            parts.append(format_reports(reports))
+    click.echo("\n\n".join(parts))
 
 
-@cli.command()
+@cli.command(short_help="Rewrite any layout as one contiguous, aligned, verified HDF5 file.")
 @click.argument("src", nargs=-1, required=True, type=click.Path())
 @click.argument("dst", type=click.Path())
 @click.option("--key", "keys", multiple=True, help="Dataset key to copy (repeatable); default all.")
 @click.option("--one-per-file", is_flag=True, help="Each source file holds one sample.")
-@click.option("--align", type=int, default=4096, show_default=True, help="Dataset alignment.")
+@click.option("--align", type=int, default=4096, show_default=True,
+              help="Byte boundary every dataset starts on (a power of two; 4096 = one page, "
+                   "what O_DIRECT reads need).")  # fmt: skip
 @click.option("--force", is_flag=True, help="Overwrite DST if it exists.")
 def convert(
     src: tuple[str, ...], dst: str, keys: tuple[str, ...], one_per_file: bool, align: int,
@@ -311,22 +464,42 @@ def convert(
         list(src), dst, keys=list(keys) or None, one_per_file=one_per_file, align=align,
         force=force, progress=_counter("converting"),
     )  # fmt: skip
-    click.echo(f"{dst}: {result['samples']} samples, keys {result['keys']}; verified")
+    click.echo(f"{dst}: {result['samples']} samples, verified")
+    click.echo(format_key_table(result["keys"]))
 
 
-@cli.command()
+def format_key_table(keys: dict[str, list]) -> str:
+    """``{key: [sample shape, dtype]}`` as aligned columns: key, shape of a sample, dtype."""
+    rows = [("key", "sample shape", "dtype")]
+    rows += [(k, "×".join(map(str, s)) or "scalar", dtype) for k, (s, dtype) in keys.items()]
+    width = [max(len(r[i]) for r in rows) for i in range(2)]
+    return "\n".join(f"  {a:<{width[0]}}  {b:<{width[1]}}  {c}" for a, b, c in rows)
+
+
+@cli.command(short_help="Write a synthetic dataset (surrogate samples or a GNN graph).")
 @click.argument("out", type=click.Path())
 @click.option(
-    "--preset", type=click.Choice(["ptychonn", "braggnn", "autophasenn", "graph"]), required=True
+    "--preset",
+    type=click.Choice(["ptychonn", "braggnn", "autophasenn", "graph"]),
+    required=True,
+    help="ptychonn: 256×256 images → 64×64 amplitude and phase (288 KiB/sample); braggnn: "
+    "11×11 patches → 2-D centres; autophasenn: 64³ volumes (1 MiB/sample); graph: a "
+    "power-law graph with node features, labels and a training split.",
 )
-@click.option("--samples", type=int, help="Number of samples.")
+@click.option("--samples", type=int, help="Number of samples (sample presets).")
 @click.option("--chunks", type=int, help="Samples per chunk (default: contiguous).")
 @click.option("--compression", type=click.Choice(["gzip", "lzf"]), help="Compress (chunked).")
 @click.option("--nodes", type=int, help="graph: number of nodes.")
-@click.option("--avg-degree", type=float, default=20.0, show_default=True, help="graph.")
-@click.option("--features", type=int, default=256, show_default=True, help="graph: floats/node.")
-@click.option("--train-fraction", type=float, default=0.1, show_default=True, help="graph.")
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--avg-degree", type=float, default=20.0, show_default=True,
+              help="graph: mean number of neighbours per node (edges stored both "
+                   "ways).")  # fmt: skip
+@click.option("--features", type=int, default=256, show_default=True,
+              help="graph: float32 features per node.")  # fmt: skip
+@click.option("--train-fraction", type=float, default=0.1, show_default=True,
+              help="graph: share of the nodes in the training split (the seeds of an "
+                   "epoch).")  # fmt: skip
+@click.option("--seed", type=int, default=0, show_default=True,
+              help="Seed of the generated values (same seed, same file).")  # fmt: skip
 @click.option("--force", is_flag=True, help="Overwrite OUT if it exists.")
 def gen(out, preset, samples, chunks, compression, nodes, avg_degree, features, train_fraction,
         seed, force) -> None:  # fmt: skip
@@ -334,9 +507,7 @@ def gen(out, preset, samples, chunks, compression, nodes, avg_degree, features, 
     graph``) a power-law graph with node features for GNN training."""
     from solar.io.generate import generate
 
-    if Path(out).exists() and not force:
-        raise SolarError(f"{out}: exists (use --force to overwrite)")
-    check_writable(out)
+    _check_out(out, force)
     progress = _counter("generating")
     if preset == "graph":
         from solar.graph.generate import generate_graph
@@ -355,21 +526,24 @@ def gen(out, preset, samples, chunks, compression, nodes, avg_degree, features, 
     click.echo(f"{out}: {samples} {preset}-like samples")
 
 
-@cli.command()
+@cli.command(short_help="Measure the DataLoader and solar's policies side by side, cold.")
 @click.argument("data", nargs=-1, required=True, type=click.Path())
 @click.option("--key", "keys", multiple=True, help="Dataset key (repeatable); default: all.")
 @click.option("--one-per-file", is_flag=True, help="Each data file is one sample.")
 @click.option("--world-size", "-P", type=int, default=1, show_default=True,
               help="Ranks; launches itself under mpiexec when more than 1.")  # fmt: skip
-@click.option("--batch-size", "-B", type=int, default=32, show_default=True)
-@click.option("--epochs", "-E", type=int, default=5, show_default=True)
+@click.option("--batch-size", "-B", type=int, default=32, show_default=True,
+              help="Local batch per rank (--sampler neighbor: seed nodes per rank).")  # fmt: skip
+@click.option("--epochs", "-E", type=int, default=5, show_default=True,
+              help="Epochs, each from cold storage (the files' pages evicted first).")  # fmt: skip
 @click.option("--buffer", default="50%", show_default=True,
               help="A share of the dataset over all ranks (50%), or samples (500) or bytes "
                    "(4GiB) per rank.")  # fmt: skip
 @click.option("--tier", type=click.Path(), help="Directory on local NVMe for a second tier.")
 @click.option("--tier-size", default="0%", show_default=True,
               help="Second tier (with --tier), as --buffer.")  # fmt: skip
-@click.option("--slack", type=float, default=DEFAULT_SLACK, show_default=True)
+@click.option("--slack", type=float, default=DEFAULT_SLACK, show_default=True,
+              help="Extra share of B a rank may serve to keep its hits.")  # fmt: skip
 @click.option("--loaders", help="Comma-separated loaders to compare (default: torch, lru, fifo, "
               "solar-artifact, nopfs, solar; and solar-ram with --tier; on request "
               "solar-variable: varying batches, solar-slack0: slack 0).")  # fmt: skip
@@ -385,8 +559,10 @@ def gen(out, preset, samples, chunks, compression, nodes, avg_degree, features, 
                    f"{_READER.read_ahead_samples} samples: more at small batches).")  # fmt: skip
 @click.option("--throttle", help="Emulate a remote file system: MBps,latency_ms per rank.")
 @click.option("--compute-ms", type=float, default=0.0, show_default=True,
-              help="Simulated training step per batch.")  # fmt: skip
-@click.option("--seed", type=int, default=0, show_default=True)
+              help="Simulated training step per batch, ms (0: nothing trains, no bottleneck "
+                   "is named).")  # fmt: skip
+@click.option("--seed", type=int, default=0, show_default=True,
+              help="Seed of the epochs' shuffles and the sampler's draws.")  # fmt: skip
 @click.option("--sampler", "sampler_kind",
               type=click.Choice(["shuffle", "weighted", "neighbor"]),
               default="shuffle", show_default=True,
@@ -404,23 +580,31 @@ def gen(out, preset, samples, chunks, compression, nodes, avg_degree, features, 
                    "the DataLoader runs it in __getitem__, solar in its pipeline, solar-inloop "
                    "in the training loop.")  # fmt: skip
 @click.option("--json", "json_out", type=click.Path(), help="Write the results as JSON here.")
-@click.option("--plot", "plot_out", type=click.Path(), help="Write a PNG plot here.")
+@click.option("--plot", "plot_out", type=click.Path(),
+              help="Write a PNG here: throughput per loader, hit rate per epoch and the "
+                   "bound.")  # fmt: skip
+@click.option("--force", is_flag=True, help="Overwrite --json and --plot if they exist.")
 def bench(data, keys, one_per_file, world_size, batch_size, epochs, buffer, tier, tier_size,
           slack, loaders, variable_batches, workers, threads, read_ahead, throttle, compute_ms,
-          seed, sampler_kind, fanouts, weights, transform, json_out, plot_out) -> None:  # fmt: skip
-    """Compare the PyTorch DataLoader and every policy on DATA, cold storage each epoch."""
+          seed, sampler_kind, fanouts, weights, transform, json_out, plot_out,
+          force) -> None:  # fmt: skip
+    """Compare the PyTorch DataLoader and every policy on DATA, cold storage each epoch
+    (--sampler neighbor: GNN feature gathering on a graph file)."""
 
     from solar import bench as harness
 
+    for path in (json_out, plot_out):
+        _check_out(path, force)
     if sampler_kind == "neighbor":  # GNN feature gathering: its own loaders (solar/graph/bench.py)
         others = {"--one-per-file": one_per_file, "--tier": tier,
                   "--variable-batches": variable_batches,
-                  "--weights": weights, "--transform": transform, "--plot": plot_out,
+                  "--weights": weights, "--transform": transform,
                   "--workers": workers is not None}  # fmt: skip
         _bench_graph(data, keys, world_size, batch_size, epochs, buffer, loaders, threads,
-                     read_ahead, throttle, compute_ms, seed, fanouts, json_out,
+                     read_ahead, throttle, compute_ms, seed, fanouts, json_out, plot_out,
                      [k for k, v in others.items() if v])  # fmt: skip
         return
+    _refuse_graph(data, keys, "bench")
     share = share_or_size(buffer, "--buffer")
     tier_share = share_or_size(tier_size, "--tier-size")
     if (tier is None) != Size.parse(tier_size, "--tier-size").zero:
@@ -435,9 +619,6 @@ def bench(data, keys, one_per_file, world_size, batch_size, epochs, buffer, tier
     if variable_batches and "solar-variable" not in loaders.split(","):
         loaders += ",solar-variable"
     reader = ReaderConfig(threads=_threads(threads), read_ahead=read_ahead)
-    for out in (json_out, plot_out):
-        if out:
-            check_writable(out)
     comm = _bench_ranks(world_size)
     cfg = harness.BenchConfig(
         paths=tuple(data), keys=tuple(keys) or None, one_per_file=one_per_file,
@@ -460,8 +641,6 @@ def bench(data, keys, one_per_file, world_size, batch_size, epochs, buffer, tier
 def _bench_ranks(world_size: int) -> Any:
     """The job's communicator, this command relaunched under mpiexec first if it runs alone
     and ``world_size`` > 1."""
-    import os
-
     from solar import bench as harness
     from solar import dist
 
@@ -499,7 +678,8 @@ def _threads(text: str) -> int | str:
 
 
 def _bench_graph(data, keys, world_size, batch_size, epochs, buffer, loaders, threads, read_ahead,
-                 throttle, compute_ms, seed, fanouts, json_out, refused) -> None:  # fmt: skip
+                 throttle, compute_ms, seed, fanouts, json_out, plot_out,
+                 refused) -> None:  # fmt: skip
     """``solar bench GRAPH.h5 --sampler neighbor``: mmap, lru, static and solar gathering the
     feature rows of sampled subgraphs under one memory budget (solar/graph/bench.py)."""
     from solar.graph import bench as graph_bench
@@ -521,14 +701,16 @@ def _bench_graph(data, keys, world_size, batch_size, epochs, buffer, loaders, th
 
     # A bad graph, fanouts or batch fails here, before any rank starts.
     NeighborSampler(cfg.path, cfg.fanouts, cfg.batch_size, features=cfg.key)
-    if json_out:
-        check_writable(json_out)
     comm = _bench_ranks(world_size)
     result = graph_bench.run_graph(cfg, comm, _epoch_done)
     if result is None:
         return
     click.echo(graph_bench.format_graph_results(result))
     _write_json(json_out, result)
+    if plot_out:
+        from solar import bench as harness
+
+        harness.plot(result, Path(plot_out))
 
 
 def _check_world(world_size: int, launcher: str, started: int) -> None:
@@ -582,11 +764,14 @@ def plan_summary(p: PlanSummary, path: Path | None = None) -> dict:
 
 
 def format_summary(s: dict) -> str:
+    """``solar plan``'s report: the run, each rank's figures, the hit rate against the bound."""
     each = f" ({format_bytes(s['sample_bytes'])} each)" if s["sample_bytes"] else ""
+    graph = s["sampler"]["kind"] == "neighbor"  # a graph's feature rows, B seed nodes per rank
+    unit = "feature rows" if graph else "samples"
     lines = [
-        f"policy {s['policy']}: N={s['num_samples']} samples{each}, P={s['world_size']}, "
-        f"B={s['batch_size']}, E={s['epochs']}, {s['steps_per_epoch']} steps/epoch, "
-        f"buffer {s['buffer']} samples/rank"
+        f"policy {s['policy']}: N={s['num_samples']} {unit}{each}, P={s['world_size']}, "
+        f"B={s['batch_size']}{' seeds' if graph else ''}, E={s['epochs']}, "
+        f"{s['steps_per_epoch']} steps/epoch, buffer {s['buffer']} {unit}/rank"
         + (f" + tier {s['tier_size']}" if s["tier_size"] else "")
         + f", slack {s['slack']}",
         f"{'rank':>5} {'accesses':>10} {'hits':>10} {'reads':>10} {'batch min-max':>14}",
@@ -608,6 +793,9 @@ def format_summary(s: dict) -> str:
             f"hit rate {100 * s['hit_rate']:.2f} %, bound min({held}, N)·(E−1)/(N·E) = "
             f"{100 * s['bound']:.2f} % ({100 * share:.1f} % of it)"
         )
+    rates = s.get("hit_rate_per_epoch") or []
+    if 1 < len(rates) <= 12:
+        lines.append("hit rate per epoch: " + ", ".join(f"{100 * r:.1f} %" for r in rates))
     per_epoch = f"{s['reads_per_epoch']:.0f} samples"
     if s["bytes_read_per_epoch"] is not None:
         per_epoch += f" ({format_bytes(s['bytes_read_per_epoch'])})"
@@ -625,6 +813,8 @@ def format_summary(s: dict) -> str:
             f"(compiling {s['compile_seconds']:.2f} s; not in the planning time)"
         )
     lines.append(f"fingerprint {s['fingerprint']}")
+    if s.get("plot"):
+        lines.append(f"plot -> {s['plot']}")
     return "\n".join(lines)
 
 

@@ -28,6 +28,15 @@ def test_gen_writes_presets_and_refuses_to_overwrite(tmp_path, capsys):
         assert f["volume"].chunks == (2, 64, 64, 64) and f["volume"].compression == "gzip"
 
 
+def res_logical(tmp_path: Path, loader: str) -> list[int]:
+    return json.loads((tmp_path / "r.json").read_text())["loaders"][loader]["logical_bytes_read"]
+
+
+def res_hits(tmp_path: Path) -> list[list[int]]:
+    solar = json.loads((tmp_path / "r.json").read_text())["loaders"]["solar"]
+    return [solar["ram_hits"], solar["tier_hits"]]
+
+
 @pytest.mark.parametrize("world", [1, 2])
 def test_bench_compares_loaders_with_json_and_plot(tmp_path, world):
     data = tmp_path / "d.h5"
@@ -41,6 +50,11 @@ def test_bench_compares_loaders_with_json_and_plot(tmp_path, world):
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     assert "| solar |" in result.stdout and "time limit" in result.stdout
+    assert "| bound (run) |" in result.stdout and "GB read (logical)" in result.stdout
+    # Bytes counted alike, samples read × their size: epoch 0 reads everything, as torch.
+    logical, row = res_logical(tmp_path, "solar"), 11 * 11 * 4 + 2 * 4
+    assert logical[0] == res_logical(tmp_path, "torch")[0] == 600 * row
+    assert logical[1] == 600 * row - sum(e[1] for e in res_hits(tmp_path)) * row
     # A bottleneck line per solar loader; the stage figures of every rank in the JSON.
     assert "\nsolar: bottleneck: " in result.stdout and "\nlru: bottleneck: " in result.stdout
     res = json.loads((tmp_path / "r.json").read_text())
@@ -113,7 +127,7 @@ def test_bench_with_a_second_tier(tmp_path):
 def test_bench_bad_input_is_one_line(tmp_path):
     data = tmp_path / "d.h5"
     subprocess.run([SOLAR, "gen", data, "--preset", "braggnn", "--samples", "100"], check=True)
-    for args, message in [(["--loaders", "torch,magic"], "unknown ['magic']"),
+    for args, message in [(["--loaders", "torch,magic"], "unknown magic (choose"),
                           (["--buffer", "lots"], "--buffer"),
                           (["--throttle", "fast"], "--throttle"),
                           (["--threads", "0"], "threads must be an integer >= 1"),
@@ -183,7 +197,8 @@ def test_bench_gathers_gnn_features_with_every_loader(tmp_path, world):
                     "6", "--features", "16"], check=True)  # fmt: skip
     result = subprocess.run(
         [SOLAR, "bench", graph, "--sampler", "neighbor", "--fanouts", "4,3", "-P", str(world),
-         "-E", "2", "-B", "32", "--buffer", "20%", "--json", tmp_path / "r.json"],
+         "-E", "2", "-B", "32", "--buffer", "20%", "--json", tmp_path / "r.json",
+         "--plot", tmp_path / "r.png"],
         capture_output=True, text=True, timeout=300, check=False,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
@@ -199,11 +214,12 @@ def test_bench_gathers_gnn_features_with_every_loader(tmp_path, world):
     assert hits["solar"] >= max(hits["lru"], hits["static"]) and hits["solar"] > 0
     assert res["loaders"]["static"]["vs_static"] == 1.0
     assert "| solar |" in result.stdout and "emulated page cache" in result.stdout
+    assert (tmp_path / "r.png").stat().st_size > 10_000  # nodes/s and hit rate per epoch
     if world > 1:
         return
     bad = subprocess.run([SOLAR, "bench", graph, "--sampler", "neighbor", "--loaders", "torch"],
                          capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
-    assert bad.returncode != 0 and "unknown ['torch'] with --sampler neighbor" in bad.stderr
+    assert bad.returncode != 0 and "unknown torch with --sampler neighbor" in bad.stderr
     bad = subprocess.run([SOLAR, "bench", graph, "--sampler", "neighbor", "--fanouts", "4,x"],
                          capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
     assert bad.returncode != 0 and "--fanouts: expected integers" in bad.stderr

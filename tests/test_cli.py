@@ -153,6 +153,10 @@ def test_demo_plans_its_generated_dataset(tmp_path, capsys):
     code, stdout, _ = run_cli(["demo", "--dir", tmp_path / "demo"], capsys)
     assert code == 0
     assert "hit rate" in stdout
+    # It ends saying what it showed, solar against a DataLoader, and what to try next.
+    assert "a PyTorch DataLoader reads all 5120" in stdout
+    assert stdout.rstrip().splitlines()[-2].startswith("  solar bench ")
+    assert stdout.rstrip().splitlines()[-1].startswith("  solar inspect ")
     with h5py.File(tmp_path / "demo" / "ptychonn.h5") as f:
         assert f["diffraction"].shape == (1024, 256, 256)
     assert load_plan(tmp_path / "demo" / "plan.h5").world_size == 4

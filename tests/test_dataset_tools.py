@@ -108,11 +108,15 @@ def test_inspect_cli_json_and_probe(tmp_path, capsys):
     path = h5(tmp_path / "a.h5")
     code, out, _ = run_cli(["inspect", path, "--json", "--probe", 8], capsys)
     assert code == 0
-    report = {r["name"]: r for r in json.loads(out)}
+    result = json.loads(out)
+    report = {r["name"]: r for r in result["datasets"]}
     assert report["img"]["shape"] == [23, 4, 6]
     assert set(report["img"]["probe_us"]) == {"h5py", "solar"}
+    assert result["summary"]["samples"] == 23 and result["summary"]["convert"] is None
     code, out, _ = run_cli(["inspect", path], capsys)
-    assert "served at byte offsets" in out and "contiguous" in out
+    assert "at byte offsets" in out and "contiguous" in out and "nothing to convert" in out
+    code, out, _ = run_cli(["inspect", path, "--verbose"], capsys)
+    assert "served at byte offsets" in out and "read path: offset" in out
 
 
 def _bad(tmp_path):

@@ -167,6 +167,10 @@ def test_solar_command_line(command, workdir, monkeypatch):
     quick = command[1] == "plan" and not any(c in " ".join(command) for c in "[]|")
     if quick:
         monkeypatch.chdir(workdir)
+        # Each example starts afresh (-o refuses to overwrite what another example wrote).
+        for flag, name in itertools.pairwise(command):
+            if flag in ("-o", "--out", "--plot"):
+                (workdir / name).unlink(missing_ok=True)
         res = runner.invoke(cli, command[1:])
         assert res.exit_code == 0, res.output
         # Each example starts afresh: what it wrote goes (-o refuses to overwrite).

@@ -64,7 +64,8 @@ class GraphBenchConfig:
         known = GRAPH_LOADERS + MORE_LOADERS
         unknown = set(self.loaders) - set(known)
         if unknown or not self.loaders:
-            raise SolarError(f"--loaders: unknown {sorted(unknown)} with --sampler neighbor "
+            what = f"unknown {', '.join(sorted(unknown))}" if unknown else "none given"
+            raise SolarError(f"--loaders: {what} with --sampler neighbor "
                              f"(choose from {', '.join(known)})")  # fmt: skip
         if isinstance(self.buffer, float) and not 0 <= self.buffer <= 1:
             raise SolarError(f"--buffer must be a share in [0, 1], got {self.buffer}")
@@ -235,14 +236,14 @@ def format_graph_results(res: dict) -> str:
     budget = f"aggregate budget {100 * b:.0f} %" if isinstance(b, float) else f"budget {b}"
     lines = [
         f"graph of {c['num_nodes']} nodes, rows of {c['row_bytes']} B, fanouts "
-        f"{tuple(c['fanouts'])}, {c['batch_size']} seeds/rank, P={c['world_size']}, "
+        f"{','.join(map(str, c['fanouts']))}, {c['batch_size']} seeds/rank, P={c['world_size']}, "
         f"{c['epochs']} epochs, {budget} ({c['buffer_per_rank']} rows/rank), "
         f"compute {c['compute_ms']} ms/step"
         + (f", throttle {c['throttle']}" if c["throttle"] else "")
         + " (mmap: emulated page cache of the budget, O_DIRECT page reads)",
         "",
-        "| loader | steps/s | nodes/s | vs mmap | vs static | hit rate | read ampl. | GB read "
-        "| construct s | first wait s | epoch s |",
+        "| loader | steps/s | nodes/s | vs mmap | vs static | hit rate | read ampl. "
+        "| GB read (pages) | construct s | first wait s | epoch s |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
 

@@ -23,6 +23,7 @@ PRESETS: dict[str, dict[str, tuple[int, ...]]] = {
 }
 
 _BLOCK_BYTES = 64 * 2**20  # bounded memory while writing
+_ALIGN = 4096  # every dataset page-aligned, as solar convert writes
 
 
 def generate(
@@ -37,7 +38,9 @@ def generate(
 ) -> Path:
     """Write ``num_samples`` float32 samples of ``preset`` to ``path``, atomically.
 
-    Contiguous and uncompressed unless ``chunks`` (samples per chunk) or ``compression`` is set.
+    Contiguous and uncompressed unless ``chunks`` (samples per chunk) or ``compression`` is set;
+    contiguous datasets start on a 4 KiB page (what ``solar convert`` writes, and what O_DIRECT
+    reads need; chunks are not aligned: each would be padded to a page).
     Sample values are a pure function of (seed, preset, sample index block).
     """
     if preset not in PRESETS:
@@ -50,7 +53,12 @@ def generate(
     row_bytes = sum(4 * int(np.prod(s)) for s in keys.values())
     block = max(1, _BLOCK_BYTES // row_bytes)
     with atomic_path(path) as tmp:
-        with h5py.File(tmp, "w") as f:
+        aligned = (
+            {}
+            if chunks or compression
+            else {"alignment_threshold": 1, "alignment_interval": _ALIGN}
+        )
+        with h5py.File(tmp, "w", **aligned) as f:
             dsets = {}
             for name, shape in keys.items():
                 layout: dict[str, Any] = {}

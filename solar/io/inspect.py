@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import random
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -47,16 +48,29 @@ class DatasetReport:
     advice: list[str] = field(default_factory=list)
     probe_us: dict[str, float] | None = None  # measured random single-sample read cost
 
+    def as_dict(self) -> dict:
+        """The report as JSON-ready values."""
+        return asdict(self)
+
 
 def inspect_files(
-    paths: list[str | os.PathLike], *, one_per_file: bool = False, probe: int = 0
+    paths: Sequence[str | os.PathLike],
+    *,
+    one_per_file: bool = False,
+    probe: int = 0,
+    keys: list[str] | None = None,
 ) -> list[DatasetReport]:
-    """Report every dataset of every file; ``probe`` > 0 times that many random reads."""
+    """Report every dataset (or each of ``keys``) of every file; ``probe`` > 0 times that
+    many random reads."""
     reports = []
     for path in expand_sources(paths):
         try:
             with open_h5(path) as f:
-                for name in dataset_names(f):
+                names = dataset_names(f)
+                for key in keys or ():
+                    if key not in names:
+                        raise SolarError(f"{path}: no dataset key {key!r}")
+                for name in keys or names:
                     reports.append(_report(path, f[name], one_per_file))
         except (RuntimeError, KeyError, ValueError, TypeError) as exc:
             raise SolarError(f"{path}: corrupt HDF5 file ({exc})") from None
@@ -69,6 +83,13 @@ def inspect_files(
 
 
 def _report(path: Path, d: h5py.Dataset, one_per_file: bool) -> DatasetReport:
+    if d.shape is None:  # an empty dataset (H5S_NULL): no array at all
+        return DatasetReport(
+            file=str(path), name=d.name.lstrip("/"), shape=(), dtype=str(d.dtype),
+            layout="empty", chunks=None, filters=[], compressed=False, offset=None,
+            aligned=None, sample_bytes=0, stored_bytes=0, logical_bytes=0, offset_reader=False,
+            advice=["an empty dataset (no values): solar cannot serve it"],
+        )  # fmt: skip
     plist = d.id.get_create_plist()
     layout = {h5py.h5d.CONTIGUOUS: "contiguous", h5py.h5d.CHUNKED: "chunked",
               h5py.h5d.COMPACT: "compact"}.get(plist.get_layout(), "other")  # fmt: skip
@@ -116,7 +137,8 @@ def _fast_path(d: h5py.Dataset) -> bool:
 
 def _advice(r: DatasetReport, d: h5py.Dataset, numeric: bool, one_per_file: bool) -> list[str]:
     out = []
-    convert = f"`solar convert {r.file} OUT.h5` rewrites it contiguous and uncompressed"
+    # (The conversion to run, for all the files at once, is the summary's: solar/io/overview.py.)
+    convert = "`solar convert` rewrites it contiguous and uncompressed"
     if not numeric:
         return [f"dtype {r.dtype} is not an array of numbers: solar cannot serve it"]
     if d.ndim == 0:
@@ -125,11 +147,8 @@ def _advice(r: DatasetReport, d: h5py.Dataset, numeric: bool, one_per_file: bool
         out.append("never written: reads return the fill value")
     elif r.offset_reader:
         out.append("served at byte offsets: preadv at computed offsets, adjacent samples coalesced")
-        if not r.aligned:
-            out.append(
-                f"offset {r.offset} is not 4 KiB aligned: O_DIRECT reads need a bounce copy; "
-                "`solar convert --align 4096` aligns it"
-            )
+        # Alignment changes nothing through the page cache: only O_DIRECT reads (direct_io=True)
+        # take a bounce copy of an unaligned dataset, and that is a fact, not advice, here.
     if r.layout == "chunked" and r.chunks:
         rows = 1 if one_per_file else r.chunks[0]
         if rows == 1 and not one_per_file:
@@ -142,11 +161,12 @@ def _advice(r: DatasetReport, d: h5py.Dataset, numeric: bool, one_per_file: bool
         if len(r.chunks) > 1 and tuple(r.chunks[1:]) != tuple(d.shape[1:]):
             out.append("chunks also cut each sample: one sample spans several chunks")
     if r.compressed:
-        how = (
-            "decoded in parallel"
-            if r.read_path == "chunks"
-            else f"serialised in h5py ({r.read_path_why})"
-        )
+        if r.read_path == "chunks":
+            how = "decoded in parallel"
+        elif r.read_path_why:
+            how = f"serialised in h5py ({r.read_path_why})"
+        else:
+            how = "serialised in h5py"
         out.append(
             f"compressed ({', '.join(r.filters)}): every read decompresses, {how}; "
             f"{convert} (needs {format_bytes(r.logical_bytes)} uncompressed)"
@@ -187,7 +207,8 @@ def _probe(path: Path, name: str, n: int, count: int, with_solar: bool) -> dict[
 
 
 def as_dicts(reports: list[DatasetReport]) -> list[dict]:
-    return [asdict(r) for r in reports]
+    """Every report as JSON-ready values."""
+    return [r.as_dict() for r in reports]
 
 
 def format_reports(reports: list[DatasetReport]) -> str:
@@ -197,21 +218,28 @@ def format_reports(reports: list[DatasetReport]) -> str:
         if r.file != current:
             current = r.file
             lines.append(f"{r.file}")
-        chunks = f", chunks {r.chunks}" if r.chunks else ""
+        chunks = f", chunks {shape_text(r.chunks)}" if r.chunks else ""
         filters = f", {', '.join(r.filters)}" if r.filters else ""
         where = ""
         if r.offset is not None:
-            where = f", offset {r.offset} ({'4 KiB aligned' if r.aligned else 'unaligned'})"
+            aligned = "4 KiB aligned" if r.aligned else "not 4 KiB aligned: O_DIRECT bounces"
+            where = f", offset {r.offset} ({aligned})"
         lines.append(
-            f"  {r.name}: {r.shape} {r.dtype}, {r.layout}{chunks}{filters}{where}; "
+            f"  {r.name}: {shape_text(r.shape)} {r.dtype}, {r.layout}{chunks}{filters}{where}; "
             f"{format_bytes(r.sample_bytes)}/sample, {format_bytes(r.logical_bytes)} "
             f"({format_bytes(r.stored_bytes)} stored)"
         )
         if r.read_path:
-            lines.append(f"    read path: {r.read_path} ({r.read_path_why})")
+            why = f" ({r.read_path_why})" if r.read_path_why else ""
+            lines.append(f"    read path: {r.read_path}{why}")
         if r.probe_us:
             probe = ", ".join(f"{k} {v:.0f} µs" for k, v in r.probe_us.items())
             lines.append(f"    random single-sample read, cold: {probe}")
         for a in r.advice:
             lines.append(f"    - {a}")
     return "\n".join(lines)
+
+
+def shape_text(shape: tuple[int, ...] | None) -> str:
+    """A shape as people write it: ``64×64``; ``scalar`` for ()."""
+    return "×".join(str(x) for x in shape) if shape else "scalar"

@@ -28,6 +28,9 @@ from solar.schedule.spec import PlanSpec
 from solar.schedule.summary import PlanSummary, RankStats, Tally, Totals
 from solar.schedule.validate import RankValidator, TraceValidator, coverage_error
 
+# Told each epoch's (accesses, hits) as it is planned (solar plan --plot).
+EpochTotals = Callable[[tuple[int, int]], None]
+
 
 @dataclass(frozen=True, eq=False)
 class Plan(Totals):
@@ -209,20 +212,29 @@ def make_plan(spec: PlanSpec, progress: Progress | None = None) -> Plan:
     return Plan(spec, order, stats, seconds, spec.fingerprint, epochs=epochs)
 
 
-def plan_to_file(spec: PlanSpec, path: str | os.PathLike, progress: Progress | None = None) -> Plan:
-    """Plan a run straight into a plan file, one epoch at a time (memory independent of E)."""
+def plan_to_file(
+    spec: PlanSpec,
+    path: str | os.PathLike,
+    progress: Progress | None = None,
+    on_epoch: EpochTotals | None = None,
+) -> Plan:
+    """Plan a run straight into a plan file, one epoch at a time (memory independent of E).
+    ``on_epoch((accesses, hits))`` is told each epoch's totals as it is planned."""
     _check_memory(spec, keep_all=False)
     order = epoch_order_of(spec)  # the header needs it first; the planner takes the same one
     with PlanWriter(path, spec, order) as writer:
-        _, stats, seconds = _run_planner(spec, writer.add, progress, order)
+        _, stats, seconds = _run_planner(spec, writer.add, progress, order, on_epoch)
         writer.finish(stats, seconds)
     return load_plan(path)
 
 
-def simulate(spec: PlanSpec, progress: Progress | None = None) -> PlanSummary:
-    """Plan a run and keep only its totals: a simulator for runs too large to store."""
+def simulate(
+    spec: PlanSpec, progress: Progress | None = None, on_epoch: EpochTotals | None = None
+) -> PlanSummary:
+    """Plan a run and keep only its totals: a simulator for runs too large to store.
+    ``on_epoch((accesses, hits))`` is told each epoch's totals as it is planned."""
     _check_memory(spec, keep_all=False)
-    _, stats, seconds = _run_planner(spec, None, progress)
+    _, stats, seconds = _run_planner(spec, None, progress, None, on_epoch)
     return PlanSummary(spec, stats, seconds, spec.fingerprint)
 
 
@@ -241,6 +253,7 @@ def _run_planner(
     sink: Callable[[EpochPlan], None] | None,
     progress: Progress | None,
     epoch_order: np.ndarray | None = None,
+    on_epoch: EpochTotals | None = None,
 ) -> tuple[np.ndarray, tuple[RankStats, ...], float]:
     """Plan every epoch in order, handing each to ``sink`` (or nothing); totals and seconds."""
     t0 = time.perf_counter()
@@ -248,7 +261,12 @@ def _run_planner(
     tally = Tally(spec.run.world_size, spec.equal_batches)
     for _ in range(spec.run.epochs):
         seq, sched = planner.next_schedule()
+        before = tally.a[:2].sum(axis=1).tolist()
         tally.add(sched)
+        if on_epoch is not None:
+            accesses, hits = (x - y for x, y in zip(tally.a[:2].sum(axis=1).tolist(), before,
+                                                   strict=True))  # fmt: skip
+            on_epoch((accesses, hits))
         if sink is not None:
             sink(planner.group(seq, sched))
         if progress is not None:
