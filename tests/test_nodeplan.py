@@ -81,7 +81,9 @@ def check_node_plan(spec, hosts, epochs) -> None:
                     own = miss & (rd == r)
                     assert np.all((f[own] & PEER) == 0) and np.all((f[miss & ~own] & PEER) != 0)
                     assert np.all((f[miss & ~own] & STORE) == 0)
-                    np.testing.assert_array_equal(f[own] & STORE, hf[own] & STORE)
+                    np.testing.assert_array_equal(f[own] & (TADMIT | DEMOTE),
+                                                  hf[own] & (TADMIT | DEMOTE))  # fmt: skip
+                    assert np.all((f[own] & ADMIT) <= (hf[own] & ADMIT))
                     for i in at[own].tolist():
                         assert i not in reads, "a row read twice by the host at one step"
                         reads[i] = r
@@ -89,6 +91,14 @@ def check_node_plan(spec, hosts, epochs) -> None:
                     if traced_fixed:
                         want = np.unique(spec.sampler.batch(run, ne.epoch, t, r))
                         np.testing.assert_array_equal(np.sort(x[~side]), want)
+                # Local ranks store side by side: never two stores into one slot at a step.
+                stores = np.concatenate([
+                    ranks.slot[ranks.rank_offsets[r] + ranks.step_offsets[r, t]:
+                               ranks.rank_offsets[r] + ranks.step_offsets[r, t + 1]][
+                        (ranks.flags[ranks.rank_offsets[r] + ranks.step_offsets[r, t]:
+                                     ranks.rank_offsets[r] + ranks.step_offsets[r, t + 1]]
+                         & ADMIT) != 0] for r in group])  # fmt: skip
+                assert np.unique(stores).size == stores.size
                 # Every miss some local rank is served is read by one of them.
                 mine = np.concatenate(served)
                 hlo = host.rank_offsets[h]

@@ -282,6 +282,8 @@ def plan_node_epoch(host_spec, rank_run, hosts, k, seq, sched, host, order) -> N
     samples = np.asarray(seq, np.int64)
     counts = np.zeros((steps, world), np.int64)
     reader = np.full(n, -1, np.int16)
+    bounds = np.zeros(steps + 1, np.int64)
+    np.cumsum(sched.access_counts.sum(axis=1), out=bounds[1:])
     if host_spec.traced and not host_spec.affinity:
         draws = host_spec.sampler.rank_draws(k, order.only_rank)
         pages = host_spec.pages
@@ -303,10 +305,14 @@ def plan_node_epoch(host_spec, rank_run, hosts, k, seq, sched, host, order) -> N
     else:
         out_rank = np.empty(n, np.int64)
         out_at = np.empty(n, np.int64)
-        bounds = np.zeros(steps + 1, np.int64)
-        np.cumsum(sched.access_counts.sum(axis=1), out=bounds[1:])
         _split_affinity(bounds, np.asarray(sched.rank, np.int64), flags, table, reader, out_rank,
                         out_at, counts)  # fmt: skip
+    # A slot stored twice at a step: only the last store counts (hits read the step's start),
+    # and local ranks store side by side, in no order: the earlier stores are dropped.
+    cells = max(1, host_spec.slots + max(0, host_spec.buffer.tier))
+    dead = np.zeros(n, np.bool_)
+    _dead_stores(bounds, np.asarray(sched.rank, np.int64), flags, np.asarray(sched.slot),
+                 np.asarray(sched.tslot), cells, hosts.count, dead)  # fmt: skip
     # Rank-major: a stable sort by rank keeps each rank's steps and order.
     order_r = np.argsort(out_rank, kind="stable")
     at_sm = out_at[order_r]  # step-major index into seq/sched
@@ -316,6 +322,8 @@ def plan_node_epoch(host_spec, rank_run, hosts, k, seq, sched, host, order) -> N
     miss = (f & (HIT | THIT)) == 0
     peer = miss & (rd != rk)
     f[peer] = (f[peer] & np.uint8(0xFF ^ (ADMIT | TADMIT | DEMOTE))) | PEER
+    gone = dead[at_sm] & ~peer
+    f[gone] &= np.uint8(0xFF ^ ADMIT)
     slot = np.asarray(sched.slot)[at_sm].copy()
     tslot = np.asarray(sched.tslot)[at_sm].copy()
     slot[peer] = -1
@@ -334,6 +342,20 @@ def _host_index(rank, fill, out):
     for i in range(rank.shape[0]):
         out[i] = fill[rank[i]]
         fill[rank[i]] += 1
+
+
+@njit(cache=True, nogil=True)
+def _dead_stores(bounds, host_of, flags, slot, tslot, cells, hosts, dead):
+    """``dead[i]``: access i's RAM store (ADMIT, no tier) is overwritten later in its step by
+    another store of its host to the same slot."""
+    stamp = np.full(hosts * cells, -1, np.int64)
+    for t in range(bounds.shape[0] - 1):
+        for i in range(bounds[t + 1] - 1, bounds[t] - 1, -1):
+            if flags[i] & ADMIT and not flags[i] & (DEMOTE | THIT):
+                key = host_of[i] * cells + slot[i]
+                if stamp[key] == t:
+                    dead[i] = True
+                stamp[key] = t
 
 
 @njit(cache=True, inline="always")
