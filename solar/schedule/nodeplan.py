@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -132,6 +133,8 @@ class HostSampler(Sampler):
             raise SolarError("HostSampler: a sampler with affinity is split by the planner")
         self.inner, self.rank_run, self.hosts = sampler, run, hosts
         self.horizon = sampler.horizon
+        self._kept: dict[tuple[int, int | None], EpochDraws] = {}
+        self._lock = threading.Lock()
 
     def _check(self, run: RunConfig) -> None:
         if run != host_run(self.rank_run, self.hosts):
@@ -148,7 +151,19 @@ class HostSampler(Sampler):
 
     def rank_draws(self, epoch: int, host: int | None = None) -> EpochDraws:
         """The rank run's draws of ``epoch`` (rank layout); with ``host``, only its ranks'
-        batches (the others empty)."""
+        batches (the others empty). The last few are kept: the planner draws an epoch, the
+        split of its decisions over the ranks draws it again."""
+        with self._lock:
+            got = self._kept.get((epoch, host))
+        if got is None:
+            got = self._rank_draws(epoch, host)
+            with self._lock:
+                self._kept[(epoch, host)] = got
+                while len(self._kept) > 4:
+                    self._kept.pop(next(iter(self._kept)))
+        return got
+
+    def _rank_draws(self, epoch: int, host: int | None) -> EpochDraws:
         if host is None:
             return self.inner.epoch(self.rank_run, epoch)
         world = self.rank_run.world_size
