@@ -18,7 +18,8 @@ distinct rows; the node's union).
 
 ``weighted``: ``Weighted`` with replacement, weights Zipf 0.6 over a random order, local batch
 1024, per-rank buffers with and without affinity against one node buffer. ``shuffle``: equal
-local batches (slack 0.25, the default), hits against the bound, rows moved between ranks (per-rank plan:
+local batches (slack 0.25, the default), hits against the bound, rows moved between ranks
+(per-rank plan:
 equal batches' transfers; node plan: none within a host, the hosts' surplus across).
 
 ``cost``: seconds and peak RSS of planning one host of ``--world`` ranks (its union, planned
@@ -96,8 +97,13 @@ def per_node(spec: PlanSpec, hosts: Hosts) -> dict:
 
 
 def _figures(tot: dict[str, int], epochs: int, seconds: float) -> dict:
-    return {**tot, "hit_rate": round(tot["hits"] / max(1, tot["accesses"]), 4),
-            "reads_per_epoch": tot["reads"] / epochs, "plan_seconds": round(seconds, 2)}  # fmt: skip
+    rate = round(tot["hits"] / max(1, tot["accesses"]), 4)
+    return {
+        **tot,
+        "hit_rate": rate,
+        "reads_per_epoch": tot["reads"] / epochs,
+        "plan_seconds": round(seconds, 2),
+    }
 
 
 def _spec(run, capacity, sampler, pages=None, equal=False) -> PlanSpec:
@@ -133,8 +139,8 @@ def weighted(a) -> dict:
         s = Weighted(w, affinity=aff)
         rank = per_rank(_spec(run, c // world, s))
         node = per_node(_spec(run, c // world, s), Hosts.grid(1, world))
-        out[f"affinity={aff}"] = {"per_rank": rank, "node": node,
-                                  "fewer_reads": round(rank["reads"] / max(1, node["reads"]), 3)}  # fmt: skip
+        fewer = round(rank["reads"] / max(1, node["reads"]), 3)
+        out[f"affinity={aff}"] = {"per_rank": rank, "node": node, "fewer_reads": fewer}
     return out
 
 
@@ -178,8 +184,16 @@ def _cost_child(a) -> None:
         acc = sum(q.next().host.sample.size for _ in range(run.epochs))
     sec = time.perf_counter() - t0
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    print(json.dumps({"seconds": round(sec, 2), "peak_rss_mib": round(peak / 1024, 1),
-                      "rss_growth_mib": round((peak - base) / 1024, 1), "accesses": acc}))  # fmt: skip
+    print(
+        json.dumps(
+            {
+                "seconds": round(sec, 2),
+                "peak_rss_mib": round(peak / 1024, 1),
+                "rss_growth_mib": round((peak - base) / 1024, 1),
+                "accesses": acc,
+            }
+        )
+    )
 
 
 def cost(a) -> dict:

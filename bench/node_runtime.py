@@ -104,9 +104,11 @@ def main() -> None:
             del hold, region
         checked = True
     if rank == 0:
-        out = {"command": "mpiexec -n %d python bench/node_runtime.py %s --epochs %d --buffer %s "
-                          "--rounds %d --seeds %d" % (world, a.graph, a.epochs, a.buffer, a.rounds, a.seeds),
-               "nodes": n, "world": world, "results": results}  # fmt: skip
+        cmd = (
+            f"mpiexec -n {world} python bench/node_runtime.py {a.graph} --epochs {a.epochs} "
+            f"--buffer {a.buffer} --rounds {a.rounds} --seeds {a.seeds}"
+        )
+        out = {"command": cmd, "nodes": n, "world": world, "results": results}
         best = {m: max(r["rows_per_second"] for r in results[m]) for m in results}
         out["gather_speedup_node_vs_per_rank"] = round(best["node"] / best["per-rank"], 3)
         print(json.dumps(out, indent=1))

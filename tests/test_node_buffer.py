@@ -26,7 +26,8 @@ def _mpiexec(n: int, *args, timeout: float):
         pytest.skip("no mpiexec beside python")
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(FOREIGN_PREFIXES) and k != "SOLAR_HOSTS"}  # fmt: skip
-    cmd = [str(MPIEXEC), "-n", str(n), sys.executable, str(HERE / "node_buffer.py"), *map(str, args)]
+    script = str(HERE / "node_buffer.py")
+    cmd = [str(MPIEXEC), "-n", str(n), sys.executable, script, *map(str, args)]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
 
 
@@ -62,7 +63,7 @@ def test_a_region_too_large_is_refused_in_one_line(tmp_path):
     assert fits(1, "node buffer") == ""
     msg = fits(2**62, "node buffer")
     assert msg.startswith("node buffer: ") and "\n" not in msg
-    with pytest.raises(SolarError, match="node buffer: .* exceed"):
+    with pytest.raises(SolarError, match=r"node buffer: .* exceed"):
         NodeRegion(2**62, None, 7, 0, 0, directory=str(tmp_path))
     assert os.listdir(tmp_path) == []
     r = NodeRegion(3 * 4096, None, 7, 0, 0, directory=str(tmp_path))

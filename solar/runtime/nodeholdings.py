@@ -19,6 +19,7 @@ ranks' own collectives. RAM buffer only (a node tier is not run yet).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -28,9 +29,10 @@ import numpy as np
 from solar.cache.shared import NodeRegion
 from solar.cache.slots import copy_rows
 from solar.errors import SolarError
-from solar.schedule._common import ADMIT, HIT, PEER, SIDE, THIT
+from solar.schedule import ADMIT, HIT, PEER, SIDE, THIT
 from solar.schedule.nodeplan import Hosts, NodeEpoch
 
+Key = tuple[tuple[int, ...], Any]  # a key's sample shape and dtype
 Read = Callable[[np.ndarray, list[np.ndarray], np.ndarray], int]  # Reader.read's signature
 
 
@@ -92,8 +94,8 @@ class NodeHoldings:
     docstring). ``region`` must have room for :meth:`region_parts`; ``barrier`` waits for
     every local rank (the host communicator's, or a superset's)."""
 
-    def __init__(self, region: NodeRegion, slots: int, stage_rows: int,
-                 keys: list[tuple[tuple[int, ...], Any]], barrier: Callable[[], None]) -> None:  # fmt: skip
+    def __init__(self, region: NodeRegion, slots: int, stage_rows: int, keys: list[Key],
+                 barrier: Callable[[], None]) -> None:  # fmt: skip
         self.slots = [region.carve((slots, *shape), dt) for shape, dt in keys]
         self.staging = [region.carve((max(stage_rows, 1), *shape), dt) for shape, dt in keys]
         self.barrier = barrier
@@ -101,15 +103,12 @@ class NodeHoldings:
         self.barrier_seconds = 0.0
 
     @staticmethod
-    def region_parts(slots: int, stage_rows: int, keys: list[tuple[tuple[int, ...], Any]]
-                     ) -> list[tuple[tuple[int, ...], Any]]:  # fmt: skip
+    def region_parts(slots: int, stage_rows: int, keys: list[Key]) -> list[Key]:
         """What the region holds, in carving order (:meth:`NodeRegion.size_of`)."""
         return [((slots, *s), d) for s, d in keys] + [((max(stage_rows, 1), *s), d)
                                                       for s, d in keys]  # fmt: skip
 
     def _wait(self) -> None:
-        import time
-
         t0 = time.perf_counter()
         self.barrier()
         self.barrier_seconds += time.perf_counter() - t0
@@ -126,7 +125,6 @@ class NodeHoldings:
         self._wait()  # every hit gathered, every staging row put
         for stg, out in zip(self.staging, batch, strict=True):
             copy_rows(stg, step.peer_at, out, step.peer_rows)
-            # fmt: skip
         for buf, out in zip(self.slots, batch, strict=True):
             copy_rows(out, step.admit_rows, buf, step.admit_slots)
         self._wait()  # every store done, every staging row taken

@@ -70,6 +70,8 @@ for grouping in groupings:
     assert total == planned, (grouping, total, planned)
     shared_rows = comm.allreduce(peers)
     if rank == 0:
-        print(f"node buffer {grouping}: {total} rows read as planned, {shared_rows} shared, "
-              f"{holdings.barriers} barriers {holdings.barrier_seconds:.3f} s")
+        print(
+            f"node buffer {grouping}: {total} rows read as planned, {shared_rows} shared, "
+            f"{holdings.barriers} barriers {holdings.barrier_seconds:.3f} s"
+        )
     comm.Barrier()
