@@ -103,6 +103,8 @@ def cli() -> None:
 )
 @click.option("--out", "-o", type=click.Path(),
               help="Plan file to write; without it, plan and report only.")  # fmt: skip
+@click.option("--hosts", help="Also plan one buffer per host for HOSTSxRANKS (e.g. 1x4) and "
+                              "report its reads beside the per-rank plan's (no file).")  # fmt: skip
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of a table.")
 def plan(
     data: tuple[str, ...],
@@ -127,6 +129,7 @@ def plan(
     no_replacement: bool,
     horizon: int | None,
     out: str | None,
+    hosts: str | None,
     as_json: bool,
 ) -> None:
     """Plan a run over DATA (HDF5 or .npy files, globs, directories) or over --samples N;
@@ -177,7 +180,18 @@ def plan(
         result = plan_to_file(spec, out, progress).summary if out else simulate(spec, progress)
     summary = plan_summary(result, Path(out) if out else None)
     summary.update(warm_seconds=warmth.seconds, compile_seconds=warmth.compile_seconds)
+    if hosts:  # one buffer per host, side by side (solar/schedule/nodeplan.py)
+        from solar.schedule.nodeplan import Hosts, node_totals
+
+        node = node_totals(spec, Hosts.parse(hosts, world_size, "--hosts"))
+        node["fewer_reads"] = summary["reads"] / max(1, node["reads"])
+        summary["node"] = node
     click.echo(json.dumps(summary) if as_json else format_summary(summary))
+    if hosts and not as_json:
+        n = summary["node"]
+        click.echo(f"one buffer per host ({hosts}): hit rate {n['hit_rate']:.3f} of the node's "
+                   f"{n['accesses']} accesses, {n['reads_per_epoch']:.0f} reads/epoch "
+                   f"({n['fewer_reads']:.2f}x fewer than per-rank buffers)")  # fmt: skip
 
 
 def _warm_planner(spec: PlanSpec, to_file: bool):

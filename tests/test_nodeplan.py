@@ -173,3 +173,23 @@ def test_hosts_grammar_and_refusals():
         Hosts(((0, 1), (2,)))
     with pytest.raises(SolarError, match=r"ranks 0\.\.P-1"):
         Hosts(((0, 1), (1, 2)))
+
+
+def test_solar_plan_reports_one_buffer_per_host_beside_per_rank(tmp_path):
+    import json
+
+    from click.testing import CliRunner
+
+    from solar.cli import cli
+
+    w = tmp_path / "w.npy"
+    np.save(w, np.arange(1, 3001, dtype=float) ** -1.0)
+    args = ["plan", "--samples", "3000", "-P", "4", "-B", "16", "-E", "2", "-C", "40",
+            "--sampler", "weighted", "--weights", str(w), "--hosts", "1x4", "--json"]  # fmt: skip
+    res = CliRunner().invoke(cli, args)
+    assert res.exit_code == 0, res.output
+    got = json.loads(res.output.strip().splitlines()[-1])
+    assert got["node"]["hosts"] == [[0, 1, 2, 3]] and got["node"]["buffer_per_host"] == 160
+    assert got["node"]["reads"] < got["reads"]  # a shared row read once, one buffer of 4·C
+    bad = CliRunner().invoke(cli, [*args[:-3], "--hosts", "3x2"])
+    assert bad.exit_code != 0 and "--hosts 3x2: 3×2 ranks" in str(bad.exception)

@@ -65,15 +65,15 @@ class Hosts:
             raise SolarError(f"hosts: at most {MAX_LOCAL} ranks per host, got {len(groups[0])}")
 
     @classmethod
-    def parse(cls, text: str, world: int | None = None) -> Hosts:
+    def parse(cls, text: str, world: int | None = None, what: str = "SOLAR_HOSTS") -> Hosts:
         """``"HxL"``: H hosts of L consecutive ranks (``SOLAR_HOSTS=2x2``); with ``world``,
-        refused unless H·L equals it."""
+        refused unless H·L equals it (errors name ``what``)."""
         m = _GRID.match(str(text))
         if not m or int(m.group(1)) < 1 or int(m.group(2)) < 1:
-            raise SolarError(f"SOLAR_HOSTS: expected HOSTSxRANKS such as 2x2, got {text!r}")
+            raise SolarError(f"{what}: expected HOSTSxRANKS such as 2x2, got {text!r}")
         h, per = int(m.group(1)), int(m.group(2))
         if world is not None and h * per != world:
-            raise SolarError(f"SOLAR_HOSTS={text}: {h}×{per} ranks, but the job has {world}")
+            raise SolarError(f"{what} {text}: {h}×{per} ranks, but the job has {world}")
         return cls.grid(h, per)
 
     @classmethod
@@ -505,3 +505,25 @@ def _split_affinity(bounds, host_of, flags, table, reader, out_rank, out_at, cou
             out_at[m] = i
             m += 1
             counts[t, r] += 1
+
+
+def node_totals(spec: PlanSpec, hosts: Hosts, buffer: BufferConfig | None = None) -> dict:
+    """The node plan's figures over the run (what ``solar plan --hosts`` reports): the
+    node's accesses (its ranks' union), hits, storage reads (page mates apart), rows a rank
+    takes from another's read, and the reads per epoch. Planned epoch by epoch."""
+    p = NodePlanner(spec, hosts, buffer)
+    acc = hits = reads = side = shared = 0
+    for _ in range(spec.run.epochs):
+        ne = p.next()
+        f = ne.host.flags
+        served = (f & SIDE) == 0
+        hit = (f & (HIT | THIT)) != 0
+        acc += int(served.sum())
+        hits += int((hit & served).sum())
+        reads += int((~hit & served).sum())
+        side += int((~served).sum())
+        shared += int(np.count_nonzero(ne.ranks.flags & PEER))
+    return {"hosts": hosts.as_record(), "buffer_per_host": p.host_spec.slots,
+            "accesses": acc, "hits": hits, "reads": reads, "side_reads": side,
+            "peer_rows": shared, "hit_rate": hits / max(1, acc),
+            "reads_per_epoch": reads / spec.run.epochs}  # fmt: skip
