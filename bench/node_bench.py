@@ -4,7 +4,7 @@ one node buffer (C), and the node plan's planning cost.
     python bench/node_bench.py gnn [--nodes 1000000 --world 4 --epochs 3 --buffer 0.1]
     python bench/node_bench.py weighted [--nodes 1000000 --world 4 --epochs 3 --buffer 0.1]
     python bench/node_bench.py shuffle [--nodes 100000 --world 4 --batch 32 --epochs 5]
-    python bench/node_bench.py cost [--nodes 1000000 --world 8 --epochs 2]
+    python bench/node_bench.py cost [--nodes 1000000 --world 8 --epochs 2 --graph G.h5]
     python bench/node_bench.py all --out bench/results/node-plan.json   (the four above)
 
 No I/O: planned figures (the plans the Loader executes). ``gnn``: a Chung–Lu graph (average
@@ -170,7 +170,11 @@ def shuffle(a) -> dict:
 
 
 def _cost_child(a) -> None:
-    s = graph_sampler(a.nodes, a.degree, a.batch)
+    if a.graph:  # a graph file (solar gen --preset graph): not generated again per process
+        s = NeighborSampler(a.graph, (10, 5), a.batch)
+        a.nodes = s.graph.num_nodes
+    else:
+        s = graph_sampler(a.nodes, a.degree, a.batch)
     run = RunConfig(a.nodes, a.world, a.batch, a.epochs, 0, False,
                     s.draws(a.nodes, a.world * a.batch))  # fmt: skip
     spec = _spec(run, int(a.buffer * a.nodes) // a.world, s)
@@ -202,6 +206,7 @@ def cost(a) -> dict:
         cmd = [sys.executable, __file__, "cost-child", "--which", which, "--nodes", str(a.nodes),
                "--world", str(a.world), "--epochs", str(a.epochs), "--batch", str(a.batch),
                "--buffer", str(a.buffer), "--degree", str(a.degree)]  # fmt: skip
+        cmd += ["--graph", a.graph] if a.graph else []
         res = subprocess.run(cmd, capture_output=True, text=True, check=True, env=os.environ)
         out[which] = json.loads(res.stdout.strip().splitlines()[-1])
     out["seconds_ratio"] = round(out["node"]["seconds"] / out["rank"]["seconds"], 2)
@@ -220,6 +225,7 @@ def main() -> None:
     ap.add_argument("--buffer", type=float, default=0.1)
     ap.add_argument("--degree", type=float, default=20.0)
     ap.add_argument("--which", choices=["rank", "node"], default="node")
+    ap.add_argument("--graph", help="cost: a graph file to sample (else generated per process)")
     ap.add_argument("--out")
     a = ap.parse_args()
     defaults = {"gnn": (10**6, 4, 3, 1024), "weighted": (10**6, 4, 3, 1024),
