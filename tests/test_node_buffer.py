@@ -1,5 +1,6 @@
-"""The node buffer under mpiexec: byte-identical rows on one host and on 2 × 2 emulated hosts,
-and a killed rank that ends the job and leaves nothing in /dev/shm."""
+"""The node buffer under mpiexec: byte-identical rows on one host and on 2 × 2 emulated hosts
+(and after an exact resume), and a killed rank that ends the job and leaves nothing in
+/dev/shm."""
 
 from __future__ import annotations
 

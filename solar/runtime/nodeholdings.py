@@ -31,6 +31,7 @@ from solar.cache.slots import copy_rows
 from solar.errors import SolarError
 from solar.schedule import ADMIT, HIT, PEER, SIDE, THIT
 from solar.schedule.nodeplan import Hosts, NodeEpoch
+from solar.schedule.rankplan import RankPlan
 
 Key = tuple[tuple[int, ...], Any]  # a key's sample shape and dtype
 Read = Callable[[np.ndarray, list[np.ndarray], np.ndarray], int]  # Reader.read's signature
@@ -114,6 +115,18 @@ class NodeHoldings:
         self.barrier_seconds += time.perf_counter() - t0
         self.barriers += 1
 
+    def refill(self, cells: np.ndarray, samples: np.ndarray, local: int, per_host: int,
+               read: Read) -> int:  # fmt: skip
+        """Resume: fill the node's ``cells`` with ``samples`` (:func:`host_refill_at`), this
+        local rank reading every ``per_host``-th from its ``local`` index; a collective of the
+        host's ranks. The bytes read."""
+        mine = slice(local, None, per_host)
+        if np.any(cells >= self.slots[0].shape[0]):
+            raise SolarError("node buffer: a refill names a tier cell (a node tier is not run)")
+        nbytes = read(samples[mine], self.slots, cells[mine]) if samples[mine].size else 0
+        self._wait()  # the buffer is whole before any rank's first hit
+        return nbytes
+
     def serve(self, step: NodeStep, batch: list[np.ndarray], read: Read) -> int:
         """Run one step into ``batch`` (per key, at least ``step.rows_needed`` rows); the
         bytes read from storage. A collective of the host's ranks."""
@@ -129,6 +142,16 @@ class NodeHoldings:
             copy_rows(out, step.admit_rows, buf, step.admit_slots)
         self._wait()  # every store done, every staging row taken
         return nbytes
+
+
+def host_refill_at(
+    epochs: list[NodeEpoch], host: int, k: int, slots: int, tier_slots: int = 0
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(cells, samples)`` host ``host``'s buffer must hold to start at global step ``k`` of
+    the run whose node plan ``epochs`` are (from epoch 0): a replay of the host's plan."""
+    parts = [ne.host.rank(host) for ne in epochs]
+    plan = RankPlan.from_parts(host, parts, slots, tier_slots=tier_slots)
+    return plan.refill_at(k)
 
 
 def stage_rows_needed(epochs: list[NodeEpoch], hosts: Hosts) -> int:

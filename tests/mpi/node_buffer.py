@@ -1,5 +1,6 @@
 """Under mpiexec: the node buffer (solar/runtime/nodeholdings.py) executing a node plan, every
-rank's rows h5py's bytes, every access served, the host's storage reads the plan's.
+rank's rows h5py's bytes, every access served, the host's storage reads the plan's; an exact
+resume (a new region refilled to a step inside epoch 1) serves the same bytes.
 
 mpiexec -n 4 python tests/mpi/node_buffer.py DATA.h5 run 1x4 2x2   (groupings in turn)
 mpiexec -n 4 python tests/mpi/node_buffer.py DATA.h5 kill 2x2      (rank 1 killed: -9)
@@ -17,7 +18,12 @@ from solar import BufferConfig, PlanSpec, RunConfig, Weighted, dist
 from solar.cache.shared import NodeRegion
 from solar.io.reader import Reader
 from solar.io.sources import describe_source
-from solar.runtime.nodeholdings import NodeHoldings, node_steps, stage_rows_needed
+from solar.runtime.nodeholdings import (
+    NodeHoldings,
+    host_refill_at,
+    node_steps,
+    stage_rows_needed,
+)
 from solar.schedule.nodeplan import Hosts, NodePlanner, node_spec
 
 path, mode, groupings = sys.argv[1], sys.argv[2], sys.argv[3:]
@@ -65,6 +71,19 @@ for grouping in groupings:
             assert np.array_equal(np.sort(st.samples), want), (grouping, ne.epoch, t)
             reads += st.read_rows.size
             peers += st.peer_rows.size
+    # Exact resume: a new region, refilled to a step inside epoch 1, serves the same bytes.
+    k0 = run.steps_per_epoch + 2
+    fresh = NodeRegion(NodeRegion.size_of(parts), hc, dist.shared_key(comm), hosts.host_of(rank),
+                       hc.Get_rank())  # fmt: skip
+    again = NodeHoldings(fresh, slots, stage, keys, hc.Barrier)
+    cells, held = host_refill_at(epochs, hosts.host_of(rank), k0, slots)
+    again.refill(cells, held, hc.Get_rank(), hosts.local, reader.read)
+    every = [st for ne in epochs for st in node_steps(ne, rank)]
+    for k in range(k0, len(every)):
+        st = every[k]
+        batch = [np.full((st.rows_needed, *s), -1, d) for s, d in keys]
+        again.serve(st, batch, reader.read)
+        assert batch[0][: st.samples.size].tobytes() == ref[st.samples].tobytes(), (grouping, k)
     planned = sum(ne.storage_reads() for ne in epochs)
     total = comm.allreduce(reads)
     assert total == planned, (grouping, total, planned)
