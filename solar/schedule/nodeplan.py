@@ -35,7 +35,7 @@ from numba import njit
 
 from solar.config import BufferConfig, RunConfig
 from solar.errors import SolarError
-from solar.schedule._common import ADMIT, DEMOTE, HIT, PEER, SIDE, TADMIT, THIT
+from solar.schedule._common import ADMIT, DEMOTE, HIT, PEER, SIDE, TADMIT, THIT, EpochSchedule
 from solar.schedule.planner import EpochPlan, Planner, RankEpoch
 from solar.schedule.samplers import EpochDraws, Sampler
 from solar.schedule.spec import PlanSpec
@@ -61,7 +61,7 @@ class Hosts:
         sizes = {len(g) for g in groups}
         if len(sizes) != 1:
             raise SolarError(f"hosts: every host must run as many ranks, got sizes {sorted(sizes)}")
-        if groups[0].__len__() > MAX_LOCAL:
+        if len(groups[0]) > MAX_LOCAL:
             raise SolarError(f"hosts: at most {MAX_LOCAL} ranks per host, got {len(groups[0])}")
 
     @classmethod
@@ -284,7 +284,16 @@ class NodePlanner:
                                self.planner.order)  # fmt: skip
 
 
-def plan_node_epoch(host_spec, rank_run, hosts, k, seq, sched, host, order) -> NodeEpoch:
+def plan_node_epoch(
+    host_spec: PlanSpec,
+    rank_run: RunConfig,
+    hosts: Hosts,
+    k: int,
+    seq: np.ndarray,
+    sched: EpochSchedule,
+    host: EpochPlan,
+    order: Any,
+) -> NodeEpoch:
     """Split the host plan of epoch ``k`` (``seq``/``sched`` step-major, ``host`` grouped)
     into every rank's service (see :class:`NodeEpoch`)."""
     world, steps = rank_run.world_size, rank_run.steps_per_epoch
@@ -299,7 +308,7 @@ def plan_node_epoch(host_spec, rank_run, hosts, k, seq, sched, host, order) -> N
     reader = np.full(n, -1, np.int16)
     bounds = np.zeros(steps + 1, np.int64)
     np.cumsum(sched.access_counts.sum(axis=1), out=bounds[1:])
-    if host_spec.traced and not host_spec.affinity:
+    if isinstance(host_spec.sampler, HostSampler):  # each rank's batch fixed by the sampler
         draws = host_spec.sampler.rank_draws(k, order.only_rank)
         pages = host_spec.pages
         layout = np.zeros(0, np.int64) if pages is None else np.array(
