@@ -22,9 +22,11 @@ local batches (slack 0.25, the default), hits against the bound, rows moved betw
 (per-rank plan:
 equal batches' transfers; node plan: none within a host, the hosts' surplus across).
 
-``cost``: seconds and peak RSS of planning one host of ``--world`` ranks (its union, planned
-by :class:`NodePlanner(only_host=0)`) against planning one rank's trace alone
-(``Planner(only_rank=0)``), each in a fresh process; sampling included in both.
+``cost``: seconds (wall and CPU: the CPU figures hold on a loaded machine) and peak RSS of
+planning one host of ``--world`` ranks (its union, planned by
+:class:`NodePlanner(only_host=0)`) against planning one rank's trace alone
+(``Planner(only_rank=0)``), each in a fresh process; sampling (the host's: all its ranks'
+subgraphs) and planning timed apart.
 """
 
 from __future__ import annotations
@@ -181,7 +183,7 @@ def _cost_child(a) -> None:
     base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     # Sampling first, timed apart (each rank samples its own subgraphs to train on anyway;
     # a host's union needs all of its ranks'), then planning from the draws kept.
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     if a.which == "rank":
         kept = {e: s.rank_epoch(run, e, 0) for e in range(run.epochs)}
         s.rank_epoch = lambda run_, e, r: kept[e]  # type: ignore[method-assign]
@@ -189,16 +191,17 @@ def _cost_child(a) -> None:
         q = NodePlanner(spec, Hosts.grid(1, a.world), only_host=0)
         for e in range(run.epochs):  # kept by the HostSampler (its last four)
             q.host_spec.sampler.rank_draws(e, 0)  # type: ignore[attr-defined]
-    t1 = time.perf_counter()
+    t1, c1 = time.perf_counter(), time.process_time()
     if a.which == "rank":
         p = Planner(spec, only_rank=0)
         acc = sum(p.next_rank(0).sample.size for _ in range(run.epochs))
     else:
         acc = sum(q.next().host.sample.size for _ in range(run.epochs))
-    t2 = time.perf_counter()
+    t2, c2 = time.perf_counter(), time.process_time()
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     out = {"sample_seconds": round(t1 - t0, 2), "plan_seconds": round(t2 - t1, 2),
-           "seconds": round(t2 - t0, 2), "peak_rss_mib": round(peak / 1024, 1),
+           "seconds": round(t2 - t0, 2), "sample_cpu_seconds": round(c1 - c0, 2),
+           "plan_cpu_seconds": round(c2 - c1, 2), "peak_rss_mib": round(peak / 1024, 1),
            "rss_growth_mib": round((peak - base) / 1024, 1), "accesses": acc}  # fmt: skip
     print(json.dumps(out))
 
@@ -213,6 +216,8 @@ def cost(a) -> dict:
         res = subprocess.run(cmd, capture_output=True, text=True, check=True, env=os.environ)
         out[which] = json.loads(res.stdout.strip().splitlines()[-1])
     out["seconds_ratio"] = round(out["node"]["seconds"] / out["rank"]["seconds"], 2)
+    for k in ("sample_cpu_seconds", "plan_cpu_seconds"):
+        out[k.replace("seconds", "ratio")] = round(out["node"][k] / max(0.01, out["rank"][k]), 2)
     out["plan_seconds_ratio"] = round(out["node"]["plan_seconds"]
                                       / max(0.01, out["rank"]["plan_seconds"]), 2)  # fmt: skip
     out["rss_growth_ratio"] = round(out["node"]["rss_growth_mib"]
