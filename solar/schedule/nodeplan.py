@@ -337,27 +337,50 @@ def plan_node_epoch(
     dead = np.zeros(n, np.bool_)
     _dead_stores(bounds, np.asarray(sched.rank, np.int64), flags, np.asarray(sched.slot),
                  np.asarray(sched.tslot), cells, hosts.count, dead)  # fmt: skip
-    # Rank-major: a stable sort by rank keeps each rank's steps and order.
-    order_r = np.argsort(out_rank, kind="stable")
-    at_sm = out_at[order_r]  # step-major index into seq/sched
-    rk = out_rank[order_r]
-    rd = reader[at_sm]
-    f = flags[at_sm].copy()
-    miss = (f & (HIT | THIT)) == 0
-    peer = miss & (rd != rk)
-    f[peer] = (f[peer] & np.uint8(0xFF ^ (ADMIT | TADMIT | DEMOTE))) | PEER
-    gone = dead[at_sm] & ~peer
-    f[gone] &= np.uint8(0xFF ^ ADMIT)
-    slot = np.asarray(sched.slot)[at_sm].copy()
-    tslot = np.asarray(sched.tslot)[at_sm].copy()
-    slot[peer] = -1
-    tslot[peer] = -1
     rank_offsets = np.zeros(world + 1, np.int64)
     np.cumsum(counts.sum(axis=0), out=rank_offsets[1:])
     step_offsets = np.zeros((world, steps + 1), np.int64)
     np.cumsum(counts.T, axis=1, out=step_offsets[:, 1:])
-    ranks = EpochPlan(k, rank_offsets, step_offsets, samples[at_sm], slot, f, tslot)
-    return NodeEpoch(k, hosts, host, ranks, rd, to_host[at_sm])
+    m = out_rank.size
+    r_sample = np.empty(m, np.int64)
+    r_slot = np.empty(m, np.int32)
+    r_tslot = np.empty(m, np.int32)
+    r_flags = np.empty(m, np.uint8)
+    r_reader = np.empty(m, np.int16)
+    r_at = np.empty(m, np.int64)
+    _rank_major(out_rank, out_at, rank_offsets[:-1].copy(), samples, flags, np.asarray(sched.slot),
+                np.asarray(sched.tslot), reader, dead, to_host, r_sample, r_slot, r_tslot,
+                r_flags, r_reader, r_at)  # fmt: skip
+    ranks = EpochPlan(k, rank_offsets, step_offsets, r_sample, r_slot, r_flags, r_tslot)
+    return NodeEpoch(k, hosts, host, ranks, r_reader, r_at)
+
+
+@njit(cache=True, nogil=True)
+def _rank_major(out_rank, out_at, fill, samples, flags, slot, tslot, reader, dead, to_host,
+                r_sample, r_slot, r_tslot, r_flags, r_reader, r_at):  # fmt: skip
+    """Every rank's accesses (step-major ``out_rank``/``out_at``) in rank-major order (a
+    stable counting sort), with the host's decision on each: a miss another local rank reads
+    is PEER (no store, no cell), a store overwritten later in its step is dropped."""
+    for j in range(out_rank.shape[0]):
+        r = out_rank[j]
+        i = out_at[j]
+        d = fill[r]
+        fill[r] += 1
+        f = flags[i]
+        s, ts = slot[i], tslot[i]
+        rd = reader[i]
+        if not f & (HIT | THIT) and rd != r:
+            f = (f & ~(ADMIT | TADMIT | DEMOTE)) | PEER
+            s, ts = -1, -1
+        elif dead[i]:
+            f = f & ~ADMIT
+            s = -1
+        r_sample[d] = samples[i]
+        r_slot[d] = s
+        r_tslot[d] = ts
+        r_flags[d] = f
+        r_reader[d] = rd
+        r_at[d] = to_host[i]
 
 
 @njit(cache=True, nogil=True)
