@@ -114,6 +114,8 @@ def cli() -> None:
 @click.option("--plot", "plot_out", type=click.Path(),
               help="Write a PNG here: the hit rate of every epoch against the bound.")  # fmt: skip
 @click.option("--force", is_flag=True, help="Overwrite --out and --plot if they exist.")
+@click.option("--hosts", help="Also plan one buffer per host for HOSTSxRANKS (e.g. 1x4) and "
+                              "report its reads beside the per-rank plan's (no file).")  # fmt: skip
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of a table.")
 def plan(
     data: tuple[str, ...],
@@ -141,6 +143,7 @@ def plan(
     out: str | None,
     plot_out: str | None,
     force: bool,
+    hosts: str | None,
     as_json: bool,
 ) -> None:
     """Plan a run over DATA (HDF5 or .npy files, globs, directories) or over --samples N;
@@ -194,10 +197,12 @@ def plan(
         run, BufferConfig(capacity, slack, tier), policy, reorder_epochs, sample_bytes, dataset,
         sampler, horizon, equal_batches,
     )  # fmt: skip
-    _run_plan(spec, out, plot_out, as_json)
+    _run_plan(spec, out, plot_out, as_json, hosts)
 
 
-def _run_plan(spec: PlanSpec, out: str | None, plot_out: str | None, as_json: bool) -> None:
+def _run_plan(
+    spec: PlanSpec, out: str | None, plot_out: str | None, as_json: bool, hosts: str | None = None
+) -> None:
     """Plan ``spec`` (into ``out`` if given), print its summary, plot its epochs."""
     warmth = _warm_planner(spec, bool(out))
     if warmth.compiled:
@@ -221,7 +226,18 @@ def _run_plan(spec: PlanSpec, out: str | None, plot_out: str | None, as_json: bo
 
         plot_plan(summary, Path(plot_out))
         summary["plot"] = plot_out
+    if hosts:  # one buffer per host, side by side (solar/schedule/nodeplan.py)
+        from solar.schedule.nodeplan import Hosts, node_totals
+
+        node = node_totals(spec, Hosts.parse(hosts, spec.run.world_size, "--hosts"))
+        node["fewer_reads"] = summary["reads"] / max(1, node["reads"])
+        summary["node"] = node
     click.echo(json.dumps(summary) if as_json else format_summary(summary))
+    if hosts and not as_json:
+        n = summary["node"]
+        click.echo(f"one buffer per host ({hosts}): hit rate {n['hit_rate']:.3f} of the node's "
+                   f"{n['accesses']} accesses, {n['reads_per_epoch']:.0f} reads/epoch "
+                   f"({n['fewer_reads']:.2f}x fewer than per-rank buffers)")  # fmt: skip
 
 
 def _check_out(path: str | None, force: bool) -> None:

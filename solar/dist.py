@@ -463,6 +463,35 @@ def ranks_on_host(comm: Any) -> int:
     return hosts.count(socket.gethostname())
 
 
+def host_names(comm: Any) -> list[str]:
+    """The host of every rank of ``comm`` (a collective: all must call). ``SOLAR_HOSTS=HxL``
+    forces a grouping instead (H hosts of L consecutive ranks; tests emulate several hosts on
+    one machine with it)."""
+    size = 1 if comm is None else comm.Get_size()
+    forced = os.environ.get("SOLAR_HOSTS", "").strip()
+    if forced:
+        h, sep, per = forced.lower().replace("×", "x").partition("x")
+        if not (sep and h.isdigit() and per.isdigit() and int(h) > 0 and int(per) > 0):
+            raise SolarError(f"SOLAR_HOSTS: expected HOSTSxRANKS such as 2x2, got {forced!r}")
+        if int(h) * int(per) != size:
+            raise SolarError(f"SOLAR_HOSTS={forced}: {h}×{per} ranks, but the job has {size}")
+        return [f"host{r // int(per)}" for r in range(size)]
+    if size <= 1:
+        return [socket.gethostname()]
+    return list(comm.allgather(socket.gethostname()))
+
+
+def host_comm(comm: Any, names: list[str]) -> Any:
+    """A communicator of this rank's host (ranks named alike in ``names``, in rank order): an
+    MPI ``Split`` of ``comm`` (a collective), or ``comm`` itself where it cannot split (a
+    :class:`TorchComm`: its collectives then span the job, a superset of the host's)."""
+    if comm is None or comm.Get_size() <= 1 or not hasattr(comm, "Split"):
+        return comm
+    me = comm.Get_rank()
+    order = list(dict.fromkeys(names))
+    return comm.Split(order.index(names[me]), me)
+
+
 def shared_key(comm: Any) -> int:
     """A random 64-bit number, the same on every rank of ``comm`` (a collective)."""
     key = secrets.randbits(64)

@@ -21,6 +21,9 @@ reads.py        starting a step's storage and tier reads into its batch memory; 
                 queue; the read figures
 holdings.py     the RAM buffer and the tier, and the step they match (``Holdings.at``); hits
                 gathered into a batch; the plan's updates applied; refills
+nodeholdings.py one buffer per node (a node plan, solar/schedule/nodeplan.py): a rank's share of
+                its host's shared buffer, rows read once for the host, host barriers per step
+                (run by bench/node_runtime.py and tests; not yet a Loader mode)
 assembly.py     a step's batch from its reads and hits (rows as read)
 transforms.py   transformed assemblies: scheduling transforms, steps assembled ahead, the
                 refill of held transformed rows

@@ -1,0 +1,137 @@
+"""One shared-memory region per host, mapped by every rank of the host: the node buffer's bytes.
+
+Local rank 0 creates a file in ``/dev/shm`` (``posix_fallocate``: a region that does not fit
+fails here with one line, not with SIGBUS mid-run), every local rank maps it, and as soon as
+all have, local rank 0 unlinks it: the mappings live on, the name does not, so nothing is left
+in ``/dev/shm`` whatever happens to the job later (``kill -9`` included). The construction is a
+collective of ``comm`` (the host's communicator, or the job's: a superset will do).
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+from typing import Any
+
+import numpy as np
+
+from solar._memory import PAGE, available_memory
+from solar.errors import SolarError
+
+SHM_DIR = "/dev/shm"
+PREFIX = "solar-node-"
+
+
+def shm_free(directory: str = SHM_DIR) -> int | None:
+    """Bytes free in ``directory`` (None where unknown)."""
+    try:
+        st = os.statvfs(directory)
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize
+
+
+def fits(nbytes: int, what: str, directory: str = SHM_DIR) -> str:
+    """Why ``nbytes`` of shared memory do not fit now ("" if they do): /dev/shm's free space
+    and the memory available, one line naming ``what``."""
+    gib = nbytes / 2**30
+    free = shm_free(directory)
+    if free is not None and nbytes > free:
+        return (f"{what}: {gib:.2f} GiB of shared memory exceed the {free / 2**30:.2f} GiB free "
+                f"in {directory} (a smaller buffer, or a larger {directory})")  # fmt: skip
+    avail = available_memory()
+    if avail is not None and nbytes > avail:
+        return f"{what}: {gib:.2f} GiB exceed the {avail / 2**30:.2f} GiB of memory available"
+    return ""
+
+
+class NodeRegion:
+    """``nbytes`` of memory shared by the ranks of a host (see the module's docstring).
+
+    ``comm``: the collective's ranks (None: this process alone); ``host``: this host's index
+    and ``local_rank`` this rank's on it; ``key``: the same on every rank of the job
+    (``solar.dist.shared_key``), naming the file apart from any other job's.
+    """
+
+    def __init__(self, nbytes: int, comm: Any, key: int, host: int, local_rank: int,
+                 what: str = "node buffer", directory: str = SHM_DIR) -> None:  # fmt: skip
+        self.nbytes = max(int(nbytes), 1)
+        path = os.path.join(directory, f"{PREFIX}{key & (2**64 - 1):016x}-{host}")
+        fd, err = -1, ""
+        if local_rank == 0:
+            err = fits(self.nbytes, what, directory)
+            if not err:
+                fd, err = _create(path, self.nbytes, what)
+        err = _first(comm, err)
+        if not err and local_rank != 0:
+            try:
+                fd = os.open(path, os.O_RDWR)
+            except OSError as exc:
+                err = f"{what}: cannot open {path}: {exc.strerror}"
+        err = _first(comm, err)  # every local rank has it open (or failed): the name can go
+        if local_rank == 0 and fd >= 0:
+            _unlink(path)
+        if comm is not None and comm.Get_size() > 1:
+            comm.Barrier()  # unlinked before any rank goes on: none can see the name after
+        try:
+            if err:
+                raise SolarError(err)
+            self._map = mmap.mmap(fd, self.nbytes, mmap.MAP_SHARED)
+        finally:
+            if fd >= 0:
+                os.close(fd)
+        self.path = path  # (unlinked: for messages)
+        self._used = 0
+
+    @property
+    def array(self) -> np.ndarray:
+        """The whole region as bytes."""
+        return np.frombuffer(self._map, np.uint8)
+
+    def carve(self, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+        """The next page-aligned array of ``shape`` and ``dtype`` in the region (every rank
+        carving the same sequence gets the same views)."""
+        dt = np.dtype(dtype)
+        n = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+        lo = self._used
+        if lo + n > self.nbytes:
+            raise SolarError(f"node region: {n} more bytes at {lo} exceed its {self.nbytes}")
+        self._used = -(-(lo + n) // PAGE) * PAGE
+        return np.ndarray(shape, dt, buffer=self._map, offset=lo)
+
+    @staticmethod
+    def size_of(parts: list[tuple[tuple[int, ...], Any]]) -> int:
+        """Bytes :meth:`carve` needs for ``parts`` (shape, dtype), in order."""
+        total = 0
+        for shape, dt in parts:
+            total = -(-(total + int(np.prod(shape, dtype=np.int64)) * np.dtype(dt).itemsize)
+                      // PAGE) * PAGE  # fmt: skip
+        return total
+
+
+def _create(path: str, nbytes: int, what: str) -> tuple[int, str]:
+    try:
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+    except OSError as exc:
+        return -1, f"{what}: cannot create {path}: {exc.strerror}"
+    try:
+        os.posix_fallocate(fd, 0, nbytes)  # reserved now: no SIGBUS on a full /dev/shm later
+    except OSError as exc:
+        os.close(fd)
+        _unlink(path)
+        return -1, f"{what}: cannot reserve {nbytes / 2**30:.2f} GiB in {path}: {exc.strerror}"
+    return fd, ""
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def _first(comm: Any, err: str) -> str:
+    """The first rank's error of ``comm`` ("" if none): every rank then fails alike."""
+    if comm is None or comm.Get_size() <= 1:
+        return err
+    return next((e for e in comm.allgather(err) if e), "")

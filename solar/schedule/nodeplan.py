@@ -1,0 +1,561 @@
+"""One buffer per node: the ranks of a host share one RAM buffer (and tier), planned by Belady
+over the host's union of accesses (design.md §22).
+
+The node plan reuses the planner unchanged: the host becomes the planner's "rank". For a
+sampler that fixes each rank's batch (a GNN's neighbour sampler, ``Trace``, ``Weighted(...,
+affinity=False)``) :class:`HostSampler` gives each host, at every step, the concatenation of
+its ranks' batches, whose distinct ids (traces.py) are the host's union: Belady with bypass,
+page mates and the tier run over it with the host's aggregate capacity, and a row several
+local ranks need at a step is one access, read once. For a sampler with affinity (Shuffle,
+``Weighted``) the host run has ``H`` ranks of ``L·B`` rows each: the planner splits every
+global batch over the hosts, and a host's share is split evenly over its local ranks, reads
+dealt round-robin (no row moves between ranks of a host: any of them can serve any row the
+node holds).
+
+:func:`plan_node_epoch` then says, for every rank and step, how each of its accesses is
+served: a hit in the node buffer (``HIT``/``THIT``, its cell), read from storage by this rank
+(its ``ADMIT``/``TADMIT``/``DEMOTE`` with it: the reader stores it), or read at the same step
+by another local rank (``PEER``, :attr:`NodeEpoch.reader` names it) and copied from shared
+memory. A miss several local ranks need is read by the one with the fewest reads of the step
+so far (ties: the lowest local rank); a page mate by the rank reading its page.
+
+With one rank per host the node plan is today's per-rank plan, decision for decision.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from numba import njit
+
+from solar.config import BufferConfig, RunConfig
+from solar.errors import SolarError
+from solar.schedule._common import ADMIT, DEMOTE, HIT, PEER, SIDE, TADMIT, THIT, EpochSchedule
+from solar.schedule.planner import EpochPlan, Planner, RankEpoch
+from solar.schedule.samplers import EpochDraws, Sampler
+from solar.schedule.spec import PlanSpec
+
+MAX_LOCAL = 63  # local ranks per host: a row's needers are a bit mask in an int64
+
+_GRID = re.compile(r"^\s*(\d+)\s*[x×]\s*(\d+)\s*$")
+
+
+@dataclass(frozen=True)
+class Hosts:
+    """The job's ranks grouped by host: ``groups[h]`` the global ranks of host h, in local-rank
+    order. Every host holds the same number of ranks (a host run's batch is ``L·B``)."""
+
+    groups: tuple[tuple[int, ...], ...]
+
+    def __post_init__(self) -> None:
+        groups = tuple(tuple(int(r) for r in g) for g in self.groups)
+        object.__setattr__(self, "groups", groups)
+        flat = sorted(r for g in groups for r in g)
+        if not groups or flat != list(range(len(flat))):
+            raise SolarError(f"hosts: the groups must split ranks 0..P-1, got {list(groups)}")
+        sizes = {len(g) for g in groups}
+        if len(sizes) != 1:
+            raise SolarError(f"hosts: every host must run as many ranks, got sizes {sorted(sizes)}")
+        if len(groups[0]) > MAX_LOCAL:
+            raise SolarError(f"hosts: at most {MAX_LOCAL} ranks per host, got {len(groups[0])}")
+
+    @classmethod
+    def parse(cls, text: str, world: int | None = None, what: str = "SOLAR_HOSTS") -> Hosts:
+        """``"HxL"``: H hosts of L consecutive ranks (``SOLAR_HOSTS=2x2``); with ``world``,
+        refused unless H·L equals it (errors name ``what``)."""
+        m = _GRID.match(str(text))
+        if not m or int(m.group(1)) < 1 or int(m.group(2)) < 1:
+            raise SolarError(f"{what}: expected HOSTSxRANKS such as 2x2, got {text!r}")
+        h, per = int(m.group(1)), int(m.group(2))
+        if world is not None and h * per != world:
+            raise SolarError(f"{what} {text}: {h}×{per} ranks, but the job has {world}")
+        return cls.grid(h, per)
+
+    @classmethod
+    def grid(cls, hosts: int, per_host: int) -> Hosts:
+        """``hosts`` hosts of ``per_host`` consecutive ranks each."""
+        return cls(tuple(tuple(range(h * per_host, (h + 1) * per_host)) for h in range(hosts)))
+
+    @classmethod
+    def of_names(cls, names: list[str]) -> Hosts:
+        """The grouping of ranks whose hosts are named ``names[r]`` (hosts in order of their
+        first rank)."""
+        seen: dict[str, list[int]] = {}
+        for r, n in enumerate(names):
+            seen.setdefault(n, []).append(r)
+        return cls(tuple(tuple(g) for g in seen.values()))
+
+    @property
+    def world(self) -> int:
+        return sum(len(g) for g in self.groups)
+
+    @property
+    def count(self) -> int:
+        """Hosts."""
+        return len(self.groups)
+
+    @property
+    def local(self) -> int:
+        """Ranks per host."""
+        return len(self.groups[0])
+
+    def host_of(self, rank: int) -> int:
+        """The host of global rank ``rank``."""
+        for h, g in enumerate(self.groups):
+            if rank in g:
+                return h
+        raise SolarError(f"rank {rank} is on none of the {self.count} hosts")
+
+    def table(self) -> np.ndarray:
+        """``(H, L)`` int64: the global rank of each host's local rank."""
+        return np.array(self.groups, np.int64).reshape(self.count, self.local)
+
+    def as_record(self) -> list[list[int]]:
+        """What a plan file records (and its fingerprint covers)."""
+        return [list(g) for g in self.groups]
+
+
+class HostSampler(Sampler):
+    """``sampler``'s draws regrouped by host: in the host run (``H`` ranks), host h's batch at
+    a step is the concatenation of its ranks' batches in the rank run (whose distinct ids are
+    the host's union). Only for samplers that fix each rank's batch (no affinity)."""
+
+    kind = "hosts"
+    affinity = False
+
+    def __init__(self, sampler: Sampler, run: RunConfig, hosts: Hosts) -> None:
+        if sampler.affinity:
+            raise SolarError("HostSampler: a sampler with affinity is split by the planner")
+        self.inner, self.rank_run, self.hosts = sampler, run, hosts
+        self.horizon = sampler.horizon
+        self._kept: dict[tuple[int, int | None], EpochDraws] = {}
+        self._lock = threading.Lock()
+
+    def _check(self, run: RunConfig) -> None:
+        if run != host_run(self.rank_run, self.hosts):
+            raise SolarError("HostSampler: asked for another run than its host run")
+
+    def epoch(self, run: RunConfig, epoch: int) -> EpochDraws:
+        self._check(run)
+        return regroup(self.rank_draws(epoch), self.rank_run, self.hosts)
+
+    def rank_epoch(self, run: RunConfig, epoch: int, rank: int) -> EpochDraws:
+        """Host ``rank``'s union alone: only its ranks' batches are drawn."""
+        self._check(run)
+        return regroup(self.rank_draws(epoch, rank), self.rank_run, self.hosts)
+
+    def rank_draws(self, epoch: int, host: int | None = None) -> EpochDraws:
+        """The rank run's draws of ``epoch`` (rank layout); with ``host``, only its ranks'
+        batches (the others empty). The last few are kept: the planner draws an epoch, the
+        split of its decisions over the ranks draws it again."""
+        with self._lock:
+            got = self._kept.get((epoch, host))
+        if got is None:
+            got = self._rank_draws(epoch, host)
+            with self._lock:
+                self._kept[(epoch, host)] = got
+                while len(self._kept) > 4:
+                    self._kept.pop(next(iter(self._kept)))
+        return got
+
+    def _rank_draws(self, epoch: int, host: int | None) -> EpochDraws:
+        if host is None:
+            return self.inner.epoch(self.rank_run, epoch)
+        world = self.rank_run.world_size
+        mine = sorted(self.hosts.groups[host])
+        parts = {r: self.inner.rank_epoch(self.rank_run, epoch, r) for r in mine}
+        sizes = np.zeros(self.rank_run.steps_per_epoch * world, np.int64)
+        batches = []
+        for t in range(self.rank_run.steps_per_epoch):
+            for r in mine:
+                d, g = parts[r], t * world + r
+                batches.append(d.ids[d.offsets[g] : d.offsets[g + 1]])
+                sizes[g] = batches[-1].size
+        offsets = np.zeros(sizes.size + 1, np.int64)
+        np.cumsum(sizes, out=offsets[1:])
+        ids = np.concatenate(batches) if batches else np.zeros(0, np.int64)
+        return EpochDraws(ids, offsets)
+
+    def max_batch(self, run: RunConfig) -> int | None:
+        return None
+
+    def identity(self) -> dict[str, Any] | None:
+        inner = self.inner.identity()
+        return {"kind": self.kind, "hosts": self.hosts.as_record(), "inner": inner}
+
+
+def regroup(draws: EpochDraws, run: RunConfig, hosts: Hosts) -> EpochDraws:
+    """``draws`` of the rank run as the host run's: host h's batch at step t is its ranks'
+    batches at step t, in local-rank order."""
+    world, steps = run.world_size, run.steps_per_epoch
+    lo, hi = draws.offsets[:-1], draws.offsets[1:]
+    table = hosts.table()  # (H, L)
+    # Batch g = t·P + r of the rank run, in host order: t, then h, then local rank.
+    order = (np.arange(steps)[:, None, None] * world + table[None, :, :]).reshape(-1)
+    sizes = (hi - lo)[order]
+    idx = np.repeat(lo[order] - np.concatenate([[0], np.cumsum(sizes)[:-1]]), sizes)
+    idx += np.arange(idx.size)
+    grouped = sizes.reshape(steps * hosts.count, hosts.local).sum(axis=1)
+    offsets = np.zeros(grouped.size + 1, np.int64)
+    np.cumsum(grouped, out=offsets[1:])
+    return EpochDraws(draws.ids[idx], offsets)
+
+
+def host_run(run: RunConfig, hosts: Hosts) -> RunConfig:
+    """The run as the node planner sees it: one rank per host, ``L·B`` rows per step each
+    (the same global batches and steps)."""
+    if hosts.world != run.world_size:
+        raise SolarError(f"hosts: {hosts.world} ranks grouped, but the run has {run.world_size}")
+    return dataclasses.replace(run, world_size=hosts.count,
+                               batch_size=run.batch_size * hosts.local)  # fmt: skip
+
+
+def node_spec(spec: PlanSpec, hosts: Hosts, buffer: BufferConfig | None = None) -> PlanSpec:
+    """The plan inputs of the hosts' buffers: the host run, ``buffer`` (default: ``spec``'s
+    per-rank buffer times the ranks per host: the host's aggregate) and the sampler regrouped
+    by host where it fixes each rank's batch."""
+    run = host_run(spec.run, hosts)
+    if buffer is None:
+        b = spec.buffer
+        buffer = BufferConfig(b.capacity * hosts.local, b.slack, b.tier * hosts.local)
+    sampler = spec.sampler
+    if spec.traced and not spec.affinity:
+        sampler = HostSampler(spec.sampler, spec.run, hosts)
+    return dataclasses.replace(spec, run=run, buffer=buffer, sampler=sampler)
+
+
+@dataclass(frozen=True)
+class NodeEpoch:
+    """One epoch of the node plan.
+
+    ``host`` is the hosts' buffers' plan, host h as rank h (the planner's output for the host
+    run). ``ranks`` is every rank's service: its accesses at each step (its batch's distinct
+    ids; with affinity, its share of the host's), each with the host's decision on it —
+    ``HIT``/``THIT`` and its cell; a miss read by this rank carries the host's ``ADMIT``,
+    ``TADMIT``, ``DEMOTE`` and cells (the reader stores it); a miss read by another local rank
+    is ``PEER`` and ``reader`` names that rank. A page mate (``SIDE``) goes to the rank that
+    reads its page. ``at`` is each rank access's index into ``host``'s arrays.
+    """
+
+    epoch: int
+    hosts: Hosts
+    host: EpochPlan
+    ranks: EpochPlan
+    reader: np.ndarray  # (rank accesses,) int16: global rank reading it; -1: a buffer hit
+    at: np.ndarray  # (rank accesses,) int64 index into host.sample
+
+    def rank(self, r: int) -> RankEpoch:
+        """Rank ``r``'s service (flags with PEER; slots name the node buffer's cells)."""
+        return self.ranks.rank(r)
+
+    def storage_reads(self) -> int:
+        """Rows the node reads from storage this epoch (page mates included)."""
+        return int(np.count_nonzero((self.host.flags & (HIT | THIT)) == 0))
+
+
+class NodePlanner:
+    """Plans ``spec``'s run with one buffer per host of ``hosts``; call :meth:`next` once per
+    epoch, in order. ``only_host``: plan that host alone where its plan depends on its own
+    accesses (a sampler that fixes each rank's batch)."""
+
+    def __init__(self, spec: PlanSpec, hosts: Hosts, buffer: BufferConfig | None = None,
+                 only_host: int | None = None) -> None:  # fmt: skip
+        self.spec, self.hosts = spec, hosts
+        self.host_spec = node_spec(spec, hosts, buffer)
+        self.planner = Planner(self.host_spec, only_rank=only_host)
+        self.only_host = self.planner.only_rank
+        self.rank_run = spec.run
+
+    @property
+    def epoch(self) -> int:
+        return self.planner.epoch
+
+    def next(self) -> NodeEpoch:
+        """Plan the next epoch."""
+        k = self.planner.epoch
+        seq, sched = self.planner.next_schedule()
+        host = self.planner.group(seq, sched)
+        return plan_node_epoch(self.host_spec, self.rank_run, self.hosts, k, seq, sched, host,
+                               self.planner.order)  # fmt: skip
+
+
+def plan_node_epoch(
+    host_spec: PlanSpec,
+    rank_run: RunConfig,
+    hosts: Hosts,
+    k: int,
+    seq: np.ndarray,
+    sched: EpochSchedule,
+    host: EpochPlan,
+    order: Any,
+) -> NodeEpoch:
+    """Split the host plan of epoch ``k`` (``seq``/``sched`` step-major, ``host`` grouped)
+    into every rank's service (see :class:`NodeEpoch`)."""
+    world, steps = rank_run.world_size, rank_run.steps_per_epoch
+    table = hosts.table()
+    flags = np.ascontiguousarray(sched.flags)
+    n = seq.size
+    # Index of every step-major access in ``host``'s host-major arrays.
+    to_host = np.empty(n, np.int64)
+    _host_index(np.asarray(sched.rank), host.rank_offsets[:-1].copy(), to_host)
+    samples = np.asarray(seq, np.int64)
+    counts = np.zeros((steps, world), np.int64)
+    reader = np.full(n, -1, np.int16)
+    bounds = np.zeros(steps + 1, np.int64)
+    np.cumsum(sched.access_counts.sum(axis=1), out=bounds[1:])
+    if isinstance(host_spec.sampler, HostSampler):  # each rank's batch fixed by the sampler
+        draws = host_spec.sampler.rank_draws(k, order.only_rank)
+        pages = host_spec.pages
+        layout = np.zeros(0, np.int64) if pages is None else np.array(
+            [pages.offset, pages.row_bytes, pages.page], np.int64)  # fmt: skip
+        n_pages = 1 if pages is None else \
+            (pages.offset + rank_run.num_samples * pages.row_bytes) // pages.page + 1  # fmt: skip
+        cap = draws.ids.size + int(np.count_nonzero(flags & SIDE))
+        out_rank = np.empty(cap, np.int64)
+        out_at = np.empty(cap, np.int64)
+        bad = _split_traced(
+            draws.ids, draws.offsets, table, samples, flags, sched.access_counts.astype(np.int64),
+            rank_run.num_samples, layout, n_pages, reader, out_rank, out_at, counts,
+        )  # fmt: skip
+        if bad >= 0:
+            raise SolarError(f"node plan: epoch {k}: a rank's access {bad} is not in its host's")
+        m = int(counts.sum())
+        out_rank, out_at = out_rank[:m], out_at[:m]
+    else:
+        out_rank = np.empty(n, np.int64)
+        out_at = np.empty(n, np.int64)
+        _split_affinity(bounds, np.asarray(sched.rank, np.int64), flags, table, reader, out_rank,
+                        out_at, counts)  # fmt: skip
+    # A slot stored twice at a step: only the last store counts (hits read the step's start),
+    # and local ranks store side by side, in no order: the earlier stores are dropped.
+    cells = max(1, host_spec.slots + max(0, host_spec.buffer.tier))
+    dead = np.zeros(n, np.bool_)
+    _dead_stores(bounds, np.asarray(sched.rank, np.int64), flags, np.asarray(sched.slot),
+                 np.asarray(sched.tslot), cells, hosts.count, dead)  # fmt: skip
+    rank_offsets = np.zeros(world + 1, np.int64)
+    np.cumsum(counts.sum(axis=0), out=rank_offsets[1:])
+    step_offsets = np.zeros((world, steps + 1), np.int64)
+    np.cumsum(counts.T, axis=1, out=step_offsets[:, 1:])
+    m = out_rank.size
+    r_sample = np.empty(m, np.int64)
+    r_slot = np.empty(m, np.int32)
+    r_tslot = np.empty(m, np.int32)
+    r_flags = np.empty(m, np.uint8)
+    r_reader = np.empty(m, np.int16)
+    r_at = np.empty(m, np.int64)
+    _rank_major(out_rank, out_at, rank_offsets[:-1].copy(), samples, flags, np.asarray(sched.slot),
+                np.asarray(sched.tslot), reader, dead, to_host, r_sample, r_slot, r_tslot,
+                r_flags, r_reader, r_at)  # fmt: skip
+    ranks = EpochPlan(k, rank_offsets, step_offsets, r_sample, r_slot, r_flags, r_tslot)
+    return NodeEpoch(k, hosts, host, ranks, r_reader, r_at)
+
+
+@njit(cache=True, nogil=True)
+def _rank_major(out_rank, out_at, fill, samples, flags, slot, tslot, reader, dead, to_host,
+                r_sample, r_slot, r_tslot, r_flags, r_reader, r_at):  # fmt: skip
+    """Every rank's accesses (step-major ``out_rank``/``out_at``) in rank-major order (a
+    stable counting sort), with the host's decision on each: a miss another local rank reads
+    is PEER (no store, no cell), a store overwritten later in its step is dropped."""
+    for j in range(out_rank.shape[0]):
+        r = out_rank[j]
+        i = out_at[j]
+        d = fill[r]
+        fill[r] += 1
+        f = flags[i]
+        s, ts = slot[i], tslot[i]
+        rd = reader[i]
+        if not f & (HIT | THIT) and rd != r:
+            f = (f & ~(ADMIT | TADMIT | DEMOTE)) | PEER
+            s, ts = -1, -1
+        elif dead[i]:
+            f = f & ~ADMIT
+            s = -1
+        r_sample[d] = samples[i]
+        r_slot[d] = s
+        r_tslot[d] = ts
+        r_flags[d] = f
+        r_reader[d] = rd
+        r_at[d] = to_host[i]
+
+
+@njit(cache=True, nogil=True)
+def _host_index(rank, fill, out):
+    """``out[i]``: where access i lands in the host-major order (planner._group's)."""
+    for i in range(rank.shape[0]):
+        out[i] = fill[rank[i]]
+        fill[rank[i]] += 1
+
+
+@njit(cache=True, nogil=True)
+def _dead_stores(bounds, host_of, flags, slot, tslot, cells, hosts, dead):
+    """``dead[i]``: access i's RAM store (ADMIT, no tier) is overwritten later in its step by
+    another store of its host to the same slot."""
+    stamp = np.full(hosts * cells, -1, np.int64)
+    for t in range(bounds.shape[0] - 1):
+        for i in range(bounds[t + 1] - 1, bounds[t] - 1, -1):
+            if flags[i] & ADMIT and not flags[i] & (DEMOTE | THIT):
+                key = host_of[i] * cells + slot[i]
+                if stamp[key] == t:
+                    dead[i] = True
+                stamp[key] = t
+
+
+@njit(cache=True, inline="always")
+def _least(mask, loads, local):
+    """The local rank of ``mask`` with the fewest reads (ties: the lowest)."""
+    best = -1
+    for j in range(local):
+        if mask & (np.int64(1) << j) and (best < 0 or loads[j] < loads[best]):
+            best = j
+    return best
+
+
+@njit(cache=True, nogil=True)
+def _split_traced(ids, offsets, table, samples, flags, seg_counts, n, layout, n_pages, reader,
+                  out_rank, out_at, counts):  # fmt: skip
+    """Each rank's distinct ids at each step, matched to its host's access (``out_at``), and
+    the reader of each host miss (``reader``, a global rank). Returns -1, or the first rank
+    access its host's step lacks."""
+    hosts, local = table.shape
+    world = hosts * local
+    steps = seg_counts.shape[0]
+    pos = np.full(n, -1, np.int64)
+    stamp = np.full(n, -1, np.int64)
+    rstamp = np.full(n, -1, np.int64)
+    pstamp = np.full(n_pages, -1, np.int64)
+    preader = np.zeros(n_pages, np.int64)
+    mask = np.zeros(samples.shape[0], np.int64)
+    loads = np.zeros(local, np.int64)
+    m = 0
+    p = 0
+    for t in range(steps):
+        for h in range(hosts):
+            q = p + seg_counts[t, h]
+            tag = t * hosts + h
+            for i in range(p, q):
+                pos[samples[i]] = i
+                stamp[samples[i]] = tag
+                mask[i] = 0
+            for j in range(local):
+                r = table[h, j]
+                g = t * world + r
+                rtag = tag * local + j
+                c = 0
+                for u in range(offsets[g], offsets[g + 1]):
+                    x = ids[u]
+                    if rstamp[x] == rtag:
+                        continue  # a repeat within the batch: a copy
+                    rstamp[x] = rtag
+                    if stamp[x] != tag or flags[pos[x]] & SIDE:
+                        return u
+                    i = pos[x]
+                    mask[i] |= np.int64(1) << j
+                    out_rank[m] = r
+                    out_at[m] = i
+                    m += 1
+                    c += 1
+                counts[t, r] = c
+            loads[:] = 0
+            # Reads one rank needs are its own; then the shared ones, to the least loaded.
+            for i in range(p, q):
+                if flags[i] & (HIT | THIT | SIDE):
+                    continue
+                b = mask[i]
+                if b & (b - 1) == 0:
+                    j = _least(b, loads, local)
+                    loads[j] += 1
+                    reader[i] = table[h, j]
+            for i in range(p, q):
+                if flags[i] & (HIT | THIT | SIDE):
+                    continue
+                b = mask[i]
+                if b & (b - 1) != 0:
+                    j = _least(b, loads, local)
+                    loads[j] += 1
+                    reader[i] = table[h, j]
+            if layout.shape[0]:
+                off, rb, pg = layout[0], layout[1], layout[2]
+                for i in range(p, q):
+                    if flags[i] & (HIT | THIT | SIDE):
+                        continue
+                    x = samples[i]
+                    for page in range((off + x * rb) // pg, (off + x * rb + rb - 1) // pg + 1):
+                        pstamp[page] = tag
+                        preader[page] = reader[i]
+                for i in range(p, q):
+                    if not flags[i] & SIDE:
+                        continue
+                    page = (off + samples[i] * rb) // pg
+                    if pstamp[page] == tag:
+                        r = preader[page]
+                    else:
+                        r = table[h, _least((np.int64(1) << local) - 1, loads, local)]
+                    reader[i] = r
+                    out_rank[m] = r
+                    out_at[m] = i
+                    m += 1
+                    counts[t, r] += 1
+            p = q
+    return -1
+
+
+@njit(cache=True, nogil=True)
+def _split_affinity(bounds, host_of, flags, table, reader, out_rank, out_at, counts):
+    """A host's share of each global step dealt to its local ranks: its reads round-robin
+    first, then its hits, so local batches differ by at most one row and reads too; each rank
+    reads its own misses."""
+    hosts, local = table.shape
+    nreads = np.zeros(hosts, np.int64)
+    dealt = np.zeros(hosts, np.int64)
+    dealt_hits = np.zeros(hosts, np.int64)
+    m = 0
+    for t in range(bounds.shape[0] - 1):
+        a, b = bounds[t], bounds[t + 1]
+        nreads[:] = 0
+        dealt[:] = 0
+        dealt_hits[:] = 0
+        for i in range(a, b):
+            if not flags[i] & (HIT | THIT):
+                nreads[host_of[i]] += 1
+        for i in range(a, b):
+            h = host_of[i]
+            if flags[i] & (HIT | THIT):
+                j = (nreads[h] + dealt_hits[h]) % local
+                dealt_hits[h] += 1
+            else:
+                j = dealt[h] % local
+                dealt[h] += 1
+            r = table[h, j]
+            if not flags[i] & (HIT | THIT):
+                reader[i] = r
+            out_rank[m] = r
+            out_at[m] = i
+            m += 1
+            counts[t, r] += 1
+
+
+def node_totals(spec: PlanSpec, hosts: Hosts, buffer: BufferConfig | None = None) -> dict:
+    """The node plan's figures over the run (what ``solar plan --hosts`` reports): the
+    node's accesses (its ranks' union), hits, storage reads (page mates apart), rows a rank
+    takes from another's read, and the reads per epoch. Planned epoch by epoch."""
+    p = NodePlanner(spec, hosts, buffer)
+    acc = hits = reads = side = shared = 0
+    for _ in range(spec.run.epochs):
+        ne = p.next()
+        f = ne.host.flags
+        served = (f & SIDE) == 0
+        hit = (f & (HIT | THIT)) != 0
+        acc += int(served.sum())
+        hits += int((hit & served).sum())
+        reads += int((~hit & served).sum())
+        side += int((~served).sum())
+        shared += int(np.count_nonzero(ne.ranks.flags & PEER))
+    return {"hosts": hosts.as_record(), "buffer_per_host": p.host_spec.slots,
+            "accesses": acc, "hits": hits, "reads": reads, "side_reads": side,
+            "peer_rows": shared, "hit_rate": hits / max(1, acc),
+            "reads_per_epoch": reads / spec.run.epochs}  # fmt: skip

@@ -1,0 +1,73 @@
+"""The node buffer under mpiexec: byte-identical rows on one host and on 2 × 2 emulated hosts
+(and after an exact resume), and a killed rank that ends the job and leaves nothing in
+/dev/shm."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from helpers import write_h5
+
+from solar.cache.shared import PREFIX, SHM_DIR, NodeRegion, fits
+from solar.errors import SolarError
+
+HERE = Path(__file__).parent / "mpi"
+MPIEXEC = Path(sys.executable).with_name("mpiexec")
+FOREIGN_PREFIXES = ("SLURM_", "PMI_", "OMPI_", "TORCHELASTIC_", "MPI_")
+
+
+def _mpiexec(n: int, *args, timeout: float):
+    if not MPIEXEC.exists():
+        pytest.skip("no mpiexec beside python")
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(FOREIGN_PREFIXES) and k != "SOLAR_HOSTS"}  # fmt: skip
+    script = str(HERE / "node_buffer.py")
+    cmd = [str(MPIEXEC), "-n", str(n), sys.executable, script, *map(str, args)]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def _ours() -> set[str]:
+    return {p for p in os.listdir(SHM_DIR) if p.startswith(PREFIX)}
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    x = np.random.default_rng(0).integers(0, 2**31, (600, 24), dtype=np.int64)
+    return write_h5(tmp_path_factory.mktemp("node") / "d.h5", x=x)
+
+
+def test_node_buffer_serves_h5py_bytes_on_one_host_and_on_two(data):
+    before = _ours()
+    result = _mpiexec(4, data, "run", "1x4", "2x2", timeout=240)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "node buffer 1x4: " in result.stdout and "node buffer 2x2: " in result.stdout
+    assert _ours() <= before
+
+
+def test_a_killed_rank_ends_the_job_and_leaves_no_segment(data):
+    before = _ours()
+    t0 = time.monotonic()
+    result = _mpiexec(4, data, "kill", "2x2", timeout=60)
+    assert time.monotonic() - t0 < 60
+    assert result.returncode != 0
+    assert "unreachable" not in result.stderr
+    assert _ours() <= before
+
+
+def test_a_region_too_large_is_refused_in_one_line(tmp_path):
+    assert fits(1, "node buffer") == ""
+    msg = fits(2**62, "node buffer")
+    assert msg.startswith("node buffer: ") and "\n" not in msg
+    with pytest.raises(SolarError, match=r"node buffer: .* exceed"):
+        NodeRegion(2**62, None, 7, 0, 0, directory=str(tmp_path))
+    assert os.listdir(tmp_path) == []
+    r = NodeRegion(3 * 4096, None, 7, 0, 0, directory=str(tmp_path))
+    a = r.carve((10,), np.int64)
+    a[:] = 7
+    assert os.listdir(tmp_path) == [] and r.array[:80].view(np.int64).tolist() == [7] * 10
