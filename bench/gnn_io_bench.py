@@ -1,0 +1,145 @@
+"""GNN gathering against the device's limit (issue 34): the storage probe, then solar's
+Loader gathering a graph's feature rows cold (O_DIRECT), two code trees side by side.
+
+    flock /tmp/solar-bench.lock python bench/gnn_io_bench.py GRAPH.h5 --base /tmp/i34-io/base \\
+        [--seeds 40960 --epochs 2 --worlds 1,2 --threads 8] --json bench/results/gnn_io.json
+
+For each P in ``--worlds`` and each tree (``--base``: a checkout of an older solar, e.g. a
+worktree of c9277fb; ``new``: this one), alternated, one process per rank (``mpiexec -n P``
+for P > 1) runs ``Loader(features, sampler=NeighborSampler(fanouts (10, 5), batch 1024,
+train = the first --seeds training nodes), buffer 10 %, O_DIRECT)`` for ``--epochs``
+epochs, rank 0 evicting the file's pages first. Reported per run: nodes/s (all ranks),
+storage pages read per second (bytes read / 4 KiB over the epochs' wall time), hit rate,
+read amplification; beside them the probe's random 4 KiB read rates at queue depth 1/8/32/64
+and sequential bandwidth, measured in the same run on the same file
+(:func:`solar.io.probe.probe`).
+
+``worker`` mode is what each rank runs (with PYTHONPATH naming the tree).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+PY = sys.executable
+HERE = Path(__file__).resolve().parent.parent
+
+
+def worker(args: argparse.Namespace) -> None:
+    import numpy as np
+
+    from solar import Loader, NeighborSampler
+    from solar.config import ReaderConfig
+    from solar.io.pagecache import drop
+
+    comm = None
+    if int(os.environ.get("PMI_SIZE", os.environ.get("OMPI_COMM_WORLD_SIZE", "1"))) > 1:
+        from mpi4py import MPI
+
+        comm = MPI.COMM_WORLD
+    rank = 0 if comm is None else comm.Get_rank()
+    t0 = time.perf_counter()
+    sampler = NeighborSampler(str(args.graph), (10, 5), 1024)
+    train = np.sort(sampler.train)[: args.seeds]
+    sampler = NeighborSampler(str(args.graph), (10, 5), 1024, train=train)
+    loader = Loader(str(args.graph), ["features"], sampler=sampler, epochs=args.epochs,
+                    buffer="10%", comm=comm,
+                    reader=ReaderConfig(direct_io=True, threads=args.threads))  # fmt: skip
+    construct = time.perf_counter() - t0
+    if rank == 0:
+        fd = os.open(args.graph, os.O_RDONLY)
+        drop(fd, 0, os.fstat(fd).st_size)
+        os.close(fd)
+    if comm is not None:
+        comm.Barrier()
+    rows = row_bytes = 0
+    t0 = time.perf_counter()
+    for epoch in range(args.epochs):
+        loader.set_epoch(epoch)
+        for batch in loader:
+            rows += batch["x"].shape[0]
+            row_bytes = batch["x"][0].nbytes
+    loader.wait_reads()
+    seconds = time.perf_counter() - t0
+    hits = sum(e.hits for e in (loader.stats.epochs[k] for k in range(args.epochs)))
+    nbytes = sum(e.bytes_read for e in (loader.stats.epochs[k] for k in range(args.epochs)))
+    loader.close()
+    out = {"seconds": seconds, "rows": rows, "hits": hits, "bytes_read": nbytes,
+           "construct": construct}  # fmt: skip
+    if comm is not None:
+        from mpi4py import MPI
+
+        out = {k: comm.allreduce(v, MPI.MAX if k in ("seconds", "construct") else MPI.SUM)
+               for k, v in out.items()}  # fmt: skip
+    if rank == 0:
+        missed = out["rows"] - out["hits"]
+        out.update(
+            nodes_per_second=out["rows"] / out["seconds"],
+            pages_per_second=out["bytes_read"] / 4096 / out["seconds"],
+            hit_rate=out["hits"] / out["rows"],
+            read_amplification=out["bytes_read"] / max(1, missed * row_bytes),
+        )
+        print("RESULT " + json.dumps(out), flush=True)
+
+
+def run_one(tree: Path, world: int, args: argparse.Namespace) -> dict:
+    cmd = [PY, str(HERE / "bench" / "gnn_io_bench.py"), str(args.graph), "--worker",
+           "--seeds", str(args.seeds), "--epochs", str(args.epochs),
+           "--threads", str(args.threads)]  # fmt: skip
+    if world > 1:
+        cmd = [str(Path(PY).parent / "mpiexec"), "-n", str(world), *cmd]
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=400)
+    for line in done.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[7:])
+    raise RuntimeError(f"{tree} P={world} failed:\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("graph", type=Path)
+    ap.add_argument("--worker", action="store_true")
+    ap.add_argument("--base", type=Path)
+    ap.add_argument("--seeds", type=int, default=40960)
+    ap.add_argument("--epochs", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=8)
+    ap.add_argument("--worlds", default="1,2")
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args()
+    if args.worker:
+        return worker(args)
+    from solar.io.probe import probe
+
+    t0 = time.time()
+    pr = probe(args.graph, seconds=1.0)
+    print(pr.describe(), flush=True)
+    res: dict = {"command": " ".join(sys.argv), "probe": pr.as_dict(), "runs": []}
+    trees = [("new", HERE)] + ([("base", args.base)] if args.base else [])
+    for world in [int(w) for w in args.worlds.split(",")]:
+        for name, tree in trees if world % 2 else trees[::-1]:
+            r = run_one(tree, world, args)
+            r.update(tree=name, world_size=world,
+                     pages_vs_probe_depth32=r["pages_per_second"] / pr.rate(32))  # fmt: skip
+            res["runs"].append(r)
+            print(f"P={world} {name}: {r['nodes_per_second']:,.0f} nodes/s, "
+                  f"{r['pages_per_second']:,.0f} pages/s "
+                  f"({100 * r['pages_vs_probe_depth32']:.0f} % of the probe's depth-32 rate), "
+                  f"hit rate {100 * r['hit_rate']:.1f} %, read ampl. "
+                  f"{r['read_amplification']:.2f}, {r['seconds']:.1f} s", flush=True)
+    pr2 = probe(args.graph, seconds=1.0)
+    res["probe_after"] = pr2.as_dict()
+    print(pr2.describe())
+    res["seconds"] = time.time() - t0
+    if args.json:
+        args.json.write_text(json.dumps(res, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
