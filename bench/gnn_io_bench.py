@@ -15,6 +15,14 @@ and sequential bandwidth, measured in the same run on the same file
 (:func:`solar.io.probe.probe`).
 
 ``worker`` mode is what each rank runs (with PYTHONPATH naming the tree).
+
+``--reorder`` (no I/O, no timing) measures node reordering (:mod:`solar.graph.reorder`): the
+graph renumbered by each method, the same sampling (fanouts (10, 5), batch 1024, P ranks,
+seeds renumbered alike), rows per page read over ``--epochs`` epochs: every row of a step
+read (no cache), and solar's reads (its plan of rows alone and with page mates, buffer 10 %,
+pages read = distinct pages of a rank's reads and side rows per step).
+
+    python bench/gnn_io_bench.py GRAPH.h5 --reorder [--worlds 2 --epochs 2 --seeds 40960]
 """
 
 from __future__ import annotations
@@ -102,6 +110,84 @@ def run_one(tree: Path, world: int, args: argparse.Namespace) -> dict:
     raise RuntimeError(f"{tree} P={world} failed:\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}")
 
 
+def reorder(args: argparse.Namespace) -> None:
+    import h5py
+    import numpy as np
+
+    from solar import BufferConfig, NeighborSampler, PlanSpec, RunConfig, make_plan
+    from solar.graph.reorder import METHODS, relabel, reorder_nodes
+    from solar.schedule.pagemates import PageLayout
+
+    with h5py.File(args.graph, "r") as f:
+        indptr, indices = f["indptr"][()], f["indices"][()]
+        train = np.sort(f["train_idx"][()])[: args.seeds]
+        row_bytes = f["features"][0].nbytes
+    n = indptr.size - 1
+    res: dict = {"command": " ".join(sys.argv), "num_nodes": n, "row_bytes": row_bytes,
+                 "methods": {}}  # fmt: skip
+    world = int(args.worlds.split(",")[-1])
+    for method in ("none", *[m for m in METHODS if m != "none"]):
+        t0 = time.perf_counter()
+        order = reorder_nodes(indptr, indices, method=method)
+        took = time.perf_counter() - t0
+        ptr, ind = relabel(indptr, indices, order)
+        new_id = np.empty(n, np.int64)
+        new_id[order] = np.arange(n)
+        graph = {"indptr": ptr, "indices": ind}
+        sampler = NeighborSampler(graph, (10, 5), 1024, train=np.sort(new_id[train]))
+        run = RunConfig(n, world, 1024, args.epochs, 0, False, sampler.draws(n, world * 1024))
+        entry: dict = {"seconds": took}
+        for e in range(args.epochs):  # no cache: every row of every step
+            d = sampler.epoch(run, e)
+            steps = [d.ids[d.offsets[g] : d.offsets[g + 1]] for g in range(d.offsets.size - 1)]
+            entry.setdefault("all_rows", []).append(_rows_pages(steps, row_bytes))
+        cap = n // 10 // world
+        for pm in (False, True):
+            pages = PageLayout(0, row_bytes) if pm else None
+            spec = PlanSpec(run, BufferConfig(cap), "solar", sampler=sampler, pages=pages)
+            plan = make_plan(spec)
+            rows = pgs = 0
+            for e in range(args.epochs):
+                for r in range(world):
+                    got = _plan_reads(plan, e, r, row_bytes)
+                    rows, pgs = rows + got[0], pgs + got[1]
+            key = "solar" if pm else "solar_rows"
+            hits = sum(s.hits for s in plan.stats) / max(1, sum(s.accesses for s in plan.stats))
+            entry[key] = {"rows_read": rows, "pages_read": pgs,
+                          "rows_per_page": rows / max(1, pgs), "hit_rate": hits}  # fmt: skip
+        res["methods"][method] = entry
+        print(method, json.dumps(entry), flush=True)
+    if args.json:
+        args.json.write_text(json.dumps(res, indent=1) + "\n")
+
+
+def _rows_pages(steps, row_bytes: int) -> dict:
+    from solar.graph.reorder import rows_per_page
+
+    return {"rows_per_page": rows_per_page(steps, row_bytes)}
+
+
+def _plan_reads(plan, epoch: int, rank: int, row_bytes: int) -> tuple[int, int]:
+    """(rows read from storage, pages read) of a rank's epoch in ``plan``: per step, the
+    rows not hit and its side rows, each step's pages counted once."""
+    import numpy as np
+
+    from solar.schedule._common import HIT, SIDE
+
+    re = plan.rank_epoch(rank, epoch)
+    rows = pages = 0
+    for t in range(re.step_offsets.size - 1):
+        a, b = int(re.step_offsets[t]), int(re.step_offsets[t + 1])
+        flags, sample = re.flags[a:b], re.sample[a:b].astype(np.int64)
+        read = (flags & HIT) == 0
+        rows += int((read & ((flags & SIDE) == 0)).sum())
+        x = sample[read]
+        pages += np.unique(
+            np.concatenate([x * row_bytes // 4096, (x * row_bytes + row_bytes - 1) // 4096])
+        ).size
+    return rows, pages
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("graph", type=Path)
@@ -112,9 +198,12 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=8)
     ap.add_argument("--worlds", default="1,2")
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--reorder", action="store_true")
     args = ap.parse_args()
     if args.worker:
         return worker(args)
+    if args.reorder:
+        return reorder(args)
     from solar.io.probe import probe
 
     t0 = time.time()
@@ -128,11 +217,14 @@ def main() -> None:
             r.update(tree=name, world_size=world,
                      pages_vs_probe_depth32=r["pages_per_second"] / pr.rate(32))  # fmt: skip
             res["runs"].append(r)
-            print(f"P={world} {name}: {r['nodes_per_second']:,.0f} nodes/s, "
-                  f"{r['pages_per_second']:,.0f} pages/s "
-                  f"({100 * r['pages_vs_probe_depth32']:.0f} % of the probe's depth-32 rate), "
-                  f"hit rate {100 * r['hit_rate']:.1f} %, read ampl. "
-                  f"{r['read_amplification']:.2f}, {r['seconds']:.1f} s", flush=True)
+            print(
+                f"P={world} {name}: {r['nodes_per_second']:,.0f} nodes/s, "
+                f"{r['pages_per_second']:,.0f} pages/s "
+                f"({100 * r['pages_vs_probe_depth32']:.0f} % of the probe's depth-32 rate), "
+                f"hit rate {100 * r['hit_rate']:.1f} %, read ampl. "
+                f"{r['read_amplification']:.2f}, {r['seconds']:.1f} s",
+                flush=True,
+            )
     pr2 = probe(args.graph, seconds=1.0)
     res["probe_after"] = pr2.as_dict()
     print(pr2.describe())

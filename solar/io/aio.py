@@ -32,12 +32,17 @@ _SETUP, _DESTROY, _GETEVENTS, _SUBMIT = _NUMBERS.get(platform.machine(), (-1, -1
 # ``long syscall(long, ...)``: the integer arguments pass in registers as for a fixed
 # signature, so numba calls it with six int64s (the unused ones ignored by the kernel).
 _i64 = types.int64
-_syscall = types.ExternalFunction("syscall", _i64(_i64, _i64, _i64, _i64, _i64, _i64))
+
+
+def _external(name: str, sig):  # untyped, as solar/io/libc.py's: numba's types confuse mypy
+    return types.ExternalFunction(name, sig)
+
+
+_syscall = _external("syscall", _i64(_i64, _i64, _i64, _i64, _i64, _i64))
 
 _IOCB = 8  # struct iocb: 64 bytes, as 8 uint64 words
 _EVENT = 4  # struct io_event: 32 bytes (data, obj, res, res2)
 MAX_DEPTH = 256  # reads one context keeps in flight at most
-REAP = 1000000  # wait for a REAP-th of the reads in flight to complete: fewer calls, queue kept full
 
 
 class Context:
@@ -76,9 +81,9 @@ def context(depth: int = MAX_DEPTH) -> Context | None:
 
 def thread_context(local: threading.local) -> Context | None:
     """This thread's context, kept in ``local`` (made at its first use; None: refused)."""
-    ctx = getattr(local, "aio", False)
-    if ctx is False:
-        ctx = local.aio = context()
+    if not hasattr(local, "aio"):
+        local.aio = context()
+    ctx: Context | None = local.aio
     return ctx
 
 
@@ -96,8 +101,16 @@ def refusal() -> str | None:
     return _refused[0] if _refused else None
 
 
-def read_spans(ctx: int, fd: int, buf: np.ndarray, at: np.ndarray, lo: np.ndarray,
-               size: np.ndarray, got: np.ndarray, depth: int) -> int:
+def read_spans(
+    ctx: int,
+    fd: int,
+    buf: np.ndarray,
+    at: np.ndarray,
+    lo: np.ndarray,
+    size: np.ndarray,
+    got: np.ndarray,
+    depth: int,
+) -> int:
     """Read span s (``size[s]`` bytes at file offset ``lo[s]``) into ``buf[at[s]:]`` for
     every s, at most ``depth`` reads in flight; ``got[s]`` is the bytes read or -errno (-1:
     never submitted). Returns 0, or -1 if the kernel stopped taking or reporting reads (the
@@ -141,7 +154,7 @@ def _read_spans(ctx, fd, buf, at, lo, size, got, depth, iocbs, ptrs, events):  #
                 return -1
         if sent == done:
             continue
-        r = _syscall(_GETEVENTS, ctx, max(1, (sent - done) // REAP), depth, events.ctypes.data, 0)
+        r = _syscall(_GETEVENTS, ctx, 1, depth, events.ctypes.data, 0)
         if r < 0:  # EINTR: once more; anything persistent: give up
             fails += 1
             if fails > 1000:

@@ -362,8 +362,8 @@ class Executor:
     def _gather(self, source: ByteSource, t: PageGather) -> int:
         """A PageGather: its spans read by native AIO, QUEUE_DEPTH in flight (else the preadv
         kernel, one call per span), windows of spans ending within each GATHER_WINDOW bytes
-        at a time into this thread's bounce buffer, its rows copied out by one compiled call per window (cached: a new process
-        compiles nothing for it)."""
+        at a time into this thread's bounce buffer, its rows copied out by one compiled call
+        per window (cached: a new process compiles nothing for it)."""
         ends = np.cumsum(t.size)
         cuts = np.arange(1, -(-int(ends[-1]) // GATHER_WINDOW) + 1) * GATHER_WINDOW
         # A window: the spans ending in ((k - 1)·W, k·W], at most W + SPAN_MAX bytes.

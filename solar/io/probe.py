@@ -154,7 +154,7 @@ def _sequential_rate(fd, ctx, lo, hi, seconds) -> float:
         done += _read_pages(fd, ctx, 4, buf, offsets, min(SEQ_BLOCK, hi - lo))
         b = (b + n) % blocks
         elapsed = time.perf_counter() - t0
-        if elapsed >= seconds or (b == 0 and elapsed > 0.2):
+        if elapsed >= seconds or (b == 0 and elapsed >= min(seconds, 0.2)):
             return done / elapsed
 
 
@@ -168,9 +168,13 @@ def _read_pages(fd, ctx, depth, buf, offsets, size) -> int:
         if aio.read_spans(ctx.handle, fd, buf, at, offsets, sizes, got, depth) < 0:
             raise SolarError("probe: the kernel stopped taking AIO reads")
     else:  # one synchronous reader per depth
+
+        def part(k: int) -> None:
+            s = slice(k, None, depth)
+            _pread_each(fd, buf, at[s], offsets[s], sizes[s], got[s])
+
         with ThreadPoolExecutor(depth) as pool:
-            list(pool.map(lambda k: _pread_each(fd, buf, at[k::depth], offsets[k::depth],
-                                                sizes[k::depth], got[k::depth]), range(depth)))  # fmt: skip
+            list(pool.map(part, range(depth)))
     if (got < 0).any():
         raise SolarError(f"probe: a read failed ({os.strerror(-int(got[got < 0][0]))})")
     return int(got.sum())
