@@ -17,16 +17,32 @@ from solar.errors import SolarError
 from solar.graph.reorder import relabel, reorder_nodes, rows_per_page
 from solar.io import aio
 from solar.io.probe import probe
+from solar.schedule import HIT
 from solar.schedule.pagemates import PageLayout
+from solar.schedule.planner import Planner
 
 
-def _hits(ids: np.ndarray, capacity: int, row_bytes: int, pages: bool) -> list[int]:
+def _spec(ids: np.ndarray, capacity: int, row_bytes: int, pages: bool) -> PlanSpec:
     e, s, world, b = ids.shape
     n = int(ids.max()) + 1
     run = RunConfig(n, world, b, e, 0, False, s * world * b)
     layout = PageLayout(0, row_bytes, 64) if pages else None
-    spec = PlanSpec(run, BufferConfig(capacity), sampler=Trace(ids), pages=layout)
-    return [st.hits for st in make_plan(spec).stats]
+    return PlanSpec(run, BufferConfig(capacity), sampler=Trace(ids), pages=layout)
+
+
+def _hits(ids: np.ndarray, capacity: int, row_bytes: int, pages: bool) -> list[int]:
+    return [st.hits for st in make_plan(_spec(ids, capacity, row_bytes, pages)).stats]
+
+
+def _hits_alone(ids: np.ndarray, capacity: int, row_bytes: int, pages: bool) -> list[int]:
+    """Each rank planning alone, as the Loader plans (Planner(only_rank=r))."""
+    spec = _spec(ids, capacity, row_bytes, pages)
+    out = []
+    for r in range(ids.shape[2]):
+        planner = Planner(spec, only_rank=r)
+        parts = [planner.next_rank(r) for _ in range(spec.run.epochs)]
+        out.append(sum(int(np.count_nonzero(p.flags & HIT)) for p in parts))
+    return out
 
 
 @settings(max_examples=100, deadline=None)
@@ -44,6 +60,7 @@ def test_page_mates_never_plan_fewer_hits_than_rows_alone(world, n, steps, batch
     with_pages = _hits(ids, capacity, 64 // per_page, True)
     rows_alone = _hits(ids, capacity, 64 // per_page, False)
     assert all(a >= b for a, b in zip(with_pages, rows_alone, strict=True))
+    assert _hits_alone(ids, capacity, 64 // per_page, True) == with_pages  # as the Loader plans
 
 
 @pytest.mark.parametrize("world", [1, 2, 3, 4])
@@ -59,6 +76,9 @@ def test_page_mates_add_hits_where_a_ranks_misses_share_pages(world):
     ids[1, 0, 0, 0] = 8 * world * steps - 1
     with_pages, rows_alone = _hits(ids, 4, 8, True), _hits(ids, 4, 8, False)
     assert all(a > b for a, b in zip(with_pages, rows_alone, strict=True)), (with_pages, rows_alone)
+    # The same hits when each rank plans alone (the Loader's way: its page layout, its keys).
+    assert _hits_alone(ids, 4, 8, True) == with_pages
+    assert _hits_alone(ids, 4, 8, False) == rows_alone
 
 
 def test_the_buffer_full_of_next_step_hits_is_why_page_mates_add_none():

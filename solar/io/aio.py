@@ -79,10 +79,12 @@ def context(depth: int = MAX_DEPTH) -> Context | None:
     return Context(handle.value)
 
 
-def thread_context(local: threading.local) -> Context | None:
-    """This thread's context, kept in ``local`` (made at its first use; None: refused)."""
+def thread_context(local: threading.local, depth: int) -> Context | None:
+    """This thread's context for ``depth`` reads in flight, kept in ``local`` (made at its
+    first use; None: refused). Sized to the depth used: contexts share a system-wide budget
+    of events (``fs.aio-max-nr``, 65536 by default; a context of d costs about 2·d)."""
     if not hasattr(local, "aio"):
-        local.aio = context()
+        local.aio = context(depth)
     ctx: Context | None = local.aio
     return ctx
 

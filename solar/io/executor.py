@@ -371,7 +371,7 @@ class Executor:
         bounce = thread_buffer(local, GATHER_WINDOW + SPAN_MAX)
         # Under O_DIRECT, QUEUE_DEPTH spans in flight from this thread (solar.io.aio): the
         # device's random-read rate needs a deeper queue than one read per thread.
-        ctx = aio.thread_context(local) if source.direct_io else None
+        ctx = aio.thread_context(local, QUEUE_DEPTH) if source.direct_io else None
         a = 0
         with source.fd(t.file) as fd:
             for b in np.searchsorted(ends, cuts, side="right").tolist():
