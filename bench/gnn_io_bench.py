@@ -23,6 +23,10 @@ read (no cache), and solar's reads (its plan of rows alone and with page mates, 
 pages read = distinct pages of a rank's reads and side rows per step).
 
     python bench/gnn_io_bench.py GRAPH.h5 --reorder [--worlds 2 --epochs 2 --seeds 40960]
+    python bench/gnn_io_bench.py - --reorder --community 200000  # communities, ids at random
+
+``solar gen --preset graph`` (Chung-Lu) has no communities: only degree orders its rows;
+``--community N`` generates a graph whose communities a breadth-first order finds.
 """
 
 from __future__ import annotations
@@ -118,10 +122,16 @@ def reorder(args: argparse.Namespace) -> None:
     from solar.graph.reorder import METHODS, relabel, reorder_nodes
     from solar.schedule.pagemates import PageLayout
 
-    with h5py.File(args.graph, "r") as f:
-        indptr, indices = f["indptr"][()], f["indices"][()]
-        train = np.sort(f["train_idx"][()])[: args.seeds]
-        row_bytes = f["features"][0].nbytes
+    if args.community:  # a graph of communities numbered at random (GRAPH names none)
+        indptr, indices = community_graph(args.community)
+        rng = np.random.default_rng(1)
+        train = np.sort(rng.choice(args.community, args.community // 10, replace=False))
+        train, row_bytes = train[: args.seeds], 1024
+    else:
+        with h5py.File(args.graph, "r") as f:
+            indptr, indices = f["indptr"][()], f["indices"][()]
+            train = np.sort(f["train_idx"][()])[: args.seeds]
+            row_bytes = f["features"][0].nbytes
     n = indptr.size - 1
     res: dict = {"command": " ".join(sys.argv), "num_nodes": n, "row_bytes": row_bytes,
                  "methods": {}}  # fmt: skip
@@ -159,6 +169,30 @@ def reorder(args: argparse.Namespace) -> None:
         print(method, json.dumps(entry), flush=True)
     if args.json:
         args.json.write_text(json.dumps(res, indent=1) + "\n")
+
+
+def community_graph(n: int, deg: int = 20, comms: int | None = None, inside: float = 0.9):
+    """A CSR graph of ``n`` nodes in random communities of ~100 (ids at random): power-law
+    weights (i^-0.5), ``inside`` of the edges within the source's community."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    comms = comms or max(1, n // 100)
+    comm = rng.integers(0, comms, n)
+    w = (1.0 + np.arange(n)) ** -0.5
+    w = w[rng.permutation(n)] / w.sum()
+    m = n * deg // 2
+    src = rng.choice(n, m, p=w)
+    members = np.argsort(comm, kind="stable")
+    start = np.searchsorted(comm[members], np.arange(comms + 1))
+    c = comm[src]
+    near = members[start[c] + (rng.random(m) * (start[c + 1] - start[c])).astype(np.int64)]
+    dst = np.where(rng.random(m) < inside, near, rng.choice(n, m, p=w))
+    a, b = np.concatenate([src, dst]), np.concatenate([dst, src])
+    o = np.lexsort((b, a))
+    indptr = np.zeros(n + 1, np.int64)
+    np.cumsum(np.bincount(a, minlength=n), out=indptr[1:])
+    return indptr, b[o]
 
 
 def _rows_pages(steps, row_bytes: int) -> dict:
@@ -199,6 +233,7 @@ def main() -> None:
     ap.add_argument("--worlds", default="1,2")
     ap.add_argument("--json", type=Path)
     ap.add_argument("--reorder", action="store_true")
+    ap.add_argument("--community", type=int, default=0, help="--reorder: N nodes in communities")
     args = ap.parse_args()
     if args.worker:
         return worker(args)

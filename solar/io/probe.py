@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from numba import njit
 
+from solar._cpu import cores
 from solar._memory import PAGE, aligned
 from solar._units import format_bytes
 from solar.errors import SolarError
@@ -27,6 +28,7 @@ from solar.io import aio, libc
 DEPTHS = (1, 8, 32, 64)
 SEQ_BLOCK = 2**20  # sequential reads: 1 MiB each, 4 in flight
 SCRATCH_BYTES = 1 << 30  # the file probe() writes when given a directory
+SUBMITTERS = max(1, min(2, cores()))  # threads submitting AIO reads
 
 
 @dataclass(frozen=True)
@@ -97,14 +99,17 @@ def probe(
         raise SolarError(f"{path}: cannot open with O_DIRECT ({exc.strerror})") from None
     rng = np.random.default_rng(seed)
     try:
-        ctx = aio.context()
+        # One submitting thread per core: one thread's system calls alone stop short of the
+        # device at depth 32 on a loaded 2-core machine (63k/s against 78k/s from threads).
+        ctxs = [c for c in (aio.context(max(depths)) for _ in range(SUBMITTERS)) if c is not None]
+        ctx = ctxs or None
         engine = "aio" if ctx is not None else "threads"
         random: dict[int, float] = {}
         for d in depths:
             random[d] = _random_rate(fd, ctx, d, lo, pages, seconds, rng)
         seq = _sequential_rate(fd, ctx, lo, hi, seconds)
-        if ctx is not None:
-            ctx.close()
+        for c in ctxs:
+            c.close()
     finally:
         os.close(fd)
     return ProbeResult(path, pages * PAGE, random, seq, engine)
@@ -164,8 +169,25 @@ def _read_pages(fd, ctx, depth, buf, offsets, size) -> int:
     at = (np.arange(n, dtype=np.int64) % depth) * size
     sizes = np.full(n, size // PAGE * PAGE, np.int64)
     got = np.empty(n, np.int64)
-    if ctx is not None:
-        if aio.read_spans(ctx.handle, fd, buf, at, offsets, sizes, got, depth) < 0:
+    if ctx is not None:  # ``depth`` in flight over k submitting threads, depth / k each
+        k = min(len(ctx), depth)
+        each = depth // k
+
+        def submit(j: int) -> int:
+            s = slice(j, None, k)
+            m = offsets[s].size
+            where = (np.arange(m, dtype=np.int64) % each + j * each) * size
+            part = np.empty(m, np.int64)
+            r = aio.read_spans(ctx[j].handle, fd, buf, where, offsets[s], sizes[s], part, each)
+            got[s] = part
+            return r
+
+        if k == 1:
+            failed = submit(0) < 0
+        else:
+            with ThreadPoolExecutor(k) as pool:
+                failed = min(pool.map(submit, range(k))) < 0
+        if failed:
             raise SolarError("probe: the kernel stopped taking AIO reads")
     else:  # one synchronous reader per depth
 
