@@ -81,6 +81,7 @@ def worker(args: argparse.Namespace) -> None:
     seconds = time.perf_counter() - t0
     hits = sum(e.hits for e in (loader.stats.epochs[k] for k in range(args.epochs)))
     nbytes = sum(e.bytes_read for e in (loader.stats.epochs[k] for k in range(args.epochs)))
+    tuned = dict(loader.stats.tuned)
     loader.close()
     out = {"seconds": seconds, "rows": rows, "hits": hits, "bytes_read": nbytes,
            "construct": construct}  # fmt: skip
@@ -96,6 +97,7 @@ def worker(args: argparse.Namespace) -> None:
             pages_per_second=out["bytes_read"] / 4096 / out["seconds"],
             hit_rate=out["hits"] / out["rows"],
             read_amplification=out["bytes_read"] / max(1, missed * row_bytes),
+            tuned=tuned,  # threads="auto": where rank 0's knobs settled
         )
         print("RESULT " + json.dumps(out), flush=True)
 
@@ -229,7 +231,7 @@ def main() -> None:
     ap.add_argument("--base", type=Path)
     ap.add_argument("--seeds", type=int, default=40960)
     ap.add_argument("--epochs", type=int, default=2)
-    ap.add_argument("--threads", type=int, default=8)
+    ap.add_argument("--threads", type=lambda x: x if x == "auto" else int(x), default=8)
     ap.add_argument("--worlds", default="1,2")
     ap.add_argument("--json", type=Path)
     ap.add_argument("--reorder", action="store_true")
