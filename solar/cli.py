@@ -588,6 +588,9 @@ def gen(out, preset, samples, chunks, compression, nodes, avg_degree, features, 
                    "(and solar-rows: no page mates).")  # fmt: skip
 @click.option("--fanouts", default="10,5", show_default=True,
               help="--sampler neighbor: neighbours per node at each hop (-1: all).")  # fmt: skip
+@click.option("--probe-seconds", type=float, default=1.0, show_default=True,
+              help="--sampler neighbor: seconds per queue depth of the storage probe reported "
+                   "beside the figures (random 4 KiB reads, O_DIRECT; 0: none).")  # fmt: skip
 @click.option(
     "--weights", type=click.Path(), help="Weights .npy (one per sample) of --sampler weighted."
 )
@@ -602,7 +605,7 @@ def gen(out, preset, samples, chunks, compression, nodes, avg_degree, features, 
 @click.option("--force", is_flag=True, help="Overwrite --json and --plot if they exist.")
 def bench(data, keys, one_per_file, world_size, batch_size, epochs, buffer, tier, tier_size,
           slack, loaders, variable_batches, workers, threads, read_ahead, throttle, compute_ms,
-          seed, sampler_kind, fanouts, weights, transform, json_out, plot_out,
+          seed, sampler_kind, fanouts, probe_seconds, weights, transform, json_out, plot_out,
           force) -> None:  # fmt: skip
     """Compare the PyTorch DataLoader and every policy on DATA, cold storage each epoch
     (--sampler neighbor: GNN feature gathering on a graph file)."""
@@ -618,7 +621,7 @@ def bench(data, keys, one_per_file, world_size, batch_size, epochs, buffer, tier
                   "--workers": workers is not None}  # fmt: skip
         _bench_graph(data, keys, world_size, batch_size, epochs, buffer, loaders, threads,
                      read_ahead, throttle, compute_ms, seed, fanouts, json_out, plot_out,
-                     [k for k, v in others.items() if v])  # fmt: skip
+                     [k for k, v in others.items() if v], probe_seconds)  # fmt: skip
         return
     _refuse_graph(data, keys, "bench")
     share = share_or_size(buffer, "--buffer")
@@ -694,8 +697,8 @@ def _threads(text: str) -> int | str:
 
 
 def _bench_graph(data, keys, world_size, batch_size, epochs, buffer, loaders, threads, read_ahead,
-                 throttle, compute_ms, seed, fanouts, json_out, plot_out,
-                 refused) -> None:  # fmt: skip
+                 throttle, compute_ms, seed, fanouts, json_out, plot_out, refused,
+                 probe_seconds: float = 1.0) -> None:  # fmt: skip
     """``solar bench GRAPH.h5 --sampler neighbor``: mmap, lru, static and solar gathering the
     feature rows of sampled subgraphs under one memory budget (solar/graph/bench.py)."""
     from solar.graph import bench as graph_bench
@@ -711,7 +714,7 @@ def _bench_graph(data, keys, world_size, batch_size, epochs, buffer, loaders, th
         buffer=share_or_size(buffer, "--buffer"),
         loaders=tuple(x for x in loaders.split(",") if x) if loaders else graph_bench.GRAPH_LOADERS,
         reader=ReaderConfig(threads=_threads(threads), read_ahead=read_ahead, direct_io=True),
-        throttle=throttle, compute_ms=compute_ms, seed=seed,
+        throttle=throttle, compute_ms=compute_ms, seed=seed, probe_seconds=probe_seconds,
     )  # fmt: skip
     from solar.graph.neighbor import NeighborSampler
 

@@ -198,7 +198,7 @@ def test_bench_gathers_gnn_features_with_every_loader(tmp_path, world):
     result = subprocess.run(
         [SOLAR, "bench", graph, "--sampler", "neighbor", "--fanouts", "4,3", "-P", str(world),
          "-E", "2", "-B", "32", "--buffer", "20%", "--json", tmp_path / "r.json",
-         "--plot", tmp_path / "r.png"],
+         "--plot", tmp_path / "r.png", "--probe-seconds", "0.02"],
         capture_output=True, text=True, timeout=300, check=False,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
@@ -215,6 +215,11 @@ def test_bench_gathers_gnn_features_with_every_loader(tmp_path, world):
     assert res["loaders"]["static"]["vs_static"] == 1.0
     assert "| solar |" in result.stdout and "emulated page cache" in result.stdout
     assert (tmp_path / "r.png").stat().st_size > 10_000  # nodes/s and hit rate per epoch
+    # The storage probe beside the figures: page reads per second at each queue depth.
+    probe = res["probe"]["random_pages_per_second"]
+    assert list(probe) == ["1", "8", "32", "64"] and all(r > 0 for r in probe.values())
+    assert "storage probe" in result.stdout and "at queue depth 1/8/32/64" in result.stdout
+    assert all(e["pages_per_second"] > 0 for e in loaders)
     if world > 1:
         return
     bad = subprocess.run([SOLAR, "bench", graph, "--sampler", "neighbor", "--loaders", "torch"],

@@ -32,6 +32,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from solar._memory import PAGE
 from solar.config import ReaderConfig, RunConfig, per_rank
 from solar.dist import MAX, allreduce
 from solar.errors import SolarError
@@ -59,6 +60,9 @@ class GraphBenchConfig:
     throttle: str | None = None  # "MBps,latency_ms" per rank
     compute_ms: float = 0.0  # a simulated training step
     seed: int = 0
+    # Seconds per queue depth of the storage probe run beside the figures (solar/io/probe.py,
+    # on the features' bytes, rank 0, before the epochs); 0: none.
+    probe_seconds: float = 1.0
 
     def __post_init__(self) -> None:
         known = GRAPH_LOADERS + MORE_LOADERS
@@ -67,6 +71,8 @@ class GraphBenchConfig:
             what = f"unknown {', '.join(sorted(unknown))}" if unknown else "none given"
             raise SolarError(f"--loaders: {what} with --sampler neighbor "
                              f"(choose from {', '.join(known)})")  # fmt: skip
+        if not self.probe_seconds >= 0:
+            raise SolarError(f"--probe-seconds must be >= 0, got {self.probe_seconds}")
         if isinstance(self.buffer, float) and not 0 <= self.buffer <= 1:
             raise SolarError(f"--buffer must be a share in [0, 1], got {self.buffer}")
 
@@ -112,6 +118,13 @@ def run_graph(cfg: GraphBenchConfig, comm: Any, progress=None) -> dict | None:
                 throttle=throttle, seed=cfg.seed, page_mates=name != "solar-rows",
             )  # fmt: skip
         construct[name] = allreduce(comm, time.perf_counter() - t0, MAX)
+    probed = None
+    if rank == 0 and cfg.probe_seconds > 0 and offset >= 0 and throttle is None:
+        from solar.io.probe import probe
+
+        probed = probe(info.all_files[0], seconds=cfg.probe_seconds, offset=offset,
+                       length=n * row_bytes)  # fmt: skip
+    comm.Barrier()
     results: dict[str, dict[str, list]] = {
         name: {k: [] for k in ("seconds", "steps", "rows", "hits", "bytes_read", "first")}
         for name in cfg.loaders
@@ -149,6 +162,7 @@ def run_graph(cfg: GraphBenchConfig, comm: Any, progress=None) -> dict | None:
             "throttle": str(throttle) if throttle else None,
         },
         "loaders": {},
+        "probe": None if probed is None else probed.as_dict(),
     }
     for name, r in results.items():
         secs = sum(r["seconds"])
@@ -162,6 +176,7 @@ def run_graph(cfg: GraphBenchConfig, comm: Any, progress=None) -> dict | None:
             ],
             "hit_rate": sum(r["hits"]) / max(1, sum(r["rows"])),
             "bytes_read": r["bytes_read"],
+            "pages_per_second": sum(r["bytes_read"]) / PAGE / secs,
             "read_amplification": sum(r["bytes_read"]) / (missed * row_bytes) if missed else None,
             "rows": r["rows"],
             "construct_seconds": construct[name],
@@ -243,9 +258,17 @@ def format_graph_results(res: dict) -> str:
         + " (mmap: emulated page cache of the budget, O_DIRECT page reads)",
         "",
         "| loader | steps/s | nodes/s | vs mmap | vs static | hit rate | read ampl. "
-        "| GB read (pages) | construct s | first wait s | epoch s |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| GB read (pages) | pages/s | construct s | first wait s | epoch s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
+    pr = res.get("probe")
+    if pr:  # the storage's own rates, measured in the same run (solar/io/probe.py)
+        from solar.io.probe import ProbeResult
+
+        probed = ProbeResult(pr["path"], pr["span_bytes"],
+                             {int(d): r for d, r in pr["random_pages_per_second"].items()},
+                             pr["sequential_bytes_per_second"], pr["engine"])  # fmt: skip
+        lines.insert(1, probed.describe())
 
     def ratio(x: float | None) -> str:
         return f"{x:.2f}×" if x else "—"
@@ -256,7 +279,8 @@ def format_graph_results(res: dict) -> str:
         lines.append(
             f"| {name} | {e['steps_per_second']:.2f} | {e['nodes_per_second']:,.0f} | "
             f"{ratio(e['vs_mmap'])} | {ratio(e['vs_static'])} | {100 * e['hit_rate']:.1f} % | "
-            f"{amp} | {sum(e['bytes_read']) / 1e9:.2f} | {e['construct_seconds']:.2f} | "
+            f"{amp} | {sum(e['bytes_read']) / 1e9:.2f} | {e['pages_per_second']:,.0f} | "
+            f"{e['construct_seconds']:.2f} | "
             f"{e['first_wait_seconds']:.2f} | {epochs} |"
         )
     return "\n".join(lines)
