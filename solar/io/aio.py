@@ -121,6 +121,11 @@ def read_spans(
     ``buf`` must stay alive and untouched until this returns: it does not return with reads
     in flight unless the kernel failed, and then the caller destroys the context (which waits)."""
     n = lo.shape[0]
+    if not (at.shape[0] == size.shape[0] == got.shape[0] == n):
+        raise ValueError("read_spans: at, size, got and lo must have one entry per span")
+    # The kernel writes where the iocbs point: every span must lie inside buf.
+    if n and (at.min() < 0 or size.min() < 0 or int((at + size).max()) > buf.nbytes):
+        raise ValueError("read_spans: a span lies outside the buffer")
     depth = max(1, min(depth, MAX_DEPTH))
     # Made here, not in the kernel: the kernel's own arrays may be freed after their last use
     # in its code, while the kernel reads them through addresses.
