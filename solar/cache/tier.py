@@ -6,10 +6,20 @@ It owns the file, its staged writes and every tier-slot hazard; which sample liv
 tier slot is the planner's business. Its reads and writes are tasks (solar/io/tasks.py) run by
 the rank's one executor (solar/io/executor.py), as the dataset's reads are.
 
-The file is named ``solar-tier-{name}.{n}-{host}-{pid}.bin`` (n counts the process's tiers) and
-removed at :meth:`TierFile.close`, at garbage collection and at interpreter exit, by the process
-that created it only. Files left by crashed runs on this host (their pid no longer alive) are
-removed when a tier is created.
+The file has no name: it is created unlinked (``O_TMPFILE``; where the file system lacks it,
+created and unlinked at once), so no other process can open, truncate or overwrite it by name,
+and nothing is left behind when the process dies, however it dies (SIGKILL, an MPI abort): the
+kernel frees it with the last descriptor. ``TierFile.path``
+(``solar-tier-{name}.{n}-{host}-{pid}.bin``, n counting the process's tiers) names it in
+messages only. Its size is checked around every read and write task: a tier file truncated or
+grown through ``/proc/PID/fd`` fails the tier in one line before any slot is served (a slot
+past a truncation would read back as zeros once a later write re-extended the file). Named
+files left by crashed runs of earlier versions on this host are removed when a tier is created.
+
+Why an unlinked file rather than a tag per slot: a tag verified on read (a checksum of the
+slot's bytes) costs a pass over every byte read from the tier, a tag of sample id and step alone
+misses an overwrite that keeps it, and a tag in the slot grows a page-multiple slot by a page;
+an unlinked file leaves nothing to tamper with by name and costs two ``fstat`` calls per task.
 """
 
 from __future__ import annotations
@@ -18,6 +28,7 @@ import collections
 import contextlib
 import functools
 import itertools
+import errno
 import multiprocessing.util
 import os
 import re
@@ -27,6 +38,7 @@ import time
 import warnings
 import weakref
 from concurrent.futures import Future, wait
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -97,7 +109,7 @@ class TierFile:
         self._pid = os.getpid()
         self.path = directory / f"solar-tier-{_sanitise(name)}.{seq}-{host}-{self._pid}.bin"
         self._fd, self.direct_io = _create(self.path, self.nbytes, direct_io)
-        self._finalizer = weakref.finalize(self, _remove, self._fd, str(self.path), self._pid)
+        self._finalizer = weakref.finalize(self, os.close, self._fd)
         # Also at the exit of a multiprocessing child, which skips atexit (and so weakref's).
         multiprocessing.util.Finalize(self, self._finalizer, exitpriority=0)
         self.bytes_written = self.bytes_read = 0  # bytes submitted
@@ -107,9 +119,22 @@ class TierFile:
         self._st = _State(slots, staging_slots, self.stride)
 
     # -- a byte source of the executor ---------------------------------------------------------
-    def fd(self, i: int) -> contextlib.AbstractContextManager[int]:
-        """The tier's descriptor (it has one file: ``i`` is 0)."""
-        return contextlib.nullcontext(self._fd)
+    @contextlib.contextmanager
+    def fd(self, i: int) -> Iterator[int]:
+        """The tier's descriptor (it has one file: ``i`` is 0), its size checked before and
+        after the task's reads or writes: a truncated (or re-extended) file yields no slot."""
+        self.check_size()
+        yield self._fd
+        self.check_size()
+
+    def check_size(self) -> None:
+        """Raise (one line) unless the file still has its ``nbytes``."""
+        size = os.fstat(self._fd).st_size
+        if size != self.nbytes:
+            raise SolarError(
+                f"tier {self.path}: the file is {size} bytes, not {self.nbytes}: truncated or "
+                "grown by another process; its slots cannot be trusted"
+            )
 
     def io_error(self, i: int, offset: int, exc: OSError) -> SolarError:
         return SolarError(f"tier {self.path}: slot {offset // self.stride}: {exc.strerror}")
@@ -386,25 +411,15 @@ def _settle(held: Future, futures: list[Future]) -> None:
         held.set_exception(exc)
 
 
-def _remove(fd: int, path: str, pid: int) -> None:
-    """Close the descriptor; remove the file only in the process that created it."""
-    os.close(fd)
-    if os.getpid() == pid:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(path)
-
-
 def _create(path: Path, nbytes: int, direct_io: bool) -> tuple[int, bool]:
-    """A new file of ``nbytes`` allocated bytes; its descriptor and whether O_DIRECT is on."""
-    try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
-    except OSError as exc:
-        raise SolarError(f"tier {path}: cannot create ({exc.strerror})") from None
+    """A new unlinked file of ``nbytes`` allocated bytes in ``path``'s directory; its
+    descriptor and whether O_DIRECT is on."""
+    fd = _unlinked(path)
     try:
         os.posix_fallocate(fd, 0, nbytes)  # before O_DIRECT: glibc may emulate it by writes
         if direct_io:
-            try:
-                dfd = open_descriptor(path, os.O_RDWR, o_direct=True)
+            try:  # the same file opened again, by its descriptor: it has no name
+                dfd = open_descriptor(f"/proc/self/fd/{fd}", os.O_RDWR, o_direct=True)
             except NoDirectIO:
                 warnings.warn(f"tier {path}: no O_DIRECT here, using buffered I/O", stacklevel=3)
             else:
@@ -413,9 +428,26 @@ def _create(path: Path, nbytes: int, direct_io: bool) -> tuple[int, bool]:
         return fd, False
     except (OSError, SolarError) as exc:
         os.close(fd)
-        os.unlink(path)
         why = exc.strerror if isinstance(exc, OSError) else exc
         raise SolarError(f"tier {path}: cannot allocate {format_bytes(nbytes)} ({why})") from None
+
+
+def _unlinked(path: Path) -> int:
+    """A new empty file in ``path``'s directory with no name (O_TMPFILE; else created as
+    ``path`` and unlinked at once, a crash in between leaving it to :func:`remove_stale`)."""
+    flags = os.O_RDWR | getattr(os, "O_TMPFILE", 0)
+    try:
+        if flags != os.O_RDWR:
+            return os.open(path.parent, flags, 0o600)
+    except OSError as exc:
+        if exc.errno not in (errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL, errno.ENOENT):
+            raise SolarError(f"tier {path}: cannot create ({exc.strerror})") from None
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    except OSError as exc:
+        raise SolarError(f"tier {path}: cannot create ({exc.strerror})") from None
+    os.unlink(path)
+    return fd
 
 
 def _check_directory(directory: Path) -> None:

@@ -97,13 +97,38 @@ def _advise_preadv_each(fds, iov, offsets, got):
 
 
 @njit(cache=True, nogil=True)
-def _open_read_close(names, name_at, files, iov, offsets, got, hold):
+def _same_file(fd, ident, f, stx, empty):  # pragma: no cover - compiled
+    """Whether descriptor ``fd`` is path f's file: ``ident[f]`` (size, mtime ns, device,
+    inode; -1 not known yet, then pinned) against its statx (solar/io/identity.py)."""
+    if libc.statx(fd, empty.ctypes.data, libc.AT_EMPTY_PATH, libc.STATX_BASIC_STATS,
+                  stx.ctypes.data) != 0:  # fmt: skip
+        return False
+    # struct statx (little-endian): ino at byte 32, size 40, mtime (s, ns) 112 and 120,
+    # device (major, minor) 136 and 140; the device as glibc's makedev encodes it.
+    major, minor = stx[17] & 0xFFFFFFFF, stx[17] >> 32
+    dev = ((major & 0xFFFFF000) << 32) | ((major & 0xFFF) << 8)
+    dev |= ((minor & 0xFFFFFF00) << 12) | (minor & 0xFF)
+    now = (stx[5], stx[14] * 1_000_000_000 + (stx[15] & 0xFFFFFFFF), dev, stx[4])
+    for c in range(4):
+        if ident[f, c] >= 0 and ident[f, c] != now[c]:
+            return False
+    for c in range(4):
+        if ident[f, c] < 0:
+            ident[f, c] = now[c]
+    return True
+
+
+@njit(cache=True, nogil=True)
+def _open_read_close(names, name_at, files, iov, offsets, got, hold, ident):
     """FileRuns without the descriptor cache: open ``hold`` files at a time (a file's
     neighbouring reads share one open), advise every read (WILLNEED), read, close; all
     without the GIL. ``names[name_at[f]:]`` is path f, NUL-terminated. A read whose file
-    did not open gets ``got`` -1 (the caller retries it through the cache, which raises)."""
+    did not open, or is not the file described (``ident``: :func:`_same_file`), gets ``got``
+    -1 (the caller retries it through the cache, which raises)."""
     n = files.shape[0]
     fds = np.empty(n, np.int64)
+    stx = np.empty(32, np.int64)  # struct statx: 256 bytes
+    empty = np.zeros(1, np.uint8)  # "": statx of the descriptor itself
     a = 0
     while a < n:
         b = a
@@ -113,6 +138,9 @@ def _open_read_close(names, name_at, files, iov, offsets, got, hold):
                 fds[b] = fds[b - 1]
             else:
                 fds[b] = libc.open_file(names.ctypes.data + name_at[files[b]], libc.O_READ)
+                if fds[b] >= 0 and not _same_file(fds[b], ident, files[b], stx, empty):
+                    libc.close(fds[b])
+                    fds[b] = -1  # another file under its name: never read
                 opened += 1
             b += 1
         _advise_preadv_each(fds[a:b], iov[a:b], offsets[a:b], got[a:b])
@@ -401,7 +429,8 @@ class Executor:
             names, name_at = source.names
             # Open at most the cache's share per thread: the same bound on descriptors.
             hold = max(1, min(_HOLD, source.fds.capacity // max(1, self.threads)))
-            _open_read_close(names, name_at, t.files, t.iov, t.offsets, got, hold)
+            table = source.identities.table
+            _open_read_close(names, name_at, t.files, t.iov, t.offsets, got, hold, table)
         else:
             _cached_file_runs(source, t, got)
         want = t.iov[:, 1].astype(np.int64)
@@ -492,6 +521,8 @@ def _cached_file_runs(source: Files, t: FileRuns, got: np.ndarray) -> None:
         try:
             window = np.array([fds[f] for f in files[a:b]], np.int64)
             _advise_preadv_each(window, t.iov[a:b], t.offsets[a:b], got[a:b])
+            for f in held:  # read from the files opened, not others since
+                source.identities.check_fd(f, fds[f])
         finally:
             source.fds.release(held)
         a = b
@@ -508,10 +539,12 @@ def _read_h5(source: Files, task: H5Rows) -> int:
             dset = source.h5file(f)[info.keys[k].name]
             if task.whole:  # one sample per file: the whole dataset
                 out[rows] = dset[()]
+                source.check_h5(f, source.h5file(f))
                 return int(local.size) * row_bytes
             if task.chunk_rows == 0:
                 wanted, where = np.unique(local, return_inverse=True)
                 out[rows] = dset[wanted][where]
+                source.check_h5(f, source.h5file(f))
                 return int(local.size) * row_bytes
             size = os.path.getsize(path)
             chunk = local // task.chunk_rows
@@ -521,6 +554,7 @@ def _read_h5(source: Files, task: H5Rows) -> int:
                 _check_chunk(dset, lo, size, path)
                 block = dset[lo : min(lo + task.chunk_rows, info.lengths[f])]
                 out[rows[sel]] = block[local[sel] - lo]
+            source.check_h5(f, source.h5file(f))
     except OSError as exc:
         raise SolarError(f"{path}: read error, truncated or corrupt ({exc})") from None
     return int(local.size) * row_bytes

@@ -4,6 +4,8 @@ A byte source is what the executor (solar/io/executor.py) reads from: it lends d
 (``fd(i)``) and names itself in errors. :class:`Files` is the dataset's files; the second tier
 (solar/cache/tier.py) is another. Descriptors are cached, least recently used closed beyond
 half the RLIMIT_NOFILE soft limit (:class:`FdCache`); h5py handles likewise (:class:`H5Cache`).
+Every descriptor is checked against its file's identity (solar/io/identity.py) when it is
+opened and after each use, so that a file changed under the run is refused, never served.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import numpy as np
 
 from solar.errors import SolarError
 from solar.io.hdf5 import open_h5
+from solar.io.identity import Identities
 from solar.io.info import DatasetInfo
 
 
@@ -66,11 +69,19 @@ class FdCache:
 
     ``use(i)`` holds a reference while its block runs: a descriptor in use is never closed
     (evicted when released, if it is still beyond capacity), so threads may share one.
+    ``verify(key, fd)``, if given, runs when a block using a descriptor ends without error:
+    it raises if the file is no longer the one opened (its bytes just read are not the data's).
     """
 
-    def __init__(self, capacity: int, opener: Callable[[int], int]) -> None:
+    def __init__(
+        self,
+        capacity: int,
+        opener: Callable[[int], int],
+        verify: Callable[[int, int], None] | None = None,
+    ) -> None:
         self.capacity = capacity
         self._open = opener
+        self.verify = verify
         self._lock = threading.Lock()
         self._fds: OrderedDict[int, int] = OrderedDict()
         self._refs: dict[int, int] = {}
@@ -85,6 +96,8 @@ class FdCache:
         fd = self.acquire([key])[0]
         try:
             yield fd
+            if self.verify is not None:
+                self.verify(key, fd)  # what the block read came from the file opened
         finally:
             self.release([key])
 
@@ -201,9 +214,14 @@ class Files:
         self.h5_paths = info.files
         self.direct_io = direct_io
         self.throttle = throttle  # solar.io.throttle.Throttle: an emulated remote file system
+        # Each file's identity: size and mtime as described, device and inode at first open.
+        st = info.stored
+        self.identities = Identities(
+            self.paths, _flat(st.sizes if st else None, info), _flat(st.mtimes if st else None, info)
+        )
         # The opener must not hold self: the finalizer below keeps it alive.
-        opener = functools.partial(_open_read, self.paths, direct_io)
-        self.fds = FdCache(fd_capacity(), opener)
+        opener = functools.partial(_open_read, self.paths, direct_io, self.identities)
+        self.fds = FdCache(fd_capacity(), opener, self.identities.check_fd)
         self._h5 = H5Cache(max(4, min(64, self.fds.capacity // 4)))
         self.h5_lock = threading.Lock()  # h5py serialises anyway: one thread in it at a time
         # Files dropped without close() must not keep their descriptors open.
@@ -214,12 +232,29 @@ class Files:
         return self.fds.use(i)
 
     def h5file(self, f: int) -> h5py.File:
-        """An h5py handle of file ``f`` (call with ``h5_lock`` held)."""
+        """An h5py handle of file ``f`` (call with ``h5_lock`` held), its identity checked."""
         handle = self._h5.get(f)
         if handle is None:
             handle = open_h5(self.h5_paths[f])
             self._h5.put(f, handle)
+            self.check_h5(f, handle)
         return handle
+
+    def check_h5(self, f: int, handle: h5py.File) -> None:
+        """File ``f``, open as ``handle``, is still the file described (after reads through
+        it: what they returned is the data's). HDF5 files are paths ``0..len(files)-1``."""
+        try:
+            fd = handle.id.get_vfd_handle()
+        except (OSError, ValueError, TypeError):  # a driver without a descriptor: by its path
+            self.identities.check_paths([f])
+        else:
+            self.identities.check_fd(f, fd)
+
+    def check_files(self) -> None:
+        """At an epoch's start: every path still names the file described. (Files opened per
+        read, more than the cache holds, are checked at each open instead.)"""
+        if not self.streams:
+            self.identities.check_paths()
 
     @property
     def streams(self) -> bool:
@@ -249,10 +284,26 @@ class Files:
         self._finalizer()
 
 
-def _open_read(paths: tuple[Path, ...], o_direct: bool, i: int) -> int:
+def _open_read(paths: tuple[Path, ...], o_direct: bool, identities: Identities, i: int) -> int:
     # No POSIX_FADV_RANDOM: without readahead the kernel splits a large coalesced read
     # into small synchronous ones (measured: 19 % of sequential bandwidth instead of 100 %).
-    return open_descriptor(paths[i], os.O_RDONLY, o_direct)
+    fd = open_descriptor(paths[i], os.O_RDONLY, o_direct)
+    try:
+        identities.check_fd(i, fd)  # a new descriptor: the file described, not another
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _flat(table: np.ndarray | None, info: DatasetInfo) -> np.ndarray | None:
+    """A (files, 1 or keys) table from the scan as one value per path of ``all_files`` (a
+    .npy key's files after the previous key's)."""
+    if table is None:
+        return None
+    if table.shape[1] == 1:
+        return table[:, 0]
+    return np.ascontiguousarray(table.T).reshape(-1)
 
 
 def _close_all(fds: FdCache, files: H5Cache) -> None:

@@ -80,7 +80,7 @@ def _change(was: tuple[int, int, int, int], now: tuple[int, int, int, int]) -> s
         how = "truncated" if now[0] < size else "grown"
         return f"{how}: {size} -> {now[0]} bytes"
     if mtime >= 0 and now[1] != mtime:
-        return "modified in place"
+        return "modified in place" if ino >= 0 else "modified or replaced"
     return None
 
 
