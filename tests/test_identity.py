@@ -59,9 +59,7 @@ def test_hdf5_file_rewritten_in_place_stops_the_run(tmp_path):
     loader.close()
 
 
-def test_replaced_one_sample_file_stops_the_run_beyond_the_descriptor_cache(
-    tmp_path, monkeypatch
-):
+def test_replaced_one_sample_file_stops_the_run_beyond_the_descriptor_cache(tmp_path, monkeypatch):
     # A small descriptor cache (as under `ulimit -n 64`): files are opened per read.
     monkeypatch.setattr(handles, "fd_capacity", lambda: 16)
     paths = [write_h5(tmp_path / f"s{i:03d}.h5", x=np.full(16, i, np.float32)) for i in range(N)]

@@ -537,4 +537,3 @@ def test_a_truncated_tier_never_yields_a_slot(tmp_path, direct_io):
             wait(tier.submit_read(np.arange(4), out, np.arange(4)))
         for o in out:
             assert (o.view(np.uint8) == 0xAB).all()  # nothing served, no zeros
-

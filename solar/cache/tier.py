@@ -26,9 +26,9 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import errno
 import functools
 import itertools
-import errno
 import multiprocessing.util
 import os
 import re
@@ -37,8 +37,8 @@ import threading
 import time
 import warnings
 import weakref
-from concurrent.futures import Future, wait
 from collections.abc import Iterator
+from concurrent.futures import Future, wait
 from pathlib import Path
 
 import numpy as np

@@ -216,9 +216,8 @@ class Files:
         self.throttle = throttle  # solar.io.throttle.Throttle: an emulated remote file system
         # Each file's identity: size and mtime as described, device and inode at first open.
         st = info.stored
-        self.identities = Identities(
-            self.paths, _flat(st.sizes if st else None, info), _flat(st.mtimes if st else None, info)
-        )
+        sizes, mtimes = (None, None) if st is None else (_flat(st.sizes), _flat(st.mtimes))
+        self.identities = Identities(self.paths, sizes, mtimes)
         # The opener must not hold self: the finalizer below keeps it alive.
         opener = functools.partial(_open_read, self.paths, direct_io, self.identities)
         self.fds = FdCache(fd_capacity(), opener, self.identities.check_fd)
@@ -296,7 +295,7 @@ def _open_read(paths: tuple[Path, ...], o_direct: bool, identities: Identities, 
     return fd
 
 
-def _flat(table: np.ndarray | None, info: DatasetInfo) -> np.ndarray | None:
+def _flat(table: np.ndarray | None) -> np.ndarray | None:
     """A (files, 1 or keys) table from the scan as one value per path of ``all_files`` (a
     .npy key's files after the previous key's)."""
     if table is None:
