@@ -48,7 +48,7 @@ from solar._units import format_bytes
 from solar.cache.slots import copy_rows
 from solar.errors import SolarError
 from solar.io.executor import Executor, combine, when_all
-from solar.io.handles import NoDirectIO, open_descriptor
+from solar.io.handles import NoDirectIO, memory_fault, open_descriptor
 from solar.io.info import KeyInfo
 from solar.io.tasks import SlotLayout, plan_slot_reads, plan_slot_writes
 
@@ -137,6 +137,8 @@ class TierFile:
             )
 
     def io_error(self, i: int, offset: int, exc: OSError) -> SolarError:
+        if exc.errno == errno.EFAULT:  # the memory read into or written from, not the tier
+            return memory_fault(f"tier {self.path}: slot {offset // self.stride}")
         return SolarError(f"tier {self.path}: slot {offset // self.stride}: {exc.strerror}")
 
     def short_transfer(self, i: int, offset: int, want: int, got: int, write: bool) -> SolarError:

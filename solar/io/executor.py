@@ -372,6 +372,8 @@ class Executor:
         with source.fd(t.file) as fd:
             try:
                 got = os.preadv(fd, [bounce[: hi - lo].data], lo)
+                if got < t.offset + want - lo:  # once more: an interrupted read is no error
+                    got = os.preadv(fd, [bounce[: hi - lo].data], lo)
             except OSError as exc:
                 raise source.io_error(t.file, t.offset, exc) from None
         if got < t.offset + want - lo:
@@ -405,15 +407,23 @@ class Executor:
                 got = np.empty(b - a, np.int64)
                 spans = np.arange(b - a)
                 _iov_runs(fd, iov, spans, np.ones(b - a, np.int64), t.lo[a:b], False, got)
-                bad = _scatter_rows(bounce, at, t.lo[a:b], got, t.first[a : b + 1], t.src,
-                                    t.rows, t.dest)  # fmt: skip
-                if bad >= 0:  # an error (once more in Python, which names it), or a short file
-                    lo, want = int(t.lo[a + bad]), int(size[bad])
+                s, again = 0, -1  # spans before s are scattered; the span read again
+                while True:
+                    bad = _scatter_rows(bounce, at[s:], t.lo[a + s : b], got[s:],
+                                        t.first[a + s : b + 1], t.src, t.rows, t.dest)  # fmt: skip
+                    if bad < 0:
+                        break
+                    s += bad
+                    lo, want = int(t.lo[a + s]), int(size[s])
+                    if again == s:  # read again, and still short of a row: the file is
+                        raise source.short_transfer(t.file, lo, want, int(got[s]), False)
+                    # Once more in Python, into its place: finishes an interrupted read (a
+                    # transient error is no error), or names the error.
+                    again = s
                     try:
-                        n = os.preadv(fd, [bounce[:want].data], lo)
+                        got[s] = os.preadv(fd, [bounce[at[s] : at[s] + want].data], lo)
                     except OSError as exc:
                         raise source.io_error(t.file, lo, exc) from None
-                    raise source.short_transfer(t.file, lo, want, n, False)
                 a = b
         return int(t.size.sum())
 
@@ -472,8 +482,11 @@ class Executor:
             for r in range(len(lo)):
                 if advice is not None:
                     advice.advise(hi[r] - lo[r])
+                view = buf[at[r] : at[r + 1]].data
                 try:
-                    got = os.preadv(fd, [buf[at[r] : at[r + 1]].data], lo[r])
+                    got = os.preadv(fd, [view], lo[r])
+                    if got < hi[r] - lo[r]:  # once more: an interrupted read is no error
+                        got = os.preadv(fd, [view], lo[r])
                 except OSError as exc:
                     raise source.io_error(t.file, lo[r], exc) from None
                 if got < hi[r] - lo[r]:

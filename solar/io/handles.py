@@ -25,7 +25,8 @@ from typing import Any
 import h5py
 import numpy as np
 
-from solar.errors import SolarError
+from solar._units import format_bytes
+from solar.errors import SolarError, truncated
 from solar.io.hdf5 import open_h5
 from solar.io.identity import Identities
 from solar.io.info import DatasetInfo
@@ -43,6 +44,21 @@ def open_descriptor(path: str | os.PathLike, flags: int, o_direct: bool) -> int:
             raise NoDirectIO(f"{path}: the file system does not support O_DIRECT") from None
         error = TooManyOpen if exc.errno == errno.EMFILE else SolarError
         raise error(f"{path}: cannot open ({exc.strerror})") from None
+
+
+def memory_fault(what: str) -> SolarError:
+    """The error for bytes read from ``what`` that the destination memory could not take
+    (EFAULT, or a short read of bytes the file holds): shared batch memory whose pages cannot
+    be backed, as when /dev/shm is full, not the data file's fault."""
+    try:
+        vfs = os.statvfs("/dev/shm")
+        free = f"{format_bytes(vfs.f_bavail * vfs.f_frsize)} free"
+    except OSError:
+        free = "not mounted"
+    return SolarError(
+        f"{what}: the bytes read could not be stored in batch memory (Bad address): "
+        f"is /dev/shm full? ({free})"
+    )
 
 
 class NoDirectIO(SolarError):
@@ -217,7 +233,7 @@ class Files:
         # Each file's identity: size and mtime as described, device and inode at first open.
         st = info.stored
         sizes, mtimes = (None, None) if st is None else (_flat(st.sizes), _flat(st.mtimes))
-        self.identities = Identities(self.paths, sizes, mtimes)
+        self.identities = Identities(self.paths, sizes, mtimes, functools.partial(_cut, info))
         # The opener must not hold self: the finalizer below keeps it alive.
         opener = functools.partial(_open_read, self.paths, direct_io, self.identities)
         self.fds = FdCache(fd_capacity(), opener, self.identities.check_fd)
@@ -271,16 +287,55 @@ class Files:
         return np.frombuffer(b"".join(encoded), np.uint8), at
 
     def io_error(self, i: int, offset: int, exc: OSError) -> SolarError:
+        if exc.errno == errno.EFAULT:
+            return memory_fault(f"{self.paths[i]} (byte {offset})")
         return SolarError(f"{self.paths[i]}: read error ({exc.strerror})")
 
     def short_transfer(self, i: int, offset: int, want: int, got: int, write: bool) -> SolarError:
-        return SolarError(
-            f"{self.paths[i]}: short read ({got} of {want} bytes at offset {offset}): "
-            "the file is truncated or changed since it was opened"
-        )
+        """A read that stopped short: a truncated file names its key and sample, as its
+        metadata does; a file that holds the bytes asked for was not the fault."""
+        path = self.paths[i]
+        try:
+            size = os.stat(path).st_size
+        except OSError:
+            size = -1
+        if size >= offset + want:  # the file has them: the destination memory did not
+            return memory_fault(f"{path} (short read: {got} of {want} bytes at byte {offset})")
+        where = sample_at(self.info, i, offset + max(0, got))
+        if where is None:
+            what = f"a read of {want} bytes at byte {offset}"
+            return truncated(path, what, offset + want, size)
+        key, sample, end = where
+        return truncated(path, f"key {key!r} of sample {sample}", end, size)
 
     def close(self) -> None:
         self._finalizer()
+
+
+def sample_at(info: DatasetInfo, i: int, byte: int) -> tuple[str, int, int] | None:
+    """(key, global sample id, its row's end byte) of the row of path i (of
+    ``info.all_files``) holding ``byte``, None if no key stored at an offset holds it."""
+    st = info.stored
+    if st is None:
+        return None
+    nfiles = len(info.files)
+    f, ks = (i % nfiles, [i // nfiles]) if info.key_files else (i, range(len(info.keys)))
+    first = sum(info.lengths[:f])
+    for k in ks:
+        off, row, n = int(st.offsets[f, k]), info.keys[k].row_bytes, info.lengths[f]
+        if off >= 0 and row > 0 and off <= byte < off + n * row:
+            local = (byte - off) // row
+            return info.keys[k].name, first + local, off + (local + 1) * row
+    return None
+
+
+def _cut(info: DatasetInfo, i: int, size: int) -> str | None:
+    """What a truncation of path i to ``size`` bytes cut: the first sample it lost."""
+    where = sample_at(info, i, size)
+    if where is None:
+        return None
+    key, sample, end = where
+    return f"key {key!r} of sample {sample} ends at byte {end}"
 
 
 def _open_read(paths: tuple[Path, ...], o_direct: bool, identities: Identities, i: int) -> int:

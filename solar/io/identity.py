@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -93,8 +93,12 @@ class Identities:
         paths: Sequence[str | os.PathLike],
         sizes: np.ndarray | None = None,
         mtimes: np.ndarray | None = None,
+        cut: Callable[[int, int], str | None] | None = None,
     ) -> None:
+        """``cut(i, size)``: what a truncation of path i to ``size`` bytes lost (e.g. the
+        first sample), said in its error."""
         self.paths = paths
+        self.cut = cut
         n = len(paths)
         # (paths, 4) int64: SIZE, MTIME, DEV, INO. Written by the compiled loop too (a pin,
         # the same value whoever writes it), so a plain array.
@@ -112,7 +116,8 @@ class Identities:
         now = (st.st_size, st.st_mtime_ns, st.st_dev, st.st_ino)
         what = _change(was, now)  # type: ignore[arg-type]
         if what is not None:
-            raise changed(self.paths[i], what)
+            lost = self.cut(i, now[0]) if self.cut and what.startswith("truncated") else None
+            raise changed(self.paths[i], what if lost is None else f"{what}: {lost}")
         if -1 in was:
             with self._lock:
                 for c in (SIZE, MTIME, DEV, INO):
