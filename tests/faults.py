@@ -22,6 +22,7 @@ and ``mpiexec -n 3``: tests/mpi/faults.py) and bench/fault_bench.py (many seeds)
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import gc
@@ -29,6 +30,7 @@ import os
 import random
 import shutil
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -47,14 +49,17 @@ _SCRIBBLE = 0x5A  # what a destination holds where a faulty call read nothing
 
 
 class Faults:
-    """Faults drawn from ``random.Random(seed)``: each read a kernel makes fails with
-    probability ``rate``, as one of ``kinds``; ``files`` are the data files ``change`` may
-    rewrite (once per run at most)."""
+    """Seeded faults: each read a kernel makes fails with probability ``rate``, as one of
+    ``kinds``; ``files`` are the data files, which ``change`` rewrites (once per run at most,
+    and only with ``changes``)."""
 
     def __init__(self, seed: int, rate: float = 0.05, kinds: tuple[str, ...] = KINDS,
-                 files: tuple[Path, ...] = ()) -> None:  # fmt: skip
-        self.rng = random.Random(seed)
-        self.rate, self.kinds, self.files = rate, kinds, files
+                 files: tuple[Path, ...] = (), changes: bool = True) -> None:  # fmt: skip
+        self.seed = seed
+        self.rng = random.Random(seed)  # (the bytes a fault scribbles: any will do)
+        self._calls: Counter[tuple[int, int]] = Counter()
+        self.rate, self.kinds, self.files, self.changes = rate, kinds, files, changes
+        self._ids: dict[int, int] = {}  # inode -> index in files
         self.counts: Counter[str] = Counter()
         self._bad: set[tuple[int, int]] = set()  # (inode, offset) that always fail: eio
         self._once: set[tuple[int, int]] = set()  # faulted once: the next read succeeds
@@ -68,23 +73,27 @@ class Faults:
         i, opened inside a compiled loop), if any. ``python``: an ``os.preadv``, which
         retries EINTR itself, and whose first failure the executor does not retry (EIO
         there is a stop)."""
-        key = (self._inode(fd), offset)
+        key = (self._file(fd), offset)
         with self._lock:
             if key in self._bad:
                 return "eio"
             if key in self._once:  # a transient fault is transient: this read succeeds
                 self._once.discard(key)
                 return None
-            if self.rng.random() >= self.rate:
+            # Drawn from (seed, the bytes read, how often read): the same faults whatever
+            # order the reader threads make their calls in.
+            self._calls[key] += 1
+            rng = random.Random(f"{self.seed}:{key[0]}:{key[1]}:{self._calls[key]}")
+            if rng.random() >= self.rate:
                 return None
             kinds = [k for k in self.kinds if not write or k in ("eintr", "eio_once")]
             if python:
                 kinds = [k for k in kinds if k not in ("eintr", "eio_once")]
-            if self._changed or not self.files:
+            if self._changed or not self.changes or not self.files:
                 kinds = [k for k in kinds if k != "change"]
             if not kinds:
                 return None
-            kind = self.rng.choices(kinds, [WEIGHTS[k] for k in kinds])[0]
+            kind = rng.choices(kinds, [WEIGHTS[k] for k in kinds])[0]
             self.counts[kind] += 1
             if kind == "eio":
                 self._bad.add(key)
@@ -105,12 +114,15 @@ class Faults:
             f.seek(at)
             f.write(bytes(b ^ 0xFF for b in old))
 
-    def _inode(self, fd: int) -> int:
-        """Which file a call reads (a bad sector is the file's, whatever descriptor)."""
+    def _file(self, fd: int) -> int:
+        """Which file a call reads, as an index in ``files`` (-1: another, the tier): a bad
+        sector is the file's, whatever descriptor reads it."""
+        if fd < 0:
+            return -1 - fd
         try:
-            return os.stat(self.files[-1 - fd]).st_ino if fd < 0 else os.fstat(fd).st_ino
-        except (OSError, IndexError):
-            return -(10**9)
+            return self._ids.get(os.fstat(fd).st_ino, -1)
+        except OSError:
+            return -1
 
     # -- the wrapped kernels -----------------------------------------------------------------
     def _runs(self, fd, iov, starts, counts, offsets, write, got):
@@ -170,6 +182,7 @@ class Faults:
     @contextmanager
     def installed(self) -> Iterator[Faults]:
         """The executor's calls wrapped while the block runs."""
+        self._ids = {os.stat(p).st_ino: i for i, p in enumerate(self.files)}
         names = ("_iov_runs", "_advise_preadv_each", "_open_read_close")
         self._real = {name: getattr(executor_mod, name) for name in names}
         self._real["preadv"] = os.preadv
@@ -241,12 +254,45 @@ def snapshot() -> dict[str, set]:
                         children.add(pid)
             except OSError:
                 continue
-    return {"fds": fds, "children": children, "shm": set(os.listdir("/dev/shm"))}
+    # MPI's own segments (mpich_shm_*) are other jobs' on a shared machine, and MPI's to
+    # clean: counted by the launcher's side (tests/test_faults.py), not here.
+    shm = {n for n in os.listdir("/dev/shm") if not n.startswith("mpich_shm_")}
+    return {"fds": fds, "children": children, "shm": shm}
 
 
 def leftovers(before: dict[str, set]) -> dict[str, int]:
+    """What appeared since ``before`` and is still there: descriptors, child processes,
+    /dev/shm names (those another live process maps or holds open are that process's: the
+    machine is shared)."""
     after = snapshot()
-    return {k: len(after[k] - before[k]) for k in before}
+    new = {k: after[k] - before[k] for k in before}
+    for _ in range(3):  # other jobs' names come and go: one left is left for a while
+        if not new["shm"]:
+            break
+        new["shm"] -= _held_by_others(new["shm"])
+        time.sleep(0.2)
+        new["shm"] &= set(os.listdir("/dev/shm"))
+    return {k: len(v) for k, v in new.items()}
+
+
+def _held_by_others(names: set[str]) -> set[str]:
+    held: set[str] = set()
+    me = str(os.getpid())
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit() or pid == me:
+            continue
+        try:
+            with open(f"/proc/{pid}/maps") as f:
+                maps = f.read()
+            links = []
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                with contextlib.suppress(OSError):
+                    links.append(os.readlink(f"/proc/{pid}/fd/{fd}"))
+        except OSError:
+            continue
+        text = maps + "\n".join(links)
+        held |= {n for n in names if f"/dev/shm/{n}" in text}
+    return held
 
 
 MODES = ("buffered", "direct", "one_per_file", "tier")
@@ -272,17 +318,25 @@ def make_data(directory: Path, mode: str, n: int = 96) -> list[Path]:
     return [p]
 
 
+def fresh_copy(originals: list[Path], work: Path) -> list[Path]:
+    """Copies of ``originals`` in an empty ``work`` (a run may change them)."""
+    if work.exists():
+        shutil.rmtree(work)
+    work.mkdir(parents=True)
+    return [Path(shutil.copy(p, work / p.name)) for p in originals]
+
+
 def run(seed: int, mode: str, originals: list[Path], work: Path, rate: float = 0.05,
-        epochs: int = 2) -> Outcome:  # fmt: skip
-    """One seeded run of ``mode`` over fresh copies of ``originals`` in ``work``."""
+        epochs: int = 2, comm=None, changes: bool = True, rank_seed: int = 0,
+        kinds: tuple[str, ...] = KINDS) -> Outcome:  # fmt: skip
+    """One seeded run of ``mode`` over fresh copies of ``originals`` in ``work`` (with
+    ``comm``: the files given, shared by the ranks; ``changes``: this rank may change them;
+    ``rank_seed``: its faults' seed is ``1000 * seed + rank_seed``)."""
     from solar import Loader, SolarError
     from solar.config import ReaderConfig
     from solar.errors import first_line
 
-    if work.exists():
-        shutil.rmtree(work)
-    work.mkdir(parents=True)
-    paths = [Path(shutil.copy(p, work / p.name)) for p in originals]
+    paths = originals if comm is not None else fresh_copy(originals, work)
     ref: dict[str, list] = {}
     for p in paths:
         with h5py.File(p) as f:
@@ -298,10 +352,13 @@ def run(seed: int, mode: str, originals: list[Path], work: Path, rate: float = 0
                 "reader": reader}  # fmt: skip
     if mode == "one_per_file":
         kw.update(one_per_file=True, buffer=0)
+    nvme = work / ("nvme" if comm is None else f"nvme{comm.Get_rank()}")
     if mode == "tier":
-        (work / "nvme").mkdir()
-        kw.update(buffer=8, tier=work / "nvme", tier_size=48)
-    faults = Faults(seed, rate, files=tuple(paths))
+        nvme.mkdir(parents=True, exist_ok=True)
+        kw.update(buffer=8, tier=nvme, tier_size=48)
+    if comm is not None:
+        kw["comm"] = comm
+    faults = Faults(1000 * seed + rank_seed, rate, kinds, tuple(paths), changes)
     loader = None
     try:
         loader = Loader(paths, **kw)
@@ -325,5 +382,5 @@ def run(seed: int, mode: str, originals: list[Path], work: Path, rate: float = 0
         gc.collect()
         out.leftovers = leftovers(before)
         if mode == "tier":
-            out.leftovers["tier_files"] = len(os.listdir(work / "nvme"))
+            out.leftovers["tier_files"] = len(os.listdir(nvme))
     return out
