@@ -106,8 +106,8 @@ def test_seeded_faults_under_mpiexec(originals, tmp_path):
            str(work), "buffered", *MPI_SEEDS]  # fmt: skip
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env,
                             check=False)  # fmt: skip
-    outcomes = [json.loads(line.split(" ", 1)[1])
-                for line in result.stdout.splitlines() if line.startswith("OUTCOME ")]  # fmt: skip
+    outcomes = [json.loads(line) for f in sorted(work.glob("outcomes-*.jsonl"))
+                for line in f.read_text().splitlines()]  # fmt: skip
     assert "Traceback" not in result.stderr, result.stderr[-3000:]
     for o in outcomes:  # every rank's run that ended: exact, or stopped in one line
         assert not any(o["leftovers"].values()), o

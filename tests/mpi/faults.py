@@ -1,5 +1,6 @@
 """Under mpiexec: whole epochs on every rank under seeded faults at the executor's calls
-(tests/faults.py); each rank prints its outcome as one JSON line.
+(tests/faults.py); each rank writes its outcome per seed as one JSON line to
+WORK/outcomes-RANK.jsonl (not stdout, where the ranks' lines interleave).
 
 mpiexec -n 3 python tests/mpi/faults.py WORK MODE SEED [SEED ...]
 
@@ -29,8 +30,8 @@ for seed in seeds:
     paths = sorted((work / "run").glob("*.h5"))
     o = faults.run(seed, mode, paths, work / "run", rate=0.03, comm=comm, changes=d.rank == 0,
                    rank_seed=d.rank)  # fmt: skip
-    print("OUTCOME " + json.dumps({"rank": d.rank, "seed": seed, "mode": mode,
-                                   "injected": dict(o.injected), "batches": o.batches,
-                                   "stopped": o.stopped, "leftovers": o.leftovers}),
-          flush=True)  # fmt: skip
+    with open(work / f"outcomes-{d.rank}.jsonl", "a") as f:
+        f.write(json.dumps({"rank": d.rank, "seed": seed, "mode": mode,
+                            "injected": dict(o.injected), "batches": o.batches,
+                            "stopped": o.stopped, "leftovers": o.leftovers}) + "\n")  # fmt: skip
     comm.Barrier()
