@@ -22,7 +22,6 @@ and ``mpiexec -n 3``: tests/mpi/faults.py) and bench/fault_bench.py (many seeds)
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import errno
 import gc
@@ -30,7 +29,6 @@ import os
 import random
 import shutil
 import threading
-import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -243,7 +241,7 @@ class Outcome:
 
 
 def snapshot() -> dict[str, set]:
-    """Descriptors, child processes and /dev/shm names of this process, now."""
+    """Descriptors, child processes and the /dev/shm names this process maps, now."""
     fds = set(os.listdir("/proc/self/fd"))
     children = set()
     for pid in os.listdir("/proc"):
@@ -254,45 +252,41 @@ def snapshot() -> dict[str, set]:
                         children.add(pid)
             except OSError:
                 continue
-    # MPI's own segments (mpich_shm_*) are other jobs' on a shared machine, and MPI's to
-    # clean: counted by the launcher's side (tests/test_faults.py), not here.
-    shm = {n for n in os.listdir("/dev/shm") if not n.startswith("mpich_shm_")}
+    with open("/proc/self/maps") as f:
+        shm = {line.split("/dev/shm/", 1)[1].split()[0] for line in f if "/dev/shm/" in line}
     return {"fds": fds, "children": children, "shm": shm}
 
 
-def leftovers(before: dict[str, set]) -> dict[str, int]:
+@contextmanager
+def shm_created() -> Iterator[set[str]]:
+    """The /dev/shm names this process creates while the block runs (shared memory:
+    multiprocessing.shared_memory's ``shm_open``). The machine is shared: other jobs' names
+    come and go in /dev/shm, so a name is counted as left only if this process made it."""
+    import _posixshmem  # type: ignore[import-not-found]
+
+    created: set[str] = set()
+    real = _posixshmem.shm_open
+
+    def shm_open(path, flags, mode=0o777):
+        fd = real(path, flags, mode)
+        if flags & os.O_CREAT:
+            created.add(path.lstrip("/"))
+        return fd
+
+    _posixshmem.shm_open = shm_open
+    try:
+        yield created
+    finally:
+        _posixshmem.shm_open = real
+
+
+def leftovers(before: dict[str, set], created: set[str] = frozenset()) -> dict[str, int]:  # type: ignore[assignment]
     """What appeared since ``before`` and is still there: descriptors, child processes,
-    /dev/shm names (those another live process maps or holds open are that process's: the
-    machine is shared)."""
+    /dev/shm names this process created (``created``) or still maps."""
     after = snapshot()
     new = {k: after[k] - before[k] for k in before}
-    for _ in range(3):  # other jobs' names come and go: one left is left for a while
-        if not new["shm"]:
-            break
-        new["shm"] -= _held_by_others(new["shm"])
-        time.sleep(0.2)
-        new["shm"] &= set(os.listdir("/dev/shm"))
+    new["shm"] |= created & set(os.listdir("/dev/shm"))
     return {k: len(v) for k, v in new.items()}
-
-
-def _held_by_others(names: set[str]) -> set[str]:
-    held: set[str] = set()
-    me = str(os.getpid())
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit() or pid == me:
-            continue
-        try:
-            with open(f"/proc/{pid}/maps") as f:
-                maps = f.read()
-            links = []
-            for fd in os.listdir(f"/proc/{pid}/fd"):
-                with contextlib.suppress(OSError):
-                    links.append(os.readlink(f"/proc/{pid}/fd/{fd}"))
-        except OSError:
-            continue
-        text = maps + "\n".join(links)
-        held |= {n for n in names if f"/dev/shm/{n}" in text}
-    return held
 
 
 MODES = ("buffered", "direct", "one_per_file", "tier")
@@ -360,6 +354,8 @@ def run(seed: int, mode: str, originals: list[Path], work: Path, rate: float = 0
         kw["comm"] = comm
     faults = Faults(1000 * seed + rank_seed, rate, kinds, tuple(paths), changes)
     loader = None
+    watch = shm_created()
+    created = watch.__enter__()
     try:
         loader = Loader(paths, **kw)
         with faults.installed():
@@ -380,7 +376,8 @@ def run(seed: int, mode: str, originals: list[Path], work: Path, rate: float = 0
             loader.close()
         del loader
         gc.collect()
-        out.leftovers = leftovers(before)
+        watch.__exit__(None, None, None)
+        out.leftovers = leftovers(before, created)
         if mode == "tier":
             out.leftovers["tier_files"] = len(os.listdir(nvme))
     return out

@@ -96,11 +96,11 @@ def test_a_truncated_file_names_its_key_and_sample(tmp_path):
 def test_seeded_faults_under_mpiexec(originals, tmp_path):
     """Three ranks, each with its faults, sharing the files rank 0 may change: each rank
     serves exact bytes, or the job stops with one line (solar's abort), naming the fault;
-    no rank process, /dev/shm name or tier file is left."""
+    no rank process is left, nor (in each rank that ended its runs) a descriptor, child,
+    /dev/shm name or tier file."""
     if not MPIEXEC.exists():
         pytest.skip("no mpiexec beside python")
     work = tmp_path / "mpi"
-    shm_before = set(os.listdir("/dev/shm"))
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     cmd = [str(MPIEXEC), "-n", "3", sys.executable, str(HERE / "mpi" / "faults.py"),
            str(work), "buffered", *MPI_SEEDS]  # fmt: skip
@@ -120,9 +120,7 @@ def test_seeded_faults_under_mpiexec(originals, tmp_path):
         for e in errors:
             assert re.search(r"Input/output error|changed since it was opened", e), e
     left = subprocess.run(["pgrep", "-f", str(work)], capture_output=True, text=True)
-    assert left.stdout == "", left.stdout
-    new = {n for n in set(os.listdir("/dev/shm")) - shm_before if not n.startswith("mpich_shm_")}
-    assert not new - faults._held_by_others(new), new
+    assert left.stdout == "", left.stdout  # no rank (nor a process it started) lives on
 
 
 MPI_SEEDS = ["0", "2"]  # 0: every rank exact; 2: rank 0 changes the file and stops
