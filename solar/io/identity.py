@@ -114,7 +114,7 @@ class Identities:
         row = self.table[i]
         was = tuple(row.tolist())
         now = (st.st_size, st.st_mtime_ns, st.st_dev, st.st_ino)
-        what = _change(was, now)  # type: ignore[arg-type]
+        what = _change(was, now)
         if what is not None:
             lost = self.cut(i, now[0]) if self.cut and what.startswith("truncated") else None
             raise changed(self.paths[i], what if lost is None else f"{what}: {lost}")
