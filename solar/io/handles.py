@@ -46,7 +46,7 @@ def open_descriptor(path: str | os.PathLike, flags: int, o_direct: bool) -> int:
         raise error(f"{path}: cannot open ({exc.strerror})") from None
 
 
-def memory_fault(what: str) -> SolarError:
+def memory_fault(what: str, why: str = "Bad address") -> SolarError:
     """The error for bytes read from ``what`` that the destination memory could not take
     (EFAULT, or a short read of bytes the file holds): shared batch memory whose pages cannot
     be backed, as when /dev/shm is full, not the data file's fault."""
@@ -56,7 +56,7 @@ def memory_fault(what: str) -> SolarError:
     except OSError:
         free = "not mounted"
     return SolarError(
-        f"{what}: the bytes read could not be stored in batch memory (Bad address): "
+        f"{what}: the bytes read could not be stored in batch memory ({why}): "
         f"is /dev/shm full? ({free})"
     )
 
@@ -300,7 +300,8 @@ class Files:
         except OSError:
             size = -1
         if size >= offset + want:  # the file has them: the destination memory did not
-            return memory_fault(f"{path} (short read: {got} of {want} bytes at byte {offset})")
+            why = f"{got} of {want} bytes at byte {offset}, which the file holds"
+            return memory_fault(str(path), why)
         where = sample_at(self.info, i, offset + max(0, got))
         if where is None:
             what = f"a read of {want} bytes at byte {offset}"
