@@ -37,7 +37,6 @@ import threading
 import time
 import warnings
 import weakref
-from collections.abc import Iterator
 from concurrent.futures import Future, wait
 from pathlib import Path
 
@@ -119,13 +118,10 @@ class TierFile:
         self._st = _State(slots, staging_slots, self.stride)
 
     # -- a byte source of the executor ---------------------------------------------------------
-    @contextlib.contextmanager
-    def fd(self, i: int) -> Iterator[int]:
+    def fd(self, i: int) -> contextlib.AbstractContextManager[int]:
         """The tier's descriptor (it has one file: ``i`` is 0), its size checked before and
         after the task's reads or writes: a truncated (or re-extended) file yields no slot."""
-        self.check_size()
-        yield self._fd
-        self.check_size()
+        return _Checked(self)
 
     def check_size(self) -> None:
         """Raise (one line) unless the file still has its ``nbytes``."""
@@ -354,6 +350,24 @@ class TierFile:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class _Checked:
+    """A task's use of the tier's descriptor, the file's size checked around it (a class, not
+    a generator: it is entered per task)."""
+
+    __slots__ = ("tier",)
+
+    def __init__(self, tier: TierFile) -> None:
+        self.tier = tier
+
+    def __enter__(self) -> int:
+        self.tier.check_size()
+        return self.tier._fd
+
+    def __exit__(self, kind: object, *rest: object) -> None:
+        if kind is None:
+            self.tier.check_size()
 
 
 class _State:

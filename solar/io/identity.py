@@ -108,12 +108,17 @@ class Identities:
         if mtimes is not None:
             self.table[:, MTIME] = np.asarray(mtimes, np.int64).reshape(n)
         self._lock = threading.Lock()
+        # Rows known in full, as tuples: the common check is one comparison (a descriptor is
+        # checked after every use: this is on the hot path).
+        self._known: list[tuple[int, ...] | None] = [None] * n
 
     def check(self, i: int, st: os.stat_result) -> None:
         """``st`` (of path i, just stat'ed) is its identity; pins what is not known yet."""
+        now = (st.st_size, st.st_mtime_ns, st.st_dev, st.st_ino)
+        if self._known[i] == now:
+            return
         row = self.table[i]
         was = tuple(row.tolist())
-        now = (st.st_size, st.st_mtime_ns, st.st_dev, st.st_ino)
         what = _change(was, now)
         if what is not None:
             lost = self.cut(i, now[0]) if self.cut and what.startswith("truncated") else None
@@ -123,6 +128,7 @@ class Identities:
                 for c in (SIZE, MTIME, DEV, INO):
                     if row[c] < 0:
                         row[c] = now[c]
+        self._known[i] = now
 
     def check_fd(self, i: int, fd: int) -> None:
         """The descriptor ``fd`` of path i is still its file."""
