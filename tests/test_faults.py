@@ -9,6 +9,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -119,8 +120,15 @@ def test_seeded_faults_under_mpiexec(originals, tmp_path):
         assert errors, result.stderr[-3000:]
         for e in errors:
             assert re.search(r"Input/output error|changed since it was opened", e), e
-    left = subprocess.run(["pgrep", "-f", str(work)], capture_output=True, text=True)
-    assert left.stdout == "", left.stdout  # no rank (nor a process it started) lives on
+    # No rank (nor a process it started) lives on: MPI's abort kills the ranks, which may
+    # take a moment to be reaped after mpiexec returns.
+    deadline = time.monotonic() + 10
+    while True:
+        left = subprocess.run(["pgrep", "-af", str(work)], capture_output=True, text=True)
+        if left.stdout == "" or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert left.stdout == "", left.stdout
 
 
 MPI_SEEDS = ["0", "2"]  # 0: every rank exact; 2: rank 0 changes the file and stops
