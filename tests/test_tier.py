@@ -107,8 +107,8 @@ def test_round_trip(tmp_path, keys, aligned, direct_io):
     src = samples(keys, n)
     with tier_file(tmp_path, slots=40, keys=keys, name="rt-r0", direct_io=direct_io) as tier:
         assert tier.direct_io == direct_io
-        assert tier.nbytes == os.stat(tier.path).st_size == 40 * tier.stride
-        assert os.stat(tier.path).st_blocks * 512 >= tier.nbytes  # allocated, not sparse
+        assert tier.nbytes == os.fstat(tier._fd).st_size == 40 * tier.stride
+        assert os.fstat(tier._fd).st_blocks * 512 >= tier.nbytes  # allocated, not sparse
         # Slots: a run of adjacent ones, scattered ones, the last one.
         tslots = np.r_[np.arange(3, 15), [39, 0, 20, 22, 21, 30, 31, 25, 26, 27, 1, 33]]
         wait(tier.submit_write(tslots, src, np.arange(n)))
@@ -232,11 +232,13 @@ def test_gone_after_gc(tmp_path):
 
     tier = tier_file(tmp_path, slots=2, keys=TINY, name="gc")
     wait(tier.submit_write(np.array([0]), samples(TINY, 1), np.array([0])))
-    path = tier.path
-    assert path.exists()
+    fd = tier._fd
+    assert os.fstat(fd).st_nlink == 0  # no name: nothing to remove
     del tier
     gc.collect()
-    assert not path.exists()
+    with pytest.raises(OSError):
+        os.fstat(fd)  # closed: the kernel frees the file
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_gone_at_exit(tmp_path):
@@ -283,7 +285,7 @@ def test_a_forked_child_is_refused_and_leaves_the_parents_file(tmp_path):
             finally:
                 os._exit(ok)
         assert os.waitpid(pid, 0)[1] == 0
-        assert tier.path.exists()
+        os.fstat(tier._fd)  # the parent's descriptor is still open
         out = empty(TINY, 1)
         wait(tier.submit_read(np.array([0]), out, np.array([0])))
         for o, s in zip(out, src, strict=True):
@@ -479,3 +481,59 @@ def test_a_write_waits_for_the_reads_of_the_old_content(tmp_path, monkeypatch):
         wait(read)
         for s, o in zip(src, out, strict=True):
             assert o[0].tobytes() == s[0].tobytes()
+
+
+def test_the_tier_file_has_no_name_and_nothing_is_left_after_a_kill(tmp_path):
+    """Issue 33, cause 4: no other process can truncate or overwrite the tier by name, and a
+    rank killed by SIGKILL (no finalizer runs) leaves no file behind."""
+    with tier_file(tmp_path, slots=4, keys=TINY, name="anon") as tier:
+        wait(tier.submit_write(np.arange(4), samples(TINY, 4), np.arange(4)))
+        assert os.fstat(tier._fd).st_nlink == 0
+        assert list(tmp_path.iterdir()) == []
+    read, write = os.pipe()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # fork with threads
+        pid = os.fork()
+    if pid == 0:  # a rank: makes its tier, writes a slot, then is killed
+        try:
+            os.close(read)
+            t = TierFile(tmp_path, slots=64, keys=TINY, name="kill", executor=Executor(1))
+            t.submit_write(np.array([1]), samples(TINY, 1), np.array([0]))
+            t.wait_writes()
+            os.write(write, b"ready")
+            time.sleep(60)
+        finally:
+            os._exit(1)
+    os.close(write)
+    try:
+        assert os.read(read, 5) == b"ready"
+        assert list(tmp_path.iterdir()) == []  # alive, written: still no name
+    finally:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+        os.close(read)
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("direct_io", [False, True])
+def test_a_truncated_tier_never_yields_a_slot(tmp_path, direct_io):
+    """Issue 33, cause 4: the tier file truncated under the run (through /proc/PID/fd, the
+    one way left) and re-extended by later writes: every read fails in one line and leaves
+    its rows untouched, never full-length zeros."""
+    src = samples(TINY, 8)
+    with tier_file(tmp_path, slots=8, keys=TINY, name="trunc", direct_io=direct_io) as tier:
+        wait(tier.submit_write(np.arange(8), src, np.arange(8)))
+        tier.wait_writes()
+        os.truncate(f"/proc/self/fd/{tier._fd}", 0)
+        with pytest.raises(SolarError) as err:
+            wait(tier.submit_write(np.array([7]), src, np.array([7])))  # a later demotion
+        message = str(err.value)
+        assert "trunc." in message and "the file is 0 bytes" in message
+        assert "\n" not in message
+        out = empty(TINY, 4)
+        for o in out:
+            o.view(np.uint8)[...] = 0xAB
+        with pytest.raises(SolarError, match="truncated or grown"):
+            wait(tier.submit_read(np.arange(4), out, np.arange(4)))
+        for o in out:
+            assert (o.view(np.uint8) == 0xAB).all()  # nothing served, no zeros

@@ -23,6 +23,17 @@ def data(request, tmp_path) -> list[Path]:
     return [_write(tmp_path / "d.h5", 0, N, **(layout if request.param != "contiguous" else {}))]
 
 
+def open_tiers(directory: Path) -> int:
+    """This process's descriptors of (unnamed) files in ``directory``: its tier files."""
+    links = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            links.append(os.readlink(f"/proc/self/fd/{fd}"))
+        except OSError:
+            continue
+    return sum(link.startswith(f"{directory}/") for link in links)
+
+
 @pytest.fixture
 def nvme(tmp_path) -> Path:
     (tmp_path / "nvme").mkdir()
@@ -37,7 +48,7 @@ def test_whole_runs_with_a_tier_are_byte_identical(data, nvme, world):
         Loader(data, **kw, rank=r, world_size=world, reader=ReaderConfig(threads=3))
         for r in range(world)
     ]
-    assert len(os.listdir(nvme)) == world  # one file per rank, created up front
+    assert open_tiers(nvme) == world and os.listdir(nvme) == []  # one file per rank, unnamed
     run_all(loaders, range(4), ref)
     for ld in loaders:
         planned = ld.plan.stats[ld.rank]
@@ -47,7 +58,7 @@ def test_whole_runs_with_a_tier_are_byte_identical(data, nvme, world):
         assert sum(s.reads for s in served) == planned.reads
         assert sum(s.tier_bytes for s in served) > 0 and sum(s.tier_writes for s in served) > 0
         ld.close()
-    assert os.listdir(nvme) == []
+    assert os.listdir(nvme) == [] and open_tiers(nvme) == 0
 
 
 def test_with_room_for_everything_later_epochs_read_nothing_from_storage(data, nvme):
@@ -105,13 +116,13 @@ def test_a_loader_dropped_without_close_removes_its_tier_file(data, nvme):
     ld = Loader(data, batch_size=4, epochs=2, buffer=5, tier=nvme, tier_size=20)
     ld.set_epoch(0)
     list(ld)
-    assert len(os.listdir(nvme)) == 1
+    assert open_tiers(nvme) == 1
     del ld
     deadline = time.monotonic() + 60  # a hang guard, not a speed: the writes are a few KiB
-    while os.listdir(nvme) and time.monotonic() < deadline:
+    while open_tiers(nvme) and time.monotonic() < deadline:
         gc.collect()  # once the tier's writes in flight end, nothing holds it
         time.sleep(0.05)
-    assert os.listdir(nvme) == []
+    assert open_tiers(nvme) == 0 and os.listdir(nvme) == []
 
 
 def test_a_full_disk_is_refused_up_front(data, nvme, monkeypatch):

@@ -6,16 +6,27 @@ It owns the file, its staged writes and every tier-slot hazard; which sample liv
 tier slot is the planner's business. Its reads and writes are tasks (solar/io/tasks.py) run by
 the rank's one executor (solar/io/executor.py), as the dataset's reads are.
 
-The file is named ``solar-tier-{name}.{n}-{host}-{pid}.bin`` (n counts the process's tiers) and
-removed at :meth:`TierFile.close`, at garbage collection and at interpreter exit, by the process
-that created it only. Files left by crashed runs on this host (their pid no longer alive) are
-removed when a tier is created.
+The file has no name: it is created unlinked (``O_TMPFILE``; where the file system lacks it,
+created and unlinked at once), so no other process can open, truncate or overwrite it by name,
+and nothing is left behind when the process dies, however it dies (SIGKILL, an MPI abort): the
+kernel frees it with the last descriptor. ``TierFile.path``
+(``solar-tier-{name}.{n}-{host}-{pid}.bin``, n counting the process's tiers) names it in
+messages only. Its size is checked around every read and write task: a tier file truncated or
+grown through ``/proc/PID/fd`` fails the tier in one line before any slot is served (a slot
+past a truncation would read back as zeros once a later write re-extended the file). Named
+files left by crashed runs of earlier versions on this host are removed when a tier is created.
+
+Why an unlinked file rather than a tag per slot: a tag verified on read (a checksum of the
+slot's bytes) costs a pass over every byte read from the tier, a tag of sample id and step alone
+misses an overwrite that keeps it, and a tag in the slot grows a page-multiple slot by a page;
+an unlinked file leaves nothing to tamper with by name and costs two ``fstat`` calls per task.
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
+import errno
 import functools
 import itertools
 import multiprocessing.util
@@ -36,7 +47,7 @@ from solar._units import format_bytes
 from solar.cache.slots import copy_rows
 from solar.errors import SolarError
 from solar.io.executor import Executor, combine, when_all
-from solar.io.handles import NoDirectIO, open_descriptor
+from solar.io.handles import NoDirectIO, memory_fault, open_descriptor
 from solar.io.info import KeyInfo
 from solar.io.tasks import SlotLayout, plan_slot_reads, plan_slot_writes
 
@@ -97,7 +108,7 @@ class TierFile:
         self._pid = os.getpid()
         self.path = directory / f"solar-tier-{_sanitise(name)}.{seq}-{host}-{self._pid}.bin"
         self._fd, self.direct_io = _create(self.path, self.nbytes, direct_io)
-        self._finalizer = weakref.finalize(self, _remove, self._fd, str(self.path), self._pid)
+        self._finalizer = weakref.finalize(self, os.close, self._fd)
         # Also at the exit of a multiprocessing child, which skips atexit (and so weakref's).
         multiprocessing.util.Finalize(self, self._finalizer, exitpriority=0)
         self.bytes_written = self.bytes_read = 0  # bytes submitted
@@ -108,10 +119,22 @@ class TierFile:
 
     # -- a byte source of the executor ---------------------------------------------------------
     def fd(self, i: int) -> contextlib.AbstractContextManager[int]:
-        """The tier's descriptor (it has one file: ``i`` is 0)."""
-        return contextlib.nullcontext(self._fd)
+        """The tier's descriptor (it has one file: ``i`` is 0), its size checked before and
+        after the task's reads or writes: a truncated (or re-extended) file yields no slot."""
+        return _Checked(self)
+
+    def check_size(self) -> None:
+        """Raise (one line) unless the file still has its ``nbytes``."""
+        size = os.fstat(self._fd).st_size
+        if size != self.nbytes:
+            raise SolarError(
+                f"tier {self.path}: the file is {size} bytes, not {self.nbytes}: truncated or "
+                "grown by another process; its slots cannot be trusted"
+            )
 
     def io_error(self, i: int, offset: int, exc: OSError) -> SolarError:
+        if exc.errno == errno.EFAULT:  # the memory read into or written from, not the tier
+            return memory_fault(f"tier {self.path}: slot {offset // self.stride}")
         return SolarError(f"tier {self.path}: slot {offset // self.stride}: {exc.strerror}")
 
     def short_transfer(self, i: int, offset: int, want: int, got: int, write: bool) -> SolarError:
@@ -329,6 +352,24 @@ class TierFile:
         self.close()
 
 
+class _Checked:
+    """A task's use of the tier's descriptor, the file's size checked around it (a class, not
+    a generator: it is entered per task)."""
+
+    __slots__ = ("tier",)
+
+    def __init__(self, tier: TierFile) -> None:
+        self.tier = tier
+
+    def __enter__(self) -> int:
+        self.tier.check_size()
+        return self.tier._fd
+
+    def __exit__(self, kind: object, *rest: object) -> None:
+        if kind is None:
+            self.tier.check_size()
+
+
 class _State:
     """A tier's I/O state: staging memory, reads and writes in flight, held reads."""
 
@@ -386,25 +427,15 @@ def _settle(held: Future, futures: list[Future]) -> None:
         held.set_exception(exc)
 
 
-def _remove(fd: int, path: str, pid: int) -> None:
-    """Close the descriptor; remove the file only in the process that created it."""
-    os.close(fd)
-    if os.getpid() == pid:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(path)
-
-
 def _create(path: Path, nbytes: int, direct_io: bool) -> tuple[int, bool]:
-    """A new file of ``nbytes`` allocated bytes; its descriptor and whether O_DIRECT is on."""
-    try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
-    except OSError as exc:
-        raise SolarError(f"tier {path}: cannot create ({exc.strerror})") from None
+    """A new unlinked file of ``nbytes`` allocated bytes in ``path``'s directory; its
+    descriptor and whether O_DIRECT is on."""
+    fd = _unlinked(path)
     try:
         os.posix_fallocate(fd, 0, nbytes)  # before O_DIRECT: glibc may emulate it by writes
         if direct_io:
-            try:
-                dfd = open_descriptor(path, os.O_RDWR, o_direct=True)
+            try:  # the same file opened again, by its descriptor: it has no name
+                dfd = open_descriptor(f"/proc/self/fd/{fd}", os.O_RDWR, o_direct=True)
             except NoDirectIO:
                 warnings.warn(f"tier {path}: no O_DIRECT here, using buffered I/O", stacklevel=3)
             else:
@@ -413,9 +444,26 @@ def _create(path: Path, nbytes: int, direct_io: bool) -> tuple[int, bool]:
         return fd, False
     except (OSError, SolarError) as exc:
         os.close(fd)
-        os.unlink(path)
         why = exc.strerror if isinstance(exc, OSError) else exc
         raise SolarError(f"tier {path}: cannot allocate {format_bytes(nbytes)} ({why})") from None
+
+
+def _unlinked(path: Path) -> int:
+    """A new empty file in ``path``'s directory with no name (O_TMPFILE; else created as
+    ``path`` and unlinked at once, a crash in between leaving it to :func:`remove_stale`)."""
+    flags = os.O_RDWR | getattr(os, "O_TMPFILE", 0)
+    try:
+        if flags != os.O_RDWR:
+            return os.open(path.parent, flags, 0o600)
+    except OSError as exc:
+        if exc.errno not in (errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL, errno.ENOENT):
+            raise SolarError(f"tier {path}: cannot create ({exc.strerror})") from None
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    except OSError as exc:
+        raise SolarError(f"tier {path}: cannot create ({exc.strerror})") from None
+    os.unlink(path)
+    return fd
 
 
 def _check_directory(directory: Path) -> None:

@@ -4,6 +4,8 @@ A byte source is what the executor (solar/io/executor.py) reads from: it lends d
 (``fd(i)``) and names itself in errors. :class:`Files` is the dataset's files; the second tier
 (solar/cache/tier.py) is another. Descriptors are cached, least recently used closed beyond
 half the RLIMIT_NOFILE soft limit (:class:`FdCache`); h5py handles likewise (:class:`H5Cache`).
+Every descriptor is checked against its file's identity (solar/io/identity.py) when it is
+opened and after each use, so that a file changed under the run is refused, never served.
 """
 
 from __future__ import annotations
@@ -23,8 +25,10 @@ from typing import Any
 import h5py
 import numpy as np
 
-from solar.errors import SolarError
+from solar._units import format_bytes
+from solar.errors import SolarError, truncated
 from solar.io.hdf5 import open_h5
+from solar.io.identity import Identities
 from solar.io.info import DatasetInfo
 
 
@@ -40,6 +44,21 @@ def open_descriptor(path: str | os.PathLike, flags: int, o_direct: bool) -> int:
             raise NoDirectIO(f"{path}: the file system does not support O_DIRECT") from None
         error = TooManyOpen if exc.errno == errno.EMFILE else SolarError
         raise error(f"{path}: cannot open ({exc.strerror})") from None
+
+
+def memory_fault(what: str, why: str = "Bad address") -> SolarError:
+    """The error for bytes read from ``what`` that the destination memory could not take
+    (EFAULT, or a short read of bytes the file holds): shared batch memory whose pages cannot
+    be backed, as when /dev/shm is full, not the data file's fault."""
+    try:
+        vfs = os.statvfs("/dev/shm")
+        free = f"{format_bytes(vfs.f_bavail * vfs.f_frsize)} free"
+    except OSError:
+        free = "not mounted"
+    return SolarError(
+        f"{what}: the bytes read could not be stored in batch memory ({why}): "
+        f"is /dev/shm full? ({free})"
+    )
 
 
 class NoDirectIO(SolarError):
@@ -66,11 +85,19 @@ class FdCache:
 
     ``use(i)`` holds a reference while its block runs: a descriptor in use is never closed
     (evicted when released, if it is still beyond capacity), so threads may share one.
+    ``verify(key, fd)``, if given, runs when a block using a descriptor ends without error:
+    it raises if the file is no longer the one opened (its bytes just read are not the data's).
     """
 
-    def __init__(self, capacity: int, opener: Callable[[int], int]) -> None:
+    def __init__(
+        self,
+        capacity: int,
+        opener: Callable[[int], int],
+        verify: Callable[[int, int], None] | None = None,
+    ) -> None:
         self.capacity = capacity
         self._open = opener
+        self.verify = verify
         self._lock = threading.Lock()
         self._fds: OrderedDict[int, int] = OrderedDict()
         self._refs: dict[int, int] = {}
@@ -85,6 +112,8 @@ class FdCache:
         fd = self.acquire([key])[0]
         try:
             yield fd
+            if self.verify is not None:
+                self.verify(key, fd)  # what the block read came from the file opened
         finally:
             self.release([key])
 
@@ -201,9 +230,13 @@ class Files:
         self.h5_paths = info.files
         self.direct_io = direct_io
         self.throttle = throttle  # solar.io.throttle.Throttle: an emulated remote file system
+        # Each file's identity: size and mtime as described, device and inode at first open.
+        st = info.stored
+        sizes, mtimes = (None, None) if st is None else (_flat(st.sizes), _flat(st.mtimes))
+        self.identities = Identities(self.paths, sizes, mtimes, functools.partial(_cut, info))
         # The opener must not hold self: the finalizer below keeps it alive.
-        opener = functools.partial(_open_read, self.paths, direct_io)
-        self.fds = FdCache(fd_capacity(), opener)
+        opener = functools.partial(_open_read, self.paths, direct_io, self.identities)
+        self.fds = FdCache(fd_capacity(), opener, self.identities.check_fd)
         self._h5 = H5Cache(max(4, min(64, self.fds.capacity // 4)))
         self.h5_lock = threading.Lock()  # h5py serialises anyway: one thread in it at a time
         # Files dropped without close() must not keep their descriptors open.
@@ -214,12 +247,29 @@ class Files:
         return self.fds.use(i)
 
     def h5file(self, f: int) -> h5py.File:
-        """An h5py handle of file ``f`` (call with ``h5_lock`` held)."""
+        """An h5py handle of file ``f`` (call with ``h5_lock`` held), its identity checked."""
         handle = self._h5.get(f)
         if handle is None:
             handle = open_h5(self.h5_paths[f])
             self._h5.put(f, handle)
+            self.check_h5(f, handle)
         return handle
+
+    def check_h5(self, f: int, handle: h5py.File) -> None:
+        """File ``f``, open as ``handle``, is still the file described (after reads through
+        it: what they returned is the data's). HDF5 files are paths ``0..len(files)-1``."""
+        try:
+            fd = handle.id.get_vfd_handle()
+        except (OSError, ValueError, TypeError):  # a driver without a descriptor: by its path
+            self.identities.check_paths([f])
+        else:
+            self.identities.check_fd(f, fd)
+
+    def check_files(self) -> None:
+        """At an epoch's start: every path still names the file described. (Files opened per
+        read, more than the cache holds, are checked at each open instead.)"""
+        if not self.streams:
+            self.identities.check_paths()
 
     @property
     def streams(self) -> bool:
@@ -237,22 +287,78 @@ class Files:
         return np.frombuffer(b"".join(encoded), np.uint8), at
 
     def io_error(self, i: int, offset: int, exc: OSError) -> SolarError:
+        if exc.errno == errno.EFAULT:
+            return memory_fault(f"{self.paths[i]} (byte {offset})")
         return SolarError(f"{self.paths[i]}: read error ({exc.strerror})")
 
     def short_transfer(self, i: int, offset: int, want: int, got: int, write: bool) -> SolarError:
-        return SolarError(
-            f"{self.paths[i]}: short read ({got} of {want} bytes at offset {offset}): "
-            "the file is truncated or changed since it was opened"
-        )
+        """A read that stopped short: a truncated file names its key and sample, as its
+        metadata does; a file that holds the bytes asked for was not the fault."""
+        path = self.paths[i]
+        try:
+            size = os.stat(path).st_size
+        except OSError:
+            size = -1
+        if size >= offset + want:  # the file has them: the destination memory did not
+            why = f"{got} of {want} bytes at byte {offset}, which the file holds"
+            return memory_fault(str(path), why)
+        where = sample_at(self.info, i, offset + max(0, got))
+        if where is None:
+            what = f"a read of {want} bytes at byte {offset}"
+            return truncated(path, what, offset + want, size)
+        key, sample, end = where
+        return truncated(path, f"key {key!r} of sample {sample}", end, size)
 
     def close(self) -> None:
         self._finalizer()
 
 
-def _open_read(paths: tuple[Path, ...], o_direct: bool, i: int) -> int:
+def sample_at(info: DatasetInfo, i: int, byte: int) -> tuple[str, int, int] | None:
+    """(key, global sample id, its row's end byte) of the row of path i (of
+    ``info.all_files``) holding ``byte``, None if no key stored at an offset holds it."""
+    st = info.stored
+    if st is None:
+        return None
+    nfiles = len(info.files)
+    f, ks = (i % nfiles, [i // nfiles]) if info.key_files else (i, range(len(info.keys)))
+    first = sum(info.lengths[:f])
+    for k in ks:
+        off, row, n = int(st.offsets[f, k]), info.keys[k].row_bytes, info.lengths[f]
+        if off >= 0 and row > 0 and off <= byte < off + n * row:
+            local = (byte - off) // row
+            return info.keys[k].name, first + local, off + (local + 1) * row
+    return None
+
+
+def _cut(info: DatasetInfo, i: int, size: int) -> str | None:
+    """What a truncation of path i to ``size`` bytes cut: the first sample it lost."""
+    where = sample_at(info, i, size)
+    if where is None:
+        return None
+    key, sample, end = where
+    return f"key {key!r} of sample {sample} ends at byte {end}"
+
+
+def _open_read(paths: tuple[Path, ...], o_direct: bool, identities: Identities, i: int) -> int:
     # No POSIX_FADV_RANDOM: without readahead the kernel splits a large coalesced read
     # into small synchronous ones (measured: 19 % of sequential bandwidth instead of 100 %).
-    return open_descriptor(paths[i], os.O_RDONLY, o_direct)
+    fd = open_descriptor(paths[i], os.O_RDONLY, o_direct)
+    try:
+        identities.check_fd(i, fd)  # a new descriptor: the file described, not another
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _flat(table: np.ndarray | None) -> np.ndarray | None:
+    """A (files, 1 or keys) table from the scan as one value per path of ``all_files`` (a
+    .npy key's files after the previous key's)."""
+    if table is None:
+        return None
+    if table.shape[1] == 1:
+        return table[:, 0]
+    return np.ascontiguousarray(table.T).reshape(-1)
 
 
 def _close_all(fds: FdCache, files: H5Cache) -> None:

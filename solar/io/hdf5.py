@@ -93,7 +93,9 @@ def describe(
             stacklevel=2,
         )
     table = whole.where
-    stored = StoredLayout(table[..., 0], table[..., 1], table[..., 2].astype(bool), whole.sizes)
+    stored = StoredLayout(
+        table[..., 0], table[..., 1], table[..., 2].astype(bool), whole.sizes, whole.mtimes
+    )
     infos = tuple(KeyInfo(n, s, np.dtype(d)) for n, s, d in found)
     return DatasetInfo(
         tuple(files), infos, tuple(lengths), one_per_file=one_per_file, stored=stored
@@ -116,12 +118,14 @@ def scan_hdf5(files: Sequence[Path], names: list[str], one_per_file: bool) -> Sc
     lengths = []
     where: list[list[tuple[int, int, bool]]] = []
     sizes = []
+    mtimes = []
     encoded = [name.encode() for name in names]
     for path in files:
         try:
-            size = os.stat(path).st_size
+            st = os.stat(path)
+            size, mtime = st.st_size, st.st_mtime_ns  # its identity as described
         except OSError:
-            size = -1  # (open_h5 says why)
+            size = mtime = -1  # (open_h5 says why)
         plain = _scan_plain(path, encoded, names, one_per_file, size) if size >= 0 else None
         if plain is not None:
             n, found, stored = plain
@@ -129,7 +133,8 @@ def scan_hdf5(files: Sequence[Path], names: list[str], one_per_file: bool) -> Sc
         else:
             try:
                 with open_h5(path) as f:
-                    size = os.path.getsize(path)
+                    st = os.stat(path)
+                    size, mtime = st.st_size, st.st_mtime_ns
                     n, found = _check_keys(f, path, names, one_per_file, size)
                     where.append([_stored(f[name]) for name in names])
             except (OSError, RuntimeError, KeyError, ValueError, TypeError) as exc:
@@ -145,13 +150,15 @@ def scan_hdf5(files: Sequence[Path], names: list[str], one_per_file: bool) -> Sc
                 )
         lengths.append(n)
         sizes.append(size)
+        mtimes.append(mtime)
     if not files:
         return empty_part(len(names), 1)
     keys = tuple((k.name, k.sample_shape, k.dtype.str) for k in infos or ())
     table = np.array(where, np.int64).reshape(len(files), len(names), 3)
     return ScanPart(
-        keys, np.array(lengths, np.int64), table, np.array(sizes, np.int64).reshape(-1, 1)
-    )
+        keys, np.array(lengths, np.int64), table, np.array(sizes, np.int64).reshape(-1, 1),
+        np.array(mtimes, np.int64).reshape(-1, 1),
+    )  # fmt: skip
 
 
 def open_fid(path: Path) -> h5py.h5f.FileID:

@@ -25,6 +25,10 @@ pread = _function("pread", types.intp, _i32, _ptr, _size, _i64)
 fadvise = _function("posix_fadvise", _i32, _i32, _i64, _i64, _i32)
 open_file = _function("open", _i32, _ptr, _i32)  # no mode: O_CREAT is never passed
 close = _function("close", _i32, _i32)
+# statx (glibc >= 2.28): its struct's layout is the same on every architecture, unlike stat's.
+statx = _function("statx", _i32, _i32, _ptr, _i32, types.uint32, _ptr)
+AT_EMPTY_PATH = 0x1000
+STATX_BASIC_STATS = 0x7FF
 
 WILLNEED = getattr(os, "POSIX_FADV_WILLNEED", 3)
 O_READ = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)  # as os.open: not inherited

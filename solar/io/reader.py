@@ -86,6 +86,11 @@ class Reader:
         out = [np.empty((1, *k.sample_shape), k.native_dtype) for k in self.info.keys]
         self.read(np.zeros(1, np.int64), out)
 
+    def check_files(self) -> None:
+        """Refuse (one line) if a data file changed since it was described or opened: at
+        each epoch's start (solar/io/identity.py; reads check their descriptors too)."""
+        self.files.check_files()
+
     def close(self) -> None:
         """Close this process's descriptors and h5py handles, and stop the executor."""
         self.executor.close()

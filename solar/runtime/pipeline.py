@@ -78,6 +78,8 @@ class Pipeline:
         # With equal batches the other ranks wait for this one's rows: a failure here ends
         # the job rather than leave them in the exchange.
         with abort_job_on_error(self._comm):
+            if k % self.steps.spe == 0:  # an epoch's start: the files are still the data's
+                self.queue.reads.reader.check_files()
             self.seek(k)  # if another iterator (or a failed step) moved the buffer elsewhere
             if k == 0 and self.holdings.at == 0:  # nothing held: where the run's mode says,
                 self.queue.start_first()  # the first step's reads, while its plan is made

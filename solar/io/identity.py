@@ -1,0 +1,151 @@
+"""The identity of every file a run reads: device, inode, size and modification time.
+
+A file rewritten in place (``cp`` over it, ``h5py.File(path, "w")``: the same inode, a new
+mtime or size) or replaced (another inode under the name) no longer holds the bytes the run
+planned from; reading on would serve other bytes as the old samples. So the size and mtime are
+recorded when the dataset is described (they are the same on every host of a shared file
+system), the device and inode are pinned by each process when it first opens the file (they
+are a host's: a FUSE mount numbers inodes per mount), and every later open, every use of a
+descriptor and each epoch's start compare them: a change refuses the run in one line naming
+the file, "changed since it was opened".
+
+:class:`Identities` is one process's table of them, by path index; its ``table`` is what the
+compiled open-read-close loop checks (solar/io/executor.py) without the GIL.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from solar.errors import SolarError
+
+SIZE, MTIME, DEV, INO = range(4)  # columns of Identities.table; -1: not known yet
+
+
+class FileChanged(SolarError):
+    """A file the run reads changed since it was opened (rewritten, truncated or replaced)."""
+
+
+@dataclass(frozen=True)
+class FileIdentity:
+    """What says a file is still the one opened: (device, inode, size, mtime in ns)."""
+
+    dev: int
+    ino: int
+    size: int
+    mtime_ns: int
+
+    @classmethod
+    def of(cls, st: os.stat_result) -> FileIdentity:
+        return cls(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+    @classmethod
+    def of_fd(cls, fd: int) -> FileIdentity:
+        """The identity of the file open as ``fd``."""
+        return cls.of(os.fstat(fd))
+
+    @classmethod
+    def of_path(cls, path: str | os.PathLike) -> FileIdentity:
+        """The identity of the file ``path`` names now."""
+        return cls.of(os.stat(path))
+
+    def change(self, now: FileIdentity) -> str | None:
+        """What differs in ``now`` (a field of -1 here is not known, so not compared); None
+        if nothing does."""
+        return _change((self.size, self.mtime_ns, self.dev, self.ino),
+                       (now.size, now.mtime_ns, now.dev, now.ino))  # fmt: skip
+
+    def check(self, path: str | os.PathLike, now: FileIdentity) -> None:
+        """Raise :class:`FileChanged` naming ``path`` if ``now`` is not this identity."""
+        what = self.change(now)
+        if what is not None:
+            raise changed(path, what)
+
+
+def changed(path: str | os.PathLike, what: str) -> FileChanged:
+    """The one-line error for ``path`` having changed (``what``: how)."""
+    return FileChanged(f"{path}: changed since it was opened ({what})")
+
+
+def _change(was: tuple[int, int, int, int], now: tuple[int, int, int, int]) -> str | None:
+    size, mtime, dev, ino = was
+    if (dev >= 0 and now[2] != dev) or (ino >= 0 and now[3] != ino):
+        return "another file replaced it"
+    if size >= 0 and now[0] != size:
+        how = "truncated" if now[0] < size else "grown"
+        return f"{how}: {size} -> {now[0]} bytes"
+    if mtime >= 0 and now[1] != mtime:
+        return "modified in place" if ino >= 0 else "modified or replaced"
+    return None
+
+
+class Identities:
+    """One process's identities of ``paths``: size and mtime as described (-1: unknown, then
+    taken at the first open), device and inode pinned at the first open."""
+
+    def __init__(
+        self,
+        paths: Sequence[str | os.PathLike],
+        sizes: np.ndarray | None = None,
+        mtimes: np.ndarray | None = None,
+        cut: Callable[[int, int], str | None] | None = None,
+    ) -> None:
+        """``cut(i, size)``: what a truncation of path i to ``size`` bytes lost (e.g. the
+        first sample), said in its error."""
+        self.paths = paths
+        self.cut = cut
+        n = len(paths)
+        # (paths, 4) int64: SIZE, MTIME, DEV, INO. Written by the compiled loop too (a pin,
+        # the same value whoever writes it), so a plain array.
+        self.table = np.full((n, 4), -1, np.int64)
+        if sizes is not None:
+            self.table[:, SIZE] = np.asarray(sizes, np.int64).reshape(n)
+        if mtimes is not None:
+            self.table[:, MTIME] = np.asarray(mtimes, np.int64).reshape(n)
+        self._lock = threading.Lock()
+        # Rows known in full, as tuples: the common check is one comparison (a descriptor is
+        # checked after every use: this is on the hot path).
+        self._known: list[tuple[int, ...] | None] = [None] * n
+
+    def check(self, i: int, st: os.stat_result) -> None:
+        """``st`` (of path i, just stat'ed) is its identity; pins what is not known yet."""
+        now = (st.st_size, st.st_mtime_ns, st.st_dev, st.st_ino)
+        if self._known[i] == now:
+            return
+        row = self.table[i]
+        was = tuple(row.tolist())
+        what = _change(was, now)
+        if what is not None:
+            lost = self.cut(i, now[0]) if self.cut and what.startswith("truncated") else None
+            raise changed(self.paths[i], what if lost is None else f"{what}: {lost}")
+        if -1 in was:
+            with self._lock:
+                for c in (SIZE, MTIME, DEV, INO):
+                    if row[c] < 0:
+                        row[c] = now[c]
+        self._known[i] = now
+
+    def check_fd(self, i: int, fd: int) -> None:
+        """The descriptor ``fd`` of path i is still its file."""
+        self.check(i, os.fstat(fd))
+
+    def check_paths(self, which: Sequence[int] | None = None) -> None:
+        """Every path (or ``which``) still names its file: none replaced, rewritten or gone."""
+        for i in range(len(self.paths)) if which is None else which:
+            try:
+                st = os.stat(self.paths[i])
+            except FileNotFoundError:
+                raise changed(self.paths[i], "removed") from None
+            except OSError as exc:
+                raise SolarError(f"{self.paths[i]}: cannot stat ({exc.strerror})") from None
+            self.check(i, st)
+
+    def identity(self, i: int) -> FileIdentity:
+        """What path i is known to be (-1 where not known yet)."""
+        size, mtime, dev, ino = self.table[i].tolist()
+        return FileIdentity(dev, ino, size, mtime)

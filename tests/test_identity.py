@@ -1,0 +1,96 @@
+"""Files that change under a run (issue 33, cause 3): refused in one line, never served.
+
+A contiguous HDF5 file rewritten in place (the same inode) and a one-sample file replaced
+(another inode) while more files than the descriptor cache holds are read: each run stops
+with "changed since it was opened", and no batch served holds other bytes than h5py's copy of
+the original.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import h5py
+import numpy as np
+import pytest
+
+from solar import Loader, SolarError
+from solar.config import ReaderConfig
+from solar.io import handles
+from solar.io.identity import FileChanged, FileIdentity, Identities
+from tests.helpers import reference, write_h5
+
+N = 96
+
+
+def _serve(loader: Loader, ref: dict, change, after: int) -> tuple[int, str]:
+    """Iterate epochs 0-1, calling ``change()`` after ``after`` batches; every batch served
+    must be h5py's copy of the original. Returns (batches served, the error's message)."""
+    served = 0
+    with pytest.raises(SolarError) as err:
+        for e in range(2):
+            loader.set_epoch(e)
+            for batch in loader:
+                ids = batch["index"].numpy()
+                assert np.array_equal(batch["x"].numpy(), ref["x"][ids]), served
+                served += 1
+                if served == after:
+                    time.sleep(0.02)  # past the file system's timestamp granularity
+                    change()
+    return served, str(err.value)
+
+
+def test_hdf5_file_rewritten_in_place_stops_the_run(tmp_path):
+    path = write_h5(tmp_path / "d.h5", x=np.arange(N * 16, dtype=np.float32).reshape(N, 16))
+    ref = reference([path])
+    ino = os.stat(path).st_ino
+    loader = Loader([path], batch_size=8, epochs=2, buffer=16, warm=False,
+                    reader=ReaderConfig(threads=2, read_ahead=1))  # fmt: skip
+
+    def rewrite() -> None:
+        with h5py.File(path, "w") as f:  # the same inode, the same layout, other values
+            f["x"] = -np.arange(N * 16, dtype=np.float32).reshape(N, 16)
+        assert os.stat(path).st_ino == ino
+
+    served, message = _serve(loader, ref, rewrite, after=3)
+    assert served < 2 * N // 8
+    assert "d.h5: changed since it was opened" in message and "\n" not in message
+    loader.close()
+
+
+def test_replaced_one_sample_file_stops_the_run_beyond_the_descriptor_cache(tmp_path, monkeypatch):
+    # A small descriptor cache (as under `ulimit -n 64`): files are opened per read.
+    monkeypatch.setattr(handles, "fd_capacity", lambda: 16)
+    paths = [write_h5(tmp_path / f"s{i:03d}.h5", x=np.full(16, i, np.float32)) for i in range(N)]
+    ref = {"x": np.stack([np.full(16, i, np.float32) for i in range(N)])}
+    loader = Loader(paths, batch_size=8, epochs=2, buffer=0, one_per_file=True, warm=False,
+                    reader=ReaderConfig(threads=2, read_ahead=0))  # fmt: skip
+    assert loader.reader.files.streams
+
+    def replace() -> None:
+        for i in range(N):  # every file: whichever the next batches read
+            new = write_h5(tmp_path / "new.h5", x=np.full(16, -1, np.float32))
+            os.replace(new, paths[i])
+
+    served, message = _serve(loader, ref, replace, after=2)
+    assert served == 2
+    assert "changed since it was opened (modified or replaced)" in message
+    assert "\n" not in message
+    loader.close()
+
+
+def test_identities_name_what_changed(tmp_path):
+    path = tmp_path / "f.bin"
+    path.write_bytes(b"a" * 100)
+    ids = Identities([path])
+    ids.check_paths()  # pins it
+    was = FileIdentity.of_path(path)
+    assert ids.identity(0) == was
+    with open(path, "r+b") as f:
+        f.truncate(10)
+    with pytest.raises(FileChanged, match=r"f\.bin: changed since it was opened \(truncated: 100"):
+        ids.check_paths()
+    os.unlink(path)
+    with pytest.raises(FileChanged, match="removed"):
+        ids.check_paths()
