@@ -19,8 +19,8 @@ from solar import Loader, SolarError
 from solar.config import ReaderConfig
 from solar.io.hdf5 import describe
 from solar.io.reader import Reader
-from tests import faults
-from tests.helpers import reference, write_h5
+import faults
+from helpers import reference, write_h5
 
 HERE = Path(__file__).parent
 ROOT = HERE.parent

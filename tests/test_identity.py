@@ -19,7 +19,7 @@ from solar import Loader, SolarError
 from solar.config import ReaderConfig
 from solar.io import handles
 from solar.io.identity import FileChanged, FileIdentity, Identities
-from tests.helpers import reference, write_h5
+from helpers import reference, write_h5
 
 N = 96
 
