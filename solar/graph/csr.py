@@ -42,7 +42,9 @@ class Graph:
         if isinstance(source, Mapping):
             unknown = set(source) - set(PARTS)
             if unknown:
-                raise SolarError(f"graph: unknown parts {sorted(unknown)} (expected {PARTS})")
+                hint = (": NeighborSampler takes a dict with edge_index; "
+                        "solar.graph.write_graph writes one to a file") if "edge_index" in unknown else ""
+                raise SolarError(f"graph: unknown parts {sorted(unknown)} (expected {PARTS}){hint}")
             self.where = "graph"
             parts = {k: _array(v, f"graph {k}") for k, v in source.items() if v is not None}
         else:
