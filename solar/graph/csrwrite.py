@@ -296,8 +296,8 @@ def _dataset(f: h5py.File, name: str, shape: tuple[int, ...], dtype: np.dtype) -
 
 def _copy_rows(f, name, src: RowSource, budget, inv, order, ticks) -> Any:
     shape, dtype = tuple(src.shape), np.dtype(src.dtype).newbyteorder("=")
-    if name == "labels":
-        dtype = np.dtype(np.int64)
+    if name == "labels":  # one class per node, (N, 1) as OGB keeps them or (N,)
+        dtype, shape = np.dtype(np.int64), shape[:1]
     if dtype.kind not in "biuf" or dtype.fields is not None:
         raise SolarError(f"{name}: dtype {src.dtype} is not an array of numbers")
     d = _dataset(f, name, shape, dtype)

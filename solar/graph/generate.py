@@ -66,7 +66,7 @@ def generate_graph(
     """Write the graph of the module's docstring to ``path``: datasets ``indptr`` (N + 1,)
     int64, ``indices`` (E,) int32 (int64 from 2^31 nodes), ``features`` (N, F) float32,
     ``labels`` (N,) int64, ``train_idx``, ``valid_idx``, ``test_idx`` (sorted) int64 (a
-    ``train_fraction`` of the nodes, then 10 % each, drawn per node)."""
+    ``train_fraction`` of the nodes, then 10 % each, disjoint)."""
     for name, value in (("nodes", nodes), ("features", features), ("classes", classes)):
         if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
             raise SolarError(f"{name} must be a positive integer, got {value!r}")
@@ -176,19 +176,22 @@ class _Features:
 
 
 def _splits(model: _Model, train: float) -> dict[str, np.ndarray]:
-    """Train, valid and test nodes: a per-node uniform draw against the fractions."""
+    """Train, valid and test nodes: ``round(fraction · N)`` each (10 % for valid and test, as
+    far as nodes remain), by the order of a per-node uniform draw."""
     n = model.num_nodes
     u = np.empty(n, np.float64)
     _uniforms(n, model.key, u)
-    valid = min(VALID_FRACTION, max(0.0, 1 - train))
-    test = min(TEST_FRACTION, max(0.0, 1 - train - valid))
-    out = {"train_idx": np.flatnonzero(u < train)}
-    if out["train_idx"].size == 0:
-        out["train_idx"] = np.array([int(np.argmin(u))])
-    if valid > 0:
-        out["valid_idx"] = np.flatnonzero((u >= train) & (u < train + valid))
-    if test > 0:
-        out["test_idx"] = np.flatnonzero((u >= train + valid) & (u < train + valid + test))
+    k = max(1, round(train * n))
+    kv = min(round(VALID_FRACTION * n), n - k)
+    kt = min(round(TEST_FRACTION * n), n - k - kv)
+    cuts = sorted({c for c in (k, k + kv, k + kv + kt) if 0 < c < n})
+    order = np.argpartition(u, cuts) if cuts else np.arange(n)
+    del u
+    out = {"train_idx": np.sort(order[:k])}
+    if kv:
+        out["valid_idx"] = np.sort(order[k : k + kv])
+    if kt:
+        out["test_idx"] = np.sort(order[k + kv : k + kv + kt])
     return out
 
 

@@ -582,3 +582,18 @@ def _index(value: Any, name: str) -> np.ndarray:
         raise SolarError(f"{name}: expected node ids or a boolean mask, got {a.dtype}")
     return a.reshape(-1).astype(np.int64)
 
+
+
+def convert_graph(
+    src: str | os.PathLike, dst: str | os.PathLike, *, splits: tuple[str, ...] = (), **kw: Any
+) -> dict:
+    """``solar convert`` of a graph: :func:`write_graph` with splits given as ``name=file``
+    (``train``, ``valid``, ``test``, with or without ``_idx``)."""
+    names = {"train": "train_idx", "valid": "valid_idx", "val": "valid_idx", "test": "test_idx"}
+    for item in splits:
+        name, eq, path = item.partition("=")
+        key = names.get(name.removesuffix("_idx"))
+        if not eq or key is None:
+            raise SolarError(f"--split {item!r}: expected train=FILE, valid=FILE or test=FILE")
+        kw[key] = path
+    return write_graph(src, dst, **kw)
