@@ -54,7 +54,7 @@ def main() -> None:
 
         with h5py.File(out) as f:
             edges = int(f["indices"].shape[0])
-    except Exception:  # noqa: BLE001 - a figure we can do without
+    except Exception:
         pass
     if not args.keep:
         out.unlink()

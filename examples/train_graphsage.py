@@ -89,8 +89,9 @@ def test_accuracy(model: nn.Module, data: Path, fanouts: tuple, batch: int, test
     """Accuracy on the test nodes, served by a Loader of rank 0 alone."""
     sampler = NeighborSampler(data, fanouts, batch_size=batch, train=test)
     correct = 0
-    with torch.no_grad(), Loader(data, ["features"], sampler=sampler, epochs=1, buffer="10%",
-                                 rank=0, world_size=1, batch_format=BATCH_FORMAT) as ld:  # fmt: skip
+    loader = Loader(data, ["features"], sampler=sampler, epochs=1, buffer="10%", rank=0,
+                    world_size=1, batch_format=BATCH_FORMAT)  # fmt: skip
+    with torch.no_grad(), loader as ld:
         for b in ld:
             n = b["batch_size"]
             correct += int((model(b["x"], b["edge_index"])[:n].argmax(1) == b["y"]).sum())

@@ -301,12 +301,21 @@ def inspect(data: tuple[str, ...], one_per_file: bool, probe: int, as_json: bool
 @click.option("--force", is_flag=True, help="Overwrite DST if it exists.")
 @click.option("--features", type=click.Path(exists=True), help="graph: node features (.npy).")
 @click.option("--labels", type=click.Path(exists=True), help="graph: node labels (.npy).")
-@click.option("--split", "splits", multiple=True, metavar="NAME=FILE",
-              help="graph: train/valid/test node ids or mask (.npy), e.g. train=train_idx.npy.")
+@click.option(
+    "--split",
+    "splits",
+    multiple=True,
+    metavar="NAME=FILE",
+    help="graph: train/valid/test node ids or mask (.npy), e.g. train=train_idx.npy.",
+)
 @click.option("--num-nodes", type=int, help="graph: node count (default: from the rows).")
 @click.option("--undirected", is_flag=True, help="graph: store each edge both ways.")
-@click.option("--memory", default="1GiB", show_default=True,
-              help="graph: memory the conversion may use beyond 8 B per node.")
+@click.option(
+    "--memory",
+    default="1GiB",
+    show_default=True,
+    help="graph: memory the conversion may use beyond 8 B per node.",
+)
 def convert(
     src: tuple[str, ...], dst: str, keys: tuple[str, ...], one_per_file: bool, align: int,
     force: bool, features: str | None, labels: str | None, splits: tuple[str, ...],

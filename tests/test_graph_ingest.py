@@ -48,8 +48,9 @@ def test_a_pyg_data_converts_and_is_served_byte_identical(tmp_path):
     y = torch.randint(0, 7, (n,), generator=g)
     train = torch.zeros(n, dtype=torch.bool)
     train[torch.randperm(n, generator=g)[:600]] = True
-    data = _Data(x=x, edge_index=torch.randint(0, n, (2, e), generator=g), y=y,
-                 train_mask=train)  # attributes as PyG's Data has them (imported below)
+    data = _Data(
+        x=x, edge_index=torch.randint(0, n, (2, e), generator=g), y=y, train_mask=train
+    )  # attributes as PyG's Data has them (imported below)
     got = write_graph(data, tmp_path / "g.h5", memory="16MiB")
     assert got["nodes"] == n and got["edges"] == e and got["splits"] == ["train_idx"]
     graph = Graph(tmp_path / "g.h5")
@@ -113,8 +114,10 @@ def test_an_ogb_directory_and_an_edge_list_convert_with_the_cli(tmp_path, capsys
                   "time/train.npy"])  # fmt: skip
     g = Graph(tmp_path / "c.h5")
     both = np.concatenate([edges[:100], edges[:100, ::-1]])
-    np.testing.assert_array_equal(_pairs(g.indptr, g.indices, n), np.sort(both[:, 0] * n + both[:, 1]))
-    with pytest.raises(SolarError, match="outside 0..9"):
+    np.testing.assert_array_equal(
+        _pairs(g.indptr, g.indices, n), np.sort(both[:, 0] * n + both[:, 1])
+    )
+    with pytest.raises(SolarError, match=r"outside 0\.\.9"):
         write_graph({"edge_index": np.array([[0, 1], [1, 10]])}, tmp_path / "bad.h5", num_nodes=10)
     assert not (tmp_path / "bad.h5").exists()
     with pytest.raises(SolarError, match=r"edge.npy: an edge names a node outside 0\.\.2"):
@@ -165,10 +168,11 @@ def test_the_sampler_takes_graphs_in_memory_and_the_loader_refuses_features_ther
     ei = np.array([np.arange(n), (np.arange(n) + 1) % n])
     y = np.arange(n) % 3
     Data = _Data
-    sampler = NeighborSampler(Data(edge_index=torch.from_numpy(ei), y=torch.from_numpy(y),
-                                   train_mask=torch.from_numpy(y == 0)), (2,), batch_size=4)  # fmt: skip
+    data = Data(edge_index=torch.from_numpy(ei), y=torch.from_numpy(y),
+                train_mask=torch.from_numpy(y == 0))  # fmt: skip
+    sampler = NeighborSampler(data, (2,), batch_size=4)
     g = sampler.graph
-    np.testing.assert_array_equal(np.asarray(g.indices)[g.indptr[1]: g.indptr[2]], [0])  # 0 → 1
+    np.testing.assert_array_equal(np.asarray(g.indices)[g.indptr[1] : g.indptr[2]], [0])  # 0 → 1
     np.testing.assert_array_equal(sampler.train, np.flatnonzero(y == 0))
     with pytest.warns(UserWarning, match="no labels") as caught:
         NeighborSampler({"edge_index": ei}, (2,), batch_size=4)

@@ -42,8 +42,9 @@ class Graph:
         if isinstance(source, Mapping):
             unknown = set(source) - set(PARTS)
             if unknown:
-                hint = (": NeighborSampler takes a dict with edge_index; "
-                        "solar.graph.write_graph writes one to a file") if "edge_index" in unknown else ""
+                hint = ""
+                if "edge_index" in unknown:  # PyG's form: the sampler or the converter take it
+                    hint = ": NeighborSampler takes a dict with edge_index; write_graph a file"
                 raise SolarError(f"graph: unknown parts {sorted(unknown)} (expected {PARTS}){hint}")
             self.where = "graph"
             parts = {k: _array(v, f"graph {k}") for k, v in source.items() if v is not None}

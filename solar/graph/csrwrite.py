@@ -129,8 +129,9 @@ def write_csr_graph(
     np.cumsum(counts, out=indptr[1:])
     del counts
     e = int(indptr[-1])
-    rows = {k: v for k, v in (("features", parts.features), ("labels", parts.labels))
-            if v is not None}
+    rows = {
+        k: v for k, v in (("features", parts.features), ("labels", parts.labels)) if v is not None
+    }
     for name, src in rows.items():
         if src.shape[0] != n:
             raise SolarError(f"{name}: {src.shape[0]} rows, but the graph has {n} nodes")
@@ -397,7 +398,7 @@ def _verify(
     with h5py.File(path, "r") as f:
         for name, want in digests.items():
             d = f[name]
-            if d.chunks is not None or d.id.get_offset() is None and d.size:
+            if d.chunks is not None or (d.id.get_offset() is None and d.size):
                 raise SolarError(f"{path}: {name} is not contiguous")
             h = _Digest()
             row = max(1, d.dtype.itemsize * int(np.prod(d.shape[1:], dtype=np.int64)))

@@ -135,7 +135,7 @@ class _Labels:
 
     def __init__(self, model: _Model) -> None:
         self.model = model
-        self.shape = (model.num_nodes,)
+        self.shape: tuple[int, ...] = (model.num_nodes,)
         self.dtype = np.dtype(np.int64)
 
     def read(self, lo: int, hi: int) -> np.ndarray:
@@ -150,7 +150,7 @@ class _Features:
 
     def __init__(self, model: _Model, f: int, signal: float, seed: int) -> None:
         self.model, self.seed = model, seed
-        self.shape = (model.num_nodes, f)
+        self.shape: tuple[int, ...] = (model.num_nodes, f)
         self.dtype = np.dtype(np.float32)
         centroids = np.random.default_rng([seed, 22]).standard_normal((model.classes, f))
         # Unit-norm directions scaled so that two centroids are ~signal·√2 apart (noise: 1).
@@ -255,7 +255,7 @@ def _degrees(lo, hi, n, bits, key, alpha, scale, cap, out):  # pragma: no cover 
     for v in range(lo, hi):
         r = _permute(v, n, bits, key, True)
         want = scale * (1.0 + r) ** -alpha
-        d = int(math.floor(want + _u01(key, v, 0x7FFFFFFF)))  # rounded without bias
+        d = math.floor(want + _u01(key, v, 0x7FFFFFFF))  # rounded without bias
         out[v - lo] = min(max(d, 1), cap)
 
 

@@ -121,7 +121,9 @@ def graph_parts(source: Any, **given: Any) -> GraphParts:
     if num_nodes is None:
         num_nodes = found.get("num_nodes")
     if num_nodes is None:
-        num_nodes = feats.shape[0] if feats is not None else labs.shape[0] if labs is not None else None
+        num_nodes = (
+            feats.shape[0] if feats is not None else labs.shape[0] if labs is not None else None
+        )
     edges = edges_of(found["edges"], None if num_nodes is None else int(num_nodes))
     splits = {k: _index(found[k], k) for k in SPLIT_STEMS if found.get(k) is not None}
     return GraphParts(edges, feats, labs, splits, undirected)
@@ -221,7 +223,7 @@ def _torch_load(path: Path) -> Any:
 
     try:
         return torch.load(path, map_location="cpu", weights_only=False)
-    except Exception as exc:  # noqa: BLE001 - any unpickling failure is this one line
+    except Exception as exc:
         raise SolarError(f"{path}: not a readable torch file ({type(exc).__name__}: {exc})"
                          ) from None  # fmt: skip
 
@@ -240,8 +242,8 @@ def _ogb_dir(root: Path) -> dict[str, Any]:
     if nn is not None:
         found["num_nodes"] = int(np.asarray(_small(nn)).reshape(-1)[0])
     for name, stems in SPLIT_STEMS.items():
-        files = tuple(f"{s}{ext}" for s in stems for ext in (".npy", ".csv.gz", ".csv"))
-        got = _find(root, files, splits=True)
+        names = tuple(f"{s}{ext}" for s in stems for ext in (".npy", ".csv.gz", ".csv"))
+        got = _find(root, names, splits=True)
         if got is not None:
             found[name] = _small(got)
     return found
@@ -495,7 +497,7 @@ def _npy_header(path: Path) -> tuple[tuple[int, ...], np.dtype, int, bool]:
 
 
 def _pread_into(path: Path, out: np.ndarray, offset: int) -> None:
-    view = memoryview(out).cast("B")
+    view = out.data.cast("B")
     fd = os.open(path, os.O_RDONLY)
     try:
         done = 0
@@ -517,7 +519,7 @@ def _is_text(path: Path) -> bool:
 
 def _open_text(path: Path) -> Any:
     try:
-        return gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")  # noqa: SIM115
+        return gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")
     except OSError as exc:
         raise SolarError(f"{path}: cannot read ({exc.strerror})") from None
 
@@ -581,7 +583,6 @@ def _index(value: Any, name: str) -> np.ndarray:
     if not np.issubdtype(a.dtype, np.integer):
         raise SolarError(f"{name}: expected node ids or a boolean mask, got {a.dtype}")
     return a.reshape(-1).astype(np.int64)
-
 
 
 def convert_graph(
