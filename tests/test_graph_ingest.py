@@ -267,3 +267,30 @@ def test_graphsage_beats_an_mlp_on_the_generated_graph(tmp_path):
     torch.set_num_threads(threads)
     assert sage >= mlp + 0.10, (sage, mlp)
     assert mlp < 0.6  # the features alone are weak
+
+
+def test_a_node_order_relabels_topology_rows_and_splits(tmp_path):
+    """The converter's hook for a locality order: new node i is old node order[i], given as
+    an array or by a function of the topology (called once, on the written CSR)."""
+    r = np.random.default_rng(0)
+    n = 100
+    ei = r.integers(0, n, (2, 500))
+    x = r.standard_normal((n, 3)).astype(np.float32)
+    parts = {"edge_index": ei, "x": x, "y": np.arange(n) % 4, "train_idx": np.arange(0, n, 7)}
+    order = r.permutation(n)
+    calls = []
+    write_graph(parts, tmp_path / "a.h5", order=order)
+    write_graph(parts, tmp_path / "b.h5", order=lambda g: calls.append(g.num_edges) or order)
+    assert calls == [500]
+    inv = np.argsort(order)
+    with h5py.File(tmp_path / "a.h5") as a, h5py.File(tmp_path / "b.h5") as b:
+        assert a["features"][()].tobytes() == x[order].tobytes()
+        np.testing.assert_array_equal(a["labels"][()], parts["y"][order])
+        np.testing.assert_array_equal(a["train_idx"][()], np.sort(inv[parts["train_idx"]]))
+        assert all(a[k][()].tobytes() == b[k][()].tobytes() for k in a)
+    g = Graph(tmp_path / "a.h5")
+    np.testing.assert_array_equal(
+        _pairs(g.indptr, g.indices, n), np.sort(inv[ei[0]] * n + inv[ei[1]])
+    )
+    with pytest.raises(SolarError, match="not a permutation"):
+        write_graph(parts, tmp_path / "c.h5", order=np.zeros(n, np.int64))
