@@ -113,7 +113,7 @@ def main() -> None:
     p.add_argument("--nodes", type=int, default=1_000_000)
     p.add_argument("--degree", type=int, default=10)
     p.add_argument("--features", type=int, default=128)
-    p.add_argument("--memory", default="256MiB")
+    p.add_argument("--memory", default="128MiB")  # features 4x that
     p.add_argument("--dir", default="/tmp/i34-graph/ogb")
     p.add_argument("--json", default="bench/results/graph-ingest.json")
     p.add_argument("--no-check", action="store_true")

@@ -330,6 +330,9 @@ def convert(
     check_writable(dst)
     graph_opts = features or labels or splits or num_nodes or undirected
     if len(src) == 1 and (graph_opts or is_graph_source(src[0])):
+        if keys or one_per_file:
+            raise SolarError(f"{src[0]}: a graph converts whole (topology, features, labels, "
+                             "splits): drop --key/--one-per-file")  # fmt: skip
         got = convert_graph(src[0], dst, features=features, labels=labels, splits=splits,
                             num_nodes=num_nodes, undirected=undirected, memory=memory,
                             force=force, progress=_counter("converting"))  # fmt: skip

@@ -103,6 +103,13 @@ def test_an_ogb_directory_and_an_edge_list_convert_with_the_cli(tmp_path, capsys
     with h5py.File(tmp_path / "o.h5") as f:
         assert f["features"].dtype == np.float16 and f["features"][()].tobytes() == feats.tobytes()
         np.testing.assert_array_equal(f["valid_idx"][()], perm[50:80])
+    # A graph file converts whole (not as samples of one key), to the same bytes.
+    cli_main(["convert", str(tmp_path / "o.h5"), str(tmp_path / "o2.h5")])
+    with h5py.File(tmp_path / "o.h5") as a, h5py.File(tmp_path / "o2.h5") as b:
+        assert sorted(a) == sorted(b) and all(a[k][()].tobytes() == b[k][()].tobytes() for k in a)
+    with pytest.raises(SystemExit):
+        cli_main(["convert", str(tmp_path / "o.h5"), str(tmp_path / "o3.h5"), "--key", "features"])
+    assert "a graph converts whole" in capsys.readouterr().err
     # A gzipped CSV edge list with a header and comments, both directions, features beside it.
     text = "# a comment\nsrc,dst\n" + "".join(f"{a},{b}\n" for a, b in edges[:100])
     with gzip.open(tmp_path / "e.csv.gz", "wt") as f:

@@ -101,6 +101,8 @@ def graph_parts(source: Any, **given: Any) -> GraphParts:
             found = _ogb_dir(path)
         elif path.suffix in (".pt", ".pth"):
             found = _fields(_torch_load(path))
+        elif path.suffix in (".h5", ".hdf5"):
+            found = _h5_graph(path)
         elif path.suffix == ".npy" or _is_text(path):
             if not path.is_file():
                 raise SolarError(f"{path}: no such file")
@@ -146,6 +148,14 @@ def is_graph_source(path: str | os.PathLike) -> bool:
     p = Path(path)
     if p.is_dir():
         return any(_find(p, (name,)) is not None for name in EDGE_FILES)
+    if p.suffix in (".h5", ".hdf5") and p.is_file():
+        import h5py
+
+        try:
+            with h5py.File(p, "r") as f:
+                return "indptr" in f and "indices" in f
+        except OSError:
+            return False
     return p.suffix in (".pt", ".pth") or _is_text(p)
 
 
@@ -215,6 +225,23 @@ def _fields(obj: Any) -> dict[str, Any]:
     n = get("num_nodes")
     if n is not None:
         out["num_nodes"] = int(n)
+    return out
+
+
+def _h5_graph(path: Path) -> dict[str, Any]:
+    """A graph file (solar's, or chunked / compressed / reordered alike) as parts: its CSR
+    memory-mapped or read, its rows read by blocks through h5py."""
+    import h5py
+
+    graph = Graph(path)
+    f = h5py.File(path, "r")  # kept open by the datasets read below, closed with them
+    out: dict[str, Any] = {"edges": graph, "num_nodes": graph.num_nodes}
+    for name in ("features", "labels"):
+        if name in f:
+            out[name] = f[name]
+    for name in SPLIT_STEMS:
+        if name in f:
+            out[name] = f[name][()]
     return out
 
 

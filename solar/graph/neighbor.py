@@ -106,6 +106,10 @@ class NeighborSampler(Sampler):
         if train is None:
             train = self.graph.train_idx if self.graph.train_idx is not None else np.arange(n)
         self.train = check_nodes(train, n, "train")
+        if not isinstance(features, str):
+            raise SolarError("features: the name of the Loader's key (e.g. 'features'); "
+                             "features in memory go to storage first: "
+                             "solar.graph.write_graph(data, 'graph.h5')")  # fmt: skip
         self.features = features
         # The batch keeps one name for each thing: x (not the key), n_id (not index).
         self.supersedes = ("index", features)
