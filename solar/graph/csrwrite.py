@@ -144,7 +144,7 @@ def write_csr_graph(
             ind = _dataset(f, "indices", (e,), itype)
             place_budget = max(budget // 2 - chunk * 40, budget // 8)
             h = _Digest()
-            ranges = list(_ranges(indptr, max(1, place_budget // (itype.itemsize + 8))))
+            ranges = list(row_ranges(indptr, max(1, place_budget // (itype.itemsize + 8))))
             ticks.total = ticks.done + len(ranges) * max(e, stream_edges)
             ticks.total += sum(n for _ in rows)
             for lo, hi in ranges:
@@ -276,7 +276,7 @@ def _place(s, d, lo, hi, cursor, ends, out):  # pragma: no cover - compiled
     return 0
 
 
-def _ranges(indptr: np.ndarray, edges: int) -> Iterator[tuple[int, int]]:
+def row_ranges(indptr: np.ndarray, edges: int) -> Iterator[tuple[int, int]]:
     """Consecutive target ranges whose rows hold at most ``edges`` entries, and at most
     ``edges`` nodes (a longer row alone)."""
     n = indptr.shape[0] - 1
@@ -309,7 +309,7 @@ def _copy_rows(f, name, src: RowSource, budget, inv, order, ticks) -> Any:
         hi = min(lo + block, shape[0])
         values = src.read(lo, hi) if order is None else src.take(order[lo:hi])
         if name == "labels":
-            values = _labels(values)
+            values = class_labels(values)
         values = np.ascontiguousarray(values, dtype)
         d[lo:hi] = values
         h.update(values)
@@ -317,7 +317,7 @@ def _copy_rows(f, name, src: RowSource, budget, inv, order, ticks) -> Any:
     return h
 
 
-def _labels(values: np.ndarray) -> np.ndarray:
+def class_labels(values: np.ndarray) -> np.ndarray:
     """Integer class labels; a float label must be whole, NaN (unlabelled, as OGB's) is -1."""
     v = np.asarray(values).reshape(values.shape[0], -1)
     if v.shape[1] != 1:
@@ -411,7 +411,7 @@ def _verify(
             raise SolarError(f"{path}: indptr is not a row pointer")
         total = np.zeros(1, np.uint64)
         ind = f["indices"]
-        for lo, hi in _ranges(indptr, max(1, budget // 32)):
+        for lo, hi in row_ranges(indptr, max(1, budget // 32)):
             if _rows_sum(indptr[lo : hi + 1], ind[int(indptr[lo]) : int(indptr[hi])], lo, n,
                          total):  # fmt: skip
                 raise SolarError(f"{path}: indices name nodes outside 0..{n - 1}")

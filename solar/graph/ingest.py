@@ -40,7 +40,14 @@ import numpy as np
 
 from solar.errors import SolarError
 from solar.graph.csr import Graph, as_graph
-from solar.graph.csrwrite import DEFAULT_MEMORY, GraphParts, Progress, write_csr_graph
+from solar.graph.csrwrite import (
+    DEFAULT_MEMORY,
+    GraphParts,
+    Progress,
+    class_labels,
+    row_ranges,
+    write_csr_graph,
+)
 
 # Names an OGB-style directory's arrays go by (the first found wins), looked up in the
 # directory and its raw/ subdirectory.
@@ -191,9 +198,7 @@ def topology(graph: Any) -> Graph:
     np.cumsum(np.bincount(dst, minlength=n), out=indptr[1:])
     parts: dict[str, Any] = {"indptr": indptr, "indices": src[order]}
     if f.get("labels") is not None:
-        from solar.graph.csrwrite import _labels
-
-        parts["labels"] = _labels(_int_or_float(f["labels"]))
+        parts["labels"] = class_labels(_numpy(f["labels"]))
     if f.get("train_idx") is not None:
         parts["train_idx"] = _index(f["train_idx"], "train_idx")
     return Graph(parts)
@@ -478,11 +483,9 @@ class CsrEdges:
         self.num_edges = graph.num_edges
 
     def chunks(self, size: int, lo: int = 0, hi: int | None = None):
-        from solar.graph.csrwrite import _ranges
-
         indptr = np.asarray(self.graph.indptr)
         stop = self.graph.num_nodes if hi is None else hi
-        for a, b in _ranges(indptr, size):
+        for a, b in row_ranges(indptr, size):
             if b <= lo or a >= stop:
                 continue
             rows = np.repeat(np.arange(a, b, dtype=np.int64), np.diff(indptr[a : b + 1]))
@@ -594,10 +597,6 @@ def _int_array(a: Any, name: str) -> np.ndarray:
     if not np.issubdtype(v.dtype, np.integer):
         raise SolarError(f"{name}: node ids must be integers, got {v.dtype}")
     return v.astype(np.int64, copy=False)
-
-
-def _int_or_float(a: Any) -> np.ndarray:
-    return _numpy(a)
 
 
 def _index(value: Any, name: str) -> np.ndarray:
