@@ -40,9 +40,11 @@ def main() -> None:
     cmd = [sys.executable, "-m", "solar.cli", "gen", str(out), "--preset", "graph", "--nodes",
            str(args.nodes), "--avg-degree", str(args.avg_degree), "--features",
            str(args.features), "--force"]  # fmt: skip
-    env = {**os.environ, "PYTHONPATH": str(Path(args.pythonpath).resolve())}
+    code = Path(args.pythonpath).resolve()
+    env = {**os.environ, "PYTHONPATH": str(code)}
     t0 = time.perf_counter()
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    # In the code's directory: ``python -m`` puts the working directory first on sys.path.
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=code)
     seconds = time.perf_counter() - t0
     if done.returncode != 0:
         sys.exit(f"{' '.join(cmd)} failed:\n{done.stderr}")
@@ -62,9 +64,9 @@ def main() -> None:
            "features": args.features, "edges": edges, "seconds": round(seconds, 1),
            "peak_rss_gib": round(peak / 2**30, 3), "file_gib": round(size / 2**30, 3),
            "command": " ".join(["flock /tmp/solar-bench.lock python", *sys.argv]),
-           "pythonpath": args.pythonpath, "stdout": done.stdout.strip()}  # fmt: skip
+           "pythonpath": str(code), "stdout": done.stdout.strip()}  # fmt: skip
     print(json.dumps(row))
-    path = Path(args.json)
+    path = Path(args.json).resolve()
     rows = json.loads(path.read_text()) if path.exists() else []
     key = ("label", "nodes", "avg_degree", "features")
     rows = [r for r in rows if any(r[k] != row[k] for k in key)] + [row]
