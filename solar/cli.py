@@ -363,7 +363,8 @@ def convert(
 def gen(out, preset, samples, chunks, compression, nodes, avg_degree, features, train_fraction,
         seed, force) -> None:  # fmt: skip
     """Write a synthetic dataset shaped like a surrogate's training data, or (``--preset
-    graph``) a power-law graph with node features for GNN training."""
+    graph``) a power-law block-model graph for GNN training (labels are communities:
+    a GNN must use the edges), written in bounded memory."""
     from solar.io.generate import generate
 
     if Path(out).exists() and not force:
