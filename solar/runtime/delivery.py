@@ -90,7 +90,8 @@ class Delivery:
         steps = self.steps
         e, t = divmod(k, steps.spe)
         extras = steps.sampler.extras(steps.run, e, t, steps.rank, out)  # e.g. a subgraph
-        for name in steps.sampler.supersedes:  # e.g. n_id for index, x for the features' key
+        # e.g. n_id for index, x for the features' key (a duck-typed sampler may not say)
+        for name in getattr(steps.sampler, "supersedes", ()):
             out.pop(name, None)
         out.update(extras)
         if self.batch_transform is None:
