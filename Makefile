@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed-stamp
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -c constraints.txt -e '.[dev,mpich,bench,plugins,docs]'
+	$(BIN)/pip install --quiet -c constraints.txt -e '.[dev,mpich,bench,plugins,docs,pyg]'
 	# Compile solar's numba kernels into the cache once, here, not inside a first epoch.
 	$(BIN)/solar warm --jobs 2
 	touch $@

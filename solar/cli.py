@@ -468,14 +468,46 @@ def inspect(data: tuple[str, ...], keys: tuple[str, ...], one_per_file: bool, ve
               help="Byte boundary every dataset starts on (a power of two; 4096 = one page, "
                    "what O_DIRECT reads need).")  # fmt: skip
 @click.option("--force", is_flag=True, help="Overwrite DST if it exists.")
+@click.option("--features", type=click.Path(exists=True), help="graph: node features (.npy).")
+@click.option("--labels", type=click.Path(exists=True), help="graph: node labels (.npy).")
+@click.option(
+    "--split",
+    "splits",
+    multiple=True,
+    metavar="NAME=FILE",
+    help="graph: train/valid/test node ids or mask (.npy), e.g. train=train_idx.npy.",
+)
+@click.option("--num-nodes", type=int, help="graph: node count (default: from the rows).")
+@click.option("--undirected", is_flag=True, help="graph: store each edge both ways.")
+@click.option(
+    "--memory",
+    default="1GiB",
+    show_default=True,
+    help="graph: memory the conversion may use beyond 8 B per node.",
+)
 def convert(
     src: tuple[str, ...], dst: str, keys: tuple[str, ...], one_per_file: bool, align: int,
-    force: bool,
+    force: bool, features: str | None, labels: str | None, splits: tuple[str, ...],
+    num_nodes: int | None, undirected: bool, memory: str,
 ) -> None:  # fmt: skip
-    """Rewrite SRC (HDF5 or .npy files, globs, directories) as one contiguous, aligned DST."""
+    """Rewrite SRC (HDF5 or .npy files, globs, directories) as one contiguous, aligned DST;
+    or a graph (a PyG .pt file, an OGB-style directory, an edge list .csv/.npy with
+    --features/--labels/--split) as solar's graph file."""
+    from solar.graph.ingest import convert_graph, is_graph_source
     from solar.io.convert import convert as run_convert
 
     check_writable(dst)
+    graph_opts = features or labels or splits or num_nodes or undirected
+    if len(src) == 1 and (graph_opts or is_graph_source(src[0])):
+        if keys or one_per_file:
+            raise SolarError(f"{src[0]}: a graph converts whole (topology, features, labels, "
+                             "splits): drop --key/--one-per-file")  # fmt: skip
+        got = convert_graph(src[0], dst, features=features, labels=labels, splits=splits,
+                            num_nodes=num_nodes, undirected=undirected, memory=memory,
+                            force=force, progress=_counter("converting"))  # fmt: skip
+        click.echo(f"{dst}: graph of {got['nodes']} nodes, {got['edges']} edges, features "
+                   f"{got['features']}, splits {got['splits']}; verified")  # fmt: skip
+        return
     result = run_convert(
         list(src), dst, keys=list(keys) or None, one_per_file=one_per_file, align=align,
         force=force, progress=_counter("converting"),
@@ -520,7 +552,8 @@ def format_key_table(keys: dict[str, list]) -> str:
 def gen(out, preset, samples, chunks, compression, nodes, avg_degree, features, train_fraction,
         seed, force) -> None:  # fmt: skip
     """Write a synthetic dataset shaped like a surrogate's training data, or (``--preset
-    graph``) a power-law graph with node features for GNN training."""
+    graph``) a power-law block-model graph for GNN training (labels are communities:
+    a GNN must use the edges), written in bounded memory."""
     from solar.io.generate import generate
 
     _check_out(out, force)

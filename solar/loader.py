@@ -129,6 +129,11 @@ class Loader(IterableDataset[dict]):
     declared output shapes); ``rng`` is a pure function of (seed, epoch, sample, occurrence),
     so a resumed run replays the same augmentation. ``batch_transform(batch) -> batch`` runs on
     each delivered batch (the dict of tensors), on the trainer's thread.
+
+    ``batch_format``: ``"dict"`` (default) or ``"pyg"``: each batch a PyTorch Geometric
+    ``Data`` (``torch_geometric`` needed) with the dict's entries as attributes, e.g. a
+    ``NeighborSampler``'s ``x``, ``edge_index``, ``y``, ``n_id``, ``batch_size``,
+    ``num_sampled_nodes``/``num_sampled_edges`` (made after ``batch_transform``).
     """
 
     def __init__(
@@ -160,6 +165,7 @@ class Loader(IterableDataset[dict]):
         batch_transform: Callable[[dict], dict] | None = None,
         warm: bool = True,
         page_mates: bool = True,
+        batch_format: str = "dict",
     ) -> None:
         comm = job_comm(comm, rank, world_size)  # the job's, if the caller gave no place
         # Other ranks may be waiting in the plan agreement: a failure here takes the job down.
@@ -171,6 +177,7 @@ class Loader(IterableDataset[dict]):
                 one_per_file=one_per_file, tier=tier, tier_size=tier_size, sampler=sampler,
                 horizon=horizon, equal_batches=equal_batches, transform=transform,
                 batch_transform=batch_transform, page_mates=page_mates,
+                batch_format=batch_format,
             )  # fmt: skip
             check_snapshots(snapshots)
             self._adopt(setup, snapshots)

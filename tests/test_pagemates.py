@@ -329,7 +329,7 @@ def test_page_mates_under_a_transform_serve_transformed_rows_and_keep_raw_ones(g
     assert out_rows == max(b["n_id"].numel() for b in got)  # the largest batch: no side rows
     for b in got:
         n_id = b["n_id"].numpy()
-        np.testing.assert_array_equal(b["features"].numpy(), feats[n_id] * 2)
+        np.testing.assert_array_equal(b["x"].numpy(), feats[n_id] * 2)  # x: the key's rows
 
 
 def test_a_loader_failing_in_its_warm_up_leaves_no_planning_thread(graph, monkeypatch):

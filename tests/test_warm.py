@@ -60,7 +60,7 @@ CHILD = textwrap.dedent(
         for e in range(ld.run.epochs):
             ld.set_epoch(e)
             for b in ld:
-                served += len(b["index"])
+                served += len(b["n_id"] if "n_id" in b else b["index"])  # a graph's: n_id
     after = signatures()
     print(json.dumps({
         "new": {k: after[k] - before[k] for k in after if after[k] != before[k]},

@@ -42,7 +42,10 @@ class Graph:
         if isinstance(source, Mapping):
             unknown = set(source) - set(PARTS)
             if unknown:
-                raise SolarError(f"graph: unknown parts {sorted(unknown)} (expected {PARTS})")
+                hint = ""
+                if "edge_index" in unknown:  # PyG's form: the sampler or the converter take it
+                    hint = ": NeighborSampler takes a dict with edge_index; write_graph a file"
+                raise SolarError(f"graph: unknown parts {sorted(unknown)} (expected {PARTS}){hint}")
             self.where = "graph"
             parts = {k: _array(v, f"graph {k}") for k, v in source.items() if v is not None}
         else:

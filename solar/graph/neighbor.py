@@ -13,10 +13,13 @@ positions. Any step is recomputed alone, on any rank, in any process.
 
 A step's ids are its subgraph's distinct nodes, seeds first, then each hop's new nodes in the
 order they were reached: the feature rows solar plans and reads. :meth:`NeighborSampler.extras`
-adds what a GNN trains on (PyG's layout): ``x`` (the rows, an alias of the loader's feature
-key), ``y`` (the seeds' labels), ``edge_index`` (2, E) in local ids, edges from the sampled
-neighbour (row 0) to the node it was sampled for (row 1), ``n_id``, ``batch_size`` and
-``num_sampled_nodes`` / ``num_sampled_edges`` per hop.
+adds what a GNN trains on (PyG's layout): ``x`` (the rows of the loader's feature key, which it
+replaces in the batch), ``y`` (the seeds' labels), ``edge_index`` (2, E) in local ids, edges
+from the sampled neighbour (row 0) to the node it was sampled for (row 1), ``n_id`` (the node
+ids, replacing the Loader's ``index``), ``batch_size`` and ``num_sampled_nodes`` /
+``num_sampled_edges`` per hop. Edge features are not carried (no ``e_id``): a graph file holds
+the topology and node rows only. ``Loader(..., batch_format="pyg")`` makes each batch a PyG
+``Data`` of these.
 """
 
 from __future__ import annotations
@@ -32,7 +35,8 @@ from numba import njit
 
 from solar.config import RunConfig
 from solar.errors import SolarError
-from solar.graph.csr import Graph, as_graph, check_nodes
+from solar.graph.csr import Graph, check_nodes
+from solar.graph.ingest import topology, warn_missing
 from solar.schedule import rng
 from solar.schedule.order import epoch_permutation
 from solar.schedule.samplers import EpochDraws, Sampler, _EpochCache, _span, rank_draws
@@ -62,7 +66,9 @@ class NeighborSampler(Sampler):
     """k-hop neighbour sampling around each rank's seed nodes (see the module's docstring).
 
     ``graph``: a :class:`~solar.graph.csr.Graph`, an HDF5 path (as ``solar gen --preset
-    graph`` writes) or a dict of arrays / ``.npy`` paths. ``fanouts``: neighbours per node at
+    graph`` and :func:`~solar.graph.ingest.write_graph` write), a dict of CSR arrays / ``.npy``
+    paths, or in memory a PyG ``Data`` or a dict with ``edge_index`` (its topology, labels and
+    training split; features are read from the Loader's file). ``fanouts``: neighbours per node at
     each hop (-1: all). ``batch_size``: seeds per rank and step (the Loader's default).
     ``train``: the seed nodes (default: the graph's ``train_idx``, else every node).
     ``features``: the loader key whose rows become ``x``.
@@ -83,7 +89,7 @@ class NeighborSampler(Sampler):
         train: Any = None,
         features: str = "features",
     ) -> None:
-        self.graph = as_graph(graph)
+        self.graph = topology(graph)
         f = tuple(fanouts)
         if not 1 <= len(f) <= MAX_HOPS or not all(
             isinstance(x, int | np.integer) and not isinstance(x, bool) and (x > 0 or x == -1)
@@ -95,10 +101,18 @@ class NeighborSampler(Sampler):
         self.fanouts = tuple(int(x) for x in f)
         self.batch_size = batch_size
         n = self.graph.num_nodes
+        warn_missing(self.graph.where, self.graph.labels is not None,
+                     train is not None or self.graph.train_idx is not None)  # fmt: skip
         if train is None:
             train = self.graph.train_idx if self.graph.train_idx is not None else np.arange(n)
         self.train = check_nodes(train, n, "train")
+        if not isinstance(features, str):
+            raise SolarError("features: the name of the Loader's key (e.g. 'features'); "
+                             "features in memory go to storage first: "
+                             "solar.graph.write_graph(data, 'graph.h5')")  # fmt: skip
         self.features = features
+        # The batch keeps one name for each thing: x (not the key), n_id (not index).
+        self.supersedes = ("index", features)
         self._cache = _EpochCache()
         self._steps = _StepCache()
 

@@ -87,12 +87,30 @@ def describe_source(
     collective) every rank gets the same description from one scan of the files."""
     if isinstance(paths, DatasetInfo):
         return paths
+    refuse_in_memory(paths)
     npy, names = on_root(comm, lambda: _list(paths, keys))
     # Sent as strings: unpickling 10^5 Paths took seconds a rank (pathlib parses each twice).
     found = {k: [Path(f) for f in fs] for k, fs in names.items()}
     if npy:
         return describe_npy(found, one_per_file=one_per_file, comm=comm)
     return describe(found[""], keys, one_per_file=one_per_file, comm=comm)
+
+
+def refuse_in_memory(paths: Any) -> None:
+    """One line for data given in memory (solar serves rows from storage): how to write it."""
+    inner = paths.values() if isinstance(paths, Mapping) else [paths]
+    for p in inner:
+        if isinstance(p, str | os.PathLike):
+            continue
+        if hasattr(p, "edge_index") or (isinstance(p, Mapping) and "edge_index" in p):
+            raise SolarError("the data is a graph in memory: solar reads node features from "
+                             "storage; write it with solar.graph.write_graph(data, "
+                             "'graph.h5') (or `solar convert`) and pass that file")  # fmt: skip
+        if hasattr(p, "shape") and hasattr(p, "dtype"):
+            raise SolarError(f"the data is an array in memory ({type(p).__name__} "
+                             f"{tuple(p.shape)}): solar reads from storage; save it "
+                             "(numpy.save to .npy, h5py, or solar.graph.write_graph for a "
+                             "graph's features) and pass the file")  # fmt: skip
 
 
 def _list(

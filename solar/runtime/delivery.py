@@ -42,12 +42,14 @@ class Delivery:
         exchange: Exchange | None,
         batch_transform: Callable[[dict], dict] | None,
         comm: Any,
+        batch_format: str = "dict",
     ) -> None:
         self.steps = steps
         self.keys = keys  # the delivered keys: the dataset's, or the transform's outputs
         self.exchange = exchange  # None: trim only, or a copy in another process
         self.batch_transform = batch_transform
         self.comm = comm  # a failed batch_transform ends the job
+        self.batch_format = batch_format  # "pyg": the batch as a torch_geometric Data
 
     def fit(self, k: int, io: InFlight) -> Delivered:
         """With equal batches, make step ``k``'s served rows the batch this rank delivers:
@@ -69,16 +71,29 @@ class Delivery:
         return Delivered([t[: tr.size] for t in tensors], index[: tr.size],
                          int(tr.send.sum()), int(tr.recv.sum()), seconds)  # fmt: skip
 
-    def batch(self, k: int, rows: Delivered) -> dict:
-        """Step ``k``'s batch: a tensor per key, ``index``, the sampler's extras, then the
-        user's ``batch_transform``."""
+    def batch(self, k: int, rows: Delivered) -> Any:
+        """Step ``k``'s batch: a tensor per key, ``index``, the sampler's extras (which may
+        supersede ``index`` and a key), then the user's ``batch_transform``; a PyG ``Data`` of
+        it with ``batch_format="pyg"``."""
+        got = self._dict(k, rows)
+        if self.batch_format == "pyg":
+            from torch_geometric.data import Data
+
+            return Data(**got)
+        return got
+
+    def _dict(self, k: int, rows: Delivered) -> dict:
         import torch
 
         out = {key.name: t for key, t in zip(self.keys, rows.tensors, strict=True)}
         out["index"] = torch.from_numpy(rows.ids)
         steps = self.steps
         e, t = divmod(k, steps.spe)
-        out.update(steps.sampler.extras(steps.run, e, t, steps.rank, out))  # e.g. a subgraph
+        extras = steps.sampler.extras(steps.run, e, t, steps.rank, out)  # e.g. a subgraph
+        # e.g. n_id for index, x for the features' key (a duck-typed sampler may not say)
+        for name in getattr(steps.sampler, "supersedes", ()):
+            out.pop(name, None)
+        out.update(extras)
         if self.batch_transform is None:
             return out
         try:

@@ -177,7 +177,8 @@ def build(setup: Setup, stream: RankStream, stats: LoaderStats,
         kind = HeldTransformAssembly if setup.holds_transformed else TransformAssembly
         assert setup.transform is not None
         assembly = kind(steps, queue, memory, holdings, pool, setup.transform.ahead, setup.comm)
-    delivery = Delivery(steps, setup.out_keys, exchange, setup.batch_transform, setup.comm)
+    delivery = Delivery(steps, setup.out_keys, exchange, setup.batch_transform, setup.comm,
+                        setup.batch_format)  # fmt: skip
     tuner = _tuner(setup, stats, queue, pool) if setup.config.auto else None
     comm = setup.comm if exchange is not None else None
     return Pipeline(steps, holdings, assembly, delivery, stats, tuner, pool, comm)

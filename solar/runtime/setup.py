@@ -56,6 +56,7 @@ class Setup:
     held_keys: tuple[KeyInfo, ...]  # the keys the buffer and tier hold
     tier_dir: str | os.PathLike | None
     comm: Any
+    batch_format: str = "dict"  # or "pyg": batches as torch_geometric Data
 
     @property
     def holds_transformed(self) -> bool:
@@ -89,6 +90,7 @@ def configure(
     transform: SampleFn | Transform | None,
     batch_transform: Callable[[dict], dict] | None,
     page_mates: bool,
+    batch_format: str = "dict",
 ) -> Setup:
     """A Loader's arguments (solar.loader) checked and decided, in the order a user's
     mistakes are best reported; every rank agrees on the plan and the keys."""
@@ -118,6 +120,7 @@ def configure(
     if given is not None:
         given.validate(r, comm)  # a file is proven safe before any byte moves, by all ranks
     io = Reader(info, config, throttle)
+    _check_batch_format(batch_format)
     if batch_transform is not None and not callable(batch_transform):
         raise SolarError(f"batch_transform must be callable, got {batch_transform!r}")
     if fn is not None and fn.processes and config.pin_memory:
@@ -131,7 +134,18 @@ def configure(
     agree(comm, [(k.name, k.sample_shape, k.dtype.str) for k in out],
           "the transform's output keys, shapes and dtypes")  # fmt: skip
     return Setup(info, r, w, cores, config, run, spec, given, chosen,
-                 io, fn, batch_transform, out, held, tier, comm)  # fmt: skip
+                 io, fn, batch_transform, out, held, tier, comm, batch_format)  # fmt: skip
+
+
+def _check_batch_format(batch_format: str) -> None:
+    if batch_format not in ("dict", "pyg"):
+        raise SolarError(f"batch_format must be 'dict' or 'pyg', got {batch_format!r}")
+    if batch_format == "pyg":
+        try:
+            import torch_geometric.data  # noqa: F401
+        except ImportError:
+            raise SolarError("batch_format='pyg' needs torch_geometric "
+                             "(pip install 'solar[pyg]')") from None  # fmt: skip
 
 
 def _reader_config(info: DatasetInfo, reader: ReaderConfig | None) -> ReaderConfig:

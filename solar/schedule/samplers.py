@@ -106,6 +106,9 @@ class Sampler:
         """What a plan's fingerprint records of the sampler (None: the default, Shuffle)."""
         raise NotImplementedError
 
+    # Entries of the Loader's batch that extras() replace (dropped before they are merged).
+    supersedes: tuple[str, ...] = ()
+
     def extras(
         self, run: RunConfig, epoch: int, step: int, rank: int, batch: Mapping[str, Any]
     ) -> dict[str, Any]:
