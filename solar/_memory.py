@@ -129,6 +129,5 @@ def require_memory(need: int, what: str, ranks: int = 1) -> None:
     share, whose = room[0] / max(1, ranks), room[1]
     each = f" (a share of {ranks} ranks on this host)" if ranks > 1 else ""
     raise SolarError(
-        f"{what}: {need / 2**30:.2f} GiB exceed the {share / 2**30:.2f} GiB of memory {whose}"
-        f"{each}"
+        f"{what}: {need / 2**30:.2f} GiB exceed the {share / 2**30:.2f} GiB of memory {whose}{each}"
     )

@@ -106,7 +106,7 @@ def run_abort_hooks() -> None:
     for fn in list(_AT_ABORT.values()):
         try:
             fn()
-        except Exception:  # noqa: S110 - an abort goes on whatever a hook does
+        except Exception:  # an abort goes on whatever a hook does
             pass
 
 

@@ -20,7 +20,7 @@ from test_mpi import MPIEXEC, launch
 
 import solar._memory
 from solar import Loader, SolarError, Weighted
-from solar._memory import cgroup_room, require_memory
+from solar._memory import require_memory
 from solar.transform import Transform
 
 MPI_SCRIPT = Path(__file__).parent / "mpi" / "orphans.py"
@@ -140,8 +140,10 @@ def _cgroup(tmp_path: Path, version: int, limit: str, used: int, file_pages: int
         d.mkdir(parents=True)
         (d / "memory.max").write_text(limit + "\n")
         (d / "memory.current").write_text(f"{used}\n")
-        (d / "memory.stat").write_text(f"anon 5\nactive_file {file_pages // 2}\n"
-                                       f"inactive_file {file_pages - file_pages // 2}\n")  # fmt: skip
+        half = file_pages // 2
+        (d / "memory.stat").write_text(
+            f"anon 5\nactive_file {half}\ninactive_file {file_pages - half}\n"
+        )
         proc.write_text(f"0::{path}\n")
     else:
         d = fs.joinpath("memory", *path.strip("/").split("/"))
@@ -158,6 +160,8 @@ def _cgroup(tmp_path: Path, version: int, limit: str, used: int, file_pages: int
 def test_the_memory_check_sees_the_cgroups_room(tmp_path, monkeypatch, version):
     """Room = limit - (usage - file pages it would reclaim), the smaller of it and
     MemAvailable; no limit ("max", v1's 2^63): MemAvailable alone."""
+    from solar._memory import cgroup_room
+
     fs, proc = _cgroup(tmp_path, version, str(2**30), 600 * 2**20, 100 * 2**20)
     assert cgroup_room(fs, proc) == 2**30 - 500 * 2**20
     monkeypatch.setattr(solar._memory, "CGROUP_FS", fs)

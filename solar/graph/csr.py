@@ -194,8 +194,8 @@ def _load(parts: dict[str, _Part], where: str) -> dict[str, np.ndarray]:
     small = parts["indices"].dtype.itemsize <= 4 and n <= np.iinfo(np.int32).max
     dtypes["indices"] = np.dtype(np.int32 if small else np.int64)
     sizes = {k: int(np.prod(p.shape, dtype=np.int64)) for k, p in parts.items()}
-    need = sum(sizes[k] * dtypes[k].itemsize for k in parts)
-    require_memory(need, f"{where}: its topology in memory ({n} nodes, "
+    nbytes = sum(sizes[k] * dtypes[k].itemsize for k in parts)
+    require_memory(nbytes, f"{where}: its topology in memory ({n} nodes, "
                          f"{sizes['indices']} edges)")  # fmt: skip
     out = {}
     for k, p in parts.items():

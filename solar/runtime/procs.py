@@ -18,6 +18,8 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
+import functools
+import importlib
 import mmap
 import multiprocessing
 import os
@@ -214,7 +216,7 @@ class ProcessTransforms:
             except BrokenProcessPool:
                 raise SolarError(self._died(job)) from None
             mine: Future = Future()
-            f.add_done_callback(lambda f, mine=mine, job=job: self._relay(f, mine, job))
+            f.add_done_callback(functools.partial(self._relay, mine=mine, job=job))
             out.append(mine)
         return out
 
@@ -273,9 +275,8 @@ def _unname_semaphores(procs: ProcessPoolExecutor) -> None:
     insides differ (another Python), the names stay, removed as before at exit."""
     from multiprocessing import resource_tracker, util
 
-    try:
-        from _multiprocessing import sem_unlink  # type: ignore[attr-defined]
-    except ImportError:  # pragma: no cover - not Unix
+    sem_unlink = getattr(importlib.import_module("_multiprocessing"), "sem_unlink", None)
+    if sem_unlink is None:  # pragma: no cover - not Unix
         return
     names = set()
     for queue in (getattr(procs, "_call_queue", None), getattr(procs, "_result_queue", None)):

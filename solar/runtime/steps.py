@@ -63,8 +63,9 @@ class Steps:
         try:
             return step.in_batch(ids)
         except ValueError:
-            why = ("a Trace function must return the same ids for the same arguments"
-                   if self.sampler.kind == "trace" else "its input changed since it was planned")  # fmt: skip
+            why = "its input changed since it was planned"
+            if self.sampler.kind == "trace":
+                why = "a Trace function must return the same ids for the same arguments"
             raise SolarError(
                 f"step {k}, rank {self.rank}: the {self.sampler.kind} sampler's batch is not "
                 f"the one planned ({why})"
