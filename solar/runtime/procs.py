@@ -199,7 +199,7 @@ class ProcessTransforms:
                 raise TimeoutError(f"{len(seen)} of {workers} workers started")
             seen |= {f.result() for f in [self._procs.submit(_ready, 0.02 if seen else 0.05)
                                           for _ in range(workers)]}  # fmt: skip
-        self._workers = list(getattr(self._procs, "_processes", {}).values())
+        self._workers = list((getattr(self._procs, "_processes", None) or {}).values())
         _unname_semaphores(self._procs)
 
     def submit(
@@ -254,7 +254,7 @@ class ProcessTransforms:
 
     def _kill(self) -> None:
         """End the workers now (the job is aborting: nothing of theirs is waited for)."""
-        for p in self._workers or list(getattr(self._procs, "_processes", {}).values()):
+        for p in self._workers or list((getattr(self._procs, "_processes", None) or {}).values()):
             with contextlib.suppress(Exception):
                 p.kill()
 
