@@ -325,12 +325,3 @@ def check_batch_memory(
         + (f" (buffer rows {held} B)" if held_bytes else ""),
         ranks,
     )
-    if transform is not None and transform.processes and os.path.isdir("/dev/shm"):
-        st = os.statvfs("/dev/shm")
-        if batches > st.f_bavail * st.f_frsize:
-            raise SolarError(
-                f"transform processes: batches in flight need {batches / 2**20:.0f} MiB of "
-                "shared memory, /dev/shm has "
-                f"{st.f_bavail * st.f_frsize / 2**20:.0f} MiB free "
-                "(fewer read_ahead steps or Transform(ahead=), or thread workers)"
-            )
