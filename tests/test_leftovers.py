@@ -83,6 +83,23 @@ def test_a_killed_rank_leaves_no_worker_and_no_shared_memory_name(data, tmp_path
     assert [r["shm"] for r in reports] == [[]] * ranks
 
 
+def test_an_abort_ends_the_transform_processes_before_it_exits():
+    """dist.abort and the torch abort path end the process with os._exit or MPI_Abort (no
+    finaliser runs): the hooks they run first end the workers."""
+    from solar._process import run_abort_hooks
+    from solar.runtime.procs import ProcessTransforms
+
+    pool = ProcessTransforms(1, _exits, 0, (), ())
+    workers = list(pool._workers)
+    assert [w.is_alive() for w in workers] == [True]
+    run_abort_hooks()
+    for w in workers:
+        w.join(5)
+    assert [w.exitcode for w in workers] == [-signal.SIGKILL]
+    pool.close()
+    run_abort_hooks()  # a closed pool's hook is gone
+
+
 def _exits(sample, rng):
     if int(sample["label"]) == 57:
         os._exit(3)

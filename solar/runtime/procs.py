@@ -175,13 +175,14 @@ class ProcessTransforms:
         self._workers: list[Any] = []
         self._death: str | None = None  # how the worker that broke the pool ended
         # Stopped and closed at close, or when dropped, or at exit, or when the job aborts.
-        self._finalizer = weakref.finalize(self, _stop, self._procs, self.arena)
-        self._forget = at_abort(self._kill)
+        # (Neither holds this object: dropped, it is stopped as if closed.)
+        forget = at_abort(functools.partial(_kill, self._procs))
+        self._finalizer = weakref.finalize(self, _stop, self._procs, self.arena, forget)
         try:
             self._start(workers)
         except BaseException as exc:
             self._procs.shutdown(wait=False, cancel_futures=True)
-            self._kill()
+            _kill(self._procs)
             if isinstance(exc, OSError) and exc.errno in (errno.EMFILE, errno.ENFILE):
                 raise nofile_error(f"transform processes ({workers})") from None
             if not isinstance(exc, Exception):
@@ -252,20 +253,21 @@ class ProcessTransforms:
                 f"(samples {first}, ...): a crash in native code, os._exit or the kernel's "
                 "OOM killer")  # fmt: skip
 
-    def _kill(self) -> None:
-        """End the workers now (the job is aborting: nothing of theirs is waited for)."""
-        for p in self._workers or list((getattr(self._procs, "_processes", None) or {}).values()):
-            with contextlib.suppress(Exception):
-                p.kill()
-
     def close(self) -> None:
-        self._forget()
         self._finalizer()
 
 
-def _stop(procs: ProcessPoolExecutor, arena: SharedArena) -> None:
+def _stop(procs: ProcessPoolExecutor, arena: SharedArena, forget: Any) -> None:
+    forget()
     procs.shutdown(wait=True, cancel_futures=True)
     arena.close()
+
+
+def _kill(procs: ProcessPoolExecutor) -> None:
+    """End the workers now (the job is aborting: nothing of theirs is waited for)."""
+    for p in list((getattr(procs, "_processes", None) or {}).values()):
+        with contextlib.suppress(Exception):
+            p.kill()
 
 
 def _unname_semaphores(procs: ProcessPoolExecutor) -> None:
