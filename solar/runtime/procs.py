@@ -133,7 +133,11 @@ def _view(w: Where) -> np.ndarray:
     seg = segs.get(name)
     if seg is None:
         path, ino = name.rsplit("#", 1)
-        fd = os.open(path, os.O_RDWR)
+        try:
+            fd = os.open(path, os.O_RDWR)
+        except OSError as exc:
+            raise SolarError(f"transform processes: the batch memory {path} cannot be opened "
+                             f"here ({exc.strerror})") from None  # fmt: skip
         try:
             st = os.fstat(fd)
             if st.st_ino != int(ino):  # (the parent closed it: never another file's bytes)
