@@ -212,7 +212,9 @@ def test_a_buffer_beyond_the_cgroups_limit_is_refused(data, tmp_path, monkeypatc
 
 
 def test_a_run_or_weights_sized_beyond_memory_are_refused_before_allocating(data, monkeypatch):
-    with pytest.raises(SolarError, match=r"planning 1000000000000 accesses: .* GiB exceed") as e:
+    with pytest.raises(
+        SolarError, match=r"sampler: an epoch of 1000000000000 draws: .* GiB exceed"
+    ) as e:
         Loader(data, batch_size=10, epochs=1, buffer=10, warm=False,
                sampler=Weighted(np.ones(120), num_samples=10**12))  # fmt: skip
     assert "\n" not in str(e.value)

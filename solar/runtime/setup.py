@@ -31,7 +31,6 @@ from solar.io.sources import describe_source
 from solar.launch import detect_launcher
 from solar.schedule import Plan, PlanSpec, load_plan
 from solar.schedule.pagemates import PageLayout
-from solar.schedule.plan import check_plan_memory
 from solar.schedule.samplers import SHUFFLE, Sampler, is_shuffle
 from solar.schedule.spec import equal_by_default
 from solar.transform import SampleFn, Transform, as_transform, first_outputs, output_keys
@@ -117,8 +116,9 @@ def configure(
     spec, given = agree_on_plan(spec, made, source, page_layout(info), page_mates, holds, comm)
     # The buffer with the batches in flight, counted as the sampler's largest batch.
     check_batch_memory(spec, config, info.sample_bytes, ranks=local)
-    if given is None:  # the draws of an epoch and the planner's tables, sized by the run
-        check_plan_memory(spec)
+    # An epoch's draws (ids and their places), which every rank holds: sized by the user.
+    require_memory(16 * run.samples_per_epoch,
+                   f"sampler: an epoch of {run.samples_per_epoch} draws", local)  # fmt: skip
     if given is not None:
         given.validate(r, comm)  # a file is proven safe before any byte moves, by all ranks
     io = Reader(info, config, throttle)

@@ -203,7 +203,7 @@ def _peers_error(digests: list[str | None]) -> str | None:
 
 def make_plan(spec: PlanSpec, progress: Progress | None = None) -> Plan:
     """Plan a run and keep every decision in memory (about 9 bytes per access)."""
-    check_plan_memory(spec, keep_all=True)
+    _check_memory(spec, keep_all=True)
     epochs: list[EpochPlan] = []
     order, stats, seconds = _run_planner(spec, epochs.append, progress)
     return Plan(spec, order, stats, seconds, spec.fingerprint, epochs=epochs)
@@ -211,7 +211,7 @@ def make_plan(spec: PlanSpec, progress: Progress | None = None) -> Plan:
 
 def plan_to_file(spec: PlanSpec, path: str | os.PathLike, progress: Progress | None = None) -> Plan:
     """Plan a run straight into a plan file, one epoch at a time (memory independent of E)."""
-    check_plan_memory(spec, keep_all=False)
+    _check_memory(spec, keep_all=False)
     order = epoch_order_of(spec)  # the header needs it first; the planner takes the same one
     with PlanWriter(path, spec, order) as writer:
         _, stats, seconds = _run_planner(spec, writer.add, progress, order)
@@ -221,7 +221,7 @@ def plan_to_file(spec: PlanSpec, path: str | os.PathLike, progress: Progress | N
 
 def simulate(spec: PlanSpec, progress: Progress | None = None) -> PlanSummary:
     """Plan a run and keep only its totals: a simulator for runs too large to store."""
-    check_plan_memory(spec, keep_all=False)
+    _check_memory(spec, keep_all=False)
     _, stats, seconds = _run_planner(spec, None, progress)
     return PlanSummary(spec, stats, seconds, spec.fingerprint)
 
@@ -265,9 +265,8 @@ def trace_accesses(spec: PlanSpec) -> int:
     return int(max(run.samples_per_epoch, bound))
 
 
-def check_plan_memory(spec: PlanSpec, keep_all: bool = False) -> None:
-    """Refuse a plan that cannot fit in memory, before allocating any of it (or any epoch's
-    draws: a run's size is the user's to choose)."""
+def _check_memory(spec: PlanSpec, keep_all: bool) -> None:
+    """Refuse a plan that cannot fit in memory, before allocating any of it."""
     run = spec.run
     # Planner state, two epochs of order and next uses, one epoch's decisions (measured peak:
     # bench/plan_bench.py); a plan kept in memory adds about 9 bytes per access.
