@@ -42,7 +42,7 @@ if __name__ == "__main__":
         comm = MPI.COMM_WORLD
     rank, size = (comm.Get_rank(), comm.Get_size()) if comm else (0, 1)
     ld = Loader(sys.argv[1], batch_size=4, epochs=2, buffer=0, comm=comm, warm=False,
-                transform=Transform(double, processes=True, workers=2))  # fmt: skip
+                transform=Transform(double, processes=True, workers=1))  # fmt: skip
     batches = iter(ld)
     next(batches), next(batches)  # batch memory made and mapped by the workers
     from multiprocessing import resource_tracker
