@@ -4,6 +4,10 @@ Threads, pools, locks, descriptors and h5py handles never survive ``fork`` (the 
 threads; a lock may be held forever; a descriptor's offset and an HDF5 handle are shared with
 the parent), and they do not pickle for ``spawn``. An object keeps such state in a
 :class:`ProcessLocal`: built on first use in each process, never handed to another.
+
+What a process starts that could outlive it (worker processes) registers :func:`at_abort`: an
+abort of the job (``solar.dist``) ends it before ``os._exit`` or ``MPI_Abort``, which run no
+finaliser. :func:`nofile_error` is the one line for a process out of descriptors.
 """
 
 from __future__ import annotations
@@ -12,6 +16,8 @@ import os
 import threading
 from collections.abc import Callable
 from typing import Generic, TypeVar
+
+from solar.errors import SolarError
 
 T = TypeVar("T")
 
@@ -80,3 +86,34 @@ class ProcessLocal(Generic[T]):
 
     def __setstate__(self, state: dict) -> None:
         self.__init__(state["build"])  # type: ignore[misc]
+
+
+# -- what an abort ends ------------------------------------------------------------------------
+_AT_ABORT: dict[int, Callable[[], None]] = {}
+_AT_ABORT_IDS = iter(range(1 << 62))
+
+
+def at_abort(fn: Callable[[], None]) -> Callable[[], None]:
+    """Run ``fn`` when this process aborts the job (:func:`run_abort_hooks`, called before
+    ``os._exit``, which runs no finaliser); returns the call that forgets it."""
+    key = next(_AT_ABORT_IDS)
+    _AT_ABORT[key] = fn
+    return lambda: _AT_ABORT.pop(key, None) and None
+
+
+def run_abort_hooks() -> None:
+    """End what this process started that would outlive it (worker processes), now."""
+    for fn in list(_AT_ABORT.values()):
+        try:
+            fn()
+        except Exception:  # an abort goes on whatever a hook does
+            pass
+
+
+def nofile_error(what: str) -> SolarError:
+    """The one line for EMFILE: ``what`` needs a descriptor beyond this process's limit."""
+    import resource
+
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return SolarError(f"{what}: too many open files: this process may open {soft} (ulimit -n "
+                      f"{soft}): raise the limit, or use fewer workers or files")  # fmt: skip

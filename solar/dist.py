@@ -42,6 +42,7 @@ from typing import Any
 
 import numpy as np
 
+from solar._process import run_abort_hooks
 from solar.errors import SolarError, first_line
 from solar.launch import Launch, detect_launcher
 
@@ -321,6 +322,7 @@ class TorchComm:
         for stream in (sys.stdout, sys.stderr):
             with contextlib.suppress(Exception):
                 stream.flush()
+        run_abort_hooks()  # os._exit runs no finaliser
         os._exit(errorcode)
 
     def _key(self, rank: int) -> str:
@@ -342,6 +344,7 @@ class TorchComm:
                 err = sys.__stderr__ or sys.stderr
                 err.write(f"solar: rank {self._rank}: ending: rank {word} failed\n")
                 err.flush()
+                run_abort_hooks()
                 # Let the failing rank end first, so that the launcher names it as the cause.
                 time.sleep(1.0)
                 os._exit(1)
@@ -412,6 +415,7 @@ def abort(comm: Any, exc_info: tuple | None = None) -> None:
         # Another rank failed first and this error follows from it (its exit broke a
         # collective): one traceback tells the story, and the abort watcher is ending this
         # process just after the failing one (so the launcher names that one as the cause).
+        run_abort_hooks()
         time.sleep(5)
         os._exit(1)
     global _aborting
@@ -425,6 +429,7 @@ def abort(comm: Any, exc_info: tuple | None = None) -> None:
         err.write(f"solar: rank {rank} failed:\n")
         traceback.print_exception(exc_type, exc, tb, file=err)
     err.flush()
+    run_abort_hooks()  # what this process started ends with it (MPI_Abort runs no finaliser)
     # Give the launcher's proxy a moment to forward this output: MPI_Abort kills it too.
     time.sleep(0.5)
     comm.Abort(1)

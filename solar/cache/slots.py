@@ -48,9 +48,10 @@ def _bytes2d(a: np.ndarray) -> np.ndarray:
     return a.reshape(a.shape[0], -1).view(np.uint8)
 
 
-def check_budget(slots: int, sample_bytes: int) -> None:
-    """Refuse a buffer larger than the memory available now."""
-    require_memory(slots * sample_bytes, f"buffer: {slots} slots × {sample_bytes} B")
+def check_budget(slots: int, sample_bytes: int, ranks: int = 1) -> None:
+    """Refuse a buffer larger than the memory available now (a share of it: ``ranks`` ranks of
+    this host each hold one)."""
+    require_memory(slots * sample_bytes, f"buffer: {slots} slots × {sample_bytes} B", ranks)
 
 
 class SlotBuffer:

@@ -1,4 +1,4 @@
-"""A graph's topology in CSR, memory-mapped where it can be, validated before use.
+"""A graph's topology in CSR, read once into private memory and validated there.
 
 ``indptr`` (N + 1,) and ``indices`` (E,) say that node v's neighbours are
 ``indices[indptr[v]:indptr[v + 1]]`` (for a PyG ``NeighborLoader`` user: the nodes whose
@@ -7,23 +7,29 @@ messages reach v, i.e. CSC of ``edge_index`` with edges source → target). ``la
 ``indices``, ``labels``, ``train_idx``: what ``solar gen --preset graph`` writes), or from a
 dict of arrays or ``.npy`` paths (an OGB-style graph as it is, no conversion).
 
-Contiguous HDF5 datasets and ``.npy`` files are memory-mapped: a graph of 10^9 edges costs no
-read at start-up beyond the validation pass. Everything read from disk is untrusted: indptr
-must start at 0, never decrease and end at E; indices must name nodes; labels and the
-training split must fit N. A bad graph is refused with one line naming the file and dataset.
+The parts are read (not memory-mapped) into private arrays of the types the kernels take
+(``indptr`` int64, ``indices`` int32 or int64: uint32, uint64 or big-endian as stored are
+converted once), and validated there: no later change of the files (rewritten in place,
+truncated) can reach a kernel, which may thus index them unchecked (measured, issue 33: the
+copy costs its memory, checked first, and a read; a mapped topology checked in the kernel would
+still fault on a truncated file). Everything read is untrusted: indptr must start at 0, never
+decrease and end at E; indices must name nodes; labels and the training split must fit N (an
+(N, 1) column, as OGB keeps labels, from any source). A bad graph is refused with one line
+naming the file and dataset.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 from numba import njit
 
+from solar._memory import require_memory
 from solar.errors import SolarError
 
 PARTS = ("indptr", "indices", "labels", "train_idx")
@@ -34,7 +40,9 @@ class Graph:
 
     ``Graph(path)``: an HDF5 file holding ``indptr`` and ``indices`` (and optionally
     ``labels``, ``train_idx``); ``Graph({"indptr": ..., "indices": ..., ...})``: arrays or
-    ``.npy`` paths, memory-mapped. The arrays are read-only views.
+    ``.npy`` paths. The arrays are private, read-only copies: ``indptr`` int64, ``indices``
+    int32 (int64 when N or the stored type needs it), any byte order or integer type converted
+    once, then validated.
     """
 
     def __init__(self, source: str | os.PathLike | Mapping[str, Any]) -> None:
@@ -47,13 +55,11 @@ class Graph:
                     hint = ": NeighborSampler takes a dict with edge_index; write_graph a file"
                 raise SolarError(f"graph: unknown parts {sorted(unknown)} (expected {PARTS}){hint}")
             self.where = "graph"
-            parts = {k: _array(v, f"graph {k}") for k, v in source.items() if v is not None}
+            parts = _load({k: _opened(v, f"graph {k}") for k, v in source.items()
+                           if v is not None}, self.where)  # fmt: skip
         else:
             self.where = f"graph {source}"
             parts = _from_hdf5(Path(source))
-        for need in ("indptr", "indices"):
-            if need not in parts:
-                raise SolarError(f"{self.where}: no {need!r}")
         self.indptr, self.indices = parts["indptr"], parts["indices"]
         self.labels: np.ndarray | None = parts.get("labels")
         self.train_idx: np.ndarray | None = parts.get("train_idx")
@@ -63,6 +69,9 @@ class Graph:
             self.labels = _node_array(self.labels, self.num_nodes, f"{self.where}: labels")
         if self.train_idx is not None:
             self.train_idx = check_nodes(self.train_idx, self.num_nodes, f"{self.where}: train_idx")
+        for a in (self.indptr, self.indices, self.labels, self.train_idx):
+            if a is not None:
+                a.flags.writeable = False  # validated once: nothing may change them after
         self._digest: str | None = None
 
     @property
@@ -72,7 +81,7 @@ class Graph:
             h = hashlib.sha256()
             for a in (self.indptr, self.indices):
                 h.update(str(a.dtype).encode())
-                for lo in range(0, a.shape[0], 1 << 24):  # bounded memory for a mapped array
+                for lo in range(0, a.shape[0], 1 << 24):  # bounded memory
                     h.update(np.ascontiguousarray(a[lo : lo + (1 << 24)]).tobytes())
             self._digest = h.hexdigest()
         return self._digest
@@ -82,17 +91,22 @@ class Graph:
         return np.diff(self.indptr).astype(np.int64)
 
     def __getstate__(self) -> dict:
-        # A mapped graph is mapped again in the new process, not copied through a pipe.
-        if isinstance(self._source, Mapping):
+        # A graph read from files is read again in the new process, not copied through a pipe,
+        # and must be the same graph there (a file changed since: refused, see __setstate__).
+        if isinstance(self._source, Mapping) and not all(
+            v is None or isinstance(v, str | os.PathLike) for v in self._source.values()
+        ):
             return dict(self.__dict__)
-        return {"_source": self._source, "_digest": self._digest}
+        return {"_source": self._source, "_digest": self.identity}
 
     def __setstate__(self, state: dict) -> None:
         if "indptr" in state:
             self.__dict__.update(state)
             return
         self.__init__(state["_source"])  # type: ignore[misc]
-        self._digest = state["_digest"]
+        if self.identity != state["_digest"]:
+            raise SolarError(f"{self.where}: changed since it was opened (its topology differs "
+                             "in this process)")  # fmt: skip
 
 
 def as_graph(graph: Graph | str | os.PathLike | Mapping[str, Any]) -> Graph:
@@ -157,46 +171,115 @@ def _node_array(a: np.ndarray, n: int, where: str) -> np.ndarray:
     return a
 
 
-def _array(value: Any, where: str) -> np.ndarray:
+class _Part(NamedTuple):
+    """A part as stored: its shape (an (n, 1) or (1, n) column flattened, as OGB keeps
+    labels), its stored dtype, and how to read it into a private array of a given dtype."""
+
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    read: Callable[[np.ndarray], None]
+
+
+def _load(parts: dict[str, _Part], where: str) -> dict[str, np.ndarray]:
+    """Every part read once into private memory, in the dtype the kernels take (checked
+    against the memory the job has first)."""
+    for need in ("indptr", "indices"):
+        if need not in parts:
+            raise SolarError(f"{where}: no {need!r}")
+    for name in ("indptr", "indices"):
+        p = parts[name]
+        if len(p.shape) != 1 or p.dtype.kind not in "iu":
+            raise SolarError(f"{where}: {name} must be a 1-D integer array, got {p.dtype} "
+                             f"{p.shape}")  # fmt: skip
+    n = parts["indptr"].shape[0] - 1
+    dtypes = {k: p.dtype.newbyteorder("=") for k, p in parts.items()}
+    dtypes["indptr"] = np.dtype(np.int64)
+    small = parts["indices"].dtype.itemsize <= 4 and n <= np.iinfo(np.int32).max
+    dtypes["indices"] = np.dtype(np.int32 if small else np.int64)
+    sizes = {k: int(np.prod(p.shape, dtype=np.int64)) for k, p in parts.items()}
+    nbytes = sum(sizes[k] * dtypes[k].itemsize for k in parts)
+    require_memory(nbytes, f"{where}: its topology in memory ({n} nodes, "
+                         f"{sizes['indices']} edges)")  # fmt: skip
+    out = {}
+    for k, p in parts.items():
+        a = np.empty(p.shape, dtypes[k])
+        if a.size:
+            p.read(a)
+        out[k] = a.reshape(-1) if a.ndim == 2 and 1 in a.shape else a
+    return out
+
+
+def _opened(value: Any, where: str) -> _Part:
+    """A part given as an array or a ``.npy`` path, not yet read."""
     if isinstance(value, str | os.PathLike):
-        try:
-            value = np.load(Path(value), mmap_mode="r", allow_pickle=False)
-        except (OSError, ValueError) as exc:
-            raise SolarError(f"{where}: {value} is not a readable .npy file ({exc})") from None
-    a = value if isinstance(value, np.ndarray) else np.asarray(value)  # (a memmap stays one)
-    if a.ndim == 2 and 1 in a.shape:  # OGB keeps labels as (N, 1)
-        a = a.reshape(-1)
-    return a
+        return _npy(Path(value), where)
+    a = value if isinstance(value, np.ndarray) else np.asarray(value)
+
+    def read(out: np.ndarray) -> None:
+        out[...] = a.reshape(out.shape)  # converted; a copy the caller cannot change
+
+    return _Part(_flat(a.shape), a.dtype, read)
+
+
+def _flat(shape: tuple[int, ...]) -> tuple[int, ...]:
+    return (int(np.prod(shape)),) if len(shape) == 2 and 1 in shape else tuple(shape)
+
+
+def _npy(path: Path, where: str) -> _Part:
+    """A ``.npy`` file's part, read with ``read`` calls (a file truncated under the run is a
+    short read, never a fault in mapped memory)."""
+    try:
+        with open(path, "rb") as f:
+            version = np.lib.format.read_magic(f)
+            header = {(1, 0): np.lib.format.read_array_header_1_0,
+                      (2, 0): np.lib.format.read_array_header_2_0}.get(version)  # fmt: skip
+            if header is None:
+                raise ValueError(f".npy format {version} (1.0 and 2.0 are read)")
+            shape, fortran, dtype = header(f)
+            start = f.tell()
+    except (OSError, ValueError) as exc:
+        raise SolarError(f"{where}: {path} is not a readable .npy file ({exc})") from None
+    if dtype.hasobject or (fortran and len(shape) > 1 and 1 not in shape):
+        raise SolarError(f"{where}: {path}: {dtype} {shape} is not a plain array")
+
+    def read(out: np.ndarray) -> None:
+        flat, step = out.reshape(-1), max(1, (1 << 24) // dtype.itemsize)
+        with open(path, "rb") as f:
+            f.seek(start)
+            for lo in range(0, flat.size, step):
+                hi = min(flat.size, lo + step)
+                raw = f.read((hi - lo) * dtype.itemsize)
+                if len(raw) != (hi - lo) * dtype.itemsize:
+                    raise SolarError(f"{where}: {path} ends before its {flat.size} entries")
+                flat[lo:hi] = np.frombuffer(raw, dtype)
+
+    return _Part(_flat(shape), dtype, read)
 
 
 def _from_hdf5(path: Path) -> dict[str, np.ndarray]:
-    """The parts an HDF5 file holds: contiguous datasets memory-mapped, others read."""
+    """The parts an HDF5 file holds, read into private memory (HDF5 converts the types)."""
     import h5py
 
-    out: dict[str, np.ndarray] = {}
     try:
         with h5py.File(path, "r") as f:
+            parts = {}
             for name in PARTS:
                 if name not in f:
                     continue
                 d = f[name]
                 if not isinstance(d, h5py.Dataset):
                     raise SolarError(f"graph {path}: {name} is not a dataset")
-                out[name] = _mapped(path, d)
+                parts[name] = _Part(_flat(d.shape), d.dtype, _h5_reader(path, d))
+            return _load(parts, f"graph {path}")
     except OSError as exc:
         raise SolarError(f"graph {path}: not a readable HDF5 file ({exc})") from None
-    return out
 
 
-def _mapped(path: Path, d: Any) -> np.ndarray:
-    offset = d.id.get_offset()
-    if (d.chunks is None and offset is not None and d.dtype.isnative and d.size
-            and np.issubdtype(d.dtype, np.integer)):  # fmt: skip
+def _h5_reader(path: Path, d: Any) -> Callable[[np.ndarray], None]:
+    def read(out: np.ndarray) -> None:
         try:
-            return np.memmap(path, d.dtype, "r", offset=offset, shape=d.shape)
-        except ValueError:
-            raise SolarError(f"graph {path}: {d.name} lies beyond the end of the file") from None
-    out = d[()]
-    if out.ndim == 2 and 1 in out.shape:
-        out = out.reshape(-1)
-    return out
+            d.read_direct(out.reshape(d.shape))
+        except (OSError, TypeError, ValueError) as exc:
+            raise SolarError(f"graph {path}: {d.name} cannot be read ({exc})") from None
+
+    return read

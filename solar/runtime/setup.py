@@ -96,9 +96,10 @@ def configure(
     mistakes are best reported; every rank agrees on the plan and the keys."""
     info = describe_source(paths, keys, one_per_file=one_per_file, comm=comm)
     r, w = rank_and_world(comm, rank, world_size)
-    cores = cpu_share(ranks_on_host(comm))  # this rank's share: transform workers, CPU budget
+    local = ranks_on_host(comm)  # they share the host's cores and memory
+    cores = cpu_share(local)  # this rank's share: transform workers, CPU budget
     config = _reader_config(info, reader)
-    buf = _buffer(info, w, buffer, tier, tier_size, slack)
+    buf = _buffer(info, w, buffer, tier, tier_size, slack, local)
     chosen = SHUFFLE if sampler is None else sampler
     run = _run(info, chosen, w, batch_size, epochs, seed, drop_last)
     made = plan if plan is None or isinstance(plan, Plan) else load_plan(plan)
@@ -116,7 +117,10 @@ def configure(
     source = "plan" if isinstance(plan, Plan) else f"plan {plan}"
     spec, given = agree_on_plan(spec, made, source, page_layout(info), page_mates, holds, comm)
     # The buffer with the batches in flight, counted as the sampler's largest batch.
-    check_batch_memory(spec, config, info.sample_bytes)
+    check_batch_memory(spec, config, info.sample_bytes, ranks=local)
+    # An epoch's draws (ids and their places), which every rank holds: sized by the user.
+    require_memory(16 * run.samples_per_epoch,
+                   f"sampler: an epoch of {run.samples_per_epoch} draws", local)  # fmt: skip
     if given is not None:
         given.validate(r, comm)  # a file is proven safe before any byte moves, by all ranks
     io = Reader(info, config, throttle)
@@ -130,7 +134,7 @@ def configure(
     held = out if holds else info.keys
     if fn is not None:  # again, with its rows and steps ahead
         check_batch_memory(spec, config, info.sample_bytes, fn, sum(k.row_bytes for k in out),
-                           sum(k.row_bytes for k in held))  # fmt: skip
+                           sum(k.row_bytes for k in held), local)  # fmt: skip
     agree(comm, [(k.name, k.sample_shape, k.dtype.str) for k in out],
           "the transform's output keys, shapes and dtypes")  # fmt: skip
     return Setup(info, r, w, cores, config, run, spec, given, chosen,
@@ -161,12 +165,12 @@ def _reader_config(info: DatasetInfo, reader: ReaderConfig | None) -> ReaderConf
 
 
 def _buffer(info: DatasetInfo, world: int, buffer: int | str, tier: str | os.PathLike | None,
-            tier_size: int | str, slack: float) -> BufferConfig:  # fmt: skip
+            tier_size: int | str, slack: float, local: int = 1) -> BufferConfig:  # fmt: skip
     """Per-rank capacities from sizes in the one grammar (solar/config.py): samples and bytes
-    per rank, a share of the dataset over the ``world`` ranks."""
+    per rank, a share of the dataset over the ``world`` ranks (``local`` of them here)."""
     n, each = info.num_samples, info.sample_bytes
     capacity = parse_size(buffer, sample_bytes=each, num_samples=n, world_size=world)
-    check_budget(min(capacity, n), each)
+    check_budget(min(capacity, n), each, local)
     tier_capacity = parse_size(
         tier_size, sample_bytes=each, name="tier_size", num_samples=n, world_size=world
     )
@@ -309,6 +313,7 @@ def check_batch_memory(
     transform: Transform | None = None,
     out_bytes: int = 0,
     held_bytes: int | None = None,
+    ranks: int = 1,
 ) -> None:
     """Refuse a run whose buffer and batch memory exceed the memory available now. Batches in
     memory at once: those read ahead, the one served and the one the trainer holds, each as
@@ -332,13 +337,5 @@ def check_batch_memory(
         f"{spec.batch_rows(rows)} rows, {sample_bytes} B each"
         + (f", and {rows} transformed rows of {out_bytes} B" if out_bytes else "")
         + (f" (buffer rows {held} B)" if held_bytes else ""),
+        ranks,
     )
-    if transform is not None and transform.processes and os.path.isdir("/dev/shm"):
-        st = os.statvfs("/dev/shm")
-        if batches > st.f_bavail * st.f_frsize:
-            raise SolarError(
-                f"transform processes: batches in flight need {batches / 2**20:.0f} MiB of "
-                "shared memory, /dev/shm has "
-                f"{st.f_bavail * st.f_frsize / 2**20:.0f} MiB free "
-                "(fewer read_ahead steps or Transform(ahead=), or thread workers)"
-            )

@@ -63,9 +63,12 @@ class Steps:
         try:
             return step.in_batch(ids)
         except ValueError:
+            why = "its input changed since it was planned"
+            if self.sampler.kind == "trace":
+                why = "a Trace function must return the same ids for the same arguments"
             raise SolarError(
-                f"step {k}, rank {self.rank}: the sampler's batch is not the one planned "
-                "(a Trace function must return the same ids for the same arguments)"
+                f"step {k}, rank {self.rank}: the {self.sampler.kind} sampler's batch is not "
+                f"the one planned ({why})"
             ) from None
 
     def first_batch(self) -> np.ndarray:

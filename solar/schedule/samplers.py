@@ -31,6 +31,7 @@ from typing import Any, ClassVar
 import numpy as np
 from numba import njit
 
+from solar._memory import require_memory
 from solar.config import RunConfig
 from solar.errors import SolarError
 from solar.schedule import rng
@@ -171,7 +172,7 @@ class Weighted(Sampler):
         where = "weights"
         if isinstance(weights, str | os.PathLike):
             where = f"weights {weights}"
-            weights = _load_npy(weights, "weights")
+            weights = _load_npy(weights, "weights", mmap=True)
         w = np.asarray(weights)
         if (
             w.ndim != 1
@@ -180,6 +181,8 @@ class Weighted(Sampler):
         ):
             raise SolarError(f"{where}: expected a non-empty 1-D array of numbers, got "
                              f"{w.dtype} {w.shape}")  # fmt: skip
+        # The weights, their scaled copy and the alias table (float64, int64) at once.
+        require_memory(40 * w.size, f"{where}: {w.size} weights")
         w = w.astype(np.float64)
         if not np.all(np.isfinite(w)) or np.any(w < 0) or not np.any(w > 0):
             bad = "not finite" if not np.all(np.isfinite(w)) else "negative" if np.any(w < 0) \

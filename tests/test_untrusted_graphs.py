@@ -1,0 +1,149 @@
+"""Graph files as they come (issue 33, causes 1-2): any integer type or byte order, and files
+changed under a run, never reach the sampling kernel unchecked."""
+
+from __future__ import annotations
+
+import hashlib
+import pickle
+import subprocess
+import sys
+
+import h5py
+import numpy as np
+import pytest
+
+from solar import Graph, NeighborSampler
+from solar.config import RunConfig
+from solar.errors import SolarError
+from solar.graph import generate_graph
+
+
+@pytest.fixture(scope="module")
+def graph_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("graph") / "g.h5"
+    generate_graph(path, 600, 6.0, 4, seed=5, train_fraction=0.5)
+    return path
+
+
+def _parts(path) -> dict[str, np.ndarray]:
+    with h5py.File(path) as f:
+        return {k: f[k][()] for k in ("indptr", "indices", "labels", "train_idx")}
+
+
+def _samples(sampler: NeighborSampler, epochs: range) -> str:
+    """sha256 of every subgraph of ``epochs`` (one rank)."""
+    n = sampler.graph.num_nodes
+    run = RunConfig(n, 1, sampler.batch_size, 4, 0, False, sampler.draws(n, sampler.batch_size))
+    h = hashlib.sha256()
+    for e in epochs:
+        for t in range(run.steps_per_epoch):
+            sub = sampler.subgraph(run, e, t, 0)
+            for a in (sub.nodes, sub.src, sub.dst):
+                h.update(a.tobytes())
+    return h.hexdigest()
+
+
+_RUN = """
+import sys, hashlib, os
+import numpy as np, h5py
+sys.path.insert(0, {tests!r})
+from test_untrusted_graphs import _samples
+from solar import NeighborSampler
+path, how = sys.argv[1:]
+with h5py.File(path) as f:
+    start = min(f[k].id.get_offset() for k in ("indptr", "indices"))
+sampler = NeighborSampler(path, (10, 5), batch_size=32)
+_samples(sampler, range(1))  # the run is under way
+with open(path, "r+b") as f:  # the same inode: what cp or h5py.File(path, "w") do
+    if how == "rewrite":
+        f.seek(start)
+        f.write(np.random.default_rng(1).integers(0, 256, os.path.getsize(path) - start,
+                                                  dtype=np.uint8).tobytes())
+    else:
+        f.truncate(start + 64)
+print(_samples(sampler, range(1, 3)))
+"""
+
+
+@pytest.mark.parametrize("how", ["rewrite", "truncate"])
+def test_a_graph_file_changed_in_place_mid_run_changes_nothing_sampled(graph_file, tmp_path, how):
+    """Rewritten with random bytes, or truncated, under a running sampler: its subgraphs are
+    still the original graph's (no segfault, bus error or other graph's nodes)."""
+    path = tmp_path / "g.h5"
+    path.write_bytes(graph_file.read_bytes())
+    want = _samples(NeighborSampler(graph_file, (10, 5), batch_size=32), range(1, 3))
+    script = _RUN.format(tests=str(__import__("pathlib").Path(__file__).parent))
+    out = subprocess.run([sys.executable, "-c", script, str(path), how], capture_output=True,
+                         text=True, timeout=120)  # fmt: skip
+    assert out.returncode == 0, (out.returncode, out.stderr[-2000:])
+    assert out.stdout.strip() == want
+
+
+TYPES = [(np.uint32, np.uint32), (np.uint64, np.uint64), (">i8", ">i4"), (">u4", "<u2"),
+         (np.int32, np.int64)]  # fmt: skip
+
+
+@pytest.mark.parametrize(("indptr_type", "indices_type"), TYPES)
+def test_any_integer_csr_is_converted_once_to_the_kernels_types(
+    graph_file, tmp_path, indptr_type, indices_type
+):
+    """uint32 (the compact CSR), uint64 and big-endian parts, from HDF5, .npy or arrays: the
+    same graph, sampled the same, as the native one."""
+    parts = _parts(graph_file)
+    want = Graph(graph_file)
+    ref = _samples(NeighborSampler(want, (4, 3), batch_size=40), range(2))
+    given = {**parts, "indptr": parts["indptr"].astype(indptr_type),
+             "indices": parts["indices"].astype(indices_type)}  # fmt: skip
+    h5 = tmp_path / "g.h5"
+    with h5py.File(h5, "w") as f:
+        for k, v in given.items():
+            f[k] = v
+    for k, v in given.items():
+        np.save(tmp_path / f"{k}.npy", v)
+    npy = {k: str(tmp_path / f"{k}.npy") for k in given}
+    for source in (h5, npy, given):
+        g = Graph(source)
+        assert g.indptr.dtype == np.int64 and g.indices.dtype in (np.int32, np.int64)
+        assert np.array_equal(g.indptr, want.indptr) and np.array_equal(g.indices, want.indices)
+        assert _samples(NeighborSampler(g, (4, 3), batch_size=40), range(2)) == ref
+
+
+def test_a_value_no_native_type_holds_is_refused_in_one_line(tmp_path):
+    indptr = np.array([0, 1, 2], np.uint64)
+    indptr[1] = 2**63 + 1  # wraps negative as int64: refused, never indexed
+    with pytest.raises(SolarError, match=r"decreases|start at 0|ends at") as info:
+        Graph({"indptr": indptr, "indices": np.array([1, 0], np.uint64)})
+    assert "\n" not in str(info.value)
+    with pytest.raises(SolarError, match=r"outside 0\.\.1"):
+        Graph({"indptr": np.array([0, 1, 2]), "indices": np.array([1, 2**31 + 1], np.uint32)})
+
+
+def test_column_labels_and_splits_are_taken_from_hdf5_as_from_npy(graph_file, tmp_path):
+    """OGB keeps labels (and some splits) as (N, 1): accepted from every source alike."""
+    parts = _parts(graph_file)
+    cols = {**parts, "labels": parts["labels"][:, None], "train_idx": parts["train_idx"][:, None]}
+    h5 = tmp_path / "g.h5"
+    with h5py.File(h5, "w") as f:
+        for k, v in cols.items():
+            f[k] = v
+    for k, v in cols.items():
+        np.save(tmp_path / f"{k}.npy", v)
+    for source in (h5, {k: str(tmp_path / f"{k}.npy") for k in cols}, cols):
+        g = Graph(source)
+        assert np.array_equal(g.labels, parts["labels"])
+        assert np.array_equal(g.train_idx, parts["train_idx"])
+
+
+def test_a_graph_changed_before_another_process_opens_it_is_refused(graph_file, tmp_path):
+    """A sampler pickled to another process reads its graph again: a different graph there is
+    one line, not a batch that differs from the plan."""
+    path = tmp_path / "g.h5"
+    path.write_bytes(graph_file.read_bytes())
+    sampler = NeighborSampler(path, (3,), batch_size=8)
+    blob = pickle.dumps(sampler)
+    assert _samples(pickle.loads(blob), range(1)) == _samples(sampler, range(1))
+    path.unlink()
+    generate_graph(path, 600, 6.0, 4, seed=6, train_fraction=0.5)
+    with pytest.raises(SolarError, match=f"graph {path}: changed since it was opened") as info:
+        pickle.loads(blob)
+    assert "\n" not in str(info.value)
