@@ -42,6 +42,7 @@ from solar.runtime import pipeline
 from solar.runtime.setup import Setup, check_snapshots, configure
 from solar.schedule import Plan, make_plan
 from solar.schedule.order import step_bounds
+from solar.schedule.nodestream import NodeStream, stage_bound
 from solar.schedule.plan import plan_to_file
 from solar.schedule.samplers import Sampler, Trace
 from solar.schedule.stream import RankStream
@@ -129,6 +130,15 @@ class Loader(IterableDataset[dict]):
     declared output shapes); ``rng`` is a pure function of (seed, epoch, sample, occurrence),
     so a resumed run replays the same augmentation. ``batch_transform(batch) -> batch`` runs on
     each delivered batch (the dict of tensors), on the trainer's thread.
+
+    ``share="node"`` (opt-in; default ``"rank"``, a buffer per rank): the ranks of a host
+    share one RAM buffer of their buffers' sum, in shared memory, planned by Belady over the
+    union of their accesses (solar/schedule/nodeplan.py); a row several local ranks need at a
+    step is read once, by one of them, and copied to the others. Ranks are grouped by host name
+    (``SOLAR_HOSTS=HxL`` forces H hosts of L consecutive ranks). For now: samplers that split
+    their own batches (``NeighborSampler``, ``Trace``, ``Weighted(affinity=False)``), no tier,
+    no plan file, no snapshots, no deterministic transform; refused in one line otherwise.
+    Every step is then a collective of the host's ranks (two barriers).
     """
 
     def __init__(
@@ -160,6 +170,7 @@ class Loader(IterableDataset[dict]):
         batch_transform: Callable[[dict], dict] | None = None,
         warm: bool = True,
         page_mates: bool = True,
+        share: str = "rank",
     ) -> None:
         comm = job_comm(comm, rank, world_size)  # the job's, if the caller gave no place
         # Other ranks may be waiting in the plan agreement: a failure here takes the job down.
@@ -170,9 +181,9 @@ class Loader(IterableDataset[dict]):
                 drop_last=drop_last, policy=policy, reader=reader, throttle=throttle,
                 one_per_file=one_per_file, tier=tier, tier_size=tier_size, sampler=sampler,
                 horizon=horizon, equal_batches=equal_batches, transform=transform,
-                batch_transform=batch_transform, page_mates=page_mates,
+                batch_transform=batch_transform, page_mates=page_mates, share=share,
             )  # fmt: skip
-            check_snapshots(snapshots)
+            check_snapshots(snapshots, setup.hosts is not None)
             self._adopt(setup, snapshots)
             self._start(warm)
         self.stats.compile_seconds = warmth[0].compile_seconds
@@ -196,7 +207,11 @@ class Loader(IterableDataset[dict]):
         self._plan: Plan | None = setup.given
         # This rank's part, one epoch at a time: read from the plan given, or planned one
         # epoch ahead in the background.
-        self._stream = RankStream(self.spec, self.rank, setup.given, snapshots)
+        self._stream: RankStream | NodeStream = RankStream(self.spec, self.rank, setup.given,
+                                                           snapshots)  # fmt: skip
+        if setup.hosts is not None:  # share="node": this rank's share of its host's plan
+            self._stream = NodeStream(self.spec, self.rank, setup.hosts,
+                                      stage_bound(self.spec, setup.hosts))  # fmt: skip
         self._exchange: Exchange | None = None
         if self.spec.equal_batches and self.world_size > 1:
             # Rows move as delivered: transformed, if there is a transform.
@@ -434,8 +449,8 @@ def _check_torch_caller(caller: Any) -> None:
 
 
 def _portable(setup: Setup) -> Setup:
-    """``setup`` for another process: its communicator stays here."""
-    return dataclasses.replace(setup, comm=None)
+    """``setup`` for another process: its communicators stay here."""
+    return dataclasses.replace(setup, comm=None, host_comm=None)
 
 
 def _rehearse(loader: Loader, plan: str | None) -> Warmth:
