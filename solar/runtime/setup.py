@@ -164,8 +164,6 @@ def _share(share: str, spec: PlanSpec, plan: Any, tier: Any, holds_transformed: 
     elif not spec.traced or spec.affinity:
         why = (f"sampler: {type(spec.sampler).__name__} with affinity is not run with a node "
                "buffer yet (NeighborSampler, Trace, Weighted(affinity=False) are)")  # fmt: skip
-    elif spec.equal_batches:
-        why = "equal_batches: a node buffer serves each rank its sampler's batch (pass False)"
     elif world > 1 and comm is None:
         why = "comm: the ranks of a host synchronise every step (pass comm=)"
     if why:
