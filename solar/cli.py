@@ -595,7 +595,8 @@ def gen(out, preset, samples, chunks, compression, nodes, avg_degree, features, 
               help="A per-sample transform fn(sample, rng) (MODULE importable or a .py path): "
                    "the DataLoader runs it in __getitem__, solar in its pipeline, solar-inloop "
                    "in the training loop.")  # fmt: skip
-@click.option("--share", "share_mode", type=click.Choice(["rank", "node"]), default="rank", show_default=True,
+@click.option("--share", "share_mode", type=click.Choice(["rank", "node"]), default="rank",
+              show_default=True,
               help="node (with --sampler neighbor): also solar-node, solar with one buffer per "
                    "host shared by its ranks, side by side with solar.")  # fmt: skip
 @click.option("--json", "json_out", type=click.Path(), help="Write the results as JSON here.")

@@ -41,8 +41,8 @@ from solar.io.info import DatasetInfo
 from solar.runtime import pipeline
 from solar.runtime.setup import Setup, check_snapshots, configure
 from solar.schedule import Plan, make_plan
-from solar.schedule.order import step_bounds
 from solar.schedule.nodestream import NodeStream, stage_bound
+from solar.schedule.order import step_bounds
 from solar.schedule.plan import plan_to_file
 from solar.schedule.samplers import Sampler, Trace
 from solar.schedule.stream import RankStream

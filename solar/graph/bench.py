@@ -266,7 +266,8 @@ def format_graph_results(res: dict) -> str:
         lines.append(
             f"| {name} | {e['steps_per_second']:.2f} | {e['nodes_per_second']:,.0f} | "
             f"{ratio(e['vs_mmap'])} | {ratio(e['vs_static'])} | {100 * e['hit_rate']:.1f} % | "
-            f"{sum(e['rows_read']):,} | {amp} | {sum(e['bytes_read']) / 1e9:.2f} | {e['construct_seconds']:.2f} | "
+            f"{sum(e['rows_read']):,} | {amp} | {sum(e['bytes_read']) / 1e9:.2f} | "
+            f"{e['construct_seconds']:.2f} | "
             f"{e['first_wait_seconds']:.2f} | {epochs} |"
         )
     return "\n".join(lines)

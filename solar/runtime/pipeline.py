@@ -13,9 +13,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from solar.cache.shared import NodeRegion
 from solar.cache.slots import SlotBuffer
 from solar.cache.tier import TierFile, tier_stride
-from solar.cache.shared import NodeRegion
 from solar.dist import abort_job_on_error, shared_key
 from solar.errors import SolarError
 from solar.exchange import Exchange
@@ -199,7 +199,8 @@ def _build_node(setup: Setup, stream: NodeStream, steps: Steps,
     assert hosts is not None
     if setup.comm is None and setup.world_size > 1:
         raise SolarError('share="node": this process has no communicator (a forked child '
-                         "cannot join its host's buffer: iterate the Loader where it was made)")
+                         "cannot join its host's buffer: iterate the Loader where it was "
+                         "made)")  # fmt: skip
     keys = [(k.sample_shape, k.native_dtype) for k in setup.held_keys]
     parts = NodeHoldings.region_parts(stream.slots, stream.stage_rows, keys)
     region = NodeRegion(NodeRegion.size_of(parts), hc, shared_key(setup.comm), stream.host,

@@ -109,7 +109,8 @@ class StepPlan(NamedTuple):  # a NamedTuple: one is made per step, cheaper than 
             samples=ids.astype(np.int64), read_rows=rows[self.read_rows],
             hit_rows=rows[self.hit_rows], admit_rows=rows[self.admit_rows],
             tier_rows=rows[self.tier_rows], tadmit_rows=rows[self.tadmit_rows],
-            stage_rows=rows[self.stage_rows], peer_rows=rows[self.peer_rows], rows=rows, copy_src=src[dst], copy_dst=dst,
+            stage_rows=rows[self.stage_rows], peer_rows=rows[self.peer_rows], rows=rows,
+            copy_src=src[dst], copy_dst=dst,
         )  # fmt: skip
 
     @property
