@@ -48,9 +48,11 @@ for grouping in groupings:
         comm.Barrier()
         if rank == 1:
             os.kill(os.getpid(), signal.SIGKILL)
-        for _ in it:  # the host's barriers would wait forever for rank 1
+        for _ in it:  # rank 0's host barriers would wait forever for rank 1 (host 1's may end)
             pass
-        print("unreachable", file=sys.stderr)
+        if rank == 0:
+            print("unreachable", file=sys.stderr)
+        comm.Barrier()  # would wait forever for rank 1
         sys.exit(0)
     spe = ld.run.steps_per_epoch
     served, state = {}, None
