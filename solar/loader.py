@@ -135,10 +135,12 @@ class Loader(IterableDataset[dict]):
     share one RAM buffer of their buffers' sum, in shared memory, planned by Belady over the
     union of their accesses (solar/schedule/nodeplan.py); a row several local ranks need at a
     step is read once, by one of them, and copied to the others. Ranks are grouped by host name
-    (``SOLAR_HOSTS=HxL`` forces H hosts of L consecutive ranks). For now: samplers that split
-    their own batches (``NeighborSampler``, ``Trace``, ``Weighted(affinity=False)``), no tier,
-    no plan file, no snapshots, no deterministic transform; refused in one line otherwise.
-    Every step is then a collective of the host's ranks (two barriers).
+    (``SOLAR_HOSTS=HxL`` forces H hosts of L consecutive ranks). With a sampler with affinity
+    (``Shuffle``, ``Weighted``) the host's share of each global batch is dealt over its ranks
+    (local batches vary within ``slack``: ``equal_batches=False``), no row moving between them.
+    For now: no tier, no plan file, no snapshots, no deterministic transform, no equal
+    batches; refused in one line otherwise. Every step is then a collective of the host's
+    ranks (two barriers): every local rank iterates the same steps.
     """
 
     def __init__(

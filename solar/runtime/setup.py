@@ -161,9 +161,9 @@ def _share(share: str, spec: PlanSpec, plan: Any, tier: Any, holds_transformed: 
     elif holds_transformed:
         why = ("transform: a deterministic transform's rows held transformed are not shared yet "
                "(Transform(deterministic=False) holds raw rows)")  # fmt: skip
-    elif not spec.traced or spec.affinity:
-        why = (f"sampler: {type(spec.sampler).__name__} with affinity is not run with a node "
-               "buffer yet (NeighborSampler, Trace, Weighted(affinity=False) are)")  # fmt: skip
+    elif spec.equal_batches:
+        why = ("equal_batches: equal local batches are not served from a node buffer yet "
+               "(pass equal_batches=False: local batches vary within slack)")  # fmt: skip
     elif world > 1 and comm is None:
         why = "comm: the ranks of a host synchronise every step (pass comm=)"
     if why:

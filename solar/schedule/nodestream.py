@@ -9,9 +9,9 @@ reader stores it), and its ``PEER`` rows, read at the same step by another local
 taken from the host's staging rows (``stage_rows``/``stage_at``, ``peer_rows``/``peer_at``).
 :meth:`~NodeWindow.refill_at` is the host's buffer state (every local rank fills its share).
 
-Every local rank plans its host alone (the plan is a pure function of the inputs: they all
-plan the same). RAM buffer only, samplers that split their own batches; no plan file, no
-snapshots (a jump back replans from epoch 0).
+Every local rank plans its host (the plan is a pure function of the inputs: they all plan the
+same; with a sampler with affinity, every host, as the split of a global batch needs). RAM
+buffer only; no plan file, no snapshots (a jump back replans from epoch 0).
 """
 
 from __future__ import annotations

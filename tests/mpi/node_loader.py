@@ -1,7 +1,8 @@
 """Under mpiexec: ``Loader(share="node")`` serves every rank exactly its sampler's batches, each
 row h5py's bytes, with the node plan's storage reads (the Loader's counters, summed over the
 ranks, equal the plan's); an exact resume inside epoch 1 serves the same batches; a GNN
-``NeighborSampler`` too.
+``NeighborSampler`` too; and Shuffle (node-level affinity, equal_batches=False) serves every
+sample once per epoch.
 
 mpiexec -n 4 python tests/mpi/node_loader.py DATA.h5 GRAPH.h5 run 1x4 2x2   (groupings in turn)
 mpiexec -n 4 python tests/mpi/node_loader.py DATA.h5 GRAPH.h5 kill 2x2      (rank 1 killed: -9)
@@ -14,7 +15,7 @@ import sys
 import h5py
 import numpy as np
 
-from solar import Loader, NeighborSampler, Weighted, dist
+from solar import Loader, NeighborSampler, Shuffle, Weighted, dist
 from solar.schedule.nodeplan import Hosts, NodePlanner
 
 path, graph, mode, groupings = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
@@ -29,7 +30,7 @@ E = 3
 
 def loader(s=sampler, p=path, keys=("x",), batch_size=12, buffer="10%"):
     return Loader(p, list(keys), batch_size=batch_size, epochs=E, buffer=buffer, sampler=s,
-                  comm=comm, share="node", warm=False, seed=5)  # fmt: skip
+                  comm=comm, share="node", warm=False, seed=5, equal_batches=False)  # fmt: skip
 
 
 def planned_reads(ld):
@@ -94,6 +95,22 @@ for grouping in groupings:
     gwant = planned_reads(g)
     assert greads == gwant, (grouping, greads, gwant)
     g.close()
+    # Shuffle: the host's share of each global batch dealt over its ranks, each sample once.
+    sh = loader(Shuffle())
+    for e in range(E):
+        sh.set_epoch(e)
+        mine = []
+        for b in sh:
+            ids = b["index"].numpy()
+            assert b["x"].numpy().tobytes() == ref[ids].tobytes(), (grouping, e)
+            mine.append(ids)
+        every = np.concatenate(comm.allgather(np.concatenate(mine)))
+        assert np.array_equal(np.sort(every), np.arange(n)), (grouping, e)
+    tot = sh.stats.totals()
+    sreads = comm.allreduce(tot.reads + tot.side_reads)
+    assert sreads == planned_reads(sh), (grouping, sreads)
+    sh.close()
     if rank == 0:
-        print(f"node loader {grouping}: {reads} rows read as planned; graph {greads}", flush=True)
+        print(f"node loader {grouping}: {reads} rows read as planned; graph {greads}; "
+              f"shuffle {sreads}", flush=True)  # fmt: skip
     comm.Barrier()
