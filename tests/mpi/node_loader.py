@@ -28,9 +28,14 @@ sampler = Weighted(weights[np.random.default_rng(1).permutation(n)], affinity=Fa
 E = 3
 
 
-def loader(s=sampler, p=path, keys=("x",), batch_size=12, buffer="10%"):
+def loader(s=sampler, p=path, keys=("x",), batch_size=12, buffer="10%", **kw):
     return Loader(p, list(keys), batch_size=batch_size, epochs=E, buffer=buffer, sampler=s,
-                  comm=comm, share="node", warm=False, seed=5, equal_batches=False)  # fmt: skip
+                  comm=comm, share="node", warm=False, seed=5, equal_batches=False,
+                  **kw)  # fmt: skip
+
+
+def twice(sample, rng):
+    return {"x": sample["x"] * 2}
 
 
 def planned_reads(ld):
@@ -71,15 +76,17 @@ for grouping in groupings:
     want = planned_reads(ld)
     assert reads == want, (grouping, reads, want)
     ld.close()
-    # Exact resume inside epoch 1: a new Loader (a new shared buffer), refilled to the step.
-    again = loader()
+    # Exact resume inside epoch 1: a new Loader (a new shared buffer), refilled to the step;
+    # with a transform (raw rows held, transformed on worker threads).
+    again = loader(transform=twice)
     again.load_state_dict(state)
     k = state["next_step"]
     for e in range(1, E):
         again.set_epoch(e) if e > 1 else None
         for b in again:
             ids = b["index"].numpy()
-            assert np.array_equal(ids, served[k]) and b["x"].numpy().tobytes() == ref[ids].tobytes()
+            got = b["x"].numpy().tobytes()
+            assert np.array_equal(ids, served[k]) and got == (ref[ids] * 2).tobytes()
             k += 1
     assert k == E * spe, (grouping, k)
     again.close()
