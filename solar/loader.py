@@ -261,7 +261,10 @@ class Loader(IterableDataset[dict]):
     @property
     def plan(self) -> Plan:
         """The whole plan: the one given, or (for inspection; it costs a whole-run planning)
-        the plan this loader streams, made on first use."""
+        the plan this loader streams, made on first use (not with ``share="node"``)."""
+        if self._setup.hosts is not None:
+            raise SolarError('share="node": the node plan is not a Plan (`solar plan --hosts` '
+                             "reports it)")  # fmt: skip
         if self._plan is None:
             self._plan = make_plan(self.spec)
         return self._plan
