@@ -631,6 +631,10 @@ def gen(out, preset, samples, chunks, compression, nodes, avg_degree, features, 
               help="A per-sample transform fn(sample, rng) (MODULE importable or a .py path): "
                    "the DataLoader runs it in __getitem__, solar in its pipeline, solar-inloop "
                    "in the training loop.")  # fmt: skip
+@click.option("--share", "share_mode", type=click.Choice(["rank", "node"]), default="rank",
+              show_default=True,
+              help="node (with --sampler neighbor): also solar-node, solar with one buffer per "
+                   "host shared by its ranks, side by side with solar.")  # fmt: skip
 @click.option("--json", "json_out", type=click.Path(), help="Write the results as JSON here.")
 @click.option("--plot", "plot_out", type=click.Path(),
               help="Write a PNG here: throughput per loader, hit rate per epoch and the "
@@ -638,7 +642,8 @@ def gen(out, preset, samples, chunks, compression, nodes, avg_degree, features, 
 @click.option("--force", is_flag=True, help="Overwrite --json and --plot if they exist.")
 def bench(data, keys, one_per_file, world_size, batch_size, epochs, buffer, tier, tier_size,
           slack, loaders, variable_batches, workers, threads, read_ahead, throttle, compute_ms,
-          seed, sampler_kind, fanouts, probe_seconds, weights, transform, json_out, plot_out,
+          seed, sampler_kind, fanouts, probe_seconds, weights, transform, share_mode, json_out,
+          plot_out,
           force) -> None:  # fmt: skip
     """Compare the PyTorch DataLoader and every policy on DATA, cold storage each epoch
     (--sampler neighbor: GNN feature gathering on a graph file)."""
@@ -647,6 +652,11 @@ def bench(data, keys, one_per_file, world_size, batch_size, epochs, buffer, tier
 
     for path in (json_out, plot_out):
         _check_out(path, force)
+    if share_mode == "node" and sampler_kind != "neighbor":
+        raise SolarError("--share node: with --sampler neighbor only (for now)")
+    if share_mode == "node":  # solar-node beside solar
+        loaders = ",".join(dict.fromkeys([*(loaders or ",".join(_graph_loaders())).split(","),
+                                          "solar", "solar-node"]))  # fmt: skip
     if sampler_kind == "neighbor":  # GNN feature gathering: its own loaders (solar/graph/bench.py)
         others = {"--one-per-file": one_per_file, "--tier": tier,
                   "--variable-batches": variable_batches,
@@ -688,6 +698,12 @@ def bench(data, keys, one_per_file, world_size, batch_size, epochs, buffer, tier
     _write_json(json_out, result)
     if plot_out:
         harness.plot(result, Path(plot_out))
+
+
+def _graph_loaders() -> tuple[str, ...]:
+    from solar.graph.bench import GRAPH_LOADERS
+
+    return GRAPH_LOADERS
 
 
 def _bench_ranks(world_size: int) -> Any:

@@ -41,6 +41,7 @@ from solar.io.info import DatasetInfo
 from solar.runtime import pipeline
 from solar.runtime.setup import Setup, check_snapshots, configure
 from solar.schedule import Plan, make_plan
+from solar.schedule.nodestream import NodeStream, stage_bound
 from solar.schedule.order import step_bounds
 from solar.schedule.plan import plan_to_file
 from solar.schedule.samplers import Sampler, Trace
@@ -134,6 +135,17 @@ class Loader(IterableDataset[dict]):
     ``Data`` (``torch_geometric`` needed) with the dict's entries as attributes, e.g. a
     ``NeighborSampler``'s ``x``, ``edge_index``, ``y``, ``n_id``, ``batch_size``,
     ``num_sampled_nodes``/``num_sampled_edges`` (made after ``batch_transform``).
+
+    ``share="node"`` (opt-in; default ``"rank"``, a buffer per rank): the ranks of a host
+    share one RAM buffer of their buffers' sum, in shared memory, planned by Belady over the
+    union of their accesses (solar/schedule/nodeplan.py); a row several local ranks need at a
+    step is read once, by one of them, and copied to the others. Ranks are grouped by host name
+    (``SOLAR_HOSTS=HxL`` forces H hosts of L consecutive ranks). With a sampler with affinity
+    (``Shuffle``, ``Weighted``) the host's share of each global batch is dealt over its ranks
+    (local batches vary within ``slack``: ``equal_batches=False``), no row moving between them.
+    For now: no tier, no plan file, no snapshots, no deterministic transform, no equal
+    batches; refused in one line otherwise. Every step is then a collective of the host's
+    ranks (two barriers): every local rank iterates the same steps.
     """
 
     def __init__(
@@ -166,6 +178,7 @@ class Loader(IterableDataset[dict]):
         warm: bool = True,
         page_mates: bool = True,
         batch_format: str = "dict",
+        share: str = "rank",
     ) -> None:
         comm = job_comm(comm, rank, world_size)  # the job's, if the caller gave no place
         # Other ranks may be waiting in the plan agreement: a failure here takes the job down.
@@ -177,9 +190,9 @@ class Loader(IterableDataset[dict]):
                 one_per_file=one_per_file, tier=tier, tier_size=tier_size, sampler=sampler,
                 horizon=horizon, equal_batches=equal_batches, transform=transform,
                 batch_transform=batch_transform, page_mates=page_mates,
-                batch_format=batch_format,
+                batch_format=batch_format, share=share,
             )  # fmt: skip
-            check_snapshots(snapshots)
+            check_snapshots(snapshots, setup.hosts is not None)
             self._adopt(setup, snapshots)
             self._start(warm)
         self.stats.compile_seconds = warmth[0].compile_seconds
@@ -203,7 +216,11 @@ class Loader(IterableDataset[dict]):
         self._plan: Plan | None = setup.given
         # This rank's part, one epoch at a time: read from the plan given, or planned one
         # epoch ahead in the background.
-        self._stream = RankStream(self.spec, self.rank, setup.given, snapshots)
+        self._stream: RankStream | NodeStream = RankStream(self.spec, self.rank, setup.given,
+                                                           snapshots)  # fmt: skip
+        if setup.hosts is not None:  # share="node": this rank's share of its host's plan
+            self._stream = NodeStream(self.spec, self.rank, setup.hosts,
+                                      stage_bound(self.spec, setup.hosts))  # fmt: skip
         self._exchange: Exchange | None = None
         if self.spec.equal_batches and self.world_size > 1:
             # Rows move as delivered: transformed, if there is a transform.
@@ -251,7 +268,10 @@ class Loader(IterableDataset[dict]):
     @property
     def plan(self) -> Plan:
         """The whole plan: the one given, or (for inspection; it costs a whole-run planning)
-        the plan this loader streams, made on first use."""
+        the plan this loader streams, made on first use (not with ``share="node"``)."""
+        if self._setup.hosts is not None:
+            raise SolarError('share="node": the node plan is not a Plan (`solar plan --hosts` '
+                             "reports it)")  # fmt: skip
         if self._plan is None:
             self._plan = make_plan(self.spec)
         return self._plan
@@ -441,8 +461,8 @@ def _check_torch_caller(caller: Any) -> None:
 
 
 def _portable(setup: Setup) -> Setup:
-    """``setup`` for another process: its communicator stays here."""
-    return dataclasses.replace(setup, comm=None)
+    """``setup`` for another process: its communicators stay here."""
+    return dataclasses.replace(setup, comm=None, host_comm=None)
 
 
 def _rehearse(loader: Loader, plan: str | None) -> Warmth:

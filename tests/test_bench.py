@@ -191,19 +191,22 @@ def test_bench_applies_one_transform_in_every_loader(tmp_path):
 @pytest.mark.parametrize("world", [1, 2])
 def test_bench_gathers_gnn_features_with_every_loader(tmp_path, world):
     """--sampler neighbor: mmap (emulated), lru, static and solar gather the same subgraphs'
-    rows under one budget; steps/s, nodes/s, hit rate and read amplification per loader."""
+    rows under one budget; steps/s, nodes/s, hit rate and read amplification per loader (two
+    ranks: also solar-node, --share node)."""
     graph = tmp_path / "g.h5"
     subprocess.run([SOLAR, "gen", graph, "--preset", "graph", "--nodes", "3000", "--avg-degree",
                     "6", "--features", "16"], check=True)  # fmt: skip
     result = subprocess.run(
         [SOLAR, "bench", graph, "--sampler", "neighbor", "--fanouts", "4,3", "-P", str(world),
          "-E", "2", "-B", "32", "--buffer", "20%", "--json", tmp_path / "r.json",
-         "--plot", tmp_path / "r.png", "--probe-seconds", "0.02"],
+         "--plot", tmp_path / "r.png", "--probe-seconds", "0.02",
+         *(["--share", "node"] if world > 1 else [])],
         capture_output=True, text=True, timeout=300, check=False,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     res = json.loads((tmp_path / "r.json").read_text())
-    assert list(res["loaders"]) == ["mmap", "lru", "static", "solar"]
+    node = ["solar-node"] if world > 1 else []
+    assert list(res["loaders"]) == ["mmap", "lru", "static", "solar", *node]
     assert res["config"]["world_size"] == world and res["config"]["fanouts"] == [4, 3]
     loaders = res["loaders"].values()
     # The same subgraphs: every loader gathers the same rows each epoch.
@@ -229,3 +232,6 @@ def test_bench_gathers_gnn_features_with_every_loader(tmp_path, world):
                          capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
     assert bad.returncode != 0 and "--fanouts: expected integers" in bad.stderr
     assert "Traceback" not in bad.stderr
+    bad = subprocess.run([SOLAR, "bench", graph, "--share", "node"],
+                         capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+    assert bad.returncode != 0 and "--share node: with --sampler neighbor only" in bad.stderr

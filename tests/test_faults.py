@@ -12,15 +12,15 @@ import sys
 import time
 from pathlib import Path
 
+import faults
 import numpy as np
 import pytest
+from helpers import reference, write_h5
 
 from solar import Loader, SolarError
 from solar.config import ReaderConfig
 from solar.io.hdf5 import describe
 from solar.io.reader import Reader
-import faults
-from helpers import reference, write_h5
 
 HERE = Path(__file__).parent
 ROOT = HERE.parent

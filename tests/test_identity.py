@@ -14,12 +14,12 @@ import time
 import h5py
 import numpy as np
 import pytest
+from helpers import reference, write_h5
 
 from solar import Loader, SolarError
 from solar.config import ReaderConfig
 from solar.io import handles
 from solar.io.identity import FileChanged, FileIdentity, Identities
-from helpers import reference, write_h5
 
 N = 96
 

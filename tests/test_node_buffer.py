@@ -1,6 +1,6 @@
 """The node buffer under mpiexec: byte-identical rows on one host and on 2 × 2 emulated hosts
 (and after an exact resume), and a killed rank that ends the job and leaves nothing in
-/dev/shm."""
+/dev/shm; the same through ``Loader(share="node")``, and what it refuses."""
 
 from __future__ import annotations
 
@@ -22,13 +22,12 @@ MPIEXEC = Path(sys.executable).with_name("mpiexec")
 FOREIGN_PREFIXES = ("SLURM_", "PMI_", "OMPI_", "TORCHELASTIC_", "MPI_")
 
 
-def _mpiexec(n: int, *args, timeout: float):
+def _mpiexec(n: int, *args, timeout: float, script: str = "node_buffer.py"):
     if not MPIEXEC.exists():
         pytest.skip("no mpiexec beside python")
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(FOREIGN_PREFIXES) and k != "SOLAR_HOSTS"}  # fmt: skip
-    script = str(HERE / "node_buffer.py")
-    cmd = [str(MPIEXEC), "-n", str(n), sys.executable, script, *map(str, args)]
+    cmd = [str(MPIEXEC), "-n", str(n), sys.executable, str(HERE / script), *map(str, args)]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
 
 
@@ -71,3 +70,61 @@ def test_a_region_too_large_is_refused_in_one_line(tmp_path):
     a = r.carve((10,), np.int64)
     a[:] = 7
     assert os.listdir(tmp_path) == [] and r.array[:80].view(np.int64).tolist() == [7] * 10
+
+
+# -- Loader(share="node") ------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def graph(tmp_path_factory):
+    from solar.graph import generate_graph
+
+    path = tmp_path_factory.mktemp("nodegraph") / "g.h5"
+    generate_graph(path, 997, 6.0, 5, seed=3, train_fraction=0.3)
+    return path
+
+
+def test_a_node_loader_serves_each_rank_its_batches_as_planned(data, graph):
+    before = _ours()
+    result = _mpiexec(4, data, graph, "run", "1x4", "2x2", timeout=240, script="node_loader.py")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "node loader 1x4: " in result.stdout and "node loader 2x2: " in result.stdout
+    assert _ours() <= before
+
+
+def test_a_node_loader_killed_ends_the_job_and_leaves_no_segment(data, graph):
+    before = _ours()
+    t0 = time.monotonic()
+    result = _mpiexec(4, data, graph, "kill", "2x2", timeout=60, script="node_loader.py")
+    assert time.monotonic() - t0 < 60
+    assert result.returncode != 0 and "unreachable" not in result.stderr
+    assert _ours() <= before
+
+
+@pytest.mark.parametrize(
+    "kwargs, word",
+    [
+        ({"share": "host"}, "share must be"),
+        ({"share": "node", "equal_batches": True}, "equal_batches: "),
+        ({"share": "node", "plan": "x.h5"}, "plan: "),
+        ({"share": "node", "tier": "TMP", "tier_size": 10}, "tier: "),
+        ({"share": "node", "transform": "held"}, "transform: "),
+        ({"share": "node", "snapshots": "TMP"}, "snapshots: "),
+    ],
+)
+def test_a_node_loader_refuses_what_it_does_not_run_in_one_line(data, tmp_path, kwargs, word):
+    from solar import Loader, Transform, Weighted
+    from solar.schedule.plan import plan_to_file
+
+    kwargs = {k: str(tmp_path) if v == "TMP" else v for k, v in kwargs.items()}
+    sampler = Weighted(np.ones(600), affinity=False)
+    if kwargs.get("share") == "node" and "equal_batches" not in kwargs:
+        kwargs.setdefault("sampler", sampler)
+    if "plan" in kwargs:
+        ld = Loader(data, ["x"], batch_size=12, epochs=1, buffer=20, sampler=sampler, warm=False)
+        kwargs["plan"] = plan_to_file(ld.spec, tmp_path / "plan.h5")
+        ld.close()
+    if kwargs.get("transform") == "held":
+        kwargs["transform"] = Transform(lambda s, rng: s, deterministic=True)
+    with pytest.raises(SolarError) as err:
+        Loader(data, ["x"], batch_size=12, epochs=1, buffer=20, warm=False, **kwargs)
+    msg = str(err.value)
+    assert "\n" not in msg and word in msg, msg

@@ -73,6 +73,13 @@ class SlotBuffer:
                 f"for {capacity} slots"
             ) from None
 
+    @classmethod
+    def over(cls, arrays: list[np.ndarray], keys: tuple[KeyInfo, ...]) -> SlotBuffer:
+        """A buffer over ``arrays`` allocated elsewhere (a node's shared region), one per key."""
+        self = cls.__new__(cls)
+        self.capacity, self.keys, self.arrays = int(arrays[0].shape[0]), keys, list(arrays)
+        return self
+
     @property
     def nbytes(self) -> int:
         return sum(a.nbytes for a in self.arrays)

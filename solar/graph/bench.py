@@ -12,7 +12,9 @@ budget (``buffer``: a share of the feature rows over all ranks, or rows or bytes
   cache) and ``solar`` (Belady over the sampler's trace, keeping the page mates of its reads:
   :mod:`solar.schedule.pagemates`): solar's Loader with that policy, the same reader
   (O_DIRECT page spans of small rows, ``PageGather``); on request ``solar-rows``, solar
-  planning rows alone.
+  planning rows alone; ``solar-node`` (``solar bench --share node``), solar with one buffer per
+  host shared by its ranks (``Loader(share="node")``: Belady over the host's union, a row several
+  local ranks need read once).
 
 As in ``solar bench``: every rank runs each loader's epoch in turn, in an order rotated every
 epoch, behind a barrier; an epoch's time is the slowest rank's. Feature reads bypass the page
@@ -39,8 +41,10 @@ from solar.errors import SolarError
 from solar.io.throttle import Throttle
 
 GRAPH_LOADERS = ("mmap", "lru", "static", "solar")
-# Also on request: ``solar-rows``, solar planning rows alone (no page mates): what they add.
-MORE_LOADERS = ("solar-rows",)
+# Also on request: ``solar-rows``, solar planning rows alone (no page mates): what they add;
+# ``solar-node``, solar with one buffer per host (--share node).
+MORE_LOADERS = ("solar-rows", "solar-node")
+_POLICY = {"solar-rows": "solar", "solar-node": "solar"}
 
 
 @dataclass(frozen=True)
@@ -114,8 +118,9 @@ def run_graph(cfg: GraphBenchConfig, comm: Any, progress=None) -> dict | None:
         else:
             loaders[name] = Loader(
                 info, [cfg.key], sampler=sampler, epochs=cfg.epochs, buffer=capacity,
-                policy=name.removesuffix("-rows"), comm=comm, reader=cfg.reader,
+                policy=_POLICY.get(name, name), comm=comm, reader=cfg.reader,
                 throttle=throttle, seed=cfg.seed, page_mates=name != "solar-rows",
+                share="node" if name == "solar-node" else "rank",
             )  # fmt: skip
         construct[name] = allreduce(comm, time.perf_counter() - t0, MAX)
     probed = None
@@ -126,7 +131,7 @@ def run_graph(cfg: GraphBenchConfig, comm: Any, progress=None) -> dict | None:
                        length=n * row_bytes)  # fmt: skip
     comm.Barrier()
     results: dict[str, dict[str, list]] = {
-        name: {k: [] for k in ("seconds", "steps", "rows", "hits", "bytes_read", "first")}
+        name: {k: [] for k in ("seconds", "steps", "rows", "hits", "reads", "bytes_read", "first")}
         for name in cfg.loaders
     }
     names = list(cfg.loaders)
@@ -136,14 +141,14 @@ def run_graph(cfg: GraphBenchConfig, comm: Any, progress=None) -> dict | None:
                 _drop_range(info.all_files[0], offset, n * row_bytes)
             comm.Barrier()
             t0 = time.perf_counter()
-            steps, rows, hits, nbytes, first = _graph_epoch(loaders[name], epoch, rank,
-                                                            cfg.compute_ms)  # fmt: skip
+            steps, rows, hits, reads, nbytes, first = _graph_epoch(loaders[name], epoch, rank,
+                                                                   cfg.compute_ms)  # fmt: skip
             seconds = allreduce(comm, time.perf_counter() - t0, MAX)
             r = results[name]
             r["seconds"].append(seconds)
             r["steps"].append(allreduce(comm, steps, MAX))  # global steps
             r["first"].append(allreduce(comm, first - t0, MAX))
-            for k, v in (("rows", rows), ("hits", hits), ("bytes_read", nbytes)):
+            for k, v in (("rows", rows), ("hits", hits), ("reads", reads), ("bytes_read", nbytes)):
                 r[k].append(comm.allreduce(v))
             if progress is not None and rank == 0:
                 progress(epoch, name, seconds)
@@ -166,7 +171,7 @@ def run_graph(cfg: GraphBenchConfig, comm: Any, progress=None) -> dict | None:
     }
     for name, r in results.items():
         secs = sum(r["seconds"])
-        missed = sum(r["rows"]) - sum(r["hits"])
+        missed = sum(r["reads"])  # rows read (a node buffer's peer rows are not)
         out["loaders"][name] = {
             "epoch_seconds": r["seconds"],
             "steps_per_second": sum(r["steps"]) / secs,
@@ -179,6 +184,9 @@ def run_graph(cfg: GraphBenchConfig, comm: Any, progress=None) -> dict | None:
             "pages_per_second": sum(r["bytes_read"]) / PAGE / secs,
             "read_amplification": sum(r["bytes_read"]) / (missed * row_bytes) if missed else None,
             "rows": r["rows"],
+            # Rows read from storage (page mates apart): a node buffer's ranks take the rows
+            # another local rank read, neither a hit nor a read of theirs.
+            "rows_read": r["reads"],
             "construct_seconds": construct[name],
             # Epoch 0's wait for its first batch (slowest rank). Not construction to first
             # batch: a loader's planning runs on while the loaders before it run their epochs
@@ -207,7 +215,8 @@ def _run_config(sampler: Any, n: int, world: int, epochs: int, seed: int) -> Run
 
 
 def _graph_epoch(loader: Any, epoch: int, rank: int, compute_ms: float):
-    """One epoch of ``loader``: (steps, rows, hits, bytes read, when the first batch came)."""
+    """One epoch of ``loader``: (steps, rows, hits, rows read from storage, bytes read, when
+    the first batch came)."""
     steps = rows = 0
     first = math.nan
     if isinstance(loader, tuple):  # mmap: the gather PyG's loader makes, after its sampling
@@ -221,7 +230,8 @@ def _graph_epoch(loader: Any, epoch: int, rank: int, compute_ms: float):
             steps += 1
             if compute_ms:
                 time.sleep(compute_ms / 1e3)
-        return steps, rows, gather.hits - h0, gather.bytes_read - b0, first
+        hits = gather.hits - h0
+        return steps, rows, hits, rows - hits, gather.bytes_read - b0, first
     loader.set_epoch(epoch)
     for batch in loader:
         first = time.perf_counter() if steps == 0 else first
@@ -231,7 +241,7 @@ def _graph_epoch(loader: Any, epoch: int, rank: int, compute_ms: float):
             time.sleep(compute_ms / 1e3)
     loader.wait_reads()  # reads started into the next epoch are this window's
     st = loader.stats.epochs[epoch]
-    return steps, rows, st.hits, st.bytes_read, first
+    return steps, rows, st.hits, st.reads, st.bytes_read, first
 
 
 def _drop_range(path: os.PathLike, offset: int, length: int) -> None:
@@ -257,8 +267,8 @@ def format_graph_results(res: dict) -> str:
         + (f", throttle {c['throttle']}" if c["throttle"] else "")
         + " (mmap: emulated page cache of the budget, O_DIRECT page reads)",
         "",
-        "| loader | steps/s | nodes/s | vs mmap | vs static | hit rate | read ampl. "
-        "| GB read (pages) | pages/s | construct s | first wait s | epoch s |",
+        "| loader | steps/s | nodes/s | vs mmap | vs static | hit rate | rows read "
+        "| read ampl. | GB read (pages) | pages/s | construct s | first wait s | epoch s |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     pr = res.get("probe")
@@ -279,7 +289,8 @@ def format_graph_results(res: dict) -> str:
         lines.append(
             f"| {name} | {e['steps_per_second']:.2f} | {e['nodes_per_second']:,.0f} | "
             f"{ratio(e['vs_mmap'])} | {ratio(e['vs_static'])} | {100 * e['hit_rate']:.1f} % | "
-            f"{amp} | {sum(e['bytes_read']) / 1e9:.2f} | {e['pages_per_second']:,.0f} | "
+            f"{sum(e['rows_read']):,} | {amp} | {sum(e['bytes_read']) / 1e9:.2f} | "
+            f"{e['pages_per_second']:,.0f} | "
             f"{e['construct_seconds']:.2f} | "
             f"{e['first_wait_seconds']:.2f} | {epochs} |"
         )

@@ -3,9 +3,9 @@
 Lifecycle (as SPDL separates configure, build and run): :func:`setup.configure` decides the
 run from a Loader's arguments and starts nothing; :func:`pipeline.build` composes one
 process's stages for it (the modes — transform or not, held transformed, a tier, the first
-step read before its plan — are decided there, by which objects are built); and
-:meth:`pipeline.Pipeline.serve` runs step ``k`` through them. The Loader (solar/loader.py)
-keeps the public API, the iteration position, resume and close.
+step read before its plan, a buffer per rank or per node — are decided there, by which objects
+are built); and :meth:`pipeline.Pipeline.serve` runs step ``k`` through them. The Loader
+(solar/loader.py) keeps the public API, the iteration position, resume and close.
 
 Who owns what (each stage is built with its collaborators, takes a step index or the step's
 record, never calls back, and writes its own figures):
@@ -22,8 +22,10 @@ reads.py        starting a step's storage and tier reads into its batch memory; 
 holdings.py     the RAM buffer and the tier, and the step they match (``Holdings.at``); hits
                 gathered into a batch; the plan's updates applied; refills
 nodeholdings.py one buffer per node (a node plan, solar/schedule/nodeplan.py): a rank's share of
-                its host's shared buffer, rows read once for the host, host barriers per step
-                (run by bench/node_runtime.py and tests; not yet a Loader mode)
+                its host's shared buffer, rows read once for the host, host barriers per step;
+                ``SharedHoldings``, the holdings stage of ``Loader(share="node")``, built by
+                ``pipeline.build`` over a ``NodeStream`` (solar/schedule/nodestream.py):
+                no tier, no step assembled ahead or read before its plan
 assembly.py     a step's batch from its reads and hits (rows as read)
 transforms.py   transformed assemblies: scheduling transforms, steps assembled ahead, the
                 refill of held transformed rows

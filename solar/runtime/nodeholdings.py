@@ -15,6 +15,12 @@ others. Per step ``k`` a rank:
 
 No lock: the plan orders every write before the reads that depend on it, the barriers are the
 ranks' own collectives. RAM buffer only (a node tier is not run yet).
+
+:class:`NodeHoldings` runs a :class:`NodeStep` alone (bench/node_runtime.py, tests);
+:class:`SharedHoldings` is the Loader's holdings stage with ``share="node"``: the same steps
+1-5 inside the pipeline, where reads land in batch memory ahead (solar.runtime.reads),
+:meth:`~solar.runtime.holdings.Holdings.gather` is step 1's hits and :meth:`SharedHoldings.settle`
+steps 2-5.
 """
 
 from __future__ import annotations
@@ -27,11 +33,15 @@ from typing import Any
 import numpy as np
 
 from solar.cache.shared import NodeRegion
-from solar.cache.slots import copy_rows
+from solar.cache.slots import SlotBuffer, copy_rows
 from solar.errors import SolarError
+from solar.io.info import KeyInfo
+from solar.io.reader import Reader
+from solar.runtime.holdings import Holdings
+from solar.runtime.steps import Steps
 from solar.schedule import ADMIT, HIT, PEER, SIDE, THIT
 from solar.schedule.nodeplan import Hosts, NodeEpoch
-from solar.schedule.rankplan import RankPlan
+from solar.schedule.rankplan import RankPlan, StepPlan
 
 Key = tuple[tuple[int, ...], Any]  # a key's sample shape and dtype
 Read = Callable[[np.ndarray, list[np.ndarray], np.ndarray], int]  # Reader.read's signature
@@ -142,6 +152,44 @@ class NodeHoldings:
             copy_rows(out, step.admit_rows, buf, step.admit_slots)
         self._wait()  # every store done, every staging row taken
         return nbytes
+
+
+class SharedHoldings(Holdings):
+    """A rank's holdings in a node buffer: hits gathered from the host's shared slots (as
+    :class:`Holdings`), then at :meth:`settle` the step's rows exchanged through the staging
+    rows between two host barriers and its admissions stored (a collective of the host's ranks
+    every step, and at a refill)."""
+
+    def __init__(self, node: NodeHoldings, keys: tuple[KeyInfo, ...], steps: Steps,
+                 refill: NodeRefill) -> None:  # fmt: skip
+        super().__init__(SlotBuffer.over(node.slots, keys), None, steps, refill)
+        self.node = node
+
+    def settle(self, k: int, step: StepPlan, batch: list[np.ndarray]) -> None:
+        node = self.node
+        for stg, out in zip(node.staging, batch, strict=True):
+            copy_rows(out, step.stage_rows, stg, step.stage_at)
+        node._wait()  # every local rank's hits gathered and its shared reads staged
+        for stg, out in zip(node.staging, batch, strict=True):
+            copy_rows(stg, step.peer_at, out, step.peer_rows)
+        if step.copy_dst.size:  # a sample drawn twice in the batch: once in, then copied
+            for rows in batch:
+                copy_rows(rows, step.copy_src, rows, step.copy_dst)
+        self.buffer.store(batch, step.admit_rows, step.admit_slots)
+        node._wait()  # every store done (before any hit of k + 1), every staged row taken
+        self._at = k + 1
+
+
+class NodeRefill:
+    """A refill of the host's buffer: this local rank reads every ``per_host``-th row of it
+    from its ``local`` index (a collective of the host's ranks)."""
+
+    def __init__(self, node: NodeHoldings, reader: Reader, local: int, per_host: int) -> None:
+        self.node, self.reader, self.local, self.per_host = node, reader, local, per_host
+
+    def fill(self, k: int, cells: np.ndarray, samples: np.ndarray) -> int:
+        self.node._wait()  # no local rank still gathers hits from the slots overwritten
+        return self.node.refill(cells, samples, self.local, self.per_host, self.reader.read)
 
 
 def host_refill_at(

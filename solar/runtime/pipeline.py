@@ -13,19 +13,23 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from solar.cache.shared import NodeRegion
 from solar.cache.slots import SlotBuffer
 from solar.cache.tier import TierFile, tier_stride
-from solar.dist import abort_job_on_error
+from solar.dist import abort_job_on_error, shared_key
+from solar.errors import SolarError
 from solar.exchange import Exchange
 from solar.runtime.assembly import Assembly
 from solar.runtime.delivery import Delivered, Delivery
 from solar.runtime.holdings import Holdings, RawRefill, Refill
 from solar.runtime.memory import BatchMemory, InFlight
+from solar.runtime.nodeholdings import NodeHoldings, NodeRefill, SharedHoldings
 from solar.runtime.reads import ReadAhead, Reads
 from solar.runtime.setup import Setup
 from solar.runtime.steps import Steps
 from solar.runtime.transforms import HeldTransformAssembly, TransformAssembly, TransformedRefill
 from solar.runtime.workers import TransformPool
+from solar.schedule.nodestream import NodeStream
 from solar.schedule.stream import RankStream
 from solar.stats import LoaderStats, StepStats
 from solar.tune import MAX_READ_AHEAD, READ_AHEAD_BYTES, Knob, Tuner, reader_knobs
@@ -138,11 +142,14 @@ class Pipeline:
             self.pool.close()
 
 
-def build(setup: Setup, stream: RankStream, stats: LoaderStats,
+def build(setup: Setup, stream: RankStream | NodeStream, stats: LoaderStats,
           exchange: Exchange | None) -> Pipeline:  # fmt: skip
-    """This process's pipeline for ``setup``'s run, its buffer and tier allocated now."""
+    """This process's pipeline for ``setup``'s run, its buffer and tier allocated now (with
+    ``share="node"``, the host's shared buffer: a collective of the host's ranks)."""
     spec, run = setup.spec, setup.run
     steps = Steps(spec, setup.rank, stream)
+    if isinstance(stream, NodeStream):
+        return _build_node(setup, stream, steps, stats)
     tier = None
     if stream.tier_slots and setup.tier_dir is not None:
         # Named for the plan and the rank (and, by TierFile, the host and process).
@@ -182,6 +189,48 @@ def build(setup: Setup, stream: RankStream, stats: LoaderStats,
     tuner = _tuner(setup, stats, queue, pool) if setup.config.auto else None
     comm = setup.comm if exchange is not None else None
     return Pipeline(steps, holdings, assembly, delivery, stats, tuner, pool, comm)
+
+
+def _build_node(setup: Setup, stream: NodeStream, steps: Steps,
+                stats: LoaderStats) -> Pipeline:  # fmt: skip
+    """``share="node"``: the host's buffer and staging rows in one shared region, the steps
+    collectives of the host's ranks. No tier, no held transforms (refused by setup), no step
+    read before its plan (its peer rows are another rank's), and no step assembled ahead: a
+    rank never waits at a host barrier for a step the others have not been asked for (a
+    trainer's own collectives between steps would then wait for it)."""
+    hosts, hc = setup.hosts, setup.host_comm
+    assert hosts is not None
+    if setup.comm is None and setup.world_size > 1:
+        raise SolarError('share="node": this process has no communicator (a forked child '
+                         "cannot join its host's buffer: iterate the Loader where it was "
+                         "made)")  # fmt: skip
+    keys = [(k.sample_shape, k.native_dtype) for k in setup.held_keys]
+    parts = NodeHoldings.region_parts(stream.slots, stream.stage_rows, keys)
+    region = NodeRegion(NodeRegion.size_of(parts), hc, shared_key(setup.comm), stream.host,
+                        stream.local)  # fmt: skip
+    barrier = hc.Barrier if hasattr(hc, "Barrier") else (lambda: hc.allgather(None))
+    node = NodeHoldings(region, stream.slots, stream.stage_rows, keys,
+                        barrier if hc is not None else (lambda: None))  # fmt: skip
+    refill = NodeRefill(node, setup.reader, stream.local, hosts.local)
+    holdings = SharedHoldings(node, setup.held_keys, steps, refill)
+    pool = None
+    if setup.transform is not None:
+        pool = TransformPool(setup.transform, setup.run.seed, setup.info.keys, setup.out_keys,
+                             setup.cores)  # fmt: skip
+    memory = BatchMemory(
+        setup.info.keys, setup.spec.batch_rows(steps.served_rows()),
+        None if pool is None else setup.out_keys, steps.served_rows(),
+        setup.config.pin_memory, None if pool is None else pool.allocate(),
+    )  # fmt: skip
+    queue = ReadAhead(Reads(steps, setup.reader, memory, None, False),
+                      setup.config.read_ahead_steps(setup.run.batch_size), False)  # fmt: skip
+    assembly = Assembly(steps, queue, memory, holdings)
+    if pool is not None:
+        assembly = TransformAssembly(steps, queue, memory, holdings, pool, 0, setup.comm)
+    delivery = Delivery(steps, setup.out_keys, None, setup.batch_transform, setup.comm)
+    tuner = _tuner(setup, stats, queue, pool) if setup.config.auto else None
+    # A failed step ends the job: the host's other ranks would wait at its barrier forever.
+    return Pipeline(steps, holdings, assembly, delivery, stats, tuner, pool, setup.comm)
 
 
 def _tuner(setup: Setup, stats: LoaderStats, queue: ReadAhead,

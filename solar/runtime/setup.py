@@ -23,13 +23,14 @@ from solar._memory import require_memory
 from solar.cache.batches import torch_dtype
 from solar.cache.slots import check_budget
 from solar.config import BufferConfig, ReaderConfig, RunConfig, parse_size
-from solar.dist import agree, ranks_on_host
+from solar.dist import agree, host_comm, host_names, ranks_on_host
 from solar.errors import SolarError
 from solar.io.info import DatasetInfo, KeyInfo
 from solar.io.reader import Reader
 from solar.io.sources import describe_source
 from solar.launch import detect_launcher
 from solar.schedule import Plan, PlanSpec, load_plan
+from solar.schedule.nodeplan import Hosts
 from solar.schedule.pagemates import PageLayout
 from solar.schedule.samplers import SHUFFLE, Sampler, is_shuffle
 from solar.schedule.spec import equal_by_default
@@ -57,6 +58,10 @@ class Setup:
     tier_dir: str | os.PathLike | None
     comm: Any
     batch_format: str = "dict"  # or "pyg": batches as torch_geometric Data
+    # share="node": the job's ranks grouped by host, and this rank's host communicator (its
+    # collectives are the node buffer's barriers); None: a buffer per rank.
+    hosts: Hosts | None = None
+    host_comm: Any = None
 
     @property
     def holds_transformed(self) -> bool:
@@ -91,6 +96,7 @@ def configure(
     batch_transform: Callable[[dict], dict] | None,
     page_mates: bool,
     batch_format: str = "dict",
+    share: str = "rank",
 ) -> Setup:
     """A Loader's arguments (solar.loader) checked and decided, in the order a user's
     mistakes are best reported; every rank agrees on the plan and the keys."""
@@ -137,8 +143,10 @@ def configure(
                            sum(k.row_bytes for k in held), local)  # fmt: skip
     agree(comm, [(k.name, k.sample_shape, k.dtype.str) for k in out],
           "the transform's output keys, shapes and dtypes")  # fmt: skip
+    hosts, hc = _share(share, spec, plan, tier, holds, w, comm)
     return Setup(info, r, w, cores, config, run, spec, given, chosen,
-                 io, fn, batch_transform, out, held, tier, comm, batch_format)  # fmt: skip
+                 io, fn, batch_transform, out, held, tier, comm, batch_format, hosts,
+                 hc)  # fmt: skip
 
 
 def _check_batch_format(batch_format: str) -> None:
@@ -150,6 +158,37 @@ def _check_batch_format(batch_format: str) -> None:
         except ImportError:
             raise SolarError("batch_format='pyg' needs torch_geometric "
                              "(pip install 'solar[pyg]')") from None  # fmt: skip
+
+
+SHARES = ("rank", "node")
+
+
+def _share(share: str, spec: PlanSpec, plan: Any, tier: Any, holds_transformed: bool,
+           world: int, comm: Any) -> tuple[Hosts | None, Any]:  # fmt: skip
+    """``share="node"``: the ranks grouped by host (``SOLAR_HOSTS=HxL`` forces a grouping) and
+    this rank's host communicator; refused, in one line naming the parameter, where the node
+    buffer is not run yet. ``"rank"``: (None, None)."""
+    if share not in SHARES:
+        raise SolarError(f"share must be one of {SHARES}, got {share!r}")
+    if share == "rank":
+        return None, None
+    why = ""
+    if plan is not None:
+        why = "plan: a plan file holds per-rank buffers (pass plan=None)"
+    elif tier is not None:
+        why = "tier: a node tier is not run yet (pass tier=None)"
+    elif holds_transformed:
+        why = ("transform: a deterministic transform's rows held transformed are not shared yet "
+               "(Transform(deterministic=False) holds raw rows)")  # fmt: skip
+    elif spec.equal_batches:
+        why = ("equal_batches: equal local batches are not served from a node buffer yet "
+               "(pass equal_batches=False: local batches vary within slack)")  # fmt: skip
+    elif world > 1 and comm is None:
+        why = "comm: the ranks of a host synchronise every step (pass comm=)"
+    if why:
+        raise SolarError(f'share="node": {why}')
+    names = host_names(comm)
+    return Hosts.of_names(names), host_comm(comm, names)
 
 
 def _reader_config(info: DatasetInfo, reader: ReaderConfig | None) -> ReaderConfig:
@@ -225,8 +264,11 @@ def _run(info: DatasetInfo, sampler: Sampler, world: int, batch_size: int | None
     return run
 
 
-def check_snapshots(snapshots: str | os.PathLike | None) -> None:
-    """Refuse a snapshots argument that is not a directory."""
+def check_snapshots(snapshots: str | os.PathLike | None, node: bool = False) -> None:
+    """Refuse a snapshots argument that is not a directory (or given with a node buffer)."""
+    if snapshots is not None and node:
+        raise SolarError('share="node": snapshots: a node plan is not snapshotted yet '
+                         "(pass snapshots=None)")  # fmt: skip
     if snapshots is not None and not Path(snapshots).is_dir():
         raise SolarError(f"snapshots: {snapshots} is not a directory")
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from solar.errors import SolarError
+from solar.schedule.nodestream import NodeStream
 from solar.schedule.rankplan import StepPlan
 from solar.schedule.samplers import Sampler
 from solar.schedule.spec import PlanSpec
@@ -23,7 +24,7 @@ from solar.transform import Rows, repeats
 class Steps:
     """Rank ``rank``'s steps of ``spec``'s run, as ``stream`` plans them."""
 
-    def __init__(self, spec: PlanSpec, rank: int, stream: RankStream) -> None:
+    def __init__(self, spec: PlanSpec, rank: int, stream: RankStream | NodeStream) -> None:
         self.spec = spec
         self.run = spec.run
         self.rank = rank

@@ -60,6 +60,12 @@ class StepPlan(NamedTuple):  # a NamedTuple: one is made per step, cheaper than 
     # Side rows (pagemates.py): read with the reads into rows ``size..size + m - 1`` after the
     # batch, stored as admissions (``admit_rows`` name them), never served.
     side_samples: NDArray[np.int64] = _NONE  # (m,)
+    # A node buffer (nodestream.py): rows this rank read that other local ranks take, put
+    # into the host's staging rows ``stage_at``; rows it takes from staging rows ``peer_at``.
+    stage_rows: NDArray[np.int64] = _NONE
+    stage_at: NDArray[np.int64] = _NONE
+    peer_rows: NDArray[np.int64] = _NONE
+    peer_at: NDArray[np.int64] = _NONE
 
     @property
     def size(self) -> int:
@@ -103,7 +109,8 @@ class StepPlan(NamedTuple):  # a NamedTuple: one is made per step, cheaper than 
             samples=ids.astype(np.int64), read_rows=rows[self.read_rows],
             hit_rows=rows[self.hit_rows], admit_rows=rows[self.admit_rows],
             tier_rows=rows[self.tier_rows], tadmit_rows=rows[self.tadmit_rows],
-            rows=rows, copy_src=src[dst], copy_dst=dst,
+            stage_rows=rows[self.stage_rows], peer_rows=rows[self.peer_rows], rows=rows,
+            copy_src=src[dst], copy_dst=dst,
         )  # fmt: skip
 
     @property
