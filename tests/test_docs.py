@@ -37,13 +37,14 @@ def prose(text: str) -> str:
 # An absolute path: a slash that starts a word (not inside a URL, a fraction such as 1/P, I/O
 # or a relative path such as bench/results/x), followed by a name and another slash or a dot
 # extension, as in /tmp/g21/graph1m.h5, /home/me/data, /usr/bin/time or /data.h5.
-ABSOLUTE = re.compile(r"(?<![\w.:/~\])-])/[A-Za-z_][\w.-]*(?:/|\.\w)")
+# The kernel's own file systems (/dev/shm, /proc, /sys) are the same on every Linux machine.
+ABSOLUTE = re.compile(r"(?<![\w.:/~\])-])/(?!(?:dev|proc|sys)/)[A-Za-z_][\w.-]*(?:/|\.\w)")
 
 
 def test_absolute_paths_are_found():
     found = [ABSOLUTE.search(t) for t in ("see /work/x.h5", "`/tmp/a/b`", "(/home/me/d)")]
     assert all(found)
-    fine = ("1/P of the reuse", "I/O", "bench/results/a.json", "https://x.org/a", "~/.cache/x")
+    fine = ("1/P of the reuse", "I/O", "`/dev/shm`", "/proc/PID/fd", "bench/results/a.json", "https://x.org/a", "~/.cache/x")
     assert not any(ABSOLUTE.search(t) for t in fine)
 
 
