@@ -23,7 +23,9 @@ lint: $(STAMP)
 	$(BIN)/mypy
 
 test: lint
-	$(BIN)/pytest -q
+	# Two workers: half the suite waits on subprocesses and launchers, so 2 cores overlap it;
+	# tests that watch /dev/shm for the node buffer's names share one worker (xdist_group).
+	$(BIN)/pytest -q -n 2 --dist loadgroup
 
 # The documentation site, from docs/ and mkdocs.yml, into site/ (warnings are errors).
 docs: $(STAMP)

@@ -17,6 +17,10 @@ from helpers import write_h5
 from solar.cache.shared import PREFIX, SHM_DIR, NodeRegion, fits
 from solar.errors import SolarError
 
+# The node buffer's /dev/shm names are watched here: no other test making them runs alongside
+# (make test runs two workers; tests/test_bench.py's --share node run is in the group).
+pytestmark = pytest.mark.xdist_group("node-shm")
+
 HERE = Path(__file__).parent / "mpi"
 MPIEXEC = Path(sys.executable).with_name("mpiexec")
 FOREIGN_PREFIXES = ("SLURM_", "PMI_", "OMPI_", "TORCHELASTIC_", "MPI_")
