@@ -44,8 +44,15 @@ ABSOLUTE = re.compile(r"(?<![\w.:/~\])-])/(?!(?:dev|proc|sys)/)[A-Za-z_][\w.-]*(
 def test_absolute_paths_are_found():
     found = [ABSOLUTE.search(t) for t in ("see /work/x.h5", "`/tmp/a/b`", "(/home/me/d)")]
     assert all(found)
-    fine = ("1/P of the reuse", "I/O", "`/dev/shm`", "/proc/PID/fd", "bench/results/a.json",
-            "https://x.org/a", "~/.cache/x")
+    fine = (
+        "1/P of the reuse",
+        "I/O",
+        "`/dev/shm`",
+        "/proc/PID/fd",
+        "bench/results/a.json",
+        "https://x.org/a",
+        "~/.cache/x",
+    )
     assert not any(ABSOLUTE.search(t) for t in fine)
 
 
