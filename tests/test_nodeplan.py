@@ -125,7 +125,7 @@ def check_node_plan(spec, hosts, epochs) -> None:
         _replay(rp, hspec.slots, min(hspec.buffer.tier, run.num_samples - hspec.slots))
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(node_cases())
 def test_node_plan_serves_every_access_once(case):
     spec, hosts = case
