@@ -196,3 +196,21 @@ def _port(env: Mapping[str, str], var: str) -> int:
     if not 0 < port < 65536:
         raise SolarError(f"{var}={port} is not a port number (1-65535)")
     return port
+
+
+# How many ranks the launcher started on this host, by launcher: torchrun, Open MPI, MPICH
+# hydra, Slurm (``SLURM_NTASKS_PER_NODE`` may read "4(x2)": its leading count).
+_LOCAL_SIZES = ("LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS",
+                "SLURM_NTASKS_PER_NODE")  # fmt: skip
+
+
+def ranks_here(env: Mapping[str, str] | None = None) -> int:
+    """The ranks the launcher started on this host (1 outside a launch or where it does not
+    say): no collective, so a memory check made before any communicator exists can count the
+    copies every local rank will make."""
+    env = os.environ if env is None else env
+    for name in _LOCAL_SIZES:
+        m = re.match(r"\s*(\d+)", env.get(name, ""))
+        if m and int(m.group(1)) > 0:
+            return int(m.group(1))
+    return 1

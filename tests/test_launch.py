@@ -130,3 +130,14 @@ def test_allreduce_combines_like_mpi_for_numbers_and_arrays():
     assert allreduce(None, 4.0, MAX) == 4.0
     with pytest.raises(SolarError, match=r"op must be solar\.dist\.SUM or solar\.dist\.MAX"):
         allreduce(comm, 1, "min")
+
+
+def test_ranks_here_reads_each_launchers_local_size():
+    from solar.launch import ranks_here
+
+    assert ranks_here({}) == 1
+    assert ranks_here({"LOCAL_WORLD_SIZE": "4"}) == 4  # torchrun
+    assert ranks_here({"OMPI_COMM_WORLD_LOCAL_SIZE": "3"}) == 3  # Open MPI
+    assert ranks_here({"MPI_LOCALNRANKS": "2"}) == 2  # MPICH hydra
+    assert ranks_here({"SLURM_NTASKS_PER_NODE": "8(x2)"}) == 8  # Slurm, 2 nodes of 8
+    assert ranks_here({"LOCAL_WORLD_SIZE": "junk"}) == 1

@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -50,17 +49,15 @@ def test_node_buffer_serves_h5py_bytes_on_one_host_and_on_two(data):
     result = _mpiexec(4, data, "run", "1x4", "2x2", timeout=240)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "node buffer 1x4: " in result.stdout and "node buffer 2x2: " in result.stdout
-    assert _ours() <= before
+    assert _ours() - before == set()
 
 
 def test_a_killed_rank_ends_the_job_and_leaves_no_segment(data):
     before = _ours()
-    t0 = time.monotonic()
     result = _mpiexec(4, data, "kill", "2x2", timeout=60)
-    assert time.monotonic() - t0 < 60
     assert result.returncode != 0
     assert "unreachable" not in result.stderr
-    assert _ours() <= before
+    assert _ours() - before == set()
 
 
 def test_a_region_too_large_is_refused_in_one_line(tmp_path):
@@ -91,16 +88,14 @@ def test_a_node_loader_serves_each_rank_its_batches_as_planned(data, graph):
     result = _mpiexec(4, data, graph, "run", "1x4", "2x2", timeout=240, script="node_loader.py")
     assert result.returncode == 0, result.stderr[-3000:]
     assert "node loader 1x4: " in result.stdout and "node loader 2x2: " in result.stdout
-    assert _ours() <= before
+    assert _ours() - before == set()
 
 
 def test_a_node_loader_killed_ends_the_job_and_leaves_no_segment(data, graph):
     before = _ours()
-    t0 = time.monotonic()
     result = _mpiexec(4, data, graph, "kill", "2x2", timeout=60, script="node_loader.py")
-    assert time.monotonic() - t0 < 60
     assert result.returncode != 0 and "unreachable" not in result.stderr
-    assert _ours() <= before
+    assert _ours() - before == set()
 
 
 @pytest.mark.parametrize(

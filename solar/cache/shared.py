@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from solar._memory import PAGE, available_memory
+from solar._memory import PAGE, memory_room
 from solar.errors import SolarError
 
 SHM_DIR = "/dev/shm"
@@ -39,9 +39,9 @@ def fits(nbytes: int, what: str, directory: str = SHM_DIR) -> str:
     if free is not None and nbytes > free:
         return (f"{what}: {gib:.2f} GiB of shared memory exceed the {free / 2**30:.2f} GiB free "
                 f"in {directory} (a smaller buffer, or a larger {directory})")  # fmt: skip
-    avail = available_memory()
-    if avail is not None and nbytes > avail:
-        return f"{what}: {gib:.2f} GiB exceed the {avail / 2**30:.2f} GiB of memory available"
+    room = memory_room()  # the host's MemAvailable or the cgroup's room (shm is charged there)
+    if room is not None and nbytes > room[0]:
+        return f"{what}: {gib:.2f} GiB exceed the {room[0] / 2**30:.2f} GiB of memory {room[1]}"
     return ""
 
 

@@ -31,6 +31,7 @@ from numba import njit
 
 from solar._memory import require_memory
 from solar.errors import SolarError
+from solar.launch import ranks_here
 
 PARTS = ("indptr", "indices", "labels", "train_idx")
 
@@ -198,8 +199,9 @@ def _load(parts: dict[str, _Part], where: str) -> dict[str, np.ndarray]:
     dtypes["indices"] = np.dtype(np.int32 if small else np.int64)
     sizes = {k: int(np.prod(p.shape, dtype=np.int64)) for k, p in parts.items()}
     nbytes = sum(sizes[k] * dtypes[k].itemsize for k in parts)
+    # Every rank of the host holds its own copy: the check counts them all.
     require_memory(nbytes, f"{where}: its topology in memory ({n} nodes, "
-                         f"{sizes['indices']} edges)")  # fmt: skip
+                         f"{sizes['indices']} edges)", ranks_here())  # fmt: skip
     out = {}
     for k, p in parts.items():
         a = np.empty(p.shape, dtypes[k])

@@ -99,8 +99,15 @@ def available() -> bool:
 
 
 def refusal() -> str | None:
-    """Why the kernel refused AIO (None: it never did)."""
+    """Why the kernel refused AIO (None: it never did): a context it would not open, or reads
+    it stopped taking midway (that thread reads with ``preadv`` from then on)."""
     return _refused[0] if _refused else None
+
+
+def stopped_midway() -> None:
+    """Record that the kernel stopped taking or reporting a context's reads (for refusal())."""
+    if not _refused:
+        _refused.append("io_submit/io_getevents stopped midway: preadv from then on")
 
 
 def read_spans(

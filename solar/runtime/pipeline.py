@@ -227,7 +227,8 @@ def _build_node(setup: Setup, stream: NodeStream, steps: Steps,
     assembly = Assembly(steps, queue, memory, holdings)
     if pool is not None:
         assembly = TransformAssembly(steps, queue, memory, holdings, pool, 0, setup.comm)
-    delivery = Delivery(steps, setup.out_keys, None, setup.batch_transform, setup.comm)
+    delivery = Delivery(steps, setup.out_keys, None, setup.batch_transform, setup.comm,
+                        setup.batch_format)  # fmt: skip
     tuner = _tuner(setup, stats, queue, pool) if setup.config.auto else None
     # A failed step ends the job: the host's other ranks would wait at its barrier forever.
     return Pipeline(steps, holdings, assembly, delivery, stats, tuner, pool, setup.comm)
