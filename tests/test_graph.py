@@ -433,3 +433,12 @@ def test_ranks_serve_h5py_rows_and_every_seed_once_under_mpiexec(graph_file, ran
     result = launch("mpiexec", ranks, "graph_coverage.py", graph_file)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "ok" in result.stdout
+
+
+def test_a_features_key_the_loader_does_not_read_is_one_line(graph_file):
+    """batch['x'] is the features key's rows: a Loader reading other keys would yield batches
+    without x, silently; it is refused at construction, naming the key."""
+    sampler = NeighborSampler(graph_file, fanouts=(3,), batch_size=8, features="features")
+    with pytest.raises(SolarError, match=r"features='features'.*keys labels"):
+        Loader(graph_file, ["labels"], sampler=sampler, epochs=1, buffer=0, rank=0,
+               world_size=1)  # fmt: skip

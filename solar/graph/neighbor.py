@@ -125,6 +125,13 @@ class NeighborSampler(Sampler):
             raise SolarError(f"{self.graph.where}: {self.graph.num_nodes} nodes, but the "
                              f"features have {num_samples} rows")  # fmt: skip
 
+    def check_keys(self, keys: Sequence[str]) -> None:
+        """The features' key must be among the batches' keys: it becomes ``x``."""
+        if self.features not in keys:
+            raise SolarError(f"NeighborSampler(features={self.features!r}): the Loader's keys "
+                             f"{', '.join(keys)} do not hold it (batch['x'] is its rows): pass "
+                             f"keys=[{self.features!r}] or features= one of them")  # fmt: skip
+
     def check_run(self, run: RunConfig) -> None:
         """Refuse a run whose local batch is not this sampler's, or whose last global batch
         would leave a rank without a seed."""

@@ -137,6 +137,8 @@ def configure(
         raise SolarError("transform processes write batches in shared memory, not "
                          "pinned: pass pin_memory=False or use thread workers")  # fmt: skip
     out = info.keys if fn is None else _output_keys(fn, info, io, seed)
+    if sampler is not None:
+        sampler.check_keys([k.name for k in out])
     held = out if holds else info.keys
     if fn is not None:  # again, with its rows and steps ahead
         check_batch_memory(spec, config, info.sample_bytes, fn, sum(k.row_bytes for k in out),

@@ -23,7 +23,7 @@ import hashlib
 import os
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -117,6 +117,10 @@ class Sampler:
         Loader's tensors so far, one per key, and ``index``), merged into it by the Loader:
         e.g. a neighbour sampler's subgraph (solar.graph.neighbor). None by default."""
         return {}
+
+    def check_keys(self, keys: Sequence[str]) -> None:
+        """Refuse, in one line, batch keys ``keys`` (the Loader's output keys) that this
+        sampler's extras cannot work with. Any by default."""
 
     def loss_count(self, run: RunConfig, step: int) -> int | None:
         """What a loss averages over at ``step`` of an epoch, over all ranks, if not the
