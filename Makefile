@@ -23,8 +23,8 @@ lint: $(STAMP)
 	$(BIN)/mypy
 
 test: lint
-	# Two workers: half the suite waits on subprocesses and launchers, so 2 cores overlap it;
-	# tests that watch /dev/shm for the node buffer's names share one worker (xdist_group).
+	# Two workers: much of the suite waits on subprocesses, so 2 cores overlap it; tests that
+	# launch jobs of several ranks run one at a time in one worker (tests/conftest.py).
 	$(BIN)/pytest -q -n 2 --dist loadgroup
 
 # The documentation site, from docs/ and mkdocs.yml, into site/ (warnings are errors).

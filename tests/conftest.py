@@ -23,3 +23,18 @@ def small_h5(tmp_path: Path) -> Path:
         f["x"] = rng.standard_normal((103, 4, 5), np.float32)
         f["y"] = rng.integers(0, 10, (103, 2)).astype(np.int64)
     return path
+
+
+# Tests that launch jobs of several ranks (mpiexec, torchrun, srun) run one at a time in one
+# pytest worker (`make test` runs two, --dist loadgroup): two such jobs at once put 6+ ranks on
+# 2 cores, and a rank's exit then races torch's store threads at interpreter shutdown. The node
+# buffer's /dev/shm checks need the same (no other job making node regions alongside).
+_LAUNCHING = {"test_mpi.py", "test_node_buffer.py", "test_faults.py", "test_leftovers.py",
+              "test_scan.py", "test_launch.py"}  # fmt: skip
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        name = item.nodeid.split("::", 1)[0].rsplit("/", 1)[-1]
+        if name in _LAUNCHING or any(w in item.nodeid for w in ("mpiexec", "launcher")):
+            item.add_marker(pytest.mark.xdist_group("launchers"))

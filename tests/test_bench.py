@@ -189,7 +189,7 @@ def test_bench_applies_one_transform_in_every_loader(tmp_path):
     assert f"--transform {mod}:nothing: {mod} has no function 'nothing'" in bad.stderr
 
 
-@pytest.mark.xdist_group("node-shm")  # its --share node run makes node buffers
+@pytest.mark.xdist_group("launchers")  # its --share node run makes node buffers
 @pytest.mark.parametrize("world", [1, 2])
 def test_bench_gathers_gnn_features_with_every_loader(tmp_path, world):
     """--sampler neighbor: mmap (emulated), lru, static and solar gather the same subgraphs'

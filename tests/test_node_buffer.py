@@ -18,7 +18,7 @@ from solar.errors import SolarError
 
 # The node buffer's /dev/shm names are watched here: no other test making them runs alongside
 # (make test runs two workers; tests/test_bench.py's --share node run is in the group).
-pytestmark = pytest.mark.xdist_group("node-shm")
+pytestmark = pytest.mark.xdist_group("launchers")
 
 HERE = Path(__file__).parent / "mpi"
 MPIEXEC = Path(sys.executable).with_name("mpiexec")
