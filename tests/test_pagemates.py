@@ -211,13 +211,13 @@ def test_the_first_steps_reads_start_before_its_plan_is_made(graph, monkeypatch)
 
     path, _, feats = graph
     gate = threading.Event()
-    plan_next = RankStream._plan_next
+    plan_next = RankStream._next_epoch
 
     def held(self, planner):
         gate.wait(120)  # the planner waits until the test has seen the reads start
         return plan_next(self, planner)
 
-    monkeypatch.setattr(RankStream, "_plan_next", held)
+    monkeypatch.setattr(RankStream, "_next_epoch", held)
     sampler = NeighborSampler(path, (4, 2), batch_size=24)
     with Loader(path, ["features"], sampler=sampler, epochs=2, buffer=120, warm=False) as ld:
         submitted: list[int] = []

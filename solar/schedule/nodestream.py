@@ -17,7 +17,6 @@ buffer only; no plan file, no snapshots (a jump back replans from epoch 0).
 from __future__ import annotations
 
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 
@@ -26,6 +25,7 @@ from solar.schedule._common import ADMIT, HIT, PEER, SIDE, THIT
 from solar.schedule.nodeplan import Hosts, NodeEpoch, NodePlanner, node_spec
 from solar.schedule.rankplan import RankPlan, StepPlan
 from solar.schedule.spec import PlanSpec
+from solar.schedule.stream import EpochsAhead
 from solar.schedule.transfer import Transfer
 
 
@@ -109,13 +109,14 @@ class NodeWindow:
         return self.host_plan().refill_at(k)
 
 
-class NodeStream:
+class NodeStream(EpochsAhead):
     """Rank ``rank``'s share of its host's node plan of ``spec``'s run (ranks grouped by
     ``hosts``), planned epoch by epoch in the background. ``stage_rows``: the host's staging
     rows (rows one local rank reads for others at a step, at most)."""
 
     plan = None  # never a plan file
     tier_slots = 0
+    _thread_name = "solar-nodeplan"
 
     def __init__(self, spec: PlanSpec, rank: int, hosts: Hosts, stage_rows: int) -> None:
         self.spec, self.rank, self.hosts = spec, rank, hosts
@@ -129,9 +130,7 @@ class NodeStream:
         self._reset()
 
     def _reset(self) -> None:
-        self._planner: NodePlanner | None = None
-        self._pool: ThreadPoolExecutor | None = None
-        self._future: Future[NodeEpoch] | None = None
+        self._reset_planning()
         self._parts: list[NodeEpoch] = []
         self._first = 0
         self._initial: np.ndarray | None = None
@@ -149,42 +148,22 @@ class NodeStream:
     def _new_planner(self) -> NodePlanner:
         return NodePlanner(self.spec, self.hosts, only_host=self.host)
 
-    def _submit(self) -> None:
-        p = self._planner
-        if p is not None and self._future is None and p.epoch < self.spec.run.epochs:
-            if self._pool is None:
-                self._pool = ThreadPoolExecutor(1, thread_name_prefix="solar-nodeplan")
-            self._future = self._pool.submit(p.next)
+    def _next_epoch(self, planner: NodePlanner) -> NodeEpoch:
+        return planner.next()
 
     def start(self) -> None:
         """Begin planning the first epoch in the background, unless planning has begun."""
-        if self._planner is None and not self._parts:
-            self._planner = self._new_planner()
+        bg = self._bg.get()
+        if bg.planner is None and not self._parts:
+            bg.planner = self._new_planner()
             self._submit()
-
-    def _collect(self, wait: bool) -> bool:
-        fut = self._future
-        if fut is None or not (wait or fut.done()):
-            return False
-        t0 = time.perf_counter()
-        part = fut.result()
-        self.wait_seconds += time.perf_counter() - t0
-        self._future = None
-        if part.epoch == self._first + len(self._parts):
-            self._parts.append(part)
-            self._window = None
-        self._submit()
-        return True
 
     def _restart_at(self, epoch: int) -> None:
         """Replan up to ``epoch`` (from where the planner is, if not past it; else from 0)."""
         t0 = time.perf_counter()
-        if self._future is not None:
-            self._future.result()
-            self._future = None
-        p = self._planner
+        p = self._settled_planner()
         if p is None or p.epoch > epoch:
-            p = self._planner = self._new_planner()
+            p = self._bg.get().planner = self._new_planner()
         while p.epoch < epoch:
             p.planner.skip()
         self._initial = p.planner.contents(self.host)
@@ -207,7 +186,7 @@ class NodeStream:
         end = self._first + len(self._parts)
         if self._first <= e < end:
             self._collect(wait=False)
-        elif not (e == end and self._future is not None and self._collect(wait=True)):
+        elif not (e == end and self._bg.get().future is not None and self._collect(wait=True)):
             self._restart_at(e)
         if trim and e > self._first:
             self._initial = self._current().contents_at(e * self.spe)
@@ -222,13 +201,6 @@ class NodeStream:
             self._window = NodeWindow(self, self._parts, self._first, self._initial,
                                       last == self.spec.run.epochs)  # fmt: skip
         return self._window
-
-    def close(self) -> None:
-        """Stop the planning thread (after its current epoch)."""
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
-            self._pool = None
-            self._future = None
 
 
 def stage_bound(spec: PlanSpec, hosts: Hosts) -> int:

@@ -19,6 +19,7 @@ import time
 import warnings
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -32,7 +33,75 @@ from solar.schedule.rankplan import RankPlan, _replay
 from solar.schedule.spec import PlanSpec
 
 
-class RankStream:
+class EpochsAhead:
+    """The background half of a plan stream: one planner per process, planning the next epoch
+    in one thread while the current one is served (:class:`RankStream`, and the node version
+    in solar/schedule/nodestream.py). A subclass makes the planner (``_new_planner``), plans
+    one epoch with it (``_next_epoch``) and keeps ``_parts`` from epoch ``_first``."""
+
+    _thread_name = "solar-plan"
+    spec: PlanSpec
+    wait_seconds: float
+    _parts: list
+    _first: int
+    _window: object | None
+
+    def _reset_planning(self) -> None:
+        self._bg: ProcessLocal[_Planning] = ProcessLocal(self._new_planning)
+
+    def _new_planning(self) -> _Planning:
+        """This process's planner and planning thread. In a forked child the thread did not
+        come along and the planner's state may be half-updated by it: the child keeps the
+        epochs already planned and replans the rest when needed."""
+        self._window = None
+        return _Planning()
+
+    def _new_planner(self) -> Any:
+        raise NotImplementedError
+
+    def _next_epoch(self, planner: Any) -> Any:
+        raise NotImplementedError
+
+    def _submit(self) -> None:
+        """Start planning the planner's next epoch in the background, if any remain."""
+        bg = self._bg.get()
+        assert bg.planner is not None
+        if bg.future is None and bg.planner.epoch < self.spec.run.epochs:
+            if bg.pool is None:
+                bg.pool = ThreadPoolExecutor(1, thread_name_prefix=self._thread_name)
+            bg.future = bg.pool.submit(self._next_epoch, bg.planner)
+
+    def _settled_planner(self) -> Any:
+        """The process's planner once no epoch is being planned with it (None: none yet)."""
+        bg = self._bg.get()
+        if bg.future is not None:
+            bg.future.result()  # the planner is in use until then
+            bg.future = None
+        return bg.planner
+
+    def _collect(self, wait: bool) -> bool:
+        """Append the background epoch to the window if it is done (or ``wait``)."""
+        bg = self._bg.get()
+        if bg.future is None or not (wait or bg.future.done()):
+            return False
+        t0 = time.perf_counter()
+        part = bg.future.result()
+        self.wait_seconds += time.perf_counter() - t0
+        bg.future = None
+        if part.epoch == self._first + len(self._parts):
+            self._parts.append(part)
+            self._window = None
+        self._submit()
+        return True
+
+    def close(self) -> None:
+        """Stop the planning thread (after its current epoch)."""
+        bg = self._bg.drop()  # a forked child never touches its parent's thread
+        if bg is not None and bg.pool is not None:
+            bg.pool.shutdown(wait=True)
+
+
+class RankStream(EpochsAhead):
     """Rank ``rank``'s steps of ``spec``'s run, planned epoch by epoch in the background."""
 
     def __init__(
@@ -52,7 +121,7 @@ class RankStream:
         self._reset()
 
     def _reset(self) -> None:
-        self._bg: ProcessLocal[_Planning] = ProcessLocal(self._new_planning)
+        self._reset_planning()
         self._parts: list[RankEpoch] = []  # consecutive epochs, from self._first
         self._first = 0
         self._initial: np.ndarray | None = None  # buffer contents as epoch self._first starts
@@ -71,22 +140,6 @@ class RankStream:
     def _spe(self) -> int:
         return int(self.spec.run.steps_per_epoch)
 
-    def _new_planning(self) -> _Planning:
-        """This process's planner and planning thread. In a forked child the thread did not
-        come along and the planner's state may be half-updated by it: the child keeps the
-        epochs already planned and replans the rest when needed."""
-        self._window = None
-        return _Planning()
-
-    def _submit(self) -> None:
-        """Start planning the planner's next epoch in the background, if any remain."""
-        bg = self._bg.get()
-        assert bg.planner is not None
-        if bg.future is None and bg.planner.epoch < self.spec.run.epochs:
-            if bg.pool is None:
-                bg.pool = ThreadPoolExecutor(1, thread_name_prefix="solar-plan")
-            bg.future = bg.pool.submit(self._plan_next, bg.planner)
-
     def start(self) -> None:
         """Begin planning the first epoch in the background (the first batch waits for it),
         unless a plan was given or planning has begun."""
@@ -102,7 +155,7 @@ class RankStream:
         every rank's state: then every rank is planned)."""
         return Planner(self.spec, only_rank=self.rank if self.snapshots is None else None)
 
-    def _plan_next(self, planner: Planner) -> RankEpoch:
+    def _next_epoch(self, planner: Planner) -> RankEpoch:
         """Plan the next epoch (in the background thread); rank 0 then saves a snapshot."""
         part = planner.next_rank(self.rank)
         if self.snapshots is not None and self.rank == 0:
@@ -111,21 +164,6 @@ class RankStream:
             except (OSError, SolarError) as exc:  # a resume will replan further back, that's all
                 warnings.warn(f"planner snapshot not saved: {exc}", stacklevel=1)
         return part
-
-    def _collect(self, wait: bool) -> bool:
-        """Append the background epoch to the window if it is done (or ``wait``)."""
-        bg = self._bg.get()
-        if bg.future is None or not (wait or bg.future.done()):
-            return False
-        t0 = time.perf_counter()
-        part = bg.future.result()
-        self.wait_seconds += time.perf_counter() - t0
-        bg.future = None
-        if part.epoch == self._first + len(self._parts):
-            self._parts.append(part)
-            self._window = None
-        self._submit()
-        return True
 
     def _restart_at(self, epoch: int) -> None:
         """Replan from scratch (or from where the planner is) up to ``epoch``; keep only it.
@@ -141,11 +179,8 @@ class RankStream:
             self._window = None
             self.wait_seconds += time.perf_counter() - t0
             return
+        planner = self._settled_planner()
         bg = self._bg.get()
-        if bg.future is not None:
-            bg.future.result()  # the planner is in use until then
-            bg.future = None
-        planner = bg.planner
         # Where the planner can go on from: not past ``epoch`` (it never plans backwards).
         at = -1 if planner is None or planner.epoch > epoch else planner.epoch
         if at < epoch and self.snapshots is not None:
@@ -159,7 +194,7 @@ class RankStream:
             planner.skip()
         self._initial = planner.contents(self.rank)
         self._first = epoch
-        self._parts = [self._plan_next(planner)]
+        self._parts = [self._next_epoch(planner)]
         self._window = None
         self.wait_seconds += time.perf_counter() - t0
         self._submit()
@@ -222,17 +257,11 @@ class RankStream:
             )  # fmt: skip
         return self._window
 
-    def close(self) -> None:
-        """Stop the planning thread (after its current epoch)."""
-        bg = self._bg.drop()  # a forked child never touches its parent's thread
-        if bg is not None and bg.pool is not None:
-            bg.pool.shutdown(wait=True)
-
 
 @dataclass
 class _Planning:
     """A stream's planner and its planning thread, in one process."""
 
-    planner: Planner | None = None
+    planner: Any = None  # a Planner, or a NodePlanner
     pool: ThreadPoolExecutor | None = None
-    future: Future[RankEpoch] | None = None
+    future: Future | None = None
