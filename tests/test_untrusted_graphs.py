@@ -83,6 +83,17 @@ TYPES = [(np.uint32, np.uint32), (np.uint64, np.uint64), (">i8", ">i4"), (">u4",
          (np.int32, np.int64)]  # fmt: skip
 
 
+def _as_files(parts: dict, directory) -> tuple:
+    """The graph's parts as one HDF5 file and as a dict of .npy paths."""
+    h5 = directory / "g.h5"
+    with h5py.File(h5, "w") as f:
+        for k, v in parts.items():
+            f[k] = v
+    for k, v in parts.items():
+        np.save(directory / f"{k}.npy", v)
+    return h5, {k: str(directory / f"{k}.npy") for k in parts}
+
+
 @pytest.mark.parametrize(("indptr_type", "indices_type"), TYPES)
 def test_any_integer_csr_is_converted_once_to_the_kernels_types(
     graph_file, tmp_path, indptr_type, indices_type
@@ -94,14 +105,7 @@ def test_any_integer_csr_is_converted_once_to_the_kernels_types(
     ref = _samples(NeighborSampler(want, (4, 3), batch_size=40), range(2))
     given = {**parts, "indptr": parts["indptr"].astype(indptr_type),
              "indices": parts["indices"].astype(indices_type)}  # fmt: skip
-    h5 = tmp_path / "g.h5"
-    with h5py.File(h5, "w") as f:
-        for k, v in given.items():
-            f[k] = v
-    for k, v in given.items():
-        np.save(tmp_path / f"{k}.npy", v)
-    npy = {k: str(tmp_path / f"{k}.npy") for k in given}
-    for source in (h5, npy, given):
+    for source in (*_as_files(given, tmp_path), given):
         g = Graph(source)
         assert g.indptr.dtype == np.int64 and g.indices.dtype in (np.int32, np.int64)
         assert np.array_equal(g.indptr, want.indptr) and np.array_equal(g.indices, want.indices)
@@ -122,13 +126,7 @@ def test_column_labels_and_splits_are_taken_from_hdf5_as_from_npy(graph_file, tm
     """OGB keeps labels (and some splits) as (N, 1): accepted from every source alike."""
     parts = _parts(graph_file)
     cols = {**parts, "labels": parts["labels"][:, None], "train_idx": parts["train_idx"][:, None]}
-    h5 = tmp_path / "g.h5"
-    with h5py.File(h5, "w") as f:
-        for k, v in cols.items():
-            f[k] = v
-    for k, v in cols.items():
-        np.save(tmp_path / f"{k}.npy", v)
-    for source in (h5, {k: str(tmp_path / f"{k}.npy") for k in cols}, cols):
+    for source in (*_as_files(cols, tmp_path), cols):
         g = Graph(source)
         assert np.array_equal(g.labels, parts["labels"])
         assert np.array_equal(g.train_idx, parts["train_idx"])
