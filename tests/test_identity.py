@@ -19,7 +19,7 @@ from helpers import reference, write_h5
 from solar import Loader, SolarError
 from solar.config import ReaderConfig
 from solar.io import handles
-from solar.io.identity import FileChanged, FileIdentity, Identities
+from solar.io.identity import DEV, INO, MTIME, SIZE, FileChanged, Identities
 
 N = 96
 
@@ -85,8 +85,14 @@ def test_identities_name_what_changed(tmp_path):
     path.write_bytes(b"a" * 100)
     ids = Identities([path])
     ids.check_paths()  # pins it
-    was = FileIdentity.of_path(path)
-    assert ids.identity(0) == was
+    was = os.stat(path)
+    pinned = ids.table[0]
+    assert (pinned[DEV], pinned[INO], pinned[SIZE], pinned[MTIME]) == (
+        was.st_dev,
+        was.st_ino,
+        was.st_size,
+        was.st_mtime_ns,
+    )
     with open(path, "r+b") as f:
         f.truncate(10)
     with pytest.raises(FileChanged, match=r"f\.bin: changed since it was opened \(truncated: 100"):

@@ -18,7 +18,6 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -29,42 +28,6 @@ SIZE, MTIME, DEV, INO = range(4)  # columns of Identities.table; -1: not known y
 
 class FileChanged(SolarError):
     """A file the run reads changed since it was opened (rewritten, truncated or replaced)."""
-
-
-@dataclass(frozen=True)
-class FileIdentity:
-    """What says a file is still the one opened: (device, inode, size, mtime in ns)."""
-
-    dev: int
-    ino: int
-    size: int
-    mtime_ns: int
-
-    @classmethod
-    def of(cls, st: os.stat_result) -> FileIdentity:
-        return cls(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
-
-    @classmethod
-    def of_fd(cls, fd: int) -> FileIdentity:
-        """The identity of the file open as ``fd``."""
-        return cls.of(os.fstat(fd))
-
-    @classmethod
-    def of_path(cls, path: str | os.PathLike) -> FileIdentity:
-        """The identity of the file ``path`` names now."""
-        return cls.of(os.stat(path))
-
-    def change(self, now: FileIdentity) -> str | None:
-        """What differs in ``now`` (a field of -1 here is not known, so not compared); None
-        if nothing does."""
-        return _change((self.size, self.mtime_ns, self.dev, self.ino),
-                       (now.size, now.mtime_ns, now.dev, now.ino))  # fmt: skip
-
-    def check(self, path: str | os.PathLike, now: FileIdentity) -> None:
-        """Raise :class:`FileChanged` naming ``path`` if ``now`` is not this identity."""
-        what = self.change(now)
-        if what is not None:
-            raise changed(path, what)
 
 
 def changed(path: str | os.PathLike, what: str) -> FileChanged:
@@ -144,8 +107,3 @@ class Identities:
             except OSError as exc:
                 raise SolarError(f"{self.paths[i]}: cannot stat ({exc.strerror})") from None
             self.check(i, st)
-
-    def identity(self, i: int) -> FileIdentity:
-        """What path i is known to be (-1 where not known yet)."""
-        size, mtime, dev, ino = self.table[i].tolist()
-        return FileIdentity(dev, ino, size, mtime)
