@@ -23,9 +23,10 @@ lint: $(STAMP)
 	$(BIN)/mypy
 
 test: lint
-	# Two workers: much of the suite waits on subprocesses, so 2 cores overlap it; tests that
-	# launch jobs of several ranks run one at a time in one worker (tests/conftest.py).
-	$(BIN)/pytest -q -n 2 --dist loadgroup
+	# One worker: with two (pytest -n 2 --dist loadgroup, tests/conftest.py groups the launching
+	# tests) the suite takes ~6 min instead of ~8, but 2 of 7 runs saw a torchrun rank abort at
+	# exit and 1 a node region left by a killed job: flakes to fix before going parallel.
+	$(BIN)/pytest -q
 
 # The documentation site, from docs/ and mkdocs.yml, into site/ (warnings are errors).
 docs: $(STAMP)
