@@ -73,6 +73,18 @@ def test_inspect_summarises_600_one_sample_files_in_a_few_lines(tmp_path, capsys
     assert code == 1 and "no dataset key 'nope'" in err and err.count("\n") == 1
 
 
+def test_inspect_reads_npy_headers_as_the_loader_does(tmp_path, capsys):
+    arr = np.arange(5 * 3 * 4, dtype=np.float32).reshape(5, 3, 4)
+    np.save(tmp_path / "a.npy", arr)
+    code, out, err = run_cli(["inspect", tmp_path / "a.npy", "--verbose"], capsys)
+    assert code == 0, err
+    assert out.splitlines()[0].endswith("1 .npy file, 5 samples of 48 B"), out
+    assert "data: 5×3×4 float32, contiguous, offset 128" in out and "nothing to convert" in out
+    (tmp_path / "bad.npy").write_bytes(b"\x93NUMPY nonsense")
+    code, _, err = run_cli(["inspect", tmp_path / "bad.npy"], capsys)
+    assert code == 1 and "bad.npy: not a readable .npy file" in err and err.count("\n") == 1
+
+
 def test_inspect_advises_one_conversion_and_none_that_would_fail(tmp_path, capsys):
     chunked = tmp_path / "c.h5"
     with h5py.File(chunked, "w") as f:

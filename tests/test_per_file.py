@@ -134,6 +134,9 @@ def test_bad_npy_is_one_line(tmp_path):
     (tmp_path / "t.npy").write_bytes(raw[:-10])
     with pytest.raises(SolarError, match=r"t\.npy: truncated"):
         describe_source(tmp_path / "t.npy")
+    np.save(tmp_path / "b.npy", IMG[:4].astype(IMG.dtype.newbyteorder(">")))
+    with pytest.raises(SolarError, match=r"b\.npy: byte order >"):  # read by offset: swapped
+        describe_source(tmp_path / "b.npy")
     (tmp_path / "g.npy").write_bytes(b"not numpy")
     with pytest.raises(SolarError, match=r"g\.npy: not a readable \.npy"):
         describe_source(tmp_path / "g.npy")

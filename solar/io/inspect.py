@@ -19,6 +19,7 @@ from solar.io.codecs import Decoder, decoder_for, pipeline
 from solar.io.filters import FILTERS, describe_filter
 from solar.io.fused import fused_codec
 from solar.io.hdf5 import dataset_names, open_h5, read_path
+from solar.io.npy import npy_header
 from solar.io.pagecache import evict
 from solar.io.sources import expand_sources
 
@@ -64,6 +65,9 @@ def inspect_files(
     many random reads."""
     reports = []
     for path in expand_sources(paths):
+        if Path(path).suffix == ".npy":
+            reports.append(_npy_report(Path(path), (keys or ["data"])[0], one_per_file))
+            continue
         try:
             with open_h5(path) as f:
                 names = dataset_names(f)
@@ -127,6 +131,29 @@ def _report(path: Path, d: h5py.Dataset, one_per_file: bool) -> DatasetReport:
             report.read_path_why += ", each sample's chunk read and decoded in one compiled call"
     report.advice = _advice(report, d, numeric, one_per_file)
     return report
+
+
+def _npy_report(path: Path, key: str, one_per_file: bool) -> DatasetReport:
+    """A .npy file as one contiguous dataset named ``key`` (solar/io/npy.py serves it at
+    byte offsets after its header)."""
+    shape, dtype, offset, size = npy_header(path)  # one line if it cannot be served
+    per_sample = shape if one_per_file else shape[1:]
+    logical = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    r = DatasetReport(
+        file=str(path), name=key, shape=shape, dtype=str(dtype), layout="contiguous",
+        chunks=None, filters=[], compressed=False, offset=offset,
+        aligned=offset % _ALIGN == 0, sample_bytes=int(np.prod(per_sample, dtype=np.int64))
+        * dtype.itemsize, stored_bytes=size - offset, logical_bytes=logical,
+        offset_reader=len(shape) > 0,
+    )  # fmt: skip
+    if len(shape) == 0 and not one_per_file:
+        r.advice = ["a scalar: not an array of samples (use --one-per-file if each file is a "
+                    "sample)"]  # fmt: skip
+    else:
+        r.read_path, r.read_path_why = "offset", ".npy: the array follows its header"
+        r.advice = ["served at byte offsets: preadv at computed offsets, adjacent samples "
+                    "coalesced"]  # fmt: skip
+    return r
 
 
 def _fast_path(d: h5py.Dataset) -> bool:

@@ -45,6 +45,9 @@ def npy_header(path: Path) -> tuple[tuple[int, ...], np.dtype, int, int]:
         raise SolarError(f"{path}: Fortran-ordered array; save it C-ordered (np.ascontiguousarray)")
     if dtype.hasobject or dtype.kind not in "biufc" or dtype.fields is not None:
         raise SolarError(f"{path}: dtype {dtype} is not an array of numbers")
+    if not dtype.isnative:  # read by offset into native rows, its bytes would be served swapped
+        raise SolarError(f"{path}: byte order {dtype.str} is not this machine's; save it "
+                         "native (arr.astype(arr.dtype.newbyteorder('=')))")  # fmt: skip
     need = offset + int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
     size = os.path.getsize(path)
     if size < need:

@@ -46,6 +46,7 @@ class Overview:
 
     sources: list[str]  # the paths as given
     files: int
+    kind: str  # what the files are: "HDF5", ".npy" or "HDF5 and .npy"
     keys: list[str]
     one_per_file: bool  # given
     looks_one_per_file: bool  # recognised, not given
@@ -79,8 +80,9 @@ def overview(
     per_file = one_per_file or looks
     groups = _groups(reports, per_file)
     o = Overview(
-        sources=list(sources), files=len(files), keys=names, one_per_file=one_per_file,
-        looks_one_per_file=looks, samples=None, sample_bytes=0, groups=groups,
+        sources=list(sources), files=len(files), kind=_kind(files), keys=names,
+        one_per_file=one_per_file, looks_one_per_file=looks, samples=None, sample_bytes=0,
+        groups=groups,
     )  # fmt: skip
     _problems(o, by_file, per_file)
     totals = {g.key: 0 for g in groups if _servable(g)}
@@ -95,6 +97,11 @@ def overview(
     _will(o, per_file)
     _conversion(o, reports, per_file, keys)
     return o
+
+
+def _kind(files: Sequence[Path]) -> str:
+    npy = sum(Path(f).suffix == ".npy" for f in files)
+    return "HDF5" if npy == 0 else ".npy" if npy == len(files) else "HDF5 and .npy"
 
 
 def _nbytes(g: KeyGroup) -> int:
@@ -285,7 +292,7 @@ def format_overview(o: Overview, verbose: bool = False) -> str:
     """The overview as a few lines of text: a table of keys, then what solar does."""
     per_file = o.one_per_file or o.looks_one_per_file
     where = " ".join(o.sources)
-    head = f"{where}: {o.files} HDF5 file{'s' if o.files != 1 else ''}"
+    head = f"{where}: {o.files} {o.kind} file{'s' if o.files != 1 else ''}"
     if o.samples is not None and not o.looks_one_per_file:
         head += f", {o.samples:,} samples of {format_bytes(o.sample_bytes)}"
         head += " (one per file)" if o.one_per_file else ""
