@@ -144,7 +144,14 @@ def test_gather_reads_the_same_rows_with_and_without_aio(tmp_path, monkeypatch):
         f["x"] = rows
     info = describe([str(path)], ["x"])
     want = np.random.default_rng(3).choice(3000, 700, replace=False)
-    got = {}
+    got, calls, can = {}, {False: 0, True: 0}, aio.available()
+    spans = aio.read_spans
+
+    def counted(*args):
+        calls["SOLAR_NO_AIO" in os.environ] += 1
+        return spans(*args)
+
+    monkeypatch.setattr(aio, "read_spans", counted)
     for off in (False, True):
         if off:
             monkeypatch.setenv("SOLAR_NO_AIO", "1")
@@ -157,6 +164,8 @@ def test_gather_reads_the_same_rows_with_and_without_aio(tmp_path, monkeypatch):
         got[off] = out
     np.testing.assert_array_equal(got[False], rows[want])
     np.testing.assert_array_equal(got[True], rows[want])
+    # The first read went through AIO where the kernel takes it, the second never did.
+    assert calls[True] == 0 and (calls[False] > 0) == can, calls
 
 
 def test_probe_measures_every_depth_and_refuses_what_it_cannot_read(tmp_path):
