@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import click
+from click.core import ParameterSource
 
 from solar._atomic import check_writable
 from solar._units import format_bytes
@@ -498,16 +499,23 @@ def convert(
 
     check_writable(dst)
     graph_opts = features or labels or splits or num_nodes or undirected
+    given = click.get_current_context().get_parameter_source
     if len(src) == 1 and (graph_opts or is_graph_source(src[0])):
         if keys or one_per_file:
             raise SolarError(f"{src[0]}: a graph converts whole (topology, features, labels, "
                              "splits): drop --key/--one-per-file")  # fmt: skip
+        if given("align") == ParameterSource.COMMANDLINE:
+            raise SolarError(f"{src[0]}: --align: a graph file is always written with every "
+                             "array on a 4 KiB page; drop --align")  # fmt: skip
         got = convert_graph(src[0], dst, features=features, labels=labels, splits=splits,
                             num_nodes=num_nodes, undirected=undirected, memory=memory,
                             force=force, progress=_counter("converting"))  # fmt: skip
         click.echo(f"{dst}: graph of {got['nodes']} nodes, {got['edges']} edges, features "
                    f"{got['features']}, splits {got['splits']}; verified")  # fmt: skip
         return
+    if given("memory") == ParameterSource.COMMANDLINE:
+        raise SolarError("--memory bounds a graph's conversion; samples are copied in bounded "
+                         "blocks whatever their size: drop --memory")  # fmt: skip
     result = run_convert(
         list(src), dst, keys=list(keys) or None, one_per_file=one_per_file, align=align,
         force=force, progress=_counter("converting"),

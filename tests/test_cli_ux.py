@@ -200,6 +200,20 @@ def test_convert_prints_its_keys_as_a_table(tmp_path, capsys):
     ]
 
 
+def test_convert_refuses_an_option_it_would_ignore(tmp_path, capsys):
+    src = tmp_path / "a.h5"
+    with h5py.File(src, "w") as f:
+        f["img"] = np.ones((3, 4), np.float32)
+    code, _, err = run_cli(["convert", src, tmp_path / "b.h5", "--memory", "1GiB"], capsys)
+    assert code == 1 and "--memory bounds a graph's conversion" in err and err.count("\n") == 1
+    edges = tmp_path / "e.npy"
+    np.save(edges, np.array([[0, 1], [1, 2]]))
+    out = tmp_path / "g.h5"
+    code, _, err = run_cli(["convert", edges, out, "--num-nodes", "3", "--align", "512"], capsys)
+    assert code == 1 and "--align" in err and err.count("\n") == 1
+    assert not (tmp_path / "b.h5").exists() and not out.exists()
+
+
 def _result(compute_ms: float) -> dict:
     """A `solar bench` result as `solar.bench.run` returns it (two loaders, two epochs)."""
     loader = {"epoch_seconds": [1.0, 0.5], "samples_per_second": 200.0, "bytes_read": [400, 100],
