@@ -100,7 +100,8 @@ def cli() -> None:
 @click.option(
     "--weights", type=click.Path(), help="Weights .npy (one per sample) of --sampler weighted."
 )
-@click.option("--num-samples", type=int, help="Draws per epoch of --sampler weighted (default N).")
+@click.option("--draws", "--num-samples", "num_samples", type=int,
+              help="Draws per epoch of --sampler weighted (default N).")  # fmt: skip
 @click.option(
     "--no-replacement", is_flag=True, help="--sampler weighted draws without replacement."
 )
@@ -478,7 +479,8 @@ def inspect(data: tuple[str, ...], keys: tuple[str, ...], one_per_file: bool, ve
     metavar="NAME=FILE",
     help="graph: train/valid/test node ids or mask (.npy), e.g. train=train_idx.npy.",
 )
-@click.option("--num-nodes", type=int, help="graph: node count (default: from the rows).")
+@click.option("--nodes", "--num-nodes", "num_nodes", type=int,
+              help="graph: node count (default: from the rows).")  # fmt: skip
 @click.option("--undirected", is_flag=True, help="graph: store each edge both ways.")
 @click.option(
     "--memory",

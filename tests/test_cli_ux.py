@@ -209,7 +209,7 @@ def test_convert_refuses_an_option_it_would_ignore(tmp_path, capsys):
     edges = tmp_path / "e.npy"
     np.save(edges, np.array([[0, 1], [1, 2]]))
     out = tmp_path / "g.h5"
-    code, _, err = run_cli(["convert", edges, out, "--num-nodes", "3", "--align", "512"], capsys)
+    code, _, err = run_cli(["convert", edges, out, "--nodes", "3", "--align", "512"], capsys)
     assert code == 1 and "--align" in err and err.count("\n") == 1
     assert not (tmp_path / "b.h5").exists() and not out.exists()
 

@@ -394,9 +394,7 @@ def make_sampler(
     """The sampler a command line names: ``shuffle``, or ``weighted`` with its weights file."""
     if kind == "shuffle":
         if weights is not None or num_samples is not None or not replacement:
-            raise SolarError(
-                "--weights, --num-samples and --no-replacement need --sampler weighted"
-            )
+            raise SolarError("--weights, --draws and --no-replacement need --sampler weighted")
         return SHUFFLE
     if kind == "weighted":
         if weights is None:
