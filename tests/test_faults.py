@@ -70,7 +70,7 @@ def test_a_memory_fault_names_batch_memory_not_the_data_file(tmp_path):
         reader.read(np.arange(8), [out])
     message = str(err.value)
     assert "could not be stored in batch memory" in message and "/dev/shm" in message
-    assert "read error" not in message and "\n" not in message
+    assert " free" in message and "read error" not in message and "\n" not in message
     reader.close()
 
 

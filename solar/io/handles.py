@@ -25,6 +25,7 @@ from typing import Any
 import h5py
 import numpy as np
 
+from solar._memory import memory_room
 from solar._units import format_bytes
 from solar.errors import SolarError, truncated
 from solar.io.hdf5 import open_h5
@@ -48,16 +49,19 @@ def open_descriptor(path: str | os.PathLike, flags: int, o_direct: bool) -> int:
 
 def memory_fault(what: str, why: str = "Bad address") -> SolarError:
     """The error for bytes read from ``what`` that the destination memory could not take
-    (EFAULT, or a short read of bytes the file holds): shared batch memory whose pages cannot
-    be backed, as when /dev/shm is full, not the data file's fault."""
+    (EFAULT, or a short read of bytes the file holds): shared memory (transform batches in
+    memfds, a node buffer in /dev/shm) whose pages cannot be backed, not the data file's
+    fault. Both figures are given: which one ran out depends on the memory."""
+    room = memory_room()
+    mem = "memory unknown" if room is None else f"{format_bytes(room[0])} {room[1]}"
     try:
         vfs = os.statvfs("/dev/shm")
-        free = f"{format_bytes(vfs.f_bavail * vfs.f_frsize)} free"
+        shm = f"/dev/shm {format_bytes(vfs.f_bavail * vfs.f_frsize)} free"
     except OSError:
-        free = "not mounted"
+        shm = "/dev/shm not mounted"
     return SolarError(
         f"{what}: the bytes read could not be stored in batch memory ({why}): "
-        f"is /dev/shm full? ({free})"
+        f"is shared memory exhausted? ({mem}, {shm})"
     )
 
 
