@@ -15,7 +15,6 @@ import os
 
 import h5py
 import numpy as np
-
 from planned import planned
 
 from solar import Loader, Weighted, dist

@@ -9,7 +9,6 @@ import sys
 
 import h5py
 import numpy as np
-
 from planned import planned
 
 from solar import Loader, NeighborSampler, dist
