@@ -285,7 +285,7 @@ class Loader(IterableDataset[dict]):
         the plan this loader streams, made on first use (not with ``share="node"``)."""
         if self._setup.hosts is not None:
             raise SolarError('share="node": the node plan is not a Plan (`solar plan --hosts` '
-                             "reports it)")  # fmt: skip
+                             'reports it; share="rank" plans a buffer per rank)')  # fmt: skip
         if self._plan is None:
             self._plan = make_plan(self.spec)
         return self._plan
