@@ -139,7 +139,8 @@ class Loader(IterableDataset[dict]):
     ``share``: ``"auto"`` (default) gives the ranks of a host one RAM buffer wherever that
     pays and runs: more than one rank of the job on a host, a sampler whose ranks' accesses
     overlap (one that fixes each rank's batch: ``NeighborSampler``, ``Trace``,
-    ``Weighted(affinity=False)``) and a configuration the node buffer runs (below); else a
+    ``Weighted(affinity=False)``), the solar policy and a configuration the node buffer runs
+    (below); else a
     buffer per rank, as ``"rank"`` always does (one rank per host: today's behaviour, bit for
     bit). The choice is made once, alike on every rank: :attr:`share` and ``stats.share`` say
     it. ``"node"`` asks for it: the ranks of a host share one RAM buffer of their buffers' sum,

@@ -53,6 +53,8 @@ def test_auto_shares_a_buffer_where_ranks_share_a_host_and_accesses_overlap(monk
     assert decide("auto", spec(SHUFFLE), FakeComm(4)) == (None, None)
     assert decide("auto", spec(Weighted(np.ones(400))), FakeComm(4)) == (None, None)
     assert decide("rank", spec(SPLIT), FakeComm(4)) == (None, None)
+    lru = PlanSpec(RunConfig(400, 4, 8, 2), BufferConfig(10), policy="lru", sampler=SPLIT)
+    assert decide("auto", lru, FakeComm(4)) == (None, None)  # a baseline stays per rank
     assert decide("auto", spec(SPLIT, 1), None, world=1) == (None, None)
     assert decide("auto", spec(SPLIT), None) == (None, None)
     monkeypatch.setenv("SOLAR_HOSTS", "4x1")

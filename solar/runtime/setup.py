@@ -207,9 +207,11 @@ def _auto_share(spec: PlanSpec, why: str, world: int, comm: Any) -> tuple[Hosts 
     """``share="auto"``: a node buffer where more than one rank of the job runs on a host,
     the ranks' accesses can overlap (a sampler that fixes each rank's batch: a GNN's
     ``NeighborSampler``, ``Trace``, ``Weighted(affinity=False)``; Shuffle's do not, whatever
-    the buffer) and every rank's configuration runs in one (``why`` this rank's reason not);
-    decided alike on every rank. Else a buffer per rank, as with ``share="rank"``."""
-    if world <= 1 or comm is None or not (spec.traced and not spec.affinity):
+    the buffer), planned by the solar policy (a baseline policy stays what it is compared
+    as) and every rank's configuration runs in one (``why`` this rank's reason not); decided
+    alike on every rank. Else a buffer per rank, as with ``share="rank"``."""
+    overlap = spec.traced and not spec.affinity and spec.policy == "solar"
+    if world <= 1 or comm is None or not overlap:
         return None, None
     names = host_names(comm)  # (a collective, unless SOLAR_HOSTS forces the grouping)
     if len(set(names)) == len(names):  # one rank per host
