@@ -368,6 +368,7 @@ def run(cfg: BenchConfig, comm: Any, progress=None) -> dict | None:
                 sampler=solar_sampler, **{"slack": cfg.slack, **VARIANTS.get(name, {})},
                 transform=None if name == INLOOP or fn is None
                 else Transform(fn, processes=name == PROCS),
+                share="rank",  # (the node buffer is solar-node's, in the GNN bench)
             )  # fmt: skip
     loaders = {name: loaders[name] for name in cfg.loaders}  # the order asked for
     results = {name: LoaderResult(name) for name in cfg.loaders}

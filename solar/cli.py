@@ -641,10 +641,13 @@ def gen(out, preset, samples, chunks, compression, nodes, avg_degree, features, 
               help="A per-sample transform fn(sample, rng) (MODULE importable or a .py path): "
                    "the DataLoader runs it in __getitem__, solar in its pipeline, solar-inloop "
                    "in the training loop.")  # fmt: skip
-@click.option("--share", "share_mode", type=click.Choice(["rank", "node"]), default="rank",
-              show_default=True,
+@click.option("--share", "share_mode", type=click.Choice(["auto", "rank", "node"]),
+              default="auto", show_default=True,
               help="node (with --sampler neighbor): also solar-node, solar with one buffer per "
-                   "host shared by its ranks, side by side with solar.")  # fmt: skip
+                   "host shared by its ranks, side by side with solar (a buffer per rank); "
+                   "auto: so where several ranks run (-P > 1), their accesses overlap "
+                   "(--sampler neighbor) and no --loaders are named; rank: solar "
+                   "alone.")  # fmt: skip
 @click.option("--json", "json_out", type=click.Path(), help="Write the results as JSON here.")
 @click.option("--plot", "plot_out", type=click.Path(),
               help="Write a PNG here: throughput per loader, hit rate per epoch and the "
@@ -664,6 +667,9 @@ def bench(data, keys, one_per_file, world_size, batch_size, epochs, buffer, tier
         _check_out(path, force)
     if share_mode == "node" and sampler_kind != "neighbor":
         raise SolarError("--share node: with --sampler neighbor only (for now)")
+    if share_mode == "auto":  # both side by side where a node buffer applies, unless --loaders
+        both = sampler_kind == "neighbor" and world_size > 1 and loaders is None
+        share_mode = "node" if both else "rank"
     if share_mode == "node":  # solar-node beside solar
         loaders = ",".join(dict.fromkeys([*(loaders or ",".join(_graph_loaders())).split(","),
                                           "solar", "solar-node"]))  # fmt: skip

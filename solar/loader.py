@@ -136,16 +136,24 @@ class Loader(IterableDataset[dict]):
     ``NeighborSampler``'s ``x``, ``edge_index``, ``y``, ``n_id``, ``batch_size``,
     ``num_sampled_nodes``/``num_sampled_edges`` (made after ``batch_transform``).
 
-    ``share="node"`` (opt-in; default ``"rank"``, a buffer per rank): the ranks of a host
-    share one RAM buffer of their buffers' sum, in shared memory, planned by Belady over the
-    union of their accesses (solar/schedule/nodeplan.py); a row several local ranks need at a
-    step is read once, by one of them, and copied to the others. Ranks are grouped by host name
-    (``SOLAR_HOSTS=HxL`` forces H hosts of L consecutive ranks). With a sampler with affinity
-    (``Shuffle``, ``Weighted``) the host's share of each global batch is dealt over its ranks
-    (local batches vary within ``slack``: ``equal_batches=False``), no row moving between them.
-    For now: no tier, no plan file, no snapshots, no deterministic transform, no equal
-    batches; refused in one line otherwise. Every step is then a collective of the host's
-    ranks (two barriers): every local rank iterates the same steps.
+    ``share``: ``"auto"`` (default) gives the ranks of a host one RAM buffer wherever that
+    pays and runs: more than one rank of the job on a host, a sampler whose ranks' accesses
+    overlap (one that fixes each rank's batch: ``NeighborSampler``, ``Trace``,
+    ``Weighted(affinity=False)``), the solar policy and a configuration the node buffer runs
+    (below); else a
+    buffer per rank, as ``"rank"`` always does (one rank per host: today's behaviour, bit for
+    bit). The choice is made once, alike on every rank: :attr:`share` and ``stats.share`` say
+    it. ``"node"`` asks for it: the ranks of a host share one RAM buffer of their buffers' sum,
+    in shared memory, planned by Belady over the union of their accesses
+    (solar/schedule/nodeplan.py); a row several local ranks need at a step is read once, by
+    one of them, and copied to the others. Ranks are grouped by host name (``SOLAR_HOSTS=HxL``
+    forces H hosts of L consecutive ranks). With a sampler with affinity (``Shuffle``,
+    ``Weighted``) the host's share of each global batch is dealt over its ranks, no row moving
+    between them; with equal batches every rank still serves ``batch_size`` rows, only a
+    host's surplus moving to ranks of other hosts (solar/schedule/nodeequal.py). For now: no
+    tier, no plan file, no snapshots, no deterministic transform (``"node"`` refuses them in
+    one line, ``"auto"`` then keeps a buffer per rank). Every step is then a collective of the
+    host's ranks (two barriers): every local rank iterates the same steps.
     """
 
     def __init__(
@@ -178,7 +186,7 @@ class Loader(IterableDataset[dict]):
         warm: bool = True,
         page_mates: bool = True,
         batch_format: str = "dict",
-        share: str = "rank",
+        share: str = "auto",
     ) -> None:
         comm = job_comm(comm, rank, world_size)  # the job's, if the caller gave no place
         # Other ranks may be waiting in the plan agreement: a failure here takes the job down.
@@ -190,10 +198,15 @@ class Loader(IterableDataset[dict]):
                 one_per_file=one_per_file, tier=tier, tier_size=tier_size, sampler=sampler,
                 horizon=horizon, equal_batches=equal_batches, transform=transform,
                 batch_transform=batch_transform, page_mates=page_mates,
-                batch_format=batch_format, share=share,
+                batch_format=batch_format, share=share, snapshots=snapshots,
             )  # fmt: skip
-            check_snapshots(snapshots, setup.hosts is not None)
+            check_snapshots(snapshots)
             self._adopt(setup, snapshots)
+            if share == "auto" and setup.hosts is not None and setup.rank == 0:
+                h = setup.hosts
+                log.info("share='auto': one buffer per host (%d host(s) of %d ranks), planned "
+                         "over the union of their accesses; share='rank' for a buffer per rank",
+                         h.count, h.local)  # fmt: skip
             self._start(warm)
         self.stats.compile_seconds = warmth[0].compile_seconds
         self.stats.compiled = warmth[0].compiled
@@ -225,7 +238,9 @@ class Loader(IterableDataset[dict]):
         if self.spec.equal_batches and self.world_size > 1:
             # Rows move as delivered: transformed, if there is a transform.
             self._exchange = Exchange(setup.comm, self.out_keys)
-        self.stats = LoaderStats()
+        # Decided at construction, alike on every rank: "node" (one buffer per host) or "rank".
+        self.share = "rank" if setup.hosts is None else "node"
+        self.stats = LoaderStats(share=self.share)
         self._yielded: tuple[int, int] | None = None  # (epoch, step) last yielded
         # Rows of each global step of an epoch (a sampler's trace: of the epoch named).
         self._global_rows: tuple[int, np.ndarray] = (-1, np.diff(step_bounds(self.run)))
@@ -271,7 +286,7 @@ class Loader(IterableDataset[dict]):
         the plan this loader streams, made on first use (not with ``share="node"``)."""
         if self._setup.hosts is not None:
             raise SolarError('share="node": the node plan is not a Plan (`solar plan --hosts` '
-                             "reports it)")  # fmt: skip
+                             'reports it; share="rank" plans a buffer per rank)')  # fmt: skip
         if self._plan is None:
             self._plan = make_plan(self.spec)
         return self._plan

@@ -301,6 +301,7 @@ class LoaderStats:
     # threads="auto": where the tuner left each knob (name -> value), and its moves.
     tuned: dict[str, int] = field(default_factory=dict)
     tuning: list[dict] = field(default_factory=list)
+    share: str = "rank"  # "node": the host's ranks share one buffer (Loader.share)
 
     def epoch(self, e: int) -> EpochStats:
         got = self.epochs.get(e)

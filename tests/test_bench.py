@@ -189,20 +189,19 @@ def test_bench_applies_one_transform_in_every_loader(tmp_path):
     assert f"--transform {mod}:nothing: {mod} has no function 'nothing'" in bad.stderr
 
 
-@pytest.mark.xdist_group("launchers")  # its --share node run makes node buffers
+@pytest.mark.xdist_group("launchers")  # its two-rank run makes node buffers (solar-node)
 @pytest.mark.parametrize("world", [1, 2])
 def test_bench_gathers_gnn_features_with_every_loader(tmp_path, world):
     """--sampler neighbor: mmap (emulated), lru, static and solar gather the same subgraphs'
     rows under one budget; steps/s, nodes/s, hit rate and read amplification per loader (two
-    ranks: also solar-node, --share node)."""
+    ranks: also solar-node, by default: --share auto)."""
     graph = tmp_path / "g.h5"
     subprocess.run([SOLAR, "gen", graph, "--preset", "graph", "--nodes", "3000", "--avg-degree",
                     "6", "--features", "16"], check=True)  # fmt: skip
     result = subprocess.run(
         [SOLAR, "bench", graph, "--sampler", "neighbor", "--fanouts", "4,3", "-P", str(world),
          "-E", "2", "-B", "32", "--buffer", "20%", "--json", tmp_path / "r.json",
-         "--plot", tmp_path / "r.png", "--probe-seconds", "0.02",
-         *(["--share", "node"] if world > 1 else [])],
+         "--plot", tmp_path / "r.png", "--probe-seconds", "0.02"],
         capture_output=True, text=True, timeout=300, check=False,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]

@@ -102,7 +102,6 @@ def test_a_node_loader_killed_ends_the_job_and_leaves_no_segment(data, graph):
     "kwargs, word",
     [
         ({"share": "host"}, "share must be"),
-        ({"share": "node", "equal_batches": True}, "equal_batches: "),
         ({"share": "node", "plan": "x.h5"}, "plan: "),
         ({"share": "node", "tier": "TMP", "tier_size": 10}, "tier: "),
         ({"share": "node", "transform": "held"}, "transform: "),
@@ -115,7 +114,7 @@ def test_a_node_loader_refuses_what_it_does_not_run_in_one_line(data, tmp_path, 
 
     kwargs = {k: str(tmp_path) if v == "TMP" else v for k, v in kwargs.items()}
     sampler = Weighted(np.ones(600), affinity=False)
-    if kwargs.get("share") == "node" and "equal_batches" not in kwargs:
+    if kwargs.get("share") == "node":
         kwargs.setdefault("sampler", sampler)
     if "plan" in kwargs:
         ld = Loader(data, ["x"], batch_size=12, epochs=1, buffer=20, sampler=sampler, warm=False)

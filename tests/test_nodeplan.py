@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -11,11 +13,14 @@ from plan_checks import _replay
 from solar import BufferConfig, PlanSpec, RunConfig
 from solar.errors import SolarError
 from solar.schedule._common import ADMIT, DEMOTE, HIT, PEER, SIDE, TADMIT, THIT
+from solar.schedule.nodeequal import node_transfer
 from solar.schedule.nodeplan import Hosts, NodePlanner, node_spec
+from solar.schedule.order import nominal_batches
 from solar.schedule.pagemates import PageLayout
 from solar.schedule.planner import Planner
 from solar.schedule.rankplan import RankPlan
 from solar.schedule.samplers import SHUFFLE, Weighted
+from solar.schedule.transfer import delivered, transfer_matrix
 
 STORE = ADMIT | TADMIT | DEMOTE
 
@@ -150,6 +155,59 @@ def test_one_rank_per_host_is_todays_plan_and_deterministic(case):
             assert getattr(a.ranks, name).tobytes() == getattr(b.ranks, name).tobytes()
             assert getattr(a.host, name).tobytes() == getattr(b.host, name).tobytes()
         assert a.reader.tobytes() == b.reader.tobytes()
+
+
+@st.composite
+def equal_cases(draw):
+    """Shuffle with equal batches, slack 0 or 0.5, over a grouping of its ranks into hosts."""
+    hosts_n, local = draw(st.integers(1, 3)), draw(st.integers(1, 3))
+    world, batch = hosts_n * local, draw(st.integers(1, 6))
+    n = draw(st.integers(world * batch, world * batch * 4 + 9))
+    run = RunConfig(n, world, batch, draw(st.integers(1, 3)), seed=draw(st.integers(0, 2**20)),
+                    drop_last=draw(st.booleans()))  # fmt: skip
+    buffer = BufferConfig(draw(st.integers(0, n // world + 2)), draw(st.sampled_from([0, 0.5])))
+    return PlanSpec(run, buffer, equal_batches=True), Hosts.grid(hosts_n, local)
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(equal_cases())
+def test_equal_node_batches_give_every_rank_its_share_moving_only_the_hosts_surplus(case):
+    """Every rank delivers its nominal share (per-rank mode's, a short last batch split
+    evenly), the global batch once; no row moves between ranks of a host, and the rows that
+    cross hosts are the hosts' surplus over their ranks' shares; the host plan is the one
+    without equal batches, decision for decision."""
+    spec, hosts = case
+    run, world = spec.run, spec.run.world_size
+    epochs = plan_all(spec, hosts)
+    check_node_plan(spec, hosts, epochs)
+    free = plan_all(dataclasses.replace(spec, equal_batches=False), hosts)
+    for ne, other in zip(epochs, free, strict=True):
+        for name in ("sample", "slot", "flags", "step_offsets"):
+            np.testing.assert_array_equal(getattr(ne.host, name), getattr(other.host, name))
+        parts = [ne.rank(r) for r in range(world)]
+        got = delivered([p.sample for p in parts], [p.step_offsets for p in parts])
+        counts = np.diff(ne.ranks.step_offsets, axis=1)  # (P, steps)
+        assert counts.max(initial=0) <= spec.buffer.cap(run.batch_size)
+        for t in range(run.steps_per_epoch):
+            c = counts[:, t]
+            share = nominal_batches(int(c.sum()), world)
+            assert [got[r][t].size for r in range(world)] == share.tolist()
+            every = np.concatenate([got[r][t] for r in range(world)])
+            np.testing.assert_array_equal(np.sort(every), np.sort(np.concatenate(
+                [parts[r].sample[parts[r].step_offsets[t]:parts[r].step_offsets[t + 1]]
+                 for r in range(world)])))  # fmt: skip
+            m = transfer_matrix(c)
+            surplus = 0
+            for g in hosts.groups:
+                assert not m[np.ix_(g, g)].any(), "a row moved between ranks of a host"
+                surplus += max(0, int(c[list(g)].sum() - share[list(g)].sum()))
+            assert int(m.sum()) == surplus
+            for r in range(world):
+                moved = node_transfer(ne.ranks.step_offsets, t, r, hosts.count)
+                if hosts.count == 1:
+                    assert moved is None and c[r] == share[r]
+                else:
+                    np.testing.assert_array_equal(moved.send, m[r])
 
 
 def test_a_shared_row_is_read_once_and_the_reads_balanced():

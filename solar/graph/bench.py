@@ -12,7 +12,8 @@ budget (``buffer``: a share of the feature rows over all ranks, or rows or bytes
   cache) and ``solar`` (Belady over the sampler's trace, keeping the page mates of its reads:
   :mod:`solar.schedule.pagemates`): solar's Loader with that policy, the same reader
   (O_DIRECT page spans of small rows, ``PageGather``); on request ``solar-rows``, solar
-  planning rows alone; ``solar-node`` (``solar bench --share node``), solar with one buffer per
+  planning rows alone; ``solar-node`` (with several ranks by default, ``--share auto``; or
+  ``--share node``), solar with one buffer per
   host shared by its ranks (``Loader(share="node")``: Belady over the host's union, a row several
   local ranks need read once).
 
@@ -42,7 +43,7 @@ from solar.io.throttle import Throttle
 
 GRAPH_LOADERS = ("mmap", "lru", "static", "solar")
 # Also on request: ``solar-rows``, solar planning rows alone (no page mates): what they add;
-# ``solar-node``, solar with one buffer per host (--share node).
+# ``solar-node``, solar with one buffer per host (--share node; --share auto with -P > 1).
 MORE_LOADERS = ("solar-rows", "solar-node")
 _POLICY = {"solar-rows": "solar", "solar-node": "solar"}
 

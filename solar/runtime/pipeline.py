@@ -149,7 +149,7 @@ def build(setup: Setup, stream: RankStream | NodeStream, stats: LoaderStats,
     spec, run = setup.spec, setup.run
     steps = Steps(spec, setup.rank, stream)
     if isinstance(stream, NodeStream):
-        return _build_node(setup, stream, steps, stats)
+        return _build_node(setup, stream, steps, stats, exchange)
     tier = None
     if stream.tier_slots and setup.tier_dir is not None:
         # Named for the plan and the rank (and, by TierFile, the host and process).
@@ -191,8 +191,8 @@ def build(setup: Setup, stream: RankStream | NodeStream, stats: LoaderStats,
     return Pipeline(steps, holdings, assembly, delivery, stats, tuner, pool, comm)
 
 
-def _build_node(setup: Setup, stream: NodeStream, steps: Steps,
-                stats: LoaderStats) -> Pipeline:  # fmt: skip
+def _build_node(setup: Setup, stream: NodeStream, steps: Steps, stats: LoaderStats,
+                exchange: Exchange | None) -> Pipeline:  # fmt: skip
     """``share="node"``: the host's buffer and staging rows in one shared region, the steps
     collectives of the host's ranks. No tier, no held transforms (refused by setup), no step
     read before its plan (its peer rows are another rank's), and no step assembled ahead: a
@@ -227,7 +227,8 @@ def _build_node(setup: Setup, stream: NodeStream, steps: Steps,
     assembly = Assembly(steps, queue, memory, holdings)
     if pool is not None:
         assembly = TransformAssembly(steps, queue, memory, holdings, pool, 0, setup.comm)
-    delivery = Delivery(steps, setup.out_keys, None, setup.batch_transform, setup.comm,
+    # Equal batches across hosts: a host's surplus rows move to other hosts' ranks.
+    delivery = Delivery(steps, setup.out_keys, exchange, setup.batch_transform, setup.comm,
                         setup.batch_format)  # fmt: skip
     tuner = _tuner(setup, stats, queue, pool) if setup.config.auto else None
     # A failed step ends the job: the host's other ranks would wait at its barrier forever.

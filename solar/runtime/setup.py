@@ -96,7 +96,8 @@ def configure(
     batch_transform: Callable[[dict], dict] | None,
     page_mates: bool,
     batch_format: str = "dict",
-    share: str = "rank",
+    share: str = "auto",
+    snapshots: str | os.PathLike | None = None,
 ) -> Setup:
     """A Loader's arguments (solar.loader) checked and decided, in the order a user's
     mistakes are best reported; every rank agrees on the plan and the keys."""
@@ -145,7 +146,7 @@ def configure(
                            sum(k.row_bytes for k in held), local)  # fmt: skip
     agree(comm, [(k.name, k.sample_shape, k.dtype.str) for k in out],
           "the transform's output keys, shapes and dtypes")  # fmt: skip
-    hosts, hc = _share(share, spec, plan, tier, holds, w, comm)
+    hosts, hc = _share(share, spec, plan, tier, holds, snapshots, w, comm)
     return Setup(info, r, w, cores, config, run, spec, given, chosen,
                  io, fn, batch_transform, out, held, tier, comm, batch_format, hosts,
                  hc)  # fmt: skip
@@ -162,35 +163,66 @@ def _check_batch_format(batch_format: str) -> None:
                              "(pip install 'solar[pyg]')") from None  # fmt: skip
 
 
-SHARES = ("rank", "node")
+SHARES = ("auto", "rank", "node")
 
 
 def _share(share: str, spec: PlanSpec, plan: Any, tier: Any, holds_transformed: bool,
-           world: int, comm: Any) -> tuple[Hosts | None, Any]:  # fmt: skip
-    """``share="node"``: the ranks grouped by host (``SOLAR_HOSTS=HxL`` forces a grouping) and
-    this rank's host communicator; refused, in one line naming the parameter, where the node
-    buffer is not run yet. ``"rank"``: (None, None)."""
+           snapshots: Any, world: int, comm: Any) -> tuple[Hosts | None, Any]:  # fmt: skip
+    """The ranks grouped by host (``SOLAR_HOSTS=HxL`` forces a grouping) and this rank's host
+    communicator, for a node buffer; (None, None): a buffer per rank. ``"node"``: refused,
+    in one line naming the parameter, where the node buffer does not run the configuration;
+    ``"auto"``: a node buffer where it pays and runs (:func:`_auto_share`)."""
     if share not in SHARES:
         raise SolarError(f"share must be one of {SHARES}, got {share!r}")
     if share == "rank":
         return None, None
-    why = ""
-    if plan is not None:
-        why = "plan: a plan file holds per-rank buffers (pass plan=None)"
-    elif tier is not None:
-        why = "tier: a node tier is not run yet (pass tier=None)"
-    elif holds_transformed:
-        why = ("transform: a deterministic transform's rows held transformed are not shared yet "
-               "(Transform(deterministic=False) holds raw rows)")  # fmt: skip
-    elif spec.equal_batches:
-        why = ("equal_batches: equal local batches are not served from a node buffer yet "
-               "(pass equal_batches=False: local batches vary within slack)")  # fmt: skip
-    elif world > 1 and comm is None:
-        why = "comm: the ranks of a host synchronise every step (pass comm=)"
+    why = node_unsupported(spec, plan, tier, holds_transformed, snapshots, world, comm)
+    if share == "auto":
+        return _auto_share(spec, why, world, comm)
     if why:
         raise SolarError(f'share="node": {why}')
     names = host_names(comm)
     return Hosts.of_names(names), host_comm(comm, names)
+
+
+def node_unsupported(spec: PlanSpec, plan: Any, tier: Any, holds_transformed: bool,
+                     snapshots: Any, world: int, comm: Any) -> str:  # fmt: skip
+    """Why a node buffer does not run this configuration yet (the parameter first), or "":
+    the one list of it (``share="node"`` refuses with it, ``"auto"`` falls back per rank)."""
+    if plan is not None:
+        return "plan: a plan file holds per-rank buffers (pass plan=None)"
+    if tier is not None:
+        return "tier: a node tier is not run yet (pass tier=None)"
+    if holds_transformed:
+        return ("transform: a deterministic transform's rows held transformed are not shared "
+                "yet (Transform(deterministic=False) holds raw rows)")  # fmt: skip
+    if snapshots is not None:
+        return "snapshots: a node plan is not snapshotted yet (pass snapshots=None)"
+    if world > 1 and comm is None:
+        return "comm: the ranks of a host synchronise every step (pass comm=)"
+    return ""
+
+
+def _auto_share(spec: PlanSpec, why: str, world: int, comm: Any) -> tuple[Hosts | None, Any]:
+    """``share="auto"``: a node buffer where more than one rank of the job runs on a host,
+    the ranks' accesses can overlap (a sampler that fixes each rank's batch: a GNN's
+    ``NeighborSampler``, ``Trace``, ``Weighted(affinity=False)``; Shuffle's do not, whatever
+    the buffer), planned by the solar policy (a baseline policy stays what it is compared
+    as) and every rank's configuration runs in one (``why`` this rank's reason not); decided
+    alike on every rank. Else a buffer per rank, as with ``share="rank"``."""
+    overlap = spec.traced and not spec.affinity and spec.policy == "solar"
+    if world <= 1 or comm is None or not overlap:
+        return None, None
+    names = host_names(comm)  # (a collective, unless SOLAR_HOSTS forces the grouping)
+    if len(set(names)) == len(names):  # one rank per host
+        return None, None
+    try:
+        hosts = Hosts.of_names(names)
+    except SolarError:  # a grouping the node planner does not take (the same on every rank)
+        return None, None
+    if any(comm.allgather(why)):  # a rank's own arguments may differ: all fall back alike
+        return None, None
+    return hosts, host_comm(comm, names)
 
 
 def _reader_config(info: DatasetInfo, reader: ReaderConfig | None) -> ReaderConfig:
@@ -266,11 +298,8 @@ def _run(info: DatasetInfo, sampler: Sampler, world: int, batch_size: int | None
     return run
 
 
-def check_snapshots(snapshots: str | os.PathLike | None, node: bool = False) -> None:
-    """Refuse a snapshots argument that is not a directory (or given with a node buffer)."""
-    if snapshots is not None and node:
-        raise SolarError('share="node": snapshots: a node plan is not snapshotted yet '
-                         "(pass snapshots=None)")  # fmt: skip
+def check_snapshots(snapshots: str | os.PathLike | None) -> None:
+    """Refuse a snapshots argument that is not a directory."""
     if snapshots is not None and not Path(snapshots).is_dir():
         raise SolarError(f"snapshots: {snapshots} is not a directory")
 

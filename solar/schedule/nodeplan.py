@@ -36,6 +36,7 @@ from numba import njit
 from solar.config import BufferConfig, RunConfig
 from solar.errors import SolarError
 from solar.schedule._common import ADMIT, DEMOTE, HIT, PEER, SIDE, TADMIT, THIT, EpochSchedule
+from solar.schedule.nodeequal import deal_equal, rank_targets
 from solar.schedule.planner import EpochPlan, Planner, RankEpoch
 from solar.schedule.samplers import EpochDraws, Sampler
 from solar.schedule.spec import PlanSpec
@@ -329,8 +330,13 @@ def plan_node_epoch(
     else:
         out_rank = np.empty(n, np.int64)
         out_at = np.empty(n, np.int64)
-        _split_affinity(bounds, np.asarray(sched.rank, np.int64), flags, table, reader, out_rank,
-                        out_at, counts)  # fmt: skip
+        host_of = np.asarray(sched.rank, np.int64)
+        if host_spec.equal_batches:  # every rank serves its share ± the host's surplus
+            targets = rank_targets(sched.counts, hosts.groups)
+            deal_equal(bounds, host_of, flags, hosts.groups, targets, reader, out_rank, out_at,
+                       counts)  # fmt: skip
+        else:
+            _split_affinity(bounds, host_of, flags, table, reader, out_rank, out_at, counts)
     # A slot stored twice at a step: only the last store counts (hits read the step's start),
     # and local ranks store side by side, in no order: the earlier stores are dropped.
     cells = max(1, host_spec.slots + max(0, host_spec.buffer.tier))

@@ -10,8 +10,10 @@ taken from the host's staging rows (``stage_rows``/``stage_at``, ``peer_rows``/`
 :meth:`~NodeWindow.refill_at` is the host's buffer state (every local rank fills its share).
 
 Every local rank plans its host (the plan is a pure function of the inputs: they all plan the
-same; with a sampler with affinity, every host, as the split of a global batch needs). RAM
-buffer only; no plan file, no snapshots (a jump back replans from epoch 0).
+same; with a sampler with affinity, every host, as the split of a global batch needs). With
+equal batches on several hosts, :meth:`~NodeWindow.transfer` is the rank's exchange of the
+host's surplus rows with other hosts' ranks (solar/schedule/nodeequal.py). RAM buffer only; no
+plan file, no snapshots (a jump back replans from epoch 0).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import numpy as np
 
 from solar.errors import CorruptPlanError, SolarError
 from solar.schedule._common import ADMIT, HIT, PEER, SIDE, THIT
+from solar.schedule.nodeequal import node_transfer
 from solar.schedule.nodeplan import Hosts, NodeEpoch, NodePlanner, node_spec
 from solar.schedule.rankplan import RankPlan, StepPlan
 from solar.schedule.spec import PlanSpec
@@ -93,8 +96,16 @@ class NodeWindow:
         )  # fmt: skip
 
     def transfer(self, k: int) -> Transfer | None:
-        """No exchange of rows (a node buffer runs without equal batches)."""
-        return None
+        """With equal batches on several hosts, step ``k``'s exchange: the rows this rank
+        serves over its share go to ranks of other hosts (solar/schedule/nodeequal.py); else
+        None."""
+        if not self.stream.spec.equal_batches:
+            return None
+        if not self.first_step <= k < self.end_step:
+            raise IndexError(f"step {k} is outside steps {self.first_step}..{self.end_step - 1}")
+        e, t = divmod(k - self.first_step, self.spe)
+        ne = self.parts[e]
+        return node_transfer(ne.ranks.step_offsets, t, self.stream.rank, ne.hosts.count)
 
     def step_actions(self, k: int) -> list[tuple[int, int, int]]:
         """(Never asked: without a tier no step applies its updates in order.)"""

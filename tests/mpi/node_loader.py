@@ -1,8 +1,9 @@
 """Under mpiexec: ``Loader(share="node")`` serves every rank exactly its sampler's batches, each
 row h5py's bytes, with the node plan's storage reads (the Loader's counters, summed over the
 ranks, equal the plan's); an exact resume inside epoch 1 serves the same batches; a GNN
-``NeighborSampler`` too; and Shuffle (node-level affinity, equal_batches=False) serves every
-sample once per epoch.
+``NeighborSampler`` too; Shuffle (node-level affinity, equal_batches=False) serves every
+sample once per epoch; and Shuffle with equal batches serves every rank its nominal share, only
+the hosts' surplus moving over MPI (none on one host).
 
 mpiexec -n 4 python tests/mpi/node_loader.py DATA.h5 GRAPH.h5 run 1x4 2x2   (groupings in turn)
 mpiexec -n 4 python tests/mpi/node_loader.py DATA.h5 GRAPH.h5 kill 2x2      (rank 1 killed: -9)
@@ -17,6 +18,8 @@ import numpy as np
 
 from solar import Loader, NeighborSampler, Shuffle, Weighted, dist
 from solar.schedule.nodeplan import Hosts, NodePlanner
+from solar.schedule.order import nominal_batches
+from solar.schedule.transfer import moved_rows
 
 path, graph, mode, groupings = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
 d = dist.init()
@@ -28,9 +31,10 @@ sampler = Weighted(weights[np.random.default_rng(1).permutation(n)], affinity=Fa
 E = 3
 
 
-def loader(s=sampler, p=path, keys=("x",), batch_size=12, buffer="10%", **kw):
+def loader(s=sampler, p=path, keys=("x",), batch_size=12, buffer="10%", equal_batches=False,
+           **kw):  # fmt: skip
     return Loader(p, list(keys), batch_size=batch_size, epochs=E, buffer=buffer, sampler=s,
-                  comm=comm, share="node", warm=False, seed=5, equal_batches=False,
+                  comm=comm, share="node", warm=False, seed=5, equal_batches=equal_batches,
                   **kw)  # fmt: skip
 
 
@@ -43,6 +47,16 @@ def planned_reads(ld):
     hosts = Hosts.of_names(dist.host_names(comm))
     p = NodePlanner(ld.spec, hosts)
     return sum(p.next().storage_reads() for _ in range(E))
+
+
+def cross_host_surplus(ld):
+    """Rows the node plan's hosts serve over their ranks' shares, over the run: what moves."""
+    hosts = Hosts.of_names(dist.host_names(comm))
+    if hosts.count == 1:
+        return 0
+    p = NodePlanner(ld.spec, hosts)
+    return sum(int(moved_rows(np.diff(p.next().ranks.step_offsets, axis=1).T)[0].sum())
+               for _ in range(E))  # fmt: skip
 
 
 for grouping in groupings:
@@ -117,7 +131,28 @@ for grouping in groupings:
     sreads = comm.allreduce(tot.reads + tot.side_reads)
     assert sreads == planned_reads(sh), (grouping, sreads)
     sh.close()
+    # Shuffle with equal batches (997 rows: a short last batch of 997 mod 4B rows): every
+    # local batch its nominal share, h5py's bytes, each sample once an epoch; rows cross hosts
+    # only, as many as the plan's host surplus (none on one host).
+    eq = loader(Shuffle(), graph, ("features",), 9, "10%", equal_batches=True)
+    assert eq.share == "node" and eq.spec.equal_batches
+    for e in range(E):
+        eq.set_epoch(e)
+        mine = []
+        for t, b in enumerate(eq):
+            ids = b["index"].numpy()
+            share = nominal_batches(int(eq.global_batch), comm.Get_size())[rank]
+            assert ids.size == share and (share == 9 or t == eq.run.steps_per_epoch - 1)
+            assert b["features"].numpy().tobytes() == feats[ids].tobytes(), (grouping, e, t)
+            mine.append(ids)
+        every = np.concatenate(comm.allgather(np.concatenate(mine)))
+        assert np.array_equal(np.sort(every), np.arange(feats.shape[0])), (grouping, e)
+    tot = eq.stats.totals()
+    moved = comm.allreduce(tot.sent)
+    assert moved == comm.allreduce(tot.received) == cross_host_surplus(eq), (grouping, moved)
+    assert comm.allreduce(tot.reads) == planned_reads(eq)
+    eq.close()
     if rank == 0:
         print(f"node loader {grouping}: {reads} rows read as planned; graph {greads}; "
-              f"shuffle {sreads}", flush=True)  # fmt: skip
+              f"shuffle {sreads}; equal batches: {moved} rows moved", flush=True)  # fmt: skip
     comm.Barrier()

@@ -1,0 +1,81 @@
+"""share="auto" (the default): a node buffer where more than one rank of the job runs on a host
+and the ranks' accesses can overlap, in a configuration the node buffer runs; else a buffer per
+rank (solar/runtime/setup.py). Decided alike on every rank (here: a fake communicator whose
+ranks all answer alike, or one that differs)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from solar import BufferConfig, PlanSpec, RunConfig, Weighted
+from solar.errors import SolarError
+from solar.runtime.setup import _share
+from solar.schedule.samplers import SHUFFLE
+
+
+class FakeComm:
+    """``size`` ranks that all hold what this one holds (or ``others`` for the other ranks)."""
+
+    def __init__(self, size: int, others=None) -> None:
+        self.size, self.others, self.gathered = size, others, 0
+
+    def Get_rank(self) -> int:
+        return 0
+
+    def Get_size(self) -> int:
+        return self.size
+
+    def allgather(self, obj):
+        self.gathered += 1
+        return [obj] + [obj if self.others is None else self.others] * (self.size - 1)
+
+
+def spec(sampler, world=4):
+    return PlanSpec(RunConfig(400, world, 8, 2), BufferConfig(10), sampler=sampler)
+
+
+SPLIT = Weighted(np.ones(400), affinity=False)
+
+
+def decide(share, s, comm, world=4, **kw):
+    args = {"plan": None, "tier": None, "holds_transformed": False, "snapshots": None, **kw}
+    return _share(share, s, args["plan"], args["tier"], args["holds_transformed"],
+                  args["snapshots"], world, comm)  # fmt: skip
+
+
+def test_auto_shares_a_buffer_where_ranks_share_a_host_and_accesses_overlap(monkeypatch):
+    monkeypatch.setenv("SOLAR_HOSTS", "2x2")
+    hosts, hc = decide("auto", spec(SPLIT), FakeComm(4))
+    assert hosts is not None and hosts.as_record() == [[0, 1], [2, 3]] and hc is not None
+    # Accesses that do not overlap (Shuffle, affinity), one rank per host, one rank, no comm:
+    # a buffer per rank, as "rank" always gives.
+    assert decide("auto", spec(SHUFFLE), FakeComm(4)) == (None, None)
+    assert decide("auto", spec(Weighted(np.ones(400))), FakeComm(4)) == (None, None)
+    assert decide("rank", spec(SPLIT), FakeComm(4)) == (None, None)
+    lru = PlanSpec(RunConfig(400, 4, 8, 2), BufferConfig(10), policy="lru", sampler=SPLIT)
+    assert decide("auto", lru, FakeComm(4)) == (None, None)  # a baseline stays per rank
+    assert decide("auto", spec(SPLIT, 1), None, world=1) == (None, None)
+    assert decide("auto", spec(SPLIT), None) == (None, None)
+    monkeypatch.setenv("SOLAR_HOSTS", "4x1")
+    assert decide("auto", spec(SPLIT), FakeComm(4)) == (None, None)
+
+
+@pytest.mark.parametrize("kw, word", [
+    ({"tier": "nvme"}, "tier: "), ({"plan": "p.h5"}, "plan: "),
+    ({"holds_transformed": True}, "transform: "), ({"snapshots": "snaps"}, "snapshots: "),
+])  # fmt: skip
+def test_auto_falls_back_where_node_refuses_in_one_line(monkeypatch, kw, word):
+    monkeypatch.setenv("SOLAR_HOSTS", "1x4")
+    assert decide("auto", spec(SPLIT), FakeComm(4), **kw) == (None, None)
+    with pytest.raises(SolarError) as err:
+        decide("node", spec(SPLIT), FakeComm(4), **kw)
+    assert str(err.value).startswith(f'share="node": {word}') and "\n" not in str(err.value)
+
+
+def test_every_rank_falls_back_if_one_ranks_configuration_is_not_run(monkeypatch):
+    monkeypatch.setenv("SOLAR_HOSTS", "1x4")
+    comm = FakeComm(4, others="tier: a node tier is not run yet (pass tier=None)")
+    assert decide("auto", spec(SPLIT), comm) == (None, None) and comm.gathered == 1
+    with pytest.raises(SolarError, match="share must be one of"):
+        decide("host", spec(SPLIT), FakeComm(4))
