@@ -104,7 +104,6 @@ def test_a_node_loader_killed_ends_the_job_and_leaves_no_segment(data, graph):
         ({"share": "host"}, "share must be"),
         ({"share": "node", "equal_batches": True}, "equal_batches: "),
         ({"share": "node", "plan": "x.h5"}, "plan: "),
-        ({"share": "node", "tier": "TMP", "tier_size": 10}, "tier: "),
         ({"share": "node", "transform": "held"}, "transform: "),
         ({"share": "node", "snapshots": "TMP"}, "snapshots: "),
     ],

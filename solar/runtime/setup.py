@@ -177,8 +177,6 @@ def _share(share: str, spec: PlanSpec, plan: Any, tier: Any, holds_transformed: 
     why = ""
     if plan is not None:
         why = "plan: a plan file holds per-rank buffers (pass plan=None)"
-    elif tier is not None:
-        why = "tier: a node tier is not run yet (pass tier=None)"
     elif holds_transformed:
         why = ("transform: a deterministic transform's rows held transformed are not shared yet "
                "(Transform(deterministic=False) holds raw rows)")  # fmt: skip

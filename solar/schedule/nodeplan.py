@@ -360,7 +360,9 @@ def _rank_major(out_rank, out_at, fill, samples, flags, slot, tslot, reader, dea
                 r_sample, r_slot, r_tslot, r_flags, r_reader, r_at):  # fmt: skip
     """Every rank's accesses (step-major ``out_rank``/``out_at``) in rank-major order (a
     stable counting sort), with the host's decision on each: a miss another local rank reads
-    is PEER (no store, no cell), a store overwritten later in its step is dropped."""
+    is PEER (no store, no cell), a store overwritten later in its step is dropped, and a hit
+    several local ranks take (a tier hit promoted to RAM) is stored by the first of them."""
+    claimed = np.zeros(flags.shape[0], np.bool_)
     for j in range(out_rank.shape[0]):
         r = out_rank[j]
         i = out_at[j]
@@ -375,6 +377,10 @@ def _rank_major(out_rank, out_at, fill, samples, flags, slot, tslot, reader, dea
         elif dead[i]:
             f = f & ~ADMIT
             s = -1
+        elif f & (ADMIT | TADMIT | DEMOTE):
+            if claimed[i]:
+                f = f & ~(ADMIT | TADMIT | DEMOTE)
+            claimed[i] = True
         r_sample[d] = samples[i]
         r_slot[d] = s
         r_tslot[d] = ts
@@ -394,7 +400,7 @@ def _host_index(rank, fill, out):
 @njit(cache=True, nogil=True)
 def _dead_stores(bounds, host_of, flags, slot, tslot, cells, hosts, dead):
     """``dead[i]``: access i's RAM store (ADMIT, no tier) is overwritten later in its step by
-    another store of its host to the same slot."""
+    another store of its host to the same slot, with no demotion reading it in between."""
     stamp = np.full(hosts * cells, -1, np.int64)
     for t in range(bounds.shape[0] - 1):
         for i in range(bounds[t + 1] - 1, bounds[t] - 1, -1):
@@ -403,6 +409,8 @@ def _dead_stores(bounds, host_of, flags, slot, tslot, cells, hosts, dead):
                 if stamp[key] == t:
                     dead[i] = True
                 stamp[key] = t
+            elif flags[i] & DEMOTE:  # reads the slot first: the stores before it count
+                stamp[host_of[i] * cells + slot[i]] = -1
 
 
 @njit(cache=True, inline="always")
@@ -537,6 +545,39 @@ def _split_affinity(bounds, host_of, flags, table, reader, out_rank, out_at, cou
             out_at[m] = i
             m += 1
             counts[t, r] += 1
+
+
+def host_segments(flags: np.ndarray, slot: np.ndarray, tslot: np.ndarray) -> tuple[np.ndarray, int]:
+    """The host's updates of a step, in its access order (``flags``, RAM ``slot``, tier
+    ``tslot`` each), cut where a RAM slot would be stored, or a tier slot written, a second
+    time: the segment of each update, and how many. Within a segment every cell is updated
+    once (a demotion reads the slot its own access stores), so the local ranks apply it side
+    by side, in any order; the host's ranks wait for each other between segments."""
+    f = np.asarray(flags, np.int64)
+    stores = np.where(f & ADMIT, slot, -1)
+    writes = np.where(f & (TADMIT | DEMOTE), tslot, -1)
+    # Cells named 0..m-1 (the stamps below are as long as the step's updates, not the buffer).
+    _, ram = np.unique(stores, return_inverse=True)
+    _, tier = np.unique(writes, return_inverse=True)
+    seg = np.empty(f.size, np.int64)
+    count = _segments(ram.ravel(), stores >= 0, tier.ravel(), writes >= 0, seg)
+    return seg, count
+
+
+@njit(cache=True, nogil=True)
+def _segments(ram, stores, tier, writes, seg):
+    ram_at = np.full(ram.size + 1, -1, np.int64)
+    tier_at = np.full(tier.size + 1, -1, np.int64)
+    n = 0
+    for i in range(seg.size):
+        if (stores[i] and ram_at[ram[i]] == n) or (writes[i] and tier_at[tier[i]] == n):
+            n += 1
+        if stores[i]:
+            ram_at[ram[i]] = n
+        if writes[i]:
+            tier_at[tier[i]] = n
+        seg[i] = n
+    return n + 1
 
 
 def node_totals(spec: PlanSpec, hosts: Hosts, buffer: BufferConfig | None = None) -> dict:

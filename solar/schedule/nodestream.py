@@ -21,8 +21,8 @@ import time
 import numpy as np
 
 from solar.errors import CorruptPlanError, SolarError
-from solar.schedule._common import ADMIT, HIT, PEER, SIDE, THIT
-from solar.schedule.nodeplan import Hosts, NodeEpoch, NodePlanner, node_spec
+from solar.schedule._common import ADMIT, DEMOTE, HIT, PEER, SIDE, TADMIT, THIT, tier_slot_count
+from solar.schedule.nodeplan import Hosts, NodeEpoch, NodePlanner, host_segments, node_spec
 from solar.schedule.rankplan import RankPlan, StepPlan
 from solar.schedule.spec import PlanSpec
 from solar.schedule.stream import EpochsAhead
@@ -48,6 +48,7 @@ class NodeWindow:
             self._host = RankPlan.from_parts(
                 s.host, [ne.host.rank(s.host) for ne in self.parts], s.slots,
                 first_step=self.first_step, initial=self.initial, complete=self.complete,
+                tier_slots=s.tier_slots,
             )  # fmt: skip
         return self._host
 
@@ -75,29 +76,63 @@ class NodeWindow:
         mine = span(s.rank)
         f, at = ranks.flags[mine], ne.at[mine]
         x, slot = ranks.sample[mine].astype(np.int64), ranks.slot[mine].astype(np.int64)
-        if np.any(f & THIT):
-            raise CorruptPlanError(f"node plan: step {k} has a tier hit (no node tier is run)")
+        if np.any(f & (THIT | TADMIT | DEMOTE)) and not s.tier_slots:
+            raise CorruptPlanError(f"node plan: step {k} uses a tier the node does not have")
         side = (f & SIDE) != 0
         served = int(np.count_nonzero(~side))
         if np.any(side[:served]):
             raise CorruptPlanError(f"node plan: step {k}'s side rows do not follow its batch")
         hit, peer, admit = (f & HIT) != 0, (f & PEER) != 0, (f & ADMIT) != 0
-        own = ~(hit | peer)
+        thit = (f & THIT) != 0
+        own = ~(hit | thit | peer)
         rows = np.arange(f.size, dtype=np.int64)
         stage = own & np.isin(at, shared)
+        tier: dict = {}
+        if s.tier_slots:
+            tslot = ranks.tslot[mine].astype(np.int64)
+            demote, tadmit = (f & DEMOTE) != 0, (f & TADMIT) != 0
+            tier = dict(tier_rows=rows[thit], tier_slots=tslot[thit], demote_slots=slot[demote],
+                        demote_tslots=tslot[demote], tadmit_rows=rows[tadmit],
+                        tadmit_tslots=tslot[tadmit])  # fmt: skip
+            # The host's segments: where it updates a cell twice, its ranks wait between.
+            u = self._host_updates(t, ne)
+            seg, count = host_segments(u[:, 3], u[:, 4], u[:, 5])
+            if count > 1:
+                of = np.full(f.size, -1, np.int64)
+                me = u[:, 1] == s.local
+                of[u[me, 2]] = seg[me]
+                tier.update(segments=count, demote_seg=of[demote], admit_seg=of[admit],
+                            tadmit_seg=of[tadmit])  # fmt: skip
         return StepPlan(
             k, x[:served], rows[own & ~side], rows[hit], slot[hit], rows[admit], slot[admit],
             side_samples=x[side], stage_rows=rows[stage],
             stage_at=np.searchsorted(shared, at[stage]).astype(np.int64),
             peer_rows=rows[peer], peer_at=np.searchsorted(shared, at[peer]).astype(np.int64),
+            **tier,
         )  # fmt: skip
+
+    def _host_updates(self, t: int, ne: NodeEpoch) -> np.ndarray:
+        """The host's buffer and tier updates at local step ``t`` of ``ne``, in the host's
+        access order: rows ``(at, local rank, access, flags, slot, tslot)`` (access: its
+        index in that rank's step), int64."""
+        ranks, so = ne.ranks, ne.ranks.step_offsets
+        parts = []
+        for q, r in enumerate(self.stream.group):
+            lo = ranks.rank_offsets[r]
+            a, b = int(lo + so[r, t]), int(lo + so[r, t + 1])
+            j = np.flatnonzero(ranks.flags[a:b] & (ADMIT | TADMIT | DEMOTE))
+            parts.append(np.stack([ne.at[a + j], np.full(j.size, q), j, ranks.flags[a + j],
+                                   ranks.slot[a + j], ranks.tslot[a + j]], axis=1))  # fmt: skip
+        out = np.concatenate(parts).astype(np.int64)
+        return out[np.argsort(out[:, 0], kind="stable")]
 
     def transfer(self, k: int) -> Transfer | None:
         """No exchange of rows (a node buffer runs without equal batches)."""
         return None
 
     def step_actions(self, k: int) -> list[tuple[int, int, int]]:
-        """(Never asked: without a tier no step applies its updates in order.)"""
+        """(Never asked: a node step is never ``in_order``; where its host updates a cell
+        twice, its ``segments`` order the updates.)"""
         raise SolarError("node buffer: no step is applied access by access")
 
     def contents_at(self, k: int) -> np.ndarray:
@@ -115,7 +150,6 @@ class NodeStream(EpochsAhead):
     rows (rows one local rank reads for others at a step, at most)."""
 
     plan = None  # never a plan file
-    tier_slots = 0
     _thread_name = "solar-nodeplan"
 
     def __init__(self, spec: PlanSpec, rank: int, hosts: Hosts, stage_rows: int) -> None:
@@ -123,7 +157,9 @@ class NodeStream(EpochsAhead):
         self.host = hosts.host_of(rank)
         self.group = hosts.groups[self.host]
         self.local = self.group.index(rank)
-        self.slots = node_spec(spec, hosts).slots
+        host_spec = node_spec(spec, hosts)
+        self.slots = host_spec.slots
+        self.tier_slots = tier_slot_count(host_spec.run, host_spec.buffer)
         self.stage_rows = max(1, int(stage_rows))
         self.spe = int(spec.run.steps_per_epoch)
         self.wait_seconds = 0.0
@@ -137,8 +173,8 @@ class NodeStream(EpochsAhead):
         self._window: NodeWindow | None = None
 
     def __getstate__(self) -> dict:
-        keep = ("spec", "rank", "hosts", "host", "group", "local", "slots", "stage_rows", "spe",
-                "wait_seconds")  # fmt: skip
+        keep = ("spec", "rank", "hosts", "host", "group", "local", "slots", "tier_slots",
+                "stage_rows", "spe", "wait_seconds")  # fmt: skip
         return {k: self.__dict__[k] for k in keep}
 
     def __setstate__(self, state: dict) -> None:

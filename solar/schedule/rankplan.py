@@ -66,6 +66,13 @@ class StepPlan(NamedTuple):  # a NamedTuple: one is made per step, cheaper than 
     stage_at: NDArray[np.int64] = _NONE
     peer_rows: NDArray[np.int64] = _NONE
     peer_at: NDArray[np.int64] = _NONE
+    # A node step whose host updates a cell twice: its updates in ``segments`` applied in
+    # turn, the host's ranks waiting for each other between; each demotion's, admission's
+    # and tier admission's segment (None: one segment).
+    segments: int = 1
+    demote_seg: NDArray[np.int64] | None = None
+    admit_seg: NDArray[np.int64] | None = None
+    tadmit_seg: NDArray[np.int64] | None = None
 
     @property
     def size(self) -> int:
