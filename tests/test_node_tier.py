@@ -1,7 +1,8 @@
 """The node tier (share="node" with tier=): every rank's steps of a node plan with a tier,
 executed as the host runs them (hits and tier hits read at the step's start, updates applied
 side by side by the ranks the plan names, segment by segment where the host updates a cell
-twice), serve exactly the samples planned; the shared tier file leaves nothing on disk."""
+twice), serve exactly the samples planned; under mpiexec, h5py's bytes, the plan's reads, an
+exact (snapshot) and an elastic resume, and nothing left on disk or in /dev/shm."""
 
 from __future__ import annotations
 
@@ -112,20 +113,16 @@ def data(tmp_path_factory):
 
 
 @pytest.mark.xdist_group("launchers")
-def test_a_node_tier_serves_h5py_bytes_and_leaves_nothing(data, tmp_path):
+def test_a_node_tier_serves_h5py_bytes_resumes_and_leaves_nothing(data, tmp_path):
+    """(A killed rank: tests/test_node_buffer.py's killed node loader runs with a tier.)"""
     before = _shm()
-    result = _mpiexec(4, data, tmp_path, "run", "1x4", timeout=240)
+    tier, snaps = tmp_path / "tier", tmp_path / "snaps"
+    tier.mkdir()
+    snaps.mkdir()
+    result = _mpiexec(4, data, tier, snaps, timeout=240)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "node tier 1x4: " in result.stdout
-    assert os.listdir(tmp_path) == [] and _shm() - before == set()
-
-
-@pytest.mark.xdist_group("launchers")
-def test_a_killed_rank_leaves_no_node_tier_and_no_segment(data, tmp_path):
-    before = _shm()
-    result = _mpiexec(4, data, tmp_path, "kill", "1x4", timeout=60)
-    assert result.returncode != 0 and "unreachable" not in result.stderr
-    assert os.listdir(tmp_path) == [] and _shm() - before == set()
+    assert "node tier: " in result.stdout and "resumed exactly" in result.stdout
+    assert os.listdir(tier) == [] and _shm() - before == set()
 
 
 def test_a_node_tier_too_large_is_refused_in_one_line(tmp_path):

@@ -264,11 +264,8 @@ def _run(info: DatasetInfo, sampler: Sampler, world: int, batch_size: int | None
     return run
 
 
-def check_snapshots(snapshots: str | os.PathLike | None, node: bool = False) -> None:
-    """Refuse a snapshots argument that is not a directory (or given with a node buffer)."""
-    if snapshots is not None and node:
-        raise SolarError('share="node": snapshots: a node plan is not snapshotted yet '
-                         "(pass snapshots=None)")  # fmt: skip
+def check_snapshots(snapshots: str | os.PathLike | None) -> None:
+    """Refuse a snapshots argument that is not a directory."""
     if snapshots is not None and not Path(snapshots).is_dir():
         raise SolarError(f"snapshots: {snapshots} is not a directory")
 

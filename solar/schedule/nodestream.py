@@ -10,17 +10,24 @@ taken from the host's staging rows (``stage_rows``/``stage_at``, ``peer_rows``/`
 :meth:`~NodeWindow.refill_at` is the host's buffer state (every local rank fills its share).
 
 Every local rank plans its host (the plan is a pure function of the inputs: they all plan the
-same; with a sampler with affinity, every host, as the split of a global batch needs). RAM
-buffer only; no plan file, no snapshots (a jump back replans from epoch 0).
+same; with a sampler with affinity, every host, as the split of a global batch needs). With a
+tier, the step's tier hits and tier writes too, its updates cut into the host's segments where
+the host updates a cell twice (:func:`~solar.schedule.nodeplan.host_segments`). No plan file;
+a jump back replans from epoch 0, or, given a directory of node planner snapshots (rank 0
+saves one after each epoch it plans, of every host: solar/schedule/nodesnapshot.py), from the
+newest one of this grouping at or before the epoch.
 """
 
 from __future__ import annotations
 
+import os
 import time
+import warnings
 
 import numpy as np
 
 from solar.errors import CorruptPlanError, SolarError
+from solar.schedule import nodesnapshot
 from solar.schedule._common import ADMIT, DEMOTE, HIT, PEER, SIDE, TADMIT, THIT, tier_slot_count
 from solar.schedule.nodeplan import Hosts, NodeEpoch, NodePlanner, host_segments, node_spec
 from solar.schedule.rankplan import RankPlan, StepPlan
@@ -152,8 +159,10 @@ class NodeStream(EpochsAhead):
     plan = None  # never a plan file
     _thread_name = "solar-nodeplan"
 
-    def __init__(self, spec: PlanSpec, rank: int, hosts: Hosts, stage_rows: int) -> None:
+    def __init__(self, spec: PlanSpec, rank: int, hosts: Hosts, stage_rows: int,
+                 snapshots: str | os.PathLike | None = None) -> None:  # fmt: skip
         self.spec, self.rank, self.hosts = spec, rank, hosts
+        self.snapshots = snapshots  # a directory of node planner snapshots (rank 0 writes)
         self.host = hosts.host_of(rank)
         self.group = hosts.groups[self.host]
         self.local = self.group.index(rank)
@@ -174,18 +183,32 @@ class NodeStream(EpochsAhead):
 
     def __getstate__(self) -> dict:
         keep = ("spec", "rank", "hosts", "host", "group", "local", "slots", "tier_slots",
-                "stage_rows", "spe", "wait_seconds")  # fmt: skip
+                "stage_rows", "spe", "wait_seconds", "snapshots")  # fmt: skip
         return {k: self.__dict__[k] for k in keep}
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
         self._reset()
 
+    def _saves(self) -> bool:
+        """Whether this rank saves node planner snapshots (rank 0, given a directory)."""
+        return self.snapshots is not None and self.rank == 0
+
     def _new_planner(self) -> NodePlanner:
-        return NodePlanner(self.spec, self.hosts, only_host=self.host)
+        """A node planner from epoch 0: of this rank's host alone, unless it saves snapshots
+        (they hold every host's state)."""
+        return NodePlanner(self.spec, self.hosts, only_host=None if self._saves() else self.host)
 
     def _next_epoch(self, planner: NodePlanner) -> NodeEpoch:
-        return planner.next()
+        """Plan the next epoch (in the background thread); rank 0 then saves a snapshot."""
+        part = planner.next()
+        if self._saves() and planner.only_host is None:
+            assert self.snapshots is not None
+            try:
+                nodesnapshot.save(self.snapshots, planner)
+            except (OSError, SolarError) as exc:  # a resume will replan further back, that's all
+                warnings.warn(f"node planner snapshot not saved: {exc}", stacklevel=1)
+        return part
 
     def start(self) -> None:
         """Begin planning the first epoch in the background, unless planning has begun."""
@@ -198,13 +221,18 @@ class NodeStream(EpochsAhead):
         """Replan up to ``epoch`` (from where the planner is, if not past it; else from 0)."""
         t0 = time.perf_counter()
         p = self._settled_planner()
-        if p is None or p.epoch > epoch:
-            p = self._bg.get().planner = self._new_planner()
+        at = -1 if p is None or p.epoch > epoch else p.epoch
+        if at < epoch and self.snapshots is not None:  # nearer than where the planner is
+            p = nodesnapshot.load(self.snapshots, self.spec, self.hosts, epoch, after=at) or p
+            at = -1 if p is None or p.epoch > epoch else p.epoch
+        if p is None or at < 0:
+            p = self._new_planner()
+        self._bg.get().planner = p
         while p.epoch < epoch:
             p.planner.skip()
         self._initial = p.planner.contents(self.host)
         self._first = epoch
-        self._parts = [p.next()]
+        self._parts = [self._next_epoch(p)]
         self._window = None
         self.wait_seconds += time.perf_counter() - t0
         self._submit()

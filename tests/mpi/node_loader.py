@@ -5,7 +5,8 @@ ranks, equal the plan's); an exact resume inside epoch 1 serves the same batches
 sample once per epoch.
 
 mpiexec -n 4 python tests/mpi/node_loader.py DATA.h5 GRAPH.h5 run 1x4 2x2   (groupings in turn)
-mpiexec -n 4 python tests/mpi/node_loader.py DATA.h5 GRAPH.h5 kill 2x2      (rank 1 killed: -9)
+mpiexec -n 4 python tests/mpi/node_loader.py DATA.h5 GRAPH.h5 kill 2x2      (rank 1 killed: -9,
+                                                                          with a node tier)
 """
 
 import os
@@ -47,7 +48,14 @@ def planned_reads(ld):
 
 for grouping in groupings:
     os.environ["SOLAR_HOSTS"] = grouping
-    ld = loader()
+    if mode == "kill":  # with the node's tier (a file in DATA's directory's killtier/)
+        tier = os.path.join(os.path.dirname(path), "killtier")
+        if rank == 0:
+            os.makedirs(tier, exist_ok=True)
+        comm.Barrier()
+        ld = loader(tier=tier, tier_size="5%")
+    else:
+        ld = loader()
     if mode == "kill":
         it = iter(ld)
         next(it)
