@@ -45,11 +45,20 @@ def _execute(spec: PlanSpec, hosts: Hosts) -> tuple[int, int, int]:
                 staging.update(zip(p.stage_at.tolist(), b[p.stage_rows].tolist(), strict=True))
             for p, b in zip(plans, batches, strict=True):
                 assert [staging[a] for a in p.peer_at.tolist()] == b[p.peer_rows].tolist(), k
-            count = plans[0].segments
-            assert {p.segments for p in plans} == {count}  # the same barriers on every rank
-            ordered += count > 1
-            for n in range(count):  # in turn; within one, the ranks side by side
-                parts = [_segment(p, n) for p in plans]
+            waits = plans[0].phase_waits
+            waits = [False] if waits is None else waits.tolist()
+            for p in plans:  # the same waits on every rank
+                assert (p.phase_waits is None and waits == [False]) or \
+                    p.phase_waits.tolist() == waits  # fmt: skip
+            ordered += len(waits) > 1
+            touched: dict = {}  # cell -> local rank, since the ranks last waited
+            for n, wait in enumerate(waits):  # in turn; within one, the ranks side by side
+                if wait:
+                    touched = {}
+                parts = [_phase(p, n) for p in plans]
+                for q, (_, d_tslots, _, a_slots, _, t_slots) in enumerate(parts):
+                    for cell in [*a_slots.tolist(), *(-1 - np.r_[d_tslots, t_slots]).tolist()]:
+                        assert touched.setdefault(cell, q) == q, k  # one rank's, till a wait
                 for d_slots, d_tslots, *_ in parts:
                     tier[h, d_tslots] = ram[h, d_slots]
                 for q in reversed(range(len(group))):
@@ -61,12 +70,14 @@ def _execute(spec: PlanSpec, hosts: Hosts) -> tuple[int, int, int]:
     return thits, ordered, reads
 
 
-def _segment(p, n: int) -> tuple:
-    """Step ``p``'s updates in its segment ``n``."""
-    if p.segments == 1:
+def _phase(p, n: int) -> tuple:
+    """Step ``p``'s updates in its phase ``n``."""
+    if p.phase_waits is None:
+        if n:
+            return tuple(a[:0] for a in _phase(p, 0))
         return (p.demote_slots, p.demote_tslots, p.admit_rows, p.admit_slots, p.tadmit_rows,
                 p.tadmit_tslots)  # fmt: skip
-    d, a, t = p.demote_seg == n, p.admit_seg == n, p.tadmit_seg == n
+    d, a, t = p.demote_phase == n, p.admit_phase == n, p.tadmit_phase == n
     return (p.demote_slots[d], p.demote_tslots[d], p.admit_rows[a], p.admit_slots[a],
             p.tadmit_rows[t], p.tadmit_tslots[t])  # fmt: skip
 

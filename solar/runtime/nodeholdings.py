@@ -13,7 +13,8 @@ step ``k`` a rank:
 4. copies its ``PEER`` rows from the staging area, then applies the updates the plan gives
    it (only a row's reader stores it): demotions, admissions, tier admissions, its tier
    writes waited for; where the host updates a cell twice in the step, in the plan's
-   segments, with a barrier between each (solar/schedule/nodeplan.py ``host_segments``);
+   phases, with a barrier before those that update a cell another rank updated since the
+   last one (solar/schedule/nodeplan.py ``host_phases``);
 5. waits at the host's barrier (every store and tier write of step k is done before any hit
    of step k + 1, and every staging row is taken before it is overwritten).
 
@@ -133,14 +134,14 @@ class SharedHoldings(Holdings):
         if step.copy_dst.size:  # a sample drawn twice in the batch: once in, then copied
             for rows in batch:
                 copy_rows(rows, step.copy_src, rows, step.copy_dst)
-        if step.segments == 1:
+        if step.phase_waits is None:
             self._update(step, batch)
-        else:  # the host updates a cell twice: its segments in turn
-            for n in range(step.segments):
-                if n:
+        else:  # the host updates a cell twice: its phases in turn
+            for n, waits in enumerate(step.phase_waits.tolist()):
+                if waits:
                     self._written()
-                    node._wait()  # the host's segment n - 1 applied
-                self._update(_segment(step, n), batch)
+                    node._wait()  # another rank's updates of a cell of this phase are done
+                self._update(_phase(step, n), batch)
         self._written()
         node._wait()  # every store done (before any hit of k + 1), every staged row taken
         self._at = k + 1
@@ -151,11 +152,11 @@ class SharedHoldings(Holdings):
             self.tier.wait_writes()
 
 
-def _segment(step: StepPlan, n: int) -> StepPlan:
-    """``step`` with only its updates of segment ``n``."""
-    assert step.demote_seg is not None and step.admit_seg is not None
-    assert step.tadmit_seg is not None
-    d, a, t = step.demote_seg == n, step.admit_seg == n, step.tadmit_seg == n
+def _phase(step: StepPlan, n: int) -> StepPlan:
+    """``step`` with only its updates of phase ``n``."""
+    assert step.demote_phase is not None and step.admit_phase is not None
+    assert step.tadmit_phase is not None
+    d, a, t = step.demote_phase == n, step.admit_phase == n, step.tadmit_phase == n
     return step._replace(
         demote_slots=step.demote_slots[d], demote_tslots=step.demote_tslots[d],
         admit_rows=step.admit_rows[a], admit_slots=step.admit_slots[a],

@@ -11,8 +11,8 @@ taken from the host's staging rows (``stage_rows``/``stage_at``, ``peer_rows``/`
 
 Every local rank plans its host (the plan is a pure function of the inputs: they all plan the
 same; with a sampler with affinity, every host, as the split of a global batch needs). With a
-tier, the step's tier hits and tier writes too, its updates cut into the host's segments where
-the host updates a cell twice (:func:`~solar.schedule.nodeplan.host_segments`). No plan file;
+tier, the step's tier hits and tier writes too, its updates cut into the host's phases where
+the host updates a cell twice (:func:`~solar.schedule.nodeplan.host_phases`). No plan file;
 a jump back replans from epoch 0, or, given a directory of node planner snapshots (rank 0
 saves one after each epoch it plans, of every host: solar/schedule/nodesnapshot.py), from the
 newest one of this grouping at or before the epoch.
@@ -29,7 +29,7 @@ import numpy as np
 from solar.errors import CorruptPlanError, SolarError
 from solar.schedule import nodesnapshot
 from solar.schedule._common import ADMIT, DEMOTE, HIT, PEER, SIDE, TADMIT, THIT, tier_slot_count
-from solar.schedule.nodeplan import Hosts, NodeEpoch, NodePlanner, host_segments, node_spec
+from solar.schedule.nodeplan import Hosts, NodeEpoch, NodePlanner, host_phases, node_spec
 from solar.schedule.rankplan import RankPlan, StepPlan
 from solar.schedule.spec import PlanSpec
 from solar.schedule.stream import EpochsAhead
@@ -101,15 +101,15 @@ class NodeWindow:
             tier = dict(tier_rows=rows[thit], tier_slots=tslot[thit], demote_slots=slot[demote],
                         demote_tslots=tslot[demote], tadmit_rows=rows[tadmit],
                         tadmit_tslots=tslot[tadmit])  # fmt: skip
-            # The host's segments: where it updates a cell twice, its ranks wait between.
+            # The host's phases: where it updates a cell twice, in turn.
             u = self._host_updates(t, ne)
-            seg, count = host_segments(u[:, 3], u[:, 4], u[:, 5])
-            if count > 1:
+            phase, waits = host_phases(u[:, 1], u[:, 3], u[:, 4], u[:, 5])
+            if waits.size > 1:
                 of = np.full(f.size, -1, np.int64)
                 me = u[:, 1] == s.local
-                of[u[me, 2]] = seg[me]
-                tier.update(segments=count, demote_seg=of[demote], admit_seg=of[admit],
-                            tadmit_seg=of[tadmit])  # fmt: skip
+                of[u[me, 2]] = phase[me]
+                tier.update(phase_waits=waits, demote_phase=of[demote], admit_phase=of[admit],
+                            tadmit_phase=of[tadmit])  # fmt: skip
         return StepPlan(
             k, x[:served], rows[own & ~side], rows[hit], slot[hit], rows[admit], slot[admit],
             side_samples=x[side], stage_rows=rows[stage],
@@ -139,7 +139,7 @@ class NodeWindow:
 
     def step_actions(self, k: int) -> list[tuple[int, int, int]]:
         """(Never asked: a node step is never ``in_order``; where its host updates a cell
-        twice, its ``segments`` order the updates.)"""
+        twice, its phases order the updates.)"""
         raise SolarError("node buffer: no step is applied access by access")
 
     def contents_at(self, k: int) -> np.ndarray:
