@@ -148,3 +148,28 @@ def test_a_node_tier_too_large_is_refused_in_one_line(tmp_path):
     msg = str(err.value)
     assert "\n" not in msg and "the node's tier needs" in msg and "free" in msg, msg
     assert os.listdir(tmp_path) == []
+
+
+def test_a_node_tier_left_by_a_killed_job_is_removed_and_a_new_one_leaves_no_name(tmp_path):
+    from solar.cache.nodetier import PREFIX as TIER_PREFIX
+    from solar.cache.nodetier import NodeTierFile
+    from solar.io.executor import Executor
+    from solar.io.info import KeyInfo
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)  # fmt: skip
+    left = tmp_path / f"{TIER_PREFIX}{7:016x}-0-{os.uname().nodename}-{dead.stdout.strip()}.bin"
+    left.write_bytes(b"x")
+    keys = (KeyInfo("x", (3,), np.dtype(np.int64)),)
+    with pytest.warns(UserWarning, match="left by a killed job"):
+        tier = NodeTierFile(tmp_path, slots=5, keys=keys, executor=Executor(1), comm=None,
+                            key=8, host=0, local_rank=0)  # fmt: skip
+    assert os.listdir(tmp_path) == []  # the old one removed, the new one unlinked
+    rows = np.arange(6, dtype=np.int64).reshape(2, 3)
+    tier.submit_write(np.array([4, 1]), [rows], np.array([0, 1]))
+    tier.wait_writes()
+    out = np.zeros((2, 3), np.int64)
+    for f in tier.submit_read(np.array([1, 4]), [out], np.array([0, 1])):
+        f.result()
+    assert out.tolist() == [[3, 4, 5], [0, 1, 2]]
+    tier.close()
