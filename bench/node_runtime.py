@@ -6,10 +6,11 @@ side in one run, under mpiexec on one host:
         [--epochs 3 --buffer 0.1 --rounds 2 --out bench/results/node-runtime.json]
 
 GNN feature gathering, ``NeighborSampler(fanouts (10, 5), 1024 seeds per rank)``, an aggregate
-buffer of ``--buffer`` of the features. Both modes run the same code
-(solar/runtime/nodeholdings.py) over the same sampler: ``per-rank`` executes the node plan of
-one rank per host (today's per-rank plan, C/P rows each, proven equal by
-tests/test_nodeplan.py), ``node`` the node plan of one host of P ranks (C rows shared). Reads
+buffer of ``--buffer`` of the features. Both modes run the Loader's node step (a
+``NodeStream``'s steps run by ``SharedHoldings``, solar/runtime/nodeholdings.py) over the same
+sampler: ``per-rank`` executes the node plan of one rank per host (today's per-rank plan, C/P
+rows each, proven equal by tests/test_nodeplan.py), ``node`` the node plan of one host of P
+ranks (C rows shared); every step's plan is made first (untimed). Reads
 are O_DIRECT (the page cache holds nothing of the features between modes), the modes alternate
 per round; every rank's rows are checked against the file's bytes once. Reported: rows read
 from storage per epoch (all ranks), seconds per epoch (slowest rank), rows gathered per second
@@ -30,8 +31,10 @@ from solar.cache.shared import NodeRegion
 from solar.config import ReaderConfig
 from solar.io.reader import Reader
 from solar.io.sources import describe_source
-from solar.runtime.nodeholdings import NodeHoldings, node_steps, stage_rows_needed
-from solar.schedule.nodeplan import Hosts, NodePlanner, node_spec
+from solar.runtime.nodeholdings import NodeHoldings, NodeRefill, SharedHoldings
+from solar.runtime.steps import Steps
+from solar.schedule.nodeplan import Hosts
+from solar.schedule.nodestream import NodeStream, stage_bound
 
 
 def main() -> None:
@@ -57,52 +60,55 @@ def main() -> None:
     modes = {"per-rank": Hosts.grid(world, 1), "node": Hosts.grid(1, world)}
     prepared = {}
     for name, hosts in modes.items():  # plan both first (untimed): each rank its own host's
-        mine = hosts.host_of(rank)
-        p = NodePlanner(spec, hosts, only_host=mine)
-        epochs = [p.next() for _ in range(run.epochs)]
-        stage = stage_rows_needed(epochs, hosts)
-        stage = comm.allreduce(stage, MPI.MAX)
-        prepared[name] = (hosts, epochs, stage)
-    names = {name: (hosts, comm.Split(hosts.host_of(rank), rank)) for name, (hosts, _, _)
-             in prepared.items()}  # fmt: skip
+        stream = NodeStream(spec, rank, hosts, stage_bound(spec, hosts))
+        steps = Steps(spec, rank, stream)
+        plans = [steps.plan(k) for k in range(run.num_steps)]
+        prepared[name] = (hosts, stream, steps, plans)
+    hcs = {name: comm.Split(hosts.host_of(rank), rank) for name, hosts in modes.items()}
     results: dict = {name: [] for name in modes}
     checked = False
     for rnd in range(a.rounds):
         order = list(modes) if rnd % 2 == 0 else list(modes)[::-1]
         for name in order:
-            hosts, epochs, stage = prepared[name]
-            hc = names[name][1]
-            slots = node_spec(spec, hosts).slots
-            parts = NodeHoldings.region_parts(slots, stage, keys)
+            hosts, stream, steps, plans = prepared[name]
+            hc = hcs[name]
+            parts = NodeHoldings.region_parts(stream.slots, stream.stage_rows, keys)
             region = NodeRegion(NodeRegion.size_of(parts), hc, dist.shared_key(comm),
-                                hosts.host_of(rank), hc.Get_rank())  # fmt: skip
-            hold = NodeHoldings(region, slots, stage, keys, hc.Barrier)
-            steps = [st for ne in epochs for st in node_steps(ne, rank)]
-            most = max(st.rows_needed for st in steps)
+                                stream.host, stream.local)  # fmt: skip
+            node = NodeHoldings(region, stream.slots, stream.stage_rows, keys, hc.Barrier)
+            refill = NodeRefill(node, reader, stream.local, hosts.local, a.seeds)
+            hold = SharedHoldings(node, info.keys, steps, refill)
+            most = max(st.rows_needed for st in plans)
             batch = [np.empty((most, *s), d) for s, d in keys]
             comm.Barrier()
             t0 = time.perf_counter()
             reads = rows = 0
-            for st in steps:
-                hold.serve(st, batch, reader.read)
-                reads += st.read_rows.size
-                rows += st.samples.size
+            for k, st in enumerate(plans):
+                samples, at = st.storage_reads()
+                if samples.size:
+                    reader.read(samples, batch, at)
+                hold.gather(st, batch)
+                hold.settle(k, st, batch)
+                reads += samples.size
+                rows += st.size
             sec = time.perf_counter() - t0
             if not checked:  # the last batch against the file, once
-                ref = reader_ref(a.graph, steps[-1].samples)
-                assert batch[0][: steps[-1].samples.size].tobytes() == ref.tobytes()
+                ref = reader_ref(a.graph, plans[-1].samples)
+                assert batch[0][: plans[-1].size].tobytes() == ref.tobytes()
             slowest = comm.allreduce(sec, MPI.MAX)
             tot_reads, tot_rows = comm.allreduce(reads), comm.allreduce(rows)
-            barrier = comm.allreduce(hold.barrier_seconds, MPI.MAX)
+            barrier = comm.allreduce(node.barrier_seconds, MPI.MAX)
             results[name].append({
                 "seconds_per_epoch": round(slowest / run.epochs, 3),
                 "rows_read_per_epoch": tot_reads / run.epochs,
                 "rows_per_second": round(tot_rows / slowest),
                 "barrier_seconds_per_epoch": round(barrier / run.epochs, 3),
-                "barriers_per_epoch": hold.barriers / run.epochs,
+                "barriers_per_epoch": node.barriers / run.epochs,
             })  # fmt: skip
-            del hold, region
+            del hold, node, refill, region
         checked = True
+    for _, stream, _, _ in prepared.values():
+        stream.close()
     if rank == 0:
         cmd = (
             f"mpiexec -n {world} python bench/node_runtime.py {a.graph} --epochs {a.epochs} "

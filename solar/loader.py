@@ -150,10 +150,15 @@ class Loader(IterableDataset[dict]):
     forces H hosts of L consecutive ranks). With a sampler with affinity (``Shuffle``,
     ``Weighted``) the host's share of each global batch is dealt over its ranks, no row moving
     between them; with equal batches every rank still serves ``batch_size`` rows, only a
-    host's surplus moving to ranks of other hosts (solar/schedule/nodeequal.py). For now: no
-    tier, no plan file, no snapshots, no deterministic transform (``"node"`` refuses them in
-    one line, ``"auto"`` then keeps a buffer per rank). Every step is then a collective of the
-    host's ranks (two barriers): every local rank iterates the same steps.
+    host's surplus moving to ranks of other hosts (solar/schedule/nodeequal.py). The host's tier
+    (``tier``/``tier_size``: its ranks' sizes summed) is one file in the directory shared by
+    its ranks; ``snapshots`` are the node planner's (rank 0 saves every host's; a resume
+    replans from the newest of this grouping), a state saved with another grouping or world
+    size loads where the global batches allow (as above). For now: no plan file, no
+    deterministic transform (``"node"`` refuses them in one line, ``"auto"`` then keeps a
+    buffer per rank). Every step is then a collective of the host's ranks (two barriers, more
+    on a step whose host updates a tier or RAM cell twice): every local rank iterates the
+    same steps.
     """
 
     def __init__(
@@ -198,7 +203,7 @@ class Loader(IterableDataset[dict]):
                 one_per_file=one_per_file, tier=tier, tier_size=tier_size, sampler=sampler,
                 horizon=horizon, equal_batches=equal_batches, transform=transform,
                 batch_transform=batch_transform, page_mates=page_mates,
-                batch_format=batch_format, share=share, snapshots=snapshots,
+                batch_format=batch_format, share=share,
             )  # fmt: skip
             check_snapshots(snapshots)
             self._adopt(setup, snapshots)
@@ -233,7 +238,7 @@ class Loader(IterableDataset[dict]):
                                                            snapshots)  # fmt: skip
         if setup.hosts is not None:  # share="node": this rank's share of its host's plan
             self._stream = NodeStream(self.spec, self.rank, setup.hosts,
-                                      stage_bound(self.spec, setup.hosts))  # fmt: skip
+                                      stage_bound(self.spec, setup.hosts), snapshots)  # fmt: skip
         self._exchange: Exchange | None = None
         if self.spec.equal_batches and self.world_size > 1:
             # Rows move as delivered: transformed, if there is a transform.
@@ -376,7 +381,7 @@ class Loader(IterableDataset[dict]):
         spe = self.run.steps_per_epoch
         # After an epoch's last step the next thing to run is the next epoch.
         epoch = self._epoch + 1 if self._next == (self._epoch + 1) * spe else self._epoch
-        return {
+        state = {
             "fingerprint": self.spec.fingerprint,
             "order": self._order_fingerprint(),
             "global_batch": self.run.global_batch,
@@ -385,6 +390,9 @@ class Loader(IterableDataset[dict]):
             "epoch": epoch,
             "next_step": self._next,
         }
+        if self._setup.hosts is not None:  # the grouping it came from (any other loads it)
+            state["hosts"] = self._setup.hosts.as_record()
+        return state
 
     def _order_fingerprint(self) -> str:
         """What the global batches depend on: not the world size or local batch, only their

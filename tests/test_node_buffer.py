@@ -96,6 +96,7 @@ def test_a_node_loader_killed_ends_the_job_and_leaves_no_segment(data, graph):
     result = _mpiexec(4, data, graph, "kill", "2x2", timeout=60, script="node_loader.py")
     assert result.returncode != 0 and "unreachable" not in result.stderr
     assert _ours() - before == set()
+    assert os.listdir(data.parent / "killtier") == []  # nor the node's tier file
 
 
 @pytest.mark.parametrize(
@@ -103,9 +104,7 @@ def test_a_node_loader_killed_ends_the_job_and_leaves_no_segment(data, graph):
     [
         ({"share": "host"}, "share must be"),
         ({"share": "node", "plan": "x.h5"}, "plan: "),
-        ({"share": "node", "tier": "TMP", "tier_size": 10}, "tier: "),
         ({"share": "node", "transform": "held"}, "transform: "),
-        ({"share": "node", "snapshots": "TMP"}, "snapshots: "),
     ],
 )
 def test_a_node_loader_refuses_what_it_does_not_run_in_one_line(data, tmp_path, kwargs, word):

@@ -83,17 +83,7 @@ class TierFile:
         self, directory: str | os.PathLike, *, slots: int, keys: tuple[KeyInfo, ...], name: str,
         executor: Executor, direct_io: bool = True, staging_slots: int = 256,
     ) -> None:  # fmt: skip
-        if slots < 1 or staging_slots < 1:
-            raise SolarError(f"tier: slots ({slots}) and staging_slots must be >= 1")
-        self.keys, self.slots = tuple(keys), slots
-        self.layout = SlotLayout(tuple(k.row_bytes for k in self.keys))
-        self.stride = self.layout.stride
-        self.nbytes = slots * self.stride
-        self.staging_slots = staging_slots
-        self.executor = executor
-        self.throttle = None  # node-local: never the emulated remote file system
-        directory = Path(directory)
-        _check_directory(directory)
+        directory = self._lay_out(directory, slots, keys, executor, staging_slots)
         host = _sanitise(socket.gethostname())
         remove_stale(directory, host)  # first: a crashed run's file may hold the space we need
         vfs = os.statvfs(directory)
@@ -105,9 +95,29 @@ class TierFile:
             )
         # A process may hold several tiers of one plan and rank (loaders live side by side).
         seq = next(_INSTANCES)
+        self.path = directory / f"solar-tier-{_sanitise(name)}.{seq}-{host}-{os.getpid()}.bin"
+        self._adopt(*_create(self.path, self.nbytes, direct_io))
+
+    def _lay_out(self, directory: str | os.PathLike, slots: int, keys: tuple[KeyInfo, ...],
+                 executor: Executor, staging_slots: int) -> Path:  # fmt: skip
+        """The slots' layout and sizes (no file yet); ``directory`` checked."""
+        if slots < 1 or staging_slots < 1:
+            raise SolarError(f"tier: slots ({slots}) and staging_slots must be >= 1")
+        self.keys, self.slots = tuple(keys), slots
+        self.layout = SlotLayout(tuple(k.row_bytes for k in self.keys))
+        self.stride = self.layout.stride
+        self.nbytes = slots * self.stride
+        self.staging_slots = staging_slots
+        self.executor = executor
+        self.throttle = None  # node-local: never the emulated remote file system
+        directory = Path(directory)
+        _check_directory(directory)
+        return directory
+
+    def _adopt(self, fd: int, direct_io: bool) -> None:
+        """Run the tier over ``fd`` (``nbytes`` allocated, O_DIRECT or not), this process's."""
         self._pid = os.getpid()
-        self.path = directory / f"solar-tier-{_sanitise(name)}.{seq}-{host}-{self._pid}.bin"
-        self._fd, self.direct_io = _create(self.path, self.nbytes, direct_io)
+        self._fd, self.direct_io = fd, direct_io
         self._finalizer = weakref.finalize(self, os.close, self._fd)
         # Also at the exit of a multiprocessing child, which skips atexit (and so weakref's).
         multiprocessing.util.Finalize(self, self._finalizer, exitpriority=0)
@@ -115,7 +125,7 @@ class TierFile:
         self.write_wait_seconds = 0.0
         self._error: BaseException | None = None  # a failed write: the tier is unusable
         self._closed = False
-        self._st = _State(slots, staging_slots, self.stride)
+        self._st = _State(self.slots, self.staging_slots, self.stride)
 
     # -- a byte source of the executor ---------------------------------------------------------
     def fd(self, i: int) -> contextlib.AbstractContextManager[int]:
@@ -433,19 +443,26 @@ def _create(path: Path, nbytes: int, direct_io: bool) -> tuple[int, bool]:
     fd = _unlinked(path)
     try:
         os.posix_fallocate(fd, 0, nbytes)  # before O_DIRECT: glibc may emulate it by writes
-        if direct_io:
-            try:  # the same file opened again, by its descriptor: it has no name
-                dfd = open_descriptor(f"/proc/self/fd/{fd}", os.O_RDWR, o_direct=True)
-            except NoDirectIO:
-                warnings.warn(f"tier {path}: no O_DIRECT here, using buffered I/O", stacklevel=3)
-            else:
-                os.close(fd)
-                return dfd, True
-        return fd, False
+        return reopen_direct(fd, path, direct_io)
     except (OSError, SolarError) as exc:
         os.close(fd)
         why = exc.strerror if isinstance(exc, OSError) else exc
         raise SolarError(f"tier {path}: cannot allocate {format_bytes(nbytes)} ({why})") from None
+
+
+def reopen_direct(fd: int, path: str | os.PathLike, direct_io: bool) -> tuple[int, bool]:
+    """``fd`` opened again with O_DIRECT (by its descriptor: it may have no name) and closed,
+    if ``direct_io`` and the file system has it; else ``fd``. The descriptor and whether
+    O_DIRECT is on."""
+    if direct_io:
+        try:
+            dfd = open_descriptor(f"/proc/self/fd/{fd}", os.O_RDWR, o_direct=True)
+        except NoDirectIO:
+            warnings.warn(f"tier {path}: no O_DIRECT here, using buffered I/O", stacklevel=4)
+        else:
+            os.close(fd)
+            return dfd, True
+    return fd, False
 
 
 def _unlinked(path: Path) -> int:

@@ -25,7 +25,8 @@ nodeholdings.py one buffer per node (a node plan, solar/schedule/nodeplan.py): a
                 its host's shared buffer, rows read once for the host, host barriers per step;
                 ``SharedHoldings``, the holdings stage of ``Loader(share="node")``, built by
                 ``pipeline.build`` over a ``NodeStream`` (solar/schedule/nodestream.py):
-                no tier, no step assembled ahead or read before its plan
+                the node's tier one shared file, its hits read at the step; no step
+                assembled ahead or read before its plan
 assembly.py     a step's batch from its reads and hits (rows as read)
 transforms.py   transformed assemblies: scheduling transforms, steps assembled ahead, the
                 refill of held transformed rows

@@ -2,36 +2,38 @@
 
 The host's RAM buffer is one shared region (solar/cache/shared.py) that every local rank maps;
 so is a staging area where a row read for several local ranks is put by its reader for the
-others. Per step ``k`` a rank:
+others; the host's tier, if any, is one file they all opened (solar/cache/nodetier.py). Per
+step ``k`` a rank:
 
-1. gathers its hits from the node's slots (as they stand at the step's start) and reads its
-   own misses from storage into its batch rows;
+1. gathers its hits from the node's slots and reads its tier hits from the node's tier (both
+   as they stand at the step's start), its own misses from storage into its batch rows;
 2. puts its reads that other local ranks need into the staging area;
-3. waits at the host's barrier (every local rank has done 1-2);
-4. copies its ``PEER`` rows from the staging area, stores the admissions it read into the
-   node's slots (only a row's reader stores it);
-5. waits at the host's barrier (every store of step k is done before any hit of step k + 1,
-   and every staging row is taken before it is overwritten).
+3. waits at the host's barrier (every local rank has done 1-2: no slot or tier slot is read
+   for step k after it);
+4. copies its ``PEER`` rows from the staging area, then applies the updates the plan gives
+   it (only a row's reader stores it): demotions, admissions, tier admissions, its tier
+   writes waited for; where the host updates a cell twice in the step, in the plan's
+   phases, with a barrier before those that update a cell another rank updated since the
+   last one (solar/schedule/nodeplan.py ``host_phases``);
+5. waits at the host's barrier (every store and tier write of step k is done before any hit
+   of step k + 1, and every staging row is taken before it is overwritten).
 
 No lock: the plan orders every write before the reads that depend on it, the barriers are the
-ranks' own collectives. RAM buffer only (a node tier is not run yet).
-
-:class:`NodeHoldings` runs a :class:`NodeStep` alone (bench/node_runtime.py, tests);
-:class:`SharedHoldings` is the Loader's holdings stage with ``share="node"``: the same steps
-1-5 inside the pipeline, where reads land in batch memory ahead (solar.runtime.reads),
-:meth:`~solar.runtime.holdings.Holdings.gather` is step 1's hits and :meth:`SharedHoldings.settle`
-steps 2-5.
+ranks' own collectives. :class:`SharedHoldings` is the Loader's holdings stage with
+``share="node"``: reads land in batch memory ahead (solar.runtime.reads),
+:meth:`SharedHoldings.gather` is step 1's hits and :meth:`SharedHoldings.settle` steps 2-5.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from concurrent.futures import wait
 from typing import Any
 
 import numpy as np
 
+from solar.cache.nodetier import NodeTierFile
 from solar.cache.shared import NodeRegion
 from solar.cache.slots import SlotBuffer, copy_rows
 from solar.errors import SolarError
@@ -39,77 +41,25 @@ from solar.io.info import KeyInfo
 from solar.io.reader import Reader
 from solar.runtime.holdings import Holdings
 from solar.runtime.steps import Steps
-from solar.schedule import ADMIT, HIT, PEER, SIDE, THIT
-from solar.schedule.nodeplan import Hosts, NodeEpoch
-from solar.schedule.rankplan import RankPlan, StepPlan
+from solar.schedule.rankplan import StepPlan
 
 Key = tuple[tuple[int, ...], Any]  # a key's sample shape and dtype
 Read = Callable[[np.ndarray, list[np.ndarray], np.ndarray], int]  # Reader.read's signature
 
 
-@dataclass(frozen=True)
-class NodeStep:
-    """What rank r does at one step of a node plan (rows index its batch, then side rows)."""
-
-    samples: np.ndarray  # (size,) served, in the rank's access order
-    read_rows: np.ndarray  # rows read from storage by this rank (batch and side rows)
-    read_samples: np.ndarray
-    hit_rows: np.ndarray
-    hit_slots: np.ndarray
-    admit_rows: np.ndarray
-    admit_slots: np.ndarray
-    stage_rows: np.ndarray  # rows this rank puts into the staging area ...
-    stage_at: np.ndarray  # ... at these staging rows
-    peer_rows: np.ndarray  # rows this rank takes from the staging area ...
-    peer_at: np.ndarray  # ... from these staging rows
-    rows_needed: int
-
-
-def node_steps(ne: NodeEpoch, rank: int) -> list[NodeStep]:
-    """Rank ``rank``'s steps of one node epoch (every rank can compute every rank's)."""
-    hosts = ne.hosts
-    group = hosts.groups[hosts.host_of(rank)]
-    ranks = ne.ranks
-    out = []
-    for t in range(ranks.step_offsets.shape[1] - 1):
-        # Staging rows of the step: the host accesses some local rank takes as a PEER row.
-        peer_at = []
-        for q in group:
-            lo = ranks.rank_offsets[q]
-            a, b = lo + ranks.step_offsets[q, t], lo + ranks.step_offsets[q, t + 1]
-            peer_at.append(ne.at[a:b][(ranks.flags[a:b] & PEER) != 0])
-        shared = np.unique(np.concatenate(peer_at)) if peer_at else np.zeros(0, np.int64)
-        lo = ranks.rank_offsets[rank]
-        a, b = lo + ranks.step_offsets[rank, t], lo + ranks.step_offsets[rank, t + 1]
-        f, x, at = ranks.flags[a:b], ranks.sample[a:b].astype(np.int64), ne.at[a:b]
-        side = (f & SIDE) != 0
-        hit = (f & HIT) != 0
-        if np.any(f & THIT):
-            raise SolarError("node buffer: a node tier is not run yet")
-        peer = (f & PEER) != 0
-        own = ~(hit | peer)
-        rows = np.arange(b - a, dtype=np.int64)
-        admit = (f & ADMIT) != 0
-        stage = own & np.isin(at, shared)
-        out.append(NodeStep(
-            x[~side], rows[own], x[own], rows[hit], ranks.slot[a:b][hit].astype(np.int64),
-            rows[admit], ranks.slot[a:b][admit].astype(np.int64),
-            rows[stage], np.searchsorted(shared, at[stage]),
-            rows[peer], np.searchsorted(shared, at[peer]), int(b - a),
-        ))  # fmt: skip
-    return out
-
-
 class NodeHoldings:
-    """One rank's view of its host's shared buffer and staging area (see the module's
+    """One rank's view of its host's shared buffer, staging area and tier (see the module's
     docstring). ``region`` must have room for :meth:`region_parts`; ``barrier`` waits for
-    every local rank (the host communicator's, or a superset's)."""
+    every local rank (the host communicator's, or a superset's); ``tier``: the node's tier
+    file, or None."""
 
     def __init__(self, region: NodeRegion, slots: int, stage_rows: int, keys: list[Key],
-                 barrier: Callable[[], None]) -> None:  # fmt: skip
+                 barrier: Callable[[], None],
+                 tier: NodeTierFile | None = None) -> None:  # fmt: skip
         self.slots = [region.carve((slots, *shape), dt) for shape, dt in keys]
         self.staging = [region.carve((max(stage_rows, 1), *shape), dt) for shape, dt in keys]
         self.barrier = barrier
+        self.tier = tier
         self.barriers = 0  # figures: barriers waited at, and their seconds
         self.barrier_seconds = 0.0
 
@@ -126,44 +76,53 @@ class NodeHoldings:
         self.barriers += 1
 
     def refill(self, cells: np.ndarray, samples: np.ndarray, local: int, per_host: int,
-               read: Read) -> int:  # fmt: skip
-        """Resume: fill the node's ``cells`` with ``samples`` (:func:`host_refill_at`), this
-        local rank reading every ``per_host``-th from its ``local`` index; a collective of the
-        host's ranks. The bytes read."""
+               read: Read, rows: int) -> int:  # fmt: skip
+        """Resume: fill the node's ``cells`` (RAM slots, then tier slots past them) with
+        ``samples`` (:meth:`~solar.schedule.nodestream.NodeWindow.refill_at`), this local rank
+        reading every ``per_host``-th from its ``local`` index, tier rows through staging
+        memory ``rows`` at a time; a collective of the host's ranks. The bytes read."""
         mine = slice(local, None, per_host)
-        if np.any(cells >= self.slots[0].shape[0]):
-            raise SolarError("node buffer: a refill names a tier cell (a node tier is not run)")
-        nbytes = read(samples[mine], self.slots, cells[mine]) if samples[mine].size else 0
-        self._wait()  # the buffer is whole before any rank's first hit
-        return nbytes
-
-    def serve(self, step: NodeStep, batch: list[np.ndarray], read: Read) -> int:
-        """Run one step into ``batch`` (per key, at least ``step.rows_needed`` rows); the
-        bytes read from storage. A collective of the host's ranks."""
-        for buf, out in zip(self.slots, batch, strict=True):
-            copy_rows(buf, step.hit_slots, out, step.hit_rows)
-        nbytes = read(step.read_samples, batch, step.read_rows) if step.read_rows.size else 0
-        for stg, out in zip(self.staging, batch, strict=True):
-            copy_rows(out, step.stage_rows, stg, step.stage_at)
-        self._wait()  # every hit gathered, every staging row put
-        for stg, out in zip(self.staging, batch, strict=True):
-            copy_rows(stg, step.peer_at, out, step.peer_rows)
-        for buf, out in zip(self.slots, batch, strict=True):
-            copy_rows(out, step.admit_rows, buf, step.admit_slots)
-        self._wait()  # every store done, every staging row taken
+        cells, samples = cells[mine], samples[mine]
+        capacity = self.slots[0].shape[0]
+        ram = cells < capacity
+        if not np.all(ram) and self.tier is None:
+            raise SolarError("node buffer: a refill names a tier cell, and the node has no tier")
+        nbytes = read(samples[ram], self.slots, cells[ram]) if np.any(ram) else 0
+        if self.tier is not None and not np.all(ram):
+            tslots, samples = cells[~ram] - capacity, samples[~ram]
+            staging = [np.empty((rows, *b.shape[1:]), b.dtype) for b in self.slots]
+            for lo in range(0, samples.size, rows):
+                part = slice(lo, lo + rows)
+                at = np.arange(samples[part].size)
+                nbytes += read(samples[part], staging, at)
+                self.tier.submit_write(tslots[part], staging, at)  # copied before it returns
+            self.tier.wait_writes()
+        self._wait()  # the buffer and tier are whole before any rank's first hit
         return nbytes
 
 
 class SharedHoldings(Holdings):
     """A rank's holdings in a node buffer: hits gathered from the host's shared slots (as
-    :class:`Holdings`), then at :meth:`settle` the step's rows exchanged through the staging
-    rows between two host barriers and its admissions stored (a collective of the host's ranks
-    every step, and at a refill)."""
+    :class:`Holdings`) and tier hits read from its shared tier, then at :meth:`settle` the
+    step's rows exchanged through the staging rows between two host barriers and its updates
+    applied (a collective of the host's ranks every step, and at a refill)."""
 
     def __init__(self, node: NodeHoldings, keys: tuple[KeyInfo, ...], steps: Steps,
                  refill: NodeRefill) -> None:  # fmt: skip
-        super().__init__(SlotBuffer.over(node.slots, keys), None, steps, refill)
+        super().__init__(SlotBuffer.over(node.slots, keys), node.tier, steps, refill)
         self.node = node
+
+    def gather(self, step: StepPlan, into: list[np.ndarray]) -> None:
+        """Copy the step's RAM hits, and read its tier hits, into batch rows ``into``: the
+        node's cells as the step starts (no rank updates them before the step's first host
+        barrier)."""
+        super().gather(step, into)
+        if step.tier_rows.size:
+            assert self.tier is not None
+            futures = self.tier.submit_read(step.tier_slots, into, step.tier_rows)
+            wait(futures)
+            for f in futures:
+                f.result()  # the first failure, if any (one line)
 
     def settle(self, k: int, step: StepPlan, batch: list[np.ndarray]) -> None:
         node = self.node
@@ -175,44 +134,47 @@ class SharedHoldings(Holdings):
         if step.copy_dst.size:  # a sample drawn twice in the batch: once in, then copied
             for rows in batch:
                 copy_rows(rows, step.copy_src, rows, step.copy_dst)
-        self.buffer.store(batch, step.admit_rows, step.admit_slots)
+        if step.phase_waits is None:
+            self._update(step, batch)
+        else:  # the host updates a cell twice: its phases in turn
+            for n, waits in enumerate(step.phase_waits.tolist()):
+                if waits:
+                    self._written()
+                    node._wait()  # another rank's updates of a cell of this phase are done
+                self._update(_phase(step, n), batch)
+        self._written()
         node._wait()  # every store done (before any hit of k + 1), every staged row taken
         self._at = k + 1
 
+    def _written(self) -> None:
+        """This rank's tier writes on disk (another rank may read them next)."""
+        if self.tier is not None:
+            self.tier.wait_writes()
+
+
+def _phase(step: StepPlan, n: int) -> StepPlan:
+    """``step`` with only its updates of phase ``n``."""
+    assert step.demote_phase is not None and step.admit_phase is not None
+    assert step.tadmit_phase is not None
+    d, a, t = step.demote_phase == n, step.admit_phase == n, step.tadmit_phase == n
+    return step._replace(
+        demote_slots=step.demote_slots[d], demote_tslots=step.demote_tslots[d],
+        admit_rows=step.admit_rows[a], admit_slots=step.admit_slots[a],
+        tadmit_rows=step.tadmit_rows[t], tadmit_tslots=step.tadmit_tslots[t],
+    )  # fmt: skip
+
 
 class NodeRefill:
-    """A refill of the host's buffer: this local rank reads every ``per_host``-th row of it
-    from its ``local`` index (a collective of the host's ranks)."""
+    """A refill of the host's buffer and tier: this local rank reads every ``per_host``-th
+    row of it from its ``local`` index (a collective of the host's ranks); tier rows go
+    through staging memory ``rows`` at a time."""
 
-    def __init__(self, node: NodeHoldings, reader: Reader, local: int, per_host: int) -> None:
+    def __init__(self, node: NodeHoldings, reader: Reader, local: int, per_host: int,
+                 rows: int) -> None:  # fmt: skip
         self.node, self.reader, self.local, self.per_host = node, reader, local, per_host
+        self.rows = max(1, rows)
 
     def fill(self, k: int, cells: np.ndarray, samples: np.ndarray) -> int:
         self.node._wait()  # no local rank still gathers hits from the slots overwritten
-        return self.node.refill(cells, samples, self.local, self.per_host, self.reader.read)
-
-
-def host_refill_at(
-    epochs: list[NodeEpoch], host: int, k: int, slots: int, tier_slots: int = 0
-) -> tuple[np.ndarray, np.ndarray]:
-    """``(cells, samples)`` host ``host``'s buffer must hold to start at global step ``k`` of
-    the run whose node plan ``epochs`` are (from epoch 0): a replay of the host's plan."""
-    parts = [ne.host.rank(host) for ne in epochs]
-    plan = RankPlan.from_parts(host, parts, slots, tier_slots=tier_slots)
-    return plan.refill_at(k)
-
-
-def stage_rows_needed(epochs: list[NodeEpoch], hosts: Hosts) -> int:
-    """The most staging rows any host needs at any step of ``epochs``."""
-    most = 0
-    for ne in epochs:
-        for group in hosts.groups:
-            for t in range(ne.ranks.step_offsets.shape[1] - 1):
-                ats = []
-                for q in group:
-                    lo = ne.ranks.rank_offsets[q]
-                    a = lo + ne.ranks.step_offsets[q, t]
-                    b = lo + ne.ranks.step_offsets[q, t + 1]
-                    ats.append(ne.at[a:b][(ne.ranks.flags[a:b] & PEER) != 0])
-                most = max(most, np.unique(np.concatenate(ats)).size)
-    return most
+        return self.node.refill(cells, samples, self.local, self.per_host, self.reader.read,
+                                self.rows)  # fmt: skip

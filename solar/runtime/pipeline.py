@@ -13,6 +13,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from solar.cache.nodetier import NodeTierFile
 from solar.cache.shared import NodeRegion
 from solar.cache.slots import SlotBuffer
 from solar.cache.tier import TierFile, tier_stride
@@ -193,11 +194,13 @@ def build(setup: Setup, stream: RankStream | NodeStream, stats: LoaderStats,
 
 def _build_node(setup: Setup, stream: NodeStream, steps: Steps, stats: LoaderStats,
                 exchange: Exchange | None) -> Pipeline:  # fmt: skip
-    """``share="node"``: the host's buffer and staging rows in one shared region, the steps
-    collectives of the host's ranks. No tier, no held transforms (refused by setup), no step
-    read before its plan (its peer rows are another rank's), and no step assembled ahead: a
-    rank never waits at a host barrier for a step the others have not been asked for (a
-    trainer's own collectives between steps would then wait for it)."""
+    """``share="node"``: the host's buffer and staging rows in one shared region, its tier
+    one file shared by its ranks, the steps collectives of the host's ranks. No held
+    transforms (refused by setup), no step read before its plan (its peer rows are another
+    rank's), no tier hit read ahead (another rank may write its slot until the step starts:
+    the holdings read them at the step), and no step assembled ahead: a rank never waits at a
+    host barrier for a step the others have not been asked for (a trainer's own collectives
+    between steps would then wait for it)."""
     hosts, hc = setup.hosts, setup.host_comm
     assert hosts is not None
     if setup.comm is None and setup.world_size > 1:
@@ -208,10 +211,19 @@ def _build_node(setup: Setup, stream: NodeStream, steps: Steps, stats: LoaderSta
     parts = NodeHoldings.region_parts(stream.slots, stream.stage_rows, keys)
     region = NodeRegion(NodeRegion.size_of(parts), hc, shared_key(setup.comm), stream.host,
                         stream.local)  # fmt: skip
+    tier = None
+    if stream.tier_slots and setup.tier_dir is not None:  # the host's: one file, all open it
+        tier = NodeTierFile(
+            setup.tier_dir, slots=stream.tier_slots, keys=setup.held_keys,
+            executor=setup.reader.executor, comm=hc, key=shared_key(setup.comm),
+            host=stream.host, local_rank=stream.local,
+            staging_slots=max(64, (256 << 20) // tier_stride(setup.held_keys)),  # 256 MiB
+        )  # fmt: skip
     barrier = hc.Barrier if hasattr(hc, "Barrier") else (lambda: hc.allgather(None))
     node = NodeHoldings(region, stream.slots, stream.stage_rows, keys,
-                        barrier if hc is not None else (lambda: None))  # fmt: skip
-    refill = NodeRefill(node, setup.reader, stream.local, hosts.local)
+                        barrier if hc is not None else (lambda: None), tier)  # fmt: skip
+    refill = NodeRefill(node, setup.reader, stream.local, hosts.local,
+                        setup.spec.buffer.cap(setup.run.batch_size))  # fmt: skip
     holdings = SharedHoldings(node, setup.held_keys, steps, refill)
     pool = None
     if setup.transform is not None:

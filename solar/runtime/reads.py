@@ -53,8 +53,9 @@ class Reads:
             if reads.size:
                 io.futures = self.reader.submit(reads, io.batch, read_rows)
             io.storage = len(io.futures)
-            if step.tier_rows.size:
-                assert self.tier is not None and (io.out is not None or not self.tier_into_out)
+            # (Without a tier here, a node's: its holdings read its hits at the step.)
+            if step.tier_rows.size and self.tier is not None:
+                assert io.out is not None or not self.tier_into_out
                 into = io.out[1] if io.out is not None and self.tier_into_out else io.batch
                 try:
                     io.futures += self.tier.read_step(k, step.tier_slots, into, step.tier_rows)

@@ -97,7 +97,6 @@ def configure(
     page_mates: bool,
     batch_format: str = "dict",
     share: str = "auto",
-    snapshots: str | os.PathLike | None = None,
 ) -> Setup:
     """A Loader's arguments (solar.loader) checked and decided, in the order a user's
     mistakes are best reported; every rank agrees on the plan and the keys."""
@@ -146,7 +145,7 @@ def configure(
                            sum(k.row_bytes for k in held), local)  # fmt: skip
     agree(comm, [(k.name, k.sample_shape, k.dtype.str) for k in out],
           "the transform's output keys, shapes and dtypes")  # fmt: skip
-    hosts, hc = _share(share, spec, plan, tier, holds, snapshots, w, comm)
+    hosts, hc = _share(share, spec, plan, holds, w, comm)
     return Setup(info, r, w, cores, config, run, spec, given, chosen,
                  io, fn, batch_transform, out, held, tier, comm, batch_format, hosts,
                  hc)  # fmt: skip
@@ -166,8 +165,8 @@ def _check_batch_format(batch_format: str) -> None:
 SHARES = ("auto", "rank", "node")
 
 
-def _share(share: str, spec: PlanSpec, plan: Any, tier: Any, holds_transformed: bool,
-           snapshots: Any, world: int, comm: Any) -> tuple[Hosts | None, Any]:  # fmt: skip
+def _share(share: str, spec: PlanSpec, plan: Any, holds_transformed: bool, world: int,
+           comm: Any) -> tuple[Hosts | None, Any]:  # fmt: skip
     """The ranks grouped by host (``SOLAR_HOSTS=HxL`` forces a grouping) and this rank's host
     communicator, for a node buffer; (None, None): a buffer per rank. ``"node"``: refused,
     in one line naming the parameter, where the node buffer does not run the configuration;
@@ -176,7 +175,7 @@ def _share(share: str, spec: PlanSpec, plan: Any, tier: Any, holds_transformed: 
         raise SolarError(f"share must be one of {SHARES}, got {share!r}")
     if share == "rank":
         return None, None
-    why = node_unsupported(spec, plan, tier, holds_transformed, snapshots, world, comm)
+    why = node_unsupported(spec, plan, holds_transformed, world, comm)
     if share == "auto":
         return _auto_share(spec, why, world, comm)
     if why:
@@ -185,19 +184,15 @@ def _share(share: str, spec: PlanSpec, plan: Any, tier: Any, holds_transformed: 
     return Hosts.of_names(names), host_comm(comm, names)
 
 
-def node_unsupported(spec: PlanSpec, plan: Any, tier: Any, holds_transformed: bool,
-                     snapshots: Any, world: int, comm: Any) -> str:  # fmt: skip
+def node_unsupported(spec: PlanSpec, plan: Any, holds_transformed: bool, world: int,
+                     comm: Any) -> str:  # fmt: skip
     """Why a node buffer does not run this configuration yet (the parameter first), or "":
     the one list of it (``share="node"`` refuses with it, ``"auto"`` falls back per rank)."""
     if plan is not None:
         return "plan: a plan file holds per-rank buffers (pass plan=None)"
-    if tier is not None:
-        return "tier: a node tier is not run yet (pass tier=None)"
     if holds_transformed:
         return ("transform: a deterministic transform's rows held transformed are not shared "
                 "yet (Transform(deterministic=False) holds raw rows)")  # fmt: skip
-    if snapshots is not None:
-        return "snapshots: a node plan is not snapshotted yet (pass snapshots=None)"
     if world > 1 and comm is None:
         return "comm: the ranks of a host synchronise every step (pass comm=)"
     return ""

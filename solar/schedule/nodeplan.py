@@ -339,10 +339,11 @@ def plan_node_epoch(
             _split_affinity(bounds, host_of, flags, table, reader, out_rank, out_at, counts)
     # A slot stored twice at a step: only the last store counts (hits read the step's start),
     # and local ranks store side by side, in no order: the earlier stores are dropped.
-    cells = max(1, host_spec.slots + max(0, host_spec.buffer.tier))
-    dead = np.zeros(n, np.bool_)
+    ram = max(1, host_spec.slots)
+    cells = ram + max(0, host_spec.buffer.tier)
+    dead = np.zeros(n, np.uint8)
     _dead_stores(bounds, np.asarray(sched.rank, np.int64), flags, np.asarray(sched.slot),
-                 np.asarray(sched.tslot), cells, hosts.count, dead)  # fmt: skip
+                 np.asarray(sched.tslot), ram, cells, hosts.count, dead)  # fmt: skip
     rank_offsets = np.zeros(world + 1, np.int64)
     np.cumsum(counts.sum(axis=0), out=rank_offsets[1:])
     step_offsets = np.zeros((world, steps + 1), np.int64)
@@ -366,7 +367,10 @@ def _rank_major(out_rank, out_at, fill, samples, flags, slot, tslot, reader, dea
                 r_sample, r_slot, r_tslot, r_flags, r_reader, r_at):  # fmt: skip
     """Every rank's accesses (step-major ``out_rank``/``out_at``) in rank-major order (a
     stable counting sort), with the host's decision on each: a miss another local rank reads
-    is PEER (no store, no cell), a store overwritten later in its step is dropped."""
+    is PEER (no store, no cell), a store or tier write overwritten later in its step is
+    dropped (``dead``), and a hit several local ranks take (a tier hit promoted to RAM) is
+    stored by the first of them."""
+    claimed = np.zeros(flags.shape[0], np.bool_)
     for j in range(out_rank.shape[0]):
         r = out_rank[j]
         i = out_at[j]
@@ -378,9 +382,16 @@ def _rank_major(out_rank, out_at, fill, samples, flags, slot, tslot, reader, dea
         if not f & (HIT | THIT) and rd != r:
             f = (f & ~(ADMIT | TADMIT | DEMOTE)) | PEER
             s, ts = -1, -1
-        elif dead[i]:
-            f = f & ~ADMIT
-            s = -1
+        else:
+            if dead[i] & 1:
+                f = f & ~ADMIT
+                s = -1
+            if dead[i] & 2:
+                f = f & ~(TADMIT | DEMOTE)
+            if f & (ADMIT | TADMIT | DEMOTE):
+                if claimed[i]:
+                    f = f & ~(ADMIT | TADMIT | DEMOTE)
+                claimed[i] = True
         r_sample[d] = samples[i]
         r_slot[d] = s
         r_tslot[d] = ts
@@ -398,17 +409,29 @@ def _host_index(rank, fill, out):
 
 
 @njit(cache=True, nogil=True)
-def _dead_stores(bounds, host_of, flags, slot, tslot, cells, hosts, dead):
-    """``dead[i]``: access i's RAM store (ADMIT, no tier) is overwritten later in its step by
-    another store of its host to the same slot."""
+def _dead_stores(bounds, host_of, flags, slot, tslot, ram, cells, hosts, dead):
+    """``dead[i] & 2``: access i's tier write (TADMIT, or DEMOTE's) is overwritten later in
+    its step by another of its host to the same tier slot (no tier slot is read within a step:
+    tier hits read the tier as the step starts); ``dead[i] & 1``: its RAM store (ADMIT, no
+    live demotion, no tier hit) is overwritten later in its step by another store of its host
+    to the same slot, with no live demotion reading it in between."""
     stamp = np.full(hosts * cells, -1, np.int64)
     for t in range(bounds.shape[0] - 1):
         for i in range(bounds[t + 1] - 1, bounds[t] - 1, -1):
-            if flags[i] & ADMIT and not flags[i] & (DEMOTE | THIT):
+            if flags[i] & (TADMIT | DEMOTE):
+                key = host_of[i] * cells + ram + tslot[i]
+                if stamp[key] == t:
+                    dead[i] |= 2
+                stamp[key] = t
+        for i in range(bounds[t + 1] - 1, bounds[t] - 1, -1):
+            demotes = flags[i] & DEMOTE and not dead[i] & 2
+            if flags[i] & ADMIT and not demotes and not flags[i] & THIT:
                 key = host_of[i] * cells + slot[i]
                 if stamp[key] == t:
-                    dead[i] = True
+                    dead[i] |= 1
                 stamp[key] = t
+            elif demotes:  # reads the slot first: the stores before it count
+                stamp[host_of[i] * cells + slot[i]] = -1
 
 
 @njit(cache=True, inline="always")
@@ -543,6 +566,55 @@ def _split_affinity(bounds, host_of, flags, table, reader, out_rank, out_at, cou
             out_at[m] = i
             m += 1
             counts[t, r] += 1
+
+
+def host_phases(local: np.ndarray, flags: np.ndarray, slot: np.ndarray,
+                tslot: np.ndarray) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+    """The host's updates of a step, in its access order (the local rank applying each,
+    ``flags``, RAM ``slot``, tier ``tslot``), cut into phases applied in turn where a RAM slot
+    would be stored, or a tier slot written, a second time: each update's phase, and for each
+    phase whether the host's ranks wait for each other before it. They wait only where the
+    cell was updated by another local rank since they last did: within those waits every cell
+    is one rank's, updated in its phases' order (a demotion reads the slot its own access
+    stores), so the ranks apply a phase side by side, in any order."""
+    f = np.asarray(flags, np.int64)
+    stores = np.where(f & ADMIT, slot, -1)
+    writes = np.where(f & (TADMIT | DEMOTE), tslot, -1)
+    # Cells named 0..m-1 (the stamps below are as long as the step's updates, not the buffer).
+    _, ram = np.unique(stores, return_inverse=True)
+    _, tier = np.unique(writes, return_inverse=True)
+    phase = np.empty(f.size, np.int64)
+    waits = np.zeros(f.size + 1, np.bool_)
+    count = _phases(ram.ravel(), stores >= 0, tier.ravel(), writes >= 0,
+                    np.asarray(local, np.int64), phase, waits)  # fmt: skip
+    return phase, waits[:count]
+
+
+@njit(cache=True, nogil=True)
+def _phases(ram, stores, tier, writes, local, phase, waits):
+    m = ram.size + 1
+    ram_seg, ram_who, ram_ph = np.full(m, -1), np.full(m, -1), np.full(m, -1)
+    tier_seg, tier_who, tier_ph = np.full(m, -1), np.full(m, -1), np.full(m, -1)
+    seg = 0  # since the ranks last waited
+    ph = 0
+    for i in range(phase.size):
+        r, w, q = ram[i], tier[i], local[i]
+        if (stores[i] and ram_seg[r] == seg and ram_who[r] != q) or (
+            writes[i] and tier_seg[w] == seg and tier_who[w] != q
+        ):
+            seg += 1
+            ph += 1
+            waits[ph] = True
+        elif (stores[i] and ram_seg[r] == seg and ram_ph[r] == ph) or (
+            writes[i] and tier_seg[w] == seg and tier_ph[w] == ph
+        ):
+            ph += 1
+        if stores[i]:
+            ram_seg[r], ram_who[r], ram_ph[r] = seg, q, ph
+        if writes[i]:
+            tier_seg[w], tier_who[w], tier_ph[w] = seg, q, ph
+        phase[i] = ph
+    return ph + 1
 
 
 def node_totals(spec: PlanSpec, hosts: Hosts, buffer: BufferConfig | None = None) -> dict:

@@ -12,20 +12,27 @@ taken from the host's staging rows (``stage_rows``/``stage_at``, ``peer_rows``/`
 Every local rank plans its host (the plan is a pure function of the inputs: they all plan the
 same; with a sampler with affinity, every host, as the split of a global batch needs). With
 equal batches on several hosts, :meth:`~NodeWindow.transfer` is the rank's exchange of the
-host's surplus rows with other hosts' ranks (solar/schedule/nodeequal.py). RAM buffer only; no
-plan file, no snapshots (a jump back replans from epoch 0).
+host's surplus rows with other hosts' ranks (solar/schedule/nodeequal.py). With a tier, the
+step's tier hits and tier writes too, its updates cut into the host's phases where the host
+updates a cell twice (:func:`~solar.schedule.nodeplan.host_phases`). No plan file; a jump back
+replans from epoch 0, or, given a directory of node planner snapshots (rank 0 saves one after
+each epoch it plans, of every host: solar/schedule/nodesnapshot.py), from the newest one of
+this grouping at or before the epoch.
 """
 
 from __future__ import annotations
 
+import os
 import time
+import warnings
 
 import numpy as np
 
 from solar.errors import CorruptPlanError, SolarError
-from solar.schedule._common import ADMIT, HIT, PEER, SIDE, THIT
+from solar.schedule import nodesnapshot
+from solar.schedule._common import ADMIT, DEMOTE, HIT, PEER, SIDE, TADMIT, THIT, tier_slot_count
 from solar.schedule.nodeequal import node_transfer
-from solar.schedule.nodeplan import Hosts, NodeEpoch, NodePlanner, node_spec
+from solar.schedule.nodeplan import Hosts, NodeEpoch, NodePlanner, host_phases, node_spec
 from solar.schedule.rankplan import RankPlan, StepPlan
 from solar.schedule.spec import PlanSpec
 from solar.schedule.stream import EpochsAhead
@@ -51,6 +58,7 @@ class NodeWindow:
             self._host = RankPlan.from_parts(
                 s.host, [ne.host.rank(s.host) for ne in self.parts], s.slots,
                 first_step=self.first_step, initial=self.initial, complete=self.complete,
+                tier_slots=s.tier_slots,
             )  # fmt: skip
         return self._host
 
@@ -78,22 +86,55 @@ class NodeWindow:
         mine = span(s.rank)
         f, at = ranks.flags[mine], ne.at[mine]
         x, slot = ranks.sample[mine].astype(np.int64), ranks.slot[mine].astype(np.int64)
-        if np.any(f & THIT):
-            raise CorruptPlanError(f"node plan: step {k} has a tier hit (no node tier is run)")
+        if np.any(f & (THIT | TADMIT | DEMOTE)) and not s.tier_slots:
+            raise CorruptPlanError(f"node plan: step {k} uses a tier the node does not have")
         side = (f & SIDE) != 0
         served = int(np.count_nonzero(~side))
         if np.any(side[:served]):
             raise CorruptPlanError(f"node plan: step {k}'s side rows do not follow its batch")
         hit, peer, admit = (f & HIT) != 0, (f & PEER) != 0, (f & ADMIT) != 0
-        own = ~(hit | peer)
+        thit = (f & THIT) != 0
+        own = ~(hit | thit | peer)
         rows = np.arange(f.size, dtype=np.int64)
         stage = own & np.isin(at, shared)
+        tier: dict = {}
+        if s.tier_slots:
+            tslot = ranks.tslot[mine].astype(np.int64)
+            demote, tadmit = (f & DEMOTE) != 0, (f & TADMIT) != 0
+            tier = dict(tier_rows=rows[thit], tier_slots=tslot[thit], demote_slots=slot[demote],
+                        demote_tslots=tslot[demote], tadmit_rows=rows[tadmit],
+                        tadmit_tslots=tslot[tadmit])  # fmt: skip
+            # The host's phases: where it updates a cell twice, in turn.
+            u = self._host_updates(t, ne)
+            phase, waits = host_phases(u[:, 1], u[:, 3], u[:, 4], u[:, 5])
+            if waits.size > 1:
+                of = np.full(f.size, -1, np.int64)
+                me = u[:, 1] == s.local
+                of[u[me, 2]] = phase[me]
+                tier.update(phase_waits=waits, demote_phase=of[demote], admit_phase=of[admit],
+                            tadmit_phase=of[tadmit])  # fmt: skip
         return StepPlan(
             k, x[:served], rows[own & ~side], rows[hit], slot[hit], rows[admit], slot[admit],
             side_samples=x[side], stage_rows=rows[stage],
             stage_at=np.searchsorted(shared, at[stage]).astype(np.int64),
             peer_rows=rows[peer], peer_at=np.searchsorted(shared, at[peer]).astype(np.int64),
+            **tier,
         )  # fmt: skip
+
+    def _host_updates(self, t: int, ne: NodeEpoch) -> np.ndarray:
+        """The host's buffer and tier updates at local step ``t`` of ``ne``, in the host's
+        access order: rows ``(at, local rank, access, flags, slot, tslot)`` (access: its
+        index in that rank's step), int64."""
+        ranks, so = ne.ranks, ne.ranks.step_offsets
+        parts = []
+        for q, r in enumerate(self.stream.group):
+            lo = ranks.rank_offsets[r]
+            a, b = int(lo + so[r, t]), int(lo + so[r, t + 1])
+            j = np.flatnonzero(ranks.flags[a:b] & (ADMIT | TADMIT | DEMOTE))
+            parts.append(np.stack([ne.at[a + j], np.full(j.size, q), j, ranks.flags[a + j],
+                                   ranks.slot[a + j], ranks.tslot[a + j]], axis=1))  # fmt: skip
+        out = np.concatenate(parts).astype(np.int64)
+        return out[np.argsort(out[:, 0], kind="stable")]
 
     def transfer(self, k: int) -> Transfer | None:
         """With equal batches on several hosts, step ``k``'s exchange: the rows this rank
@@ -108,7 +149,8 @@ class NodeWindow:
         return node_transfer(ne.ranks.step_offsets, t, self.stream.rank, ne.hosts.count)
 
     def step_actions(self, k: int) -> list[tuple[int, int, int]]:
-        """(Never asked: without a tier no step applies its updates in order.)"""
+        """(Never asked: a node step is never ``in_order``; where its host updates a cell
+        twice, its phases order the updates.)"""
         raise SolarError("node buffer: no step is applied access by access")
 
     def contents_at(self, k: int) -> np.ndarray:
@@ -126,15 +168,18 @@ class NodeStream(EpochsAhead):
     rows (rows one local rank reads for others at a step, at most)."""
 
     plan = None  # never a plan file
-    tier_slots = 0
     _thread_name = "solar-nodeplan"
 
-    def __init__(self, spec: PlanSpec, rank: int, hosts: Hosts, stage_rows: int) -> None:
+    def __init__(self, spec: PlanSpec, rank: int, hosts: Hosts, stage_rows: int,
+                 snapshots: str | os.PathLike | None = None) -> None:  # fmt: skip
         self.spec, self.rank, self.hosts = spec, rank, hosts
+        self.snapshots = snapshots  # a directory of node planner snapshots (rank 0 writes)
         self.host = hosts.host_of(rank)
         self.group = hosts.groups[self.host]
         self.local = self.group.index(rank)
-        self.slots = node_spec(spec, hosts).slots
+        host_spec = node_spec(spec, hosts)
+        self.slots = host_spec.slots
+        self.tier_slots = tier_slot_count(host_spec.run, host_spec.buffer)
         self.stage_rows = max(1, int(stage_rows))
         self.spe = int(spec.run.steps_per_epoch)
         self.wait_seconds = 0.0
@@ -148,19 +193,33 @@ class NodeStream(EpochsAhead):
         self._window: NodeWindow | None = None
 
     def __getstate__(self) -> dict:
-        keep = ("spec", "rank", "hosts", "host", "group", "local", "slots", "stage_rows", "spe",
-                "wait_seconds")  # fmt: skip
+        keep = ("spec", "rank", "hosts", "host", "group", "local", "slots", "tier_slots",
+                "stage_rows", "spe", "wait_seconds", "snapshots")  # fmt: skip
         return {k: self.__dict__[k] for k in keep}
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
         self._reset()
 
+    def _saves(self) -> bool:
+        """Whether this rank saves node planner snapshots (rank 0, given a directory)."""
+        return self.snapshots is not None and self.rank == 0
+
     def _new_planner(self) -> NodePlanner:
-        return NodePlanner(self.spec, self.hosts, only_host=self.host)
+        """A node planner from epoch 0: of this rank's host alone, unless it saves snapshots
+        (they hold every host's state)."""
+        return NodePlanner(self.spec, self.hosts, only_host=None if self._saves() else self.host)
 
     def _next_epoch(self, planner: NodePlanner) -> NodeEpoch:
-        return planner.next()
+        """Plan the next epoch (in the background thread); rank 0 then saves a snapshot."""
+        part = planner.next()
+        if self._saves() and planner.only_host is None:
+            assert self.snapshots is not None
+            try:
+                nodesnapshot.save(self.snapshots, planner)
+            except (OSError, SolarError) as exc:  # a resume will replan further back, that's all
+                warnings.warn(f"node planner snapshot not saved: {exc}", stacklevel=1)
+        return part
 
     def start(self) -> None:
         """Begin planning the first epoch in the background, unless planning has begun."""
@@ -173,13 +232,18 @@ class NodeStream(EpochsAhead):
         """Replan up to ``epoch`` (from where the planner is, if not past it; else from 0)."""
         t0 = time.perf_counter()
         p = self._settled_planner()
-        if p is None or p.epoch > epoch:
-            p = self._bg.get().planner = self._new_planner()
+        at = -1 if p is None or p.epoch > epoch else p.epoch
+        if at < epoch and self.snapshots is not None:  # nearer than where the planner is
+            p = nodesnapshot.load(self.snapshots, self.spec, self.hosts, epoch, after=at) or p
+            at = -1 if p is None or p.epoch > epoch else p.epoch
+        if p is None or at < 0:
+            p = self._new_planner()
+        self._bg.get().planner = p
         while p.epoch < epoch:
             p.planner.skip()
         self._initial = p.planner.contents(self.host)
         self._first = epoch
-        self._parts = [p.next()]
+        self._parts = [self._next_epoch(p)]
         self._window = None
         self.wait_seconds += time.perf_counter() - t0
         self._submit()

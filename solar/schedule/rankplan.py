@@ -66,6 +66,13 @@ class StepPlan(NamedTuple):  # a NamedTuple: one is made per step, cheaper than 
     stage_at: NDArray[np.int64] = _NONE
     peer_rows: NDArray[np.int64] = _NONE
     peer_at: NDArray[np.int64] = _NONE
+    # A node step whose host updates a cell twice: its updates in phases applied in turn,
+    # each demotion's, admission's and tier admission's phase, and before each phase whether
+    # the host's ranks wait for each other (nodeplan.host_phases; None: one phase).
+    phase_waits: NDArray[np.bool_] | None = None
+    demote_phase: NDArray[np.int64] | None = None
+    admit_phase: NDArray[np.int64] | None = None
+    tadmit_phase: NDArray[np.int64] | None = None
 
     @property
     def size(self) -> int:

@@ -17,6 +17,7 @@ import json
 import os
 import re
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -32,13 +33,13 @@ KEEP = 3  # the newest snapshots kept (the planner runs an epoch ahead of the tr
 EVERY = 10  # ... and those of every 10th epoch: a resume from an older state replays < 10
 
 
-def _name(fingerprint: str, epoch: int) -> str:
-    return f"solar-planner-{fingerprint[:16]}-e{epoch}.npz"
+def _name(fingerprint: str, epoch: int, kind: str = "planner") -> str:
+    return f"solar-{kind}-{fingerprint[:16]}-e{epoch}.npz"
 
 
-def _epochs(directory: Path, fingerprint: str) -> list[int]:
+def _epochs(directory: Path, fingerprint: str, kind: str = "planner") -> list[int]:
     """Epochs of this plan's snapshots in ``directory``, newest first."""
-    pattern = re.compile(rf"solar-planner-{re.escape(fingerprint[:16])}-e(\d+)\.npz")
+    pattern = re.compile(rf"solar-{kind}-{re.escape(fingerprint[:16])}-e(\d+)\.npz")
     try:
         names = os.listdir(directory)
     except OSError:
@@ -56,54 +57,65 @@ def _digest(meta: str, arrays: dict[str, np.ndarray]) -> str:
     return h.hexdigest()
 
 
-def save(directory: str | os.PathLike, planner: Planner) -> Path | None:
+def save(directory: str | os.PathLike, planner: Planner, *, key: str | None = None,
+         kind: str = "planner", extra: dict | None = None) -> Path | None:  # fmt: skip
     """Write ``planner``'s state before its next epoch into ``directory`` (atomically) and drop
-    this plan's older snapshots; None if its policy keeps no state worth saving."""
+    this plan's older snapshots; None if its policy keeps no state worth saving. ``kind`` and
+    ``key`` (default: the planner's fingerprint) name the file; ``extra`` goes into its header
+    (a node planner's: the run's fingerprint, and the ranks' grouping)."""
     state = planner.snapshot()
     if state is None or not 0 < planner.epoch < planner.spec.run.epochs:
         return None  # nothing is replanned from before epoch 0 or after the last
     directory, fp = Path(directory), planner.spec.fingerprint
+    key = fp if key is None else key
     meta = json.dumps({"format": FORMAT, "version": VERSION, "fingerprint": fp,
-                       "epoch": planner.epoch}, sort_keys=True)  # fmt: skip
-    path = directory / _name(fp, planner.epoch)
+                       "epoch": planner.epoch, **(extra or {})}, sort_keys=True)  # fmt: skip
+    path = directory / _name(key, planner.epoch, kind)
     with atomic_path(path) as tmp, open(tmp, "wb") as f:
         arrays: dict[str, Any] = {"meta": np.array(meta), "digest": np.array(_digest(meta, state))}
         arrays.update(state)
         np.savez(f, **arrays)
-    for old in _epochs(directory, fp)[KEEP:]:
+    for old in _epochs(directory, key, kind)[KEEP:]:
         if old % EVERY == 0:
             continue
         with contextlib.suppress(FileNotFoundError):  # another process was first
-            os.unlink(directory / _name(fp, old))
+            os.unlink(directory / _name(key, old, kind))
     return path
 
 
 def load(
-    directory: str | os.PathLike, spec: PlanSpec, epoch: int, after: int = -1
-) -> Planner | None:
+    directory: str | os.PathLike, spec: PlanSpec, epoch: int, after: int = -1, *,
+    key: str | None = None, kind: str = "planner", extra: dict | None = None,
+    make: Callable[[], Planner] | None = None,
+) -> Planner | None:  # fmt: skip
     """A planner for ``spec`` restored from its newest valid snapshot in ``directory`` taken
     at an epoch at or before ``epoch`` and after ``after`` (a planner already there needs none
-    older); None if there is none. A snapshot refused is named in a warning and skipped."""
+    older); None if there is none. A snapshot refused is named in a warning and skipped.
+    ``key``, ``kind`` and ``extra`` as :func:`save` wrote them (``extra`` must match);
+    ``make``: a new planner of ``spec`` (default ``Planner(spec)``)."""
     planner: Planner | None = None
-    for e in _epochs(Path(directory), spec.fingerprint):
+    key = spec.fingerprint if key is None else key
+    for e in _epochs(Path(directory), key, kind):
         if e > epoch or e <= after:
             continue
-        planner = planner or Planner(spec)  # a refused restore leaves it as it was
+        # A refused restore leaves it as it was.
+        planner = planner or (Planner(spec) if make is None else make())
         state = planner.snapshot()
         if state is None:
             return None
         # What the file may hold, uncompressed: the arrays a snapshot has, and a header.
         limit = sum(a.nbytes for a in state.values()) + 2**16
-        path = Path(directory) / _name(spec.fingerprint, e)
+        path = Path(directory) / _name(key, e, kind)
         try:
-            planner.restore(e, _read(path, spec.fingerprint, e, limit))
+            planner.restore(e, _read(path, spec.fingerprint, e, limit, extra or {}))
             return planner
         except Exception as exc:  # untrusted bytes: any failure means "not this one"
             warnings.warn(f"{path}: planner snapshot refused ({exc})", stacklevel=2)
     return None
 
 
-def _read(path: Path, fingerprint: str, epoch: int, limit: int) -> dict[str, np.ndarray]:
+def _read(path: Path, fingerprint: str, epoch: int, limit: int,
+          extra: dict) -> dict[str, np.ndarray]:  # fmt: skip
     with np.load(path, allow_pickle=False) as z:
         size = sum(info.file_size for info in z.zip.infolist())
         if size > limit:  # refused before anything is inflated into memory
@@ -113,7 +125,11 @@ def _read(path: Path, fingerprint: str, epoch: int, limit: int) -> dict[str, np.
     if _digest(meta, arrays) != digest:
         raise ValueError("checksum mismatch")
     info = json.loads(meta)
-    want = {"format": FORMAT, "version": VERSION, "fingerprint": fingerprint, "epoch": epoch}
+    for name, value in extra.items():  # what the reader needs named first (the grouping)
+        if isinstance(info, dict) and info.get(name) != value:
+            raise ValueError(f"saved with {name} {info.get(name)}, this run has {value}")
+    want = {"format": FORMAT, "version": VERSION, "fingerprint": fingerprint, "epoch": epoch,
+            **extra}  # fmt: skip
     if info != want:
         raise ValueError(f"header {info} is not {want}")
     return arrays

@@ -1,6 +1,8 @@
-"""Under mpiexec: the node buffer (solar/runtime/nodeholdings.py) executing a node plan, every
-rank's rows h5py's bytes, every access served, the host's storage reads the plan's; an exact
-resume (a new region refilled to a step inside epoch 1) serves the same bytes.
+"""Under mpiexec: the node buffer (solar/runtime/nodeholdings.py) executing a node plan through
+the Loader's own step (``NodeStream``'s steps run by ``SharedHoldings``), without the rest of
+the pipeline: every rank's rows h5py's bytes, every access served, the host's storage reads
+the plan's; an exact resume (a new region refilled to a step inside epoch 1) serves the same
+bytes.
 
 mpiexec -n 4 python tests/mpi/node_buffer.py DATA.h5 run 1x4 2x2   (groupings in turn)
 mpiexec -n 4 python tests/mpi/node_buffer.py DATA.h5 kill 2x2      (rank 1 killed: -9)
@@ -18,13 +20,10 @@ from solar import BufferConfig, PlanSpec, RunConfig, Weighted, dist
 from solar.cache.shared import NodeRegion
 from solar.io.reader import Reader
 from solar.io.sources import describe_source
-from solar.runtime.nodeholdings import (
-    NodeHoldings,
-    host_refill_at,
-    node_steps,
-    stage_rows_needed,
-)
-from solar.schedule.nodeplan import Hosts, NodePlanner, node_spec
+from solar.runtime.nodeholdings import NodeHoldings, NodeRefill, SharedHoldings
+from solar.runtime.steps import Steps
+from solar.schedule.nodeplan import Hosts, NodePlanner
+from solar.schedule.nodestream import NodeStream, stage_bound
 
 path, mode, groupings = sys.argv[1], sys.argv[2], sys.argv[3:]
 comm = MPI.COMM_WORLD
@@ -39,19 +38,41 @@ weights = (1.0 + np.arange(n)) ** -0.8
 sampler = Weighted(weights[np.random.default_rng(1).permutation(n)], affinity=False)
 spec = PlanSpec(run, BufferConfig(n // 10 // world), sampler=sampler)
 keys = [(k.sample_shape, k.native_dtype) for k in info.keys]
+
+
+def holdings(hosts: Hosts, hc) -> tuple[SharedHoldings, Steps]:
+    """This rank's node holdings over a new region, and the steps they run."""
+    stream = NodeStream(spec, rank, hosts, stage_bound(spec, hosts))
+    steps = Steps(spec, rank, stream)
+    parts = NodeHoldings.region_parts(stream.slots, stream.stage_rows, keys)
+    region = NodeRegion(NodeRegion.size_of(parts), hc, dist.shared_key(comm), stream.host,
+                        stream.local)  # fmt: skip
+    assert not os.path.exists(region.path), "the region's name outlived its mapping"
+    node = NodeHoldings(region, stream.slots, stream.stage_rows, keys, hc.Barrier)
+    refill = NodeRefill(node, reader, stream.local, hosts.local, run.batch_size)
+    return SharedHoldings(node, info.keys, steps, refill), steps
+
+
+def serve(hold: SharedHoldings, steps: Steps, k: int) -> tuple[np.ndarray, int, int]:
+    """Step ``k`` as the Loader's pipeline runs it: reads, hits, settle (host barriers)."""
+    steps.enter(k)
+    st = steps.plan(k)
+    batch = [np.full((st.rows_needed, *s), -1, d) for s, d in keys]
+    samples, rows = st.storage_reads()
+    if samples.size:
+        reader.read(samples, batch, rows)
+    hold.gather(st, batch)
+    hold.settle(k, st, batch)
+    assert batch[0][: st.size].tobytes() == ref[st.samples].tobytes(), k
+    return st.samples, samples.size, st.peer_rows.size
+
+
 for grouping in groupings:
     os.environ["SOLAR_HOSTS"] = grouping
     names = dist.host_names(comm)
     hosts = Hosts.of_names(names)
     hc = dist.host_comm(comm, names)
-    planner = NodePlanner(spec, hosts)
-    epochs = [planner.next() for _ in range(run.epochs)]
-    stage = stage_rows_needed(epochs, hosts)
-    slots = node_spec(spec, hosts).slots
-    parts = NodeHoldings.region_parts(slots, stage, keys)
-    key = dist.shared_key(comm)
-    region = NodeRegion(NodeRegion.size_of(parts), hc, key, hosts.host_of(rank), hc.Get_rank())
-    assert not os.path.exists(region.path), "the region's name outlived its mapping"
+    hold, steps = holdings(hosts, hc)
     if mode == "kill":
         comm.Barrier()
         if rank == 1:
@@ -59,38 +80,28 @@ for grouping in groupings:
         comm.Barrier()  # would wait forever for rank 1
         print("unreachable", file=sys.stderr)
         sys.exit(0)
-    holdings = NodeHoldings(region, slots, stage, keys, hc.Barrier)
     reads = peers = 0
-    for ne in epochs:
-        for t, st in enumerate(node_steps(ne, rank)):
-            batch = [np.full((st.rows_needed, *s), -1, d) for s, d in keys]
-            holdings.serve(st, batch, reader.read)
-            got = batch[0][: st.samples.size]
-            assert got.tobytes() == ref[st.samples].tobytes(), (grouping, ne.epoch, t)
-            want = np.unique(sampler.batch(run, ne.epoch, t, rank))
-            assert np.array_equal(np.sort(st.samples), want), (grouping, ne.epoch, t)
-            reads += st.read_rows.size
-            peers += st.peer_rows.size
+    for k in range(run.num_steps):
+        ids, r, p = serve(hold, steps, k)
+        e, t = divmod(k, run.steps_per_epoch)
+        assert np.array_equal(ids, sampler.batch(run, e, t, rank)), (grouping, k)
+        reads, peers = reads + r, peers + p
     # Exact resume: a new region, refilled to a step inside epoch 1, serves the same bytes.
     k0 = run.steps_per_epoch + 2
-    fresh = NodeRegion(NodeRegion.size_of(parts), hc, dist.shared_key(comm), hosts.host_of(rank),
-                       hc.Get_rank())  # fmt: skip
-    again = NodeHoldings(fresh, slots, stage, keys, hc.Barrier)
-    cells, held = host_refill_at(epochs, hosts.host_of(rank), k0, slots)
-    again.refill(cells, held, hc.Get_rank(), hosts.local, reader.read)
-    every = [st for ne in epochs for st in node_steps(ne, rank)]
-    for k in range(k0, len(every)):
-        st = every[k]
-        batch = [np.full((st.rows_needed, *s), -1, d) for s, d in keys]
-        again.serve(st, batch, reader.read)
-        assert batch[0][: st.samples.size].tobytes() == ref[st.samples].tobytes(), (grouping, k)
-    planned = sum(ne.storage_reads() for ne in epochs)
+    again, steps2 = holdings(hosts, hc)
+    again.refill(k0)
+    for k in range(k0, run.num_steps):
+        serve(again, steps2, k)
+    planner = NodePlanner(spec, hosts)
+    planned = sum(planner.next().storage_reads() for _ in range(run.epochs))
     total = comm.allreduce(reads)
     assert total == planned, (grouping, total, planned)
     shared_rows = comm.allreduce(peers)
     if rank == 0:
         print(
             f"node buffer {grouping}: {total} rows read as planned, {shared_rows} shared, "
-            f"{holdings.barriers} barriers {holdings.barrier_seconds:.3f} s"
+            f"{hold.node.barriers} barriers {hold.node.barrier_seconds:.3f} s"
         )
+    steps._stream.close()
+    steps2._stream.close()
     comm.Barrier()

@@ -6,7 +6,8 @@ sample once per epoch; and Shuffle with equal batches serves every rank its nomi
 the hosts' surplus moving over MPI (none on one host).
 
 mpiexec -n 4 python tests/mpi/node_loader.py DATA.h5 GRAPH.h5 run 1x4 2x2   (groupings in turn)
-mpiexec -n 4 python tests/mpi/node_loader.py DATA.h5 GRAPH.h5 kill 2x2      (rank 1 killed: -9)
+mpiexec -n 4 python tests/mpi/node_loader.py DATA.h5 GRAPH.h5 kill 2x2      (rank 1 killed: -9,
+                                                                          with a node tier)
 """
 
 import os
@@ -61,7 +62,14 @@ def cross_host_surplus(ld):
 
 for grouping in groupings:
     os.environ["SOLAR_HOSTS"] = grouping
-    ld = loader()
+    if mode == "kill":  # with the node's tier (a file in DATA's directory's killtier/)
+        tier = os.path.join(os.path.dirname(path), "killtier")
+        if rank == 0:
+            os.makedirs(tier, exist_ok=True)
+        comm.Barrier()
+        ld = loader(tier=tier, tier_size="5%")
+    else:
+        ld = loader()
     if mode == "kill":
         it = iter(ld)
         next(it)
