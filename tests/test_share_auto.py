@@ -39,9 +39,8 @@ SPLIT = Weighted(np.ones(400), affinity=False)
 
 
 def decide(share, s, comm, world=4, **kw):
-    args = {"plan": None, "tier": None, "holds_transformed": False, "snapshots": None, **kw}
-    return _share(share, s, args["plan"], args["tier"], args["holds_transformed"],
-                  args["snapshots"], world, comm)  # fmt: skip
+    args = {"plan": None, "holds_transformed": False, **kw}
+    return _share(share, s, args["plan"], args["holds_transformed"], world, comm)
 
 
 def test_auto_shares_a_buffer_where_ranks_share_a_host_and_accesses_overlap(monkeypatch):
@@ -62,8 +61,7 @@ def test_auto_shares_a_buffer_where_ranks_share_a_host_and_accesses_overlap(monk
 
 
 @pytest.mark.parametrize("kw, word", [
-    ({"tier": "nvme"}, "tier: "), ({"plan": "p.h5"}, "plan: "),
-    ({"holds_transformed": True}, "transform: "), ({"snapshots": "snaps"}, "snapshots: "),
+    ({"plan": "p.h5"}, "plan: "), ({"holds_transformed": True}, "transform: "),
 ])  # fmt: skip
 def test_auto_falls_back_where_node_refuses_in_one_line(monkeypatch, kw, word):
     monkeypatch.setenv("SOLAR_HOSTS", "1x4")
@@ -75,7 +73,7 @@ def test_auto_falls_back_where_node_refuses_in_one_line(monkeypatch, kw, word):
 
 def test_every_rank_falls_back_if_one_ranks_configuration_is_not_run(monkeypatch):
     monkeypatch.setenv("SOLAR_HOSTS", "1x4")
-    comm = FakeComm(4, others="tier: a node tier is not run yet (pass tier=None)")
+    comm = FakeComm(4, others="transform: not shared yet")
     assert decide("auto", spec(SPLIT), comm) == (None, None) and comm.gathered == 1
     with pytest.raises(SolarError, match="share must be one of"):
         decide("host", spec(SPLIT), FakeComm(4))
