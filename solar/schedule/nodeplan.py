@@ -248,6 +248,10 @@ class NodeEpoch:
     ranks: EpochPlan
     reader: np.ndarray  # (rank accesses,) int16: global rank reading it; -1: a buffer hit
     at: np.ndarray  # (rank accesses,) int64 index into host.sample
+    # Published by local rank 0 (solar/schedule/nodeboard.py): every step's staging set
+    # (offsets, sorted host indexes) and the host's buffer as the epoch starts. None: derived.
+    staged: tuple[np.ndarray, np.ndarray] | None = None
+    initial: np.ndarray | None = None
 
     def rank(self, r: int) -> RankEpoch:
         """Rank ``r``'s service (flags with PEER; slots name the node buffer's cells)."""

@@ -17,11 +17,13 @@ buffer only; no plan file, no snapshots (a jump back replans from epoch 0).
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import numpy as np
 
 from solar.errors import CorruptPlanError, SolarError
 from solar.schedule._common import ADMIT, HIT, PEER, SIDE, THIT
+from solar.schedule.nodeboard import BoardReader, board_of
 from solar.schedule.nodeplan import Hosts, NodeEpoch, NodePlanner, node_spec
 from solar.schedule.rankplan import RankPlan, StepPlan
 from solar.schedule.spec import PlanSpec
@@ -65,9 +67,12 @@ class NodeWindow:
             return slice(int(lo + so[q, t]), int(lo + so[q, t + 1]))
 
         # The host's staging rows of the step: its accesses some local rank takes as PEER, in
-        # sample order (every local rank computes the same).
-        taken = [ne.at[span(q)][(ranks.flags[span(q)] & PEER) != 0] for q in s.group]
-        shared = np.unique(np.concatenate(taken))
+        # sample order (every local rank computes the same, or takes local rank 0's).
+        if ne.staged is not None:
+            shared = ne.staged[1][ne.staged[0][t] : ne.staged[0][t + 1]]
+        else:
+            taken = [ne.at[span(q)][(ranks.flags[span(q)] & PEER) != 0] for q in s.group]
+            shared = np.unique(np.concatenate(taken))
         if shared.size > s.stage_rows:
             raise SolarError(f"node buffer: step {k} shares {shared.size} rows between local "
                              f"ranks, more than the {s.stage_rows} staging rows made for a "
@@ -85,11 +90,16 @@ class NodeWindow:
         own = ~(hit | peer)
         rows = np.arange(f.size, dtype=np.int64)
         stage = own & np.isin(at, shared)
+        peer_at = np.searchsorted(shared, at[peer]).astype(np.int64)
+        if ne.staged is not None and peer_at.size and (
+                peer_at.max() >= shared.size or np.any(shared[peer_at] != at[peer])):  # fmt: skip
+            raise CorruptPlanError(f"node plan (shared epoch): step {k} takes a row no local "
+                                   "rank stages")  # fmt: skip
         return StepPlan(
             k, x[:served], rows[own & ~side], rows[hit], slot[hit], rows[admit], slot[admit],
             side_samples=x[side], stage_rows=rows[stage],
             stage_at=np.searchsorted(shared, at[stage]).astype(np.int64),
-            peer_rows=rows[peer], peer_at=np.searchsorted(shared, at[peer]).astype(np.int64),
+            peer_rows=rows[peer], peer_at=peer_at,
         )  # fmt: skip
 
     def transfer(self, k: int) -> Transfer | None:
@@ -118,7 +128,8 @@ class NodeStream(EpochsAhead):
     tier_slots = 0
     _thread_name = "solar-nodeplan"
 
-    def __init__(self, spec: PlanSpec, rank: int, hosts: Hosts, stage_rows: int) -> None:
+    def __init__(self, spec: PlanSpec, rank: int, hosts: Hosts, stage_rows: int,
+                 comm: Any = None) -> None:  # fmt: skip
         self.spec, self.rank, self.hosts = spec, rank, hosts
         self.host = hosts.host_of(rank)
         self.group = hosts.groups[self.host]
@@ -127,6 +138,9 @@ class NodeStream(EpochsAhead):
         self.stage_rows = max(1, int(stage_rows))
         self.spe = int(spec.run.steps_per_epoch)
         self.wait_seconds = 0.0
+        # With the host's communicator: local rank 0 plans, the others map its epochs (a
+        # collective now, in the foreground; solar/schedule/nodeboard.py).
+        self.board = board_of(comm, spec, hosts, self.host, rank)
         self._reset()
 
     def _reset(self) -> None:
@@ -143,13 +157,25 @@ class NodeStream(EpochsAhead):
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
+        self.board = None  # (a copy plans its host itself)
         self._reset()
 
-    def _new_planner(self) -> NodePlanner:
+    def _new_planner(self) -> NodePlanner | BoardReader:
+        if self.board is not None and not self.board.publisher:
+            return BoardReader(self.board, self._unpack)
         return NodePlanner(self.spec, self.hosts, only_host=self.host)
 
-    def _next_epoch(self, planner: NodePlanner) -> NodeEpoch:
-        return planner.next()
+    def _next_epoch(self, planner: NodePlanner | BoardReader) -> NodeEpoch:
+        if self.board is None or isinstance(planner, BoardReader):
+            return planner.next()
+        contents = planner.planner.contents(self.host)
+        ne = planner.next()
+        self.board.publish(ne, contents)
+        return self._unpack(ne.epoch)  # local rank 0 keeps its host's part, like the others
+
+    def _unpack(self, epoch: int) -> NodeEpoch:
+        assert self.board is not None
+        return self.board.epoch(epoch, self.spec.run.num_samples, self.slots)
 
     def start(self) -> None:
         """Begin planning the first epoch in the background, unless planning has begun."""
@@ -166,12 +192,24 @@ class NodeStream(EpochsAhead):
             p = self._bg.get().planner = self._new_planner()
         while p.epoch < epoch:
             p.planner.skip()
-        self._initial = p.planner.contents(self.host)
         self._first = epoch
-        self._parts = [p.next()]
+        if self.board is None:
+            self._initial = p.planner.contents(self.host)
+            self._parts = [p.next()]
+        else:  # the contents as the epoch starts come with it
+            self._parts = [self._next_epoch(p)]
+            self._initial = self._parts[0].initial
         self._window = None
         self.wait_seconds += time.perf_counter() - t0
         self._submit()
+
+    def close(self) -> None:
+        """Stop planning (a rank waiting for local rank 0's epoch stops waiting)."""
+        if self.board is not None:
+            self.board.closed = True
+        super().close()
+        if self.board is not None:
+            self.board.close()
 
     @property
     def planned_end(self) -> int:
@@ -189,7 +227,9 @@ class NodeStream(EpochsAhead):
         elif not (e == end and self._bg.get().future is not None and self._collect(wait=True)):
             self._restart_at(e)
         if trim and e > self._first:
-            self._initial = self._current().contents_at(e * self.spe)
+            ne = self._parts[e - self._first]
+            self._initial = ne.initial if ne.initial is not None else \
+                self._current().contents_at(e * self.spe)  # fmt: skip
             self._parts = self._parts[e - self._first :]
             self._first = e
             self._window = None
