@@ -190,7 +190,10 @@ def _share(share: str, spec: PlanSpec, plan: Any, tier: Any, holds_transformed: 
     if why:
         raise SolarError(f'share="node": {why}')
     names = host_names(comm)
-    return Hosts.of_names(names), host_comm(comm, names)
+    hosts = Hosts.of_names(names)
+    if not hosts.uniform and (spec.affinity or not spec.traced):
+        raise SolarError(f'share="node": {hosts.unequal()}')
+    return hosts, host_comm(comm, names)
 
 
 def _reader_config(info: DatasetInfo, reader: ReaderConfig | None) -> ReaderConfig:

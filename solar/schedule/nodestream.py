@@ -134,7 +134,7 @@ class NodeStream(EpochsAhead):
         self.host = hosts.host_of(rank)
         self.group = hosts.groups[self.host]
         self.local = self.group.index(rank)
-        self.slots = node_spec(spec, hosts).slots
+        self.slots = node_spec(spec, hosts, host=self.host).slots
         self.stage_rows = max(1, int(stage_rows))
         self.spe = int(spec.run.steps_per_epoch)
         self.wait_seconds = 0.0
