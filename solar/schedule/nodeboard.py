@@ -97,7 +97,7 @@ def pack(ne: NodeEpoch, host: int, contents: np.ndarray, tag: tuple[int, int]) -
     steps = h.step_offsets.size - 1
     ro, so = ne.ranks.rank_offsets, ne.ranks.step_offsets
     spans = [slice(int(ro[q]), int(ro[q + 1])) for q in group]
-    cat = (lambda a: np.concatenate([a[s] for s in spans]))  # noqa: E731
+    cat = lambda a: np.concatenate([a[s] for s in spans])  # noqa: E731
     r_flags = cat(ne.ranks.flags)
     r_at = cat(ne.at) - ne.host.rank_offsets[host]  # (indexes into the host's own part)
     steps_of = np.concatenate([np.repeat(np.arange(steps), np.diff(so[q])) for q in group])
@@ -344,8 +344,17 @@ class EpochBoard:
     def epoch(self, epoch: int, num_samples: int, cells: int) -> NodeEpoch:
         """Epoch ``epoch`` of this host's node plan, from its payload (checked)."""
         m = self.take(epoch)
-        return unpack(m, epoch=epoch, hosts=self.hosts, host=self.host, rank=self.rank,
-                      steps=self.steps, num_samples=num_samples, cells=cells, tag=self.tag)
+        return unpack(
+            m,
+            epoch=epoch,
+            hosts=self.hosts,
+            host=self.host,
+            rank=self.rank,
+            steps=self.steps,
+            num_samples=num_samples,
+            cells=cells,
+            tag=self.tag,
+        )
 
     def close(self) -> None:
         """Close the payloads' descriptors (their memory lives on while an epoch maps it)."""
@@ -394,5 +403,11 @@ def board_of(comm: Any, spec: PlanSpec, hosts: Hosts, host: int, rank: int) -> E
     collective of ``comm``), else None: the rank plans its host itself."""
     if comm is None or len(hosts.groups[host]) < 2:
         return None
-    return EpochBoard(comm, hosts, host, rank, digest(spec.fingerprint, hosts, host),
-                      int(spec.run.steps_per_epoch))
+    return EpochBoard(
+        comm,
+        hosts,
+        host,
+        rank,
+        digest(spec.fingerprint, hosts, host),
+        int(spec.run.steps_per_epoch),
+    )
