@@ -77,16 +77,16 @@ def _offsets(layout: list[tuple[str, Any, int]]) -> tuple[dict[str, int], int]:
     return out, at
 
 
-def staging_sets(steps_of: np.ndarray, at: np.ndarray, flags: np.ndarray,
-                 steps: int) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+def staging_sets(h_steps: np.ndarray, at: np.ndarray, flags: np.ndarray,
+                 n_host: int) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
     """Every step's staging set: the host accesses (``at``) some local rank takes as ``PEER``,
-    sorted and distinct per step; ``steps_of`` each rank access's step. (offsets, values)."""
-    peer = (flags & PEER) != 0
-    t, a = steps_of[peer], at[peer]
-    span = int(a.max()) + 1 if a.size else 1
-    keys = np.unique(t * span + a)
-    offsets = np.searchsorted(keys // span, np.arange(steps + 1)).astype(np.int64)
-    return offsets, keys % span
+    sorted and distinct per step, as (offsets, values). A rank's access at step t is one of
+    its host's accesses of step t, ``h_steps[t]..h_steps[t + 1]``: marking them in one pass
+    sorts them by step (no sort: an epoch's rows are millions)."""
+    mark = np.zeros(n_host, np.bool_)
+    mark[at[(flags & PEER) != 0]] = True
+    values = np.flatnonzero(mark).astype(np.int64)
+    return np.searchsorted(values, h_steps).astype(np.int64), values
 
 
 def pack(ne: NodeEpoch, host: int, contents: np.ndarray, tag: tuple[int, int]) -> int:
@@ -96,32 +96,36 @@ def pack(ne: NodeEpoch, host: int, contents: np.ndarray, tag: tuple[int, int]) -
     h = ne.host.rank(host)
     steps = h.step_offsets.size - 1
     ro, so = ne.ranks.rank_offsets, ne.ranks.step_offsets
-    spans = [slice(int(ro[q]), int(ro[q + 1])) for q in group]
-    cat = lambda a: np.concatenate([a[s] for s in spans])  # noqa: E731
-    r_flags = cat(ne.ranks.flags)
-    r_at = cat(ne.at) - ne.host.rank_offsets[host]  # (indexes into the host's own part)
-    steps_of = np.concatenate([np.repeat(np.arange(steps), np.diff(so[q])) for q in group])
-    s_off, s_val = staging_sets(steps_of, r_at, r_flags, steps)
+    lo, hi = int(ro[group[0]]), int(ro[group[-1] + 1])  # the group's ranks are consecutive
+    if group != list(range(group[0], group[-1] + 1)):
+        raise SolarError(f"node plan: host {host}'s ranks {group} are not consecutive")
+    r_at = ne.at[lo:hi] - ne.host.rank_offsets[host]  # (indexes into the host's own part)
+    s_off, s_val = staging_sets(h.step_offsets, r_at, ne.ranks.flags[lo:hi], h.sample.size)
     arrays = {
         "h_steps": h.step_offsets, "h_sample": h.sample, "h_slot": h.slot, "h_tslot": h.tslot,
-        "h_flags": h.flags, "r_steps": np.concatenate([so[q] for q in group]),
-        "r_sample": cat(ne.ranks.sample), "r_slot": cat(ne.ranks.slot),
-        "r_tslot": cat(ne.ranks.tslot), "r_at": r_at, "r_reader": cat(ne.reader),
-        "r_flags": r_flags, "s_offsets": s_off, "s_values": s_val, "contents": contents,
+        "h_flags": h.flags, "r_steps": so[group[0] : group[-1] + 1].reshape(-1),
+        "r_sample": ne.ranks.sample[lo:hi], "r_slot": ne.ranks.slot[lo:hi],
+        "r_tslot": ne.ranks.tslot[lo:hi], "r_at": r_at, "r_reader": ne.reader[lo:hi],
+        "r_flags": ne.ranks.flags[lo:hi], "s_offsets": s_off, "s_values": s_val,
+        "contents": contents,
     }  # fmt: skip
-    layout = _layout(steps, len(group), h.sample.size, r_at.size, s_val.size, contents.size)
+    layout = _layout(steps, len(group), h.sample.size, hi - lo, s_val.size, contents.size)
     where, nbytes = _offsets(layout)
     fd = os.memfd_create("solar-nodeplan", os.MFD_CLOEXEC)
     try:
         os.ftruncate(fd, nbytes)
-        with mmap.mmap(fd, nbytes) as m:
-            head = np.ndarray(_HEAD, np.int64, buffer=m)
-            head[:] = [MAGIC, VERSION, ne.epoch, host, ne.hosts.world, steps, ne.hosts.count,
-                       len(group), h.sample.size, r_at.size, s_val.size, contents.size, nbytes,
-                       tag[0], tag[1], 0]  # fmt: skip
-            for name, dt, n in layout:
-                np.ndarray(n, dt, buffer=m, offset=where[name])[:] = arrays[name]
-            del head
+        head = np.array([MAGIC, VERSION, ne.epoch, host, ne.hosts.world, steps, ne.hosts.count,
+                         len(group), h.sample.size, r_at.size, s_val.size, contents.size, nbytes,
+                         tag[0], tag[1], 0], np.int64)  # fmt: skip
+        os.pwrite(fd, head.tobytes(), 0)
+        for name, dt, n in layout:  # (the kernel copies: no page faults of a fresh mapping)
+            a = np.ascontiguousarray(arrays[name], dtype=dt)
+            if a.size != n:
+                raise SolarError(f"node plan: {name} has {a.size} entries, not {n}")
+            view = a.data.cast("B")
+            done = 0
+            while done < view.nbytes:
+                done += os.pwrite(fd, view[done:], where[name] + done)
     except BaseException:
         os.close(fd)
         raise

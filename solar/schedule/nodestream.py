@@ -91,14 +91,14 @@ class NodeWindow:
         rows = np.arange(f.size, dtype=np.int64)
         stage = own & np.isin(at, shared)
         peer_at = np.searchsorted(shared, at[peer]).astype(np.int64)
-        if ne.staged is not None and peer_at.size and (
-                peer_at.max() >= shared.size or np.any(shared[peer_at] != at[peer])):  # fmt: skip
-            raise CorruptPlanError(f"node plan (shared epoch): step {k} takes a row no local "
-                                   "rank stages")  # fmt: skip
+        stage_at = np.searchsorted(shared, at[stage]).astype(np.int64)
+        if ne.staged is not None and not (_found(shared, peer_at, at[peer])
+                                          and _found(shared, stage_at, at[stage])):  # fmt: skip
+            raise CorruptPlanError(f"node plan (shared epoch): step {k}'s staging set does not "
+                                   "hold the rows its ranks stage and take")  # fmt: skip
         return StepPlan(
             k, x[:served], rows[own & ~side], rows[hit], slot[hit], rows[admit], slot[admit],
-            side_samples=x[side], stage_rows=rows[stage],
-            stage_at=np.searchsorted(shared, at[stage]).astype(np.int64),
+            side_samples=x[side], stage_rows=rows[stage], stage_at=stage_at,
             peer_rows=rows[peer], peer_at=peer_at,
         )  # fmt: skip
 
@@ -241,6 +241,12 @@ class NodeStream(EpochsAhead):
             self._window = NodeWindow(self, self._parts, self._first, self._initial,
                                       last == self.spec.run.epochs)  # fmt: skip
         return self._window
+
+
+def _found(shared: np.ndarray, where: np.ndarray, rows: np.ndarray) -> bool:
+    """Whether ``shared[where]`` is ``rows`` (a staging set received is untrusted)."""
+    return not where.size or (int(where.max()) < shared.size
+                              and bool(np.all(shared[where] == rows)))  # fmt: skip
 
 
 def stage_bound(spec: PlanSpec, hosts: Hosts) -> int:
