@@ -18,7 +18,7 @@ from solar import BufferConfig, PlanSpec, RunConfig
 from solar.errors import CorruptPlanError, SolarError
 from solar.schedule._common import HIT, PEER, SIDE
 from solar.schedule.nodeboard import EpochBoard, _layout, _offsets, digest, unpack
-from solar.schedule.nodeplan import Hosts, NodePlanner, node_spec
+from solar.schedule.nodeplan import Hosts, NodePlanner, node_spec, node_totals
 from solar.schedule.rankplan import RankPlan
 from solar.schedule.samplers import SHUFFLE, Weighted
 
@@ -171,6 +171,7 @@ def test_hosts_of_unequal_sizes_where_the_sampler_fixes_each_rank_batch():
         Hosts.parse("3,2", 4)
     spec, hosts = _spec(world=4, n=900, batch=8, cap=10), Hosts.parse("3,1")
     draws = spec.sampler
+    reads = 0
     for h, group in enumerate(hosts.groups):
         hspec = node_spec(spec, hosts, host=h)
         assert hspec.buffer.capacity == 10 * len(group)
@@ -191,6 +192,10 @@ def test_hosts_of_unequal_sizes_where_the_sampler_fixes_each_rank_batch():
         # The host's buffer replays: each hit finds its sample where the plan says.
         rp = RankPlan.from_parts(h, [ne.host.rank(h) for ne in epochs], hspec.slots)
         _replay(rp, hspec.slots, 0)
+        reads += sum(ne.storage_reads() for ne in epochs)
+    # `solar plan --hosts 3,1`'s figures: every host's, each planned alone.
+    got = node_totals(spec, hosts)
+    assert got["buffer_per_host"] == [30, 10] and got["reads"] + got["side_reads"] == reads
     # A sampler with affinity splits each global batch evenly over the hosts: refused.
     shuffle = PlanSpec(RunConfig(900, 4, 8, 2), BufferConfig(10), sampler=SHUFFLE)
     with pytest.raises(SolarError, match=r"ranks per host differ \(\[3, 1\]\)"):

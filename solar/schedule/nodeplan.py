@@ -125,7 +125,9 @@ class Hosts:
         if host is not None:
             return len(self.groups[host])
         if not self.uniform:
-            raise SolarError(self.unequal())
+            sizes = [len(g) for g in self.groups]
+            raise SolarError(f"hosts: ranks per host differ ({sizes}): each host is planned "
+                             "alone (only_host=)")  # fmt: skip
         return self.local
 
     def unequal(self) -> str:
@@ -608,9 +610,11 @@ def node_totals(spec: PlanSpec, hosts: Hosts, buffer: BufferConfig | None = None
     """The node plan's figures over the run (what ``solar plan --hosts`` reports): the
     node's accesses (its ranks' union), hits, storage reads (page mates apart), rows a rank
     takes from another's read, and the reads per epoch. Planned epoch by epoch."""
-    p = NodePlanner(spec, hosts, buffer)
+    # Hosts of different sizes: each planned alone (its decisions depend on its ranks alone).
+    alone = [None] if hosts.uniform else list(range(hosts.count))
+    planners = [NodePlanner(spec, hosts, buffer, only_host=h) for h in alone]
     acc = hits = reads = side = shared = 0
-    for _ in range(spec.run.epochs):
+    for p in [q for _ in range(spec.run.epochs) for q in planners]:  # epoch by epoch
         ne = p.next()
         f = ne.host.flags
         served = (f & SIDE) == 0
@@ -620,7 +624,9 @@ def node_totals(spec: PlanSpec, hosts: Hosts, buffer: BufferConfig | None = None
         reads += int((~hit & served).sum())
         side += int((~served).sum())
         shared += int(np.count_nonzero(ne.ranks.flags & PEER))
-    return {"hosts": hosts.as_record(), "buffer_per_host": p.host_spec.slots,
+    return {"hosts": hosts.as_record(),
+            "buffer_per_host": [q.host_spec.slots for q in planners] if len(planners) > 1
+            else planners[0].host_spec.slots,
             "accesses": acc, "hits": hits, "reads": reads, "side_reads": side,
             "peer_rows": shared, "hit_rate": hits / max(1, acc),
             "reads_per_epoch": reads / spec.run.epochs}  # fmt: skip
