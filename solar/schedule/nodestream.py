@@ -9,8 +9,10 @@ reader stores it), and its ``PEER`` rows, read at the same step by another local
 taken from the host's staging rows (``stage_rows``/``stage_at``, ``peer_rows``/``peer_at``).
 :meth:`~NodeWindow.refill_at` is the host's buffer state (every local rank fills its share).
 
-Every local rank plans its host (the plan is a pure function of the inputs: they all plan the
-same; with a sampler with affinity, every host, as the split of a global batch needs). RAM
+Local rank 0 plans its host (with a sampler with affinity, every host, as the split of a global
+batch needs) and publishes each epoch's host part; the host's other ranks map it
+(solar/schedule/nodeboard.py). Without the host's communicator (one rank per host, a test) a
+rank plans its host itself: the plan is a pure function of the inputs, the same either way. RAM
 buffer only; no plan file, no snapshots (a jump back replans from epoch 0).
 """
 
