@@ -471,9 +471,17 @@ def ranks_on_host(comm: Any) -> int:
 def host_names(comm: Any) -> list[str]:
     """The host of every rank of ``comm`` (a collective: all must call). ``SOLAR_HOSTS=HxL``
     forces a grouping instead (H hosts of L consecutive ranks; tests emulate several hosts on
-    one machine with it)."""
+    one machine with it), and ``SOLAR_HOSTS=3,1`` one of hosts of 3 and 1 consecutive ranks."""
     size = 1 if comm is None else comm.Get_size()
     forced = os.environ.get("SOLAR_HOSTS", "").strip()
+    if forced and "," in forced:  # the ranks of each host, e.g. 3,1 (hosts of unequal sizes)
+        sizes = [v.strip() for v in forced.split(",")]
+        if not all(v.isdigit() and int(v) > 0 for v in sizes):
+            raise SolarError(f"SOLAR_HOSTS: expected ranks per host such as 3,1, got {forced!r}")
+        if sum(int(v) for v in sizes) != size:
+            raise SolarError(f"SOLAR_HOSTS={forced}: {sum(int(v) for v in sizes)} ranks, but the "
+                             f"job has {size}")  # fmt: skip
+        return [f"host{h}" for h, v in enumerate(sizes) for _ in range(int(v))]
     if forced:
         h, sep, per = forced.lower().replace("×", "x").partition("x")
         if not (sep and h.isdigit() and per.isdigit() and int(h) > 0 and int(per) > 0):

@@ -238,7 +238,8 @@ class Loader(IterableDataset[dict]):
                                                            snapshots)  # fmt: skip
         if setup.hosts is not None:  # share="node": this rank's share of its host's plan
             self._stream = NodeStream(self.spec, self.rank, setup.hosts,
-                                      stage_bound(self.spec, setup.hosts), snapshots)  # fmt: skip
+                                      stage_bound(self.spec, setup.hosts), snapshots,
+                                      setup.host_comm)  # fmt: skip
         self._exchange: Exchange | None = None
         if self.spec.equal_batches and self.world_size > 1:
             # Rows move as delivered: transformed, if there is a transform.

@@ -85,9 +85,11 @@ def graph(tmp_path_factory):
 
 def test_a_node_loader_serves_each_rank_its_batches_as_planned(data, graph):
     before = _ours()
-    result = _mpiexec(4, data, graph, "run", "1x4", "2x2", timeout=240, script="node_loader.py")
+    result = _mpiexec(4, data, graph, "run", "1x4", "2x2", "3,1", timeout=300,
+                      script="node_loader.py")  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     assert "node loader 1x4: " in result.stdout and "node loader 2x2: " in result.stdout
+    assert "node loader 3,1: " in result.stdout
     assert _ours() - before == set()
 
 

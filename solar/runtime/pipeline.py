@@ -222,7 +222,7 @@ def _build_node(setup: Setup, stream: NodeStream, steps: Steps, stats: LoaderSta
     barrier = hc.Barrier if hasattr(hc, "Barrier") else (lambda: hc.allgather(None))
     node = NodeHoldings(region, stream.slots, stream.stage_rows, keys,
                         barrier if hc is not None else (lambda: None), tier)  # fmt: skip
-    refill = NodeRefill(node, setup.reader, stream.local, hosts.local,
+    refill = NodeRefill(node, setup.reader, stream.local, len(stream.group),
                         setup.spec.buffer.cap(setup.run.batch_size))  # fmt: skip
     holdings = SharedHoldings(node, setup.held_keys, steps, refill)
     pool = None

@@ -181,7 +181,10 @@ def _share(share: str, spec: PlanSpec, plan: Any, holds_transformed: bool, world
     if why:
         raise SolarError(f'share="node": {why}')
     names = host_names(comm)
-    return Hosts.of_names(names), host_comm(comm, names)
+    hosts = Hosts.of_names(names)
+    if not hosts.uniform and (spec.affinity or not spec.traced):
+        raise SolarError(f'share="node": {hosts.unequal()}')
+    return hosts, host_comm(comm, names)
 
 
 def node_unsupported(spec: PlanSpec, plan: Any, holds_transformed: bool, world: int,

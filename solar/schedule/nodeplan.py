@@ -44,12 +44,15 @@ from solar.schedule.spec import PlanSpec
 MAX_LOCAL = 63  # local ranks per host: a row's needers are a bit mask in an int64
 
 _GRID = re.compile(r"^\s*(\d+)\s*[x×]\s*(\d+)\s*$")
+_SIZES = re.compile(r"^\s*\d+\s*(,\s*\d+\s*)+$")
 
 
 @dataclass(frozen=True)
 class Hosts:
     """The job's ranks grouped by host: ``groups[h]`` the global ranks of host h, in local-rank
-    order. Every host holds the same number of ranks (a host run's batch is ``L·B``)."""
+    order. Hosts may hold different numbers of ranks (:attr:`uniform` says whether they do
+    not); a sampler with affinity, which splits each global batch evenly over the hosts, needs
+    them equal."""
 
     groups: tuple[tuple[int, ...], ...]
 
@@ -59,19 +62,27 @@ class Hosts:
         flat = sorted(r for g in groups for r in g)
         if not groups or flat != list(range(len(flat))):
             raise SolarError(f"hosts: the groups must split ranks 0..P-1, got {list(groups)}")
-        sizes = {len(g) for g in groups}
-        if len(sizes) != 1:
-            raise SolarError(f"hosts: every host must run as many ranks, got sizes {sorted(sizes)}")
-        if len(groups[0]) > MAX_LOCAL:
-            raise SolarError(f"hosts: at most {MAX_LOCAL} ranks per host, got {len(groups[0])}")
+        if max(len(g) for g in groups) > MAX_LOCAL:
+            most = max(len(g) for g in groups)
+            raise SolarError(f"hosts: at most {MAX_LOCAL} ranks per host, got {most}")
 
     @classmethod
     def parse(cls, text: str, world: int | None = None, what: str = "SOLAR_HOSTS") -> Hosts:
-        """``"HxL"``: H hosts of L consecutive ranks (``SOLAR_HOSTS=2x2``); with ``world``,
-        refused unless H·L equals it (errors name ``what``)."""
+        """``"HxL"``: H hosts of L consecutive ranks (``SOLAR_HOSTS=2x2``), or ``"3,1"``: hosts
+        of 3 and 1 consecutive ranks; with ``world``, refused unless the ranks add up to it
+        (errors name ``what``)."""
+        if _SIZES.match(str(text)):
+            sizes = [int(v) for v in str(text).split(",")]
+            if min(sizes) < 1:
+                raise SolarError(f"{what}: every host runs a rank or more, got {text!r}")
+            if world is not None and sum(sizes) != world:
+                raise SolarError(f"{what} {text}: {sum(sizes)} ranks, but the job has {world}")
+            ends = np.cumsum([0, *sizes])
+            return cls(tuple(tuple(range(ends[h], ends[h + 1])) for h in range(len(sizes))))
         m = _GRID.match(str(text))
         if not m or int(m.group(1)) < 1 or int(m.group(2)) < 1:
-            raise SolarError(f"{what}: expected HOSTSxRANKS such as 2x2, got {text!r}")
+            raise SolarError(f"{what}: expected HOSTSxRANKS such as 2x2, or the ranks of each "
+                             f"host such as 3,1, got {text!r}")  # fmt: skip
         h, per = int(m.group(1)), int(m.group(2))
         if world is not None and h * per != world:
             raise SolarError(f"{what} {text}: {h}×{per} ranks, but the job has {world}")
@@ -102,8 +113,30 @@ class Hosts:
 
     @property
     def local(self) -> int:
-        """Ranks per host."""
-        return len(self.groups[0])
+        """Ranks per host (the most on any host)."""
+        return max(len(g) for g in self.groups)
+
+    @property
+    def uniform(self) -> bool:
+        """Whether every host runs as many ranks (what a sampler with affinity needs)."""
+        return len({len(g) for g in self.groups}) == 1
+
+    def size(self, host: int | None = None) -> int:
+        """Ranks of host ``host`` (None: of every host, which must be equal)."""
+        if host is not None:
+            return len(self.groups[host])
+        if not self.uniform:
+            sizes = [len(g) for g in self.groups]
+            raise SolarError(f"hosts: ranks per host differ ({sizes}): each host is planned "
+                             "alone (only_host=)")  # fmt: skip
+        return self.local
+
+    def unequal(self) -> str:
+        """The one line refusing what needs equal hosts."""
+        sizes = [len(g) for g in self.groups]
+        return (f"hosts: ranks per host differ ({sizes}); a sampler with affinity splits "
+                "each global batch evenly over the hosts: it needs them equal "
+                "(share='rank')")  # fmt: skip
 
     def host_of(self, rank: int) -> int:
         """The host of global rank ``rank``."""
@@ -113,8 +146,12 @@ class Hosts:
         raise SolarError(f"rank {rank} is on none of the {self.count} hosts")
 
     def table(self) -> np.ndarray:
-        """``(H, L)`` int64: the global rank of each host's local rank."""
-        return np.array(self.groups, np.int64).reshape(self.count, self.local)
+        """``(H, L)`` int64: the global rank of each host's local rank (-1 past a host's
+        ranks, L the most on any host)."""
+        out = np.full((self.count, self.local), -1, np.int64)
+        for h, g in enumerate(self.groups):
+            out[h, : len(g)] = g
+        return out
 
     def as_record(self) -> list[list[int]]:
         """What a plan file records (and its fingerprint covers)."""
@@ -129,16 +166,17 @@ class HostSampler(Sampler):
     kind = "hosts"
     affinity = False
 
-    def __init__(self, sampler: Sampler, run: RunConfig, hosts: Hosts) -> None:
+    def __init__(self, sampler: Sampler, run: RunConfig, hosts: Hosts,
+                 host: int | None = None) -> None:  # fmt: skip
         if sampler.affinity:
             raise SolarError("HostSampler: a sampler with affinity is split by the planner")
-        self.inner, self.rank_run, self.hosts = sampler, run, hosts
+        self.inner, self.rank_run, self.hosts, self.host = sampler, run, hosts, host
         self.horizon = sampler.horizon
         self._kept: dict[tuple[int, int | None], EpochDraws] = {}
         self._lock = threading.Lock()
 
     def _check(self, run: RunConfig) -> None:
-        if run != host_run(self.rank_run, self.hosts):
+        if run != host_run(self.rank_run, self.hosts, self.host):
             raise SolarError("HostSampler: asked for another run than its host run")
 
     def epoch(self, run: RunConfig, epoch: int) -> EpochDraws:
@@ -195,38 +233,57 @@ def regroup(draws: EpochDraws, run: RunConfig, hosts: Hosts) -> EpochDraws:
     batches at step t, in local-rank order."""
     world, steps = run.world_size, run.steps_per_epoch
     lo, hi = draws.offsets[:-1], draws.offsets[1:]
-    table = hosts.table()  # (H, L)
+    flat = np.array([r for g in hosts.groups for r in g], np.int64)  # ranks in host order
     # Batch g = t·P + r of the rank run, in host order: t, then h, then local rank.
-    order = (np.arange(steps)[:, None, None] * world + table[None, :, :]).reshape(-1)
+    order = (np.arange(steps)[:, None] * world + flat[None, :]).reshape(-1)
     sizes = (hi - lo)[order]
     idx = np.repeat(lo[order] - np.concatenate([[0], np.cumsum(sizes)[:-1]]), sizes)
     idx += np.arange(idx.size)
-    grouped = sizes.reshape(steps * hosts.count, hosts.local).sum(axis=1)
+    starts = np.cumsum([0] + [len(g) for g in hosts.groups[:-1]])
+    grouped = np.add.reduceat(sizes.reshape(steps, world), starts, axis=1).reshape(-1)
     offsets = np.zeros(grouped.size + 1, np.int64)
     np.cumsum(grouped, out=offsets[1:])
     return EpochDraws(draws.ids[idx], offsets)
 
 
-def host_run(run: RunConfig, hosts: Hosts) -> RunConfig:
+def host_run(run: RunConfig, hosts: Hosts, host: int | None = None) -> RunConfig:
     """The run as the node planner sees it: one rank per host, ``L·B`` rows per step each
-    (the same global batches and steps)."""
+    (the same global batches and steps). Hosts of different sizes are planned one at a time:
+    ``host``'s ``L``."""
     if hosts.world != run.world_size:
         raise SolarError(f"hosts: {hosts.world} ranks grouped, but the run has {run.world_size}")
-    return dataclasses.replace(run, world_size=hosts.count,
-                               batch_size=run.batch_size * hosts.local)  # fmt: skip
+    per = _per(hosts, host)
+    if hosts.uniform:
+        return dataclasses.replace(run, world_size=hosts.count, batch_size=run.batch_size * per)
+    # H·L·B positions per step are not the rank run's P·B: the steps are kept (a sampler that
+    # fixes each rank's batch draws them; positions only count steps here).
+    steps, batch = run.steps_per_epoch, run.batch_size * per
+    return dataclasses.replace(run, world_size=hosts.count, batch_size=batch,
+                               draws=steps * hosts.count * batch, drop_last=True)  # fmt: skip
 
 
-def node_spec(spec: PlanSpec, hosts: Hosts, buffer: BufferConfig | None = None) -> PlanSpec:
+def _per(hosts: Hosts, host: int | None) -> int:
+    """Ranks per host as the host run counts them: every host's, or ``host``'s where they
+    differ (None there: refused)."""
+    return hosts.local if hosts.uniform else hosts.size(host)
+
+
+def node_spec(spec: PlanSpec, hosts: Hosts, buffer: BufferConfig | None = None,
+              host: int | None = None) -> PlanSpec:  # fmt: skip
     """The plan inputs of the hosts' buffers: the host run, ``buffer`` (default: ``spec``'s
     per-rank buffer times the ranks per host: the host's aggregate) and the sampler regrouped
-    by host where it fixes each rank's batch."""
-    run = host_run(spec.run, hosts)
+    by host where it fixes each rank's batch. Hosts of different sizes (only where the sampler
+    fixes each rank's batch: every host is then planned alone) need ``host``: its inputs."""
+    if not hosts.uniform and (spec.affinity or not spec.traced or spec.equal_batches):
+        raise SolarError(hosts.unequal())
+    per = _per(hosts, host)
+    run = host_run(spec.run, hosts, host)
     if buffer is None:
         b = spec.buffer
-        buffer = BufferConfig(b.capacity * hosts.local, b.slack, b.tier * hosts.local)
+        buffer = BufferConfig(b.capacity * per, b.slack, b.tier * per)
     sampler = spec.sampler
     if spec.traced and not spec.affinity:
-        sampler = HostSampler(spec.sampler, spec.run, hosts)
+        sampler = HostSampler(spec.sampler, spec.run, hosts, None if hosts.uniform else host)
     return dataclasses.replace(spec, run=run, buffer=buffer, sampler=sampler)
 
 
@@ -249,6 +306,10 @@ class NodeEpoch:
     ranks: EpochPlan
     reader: np.ndarray  # (rank accesses,) int16: global rank reading it; -1: a buffer hit
     at: np.ndarray  # (rank accesses,) int64 index into host.sample
+    # Published by local rank 0 (solar/schedule/nodeboard.py): every step's staging set
+    # (offsets, sorted host indexes) and the host's buffer as the epoch starts. None: derived.
+    staged: tuple[np.ndarray, np.ndarray] | None = None
+    initial: np.ndarray | None = None
 
     def rank(self, r: int) -> RankEpoch:
         """Rank ``r``'s service (flags with PEER; slots name the node buffer's cells)."""
@@ -267,7 +328,7 @@ class NodePlanner:
     def __init__(self, spec: PlanSpec, hosts: Hosts, buffer: BufferConfig | None = None,
                  only_host: int | None = None) -> None:  # fmt: skip
         self.spec, self.hosts = spec, hosts
-        self.host_spec = node_spec(spec, hosts, buffer)
+        self.host_spec = node_spec(spec, hosts, buffer, only_host)
         self.planner = Planner(self.host_spec, only_rank=only_host)
         self.only_host = self.planner.only_rank
         self.rank_run = spec.run
@@ -451,7 +512,7 @@ def _split_traced(ids, offsets, table, samples, flags, seg_counts, n, layout, n_
     the reader of each host miss (``reader``, a global rank). Returns -1, or the first rank
     access its host's step lacks."""
     hosts, local = table.shape
-    world = hosts * local
+    world = int((table >= 0).sum())  # (hosts may run different numbers of ranks)
     steps = seg_counts.shape[0]
     pos = np.full(n, -1, np.int64)
     stamp = np.full(n, -1, np.int64)
@@ -472,6 +533,8 @@ def _split_traced(ids, offsets, table, samples, flags, seg_counts, n, layout, n_
                 mask[i] = 0
             for j in range(local):
                 r = table[h, j]
+                if r < 0:
+                    continue  # (a host with fewer ranks)
                 g = t * world + r
                 rtag = tag * local + j
                 c = 0
@@ -490,6 +553,10 @@ def _split_traced(ids, offsets, table, samples, flags, seg_counts, n, layout, n_
                     c += 1
                 counts[t, r] = c
             loads[:] = 0
+            everyone = np.int64(0)
+            for j in range(local):
+                if table[h, j] >= 0:
+                    everyone |= np.int64(1) << j
             # Reads one rank needs are its own; then the shared ones, to the least loaded.
             for i in range(p, q):
                 if flags[i] & (HIT | THIT | SIDE):
@@ -523,7 +590,7 @@ def _split_traced(ids, offsets, table, samples, flags, seg_counts, n, layout, n_
                     if pstamp[page] == tag:
                         r = preader[page]
                     else:
-                        r = table[h, _least((np.int64(1) << local) - 1, loads, local)]
+                        r = table[h, _least(everyone, loads, local)]
                     reader[i] = r
                     out_rank[m] = r
                     out_at[m] = i
@@ -621,9 +688,11 @@ def node_totals(spec: PlanSpec, hosts: Hosts, buffer: BufferConfig | None = None
     """The node plan's figures over the run (what ``solar plan --hosts`` reports): the
     node's accesses (its ranks' union), hits, storage reads (page mates apart), rows a rank
     takes from another's read, and the reads per epoch. Planned epoch by epoch."""
-    p = NodePlanner(spec, hosts, buffer)
+    # Hosts of different sizes: each planned alone (its decisions depend on its ranks alone).
+    alone = [None] if hosts.uniform else list(range(hosts.count))
+    planners = [NodePlanner(spec, hosts, buffer, only_host=h) for h in alone]
     acc = hits = reads = side = shared = 0
-    for _ in range(spec.run.epochs):
+    for p in [q for _ in range(spec.run.epochs) for q in planners]:  # epoch by epoch
         ne = p.next()
         f = ne.host.flags
         served = (f & SIDE) == 0
@@ -633,7 +702,9 @@ def node_totals(spec: PlanSpec, hosts: Hosts, buffer: BufferConfig | None = None
         reads += int((~hit & served).sum())
         side += int((~served).sum())
         shared += int(np.count_nonzero(ne.ranks.flags & PEER))
-    return {"hosts": hosts.as_record(), "buffer_per_host": p.host_spec.slots,
+    return {"hosts": hosts.as_record(),
+            "buffer_per_host": [q.host_spec.slots for q in planners] if len(planners) > 1
+            else planners[0].host_spec.slots,
             "accesses": acc, "hits": hits, "reads": reads, "side_reads": side,
             "peer_rows": shared, "hit_rate": hits / max(1, acc),
             "reads_per_epoch": reads / spec.run.epochs}  # fmt: skip

@@ -9,8 +9,10 @@ reader stores it), and its ``PEER`` rows, read at the same step by another local
 taken from the host's staging rows (``stage_rows``/``stage_at``, ``peer_rows``/``peer_at``).
 :meth:`~NodeWindow.refill_at` is the host's buffer state (every local rank fills its share).
 
-Every local rank plans its host (the plan is a pure function of the inputs: they all plan the
-same; with a sampler with affinity, every host, as the split of a global batch needs). With
+Local rank 0 plans its host (with a sampler with affinity, every host, as the split of a global
+batch needs) and publishes each epoch's host part; the host's other ranks map it
+(solar/schedule/nodeboard.py). Without the host's communicator (one rank per host, a test) a
+rank plans its host itself: the plan is a pure function of the inputs, the same either way. With
 equal batches on several hosts, :meth:`~NodeWindow.transfer` is the rank's exchange of the
 host's surplus rows with other hosts' ranks (solar/schedule/nodeequal.py). With a tier, the
 step's tier hits and tier writes too, its updates cut into the host's phases where the host
@@ -25,12 +27,14 @@ from __future__ import annotations
 import os
 import time
 import warnings
+from typing import Any
 
 import numpy as np
 
 from solar.errors import CorruptPlanError, SolarError
 from solar.schedule import nodesnapshot
 from solar.schedule._common import ADMIT, DEMOTE, HIT, PEER, SIDE, TADMIT, THIT, tier_slot_count
+from solar.schedule.nodeboard import BoardReader, board_of
 from solar.schedule.nodeequal import node_transfer
 from solar.schedule.nodeplan import Hosts, NodeEpoch, NodePlanner, host_phases, node_spec
 from solar.schedule.rankplan import RankPlan, StepPlan
@@ -76,9 +80,12 @@ class NodeWindow:
             return slice(int(lo + so[q, t]), int(lo + so[q, t + 1]))
 
         # The host's staging rows of the step: its accesses some local rank takes as PEER, in
-        # sample order (every local rank computes the same).
-        taken = [ne.at[span(q)][(ranks.flags[span(q)] & PEER) != 0] for q in s.group]
-        shared = np.unique(np.concatenate(taken))
+        # sample order (every local rank computes the same, or takes local rank 0's).
+        if ne.staged is not None:
+            shared = ne.staged[1][ne.staged[0][t] : ne.staged[0][t + 1]]
+        else:
+            taken = [ne.at[span(q)][(ranks.flags[span(q)] & PEER) != 0] for q in s.group]
+            shared = np.unique(np.concatenate(taken))
         if shared.size > s.stage_rows:
             raise SolarError(f"node buffer: step {k} shares {shared.size} rows between local "
                              f"ranks, more than the {s.stage_rows} staging rows made for a "
@@ -113,12 +120,16 @@ class NodeWindow:
                 of[u[me, 2]] = phase[me]
                 tier.update(phase_waits=waits, demote_phase=of[demote], admit_phase=of[admit],
                             tadmit_phase=of[tadmit])  # fmt: skip
+        peer_at = np.searchsorted(shared, at[peer]).astype(np.int64)
+        stage_at = np.searchsorted(shared, at[stage]).astype(np.int64)
+        if ne.staged is not None and not (_found(shared, peer_at, at[peer])
+                                          and _found(shared, stage_at, at[stage])):  # fmt: skip
+            raise CorruptPlanError(f"node plan (shared epoch): step {k}'s staging set does not "
+                                   "hold the rows its ranks stage and take")  # fmt: skip
         return StepPlan(
             k, x[:served], rows[own & ~side], rows[hit], slot[hit], rows[admit], slot[admit],
-            side_samples=x[side], stage_rows=rows[stage],
-            stage_at=np.searchsorted(shared, at[stage]).astype(np.int64),
-            peer_rows=rows[peer], peer_at=np.searchsorted(shared, at[peer]).astype(np.int64),
-            **tier,
+            side_samples=x[side], stage_rows=rows[stage], stage_at=stage_at,
+            peer_rows=rows[peer], peer_at=peer_at, **tier,
         )  # fmt: skip
 
     def _host_updates(self, t: int, ne: NodeEpoch) -> np.ndarray:
@@ -171,18 +182,21 @@ class NodeStream(EpochsAhead):
     _thread_name = "solar-nodeplan"
 
     def __init__(self, spec: PlanSpec, rank: int, hosts: Hosts, stage_rows: int,
-                 snapshots: str | os.PathLike | None = None) -> None:  # fmt: skip
+                 snapshots: str | os.PathLike | None = None, comm: Any = None) -> None:  # fmt: skip
         self.spec, self.rank, self.hosts = spec, rank, hosts
         self.snapshots = snapshots  # a directory of node planner snapshots (rank 0 writes)
         self.host = hosts.host_of(rank)
         self.group = hosts.groups[self.host]
         self.local = self.group.index(rank)
-        host_spec = node_spec(spec, hosts)
+        host_spec = node_spec(spec, hosts, host=self.host)
         self.slots = host_spec.slots
         self.tier_slots = tier_slot_count(host_spec.run, host_spec.buffer)
         self.stage_rows = max(1, int(stage_rows))
         self.spe = int(spec.run.steps_per_epoch)
         self.wait_seconds = 0.0
+        # With the host's communicator: local rank 0 plans, the others map its epochs (a
+        # collective now, in the foreground; solar/schedule/nodeboard.py).
+        self.board = board_of(comm, spec, hosts, self.host, rank)
         self._reset()
 
     def _reset(self) -> None:
@@ -199,20 +213,37 @@ class NodeStream(EpochsAhead):
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
+        self.board = None  # (a copy plans its host itself)
         self._reset()
 
     def _saves(self) -> bool:
         """Whether this rank saves node planner snapshots (rank 0, given a directory)."""
         return self.snapshots is not None and self.rank == 0
 
-    def _new_planner(self) -> NodePlanner:
+    def _reads_board(self) -> bool:
+        """Whether this rank takes its host's epochs from local rank 0 (plans nothing)."""
+        return self.board is not None and not self.board.publisher
+
+    def _new_planner(self) -> NodePlanner | BoardReader:
         """A node planner from epoch 0: of this rank's host alone, unless it saves snapshots
-        (they hold every host's state)."""
+        (they hold every host's state); a reader of local rank 0's epochs on the others."""
+        if self._reads_board():
+            assert self.board is not None
+            return BoardReader(self.board, self._unpack)
         return NodePlanner(self.spec, self.hosts, only_host=None if self._saves() else self.host)
 
-    def _next_epoch(self, planner: NodePlanner) -> NodeEpoch:
-        """Plan the next epoch (in the background thread); rank 0 then saves a snapshot."""
-        part = planner.next()
+    def _next_epoch(self, planner: NodePlanner | BoardReader) -> NodeEpoch:
+        """Plan the next epoch (in the background thread), or take local rank 0's; local rank
+        0 publishes it, rank 0 saves a snapshot."""
+        if isinstance(planner, BoardReader):
+            return planner.next()
+        if self.board is None:
+            part = planner.next()
+        else:
+            contents = planner.planner.contents(self.host)
+            ne = planner.next()
+            self.board.publish(ne, contents)
+            part = self._unpack(ne.epoch)  # local rank 0 keeps its host's part, as the others
         if self._saves() and planner.only_host is None:
             assert self.snapshots is not None
             try:
@@ -220,6 +251,10 @@ class NodeStream(EpochsAhead):
             except (OSError, SolarError) as exc:  # a resume will replan further back, that's all
                 warnings.warn(f"node planner snapshot not saved: {exc}", stacklevel=1)
         return part
+
+    def _unpack(self, epoch: int) -> NodeEpoch:
+        assert self.board is not None
+        return self.board.epoch(epoch, self.spec.run.num_samples, self.slots, self.tier_slots)
 
     def start(self) -> None:
         """Begin planning the first epoch in the background, unless planning has begun."""
@@ -233,7 +268,7 @@ class NodeStream(EpochsAhead):
         t0 = time.perf_counter()
         p = self._settled_planner()
         at = -1 if p is None or p.epoch > epoch else p.epoch
-        if at < epoch and self.snapshots is not None:  # nearer than where the planner is
+        if at < epoch and self.snapshots is not None and not self._reads_board():  # nearer
             p = nodesnapshot.load(self.snapshots, self.spec, self.hosts, epoch, after=at) or p
             at = -1 if p is None or p.epoch > epoch else p.epoch
         if p is None or at < 0:
@@ -241,12 +276,24 @@ class NodeStream(EpochsAhead):
         self._bg.get().planner = p
         while p.epoch < epoch:
             p.planner.skip()
-        self._initial = p.planner.contents(self.host)
         self._first = epoch
-        self._parts = [self._next_epoch(p)]
+        if self.board is None:
+            self._initial = p.planner.contents(self.host)
+            self._parts = [self._next_epoch(p)]
+        else:  # the contents as the epoch starts come with it
+            self._parts = [self._next_epoch(p)]
+            self._initial = self._parts[0].initial
         self._window = None
         self.wait_seconds += time.perf_counter() - t0
         self._submit()
+
+    def close(self) -> None:
+        """Stop planning (a rank waiting for local rank 0's epoch stops waiting)."""
+        if self.board is not None:
+            self.board.closed = True
+        super().close()
+        if self.board is not None:
+            self.board.close()
 
     @property
     def planned_end(self) -> int:
@@ -264,7 +311,9 @@ class NodeStream(EpochsAhead):
         elif not (e == end and self._bg.get().future is not None and self._collect(wait=True)):
             self._restart_at(e)
         if trim and e > self._first:
-            self._initial = self._current().contents_at(e * self.spe)
+            ne = self._parts[e - self._first]
+            self._initial = ne.initial if ne.initial is not None else \
+                self._current().contents_at(e * self.spe)  # fmt: skip
             self._parts = self._parts[e - self._first :]
             self._first = e
             self._window = None
@@ -282,3 +331,9 @@ def stage_bound(spec: PlanSpec, hosts: Hosts) -> int:
     """Staging rows a host needs at most: a shared row is needed by two local ranks or more,
     each rank's step has at most the sampler's bound of distinct ids."""
     return max(1, hosts.local * spec.sampler.batch_bound(spec.run) // 2)
+
+
+def _found(shared: np.ndarray, where: np.ndarray, rows: np.ndarray) -> bool:
+    """Whether ``shared[where]`` is ``rows`` (a staging set received is untrusted)."""
+    return not where.size or (int(where.max()) < shared.size
+                              and bool(np.all(shared[where] == rows)))  # fmt: skip

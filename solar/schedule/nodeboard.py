@@ -1,0 +1,419 @@
+"""Plan once per host: local rank 0 plans its host's node plan and publishes each epoch in
+shared memory; the host's other ranks map it (issue 35: planning a host on every local rank
+cost every rank several times one rank's planning, in time and memory).
+
+An :class:`EpochBoard` is made by the host's ranks together (a collective of the host's
+communicator, in the foreground: the background planning threads never call one). It is a
+``memfd`` (no name anywhere: nothing is left in /dev/shm whatever happens to the job, ``kill
+-9`` included) holding a small mailbox that local rank 0 maps read-write and the others
+read-only, through ``/proc/<pid>/fd/<fd>`` with the inode that proves it is still that file.
+
+Each epoch local rank 0 plans goes into a memfd of its own (:func:`pack`): this host's part
+only — the host's buffer decisions, the host's ranks' service, every step's staging set (the
+rows of the host some local rank takes from another's read, sorted) and the host's buffer as
+the epoch starts. Its mailbox entry (a seqlock: odd while written) names the memfd; a rank
+that wants epoch e waits for an entry of e, opens the memfd, maps it read-only, marks it taken
+(local rank 0 closes an epoch's descriptor once every local rank took it: its memory goes
+with the last mapping) and checks it (:func:`unpack`) before anything uses it: a payload is
+untrusted input, refused in one line unless its header names this run, host and epoch and
+every offset, slot, sample and index is in range. A rank touches only its own service, the
+staging sets and, on a resume or an epoch's first step, the host's decisions (checked when
+first used): the pages of the others' services stay out of its memory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import mmap
+import os
+import time
+from typing import Any
+
+import numpy as np
+
+from solar.errors import CorruptPlanError, SolarError
+from solar.schedule._common import PEER
+from solar.schedule.nodeplan import Hosts, NodeEpoch
+from solar.schedule.planner import EpochPlan, RankEpoch
+from solar.schedule.spec import PlanSpec
+
+MAGIC = 0x534F4C41524E4F44  # "SOLARNOD"
+VERSION = 1
+ENTRIES = 8  # mailbox entries: epochs published and not yet recycled
+_HEAD = 16  # int64 fields of a payload's header
+_FIELDS = 8  # int64 fields of a mailbox entry, before its taken marks
+_SEQ, _EPOCH, _PID, _FD, _INO, _NBYTES = range(6)
+_WAIT_ALIVE = 2.0  # seconds between checks that local rank 0 still runs
+
+
+def digest(fingerprint: str, hosts: Hosts, host: int) -> tuple[int, int]:
+    """Two int64 naming the run, the grouping and the host (a payload's header carries them)."""
+    h = hashlib.blake2b(repr((fingerprint, hosts.as_record(), host)).encode(), digest_size=16)
+    a, b = np.frombuffer(h.digest(), np.int64)
+    return int(a), int(b)
+
+
+def _layout(steps: int, local: int, n_host: int, n_ranks: int, n_shared: int,
+            n_contents: int) -> list[tuple[str, Any, int]]:  # fmt: skip
+    """The payload's arrays after its header: (name, dtype, length), in order."""
+    return [
+        ("h_steps", np.int64, steps + 1), ("h_sample", np.int64, n_host),
+        ("h_slot", np.int32, n_host), ("h_tslot", np.int32, n_host),
+        ("r_steps", np.int64, local * (steps + 1)), ("r_sample", np.int64, n_ranks),
+        ("r_slot", np.int32, n_ranks), ("r_tslot", np.int32, n_ranks),
+        ("r_at", np.int64, n_ranks), ("r_reader", np.int16, n_ranks),
+        ("s_offsets", np.int64, steps + 1), ("s_values", np.int64, n_shared),
+        ("contents", np.int64, n_contents),
+        ("h_flags", np.uint8, n_host), ("r_flags", np.uint8, n_ranks),
+    ]  # fmt: skip
+
+
+def _offsets(layout: list[tuple[str, Any, int]]) -> tuple[dict[str, int], int]:
+    at, out = _HEAD * 8, {}
+    for name, dt, n in layout:
+        out[name] = at
+        at += -(-(n * np.dtype(dt).itemsize) // 8) * 8
+    return out, at
+
+
+def staging_sets(h_steps: np.ndarray, at: np.ndarray, flags: np.ndarray,
+                 n_host: int) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+    """Every step's staging set: the host accesses (``at``) some local rank takes as ``PEER``,
+    sorted and distinct per step, as (offsets, values). A rank's access at step t is one of
+    its host's accesses of step t, ``h_steps[t]..h_steps[t + 1]``: marking them in one pass
+    sorts them by step (no sort: an epoch's rows are millions)."""
+    mark = np.zeros(n_host, np.bool_)
+    mark[at[(flags & PEER) != 0]] = True
+    values = np.flatnonzero(mark).astype(np.int64)
+    return np.searchsorted(values, h_steps).astype(np.int64), values
+
+
+def pack(ne: NodeEpoch, host: int, contents: np.ndarray, tag: tuple[int, int]) -> int:
+    """Host ``host``'s part of ``ne`` (and its buffer ``contents`` as the epoch starts) in a
+    new memfd; returns its descriptor."""
+    group = sorted(ne.hosts.groups[host])
+    h = ne.host.rank(host)
+    steps = h.step_offsets.size - 1
+    ro, so = ne.ranks.rank_offsets, ne.ranks.step_offsets
+    lo, hi = int(ro[group[0]]), int(ro[group[-1] + 1])  # the group's ranks are consecutive
+    if group != list(range(group[0], group[-1] + 1)):
+        raise SolarError(f"node plan: host {host}'s ranks {group} are not consecutive")
+    r_at = ne.at[lo:hi] - ne.host.rank_offsets[host]  # (indexes into the host's own part)
+    s_off, s_val = staging_sets(h.step_offsets, r_at, ne.ranks.flags[lo:hi], h.sample.size)
+    arrays = {
+        "h_steps": h.step_offsets, "h_sample": h.sample, "h_slot": h.slot, "h_tslot": h.tslot,
+        "h_flags": h.flags, "r_steps": so[group[0] : group[-1] + 1].reshape(-1),
+        "r_sample": ne.ranks.sample[lo:hi], "r_slot": ne.ranks.slot[lo:hi],
+        "r_tslot": ne.ranks.tslot[lo:hi], "r_at": r_at, "r_reader": ne.reader[lo:hi],
+        "r_flags": ne.ranks.flags[lo:hi], "s_offsets": s_off, "s_values": s_val,
+        "contents": contents,
+    }  # fmt: skip
+    layout = _layout(steps, len(group), h.sample.size, hi - lo, s_val.size, contents.size)
+    where, nbytes = _offsets(layout)
+    fd = os.memfd_create("solar-nodeplan", os.MFD_CLOEXEC)
+    try:
+        os.ftruncate(fd, nbytes)
+        head = np.array([MAGIC, VERSION, ne.epoch, host, ne.hosts.world, steps, ne.hosts.count,
+                         len(group), h.sample.size, r_at.size, s_val.size, contents.size, nbytes,
+                         tag[0], tag[1], 0], np.int64)  # fmt: skip
+        os.pwrite(fd, head.tobytes(), 0)
+        for name, dt, n in layout:  # (the kernel copies: no page faults of a fresh mapping)
+            a = np.ascontiguousarray(arrays[name], dtype=dt)
+            if a.size != n:
+                raise SolarError(f"node plan: {name} has {a.size} entries, not {n}")
+            view = a.data.cast("B")
+            done = 0
+            while done < view.nbytes:
+                done += os.pwrite(fd, view[done:], where[name] + done)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+class _Host(EpochPlan):
+    """The host's decisions of a published epoch, checked when first used (a resume's replay,
+    an epoch's first step): until then a rank never touches their pages."""
+
+    _limits: tuple[int, int, int]
+
+    def rank(self, r: int) -> RankEpoch:
+        if not getattr(self, "_checked", False):
+            n, slots, tier = self._limits
+            lo, hi = self.rank_offsets[r], self.rank_offsets[r + 1]
+            _in("host samples", self.sample[lo:hi], 0, n)
+            _in("host slots", self.slot[lo:hi], -1, slots)
+            _in("host tier slots", self.tslot[lo:hi], -1, tier)
+            object.__setattr__(self, "_checked", True)
+        return super().rank(r)
+
+
+def _in(what: str, a: np.ndarray, lo: int, hi: int) -> None:
+    if a.size and (int(a.min()) < lo or int(a.max()) >= hi):
+        raise CorruptPlanError(f"node plan (shared epoch): {what} outside [{lo}, {hi})")
+
+
+def _offsets_ok(what: str, o: np.ndarray, end: int) -> None:
+    if o.size == 0 or o[0] != 0 or o[-1] != end or np.any(np.diff(o) < 0):
+        raise CorruptPlanError(f"node plan (shared epoch): {what} are not offsets 0..{end}")
+
+
+def unpack(m: mmap.mmap, *, epoch: int, hosts: Hosts, host: int, rank: int, steps: int,
+           num_samples: int, slots: int, tier: int,
+           tag: tuple[int, int]) -> NodeEpoch:  # fmt: skip
+    """The NodeEpoch a payload holds, seen by global rank ``rank``: its views of the mapping,
+    after checking the header and everything this rank uses (see the module's docstring)."""
+    bad = "node plan (shared epoch)"
+    if len(m) < _HEAD * 8:
+        raise CorruptPlanError(f"{bad}: {len(m)} bytes, shorter than its header")
+    head = [int(v) for v in np.ndarray(_HEAD, np.int64, buffer=m)]
+    group = sorted(hosts.groups[host])
+    want = [MAGIC, VERSION, epoch, host, hosts.world, steps, hosts.count, len(group)]
+    if head[:8] != want or (head[13], head[14]) != tag:
+        raise CorruptPlanError(
+            f"{bad}: its header names another run, host or epoch "
+            f"(epoch {head[2]}, host {head[3]}; wanted {epoch}, {host})"
+        )
+    n_host, n_ranks, n_shared, n_contents, nbytes = head[8:13]
+    if min(n_host, n_ranks, n_shared, n_contents) < 0 or n_contents != slots + tier:
+        raise CorruptPlanError(f"{bad}: impossible sizes in its header")
+    layout = _layout(steps, len(group), n_host, n_ranks, n_shared, n_contents)
+    where, size = _offsets(layout)
+    if nbytes != size or len(m) < size:
+        raise CorruptPlanError(f"{bad}: {len(m)} bytes, its header says {nbytes}, sizes {size}")
+    a = {name: np.ndarray(n, dt, buffer=m, offset=where[name]) for name, dt, n in layout}
+    for v in a.values():
+        v.flags.writeable = False
+    _offsets_ok("host step offsets", a["h_steps"], n_host)
+    r_steps = a["r_steps"].reshape(len(group), steps + 1)
+    counts = r_steps[:, -1]
+    if np.any(r_steps[:, 0] != 0) or np.any(np.diff(r_steps, axis=1) < 0):
+        raise CorruptPlanError(f"{bad}: a rank's step offsets are not offsets")
+    if int(counts.sum()) != n_ranks:
+        raise CorruptPlanError(f"{bad}: the ranks' accesses do not add up to {n_ranks}")
+    _offsets_ok("staging offsets", a["s_offsets"], n_shared)
+    _in("staged accesses", a["s_values"], 0, max(1, n_host))
+    _in("buffer contents", a["contents"], -1, num_samples)
+    # This rank's own service: everything the step plans it makes read.
+    j = group.index(rank)
+    lo = int(counts[:j].sum())
+    hi = lo + int(counts[j])
+    _in("samples", a["r_sample"][lo:hi], 0, num_samples)
+    _in("slots", a["r_slot"][lo:hi], -1, slots)
+    _in("tier slots", a["r_tslot"][lo:hi], -1, tier)
+    _in("host indexes", a["r_at"][lo:hi], 0, max(1, n_host))
+    world = hosts.world
+    rank_offsets = np.zeros(world + 1, np.int64)
+    step_offsets = np.zeros((world, steps + 1), np.int64)
+    for i, q in enumerate(group):
+        rank_offsets[q + 1] = counts[i]
+        step_offsets[q] = r_steps[i]
+    np.cumsum(rank_offsets, out=rank_offsets)
+    h_offsets = np.zeros(hosts.count + 1, np.int64)
+    h_offsets[host + 1 :] = n_host
+    h_steps = np.zeros((hosts.count, steps + 1), np.int64)
+    h_steps[host] = a["h_steps"]
+    host_plan = _Host(epoch, h_offsets, h_steps, a["h_sample"], a["h_slot"], a["h_flags"],
+                      a["h_tslot"])  # fmt: skip
+    object.__setattr__(host_plan, "_limits", (num_samples, slots, tier))
+    ranks = EpochPlan(epoch, rank_offsets, step_offsets, a["r_sample"], a["r_slot"],
+                      a["r_flags"], a["r_tslot"])  # fmt: skip
+    return NodeEpoch(epoch, hosts, host_plan, ranks, a["r_reader"], a["r_at"],
+                     staged=(a["s_offsets"], a["s_values"]), initial=a["contents"])  # fmt: skip
+
+
+class EpochBoard:
+    """The mailbox of a host's published epochs (see the module's docstring). Made by every
+    rank of ``comm`` together (the host's communicator, or a superset: each rank finds its
+    host's local rank 0 in an allgather); ``group`` is this host's ranks, ``rank`` this one."""
+
+    def __init__(self, comm: Any, hosts: Hosts, host: int, rank: int, tag: tuple[int, int],
+                 steps: int) -> None:  # fmt: skip
+        self.hosts, self.host, self.rank, self.tag, self.steps = hosts, host, rank, tag, steps
+        self.group = sorted(hosts.groups[host])
+        self.local = self.group.index(rank)
+        self.publisher = self.local == 0
+        self._fds: dict[int, int] = {}  # entry -> descriptor of the payload it names
+        self._count = 0  # epochs published (the next entry: count % ENTRIES)
+        self.closed = False
+        size = ENTRIES * (_FIELDS + len(self.group)) * 8
+        fd, err = -1, ""
+        name = (os.getpid(), -1, -1)
+        if self.publisher:
+            try:
+                fd = os.memfd_create("solar-nodeboard", os.MFD_CLOEXEC)
+                os.ftruncate(fd, size)
+                name = (os.getpid(), fd, os.fstat(fd).st_ino)
+            except OSError as exc:
+                err = f"node plan: no shared memory for its mailbox ({exc})"
+        everyone = comm.allgather((host, self.local, name, err)) if comm is not None else [
+            (host, self.local, name, err)]  # fmt: skip
+        err = next((e for *_, e in everyone if e), "")
+        src = next(n for h, j, n, _ in everyone if h == host and j == 0)
+        try:
+            if not err and not self.publisher:
+                fd, err = _open(src, size, os.O_RDWR)
+            if comm is not None:  # every rank has it open (or failed) before any goes on
+                err = next((e for e in comm.allgather(err) if e), "")
+            if err:
+                raise SolarError(err)
+            self._map = mmap.mmap(fd, size)
+        finally:
+            if fd >= 0:
+                os.close(fd)
+        self.pid = src[0]
+        self.box = np.ndarray((ENTRIES, _FIELDS + len(self.group)), np.int64, buffer=self._map)
+
+    # -- local rank 0 --------------------------------------------------------------------------
+    def publish(self, ne: NodeEpoch, contents: np.ndarray) -> int:
+        """Publish this host's part of ``ne``; returns the payload's descriptor (kept open
+        until every local rank took it, or its entry is recycled)."""
+        assert self.publisher
+        fd = pack(ne, self.host, np.asarray(contents, np.int64), self.tag)
+        self._release(done_only=True)
+        e = self._count % ENTRIES
+        self._close(e)
+        row = self.box[e]
+        row[_SEQ] += 1  # odd: being written
+        row[_EPOCH], row[_PID], row[_FD] = ne.epoch, os.getpid(), fd
+        row[_INO], row[_NBYTES] = os.fstat(fd).st_ino, os.fstat(fd).st_size
+        row[_FIELDS:] = 0
+        row[_FIELDS] = 1  # local rank 0 has it
+        row[_SEQ] += 1
+        self._fds[e] = fd
+        self._count += 1
+        return fd
+
+    def _release(self, done_only: bool) -> None:
+        for e in list(self._fds):
+            if not done_only or np.all(self.box[e, _FIELDS:] != 0):
+                self._close(e)
+
+    def _close(self, e: int) -> None:
+        fd = self._fds.pop(e, None)
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+    # -- every local rank ----------------------------------------------------------------------
+    def take(self, epoch: int) -> mmap.mmap:
+        """The payload of ``epoch``, mapped read-only (waits until local rank 0 publishes it;
+        refused in one line if local rank 0 ended first)."""
+        alive_at = time.monotonic() + _WAIT_ALIVE
+        pause = 0.0005
+        while True:
+            if self.closed:
+                raise SolarError(f"node plan: the board closed while epoch {epoch} was awaited")
+            for e in range(ENTRIES):
+                got = self._try(e, epoch)
+                if got is not None:
+                    return got
+            if time.monotonic() > alive_at:
+                if not os.path.exists(f"/proc/{self.pid}"):
+                    raise SolarError(
+                        f"node plan: local rank 0 (pid {self.pid}) of host {self.host} "
+                        f"ended before publishing epoch {epoch}"
+                    )
+                alive_at = time.monotonic() + _WAIT_ALIVE
+            time.sleep(pause)
+            pause = min(0.01, pause * 2)
+
+    def _try(self, e: int, epoch: int) -> mmap.mmap | None:
+        row = self.box[e]
+        seq = int(row[_SEQ])
+        if seq == 0 or seq % 2 or int(row[_EPOCH]) != epoch:
+            return None
+        pid, fd, ino, nbytes = (int(v) for v in row[_PID : _NBYTES + 1])
+        if int(row[_SEQ]) != seq:
+            return None
+        if self.publisher:
+            if self._fds.get(e, -1) != fd:
+                return None
+            return mmap.mmap(fd, nbytes, prot=mmap.PROT_READ)
+        got, _ = _open((pid, fd, ino), nbytes, os.O_RDONLY)
+        if got < 0 or int(row[_SEQ]) != seq:  # closed, or recycled meanwhile: look again
+            if got >= 0:
+                os.close(got)
+            return None
+        try:
+            m = mmap.mmap(got, nbytes, prot=mmap.PROT_READ)
+        except (OSError, ValueError):
+            return None
+        finally:
+            os.close(got)
+        # Taken: local rank 0 may close its descriptor (each rank writes its own mark only).
+        row[_FIELDS + self.local] = 1
+        return m
+
+    def epoch(self, epoch: int, num_samples: int, slots: int, tier: int = 0) -> NodeEpoch:
+        """Epoch ``epoch`` of this host's node plan, from its payload (checked)."""
+        m = self.take(epoch)
+        return unpack(
+            m,
+            epoch=epoch,
+            hosts=self.hosts,
+            host=self.host,
+            rank=self.rank,
+            steps=self.steps,
+            num_samples=num_samples,
+            slots=slots,
+            tier=tier,
+            tag=self.tag,
+        )
+
+    def close(self) -> None:
+        """Close the payloads' descriptors (their memory lives on while an epoch maps it)."""
+        self.closed = True
+        if self.publisher:
+            self._release(done_only=False)
+
+
+def _open(name: tuple[int, int, int], size: int, mode: int) -> tuple[int, str]:
+    """A descriptor of local rank 0's memfd ``name`` = (pid, fd, inode), or (-1, why)."""
+    pid, fd, ino = name
+    path = f"/proc/{pid}/fd/{fd}"
+    try:
+        got = os.open(path, mode)
+    except OSError as exc:
+        return -1, f"node plan: cannot open local rank 0's {path}: {exc.strerror}"
+    st = os.fstat(got)
+    if st.st_ino != ino or st.st_size < size:
+        os.close(got)
+        return -1, f"node plan: {path} is no longer local rank 0's shared plan"
+    return got, ""
+
+
+class BoardReader:
+    """A planner's stand-in on the host's other ranks: its epochs are local rank 0's, taken
+    from the board (``NodeStream`` drives it as it drives a :class:`NodePlanner`)."""
+
+    def __init__(self, board: EpochBoard, unpack: Any) -> None:
+        self.board, self._unpack = board, unpack
+        self.epoch = 0
+        self.planner = self  # (NodeStream skips epochs and asks contents through .planner)
+
+    def skip(self) -> None:
+        """Go past an epoch without taking it (local rank 0 skips it too)."""
+        self.epoch += 1
+
+    def next(self) -> NodeEpoch:
+        """The next epoch, as local rank 0 published it (waits for it)."""
+        ne = self._unpack(self.epoch)
+        self.epoch += 1
+        return ne
+
+
+def board_of(comm: Any, spec: PlanSpec, hosts: Hosts, host: int, rank: int) -> EpochBoard | None:
+    """The host's board where several ranks share it and a communicator is given (a
+    collective of ``comm``), else None: the rank plans its host itself."""
+    if comm is None or len(hosts.groups[host]) < 2:
+        return None
+    return EpochBoard(
+        comm,
+        hosts,
+        host,
+        rank,
+        digest(spec.fingerprint, hosts, host),
+        int(spec.run.steps_per_epoch),
+    )

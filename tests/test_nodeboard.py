@@ -1,0 +1,204 @@
+"""Planning once per host (solar/schedule/nodeboard.py): local rank 0 publishes each epoch of
+its host's node plan in a memfd, the others map it; what they receive is what they would have
+planned, and a payload that is not is refused in one line. Hosts of unequal sizes
+(solar/schedule/nodeplan.py) are planned one host at a time."""
+
+from __future__ import annotations
+
+import mmap
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+from plan_checks import _replay
+
+from solar import BufferConfig, PlanSpec, RunConfig
+from solar.errors import CorruptPlanError, SolarError
+from solar.schedule._common import HIT, PEER, SIDE
+from solar.schedule.nodeboard import EpochBoard, _layout, _offsets, digest, unpack
+from solar.schedule.nodeplan import Hosts, NodePlanner, node_spec, node_totals
+from solar.schedule.rankplan import RankPlan
+from solar.schedule.samplers import SHUFFLE, Weighted
+
+
+class _Pair:
+    """The host communicator of two boards made in one process, on two threads."""
+
+    def __init__(self) -> None:
+        self.slots: list = [None, None]
+        self.gate = threading.Barrier(2)
+
+    def of(self, local: int):
+        pair = self
+
+        class Comm:
+            def allgather(self, obj):
+                pair.slots[local] = obj
+                pair.gate.wait()
+                got = list(pair.slots)
+                pair.gate.wait()
+                return got
+
+        return Comm()
+
+
+def _spec(world=2, n=600, batch=10, epochs=3, cap=15):
+    run = RunConfig(n, world, batch, epochs, seed=4)
+    w = ((1.0 + np.arange(n)) ** -0.8)[np.random.default_rng(2).permutation(n)]
+    return PlanSpec(run, BufferConfig(cap), sampler=Weighted(w, affinity=False))
+
+
+def _boards(spec, hosts):
+    pair = _Pair()
+    tag = digest(spec.fingerprint, hosts, 0)
+    steps = spec.run.steps_per_epoch
+    with ThreadPoolExecutor(2) as pool:
+        made = [pool.submit(EpochBoard, pair.of(j), hosts, 0, j, tag, steps) for j in (0, 1)]
+        return made[0].result(), made[1].result()
+
+
+def test_each_rank_receives_the_epochs_it_would_have_planned():
+    spec, hosts = _spec(), Hosts.grid(1, 2)
+    lead, other = _boards(spec, hosts)
+    cells = node_spec(spec, hosts).slots
+    p, q = NodePlanner(spec, hosts, only_host=0), NodePlanner(spec, hosts, only_host=0)
+    for k in range(spec.run.epochs):
+        contents = p.planner.contents(0)
+        lead.publish(p.next(), contents)
+        want = q.next()
+        got = other.epoch(k, spec.run.num_samples, cells)
+        for r in (0, 1):
+            a, b = got.rank(r), want.rank(r)
+            for name in ("sample", "slot", "flags", "step_offsets", "tslot"):
+                assert getattr(a, name).tobytes() == getattr(b, name).tobytes(), (k, r, name)
+        h, wh = got.host.rank(0), want.host.rank(0)
+        for name in ("sample", "slot", "flags", "step_offsets", "tslot"):
+            assert np.array_equal(getattr(h, name), getattr(wh, name)), (k, name)
+        assert np.array_equal(got.initial, contents)
+        # The staging sets: every step's rows a local rank takes from another's read.
+        ro, so = want.ranks.rank_offsets, want.ranks.step_offsets
+        offsets, values = got.staged
+        for t in range(spec.run.steps_per_epoch):
+            taken = [want.at[ro[r] + so[r, t] : ro[r] + so[r, t + 1]][
+                (want.ranks.flags[ro[r] + so[r, t] : ro[r] + so[r, t + 1]] & PEER) != 0]
+                for r in (0, 1)]  # fmt: skip
+            assert np.array_equal(values[offsets[t] : offsets[t + 1]],
+                                  np.unique(np.concatenate(taken)))  # fmt: skip
+        assert np.any(got.ranks.flags & PEER)  # (the case shares rows)
+    # A descriptor is closed once both took its epoch (at the next publication), the last one
+    # at close; the reader's mappings live on.
+    assert len(lead._fds) == 1
+    lead.close()
+    assert not lead._fds
+
+
+def _payload(spec, hosts):
+    lead, _ = _boards(spec, hosts)
+    p = NodePlanner(spec, hosts, only_host=0)
+    contents = p.planner.contents(0)
+    fd = lead.publish(p.next(), contents)
+    size = os.fstat(fd).st_size
+    return lead, bytearray(os.pread(fd, size, 0))
+
+
+def _unpack(buf, spec, hosts, **kw):
+    m = mmap.mmap(-1, len(buf))
+    m[:] = bytes(buf)
+    args = dict(epoch=0, hosts=hosts, host=0, rank=1, steps=spec.run.steps_per_epoch,
+                num_samples=spec.run.num_samples, slots=node_spec(spec, hosts).slots, tier=0,
+                tag=digest(spec.fingerprint, hosts, 0))  # fmt: skip
+    args.update(kw)
+    return unpack(m, **args)
+
+
+def test_a_corrupted_shared_epoch_is_refused_in_one_line():
+    spec, hosts = _spec(), Hosts.grid(1, 2)
+    lead, buf = _payload(spec, hosts)
+    ne = _unpack(buf, spec, hosts)  # as published: accepted
+    n_host, n_ranks = ne.host.sample.size, ne.ranks.sample.size
+    with pytest.raises(CorruptPlanError, match="another run, host or epoch"):
+        _unpack(buf, spec, hosts, epoch=1)
+    with pytest.raises(CorruptPlanError, match="another run"):
+        _unpack(buf, spec, hosts, tag=(1, 2))
+    with pytest.raises(CorruptPlanError, match="bytes"):
+        _unpack(buf[:-8], spec, hosts)
+    # Bytes of this rank's service, changed where they stand: a slot, a sample, an index.
+    head = np.frombuffer(bytes(buf[: 16 * 8]), np.int64)
+    steps = spec.run.steps_per_epoch
+    where, _ = _offsets(_layout(steps, 2, n_host, n_ranks, int(head[10]), int(head[11])))
+    mine = ne.ranks.rank_offsets[1]  # rank 1's first access
+    for name, dt, bad, word in (("r_slot", np.int32, 10**6, "slots"),
+                                ("r_sample", np.int64, -3, "samples"),
+                                ("r_at", np.int64, n_host + 5, "host indexes"),
+                                ("h_steps", np.int64, 10**9, "host step offsets"),
+                                ("contents", np.int64, spec.run.num_samples,
+                                 "contents")):  # fmt: skip
+        b = bytearray(buf)
+        at = where[name] + (mine if name.startswith("r_") else 1) * np.dtype(dt).itemsize
+        b[at : at + np.dtype(dt).itemsize] = np.array([bad], dt).tobytes()
+        with pytest.raises(CorruptPlanError, match=word):
+            _unpack(b, spec, hosts)
+    # The host's decisions: checked when first used (a resume's replay).
+    b = bytearray(buf)
+    at = where["h_slot"]
+    b[at : at + 4] = np.array([10**6], np.int32).tobytes()
+    ne = _unpack(b, spec, hosts)
+    with pytest.raises(CorruptPlanError, match="host slots"):
+        ne.host.rank(0)
+    lead.close()
+
+
+def test_a_rank_waiting_for_an_epoch_stops_when_the_board_closes():
+    spec, hosts = _spec(), Hosts.grid(1, 2)
+    _, other = _boards(spec, hosts)
+    other.closed = True
+    with pytest.raises(SolarError, match="closed while epoch 0"):
+        other.take(0)
+
+
+def _read(part, t):
+    """The rows ``part`` reads from storage at step ``t``."""
+    s = slice(part.step_offsets[t], part.step_offsets[t + 1])
+    return part.sample[s][(part.flags[s] & (HIT | PEER)) == 0]
+
+
+def test_hosts_of_unequal_sizes_where_the_sampler_fixes_each_rank_batch():
+    assert Hosts.parse("3,1", 4).groups == ((0, 1, 2), (3,))
+    assert not Hosts.parse("3,1").uniform and Hosts.parse("2x2").uniform
+    with pytest.raises(SolarError, match="5 ranks, but the job has 4"):
+        Hosts.parse("3,2", 4)
+    spec, hosts = _spec(world=4, n=900, batch=8, cap=10), Hosts.parse("3,1")
+    draws = spec.sampler
+    reads = 0
+    for h, group in enumerate(hosts.groups):
+        hspec = node_spec(spec, hosts, host=h)
+        assert hspec.buffer.capacity == 10 * len(group)
+        p = NodePlanner(spec, hosts, only_host=h)
+        epochs = [p.next() for _ in range(spec.run.epochs)]
+        for k, ne in enumerate(epochs):
+            for r in group:
+                part = ne.rank(r)
+                for t in range(spec.run.steps_per_epoch):
+                    s = slice(part.step_offsets[t], part.step_offsets[t + 1])
+                    served = part.sample[s][(part.flags[s] & SIDE) == 0]
+                    want = np.unique(draws.batch(spec.run, k, t, r))
+                    assert np.array_equal(np.sort(served), want), (h, k, t, r)
+                    # A miss read by another local rank: that rank reads it at this step.
+                    for x, f in zip(part.sample[s], part.flags[s], strict=True):
+                        if f & PEER:
+                            assert any(x in _read(ne.rank(q), t) for q in group if q != r)
+        # The host's buffer replays: each hit finds its sample where the plan says.
+        rp = RankPlan.from_parts(h, [ne.host.rank(h) for ne in epochs], hspec.slots)
+        _replay(rp, hspec.slots, 0)
+        reads += sum(ne.storage_reads() for ne in epochs)
+    # `solar plan --hosts 3,1`'s figures: every host's, each planned alone.
+    got = node_totals(spec, hosts)
+    assert got["buffer_per_host"] == [30, 10] and got["reads"] + got["side_reads"] == reads
+    # A sampler with affinity splits each global batch evenly over the hosts: refused.
+    shuffle = PlanSpec(RunConfig(900, 4, 8, 2), BufferConfig(10), sampler=SHUFFLE)
+    with pytest.raises(SolarError, match=r"ranks per host differ \(\[3, 1\]\)"):
+        NodePlanner(shuffle, hosts, only_host=0)
+    with pytest.raises(SolarError, match="ranks per host differ"):
+        node_spec(spec, hosts)  # (every host at once: which size?)
