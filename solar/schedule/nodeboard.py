@@ -39,7 +39,7 @@ from solar.schedule.planner import EpochPlan, RankEpoch
 from solar.schedule.spec import PlanSpec
 
 MAGIC = 0x534F4C41524E4F44  # "SOLARNOD"
-VERSION = 1
+VERSION = 2  # 2: every rank's step offsets (w_steps)
 ENTRIES = 8  # mailbox entries: epochs published and not yet recycled
 _HEAD = 16  # int64 fields of a payload's header
 _FIELDS = 8  # int64 fields of a mailbox entry, before its taken marks
@@ -54,13 +54,13 @@ def digest(fingerprint: str, hosts: Hosts, host: int) -> tuple[int, int]:
     return int(a), int(b)
 
 
-def _layout(steps: int, local: int, n_host: int, n_ranks: int, n_shared: int,
+def _layout(steps: int, world: int, n_host: int, n_ranks: int, n_shared: int,
             n_contents: int) -> list[tuple[str, Any, int]]:  # fmt: skip
     """The payload's arrays after its header: (name, dtype, length), in order."""
     return [
         ("h_steps", np.int64, steps + 1), ("h_sample", np.int64, n_host),
         ("h_slot", np.int32, n_host), ("h_tslot", np.int32, n_host),
-        ("r_steps", np.int64, local * (steps + 1)), ("r_sample", np.int64, n_ranks),
+        ("w_steps", np.int64, world * (steps + 1)), ("r_sample", np.int64, n_ranks),
         ("r_slot", np.int32, n_ranks), ("r_tslot", np.int32, n_ranks),
         ("r_at", np.int64, n_ranks), ("r_reader", np.int16, n_ranks),
         ("s_offsets", np.int64, steps + 1), ("s_values", np.int64, n_shared),
@@ -103,13 +103,13 @@ def pack(ne: NodeEpoch, host: int, contents: np.ndarray, tag: tuple[int, int]) -
     s_off, s_val = staging_sets(h.step_offsets, r_at, ne.ranks.flags[lo:hi], h.sample.size)
     arrays = {
         "h_steps": h.step_offsets, "h_sample": h.sample, "h_slot": h.slot, "h_tslot": h.tslot,
-        "h_flags": h.flags, "r_steps": so[group[0] : group[-1] + 1].reshape(-1),
+        "h_flags": h.flags, "w_steps": so.reshape(-1),
         "r_sample": ne.ranks.sample[lo:hi], "r_slot": ne.ranks.slot[lo:hi],
         "r_tslot": ne.ranks.tslot[lo:hi], "r_at": r_at, "r_reader": ne.reader[lo:hi],
         "r_flags": ne.ranks.flags[lo:hi], "s_offsets": s_off, "s_values": s_val,
         "contents": contents,
     }  # fmt: skip
-    layout = _layout(steps, len(group), h.sample.size, hi - lo, s_val.size, contents.size)
+    layout = _layout(steps, ne.hosts.world, h.sample.size, hi - lo, s_val.size, contents.size)
     where, nbytes = _offsets(layout)
     fd = os.memfd_create("solar-nodeplan", os.MFD_CLOEXEC)
     try:
@@ -178,7 +178,7 @@ def unpack(m: mmap.mmap, *, epoch: int, hosts: Hosts, host: int, rank: int, step
     n_host, n_ranks, n_shared, n_contents, nbytes = head[8:13]
     if min(n_host, n_ranks, n_shared, n_contents) < 0 or n_contents != slots + tier:
         raise CorruptPlanError(f"{bad}: impossible sizes in its header")
-    layout = _layout(steps, len(group), n_host, n_ranks, n_shared, n_contents)
+    layout = _layout(steps, hosts.world, n_host, n_ranks, n_shared, n_contents)
     where, size = _offsets(layout)
     if nbytes != size or len(m) < size:
         raise CorruptPlanError(f"{bad}: {len(m)} bytes, its header says {nbytes}, sizes {size}")
@@ -186,10 +186,13 @@ def unpack(m: mmap.mmap, *, epoch: int, hosts: Hosts, host: int, rank: int, step
     for v in a.values():
         v.flags.writeable = False
     _offsets_ok("host step offsets", a["h_steps"], n_host)
-    r_steps = a["r_steps"].reshape(len(group), steps + 1)
-    counts = r_steps[:, -1]
-    if np.any(r_steps[:, 0] != 0) or np.any(np.diff(r_steps, axis=1) < 0):
+    # Every rank's step offsets (the exchange of equal batches counts other hosts' ranks too);
+    # this host's ranks' services follow.
+    w_steps = a["w_steps"].reshape(hosts.world, steps + 1)
+    if np.any(w_steps[:, 0] != 0) or np.any(np.diff(w_steps, axis=1) < 0):
         raise CorruptPlanError(f"{bad}: a rank's step offsets are not offsets")
+    r_steps = w_steps[group]
+    counts = r_steps[:, -1]
     if int(counts.sum()) != n_ranks:
         raise CorruptPlanError(f"{bad}: the ranks' accesses do not add up to {n_ranks}")
     _offsets_ok("staging offsets", a["s_offsets"], n_shared)
@@ -220,7 +223,8 @@ def unpack(m: mmap.mmap, *, epoch: int, hosts: Hosts, host: int, rank: int, step
     ranks = EpochPlan(epoch, rank_offsets, step_offsets, a["r_sample"], a["r_slot"],
                       a["r_flags"], a["r_tslot"])  # fmt: skip
     return NodeEpoch(epoch, hosts, host_plan, ranks, a["r_reader"], a["r_at"],
-                     staged=(a["s_offsets"], a["s_values"]), initial=a["contents"])  # fmt: skip
+                     staged=(a["s_offsets"], a["s_values"]), initial=a["contents"],
+                     all_steps=w_steps)  # fmt: skip
 
 
 class EpochBoard:

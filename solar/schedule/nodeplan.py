@@ -310,6 +310,8 @@ class NodeEpoch:
     # (offsets, sorted host indexes) and the host's buffer as the epoch starts. None: derived.
     staged: tuple[np.ndarray, np.ndarray] | None = None
     initial: np.ndarray | None = None
+    # (P, steps + 1): every rank's step offsets where ``ranks`` holds this host's ranks only.
+    all_steps: np.ndarray | None = None
 
     def rank(self, r: int) -> RankEpoch:
         """Rank ``r``'s service (flags with PEER; slots name the node buffer's cells)."""

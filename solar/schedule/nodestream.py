@@ -157,7 +157,8 @@ class NodeWindow:
             raise IndexError(f"step {k} is outside steps {self.first_step}..{self.end_step - 1}")
         e, t = divmod(k - self.first_step, self.spe)
         ne = self.parts[e]
-        return node_transfer(ne.ranks.step_offsets, t, self.stream.rank, ne.hosts.count)
+        so = ne.ranks.step_offsets if ne.all_steps is None else ne.all_steps
+        return node_transfer(so, t, self.stream.rank, ne.hosts.count)
 
     def step_actions(self, k: int) -> list[tuple[int, int, int]]:
         """(Never asked: a node step is never ``in_order``; where its host updates a cell
