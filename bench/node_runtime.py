@@ -9,7 +9,9 @@ GNN feature gathering, ``NeighborSampler(fanouts (10, 5), 1024 seeds per rank)``
 buffer of ``--buffer`` of the features. Both modes run the same code
 (solar/runtime/nodeholdings.py) over the same sampler: ``per-rank`` executes the node plan of
 one rank per host (today's per-rank plan, C/P rows each, proven equal by
-tests/test_nodeplan.py), ``node`` the node plan of one host of P ranks (C rows shared). Reads
+tests/test_nodeplan.py), ``node`` the node plan of one host of P ranks (C rows shared), its
+barriers the region's own (solar/cache/hostbarrier.py), and ``node-mpi-barrier`` the same with
+the host communicator's MPI barrier instead (the barrier before the host barrier). Reads
 are O_DIRECT (the page cache holds nothing of the features between modes), the modes alternate
 per round; every rank's rows are checked against the file's bytes once. Reported: rows read
 from storage per epoch (all ranks), seconds per epoch (slowest rank), rows gathered per second
@@ -54,9 +56,13 @@ def main() -> None:
     run = RunConfig(n, world, a.seeds, a.epochs, 0, False, sampler.draws(n, world * a.seeds))
     spec = PlanSpec(run, BufferConfig(int(a.buffer * n) // world), sampler=sampler)
     keys = [(k.sample_shape, k.native_dtype) for k in info.keys]
-    modes = {"per-rank": Hosts.grid(world, 1), "node": Hosts.grid(1, world)}
+    modes = {"per-rank": Hosts.grid(world, 1), "node": Hosts.grid(1, world),
+             "node-mpi-barrier": Hosts.grid(1, world)}  # fmt: skip
     prepared = {}
-    for name, hosts in modes.items():  # plan both first (untimed): each rank its own host's
+    for name, hosts in modes.items():  # plan first (untimed): each rank its own host's
+        if name == "node-mpi-barrier":  # the node plan, other barriers
+            prepared[name] = prepared["node"]
+            continue
         mine = hosts.host_of(rank)
         p = NodePlanner(spec, hosts, only_host=mine)
         epochs = [p.next() for _ in range(run.epochs)]
@@ -74,9 +80,13 @@ def main() -> None:
             hc = names[name][1]
             slots = node_spec(spec, hosts).slots
             parts = NodeHoldings.region_parts(slots, stage, keys)
-            region = NodeRegion(NodeRegion.size_of(parts), hc, dist.shared_key(comm),
-                                hosts.host_of(rank), hc.Get_rank())  # fmt: skip
-            hold = NodeHoldings(region, slots, stage, keys, hc.Barrier)
+            host = hosts.host_of(rank)
+            region = NodeRegion(NodeRegion.size_of(parts), hc, dist.shared_key(comm), host,
+                                hc.Get_rank(), local_size=hosts.local)  # fmt: skip
+            barrier = region.barrier(hosts.groups[host], run.steps_per_epoch)
+            if name == "node-mpi-barrier":
+                barrier = lambda k, phase, hc=hc: hc.Barrier()  # noqa: E731
+            hold = NodeHoldings(region, slots, stage, keys, barrier)
             steps = [st for ne in epochs for st in node_steps(ne, rank)]
             most = max(st.rows_needed for st in steps)
             batch = [np.empty((most, *s), d) for s, d in keys]
@@ -100,6 +110,7 @@ def main() -> None:
                 "rows_per_second": round(tot_rows / slowest),
                 "barrier_seconds_per_epoch": round(barrier / run.epochs, 3),
                 "barriers_per_epoch": hold.barriers / run.epochs,
+                "barriers_per_second": round(hold.barriers / slowest),
             })  # fmt: skip
             del hold, region
         checked = True
@@ -111,6 +122,9 @@ def main() -> None:
         out = {"command": cmd, "nodes": n, "world": world, "results": results}
         best = {m: max(r["rows_per_second"] for r in results[m]) for m in results}
         out["gather_speedup_node_vs_per_rank"] = round(best["node"] / best["per-rank"], 3)
+        out["gather_speedup_host_barrier_vs_mpi_barrier"] = round(
+            best["node"] / best["node-mpi-barrier"], 3
+        )
         print(json.dumps(out, indent=1))
         if a.out:
             with open(a.out, "w") as f:

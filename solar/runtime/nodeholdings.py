@@ -14,7 +14,10 @@ others. Per step ``k`` a rank:
    and every staging row is taken before it is overwritten).
 
 No lock: the plan orders every write before the reads that depend on it, the barriers are the
-ranks' own collectives. RAM buffer only (a node tier is not run yet).
+ranks' own collectives. RAM buffer only (a node tier is not run yet). The barrier is the
+region's own (solar/cache/hostbarrier.py), each wait labelled with its step and phase: a rank
+that runs other steps than its host's (it left an epoch early, or seeked alone) fails the
+barrier in one line instead of matching a peer's other step.
 
 :class:`NodeHoldings` runs a :class:`NodeStep` alone (bench/node_runtime.py, tests);
 :class:`SharedHoldings` is the Loader's holdings stage with ``share="node"``: the same steps
@@ -32,6 +35,7 @@ from typing import Any
 
 import numpy as np
 
+from solar.cache.hostbarrier import REFILL, REFILLED, STAGED, STORED
 from solar.cache.shared import NodeRegion
 from solar.cache.slots import SlotBuffer, copy_rows
 from solar.errors import SolarError
@@ -45,6 +49,7 @@ from solar.schedule.rankplan import RankPlan, StepPlan
 
 Key = tuple[tuple[int, ...], Any]  # a key's sample shape and dtype
 Read = Callable[[np.ndarray, list[np.ndarray], np.ndarray], int]  # Reader.read's signature
+Barrier = Callable[[int, int], None]  # waits for the host's ranks at (step, phase)
 
 
 @dataclass(frozen=True)
@@ -102,16 +107,18 @@ def node_steps(ne: NodeEpoch, rank: int) -> list[NodeStep]:
 
 class NodeHoldings:
     """One rank's view of its host's shared buffer and staging area (see the module's
-    docstring). ``region`` must have room for :meth:`region_parts`; ``barrier`` waits for
-    every local rank (the host communicator's, or a superset's)."""
+    docstring). ``region`` must have room for :meth:`region_parts`; ``barrier(k, phase)``
+    waits for every local rank at step ``k``'s ``phase`` (the region's
+    :class:`~solar.cache.hostbarrier.HostBarrier`, or a communicator's barrier)."""
 
     def __init__(self, region: NodeRegion, slots: int, stage_rows: int, keys: list[Key],
-                 barrier: Callable[[], None]) -> None:  # fmt: skip
+                 barrier: Barrier) -> None:  # fmt: skip
         self.slots = [region.carve((slots, *shape), dt) for shape, dt in keys]
         self.staging = [region.carve((max(stage_rows, 1), *shape), dt) for shape, dt in keys]
         self.barrier = barrier
         self.barriers = 0  # figures: barriers waited at, and their seconds
         self.barrier_seconds = 0.0
+        self._served = 0  # the steps :meth:`serve` ran (its barriers' labels)
 
     @staticmethod
     def region_parts(slots: int, stage_rows: int, keys: list[Key]) -> list[Key]:
@@ -119,38 +126,47 @@ class NodeHoldings:
         return [((slots, *s), d) for s, d in keys] + [((max(stage_rows, 1), *s), d)
                                                       for s, d in keys]  # fmt: skip
 
-    def _wait(self) -> None:
+    def _wait(self, k: int, phase: int) -> None:
         t0 = time.perf_counter()
-        self.barrier()
+        self.barrier(k, phase)
         self.barrier_seconds += time.perf_counter() - t0
         self.barriers += 1
 
+    def close(self) -> None:
+        """This rank is done with the host's buffer (a peer still waiting for it fails)."""
+        close = getattr(self.barrier, "close", None)
+        if close is not None:
+            close()
+
     def refill(self, cells: np.ndarray, samples: np.ndarray, local: int, per_host: int,
-               read: Read) -> int:  # fmt: skip
-        """Resume: fill the node's ``cells`` with ``samples`` (:func:`host_refill_at`), this
-        local rank reading every ``per_host``-th from its ``local`` index; a collective of the
-        host's ranks. The bytes read."""
+               read: Read, k: int = 0) -> int:  # fmt: skip
+        """Resume at step ``k``: fill the node's ``cells`` with ``samples``
+        (:func:`host_refill_at`), this local rank reading every ``per_host``-th from its
+        ``local`` index; a collective of the host's ranks. The bytes read."""
         mine = slice(local, None, per_host)
         if np.any(cells >= self.slots[0].shape[0]):
             raise SolarError("node buffer: a refill names a tier cell (a node tier is not run)")
         nbytes = read(samples[mine], self.slots, cells[mine]) if samples[mine].size else 0
-        self._wait()  # the buffer is whole before any rank's first hit
+        self._wait(k, REFILLED)  # the buffer is whole before any rank's first hit
+        self._served = k
         return nbytes
 
     def serve(self, step: NodeStep, batch: list[np.ndarray], read: Read) -> int:
         """Run one step into ``batch`` (per key, at least ``step.rows_needed`` rows); the
         bytes read from storage. A collective of the host's ranks."""
+        k = self._served
+        self._served += 1
         for buf, out in zip(self.slots, batch, strict=True):
             copy_rows(buf, step.hit_slots, out, step.hit_rows)
         nbytes = read(step.read_samples, batch, step.read_rows) if step.read_rows.size else 0
         for stg, out in zip(self.staging, batch, strict=True):
             copy_rows(out, step.stage_rows, stg, step.stage_at)
-        self._wait()  # every hit gathered, every staging row put
+        self._wait(k, STAGED)  # every hit gathered, every staging row put
         for stg, out in zip(self.staging, batch, strict=True):
             copy_rows(stg, step.peer_at, out, step.peer_rows)
         for buf, out in zip(self.slots, batch, strict=True):
             copy_rows(out, step.admit_rows, buf, step.admit_slots)
-        self._wait()  # every store done, every staging row taken
+        self._wait(k, STORED)  # every store done, every staging row taken
         return nbytes
 
 
@@ -169,15 +185,19 @@ class SharedHoldings(Holdings):
         node = self.node
         for stg, out in zip(node.staging, batch, strict=True):
             copy_rows(out, step.stage_rows, stg, step.stage_at)
-        node._wait()  # every local rank's hits gathered and its shared reads staged
+        node._wait(k, STAGED)  # every local rank's hits gathered and its shared reads staged
         for stg, out in zip(node.staging, batch, strict=True):
             copy_rows(stg, step.peer_at, out, step.peer_rows)
         if step.copy_dst.size:  # a sample drawn twice in the batch: once in, then copied
             for rows in batch:
                 copy_rows(rows, step.copy_src, rows, step.copy_dst)
         self.buffer.store(batch, step.admit_rows, step.admit_slots)
-        node._wait()  # every store done (before any hit of k + 1), every staged row taken
+        node._wait(k, STORED)  # every store done (before any hit of k + 1), every staged row taken
         self._at = k + 1
+
+    def close(self) -> None:
+        super().close()
+        self.node.close()
 
 
 class NodeRefill:
@@ -188,8 +208,8 @@ class NodeRefill:
         self.node, self.reader, self.local, self.per_host = node, reader, local, per_host
 
     def fill(self, k: int, cells: np.ndarray, samples: np.ndarray) -> int:
-        self.node._wait()  # no local rank still gathers hits from the slots overwritten
-        return self.node.refill(cells, samples, self.local, self.per_host, self.reader.read)
+        self.node._wait(k, REFILL)  # no local rank still gathers hits from the slots overwritten
+        return self.node.refill(cells, samples, self.local, self.per_host, self.reader.read, k)
 
 
 def host_refill_at(

@@ -207,10 +207,10 @@ def _build_node(setup: Setup, stream: NodeStream, steps: Steps,
     keys = [(k.sample_shape, k.native_dtype) for k in setup.held_keys]
     parts = NodeHoldings.region_parts(stream.slots, stream.stage_rows, keys)
     region = NodeRegion(NodeRegion.size_of(parts), hc, shared_key(setup.comm), stream.host,
-                        stream.local)  # fmt: skip
-    barrier = hc.Barrier if hasattr(hc, "Barrier") else (lambda: hc.allgather(None))
+                        stream.local, local_size=len(stream.group))  # fmt: skip
+    # The steps' barriers are the region's: a host's own, whatever the communicator.
     node = NodeHoldings(region, stream.slots, stream.stage_rows, keys,
-                        barrier if hc is not None else (lambda: None))  # fmt: skip
+                        region.barrier(stream.group, stream.spe))  # fmt: skip
     refill = NodeRefill(node, setup.reader, stream.local, hosts.local)
     holdings = SharedHoldings(node, setup.held_keys, steps, refill)
     pool = None

@@ -4,6 +4,8 @@ resume (a new region refilled to a step inside epoch 1) serves the same bytes.
 
 mpiexec -n 4 python tests/mpi/node_buffer.py DATA.h5 run 1x4 2x2   (groupings in turn)
 mpiexec -n 4 python tests/mpi/node_buffer.py DATA.h5 kill 2x2      (rank 1 killed: -9)
+
+Each rank prints ``pid PID`` first: the test looks for /dev/shm names these processes made.
 """
 
 import os
@@ -30,6 +32,7 @@ path, mode, groupings = sys.argv[1], sys.argv[2], sys.argv[3:]
 comm = MPI.COMM_WORLD
 dist.install_abort_on_error(comm)  # a failed check ends the job, not a hang in a barrier
 rank, world = comm.Get_rank(), comm.Get_size()
+print(f"pid {os.getpid()}", flush=True)
 info = describe_source([path], ["x"])
 reader = Reader(info)
 ref = h5py.File(path)["x"][()]
@@ -50,7 +53,9 @@ for grouping in groupings:
     slots = node_spec(spec, hosts).slots
     parts = NodeHoldings.region_parts(slots, stage, keys)
     key = dist.shared_key(comm)
-    region = NodeRegion(NodeRegion.size_of(parts), hc, key, hosts.host_of(rank), hc.Get_rank())
+    host = hosts.host_of(rank)
+    region = NodeRegion(NodeRegion.size_of(parts), hc, key, host, hc.Get_rank(),
+                        local_size=hosts.local)  # fmt: skip
     assert not os.path.exists(region.path), "the region's name outlived its mapping"
     if mode == "kill":
         comm.Barrier()
@@ -59,7 +64,7 @@ for grouping in groupings:
         comm.Barrier()  # would wait forever for rank 1
         print("unreachable", file=sys.stderr)
         sys.exit(0)
-    holdings = NodeHoldings(region, slots, stage, keys, hc.Barrier)
+    holdings = NodeHoldings(region, slots, stage, keys, region.barrier(hosts.groups[host]))
     reads = peers = 0
     for ne in epochs:
         for t, st in enumerate(node_steps(ne, rank)):
@@ -73,11 +78,11 @@ for grouping in groupings:
             peers += st.peer_rows.size
     # Exact resume: a new region, refilled to a step inside epoch 1, serves the same bytes.
     k0 = run.steps_per_epoch + 2
-    fresh = NodeRegion(NodeRegion.size_of(parts), hc, dist.shared_key(comm), hosts.host_of(rank),
-                       hc.Get_rank())  # fmt: skip
-    again = NodeHoldings(fresh, slots, stage, keys, hc.Barrier)
-    cells, held = host_refill_at(epochs, hosts.host_of(rank), k0, slots)
-    again.refill(cells, held, hc.Get_rank(), hosts.local, reader.read)
+    fresh = NodeRegion(NodeRegion.size_of(parts), hc, dist.shared_key(comm), host, hc.Get_rank(),
+                       local_size=hosts.local)  # fmt: skip
+    again = NodeHoldings(fresh, slots, stage, keys, fresh.barrier(hosts.groups[host]))
+    cells, held = host_refill_at(epochs, host, k0, slots)
+    again.refill(cells, held, hc.Get_rank(), hosts.local, reader.read, k0)
     every = [st for ne in epochs for st in node_steps(ne, rank)]
     for k in range(k0, len(every)):
         st = every[k]
