@@ -42,7 +42,7 @@ from solar.errors import SolarError
 
 TIMEOUT_S = 1800.0  # torch.distributed's default collective timeout: a rank may be slow, not gone
 TICK_S = 0.05  # how often a sleeping waiter checks its peers (dead, gone, elsewhere)
-SPINS = 64  # checks (each yielding the core) before a waiter sleeps: see bench/host_barrier.py
+SPINS = 4  # checks (each yielding the core) before a waiter sleeps: bench/host_barrier.py
 
 # The words of the area (int64): the generation word, then one 64-byte line per local rank.
 LINE = 8
@@ -93,7 +93,7 @@ def warm_up() -> None:
 
 class HostBarrier:
     """Local rank ``local``'s barrier over ``area`` (a region's first :func:`nbytes` bytes,
-    zeroed at creation, :func:`register` ed by every rank). ``ranks``: the host's global ranks
+    zeroed at creation, every rank in it by :func:`register`). ``ranks``: the host's global ranks
     in local order (for messages); ``per_epoch``: steps per epoch (for messages)."""
 
     def __init__(self, area: np.ndarray, local: int, ranks: Sequence[int], per_epoch: int = 0,

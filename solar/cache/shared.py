@@ -62,7 +62,7 @@ def fits(nbytes: int, what: str, directory: str = SHM_DIR) -> str:
 
 class NodeRegion:
     """``nbytes`` of memory shared by the ranks of a host (see the module's docstring), after
-    the host's barrier.
+    a first page that holds the host's barrier (:meth:`barrier`).
 
     ``comm``: the collective's ranks (None: this process alone); ``host``: this host's index
     and ``local_rank`` this rank's on it, of ``local_size``; ``key``: the same on every rank of
