@@ -119,7 +119,7 @@ def test_a_closed_peer_and_the_timeout_fail_the_barrier():
     def closed(b, local):
         if local == 1:
             b.close()  # its loader closed, rank 4 still at the steps
-            time.sleep(0.6)
+            time.sleep(1.0)
             return
         b(0, hb.STAGED)
 
@@ -130,7 +130,7 @@ def test_a_closed_peer_and_the_timeout_fail_the_barrier():
     def late(b, local):
         if local == 1:
             b(0, hb.STAGED)
-            time.sleep(0.8)  # alive, and late: rank 4 gives up at the timeout
+            time.sleep(1.5)  # alive, and late: rank 4 gives up at the timeout
             return
         b(0, hb.STAGED)
         b(0, hb.STORED)

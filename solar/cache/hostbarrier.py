@@ -155,12 +155,12 @@ class HostBarrier:
             if q == self.local:
                 continue
             state, pid, arrived = int(line[STATE]), int(line[PID]), int(line[ARRIVALS])
-            if pid and not alive(pid, int(line[START])):
+            if state == BROKE:  # named last: the cause it gave up on is the one to tell
+                causes.append("gave up at a barrier")
+            elif pid and not alive(pid, int(line[START])):
                 causes.append(f"is gone (pid {pid})")
             elif state == CLOSED:
                 causes.append("closed its loader")
-            elif state == BROKE:  # last: a cause another peer names is the first to tell
-                causes.append("gave up at a barrier")
             else:
                 causes.append("")
             if arrived > n:
