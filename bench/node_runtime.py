@@ -6,11 +6,13 @@ side in one run, under mpiexec on one host:
         [--epochs 3 --buffer 0.1 --rounds 2 --out bench/results/node-runtime.json]
 
 GNN feature gathering, ``NeighborSampler(fanouts (10, 5), 1024 seeds per rank)``, an aggregate
-buffer of ``--buffer`` of the features. Both modes run the Loader's node step (a
+buffer of ``--buffer`` of the features. Every mode runs the Loader's node step (a
 ``NodeStream``'s steps run by ``SharedHoldings``, solar/runtime/nodeholdings.py) over the same
 sampler: ``per-rank`` executes the node plan of one rank per host (today's per-rank plan, C/P
 rows each, proven equal by tests/test_nodeplan.py), ``node`` the node plan of one host of P
-ranks (C rows shared); every step's plan is made first (untimed). Reads
+ranks (C rows shared), its barriers the region's own (solar/cache/hostbarrier.py), and
+``node-mpi-barrier`` the same with the host communicator's MPI barrier instead (the barrier
+before the host barrier); every step's plan is made first (untimed). Reads
 are O_DIRECT (the page cache holds nothing of the features between modes), the modes alternate
 per round; every rank's rows are checked against the file's bytes once. Reported: rows read
 from storage per epoch (all ranks), seconds per epoch (slowest rank), rows gathered per second
@@ -57,9 +59,13 @@ def main() -> None:
     run = RunConfig(n, world, a.seeds, a.epochs, 0, False, sampler.draws(n, world * a.seeds))
     spec = PlanSpec(run, BufferConfig(int(a.buffer * n) // world), sampler=sampler)
     keys = [(k.sample_shape, k.native_dtype) for k in info.keys]
-    modes = {"per-rank": Hosts.grid(world, 1), "node": Hosts.grid(1, world)}
+    modes = {"per-rank": Hosts.grid(world, 1), "node": Hosts.grid(1, world),
+             "node-mpi-barrier": Hosts.grid(1, world)}  # fmt: skip
     prepared = {}
-    for name, hosts in modes.items():  # plan both first (untimed): each rank its own host's
+    for name, hosts in modes.items():  # plan first (untimed): each rank its own host's
+        if name == "node-mpi-barrier":  # the node plan, other barriers
+            prepared[name] = prepared["node"]
+            continue
         stream = NodeStream(spec, rank, hosts, stage_bound(spec, hosts))
         steps = Steps(spec, rank, stream)
         plans = [steps.plan(k) for k in range(run.num_steps)]
@@ -74,9 +80,13 @@ def main() -> None:
             hc = hcs[name]
             parts = NodeHoldings.region_parts(stream.slots, stream.stage_rows, keys)
             region = NodeRegion(NodeRegion.size_of(parts), hc, dist.shared_key(comm),
-                                stream.host, stream.local)  # fmt: skip
-            node = NodeHoldings(region, stream.slots, stream.stage_rows, keys, hc.Barrier)
-            refill = NodeRefill(node, reader, stream.local, hosts.local, a.seeds)
+                                stream.host, stream.local,
+                                local_size=len(stream.group))  # fmt: skip
+            barrier = region.barrier(stream.group, run.steps_per_epoch)
+            if name == "node-mpi-barrier":
+                barrier = lambda k, phase, hc=hc: hc.Barrier()  # noqa: E731
+            node = NodeHoldings(region, stream.slots, stream.stage_rows, keys, barrier)
+            refill = NodeRefill(node, reader, stream.local, len(stream.group), a.seeds)
             hold = SharedHoldings(node, info.keys, steps, refill)
             most = max(st.rows_needed for st in plans)
             batch = [np.empty((most, *s), d) for s, d in keys]
@@ -104,10 +114,11 @@ def main() -> None:
                 "rows_per_second": round(tot_rows / slowest),
                 "barrier_seconds_per_epoch": round(barrier / run.epochs, 3),
                 "barriers_per_epoch": node.barriers / run.epochs,
+                "barriers_per_second": round(node.barriers / slowest),
             })  # fmt: skip
             del hold, node, refill, region
         checked = True
-    for _, stream, _, _ in prepared.values():
+    for _, stream, _, _ in {id(v): v for v in prepared.values()}.values():
         stream.close()
     if rank == 0:
         cmd = (
@@ -117,6 +128,9 @@ def main() -> None:
         out = {"command": cmd, "nodes": n, "world": world, "results": results}
         best = {m: max(r["rows_per_second"] for r in results[m]) for m in results}
         out["gather_speedup_node_vs_per_rank"] = round(best["node"] / best["per-rank"], 3)
+        out["gather_speedup_host_barrier_vs_mpi_barrier"] = round(
+            best["node"] / best["node-mpi-barrier"], 3
+        )
         print(json.dumps(out, indent=1))
         if a.out:
             with open(a.out, "w") as f:

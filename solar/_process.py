@@ -117,3 +117,28 @@ def nofile_error(what: str) -> SolarError:
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
     return SolarError(f"{what}: too many open files: this process may open {soft} (ulimit -n "
                       f"{soft}): raise the limit, or use fewer workers or files")  # fmt: skip
+
+
+# -- a process's identity ------------------------------------------------------------------------
+def start_time(pid: int) -> int:
+    """When process ``pid`` started (clock ticks since boot; -1: no such process). With the
+    pid it names one process: a pid is reused, the pair is not."""
+    stat = _stat(pid)
+    return int(stat[19]) if stat is not None else -1
+
+
+def alive(pid: int, start: int) -> bool:
+    """Whether process ``pid`` started at ``start`` (:func:`start_time`) still runs (a zombie,
+    exited but not yet reaped, does not)."""
+    stat = _stat(pid)
+    return stat is not None and stat[0] not in ("Z", "X") and int(stat[19]) == start
+
+
+def _stat(pid: int) -> list[str] | None:
+    """``/proc/PID/stat``'s fields from the state on (field 3; None: no such process)."""
+    try:
+        with open(f"/proc/{int(pid)}/stat", "rb") as f:
+            text = f.read().decode(errors="replace")
+    except OSError:
+        return None
+    return text[text.rfind(")") + 2 :].split()  # the name in parentheses may hold anything

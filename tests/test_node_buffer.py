@@ -34,8 +34,13 @@ def _mpiexec(n: int, *args, timeout: float, script: str = "node_buffer.py"):
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
 
 
-def _ours() -> set[str]:
-    return {p for p in os.listdir(SHM_DIR) if p.startswith(PREFIX)}
+def _left_by(result) -> list[str]:
+    """The /dev/shm names the job's processes made that are still there (its ranks print
+    their pids; a name carries its creator's: solar-node-KEY-HOST-PIDNS-PID-START). Other
+    jobs on this machine, e.g. other test runs, make and remove names of their own meanwhile."""
+    pids = {line.split()[1] for line in result.stdout.splitlines() if line.startswith("pid ")}
+    assert pids, result.stdout[-2000:]
+    return [p for p in os.listdir(SHM_DIR) if p.startswith(PREFIX) and p.split("-")[-2] in pids]
 
 
 @pytest.fixture(scope="module")
@@ -45,19 +50,17 @@ def data(tmp_path_factory):
 
 
 def test_node_buffer_serves_h5py_bytes_on_one_host_and_on_two(data):
-    before = _ours()
     result = _mpiexec(4, data, "run", "1x4", "2x2", timeout=240)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "node buffer 1x4: " in result.stdout and "node buffer 2x2: " in result.stdout
-    assert _ours() - before == set()
+    assert _left_by(result) == []
 
 
 def test_a_killed_rank_ends_the_job_and_leaves_no_segment(data):
-    before = _ours()
     result = _mpiexec(4, data, "kill", "2x2", timeout=60)
     assert result.returncode != 0
     assert "unreachable" not in result.stderr
-    assert _ours() - before == set()
+    assert _left_by(result) == []
 
 
 def test_a_region_too_large_is_refused_in_one_line(tmp_path):
@@ -70,7 +73,9 @@ def test_a_region_too_large_is_refused_in_one_line(tmp_path):
     r = NodeRegion(3 * 4096, None, 7, 0, 0, directory=str(tmp_path))
     a = r.carve((10,), np.int64)
     a[:] = 7
-    assert os.listdir(tmp_path) == [] and r.array[:80].view(np.int64).tolist() == [7] * 10
+    at = a.ctypes.data - r.array.ctypes.data  # after the host barrier's page
+    assert os.listdir(tmp_path) == [] and at == 4096
+    assert r.array[at : at + 80].view(np.int64).tolist() == [7] * 10
 
 
 # -- Loader(share="node") ------------------------------------------------------------------------
@@ -84,21 +89,30 @@ def graph(tmp_path_factory):
 
 
 def test_a_node_loader_serves_each_rank_its_batches_as_planned(data, graph):
-    before = _ours()
     result = _mpiexec(4, data, graph, "run", "1x4", "2x2", "3,1", timeout=300,
                       script="node_loader.py")  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     assert "node loader 1x4: " in result.stdout and "node loader 2x2: " in result.stdout
     assert "node loader 3,1: " in result.stdout
-    assert _ours() - before == set()
+    assert _left_by(result) == []
 
 
 def test_a_node_loader_killed_ends_the_job_and_leaves_no_segment(data, graph):
-    before = _ours()
     result = _mpiexec(4, data, graph, "kill", "2x2", timeout=60, script="node_loader.py")
     assert result.returncode != 0 and "unreachable" not in result.stderr
-    assert _ours() - before == set()
+    assert _left_by(result) == []
     assert os.listdir(data.parent / "killtier") == []  # nor the node's tier file
+
+
+def test_a_rank_leaving_an_epoch_early_ends_the_job_in_one_line(data, graph):
+    """Rank 1 breaks out of epoch 0 at step 2 and starts epoch 1: its host's barriers fail
+    (no rank waits forever for a step the others will not run), naming both ranks' steps."""
+    result = _mpiexec(4, data, graph, "break", "1x4", timeout=90, script="node_loader.py")
+    assert result.returncode != 0 and "unreachable" not in result.stderr
+    line = next((x for x in result.stderr.splitlines() if "host barrier: " in x), "")
+    assert "error: host barrier: rank " in line and " but rank " in line, result.stderr[-3000:]
+    assert "epoch 1 step 0 (a refill's start)" in line and "epoch 0 step 3" in line, line
+    assert _left_by(result) == []
 
 
 @pytest.mark.parametrize(

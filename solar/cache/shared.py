@@ -5,21 +5,36 @@ fails here with one line, not with SIGBUS mid-run), every local rank maps it, an
 all have, local rank 0 unlinks it: the mappings live on, the name does not, so nothing is left
 in ``/dev/shm`` whatever happens to the job later (``kill -9`` included). The construction is a
 collective of ``comm`` (the host's communicator, or the job's: a superset will do).
+
+Between the creation and the unlinking the name exists: a job killed then leaves it. The name
+carries its creator's pid namespace, pid and start time, and every construction first removes
+the names whose creator is dead (a live job's, whose creator runs, are never touched); an
+error on the creator's side in between unlinks at once (also at an abort of the job).
+
+The region's first page is the host's barrier (solar/cache/hostbarrier.py), each rank registered
+in it before the construction ends.
 """
 
 from __future__ import annotations
 
 import mmap
 import os
+import re
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from solar._memory import PAGE, memory_room
+from solar._process import alive, at_abort, start_time
+from solar.cache import hostbarrier
+from solar.cache.hostbarrier import HostBarrier
 from solar.errors import SolarError
 
 SHM_DIR = "/dev/shm"
 PREFIX = "solar-node-"
+# solar-node-KEY-HOST-PIDNS-PID-START: the job's key and host, the creator's identity
+_NAME = re.compile(re.escape(PREFIX) + r"[0-9a-f]{16}-\d+-(\d+)-(\d+)-(\d+)")
 
 
 def shm_free(directory: str = SHM_DIR) -> int | None:
@@ -46,42 +61,61 @@ def fits(nbytes: int, what: str, directory: str = SHM_DIR) -> str:
 
 
 class NodeRegion:
-    """``nbytes`` of memory shared by the ranks of a host (see the module's docstring).
+    """``nbytes`` of memory shared by the ranks of a host (see the module's docstring), after
+    a first page that holds the host's barrier (:meth:`barrier`).
 
     ``comm``: the collective's ranks (None: this process alone); ``host``: this host's index
-    and ``local_rank`` this rank's on it; ``key``: the same on every rank of the job
-    (``solar.dist.shared_key``), naming the file apart from any other job's.
+    and ``local_rank`` this rank's on it, of ``local_size``; ``key``: the same on every rank of
+    the job (``solar.dist.shared_key``), naming the file apart from any other job's.
     """
 
     def __init__(self, nbytes: int, comm: Any, key: int, host: int, local_rank: int,
-                 what: str = "node buffer", directory: str = SHM_DIR) -> None:  # fmt: skip
-        self.nbytes = max(int(nbytes), 1)
-        path = os.path.join(directory, f"{PREFIX}{key & (2**64 - 1):016x}-{host}")
-        fd, err = -1, ""
+                 what: str = "node buffer", directory: str = SHM_DIR,
+                 local_size: int = 1) -> None:  # fmt: skip
+        header = -(-hostbarrier.nbytes(local_size) // PAGE) * PAGE
+        self.nbytes = header + max(int(nbytes), 1)
+        self.local_rank = local_rank
+        fd, err, path, forget = -1, "", "", None
         if local_rank == 0:
+            sweep(directory)
             err = fits(self.nbytes, what, directory)
             if not err:
+                path = os.path.join(directory, _name(key, host))
                 fd, err = _create(path, self.nbytes, what)
-        err = _first(comm, err)
-        if not err and local_rank != 0:
-            try:
-                fd = os.open(path, os.O_RDWR)
-            except OSError as exc:
-                err = f"{what}: cannot open {path}: {exc.strerror}"
-        err = _first(comm, err)  # every local rank has it open (or failed): the name can go
-        if local_rank == 0 and fd >= 0:
-            _unlink(path)
-        if comm is not None and comm.Get_size() > 1:
-            comm.Barrier()  # unlinked before any rank goes on: none can see the name after
+            if fd >= 0:  # an abort before the unlinking below leaves no name
+                forget = at_abort(lambda: _unlink(path))
         try:
-            if err:
-                raise SolarError(err)
-            self._map = mmap.mmap(fd, self.nbytes, mmap.MAP_SHARED)
+            err, path = _creators(comm, host, local_rank, err, path)
+            if not err and local_rank != 0:
+                try:
+                    fd = os.open(path, os.O_RDWR)
+                except OSError as exc:
+                    err = f"{what}: cannot open {path}: {exc.strerror}"
+            err = _first(comm, err)  # every local rank has it open (or failed): the name can go
+        finally:
+            if forget is not None:
+                _unlink(path)
+                forget()
+        try:
+            if not err:
+                self._map = mmap.mmap(fd, self.nbytes, mmap.MAP_SHARED)
         finally:
             if fd >= 0:
                 os.close(fd)
         self.path = path  # (unlinked: for messages)
         self._used = 0
+        if not err:
+            self.header = self.carve((header // 8,), np.int64)
+            hostbarrier.register(self.header, local_rank)  # before any peer can wait for it
+        if comm is not None and comm.Get_size() > 1:
+            comm.Barrier()  # unlinked and registered before any rank goes on
+        if err:
+            raise SolarError(err)
+
+    def barrier(self, ranks: Sequence[int], per_epoch: int = 0) -> HostBarrier:
+        """This rank's barrier of the host, whose global ranks are ``ranks`` in local order
+        (``per_epoch``: steps per epoch, for messages)."""
+        return HostBarrier(self.header, self.local_rank, ranks, per_epoch)
 
     @property
     def array(self) -> np.ndarray:
@@ -107,6 +141,49 @@ class NodeRegion:
             total = -(-(total + int(np.prod(shape, dtype=np.int64)) * np.dtype(dt).itemsize)
                       // PAGE) * PAGE  # fmt: skip
         return total
+
+
+def sweep(directory: str = SHM_DIR) -> list[str]:
+    """Remove the regions in ``directory`` whose creator is dead (a job killed while making
+    its region); the names removed. A name of another pid namespace, or of an older format,
+    is never touched (its creator cannot be seen from here)."""
+    ns = _pid_namespace()
+    gone: list[str] = []
+    if ns < 0:
+        return gone
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return gone
+    for name in names:
+        m = _NAME.fullmatch(name)
+        if m and int(m.group(1)) == ns and not alive(int(m.group(2)), int(m.group(3))):
+            _unlink(os.path.join(directory, name))
+            gone.append(name)
+    return gone
+
+
+def _name(key: int, host: int) -> str:
+    pid = os.getpid()
+    return f"{PREFIX}{key & (2**64 - 1):016x}-{host}-{_pid_namespace()}-{pid}-{start_time(pid)}"
+
+
+def _pid_namespace() -> int:
+    """This process's pid namespace (its inode; -1: unknown): pids name processes within it."""
+    try:
+        return os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return -1
+
+
+def _creators(comm: Any, host: int, local: int, err: str, path: str) -> tuple[str, str]:
+    """The first error of ``comm``'s ranks ("" if none) and the path local rank 0 of ``host``
+    created (each local rank 0 contributes its path: ``comm`` may span several hosts)."""
+    if comm is None or comm.Get_size() <= 1:
+        return err, path
+    every = comm.allgather((host, local, err, path))
+    err = next((e for _, _, e, _ in every if e), "")
+    return err, next((p for h, q, _, p in every if h == host and q == 0), "")
 
 
 def _create(path: str, nbytes: int, what: str) -> tuple[int, str]:

@@ -18,10 +18,14 @@ step ``k`` a rank:
 5. waits at the host's barrier (every store and tier write of step k is done before any hit
    of step k + 1, and every staging row is taken before it is overwritten).
 
-No lock: the plan orders every write before the reads that depend on it, the barriers are the
-ranks' own collectives. :class:`SharedHoldings` is the Loader's holdings stage with
-``share="node"``: reads land in batch memory ahead (solar.runtime.reads),
-:meth:`SharedHoldings.gather` is step 1's hits and :meth:`SharedHoldings.settle` steps 2-5.
+No lock: the plan orders every write before the reads that depend on it. The barrier is the
+region's own (solar/cache/hostbarrier.py), each wait labelled with its step and phase: a rank
+that runs other steps than its host's (it left an epoch early, or seeked alone) fails the
+barrier in one line instead of matching a peer's other step.
+
+:class:`SharedHoldings` is the Loader's holdings stage with ``share="node"``: reads land in
+batch memory ahead (solar.runtime.reads), :meth:`SharedHoldings.gather` is step 1's hits and
+:meth:`SharedHoldings.settle` steps 2-5.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from typing import Any
 
 import numpy as np
 
+from solar.cache.hostbarrier import REFILL, REFILLED, STAGED, STORED, UPDATED
 from solar.cache.nodetier import NodeTierFile
 from solar.cache.shared import NodeRegion
 from solar.cache.slots import SlotBuffer, copy_rows
@@ -45,17 +50,17 @@ from solar.schedule.rankplan import StepPlan
 
 Key = tuple[tuple[int, ...], Any]  # a key's sample shape and dtype
 Read = Callable[[np.ndarray, list[np.ndarray], np.ndarray], int]  # Reader.read's signature
+Barrier = Callable[[int, int], None]  # waits for the host's ranks at (step, phase)
 
 
 class NodeHoldings:
     """One rank's view of its host's shared buffer, staging area and tier (see the module's
-    docstring). ``region`` must have room for :meth:`region_parts`; ``barrier`` waits for
-    every local rank (the host communicator's, or a superset's); ``tier``: the node's tier
-    file, or None."""
+    docstring). ``region`` must have room for :meth:`region_parts`; ``barrier(k, phase)``
+    waits for every local rank at step ``k``'s ``phase`` (the region's
+    :class:`~solar.cache.hostbarrier.HostBarrier`); ``tier``: the node's tier file, or None."""
 
     def __init__(self, region: NodeRegion, slots: int, stage_rows: int, keys: list[Key],
-                 barrier: Callable[[], None],
-                 tier: NodeTierFile | None = None) -> None:  # fmt: skip
+                 barrier: Barrier, tier: NodeTierFile | None = None) -> None:  # fmt: skip
         self.slots = [region.carve((slots, *shape), dt) for shape, dt in keys]
         self.staging = [region.carve((max(stage_rows, 1), *shape), dt) for shape, dt in keys]
         self.barrier = barrier
@@ -69,17 +74,23 @@ class NodeHoldings:
         return [((slots, *s), d) for s, d in keys] + [((max(stage_rows, 1), *s), d)
                                                       for s, d in keys]  # fmt: skip
 
-    def _wait(self) -> None:
+    def _wait(self, k: int, phase: int) -> None:
         t0 = time.perf_counter()
-        self.barrier()
+        self.barrier(k, phase)
         self.barrier_seconds += time.perf_counter() - t0
         self.barriers += 1
 
+    def close(self) -> None:
+        """This rank is done with the host's buffer (a peer still waiting for it fails)."""
+        close = getattr(self.barrier, "close", None)
+        if close is not None:
+            close()
+
     def refill(self, cells: np.ndarray, samples: np.ndarray, local: int, per_host: int,
-               read: Read, rows: int) -> int:  # fmt: skip
-        """Resume: fill the node's ``cells`` (RAM slots, then tier slots past them) with
-        ``samples`` (:meth:`~solar.schedule.nodestream.NodeWindow.refill_at`), this local rank
-        reading every ``per_host``-th from its ``local`` index, tier rows through staging
+               read: Read, rows: int, k: int = 0) -> int:  # fmt: skip
+        """Resume at step ``k``: fill the node's ``cells`` (RAM slots, then tier slots past
+        them) with ``samples`` (:meth:`~solar.schedule.nodestream.NodeWindow.refill_at`), this
+        local rank reading every ``per_host``-th from its ``local`` index, tier rows through staging
         memory ``rows`` at a time; a collective of the host's ranks. The bytes read."""
         mine = slice(local, None, per_host)
         cells, samples = cells[mine], samples[mine]
@@ -97,7 +108,7 @@ class NodeHoldings:
                 nbytes += read(samples[part], staging, at)
                 self.tier.submit_write(tslots[part], staging, at)  # copied before it returns
             self.tier.wait_writes()
-        self._wait()  # the buffer and tier are whole before any rank's first hit
+        self._wait(k, REFILLED)  # the buffer and tier are whole before any rank's first hit
         return nbytes
 
 
@@ -128,7 +139,7 @@ class SharedHoldings(Holdings):
         node = self.node
         for stg, out in zip(node.staging, batch, strict=True):
             copy_rows(out, step.stage_rows, stg, step.stage_at)
-        node._wait()  # every local rank's hits gathered and its shared reads staged
+        node._wait(k, STAGED)  # every local rank's hits gathered and its shared reads staged
         for stg, out in zip(node.staging, batch, strict=True):
             copy_rows(stg, step.peer_at, out, step.peer_rows)
         if step.copy_dst.size:  # a sample drawn twice in the batch: once in, then copied
@@ -140,11 +151,15 @@ class SharedHoldings(Holdings):
             for n, waits in enumerate(step.phase_waits.tolist()):
                 if waits:
                     self._written()
-                    node._wait()  # another rank's updates of a cell of this phase are done
+                    node._wait(k, UPDATED)  # another rank's updates of this phase's cells done
                 self._update(_phase(step, n), batch)
         self._written()
-        node._wait()  # every store done (before any hit of k + 1), every staged row taken
+        node._wait(k, STORED)  # every store done (before any hit of k + 1), every staged row taken
         self._at = k + 1
+
+    def close(self) -> None:
+        super().close()
+        self.node.close()
 
     def _written(self) -> None:
         """This rank's tier writes on disk (another rank may read them next)."""
@@ -175,6 +190,6 @@ class NodeRefill:
         self.rows = max(1, rows)
 
     def fill(self, k: int, cells: np.ndarray, samples: np.ndarray) -> int:
-        self.node._wait()  # no local rank still gathers hits from the slots overwritten
+        self.node._wait(k, REFILL)  # no local rank still gathers hits from the slots overwritten
         return self.node.refill(cells, samples, self.local, self.per_host, self.reader.read,
-                                self.rows)  # fmt: skip
+                                self.rows, k)  # fmt: skip

@@ -210,7 +210,7 @@ def _build_node(setup: Setup, stream: NodeStream, steps: Steps, stats: LoaderSta
     keys = [(k.sample_shape, k.native_dtype) for k in setup.held_keys]
     parts = NodeHoldings.region_parts(stream.slots, stream.stage_rows, keys)
     region = NodeRegion(NodeRegion.size_of(parts), hc, shared_key(setup.comm), stream.host,
-                        stream.local)  # fmt: skip
+                        stream.local, local_size=len(stream.group))  # fmt: skip
     tier = None
     if stream.tier_slots and setup.tier_dir is not None:  # the host's: one file, all open it
         tier = NodeTierFile(
@@ -219,9 +219,9 @@ def _build_node(setup: Setup, stream: NodeStream, steps: Steps, stats: LoaderSta
             host=stream.host, local_rank=stream.local,
             staging_slots=max(64, (256 << 20) // tier_stride(setup.held_keys)),  # 256 MiB
         )  # fmt: skip
-    barrier = hc.Barrier if hasattr(hc, "Barrier") else (lambda: hc.allgather(None))
+    # The steps' barriers are the region's: a host's own, whatever the communicator.
     node = NodeHoldings(region, stream.slots, stream.stage_rows, keys,
-                        barrier if hc is not None else (lambda: None), tier)  # fmt: skip
+                        region.barrier(stream.group, stream.spe), tier)  # fmt: skip
     refill = NodeRefill(node, setup.reader, stream.local, len(stream.group),
                         setup.spec.buffer.cap(setup.run.batch_size))  # fmt: skip
     holdings = SharedHoldings(node, setup.held_keys, steps, refill)

@@ -58,8 +58,9 @@ class Setup:
     tier_dir: str | os.PathLike | None
     comm: Any
     batch_format: str = "dict"  # or "pyg": batches as torch_geometric Data
-    # share="node": the job's ranks grouped by host, and this rank's host communicator (its
-    # collectives are the node buffer's barriers); None: a buffer per rank.
+    # share="node": the job's ranks grouped by host, and this rank's host communicator (the
+    # shared region's construction is its collective; the steps' barriers are the region's
+    # own, solar/cache/hostbarrier.py); None: a buffer per rank.
     hosts: Hosts | None = None
     host_comm: Any = None
 

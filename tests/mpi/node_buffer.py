@@ -6,6 +6,8 @@ bytes.
 
 mpiexec -n 4 python tests/mpi/node_buffer.py DATA.h5 run 1x4 2x2   (groupings in turn)
 mpiexec -n 4 python tests/mpi/node_buffer.py DATA.h5 kill 2x2      (rank 1 killed: -9)
+
+Each rank prints ``pid PID`` first: the test looks for /dev/shm names these processes made.
 """
 
 import os
@@ -29,6 +31,8 @@ path, mode, groupings = sys.argv[1], sys.argv[2], sys.argv[3:]
 comm = MPI.COMM_WORLD
 dist.install_abort_on_error(comm)  # a failed check ends the job, not a hang in a barrier
 rank, world = comm.Get_rank(), comm.Get_size()
+print(f"pid {os.getpid()}", flush=True)
+print(f"pid {os.getpid()}", flush=True)
 info = describe_source([path], ["x"])
 reader = Reader(info)
 ref = h5py.File(path)["x"][()]
@@ -46,9 +50,10 @@ def holdings(hosts: Hosts, hc) -> tuple[SharedHoldings, Steps]:
     steps = Steps(spec, rank, stream)
     parts = NodeHoldings.region_parts(stream.slots, stream.stage_rows, keys)
     region = NodeRegion(NodeRegion.size_of(parts), hc, dist.shared_key(comm), stream.host,
-                        stream.local)  # fmt: skip
+                        stream.local, local_size=len(stream.group))  # fmt: skip
     assert not os.path.exists(region.path), "the region's name outlived its mapping"
-    node = NodeHoldings(region, stream.slots, stream.stage_rows, keys, hc.Barrier)
+    node = NodeHoldings(region, stream.slots, stream.stage_rows, keys,
+                        region.barrier(stream.group, stream.spe))  # fmt: skip
     refill = NodeRefill(node, reader, stream.local, hosts.local, run.batch_size)
     return SharedHoldings(node, info.keys, steps, refill), steps
 

@@ -9,6 +9,9 @@ mpiexec -n 4 python tests/mpi/node_loader.py DATA.h5 GRAPH.h5 run 1x4 2x2 3,1 (g
 turn; 3,1: hosts of 3 ranks and 1, where Shuffle is refused)
 mpiexec -n 4 python tests/mpi/node_loader.py DATA.h5 GRAPH.h5 kill 2x2      (rank 1 killed: -9,
                                                                           with a node tier)
+mpiexec -n 4 python tests/mpi/node_loader.py DATA.h5 GRAPH.h5 break 1x4     (rank 1 breaks early)
+
+Each rank prints ``pid PID`` first: the test looks for /dev/shm names these processes made.
 """
 
 import os
@@ -26,6 +29,7 @@ from solar.schedule.transfer import moved_rows
 path, graph, mode, groupings = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
 d = dist.init()
 comm, rank = d.comm, d.rank
+print(f"pid {os.getpid()}", flush=True)
 ref = h5py.File(path)["x"][()]
 n = ref.shape[0]
 weights = (1.0 + np.arange(n)) ** -0.8
@@ -85,6 +89,14 @@ for grouping in groupings:
         if rank == 0:
             print("unreachable", file=sys.stderr)
         comm.Barrier()  # would wait forever for rank 1
+        sys.exit(0)
+    if mode == "break":  # rank 1 leaves epoch 0 early: its host's barriers fail, in one line
+        for e in range(E):
+            ld.set_epoch(e)
+            for t, _ in enumerate(ld):
+                if (rank, e, t) == (1, 0, 2):
+                    break
+        print("unreachable", file=sys.stderr)
         sys.exit(0)
     spe = ld.run.steps_per_epoch
     served, state = {}, None

@@ -1,0 +1,169 @@
+"""The host barrier (solar/cache/hostbarrier.py) between forked processes over shared memory:
+no rank leaves before every rank arrived; a dead, closed or elsewhere-waiting peer, or no
+release within the timeout, raises one line naming the ranks and steps, promptly; and the
+stale-region sweep of solar/cache/shared.py."""
+
+from __future__ import annotations
+
+import mmap
+import multiprocessing as mp
+import os
+import subprocess
+import time
+
+import numpy as np
+import pytest
+
+from solar._process import start_time
+from solar.cache import hostbarrier as hb
+from solar.cache.shared import PREFIX, NodeRegion, sweep
+
+RANKS = (4, 5, 6)  # the host's global ranks (local 0, 1, 2): messages name these
+
+
+hb.warm_up()  # in this process, before any fork: no child waits for numba
+
+
+def _area(size: int) -> np.ndarray:
+    return np.frombuffer(mmap.mmap(-1, hb.nbytes(size)), np.int64)
+
+
+def _run(size: int, body, timeout_s: float = 5.0) -> list[str]:
+    """Run ``body(barrier, local)`` in ``size`` forked processes over one area; each one's
+    outcome ("ok" or its error's message), in local order."""
+    area = _area(size)
+    ctx = mp.get_context("fork")
+    q = ctx.Queue()
+
+    def child(local: int) -> None:
+        hb.register(area, local)
+        while any(area[hb.LINE * (1 + r) + hb.PID] == 0 for r in range(size)):
+            time.sleep(0.001)  # every peer registered, as a region's construction ensures
+        b = hb.HostBarrier(area, local, RANKS[:size], per_epoch=10, timeout_s=timeout_s)
+        try:
+            body(b, local)
+            q.put((local, "ok"))
+        except Exception as exc:
+            q.put((local, str(exc)))
+
+    procs = [ctx.Process(target=child, args=(r,)) for r in range(size)]
+    for p in procs:
+        p.start()
+    got = {}
+    deadline = time.monotonic() + 20
+    while len(got) < size and time.monotonic() < deadline:
+        try:
+            local, msg = q.get(timeout=0.2)
+            got[local] = msg
+        except Exception:
+            if all(not p.is_alive() for p in procs):
+                break
+    for p in procs:
+        p.join(5)
+        if p.is_alive():
+            p.kill()
+    return [got.get(r, "no word") for r in range(size)]
+
+
+def test_no_rank_leaves_a_barrier_before_every_rank_arrived():
+    size, n = 3, 300
+    seen = np.frombuffer(mmap.mmap(-1, 8 * size), np.int64)
+
+    def body(b, local):
+        rng = np.random.default_rng(local)
+        for k in range(n):
+            if rng.random() < 0.05:
+                time.sleep(0.002)  # a late arrival now and then: the others must wait
+            seen[local] = k
+            b(k, hb.STAGED)
+            assert (seen >= k).all(), (local, k, seen.tolist())
+            b(k, hb.STORED)
+
+    assert _run(size, body) == ["ok"] * size
+
+
+def test_a_dead_peer_fails_the_barrier_promptly_naming_it():
+    def body(b, local):
+        if local == 2:
+            os._exit(0)  # gone without a word (a zombie until the parent reaps it)
+        t0 = time.monotonic()
+        try:
+            b(0, hb.STAGED)
+        finally:
+            assert time.monotonic() - t0 < 4.0  # at a tick (50 ms), not at the timeout (5 s)
+
+    got = _run(3, body)
+    for msg in got[:2]:
+        assert msg.startswith("host barrier: rank ") and "rank 6 is gone (pid " in msg, got
+        assert "epoch 0 step 0 (its rows staged)" in msg and "\n" not in msg
+
+
+def test_a_peer_at_another_step_fails_the_barrier_naming_both():
+    def body(b, local):
+        b(2, hb.STAGED)
+        if local == 1:
+            b(10, hb.REFILL)  # left epoch 0 early: a refill at epoch 1's start
+        else:
+            b(2, hb.STORED)
+
+    got = _run(3, body)
+    want = ("rank 5 waits at epoch 1 step 0 (a refill's start)",
+            "epoch 0 step 2 (its stores done)")  # fmt: skip
+    assert all(w in got[1] for w in want), got
+    for msg in (got[0], got[2]):  # each names itself and a peer elsewhere
+        assert "epoch 0 step 2 (its stores done) but rank " in msg and "\n" not in msg, got
+        assert "leave an epoch early with break" in msg
+
+
+def test_a_closed_peer_and_the_timeout_fail_the_barrier():
+    def closed(b, local):
+        if local == 1:
+            b.close()  # its loader closed, rank 4 still at the steps
+            time.sleep(1.0)
+            return
+        b(0, hb.STAGED)
+
+    got = _run(2, closed)
+    assert got[0] == ("host barrier: rank 4 waits at epoch 0 step 0 (its rows staged): rank 5 "
+                      "closed its loader"), got  # fmt: skip
+
+    def late(b, local):
+        if local == 1:
+            b(0, hb.STAGED)
+            time.sleep(1.5)  # alive, and late: rank 4 gives up at the timeout
+            return
+        b(0, hb.STAGED)
+        b(0, hb.STORED)
+
+    got = _run(2, late, timeout_s=0.3)
+    assert got[0] == (
+        "host barrier: rank 4 waits at epoch 0 step 0 (its stores done): no "
+        "release within 0.3 s (rank 5 last at epoch 0 step 0 (its rows staged))"
+    ), got
+
+
+def test_a_dead_jobs_region_name_is_swept_and_a_live_ones_kept(tmp_path):
+    dead = subprocess.Popen(["sleep", "30"])
+    identity = f"{dead.pid}-{start_time(dead.pid)}"
+    dead.kill()
+    dead.wait()
+    ns = os.stat("/proc/self/ns/pid").st_ino
+    me = f"{os.getpid()}-{start_time(os.getpid())}"
+    names = {"stale": f"{PREFIX}{7:016x}-0-{ns}-{identity}",
+             "live": f"{PREFIX}{8:016x}-0-{ns}-{me}",
+             "other namespace": f"{PREFIX}{9:016x}-0-{ns + 1}-{identity}",
+             "older format": f"{PREFIX}{10:016x}-0"}  # fmt: skip
+    for name in names.values():
+        (tmp_path / name).write_bytes(b"")
+    assert sweep(str(tmp_path)) == [names["stale"]]
+    (tmp_path / names["stale"]).write_bytes(b"")
+    r = NodeRegion(4096, None, 11, 0, 0, directory=str(tmp_path))  # sweeps before creating
+    assert sorted(os.listdir(tmp_path)) == sorted(v for k, v in names.items() if k != "stale")
+    assert r.path.startswith(str(tmp_path / f"{PREFIX}{11:016x}-0-{ns}-{me}"))
+    r.barrier([0])(0, hb.STAGED)  # alone: no wait
+
+
+@pytest.mark.parametrize("size", [1, 2])
+def test_the_area_is_checked(size):
+    with pytest.raises(Exception, match="host barrier: local rank 2 of"):
+        hb.HostBarrier(_area(size), 2, range(size))
