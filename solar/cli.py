@@ -114,8 +114,16 @@ def cli() -> None:
 @click.option("--plot", "plot_out", type=click.Path(),
               help="Write a PNG here: the hit rate of every epoch against the bound.")  # fmt: skip
 @click.option("--force", is_flag=True, help="Overwrite --out and --plot if they exist.")
-@click.option("--hosts", help="Also plan one buffer per host for HOSTSxRANKS (e.g. 1x4) and "
-                              "report its reads beside the per-rank plan's (no file).")  # fmt: skip
+@click.option("--share", "share_mode", type=click.Choice(["rank", "node"]), default="rank",
+              show_default=True,
+              help="rank: a buffer per rank; node: one buffer per host, shared by its ranks "
+                   "(Loader(share=\"node\")): --out writes a node plan file, which records "
+                   "--hosts.")  # fmt: skip
+@click.option("--hosts", help="The ranks grouped by host, HOSTSxRANKS (e.g. 2x2: ranks 0-1 on "
+                              "one host, 2-3 on another). --share node: the node plan's "
+                              "grouping (default 1xP: one host of all ranks); --share rank: "
+                              "also plan one buffer per host and report its reads beside the "
+                              "per-rank plan's.")  # fmt: skip
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of a table.")
 def plan(
     data: tuple[str, ...],
@@ -143,17 +151,27 @@ def plan(
     out: str | None,
     plot_out: str | None,
     force: bool,
+    share_mode: str,
     hosts: str | None,
     as_json: bool,
 ) -> None:
     """Plan a run over DATA (HDF5 or .npy files, globs, directories) or over --samples N;
     write it to --out. A graph file (solar gen --preset graph) is planned with --sampler
-    neighbor: the feature rows of every step's sampled subgraphs."""
+    neighbor: the feature rows of every step's sampled subgraphs. With --share node, one
+    buffer per host (--hosts) shared by its ranks: the plan of Loader(share="node")."""
     for path in (out, plot_out):
         _check_out(path, force)
+    if share_mode == "node":
+        if plot_out:
+            raise SolarError("--share node: no --plot (yet)")
+        if equal_batches:
+            raise SolarError("--share node: local batches are not equalised from a node "
+                             "buffer yet (drop --equal-batches)")  # fmt: skip
+        equal_batches = False
+    hosts_of = (share_mode, hosts)
     if sampler_kind == "neighbor":
         _plan_graph(data, keys, world_size, batch_size, epochs, buffer, tier_size, seed, slack,
-                    policy, fanouts, horizon, out, plot_out, as_json,
+                    policy, fanouts, horizon, out, plot_out, as_json, hosts_of,
                     [k for k, v in {"--one-per-file": one_per_file, "--samples": samples,
                                     "--sample-bytes": sample_bytes, "--drop-last": drop_last,
                                     "--equal-batches": equal_batches,
@@ -197,13 +215,17 @@ def plan(
         run, BufferConfig(capacity, slack, tier), policy, reorder_epochs, sample_bytes, dataset,
         sampler, horizon, equal_batches,
     )  # fmt: skip
-    _run_plan(spec, out, plot_out, as_json, hosts)
+    _run_plan(spec, out, plot_out, as_json, hosts_of)
 
 
-def _run_plan(
-    spec: PlanSpec, out: str | None, plot_out: str | None, as_json: bool, hosts: str | None = None
-) -> None:
-    """Plan ``spec`` (into ``out`` if given), print its summary, plot its epochs."""
+def _run_plan(spec: PlanSpec, out: str | None, plot_out: str | None, as_json: bool,
+              hosts_of: tuple[str, str | None] = ("rank", None)) -> None:  # fmt: skip
+    """Plan ``spec`` (into ``out`` if given), print its summary, plot its epochs.
+    ``hosts_of``: (--share, --hosts)."""
+    share_mode, hosts = hosts_of
+    if share_mode == "node":
+        _run_node_plan(spec, out, as_json, hosts or f"1x{spec.run.world_size}")
+        return
     warmth = _warm_planner(spec, bool(out))
     if warmth.compiled:
         log.info("compiled %d planner kernels in %.1f s (numba's cache did not hold them); "
@@ -262,7 +284,8 @@ def _refuse_graph(data: tuple[str, ...], keys: tuple[str, ...], command: str) ->
 
 
 def _plan_graph(data, keys, world_size, batch_size, epochs, buffer, tier_size, seed, slack,
-                policy, fanouts, horizon, out, plot_out, as_json, refused) -> None:  # fmt: skip
+                policy, fanouts, horizon, out, plot_out, as_json, hosts_of,
+                refused) -> None:  # fmt: skip
     """``solar plan GRAPH.h5 --sampler neighbor``: the plan a Loader with a NeighborSampler
     makes of the graph's feature rows (page mates included where the rows share pages)."""
     import dataclasses
@@ -295,7 +318,38 @@ def _plan_graph(data, keys, world_size, batch_size, epochs, buffer, tier_size, s
     pages = page_layout(info)
     if pages is not None and spec.plans_page_mates:  # as a Loader plans it (page_mates=True)
         spec = dataclasses.replace(spec, pages=pages)
-    _run_plan(spec, out, plot_out, as_json)
+    _run_plan(spec, out, plot_out, as_json, hosts_of)
+
+
+def _run_node_plan(spec: PlanSpec, out: str | None, as_json: bool, hosts_text: str) -> None:
+    """``solar plan --share node``: one buffer per host of ``hosts_text`` (HxL), into a node
+    plan file at ``out`` if given; its figures printed (solar/schedule/nodefile.py)."""
+    import time as _time
+
+    from solar.schedule.nodefile import (
+        format_node_summary,
+        node_fingerprint,
+        node_plan_to_file,
+        node_summary,
+    )
+    from solar.schedule.nodeplan import Hosts, node_totals
+
+    if spec.buffer.tier:
+        raise SolarError("--share node: a node tier is not planned yet (no --tier-size)")
+    hosts = Hosts.parse(hosts_text, spec.run.world_size, "--hosts")
+    run = spec.run
+    with _progress(run, enabled=run.num_accesses >= _PROGRESS_ACCESSES) as progress:
+        if out:
+            made = node_plan_to_file(spec, hosts, out, progress)
+            totals, seconds = dict(made.file.stats), made.file.plan_seconds
+            fingerprint = made.fingerprint
+        else:
+            t0 = _time.perf_counter()
+            totals = node_totals(spec, hosts)
+            seconds = _time.perf_counter() - t0
+            fingerprint = node_fingerprint(spec, hosts)
+    summary = node_summary(spec, hosts, totals, seconds, fingerprint, Path(out) if out else None)
+    click.echo(json.dumps(summary) if as_json else format_node_summary(summary))
 
 
 def _warm_planner(spec: PlanSpec, to_file: bool):

@@ -41,6 +41,7 @@ from solar.io.info import DatasetInfo
 from solar.runtime import pipeline
 from solar.runtime.setup import Setup, check_snapshots, configure
 from solar.schedule import Plan, make_plan
+from solar.schedule.nodefile import NodeFileStream, NodePlan
 from solar.schedule.nodestream import NodeStream, stage_bound
 from solar.schedule.order import step_bounds
 from solar.schedule.plan import plan_to_file
@@ -213,14 +214,16 @@ class Loader(IterableDataset[dict]):
         self.config, self.run, self.spec = setup.config, setup.run, setup.spec
         self.sampler, self.reader, self.out_keys = setup.sampler, setup.reader, setup.out_keys
         self.transform, self.batch_transform = setup.transform, setup.batch_transform
-        self._plan: Plan | None = setup.given
+        given = setup.given
+        self._plan: Plan | None = given if isinstance(given, Plan) else None
         # This rank's part, one epoch at a time: read from the plan given, or planned one
         # epoch ahead in the background.
-        self._stream: RankStream | NodeStream = RankStream(self.spec, self.rank, setup.given,
+        self._stream: RankStream | NodeStream = RankStream(self.spec, self.rank, self._plan,
                                                            snapshots)  # fmt: skip
         if setup.hosts is not None:  # share="node": this rank's share of its host's plan
-            self._stream = NodeStream(self.spec, self.rank, setup.hosts,
-                                      stage_bound(self.spec, setup.hosts))  # fmt: skip
+            rows = stage_bound(self.spec, setup.hosts)
+            self._stream = (NodeFileStream(given, self.rank, rows) if isinstance(given, NodePlan)
+                            else NodeStream(self.spec, self.rank, setup.hosts, rows))  # fmt: skip
         self._exchange: Exchange | None = None
         if self.spec.equal_batches and self.world_size > 1:
             # Rows move as delivered: transformed, if there is a transform.

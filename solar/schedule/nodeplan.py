@@ -27,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 import re
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -539,14 +540,18 @@ def _split_affinity(bounds, host_of, flags, table, reader, out_rank, out_at, cou
             counts[t, r] += 1
 
 
-def node_totals(spec: PlanSpec, hosts: Hosts, buffer: BufferConfig | None = None) -> dict:
+def node_totals(spec: PlanSpec, hosts: Hosts, buffer: BufferConfig | None = None,
+                sink: Callable[[NodeEpoch], None] | None = None) -> dict:  # fmt: skip
     """The node plan's figures over the run (what ``solar plan --hosts`` reports): the
     node's accesses (its ranks' union), hits, storage reads (page mates apart), rows a rank
-    takes from another's read, and the reads per epoch. Planned epoch by epoch."""
+    takes from another's read, and the reads per epoch. Planned epoch by epoch, each handed
+    to ``sink`` (a node plan file's writer) if given."""
     p = NodePlanner(spec, hosts, buffer)
     acc = hits = reads = side = shared = 0
     for _ in range(spec.run.epochs):
         ne = p.next()
+        if sink is not None:
+            sink(ne)
         f = ne.host.flags
         served = (f & SIDE) == 0
         hit = (f & (HIT | THIT)) != 0
