@@ -103,7 +103,7 @@ def test_a_node_loader_killed_ends_the_job_and_leaves_no_segment(data, graph):
     [
         ({"share": "host"}, "share must be"),
         ({"share": "node", "equal_batches": True}, "equal_batches: "),
-        ({"share": "node", "plan": "x.h5"}, "plan: "),
+        ({"share": "node", "plan": "x.h5"}, "plan: a per-rank plan"),
         ({"share": "node", "tier": "TMP", "tier_size": 10}, "tier: "),
         ({"share": "node", "transform": "held"}, "transform: "),
         ({"share": "node", "snapshots": "TMP"}, "snapshots: "),
