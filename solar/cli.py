@@ -490,6 +490,8 @@ def inspect(data: tuple[str, ...], keys: tuple[str, ...], one_per_file: bool, ve
     from solar.io.sources import expand_sources
 
     files = expand_sources(list(data))
+    plans = _plan_files(files)  # solar plan's own files: their figures
+    files = [f for f in files if f not in plans]
     graphs = [f for f in files if not keys and is_graph_file(f)]
     others = [f for f in files if f not in graphs]
     found = [describe_graph(g, probe=probe) for g in graphs]
@@ -501,16 +503,40 @@ def inspect(data: tuple[str, ...], keys: tuple[str, ...], one_per_file: bool, ve
     summary = overview(data, others, reports, one_per_file, list(keys)) if others else None
     if as_json:
         out: dict[str, Any] = {"graphs": [g.as_dict() for g in found]}
+        if plans:
+            out["plans"] = list(plans.values())
         if summary is not None:
             out.update(summary=summary.as_dict(), datasets=[r.as_dict() for r in reports])
         click.echo(json.dumps(out))
         return
-    parts = [format_graph(g) for g in found]
+    parts = [_format_plan(p) for p in plans.values()] + [format_graph(g) for g in found]
     if summary is not None:
         parts.append(format_overview(summary, verbose))
         if verbose:
             parts.append(format_reports(reports))
     click.echo("\n\n".join(parts))
+
+
+def _plan_files(files: list[Path]) -> dict[Path, dict]:
+    """The plan files among ``files`` (``solar plan -o``'s), each with its summary."""
+    from solar.schedule.nodefile import kind_of, load_node_plan, node_summary
+    from solar.schedule.plan import load_plan
+
+    out = {}
+    for f in files:
+        kind = kind_of(f)
+        if kind == "node":
+            p = load_node_plan(f).file
+            out[f] = node_summary(p.spec, p.hosts, p.stats, p.plan_seconds, p.fingerprint, Path(f))
+        elif kind == "rank":
+            out[f] = plan_summary(load_plan(f).summary, Path(f))
+    return out
+
+
+def _format_plan(s: dict) -> str:
+    from solar.schedule.nodefile import format_node_summary
+
+    return format_node_summary(s) if s.get("share") == "node" else format_summary(s)
 
 
 @cli.command(short_help="Rewrite any layout as one contiguous, aligned, verified HDF5 file.")

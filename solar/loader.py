@@ -273,8 +273,8 @@ class Loader(IterableDataset[dict]):
         """The whole plan: the one given, or (for inspection; it costs a whole-run planning)
         the plan this loader streams, made on first use (not with ``share="node"``)."""
         if self._setup.hosts is not None:
-            raise SolarError('share="node": the node plan is not a Plan (`solar plan --hosts` '
-                             "reports it)")  # fmt: skip
+            raise SolarError('share="node": the node plan is not a Plan (`solar plan --share '
+                             "node` writes it to a file)")  # fmt: skip
         if self._plan is None:
             self._plan = make_plan(self.spec)
         return self._plan

@@ -60,14 +60,14 @@ def _write(spec: PlanSpec, hosts: Hosts, epochs: list[NodeEpoch], path: Path) ->
     return path
 
 
-def _edited(path: Path, edit: Callable[[NodeEpoch], NodeEpoch], hosts=Hosts.grid(1, 4),
+def _edited(path: Path, edit: Callable[[NodeEpoch], NodeEpoch], hosts: Hosts | None = None,
             epoch: int = 0) -> Path:  # fmt: skip
-    spec = _spec()
+    spec, hosts = _spec(), hosts or Hosts.grid(1, 4)
     epochs = _epochs(spec, hosts)
     ranks = {k: (v.copy() if isinstance(v, np.ndarray) else v)
              for k, v in vars(epochs[epoch].ranks).items()}  # fmt: skip
-    ne = dataclasses.replace(epochs[epoch], ranks=EpochPlan(**ranks),
-                             reader=epochs[epoch].reader.copy(), at=epochs[epoch].at.copy())  # fmt: skip
+    e = epochs[epoch]
+    ne = dataclasses.replace(e, ranks=EpochPlan(**ranks), reader=e.reader.copy(), at=e.at.copy())
     epochs[epoch] = edit(ne)
     return _write(spec, hosts, epochs, path)
 
@@ -112,6 +112,8 @@ def test_solar_plan_share_node_writes_a_node_plan_file(tmp_path):
     assert plan.hosts == Hosts.grid(2, 2) and not plan.spec.equal_batches
     again = CliRunner().invoke(cli, args)
     assert again.exit_code != 0 and "exists (use --force" in str(again.exception)
+    shown = CliRunner().invoke(cli, ["inspect", str(out)])
+    assert shown.exit_code == 0 and "hosts 2x2 [[0, 1], [2, 3]]" in shown.output, shown.output
     s = json.loads(CliRunner().invoke(cli, [*args[:-4], "--json"]).output)  # default: 1x4
     assert s["share"] == "node" and s["hosts"] == [[0, 1, 2, 3]]
     with pytest.raises(SolarError, match="a node plan file") as err:
@@ -136,7 +138,7 @@ def test_a_loader_serves_a_node_plan_file_and_refuses_the_other_kind(tmp_path):
                 seen.append(ids)
             assert np.array_equal(np.sort(np.concatenate(seen)), np.arange(90))
         assert got.stats.totals().reads == node.file.stats["reads"]
-    with pytest.raises(SolarError, match='a node plan file .*pass share="node"') as err:
+    with pytest.raises(SolarError, match=r'a node plan file .*pass share="node"') as err:
         Loader(data, ["x"], plan=node.file.path, **kw)
     assert "\n" not in str(err.value) and str(node.file.path) in str(err.value)
 
@@ -251,16 +253,23 @@ def test_a_damaged_node_plan_file_is_refused_in_one_line(tmp_path, how, words):
     assert "\n" not in msg and str(path) in msg and words in msg, msg
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(field=st.sampled_from(["sample", "slot", "flags", "reader", "at"]),
-       where=st.integers(0, 10**6), value=st.sampled_from([-1, 0, 1, 2, 3, 7, 128, 129, N, 10**6]))
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    field=st.sampled_from(["sample", "slot", "flags", "reader", "at"]),
+    where=st.integers(0, 10**6),
+    value=st.sampled_from([-1, 0, 1, 2, 3, 7, 128, 129, N, 10**6]),
+)
 def test_any_edit_of_a_service_is_refused_or_harmless(tmp_path_factory, field, where, value):
     """Never a crash: a refusal in one line, or an edit that changes nothing served (the same
     value, or a store the plan may drop)."""
     path = tmp_path_factory.mktemp("edit") / "n.h5"
 
     def edit(ne):
-        arr = ne.reader if field == "reader" else ne.at if field == "at" else getattr(ne.ranks, field)
+        arr = (
+            ne.reader if field == "reader" else ne.at if field == "at" else getattr(ne.ranks, field)
+        )
         arr[where % arr.size] = np.array(value).astype(arr.dtype)
         return ne
 
