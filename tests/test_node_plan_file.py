@@ -128,16 +128,29 @@ def test_a_loader_serves_a_node_plan_file_and_refuses_the_other_kind(tmp_path):
     ld = Loader(data, ["x"], **kw)
     node = node_plan_to_file(ld.spec, Hosts.grid(1, 1), tmp_path / "n.h5")
     ld.close()
+    served, state = [], None
     with Loader(data, ["x"], plan=node.file.path, share="node", **kw) as got:
         for e in range(2):
             got.set_epoch(e)
             seen = []
-            for b in got:
+            for t, b in enumerate(got):
                 ids = b["index"].numpy()
                 assert b["x"].numpy().tobytes() == x[ids].tobytes()
                 seen.append(ids)
+                served.append(ids)
+                if (e, t) == (1, 3):
+                    state = got.state_dict()
             assert np.array_equal(np.sort(np.concatenate(seen)), np.arange(90))
         assert got.stats.totals().reads == node.file.stats["reads"]
+    # An exact resume inside epoch 1: the buffer refilled from the file's plan, same batches.
+    with Loader(data, ["x"], plan=node.file.path, share="node", **kw) as again:
+        again.load_state_dict(state)
+        k = state["next_step"]
+        for b in again:
+            ids = b["index"].numpy()
+            assert np.array_equal(ids, served[k]) and b["x"].numpy().tobytes() == x[ids].tobytes()
+            k += 1
+        assert k == len(served)
     with pytest.raises(SolarError, match=r'a node plan file .*pass share="node"') as err:
         Loader(data, ["x"], plan=node.file.path, **kw)
     assert "\n" not in str(err.value) and str(node.file.path) in str(err.value)

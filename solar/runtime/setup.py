@@ -29,7 +29,7 @@ from solar.io.info import DatasetInfo, KeyInfo
 from solar.io.reader import Reader
 from solar.io.sources import describe_source
 from solar.launch import detect_launcher
-from solar.schedule import Plan, PlanSpec, load_plan
+from solar.schedule import Plan, PlanSpec
 from solar.schedule.nodefile import NodePlan, open_given
 from solar.schedule.nodeplan import Hosts
 from solar.schedule.pagemates import PageLayout
@@ -109,7 +109,7 @@ def configure(
     buf = _buffer(info, w, buffer, tier, tier_size, slack, local)
     chosen = SHUFFLE if sampler is None else sampler
     run = _run(info, chosen, w, batch_size, epochs, seed, drop_last)
-    made = open_given(plan, share, load_plan)  # of the kind share runs: per rank or per node
+    made = open_given(plan, share)  # of the kind share runs: per rank or per node
     equal_batches = _equal_batches(equal_batches, made, chosen, buf, policy, w, comm)
     fn = as_transform(transform)
     holds = fn is not None and fn.deterministic

@@ -30,7 +30,6 @@ import dataclasses
 import hashlib
 import json
 import os
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -44,6 +43,7 @@ from solar.schedule._common import Progress, no_tier
 from solar.schedule.nodeplan import Hosts, NodeEpoch, node_spec, node_totals
 from solar.schedule.nodestream import NodeStream
 from solar.schedule.order import sample_dtype
+from solar.schedule.plan import Plan, load_plan
 from solar.schedule.planfile import (
     FORMAT,
     Layout,
@@ -383,17 +383,17 @@ def load_node_plan(path: str | os.PathLike, sampler: Any = None) -> NodePlan:
     return plan
 
 
-def open_given(plan: Any, share: str, load: Callable[[Any], Any]) -> Any:
-    """The plan a Loader is given (None, a plan, or a file opened: ``load`` opens a per-rank
-    one) of the kind its ``share`` runs; one line refusing the other kind."""
-    if plan is None or isinstance(plan, NodePlan):
+def open_given(plan: Any, share: str) -> Plan | NodePlan | None:
+    """The plan a Loader is given (None, a plan, or a file opened) of the kind its ``share``
+    runs: per rank, or per node (``"node"``); one line refusing the other kind."""
+    if plan is None or isinstance(plan, (Plan, NodePlan)):
         got = plan
     elif isinstance(plan, (str, os.PathLike)) and kind_of(plan) == KIND:
         got = load_node_plan(plan)
     else:
-        got = plan if not isinstance(plan, (str, os.PathLike)) else load(plan)
-    where = "plan" if got is None or not isinstance(plan, (str, os.PathLike)) else f"plan {plan}"
-    if share == "node" and got is not None and not isinstance(got, NodePlan):
+        got = load_plan(plan)
+    where = f"plan {plan}" if isinstance(plan, (str, os.PathLike)) else "plan"
+    if share == "node" and isinstance(got, Plan):
         raise SolarError(f'{where}: a per-rank plan (a buffer per rank); share="node" runs a '
                          "node plan file (`solar plan --share node -o FILE`)")  # fmt: skip
     if share != "node" and isinstance(got, NodePlan):
@@ -442,6 +442,7 @@ class _FileEpochs:
         self.next()
 
     def contents(self, host: int) -> np.ndarray:
+        assert host == self.host, (host, self.host)
         return self.state.copy()
 
 
