@@ -67,7 +67,9 @@ def _edited(path: Path, edit: Callable[[NodeEpoch], NodeEpoch], hosts: Hosts | N
     ranks = {k: (v.copy() if isinstance(v, np.ndarray) else v)
              for k, v in vars(epochs[epoch].ranks).items()}  # fmt: skip
     e = epochs[epoch]
-    ne = dataclasses.replace(e, ranks=EpochPlan(**ranks), reader=e.reader.copy(), at=e.at.copy())
+    host = dataclasses.replace(e.host, slot=e.host.slot.copy())
+    ne = dataclasses.replace(e, host=host, ranks=EpochPlan(**ranks), reader=e.reader.copy(),
+                             at=e.at.copy())  # fmt: skip
     epochs[epoch] = edit(ne)
     return _write(spec, hosts, epochs, path)
 
@@ -181,11 +183,26 @@ def _peer_reader_not_reading(ne):  # every taker names a local rank without the 
     return ne
 
 
-def _stores_dropped(ne):  # no rank stores what it reads: a later hit reads a row never stored
+def _hit_moved(ne):  # host and rank agree on a hit from a slot its row was never stored in
+    u = _first(ne, HIT)
+    s = (int(ne.ranks.slot[u]) + 1) % 16
+    ne.ranks.slot[ne.at == ne.at[u]] = s
+    ne.host.slot[ne.at[u]] = s
+    return ne
+
+
+def _stores_dropped(ne):  # no rank stores what it reads
     f = ne.ranks.flags
     mine = (f & ADMIT) != 0
     f[mine] &= ~np.uint8(ADMIT)
     ne.ranks.slot[mine] = -1
+    return ne
+
+
+def _one_store_dropped(ne):  # the host's store is not made: the buffer is not the host plan's
+    u = _first(ne, ADMIT)
+    ne.ranks.flags[u] &= ~np.uint8(ADMIT)
+    ne.ranks.slot[u] = -1
     return ne
 
 
@@ -208,11 +225,13 @@ def _set(name: str, value: int, flag: int = HIT):
         (_set("reader", 3000, PEER), "1x4", "reader is not a rank of its host"),
         (_peer_reader_elsewhere, "2x2", "reader is not a rank of its host"),
         (_peer_reader_not_reading, "1x4", "whose reader does not read it at that step"),
-        (_stores_dropped, "1x4", "does not hold its sample"),
+        (_stores_dropped, "1x4", "leave a slot otherwise than the host plan's"),
+        (_hit_moved, "1x4", "host plan: host 0, step "),
+        (_one_store_dropped, "1x4", "leave a slot otherwise than the host plan's"),
         (_set("flags", PEER | HIT), "1x4", "not the host's hit"),
     ],
     ids=["sample", "slot", "at-high", "at-negative", "reader-out-of-range", "reader-other-host",
-         "reader-not-reading", "stores-dropped", "flags"],
+         "reader-not-reading", "stores-dropped", "hit-moved", "one-store-dropped", "flags"],
 )  # fmt: skip
 def test_an_edited_node_plan_is_refused_in_one_line(tmp_path, edit, hosts, words):
     path = _edited(tmp_path / "n.h5", edit, Hosts.parse(hosts))

@@ -11,10 +11,12 @@ A node plan file is untrusted like any plan file. Per epoch, for each host prove
   accesses of the same step and names the same sample; a hit carries the host's decision and
   reads a slot that, replaying the stores the ranks make (only a row's reader stores it),
   holds that sample as the step starts; a read is the host's miss, stored as the host says (or
-  a store the plan drops); a ``PEER`` row names a reader of the same host that reads that row
-  at that step, and every rank naming one row names the same reader; every host access is
-  served (with Shuffle's affinity, by exactly one rank); no slot is stored twice in a step;
-  side rows follow the batch; the rows shared at a step fit the host's staging rows;
+  a store the plan drops: one the host overwrites at the same step); after each step every
+  slot the host stores holds what the host plan says (a resume refills the host plan's
+  buffer); a ``PEER`` row names a reader of the same host that reads that row at that step,
+  and every rank naming one row names the same reader; every host access is served (with
+  Shuffle's affinity, by exactly one rank); no slot is stored twice in a step; side rows
+  follow the batch; the rows shared at a step fit the host's staging rows;
 * with a sampler that fixes each rank's batch, each rank serves exactly its batch's ids.
 
 Every index is checked before a kernel uses it: an edited file is refused in one line, it
@@ -39,7 +41,7 @@ if TYPE_CHECKING:
     from solar.schedule.nodefile import NodePlan
 
 (_OK, _AT, _SAMPLE, _REPEATED, _SIDE_FIRST, _TIER, _HIT, _SLOT, _STALE, _READER, _READERS,
- _READ, _PEER, _UNSERVED, _TWICE, _NOT_READ, _STAGE, _STORES) = range(18)  # fmt: skip
+ _READ, _PEER, _UNSERVED, _TWICE, _NOT_READ, _STAGE, _STORES, _DIVERGE) = range(19)  # fmt: skip
 
 _WHAT = {
     _AT: "its access points outside its host's accesses of the step",
@@ -59,13 +61,15 @@ _WHAT = {
     _NOT_READ: "a PEER row whose reader does not read it at that step",
     _STAGE: "more rows shared between local ranks than the host's staging rows",
     _STORES: "two stores into one slot at one step",
+    _DIVERGE: "the ranks' stores leave a slot otherwise than the host plan's (a resume refills "
+    "the host plan's)",
 }
 
 
 @njit(cache=True, nogil=True)
 def _check_services(h_sample, h_slot, h_flags, h_base, h_off, r_sample, r_slot, r_flags,
                     r_reader, r_at, r_base, r_off, group, local_of, n, slots, exclusive,
-                    stage_rows, state, claim, covered, readby, peer, rstamp, sstamp,
+                    stage_rows, state, hlast, claim, covered, readby, peer, rstamp, sstamp,
                     tag0):  # fmt: skip
     """One epoch of a host's ranks' services (see the module's docstring); ``state`` (the
     node buffer as the ranks' stores leave it) carries over epochs. Returns (code, local rank,
@@ -150,6 +154,14 @@ def _check_services(h_sample, h_slot, h_flags, h_base, h_off, r_sample, r_slot, 
                         return _STORES, j, u, t
                     sstamp[s] = tag0 + t
                     state[s] = r_sample[u]
+        # Every slot the host stores at the step holds what its last store put there: the
+        # buffer a resume refills (the host plan's) is the one the ranks' stores make.
+        for i in range(a, b):
+            if h_flags[i] & ADMIT:
+                hlast[h_slot[i]] = h_sample[i]
+        for i in range(a, b):
+            if h_flags[i] & ADMIT and state[h_slot[i]] != hlast[h_slot[i]]:
+                return _DIVERGE, -1, i, t
     return _OK, -1, -1, -1
 
 
@@ -172,6 +184,7 @@ class NodeValidator:
         self.state = {h: np.full(max(1, self.slots), -1, np.int64) for h in self.only}
         self.rstamp = np.full(n, -1, np.int64)
         self.sstamp = np.full(max(1, self.slots), -1, np.int64)
+        self.hlast = np.full(max(1, self.slots), -1, np.int64)
         self.exclusive = not (spec.traced and not spec.affinity)  # else a rank's batch is fixed
         self.table = hosts.table()
 
@@ -209,7 +222,7 @@ class NodeValidator:
             ranks.sample, ranks.slot, ranks.flags, ne.reader, ne.at,
             ranks.rank_offsets[group], ranks.step_offsets[group], group, local_of,
             self.spec.run.num_samples, self.slots, self.exclusive, self.stage_rows,
-            self.state[h], claim, covered, readby, peer, self.rstamp, self.sstamp,
+            self.state[h], self.hlast, claim, covered, readby, peer, self.rstamp, self.sstamp,
             np.int64((k * self.hosts.count + h) * spe * group.size),
         )  # fmt: skip
         if code != _OK:
