@@ -153,6 +153,8 @@ def test_a_loader_serves_a_node_plan_file_and_refuses_the_other_kind(tmp_path):
             assert np.array_equal(ids, served[k]) and b["x"].numpy().tobytes() == x[ids].tobytes()
             k += 1
         assert k == len(served)
+    with pytest.raises(PlanMismatchError, match=r"made for another dataset or run: seed 3 "):
+        Loader(data, ["x"], plan=node.file.path, share="node", **{**kw, "seed": 4})
     with pytest.raises(SolarError, match=r'a node plan file .*pass share="node"') as err:
         Loader(data, ["x"], plan=node.file.path, **kw)
     assert "\n" not in str(err.value) and str(node.file.path) in str(err.value)

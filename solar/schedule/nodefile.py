@@ -54,7 +54,7 @@ from solar.schedule.planfile import (
 )
 from solar.schedule.planner import EpochPlan, epoch_order_of
 from solar.schedule.rankplan import _replay
-from solar.schedule.spec import FORMAT_VERSION, PlanSpec, fingerprint_of
+from solar.schedule.spec import FORMAT_VERSION, PlanSpec, differences, fingerprint_of
 
 KIND = "node"
 
@@ -339,11 +339,8 @@ class NodePlan:
         fields that differ."""
         if node_fingerprint(expected, self.hosts) == self.fingerprint:
             return
-        mine, theirs = self.spec.as_dict(), expected.as_dict()
-        keys = [*mine, *(k for k in theirs if k not in mine)]
-        diff = [f"{k} {mine.get(k)!r} (expected {theirs.get(k)!r})" for k in keys
-                if mine.get(k) != theirs.get(k)]  # fmt: skip
-        raise PlanMismatchError(f"{source} was made for another dataset or run: {', '.join(diff)}")
+        diff = differences(self.spec, expected)
+        raise PlanMismatchError(f"{source} was made for another dataset or run: {diff}")
 
     def bound_to(self, spec: PlanSpec) -> NodePlan:
         """This plan with ``spec`` (which holds the sampler itself) in place of the one the
