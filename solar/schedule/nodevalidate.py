@@ -185,6 +185,7 @@ class NodeValidator:
         self.rstamp = np.full(n, -1, np.int64)
         self.sstamp = np.full(max(1, self.slots), -1, np.int64)
         self.hlast = np.full(max(1, self.slots), -1, np.int64)
+        self.bstamp = np.full(n, -1, np.int64)
         self.exclusive = not (spec.traced and not spec.affinity)  # else a rank's batch is fixed
         self.table = hosts.table()
 
@@ -236,27 +237,42 @@ class NodeValidator:
         sampler = self.host_spec.sampler
         assert isinstance(sampler, HostSampler)
         run = self.spec.run
-        draws = sampler.rank_draws(k, h)
-        n, world, spe = np.int64(run.num_samples), run.world_size, run.steps_per_epoch
+        draws = sampler.rank_draws(k)  # every rank's, as the host validator drew them
         ranks = ne.ranks
         for r in self.table[h]:
-            g = np.arange(spe) * world + r
-            lo, hi = draws.offsets[g], draws.offsets[g + 1]
-            sizes = hi - lo
-            idx = np.repeat(lo - np.concatenate([[0], np.cumsum(sizes)[:-1]]), sizes)
-            idx += np.arange(idx.size)
-            want = np.unique(np.repeat(np.arange(spe), sizes) * n + draws.ids[idx])
             a, b = int(ranks.rank_offsets[r]), int(ranks.rank_offsets[r + 1])
-            counts = np.diff(ranks.step_offsets[r])
-            steps = np.repeat(np.arange(spe), counts)
-            served = (ranks.flags[a:b] & SIDE) == 0
-            got = np.sort(steps[served] * n + ranks.sample[a:b][served].astype(np.int64))
-            if not np.array_equal(got, want):
-                m = min(got.size, want.size)
-                bad = np.flatnonzero(got[:m] != want[:m])
-                t = int((got[bad[0]] if bad.size else got[m - 1] if m else 0) // n)
-                raise CorruptPlanError(f"node plan: rank {int(r)}, step {k * spe + t}: the "
-                                       "accesses are not the sampler's batch")  # fmt: skip
+            t = _not_batch(draws.ids, draws.offsets, int(r), run.world_size, ranks.sample[a:b],
+                           ranks.flags[a:b], ranks.step_offsets[r], self.bstamp,
+                           np.int64((k * run.world_size + r) * run.steps_per_epoch))  # fmt: skip
+            if t >= 0:
+                raise CorruptPlanError(f"node plan: rank {int(r)}, step "
+                                       f"{k * run.steps_per_epoch + t}: the accesses are not "
+                                       "the sampler's batch")  # fmt: skip
+
+
+@njit(cache=True, nogil=True)
+def _not_batch(ids, offsets, r, world, sample, flags, step_offsets, stamp, tag0):
+    """The first step at which rank ``r`` serves other than its batch's distinct ids (its
+    accesses' samples are in range and distinct within a step: proven first), or -1."""
+    for t in range(step_offsets.shape[0] - 1):
+        g = t * world + r
+        tag = tag0 + t
+        distinct = 0
+        for u in range(offsets[g], offsets[g + 1]):
+            x = ids[u]
+            if stamp[x] != tag:
+                stamp[x] = tag
+                distinct += 1
+        served = 0
+        for u in range(step_offsets[t], step_offsets[t + 1]):
+            if flags[u] & SIDE:
+                continue
+            if stamp[sample[u]] != tag:
+                return t
+            served += 1
+        if served != distinct:
+            return t
+    return -1
 
 
 def prove(plan: NodePlan, rank: int, comm: Any) -> None:
