@@ -324,8 +324,6 @@ def _plan_graph(data, keys, world_size, batch_size, epochs, buffer, tier_size, s
 def _run_node_plan(spec: PlanSpec, out: str | None, as_json: bool, hosts_text: str) -> None:
     """``solar plan --share node``: one buffer per host of ``hosts_text`` (HxL), into a node
     plan file at ``out`` if given; its figures printed (solar/schedule/nodefile.py)."""
-    import time as _time
-
     from solar.schedule.nodefile import (
         format_node_summary,
         node_fingerprint,
@@ -344,9 +342,9 @@ def _run_node_plan(spec: PlanSpec, out: str | None, as_json: bool, hosts_text: s
             totals, seconds = dict(made.file.stats), made.file.plan_seconds
             fingerprint = made.fingerprint
         else:
-            t0 = _time.perf_counter()
+            t0 = time.perf_counter()
             totals = node_totals(spec, hosts)
-            seconds = _time.perf_counter() - t0
+            seconds = time.perf_counter() - t0
             fingerprint = node_fingerprint(spec, hosts)
     summary = node_summary(spec, hosts, totals, seconds, fingerprint, Path(out) if out else None)
     click.echo(json.dumps(summary) if as_json else format_node_summary(summary))
@@ -483,14 +481,16 @@ def inspect(data: tuple[str, ...], keys: tuple[str, ...], one_per_file: bool, ve
             probe: int, as_json: bool) -> None:  # fmt: skip
     """Summarise DATA (HDF5 files, globs, directories): files, keys, shapes and layouts,
     what solar will do with them and the one conversion to run, if any; a graph file
-    (solar gen --preset graph): nodes, edges, degrees, features, how solar serves it."""
+    (solar gen --preset graph): nodes, edges, degrees, features, how solar serves it; a plan
+    file (solar plan -o): its figures (a node plan file's: its hosts and the node's)."""
     from solar.graph.describe import describe_graph, format_graph, is_graph_file
     from solar.io.inspect import format_reports, inspect_files
     from solar.io.overview import format_overview, overview
     from solar.io.sources import expand_sources
 
     files = expand_sources(list(data))
-    plans = _plan_files(files)  # solar plan's own files: their figures
+    # solar plan's own files: their figures (not when asked about keys of samples)
+    plans = {} if keys or one_per_file else _plan_files(files)
     files = [f for f in files if f not in plans]
     graphs = [f for f in files if not keys and is_graph_file(f)]
     others = [f for f in files if f not in graphs]
