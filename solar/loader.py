@@ -144,8 +144,9 @@ class Loader(IterableDataset[dict]):
     (``SOLAR_HOSTS=HxL`` forces H hosts of L consecutive ranks). With a sampler with affinity
     (``Shuffle``, ``Weighted``) the host's share of each global batch is dealt over its ranks
     (local batches vary within ``slack``: ``equal_batches=False``), no row moving between them.
-    For now: no tier, no plan file, no snapshots, no deterministic transform, no equal
-    batches; refused in one line otherwise. Every step is then a collective of the host's
+    ``plan=`` then takes a node plan file (``solar plan --share node``), made for this job's
+    grouping. For now: no tier, no snapshots, no deterministic transform, no equal batches;
+    refused in one line otherwise. Every step is then a collective of the host's
     ranks (two barriers): every local rank iterates the same steps.
     """
 
