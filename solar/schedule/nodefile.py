@@ -42,6 +42,7 @@ from solar.errors import CorruptPlanError, PlanMismatchError, SolarError, first_
 from solar.schedule._common import Progress, no_tier
 from solar.schedule.nodeplan import Hosts, NodeEpoch, node_spec, node_totals
 from solar.schedule.nodestream import NodeStream
+from solar.schedule.nodevalidate import prove
 from solar.schedule.order import sample_dtype
 from solar.schedule.plan import Plan, load_plan
 from solar.schedule.planfile import (
@@ -365,9 +366,7 @@ class NodePlan:
         """Prove the plan safe to execute before any byte moves (a collective with ``comm``:
         each rank proves its host's part, the ranks prove coverage together; without, this
         process proves every host's)."""
-        from solar.schedule.nodevalidate import prove
-
-        prove(self, rank, comm)
+        prove(self.spec, self.hosts, self.file, rank, comm)
 
 
 def load_node_plan(path: str | os.PathLike, sampler: Any = None) -> NodePlan:

@@ -25,7 +25,8 @@ never reaches memory it does not name.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import Any, Protocol
 
 import numpy as np
 from numba import njit
@@ -36,9 +37,6 @@ from solar.schedule.nodeplan import Hosts, HostSampler, NodeEpoch, node_spec
 from solar.schedule.nodestream import stage_bound
 from solar.schedule.spec import PlanSpec
 from solar.schedule.validate import RankValidator, TraceValidator, coverage_error
-
-if TYPE_CHECKING:
-    from solar.schedule.nodefile import NodePlan
 
 (_OK, _AT, _SAMPLE, _REPEATED, _SIDE_FIRST, _TIER, _HIT, _SLOT, _STALE, _READER, _READERS,
  _READ, _PEER, _UNSERVED, _TWICE, _NOT_READ, _STAGE, _STORES, _DIVERGE) = range(19)  # fmt: skip
@@ -275,22 +273,34 @@ def _not_batch(ids, offsets, r, world, sample, flags, step_offsets, stamp, tag0)
     return -1
 
 
-def prove(plan: NodePlan, rank: int, comm: Any) -> None:
-    """Prove ``plan`` (a node plan file) safe for the run, before any byte moves; one line
-    naming the file if not. With ``comm`` (a collective) each rank proves its host, the ranks
-    prove coverage together and all raise together; without, this process proves every host."""
+class NodeEpochs(Protocol):
+    """Where a node plan's epochs come from (solar/schedule/nodefile.py's NodePlanFile)."""
+
+    @property
+    def path(self) -> Path: ...
+
+    @property
+    def epoch_order(self) -> np.ndarray: ...
+
+    def read(self, k: int) -> NodeEpoch: ...
+
+
+def prove(spec: PlanSpec, hosts: Hosts, f: NodeEpochs, rank: int, comm: Any) -> None:
+    """Prove the node plan of ``spec`` over ``hosts`` that ``f`` holds safe for the run,
+    before any byte moves; one line naming the file if not. With ``comm`` (a collective) each
+    rank proves its host, the ranks prove coverage together and all raise together; without,
+    this process proves every host."""
     from solar import dist  # a light module: no MPI or torch import
 
-    f, hosts = plan.file, plan.hosts
     key = dist.shared_key(comm)
     together = comm is not None and comm.Get_size() > 1
     mine_host = hosts.host_of(rank)
     error: str | None = None
     mine = expected = None
     try:
-        v = NodeValidator(plan.spec, hosts, f.epoch_order, key, stage_bound(plan.spec, hosts),
+        v = NodeValidator(spec, hosts, f.epoch_order, key, stage_bound(spec, hosts),
                           [mine_host] if together else None)  # fmt: skip
-        for k in range(plan.spec.run.epochs):
+        for k in range(spec.run.epochs):
             v.check(f.read(k))
         mine, expected = v.mine, v.expected
     except CorruptPlanError as exc:
