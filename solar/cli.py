@@ -116,8 +116,16 @@ def cli() -> None:
 @click.option("--plot", "plot_out", type=click.Path(),
               help="Write a PNG here: the hit rate of every epoch against the bound.")  # fmt: skip
 @click.option("--force", is_flag=True, help="Overwrite --out and --plot if they exist.")
-@click.option("--hosts", help="Also plan one buffer per host for HOSTSxRANKS (e.g. 1x4) and "
-                              "report its reads beside the per-rank plan's (no file).")  # fmt: skip
+@click.option("--share", "share_mode", type=click.Choice(["rank", "node"]), default="rank",
+              show_default=True,
+              help="rank: a buffer per rank; node: one buffer per host, shared by its ranks "
+                   "(Loader(share=\"node\")): --out writes a node plan file, which records "
+                   "--hosts.")  # fmt: skip
+@click.option("--hosts", help="The ranks grouped by host, HOSTSxRANKS (e.g. 2x2: ranks 0-1 on "
+                              "one host, 2-3 on another). --share node: the node plan's "
+                              "grouping (default 1xP: one host of all ranks); --share rank: "
+                              "also plan one buffer per host and report its reads beside the "
+                              "per-rank plan's.")  # fmt: skip
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of a table.")
 def plan(
     data: tuple[str, ...],
@@ -145,17 +153,27 @@ def plan(
     out: str | None,
     plot_out: str | None,
     force: bool,
+    share_mode: str,
     hosts: str | None,
     as_json: bool,
 ) -> None:
     """Plan a run over DATA (HDF5 or .npy files, globs, directories) or over --samples N;
     write it to --out. A graph file (solar gen --preset graph) is planned with --sampler
-    neighbor: the feature rows of every step's sampled subgraphs."""
+    neighbor: the feature rows of every step's sampled subgraphs. With --share node, one
+    buffer per host (--hosts) shared by its ranks: the plan of Loader(share="node")."""
     for path in (out, plot_out):
         _check_out(path, force)
+    if share_mode == "node":
+        if plot_out:
+            raise SolarError("--share node: no --plot (yet)")
+        if equal_batches:
+            raise SolarError("--share node: local batches are not equalised from a node "
+                             "buffer yet (drop --equal-batches)")  # fmt: skip
+        equal_batches = False
+    hosts_of = (share_mode, hosts)
     if sampler_kind == "neighbor":
         _plan_graph(data, keys, world_size, batch_size, epochs, buffer, tier_size, seed, slack,
-                    policy, fanouts, horizon, out, plot_out, as_json,
+                    policy, fanouts, horizon, out, plot_out, as_json, hosts_of,
                     [k for k, v in {"--one-per-file": one_per_file, "--samples": samples,
                                     "--sample-bytes": sample_bytes, "--drop-last": drop_last,
                                     "--equal-batches": equal_batches,
@@ -199,13 +217,17 @@ def plan(
         run, BufferConfig(capacity, slack, tier), policy, reorder_epochs, sample_bytes, dataset,
         sampler, horizon, equal_batches,
     )  # fmt: skip
-    _run_plan(spec, out, plot_out, as_json, hosts)
+    _run_plan(spec, out, plot_out, as_json, hosts_of)
 
 
-def _run_plan(
-    spec: PlanSpec, out: str | None, plot_out: str | None, as_json: bool, hosts: str | None = None
-) -> None:
-    """Plan ``spec`` (into ``out`` if given), print its summary, plot its epochs."""
+def _run_plan(spec: PlanSpec, out: str | None, plot_out: str | None, as_json: bool,
+              hosts_of: tuple[str, str | None] = ("rank", None)) -> None:  # fmt: skip
+    """Plan ``spec`` (into ``out`` if given), print its summary, plot its epochs.
+    ``hosts_of``: (--share, --hosts)."""
+    share_mode, hosts = hosts_of
+    if share_mode == "node":
+        _run_node_plan(spec, out, as_json, hosts or f"1x{spec.run.world_size}")
+        return
     warmth = _warm_planner(spec, bool(out))
     if warmth.compiled:
         log.info("compiled %d planner kernels in %.1f s (numba's cache did not hold them); "
@@ -264,7 +286,8 @@ def _refuse_graph(data: tuple[str, ...], keys: tuple[str, ...], command: str) ->
 
 
 def _plan_graph(data, keys, world_size, batch_size, epochs, buffer, tier_size, seed, slack,
-                policy, fanouts, horizon, out, plot_out, as_json, refused) -> None:  # fmt: skip
+                policy, fanouts, horizon, out, plot_out, as_json, hosts_of,
+                refused) -> None:  # fmt: skip
     """``solar plan GRAPH.h5 --sampler neighbor``: the plan a Loader with a NeighborSampler
     makes of the graph's feature rows (page mates included where the rows share pages)."""
     import dataclasses
@@ -297,7 +320,36 @@ def _plan_graph(data, keys, world_size, batch_size, epochs, buffer, tier_size, s
     pages = page_layout(info)
     if pages is not None and spec.plans_page_mates:  # as a Loader plans it (page_mates=True)
         spec = dataclasses.replace(spec, pages=pages)
-    _run_plan(spec, out, plot_out, as_json)
+    _run_plan(spec, out, plot_out, as_json, hosts_of)
+
+
+def _run_node_plan(spec: PlanSpec, out: str | None, as_json: bool, hosts_text: str) -> None:
+    """``solar plan --share node``: one buffer per host of ``hosts_text`` (HxL), into a node
+    plan file at ``out`` if given; its figures printed (solar/schedule/nodefile.py)."""
+    from solar.schedule.nodefile import (
+        format_node_summary,
+        node_fingerprint,
+        node_plan_to_file,
+        node_summary,
+    )
+    from solar.schedule.nodeplan import Hosts, node_totals
+
+    if spec.buffer.tier:
+        raise SolarError("--share node: a node tier is not planned yet (no --tier-size)")
+    hosts = Hosts.parse(hosts_text, spec.run.world_size, "--hosts")
+    run = spec.run
+    with _progress(run, enabled=run.num_accesses >= _PROGRESS_ACCESSES) as progress:
+        if out:
+            made = node_plan_to_file(spec, hosts, out, progress)
+            totals, seconds = dict(made.file.stats), made.file.plan_seconds
+            fingerprint = made.fingerprint
+        else:
+            t0 = time.perf_counter()
+            totals = node_totals(spec, hosts)
+            seconds = time.perf_counter() - t0
+            fingerprint = node_fingerprint(spec, hosts)
+    summary = node_summary(spec, hosts, totals, seconds, fingerprint, Path(out) if out else None)
+    click.echo(json.dumps(summary) if as_json else format_node_summary(summary))
 
 
 def _warm_planner(spec: PlanSpec, to_file: bool):
@@ -431,13 +483,17 @@ def inspect(data: tuple[str, ...], keys: tuple[str, ...], one_per_file: bool, ve
             probe: int, as_json: bool) -> None:  # fmt: skip
     """Summarise DATA (HDF5 files, globs, directories): files, keys, shapes and layouts,
     what solar will do with them and the one conversion to run, if any; a graph file
-    (solar gen --preset graph): nodes, edges, degrees, features, how solar serves it."""
+    (solar gen --preset graph): nodes, edges, degrees, features, how solar serves it; a plan
+    file (solar plan -o): its figures (a node plan file's: its hosts and the node's)."""
     from solar.graph.describe import describe_graph, format_graph, is_graph_file
     from solar.io.inspect import format_reports, inspect_files
     from solar.io.overview import format_overview, overview
     from solar.io.sources import expand_sources
 
     files = expand_sources(list(data))
+    # solar plan's own files: their figures (not when asked about keys of samples)
+    plans = {} if keys or one_per_file else _plan_files(files)
+    files = [f for f in files if f not in plans]
     graphs = [f for f in files if not keys and is_graph_file(f)]
     others = [f for f in files if f not in graphs]
     found = [describe_graph(g, probe=probe) for g in graphs]
@@ -449,16 +505,40 @@ def inspect(data: tuple[str, ...], keys: tuple[str, ...], one_per_file: bool, ve
     summary = overview(data, others, reports, one_per_file, list(keys)) if others else None
     if as_json:
         out: dict[str, Any] = {"graphs": [g.as_dict() for g in found]}
+        if plans:
+            out["plans"] = list(plans.values())
         if summary is not None:
             out.update(summary=summary.as_dict(), datasets=[r.as_dict() for r in reports])
         click.echo(json.dumps(out))
         return
-    parts = [format_graph(g) for g in found]
+    parts = [_format_plan(p) for p in plans.values()] + [format_graph(g) for g in found]
     if summary is not None:
         parts.append(format_overview(summary, verbose))
         if verbose:
             parts.append(format_reports(reports))
     click.echo("\n\n".join(parts))
+
+
+def _plan_files(files: list[Path]) -> dict[Path, dict]:
+    """The plan files among ``files`` (``solar plan -o``'s), each with its summary."""
+    from solar.schedule.nodefile import kind_of, load_node_plan, node_summary
+    from solar.schedule.plan import load_plan
+
+    out = {}
+    for f in files:
+        kind = kind_of(f)
+        if kind == "node":
+            p = load_node_plan(f).file
+            out[f] = node_summary(p.spec, p.hosts, p.stats, p.plan_seconds, p.fingerprint, Path(f))
+        elif kind == "rank":
+            out[f] = plan_summary(load_plan(f).summary, Path(f))
+    return out
+
+
+def _format_plan(s: dict) -> str:
+    from solar.schedule.nodefile import format_node_summary
+
+    return format_node_summary(s) if s.get("share") == "node" else format_summary(s)
 
 
 @cli.command(short_help="Rewrite any layout as one contiguous, aligned, verified HDF5 file.")

@@ -41,6 +41,7 @@ from solar.io.info import DatasetInfo
 from solar.runtime import pipeline
 from solar.runtime.setup import Setup, check_snapshots, configure
 from solar.schedule import Plan, make_plan
+from solar.schedule.nodefile import NodeFileStream, NodePlan
 from solar.schedule.nodestream import NodeStream, stage_bound
 from solar.schedule.order import step_bounds
 from solar.schedule.plan import plan_to_file
@@ -154,11 +155,12 @@ class Loader(IterableDataset[dict]):
     (``tier``/``tier_size``: its ranks' sizes summed) is one file in the directory shared by
     its ranks; ``snapshots`` are the node planner's (rank 0 saves every host's; a resume
     replans from the newest of this grouping), a state saved with another grouping or world
-    size loads where the global batches allow (as above). For now: no plan file, no
-    deterministic transform (``"node"`` refuses them in one line, ``"auto"`` then keeps a
-    buffer per rank). Every step is then a collective of the host's ranks (two barriers, more
-    on a step whose host updates a tier or RAM cell twice): every local rank iterates the
-    same steps.
+    size loads where the global batches allow (as above). ``plan=`` takes a node
+    plan file (``solar plan --share node``) made for this job's grouping (``"auto"`` follows
+    the file's kind). For now: no deterministic transform (``"node"`` refuses it in one line,
+    ``"auto"`` then keeps a buffer per rank). Every step is then a collective of the host's
+    ranks (two barriers, more on a step whose host updates a tier or RAM cell twice): every
+    local rank iterates the same steps.
     """
 
     def __init__(
@@ -231,15 +233,19 @@ class Loader(IterableDataset[dict]):
         self.config, self.run, self.spec = setup.config, setup.run, setup.spec
         self.sampler, self.reader, self.out_keys = setup.sampler, setup.reader, setup.out_keys
         self.transform, self.batch_transform = setup.transform, setup.batch_transform
-        self._plan: Plan | None = setup.given
+        given = setup.given
+        self._plan: Plan | None = given if isinstance(given, Plan) else None
         # This rank's part, one epoch at a time: read from the plan given, or planned one
         # epoch ahead in the background.
-        self._stream: RankStream | NodeStream = RankStream(self.spec, self.rank, setup.given,
+        self._stream: RankStream | NodeStream = RankStream(self.spec, self.rank, self._plan,
                                                            snapshots)  # fmt: skip
         if setup.hosts is not None:  # share="node": this rank's share of its host's plan
-            self._stream = NodeStream(self.spec, self.rank, setup.hosts,
-                                      stage_bound(self.spec, setup.hosts), snapshots,
-                                      setup.host_comm)  # fmt: skip
+            rows = stage_bound(self.spec, setup.hosts)
+            if isinstance(given, NodePlan):
+                self._stream = NodeFileStream(given, self.rank, rows)
+            else:
+                self._stream = NodeStream(self.spec, self.rank, setup.hosts, rows, snapshots,
+                                          setup.host_comm)  # fmt: skip
         self._exchange: Exchange | None = None
         if self.spec.equal_batches and self.world_size > 1:
             # Rows move as delivered: transformed, if there is a transform.
@@ -291,8 +297,8 @@ class Loader(IterableDataset[dict]):
         """The whole plan: the one given, or (for inspection; it costs a whole-run planning)
         the plan this loader streams, made on first use (not with ``share="node"``)."""
         if self._setup.hosts is not None:
-            raise SolarError('share="node": the node plan is not a Plan (`solar plan --hosts` '
-                             'reports it; share="rank" plans a buffer per rank)')  # fmt: skip
+            raise SolarError('share="node": the node plan is not a Plan (`solar plan --share '
+                             "node` writes it to a file)")  # fmt: skip
         if self._plan is None:
             self._plan = make_plan(self.spec)
         return self._plan

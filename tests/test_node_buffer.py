@@ -119,7 +119,7 @@ def test_a_rank_leaving_an_epoch_early_ends_the_job_in_one_line(data, graph):
     "kwargs, word",
     [
         ({"share": "host"}, "share must be"),
-        ({"share": "node", "plan": "x.h5"}, "plan: "),
+        ({"share": "node", "plan": "x.h5"}, "plan: a per-rank plan"),
         ({"share": "node", "transform": "held"}, "transform: "),
     ],
 )

@@ -39,8 +39,7 @@ SPLIT = Weighted(np.ones(400), affinity=False)
 
 
 def decide(share, s, comm, world=4, **kw):
-    args = {"plan": None, "holds_transformed": False, **kw}
-    return _share(share, s, args["plan"], args["holds_transformed"], world, comm)
+    return _share(share, s, kw.get("holds_transformed", False), world, comm)
 
 
 def test_auto_shares_a_buffer_where_ranks_share_a_host_and_accesses_overlap(monkeypatch):
@@ -61,7 +60,7 @@ def test_auto_shares_a_buffer_where_ranks_share_a_host_and_accesses_overlap(monk
 
 
 @pytest.mark.parametrize("kw, word", [
-    ({"plan": "p.h5"}, "plan: "), ({"holds_transformed": True}, "transform: "),
+    ({"holds_transformed": True}, "transform: "),
 ])  # fmt: skip
 def test_auto_falls_back_where_node_refuses_in_one_line(monkeypatch, kw, word):
     monkeypatch.setenv("SOLAR_HOSTS", "1x4")

@@ -29,7 +29,8 @@ from solar.io.info import DatasetInfo, KeyInfo
 from solar.io.reader import Reader
 from solar.io.sources import describe_source
 from solar.launch import detect_launcher
-from solar.schedule import Plan, PlanSpec, load_plan
+from solar.schedule import Plan, PlanSpec
+from solar.schedule.nodefile import NodePlan, open_given
 from solar.schedule.nodeplan import Hosts
 from solar.schedule.pagemates import PageLayout
 from solar.schedule.samplers import SHUFFLE, Sampler, is_shuffle
@@ -48,7 +49,7 @@ class Setup:
     config: ReaderConfig
     run: RunConfig
     spec: PlanSpec
-    given: Plan | None  # a plan given (proven safe), or None: streamed
+    given: Plan | NodePlan | None  # a plan given (proven safe), or None: streamed
     sampler: Sampler
     reader: Reader
     transform: Transform | None
@@ -109,7 +110,9 @@ def configure(
     buf = _buffer(info, w, buffer, tier, tier_size, slack, local)
     chosen = SHUFFLE if sampler is None else sampler
     run = _run(info, chosen, w, batch_size, epochs, seed, drop_last)
-    made = plan if plan is None or isinstance(plan, Plan) else load_plan(plan)
+    made = open_given(plan, share)  # of the kind share runs: per rank or per node
+    if share == "auto" and made is not None:  # a plan file's kind is the share it was made for
+        share = "node" if isinstance(made, NodePlan) else "rank"
     equal_batches = _equal_batches(equal_batches, made, chosen, buf, policy, w, comm)
     fn = as_transform(transform)
     holds = fn is not None and fn.deterministic
@@ -121,14 +124,14 @@ def configure(
         chosen, horizon if chose is None else chose.horizon, equal_batches,
         None if chose is None else chose.pages,
     )  # fmt: skip
-    source = "plan" if isinstance(plan, Plan) else f"plan {plan}"
+    source = f"plan {plan}" if isinstance(plan, (str, os.PathLike)) else "plan"
     spec, given = agree_on_plan(spec, made, source, page_layout(info), page_mates, holds, comm)
     # The buffer with the batches in flight, counted as the sampler's largest batch.
     check_batch_memory(spec, config, info.sample_bytes, ranks=local)
     # An epoch's draws (ids and their places), which every rank holds: sized by the user.
     require_memory(16 * run.samples_per_epoch,
                    f"sampler: an epoch of {run.samples_per_epoch} draws", local)  # fmt: skip
-    if given is not None:
+    if isinstance(given, Plan):
         given.validate(r, comm)  # a file is proven safe before any byte moves, by all ranks
     io = Reader(info, config, throttle)
     _check_batch_format(batch_format)
@@ -146,7 +149,10 @@ def configure(
                            sum(k.row_bytes for k in held), local)  # fmt: skip
     agree(comm, [(k.name, k.sample_shape, k.dtype.str) for k in out],
           "the transform's output keys, shapes and dtypes")  # fmt: skip
-    hosts, hc = _share(share, spec, plan, holds, w, comm)
+    hosts, hc = _share(share, spec, holds, w, comm)
+    if isinstance(given, NodePlan) and hosts is not None:
+        given.check_hosts(hosts)  # the job's grouping is the file's
+        given.validate(r, comm)  # then proven safe, as any plan file
     return Setup(info, r, w, cores, config, run, spec, given, chosen,
                  io, fn, batch_transform, out, held, tier, comm, batch_format, hosts,
                  hc)  # fmt: skip
@@ -166,7 +172,7 @@ def _check_batch_format(batch_format: str) -> None:
 SHARES = ("auto", "rank", "node")
 
 
-def _share(share: str, spec: PlanSpec, plan: Any, holds_transformed: bool, world: int,
+def _share(share: str, spec: PlanSpec, holds_transformed: bool, world: int,
            comm: Any) -> tuple[Hosts | None, Any]:  # fmt: skip
     """The ranks grouped by host (``SOLAR_HOSTS=HxL`` forces a grouping) and this rank's host
     communicator, for a node buffer; (None, None): a buffer per rank. ``"node"``: refused,
@@ -176,7 +182,7 @@ def _share(share: str, spec: PlanSpec, plan: Any, holds_transformed: bool, world
         raise SolarError(f"share must be one of {SHARES}, got {share!r}")
     if share == "rank":
         return None, None
-    why = node_unsupported(spec, plan, holds_transformed, world, comm)
+    why = node_unsupported(spec, holds_transformed, world, comm)
     if share == "auto":
         return _auto_share(spec, why, world, comm)
     if why:
@@ -188,12 +194,10 @@ def _share(share: str, spec: PlanSpec, plan: Any, holds_transformed: bool, world
     return hosts, host_comm(comm, names)
 
 
-def node_unsupported(spec: PlanSpec, plan: Any, holds_transformed: bool, world: int,
-                     comm: Any) -> str:  # fmt: skip
+def node_unsupported(spec: PlanSpec, holds_transformed: bool, world: int, comm: Any) -> str:
     """Why a node buffer does not run this configuration yet (the parameter first), or "":
-    the one list of it (``share="node"`` refuses with it, ``"auto"`` falls back per rank)."""
-    if plan is not None:
-        return "plan: a plan file holds per-rank buffers (pass plan=None)"
+    the one list of it (``share="node"`` refuses with it, ``"auto"`` falls back per rank).
+    (A plan file decides before: its kind is the share, solar.schedule.nodefile.open_given.)"""
     if holds_transformed:
         return ("transform: a deterministic transform's rows held transformed are not shared "
                 "yet (Transform(deterministic=False) holds raw rows)")  # fmt: skip
@@ -254,8 +258,8 @@ def _buffer(info: DatasetInfo, world: int, buffer: int | str, tier: str | os.Pat
     return BufferConfig(capacity, slack, tier_capacity)
 
 
-def _equal_batches(equal: bool | None, made: Plan | None, sampler: Sampler, buf: BufferConfig,
-                   policy: str, world: int, comm: Any) -> bool:  # fmt: skip
+def _equal_batches(equal: bool | None, made: Plan | NodePlan | None, sampler: Sampler,
+                   buf: BufferConfig, policy: str, world: int, comm: Any) -> bool:  # fmt: skip
     """Whether every rank's batch is ``batch_size`` rows each step: as asked; a given plan's
     choice; by default (None), as a DataLoader's, wherever ranks can exchange rows (several
     ranks, a communicator, the Shuffle sampler). A sampler whose batches the planner splits
@@ -331,13 +335,13 @@ def page_layout(info: DatasetInfo) -> PageLayout | None:
 
 def agree_on_plan(
     spec: PlanSpec,
-    made: Plan | None,
+    made: Plan | NodePlan | None,
     source: str,
     pages: PageLayout | None,
     page_mates: bool,
     holds_transformed: bool,
     comm: Any,
-) -> tuple[PlanSpec, Plan | None]:
+) -> tuple[PlanSpec, Plan | NodePlan | None]:
     """The plan's inputs and the plan given (``made``, from ``source``), bound to them; the
     same on every rank, or none goes on. ``pages``: the data's page layout (None: rows share
     no pages worth keeping)."""

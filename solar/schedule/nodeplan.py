@@ -27,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 import re
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -686,16 +687,23 @@ def _phases(ram, stores, tier, writes, local, phase, waits):
     return ph + 1
 
 
-def node_totals(spec: PlanSpec, hosts: Hosts, buffer: BufferConfig | None = None) -> dict:
+def node_totals(spec: PlanSpec, hosts: Hosts, buffer: BufferConfig | None = None,
+                sink: Callable[[NodeEpoch], None] | None = None) -> dict:  # fmt: skip
     """The node plan's figures over the run (what ``solar plan --hosts`` reports): the
     node's accesses (its ranks' union), hits, storage reads (page mates apart), rows a rank
-    takes from another's read, and the reads per epoch. Planned epoch by epoch."""
+    takes from another's read, and the reads per epoch. Planned epoch by epoch, each handed
+    to ``sink`` (a node plan file's writer) if given."""
     # Hosts of different sizes: each planned alone (its decisions depend on its ranks alone).
     alone = [None] if hosts.uniform else list(range(hosts.count))
+    if sink is not None and not hosts.uniform:
+        raise SolarError(f"hosts {hosts.as_record()}: a node plan file needs as many ranks on "
+                         "every host")  # fmt: skip
     planners = [NodePlanner(spec, hosts, buffer, only_host=h) for h in alone]
     acc = hits = reads = side = shared = 0
     for p in [q for _ in range(spec.run.epochs) for q in planners]:  # epoch by epoch
         ne = p.next()
+        if sink is not None:
+            sink(ne)
         f = ne.host.flags
         served = (f & SIDE) == 0
         hit = (f & (HIT | THIT)) != 0

@@ -24,7 +24,7 @@ from solar.schedule.planfile import PlanFile, PlanWriter
 from solar.schedule.planner import EpochPlan, Planner, RankEpoch, epoch_order_of
 from solar.schedule.rankplan import RankPlan
 from solar.schedule.samplers import Sampler
-from solar.schedule.spec import PlanSpec
+from solar.schedule.spec import PlanSpec, differences
 from solar.schedule.summary import PlanSummary, RankStats, Tally, Totals
 from solar.schedule.validate import RankValidator, TraceValidator, coverage_error
 
@@ -179,11 +179,8 @@ class Plan(Totals):
         """Refuse this plan unless it was made for ``expected``; name the fields that differ."""
         if self.fingerprint == expected.fingerprint:
             return
-        mine, theirs = self.spec.as_dict(), expected.as_dict()
-        keys = [*mine, *(k for k in theirs if k not in mine)]  # a field only one records
-        diff = [f"{k} {mine.get(k)!r} (expected {theirs.get(k)!r})" for k in keys
-                if mine.get(k) != theirs.get(k)]  # fmt: skip
-        raise PlanMismatchError(f"{source} was made for another dataset or run: {', '.join(diff)}")
+        diff = differences(self.spec, expected)
+        raise PlanMismatchError(f"{source} was made for another dataset or run: {diff}")
 
     # -- persistence ---------------------------------------------------------------------
     def save(self, path: str | os.PathLike) -> Path:

@@ -163,6 +163,9 @@ class PlanFile:
             with h5py.File(path, "r") as f:
                 if f.attrs.get("format") != FORMAT:
                     raise CorruptPlanError(f"plan {path}: not a solar plan file")
+                if f.attrs.get("kind", "rank") != "rank":  # solar/schedule/nodefile.py
+                    raise SolarError(f"plan {path}: a node plan file (one buffer per host): "
+                                     'open it with Loader(plan=..., share="node")')  # fmt: skip
                 version = int(f.attrs["format_version"])
                 if version != FORMAT_VERSION:
                     raise CorruptPlanError(

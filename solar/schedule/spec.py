@@ -132,6 +132,14 @@ class PlanSpec:
         return fingerprint_of(self.as_dict())
 
 
+def differences(mine: PlanSpec, theirs: PlanSpec) -> str:
+    """The recorded fields in which ``mine`` differs from ``theirs``, as a user reads them."""
+    a, b = mine.as_dict(), theirs.as_dict()
+    keys = [*a, *(k for k in b if k not in a)]  # a field only one records
+    return ", ".join(f"{k} {a.get(k)!r} (expected {b.get(k)!r})" for k in keys
+                     if a.get(k) != b.get(k))  # fmt: skip
+
+
 def fingerprint_of(d: dict) -> str:
     """The fingerprint of a spec recorded as :meth:`PlanSpec.as_dict`: sha256 hex of its JSON."""
     return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()

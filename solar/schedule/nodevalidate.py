@@ -1,0 +1,318 @@
+"""Proof that a node plan (solar/schedule/nodefile.py) is safe to execute for a run.
+
+A node plan file is untrusted like any plan file. Per epoch, for each host proven:
+
+* the host's plan, the host as a rank of the host run, by the per-rank validator
+  (solar/schedule/validate.py): ranges, the sampler's draws (Shuffle: the seed's
+  permutations), a replay proving every hit; across hosts, a keyed digest proves every
+  sample of an epoch served exactly once (Shuffle) or every draw at its step;
+* every rank's service, against the host plan and the node buffer as the runtime writes it
+  (:func:`_check_services`, one numba pass): each access points (``at``) into its host's
+  accesses of the same step and names the same sample; a hit carries the host's decision and
+  reads a slot that, replaying the stores the ranks make (only a row's reader stores it),
+  holds that sample as the step starts; a read is the host's miss, stored as the host says (or
+  a store the plan drops: one the host overwrites at the same step); after each step every
+  slot the host stores holds what the host plan says (a resume refills the host plan's
+  buffer); a ``PEER`` row names a reader of the same host that reads that row at that step,
+  and every rank naming one row names the same reader; every host access is served (with
+  Shuffle's affinity, by exactly one rank); no slot is stored twice in a step; side rows
+  follow the batch; the rows shared at a step fit the host's staging rows;
+* with a sampler that fixes each rank's batch, each rank serves exactly its batch's ids.
+
+Every index is checked before a kernel uses it: an edited file is refused in one line, it
+never reaches memory it does not name.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+from numba import njit
+
+from solar.errors import CorruptPlanError
+from solar.schedule._common import ADMIT, DEMOTE, HIT, PEER, SIDE, TADMIT, THIT
+from solar.schedule.nodeplan import Hosts, HostSampler, NodeEpoch, node_spec
+from solar.schedule.nodestream import stage_bound
+from solar.schedule.spec import PlanSpec
+from solar.schedule.validate import RankValidator, TraceValidator, coverage_error
+
+(_OK, _AT, _SAMPLE, _REPEATED, _SIDE_FIRST, _TIER, _HIT, _SLOT, _STALE, _READER, _READERS,
+ _READ, _PEER, _UNSERVED, _TWICE, _NOT_READ, _STAGE, _STORES, _DIVERGE) = range(19)  # fmt: skip
+
+_WHAT = {
+    _AT: "its access points outside its host's accesses of the step",
+    _SAMPLE: "its sample is not the host's access it points at",
+    _REPEATED: "it serves one sample twice in the step",
+    _SIDE_FIRST: "a row is served after a side row (side rows follow the batch)",
+    _TIER: "a tier flag (no node tier is run)",
+    _HIT: "a hit that is not the host's hit (flags, slot or reader differ)",
+    _SLOT: "a slot outside the node buffer",
+    _STALE: "a hit from a slot that does not hold its sample (its rows never stored there)",
+    _READER: "a row whose reader is not a rank of its host",
+    _READERS: "two ranks name different readers of one row",
+    _READ: "a read that is not the host's miss as planned (flags or slot differ)",
+    _PEER: "a PEER row that is not a host miss taken as planned (flags, slot or side row)",
+    _UNSERVED: "a host access no rank of the host serves",
+    _TWICE: "a host access served by two ranks",
+    _NOT_READ: "a PEER row whose reader does not read it at that step",
+    _STAGE: "more rows shared between local ranks than the host's staging rows",
+    _STORES: "two stores into one slot at one step",
+    _DIVERGE: "the ranks' stores leave a slot otherwise than the host plan's (a resume refills "
+    "the host plan's)",
+}
+
+
+@njit(cache=True, nogil=True)
+def _check_services(h_sample, h_slot, h_flags, h_base, h_off, r_sample, r_slot, r_flags,
+                    r_reader, r_at, r_base, r_off, group, local_of, n, slots, exclusive,
+                    stage_rows, state, hlast, claim, covered, readby, peer, rstamp, sstamp,
+                    tag0):  # fmt: skip
+    """One epoch of a host's ranks' services (see the module's docstring); ``state`` (the
+    node buffer as the ranks' stores leave it) carries over epochs. Returns (code, local rank,
+    access index, step)."""
+    local = group.shape[0]
+    world = local_of.shape[0]
+    steps = h_off.shape[0] - 1
+    for t in range(steps):
+        a, b = h_base + h_off[t], h_base + h_off[t + 1]
+        for i in range(a, b):
+            claim[i - h_base] = -2
+            covered[i - h_base] = 0
+            readby[i - h_base] = 0
+            peer[i - h_base] = 0
+        for j in range(local):
+            r = group[j]
+            tag = tag0 + t * local + j
+            sides = False
+            for u in range(r_base[j] + r_off[j, t], r_base[j] + r_off[j, t + 1]):
+                i = r_at[u]
+                if i < a or i >= b:
+                    return _AT, j, u, t
+                x = r_sample[u]
+                if x != h_sample[i] or x < 0 or x >= n:
+                    return _SAMPLE, j, u, t
+                if rstamp[x] == tag:
+                    return _REPEATED, j, u, t
+                rstamp[x] = tag
+                f, hf, s, rd = r_flags[u], h_flags[i], r_slot[u], r_reader[u]
+                if f & SIDE:
+                    sides = True
+                elif sides:
+                    return _SIDE_FIRST, j, u, t
+                if (f | hf) & (THIT | TADMIT | DEMOTE):
+                    return _TIER, j, u, t
+                if hf & HIT:
+                    if f != hf or s != h_slot[i] or rd != -1:
+                        return _HIT, j, u, t
+                    if s < 0 or s >= slots:
+                        return _SLOT, j, u, t
+                    if state[s] != x:
+                        return _STALE, j, u, t
+                else:
+                    if rd < 0 or rd >= world or local_of[rd] < 0:
+                        return _READER, j, u, t
+                    c = claim[i - h_base]
+                    if c == -2:
+                        claim[i - h_base] = rd
+                    elif c != rd:
+                        return _READERS, j, u, t
+                    if rd == r:
+                        kept = f == hf and s == h_slot[i]
+                        dropped = hf & ADMIT and f == hf & ~ADMIT and s == -1
+                        if not (kept or dropped):
+                            return _READ, j, u, t
+                        if f & ADMIT and (s < 0 or s >= slots):
+                            return _SLOT, j, u, t
+                        readby[i - h_base] = 1
+                    else:
+                        if f != PEER or s != -1 or hf & SIDE:
+                            return _PEER, j, u, t
+                        peer[i - h_base] = 1
+                covered[i - h_base] += 1
+        staged = 0
+        for i in range(a, b):
+            c = covered[i - h_base]
+            if c == 0:
+                return _UNSERVED, -1, i, t
+            if c > 1 and (exclusive or h_flags[i] & SIDE):
+                return _TWICE, -1, i, t
+            if claim[i - h_base] != -2 and readby[i - h_base] == 0:
+                return _NOT_READ, -1, i, t
+            staged += peer[i - h_base]
+        if staged > stage_rows:
+            return _STAGE, -1, a, t
+        # The step's stores, once every hit of it has read the buffer as the step starts.
+        for j in range(local):
+            for u in range(r_base[j] + r_off[j, t], r_base[j] + r_off[j, t + 1]):
+                if r_flags[u] & ADMIT:
+                    s = r_slot[u]
+                    if sstamp[s] == tag0 + t:
+                        return _STORES, j, u, t
+                    sstamp[s] = tag0 + t
+                    state[s] = r_sample[u]
+        # Every slot the host stores at the step holds what its last store put there: the
+        # buffer a resume refills (the host plan's) is the one the ranks' stores make.
+        for i in range(a, b):
+            if h_flags[i] & ADMIT:
+                hlast[h_slot[i]] = h_sample[i]
+        for i in range(a, b):
+            if h_flags[i] & ADMIT and state[h_slot[i]] != hlast[h_slot[i]]:
+                return _DIVERGE, -1, i, t
+    return _OK, -1, -1, -1
+
+
+class NodeValidator:
+    """Validates a node plan epoch by epoch, in order, for the hosts ``only`` (default every
+    host): each host's plan and its ranks' services. ``mine``/``expected``: the keyed digests
+    of the hosts proven and of every epoch (their sum over all hosts must equal it)."""
+
+    def __init__(self, spec: PlanSpec, hosts: Hosts, epoch_order: np.ndarray, key: int,
+                 stage_rows: int, only: list[int] | None = None) -> None:  # fmt: skip
+        self.spec, self.hosts, self.stage_rows = spec, hosts, stage_rows
+        self.host_spec = hs = node_spec(spec, hosts)
+        self.slots = hs.slots
+        self.only = list(range(hosts.count)) if only is None else only
+        self.hv: dict[int, RankValidator] = {}
+        for h in self.only:
+            self.hv[h] = (TraceValidator(hs, self.slots, h, key) if hs.traced else
+                          RankValidator(hs.run, epoch_order, self.slots, h, key))  # fmt: skip
+        n = spec.run.num_samples
+        self.state = {h: np.full(max(1, self.slots), -1, np.int64) for h in self.only}
+        self.rstamp = np.full(n, -1, np.int64)
+        self.sstamp = np.full(max(1, self.slots), -1, np.int64)
+        self.hlast = np.full(max(1, self.slots), -1, np.int64)
+        self.bstamp = np.full(n, -1, np.int64)
+        self.exclusive = not (spec.traced and not spec.affinity)  # else a rank's batch is fixed
+        self.table = hosts.table()
+
+    @property
+    def mine(self) -> np.ndarray:
+        return np.asarray(np.sum([self.hv[h].mine for h in self.only], axis=0, dtype=np.uint64))
+
+    @property
+    def expected(self) -> np.ndarray:
+        return self.hv[self.only[0]].expected
+
+    def check(self, ne: NodeEpoch) -> None:
+        """Prove epoch ``ne`` of the proven hosts safe, or raise a one-line CorruptPlanError
+        naming the host or rank and step."""
+        run, k = self.spec.run, ne.epoch
+        spe = run.steps_per_epoch
+        for h in self.only:
+            try:
+                self.hv[h].check(ne.host.rank(h))
+            except CorruptPlanError as exc:
+                msg = str(exc)
+                raise CorruptPlanError("host plan: host " + msg[5:] if msg.startswith("rank ")
+                                       else f"host plan: {msg}") from None  # fmt: skip
+            self._services(ne, h, k, spe)
+
+    def _services(self, ne: NodeEpoch, h: int, k: int, spe: int) -> None:
+        host, ranks = ne.host, ne.ranks
+        group = self.table[h]
+        local_of = np.full(self.hosts.world, -1, np.int64)
+        local_of[group] = np.arange(group.size)
+        part = int(host.rank_offsets[h + 1] - host.rank_offsets[h])
+        claim, covered, readby, peer = (np.zeros(max(1, part), np.int64) for _ in range(4))
+        code, j, _, t = _check_services(
+            host.sample, host.slot, host.flags, int(host.rank_offsets[h]), host.step_offsets[h],
+            ranks.sample, ranks.slot, ranks.flags, ne.reader, ne.at,
+            ranks.rank_offsets[group], ranks.step_offsets[group], group, local_of,
+            self.spec.run.num_samples, self.slots, self.exclusive, self.stage_rows,
+            self.state[h], self.hlast, claim, covered, readby, peer, self.rstamp, self.sstamp,
+            np.int64((k * self.hosts.count + h) * spe * group.size),
+        )  # fmt: skip
+        if code != _OK:
+            who = f"rank {int(group[j])}" if j >= 0 else f"host {h}"
+            raise CorruptPlanError(f"node plan: {who}, step {k * spe + t}: {_WHAT[code]}")
+        if isinstance(self.host_spec.sampler, HostSampler):
+            self._batches(ne, h, k)
+
+    def _batches(self, ne: NodeEpoch, h: int, k: int) -> None:
+        """Each rank of host ``h`` serves exactly the distinct ids of its batch at each step."""
+        sampler = self.host_spec.sampler
+        assert isinstance(sampler, HostSampler)
+        run = self.spec.run
+        draws = sampler.rank_draws(k)  # every rank's, as the host validator drew them
+        ranks = ne.ranks
+        for r in self.table[h]:
+            a, b = int(ranks.rank_offsets[r]), int(ranks.rank_offsets[r + 1])
+            t = _not_batch(draws.ids, draws.offsets, int(r), run.world_size, ranks.sample[a:b],
+                           ranks.flags[a:b], ranks.step_offsets[r], self.bstamp,
+                           np.int64((k * run.world_size + r) * run.steps_per_epoch))  # fmt: skip
+            if t >= 0:
+                raise CorruptPlanError(f"node plan: rank {int(r)}, step "
+                                       f"{k * run.steps_per_epoch + t}: the accesses are not "
+                                       "the sampler's batch")  # fmt: skip
+
+
+@njit(cache=True, nogil=True)
+def _not_batch(ids, offsets, r, world, sample, flags, step_offsets, stamp, tag0):
+    """The first step at which rank ``r`` serves other than its batch's distinct ids (its
+    accesses' samples are in range and distinct within a step: proven first), or -1."""
+    for t in range(step_offsets.shape[0] - 1):
+        g = t * world + r
+        tag = tag0 + t
+        distinct = 0
+        for u in range(offsets[g], offsets[g + 1]):
+            x = ids[u]
+            if stamp[x] != tag:
+                stamp[x] = tag
+                distinct += 1
+        served = 0
+        for u in range(step_offsets[t], step_offsets[t + 1]):
+            if flags[u] & SIDE:
+                continue
+            if stamp[sample[u]] != tag:
+                return t
+            served += 1
+        if served != distinct:
+            return t
+    return -1
+
+
+class NodeEpochs(Protocol):
+    """Where a node plan's epochs come from (solar/schedule/nodefile.py's NodePlanFile)."""
+
+    @property
+    def path(self) -> Path: ...
+
+    @property
+    def epoch_order(self) -> np.ndarray: ...
+
+    def read(self, k: int) -> NodeEpoch: ...
+
+
+def prove(spec: PlanSpec, hosts: Hosts, f: NodeEpochs, rank: int, comm: Any) -> None:
+    """Prove the node plan of ``spec`` over ``hosts`` that ``f`` holds safe for the run,
+    before any byte moves; one line naming the file if not. With ``comm`` (a collective) each
+    rank proves its host, the ranks prove coverage together and all raise together; without,
+    this process proves every host."""
+    from solar import dist  # a light module: no MPI or torch import
+
+    key = dist.shared_key(comm)
+    together = comm is not None and comm.Get_size() > 1
+    mine_host = hosts.host_of(rank)
+    error: str | None = None
+    mine = expected = None
+    try:
+        v = NodeValidator(spec, hosts, f.epoch_order, key, stage_bound(spec, hosts),
+                          [mine_host] if together else None)  # fmt: skip
+        for k in range(spec.run.epochs):
+            v.check(f.read(k))
+        mine, expected = v.mine, v.expected
+    except CorruptPlanError as exc:
+        error = str(exc)
+    if together:
+        first = hosts.groups[mine_host][0] == rank  # one rank speaks for its host's digests
+        verdicts = comm.allgather((mine if first else None, error))
+        error = next((e for _, e in verdicts if e is not None), None)
+        if error is None and expected is not None:
+            error = coverage_error([m for m, _ in verdicts if m is not None], expected)
+    elif error is None and mine is not None and expected is not None:
+        error = coverage_error([mine], expected)
+    if error is not None:
+        where = "" if error.startswith("plan ") else f"plan {f.path}: "
+        raise CorruptPlanError(where + error)

@@ -1,0 +1,342 @@
+"""Node plan files (solar/schedule/nodefile.py): ``solar plan --share node`` writes the node
+plan with its grouping; ``Loader(plan=FILE, share="node")`` serves it, refusing another
+grouping or kind; an edited file (checksums recomputed) or a damaged one is refused in one
+line before any byte moves (solar/schedule/nodevalidate.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from helpers import write_h5
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from solar import BufferConfig, CorruptPlanError, Loader, PlanSpec, RunConfig, Shuffle, Weighted
+from solar.cli import cli
+from solar.errors import PlanMismatchError, SolarError
+from solar.schedule import ADMIT, HIT, PEER, load_plan
+from solar.schedule.nodefile import (
+    NodePlanWriter,
+    load_node_plan,
+    node_fingerprint,
+    node_plan_to_file,
+)
+from solar.schedule.nodeplan import Hosts, NodeEpoch, NodePlanner, node_totals
+from solar.schedule.nodevalidate import NodeValidator
+from solar.schedule.planner import EpochPlan
+
+N = 240
+RUN = RunConfig(N, 4, 6, 3, seed=5)
+WEIGHTS = (1.0 + np.arange(N)) ** -0.8
+
+
+def _spec(sampler=None) -> PlanSpec:
+    s = Weighted(WEIGHTS[np.random.default_rng(1).permutation(N)], affinity=False)
+    return PlanSpec(RUN, BufferConfig(8, 0.25), sampler=s if sampler is None else sampler)
+
+
+def _epochs(spec: PlanSpec, hosts: Hosts) -> list[NodeEpoch]:
+    p = NodePlanner(spec, hosts)
+    return [p.next() for _ in range(spec.run.epochs)]
+
+
+def _write(spec: PlanSpec, hosts: Hosts, epochs: list[NodeEpoch], path: Path) -> Path:
+    """A node plan file of ``epochs`` with every checksum computed (as a tool editing it
+    would)."""
+    with NodePlanWriter(path, spec, hosts) as w:
+        for ne in epochs:
+            w.add(ne)
+        w.finish({}, 0.0)
+    return path
+
+
+def _edited(path: Path, edit: Callable[[NodeEpoch], NodeEpoch], hosts: Hosts | None = None,
+            epoch: int = 0) -> Path:  # fmt: skip
+    spec, hosts = _spec(), hosts or Hosts.grid(1, 4)
+    epochs = _epochs(spec, hosts)
+    ranks = {k: (v.copy() if isinstance(v, np.ndarray) else v)
+             for k, v in vars(epochs[epoch].ranks).items()}  # fmt: skip
+    e = epochs[epoch]
+    host = dataclasses.replace(e.host, slot=e.host.slot.copy())
+    ne = dataclasses.replace(e, host=host, ranks=EpochPlan(**ranks), reader=e.reader.copy(),
+                             at=e.at.copy())  # fmt: skip
+    epochs[epoch] = edit(ne)
+    return _write(spec, hosts, epochs, path)
+
+
+def _validate(path: Path) -> None:
+    load_node_plan(path, _spec().sampler).validate(0)  # no comm: every host proven here
+
+
+@pytest.mark.parametrize("grouping", ["1x4", "2x2"])
+def test_a_node_plan_file_holds_the_node_plan_with_its_grouping(tmp_path, grouping):
+    spec, hosts = _spec(), Hosts.parse(grouping)
+    made = node_plan_to_file(spec, hosts, tmp_path / "n.h5").bound_to(spec)
+    assert made.hosts == hosts and made.fingerprint == node_fingerprint(spec, hosts)
+    assert made.file.stats == node_totals(spec, hosts)
+    assert made.file.stats["peer_rows"] > 0  # local ranks share rows: PEER services held
+    for k, want in enumerate(_epochs(spec, hosts)):
+        got = made.epoch(k)
+        for name in ("rank_offsets", "step_offsets", "sample", "slot", "flags"):
+            assert np.array_equal(getattr(got.host, name), getattr(want.host, name)), name
+            assert np.array_equal(getattr(got.ranks, name), getattr(want.ranks, name)), name
+        assert np.array_equal(got.reader, want.reader) and np.array_equal(got.at, want.at)
+    made.validate(0)
+    other = Hosts.parse("2x2" if grouping == "1x4" else "1x4")
+    assert node_fingerprint(spec, other) != made.fingerprint  # the grouping is an input
+    with pytest.raises(PlanMismatchError, match=rf"made for hosts {grouping} .* grouped "):
+        made.check_hosts(other)
+
+
+def test_a_shuffle_node_plan_file_proves_safe(tmp_path):
+    spec = dataclasses.replace(_spec(Shuffle()), sampler=Shuffle())
+    node_plan_to_file(spec, Hosts.grid(2, 2), tmp_path / "n.h5").validate(1)
+
+
+def test_solar_plan_share_node_writes_a_node_plan_file(tmp_path):
+    out = tmp_path / "n.h5"
+    args = ["plan", "--samples", "300", "--sample-bytes", "64", "-P", "4", "-B", "6", "-E", "2",
+            "-C", "10%", "--share", "node", "--hosts", "2x2", "-o", str(out)]  # fmt: skip
+    r = CliRunner().invoke(cli, args)
+    assert r.exit_code == 0, r.output
+    assert "hosts 2x2 [[0, 1], [2, 3]]" in r.output and f"-> {out}" in r.output
+    plan = load_node_plan(out)
+    assert plan.hosts == Hosts.grid(2, 2) and not plan.spec.equal_batches
+    again = CliRunner().invoke(cli, args)
+    assert again.exit_code != 0 and "exists (use --force" in str(again.exception)
+    shown = CliRunner().invoke(cli, ["inspect", str(out)])
+    assert shown.exit_code == 0 and "hosts 2x2 [[0, 1], [2, 3]]" in shown.output, shown.output
+    s = json.loads(CliRunner().invoke(cli, [*args[:-4], "--json"]).output)  # default: 1x4
+    assert s["share"] == "node" and s["hosts"] == [[0, 1, 2, 3]]
+    with pytest.raises(SolarError, match="a node plan file") as err:
+        load_plan(out)  # a per-rank reader refuses it in one line
+    assert "\n" not in str(err.value)
+
+
+def test_a_loader_serves_a_node_plan_file_and_refuses_the_other_kind(tmp_path):
+    x = np.random.default_rng(0).integers(0, 2**31, (90, 5), dtype=np.int64)
+    data = write_h5(tmp_path / "d.h5", x=x)
+    kw = dict(batch_size=8, epochs=2, buffer=20, warm=False, seed=3)
+    ld = Loader(data, ["x"], **kw)
+    node = node_plan_to_file(ld.spec, Hosts.grid(1, 1), tmp_path / "n.h5")
+    ld.close()
+    served, state = [], None
+    with Loader(data, ["x"], plan=node.file.path, share="node", **kw) as got:
+        for e in range(2):
+            got.set_epoch(e)
+            seen = []
+            for t, b in enumerate(got):
+                ids = b["index"].numpy()
+                assert b["x"].numpy().tobytes() == x[ids].tobytes()
+                seen.append(ids)
+                served.append(ids)
+                if (e, t) == (1, 3):
+                    state = got.state_dict()
+            assert np.array_equal(np.sort(np.concatenate(seen)), np.arange(90))
+        assert got.stats.totals().reads == node.file.stats["reads"]
+    # An exact resume inside epoch 1: the buffer refilled from the file's plan, same batches.
+    with Loader(data, ["x"], plan=node.file.path, share="node", **kw) as again:
+        again.load_state_dict(state)
+        k = state["next_step"]
+        for b in again:
+            ids = b["index"].numpy()
+            assert np.array_equal(ids, served[k]) and b["x"].numpy().tobytes() == x[ids].tobytes()
+            k += 1
+        assert k == len(served)
+    with pytest.raises(PlanMismatchError, match=r"made for another dataset or run: seed 3 "):
+        Loader(data, ["x"], plan=node.file.path, share="node", **{**kw, "seed": 4})
+    with pytest.raises(SolarError, match=r'a node plan file .*pass share="node"') as err:
+        Loader(data, ["x"], plan=node.file.path, **kw)
+    assert "\n" not in str(err.value) and str(node.file.path) in str(err.value)
+
+
+# -- untrusted input ----------------------------------------------------------------------------
+def _first(ne: NodeEpoch, flag: int, rank: int | None = None) -> int:
+    f = ne.ranks.flags
+    lo, hi = (0, f.size) if rank is None else (ne.ranks.rank_offsets[rank],
+                                               ne.ranks.rank_offsets[rank + 1])  # fmt: skip
+    return int(lo + np.flatnonzero(f[lo:hi] & flag)[0])
+
+
+def _peer_reader_elsewhere(ne):  # (2x2) a PEER row read by a rank of the other host
+    u = _first(ne, PEER)
+    ne.reader[u] = (int(ne.reader[u]) + 2) % 4
+    return ne
+
+
+def _peer_reader_not_reading(ne):  # every taker names a local rank without the row
+    u = _first(ne, PEER)
+    i = ne.at[u]
+    holders = {int(np.searchsorted(ne.ranks.rank_offsets, v, side="right") - 1)
+               for v in np.flatnonzero(ne.at == i)}  # fmt: skip
+    idle = min(set(range(4)) - holders)
+    for v in np.flatnonzero(ne.at == i):
+        ne.ranks.flags[v], ne.ranks.slot[v], ne.reader[v] = PEER, -1, idle
+    return ne
+
+
+def _hit_moved(ne):  # host and rank agree on a hit from a slot its row was never stored in
+    u = _first(ne, HIT)
+    s = (int(ne.ranks.slot[u]) + 1) % 16
+    ne.ranks.slot[ne.at == ne.at[u]] = s
+    ne.host.slot[ne.at[u]] = s
+    return ne
+
+
+def _stores_dropped(ne):  # no rank stores what it reads
+    f = ne.ranks.flags
+    mine = (f & ADMIT) != 0
+    f[mine] &= ~np.uint8(ADMIT)
+    ne.ranks.slot[mine] = -1
+    return ne
+
+
+def _one_store_dropped(ne):  # the host's store is not made: the buffer is not the host plan's
+    u = _first(ne, ADMIT)
+    ne.ranks.flags[u] &= ~np.uint8(ADMIT)
+    ne.ranks.slot[u] = -1
+    return ne
+
+
+def _set(name: str, value: int, flag: int = HIT):
+    def edit(ne):
+        arr = ne.reader if name == "reader" else ne.at if name == "at" else getattr(ne.ranks, name)
+        arr[_first(ne, flag)] = value
+        return ne
+
+    return edit
+
+
+@pytest.mark.parametrize(
+    "edit, hosts, words",
+    [
+        (_set("sample", N + 5), "1x4", "its sample is not the host's access"),
+        (_set("slot", 10**6), "1x4", "not the host's hit"),
+        (_set("at", 10**9), "1x4", "points outside its host's accesses"),
+        (_set("at", -3), "1x4", "points outside its host's accesses"),
+        (_set("reader", 3000, PEER), "1x4", "reader is not a rank of its host"),
+        (_peer_reader_elsewhere, "2x2", "reader is not a rank of its host"),
+        (_peer_reader_not_reading, "1x4", "whose reader does not read it at that step"),
+        (_stores_dropped, "1x4", "leave a slot otherwise than the host plan's"),
+        (_hit_moved, "1x4", "host plan: host 0, step "),
+        (_one_store_dropped, "1x4", "leave a slot otherwise than the host plan's"),
+        (_set("flags", PEER | HIT), "1x4", "not the host's hit"),
+    ],
+    ids=["sample", "slot", "at-high", "at-negative", "reader-out-of-range", "reader-other-host",
+         "reader-not-reading", "stores-dropped", "hit-moved", "one-store-dropped", "flags"],
+)  # fmt: skip
+def test_an_edited_node_plan_is_refused_in_one_line(tmp_path, edit, hosts, words):
+    path = _edited(tmp_path / "n.h5", edit, Hosts.parse(hosts))
+    with pytest.raises(CorruptPlanError) as err:
+        _validate(path)
+    msg = str(err.value)
+    assert "\n" not in msg and msg.startswith(f"plan {path}: ") and words in msg, msg
+
+
+def test_rows_shared_beyond_the_staging_rows_are_refused():
+    spec, hosts = _spec(), Hosts.grid(1, 4)
+    ne = _epochs(spec, hosts)[0]
+    assert np.any(ne.ranks.flags & PEER)
+    v = NodeValidator(dataclasses.replace(spec), hosts, np.arange(3), 7, stage_rows=0)
+    with pytest.raises(CorruptPlanError, match="more rows shared between local ranks"):
+        v.check(ne)
+
+
+def _damage(path: Path, how: str) -> None:
+    with h5py.File(path, "r+") as f:
+        g = f["epochs/1/ranks"]
+        if how == "truncated":
+            short = g["sample"][:-3]
+            del g["sample"]
+            g["sample"] = short
+        elif how == "byte":
+            a = g["flags"][()]
+            a[5] ^= 1
+            g["flags"][...] = a
+        elif how == "grouping":
+            f.attrs["hosts"] = json.dumps([[0, 2], [1, 3]])
+        elif how == "kind":
+            f.attrs["kind"] = "rank"
+
+
+@pytest.mark.parametrize(
+    "how, words",
+    [
+        ("truncated", "rank offsets are not monotone"),
+        ("byte", "rank 0's service fails its checksum"),
+        ("grouping", "fingerprint does not match its recorded inputs and hosts"),
+        ("kind", "fingerprint does not match"),
+    ],
+)
+def test_a_damaged_node_plan_file_is_refused_in_one_line(tmp_path, how, words):
+    path = _write(_spec(), Hosts.grid(2, 2), _epochs(_spec(), Hosts.grid(2, 2)), tmp_path / "n.h5")
+    _damage(path, how)
+    with pytest.raises(SolarError) as err:
+        _validate(path) if how != "kind" else load_plan(path)
+    msg = str(err.value)
+    assert "\n" not in msg and str(path) in msg and words in msg, msg
+
+
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    field=st.sampled_from(["sample", "slot", "flags", "reader", "at"]),
+    where=st.integers(0, 10**6),
+    value=st.sampled_from([-1, 0, 1, 2, 3, 7, 128, 129, N, 10**6]),
+)
+def test_any_edit_of_a_service_is_refused_or_harmless(tmp_path_factory, field, where, value):
+    """Never a crash: a refusal in one line, or an edit that changes nothing served (the same
+    value, or a store the plan may drop)."""
+    path = tmp_path_factory.mktemp("edit") / "n.h5"
+
+    def edit(ne):
+        arr = (
+            ne.reader if field == "reader" else ne.at if field == "at" else getattr(ne.ranks, field)
+        )
+        arr[where % arr.size] = np.array(value).astype(arr.dtype)
+        return ne
+
+    _edited(path, edit)
+    try:
+        _validate(path)
+    except CorruptPlanError as exc:
+        assert "\n" not in str(exc)
+
+
+# -- under mpiexec ------------------------------------------------------------------------------
+MPIEXEC = Path(sys.executable).with_name("mpiexec")
+FOREIGN = ("SLURM_", "PMI_", "OMPI_", "TORCHELASTIC_", "MPI_")
+
+
+@pytest.mark.xdist_group("launchers")
+@pytest.mark.skipif(not MPIEXEC.exists(), reason="no mpiexec beside python")
+def test_a_node_plan_file_serves_h5py_bytes_on_two_hosts_and_refuses_another_grouping(tmp_path):
+    x = np.random.default_rng(0).integers(0, 2**31, (600, 24), dtype=np.int64)
+    data = write_h5(tmp_path / "d.h5", x=x)
+    w = (1.0 + np.arange(600)) ** -0.8
+    sampler = Weighted(w[np.random.default_rng(1).permutation(600)], affinity=False)
+    ld = Loader(data, ["x"], batch_size=12, epochs=3, buffer="10%", sampler=sampler, warm=False,
+                seed=5, equal_batches=False, rank=0, world_size=4)  # fmt: skip
+    good = node_plan_to_file(ld.spec, Hosts.grid(2, 2), tmp_path / "p22.h5").file.path
+    other = node_plan_to_file(ld.spec, Hosts.grid(1, 4), tmp_path / "p14.h5").file.path
+    ld.close()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(FOREIGN)}
+    env["SOLAR_HOSTS"] = "2x2"
+    script = Path(__file__).parent / "mpi" / "node_plan_file.py"
+    cmd = [str(MPIEXEC), "-n", "4", sys.executable, str(script), str(data), str(good), str(other)]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=env)
+    assert "rows read as the file says" in r.stdout, r.stderr[-3000:]
+    assert r.returncode != 0 and "unreachable" not in r.stderr
+    assert (f"plan {other}: made for hosts 1x4 [[0, 1, 2, 3]], but this job's ranks are "
+            "grouped 2x2 [[0, 1], [2, 3]]") in r.stderr  # fmt: skip
