@@ -156,8 +156,10 @@ def test_a_loader_serves_a_node_plan_file_and_refuses_the_other_kind(tmp_path):
     with pytest.raises(PlanMismatchError, match=r"made for another dataset or run: seed 3 "):
         Loader(data, ["x"], plan=node.file.path, share="node", **{**kw, "seed": 4})
     with pytest.raises(SolarError, match=r'a node plan file .*pass share="node"') as err:
-        Loader(data, ["x"], plan=node.file.path, **kw)
+        Loader(data, ["x"], plan=node.file.path, share="rank", **kw)
     assert "\n" not in str(err.value) and str(node.file.path) in str(err.value)
+    with Loader(data, ["x"], plan=node.file.path, **kw) as auto:  # "auto": the file's kind
+        assert auto.share == "node"
 
 
 # -- untrusted input ----------------------------------------------------------------------------
