@@ -161,7 +161,7 @@ def test_a_node_tier_left_by_a_killed_job_is_removed_and_a_new_one_leaves_no_nam
     left = tmp_path / f"{TIER_PREFIX}{7:016x}-0-{os.uname().nodename}-{dead.stdout.strip()}.bin"
     left.write_bytes(b"x")
     keys = (KeyInfo("x", (3,), np.dtype(np.int64)),)
-    with pytest.warns(UserWarning, match="left by a killed job"):
+    with pytest.warns(UserWarning, match="left by a crashed run"):
         tier = NodeTierFile(tmp_path, slots=5, keys=keys, executor=Executor(1), comm=None,
                             key=8, host=0, local_rank=0)  # fmt: skip
     assert os.listdir(tmp_path) == []  # the old one removed, the new one unlinked

@@ -17,14 +17,12 @@ ranks is the host's barriers' (solar/runtime/nodeholdings.py): no lock.
 from __future__ import annotations
 
 import os
-import re
-import warnings
 from pathlib import Path
 from typing import Any
 
 from solar._units import format_bytes
 from solar.cache.shared import _first
-from solar.cache.tier import TierFile, _alive, _sanitise, reopen_direct
+from solar.cache.tier import TierFile, _sanitise, remove_stale, reopen_direct
 from solar.errors import SolarError
 from solar.io.executor import Executor
 from solar.io.info import KeyInfo
@@ -48,7 +46,7 @@ class NodeTierFile(TierFile):
         machine = _sanitise(os.uname().nodename)
         fd, err = -1, ""
         if local_rank == 0:
-            remove_stale_node_tiers(directory, machine)
+            remove_stale(directory, machine, PREFIX)
             name = f"{PREFIX}{key & (2**64 - 1):016x}-{host}-{machine}-{os.getpid()}.bin"
             self.path = directory / name
             err = _room(directory, self.nbytes, slots, self.stride)
@@ -110,22 +108,3 @@ def _unlink(path: Path) -> None:
         os.unlink(path)
     except FileNotFoundError:
         pass
-
-
-def remove_stale_node_tiers(directory: Path, machine: str) -> list[Path]:
-    """Remove this machine's node tier files whose creating process is dead (a job killed
-    while its ranks were opening one); returns them."""
-    pattern = re.compile(rf"{PREFIX}[0-9a-f]{{16}}-\d+-{re.escape(machine)}-(\d+)\.bin")
-    removed = []
-    for entry in sorted(os.listdir(directory)):
-        m = pattern.fullmatch(entry)
-        if m is None or _alive(int(m.group(1))):
-            continue
-        try:
-            os.unlink(directory / entry)
-        except OSError:
-            continue
-        warnings.warn(f"removed a node tier file left by a killed job: {directory / entry}",
-                      stacklevel=3)  # fmt: skip
-        removed.append(directory / entry)
-    return removed

@@ -492,9 +492,10 @@ def _check_directory(directory: Path) -> None:
         raise SolarError(f"tier {directory}: directory is not writable")
 
 
-def remove_stale(directory: Path, host: str) -> list[Path]:
-    """Remove this host's tier files whose creating process is dead; returns them."""
-    pattern = re.compile(rf"solar-tier-.+-{re.escape(host)}-(\d+)\.bin")
+def remove_stale(directory: Path, host: str, prefix: str = "solar-tier-") -> list[Path]:
+    """Remove this host's tier files (named ``{prefix}...-{host}-{pid}.bin``: a rank's, or a
+    node's, solar/cache/nodetier.py) whose creating process is dead; returns them."""
+    pattern = re.compile(rf"{re.escape(prefix)}.+-{re.escape(host)}-(\d+)\.bin")
     removed = []
     for entry in sorted(os.listdir(directory)):
         m = pattern.fullmatch(entry)
