@@ -135,6 +135,9 @@ def job_comm(comm: Any = None, rank: int | None = None, world_size: int | None =
             raise SolarError(f"{where} but mpi4py is not installed: pip install 'solar[mpich]', "
                              "or pass comm=") from None  # fmt: skip
         if MPI.COMM_WORLD.Get_size() == launch.world_size:
+            local = MPI.COMM_WORLD.Split_type(MPI.COMM_TYPE_SHARED)
+            unname_mpi_segments(local)
+            local.Free()
             return MPI.COMM_WORLD
         raise SolarError(f"{where} but MPI's world has {MPI.COMM_WORLD.Get_size()} (mpi4py "
                          "built for another MPI than mpiexec's?): pass comm=")  # fmt: skip
@@ -157,6 +160,7 @@ def _init_mpi(backend: str | None, timeout_s: float) -> Dist:
     rank, world = comm.Get_rank(), comm.Get_size()
     local = comm.Split_type(MPI.COMM_TYPE_SHARED)
     local_rank = local.Get_rank()
+    unname_mpi_segments(local)
     local.Free()
     backend = _backend(backend, local_rank)
     import torch.distributed as td
@@ -171,6 +175,35 @@ def _init_mpi(backend: str | None, timeout_s: float) -> Dist:
             timeout=datetime.timedelta(seconds=timeout_s),
         )
     return Dist(rank, world, local_rank, comm, backend, "mpi")
+
+
+_MPICH_SHM = "mpich_shm_"
+_unnamed = False
+
+
+def unname_mpi_segments(local: Any) -> None:
+    """Remove the names of MPICH's shared memory in /dev/shm, once every rank of this host
+    (``local``, MPI's ``COMM_TYPE_SHARED`` communicator; a collective) has it mapped.
+
+    MPICH removes them in ``MPI_Finalize`` only: a job ended by ``MPI_Abort`` (solar's abort
+    on error) or a killed rank leaves a few MB there per host until reboot. Mapped, the memory
+    stays the ranks' until they end, name or not. Once per process; nothing for other MPIs.
+    """
+    global _unnamed
+    if _unnamed:
+        return
+    _unnamed = True
+    try:
+        with open("/proc/self/maps") as f:
+            names = {line.split("/dev/shm/", 1)[1].split()[0] for line in f
+                     if "/dev/shm/" + _MPICH_SHM in line}  # fmt: skip
+    except OSError:  # pragma: no cover - not Linux
+        names = set()
+    local.Barrier()  # every rank of the host is past MPI_Init, so has the segments mapped
+    if local.Get_rank() == 0:
+        for name in names:
+            with contextlib.suppress(OSError):
+                os.unlink(f"/dev/shm/{name}")
 
 
 def _init_torch(launch: Launch, backend: str | None, timeout_s: float) -> Dist:

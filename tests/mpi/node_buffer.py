@@ -12,7 +12,6 @@ import sys
 
 import h5py
 import numpy as np
-from mpi4py import MPI
 
 from solar import BufferConfig, PlanSpec, RunConfig, Weighted, dist
 from solar.cache.shared import NodeRegion
@@ -27,7 +26,7 @@ from solar.runtime.nodeholdings import (
 from solar.schedule.nodeplan import Hosts, NodePlanner, node_spec
 
 path, mode, groupings = sys.argv[1], sys.argv[2], sys.argv[3:]
-comm = MPI.COMM_WORLD
+comm = dist.job_comm()  # MPI.COMM_WORLD (MPICH's /dev/shm names taken off)
 dist.install_abort_on_error(comm)  # a failed check ends the job, not a hang in a barrier
 rank, world = comm.Get_rank(), comm.Get_size()
 info = describe_source([path], ["x"])
