@@ -29,7 +29,8 @@ _pid = os.getpid()
 
 def _shared(t: Any) -> bool:
     """Whether a C++ reference other than the Python object's own holds ``t``."""
-    return t._use_count() > 1
+    count = getattr(t, "_use_count", None)  # (torch's own count; absent: nothing is held)
+    return count is not None and count() > 1
 
 
 def hold(*tensors: Any) -> None:
@@ -41,7 +42,9 @@ def hold(*tensors: Any) -> None:
             _held.clear()
             _pid = os.getpid()
         _held[:] = [t for t in _held if _shared(t)]
-        _held.extend(tensors)
+        # CPU tensors only: gloo's (NCCL's works are released by its watchdog on its own
+        # schedule, which this does not wait for).
+        _held.extend(t for t in tensors if t.device.type == "cpu")
 
 
 def wait_for_release(timeout_s: float = _EXIT_WAIT_S) -> None:
