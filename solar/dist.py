@@ -30,6 +30,7 @@ import datetime
 import functools
 import operator
 import os
+import pickle
 import secrets
 import socket
 import sys
@@ -42,6 +43,7 @@ from typing import Any
 
 import numpy as np
 
+from solar._held_tensors import hold
 from solar._process import run_abort_hooks
 from solar.errors import SolarError, first_line
 from solar.launch import Launch, detect_launcher
@@ -133,6 +135,9 @@ def job_comm(comm: Any = None, rank: int | None = None, world_size: int | None =
             raise SolarError(f"{where} but mpi4py is not installed: pip install 'solar[mpich]', "
                              "or pass comm=") from None  # fmt: skip
         if MPI.COMM_WORLD.Get_size() == launch.world_size:
+            local = MPI.COMM_WORLD.Split_type(MPI.COMM_TYPE_SHARED)
+            unname_mpi_segments(local)
+            local.Free()
             return MPI.COMM_WORLD
         raise SolarError(f"{where} but MPI's world has {MPI.COMM_WORLD.Get_size()} (mpi4py "
                          "built for another MPI than mpiexec's?): pass comm=")  # fmt: skip
@@ -155,6 +160,7 @@ def _init_mpi(backend: str | None, timeout_s: float) -> Dist:
     rank, world = comm.Get_rank(), comm.Get_size()
     local = comm.Split_type(MPI.COMM_TYPE_SHARED)
     local_rank = local.Get_rank()
+    unname_mpi_segments(local)
     local.Free()
     backend = _backend(backend, local_rank)
     import torch.distributed as td
@@ -169,6 +175,35 @@ def _init_mpi(backend: str | None, timeout_s: float) -> Dist:
             timeout=datetime.timedelta(seconds=timeout_s),
         )
     return Dist(rank, world, local_rank, comm, backend, "mpi")
+
+
+_MPICH_SHM = "mpich_shm_"
+_unnamed = False
+
+
+def unname_mpi_segments(local: Any) -> None:
+    """Remove the names of MPICH's shared memory in /dev/shm, once every rank of this host
+    (``local``, MPI's ``COMM_TYPE_SHARED`` communicator; a collective) has it mapped.
+
+    MPICH removes them in ``MPI_Finalize`` only: a job ended by ``MPI_Abort`` (solar's abort
+    on error) or a killed rank leaves a few MB there per host until reboot. Mapped, the memory
+    stays the ranks' until they end, name or not. Once per process; nothing for other MPIs.
+    """
+    global _unnamed
+    if _unnamed:
+        return
+    _unnamed = True
+    try:
+        with open("/proc/self/maps") as f:
+            names = {line.split("/dev/shm/", 1)[1].split()[0] for line in f
+                     if "/dev/shm/" + _MPICH_SHM in line}  # fmt: skip
+    except OSError:  # pragma: no cover - not Linux
+        names = set()
+    local.Barrier()  # every rank of the host is past MPI_Init, so has the segments mapped
+    if local.Get_rank() == 0:
+        for name in names:
+            with contextlib.suppress(OSError):
+                os.unlink(f"/dev/shm/{name}")
 
 
 def _init_torch(launch: Launch, backend: str | None, timeout_s: float) -> Dist:
@@ -259,10 +294,15 @@ class TorchComm:
         prefix: str = "solar/",
         hosts_store: bool = False,
     ) -> None:
+        import torch
         import torch.distributed as td
 
-        self._td = td
+        self._td, self._torch = td, torch
         self._rank, self._size = td.get_rank(), td.get_world_size()
+        # Where the object collectives' tensors live: NCCL moves only CUDA memory.
+        self._device = torch.device("cpu")
+        if td.get_backend() == "nccl":
+            self._device = torch.device("cuda", torch.cuda.current_device())
         self._store, self._prefix = store, prefix
         self.peer_failed: int | None = None  # the rank whose failure is ending the job
         self._store_lost = False
@@ -277,23 +317,59 @@ class TorchComm:
         """The number of ranks."""
         return self._size
 
+    # The object collectives pickle into tensors of their own (as torch's *_object functions
+    # do), held by solar._held_tensors until gloo's threads let go of them: a rank must not
+    # abort at exit for a tensor a collective released late (see that module).
     def allgather(self, obj: Any) -> list:
         """Every rank's ``obj``, in rank order, on every rank."""
-        out = [None] * self._size
-        self._td.all_gather_object(out, obj)
-        return out
+        sizes, send, n = self._sizes(obj)
+        recv = [self._torch.empty(n, dtype=self._torch.uint8, device=self._device)
+                for _ in range(self._size)]  # fmt: skip
+        self._td.all_gather(recv, send)
+        hold(send, *recv)
+        return [_unpickle(r, k) for r, k in zip(recv, sizes, strict=True)]
 
     def bcast(self, obj: Any, root: int = 0) -> Any:
         """``root``'s ``obj`` on every rank."""
-        box = [obj]
-        self._td.broadcast_object_list(box, src=root)
-        return box[0]
+        torch = self._torch
+        data = self._pickled(obj) if self._rank == root else None
+        size = torch.tensor([0 if data is None else data.numel()], device=self._device)
+        self._td.broadcast(size, src=root)
+        if data is None:
+            data = torch.empty(int(size.item()), dtype=torch.uint8, device=self._device)
+        self._td.broadcast(data, src=root)
+        hold(size, data)
+        return _unpickle(data, data.numel())
 
     def gather(self, obj: Any, root: int = 0) -> list | None:
         """Every rank's ``obj`` in rank order on ``root``; None on the other ranks."""
-        out = [None] * self._size if self._rank == root else None
-        self._td.gather_object(obj, out, dst=root)
-        return out
+        sizes, send, n = self._sizes(obj)
+        recv = None
+        if self._rank == root:
+            recv = [self._torch.empty(n, dtype=self._torch.uint8, device=self._device)
+                    for _ in range(self._size)]  # fmt: skip
+        self._td.gather(send, recv, dst=root)
+        hold(send, *(recv or []))
+        if recv is None:
+            return None
+        return [_unpickle(r, k) for r, k in zip(recv, sizes, strict=True)]
+
+    def _pickled(self, obj: Any) -> Any:
+        data = self._torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=self._torch.uint8)
+        return data.to(self._device)
+
+    def _sizes(self, obj: Any) -> tuple[list[int], Any, int]:
+        """Every rank's pickled size; this rank's pickle padded to the largest; that size."""
+        torch = self._torch
+        data = self._pickled(obj)
+        mine = torch.tensor([data.numel()], device=self._device)
+        every = [torch.empty_like(mine) for _ in range(self._size)]
+        self._td.all_gather(every, mine)
+        hold(mine, *every)
+        sizes = [int(s.item()) for s in every]
+        send = torch.zeros(max(sizes), dtype=torch.uint8, device=self._device)
+        send[: data.numel()] = data
+        return sizes, send, max(sizes)
 
     def allreduce(self, value: Any, op: str = SUM) -> Any:
         """``value`` (a number or numpy array) summed or maximised over the ranks."""
@@ -369,6 +445,11 @@ class TorchComm:
             while hosts_store and done < self._size and time.monotonic() < deadline:
                 time.sleep(0.05)
                 done = self._store.add(f"{self._prefix}exited", 0)
+
+
+def _unpickle(data: Any, size: int) -> Any:
+    """The object pickled in the first ``size`` bytes of ``data`` (a uint8 tensor)."""
+    return pickle.loads(data[:size].cpu().numpy().tobytes())
 
 
 def allreduce(comm: Any, value: Any, op: str = SUM) -> Any:

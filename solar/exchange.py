@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from solar._held_tensors import hold
 from solar.cache.slots import copy_rows
 from solar.errors import SolarError
 from solar.io.info import KeyInfo
@@ -93,8 +94,9 @@ class Exchange:
 
             split_in = (tr.send * self.row_bytes).tolist()
             split_out = (tr.recv * self.row_bytes).tolist()
-            td.all_to_all_single(torch.from_numpy(recv), torch.from_numpy(send), split_out,
-                                 split_in, group=self._group)  # fmt: skip
+            into, out = torch.from_numpy(recv), torch.from_numpy(send)
+            td.all_to_all_single(into, out, split_out, split_in, group=self._group)
+            hold(into, out)  # until gloo's threads let go (a release at exit would abort)
         _pack(rows, tr.keep, tr.recv, recv, into_rows=True)
 
     def close(self) -> None:

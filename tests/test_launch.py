@@ -91,8 +91,9 @@ def test_srun_ports_differ_across_steps_and_jobs_and_avoid_ephemeral_ports():
 
 
 def test_one_process_gets_a_torch_comm_and_never_initialises_mpi():
-    """No launcher: world size 1 and a TorchComm whose collectives mirror mpi4py's; importing
-    solar and initialising it leaves MPI alone (importing mpi4py.MPI would initialise it)."""
+    """No launcher: world size 1 and a TorchComm whose collectives mirror mpi4py's (their
+    tensors held until torch lets go); importing solar and initialising it leaves MPI alone
+    (importing mpi4py.MPI would initialise it)."""
     code = """
 import sys
 import numpy as np
@@ -106,6 +107,12 @@ assert dist.allreduce(c, 3) == 3 and isinstance(dist.allreduce(c, 3), int)
 assert dist.allreduce(c, np.array([1.5, -2.0]), dist.MAX).tolist() == [1.5, -2.0]
 c.Barrier()
 dist.agree(c, "fingerprint", "the plan")
+# The collectives' tensors stay Python's until gloo's threads let go (else a late release at
+# exit aborts the rank); at exit, solar waits for that.
+from solar import _held_tensors
+assert _held_tensors._held
+_held_tensors.wait_for_release()
+assert _held_tensors._held == []
 assert "mpi4py" not in sys.modules, "mpi4py imported"  # solar works without it installed
 print("ok")
 """

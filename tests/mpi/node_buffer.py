@@ -16,7 +16,6 @@ import sys
 
 import h5py
 import numpy as np
-from mpi4py import MPI
 
 from solar import BufferConfig, PlanSpec, RunConfig, Weighted, dist
 from solar.cache.shared import NodeRegion
@@ -28,7 +27,7 @@ from solar.schedule.nodeplan import Hosts, NodePlanner
 from solar.schedule.nodestream import NodeStream, stage_bound
 
 path, mode, groupings = sys.argv[1], sys.argv[2], sys.argv[3:]
-comm = MPI.COMM_WORLD
+comm = dist.job_comm()  # MPI.COMM_WORLD (MPICH's /dev/shm names taken off)
 dist.install_abort_on_error(comm)  # a failed check ends the job, not a hang in a barrier
 rank, world = comm.Get_rank(), comm.Get_size()
 print(f"pid {os.getpid()}", flush=True)

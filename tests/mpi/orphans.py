@@ -30,16 +30,13 @@ def shm_names(pid: int) -> set[str]:
     except OSError:
         return set()
     return {line.split(None, 5)[5] for line in lines
-            if "/dev/shm/" in line and not line.endswith("(deleted)")
-            and "/dev/shm/mpich_shm_" not in line}  # fmt: skip
+            if "/dev/shm/" in line and not line.endswith("(deleted)")}  # fmt: skip
 
 
 if __name__ == "__main__":
-    comm = None
-    if int(os.environ.get("PMI_SIZE", "1")) > 1:
-        from mpi4py import MPI
+    from solar import dist
 
-        comm = MPI.COMM_WORLD
+    comm = dist.job_comm()  # mpiexec's world (MPICH's /dev/shm names taken off), else None
     rank, size = (comm.Get_rank(), comm.Get_size()) if comm else (0, 1)
     ld = Loader(sys.argv[1], batch_size=4, epochs=2, buffer=0, comm=comm, warm=False,
                 transform=Transform(double, processes=True, workers=1))  # fmt: skip
