@@ -155,7 +155,9 @@ def test_a_weighted_sampler_serves_every_draw_once(tmp_path, ranks, mode, tier, 
     args = ["--weighted", mode, "--slack", 0.25]
     if tier:
         (tmp_path / "nvme").mkdir()
-        args += ["--tier", tmp_path / "nvme", "--tier-size", 20]
+        # A rank's tier: a node buffer's RAM (share="auto" with split draws) would hold all
+        # these skewed draws reuse (tests/test_node_tier.py runs the node's tier).
+        args += ["--tier", tmp_path / "nvme", "--tier-size", 20, "--share", "rank"]
     if plan:
         w = (1.0 + np.arange(N)) ** -1.1
         w[::17] = 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from plan_checks import check_plan, specs
@@ -76,6 +77,23 @@ def test_one_rank_solar_beats_every_baseline(spec):
     for policy in POLICIES:
         other = PlanSpec(spec.run, spec.buffer, policy, spec.reorder_epochs)
         assert make_plan(other).hits <= best, policy
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="known gap: solar's Belady never evicts a row that its "
+    "own step hits (hits read the step's start), which FIFO-admit-all may",
+)
+def test_belady_evicts_a_row_hit_at_the_same_step_when_that_pays():
+    """Found by exploring (one rank, C=3 < B=4, epochs reordered): solar-artifact 9 hits,
+    solar 8. Epoch 2 serves 0, 2, 5, 1 with 2, 5, 1 held: 0 is bypassed because every held row
+    is used this step, but 5 is never used again, so storing 0 in 5's slot (after the step's
+    hits are gathered) wins a hit at epoch 3. Strict: passes, and says so, once fixed."""
+    run = RunConfig(6, 1, 4, 4, seed=1, drop_last=True)
+    spec = PlanSpec(run, BufferConfig(3, 0.0, 0), "solar", True)
+    artifact = PlanSpec(run, spec.buffer, "solar-artifact", True)
+    assert make_plan(artifact).hits == 9
+    assert make_plan(spec).hits >= 9
 
 
 def test_hit_rate_reaches_the_bound_on_the_reference_case():

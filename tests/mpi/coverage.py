@@ -44,6 +44,7 @@ parser.add_argument("--weighted", choices=["affinity", "split"])
 parser.add_argument("--plan", help="A `solar plan` file to load (proven against the sampler).")
 parser.add_argument("--equal-batches", action="store_true")
 parser.add_argument("--transform", action="store_true")
+parser.add_argument("--share", default="auto", help="The Loader's share (rank: a rank's tier).")
 opts = parser.parse_args()
 
 d = dist.init()
@@ -62,6 +63,7 @@ kw = {
     "comm": d.comm,
     "tier": opts.tier,
     "tier_size": opts.tier_size,
+    "share": opts.share,
 }
 sampler = None
 if opts.weighted:  # skewed weights, a few samples never drawn
