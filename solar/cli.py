@@ -122,7 +122,8 @@ def cli() -> None:
                    "(Loader(share=\"node\")): --out writes a node plan file, which records "
                    "--hosts.")  # fmt: skip
 @click.option("--hosts", help="The ranks grouped by host, HOSTSxRANKS (e.g. 2x2: ranks 0-1 on "
-                              "one host, 2-3 on another). --share node: the node plan's "
+                              "one host, 2-3 on another; 3,1: hosts of 3 and 1 ranks, reported "
+                              "but not written to a file). --share node: the node plan's "
                               "grouping (default 1xP: one host of all ranks); --share rank: "
                               "also plan one buffer per host and report its reads beside the "
                               "per-rank plan's.")  # fmt: skip
@@ -167,8 +168,8 @@ def plan(
         if plot_out:
             raise SolarError("--share node: no --plot (yet)")
         if equal_batches:
-            raise SolarError("--share node: local batches are not equalised from a node "
-                             "buffer yet (drop --equal-batches)")  # fmt: skip
+            raise SolarError("--share node: a node plan file holds no equal batches yet (drop "
+                             "--equal-batches; a Loader without plan= equalises them)")  # fmt: skip
         equal_batches = False
     hosts_of = (share_mode, hosts)
     if sampler_kind == "neighbor":

@@ -100,11 +100,13 @@ class Loader(IterableDataset[dict]):
     ``describe_source``); see :mod:`solar.io.sources`. With ``one_per_file`` each file is
     one sample (its whole datasets), else files hold samples along their first axis.
 
-    ``buffer`` (RAM) and ``tier_size`` (a second tier: one file per rank in the directory
-    ``tier``, on node-local NVMe) are capacities in samples (``500``) or bytes (``4GiB``) per
-    rank, or a share of the dataset over all ranks (``10%``): :func:`solar.config.parse_size`.
-    The planner decides, for every access, a RAM hit, a tier hit or a storage read. A forked
-    child process builds its own buffer (and tier), refilled before it serves.
+    ``buffer`` (RAM) and ``tier_size`` (a second tier: one file per rank, or per host with a
+    node buffer, in the directory ``tier``, on node-local NVMe) are capacities in samples
+    (``500``) or bytes (``4GiB``) per rank, or a share of the dataset over all ranks (``10%``):
+    :func:`solar.config.parse_size`. The planner decides, for every access, a RAM hit, a tier
+    hit or a storage read. A forked child process builds its own buffer (and tier), refilled
+    before it serves; with a node buffer it is refused in one line (only the process that joined
+    its host serves it).
 
     ``snapshots``: a directory (shared by the ranks, beside the checkpoints) where rank 0 saves
     the planner's state after each epoch it plans, a few MB; a resume (:meth:`load_state_dict`)
@@ -205,15 +207,15 @@ class Loader(IterableDataset[dict]):
                 one_per_file=one_per_file, tier=tier, tier_size=tier_size, sampler=sampler,
                 horizon=horizon, equal_batches=equal_batches, transform=transform,
                 batch_transform=batch_transform, page_mates=page_mates,
-                batch_format=batch_format, share=share,
+                batch_format=batch_format, share=share, snapshots=snapshots,
             )  # fmt: skip
             check_snapshots(snapshots)
             self._adopt(setup, snapshots)
             if share == "auto" and setup.hosts is not None and setup.rank == 0:
                 h = setup.hosts
-                log.info("share='auto': one buffer per host (%d host(s) of %d ranks), planned "
-                         "over the union of their accesses; share='rank' for a buffer per rank",
-                         h.count, h.local)  # fmt: skip
+                log.info("share='auto': one buffer per host (hosts of ranks %s), planned over "
+                         "the union of their accesses; share='rank' for a buffer per rank",
+                         h.as_record())  # fmt: skip
             self._start(warm)
         self.stats.compile_seconds = warmth[0].compile_seconds
         self.stats.compiled = warmth[0].compiled
@@ -237,15 +239,15 @@ class Loader(IterableDataset[dict]):
         self._plan: Plan | None = given if isinstance(given, Plan) else None
         # This rank's part, one epoch at a time: read from the plan given, or planned one
         # epoch ahead in the background.
-        self._stream: RankStream | NodeStream = RankStream(self.spec, self.rank, self._plan,
-                                                           snapshots)  # fmt: skip
-        if setup.hosts is not None:  # share="node": this rank's share of its host's plan
-            rows = stage_bound(self.spec, setup.hosts)
-            if isinstance(given, NodePlan):
-                self._stream = NodeFileStream(given, self.rank, rows)
-            else:
-                self._stream = NodeStream(self.spec, self.rank, setup.hosts, rows, snapshots,
-                                          setup.host_comm)  # fmt: skip
+        self._stream: RankStream | NodeStream
+        if setup.hosts is None:
+            self._stream = RankStream(self.spec, self.rank, self._plan, snapshots)
+        elif isinstance(given, NodePlan):  # share="node": this rank's share of its host's plan
+            self._stream = NodeFileStream(given, self.rank, stage_bound(self.spec, setup.hosts))
+        else:
+            self._stream = NodeStream(self.spec, self.rank, setup.hosts,
+                                      stage_bound(self.spec, setup.hosts), snapshots,
+                                      setup.host_comm)  # fmt: skip
         self._exchange: Exchange | None = None
         if self.spec.equal_batches and self.world_size > 1:
             # Rows move as delivered: transformed, if there is a transform.

@@ -76,3 +76,21 @@ def test_every_rank_falls_back_if_one_ranks_configuration_is_not_run(monkeypatch
     assert decide("auto", spec(SPLIT), comm) == (None, None) and comm.gathered == 1
     with pytest.raises(SolarError, match="share must be one of"):
         decide("host", spec(SPLIT), FakeComm(4))
+
+
+@pytest.mark.parametrize("buffer, snapshots, word", [
+    (BufferConfig(10, 0.25, 5), False, "tier: hosts of different sizes"),
+    (BufferConfig(10), True, "snapshots: hosts of different sizes"),
+    (BufferConfig(10), False, "comm: hosts of different sizes need a communicator per host"),
+])  # fmt: skip
+def test_hosts_of_different_sizes_refuse_what_they_do_not_run(monkeypatch, buffer, snapshots,
+                                                              word):  # fmt: skip
+    """3 ranks and 1: no node tier, no snapshots, and a communicator per host (an MPI split;
+    the fake, as torch.distributed's, spans the job: a lone rank would skip its host's
+    collectives); "auto" keeps a buffer per rank instead."""
+    monkeypatch.setenv("SOLAR_HOSTS", "3,1")
+    s = PlanSpec(RunConfig(400, 4, 8, 2), buffer, sampler=SPLIT)
+    assert _share("auto", s, False, 4, FakeComm(4), snapshots) == (None, None)
+    with pytest.raises(SolarError) as err:
+        _share("node", s, False, 4, FakeComm(4), snapshots)
+    assert str(err.value).startswith(f'share="node": {word}') and "\n" not in str(err.value)

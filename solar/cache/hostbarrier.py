@@ -256,6 +256,8 @@ def _check(w, me, size, n, k, phase, futex):  # pragma: no cover
         if _load(line + 8 * STEP) != k or _load(line + 8 * PHASE) != phase:
             if _load(line + 8 * ARRIVALS) != n:  # read while it moved on: n was released
                 return RELEASED
+            if _load(base) >= n:  # it labelled its next barrier before arriving there
+                return RELEASED
             return q
     if not here:
         return WAITING

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from solar._units import format_bytes
-from solar.cache.shared import _first
+from solar.cache.shared import _creators, _first
 from solar.cache.tier import TierFile, _sanitise, remove_stale, reopen_direct
 from solar.errors import SolarError
 from solar.io.executor import Executor
@@ -44,7 +44,7 @@ class NodeTierFile(TierFile):
     ) -> None:  # fmt: skip
         directory = self._lay_out(directory, slots, keys, executor, staging_slots)
         machine = _sanitise(os.uname().nodename)
-        fd, err = -1, ""
+        fd, err, made = -1, "", ""
         if local_rank == 0:
             remove_stale(directory, machine, PREFIX)
             name = f"{PREFIX}{key & (2**64 - 1):016x}-{host}-{machine}-{os.getpid()}.bin"
@@ -52,9 +52,10 @@ class NodeTierFile(TierFile):
             err = _room(directory, self.nbytes, slots, self.stride)
             if not err:
                 fd, err = _create(self.path, self.nbytes)
-        if comm is not None and comm.Get_size() > 1:
-            self.path = Path(comm.bcast(str(self.path) if local_rank == 0 else None, root=0))
-        err = _first(comm, err)
+            made = str(self.path)
+        # Every host's local rank 0 made its own: this host's path (``comm`` may span hosts).
+        err, made = _creators(comm, host, local_rank, err, made)
+        self.path = Path(made)
         if not err and local_rank != 0:
             try:
                 fd = os.open(self.path, os.O_RDWR)

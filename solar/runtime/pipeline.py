@@ -10,6 +10,7 @@ delivery (trim or exchange, the dict), then the step's figures, from the stages'
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
@@ -203,10 +204,10 @@ def _build_node(setup: Setup, stream: NodeStream, steps: Steps, stats: LoaderSta
     between steps would then wait for it)."""
     hosts, hc = setup.hosts, setup.host_comm
     assert hosts is not None
-    if setup.comm is None and setup.world_size > 1:
-        raise SolarError('share="node": this process has no communicator (a forked child '
-                         "cannot join its host's buffer: iterate the Loader where it was "
-                         "made)")  # fmt: skip
+    if (setup.comm is None and setup.world_size > 1) or os.getpid() != stream.pid:
+        raise SolarError('share="node": this process is not the one that joined its host '
+                         "(a forked or unpickled copy cannot join its host's buffer: iterate "
+                         "the Loader where it was made, or pass share='rank')")  # fmt: skip
     keys = [(k.sample_shape, k.native_dtype) for k in setup.held_keys]
     parts = NodeHoldings.region_parts(stream.slots, stream.stage_rows, keys)
     region = NodeRegion(NodeRegion.size_of(parts), hc, shared_key(setup.comm), stream.host,

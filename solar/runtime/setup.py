@@ -99,6 +99,7 @@ def configure(
     page_mates: bool,
     batch_format: str = "dict",
     share: str = "auto",
+    snapshots: str | os.PathLike | None = None,
 ) -> Setup:
     """A Loader's arguments (solar.loader) checked and decided, in the order a user's
     mistakes are best reported; every rank agrees on the plan and the keys."""
@@ -149,7 +150,7 @@ def configure(
                            sum(k.row_bytes for k in held), local)  # fmt: skip
     agree(comm, [(k.name, k.sample_shape, k.dtype.str) for k in out],
           "the transform's output keys, shapes and dtypes")  # fmt: skip
-    hosts, hc = _share(share, spec, holds, w, comm)
+    hosts, hc = _share(share, spec, holds, w, comm, snapshots is not None)
     if isinstance(given, NodePlan) and hosts is not None:
         given.check_hosts(hosts)  # the job's grouping is the file's
         given.validate(r, comm)  # then proven safe, as any plan file
@@ -172,8 +173,8 @@ def _check_batch_format(batch_format: str) -> None:
 SHARES = ("auto", "rank", "node")
 
 
-def _share(share: str, spec: PlanSpec, holds_transformed: bool, world: int,
-           comm: Any) -> tuple[Hosts | None, Any]:  # fmt: skip
+def _share(share: str, spec: PlanSpec, holds_transformed: bool, world: int, comm: Any,
+           snapshots: bool = False) -> tuple[Hosts | None, Any]:  # fmt: skip
     """The ranks grouped by host (``SOLAR_HOSTS=HxL`` forces a grouping) and this rank's host
     communicator, for a node buffer; (None, None): a buffer per rank. ``"node"``: refused,
     in one line naming the parameter, where the node buffer does not run the configuration;
@@ -184,14 +185,36 @@ def _share(share: str, spec: PlanSpec, holds_transformed: bool, world: int,
         return None, None
     why = node_unsupported(spec, holds_transformed, world, comm)
     if share == "auto":
-        return _auto_share(spec, why, world, comm)
+        return _auto_share(spec, why, world, comm, snapshots)
     if why:
         raise SolarError(f'share="node": {why}')
     names = host_names(comm)
     hosts = Hosts.of_names(names)
-    if not hosts.uniform and (spec.affinity or not spec.traced):
-        raise SolarError(f'share="node": {hosts.unequal()}')
-    return hosts, host_comm(comm, names)
+    hc = host_comm(comm, names)
+    why = grouping_unsupported(spec, hosts, hc, comm, snapshots)
+    if why:
+        raise SolarError(f'share="node": {why}')
+    return hosts, hc
+
+
+def grouping_unsupported(spec: PlanSpec, hosts: Hosts, hc: Any, comm: Any,
+                         snapshots: bool) -> str:  # fmt: skip
+    """Why a node buffer does not run on hosts of different sizes, or "" (the same on every
+    rank: a function of the grouping and the arguments every rank agreed on)."""
+    if hosts.uniform:
+        return ""
+    if spec.affinity or not spec.traced:
+        return hosts.unequal()
+    if spec.buffer.tier:
+        return f"tier: hosts of different sizes ({hosts.as_record()}) run no node tier yet"
+    if snapshots:
+        return (f"snapshots: hosts of different sizes ({hosts.as_record()}) are not "
+                "snapshotted yet")  # fmt: skip
+    # A communicator per host (MPI's split), not the job's (torch.distributed's): a host of
+    # one rank would skip the collectives the others' host communicators run.
+    if not all(comm.allgather(hc is not None and hc.Get_size() < comm.Get_size())):
+        return "comm: hosts of different sizes need a communicator per host (MPI)"
+    return ""
 
 
 def node_unsupported(spec: PlanSpec, holds_transformed: bool, world: int, comm: Any) -> str:
@@ -206,7 +229,8 @@ def node_unsupported(spec: PlanSpec, holds_transformed: bool, world: int, comm: 
     return ""
 
 
-def _auto_share(spec: PlanSpec, why: str, world: int, comm: Any) -> tuple[Hosts | None, Any]:
+def _auto_share(spec: PlanSpec, why: str, world: int, comm: Any,
+                snapshots: bool = False) -> tuple[Hosts | None, Any]:  # fmt: skip
     """``share="auto"``: a node buffer where more than one rank of the job runs on a host,
     the ranks' accesses can overlap (a sampler that fixes each rank's batch: a GNN's
     ``NeighborSampler``, ``Trace``, ``Weighted(affinity=False)``; Shuffle's do not, whatever
@@ -225,7 +249,10 @@ def _auto_share(spec: PlanSpec, why: str, world: int, comm: Any) -> tuple[Hosts 
         return None, None
     if any(comm.allgather(why)):  # a rank's own arguments may differ: all fall back alike
         return None, None
-    return hosts, host_comm(comm, names)
+    hc = host_comm(comm, names)
+    if grouping_unsupported(spec, hosts, hc, comm, snapshots):
+        return None, None
+    return hosts, hc
 
 
 def _reader_config(info: DatasetInfo, reader: ReaderConfig | None) -> ReaderConfig:

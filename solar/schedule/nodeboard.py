@@ -5,8 +5,9 @@ cost every rank several times one rank's planning, in time and memory).
 An :class:`EpochBoard` is made by the host's ranks together (a collective of the host's
 communicator, in the foreground: the background planning threads never call one). It is a
 ``memfd`` (no name anywhere: nothing is left in /dev/shm whatever happens to the job, ``kill
--9`` included) holding a small mailbox that local rank 0 maps read-write and the others
-read-only, through ``/proc/<pid>/fd/<fd>`` with the inode that proves it is still that file.
+-9`` included) holding a small mailbox that every local rank maps read-write (the others
+only to mark the epochs they took), through ``/proc/<pid>/fd/<fd>`` with the inode that
+proves it is still that file.
 
 Each epoch local rank 0 plans goes into a memfd of its own (:func:`pack`): this host's part
 only — the host's buffer decisions, the host's ranks' service, every step's staging set (the

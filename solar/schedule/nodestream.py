@@ -16,10 +16,10 @@ rank plans its host itself: the plan is a pure function of the inputs, the same 
 equal batches on several hosts, :meth:`~NodeWindow.transfer` is the rank's exchange of the
 host's surplus rows with other hosts' ranks (solar/schedule/nodeequal.py). With a tier, the
 step's tier hits and tier writes too, its updates cut into the host's phases where the host
-updates a cell twice (:func:`~solar.schedule.nodeplan.host_phases`). No plan file; a jump back
-replans from epoch 0, or, given a directory of node planner snapshots (rank 0 saves one after
-each epoch it plans, of every host: solar/schedule/nodesnapshot.py), from the newest one of
-this grouping at or before the epoch.
+updates a cell twice (:func:`~solar.schedule.nodeplan.host_phases`). (A node plan file is read
+by solar/schedule/nodefile.py's subclass.) A jump back replans from epoch 0, or, given a
+directory of node planner snapshots (rank 0 saves one after each epoch it plans, of every host:
+solar/schedule/nodesnapshot.py), from the newest one of this grouping at or before the epoch.
 """
 
 from __future__ import annotations
@@ -179,7 +179,7 @@ class NodeStream(EpochsAhead):
     ``hosts``), planned epoch by epoch in the background. ``stage_rows``: the host's staging
     rows (rows one local rank reads for others at a step, at most)."""
 
-    plan = None  # never a plan file
+    plan = None  # (NodeFileStream's: a node plan file)
     _thread_name = "solar-nodeplan"
 
     def __init__(self, spec: PlanSpec, rank: int, hosts: Hosts, stage_rows: int,
@@ -195,6 +195,7 @@ class NodeStream(EpochsAhead):
         self.stage_rows = max(1, int(stage_rows))
         self.spe = int(spec.run.steps_per_epoch)
         self.wait_seconds = 0.0
+        self.pid = os.getpid()  # the process that joined its host (a forked child cannot)
         # With the host's communicator: local rank 0 plans, the others map its epochs (a
         # collective now, in the foreground; solar/schedule/nodeboard.py).
         self.board = board_of(comm, spec, hosts, self.host, rank)
@@ -209,7 +210,7 @@ class NodeStream(EpochsAhead):
 
     def __getstate__(self) -> dict:
         keep = ("spec", "rank", "hosts", "host", "group", "local", "slots", "tier_slots",
-                "stage_rows", "spe", "wait_seconds", "snapshots")  # fmt: skip
+                "stage_rows", "spe", "wait_seconds", "snapshots", "pid")  # fmt: skip
         return {k: self.__dict__[k] for k in keep}
 
     def __setstate__(self, state: dict) -> None:
