@@ -44,6 +44,7 @@ from typing import Any
 import numpy as np
 
 from solar._held_tensors import hold
+from solar._hosts import host_sizes
 from solar._process import run_abort_hooks
 from solar.errors import SolarError, first_line
 from solar.launch import Launch, detect_launcher
@@ -555,21 +556,9 @@ def host_names(comm: Any) -> list[str]:
     one machine with it), and ``SOLAR_HOSTS=3,1`` one of hosts of 3 and 1 consecutive ranks."""
     size = 1 if comm is None else comm.Get_size()
     forced = os.environ.get("SOLAR_HOSTS", "").strip()
-    if forced and "," in forced:  # the ranks of each host, e.g. 3,1 (hosts of unequal sizes)
-        sizes = [v.strip() for v in forced.split(",")]
-        if not all(v.isdigit() and int(v) > 0 for v in sizes):
-            raise SolarError(f"SOLAR_HOSTS: expected ranks per host such as 3,1, got {forced!r}")
-        if sum(int(v) for v in sizes) != size:
-            raise SolarError(f"SOLAR_HOSTS={forced}: {sum(int(v) for v in sizes)} ranks, but the "
-                             f"job has {size}")  # fmt: skip
-        return [f"host{h}" for h, v in enumerate(sizes) for _ in range(int(v))]
     if forced:
-        h, sep, per = forced.lower().replace("×", "x").partition("x")
-        if not (sep and h.isdigit() and per.isdigit() and int(h) > 0 and int(per) > 0):
-            raise SolarError(f"SOLAR_HOSTS: expected HOSTSxRANKS such as 2x2, got {forced!r}")
-        if int(h) * int(per) != size:
-            raise SolarError(f"SOLAR_HOSTS={forced}: {h}×{per} ranks, but the job has {size}")
-        return [f"host{r // int(per)}" for r in range(size)]
+        sizes = host_sizes(forced, size, "SOLAR_HOSTS")
+        return [f"host{h}" for h, v in enumerate(sizes) for _ in range(v)]
     if size <= 1:
         return [socket.gethostname()]
     return list(comm.allgather(socket.gethostname()))

@@ -25,7 +25,6 @@ With one rank per host the node plan is today's per-rank plan, decision for deci
 from __future__ import annotations
 
 import dataclasses
-import re
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -34,6 +33,7 @@ from typing import Any
 import numpy as np
 from numba import njit
 
+from solar._hosts import host_sizes
 from solar.config import BufferConfig, RunConfig
 from solar.errors import SolarError
 from solar.schedule._common import ADMIT, DEMOTE, HIT, PEER, SIDE, TADMIT, THIT, EpochSchedule
@@ -43,9 +43,6 @@ from solar.schedule.samplers import EpochDraws, Sampler
 from solar.schedule.spec import PlanSpec
 
 MAX_LOCAL = 63  # local ranks per host: a row's needers are a bit mask in an int64
-
-_GRID = re.compile(r"^\s*(\d+)\s*[x×]\s*(\d+)\s*$")
-_SIZES = re.compile(r"^\s*\d+\s*(,\s*\d+\s*)+$")
 
 
 @dataclass(frozen=True)
@@ -71,23 +68,9 @@ class Hosts:
     def parse(cls, text: str, world: int | None = None, what: str = "SOLAR_HOSTS") -> Hosts:
         """``"HxL"``: H hosts of L consecutive ranks (``SOLAR_HOSTS=2x2``), or ``"3,1"``: hosts
         of 3 and 1 consecutive ranks; with ``world``, refused unless the ranks add up to it
-        (errors name ``what``)."""
-        if _SIZES.match(str(text)):
-            sizes = [int(v) for v in str(text).split(",")]
-            if min(sizes) < 1:
-                raise SolarError(f"{what}: every host runs a rank or more, got {text!r}")
-            if world is not None and sum(sizes) != world:
-                raise SolarError(f"{what} {text}: {sum(sizes)} ranks, but the job has {world}")
-            ends = np.cumsum([0, *sizes])
-            return cls(tuple(tuple(range(ends[h], ends[h + 1])) for h in range(len(sizes))))
-        m = _GRID.match(str(text))
-        if not m or int(m.group(1)) < 1 or int(m.group(2)) < 1:
-            raise SolarError(f"{what}: expected HOSTSxRANKS such as 2x2, or the ranks of each "
-                             f"host such as 3,1, got {text!r}")  # fmt: skip
-        h, per = int(m.group(1)), int(m.group(2))
-        if world is not None and h * per != world:
-            raise SolarError(f"{what} {text}: {h}×{per} ranks, but the job has {world}")
-        return cls.grid(h, per)
+        (errors name ``what``): :func:`solar._hosts.host_sizes`."""
+        ends = np.cumsum([0, *host_sizes(text, world, what)])
+        return cls(tuple(tuple(range(ends[h], ends[h + 1])) for h in range(ends.size - 1)))
 
     @classmethod
     def grid(cls, hosts: int, per_host: int) -> Hosts:
