@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from solar._units import format_bytes
-from solar.cache.shared import _creators, _first
+from solar.cache.shared import _create, _creators, _first, _unlink
 from solar.cache.tier import TierFile, _sanitise, remove_stale, reopen_direct
 from solar.errors import SolarError
 from solar.io.executor import Executor
@@ -51,7 +51,7 @@ class NodeTierFile(TierFile):
             self.path = directory / name
             err = _room(directory, self.nbytes, slots, self.stride)
             if not err:
-                fd, err = _create(self.path, self.nbytes)
+                fd, err = _create(str(self.path), self.nbytes, f"tier {directory}")
             made = str(self.path)
         # Every host's local rank 0 made its own: this host's path (``comm`` may span hosts).
         err, made = _creators(comm, host, local_rank, err, made)
@@ -63,7 +63,7 @@ class NodeTierFile(TierFile):
                 err = f"tier {self.path}: cannot open the node's tier ({exc.strerror})"
         err = _first(comm, err)  # every local rank has it open (or failed): the name can go
         if local_rank == 0 and fd >= 0:
-            _unlink(self.path)
+            _unlink(str(self.path))
         if comm is not None and comm.Get_size() > 1:
             comm.Barrier()  # unlinked before any rank goes on: none can see the name after
         if err:
@@ -87,25 +87,3 @@ def _room(directory: Path, nbytes: int, slots: int, stride: int) -> str:
     return (f"tier {directory}: the node's tier needs {format_bytes(nbytes)} for {slots} slots "
             f"of {format_bytes(stride)}, {format_bytes(free)} free (a smaller tier_size, or "
             "another directory)")  # fmt: skip
-
-
-def _create(path: Path, nbytes: int) -> tuple[int, str]:
-    """A new file ``path`` of ``nbytes`` allocated bytes: its descriptor, or an error line."""
-    try:
-        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
-    except OSError as exc:
-        return -1, f"tier {path}: cannot create the node's tier ({exc.strerror})"
-    try:
-        os.posix_fallocate(fd, 0, nbytes)  # reserved now: no ENOSPC on a write mid-run
-    except OSError as exc:
-        os.close(fd)
-        _unlink(path)
-        return -1, f"tier {path}: cannot allocate {format_bytes(nbytes)} ({exc.strerror})"
-    return fd, ""
-
-
-def _unlink(path: Path) -> None:
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass

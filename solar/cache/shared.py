@@ -187,12 +187,14 @@ def _creators(comm: Any, host: int, local: int, err: str, path: str) -> tuple[st
 
 
 def _create(path: str, nbytes: int, what: str) -> tuple[int, str]:
+    """A new file ``path`` of ``nbytes`` reserved bytes (a node region, a node's tier): its
+    descriptor, or a line naming ``what``."""
     try:
         fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
     except OSError as exc:
         return -1, f"{what}: cannot create {path}: {exc.strerror}"
     try:
-        os.posix_fallocate(fd, 0, nbytes)  # reserved now: no SIGBUS on a full /dev/shm later
+        os.posix_fallocate(fd, 0, nbytes)  # reserved now: no SIGBUS / ENOSPC mid-run
     except OSError as exc:
         os.close(fd)
         _unlink(path)
