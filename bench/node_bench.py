@@ -37,6 +37,7 @@ import os
 import resource
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -54,14 +55,14 @@ PAGES = PageLayout(0, 256 * 4)  # F=256 float32 rows, 4 KiB pages
 
 
 def graph_sampler(nodes: int, degree: float, batch: int, seed: int = 0) -> NeighborSampler:
-    # (Imported here: solar.graph.generate no longer has it; the shuffle figures need no graph.)
-    from solar.graph.generate import chung_lu  # type: ignore[attr-defined]
+    """fanouts (10, 5) over solar's generated graph (solar gen --preset graph; one feature
+    column: only the topology is sampled), kept in the system's temporary directory."""
+    from solar.graph import generate_graph
 
-    rng = np.random.default_rng([seed, 21])
-    indptr, indices = chung_lu(nodes, degree, 0.5, rng)
-    train = np.sort(rng.permutation(nodes)[: max(1, round(0.1 * nodes))])
-    return NeighborSampler({"indptr": indptr, "indices": indices, "train_idx": train},
-                           (10, 5), batch)  # fmt: skip
+    path = Path(tempfile.gettempdir()) / f"solar-node-bench-{nodes}-{degree}-{seed}.h5"
+    if not path.exists():
+        generate_graph(path, nodes, degree, 1, seed=seed, train_fraction=0.1)
+    return NeighborSampler(str(path), (10, 5), batch)
 
 
 def _count(flags: np.ndarray) -> dict[str, int]:
