@@ -31,7 +31,7 @@ from solar.io.sources import describe_source
 from solar.launch import detect_launcher
 from solar.schedule import Plan, PlanSpec
 from solar.schedule.nodefile import NodePlan, open_given
-from solar.schedule.nodeplan import Hosts
+from solar.schedule.nodeplan import Hosts, unequal_refusal
 from solar.schedule.pagemates import PageLayout
 from solar.schedule.samplers import SHUFFLE, Sampler, is_shuffle
 from solar.schedule.spec import equal_by_default
@@ -203,8 +203,9 @@ def grouping_unsupported(spec: PlanSpec, hosts: Hosts, hc: Any, comm: Any,
     rank: a function of the grouping and the arguments every rank agreed on)."""
     if hosts.uniform:
         return ""
-    if spec.affinity or not spec.traced:
-        return hosts.unequal()
+    why = unequal_refusal(spec, hosts)  # the planner's own condition
+    if why:
+        return why
     if spec.buffer.tier:
         return f"tier: hosts of different sizes ({hosts.as_record()}) run no node tier yet"
     if snapshots:

@@ -252,14 +252,23 @@ def _per(hosts: Hosts, host: int | None) -> int:
     return hosts.local if hosts.uniform else hosts.size(host)
 
 
+def unequal_refusal(spec: PlanSpec, hosts: Hosts) -> str:
+    """Why ``spec`` cannot be planned on ``hosts`` of different sizes (its sampler splits
+    global batches evenly over them, or its batches are equalised), or ""."""
+    if not hosts.uniform and (spec.affinity or not spec.traced or spec.equal_batches):
+        return hosts.unequal()
+    return ""
+
+
 def node_spec(spec: PlanSpec, hosts: Hosts, buffer: BufferConfig | None = None,
               host: int | None = None) -> PlanSpec:  # fmt: skip
     """The plan inputs of the hosts' buffers: the host run, ``buffer`` (default: ``spec``'s
     per-rank buffer times the ranks per host: the host's aggregate) and the sampler regrouped
     by host where it fixes each rank's batch. Hosts of different sizes (only where the sampler
     fixes each rank's batch: every host is then planned alone) need ``host``: its inputs."""
-    if not hosts.uniform and (spec.affinity or not spec.traced or spec.equal_batches):
-        raise SolarError(hosts.unequal())
+    why = unequal_refusal(spec, hosts)
+    if why:
+        raise SolarError(why)
     per = _per(hosts, host)
     run = host_run(spec.run, hosts, host)
     if buffer is None:
