@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import os
 import time
-import warnings
 from typing import Any
 
 import numpy as np
@@ -38,6 +37,7 @@ from solar.schedule.nodeboard import BoardReader, board_of
 from solar.schedule.nodeequal import node_transfer
 from solar.schedule.nodeplan import Hosts, NodeEpoch, NodePlanner, host_phases, node_spec
 from solar.schedule.rankplan import RankPlan, StepPlan
+from solar.schedule.snapshot import save_or_warn
 from solar.schedule.spec import PlanSpec
 from solar.schedule.stream import EpochsAhead
 from solar.schedule.transfer import Transfer
@@ -247,11 +247,9 @@ class NodeStream(EpochsAhead):
             self.board.publish(ne, contents)
             part = self._unpack(ne.epoch)  # local rank 0 keeps its host's part, as the others
         if self._saves() and planner.only_host is None:
-            assert self.snapshots is not None
-            try:
-                nodesnapshot.save(self.snapshots, planner)
-            except (OSError, SolarError) as exc:  # a resume will replan further back, that's all
-                warnings.warn(f"node planner snapshot not saved: {exc}", stacklevel=1)
+            snapshots = self.snapshots
+            assert snapshots is not None
+            save_or_warn(lambda: nodesnapshot.save(snapshots, planner), "node planner snapshot")
         return part
 
     def _unpack(self, epoch: int) -> NodeEpoch:

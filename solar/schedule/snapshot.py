@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from solar._atomic import atomic_path
+from solar.errors import SolarError
 from solar.schedule.planner import Planner
 from solar.schedule.spec import PlanSpec
 
@@ -55,6 +56,15 @@ def _digest(meta: str, arrays: dict[str, np.ndarray]) -> str:
         h.update(f"{name}:{a.dtype.str}:{a.shape}".encode())
         h.update(a.data)
     return h.hexdigest()
+
+
+def save_or_warn(save: Callable[[], object], what: str) -> None:
+    """Run ``save`` (a snapshot's, in the planning thread); a failure is one warning naming
+    ``what``: a resume then replans from further back, that's all."""
+    try:
+        save()
+    except (OSError, SolarError) as exc:
+        warnings.warn(f"{what} not saved: {exc}", stacklevel=2)
 
 
 def save(directory: str | os.PathLike, planner: Planner, *, key: str | None = None,

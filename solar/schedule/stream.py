@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 import time
-import warnings
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -24,7 +23,6 @@ from typing import Any
 import numpy as np
 
 from solar._process import ProcessLocal
-from solar.errors import SolarError
 from solar.schedule import snapshot
 from solar.schedule._common import slot_count, tier_slot_count
 from solar.schedule.plan import Plan
@@ -159,10 +157,8 @@ class RankStream(EpochsAhead):
         """Plan the next epoch (in the background thread); rank 0 then saves a snapshot."""
         part = planner.next_rank(self.rank)
         if self.snapshots is not None and self.rank == 0:
-            try:
-                snapshot.save(self.snapshots, planner)
-            except (OSError, SolarError) as exc:  # a resume will replan further back, that's all
-                warnings.warn(f"planner snapshot not saved: {exc}", stacklevel=1)
+            snapshots = self.snapshots
+            snapshot.save_or_warn(lambda: snapshot.save(snapshots, planner), "planner snapshot")
         return part
 
     def _restart_at(self, epoch: int) -> None:
