@@ -2,14 +2,18 @@
 one node buffer (C), and the node plan's planning cost.
 
     python bench/node_bench.py gnn [--nodes 1000000 --world 4 --epochs 3 --buffer 0.1]
+        [--model block|chung-lu]
     python bench/node_bench.py weighted [--nodes 1000000 --world 4 --epochs 3 --buffer 0.1]
     python bench/node_bench.py shuffle [--nodes 100000 --world 4 --batch 32 --epochs 5]
     python bench/node_bench.py cost [--nodes 1000000 --world 8 --epochs 2 --graph G.h5]
     python bench/node_bench.py all --out bench/results/node-plan.json   (the four above)
 
-No I/O: planned figures (the plans the Loader executes). ``gnn``: a Chung–Lu graph (average
-degree 20, degrees ∝ (1+i)^-0.5, 10 % training nodes), ``NeighborSampler(fanouts (10, 5),
-1024 seeds per rank)``, features F=256 float32 (1 KiB rows: 4 per 4 KiB page) for page mates.
+No I/O: planned figures (the plans the Loader executes). ``gnn``: ``--model block`` (the
+default) is ``solar gen --preset graph``'s degree-corrected block model (8 communities,
+homophily 0.8); ``--model chung-lu`` the power-law Chung–Lu graph the issue's simulation used
+(symmetric, ids randomly relabelled); both: average degree 20, weights ∝ (1+i)^-0.5, 10 %
+training nodes, ``NeighborSampler(fanouts (10, 5), 1024 seeds per rank)``, features F=256
+float32 (1 KiB rows: 4 per 4 KiB page) for page mates.
 Per-rank: each rank plans its own trace with C/P rows (today's plan). Node: one host of P ranks,
 Belady over their union with C rows; a row several local ranks need at a step is read once.
 Rows read = served accesses that are not hits (page mates: the side rows ride the same pages,
@@ -54,10 +58,36 @@ from solar.schedule.samplers import SHUFFLE, Weighted
 PAGES = PageLayout(0, 256 * 4)  # F=256 float32 rows, 4 KiB pages
 
 
-def graph_sampler(nodes: int, degree: float, batch: int, seed: int = 0) -> NeighborSampler:
+def chung_lu(n: int, degree: float, seed: int = 0, alpha: float = 0.5) -> dict[str, np.ndarray]:
+    """The issue's graph model: a symmetric Chung–Lu graph (each of N·D/2 edges joins two
+    endpoints drawn in proportion to ``(1 + i) ** -alpha``; self-loops and repeats dropped),
+    ids randomly relabelled, 10 % of the nodes for training; as ``Graph`` parts."""
+    rng = np.random.default_rng([seed, 21])
+    w = (1.0 + np.arange(n)) ** -alpha
+    cdf = np.cumsum(w / w.sum())
+    cdf[-1] = 1.0
+    m = int(round(n * degree / 2))
+    ends = np.searchsorted(cdf, rng.random(2 * m), side="right")
+    relabel = rng.permutation(n)
+    u, v = relabel[ends[:m]], relabel[ends[m:]]
+    keep = u != v
+    key = np.unique(np.concatenate([u[keep] * n + v[keep], v[keep] * n + u[keep]]))
+    src, dst = np.divmod(key, n)  # sorted by source: rows of sources (symmetric: = targets)
+    indptr = np.zeros(n + 1, np.int64)
+    np.cumsum(np.bincount(src, minlength=n), out=indptr[1:])
+    train = np.sort(rng.permutation(n)[: max(1, n // 10)])
+    return {"indptr": indptr, "indices": dst.astype(np.int32), "train_idx": train}
+
+
+def graph_sampler(nodes: int, degree: float, batch: int, seed: int = 0,
+                  model: str = "block") -> NeighborSampler:  # fmt: skip
     """fanouts (10, 5) over solar's generated graph (solar gen --preset graph; one feature
-    column: only the topology is sampled), kept in the system's temporary directory."""
+    column: only the topology is sampled), kept in the system's temporary directory; or over
+    the Chung–Lu graph (``model="chung-lu"``, in memory)."""
     from solar.graph import generate_graph
+
+    if model == "chung-lu":
+        return NeighborSampler(chung_lu(nodes, degree, seed), (10, 5), batch)
 
     path = Path(tempfile.gettempdir()) / f"solar-node-bench-{nodes}-{degree}-{seed}.h5"
     if not path.exists():
@@ -126,13 +156,13 @@ def _spec(run, capacity, sampler, pages=None, equal=False) -> PlanSpec:
 
 def gnn(a) -> dict:
     t0 = time.perf_counter()
-    s = graph_sampler(a.nodes, a.degree, a.batch)
+    s = graph_sampler(a.nodes, a.degree, a.batch, model=a.model)
     build = time.perf_counter() - t0
     n, world = a.nodes, a.world
     draws = s.draws(n, world * a.batch)
     run = RunConfig(n, world, a.batch, a.epochs, 0, False, draws)
     c = int(a.buffer * n)
-    out: dict = {"graph_seconds": round(build, 1)}
+    out: dict = {"model": a.model, "graph_seconds": round(build, 1)}
     for name, pages in (("rows", None), ("page_mates", PAGES)):
         rank = per_rank(_spec(run, c // world, s, pages))
         node = per_node(_spec(run, c // world, s, pages), Hosts.grid(1, world))
@@ -245,6 +275,8 @@ def main() -> None:
     ap.add_argument("--batch", type=int)
     ap.add_argument("--buffer", type=float, default=0.1)
     ap.add_argument("--degree", type=float, default=20.0)
+    ap.add_argument("--model", choices=["block", "chung-lu"], default="block",
+                    help="gnn: the graph model (see above)")
     ap.add_argument("--which", choices=["rank", "node"], default="node")
     ap.add_argument("--graph", help="cost: a graph file to sample (else generated per process)")
     ap.add_argument("--out")
