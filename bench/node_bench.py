@@ -66,7 +66,7 @@ def chung_lu(n: int, degree: float, seed: int = 0, alpha: float = 0.5) -> dict[s
     w = (1.0 + np.arange(n)) ** -alpha
     cdf = np.cumsum(w / w.sum())
     cdf[-1] = 1.0
-    m = int(round(n * degree / 2))
+    m = round(n * degree / 2)
     ends = np.searchsorted(cdf, rng.random(2 * m), side="right")
     relabel = rng.permutation(n)
     u, v = relabel[ends[:m]], relabel[ends[m:]]
@@ -275,8 +275,12 @@ def main() -> None:
     ap.add_argument("--batch", type=int)
     ap.add_argument("--buffer", type=float, default=0.1)
     ap.add_argument("--degree", type=float, default=20.0)
-    ap.add_argument("--model", choices=["block", "chung-lu"], default="block",
-                    help="gnn: the graph model (see above)")
+    ap.add_argument(
+        "--model",
+        choices=["block", "chung-lu"],
+        default="block",
+        help="gnn: the graph model (see above)",
+    )
     ap.add_argument("--which", choices=["rank", "node"], default="node")
     ap.add_argument("--graph", help="cost: a graph file to sample (else generated per process)")
     ap.add_argument("--out")
