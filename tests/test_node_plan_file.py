@@ -61,8 +61,8 @@ def _write(spec: PlanSpec, hosts: Hosts, epochs: list[NodeEpoch], path: Path) ->
 
 
 def _edited(path: Path, edit: Callable[[NodeEpoch], NodeEpoch], hosts: Hosts | None = None,
-            epoch: int = 0) -> Path:  # fmt: skip
-    spec, hosts = _spec(), hosts or Hosts.grid(1, 4)
+            epoch: int = 0, spec: PlanSpec | None = None) -> Path:  # fmt: skip
+    spec, hosts = spec or _spec(), hosts or Hosts.grid(1, 4)
     epochs = _epochs(spec, hosts)
     ranks = {k: (v.copy() if isinstance(v, np.ndarray) else v)
              for k, v in vars(epochs[epoch].ranks).items()}  # fmt: skip
@@ -75,7 +75,13 @@ def _edited(path: Path, edit: Callable[[NodeEpoch], NodeEpoch], hosts: Hosts | N
 
 
 def _validate(path: Path) -> None:
-    load_node_plan(path, _spec().sampler).validate(0)  # no comm: every host proven here
+    plan = load_node_plan(path)
+    sampler = None if plan.spec.equal_batches else _spec().sampler  # (Shuffle: recorded whole)
+    load_node_plan(path, sampler).validate(0)  # no comm: every host proven here
+
+
+# Shuffle with equal batches: 250 rows, a short last batch of 10 (2 or 3 rows a rank).
+EQUAL = PlanSpec(RunConfig(250, 4, 6, 3, seed=5), BufferConfig(8, 0.25), equal_batches=True)
 
 
 @pytest.mark.parametrize("grouping", ["1x4", "2x2"])
@@ -101,6 +107,28 @@ def test_a_node_plan_file_holds_the_node_plan_with_its_grouping(tmp_path, groupi
 def test_a_shuffle_node_plan_file_proves_safe(tmp_path):
     spec = dataclasses.replace(_spec(Shuffle()), sampler=Shuffle())
     node_plan_to_file(spec, Hosts.grid(2, 2), tmp_path / "n.h5").validate(1)
+
+
+@pytest.mark.parametrize("grouping", ["1x4", "2x2"])
+def test_a_node_plan_file_holds_equal_batches_and_proves_every_rank_its_share(tmp_path, grouping):
+    """The file's checksums are those of what it holds: the planner's host plan carries the
+    hosts' peer counts, which the file does not (a file of equal batches once failed its own
+    checksum); every rank's step offsets come back, whose counts drive the exchange."""
+    hosts = Hosts.parse(grouping)
+    made = node_plan_to_file(EQUAL, hosts, tmp_path / "n.h5")
+    assert made.spec.equal_batches
+    for k, want in enumerate(_epochs(EQUAL, hosts)):
+        got = made.epoch(k)
+        for name in ("rank_offsets", "step_offsets", "sample", "slot", "flags"):
+            assert np.array_equal(getattr(got.host, name), getattr(want.host, name)), name
+            assert np.array_equal(getattr(got.ranks, name), getattr(want.ranks, name)), name
+        assert np.array_equal(got.reader, want.reader) and np.array_equal(got.at, want.at)
+    made.validate(0)
+    counts = np.diff(made.epoch(0).ranks.step_offsets, axis=1)  # (P, steps)
+    if hosts.count == 1:  # no exchange: every rank serves its share
+        assert counts[:, 0].tolist() == [6] * 4 and counts[:, -1].tolist() == [3, 3, 2, 2]
+    else:  # a host's surplus crosses hosts
+        assert np.any(counts != 6)
 
 
 def test_solar_plan_share_node_writes_a_node_plan_file(tmp_path):
@@ -210,6 +238,31 @@ def _one_store_dropped(ne):  # the host's store is not made: the buffer is not t
     return ne
 
 
+def _hit_moved_to(dst: int):
+    """A hit of rank 0 served by rank ``dst`` instead, at the same step: still a safe service
+    (any local rank serves any row the node holds), but not the equal shares."""
+
+    def edit(ne):
+        r = ne.ranks
+        u = _first(ne, HIT, 0)
+        t = int(np.searchsorted(r.step_offsets[0], u, side="right") - 1)
+        v = int(r.rank_offsets[dst] + r.step_offsets[dst, t + 1]) - 1  # after the deletion
+        moved = {}
+        for name, arr in (("sample", r.sample), ("slot", r.slot), ("flags", r.flags),
+                          ("tslot", r.tslot), ("reader", ne.reader), ("at", ne.at)):  # fmt: skip
+            moved[name] = np.insert(np.delete(arr, u), v, arr[u])
+        ro, so = r.rank_offsets.copy(), r.step_offsets.copy()
+        ro[1 : dst + 1] -= 1
+        so[0, t + 1 :] -= 1
+        so[dst, t + 1 :] += 1
+        ranks = dataclasses.replace(r, rank_offsets=ro, step_offsets=so, sample=moved["sample"],
+                                    slot=moved["slot"], flags=moved["flags"],
+                                    tslot=moved["tslot"])  # fmt: skip
+        return dataclasses.replace(ne, ranks=ranks, reader=moved["reader"], at=moved["at"])
+
+    return edit
+
+
 def _set(name: str, value: int, flag: int = HIT):
     def edit(ne):
         arr = ne.reader if name == "reader" else ne.at if name == "at" else getattr(ne.ranks, name)
@@ -239,6 +292,27 @@ def _set(name: str, value: int, flag: int = HIT):
 )  # fmt: skip
 def test_an_edited_node_plan_is_refused_in_one_line(tmp_path, edit, hosts, words):
     path = _edited(tmp_path / "n.h5", edit, Hosts.parse(hosts))
+    with pytest.raises(CorruptPlanError) as err:
+        _validate(path)
+    msg = str(err.value)
+    assert "\n" not in msg and msg.startswith(f"plan {path}: ") and words in msg, msg
+
+
+@pytest.mark.parametrize(
+    "hosts, dst, words",
+    [
+        ("1x4", 1, "its served rows are not its equal share of its host's"),
+        ("2x2", 1, "its served rows are not its equal share of its host's"),
+        ("2x2", 3, "a host access no rank of the host serves"),
+    ],
+)
+def test_an_edit_off_the_equal_shares_is_refused_in_one_line(tmp_path, hosts, dst, words):
+    """A hit moved from rank 0 to another rank of its host at its step: served safely (the
+    services prove it), but not the equal shares (on one host no exchange evens them out); to
+    a rank of another host: host 0 leaves the access unserved."""
+    good = _edited(tmp_path / "good.h5", lambda ne: ne, Hosts.parse(hosts), spec=EQUAL)
+    _validate(good)
+    path = _edited(tmp_path / "n.h5", _hit_moved_to(dst), Hosts.parse(hosts), 1, EQUAL)
     with pytest.raises(CorruptPlanError) as err:
         _validate(path)
     msg = str(err.value)
