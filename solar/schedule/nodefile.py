@@ -19,6 +19,11 @@ header and in the fingerprint, and two sections per epoch::
                            reader (int16: the global rank reading the row, -1: a hit) and at
                            (int64: the access's index into the host section's arrays)
 
+Every rank's step offsets are in ``ranks/step_offsets``: with equal batches (in the spec) their
+counts drive the exchange across hosts (solar/schedule/nodeequal.py), every rank reading them
+all (each rank's checked against its checksum). The checksums are those of the sections as the
+reader rebuilds them (:func:`_sections`), never of what the planner holds beside them.
+
 A node plan file is untrusted input like any plan file: :meth:`NodePlan.validate` proves it
 (solar/schedule/nodevalidate.py) before any byte moves; a Loader whose hosts are grouped
 otherwise is refused (:meth:`NodePlan.check_hosts`).
