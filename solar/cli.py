@@ -167,10 +167,6 @@ def plan(
     if share_mode == "node":
         if plot_out:
             raise SolarError("--share node: no --plot (yet)")
-        if equal_batches:
-            raise SolarError("--share node: a node plan file holds no equal batches yet (drop "
-                             "--equal-batches; a Loader without plan= equalises them)")  # fmt: skip
-        equal_batches = False
     hosts_of = (share_mode, hosts)
     if sampler_kind == "neighbor":
         _plan_graph(data, keys, world_size, batch_size, epochs, buffer, tier_size, seed, slack,

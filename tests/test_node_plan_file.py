@@ -61,8 +61,8 @@ def _write(spec: PlanSpec, hosts: Hosts, epochs: list[NodeEpoch], path: Path) ->
 
 
 def _edited(path: Path, edit: Callable[[NodeEpoch], NodeEpoch], hosts: Hosts | None = None,
-            epoch: int = 0) -> Path:  # fmt: skip
-    spec, hosts = _spec(), hosts or Hosts.grid(1, 4)
+            epoch: int = 0, spec: PlanSpec | None = None) -> Path:  # fmt: skip
+    spec, hosts = spec or _spec(), hosts or Hosts.grid(1, 4)
     epochs = _epochs(spec, hosts)
     ranks = {k: (v.copy() if isinstance(v, np.ndarray) else v)
              for k, v in vars(epochs[epoch].ranks).items()}  # fmt: skip
@@ -75,7 +75,13 @@ def _edited(path: Path, edit: Callable[[NodeEpoch], NodeEpoch], hosts: Hosts | N
 
 
 def _validate(path: Path) -> None:
-    load_node_plan(path, _spec().sampler).validate(0)  # no comm: every host proven here
+    plan = load_node_plan(path)
+    sampler = None if plan.spec.equal_batches else _spec().sampler  # (Shuffle: recorded whole)
+    load_node_plan(path, sampler).validate(0)  # no comm: every host proven here
+
+
+# Shuffle with equal batches: 250 rows, a short last batch of 10 (2 or 3 rows a rank).
+EQUAL = PlanSpec(RunConfig(250, 4, 6, 3, seed=5), BufferConfig(8, 0.25), equal_batches=True)
 
 
 @pytest.mark.parametrize("grouping", ["1x4", "2x2"])
@@ -103,6 +109,53 @@ def test_a_shuffle_node_plan_file_proves_safe(tmp_path):
     node_plan_to_file(spec, Hosts.grid(2, 2), tmp_path / "n.h5").validate(1)
 
 
+def test_solar_plan_writes_the_same_node_plan_file_of_equal_batches_in_a_fresh_process(tmp_path):
+    """The node plan is a pure function of its inputs (the hosts of a job each plan every
+    host, and must agree): ``solar plan`` in another process writes this process's file, all
+    but its timing."""
+    out = tmp_path / "cli.h5"
+    args = ["plan", "--samples", "250", "-P", "4", "-B", "6", "-E", "3", "-C", "8", "--slack",
+            "0.25", "--seed", "5", "--share", "node", "--hosts", "2x2", "--equal-batches", "-o",
+            str(out)]  # fmt: skip
+    r = subprocess.run([sys.executable, "-m", "solar.cli", *args], capture_output=True,
+                       text=True, timeout=120)  # fmt: skip
+    assert r.returncode == 0, r.stderr[-2000:]
+    here = node_plan_to_file(EQUAL, Hosts.grid(2, 2), tmp_path / "here.h5")
+    with h5py.File(out) as a, h5py.File(here.file.path) as b:
+        names: list[str] = []
+        a.visit(names.append)
+        b_names: list[str] = []
+        b.visit(b_names.append)
+        assert names == b_names
+        for name in names:
+            if isinstance(a[name], h5py.Dataset):
+                assert a[name][()].tobytes() == b[name][()].tobytes(), name
+        assert {k: v for k, v in a.attrs.items() if k != "plan_seconds"} == \
+            {k: v for k, v in b.attrs.items() if k != "plan_seconds"}  # fmt: skip
+
+
+@pytest.mark.parametrize("grouping", ["1x4", "2x2"])
+def test_a_node_plan_file_holds_equal_batches_and_proves_every_rank_its_share(tmp_path, grouping):
+    """The file's checksums are those of what it holds: the planner's host plan carries the
+    hosts' peer counts, which the file does not (a file of equal batches once failed its own
+    checksum); every rank's step offsets come back, whose counts drive the exchange."""
+    hosts = Hosts.parse(grouping)
+    made = node_plan_to_file(EQUAL, hosts, tmp_path / "n.h5")
+    assert made.spec.equal_batches
+    for k, want in enumerate(_epochs(EQUAL, hosts)):
+        got = made.epoch(k)
+        for name in ("rank_offsets", "step_offsets", "sample", "slot", "flags"):
+            assert np.array_equal(getattr(got.host, name), getattr(want.host, name)), name
+            assert np.array_equal(getattr(got.ranks, name), getattr(want.ranks, name)), name
+        assert np.array_equal(got.reader, want.reader) and np.array_equal(got.at, want.at)
+    made.validate(0)
+    counts = np.diff(made.epoch(0).ranks.step_offsets, axis=1)  # (P, steps)
+    if hosts.count == 1:  # no exchange: every rank serves its share
+        assert counts[:, 0].tolist() == [6] * 4 and counts[:, -1].tolist() == [3, 3, 2, 2]
+    else:  # a host's surplus crosses hosts
+        assert np.any(counts != 6)
+
+
 def test_solar_plan_share_node_writes_a_node_plan_file(tmp_path):
     out = tmp_path / "n.h5"
     args = ["plan", "--samples", "300", "--sample-bytes", "64", "-P", "4", "-B", "6", "-E", "2",
@@ -111,7 +164,8 @@ def test_solar_plan_share_node_writes_a_node_plan_file(tmp_path):
     assert r.exit_code == 0, r.output
     assert "hosts 2x2 [[0, 1], [2, 3]]" in r.output and f"-> {out}" in r.output
     plan = load_node_plan(out)
-    assert plan.hosts == Hosts.grid(2, 2) and not plan.spec.equal_batches
+    assert plan.hosts == Hosts.grid(2, 2) and plan.spec.equal_batches  # a Loader's default
+    assert "--variable-batches" not in args and plan.file.stats["moved_rows"] > 0
     again = CliRunner().invoke(cli, args)
     assert again.exit_code != 0 and "exists (use --force" in str(again.exception)
     shown = CliRunner().invoke(cli, ["inspect", str(out)])
@@ -210,6 +264,31 @@ def _one_store_dropped(ne):  # the host's store is not made: the buffer is not t
     return ne
 
 
+def _hit_moved_to(dst: int):
+    """A hit of rank 0 served by rank ``dst`` instead, at the same step: still a safe service
+    (any local rank serves any row the node holds), but not the equal shares."""
+
+    def edit(ne):
+        r = ne.ranks
+        u = _first(ne, HIT, 0)
+        t = int(np.searchsorted(r.step_offsets[0], u, side="right") - 1)
+        v = int(r.rank_offsets[dst] + r.step_offsets[dst, t + 1]) - 1  # after the deletion
+        moved = {}
+        for name, arr in (("sample", r.sample), ("slot", r.slot), ("flags", r.flags),
+                          ("tslot", r.tslot), ("reader", ne.reader), ("at", ne.at)):  # fmt: skip
+            moved[name] = np.insert(np.delete(arr, u), v, arr[u])
+        ro, so = r.rank_offsets.copy(), r.step_offsets.copy()
+        ro[1 : dst + 1] -= 1
+        so[0, t + 1 :] -= 1
+        so[dst, t + 1 :] += 1
+        ranks = dataclasses.replace(r, rank_offsets=ro, step_offsets=so, sample=moved["sample"],
+                                    slot=moved["slot"], flags=moved["flags"],
+                                    tslot=moved["tslot"])  # fmt: skip
+        return dataclasses.replace(ne, ranks=ranks, reader=moved["reader"], at=moved["at"])
+
+    return edit
+
+
 def _set(name: str, value: int, flag: int = HIT):
     def edit(ne):
         arr = ne.reader if name == "reader" else ne.at if name == "at" else getattr(ne.ranks, name)
@@ -239,6 +318,27 @@ def _set(name: str, value: int, flag: int = HIT):
 )  # fmt: skip
 def test_an_edited_node_plan_is_refused_in_one_line(tmp_path, edit, hosts, words):
     path = _edited(tmp_path / "n.h5", edit, Hosts.parse(hosts))
+    with pytest.raises(CorruptPlanError) as err:
+        _validate(path)
+    msg = str(err.value)
+    assert "\n" not in msg and msg.startswith(f"plan {path}: ") and words in msg, msg
+
+
+@pytest.mark.parametrize(
+    "hosts, dst, words",
+    [
+        ("1x4", 1, "its served rows are not its equal share of its host's"),
+        ("2x2", 1, "its served rows are not its equal share of its host's"),
+        ("2x2", 3, "a host access no rank of the host serves"),
+    ],
+)
+def test_an_edit_off_the_equal_shares_is_refused_in_one_line(tmp_path, hosts, dst, words):
+    """A hit moved from rank 0 to another rank of its host at its step: served safely (the
+    services prove it), but not the equal shares (on one host no exchange evens them out); to
+    a rank of another host: host 0 leaves the access unserved."""
+    good = _edited(tmp_path / "good.h5", lambda ne: ne, Hosts.parse(hosts), spec=EQUAL)
+    _validate(good)
+    path = _edited(tmp_path / "n.h5", _hit_moved_to(dst), Hosts.parse(hosts), 1, EQUAL)
     with pytest.raises(CorruptPlanError) as err:
         _validate(path)
     msg = str(err.value)
@@ -296,10 +396,12 @@ def test_a_damaged_node_plan_file_is_refused_in_one_line(tmp_path, how, words):
     field=st.sampled_from(["sample", "slot", "flags", "reader", "at"]),
     where=st.integers(0, 10**6),
     value=st.sampled_from([-1, 0, 1, 2, 3, 7, 128, 129, N, 10**6]),
+    equal=st.booleans(),
 )
-def test_any_edit_of_a_service_is_refused_or_harmless(tmp_path_factory, field, where, value):
+def test_any_edit_of_a_service_is_refused_or_harmless(tmp_path_factory, field, where, value,
+                                                      equal):  # fmt: skip
     """Never a crash: a refusal in one line, or an edit that changes nothing served (the same
-    value, or a store the plan may drop)."""
+    value, or a store the plan may drop); of Weighted's plan or Shuffle's of equal batches."""
     path = tmp_path_factory.mktemp("edit") / "n.h5"
 
     def edit(ne):
@@ -309,7 +411,7 @@ def test_any_edit_of_a_service_is_refused_or_harmless(tmp_path_factory, field, w
         arr[where % arr.size] = np.array(value).astype(arr.dtype)
         return ne
 
-    _edited(path, edit)
+    _edited(path, edit, Hosts.grid(2, 2) if equal else None, spec=EQUAL if equal else None)
     try:
         _validate(path)
     except CorruptPlanError as exc:
@@ -324,6 +426,7 @@ FOREIGN = ("SLURM_", "PMI_", "OMPI_", "TORCHELASTIC_", "MPI_")
 @pytest.mark.xdist_group("launchers")
 @pytest.mark.skipif(not MPIEXEC.exists(), reason="no mpiexec beside python")
 def test_a_node_plan_file_serves_h5py_bytes_on_two_hosts_and_refuses_another_grouping(tmp_path):
+    """(With equal batches too: every rank its nominal share, the rows the file's counts move.)"""
     x = np.random.default_rng(0).integers(0, 2**31, (600, 24), dtype=np.int64)
     data = write_h5(tmp_path / "d.h5", x=x)
     w = (1.0 + np.arange(600)) ** -0.8
@@ -333,12 +436,19 @@ def test_a_node_plan_file_serves_h5py_bytes_on_two_hosts_and_refuses_another_gro
     good = node_plan_to_file(ld.spec, Hosts.grid(2, 2), tmp_path / "p22.h5").file.path
     other = node_plan_to_file(ld.spec, Hosts.grid(1, 4), tmp_path / "p14.h5").file.path
     ld.close()
+    ld = Loader(data, ["x"], batch_size=12, epochs=3, buffer="10%", warm=False, seed=5,
+                equal_batches=False, rank=0, world_size=4)  # fmt: skip
+    spec = dataclasses.replace(ld.spec, equal_batches=True)  # Shuffle's, as a job's
+    equal = node_plan_to_file(spec, Hosts.grid(2, 2), tmp_path / "eq22.h5").file.path
+    ld.close()
     env = {k: v for k, v in os.environ.items() if not k.startswith(FOREIGN)}
     env["SOLAR_HOSTS"] = "2x2"
     script = Path(__file__).parent / "mpi" / "node_plan_file.py"
-    cmd = [str(MPIEXEC), "-n", "4", sys.executable, str(script), str(data), str(good), str(other)]
+    cmd = [str(MPIEXEC), "-n", "4", sys.executable, str(script), str(data), str(good), str(other),
+           str(equal)]  # fmt: skip
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=env)
     assert "rows read as the file says" in r.stdout, r.stderr[-3000:]
+    assert "equal batches: every rank its share" in r.stdout, r.stderr[-3000:]
     assert r.returncode != 0 and "unreachable" not in r.stderr
     assert (f"plan {other}: made for hosts 1x4 [[0, 1, 2, 3]], but this job's ranks are "
             "grouped 2x2 [[0, 1], [2, 3]]") in r.stderr  # fmt: skip

@@ -154,7 +154,7 @@ def test_one_rank_per_host_is_todays_plan_and_deterministic(case):
         for name in ("sample", "slot", "flags", "tslot", "step_offsets"):
             assert getattr(a.ranks, name).tobytes() == getattr(b.ranks, name).tobytes()
             assert getattr(a.host, name).tobytes() == getattr(b.host, name).tobytes()
-        assert a.reader.tobytes() == b.reader.tobytes()
+        assert a.reader.tobytes() == b.reader.tobytes() and a.at.tobytes() == b.at.tobytes()
 
 
 @st.composite
@@ -180,6 +180,11 @@ def test_equal_node_batches_give_every_rank_its_share_moving_only_the_hosts_surp
     run, world = spec.run, spec.run.world_size
     epochs = plan_all(spec, hosts)
     check_node_plan(spec, hosts, epochs)
+    for a, b in zip(epochs, plan_all(spec, hosts), strict=True):  # a pure function of its inputs
+        for name in ("rank_offsets", "step_offsets", "sample", "slot", "flags"):
+            assert getattr(a.ranks, name).tobytes() == getattr(b.ranks, name).tobytes(), name
+            assert getattr(a.host, name).tobytes() == getattr(b.host, name).tobytes(), name
+        assert a.reader.tobytes() == b.reader.tobytes() and a.at.tobytes() == b.at.tobytes()
     free = plan_all(dataclasses.replace(spec, equal_batches=False), hosts)
     for ne, other in zip(epochs, free, strict=True):
         for name in ("sample", "slot", "flags", "step_offsets"):

@@ -19,6 +19,11 @@ header and in the fingerprint, and two sections per epoch::
                            reader (int16: the global rank reading the row, -1: a hit) and at
                            (int64: the access's index into the host section's arrays)
 
+Every rank's step offsets are in ``ranks/step_offsets``: with equal batches (in the spec) their
+counts drive the exchange across hosts (solar/schedule/nodeequal.py), every rank reading them
+all (each rank's checked against its checksum). The checksums are those of the sections as the
+reader rebuilds them (:func:`_sections`), never of what the planner holds beside them.
+
 A node plan file is untrusted input like any plan file: :meth:`NodePlan.validate` proves it
 (solar/schedule/nodevalidate.py) before any byte moves; a Loader whose hosts are grouped
 otherwise is refused (:meth:`NodePlan.check_hosts`).
@@ -151,14 +156,10 @@ class NodePlanWriter:
             g = self._file.create_group(f"epochs/{ne.epoch}/{part}")
             for name, data in arrays.items():
                 g.create_dataset(name, data=data)
-        fp, h = self.fingerprint, self.hosts.count
-        for q in range(h):
-            self.checksums[ne.epoch, q] = np.frombuffer(
-                _part_checksum(ne.host.rank(q), q, fp, False), np.uint8)  # fmt: skip
-        written = dataclasses.replace(ne.ranks, sample=ranks["sample"])
-        for r in range(self.spec.run.world_size):
-            self.checksums[ne.epoch, h + r] = np.frombuffer(
-                _service_checksum(written, ne.reader, ne.at, r, fp), np.uint8)  # fmt: skip
+        # The checksums of the sections as the reader rebuilds them (not of ``ne``, whose
+        # host plan may carry what the file does not hold: the planner's peer counts).
+        written = _sections(ne.epoch, host, ranks, self.hosts)
+        self.checksums[ne.epoch] = _checksums(written, self.fingerprint)
         self._next += 1
 
     def finish(self, stats: dict, plan_seconds: float) -> None:
@@ -286,22 +287,38 @@ class NodePlanFile:
         if not (r["sample"].size == r["slot"].size == r["flags"].size == r["reader"].size
                 == r["at"].size):  # fmt: skip
             raise CorruptPlanError(f"{where}: the ranks' arrays differ in length")
-        host = EpochPlan(k, h["rank_offsets"], h["step_offsets"], h["sample"], h["slot"],
-                         h["flags"], no_tier(h["sample"].size))  # fmt: skip
-        ranks = EpochPlan(k, r["rank_offsets"], r["step_offsets"], r["sample"], r["slot"],
-                          r["flags"], no_tier(r["sample"].size))  # fmt: skip
-        count = self.hosts.count
-        for q in range(count):
-            if _part_checksum(host.rank(q), q, self.fingerprint, False) != \
-                    self.checksums[k, q].tobytes():  # fmt: skip
-                raise CorruptPlanError(f"{where}: host {q}'s plan fails its checksum "
-                                       "(corrupt file)")  # fmt: skip
-        for q in range(self.spec.run.world_size):
-            if _service_checksum(ranks, r["reader"], r["at"], q, self.fingerprint) != \
-                    self.checksums[k, count + q].tobytes():  # fmt: skip
-                raise CorruptPlanError(f"{where}: rank {q}'s service fails its checksum "
-                                       "(corrupt file)")  # fmt: skip
-        return NodeEpoch(k, self.hosts, host, ranks, r["reader"], r["at"])
+        ne = _sections(k, h, r, self.hosts)
+        got = _checksums(ne, self.fingerprint)
+        for q in range(got.shape[0]):
+            if not np.array_equal(got[q], self.checksums[k, q]):
+                count = self.hosts.count
+                what = f"host {q}'s plan" if q < count else f"rank {q - count}'s service"
+                raise CorruptPlanError(f"{where}: {what} fails its checksum (corrupt file)")
+        return ne
+
+
+def _sections(k: int, h: dict, r: dict, hosts: Hosts) -> NodeEpoch:
+    """Epoch ``k`` from its sections' arrays (``h`` the host plan's, ``r`` the ranks'): how the
+    reader rebuilds it and what the writer's checksums cover, built in one place."""
+    host = EpochPlan(k, h["rank_offsets"], h["step_offsets"], h["sample"], h["slot"],
+                     h["flags"], no_tier(h["sample"].size))  # fmt: skip
+    ranks = EpochPlan(k, r["rank_offsets"], r["step_offsets"], r["sample"], r["slot"],
+                      r["flags"], no_tier(r["sample"].size))  # fmt: skip
+    return NodeEpoch(k, hosts, host, ranks, r["reader"], r["at"])
+
+
+def _checksums(ne: NodeEpoch, fingerprint: str) -> np.ndarray:
+    """(H + P, 16) uint8: each host's part (as a rank of the host run), then each rank's
+    service."""
+    count = ne.host.rank_offsets.size - 1
+    world = ne.ranks.rank_offsets.size - 1
+    out = np.empty((count + world, 16), np.uint8)
+    for q in range(count):
+        out[q] = np.frombuffer(_part_checksum(ne.host.rank(q), q, fingerprint, False), np.uint8)
+    for q in range(world):
+        out[count + q] = np.frombuffer(
+            _service_checksum(ne.ranks, ne.reader, ne.at, q, fingerprint), np.uint8)  # fmt: skip
+    return out
 
 
 def _check_offsets(a: dict, where: str) -> None:

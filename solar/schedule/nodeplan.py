@@ -41,6 +41,7 @@ from solar.schedule.nodeequal import deal_equal, rank_targets
 from solar.schedule.planner import EpochPlan, Planner, RankEpoch
 from solar.schedule.samplers import EpochDraws, Sampler
 from solar.schedule.spec import PlanSpec
+from solar.schedule.transfer import moved_rows
 
 MAX_LOCAL = 63  # local ranks per host: a row's needers are a bit mask in an int64
 
@@ -691,11 +692,13 @@ def node_totals(spec: PlanSpec, hosts: Hosts, buffer: BufferConfig | None = None
         raise SolarError(f"hosts {hosts.as_record()}: a node plan file needs as many ranks on "
                          "every host")  # fmt: skip
     planners = [NodePlanner(spec, hosts, buffer, only_host=h) for h in alone]
-    acc = hits = reads = side = shared = 0
+    acc = hits = reads = side = shared = moved = 0
     for p in [q for _ in range(spec.run.epochs) for q in planners]:  # epoch by epoch
         ne = p.next()
         if sink is not None:
             sink(ne)
+        if spec.equal_batches and hosts.count > 1:  # a host's surplus crosses hosts
+            moved += int(moved_rows(np.diff(ne.ranks.step_offsets, axis=1).T)[0].sum())
         f = ne.host.flags
         served = (f & SIDE) == 0
         hit = (f & (HIT | THIT)) != 0
@@ -704,9 +707,12 @@ def node_totals(spec: PlanSpec, hosts: Hosts, buffer: BufferConfig | None = None
         reads += int((~hit & served).sum())
         side += int((~served).sum())
         shared += int(np.count_nonzero(ne.ranks.flags & PEER))
-    return {"hosts": hosts.as_record(),
-            "buffer_per_host": [q.host_spec.slots for q in planners] if len(planners) > 1
-            else planners[0].host_spec.slots,
-            "accesses": acc, "hits": hits, "reads": reads, "side_reads": side,
-            "peer_rows": shared, "hit_rate": hits / max(1, acc),
-            "reads_per_epoch": reads / spec.run.epochs}  # fmt: skip
+    out = {"hosts": hosts.as_record(),
+           "buffer_per_host": [q.host_spec.slots for q in planners] if len(planners) > 1
+           else planners[0].host_spec.slots,
+           "accesses": acc, "hits": hits, "reads": reads, "side_reads": side,
+           "peer_rows": shared, "hit_rate": hits / max(1, acc),
+           "reads_per_epoch": reads / spec.run.epochs}  # fmt: skip
+    if spec.equal_batches:  # rows the exchange moves between hosts over the run
+        out["moved_rows"] = moved
+    return out

@@ -17,7 +17,11 @@ A node plan file is untrusted like any plan file. Per epoch, for each host prove
   and every rank naming one row names the same reader; every host access is served (with
   Shuffle's affinity, by exactly one rank); no slot is stored twice in a step; side rows
   follow the batch; the rows shared at a step fit the host's staging rows;
-* with a sampler that fixes each rank's batch, each rank serves exactly its batch's ids.
+* with a sampler that fixes each rank's batch, each rank serves exactly its batch's ids;
+* with equal batches, every rank's served counts (which drive the exchange across hosts) are
+  the equal shares of its host's (:func:`~solar.schedule.nodeequal.rank_targets`): every rank
+  its nominal share of each step, plus or less an even part of its host's surplus or deficit;
+  their sum over the ranks is then the global batch, and each rank delivers its nominal share.
 
 Every index is checked before a kernel uses it: an edited file is refused in one line, it
 never reaches memory it does not name.
@@ -33,6 +37,7 @@ from numba import njit
 
 from solar.errors import CorruptPlanError
 from solar.schedule._common import ADMIT, DEMOTE, HIT, PEER, SIDE, TADMIT, THIT
+from solar.schedule.nodeequal import rank_targets
 from solar.schedule.nodeplan import Hosts, HostSampler, NodeEpoch, node_spec
 from solar.schedule.nodestream import stage_bound
 from solar.schedule.spec import PlanSpec
@@ -208,6 +213,26 @@ class NodeValidator:
                 raise CorruptPlanError("host plan: host " + msg[5:] if msg.startswith("rank ")
                                        else f"host plan: {msg}") from None  # fmt: skip
             self._services(ne, h, k, spe)
+        if self.spec.equal_batches:
+            self._shares(ne, k * spe)
+
+    def _shares(self, ne: NodeEpoch, first_step: int) -> None:
+        """Every rank's served counts are its equal share of its host's (every rank's: the
+        exchange needs them all, and every rank computes it from them alike)."""
+        host = np.diff(ne.host.step_offsets, axis=1).T  # (steps, H)
+        ranks = np.diff(ne.ranks.step_offsets, axis=1).T  # (steps, P)
+        try:
+            want = rank_targets(host, self.hosts.groups)
+        except AssertionError:  # host counts no dealing can meet (proven hosts never give)
+            want = None
+        bad = np.arange(ranks.shape[0]) if want is None else \
+            np.flatnonzero(np.any(ranks != want, axis=1))  # fmt: skip
+        if bad.size:
+            t = int(bad[0])
+            r = 0 if want is None else int(np.flatnonzero(ranks[t] != want[t])[0])
+            raise CorruptPlanError(f"node plan: rank {r}, step {first_step + t}: its served "
+                                   "rows are not its equal share of its host's (equal "
+                                   "batches)")  # fmt: skip
 
     def _services(self, ne: NodeEpoch, h: int, k: int, spe: int) -> None:
         host, ranks = ne.host, ne.ranks

@@ -1,9 +1,12 @@
 """Under mpiexec -n 4 with SOLAR_HOSTS=2x2: ``Loader(plan=FILE, share="node")`` serves every
 rank exactly its sampler's batches, each row h5py's bytes, and reads from storage exactly the
-rows the node plan file gives each rank; then a file made for another grouping is refused by
-every rank in one line (the job ends).
+rows the node plan file gives each rank; a file of Shuffle with equal batches serves every rank
+its nominal share, the batches the file's counts deliver (its host's surplus crossing hosts),
+h5py's bytes; then a file made for another grouping is refused by every rank in one line (the
+job ends).
 
-SOLAR_HOSTS=2x2 mpiexec -n 4 python tests/mpi/node_plan_file.py DATA.h5 PLAN_2x2.h5 PLAN_1x4.h5
+SOLAR_HOSTS=2x2 mpiexec -n 4 python tests/mpi/node_plan_file.py DATA.h5 PLAN_2x2.h5 PLAN_1x4.h5 \
+    EQUAL_2x2.h5
 """
 
 import sys
@@ -11,10 +14,12 @@ import sys
 import h5py
 import numpy as np
 
-from solar import Loader, Weighted, dist
+from solar import Loader, Shuffle, Weighted, dist
 from solar.schedule.nodefile import load_node_plan
+from solar.schedule.order import nominal_batches
+from solar.schedule.transfer import delivered
 
-path, good, other = sys.argv[1:4]
+path, good, other, equal = sys.argv[1:5]
 d = dist.init()
 comm, rank = d.comm, d.rank
 ref = h5py.File(path)["x"][()]
@@ -49,6 +54,29 @@ assert tot.reads + tot.side_reads == want, (rank, tot.reads, tot.side_reads, wan
 reads = comm.allreduce(want)
 if rank == 0:
     print(f"node plan file: {reads} rows read as the file says", flush=True)
+comm.Barrier()
+# Equal batches (the file's choice): each step the batch the file's counts deliver to this rank.
+eq = Loader(path, ["x"], batch_size=12, epochs=E, buffer="10%", sampler=Shuffle(), comm=comm,
+            share="node", warm=False, seed=5, plan=equal)  # fmt: skip
+assert eq.spec.equal_batches
+plan = load_node_plan(equal)
+for e in range(E):
+    eq.set_epoch(e)
+    ranks = plan.epoch(e).ranks
+    parts = [ranks.rank(r) for r in range(comm.Get_size())]
+    want = delivered([p.sample for p in parts], [p.step_offsets for p in parts])[rank]
+    for t, b in enumerate(eq):
+        ids = b["index"].numpy()
+        assert ids.size == nominal_batches(int(eq.global_batch), comm.Get_size())[rank]
+        assert np.array_equal(ids, want[t]), (e, t)
+        assert b["x"].numpy().tobytes() == ref[ids].tobytes(), (e, t)
+    assert t == len(want) - 1
+tot = eq.stats.totals()
+eq.close()
+moved = comm.allreduce(tot.sent)
+assert moved == comm.allreduce(tot.received) == plan.file.stats["moved_rows"] > 0, moved
+if rank == 0:
+    print(f"node plan file, equal batches: every rank its share, {moved} rows moved", flush=True)
 comm.Barrier()
 loader(other)  # made for 1x4: refused on every rank, the job ends
 print("unreachable", file=sys.stderr)
