@@ -337,6 +337,7 @@ def test_a_failing_rank_ends_the_job_promptly(launcher, wait):
             assert f"solar: rank {r}: ending: rank 1 failed" in result.stderr, result.stderr
 
 
+@pytest.mark.one_process
 def test_training_example_help_lists_its_options():
     result = subprocess.run([sys.executable, EXAMPLE, "--help"], capture_output=True, text=True,
                             timeout=120, check=False)  # fmt: skip
