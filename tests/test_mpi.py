@@ -302,23 +302,46 @@ def test_a_transform_failing_on_one_rank_ends_the_job_promptly(tmp_path, launche
     assert "unreachable" not in result.stderr
 
 
-@pytest.mark.parametrize("launcher", ["mpiexec", "torchrun"])
-def test_ddp_gradients_equal_a_single_process_step(tmp_path, launcher):
-    data = write(tmp_path / "d.h5", 0, N)
-    result = launch(launcher, 3, "gradients.py", data, "variable")
+@pytest.fixture(scope="module")
+def gradients_job(tmp_path_factory):
+    """``(launcher, ranks, modes) -> CompletedProcess`` of gradients.py checking ``modes`` in
+    one job (N = 103 for "variable", 102 for "default"): torchrun on 3 ranks runs both once."""
+    jobs: dict[tuple, subprocess.CompletedProcess] = {}
+
+    def get(launcher: str, ranks: int, modes: tuple[str, ...]) -> subprocess.CompletedProcess:
+        if (launcher, ranks, modes) not in jobs:
+            tmp = tmp_path_factory.mktemp("gradients")
+            args = []
+            for mode in modes:
+                n = N if mode == "variable" else 102
+                args += [write(tmp / f"{mode}.h5", 0, n), mode]
+            jobs[launcher, ranks, modes] = launch(launcher, ranks, "gradients.py", *args)
+        return jobs[launcher, ranks, modes]
+
+    return get
+
+
+@pytest.mark.parametrize(("launcher", "modes"), [
+    ("mpiexec", ("variable",)), ("torchrun", ("variable", "default")),
+], ids=["mpiexec", "torchrun"])  # fmt: skip
+def test_ddp_gradients_equal_a_single_process_step(gradients_job, launcher, modes):
+    result = gradients_job(launcher, 3, modes)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stdout.count("gradients equal") == 3
+    assert result.stdout.count("gradients equal") == 3 * len(modes)
+    assert re.search(r"rank 0: gradients equal, \d+ steps, [1-9]\d* uneven", result.stdout)
 
 
-@pytest.mark.parametrize(("launcher", "ranks"), [("mpiexec", 2), ("torchrun", 3)])
-def test_ddp_with_the_default_loader_and_a_mean_loss_equals_one_process(tmp_path, launcher,
-                                                                        ranks):  # fmt: skip
+@pytest.mark.parametrize(("launcher", "ranks", "modes"), [
+    ("mpiexec", 2, ("default",)), ("torchrun", 3, ("variable", "default")),
+], ids=["mpiexec-2", "torchrun-3"])  # fmt: skip
+def test_ddp_with_the_default_loader_and_a_mean_loss_equals_one_process(gradients_job, launcher,
+                                                                        ranks, modes):  # fmt: skip
     """Equal batches by default: a ported loop's ``loss.mean()`` gives the global mean's
     gradient (N = 102: not a multiple of the global batch; its last step splits evenly)."""
-    data = write(tmp_path / "d.h5", 0, 102)
-    result = launch(launcher, ranks, "gradients.py", data, "default")
+    result = gradients_job(launcher, ranks, modes)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stdout.count("gradients equal") == ranks
+    assert result.stdout.count("gradients equal") == ranks * len(modes)
+    assert re.search(r"rank 0: gradients equal, \d+ steps, 0 uneven", result.stdout)
 
 
 @pytest.mark.parametrize(("launcher", "wait"), [
