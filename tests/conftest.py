@@ -31,13 +31,23 @@ def small_h5(tmp_path: Path) -> Path:
 # Tests that launch jobs of several ranks (mpiexec, torchrun, srun) run one at a time in one
 # pytest worker (`make test` runs two, --dist loadgroup): two such jobs at once put 6+ ranks on
 # 2 cores, and a rank's exit then races torch's store threads at interpreter shutdown. The node
-# buffer's /dev/shm checks need the same (no other job making node regions alongside).
+# buffer's /dev/shm checks need the same (no other job making node regions alongside). This
+# group is the suite's longest path, so only what launches goes in it: a test of one process in
+# these files is marked one_process; elsewhere a test's name says it (not its parameters: a
+# page named launchers.md launches nothing); test_launch.py reads environments, one process.
 _LAUNCHING = {"test_mpi.py", "test_node_buffer.py", "test_faults.py", "test_leftovers.py",
-              "test_scan.py", "test_launch.py"}  # fmt: skip
+              "test_scan.py"}  # fmt: skip
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "one_process: in a launching file, launches no ranks")
 
 
 def pytest_collection_modifyitems(items):
     for item in items:
         name = item.nodeid.split("::", 1)[0].rsplit("/", 1)[-1]
-        if name in _LAUNCHING or any(w in item.nodeid for w in ("mpiexec", "launcher")):
+        test = getattr(item, "originalname", item.name)
+        if item.get_closest_marker("one_process"):
+            continue
+        if name in _LAUNCHING or any(w in test for w in ("mpiexec", "either_launcher")):
             item.add_marker(pytest.mark.xdist_group("launchers"))

@@ -189,8 +189,8 @@ def test_bench_applies_one_transform_in_every_loader(tmp_path):
     assert f"--transform {mod}:nothing: {mod} has no function 'nothing'" in bad.stderr
 
 
-@pytest.mark.xdist_group("launchers")  # its two-rank run makes node buffers (solar-node)
-@pytest.mark.parametrize("world", [1, 2])
+# Two ranks make node buffers (solar-node): in the launching jobs' group (tests/conftest.py).
+@pytest.mark.parametrize("world", [1, pytest.param(2, marks=pytest.mark.xdist_group("launchers"))])
 def test_bench_gathers_gnn_features_with_every_loader(tmp_path, world):
     """--sampler neighbor: mmap (emulated), lru, static and solar gather the same subgraphs'
     rows under one budget; steps/s, nodes/s, hit rate and read amplification per loader (two

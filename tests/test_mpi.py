@@ -6,6 +6,7 @@ SLURM_LOCALID, SLURM_JOB_ID, SLURM_STEP_ID, SLURM_STEP_NODELIST).
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import re
@@ -111,15 +112,23 @@ def write(path: Path, lo: int, hi: int, one_row: bool = False, **layout) -> Path
     return path
 
 
-@pytest.mark.parametrize(("launcher", "ranks", "slack", "layout"), [
+SERVE = [
     ("mpiexec", 2, 0.25, "one file"), ("mpiexec", 3, 0.0, "three files"),
     ("mpiexec", 3, 0.5, "chunked"), ("mpiexec", 4, 0.25, "one file"),
     ("torchrun", 3, 0.25, "three files"), ("srun", 2, 0.5, "one file"),
     ("mpiexec", 3, 0.25, "one file, tier"), ("mpiexec", 3, 0.25, "chunked, tier"),
     ("mpiexec", 3, 0.25, "chunked, one sample a chunk"),
-])  # fmt: skip
-def test_ranks_serve_every_sample_once_with_h5py_bytes(tmp_path, launcher, ranks, slack, layout):
-    """Whole runs, a mid-epoch resume, each sample once per epoch; with a second tier too."""
+]  # fmt: skip
+WEIGHTED = [(2, "affinity", False, False), (3, "split", True, False), (3, "affinity", True, True)]
+EQUAL = [
+    ("mpiexec", 2, 0.25, "one file"), ("mpiexec", 3, 0.5, "three files"),
+    ("mpiexec", 3, 0.25, "one file, tier"), ("mpiexec", 3, 0.25, "one file, plan file"),
+    ("torchrun", 3, 0.5, "one file, tier"), ("mpiexec", 3, 0.25, "one file, transform"),
+]  # fmt: skip
+
+
+def serve_args(tmp_path: Path, launcher: str, ranks: int, slack: float, layout: str) -> list:
+    """coverage.py's arguments for a case of SERVE (its files written in ``tmp_path``)."""
     if layout == "three files":
         data = [
             write(tmp_path / f"{i}.h5", lo, hi)
@@ -135,22 +144,11 @@ def test_ranks_serve_every_sample_once_with_h5py_bytes(tmp_path, launcher, ranks
     if layout.endswith("tier"):
         (tmp_path / "nvme").mkdir()
         tier = ["--tier", tmp_path / "nvme", "--tier-size", 20]
-    result = launch(launcher, ranks, "coverage.py", *data, "--slack", slack, *tier)
-    assert result.returncode == 0, result.stderr[-3000:]
-    # One job of `ranks` ranks, not `ranks` jobs of one.
-    for r in range(ranks):
-        assert f"rank {r} of {ranks}: ok" in result.stdout, result.stdout
-        if layout.startswith("chunked"):  # decoded chunk by chunk by solar, not through h5py
-            # (ranks' lines may interleave: "chunks" not followed by another path)
-            assert re.search(rf"rank {r} of {ranks}: read paths chunks(?!,)", result.stdout)
+    return [*data, "--slack", slack, *tier]
 
 
-@pytest.mark.parametrize(("ranks", "mode", "tier", "plan"), [
-    (2, "affinity", False, False), (3, "split", True, False), (3, "affinity", True, True),
-])  # fmt: skip
-def test_a_weighted_sampler_serves_every_draw_once(tmp_path, ranks, mode, tier, plan):
-    """Weighted draws under mpiexec: h5py's bytes, each draw of every global batch once, an
-    exact resume; with a tier; from a `solar plan` file proven against the sampler."""
+def weighted_args(tmp_path: Path, ranks: int, mode: str, tier: bool, plan: bool) -> list:
+    """coverage.py's arguments for a case of WEIGHTED (under mpiexec)."""
     data = write(tmp_path / "d.h5", 0, N)
     args = ["--weighted", mode, "--slack", 0.25]
     if tier:
@@ -170,23 +168,11 @@ def test_a_weighted_sampler_serves_every_draw_once(tmp_path, ranks, mode, tier, 
         )  # fmt: skip
         assert made.returncode == 0, made.stderr
         args += ["--plan", tmp_path / "p.h5"]
-    result = launch("mpiexec", ranks, "coverage.py", data, *args)
-    assert result.returncode == 0, result.stderr[-3000:]
-    for r in range(ranks):
-        assert f"rank {r} of {ranks}: ok" in result.stdout, result.stdout
+    return [data, *args]
 
 
-@pytest.mark.parametrize(("launcher", "ranks", "slack", "layout"), [
-    ("mpiexec", 2, 0.25, "one file"), ("mpiexec", 3, 0.5, "three files"),
-    ("mpiexec", 3, 0.25, "one file, tier"), ("mpiexec", 3, 0.25, "one file, plan file"),
-    ("torchrun", 3, 0.5, "one file, tier"), ("mpiexec", 3, 0.25, "one file, transform"),
-])  # fmt: skip
-def test_equal_batches_deliver_every_sample_once_with_h5py_bytes(
-    tmp_path, launcher, ranks, slack, layout
-):
-    """Whole runs with equal batches: every batch its rank's share, the samples the plan's
-    exchange delivers, h5py's bytes, each sample once per epoch, rows moved as planned, an
-    exact resume; N = 103 does not divide; with a tier; from a `solar plan` file."""
+def equal_args(tmp_path: Path, launcher: str, ranks: int, slack: float, layout: str) -> list:
+    """coverage.py's arguments for a case of EQUAL."""
     if layout.startswith("three files"):
         data = [write(tmp_path / f"{i}.h5", lo, hi)
                 for i, (lo, hi) in enumerate([(0, 40), (40, 77), (77, N)])]  # fmt: skip
@@ -207,10 +193,79 @@ def test_equal_batches_deliver_every_sample_once_with_h5py_bytes(
         )  # fmt: skip
         assert made.returncode == 0, made.stderr
         args += ["--plan", tmp_path / "p.h5"]
-    result = launch(launcher, ranks, "coverage.py", *data, *args)
-    assert result.returncode == 0, result.stderr[-3000:]
+    return [*data, *args]
+
+
+# Every coverage.py case: (test, launcher, ranks, the case's parameters, its arguments' maker).
+CASES = (
+    [("serve", c[0], c[1], c, serve_args) for c in SERVE]
+    + [("weighted", "mpiexec", c[0], c, weighted_args) for c in WEIGHTED]
+    + [("equal", c[0], c[1], c, equal_args) for c in EQUAL]
+)
+
+
+@pytest.fixture(scope="module")
+def coverage_job(tmp_path_factory):
+    """``(test, case) -> (the job's CompletedProcess, the case's prefix "case I: ")``. The cases
+    of one launcher and size run in one job, once, one after the other (coverage.py --cases):
+    starting the ranks (torch, solar) costs more than a case does."""
+    jobs: dict[tuple[str, int], tuple] = {}
+
+    def get(test: str, case: tuple) -> tuple[subprocess.CompletedProcess, str]:
+        launcher, ranks = next((c[1], c[2]) for c in CASES if c[0] == test and c[3] == case)
+        if (launcher, ranks) not in jobs:
+            mine = [c for c in CASES if c[1:3] == (launcher, ranks)]
+            argvs = [[str(a) for a in make(tmp_path_factory.mktemp(name), *params)]
+                     for name, _, _, params, make in mine]  # fmt: skip
+            cases = tmp_path_factory.mktemp("cases") / "cases.json"
+            cases.write_text(json.dumps(argvs))
+            result = launch(launcher, ranks, "coverage.py", "--cases", cases)
+            jobs[launcher, ranks] = (result, [(c[0], c[3]) for c in mine])
+        result, order = jobs[launcher, ranks]
+        return result, f"case {order.index((test, case))}: "
+
+    return get
+
+
+def check_case(result: subprocess.CompletedProcess, tag: str, ranks: int) -> None:
+    """The case's every rank said ok, and its job (which ran other cases too) ended well."""
     for r in range(ranks):
-        assert f"rank {r} of {ranks}: ok" in result.stdout, result.stdout
+        assert f"{tag}rank {r} of {ranks}: ok" in result.stdout, (
+            result.stdout[-3000:] + result.stderr[-3000:]
+        )
+    assert result.returncode == 0, result.stderr[-3000:]
+
+
+@pytest.mark.parametrize(("launcher", "ranks", "slack", "layout"), SERVE)
+def test_ranks_serve_every_sample_once_with_h5py_bytes(coverage_job, launcher, ranks, slack,
+                                                       layout):  # fmt: skip
+    """Whole runs, a mid-epoch resume, each sample once per epoch; with a second tier too."""
+    result, tag = coverage_job("serve", (launcher, ranks, slack, layout))
+    # One job of `ranks` ranks, not `ranks` jobs of one.
+    check_case(result, tag, ranks)
+    for r in range(ranks):
+        if layout.startswith("chunked"):  # decoded chunk by chunk by solar, not through h5py
+            # (ranks' lines may interleave: "chunks" not followed by another path)
+            assert re.search(rf"{tag}rank {r} of {ranks}: read paths chunks(?!,)", result.stdout)
+
+
+@pytest.mark.parametrize(("ranks", "mode", "tier", "plan"), WEIGHTED)
+def test_a_weighted_sampler_serves_every_draw_once(coverage_job, ranks, mode, tier, plan):
+    """Weighted draws under mpiexec: h5py's bytes, each draw of every global batch once, an
+    exact resume; with a tier; from a `solar plan` file proven against the sampler."""
+    result, tag = coverage_job("weighted", (ranks, mode, tier, plan))
+    check_case(result, tag, ranks)
+
+
+@pytest.mark.parametrize(("launcher", "ranks", "slack", "layout"), EQUAL)
+def test_equal_batches_deliver_every_sample_once_with_h5py_bytes(
+    coverage_job, launcher, ranks, slack, layout
+):
+    """Whole runs with equal batches: every batch its rank's share, the samples the plan's
+    exchange delivers, h5py's bytes, each sample once per epoch, rows moved as planned, an
+    exact resume; N = 103 does not divide; with a tier; from a `solar plan` file."""
+    result, tag = coverage_job("equal", (launcher, ranks, slack, layout))
+    check_case(result, tag, ranks)
 
 
 def test_a_compiled_model_on_equal_batches_compiles_once_with_exact_gradients(tmp_path):
@@ -247,23 +302,46 @@ def test_a_transform_failing_on_one_rank_ends_the_job_promptly(tmp_path, launche
     assert "unreachable" not in result.stderr
 
 
-@pytest.mark.parametrize("launcher", ["mpiexec", "torchrun"])
-def test_ddp_gradients_equal_a_single_process_step(tmp_path, launcher):
-    data = write(tmp_path / "d.h5", 0, N)
-    result = launch(launcher, 3, "gradients.py", data, "variable")
+@pytest.fixture(scope="module")
+def gradients_job(tmp_path_factory):
+    """``(launcher, ranks, modes) -> CompletedProcess`` of gradients.py checking ``modes`` in
+    one job (N = 103 for "variable", 102 for "default"): torchrun on 3 ranks runs both once."""
+    jobs: dict[tuple, subprocess.CompletedProcess] = {}
+
+    def get(launcher: str, ranks: int, modes: tuple[str, ...]) -> subprocess.CompletedProcess:
+        if (launcher, ranks, modes) not in jobs:
+            tmp = tmp_path_factory.mktemp("gradients")
+            args = []
+            for mode in modes:
+                n = N if mode == "variable" else 102
+                args += [write(tmp / f"{mode}.h5", 0, n), mode]
+            jobs[launcher, ranks, modes] = launch(launcher, ranks, "gradients.py", *args)
+        return jobs[launcher, ranks, modes]
+
+    return get
+
+
+@pytest.mark.parametrize(("launcher", "modes"), [
+    ("mpiexec", ("variable",)), ("torchrun", ("variable", "default")),
+], ids=["mpiexec", "torchrun"])  # fmt: skip
+def test_ddp_gradients_equal_a_single_process_step(gradients_job, launcher, modes):
+    result = gradients_job(launcher, 3, modes)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stdout.count("gradients equal") == 3
+    assert result.stdout.count("gradients equal") == 3 * len(modes)
+    assert re.search(r"rank 0: gradients equal, \d+ steps, [1-9]\d* uneven", result.stdout)
 
 
-@pytest.mark.parametrize(("launcher", "ranks"), [("mpiexec", 2), ("torchrun", 3)])
-def test_ddp_with_the_default_loader_and_a_mean_loss_equals_one_process(tmp_path, launcher,
-                                                                        ranks):  # fmt: skip
+@pytest.mark.parametrize(("launcher", "ranks", "modes"), [
+    ("mpiexec", 2, ("default",)), ("torchrun", 3, ("variable", "default")),
+], ids=["mpiexec-2", "torchrun-3"])  # fmt: skip
+def test_ddp_with_the_default_loader_and_a_mean_loss_equals_one_process(gradients_job, launcher,
+                                                                        ranks, modes):  # fmt: skip
     """Equal batches by default: a ported loop's ``loss.mean()`` gives the global mean's
     gradient (N = 102: not a multiple of the global batch; its last step splits evenly)."""
-    data = write(tmp_path / "d.h5", 0, 102)
-    result = launch(launcher, ranks, "gradients.py", data, "default")
+    result = gradients_job(launcher, ranks, modes)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stdout.count("gradients equal") == ranks
+    assert result.stdout.count("gradients equal") == ranks * len(modes)
+    assert re.search(r"rank 0: gradients equal, \d+ steps, 0 uneven", result.stdout)
 
 
 @pytest.mark.parametrize(("launcher", "wait"), [
@@ -282,6 +360,7 @@ def test_a_failing_rank_ends_the_job_promptly(launcher, wait):
             assert f"solar: rank {r}: ending: rank 1 failed" in result.stderr, result.stderr
 
 
+@pytest.mark.one_process
 def test_training_example_help_lists_its_options():
     result = subprocess.run([sys.executable, EXAMPLE, "--help"], capture_output=True, text=True,
                             timeout=120, check=False)  # fmt: skip

@@ -33,13 +33,16 @@ def tier_read_bandwidth(
     :class:`~solar.cache.tier.TierFile` of its own (O_DIRECT, whole-sample slots), read by
     ``config``'s threads in random batches of ``batch_size`` into page-aligned rows, every
     batch in flight at once; the best of ``repeats`` runs. At most ``limit`` bytes of slots in
-    all, written first (a slot never written would read as a hole, not from the device).
+    all and a slot per sample on each rank, written first (a slot never written would read as
+    a hole, not from the device).
 
     A single-stream sequential read (what this replaced) measured less than
     the loaders' threads reach, which put a tier run's limit above its measured epochs."""
     rank, world = (0, 1) if comm is None else (comm.Get_rank(), comm.Get_size())
     stride = tier_stride(info.keys)
-    slots = max(1, limit // stride // world)
+    # No more slots than samples (as read_bandwidth reads no more than the dataset): a tier
+    # never holds more, and a small dataset's run would otherwise write and read 256 MiB.
+    slots = max(1, min(limit // stride // world, info.num_samples))
     rows = max(1, min(batch_size, slots))
     scratch = [
         aligned(rows * k.row_bytes)[: rows * k.row_bytes].view(k.native_dtype)
