@@ -115,6 +115,16 @@ def test_a_rank_leaving_an_epoch_early_ends_the_job_in_one_line(data, graph):
     assert _left_by(result) == []
 
 
+def test_ranks_asking_different_shares_are_refused_in_one_line(data, graph):
+    """Rank 1 asks share="rank", the others "node": every rank stops at construction (no
+    rank waits in a host collective the other never joins), leaving nothing behind."""
+    result = _mpiexec(4, data, graph, "disagree", "1x4", timeout=60, script="node_loader.py")
+    assert result.returncode != 0 and "unreachable" not in result.stderr
+    assert "error: ranks disagree on share: ranks [1] differ from rank 0" in result.stderr, \
+        result.stderr[-3000:]  # fmt: skip
+    assert _left_by(result) == []
+
+
 @pytest.mark.parametrize(
     "kwargs, word",
     [

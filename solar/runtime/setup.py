@@ -181,6 +181,9 @@ def _share(share: str, spec: PlanSpec, holds_transformed: bool, world: int, comm
     ``"auto"``: a node buffer where it pays and runs (:func:`_auto_share`)."""
     if share not in SHARES:
         raise SolarError(f"share must be one of {SHARES}, got {share!r}")
+    # Every rank takes the same branch: a rank with a buffer of its own would never join the
+    # host collectives the others' node buffer runs (they would wait in them forever).
+    agree(comm, share, "share")
     if share == "rank":
         return None, None
     why = node_unsupported(spec, holds_transformed, world, comm)
