@@ -151,3 +151,21 @@ def test_a_node_loader_refuses_what_it_does_not_run_in_one_line(data, tmp_path, 
         Loader(data, ["x"], batch_size=12, epochs=1, buffer=20, warm=False, **kwargs)
     msg = str(err.value)
     assert "\n" not in msg and word in msg, msg
+
+
+def test_a_closed_node_loader_refuses_to_serve_in_one_line(data):
+    """Its host's buffer and plan board are released at close: serving again would rebuild
+    them, a collective of its host's ranks that a rank iterating alone waits in forever (the
+    others gone on to their own collectives). Refused instead: the job ends."""
+    from solar import Loader, Weighted
+
+    sampler = Weighted(np.ones(600), affinity=False)
+    ld = Loader(data, ["x"], batch_size=12, epochs=2, buffer=20, sampler=sampler,
+                share="node", warm=False)  # fmt: skip
+    assert ld.share == "node" and len(list(ld)) == ld.run.steps_per_epoch
+    ld.close()
+    ld.set_epoch(1)
+    with pytest.raises(SolarError, match=r'share="node": this Loader is closed') as err:
+        next(iter(ld))
+    assert "\n" not in str(err.value)
+    ld.close()  # (twice: nothing more)
