@@ -115,10 +115,12 @@ def test_a_rank_leaving_an_epoch_early_ends_the_job_in_one_line(data, graph):
     assert _left_by(result) == []
 
 
-def test_ranks_asking_different_shares_are_refused_in_one_line(data, graph):
-    """Rank 1 asks share="rank", the others "node": every rank stops at construction (no
-    rank waits in a host collective the other never joins), leaving nothing behind."""
-    result = _mpiexec(4, data, graph, "disagree", "1x4", timeout=60, script="node_loader.py")
+def test_ranks_given_different_arguments_decide_alike_or_are_refused_in_one_line(data, graph):
+    """On hosts of 3 and 1 ranks, snapshots given to rank 0 alone: every rank falls back to
+    a buffer of its own (rank 0 alone did, the others waited in a collective). Then rank 1
+    asks share="rank", the others "node": every rank stops at construction (no rank waits in
+    a host collective the other never joins), leaving nothing behind."""
+    result = _mpiexec(4, data, graph, "disagree", "3,1", timeout=60, script="node_loader.py")
     assert result.returncode != 0 and "unreachable" not in result.stderr
     assert "error: ranks disagree on share: ranks [1] differ from rank 0" in result.stderr, \
         result.stderr[-3000:]  # fmt: skip
