@@ -186,6 +186,35 @@ def test_a_published_epoch_cannot_change_after_it_was_checked():
     lead.close()
 
 
+def test_a_mailbox_that_could_shrink_under_its_ranks_is_refused_in_one_line():
+    """Every local rank maps the mailbox: one that a process could truncate (SIGBUS in every
+    rank) is not local rank 0's, whose is sealed; both ranks refuse it."""
+    spec, hosts = _spec(), Hosts.grid(1, 2)
+    fake = os.memfd_create("fake")
+    os.ftruncate(fake, 1 << 16)
+    pair = _Pair()
+    other = pair.of(1)
+
+    class Swap:  # the other rank's first gather: local rank 0 named as an unsealed memfd
+        first = True
+
+        def allgather(self, obj):
+            got = other.allgather(obj)
+            if self.first:
+                self.first = False
+                got[0] = (*got[0][:2], (os.getpid(), fake, os.fstat(fake).st_ino), "")
+            return got
+
+    tag, steps = digest(spec.fingerprint, hosts, 0), spec.run.steps_per_epoch
+    with ThreadPoolExecutor(2) as pool:
+        made = [pool.submit(EpochBoard, pair.of(0), hosts, 0, 0, tag, steps),
+                pool.submit(EpochBoard, Swap(), hosts, 0, 1, tag, steps)]  # fmt: skip
+        for f in made:
+            with pytest.raises(SolarError, match="is not a sealed mailbox"):
+                f.result()
+    os.close(fake)
+
+
 def test_a_rank_waiting_for_an_epoch_stops_when_the_board_closes():
     spec, hosts = _spec(), Hosts.grid(1, 2)
     _, other = _boards(spec, hosts)

@@ -52,6 +52,7 @@ _WAIT_ALIVE = 2.0  # seconds between checks that local rank 0 still runs
 # A payload is checked once and then used in place: sealed, no process can rewrite, shrink
 # (SIGBUS in every rank mapping it) or grow it after its checks.
 SEALS = fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
+BOX_SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL  # (written in place)
 
 
 def digest(fingerprint: str, hosts: Hosts, host: int) -> tuple[int, int]:
@@ -254,8 +255,9 @@ class EpochBoard:
         name = (os.getpid(), -1, -1)
         if self.publisher:
             try:
-                fd = os.memfd_create("solar-nodeboard", os.MFD_CLOEXEC)
+                fd = os.memfd_create("solar-nodeboard", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
                 os.ftruncate(fd, size)
+                fcntl.fcntl(fd, fcntl.F_ADD_SEALS, BOX_SEALS)  # never shorter than mapped
                 name = (os.getpid(), fd, os.fstat(fd).st_ino)
             except OSError as exc:
                 err = f"node plan: no shared memory for its mailbox ({exc})"
@@ -266,6 +268,8 @@ class EpochBoard:
         try:
             if not err and not self.publisher:
                 fd, err = _open(src, size, os.O_RDWR)
+                if not err and fcntl.fcntl(fd, fcntl.F_GET_SEALS) & BOX_SEALS != BOX_SEALS:
+                    err = f"node plan: /proc/{src[0]}/fd/{src[1]} is not a sealed mailbox"
             if comm is not None:  # every rank has it open (or failed) before any goes on
                 err = next((e for e in comm.allgather(err) if e), "")
             if err:
