@@ -264,6 +264,7 @@ class Loader(IterableDataset[dict]):
         # an epoch iterated again without it has been warned of (once per Loader).
         self._epoch_chosen = True
         self._warned_again = False
+        self._closed = False
         self._pipeline: ProcessLocal[pipeline.Pipeline] = ProcessLocal(self._build)
 
     def _start(self, warm: bool) -> None:
@@ -337,6 +338,11 @@ class Loader(IterableDataset[dict]):
 
     def __iter__(self) -> Iterator[dict]:
         _check_torch_caller(sys._getframe(1))
+        if self._closed and self.share == "node":
+            # Serving again would rebuild its host's buffer and board: a collective of the
+            # host's ranks, which a rank iterating alone after close would wait in forever.
+            raise SolarError('share="node": this Loader is closed (its host\'s buffer and '
+                             "plan are released); make a new Loader")  # fmt: skip
         end = (self._epoch + 1) * self.run.steps_per_epoch
         if self._next == end and not self._epoch_chosen and not self._warned_again:
             self._warned_again = True
@@ -449,7 +455,9 @@ class Loader(IterableDataset[dict]):
             runner.wait_reads()
 
     def close(self) -> None:
-        """Stop the background work; remove the tier file."""
+        """Stop the background work; remove the tier file. (With ``share="node"`` the Loader
+        serves no more: its host's buffer and plan are released.)"""
+        self._closed = True
         runner = self._pipeline.drop()  # a forked child never waits for its parent's reads
         if runner is not None:
             runner.close()

@@ -115,6 +115,18 @@ def test_a_rank_leaving_an_epoch_early_ends_the_job_in_one_line(data, graph):
     assert _left_by(result) == []
 
 
+def test_ranks_given_different_arguments_decide_alike_or_are_refused_in_one_line(data, graph):
+    """On hosts of 3 and 1 ranks, snapshots given to rank 0 alone: every rank falls back to
+    a buffer of its own (rank 0 alone did, the others waited in a collective). Then rank 1
+    asks share="rank", the others "node": every rank stops at construction (no rank waits in
+    a host collective the other never joins), leaving nothing behind."""
+    result = _mpiexec(4, data, graph, "disagree", "3,1", timeout=60, script="node_loader.py")
+    assert result.returncode != 0 and "unreachable" not in result.stderr
+    assert "error: ranks disagree on share: ranks [1] differ from rank 0" in result.stderr, \
+        result.stderr[-3000:]  # fmt: skip
+    assert _left_by(result) == []
+
+
 @pytest.mark.parametrize(
     "kwargs, word",
     [
@@ -141,3 +153,21 @@ def test_a_node_loader_refuses_what_it_does_not_run_in_one_line(data, tmp_path, 
         Loader(data, ["x"], batch_size=12, epochs=1, buffer=20, warm=False, **kwargs)
     msg = str(err.value)
     assert "\n" not in msg and word in msg, msg
+
+
+def test_a_closed_node_loader_refuses_to_serve_in_one_line(data):
+    """Its host's buffer and plan board are released at close: serving again would rebuild
+    them, a collective of its host's ranks that a rank iterating alone waits in forever (the
+    others gone on to their own collectives). Refused instead: the job ends."""
+    from solar import Loader, Weighted
+
+    sampler = Weighted(np.ones(600), affinity=False)
+    ld = Loader(data, ["x"], batch_size=12, epochs=2, buffer=20, sampler=sampler,
+                share="node", warm=False)  # fmt: skip
+    assert ld.share == "node" and len(list(ld)) == ld.run.steps_per_epoch
+    ld.close()
+    ld.set_epoch(1)
+    with pytest.raises(SolarError, match=r'share="node": this Loader is closed') as err:
+        next(iter(ld))
+    assert "\n" not in str(err.value)
+    ld.close()  # (twice: nothing more)

@@ -150,6 +150,71 @@ def test_a_corrupted_shared_epoch_is_refused_in_one_line():
     lead.close()
 
 
+def test_a_published_epoch_cannot_change_after_it_was_checked():
+    """A payload is checked once, then used in place: a same-user process that opens local
+    rank 0's descriptor (the mailbox names it) can neither rewrite it (a slot out of range
+    for a kernel) nor truncate it (SIGBUS in every rank mapping it), and a mailbox entry
+    naming a payload that could change is refused in one line."""
+    spec, hosts = _spec(), Hosts.grid(1, 2)
+    lead, other = _boards(spec, hosts)
+    cells = node_spec(spec, hosts).slots
+    p = NodePlanner(spec, hosts, only_host=0)
+    contents = p.planner.contents(0)
+    fd = lead.publish(p.next(), contents)
+    ne = other.epoch(0, spec.run.num_samples, cells)
+    slots = ne.ranks.slot.copy()
+    w = os.open(f"/proc/{os.getpid()}/fd/{fd}", os.O_RDWR)
+    try:
+        with pytest.raises(PermissionError):
+            os.pwrite(w, np.full(64, 10**6, np.int32).tobytes(), os.fstat(w).st_size - 256)
+        with pytest.raises(PermissionError):
+            os.ftruncate(w, 0)
+        with pytest.raises(PermissionError):
+            mmap.mmap(w, 4096)
+    finally:
+        os.close(w)
+    assert np.array_equal(ne.ranks.slot, slots)
+    # The same bytes in a memfd anyone may write, named in the mailbox as epoch 1's.
+    size = os.fstat(fd).st_size
+    fake = os.memfd_create("fake")
+    os.pwrite(fake, os.pread(fd, size, 0), 0)
+    row = other.box[1]
+    row[:6] = (2, 1, os.getpid(), fake, os.fstat(fake).st_ino, size)
+    with pytest.raises(CorruptPlanError, match="sealed"):
+        other.take(1)
+    os.close(fake)
+    lead.close()
+
+
+def test_a_mailbox_that_could_shrink_under_its_ranks_is_refused_in_one_line():
+    """Every local rank maps the mailbox: one that a process could truncate (SIGBUS in every
+    rank) is not local rank 0's, whose is sealed; both ranks refuse it."""
+    spec, hosts = _spec(), Hosts.grid(1, 2)
+    fake = os.memfd_create("fake")
+    os.ftruncate(fake, 1 << 16)
+    pair = _Pair()
+    other = pair.of(1)
+
+    class Swap:  # the other rank's first gather: local rank 0 named as an unsealed memfd
+        first = True
+
+        def allgather(self, obj):
+            got = other.allgather(obj)
+            if self.first:
+                self.first = False
+                got[0] = (*got[0][:2], (os.getpid(), fake, os.fstat(fake).st_ino), "")
+            return got
+
+    tag, steps = digest(spec.fingerprint, hosts, 0), spec.run.steps_per_epoch
+    with ThreadPoolExecutor(2) as pool:
+        made = [pool.submit(EpochBoard, pair.of(0), hosts, 0, 0, tag, steps),
+                pool.submit(EpochBoard, Swap(), hosts, 0, 1, tag, steps)]  # fmt: skip
+        for f in made:
+            with pytest.raises(SolarError, match="is not a sealed mailbox"):
+                f.result()
+    os.close(fake)
+
+
 def test_a_rank_waiting_for_an_epoch_stops_when_the_board_closes():
     spec, hosts = _spec(), Hosts.grid(1, 2)
     _, other = _boards(spec, hosts)

@@ -15,10 +15,11 @@ from solar.schedule.samplers import SHUFFLE
 
 
 class FakeComm:
-    """``size`` ranks that all hold what this one holds (or ``others`` for the other ranks)."""
+    """``size`` ranks that all hold what this one holds (or ``others`` for the other ranks,
+    after the first ``alike`` gathers)."""
 
-    def __init__(self, size: int, others=None) -> None:
-        self.size, self.others, self.gathered = size, others, 0
+    def __init__(self, size: int, others=None, alike: int = 0) -> None:
+        self.size, self.others, self.gathered, self.alike = size, others, 0, alike
 
     def Get_rank(self) -> int:
         return 0
@@ -28,7 +29,8 @@ class FakeComm:
 
     def allgather(self, obj):
         self.gathered += 1
-        return [obj] + [obj if self.others is None else self.others] * (self.size - 1)
+        same = self.others is None or self.gathered <= self.alike
+        return [obj] + [obj if same else self.others] * (self.size - 1)
 
 
 def spec(sampler, world=4):
@@ -72,8 +74,10 @@ def test_auto_falls_back_where_node_refuses_in_one_line(monkeypatch, kw, word):
 
 def test_every_rank_falls_back_if_one_ranks_configuration_is_not_run(monkeypatch):
     monkeypatch.setenv("SOLAR_HOSTS", "1x4")
-    comm = FakeComm(4, others="transform: not shared yet")
-    assert decide("auto", spec(SPLIT), comm) == (None, None) and comm.gathered == 1
+    comm = FakeComm(4, others="transform: not shared yet", alike=1)  # (share itself agreed)
+    assert decide("auto", spec(SPLIT), comm) == (None, None) and comm.gathered == 2
+    with pytest.raises(SolarError, match=r"ranks disagree on share: ranks \[1, 2, 3\]"):
+        decide("node", spec(SPLIT), FakeComm(4, others="rank"))
     with pytest.raises(SolarError, match="share must be one of"):
         decide("host", spec(SPLIT), FakeComm(4))
 

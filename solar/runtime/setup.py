@@ -181,6 +181,9 @@ def _share(share: str, spec: PlanSpec, holds_transformed: bool, world: int, comm
     ``"auto"``: a node buffer where it pays and runs (:func:`_auto_share`)."""
     if share not in SHARES:
         raise SolarError(f"share must be one of {SHARES}, got {share!r}")
+    # Every rank takes the same branch: a rank with a buffer of its own would never join the
+    # host collectives the others' node buffer runs (they would wait in them forever).
+    agree(comm, share, "share")
     if share == "rank":
         return None, None
     why = node_unsupported(spec, holds_transformed, world, comm)
@@ -199,23 +202,24 @@ def _share(share: str, spec: PlanSpec, holds_transformed: bool, world: int, comm
 
 def grouping_unsupported(spec: PlanSpec, hosts: Hosts, hc: Any, comm: Any,
                          snapshots: bool) -> str:  # fmt: skip
-    """Why a node buffer does not run on hosts of different sizes, or "" (the same on every
-    rank: a function of the grouping and the arguments every rank agreed on)."""
-    if hosts.uniform:
+    """Why a node buffer does not run on hosts of different sizes, or "": the same on every
+    rank (a collective there), whose ``snapshots`` may differ (rank 0 alone saves them)."""
+    if hosts.uniform:  # (a function of the grouping: the same on every rank)
         return ""
     why = unequal_refusal(spec, hosts)  # the planner's own condition
-    if why:
-        return why
-    if spec.buffer.tier:
-        return f"tier: hosts of different sizes ({hosts.as_record()}) run no node tier yet"
-    if snapshots:
-        return (f"snapshots: hosts of different sizes ({hosts.as_record()}) are not "
-                "snapshotted yet")  # fmt: skip
+    if not why and spec.buffer.tier:
+        why = f"tier: hosts of different sizes ({hosts.as_record()}) run no node tier yet"
+    if not why and snapshots:
+        why = (f"snapshots: hosts of different sizes ({hosts.as_record()}) are not "
+               "snapshotted yet")  # fmt: skip
     # A communicator per host (MPI's split), not the job's (torch.distributed's): a host of
     # one rank would skip the collectives the others' host communicators run.
-    if not all(comm.allgather(hc is not None and hc.Get_size() < comm.Get_size())):
-        return "comm: hosts of different sizes need a communicator per host (MPI)"
-    return ""
+    split = hc is not None and hc.Get_size() < comm.Get_size()
+    every = comm.allgather((why, split))
+    why = next((w for w, _ in every if w), "")
+    if not why and not all(s for _, s in every):
+        why = "comm: hosts of different sizes need a communicator per host (MPI)"
+    return why
 
 
 def node_unsupported(spec: PlanSpec, holds_transformed: bool, world: int, comm: Any) -> str:

@@ -12,19 +12,22 @@ proves it is still that file.
 Each epoch local rank 0 plans goes into a memfd of its own (:func:`pack`): this host's part
 only — the host's buffer decisions, the host's ranks' service, every step's staging set (the
 rows of the host some local rank takes from another's read, sorted) and the host's buffer as
-the epoch starts. Its mailbox entry (a seqlock: odd while written) names the memfd; a rank
-that wants epoch e waits for an entry of e, opens the memfd, maps it read-only, marks it taken
-(local rank 0 closes an epoch's descriptor once every local rank took it: its memory goes
-with the last mapping) and checks it (:func:`unpack`) before anything uses it: a payload is
-untrusted input, refused in one line unless its header names this run, host and epoch and
-every offset, slot, sample and index is in range. A rank touches only its own service, the
-staging sets and, on a resume or an epoch's first step, the host's decisions (checked when
-first used): the pages of the others' services stay out of its memory.
+the epoch starts, sealed once written (no process can then rewrite, shrink or grow it: its
+checks hold while it is used in place). Its mailbox entry (a seqlock: odd while written) names
+the memfd; a rank that wants epoch e waits for an entry of e, opens the memfd, maps it
+read-only, marks it taken (local rank 0 closes an epoch's descriptor once every local rank
+took it: its memory goes with the last mapping) and checks it (:func:`unpack`) before anything
+uses it: a payload is untrusted input, refused in one line unless it is sealed, its header
+names this run, host and epoch and every offset, slot, sample and index is in range. A rank
+touches only its own service, the staging sets and, on a resume or an epoch's first step, the
+host's decisions (checked when first used): the pages of the others' services stay out of its
+memory.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import mmap
 import os
@@ -46,6 +49,10 @@ _HEAD = 16  # int64 fields of a payload's header
 _FIELDS = 8  # int64 fields of a mailbox entry, before its taken marks
 _SEQ, _EPOCH, _PID, _FD, _INO, _NBYTES = range(6)
 _WAIT_ALIVE = 2.0  # seconds between checks that local rank 0 still runs
+# A payload is checked once and then used in place: sealed, no process can rewrite, shrink
+# (SIGBUS in every rank mapping it) or grow it after its checks.
+SEALS = fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
+BOX_SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL  # (written in place)
 
 
 def digest(fingerprint: str, hosts: Hosts, host: int) -> tuple[int, int]:
@@ -112,7 +119,7 @@ def pack(ne: NodeEpoch, host: int, contents: np.ndarray, tag: tuple[int, int]) -
     }  # fmt: skip
     layout = _layout(steps, ne.hosts.world, h.sample.size, hi - lo, s_val.size, contents.size)
     where, nbytes = _offsets(layout)
-    fd = os.memfd_create("solar-nodeplan", os.MFD_CLOEXEC)
+    fd = os.memfd_create("solar-nodeplan", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
     try:
         os.ftruncate(fd, nbytes)
         head = np.array([MAGIC, VERSION, ne.epoch, host, ne.hosts.world, steps, ne.hosts.count,
@@ -127,6 +134,7 @@ def pack(ne: NodeEpoch, host: int, contents: np.ndarray, tag: tuple[int, int]) -
             done = 0
             while done < view.nbytes:
                 done += os.pwrite(fd, view[done:], where[name] + done)
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, SEALS)
     except BaseException:
         os.close(fd)
         raise
@@ -247,8 +255,9 @@ class EpochBoard:
         name = (os.getpid(), -1, -1)
         if self.publisher:
             try:
-                fd = os.memfd_create("solar-nodeboard", os.MFD_CLOEXEC)
+                fd = os.memfd_create("solar-nodeboard", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
                 os.ftruncate(fd, size)
+                fcntl.fcntl(fd, fcntl.F_ADD_SEALS, BOX_SEALS)  # never shorter than mapped
                 name = (os.getpid(), fd, os.fstat(fd).st_ino)
             except OSError as exc:
                 err = f"node plan: no shared memory for its mailbox ({exc})"
@@ -259,6 +268,8 @@ class EpochBoard:
         try:
             if not err and not self.publisher:
                 fd, err = _open(src, size, os.O_RDWR)
+                if not err and fcntl.fcntl(fd, fcntl.F_GET_SEALS) & BOX_SEALS != BOX_SEALS:
+                    err = f"node plan: /proc/{src[0]}/fd/{src[1]} is not a sealed mailbox"
             if comm is not None:  # every rank has it open (or failed) before any goes on
                 err = next((e for e in comm.allgather(err) if e), "")
             if err:
@@ -341,6 +352,11 @@ class EpochBoard:
             if got >= 0:
                 os.close(got)
             return None
+        if fcntl.fcntl(got, fcntl.F_GET_SEALS) & SEALS != SEALS:  # (pack seals before naming)
+            os.close(got)
+            raise CorruptPlanError(f"node plan (shared epoch): epoch {epoch}'s payload "
+                                   f"(/proc/{pid}/fd/{fd}) is not sealed: another process "
+                                   "could change it after it was checked")  # fmt: skip
         try:
             m = mmap.mmap(got, nbytes, prot=mmap.PROT_READ)
         except (OSError, ValueError):

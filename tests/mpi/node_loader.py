@@ -10,6 +10,8 @@ turn; 3,1: hosts of 3 ranks and 1, where Shuffle is refused)
 mpiexec -n 4 python tests/mpi/node_loader.py DATA.h5 GRAPH.h5 kill 2x2      (rank 1 killed: -9,
                                                                           with a node tier)
 mpiexec -n 4 python tests/mpi/node_loader.py DATA.h5 GRAPH.h5 break 1x4     (rank 1 breaks early)
+mpiexec -n 4 python tests/mpi/node_loader.py DATA.h5 GRAPH.h5 disagree 3,1  (snapshots on
+                                    rank 0 alone; then rank 1 asks share="rank", the others "node")
 
 Each rank prints ``pid PID`` first: the test looks for /dev/shm names these processes made.
 """
@@ -38,9 +40,9 @@ E = 3
 
 
 def loader(s=sampler, p=path, keys=("x",), batch_size=12, buffer="10%", equal_batches=False,
-           **kw):  # fmt: skip
+           share="node", **kw):  # fmt: skip
     return Loader(p, list(keys), batch_size=batch_size, epochs=E, buffer=buffer, sampler=s,
-                  comm=comm, share="node", warm=False, seed=5, equal_batches=equal_batches,
+                  comm=comm, share=share, warm=False, seed=5, equal_batches=equal_batches,
                   **kw)  # fmt: skip
 
 
@@ -76,6 +78,20 @@ for grouping in groupings:
             os.makedirs(tier, exist_ok=True)
         comm.Barrier()
         ld = loader(tier=tier, tier_size="5%")
+    elif mode == "disagree":
+        # Snapshots given to rank 0 alone (it saves them) on hosts of different sizes, where
+        # the node buffer takes none: every rank falls back to a buffer of its own, alike.
+        snaps = os.path.join(os.path.dirname(path), "snaps") if rank == 0 else None
+        if snaps is not None:
+            os.makedirs(snaps, exist_ok=True)
+        ld = loader(share="auto", snapshots=snaps)
+        assert comm.allgather(ld.share) == ["rank"] * comm.Get_size(), grouping
+        ld.close()
+        # Different shares asked: refused in one line on every rank, before any host
+        # collective.
+        loader(share="rank" if rank == 1 else "node")
+        print("unreachable", file=sys.stderr)
+        sys.exit(0)
     else:
         ld = loader()
     if mode == "kill":
