@@ -48,7 +48,7 @@ def main() -> None:
     comm = MPI.COMM_WORLD
     dist.install_abort_on_error(comm)
     rank, world = comm.Get_rank(), comm.Get_size()
-    region = NodeRegion(4096, comm, dist.shared_key(comm), 0, rank, local_size=world)
+    region = NodeRegion(4096, comm, 0, rank, local_size=world)
     modes = ["mpi"] + [f"shm-spins-{s}" for s in a.spins.split(",")]
     works = [float(w) for w in a.work_us.split(",")]
     scratch = np.zeros(256)

@@ -79,8 +79,7 @@ def main() -> None:
             hosts, stream, steps, plans = prepared[name]
             hc = hcs[name]
             parts = NodeHoldings.region_parts(stream.slots, stream.stage_rows, keys)
-            region = NodeRegion(NodeRegion.size_of(parts), hc, dist.shared_key(comm),
-                                stream.host, stream.local,
+            region = NodeRegion(NodeRegion.size_of(parts), hc, stream.host, stream.local,
                                 local_size=len(stream.group))  # fmt: skip
             barrier = region.barrier(stream.group, run.steps_per_epoch)
             if name == "node-mpi-barrier":

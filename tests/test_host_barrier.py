@@ -1,22 +1,18 @@
 """The host barrier (solar/cache/hostbarrier.py) between forked processes over shared memory:
 no rank leaves before every rank arrived; a dead, closed or elsewhere-waiting peer, or no
-release within the timeout, raises one line naming the ranks and steps, promptly; and the
-stale-region sweep of solar/cache/shared.py."""
+release within the timeout, raises one line naming the ranks and steps, promptly."""
 
 from __future__ import annotations
 
 import mmap
 import multiprocessing as mp
 import os
-import subprocess
 import time
 
 import numpy as np
 import pytest
 
-from solar._process import start_time
 from solar.cache import hostbarrier as hb
-from solar.cache.shared import PREFIX, NodeRegion, sweep
 
 RANKS = (4, 5, 6)  # the host's global ranks (local 0, 1, 2): messages name these
 
@@ -140,27 +136,6 @@ def test_a_closed_peer_and_the_timeout_fail_the_barrier():
         "host barrier: rank 4 waits at epoch 0 step 0 (its stores done): no "
         "release within 0.3 s (rank 5 last at epoch 0 step 0 (its rows staged))"
     ), got
-
-
-def test_a_dead_jobs_region_name_is_swept_and_a_live_ones_kept(tmp_path):
-    dead = subprocess.Popen(["sleep", "30"])
-    identity = f"{dead.pid}-{start_time(dead.pid)}"
-    dead.kill()
-    dead.wait()
-    ns = os.stat("/proc/self/ns/pid").st_ino
-    me = f"{os.getpid()}-{start_time(os.getpid())}"
-    names = {"stale": f"{PREFIX}{7:016x}-0-{ns}-{identity}",
-             "live": f"{PREFIX}{8:016x}-0-{ns}-{me}",
-             "other namespace": f"{PREFIX}{9:016x}-0-{ns + 1}-{identity}",
-             "older format": f"{PREFIX}{10:016x}-0"}  # fmt: skip
-    for name in names.values():
-        (tmp_path / name).write_bytes(b"")
-    assert sweep(str(tmp_path)) == [names["stale"]]
-    (tmp_path / names["stale"]).write_bytes(b"")
-    r = NodeRegion(4096, None, 11, 0, 0, directory=str(tmp_path))  # sweeps before creating
-    assert sorted(os.listdir(tmp_path)) == sorted(v for k, v in names.items() if k != "stale")
-    assert r.path.startswith(str(tmp_path / f"{PREFIX}{11:016x}-0-{ns}-{me}"))
-    r.barrier([0])(0, hb.STAGED)  # alone: no wait
 
 
 @pytest.mark.parametrize("size", [1, 2])

@@ -35,9 +35,9 @@ def _mpiexec(n: int, *args, timeout: float, script: str = "node_buffer.py"):
 
 
 def _left_by(result) -> list[str]:
-    """The /dev/shm names the job's processes made that are still there (its ranks print
-    their pids; a name carries its creator's: solar-node-KEY-HOST-PIDNS-PID-START). Other
-    jobs on this machine, e.g. other test runs, make and remove names of their own meanwhile."""
+    """The /dev/shm names of solar's the job's processes left (its ranks print their pids; a
+    node region is a nameless memfd, so there must be none; an older region's name ended in
+    its creator's PID-START). Other jobs' names, e.g. other test runs', are not counted."""
     pids = {line.split()[1] for line in result.stdout.splitlines() if line.startswith("pid ")}
     assert pids, result.stdout[-2000:]
     return [p for p in os.listdir(SHM_DIR) if p.startswith(PREFIX) and p.split("-")[-2] in pids]
@@ -63,19 +63,22 @@ def test_a_killed_rank_ends_the_job_and_leaves_no_segment(data):
     assert _left_by(result) == []
 
 
-def test_a_region_too_large_is_refused_in_one_line(tmp_path):
+def test_a_region_too_large_is_refused_in_one_line():
     assert fits(1, "node buffer") == ""
     msg = fits(2**62, "node buffer")
     assert msg.startswith("node buffer: ") and "\n" not in msg
+    before = set(os.listdir(SHM_DIR))
     with pytest.raises(SolarError, match=r"node buffer: .* exceed"):
-        NodeRegion(2**62, None, 7, 0, 0, directory=str(tmp_path))
-    assert os.listdir(tmp_path) == []
-    r = NodeRegion(3 * 4096, None, 7, 0, 0, directory=str(tmp_path))
+        NodeRegion(2**62, None, 0, 0)
+    r = NodeRegion(3 * 4096, None, 0, 0)
     a = r.carve((10,), np.int64)
     a[:] = 7
     at = a.ctypes.data - r.array.ctypes.data  # after the host barrier's page
-    assert os.listdir(tmp_path) == [] and at == 4096
-    assert r.array[at : at + 80].view(np.int64).tolist() == [7] * 10
+    assert at == 4096 and r.array[at : at + 80].view(np.int64).tolist() == [7] * 10
+    # A memfd: mapped, never named in /dev/shm (nothing a killed job could leave there).
+    with open("/proc/self/maps") as f:
+        assert any(f"/memfd:{PREFIX}region" in line for line in f)
+    assert not {p for p in set(os.listdir(SHM_DIR)) - before if p.startswith(PREFIX)}
 
 
 # -- Loader(share="node") ------------------------------------------------------------------------
@@ -171,3 +174,23 @@ def test_a_closed_node_loader_refuses_to_serve_in_one_line(data):
         next(iter(ld))
     assert "\n" not in str(err.value)
     ld.close()  # (twice: nothing more)
+
+
+def test_shared_memory_is_opened_by_its_inode_and_cannot_shrink_under_its_mappings():
+    from solar import _memfd
+
+    fd = _memfd.create(PREFIX + "test", 8192, reserve=True)
+    try:
+        _memfd.seal(fd, _memfd.SIZE_SEALS)
+        peer, err = _memfd.open_peer(_memfd.ident(fd), 8192, os.O_RDWR, "node buffer")
+        assert err == "" and _memfd.sealed(peer, _memfd.SIZE_SEALS)
+        with pytest.raises(PermissionError):  # a mapping past a shrunk end would SIGBUS
+            os.ftruncate(peer, 4096)
+        os.close(peer)
+        pid, n, ino = _memfd.ident(fd)
+        assert _memfd.open_peer((pid, n, ino + 1), 8192, os.O_RDWR, "node buffer")[1] == (
+            f"node buffer: /proc/{pid}/fd/{n} is no longer the file its creator shared"
+        )
+        assert "cannot open" in _memfd.open_peer((pid, 10**6, ino), 1, os.O_RDWR, "x")[1]
+    finally:
+        os.close(fd)

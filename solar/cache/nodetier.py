@@ -2,13 +2,13 @@
 
 The node-shared version of :class:`~solar.cache.tier.TierFile` (the same slots, tasks, size
 checks around every read and write, O_DIRECT): local rank 0 creates the file in the tier
-directory under a name unique to the job and host (``posix_fallocate``: a tier that does not
-fit fails here, in one line, not mid-run), every local rank opens it, and as soon as all have,
-local rank 0 unlinks it: the descriptors live on, the name does not, so nothing is left on
-disk whatever happens to the job later (``kill -9`` of any rank included), as with the node's
-RAM region (solar/cache/shared.py). A name left by a job killed during that short window (its
-creator dead) is removed by the next node tier made on the host. The construction is a
-collective of ``comm`` (the host's communicator, or a superset).
+directory without a name, as a rank's tier is (``O_TMPFILE``; where the file system lacks it,
+created and unlinked at once), reserves its bytes (``posix_fallocate``: a tier that does not
+fit fails here, in one line, not mid-run), and every local rank opens it through
+``/proc/PID/fd`` (solar/_memfd.py, as the node's RAM region): nothing is left on disk
+whatever happens to the job (``kill -9`` of any rank at any moment included). Names left by
+crashed runs of earlier versions on this host are removed when a node tier is made. The
+construction is a collective of ``comm`` (the host's communicator, or a superset).
 
 Which rank writes or reads which slot at which step is the node plan's; the order between
 ranks is the host's barriers' (solar/runtime/nodeholdings.py): no lock.
@@ -20,9 +20,10 @@ import os
 from pathlib import Path
 from typing import Any
 
+from solar import _memfd
 from solar._units import format_bytes
-from solar.cache.shared import _create, _creators, _first, _unlink
-from solar.cache.tier import TierFile, _sanitise, remove_stale, reopen_direct
+from solar.cache.shared import _creators, _first
+from solar.cache.tier import TierFile, _sanitise, _unlinked, remove_stale, reopen_direct
 from solar.errors import SolarError
 from solar.io.executor import Executor
 from solar.io.info import KeyInfo
@@ -44,28 +45,22 @@ class NodeTierFile(TierFile):
     ) -> None:  # fmt: skip
         directory = self._lay_out(directory, slots, keys, executor, staging_slots)
         machine = _sanitise(os.uname().nodename)
-        fd, err, made = -1, "", ""
+        fd, err, made = -1, "", ("", (os.getpid(), -1, -1))
         if local_rank == 0:
             remove_stale(directory, machine, PREFIX)
             name = f"{PREFIX}{key & (2**64 - 1):016x}-{host}-{machine}-{os.getpid()}.bin"
-            self.path = directory / name
+            self.path = directory / name  # (names it in messages only)
             err = _room(directory, self.nbytes, slots, self.stride)
             if not err:
-                fd, err = _create(str(self.path), self.nbytes, f"tier {directory}")
-            made = str(self.path)
-        # Every host's local rank 0 made its own: this host's path (``comm`` may span hosts).
+                fd, err = _reserved(self.path, self.nbytes)
+            made = (str(self.path), _memfd.ident(fd) if fd >= 0 else made[1])
+        # Every host's local rank 0 made its own: this host's (``comm`` may span hosts).
         err, made = _creators(comm, host, local_rank, err, made)
-        self.path = Path(made)
+        self.path = Path(made[0])
         if not err and local_rank != 0:
-            try:
-                fd = os.open(self.path, os.O_RDWR)
-            except OSError as exc:
-                err = f"tier {self.path}: cannot open the node's tier ({exc.strerror})"
-        err = _first(comm, err)  # every local rank has it open (or failed): the name can go
-        if local_rank == 0 and fd >= 0:
-            _unlink(str(self.path))
-        if comm is not None and comm.Get_size() > 1:
-            comm.Barrier()  # unlinked before any rank goes on: none can see the name after
+            fd, err = _memfd.open_peer(made[1], self.nbytes, os.O_RDWR, f"tier {self.path}")
+        # Every local rank has it open (or failed) before local rank 0 may let it go.
+        err = _first(comm, err)
         if err:
             if fd >= 0:
                 os.close(fd)
@@ -76,6 +71,21 @@ class NodeTierFile(TierFile):
             os.close(fd)
             raise
         self._adopt(fd, direct)
+
+
+def _reserved(path: Path, nbytes: int) -> tuple[int, str]:
+    """A new nameless file of ``nbytes`` reserved bytes in ``path``'s directory: its
+    descriptor, or -1 and one line."""
+    try:
+        fd = _unlinked(path)
+    except SolarError as exc:
+        return -1, str(exc)
+    try:
+        os.posix_fallocate(fd, 0, nbytes)  # before O_DIRECT: glibc may emulate it by writes
+    except OSError as exc:
+        os.close(fd)
+        return -1, f"tier {path}: cannot reserve {format_bytes(nbytes)} ({exc.strerror})"
+    return fd, ""
 
 
 def _room(directory: Path, nbytes: int, slots: int, stride: int) -> str:

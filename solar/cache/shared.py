@@ -1,15 +1,12 @@
 """One shared-memory region per host, mapped by every rank of the host: the node buffer's bytes.
 
-Local rank 0 creates a file in ``/dev/shm`` (``posix_fallocate``: a region that does not fit
-fails here with one line, not with SIGBUS mid-run), every local rank maps it, and as soon as
-all have, local rank 0 unlinks it: the mappings live on, the name does not, so nothing is left
-in ``/dev/shm`` whatever happens to the job later (``kill -9`` included). The construction is a
-collective of ``comm`` (the host's communicator, or the job's: a superset will do).
-
-Between the creation and the unlinking the name exists: a job killed then leaves it. The name
-carries its creator's pid namespace, pid and start time, and every construction first removes
-the names whose creator is dead (a live job's, whose creator runs, are never touched); an
-error on the creator's side in between unlinks at once (also at an abort of the job).
+Local rank 0 creates a ``memfd`` (solar/_memfd.py: its pages reserved, so a region that does
+not fit fails here with one line, not with SIGBUS mid-run; sealed against shrinking), every
+local rank opens it through ``/proc`` and maps it, and local rank 0 closes its descriptor once
+all have. It never has a name: nothing is ever in ``/dev/shm`` (nor bounded by its size, a
+container's 64 MiB included), whatever happens to the job, ``kill -9`` at any moment included;
+the memory goes with the last mapping. The construction is a collective of ``comm`` (the
+host's communicator, or the job's: a superset will do).
 
 The region's first page is the host's barrier (solar/cache/hostbarrier.py), each rank registered
 in it before the construction ends.
@@ -19,43 +16,27 @@ from __future__ import annotations
 
 import mmap
 import os
-import re
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
+from solar import _memfd
 from solar._memory import PAGE, memory_room
-from solar._process import alive, at_abort, start_time
 from solar.cache import hostbarrier
 from solar.cache.hostbarrier import HostBarrier
 from solar.errors import SolarError
 
-SHM_DIR = "/dev/shm"
-PREFIX = "solar-node-"
-# solar-node-KEY-HOST-PIDNS-PID-START: the job's key and host, the creator's identity
-_NAME = re.compile(re.escape(PREFIX) + r"[0-9a-f]{16}-\d+-(\d+)-(\d+)-(\d+)")
+SHM_DIR = "/dev/shm"  # (where a region never is: tests look for leftovers there)
+PREFIX = "solar-node-"  # (the memfd's label, seen in /proc/PID/maps; never a file's name)
 
 
-def shm_free(directory: str = SHM_DIR) -> int | None:
-    """Bytes free in ``directory`` (None where unknown)."""
-    try:
-        st = os.statvfs(directory)
-    except OSError:
-        return None
-    return st.f_bavail * st.f_frsize
-
-
-def fits(nbytes: int, what: str, directory: str = SHM_DIR) -> str:
-    """Why ``nbytes`` of shared memory do not fit now ("" if they do): /dev/shm's free space
-    and the memory available, one line naming ``what``."""
-    gib = nbytes / 2**30
-    free = shm_free(directory)
-    if free is not None and nbytes > free:
-        return (f"{what}: {gib:.2f} GiB of shared memory exceed the {free / 2**30:.2f} GiB free "
-                f"in {directory} (a smaller buffer, or a larger {directory})")  # fmt: skip
-    room = memory_room()  # the host's MemAvailable or the cgroup's room (shm is charged there)
+def fits(nbytes: int, what: str) -> str:
+    """Why ``nbytes`` of shared memory do not fit now ("" if they do): the memory available
+    (a memfd's pages are charged there, not to /dev/shm), one line naming ``what``."""
+    room = memory_room()  # the host's MemAvailable or the cgroup's room
     if room is not None and nbytes > room[0]:
+        gib = nbytes / 2**30
         return f"{what}: {gib:.2f} GiB exceed the {room[0] / 2**30:.2f} GiB of memory {room[1]}"
     return ""
 
@@ -65,44 +46,41 @@ class NodeRegion:
     a first page that holds the host's barrier (:meth:`barrier`).
 
     ``comm``: the collective's ranks (None: this process alone); ``host``: this host's index
-    and ``local_rank`` this rank's on it, of ``local_size``; ``key``: the same on every rank of
-    the job (``solar.dist.shared_key``), naming the file apart from any other job's.
+    and ``local_rank`` this rank's on it, of ``local_size``.
     """
 
-    def __init__(self, nbytes: int, comm: Any, key: int, host: int, local_rank: int,
-                 what: str = "node buffer", directory: str = SHM_DIR,
-                 local_size: int = 1) -> None:  # fmt: skip
+    def __init__(self, nbytes: int, comm: Any, host: int, local_rank: int,
+                 what: str = "node buffer", local_size: int = 1) -> None:  # fmt: skip
         header = -(-hostbarrier.nbytes(local_size) // PAGE) * PAGE
         self.nbytes = header + max(int(nbytes), 1)
         self.local_rank = local_rank
-        fd, err, path, forget = -1, "", "", None
+        fd, err, made = -1, "", (os.getpid(), -1, -1)
         if local_rank == 0:
-            sweep(directory)
-            err = fits(self.nbytes, what, directory)
+            err = fits(self.nbytes, what)
             if not err:
-                path = os.path.join(directory, _name(key, host))
-                fd, err = _create(path, self.nbytes, what)
-            if fd >= 0:  # an abort before the unlinking below leaves no name
-                forget = at_abort(lambda: _unlink(path))
-        try:
-            err, path = _creators(comm, host, local_rank, err, path)
-            if not err and local_rank != 0:
                 try:
-                    fd = os.open(path, os.O_RDWR)
+                    fd = _memfd.create(PREFIX + "region", self.nbytes, reserve=True)
+                    _memfd.seal(fd, _memfd.SIZE_SEALS)  # never shorter than mapped: no SIGBUS
+                    made = _memfd.ident(fd)
                 except OSError as exc:
-                    err = f"{what}: cannot open {path}: {exc.strerror}"
-            err = _first(comm, err)  # every local rank has it open (or failed): the name can go
-        finally:
-            if forget is not None:
-                _unlink(path)
-                forget()
+                    if fd >= 0:
+                        os.close(fd)
+                        fd = -1
+                    err = (f"{what}: cannot reserve {self.nbytes / 2**30:.2f} GiB of shared "
+                           f"memory: {exc.strerror}")  # fmt: skip
         try:
+            err, made = _creators(comm, host, local_rank, err, made)
+            if not err and local_rank != 0:
+                fd, err = _memfd.open_peer(made, self.nbytes, os.O_RDWR, what)
+                if not err and not _memfd.sealed(fd, _memfd.SIZE_SEALS):
+                    err = f"{what}: /proc/{made[0]}/fd/{made[1]} is not sealed against shrinking"
+            # Every local rank has it open (or failed) before local rank 0 lets its descriptor go.
+            err = _first(comm, err)
             if not err:
                 self._map = mmap.mmap(fd, self.nbytes, mmap.MAP_SHARED)
         finally:
             if fd >= 0:
                 os.close(fd)
-        self.path = path  # (unlinked: for messages)
         self._used = 0
         if not err:
             self.header = self.carve((header // 8,), np.int64)
@@ -143,70 +121,15 @@ class NodeRegion:
         return total
 
 
-def sweep(directory: str = SHM_DIR) -> list[str]:
-    """Remove the regions in ``directory`` whose creator is dead (a job killed while making
-    its region); the names removed. A name of another pid namespace, or of an older format,
-    is never touched (its creator cannot be seen from here)."""
-    ns = _pid_namespace()
-    gone: list[str] = []
-    if ns < 0:
-        return gone
-    try:
-        names = os.listdir(directory)
-    except OSError:
-        return gone
-    for name in names:
-        m = _NAME.fullmatch(name)
-        if m and int(m.group(1)) == ns and not alive(int(m.group(2)), int(m.group(3))):
-            _unlink(os.path.join(directory, name))
-            gone.append(name)
-    return gone
-
-
-def _name(key: int, host: int) -> str:
-    pid = os.getpid()
-    return f"{PREFIX}{key & (2**64 - 1):016x}-{host}-{_pid_namespace()}-{pid}-{start_time(pid)}"
-
-
-def _pid_namespace() -> int:
-    """This process's pid namespace (its inode; -1: unknown): pids name processes within it."""
-    try:
-        return os.stat("/proc/self/ns/pid").st_ino
-    except OSError:
-        return -1
-
-
-def _creators(comm: Any, host: int, local: int, err: str, path: str) -> tuple[str, str]:
-    """The first error of ``comm``'s ranks ("" if none) and the path local rank 0 of ``host``
-    created (each local rank 0 contributes its path: ``comm`` may span several hosts)."""
+def _creators(comm: Any, host: int, local: int, err: str, made: Any) -> tuple[str, Any]:
+    """The first error of ``comm``'s ranks ("" if none) and what local rank 0 of ``host``
+    made (a path, a memfd's ident; each local rank 0 contributes its own: ``comm`` may span
+    several hosts)."""
     if comm is None or comm.Get_size() <= 1:
-        return err, path
-    every = comm.allgather((host, local, err, path))
+        return err, made
+    every = comm.allgather((host, local, err, made))
     err = next((e for _, _, e, _ in every if e), "")
     return err, next((p for h, q, _, p in every if h == host and q == 0), "")
-
-
-def _create(path: str, nbytes: int, what: str) -> tuple[int, str]:
-    """A new file ``path`` of ``nbytes`` reserved bytes (a node region, a node's tier): its
-    descriptor, or a line naming ``what``."""
-    try:
-        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
-    except OSError as exc:
-        return -1, f"{what}: cannot create {path}: {exc.strerror}"
-    try:
-        os.posix_fallocate(fd, 0, nbytes)  # reserved now: no SIGBUS / ENOSPC mid-run
-    except OSError as exc:
-        os.close(fd)
-        _unlink(path)
-        return -1, f"{what}: cannot reserve {nbytes / 2**30:.2f} GiB in {path}: {exc.strerror}"
-    return fd, ""
-
-
-def _unlink(path: str) -> None:
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
 
 
 def _first(comm: Any, err: str) -> str:

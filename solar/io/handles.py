@@ -50,7 +50,7 @@ def open_descriptor(path: str | os.PathLike, flags: int, o_direct: bool) -> int:
 def memory_fault(what: str, why: str = "Bad address") -> SolarError:
     """The error for bytes read from ``what`` that the destination memory could not take
     (EFAULT, or a short read of bytes the file holds): shared memory (transform batches in
-    memfds, a node buffer in /dev/shm) whose pages cannot be backed, not the data file's
+    memfds, a node buffer's memfd) whose pages cannot be backed, not the data file's
     fault. Both figures are given: which one ran out depends on the memory."""
     room = memory_room()
     mem = "memory unknown" if room is None else f"{format_bytes(room[0])} {room[1]}"

@@ -210,8 +210,8 @@ def _build_node(setup: Setup, stream: NodeStream, steps: Steps, stats: LoaderSta
                          "the Loader where it was made, or pass share='rank')")  # fmt: skip
     keys = [(k.sample_shape, k.native_dtype) for k in setup.held_keys]
     parts = NodeHoldings.region_parts(stream.slots, stream.stage_rows, keys)
-    region = NodeRegion(NodeRegion.size_of(parts), hc, shared_key(setup.comm), stream.host,
-                        stream.local, local_size=len(stream.group))  # fmt: skip
+    region = NodeRegion(NodeRegion.size_of(parts), hc, stream.host, stream.local,
+                        local_size=len(stream.group))  # fmt: skip
     tier = None
     if stream.tier_slots and setup.tier_dir is not None:  # the host's: one file, all open it
         tier = NodeTierFile(

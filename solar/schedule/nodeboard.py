@@ -27,7 +27,6 @@ memory.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import mmap
 import os
@@ -36,6 +35,7 @@ from typing import Any
 
 import numpy as np
 
+from solar import _memfd
 from solar.errors import CorruptPlanError, SolarError
 from solar.schedule._common import PEER
 from solar.schedule.nodeplan import Hosts, NodeEpoch
@@ -48,11 +48,12 @@ ENTRIES = 8  # mailbox entries: epochs published and not yet recycled
 _HEAD = 16  # int64 fields of a payload's header
 _FIELDS = 8  # int64 fields of a mailbox entry, before its taken marks
 _SEQ, _EPOCH, _PID, _FD, _INO, _NBYTES = range(6)
+_LOCAL0 = "node plan: local rank 0's shared plan"  # (names it in errors)
 _WAIT_ALIVE = 2.0  # seconds between checks that local rank 0 still runs
 # A payload is checked once and then used in place: sealed, no process can rewrite, shrink
 # (SIGBUS in every rank mapping it) or grow it after its checks.
-SEALS = fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
-BOX_SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL  # (written in place)
+SEALS = _memfd.FROZEN
+BOX_SEALS = _memfd.SIZE_SEALS  # (written in place)
 
 
 def digest(fingerprint: str, hosts: Hosts, host: int) -> tuple[int, int]:
@@ -119,9 +120,8 @@ def pack(ne: NodeEpoch, host: int, contents: np.ndarray, tag: tuple[int, int]) -
     }  # fmt: skip
     layout = _layout(steps, ne.hosts.world, h.sample.size, hi - lo, s_val.size, contents.size)
     where, nbytes = _offsets(layout)
-    fd = os.memfd_create("solar-nodeplan", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    fd = _memfd.create("solar-nodeplan", nbytes)
     try:
-        os.ftruncate(fd, nbytes)
         head = np.array([MAGIC, VERSION, ne.epoch, host, ne.hosts.world, steps, ne.hosts.count,
                          len(group), h.sample.size, r_at.size, s_val.size, contents.size, nbytes,
                          tag[0], tag[1], 0], np.int64)  # fmt: skip
@@ -134,7 +134,7 @@ def pack(ne: NodeEpoch, host: int, contents: np.ndarray, tag: tuple[int, int]) -
             done = 0
             while done < view.nbytes:
                 done += os.pwrite(fd, view[done:], where[name] + done)
-        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, SEALS)
+        _memfd.seal(fd, SEALS)
     except BaseException:
         os.close(fd)
         raise
@@ -255,10 +255,9 @@ class EpochBoard:
         name = (os.getpid(), -1, -1)
         if self.publisher:
             try:
-                fd = os.memfd_create("solar-nodeboard", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
-                os.ftruncate(fd, size)
-                fcntl.fcntl(fd, fcntl.F_ADD_SEALS, BOX_SEALS)  # never shorter than mapped
-                name = (os.getpid(), fd, os.fstat(fd).st_ino)
+                fd = _memfd.create("solar-nodeboard", size)
+                _memfd.seal(fd, BOX_SEALS)  # never shorter than mapped
+                name = _memfd.ident(fd)
             except OSError as exc:
                 err = f"node plan: no shared memory for its mailbox ({exc})"
         everyone = comm.allgather((host, self.local, name, err)) if comm is not None else [
@@ -267,8 +266,8 @@ class EpochBoard:
         src = next(n for h, j, n, _ in everyone if h == host and j == 0)
         try:
             if not err and not self.publisher:
-                fd, err = _open(src, size, os.O_RDWR)
-                if not err and fcntl.fcntl(fd, fcntl.F_GET_SEALS) & BOX_SEALS != BOX_SEALS:
+                fd, err = _memfd.open_peer(src, size, os.O_RDWR, _LOCAL0)
+                if not err and not _memfd.sealed(fd, BOX_SEALS):
                     err = f"node plan: /proc/{src[0]}/fd/{src[1]} is not a sealed mailbox"
             if comm is not None:  # every rank has it open (or failed) before any goes on
                 err = next((e for e in comm.allgather(err) if e), "")
@@ -347,12 +346,12 @@ class EpochBoard:
             if self._fds.get(e, -1) != fd:
                 return None
             return mmap.mmap(fd, nbytes, prot=mmap.PROT_READ)
-        got, _ = _open((pid, fd, ino), nbytes, os.O_RDONLY)
+        got, _ = _memfd.open_peer((pid, fd, ino), nbytes, os.O_RDONLY, _LOCAL0)
         if got < 0 or int(row[_SEQ]) != seq:  # closed, or recycled meanwhile: look again
             if got >= 0:
                 os.close(got)
             return None
-        if fcntl.fcntl(got, fcntl.F_GET_SEALS) & SEALS != SEALS:  # (pack seals before naming)
+        if not _memfd.sealed(got, SEALS):  # (pack seals before naming)
             os.close(got)
             raise CorruptPlanError(f"node plan (shared epoch): epoch {epoch}'s payload "
                                    f"(/proc/{pid}/fd/{fd}) is not sealed: another process "
@@ -388,21 +387,6 @@ class EpochBoard:
         self.closed = True
         if self.publisher:
             self._release(done_only=False)
-
-
-def _open(name: tuple[int, int, int], size: int, mode: int) -> tuple[int, str]:
-    """A descriptor of local rank 0's memfd ``name`` = (pid, fd, inode), or (-1, why)."""
-    pid, fd, ino = name
-    path = f"/proc/{pid}/fd/{fd}"
-    try:
-        got = os.open(path, mode)
-    except OSError as exc:
-        return -1, f"node plan: cannot open local rank 0's {path}: {exc.strerror}"
-    st = os.fstat(got)
-    if st.st_ino != ino or st.st_size < size:
-        os.close(got)
-        return -1, f"node plan: {path} is no longer local rank 0's shared plan"
-    return got, ""
 
 
 class BoardReader:

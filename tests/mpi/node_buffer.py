@@ -48,9 +48,8 @@ def holdings(hosts: Hosts, hc) -> tuple[SharedHoldings, Steps]:
     stream = NodeStream(spec, rank, hosts, stage_bound(spec, hosts))
     steps = Steps(spec, rank, stream)
     parts = NodeHoldings.region_parts(stream.slots, stream.stage_rows, keys)
-    region = NodeRegion(NodeRegion.size_of(parts), hc, dist.shared_key(comm), stream.host,
-                        stream.local, local_size=len(stream.group))  # fmt: skip
-    assert not os.path.exists(region.path), "the region's name outlived its mapping"
+    region = NodeRegion(NodeRegion.size_of(parts), hc, stream.host, stream.local,
+                        local_size=len(stream.group))  # fmt: skip
     node = NodeHoldings(region, stream.slots, stream.stage_rows, keys,
                         region.barrier(stream.group, stream.spe))  # fmt: skip
     refill = NodeRefill(node, reader, stream.local, hosts.local, run.batch_size)

@@ -1,0 +1,64 @@
+"""Memory the processes of a host share without a name: a ``memfd`` that one process creates
+and the others open through ``/proc/PID/fd/FD`` while it holds it, checking the inode that
+proves it is still that file. Nothing is ever put in ``/dev/shm`` (nor bounded by its size):
+whatever happens to the job, ``kill -9`` included, the memory goes with the last descriptor
+or mapping. Seals fix what no process may change afterwards: its size (a mapping past a
+shrunk end faults with SIGBUS), or its bytes too.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+
+# Never shorter or longer than mapped; F_SEAL_SEAL: no later seal either.
+SIZE_SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
+FROZEN = fcntl.F_SEAL_WRITE | SIZE_SEALS  # and no byte written anymore
+
+Ident = tuple[int, int, int]  # (pid, fd, inode): how the other processes find it
+
+
+def create(label: str, nbytes: int, reserve: bool = False) -> int:
+    """A new memfd of ``nbytes`` (its descriptor, close-on-exec, sealable); ``reserve``: its
+    pages allocated now, so that memory running out fails here, not with SIGBUS mid-run.
+    Raises OSError."""
+    fd = os.memfd_create(label, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    try:
+        os.ftruncate(fd, nbytes)
+        if reserve and nbytes:
+            os.posix_fallocate(fd, 0, nbytes)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def seal(fd: int, seals: int) -> None:
+    """Add ``seals`` (:data:`SIZE_SEALS`, :data:`FROZEN`) to the memfd ``fd``."""
+    fcntl.fcntl(fd, fcntl.F_ADD_SEALS, seals)
+
+
+def sealed(fd: int, seals: int) -> bool:
+    """Whether ``fd`` carries every one of ``seals``."""
+    return fcntl.fcntl(fd, fcntl.F_GET_SEALS) & seals == seals
+
+
+def ident(fd: int) -> Ident:
+    """How another process of the host opens ``fd`` (:func:`open_peer`)."""
+    return os.getpid(), fd, os.fstat(fd).st_ino
+
+
+def open_peer(of: Ident, size: int, mode: int, what: str) -> tuple[int, str]:
+    """A descriptor of the memfd ``of`` another process holds, at least ``size`` bytes long,
+    or (-1, a line naming ``what`` and why)."""
+    pid, fd, ino = of
+    path = f"/proc/{pid}/fd/{fd}"
+    try:
+        got = os.open(path, mode)
+    except OSError as exc:
+        return -1, f"{what}: cannot open {path}: {exc.strerror}"
+    st = os.fstat(got)
+    if st.st_ino != ino or st.st_size < size:
+        os.close(got)
+        return -1, f"{what}: {path} is no longer the file its creator shared"
+    return got, ""
