@@ -31,7 +31,7 @@ from solar.schedule.plan import plan_to_file, simulate
 from solar.schedule.policies import TRACE_POLICIES
 from solar.schedule.samplers import make_sampler
 from solar.schedule.spec import equal_by_default
-from solar.schedule.summary import PlanSummary
+from solar.schedule.summary import PlanSummary, closing_lines, reads_line
 from solar.transform import load_transform
 
 _READER = ReaderConfig()  # the defaults shown by --help
@@ -957,23 +957,13 @@ def format_summary(s: dict) -> str:
     rates = s.get("hit_rate_per_epoch") or []
     if 1 < len(rates) <= 12:
         lines.append("hit rate per epoch: " + ", ".join(f"{100 * r:.1f} %" for r in rates))
-    per_epoch = f"{s['reads_per_epoch']:.0f} samples"
-    if s["bytes_read_per_epoch"] is not None:
-        per_epoch += f" ({format_bytes(s['bytes_read_per_epoch'])})"
-    lines.append(f"reads per epoch: {per_epoch}")
+    lines.append(reads_line(s, "samples"))
     if s["equal_batches"]:
         moved = f"{s['rows_moved_per_epoch']:.0f} rows ({100 * s['moved_share']:.1f} %"
         if s["bytes_moved_per_epoch"] is not None:
             moved += f", {format_bytes(s['bytes_moved_per_epoch'])}"
         lines.append(f"equal batches: moved between ranks per epoch {moved})")
-    where = f" -> {s['out']} ({format_bytes(s['file_bytes'])})" if "out" in s else ""
-    lines.append(f"planned in {s['plan_seconds']:.2f} s{where}")
-    if "compile_seconds" in s:
-        lines.append(
-            f"kernels warmed first in {s['warm_seconds']:.2f} s "
-            f"(compiling {s['compile_seconds']:.2f} s; not in the planning time)"
-        )
-    lines.append(f"fingerprint {s['fingerprint']}")
+    lines += closing_lines(s)
     if s.get("plot"):
         lines.append(f"plot -> {s['plot']}")
     return "\n".join(lines)

@@ -54,6 +54,7 @@ from solar.warm import (
     Warmth,
     head,
     measured,
+    rehearse_node,
     settle_compiler_garbage,
     tiny_spec,
 )
@@ -507,8 +508,9 @@ def _portable(setup: Setup) -> Setup:
 
 def _rehearse(loader: Loader, plan: str | None) -> Warmth:
     """Run a tiny copy of ``loader``'s run over its own files to its end, then drop it: every
-    kernel ``loader``'s epochs call is compiled (or loaded from the cache) by then. ``plan``:
-    how the real run's plan came, ``"file"`` or ``"memory"`` (None: streamed)."""
+    kernel ``loader``'s epochs call is compiled (or loaded from the cache) by then (a node
+    buffer's own kernels by :func:`~solar.warm.rehearse_node`). ``plan``: how the real run's
+    plan came, ``"file"`` or ``"memory"`` (None: streamed)."""
     info: DatasetInfo = loader.info
     with measured() as w:
         fit = max(1, READ_BUDGET // max(1, info.sample_bytes)) * loader.world_size
@@ -517,11 +519,13 @@ def _rehearse(loader: Loader, plan: str | None) -> Warmth:
         run = spec.run
         with contextlib.ExitStack() as stack:
             made: Any = None
+            # (The tiny Loader has no communicator: its ranks exchange no rows.)
+            alone = dataclasses.replace(spec, equal_batches=False)
             if plan == "file":  # the same path as the real run's: read from a file, proven
                 tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="solar-warm-"))
-                made = plan_to_file(spec, Path(tmp) / "plan.h5")
+                made = plan_to_file(alone, Path(tmp) / "plan.h5")
             elif plan == "memory":
-                made = make_plan(spec)
+                made = make_plan(alone)
             with warnings.catch_warnings():  # the real run said what its tiny copy would
                 warnings.simplefilter("ignore", UserWarning)
                 tiny = Loader(
@@ -544,6 +548,10 @@ def _rehearse(loader: Loader, plan: str | None) -> Warmth:
                 for _ in zip(tiny, range(1), strict=False):
                     pass
             loader.sampler.rehearse(loader.run, loader.rank)  # its own kernels, if any
+        hosts = loader._setup.hosts
+        if hosts is not None:  # share="node": the tiny Loader ran per rank; the node's own
+            given = isinstance(loader._setup.given, NodePlan)
+            rehearse_node(spec, hosts, loader.rank, plan_file=given)
     if w[0].compiled:
         settle_compiler_garbage()
     return w[0]

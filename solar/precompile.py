@@ -1,10 +1,11 @@
 """``solar warm``: compile the kernels of common configurations into numba's cache, ahead of
-time (``make`` runs it at install), by building small Loaders over generated data. The
-rehearsal a Loader runs at construction is solar/loader.py's; the machinery both use is
-solar/warm.py's."""
+time (``make`` runs it at install), by building small Loaders over generated data, and
+rehearsing node buffers (``share="node"``) in the same process, without MPI. The rehearsal a
+Loader runs at construction is solar/loader.py's; the machinery both use is solar/warm.py's."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import tempfile
 import warnings
@@ -15,16 +16,27 @@ from typing import Any
 import numpy as np
 
 from solar.loader import Loader
+from solar.schedule.nodeplan import Hosts
 from solar.schedule.samplers import Weighted
-from solar.warm import Warmth, measured
+from solar.warm import Warmth, measured, rehearse_node, tiny_spec
+
+# The node buffers ``solar warm`` rehearses, on a host of 2 ranks with the solar policy:
+# (sampler, tier, a node plan file, equal batches). Weighted(affinity=False) stands for every
+# sampler that fixes each rank's batch (a GNN's neighbour sampler, a Trace).
+NODE_KINDS = (("traced", False, False, False), ("traced", True, False, False),
+              ("traced", False, True, False), ("shuffle", False, False, False),
+              ("shuffle", False, False, True))  # fmt: skip
 
 
 def common_configs() -> list[dict[str, Any]]:
     """What ``solar warm`` rehearses: every policy of each sampler, with and without a tier,
-    one rank and several, on float32 samples in one HDF5 file and in one-sample files."""
+    one rank and several, on float32 samples in one HDF5 file and in one-sample files; and,
+    first (the longest), one buffer per host of :data:`NODE_KINDS`, in one process (their
+    kernels compiled once)."""
     from solar.schedule.policies import POLICIES, TIERED, TRACE_POLICIES
 
-    out: list[dict[str, Any]] = []
+    out: list[dict[str, Any]] = [dict(world=2, policy="solar", share="node", tier=False,
+                                      sampler="node kinds")]  # fmt: skip
     for world in (1, 2):
         for policy in POLICIES:
             for tier in (False, True) if policy in TIERED else (False,):
@@ -41,6 +53,9 @@ def warm_config(cfg: dict[str, Any], root: Path) -> None:
     data = root / "data.h5"
     if not data.exists():
         _write_data(root, n)
+    if cfg.get("share") == "node":
+        _warm_node(data, root, n)
+        return
     sampler = Weighted(1.0 / (1.0 + np.arange(n))) if cfg["sampler"] == "weighted" else None
     tier = root / f"tier-{os.getpid()}" if cfg["tier"] else None
     if tier is not None:
@@ -55,6 +70,29 @@ def warm_config(cfg: dict[str, Any], root: Path) -> None:
                     tier_size=8 if tier else 0, sampler=sampler,
                 )  # fmt: skip
             ld.close()
+
+
+def _warm_node(data: Path, root: Path, n: int) -> None:
+    """Rehearse node buffers of :data:`NODE_KINDS` over ``data`` (``n`` samples): each one's
+    per-rank rehearsal, as a node Loader runs it (a Loader of the run per rank; Shuffle's is
+    among :func:`common_configs` already), and its node plan's (:func:`rehearse_node`)."""
+    hosts = Hosts.grid(1, 2)
+    for sampler, tier, plan_file, equal in NODE_KINDS:
+        traced = sampler == "traced"
+        where = root / f"tier-{os.getpid()}" if tier else None
+        if where is not None:
+            where.mkdir(exist_ok=True)
+        with warnings.catch_warnings():  # (varying batches: these serve nobody)
+            warnings.simplefilter("ignore", UserWarning)
+            ld = Loader(
+                data, batch_size=4, epochs=3, buffer=5, rank=0, world_size=hosts.world,
+                tier=where, tier_size=8 if tier else 0, warm=traced, share="rank",
+                sampler=Weighted(1.0 / (1.0 + np.arange(n)), affinity=False) if traced else None,
+            )  # fmt: skip
+        ld.close()
+        # (Equal batches: a Loader's need a communicator, a plan's do not.)
+        spec = tiny_spec(dataclasses.replace(ld.spec, equal_batches=equal))
+        rehearse_node(spec, hosts, 0, plan_file)
 
 
 def _write_data(root: Path, n: int) -> None:
@@ -104,5 +142,7 @@ def _warm_one(arg: tuple[dict[str, Any], str]) -> str:
 
 
 def _name(cfg: dict[str, Any]) -> str:
+    if cfg.get("share") == "node":
+        return f"{cfg['policy']} (node buffers of {cfg['world']} ranks: {len(NODE_KINDS)} kinds)"
     tier = ", tier" if cfg["tier"] else ""
     return f"{cfg['policy']} ({cfg['sampler']}{tier}, P={cfg['world']})"

@@ -12,8 +12,13 @@ of the real one, and only then start. Every kernel the real epochs call has then
 compiled, and the time it took is reported (``loader.stats.warm_seconds``, ``solar bench``,
 ``solar plan --json``) instead of landing in epoch 0.
 
+A node buffer's own kernels (``share="node"``: its planning, plan file proof and host barrier)
+are rehearsed in the same process, with no communicator (:func:`rehearse_node`): a host is
+planned alone by any of its ranks, and the plan is a pure function of the inputs.
+
 ``solar warm`` compiles ahead of time, into the cache, the kernels of common configurations
-(every policy, with and without a tier, Shuffle and Weighted); ``make`` runs it at install.
+(every policy, with and without a tier, Shuffle and Weighted, a buffer per rank and per node);
+``make`` runs it at install.
 
 numba compiles under one process-wide lock, so threads cannot compile in parallel; processes
 can (``solar warm --jobs``): see the README's "First run" section for what each costs here.
@@ -27,6 +32,7 @@ import gc
 import importlib
 import math
 import pkgutil
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -37,8 +43,13 @@ import numpy as np
 from numba.core import event
 from numba.core.dispatcher import Dispatcher
 
+from solar.cache import hostbarrier
 from solar.config import BufferConfig, RunConfig
 from solar.io.info import DatasetInfo, StoredLayout
+from solar.runtime.steps import Steps
+from solar.schedule.nodefile import NodeFileStream, load_node_plan, node_plan_to_file
+from solar.schedule.nodeplan import Hosts
+from solar.schedule.nodestream import NodeStream, stage_bound
 from solar.schedule.samplers import SHUFFLE, Sampler, Trace, Weighted, is_shuffle
 from solar.schedule.spec import PlanSpec
 
@@ -121,8 +132,8 @@ def tiny_spec(
     spec: PlanSpec, num_samples: int | None = None, dataset: str | None = None
 ) -> PlanSpec:
     """A run of a few steps with ``spec``'s shape of choices: its world size, policy, sampler
-    kind, tier or not, slack, seed, drop_last and epoch order; at most ``num_samples`` samples
-    (of the data ``dataset``, default ``spec``'s).
+    kind, tier or not, slack, equal batches or not, seed, drop_last and epoch order; at most
+    ``num_samples`` samples (of the data ``dataset``, default ``spec``'s).
     """
     run, buf = spec.run, spec.buffer
     p = run.world_size
@@ -143,7 +154,7 @@ def tiny_spec(
     return PlanSpec(
         small, BufferConfig(scaled(buf.capacity), buf.slack, scaled(buf.tier)), spec.policy,
         spec.reorder_epochs, spec.sample_bytes, dataset or spec.dataset, sampler, horizon,
-        pages=spec.pages,
+        spec.equal_batches, spec.pages,
     )  # fmt: skip
 
 
@@ -194,6 +205,34 @@ def settle_compiler_garbage() -> None:
     only what is alive now is, and it lives on anyway."""
     gc.collect()
     gc.freeze()
+
+
+def rehearse_node(spec: PlanSpec, hosts: Hosts, rank: int, plan_file: bool = False) -> None:
+    """The node buffer's own kernels, here, with no communicator or shared memory: rank
+    ``rank``'s steps of ``spec``'s node plan over ``hosts`` (its host planned by this process,
+    as its local rank 0 plans it), taken in order as the runtime takes them, then a jump back
+    (a resume's refill); with ``plan_file``, from a node plan file proven first, as
+    ``Loader(plan=FILE, share="node")`` reads one; and the host barrier's. ``spec``: a tiny run
+    (:func:`tiny_spec`)."""
+    hostbarrier.warm_up()
+    stage = stage_bound(spec, hosts)
+    with contextlib.ExitStack() as stack:
+        stream: NodeStream
+        if plan_file:
+            tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="solar-warm-"))
+            node_plan_to_file(spec, hosts, Path(tmp) / "node-plan.h5")
+            plan = load_node_plan(Path(tmp) / "node-plan.h5", spec.sampler)
+            plan.validate(rank)  # (without a communicator: every host's part)
+            stream = NodeFileStream(plan, rank, stage)
+        else:
+            stream = NodeStream(spec, rank, hosts, stage)
+        stack.callback(stream.close)
+        stream.start()
+        steps = Steps(spec, rank, stream)
+        for k in range(spec.run.num_steps):
+            steps.enter(k)
+            steps.rows(k, steps.plan(k))  # (its exchange too, with equal batches)
+        steps.refill_at(min(spec.run.steps_per_epoch, spec.run.num_steps - 1))
 
 
 def rehearse_planning(spec: PlanSpec, plan: Callable[[PlanSpec], Any]) -> Warmth:

@@ -1,4 +1,5 @@
-"""Helpers shared by the tests: writing HDF5 files and reading reference bytes."""
+"""Helpers shared by the tests (and by tests/mpi/'s scripts, which put tests/ on their path):
+writing HDF5 files, reading reference bytes, the node buffer's skewed sampler."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import h5py
 import numpy as np
 import pytest
 
-from solar import SolarError
+from solar import SolarError, Weighted
 
 
 def write_h5(path: Path, **datasets: np.ndarray) -> Path:
@@ -19,6 +20,14 @@ def write_h5(path: Path, **datasets: np.ndarray) -> Path:
         for name, data in datasets.items():
             f[name] = data
     return path
+
+
+def skewed_weighted(n: int) -> Weighted:
+    """``Weighted(affinity=False)`` over ``n`` samples, weights ``(1 + i) ** -0.8`` in a fixed
+    shuffled order: draws repeat within and across ranks' batches (what a node buffer shares).
+    A node plan file made for tests/mpi/node_plan_file.py must be made with this one."""
+    weights = (1.0 + np.arange(n)) ** -0.8
+    return Weighted(weights[np.random.default_rng(1).permutation(n)], affinity=False)
 
 
 def reference(paths: list[Path]) -> dict[str, np.ndarray]:

@@ -17,7 +17,7 @@ import h5py
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from helpers import write_h5
+from helpers import skewed_weighted, write_h5
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -429,8 +429,7 @@ def test_a_node_plan_file_serves_h5py_bytes_on_two_hosts_and_refuses_another_gro
     """(With equal batches too: every rank its nominal share, the rows the file's counts move.)"""
     x = np.random.default_rng(0).integers(0, 2**31, (600, 24), dtype=np.int64)
     data = write_h5(tmp_path / "d.h5", x=x)
-    w = (1.0 + np.arange(600)) ** -0.8
-    sampler = Weighted(w[np.random.default_rng(1).permutation(600)], affinity=False)
+    sampler = skewed_weighted(600)  # (the script's own)
     ld = Loader(data, ["x"], batch_size=12, epochs=3, buffer="10%", sampler=sampler, warm=False,
                 seed=5, equal_batches=False, rank=0, world_size=4)  # fmt: skip
     good = node_plan_to_file(ld.spec, Hosts.grid(2, 2), tmp_path / "p22.h5").file.path

@@ -145,3 +145,79 @@ def test_a_graph_changed_before_another_process_opens_it_is_refused(graph_file, 
     with pytest.raises(SolarError, match=f"graph {path}: changed since it was opened") as info:
         pickle.loads(blob)
     assert "\n" not in str(info.value)
+
+
+def _npy_with_header(path, header: str, data: bytes = b"\0" * 64, version: bytes = b"\x01\x00"):
+    """A file that starts as a .npy file does, with ``header`` as its header's text."""
+    text = header.encode("latin1")
+    pad = (64 - (10 + len(text) + 1) % 64) % 64
+    text += b" " * pad + b"\n"
+    path.write_bytes(b"\x93NUMPY" + version + len(text).to_bytes(2, "little") + text + data)
+    return path
+
+
+ODD_HEADERS = {
+    "a negative dimension": ("{'descr': '<i8', 'fortran_order': False, 'shape': (-4, 2), }",
+                             "shape"),
+    "more entries than int64 counts": (
+        "{'descr': '<i8', 'fortran_order': False, 'shape': (4294967296, 4294967296), }",
+        "truncated"),
+    "a header that does not parse": ("{'descr': '<i8', 'fortran_order': False, 'shape': (4, 2 }",
+                                     "not a readable"),
+    "strings": ("{'descr': '<U3', 'fortran_order': False, 'shape': (4, 2), }",
+                "not an array of numbers"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", ODD_HEADERS)
+def test_odd_npy_headers_are_refused_in_one_line_by_every_npy_reader(tmp_path, case):
+    """One parser of untrusted .npy headers (solar.io.npy.read_npy_header) for the Loader's
+    .npy sources, the graph converter's edges, rows and splits, and a Graph's parts: each
+    refuses the file in one line naming it, never crashes or reads past the file."""
+    from solar.graph import write_graph
+    from solar.io.sources import describe_source
+
+    header, says = ODD_HEADERS[case]
+    bad = _npy_with_header(tmp_path / "bad.npy", header)
+    edges = np.array([[0, 1], [1, 0]])
+    readers = {
+        "loader": lambda: describe_source(bad),
+        "edges": lambda: write_graph(bad, tmp_path / "g.h5", num_nodes=2),
+        "rows": lambda: write_graph({"edge_index": edges}, tmp_path / "g.h5", features=bad),
+        "split": lambda: write_graph({"edge_index": edges}, tmp_path / "g.h5",
+                                     features=np.zeros((2, 2)), train_idx=bad),
+        "graph": lambda: Graph({"indptr": bad, "indices": np.array([1, 0])}),
+    }  # fmt: skip
+    for name, read in readers.items():
+        with pytest.raises(SolarError) as info:
+            read()
+        msg = str(info.value)
+        assert "bad.npy" in msg and says in msg and "\n" not in msg, (name, msg)
+    assert not (tmp_path / "g.h5").exists()
+    # An unknown format version, and a header that ends the file, alike.
+    _npy_with_header(bad, "{'descr': '<i8', 'fortran_order': False, 'shape': (4,), }",
+                     version=b"\x09\x00")  # fmt: skip
+    for read in readers.values():
+        with pytest.raises(SolarError, match=r"bad\.npy: not a readable \.npy file"):
+            read()
+    bad.write_bytes(bad.read_bytes()[:20])
+    for read in readers.values():
+        with pytest.raises(SolarError, match=r"bad\.npy: not a readable \.npy file"):
+            read()
+
+
+def test_big_endian_and_fortran_npy_rows_and_edges_are_converted(tmp_path):
+    """What only the graph converter takes from .npy files (the Loader serves bytes as they
+    lie, so refuses them): another byte order, and (2, E) edges in Fortran order."""
+    from solar.graph import write_graph
+
+    feats = np.arange(12, dtype=np.float32).reshape(4, 3)
+    np.save(tmp_path / "x.npy", feats.astype(">f4"))
+    np.save(tmp_path / "e.npy", np.asfortranarray(np.array([[0, 1, 2, 3], [1, 2, 3, 0]], ">i8")))
+    write_graph(tmp_path / "e.npy", tmp_path / "g.h5", features=tmp_path / "x.npy",
+                labels=np.zeros(4, np.int64), train_idx=np.arange(2))  # fmt: skip
+    with h5py.File(tmp_path / "g.h5") as f:
+        assert f["features"].dtype == np.float32 and f["features"].dtype.isnative
+        assert f["features"][()].tobytes() == feats.tobytes()
+    g = Graph(tmp_path / "g.h5")
+    assert g.num_nodes == 4 and g.num_edges == 4

@@ -29,6 +29,10 @@ CASES = {
     ),
     # Small feature rows: the planner keeps their page mates (solar.schedule.pagemates).
     "a graph's features, neighbour sampling": dict(data="graph", sampler="neighbor"),
+    # One buffer per host (a host of one rank here): the node planner's kernels, and a tier's.
+    "a node buffer, weighted without affinity, a tier": dict(
+        data="one", share="node", sampler="traced", tier="TIER", tier_size=40
+    ),
 }
 
 CHILD = textwrap.dedent(
@@ -41,8 +45,9 @@ CHILD = textwrap.dedent(
 
     kw = json.loads(sys.argv[1])
     sampler = kw.pop("sampler", None)
-    if sampler == "weighted":
-        kw["sampler"] = Weighted(1.0 / (1.0 + np.arange(kw.pop("n"))))
+    if sampler in ("weighted", "traced"):
+        kw["sampler"] = Weighted(1.0 / (1.0 + np.arange(kw.pop("n"))),
+                                 affinity=sampler == "weighted")
     if sampler == "neighbor":
         kw.update(sampler=NeighborSampler(kw["paths"], (3, 2), batch_size=kw["batch_size"]),
                   keys=["features"], n=0)
@@ -122,6 +127,52 @@ def test_no_kernel_compiles_inside_an_epoch(tmp_path, case):
         return
     assert out["new"] == {} and out["compiled"] == 0, out
     assert all(w > 0 for w in out["warm"])
+
+
+NODE_AFTER_WARM = textwrap.dedent(
+    """
+    import json, sys
+    from pathlib import Path
+    import numpy as np
+    from solar import Loader, Shuffle, Weighted
+    from solar.precompile import common_configs, warm_config
+    from solar.warm import TALLY, signatures
+
+    root = Path(sys.argv[1])
+    for cfg in common_configs():
+        if cfg.get("share") == "node":
+            warm_config(cfg, root)
+    before, compiles = signatures(), TALLY.count
+    weights = 1.0 / (1.0 + np.arange(40))
+    for kw in (dict(sampler=Weighted(weights, affinity=False), tier=str(root), tier_size=9),
+               dict(sampler=Shuffle())):
+        ld = Loader(root / "data.h5", batch_size=6, epochs=4, buffer=11, share="node",
+                    warm=False, **kw)
+        for e in range(ld.run.epochs):
+            ld.set_epoch(e)
+            for _ in ld:
+                pass
+        ld.close()
+    after = signatures()
+    print(json.dumps({"new": {k: after[k] - before[k] for k in after if after[k] != before[k]},
+                      "compiled": TALLY.count - compiles}))
+    """
+)
+
+
+def test_solar_warm_rehearses_a_node_buffers_kernels(tmp_path):
+    """``solar warm`` rehearses node buffers in one process, without MPI: after its node
+    configurations, a node job of other sizes (unwarmed: a host of one rank here, planning,
+    its tier and serving) calls no kernel signature they did not compile or load. (Without
+    their node rehearsal it would: the node planner's and the host barrier's kernels.)"""
+    from solar.precompile import _write_data
+
+    _write_data(tmp_path, 40)
+    result = subprocess.run([sys.executable, "-c", NODE_AFTER_WARM, str(tmp_path)],
+                            capture_output=True, text=True, timeout=300, check=False)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = json.loads(result.stdout.strip().splitlines()[-1])
+    assert out["new"] == {} and out["compiled"] == 0, out
 
 
 def test_a_rehearsal_keeps_the_runs_choices(small_h5):

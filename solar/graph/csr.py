@@ -31,6 +31,7 @@ from numba import njit
 
 from solar._memory import require_memory
 from solar.errors import SolarError
+from solar.io.npy import read_npy_header
 from solar.launch import ranks_here
 
 PARTS = ("indptr", "indices", "labels", "train_idx")
@@ -231,17 +232,11 @@ def _npy(path: Path, where: str) -> _Part:
     """A ``.npy`` file's part, read with ``read`` calls (a file truncated under the run is a
     short read, never a fault in mapped memory)."""
     try:
-        with open(path, "rb") as f:
-            version = np.lib.format.read_magic(f)
-            header = {(1, 0): np.lib.format.read_array_header_1_0,
-                      (2, 0): np.lib.format.read_array_header_2_0}.get(version)  # fmt: skip
-            if header is None:
-                raise ValueError(f".npy format {version} (1.0 and 2.0 are read)")
-            shape, fortran, dtype = header(f)
-            start = f.tell()
-    except (OSError, ValueError) as exc:
-        raise SolarError(f"{where}: {path} is not a readable .npy file ({exc})") from None
-    if dtype.hasobject or (fortran and len(shape) > 1 and 1 not in shape):
+        h = read_npy_header(path)
+    except SolarError as exc:
+        raise SolarError(f"{where}: {exc}") from None
+    shape, dtype, start = h.shape, h.dtype, h.offset
+    if h.fortran and len(shape) > 1 and 1 not in shape:
         raise SolarError(f"{where}: {path}: {dtype} {shape} is not a plain array")
 
     def read(out: np.ndarray) -> None:

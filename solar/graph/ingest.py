@@ -48,6 +48,7 @@ from solar.graph.csrwrite import (
     row_ranges,
     write_csr_graph,
 )
+from solar.io.npy import read_npy_header
 
 # Names an OGB-style directory's arrays go by (the first found wins), looked up in the
 # directory and its raw/ subdirectory.
@@ -298,6 +299,7 @@ def _find(root: Path, names: tuple[str, ...], splits: bool = False) -> Path | No
 def _small(path: Path) -> np.ndarray:
     """A small array (a split, a count, labels in text) read whole."""
     if path.suffix == ".npy":
+        read_npy_header(path)  # (an odd header: refused in one line, as by every .npy reader)
         try:
             return np.load(path, allow_pickle=False)
         except (OSError, ValueError) as exc:
@@ -370,8 +372,9 @@ class NpyRows:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self.shape, self.dtype, self.offset, fortran = _npy_header(path)
-        if fortran and len(self.shape) > 1:
+        h = read_npy_header(path)  # (another byte order is converted as the rows are written)
+        self.shape, self.dtype, self.offset = h.shape, h.dtype, h.offset
+        if h.fortran and len(self.shape) > 1:
             raise SolarError(f"{path}: Fortran-ordered rows (save it C-ordered)")
         if not self.shape:
             raise SolarError(f"{path}: a scalar, not rows")
@@ -420,14 +423,15 @@ class NpyEdges:
 
     def __init__(self, path: Path) -> None:
         self.where = str(path)
-        shape, self.dtype, self.offset, fortran = _npy_header(path)
+        h = read_npy_header(path)
+        shape, self.dtype, self.offset = h.shape, h.dtype, h.offset
         if len(shape) != 2 or 2 not in shape or not np.issubdtype(self.dtype, np.integer):
             raise SolarError(f"{path}: expected (2, E) or (E, 2) integer node ids, got "
                              f"{self.dtype} {shape}")  # fmt: skip
         self.path = path
         self.num_edges = shape[1] if shape[0] == 2 else shape[0]
         # Whether each edge's two ids are adjacent in the file: (E, 2) in C order, (2, E) in F.
-        self.interleaved = (shape[0] != 2) != fortran
+        self.interleaved = (shape[0] != 2) != h.fortran
         self.num_nodes: int | None = None
 
     def chunks(self, size: int, lo: int = 0, hi: int | None = None):
@@ -507,25 +511,6 @@ def _order_of(fn: Any, parts: GraphParts, dst: Path, memory: int | str) -> np.nd
 
 
 # -- files -------------------------------------------------------------------------------------
-def _npy_header(path: Path) -> tuple[tuple[int, ...], np.dtype, int, bool]:
-    try:
-        with open(path, "rb") as f:
-            version = np.lib.format.read_magic(f)
-            read = (np.lib.format.read_array_header_1_0 if version == (1, 0)
-                    else np.lib.format.read_array_header_2_0)  # fmt: skip
-            shape, fortran, dtype = read(f)
-            offset = f.tell()
-    except (OSError, ValueError) as exc:
-        raise SolarError(f"{path}: not a readable .npy file ({exc})") from None
-    dtype = np.dtype(dtype)
-    if dtype.hasobject:
-        raise SolarError(f"{path}: holds Python objects, not numbers")
-    need = offset + dtype.itemsize * int(np.prod(shape, dtype=np.int64))
-    if path.stat().st_size < need:
-        raise SolarError(f"{path}: truncated ({path.stat().st_size} of {need} bytes)")
-    return tuple(int(x) for x in shape), dtype, offset, bool(fortran)
-
-
 def _pread_into(path: Path, out: np.ndarray, offset: int) -> None:
     view = out.data.cast("B")
     fd = os.open(path, os.O_RDONLY)

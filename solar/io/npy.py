@@ -3,14 +3,18 @@
 A key is a list of ``.npy`` files (paths, globs or directories, sorted); each file holds one
 sample (``one_per_file``) or many along axis 0. Several keys pair their files in order: file
 ``i`` of every key holds the same samples. Only the header of each file is read
-(``numpy.lib.format``): shape, dtype, order and where the data start.
+(``numpy.lib.format``): shape, dtype, order and where the data start. :func:`read_npy_header`
+is solar's one parser of untrusted .npy headers (the graph converter's and loader's too).
 """
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from tokenize import TokenError
 from typing import Any
 
 import numpy as np
@@ -21,9 +25,23 @@ from solar.io.info import DatasetInfo, KeyInfo, StoredLayout
 from solar.io.scan import ScanPart, check_part, empty_part, merge_parts, shared_scan
 
 
-def npy_header(path: Path) -> tuple[tuple[int, ...], np.dtype, int, int]:
-    """(shape, dtype, data offset, file size) of a .npy file; a one-line SolarError if it cannot be
-    served by offset (not .npy, Fortran order, objects or structured dtypes, truncated)."""
+@dataclass(frozen=True)
+class NpyHeader:
+    """A ``.npy`` file's header, read and checked (:func:`read_npy_header`)."""
+
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    offset: int  # where the data start
+    size: int  # the file's bytes (at least offset + the data's)
+    fortran: bool  # the data are in Fortran (column-major) order
+
+
+def read_npy_header(path: Path) -> NpyHeader:
+    """The header of the ``.npy`` file at ``path``, which is untrusted: the one parser of
+    solar's .npy readers. A one-line SolarError naming the file unless it is a ``.npy`` file
+    of a known version whose header parses, of numbers (no objects, no fields), of dimensions
+    >= 0, its data all in the file. Byte order and Fortran order are the reader's to refuse
+    (:func:`npy_header`) or to take (solar/graph/ingest.py converts them)."""
     try:
         with open(path, "rb") as fh:
             version = npformat.read_magic(fh)
@@ -38,21 +56,33 @@ def npy_header(path: Path) -> tuple[tuple[int, ...], np.dtype, int, int]:
         raise SolarError(f"{path}: no such file") from None
     except IsADirectoryError:
         raise SolarError(f"{path}: is a directory, not a .npy file") from None
-    except (OSError, ValueError, SyntaxError) as exc:
+    # (numpy parses the header as a Python literal: an odd one raises any of these.)
+    except (OSError, ValueError, TypeError, SyntaxError, RecursionError, TokenError) as exc:
         line = first_line(exc)
         raise SolarError(f"{path}: not a readable .npy file ({line})") from None
-    if fortran and len(shape) > 1:
-        raise SolarError(f"{path}: Fortran-ordered array; save it C-ordered (np.ascontiguousarray)")
+    dtype = np.dtype(dtype)
     if dtype.hasobject or dtype.kind not in "biufc" or dtype.fields is not None:
         raise SolarError(f"{path}: dtype {dtype} is not an array of numbers")
-    if not dtype.isnative:  # read by offset into native rows, its bytes would be served swapped
-        raise SolarError(f"{path}: byte order {dtype.str} is not this machine's; save it "
-                         "native (arr.astype(arr.dtype.newbyteorder('=')))")  # fmt: skip
-    need = offset + int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    if any(n < 0 for n in shape):
+        raise SolarError(f"{path}: not a readable .npy file (shape {tuple(shape)})")
+    need = offset + math.prod(shape) * dtype.itemsize  # (Python's ints: no overflow)
     size = os.path.getsize(path)
     if size < need:
         raise truncated(path, "the array", need, size)
-    return tuple(shape), dtype, offset, size
+    return NpyHeader(tuple(int(n) for n in shape), dtype, offset, size, bool(fortran))
+
+
+def npy_header(path: Path) -> tuple[tuple[int, ...], np.dtype, int, int]:
+    """(shape, dtype, data offset, file size) of a .npy file served by offset; a one-line
+    SolarError if it cannot be (:func:`read_npy_header`'s refusals, and Fortran order or a
+    byte order not this machine's: its bytes are served as they lie)."""
+    h = read_npy_header(path)
+    if h.fortran and len(h.shape) > 1:
+        raise SolarError(f"{path}: Fortran-ordered array; save it C-ordered (np.ascontiguousarray)")
+    if not h.dtype.isnative:  # read by offset into native rows, its bytes would be served swapped
+        raise SolarError(f"{path}: byte order {h.dtype.str} is not this machine's; save it "
+                         "native (arr.astype(arr.dtype.newbyteorder('=')))")  # fmt: skip
+    return h.shape, h.dtype, h.offset, h.size
 
 
 def describe_npy(

@@ -61,6 +61,7 @@ from solar.schedule.planfile import (
 from solar.schedule.planner import EpochPlan, epoch_order_of
 from solar.schedule.rankplan import _replay
 from solar.schedule.spec import FORMAT_VERSION, PlanSpec, differences, fingerprint_of
+from solar.schedule.summary import closing_lines, reads_line
 
 KIND = "node"
 
@@ -483,8 +484,6 @@ def node_summary(spec: PlanSpec, hosts: Hosts, totals: dict, plan_seconds: float
 
 def format_node_summary(s: dict) -> str:
     """:func:`node_summary` as ``solar plan`` prints it."""
-    from solar._units import format_bytes
-
     unit = "feature rows" if s["sampler"]["kind"] == "neighbor" else "samples"
     lines = [
         f"policy {s['policy']}, one buffer per host: N={s['num_samples']} {unit}, "
@@ -497,11 +496,6 @@ def format_node_summary(s: dict) -> str:
         f"hit rate {100 * s['hit_rate']:.2f} %; rows one local rank reads for another "
         f"{s['peer_rows']}",
     ]
-    per_epoch = f"{s['reads_per_epoch']:.0f} {unit}"
-    if s["bytes_read_per_epoch"] is not None:
-        per_epoch += f" ({format_bytes(s['bytes_read_per_epoch'])})"
-    lines.append(f"reads per epoch: {per_epoch}")
-    where = f" -> {s['out']} ({format_bytes(s['file_bytes'])})" if "out" in s else ""
-    lines.append(f"planned in {s['plan_seconds']:.2f} s{where}")
-    lines.append(f"fingerprint {s['fingerprint']}")
+    lines.append(reads_line(s, unit))
+    lines += closing_lines(s)
     return "\n".join(lines)

@@ -13,11 +13,12 @@ Each rank prints ``pid PID`` first: the test looks for /dev/shm names these proc
 import os
 import signal
 import sys
+from pathlib import Path
 
 import h5py
 import numpy as np
 
-from solar import BufferConfig, PlanSpec, RunConfig, Weighted, dist
+from solar import BufferConfig, PlanSpec, RunConfig, dist
 from solar.cache.shared import NodeRegion
 from solar.io.reader import Reader
 from solar.io.sources import describe_source
@@ -25,6 +26,9 @@ from solar.runtime.nodeholdings import NodeHoldings, NodeRefill, SharedHoldings
 from solar.runtime.steps import Steps
 from solar.schedule.nodeplan import Hosts, NodePlanner
 from solar.schedule.nodestream import NodeStream, stage_bound
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: shared helpers
+from helpers import skewed_weighted
 
 path, mode, groupings = sys.argv[1], sys.argv[2], sys.argv[3:]
 comm = dist.job_comm()  # MPI.COMM_WORLD (MPICH's /dev/shm names taken off)
@@ -37,8 +41,7 @@ reader = Reader(info)
 ref = h5py.File(path)["x"][()]
 n = ref.shape[0]
 run = RunConfig(n, world, 12, 3, seed=5)
-weights = (1.0 + np.arange(n)) ** -0.8
-sampler = Weighted(weights[np.random.default_rng(1).permutation(n)], affinity=False)
+sampler = skewed_weighted(n)
 spec = PlanSpec(run, BufferConfig(n // 10 // world), sampler=sampler)
 keys = [(k.sample_shape, k.native_dtype) for k in info.keys]
 

@@ -19,14 +19,18 @@ Each rank prints ``pid PID`` first: the test looks for /dev/shm names these proc
 import os
 import signal
 import sys
+from pathlib import Path
 
 import h5py
 import numpy as np
 
-from solar import Loader, NeighborSampler, Shuffle, Weighted, dist
+from solar import Loader, NeighborSampler, Shuffle, dist
 from solar.schedule.nodeplan import Hosts, NodePlanner
 from solar.schedule.order import nominal_batches
 from solar.schedule.transfer import moved_rows
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: shared helpers
+from helpers import skewed_weighted
 
 path, graph, mode, groupings = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
 d = dist.init()
@@ -34,8 +38,7 @@ comm, rank = d.comm, d.rank
 print(f"pid {os.getpid()}", flush=True)
 ref = h5py.File(path)["x"][()]
 n = ref.shape[0]
-weights = (1.0 + np.arange(n)) ** -0.8
-sampler = Weighted(weights[np.random.default_rng(1).permutation(n)], affinity=False)
+sampler = skewed_weighted(n)
 E = 3
 
 

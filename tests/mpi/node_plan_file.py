@@ -10,22 +10,25 @@ SOLAR_HOSTS=2x2 mpiexec -n 4 python tests/mpi/node_plan_file.py DATA.h5 PLAN_2x2
 """
 
 import sys
+from pathlib import Path
 
 import h5py
 import numpy as np
 
-from solar import Loader, Shuffle, Weighted, dist
+from solar import Loader, Shuffle, dist
 from solar.schedule.nodefile import load_node_plan
 from solar.schedule.order import nominal_batches
 from solar.schedule.transfer import delivered
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: shared helpers
+from helpers import skewed_weighted
 
 path, good, other, equal = sys.argv[1:5]
 d = dist.init()
 comm, rank = d.comm, d.rank
 ref = h5py.File(path)["x"][()]
 n = ref.shape[0]
-weights = (1.0 + np.arange(n)) ** -0.8
-sampler = Weighted(weights[np.random.default_rng(1).permutation(n)], affinity=False)
+sampler = skewed_weighted(n)
 E = 3
 
 

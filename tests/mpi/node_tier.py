@@ -12,21 +12,24 @@ mpiexec -n 4 python tests/mpi/node_tier.py DATA.h5 TIERDIR SNAPSHOTS_DIR
 
 import os
 import sys
+from pathlib import Path
 
 import h5py
 import numpy as np
 
-from solar import Loader, Weighted, dist
+from solar import Loader, dist
 from solar.schedule.nodeplan import Hosts, NodePlanner
 from solar.schedule.planner import Planner
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: shared helpers
+from helpers import skewed_weighted
 
 path, tier, snaps = sys.argv[1], sys.argv[2], sys.argv[3]
 d = dist.init()
 comm, rank = d.comm, d.rank
 ref = h5py.File(path)["x"][()]
 n = ref.shape[0]
-weights = (1.0 + np.arange(n)) ** -0.8
-sampler = Weighted(weights[np.random.default_rng(1).permutation(n)], affinity=False)
+sampler = skewed_weighted(n)
 E, B = 3, 11
 
 
