@@ -8,9 +8,10 @@ twice (the first after the warm-up: what a user's first node job compiles; the s
 the cache then holds everything); with ``--cold`` also the node job on a second empty cache
 (nothing warmed: the control). The job builds, on every rank, node Loaders of the kinds the
 node path plans: ``Weighted(affinity=False)`` (a host's union), Shuffle (affinity) with and
-without equal batches, ``Weighted`` with affinity, a node tier, and a node plan file; each Loader warms as users construct
-it, then serves its epochs. Reported per rank: kernels numba compiled (not loaded from the
-cache) while constructing and while serving, their seconds, and which kernels.
+without equal batches, ``Weighted`` with affinity, a node tier, and a node plan file; each
+Loader warms as users construct it, then serves its epochs. Reported per rank: kernels numba
+compiled (not loaded from the cache) while constructing and while serving, their seconds, and
+which kernels.
 """
 
 from __future__ import annotations
