@@ -294,6 +294,11 @@ class Loader(IterableDataset[dict]):
     def _build(self) -> pipeline.Pipeline:
         """This process's pipeline. A forked child builds its own, with a new buffer and tier
         refilled before it serves (its parent's reads and files are not its own)."""
+        if self._closed and self._setup.hosts is not None:
+            # Building again would make its host's buffer and board: a collective of the
+            # host's ranks, which a rank serving alone after close would wait in forever.
+            raise SolarError('share="node": this Loader is closed (its host\'s buffer and '
+                             "plan are released); make a new Loader")  # fmt: skip
         return pipeline.build(self._setup, self._stream, self.stats, self._exchange)
 
     @property
@@ -339,11 +344,6 @@ class Loader(IterableDataset[dict]):
 
     def __iter__(self) -> Iterator[dict]:
         _check_torch_caller(sys._getframe(1))
-        if self._closed and self.share == "node":
-            # Serving again would rebuild its host's buffer and board: a collective of the
-            # host's ranks, which a rank iterating alone after close would wait in forever.
-            raise SolarError('share="node": this Loader is closed (its host\'s buffer and '
-                             "plan are released); make a new Loader")  # fmt: skip
         end = (self._epoch + 1) * self.run.steps_per_epoch
         if self._next == end and not self._epoch_chosen and not self._warned_again:
             self._warned_again = True

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -35,12 +36,27 @@ def _mpiexec(n: int, *args, timeout: float, script: str = "node_buffer.py"):
 
 
 def _left_by(result) -> list[str]:
-    """The /dev/shm names of solar's the job's processes left (its ranks print their pids; a
-    node region is a nameless memfd, so there must be none; an older region's name ended in
-    its creator's PID-START). Other jobs' names, e.g. other test runs', are not counted."""
+    """What the job's processes left: any of them still running, and any /dev/shm name of
+    solar's carrying one of their pids (its ranks print them; a node region is a nameless
+    memfd whose memory goes with its last process, so there must be neither). Other jobs'
+    names, e.g. other test runs', carry other pids and are not counted."""
     pids = {line.split()[1] for line in result.stdout.splitlines() if line.startswith("pid ")}
     assert pids, result.stdout[-2000:]
-    return [p for p in os.listdir(SHM_DIR) if p.startswith(PREFIX) and p.split("-")[-2] in pids]
+    # (mpiexec may return while an aborted job's ranks are still being killed: a moment.)
+    deadline = time.monotonic() + 10
+    while (alive := [f"pid {p}" for p in pids if _running(p)]) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return alive + [p for p in os.listdir(SHM_DIR) if p.startswith(PREFIX) and
+                    any(q in p for q in pids)]  # fmt: skip
+
+
+def _running(pid: str) -> bool:
+    """Whether process ``pid`` runs (a zombie, dead and waiting for its parent, does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 @pytest.fixture(scope="module")
@@ -168,11 +184,15 @@ def test_a_closed_node_loader_refuses_to_serve_in_one_line(data):
     ld = Loader(data, ["x"], batch_size=12, epochs=2, buffer=20, sampler=sampler,
                 share="node", warm=False)  # fmt: skip
     assert ld.share == "node" and len(list(ld)) == ld.run.steps_per_epoch
-    ld.close()
     ld.set_epoch(1)
-    with pytest.raises(SolarError, match=r'share="node": this Loader is closed') as err:
-        next(iter(ld))
-    assert "\n" not in str(err.value)
+    it = iter(ld)
+    next(it)
+    ld.close()
+    # Every way back to its buffer: an iterator made before close, a new one, its buffer.
+    for serve in (lambda: next(it), lambda: next(iter(ld)), lambda: ld.buffer):
+        with pytest.raises(SolarError, match=r'share="node": this Loader is closed') as err:
+            serve()
+        assert "\n" not in str(err.value)
     ld.close()  # (twice: nothing more)
 
 

@@ -161,7 +161,10 @@ ODD_HEADERS = {
                              "shape"),
     "more entries than int64 counts": (
         "{'descr': '<i8', 'fortran_order': False, 'shape': (4294967296, 4294967296), }",
-        "truncated"),
+        "shape"),
+    "a dimension past int64 beside a zero": (
+        "{'descr': '<i8', 'fortran_order': False, 'shape': (1180591620717411303424, 0), }",
+        "shape"),
     "a header that does not parse": ("{'descr': '<i8', 'fortran_order': False, 'shape': (4, 2 }",
                                      "not a readable"),
     "strings": ("{'descr': '<U3', 'fortran_order': False, 'shape': (4, 2), }",

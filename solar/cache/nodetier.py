@@ -6,8 +6,9 @@ directory without a name, as a rank's tier is (``O_TMPFILE``; where the file sys
 created and unlinked at once), reserves its bytes (``posix_fallocate``: a tier that does not
 fit fails here, in one line, not mid-run), and every local rank opens it through
 ``/proc/PID/fd`` (solar/_memfd.py, as the node's RAM region): nothing is left on disk
-whatever happens to the job (``kill -9`` of any rank at any moment included). Names left by
-crashed runs of earlier versions on this host are removed when a node tier is made. The
+whatever happens to the job (``kill -9`` of any rank at any moment included), but where the
+file system lacks ``O_TMPFILE``, a crash in the instant between the creation and the
+unlinking; such names, and earlier versions', are removed when a node tier is made. The
 construction is a collective of ``comm`` (the host's communicator, or a superset).
 
 Which rank writes or reads which slot at which step is the node plan's; the order between
@@ -47,12 +48,15 @@ class NodeTierFile(TierFile):
         machine = _sanitise(os.uname().nodename)
         fd, err, made = -1, "", ("", (os.getpid(), -1, -1))
         if local_rank == 0:
-            remove_stale(directory, machine, PREFIX)
             name = f"{PREFIX}{key & (2**64 - 1):016x}-{host}-{machine}-{os.getpid()}.bin"
             self.path = directory / name  # (names it in messages only)
-            err = _room(directory, self.nbytes, slots, self.stride)
-            if not err:
-                fd, err = _reserved(self.path, self.nbytes)
+            try:  # (any failure here is said in the collective below, never skips it)
+                remove_stale(directory, machine, PREFIX)
+                err = _room(directory, self.nbytes, slots, self.stride)
+                if not err:
+                    fd, err = _reserved(self.path, self.nbytes)
+            except OSError as exc:
+                err = f"tier {directory}: {exc.strerror}"
             made = (str(self.path), _memfd.ident(fd) if fd >= 0 else made[1])
         # Every host's local rank 0 made its own: this host's (``comm`` may span hosts).
         err, made = _creators(comm, host, local_rank, err, made)
@@ -78,8 +82,8 @@ def _reserved(path: Path, nbytes: int) -> tuple[int, str]:
     descriptor, or -1 and one line."""
     try:
         fd = _unlinked(path)
-    except SolarError as exc:
-        return -1, str(exc)
+    except (SolarError, OSError) as exc:
+        return -1, str(exc) if isinstance(exc, SolarError) else f"tier {path}: {exc.strerror}"
     try:
         os.posix_fallocate(fd, 0, nbytes)  # before O_DIRECT: glibc may emulate it by writes
     except OSError as exc:

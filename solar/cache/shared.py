@@ -74,10 +74,15 @@ class NodeRegion:
                 fd, err = _memfd.open_peer(made, self.nbytes, os.O_RDWR, what)
                 if not err and not _memfd.sealed(fd, _memfd.SIZE_SEALS):
                     err = f"{what}: /proc/{made[0]}/fd/{made[1]} is not sealed against shrinking"
-            # Every local rank has it open (or failed) before local rank 0 lets its descriptor go.
-            err = _first(comm, err)
             if not err:
-                self._map = mmap.mmap(fd, self.nbytes, mmap.MAP_SHARED)
+                try:
+                    self._map = mmap.mmap(fd, self.nbytes, mmap.MAP_SHARED)
+                except (OSError, ValueError) as exc:
+                    gib = self.nbytes / 2**30
+                    err = f"{what}: cannot map {gib:.2f} GiB of shared memory: {exc}"
+            # Every local rank has it mapped (or failed) before local rank 0 lets its descriptor
+            # go, and every rank fails alike: none skips the collectives the others run.
+            err = _first(comm, err)
         finally:
             if fd >= 0:
                 os.close(fd)
@@ -86,7 +91,7 @@ class NodeRegion:
             self.header = self.carve((header // 8,), np.int64)
             hostbarrier.register(self.header, local_rank)  # before any peer can wait for it
         if comm is not None and comm.Get_size() > 1:
-            comm.Barrier()  # unlinked and registered before any rank goes on
+            comm.Barrier()  # every rank registered in its barrier before any goes on
         if err:
             raise SolarError(err)
 
@@ -129,7 +134,10 @@ def _creators(comm: Any, host: int, local: int, err: str, made: Any) -> tuple[st
         return err, made
     every = comm.allgather((host, local, err, made))
     err = next((e for _, _, e, _ in every if e), "")
-    return err, next((p for h, q, _, p in every if h == host and q == 0), "")
+    mine = [p for h, q, _, p in every if h == host and q == 0]
+    if not err and len(mine) != 1:  # (the grouping gives every host one local rank 0)
+        err = f"host {host}: {len(mine)} local ranks 0 among the ranks of the collective"
+    return err, mine[0] if mine else made
 
 
 def _first(comm: Any, err: str) -> str:

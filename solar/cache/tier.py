@@ -479,7 +479,11 @@ def _unlinked(path: Path) -> int:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
     except OSError as exc:
         raise SolarError(f"tier {path}: cannot create ({exc.strerror})") from None
-    os.unlink(path)
+    try:
+        os.unlink(path)
+    except OSError as exc:
+        os.close(fd)
+        raise SolarError(f"tier {path}: cannot unlink ({exc.strerror})") from None
     return fd
 
 

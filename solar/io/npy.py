@@ -63,7 +63,9 @@ def read_npy_header(path: Path) -> NpyHeader:
     dtype = np.dtype(dtype)
     if dtype.hasobject or dtype.kind not in "biufc" or dtype.fields is not None:
         raise SolarError(f"{path}: dtype {dtype} is not an array of numbers")
-    if any(n < 0 for n in shape):
+    # Every dimension, and the bytes of every row whatever the other dimensions (one may be
+    # 0), must fit an int64: the readers index with them.
+    if any(n < 0 for n in shape) or math.prod(max(1, n) for n in shape) * dtype.itemsize >= 2**63:
         raise SolarError(f"{path}: not a readable .npy file (shape {tuple(shape)})")
     need = offset + math.prod(shape) * dtype.itemsize  # (Python's ints: no overflow)
     size = os.path.getsize(path)

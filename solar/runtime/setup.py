@@ -179,16 +179,18 @@ def _share(share: str, spec: PlanSpec, holds_transformed: bool, world: int, comm
     communicator, for a node buffer; (None, None): a buffer per rank. ``"node"``: refused,
     in one line naming the parameter, where the node buffer does not run the configuration;
     ``"auto"``: a node buffer where it pays and runs (:func:`_auto_share`)."""
+    # Every rank takes the same branch, and refuses alike: a rank with a buffer of its own
+    # (or gone) would never join the host collectives the others' node buffer runs.
+    agree(comm, share, "share")
     if share not in SHARES:
         raise SolarError(f"share must be one of {SHARES}, got {share!r}")
-    # Every rank takes the same branch: a rank with a buffer of its own would never join the
-    # host collectives the others' node buffer runs (they would wait in them forever).
-    agree(comm, share, "share")
     if share == "rank":
         return None, None
     why = node_unsupported(spec, holds_transformed, world, comm)
     if share == "auto":
         return _auto_share(spec, why, world, comm, snapshots)
+    if comm is not None:  # (a rank's own arguments, e.g. its transform, may differ)
+        why = next((w for w in comm.allgather(why) if w), "")
     if why:
         raise SolarError(f'share="node": {why}')
     names = host_names(comm)

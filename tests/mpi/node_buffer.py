@@ -7,7 +7,8 @@ bytes.
 mpiexec -n 4 python tests/mpi/node_buffer.py DATA.h5 run 1x4 2x2   (groupings in turn)
 mpiexec -n 4 python tests/mpi/node_buffer.py DATA.h5 kill 2x2      (rank 1 killed: -9)
 
-Each rank prints ``pid PID`` first: the test looks for /dev/shm names these processes made.
+Each rank prints ``pid PID`` first: the test checks these processes are gone and left no
+/dev/shm name.
 """
 
 import os

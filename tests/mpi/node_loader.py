@@ -13,7 +13,8 @@ mpiexec -n 4 python tests/mpi/node_loader.py DATA.h5 GRAPH.h5 break 1x4     (ran
 mpiexec -n 4 python tests/mpi/node_loader.py DATA.h5 GRAPH.h5 disagree 3,1  (snapshots on
                                     rank 0 alone; then rank 1 asks share="rank", the others "node")
 
-Each rank prints ``pid PID`` first: the test looks for /dev/shm names these processes made.
+Each rank prints ``pid PID`` first: the test checks these processes are gone and left no
+/dev/shm name.
 """
 
 import os
