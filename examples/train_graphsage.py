@@ -13,11 +13,12 @@ neighbour to target, ``y`` of the seeds, ``batch_size``), so a PyG model runs un
 mean aggregation). The loss is the sum of the seeds' losses scaled by
 ``solar.dist.scale_loss`` over the step's seeds on all ranks. Rank 0 logs loss, accuracy,
 nodes/s and hit rate per epoch and checkpoints (model, optimizer, loader states) at each
-epoch end; ``--resume`` continues exactly. At the end rank 0 reports the accuracy on the
-graph's ``test_idx`` (a validation Loader of its own). On the generated graph (``solar gen
---preset graph``: labels are communities, features weakly informative) GraphSAGE reaches far
-more than ``--model mlp``, the same batches with the edges ignored: the edges matter. Where
-torch_geometric is installed the batches are PyG ``Data`` (``batch_format="pyg"``).
+epoch end and every ``--checkpoint-every`` steps; ``--resume`` continues exactly. At the end
+rank 0 reports the accuracy on the graph's ``test_idx`` (a validation Loader of its own). On
+the generated graph (``solar gen --preset graph``: labels are communities, features weakly
+informative) GraphSAGE reaches far more than ``--model mlp``, the same batches with the edges
+ignored: the edges matter. Where torch_geometric is installed the batches are PyG ``Data``
+(``batch_format="pyg"``).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import os
+import shutil
 import time
 from pathlib import Path
 
@@ -116,7 +118,9 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--checkpoint", type=Path, default=Path("graphsage.pt"))
     parser.add_argument("--resume", action="store_true")
-    parser.add_argument("--stop-after", type=int, default=0, help="stop after N steps (testing)")
+    parser.add_argument("--checkpoint-every", type=int, default=0, help="steps; 0: epochs only")
+    parser.add_argument("--keep-checkpoints", action="store_true",
+                        help="keep each checkpoint as CHECKPOINT.stepN too")  # fmt: skip
     opts = parser.parse_args()
 
     d = dist.init()
@@ -158,8 +162,9 @@ def main() -> None:
                     "loaders": states, "step": step}  # fmt: skip
             torch.save(ckpt, tmp)
             os.replace(tmp, opts.checkpoint)
+            if opts.keep_checkpoints:
+                shutil.copyfile(opts.checkpoint, f"{opts.checkpoint}.step{step}")
 
-    steps_done = 0
     for epoch in range(start_epoch, opts.epochs):
         loader.set_epoch(epoch)
         t0 = time.perf_counter()
@@ -176,12 +181,8 @@ def main() -> None:
             correct += float((logits.argmax(1) == batch["y"]).sum())
             seeds += n
             nodes += batch["x"].shape[0]
-            steps_done += 1
-            if opts.stop_after and steps_done == opts.stop_after:
+            if opts.checkpoint_every and (step + 1) % opts.checkpoint_every == 0:
                 save(step + 1)
-                if d.is_root:
-                    print(f"stopped after {steps_done} steps (checkpoint at step {step + 1})")
-                return
         seconds = time.perf_counter() - t0
         st = loader.stats.epochs[epoch]
         totals = np.array([loss_total, correct, seeds, nodes, st.hits, st.samples], float)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import time
 from pathlib import Path
 
@@ -89,7 +90,8 @@ def main() -> None:
     parser.add_argument("--checkpoint", type=Path, default=Path("checkpoint.pt"))
     parser.add_argument("--checkpoint-every", type=int, default=0, help="steps; 0: epochs only")
     parser.add_argument("--resume", action="store_true")
-    parser.add_argument("--stop-after", type=int, default=0, help="stop after N steps (testing)")
+    parser.add_argument("--keep-checkpoints", action="store_true",
+                        help="keep each checkpoint as CHECKPOINT.stepN too")  # fmt: skip
     opts = parser.parse_args()
 
     d = dist.init()
@@ -127,8 +129,9 @@ def main() -> None:
                     "loaders": states, "step": step}  # fmt: skip
             torch.save(ckpt, tmp)
             os.replace(tmp, opts.checkpoint)
+            if opts.keep_checkpoints:
+                shutil.copyfile(opts.checkpoint, f"{opts.checkpoint}.step{step}")
 
-    steps_done = 0
     for epoch in range(start_epoch, opts.epochs):
         loader.set_epoch(epoch)
         t0 = time.perf_counter()
@@ -140,15 +143,9 @@ def main() -> None:
             optimizer.step()
             loss_total += float(losses.sum().detach())
             seen += len(losses)
-            steps_done += 1
             step = loader.state_dict()["next_step"]
             if opts.checkpoint_every and step % opts.checkpoint_every == 0:
                 save(step)
-            if opts.stop_after and steps_done == opts.stop_after:
-                save(step)
-                if d.is_root:
-                    print(f"stopped after {steps_done} steps (checkpoint at step {step})")
-                return
         seconds = time.perf_counter() - t0
         st = loader.stats.epochs[epoch]
         totals = np.array([loss_total, seen, st.hits, st.samples], float)

@@ -375,13 +375,13 @@ def test_training_example_help_lists_its_options():
     result = subprocess.run([sys.executable, EXAMPLE, "--help"], capture_output=True, text=True,
                             timeout=120, check=False)  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
-    for option in ("--data", "--buffer", "% of data", "--resume", "--stop-after"):
+    for option in ("--data", "--buffer", "% of data", "--resume", "--keep-checkpoints"):
         assert option in result.stdout
 
 
 def test_training_example_resumes_exactly_under_either_launcher(tmp_path):
-    """A run, and an interrupted run resumed from its checkpoint, end with the same parameters,
-    whichever launcher runs each part."""
+    """A run, and a run resumed from the mid-epoch checkpoint it kept, end with the same
+    parameters, whichever launcher runs each part."""
     data = tmp_path / "p.h5"
     common = ["--data", data, "--samples", 96, "--epochs", 2, "--batch-size", 8,
               "--buffer", "30%", "--slack", 0.5]  # fmt: skip
@@ -393,12 +393,13 @@ def test_training_example_resumes_exactly_under_either_launcher(tmp_path):
         assert f"training on 2 ranks ({kind})" in result.stdout
         return result.stdout
 
-    whole = train("torchrun", "--checkpoint", tmp_path / "a.pt")
+    # The whole run keeps its mid-epoch checkpoint (step 9 of 2 epochs of 6); a run resumed
+    # from it under the other launcher must end where the whole run ended.
+    whole = train("mpiexec", "--checkpoint", tmp_path / "a.pt", "--checkpoint-every", 9,
+                  "--keep-checkpoints")  # fmt: skip
     assert whole.count("epoch ") == 2 and "hit rate" in whole
-    stopped = train("mpiexec", "--checkpoint", tmp_path / "b.pt", "--stop-after", 9)
-    assert "stopped after 9 steps" in stopped
-    resumed = train("torchrun", "--checkpoint", tmp_path / "b.pt", "--resume")
-    assert "resumed" in resumed
+    resumed = train("torchrun", "--checkpoint", tmp_path / "a.pt.step9", "--resume")
+    assert "resumed from" in resumed and "at global step 9" in resumed
     checksum = [line for line in whole.splitlines() if "checksum" in line]
     assert checksum and checksum == [line for line in resumed.splitlines() if "checksum" in line]
 
