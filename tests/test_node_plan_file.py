@@ -84,6 +84,16 @@ def _validate(path: Path) -> None:
 EQUAL = PlanSpec(RunConfig(250, 4, 6, 3, seed=5), BufferConfig(8, 0.25), equal_batches=True)
 
 
+def _assert_holds_the_planners_epochs(made, spec, hosts) -> None:
+    """Every epoch the file holds is the node planner's, host plan and services alike."""
+    for k, want in enumerate(_epochs(spec, hosts)):
+        got = made.epoch(k)
+        for name in ("rank_offsets", "step_offsets", "sample", "slot", "flags"):
+            assert np.array_equal(getattr(got.host, name), getattr(want.host, name)), name
+            assert np.array_equal(getattr(got.ranks, name), getattr(want.ranks, name)), name
+        assert np.array_equal(got.reader, want.reader) and np.array_equal(got.at, want.at)
+
+
 @pytest.mark.parametrize("grouping", ["1x4", "2x2"])
 def test_a_node_plan_file_holds_the_node_plan_with_its_grouping(tmp_path, grouping):
     spec, hosts = _spec(), Hosts.parse(grouping)
@@ -91,12 +101,7 @@ def test_a_node_plan_file_holds_the_node_plan_with_its_grouping(tmp_path, groupi
     assert made.hosts == hosts and made.fingerprint == node_fingerprint(spec, hosts)
     assert made.file.stats == node_totals(spec, hosts)
     assert made.file.stats["peer_rows"] > 0  # local ranks share rows: PEER services held
-    for k, want in enumerate(_epochs(spec, hosts)):
-        got = made.epoch(k)
-        for name in ("rank_offsets", "step_offsets", "sample", "slot", "flags"):
-            assert np.array_equal(getattr(got.host, name), getattr(want.host, name)), name
-            assert np.array_equal(getattr(got.ranks, name), getattr(want.ranks, name)), name
-        assert np.array_equal(got.reader, want.reader) and np.array_equal(got.at, want.at)
+    _assert_holds_the_planners_epochs(made, spec, hosts)
     made.validate(0)
     other = Hosts.parse("2x2" if grouping == "1x4" else "1x4")
     assert node_fingerprint(spec, other) != made.fingerprint  # the grouping is an input
@@ -142,12 +147,7 @@ def test_a_node_plan_file_holds_equal_batches_and_proves_every_rank_its_share(tm
     hosts = Hosts.parse(grouping)
     made = node_plan_to_file(EQUAL, hosts, tmp_path / "n.h5")
     assert made.spec.equal_batches
-    for k, want in enumerate(_epochs(EQUAL, hosts)):
-        got = made.epoch(k)
-        for name in ("rank_offsets", "step_offsets", "sample", "slot", "flags"):
-            assert np.array_equal(getattr(got.host, name), getattr(want.host, name)), name
-            assert np.array_equal(getattr(got.ranks, name), getattr(want.ranks, name)), name
-        assert np.array_equal(got.reader, want.reader) and np.array_equal(got.at, want.at)
+    _assert_holds_the_planners_epochs(made, EQUAL, hosts)
     made.validate(0)
     counts = np.diff(made.epoch(0).ranks.step_offsets, axis=1)  # (P, steps)
     if hosts.count == 1:  # no exchange: every rank serves its share
