@@ -30,6 +30,19 @@ def skewed_weighted(n: int) -> Weighted:
     return Weighted(weights[np.random.default_rng(1).permutation(n)], affinity=False)
 
 
+def checked_ids(
+    batch: dict, ref: np.ndarray, want: np.ndarray | None = None, tag: object = None
+) -> np.ndarray:
+    """A batch's sample ids, after checking its rows ``x`` are h5py's bytes at them (``ref``:
+    the dataset read whole) and, given ``want``, that they are those ids; ``tag`` names the
+    step in a failure."""
+    ids = batch["index"].numpy()
+    if want is not None:
+        assert np.array_equal(ids, want), tag
+    assert batch["x"].numpy().tobytes() == ref[ids].tobytes(), tag
+    return ids
+
+
 def reference(paths: list[Path]) -> dict[str, np.ndarray]:
     """What h5py reads: every top-level dataset of ``paths``, concatenated along axis 0."""
     out: dict[str, list] = {}

@@ -31,7 +31,7 @@ from solar.schedule.order import nominal_batches
 from solar.schedule.transfer import moved_rows
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: shared helpers
-from helpers import skewed_weighted
+from helpers import checked_ids, skewed_weighted
 
 path, graph, mode, groupings = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
 d = dist.init()
@@ -123,9 +123,7 @@ for grouping in groupings:
     for e in range(E):
         ld.set_epoch(e)
         for t, b in enumerate(ld):
-            ids = b["index"].numpy()
-            assert np.array_equal(ids, sampler.batch(ld.run, e, t, rank)), (grouping, e, t)
-            assert b["x"].numpy().tobytes() == ref[ids].tobytes(), (grouping, e, t)
+            ids = checked_ids(b, ref, sampler.batch(ld.run, e, t, rank), (grouping, e, t))
             served[e * spe + t] = ids
             if (e, t) == (1, 2):
                 state = ld.state_dict()
@@ -171,8 +169,7 @@ for grouping in groupings:
         sh.set_epoch(e)
         mine = []
         for b in sh:
-            ids = b["index"].numpy()
-            assert b["x"].numpy().tobytes() == ref[ids].tobytes(), (grouping, e)
+            ids = checked_ids(b, ref, tag=(grouping, e))
             mine.append(ids)
         every = np.concatenate(comm.allgather(np.concatenate(mine)))
         assert np.array_equal(np.sort(every), np.arange(n)), (grouping, e)

@@ -21,7 +21,7 @@ from solar.schedule.order import nominal_batches
 from solar.schedule.transfer import delivered
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: shared helpers
-from helpers import skewed_weighted
+from helpers import checked_ids, skewed_weighted
 
 path, good, other, equal = sys.argv[1:5]
 d = dist.init()
@@ -41,9 +41,7 @@ ld = loader(good)
 for e in range(E):
     ld.set_epoch(e)
     for t, b in enumerate(ld):
-        ids = b["index"].numpy()
-        assert np.array_equal(ids, sampler.batch(ld.run, e, t, rank)), (e, t)
-        assert b["x"].numpy().tobytes() == ref[ids].tobytes(), (e, t)
+        checked_ids(b, ref, sampler.batch(ld.run, e, t, rank), (e, t))
 tot = ld.stats.totals()
 ld.close()
 # The rows this rank read from storage: the accesses the file names it the reader of.
@@ -69,10 +67,8 @@ for e in range(E):
     parts = [ranks.rank(r) for r in range(comm.Get_size())]
     want = delivered([p.sample for p in parts], [p.step_offsets for p in parts])[rank]
     for t, b in enumerate(eq):
-        ids = b["index"].numpy()
+        ids = checked_ids(b, ref, want[t], (e, t))
         assert ids.size == nominal_batches(int(eq.global_batch), comm.Get_size())[rank]
-        assert np.array_equal(ids, want[t]), (e, t)
-        assert b["x"].numpy().tobytes() == ref[ids].tobytes(), (e, t)
     assert t == len(want) - 1
 tot = eq.stats.totals()
 eq.close()

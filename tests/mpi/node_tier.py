@@ -22,7 +22,7 @@ from solar.schedule.nodeplan import Hosts, NodePlanner
 from solar.schedule.planner import Planner
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: shared helpers
-from helpers import skewed_weighted
+from helpers import checked_ids, skewed_weighted
 
 path, tier, snaps = sys.argv[1], sys.argv[2], sys.argv[3]
 d = dist.init()
@@ -47,9 +47,7 @@ served, state = {}, None
 for e in range(E):
     ld.set_epoch(e)
     for t, b in enumerate(ld):
-        ids = b["index"].numpy()
-        assert np.array_equal(ids, sampler.batch(ld.run, e, t, rank)), (e, t)
-        assert b["x"].numpy().tobytes() == ref[ids].tobytes(), (e, t)
+        ids = checked_ids(b, ref, sampler.batch(ld.run, e, t, rank), (e, t))
         served[e * spe + t] = ids.copy()
         if (e, t) == (2, 1):
             state = ld.state_dict()
@@ -69,8 +67,7 @@ again = loader(comm, snapshots=snaps)
 again.load_state_dict(state)
 k = state["next_step"]
 for b in again:
-    ids = b["index"].numpy()
-    assert np.array_equal(ids, served[k]) and b["x"].numpy().tobytes() == ref[ids].tobytes(), k
+    checked_ids(b, ref, served[k], k)
     k += 1
 assert k == E * spe, k
 assert comm.allreduce(again.stats.totals().tier_hits) > 0
@@ -85,8 +82,7 @@ el = loader(half, batch_size=2 * B)
 el.load_state_dict(state)
 k = state["next_step"]
 for b in el:
-    ids = b["index"].numpy()
-    assert b["x"].numpy().tobytes() == ref[ids].tobytes(), k
+    ids = checked_ids(b, ref, tag=k)
     assert np.array_equal(np.sort(np.concatenate(half.allgather(ids))), everyone[k]), k
     k += 1
 assert k == E * spe, k
