@@ -50,10 +50,6 @@ _FIELDS = 8  # int64 fields of a mailbox entry, before its taken marks
 _SEQ, _EPOCH, _PID, _FD, _INO, _NBYTES = range(6)
 _LOCAL0 = "node plan: local rank 0's shared plan"  # (names it in errors)
 _WAIT_ALIVE = 2.0  # seconds between checks that local rank 0 still runs
-# A payload is checked once and then used in place: sealed, no process can rewrite, shrink
-# (SIGBUS in every rank mapping it) or grow it after its checks.
-SEALS = _memfd.FROZEN
-BOX_SEALS = _memfd.SIZE_SEALS  # (written in place)
 
 
 def digest(fingerprint: str, hosts: Hosts, host: int) -> tuple[int, int]:
@@ -134,7 +130,9 @@ def pack(ne: NodeEpoch, host: int, contents: np.ndarray, tag: tuple[int, int]) -
             done = 0
             while done < view.nbytes:
                 done += os.pwrite(fd, view[done:], where[name] + done)
-        _memfd.seal(fd, SEALS)
+        # Checked once, then used in place: sealed, no process can rewrite, shrink (SIGBUS in
+        # every rank mapping it) or grow it after its checks.
+        _memfd.seal(fd, _memfd.FROZEN)
     except BaseException:
         os.close(fd)
         raise
@@ -256,7 +254,7 @@ class EpochBoard:
         if self.publisher:
             try:
                 fd = _memfd.create("solar-nodeboard", size)
-                _memfd.seal(fd, BOX_SEALS)  # never shorter than mapped
+                _memfd.seal(fd, _memfd.SIZE_SEALS)  # never shorter than mapped
                 name = _memfd.ident(fd)
             except OSError as exc:
                 err = f"node plan: no shared memory for its mailbox ({exc})"
@@ -267,7 +265,7 @@ class EpochBoard:
         try:
             if not err and not self.publisher:
                 fd, err = _memfd.open_peer(src, size, os.O_RDWR, _LOCAL0)
-                if not err and not _memfd.sealed(fd, BOX_SEALS):
+                if not err and not _memfd.sealed(fd, _memfd.SIZE_SEALS):
                     err = f"node plan: /proc/{src[0]}/fd/{src[1]} is not a sealed mailbox"
             if comm is not None:  # every rank has it open (or failed) before any goes on
                 err = next((e for e in comm.allgather(err) if e), "")
@@ -351,7 +349,7 @@ class EpochBoard:
             if got >= 0:
                 os.close(got)
             return None
-        if not _memfd.sealed(got, SEALS):  # (pack seals before naming)
+        if not _memfd.sealed(got, _memfd.FROZEN):  # (pack seals before naming)
             os.close(got)
             raise CorruptPlanError(f"node plan (shared epoch): epoch {epoch}'s payload "
                                    f"(/proc/{pid}/fd/{fd}) is not sealed: another process "
