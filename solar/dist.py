@@ -542,6 +542,14 @@ def agree(comm: Any, value: Any, what: str) -> None:
         raise SolarError(f"ranks disagree on {what}: ranks {bad} differ from rank 0")
 
 
+def first_error(comm: Any, err: str) -> str:
+    """The first rank's error of ``comm`` ("" if none; a collective: all must call), so that
+    every rank fails alike and none skips the collectives the others go on to."""
+    if comm is None:
+        return err
+    return next((e for e in comm.allgather(err) if e), "")
+
+
 def ranks_on_host(comm: Any) -> int:
     """How many ranks of ``comm`` run on this host (a collective: all must call)."""
     if comm is None or comm.Get_size() <= 1:

@@ -23,8 +23,9 @@ from typing import Any
 
 from solar import _memfd
 from solar._units import format_bytes
-from solar.cache.shared import _creators, _first
+from solar.cache.shared import _creators
 from solar.cache.tier import TierFile, _sanitise, _unlinked, remove_stale, reopen_direct
+from solar.dist import first_error
 from solar.errors import SolarError
 from solar.io.executor import Executor
 from solar.io.info import KeyInfo
@@ -64,7 +65,7 @@ class NodeTierFile(TierFile):
         if not err and local_rank != 0:
             fd, err = _memfd.open_peer(made[1], self.nbytes, os.O_RDWR, f"tier {self.path}")
         # Every local rank has it open (or failed) before local rank 0 may let it go.
-        err = _first(comm, err)
+        err = first_error(comm, err)
         if err:
             if fd >= 0:
                 os.close(fd)

@@ -25,6 +25,7 @@ from solar import _memfd
 from solar._memory import PAGE, memory_room
 from solar.cache import hostbarrier
 from solar.cache.hostbarrier import HostBarrier
+from solar.dist import first_error
 from solar.errors import SolarError
 
 SHM_DIR = "/dev/shm"  # (where a region never is: tests look for leftovers there)
@@ -82,7 +83,7 @@ class NodeRegion:
                     err = f"{what}: cannot map {gib:.2f} GiB of shared memory: {exc}"
             # Every local rank has it mapped (or failed) before local rank 0 lets its descriptor
             # go, and every rank fails alike: none skips the collectives the others run.
-            err = _first(comm, err)
+            err = first_error(comm, err)
         finally:
             if fd >= 0:
                 os.close(fd)
@@ -138,10 +139,3 @@ def _creators(comm: Any, host: int, local: int, err: str, made: Any) -> tuple[st
     if not err and len(mine) != 1:  # (the grouping gives every host one local rank 0)
         err = f"host {host}: {len(mine)} local ranks 0 among the ranks of the collective"
     return err, mine[0] if mine else made
-
-
-def _first(comm: Any, err: str) -> str:
-    """The first rank's error of ``comm`` ("" if none): every rank then fails alike."""
-    if comm is None or comm.Get_size() <= 1:
-        return err
-    return next((e for e in comm.allgather(err) if e), "")

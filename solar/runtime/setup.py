@@ -23,7 +23,7 @@ from solar._memory import require_memory
 from solar.cache.batches import torch_dtype
 from solar.cache.slots import check_budget
 from solar.config import BufferConfig, ReaderConfig, RunConfig, parse_size
-from solar.dist import agree, host_comm, host_names, ranks_on_host
+from solar.dist import agree, first_error, host_comm, host_names, ranks_on_host
 from solar.errors import SolarError
 from solar.io.info import DatasetInfo, KeyInfo
 from solar.io.reader import Reader
@@ -189,8 +189,7 @@ def _share(share: str, spec: PlanSpec, holds_transformed: bool, world: int, comm
     why = node_unsupported(spec, holds_transformed, world, comm)
     if share == "auto":
         return _auto_share(spec, why, world, comm, snapshots)
-    if comm is not None:  # (a rank's own arguments, e.g. its transform, may differ)
-        why = next((w for w in comm.allgather(why) if w), "")
+    why = first_error(comm, why)  # (a rank's own arguments, e.g. its transform, may differ)
     if why:
         raise SolarError(f'share="node": {why}')
     names = host_names(comm)

@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from solar import _memfd
+from solar.dist import first_error
 from solar.errors import CorruptPlanError, SolarError
 from solar.schedule._common import PEER
 from solar.schedule.nodeplan import Hosts, NodeEpoch
@@ -267,8 +268,7 @@ class EpochBoard:
                 fd, err = _memfd.open_peer(src, size, os.O_RDWR, _LOCAL0)
                 if not err and not _memfd.sealed(fd, _memfd.SIZE_SEALS):
                     err = f"node plan: /proc/{src[0]}/fd/{src[1]} is not a sealed mailbox"
-            if comm is not None:  # every rank has it open (or failed) before any goes on
-                err = next((e for e in comm.allgather(err) if e), "")
+            err = first_error(comm, err)  # every rank has it open (or failed) before any goes on
             if err:
                 raise SolarError(err)
             self._map = mmap.mmap(fd, size)
