@@ -293,7 +293,7 @@ def test_a_forked_child_is_refused_and_leaves_the_parents_file(tmp_path):
 
 
 def test_stale_files(tmp_path):
-    host = tier_mod._sanitise(socket.gethostname())
+    host = tier_mod.sanitise(socket.gethostname())
     proc = subprocess.Popen(["true"])
     proc.wait()
     dead = tmp_path / f"solar-tier-abc-r3-{host}-{proc.pid}.bin"

@@ -23,8 +23,8 @@ from typing import Any
 
 from solar import _memfd
 from solar._units import format_bytes
-from solar.cache.shared import _creators
-from solar.cache.tier import TierFile, _sanitise, _unlinked, remove_stale, reopen_direct
+from solar.cache.shared import host_creators
+from solar.cache.tier import TierFile, remove_stale, reopen_direct, sanitise, unlinked_file
 from solar.dist import first_error
 from solar.errors import SolarError
 from solar.io.executor import Executor
@@ -46,7 +46,7 @@ class NodeTierFile(TierFile):
         direct_io: bool = True, staging_slots: int = 256,
     ) -> None:  # fmt: skip
         directory = self._lay_out(directory, slots, keys, executor, staging_slots)
-        machine = _sanitise(os.uname().nodename)
+        machine = sanitise(os.uname().nodename)
         fd, err, made = -1, "", ("", (os.getpid(), -1, -1))
         if local_rank == 0:
             name = f"{PREFIX}{key & (2**64 - 1):016x}-{host}-{machine}-{os.getpid()}.bin"
@@ -60,7 +60,7 @@ class NodeTierFile(TierFile):
                 err = f"tier {directory}: {exc.strerror}"
             made = (str(self.path), _memfd.ident(fd) if fd >= 0 else made[1])
         # Every host's local rank 0 made its own: this host's (``comm`` may span hosts).
-        err, made = _creators(comm, host, local_rank, err, made)
+        err, made = host_creators(comm, host, local_rank, err, made)
         self.path = Path(made[0])
         if not err and local_rank != 0:
             fd, err = _memfd.open_peer(made[1], self.nbytes, os.O_RDWR, f"tier {self.path}")
@@ -82,7 +82,7 @@ def _reserved(path: Path, nbytes: int) -> tuple[int, str]:
     """A new nameless file of ``nbytes`` reserved bytes in ``path``'s directory: its
     descriptor, or -1 and one line."""
     try:
-        fd = _unlinked(path)
+        fd = unlinked_file(path)
     except (SolarError, OSError) as exc:
         return -1, str(exc) if isinstance(exc, SolarError) else f"tier {path}: {exc.strerror}"
     try:

@@ -70,7 +70,7 @@ class NodeRegion:
                     err = (f"{what}: cannot reserve {self.nbytes / 2**30:.2f} GiB of shared "
                            f"memory: {exc.strerror}")  # fmt: skip
         try:
-            err, made = _creators(comm, host, local_rank, err, made)
+            err, made = host_creators(comm, host, local_rank, err, made)
             if not err and local_rank != 0:
                 fd, err = _memfd.open_peer(made, self.nbytes, os.O_RDWR, what)
                 if not err and not _memfd.sealed(fd, _memfd.SIZE_SEALS):
@@ -127,7 +127,7 @@ class NodeRegion:
         return total
 
 
-def _creators(comm: Any, host: int, local: int, err: str, made: Any) -> tuple[str, Any]:
+def host_creators(comm: Any, host: int, local: int, err: str, made: Any) -> tuple[str, Any]:
     """The first error of ``comm``'s ranks ("" if none) and what local rank 0 of ``host``
     made (a path, a memfd's ident; each local rank 0 contributes its own: ``comm`` may span
     several hosts)."""

@@ -84,7 +84,7 @@ class TierFile:
         executor: Executor, direct_io: bool = True, staging_slots: int = 256,
     ) -> None:  # fmt: skip
         directory = self._lay_out(directory, slots, keys, executor, staging_slots)
-        host = _sanitise(socket.gethostname())
+        host = sanitise(socket.gethostname())
         remove_stale(directory, host)  # first: a crashed run's file may hold the space we need
         vfs = os.statvfs(directory)
         free = vfs.f_bavail * vfs.f_frsize
@@ -95,7 +95,7 @@ class TierFile:
             )
         # A process may hold several tiers of one plan and rank (loaders live side by side).
         seq = next(_INSTANCES)
-        self.path = directory / f"solar-tier-{_sanitise(name)}.{seq}-{host}-{os.getpid()}.bin"
+        self.path = directory / f"solar-tier-{sanitise(name)}.{seq}-{host}-{os.getpid()}.bin"
         self._adopt(*_create(self.path, self.nbytes, direct_io))
 
     def _lay_out(self, directory: str | os.PathLike, slots: int, keys: tuple[KeyInfo, ...],
@@ -440,7 +440,7 @@ def _settle(held: Future, futures: list[Future]) -> None:
 def _create(path: Path, nbytes: int, direct_io: bool) -> tuple[int, bool]:
     """A new unlinked file of ``nbytes`` allocated bytes in ``path``'s directory; its
     descriptor and whether O_DIRECT is on."""
-    fd = _unlinked(path)
+    fd = unlinked_file(path)
     try:
         os.posix_fallocate(fd, 0, nbytes)  # before O_DIRECT: glibc may emulate it by writes
         return reopen_direct(fd, path, direct_io)
@@ -465,7 +465,7 @@ def reopen_direct(fd: int, path: str | os.PathLike, direct_io: bool) -> tuple[in
     return fd, False
 
 
-def _unlinked(path: Path) -> int:
+def unlinked_file(path: Path) -> int:
     """A new empty file in ``path``'s directory with no name (O_TMPFILE; else created as
     ``path`` and unlinked at once, a crash in between leaving it to :func:`remove_stale`)."""
     flags = os.O_RDWR | getattr(os, "O_TMPFILE", 0)
@@ -535,5 +535,6 @@ def _rows_u8(a: np.ndarray, row_bytes: int) -> np.ndarray:
     return a.view(np.uint8).reshape(a.shape[0], row_bytes)
 
 
-def _sanitise(s: str) -> str:
+def sanitise(s: str) -> str:
+    """``s`` with only letters, digits and ``_.-`` (a host name in a file name)."""
     return re.sub(r"[^A-Za-z0-9_.-]", "_", s)
