@@ -14,8 +14,10 @@ import numpy as np
 import pytest
 from helpers import write_h5
 
-from solar.cache.shared import PREFIX, SHM_DIR, NodeRegion, fits
+from solar.cache.shared import PREFIX, NodeRegion, fits
 from solar.errors import SolarError
+
+SHM_DIR = "/dev/shm"  # where no node region or tier may leave a name
 
 # The node buffer's /dev/shm names are watched here: no other test making them runs alongside
 # (make test runs two workers; tests/test_bench.py's --share node run is in the group).

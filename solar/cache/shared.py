@@ -28,7 +28,6 @@ from solar.cache.hostbarrier import HostBarrier
 from solar.dist import first_error
 from solar.errors import SolarError
 
-SHM_DIR = "/dev/shm"  # (where a region never is: tests look for leftovers there)
 PREFIX = "solar-node-"  # (the memfd's label, seen in /proc/PID/maps; never a file's name)
 
 
