@@ -90,7 +90,7 @@ def child(a) -> None:
                 _digest(hs[r], ne.rank(r))
         fp = [h.hexdigest() for h in hs]
     else:
-        st = NodeStream(spec, rank, hosts, stage_bound(spec, hosts), comm)
+        st = NodeStream(spec, rank, hosts, stage_bound(spec, hosts), comm=comm)
         st.start()
         h = hashlib.blake2b(digest_size=8)
         spe = run.steps_per_epoch

@@ -178,8 +178,8 @@ def test_a_published_epoch_cannot_change_after_it_was_checked():
     size = os.fstat(fd).st_size
     fake = os.memfd_create("fake")
     os.pwrite(fake, os.pread(fd, size, 0), 0)
-    row = other.box[1]
-    row[:6] = (2, 1, os.getpid(), fake, os.fstat(fake).st_ino, size)
+    row = other.box[0, 1]  # (local rank 0's entries)
+    row[:7] = (2, 1, os.getpid(), fake, os.fstat(fake).st_ino, size, 0)
     with pytest.raises(CorruptPlanError, match="sealed"):
         other.take(1)
     os.close(fake)

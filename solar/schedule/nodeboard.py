@@ -30,6 +30,7 @@ import contextlib
 import hashlib
 import mmap
 import os
+import threading
 import time
 from typing import Any
 
@@ -41,14 +42,19 @@ from solar.errors import CorruptPlanError, SolarError
 from solar.schedule._common import PEER
 from solar.schedule.nodeplan import Hosts, NodeEpoch
 from solar.schedule.planner import EpochPlan, RankEpoch
+from solar.schedule.samplers import EpochDraws
 from solar.schedule.spec import PlanSpec
 
 MAGIC = 0x534F4C41524E4F44  # "SOLARNOD"
 VERSION = 2  # 2: every rank's step offsets (w_steps)
-ENTRIES = 8  # mailbox entries: epochs published and not yet recycled
+ENTRIES = 16  # mailbox entries per local rank: payloads posted and not yet recycled
 _HEAD = 16  # int64 fields of a payload's header
 _FIELDS = 8  # int64 fields of a mailbox entry, before its taken marks
-_SEQ, _EPOCH, _PID, _FD, _INO, _NBYTES = range(6)
+_SEQ, _EPOCH, _PID, _FD, _INO, _NBYTES, _KIND = range(7)
+# What an entry names: local rank 0's epoch of the host (the host planned in one), a rank's
+# draws of an epoch, or a part's epoch (solar/schedule/nodeparts.py: each local rank plans one).
+WHOLE, DRAWS, PART = 0, 1, 2
+DRAWS_MAGIC = 0x534F4C4152445257  # "SOLARDRW"
 _LOCAL0 = "node plan: local rank 0's shared plan"  # (names it in errors)
 _WAIT_ALIVE = 2.0  # seconds between checks that local rank 0 still runs
 
@@ -95,9 +101,10 @@ def staging_sets(h_steps: np.ndarray, at: np.ndarray, flags: np.ndarray,
     return np.searchsorted(values, h_steps).astype(np.int64), values
 
 
-def pack(ne: NodeEpoch, host: int, contents: np.ndarray, tag: tuple[int, int]) -> int:
+def pack(ne: NodeEpoch, host: int, contents: np.ndarray, tag: tuple[int, int],
+         part: int = -1) -> int:  # fmt: skip
     """Host ``host``'s part of ``ne`` (and its buffer ``contents`` as the epoch starts) in a
-    new memfd; returns its descriptor."""
+    new memfd; returns its descriptor. ``part``: ``ne`` is that part of the host's buffer."""
     group = sorted(ne.hosts.groups[host])
     h = ne.host.rank(host)
     steps = h.step_offsets.size - 1
@@ -121,16 +128,13 @@ def pack(ne: NodeEpoch, host: int, contents: np.ndarray, tag: tuple[int, int]) -
     try:
         head = np.array([MAGIC, VERSION, ne.epoch, host, ne.hosts.world, steps, ne.hosts.count,
                          len(group), h.sample.size, r_at.size, s_val.size, contents.size, nbytes,
-                         tag[0], tag[1], 0], np.int64)  # fmt: skip
-        os.pwrite(fd, head.tobytes(), 0)
-        for name, dt, n in layout:  # (the kernel copies: no page faults of a fresh mapping)
+                         tag[0], tag[1], part + 1], np.int64)  # fmt: skip
+        _write(fd, head, 0)
+        for name, dt, n in layout:
             a = np.ascontiguousarray(arrays[name], dtype=dt)
             if a.size != n:
                 raise SolarError(f"node plan: {name} has {a.size} entries, not {n}")
-            view = a.data.cast("B")
-            done = 0
-            while done < view.nbytes:
-                done += os.pwrite(fd, view[done:], where[name] + done)
+            _write(fd, a, where[name])
         # Checked once, then used in place: sealed, no process can rewrite, shrink (SIGBUS in
         # every rank mapping it) or grow it after its checks.
         _memfd.seal(fd, _memfd.FROZEN)
@@ -138,6 +142,64 @@ def pack(ne: NodeEpoch, host: int, contents: np.ndarray, tag: tuple[int, int]) -
         os.close(fd)
         raise
     return fd
+
+
+def _write(fd: int, a: np.ndarray, at: int) -> None:
+    """``a``'s bytes at offset ``at`` (the kernel copies: no page faults of a fresh mapping)."""
+    view = np.ascontiguousarray(a).data.cast("B")
+    done = 0
+    while done < view.nbytes:
+        done += os.pwrite(fd, view[done:], at + done)
+
+
+def pack_draws(parts: list[EpochDraws], epoch: int, rank: int, tag: tuple[int, int]) -> int:
+    """Rank ``rank``'s draws of ``epoch``, one section per part of its host's buffer (each
+    part's planner reads only its own), in a new sealed memfd; returns its descriptor."""
+    steps = parts[0].offsets.size - 1
+    sizes = [d.ids.size for d in parts]
+    starts = np.concatenate([[0], np.cumsum(sizes)])
+    offsets = np.concatenate([d.offsets + starts[j] for j, d in enumerate(parts)])
+    n = int(starts[-1])
+    nbytes = (_HEAD + offsets.size + n) * 8
+    fd = _memfd.create("solar-nodedraws", nbytes)
+    try:
+        head = np.array([DRAWS_MAGIC, VERSION, epoch, rank, steps, len(parts), n, nbytes,
+                         tag[0], tag[1], 0, 0, 0, 0, 0, 0], np.int64)  # fmt: skip
+        _write(fd, head, 0)
+        _write(fd, offsets.astype(np.int64), _HEAD * 8)
+        for j, d in enumerate(parts):
+            _write(fd, np.asarray(d.ids, np.int64), (_HEAD + offsets.size + int(starts[j])) * 8)
+        _memfd.seal(fd, _memfd.FROZEN)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def unpack_draws(m: mmap.mmap, *, epoch: int, rank: int, steps: int, parts: int, part: int,
+                 num_samples: int, tag: tuple[int, int]) -> EpochDraws:  # fmt: skip
+    """Part ``part``'s section of rank ``rank``'s draws of ``epoch`` (views of the mapping),
+    checked: header, offsets, every id in range."""
+    bad = f"node plan (rank {rank}'s shared draws)"
+    if len(m) < _HEAD * 8:
+        raise CorruptPlanError(f"{bad}: {len(m)} bytes, shorter than its header")
+    head = [int(v) for v in np.ndarray(_HEAD, np.int64, buffer=m)]
+    if head[:6] != [DRAWS_MAGIC, VERSION, epoch, rank, steps, parts] or \
+            (head[8], head[9]) != tag:  # fmt: skip
+        raise CorruptPlanError(f"{bad}: its header names another run, rank or epoch")
+    n, nbytes = head[6], head[7]
+    k = parts * (steps + 1)
+    if n < 0 or nbytes != (_HEAD + k + n) * 8 or len(m) < nbytes:
+        raise CorruptPlanError(f"{bad}: impossible sizes in its header")
+    offsets = np.ndarray(steps + 1, np.int64, buffer=m, offset=(_HEAD + part * (steps + 1)) * 8)
+    lo, hi = int(offsets[0]), int(offsets[-1])
+    if lo < 0 or hi > n or np.any(np.diff(offsets) < 0):
+        raise CorruptPlanError(f"{bad}: its offsets are not offsets into its {n} ids")
+    ids = np.ndarray(hi - lo, np.int64, buffer=m, offset=(_HEAD + k + lo) * 8)
+    _in("drawn ids", ids, 0, num_samples)
+    out = offsets - lo
+    ids.flags.writeable = False
+    return EpochDraws(ids, out)
 
 
 class _Host(EpochPlan):
@@ -168,17 +230,18 @@ def _offsets_ok(what: str, o: np.ndarray, end: int) -> None:
 
 
 def unpack(m: mmap.mmap, *, epoch: int, hosts: Hosts, host: int, rank: int, steps: int,
-           num_samples: int, slots: int, tier: int,
-           tag: tuple[int, int]) -> NodeEpoch:  # fmt: skip
-    """The NodeEpoch a payload holds, seen by global rank ``rank``: its views of the mapping,
-    after checking the header and everything this rank uses (see the module's docstring)."""
+           num_samples: int, slots: int, tier: int, tag: tuple[int, int],
+           part: int = -1) -> NodeEpoch:  # fmt: skip
+    """The NodeEpoch a payload holds (``part``: that part of the host's buffer, its cells
+    ``slots`` and ``tier``), seen by global rank ``rank``: its views of the mapping, after
+    checking the header and everything this rank uses (see the module's docstring)."""
     bad = "node plan (shared epoch)"
     if len(m) < _HEAD * 8:
         raise CorruptPlanError(f"{bad}: {len(m)} bytes, shorter than its header")
     head = [int(v) for v in np.ndarray(_HEAD, np.int64, buffer=m)]
     group = sorted(hosts.groups[host])
     want = [MAGIC, VERSION, epoch, host, hosts.world, steps, hosts.count, len(group)]
-    if head[:8] != want or (head[13], head[14]) != tag:
+    if head[:8] != want or (head[13], head[14]) != tag or head[15] != part + 1:
         raise CorruptPlanError(
             f"{bad}: its header names another run, host or epoch "
             f"(epoch {head[2]}, host {head[3]}; wanted {epoch}, {host})"
@@ -236,9 +299,11 @@ def unpack(m: mmap.mmap, *, epoch: int, hosts: Hosts, host: int, rank: int, step
 
 
 class EpochBoard:
-    """The mailbox of a host's published epochs (see the module's docstring). Made by every
+    """The mailbox of a host's published payloads (see the module's docstring). Made by every
     rank of ``comm`` together (the host's communicator, or a superset: each rank finds its
-    host's local rank 0 in an allgather); ``group`` is this host's ranks, ``rank`` this one."""
+    host's local rank 0 in an allgather); ``group`` is this host's ranks, ``rank`` this one.
+    Every local rank has its own row of entries: local rank 0 posts a host planned in one;
+    with a buffer in parts, every rank posts its draws and its part."""
 
     def __init__(self, comm: Any, hosts: Hosts, host: int, rank: int, tag: tuple[int, int],
                  steps: int) -> None:  # fmt: skip
@@ -246,10 +311,12 @@ class EpochBoard:
         self.group = sorted(hosts.groups[host])
         self.local = self.group.index(rank)
         self.publisher = self.local == 0
-        self._fds: dict[int, int] = {}  # entry -> descriptor of the payload it names
-        self._count = 0  # epochs published (the next entry: count % ENTRIES)
+        self._fds: dict[int, int] = {}  # own entry -> descriptor of the payload it names
+        self._count = 0  # payloads posted (the next own entry: count % ENTRIES)
+        self._lock = threading.Lock()
         self.closed = False
-        size = ENTRIES * (_FIELDS + len(self.group)) * 8
+        width = _FIELDS + len(self.group)
+        size = len(self.group) * ENTRIES * width * 8
         fd, err = -1, ""
         name = (os.getpid(), -1, -1)
         if self.publisher:
@@ -263,6 +330,8 @@ class EpochBoard:
             (host, self.local, name, err)]  # fmt: skip
         err = next((e for *_, e in everyone if e), "")
         src = next(n for h, j, n, _ in everyone if h == host and j == 0)
+        pids = {j: n[0] for h, j, n, _ in everyone if h == host}
+        self.pids = [pids.get(j, -1) for j in range(len(self.group))]
         try:
             if not err and not self.publisher:
                 fd, err = _memfd.open_peer(src, size, os.O_RDWR, _LOCAL0)
@@ -276,31 +345,46 @@ class EpochBoard:
             if fd >= 0:
                 os.close(fd)
         self.pid = src[0]
-        self.box = np.ndarray((ENTRIES, _FIELDS + len(self.group)), np.int64, buffer=self._map)
+        self.box = np.ndarray((len(self.group), ENTRIES, width), np.int64, buffer=self._map)
 
-    # -- local rank 0 --------------------------------------------------------------------------
+    # -- posting (own row) ---------------------------------------------------------------------
     def publish(self, ne: NodeEpoch, contents: np.ndarray) -> int:
-        """Publish this host's part of ``ne``; returns the payload's descriptor (kept open
-        until every local rank took it, or its entry is recycled)."""
+        """Publish this host's part of ``ne`` (local rank 0, the host planned in one);
+        returns the payload's descriptor (kept open until every local rank took it, or its
+        entry is recycled)."""
         assert self.publisher
         fd = pack(ne, self.host, np.asarray(contents, np.int64), self.tag)
-        self._release(done_only=True)
-        e = self._count % ENTRIES
-        self._close(e)
-        row = self.box[e]
-        row[_SEQ] += 1  # odd: being written
-        row[_EPOCH], row[_PID], row[_FD] = ne.epoch, os.getpid(), fd
-        row[_INO], row[_NBYTES] = os.fstat(fd).st_ino, os.fstat(fd).st_size
-        row[_FIELDS:] = 0
-        row[_FIELDS] = 1  # local rank 0 has it
-        row[_SEQ] += 1
-        self._fds[e] = fd
-        self._count += 1
+        return self._post(WHOLE, ne.epoch, fd)
+
+    def publish_part(self, ne: NodeEpoch, contents: np.ndarray) -> int:
+        """Publish part ``local`` of this host's buffer for ``ne.epoch`` (its cells numbered
+        within it)."""
+        fd = pack(ne, self.host, np.asarray(contents, np.int64), self.tag, self.local)
+        return self._post(PART, ne.epoch, fd)
+
+    def publish_draws(self, epoch: int, parts: list[EpochDraws]) -> int:
+        """Publish this rank's draws of ``epoch``, one section per part."""
+        return self._post(DRAWS, epoch, pack_draws(parts, epoch, self.rank, self.tag))
+
+    def _post(self, kind: int, epoch: int, fd: int) -> int:
+        with self._lock:  # (a planner draws two epochs at once, on two threads)
+            self._release(done_only=True)
+            e = self._count % ENTRIES
+            self._close(e)
+            row = self.box[self.local, e]
+            row[_SEQ] += 1  # odd: being written
+            row[_EPOCH], row[_PID], row[_FD], row[_KIND] = epoch, os.getpid(), fd, kind
+            row[_INO], row[_NBYTES] = os.fstat(fd).st_ino, os.fstat(fd).st_size
+            row[_FIELDS:] = 0
+            row[_FIELDS + self.local] = 1  # the poster has it
+            row[_SEQ] += 1
+            self._fds[e] = fd
+            self._count += 1
         return fd
 
     def _release(self, done_only: bool) -> None:
         for e in list(self._fds):
-            if not done_only or np.all(self.box[e, _FIELDS:] != 0):
+            if not done_only or np.all(self.box[self.local, e, _FIELDS:] != 0):
                 self._close(e)
 
     def _close(self, e: int) -> None:
@@ -309,38 +393,39 @@ class EpochBoard:
             with contextlib.suppress(OSError):
                 os.close(fd)
 
-    # -- every local rank ----------------------------------------------------------------------
-    def take(self, epoch: int) -> mmap.mmap:
-        """The payload of ``epoch``, mapped read-only (waits until local rank 0 publishes it;
-        refused in one line if local rank 0 ended first)."""
+    # -- taking --------------------------------------------------------------------------------
+    def take(self, epoch: int, kind: int = WHOLE, src: int = 0) -> mmap.mmap:
+        """The payload of ``kind`` for ``epoch`` that local rank ``src`` posts, mapped
+        read-only (waits until it is posted; refused in one line if ``src`` ended first)."""
         alive_at = time.monotonic() + _WAIT_ALIVE
         pause = 0.0005
         while True:
             if self.closed:
                 raise SolarError(f"node plan: the board closed while epoch {epoch} was awaited")
             for e in range(ENTRIES):
-                got = self._try(e, epoch)
+                got = self._try(src, e, epoch, kind)
                 if got is not None:
                     return got
             if time.monotonic() > alive_at:
-                if not os.path.exists(f"/proc/{self.pid}"):
+                pid = self.pids[src]
+                if not os.path.exists(f"/proc/{pid}"):
                     raise SolarError(
-                        f"node plan: local rank 0 (pid {self.pid}) of host {self.host} "
+                        f"node plan: local rank {src} (pid {pid}) of host {self.host} "
                         f"ended before publishing epoch {epoch}"
                     )
                 alive_at = time.monotonic() + _WAIT_ALIVE
             time.sleep(pause)
             pause = min(0.01, pause * 2)
 
-    def _try(self, e: int, epoch: int) -> mmap.mmap | None:
-        row = self.box[e]
+    def _try(self, src: int, e: int, epoch: int, kind: int) -> mmap.mmap | None:
+        row = self.box[src, e]
         seq = int(row[_SEQ])
-        if seq == 0 or seq % 2 or int(row[_EPOCH]) != epoch:
+        if seq == 0 or seq % 2 or int(row[_EPOCH]) != epoch or int(row[_KIND]) != kind:
             return None
         pid, fd, ino, nbytes = (int(v) for v in row[_PID : _NBYTES + 1])
         if int(row[_SEQ]) != seq:
             return None
-        if self.publisher:
+        if src == self.local:
             if self._fds.get(e, -1) != fd:
                 return None
             return mmap.mmap(fd, nbytes, prot=mmap.PROT_READ)
@@ -360,30 +445,34 @@ class EpochBoard:
             return None
         finally:
             os.close(got)
-        # Taken: local rank 0 may close its descriptor (each rank writes its own mark only).
+        # Taken: the poster may close its descriptor (each rank writes its own mark only).
         row[_FIELDS + self.local] = 1
         return m
 
     def epoch(self, epoch: int, num_samples: int, slots: int, tier: int = 0) -> NodeEpoch:
-        """Epoch ``epoch`` of this host's node plan, from its payload (checked)."""
-        m = self.take(epoch)
-        return unpack(
-            m,
-            epoch=epoch,
-            hosts=self.hosts,
-            host=self.host,
-            rank=self.rank,
-            steps=self.steps,
-            num_samples=num_samples,
-            slots=slots,
-            tier=tier,
-            tag=self.tag,
-        )
+        """Epoch ``epoch`` of this host's node plan, from local rank 0's payload (checked)."""
+        return unpack(self.take(epoch), epoch=epoch, hosts=self.hosts, host=self.host,
+                      rank=self.rank, steps=self.steps, num_samples=num_samples, slots=slots,
+                      tier=tier, tag=self.tag)  # fmt: skip
+
+    def part(self, epoch: int, part: int, num_samples: int, slots: int, tier: int) -> NodeEpoch:
+        """Part ``part`` of this host's buffer at ``epoch``, from the payload of the local
+        rank that plans it (checked; its cells ``slots`` and ``tier``)."""
+        return unpack(self.take(epoch, PART, part), epoch=epoch, hosts=self.hosts,
+                      host=self.host, rank=self.rank, steps=self.steps,
+                      num_samples=num_samples, slots=slots, tier=tier, tag=self.tag,
+                      part=part)  # fmt: skip
+
+    def draws(self, epoch: int, src: int, part: int, num_samples: int) -> EpochDraws:
+        """Local rank ``src``'s draws of ``epoch``, part ``part``'s section (checked)."""
+        return unpack_draws(self.take(epoch, DRAWS, src), epoch=epoch, rank=self.group[src],
+                            steps=self.steps, parts=len(self.group), part=part,
+                            num_samples=num_samples, tag=self.tag)  # fmt: skip
 
     def close(self) -> None:
         """Close the payloads' descriptors (their memory lives on while an epoch maps it)."""
         self.closed = True
-        if self.publisher:
+        with self._lock:
             self._release(done_only=False)
 
 

@@ -36,8 +36,11 @@ from numba import njit
 from solar._hosts import host_sizes
 from solar.config import BufferConfig, RunConfig
 from solar.errors import SolarError
-from solar.schedule._common import ADMIT, DEMOTE, HIT, PEER, SIDE, TADMIT, THIT, EpochSchedule
+from solar.schedule._common import (
+    ADMIT, DEMOTE, HIT, PEER, SIDE, TADMIT, THIT, EpochSchedule, tier_slot_count,
+)  # fmt: skip
 from solar.schedule.nodeequal import deal_equal, rank_targets
+from solar.schedule.nodeparts import Parts, merge
 from solar.schedule.planner import EpochPlan, Planner, RankEpoch
 from solar.schedule.samplers import EpochDraws, Sampler
 from solar.schedule.spec import PlanSpec
@@ -151,11 +154,14 @@ class HostSampler(Sampler):
     kind = "hosts"
     affinity = False
 
-    def __init__(self, sampler: Sampler, run: RunConfig, hosts: Hosts,
-                 host: int | None = None) -> None:  # fmt: skip
+    def __init__(self, sampler: Sampler, run: RunConfig, hosts: Hosts, host: int | None = None,
+                 source: Callable[[int, int], EpochDraws] | None = None) -> None:  # fmt: skip
         if sampler.affinity:
             raise SolarError("HostSampler: a sampler with affinity is split by the planner")
         self.inner, self.rank_run, self.hosts, self.host = sampler, run, hosts, host
+        # ``source(epoch, rank)``: that rank's batches of the epoch, (steps + 1) offsets
+        # (default: drawn here; a host's ranks may each draw their own and share them).
+        self.source = source or self.own_draws
         self.horizon = sampler.horizon
         self._kept: dict[tuple[int, int | None], EpochDraws] = {}
         self._lock = threading.Lock()
@@ -192,18 +198,22 @@ class HostSampler(Sampler):
             return self.inner.epoch(self.rank_run, epoch)
         world = self.rank_run.world_size
         mine = sorted(self.hosts.groups[host])
-        parts = {r: self.inner.rank_epoch(self.rank_run, epoch, r) for r in mine}
+        parts = {r: self.source(epoch, r) for r in mine}
         sizes = np.zeros(self.rank_run.steps_per_epoch * world, np.int64)
         batches = []
         for t in range(self.rank_run.steps_per_epoch):
             for r in mine:
                 d, g = parts[r], t * world + r
-                batches.append(d.ids[d.offsets[g] : d.offsets[g + 1]])
+                batches.append(d.ids[d.offsets[t] : d.offsets[t + 1]])
                 sizes[g] = batches[-1].size
         offsets = np.zeros(sizes.size + 1, np.int64)
         np.cumsum(sizes, out=offsets[1:])
         ids = np.concatenate(batches) if batches else np.zeros(0, np.int64)
         return EpochDraws(ids, offsets)
+
+    def own_draws(self, epoch: int, rank: int) -> EpochDraws:
+        """Rank ``rank``'s batches of ``epoch``, drawn (:func:`own_draws`)."""
+        return own_draws(self.inner, self.rank_run, epoch, rank)
 
     def max_batch(self, run: RunConfig) -> int | None:
         return None
@@ -211,6 +221,36 @@ class HostSampler(Sampler):
     def identity(self) -> dict[str, Any] | None:
         inner = self.inner.identity()
         return {"kind": self.kind, "hosts": self.hosts.as_record(), "inner": inner}
+
+
+class PartSampler(HostSampler):
+    """``base``'s draws with only part ``part``'s rows (solar/schedule/nodeparts.py): part
+    ``part`` of the host buffer is planned over them."""
+
+    kind = "part"
+
+    def __init__(self, base: HostSampler, parts: Parts, part: int) -> None:
+        super().__init__(base.inner, base.rank_run, base.hosts, base.host, base.source)
+        self.base, self.parts, self.part = base, parts, part
+
+    def _rank_draws(self, epoch: int, host: int | None) -> EpochDraws:
+        return self.parts.keep(self.base.rank_draws(epoch, host), self.part)
+
+    def identity(self) -> dict[str, Any] | None:
+        return {"kind": self.kind, "part": self.part, "of": self.parts.count,
+                "inner": self.base.identity()}  # fmt: skip
+
+
+def own_draws(sampler: Sampler, run: RunConfig, epoch: int, rank: int) -> EpochDraws:
+    """Rank ``rank``'s batches of ``epoch`` as ``sampler`` draws them: (steps + 1) offsets, one
+    batch per step."""
+    d = sampler.rank_epoch(run, epoch, rank)
+    g = np.arange(run.steps_per_epoch) * run.world_size + rank
+    lo, hi = d.offsets[g], d.offsets[g + 1]
+    offsets = np.zeros(lo.size + 1, np.int64)
+    np.cumsum(hi - lo, out=offsets[1:])
+    idx = np.repeat(lo - offsets[:-1], hi - lo) + np.arange(int(offsets[-1]))
+    return EpochDraws(d.ids[idx], offsets)
 
 
 def regroup(draws: EpochDraws, run: RunConfig, hosts: Hosts) -> EpochDraws:
@@ -262,7 +302,8 @@ def unequal_refusal(spec: PlanSpec, hosts: Hosts) -> str:
 
 
 def node_spec(spec: PlanSpec, hosts: Hosts, buffer: BufferConfig | None = None,
-              host: int | None = None) -> PlanSpec:  # fmt: skip
+              host: int | None = None,
+              source: Callable[[int, int], EpochDraws] | None = None) -> PlanSpec:  # fmt: skip
     """The plan inputs of the hosts' buffers: the host run, ``buffer`` (default: ``spec``'s
     per-rank buffer times the ranks per host: the host's aggregate) and the sampler regrouped
     by host where it fixes each rank's batch. Hosts of different sizes (only where the sampler
@@ -277,8 +318,27 @@ def node_spec(spec: PlanSpec, hosts: Hosts, buffer: BufferConfig | None = None,
         buffer = BufferConfig(b.capacity * per, b.slack, b.tier * per)
     sampler = spec.sampler
     if spec.traced and not spec.affinity:
-        sampler = HostSampler(spec.sampler, spec.run, hosts, None if hosts.uniform else host)
+        sampler = HostSampler(spec.sampler, spec.run, hosts, None if hosts.uniform else host,
+                              source)  # fmt: skip
     return dataclasses.replace(spec, run=run, buffer=buffer, sampler=sampler)
+
+
+def host_parts(host_spec: PlanSpec, hosts: Hosts, host: int | None = None) -> Parts | None:
+    """The parts the host buffer of ``host_spec`` is planned in (solar/schedule/nodeparts.py):
+    one per local rank where the sampler fixes each rank's batch; else None (one plan)."""
+    per = _per(hosts, host)
+    if not isinstance(host_spec.sampler, HostSampler) or per < 2:
+        return None
+    return Parts(per, host_spec.pages)
+
+
+def part_spec(host_spec: PlanSpec, parts: Parts, j: int) -> PlanSpec:
+    """The plan inputs of part ``j`` of ``host_spec``'s buffer: its cells, its rows."""
+    assert isinstance(host_spec.sampler, HostSampler)
+    tier = tier_slot_count(host_spec.run, host_spec.buffer)
+    buffer = parts.buffer(host_spec.slots, tier, host_spec.buffer.slack, j)
+    return dataclasses.replace(host_spec, buffer=buffer,
+                               sampler=PartSampler(host_spec.sampler, parts, j))  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -316,16 +376,73 @@ class NodeEpoch:
         return int(np.count_nonzero((self.host.flags & (HIT | THIT)) == 0))
 
 
+class PartPlanners:
+    """The planners of a host buffer's parts, driven as one (:class:`NodePlanner`'s
+    ``planner``: its epoch, skips, contents and snapshots)."""
+
+    def __init__(self, spec: PlanSpec, specs: list[PlanSpec], parts: Parts | None,
+                 only_rank: int | None) -> None:  # fmt: skip
+        self.spec, self.specs, self.parts = spec, specs, parts
+        self.planners = [Planner(s, only_rank=only_rank) for s in specs]
+        self.only_rank = self.planners[0].only_rank
+
+    @property
+    def epoch(self) -> int:
+        return self.planners[0].epoch
+
+    def skip(self) -> None:
+        """Plan the next epoch and keep nothing of it."""
+        for p in self.planners:
+            p.skip()
+
+    def contents(self, r: int) -> np.ndarray:
+        """What host ``r``'s cells hold before the next epoch (RAM slots, then tier slots):
+        the parts' RAM, then the parts' tiers."""
+        if len(self.planners) == 1:
+            return self.planners[0].contents(r)
+        got = [(p.contents(r), s.slots) for p, s in zip(self.planners, self.specs)]
+        return np.concatenate([c[:n] for c, n in got] + [c[n:] for c, n in got])
+
+    def snapshot(self) -> dict[str, np.ndarray] | None:
+        """Every part's state (:meth:`Planner.snapshot`), keys prefixed by part."""
+        out: dict[str, np.ndarray] = {}
+        for j, p in enumerate(self.planners):
+            state = p.snapshot()
+            if state is None:
+                return None
+            out.update({f"part{j}.{k}": v for k, v in state.items()})
+        return out
+
+    def restore(self, epoch: int, state: dict[str, np.ndarray]) -> None:
+        """Every part's state before ``epoch`` (ValueError: not this run's)."""
+        for j, p in enumerate(self.planners):
+            pre = f"part{j}."
+            p.restore(epoch, {k[len(pre) :]: v for k, v in state.items() if k.startswith(pre)})
+
+
 class NodePlanner:
     """Plans ``spec``'s run with one buffer per host of ``hosts``; call :meth:`next` once per
     epoch, in order. ``only_host``: plan that host alone where its plan depends on its own
-    accesses (a sampler that fixes each rank's batch)."""
+    accesses (a sampler that fixes each rank's batch). A host buffer in parts
+    (:func:`host_parts`) is planned part by part and merged; ``part``: only that part (its own
+    epoch, cells numbered within it: solar/schedule/nodeparts.py). ``source``: where a
+    host's ranks' draws come from (:class:`HostSampler`)."""
 
     def __init__(self, spec: PlanSpec, hosts: Hosts, buffer: BufferConfig | None = None,
-                 only_host: int | None = None) -> None:  # fmt: skip
+                 only_host: int | None = None, part: int | None = None,
+                 source: Callable[[int, int], EpochDraws] | None = None) -> None:  # fmt: skip
         self.spec, self.hosts = spec, hosts
-        self.host_spec = node_spec(spec, hosts, buffer, only_host)
-        self.planner = Planner(self.host_spec, only_rank=only_host)
+        self.host_spec = node_spec(spec, hosts, buffer, only_host, source)
+        self.parts = host_parts(self.host_spec, hosts, only_host)
+        self.part = part
+        if self.parts is None:
+            if part not in (None, 0):
+                raise SolarError(f"node plan: part {part} of a buffer planned in one")
+            specs = [self.host_spec]
+        else:
+            which = range(self.parts.count) if part is None else [part]
+            specs = [part_spec(self.host_spec, self.parts, j) for j in which]
+        self.planner = PartPlanners(self.host_spec, specs, self.parts, only_host)
         self.only_host = self.planner.only_rank
         self.rank_run = spec.run
 
@@ -336,10 +453,21 @@ class NodePlanner:
     def next(self) -> NodeEpoch:
         """Plan the next epoch."""
         k = self.planner.epoch
-        seq, sched = self.planner.next_schedule()
-        host = self.planner.group(seq, sched)
-        return plan_node_epoch(self.host_spec, self.rank_run, self.hosts, k, seq, sched, host,
-                               self.planner.order)  # fmt: skip
+        eps = []
+        for s, p in zip(self.planner.specs, self.planner.planners):
+            seq, sched = p.next_schedule()
+            eps.append(plan_node_epoch(s, self.rank_run, self.hosts, k, seq, sched,
+                                       p.group(seq, sched), p.order))  # fmt: skip
+        if len(eps) == 1:
+            return eps[0]
+        assert self.parts is not None
+        tier = tier_slot_count(self.host_spec.run, self.host_spec.buffer)
+        host, ranks, reader, at = merge(
+            [e.host for e in eps], [e.ranks for e in eps], [e.reader for e in eps],
+            [e.at for e in eps], [self.parts.base(self.host_spec.slots, j) for j in range(len(eps))],
+            [self.parts.base(tier, j) for j in range(len(eps))],
+        )  # fmt: skip
+        return NodeEpoch(k, self.hosts, host, ranks, reader, at)
 
 
 def plan_node_epoch(
@@ -510,9 +638,9 @@ def _split_traced(ids, offsets, table, samples, flags, seg_counts, n, layout, n_
     hosts, local = table.shape
     world = int((table >= 0).sum())  # (hosts may run different numbers of ranks)
     steps = seg_counts.shape[0]
-    pos = np.full(n, -1, np.int64)
-    stamp = np.full(n, -1, np.int64)
-    rstamp = np.full(n, -1, np.int64)
+    # pos[x]: x's access in the host's step, valid only where it points into the step at x
+    # (one array touched at random, not three: the split costs about as much as Belady).
+    pos = np.empty(n, np.int64)
     pstamp = np.full(n_pages, -1, np.int64)
     preader = np.zeros(n_pages, np.int64)
     mask = np.zeros(samples.shape[0], np.int64)
@@ -525,24 +653,24 @@ def _split_traced(ids, offsets, table, samples, flags, seg_counts, n, layout, n_
             tag = t * hosts + h
             for i in range(p, q):
                 pos[samples[i]] = i
-                stamp[samples[i]] = tag
                 mask[i] = 0
             for j in range(local):
                 r = table[h, j]
                 if r < 0:
                     continue  # (a host with fewer ranks)
                 g = t * world + r
-                rtag = tag * local + j
+                bit = np.int64(1) << j
                 c = 0
                 for u in range(offsets[g], offsets[g + 1]):
                     x = ids[u]
-                    if rstamp[x] == rtag:
-                        continue  # a repeat within the batch: a copy
-                    rstamp[x] = rtag
-                    if stamp[x] != tag or flags[pos[x]] & SIDE:
+                    if x < 0 or x >= n:
                         return u
                     i = pos[x]
-                    mask[i] |= np.int64(1) << j
+                    if i < p or i >= q or samples[i] != x or flags[i] & SIDE:
+                        return u
+                    if mask[i] & bit:
+                        continue  # a repeat within the batch: a copy
+                    mask[i] |= bit
                     out_rank[m] = r
                     out_at[m] = i
                     m += 1

@@ -25,6 +25,7 @@ solar/schedule/nodesnapshot.py), from the newest one of this grouping at or befo
 from __future__ import annotations
 
 import os
+import threading
 import time
 from typing import Any
 
@@ -35,8 +36,12 @@ from solar.schedule import nodesnapshot
 from solar.schedule._common import ADMIT, DEMOTE, HIT, PEER, SIDE, TADMIT, THIT, tier_slot_count
 from solar.schedule.nodeboard import BoardReader, board_of
 from solar.schedule.nodeequal import node_transfer
-from solar.schedule.nodeplan import Hosts, NodeEpoch, NodePlanner, host_phases, node_spec
+from solar.schedule.nodeplan import (
+    Hosts, NodeEpoch, NodePlanner, host_parts, host_phases, node_spec, own_draws,
+)  # fmt: skip
+from solar.schedule.nodeview import assemble
 from solar.schedule.rankplan import RankPlan, StepPlan
+from solar.schedule.samplers import EpochDraws
 from solar.schedule.snapshot import save_or_warn
 from solar.schedule.spec import PlanSpec
 from solar.schedule.stream import EpochsAhead
@@ -199,6 +204,11 @@ class NodeStream(EpochsAhead):
         # With the host's communicator: local rank 0 plans, the others map its epochs (a
         # collective now, in the foreground; solar/schedule/nodeboard.py).
         self.board = board_of(comm, spec, hosts, self.host, rank)
+        # A buffer in parts (solar/schedule/nodeparts.py) with the host's board: every local
+        # rank plans its part from the ranks' posted draws (rank 0 saving snapshots plans
+        # every host's every part itself: its host's ranks take its epochs).
+        self.parts = host_parts(host_spec, hosts, self.host)
+        self.parted = self.board is not None and self.parts is not None and snapshots is None
         self._reset()
 
     def _reset(self) -> None:
@@ -210,12 +220,12 @@ class NodeStream(EpochsAhead):
 
     def __getstate__(self) -> dict:
         keep = ("spec", "rank", "hosts", "host", "group", "local", "slots", "tier_slots",
-                "stage_rows", "spe", "wait_seconds", "snapshots", "pid")  # fmt: skip
+                "stage_rows", "spe", "wait_seconds", "snapshots", "pid", "parts")  # fmt: skip
         return {k: self.__dict__[k] for k in keep}
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
-        self.board = None  # (a copy plans its host itself)
+        self.board, self.parted = None, False  # (a copy plans its host itself)
         self._reset()
 
     def _saves(self) -> bool:
@@ -224,21 +234,60 @@ class NodeStream(EpochsAhead):
 
     def _reads_board(self) -> bool:
         """Whether this rank takes its host's epochs from local rank 0 (plans nothing)."""
-        return self.board is not None and not self.board.publisher
+        return self.board is not None and not self.board.publisher and not self.parted
 
     def _new_planner(self) -> NodePlanner | BoardReader:
         """A node planner from epoch 0: of this rank's host alone, unless it saves snapshots
-        (they hold every host's state); a reader of local rank 0's epochs on the others."""
+        (they hold every host's state); a reader of local rank 0's epochs on the others; with
+        a buffer in parts, of this rank's part, from the draws its host's ranks post."""
         if self._reads_board():
             assert self.board is not None
             return BoardReader(self.board, self._unpack)
+        if self.parted:
+            self._drawn: dict[tuple[int, int], EpochDraws] = {}
+            self._drawing = threading.Lock()
+            return NodePlanner(self.spec, self.hosts, only_host=self.host, part=self.local,
+                               source=self._draws)  # fmt: skip
         return NodePlanner(self.spec, self.hosts, only_host=None if self._saves() else self.host)
+
+    def _draws(self, epoch: int, r: int) -> EpochDraws:
+        """Rank ``r``'s draws of ``epoch`` that this rank's part needs (its own: drawn and
+        posted, one section per part, before any other is awaited; a rank draws only its own
+        batches). The last epochs' are kept: the planner asks an epoch again as it plans on."""
+        assert self.board is not None and self.parts is not None
+        with self._drawing:  # (the planner draws two epochs at once, on two threads)
+            if (epoch, self.rank) not in self._drawn:
+                own = own_draws(self.spec.sampler, self.spec.run, epoch, self.rank)
+                mine = [self.parts.keep(own, j) for j in range(self.parts.count)]
+                self.board.publish_draws(epoch, mine)
+                self._drawn[(epoch, self.rank)] = mine[self.local]
+            got = self._drawn.get((epoch, r))
+        if got is None:  # (awaited outside the lock: the other epoch's thread posts meanwhile)
+            got = self.board.draws(epoch, self.group.index(r), self.local,
+                                   self.spec.run.num_samples)  # fmt: skip
+            with self._drawing:
+                self._drawn[(epoch, r)] = got
+                for old in [k for k in self._drawn if k[0] < epoch - 2]:
+                    del self._drawn[old]
+        return got
 
     def _next_epoch(self, planner: NodePlanner | BoardReader) -> NodeEpoch:
         """Plan the next epoch (in the background thread), or take local rank 0's; local rank
-        0 publishes it, rank 0 saves a snapshot."""
+        0 publishes it, rank 0 saves a snapshot. With a buffer in parts every local rank
+        plans and posts its part, then takes every part."""
         if isinstance(planner, BoardReader):
             return planner.next()
+        if self.parted:
+            assert self.board is not None and self.parts is not None
+            contents = planner.planner.contents(self.host)
+            mine = planner.next()
+            self.board.publish_part(mine, contents)
+            n = self.spec.run.num_samples
+            got = [self.board.part(mine.epoch, j, n, self.parts.size(self.slots, j),
+                                   self.parts.size(self.tier_slots, j))
+                   for j in range(self.parts.count)]  # fmt: skip
+            return assemble(got, self.rank, list(self.group), self.parts, self.slots,
+                            self.tier_slots)  # fmt: skip
         if self.board is None:
             part = planner.next()
         else:
