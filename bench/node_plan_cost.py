@@ -1,21 +1,24 @@
-"""What planning a host costs each rank (issue 35): one rank's trace planned alone, against
-the node plan of a host of L local ranks — as before (every local rank plans the whole host)
-and now (local rank 0 plans and publishes each epoch, solar/schedule/nodeboard.py; the others
-map it).
+"""What planning a host costs each rank (issue 35): one rank's trace planned alone, and every
+local rank its own side by side (``share="rank"`` in a job), against the node plan of a host
+of L local ranks — planned whole by one process (``NodePlanner``: what solar plan, plan files
+and a rank saving snapshots do) and as a job plans it (each local rank plans one part of the
+host's buffer from the draws its host's ranks post: solar/schedule/nodeparts.py).
 
     python bench/node_plan_cost.py --graph G.h5 [--ranks 4 8 --epochs 3 --batch 1024]
-        [--buffer 0.1] [--out bench/results/node-plan-cost-once.json]
+        [--buffer 0.1] [--out bench/results/node-plan-cost-parts.json]
 
 The graph: ``solar gen G.h5 --preset graph --nodes 1000000 --avg-degree 20 --features 1``
 (only its CSR is read). Sampler: ``NeighborSampler(fanouts (10, 5), --batch seeds per rank)``;
 aggregate buffer ``--buffer`` of the nodes. Every figure is measured in a fresh process
-(``rank``: ``Planner(only_rank=0)`` over the run; ``every``: ``NodePlanner(only_host=0)``, what
-each local rank did before; ``once``: ``NodeStream`` under ``mpiexec -n L`` with the host's
-communicator, every rank pulling every epoch). Per process: wall and CPU seconds from the
-first planned epoch asked to the last one received (sampling included: a rank samples its
-own batches to plan them; the host's planner samples all of its ranks'), peak RSS growth over
-the process's state before planning (the graph loaded), and at the end the private and
-proportional (PSS: shared pages split between the processes mapping them) memory.
+(``rank``: ``Planner(only_rank=0)`` over the run, alone on the machine; ``ranks``: every rank
+``Planner(only_rank=r)`` under ``mpiexec -n L``; ``every``: ``NodePlanner(only_host=0)``;
+``once``: ``NodeStream`` under ``mpiexec -n L`` with the host's communicator, every rank pulling
+every epoch). Per process: wall and CPU seconds from the first planned epoch asked to the last
+one received (sampling included: a rank samples its own batches to plan them), peak RSS
+growth over the process's state before planning (the graph loaded), and at the end the
+private and proportional (PSS: shared pages split between the processes mapping them) memory.
+L processes on this machine's 2 cores slow each other (caches, switches): compare ``once``
+with ``ranks``, measured alike; ``rank`` is the idle machine's figure.
 """
 
 from __future__ import annotations
@@ -61,7 +64,7 @@ def child(a) -> None:
     from solar.schedule.planner import Planner
 
     comm, rank = None, 0
-    if a.which == "once":
+    if a.which in ("once", "ranks"):
         from mpi4py import MPI
 
         comm, rank = MPI.COMM_WORLD, MPI.COMM_WORLD.Get_rank()
@@ -76,10 +79,10 @@ def child(a) -> None:
         comm.Barrier()
     t0, c0 = time.perf_counter(), time.process_time()
     acc = 0
-    if a.which == "rank":
-        p = Planner(spec, only_rank=0)
+    if a.which in ("rank", "ranks"):  # (ranks: every local rank its own, side by side)
+        p = Planner(spec, only_rank=rank)
         for _ in range(run.epochs):
-            acc += p.next_rank(0).sample.size
+            acc += p.next_rank(rank).sample.size
     elif a.which == "every":
         q = NodePlanner(spec, hosts, only_host=0)
         hs = [hashlib.blake2b(digest_size=8) for _ in range(world)]
@@ -109,7 +112,8 @@ def child(a) -> None:
         out["service_digest"] = fp
     if comm is not None:
         every = comm.gather(out, root=0)
-        st.close()
+        if a.which == "once":
+            st.close()
         if rank == 0:
             print(json.dumps(every))
     else:
@@ -121,7 +125,7 @@ def _run(a, which: str, local: int) -> list[dict]:
             "--epochs", str(a.epochs), "--batch", str(a.batch),
             "--buffer", str(a.buffer)]  # fmt: skip
     cmd = [sys.executable, *args]
-    if which == "once":
+    if which in ("once", "ranks"):
         cmd = [str(Path(sys.executable).with_name("mpiexec")), "-n", str(local), *cmd]
     res = subprocess.run(cmd, capture_output=True, text=True, env=os.environ, timeout=3600)
     if res.returncode:
@@ -135,7 +139,7 @@ def main() -> None:
     ap.add_argument("--graph", required=True)
     ap.add_argument("--ranks", type=int, nargs="+", default=[4, 8])
     ap.add_argument("--local", type=int, default=1)
-    ap.add_argument("--which", choices=["rank", "every", "once"], default="rank")
+    ap.add_argument("--which", choices=["rank", "ranks", "every", "once"], default="rank")
     ap.add_argument("--epochs", type=int, default=3)
     ap.add_argument("--batch", type=int, default=1024)
     ap.add_argument("--buffer", type=float, default=0.1)
@@ -148,6 +152,7 @@ def main() -> None:
                     "buffer": a.buffer}  # fmt: skip
     for local in a.ranks:
         rank = _run(a, "rank", local)[0]
+        ranks = _run(a, "ranks", local)
         every = _run(a, "every", local)[0]
         once = _run(a, "once", local)
         lead, others = once[0], once[1:]
@@ -171,6 +176,14 @@ def main() -> None:
                 (ratio(r, "rss_growth_mib") for r in others), default=0),
             "host_cpu_ratio_once_vs_every": round(
                 sum(r["cpu_seconds"] for r in once) / max(0.01, local * every["cpu_seconds"]), 3),
+            # Side by side: every local rank planning its own trace at once (share="rank"
+            # in a job), on the same cores as the host's ranks planning its node plan.
+            "per_rank_side_by_side": ranks,
+            "node_over_per_rank_side_by_side_cpu_max": round(
+                max(r["cpu_seconds"] for r in once) / max(r["cpu_seconds"] for r in ranks), 2),
+            "node_over_per_rank_side_by_side_rss_growth_max": round(
+                max(r["rss_growth_mib"] for r in once)
+                / max(r["rss_growth_mib"] for r in ranks), 2),
             "union_over_rank_accesses": round(every["accesses"] / max(1, rank["accesses"]), 2),
             "services_equal_to_every_rank_planning": agree,
         }  # fmt: skip

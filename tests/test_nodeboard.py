@@ -17,8 +17,11 @@ from plan_checks import _replay
 from solar import BufferConfig, PlanSpec, RunConfig
 from solar.errors import CorruptPlanError, SolarError
 from solar.schedule._common import HIT, PEER, SIDE
-from solar.schedule.nodeboard import EpochBoard, _layout, _offsets, digest, unpack
-from solar.schedule.nodeplan import Hosts, NodePlanner, node_spec, node_totals
+from solar.schedule.nodeboard import EpochBoard, _layout, _offsets, digest, unpack, unpack_draws
+from solar.schedule.nodeplan import (
+    Hosts, NodePlanner, host_parts, node_spec, node_totals, own_draws,
+)  # fmt: skip
+from solar.schedule.nodeview import assemble
 from solar.schedule.rankplan import RankPlan
 from solar.schedule.samplers import SHUFFLE, Weighted
 
@@ -267,3 +270,98 @@ def test_hosts_of_unequal_sizes_where_the_sampler_fixes_each_rank_batch():
         NodePlanner(shuffle, hosts, only_host=0)
     with pytest.raises(SolarError, match="ranks per host differ"):
         node_spec(spec, hosts)  # (every host at once: which size?)
+
+
+def test_each_rank_plans_its_part_and_sees_the_host_plan_merged():
+    """A host's buffer in parts (solar/schedule/nodeparts.py): each local rank plans and posts
+    one part; every rank's view, put together from the parts it takes (nodeview.py), is its
+    service in the plan one process makes of every part, merged: the same rows, decisions,
+    cells, readers, staging sets, initial cells and (asked on a resume) host decisions."""
+    spec, hosts = _spec(), Hosts.grid(1, 2)
+    boards = _boards(spec, hosts)
+    hspec = node_spec(spec, hosts)
+    parts = host_parts(hspec, hosts, 0)
+    assert parts is not None and parts.count == 2
+    cells = [(parts.size(hspec.slots, j), 0) for j in (0, 1)]
+    mine = [NodePlanner(spec, hosts, only_host=0, part=j) for j in (0, 1)]
+    whole = NodePlanner(spec, hosts, only_host=0)
+    n = spec.run.num_samples
+    for k in range(spec.run.epochs):
+        contents = whole.planner.contents(0)
+        want = whole.next()
+        for j, b in enumerate(boards):
+            c = mine[j].planner.contents(0)
+            b.publish_part(mine[j].next(), c)
+        for r, b in enumerate(boards):
+            got = assemble([b.part(k, j, n, *cells[j]) for j in (0, 1)], r, [0, 1], parts,
+                           hspec.slots, 0)  # fmt: skip
+            a, w = got.rank(r), want.rank(r)
+            for name in ("sample", "slot", "flags", "step_offsets", "tslot"):
+                assert getattr(a, name).tobytes() == getattr(w, name).tobytes(), (k, r, name)
+            lo, hi = want.ranks.rank_offsets[r], want.ranks.rank_offsets[r + 1]
+            assert np.array_equal(got.reader, want.reader[lo:hi])
+            assert np.array_equal(got.initial, contents)
+            # Host indexes number the parts one after another: the same accesses as ``at``.
+            h = got.host.rank(0)
+            wh = want.host.rank(0)
+            for name in ("sample", "slot", "flags", "step_offsets", "tslot"):
+                assert np.array_equal(getattr(h, name), getattr(wh, name)), (k, name)
+            offsets, values = got.staged
+            so = got.ranks.step_offsets[r]
+            for t in range(spec.run.steps_per_epoch):
+                peer = (a.flags[so[t] : so[t + 1]] & PEER) != 0
+                staged = values[offsets[t] : offsets[t + 1]]
+                assert np.all(np.isin(got.at[so[t] : so[t + 1]][peer], staged))
+    for b in boards:
+        b.close()
+
+
+def test_a_ranks_posted_draws_are_taken_part_by_part_and_checked():
+    spec, hosts = _spec(), Hosts.grid(1, 2)
+    lead, other = _boards(spec, hosts)
+    parts = host_parts(node_spec(spec, hosts), hosts, 0)
+    assert parts is not None
+    own = own_draws(spec.sampler, spec.run, 0, 1)
+    split = parts.split(own)  # (every part's at once: the parts' keep, each in batch order)
+    for j in (0, 1):
+        assert np.array_equal(split[j].ids, parts.keep(own, j).ids)
+        assert np.array_equal(split[j].offsets, parts.keep(own, j).offsets)
+    assert sum(d.ids.size for d in split) == own.ids.size
+    fd = other.publish_draws(0, split)
+    n = spec.run.num_samples
+    for j in (0, 1):
+        got, want = lead.draws(0, 1, parts, j, n), parts.keep(own, j)
+        assert np.array_equal(got.ids, want.ids) and np.array_equal(got.offsets, want.offsets)
+    # Untrusted: an id out of range, or offsets that are not, refused in one line.
+    buf = bytearray(os.pread(fd, os.fstat(fd).st_size, 0))
+    steps = spec.run.steps_per_epoch
+
+    def refused(edit, match):
+        b = bytearray(buf)
+        edit(np.frombuffer(b, np.int64))
+        m = mmap.mmap(-1, len(b))
+        m[:] = bytes(b)
+        with pytest.raises(CorruptPlanError, match=match):
+            unpack_draws(m, epoch=0, rank=1, steps=steps, layout=parts, part=0,
+                         num_samples=n, tag=digest(spec.fingerprint, hosts, 0))  # fmt: skip
+
+    head, k = 16, 2 * (steps + 1)
+
+    def far_id(a):
+        a[head + k] = n
+
+    def back(a):
+        a[head + 1] = -1
+
+    def other_epoch(a):
+        a[2] = 1
+
+    def other_part(a):
+        a[head + k] = 1 if parts.of(np.array([0]))[0] == 0 else 0  # (a row of part 1)
+
+    refused(far_id, "drawn ids outside")
+    refused(other_part, "rows of other parts")
+    refused(back, "offsets")
+    refused(other_epoch, "another run, rank or epoch")
+    lead.close()
+    other.close()

@@ -12,9 +12,9 @@ from plan_checks import _replay
 
 from solar import BufferConfig, PlanSpec, RunConfig
 from solar.errors import SolarError
-from solar.schedule._common import ADMIT, DEMOTE, HIT, PEER, SIDE, TADMIT, THIT
+from solar.schedule._common import ADMIT, DEMOTE, HIT, PEER, SIDE, TADMIT, THIT, tier_slot_count
 from solar.schedule.nodeequal import node_transfer
-from solar.schedule.nodeplan import Hosts, NodePlanner, node_spec
+from solar.schedule.nodeplan import Hosts, NodePlanner, host_parts, node_spec
 from solar.schedule.order import nominal_batches
 from solar.schedule.pagemates import PageLayout
 from solar.schedule.planner import Planner
@@ -135,6 +135,33 @@ def check_node_plan(spec, hosts, epochs) -> None:
 def test_node_plan_serves_every_access_once(case):
     spec, hosts = case
     check_node_plan(spec, hosts, plan_all(spec, hosts))
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(node_cases())
+def test_a_host_buffer_in_parts_keeps_each_row_in_its_parts_cells(case):
+    """Where a sampler fixes each rank's batch, a host's buffer is planned in one part per
+    local rank (solar/schedule/nodeparts.py): every RAM and tier cell the plan names for a row
+    is one of its part's, so the parts, planned apart, never collide; part sizes add up."""
+    spec, hosts = case
+    hspec = node_spec(spec, hosts)
+    parts = host_parts(hspec, hosts)
+    if parts is None:
+        assert not (spec.traced and not spec.affinity) or hosts.local == 1
+        return
+    tier = tier_slot_count(hspec.run, hspec.buffer)
+    for total in (hspec.slots, tier):
+        sizes = [parts.size(total, j) for j in range(parts.count)]
+        assert sum(sizes) == total and max(sizes) - min(sizes) <= 1
+        assert [parts.base(total, j) for j in range(parts.count)] == list(np.cumsum([0, *sizes[:-1]]))
+    for ne in plan_all(spec, hosts):
+        f, part = ne.host.flags, parts.of(ne.host.sample)
+        for cells, total in ((ne.host.slot, hspec.slots), (ne.host.tslot, tier)):
+            named = cells >= 0
+            lo = np.array([parts.base(total, j) for j in range(parts.count)])[part]
+            hi = lo + np.array([parts.size(total, j) for j in range(parts.count)])[part]
+            assert np.all((lo <= cells) & (cells < hi) | ~named), ne.epoch
+        assert np.all(f[ne.host.slot < 0] & (HIT | ADMIT) == 0)
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])

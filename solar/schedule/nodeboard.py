@@ -40,6 +40,7 @@ from solar import _memfd
 from solar.dist import first_error
 from solar.errors import CorruptPlanError, SolarError
 from solar.schedule._common import PEER
+from solar.schedule.nodeparts import Parts
 from solar.schedule.nodeplan import Hosts, NodeEpoch
 from solar.schedule.planner import EpochPlan, RankEpoch
 from solar.schedule.samplers import EpochDraws
@@ -176,10 +177,11 @@ def pack_draws(parts: list[EpochDraws], epoch: int, rank: int, tag: tuple[int, i
     return fd
 
 
-def unpack_draws(m: mmap.mmap, *, epoch: int, rank: int, steps: int, parts: int, part: int,
+def unpack_draws(m: mmap.mmap, *, epoch: int, rank: int, steps: int, layout: Parts, part: int,
                  num_samples: int, tag: tuple[int, int]) -> EpochDraws:  # fmt: skip
     """Part ``part``'s section of rank ``rank``'s draws of ``epoch`` (views of the mapping),
-    checked: header, offsets, every id in range."""
+    checked: header, offsets, every id in range and of that part of ``layout``."""
+    parts = layout.count
     bad = f"node plan (rank {rank}'s shared draws)"
     if len(m) < _HEAD * 8:
         raise CorruptPlanError(f"{bad}: {len(m)} bytes, shorter than its header")
@@ -197,6 +199,8 @@ def unpack_draws(m: mmap.mmap, *, epoch: int, rank: int, steps: int, parts: int,
         raise CorruptPlanError(f"{bad}: its offsets are not offsets into its {n} ids")
     ids = np.ndarray(hi - lo, np.int64, buffer=m, offset=(_HEAD + k + lo) * 8)
     _in("drawn ids", ids, 0, num_samples)
+    if ids.size and np.any(layout.of(ids) != part):
+        raise CorruptPlanError(f"{bad}: part {part}'s section holds rows of other parts")
     out = offsets - lo
     ids.flags.writeable = False
     return EpochDraws(ids, out)
@@ -463,10 +467,11 @@ class EpochBoard:
                       num_samples=num_samples, slots=slots, tier=tier, tag=self.tag,
                       part=part)  # fmt: skip
 
-    def draws(self, epoch: int, src: int, part: int, num_samples: int) -> EpochDraws:
+    def draws(self, epoch: int, src: int, layout: Parts, part: int,
+              num_samples: int) -> EpochDraws:  # fmt: skip
         """Local rank ``src``'s draws of ``epoch``, part ``part``'s section (checked)."""
         return unpack_draws(self.take(epoch, DRAWS, src), epoch=epoch, rank=self.group[src],
-                            steps=self.steps, parts=len(self.group), part=part,
+                            steps=self.steps, layout=layout, part=part,
                             num_samples=num_samples, tag=self.tag)  # fmt: skip
 
     def close(self) -> None:

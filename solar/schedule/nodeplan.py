@@ -229,9 +229,17 @@ class PartSampler(HostSampler):
 
     kind = "part"
 
-    def __init__(self, base: HostSampler, parts: Parts, part: int) -> None:
+    def __init__(self, base: HostSampler, parts: Parts, part: int, sourced: bool = False) -> None:
         super().__init__(base.inner, base.rank_run, base.hosts, base.host, base.source)
         self.base, self.parts, self.part = base, parts, part
+        # ``sourced``: base's source gives this part's rows alone (a host's ranks post each
+        # part's draws apart): nothing to filter, nothing to keep twice.
+        self.sourced = sourced
+
+    def rank_draws(self, epoch: int, host: int | None = None) -> EpochDraws:
+        if self.sourced:
+            return self.base.rank_draws(epoch, host)
+        return super().rank_draws(epoch, host)
 
     def _rank_draws(self, epoch: int, host: int | None) -> EpochDraws:
         return self.parts.keep(self.base.rank_draws(epoch, host), self.part)
@@ -332,13 +340,14 @@ def host_parts(host_spec: PlanSpec, hosts: Hosts, host: int | None = None) -> Pa
     return Parts(per, host_spec.pages)
 
 
-def part_spec(host_spec: PlanSpec, parts: Parts, j: int) -> PlanSpec:
-    """The plan inputs of part ``j`` of ``host_spec``'s buffer: its cells, its rows."""
+def part_spec(host_spec: PlanSpec, parts: Parts, j: int, sourced: bool = False) -> PlanSpec:
+    """The plan inputs of part ``j`` of ``host_spec``'s buffer: its cells, its rows
+    (``sourced``: the host sampler's source gives them alone)."""
     assert isinstance(host_spec.sampler, HostSampler)
     tier = tier_slot_count(host_spec.run, host_spec.buffer)
     buffer = parts.buffer(host_spec.slots, tier, host_spec.buffer.slack, j)
     return dataclasses.replace(host_spec, buffer=buffer,
-                               sampler=PartSampler(host_spec.sampler, parts, j))  # fmt: skip
+                               sampler=PartSampler(host_spec.sampler, parts, j, sourced))  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -426,7 +435,8 @@ class NodePlanner:
     accesses (a sampler that fixes each rank's batch). A host buffer in parts
     (:func:`host_parts`) is planned part by part and merged; ``part``: only that part (its own
     epoch, cells numbered within it: solar/schedule/nodeparts.py). ``source``: where a
-    host's ranks' draws come from (:class:`HostSampler`)."""
+    host's ranks' draws come from (:class:`HostSampler`; with ``part``, that part's rows of
+    them only)."""
 
     def __init__(self, spec: PlanSpec, hosts: Hosts, buffer: BufferConfig | None = None,
                  only_host: int | None = None, part: int | None = None,
@@ -441,7 +451,8 @@ class NodePlanner:
             specs = [self.host_spec]
         else:
             which = range(self.parts.count) if part is None else [part]
-            specs = [part_spec(self.host_spec, self.parts, j) for j in which]
+            specs = [part_spec(self.host_spec, self.parts, j, part is not None and
+                               source is not None) for j in which]  # fmt: skip
         self.planner = PartPlanners(self.host_spec, specs, self.parts, only_host)
         self.only_host = self.planner.only_rank
         self.rank_run = spec.run

@@ -258,12 +258,12 @@ class NodeStream(EpochsAhead):
         with self._drawing:  # (the planner draws two epochs at once, on two threads)
             if (epoch, self.rank) not in self._drawn:
                 own = own_draws(self.spec.sampler, self.spec.run, epoch, self.rank)
-                mine = [self.parts.keep(own, j) for j in range(self.parts.count)]
+                mine = self.parts.split(own)
                 self.board.publish_draws(epoch, mine)
                 self._drawn[(epoch, self.rank)] = mine[self.local]
             got = self._drawn.get((epoch, r))
         if got is None:  # (awaited outside the lock: the other epoch's thread posts meanwhile)
-            got = self.board.draws(epoch, self.group.index(r), self.local,
+            got = self.board.draws(epoch, self.group.index(r), self.parts, self.local,
                                    self.spec.run.num_samples)  # fmt: skip
             with self._drawing:
                 self._drawn[(epoch, r)] = got
