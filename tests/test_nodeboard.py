@@ -19,7 +19,12 @@ from solar.errors import CorruptPlanError, SolarError
 from solar.schedule._common import HIT, PEER, SIDE
 from solar.schedule.nodeboard import EpochBoard, _layout, _offsets, digest, unpack, unpack_draws
 from solar.schedule.nodeplan import (
-    Hosts, NodePlanner, host_parts, node_spec, node_totals, own_draws,
+    Hosts,
+    NodePlanner,
+    host_parts,
+    node_spec,
+    node_totals,
+    own_draws,
 )  # fmt: skip
 from solar.schedule.nodeview import assemble
 from solar.schedule.rankplan import RankPlan
@@ -205,7 +210,7 @@ def test_a_mailbox_that_could_shrink_under_its_ranks_is_refused_in_one_line():
             got = other.allgather(obj)
             if self.first:
                 self.first = False
-                got[0] = (*got[0][:2], (os.getpid(), fake, os.fstat(fake).st_ino), "")
+                got[0] = (*got[0][:2], (os.getpid(), fake, os.fstat(fake).st_ino), "", False)
             return got
 
     tag, steps = digest(spec.fingerprint, hosts, 0), spec.run.steps_per_epoch

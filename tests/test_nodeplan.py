@@ -153,7 +153,8 @@ def test_a_host_buffer_in_parts_keeps_each_row_in_its_parts_cells(case):
     for total in (hspec.slots, tier):
         sizes = [parts.size(total, j) for j in range(parts.count)]
         assert sum(sizes) == total and max(sizes) - min(sizes) <= 1
-        assert [parts.base(total, j) for j in range(parts.count)] == list(np.cumsum([0, *sizes[:-1]]))
+        bases = [parts.base(total, j) for j in range(parts.count)]
+        assert bases == list(np.cumsum([0, *sizes[:-1]]))
     for ne in plan_all(spec, hosts):
         f, part = ne.host.flags, parts.of(ne.host.sample)
         for cells, total in ((ne.host.slot, hspec.slots), (ne.host.tslot, tier)):

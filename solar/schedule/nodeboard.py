@@ -1,27 +1,31 @@
-"""Plan once per host: local rank 0 plans its host's node plan and publishes each epoch in
-shared memory; the host's other ranks map it (issue 35: planning a host on every local rank
-cost every rank several times one rank's planning, in time and memory).
+"""Plan once per host, in shared memory: the host's ranks post what they plan and take what
+the others post (issue 35: planning a host on every local rank cost every rank several times
+one rank's planning, in time and memory).
 
 An :class:`EpochBoard` is made by the host's ranks together (a collective of the host's
 communicator, in the foreground: the background planning threads never call one). It is a
 ``memfd`` (no name anywhere: nothing is left in /dev/shm whatever happens to the job, ``kill
--9`` included) holding a small mailbox that every local rank maps read-write (the others
-only to mark the epochs they took), through ``/proc/<pid>/fd/<fd>`` with the inode that
-proves it is still that file.
+-9`` included) holding a small mailbox that every local rank maps read-write, one row of
+entries per local rank (each posts in its own row and marks in the others' what it took),
+through ``/proc/<pid>/fd/<fd>`` with the inode that proves it is still that file.
 
-Each epoch local rank 0 plans goes into a memfd of its own (:func:`pack`): this host's part
-only — the host's buffer decisions, the host's ranks' service, every step's staging set (the
-rows of the host some local rank takes from another's read, sorted) and the host's buffer as
-the epoch starts, sealed once written (no process can then rewrite, shrink or grow it: its
-checks hold while it is used in place). Its mailbox entry (a seqlock: odd while written) names
-the memfd; a rank that wants epoch e waits for an entry of e, opens the memfd, maps it
-read-only, marks it taken (local rank 0 closes an epoch's descriptor once every local rank
-took it: its memory goes with the last mapping) and checks it (:func:`unpack`) before anything
-uses it: a payload is untrusted input, refused in one line unless it is sealed, its header
-names this run, host and epoch and every offset, slot, sample and index is in range. A rank
-touches only its own service, the staging sets and, on a resume or an epoch's first step, the
-host's decisions (checked when first used): the pages of the others' services stay out of its
-memory.
+What is posted: where the host's buffer is planned in parts (solar/schedule/nodeparts.py),
+each rank's draws of an epoch, one section per part (:func:`pack_draws`), and each rank's part
+of the epoch (:func:`pack`, cells numbered within the part); otherwise local rank 0's plan of
+the host's epoch. An epoch's payload holds this host's part only — the buffer decisions, the
+host's ranks' service, every step's staging set (the rows of the host some local rank takes
+from another's read, sorted) and the buffer as the epoch starts. Every payload is a memfd of
+its own, sealed once written (no process can then rewrite, shrink or grow it: its checks hold
+while it is used in place). Its mailbox entry (a seqlock: odd while written) names the memfd;
+a rank that wants one waits for its entry, opens the memfd, maps it read-only, marks it taken
+(the poster closes its descriptor once every local rank took it: its memory goes with the
+last mapping) and checks it (:func:`unpack`, :func:`unpack_draws`) before anything uses it: a
+payload is untrusted input, refused in one line unless it is sealed, its header names this
+run, host, epoch (and rank or part) and every offset, slot, sample and index is in range (a
+part's draws: every row that part's). A rank touches only its own service, the staging sets,
+its part's draws and, on a resume, the host's decisions (checked when first used): the pages
+of the others' services stay out of its memory. A rank waiting for a poster that has ended
+is refused in one line.
 """
 
 from __future__ import annotations
@@ -310,7 +314,7 @@ class EpochBoard:
     with a buffer in parts, every rank posts its draws and its part."""
 
     def __init__(self, comm: Any, hosts: Hosts, host: int, rank: int, tag: tuple[int, int],
-                 steps: int) -> None:  # fmt: skip
+                 steps: int, saves: bool = False) -> None:  # fmt: skip
         self.hosts, self.host, self.rank, self.tag, self.steps = hosts, host, rank, tag, steps
         self.group = sorted(hosts.groups[host])
         self.local = self.group.index(rank)
@@ -330,11 +334,14 @@ class EpochBoard:
                 name = _memfd.ident(fd)
             except OSError as exc:
                 err = f"node plan: no shared memory for its mailbox ({exc})"
-        everyone = comm.allgather((host, self.local, name, err)) if comm is not None else [
-            (host, self.local, name, err)]  # fmt: skip
-        err = next((e for *_, e in everyone if e), "")
-        src = next(n for h, j, n, _ in everyone if h == host and j == 0)
-        pids = {j: n[0] for h, j, n, _ in everyone if h == host}
+        mine = (host, self.local, name, err, saves)
+        everyone = comm.allgather(mine) if comm is not None else [mine]
+        err = next((e for *_, e, _ in everyone if e), "")
+        src = next(n for h, j, n, *_ in everyone if h == host and j == 0)
+        pids = {j: n[0] for h, j, n, *_ in everyone if h == host}
+        # Whether a rank of this host saves node planner snapshots (the host's ranks decide
+        # alike how its plan is made: solar/schedule/nodestream.py).
+        self.host_saves = any(sv for h, *_, sv in everyone if h == host)
         self.pids = [pids.get(j, -1) for j in range(len(self.group))]
         try:
             if not err and not self.publisher:
@@ -501,16 +508,12 @@ class BoardReader:
         return ne
 
 
-def board_of(comm: Any, spec: PlanSpec, hosts: Hosts, host: int, rank: int) -> EpochBoard | None:
+def board_of(comm: Any, spec: PlanSpec, hosts: Hosts, host: int, rank: int,
+             saves: bool = False) -> EpochBoard | None:  # fmt: skip
     """The host's board where several ranks share it and a communicator is given (a
-    collective of ``comm``), else None: the rank plans its host itself."""
+    collective of ``comm``), else None: the rank plans its host itself. ``saves``: this rank
+    saves node planner snapshots."""
     if comm is None or len(hosts.groups[host]) < 2:
         return None
-    return EpochBoard(
-        comm,
-        hosts,
-        host,
-        rank,
-        digest(spec.fingerprint, hosts, host),
-        int(spec.run.steps_per_epoch),
-    )
+    return EpochBoard(comm, hosts, host, rank, digest(spec.fingerprint, hosts, host),
+                      int(spec.run.steps_per_epoch), saves)  # fmt: skip

@@ -5,17 +5,19 @@ Planning a host's union on one process costs that process several times one rank
 batch, the host's buffer is cut into ``p`` parts (``p``: the host's ranks): a row belongs to
 part ``page(row) mod p`` (its first byte's page; without a page layout, ``row mod p``), and
 part ``j`` owns the RAM slots ``base(S, j)..`` (``S // p`` of them, one more for the first
-``S % p`` parts) and as many tier slots. Each part is planned as a node plan of its own (the
-host's ranks' batches filtered to its rows, its slots): parts share no row and no cell, so
-every part's decisions hold in the whole buffer, and local rank ``j`` can plan part ``j``
-while the others plan theirs. A page's rows fall in one part, so its page mates do too (a
-mate of another part has no use in this part's trace: never kept). Measured before it was
-built (bench/node_partition_sim.py): cutting the buffer so keeps 100 % of one buffer's hits
-at 4 ranks, 99.9999 % at 8.
+``S % p`` parts) and its share of the tier slots alike. Each part is planned as a node plan
+of its own (the host's ranks' batches filtered to its rows, its slots): parts share no row
+and no cell, so every part's decisions hold in the whole buffer, and local rank ``j`` can
+plan part ``j`` while the others plan theirs. A page's rows fall in one part, so its page
+mates do too (a mate of another part has no use in this part's trace: never kept). Cutting
+the buffer so keeps one buffer's hits: replayed at 10^6 nodes (bench/node_partition_sim.py)
+100 % at 4 ranks, 99.9999 % at 8; planned at 4 ranks (bench/node_bench.py gnn), the same
+rows-alone hits, 99.999 % with page mates.
 
 :func:`merge` puts the parts' epochs together into the host's (one definition of the node
-plan, whoever computes it), part after part: side rows, of the host and of each rank, follow the step's served rows: at every step the
-host's served rows part by part, then its side rows part by part; a rank's service likewise.
+plan, whoever computes it): side rows follow a step's served rows, so at every step the
+host's served rows come part by part, then its side rows part by part; a rank's service
+likewise. Where a job plans, each local rank plans one part (solar/schedule/nodestream.py).
 """
 
 from __future__ import annotations
@@ -64,8 +66,9 @@ class Parts:
         order = np.argsort(part, kind="stable")
         batches = draws.offsets.size - 1
         batch = np.repeat(np.arange(batches), np.diff(draws.offsets))
-        counts = np.bincount(part.astype(np.int64) * batches + batch,
-                             minlength=self.count * batches).reshape(self.count, batches)
+        counts = np.bincount(
+            part.astype(np.int64) * batches + batch, minlength=self.count * batches
+        ).reshape(self.count, batches)
         ends = np.cumsum(counts.sum(axis=1))
         out = []
         for j in range(self.count):
@@ -92,14 +95,14 @@ def _places(plans: list[EpochPlan]) -> tuple[list[np.ndarray], np.ndarray]:
         counts = np.diff(p.step_offsets, axis=1).reshape(-1)
         blocks.append(np.repeat(np.arange(nb, dtype=np.int64), counts))
         side.append((p.flags & SIDE) != 0)
-    served = np.stack([np.bincount(b[~s], minlength=nb) for b, s in zip(blocks, side)])
-    sides = np.stack([np.bincount(b[s], minlength=nb) for b, s in zip(blocks, side)])
+    served = np.stack([np.bincount(b[~s], minlength=nb) for b, s in zip(blocks, side, strict=True)])
+    sides = np.stack([np.bincount(b[s], minlength=nb) for b, s in zip(blocks, side, strict=True)])
     total = (served + sides).sum(axis=0)  # (blocks · steps,)
     start = np.concatenate([[0], np.cumsum(total)[:-1]])
     served_before = np.cumsum(served, axis=0) - served  # earlier parts' rows of the block
     sides_before = np.cumsum(sides, axis=0) - sides + served.sum(axis=0)
     out = []
-    for j, (b, s) in enumerate(zip(blocks, side)):
+    for j, (b, s) in enumerate(zip(blocks, side, strict=True)):
         # An entry's place in its block: served rows count from 0, side rows after them.
         src = np.concatenate([[0], np.cumsum(served[j] + sides[j])[:-1]])
         within = np.arange(b.size, dtype=np.int64) - src[b]
@@ -121,7 +124,7 @@ def merged(plans: list[EpochPlan], slot_bases: list[int],
     first, m = plans[0], int(counts.sum())
     sample, slot = np.empty(m, first.sample.dtype), np.empty(m, first.slot.dtype)
     tslot, flags = np.empty(m, first.tslot.dtype), np.empty(m, first.flags.dtype)
-    for j, (p, d) in enumerate(zip(plans, places)):
+    for j, (p, d) in enumerate(zip(plans, places, strict=True)):
         sample[d], flags[d] = p.sample, p.flags
         slot[d], tslot[d] = _cells(p.slot, slot_bases[j]), _cells(p.tslot, tier_bases[j])
     offsets = np.zeros(counts.shape[0] + 1, np.int64)
@@ -131,9 +134,14 @@ def merged(plans: list[EpochPlan], slot_bases: list[int],
     return EpochPlan(first.epoch, offsets, steps, sample, slot, flags, tslot), places
 
 
-def merge(host_parts: list[EpochPlan], rank_parts: list[EpochPlan], readers: list[np.ndarray],
-          ats: list[np.ndarray], slot_bases: list[int],
-          tier_bases: list[int]) -> tuple[EpochPlan, EpochPlan, np.ndarray, np.ndarray]:  # fmt: skip
+def merge(
+    host_parts: list[EpochPlan],
+    rank_parts: list[EpochPlan],
+    readers: list[np.ndarray],
+    ats: list[np.ndarray],
+    slot_bases: list[int],
+    tier_bases: list[int],
+) -> tuple[EpochPlan, EpochPlan, np.ndarray, np.ndarray]:
     """The parts' epochs (each part's host plan, ranks' services, readers and ``at`` into its
     own host plan) as the host's: its host plan, ranks' services, readers and ``at`` (see the
     module's docstring for the order). Slots are moved to each part's cells."""

@@ -37,7 +37,15 @@ from solar._hosts import host_sizes
 from solar.config import BufferConfig, RunConfig
 from solar.errors import SolarError
 from solar.schedule._common import (
-    ADMIT, DEMOTE, HIT, PEER, SIDE, TADMIT, THIT, EpochSchedule, tier_slot_count,
+    ADMIT,
+    DEMOTE,
+    HIT,
+    PEER,
+    SIDE,
+    TADMIT,
+    THIT,
+    EpochSchedule,
+    tier_slot_count,
 )  # fmt: skip
 from solar.schedule.nodeequal import deal_equal, rank_targets
 from solar.schedule.nodeparts import Parts, merge
@@ -346,8 +354,8 @@ def part_spec(host_spec: PlanSpec, parts: Parts, j: int, sourced: bool = False) 
     assert isinstance(host_spec.sampler, HostSampler)
     tier = tier_slot_count(host_spec.run, host_spec.buffer)
     buffer = parts.buffer(host_spec.slots, tier, host_spec.buffer.slack, j)
-    return dataclasses.replace(host_spec, buffer=buffer,
-                               sampler=PartSampler(host_spec.sampler, parts, j, sourced))  # fmt: skip
+    sampler = PartSampler(host_spec.sampler, parts, j, sourced)
+    return dataclasses.replace(host_spec, buffer=buffer, sampler=sampler)
 
 
 @dataclass(frozen=True)
@@ -409,7 +417,7 @@ class PartPlanners:
         the parts' RAM, then the parts' tiers."""
         if len(self.planners) == 1:
             return self.planners[0].contents(r)
-        got = [(p.contents(r), s.slots) for p, s in zip(self.planners, self.specs)]
+        got = [(p.contents(r), s.slots) for p, s in zip(self.planners, self.specs, strict=True)]
         return np.concatenate([c[:n] for c, n in got] + [c[n:] for c, n in got])
 
     def snapshot(self) -> dict[str, np.ndarray] | None:
@@ -465,7 +473,7 @@ class NodePlanner:
         """Plan the next epoch."""
         k = self.planner.epoch
         eps = []
-        for s, p in zip(self.planner.specs, self.planner.planners):
+        for s, p in zip(self.planner.specs, self.planner.planners, strict=True):
             seq, sched = p.next_schedule()
             eps.append(plan_node_epoch(s, self.rank_run, self.hosts, k, seq, sched,
                                        p.group(seq, sched), p.order))  # fmt: skip
@@ -473,10 +481,11 @@ class NodePlanner:
             return eps[0]
         assert self.parts is not None
         tier = tier_slot_count(self.host_spec.run, self.host_spec.buffer)
+        which = range(len(eps))
         host, ranks, reader, at = merge(
             [e.host for e in eps], [e.ranks for e in eps], [e.reader for e in eps],
-            [e.at for e in eps], [self.parts.base(self.host_spec.slots, j) for j in range(len(eps))],
-            [self.parts.base(tier, j) for j in range(len(eps))],
+            [e.at for e in eps], [self.parts.base(self.host_spec.slots, j) for j in which],
+            [self.parts.base(tier, j) for j in which],
         )  # fmt: skip
         return NodeEpoch(k, self.hosts, host, ranks, reader, at)
 

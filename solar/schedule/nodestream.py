@@ -9,10 +9,15 @@ reader stores it), and its ``PEER`` rows, read at the same step by another local
 taken from the host's staging rows (``stage_rows``/``stage_at``, ``peer_rows``/``peer_at``).
 :meth:`~NodeWindow.refill_at` is the host's buffer state (every local rank fills its share).
 
-Local rank 0 plans its host (with a sampler with affinity, every host, as the split of a global
-batch needs) and publishes each epoch's host part; the host's other ranks map it
-(solar/schedule/nodeboard.py). Without the host's communicator (one rank per host, a test) a
-rank plans its host itself: the plan is a pure function of the inputs, the same either way. With
+Where the sampler fixes each rank's batch, the host's buffer is planned in parts
+(solar/schedule/nodeparts.py): each local rank draws only its own batches and posts them, one
+section per part; plans its part from every local rank's section of it; posts the part; and
+puts its view of the epoch together from every part (solar/schedule/nodeview.py). Otherwise
+(a sampler with affinity: every host planned at once, as the split of a global batch needs;
+or rank 0 saving snapshots) local rank 0 plans and publishes each epoch's host part and the
+host's other ranks map it (solar/schedule/nodeboard.py). Without the host's communicator (one
+rank per host, a test) a rank plans its host itself: the plan is a pure function of the
+inputs, the same either way. With
 equal batches on several hosts, :meth:`~NodeWindow.transfer` is the rank's exchange of the
 host's surplus rows with other hosts' ranks (solar/schedule/nodeequal.py). With a tier, the
 step's tier hits and tier writes too, its updates cut into the host's phases where the host
@@ -37,7 +42,13 @@ from solar.schedule._common import ADMIT, DEMOTE, HIT, PEER, SIDE, TADMIT, THIT,
 from solar.schedule.nodeboard import BoardReader, board_of
 from solar.schedule.nodeequal import node_transfer
 from solar.schedule.nodeplan import (
-    Hosts, NodeEpoch, NodePlanner, host_parts, host_phases, node_spec, own_draws,
+    Hosts,
+    NodeEpoch,
+    NodePlanner,
+    host_parts,
+    host_phases,
+    node_spec,
+    own_draws,
 )  # fmt: skip
 from solar.schedule.nodeview import assemble
 from solar.schedule.rankplan import RankPlan, StepPlan
@@ -203,12 +214,14 @@ class NodeStream(EpochsAhead):
         self.pid = os.getpid()  # the process that joined its host (a forked child cannot)
         # With the host's communicator: local rank 0 plans, the others map its epochs (a
         # collective now, in the foreground; solar/schedule/nodeboard.py).
-        self.board = board_of(comm, spec, hosts, self.host, rank)
+        self.board = board_of(comm, spec, hosts, self.host, rank, self._saves())
         # A buffer in parts (solar/schedule/nodeparts.py) with the host's board: every local
-        # rank plans its part from the ranks' posted draws (rank 0 saving snapshots plans
-        # every host's every part itself: its host's ranks take its epochs).
+        # rank plans its part from the ranks' posted draws (on the host of a rank saving
+        # snapshots, that rank plans every host's every part and its host's ranks take its
+        # epochs: they hold every host's state).
         self.parts = host_parts(host_spec, hosts, self.host)
-        self.parted = self.board is not None and self.parts is not None and snapshots is None
+        self.parted = (self.board is not None and self.parts is not None
+                       and not self.board.host_saves)  # fmt: skip
         self._reset()
 
     def _reset(self) -> None:
@@ -317,7 +330,12 @@ class NodeStream(EpochsAhead):
         t0 = time.perf_counter()
         p = self._settled_planner()
         at = -1 if p is None or p.epoch > epoch else p.epoch
-        if at < epoch and self.snapshots is not None and not self._reads_board():  # nearer
+        if (
+            at < epoch
+            and self.snapshots is not None
+            and not self._reads_board()
+            and not self.parted
+        ):  # nearer (a part's planner replans: snapshots are whole)
             p = nodesnapshot.load(self.snapshots, self.spec, self.hosts, epoch, after=at) or p
             at = -1 if p is None or p.epoch > epoch else p.epoch
         if p is None or at < 0:

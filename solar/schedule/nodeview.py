@@ -69,7 +69,7 @@ def _staged(parts: list[NodeEpoch], starts: np.ndarray) -> tuple[np.ndarray, np.
     np.cumsum(total, out=offsets[1:])
     before = np.cumsum(counts, axis=0) - counts
     values = np.empty(int(offsets[-1]), np.int64)
-    for j, (o, v) in enumerate(zip(offs, vals)):
+    for j, (o, v) in enumerate(zip(offs, vals, strict=True)):
         step = np.repeat(np.arange(total.size), counts[j])
         values[offsets[step] + before[j][step] + np.arange(v.size) - o[step]] = v + starts[j]
     return offsets, values
@@ -89,15 +89,18 @@ def assemble(parts: list[NodeEpoch], rank: int, group: list[int], layout: Parts,
     starts = np.concatenate([[0], np.cumsum(n_host)[:-1]]).astype(np.int64)
     reader = np.empty(ranks.sample.size, first.reader.dtype)
     at = np.empty(ranks.sample.size, np.int64)
-    for j, (p, d) in enumerate(zip(parts, places)):
+    for j, (p, d) in enumerate(zip(parts, places, strict=True)):
         lo, hi = int(p.ranks.rank_offsets[keep[0]]), int(p.ranks.rank_offsets[keep[-1] + 1])
         reader[d] = p.reader[lo:hi]
         at[d] = p.at[lo:hi] + starts[j]
     sizes = [(layout.size(slots, j), layout.size(tier, j)) for j in range(len(parts))]
-    cells = [p.initial for p in parts]
-    assert all(c is not None for c in cells)
-    initial = np.concatenate([c[:s] for c, (s, _) in zip(cells, sizes)]  # type: ignore[index]
-                             + [c[s:] for c, (s, _) in zip(cells, sizes)])  # type: ignore[index]
+    ram: list[np.ndarray] = []
+    tiers: list[np.ndarray] = []
+    for p, (n, _) in zip(parts, sizes, strict=True):
+        assert p.initial is not None  # (unpack gives every part's)
+        ram.append(p.initial[:n])
+        tiers.append(p.initial[n:])
+    initial = np.concatenate(ram + tiers)
     all_steps = sum(p.all_steps for p in parts)  # type: ignore[misc]
     host = PartedHost.of(first.epoch, [p.host for p in parts], slot_bases, tier_bases)
     return NodeEpoch(first.epoch, first.hosts, host, ranks, reader, at,

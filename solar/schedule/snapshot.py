@@ -19,7 +19,7 @@ import re
 import warnings
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -27,6 +27,20 @@ from solar._atomic import atomic_path
 from solar.errors import SolarError
 from solar.schedule.planner import Planner
 from solar.schedule.spec import PlanSpec
+
+
+class Restorable(Protocol):
+    """What a snapshot is taken of and restored into: a :class:`Planner`, or the planners of
+    a node buffer's parts (solar/schedule/nodeplan.py)."""
+
+    spec: PlanSpec
+
+    @property
+    def epoch(self) -> int: ...
+
+    def snapshot(self) -> dict[str, np.ndarray] | None: ...
+
+    def restore(self, epoch: int, state: dict[str, np.ndarray]) -> None: ...
 
 FORMAT = "solar-planner-snapshot"
 VERSION = 1
@@ -67,7 +81,7 @@ def save_or_warn(save: Callable[[], object], what: str) -> None:
         warnings.warn(f"{what} not saved: {exc}", stacklevel=2)
 
 
-def save(directory: str | os.PathLike, planner: Planner, *, key: str | None = None,
+def save(directory: str | os.PathLike, planner: Restorable, *, key: str | None = None,
          kind: str = "planner", extra: dict | None = None) -> Path | None:  # fmt: skip
     """Write ``planner``'s state before its next epoch into ``directory`` (atomically) and drop
     this plan's older snapshots; None if its policy keeps no state worth saving. ``kind`` and
@@ -96,14 +110,14 @@ def save(directory: str | os.PathLike, planner: Planner, *, key: str | None = No
 def load(
     directory: str | os.PathLike, spec: PlanSpec, epoch: int, after: int = -1, *,
     key: str | None = None, kind: str = "planner", extra: dict | None = None,
-    make: Callable[[], Planner] | None = None,
-) -> Planner | None:  # fmt: skip
+    make: Callable[[], Restorable] | None = None,
+) -> Restorable | None:  # fmt: skip
     """A planner for ``spec`` restored from its newest valid snapshot in ``directory`` taken
     at an epoch at or before ``epoch`` and after ``after`` (a planner already there needs none
     older); None if there is none. A snapshot refused is named in a warning and skipped.
     ``key``, ``kind`` and ``extra`` as :func:`save` wrote them (``extra`` must match);
     ``make``: a new planner of ``spec`` (default ``Planner(spec)``)."""
-    planner: Planner | None = None
+    planner: Restorable | None = None
     key = spec.fingerprint if key is None else key
     for e in _epochs(Path(directory), key, kind):
         if e > epoch or e <= after:

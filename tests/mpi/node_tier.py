@@ -4,8 +4,9 @@ row h5py's bytes, the node plan's storage reads (the Loader's counters, summed o
 equal the plan's), tier hits among its hits. A state taken mid-epoch 2, loaded by new Loaders,
 serves the same batches without replaying an epoch (the node planner restored from rank 0's
 snapshot, the buffer and tier refilled); loaded by 2 ranks of twice the batch (each half of
-the job a 2-rank job of its own: elastic), the same global batches. Nothing is left in the
-tier directory.
+the job a 2-rank job of its own: elastic), the same global batches. On two hosts of 2 with
+snapshots on every rank, host 0 follows rank 0's whole plan and host 1 plans in parts: the
+same batches, planned reads, an exact resume. Nothing is left in the tier directory.
 
 mpiexec -n 4 python tests/mpi/node_tier.py DATA.h5 TIERDIR SNAPSHOTS_DIR
 """
@@ -87,6 +88,37 @@ for b in el:
     k += 1
 assert k == E * spe, k
 el.close()
+
+# Two hosts of 2, snapshots on every rank: host 0's ranks take rank 0's whole plan (it saves
+# every host's), host 1's each plan a part of their buffer (solar/schedule/nodeparts.py) and
+# replan on a resume: the same batches, the planned reads.
+os.environ["SOLAR_HOSTS"] = "2x2"
+snaps2 = os.path.join(snaps, "2x2")
+if rank == 0:
+    os.makedirs(snaps2, exist_ok=True)
+comm.Barrier()
+two = loader(comm, snapshots=snaps2)
+assert two._stream.parted == (rank >= 2), "host 0 follows rank 0's snapshots; host 1 plans parts"
+got, state = {}, None
+for e in range(E):
+    two.set_epoch(e)
+    for t, b in enumerate(two):
+        got[e * spe + t] = checked_ids(b, ref, sampler.batch(two.run, e, t, rank), (e, t)).copy()
+        if (e, t) == (2, 1):
+            state = two.state_dict()
+reads2 = comm.allreduce(two.stats.totals().reads + two.stats.totals().side_reads)
+planner = NodePlanner(two.spec, Hosts.grid(2, 2))
+assert reads2 == sum(planner.next().storage_reads() for _ in range(E)), reads2
+two.close()
+comm.Barrier()
+again = loader(comm, snapshots=snaps2)
+again.load_state_dict(state)
+k = state["next_step"]
+for b in again:
+    assert np.array_equal(checked_ids(b, ref, tag=k), got[k]), k
+    k += 1
+assert k == E * spe, k
+again.close()
 comm.Barrier()
 assert os.listdir(tier) == []
 if rank == 0:
