@@ -17,7 +17,15 @@ from plan_checks import _replay
 from solar import BufferConfig, PlanSpec, RunConfig
 from solar.errors import CorruptPlanError, SolarError
 from solar.schedule._common import HIT, PEER, SIDE
-from solar.schedule.nodeboard import EpochBoard, _layout, _offsets, digest, unpack, unpack_draws
+from solar.schedule.nodeboard import (
+    PART,
+    EpochBoard,
+    _layout,
+    _offsets,
+    digest,
+    unpack,
+    unpack_draws,
+)  # fmt: skip
 from solar.schedule.nodeplan import (
     Hosts,
     NodePlanner,
@@ -368,5 +376,18 @@ def test_a_ranks_posted_draws_are_taken_part_by_part_and_checked():
     refused(other_part, "rows of other parts")
     refused(back, "offsets")
     refused(other_epoch, "another run, rank or epoch")
+    lead.close()
+    other.close()
+
+
+def test_a_rank_waiting_for_what_is_never_posted_gives_up_in_one_line(monkeypatch):
+    """A poster alive that never posts what a rank awaits (a rank that seeked alone waits for
+    epochs its host planned long ago) ends the wait in one line after the board's limit."""
+    monkeypatch.setattr("solar.schedule.nodeboard._WAIT_ALIVE", 0.05)
+    spec, hosts = _spec(), Hosts.grid(1, 2)
+    lead, other = _boards(spec, hosts)
+    other.wait_limit = 0.2
+    with pytest.raises(SolarError, match=r"posted no part of epoch 5 within 0\.2 s"):
+        other.take(5, kind=PART, src=0)
     lead.close()
     other.close()

@@ -61,7 +61,11 @@ _SEQ, _EPOCH, _PID, _FD, _INO, _NBYTES, _KIND = range(7)
 WHOLE, DRAWS, PART = 0, 1, 2
 DRAWS_MAGIC = 0x534F4C4152445257  # "SOLARDRW"
 _LOCAL0 = "node plan: local rank 0's shared plan"  # (names it in errors)
-_WAIT_ALIVE = 2.0  # seconds between checks that local rank 0 still runs
+_WAIT_ALIVE = 2.0  # seconds between checks that the poster still runs
+# A poster alive but never posting what is awaited (a rank that seeked alone waits for epochs
+# its host's ranks planned long ago): refused after torch.distributed's default timeout.
+WAIT_LIMIT = 1800.0
+_KINDS = {WHOLE: "epoch", DRAWS: "draws", PART: "part"}
 
 
 def digest(fingerprint: str, hosts: Hosts, host: int) -> tuple[int, int]:
@@ -322,6 +326,7 @@ class EpochBoard:
         self._fds: dict[int, int] = {}  # own entry -> descriptor of the payload it names
         self._count = 0  # payloads posted (the next own entry: count % ENTRIES)
         self._lock = threading.Lock()
+        self.wait_limit = WAIT_LIMIT
         self.closed = False
         width = _FIELDS + len(self.group)
         size = len(self.group) * ENTRIES * width * 8
@@ -408,7 +413,8 @@ class EpochBoard:
     def take(self, epoch: int, kind: int = WHOLE, src: int = 0) -> mmap.mmap:
         """The payload of ``kind`` for ``epoch`` that local rank ``src`` posts, mapped
         read-only (waits until it is posted; refused in one line if ``src`` ended first)."""
-        alive_at = time.monotonic() + _WAIT_ALIVE
+        start = time.monotonic()
+        alive_at = start + _WAIT_ALIVE
         pause = 0.0005
         while True:
             if self.closed:
@@ -417,14 +423,21 @@ class EpochBoard:
                 got = self._try(src, e, epoch, kind)
                 if got is not None:
                     return got
-            if time.monotonic() > alive_at:
+            now = time.monotonic()
+            if now > alive_at:
                 pid = self.pids[src]
                 if not os.path.exists(f"/proc/{pid}"):
                     raise SolarError(
                         f"node plan: local rank {src} (pid {pid}) of host {self.host} "
                         f"ended before publishing epoch {epoch}"
                     )
-                alive_at = time.monotonic() + _WAIT_ALIVE
+                if now - start > self.wait_limit:
+                    raise SolarError(
+                        f"node plan: local rank {src} of host {self.host} posted no "
+                        f"{_KINDS[kind]} of epoch {epoch} within {self.wait_limit:g} s (the "
+                        "host's ranks must take the same epochs: did a rank seek alone?)"
+                    )
+                alive_at = now + _WAIT_ALIVE
             time.sleep(pause)
             pause = min(0.01, pause * 2)
 

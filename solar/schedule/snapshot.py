@@ -42,6 +42,7 @@ class Restorable(Protocol):
 
     def restore(self, epoch: int, state: dict[str, np.ndarray]) -> None: ...
 
+
 FORMAT = "solar-planner-snapshot"
 VERSION = 1
 KEEP = 3  # the newest snapshots kept (the planner runs an epoch ahead of the trainer) ...
