@@ -34,6 +34,7 @@ from solar.schedule.nodeplan import (
     node_totals,
     own_draws,
 )  # fmt: skip
+from solar.schedule.nodestream import NodeStream, stage_bound
 from solar.schedule.nodeview import assemble
 from solar.schedule.rankplan import RankPlan
 from solar.schedule.samplers import SHUFFLE, Weighted
@@ -306,7 +307,7 @@ def test_each_rank_plans_its_part_and_sees_the_host_plan_merged():
             c = mine[j].planner.contents(0)
             b.publish_part(mine[j].next(), c)
         for r, b in enumerate(boards):
-            got = assemble([b.part(k, j, n, *cells[j]) for j in (0, 1)], r, [0, 1], parts,
+            got = assemble([b.part(k, parts, j, n, *cells[j]) for j in (0, 1)], r, [0, 1], parts,
                            hspec.slots, 0)  # fmt: skip
             a, w = got.rank(r), want.rank(r)
             for name in ("sample", "slot", "flags", "step_offsets", "tslot"):
@@ -391,3 +392,69 @@ def test_a_rank_waiting_for_what_is_never_posted_gives_up_in_one_line(monkeypatc
         other.take(5, kind=PART, src=0)
     lead.close()
     other.close()
+
+
+def _streams(spec, hosts):
+    """Two ranks of one host, each a NodeStream planning its part (on two threads)."""
+    pair = _Pair()
+    with ThreadPoolExecutor(2) as pool:
+        made = [pool.submit(NodeStream, spec, r, hosts, stage_bound(spec, hosts), None,
+                            pair.of(r)) for r in (0, 1)]  # fmt: skip
+        streams = [f.result() for f in made]
+    assert all(s.parted for s in streams)
+    for s in streams:
+        s.board.wait_limit = 20.0  # (a hang fails the test in one line)
+    return streams
+
+
+def _both(streams, run):
+    """``run(stream)`` on both ranks at once; their results (an error raised)."""
+    with ThreadPoolExecutor(2) as pool:
+        return [f.result(timeout=60) for f in [pool.submit(run, s) for s in streams]]
+
+
+def _services(s, steps):
+    return [s.window(k).step(k).samples.tobytes() for k in steps]
+
+
+def test_ranks_planning_parts_serve_every_step_in_order_and_after_jumps():
+    """Every local rank plans its part (E = 6: the planner looks 5 epochs ahead and asks an
+    epoch's draws again as it plans it; the next epoch is planned as soon as the last is
+    collected, so ranks plan ahead unevenly); in order, then after a jump forward and one
+    back, each serves the steps the whole plan gives it (the parts' planners are dropped and
+    replanned: no rank waits for a part its host's ranks will not plan)."""
+    spec, hosts = _spec(epochs=6), Hosts.grid(1, 2)
+    whole = NodePlanner(spec, hosts, only_host=0)
+    epochs = [whole.next() for _ in range(spec.run.epochs)]
+    spe = spec.run.steps_per_epoch
+
+    def want(r, steps):
+        out = []
+        for k in steps:
+            ranks = epochs[k // spe].ranks
+            lo, so = ranks.rank_offsets[r], ranks.step_offsets[r]
+            sl = slice(int(lo + so[k % spe]), int(lo + so[k % spe + 1]))
+            side = (ranks.flags[sl] & SIDE) != 0
+            out.append(ranks.sample[sl][~side].astype(np.int64).tobytes())
+        return out
+
+    every = range(6 * spe)
+    for trial in range(12):  # (the ranks' threads interleave differently each time)
+        streams = _streams(spec, hosts)
+        for s in streams:
+            s.start()
+        got = _both(streams, lambda s: _services(s, every))
+        assert got == [want(0, every), want(1, every)], trial
+        for s in streams:
+            s.close()
+    streams = _streams(spec, hosts)
+    for s in streams:
+        s.start()
+    _both(streams, lambda s: s.window(0))
+    streams[0]._bg.get().future.result()
+    assert streams[0].planned_end == 2 * spe  # rank 0 collects epoch 1, plans 2; rank 1 not
+    ahead, back = range(3 * spe, 4 * spe), range(spe, 2 * spe)
+    assert _both(streams, lambda s: _services(s, ahead)) == [want(0, ahead), want(1, ahead)]
+    assert _both(streams, lambda s: _services(s, back)) == [want(0, back), want(1, back)]
+    for s in streams:
+        s.close()

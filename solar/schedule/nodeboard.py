@@ -51,7 +51,7 @@ from solar.schedule.samplers import EpochDraws
 from solar.schedule.spec import PlanSpec
 
 MAGIC = 0x534F4C41524E4F44  # "SOLARNOD"
-VERSION = 2  # 2: every rank's step offsets (w_steps)
+VERSION = 3  # 2: every rank's step offsets (w_steps); 3: parts, draws, one row per poster
 ENTRIES = 16  # mailbox entries per local rank: payloads posted and not yet recycled
 _HEAD = 16  # int64 fields of a payload's header
 _FIELDS = 8  # int64 fields of a mailbox entry, before its taken marks
@@ -310,6 +310,10 @@ def unpack(m: mmap.mmap, *, epoch: int, hosts: Hosts, host: int, rank: int, step
                      all_steps=w_steps)  # fmt: skip
 
 
+class Interrupted(SolarError):
+    """A wait on the board ended by :meth:`EpochBoard.interrupt` (its planner is dropped)."""
+
+
 class EpochBoard:
     """The mailbox of a host's published payloads (see the module's docstring). Made by every
     rank of ``comm`` together (the host's communicator, or a superset: each rank finds its
@@ -327,6 +331,7 @@ class EpochBoard:
         self._count = 0  # payloads posted (the next own entry: count % ENTRIES)
         self._lock = threading.Lock()
         self.wait_limit = WAIT_LIMIT
+        self._era = 0  # interrupts so far: a wait begun in an earlier era ends
         self.closed = False
         width = _FIELDS + len(self.group)
         size = len(self.group) * ENTRIES * width * 8
@@ -410,15 +415,25 @@ class EpochBoard:
                 os.close(fd)
 
     # -- taking --------------------------------------------------------------------------------
-    def take(self, epoch: int, kind: int = WHOLE, src: int = 0) -> mmap.mmap:
+    @property
+    def era(self) -> int:
+        """Interrupts so far (:meth:`interrupt`)."""
+        return self._era
+
+    def take(self, epoch: int, kind: int = WHOLE, src: int = 0,
+             era: int | None = None) -> mmap.mmap:  # fmt: skip
         """The payload of ``kind`` for ``epoch`` that local rank ``src`` posts, mapped
-        read-only (waits until it is posted; refused in one line if ``src`` ended first)."""
+        read-only (waits until it is posted; refused in one line if ``src`` ended first).
+        ``era``: raise :class:`Interrupted` once the board is past it (default: now's)."""
         start = time.monotonic()
         alive_at = start + _WAIT_ALIVE
         pause = 0.0005
+        era = self._era if era is None else era
         while True:
             if self.closed:
                 raise SolarError(f"node plan: the board closed while epoch {epoch} was awaited")
+            if self._era != era:
+                raise Interrupted(f"node plan: the wait for epoch {epoch} was interrupted")
             for e in range(ENTRIES):
                 got = self._try(src, e, epoch, kind)
                 if got is not None:
@@ -450,9 +465,10 @@ class EpochBoard:
         if int(row[_SEQ]) != seq:
             return None
         if src == self.local:
-            if self._fds.get(e, -1) != fd:
-                return None
-            return mmap.mmap(fd, nbytes, prot=mmap.PROT_READ)
+            with self._lock:  # (close may close it meanwhile)
+                if self._fds.get(e, -1) != fd:
+                    return None
+                return mmap.mmap(fd, nbytes, prot=mmap.PROT_READ)
         got, _ = _memfd.open_peer((pid, fd, ino), nbytes, os.O_RDONLY, _LOCAL0)
         if got < 0 or int(row[_SEQ]) != seq:  # closed, or recycled meanwhile: look again
             if got >= 0:
@@ -473,24 +489,35 @@ class EpochBoard:
         row[_FIELDS + self.local] = 1
         return m
 
+    def interrupt(self) -> None:
+        """End every wait of an earlier era, begun or to come (they raise
+        :class:`Interrupted`)."""
+        self._era += 1
+
     def epoch(self, epoch: int, num_samples: int, slots: int, tier: int = 0) -> NodeEpoch:
         """Epoch ``epoch`` of this host's node plan, from local rank 0's payload (checked)."""
         return unpack(self.take(epoch), epoch=epoch, hosts=self.hosts, host=self.host,
                       rank=self.rank, steps=self.steps, num_samples=num_samples, slots=slots,
                       tier=tier, tag=self.tag)  # fmt: skip
 
-    def part(self, epoch: int, part: int, num_samples: int, slots: int, tier: int) -> NodeEpoch:
-        """Part ``part`` of this host's buffer at ``epoch``, from the payload of the local
-        rank that plans it (checked; its cells ``slots`` and ``tier``)."""
-        return unpack(self.take(epoch, PART, part), epoch=epoch, hosts=self.hosts,
-                      host=self.host, rank=self.rank, steps=self.steps,
-                      num_samples=num_samples, slots=slots, tier=tier, tag=self.tag,
-                      part=part)  # fmt: skip
+    def part(self, epoch: int, layout: Parts, part: int, num_samples: int, slots: int,
+             tier: int, era: int | None = None) -> NodeEpoch:  # fmt: skip
+        """Part ``part`` of ``layout`` of this host's buffer at ``epoch``, from the payload of
+        the local rank that plans it (checked: its cells ``slots`` and ``tier``, this rank's
+        rows of that part)."""
+        ne = unpack(self.take(epoch, PART, part, era), epoch=epoch, hosts=self.hosts,
+                    host=self.host, rank=self.rank, steps=self.steps, num_samples=num_samples,
+                    slots=slots, tier=tier, tag=self.tag, part=part)  # fmt: skip
+        own = ne.ranks.rank(self.rank).sample
+        if own.size and np.any(layout.of(own) != part):
+            raise CorruptPlanError(f"node plan (part {part}): this rank's service holds rows "
+                                   "of other parts")  # fmt: skip
+        return ne
 
-    def draws(self, epoch: int, src: int, layout: Parts, part: int,
-              num_samples: int) -> EpochDraws:  # fmt: skip
+    def draws(self, epoch: int, src: int, layout: Parts, part: int, num_samples: int,
+              era: int | None = None) -> EpochDraws:  # fmt: skip
         """Local rank ``src``'s draws of ``epoch``, part ``part``'s section (checked)."""
-        return unpack_draws(self.take(epoch, DRAWS, src), epoch=epoch, rank=self.group[src],
+        return unpack_draws(self.take(epoch, DRAWS, src, era), epoch=epoch, rank=self.group[src],
                             steps=self.steps, layout=layout, part=part,
                             num_samples=num_samples, tag=self.tag)  # fmt: skip
 

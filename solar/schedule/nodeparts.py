@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from solar.config import BufferConfig
+from solar.errors import CorruptPlanError
 from solar.schedule._common import SIDE
 from solar.schedule.pagemates import PageLayout
 from solar.schedule.planner import EpochPlan
@@ -108,6 +109,14 @@ def _places(plans: list[EpochPlan]) -> tuple[list[np.ndarray], np.ndarray]:
         within = np.arange(b.size, dtype=np.int64) - src[b]
         within[s] -= served[j][b[s]]
         out.append(start[b] + np.where(s, sides_before[j][b], served_before[j][b]) + within)
+    # Every place taken once, or the parts' side rows did not follow their served rows in
+    # some block (a part is untrusted where another process planned it): never a hole.
+    m = int(total.sum())
+    every = np.concatenate(out) if out else np.zeros(0, np.int64)
+    if every.size != m or (m and (every.min() < 0 or every.max() >= m
+                                  or np.any(np.bincount(every, minlength=m) != 1))):  # fmt: skip
+        raise CorruptPlanError("node plan (parts): a part's side rows do not follow its "
+                               "served rows at every step")  # fmt: skip
     return out, total.reshape(shape)
 
 

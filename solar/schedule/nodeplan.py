@@ -52,6 +52,7 @@ from solar.schedule.nodeparts import Parts, merge
 from solar.schedule.planner import EpochPlan, Planner, RankEpoch
 from solar.schedule.samplers import EpochDraws, Sampler
 from solar.schedule.spec import PlanSpec
+from solar.schedule.traces import default_horizon
 from solar.schedule.transfer import moved_rows
 
 MAX_LOCAL = 63  # local ranks per host: a row's needers are a bit mask in an int64
@@ -172,6 +173,9 @@ class HostSampler(Sampler):
         self.source = source or self.own_draws
         self.horizon = sampler.horizon
         self._kept: dict[tuple[int, int | None], EpochDraws] = {}
+        # Epochs kept: the planner's look-ahead and the one planned (and one drawn ahead):
+        # else parts planned one after another would draw an epoch again and again.
+        self._keep = default_horizon(host_run(run, hosts, host), sampler) + 3
         self._lock = threading.Lock()
 
     def _check(self, run: RunConfig) -> None:
@@ -197,7 +201,7 @@ class HostSampler(Sampler):
             got = self._rank_draws(epoch, host)
             with self._lock:
                 self._kept[(epoch, host)] = got
-                while len(self._kept) > 4:
+                while len(self._kept) > self._keep:
                     self._kept.pop(next(iter(self._kept)))
         return got
 
@@ -453,9 +457,10 @@ class NodePlanner:
         self.host_spec = node_spec(spec, hosts, buffer, only_host, source)
         self.parts = host_parts(self.host_spec, hosts, only_host)
         self.part = part
+        count = 1 if self.parts is None else self.parts.count
+        if part is not None and not 0 <= part < count:
+            raise SolarError(f"node plan: part {part} of a buffer planned in {count}")
         if self.parts is None:
-            if part not in (None, 0):
-                raise SolarError(f"node plan: part {part} of a buffer planned in one")
             specs = [self.host_spec]
         else:
             which = range(self.parts.count) if part is None else [part]
@@ -464,6 +469,7 @@ class NodePlanner:
         self.planner = PartPlanners(self.host_spec, specs, self.parts, only_host)
         self.only_host = self.planner.only_rank
         self.rank_run = spec.run
+        self.era = 0  # (a NodeStream's: the board era its part's waits belong to)
 
     @property
     def epoch(self) -> int:

@@ -39,7 +39,7 @@ import numpy as np
 from solar.errors import CorruptPlanError, SolarError
 from solar.schedule import nodesnapshot
 from solar.schedule._common import ADMIT, DEMOTE, HIT, PEER, SIDE, TADMIT, THIT, tier_slot_count
-from solar.schedule.nodeboard import BoardReader, board_of
+from solar.schedule.nodeboard import BoardReader, Interrupted, board_of
 from solar.schedule.nodeequal import node_transfer
 from solar.schedule.nodeplan import (
     Hosts,
@@ -257,18 +257,26 @@ class NodeStream(EpochsAhead):
             assert self.board is not None
             return BoardReader(self.board, self._unpack)
         if self.parted:
+            assert self.board is not None
             self._drawn: dict[tuple[int, int], EpochDraws] = {}
             self._drawing = threading.Lock()
-            return NodePlanner(self.spec, self.hosts, only_host=self.host, part=self.local,
-                               source=self._draws)  # fmt: skip
+            self._planned = -1
+            era = self.board.era  # (its waits end when a restart interrupts the board)
+            node = NodePlanner(self.spec, self.hosts, only_host=self.host, part=self.local,
+                               source=lambda e, r: self._draws(e, r, era))  # fmt: skip
+            node.era = era
+            return node
         return NodePlanner(self.spec, self.hosts, only_host=None if self._saves() else self.host)
 
-    def _draws(self, epoch: int, r: int) -> EpochDraws:
+    def _draws(self, epoch: int, r: int, era: int) -> EpochDraws:
         """Rank ``r``'s draws of ``epoch`` that this rank's part needs (its own: drawn and
         posted, one section per part, before any other is awaited; a rank draws only its own
         batches). The last epochs' are kept: the planner asks an epoch again as it plans on."""
         assert self.board is not None and self.parts is not None
         with self._drawing:  # (the planner draws two epochs at once, on two threads)
+            if epoch <= self._planned:  # (a peer's payload is taken once: it may be gone)
+                raise SolarError(f"node plan: draws of epoch {epoch} asked again after it was "
+                                 "planned")  # fmt: skip
             if (epoch, self.rank) not in self._drawn:
                 own = own_draws(self.spec.sampler, self.spec.run, epoch, self.rank)
                 mine = self.parts.split(own)
@@ -277,12 +285,18 @@ class NodeStream(EpochsAhead):
             got = self._drawn.get((epoch, r))
         if got is None:  # (awaited outside the lock: the other epoch's thread posts meanwhile)
             got = self.board.draws(epoch, self.group.index(r), self.parts, self.local,
-                                   self.spec.run.num_samples)  # fmt: skip
+                                   self.spec.run.num_samples, era)  # fmt: skip
             with self._drawing:
                 self._drawn[(epoch, r)] = got
-                for old in [k for k in self._drawn if k[0] < epoch - 2]:
-                    del self._drawn[old]
         return got
+
+    def _planned_through(self, epoch: int) -> None:
+        """Epochs up to ``epoch`` are planned: their draws are never asked again (kept until
+        then: the planner asks an epoch's as it looks ahead and again as it plans it)."""
+        with self._drawing:
+            self._planned = epoch
+            for k in [k for k in self._drawn if k[0] <= epoch]:
+                del self._drawn[k]
 
     def _next_epoch(self, planner: NodePlanner | BoardReader) -> NodeEpoch:
         """Plan the next epoch (in the background thread), or take local rank 0's; local rank
@@ -294,10 +308,11 @@ class NodeStream(EpochsAhead):
             assert self.board is not None and self.parts is not None
             contents = planner.planner.contents(self.host)
             mine = planner.next()
+            self._planned_through(mine.epoch)
             self.board.publish_part(mine, contents)
             n = self.spec.run.num_samples
-            got = [self.board.part(mine.epoch, j, n, self.parts.size(self.slots, j),
-                                   self.parts.size(self.tier_slots, j))
+            got = [self.board.part(mine.epoch, self.parts, j, n, self.parts.size(self.slots, j),
+                                   self.parts.size(self.tier_slots, j), planner.era)
                    for j in range(self.parts.count)]  # fmt: skip
             return assemble(got, self.rank, list(self.group), self.parts, self.slots,
                             self.tier_slots)  # fmt: skip
@@ -328,7 +343,11 @@ class NodeStream(EpochsAhead):
     def _restart_at(self, epoch: int) -> None:
         """Replan up to ``epoch`` (from where the planner is, if not past it; else from 0)."""
         t0 = time.perf_counter()
-        p = self._settled_planner()
+        p: Any = None  # (a NodePlanner or BoardReader)
+        if self.parted:  # (a part's planner is never resumed: see _interrupt)
+            self._interrupt()
+        else:
+            p = self._settled_planner()
         at = -1 if p is None or p.epoch > epoch else p.epoch
         if (
             at < epoch
@@ -343,6 +362,8 @@ class NodeStream(EpochsAhead):
         self._bg.get().planner = p
         while p.epoch < epoch:
             p.planner.skip()
+            if self.parted:
+                self._planned_through(p.epoch - 1)
         self._first = epoch
         if self.board is None:
             self._initial = p.planner.contents(self.host)
@@ -354,8 +375,24 @@ class NodeStream(EpochsAhead):
         self.wait_seconds += time.perf_counter() - t0
         self._submit()
 
+    def _interrupt(self) -> None:
+        """Stop the epoch being planned in parts, if any, and drop its planner (a restart
+        replans from epoch 0): it may wait for a part its host's ranks, restarting too, never
+        plan, and each rank's planner may be at another epoch (the next epoch is planned as
+        soon as the last is collected). Every wait begun before now on the board ends."""
+        assert self.board is not None
+        self.board.interrupt()
+        bg = self._bg.get()
+        if bg.future is not None:
+            try:
+                bg.future.result()
+            except Interrupted:
+                pass
+            bg.future = None
+        return None
+
     def close(self) -> None:
-        """Stop planning (a rank waiting for local rank 0's epoch stops waiting)."""
+        """Stop planning (a rank waiting for a payload of its host stops waiting)."""
         if self.board is not None:
             self.board.closed = True
         super().close()
