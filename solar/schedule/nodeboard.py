@@ -22,9 +22,10 @@ a rank that wants one waits for its entry, opens the memfd, maps it read-only, m
 last mapping) and checks it (:func:`unpack`, :func:`unpack_draws`) before anything uses it: a
 payload is untrusted input, refused in one line unless it is sealed, its header names this
 run, host, epoch (and rank or part) and every offset, slot, sample and index is in range (a
-part's draws: every row that part's). A rank touches only its own service, the staging sets,
-its part's draws and, on a resume, the host's decisions (checked when first used): the pages
-of the others' services stay out of its memory. A rank waiting for a poster that has ended
+part's draws: every row that part's). A rank touches only its own service (with a tier, its
+host's updates too: the phases order them), the staging sets, its part's draws and, on a
+resume, the host's decisions (checked when first used): the pages of the others' services
+stay out of its memory. A rank waiting for a poster that has ended
 is refused in one line.
 """
 
@@ -60,7 +61,7 @@ _SEQ, _EPOCH, _PID, _FD, _INO, _NBYTES, _KIND = range(7)
 # draws of an epoch, or a part's epoch (solar/schedule/nodeparts.py: each local rank plans one).
 WHOLE, DRAWS, PART = 0, 1, 2
 DRAWS_MAGIC = 0x534F4C4152445257  # "SOLARDRW"
-_LOCAL0 = "node plan: local rank 0's shared plan"  # (names it in errors)
+_PEER = "node plan: a local rank's shared payload"  # (names it in errors)
 _WAIT_ALIVE = 2.0  # seconds between checks that the poster still runs
 # A poster alive but never posting what is awaited (a rank that seeked alone waits for epochs
 # its host's ranks planned long ago): refused after torch.distributed's default timeout.
@@ -221,12 +222,11 @@ class _Host(EpochPlan):
     _limits: tuple[int, int, int]
 
     def rank(self, r: int) -> RankEpoch:
-        if not getattr(self, "_checked", False):
+        if not getattr(self, "_checked", False):  # (all of it: the payload's host's alone)
             n, slots, tier = self._limits
-            lo, hi = self.rank_offsets[r], self.rank_offsets[r + 1]
-            _in("host samples", self.sample[lo:hi], 0, n)
-            _in("host slots", self.slot[lo:hi], -1, slots)
-            _in("host tier slots", self.tslot[lo:hi], -1, tier)
+            _in("host samples", self.sample, 0, n)
+            _in("host slots", self.slot, -1, slots)
+            _in("host tier slots", self.tslot, -1, tier)
             object.__setattr__(self, "_checked", True)
         return super().rank(r)
 
@@ -355,7 +355,7 @@ class EpochBoard:
         self.pids = [pids.get(j, -1) for j in range(len(self.group))]
         try:
             if not err and not self.publisher:
-                fd, err = _memfd.open_peer(src, size, os.O_RDWR, _LOCAL0)
+                fd, err = _memfd.open_peer(src, size, os.O_RDWR, _PEER)
                 if not err and not _memfd.sealed(fd, _memfd.SIZE_SEALS):
                     err = f"node plan: /proc/{src[0]}/fd/{src[1]} is not a sealed mailbox"
             err = first_error(comm, err)  # every rank has it open (or failed) before any goes on
@@ -469,7 +469,7 @@ class EpochBoard:
                 if self._fds.get(e, -1) != fd:
                     return None
                 return mmap.mmap(fd, nbytes, prot=mmap.PROT_READ)
-        got, _ = _memfd.open_peer((pid, fd, ino), nbytes, os.O_RDONLY, _LOCAL0)
+        got, _ = _memfd.open_peer((pid, fd, ino), nbytes, os.O_RDONLY, _PEER)
         if got < 0 or int(row[_SEQ]) != seq:  # closed, or recycled meanwhile: look again
             if got >= 0:
                 os.close(got)

@@ -372,7 +372,10 @@ class NodeEpoch:
     ``HIT``/``THIT`` and its cell; a miss read by this rank carries the host's ``ADMIT``,
     ``TADMIT``, ``DEMOTE`` and cells (the reader stores it); a miss read by another local rank
     is ``PEER`` and ``reader`` names that rank. A page mate (``SIDE``) goes to the rank that
-    reads its page. ``at`` is each rank access's index into ``host``'s arrays.
+    reads its page. ``at`` is each rank access's index into ``host``'s arrays (in a rank's
+    view of an epoch planned in parts, solar/schedule/nodeview.py, a key of its host access,
+    the same on every local rank: the parts' accesses numbered one part after another; its
+    ``host`` there holds no arrays until asked for a host's decisions).
     """
 
     epoch: int
@@ -381,7 +384,7 @@ class NodeEpoch:
     ranks: EpochPlan
     reader: np.ndarray  # (rank accesses,) int16: global rank reading it; -1: a buffer hit
     at: np.ndarray  # (rank accesses,) int64 index into host.sample
-    # Published by local rank 0 (solar/schedule/nodeboard.py): every step's staging set
+    # Taken from the board (solar/schedule/nodeboard.py): every step's staging set
     # (offsets, sorted host indexes) and the host's buffer as the epoch starts. None: derived.
     staged: tuple[np.ndarray, np.ndarray] | None = None
     initial: np.ndarray | None = None
@@ -401,9 +404,8 @@ class PartPlanners:
     """The planners of a host buffer's parts, driven as one (:class:`NodePlanner`'s
     ``planner``: its epoch, skips, contents and snapshots)."""
 
-    def __init__(self, spec: PlanSpec, specs: list[PlanSpec], parts: Parts | None,
-                 only_rank: int | None) -> None:  # fmt: skip
-        self.spec, self.specs, self.parts = spec, specs, parts
+    def __init__(self, spec: PlanSpec, specs: list[PlanSpec], only_rank: int | None) -> None:
+        self.spec, self.specs = spec, specs
         self.planners = [Planner(s, only_rank=only_rank) for s in specs]
         self.only_rank = self.planners[0].only_rank
 
@@ -466,7 +468,7 @@ class NodePlanner:
             which = range(self.parts.count) if part is None else [part]
             specs = [part_spec(self.host_spec, self.parts, j, part is not None and
                                source is not None) for j in which]  # fmt: skip
-        self.planner = PartPlanners(self.host_spec, specs, self.parts, only_host)
+        self.planner = PartPlanners(self.host_spec, specs, only_host)
         self.only_host = self.planner.only_rank
         self.rank_run = spec.run
         self.era = 0  # (a NodeStream's: the board era its part's waits belong to)

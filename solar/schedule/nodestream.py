@@ -96,7 +96,7 @@ class NodeWindow:
             return slice(int(lo + so[q, t]), int(lo + so[q, t + 1]))
 
         # The host's staging rows of the step: its accesses some local rank takes as PEER, in
-        # sample order (every local rank computes the same, or takes local rank 0's).
+        # sample order (every local rank computes the same, or takes the published ones).
         if ne.staged is not None:
             shared = ne.staged[1][ne.staged[0][t] : ne.staged[0][t + 1]]
         else:
@@ -212,8 +212,8 @@ class NodeStream(EpochsAhead):
         self.spe = int(spec.run.steps_per_epoch)
         self.wait_seconds = 0.0
         self.pid = os.getpid()  # the process that joined its host (a forked child cannot)
-        # With the host's communicator: local rank 0 plans, the others map its epochs (a
-        # collective now, in the foreground; solar/schedule/nodeboard.py).
+        # With the host's communicator, the host's board (a collective now, in the
+        # foreground; solar/schedule/nodeboard.py).
         self.board = board_of(comm, spec, hosts, self.host, rank, self._saves())
         # A buffer in parts (solar/schedule/nodeparts.py) with the host's board: every local
         # rank plans its part from the ranks' posted draws (on the host of a rank saving
