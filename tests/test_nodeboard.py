@@ -23,6 +23,7 @@ from solar.schedule.nodeboard import (
     _layout,
     _offsets,
     digest,
+    pack,
     unpack,
     unpack_draws,
 )  # fmt: skip
@@ -458,3 +459,29 @@ def test_ranks_planning_parts_serve_every_step_in_order_and_after_jumps():
     assert _both(streams, lambda s: _services(s, back)) == [want(0, back), want(1, back)]
     for s in streams:
         s.close()
+
+
+def test_a_part_posted_as_another_or_holding_its_rows_is_refused_in_one_line():
+    spec, hosts = _spec(), Hosts.grid(1, 2)
+    lead, other = _boards(spec, hosts)
+    hspec = node_spec(spec, hosts)
+    parts = host_parts(hspec, hosts, 0)
+    assert parts is not None
+    n, tag = spec.run.num_samples, digest(spec.fingerprint, hosts, 0)
+    p1 = NodePlanner(spec, hosts, only_host=0, part=1)
+    contents = p1.planner.contents(0)
+    ne = p1.next()
+    cells = (parts.size(hspec.slots, 1), 0)
+    # Part 1's epoch posted as part 1, taken as part 0: its header names another part.
+    fd = pack(ne, 0, contents, tag, 1)
+    m = mmap.mmap(fd, os.fstat(fd).st_size, prot=mmap.PROT_READ)
+    with pytest.raises(CorruptPlanError, match="another run, host or epoch"):
+        unpack(m, epoch=0, hosts=hosts, host=0, rank=1, steps=spec.run.steps_per_epoch,
+               num_samples=n, slots=cells[0], tier=0, tag=tag, part=0)  # fmt: skip
+    # Part 1's rows posted as part 0 (cells in range): refused, its rows are not part 0's.
+    lead._post(PART, 0, pack(ne, 0, contents, tag, 0))
+    with pytest.raises(CorruptPlanError, match="rows of other parts"):
+        other.part(0, parts, 0, n, *cells)
+    os.close(fd)
+    lead.close()
+    other.close()

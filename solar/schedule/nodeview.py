@@ -11,6 +11,8 @@ phases need the host's updates: then its ranks' services are put together too). 
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from solar.schedule.nodeparts import Parts, merged
@@ -48,14 +50,23 @@ class PartedHost(EpochPlan):
 
 
 def _kept(ranks: EpochPlan, keep: list[int]) -> EpochPlan:
-    """``ranks`` with only the consecutive ranks ``keep``'s entries (the others': none)."""
+    """The consecutive ranks ``keep``'s entries of ``ranks``, as ranks 0.. of their own (a
+    rank's view merges its host's ranks, never the job's)."""
     lo, hi = int(ranks.rank_offsets[keep[0]]), int(ranks.rank_offsets[keep[-1] + 1])
-    steps = np.zeros_like(ranks.step_offsets)
-    steps[keep] = ranks.step_offsets[keep]
-    offsets = np.zeros_like(ranks.rank_offsets)
+    steps = np.ascontiguousarray(ranks.step_offsets[keep])
+    offsets = np.zeros(len(keep) + 1, np.int64)
     np.cumsum(steps[:, -1], out=offsets[1:])
     return EpochPlan(ranks.epoch, offsets, steps, ranks.sample[lo:hi], ranks.slot[lo:hi],
                      ranks.flags[lo:hi], ranks.tslot[lo:hi])  # fmt: skip
+
+
+def _in_world(kept: EpochPlan, keep: list[int], world: int) -> EpochPlan:
+    """``kept`` (ranks ``keep`` as 0..) back in the job's numbering: the others empty."""
+    steps = np.zeros((world, kept.step_offsets.shape[1]), np.int64)
+    steps[keep] = kept.step_offsets
+    offsets = np.zeros(world + 1, np.int64)
+    np.cumsum(steps[:, -1], out=offsets[1:])
+    return dataclasses.replace(kept, rank_offsets=offsets, step_offsets=steps)
 
 
 def _staged(parts: list[NodeEpoch], starts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -84,7 +95,8 @@ def assemble(parts: list[NodeEpoch], rank: int, group: list[int], layout: Parts,
     slot_bases = [layout.base(slots, j) for j in range(len(parts))]
     tier_bases = [layout.base(tier, j) for j in range(len(parts))]
     keep = group if tier else [rank]  # (a tier's phases read the host's updates)
-    ranks, places = merged([_kept(p.ranks, keep) for p in parts], slot_bases, tier_bases)
+    mine, places = merged([_kept(p.ranks, keep) for p in parts], slot_bases, tier_bases)
+    ranks = _in_world(mine, keep, first.ranks.rank_offsets.size - 1)
     n_host = [int(p.host.rank_offsets[-1]) for p in parts]
     starts = np.concatenate([[0], np.cumsum(n_host)[:-1]]).astype(np.int64)
     reader = np.empty(ranks.sample.size, first.reader.dtype)
