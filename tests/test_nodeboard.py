@@ -485,3 +485,26 @@ def test_a_part_posted_as_another_or_holding_its_rows_is_refused_in_one_line():
     os.close(fd)
     lead.close()
     other.close()
+
+
+def test_a_mark_left_on_a_recycled_entry_does_not_release_the_new_payload():
+    """A rank's "taken" mark is the payload's sequence number: one written as the entry was
+    recycled (the old payload's) leaves the new payload's descriptor open until it is taken."""
+    spec, hosts = _spec(), Hosts.grid(1, 2)
+    lead, other = _boards(spec, hosts)
+    p = NodePlanner(spec, hosts, only_host=0)
+    contents = p.planner.contents(0)
+    lead.publish(p.next(), contents)
+    old = int(lead.box[0, 0, 0])  # (entry 0's sequence number, posted)
+    other.take(0)
+    assert int(lead.box[0, 0, 9]) == old
+    row = lead.box[0, 0]
+    row[0] += 2  # recycled: a new payload in entry 0, the other rank's mark still the old one
+    row[8] = row[0]
+    lead._release(done_only=True)
+    assert 0 in lead._fds  # kept: not taken by every rank
+    row[9] = row[0]
+    lead._release(done_only=True)
+    assert 0 not in lead._fds
+    lead.close()
+    other.close()

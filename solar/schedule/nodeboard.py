@@ -397,15 +397,16 @@ class EpochBoard:
             row[_EPOCH], row[_PID], row[_FD], row[_KIND] = epoch, os.getpid(), fd, kind
             row[_INO], row[_NBYTES] = os.fstat(fd).st_ino, os.fstat(fd).st_size
             row[_FIELDS:] = 0
-            row[_FIELDS + self.local] = 1  # the poster has it
             row[_SEQ] += 1
+            row[_FIELDS + self.local] = row[_SEQ]  # the poster has it
             self._fds[e] = fd
             self._count += 1
         return fd
 
     def _release(self, done_only: bool) -> None:
         for e in list(self._fds):
-            if not done_only or np.all(self.box[self.local, e, _FIELDS:] != 0):
+            row = self.box[self.local, e]
+            if not done_only or np.all(row[_FIELDS:] == row[_SEQ]):
                 self._close(e)
 
     def _close(self, e: int) -> None:
@@ -485,8 +486,10 @@ class EpochBoard:
             return None
         finally:
             os.close(got)
-        # Taken: the poster may close its descriptor (each rank writes its own mark only).
-        row[_FIELDS + self.local] = 1
+        # Taken: the poster may close its descriptor (each rank writes its own mark only). The
+        # mark is the payload's sequence number: one that lands as the entry is recycled is
+        # not the new payload's, whose descriptor the poster keeps until this rank takes it.
+        row[_FIELDS + self.local] = seq
         return m
 
     def interrupt(self) -> None:
