@@ -471,7 +471,6 @@ class NodePlanner:
         self.planner = PartPlanners(self.host_spec, specs, only_host)
         self.only_host = self.planner.only_rank
         self.rank_run = spec.run
-        self.era = 0  # (a NodeStream's: the board era its part's waits belong to)
 
     @property
     def epoch(self) -> int:

@@ -249,7 +249,7 @@ class NodeStream(EpochsAhead):
         """Whether this rank takes its host's epochs from local rank 0 (plans nothing)."""
         return self.board is not None and not self.board.publisher and not self.parted
 
-    def _new_planner(self) -> NodePlanner | BoardReader:
+    def _new_planner(self) -> NodePlanner | BoardReader | PartPlanner:
         """A node planner from epoch 0: of this rank's host alone, unless it saves snapshots
         (they hold every host's state); a reader of local rank 0's epochs on the others; with
         a buffer in parts, of this rank's part, from the draws its host's ranks post."""
@@ -257,65 +257,17 @@ class NodeStream(EpochsAhead):
             assert self.board is not None
             return BoardReader(self.board, self._unpack)
         if self.parted:
-            assert self.board is not None
-            self._drawn: dict[tuple[int, int], EpochDraws] = {}
-            self._drawing = threading.Lock()
-            self._planned = -1
-            era = self.board.era  # (its waits end when a restart interrupts the board)
-            node = NodePlanner(self.spec, self.hosts, only_host=self.host, part=self.local,
-                               source=lambda e, r: self._draws(e, r, era))  # fmt: skip
-            node.era = era
-            return node
+            return PartPlanner(self)
         return NodePlanner(self.spec, self.hosts, only_host=None if self._saves() else self.host)
 
-    def _draws(self, epoch: int, r: int, era: int) -> EpochDraws:
-        """Rank ``r``'s draws of ``epoch`` that this rank's part needs (its own: drawn and
-        posted, one section per part, before any other is awaited; a rank draws only its own
-        batches). The last epochs' are kept: the planner asks an epoch again as it plans on."""
-        assert self.board is not None and self.parts is not None
-        with self._drawing:  # (the planner draws two epochs at once, on two threads)
-            if epoch <= self._planned:  # (a peer's payload is taken once: it may be gone)
-                raise SolarError(f"node plan: draws of epoch {epoch} asked again after it was "
-                                 "planned")  # fmt: skip
-            if (epoch, self.rank) not in self._drawn:
-                own = own_draws(self.spec.sampler, self.spec.run, epoch, self.rank)
-                mine = self.parts.split(own)
-                self.board.publish_draws(epoch, mine)
-                self._drawn[(epoch, self.rank)] = mine[self.local]
-            got = self._drawn.get((epoch, r))
-        if got is None:  # (awaited outside the lock: the other epoch's thread posts meanwhile)
-            got = self.board.draws(epoch, self.group.index(r), self.parts, self.local,
-                                   self.spec.run.num_samples, era)  # fmt: skip
-            with self._drawing:
-                self._drawn[(epoch, r)] = got
-        return got
-
-    def _planned_through(self, epoch: int) -> None:
-        """Epochs up to ``epoch`` are planned: their draws are never asked again (kept until
-        then: the planner asks an epoch's as it looks ahead and again as it plans it)."""
-        with self._drawing:
-            self._planned = epoch
-            for k in [k for k in self._drawn if k[0] <= epoch]:
-                del self._drawn[k]
-
-    def _next_epoch(self, planner: NodePlanner | BoardReader) -> NodeEpoch:
+    def _next_epoch(self, planner: NodePlanner | BoardReader | PartPlanner) -> NodeEpoch:
         """Plan the next epoch (in the background thread), or take local rank 0's; local rank
         0 publishes it, rank 0 saves a snapshot. With a buffer in parts every local rank
         plans and posts its part, then takes every part."""
         if isinstance(planner, BoardReader):
             return planner.next()
-        if self.parted:
-            assert self.board is not None and self.parts is not None
-            contents = planner.planner.contents(self.host)
-            mine = planner.next()
-            self._planned_through(mine.epoch)
-            self.board.publish_part(mine, contents)
-            n = self.spec.run.num_samples
-            got = [self.board.part(mine.epoch, self.parts, j, n, self.parts.size(self.slots, j),
-                                   self.parts.size(self.tier_slots, j), planner.era)
-                   for j in range(self.parts.count)]  # fmt: skip
-            return assemble(got, self.rank, list(self.group), self.parts, self.slots,
-                            self.tier_slots)  # fmt: skip
+        if isinstance(planner, PartPlanner):
+            return planner.next()
         if self.board is None:
             part = planner.next()
         else:
@@ -362,8 +314,6 @@ class NodeStream(EpochsAhead):
         self._bg.get().planner = p
         while p.epoch < epoch:
             p.planner.skip()
-            if self.parted:
-                self._planned_through(p.epoch - 1)
         self._first = epoch
         if self.board is None:
             self._initial = p.planner.contents(self.host)
@@ -389,7 +339,6 @@ class NodeStream(EpochsAhead):
             except Interrupted:
                 pass
             bg.future = None
-        return None
 
     def close(self) -> None:
         """Stop planning (a rank waiting for a payload of its host stops waiting)."""
@@ -429,6 +378,80 @@ class NodeStream(EpochsAhead):
             self._window = NodeWindow(self, self._parts, self._first, self._initial,
                                       last == self.spec.run.epochs)  # fmt: skip
         return self._window
+
+
+class PartPlanner:
+    """A local rank's planner of its part of the host's buffer (solar/schedule/nodeparts.py)
+    and the draws it plans from: its own, drawn and posted one section per part; its host's
+    ranks', taken from the board (:meth:`draws`). Each epoch it plans its part, posts it,
+    takes every part and puts its rank's view together (solar/schedule/nodeview.py). One per
+    start or restart: a restart interrupts the board, ending every wait of the one before
+    (its ``era``)."""
+
+    def __init__(self, stream: NodeStream) -> None:
+        board, parts = stream.board, stream.parts
+        assert board is not None and parts is not None
+        self.stream, self.board, self.parts = stream, board, parts
+        self.era = board.era
+        self._drawn: dict[tuple[int, int], EpochDraws] = {}
+        self._lock = threading.Lock()
+        self._planned = -1  # the last epoch planned: its draws are never asked again
+        self.node = NodePlanner(stream.spec, stream.hosts, only_host=stream.host,
+                                part=stream.local, source=self.draws)  # fmt: skip
+        self.planner = self  # (NodeStream skips epochs and asks contents through .planner)
+
+    @property
+    def epoch(self) -> int:
+        return self.node.epoch
+
+    def contents(self, host: int) -> np.ndarray:
+        """This part's cells before the next epoch (numbered within the part)."""
+        return self.node.planner.contents(host)
+
+    def skip(self) -> None:
+        """Plan the next epoch, post nothing (every rank of the host skips it too)."""
+        self.node.planner.skip()
+        self._planned_through(self.node.epoch - 1)
+
+    def draws(self, epoch: int, r: int) -> EpochDraws:
+        """Rank ``r``'s draws of ``epoch`` that this part needs (this rank's own are drawn and
+        posted before any other is awaited: a rank draws only its own batches). Kept until the
+        epoch is planned: the planner asks an epoch's as it looks ahead and again as it plans
+        it, and a peer's payload is taken once (it may be gone after)."""
+        s = self.stream
+        with self._lock:  # (the planner draws two epochs at once, on two threads)
+            if epoch <= self._planned:
+                raise SolarError(f"node plan: draws of epoch {epoch} asked again after it was "
+                                 "planned")  # fmt: skip
+            if (epoch, s.rank) not in self._drawn:
+                mine = self.parts.split(own_draws(s.spec.sampler, s.spec.run, epoch, s.rank))
+                self.board.publish_draws(epoch, mine)
+                self._drawn[(epoch, s.rank)] = mine[s.local]
+            got = self._drawn.get((epoch, r))
+        if got is None:  # (awaited outside the lock: the other epoch's thread posts meanwhile)
+            got = self.board.draws(epoch, s.group.index(r), self.parts, s.local,
+                                   s.spec.run.num_samples, self.era)  # fmt: skip
+            with self._lock:
+                self._drawn[(epoch, r)] = got
+        return got
+
+    def _planned_through(self, epoch: int) -> None:
+        with self._lock:
+            self._planned = epoch
+            for k in [k for k in self._drawn if k[0] <= epoch]:
+                del self._drawn[k]
+
+    def next(self) -> NodeEpoch:
+        """Plan this part's next epoch, post it, and return this rank's view of the host's."""
+        s, parts = self.stream, self.parts
+        contents = self.contents(s.host)
+        mine = self.node.next()
+        self._planned_through(mine.epoch)
+        self.board.publish_part(mine, contents)
+        got = [self.board.part(mine.epoch, parts, j, s.spec.run.num_samples,
+                               parts.size(s.slots, j), parts.size(s.tier_slots, j), self.era)
+               for j in range(parts.count)]  # fmt: skip
+        return assemble(got, s.rank, list(s.group), parts, s.slots, s.tier_slots)
 
 
 def stage_bound(spec: PlanSpec, hosts: Hosts) -> int:
