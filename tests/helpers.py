@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from solar import SolarError, Weighted
+from solar.schedule.samplers import EpochDraws
 
 
 def write_h5(path: Path, **datasets: np.ndarray) -> Path:
@@ -72,3 +73,12 @@ def skip_without_o_direct() -> Iterator[None]:
         if "O_DIRECT" in str(exc):
             pytest.skip(str(exc))
         raise
+
+
+def kept_part(parts, draws, j):
+    """``draws`` with only part ``j``'s ids of ``parts`` (each batch in its order): the
+    oracle of ``Parts.split``, one part at a time."""
+    mine = parts.of(draws.ids) == j
+    kept = np.zeros(mine.size + 1, np.int64)
+    np.cumsum(mine, out=kept[1:])
+    return EpochDraws(draws.ids[mine], kept[draws.offsets])

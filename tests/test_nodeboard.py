@@ -12,6 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
+from helpers import kept_part
 from plan_checks import _replay
 
 from solar import BufferConfig, PlanSpec, RunConfig
@@ -337,15 +338,15 @@ def test_a_ranks_posted_draws_are_taken_part_by_part_and_checked():
     parts = host_parts(node_spec(spec, hosts), hosts, 0)
     assert parts is not None
     own = own_draws(spec.sampler, spec.run, 0, 1)
-    split = parts.split(own)  # (every part's at once: the parts' keep, each in batch order)
+    split = parts.split(own)  # (every part's at once, each batch in its order)
     for j in (0, 1):
-        assert np.array_equal(split[j].ids, parts.keep(own, j).ids)
-        assert np.array_equal(split[j].offsets, parts.keep(own, j).offsets)
+        assert np.array_equal(split[j].ids, kept_part(parts, own, j).ids)
+        assert np.array_equal(split[j].offsets, kept_part(parts, own, j).offsets)
     assert sum(d.ids.size for d in split) == own.ids.size
     fd = other.publish_draws(0, split)
     n = spec.run.num_samples
     for j in (0, 1):
-        got, want = lead.draws(0, 1, parts, j, n), parts.keep(own, j)
+        got, want = lead.draws(0, 1, parts, j, n), kept_part(parts, own, j)
         assert np.array_equal(got.ids, want.ids) and np.array_equal(got.offsets, want.offsets)
     # Untrusted: an id out of range, or offsets that are not, refused in one line.
     buf = bytearray(os.pread(fd, os.fstat(fd).st_size, 0))

@@ -62,7 +62,7 @@ class Parts:
         return BufferConfig(self.size(slots, j), slack, self.size(tier, j))
 
     def split(self, draws: EpochDraws) -> list[EpochDraws]:
-        """``draws`` cut into every part's (:meth:`keep` of each, in one sort)."""
+        """``draws`` cut into every part's ids, each batch keeping its order (one sort)."""
         part = self.of(draws.ids).astype(np.uint8)  # (uint8: numpy sorts it by radix)
         order = np.argsort(part, kind="stable")
         batches = draws.offsets.size - 1
@@ -77,13 +77,6 @@ class Parts:
             np.cumsum(counts[j], out=offsets[1:])
             out.append(EpochDraws(draws.ids[order[ends[j] - offsets[-1] : ends[j]]], offsets))
         return out
-
-    def keep(self, draws: EpochDraws, j: int) -> EpochDraws:
-        """``draws`` with only part ``j``'s ids (every batch keeps its order)."""
-        mine = self.of(draws.ids) == j
-        kept = np.zeros(mine.size + 1, np.int64)
-        np.cumsum(mine, out=kept[1:])
-        return EpochDraws(draws.ids[mine], kept[draws.offsets])
 
 
 def _places(plans: list[EpochPlan]) -> tuple[list[np.ndarray], np.ndarray]:

@@ -172,10 +172,11 @@ class HostSampler(Sampler):
         # (default: drawn here; a host's ranks may each draw their own and share them).
         self.source = source or self.own_draws
         self.horizon = sampler.horizon
-        self._kept: dict[tuple[int, int | None], EpochDraws] = {}
-        # Epochs kept: the planner's look-ahead and the one planned (and one drawn ahead):
-        # else parts planned one after another would draw an epoch again and again.
-        self._keep = default_horizon(host_run(run, hosts, host), sampler) + 3
+        self._kept: dict[tuple, Any] = {}
+        # Epochs kept (drawn, and cut into parts): the planner's look-ahead and the one
+        # planned (and one drawn ahead): else parts planned one after another would draw an
+        # epoch again and again.
+        self._keep = 2 * (default_horizon(host_run(run, hosts, host), sampler) + 3)
         self._lock = threading.Lock()
 
     def _check(self, run: RunConfig) -> None:
@@ -195,12 +196,21 @@ class HostSampler(Sampler):
         """The rank run's draws of ``epoch`` (rank layout); with ``host``, only its ranks'
         batches (the others empty). The last few are kept: the planner draws an epoch, the
         split of its decisions over the ranks draws it again."""
+        return self._cached((epoch, host, None), lambda: self._rank_draws(epoch, host))
+
+    def part_draws(self, epoch: int, host: int | None, parts: Parts) -> list[EpochDraws]:
+        """:meth:`rank_draws` cut into every part's of ``parts`` (one sort for all; kept
+        alike: the parts' planners each ask for theirs)."""
+        return self._cached((epoch, host, parts),
+                            lambda: parts.split(self.rank_draws(epoch, host)))  # fmt: skip
+
+    def _cached(self, key: tuple, make: Callable[[], Any]) -> Any:
         with self._lock:
-            got = self._kept.get((epoch, host))
+            got = self._kept.get(key)
         if got is None:
-            got = self._rank_draws(epoch, host)
+            got = make()
             with self._lock:
-                self._kept[(epoch, host)] = got
+                self._kept[key] = got
                 while len(self._kept) > self._keep:
                     self._kept.pop(next(iter(self._kept)))
         return got
@@ -245,16 +255,14 @@ class PartSampler(HostSampler):
         super().__init__(base.inner, base.rank_run, base.hosts, base.host, base.source)
         self.base, self.parts, self.part = base, parts, part
         # ``sourced``: base's source gives this part's rows alone (a host's ranks post each
-        # part's draws apart): nothing to filter, nothing to keep twice.
+        # part's draws apart): nothing to cut.
         self.sourced = sourced
 
     def rank_draws(self, epoch: int, host: int | None = None) -> EpochDraws:
+        """This part's rows of the base's draws (kept by the base, not again here)."""
         if self.sourced:
             return self.base.rank_draws(epoch, host)
-        return super().rank_draws(epoch, host)
-
-    def _rank_draws(self, epoch: int, host: int | None) -> EpochDraws:
-        return self.parts.keep(self.base.rank_draws(epoch, host), self.part)
+        return self.base.part_draws(epoch, host, self.parts)[self.part]
 
     def identity(self) -> dict[str, Any] | None:
         return {"kind": self.kind, "part": self.part, "of": self.parts.count,
