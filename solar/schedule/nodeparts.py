@@ -57,6 +57,18 @@ class Parts:
         """Part ``j``'s first cell of ``total``."""
         return j * (total // self.count) + min(j, total % self.count)
 
+    def bases(self, total: int) -> list[int]:
+        """Every part's first cell of ``total``."""
+        return [self.base(total, j) for j in range(self.count)]
+
+    def cells(self, contents: list[np.ndarray], slots: int) -> np.ndarray:
+        """The whole buffer's cells (RAM slots, then tier slots) from every part's
+        ``contents`` (each its RAM slots, then its tier slots) of a host's ``slots``: the
+        parts' RAM, then the parts' tiers."""
+        ram = [self.size(slots, j) for j in range(self.count)]
+        return np.concatenate([c[:n] for c, n in zip(contents, ram, strict=True)]
+                              + [c[n:] for c, n in zip(contents, ram, strict=True)])  # fmt: skip
+
     def buffer(self, slots: int, tier: int, slack: float, j: int) -> BufferConfig:
         """Part ``j``'s buffer of a host's ``slots`` RAM and ``tier`` tier slots."""
         return BufferConfig(self.size(slots, j), slack, self.size(tier, j))

@@ -412,8 +412,9 @@ class PartPlanners:
     """The planners of a host buffer's parts, driven as one (:class:`NodePlanner`'s
     ``planner``: its epoch, skips, contents and snapshots)."""
 
-    def __init__(self, spec: PlanSpec, specs: list[PlanSpec], only_rank: int | None) -> None:
-        self.spec, self.specs = spec, specs
+    def __init__(self, spec: PlanSpec, specs: list[PlanSpec], parts: Parts | None,
+                 only_rank: int | None) -> None:  # fmt: skip
+        self.spec, self.specs, self.parts = spec, specs, parts
         self.planners = [Planner(s, only_rank=only_rank) for s in specs]
         self.only_rank = self.planners[0].only_rank
 
@@ -429,10 +430,9 @@ class PartPlanners:
     def contents(self, r: int) -> np.ndarray:
         """What host ``r``'s cells hold before the next epoch (RAM slots, then tier slots):
         the parts' RAM, then the parts' tiers."""
-        if len(self.planners) == 1:
+        if self.parts is None or len(self.planners) == 1:
             return self.planners[0].contents(r)
-        got = [(p.contents(r), s.slots) for p, s in zip(self.planners, self.specs, strict=True)]
-        return np.concatenate([c[:n] for c, n in got] + [c[n:] for c, n in got])
+        return self.parts.cells([p.contents(r) for p in self.planners], self.spec.slots)
 
     def snapshot(self) -> dict[str, np.ndarray] | None:
         """Every part's state (:meth:`Planner.snapshot`), keys prefixed by part."""
@@ -476,7 +476,7 @@ class NodePlanner:
             which = range(self.parts.count) if part is None else [part]
             specs = [part_spec(self.host_spec, self.parts, j, part is not None and
                                source is not None) for j in which]  # fmt: skip
-        self.planner = PartPlanners(self.host_spec, specs, only_host)
+        self.planner = PartPlanners(self.host_spec, specs, self.parts, only_host)
         self.only_host = self.planner.only_rank
         self.rank_run = spec.run
 
@@ -496,11 +496,9 @@ class NodePlanner:
             return eps[0]
         assert self.parts is not None
         tier = tier_slot_count(self.host_spec.run, self.host_spec.buffer)
-        which = range(len(eps))
         host, ranks, reader, at = merge(
             [e.host for e in eps], [e.ranks for e in eps], [e.reader for e in eps],
-            [e.at for e in eps], [self.parts.base(self.host_spec.slots, j) for j in which],
-            [self.parts.base(tier, j) for j in which],
+            [e.at for e in eps], self.parts.bases(self.host_spec.slots), self.parts.bases(tier),
         )  # fmt: skip
         return NodeEpoch(k, self.hosts, host, ranks, reader, at)
 

@@ -92,8 +92,7 @@ def assemble(parts: list[NodeEpoch], rank: int, group: list[int], layout: Parts,
     :func:`~solar.schedule.nodeboard.unpack` checked it; cells numbered within the part) of a
     buffer of ``slots`` RAM and ``tier`` tier slots cut by ``layout``."""
     first = parts[0]
-    slot_bases = [layout.base(slots, j) for j in range(len(parts))]
-    tier_bases = [layout.base(tier, j) for j in range(len(parts))]
+    slot_bases, tier_bases = layout.bases(slots), layout.bases(tier)
     keep = group if tier else [rank]  # (a tier's phases read the host's updates)
     mine, places = merged([_kept(p.ranks, keep) for p in parts], slot_bases, tier_bases)
     ranks = _in_world(mine, keep, first.ranks.rank_offsets.size - 1)
@@ -105,14 +104,9 @@ def assemble(parts: list[NodeEpoch], rank: int, group: list[int], layout: Parts,
         lo, hi = int(p.ranks.rank_offsets[keep[0]]), int(p.ranks.rank_offsets[keep[-1] + 1])
         reader[d] = p.reader[lo:hi]
         at[d] = p.at[lo:hi] + starts[j]
-    sizes = [(layout.size(slots, j), layout.size(tier, j)) for j in range(len(parts))]
-    ram: list[np.ndarray] = []
-    tiers: list[np.ndarray] = []
-    for p, (n, _) in zip(parts, sizes, strict=True):
-        assert p.initial is not None  # (unpack gives every part's)
-        ram.append(p.initial[:n])
-        tiers.append(p.initial[n:])
-    initial = np.concatenate(ram + tiers)
+    cells = [p.initial for p in parts]
+    assert all(c is not None for c in cells)  # (unpack gives every part's)
+    initial = layout.cells(cells, slots)  # type: ignore[arg-type]
     all_steps = sum(p.all_steps for p in parts)  # type: ignore[misc]
     host = PartedHost.of(first.epoch, [p.host for p in parts], slot_bases, tier_bases)
     return NodeEpoch(first.epoch, first.hosts, host, ranks, reader, at,
