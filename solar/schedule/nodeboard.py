@@ -207,7 +207,7 @@ def unpack_draws(m: mmap.mmap, *, epoch: int, rank: int, steps: int, layout: Par
     if lo < 0 or hi > n or np.any(np.diff(offsets) < 0):
         raise CorruptPlanError(f"{bad}: its offsets are not offsets into its {n} ids")
     ids = np.ndarray(hi - lo, np.int64, buffer=m, offset=(_HEAD + k + lo) * 8)
-    _in("drawn ids", ids, 0, num_samples)
+    _in("drawn ids", ids, 0, num_samples, bad)
     if ids.size and np.any(layout.of(ids) != part):
         raise CorruptPlanError(f"{bad}: part {part}'s section holds rows of other parts")
     out = offsets - lo
@@ -231,9 +231,10 @@ class _Host(EpochPlan):
         return super().rank(r)
 
 
-def _in(what: str, a: np.ndarray, lo: int, hi: int) -> None:
+def _in(what: str, a: np.ndarray, lo: int, hi: int,
+        bad: str = "node plan (shared epoch)") -> None:  # fmt: skip
     if a.size and (int(a.min()) < lo or int(a.max()) >= hi):
-        raise CorruptPlanError(f"node plan (shared epoch): {what} outside [{lo}, {hi})")
+        raise CorruptPlanError(f"{bad}: {what} outside [{lo}, {hi})")
 
 
 def _offsets_ok(what: str, o: np.ndarray, end: int) -> None:
