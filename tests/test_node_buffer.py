@@ -25,15 +25,21 @@ pytestmark = pytest.mark.xdist_group("launchers")
 
 HERE = Path(__file__).parent / "mpi"
 MPIEXEC = Path(sys.executable).with_name("mpiexec")
+TORCHRUN = Path(sys.executable).with_name("torchrun")
 FOREIGN_PREFIXES = ("SLURM_", "PMI_", "OMPI_", "TORCHELASTIC_", "MPI_")
 
 
-def _mpiexec(n: int, *args, timeout: float, script: str = "node_buffer.py"):
-    if not MPIEXEC.exists():
-        pytest.skip("no mpiexec beside python")
+def _mpiexec(n: int, *args, timeout: float, script: str = "node_buffer.py",
+             launcher: Path = MPIEXEC):  # fmt: skip
+    """``script`` on ``n`` ranks under mpiexec (or ``launcher=TORCHRUN``)."""
+    if not launcher.exists():
+        pytest.skip(f"no {launcher.name} beside python")
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(FOREIGN_PREFIXES) and k != "SOLAR_HOSTS"}  # fmt: skip
-    cmd = [str(MPIEXEC), "-n", str(n), sys.executable, str(HERE / script), *map(str, args)]
+    argv = [str(HERE / script), *map(str, args)]
+    cmd = [str(launcher), "-n", str(n), sys.executable, *argv]
+    if launcher == TORCHRUN:
+        cmd = [str(launcher), "--standalone", "--nproc_per_node", str(n), *argv]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
 
 
@@ -114,6 +120,17 @@ def test_a_node_loader_serves_each_rank_its_batches_as_planned(data, graph):
                       script="node_loader.py")  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     assert "node loader 1x4: " in result.stdout and "node loader 2x2: " in result.stdout
+    assert "node loader 3,1: " in result.stdout
+    assert _left_by(result) == []
+
+
+def test_hosts_of_different_sizes_run_the_host_buffer_under_torchrun(data, graph):
+    """Hosts of 3 ranks and 1 under torch.distributed: each host a gloo group of its own
+    (solar/host/place.py), whole epochs of each rank's batches with h5py's bytes, read as
+    the hosts' plans say."""
+    result = _mpiexec(4, data, graph, "serve", "3,1", timeout=180, script="node_loader.py",
+                      launcher=TORCHRUN)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
     assert "node loader 3,1: " in result.stdout
     assert _left_by(result) == []
 
