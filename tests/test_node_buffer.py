@@ -153,6 +153,23 @@ def test_a_rank_leaving_an_epoch_early_ends_the_job_in_one_line(data, graph):
     assert _left_by(result) == []
 
 
+@pytest.mark.parametrize("launcher, grouping", [(MPIEXEC, "1x4"), (TORCHRUN, "3,1")])
+def test_a_rank_serving_another_epoch_than_its_host_is_named_at_once(data, graph, launcher,
+                                                                     grouping):  # fmt: skip
+    """Rank 1 calls set_epoch(2), its host's other ranks set_epoch(0): it waits for the plan
+    of a step its host's ranks do not run (and they for it): named in one line at once on
+    both sides (the host barrier's check), not after the 30 minutes of a wait's timeout.
+    (The timeout is a hang guard.)"""
+    result = _mpiexec(4, data, graph, "mismatch", grouping, timeout=90, script="node_loader.py",
+                      launcher=launcher)  # fmt: skip
+    assert result.returncode != 0 and "unreachable" not in result.stderr
+    line = next((x for x in result.stderr.splitlines() if "host barrier: " in x), "")
+    assert "error: host barrier: rank " in line, result.stderr[-3000:]
+    assert "its plan of epoch 2 step 0" in line and "epoch 0 step 0" in line, line
+    assert "rank 1 " in line
+    assert _left_by(result) == []
+
+
 def test_ranks_given_different_arguments_decide_alike_or_are_refused_in_one_line(data, graph):
     """On hosts of 3 and 1 ranks, snapshots given to rank 0 alone: every rank falls back to
     a buffer of its own (rank 0 alone did, the others waited in a collective). Then rank 1

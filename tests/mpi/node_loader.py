@@ -12,6 +12,8 @@ torchrun --nproc_per_node 4 tests/mpi/node_loader.py DATA.h5 GRAPH.h5 serve 3,1 
 mpiexec -n 4 python tests/mpi/node_loader.py DATA.h5 GRAPH.h5 kill 2x2      (rank 1 killed: -9,
                                                                           with a node tier)
 mpiexec -n 4 python tests/mpi/node_loader.py DATA.h5 GRAPH.h5 break 1x4     (rank 1 breaks early)
+mpiexec -n 4 python tests/mpi/node_loader.py DATA.h5 GRAPH.h5 mismatch 1x4  (rank 1 serves
+                                    epoch 2, its host's ranks epoch 0; torchrun too)
 mpiexec -n 4 python tests/mpi/node_loader.py DATA.h5 GRAPH.h5 disagree 3,1  (snapshots on
                                     rank 0 alone; then rank 1 asks share="rank", the others "node")
 
@@ -117,7 +119,8 @@ for grouping in groupings:
         ld.set_epoch(E - 1 if rank == 1 else 0)
         for _ in ld:
             pass
-        print("unreachable", file=sys.stderr)
+        if rank in Hosts(host.place(comm).groups).groups[0]:  # (host 0 holds rank 1)
+            print("unreachable", file=sys.stderr)
         sys.exit(0)
     if mode == "kill":
         it = iter(ld)
