@@ -57,8 +57,10 @@ STAGED, STORED, REFILL, REFILLED, UPDATED = range(5)
 PHASES = ("its rows staged", "its stores done", "a refill's start", "a refill's end",
           "a phase of its updates done")  # fmt: skip
 
-_SAME = ("the ranks of a host must run the same steps (did one leave an epoch early with "
-         "break, or seek alone with set_epoch or load_state_dict?)")
+_SAME = (
+    "the ranks of a host must run the same steps (did one leave an epoch early with "
+    "break, or seek alone with set_epoch or load_state_dict?)"
+)
 RELEASED, WAITING = -1, -2  # kernel results; >= 0: a peer at this barrier with another label
 
 _FUTEX = {"x86_64": 202, "aarch64": 98}.get(platform.machine(), -1)
@@ -170,8 +172,10 @@ class HostBarrier:
         w, me, size = self.words, self.local, self.size
         while r != RELEASED:
             if r >= 0:
-                self._give_up(f"{self._who(me)} waits at {self._at(k, phase)} but "
-                              f"{self._who(r)} at {self._at(*self._label(r))}: {_SAME}")
+                self._give_up(
+                    f"{self._who(me)} waits at {self._at(k, phase)} but "
+                    f"{self._who(r)} at {self._at(*self._label(r))}: {_SAME}"
+                )
             self._check_peers(n, k, phase, time.monotonic() - t0)
             if self.sleep_s:
                 time.sleep(self.sleep_s)
