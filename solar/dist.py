@@ -45,7 +45,7 @@ import numpy as np
 
 from solar._held_tensors import hold
 from solar._process import run_abort_hooks
-from solar.errors import SolarError, first_line
+from solar.errors import SolarError, first_error, first_line
 from solar.host.place import place
 from solar.launch import Launch, detect_launcher
 
@@ -60,6 +60,7 @@ __all__ = [
     "agree",
     "allreduce",
     "detect_launcher",
+    "first_error",
     "init",
     "install_abort_on_error",
     "job_comm",
@@ -314,6 +315,12 @@ class TorchComm:
             self._watch(hosts_store)
 
     @property
+    def group_key(self) -> tuple[str, int]:
+        """What names this communicator's ranks, whichever TorchComm wraps them (solar.host
+        splits the job's ranks once, however many TorchComms of the default group are made)."""
+        return ("torch", 0 if self._group is None else id(self._group))
+
+    @property
     def peer_failed(self) -> int | None:
         """The rank whose failure is ending the job (None: none seen)."""
         return self._parent.peer_failed if self._parent is not None else self._peer_failed
@@ -560,14 +567,6 @@ def agree(comm: Any, value: Any, what: str) -> None:
     bad = [r for r, v in enumerate(values) if v != values[0]]
     if bad:
         raise SolarError(f"ranks disagree on {what}: ranks {bad} differ from rank 0")
-
-
-def first_error(comm: Any, err: str) -> str:
-    """The first rank's error of ``comm`` ("" if none; a collective: all must call), so that
-    every rank fails alike and none skips the collectives the others go on to."""
-    if comm is None:
-        return err
-    return next((e for e in comm.allgather(err) if e), "")
 
 
 def shared_key(comm: Any) -> int:

@@ -1,4 +1,4 @@
-"""The host barrier (solar/cache/hostbarrier.py) between forked processes over shared memory:
+"""The host barrier (solar/host/barrier.py) between forked processes over shared memory:
 no rank leaves before every rank arrived; a dead, closed or elsewhere-waiting peer, or no
 release within the timeout, raises one line naming the ranks and steps, promptly."""
 
@@ -12,7 +12,7 @@ import time
 import numpy as np
 import pytest
 
-from solar.cache import hostbarrier as hb
+from solar.host import barrier as hb
 
 RANKS = (4, 5, 6)  # the host's global ranks (local 0, 1, 2): messages name these
 

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 from helpers import write_h5
 
-from solar.cache.shared import PREFIX, NodeRegion, fits
 from solar.errors import SolarError
+from solar.host.region import PREFIX, NodeRegion, fits
 
 SHM_DIR = "/dev/shm"  # where no node region or tier may leave a name
 
@@ -233,7 +233,7 @@ def test_a_closed_node_loader_refuses_to_serve_in_one_line(data):
 
 
 def test_shared_memory_is_opened_by_its_inode_and_cannot_shrink_under_its_mappings():
-    from solar import _memfd
+    from solar.host import memfd as _memfd
 
     fd = _memfd.create(PREFIX + "test", 8192, reserve=True)
     try:

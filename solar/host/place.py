@@ -18,8 +18,8 @@ import socket
 from dataclasses import dataclass
 from typing import Any
 
-from solar._hosts import host_sizes
 from solar.errors import SolarError
+from solar.host.grouping import host_sizes
 
 __all__ = ["Place", "forced_grouping", "place"]
 
@@ -53,7 +53,7 @@ class Place:
 
 
 ALONE = Place(None, ((0,),), 0, 0)
-_places: dict[tuple[int, str], tuple[Any, Place]] = {}
+_places: dict[tuple[Any, str], tuple[Any, Place]] = {}
 
 
 def forced_grouping(world: int) -> list[int] | None:
@@ -72,7 +72,7 @@ def place(comm: Any) -> Place:
         return ALONE
     size, rank = comm.Get_size(), comm.Get_rank()
     forced = forced_grouping(size)
-    key = (id(comm), repr(forced))
+    key = (getattr(comm, "group_key", id(comm)), repr(forced))
     got = _places.get(key)
     if got is not None:
         return got[1]

@@ -15,12 +15,12 @@ import time
 from typing import Any
 
 from solar.cache.nodetier import NodeTierFile
-from solar.cache.shared import NodeRegion
 from solar.cache.slots import SlotBuffer
 from solar.cache.tier import TierFile, tier_stride
 from solar.dist import abort_job_on_error, shared_key
 from solar.errors import SolarError
 from solar.exchange import Exchange
+from solar.host.region import NodeRegion
 from solar.runtime.assembly import Assembly
 from solar.runtime.delivery import Delivered, Delivery
 from solar.runtime.holdings import Holdings, RawRefill, Refill

@@ -62,7 +62,7 @@ class Setup:
     batch_format: str = "dict"  # or "pyg": batches as torch_geometric Data
     # share="node": the job's ranks grouped by host, and this rank's host communicator (the
     # shared region's construction is its collective; the steps' barriers are the region's
-    # own, solar/cache/hostbarrier.py); None: a buffer per rank.
+    # own, solar/host/barrier.py); None: a buffer per rank.
     hosts: Hosts | None = None
     host_comm: Any = None
 

@@ -42,9 +42,8 @@ from typing import Any
 
 import numpy as np
 
-from solar import _memfd
-from solar.dist import first_error
-from solar.errors import CorruptPlanError, SolarError
+from solar.errors import CorruptPlanError, SolarError, first_error
+from solar.host import memfd as _memfd
 from solar.schedule._common import PEER
 from solar.schedule.nodeparts import Parts
 from solar.schedule.nodeplan import Hosts, NodeEpoch

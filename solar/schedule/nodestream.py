@@ -247,7 +247,7 @@ class NodeStream(EpochsAhead):
 
     def watch(self, barrier: Any) -> None:
         """Show every wait of this rank for its plan to its host's ``barrier`` (a
-        :class:`~solar.cache.hostbarrier.HostBarrier`), which checks, while the host's ranks
+        :class:`~solar.host.barrier.HostBarrier`), which checks, while the host's ranks
         wait, that they wait for the same step: one that took another epoch or step than its
         host's is named at once, in one line (else it would wait for payloads its host's
         ranks never post, and they for it at their barrier)."""

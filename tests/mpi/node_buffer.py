@@ -20,7 +20,7 @@ import h5py
 import numpy as np
 
 from solar import BufferConfig, PlanSpec, RunConfig, dist, host
-from solar.cache.shared import NodeRegion
+from solar.host.region import NodeRegion
 from solar.io.reader import Reader
 from solar.io.sources import describe_source
 from solar.runtime.nodeholdings import NodeHoldings, NodeRefill, SharedHoldings

@@ -4,7 +4,7 @@ The node buffer's ranks meet twice per step (solar/runtime/nodeholdings.py). A c
 barrier would do, but not everywhere: under torch.distributed it spans the whole job (and a
 gloo barrier costs milliseconds), and an MPI barrier waits forever for a rank that left the
 steps early (``break``) or seeked alone. This barrier lives in the first bytes of the host's
-shared region (solar/cache/shared.py) and every rank writes only its own line of it:
+shared region (solar/host/region.py) and every rank writes only its own line of it:
 
 * ``arrivals``: how many barriers it has entered, stored after its label ``(step, phase)``;
 * the generation word: the number of the last barrier released, which its last arriver (any
