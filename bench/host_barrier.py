@@ -1,4 +1,4 @@
-"""The host barrier alone (solar/cache/hostbarrier.py) against MPI's, side by side in one run:
+"""The host barrier alone (solar/host/barrier.py) against MPI's, side by side in one run:
 
     flock /tmp/solar-bench.lock mpiexec -n 4 python bench/host_barrier.py \\
         [--barriers 4000 --rounds 3 --work-us 0,500 --spins 0,16,64,256 --out bench/results/X.json]
@@ -21,7 +21,7 @@ import numpy as np
 from mpi4py import MPI
 
 from solar import dist
-from solar.cache.shared import NodeRegion
+from solar.host.region import NodeRegion
 
 
 def _cpu() -> float:

@@ -10,7 +10,7 @@ buffer of ``--buffer`` of the features. Every mode runs the Loader's node step (
 ``NodeStream``'s steps run by ``SharedHoldings``, solar/runtime/nodeholdings.py) over the same
 sampler: ``per-rank`` executes the node plan of one rank per host (today's per-rank plan, C/P
 rows each, proven equal by tests/test_nodeplan.py), ``node`` the node plan of one host of P
-ranks (C rows shared), its barriers the region's own (solar/cache/hostbarrier.py), and
+ranks (C rows shared), its barriers the region's own (solar/host/barrier.py), and
 ``node-mpi-barrier`` the same with the host communicator's MPI barrier instead (the barrier
 before the host barrier); every step's plan is made first (untimed). Reads
 are O_DIRECT (the page cache holds nothing of the features between modes), the modes alternate
@@ -29,8 +29,8 @@ import numpy as np
 from mpi4py import MPI
 
 from solar import BufferConfig, NeighborSampler, PlanSpec, RunConfig, dist
-from solar.cache.shared import NodeRegion
 from solar.config import ReaderConfig
+from solar.host.region import NodeRegion
 from solar.io.reader import Reader
 from solar.io.sources import describe_source
 from solar.runtime.nodeholdings import NodeHoldings, NodeRefill, SharedHoldings

@@ -44,9 +44,9 @@ from typing import Any
 import numpy as np
 
 from solar._held_tensors import hold
-from solar._hosts import host_sizes
 from solar._process import run_abort_hooks
-from solar.errors import SolarError, first_line
+from solar.errors import SolarError, first_error, first_line
+from solar.host.place import place
 from solar.launch import Launch, detect_launcher
 
 __all__ = [
@@ -60,6 +60,7 @@ __all__ = [
     "agree",
     "allreduce",
     "detect_launcher",
+    "first_error",
     "init",
     "install_abort_on_error",
     "job_comm",
@@ -136,9 +137,7 @@ def job_comm(comm: Any = None, rank: int | None = None, world_size: int | None =
             raise SolarError(f"{where} but mpi4py is not installed: pip install 'solar[mpich]', "
                              "or pass comm=") from None  # fmt: skip
         if MPI.COMM_WORLD.Get_size() == launch.world_size:
-            local = MPI.COMM_WORLD.Split_type(MPI.COMM_TYPE_SHARED)
-            unname_mpi_segments(local)
-            local.Free()
+            unname_mpi_segments(place(MPI.COMM_WORLD).comm)
             return MPI.COMM_WORLD
         raise SolarError(f"{where} but MPI's world has {MPI.COMM_WORLD.Get_size()} (mpi4py "
                          "built for another MPI than mpiexec's?): pass comm=")  # fmt: skip
@@ -159,10 +158,9 @@ def _init_mpi(backend: str | None, timeout_s: float) -> Dist:
     comm = MPI.COMM_WORLD
     install_abort_on_error(comm)
     rank, world = comm.Get_rank(), comm.Get_size()
-    local = comm.Split_type(MPI.COMM_TYPE_SHARED)
-    local_rank = local.Get_rank()
-    unname_mpi_segments(local)
-    local.Free()
+    host = place(comm)
+    local_rank = host.local_rank
+    unname_mpi_segments(host.comm)
     backend = _backend(backend, local_rank)
     import torch.distributed as td
 
@@ -184,14 +182,14 @@ _unnamed = False
 
 def unname_mpi_segments(local: Any) -> None:
     """Remove the names of MPICH's shared memory in /dev/shm, once every rank of this host
-    (``local``, MPI's ``COMM_TYPE_SHARED`` communicator; a collective) has it mapped.
+    (``local``, its communicator: solar.host.place; a collective) has it mapped.
 
     MPICH removes them in ``MPI_Finalize`` only: a job ended by ``MPI_Abort`` (solar's abort
     on error) or a killed rank leaves a few MB there per host until reboot. Mapped, the memory
     stays the ranks' until they end, name or not. Once per process; nothing for other MPIs.
     """
     global _unnamed
-    if _unnamed:
+    if _unnamed or local is None:
         return
     _unnamed = True
     try:
@@ -294,21 +292,48 @@ class TorchComm:
         store: Any = None,
         prefix: str = "solar/",
         hosts_store: bool = False,
+        *,
+        group: Any = None,
+        parent: TorchComm | None = None,
     ) -> None:
         import torch
         import torch.distributed as td
 
         self._td, self._torch = td, torch
-        self._rank, self._size = td.get_rank(), td.get_world_size()
+        # ``group``: a process group of some of the job's ranks (its ``parent``'s: the job's
+        # comm, which ends the job on Abort); None: the default group.
+        self._group, self._parent = group, parent
+        self._rank, self._size = td.get_rank(group), td.get_world_size(group)
         # Where the object collectives' tensors live: NCCL moves only CUDA memory.
         self._device = torch.device("cpu")
-        if td.get_backend() == "nccl":
+        if td.get_backend(group) == "nccl":
             self._device = torch.device("cuda", torch.cuda.current_device())
         self._store, self._prefix = store, prefix
-        self.peer_failed: int | None = None  # the rank whose failure is ending the job
+        self._peer_failed: int | None = None  # the rank whose failure is ending the job
         self._store_lost = False
-        if store is not None and self._size > 1:
+        if store is not None and self._size > 1 and parent is None:
             self._watch(hosts_store)
+
+    @property
+    def group_key(self) -> tuple[str, int]:
+        """What names this communicator's ranks, whichever TorchComm wraps them (solar.host
+        splits the job's ranks once, however many TorchComms of the default group are made)."""
+        return ("torch", 0 if self._group is None else id(self._group))
+
+    @property
+    def peer_failed(self) -> int | None:
+        """The rank whose failure is ending the job (None: none seen)."""
+        return self._parent.peer_failed if self._parent is not None else self._peer_failed
+
+    def split_hosts(self, groups: list[list[int]]) -> TorchComm:
+        """This rank's communicator among ``groups`` (every rank of this one in exactly one,
+        listed in the same order on every rank: a collective), over gloo groups of their own
+        (CPU tensors, whatever the job's backend)."""
+        td = self._td
+        if self._group is not None:
+            raise SolarError("TorchComm.split_hosts: only the job's communicator splits")
+        mine, _ = td.new_subgroups_by_enumeration(groups, backend="gloo")
+        return TorchComm(group=mine, parent=self)
 
     def Get_rank(self) -> int:
         """This process's rank."""
@@ -326,7 +351,7 @@ class TorchComm:
         sizes, send, n = self._sizes(obj)
         recv = [self._torch.empty(n, dtype=self._torch.uint8, device=self._device)
                 for _ in range(self._size)]  # fmt: skip
-        self._td.all_gather(recv, send)
+        self._td.all_gather(recv, send, group=self._group)
         hold(send, *recv)
         return [_unpickle(r, k) for r, k in zip(recv, sizes, strict=True)]
 
@@ -335,10 +360,10 @@ class TorchComm:
         torch = self._torch
         data = self._pickled(obj) if self._rank == root else None
         size = torch.tensor([0 if data is None else data.numel()], device=self._device)
-        self._td.broadcast(size, src=root)
+        self._td.broadcast(size, group=self._group, group_src=root)
         if data is None:
             data = torch.empty(int(size.item()), dtype=torch.uint8, device=self._device)
-        self._td.broadcast(data, src=root)
+        self._td.broadcast(data, group=self._group, group_src=root)
         hold(size, data)
         return _unpickle(data, data.numel())
 
@@ -349,7 +374,7 @@ class TorchComm:
         if self._rank == root:
             recv = [self._torch.empty(n, dtype=self._torch.uint8, device=self._device)
                     for _ in range(self._size)]  # fmt: skip
-        self._td.gather(send, recv, dst=root)
+        self._td.gather(send, recv, group=self._group, group_dst=root)
         hold(send, *(recv or []))
         if recv is None:
             return None
@@ -365,7 +390,7 @@ class TorchComm:
         data = self._pickled(obj)
         mine = torch.tensor([data.numel()], device=self._device)
         every = [torch.empty_like(mine) for _ in range(self._size)]
-        self._td.all_gather(every, mine)
+        self._td.all_gather(every, mine, group=self._group)
         hold(mine, *every)
         sizes = [int(s.item()) for s in every]
         send = torch.zeros(max(sizes), dtype=torch.uint8, device=self._device)
@@ -384,12 +409,14 @@ class TorchComm:
 
     def Barrier(self) -> None:
         """Wait until every rank has called Barrier."""
-        self._td.barrier()
+        self._td.barrier(group=self._group)
 
     barrier = Barrier
 
     def Abort(self, errorcode: int = 1) -> None:
         """End this process now with ``errorcode``, and every other rank through the store."""
+        if self._parent is not None:
+            self._parent.Abort(errorcode)
         if self._store is not None:
             others = [self._key(r) for r in range(self._size) if r != self._rank]
             with contextlib.suppress(Exception):
@@ -417,7 +444,7 @@ class TorchComm:
                 self._store_lost = True
                 return
             if word != _EXIT and not _aborting:
-                self.peer_failed = int(word)
+                self._peer_failed = int(word)
                 err = sys.__stderr__ or sys.stderr
                 err.write(f"solar: rank {self._rank}: ending: rank {word} failed\n")
                 err.flush()
@@ -540,47 +567,6 @@ def agree(comm: Any, value: Any, what: str) -> None:
     bad = [r for r, v in enumerate(values) if v != values[0]]
     if bad:
         raise SolarError(f"ranks disagree on {what}: ranks {bad} differ from rank 0")
-
-
-def first_error(comm: Any, err: str) -> str:
-    """The first rank's error of ``comm`` ("" if none; a collective: all must call), so that
-    every rank fails alike and none skips the collectives the others go on to."""
-    if comm is None:
-        return err
-    return next((e for e in comm.allgather(err) if e), "")
-
-
-def ranks_on_host(comm: Any) -> int:
-    """How many ranks of ``comm`` run on this host (a collective: all must call)."""
-    if comm is None or comm.Get_size() <= 1:
-        return 1
-    hosts = comm.allgather(socket.gethostname())
-    return hosts.count(socket.gethostname())
-
-
-def host_names(comm: Any) -> list[str]:
-    """The host of every rank of ``comm`` (a collective: all must call). ``SOLAR_HOSTS=HxL``
-    forces a grouping instead (H hosts of L consecutive ranks; tests emulate several hosts on
-    one machine with it), and ``SOLAR_HOSTS=3,1`` one of hosts of 3 and 1 consecutive ranks."""
-    size = 1 if comm is None else comm.Get_size()
-    forced = os.environ.get("SOLAR_HOSTS", "").strip()
-    if forced:
-        sizes = host_sizes(forced, size, "SOLAR_HOSTS")
-        return [f"host{h}" for h, v in enumerate(sizes) for _ in range(v)]
-    if size <= 1:
-        return [socket.gethostname()]
-    return list(comm.allgather(socket.gethostname()))
-
-
-def host_comm(comm: Any, names: list[str]) -> Any:
-    """A communicator of this rank's host (ranks named alike in ``names``, in rank order): an
-    MPI ``Split`` of ``comm`` (a collective), or ``comm`` itself where it cannot split (a
-    :class:`TorchComm`: its collectives then span the job, a superset of the host's)."""
-    if comm is None or comm.Get_size() <= 1 or not hasattr(comm, "Split"):
-        return comm
-    me = comm.Get_rank()
-    order = list(dict.fromkeys(names))
-    return comm.Split(order.index(names[me]), me)
 
 
 def shared_key(comm: Any) -> int:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class SolarError(Exception):
     """A user-facing error; the CLI prints its message on one line and exits non-zero."""
@@ -25,3 +27,11 @@ def first_line(exc: BaseException) -> str:
     """An exception's message, first line only (its type's name if it has none)."""
     lines = str(exc).strip().splitlines()
     return lines[0] if lines else type(exc).__name__
+
+
+def first_error(comm: Any, err: str) -> str:
+    """The first rank's error of ``comm`` ("" if none; a collective: all must call), so that
+    every rank fails alike and none skips the collectives the others go on to."""
+    if comm is None:
+        return err
+    return next((e for e in comm.allgather(err) if e), "")

@@ -43,8 +43,8 @@ import numpy as np
 from numba.core import event
 from numba.core.dispatcher import Dispatcher
 
-from solar.cache import hostbarrier
 from solar.config import BufferConfig, RunConfig
+from solar.host import barrier as hostbarrier
 from solar.io.info import DatasetInfo, StoredLayout
 from solar.runtime.steps import Steps
 from solar.schedule.nodefile import NodeFileStream, load_node_plan, node_plan_to_file

@@ -1,4 +1,4 @@
-"""The host barrier (solar/cache/hostbarrier.py) between forked processes over shared memory:
+"""The host barrier (solar/host/barrier.py) between forked processes over shared memory:
 no rank leaves before every rank arrived; a dead, closed or elsewhere-waiting peer, or no
 release within the timeout, raises one line naming the ranks and steps, promptly."""
 
@@ -12,7 +12,7 @@ import time
 import numpy as np
 import pytest
 
-from solar.cache import hostbarrier as hb
+from solar.host import barrier as hb
 
 RANKS = (4, 5, 6)  # the host's global ranks (local 0, 1, 2): messages name these
 
@@ -109,6 +109,63 @@ def test_a_peer_at_another_step_fails_the_barrier_naming_both():
     for msg in (got[0], got[2]):  # each names itself and a peer elsewhere
         assert "epoch 0 step 2 (its stores done) but rank " in msg and "\n" not in msg, got
         assert "leave an epoch early with break" in msg
+
+
+def _plan_wait(b, k, seconds=5.0):
+    """Wait for step ``k``'s plan (never made: a peer's payload never posted), checking as
+    a node plan's wait does (solar/schedule/nodeboard.py's ``watch``)."""
+    b.planning(k)
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        b.check_planning()
+        time.sleep(0.01)
+    raise AssertionError("no mismatch seen")
+
+
+def test_a_rank_waiting_for_another_steps_plan_is_named_at_once_on_both_sides():
+    """Local rank 1 seeks alone to epoch 2 and waits for its plan; its peers wait at step 3's
+    barrier (for it), or for step 3's plan: every one names the other's step in one line,
+    well before the barrier's timeout (5 s here)."""
+
+    def body(b, local):
+        b(2, hb.STAGED)
+        if local == 1:
+            _plan_wait(b, 20)
+        elif local == 0:
+            b(3, hb.REFILL)
+        else:
+            _plan_wait(b, 3)
+
+    t0 = time.monotonic()
+    got = _run(3, body)
+    assert time.monotonic() - t0 < 4.0, got
+    assert "rank 5 waits for its plan of epoch 2 step 0 but rank " in got[1], got
+    assert "rank 4 waits at epoch 0 step 3 (a refill's start) but rank 5 waits for its plan "\
+           "of epoch 2 step 0" in got[0], got  # fmt: skip
+    assert "rank 6 waits for its plan of epoch 0 step 3 but rank 5 waits for its plan of "\
+           "epoch 2 step 0" in got[2], got  # fmt: skip
+    assert all("\n" not in m and "must run the same steps" in m for m in got), got
+
+
+def test_ranks_waiting_for_the_same_steps_plan_are_not_refused():
+    """A peer at the barrier of the step this rank waits the plan of (or waiting for it
+    too) is where it will be: no refusal."""
+
+    def body(b, local):
+        b(2, hb.STAGED)
+        if local == 1:
+            b.planning(3)
+            for _ in range(30):
+                b.check_planning()
+                time.sleep(0.01)
+            b.planning(None)
+        elif local == 2:
+            b.planning(3)
+            time.sleep(0.1)
+            b.planning(None)
+        b(3, hb.REFILL)
+
+    assert _run(3, body) == ["ok"] * 3
 
 
 def test_a_closed_peer_and_the_timeout_fail_the_barrier():

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 from helpers import write_h5
 
-from solar.cache.shared import PREFIX, NodeRegion, fits
 from solar.errors import SolarError
+from solar.host.region import PREFIX, NodeRegion, fits
 
 SHM_DIR = "/dev/shm"  # where no node region or tier may leave a name
 
@@ -25,15 +25,21 @@ pytestmark = pytest.mark.xdist_group("launchers")
 
 HERE = Path(__file__).parent / "mpi"
 MPIEXEC = Path(sys.executable).with_name("mpiexec")
+TORCHRUN = Path(sys.executable).with_name("torchrun")
 FOREIGN_PREFIXES = ("SLURM_", "PMI_", "OMPI_", "TORCHELASTIC_", "MPI_")
 
 
-def _mpiexec(n: int, *args, timeout: float, script: str = "node_buffer.py"):
-    if not MPIEXEC.exists():
-        pytest.skip("no mpiexec beside python")
+def _mpiexec(n: int, *args, timeout: float, script: str = "node_buffer.py",
+             launcher: Path = MPIEXEC):  # fmt: skip
+    """``script`` on ``n`` ranks under mpiexec (or ``launcher=TORCHRUN``)."""
+    if not launcher.exists():
+        pytest.skip(f"no {launcher.name} beside python")
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(FOREIGN_PREFIXES) and k != "SOLAR_HOSTS"}  # fmt: skip
-    cmd = [str(MPIEXEC), "-n", str(n), sys.executable, str(HERE / script), *map(str, args)]
+    argv = [str(HERE / script), *map(str, args)]
+    cmd = [str(launcher), "-n", str(n), sys.executable, *argv]
+    if launcher == TORCHRUN:
+        cmd = [str(launcher), "--standalone", "--nproc_per_node", str(n), *argv]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
 
 
@@ -118,6 +124,17 @@ def test_a_node_loader_serves_each_rank_its_batches_as_planned(data, graph):
     assert _left_by(result) == []
 
 
+def test_hosts_of_different_sizes_run_the_host_buffer_under_torchrun(data, graph):
+    """Hosts of 3 ranks and 1 under torch.distributed: each host a gloo group of its own
+    (solar/host/place.py), whole epochs of each rank's batches with h5py's bytes, read as
+    the hosts' plans say."""
+    result = _mpiexec(4, data, graph, "serve", "3,1", timeout=180, script="node_loader.py",
+                      launcher=TORCHRUN)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "node loader 3,1: " in result.stdout
+    assert _left_by(result) == []
+
+
 def test_a_node_loader_killed_ends_the_job_and_leaves_no_segment(data, graph):
     result = _mpiexec(4, data, graph, "kill", "2x2", timeout=60, script="node_loader.py")
     assert result.returncode != 0 and "unreachable" not in result.stderr
@@ -133,6 +150,23 @@ def test_a_rank_leaving_an_epoch_early_ends_the_job_in_one_line(data, graph):
     line = next((x for x in result.stderr.splitlines() if "host barrier: " in x), "")
     assert "error: host barrier: rank " in line and " but rank " in line, result.stderr[-3000:]
     assert "epoch 1 step 0 (a refill's start)" in line and "epoch 0 step 3" in line, line
+    assert _left_by(result) == []
+
+
+@pytest.mark.parametrize("launcher, grouping", [(MPIEXEC, "1x4"), (TORCHRUN, "3,1")])
+def test_a_rank_serving_another_epoch_than_its_host_is_named_at_once(data, graph, launcher,
+                                                                     grouping):  # fmt: skip
+    """Rank 1 calls set_epoch(2), its host's other ranks set_epoch(0): it waits for the plan
+    of a step its host's ranks do not run (and they for it): named in one line at once on
+    both sides (the host barrier's check), not after the 30 minutes of a wait's timeout.
+    (The timeout is a hang guard.)"""
+    result = _mpiexec(4, data, graph, "mismatch", grouping, timeout=90, script="node_loader.py",
+                      launcher=launcher)  # fmt: skip
+    assert result.returncode != 0 and "unreachable" not in result.stderr
+    line = next((x for x in result.stderr.splitlines() if "host barrier: " in x), "")
+    assert "error: host barrier: rank " in line, result.stderr[-3000:]
+    assert "its plan of epoch 2 step 0" in line and "epoch 0 step 0" in line, line
+    assert "rank 1 " in line
     assert _left_by(result) == []
 
 
@@ -199,7 +233,7 @@ def test_a_closed_node_loader_refuses_to_serve_in_one_line(data):
 
 
 def test_shared_memory_is_opened_by_its_inode_and_cannot_shrink_under_its_mappings():
-    from solar import _memfd
+    from solar.host import memfd as _memfd
 
     fd = _memfd.create(PREFIX + "test", 8192, reserve=True)
     try:

@@ -16,8 +16,8 @@ import pytest
 from helpers import write_h5
 
 from solar import BufferConfig, PlanSpec, RunConfig, Shuffle, Weighted
-from solar.cache.shared import PREFIX
 from solar.errors import SolarError
+from solar.host.region import PREFIX
 from solar.schedule.nodeplan import Hosts, NodePlanner
 from solar.schedule.nodestream import NodeStream, stage_bound
 

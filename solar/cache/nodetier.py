@@ -5,7 +5,7 @@ checks around every read and write, O_DIRECT): local rank 0 creates the file in 
 directory without a name, as a rank's tier is (``O_TMPFILE``; where the file system lacks it,
 created and unlinked at once), reserves its bytes (``posix_fallocate``: a tier that does not
 fit fails here, in one line, not mid-run), and every local rank opens it through
-``/proc/PID/fd`` (solar/_memfd.py, as the node's RAM region): nothing is left on disk
+``/proc/PID/fd`` (solar/host/memfd.py, as the node's RAM region): nothing is left on disk
 whatever happens to the job (``kill -9`` of any rank at any moment included), but where the
 file system lacks ``O_TMPFILE``, a crash in the instant between the creation and the
 unlinking; such names, and earlier versions', are removed when a node tier is made. The
@@ -21,12 +21,11 @@ import os
 from pathlib import Path
 from typing import Any
 
-from solar import _memfd
 from solar._units import format_bytes
-from solar.cache.shared import host_creators
 from solar.cache.tier import TierFile, remove_stale, reopen_direct, sanitise, unlinked_file
-from solar.dist import first_error
-from solar.errors import SolarError
+from solar.errors import SolarError, first_error
+from solar.host import memfd as _memfd
+from solar.host.region import host_creators
 from solar.io.executor import Executor
 from solar.io.info import KeyInfo
 

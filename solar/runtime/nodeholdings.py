@@ -1,6 +1,6 @@
 """The node buffer at run time: one rank's share of a node plan (solar/schedule/nodeplan.py).
 
-The host's RAM buffer is one shared region (solar/cache/shared.py) that every local rank maps;
+The host's RAM buffer is one shared region (solar/host/region.py) that every local rank maps;
 so is a staging area where a row read for several local ranks is put by its reader for the
 others; the host's tier, if any, is one file they all opened (solar/cache/nodetier.py). Per
 step ``k`` a rank:
@@ -19,7 +19,7 @@ step ``k`` a rank:
    of step k + 1, and every staging row is taken before it is overwritten).
 
 No lock: the plan orders every write before the reads that depend on it. The barrier is the
-region's own (solar/cache/hostbarrier.py), each wait labelled with its step and phase: a rank
+region's own (solar/host/barrier.py), each wait labelled with its step and phase: a rank
 that runs other steps than its host's (it left an epoch early, or seeked alone) fails the
 barrier in one line instead of matching a peer's other step.
 
@@ -37,11 +37,11 @@ from typing import Any
 
 import numpy as np
 
-from solar.cache.hostbarrier import REFILL, REFILLED, STAGED, STORED, UPDATED
 from solar.cache.nodetier import NodeTierFile
-from solar.cache.shared import NodeRegion
 from solar.cache.slots import SlotBuffer, copy_rows
 from solar.errors import SolarError
+from solar.host.barrier import REFILL, REFILLED, STAGED, STORED, UPDATED
+from solar.host.region import NodeRegion
 from solar.io.info import KeyInfo
 from solar.io.reader import Reader
 from solar.runtime.holdings import Holdings
@@ -57,7 +57,7 @@ class NodeHoldings:
     """One rank's view of its host's shared buffer, staging area and tier (see the module's
     docstring). ``region`` must have room for :meth:`region_parts`; ``barrier(k, phase)``
     waits for every local rank at step ``k``'s ``phase`` (the region's
-    :class:`~solar.cache.hostbarrier.HostBarrier`); ``tier``: the node's tier file, or None."""
+    :class:`~solar.host.barrier.HostBarrier`); ``tier``: the node's tier file, or None."""
 
     def __init__(self, region: NodeRegion, slots: int, stage_rows: int, keys: list[Key],
                  barrier: Barrier, tier: NodeTierFile | None = None) -> None:  # fmt: skip

@@ -15,12 +15,12 @@ import time
 from typing import Any
 
 from solar.cache.nodetier import NodeTierFile
-from solar.cache.shared import NodeRegion
 from solar.cache.slots import SlotBuffer
 from solar.cache.tier import TierFile, tier_stride
 from solar.dist import abort_job_on_error, shared_key
 from solar.errors import SolarError
 from solar.exchange import Exchange
+from solar.host.region import NodeRegion
 from solar.runtime.assembly import Assembly
 from solar.runtime.delivery import Delivered, Delivery
 from solar.runtime.holdings import Holdings, RawRefill, Refill
@@ -220,9 +220,11 @@ def _build_node(setup: Setup, stream: NodeStream, steps: Steps, stats: LoaderSta
             host=stream.host, local_rank=stream.local,
             staging_slots=max(64, (256 << 20) // tier_stride(setup.held_keys)),  # 256 MiB
         )  # fmt: skip
-    # The steps' barriers are the region's: a host's own, whatever the communicator.
-    node = NodeHoldings(region, stream.slots, stream.stage_rows, keys,
-                        region.barrier(stream.group, stream.spe), tier)  # fmt: skip
+    # The steps' barriers are the region's: a host's own, whatever the communicator; a wait
+    # for a plan is shown there too (a rank on another step than its host's is named).
+    barrier = region.barrier(stream.group, stream.spe)
+    stream.watch(barrier)
+    node = NodeHoldings(region, stream.slots, stream.stage_rows, keys, barrier, tier)
     refill = NodeRefill(node, setup.reader, stream.local, len(stream.group),
                         setup.spec.buffer.cap(setup.run.batch_size))  # fmt: skip
     holdings = SharedHoldings(node, setup.held_keys, steps, refill)

@@ -23,8 +23,9 @@ from solar._memory import require_memory
 from solar.cache.batches import torch_dtype
 from solar.cache.slots import check_budget
 from solar.config import BufferConfig, ReaderConfig, RunConfig, parse_size
-from solar.dist import agree, first_error, host_comm, host_names, ranks_on_host
+from solar.dist import agree, first_error
 from solar.errors import SolarError
+from solar.host import Place, place
 from solar.io.info import DatasetInfo, KeyInfo
 from solar.io.reader import Reader
 from solar.io.sources import describe_source
@@ -61,7 +62,7 @@ class Setup:
     batch_format: str = "dict"  # or "pyg": batches as torch_geometric Data
     # share="node": the job's ranks grouped by host, and this rank's host communicator (the
     # shared region's construction is its collective; the steps' barriers are the region's
-    # own, solar/cache/hostbarrier.py); None: a buffer per rank.
+    # own, solar/host/barrier.py); None: a buffer per rank.
     hosts: Hosts | None = None
     host_comm: Any = None
 
@@ -105,7 +106,7 @@ def configure(
     mistakes are best reported; every rank agrees on the plan and the keys."""
     info = describe_source(paths, keys, one_per_file=one_per_file, comm=comm)
     r, w = rank_and_world(comm, rank, world_size)
-    local = ranks_on_host(comm)  # they share the host's cores and memory
+    local = place(comm).local_size  # they share the host's cores and memory
     cores = cpu_share(local)  # this rank's share: transform workers, CPU budget
     config = _reader_config(info, reader)
     buf = _buffer(info, w, buffer, tier, tier_size, slack, local)
@@ -192,16 +193,15 @@ def _share(share: str, spec: PlanSpec, holds_transformed: bool, world: int, comm
     why = first_error(comm, why)  # (a rank's own arguments, e.g. its transform, may differ)
     if why:
         raise SolarError(f'share="node": {why}')
-    names = host_names(comm)
-    hosts = Hosts.of_names(names)
-    hc = host_comm(comm, names)
-    why = grouping_unsupported(spec, hosts, hc, comm, snapshots)
+    where = place(comm)
+    hosts, hc = Hosts(where.groups), where.comm
+    why = grouping_unsupported(spec, hosts, where, comm, snapshots)
     if why:
         raise SolarError(f'share="node": {why}')
     return hosts, hc
 
 
-def grouping_unsupported(spec: PlanSpec, hosts: Hosts, hc: Any, comm: Any,
+def grouping_unsupported(spec: PlanSpec, hosts: Hosts, where: Place, comm: Any,
                          snapshots: bool) -> str:  # fmt: skip
     """Why a node buffer does not run on hosts of different sizes, or "": the same on every
     rank (a collective there), whose ``snapshots`` may differ (rank 0 alone saves them)."""
@@ -213,13 +213,13 @@ def grouping_unsupported(spec: PlanSpec, hosts: Hosts, hc: Any, comm: Any,
     if not why and snapshots:
         why = (f"snapshots: hosts of different sizes ({hosts.as_record()}) are not "
                "snapshotted yet")  # fmt: skip
-    # A communicator per host (MPI's split), not the job's (torch.distributed's): a host of
-    # one rank would skip the collectives the others' host communicators run.
-    split = hc is not None and hc.Get_size() < comm.Get_size()
-    every = comm.allgather((why, split))
+    # A communicator per host (solar.host.place), not the job's (a comm that cannot split):
+    # a host of one rank would skip the collectives the others' host communicators run.
+    every = comm.allgather((why, where.split))
     why = next((w for w, _ in every if w), "")
     if not why and not all(s for _, s in every):
-        why = "comm: hosts of different sizes need a communicator per host (MPI)"
+        why = ("comm: hosts of different sizes need a communicator per host (an mpi4py "
+               "communicator or solar.dist.TorchComm)")  # fmt: skip
     return why
 
 
@@ -246,19 +246,18 @@ def _auto_share(spec: PlanSpec, why: str, world: int, comm: Any,
     overlap = spec.traced and not spec.affinity and spec.policy == "solar"
     if world <= 1 or comm is None or not overlap:
         return None, None
-    names = host_names(comm)  # (a collective, unless SOLAR_HOSTS forces the grouping)
-    if len(set(names)) == len(names):  # one rank per host
+    where = place(comm)  # (a collective the first time)
+    if len(where.groups) == world:  # one rank per host
         return None, None
     try:
-        hosts = Hosts.of_names(names)
+        hosts = Hosts(where.groups)
     except SolarError:  # a grouping the node planner does not take (the same on every rank)
         return None, None
     if any(comm.allgather(why)):  # a rank's own arguments may differ: all fall back alike
         return None, None
-    hc = host_comm(comm, names)
-    if grouping_unsupported(spec, hosts, hc, comm, snapshots):
+    if grouping_unsupported(spec, hosts, where, comm, snapshots):
         return None, None
-    return hosts, hc
+    return hosts, where.comm
 
 
 def _reader_config(info: DatasetInfo, reader: ReaderConfig | None) -> ReaderConfig:

@@ -37,13 +37,13 @@ import mmap
 import os
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-from solar import _memfd
-from solar.dist import first_error
-from solar.errors import CorruptPlanError, SolarError
+from solar.errors import CorruptPlanError, SolarError, first_error
+from solar.host import memfd as _memfd
 from solar.schedule._common import PEER
 from solar.schedule.nodeparts import Parts
 from solar.schedule.nodeplan import Hosts, NodeEpoch
@@ -332,6 +332,9 @@ class EpochBoard:
         self._count = 0  # payloads posted (the next own entry: count % ENTRIES)
         self._lock = threading.Lock()
         self.wait_limit = WAIT_LIMIT
+        # Called as a rank waits (raises to end the wait): its host barrier's check that its
+        # host's ranks wait for the same step (NodeStream.watch).
+        self.watch: Callable[[], None] | None = None
         self._era = 0  # interrupts so far: a wait begun in an earlier era ends
         self.closed = False
         width = _FIELDS + len(self.group)
@@ -440,6 +443,8 @@ class EpochBoard:
                 got = self._try(src, e, epoch, kind)
                 if got is not None:
                     return got
+            if self.watch is not None:
+                self.watch()
             now = time.monotonic()
             if now > alive_at:
                 pid = self.pids[src]

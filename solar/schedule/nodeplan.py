@@ -33,9 +33,9 @@ from typing import Any
 import numpy as np
 from numba import njit
 
-from solar._hosts import host_sizes
 from solar.config import BufferConfig, RunConfig
 from solar.errors import SolarError
+from solar.host.grouping import host_sizes
 from solar.schedule._common import (
     ADMIT,
     DEMOTE,
@@ -81,7 +81,7 @@ class Hosts:
     def parse(cls, text: str, world: int | None = None, what: str = "SOLAR_HOSTS") -> Hosts:
         """``"HxL"``: H hosts of L consecutive ranks (``SOLAR_HOSTS=2x2``), or ``"3,1"``: hosts
         of 3 and 1 consecutive ranks; with ``world``, refused unless the ranks add up to it
-        (errors name ``what``): :func:`solar._hosts.host_sizes`."""
+        (errors name ``what``): :func:`solar.host.grouping.host_sizes`."""
         ends = np.cumsum([0, *host_sizes(text, world, what)])
         return cls(tuple(tuple(range(ends[h], ends[h + 1])) for h in range(ends.size - 1)))
 

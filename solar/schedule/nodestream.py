@@ -29,9 +29,11 @@ solar/schedule/nodesnapshot.py), from the newest one of this grouping at or befo
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -222,6 +224,7 @@ class NodeStream(EpochsAhead):
         self.parts = host_parts(host_spec, hosts, self.host)
         self.parted = (self.board is not None and self.parts is not None
                        and not self.board.host_saves)  # fmt: skip
+        self._barrier: Any = None  # the host's barrier, once watched (watch)
         self._reset()
 
     def _reset(self) -> None:
@@ -239,7 +242,30 @@ class NodeStream(EpochsAhead):
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
         self.board, self.parted = None, False  # (a copy plans its host itself)
+        self._barrier = None
         self._reset()
+
+    def watch(self, barrier: Any) -> None:
+        """Show every wait of this rank for its plan to its host's ``barrier`` (a
+        :class:`~solar.host.barrier.HostBarrier`), which checks, while the host's ranks
+        wait, that they wait for the same step: one that took another epoch or step than its
+        host's is named at once, in one line (else it would wait for payloads its host's
+        ranks never post, and they for it at their barrier)."""
+        self._barrier = barrier
+        if self.board is not None:
+            self.board.watch = barrier.check_planning
+
+    @contextlib.contextmanager
+    def _planning(self, k: int) -> Iterator[None]:
+        """This rank waits for step ``k``'s plan meanwhile (shown to its watched barrier)."""
+        if self._barrier is None:
+            yield
+            return
+        self._barrier.planning(k)
+        try:
+            yield
+        finally:
+            self._barrier.planning(None)
 
     def _saves(self) -> bool:
         """Whether this rank saves node planner snapshots (rank 0, given a directory)."""
@@ -361,8 +387,11 @@ class NodeStream(EpochsAhead):
         end = self._first + len(self._parts)
         if self._first <= e < end:
             self._collect(wait=False)
-        elif not (e == end and self._bg.get().future is not None and self._collect(wait=True)):
-            self._restart_at(e)
+        else:
+            with self._planning(k):
+                if not (e == end and self._bg.get().future is not None
+                        and self._collect(wait=True)):  # fmt: skip
+                    self._restart_at(e)
         if trim and e > self._first:
             ne = self._parts[e - self._first]
             self._initial = ne.initial if ne.initial is not None else \

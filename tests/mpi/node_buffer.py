@@ -19,8 +19,8 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from solar import BufferConfig, PlanSpec, RunConfig, dist
-from solar.cache.shared import NodeRegion
+from solar import BufferConfig, PlanSpec, RunConfig, dist, host
+from solar.host.region import NodeRegion
 from solar.io.reader import Reader
 from solar.io.sources import describe_source
 from solar.runtime.nodeholdings import NodeHoldings, NodeRefill, SharedHoldings
@@ -76,9 +76,8 @@ def serve(hold: SharedHoldings, steps: Steps, k: int) -> tuple[np.ndarray, int, 
 
 for grouping in groupings:
     os.environ["SOLAR_HOSTS"] = grouping
-    names = dist.host_names(comm)
-    hosts = Hosts.of_names(names)
-    hc = dist.host_comm(comm, names)
+    where = host.place(comm)
+    hosts, hc = Hosts(where.groups), where.comm
     hold, steps = holdings(hosts, hc)
     if mode == "kill":
         comm.Barrier()

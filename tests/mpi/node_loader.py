@@ -7,9 +7,13 @@ the hosts' surplus moving over MPI (none on one host).
 
 mpiexec -n 4 python tests/mpi/node_loader.py DATA.h5 GRAPH.h5 run 1x4 2x2 3,1 (groupings in
 turn; 3,1: hosts of 3 ranks and 1, where Shuffle is refused)
+torchrun --nproc_per_node 4 tests/mpi/node_loader.py DATA.h5 GRAPH.h5 serve 3,1  (whole epochs
+                                    of the skewed sampler only; each host a gloo group)
 mpiexec -n 4 python tests/mpi/node_loader.py DATA.h5 GRAPH.h5 kill 2x2      (rank 1 killed: -9,
                                                                           with a node tier)
 mpiexec -n 4 python tests/mpi/node_loader.py DATA.h5 GRAPH.h5 break 1x4     (rank 1 breaks early)
+mpiexec -n 4 python tests/mpi/node_loader.py DATA.h5 GRAPH.h5 mismatch 1x4  (rank 1 serves
+                                    epoch 2, its host's ranks epoch 0; torchrun too)
 mpiexec -n 4 python tests/mpi/node_loader.py DATA.h5 GRAPH.h5 disagree 3,1  (snapshots on
                                     rank 0 alone; then rank 1 asks share="rank", the others "node")
 
@@ -25,7 +29,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from solar import Loader, NeighborSampler, Shuffle, dist
+from solar import Loader, NeighborSampler, Shuffle, dist, host
 from solar.schedule.nodeplan import Hosts, NodePlanner
 from solar.schedule.order import nominal_batches
 from solar.schedule.transfer import moved_rows
@@ -56,7 +60,7 @@ def twice(sample, rng):
 
 def planned_reads(ld):
     """Rows the node plan reads from storage over the run, every host's (page mates too)."""
-    hosts = Hosts.of_names(dist.host_names(comm))
+    hosts = Hosts(host.place(comm).groups)
     if not hosts.uniform:  # hosts of different sizes: each planned alone
         planners = [NodePlanner(ld.spec, hosts, only_host=h) for h in range(hosts.count)]
         return sum(p.next().storage_reads() for p in planners for _ in range(E))
@@ -66,7 +70,7 @@ def planned_reads(ld):
 
 def cross_host_surplus(ld):
     """Rows the node plan's hosts serve over their ranks' shares, over the run: what moves."""
-    hosts = Hosts.of_names(dist.host_names(comm))
+    hosts = Hosts(host.place(comm).groups)
     if hosts.count == 1:
         return 0
     p = NodePlanner(ld.spec, hosts)
@@ -98,6 +102,26 @@ for grouping in groupings:
         sys.exit(0)
     else:
         ld = loader()
+    if mode == "serve":  # whole epochs only: each rank's batches, h5py's bytes, planned reads
+        for e in range(E):
+            ld.set_epoch(e)
+            for t, b in enumerate(ld):
+                checked_ids(b, ref, sampler.batch(ld.run, e, t, rank), (grouping, e, t))
+        tot = ld.stats.totals()
+        reads, want = comm.allreduce(tot.reads + tot.side_reads), planned_reads(ld)
+        assert reads == want, (grouping, reads, want)
+        ld.close()
+        if rank == 0:
+            print(f"node loader {grouping}: {reads} rows read as planned", flush=True)
+        comm.Barrier()
+        continue
+    if mode == "mismatch":  # rank 1 takes another epoch than its host's: named at once
+        ld.set_epoch(E - 1 if rank == 1 else 0)
+        for _ in ld:
+            pass
+        if rank in Hosts(host.place(comm).groups).groups[0]:  # (host 0 holds rank 1)
+            print("unreachable", file=sys.stderr)
+        sys.exit(0)
     if mode == "kill":
         it = iter(ld)
         next(it)

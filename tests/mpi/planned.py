@@ -5,7 +5,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from solar import dist
+from solar import host
 from solar.schedule._common import HIT, PEER, SIDE, THIT
 from solar.schedule.nodeplan import Hosts, NodePlanner
 
@@ -21,7 +21,7 @@ def planned(ld, comm) -> Planned:
     if ld.share == "rank":
         s = ld.plan.stats[ld.rank]
         return Planned(s.hits, s.tier_hits, s.reads)
-    p = NodePlanner(ld.spec, Hosts.of_names(dist.host_names(comm)))
+    p = NodePlanner(ld.spec, Hosts(host.place(comm).groups))
     hits = reads = 0
     for _ in range(ld.run.epochs):
         f = p.next().rank(ld.rank).flags

@@ -1,6 +1,6 @@
 """One shared-memory region per host, mapped by every rank of the host: the node buffer's bytes.
 
-Local rank 0 creates a ``memfd`` (solar/_memfd.py: its pages reserved, so a region that does
+Local rank 0 creates a ``memfd`` (solar/host/memfd.py: its pages reserved, so a region that does
 not fit fails here with one line, not with SIGBUS mid-run; sealed against shrinking), every
 local rank opens it through ``/proc`` and maps it, and local rank 0 closes its descriptor once
 all have. It never has a name: nothing is ever in ``/dev/shm`` (nor bounded by its size, a
@@ -8,7 +8,7 @@ container's 64 MiB included), whatever happens to the job, ``kill -9`` at any mo
 the memory goes with the last mapping. The construction is a collective of ``comm`` (the
 host's communicator, or the job's: a superset will do).
 
-The region's first page is the host's barrier (solar/cache/hostbarrier.py), each rank registered
+The region's first page is the host's barrier (solar/host/barrier.py), each rank registered
 in it before the construction ends.
 """
 
@@ -21,12 +21,11 @@ from typing import Any
 
 import numpy as np
 
-from solar import _memfd
 from solar._memory import PAGE, memory_room
-from solar.cache import hostbarrier
-from solar.cache.hostbarrier import HostBarrier
-from solar.dist import first_error
-from solar.errors import SolarError
+from solar.errors import SolarError, first_error
+from solar.host import barrier as hostbarrier
+from solar.host import memfd as _memfd
+from solar.host.barrier import HostBarrier
 
 PREFIX = "solar-node-"  # (the memfd's label, seen in /proc/PID/maps; never a file's name)
 

@@ -4,7 +4,7 @@ The node buffer's ranks meet twice per step (solar/runtime/nodeholdings.py). A c
 barrier would do, but not everywhere: under torch.distributed it spans the whole job (and a
 gloo barrier costs milliseconds), and an MPI barrier waits forever for a rank that left the
 steps early (``break``) or seeked alone. This barrier lives in the first bytes of the host's
-shared region (solar/cache/shared.py) and every rank writes only its own line of it:
+shared region (solar/host/region.py) and every rank writes only its own line of it:
 
 * ``arrivals``: how many barriers it has entered, stored after its label ``(step, phase)``;
 * the generation word: the number of the last barrier released, which its last arriver (any
@@ -12,7 +12,11 @@ shared region (solar/cache/shared.py) and every rank writes only its own line of
   one ``futex`` call; a waiter spins briefly (yielding the core: 4 ranks share 2 cores here),
   then sleeps in ``futex`` for a tick at a time;
 * its pid and start time (a peer that is gone, or a zombie, or a reused pid, is dead) and a
-  state word (it closed its loader, or gave up at a barrier).
+  state word (it closed its loader, or gave up at a barrier);
+* the step whose plan it waits for, if it does (:meth:`HostBarrier.planning`): a rank that
+  waits for the plan of another step than the one its host's ranks wait at (or for) took
+  another epoch or step than its host's (``set_epoch``, ``load_state_dict``), which the
+  waiters on both sides name at once (:meth:`HostBarrier.check_planning`).
 
 Between ticks a waiter checks its peers: one that is dead, gone, or gave up, one that waits at
 the same barrier number with another label (it runs other steps), or no release within
@@ -46,13 +50,17 @@ SPINS = 4  # checks (each yielding the core) before a waiter sleeps: bench/host_
 
 # The words of the area (int64): the generation word, then one 64-byte line per local rank.
 LINE = 8
-ARRIVALS, STEP, PHASE, PID, START, STATE = range(6)
+ARRIVALS, STEP, PHASE, PID, START, STATE, PLAN = range(7)  # PLAN: 1 + the step awaited
 LIVE, CLOSED, BROKE = 1, 2, 3  # STATE: registered; its loader closed; it gave up at a barrier
 # The phases of a node step and refill (solar/runtime/nodeholdings.py), named in messages.
 STAGED, STORED, REFILL, REFILLED, UPDATED = range(5)
 PHASES = ("its rows staged", "its stores done", "a refill's start", "a refill's end",
           "a phase of its updates done")  # fmt: skip
 
+_SAME = (
+    "the ranks of a host must run the same steps (did one leave an epoch early with "
+    "break, or seek alone with set_epoch or load_state_dict?)"
+)
 RELEASED, WAITING = -1, -2  # kernel results; >= 0: a peer at this barrier with another label
 
 _FUTEX = {"x86_64": 202, "aarch64": 98}.get(platform.machine(), -1)
@@ -89,6 +97,7 @@ def warm_up() -> None:
     """Compile (or load from numba's cache) the barrier's kernels now."""
     w, ts = np.zeros(nbytes(1) // 8, np.int64), np.zeros(2, np.int64)
     _load_word(w, 0)
+    _store_word(w, LINE + PLAN, 0)
     _arrive_and_wait(w, 0, 1, 1, 0, 0, 0, ts, -1)  # alone: released at once, no system call
 
 
@@ -123,6 +132,35 @@ class HostBarrier:
             self._sleep(n, k, phase, r)
         self._n = n
 
+    def planning(self, k: int | None) -> None:
+        """This rank waits for step ``k``'s plan from now on (None: no longer)."""
+        _store_word(self.words, LINE * (1 + self.local) + PLAN, 0 if k is None else k + 1)
+
+    def check_planning(self) -> None:
+        """While this rank waits for a step's plan (:meth:`planning`): raise, naming both,
+        if a peer waits for another step's plan, or at a barrier of another step this rank
+        has not entered (the next it enters is its step's: they run other steps)."""
+        w, me = self.words, LINE * (1 + self.local)
+        mine = int(_load_word(w, me + PLAN))
+        if not mine:
+            return
+        n = int(_load_word(w, me + ARRIVALS))
+        for q in range(self.size):
+            line = LINE * (1 + q)
+            if q == self.local:
+                continue
+            theirs = int(_load_word(w, line + PLAN))
+            if theirs and theirs != mine:
+                self._mismatch(mine - 1, q, f"for its plan of {self._at(theirs - 1)}")
+            if int(_load_word(w, line + ARRIVALS)) == n + 1:
+                step, phase = self._label(q)
+                if step != mine - 1 and int(_load_word(w, line + ARRIVALS)) == n + 1:
+                    self._mismatch(mine - 1, q, f"at {self._at(step, phase)}")
+
+    def _mismatch(self, k: int, q: int, where: str) -> None:
+        self._give_up(f"{self._who(self.local)} waits for its plan of {self._at(k)} but "
+                      f"{self._who(q)} waits {where}: {_SAME}")  # fmt: skip
+
     def close(self) -> None:
         """This rank leaves (its loader is closed): a peer still waiting raises."""
         line = self.words[LINE * (1 + self.local) :]
@@ -134,11 +172,10 @@ class HostBarrier:
         w, me, size = self.words, self.local, self.size
         while r != RELEASED:
             if r >= 0:
-                self._give_up(f"{self._who(me)} waits at {self._at(k, phase)} but "
-                              f"{self._who(r)} at {self._at(*self._label(r))}: the ranks of a "
-                              "host must run the same steps (did one leave an epoch early "
-                              "with break, or seek alone with set_epoch or "
-                              "load_state_dict?)")  # fmt: skip
+                self._give_up(
+                    f"{self._who(me)} waits at {self._at(k, phase)} but "
+                    f"{self._who(r)} at {self._at(*self._label(r))}: {_SAME}"
+                )
             self._check_peers(n, k, phase, time.monotonic() - t0)
             if self.sleep_s:
                 time.sleep(self.sleep_s)
@@ -156,6 +193,10 @@ class HostBarrier:
             if q == self.local:
                 continue
             state, pid, arrived = int(line[STATE]), int(line[PID]), int(line[ARRIVALS])
+            plan = int(_load_word(w, LINE * (1 + q) + PLAN))
+            if plan and plan - 1 != k and arrived == n - 1:  # (its next barrier: its step's)
+                self._give_up(f"{here} but {self._who(q)} waits for its plan of "
+                              f"{self._at(plan - 1)}: {_SAME}")  # fmt: skip
             if state == BROKE:  # named last: the cause it gave up on is the one to tell
                 causes.append("gave up at a barrier")
             elif pid and not alive(pid, int(line[START])):
@@ -191,9 +232,11 @@ class HostBarrier:
     def _who(self, q: int) -> str:
         return f"rank {self.ranks[q]}"
 
-    def _at(self, k: int, phase: int) -> str:
+    def _at(self, k: int, phase: int | None = None) -> str:
         where = f"epoch {k // self.per_epoch} step {k % self.per_epoch}" if self.per_epoch \
             else f"step {k}"  # fmt: skip
+        if phase is None:
+            return where
         what = PHASES[phase] if 0 <= phase < len(PHASES) else f"phase {phase}"
         return f"{where} ({what})"
 
@@ -233,6 +276,11 @@ def _store(typingctx, addr, value):
 @njit(cache=True)
 def _load_word(w, i):  # pragma: no cover
     return _load(w.ctypes.data + 8 * i)
+
+
+@njit(cache=True)
+def _store_word(w, i, value):  # pragma: no cover
+    _store(w.ctypes.data + 8 * i, value)
 
 
 @njit(cache=True, inline="always")
