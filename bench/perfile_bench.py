@@ -53,9 +53,12 @@ def epoch_rate(source: Path, one_per_file: bool, threads: int, batch: int) -> fl
     info = describe_source(source, one_per_file=one_per_file)
     files = list(info.all_files)
     with Loader(
-        source, batch_size=batch, epochs=1, buffer=1, one_per_file=one_per_file,
-        reader=ReaderConfig(threads=threads),
-    ) as ld:  # fmt: skip
+        source,
+        batch_size=batch,
+        epochs=1,
+        buffer=1,
+        reader=ReaderConfig(threads=threads, one_per_file=one_per_file),
+    ) as ld:
         evict(files)
         t0 = time.perf_counter()
         n = sum(int(b["index"].numel()) for b in ld)

@@ -20,6 +20,7 @@ from pathlib import Path
 from solar import Loader
 from solar.io.generate import generate
 from solar.io.pagecache import evict
+from solar.options import MemoryConfig
 
 
 def main() -> None:
@@ -38,8 +39,13 @@ def main() -> None:
             generate(path, opts.preset, opts.samples)
         rows = []
         for _ in range(opts.repeats):
-            ld = Loader(path, batch_size=32, epochs=3, buffer=opts.samples // 16,
-                        tier=opts.tier, tier_size=opts.samples)  # fmt: skip
+            ld = Loader(
+                path,
+                batch_size=32,
+                epochs=3,
+                buffer=opts.samples // 16,
+                memory=MemoryConfig(tier=opts.tier, tier_size=opts.samples),
+            )
             seconds = []
             for e in range(3):
                 evict([path])

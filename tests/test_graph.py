@@ -13,6 +13,7 @@ from solar import Graph, Loader, NeighborSampler, PlanSpec, make_plan
 from solar.config import BufferConfig, RunConfig
 from solar.errors import SolarError
 from solar.graph import generate_graph
+from solar.options import ExpertConfig
 from solar.schedule import HIT
 
 
@@ -339,12 +340,18 @@ def test_memory_checks_count_a_batch_as_its_subgraph_not_its_seeds(graph_file, m
             epochs=1,
             buffer=100,
             reader=reader,
-            warm=False,
+            expert=ExpertConfig(warm=False),
         )
     assert "\n" not in str(info.value)
     monkeypatch.setattr(solar._memory, "available_memory", lambda: (100 + 4 * 320) * 20)
     Loader(
-        graph_file, ["features"], sampler=sampler, epochs=1, buffer=100, reader=reader, warm=False
+        graph_file,
+        ["features"],
+        sampler=sampler,
+        epochs=1,
+        buffer=100,
+        reader=reader,
+        expert=ExpertConfig(warm=False),
     ).close()
     # The planner's trace: every rank's largest subgraph every step, not one access per seed.
     spec = PlanSpec(run, BufferConfig(10, 0.0), "solar", sampler=sampler)
