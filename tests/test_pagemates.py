@@ -355,7 +355,7 @@ def test_a_loader_failing_in_its_warm_up_leaves_no_planning_thread(graph, monkey
     def broken(*args, **kw):
         raise RuntimeError("rehearsal failed")
 
-    monkeypatch.setattr(solar.loader, "_rehearse", broken)
+    monkeypatch.setattr(solar.loader, "rehearse_loader", broken)
     path, _, _ = graph
     sampler = NeighborSampler(path, (4, 2), batch_size=24)
     with pytest.raises(RuntimeError, match="rehearsal failed"):
