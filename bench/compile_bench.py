@@ -41,15 +41,9 @@ def model() -> torch.nn.Module:
 def train(path: str, equal: bool, opts, d) -> dict:
     torch._dynamo.reset()
     counters.clear()
-    ld = Loader(
-        path,
-        batch_size=opts.batch_size,
-        epochs=opts.epochs,
-        buffer=opts.buffer,
-        comm=d.comm,
-        drop_last=True,
-        planning=PlanningConfig(slack=opts.slack, equal_batches=equal),
-    )
+    ld = Loader(path, batch_size=opts.batch_size, epochs=opts.epochs, buffer=opts.buffer,
+                comm=d.comm, drop_last=True,
+                planning=PlanningConfig(slack=opts.slack, equal_batches=equal))  # fmt: skip
     ddp = DDP(torch.compile(model(), backend="inductor"))
     opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
     times, graphs, sizes = [], [], set()

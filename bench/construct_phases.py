@@ -63,14 +63,8 @@ def main() -> None:
         SECONDS.clear()
         comm.Barrier()
         t0 = time.perf_counter()
-        ld = loader.Loader(
-            opts.source,
-            batch_size=4,
-            epochs=2,
-            buffer=8,
-            comm=comm,
-            reader=ReaderConfig(one_per_file=opts.one_per_file),
-        )
+        ld = loader.Loader(opts.source, batch_size=4, epochs=2, buffer=8, comm=comm,
+                           reader=ReaderConfig(one_per_file=opts.one_per_file))  # fmt: skip
         SECONDS["total"] = time.perf_counter() - t0
         ld.close()
         every = comm.gather(dict(SECONDS), root=0)

@@ -212,18 +212,9 @@ def run_loaders(args) -> dict | None:
             loaders[name] = (gather, sampler, run)
             continue
         t0 = time.perf_counter()
-        ld = Loader(
-            args.graph,
-            ["features"],
-            sampler=sampler,
-            epochs=args.epochs,
-            buffer=capacity,
-            comm=comm,
-            reader=reader,
-            seed=0,
-            planning=PlanningConfig(policy=name),
-            expert=ExpertConfig(throttle=throttle),
-        )
+        ld = Loader(args.graph, ["features"], sampler=sampler, epochs=args.epochs, buffer=capacity,
+                    comm=comm, reader=reader, seed=0, planning=PlanningConfig(policy=name),
+                    expert=ExpertConfig(throttle=throttle))  # fmt: skip
         loaders[name] = ld
         first_batch[name] = time.perf_counter() - t0  # construction; the first batch adds below
     names = list(loaders)

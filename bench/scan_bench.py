@@ -81,15 +81,9 @@ def child(source: str, mode: str, one_per_file: bool, warm: bool) -> None:
         if what == "describe":
             info = describe_source(source, one_per_file=one_per_file, comm=comm)
         else:
-            ld = Loader(
-                source,
-                batch_size=4,
-                epochs=2,
-                buffer=8,
-                comm=comm,
-                reader=ReaderConfig(one_per_file=one_per_file),
-                expert=ExpertConfig(warm=warm),
-            )
+            ld = Loader(source, batch_size=4, epochs=2, buffer=8, comm=comm,
+                        reader=ReaderConfig(one_per_file=one_per_file),
+                        expert=ExpertConfig(warm=warm))  # fmt: skip
         seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
         out[what] = comm.allreduce(seconds, op=MPI.MAX)
         # CPU seconds (the slowest rank's, all its threads): what a loaded machine disturbs less.

@@ -50,14 +50,8 @@ def _read(tmp: Path) -> Loader:
     if not path.exists():
         with h5py.File(path, "w") as f:
             f["x"] = np.random.default_rng(0).standard_normal((96, 32, 32), np.float32)
-    return Loader(
-        path,
-        batch_size=8,
-        epochs=1,
-        buffer=0,
-        reader=ReaderConfig(threads=4),
-        expert=ExpertConfig(throttle=Throttle(20, 4)),
-    )
+    return Loader(path, batch_size=8, epochs=1, buffer=0, reader=ReaderConfig(threads=4),
+                  expert=ExpertConfig(throttle=Throttle(20, 4)))  # fmt: skip
 
 
 def _decode(tmp: Path) -> Loader:

@@ -39,13 +39,8 @@ def main() -> None:
             generate(path, opts.preset, opts.samples)
         rows = []
         for _ in range(opts.repeats):
-            ld = Loader(
-                path,
-                batch_size=32,
-                epochs=3,
-                buffer=opts.samples // 16,
-                memory=MemoryConfig(tier=opts.tier, tier_size=opts.samples),
-            )
+            ld = Loader(path, batch_size=32, epochs=3, buffer=opts.samples // 16,
+                        memory=MemoryConfig(tier=opts.tier, tier_size=opts.samples))  # fmt: skip
             seconds = []
             for e in range(3):
                 evict([path])

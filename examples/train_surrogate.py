@@ -32,9 +32,8 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from solar import Loader, dist
+from solar import Loader, PlanningConfig, dist
 from solar.io.generate import generate
-from solar.options import PlanningConfig
 
 
 class Surrogate(nn.Module):
@@ -105,16 +104,9 @@ def main() -> None:
     # Planner snapshots beside the checkpoint: a resume replans from the last epoch boundary.
     snapshots = opts.checkpoint.with_name(opts.checkpoint.name + ".planner")
     snapshots.mkdir(parents=True, exist_ok=True)
-    loader = Loader(
-        opts.data,
-        batch_size=opts.batch_size,
-        epochs=opts.epochs,
-        buffer=opts.buffer,
-        seed=opts.seed,
-        comm=d.comm,
-        transform=prepare,
-        planning=PlanningConfig(slack=opts.slack, snapshots=snapshots),
-    )
+    loader = Loader(opts.data, batch_size=opts.batch_size, epochs=opts.epochs, buffer=opts.buffer,
+                    seed=opts.seed, comm=d.comm, transform=prepare,
+                    planning=PlanningConfig(slack=opts.slack, snapshots=snapshots))  # fmt: skip
 
     torch.manual_seed(opts.seed)
     model = DDP(Surrogate())

@@ -165,15 +165,8 @@ def test_equal_batches_are_for_shuffle_and_part_of_the_fingerprint(tmp_path):
     x = np.arange(103 * 2, dtype=np.float32).reshape(103, 2)
     data = write_h5(tmp_path / "d.h5", x=x)
     with pytest.raises(SolarError, match="equal_batches: the ranks exchange rows, pass comm="):
-        Loader(
-            data,
-            batch_size=4,
-            epochs=2,
-            buffer=12,
-            rank=0,
-            world_size=3,
-            planning=PlanningConfig(equal_batches=True),
-        )
+        Loader(data, batch_size=4, epochs=2, buffer=12, rank=0, world_size=3,
+               planning=PlanningConfig(equal_batches=True))  # fmt: skip
     from solar.io.hdf5 import describe
 
     info = describe([data])
@@ -181,26 +174,12 @@ def test_equal_batches_are_for_shuffle_and_part_of_the_fingerprint(tmp_path):
                     info.sample_bytes, info.identity, equal_batches=True)  # fmt: skip
     path = make_plan(spec).save(tmp_path / "p.h5")
     with pytest.raises(SolarError, match="equal_batches True \\(expected None\\)"):
-        Loader(
-            data,
-            batch_size=4,
-            epochs=2,
-            buffer=12,
-            rank=0,
-            world_size=3,
-            planning=PlanningConfig(plan=path, equal_batches=False),
-        )
+        Loader(data, batch_size=4, epochs=2, buffer=12, rank=0, world_size=3,
+               planning=PlanningConfig(plan=path, equal_batches=False))  # fmt: skip
     # By default the plan's choice holds: equal batches, which need the ranks' communicator.
     with pytest.raises(SolarError, match="equal_batches: the ranks exchange rows, pass comm="):
-        Loader(
-            data,
-            batch_size=4,
-            epochs=2,
-            buffer=12,
-            rank=0,
-            world_size=3,
-            planning=PlanningConfig(plan=path),
-        )
+        Loader(data, batch_size=4, epochs=2, buffer=12, rank=0, world_size=3,
+               planning=PlanningConfig(plan=path))  # fmt: skip
 
 
 def test_one_rank_with_equal_batches_serves_h5py_bytes(tmp_path):

@@ -78,14 +78,9 @@ def test_a_memory_fault_names_batch_memory_not_the_data_file(tmp_path):
 def test_a_truncated_file_names_its_key_and_sample(tmp_path):
     path = write_h5(tmp_path / "d.h5", x=np.arange(96 * 256, dtype=np.float32).reshape(96, 256))
     ref = reference([path])
-    loader = Loader(
-        [path],
-        batch_size=8,
-        epochs=1,
-        buffer=0,
-        reader=ReaderConfig(threads=1, read_ahead=0),
-        expert=ExpertConfig(warm=False),
-    )
+    loader = Loader([path], batch_size=8, epochs=1, buffer=0,
+                    reader=ReaderConfig(threads=1, read_ahead=0),
+                    expert=ExpertConfig(warm=False))  # fmt: skip
     loader.set_epoch(0)
     batches = iter(loader)
     first = next(batches)

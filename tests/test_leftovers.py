@@ -117,14 +117,9 @@ def _kills_itself(sample, rng):
 @pytest.mark.parametrize(("fn", "how"), [(_exits, "exited with status 3"),
                                          (_kills_itself, r"was killed by SIGKILL")])  # fmt: skip
 def test_a_dying_worker_process_is_one_line_naming_the_step(data, fn, how):
-    ld = Loader(
-        data,
-        batch_size=10,
-        epochs=1,
-        buffer=0,
-        transform=Transform(fn, processes=True, workers=1),
-        expert=ExpertConfig(warm=False),
-    )
+    ld = Loader(data, batch_size=10, epochs=1, buffer=0,
+                transform=Transform(fn, processes=True, workers=1),
+                expert=ExpertConfig(warm=False))  # fmt: skip
     with pytest.raises(SolarError, match=f"transform processes: a worker {how}.* at step "
                        r"\d+ of epoch 0 \(samples \d+") as info:  # fmt: skip
         list(ld)
@@ -224,14 +219,9 @@ def test_a_run_or_weights_sized_beyond_memory_are_refused_before_allocating(data
     with pytest.raises(
         SolarError, match=r"sampler: an epoch of 1000000000000 draws: .* GiB exceed"
     ) as e:
-        Loader(
-            data,
-            batch_size=10,
-            epochs=1,
-            buffer=10,
-            sampler=Weighted(np.ones(120), num_samples=10**12),
-            expert=ExpertConfig(warm=False),
-        )
+        Loader(data, batch_size=10, epochs=1, buffer=10,
+               sampler=Weighted(np.ones(120), num_samples=10**12),
+               expert=ExpertConfig(warm=False))  # fmt: skip
     assert "\n" not in str(e.value)
     monkeypatch.setattr(solar._memory, "available_memory", lambda: 10**6)
     with pytest.raises(SolarError, match=r"weights: 100000 weights: .* GiB exceed"):

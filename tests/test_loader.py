@@ -212,9 +212,8 @@ def test_a_plan_for_another_run_or_dataset_is_refused(tmp_path):
     b = [_write(tmp_path / "b.h5", 0, N + 1)]
     plan_a = Loader(a, batch_size=4, epochs=2, buffer=10).plan
     path = plan_a.save(tmp_path / "a.plan.h5")
-    Loader(
-        a, batch_size=4, epochs=2, buffer=10, planning=PlanningConfig(plan=path)
-    )  # its own run: accepted
+    # Its own run: accepted.
+    Loader(a, batch_size=4, epochs=2, buffer=10, planning=PlanningConfig(plan=path))
     with pytest.raises(PlanMismatchError, match="num_samples"):
         Loader(b, batch_size=4, epochs=2, buffer=10, planning=PlanningConfig(plan=path))
     with pytest.raises(PlanMismatchError, match="epochs 2 \\(expected 3\\)"):

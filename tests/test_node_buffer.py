@@ -166,15 +166,8 @@ def test_a_node_loader_refuses_what_it_does_not_run_in_one_line(data, tmp_path, 
     if kwargs.get("share") == "node":
         kwargs.setdefault("sampler", sampler)
     if "plan" in kwargs:
-        ld = Loader(
-            data,
-            ["x"],
-            batch_size=12,
-            epochs=1,
-            buffer=20,
-            sampler=sampler,
-            expert=ExpertConfig(warm=False),
-        )
+        ld = Loader(data, ["x"], batch_size=12, epochs=1, buffer=20, sampler=sampler,
+                    expert=ExpertConfig(warm=False))  # fmt: skip
         kwargs["plan"] = plan_to_file(ld.spec, tmp_path / "plan.h5")
         ld.close()
     if kwargs.get("transform") == "held":
@@ -195,16 +188,8 @@ def test_a_closed_node_loader_refuses_to_serve_in_one_line(data):
     from solar import Loader, Weighted
 
     sampler = Weighted(np.ones(600), affinity=False)
-    ld = Loader(
-        data,
-        ["x"],
-        batch_size=12,
-        epochs=2,
-        buffer=20,
-        sampler=sampler,
-        memory=MemoryConfig(share="node"),
-        expert=ExpertConfig(warm=False),
-    )
+    ld = Loader(data, ["x"], batch_size=12, epochs=2, buffer=20, sampler=sampler,
+                memory=MemoryConfig(share="node"), expert=ExpertConfig(warm=False))  # fmt: skip
     assert ld.share == "node" and len(list(ld)) == ld.run.steps_per_epoch
     ld.set_epoch(1)
     it = iter(ld)

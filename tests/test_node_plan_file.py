@@ -186,13 +186,8 @@ def test_a_loader_serves_a_node_plan_file_and_refuses_the_other_kind(tmp_path):
     node = node_plan_to_file(ld.spec, Hosts.grid(1, 1), tmp_path / "n.h5")
     ld.close()
     served, state = [], None
-    with Loader(
-        data,
-        ["x"],
-        **kw,
-        planning=PlanningConfig(plan=node.file.path),
-        memory=MemoryConfig(share="node"),
-    ) as got:
+    with Loader(data, ["x"], **kw, planning=PlanningConfig(plan=node.file.path),
+                memory=MemoryConfig(share="node")) as got:  # fmt: skip
         for e in range(2):
             got.set_epoch(e)
             seen = []
@@ -206,13 +201,8 @@ def test_a_loader_serves_a_node_plan_file_and_refuses_the_other_kind(tmp_path):
             assert np.array_equal(np.sort(np.concatenate(seen)), np.arange(90))
         assert got.stats.totals().reads == node.file.stats["reads"]
     # An exact resume inside epoch 1: the buffer refilled from the file's plan, same batches.
-    with Loader(
-        data,
-        ["x"],
-        **kw,
-        planning=PlanningConfig(plan=node.file.path),
-        memory=MemoryConfig(share="node"),
-    ) as again:
+    with Loader(data, ["x"], **kw, planning=PlanningConfig(plan=node.file.path),
+                memory=MemoryConfig(share="node")) as again:  # fmt: skip
         again.load_state_dict(state)
         k = state["next_step"]
         for b in again:
@@ -221,21 +211,11 @@ def test_a_loader_serves_a_node_plan_file_and_refuses_the_other_kind(tmp_path):
             k += 1
         assert k == len(served)
     with pytest.raises(PlanMismatchError, match=r"made for another dataset or run: seed 3 "):
-        Loader(
-            data,
-            ["x"],
-            **{**kw, "seed": 4},
-            planning=PlanningConfig(plan=node.file.path),
-            memory=MemoryConfig(share="node"),
-        )
+        Loader(data, ["x"], **{**kw, "seed": 4}, planning=PlanningConfig(plan=node.file.path),
+               memory=MemoryConfig(share="node"))  # fmt: skip
     with pytest.raises(SolarError, match=r'a node plan file .*pass share="node"') as err:
-        Loader(
-            data,
-            ["x"],
-            **kw,
-            planning=PlanningConfig(plan=node.file.path),
-            memory=MemoryConfig(share="rank"),
-        )
+        Loader(data, ["x"], **kw, planning=PlanningConfig(plan=node.file.path),
+               memory=MemoryConfig(share="rank"))  # fmt: skip
     assert "\n" not in str(err.value) and str(node.file.path) in str(err.value)
     with Loader(
         data, ["x"], **kw, planning=PlanningConfig(plan=node.file.path)
@@ -457,34 +437,15 @@ def test_a_node_plan_file_serves_h5py_bytes_on_two_hosts_and_refuses_another_gro
     x = np.random.default_rng(0).integers(0, 2**31, (600, 24), dtype=np.int64)
     data = write_h5(tmp_path / "d.h5", x=x)
     sampler = skewed_weighted(600)  # (the script's own)
-    ld = Loader(
-        data,
-        ["x"],
-        batch_size=12,
-        epochs=3,
-        buffer="10%",
-        sampler=sampler,
-        seed=5,
-        rank=0,
-        world_size=4,
-        expert=ExpertConfig(warm=False),
-        planning=PlanningConfig(equal_batches=False),
-    )
+    ld = Loader(data, ["x"], batch_size=12, epochs=3, buffer="10%", sampler=sampler, seed=5, rank=0,
+                world_size=4, expert=ExpertConfig(warm=False),
+                planning=PlanningConfig(equal_batches=False))  # fmt: skip
     good = node_plan_to_file(ld.spec, Hosts.grid(2, 2), tmp_path / "p22.h5").file.path
     other = node_plan_to_file(ld.spec, Hosts.grid(1, 4), tmp_path / "p14.h5").file.path
     ld.close()
-    ld = Loader(
-        data,
-        ["x"],
-        batch_size=12,
-        epochs=3,
-        buffer="10%",
-        seed=5,
-        rank=0,
-        world_size=4,
-        expert=ExpertConfig(warm=False),
-        planning=PlanningConfig(equal_batches=False),
-    )
+    ld = Loader(data, ["x"], batch_size=12, epochs=3, buffer="10%", seed=5, rank=0, world_size=4,
+                expert=ExpertConfig(warm=False),
+                planning=PlanningConfig(equal_batches=False))  # fmt: skip
     spec = dataclasses.replace(ld.spec, equal_batches=True)  # Shuffle's, as a job's
     equal = node_plan_to_file(spec, Hosts.grid(2, 2), tmp_path / "eq22.h5").file.path
     ld.close()

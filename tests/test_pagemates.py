@@ -277,20 +277,10 @@ def test_a_plan_with_page_mates_is_refused_where_they_do_not_apply(graph, tmp_pa
         made = ld.plan
     assert made.spec.pages == layout
     with pytest.raises(SolarError, match="page mates"):
-        Loader(
-            path,
-            ["features"],
-            transform=Transform(lambda x, rng: x, deterministic=True),
-            **kw,
-            planning=PlanningConfig(plan=made),
-        )
-    with Loader(
-        path,
-        ["features"],
-        **kw,
-        planning=PlanningConfig(plan=made),
-        memory=MemoryConfig(page_mates=False),
-    ) as ld:
+        Loader(path, ["features"], transform=Transform(lambda x, rng: x, deterministic=True), **kw,
+               planning=PlanningConfig(plan=made))  # fmt: skip
+    with Loader(path, ["features"], **kw, planning=PlanningConfig(plan=made),
+                memory=MemoryConfig(page_mates=False)) as ld:  # fmt: skip
         assert ld.spec.pages == layout  # the plan's choice, for this data
     with Loader(path, ["features"], **kw, memory=MemoryConfig(page_mates=False)) as ld:
         assert ld.spec.pages is None

@@ -123,16 +123,8 @@ def test_an_edited_plan_is_refused_naming_file_rank_and_step(tmp_path, dataset, 
     assert text.startswith(f"plan {path}: rank {bad_rank}, step ")
     # The Loader refuses it before reading a byte: no crash, no wrong bytes.
     with pytest.raises(CorruptPlanError, match=message):
-        Loader(
-            [dataset],
-            batch_size=4,
-            epochs=3,
-            buffer=12,
-            seed=3,
-            rank=bad_rank,
-            world_size=2,
-            planning=PlanningConfig(plan=path),
-        )
+        Loader([dataset], batch_size=4, epochs=3, buffer=12, seed=3, rank=bad_rank, world_size=2,
+               planning=PlanningConfig(plan=path))  # fmt: skip
     loaded._validated(1 - bad_rank, key=1, keep=False)  # the untouched rank alone is valid
 
 

@@ -87,25 +87,13 @@ def test_the_loader_takes_every_form(small_h5):
 
 
 def test_the_loader_takes_a_tier_as_a_share(small_h5, tmp_path):
-    with Loader(
-        small_h5,
-        batch_size=4,
-        epochs=1,
-        buffer="10%",
-        rank=0,
-        world_size=2,
-        expert=ExpertConfig(warm=False),
-        memory=MemoryConfig(tier=tmp_path, tier_size="40%"),
-    ) as ld:
+    with Loader(small_h5, batch_size=4, epochs=1, buffer="10%", rank=0, world_size=2,
+                expert=ExpertConfig(warm=False),
+                memory=MemoryConfig(tier=tmp_path, tier_size="40%")) as ld:  # fmt: skip
         assert (ld.spec.buffer.capacity, ld.spec.buffer.tier) == (6, 21)
     with pytest.raises(SolarError, match=r"^tier_size: .*more than the whole dataset"):
-        Loader(
-            small_h5,
-            batch_size=4,
-            epochs=1,
-            buffer=4,
-            memory=MemoryConfig(tier=tmp_path, tier_size="101%"),
-        )
+        Loader(small_h5, batch_size=4, epochs=1, buffer=4,
+               memory=MemoryConfig(tier=tmp_path, tier_size="101%"))  # fmt: skip
 
 
 def test_solar_plan_takes_every_form(capsys):

@@ -119,14 +119,8 @@ def test_resume_mid_epoch_rebuilds_both_tiers(data, nvme):
 def test_direct_io_reader_with_a_tier(nvme, tmp_path):
     data = [_write(tmp_path / "d.h5", 0, N)]
     with skip_without_o_direct():
-        ld = Loader(
-            data,
-            batch_size=4,
-            epochs=3,
-            buffer=4,
-            reader=ReaderConfig(direct_io=True),
-            memory=MemoryConfig(tier=nvme, tier_size=30),
-        )
+        ld = Loader(data, batch_size=4, epochs=3, buffer=4, reader=ReaderConfig(direct_io=True),
+                    memory=MemoryConfig(tier=nvme, tier_size=30))  # fmt: skip
         assert ld.tier is not None and ld.tier.direct_io
         run_all([ld], range(3), reference(data))
         ld.close()
@@ -201,14 +195,8 @@ def test_a_step_that_failed_is_served_again_with_the_right_bytes(data, nvme, mon
     from concurrent.futures import Future
 
     ref = reference(data)
-    ld = Loader(
-        data,
-        batch_size=8,
-        epochs=3,
-        buffer=5,
-        reader=ReaderConfig(threads=2),
-        memory=MemoryConfig(tier=nvme, tier_size=20),
-    )
+    ld = Loader(data, batch_size=8, epochs=3, buffer=5, reader=ReaderConfig(threads=2),
+                memory=MemoryConfig(tier=nvme, tier_size=20))  # fmt: skip
     assert ld.tier is not None and ld.tier.executor is ld.reader.executor  # one executor
     run_all([ld], range(1), ref)
     # An epoch's last steps write tier slots that the next epoch's first steps, read ahead,

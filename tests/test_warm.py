@@ -187,17 +187,9 @@ def test_solar_warm_rehearses_a_node_buffers_kernels(tmp_path):
 def test_a_rehearsal_keeps_the_runs_choices(small_h5):
     from solar import Loader, Weighted
 
-    with Loader(
-        small_h5,
-        batch_size=8,
-        epochs=9,
-        buffer=20,
-        world_size=3,
-        rank=2,
-        sampler=Weighted(np.ones(103), num_samples=90),
-        planning=PlanningConfig(slack=0.5),
-        expert=ExpertConfig(warm=False),
-    ) as ld:
+    with Loader(small_h5, batch_size=8, epochs=9, buffer=20, world_size=3, rank=2,
+                sampler=Weighted(np.ones(103), num_samples=90), planning=PlanningConfig(slack=0.5),
+                expert=ExpertConfig(warm=False)) as ld:  # fmt: skip
         tiny = tiny_spec(ld.spec)
     run = tiny.run
     assert (run.world_size, run.epochs, run.seed, tiny.policy) == (3, 3, 0, "solar")

@@ -42,15 +42,8 @@ def model() -> torch.nn.Module:
 
 
 d = dist.init()
-ld = Loader(
-    opts.data,
-    batch_size=4,
-    epochs=opts.epochs,
-    buffer=20,
-    comm=d.comm,
-    drop_last=True,
-    planning=PlanningConfig(slack=0.5, equal_batches=True),
-)
+ld = Loader(opts.data, batch_size=4, epochs=opts.epochs, buffer=20, comm=d.comm, drop_last=True,
+            planning=PlanningConfig(slack=0.5, equal_batches=True))  # fmt: skip
 if opts.backend == "inductor":
     torch._dynamo.reset()
     backend = "inductor"

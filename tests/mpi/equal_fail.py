@@ -12,15 +12,8 @@ from solar.options import PlanningConfig
 # Collectives wait up to 15 min (not the default 2): longer than tests/test_mpi.py's hang
 # guard, so that only solar's abort, not a collective's timeout, ends the others in time.
 d = dist.init(timeout_s=900)
-ld = Loader(
-    sys.argv[1],
-    batch_size=4,
-    epochs=2,
-    buffer=12,
-    comm=d.comm,
-    reader=None,
-    planning=PlanningConfig(slack=0.5, equal_batches=True),
-)
+ld = Loader(sys.argv[1], batch_size=4, epochs=2, buffer=12, comm=d.comm, reader=None,
+            planning=PlanningConfig(slack=0.5, equal_batches=True))  # fmt: skip
 if d.rank == 1:
     submit = ld.reader.submit
     calls = 0

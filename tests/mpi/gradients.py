@@ -31,14 +31,8 @@ def model() -> torch.nn.Module:
 def check(path: str, mode: str, d: dist.Dist) -> None:
     """One DDP check: ``mode`` "variable" or "default" (above) on ``path``."""
     if mode == "variable":
-        ld = Loader(
-            path,
-            batch_size=4,
-            epochs=2,
-            buffer=20,
-            comm=d.comm,
-            planning=PlanningConfig(slack=0.5, equal_batches=False),
-        )
+        ld = Loader(path, batch_size=4, epochs=2, buffer=20, comm=d.comm,
+                    planning=PlanningConfig(slack=0.5, equal_batches=False))  # fmt: skip
     else:
         ld = Loader(path, batch_size=4, epochs=2, buffer=20)  # as a DataLoader user writes it
     ddp = DDP(model())

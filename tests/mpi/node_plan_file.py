@@ -35,19 +35,9 @@ E = 3
 
 
 def loader(plan):
-    return Loader(
-        path,
-        ["x"],
-        batch_size=12,
-        epochs=E,
-        buffer="10%",
-        sampler=sampler,
-        comm=comm,
-        seed=5,
-        memory=MemoryConfig(share="node"),
-        expert=ExpertConfig(warm=False),
-        planning=PlanningConfig(equal_batches=False, plan=plan),
-    )
+    return Loader(path, ["x"], batch_size=12, epochs=E, buffer="10%", sampler=sampler, comm=comm,
+                  seed=5, memory=MemoryConfig(share="node"), expert=ExpertConfig(warm=False),
+                  planning=PlanningConfig(equal_batches=False, plan=plan))  # fmt: skip
 
 
 ld = loader(good)
@@ -70,19 +60,9 @@ if rank == 0:
     print(f"node plan file: {reads} rows read as the file says", flush=True)
 comm.Barrier()
 # Equal batches (the file's choice): each step the batch the file's counts deliver to this rank.
-eq = Loader(
-    path,
-    ["x"],
-    batch_size=12,
-    epochs=E,
-    buffer="10%",
-    sampler=Shuffle(),
-    comm=comm,
-    seed=5,
-    memory=MemoryConfig(share="node"),
-    expert=ExpertConfig(warm=False),
-    planning=PlanningConfig(plan=equal),
-)
+eq = Loader(path, ["x"], batch_size=12, epochs=E, buffer="10%", sampler=Shuffle(), comm=comm,
+            seed=5, memory=MemoryConfig(share="node"), expert=ExpertConfig(warm=False),
+            planning=PlanningConfig(plan=equal))  # fmt: skip
 assert eq.spec.equal_batches
 plan = load_node_plan(equal)
 for e in range(E):
