@@ -150,7 +150,7 @@ class Loader(IterableDataset[dict]):
         return loader
 
     def _construct(self, args: LoaderConfig) -> None:
-        # The job's communicator, if the caller gave no place.
+        """Decide ``args`` (the job's communicator if they give no place), then start."""
         args = dataclasses.replace(args, comm=job_comm(args.comm, args.rank, args.world_size))
         snapshots, warm = args.planning.snapshots, args.expert.warm
         # Other ranks may be waiting in the plan agreement: a failure here takes the job down.
