@@ -213,12 +213,11 @@ def plan(
     """Plan a run over DATA (HDF5 or .npy files, globs, directories) or over --samples N;
     write it to --out. A graph file (solar gen --preset graph) is planned with --sampler
     neighbor: the feature rows of every step's sampled subgraphs. With --share node, one
-    buffer per host (--hosts) shared by its ranks: the plan of Loader(share="node")."""
+    buffer per host (--hosts) shared by its ranks: the plan of MemoryConfig(share="node")."""
     for path in (out, plot_out):
         _check_out(path, force)
-    if share_mode == "node":
-        if plot_out:
-            raise SolarError("--share node: no --plot (yet)")
+    if share_mode == "node" and plot_out:
+        raise SolarError("--share node: no --plot (yet)")
     hosts_of = (share_mode, hosts)
     reader = reader_config(one_per_file)
     memory = memory_config(tier_size=tier_size, share=share_mode)
