@@ -26,6 +26,7 @@ from torch._dynamo.utils import counters
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from solar import Loader, dist
+from solar.options import PlanningConfig
 
 
 def model() -> torch.nn.Module:
@@ -41,7 +42,8 @@ def train(path: str, equal: bool, opts, d) -> dict:
     torch._dynamo.reset()
     counters.clear()
     ld = Loader(path, batch_size=opts.batch_size, epochs=opts.epochs, buffer=opts.buffer,
-                slack=opts.slack, comm=d.comm, equal_batches=equal, drop_last=True)  # fmt: skip
+                comm=d.comm, drop_last=True,
+                planning=PlanningConfig(slack=opts.slack, equal_batches=equal))  # fmt: skip
     ddp = DDP(torch.compile(model(), backend="inductor"))
     opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
     times, graphs, sizes = [], [], set()

@@ -25,6 +25,7 @@ import solar.io.scan as scan
 import solar.io.sources as sources
 import solar.loader as loader
 import solar.runtime.setup as setup
+from solar.config import ReaderConfig
 
 SECONDS: dict[str, float] = {}
 
@@ -63,7 +64,7 @@ def main() -> None:
         comm.Barrier()
         t0 = time.perf_counter()
         ld = loader.Loader(opts.source, batch_size=4, epochs=2, buffer=8, comm=comm,
-                           one_per_file=opts.one_per_file)  # fmt: skip
+                           reader=ReaderConfig(one_per_file=opts.one_per_file))  # fmt: skip
         SECONDS["total"] = time.perf_counter() - t0
         ld.close()
         every = comm.gather(dict(SECONDS), root=0)

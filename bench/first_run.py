@@ -23,14 +23,14 @@ import tempfile
 CHILD = r"""
 import json, sys, time
 t0 = time.perf_counter()
-from solar import Loader
+from solar import ExpertConfig, Loader, ReaderConfig
 from solar.io.pagecache import evict
 from solar.warm import TALLY, signatures
 data, epochs, world, warm = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4] == "1"
 one = sys.argv[5] == "1"
 t1 = time.perf_counter()
-ld = Loader(data, batch_size=16, epochs=epochs, buffer=128, rank=0, world_size=world, warm=warm,
-            one_per_file=one)
+ld = Loader(data, batch_size=16, epochs=epochs, buffer=128, rank=0, world_size=world,
+            reader=ReaderConfig(one_per_file=one), expert=ExpertConfig(warm=warm))
 t2 = time.perf_counter()
 before, compiled = signatures(), TALLY.count
 out = {"import_s": t1 - t0, "construct_s": t2 - t1, "warm_s": ld.stats.warm_seconds,
@@ -64,7 +64,11 @@ def main() -> None:
     ap.add_argument("data")
     ap.add_argument("--epochs", type=int, default=3)
     ap.add_argument("--world", type=int, default=1)
-    ap.add_argument("--no-warm", action="store_true", help="Loader(warm=False): the old way")
+    ap.add_argument(
+        "--no-warm",
+        action="store_true",
+        help="Loader(expert=ExpertConfig(warm=False)): the old way",
+    )
     ap.add_argument("--one-per-file", action="store_true", help="DATA: one-sample files")
     ap.add_argument("--json")
     opts = ap.parse_args()

@@ -57,6 +57,7 @@ import numpy as np
 from solar import BufferConfig, NeighborSampler, PlanSpec, RunConfig, make_plan
 from solar._memory import PAGE
 from solar.io.tasks import RUN_MAX_BYTES, page_spans
+from solar.options import ExpertConfig, PlanningConfig
 from solar.schedule.pagemates import PageLayout
 from solar.schedule.plan import simulate
 
@@ -211,9 +212,9 @@ def run_loaders(args) -> dict | None:
             loaders[name] = (gather, sampler, run)
             continue
         t0 = time.perf_counter()
-        ld = Loader(args.graph, ["features"], sampler=sampler, epochs=args.epochs,
-                    buffer=capacity, policy=name, comm=comm, reader=reader, throttle=throttle,
-                    seed=0)  # fmt: skip
+        ld = Loader(args.graph, ["features"], sampler=sampler, epochs=args.epochs, buffer=capacity,
+                    comm=comm, reader=reader, seed=0, planning=PlanningConfig(policy=name),
+                    expert=ExpertConfig(throttle=throttle))  # fmt: skip
         loaders[name] = ld
         first_batch[name] = time.perf_counter() - t0  # construction; the first batch adds below
     names = list(loaders)

@@ -32,6 +32,7 @@ from solar.io.generate import generate
 from solar.io.hdf5 import describe
 from solar.io.pagecache import evict
 from solar.io.reader import Reader
+from solar.options import PlanningConfig
 
 
 def sequential_bandwidth(path: Path) -> float:
@@ -40,7 +41,7 @@ def sequential_bandwidth(path: Path) -> float:
 
 def bench_hits(path: Path, batch: int) -> dict:
     n = describe([path]).num_samples
-    ld = Loader(path, batch_size=batch, epochs=2, buffer=n, slack=0)
+    ld = Loader(path, batch_size=batch, epochs=2, buffer=n, planning=PlanningConfig(slack=0))
     ld.set_epoch(0)
     for _ in ld:
         pass

@@ -50,7 +50,7 @@ names = Names()
 event.register("numba:compile", names)
 
 import numpy as np
-from solar import Loader, Shuffle, Weighted, dist
+from solar import ExpertConfig, Loader, MemoryConfig, PlanningConfig, Shuffle, Weighted, dist
 from solar.schedule.nodefile import node_plan_to_file
 from solar.schedule.nodeplan import Hosts
 
@@ -62,23 +62,26 @@ weights = (1.0 + np.arange(n)) ** -0.8
 cases = {
     "weighted": dict(sampler=Weighted(weights, affinity=False)),
     "shuffle (equal batches)": dict(sampler=Shuffle()),
-    "shuffle, unequal batches": dict(sampler=Shuffle(), equal_batches=False),
+    "shuffle, unequal batches": dict(sampler=Shuffle(),
+                                     planning=PlanningConfig(equal_batches=False)),
     "weighted with affinity": dict(sampler=Weighted(weights)),
     "weighted, tier": dict(sampler=Weighted(weights, affinity=False), tier=tmp,
                            tier_size="10%"),
-    "weighted, plan file": dict(sampler=Weighted(weights, affinity=False), plan="FILE"),
+    "weighted, plan file": dict(sampler=Weighted(weights, affinity=False), plan_file=True),
 }
 out = {}
 for name, kw in cases.items():
-    kw = dict(kw, batch_size=8, epochs=3, buffer="20%", comm=comm, share="node", seed=3)
-    if kw.get("plan") == "FILE":
-        made = Loader(data, **{**kw, "plan": None}, warm=False)
+    memory = MemoryConfig(tier=kw.pop("tier", None), tier_size=kw.pop("tier_size", 0),
+                          share="node")
+    kw = dict(kw, batch_size=8, epochs=3, buffer="20%", comm=comm, memory=memory, seed=3)
+    if kw.pop("plan_file", False):
+        made = Loader(data, **kw, expert=ExpertConfig(warm=False))
         path = os.path.join(tmp, "node-plan.h5")
         if rank == 0:
             node_plan_to_file(made.spec, Hosts.grid(1, 2), path)
         comm.Barrier()
         made.close()
-        kw["plan"] = path
+        kw["planning"] = PlanningConfig(plan=path)
     k0, t0 = len(names.log), time.perf_counter()
     ld = Loader(data, **kw)
     k1, t1 = len(names.log), time.perf_counter()

@@ -52,10 +52,8 @@ def write(root: Path, n: int, shape: tuple[int, ...]) -> dict[str, Path]:
 def epoch_rate(source: Path, one_per_file: bool, threads: int, batch: int) -> float:
     info = describe_source(source, one_per_file=one_per_file)
     files = list(info.all_files)
-    with Loader(
-        source, batch_size=batch, epochs=1, buffer=1, one_per_file=one_per_file,
-        reader=ReaderConfig(threads=threads),
-    ) as ld:  # fmt: skip
+    with Loader(source, batch_size=batch, epochs=1, buffer=1,
+                reader=ReaderConfig(threads=threads, one_per_file=one_per_file)) as ld:  # fmt: skip
         evict(files)
         t0 = time.perf_counter()
         n = sum(int(b["index"].numel()) for b in ld)

@@ -30,6 +30,9 @@ import sys
 import time
 from pathlib import Path
 
+from solar.config import ReaderConfig
+from solar.options import ExpertConfig
+
 MPIEXEC = Path(sys.executable).with_name("mpiexec")
 SOLAR = Path(sys.executable).with_name("solar")
 SHAPE = (16, 16)  # float32: 1 KiB a sample
@@ -79,7 +82,8 @@ def child(source: str, mode: str, one_per_file: bool, warm: bool) -> None:
             info = describe_source(source, one_per_file=one_per_file, comm=comm)
         else:
             ld = Loader(source, batch_size=4, epochs=2, buffer=8, comm=comm,
-                        one_per_file=one_per_file, warm=warm)  # fmt: skip
+                        reader=ReaderConfig(one_per_file=one_per_file),
+                        expert=ExpertConfig(warm=warm))  # fmt: skip
         seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
         out[what] = comm.allreduce(seconds, op=MPI.MAX)
         # CPU seconds (the slowest rank's, all its threads): what a loaded machine disturbs less.

@@ -36,6 +36,7 @@ import numpy as np
 from solar import Loader, ReaderConfig
 from solar._atomic import write_json
 from solar.io.throttle import Throttle
+from solar.options import ExpertConfig
 from solar.transform import Transform
 
 
@@ -49,8 +50,8 @@ def _read(tmp: Path) -> Loader:
     if not path.exists():
         with h5py.File(path, "w") as f:
             f["x"] = np.random.default_rng(0).standard_normal((96, 32, 32), np.float32)
-    return Loader(path, batch_size=8, epochs=1, buffer=0, throttle=Throttle(20, 4),
-                  reader=ReaderConfig(threads=4))  # fmt: skip
+    return Loader(path, batch_size=8, epochs=1, buffer=0, reader=ReaderConfig(threads=4),
+                  expert=ExpertConfig(throttle=Throttle(20, 4)))  # fmt: skip
 
 
 def _decode(tmp: Path) -> Loader:

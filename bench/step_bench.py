@@ -17,6 +17,7 @@ import h5py
 import numpy as np
 
 from solar import Loader
+from solar.options import PlanningConfig
 
 
 def main() -> None:
@@ -30,7 +31,9 @@ def main() -> None:
         with h5py.File(path, "w") as f:
             f["x"] = np.random.default_rng(0).standard_normal((n, 11, 11), np.float32)
             f["y"] = np.zeros((n, 2), np.float32)
-        ld = Loader(path, batch_size=opts.batch, epochs=5, buffer=n, slack=0)
+        ld = Loader(
+            path, batch_size=opts.batch, epochs=5, buffer=n, planning=PlanningConfig(slack=0)
+        )
         per_step = []
         for e in range(5):
             ld.set_epoch(e)

@@ -26,6 +26,7 @@ import numpy as np
 
 from solar import Loader
 from solar._atomic import write_json
+from solar.options import PlanningConfig
 
 
 def peak_rss() -> int:
@@ -56,7 +57,7 @@ def main() -> None:
         t0 = time.perf_counter()
         snaps = Path(tmp) / "snapshots"
         snaps.mkdir()
-        ld = Loader(path, **kw, snapshots=snaps)
+        ld = Loader(path, **kw, planning=PlanningConfig(snapshots=snaps))
         it = iter(ld)
         next(it)
         first_batch = time.perf_counter() - t0
@@ -80,7 +81,7 @@ def main() -> None:
             replay = time.perf_counter() - t0
             resumed.close()
         t0 = time.perf_counter()
-        resumed = Loader(path, **kw, snapshots=snaps)
+        resumed = Loader(path, **kw, planning=PlanningConfig(snapshots=snaps))
         resumed.load_state_dict(state)
         resumed.set_epoch(state["epoch"])
         next(iter(resumed))

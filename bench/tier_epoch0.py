@@ -14,6 +14,7 @@ import time
 from solar import Loader
 from solar.io.pagecache import evict
 from solar.io.throttle import Throttle
+from solar.options import ExpertConfig, MemoryConfig
 
 
 def main() -> None:
@@ -23,9 +24,10 @@ def main() -> None:
     parser.add_argument("--throttle", default="200,1")
     opts = parser.parse_args()
     for tier in (None, opts.tier, None, opts.tier):
-        extra = {"tier": tier, "tier_size": 10**9} if tier else {}  # every sample (capped at N)
-        ld = Loader(opts.data, batch_size=32, epochs=3, buffer=410,
-                    throttle=Throttle.parse(opts.throttle), **extra)  # fmt: skip
+        # Every sample (capped at N).
+        memory = MemoryConfig(tier=tier, tier_size=10**9) if tier else None
+        ld = Loader(opts.data, batch_size=32, epochs=3, buffer=410, memory=memory,
+                    expert=ExpertConfig(throttle=Throttle.parse(opts.throttle)))  # fmt: skip
         evict([opts.data])
         ld.set_epoch(0)
         t0 = time.perf_counter()

@@ -20,6 +20,7 @@ from pathlib import Path
 from solar import Loader
 from solar.io.generate import generate
 from solar.io.pagecache import evict
+from solar.options import MemoryConfig
 
 
 def main() -> None:
@@ -39,7 +40,7 @@ def main() -> None:
         rows = []
         for _ in range(opts.repeats):
             ld = Loader(path, batch_size=32, epochs=3, buffer=opts.samples // 16,
-                        tier=opts.tier, tier_size=opts.samples)  # fmt: skip
+                        memory=MemoryConfig(tier=opts.tier, tier_size=opts.samples))  # fmt: skip
             seconds = []
             for e in range(3):
                 evict([path])

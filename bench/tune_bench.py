@@ -41,7 +41,7 @@ from typing import Any
 import h5py
 import numpy as np
 
-from solar import Loader, ReaderConfig, Transform
+from solar import ExpertConfig, Loader, ReaderConfig, Transform
 from solar._atomic import write_json
 from solar.io.generate import generate
 from solar.io.throttle import Throttle
@@ -84,7 +84,8 @@ def io_pipeline(folder: Path, args: argparse.Namespace) -> Pipeline:
         f["x"] = rng.standard_normal((args.samples, 128, 128), np.float32)
     return Pipeline(
         "io", [path],
-        {"throttle": Throttle.parse(args.throttle), "batch_size": args.batch_size},
+        {"expert": ExpertConfig(throttle=Throttle.parse(args.throttle)),
+         "batch_size": args.batch_size},
         # (1 and 2 threads: 4 and 8 ms a sample, minutes a run, and clearly not the best)
         {"threads": [int(t) for t in args.threads.split(",") if int(t) >= 4]},
         f"{args.samples} samples of 64 KiB, contiguous, throttle {args.throttle} (MB/s,ms)",

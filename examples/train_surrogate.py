@@ -32,7 +32,7 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from solar import Loader, dist
+from solar import Loader, PlanningConfig, dist
 from solar.io.generate import generate
 
 
@@ -105,8 +105,8 @@ def main() -> None:
     snapshots = opts.checkpoint.with_name(opts.checkpoint.name + ".planner")
     snapshots.mkdir(parents=True, exist_ok=True)
     loader = Loader(opts.data, batch_size=opts.batch_size, epochs=opts.epochs, buffer=opts.buffer,
-                    slack=opts.slack, seed=opts.seed, comm=d.comm,
-                    snapshots=snapshots, transform=prepare)  # fmt: skip
+                    seed=opts.seed, comm=d.comm, transform=prepare,
+                    planning=PlanningConfig(slack=opts.slack, snapshots=snapshots))  # fmt: skip
 
     torch.manual_seed(opts.seed)
     model = DDP(Surrogate())

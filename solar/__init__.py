@@ -12,6 +12,7 @@ if "NUMBA_CACHE_DIR" not in _os.environ and not _os.access(_os.path.dirname(__fi
 from solar.config import BufferConfig, ReaderConfig, RunConfig
 from solar.errors import CorruptPlanError, PlanMismatchError, SolarError
 from solar.graph import Graph, NeighborSampler
+from solar.options import ExpertConfig, LoaderConfig, MemoryConfig, PlanningConfig
 from solar.schedule import Plan, PlanSpec, load_plan, make_plan
 from solar.schedule.samplers import Shuffle, Trace, Weighted
 from solar.transform import Transform
@@ -19,12 +20,16 @@ from solar.transform import Transform
 __all__ = [
     "BufferConfig",
     "CorruptPlanError",
+    "ExpertConfig",
     "Graph",
     "Loader",
+    "LoaderConfig",
+    "MemoryConfig",
     "NeighborSampler",
     "Plan",
     "PlanMismatchError",
     "PlanSpec",
+    "PlanningConfig",
     "ReaderConfig",
     "RunConfig",
     "Shuffle",

@@ -41,6 +41,7 @@ from solar.io.bandwidth import read_bandwidth
 from solar.io.pagecache import evict
 from solar.io.sources import describe_source
 from solar.io.throttle import Throttle
+from solar.options import ExpertConfig, MemoryConfig, PlanningConfig
 from solar.schedule.policies import TIERED
 from solar.transform import Transform, load_transform, sample_rng
 from solar.tune import MAX_READ_THREADS
@@ -83,7 +84,6 @@ class BenchConfig:
 
     paths: tuple[str, ...]
     keys: tuple[str, ...] | None = None
-    one_per_file: bool = False  # each file is one sample
     batch_size: int = 32
     epochs: int = 5
     # A share of the dataset over all ranks as a fraction (0.5), or a size as solar.config
@@ -94,7 +94,7 @@ class BenchConfig:
     slack: float = DEFAULT_SLACK
     loaders: tuple[str, ...] | None = None  # None: default_loaders(tier)
     workers: int | None = None  # DataLoader workers; None: the cores this process may use
-    reader: ReaderConfig = field(default_factory=ReaderConfig)
+    reader: ReaderConfig = field(default_factory=ReaderConfig)  # (and one_per_file)
     throttle: str | None = None  # "MBps,latency_ms"
     compute_ms: float = 0.0
     seed: int = 0
@@ -272,19 +272,54 @@ class H5Dataset:
 
 def run(cfg: BenchConfig, comm: Any, progress=None) -> dict | None:
     """Run the benchmark on every rank of ``comm``; rank 0 returns the results."""
-    from torch.utils.data import DataLoader, DistributedSampler
-
-    from solar.loader import Loader
-
     rank, world = comm.Get_rank(), comm.Get_size()
     info = describe_source(  # one scan for the job and every loader in it
-        list(cfg.paths),
-        list(cfg.keys) if cfg.keys else None,
-        one_per_file=cfg.one_per_file,
-        comm=comm,
-    )
-    files = list(info.all_files)
+        list(cfg.paths), list(cfg.keys) if cfg.keys else None,
+        one_per_file=cfg.reader.one_per_file, comm=comm,
+    )  # fmt: skip
     n, sample_bytes = info.num_samples, info.sample_bytes
+    cfg = _with_loaders(cfg)
+    solar_sampler = None
+    if cfg.weights is not None:
+        from solar.schedule.samplers import Weighted
+
+        solar_sampler = Weighted(cfg.weights)
+        solar_sampler.check(n)
+    sizes = {"num_samples": n, "sample_bytes": sample_bytes, "world_size": world}
+    capacity = per_rank(cfg.buffer, name="--buffer", **sizes)
+    tier_capacity = per_rank(cfg.tier_size, name="--tier-size", **sizes) if cfg.tier else 0
+    throttle = Throttle.parse(cfg.throttle) if cfg.throttle else None
+    fn = load_transform(cfg.transform) if cfg.transform else None
+    limits = _limits(cfg, info, comm, throttle)
+    if rank == 0:
+        log.info("bench: constructing the loaders %s (each rehearses its run)",
+                 ", ".join(cfg.loaders or ()))  # fmt: skip
+    loaders: dict[str, Any] = {}
+    if "torch" in (cfg.loaders or ()):
+        loaders["torch"] = _torch_loader(cfg, info, comm, throttle, fn, solar_sampler)
+    loaders.update(_solar_loaders(cfg, info, comm, (capacity, tier_capacity), throttle, fn,
+                                  solar_sampler))  # fmt: skip
+    loaders = {name: loaders[name] for name in cfg.loaders or ()}  # the order asked for
+    # Each Loader compiled its kernels when constructed (solar/warm.py): none in a timed epoch.
+    warm = {
+        name: {k: allreduce(comm, float(getattr(ld.stats, k)), MAX) for k in WARM_FIELDS}
+        for name, ld in loaders.items()
+        if name != "torch"
+    }
+    results = _run_epochs(cfg, loaders, list(info.all_files), sample_bytes, comm, fn, progress)
+    _gather_stages(loaders, results, comm)
+    if rank != 0:
+        return None
+    # The bound is the spec's: no need to plan the run again for it.
+    spec = loaders["solar"].spec if "solar" in loaders else None
+    out = _summarise(cfg, world, n, sample_bytes, (capacity, tier_capacity), limits, results,
+                     spec, throttle)  # fmt: skip
+    out["warm"] = warm
+    return out
+
+
+def _with_loaders(cfg: BenchConfig) -> BenchConfig:
+    """``cfg`` with its loaders: as named (each known), or the default ones."""
     weighted = cfg.weights is not None
     if cfg.loaders is None:
         chosen = default_loaders(cfg.tier is not None, weighted, cfg.transform is not None)
@@ -297,29 +332,23 @@ def run(cfg: BenchConfig, comm: Any, progress=None) -> dict | None:
         raise SolarError(
             f"--loaders: unknown {', '.join(sorted(unknown))} (choose from {', '.join(known)})"
         )
-    solar_sampler = None
-    if weighted:
-        from solar.schedule.samplers import Weighted
+    return cfg
 
-        assert cfg.weights is not None
-        solar_sampler = Weighted(cfg.weights)
-        solar_sampler.check(n)
-    sizes = {"num_samples": n, "sample_bytes": sample_bytes, "world_size": world}
-    capacity = per_rank(cfg.buffer, name="--buffer", **sizes)
-    tier_capacity = per_rank(cfg.tier_size, name="--tier-size", **sizes) if cfg.tier else 0
-    throttle = Throttle.parse(cfg.throttle) if cfg.throttle else None
-    fn = load_transform(cfg.transform) if cfg.transform else None
-    workers = cores() if cfg.workers is None else cfg.workers
 
-    # Storage read as the loaders read it (all ranks, their threads, random batches): the
-    # limit it gives is a lower bound on an epoch's time (solar/io/bandwidth.py).
-    # threads="auto" may read with up to MAX_READ_THREADS: the limit is measured with those,
-    # else it would not bound what the tuned loaders reach.
+def _limits(cfg: BenchConfig, info: Any, comm: Any, throttle: Throttle | None) -> dict:
+    """The bandwidths the epochs' limit is made of, measured now, the same on every rank.
+
+    Storage read as the loaders read it (all ranks, their threads, random batches): the
+    limit it gives is a lower bound on an epoch's time (solar/io/bandwidth.py).
+    threads="auto" may read with up to MAX_READ_THREADS: the limit is measured with those,
+    else it would not bound what the tuned loaders reach."""
+    rank, world = comm.Get_rank(), comm.Get_size()
     bw_reader = cfg.reader
     if cfg.reader.auto:
         bw_reader = dataclasses.replace(cfg.reader, threads=MAX_READ_THREADS)
     if rank == 0:
-        log.info("bench: %d samples on %d ranks; measuring the cold read bandwidth", n, world)
+        log.info("bench: %d samples on %d ranks; measuring the cold read bandwidth",
+                 info.num_samples, world)  # fmt: skip
     read_bw = read_bandwidth(info, bw_reader, comm, cfg.batch_size, throttle, seed=cfg.seed)
     # The tiers likewise: all ranks' at once, their threads, random batches of slots.
     tier_bw = (tier_read_bandwidth(info, cfg.reader, comm, cfg.batch_size, cfg.tier,
@@ -333,51 +362,69 @@ def run(cfg: BenchConfig, comm: Any, progress=None) -> dict | None:
     limits = comm.bcast(limits, root=0)
     if throttle is not None:
         limits["read_bytes_per_s"] = min(limits["read_bytes_per_s"], throttle.bytes_per_s * world)
+    return limits
 
-    if rank == 0:
-        log.info("bench: constructing the loaders %s (each rehearses its run)",
-                 ", ".join(cfg.loaders))  # fmt: skip
+
+def _torch_loader(cfg: BenchConfig, info: Any, comm: Any, throttle: Throttle | None, fn: Any,
+                  solar_sampler: Any) -> tuple[Any, Any]:  # fmt: skip
+    """The DataLoader and its sampler (DistributedSampler, or per-rank weighted draws)."""
+    from torch.utils.data import DataLoader, DistributedSampler
+
+    rank, world = comm.Get_rank(), comm.Get_size()
+    workers = cores() if cfg.workers is None else cfg.workers
+    ds: Any = H5Dataset(info, throttle, fn, cfg.seed)  # a map-style Dataset by protocol
+    sampler: Any = DistributedSampler(ds, num_replicas=world, rank=rank, seed=cfg.seed)
+    if solar_sampler is not None:
+        sampler = _RankWeighted(solar_sampler.weights, info.num_samples // world, cfg.seed, rank)
+    dl: Any = DataLoader(
+        ds, batch_size=cfg.batch_size, sampler=sampler, num_workers=workers,
+        persistent_workers=workers > 0,
+    )  # fmt: skip
+    # Fork the persistent workers now, while this process is small: forked after solar's
+    # buffers exist, they would share those pages copy-on-write, and every first write to a
+    # buffer page (each admission of epoch 0) would pay a page fault and a 4 KiB copy.
+    iter(dl)
+    return dl, sampler
+
+
+def _solar_loaders(cfg: BenchConfig, info: Any, comm: Any, capacity: tuple[int, int],
+                   throttle: Throttle | None, fn: Any,
+                   solar_sampler: Any) -> dict[str, Any]:  # fmt: skip
+    """solar's Loader for each of ``cfg``'s other loaders: a policy or a variant of solar,
+    under the same RAM ``capacity`` (and tier) per rank."""
+    from solar.loader import Loader
+
+    buffer, tier_capacity = capacity
     loaders: dict[str, Any] = {}
-    if "torch" in cfg.loaders:
-        ds: Any = H5Dataset(info, throttle, fn, cfg.seed)  # a map-style Dataset by protocol
-        sampler: Any = DistributedSampler(ds, num_replicas=world, rank=rank, seed=cfg.seed)
-        if solar_sampler is not None:
-            sampler = _RankWeighted(solar_sampler.weights, n // world, cfg.seed, rank)
-        dl: Any = DataLoader(
-            ds, batch_size=cfg.batch_size, sampler=sampler, num_workers=workers,
-            persistent_workers=workers > 0,
+    for name in cfg.loaders or ():
+        if name == "torch":
+            continue
+        policy = "solar" if name in ("solar-ram", INLOOP, PROCS) or name in VARIANTS else name
+        # The policies that plan a tier (solar-ram is solar without its tier; of a sampler's
+        # trace: solar only).
+        tiers = ("solar",) if cfg.weights is not None else TIERED
+        tiered = policy in tiers and name != "solar-ram" and tier_capacity > 0
+        loaders[name] = Loader(
+            info, [k.name for k in info.keys], batch_size=cfg.batch_size, epochs=cfg.epochs,
+            buffer=buffer, seed=cfg.seed, comm=comm, reader=cfg.reader, sampler=solar_sampler,
+            transform=None if name == INLOOP or fn is None
+            else Transform(fn, processes=name == PROCS),
+            planning=dataclasses.replace(PlanningConfig(policy=policy, slack=cfg.slack),
+                                         **VARIANTS.get(name, {})),
+            expert=ExpertConfig(throttle=throttle),
+            # (The node buffer is solar-node's, in the GNN bench.)
+            memory=MemoryConfig(tier=cfg.tier if tiered else None,
+                                tier_size=tier_capacity if tiered else 0, share="rank"),
         )  # fmt: skip
-        # Fork the persistent workers now, while this process is small: forked after solar's
-        # buffers exist, they would share those pages copy-on-write, and every first write to a
-        # buffer page (each admission of epoch 0) would pay a page fault and a 4 KiB copy.
-        iter(dl)
-        loaders["torch"] = (dl, sampler)
-    for name in cfg.loaders:
-        if name != "torch":
-            policy = "solar" if name in ("solar-ram", INLOOP, PROCS) or name in VARIANTS else name
-            # The policies that plan a tier (solar-ram is solar without its tier).
-            # (of a sampler's trace: solar only)
-            tiers = ("solar",) if weighted else TIERED
-            tiered = policy in tiers and name != "solar-ram" and tier_capacity > 0
-            loaders[name] = Loader(
-                info, [k.name for k in info.keys], one_per_file=cfg.one_per_file,
-                batch_size=cfg.batch_size, epochs=cfg.epochs,
-                buffer=capacity, seed=cfg.seed, policy=policy, comm=comm,
-                reader=cfg.reader, throttle=throttle,
-                tier=cfg.tier if tiered else None, tier_size=tier_capacity if tiered else 0,
-                sampler=solar_sampler, **{"slack": cfg.slack, **VARIANTS.get(name, {})},
-                transform=None if name == INLOOP or fn is None
-                else Transform(fn, processes=name == PROCS),
-                share="rank",  # (the node buffer is solar-node's, in the GNN bench)
-            )  # fmt: skip
-    loaders = {name: loaders[name] for name in cfg.loaders}  # the order asked for
-    results = {name: LoaderResult(name) for name in cfg.loaders}
-    # Each Loader compiled its kernels when constructed (solar/warm.py): none in a timed epoch.
-    warm = {
-        name: {k: allreduce(comm, float(getattr(ld.stats, k)), MAX) for k in WARM_FIELDS}
-        for name, ld in loaders.items()
-        if name != "torch"
-    }
+    return loaders
+
+
+def _run_epochs(cfg: BenchConfig, loaders: dict[str, Any], files: list, sample_bytes: int,
+                comm: Any, fn: Any, progress: Any) -> dict[str, LoaderResult]:  # fmt: skip
+    """Every loader's epochs, interleaved in an order rotated each epoch, each from cold
+    storage behind a barrier; their figures over all ranks."""
+    rank = comm.Get_rank()
+    results = {name: LoaderResult(name) for name in loaders}
     names = list(loaders)
     for epoch in range(cfg.epochs):
         # Rotate the order each epoch: no loader always follows the same one.
@@ -408,6 +455,13 @@ def run(cfg: BenchConfig, comm: Any, progress=None) -> dict | None:
                 r.logical_bytes.append(r.samples[-1] * sample_bytes)
             if progress is not None and rank == 0:
                 progress(epoch, name, seconds)
+    return results
+
+
+def _gather_stages(loaders: dict[str, Any], results: dict[str, LoaderResult], comm: Any) -> None:
+    """Each solar loader's stage figures, bottleneck and tuned knobs from every rank into
+    ``results`` (on rank 0); then the loaders closed."""
+    rank, world = comm.Get_rank(), comm.Get_size()
     for name, loader in loaders.items():
         if name != "torch":
             figures = {n: f.as_dict() for n, f in loader.stats.stages().items()}
@@ -417,14 +471,6 @@ def run(cfg: BenchConfig, comm: Any, progress=None) -> dict | None:
                 r = results[name]
                 r.stages, r.bottleneck, r.tuned = (list(x) for x in zip(*every, strict=True))
             loader.close()
-    if rank != 0:
-        return None
-    # The bound is the spec's: no need to plan the run again for it.
-    spec = loaders["solar"].spec if "solar" in loaders else None
-    out = _summarise(cfg, world, n, sample_bytes, (capacity, tier_capacity), limits, results,
-                     spec, throttle)  # fmt: skip
-    out["warm"] = warm
-    return out
 
 
 class _RankWeighted:

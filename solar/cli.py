@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -17,7 +18,6 @@ from click.core import ParameterSource
 from solar._atomic import check_writable
 from solar._units import format_bytes
 from solar.config import (
-    DEFAULT_SLACK,
     BufferConfig,
     ReaderConfig,
     RunConfig,
@@ -26,6 +26,7 @@ from solar.config import (
     share_or_size,
 )
 from solar.errors import SolarError
+from solar.options import MemoryConfig, PlanningConfig
 from solar.schedule import POLICIES, PlanSpec
 from solar.schedule.plan import plan_to_file, simulate
 from solar.schedule.policies import TRACE_POLICIES
@@ -35,6 +36,59 @@ from solar.schedule.summary import PlanSummary, closing_lines, reads_line
 from solar.transform import load_transform
 
 _READER = ReaderConfig()  # the defaults shown by --help
+_MEMORY, _PLANNING = MemoryConfig(), PlanningConfig()
+
+# -- option groups: the records of solar.options, each option defined once -----------------------
+# A command takes the options of a group that apply to it; one function per record turns them
+# into it (reader_config, memory_config, planning_config), as a Loader takes them.
+ONE_PER_FILE = click.option("--one-per-file", is_flag=True,
+                            help="Each data file is one sample (its datasets).")  # fmt: skip
+THREADS = click.option("--threads", default=str(_READER.threads), show_default=True,
+                       help='solar reader threads per rank, or "auto": tuned online.')  # fmt: skip
+READ_AHEAD = click.option(
+    "--read-ahead", type=int, default=_READER.read_ahead, show_default=True,
+    help=f"Steps solar reads ahead of the one served (at least {_READER.read_ahead_samples} "
+         "samples: more at small batches).",
+)  # fmt: skip
+TIER = click.option("--tier", type=click.Path(), help="Directory on local NVMe for a second tier.")
+SLACK = click.option("--slack", type=float, default=_PLANNING.slack, show_default=True,
+                     help="Extra share of B a rank may serve to keep its hits.")  # fmt: skip
+
+
+def tier_size_option(default: str) -> Any:
+    """``--tier-size``: the second tier (with --tier on a Loader or bench), as --buffer."""
+    return click.option("--tier-size", "-D", default=default, show_default=True,
+                        help="Second tier (local NVMe), as --buffer.")  # fmt: skip
+
+
+def reader_config(
+    one_per_file: bool = False, threads: str | None = None, read_ahead: int | None = None
+) -> ReaderConfig:
+    """--one-per-file, --threads, --read-ahead as the ReaderConfig they set (a command
+    without an option keeps its default)."""
+    config = ReaderConfig(one_per_file=one_per_file)
+    if threads is not None:
+        config = dataclasses.replace(config, threads=_threads(threads))
+    if read_ahead is not None:
+        config = dataclasses.replace(config, read_ahead=read_ahead)
+    return config
+
+
+def memory_config(tier: str | None = None, tier_size: str = "0",
+                  share: str = _MEMORY.share) -> MemoryConfig:  # fmt: skip
+    """--tier, --tier-size, --share as the MemoryConfig they set (sizes as written: read with
+    the data)."""
+    return MemoryConfig(tier=tier, tier_size=tier_size, share=share)
+
+
+def planning_config(slack: float = _PLANNING.slack, policy: str = _PLANNING.policy,
+                    equal_batches: bool | None = None,
+                    horizon: int | None = None) -> PlanningConfig:  # fmt: skip
+    """--slack, --policy, --equal-batches/--variable-batches, --horizon as the
+    PlanningConfig they set."""
+    return PlanningConfig(slack=slack, policy=policy, equal_batches=equal_batches,
+                          horizon=horizon)  # fmt: skip
+
 
 # A plan this long gets a progress bar (a few seconds of work).
 _PROGRESS_ACCESSES = 10_000_000
@@ -57,7 +111,7 @@ def cli() -> None:
 @click.argument("data", nargs=-1, type=click.Path())
 @click.option("--key", "keys", multiple=True,
               help="Dataset key (repeatable); default: all (a graph: features).")  # fmt: skip
-@click.option("--one-per-file", is_flag=True, help="Each data file is one sample.")
+@ONE_PER_FILE
 @click.option("--samples", type=int, help="Number of samples N, when no data files are given.")
 @click.option("--sample-bytes", type=int, help="Bytes per sample, when no data files are given.")
 @click.option("--world-size", "-P", type=int, required=True, help="Number of ranks P.")
@@ -66,12 +120,10 @@ def cli() -> None:
 @click.option("--buffer", "-C", required=True,
               help="RAM buffer: samples (500) or bytes (4GiB) per rank, or a share of the "
                    "dataset over all ranks (10%).")  # fmt: skip
-@click.option("--tier-size", "-D", default="0", show_default=True,
-              help="Second tier (local NVMe), as --buffer.")  # fmt: skip
+@tier_size_option("0")
 @click.option("--seed", type=int, default=0, show_default=True,
               help="Seed of the epochs' shuffles (and of --sampler's draws).")  # fmt: skip
-@click.option("--slack", type=float, default=DEFAULT_SLACK, show_default=True,
-              help="Extra share of B a rank may serve to keep its hits.")  # fmt: skip
+@SLACK
 @click.option("--drop-last", is_flag=True, help="Drop a short last global batch.")
 @click.option("--equal-batches/--variable-batches", default=None,
               help="Every rank delivers exactly B, ranks over B handing their surplus rows to "
@@ -80,7 +132,7 @@ def cli() -> None:
 @click.option(
     "--policy",
     type=click.Choice(sorted({*POLICIES, *TRACE_POLICIES})),
-    default="solar",
+    default=_PLANNING.policy,
     show_default=True,
     help="Planning policy (static: --sampler weighted only).",
 )
@@ -161,16 +213,18 @@ def plan(
     """Plan a run over DATA (HDF5 or .npy files, globs, directories) or over --samples N;
     write it to --out. A graph file (solar gen --preset graph) is planned with --sampler
     neighbor: the feature rows of every step's sampled subgraphs. With --share node, one
-    buffer per host (--hosts) shared by its ranks: the plan of Loader(share="node")."""
+    buffer per host (--hosts) shared by its ranks: the plan of MemoryConfig(share="node")."""
     for path in (out, plot_out):
         _check_out(path, force)
-    if share_mode == "node":
-        if plot_out:
-            raise SolarError("--share node: no --plot (yet)")
+    if share_mode == "node" and plot_out:
+        raise SolarError("--share node: no --plot (yet)")
     hosts_of = (share_mode, hosts)
+    reader = reader_config(one_per_file)
+    memory = memory_config(tier_size=tier_size, share=share_mode)
+    planning = planning_config(slack, policy, equal_batches, horizon)
     if sampler_kind == "neighbor":
-        _plan_graph(data, keys, world_size, batch_size, epochs, buffer, tier_size, seed, slack,
-                    policy, fanouts, horizon, out, plot_out, as_json, hosts_of,
+        _plan_graph(data, keys, world_size, batch_size, epochs, buffer, seed, memory, planning,
+                    fanouts, out, plot_out, as_json, hosts_of,
                     [k for k, v in {"--one-per-file": one_per_file, "--samples": samples,
                                     "--sample-bytes": sample_bytes, "--drop-last": drop_last,
                                     "--equal-batches": equal_batches,
@@ -184,7 +238,7 @@ def plan(
     if data:
         from solar.io.sources import describe_source
 
-        info = describe_source(list(data), list(keys) or None, one_per_file=one_per_file)
+        info = describe_source(list(data), list(keys) or None, one_per_file=reader.one_per_file)
         if samples is not None and samples != info.num_samples:
             raise SolarError(f"--samples {samples} disagrees with the data's {info.num_samples}")
         if sample_bytes is not None and sample_bytes != info.sample_bytes:
@@ -206,13 +260,14 @@ def plan(
     capacity, tier = (
         parse_size(text, sample_bytes=sample_bytes, name=name, num_samples=samples,
                    world_size=world_size)
-        for text, name in ((buffer, "--buffer"), (tier_size, "--tier-size"))
+        for text, name in ((buffer, "--buffer"), (memory.tier_size, "--tier-size"))
     )  # fmt: skip
+    equal_batches = planning.equal_batches
     if equal_batches is None:  # a Loader's default, so that its plan file serves a Loader's run
         equal_batches = equal_by_default(world_size, sampler)
     spec = PlanSpec(
-        run, BufferConfig(capacity, slack, tier), policy, reorder_epochs, sample_bytes, dataset,
-        sampler, horizon, equal_batches,
+        run, BufferConfig(capacity, planning.slack, tier), planning.policy, reorder_epochs,
+        sample_bytes, dataset, sampler, planning.horizon, equal_batches,
     )  # fmt: skip
     _run_plan(spec, out, plot_out, as_json, hosts_of)
 
@@ -282,13 +337,11 @@ def _refuse_graph(data: tuple[str, ...], keys: tuple[str, ...], command: str) ->
                          "and gathers their feature rows")  # fmt: skip
 
 
-def _plan_graph(data, keys, world_size, batch_size, epochs, buffer, tier_size, seed, slack,
-                policy, fanouts, horizon, out, plot_out, as_json, hosts_of,
+def _plan_graph(data, keys, world_size, batch_size, epochs, buffer, seed, memory: MemoryConfig,
+                planning: PlanningConfig, fanouts, out, plot_out, as_json, hosts_of,
                 refused) -> None:  # fmt: skip
     """``solar plan GRAPH.h5 --sampler neighbor``: the plan a Loader with a NeighborSampler
     makes of the graph's feature rows (page mates included where the rows share pages)."""
-    import dataclasses
-
     from solar.graph.bench import parse_fanouts
     from solar.graph.neighbor import NeighborSampler
     from solar.io.sources import describe_source
@@ -310,10 +363,10 @@ def _plan_graph(data, keys, world_size, batch_size, epochs, buffer, tier_size, s
     sampler.check_run(run)
     capacity, tier = (
         parse_size(text, sample_bytes=row, name=name, num_samples=n, world_size=world_size)
-        for text, name in ((buffer, "--buffer"), (tier_size, "--tier-size"))
+        for text, name in ((buffer, "--buffer"), (memory.tier_size, "--tier-size"))
     )  # fmt: skip
-    spec = PlanSpec(run, BufferConfig(capacity, slack, tier), policy, False, row, info.identity,
-                    sampler, horizon, False)  # fmt: skip
+    spec = PlanSpec(run, BufferConfig(capacity, planning.slack, tier), planning.policy, False, row,
+                    info.identity, sampler, planning.horizon, False)  # fmt: skip
     pages = page_layout(info)
     if pages is not None and spec.plans_page_mates:  # as a Loader plans it (page_mates=True)
         spec = dataclasses.replace(spec, pages=pages)
@@ -428,8 +481,8 @@ def _run_demo(data: Path, plan_file: Path, world: int, batch: int, epochs: int,
     from solar.loader import Loader
 
     loaders = [
-        Loader(data, batch_size=batch, epochs=epochs, buffer=buffer, plan=plan_file,
-               rank=r, world_size=world)
+        Loader(data, batch_size=batch, epochs=epochs, buffer=buffer, rank=r, world_size=world,
+               planning=PlanningConfig(plan=plan_file))
         for r in range(world)
     ]  # fmt: skip
     click.echo(f"{'epoch':>5} {'samples':>8} {'hits':>6} {'reads':>6} {'MiB read':>9} "
@@ -470,7 +523,7 @@ def _run_demo(data: Path, plan_file: Path, world: int, batch: int, epochs: int,
 @cli.command(short_help="Summarise files: keys, layouts, what solar does, what to convert.")
 @click.argument("data", nargs=-1, required=True, type=click.Path())
 @click.option("--key", "keys", multiple=True, help="Dataset key (repeatable); default: all.")
-@click.option("--one-per-file", is_flag=True, help="Each file's datasets are one sample.")
+@ONE_PER_FILE
 @click.option("--verbose", "-v", is_flag=True,
               help="Also each file's datasets: offsets, read path, advice.")  # fmt: skip
 @click.option("--probe", type=int, default=0, show_default=True,
@@ -542,7 +595,7 @@ def _format_plan(s: dict) -> str:
 @click.argument("src", nargs=-1, required=True, type=click.Path())
 @click.argument("dst", type=click.Path())
 @click.option("--key", "keys", multiple=True, help="Dataset key to copy (repeatable); default all.")
-@click.option("--one-per-file", is_flag=True, help="Each source file holds one sample.")
+@ONE_PER_FILE
 @click.option("--align", type=int, default=4096, show_default=True,
               help="Byte boundary every dataset starts on (a power of two; 4096 = one page, "
                    "what O_DIRECT reads need).")  # fmt: skip
@@ -665,7 +718,7 @@ def gen(out, preset, samples, chunks, compression, nodes, avg_degree, features, 
 @cli.command(short_help="Measure the DataLoader and solar's policies side by side, cold.")
 @click.argument("data", nargs=-1, required=True, type=click.Path())
 @click.option("--key", "keys", multiple=True, help="Dataset key (repeatable); default: all.")
-@click.option("--one-per-file", is_flag=True, help="Each data file is one sample.")
+@ONE_PER_FILE
 @click.option("--world-size", "-P", type=int, default=1, show_default=True,
               help="Ranks; launches itself under mpiexec when more than 1.")  # fmt: skip
 @click.option("--batch-size", "-B", type=int, default=32, show_default=True,
@@ -675,11 +728,9 @@ def gen(out, preset, samples, chunks, compression, nodes, avg_degree, features, 
 @click.option("--buffer", default="50%", show_default=True,
               help="A share of the dataset over all ranks (50%), or samples (500) or bytes "
                    "(4GiB) per rank.")  # fmt: skip
-@click.option("--tier", type=click.Path(), help="Directory on local NVMe for a second tier.")
-@click.option("--tier-size", default="0%", show_default=True,
-              help="Second tier (with --tier), as --buffer.")  # fmt: skip
-@click.option("--slack", type=float, default=DEFAULT_SLACK, show_default=True,
-              help="Extra share of B a rank may serve to keep its hits.")  # fmt: skip
+@TIER
+@tier_size_option("0%")
+@SLACK
 @click.option("--loaders", help="Comma-separated loaders to compare (default: torch, lru, fifo, "
               "solar-artifact, nopfs, solar; and solar-ram with --tier; on request "
               "solar-variable: varying batches, solar-slack0: slack 0).")  # fmt: skip
@@ -688,11 +739,8 @@ def gen(out, preset, samples, chunks, compression, nodes, avg_degree, features, 
                    "--slack (solar's default is equal batches, with several ranks).")  # fmt: skip
 @click.option("--workers", type=click.IntRange(min=0),
               help="DataLoader workers (default: the cores this process may use).")  # fmt: skip
-@click.option("--threads", default=str(_READER.threads), show_default=True,
-              help='solar reader threads per rank, or "auto": tuned online.')  # fmt: skip
-@click.option("--read-ahead", type=int, default=_READER.read_ahead, show_default=True,
-              help=f"Steps solar reads ahead of the one served (at least "
-                   f"{_READER.read_ahead_samples} samples: more at small batches).")  # fmt: skip
+@THREADS
+@READ_AHEAD
 @click.option("--throttle", help="Emulate a remote file system: MBps,latency_ms per rank.")
 @click.option("--compute-ms", type=float, default=0.0, show_default=True,
               help="Simulated training step per batch, ms (0: nothing trains, no bottleneck "
@@ -742,6 +790,8 @@ def bench(data, keys, one_per_file, world_size, batch_size, epochs, buffer, tier
 
     for path in (json_out, plot_out):
         _check_out(path, force)
+    reader = reader_config(one_per_file, threads, read_ahead)
+    memory, planning = memory_config(tier, tier_size), planning_config(slack)
     if share_mode == "node" and sampler_kind != "neighbor":
         raise SolarError("--share node: with --sampler neighbor only (for now)")
     if share_mode == "auto":  # both side by side where a node buffer applies, unless --loaders
@@ -755,14 +805,14 @@ def bench(data, keys, one_per_file, world_size, batch_size, epochs, buffer, tier
                   "--variable-batches": variable_batches,
                   "--weights": weights, "--transform": transform,
                   "--workers": workers is not None}  # fmt: skip
-        _bench_graph(data, keys, world_size, batch_size, epochs, buffer, loaders, threads,
-                     read_ahead, throttle, compute_ms, seed, fanouts, json_out, plot_out,
+        _bench_graph(data, keys, world_size, batch_size, epochs, buffer, loaders, reader,
+                     throttle, compute_ms, seed, fanouts, json_out, plot_out,
                      [k for k, v in others.items() if v], probe_seconds)  # fmt: skip
         return
     _refuse_graph(data, keys, "bench")
     share = share_or_size(buffer, "--buffer")
-    tier_share = share_or_size(tier_size, "--tier-size")
-    if (tier is None) != Size.parse(tier_size, "--tier-size").zero:
+    tier_share = share_or_size(str(memory.tier_size), "--tier-size")
+    if (memory.tier is None) != Size.parse(memory.tier_size, "--tier-size").zero:
         raise SolarError("--tier DIR and --tier-size > 0 go together")
     make_sampler(sampler_kind, weights)  # a bad --weights fails here, before any rank starts
     if transform:
@@ -773,12 +823,10 @@ def bench(data, keys, one_per_file, world_size, batch_size, epochs, buffer, tier
         )
     if variable_batches and "solar-variable" not in loaders.split(","):
         loaders += ",solar-variable"
-    reader = ReaderConfig(threads=_threads(threads), read_ahead=read_ahead)
     comm = _bench_ranks(world_size)
     cfg = harness.BenchConfig(
-        paths=tuple(data), keys=tuple(keys) or None, one_per_file=one_per_file,
-        batch_size=batch_size, epochs=epochs,
-        buffer=share, tier=tier, tier_size=tier_share, slack=slack,
+        paths=tuple(data), keys=tuple(keys) or None, batch_size=batch_size, epochs=epochs,
+        buffer=share, tier=tier, tier_size=tier_share, slack=planning.slack,
         loaders=tuple(x for x in loaders.split(",") if x),
         workers=workers, reader=reader, throttle=throttle, compute_ms=compute_ms, seed=seed,
         weights=weights, transform=transform,
@@ -838,9 +886,9 @@ def _threads(text: str) -> int | str:
         return text
 
 
-def _bench_graph(data, keys, world_size, batch_size, epochs, buffer, loaders, threads, read_ahead,
-                 throttle, compute_ms, seed, fanouts, json_out, plot_out, refused,
-                 probe_seconds: float = 1.0) -> None:  # fmt: skip
+def _bench_graph(data, keys, world_size, batch_size, epochs, buffer, loaders,
+                 reader: ReaderConfig, throttle, compute_ms, seed, fanouts, json_out, plot_out,
+                 refused, probe_seconds: float = 1.0) -> None:  # fmt: skip
     """``solar bench GRAPH.h5 --sampler neighbor``: mmap, lru, static and solar gathering the
     feature rows of sampled subgraphs under one memory budget (solar/graph/bench.py)."""
     from solar.graph import bench as graph_bench
@@ -855,7 +903,7 @@ def _bench_graph(data, keys, world_size, batch_size, epochs, buffer, loaders, th
         fanouts=graph_bench.parse_fanouts(fanouts), batch_size=batch_size, epochs=epochs,
         buffer=share_or_size(buffer, "--buffer"),
         loaders=tuple(x for x in loaders.split(",") if x) if loaders else graph_bench.GRAPH_LOADERS,
-        reader=ReaderConfig(threads=_threads(threads), read_ahead=read_ahead, direct_io=True),
+        reader=dataclasses.replace(reader, direct_io=True),
         throttle=throttle, compute_ms=compute_ms, seed=seed, probe_seconds=probe_seconds,
     )  # fmt: skip
     from solar.graph.neighbor import NeighborSampler

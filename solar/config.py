@@ -273,7 +273,8 @@ class ReaderConfig:
     small batches; 0 read-ahead steps: none); ``direct_io`` reads with ``O_DIRECT`` (the page
     cache is bypassed, so the buffer is the only cache); ``pin_memory`` pins batches for fast
     copies to an accelerator; ``decode_chunks`` reads chunked datasets chunk by chunk, decoding
-    them on the threads (else through h5py, one reader at a time).
+    them on the threads (else through h5py, one reader at a time); ``one_per_file`` reads each
+    file whole as one sample (its datasets), else files hold samples along their first axis.
 
     ``threads="auto"``: start at :data:`AUTO_THREADS` and let the Loader's tuner
     (solar/tune.py) move the reader (and decoding) threads and the read-ahead depth online,
@@ -293,6 +294,7 @@ class ReaderConfig:
     # only rows sharing or touching pages. Fewer, longer reads pay where requests, not bytes,
     # are the limit (bench/gnn_bench.py gaps measures it: README, "Graphs").
     page_gap: int = 0
+    one_per_file: bool = False  # each file is one sample (solar.io.sources)
 
     def __post_init__(self) -> None:
         for name, low in (("threads", 1), ("read_ahead", 0), ("read_ahead_samples", 0),
@@ -303,7 +305,7 @@ class ReaderConfig:
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
                 what = 'an integer >= 1 or "auto"' if name == "threads" else f"an integer >= {low}"
                 raise SolarError(f"{name} must be {what}, got {value!r}")
-        for name in ("direct_io", "pin_memory", "decode_chunks"):
+        for name in ("direct_io", "pin_memory", "decode_chunks", "one_per_file"):
             if not isinstance(getattr(self, name), bool):
                 raise SolarError(f"{name} must be True or False, got {getattr(self, name)!r}")
 

@@ -14,17 +14,14 @@ in the batch's rows.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import hashlib
 import logging
 import os
 import sys
-import tempfile
 import time
 import warnings
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from pathlib import Path
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -33,31 +30,22 @@ from torch.utils.data import IterableDataset, get_worker_info
 from solar._process import ProcessLocal
 from solar.cache.slots import SlotBuffer
 from solar.cache.tier import TierFile
-from solar.config import DEFAULT_SLACK, ReaderConfig
+from solar.config import ReaderConfig
 from solar.dist import abort_job_on_error, job_comm
 from solar.errors import SolarError
 from solar.exchange import Exchange
-from solar.io.info import DatasetInfo
+from solar.options import ExpertConfig, LoaderConfig, MemoryConfig, Paths, PlanningConfig
 from solar.runtime import pipeline
 from solar.runtime.setup import Setup, check_snapshots, configure
 from solar.schedule import Plan, make_plan
 from solar.schedule.nodefile import NodeFileStream, NodePlan
 from solar.schedule.nodestream import NodeStream, stage_bound
 from solar.schedule.order import step_bounds
-from solar.schedule.plan import plan_to_file
 from solar.schedule.samplers import Sampler, Trace
 from solar.schedule.stream import RankStream
 from solar.stats import LoaderStats
 from solar.transform import SampleFn, Transform
-from solar.warm import (
-    READ_BUDGET,
-    Warmth,
-    head,
-    measured,
-    rehearse_node,
-    settle_compiler_garbage,
-    tiny_spec,
-)
+from solar.warm import measured, rehearse_loader
 
 log = logging.getLogger(__name__)  # solar.loader (solar sets up no handler: the application does)
 
@@ -76,6 +64,24 @@ class Loader(IterableDataset[dict]):
     ``num_workers > 0`` are refused (the Loader batches, reads on its own threads and keeps
     its buffer in this process).
 
+    The keywords are what a ``DataLoader`` user knows; the rest are records, each default
+    owned by its field (:mod:`solar.options`): ``reader`` (:class:`~solar.config.ReaderConfig`:
+    threads, read-ahead, O_DIRECT, one sample per file), ``memory``
+    (:class:`~solar.options.MemoryConfig`: a second tier, a buffer per host, page mates),
+    ``planning`` (:class:`~solar.options.PlanningConfig`: a plan file, policy, slack, equal
+    batches, horizon, snapshots) and ``expert`` (:class:`~solar.options.ExpertConfig`: no
+    warm-up, an emulated slow file system). :meth:`from_config` takes them all as one
+    :class:`~solar.options.LoaderConfig`.
+
+    ``paths`` is a path, glob, directory or list of HDF5 files (``keys``: their datasets,
+    default all), or of ``.npy`` files (one key, ``keys[0]`` or ``"data"``), or a dict
+    ``{key: .npy files}``, or a :class:`~solar.io.info.DatasetInfo` already made (by
+    ``describe_source``); see :mod:`solar.io.sources`.
+
+    ``buffer``: the RAM the rank keeps rows in across steps, in samples (``500``) or bytes
+    (``4GiB``) per rank, or a share of the dataset over all ranks (``10%``):
+    :func:`solar.config.parse_size`. The planner decides, for every access, a hit or a read.
+
     The ranks: as ``DistributedSampler`` finds its group, a Loader built without ``comm``,
     ``rank`` or ``world_size`` uses the job's (:func:`solar.dist.job_comm`: ``dist.init()``'s,
     the initialised torch.distributed group, or mpiexec's MPI world) and refuses a job of
@@ -83,50 +89,14 @@ class Loader(IterableDataset[dict]):
     place this process by hand (plans made offline, ranks simulated in one process, a Loader
     that only some ranks make, e.g. a validation loader on rank 0: ``rank=0, world_size=1``).
     With a communicator, construction is collective (every rank makes its Loader) and a
-    failure in it ends the job, so that no rank waits for another forever.
-
-    Equal batches by default: with several ranks, a communicator and the Shuffle sampler
-    (another sampler decides each rank's batch itself), every rank's batch is
-    exactly ``batch_size`` every step (a short last step split evenly), as a DataLoader's; the
-    rows a rank serves beyond it move to ranks under it through ``comm``
-    (:mod:`solar.exchange`); a rank's batch is its own rows in service order, then those
-    received, by sender rank (:mod:`solar.schedule.transfer`). ``equal_batches=False`` opts
-    into local batches that vary within ``slack`` (fewer rows moved; weigh the loss with
-    ``solar.dist.scale_loss(loss_sum, loader)``, :attr:`loss_count`). With a plan given, the
-    plan's choice holds.
-
-    ``paths`` is a path, glob, directory or list of HDF5 files (``keys``: their datasets,
-    default all), or of ``.npy`` files (one key, ``keys[0]`` or ``"data"``), or a dict
-    ``{key: .npy files}``, or a :class:`~solar.io.info.DatasetInfo` already made (by
-    ``describe_source``); see :mod:`solar.io.sources`. With ``one_per_file`` each file is
-    one sample (its whole datasets), else files hold samples along their first axis.
-
-    ``buffer`` (RAM) and ``tier_size`` (a second tier: one file per rank, or per host with a
-    node buffer, in the directory ``tier``, on node-local NVMe) are capacities in samples
-    (``500``) or bytes (``4GiB``) per rank, or a share of the dataset over all ranks (``10%``):
-    :func:`solar.config.parse_size`. The planner decides, for every access, a RAM hit, a tier
-    hit or a storage read. A forked child process builds its own buffer (and tier), refilled
-    before it serves; with a node buffer it is refused in one line (only the process that joined
-    its host serves it).
-
-    ``snapshots``: a directory (shared by the ranks, beside the checkpoints) where rank 0 saves
-    the planner's state after each epoch it plans, a few MB; a resume (:meth:`load_state_dict`)
-    then replans from the newest snapshot at or before its epoch instead of from epoch 0.
-
-    ``warm`` (default): compile every numba kernel the epochs will call now, by running a
-    tiny copy of this run (:mod:`solar.warm`); ``stats.warm_seconds`` and
-    ``stats.compile_seconds`` say what it cost.
-
-    ``page_mates`` (default): where rows are at most half a page (one file, one contiguous
-    key, a sampler that splits its own batches, the solar policy, a RAM buffer, no
-    deterministic transform), also keep the rows that share pages with a step's reads when they
-    are used sooner than what the buffer holds (:mod:`solar.schedule.pagemates`); raw batch
-    memory then has room for twice a batch's rows. False plans rows alone.
+    failure in it ends the job, so that no rank waits for another forever. With several
+    ranks, a communicator and the Shuffle sampler every rank's batch is exactly
+    ``batch_size`` rows every step, as a DataLoader's (``PlanningConfig.equal_batches``).
 
     ``sampler`` draws each step's ids (:mod:`solar.schedule.samplers`): ``Shuffle()`` (the
-    default), ``Weighted(...)`` or ``Trace(...)``; with the latter two the sampler splits the
-    batches over the ranks, a batch may repeat an id (read once, copied) and the planner looks
-    ``horizon`` epochs ahead (default: the whole run if it fits in memory).
+    default), ``Weighted(...)``, ``Trace(...)`` or a ``NeighborSampler``; with the latter the
+    sampler splits the batches over the ranks, and a batch may repeat an id (read once,
+    copied).
 
     ``transform``: a function ``fn(sample, rng) -> sample`` run on every sample once its bytes
     are in memory, on worker threads, its outputs written into the batch
@@ -139,84 +109,60 @@ class Loader(IterableDataset[dict]):
     ``Data`` (``torch_geometric`` needed) with the dict's entries as attributes, e.g. a
     ``NeighborSampler``'s ``x``, ``edge_index``, ``y``, ``n_id``, ``batch_size``,
     ``num_sampled_nodes``/``num_sampled_edges`` (made after ``batch_transform``).
-
-    ``share``: ``"auto"`` (default) gives the ranks of a host one RAM buffer wherever that
-    pays and runs: more than one rank of the job on a host, a sampler whose ranks' accesses
-    overlap (one that fixes each rank's batch: ``NeighborSampler``, ``Trace``,
-    ``Weighted(affinity=False)``), the solar policy and a configuration the node buffer runs
-    (below); else a
-    buffer per rank, as ``"rank"`` always does (one rank per host: today's behaviour, bit for
-    bit). The choice is made once, alike on every rank: :attr:`share` and ``stats.share`` say
-    it. ``"node"`` asks for it: the ranks of a host share one RAM buffer of their buffers' sum,
-    in shared memory, planned by Belady over the union of their accesses
-    (solar/schedule/nodeplan.py); a row several local ranks need at a step is read once, by
-    one of them, and copied to the others. Ranks are grouped by host name (``SOLAR_HOSTS=HxL``
-    forces H hosts of L consecutive ranks). With a sampler with affinity (``Shuffle``,
-    ``Weighted``) the host's share of each global batch is dealt over its ranks, no row moving
-    between them; with equal batches every rank still serves ``batch_size`` rows, only a
-    host's surplus moving to ranks of other hosts (solar/schedule/nodeequal.py). The host's tier
-    (``tier``/``tier_size``: its ranks' sizes summed) is one file in the directory shared by
-    its ranks; ``snapshots`` are the node planner's (rank 0 saves every host's; a resume
-    replans from the newest of this grouping), a state saved with another grouping or world
-    size loads where the global batches allow (as above). ``plan=`` takes a node
-    plan file (``solar plan --share node``) made for this job's grouping (``"auto"`` follows
-    the file's kind). For now: no deterministic transform (``"node"`` refuses it in one line,
-    ``"auto"`` then keeps a buffer per rank). Every step is then a collective of the host's
-    ranks (two barriers, more on a step whose host updates a tier or RAM cell twice): every
-    local rank iterates the same steps.
     """
 
     def __init__(
         self,
-        paths: str | os.PathLike | Sequence[str | os.PathLike] | Mapping[str, Any] | DatasetInfo,
+        paths: Paths,
         keys: list[str] | None = None,
         *,
         batch_size: int | None = None,
         epochs: int,
         buffer: int | str,
         seed: int = 0,
-        slack: float = DEFAULT_SLACK,
-        plan: Plan | str | os.PathLike | None = None,
+        sampler: Sampler | None = None,
+        transform: SampleFn | Transform | None = None,
+        batch_transform: Callable[[dict], dict] | None = None,
+        batch_format: str = "dict",
+        drop_last: bool = False,
         comm: Any = None,
         rank: int | None = None,
         world_size: int | None = None,
-        drop_last: bool = False,
-        policy: str = "solar",
         reader: ReaderConfig | None = None,
-        throttle: Any = None,
-        one_per_file: bool = False,
-        tier: str | os.PathLike | None = None,
-        tier_size: int | str = 0,
-        snapshots: str | os.PathLike | None = None,
-        sampler: Sampler | None = None,
-        horizon: int | None = None,
-        equal_batches: bool | None = None,
-        transform: SampleFn | Transform | None = None,
-        batch_transform: Callable[[dict], dict] | None = None,
-        warm: bool = True,
-        page_mates: bool = True,
-        batch_format: str = "dict",
-        share: str = "auto",
+        memory: MemoryConfig | None = None,
+        planning: PlanningConfig | None = None,
+        expert: ExpertConfig | None = None,
     ) -> None:
-        comm = job_comm(comm, rank, world_size)  # the job's, if the caller gave no place
+        self._construct(LoaderConfig(
+            paths=paths, keys=keys, batch_size=batch_size, epochs=epochs, buffer=buffer,
+            seed=seed, sampler=sampler, transform=transform, batch_transform=batch_transform,
+            batch_format=batch_format, drop_last=drop_last, comm=comm, rank=rank,
+            world_size=world_size, reader=reader or ReaderConfig(),
+            memory=memory or MemoryConfig(), planning=planning or PlanningConfig(),
+            expert=expert or ExpertConfig(),
+        ))  # fmt: skip
+
+    @classmethod
+    def from_config(cls, config: LoaderConfig) -> Loader:
+        """A Loader of ``config`` (the records made first, then one build)."""
+        loader = cls.__new__(cls)
+        loader._construct(config)
+        return loader
+
+    def _construct(self, args: LoaderConfig) -> None:
+        """Decide ``args`` (the job's communicator if they give no place), then start."""
+        args = dataclasses.replace(args, comm=job_comm(args.comm, args.rank, args.world_size))
+        snapshots, warm = args.planning.snapshots, args.expert.warm
         # Other ranks may be waiting in the plan agreement: a failure here takes the job down.
-        with abort_job_on_error(comm), measured() as warmth:
-            setup = configure(
-                paths, keys, batch_size=batch_size, epochs=epochs, buffer=buffer, seed=seed,
-                slack=slack, plan=plan, comm=comm, rank=rank, world_size=world_size,
-                drop_last=drop_last, policy=policy, reader=reader, throttle=throttle,
-                one_per_file=one_per_file, tier=tier, tier_size=tier_size, sampler=sampler,
-                horizon=horizon, equal_batches=equal_batches, transform=transform,
-                batch_transform=batch_transform, page_mates=page_mates,
-                batch_format=batch_format, share=share, snapshots=snapshots,
-            )  # fmt: skip
+        with abort_job_on_error(args.comm), measured() as warmth:
+            setup = configure(args)
             check_snapshots(snapshots)
+            self._args = args
             self._adopt(setup, snapshots)
-            if share == "auto" and setup.hosts is not None and setup.rank == 0:
-                h = setup.hosts
+            if args.memory.share == "auto" and setup.hosts is not None and setup.rank == 0:
                 log.info("share='auto': one buffer per host (hosts of ranks %s), planned over "
-                         "the union of their accesses; share='rank' for a buffer per rank",
-                         h.as_record())  # fmt: skip
+                         "the union of their accesses; MemoryConfig(share='rank') for a "
+                         "buffer per rank", setup.hosts.as_record())  # fmt: skip
             self._start(warm)
         self.stats.compile_seconds = warmth[0].compile_seconds
         self.stats.compiled = warmth[0].compiled
@@ -283,9 +229,8 @@ class Loader(IterableDataset[dict]):
             self.reader.warm_up()
             if warm:
                 given = self._plan
-                _rehearse(
-                    self, None if given is None else "memory" if given.file is None else "file"
-                )
+                kind = None if given is None else "memory" if given.file is None else "file"
+                rehearse_loader(self._args, self._setup, kind, Loader.from_config)
             self.stats.warm_seconds = time.perf_counter() - t0
         except BaseException:
             self.close()  # no thread, process or tier file outlives a Loader never made
@@ -316,7 +261,9 @@ class Loader(IterableDataset[dict]):
         state = dict(self.__dict__)
         # The exchange belongs to this process's communicator: a copy cannot take part.
         state["_exchange"] = None
-        state["_setup"] = _portable(self._setup)
+        # Its communicators stay here too.
+        state["_setup"] = dataclasses.replace(self._setup, comm=None, host_comm=None)
+        state["_args"] = dataclasses.replace(self._args, comm=None)
         return state
 
     @property
@@ -499,59 +446,3 @@ def _check_torch_caller(caller: Any) -> None:
             "a solar Loader yields whole batches: wrap it as DataLoader(loader, "
             "batch_size=None), not with a batch_size (it would batch the batches)"
         )
-
-
-def _portable(setup: Setup) -> Setup:
-    """``setup`` for another process: its communicators stay here."""
-    return dataclasses.replace(setup, comm=None, host_comm=None)
-
-
-def _rehearse(loader: Loader, plan: str | None) -> Warmth:
-    """Run a tiny copy of ``loader``'s run over its own files to its end, then drop it: every
-    kernel ``loader``'s epochs call is compiled (or loaded from the cache) by then (a node
-    buffer's own kernels by :func:`~solar.warm.rehearse_node`). ``plan``: how the real run's
-    plan came, ``"file"`` or ``"memory"`` (None: streamed)."""
-    info: DatasetInfo = loader.info
-    with measured() as w:
-        fit = max(1, READ_BUDGET // max(1, info.sample_bytes)) * loader.world_size
-        first = head(info, tiny_spec(loader.spec, min(info.num_samples, fit)).run.num_samples)
-        spec = tiny_spec(loader.spec, first.num_samples, first.identity)
-        run = spec.run
-        with contextlib.ExitStack() as stack:
-            made: Any = None
-            # (The tiny Loader has no communicator: its ranks exchange no rows.)
-            alone = dataclasses.replace(spec, equal_batches=False)
-            if plan == "file":  # the same path as the real run's: read from a file, proven
-                tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="solar-warm-"))
-                made = plan_to_file(alone, Path(tmp) / "plan.h5")
-            elif plan == "memory":
-                made = make_plan(alone)
-            with warnings.catch_warnings():  # the real run said what its tiny copy would
-                warnings.simplefilter("ignore", UserWarning)
-                tiny = Loader(
-                    first, [k.name for k in info.keys],
-                    batch_size=run.batch_size, epochs=run.epochs, buffer=spec.buffer.capacity,
-                    seed=run.seed, slack=spec.buffer.slack, plan=made, rank=loader.rank,
-                    world_size=run.world_size, drop_last=run.drop_last, policy=spec.policy,
-                    reader=loader.config, one_per_file=info.one_per_file,
-                    tier=loader._setup.tier_dir if spec.buffer.tier else None,
-                    tier_size=spec.buffer.tier, sampler=spec.sampler, horizon=spec.horizon,
-                    warm=False, page_mates=spec.pages is not None,
-                )  # fmt: skip
-            with tiny:
-                for epoch in range(run.epochs):
-                    tiny.set_epoch(epoch)
-                    for _ in tiny:
-                        pass
-                # A resume's path too: a jump back replays the buffer (and refills it).
-                tiny.set_epoch(run.epochs - 1)
-                for _ in zip(tiny, range(1), strict=False):
-                    pass
-            loader.sampler.rehearse(loader.run, loader.rank)  # its own kernels, if any
-        hosts = loader._setup.hosts
-        if hosts is not None:  # share="node": the tiny Loader ran per rank; the node's own
-            given = isinstance(loader._setup.given, NodePlan)
-            rehearse_node(spec, hosts, loader.rank, plan_file=given)
-    if w[0].compiled:
-        settle_compiler_garbage()
-    return w[0]

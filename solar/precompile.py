@@ -15,7 +15,9 @@ from typing import Any
 
 import numpy as np
 
+from solar.config import ReaderConfig
 from solar.loader import Loader
+from solar.options import ExpertConfig, MemoryConfig, PlanningConfig
 from solar.schedule.nodeplan import Hosts
 from solar.schedule.samplers import Weighted
 from solar.warm import Warmth, measured, rehearse_node, tiny_spec
@@ -64,11 +66,11 @@ def warm_config(cfg: dict[str, Any], root: Path) -> None:
         for rank in range(cfg["world"]):
             with warnings.catch_warnings():  # (varying batches: these serve nobody)
                 warnings.simplefilter("ignore", UserWarning)
-                ld = Loader(
-                    source, batch_size=4, epochs=2, buffer=5, rank=rank, world_size=cfg["world"],
-                    policy=cfg["policy"], one_per_file=one, tier=tier,
-                    tier_size=8 if tier else 0, sampler=sampler,
-                )  # fmt: skip
+                ld = Loader(source, batch_size=4, epochs=2, buffer=5, rank=rank,
+                            world_size=cfg["world"], sampler=sampler,
+                            planning=PlanningConfig(policy=cfg["policy"]),
+                            reader=ReaderConfig(one_per_file=one),
+                            memory=MemoryConfig(tier=tier, tier_size=8 if tier else 0))  # fmt: skip
             ld.close()
 
 
@@ -86,8 +88,9 @@ def _warm_node(data: Path, root: Path, n: int) -> None:
             warnings.simplefilter("ignore", UserWarning)
             ld = Loader(
                 data, batch_size=4, epochs=3, buffer=5, rank=0, world_size=hosts.world,
-                tier=where, tier_size=8 if tier else 0, warm=traced, share="rank",
                 sampler=Weighted(1.0 / (1.0 + np.arange(n)), affinity=False) if traced else None,
+                memory=MemoryConfig(tier=where, tier_size=8 if tier else 0, share="rank"),
+                expert=ExpertConfig(warm=traced),
             )  # fmt: skip
         ld.close()
         # (Equal batches: a Loader's need a communicator, a plan's do not.)

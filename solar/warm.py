@@ -35,6 +35,7 @@ import pkgutil
 import tempfile
 import threading
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -46,10 +47,13 @@ from numba.core.dispatcher import Dispatcher
 from solar.config import BufferConfig, RunConfig
 from solar.host import barrier as hostbarrier
 from solar.io.info import DatasetInfo, StoredLayout
+from solar.options import ExpertConfig, LoaderConfig, MemoryConfig, PlanningConfig
+from solar.runtime.setup import Setup
 from solar.runtime.steps import Steps
-from solar.schedule.nodefile import NodeFileStream, load_node_plan, node_plan_to_file
+from solar.schedule.nodefile import NodeFileStream, NodePlan, load_node_plan, node_plan_to_file
 from solar.schedule.nodeplan import Hosts
 from solar.schedule.nodestream import NodeStream, stage_bound
+from solar.schedule.plan import make_plan, plan_to_file
 from solar.schedule.samplers import SHUFFLE, Sampler, Trace, Weighted, is_shuffle
 from solar.schedule.spec import PlanSpec
 
@@ -234,6 +238,63 @@ def rehearse_node(spec: PlanSpec, hosts: Hosts, rank: int, plan_file: bool = Fal
             steps.enter(k)
             steps.rows(k, steps.plan(k))  # (its exchange too, with equal batches)
         steps.refill_at(min(spec.run.steps_per_epoch, spec.run.num_steps - 1))
+
+
+def rehearse_loader(args: LoaderConfig, setup: Setup, plan: str | None,
+                    make: Callable[[LoaderConfig], Any]) -> Warmth:  # fmt: skip
+    """Run a tiny copy of a Loader's run (``args`` as ``setup`` decided them) over its own
+    files to its end, then drop it: every kernel the Loader's epochs call is compiled (or
+    loaded from the cache) by then (a node buffer's own kernels by :func:`rehearse_node`).
+    ``plan``: how the real run's plan came, ``"file"`` or ``"memory"`` (None: streamed);
+    ``make``: a Loader of a record (``Loader.from_config``)."""
+    info = setup.info
+    with measured() as w:
+        fit = max(1, READ_BUDGET // max(1, info.sample_bytes)) * setup.world_size
+        first = head(info, tiny_spec(setup.spec, min(info.num_samples, fit)).run.num_samples)
+        spec = tiny_spec(setup.spec, first.num_samples, first.identity)
+        run = spec.run
+        with contextlib.ExitStack() as stack:
+            made: Any = None
+            # (The tiny Loader has no communicator: its ranks exchange no rows.)
+            alone = dataclasses.replace(spec, equal_batches=False)
+            if plan == "file":  # the same path as the real run's: read from a file, proven
+                tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="solar-warm-"))
+                made = plan_to_file(alone, Path(tmp) / "plan.h5")
+            elif plan == "memory":
+                made = make_plan(alone)
+            # The real run's reader, on its first files, with the tiny run's decisions alone:
+            # no communicator, transform, host buffer, snapshots or warm-up of its own.
+            tiny_args = dataclasses.replace(
+                args, paths=first, keys=[k.name for k in info.keys], batch_size=run.batch_size,
+                epochs=run.epochs, buffer=spec.buffer.capacity, seed=run.seed,
+                sampler=spec.sampler, transform=None, batch_transform=None,
+                batch_format="dict", drop_last=run.drop_last, comm=None, rank=setup.rank,
+                world_size=run.world_size, reader=setup.config,
+                memory=MemoryConfig(tier=setup.tier_dir if spec.buffer.tier else None,
+                                    tier_size=spec.buffer.tier, share="rank",
+                                    page_mates=spec.pages is not None),
+                planning=PlanningConfig(plan=made, policy=spec.policy, slack=spec.buffer.slack,
+                                        horizon=spec.horizon),
+                expert=ExpertConfig(warm=False),
+            )  # fmt: skip
+            with warnings.catch_warnings():  # the real run said what its tiny copy would
+                warnings.simplefilter("ignore", UserWarning)
+                tiny = make(tiny_args)
+            with tiny:
+                for epoch in range(run.epochs):
+                    tiny.set_epoch(epoch)
+                    for _ in tiny:
+                        pass
+                # A resume's path too: a jump back replays the buffer (and refills it).
+                tiny.set_epoch(run.epochs - 1)
+                for _ in zip(tiny, range(1), strict=False):
+                    pass
+            setup.sampler.rehearse(setup.run, setup.rank)  # its own kernels, if any
+        if setup.hosts is not None:  # a node buffer: the tiny Loader ran per rank; the node's own
+            rehearse_node(spec, setup.hosts, setup.rank, isinstance(setup.given, NodePlan))
+    if w[0].compiled:
+        settle_compiler_garbage()
+    return w[0]
 
 
 def rehearse_planning(spec: PlanSpec, plan: Callable[[PlanSpec], Any]) -> Warmth:

@@ -23,6 +23,7 @@ and ``mpiexec -n 3``: tests/mpi/faults.py) and bench/fault_bench.py (many seeds)
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import errno
 import gc
 import os
@@ -342,7 +343,7 @@ def run(seed: int, mode: str, originals: list[Path], work: Path, rate: float = 0
     """One seeded run of ``mode`` over fresh copies of ``originals`` in ``work`` (with
     ``comm``: the files given, shared by the ranks; ``changes``: this rank may change them;
     ``rank_seed``: its faults' seed is ``1000 * seed + rank_seed``)."""
-    from solar import Loader, SolarError
+    from solar import ExpertConfig, Loader, MemoryConfig, SolarError
     from solar.config import ReaderConfig
     from solar.errors import first_line
 
@@ -358,14 +359,14 @@ def run(seed: int, mode: str, originals: list[Path], work: Path, rate: float = 0
     gc.collect()
     before = snapshot()
     reader = ReaderConfig(threads=2, read_ahead=2, direct_io=mode == "direct")
-    kw: dict = {"batch_size": 8, "epochs": epochs, "buffer": 16, "warm": False, "seed": seed,
-                "reader": reader}  # fmt: skip
+    kw: dict = {"batch_size": 8, "epochs": epochs, "buffer": 16, "seed": seed, "reader": reader,
+                "expert": ExpertConfig(warm=False)}  # fmt: skip
     if mode == "one_per_file":
-        kw.update(one_per_file=True, buffer=0)
+        kw.update(reader=dataclasses.replace(reader, one_per_file=True), buffer=0)
     nvme = work / ("nvme" if comm is None else f"nvme{comm.Get_rank()}")
     if mode == "tier":
         nvme.mkdir(parents=True, exist_ok=True)
-        kw.update(buffer=8, tier=nvme, tier_size=48)
+        kw.update(buffer=8, memory=MemoryConfig(tier=nvme, tier_size=48))
     if comm is not None:
         kw["comm"] = comm
     faults = Faults(1000 * seed + rank_seed, rate, kinds, tuple(paths), changes)

@@ -16,6 +16,7 @@ from test_cli import run_cli
 
 from solar.cli import cli
 from solar.graph import generate_graph
+from solar.options import PlanningConfig
 
 # A Python repr in text meant for people: a tuple, list or dict literal, or empty parentheses.
 REPR = re.compile(r"\(\)|\(\d+, \d*|\[\d+, \d+|\['|\{'")
@@ -152,7 +153,9 @@ def test_plan_neighbor_writes_a_plan_the_loader_takes_and_a_plot(tmp_path, capsy
     assert png.stat().st_size > 5_000
     # The Loader takes the plan as its own (it refuses one made for other inputs).
     sampler = NeighborSampler(g, (4, 3), 16)
-    ld = Loader(g, ["features"], sampler=sampler, epochs=2, buffer="10%", plan=plan)
+    ld = Loader(
+        g, ["features"], sampler=sampler, epochs=2, buffer="10%", planning=PlanningConfig(plan=plan)
+    )
     assert ld.spec.pages is not None  # page mates planned, as the Loader plans them
     for e in range(2):
         ld.set_epoch(e)

@@ -15,6 +15,7 @@ from helpers import write_h5
 
 from solar import BufferConfig, CorruptPlanError, Loader, PlanSpec, RunConfig, SolarError
 from solar.cli import main
+from solar.options import PlanningConfig
 from solar.schedule import load_plan, make_plan
 from solar.schedule.order import nominal_batches, step_bounds
 from solar.schedule.plan import _peers_error, simulate
@@ -164,7 +165,8 @@ def test_equal_batches_are_for_shuffle_and_part_of_the_fingerprint(tmp_path):
     x = np.arange(103 * 2, dtype=np.float32).reshape(103, 2)
     data = write_h5(tmp_path / "d.h5", x=x)
     with pytest.raises(SolarError, match="equal_batches: the ranks exchange rows, pass comm="):
-        Loader(data, batch_size=4, epochs=2, buffer=12, rank=0, world_size=3, equal_batches=True)
+        Loader(data, batch_size=4, epochs=2, buffer=12, rank=0, world_size=3,
+               planning=PlanningConfig(equal_batches=True))  # fmt: skip
     from solar.io.hdf5 import describe
 
     info = describe([data])
@@ -172,17 +174,20 @@ def test_equal_batches_are_for_shuffle_and_part_of_the_fingerprint(tmp_path):
                     info.sample_bytes, info.identity, equal_batches=True)  # fmt: skip
     path = make_plan(spec).save(tmp_path / "p.h5")
     with pytest.raises(SolarError, match="equal_batches True \\(expected None\\)"):
-        Loader(data, batch_size=4, epochs=2, buffer=12, rank=0, world_size=3, plan=path,
-               equal_batches=False)  # fmt: skip
+        Loader(data, batch_size=4, epochs=2, buffer=12, rank=0, world_size=3,
+               planning=PlanningConfig(plan=path, equal_batches=False))  # fmt: skip
     # By default the plan's choice holds: equal batches, which need the ranks' communicator.
     with pytest.raises(SolarError, match="equal_batches: the ranks exchange rows, pass comm="):
-        Loader(data, batch_size=4, epochs=2, buffer=12, rank=0, world_size=3, plan=path)
+        Loader(data, batch_size=4, epochs=2, buffer=12, rank=0, world_size=3,
+               planning=PlanningConfig(plan=path))  # fmt: skip
 
 
 def test_one_rank_with_equal_batches_serves_h5py_bytes(tmp_path):
     x = np.random.default_rng(1).standard_normal((37, 3))
     data = write_h5(tmp_path / "d.h5", x=x)
-    with Loader(data, batch_size=5, epochs=2, buffer=9, equal_batches=True) as ld:
+    with Loader(
+        data, batch_size=5, epochs=2, buffer=9, planning=PlanningConfig(equal_batches=True)
+    ) as ld:
         for e in range(2):
             ld.set_epoch(e)
             seen = []

@@ -21,6 +21,7 @@ from solar import Loader, SolarError
 from solar.config import ReaderConfig
 from solar.io.hdf5 import describe
 from solar.io.reader import Reader
+from solar.options import ExpertConfig
 
 HERE = Path(__file__).parent
 ROOT = HERE.parent
@@ -77,8 +78,9 @@ def test_a_memory_fault_names_batch_memory_not_the_data_file(tmp_path):
 def test_a_truncated_file_names_its_key_and_sample(tmp_path):
     path = write_h5(tmp_path / "d.h5", x=np.arange(96 * 256, dtype=np.float32).reshape(96, 256))
     ref = reference([path])
-    loader = Loader([path], batch_size=8, epochs=1, buffer=0, warm=False,
-                    reader=ReaderConfig(threads=1, read_ahead=0))  # fmt: skip
+    loader = Loader([path], batch_size=8, epochs=1, buffer=0,
+                    reader=ReaderConfig(threads=1, read_ahead=0),
+                    expert=ExpertConfig(warm=False))  # fmt: skip
     loader.set_epoch(0)
     batches = iter(loader)
     first = next(batches)

@@ -13,6 +13,7 @@ from solar import Graph, Loader, NeighborSampler, PlanSpec, make_plan
 from solar.config import BufferConfig, RunConfig
 from solar.errors import SolarError
 from solar.graph import generate_graph
+from solar.options import ExpertConfig
 from solar.schedule import HIT
 
 
@@ -332,20 +333,12 @@ def test_memory_checks_count_a_batch_as_its_subgraph_not_its_seeds(graph_file, m
     # (Each batch with room for as many side rows: the 20 B rows share pages, pagemates.py.)
     with pytest.raises(SolarError, match=r"buffer and batches: 100 buffer rows \+ 4 batches "
                                          r"of up to 320 rows, 20 B each") as info:  # fmt: skip
-        Loader(
-            graph_file,
-            ["features"],
-            sampler=sampler,
-            epochs=1,
-            buffer=100,
-            reader=reader,
-            warm=False,
-        )
+        Loader(graph_file, ["features"], sampler=sampler, epochs=1, buffer=100, reader=reader,
+               expert=ExpertConfig(warm=False))  # fmt: skip
     assert "\n" not in str(info.value)
     monkeypatch.setattr(solar._memory, "available_memory", lambda: (100 + 4 * 320) * 20)
-    Loader(
-        graph_file, ["features"], sampler=sampler, epochs=1, buffer=100, reader=reader, warm=False
-    ).close()
+    Loader(graph_file, ["features"], sampler=sampler, epochs=1, buffer=100, reader=reader,
+           expert=ExpertConfig(warm=False)).close()  # fmt: skip
     # The planner's trace: every rank's largest subgraph every step, not one access per seed.
     spec = PlanSpec(run, BufferConfig(10, 0.0), "solar", sampler=sampler)
     assert trace_accesses(spec) == 2 * run.steps_per_epoch * bound > run.samples_per_epoch

@@ -20,6 +20,7 @@ from solar import Loader, SolarError
 from solar.config import ReaderConfig
 from solar.io import handles
 from solar.io.identity import DEV, INO, MTIME, SIZE, FileChanged, Identities
+from solar.options import ExpertConfig
 
 N = 96
 
@@ -45,8 +46,9 @@ def test_hdf5_file_rewritten_in_place_stops_the_run(tmp_path):
     path = write_h5(tmp_path / "d.h5", x=np.arange(N * 16, dtype=np.float32).reshape(N, 16))
     ref = reference([path])
     ino = os.stat(path).st_ino
-    loader = Loader([path], batch_size=8, epochs=2, buffer=16, warm=False,
-                    reader=ReaderConfig(threads=2, read_ahead=1))  # fmt: skip
+    loader = Loader([path], batch_size=8, epochs=2, buffer=16,
+                    reader=ReaderConfig(threads=2, read_ahead=1),
+                    expert=ExpertConfig(warm=False))  # fmt: skip
 
     def rewrite() -> None:
         with h5py.File(path, "w") as f:  # the same inode, the same layout, other values
@@ -64,8 +66,9 @@ def test_replaced_one_sample_file_stops_the_run_beyond_the_descriptor_cache(tmp_
     monkeypatch.setattr(handles, "fd_capacity", lambda: 16)
     paths = [write_h5(tmp_path / f"s{i:03d}.h5", x=np.full(16, i, np.float32)) for i in range(N)]
     ref = {"x": np.stack([np.full(16, i, np.float32) for i in range(N)])}
-    loader = Loader(paths, batch_size=8, epochs=2, buffer=0, one_per_file=True, warm=False,
-                    reader=ReaderConfig(threads=2, read_ahead=0))  # fmt: skip
+    loader = Loader(paths, batch_size=8, epochs=2, buffer=0,
+                    reader=ReaderConfig(threads=2, read_ahead=0, one_per_file=True),
+                    expert=ExpertConfig(warm=False))  # fmt: skip
     assert loader.reader.files.streams
 
     def replace() -> None:

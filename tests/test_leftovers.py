@@ -21,6 +21,7 @@ from test_mpi import MPIEXEC, launch
 import solar._memory
 from solar import Loader, SolarError, Weighted
 from solar._memory import require_memory
+from solar.options import ExpertConfig
 from solar.transform import Transform
 
 MPI_SCRIPT = Path(__file__).parent / "mpi" / "orphans.py"
@@ -116,8 +117,9 @@ def _kills_itself(sample, rng):
 @pytest.mark.parametrize(("fn", "how"), [(_exits, "exited with status 3"),
                                          (_kills_itself, r"was killed by SIGKILL")])  # fmt: skip
 def test_a_dying_worker_process_is_one_line_naming_the_step(data, fn, how):
-    ld = Loader(data, batch_size=10, epochs=1, buffer=0, warm=False,
-                transform=Transform(fn, processes=True, workers=1))  # fmt: skip
+    ld = Loader(data, batch_size=10, epochs=1, buffer=0,
+                transform=Transform(fn, processes=True, workers=1),
+                expert=ExpertConfig(warm=False))  # fmt: skip
     with pytest.raises(SolarError, match=f"transform processes: a worker {how}.* at step "
                        r"\d+ of epoch 0 \(samples \d+") as info:  # fmt: skip
         list(ld)
@@ -130,12 +132,13 @@ def test_too_few_descriptors_for_transform_processes_is_one_line(data):
         import resource, sys
         sys.path.insert(0, {str(Path(__file__).parent)!r})
         from test_leftovers import _exits
-        from solar import Loader, SolarError
+        from solar import ExpertConfig, Loader, SolarError
         from solar.transform import Transform
         if __name__ == "__main__":
             resource.setrlimit(resource.RLIMIT_NOFILE, (24, 24))
             try:
-                ld = Loader({str(data)!r}, batch_size=10, epochs=1, buffer=0, warm=False,
+                ld = Loader({str(data)!r}, batch_size=10, epochs=1, buffer=0,
+                            expert=ExpertConfig(warm=False),
                             transform=Transform(_exits, processes=True, workers=1))
                 list(ld)
             except SolarError as exc:
@@ -209,15 +212,16 @@ def test_a_buffer_beyond_the_cgroups_limit_is_refused(data, tmp_path, monkeypatc
     monkeypatch.setattr(solar._memory, "available_memory", lambda: 20 * 2**30)
     with pytest.raises(SolarError, match=r"buffer: .* exceed the 0\.00 GiB of memory left under "
                                          "the cgroup's limit"):  # fmt: skip
-        Loader(data, batch_size=10, epochs=1, buffer="100%", warm=False)
+        Loader(data, batch_size=10, epochs=1, buffer="100%", expert=ExpertConfig(warm=False))
 
 
 def test_a_run_or_weights_sized_beyond_memory_are_refused_before_allocating(data, monkeypatch):
     with pytest.raises(
         SolarError, match=r"sampler: an epoch of 1000000000000 draws: .* GiB exceed"
     ) as e:
-        Loader(data, batch_size=10, epochs=1, buffer=10, warm=False,
-               sampler=Weighted(np.ones(120), num_samples=10**12))  # fmt: skip
+        Loader(data, batch_size=10, epochs=1, buffer=10,
+               sampler=Weighted(np.ones(120), num_samples=10**12),
+               expert=ExpertConfig(warm=False))  # fmt: skip
     assert "\n" not in str(e.value)
     monkeypatch.setattr(solar._memory, "available_memory", lambda: 10**6)
     with pytest.raises(SolarError, match=r"weights: 100000 weights: .* GiB exceed"):

@@ -13,6 +13,7 @@ from helpers import every_batch, reference, skip_without_o_direct
 
 from solar import Loader, PlanMismatchError, ReaderConfig, SolarError
 from solar.loader import LoaderStats
+from solar.options import PlanningConfig
 
 N = 103  # prime: no batch size divides it
 
@@ -211,11 +212,12 @@ def test_a_plan_for_another_run_or_dataset_is_refused(tmp_path):
     b = [_write(tmp_path / "b.h5", 0, N + 1)]
     plan_a = Loader(a, batch_size=4, epochs=2, buffer=10).plan
     path = plan_a.save(tmp_path / "a.plan.h5")
-    Loader(a, batch_size=4, epochs=2, buffer=10, plan=path)  # its own run: accepted
+    # Its own run: accepted.
+    Loader(a, batch_size=4, epochs=2, buffer=10, planning=PlanningConfig(plan=path))
     with pytest.raises(PlanMismatchError, match="num_samples"):
-        Loader(b, batch_size=4, epochs=2, buffer=10, plan=path)
+        Loader(b, batch_size=4, epochs=2, buffer=10, planning=PlanningConfig(plan=path))
     with pytest.raises(PlanMismatchError, match="epochs 2 \\(expected 3\\)"):
-        Loader(a, batch_size=4, epochs=3, buffer=10, plan=path)
+        Loader(a, batch_size=4, epochs=3, buffer=10, planning=PlanningConfig(plan=path))
     ld = Loader(a, batch_size=4, epochs=2, buffer=10)
     with pytest.raises(SolarError, match="another dataset or run"):
         ld.load_state_dict({**ld.state_dict(), "fingerprint": "0" * 64, "order": "0" * 64})

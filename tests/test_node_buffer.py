@@ -16,6 +16,7 @@ from helpers import write_h5
 
 from solar.errors import SolarError
 from solar.host.region import PREFIX, NodeRegion, fits
+from solar.options import ExpertConfig, MemoryConfig, PlanningConfig
 
 SHM_DIR = "/dev/shm"  # where no node region or tier may leave a name
 
@@ -199,13 +200,17 @@ def test_a_node_loader_refuses_what_it_does_not_run_in_one_line(data, tmp_path, 
     if kwargs.get("share") == "node":
         kwargs.setdefault("sampler", sampler)
     if "plan" in kwargs:
-        ld = Loader(data, ["x"], batch_size=12, epochs=1, buffer=20, sampler=sampler, warm=False)
+        ld = Loader(data, ["x"], batch_size=12, epochs=1, buffer=20, sampler=sampler,
+                    expert=ExpertConfig(warm=False))  # fmt: skip
         kwargs["plan"] = plan_to_file(ld.spec, tmp_path / "plan.h5")
         ld.close()
     if kwargs.get("transform") == "held":
         kwargs["transform"] = Transform(lambda s, rng: s, deterministic=True)
+    memory = MemoryConfig(share=kwargs.pop("share"))
+    planning = PlanningConfig(plan=kwargs.pop("plan", None))
     with pytest.raises(SolarError) as err:
-        Loader(data, ["x"], batch_size=12, epochs=1, buffer=20, warm=False, **kwargs)
+        Loader(data, ["x"], batch_size=12, epochs=1, buffer=20, **kwargs, memory=memory,
+               planning=planning, expert=ExpertConfig(warm=False))  # fmt: skip
     msg = str(err.value)
     assert "\n" not in msg and word in msg, msg
 
@@ -218,7 +223,7 @@ def test_a_closed_node_loader_refuses_to_serve_in_one_line(data):
 
     sampler = Weighted(np.ones(600), affinity=False)
     ld = Loader(data, ["x"], batch_size=12, epochs=2, buffer=20, sampler=sampler,
-                share="node", warm=False)  # fmt: skip
+                memory=MemoryConfig(share="node"), expert=ExpertConfig(warm=False))  # fmt: skip
     assert ld.share == "node" and len(list(ld)) == ld.run.steps_per_epoch
     ld.set_epoch(1)
     it = iter(ld)

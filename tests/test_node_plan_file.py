@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 from solar import BufferConfig, CorruptPlanError, Loader, PlanSpec, RunConfig, Shuffle, Weighted
 from solar.cli import cli
 from solar.errors import PlanMismatchError, SolarError
+from solar.options import ExpertConfig, MemoryConfig, PlanningConfig
 from solar.schedule import ADMIT, HIT, PEER, load_plan
 from solar.schedule.nodefile import (
     NodePlanWriter,
@@ -180,12 +181,13 @@ def test_solar_plan_share_node_writes_a_node_plan_file(tmp_path):
 def test_a_loader_serves_a_node_plan_file_and_refuses_the_other_kind(tmp_path):
     x = np.random.default_rng(0).integers(0, 2**31, (90, 5), dtype=np.int64)
     data = write_h5(tmp_path / "d.h5", x=x)
-    kw = dict(batch_size=8, epochs=2, buffer=20, warm=False, seed=3)
+    kw = dict(batch_size=8, epochs=2, buffer=20, expert=ExpertConfig(warm=False), seed=3)
     ld = Loader(data, ["x"], **kw)
     node = node_plan_to_file(ld.spec, Hosts.grid(1, 1), tmp_path / "n.h5")
     ld.close()
     served, state = [], None
-    with Loader(data, ["x"], plan=node.file.path, share="node", **kw) as got:
+    with Loader(data, ["x"], **kw, planning=PlanningConfig(plan=node.file.path),
+                memory=MemoryConfig(share="node")) as got:  # fmt: skip
         for e in range(2):
             got.set_epoch(e)
             seen = []
@@ -199,7 +201,8 @@ def test_a_loader_serves_a_node_plan_file_and_refuses_the_other_kind(tmp_path):
             assert np.array_equal(np.sort(np.concatenate(seen)), np.arange(90))
         assert got.stats.totals().reads == node.file.stats["reads"]
     # An exact resume inside epoch 1: the buffer refilled from the file's plan, same batches.
-    with Loader(data, ["x"], plan=node.file.path, share="node", **kw) as again:
+    with Loader(data, ["x"], **kw, planning=PlanningConfig(plan=node.file.path),
+                memory=MemoryConfig(share="node")) as again:  # fmt: skip
         again.load_state_dict(state)
         k = state["next_step"]
         for b in again:
@@ -208,11 +211,15 @@ def test_a_loader_serves_a_node_plan_file_and_refuses_the_other_kind(tmp_path):
             k += 1
         assert k == len(served)
     with pytest.raises(PlanMismatchError, match=r"made for another dataset or run: seed 3 "):
-        Loader(data, ["x"], plan=node.file.path, share="node", **{**kw, "seed": 4})
+        Loader(data, ["x"], **{**kw, "seed": 4}, planning=PlanningConfig(plan=node.file.path),
+               memory=MemoryConfig(share="node"))  # fmt: skip
     with pytest.raises(SolarError, match=r'a node plan file .*pass share="node"') as err:
-        Loader(data, ["x"], plan=node.file.path, share="rank", **kw)
+        Loader(data, ["x"], **kw, planning=PlanningConfig(plan=node.file.path),
+               memory=MemoryConfig(share="rank"))  # fmt: skip
     assert "\n" not in str(err.value) and str(node.file.path) in str(err.value)
-    with Loader(data, ["x"], plan=node.file.path, **kw) as auto:  # "auto": the file's kind
+    with Loader(
+        data, ["x"], **kw, planning=PlanningConfig(plan=node.file.path)
+    ) as auto:  # "auto": the file's kind
         assert auto.share == "node"
 
 
@@ -430,13 +437,15 @@ def test_a_node_plan_file_serves_h5py_bytes_on_two_hosts_and_refuses_another_gro
     x = np.random.default_rng(0).integers(0, 2**31, (600, 24), dtype=np.int64)
     data = write_h5(tmp_path / "d.h5", x=x)
     sampler = skewed_weighted(600)  # (the script's own)
-    ld = Loader(data, ["x"], batch_size=12, epochs=3, buffer="10%", sampler=sampler, warm=False,
-                seed=5, equal_batches=False, rank=0, world_size=4)  # fmt: skip
+    ld = Loader(data, ["x"], batch_size=12, epochs=3, buffer="10%", sampler=sampler, seed=5, rank=0,
+                world_size=4, expert=ExpertConfig(warm=False),
+                planning=PlanningConfig(equal_batches=False))  # fmt: skip
     good = node_plan_to_file(ld.spec, Hosts.grid(2, 2), tmp_path / "p22.h5").file.path
     other = node_plan_to_file(ld.spec, Hosts.grid(1, 4), tmp_path / "p14.h5").file.path
     ld.close()
-    ld = Loader(data, ["x"], batch_size=12, epochs=3, buffer="10%", warm=False, seed=5,
-                equal_batches=False, rank=0, world_size=4)  # fmt: skip
+    ld = Loader(data, ["x"], batch_size=12, epochs=3, buffer="10%", seed=5, rank=0, world_size=4,
+                expert=ExpertConfig(warm=False),
+                planning=PlanningConfig(equal_batches=False))  # fmt: skip
     spec = dataclasses.replace(ld.spec, equal_batches=True)  # Shuffle's, as a job's
     equal = node_plan_to_file(spec, Hosts.grid(2, 2), tmp_path / "eq22.h5").file.path
     ld.close()

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from solar import BufferConfig, Loader, NeighborSampler, PlanSpec, RunConfig, make_plan
 from solar.errors import CorruptPlanError, SolarError
 from solar.graph import generate_graph
+from solar.options import ExpertConfig, MemoryConfig, PlanningConfig
 from solar.schedule import HIT
 from solar.schedule._common import ADMIT, SIDE
 from solar.schedule.pagemates import LaterUses, PageLayout, mates_of, next_after
@@ -219,7 +220,9 @@ def test_the_first_steps_reads_start_before_its_plan_is_made(graph, monkeypatch)
 
     monkeypatch.setattr(RankStream, "_next_epoch", held)
     sampler = NeighborSampler(path, (4, 2), batch_size=24)
-    with Loader(path, ["features"], sampler=sampler, epochs=2, buffer=120, warm=False) as ld:
+    with Loader(
+        path, ["features"], sampler=sampler, epochs=2, buffer=120, expert=ExpertConfig(warm=False)
+    ) as ld:
         submitted: list[int] = []
         submit = ld.reader.submit
 
@@ -268,22 +271,24 @@ def test_a_plan_with_page_mates_is_refused_where_they_do_not_apply(graph, tmp_pa
 
     path, layout, _ = graph
     sampler = NeighborSampler(path, (4, 2), batch_size=24)
-    kw = dict(sampler=sampler, epochs=3, buffer=120, rank=0, world_size=2, warm=False)
+    kw = dict(sampler=sampler, epochs=3, buffer=120, rank=0, world_size=2,
+              expert=ExpertConfig(warm=False))  # fmt: skip
     with Loader(path, ["features"], **kw) as ld:
         made = ld.plan
     assert made.spec.pages == layout
     with pytest.raises(SolarError, match="page mates"):
-        Loader(path, ["features"], plan=made,
-               transform=Transform(lambda x, rng: x, deterministic=True), **kw)  # fmt: skip
-    with Loader(path, ["features"], plan=made, page_mates=False, **kw) as ld:
+        Loader(path, ["features"], transform=Transform(lambda x, rng: x, deterministic=True), **kw,
+               planning=PlanningConfig(plan=made))  # fmt: skip
+    with Loader(path, ["features"], **kw, planning=PlanningConfig(plan=made),
+                memory=MemoryConfig(page_mates=False)) as ld:  # fmt: skip
         assert ld.spec.pages == layout  # the plan's choice, for this data
-    with Loader(path, ["features"], page_mates=False, **kw) as ld:
+    with Loader(path, ["features"], **kw, memory=MemoryConfig(page_mates=False)) as ld:
         assert ld.spec.pages is None
     moved = PlanSpec(made.spec.run, made.spec.buffer, sampler=sampler, dataset=made.spec.dataset,
                      sample_bytes=made.spec.sample_bytes,
                      pages=PageLayout(layout.offset + 8, layout.row_bytes))  # fmt: skip
     with pytest.raises(SolarError, match="page mates of rows at"):
-        Loader(path, ["features"], plan=make_plan(moved), **kw)
+        Loader(path, ["features"], **kw, planning=PlanningConfig(plan=make_plan(moved)))
 
 
 def test_side_rows_follow_a_trace_batch_with_repeats_byte_for_byte(tmp_path):
@@ -340,7 +345,7 @@ def test_a_loader_failing_in_its_warm_up_leaves_no_planning_thread(graph, monkey
     def broken(*args, **kw):
         raise RuntimeError("rehearsal failed")
 
-    monkeypatch.setattr(solar.loader, "_rehearse", broken)
+    monkeypatch.setattr(solar.loader, "rehearse_loader", broken)
     path, _, _ = graph
     sampler = NeighborSampler(path, (4, 2), batch_size=24)
     with pytest.raises(RuntimeError, match="rehearsal failed"):

@@ -13,7 +13,7 @@ import h5py
 import numpy as np
 import pytest
 
-from solar import Loader
+from solar import Loader, PlanningConfig, ReaderConfig
 from solar.errors import SolarError
 from solar.io.handles import FdCache
 from solar.io.reader import Reader
@@ -64,8 +64,9 @@ def run_all(source, keys, world: int, **kw) -> dict[str, np.ndarray]:
 @pytest.mark.parametrize("world", [1, 3])
 def test_one_sample_hdf5_files_are_served_exactly(tmp_path, chunked, world):
     root = one_per_file_h5(tmp_path / "d", chunked)
-    run_all(root, None, world, one_per_file=True)
-    run_all(str(root / "s*.h5"), ["img", "grp/lab"], 1, one_per_file=True)  # a glob
+    run_all(root, None, world, reader=ReaderConfig(one_per_file=True))
+    run_all(str(root / "s*.h5"), ["img", "grp/lab"], 1, reader=ReaderConfig(one_per_file=True))
+    # (a glob)
 
 
 def test_one_sample_layouts_take_the_fast_paths(tmp_path):
@@ -86,7 +87,8 @@ def test_npy_one_per_file_and_many_per_file(tmp_path, world):
     for i in range(N):
         np.save(one / f"x_{i:03d}.npy", IMG[i])
         np.save(one / f"y_{i:03d}.npy", LAB[i])
-    run_all({"x": str(one / "x_*.npy"), "y": str(one / "y_*.npy")}, None, world, one_per_file=True)
+    run_all({"x": str(one / "x_*.npy"), "y": str(one / "y_*.npy")}, None, world,
+            reader=ReaderConfig(one_per_file=True))  # fmt: skip
     many = tmp_path / "many"
     many.mkdir()
     for j, (lo, hi) in enumerate([(0, 10), (10, 11), (11, N)]):
@@ -208,8 +210,8 @@ def test_descriptors_bounded_by_rlimit(tmp_path):
         resource.setrlimit(resource.RLIMIT_NOFILE, (64, hard))
         from solar import Loader
         from solar.config import ReaderConfig
-        ld = Loader(root, batch_size=32, epochs=2, buffer=10, one_per_file=True,
-                    reader=ReaderConfig(threads=4))
+        ld = Loader(root, batch_size=32, epochs=2, buffer=10,
+                    reader=ReaderConfig(threads=4, one_per_file=True))
         for e in range(2):
             ld.set_epoch(e)
             for b in ld:
@@ -217,8 +219,8 @@ def test_descriptors_bounded_by_rlimit(tmp_path):
         assert len(ld.reader.files.fds) <= 32, len(ld.reader.files.fds)
         assert len(os.listdir("/proc/self/fd")) < 64
         # Three readers at once would want 3 x 32: they shrink when the process runs out.
-        more = [Loader(root, batch_size=32, epochs=1, buffer=10, one_per_file=True, seed=s,
-                       reader=ReaderConfig(threads=4)) for s in range(3)]
+        more = [Loader(root, batch_size=32, epochs=1, buffer=10, seed=s,
+                       reader=ReaderConfig(threads=4, one_per_file=True)) for s in range(3)]
         for other in more:
             for b in other:
                 assert (b["data"].numpy() == data[b["index"].numpy()]).all()
@@ -245,6 +247,9 @@ def test_plan_file_from_the_cli_runs_one_sample_files(tmp_path, capsys):
     code, stdout, err = run_cli([*args, "--json"], capsys)
     assert code == 0, err
     assert json.loads(stdout)["accesses"] == 2 * N
-    run_all(root, None, 3, one_per_file=True, plan=plan)  # the plan's dataset identity matches
+    run_all(root, None, 3, reader=ReaderConfig(one_per_file=True),
+            planning=PlanningConfig(plan=plan))  # fmt: skip
+    # the plan's dataset identity matches
     with pytest.raises(SolarError, match="dataset"):
-        run_all(root, ["img"], 3, one_per_file=True, plan=plan)
+        run_all(root, ["img"], 3, reader=ReaderConfig(one_per_file=True),
+                planning=PlanningConfig(plan=plan))  # fmt: skip

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from plan_checks import specs
 
 from solar import BufferConfig, CorruptPlanError, Loader, Plan, PlanSpec, RunConfig, make_plan
+from solar.options import PlanningConfig
 from solar.schedule import ADMIT, HIT, RELEASE, load_plan
 from solar.schedule.planner import EpochPlan
 from solar.schedule.validate import check_coverage, validate_rank
@@ -122,8 +123,8 @@ def test_an_edited_plan_is_refused_naming_file_rank_and_step(tmp_path, dataset, 
     assert text.startswith(f"plan {path}: rank {bad_rank}, step ")
     # The Loader refuses it before reading a byte: no crash, no wrong bytes.
     with pytest.raises(CorruptPlanError, match=message):
-        Loader([dataset], batch_size=4, epochs=3, buffer=12, seed=3, rank=bad_rank,
-               world_size=2, plan=path)  # fmt: skip
+        Loader([dataset], batch_size=4, epochs=3, buffer=12, seed=3, rank=bad_rank, world_size=2,
+               planning=PlanningConfig(plan=path))  # fmt: skip
     loaded._validated(1 - bad_rank, key=1, keep=False)  # the untouched rank alone is valid
 
 

@@ -12,9 +12,16 @@ import numpy as np
 import pytest
 from helpers import write_h5
 
-from solar import ReaderConfig, SolarError, Transform, Weighted
+from solar import (
+    LoaderConfig,
+    MemoryConfig,
+    PlanningConfig,
+    ReaderConfig,
+    SolarError,
+    Transform,
+    Weighted,
+)
 from solar.cache.slots import SlotBuffer
-from solar.config import DEFAULT_SLACK
 from solar.io.info import KeyInfo
 from solar.runtime import pipeline
 from solar.runtime.delivery import Delivery
@@ -249,15 +256,14 @@ def test_batch_memory_is_reused_once_a_batch_is_dropped():
 
 
 # -- the whole pipeline in each mode, under the same checker ------------------------------------
-def _args(path: Path, **over: Any) -> dict:
+def _args(path: Path, tier: Any = None, tier_size: int = 0, **over: Any) -> LoaderConfig:
     args: dict[str, Any] = dict(
-        batch_size=4, epochs=3, buffer=6, seed=3, slack=DEFAULT_SLACK, plan=None, comm=None,
-        rank=0, world_size=1, drop_last=False, policy="solar", reader=ReaderConfig(threads=2),
-        throttle=None, one_per_file=False, tier=None, tier_size=0, sampler=None, horizon=None,
-        equal_batches=False, transform=None, batch_transform=None, page_mates=True,
+        paths=path, batch_size=4, epochs=3, buffer=6, seed=3, rank=0, world_size=1,
+        reader=ReaderConfig(threads=2), memory=MemoryConfig(tier=tier, tier_size=tier_size),
+        planning=PlanningConfig(equal_batches=False),
     )  # fmt: skip
     args.update(over)
-    return args
+    return LoaderConfig(**args)
 
 
 def _plus(sample: dict, rng: Any) -> dict:
@@ -281,7 +287,7 @@ def test_the_pipeline_seeks_as_it_runs_straight(tmp_path, mode):
     if "tier_size" in over:
         (tmp_path / "tier").mkdir()
         over["tier"] = tmp_path / "tier"
-    setup = configure(path, None, **_args(path, **over))
+    setup = configure(_args(path, **over))
     made: list = []
 
     def make() -> pipeline.Pipeline:

@@ -12,6 +12,7 @@ from solar import (
     BufferConfig,
     CorruptPlanError,
     Loader,
+    MemoryConfig,
     PlanSpec,
     RunConfig,
     SolarError,
@@ -279,9 +280,9 @@ def test_weighted_batches_are_byte_exact(data, tmp_path, world, tier, affinity):
     sampler = Weighted(w, affinity=affinity)
     batches: dict[int, list[np.ndarray]] = {}
     for r in range(world):
-        kw = dict(tier=tmp_path, tier_size=tier) if tier else {}
+        memory = MemoryConfig(tier=tmp_path, tier_size=tier) if tier else None
         with Loader(path, batch_size=5, epochs=3, buffer=6, sampler=sampler, rank=r,
-                    world_size=world, **kw) as loader:  # fmt: skip
+                    world_size=world, memory=memory) as loader:  # fmt: skip
             run = loader.run
             for k, b in enumerate(_epochs(loader, 3)):
                 idx = b["index"].numpy()

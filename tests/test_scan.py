@@ -11,6 +11,7 @@ import pytest
 from test_mpi import launch
 
 from solar import Loader
+from solar.config import ReaderConfig
 from solar.errors import SolarError
 from solar.io.hdf5 import scan_hdf5
 from solar.io.inspect import inspect_files
@@ -60,8 +61,9 @@ def test_a_directory_tree_is_walked_in_sorted_order_and_served_exactly(tmp_path,
         ]
     ref = {int(p.stem[1:]): i for i, p in enumerate(order)}  # file name's number -> sample id
     seen = []
-    with Loader(tmp_path / "train", batch_size=4, epochs=2, buffer=5,
-                one_per_file=True) as ld:  # fmt: skip
+    with Loader(
+        tmp_path / "train", batch_size=4, epochs=2, buffer=5, reader=ReaderConfig(one_per_file=True)
+    ) as ld:
         for e in range(2):
             ld.set_epoch(e)
             for b in ld:

@@ -14,6 +14,7 @@ from test_cli import run_cli
 from solar.config import Size, parse_size, per_rank, share_or_size
 from solar.errors import SolarError
 from solar.loader import Loader
+from solar.options import ExpertConfig, MemoryConfig
 
 SOLAR = str(Path(sys.executable).with_name("solar"))
 ROW = 4 * 5 * 4 + 2 * 8  # a sample of the small_h5 fixture (103 samples), in bytes
@@ -74,7 +75,7 @@ def test_the_benchmarks_configs_keep_shares_as_fractions():
 
 def test_the_loader_takes_every_form(small_h5):
     def capacity(**kw) -> tuple[int, int]:
-        with Loader(small_h5, batch_size=4, epochs=1, warm=False, **kw) as ld:
+        with Loader(small_h5, batch_size=4, epochs=1, **kw, expert=ExpertConfig(warm=False)) as ld:
             return ld.spec.buffer.capacity, ld.spec.buffer.tier
 
     assert capacity(buffer=20) == (20, 0)
@@ -86,11 +87,13 @@ def test_the_loader_takes_every_form(small_h5):
 
 
 def test_the_loader_takes_a_tier_as_a_share(small_h5, tmp_path):
-    with Loader(small_h5, batch_size=4, epochs=1, warm=False, buffer="10%", tier=tmp_path,
-                tier_size="40%", rank=0, world_size=2) as ld:  # fmt: skip
+    with Loader(small_h5, batch_size=4, epochs=1, buffer="10%", rank=0, world_size=2,
+                expert=ExpertConfig(warm=False),
+                memory=MemoryConfig(tier=tmp_path, tier_size="40%")) as ld:  # fmt: skip
         assert (ld.spec.buffer.capacity, ld.spec.buffer.tier) == (6, 21)
     with pytest.raises(SolarError, match=r"^tier_size: .*more than the whole dataset"):
-        Loader(small_h5, batch_size=4, epochs=1, buffer=4, tier=tmp_path, tier_size="101%")
+        Loader(small_h5, batch_size=4, epochs=1, buffer=4,
+               memory=MemoryConfig(tier=tmp_path, tier_size="101%"))  # fmt: skip
 
 
 def test_solar_plan_takes_every_form(capsys):

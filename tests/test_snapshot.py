@@ -17,6 +17,7 @@ from plan_checks import specs
 
 from solar import Loader, SolarError
 from solar.config import BufferConfig, RunConfig
+from solar.options import PlanningConfig
 from solar.schedule import snapshot
 from solar.schedule.planner import Planner
 from solar.schedule.spec import PlanSpec
@@ -187,7 +188,8 @@ def test_a_loader_resumes_from_a_snapshot_without_replanning_from_epoch_0(
 ):
     snaps = tmp_path / "snaps"
     snaps.mkdir()
-    kw = {"batch_size": 4, "epochs": 4, "buffer": 20, "world_size": 2, "snapshots": snaps}
+    kw = {"batch_size": 4, "epochs": 4, "buffer": 20, "world_size": 2,
+          "planning": PlanningConfig(snapshots=snaps)}  # fmt: skip
     expected = {}
     for rank in (0, 1):
         whole = Loader(data, rank=rank, **kw)
@@ -214,10 +216,10 @@ def test_a_loader_resumes_from_a_snapshot_without_replanning_from_epoch_0(
 
 def test_only_rank_0_writes_snapshots_and_the_directory_must_exist(data, tmp_path):
     kw = {"batch_size": 4, "epochs": 3, "buffer": 20, "world_size": 2}
-    with Loader(data, rank=1, snapshots=tmp_path, **kw) as loader:
+    with Loader(data, rank=1, **kw, planning=PlanningConfig(snapshots=tmp_path)) as loader:
         for e in range(3):
             loader.set_epoch(e)
             list(loader)
     assert not list(tmp_path.glob("solar-planner-*"))
     with pytest.raises(SolarError, match=r"snapshots: .*missing is not a directory"):
-        Loader(data, rank=0, snapshots=tmp_path / "missing", **kw)
+        Loader(data, rank=0, **kw, planning=PlanningConfig(snapshots=tmp_path / "missing"))

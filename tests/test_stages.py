@@ -15,6 +15,7 @@ import pytest
 
 from solar import Loader, ReaderConfig
 from solar.io.throttle import Throttle
+from solar.options import ExpertConfig
 from solar.stats import (
     TRAINER_WAIT,
     EpochStats,
@@ -175,8 +176,8 @@ def test_throttled_reads_are_the_read_stages(tmp_path: Path) -> None:
     with h5py.File(path, "w") as f:
         f["x"] = np.random.default_rng(0).standard_normal((96, 32, 32), np.float32)
     # 4 KiB samples behind 4 ms requests: every read sleeps at least 4 ms per request.
-    with Loader(path, batch_size=8, epochs=1, buffer=0, throttle=Throttle(20, 4),
-                reader=ReaderConfig(threads=4)) as loader:  # fmt: skip
+    with Loader(path, batch_size=8, epochs=1, buffer=0, reader=ReaderConfig(threads=4),
+                expert=ExpertConfig(throttle=Throttle(20, 4))) as loader:  # fmt: skip
         _run(loader, 1)
         stages = loader.stats.stages()
         _check_line(loader, stages)

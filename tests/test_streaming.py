@@ -12,6 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from plan_checks import specs
 
 from solar import Loader, SolarError, make_plan
+from solar.options import PlanningConfig
 from solar.schedule.planner import Planner
 from solar.schedule.stream import RankStream
 
@@ -81,7 +82,9 @@ def test_streamed_loader_serves_the_planned_run(data):
     ref = reference([data])
     kw = {"batch_size": 4, "epochs": 4, "buffer": 20, "world_size": 2}
     streamed = [Loader(data, rank=r, **kw) for r in range(2)]
-    planned = [Loader(data, rank=r, plan=streamed[0].plan, **kw) for r in range(2)]
+    planned = [
+        Loader(data, rank=r, **kw, planning=PlanningConfig(plan=streamed[0].plan)) for r in range(2)
+    ]
     a, b = _served(streamed, range(4), ref), _served(planned, range(4), ref)
     assert all(np.array_equal(x, y) for x, y in zip(a, b, strict=True))
     for s, p in zip(streamed, planned, strict=True):

@@ -15,6 +15,7 @@ from test_loader import N, _write, check_child_serves_epoch_1, run_all
 
 from solar import Loader, ReaderConfig, SolarError
 from solar.io.executor import wait_all
+from solar.options import MemoryConfig, PlanningConfig
 
 
 @pytest.fixture(params=["contiguous", "chunked gzip"])
@@ -43,7 +44,12 @@ def nvme(tmp_path) -> Path:
 @pytest.mark.parametrize("world", [1, 3])
 def test_whole_runs_with_a_tier_are_byte_identical(data, nvme, world):
     ref = reference(data)
-    kw = {"batch_size": 4, "epochs": 4, "buffer": 5, "tier": nvme, "tier_size": 40}
+    kw = {
+        "batch_size": 4,
+        "epochs": 4,
+        "buffer": 5,
+        "memory": MemoryConfig(tier=nvme, tier_size=40),
+    }
     loaders = [
         Loader(data, **kw, rank=r, world_size=world, reader=ReaderConfig(threads=3))
         for r in range(world)
@@ -63,7 +69,9 @@ def test_whole_runs_with_a_tier_are_byte_identical(data, nvme, world):
 
 def test_with_room_for_everything_later_epochs_read_nothing_from_storage(data, nvme):
     ref = reference(data)
-    ld = Loader(data, batch_size=4, epochs=3, buffer=10, tier=nvme, tier_size=N)
+    ld = Loader(
+        data, batch_size=4, epochs=3, buffer=10, memory=MemoryConfig(tier=nvme, tier_size=N)
+    )
     run_all([ld], range(3), ref)
     epochs = ld.stats.epochs
     assert epochs[0].reads == N
@@ -73,8 +81,14 @@ def test_with_room_for_everything_later_epochs_read_nothing_from_storage(data, n
 
 
 def test_resume_mid_epoch_rebuilds_both_tiers(data, nvme):
-    kw = {"batch_size": 3, "epochs": 3, "buffer": 6, "tier": nvme, "tier_size": 30,
-          "world_size": 2, "rank": 1}  # fmt: skip
+    kw = {
+        "batch_size": 3,
+        "epochs": 3,
+        "buffer": 6,
+        "memory": MemoryConfig(tier=nvme, tier_size=30),
+        "world_size": 2,
+        "rank": 1,
+    }
     whole = Loader(data, **kw)
     expected = every_batch(whole, range(3))
     first = Loader(data, **kw)
@@ -105,15 +119,17 @@ def test_resume_mid_epoch_rebuilds_both_tiers(data, nvme):
 def test_direct_io_reader_with_a_tier(nvme, tmp_path):
     data = [_write(tmp_path / "d.h5", 0, N)]
     with skip_without_o_direct():
-        ld = Loader(data, batch_size=4, epochs=3, buffer=4, tier=nvme, tier_size=30,
-                    reader=ReaderConfig(direct_io=True))  # fmt: skip
+        ld = Loader(data, batch_size=4, epochs=3, buffer=4, reader=ReaderConfig(direct_io=True),
+                    memory=MemoryConfig(tier=nvme, tier_size=30))  # fmt: skip
         assert ld.tier is not None and ld.tier.direct_io
         run_all([ld], range(3), reference(data))
         ld.close()
 
 
 def test_a_loader_dropped_without_close_removes_its_tier_file(data, nvme):
-    ld = Loader(data, batch_size=4, epochs=2, buffer=5, tier=nvme, tier_size=20)
+    ld = Loader(
+        data, batch_size=4, epochs=2, buffer=5, memory=MemoryConfig(tier=nvme, tier_size=20)
+    )
     ld.set_epoch(0)
     list(ld)
     assert open_tiers(nvme) == 1
@@ -134,7 +150,7 @@ def test_a_full_disk_is_refused_up_front(data, nvme, monkeypatch):
 
     monkeypatch.setattr(os, "statvfs", lambda p: Full(real(p)))
     with pytest.raises(SolarError, match=rf"tier {nvme}: needs .* free") as info:
-        Loader(data, batch_size=4, epochs=2, buffer=5, tier=nvme, tier_size=50)
+        Loader(data, batch_size=4, epochs=2, buffer=5, memory=MemoryConfig(tier=nvme, tier_size=50))
     assert "\n" not in str(info.value)
     assert os.listdir(nvme) == []
 
@@ -151,14 +167,18 @@ def test_a_full_disk_is_refused_up_front(data, nvme, monkeypatch):
 )
 def test_bad_tier_arguments_are_refused(data, nvme, kw, message):
     kw = {k: (nvme if v == "NVME" else nvme / v if k == "tier" else v) for k, v in kw.items()}
+    planning = PlanningConfig(policy=kw.pop("policy", "solar"))
     with pytest.raises(SolarError, match=message):
-        Loader(data, batch_size=4, epochs=2, buffer=5, **kw)
+        Loader(data, batch_size=4, epochs=2, buffer=5, memory=MemoryConfig(**kw),
+               planning=planning)  # fmt: skip
 
 
 @pytest.mark.parametrize("method", ["fork", "spawn"])
 def test_a_child_process_fills_a_tier_of_its_own(nvme, tmp_path, method):
     data = [_write(tmp_path / "d.h5", 0, N)]
-    ld = Loader(data, batch_size=4, epochs=2, buffer=5, tier=nvme, tier_size=40)
+    ld = Loader(
+        data, batch_size=4, epochs=2, buffer=5, memory=MemoryConfig(tier=nvme, tier_size=40)
+    )
     ld.set_epoch(0)
     list(ld)
     check_child_serves_epoch_1(ld, method)
@@ -175,8 +195,8 @@ def test_a_step_that_failed_is_served_again_with_the_right_bytes(data, nvme, mon
     from concurrent.futures import Future
 
     ref = reference(data)
-    ld = Loader(data, batch_size=8, epochs=3, buffer=5, tier=nvme, tier_size=20,
-                reader=ReaderConfig(threads=2))  # fmt: skip
+    ld = Loader(data, batch_size=8, epochs=3, buffer=5, reader=ReaderConfig(threads=2),
+                memory=MemoryConfig(tier=nvme, tier_size=20))  # fmt: skip
     assert ld.tier is not None and ld.tier.executor is ld.reader.executor  # one executor
     run_all([ld], range(1), ref)
     # An epoch's last steps write tier slots that the next epoch's first steps, read ahead,

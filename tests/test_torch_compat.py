@@ -12,6 +12,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 from solar import Loader, SolarError
+from solar.options import ExpertConfig
 
 
 def _ids(loader) -> list[int]:
@@ -20,7 +21,7 @@ def _ids(loader) -> list[int]:
 
 @pytest.fixture
 def loader(small_h5):
-    with Loader(small_h5, batch_size=8, epochs=3, buffer=20, warm=False) as ld:
+    with Loader(small_h5, batch_size=8, epochs=3, buffer=20, expert=ExpertConfig(warm=False)) as ld:
         yield ld
 
 
@@ -94,7 +95,7 @@ def test_iterating_keeps_no_reference_to_the_loader(small_h5):
     import gc
     import weakref
 
-    ld = Loader(small_h5, batch_size=8, epochs=1, buffer=20, warm=False)
+    ld = Loader(small_h5, batch_size=8, epochs=1, buffer=20, expert=ExpertConfig(warm=False))
     alive = weakref.ref(ld)
     assert len(list(ld)) == len(ld)
     del ld

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from helpers import every_batch
 
-from solar import Loader, SolarError, Weighted
+from solar import Loader, MemoryConfig, SolarError, Weighted
 from solar.transform import Transform, repeats, sample_rng
 
 N = 103
@@ -270,7 +270,7 @@ def test_a_deterministic_transform_is_held_transformed(data, tmp_path, tier, pro
     kw: dict = dict(batch_size=10, epochs=3, buffer=20, seed=3, transform=t)
     if tier:
         (tmp_path / "nvme").mkdir()
-        kw.update(tier=tmp_path / "nvme", tier_size=40)
+        kw.update(memory=MemoryConfig(tier=tmp_path / "nvme", tier_size=40))
     ld = Loader(data, **kw)
     for e in range(3):
         ld.set_epoch(e)

@@ -14,24 +14,27 @@ import h5py
 import numpy as np
 import pytest
 
+from solar.options import ExpertConfig, PlanningConfig
 from solar.warm import dispatchers, head, tiny_spec
 
-# Each case: Loader keyword arguments (``DATA`` is replaced by the case's data). Batches larger
+# Each case: Loader keyword arguments, a record's as a dict (``data``: the case's data).
 # than a rehearsal's, sizes that do not divide, two ranks of one job, several epochs.
 CASES = {
     "one file, solar, rank 1 of 2": dict(data="one", world_size=2, rank=1),
-    "gzip chunks, a second tier": dict(data="gzip", tier="TIER", tier_size=40),
-    "one-sample files, nopfs and lru": dict(data="files", one_per_file=True, policy="nopfs"),
+    "gzip chunks, a second tier": dict(data="gzip", memory={"tier": "TIER", "tier_size": 40}),
+    "one-sample files, nopfs and lru": dict(
+        data="files", reader={"one_per_file": True}, planning={"policy": "nopfs"}
+    ),
     # The control: without warming, kernels do compile (or load) inside the epochs.
-    "control: warm=False": dict(data="one", warm=False),
+    "control: warm=False": dict(data="one", expert={"warm": False}),
     ".npy files, weighted, a plan file": dict(
-        data="npy", one_per_file=True, sampler="weighted", plan=True
+        data="npy", reader={"one_per_file": True}, sampler="weighted", plan_file=True
     ),
     # Small feature rows: the planner keeps their page mates (solar.schedule.pagemates).
     "a graph's features, neighbour sampling": dict(data="graph", sampler="neighbor"),
     # One buffer per host (a host of one rank here): the node planner's kernels, and a tier's.
     "a node buffer, weighted without affinity, a tier": dict(
-        data="one", share="node", sampler="traced", tier="TIER", tier_size=40
+        data="one", memory={"share": "node", "tier": "TIER", "tier_size": 40}, sampler="traced"
     ),
 }
 
@@ -39,11 +42,15 @@ CHILD = textwrap.dedent(
     """
     import json, sys
     import numpy as np
-    from solar import Loader, NeighborSampler, Weighted
+    from solar import (ExpertConfig, Loader, MemoryConfig, NeighborSampler, PlanningConfig,
+                       ReaderConfig, Weighted)
     from solar.schedule.plan import plan_to_file
     from solar.warm import TALLY, signatures
 
     kw = json.loads(sys.argv[1])
+    records = {"reader": ReaderConfig, "memory": MemoryConfig, "planning": PlanningConfig,
+               "expert": ExpertConfig}
+    kw.update({k: make(**kw[k]) for k, make in records.items() if k in kw})
     sampler = kw.pop("sampler", None)
     if sampler in ("weighted", "traced"):
         kw["sampler"] = Weighted(1.0 / (1.0 + np.arange(kw.pop("n"))),
@@ -52,13 +59,14 @@ CHILD = textwrap.dedent(
         kw.update(sampler=NeighborSampler(kw["paths"], (3, 2), batch_size=kw["batch_size"]),
                   keys=["features"], n=0)
     kw.pop("n", None)
-    if kw.pop("plan", False):
-        made = Loader(**kw, warm=False)
-        kw["plan"] = plan_to_file(made.spec, sys.argv[2])
+    if kw.pop("plan_file", False):
+        made = Loader(**kw, expert=ExpertConfig(warm=False))
+        kw["planning"] = PlanningConfig(plan=plan_to_file(made.spec, sys.argv[2]))
         made.close()
     loaders = [Loader(**kw)]
-    if kw.get("policy") == "nopfs":  # a second policy in the same process
-        loaders.append(Loader(**{**kw, "policy": "lru", "tier": None, "tier_size": 0}))
+    if "planning" in kw and kw["planning"].policy == "nopfs":  # a second policy, one process
+        loaders.append(Loader(**{**kw, "planning": PlanningConfig(policy="lru"),
+                                 "memory": MemoryConfig()}))
     before, compiles = signatures(), TALLY.count
     served = 0
     for ld in loaders:
@@ -111,9 +119,9 @@ def test_no_kernel_compiles_inside_an_epoch(tmp_path, case):
     kw = dict(CASES[case])
     n = 157
     kw.update(paths=_data(tmp_path, kw.pop("data"), n), batch_size=12, epochs=3, buffer=30, n=n)
-    if kw.get("tier") == "TIER":
+    if kw.get("memory", {}).get("tier") == "TIER":
         (tmp_path / "nvme").mkdir()
-        kw["tier"] = str(tmp_path / "nvme")
+        kw["memory"] = {**kw["memory"], "tier": str(tmp_path / "nvme")}
     result = subprocess.run(
         [sys.executable, "-c", CHILD, json.dumps(kw), str(tmp_path / "plan.h5")],
         capture_output=True, text=True, timeout=300, check=False,
@@ -122,7 +130,7 @@ def test_no_kernel_compiles_inside_an_epoch(tmp_path, case):
     out = json.loads(result.stdout.strip().splitlines()[-1])
     assert out["served"] >= 3 * n // kw.get("world_size", 1) - 3 * 12  # the epochs ran
     assert all(out["pages"]) == (kw.get("sampler") == "neighbor")  # page mates planned
-    if kw.get("warm") is False:
+    if kw.get("expert", {}).get("warm") is False:
         assert "solar.cache.slots._copy_rows" in out["new"], out
         return
     assert out["new"] == {} and out["compiled"] == 0, out
@@ -134,7 +142,7 @@ NODE_AFTER_WARM = textwrap.dedent(
     import json, sys
     from pathlib import Path
     import numpy as np
-    from solar import Loader, Shuffle, Weighted
+    from solar import ExpertConfig, Loader, MemoryConfig, Shuffle, Weighted
     from solar.precompile import common_configs, warm_config
     from solar.warm import TALLY, signatures
 
@@ -144,10 +152,11 @@ NODE_AFTER_WARM = textwrap.dedent(
             warm_config(cfg, root)
     before, compiles = signatures(), TALLY.count
     weights = 1.0 / (1.0 + np.arange(40))
-    for kw in (dict(sampler=Weighted(weights, affinity=False), tier=str(root), tier_size=9),
-               dict(sampler=Shuffle())):
-        ld = Loader(root / "data.h5", batch_size=6, epochs=4, buffer=11, share="node",
-                    warm=False, **kw)
+    for sampler, memory in ((Weighted(weights, affinity=False),
+                             MemoryConfig(share="node", tier=str(root), tier_size=9)),
+                            (Shuffle(), MemoryConfig(share="node"))):
+        ld = Loader(root / "data.h5", batch_size=6, epochs=4, buffer=11, sampler=sampler,
+                    memory=memory, expert=ExpertConfig(warm=False))
         for e in range(ld.run.epochs):
             ld.set_epoch(e)
             for _ in ld:
@@ -178,8 +187,9 @@ def test_solar_warm_rehearses_a_node_buffers_kernels(tmp_path):
 def test_a_rehearsal_keeps_the_runs_choices(small_h5):
     from solar import Loader, Weighted
 
-    with Loader(small_h5, batch_size=8, epochs=9, buffer=20, world_size=3, rank=2, slack=0.5,
-                sampler=Weighted(np.ones(103), num_samples=90), warm=False) as ld:  # fmt: skip
+    with Loader(small_h5, batch_size=8, epochs=9, buffer=20, world_size=3, rank=2,
+                sampler=Weighted(np.ones(103), num_samples=90), planning=PlanningConfig(slack=0.5),
+                expert=ExpertConfig(warm=False)) as ld:  # fmt: skip
         tiny = tiny_spec(ld.spec)
     run = tiny.run
     assert (run.world_size, run.epochs, run.seed, tiny.policy) == (3, 3, 0, "solar")
@@ -202,7 +212,6 @@ def test_what_compiling_left_is_frozen_after_a_rehearsal_that_compiled(small_h5,
     collections do not walk it again); one that only loaded kernels leaves the collector be."""
     import gc
 
-    import solar.loader
     import solar.warm as warm
     from solar import Loader
 
@@ -218,7 +227,8 @@ def test_what_compiling_left_is_frozen_after_a_rehearsal_that_compiled(small_h5,
             return self._count
 
     settled = []
-    monkeypatch.setattr(solar.loader, "settle_compiler_garbage", lambda: settled.append(1))
+    # (The Loader's rehearsal, solar.warm.rehearse_loader, settles what it compiled.)
+    monkeypatch.setattr(warm, "settle_compiler_garbage", lambda: settled.append(1))
     monkeypatch.setattr(warm, "TALLY", Tally(0))
     Loader(small_h5, batch_size=4, epochs=2, buffer=8).close()
     assert settled == []  # every kernel came from the cache

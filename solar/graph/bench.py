@@ -40,6 +40,7 @@ from solar.config import ReaderConfig, RunConfig, per_rank
 from solar.dist import MAX, allreduce
 from solar.errors import SolarError
 from solar.io.throttle import Throttle
+from solar.options import ExpertConfig, MemoryConfig, PlanningConfig
 
 GRAPH_LOADERS = ("mmap", "lru", "static", "solar")
 # Also on request: ``solar-rows``, solar planning rows alone (no page mates): what they add;
@@ -92,10 +93,7 @@ def parse_fanouts(text: str) -> tuple[int, ...]:
 
 def run_graph(cfg: GraphBenchConfig, comm: Any, progress=None) -> dict | None:
     """Run the benchmark on every rank of ``comm``; rank 0 returns the results."""
-    from solar.graph.mmapbase import MmapGather
-    from solar.graph.neighbor import NeighborSampler
     from solar.io.sources import describe_source
-    from solar.loader import Loader
 
     rank, world = comm.Get_rank(), comm.Get_size()
     info = describe_source(cfg.path, [cfg.key], comm=comm)
@@ -105,25 +103,7 @@ def run_graph(cfg: GraphBenchConfig, comm: Any, progress=None) -> dict | None:
         cfg.buffer, num_samples=n, sample_bytes=row_bytes, world_size=world, name="--buffer"
     )
     throttle = Throttle.parse(cfg.throttle) if cfg.throttle else None
-
-    loaders: dict[str, Any] = {}
-    construct: dict[str, float] = {}
-    for name in cfg.loaders:
-        t0 = time.perf_counter()
-        sampler = NeighborSampler(cfg.path, cfg.fanouts, cfg.batch_size, features=cfg.key)
-        if name == "mmap":
-            gather = MmapGather.of_key(cfg.path, cfg.key, capacity * row_bytes,
-                                       cfg.reader.thread_count, throttle)  # fmt: skip
-            run = _run_config(sampler, n, world, cfg.epochs, cfg.seed)
-            loaders[name] = (gather, sampler, run)
-        else:
-            loaders[name] = Loader(
-                info, [cfg.key], sampler=sampler, epochs=cfg.epochs, buffer=capacity,
-                policy=_POLICY.get(name, name), comm=comm, reader=cfg.reader,
-                throttle=throttle, seed=cfg.seed, page_mates=name != "solar-rows",
-                share="node" if name == "solar-node" else "rank",
-            )  # fmt: skip
-        construct[name] = allreduce(comm, time.perf_counter() - t0, MAX)
+    loaders, construct = _make_loaders(cfg, info, comm, capacity, throttle)
     probed = None
     if rank == 0 and cfg.probe_seconds > 0 and offset >= 0 and throttle is None:
         from solar.io.probe import probe
@@ -131,28 +111,7 @@ def run_graph(cfg: GraphBenchConfig, comm: Any, progress=None) -> dict | None:
         probed = probe(info.all_files[0], seconds=cfg.probe_seconds, offset=offset,
                        length=n * row_bytes)  # fmt: skip
     comm.Barrier()
-    results: dict[str, dict[str, list]] = {
-        name: {k: [] for k in ("seconds", "steps", "rows", "hits", "reads", "bytes_read", "first")}
-        for name in cfg.loaders
-    }
-    names = list(cfg.loaders)
-    for epoch in range(cfg.epochs):
-        for name in names[epoch % len(names) :] + names[: epoch % len(names)]:
-            if rank == 0 and offset >= 0:
-                _drop_range(info.all_files[0], offset, n * row_bytes)
-            comm.Barrier()
-            t0 = time.perf_counter()
-            steps, rows, hits, reads, nbytes, first = _graph_epoch(loaders[name], epoch, rank,
-                                                                   cfg.compute_ms)  # fmt: skip
-            seconds = allreduce(comm, time.perf_counter() - t0, MAX)
-            r = results[name]
-            r["seconds"].append(seconds)
-            r["steps"].append(allreduce(comm, steps, MAX))  # global steps
-            r["first"].append(allreduce(comm, first - t0, MAX))
-            for k, v in (("rows", rows), ("hits", hits), ("reads", reads), ("bytes_read", nbytes)):
-                r[k].append(comm.allreduce(v))
-            if progress is not None and rank == 0:
-                progress(epoch, name, seconds)
+    results = _run_epochs(cfg, loaders, info, offset, comm, progress)
     for ld in loaders.values():
         (ld[0] if isinstance(ld, tuple) else ld).close()
     if rank != 0:
@@ -167,38 +126,103 @@ def run_graph(cfg: GraphBenchConfig, comm: Any, progress=None) -> dict | None:
             "buffer_per_rank": capacity,
             "throttle": str(throttle) if throttle else None,
         },
-        "loaders": {},
+        "loaders": {name: _figures(r, row_bytes, construct[name]) for name, r in results.items()},
         "probe": None if probed is None else probed.as_dict(),
     }
-    for name, r in results.items():
-        secs = sum(r["seconds"])
-        missed = sum(r["reads"])  # rows read (a node buffer's peer rows are not)
-        out["loaders"][name] = {
-            "epoch_seconds": r["seconds"],
-            "steps_per_second": sum(r["steps"]) / secs,
-            "nodes_per_second": sum(r["rows"]) / secs,
-            "hit_rate_per_epoch": [
-                h / max(1, x) for h, x in zip(r["hits"], r["rows"], strict=True)
-            ],
-            "hit_rate": sum(r["hits"]) / max(1, sum(r["rows"])),
-            "bytes_read": r["bytes_read"],
-            "pages_per_second": sum(r["bytes_read"]) / PAGE / secs,
-            "read_amplification": sum(r["bytes_read"]) / (missed * row_bytes) if missed else None,
-            "rows": r["rows"],
-            # Rows read from storage (page mates apart): a node buffer's ranks take the rows
-            # another local rank read, neither a hit nor a read of theirs.
-            "rows_read": r["reads"],
-            "construct_seconds": construct[name],
-            # Epoch 0's wait for its first batch (slowest rank). Not construction to first
-            # batch: a loader's planning runs on while the loaders before it run their epochs
-            # (bench/gnn_bench.py first measures that alone).
-            "first_wait_seconds": r["first"][0],
-        }
     for base in ("mmap", "static"):
         rate = out["loaders"].get(base, {}).get("nodes_per_second")
         for e in out["loaders"].values():
             e[f"vs_{base}"] = e["nodes_per_second"] / rate if rate else None
     return out
+
+
+def _make_loaders(
+    cfg: GraphBenchConfig, info: Any, comm: Any, capacity: int, throttle: Throttle | None
+) -> tuple[dict[str, Any], dict[str, float]]:
+    """Each loader of ``cfg`` under ``capacity`` rows per rank, and the seconds each took to
+    make (slowest rank)."""
+    from solar.graph.mmapbase import MmapGather
+    from solar.graph.neighbor import NeighborSampler
+    from solar.loader import Loader
+
+    world = comm.Get_size()
+    loaders: dict[str, Any] = {}
+    construct: dict[str, float] = {}
+    for name in cfg.loaders:
+        t0 = time.perf_counter()
+        sampler = NeighborSampler(cfg.path, cfg.fanouts, cfg.batch_size, features=cfg.key)
+        if name == "mmap":
+            gather = MmapGather.of_key(cfg.path, cfg.key, capacity * info.sample_bytes,
+                                       cfg.reader.thread_count, throttle)  # fmt: skip
+            run = _run_config(sampler, info.num_samples, world, cfg.epochs, cfg.seed)
+            loaders[name] = (gather, sampler, run)
+        else:
+            loaders[name] = Loader(
+                info, [cfg.key], sampler=sampler, epochs=cfg.epochs, buffer=capacity, comm=comm,
+                reader=cfg.reader, seed=cfg.seed,
+                planning=PlanningConfig(policy=_POLICY.get(name, name)),
+                expert=ExpertConfig(throttle=throttle),
+                memory=MemoryConfig(page_mates=name != "solar-rows",
+                                    share="node" if name == "solar-node" else "rank"),
+            )  # fmt: skip
+        construct[name] = allreduce(comm, time.perf_counter() - t0, MAX)
+    return loaders, construct
+
+
+def _run_epochs(cfg: GraphBenchConfig, loaders: dict[str, Any], info: Any, offset: int,
+                comm: Any, progress: Any) -> dict[str, dict[str, list]]:  # fmt: skip
+    """Every loader's epochs, interleaved in an order rotated each epoch, the features'
+    cached pages dropped before each; their figures over all ranks."""
+    rank = comm.Get_rank()
+    nbytes_all = info.num_samples * info.sample_bytes
+    results: dict[str, dict[str, list]] = {
+        name: {k: [] for k in ("seconds", "steps", "rows", "hits", "reads", "bytes_read", "first")}
+        for name in cfg.loaders
+    }
+    names = list(cfg.loaders)
+    for epoch in range(cfg.epochs):
+        for name in names[epoch % len(names) :] + names[: epoch % len(names)]:
+            if rank == 0 and offset >= 0:
+                _drop_range(info.all_files[0], offset, nbytes_all)
+            comm.Barrier()
+            t0 = time.perf_counter()
+            steps, rows, hits, reads, nbytes, first = _graph_epoch(loaders[name], epoch, rank,
+                                                                   cfg.compute_ms)  # fmt: skip
+            seconds = allreduce(comm, time.perf_counter() - t0, MAX)
+            r = results[name]
+            r["seconds"].append(seconds)
+            r["steps"].append(allreduce(comm, steps, MAX))  # global steps
+            r["first"].append(allreduce(comm, first - t0, MAX))
+            for k, v in (("rows", rows), ("hits", hits), ("reads", reads), ("bytes_read", nbytes)):
+                r[k].append(comm.allreduce(v))
+            if progress is not None and rank == 0:
+                progress(epoch, name, seconds)
+    return results
+
+
+def _figures(r: dict[str, list], row_bytes: int, construct: float) -> dict:
+    """One loader's reported figures from its epochs' ``r``."""
+    secs = sum(r["seconds"])
+    missed = sum(r["reads"])  # rows read (a node buffer's peer rows are not)
+    return {
+        "epoch_seconds": r["seconds"],
+        "steps_per_second": sum(r["steps"]) / secs,
+        "nodes_per_second": sum(r["rows"]) / secs,
+        "hit_rate_per_epoch": _rates(r["hits"], r["rows"]),
+        "hit_rate": sum(r["hits"]) / max(1, sum(r["rows"])),
+        "bytes_read": r["bytes_read"],
+        "pages_per_second": sum(r["bytes_read"]) / PAGE / secs,
+        "read_amplification": sum(r["bytes_read"]) / (missed * row_bytes) if missed else None,
+        "rows": r["rows"],
+        # Rows read from storage (page mates apart): a node buffer's ranks take the rows
+        # another local rank read, neither a hit nor a read of theirs.
+        "rows_read": r["reads"],
+        "construct_seconds": construct,
+        # Epoch 0's wait for its first batch (slowest rank). Not construction to first
+        # batch: a loader's planning runs on while the loaders before it run their epochs
+        # (bench/gnn_bench.py first measures that alone).
+        "first_wait_seconds": r["first"][0],
+    }
 
 
 def _rates(hits: list[int], rows: list[int]) -> list[float]:

@@ -30,13 +30,14 @@ from solar.io.info import DatasetInfo, KeyInfo
 from solar.io.reader import Reader
 from solar.io.sources import describe_source
 from solar.launch import detect_launcher
+from solar.options import LoaderConfig
 from solar.schedule import Plan, PlanSpec
 from solar.schedule.nodefile import NodePlan, open_given
 from solar.schedule.nodeplan import Hosts, unequal_refusal
 from solar.schedule.pagemates import PageLayout
 from solar.schedule.samplers import SHUFFLE, Sampler, is_shuffle
 from solar.schedule.spec import equal_by_default
-from solar.transform import SampleFn, Transform, as_transform, first_outputs, output_keys
+from solar.transform import Transform, as_transform, first_outputs, output_keys
 
 
 @dataclass(frozen=True)
@@ -72,62 +73,39 @@ class Setup:
         return self.transform is not None and self.transform.deterministic
 
 
-def configure(
-    paths: Any,
-    keys: list[str] | None,
-    *,
-    batch_size: int | None,
-    epochs: int,
-    buffer: int | str,
-    seed: int,
-    slack: float,
-    plan: Plan | str | os.PathLike | None,
-    comm: Any,
-    rank: int | None,
-    world_size: int | None,
-    drop_last: bool,
-    policy: str,
-    reader: ReaderConfig | None,
-    throttle: Any,
-    one_per_file: bool,
-    tier: str | os.PathLike | None,
-    tier_size: int | str,
-    sampler: Sampler | None,
-    horizon: int | None,
-    equal_batches: bool | None,
-    transform: SampleFn | Transform | None,
-    batch_transform: Callable[[dict], dict] | None,
-    page_mates: bool,
-    batch_format: str = "dict",
-    share: str = "auto",
-    snapshots: str | os.PathLike | None = None,
-) -> Setup:
-    """A Loader's arguments (solar.loader) checked and decided, in the order a user's
-    mistakes are best reported; every rank agrees on the plan and the keys."""
-    info = describe_source(paths, keys, one_per_file=one_per_file, comm=comm)
-    r, w = rank_and_world(comm, rank, world_size)
+def configure(args: LoaderConfig) -> Setup:
+    """A Loader's record (solar.options) checked and decided, in the order a user's mistakes
+    are best reported; every rank agrees on the plan and the keys."""
+    comm, memory, planning = args.comm, args.memory, args.planning
+    share, plan = memory.share, planning.plan
+    info = describe_source(args.paths, args.keys, one_per_file=args.reader.one_per_file,
+                           comm=comm)  # fmt: skip
+    r, w = rank_and_world(comm, args.rank, args.world_size)
     local = place(comm).local_size  # they share the host's cores and memory
     cores = cpu_share(local)  # this rank's share: transform workers, CPU budget
-    config = _reader_config(info, reader)
-    buf = _buffer(info, w, buffer, tier, tier_size, slack, local)
+    config = _reader_config(info, args.reader)
+    buf = _buffer(info, w, args.buffer, memory.tier, memory.tier_size, planning.slack, local)
+    sampler = args.sampler
     chosen = SHUFFLE if sampler is None else sampler
-    run = _run(info, chosen, w, batch_size, epochs, seed, drop_last)
+    run = _run(info, chosen, w, args.batch_size, args.epochs, args.seed, args.drop_last)
     made = open_given(plan, share)  # of the kind share runs: per rank or per node
     if share == "auto" and made is not None:  # a plan file's kind is the share it was made for
         share = "node" if isinstance(made, NodePlan) else "rank"
-    equal_batches = _equal_batches(equal_batches, made, chosen, buf, policy, w, comm)
-    fn = as_transform(transform)
+    policy = planning.policy
+    equal_batches = _equal_batches(planning.equal_batches, made, chosen, buf, policy, w, comm)
+    fn = as_transform(args.transform)
     holds = fn is not None and fn.deterministic
     # Policy, epoch order, horizon and page mates are a given plan's choice.
     chose = None if made is None else made.spec
     spec = PlanSpec(
         run, buf, policy if chose is None else chose.policy,
         False if chose is None else chose.reorder_epochs, info.sample_bytes, info.identity,
-        chosen, horizon if chose is None else chose.horizon, equal_batches,
+        chosen, planning.horizon if chose is None else chose.horizon, equal_batches,
         None if chose is None else chose.pages,
     )  # fmt: skip
     source = f"plan {plan}" if isinstance(plan, (str, os.PathLike)) else "plan"
-    spec, given = agree_on_plan(spec, made, source, page_layout(info), page_mates, holds, comm)
+    spec, given = agree_on_plan(spec, made, source, page_layout(info), memory.page_mates, holds,
+                                comm)  # fmt: skip
     # The buffer with the batches in flight, counted as the sampler's largest batch.
     check_batch_memory(spec, config, info.sample_bytes, ranks=local)
     # An epoch's draws (ids and their places), which every rank holds: sized by the user.
@@ -135,14 +113,15 @@ def configure(
                    f"sampler: an epoch of {run.samples_per_epoch} draws", local)  # fmt: skip
     if isinstance(given, Plan):
         given.validate(r, comm)  # a file is proven safe before any byte moves, by all ranks
-    io = Reader(info, config, throttle)
-    _check_batch_format(batch_format)
+    io = Reader(info, config, args.expert.throttle)
+    _check_batch_format(args.batch_format)
+    batch_transform = args.batch_transform
     if batch_transform is not None and not callable(batch_transform):
         raise SolarError(f"batch_transform must be callable, got {batch_transform!r}")
     if fn is not None and fn.processes and config.pin_memory:
         raise SolarError("transform processes write batches in shared memory, not "
                          "pinned: pass pin_memory=False or use thread workers")  # fmt: skip
-    out = info.keys if fn is None else _output_keys(fn, info, io, seed)
+    out = info.keys if fn is None else _output_keys(fn, info, io, args.seed)
     if sampler is not None:
         sampler.check_keys([k.name for k in out])
     held = out if holds else info.keys
@@ -151,12 +130,12 @@ def configure(
                            sum(k.row_bytes for k in held), local)  # fmt: skip
     agree(comm, [(k.name, k.sample_shape, k.dtype.str) for k in out],
           "the transform's output keys, shapes and dtypes")  # fmt: skip
-    hosts, hc = _share(share, spec, holds, w, comm, snapshots is not None)
+    hosts, hc = _share(share, spec, holds, w, comm, planning.snapshots is not None)
     if isinstance(given, NodePlan) and hosts is not None:
         given.check_hosts(hosts)  # the job's grouping is the file's
         given.validate(r, comm)  # then proven safe, as any plan file
     return Setup(info, r, w, cores, config, run, spec, given, chosen,
-                 io, fn, batch_transform, out, held, tier, comm, batch_format, hosts,
+                 io, fn, batch_transform, out, held, memory.tier, comm, args.batch_format, hosts,
                  hc)  # fmt: skip
 
 
@@ -267,7 +246,7 @@ def _reader_config(info: DatasetInfo, reader: ReaderConfig | None) -> ReaderConf
         torch_dtype(k)
     config = reader or ReaderConfig()
     if config.pin_memory and not torch.cuda.is_available():
-        warnings.warn("pin_memory=True but no accelerator: not pinning", stacklevel=4)
+        warnings.warn("pin_memory=True but no accelerator: not pinning", stacklevel=5)
         config = dataclasses.replace(config, pin_memory=False)
     return config
 
@@ -306,13 +285,13 @@ def _equal_batches(equal: bool | None, made: Plan | NodePlan | None, sampler: Sa
             warnings.warn(
                 f"{type(sampler).__name__}(affinity=True): local batches vary in size "
                 f"(slack {buf.slack}); weigh the loss with solar.dist.scale_loss(loss_sum, "
-                "loader), or pass slack=0 for equal ones", stacklevel=4,
+                "loader), or pass PlanningConfig(slack=0) for equal ones", stacklevel=5,
             )  # fmt: skip
         elif not equal and equal_by_default(world, sampler) and detect_launcher().world_size > 1:
             warnings.warn(
                 f"rank/world_size given without comm in a job of several ranks: local batches "
                 f"vary in size (slack {buf.slack}); pass comm= for equal ones, or weigh the "
-                "loss with solar.dist.scale_loss(loss_sum, loader)", stacklevel=4,
+                "loss with solar.dist.scale_loss(loss_sum, loader)", stacklevel=5,
             )  # fmt: skip
     if equal and world > 1 and comm is None:
         raise SolarError("equal_batches: the ranks exchange rows, pass comm=")

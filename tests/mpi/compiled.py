@@ -16,6 +16,7 @@ import torch._dynamo
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from solar import Loader, dist
+from solar.options import PlanningConfig
 
 parser = argparse.ArgumentParser()
 parser.add_argument("data")
@@ -41,8 +42,8 @@ def model() -> torch.nn.Module:
 
 
 d = dist.init()
-ld = Loader(opts.data, batch_size=4, epochs=opts.epochs, buffer=20, slack=0.5, comm=d.comm,
-            equal_batches=True, drop_last=True)  # fmt: skip
+ld = Loader(opts.data, batch_size=4, epochs=opts.epochs, buffer=20, comm=d.comm, drop_last=True,
+            planning=PlanningConfig(slack=0.5, equal_batches=True))  # fmt: skip
 if opts.backend == "inductor":
     torch._dynamo.reset()
     backend = "inductor"

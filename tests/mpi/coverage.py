@@ -15,6 +15,7 @@ sample, step) give, wherever it was transformed, in the first run and the resume
 """
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -23,7 +24,7 @@ import h5py
 import numpy as np
 from planned import planned
 
-from solar import Loader, Weighted, dist
+from solar import Loader, MemoryConfig, PlanningConfig, Weighted, dist
 from solar.schedule.order import nominal_batches
 from solar.schedule.transfer import delivered
 from solar.transform import sample_rng
@@ -66,22 +67,22 @@ def check(opts: argparse.Namespace, d: dist.Dist, tag: str) -> None:
         "batch_size": 4,
         "epochs": opts.epochs,
         "buffer": 12,
-        "slack": opts.slack,
         "comm": d.comm,
-        "tier": opts.tier,
-        "tier_size": opts.tier_size,
-        "share": opts.share,
+        "memory": MemoryConfig(tier=opts.tier, tier_size=opts.tier_size, share=opts.share),
     }
     sampler = None
+    planning = PlanningConfig(slack=opts.slack)
     if opts.weighted:  # skewed weights, a few samples never drawn
         w = (1.0 + np.arange(n)) ** -1.1
         w[::17] = 0
         sampler = Weighted(w, affinity=opts.weighted == "affinity")
-        kw.update(sampler=sampler, plan=opts.plan)
+        kw.update(sampler=sampler)
+        planning = dataclasses.replace(planning, plan=opts.plan)
     if opts.equal_batches:
-        kw.update(equal_batches=True, plan=opts.plan)
+        planning = dataclasses.replace(planning, equal_batches=True, plan=opts.plan)
     if opts.transform:
         kw.update(transform=noisy)
+    kw.update(planning=planning)
     ld = Loader(opts.data, **kw)
     expected = None
     if opts.equal_batches:

@@ -17,6 +17,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from solar import Loader, dist
+from solar.options import PlanningConfig
 
 
 def model() -> torch.nn.Module:
@@ -30,8 +31,8 @@ def model() -> torch.nn.Module:
 def check(path: str, mode: str, d: dist.Dist) -> None:
     """One DDP check: ``mode`` "variable" or "default" (above) on ``path``."""
     if mode == "variable":
-        ld = Loader(path, batch_size=4, epochs=2, buffer=20, slack=0.5, comm=d.comm,
-                    equal_batches=False)  # fmt: skip
+        ld = Loader(path, batch_size=4, epochs=2, buffer=20, comm=d.comm,
+                    planning=PlanningConfig(slack=0.5, equal_batches=False))  # fmt: skip
     else:
         ld = Loader(path, batch_size=4, epochs=2, buffer=20)  # as a DataLoader user writes it
     ddp = DDP(model())

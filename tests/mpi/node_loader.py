@@ -37,6 +37,8 @@ from solar.schedule.transfer import moved_rows
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: shared helpers
 from helpers import checked_ids, skewed_weighted
 
+from solar.options import ExpertConfig, MemoryConfig, PlanningConfig
+
 path, graph, mode, groupings = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
 d = dist.init()
 comm, rank = d.comm, d.rank
@@ -48,10 +50,12 @@ E = 3
 
 
 def loader(s=sampler, p=path, keys=("x",), batch_size=12, buffer="10%", equal_batches=False,
-           share="node", **kw):  # fmt: skip
+           share="node", tier=None, tier_size=0, snapshots=None, **kw):  # fmt: skip
     return Loader(p, list(keys), batch_size=batch_size, epochs=E, buffer=buffer, sampler=s,
-                  comm=comm, share=share, warm=False, seed=5, equal_batches=equal_batches,
-                  **kw)  # fmt: skip
+                  comm=comm, seed=5, **kw,
+                  memory=MemoryConfig(share=share, tier=tier, tier_size=tier_size),
+                  planning=PlanningConfig(equal_batches=equal_batches, snapshots=snapshots),
+                  expert=ExpertConfig(warm=False))  # fmt: skip
 
 
 def twice(sample, rng):

@@ -23,6 +23,8 @@ from solar.schedule.transfer import delivered
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: shared helpers
 from helpers import checked_ids, skewed_weighted
 
+from solar.options import ExpertConfig, MemoryConfig, PlanningConfig
+
 path, good, other, equal = sys.argv[1:5]
 d = dist.init()
 comm, rank = d.comm, d.rank
@@ -34,7 +36,8 @@ E = 3
 
 def loader(plan):
     return Loader(path, ["x"], batch_size=12, epochs=E, buffer="10%", sampler=sampler, comm=comm,
-                  share="node", warm=False, seed=5, equal_batches=False, plan=plan)  # fmt: skip
+                  seed=5, memory=MemoryConfig(share="node"), expert=ExpertConfig(warm=False),
+                  planning=PlanningConfig(equal_batches=False, plan=plan))  # fmt: skip
 
 
 ld = loader(good)
@@ -58,7 +61,8 @@ if rank == 0:
 comm.Barrier()
 # Equal batches (the file's choice): each step the batch the file's counts deliver to this rank.
 eq = Loader(path, ["x"], batch_size=12, epochs=E, buffer="10%", sampler=Shuffle(), comm=comm,
-            share="node", warm=False, seed=5, plan=equal)  # fmt: skip
+            seed=5, memory=MemoryConfig(share="node"), expert=ExpertConfig(warm=False),
+            planning=PlanningConfig(plan=equal))  # fmt: skip
 assert eq.spec.equal_batches
 plan = load_node_plan(equal)
 for e in range(E):

@@ -25,6 +25,8 @@ from solar.schedule.planner import Planner
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: shared helpers
 from helpers import checked_ids, skewed_weighted
 
+from solar.options import ExpertConfig, MemoryConfig, PlanningConfig
+
 path, tier, snaps = sys.argv[1], sys.argv[2], sys.argv[3]
 d = dist.init()
 comm, rank = d.comm, d.rank
@@ -34,10 +36,11 @@ sampler = skewed_weighted(n)
 E, B = 3, 11
 
 
-def loader(c, batch_size=B, **kw):
-    return Loader(path, ["x"], batch_size=batch_size, epochs=E, buffer="3%", tier=tier,
-                  tier_size="6%", sampler=sampler, comm=c, share="node", warm=False, seed=5,
-                  equal_batches=False, **kw)  # fmt: skip
+def loader(c, batch_size=B, snapshots=None):
+    return Loader(path, ["x"], batch_size=batch_size, epochs=E, buffer="3%", sampler=sampler,
+                  comm=c, seed=5, memory=MemoryConfig(tier=tier, tier_size="6%", share="node"),
+                  planning=PlanningConfig(equal_batches=False, snapshots=snapshots),
+                  expert=ExpertConfig(warm=False))  # fmt: skip
 
 
 os.environ["SOLAR_HOSTS"] = "1x4"

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 from solar import Loader, Transform
+from solar.options import ExpertConfig
 
 
 def double(sample, rng):
@@ -38,8 +39,9 @@ if __name__ == "__main__":
 
     comm = dist.job_comm()  # mpiexec's world (MPICH's /dev/shm names taken off), else None
     rank, size = (comm.Get_rank(), comm.Get_size()) if comm else (0, 1)
-    ld = Loader(sys.argv[1], batch_size=4, epochs=2, buffer=0, comm=comm, warm=False,
-                transform=Transform(double, processes=True, workers=1))  # fmt: skip
+    ld = Loader(sys.argv[1], batch_size=4, epochs=2, buffer=0, comm=comm,
+                transform=Transform(double, processes=True, workers=1),
+                expert=ExpertConfig(warm=False))  # fmt: skip
     batches = iter(ld)
     next(batches), next(batches)  # batch memory made and mapped by the workers
     from multiprocessing import resource_tracker

@@ -14,6 +14,7 @@ import numpy as np
 import solar.io.hdf5 as hdf5_module
 import solar.io.npy as npy_module
 from solar import Loader, dist
+from solar.config import ReaderConfig
 from solar.io.sources import describe_source, expand_sources
 
 p = argparse.ArgumentParser()
@@ -46,7 +47,9 @@ for a in (st.offsets, st.chunk_rows, st.decodable, st.sizes):
 assert len(set(comm.allgather(digest.hexdigest()))) == 1  # the identical table everywhere
 assert list(info.files) == files  # in the walk's sorted order
 
-ld = Loader(opts.root, batch_size=3, epochs=2, buffer=4, comm=comm, one_per_file=True)
+ld = Loader(
+    opts.root, batch_size=3, epochs=2, buffer=4, comm=comm, reader=ReaderConfig(one_per_file=True)
+)
 seen = []
 for epoch in range(2):
     ld.set_epoch(epoch)
