@@ -169,19 +169,19 @@ def plan_lines(graph: Path) -> list[str]:
 
 def make_loader(case: str, comm, data: str, graph: str, tier: str):
     """The Loader of run case ``case`` (share="node"; hosts from SOLAR_HOSTS)."""
-    from solar import Loader
+    from solar import ExpertConfig, Loader, MemoryConfig, PlanningConfig
     from solar.graph.neighbor import NeighborSampler
 
-    kw = dict(epochs=EPOCHS, comm=comm, share="node", warm=False, seed=5)
+    tiered = dict(tier=tier, tier_size="5%") if case == "weighted-tier" else {}
+    kw = dict(epochs=EPOCHS, comm=comm, seed=5, expert=ExpertConfig(warm=False),
+              memory=MemoryConfig(share="node", **tiered),
+              planning=PlanningConfig(equal_batches=case == "shuffle-equal"))  # fmt: skip
     if case == "graph":
-        return Loader(graph, ["features"], buffer=100, equal_batches=False,
+        return Loader(graph, ["features"], buffer=100,
                       sampler=NeighborSampler(graph, (4, 2), batch_size=13), **kw)  # fmt: skip
     if case.startswith("weighted"):
-        tiered = dict(tier=tier, tier_size="5%") if case == "weighted-tier" else {}
-        return Loader(data, ["x"], batch_size=12, buffer="10%", sampler=skewed(600, False),
-                      equal_batches=False, **tiered, **kw)  # fmt: skip
-    return Loader(data, ["x"], batch_size=11, buffer="10%", sampler=Shuffle(),
-                  equal_batches=case == "shuffle-equal", **kw)  # fmt: skip
+        return Loader(data, ["x"], batch_size=12, buffer="10%", sampler=skewed(600, False), **kw)
+    return Loader(data, ["x"], batch_size=11, buffer="10%", sampler=Shuffle(), **kw)
 
 
 COUNTERS = ("hits", "reads", "side_reads", "tier_hits", "tier_writes", "sent", "received")
