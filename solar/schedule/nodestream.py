@@ -48,7 +48,6 @@ from solar.schedule.nodeplan import (
     host_parts,
     host_phases,
     node_spec,
-    own_draws,
 )  # fmt: skip
 from solar.schedule.nodeview import assemble
 from solar.schedule.rankplan import RankPlan, StepPlan
@@ -424,7 +423,7 @@ class PartPlanner:
                 raise SolarError(f"node plan: draws of epoch {epoch} asked again after it was "
                                  "planned")  # fmt: skip
             if (epoch, s.rank) not in self._drawn:
-                mine = self.parts.split(own_draws(s.spec.sampler, s.spec.run, epoch, s.rank))
+                mine = self.parts.split(s.drawn.own(epoch))  # kept: the runtime serves it
                 self.board.publish_draws(epoch, mine)
                 self._drawn[(epoch, s.rank)] = mine[s.local]
             got = self._drawn.get((epoch, r))
