@@ -257,7 +257,8 @@ class NodeStream(EpochsAhead):
             return BoardReader(self.board, self._unpack)
         if self.parted:
             return PartPlanner(self)
-        return NodePlanner(self.spec, self.hosts, only_host=None if self._saves() else self.host)
+        return NodePlanner(self.spec, self.hosts, only_host=None if self._saves() else self.host,
+                           source=self.drawn.source)  # fmt: skip
 
     def _next_epoch(self, planner: NodePlanner | BoardReader | PartPlanner) -> NodeEpoch:
         """Plan the next epoch (in the background thread), or take local rank 0's; local rank

@@ -184,6 +184,13 @@ class RankDraws:
         """:meth:`epoch` with one batch per step (steps + 1 offsets; no outputs)."""
         return rank_steps(self.epoch(epoch), self.run, self.rank)
 
+    def source(self, epoch: int, rank: int) -> EpochDraws:
+        """Rank ``rank``'s batches of ``epoch``, one per step, for a planner of this rank's
+        host (solar/schedule/nodeplan.py): this rank's kept (:meth:`own`), another's drawn."""
+        if rank == self.rank:
+            return self.own(epoch)
+        return rank_steps(self.sampler.rank_epoch(self.run, epoch, rank), self.run, rank)
+
     def batch(self, k: int) -> tuple[np.ndarray, Any]:
         """Global step ``k``'s batch of the rank: its ids and the sampler's output (or None)."""
         e, t = divmod(k, self.run.steps_per_epoch)
