@@ -46,6 +46,7 @@ from solar.schedule.samplers import BatchExtras, EpochDraws, Sampler, _span, ran
 
 _NEIGHBOR_STREAM = 2  # spawn-key tag of the neighbour draws (Weighted's is 1)
 MAX_HOPS = 64
+_LOCAL_MAX = 2**31 - 1  # a subgraph's local ids are int32
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
@@ -60,8 +61,10 @@ class Subgraph:
     and the edges drawn (``hop_nodes[0]`` = the seeds)."""
 
     nodes: np.ndarray  # (n,) int64
-    src: np.ndarray  # (E,) int64
-    dst: np.ndarray  # (E,) int64
+    # Local ids as int32 (a subgraph has fewer than 2^31 nodes: check_run): an epoch of them
+    # is kept for delivery, at half the bytes (bench/sample_once.py).
+    src: np.ndarray  # (E,) int32
+    dst: np.ndarray  # (E,) int32
     hop_nodes: np.ndarray  # (hops + 1,) int64
     hop_edges: np.ndarray  # (hops,) int64
 
@@ -137,8 +140,8 @@ class NeighborSampler(Sampler, BatchExtras):
                              f"keys=[{self.features!r}] or features= one of them")  # fmt: skip
 
     def check_run(self, run: RunConfig) -> None:
-        """Refuse a run whose local batch is not this sampler's, or whose last global batch
-        would leave a rank without a seed."""
+        """Refuse a run whose local batch is not this sampler's, whose last global batch
+        would leave a rank without a seed, or whose subgraph could have 2^31 nodes."""
         if run.batch_size != self.batch_size:
             raise SolarError(f"NeighborSampler(batch_size={self.batch_size}) in a run of "
                              f"batch_size {run.batch_size}")  # fmt: skip
@@ -146,6 +149,9 @@ class NeighborSampler(Sampler, BatchExtras):
         if last < run.world_size:
             raise SolarError(f"the last global batch has {last} seeds for {run.world_size} "
                              "ranks: use drop_last=True or another batch size")  # fmt: skip
+        if self.graph.num_nodes > _LOCAL_MAX and self.batch_bound(run) > _LOCAL_MAX:
+            raise SolarError(f"NeighborSampler: a subgraph of up to {self.batch_bound(run)} "
+                             f"nodes, over {_LOCAL_MAX}: use smaller fanouts")  # fmt: skip
 
     def seed_count(self, run: RunConfig, step: int) -> int:
         """Seeds of global step ``step`` (within an epoch) over all ranks: what a per-seed
@@ -257,7 +263,7 @@ class NeighborSampler(Sampler, BatchExtras):
         sub = output
         seeds = int(sub.hop_nodes[0])
         out: dict[str, Any] = {
-            "edge_index": torch.from_numpy(np.stack([sub.src, sub.dst])),
+            "edge_index": torch.from_numpy(_edge_index(sub)),
             "n_id": torch.from_numpy(sub.nodes),
             "batch_size": seeds,
             "num_sampled_nodes": sub.hop_nodes.tolist(),
@@ -268,6 +274,13 @@ class NeighborSampler(Sampler, BatchExtras):
         if self.graph.labels is not None:
             out["y"] = torch.from_numpy(np.asarray(self.graph.labels[sub.nodes[:seeds]], np.int64))
         return out
+
+
+def _edge_index(sub: Subgraph) -> np.ndarray:
+    """PyG's ``edge_index`` of ``sub``: (2, E) int64, row 0 ``src``, row 1 ``dst``."""
+    out = np.empty((2, sub.src.size), np.int64)
+    out[0], out[1] = sub.src, sub.dst
+    return out
 
 
 @njit(cache=True, inline="always")
@@ -306,8 +319,8 @@ def _sample(indptr, indices, seeds, fanouts, key, local):  # pragma: no cover - 
     hops = fanouts.shape[0]
     s = seeds.shape[0]
     nodes = np.empty(max(16, 4 * s), np.int64)
-    src = np.empty(max(16, 4 * s), np.int64)
-    dst = np.empty(max(16, 4 * s), np.int64)
+    src = np.empty(max(16, 4 * s), np.int32)
+    dst = np.empty(max(16, 4 * s), np.int32)
     hop_nodes = np.zeros(hops + 1, np.int64)
     hop_edges = np.zeros(hops, np.int64)
     chosen = np.empty(max(1, fanouts.max()), np.int64)
