@@ -12,9 +12,10 @@ import h5py
 import numpy as np
 import pytest
 
-from solar import Loader, NeighborSampler
+from solar import Loader, NeighborSampler, RunConfig
 from solar.graph import generate_graph, neighbor
 from solar.schedule import rng
+from solar.schedule.samplers import every_rank
 
 
 @pytest.fixture(scope="module")
@@ -49,8 +50,11 @@ def _expected(sampler: NeighborSampler, run, rank: int) -> Counter:
     })  # fmt: skip
 
 
-@pytest.mark.parametrize("world", [1, 3])
-def test_each_gnn_batch_is_sampled_once_over_a_run(graph_file, world, monkeypatch):
+@pytest.mark.parametrize("world, snapshots", [(1, False), (3, False), (3, True)])
+def test_each_gnn_batch_is_sampled_once_over_a_run(graph_file, world, snapshots, tmp_path,
+                                                   monkeypatch):  # fmt: skip
+    """(With snapshots every rank plans every rank: the others' batches are sampled by its
+    planner too, its own still once.)"""
     with h5py.File(graph_file) as f:
         feats = f["features"][()]
     counted = _Counted(neighbor._sample)
@@ -58,7 +62,7 @@ def test_each_gnn_batch_is_sampled_once_over_a_run(graph_file, world, monkeypatc
     rank = world - 1
     sampler = NeighborSampler(graph_file, (4, 3), batch_size=16)
     with Loader(graph_file, ["features"], sampler=sampler, epochs=3, buffer=150, rank=rank,
-                world_size=world) as ld:  # fmt: skip
+                world_size=world, snapshots=tmp_path if snapshots else None) as ld:  # fmt: skip
         served = 0
         for e in range(ld.run.epochs):
             ld.set_epoch(e)
@@ -68,8 +72,21 @@ def test_each_gnn_batch_is_sampled_once_over_a_run(graph_file, world, monkeypatc
         run = ld.run
     assert served == run.epochs * run.steps_per_epoch
     expected = _expected(sampler, run, rank)
+    if snapshots:  # every other rank's batches once more, by this rank's planner
+        others = [_expected(sampler, run, r) for r in range(world) if r != rank]
+        expected = sum(others, expected)
     assert counted.calls == expected, (
         f"{sum(counted.calls.values())} samplings of {len(counted.calls)} batches "
         f"({len(set(counted.calls) - set(expected))} not the run's), expected "
         f"{len(expected)} batches once each"
     )
+
+
+def test_every_rank_draws_put_together_are_the_epochs_draws(graph_file):
+    sampler = NeighborSampler(graph_file, (4, 3), batch_size=16)
+    n = sampler.graph.num_nodes
+    run = RunConfig(n, 3, 16, 2, 7, False, sampler.draws(n, 48))
+    whole = sampler.epoch(run, 1)
+    parts = every_rank(run, [sampler.rank_epoch(run, 1, r) for r in range(3)])
+    np.testing.assert_array_equal(parts.offsets, whole.offsets)
+    np.testing.assert_array_equal(parts.ids, whole.ids)

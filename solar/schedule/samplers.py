@@ -517,6 +517,20 @@ def rank_steps(draws: EpochDraws, run: RunConfig, rank: int) -> EpochDraws:
     return EpochDraws(draws.ids[idx], offsets)
 
 
+def every_rank(run: RunConfig, draws: list[EpochDraws]) -> EpochDraws:
+    """One epoch's draws of every rank from ``draws[r]``, rank r's (:meth:`Sampler.rank_epoch`'s
+    layout, every other rank's batch empty), without their outputs."""
+    world = run.world_size
+    g = np.arange(run.steps_per_epoch * world)
+    sizes = np.array([draws[r].offsets[i + 1] - draws[r].offsets[i]
+                      for i, r in zip(g, g % world, strict=True)], np.int64)  # fmt: skip
+    offsets = np.zeros(g.size + 1, np.int64)
+    np.cumsum(sizes, out=offsets[1:])
+    ids = [draws[r].ids[draws[r].offsets[i] : draws[r].offsets[i + 1]]
+           for i, r in zip(g, g % world, strict=True)]  # fmt: skip
+    return EpochDraws(np.concatenate(ids) if ids else np.zeros(0, np.int64), offsets)
+
+
 def rank_draws(run: RunConfig, batches: list[np.ndarray], rank: int) -> EpochDraws:
     """An epoch's draws in :class:`EpochDraws`' layout from rank ``rank``'s ``batches`` (one
     per step), every other rank's batch empty."""
