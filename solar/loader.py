@@ -41,7 +41,7 @@ from solar.schedule import Plan, make_plan
 from solar.schedule.nodefile import NodeFileStream, NodePlan
 from solar.schedule.nodestream import NodeStream, stage_bound
 from solar.schedule.order import step_bounds
-from solar.schedule.samplers import Sampler, Trace
+from solar.schedule.samplers import Sampler, Trace, extras_of
 from solar.schedule.stream import RankStream
 from solar.stats import LoaderStats
 from solar.transform import SampleFn, Transform
@@ -336,7 +336,7 @@ class Loader(IterableDataset[dict]):
         loss_sum, loader)`` divides by it, for a gradient that is the global mean's."""
         if self._yielded is None:
             return 0
-        count = self.sampler.loss_count(self.run, self._yielded[1])
+        count = extras_of(self.sampler).loss_count(self.run, self._yielded[1])
         return self.global_batch if count is None else count
 
     def state_dict(self) -> dict:

@@ -30,6 +30,7 @@ from solar.runtime.memory import BatchMemory, InFlight
 from solar.runtime.reads import ReadAhead
 from solar.runtime.setup import configure
 from solar.schedule.rankplan import StepPlan
+from solar.schedule.samplers import BatchExtras
 from solar.schedule.stream import RankStream
 from solar.stats import LoaderStats
 
@@ -213,13 +214,17 @@ def test_holdings_seek_as_they_run_straight():
 
 
 # -- delivery -----------------------------------------------------------------------------------
+class _StepExtras(BatchExtras):
+    def extras(self, output, batch):
+        return {"step": output}
+
+
 class _DeliverySteps:
     spe, rank, run = 4, 0, None
+    sampler = _StepExtras()
 
-    class sampler:
-        @staticmethod
-        def extras(run, e, t, rank, out):
-            return {"step": (e, t)}
+    def output(self, k: int) -> tuple[int, int]:
+        return divmod(k, self.spe)  # what the sampler made of step k
 
     def transfer(self, k: int) -> None:
         return None

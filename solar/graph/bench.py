@@ -248,8 +248,9 @@ def _graph_epoch(loader: Any, epoch: int, rank: int, compute_ms: float):
         gather, sampler, run = loader
         h0, b0 = gather.hits, gather.bytes_read
         for t in range(run.steps_per_epoch):
-            x = gather.gather(sampler.batch(run, epoch, t, rank))
-            sampler.extras(run, epoch, t, rank, {})  # the batch's edges, as the others have
+            sub = sampler.subgraph(run, epoch, t, rank)  # sampled once, as PyG's loader does
+            x = gather.gather(sub.nodes)
+            sampler.extras(sub, {})  # the batch's edges, as the others have
             first = time.perf_counter() if steps == 0 else first
             rows += x.shape[0]
             steps += 1

@@ -12,8 +12,11 @@ counter-based stream of :mod:`solar.schedule.rng` (splitmix64), Floyd's sampling
 positions. Any step is recomputed alone, on any rank, in any process.
 
 A step's ids are its subgraph's distinct nodes, seeds first, then each hop's new nodes in the
-order they were reached: the feature rows solar plans and reads. :meth:`NeighborSampler.extras`
-adds what a GNN trains on (PyG's layout): ``x`` (the rows of the loader's feature key, which it
+order they were reached: the feature rows solar plans and reads. A rank's epoch is sampled once
+(:meth:`NeighborSampler.rank_epoch`, for its planner): the subgraphs travel with the draws to
+delivery (``EpochDraws.outputs``, PyG's ``SamplerOutput``), where
+:meth:`NeighborSampler.extras` joins a step's subgraph to its rows, adding what a GNN trains on
+(PyG's layout): ``x`` (the rows of the loader's feature key, which it
 replaces in the batch), ``y`` (the seeds' labels), ``edge_index`` (2, E) in local ids, edges
 from the sampled neighbour (row 0) to the node it was sampled for (row 1), ``n_id`` (the node
 ids, replacing the Loader's ``index``), ``batch_size`` and ``num_sampled_nodes`` /
@@ -24,25 +27,26 @@ the topology and node rows only. ``Loader(..., batch_format="pyg")`` makes each 
 
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from numba import njit
+from numba import njit, typeof
 
+from solar._kept import Kept
 from solar.config import RunConfig
 from solar.errors import SolarError
 from solar.graph.csr import Graph, check_nodes
 from solar.graph.ingest import topology, warn_missing
 from solar.schedule import rng
 from solar.schedule.order import epoch_permutation
-from solar.schedule.samplers import EpochDraws, Sampler, _EpochCache, _span, rank_draws
+from solar.schedule.samplers import BatchExtras, EpochDraws, Sampler, _span, rank_draws
 
 _NEIGHBOR_STREAM = 2  # spawn-key tag of the neighbour draws (Weighted's is 1)
 MAX_HOPS = 64
+_LOCAL_MAX = 2**31 - 1  # a subgraph's local ids are int32
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
@@ -51,18 +55,21 @@ _M2 = np.uint64(0x94D049BB133111EB)
 
 @dataclass(frozen=True)
 class Subgraph:
-    """One (epoch, step, rank) sample: ``nodes`` (seeds first, distinct), the edges in local
-    ids (``src`` the sampled neighbour, ``dst`` the node it was drawn for), and per hop the
-    nodes first reached and the edges drawn (``hop_nodes[0]`` = the seeds)."""
+    """One (epoch, step, rank) sample, the sampler's output of a batch (PyG's
+    ``SamplerOutput``): ``nodes`` (seeds first, distinct), the edges in local ids (``src`` the
+    sampled neighbour, ``dst`` the node it was drawn for), and per hop the nodes first reached
+    and the edges drawn (``hop_nodes[0]`` = the seeds)."""
 
     nodes: np.ndarray  # (n,) int64
-    src: np.ndarray  # (E,) int64
-    dst: np.ndarray  # (E,) int64
+    # Local ids as int32 (a subgraph has fewer than 2^31 nodes: check_run): an epoch of them
+    # is kept for delivery, at half the bytes (bench/sample_once.py).
+    src: np.ndarray  # (E,) int32
+    dst: np.ndarray  # (E,) int32
     hop_nodes: np.ndarray  # (hops + 1,) int64
     hop_edges: np.ndarray  # (hops,) int64
 
 
-class NeighborSampler(Sampler):
+class NeighborSampler(Sampler, BatchExtras):
     """k-hop neighbour sampling around each rank's seed nodes (see the module's docstring).
 
     ``graph``: a :class:`~solar.graph.csr.Graph`, an HDF5 path (as ``solar gen --preset
@@ -113,8 +120,8 @@ class NeighborSampler(Sampler):
         self.features = features
         # The batch keeps one name for each thing: x (not the key), n_id (not index).
         self.supersedes = ("index", features)
-        self._cache = _EpochCache()
-        self._steps = _StepCache()
+        self._cache: Kept[EpochDraws] = Kept(3)  # every rank's nodes (a whole plan's)
+        self._perms: Kept[np.ndarray] = Kept(4)  # the split's permutation of recent epochs
 
     # -- the sampler contract ----------------------------------------------------------------
     def draws(self, num_samples: int, global_batch: int) -> int:
@@ -133,8 +140,8 @@ class NeighborSampler(Sampler):
                              f"keys=[{self.features!r}] or features= one of them")  # fmt: skip
 
     def check_run(self, run: RunConfig) -> None:
-        """Refuse a run whose local batch is not this sampler's, or whose last global batch
-        would leave a rank without a seed."""
+        """Refuse a run whose local batch is not this sampler's, whose last global batch
+        would leave a rank without a seed, or whose subgraph could have 2^31 nodes."""
         if run.batch_size != self.batch_size:
             raise SolarError(f"NeighborSampler(batch_size={self.batch_size}) in a run of "
                              f"batch_size {run.batch_size}")  # fmt: skip
@@ -142,6 +149,9 @@ class NeighborSampler(Sampler):
         if last < run.world_size:
             raise SolarError(f"the last global batch has {last} seeds for {run.world_size} "
                              "ranks: use drop_last=True or another batch size")  # fmt: skip
+        if self.graph.num_nodes > _LOCAL_MAX and self.batch_bound(run) > _LOCAL_MAX:
+            raise SolarError(f"NeighborSampler: a subgraph of up to {self.batch_bound(run)} "
+                             f"nodes, over {_LOCAL_MAX}: use smaller fanouts")  # fmt: skip
 
     def seed_count(self, run: RunConfig, step: int) -> int:
         """Seeds of global step ``step`` (within an epoch) over all ranks: what a per-seed
@@ -159,21 +169,15 @@ class NeighborSampler(Sampler):
         return self.train[perm[lo:hi]]
 
     def _permutation(self, seed: int, epoch: int) -> np.ndarray:
-        key = ("perm", seed, epoch)
-        got = self._steps.get(key)
-        if got is None:
-            got = self._steps.put(key, epoch_permutation(seed, epoch, self.train.size))
-        return got
+        return self._perms.get((seed, epoch),
+                               lambda: epoch_permutation(seed, epoch, self.train.size))  # fmt: skip
 
     def subgraph(self, run: RunConfig, epoch: int, step: int, rank: int) -> Subgraph:
-        """The sampled subgraph of rank ``rank`` at ``step`` of ``epoch`` (recent ones kept)."""
+        """The sampled subgraph of rank ``rank`` at ``step`` of ``epoch``, sampled now (a run
+        samples each once: :meth:`rank_epoch`)."""
         self.check_run(run)
-        key = (run, epoch, step, rank)
-        got = self._steps.get(key)
-        if got is None:
-            scratch = np.full(self.graph.num_nodes, -1, np.int64)
-            got = self._steps.put(key, self._sample(run, epoch, step, rank, scratch))
-        return got
+        scratch = np.full(self.graph.num_nodes, -1, np.int64)
+        return self._sample(run, epoch, step, rank, scratch)
 
     def _sample(
         self, run: RunConfig, epoch: int, step: int, rank: int, scratch: np.ndarray
@@ -200,16 +204,27 @@ class NeighborSampler(Sampler):
         return self._cache.get((run, epoch), make)
 
     def rank_epoch(self, run: RunConfig, epoch: int, rank: int) -> EpochDraws:
-        """Only rank ``rank``'s subgraphs of ``epoch`` (a P-th of :meth:`epoch`'s work)."""
+        """Only rank ``rank``'s subgraphs of ``epoch`` (a P-th of :meth:`epoch`'s work): their
+        nodes the draws, the subgraphs their outputs (each one's nodes a view of the draws)."""
         self.check_run(run)
         scratch = np.full(self.graph.num_nodes, -1, np.int64)  # reset by each call
-        nodes = [self._sample(run, epoch, t, rank, scratch).nodes
-                 for t in range(run.steps_per_epoch)]  # fmt: skip
-        return rank_draws(run, nodes, rank)
+        subs = [self._sample(run, epoch, t, rank, scratch) for t in range(run.steps_per_epoch)]
+        d = rank_draws(run, [s.nodes for s in subs], rank)
+        at = d.offsets[np.arange(run.steps_per_epoch) * run.world_size + rank]
+        outputs: list[Any] = [None] * (run.steps_per_epoch * run.world_size)
+        # Each subgraph's nodes a view of the draws: one copy of them is held.
+        outputs[rank :: run.world_size] = [dataclasses.replace(s, nodes=d.ids[a : a + s.nodes.size])
+                                           for s, a in zip(subs, at, strict=True)]  # fmt: skip
+        return dataclasses.replace(d, outputs=outputs)
 
     def rehearse(self, run: RunConfig, rank: int) -> None:
-        """Sample the run's first subgraph (kept: the first step asks for it)."""
-        self.subgraph(run, 0, 0, rank)
+        """Compile (or load) the sampling kernel for this graph's arrays, sampling nothing:
+        every batch of the run is sampled once, by its draws."""
+        g = self.graph
+        seeds = self.train[:1]
+        _sample.compile(tuple(typeof(a) for a in (
+            g.indptr, g.indices, seeds, np.array(self.fanouts, np.int64), np.uint64(0),
+            np.zeros(1, np.int64))))  # fmt: skip
 
     def batch(self, run: RunConfig, epoch: int, step: int, rank: int) -> np.ndarray:
         return self.subgraph(run, epoch, step, rank).nodes
@@ -237,16 +252,18 @@ class NeighborSampler(Sampler):
                 "batch_size": self.batch_size,
                 "train": hashlib.sha256(self.train.tobytes()).hexdigest()}  # fmt: skip
 
-    def extras(
-        self, run: RunConfig, epoch: int, step: int, rank: int, batch: Mapping[str, Any]
-    ) -> dict[str, Any]:
-        """PyG ``NeighborLoader``'s fields for this step's batch (module docstring)."""
+    def extras(self, output: Any, batch: Mapping[str, Any]) -> dict[str, Any]:
+        """PyG ``NeighborLoader``'s fields for a batch from its subgraph ``output``, joined to
+        its rows (module docstring)."""
         import torch
 
-        sub = self.subgraph(run, epoch, step, rank)
+        if not isinstance(output, Subgraph):
+            raise SolarError("NeighborSampler: a batch delivered without its subgraph (its "
+                             "draws came from another sampler)")  # fmt: skip
+        sub = output
         seeds = int(sub.hop_nodes[0])
         out: dict[str, Any] = {
-            "edge_index": torch.from_numpy(np.stack([sub.src, sub.dst])),
+            "edge_index": torch.from_numpy(_edge_index(sub)),
             "n_id": torch.from_numpy(sub.nodes),
             "batch_size": seeds,
             "num_sampled_nodes": sub.hop_nodes.tolist(),
@@ -259,34 +276,11 @@ class NeighborSampler(Sampler):
         return out
 
 
-class _StepCache:
-    """The last few subgraphs (the runtime asks for a step's ids when it starts its reads,
-    and for its edges when it serves it) and the epoch permutations of the split."""
-
-    def __init__(self, keep: int = 32) -> None:
-        self._keep = keep
-        self._lock = threading.Lock()
-        self._items: OrderedDict[Any, Any] = OrderedDict()
-
-    def get(self, key: Any) -> Any:
-        with self._lock:
-            got = self._items.get(key)
-            if got is not None:
-                self._items.move_to_end(key)
-            return got
-
-    def put(self, key: Any, value: Any) -> Any:
-        with self._lock:
-            self._items[key] = value
-            while len(self._items) > self._keep:
-                self._items.popitem(last=False)
-        return value
-
-    def __getstate__(self) -> dict:
-        return {"_keep": self._keep}
-
-    def __setstate__(self, state: dict) -> None:
-        self.__init__(state["_keep"])  # type: ignore[misc]
+def _edge_index(sub: Subgraph) -> np.ndarray:
+    """PyG's ``edge_index`` of ``sub``: (2, E) int64, row 0 ``src``, row 1 ``dst``."""
+    out = np.empty((2, sub.src.size), np.int64)
+    out[0], out[1] = sub.src, sub.dst
+    return out
 
 
 @njit(cache=True, inline="always")
@@ -325,8 +319,8 @@ def _sample(indptr, indices, seeds, fanouts, key, local):  # pragma: no cover - 
     hops = fanouts.shape[0]
     s = seeds.shape[0]
     nodes = np.empty(max(16, 4 * s), np.int64)
-    src = np.empty(max(16, 4 * s), np.int64)
-    dst = np.empty(max(16, 4 * s), np.int64)
+    src = np.empty(max(16, 4 * s), np.int32)
+    dst = np.empty(max(16, 4 * s), np.int32)
     hop_nodes = np.zeros(hops + 1, np.int64)
     hop_edges = np.zeros(hops, np.int64)
     chosen = np.empty(max(1, fanouts.max()), np.int64)

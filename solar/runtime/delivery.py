@@ -2,8 +2,9 @@
 
 :meth:`Delivery.fit` trims the rows to the batch served (side rows and spare rows stay
 behind) or, with equal batches, exchanges rows with the other ranks (solar.exchange);
-:meth:`Delivery.batch` makes the dict of tensors, its ``index``, the sampler's extras (e.g. a
-subgraph) and the user's ``batch_transform``.
+:meth:`Delivery.batch` makes the dict of tensors, its ``index``, the sampler's extras (its
+output of the step, drawn with the plan's draws, joined to the rows here: e.g. a subgraph) and
+the user's ``batch_transform``.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from solar.exchange import Exchange
 from solar.io.info import KeyInfo
 from solar.runtime.memory import InFlight
 from solar.runtime.steps import Steps
+from solar.schedule.samplers import extras_of
 
 
 class Delivered(NamedTuple):
@@ -50,6 +52,7 @@ class Delivery:
         self.batch_transform = batch_transform
         self.comm = comm  # a failed batch_transform ends the job
         self.batch_format = batch_format  # "pyg": the batch as a torch_geometric Data
+        self.extras = extras_of(steps.sampler)  # the sampler's delivery side
 
     def fit(self, k: int, io: InFlight) -> Delivered:
         """With equal batches, make step ``k``'s served rows the batch this rank delivers:
@@ -87,11 +90,9 @@ class Delivery:
 
         out = {key.name: t for key, t in zip(self.keys, rows.tensors, strict=True)}
         out["index"] = torch.from_numpy(rows.ids)
-        steps = self.steps
-        e, t = divmod(k, steps.spe)
-        extras = steps.sampler.extras(steps.run, e, t, steps.rank, out)  # e.g. a subgraph
-        # e.g. n_id for index, x for the features' key (a duck-typed sampler may not say)
-        for name in getattr(steps.sampler, "supersedes", ()):
+        e = k // self.steps.spe
+        extras = self.extras.extras(self.steps.output(k), out)  # e.g. the step's subgraph
+        for name in self.extras.supersedes:  # e.g. n_id for index, x for the features' key
             out.pop(name, None)
         out.update(extras)
         if self.batch_transform is None:

@@ -35,7 +35,7 @@ from solar.schedule import Plan, PlanSpec
 from solar.schedule.nodefile import NodePlan, open_given
 from solar.schedule.nodeplan import Hosts, unequal_refusal
 from solar.schedule.pagemates import PageLayout
-from solar.schedule.samplers import SHUFFLE, Sampler, is_shuffle
+from solar.schedule.samplers import SHUFFLE, Sampler, extras_of, is_shuffle
 from solar.schedule.spec import equal_by_default
 from solar.transform import Transform, as_transform, first_outputs, output_keys
 
@@ -123,7 +123,7 @@ def configure(args: LoaderConfig) -> Setup:
                          "pinned: pass pin_memory=False or use thread workers")  # fmt: skip
     out = info.keys if fn is None else _output_keys(fn, info, io, args.seed)
     if sampler is not None:
-        sampler.check_keys([k.name for k in out])
+        extras_of(sampler).check_keys([k.name for k in out])
     held = out if holds else info.keys
     if fn is not None:  # again, with its rows and steps ahead
         check_batch_memory(spec, config, info.sample_bytes, fn, sum(k.row_bytes for k in out),

@@ -1,20 +1,24 @@
 """What step k is: the one place that answers it for the runtime.
 
 Every stage asks :class:`Steps` about a global step ``k`` — its plan in the sampler's batch
-order, the rows of batch memory it needs, its exchange of rows, the buffer updates of a step
-that touches a slot twice, its transform jobs — and nothing else reads the rank's plan. The
+order, the sampler's output of it, the rows of batch memory it needs, its exchange of rows, the
+buffer updates of a step that touches a slot twice, its transform jobs — and nothing else reads
+the rank's plan. A sampler that draws each rank's batches is asked once per epoch: its draws
+(the planner's, :attr:`~solar.schedule.stream.EpochsAhead.drawn`) are what the steps serve. The
 window of planned epochs is trimmed in one place, :meth:`Steps.enter`: when a step becomes
 the next one served, the epochs before it are done with.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from solar.errors import SolarError
 from solar.schedule.nodestream import NodeStream
 from solar.schedule.rankplan import StepPlan
-from solar.schedule.samplers import Sampler
+from solar.schedule.samplers import Sampler, serves_draws
 from solar.schedule.spec import PlanSpec
 from solar.schedule.stream import RankStream
 from solar.schedule.transfer import Transfer
@@ -31,13 +35,18 @@ class Steps:
         self.sampler: Sampler = spec.sampler
         self._stream = stream
         self.spe = spec.run.steps_per_epoch
-        # A trace split by the sampler (not the planner): a rank's batch is the sampler's.
+        # A trace split by the sampler (not the planner): a rank's batch is the sampler's;
+        # one with a delivery side is drawn once: the planner's draws of its epoch are served.
         self.own_batches = spec.traced and not spec.affinity
+        self._drawn = stream.drawn if self.own_batches else None
+        self._served = self._drawn if serves_draws(spec.sampler) else None
 
     def enter(self, k: int) -> None:
         """Step ``k`` is served next: planned now if it must be (waiting for the planner),
         and the window's epochs before it dropped. The only trim of the window."""
         self._stream.window(k, trim=True)
+        if self._drawn is not None:
+            self._drawn.forget_before(k // self.spe)
 
     @property
     def last_planned(self) -> int:
@@ -60,7 +69,7 @@ class Steps:
             draws = self.sampler.global_batch(self.run, e, t)
             ids = draws[np.isin(draws, step.samples)]
         else:
-            ids = self.sampler.batch(self.run, e, t, self.rank)
+            ids = self._own(k)[0]
         try:
             return step.in_batch(ids)
         except ValueError:
@@ -74,8 +83,23 @@ class Steps:
 
     def first_batch(self) -> np.ndarray:
         """The run's first step's ids as the sampler draws them for this rank (a sampler
-        that splits its own batches: known before the plan is)."""
-        return np.asarray(self.sampler.batch(self.run, 0, 0, self.rank), np.int64)
+        that splits its own batches: known once its first epoch is drawn, before it is
+        planned)."""
+        return np.asarray(self._own(0)[0], np.int64)
+
+    def output(self, k: int) -> Any:
+        """What the sampler made of step ``k``'s batch when it drew it, for delivery (e.g. a
+        neighbour sampler's subgraph), or None."""
+        return self._own(k)[1] if self._served is not None else None
+
+    def _own(self, k: int) -> tuple[np.ndarray, Any]:
+        """This rank's batch at step ``k`` (a sampler that splits its own batches) and the
+        sampler's output of it: the planner's draws, or (a sampler without a delivery side)
+        drawn again, to be checked against the plan's."""
+        if self._served is not None:
+            return self._served.batch(k)
+        e, t = divmod(k, self.spe)
+        return self.sampler.batch(self.run, e, t, self.rank), None
 
     def transfer(self, k: int) -> Transfer | None:
         """Step ``k``'s exchange of rows with the other ranks (equal batches), or None."""

@@ -8,12 +8,12 @@ Belady needs a few epochs of order, never the whole run.
 from __future__ import annotations
 
 import threading
-from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 from numba import njit
 
+from solar._kept import Kept
 from solar._process import ProcessLocal
 from solar.config import RunConfig
 from solar.schedule._common import NEVER
@@ -53,16 +53,15 @@ class EpochOrder:
 
     One background thread works ahead: :meth:`prefetch` draws an epoch's order there, and
     :meth:`ahead` also computes its next uses, so that the planner finds both ready while its
-    kernel (which releases the GIL) runs on the epoch before. The cache and the position buffer
-    are guarded by locks, so the caller may use :meth:`served` meanwhile.
+    kernel (which releases the GIL) runs on the epoch before. The cache (each epoch drawn once)
+    and the position buffer are guarded by locks, so the caller may use :meth:`served`
+    meanwhile.
     """
 
     def __init__(self, run: RunConfig, epoch_order: np.ndarray, keep: int = 4) -> None:
         self.run = run
         self.epoch_order = epoch_order
-        self._keep = keep
-        self._cache: OrderedDict[int, np.ndarray] = OrderedDict()
-        self._cache_lock = threading.Lock()
+        self._cache: Kept[np.ndarray] = Kept(keep)
         self._pos: np.ndarray | None = None
         self._pos_lock = threading.Lock()
         self._spare: list[np.ndarray] = []  # next-use buffers handed back: no fresh pages
@@ -90,10 +89,8 @@ class EpochOrder:
     def prefetch(self, k: int) -> None:
         """Start drawing epoch ``k``'s order in the background thread (numpy's shuffle and the
         planning kernels both release the GIL, so the two overlap on two cores)."""
-        with self._cache_lock:
-            if k in self._cache:
-                return
-        self._submit("served", k, self._draw, k)
+        if k not in self._cache:
+            self._submit("served", k, self._draw, k)
 
     def ahead(self, k: int) -> None:
         """Start computing epoch ``k``'s order and next uses in the background thread."""
@@ -111,17 +108,13 @@ class EpochOrder:
 
     def served(self, k: int) -> np.ndarray:
         """Samples served by run epoch ``k``, in order: shape (samples per epoch,)."""
-        with self._cache_lock:
-            got = self._cache.get(k)
-        if got is not None:
-            return got
-        job = self._take("served", k)
-        got = job.result() if job is not None else self._draw(k)
-        with self._cache_lock:
-            self._cache[k] = got
-            while len(self._cache) > self._keep:
-                self._cache.popitem(last=False)
-        return got
+
+        def make() -> np.ndarray:
+            # (A "served" job draws without the cache: waiting for it cannot wait for this.)
+            job = self._take("served", k)
+            return job.result() if job is not None else self._draw(k)
+
+        return self._cache.get(k, make)
 
     def recycle(self, next_use: np.ndarray) -> None:
         """Hand back a next-use array no longer used, to be filled again for a later epoch."""

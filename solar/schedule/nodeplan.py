@@ -25,7 +25,6 @@ With one rank per host the node plan is today's per-rank plan, decision for deci
 from __future__ import annotations
 
 import dataclasses
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -33,6 +32,7 @@ from typing import Any
 import numpy as np
 from numba import njit
 
+from solar._kept import Kept
 from solar.config import BufferConfig, RunConfig
 from solar.errors import SolarError
 from solar.host.grouping import host_sizes
@@ -50,7 +50,7 @@ from solar.schedule._common import (
 from solar.schedule.nodeequal import deal_equal, rank_targets
 from solar.schedule.nodeparts import Parts, merge
 from solar.schedule.planner import EpochPlan, Planner, RankEpoch
-from solar.schedule.samplers import EpochDraws, Sampler
+from solar.schedule.samplers import EpochDraws, Sampler, rank_steps
 from solar.schedule.spec import PlanSpec
 from solar.schedule.traces import default_horizon
 from solar.schedule.transfer import moved_rows
@@ -172,12 +172,11 @@ class HostSampler(Sampler):
         # (default: drawn here; a host's ranks may each draw their own and share them).
         self.source = source or self.own_draws
         self.horizon = sampler.horizon
-        self._kept: dict[tuple, Any] = {}
         # Epochs kept (drawn, and cut into parts): the planner's look-ahead and the one
         # planned (and one drawn ahead): else parts planned one after another would draw an
         # epoch again and again.
-        self._keep = 2 * (default_horizon(host_run(run, hosts, host), sampler) + 3)
-        self._lock = threading.Lock()
+        keep = 2 * (default_horizon(host_run(run, hosts, host), sampler) + 3)
+        self._kept: Kept[Any] = Kept(keep)
 
     def _check(self, run: RunConfig) -> None:
         if run != host_run(self.rank_run, self.hosts, self.host):
@@ -196,24 +195,13 @@ class HostSampler(Sampler):
         """The rank run's draws of ``epoch`` (rank layout); with ``host``, only its ranks'
         batches (the others empty). The last few are kept: the planner draws an epoch, the
         split of its decisions over the ranks draws it again."""
-        return self._cached((epoch, host, None), lambda: self._rank_draws(epoch, host))
+        return self._kept.get((epoch, host, None), lambda: self._rank_draws(epoch, host))
 
     def part_draws(self, epoch: int, host: int | None, parts: Parts) -> list[EpochDraws]:
         """:meth:`rank_draws` cut into every part's of ``parts`` (one sort for all; kept
         alike: the parts' planners each ask for theirs)."""
-        return self._cached((epoch, host, parts),
-                            lambda: parts.split(self.rank_draws(epoch, host)))  # fmt: skip
-
-    def _cached(self, key: tuple, make: Callable[[], Any]) -> Any:
-        with self._lock:
-            got = self._kept.get(key)
-        if got is None:
-            got = make()
-            with self._lock:
-                self._kept[key] = got
-                while len(self._kept) > self._keep:
-                    self._kept.pop(next(iter(self._kept)))
-        return got
+        return self._kept.get((epoch, host, parts),
+                              lambda: parts.split(self.rank_draws(epoch, host)))  # fmt: skip
 
     def _rank_draws(self, epoch: int, host: int | None) -> EpochDraws:
         if host is None:
@@ -272,13 +260,7 @@ class PartSampler(HostSampler):
 def own_draws(sampler: Sampler, run: RunConfig, epoch: int, rank: int) -> EpochDraws:
     """Rank ``rank``'s batches of ``epoch`` as ``sampler`` draws them: (steps + 1) offsets, one
     batch per step."""
-    d = sampler.rank_epoch(run, epoch, rank)
-    g = np.arange(run.steps_per_epoch) * run.world_size + rank
-    lo, hi = d.offsets[g], d.offsets[g + 1]
-    offsets = np.zeros(lo.size + 1, np.int64)
-    np.cumsum(hi - lo, out=offsets[1:])
-    idx = np.repeat(lo - offsets[:-1], hi - lo) + np.arange(int(offsets[-1]))
-    return EpochDraws(d.ids[idx], offsets)
+    return rank_steps(sampler.rank_epoch(run, epoch, rank), run, rank)
 
 
 def regroup(draws: EpochDraws, run: RunConfig, hosts: Hosts) -> EpochDraws:

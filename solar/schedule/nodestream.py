@@ -50,7 +50,6 @@ from solar.schedule.nodeplan import (
     host_parts,
     host_phases,
     node_spec,
-    own_draws,
 )  # fmt: skip
 from solar.schedule.nodeview import assemble
 from solar.schedule.rankplan import RankPlan, StepPlan
@@ -284,7 +283,8 @@ class NodeStream(EpochsAhead):
             return BoardReader(self.board, self._unpack)
         if self.parted:
             return PartPlanner(self)
-        return NodePlanner(self.spec, self.hosts, only_host=None if self._saves() else self.host)
+        return NodePlanner(self.spec, self.hosts, only_host=None if self._saves() else self.host,
+                           source=self.drawn.source)  # fmt: skip
 
     def _next_epoch(self, planner: NodePlanner | BoardReader | PartPlanner) -> NodeEpoch:
         """Plan the next epoch (in the background thread), or take local rank 0's; local rank
@@ -453,7 +453,7 @@ class PartPlanner:
                 raise SolarError(f"node plan: draws of epoch {epoch} asked again after it was "
                                  "planned")  # fmt: skip
             if (epoch, s.rank) not in self._drawn:
-                mine = self.parts.split(own_draws(s.spec.sampler, s.spec.run, epoch, s.rank))
+                mine = self.parts.split(s.drawn.own(epoch))  # kept: the runtime serves it
                 self.board.publish_draws(epoch, mine)
                 self._drawn[(epoch, s.rank)] = mine[s.local]
             got = self._drawn.get((epoch, r))

@@ -18,6 +18,7 @@ from solar.schedule._common import EpochSchedule, tier_slot_count
 from solar.schedule.epochs import EpochOrder
 from solar.schedule.policies import make_policy
 from solar.schedule.reorder import reorder_epochs
+from solar.schedule.samplers import RankDraws
 from solar.schedule.spec import PlanSpec
 from solar.schedule.traces import TraceOrder
 
@@ -82,7 +83,11 @@ class Planner:
     """Plans ``spec``'s run epoch by epoch; call :meth:`next` once per epoch, in order."""
 
     def __init__(
-        self, spec: PlanSpec, epoch_order: np.ndarray | None = None, only_rank: int | None = None
+        self,
+        spec: PlanSpec,
+        epoch_order: np.ndarray | None = None,
+        only_rank: int | None = None,
+        draws: RankDraws | None = None,
     ) -> None:
         self.spec = spec
         run = spec.run
@@ -90,11 +95,12 @@ class Planner:
         self.order: EpochOrder | TraceOrder
         # ``only_rank``: plan that rank alone, where its part does not depend on the others'
         # (a sampler's trace without affinity: the sampler split it); :meth:`next_rank` of it
-        # is the same, the other ranks' parts are empty.
+        # is the same, the other ranks' parts are empty. ``draws``: that rank's draws, kept
+        # for its runtime to serve (solar/schedule/samplers.py).
         self.only_rank = only_rank if rank_alone(spec) else None
         if spec.traced:
             self.order = TraceOrder(run, spec.sampler, spec.horizon, spec.affinity,
-                                    self.only_rank, spec.pages)  # fmt: skip
+                                    self.only_rank, spec.pages, draws)  # fmt: skip
         else:
             self.order = EpochOrder(run, self.epoch_order)
         self.policy = make_policy(spec.policy, run, spec.buffer, self.order)

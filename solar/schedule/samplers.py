@@ -15,14 +15,20 @@ planner splits each over the ranks, keeping samples with the rank that holds the
 batch slack); rank r's batch is then the draws it was given, in draw order. Without (Trace, or
 ``Weighted(..., affinity=False)``) rank r's batch is what :meth:`Sampler.batch` says. Either
 way repeats are allowed (read once, copied) and lengths may vary.
+
+The contract has two sides. :class:`Sampler` is what planning needs: the draws (whole epochs,
+a rank's epoch, one batch), what bounds them and what identifies them. :class:`BatchExtras` is
+what delivery needs of a sampler whose batches carry more than rows (a neighbour sampler's
+subgraph): the keys it needs, the entries it adds to a batch from the step's sampler output,
+what a loss averages over. Each batch is drawn once per run: a rank's epoch is drawn by
+:class:`RankDraws` (for the planner, or for the runtime serving a plan made elsewhere), and the
+sampler's output of each batch (``EpochDraws.outputs``) travels with it to delivery.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
-import threading
-from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +37,7 @@ from typing import Any, ClassVar
 import numpy as np
 from numba import njit
 
+from solar._kept import Kept
 from solar._memory import require_memory
 from solar.config import RunConfig
 from solar.errors import SolarError
@@ -43,14 +50,18 @@ _WEIGHTED_STREAM = 1  # spawn-key tag of Weighted's draws (epoch permutations us
 @dataclass(frozen=True)
 class EpochDraws:
     """One epoch's draws of every rank: rank r's batch at the epoch's step t is
-    ``ids[offsets[t * P + r] : offsets[t * P + r + 1]]``, in batch order."""
+    ``ids[offsets[t * P + r] : offsets[t * P + r + 1]]``, in batch order; ``outputs[t * P +
+    r]`` is what the sampler made of it for delivery (:class:`BatchExtras`: e.g. a neighbour
+    sampler's subgraph, whose nodes are the batch's ids), None where it made nothing."""
 
     ids: np.ndarray  # (draws,) int64 sample ids
     offsets: np.ndarray  # (steps * P + 1,) int64
+    outputs: Sequence[Any] | None = None  # (steps * P,) per batch, or None: no outputs
 
 
 class Sampler:
-    """The contract every sampler keeps (see the module's docstring)."""
+    """What planning needs of a sampler (see the module's docstring): its draws, their
+    bounds and its identity. Every hook but :meth:`epoch` and :meth:`identity` has a default."""
 
     kind: ClassVar[str]
     affinity: bool = False  # the planner splits global batches (see the module's docstring)
@@ -81,7 +92,9 @@ class Sampler:
     def rank_epoch(self, run: RunConfig, epoch: int, rank: int) -> EpochDraws:
         """Rank ``rank``'s batches of ``epoch`` in :meth:`epoch`'s layout, every other rank's
         batch empty: all a rank planning only its own accesses needs (a sampler without
-        affinity decides who serves what, so each rank's plan depends on its draws alone)."""
+        affinity decides who serves what, so each rank's plan depends on its draws alone), and
+        for a sampler with a delivery side (:func:`serves_draws`) all the rank serves: with
+        its output of each of the rank's batches (``EpochDraws.outputs``)."""
         return _only_rank(self.epoch(run, epoch), run, rank)
 
     def global_batch(self, run: RunConfig, epoch: int, step: int) -> np.ndarray:
@@ -107,15 +120,21 @@ class Sampler:
         """What a plan's fingerprint records of the sampler (None: the default, Shuffle)."""
         raise NotImplementedError
 
+
+class BatchExtras:
+    """What delivery needs of a sampler whose batches carry more than rows (a neighbour
+    sampler: solar.graph.neighbor): a sampler that is one is asked by the Loader for the keys
+    it needs, for each batch's entries from the step's sampler output, and for what a loss
+    averages over. Any other sampler delivers rows alone (:data:`NO_EXTRAS`)."""
+
     # Entries of the Loader's batch that extras() replace (dropped before they are merged).
     supersedes: tuple[str, ...] = ()
 
-    def extras(
-        self, run: RunConfig, epoch: int, step: int, rank: int, batch: Mapping[str, Any]
-    ) -> dict[str, Any]:
-        """More entries for rank ``rank``'s batch at ``step`` of ``epoch`` (``batch``: the
-        Loader's tensors so far, one per key, and ``index``), merged into it by the Loader:
-        e.g. a neighbour sampler's subgraph (solar.graph.neighbor). None by default."""
+    def extras(self, output: Any, batch: Mapping[str, Any]) -> dict[str, Any]:
+        """More entries for a batch (``batch``: the Loader's tensors so far, one per key, and
+        ``index``), merged into it by the Loader, from ``output``: what this sampler made of
+        the batch when it drew it (``EpochDraws.outputs``; None if it made nothing). None by
+        default."""
         return {}
 
     def check_keys(self, keys: Sequence[str]) -> None:
@@ -126,6 +145,63 @@ class Sampler:
         """What a loss averages over at ``step`` of an epoch, over all ranks, if not the
         step's rows (None, the default): e.g. a GNN sampler's seeds."""
         return None
+
+
+NO_EXTRAS = BatchExtras()
+
+
+def extras_of(sampler: Any) -> BatchExtras:
+    """The delivery side of ``sampler``: itself if it adds to its batches, else rows alone."""
+    return sampler if isinstance(sampler, BatchExtras) else NO_EXTRAS
+
+
+def serves_draws(sampler: Any) -> bool:
+    """Whether the runtime serves the planner's draws of ``sampler``'s batches, kept with
+    their outputs (:class:`RankDraws`): a sampler with a delivery side, each of whose batches
+    is then sampled once per run. Any other is asked again for a batch when it is served, and
+    a batch that differs from its plan's is refused (a Trace function must not change its
+    mind)."""
+    return isinstance(sampler, BatchExtras)
+
+
+class RankDraws:
+    """Rank ``rank``'s draws of ``run``, one epoch at a time, each drawn once
+    (:meth:`Sampler.rank_epoch`) by whichever asks first -- the planner looking ahead, or the
+    runtime serving a plan made elsewhere -- and kept, with the sampler's output of each batch,
+    until the runtime is past it (:meth:`forget_before`): the planner's draw is what the
+    runtime serves. At most ``keep`` epochs are held (the one served, the one planned ahead and
+    the planner's look-ahead): beyond that the oldest is dropped (drawn again if asked)."""
+
+    def __init__(self, sampler: Sampler, run: RunConfig, rank: int, keep: int) -> None:
+        self.sampler, self.run, self.rank = sampler, run, rank
+        self._kept: Kept[EpochDraws] = Kept(keep)
+
+    def epoch(self, epoch: int) -> EpochDraws:
+        """The rank's draws of ``epoch`` (:meth:`Sampler.rank_epoch`'s layout and outputs)."""
+        return self._kept.get(epoch, lambda: self.sampler.rank_epoch(self.run, epoch, self.rank))
+
+    def own(self, epoch: int) -> EpochDraws:
+        """:meth:`epoch` with one batch per step (steps + 1 offsets; no outputs)."""
+        return rank_steps(self.epoch(epoch), self.run, self.rank)
+
+    def source(self, epoch: int, rank: int) -> EpochDraws:
+        """Rank ``rank``'s batches of ``epoch``, one per step, for a planner of this rank's
+        host (solar/schedule/nodeplan.py): this rank's kept (:meth:`own`), another's drawn."""
+        if rank == self.rank:
+            return self.own(epoch)
+        return rank_steps(self.sampler.rank_epoch(self.run, epoch, rank), self.run, rank)
+
+    def batch(self, k: int) -> tuple[np.ndarray, Any]:
+        """Global step ``k``'s batch of the rank: its ids and the sampler's output (or None)."""
+        e, t = divmod(k, self.run.steps_per_epoch)
+        d = self.epoch(e)
+        g = t * self.run.world_size + self.rank
+        return d.ids[d.offsets[g] : d.offsets[g + 1]], \
+            None if d.outputs is None else d.outputs[g]  # fmt: skip
+
+    def forget_before(self, epoch: int) -> None:
+        """The epochs before ``epoch`` are served: drop them."""
+        self._kept.drop(lambda e: e < epoch)  # type: ignore[operator]
 
 
 class Shuffle(Sampler):
@@ -209,7 +285,7 @@ class Weighted(Sampler):
         w = w / w.max()  # a sum of huge weights would overflow to inf
         self._prob, self._alias = _alias_table(w / w.sum() * w.size)
         self._digest = hashlib.sha256(w.tobytes()).hexdigest()
-        self._cache = _EpochCache()
+        self._cache: Kept[EpochDraws] = Kept(3)  # planner, validator and runtime ask alike
 
     def draws(self, num_samples: int, global_batch: int) -> int:
         if self.num_samples is not None:
@@ -310,7 +386,7 @@ class Trace(Sampler):
             self.steps = int(a.shape[1])
             self.name = name or where
             self._digest = hashlib.sha256(np.ascontiguousarray(a).tobytes()).hexdigest()
-        self._cache = _EpochCache()
+        self._cache: Kept[EpochDraws] = Kept(3)  # planner, validator and runtime ask alike
 
     def draws(self, num_samples: int, global_batch: int) -> int:
         # Nominal: the steps are the trace's, its batches' lengths its own.
@@ -431,6 +507,30 @@ def _only_rank(draws: EpochDraws, run: RunConfig, rank: int) -> EpochDraws:
     return rank_draws(run, [draws.ids[a:b] for a, b in zip(lo, hi, strict=True)], rank)
 
 
+def rank_steps(draws: EpochDraws, run: RunConfig, rank: int) -> EpochDraws:
+    """Rank ``rank``'s batches of ``draws`` with one batch per step: (steps + 1) offsets."""
+    g = np.arange(run.steps_per_epoch) * run.world_size + rank
+    lo, hi = draws.offsets[g], draws.offsets[g + 1]
+    offsets = np.zeros(lo.size + 1, np.int64)
+    np.cumsum(hi - lo, out=offsets[1:])
+    idx = np.repeat(lo - offsets[:-1], hi - lo) + np.arange(int(offsets[-1]))
+    return EpochDraws(draws.ids[idx], offsets)
+
+
+def every_rank(run: RunConfig, draws: list[EpochDraws]) -> EpochDraws:
+    """One epoch's draws of every rank from ``draws[r]``, rank r's (:meth:`Sampler.rank_epoch`'s
+    layout, every other rank's batch empty), without their outputs."""
+    world = run.world_size
+    g = np.arange(run.steps_per_epoch * world)
+    sizes = np.array([draws[r].offsets[i + 1] - draws[r].offsets[i]
+                      for i, r in zip(g, g % world, strict=True)], np.int64)  # fmt: skip
+    offsets = np.zeros(g.size + 1, np.int64)
+    np.cumsum(sizes, out=offsets[1:])
+    ids = [draws[r].ids[draws[r].offsets[i] : draws[r].offsets[i + 1]]
+           for i, r in zip(g, g % world, strict=True)]  # fmt: skip
+    return EpochDraws(np.concatenate(ids) if ids else np.zeros(0, np.int64), offsets)
+
+
 def rank_draws(run: RunConfig, batches: list[np.ndarray], rank: int) -> EpochDraws:
     """An epoch's draws in :class:`EpochDraws`' layout from rank ``rank``'s ``batches`` (one
     per step), every other rank's batch empty."""
@@ -510,29 +610,3 @@ def _load_npy(path: str | os.PathLike, what: str, mmap: bool = False) -> np.ndar
         return np.load(Path(path), mmap_mode="r" if mmap else None, allow_pickle=False)
     except (OSError, ValueError) as exc:
         raise SolarError(f"{what} {path}: not a readable .npy file ({exc})") from None
-
-
-class _EpochCache:
-    """The last few epochs drawn (planner, validator and runtime ask for the same ones)."""
-
-    def __init__(self, keep: int = 3) -> None:
-        self._keep = keep
-        self._lock = threading.Lock()
-        self._items: OrderedDict[Any, EpochDraws] = OrderedDict()
-
-    def get(self, key: Any, make: Callable[[], EpochDraws]) -> EpochDraws:
-        with self._lock:
-            got = self._items.get(key)
-        if got is None:
-            got = make()
-            with self._lock:
-                self._items[key] = got
-                while len(self._items) > self._keep:
-                    self._items.popitem(last=False)
-        return got
-
-    def __getstate__(self) -> dict:
-        return {"_keep": self._keep}
-
-    def __setstate__(self, state: dict) -> None:
-        self.__init__(state["_keep"])  # type: ignore[misc]

@@ -9,7 +9,9 @@ until the wanted epoch: a replay whose cost is the planning time of the epochs b
 given a directory of planner snapshots (:mod:`solar.schedule.snapshot`, which rank 0 writes
 after each epoch it plans), from the nearer of the planner and the newest snapshot at or
 before the wanted epoch. The first epoch is planned from :meth:`RankStream.start` on (the
-Loader calls it as it is constructed).
+Loader calls it as it is constructed). A sampler that draws each rank's batches draws them once
+per run, into the stream's :attr:`~EpochsAhead.drawn`: the planner's draws, kept (with the
+sampler's output of each batch) for the runtime to serve.
 """
 
 from __future__ import annotations
@@ -28,7 +30,9 @@ from solar.schedule._common import slot_count, tier_slot_count
 from solar.schedule.plan import Plan
 from solar.schedule.planner import Planner, RankEpoch
 from solar.schedule.rankplan import RankPlan, _replay
+from solar.schedule.samplers import RankDraws, serves_draws
 from solar.schedule.spec import PlanSpec
+from solar.schedule.traces import default_horizon
 
 
 class EpochsAhead:
@@ -39,6 +43,7 @@ class EpochsAhead:
 
     _thread_name = "solar-plan"
     spec: PlanSpec
+    rank: int
     wait_seconds: float
     _parts: list
     _first: int
@@ -53,6 +58,20 @@ class EpochsAhead:
         epochs already planned and replans the rest when needed."""
         self._window = None
         return _Planning()
+
+    @property
+    def drawn(self) -> RankDraws:
+        """This rank's draws of the run (this process's): drawn once by the planner, or by the
+        runtime if no planner here draws them (a plan given, or every rank planned), and
+        kept until served (:meth:`RankDraws.forget_before`). Epochs held: the one served, the
+        one planned ahead and the planner's look-ahead (bytes: ``bench/sample_once.py``)."""
+        bg = self._bg.get()
+        if bg.drawn is None:
+            spec = self.spec
+            horizon = default_horizon(spec.run, spec.sampler) if spec.horizon is None \
+                else spec.horizon  # fmt: skip
+            bg.drawn = RankDraws(spec.sampler, spec.run, self.rank, horizon + 3)
+        return bg.drawn
 
     def _new_planner(self) -> Any:
         raise NotImplementedError
@@ -151,7 +170,9 @@ class RankStream(EpochsAhead):
     def _new_planner(self) -> Planner:
         """A planner from epoch 0: of this rank alone, unless rank 0 saves snapshots (they hold
         every rank's state: then every rank is planned)."""
-        return Planner(self.spec, only_rank=self.rank if self.snapshots is None else None)
+        drawn = self.drawn if serves_draws(self.spec.sampler) else None
+        return Planner(self.spec, only_rank=self.rank if self.snapshots is None else None,
+                       draws=drawn)  # fmt: skip
 
     def _next_epoch(self, planner: Planner) -> RankEpoch:
         """Plan the next epoch (in the background thread); rank 0 then saves a snapshot."""
@@ -259,5 +280,6 @@ class _Planning:
     """A stream's planner and its planning thread, in one process."""
 
     planner: Any = None  # a Planner, or a NodePlanner
+    drawn: RankDraws | None = None  # the rank's draws (EpochsAhead.drawn)
     pool: ThreadPoolExecutor | None = None
     future: Future | None = None

@@ -28,7 +28,7 @@ from solar.config import RunConfig
 from solar.schedule._common import EPOCH_SHIFT, NEVER
 from solar.schedule.order import sample_dtype
 from solar.schedule.pagemates import LOOK_AHEAD, LaterUses, PageLayout
-from solar.schedule.samplers import EpochDraws, Sampler
+from solar.schedule.samplers import EpochDraws, RankDraws, Sampler, every_rank
 
 # Bytes the planner holds per access of the horizon: its pair id, next use, sample, rank and
 # decisions (measured: bench/sampler_bench.py).
@@ -88,7 +88,9 @@ def _forget(pair, last):
 
 class TraceOrder:
     """The trace of a sampler's run, epoch by epoch, with next uses ``horizon`` epochs ahead
-    (None: the whole run if it fits, else the most epochs that do)."""
+    (None: the whole run if it fits, else the most epochs that do). ``draws``: a rank's
+    :class:`RankDraws`, which keeps its draws for its runtime to serve: the draws of that rank
+    are taken from it (default: drawn here), whether it plans alone or every rank."""
 
     traced = True
 
@@ -100,6 +102,7 @@ class TraceOrder:
         affinity: bool = False,
         only_rank: int | None = None,
         pages: PageLayout | None = None,
+        draws: RankDraws | None = None,
     ) -> None:
         self.run, self.sampler = run, sampler
         self.affinity = affinity
@@ -107,6 +110,10 @@ class TraceOrder:
         # Without affinity each rank's decisions depend on its own accesses alone: a rank
         # planning for itself draws only its own batches (the others' are empty).
         self.only_rank = None if affinity else only_rank
+        if draws is not None and (affinity or draws.run != run or
+                                  self.only_rank not in (None, draws.rank)):  # fmt: skip
+            draws = None  # (another run's or rank's: drawn here)
+        self._rank_draws = draws
         self.horizon = default_horizon(run, sampler) if horizon is None else max(0, int(horizon))
         self._keys = run.num_samples * (1 if self.affinity else run.world_size)
         self._last_table: np.ndarray | None = None  # made when next uses are first asked for
@@ -149,8 +156,16 @@ class TraceOrder:
 
     def draws(self, k: int) -> EpochDraws:
         """The sampler's draws of epoch ``k`` (only ``only_rank``'s, if set)."""
+        mine = self._rank_draws
         if self.only_rank is None:
-            return self.sampler.epoch(self.run, k)
+            if mine is None:
+                return self.sampler.epoch(self.run, k)
+            # Every rank planned: the rank's own draws kept for it, the others' drawn here.
+            return every_rank(self.run, [mine.epoch(k) if r == mine.rank else
+                                         self.sampler.rank_epoch(self.run, k, r)
+                                         for r in range(self.run.world_size)])  # fmt: skip
+        if mine is not None:
+            return mine.epoch(k)
         return self.sampler.rank_epoch(self.run, k, self.only_rank)
 
     @property

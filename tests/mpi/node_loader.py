@@ -2,7 +2,8 @@
 row h5py's bytes, with the node plan's storage reads (the Loader's counters, summed over the
 ranks, equal the plan's); an exact resume inside epoch 1 serves the same batches; a GNN
 ``NeighborSampler`` too; Shuffle (node-level affinity, equal_batches=False) serves every
-sample once per epoch; and Shuffle with equal batches serves every rank its nominal share, only
+sample once per epoch (each rank's GNN batches sampled once over the run: the planner's draws
+are what it serves); and Shuffle with equal batches serves every rank its nominal share, only
 the hosts' surplus moving over MPI (none on one host).
 
 mpiexec -n 4 python tests/mpi/node_loader.py DATA.h5 GRAPH.h5 run 1x4 2x2 3,1 (groupings in
@@ -24,14 +25,17 @@ Each rank prints ``pid PID`` first: the test checks these processes are gone and
 import os
 import signal
 import sys
+from collections import Counter
 from pathlib import Path
 
 import h5py
 import numpy as np
 
 from solar import Loader, NeighborSampler, Shuffle, dist, host
+from solar.graph import neighbor
 from solar.schedule.nodeplan import Hosts, NodePlanner
 from solar.schedule.order import nominal_batches
+from solar.schedule.rng import stream_key
 from solar.schedule.transfer import moved_rows
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: shared helpers
@@ -60,6 +64,23 @@ def loader(s=sampler, p=path, keys=("x",), batch_size=12, buffer="10%", equal_ba
 
 def twice(sample, rng):
     return {"x": sample["x"] * 2}
+
+
+class Counted:
+    """The neighbour sampling kernel, counting its calls by (stream key, seeds)."""
+
+    def __init__(self, kernel):
+        self.kernel, self.calls = kernel, Counter()
+
+    def __call__(self, indptr, indices, seeds, fanouts, key, local):
+        self.calls[int(key), np.asarray(seeds).tobytes()] += 1
+        return self.kernel(indptr, indices, seeds, fanouts, key, local)
+
+    def __getattr__(self, name):
+        return getattr(self.kernel, name)
+
+
+counted = neighbor._sample = Counted(neighbor._sample)
 
 
 def planned_reads(ld):
@@ -176,11 +197,17 @@ for grouping in groupings:
     again.close()
     # A GNN's neighbour sampler: its subgraphs' feature rows.
     feats = h5py.File(graph)["features"][()]
-    g = loader(NeighborSampler(graph, (4, 2), batch_size=13), graph, ("features",), None, 100)
+    counted.calls.clear()
+    ns = NeighborSampler(graph, (4, 2), batch_size=13)
+    g = loader(ns, graph, ("features",), None, 100)
     for e in range(E):
         g.set_epoch(e)
         for b in g:
             assert b["x"].numpy().tobytes() == feats[b["n_id"].numpy()].tobytes(), (grouping, e)
+    once = Counter({(int(stream_key(5, neighbor._NEIGHBOR_STREAM, e, t)),
+                     ns.seeds(g.run, e, t, rank).tobytes()): 1
+                    for e in range(E) for t in range(g.run.steps_per_epoch)})  # fmt: skip
+    assert counted.calls == once, (grouping, rank, sorted(counted.calls.values()), len(once))
     tot = g.stats.totals()
     greads = comm.allreduce(tot.reads + tot.side_reads)
     gwant = planned_reads(g)
