@@ -35,8 +35,8 @@ from solar.io.reader import Reader
 from solar.io.sources import describe_source
 from solar.runtime.nodeholdings import NodeHoldings, NodeRefill, SharedHoldings
 from solar.runtime.steps import Steps
-from solar.schedule.nodeplan import Hosts
-from solar.schedule.nodestream import NodeStream, stage_bound
+from solar.schedule.nodeplan import Hosts, stage_bound
+from solar.schedule.nodestream import NodeStream
 
 
 def main() -> None:

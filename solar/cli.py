@@ -323,13 +323,9 @@ def _plan_graph(data, keys, world_size, batch_size, epochs, buffer, tier_size, s
 def _run_node_plan(spec: PlanSpec, out: str | None, as_json: bool, hosts_text: str) -> None:
     """``solar plan --share node``: one buffer per host of ``hosts_text`` (HxL), into a node
     plan file at ``out`` if given; its figures printed (solar/schedule/nodefile.py)."""
-    from solar.schedule.nodefile import (
-        format_node_summary,
-        node_fingerprint,
-        node_plan_to_file,
-        node_summary,
-    )
+    from solar.schedule.nodefile import format_node_summary, node_plan_to_file, node_summary
     from solar.schedule.nodeplan import Hosts, node_totals
+    from solar.schedule.planfile import fingerprint as node_fingerprint
 
     if spec.buffer.tier:
         raise SolarError("--share node: a node tier is not planned yet (no --tier-size)")
@@ -518,15 +514,17 @@ def inspect(data: tuple[str, ...], keys: tuple[str, ...], one_per_file: bool, ve
 
 def _plan_files(files: list[Path]) -> dict[Path, dict]:
     """The plan files among ``files`` (``solar plan -o``'s), each with its summary."""
-    from solar.schedule.nodefile import kind_of, load_node_plan, node_summary
+    from solar.schedule.nodefile import load_node_plan, node_summary
     from solar.schedule.plan import load_plan
+    from solar.schedule.planfile import kind_of
 
     out = {}
     for f in files:
         kind = kind_of(f)
         if kind == "node":
-            p = load_node_plan(f).file
-            out[f] = node_summary(p.spec, p.hosts, p.stats, p.plan_seconds, p.fingerprint, Path(f))
+            n = load_node_plan(f)
+            p = n.file
+            out[f] = node_summary(p.spec, n.hosts, p.stats, p.plan_seconds, p.fingerprint, Path(f))
         elif kind == "rank":
             out[f] = plan_summary(load_plan(f).summary, Path(f))
     return out

@@ -42,7 +42,8 @@ from solar.runtime import pipeline
 from solar.runtime.setup import Setup, check_snapshots, configure
 from solar.schedule import Plan, make_plan
 from solar.schedule.nodefile import NodeFileStream, NodePlan
-from solar.schedule.nodestream import NodeStream, stage_bound
+from solar.schedule.nodeplan import stage_bound
+from solar.schedule.nodestream import NodeStream
 from solar.schedule.order import step_bounds
 from solar.schedule.plan import plan_to_file
 from solar.schedule.samplers import Sampler, Trace

@@ -48,8 +48,8 @@ from solar.config import BufferConfig, RunConfig
 from solar.io.info import DatasetInfo, StoredLayout
 from solar.runtime.steps import Steps
 from solar.schedule.nodefile import NodeFileStream, load_node_plan, node_plan_to_file
-from solar.schedule.nodeplan import Hosts
-from solar.schedule.nodestream import NodeStream, stage_bound
+from solar.schedule.nodeplan import Hosts, stage_bound
+from solar.schedule.nodestream import NodeStream
 from solar.schedule.samplers import SHUFFLE, Sampler, Trace, Weighted, is_shuffle
 from solar.schedule.spec import PlanSpec
 

@@ -1,6 +1,6 @@
-"""Node plan files (solar/schedule/nodefile.py): ``solar plan --share node`` writes the node
-plan with its grouping; ``Loader(plan=FILE, share="node")`` serves it, refusing another
-grouping or kind; an edited file (checksums recomputed) or a damaged one is refused in one
+"""Node plan files (solar/schedule/planfile.py grouped by host): ``solar plan --share node``
+writes the node plan with its grouping; ``Loader(plan=FILE, share="node")`` serves it, refusing
+another grouping or kind; an edited file (checksums recomputed) or a damaged one is refused in one
 line before any byte moves (solar/schedule/nodevalidate.py)."""
 
 from __future__ import annotations
@@ -25,14 +25,11 @@ from solar import BufferConfig, CorruptPlanError, Loader, PlanSpec, RunConfig, S
 from solar.cli import cli
 from solar.errors import PlanMismatchError, SolarError
 from solar.schedule import ADMIT, HIT, PEER, load_plan
-from solar.schedule.nodefile import (
-    NodePlanWriter,
-    load_node_plan,
-    node_fingerprint,
-    node_plan_to_file,
-)
+from solar.schedule.nodefile import load_node_plan, node_plan_to_file
 from solar.schedule.nodeplan import Hosts, NodeEpoch, NodePlanner, node_totals
 from solar.schedule.nodevalidate import NodeValidator
+from solar.schedule.planfile import PlanWriter
+from solar.schedule.planfile import fingerprint as node_fingerprint
 from solar.schedule.planner import EpochPlan
 
 N = 240
@@ -53,7 +50,7 @@ def _epochs(spec: PlanSpec, hosts: Hosts) -> list[NodeEpoch]:
 def _write(spec: PlanSpec, hosts: Hosts, epochs: list[NodeEpoch], path: Path) -> Path:
     """A node plan file of ``epochs`` with every checksum computed (as a tool editing it
     would)."""
-    with NodePlanWriter(path, spec, hosts) as w:
+    with PlanWriter(path, spec, hosts=hosts) as w:
         for ne in epochs:
             w.add(ne)
         w.finish({}, 0.0)
@@ -369,6 +366,8 @@ def _damage(path: Path, how: str) -> None:
             f.attrs["hosts"] = json.dumps([[0, 2], [1, 3]])
         elif how == "kind":
             f.attrs["kind"] = "rank"
+        elif how == "old":  # a node plan file of the format before the grouping joined it
+            f.attrs["format_version"] = 2
 
 
 @pytest.mark.parametrize(
@@ -378,6 +377,7 @@ def _damage(path: Path, how: str) -> None:
         ("byte", "rank 0's service fails its checksum"),
         ("grouping", "fingerprint does not match its recorded inputs and hosts"),
         ("kind", "fingerprint does not match"),
+        ("old", "format version 2, this solar reads 3 (grouped by host)"),
     ],
 )
 def test_a_damaged_node_plan_file_is_refused_in_one_line(tmp_path, how, words):

@@ -454,12 +454,6 @@ class PartPlanner:
         return assemble(got, s.rank, list(s.group), parts, s.slots, s.tier_slots)
 
 
-def stage_bound(spec: PlanSpec, hosts: Hosts) -> int:
-    """Staging rows a host needs at most: a shared row is needed by two local ranks or more,
-    each rank's step has at most the sampler's bound of distinct ids."""
-    return max(1, hosts.local * spec.sampler.batch_bound(spec.run) // 2)
-
-
 def _found(shared: np.ndarray, where: np.ndarray, rows: np.ndarray) -> bool:
     """Whether ``shared[where]`` is ``rows`` (a staging set received is untrusted)."""
     return not where.size or (int(where.max()) < shared.size

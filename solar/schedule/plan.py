@@ -26,7 +26,7 @@ from solar.schedule.rankplan import RankPlan
 from solar.schedule.samplers import Sampler
 from solar.schedule.spec import PlanSpec, differences
 from solar.schedule.summary import PlanSummary, RankStats, Tally, Totals
-from solar.schedule.validate import RankValidator, TraceValidator, coverage_error
+from solar.schedule.validate import Proof, RankValidator, TraceValidator, peers_error, prove
 
 # Told each epoch's (accesses, hits) as it is planned (solar plan --plot).
 EpochTotals = Callable[[tuple[int, int]], None]
@@ -114,31 +114,23 @@ class Plan(Totals):
 
         assert self.file is not None
         key = dist.shared_key(comm)
-        try:
-            parts, v = self._validated(r, key, keep)
-            mine, expected, peers = v.mine, v.expected, v.peers_digest
-            error = None
-        except CorruptPlanError as exc:
-            parts, mine, expected, peers, error = None, None, None, None, str(exc)
-        if comm is not None and comm.Get_size() > 1:
-            # Every rank learns every rank's verdict, so all raise together: none is left
-            # waiting in a collective for a rank that gave up.
-            verdicts = comm.allgather((mine, error, peers))
-            error = next((e for _, e, _ in verdicts if e is not None), None)
-            if error is None and expected is not None:
-                error = coverage_error([m for m, _, _ in verdicts], expected)
-            if error is None:
-                error = _peers_error([p for _, _, p in verdicts])
-        elif mine is not None and expected is not None:
-            # Without a communicator, prove coverage from every rank's part in this process.
-            others = [self._validated(o, key, False)[1] for o in range(self.world_size) if o != r]
-            error = coverage_error([mine, *(v.mine for v in others)], expected)
-            if error is None:
-                error = _peers_error([peers, *(v.peers_digest for v in others)])
-        if error is not None:
-            where = "" if error.startswith("plan ") else f"plan {self.file.path}: "
-            raise CorruptPlanError(where + error)
-        return parts
+        kept: list[list[RankEpoch] | None] = [None]
+
+        def check(alone: bool) -> Proof:
+            kept[0], v = self._validated(r, key, keep)
+            if not alone:
+                return v.mine, v.expected, v.peers_digest
+            # Without a communicator, every rank's part is proven in this process.
+            vs = [v, *(self._validated(o, key, False)[1] for o in range(self.world_size)
+                       if o != r)]  # fmt: skip
+            error = peers_error([u.peers_digest for u in vs])
+            if error is not None:
+                raise CorruptPlanError(error)
+            total = np.asarray(np.sum([u.mine for u in vs], axis=0, dtype=np.uint64))
+            return total, v.expected, None
+
+        prove(self.file.path, comm, check)
+        return kept[0]
 
     def _validated(self, r: int, key: int, keep: bool) -> tuple[list[RankEpoch] | None, Any]:
         """Rank ``r``'s parts from the file, checksummed and validated epoch by epoch (kept if
@@ -194,13 +186,6 @@ class Plan(Totals):
         return Path(path)
 
 
-def _peers_error(digests: list[str | None]) -> str | None:
-    """Why the ranks' digests of every rank's counts (equal batches) differ, or None."""
-    if any(d != digests[0] for d in digests):
-        return "ranks hold different counts of each other's batches (equal batches)"
-    return None
-
-
 def make_plan(spec: PlanSpec, progress: Progress | None = None) -> Plan:
     """Plan a run and keep every decision in memory (about 9 bytes per access)."""
     _check_memory(spec, keep_all=True)
@@ -239,6 +224,9 @@ def load_plan(path: str | os.PathLike, sampler: Sampler | None = None) -> Plan:
     """Open a plan file; rank data is read on demand and checked against its checksums. A plan
     of a general sampler is proven against ``sampler`` (it must be the one it was made with)."""
     f = PlanFile.open(path)
+    if f.hosts is not None:
+        raise SolarError(f"plan {path}: a node plan file (one buffer per host): "
+                         'open it with Loader(plan=..., share="node")')  # fmt: skip
     plan = Plan(f.spec, f.epoch_order, f.stats, f.plan_seconds, f.fingerprint, file=f)
     if sampler is not None:
         plan = plan.bound_to(dataclasses.replace(f.spec, sampler=sampler))

@@ -25,8 +25,8 @@ from solar.io.reader import Reader
 from solar.io.sources import describe_source
 from solar.runtime.nodeholdings import NodeHoldings, NodeRefill, SharedHoldings
 from solar.runtime.steps import Steps
-from solar.schedule.nodeplan import Hosts, NodePlanner
-from solar.schedule.nodestream import NodeStream, stage_bound
+from solar.schedule.nodeplan import Hosts, NodePlanner, stage_bound
+from solar.schedule.nodestream import NodeStream
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: shared helpers
 from helpers import skewed_weighted
