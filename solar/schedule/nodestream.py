@@ -24,7 +24,7 @@ step's tier hits and tier writes too, its updates cut into the host's phases whe
 updates a cell twice (:func:`~solar.schedule.nodeplan.host_phases`). (A node plan file is read
 by solar/schedule/nodefile.py's subclass.) A jump back replans from epoch 0, or, given a
 directory of node planner snapshots (rank 0 saves one after each epoch it plans, of every host:
-solar/schedule/nodesnapshot.py), from the newest one of this grouping at or before the epoch.
+solar/schedule/snapshot.py), from the newest one of this grouping at or before the epoch.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from solar.errors import CorruptPlanError, SolarError
-from solar.schedule import nodesnapshot
+from solar.schedule import snapshot
 from solar.schedule._common import ADMIT, DEMOTE, HIT, PEER, SIDE, TADMIT, THIT, tier_slot_count
 from solar.schedule.nodeboard import BoardReader, Interrupted, board_of
 from solar.schedule.nodeequal import node_transfer
@@ -278,7 +278,7 @@ class NodeStream(EpochsAhead):
         if self._saves() and planner.only_host is None:
             snapshots = self.snapshots
             assert snapshots is not None
-            save_or_warn(lambda: nodesnapshot.save(snapshots, planner), "node planner snapshot")
+            save_or_warn(lambda: snapshot.save(snapshots, planner), "node planner snapshot")
         return part
 
     def _unpack(self, epoch: int) -> NodeEpoch:
@@ -307,7 +307,7 @@ class NodeStream(EpochsAhead):
             and not self._reads_board()
             and not self.parted
         ):  # nearer (a part's planner replans: snapshots are whole)
-            p = nodesnapshot.load(self.snapshots, self.spec, self.hosts, epoch, after=at) or p
+            p = snapshot.load(self.snapshots, self.spec, epoch, at, self.hosts) or p
             at = -1 if p is None or p.epoch > epoch else p.epoch
         if p is None or at < 0:
             p = self._new_planner()
