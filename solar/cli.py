@@ -334,7 +334,7 @@ def _run_node_plan(spec: PlanSpec, out: str | None, as_json: bool, hosts_text: s
     with _progress(run, enabled=run.num_accesses >= _PROGRESS_ACCESSES) as progress:
         if out:
             made = node_plan_to_file(spec, hosts, out, progress)
-            totals, seconds = dict(made.file.stats), made.file.plan_seconds
+            totals, seconds = dict(made.stats), made.plan_seconds
             fingerprint = made.fingerprint
         else:
             t0 = time.perf_counter()
@@ -522,9 +522,8 @@ def _plan_files(files: list[Path]) -> dict[Path, dict]:
     for f in files:
         kind = kind_of(f)
         if kind == "node":
-            n = load_node_plan(f)
-            p = n.file
-            out[f] = node_summary(p.spec, n.hosts, p.stats, p.plan_seconds, p.fingerprint, Path(f))
+            p = load_node_plan(f)
+            out[f] = node_summary(p.spec, p.hosts, p.stats, p.plan_seconds, p.fingerprint, Path(f))
         elif kind == "rank":
             out[f] = plan_summary(load_plan(f).summary, Path(f))
     return out

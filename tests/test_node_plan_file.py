@@ -25,7 +25,7 @@ from solar import BufferConfig, CorruptPlanError, Loader, PlanSpec, RunConfig, S
 from solar.cli import cli
 from solar.errors import PlanMismatchError, SolarError
 from solar.schedule import ADMIT, HIT, PEER, load_plan
-from solar.schedule.nodefile import load_node_plan, node_plan_to_file
+from solar.schedule.nodefile import NodePlan, load_node_plan, node_plan_to_file
 from solar.schedule.nodeplan import Hosts, NodeEpoch, NodePlanner, node_totals
 from solar.schedule.nodevalidate import NodeValidator
 from solar.schedule.planfile import PlanWriter
@@ -211,6 +211,34 @@ def test_a_loader_serves_a_node_plan_file_and_refuses_the_other_kind(tmp_path):
     assert "\n" not in str(err.value) and str(node.file.path) in str(err.value)
     with Loader(data, ["x"], plan=node.file.path, **kw) as auto:  # "auto": the file's kind
         assert auto.share == "node"
+
+
+def test_a_loaders_plan_is_its_node_plan_made_in_memory_saved_as_the_file_would_be(tmp_path):
+    """``Loader.plan`` for every grouping: with ``share="node"`` the node plan, made on first
+    use, whose reads are the loader's; saved, it is the file ``solar plan --share node``
+    writes; given back, the same batches."""
+    x = np.random.default_rng(0).integers(0, 2**31, (90, 5), dtype=np.int64)
+    data = write_h5(tmp_path / "d.h5", x=x)
+    kw = dict(batch_size=8, epochs=2, buffer=20, warm=False, seed=3)
+    served = []
+    with Loader(data, ["x"], share="node", **kw) as ld:
+        plan = ld.plan
+        assert isinstance(plan, NodePlan) and ld.plan is plan and plan.hosts == Hosts.grid(1, 1)
+        assert plan.stats == node_totals(ld.spec, plan.hosts) and plan.header is None
+        for e in range(2):
+            ld.set_epoch(e)
+            served += [b["index"].numpy() for b in ld]
+        assert ld.stats.totals().reads == plan.stats["reads"]
+        saved = load_node_plan(plan.save(tmp_path / "n.h5"))
+        _assert_holds_the_planners_epochs(saved, ld.spec, plan.hosts)
+        saved.validate(0)
+        assert saved.stats == plan.stats and saved.fingerprint == plan.fingerprint
+    with Loader(data, ["x"], share="node", plan=plan, **kw) as again:
+        got = []
+        for e in range(2):
+            again.set_epoch(e)
+            got += [b["index"].numpy() for b in again]
+        assert all(np.array_equal(a, b) for a, b in zip(got, served, strict=True))
 
 
 # -- untrusted input ----------------------------------------------------------------------------

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,11 +22,12 @@ import numpy as np
 
 from solar.errors import PlanMismatchError, SolarError
 from solar.schedule._common import Progress
-from solar.schedule.nodeplan import Hosts, NodeEpoch, node_totals, stage_bound
+from solar.schedule.nodeplan import Hosts, NodeEpoch, node_spec, node_totals, stage_bound
 from solar.schedule.nodestream import NodeStream
 from solar.schedule.nodevalidate import NodeValidator
 from solar.schedule.plan import Plan, load_plan
 from solar.schedule.planfile import PlanFile, PlanWriter, fingerprint
+from solar.schedule.planner import epoch_order_of
 from solar.schedule.rankplan import _replay
 from solar.schedule.spec import PlanSpec, differences
 from solar.schedule.summary import closing_lines, reads_line
@@ -36,46 +39,69 @@ def grouping(hosts: Hosts) -> str:
     return f"{hosts.count}x{hosts.local} {hosts.as_record()}"
 
 
+def make_node_plan(spec: PlanSpec, hosts: Hosts, progress: Progress | None = None) -> NodePlan:
+    """Plan ``spec``'s run with one buffer per host of ``hosts`` and keep every decision in
+    memory (as :func:`~solar.schedule.plan.make_plan` does per rank)."""
+    epochs: list[NodeEpoch] = []
+    t0 = time.perf_counter()
+    totals = node_totals(spec, hosts, sink=_counted(epochs.append, spec, progress))
+    return NodePlan(spec, hosts, fingerprint(spec, hosts), totals, time.perf_counter() - t0,
+                    epochs=epochs)  # fmt: skip
+
+
 def node_plan_to_file(spec: PlanSpec, hosts: Hosts, path: str | os.PathLike,
                       progress: Progress | None = None) -> NodePlan:  # fmt: skip
     """Plan ``spec``'s run with one buffer per host of ``hosts`` into a node plan file at
     ``path``, one epoch at a time (atomically: a temporary name, then a rename)."""
-    import time
-
     t0 = time.perf_counter()
     with PlanWriter(path, spec, hosts=hosts) as writer:
-
-        def add(ne: NodeEpoch) -> None:
-            writer.add(ne)
-            if progress is not None:
-                progress(spec.run.steps_per_epoch)
-
-        totals = node_totals(spec, hosts, sink=add)
+        totals = node_totals(spec, hosts, sink=_counted(writer.add, spec, progress))
         writer.finish(totals, time.perf_counter() - t0)
     return load_node_plan(path)
 
 
+def _counted(sink: Callable[[NodeEpoch], None], spec: PlanSpec,
+             progress: Progress | None) -> Callable[[NodeEpoch], None]:  # fmt: skip
+    """``sink``, telling ``progress`` each epoch's steps."""
+
+    def add(ne: NodeEpoch) -> None:
+        sink(ne)
+        if progress is not None:
+            progress(spec.run.steps_per_epoch)
+
+    return add
+
+
 @dataclass(frozen=True, eq=False)
 class NodePlan:
-    """A node plan file opened (:func:`load_node_plan`): what ``Loader(plan=FILE,
-    share="node")`` is given. ``spec`` is the per-rank inputs it was made for."""
+    """A node plan: made in memory by :func:`make_node_plan` (``epochs``), or a node plan
+    file opened by :func:`load_node_plan` (``file``), what ``Loader(plan=FILE, share="node")``
+    is given. ``spec`` is the per-rank inputs it was made for; ``stats`` the node's totals
+    (:func:`~solar.schedule.nodeplan.node_totals`)."""
 
     spec: PlanSpec
-    file: PlanFile
+    hosts: Hosts
+    fingerprint: str
+    stats: dict
+    plan_seconds: float
+    epochs: list[NodeEpoch] | None = None  # every epoch's decisions, made in this process
+    file: PlanFile | None = None  # or a plan file grouped by host, read on demand
+
+    def __post_init__(self) -> None:
+        if (self.epochs is None) == (self.file is None):
+            raise ValueError("a NodePlan holds either its epochs or a plan file")
 
     @property
-    def hosts(self) -> Hosts:
-        assert self.file.hosts is not None
-        return self.file.hosts
+    def header(self) -> str | None:
+        """A plan file's header checksum (ranks compare it); None for a plan in memory."""
+        return None if self.file is None else self.file.header
 
     @property
-    def fingerprint(self) -> str:
-        return self.file.fingerprint
-
-    @property
-    def header(self) -> str:
-        """The header checksum (ranks compare it)."""
-        return self.file.header
+    def epoch_order(self) -> np.ndarray:
+        """The permutation index each run epoch uses (the node planner's)."""
+        if self.file is not None:
+            return self.file.epoch_order
+        return epoch_order_of(node_spec(self.spec, self.hosts))
 
     def check(self, expected: PlanSpec, source: str = "plan") -> None:
         """Refuse this plan unless it was made for ``expected`` (on its hosts); name the
@@ -95,33 +121,50 @@ class NodePlan:
     def check_hosts(self, hosts: Hosts) -> None:
         """Refuse a job whose ranks are grouped otherwise than the plan's, in one line."""
         if hosts != self.hosts:
+            where = "plan" if self.file is None else f"plan {self.file.path}"
             raise PlanMismatchError(
-                f"plan {self.file.path}: made for hosts {grouping(self.hosts)}, but this job's "
-                f"ranks are grouped {grouping(hosts)} (by host name, or SOLAR_HOSTS)"
+                f"{where}: made for hosts {grouping(self.hosts)}, but this job's ranks are "
+                f"grouped {grouping(hosts)} (by host name, or SOLAR_HOSTS)"
             )
 
     def epoch(self, k: int) -> NodeEpoch:
-        """Epoch ``k`` of the plan, checksummed (validated only by :meth:`validate`)."""
+        """Epoch ``k`` of the plan (from a file: checksummed, validated only by
+        :meth:`validate`)."""
+        if self.epochs is not None:
+            return self.epochs[k]
+        assert self.file is not None
         return self.file.epoch(k)
 
     def validate(self, rank: int, comm: Any = None) -> None:
-        """Prove the plan safe to execute before any byte moves (a collective with ``comm``:
-        each rank proves its host's part, the ranks prove coverage together; without, this
-        process proves every host's)."""
+        """Prove a node plan file safe to execute before any byte moves (a collective with
+        ``comm``: each rank proves its host's part, the ranks prove coverage together;
+        without, this process proves every host's). A plan made in this process is trusted."""
         from solar import dist  # a light module: no MPI or torch import
 
-        key, hosts, spec = dist.shared_key(comm), self.hosts, self.spec
+        if self.file is None:
+            return
+        f, key, hosts, spec = self.file, dist.shared_key(comm), self.hosts, self.spec
         mine = hosts.host_of(rank)
 
         def check(alone: bool) -> Proof:
-            v = NodeValidator(spec, hosts, self.file.epoch_order, key, stage_bound(spec, hosts),
+            v = NodeValidator(spec, hosts, f.epoch_order, key, stage_bound(spec, hosts),
                               None if alone else [mine])  # fmt: skip
             for k in range(spec.run.epochs):
-                v.check(self.file.epoch(k))
+                v.check(f.epoch(k))
             return v.mine, v.expected, None
 
         # One rank speaks for its host's digests.
-        prove(self.file.path, comm, check, speaks=hosts.groups[mine][0] == rank)
+        prove(f.path, comm, check, speaks=hosts.groups[mine][0] == rank)
+
+    def save(self, path: str | os.PathLike) -> Path:
+        """Write the plan atomically into a plan file grouped by host."""
+        if self.epochs is None:
+            raise SolarError("plan: only a plan made in this process can be saved")
+        with PlanWriter(path, self.spec, hosts=self.hosts) as writer:
+            for ne in self.epochs:
+                writer.add(ne)
+            writer.finish(self.stats, self.plan_seconds)
+        return Path(path)
 
 
 def load_node_plan(path: str | os.PathLike, sampler: Any = None) -> NodePlan:
@@ -131,10 +174,15 @@ def load_node_plan(path: str | os.PathLike, sampler: Any = None) -> NodePlan:
     if f.hosts is None:
         raise SolarError(f'plan {path}: a per-rank plan (a buffer per rank); share="node" runs '
                          "a node plan file (`solar plan --share node -o FILE`)")  # fmt: skip
-    plan = NodePlan(f.spec, f)
+    plan = _of_file(f)
     if sampler is not None:
         plan = plan.bound_to(dataclasses.replace(f.spec, sampler=sampler))
     return plan
+
+
+def _of_file(f: PlanFile) -> NodePlan:
+    assert f.hosts is not None
+    return NodePlan(f.spec, f.hosts, f.fingerprint, f.stats, f.plan_seconds, file=f)
 
 
 def open_given(plan: Any, share: str) -> Plan | NodePlan | None:
@@ -146,7 +194,7 @@ def open_given(plan: Any, share: str) -> Plan | NodePlan | None:
         got = plan
     else:
         f = PlanFile.open(plan)
-        got = load_plan(plan) if f.hosts is None else NodePlan(f.spec, f)
+        got = load_plan(plan) if f.hosts is None else _of_file(f)
     where = f"plan {plan}" if isinstance(plan, (str, os.PathLike)) else "plan"
     if share == "node" and isinstance(got, Plan):
         raise SolarError(f'{where}: a per-rank plan (a buffer per rank); share="node" runs a '
