@@ -285,13 +285,6 @@ class NodeStream(EpochsAhead):
         assert self.board is not None
         return self.board.epoch(epoch, self.spec.run.num_samples, self.slots, self.tier_slots)
 
-    def start(self) -> None:
-        """Begin planning the first epoch in the background, unless planning has begun."""
-        bg = self._bg.get()
-        if bg.planner is None and not self._parts:
-            bg.planner = self._new_planner()
-            self._submit()
-
     def _restart_at(self, epoch: int) -> None:
         """Replan up to ``epoch`` (from where the planner is, if not past it; else from 0)."""
         t0 = time.perf_counter()
@@ -348,29 +341,11 @@ class NodeStream(EpochsAhead):
         if self.board is not None:
             self.board.close()
 
-    @property
-    def planned_end(self) -> int:
-        """The first global step not yet planned (without waiting)."""
-        self._collect(wait=False)
-        return (self._first + len(self._parts)) * self.spe
-
-    def window(self, k: int, trim: bool = True) -> NodeWindow:
-        """A window of the plan that holds global step ``k`` (planned now if it must be); with
-        ``trim``, the epochs before k's are dropped."""
-        e = k // self.spe
-        end = self._first + len(self._parts)
-        if self._first <= e < end:
-            self._collect(wait=False)
-        elif not (e == end and self._bg.get().future is not None and self._collect(wait=True)):
-            self._restart_at(e)
-        if trim and e > self._first:
-            ne = self._parts[e - self._first]
-            self._initial = ne.initial if ne.initial is not None else \
-                self._current().contents_at(e * self.spe)  # fmt: skip
-            self._parts = self._parts[e - self._first :]
-            self._first = e
-            self._window = None
-        return self._current()
+    def _initial_at(self, e: int) -> np.ndarray:
+        """The host's buffer as epoch ``e`` of the window starts (taken with it from the
+        board, or derived)."""
+        initial = self._parts[e - self._first].initial
+        return super()._initial_at(e) if initial is None else initial
 
     def _current(self) -> NodeWindow:
         if self._window is None:
