@@ -25,11 +25,11 @@ from solar.schedule._common import Progress
 from solar.schedule.nodeplan import Hosts, NodeEpoch, node_spec, node_totals, stage_bound
 from solar.schedule.nodestream import NodeStream
 from solar.schedule.nodevalidate import NodeValidator
-from solar.schedule.plan import Plan, load_plan
+from solar.schedule.plan import Plan, Planned, load_plan
 from solar.schedule.planfile import PlanFile, PlanWriter, fingerprint
 from solar.schedule.planner import epoch_order_of
 from solar.schedule.rankplan import _replay
-from solar.schedule.spec import PlanSpec, differences
+from solar.schedule.spec import PlanSpec
 from solar.schedule.summary import closing_lines, reads_line
 from solar.schedule.validate import Proof, prove
 
@@ -46,7 +46,7 @@ def make_node_plan(spec: PlanSpec, hosts: Hosts, progress: Progress | None = Non
     t0 = time.perf_counter()
     totals = node_totals(spec, hosts, sink=_counted(epochs.append, spec, progress))
     return NodePlan(spec, hosts, fingerprint(spec, hosts), totals, time.perf_counter() - t0,
-                    epochs=epochs)  # fmt: skip
+                    epoch_order_of(node_spec(spec, hosts)), epochs=epochs)  # fmt: skip
 
 
 def node_plan_to_file(spec: PlanSpec, hosts: Hosts, path: str | os.PathLike,
@@ -73,7 +73,7 @@ def _counted(sink: Callable[[NodeEpoch], None], spec: PlanSpec,
 
 
 @dataclass(frozen=True, eq=False)
-class NodePlan:
+class NodePlan(Planned):
     """A node plan: made in memory by :func:`make_node_plan` (``epochs``), or a node plan
     file opened by :func:`load_node_plan` (``file``), what ``Loader(plan=FILE, share="node")``
     is given. ``spec`` is the per-rank inputs it was made for; ``stats`` the node's totals
@@ -84,39 +84,9 @@ class NodePlan:
     fingerprint: str
     stats: dict
     plan_seconds: float
+    epoch_order: np.ndarray  # (E,) int64: the node planner's
     epochs: list[NodeEpoch] | None = None  # every epoch's decisions, made in this process
     file: PlanFile | None = None  # or a plan file grouped by host, read on demand
-
-    def __post_init__(self) -> None:
-        if (self.epochs is None) == (self.file is None):
-            raise ValueError("a NodePlan holds either its epochs or a plan file")
-
-    @property
-    def header(self) -> str | None:
-        """A plan file's header checksum (ranks compare it); None for a plan in memory."""
-        return None if self.file is None else self.file.header
-
-    @property
-    def epoch_order(self) -> np.ndarray:
-        """The permutation index each run epoch uses (the node planner's)."""
-        if self.file is not None:
-            return self.file.epoch_order
-        return epoch_order_of(node_spec(self.spec, self.hosts))
-
-    def check(self, expected: PlanSpec, source: str = "plan") -> None:
-        """Refuse this plan unless it was made for ``expected`` (on its hosts); name the
-        fields that differ."""
-        if fingerprint(expected, self.hosts) == self.fingerprint:
-            return
-        diff = differences(self.spec, expected)
-        raise PlanMismatchError(f"{source} was made for another dataset or run: {diff}")
-
-    def bound_to(self, spec: PlanSpec) -> NodePlan:
-        """This plan with ``spec`` (which holds the sampler itself) in place of the one the
-        file records."""
-        if fingerprint(spec, self.hosts) != self.fingerprint:
-            raise PlanMismatchError("plan: bound to a spec it was not made for")
-        return dataclasses.replace(self, spec=spec)
 
     def check_hosts(self, hosts: Hosts) -> None:
         """Refuse a job whose ranks are grouped otherwise than the plan's, in one line."""
@@ -156,16 +126,6 @@ class NodePlan:
         # One rank speaks for its host's digests.
         prove(f.path, comm, check, speaks=hosts.groups[mine][0] == rank)
 
-    def save(self, path: str | os.PathLike) -> Path:
-        """Write the plan atomically into a plan file grouped by host."""
-        if self.epochs is None:
-            raise SolarError("plan: only a plan made in this process can be saved")
-        with PlanWriter(path, self.spec, hosts=self.hosts) as writer:
-            for ne in self.epochs:
-                writer.add(ne)
-            writer.finish(self.stats, self.plan_seconds)
-        return Path(path)
-
 
 def load_node_plan(path: str | os.PathLike, sampler: Any = None) -> NodePlan:
     """Open a node plan file (its header checked); a plan of a general sampler is bound to
@@ -182,7 +142,8 @@ def load_node_plan(path: str | os.PathLike, sampler: Any = None) -> NodePlan:
 
 def _of_file(f: PlanFile) -> NodePlan:
     assert f.hosts is not None
-    return NodePlan(f.spec, f.hosts, f.fingerprint, f.stats, f.plan_seconds, file=f)
+    return NodePlan(f.spec, f.hosts, f.fingerprint, f.stats, f.plan_seconds, f.epoch_order,
+                    file=f)  # fmt: skip
 
 
 def open_given(plan: Any, share: str) -> Plan | NodePlan | None:

@@ -13,14 +13,15 @@ from collections.abc import Callable
 from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import numpy as np
 
 from solar._memory import require_memory
 from solar.errors import CorruptPlanError, PlanMismatchError, SolarError
 from solar.schedule._common import Progress, slot_count, tier_slot_count
-from solar.schedule.planfile import PlanFile, PlanWriter
+from solar.schedule.nodeplan import Hosts
+from solar.schedule.planfile import PlanFile, PlanWriter, fingerprint
 from solar.schedule.planner import EpochPlan, Planner, RankEpoch, epoch_order_of
 from solar.schedule.rankplan import RankPlan
 from solar.schedule.samplers import Sampler
@@ -32,8 +33,58 @@ from solar.schedule.validate import Proof, RankValidator, TraceValidator, peers_
 EpochTotals = Callable[[tuple[int, int]], None]
 
 
+class Planned:
+    """What every plan answers, of a buffer per rank or of one per host (``hosts``: the
+    grouping, :class:`~solar.schedule.nodefile.NodePlan`): made in memory (``epochs``) or
+    opened from a plan file (``file``), its header, whether it was made for a spec, the spec
+    bound, saving it."""
+
+    spec: PlanSpec
+    stats: Any
+    plan_seconds: float
+    fingerprint: str
+    epoch_order: np.ndarray  # (E,) int64: the permutation index each run epoch uses
+    epochs: list | None
+    file: PlanFile | None
+    hosts: Hosts | None
+
+    def __post_init__(self) -> None:
+        if (self.epochs is None) == (self.file is None):
+            raise ValueError("a plan holds either its epochs or a plan file")
+
+    @property
+    def header(self) -> str | None:
+        """A plan file's header checksum (ranks compare it); None for a plan in memory."""
+        return self.file.header if self.file is not None else None
+
+    def bound_to(self, spec: PlanSpec) -> Self:
+        """This plan with ``spec``, which has its fingerprint: a plan file records its
+        sampler's identity, ``spec`` holds the sampler itself, to prove the plan against."""
+        if fingerprint(spec, self.hosts) != self.fingerprint:
+            raise PlanMismatchError("plan: bound to a spec it was not made for")
+        return dataclasses.replace(self, spec=spec)  # type: ignore[type-var]
+
+    def check(self, expected: PlanSpec, source: str = "plan") -> None:
+        """Refuse this plan unless it was made for ``expected`` (on its hosts); name the
+        fields that differ."""
+        if fingerprint(expected, self.hosts) == self.fingerprint:
+            return
+        diff = differences(self.spec, expected)
+        raise PlanMismatchError(f"{source} was made for another dataset or run: {diff}")
+
+    def save(self, path: str | os.PathLike) -> Path:
+        """Write the plan atomically: to a temporary file beside ``path``, then rename."""
+        if self.epochs is None:
+            raise SolarError("plan: only a plan made in this process can be saved")
+        with PlanWriter(path, self.spec, self.epoch_order, self.hosts) as writer:
+            for ep in self.epochs:
+                writer.add(ep)
+            writer.finish(self.stats, self.plan_seconds)
+        return Path(path)
+
+
 @dataclass(frozen=True, eq=False)
-class Plan(Totals):
+class Plan(Planned, Totals):
     """A schedule for every rank and step: made in memory by :func:`make_plan` (``epochs``),
     or opened by :func:`load_plan` (``file``)."""
 
@@ -44,17 +95,9 @@ class Plan(Totals):
     fingerprint: str
     epochs: list[EpochPlan] | None = None  # every epoch's decisions, made in this process
     file: PlanFile | None = None  # or a plan file, read on demand
-
-    def __post_init__(self) -> None:
-        if (self.epochs is None) == (self.file is None):
-            raise ValueError("a Plan holds either its epochs or a plan file")
+    hosts: None = None  # a buffer per rank: no grouping by host
 
     # -- queries -------------------------------------------------------------------------
-    @property
-    def header(self) -> str | None:
-        """A plan file's header checksum (ranks compare it); None for a plan in memory."""
-        return self.file.header if self.file is not None else None
-
     @property
     def summary(self) -> PlanSummary:
         """The totals without the decisions."""
@@ -159,31 +202,6 @@ class Plan(Totals):
         rp = self.rank(rank)
         served = rp.served
         return rp.steps()[served], rp.sample[served], rp.hit[served]
-
-    def bound_to(self, spec: PlanSpec) -> Plan:
-        """This plan with ``spec``, which has its fingerprint: a plan file records its
-        sampler's identity, ``spec`` holds the sampler itself, to prove the plan against."""
-        if spec.fingerprint != self.fingerprint:
-            raise PlanMismatchError("plan: bound to a spec it was not made for")
-        return dataclasses.replace(self, spec=spec)
-
-    def check(self, expected: PlanSpec, source: str = "plan") -> None:
-        """Refuse this plan unless it was made for ``expected``; name the fields that differ."""
-        if self.fingerprint == expected.fingerprint:
-            return
-        diff = differences(self.spec, expected)
-        raise PlanMismatchError(f"{source} was made for another dataset or run: {diff}")
-
-    # -- persistence ---------------------------------------------------------------------
-    def save(self, path: str | os.PathLike) -> Path:
-        """Write the plan atomically: to a temporary file beside ``path``, then rename."""
-        if self.epochs is None:
-            raise SolarError("plan: only a plan made in this process can be saved")
-        with PlanWriter(path, self.spec, self.epoch_order) as writer:
-            for ep in self.epochs:
-                writer.add(ep)
-            writer.finish(self.stats, self.plan_seconds)
-        return Path(path)
 
 
 def make_plan(spec: PlanSpec, progress: Progress | None = None) -> Plan:
