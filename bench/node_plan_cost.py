@@ -59,8 +59,8 @@ def _digest(h, part) -> None:
 
 def child(a) -> None:
     from solar import BufferConfig, NeighborSampler, PlanSpec, RunConfig
-    from solar.schedule.nodeplan import Hosts, NodePlanner
-    from solar.schedule.nodestream import NodeStream, stage_bound
+    from solar.schedule.nodeplan import Hosts, NodePlanner, stage_bound
+    from solar.schedule.nodestream import NodeStream
     from solar.schedule.planner import Planner
 
     comm, rank = None, 0

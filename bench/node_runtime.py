@@ -7,7 +7,7 @@ side in one run, under mpiexec on one host:
 
 GNN feature gathering, ``NeighborSampler(fanouts (10, 5), 1024 seeds per rank)``, an aggregate
 buffer of ``--buffer`` of the features. Every mode runs the Loader's node step (a
-``NodeStream``'s steps run by ``SharedHoldings``, solar/runtime/nodeholdings.py) over the same
+``NodeStream``'s steps run by ``Holdings`` of a ``Host``, solar/runtime/holdings.py) over the same
 sampler: ``per-rank`` executes the node plan of one rank per host (today's per-rank plan, C/P
 rows each, proven equal by tests/test_nodeplan.py), ``node`` the node plan of one host of P
 ranks (C rows shared), its barriers the region's own (solar/host/barrier.py), and
@@ -29,14 +29,15 @@ import numpy as np
 from mpi4py import MPI
 
 from solar import BufferConfig, NeighborSampler, PlanSpec, RunConfig, dist
+from solar.cache.slots import SlotBuffer
 from solar.config import ReaderConfig
 from solar.host.region import NodeRegion
 from solar.io.reader import Reader
 from solar.io.sources import describe_source
-from solar.runtime.nodeholdings import NodeHoldings, NodeRefill, SharedHoldings
+from solar.runtime.holdings import Holdings, Host, RawRefill
 from solar.runtime.steps import Steps
-from solar.schedule.nodeplan import Hosts
-from solar.schedule.nodestream import NodeStream, stage_bound
+from solar.schedule.nodeplan import Hosts, stage_bound
+from solar.schedule.nodestream import NodeStream
 
 
 def main() -> None:
@@ -78,15 +79,17 @@ def main() -> None:
         for name in order:
             hosts, stream, steps, plans = prepared[name]
             hc = hcs[name]
-            parts = NodeHoldings.region_parts(stream.slots, stream.stage_rows, keys)
+            parts = Host.region_parts(stream.slots, stream.stage_rows, keys)
             region = NodeRegion(NodeRegion.size_of(parts), hc, stream.host, stream.local,
                                 local_size=len(stream.group))  # fmt: skip
             barrier = region.barrier(stream.group, run.steps_per_epoch)
             if name == "node-mpi-barrier":
                 barrier = lambda k, phase, hc=hc: hc.Barrier()  # noqa: E731
-            node = NodeHoldings(region, stream.slots, stream.stage_rows, keys, barrier)
-            refill = NodeRefill(node, reader, stream.local, len(stream.group), a.seeds)
-            hold = SharedHoldings(node, info.keys, steps, refill)
+            host = Host(region, stream.slots, stream.stage_rows, keys, barrier)
+            buffer = SlotBuffer.over(host.slots, info.keys)
+            refill = RawRefill(reader, buffer, None, info.keys, a.seeds, host, stream.local,
+                               len(stream.group))  # fmt: skip
+            hold = Holdings(buffer, None, steps, refill, host)
             most = max(st.rows_needed for st in plans)
             batch = [np.empty((most, *s), d) for s, d in keys]
             comm.Barrier()
@@ -106,16 +109,16 @@ def main() -> None:
                 assert batch[0][: plans[-1].size].tobytes() == ref.tobytes()
             slowest = comm.allreduce(sec, MPI.MAX)
             tot_reads, tot_rows = comm.allreduce(reads), comm.allreduce(rows)
-            barrier = comm.allreduce(node.barrier_seconds, MPI.MAX)
+            barrier = comm.allreduce(host.barrier_seconds, MPI.MAX)
             results[name].append({
                 "seconds_per_epoch": round(slowest / run.epochs, 3),
                 "rows_read_per_epoch": tot_reads / run.epochs,
                 "rows_per_second": round(tot_rows / slowest),
                 "barrier_seconds_per_epoch": round(barrier / run.epochs, 3),
-                "barriers_per_epoch": node.barriers / run.epochs,
-                "barriers_per_second": round(node.barriers / slowest),
+                "barriers_per_epoch": host.barriers / run.epochs,
+                "barriers_per_second": round(host.barriers / slowest),
             })  # fmt: skip
-            del hold, node, refill, region
+            del hold, host, buffer, refill, region
         checked = True
     for _, stream, _, _ in {id(v): v for v in prepared.values()}.values():
         stream.close()

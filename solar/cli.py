@@ -376,13 +376,9 @@ def _plan_graph(data, keys, world_size, batch_size, epochs, buffer, seed, memory
 def _run_node_plan(spec: PlanSpec, out: str | None, as_json: bool, hosts_text: str) -> None:
     """``solar plan --share node``: one buffer per host of ``hosts_text`` (HxL), into a node
     plan file at ``out`` if given; its figures printed (solar/schedule/nodefile.py)."""
-    from solar.schedule.nodefile import (
-        format_node_summary,
-        node_fingerprint,
-        node_plan_to_file,
-        node_summary,
-    )
+    from solar.schedule.nodefile import format_node_summary, node_plan_to_file, node_summary
     from solar.schedule.nodeplan import Hosts, node_totals
+    from solar.schedule.planfile import fingerprint as node_fingerprint
 
     if spec.buffer.tier:
         raise SolarError("--share node: a node tier is not planned yet (no --tier-size)")
@@ -391,7 +387,7 @@ def _run_node_plan(spec: PlanSpec, out: str | None, as_json: bool, hosts_text: s
     with _progress(run, enabled=run.num_accesses >= _PROGRESS_ACCESSES) as progress:
         if out:
             made = node_plan_to_file(spec, hosts, out, progress)
-            totals, seconds = dict(made.file.stats), made.file.plan_seconds
+            totals, seconds = dict(made.stats), made.plan_seconds
             fingerprint = made.fingerprint
         else:
             t0 = time.perf_counter()
@@ -571,14 +567,15 @@ def inspect(data: tuple[str, ...], keys: tuple[str, ...], one_per_file: bool, ve
 
 def _plan_files(files: list[Path]) -> dict[Path, dict]:
     """The plan files among ``files`` (``solar plan -o``'s), each with its summary."""
-    from solar.schedule.nodefile import kind_of, load_node_plan, node_summary
+    from solar.schedule.nodefile import load_node_plan, node_summary
     from solar.schedule.plan import load_plan
+    from solar.schedule.planfile import kind_of
 
     out = {}
     for f in files:
         kind = kind_of(f)
         if kind == "node":
-            p = load_node_plan(f).file
+            p = load_node_plan(f)
             out[f] = node_summary(p.spec, p.hosts, p.stats, p.plan_seconds, p.fingerprint, Path(f))
         elif kind == "rank":
             out[f] = plan_summary(load_plan(f).summary, Path(f))

@@ -38,8 +38,9 @@ from solar.options import ExpertConfig, LoaderConfig, MemoryConfig, Paths, Plann
 from solar.runtime import pipeline
 from solar.runtime.setup import Setup, check_snapshots, configure
 from solar.schedule import Plan, make_plan
-from solar.schedule.nodefile import NodeFileStream, NodePlan
-from solar.schedule.nodestream import NodeStream, stage_bound
+from solar.schedule.nodefile import NodeFileStream, NodePlan, make_node_plan
+from solar.schedule.nodeplan import stage_bound
+from solar.schedule.nodestream import NodeStream
 from solar.schedule.order import step_bounds
 from solar.schedule.samplers import Sampler, Trace, extras_of
 from solar.schedule.stream import RankStream
@@ -184,6 +185,7 @@ class Loader(IterableDataset[dict]):
         self.transform, self.batch_transform = setup.transform, setup.batch_transform
         given = setup.given
         self._plan: Plan | None = given if isinstance(given, Plan) else None
+        self._node_plan: NodePlan | None = None  # share="node": made on first use of .plan
         # This rank's part, one epoch at a time: read from the plan given, or planned one
         # epoch ahead in the background.
         self._stream: RankStream | NodeStream
@@ -247,15 +249,20 @@ class Loader(IterableDataset[dict]):
         return pipeline.build(self._setup, self._stream, self.stats, self._exchange)
 
     @property
-    def plan(self) -> Plan:
+    def plan(self) -> Plan | NodePlan:
         """The whole plan: the one given, or (for inspection; it costs a whole-run planning)
-        the plan this loader streams, made on first use (not with ``share="node"``)."""
-        if self._setup.hosts is not None:
-            raise SolarError('share="node": the node plan is not a Plan (`solar plan --share '
-                             "node` writes it to a file)")  # fmt: skip
-        if self._plan is None:
-            self._plan = make_plan(self.spec)
-        return self._plan
+        the plan this loader streams, made on first use; with ``share="node"`` the node plan
+        (every host's buffer and every rank's service)."""
+        hosts, given = self._setup.hosts, self._setup.given
+        if hosts is None:
+            if self._plan is None:
+                self._plan = make_plan(self.spec)
+            return self._plan
+        if isinstance(given, NodePlan):
+            return given
+        if self._node_plan is None:
+            self._node_plan = make_node_plan(self.spec, hosts)
+        return self._node_plan
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)

@@ -51,8 +51,8 @@ from solar.options import ExpertConfig, LoaderConfig, MemoryConfig, PlanningConf
 from solar.runtime.setup import Setup
 from solar.runtime.steps import Steps
 from solar.schedule.nodefile import NodeFileStream, NodePlan, load_node_plan, node_plan_to_file
-from solar.schedule.nodeplan import Hosts
-from solar.schedule.nodestream import NodeStream, stage_bound
+from solar.schedule.nodeplan import Hosts, stage_bound
+from solar.schedule.nodestream import NodeStream
 from solar.schedule.plan import make_plan, plan_to_file
 from solar.schedule.samplers import SHUFFLE, Sampler, Trace, Weighted, is_shuffle
 from solar.schedule.spec import PlanSpec

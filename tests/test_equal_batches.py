@@ -18,7 +18,7 @@ from solar.cli import main
 from solar.options import PlanningConfig
 from solar.schedule import load_plan, make_plan
 from solar.schedule.order import nominal_batches, step_bounds
-from solar.schedule.plan import _peers_error, simulate
+from solar.schedule.plan import simulate
 from solar.schedule.planner import RankEpoch
 from solar.schedule.samplers import Weighted
 from solar.schedule.transfer import (
@@ -28,7 +28,7 @@ from solar.schedule.transfer import (
     rank_transfer,
     transfer_matrix,
 )
-from solar.schedule.validate import RankValidator, validate_rank
+from solar.schedule.validate import RankValidator, peers_error, validate_rank
 
 
 def _spec(n=103, world=3, batch=4, epochs=3, slack=0.5, equal=True, **run) -> PlanSpec:
@@ -151,8 +151,8 @@ def test_ranks_holding_different_counts_are_refused():
         for e in range(3):
             v.check(plan.epochs[e].rank(r))
         digests.append(v.peers_digest)
-    assert _peers_error(digests) is None
-    assert "different counts" in _peers_error([digests[0], digests[1], "0" * 32])
+    assert peers_error(digests) is None
+    assert "different counts" in peers_error([digests[0], digests[1], "0" * 32])
     assert check_counts(np.zeros((2, 3), np.int32), np.array([3, 3]), 0, np.zeros(2)) is not None
 
 

@@ -1,6 +1,6 @@
-"""Node plan files (solar/schedule/nodefile.py): ``solar plan --share node`` writes the node
-plan with its grouping; ``Loader(plan=FILE, share="node")`` serves it, refusing another
-grouping or kind; an edited file (checksums recomputed) or a damaged one is refused in one
+"""Node plan files (solar/schedule/planfile.py grouped by host): ``solar plan --share node``
+writes the node plan with its grouping; ``Loader(plan=FILE, share="node")`` serves it, refusing
+another grouping or kind; an edited file (checksums recomputed) or a damaged one is refused in one
 line before any byte moves (solar/schedule/nodevalidate.py)."""
 
 from __future__ import annotations
@@ -26,14 +26,11 @@ from solar.cli import cli
 from solar.errors import PlanMismatchError, SolarError
 from solar.options import ExpertConfig, MemoryConfig, PlanningConfig
 from solar.schedule import ADMIT, HIT, PEER, load_plan
-from solar.schedule.nodefile import (
-    NodePlanWriter,
-    load_node_plan,
-    node_fingerprint,
-    node_plan_to_file,
-)
+from solar.schedule.nodefile import NodePlan, load_node_plan, node_plan_to_file
 from solar.schedule.nodeplan import Hosts, NodeEpoch, NodePlanner, node_totals
 from solar.schedule.nodevalidate import NodeValidator
+from solar.schedule.planfile import PlanWriter
+from solar.schedule.planfile import fingerprint as node_fingerprint
 from solar.schedule.planner import EpochPlan
 
 N = 240
@@ -54,7 +51,7 @@ def _epochs(spec: PlanSpec, hosts: Hosts) -> list[NodeEpoch]:
 def _write(spec: PlanSpec, hosts: Hosts, epochs: list[NodeEpoch], path: Path) -> Path:
     """A node plan file of ``epochs`` with every checksum computed (as a tool editing it
     would)."""
-    with NodePlanWriter(path, spec, hosts) as w:
+    with PlanWriter(path, spec, hosts=hosts) as w:
         for ne in epochs:
             w.add(ne)
         w.finish({}, 0.0)
@@ -223,6 +220,34 @@ def test_a_loader_serves_a_node_plan_file_and_refuses_the_other_kind(tmp_path):
         assert auto.share == "node"
 
 
+def test_a_loaders_plan_is_its_node_plan_made_in_memory_saved_as_the_file_would_be(tmp_path):
+    """``Loader.plan`` for every grouping: with ``share="node"`` the node plan, made on first
+    use, whose reads are the loader's; saved, it is the file ``solar plan --share node``
+    writes; given back, the same batches."""
+    x = np.random.default_rng(0).integers(0, 2**31, (90, 5), dtype=np.int64)
+    data = write_h5(tmp_path / "d.h5", x=x)
+    kw = dict(batch_size=8, epochs=2, buffer=20, warm=False, seed=3)
+    served = []
+    with Loader(data, ["x"], share="node", **kw) as ld:
+        plan = ld.plan
+        assert isinstance(plan, NodePlan) and ld.plan is plan and plan.hosts == Hosts.grid(1, 1)
+        assert plan.stats == node_totals(ld.spec, plan.hosts) and plan.header is None
+        for e in range(2):
+            ld.set_epoch(e)
+            served += [b["index"].numpy() for b in ld]
+        assert ld.stats.totals().reads == plan.stats["reads"]
+        saved = load_node_plan(plan.save(tmp_path / "n.h5"))
+        _assert_holds_the_planners_epochs(saved, ld.spec, plan.hosts)
+        saved.validate(0)
+        assert saved.stats == plan.stats and saved.fingerprint == plan.fingerprint
+    with Loader(data, ["x"], share="node", plan=plan, **kw) as again:
+        got = []
+        for e in range(2):
+            again.set_epoch(e)
+            got += [b["index"].numpy() for b in again]
+        assert all(np.array_equal(a, b) for a, b in zip(got, served, strict=True))
+
+
 # -- untrusted input ----------------------------------------------------------------------------
 def _first(ne: NodeEpoch, flag: int, rank: int | None = None) -> int:
     f = ne.ranks.flags
@@ -376,6 +401,8 @@ def _damage(path: Path, how: str) -> None:
             f.attrs["hosts"] = json.dumps([[0, 2], [1, 3]])
         elif how == "kind":
             f.attrs["kind"] = "rank"
+        elif how == "old":  # a node plan file of the format before the grouping joined it
+            f.attrs["format_version"] = 2
 
 
 @pytest.mark.parametrize(
@@ -385,6 +412,7 @@ def _damage(path: Path, how: str) -> None:
         ("byte", "rank 0's service fails its checksum"),
         ("grouping", "fingerprint does not match its recorded inputs and hosts"),
         ("kind", "fingerprint does not match"),
+        ("old", "format version 2, this solar reads 3 (grouped by host)"),
     ],
 )
 def test_a_damaged_node_plan_file_is_refused_in_one_line(tmp_path, how, words):

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from solar import BufferConfig, PlanSpec, RunConfig, Weighted
-from solar.schedule.nodeplan import Hosts
-from solar.schedule.nodestream import NodeStream, stage_bound
+from solar.schedule.nodeplan import Hosts, stage_bound
+from solar.schedule.nodestream import NodeStream
 from solar.schedule.planner import Planner
 
 N = 211

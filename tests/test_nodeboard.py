@@ -35,8 +35,9 @@ from solar.schedule.nodeplan import (
     node_spec,
     node_totals,
     own_draws,
+    stage_bound,
 )  # fmt: skip
-from solar.schedule.nodestream import NodeStream, stage_bound
+from solar.schedule.nodestream import NodeStream
 from solar.schedule.nodeview import assemble
 from solar.schedule.rankplan import RankPlan
 from solar.schedule.samplers import SHUFFLE, Weighted

@@ -12,7 +12,7 @@ unlinking; such names, and earlier versions', are removed when a node tier is ma
 construction is a collective of ``comm`` (the host's communicator, or a superset).
 
 Which rank writes or reads which slot at which step is the node plan's; the order between
-ranks is the host's barriers' (solar/runtime/nodeholdings.py): no lock.
+ranks is the host's barriers' (solar/runtime/holdings.py): no lock.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The barrier of a host's ranks, in their shared region: no communicator, no lock, no hang.
 
-The node buffer's ranks meet twice per step (solar/runtime/nodeholdings.py). A communicator's
+The node buffer's ranks meet twice per step (solar/runtime/holdings.py). A communicator's
 barrier would do, but not everywhere: under torch.distributed it spans the whole job (and a
 gloo barrier costs milliseconds), and an MPI barrier waits forever for a rank that left the
 steps early (``break``) or seeked alone. This barrier lives in the first bytes of the host's
@@ -52,7 +52,7 @@ SPINS = 4  # checks (each yielding the core) before a waiter sleeps: bench/host_
 LINE = 8
 ARRIVALS, STEP, PHASE, PID, START, STATE, PLAN = range(7)  # PLAN: 1 + the step awaited
 LIVE, CLOSED, BROKE = 1, 2, 3  # STATE: registered; its loader closed; it gave up at a barrier
-# The phases of a node step and refill (solar/runtime/nodeholdings.py), named in messages.
+# The phases of a node step and refill (solar/runtime/holdings.py), named in messages.
 STAGED, STORED, REFILL, REFILLED, UPDATED = range(5)
 PHASES = ("its rows staged", "its stores done", "a refill's start", "a refill's end",
           "a phase of its updates done")  # fmt: skip

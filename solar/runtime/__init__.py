@@ -20,13 +20,11 @@ memory.py       batch memory (raw and transformed pools) and ``InFlight``, the s
 reads.py        starting a step's storage and tier reads into its batch memory; the read-ahead
                 queue; the read figures
 holdings.py     the RAM buffer and the tier, and the step they match (``Holdings.at``); hits
-                gathered into a batch; the plan's updates applied; refills
-nodeholdings.py one buffer per node (a node plan, solar/schedule/nodeplan.py): a rank's share of
-                its host's shared buffer, rows read once for the host, host barriers per step;
-                ``SharedHoldings``, the holdings stage of ``Loader(share="node")``, built by
-                ``pipeline.build`` over a ``NodeStream`` (solar/schedule/nodestream.py):
-                the node's tier one shared file, its hits read at the step; no step
-                assembled ahead or read before its plan
+                gathered into a batch; the plan's updates applied; refills. A rank's own
+                buffer is a host of one rank; with one buffer per host (a node plan,
+                solar/schedule/nodeplan.py) a ``Host``: the host's shared buffer and staging
+                rows, rows read once for the host, host barriers per step, the host's tier
+                one shared file, its hits read at the step
 assembly.py     a step's batch from its reads and hits (rows as read)
 transforms.py   transformed assemblies: scheduling transforms, steps assembled ahead, the
                 refill of held transformed rows

@@ -7,21 +7,59 @@ decided by the planner: for the ``solar`` policy Belady in solar/schedule/belady
 After a resume or a jump it refills itself to a step through the :class:`Refill` it was built
 with: :class:`RawRefill` (rows as stored) or, where a deterministic transform's rows are held,
 the transform stage's (solar.runtime.transforms).
+
+A rank's buffer is a host of one rank. With one buffer per host (a node plan,
+solar/schedule/nodeplan.py) the host's RAM buffer is one shared region (solar/host/region.py)
+every local rank maps, with a staging area where a row read for several local ranks is put by
+its reader for the others, and the host's tier one file they all opened
+(solar/cache/nodetier.py): the :class:`Host` the holdings are built with. Per step ``k`` a
+rank:
+
+1. gathers its hits from the host's slots and reads its tier hits from the host's tier (both
+   as they stand at the step's start), its own misses from storage into its batch rows;
+2. puts its reads that other local ranks need into the staging area;
+3. waits at the host's barrier (every local rank has done 1-2: no slot or tier slot is read
+   for step k after it);
+4. copies its ``PEER`` rows from the staging area, then applies the updates the plan gives
+   it (only a row's reader stores it): demotions, admissions, tier admissions, its tier
+   writes waited for; where the host updates a cell twice in the step, in the plan's
+   phases, with a barrier before those that update a cell another rank updated since the
+   last one (solar/schedule/nodeplan.py ``host_phases``);
+5. waits at the host's barrier (every store and tier write of step k is done before any hit
+   of step k + 1, and every staging row is taken before it is overwritten).
+
+No lock: the plan orders every write before the reads that depend on it. The barrier is the
+region's own (solar/host/barrier.py), each wait labelled with its step and phase: a rank
+that runs other steps than its host's (it left an epoch early, or seeked alone) fails the
+barrier in one line instead of matching a peer's other step. A rank alone (``host`` None: a
+private buffer, the mode decided at construction) has nothing to stage, take or wait for; its
+tier hits are read ahead with its storage reads (solar.runtime.reads), where a host's cannot be
+(another local rank may write the slot until the step starts).
 """
 
 from __future__ import annotations
 
-from typing import Protocol
+import time
+from collections.abc import Callable
+from concurrent.futures import wait
+from typing import Any, Protocol
 
 import numpy as np
 
+from solar.cache.nodetier import NodeTierFile
 from solar.cache.slots import SlotBuffer, copy_rows
 from solar.cache.tier import TierFile
+from solar.errors import SolarError
+from solar.host.barrier import REFILL, REFILLED, STAGED, STORED, UPDATED
+from solar.host.region import NodeRegion
 from solar.io.info import KeyInfo
 from solar.io.reader import Reader
 from solar.runtime.steps import Steps
 from solar.schedule import ADMIT, DEMOTE
 from solar.schedule.rankplan import StepPlan
+
+Key = tuple[tuple[int, ...], Any]  # a key's sample shape and dtype
+Barrier = Callable[[int, int], None]  # waits for the host's ranks at (step, phase)
 
 
 class Refill(Protocol):
@@ -33,15 +71,51 @@ class Refill(Protocol):
         ...
 
 
-class Holdings:
-    """A rank's RAM buffer and tier in one process, and the step they match."""
+class Host:
+    """One rank's view of its host's shared buffer, staging area and tier (see the module's
+    docstring). ``region`` must have room for :meth:`region_parts`; ``barrier(k, phase)``
+    waits for every local rank at step ``k``'s ``phase`` (the region's
+    :class:`~solar.host.barrier.HostBarrier`); ``tier``: the host's tier file, or None."""
 
-    def __init__(
-        self, buffer: SlotBuffer, tier: TierFile | None, steps: Steps, refill: Refill
-    ) -> None:
+    def __init__(self, region: NodeRegion, slots: int, stage_rows: int, keys: list[Key],
+                 barrier: Barrier, tier: NodeTierFile | None = None) -> None:  # fmt: skip
+        self.slots = [region.carve((slots, *shape), dt) for shape, dt in keys]
+        self.staging = [region.carve((max(stage_rows, 1), *shape), dt) for shape, dt in keys]
+        self.barrier = barrier
+        self.tier = tier
+        self.barriers = 0  # figures: barriers waited at, and their seconds
+        self.barrier_seconds = 0.0
+
+    @staticmethod
+    def region_parts(slots: int, stage_rows: int, keys: list[Key]) -> list[Key]:
+        """What the region holds, in carving order (:meth:`NodeRegion.size_of`)."""
+        return [((slots, *s), d) for s, d in keys] + [((max(stage_rows, 1), *s), d)
+                                                      for s, d in keys]  # fmt: skip
+
+    def wait(self, k: int, phase: int) -> None:
+        """Wait for every local rank at step ``k``'s ``phase``."""
+        t0 = time.perf_counter()
+        self.barrier(k, phase)
+        self.barrier_seconds += time.perf_counter() - t0
+        self.barriers += 1
+
+    def close(self) -> None:
+        """This rank is done with the host's buffer (a peer still waiting for it fails)."""
+        close = getattr(self.barrier, "close", None)
+        if close is not None:
+            close()
+
+
+class Holdings:
+    """A rank's RAM buffer and tier in one process, and the step they match: its own, or its
+    share of its ``host``'s (a collective of the host's ranks every step, and at a refill)."""
+
+    def __init__(self, buffer: SlotBuffer, tier: TierFile | None, steps: Steps,
+                 refill: Refill, host: Host | None = None) -> None:  # fmt: skip
         self.buffer = buffer
         self.tier = tier
         self.steps = steps
+        self.host = host
         self._refill = refill
         self._at = 0  # an empty buffer and tier are the plan's state before step 0
 
@@ -64,22 +138,52 @@ class Holdings:
         return nbytes
 
     def gather(self, step: StepPlan, into: list[np.ndarray]) -> None:
-        """Copy step's RAM hits into batch rows ``into`` (per key)."""
+        """Copy step's RAM hits into batch rows ``into`` (per key); a host's tier hits are
+        read too (no local rank updates a cell before the step's first host barrier)."""
         self.buffer.gather(step.hit_slots, into, step.hit_rows)
+        if self.host is not None and step.tier_rows.size:
+            assert self.tier is not None
+            futures = self.tier.submit_read(step.tier_slots, into, step.tier_rows)
+            wait(futures)
+            for f in futures:
+                f.result()  # the first failure, if any (one line)
 
     def settle(self, k: int, step: StepPlan, batch: list[np.ndarray]) -> None:
-        """Complete step ``k``'s ``batch`` (repeats copied) and apply its buffer and tier
-        updates, in the plan's order: the holdings then match step ``k + 1``."""
+        """Complete step ``k``'s ``batch`` (rows shared with the host's other ranks exchanged,
+        repeats copied) and apply its buffer and tier updates, in the plan's order: the
+        holdings then match step ``k + 1``."""
+        host = self.host
+        if host is not None:
+            for stg, out in zip(host.staging, batch, strict=True):
+                copy_rows(out, step.stage_rows, stg, step.stage_at)
+            host.wait(k, STAGED)  # every local rank's hits gathered, its shared reads staged
+            for stg, out in zip(host.staging, batch, strict=True):
+                copy_rows(stg, step.peer_at, out, step.peer_rows)
         if step.copy_dst.size:  # a sample drawn twice in the batch: read once, copied
             for rows in batch:
                 copy_rows(rows, step.copy_src, rows, step.copy_dst)
         if step.in_order:
             self._update_in_order(k, step, batch)
+        elif step.phase_waits is not None:  # the host updates a cell twice: its phases in turn
+            assert host is not None
+            for n, waits in enumerate(step.phase_waits.tolist()):
+                if waits:
+                    self._written()
+                    host.wait(k, UPDATED)  # another rank's updates of this phase's cells done
+                self._update(_phase(step, n), batch)
         else:
             self._update(step, batch)
-        if self.tier is not None:
+        if host is not None:
+            self._written()
+            host.wait(k, STORED)  # every store done (before any hit of k + 1), staging taken
+        elif self.tier is not None:
             self.tier.done_writing(k)
         self._at = k + 1
+
+    def _written(self) -> None:
+        """This rank's tier writes on disk (another local rank may read them next)."""
+        if self.tier is not None:
+            self.tier.wait_writes()
 
     def _update(self, step: StepPlan, batch: list[np.ndarray]) -> None:
         buf, tier = self.buffer, self.tier
@@ -111,27 +215,58 @@ class Holdings:
             self.tier.reset(k)
 
     def close(self) -> None:
-        """Remove the tier file."""
+        """Remove the tier file; leave the host's buffer."""
         if self.tier is not None:
             self.tier.close()
+        if self.host is not None:
+            self.host.close()
+
+
+def _phase(step: StepPlan, n: int) -> StepPlan:
+    """``step`` with only its updates of phase ``n``."""
+    assert step.demote_phase is not None and step.admit_phase is not None
+    assert step.tadmit_phase is not None
+    d, a, t = step.demote_phase == n, step.admit_phase == n, step.tadmit_phase == n
+    return step._replace(
+        demote_slots=step.demote_slots[d], demote_tslots=step.demote_tslots[d],
+        admit_rows=step.admit_rows[a], admit_slots=step.admit_slots[a],
+        tadmit_rows=step.tadmit_rows[t], tadmit_tslots=step.tadmit_tslots[t],
+    )  # fmt: skip
 
 
 class RawRefill:
     """A refill of rows as stored: read into the buffer's slots, and through staging memory
-    (a batch's worth at a time) into the tier's."""
+    (``rows`` of a batch at a time) into the tier's. With a ``host``, of the host's buffer and
+    tier: this local rank reads every ``per_host``-th row from its ``local`` index, between
+    two host barriers (a collective of the host's ranks)."""
 
     def __init__(self, reader: Reader, buffer: SlotBuffer, tier: TierFile | None,
-                 keys: tuple[KeyInfo, ...], rows: int) -> None:  # fmt: skip
+                 keys: tuple[KeyInfo, ...], rows: int, host: Host | None = None,
+                 local: int = 0, per_host: int = 1) -> None:  # fmt: skip
         self.reader = reader
         self.buffer = buffer
         self.tier = tier
         self.keys = keys
         self.rows = max(1, rows)
+        self.host, self.local, self.per_host = host, local, per_host
 
     def fill(self, k: int, cells: np.ndarray, samples: np.ndarray) -> int:
+        host = self.host
+        if host is not None:
+            host.wait(k, REFILL)  # no local rank still gathers hits from the slots overwritten
+            mine = slice(self.local, None, self.per_host)
+            cells, samples = cells[mine], samples[mine]
+        nbytes = self._fill(cells, samples)
+        if host is not None:
+            host.wait(k, REFILLED)  # the buffer and tier whole before any rank's first hit
+        return nbytes
+
+    def _fill(self, cells: np.ndarray, samples: np.ndarray) -> int:
         buf, tier = self.buffer, self.tier
         ram = cells < buf.capacity
-        nbytes = self.reader.read(samples[ram], buf.arrays, cells[ram])
+        if not np.all(ram) and tier is None:
+            raise SolarError("buffer: a refill names a tier cell, and there is no tier")
+        nbytes = self.reader.read(samples[ram], buf.arrays, cells[ram]) if np.any(ram) else 0
         if tier is None or np.all(ram):
             return nbytes
         tslots, samples = cells[~ram] - buf.capacity, samples[~ram]

@@ -23,9 +23,8 @@ from solar.exchange import Exchange
 from solar.host.region import NodeRegion
 from solar.runtime.assembly import Assembly
 from solar.runtime.delivery import Delivered, Delivery
-from solar.runtime.holdings import Holdings, RawRefill, Refill
+from solar.runtime.holdings import Holdings, Host, RawRefill, Refill
 from solar.runtime.memory import BatchMemory, InFlight
-from solar.runtime.nodeholdings import NodeHoldings, NodeRefill, SharedHoldings
 from solar.runtime.reads import ReadAhead, Reads
 from solar.runtime.setup import Setup
 from solar.runtime.steps import Steps
@@ -147,11 +146,53 @@ class Pipeline:
 def build(setup: Setup, stream: RankStream | NodeStream, stats: LoaderStats,
           exchange: Exchange | None) -> Pipeline:  # fmt: skip
     """This process's pipeline for ``setup``'s run, its buffer and tier allocated now (with
-    ``share="node"``, the host's shared buffer: a collective of the host's ranks)."""
+    ``share="node"``, the host's shared buffer: a collective of the host's ranks).
+
+    A host's buffer (a :class:`~solar.schedule.nodestream.NodeStream`) holds no transformed
+    rows (refused by setup) and runs no step read before its plan (its peer rows are another
+    rank's), no tier hit read ahead (another rank may write its slot until the step starts:
+    the holdings read them at the step), and no step assembled ahead: a rank never waits at a
+    host barrier for a step the others have not been asked for (a trainer's own collectives
+    between steps would then wait for it)."""
     spec, run = setup.spec, setup.run
     steps = Steps(spec, setup.rank, stream)
-    if isinstance(stream, NodeStream):
-        return _build_node(setup, stream, steps, stats, exchange)
+    shared = isinstance(stream, NodeStream)
+    pool = None
+    if setup.transform is not None:
+        pool = TransformPool(setup.transform, run.seed, setup.info.keys, setup.out_keys,
+                             setup.cores)  # fmt: skip
+    holdings = _host_holdings(setup, stream, steps) if isinstance(stream, NodeStream) else \
+        _holdings(setup, stream, steps, pool)  # fmt: skip
+    memory = BatchMemory(
+        setup.info.keys, spec.batch_rows(steps.served_rows()),
+        None if pool is None else setup.out_keys, steps.served_rows(),
+        setup.config.pin_memory, None if pool is None else pool.allocate(),
+    )  # fmt: skip
+    ahead_tier = None if shared else holdings.tier  # tier hits read ahead with the reads
+    # The first step read before its plan: a sampler that splits its own batches, no tier.
+    first_ahead = steps.own_batches and holdings.tier is None and not shared
+    queue = ReadAhead(Reads(steps, setup.reader, memory, ahead_tier, setup.holds_transformed),
+                      setup.config.read_ahead_steps(run.batch_size), first_ahead)  # fmt: skip
+    assembly = Assembly(steps, queue, memory, holdings)
+    if pool is not None:
+        kind = HeldTransformAssembly if setup.holds_transformed else TransformAssembly
+        assert setup.transform is not None
+        assembly = kind(steps, queue, memory, holdings, pool,
+                        0 if shared else setup.transform.ahead, setup.comm)  # fmt: skip
+    # Equal batches (across hosts too: a host's surplus rows move to other hosts' ranks).
+    delivery = Delivery(steps, setup.out_keys, exchange, setup.batch_transform, setup.comm,
+                        setup.batch_format)  # fmt: skip
+    tuner = _tuner(setup, stats, queue, pool) if setup.config.auto else None
+    # A failed step ends the job where other ranks wait for this one's rows (equal batches)
+    # or at its host's barriers.
+    comm = setup.comm if exchange is not None or shared else None
+    return Pipeline(steps, holdings, assembly, delivery, stats, tuner, pool, comm)
+
+
+def _holdings(setup: Setup, stream: RankStream, steps: Steps,
+              pool: TransformPool | None) -> Holdings:  # fmt: skip
+    """A rank's own buffer and tier (a host of one rank: nothing shared, no barrier)."""
+    spec, run = setup.spec, setup.run
     tier = None
     if stream.tier_slots and setup.tier_dir is not None:
         # Named for the plan and the rank (and, by TierFile, the host and process).
@@ -160,10 +201,6 @@ def build(setup: Setup, stream: RankStream | NodeStream, stats: LoaderStats,
             executor=setup.reader.executor, name=f"{spec.fingerprint[:12]}-r{setup.rank}",
             staging_slots=max(64, (256 << 20) // tier_stride(setup.held_keys)),  # 256 MiB
         )  # fmt: skip
-    pool = None
-    if setup.transform is not None:
-        pool = TransformPool(setup.transform, run.seed, setup.info.keys, setup.out_keys,
-                             setup.cores)  # fmt: skip
     buffer = SlotBuffer(stream.slots, setup.held_keys)
     n = spec.buffer.cap(run.batch_size)  # rows a refill reads at a time
     refill: Refill = RawRefill(setup.reader, buffer, tier, setup.info.keys, n)
@@ -171,45 +208,19 @@ def build(setup: Setup, stream: RankStream | NodeStream, stats: LoaderStats,
         assert pool is not None
         refill = TransformedRefill(setup.reader, pool, buffer, tier, steps, setup.info.keys,
                                    setup.out_keys, n)  # fmt: skip
-    holdings = Holdings(buffer, tier, steps, refill)
-    memory = BatchMemory(
-        setup.info.keys, spec.batch_rows(steps.served_rows()),
-        None if pool is None else setup.out_keys, steps.served_rows(),
-        setup.config.pin_memory, None if pool is None else pool.allocate(),
-    )  # fmt: skip
-    # The first step read before its plan: a sampler that splits its own batches, no tier.
-    first_ahead = steps.own_batches and tier is None
-    queue = ReadAhead(Reads(steps, setup.reader, memory, tier, setup.holds_transformed),
-                      setup.config.read_ahead_steps(run.batch_size), first_ahead)  # fmt: skip
-    assembly = Assembly(steps, queue, memory, holdings)
-    if pool is not None:
-        kind = HeldTransformAssembly if setup.holds_transformed else TransformAssembly
-        assert setup.transform is not None
-        assembly = kind(steps, queue, memory, holdings, pool, setup.transform.ahead, setup.comm)
-    delivery = Delivery(steps, setup.out_keys, exchange, setup.batch_transform, setup.comm,
-                        setup.batch_format)  # fmt: skip
-    tuner = _tuner(setup, stats, queue, pool) if setup.config.auto else None
-    comm = setup.comm if exchange is not None else None
-    return Pipeline(steps, holdings, assembly, delivery, stats, tuner, pool, comm)
+    return Holdings(buffer, tier, steps, refill)
 
 
-def _build_node(setup: Setup, stream: NodeStream, steps: Steps, stats: LoaderStats,
-                exchange: Exchange | None) -> Pipeline:  # fmt: skip
-    """``share="node"``: the host's buffer and staging rows in one shared region, its tier
-    one file shared by its ranks, the steps collectives of the host's ranks. No held
-    transforms (refused by setup), no step read before its plan (its peer rows are another
-    rank's), no tier hit read ahead (another rank may write its slot until the step starts:
-    the holdings read them at the step), and no step assembled ahead: a rank never waits at a
-    host barrier for a step the others have not been asked for (a trainer's own collectives
-    between steps would then wait for it)."""
-    hosts, hc = setup.hosts, setup.host_comm
-    assert hosts is not None
+def _host_holdings(setup: Setup, stream: NodeStream, steps: Steps) -> Holdings:
+    """``share="node"``: the host's buffer and staging rows in one shared region, its tier one
+    file shared by its ranks, the steps collectives of the host's ranks."""
+    hc = setup.host_comm
     if (setup.comm is None and setup.world_size > 1) or os.getpid() != stream.pid:
         raise SolarError('share="node": this process is not the one that joined its host '
                          "(a forked or unpickled copy cannot join its host's buffer: iterate "
                          "the Loader where it was made, or pass share='rank')")  # fmt: skip
     keys = [(k.sample_shape, k.native_dtype) for k in setup.held_keys]
-    parts = NodeHoldings.region_parts(stream.slots, stream.stage_rows, keys)
+    parts = Host.region_parts(stream.slots, stream.stage_rows, keys)
     region = NodeRegion(NodeRegion.size_of(parts), hc, stream.host, stream.local,
                         local_size=len(stream.group))  # fmt: skip
     tier = None
@@ -224,30 +235,12 @@ def _build_node(setup: Setup, stream: NodeStream, steps: Steps, stats: LoaderSta
     # for a plan is shown there too (a rank on another step than its host's is named).
     barrier = region.barrier(stream.group, stream.spe)
     stream.watch(barrier)
-    node = NodeHoldings(region, stream.slots, stream.stage_rows, keys, barrier, tier)
-    refill = NodeRefill(node, setup.reader, stream.local, len(stream.group),
-                        setup.spec.buffer.cap(setup.run.batch_size))  # fmt: skip
-    holdings = SharedHoldings(node, setup.held_keys, steps, refill)
-    pool = None
-    if setup.transform is not None:
-        pool = TransformPool(setup.transform, setup.run.seed, setup.info.keys, setup.out_keys,
-                             setup.cores)  # fmt: skip
-    memory = BatchMemory(
-        setup.info.keys, setup.spec.batch_rows(steps.served_rows()),
-        None if pool is None else setup.out_keys, steps.served_rows(),
-        setup.config.pin_memory, None if pool is None else pool.allocate(),
-    )  # fmt: skip
-    queue = ReadAhead(Reads(steps, setup.reader, memory, None, False),
-                      setup.config.read_ahead_steps(setup.run.batch_size), False)  # fmt: skip
-    assembly = Assembly(steps, queue, memory, holdings)
-    if pool is not None:
-        assembly = TransformAssembly(steps, queue, memory, holdings, pool, 0, setup.comm)
-    # Equal batches across hosts: a host's surplus rows move to other hosts' ranks.
-    delivery = Delivery(steps, setup.out_keys, exchange, setup.batch_transform, setup.comm,
-                        setup.batch_format)  # fmt: skip
-    tuner = _tuner(setup, stats, queue, pool) if setup.config.auto else None
-    # A failed step ends the job: the host's other ranks would wait at its barrier forever.
-    return Pipeline(steps, holdings, assembly, delivery, stats, tuner, pool, setup.comm)
+    host = Host(region, stream.slots, stream.stage_rows, keys, barrier, tier)
+    buffer = SlotBuffer.over(host.slots, setup.held_keys)
+    refill = RawRefill(setup.reader, buffer, tier, setup.info.keys,
+                       setup.spec.buffer.cap(setup.run.batch_size), host, stream.local,
+                       len(stream.group))  # fmt: skip
+    return Holdings(buffer, tier, steps, refill, host)
 
 
 def _tuner(setup: Setup, stats: LoaderStats, queue: ReadAhead,

@@ -303,6 +303,12 @@ def _per(hosts: Hosts, host: int | None) -> int:
     return hosts.local if hosts.uniform else hosts.size(host)
 
 
+def stage_bound(spec: PlanSpec, hosts: Hosts) -> int:
+    """Staging rows a host needs at most: a shared row is needed by two local ranks or more,
+    each rank's step has at most the sampler's bound of distinct ids."""
+    return max(1, hosts.local * spec.sampler.batch_bound(spec.run) // 2)
+
+
 def unequal_refusal(spec: PlanSpec, hosts: Hosts) -> str:
     """Why ``spec`` cannot be planned on ``hosts`` of different sizes (its sampler splits
     global batches evenly over them, or its batches are equalised), or ""."""

@@ -24,7 +24,7 @@ step's tier hits and tier writes too, its updates cut into the host's phases whe
 updates a cell twice (:func:`~solar.schedule.nodeplan.host_phases`). (A node plan file is read
 by solar/schedule/nodefile.py's subclass.) A jump back replans from epoch 0, or, given a
 directory of node planner snapshots (rank 0 saves one after each epoch it plans, of every host:
-solar/schedule/nodesnapshot.py), from the newest one of this grouping at or before the epoch.
+solar/schedule/snapshot.py), from the newest one of this grouping at or before the epoch.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from solar.errors import CorruptPlanError, SolarError
-from solar.schedule import nodesnapshot
+from solar.schedule import snapshot
 from solar.schedule._common import ADMIT, DEMOTE, HIT, PEER, SIDE, TADMIT, THIT, tier_slot_count
 from solar.schedule.nodeboard import BoardReader, Interrupted, board_of
 from solar.schedule.nodeequal import node_transfer
@@ -304,19 +304,12 @@ class NodeStream(EpochsAhead):
         if self._saves() and planner.only_host is None:
             snapshots = self.snapshots
             assert snapshots is not None
-            save_or_warn(lambda: nodesnapshot.save(snapshots, planner), "node planner snapshot")
+            save_or_warn(lambda: snapshot.save(snapshots, planner), "node planner snapshot")
         return part
 
     def _unpack(self, epoch: int) -> NodeEpoch:
         assert self.board is not None
         return self.board.epoch(epoch, self.spec.run.num_samples, self.slots, self.tier_slots)
-
-    def start(self) -> None:
-        """Begin planning the first epoch in the background, unless planning has begun."""
-        bg = self._bg.get()
-        if bg.planner is None and not self._parts:
-            bg.planner = self._new_planner()
-            self._submit()
 
     def _restart_at(self, epoch: int) -> None:
         """Replan up to ``epoch`` (from where the planner is, if not past it; else from 0)."""
@@ -333,7 +326,7 @@ class NodeStream(EpochsAhead):
             and not self._reads_board()
             and not self.parted
         ):  # nearer (a part's planner replans: snapshots are whole)
-            p = nodesnapshot.load(self.snapshots, self.spec, self.hosts, epoch, after=at) or p
+            p = snapshot.load(self.snapshots, self.spec, epoch, at, self.hosts) or p
             at = -1 if p is None or p.epoch > epoch else p.epoch
         if p is None or at < 0:
             p = self._new_planner()
@@ -374,32 +367,11 @@ class NodeStream(EpochsAhead):
         if self.board is not None:
             self.board.close()
 
-    @property
-    def planned_end(self) -> int:
-        """The first global step not yet planned (without waiting)."""
-        self._collect(wait=False)
-        return (self._first + len(self._parts)) * self.spe
-
-    def window(self, k: int, trim: bool = True) -> NodeWindow:
-        """A window of the plan that holds global step ``k`` (planned now if it must be); with
-        ``trim``, the epochs before k's are dropped."""
-        e = k // self.spe
-        end = self._first + len(self._parts)
-        if self._first <= e < end:
-            self._collect(wait=False)
-        else:
-            with self._planning(k):
-                if not (e == end and self._bg.get().future is not None
-                        and self._collect(wait=True)):  # fmt: skip
-                    self._restart_at(e)
-        if trim and e > self._first:
-            ne = self._parts[e - self._first]
-            self._initial = ne.initial if ne.initial is not None else \
-                self._current().contents_at(e * self.spe)  # fmt: skip
-            self._parts = self._parts[e - self._first :]
-            self._first = e
-            self._window = None
-        return self._current()
+    def _initial_at(self, e: int) -> np.ndarray:
+        """The host's buffer as epoch ``e`` of the window starts (taken with it from the
+        board, or derived)."""
+        initial = self._parts[e - self._first].initial
+        return super()._initial_at(e) if initial is None else initial
 
     def _current(self) -> NodeWindow:
         if self._window is None:
@@ -481,12 +453,6 @@ class PartPlanner:
                                parts.size(s.slots, j), parts.size(s.tier_slots, j), self.era)
                for j in range(parts.count)]  # fmt: skip
         return assemble(got, s.rank, list(s.group), parts, s.slots, s.tier_slots)
-
-
-def stage_bound(spec: PlanSpec, hosts: Hosts) -> int:
-    """Staging rows a host needs at most: a shared row is needed by two local ranks or more,
-    each rank's step has at most the sampler's bound of distinct ids."""
-    return max(1, hosts.local * spec.sampler.batch_bound(spec.run) // 2)
 
 
 def _found(shared: np.ndarray, where: np.ndarray, rows: np.ndarray) -> bool:

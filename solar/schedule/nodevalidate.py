@@ -1,4 +1,4 @@
-"""Proof that a node plan (solar/schedule/nodefile.py) is safe to execute for a run.
+"""Proof that a plan grouped by host (solar/schedule/planfile.py) is safe to execute for a run.
 
 A node plan file is untrusted like any plan file. Per epoch, for each host proven:
 
@@ -29,9 +29,6 @@ never reaches memory it does not name.
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Any, Protocol
-
 import numpy as np
 from numba import njit
 
@@ -39,9 +36,8 @@ from solar.errors import CorruptPlanError
 from solar.schedule._common import ADMIT, DEMOTE, HIT, PEER, SIDE, TADMIT, THIT
 from solar.schedule.nodeequal import rank_targets
 from solar.schedule.nodeplan import Hosts, HostSampler, NodeEpoch, node_spec
-from solar.schedule.nodestream import stage_bound
 from solar.schedule.spec import PlanSpec
-from solar.schedule.validate import RankValidator, TraceValidator, coverage_error
+from solar.schedule.validate import RankValidator, TraceValidator
 
 (_OK, _AT, _SAMPLE, _REPEATED, _SIDE_FIRST, _TIER, _HIT, _SLOT, _STALE, _READER, _READERS,
  _READ, _PEER, _UNSERVED, _TWICE, _NOT_READ, _STAGE, _STORES, _DIVERGE) = range(19)  # fmt: skip
@@ -296,48 +292,3 @@ def _not_batch(ids, offsets, r, world, sample, flags, step_offsets, stamp, tag0)
         if served != distinct:
             return t
     return -1
-
-
-class NodeEpochs(Protocol):
-    """Where a node plan's epochs come from (solar/schedule/nodefile.py's NodePlanFile)."""
-
-    @property
-    def path(self) -> Path: ...
-
-    @property
-    def epoch_order(self) -> np.ndarray: ...
-
-    def read(self, k: int) -> NodeEpoch: ...
-
-
-def prove(spec: PlanSpec, hosts: Hosts, f: NodeEpochs, rank: int, comm: Any) -> None:
-    """Prove the node plan of ``spec`` over ``hosts`` that ``f`` holds safe for the run,
-    before any byte moves; one line naming the file if not. With ``comm`` (a collective) each
-    rank proves its host, the ranks prove coverage together and all raise together; without,
-    this process proves every host."""
-    from solar import dist  # a light module: no MPI or torch import
-
-    key = dist.shared_key(comm)
-    together = comm is not None and comm.Get_size() > 1
-    mine_host = hosts.host_of(rank)
-    error: str | None = None
-    mine = expected = None
-    try:
-        v = NodeValidator(spec, hosts, f.epoch_order, key, stage_bound(spec, hosts),
-                          [mine_host] if together else None)  # fmt: skip
-        for k in range(spec.run.epochs):
-            v.check(f.read(k))
-        mine, expected = v.mine, v.expected
-    except CorruptPlanError as exc:
-        error = str(exc)
-    if together:
-        first = hosts.groups[mine_host][0] == rank  # one rank speaks for its host's digests
-        verdicts = comm.allgather((mine if first else None, error))
-        error = next((e for _, e in verdicts if e is not None), None)
-        if error is None and expected is not None:
-            error = coverage_error([m for m, _ in verdicts if m is not None], expected)
-    elif error is None and mine is not None and expected is not None:
-        error = coverage_error([mine], expected)
-    if error is not None:
-        where = "" if error.startswith("plan ") else f"plan {f.path}: "
-        raise CorruptPlanError(where + error)

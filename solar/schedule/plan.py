@@ -13,27 +13,78 @@ from collections.abc import Callable
 from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import numpy as np
 
 from solar._memory import require_memory
 from solar.errors import CorruptPlanError, PlanMismatchError, SolarError
 from solar.schedule._common import Progress, slot_count, tier_slot_count
-from solar.schedule.planfile import PlanFile, PlanWriter
+from solar.schedule.nodeplan import Hosts
+from solar.schedule.planfile import PlanFile, PlanWriter, fingerprint
 from solar.schedule.planner import EpochPlan, Planner, RankEpoch, epoch_order_of
 from solar.schedule.rankplan import RankPlan
 from solar.schedule.samplers import Sampler
 from solar.schedule.spec import PlanSpec, differences
 from solar.schedule.summary import PlanSummary, RankStats, Tally, Totals
-from solar.schedule.validate import RankValidator, TraceValidator, coverage_error
+from solar.schedule.validate import Proof, RankValidator, TraceValidator, peers_error, prove
 
 # Told each epoch's (accesses, hits) as it is planned (solar plan --plot).
 EpochTotals = Callable[[tuple[int, int]], None]
 
 
+class Planned:
+    """What every plan answers, of a buffer per rank or of one per host (``hosts``: the
+    grouping, :class:`~solar.schedule.nodefile.NodePlan`): made in memory (``epochs``) or
+    opened from a plan file (``file``), its header, whether it was made for a spec, the spec
+    bound, saving it."""
+
+    spec: PlanSpec
+    stats: Any
+    plan_seconds: float
+    fingerprint: str
+    epoch_order: np.ndarray  # (E,) int64: the permutation index each run epoch uses
+    epochs: list | None
+    file: PlanFile | None
+    hosts: Hosts | None
+
+    def __post_init__(self) -> None:
+        if (self.epochs is None) == (self.file is None):
+            raise ValueError("a plan holds either its epochs or a plan file")
+
+    @property
+    def header(self) -> str | None:
+        """A plan file's header checksum (ranks compare it); None for a plan in memory."""
+        return self.file.header if self.file is not None else None
+
+    def bound_to(self, spec: PlanSpec) -> Self:
+        """This plan with ``spec``, which has its fingerprint: a plan file records its
+        sampler's identity, ``spec`` holds the sampler itself, to prove the plan against."""
+        if fingerprint(spec, self.hosts) != self.fingerprint:
+            raise PlanMismatchError("plan: bound to a spec it was not made for")
+        return dataclasses.replace(self, spec=spec)  # type: ignore[type-var]
+
+    def check(self, expected: PlanSpec, source: str = "plan") -> None:
+        """Refuse this plan unless it was made for ``expected`` (on its hosts); name the
+        fields that differ."""
+        if fingerprint(expected, self.hosts) == self.fingerprint:
+            return
+        diff = differences(self.spec, expected)
+        raise PlanMismatchError(f"{source} was made for another dataset or run: {diff}")
+
+    def save(self, path: str | os.PathLike) -> Path:
+        """Write the plan atomically: to a temporary file beside ``path``, then rename."""
+        if self.epochs is None:
+            raise SolarError("plan: only a plan made in this process can be saved")
+        with PlanWriter(path, self.spec, self.epoch_order, self.hosts) as writer:
+            for ep in self.epochs:
+                writer.add(ep)
+            writer.finish(self.stats, self.plan_seconds)
+        return Path(path)
+
+
 @dataclass(frozen=True, eq=False)
-class Plan(Totals):
+class Plan(Planned, Totals):
     """A schedule for every rank and step: made in memory by :func:`make_plan` (``epochs``),
     or opened by :func:`load_plan` (``file``)."""
 
@@ -44,17 +95,9 @@ class Plan(Totals):
     fingerprint: str
     epochs: list[EpochPlan] | None = None  # every epoch's decisions, made in this process
     file: PlanFile | None = None  # or a plan file, read on demand
-
-    def __post_init__(self) -> None:
-        if (self.epochs is None) == (self.file is None):
-            raise ValueError("a Plan holds either its epochs or a plan file")
+    hosts: None = None  # a buffer per rank: no grouping by host
 
     # -- queries -------------------------------------------------------------------------
-    @property
-    def header(self) -> str | None:
-        """A plan file's header checksum (ranks compare it); None for a plan in memory."""
-        return self.file.header if self.file is not None else None
-
     @property
     def summary(self) -> PlanSummary:
         """The totals without the decisions."""
@@ -114,31 +157,23 @@ class Plan(Totals):
 
         assert self.file is not None
         key = dist.shared_key(comm)
-        try:
-            parts, v = self._validated(r, key, keep)
-            mine, expected, peers = v.mine, v.expected, v.peers_digest
-            error = None
-        except CorruptPlanError as exc:
-            parts, mine, expected, peers, error = None, None, None, None, str(exc)
-        if comm is not None and comm.Get_size() > 1:
-            # Every rank learns every rank's verdict, so all raise together: none is left
-            # waiting in a collective for a rank that gave up.
-            verdicts = comm.allgather((mine, error, peers))
-            error = next((e for _, e, _ in verdicts if e is not None), None)
-            if error is None and expected is not None:
-                error = coverage_error([m for m, _, _ in verdicts], expected)
-            if error is None:
-                error = _peers_error([p for _, _, p in verdicts])
-        elif mine is not None and expected is not None:
-            # Without a communicator, prove coverage from every rank's part in this process.
-            others = [self._validated(o, key, False)[1] for o in range(self.world_size) if o != r]
-            error = coverage_error([mine, *(v.mine for v in others)], expected)
-            if error is None:
-                error = _peers_error([peers, *(v.peers_digest for v in others)])
-        if error is not None:
-            where = "" if error.startswith("plan ") else f"plan {self.file.path}: "
-            raise CorruptPlanError(where + error)
-        return parts
+        kept: list[list[RankEpoch] | None] = [None]
+
+        def check(alone: bool) -> Proof:
+            kept[0], v = self._validated(r, key, keep)
+            if not alone:
+                return v.mine, v.expected, v.peers_digest
+            # Without a communicator, every rank's part is proven in this process.
+            vs = [v, *(self._validated(o, key, False)[1] for o in range(self.world_size)
+                       if o != r)]  # fmt: skip
+            error = peers_error([u.peers_digest for u in vs])
+            if error is not None:
+                raise CorruptPlanError(error)
+            total = np.asarray(np.sum([u.mine for u in vs], axis=0, dtype=np.uint64))
+            return total, v.expected, None
+
+        prove(self.file.path, comm, check)
+        return kept[0]
 
     def _validated(self, r: int, key: int, keep: bool) -> tuple[list[RankEpoch] | None, Any]:
         """Rank ``r``'s parts from the file, checksummed and validated epoch by epoch (kept if
@@ -167,38 +202,6 @@ class Plan(Totals):
         rp = self.rank(rank)
         served = rp.served
         return rp.steps()[served], rp.sample[served], rp.hit[served]
-
-    def bound_to(self, spec: PlanSpec) -> Plan:
-        """This plan with ``spec``, which has its fingerprint: a plan file records its
-        sampler's identity, ``spec`` holds the sampler itself, to prove the plan against."""
-        if spec.fingerprint != self.fingerprint:
-            raise PlanMismatchError("plan: bound to a spec it was not made for")
-        return dataclasses.replace(self, spec=spec)
-
-    def check(self, expected: PlanSpec, source: str = "plan") -> None:
-        """Refuse this plan unless it was made for ``expected``; name the fields that differ."""
-        if self.fingerprint == expected.fingerprint:
-            return
-        diff = differences(self.spec, expected)
-        raise PlanMismatchError(f"{source} was made for another dataset or run: {diff}")
-
-    # -- persistence ---------------------------------------------------------------------
-    def save(self, path: str | os.PathLike) -> Path:
-        """Write the plan atomically: to a temporary file beside ``path``, then rename."""
-        if self.epochs is None:
-            raise SolarError("plan: only a plan made in this process can be saved")
-        with PlanWriter(path, self.spec, self.epoch_order) as writer:
-            for ep in self.epochs:
-                writer.add(ep)
-            writer.finish(self.stats, self.plan_seconds)
-        return Path(path)
-
-
-def _peers_error(digests: list[str | None]) -> str | None:
-    """Why the ranks' digests of every rank's counts (equal batches) differ, or None."""
-    if any(d != digests[0] for d in digests):
-        return "ranks hold different counts of each other's batches (equal batches)"
-    return None
 
 
 def make_plan(spec: PlanSpec, progress: Progress | None = None) -> Plan:
@@ -239,6 +242,9 @@ def load_plan(path: str | os.PathLike, sampler: Sampler | None = None) -> Plan:
     """Open a plan file; rank data is read on demand and checked against its checksums. A plan
     of a general sampler is proven against ``sampler`` (it must be the one it was made with)."""
     f = PlanFile.open(path)
+    if f.hosts is not None:
+        raise SolarError(f"plan {path}: a node plan file (one buffer per host): "
+                         'open it with Loader(plan=..., share="node")')  # fmt: skip
     plan = Plan(f.spec, f.epoch_order, f.stats, f.plan_seconds, f.fingerprint, file=f)
     if sampler is not None:
         plan = plan.bound_to(dataclasses.replace(f.spec, sampler=sampler))

@@ -31,6 +31,23 @@ gathered from RAM ``slot`` and a THIT read from tier ``tslot``, as they stand at
 the step; any other access is read from storage. Then, in access order: DEMOTE writes what RAM
 ``slot`` holds into tier ``tslot``, ADMIT stores the access's row into RAM ``slot``, TADMIT
 writes it into tier ``tslot``. RELEASE marks a hit that is the sample's last use.
+
+Grouped by host (one buffer per host, solar/schedule/nodeplan.py: ``solar plan --share node``)
+the file is the plan of the host run (host h as rank h: every section above is the hosts'
+buffers' plan; no tier), format version 3, and in addition::
+
+    attrs   kind="node", hosts (JSON: the global ranks of each host, in local order); ``spec``
+            holds the per-rank inputs (a Loader's), the fingerprint covers spec, hosts and
+            kind, ``stats`` the node's totals (a JSON object)
+    checksums     (E, H + P, 16)  each host's part (as above), then each rank's service
+    epochs/<k>/ranks/...   every rank's service (:class:`~solar.schedule.nodeplan.NodeEpoch`):
+                           rank_offsets, step_offsets (every rank's: with equal batches their
+                           counts drive the exchange across hosts), sample, slot, flags (with
+                           PEER), reader (int16: the global rank reading the row, -1: a hit)
+                           and at (int64: the access's index into the epoch's host arrays)
+
+The checksums of a grouped file are those of the sections as the reader rebuilds them
+(:func:`_sections`), never of what the planner holds beside them.
 """
 
 from __future__ import annotations
@@ -49,12 +66,15 @@ import numpy as np
 from solar._atomic import atomic_path
 from solar.errors import CorruptPlanError, SolarError, first_line
 from solar.schedule._common import no_tier, tier_slot_count
+from solar.schedule.nodeplan import Hosts, NodeEpoch, node_spec
 from solar.schedule.order import sample_dtype
-from solar.schedule.planner import EpochPlan, RankEpoch, peer_counts
+from solar.schedule.planner import EpochPlan, RankEpoch, epoch_order_of, peer_counts
 from solar.schedule.spec import FORMAT_VERSION, PlanSpec, fingerprint_of
 from solar.schedule.summary import RankStats
 
 FORMAT = "solar-plan"
+GROUPED_VERSION = 3  # the format version of a plan grouped by host (version 2 and a grouping)
+KIND = "node"  # a grouped plan's kind (one buffer per host); a per-rank plan's is "rank"
 
 Layout = dict[str, tuple[tuple[int, ...], np.dtype]]  # dataset name -> (shape, dtype)
 
@@ -78,14 +98,69 @@ def section_layout(spec: PlanSpec) -> Layout:
     return layout
 
 
-class PlanWriter:
-    """Streams a plan into a temporary file beside ``path``; renamed into place on success."""
+def rank_layout(spec: PlanSpec) -> Layout:
+    """A grouped plan's services of an epoch (``epochs/<k>/ranks``): name, shape and type of
+    each dataset, in the order written (``spec``: the per-rank inputs)."""
+    run = spec.run
+    i64 = np.dtype(np.int64)
+    return {
+        "rank_offsets": ((run.world_size + 1,), i64),
+        "step_offsets": ((run.world_size, run.steps_per_epoch + 1), i64),
+        "sample": ((-1,), sample_dtype(run.num_samples)),
+        "slot": ((-1,), np.dtype(np.int32)),
+        "flags": ((-1,), np.dtype(np.uint8)),
+        "reader": ((-1,), np.dtype(np.int16)),
+        "at": ((-1,), i64),
+    }
 
-    def __init__(self, path: str | os.PathLike, spec: PlanSpec, epoch_order: np.ndarray) -> None:
-        self.spec = spec
-        self.epoch_order = epoch_order
-        self.layout = section_layout(spec)
-        self.checksums = np.zeros((spec.run.epochs, spec.run.world_size, 16), np.uint8)
+
+def kind_of(path: str | os.PathLike) -> str | None:
+    """``"node"`` for a plan file grouped by host, ``"rank"`` for a per-rank one, None for
+    anything else (an unreadable file too: its opener says why)."""
+    try:
+        with h5py.File(path, "r") as f:
+            if f.attrs.get("format") != FORMAT:
+                return None
+            return KIND if "hosts" in f.attrs else "rank"
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+def fingerprint(spec: PlanSpec, hosts: Hosts | None = None) -> str:
+    """The fingerprint of ``spec``'s plan, grouped by ``hosts`` if given (the grouping is then
+    one of its inputs)."""
+    if hosts is None:
+        return spec.fingerprint
+    return _fingerprint(spec.as_dict(), hosts.as_record(), KIND)
+
+
+def _fingerprint(spec: dict, hosts: list[list[int]], kind: str) -> str:
+    return fingerprint_of({"spec": spec, "hosts": hosts, "kind": kind})
+
+
+class PlanWriter:
+    """Streams a plan into a temporary file beside ``path``; renamed into place on success.
+    ``epoch_order``: the planner's (default: ``spec``'s own); ``hosts``: a plan grouped by
+    host (epochs added are then :class:`~solar.schedule.nodeplan.NodeEpoch`)."""
+
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        spec: PlanSpec,
+        epoch_order: np.ndarray | None = None,
+        hosts: Hosts | None = None,
+    ) -> None:
+        if hosts is not None and spec.buffer.tier:
+            raise SolarError("node plan: a node tier is not planned yet (no --tier-size)")
+        self.spec, self.hosts = spec, hosts
+        self.section_spec = spec if hosts is None else node_spec(spec, hosts)
+        self.fingerprint = fingerprint(spec, hosts)
+        self.epoch_order = epoch_order_of(self.section_spec) if epoch_order is None else \
+            epoch_order  # fmt: skip
+        self.layout = section_layout(self.section_spec)
+        run = spec.run
+        parts = run.world_size + (0 if hosts is None else hosts.count)
+        self.checksums = np.zeros((run.epochs, parts, 16), np.uint8)
         self._atomic = atomic_path(path)
         self._next = 0
 
@@ -95,43 +170,65 @@ class PlanWriter:
         self._file["epoch_order"] = self.epoch_order
         return self
 
-    def add(self, ep: EpochPlan) -> None:
-        """Write the next epoch's section."""
+    def add(self, ep: EpochPlan | NodeEpoch) -> None:
+        """Write the next epoch's section (grouped: and its services)."""
         assert ep.epoch == self._next, (ep.epoch, self._next)
-        arrays = {name: getattr(ep, name) for name in self.layout}
+        plan = ep.host if isinstance(ep, NodeEpoch) else ep
+        arrays = {name: getattr(plan, name) for name in self.layout}
         # A section the reader would refuse is a bug here: fail before writing it.
-        _expect(arrays, self.layout, f"plan: epoch {ep.epoch} as planned", SolarError)
+        where = f"plan: epoch {ep.epoch} as planned"
+        _expect(arrays, self.layout, where, SolarError)
         g = self._file.create_group(f"epochs/{ep.epoch}")
         for name, data in arrays.items():
             g.create_dataset(name, data=data)
-        fp, tier = self.spec.fingerprint, "tslot" in self.layout
-        for r in range(ep.rank_offsets.size - 1):
-            digest = _part_checksum(ep.rank(r), r, fp, tier)
-            self.checksums[ep.epoch, r] = np.frombuffer(digest, np.uint8)
+        if isinstance(ep, NodeEpoch):
+            assert self.hosts is not None
+            layout = rank_layout(self.spec)
+            ranks = {name: getattr(ep.ranks, name) for name in ("rank_offsets", "step_offsets",
+                                                                "slot", "flags")}  # fmt: skip
+            ranks.update(sample=ep.ranks.sample.astype(layout["sample"][1]), reader=ep.reader,
+                         at=ep.at)  # fmt: skip
+            _expect(ranks, layout, where, SolarError)
+            services = g.create_group("ranks")
+            for name in layout:
+                services.create_dataset(name, data=ranks[name])
+            written = _sections(ep.epoch, arrays, ranks, self.hosts)
+            self.checksums[ep.epoch] = _checksums(written, self.fingerprint)
+        else:
+            fp, tier = self.spec.fingerprint, "tslot" in self.layout
+            for r in range(ep.rank_offsets.size - 1):
+                digest = _part_checksum(ep.rank(r), r, fp, tier)
+                self.checksums[ep.epoch, r] = np.frombuffer(digest, np.uint8)
         self._next += 1
 
-    def finish(self, stats: tuple[RankStats, ...], plan_seconds: float) -> None:
-        """Write the header; the file is renamed into place when the ``with`` block ends."""
+    def finish(self, stats: tuple[RankStats, ...] | dict, plan_seconds: float) -> None:
+        """Write the header (``stats``: every rank's totals, or a grouped plan's node totals);
+        the file is renamed into place when the ``with`` block ends."""
         if self._next != self.spec.run.epochs:
             raise SolarError(f"plan: {self._next} of {self.spec.run.epochs} epochs written")
         # (asdict deep-copies: slow at P=4096.) Plans without equal batches keep the records,
         # and so the header checksums, they always had.
-        stats_json = json.dumps([_record(s) for s in stats])
+        if isinstance(stats, dict):
+            stats_json = json.dumps(stats, sort_keys=True)
+        else:
+            stats_json = json.dumps([_record(s) for s in stats])
         f = self._file
         f["checksums"] = self.checksums
         f.attrs.update(
             {
                 "format": FORMAT,
-                "format_version": FORMAT_VERSION,
-                "fingerprint": self.spec.fingerprint,
+                "format_version": FORMAT_VERSION if self.hosts is None else GROUPED_VERSION,
+                "fingerprint": self.fingerprint,
                 "spec": json.dumps(self.spec.as_dict(), sort_keys=True),
                 "stats": stats_json,
                 "plan_seconds": plan_seconds,
                 "header_checksum": _header_checksum(
-                    self.spec.fingerprint, stats_json, self.epoch_order, self.checksums
+                    self.fingerprint, stats_json, self.epoch_order, self.checksums
                 ),
             }
         )
+        if self.hosts is not None:
+            f.attrs.update({"kind": KIND, "hosts": json.dumps(self.hosts.as_record())})
 
     def __exit__(self, *exc: Any) -> None:
         self._file.close()
@@ -141,16 +238,17 @@ class PlanWriter:
 @dataclass(frozen=True, eq=False)
 class PlanFile:
     """A plan file whose header is proven intact (:meth:`open`); its epoch sections are read
-    on demand, each rank's part checked against its checksum."""
+    on demand, each part checked against its checksum."""
 
     path: Path
-    spec: PlanSpec
+    spec: PlanSpec  # the per-rank inputs (grouped too: a Loader's)
     fingerprint: str
     epoch_order: np.ndarray  # (E,) int64
-    stats: tuple[RankStats, ...]
+    stats: Any  # tuple[RankStats, ...]; grouped: the node's totals (dict)
     plan_seconds: float
-    checksums: np.ndarray  # (E, P, 16) uint8
+    checksums: np.ndarray  # (E, P, 16) uint8; grouped (E, H + P, 16)
     header: str  # the header checksum: ranks compare it
+    hosts: Hosts | None = None  # the grouping by host (None: a buffer per rank)
 
     @classmethod
     def open(cls, path: str | os.PathLike) -> PlanFile:
@@ -159,39 +257,56 @@ class PlanFile:
         path = Path(path)
         if not path.is_file():
             raise SolarError(f"plan {path}: no such file")
+        hosts = None
         try:
             with h5py.File(path, "r") as f:
                 if f.attrs.get("format") != FORMAT:
                     raise CorruptPlanError(f"plan {path}: not a solar plan file")
-                if f.attrs.get("kind", "rank") != "rank":  # solar/schedule/nodefile.py
-                    raise SolarError(f"plan {path}: a node plan file (one buffer per host): "
-                                     'open it with Loader(plan=..., share="node")')  # fmt: skip
-                version = int(f.attrs["format_version"])
-                if version != FORMAT_VERSION:
+                grouped = "hosts" in f.attrs
+                version, want = int(f.attrs["format_version"]), \
+                    GROUPED_VERSION if grouped else FORMAT_VERSION  # fmt: skip
+                if version != want:
+                    again = "`solar plan --share node`" if grouped else "`solar plan`"
                     raise CorruptPlanError(
-                        f"plan {path}: format version {version}, this solar reads "
-                        f"{FORMAT_VERSION}: plan the run again with `solar plan`"
+                        f"plan {path}: format version {version}, this solar reads {want}"
+                        f"{' (grouped by host)' if grouped else ''}: plan the run again "
+                        f"with {again}"
                     )
-                fingerprint = str(f.attrs["fingerprint"])
+                fp = str(f.attrs["fingerprint"])
                 stats_json = str(f.attrs["stats"])
                 spec_dict = json.loads(f.attrs["spec"])
-                if fingerprint_of(spec_dict) != fingerprint:
+                if grouped:
+                    record = json.loads(f.attrs["hosts"])
+                    ok = _fingerprint(spec_dict, record, str(f.attrs.get("kind"))) == fp
+                else:
+                    ok = fingerprint_of(spec_dict) == fp
+                if not ok:
                     raise CorruptPlanError(
                         f"plan {path}: its fingerprint does not match its recorded inputs"
+                        + (" and hosts" if grouped else "")
                     )
                 spec = PlanSpec.from_dict(spec_dict)
                 run = spec.run
+                parts = run.world_size
+                if grouped:
+                    hosts = Hosts(record)
+                    if hosts.world != run.world_size:
+                        raise CorruptPlanError(f"plan {path}: its hosts group {hosts.world} "
+                                               f"ranks, its run has {run.world_size}")  # fmt: skip
+                    parts += hosts.count
                 _expect(f, {"epoch_order": ((run.epochs,), np.dtype(np.int64)),
-                            "checksums": ((run.epochs, run.world_size, 16), np.dtype(np.uint8))},
+                            "checksums": ((run.epochs, parts, 16), np.dtype(np.uint8))},
                         f"plan {path}")  # fmt: skip
                 epoch_order = np.asarray(f["epoch_order"][()])
                 checksums = np.asarray(f["checksums"][()])
                 header = str(f.attrs["header_checksum"])
-                if header != _header_checksum(fingerprint, stats_json, epoch_order, checksums):
+                if header != _header_checksum(fp, stats_json, epoch_order, checksums):
                     raise CorruptPlanError(
                         f"plan {path}: its header fails its checksum (corrupt file)"
                     )
-                stats = tuple(RankStats(**s) for s in json.loads(stats_json))
+                stats = json.loads(stats_json)
+                if not grouped:
+                    stats = tuple(RankStats(**s) for s in stats)
                 seconds = float(f.attrs["plan_seconds"])
         except (OSError, KeyError, ValueError, TypeError, RuntimeError, SolarError) as exc:
             if isinstance(exc, CorruptPlanError):
@@ -199,15 +314,43 @@ class PlanFile:
             raise CorruptPlanError(
                 f"plan {path}: unreadable or corrupt ({first_line(exc)})"
             ) from None
-        if len(stats) != run.world_size:
+        if hosts is None and len(stats) != run.world_size:
             raise CorruptPlanError(f"plan {path}: per-rank records do not match its world size")
-        identity = np.arange(run.epochs)
-        if epoch_order.shape != identity.shape or not (
-            np.array_equal(np.sort(epoch_order), identity)
-            and (spec.reorder_epochs or np.array_equal(epoch_order, identity))
-        ):
+        if not _usable_order(epoch_order, spec, hosts):
             raise CorruptPlanError(f"plan {path}: its epoch order is not one this run can use")
-        return cls(path, spec, fingerprint, epoch_order, stats, seconds, checksums, header)
+        return cls(path, spec, fp, epoch_order, stats, seconds, checksums, header, hosts)
+
+    def epoch(self, k: int) -> NodeEpoch:
+        """Epoch ``k`` of a plan grouped by host, whole (every host's part and every rank's
+        service), each part checked against its checksum; offsets proven consistent, nothing
+        else (:class:`~solar.schedule.nodevalidate.NodeValidator` proves the rest)."""
+        assert self.hosts is not None
+        host_layout = section_layout(node_spec(self.spec, self.hosts))
+        layout = rank_layout(self.spec)
+        where = f"plan {self.path}: epoch {k}"
+        try:
+            with h5py.File(self.path, "r") as f:
+                g = f[f"epochs/{k}"]
+                _expect(g, host_layout, where)  # shapes and types before any read
+                _expect(g["ranks"], layout, where)
+                h = {name: np.asarray(g[name][()]) for name in host_layout}
+                r = {name: np.asarray(g["ranks"][name][()]) for name in layout}
+        except (OSError, KeyError, ValueError, IndexError, TypeError, RuntimeError) as exc:
+            raise CorruptPlanError(f"plan {self.path}: unreadable or corrupt "
+                                   f"({first_line(exc)})") from None  # fmt: skip
+        _check_offsets(h, where + ", host plan")
+        _check_offsets(r, where + ", ranks")
+        if not (r["sample"].size == r["slot"].size == r["flags"].size == r["reader"].size
+                == r["at"].size):  # fmt: skip
+            raise CorruptPlanError(f"{where}: the ranks' arrays differ in length")
+        ne = _sections(k, h, r, self.hosts)
+        got = _checksums(ne, self.fingerprint)
+        for q in range(got.shape[0]):
+            if not np.array_equal(got[q], self.checksums[k, q]):
+                count = self.hosts.count
+                what = f"host {q}'s plan" if q < count else f"rank {q - count}'s service"
+                raise CorruptPlanError(f"{where}: {what} fails its checksum (corrupt file)")
+        return ne
 
     def read(self, r: int, k: int) -> RankEpoch:
         """Rank ``r``'s part of run epoch ``k``, checked against its checksum."""
@@ -252,6 +395,62 @@ class PlanFile:
                 f"plan {self.path}: rank {r}'s data of epoch {k} fails its checksum (corrupt file)"
             )
         return part
+
+
+def _usable_order(epoch_order: np.ndarray, spec: PlanSpec, hosts: Hosts | None) -> bool:
+    """Whether a file's epoch order is one its run can use: a plan grouped by host, its node
+    planner's; else a permutation of the epochs (the identity unless reordered)."""
+    if hosts is not None:
+        return np.array_equal(epoch_order, epoch_order_of(node_spec(spec, hosts)))
+    identity = np.arange(spec.run.epochs)
+    return epoch_order.shape == identity.shape and bool(
+        np.array_equal(np.sort(epoch_order), identity)
+        and (spec.reorder_epochs or np.array_equal(epoch_order, identity))
+    )
+
+
+def _sections(k: int, h: dict, r: dict, hosts: Hosts) -> NodeEpoch:
+    """Grouped epoch ``k`` from its sections' arrays (``h`` the host plan's, ``r`` the
+    services'): how the reader rebuilds it and what the writer's checksums cover, built in one
+    place."""
+    host = EpochPlan(k, h["rank_offsets"], h["step_offsets"], h["sample"], h["slot"],
+                     h["flags"], no_tier(h["sample"].size))  # fmt: skip
+    ranks = EpochPlan(k, r["rank_offsets"], r["step_offsets"], r["sample"], r["slot"],
+                      r["flags"], no_tier(r["sample"].size))  # fmt: skip
+    return NodeEpoch(k, hosts, host, ranks, r["reader"], r["at"])
+
+
+def _checksums(ne: NodeEpoch, fp: str) -> np.ndarray:
+    """(H + P, 16) uint8: each host's part (as a rank of the host run), then each rank's
+    service."""
+    count = ne.host.rank_offsets.size - 1
+    world = ne.ranks.rank_offsets.size - 1
+    out = np.empty((count + world, 16), np.uint8)
+    for q in range(count):
+        out[q] = np.frombuffer(_part_checksum(ne.host.rank(q), q, fp, False), np.uint8)
+    for q in range(world):
+        out[count + q] = np.frombuffer(_service_checksum(ne, q, fp), np.uint8)
+    return out
+
+
+def _service_checksum(ne: NodeEpoch, r: int, fp: str) -> bytes:
+    ranks = ne.ranks
+    lo, hi = int(ranks.rank_offsets[r]), int(ranks.rank_offsets[r + 1])
+    h = hashlib.blake2b(f"{fp}/{ranks.epoch}/service {r}".encode(), digest_size=16)
+    for arr in (ranks.step_offsets[r], ranks.sample[lo:hi], ranks.slot[lo:hi],
+                ranks.flags[lo:hi], ne.reader[lo:hi], ne.at[lo:hi]):  # fmt: skip
+        h.update(np.ascontiguousarray(arr).data)
+    return h.digest()
+
+
+def _check_offsets(a: dict, where: str) -> None:
+    """Offsets a part's reader slices by: rank offsets from 0 to the arrays' length, each
+    part's step offsets from 0 to its length, never decreasing."""
+    ro, so, n = a["rank_offsets"], a["step_offsets"], a["sample"].size
+    if ro[0] != 0 or ro[-1] != n or np.any(np.diff(ro) < 0):
+        raise CorruptPlanError(f"{where}: rank offsets are not monotone from 0 to {n}")
+    if np.any(so[:, 0] != 0) or np.any(so[:, -1] != np.diff(ro)) or np.any(np.diff(so) < 0):
+        raise CorruptPlanError(f"{where}: step offsets are not monotone within each part")
 
 
 def _record(s: RankStats) -> dict:

@@ -7,6 +7,12 @@ uses and who holds what is in the cells, so both are recomputed. A snapshot is u
 used only if its checksum, names, shapes, ranges, the uniqueness of its samples and the heap
 order under the recomputed keys all hold (else a warning, and the planner replans from epoch 0),
 so a planner restored from one makes exactly the decisions of the run that saved it.
+
+A node planner's (one buffer per host, solar/schedule/nodeplan.py) is the same file of its host
+planner's state, named for the run (the per-rank spec's fingerprint) and carrying the grouping
+of the ranks by host it was planned for: a snapshot of another grouping is refused in one
+warning line (and the planner replans from epoch 0), whatever the sampler (a grouping changes a
+host's union of accesses).
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ import numpy as np
 
 from solar._atomic import atomic_path
 from solar.errors import SolarError
+from solar.schedule.nodeplan import Hosts, NodePlanner
 from solar.schedule.planner import Planner
 from solar.schedule.spec import PlanSpec
 
@@ -82,20 +89,34 @@ def save_or_warn(save: Callable[[], object], what: str) -> None:
         warnings.warn(f"{what} not saved: {exc}", stacklevel=2)
 
 
-def save(directory: str | os.PathLike, planner: Restorable, *, key: str | None = None,
-         kind: str = "planner", extra: dict | None = None) -> Path | None:  # fmt: skip
+def _identity(spec: PlanSpec, hosts: Hosts | None) -> tuple[str, str, dict]:
+    """The key and kind naming a snapshot file of ``spec``'s run (grouped by ``hosts``), and
+    what its header adds: a node planner's run and grouping."""
+    if hosts is None:
+        return spec.fingerprint, "planner", {}
+    return spec.fingerprint, "nodeplanner", {"hosts": hosts.as_record(), "run": spec.fingerprint}
+
+
+def save(directory: str | os.PathLike, planner: Planner | NodePlanner) -> Path | None:
     """Write ``planner``'s state before its next epoch into ``directory`` (atomically) and drop
-    this plan's older snapshots; None if its policy keeps no state worth saving. ``kind`` and
-    ``key`` (default: the planner's fingerprint) name the file; ``extra`` goes into its header
-    (a node planner's: the run's fingerprint, and the ranks' grouping)."""
-    state = planner.snapshot()
-    if state is None or not 0 < planner.epoch < planner.spec.run.epochs:
+    this plan's older snapshots; None if its policy keeps no state worth saving. A node
+    planner must plan every host (its snapshot holds every host's state)."""
+    state_of: Restorable
+    if isinstance(planner, NodePlanner):
+        if planner.only_host is not None:
+            raise ValueError("a node snapshot holds every host's state: plan them all")
+        key, kind, extra = _identity(planner.spec, planner.hosts)
+        state_of = planner.planner
+    else:
+        key, kind, extra = _identity(planner.spec, None)
+        state_of = planner
+    state = state_of.snapshot()
+    if state is None or not 0 < state_of.epoch < state_of.spec.run.epochs:
         return None  # nothing is replanned from before epoch 0 or after the last
-    directory, fp = Path(directory), planner.spec.fingerprint
-    key = fp if key is None else key
+    directory, fp = Path(directory), state_of.spec.fingerprint
     meta = json.dumps({"format": FORMAT, "version": VERSION, "fingerprint": fp,
-                       "epoch": planner.epoch, **(extra or {})}, sort_keys=True)  # fmt: skip
-    path = directory / _name(key, planner.epoch, kind)
+                       "epoch": state_of.epoch, **extra}, sort_keys=True)  # fmt: skip
+    path = directory / _name(key, state_of.epoch, kind)
     with atomic_path(path) as tmp, open(tmp, "wb") as f:
         arrays: dict[str, Any] = {"meta": np.array(meta), "digest": np.array(_digest(meta, state))}
         arrays.update(state)
@@ -108,32 +129,29 @@ def save(directory: str | os.PathLike, planner: Restorable, *, key: str | None =
     return path
 
 
-def load(
-    directory: str | os.PathLike, spec: PlanSpec, epoch: int, after: int = -1, *,
-    key: str | None = None, kind: str = "planner", extra: dict | None = None,
-    make: Callable[[], Restorable] | None = None,
-) -> Restorable | None:  # fmt: skip
-    """A planner for ``spec`` restored from its newest valid snapshot in ``directory`` taken
-    at an epoch at or before ``epoch`` and after ``after`` (a planner already there needs none
-    older); None if there is none. A snapshot refused is named in a warning and skipped.
-    ``key``, ``kind`` and ``extra`` as :func:`save` wrote them (``extra`` must match);
-    ``make``: a new planner of ``spec`` (default ``Planner(spec)``)."""
-    planner: Restorable | None = None
-    key = spec.fingerprint if key is None else key
+def load(directory: str | os.PathLike, spec: PlanSpec, epoch: int, after: int = -1,
+         hosts: Hosts | None = None) -> Any:  # fmt: skip
+    """A planner for ``spec`` (with ``hosts``: a :class:`NodePlanner` of its run over them)
+    restored from its newest valid snapshot in ``directory`` taken at an epoch at or before
+    ``epoch`` and after ``after`` (a planner already there needs none older); None if there is
+    none. A snapshot refused is named in a warning and skipped."""
+    made: Any = None
+    key, kind, extra = _identity(spec, hosts)
     for e in _epochs(Path(directory), key, kind):
         if e > epoch or e <= after:
             continue
         # A refused restore leaves it as it was.
-        planner = planner or (Planner(spec) if make is None else make())
-        state = planner.snapshot()
+        made = made or (Planner(spec) if hosts is None else NodePlanner(spec, hosts))
+        into: Restorable = made if hosts is None else made.planner
+        state = into.snapshot()
         if state is None:
             return None
         # What the file may hold, uncompressed: the arrays a snapshot has, and a header.
         limit = sum(a.nbytes for a in state.values()) + 2**16
         path = Path(directory) / _name(key, e, kind)
         try:
-            planner.restore(e, _read(path, spec.fingerprint, e, limit, extra or {}))
-            return planner
+            into.restore(e, _read(path, into.spec.fingerprint, e, limit, extra))
+            return made
         except Exception as exc:  # untrusted bytes: any failure means "not this one"
             warnings.warn(f"{path}: planner snapshot refused ({exc})", stacklevel=2)
     return None

@@ -16,6 +16,7 @@ sampler's output of each batch) for the runtime to serve.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -36,18 +37,83 @@ from solar.schedule.traces import default_horizon
 
 
 class EpochsAhead:
-    """The background half of a plan stream: one planner per process, planning the next epoch
-    in one thread while the current one is served (:class:`RankStream`, and the node version
-    in solar/schedule/nodestream.py). A subclass makes the planner (``_new_planner``), plans
-    one epoch with it (``_next_epoch``) and keeps ``_parts`` from epoch ``_first``."""
+    """A plan stream: one planner per process, planning the next epoch in one thread while
+    the current one is served, and the window of consecutive epochs ``_parts`` from epoch
+    ``_first`` that the runtime is handed (:class:`RankStream`, and the node version in
+    solar/schedule/nodestream.py). A subclass makes the planner (``_new_planner``), plans one
+    epoch with it (``_next_epoch``), replans to an epoch (``_restart_at``) and makes the window
+    of its parts (``_current``)."""
 
     _thread_name = "solar-plan"
     spec: PlanSpec
     rank: int
+    spe: int  # steps per epoch
     wait_seconds: float
     _parts: list
     _first: int
-    _window: object | None
+    _initial: np.ndarray | None  # the buffer (sample per cell) as epoch _first starts
+    _window: Any
+
+    def start(self) -> None:
+        """Begin planning the first epoch in the background (the first batch waits for it),
+        unless planning has begun."""
+        if self._parts or self._first:
+            return
+        bg = self._bg.get()
+        if bg.planner is None:
+            bg.planner = self._new_planner()
+        self._submit()
+
+    @property
+    def planned_end(self) -> int:
+        """The first global step not yet planned (without waiting)."""
+        self._collect(wait=False)
+        return (self._first + len(self._parts)) * self.spe
+
+    def window(self, k: int, trim: bool = True) -> Any:
+        """A window of the plan that holds global step ``k``: planned now if it must be.
+
+        With ``trim`` (the step being served, not one read ahead), epochs before k's are
+        dropped from the window."""
+        w = self._window
+        if w is not None and self._bg.here() is not None:
+            # The common case, every step: k is in the window (in its first epoch, if trimming).
+            end = min(w.end_step, w.first_step + self.spe) if trim else w.end_step
+            if w.first_step <= k < end:
+                return w
+        e = k // self.spe
+        end = self._first + len(self._parts)
+        if self._first <= e < end:
+            self._collect(wait=False)
+        else:
+            with self._planning(k):  # this rank waits for step k's plan meanwhile
+                if not (e == end and self._extend()):
+                    self._restart_at(e)
+        if trim and e > self._first:
+            # Epochs before e are done with: the buffer state at e's start replaces them.
+            self._initial = self._initial_at(e)
+            self._parts = self._parts[e - self._first :]
+            self._first = e
+            self._window = None
+        return self._current()
+
+    def _planning(self, k: int) -> contextlib.AbstractContextManager:
+        """While this rank waits for step ``k``'s plan (a host's rank shows it to its host)."""
+        return contextlib.nullcontext()
+
+    def _extend(self) -> bool:
+        """Add the epoch after the window (waiting for the planner if need be)."""
+        return self._bg.get().future is not None and self._collect(wait=True)
+
+    def _initial_at(self, e: int) -> np.ndarray:
+        """The buffer as epoch ``e`` of the window starts."""
+        return self._current().contents_at(e * self.spe)
+
+    def _restart_at(self, epoch: int) -> None:
+        raise NotImplementedError
+
+    def _current(self) -> Any:
+        raise NotImplementedError
 
     def _reset_planning(self) -> None:
         self._bg: ProcessLocal[_Planning] = ProcessLocal(self._new_planning)
@@ -134,6 +200,7 @@ class RankStream(EpochsAhead):
         self.snapshots = snapshots  # a directory of planner snapshots (rank 0 writes), or None
         self.slots = slot_count(spec.run, spec.buffer)
         self.tier_slots = tier_slot_count(spec.run, spec.buffer)
+        self.spe = int(spec.run.steps_per_epoch)
         self.wait_seconds = 0.0  # time callers waited for planning (replays included)
         self._reset()
 
@@ -146,26 +213,19 @@ class RankStream(EpochsAhead):
 
     def __getstate__(self) -> dict:
         return {"spec": self.spec, "rank": self.rank, "plan": self.plan, "slots": self.slots,
-                "tier_slots": self.tier_slots, "wait_seconds": self.wait_seconds,
-                "snapshots": self.snapshots}  # fmt: skip
+                "tier_slots": self.tier_slots, "spe": self.spe,
+                "wait_seconds": self.wait_seconds, "snapshots": self.snapshots}  # fmt: skip
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
         self._reset()
 
     # -- planning ------------------------------------------------------------------------------
-    def _spe(self) -> int:
-        return int(self.spec.run.steps_per_epoch)
-
     def start(self) -> None:
         """Begin planning the first epoch in the background (the first batch waits for it),
         unless a plan was given or planning has begun."""
-        if self.plan is not None or self._parts or self._first:
-            return
-        bg = self._bg.get()
-        if bg.planner is None:
-            bg.planner = self._new_planner()
-        self._submit()
+        if self.plan is None:
+            super().start()
 
     def _new_planner(self) -> Planner:
         """A planner from epoch 0: of this rank alone, unless rank 0 saves snapshots (they hold
@@ -219,56 +279,27 @@ class RankStream(EpochsAhead):
     # -- the window ----------------------------------------------------------------------------
     @property
     def planned_end(self) -> int:
-        """The first global step not yet planned (without waiting)."""
-        bg = self._bg.get()
-        end = self._first + len(self._parts)
-        if self.plan is not None:  # the next epoch is a file read away: read ahead into it
-            return min(end + 1, self.spec.run.epochs) * self._spe()
-        if bg.planner is not None:
-            self._collect(wait=False)
-        return (self._first + len(self._parts)) * self._spe()
-
-    def window(self, k: int, trim: bool = True) -> RankPlan:
-        """A window of the plan that holds global step ``k``: planned now if it must be.
-
-        With ``trim`` (the step being served, not one read ahead), epochs before k's are
-        dropped from the window."""
-        w = self._window
-        if w is not None and self._bg.here() is not None:
-            # The common case, every step: k is in the window (in its first epoch, if trimming).
-            end = min(w.end_step, w.first_step + self._spe()) if trim else w.end_step
-            if w.first_step <= k < end:
-                return w
-        bg = self._bg.get()
-        e = k // self._spe()
-        end = self._first + len(self._parts)
-        if self._first <= e < end:
-            if bg.planner is not None:
-                self._collect(wait=False)
-        elif not (e == end and (self._parts or bg.future is not None) and self._extend()):
-            self._restart_at(e)
-        if trim and e > self._first:
-            # Epochs before e are done with: the buffer state at e's start replaces them.
-            self._initial = self._current().contents_at(e * self._spe())
-            self._parts = self._parts[e - self._first :]
-            self._first = e
-            self._window = None
-        return self._current()
+        """The first global step not yet planned (without waiting); from a plan, the next
+        epoch is a file read away: read ahead into it."""
+        if self.plan is not None:
+            return min(self._first + len(self._parts) + 1, self.spec.run.epochs) * self.spe
+        return super().planned_end
 
     def _extend(self) -> bool:
-        """Add the epoch after the window (waiting for the planner if need be)."""
-        end = self._first + len(self._parts)
-        if self.plan is not None:
-            self._parts.append(self.plan.rank_epoch(self.rank, end))
-            self._window = None
-            return True
-        return self._bg.get().future is not None and self._collect(wait=True)
+        """Add the epoch after the window (read from the plan, or waited for)."""
+        if self.plan is None:
+            return super()._extend()
+        if not self._parts:  # (the first epoch: restarted at, the buffer replayed to it)
+            return False
+        self._parts.append(self.plan.rank_epoch(self.rank, self._first + len(self._parts)))
+        self._window = None
+        return True
 
     def _current(self) -> RankPlan:
         if self._window is None:
             last = self._first + len(self._parts)
             self._window = RankPlan.from_parts(
-                self.rank, self._parts, self.slots, first_step=self._first * self._spe(),
+                self.rank, self._parts, self.slots, first_step=self._first * self.spe,
                 initial=self._initial, complete=last == self.spec.run.epochs,
                 tier_slots=self.tier_slots,
             )  # fmt: skip

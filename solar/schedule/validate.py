@@ -26,6 +26,8 @@ from the surplus rows onto the missing ones), and served exactly once means deli
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 from numba import njit
@@ -325,6 +327,46 @@ def coverage_error(mine: list[np.ndarray], expected: np.ndarray) -> str | None:
     if bad.size:
         return f"epoch {int(bad[0])} does not serve each of its samples exactly once across ranks"
     return None
+
+
+def peers_error(digests: list[str | None]) -> str | None:
+    """Why the ranks' digests of every rank's counts (equal batches) differ, or None."""
+    if any(d != digests[0] for d in digests):
+        return "ranks hold different counts of each other's batches (equal batches)"
+    return None
+
+
+# What proving a plan's part gives: the keyed digests of what it serves and of every epoch's
+# samples (RankValidator.mine, .expected), and its digest of every rank's counts (or None).
+Proof = tuple[np.ndarray, np.ndarray, str | None]
+
+
+def prove(path: Any, comm: Any, check: Callable[[bool], Proof], speaks: bool = True) -> None:
+    """Prove an untrusted plan (the file at ``path``) safe, or raise one CorruptPlanError line
+    naming it, on every rank at once. ``check(alone)`` proves this process's part (a rank's, a
+    host's): with ``alone`` (no communicator of more than one process) every part, its digests
+    summed; it raises CorruptPlanError naming what is wrong. With ``comm`` (every rank calls
+    this collectively) every rank learns every rank's verdict, so all raise together (none is
+    left waiting in a collective for a rank that gave up), and the parts' digests (each part's
+    once: ``speaks``) prove every epoch's samples served exactly once."""
+    together = comm is not None and comm.Get_size() > 1
+    mine = expected = peers = error = None
+    try:
+        mine, expected, peers = check(not together)
+    except CorruptPlanError as exc:
+        error = str(exc)
+    if together:
+        verdicts = comm.allgather((mine if speaks else None, error, peers))
+        error = next((e for _, e, _ in verdicts if e is not None), None)
+        if error is None and expected is not None:
+            error = coverage_error([m for m, _, _ in verdicts if m is not None], expected)
+        if error is None:
+            error = peers_error([p for _, _, p in verdicts])
+    elif error is None and mine is not None and expected is not None:
+        error = coverage_error([mine], expected)
+    if error is not None:
+        where = "" if error.startswith("plan ") else f"plan {path}: "
+        raise CorruptPlanError(where + error)
 
 
 def check_coverage(total: np.ndarray, expected: np.ndarray) -> None:

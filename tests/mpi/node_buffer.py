@@ -1,6 +1,6 @@
-"""Under mpiexec: the node buffer (solar/runtime/nodeholdings.py) executing a node plan through
-the Loader's own step (``NodeStream``'s steps run by ``SharedHoldings``), without the rest of
-the pipeline: every rank's rows h5py's bytes, every access served, the host's storage reads
+"""Under mpiexec: the node buffer (solar/runtime/holdings.py) executing a node plan through
+the Loader's own step (``NodeStream``'s steps run by a ``Host``'s ``Holdings``), without the
+rest of the pipeline: every rank's rows h5py's bytes, every access served, the host's storage reads
 the plan's; an exact resume (a new region refilled to a step inside epoch 1) serves the same
 bytes.
 
@@ -20,13 +20,14 @@ import h5py
 import numpy as np
 
 from solar import BufferConfig, PlanSpec, RunConfig, dist, host
+from solar.cache.slots import SlotBuffer
 from solar.host.region import NodeRegion
 from solar.io.reader import Reader
 from solar.io.sources import describe_source
-from solar.runtime.nodeholdings import NodeHoldings, NodeRefill, SharedHoldings
+from solar.runtime.holdings import Holdings, Host, RawRefill
 from solar.runtime.steps import Steps
-from solar.schedule.nodeplan import Hosts, NodePlanner
-from solar.schedule.nodestream import NodeStream, stage_bound
+from solar.schedule.nodeplan import Hosts, NodePlanner, stage_bound
+from solar.schedule.nodestream import NodeStream
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: shared helpers
 from helpers import skewed_weighted
@@ -47,20 +48,22 @@ spec = PlanSpec(run, BufferConfig(n // 10 // world), sampler=sampler)
 keys = [(k.sample_shape, k.native_dtype) for k in info.keys]
 
 
-def holdings(hosts: Hosts, hc) -> tuple[SharedHoldings, Steps]:
+def holdings(hosts: Hosts, hc) -> tuple[Holdings, Steps]:
     """This rank's node holdings over a new region, and the steps they run."""
     stream = NodeStream(spec, rank, hosts, stage_bound(spec, hosts))
     steps = Steps(spec, rank, stream)
-    parts = NodeHoldings.region_parts(stream.slots, stream.stage_rows, keys)
+    parts = Host.region_parts(stream.slots, stream.stage_rows, keys)
     region = NodeRegion(NodeRegion.size_of(parts), hc, stream.host, stream.local,
                         local_size=len(stream.group))  # fmt: skip
-    node = NodeHoldings(region, stream.slots, stream.stage_rows, keys,
-                        region.barrier(stream.group, stream.spe))  # fmt: skip
-    refill = NodeRefill(node, reader, stream.local, hosts.local, run.batch_size)
-    return SharedHoldings(node, info.keys, steps, refill), steps
+    host = Host(region, stream.slots, stream.stage_rows, keys,
+                region.barrier(stream.group, stream.spe))  # fmt: skip
+    buffer = SlotBuffer.over(host.slots, info.keys)
+    refill = RawRefill(reader, buffer, None, info.keys, run.batch_size, host, stream.local,
+                       hosts.local)  # fmt: skip
+    return Holdings(buffer, None, steps, refill, host), steps
 
 
-def serve(hold: SharedHoldings, steps: Steps, k: int) -> tuple[np.ndarray, int, int]:
+def serve(hold: Holdings, steps: Steps, k: int) -> tuple[np.ndarray, int, int]:
     """Step ``k`` as the Loader's pipeline runs it: reads, hits, settle (host barriers)."""
     steps.enter(k)
     st = steps.plan(k)
@@ -106,7 +109,7 @@ for grouping in groupings:
     if rank == 0:
         print(
             f"node buffer {grouping}: {total} rows read as planned, {shared_rows} shared, "
-            f"{hold.node.barriers} barriers {hold.node.barrier_seconds:.3f} s"
+            f"{hold.host.barriers} barriers {hold.host.barrier_seconds:.3f} s"
         )
     steps._stream.close()
     steps2._stream.close()
