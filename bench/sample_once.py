@@ -23,7 +23,7 @@ import time
 
 import numpy as np
 
-from solar import Loader, NeighborSampler, RunConfig
+from solar import ExpertConfig, Loader, NeighborSampler, RunConfig
 from solar.graph import neighbor
 
 FANOUTS = (10, 5)
@@ -68,7 +68,7 @@ def _run(args) -> dict:
     c0, t0 = time.process_time(), time.perf_counter()
     steps, first = 0, None
     with Loader(args.graph, ["features"], sampler=sampler, epochs=args.epochs, buffer="10%",
-                rank=0, world_size=world, warm=False) as ld:  # fmt: skip
+                rank=0, world_size=world, expert=ExpertConfig(warm=False)) as ld:  # fmt: skip
         for e in range(args.epochs):
             ld.set_epoch(e)
             for b in ld:

@@ -226,9 +226,10 @@ def test_a_loaders_plan_is_its_node_plan_made_in_memory_saved_as_the_file_would_
     writes; given back, the same batches."""
     x = np.random.default_rng(0).integers(0, 2**31, (90, 5), dtype=np.int64)
     data = write_h5(tmp_path / "d.h5", x=x)
-    kw = dict(batch_size=8, epochs=2, buffer=20, warm=False, seed=3)
+    kw = dict(batch_size=8, epochs=2, buffer=20, expert=ExpertConfig(warm=False), seed=3,
+              memory=MemoryConfig(share="node"))  # fmt: skip
     served = []
-    with Loader(data, ["x"], share="node", **kw) as ld:
+    with Loader(data, ["x"], **kw) as ld:
         plan = ld.plan
         assert isinstance(plan, NodePlan) and ld.plan is plan and plan.hosts == Hosts.grid(1, 1)
         assert plan.stats == node_totals(ld.spec, plan.hosts) and plan.header is None
@@ -240,7 +241,7 @@ def test_a_loaders_plan_is_its_node_plan_made_in_memory_saved_as_the_file_would_
         _assert_holds_the_planners_epochs(saved, ld.spec, plan.hosts)
         saved.validate(0)
         assert saved.stats == plan.stats and saved.fingerprint == plan.fingerprint
-    with Loader(data, ["x"], share="node", plan=plan, **kw) as again:
+    with Loader(data, ["x"], planning=PlanningConfig(plan=plan), **kw) as again:
         got = []
         for e in range(2):
             again.set_epoch(e)

@@ -12,7 +12,7 @@ import h5py
 import numpy as np
 import pytest
 
-from solar import Loader, NeighborSampler, RunConfig
+from solar import Loader, NeighborSampler, PlanningConfig, RunConfig
 from solar.graph import generate_graph, neighbor
 from solar.schedule import rng
 from solar.schedule.samplers import every_rank
@@ -61,8 +61,9 @@ def test_each_gnn_batch_is_sampled_once_over_a_run(graph_file, world, snapshots,
     monkeypatch.setattr(neighbor, "_sample", counted)
     rank = world - 1
     sampler = NeighborSampler(graph_file, (4, 3), batch_size=16)
+    planning = PlanningConfig(snapshots=tmp_path if snapshots else None)
     with Loader(graph_file, ["features"], sampler=sampler, epochs=3, buffer=150, rank=rank,
-                world_size=world, snapshots=tmp_path if snapshots else None) as ld:  # fmt: skip
+                world_size=world, planning=planning) as ld:  # fmt: skip
         served = 0
         for e in range(ld.run.epochs):
             ld.set_epoch(e)
