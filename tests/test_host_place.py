@@ -221,3 +221,23 @@ def test_a_comm_that_cannot_split_stays_the_jobs_and_says_so(monkeypatch):
     got = place(job)
     assert host_comm(job) is job and not got.split and got.local_size == 3
     assert host_comm(None) is None and place(None).local_size == 1
+
+
+def test_a_comm_without_weak_references_is_held(monkeypatch):
+    monkeypatch.delenv("SOLAR_HOSTS", raising=False)
+
+    class Slotted:
+        __slots__ = ()
+
+        def Get_rank(self):
+            return 1
+
+        def Get_size(self):
+            return 2
+
+        def allgather(self, obj):
+            return ["a", "b"]
+
+    job = Slotted()
+    got = place(job)
+    assert got.groups == ((0,), (1,)) and place(job) is got and host_comm(job) is job

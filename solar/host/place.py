@@ -72,7 +72,7 @@ class _Held:
     communicators made here (freed when dropped) and the host communicator once made."""
 
     scope: Any
-    owner: weakref.ref
+    owner: Any  # () -> the owner, or None once collected
     place: Place
     machines: tuple[tuple[int, ...], ...]  # the ranks grouped by machine
     made: list = field(default_factory=list)
@@ -124,11 +124,18 @@ def _entry(comm: Any) -> _Held:
     if got is not None:
         return got
     made, machines = _make(comm, forced)
-    held = _Held(scope, weakref.ref(owner), made, machines)
+    held = _Held(scope, _ref(owner), made, machines)
     if made.machine_comm is not None and made.machine_comm is not comm:
         held.made.append(made.machine_comm)
     _held[key] = held
     return held
+
+
+def _ref(owner: Any) -> Any:
+    try:
+        return weakref.ref(owner)
+    except TypeError:  # (an object without weak references: held while its place is)
+        return lambda: owner
 
 
 def _drop_stale(scope: Any, owner: Any) -> None:
