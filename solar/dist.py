@@ -137,7 +137,7 @@ def job_comm(comm: Any = None, rank: int | None = None, world_size: int | None =
             raise SolarError(f"{where} but mpi4py is not installed: pip install 'solar[mpich]', "
                              "or pass comm=") from None  # fmt: skip
         if MPI.COMM_WORLD.Get_size() == launch.world_size:
-            unname_mpi_segments(place(MPI.COMM_WORLD).comm)
+            unname_mpi_segments(place(MPI.COMM_WORLD).machine_comm)
             return MPI.COMM_WORLD
         raise SolarError(f"{where} but MPI's world has {MPI.COMM_WORLD.Get_size()} (mpi4py "
                          "built for another MPI than mpiexec's?): pass comm=")  # fmt: skip
@@ -158,9 +158,9 @@ def _init_mpi(backend: str | None, timeout_s: float) -> Dist:
     comm = MPI.COMM_WORLD
     install_abort_on_error(comm)
     rank, world = comm.Get_rank(), comm.Get_size()
-    host = place(comm)
-    local_rank = host.local_rank
-    unname_mpi_segments(host.comm)
+    machine = place(comm)  # (the machine's ranks, whatever SOLAR_HOSTS groups: devices)
+    local_rank = machine.machine_rank
+    unname_mpi_segments(machine.machine_comm)
     backend = _backend(backend, local_rank)
     import torch.distributed as td
 
@@ -182,7 +182,8 @@ _unnamed = False
 
 def unname_mpi_segments(local: Any) -> None:
     """Remove the names of MPICH's shared memory in /dev/shm, once every rank of this host
-    (``local``, its communicator: solar.host.place; a collective) has it mapped.
+    (``local``, their communicator, ``Place.machine_comm``: solar.host.place; a collective)
+    has it mapped.
 
     MPICH removes them in ``MPI_Finalize`` only: a job ended by ``MPI_Abort`` (solar's abort
     on error) or a killed rank leaves a few MB there per host until reboot. Mapped, the memory
@@ -315,10 +316,14 @@ class TorchComm:
             self._watch(hosts_store)
 
     @property
-    def group_key(self) -> tuple[str, int]:
-        """What names this communicator's ranks, whichever TorchComm wraps them (solar.host
-        splits the job's ranks once, however many TorchComms of the default group are made)."""
-        return ("torch", 0 if self._group is None else id(self._group))
+    def group_key(self) -> tuple[str | None, Any]:
+        """The process group whose ranks this communicator names, resolved now (a default
+        group's TorchComm made before a re-init names the new one), with its scope: "torch"
+        for the default group, one live at a time (solar.host.place memoises a place per
+        group, and drops a re-initialised job's)."""
+        if self._group is not None:
+            return None, self._group
+        return "torch", self._td.group.WORLD
 
     @property
     def peer_failed(self) -> int | None:

@@ -10,6 +10,7 @@ import pytest
 
 from solar import BufferConfig, PlanSpec, RunConfig, Weighted
 from solar.errors import SolarError
+from solar.host import place
 from solar.runtime.setup import _share
 from solar.schedule.samplers import SHUFFLE
 
@@ -74,8 +75,10 @@ def test_auto_falls_back_where_node_refuses_in_one_line(monkeypatch, kw, word):
 
 def test_every_rank_falls_back_if_one_ranks_configuration_is_not_run(monkeypatch):
     monkeypatch.setenv("SOLAR_HOSTS", "1x4")
-    comm = FakeComm(4, others="transform: not shared yet", alike=1)  # (share itself agreed)
-    assert decide("auto", spec(SPLIT), comm) == (None, None) and comm.gathered == 2
+    # (the host names and share itself agreed: configure places the rank first, one gather)
+    comm = FakeComm(4, others="transform: not shared yet", alike=2)
+    place(comm)
+    assert decide("auto", spec(SPLIT), comm) == (None, None) and comm.gathered == 3
     with pytest.raises(SolarError, match=r"ranks disagree on share: ranks \[1, 2, 3\]"):
         decide("node", spec(SPLIT), FakeComm(4, others="rank"))
     with pytest.raises(SolarError, match="share must be one of"):
@@ -98,3 +101,30 @@ def test_hosts_of_different_sizes_refuse_what_they_do_not_run(monkeypatch, buffe
     with pytest.raises(SolarError) as err:
         _share("node", s, False, 4, FakeComm(4), snapshots)
     assert str(err.value).startswith(f'share="node": {word}') and "\n" not in str(err.value)
+
+
+class SplitComm(FakeComm):
+    """A job whose host communicators are gloo groups (a TorchComm's ``split_hosts``)."""
+
+    def __init__(self, size: int) -> None:
+        super().__init__(size)
+        self.splits: list = []
+
+    def split_hosts(self, groups):
+        self.splits.append(groups)
+        return ("host of", groups)
+
+
+def test_only_a_host_buffer_chosen_makes_host_communicators(monkeypatch):
+    """Placing a rank (configure, every Loader) and a buffer per rank (asked, or "auto"
+    falling back) create no per-host group; a host buffer does, once every rank agreed."""
+    monkeypatch.setenv("SOLAR_HOSTS", "2x2")
+    for share, s in (("rank", spec(SPLIT)), ("auto", spec(SHUFFLE))):
+        comm = SplitComm(4)
+        place(comm)
+        assert decide(share, s, comm) == (None, None) and comm.splits == []
+    comm = SplitComm(4)
+    place(comm)
+    hosts, hc = decide("auto", spec(SPLIT), comm)
+    assert hosts is not None and hc == ("host of", [[0, 1], [2, 3]])
+    assert comm.splits == [[[0, 1], [2, 3]]]

@@ -1,10 +1,11 @@
 """The barrier of a host's ranks, in their shared region: no communicator, no lock, no hang.
 
-The node buffer's ranks meet twice per step (solar/runtime/holdings.py). A communicator's
-barrier would do, but not everywhere: under torch.distributed it spans the whole job (and a
-gloo barrier costs milliseconds), and an MPI barrier waits forever for a rank that left the
-steps early (``break``) or seeked alone. This barrier lives in the first bytes of the host's
-shared region (solar/host/region.py) and every rank writes only its own line of it:
+The node buffer's ranks meet twice per step (solar/runtime/holdings.py). The host's
+communicator (solar/host/place.py) has a barrier, but it would not do: a gloo barrier costs
+milliseconds, twice a step, and an MPI barrier waits forever for a rank that left the steps
+early (``break``), seeked alone or died, naming no one. This barrier lives in the first bytes
+of the host's shared region (solar/host/region.py) and every rank writes only its own line
+of it:
 
 * ``arrivals``: how many barriers it has entered, stored after its label ``(step, phase)``;
 * the generation word: the number of the last barrier released, which its last arriver (any

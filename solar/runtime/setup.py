@@ -25,7 +25,7 @@ from solar.cache.slots import check_budget
 from solar.config import BufferConfig, ReaderConfig, RunConfig, parse_size
 from solar.dist import agree, first_error
 from solar.errors import SolarError
-from solar.host import Place, place
+from solar.host import Place, host_comm, place
 from solar.io.info import DatasetInfo, KeyInfo
 from solar.io.reader import Reader
 from solar.io.sources import describe_source
@@ -81,7 +81,7 @@ def configure(args: LoaderConfig) -> Setup:
     info = describe_source(args.paths, args.keys, one_per_file=args.reader.one_per_file,
                            comm=comm)  # fmt: skip
     r, w = rank_and_world(comm, args.rank, args.world_size)
-    local = place(comm).local_size  # they share the host's cores and memory
+    local = place(comm).machine_size  # they share the machine's cores and memory
     cores = cpu_share(local)  # this rank's share: transform workers, CPU budget
     config = _reader_config(info, args.reader)
     buf = _buffer(info, w, args.buffer, memory.tier, memory.tier_size, planning.slack, local)
@@ -173,11 +173,11 @@ def _share(share: str, spec: PlanSpec, holds_transformed: bool, world: int, comm
     if why:
         raise SolarError(f'share="node": {why}')
     where = place(comm)
-    hosts, hc = Hosts(where.groups), where.comm
+    hosts = Hosts(where.groups)
     why = grouping_unsupported(spec, hosts, where, comm, snapshots)
     if why:
         raise SolarError(f'share="node": {why}')
-    return hosts, hc
+    return hosts, host_comm(comm)  # (made here: every rank has agreed on a host buffer)
 
 
 def grouping_unsupported(spec: PlanSpec, hosts: Hosts, where: Place, comm: Any,
@@ -225,7 +225,7 @@ def _auto_share(spec: PlanSpec, why: str, world: int, comm: Any,
     overlap = spec.traced and not spec.affinity and spec.policy == "solar"
     if world <= 1 or comm is None or not overlap:
         return None, None
-    where = place(comm)  # (a collective the first time)
+    where = place(comm)  # (memoised: configure placed the rank first)
     if len(where.groups) == world:  # one rank per host
         return None, None
     try:
@@ -236,7 +236,7 @@ def _auto_share(spec: PlanSpec, why: str, world: int, comm: Any,
         return None, None
     if grouping_unsupported(spec, hosts, where, comm, snapshots):
         return None, None
-    return hosts, where.comm
+    return hosts, host_comm(comm)  # (made here: every rank has agreed on a host buffer)
 
 
 def _reader_config(info: DatasetInfo, reader: ReaderConfig | None) -> ReaderConfig:

@@ -80,7 +80,7 @@ def serve(hold: Holdings, steps: Steps, k: int) -> tuple[np.ndarray, int, int]:
 for grouping in groupings:
     os.environ["SOLAR_HOSTS"] = grouping
     where = host.place(comm)
-    hosts, hc = Hosts(where.groups), where.comm
+    hosts, hc = Hosts(where.groups), host.host_comm(comm)
     hold, steps = holdings(hosts, hc)
     if mode == "kill":
         comm.Barrier()
