@@ -136,7 +136,7 @@ class EpochsAhead:
             spec = self.spec
             horizon = default_horizon(spec.run, spec.sampler) if spec.horizon is None \
                 else spec.horizon  # fmt: skip
-            bg.drawn = RankDraws(spec.sampler, spec.run, self.rank, horizon + 3)
+            bg.drawn = RankDraws(spec.sampler, spec.run, self.rank, horizon + 2)
         return bg.drawn
 
     def _new_planner(self) -> Any:
