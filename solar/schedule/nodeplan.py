@@ -90,15 +90,6 @@ class Hosts:
         """``hosts`` hosts of ``per_host`` consecutive ranks each."""
         return cls(tuple(tuple(range(h * per_host, (h + 1) * per_host)) for h in range(hosts)))
 
-    @classmethod
-    def of_names(cls, names: list[str]) -> Hosts:
-        """The grouping of ranks whose hosts are named ``names[r]`` (hosts in order of their
-        first rank)."""
-        seen: dict[str, list[int]] = {}
-        for r, n in enumerate(names):
-            seen.setdefault(n, []).append(r)
-        return cls(tuple(tuple(g) for g in seen.values()))
-
     @property
     def world(self) -> int:
         return sum(len(g) for g in self.groups)
