@@ -34,13 +34,12 @@ from solar.schedule.nodeplan import (
     host_parts,
     node_spec,
     node_totals,
-    own_draws,
     stage_bound,
 )  # fmt: skip
 from solar.schedule.nodestream import NodeStream
 from solar.schedule.nodeview import assemble
 from solar.schedule.rankplan import RankPlan
-from solar.schedule.samplers import SHUFFLE, Weighted
+from solar.schedule.samplers import SHUFFLE, Weighted, own_draws
 
 
 class _Pair:

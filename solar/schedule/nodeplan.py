@@ -50,7 +50,7 @@ from solar.schedule._common import (
 from solar.schedule.nodeequal import deal_equal, rank_targets
 from solar.schedule.nodeparts import Parts, merge
 from solar.schedule.planner import EpochPlan, Planner, RankEpoch
-from solar.schedule.samplers import EpochDraws, Sampler, rank_steps
+from solar.schedule.samplers import EpochDraws, Sampler, every_rank, own_draws
 from solar.schedule.spec import PlanSpec
 from solar.schedule.traces import default_horizon
 from solar.schedule.transfer import moved_rows
@@ -197,20 +197,8 @@ class HostSampler(Sampler):
     def _rank_draws(self, epoch: int, host: int | None) -> EpochDraws:
         if host is None:
             return self.inner.epoch(self.rank_run, epoch)
-        world = self.rank_run.world_size
-        mine = sorted(self.hosts.groups[host])
-        parts = {r: self.source(epoch, r) for r in mine}
-        sizes = np.zeros(self.rank_run.steps_per_epoch * world, np.int64)
-        batches = []
-        for t in range(self.rank_run.steps_per_epoch):
-            for r in mine:
-                d, g = parts[r], t * world + r
-                batches.append(d.ids[d.offsets[t] : d.offsets[t + 1]])
-                sizes[g] = batches[-1].size
-        offsets = np.zeros(sizes.size + 1, np.int64)
-        np.cumsum(sizes, out=offsets[1:])
-        ids = np.concatenate(batches) if batches else np.zeros(0, np.int64)
-        return EpochDraws(ids, offsets)
+        mine = self.hosts.groups[host]
+        return every_rank(self.rank_run, {r: self.source(epoch, r) for r in mine})
 
     def own_draws(self, epoch: int, rank: int) -> EpochDraws:
         """Rank ``rank``'s batches of ``epoch``, drawn (:func:`own_draws`)."""
@@ -246,12 +234,6 @@ class PartSampler(HostSampler):
     def identity(self) -> dict[str, Any] | None:
         return {"kind": self.kind, "part": self.part, "of": self.parts.count,
                 "inner": self.base.identity()}  # fmt: skip
-
-
-def own_draws(sampler: Sampler, run: RunConfig, epoch: int, rank: int) -> EpochDraws:
-    """Rank ``rank``'s batches of ``epoch`` as ``sampler`` draws them: (steps + 1) offsets, one
-    batch per step."""
-    return rank_steps(sampler.rank_epoch(run, epoch, rank), run, rank)
 
 
 def regroup(draws: EpochDraws, run: RunConfig, hosts: Hosts) -> EpochDraws:

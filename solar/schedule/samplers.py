@@ -93,7 +93,7 @@ class Sampler:
         """Rank ``rank``'s batches of ``epoch`` in :meth:`epoch`'s layout, every other rank's
         batch empty: all a rank planning only its own accesses needs (a sampler without
         affinity decides who serves what, so each rank's plan depends on its draws alone), and
-        for a sampler with a delivery side (:func:`serves_draws`) all the rank serves: with
+        for a sampler with a delivery side (:func:`extras_of`) all the rank serves: with
         its output of each of the rank's batches (``EpochDraws.outputs``)."""
         return _only_rank(self.epoch(run, epoch), run, rank)
 
@@ -155,22 +155,16 @@ def extras_of(sampler: Any) -> BatchExtras:
     return sampler if isinstance(sampler, BatchExtras) else NO_EXTRAS
 
 
-def serves_draws(sampler: Any) -> bool:
-    """Whether the runtime serves the planner's draws of ``sampler``'s batches, kept with
-    their outputs (:class:`RankDraws`): a sampler with a delivery side, each of whose batches
-    is then sampled once per run. Any other is asked again for a batch when it is served, and
-    a batch that differs from its plan's is refused (a Trace function must not change its
-    mind)."""
-    return isinstance(sampler, BatchExtras)
-
-
 class RankDraws:
     """Rank ``rank``'s draws of ``run``, one epoch at a time, each drawn once
     (:meth:`Sampler.rank_epoch`) by whichever asks first -- the planner looking ahead, or the
     runtime serving a plan made elsewhere -- and kept, with the sampler's output of each batch,
     until the runtime is past it (:meth:`forget_before`): the planner's draw is what the
-    runtime serves. At most ``keep`` epochs are held (the one served, the one planned ahead and
-    the planner's look-ahead): beyond that the oldest is dropped (drawn again if asked)."""
+    runtime serves (for a sampler with a delivery side, :func:`extras_of`, each of whose
+    batches is then sampled once per run; any other is asked again for a batch when it is
+    served, and a batch that differs from its plan's is refused). At most ``keep`` epochs are
+    held (the one served, the one planned ahead and the planner's look-ahead): beyond that
+    the oldest is dropped (drawn again if asked)."""
 
     def __init__(self, sampler: Sampler, run: RunConfig, rank: int, keep: int) -> None:
         self.sampler, self.run, self.rank = sampler, run, rank
@@ -189,7 +183,7 @@ class RankDraws:
         host (solar/schedule/nodeplan.py): this rank's kept (:meth:`own`), another's drawn."""
         if rank == self.rank:
             return self.own(epoch)
-        return rank_steps(self.sampler.rank_epoch(self.run, epoch, rank), self.run, rank)
+        return own_draws(self.sampler, self.run, epoch, rank)
 
     def batch(self, k: int) -> tuple[np.ndarray, Any]:
         """Global step ``k``'s batch of the rank: its ids and the sampler's output (or None)."""
@@ -502,9 +496,7 @@ def _split(run: RunConfig) -> np.ndarray:
 
 def _only_rank(draws: EpochDraws, run: RunConfig, rank: int) -> EpochDraws:
     """``draws`` with every batch but rank ``rank``'s emptied (the same layout)."""
-    mine = np.arange(run.steps_per_epoch, dtype=np.int64) * run.world_size + rank
-    lo, hi = draws.offsets[mine], draws.offsets[mine + 1]
-    return rank_draws(run, [draws.ids[a:b] for a, b in zip(lo, hi, strict=True)], rank)
+    return every_rank(run, {rank: rank_steps(draws, run, rank)})
 
 
 def rank_steps(draws: EpochDraws, run: RunConfig, rank: int) -> EpochDraws:
@@ -517,29 +509,38 @@ def rank_steps(draws: EpochDraws, run: RunConfig, rank: int) -> EpochDraws:
     return EpochDraws(draws.ids[idx], offsets)
 
 
-def every_rank(run: RunConfig, draws: list[EpochDraws]) -> EpochDraws:
-    """One epoch's draws of every rank from ``draws[r]``, rank r's (:meth:`Sampler.rank_epoch`'s
-    layout, every other rank's batch empty), without their outputs."""
-    world = run.world_size
-    g = np.arange(run.steps_per_epoch * world)
-    sizes = np.array([draws[r].offsets[i + 1] - draws[r].offsets[i]
-                      for i, r in zip(g, g % world, strict=True)], np.int64)  # fmt: skip
-    offsets = np.zeros(g.size + 1, np.int64)
-    np.cumsum(sizes, out=offsets[1:])
-    ids = [draws[r].ids[draws[r].offsets[i] : draws[r].offsets[i + 1]]
-           for i, r in zip(g, g % world, strict=True)]  # fmt: skip
-    return EpochDraws(np.concatenate(ids) if ids else np.zeros(0, np.int64), offsets)
+def own_draws(sampler: Sampler, run: RunConfig, epoch: int, rank: int) -> EpochDraws:
+    """Rank ``rank``'s batches of ``epoch`` as ``sampler`` draws them (:meth:`Sampler.rank_epoch`),
+    one per step: (steps + 1) offsets."""
+    return rank_steps(sampler.rank_epoch(run, epoch, rank), run, rank)
+
+
+def every_rank(run: RunConfig, steps: Mapping[int, EpochDraws]) -> EpochDraws:
+    """One epoch's draws in :class:`EpochDraws`' layout from ``steps[r]``, rank r's batches one
+    per step (:func:`rank_steps`' layout); a rank not in ``steps`` has empty batches. No
+    outputs."""
+    world, n = run.world_size, run.steps_per_epoch
+    sizes = np.zeros((n, world), np.int64)
+    for r, d in steps.items():
+        sizes[:, r] = np.diff(d.offsets)
+    offsets = np.zeros(sizes.size + 1, np.int64)
+    np.cumsum(sizes.reshape(-1), out=offsets[1:])
+    ids = np.empty(int(offsets[-1]), np.int64)
+    starts = offsets[:-1].reshape(n, world)
+    for r, d in steps.items():  # each rank's batches moved to their places at once
+        lo = d.offsets[:-1]
+        ids[np.repeat(starts[:, r] - lo, np.diff(d.offsets)) + np.arange(int(d.offsets[-1]))] = \
+            d.ids[: int(d.offsets[-1])]  # fmt: skip
+    return EpochDraws(ids, offsets)
 
 
 def rank_draws(run: RunConfig, batches: list[np.ndarray], rank: int) -> EpochDraws:
     """An epoch's draws in :class:`EpochDraws`' layout from rank ``rank``'s ``batches`` (one
     per step), every other rank's batch empty."""
-    sizes = np.zeros(run.steps_per_epoch * run.world_size, np.int64)
-    sizes[rank :: run.world_size] = [b.size for b in batches]
-    offsets = np.zeros(sizes.size + 1, np.int64)
-    np.cumsum(sizes, out=offsets[1:])
+    offsets = np.zeros(len(batches) + 1, np.int64)
+    np.cumsum([b.size for b in batches], out=offsets[1:])
     ids = np.concatenate(batches) if batches else np.zeros(0, np.int64)
-    return EpochDraws(ids.astype(np.int64, copy=False), offsets)
+    return every_rank(run, {rank: EpochDraws(ids, offsets)})
 
 
 def _span(run: RunConfig, step: int, rank: int) -> tuple[int, int]:

@@ -161,9 +161,7 @@ class TraceOrder:
             if mine is None:
                 return self.sampler.epoch(self.run, k)
             # Every rank planned: the rank's own draws kept for it, the others' drawn here.
-            return every_rank(self.run, [mine.epoch(k) if r == mine.rank else
-                                         self.sampler.rank_epoch(self.run, k, r)
-                                         for r in range(self.run.world_size)])  # fmt: skip
+            return every_rank(self.run, {r: mine.source(k, r) for r in range(self.run.world_size)})
         if mine is not None:
             return mine.epoch(k)
         return self.sampler.rank_epoch(self.run, k, self.only_rank)
