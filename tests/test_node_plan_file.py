@@ -26,8 +26,9 @@ from solar.cli import cli
 from solar.errors import PlanMismatchError, SolarError
 from solar.options import ExpertConfig, MemoryConfig, PlanningConfig
 from solar.schedule import ADMIT, HIT, PEER, load_plan
+from solar.schedule.grouping import Hosts, NodeEpoch
 from solar.schedule.nodefile import NodePlan, load_node_plan, node_plan_to_file
-from solar.schedule.nodeplan import Hosts, NodeEpoch, NodePlanner, node_totals
+from solar.schedule.nodeplan import NodePlanner, node_totals
 from solar.schedule.nodevalidate import NodeValidator
 from solar.schedule.planfile import PlanWriter
 from solar.schedule.planfile import fingerprint as node_fingerprint

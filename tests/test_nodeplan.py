@@ -14,8 +14,10 @@ from solar import BufferConfig, PlanSpec, RunConfig
 from solar.errors import SolarError
 from solar.host.place import _by_name
 from solar.schedule._common import ADMIT, DEMOTE, HIT, PEER, SIDE, TADMIT, THIT, tier_slot_count
+from solar.schedule.grouping import Hosts
+from solar.schedule.hostspec import host_parts, node_spec
 from solar.schedule.nodeequal import node_transfer
-from solar.schedule.nodeplan import Hosts, NodePlanner, host_parts, node_spec
+from solar.schedule.nodeplan import NodePlanner
 from solar.schedule.order import nominal_batches
 from solar.schedule.pagemates import PageLayout
 from solar.schedule.planner import Planner
