@@ -18,6 +18,7 @@ from plan_checks import _replay
 from solar import BufferConfig, PlanSpec, RunConfig
 from solar.errors import CorruptPlanError, SolarError
 from solar.schedule._common import HIT, PEER, SIDE
+from solar.schedule.draws import own_draws
 from solar.schedule.grouping import Hosts, stage_bound
 from solar.schedule.hostspec import host_parts, node_spec
 from solar.schedule.nodeboard import (
@@ -34,7 +35,7 @@ from solar.schedule.nodeplan import NodePlanner, node_totals
 from solar.schedule.nodestream import NodeStream
 from solar.schedule.nodeview import assemble
 from solar.schedule.rankplan import RankPlan
-from solar.schedule.samplers import SHUFFLE, Weighted, own_draws
+from solar.schedule.samplers import SHUFFLE, Weighted
 
 
 class _Pair:

@@ -14,9 +14,10 @@ from solar._kept import Kept
 from solar.config import BufferConfig, RunConfig
 from solar.errors import SolarError
 from solar.schedule._common import tier_slot_count
+from solar.schedule.draws import EpochDraws, every_rank, own_draws
 from solar.schedule.grouping import Hosts, host_ranks, host_run, unequal_refusal
 from solar.schedule.nodeparts import Parts
-from solar.schedule.samplers import EpochDraws, Sampler, every_rank, own_draws
+from solar.schedule.samplers import Sampler
 from solar.schedule.spec import PlanSpec
 from solar.schedule.traces import default_horizon
 

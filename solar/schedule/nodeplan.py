@@ -43,12 +43,12 @@ from solar.schedule._common import (
     EpochSchedule,
     tier_slot_count,
 )  # fmt: skip
+from solar.schedule.draws import EpochDraws
 from solar.schedule.grouping import Hosts, NodeEpoch
 from solar.schedule.hostspec import HostSampler, host_parts, node_spec, part_spec
 from solar.schedule.nodeequal import deal_equal, rank_targets
 from solar.schedule.nodeparts import Parts, merge
 from solar.schedule.planner import EpochPlan, Planner
-from solar.schedule.samplers import EpochDraws
 from solar.schedule.spec import PlanSpec
 from solar.schedule.transfer import moved_rows
 

@@ -42,6 +42,7 @@ import numpy as np
 from solar.errors import CorruptPlanError, SolarError
 from solar.schedule import snapshot
 from solar.schedule._common import ADMIT, DEMOTE, HIT, PEER, SIDE, TADMIT, THIT, tier_slot_count
+from solar.schedule.draws import EpochDraws
 from solar.schedule.grouping import Hosts, NodeEpoch
 from solar.schedule.hostspec import host_parts, node_spec
 from solar.schedule.nodeboard import BoardReader, Interrupted, board_of
@@ -49,7 +50,6 @@ from solar.schedule.nodeequal import node_transfer
 from solar.schedule.nodeplan import NodePlanner, host_phases
 from solar.schedule.nodeview import assemble
 from solar.schedule.rankplan import RankPlan, StepPlan
-from solar.schedule.samplers import EpochDraws
 from solar.schedule.snapshot import save_or_warn
 from solar.schedule.spec import PlanSpec
 from solar.schedule.stream import EpochsAhead

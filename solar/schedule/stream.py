@@ -28,10 +28,11 @@ import numpy as np
 from solar._process import ProcessLocal
 from solar.schedule import snapshot
 from solar.schedule._common import slot_count, tier_slot_count
+from solar.schedule.draws import RankDraws
 from solar.schedule.plan import Plan
 from solar.schedule.planner import Planner, RankEpoch
 from solar.schedule.rankplan import RankPlan, _replay
-from solar.schedule.samplers import NO_EXTRAS, RankDraws, extras_of
+from solar.schedule.samplers import NO_EXTRAS, extras_of
 from solar.schedule.spec import PlanSpec
 from solar.schedule.traces import default_horizon
 

@@ -26,9 +26,10 @@ from numba import njit
 
 from solar.config import RunConfig
 from solar.schedule._common import EPOCH_SHIFT, NEVER
+from solar.schedule.draws import EpochDraws, RankDraws, every_rank
 from solar.schedule.order import sample_dtype
 from solar.schedule.pagemates import LOOK_AHEAD, LaterUses, PageLayout
-from solar.schedule.samplers import EpochDraws, RankDraws, Sampler, every_rank
+from solar.schedule.samplers import Sampler
 
 # Bytes the planner holds per access of the horizon: its pair id, next use, sample, rank and
 # decisions (measured: bench/sampler_bench.py).
