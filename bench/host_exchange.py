@@ -36,8 +36,10 @@ import numpy as np
 
 def _plan(args) -> tuple[list[int], list[float], list[float], int]:
     from solar import BufferConfig, PlanSpec, RunConfig, Weighted
+    from solar.schedule.grouping import Hosts
+    from solar.schedule.hostspec import host_parts, node_spec
     from solar.schedule.nodeboard import digest, pack, unpack
-    from solar.schedule.nodeplan import Hosts, NodePlanner, host_parts, node_spec
+    from solar.schedule.nodeplan import NodePlanner
 
     n, ranks = args.samples, args.ranks
     w = ((1.0 + np.arange(n)) ** -0.8)[np.random.default_rng(1).permutation(n)]

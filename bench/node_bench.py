@@ -49,8 +49,9 @@ import numpy as np
 
 from solar import BufferConfig, NeighborSampler, PlanSpec, RunConfig
 from solar.schedule._common import HIT, SIDE, THIT
+from solar.schedule.grouping import Hosts
 from solar.schedule.nodeequal import node_transfer
-from solar.schedule.nodeplan import Hosts, NodePlanner
+from solar.schedule.nodeplan import NodePlanner
 from solar.schedule.pagemates import PageLayout
 from solar.schedule.planner import Planner
 from solar.schedule.samplers import SHUFFLE, Weighted

@@ -52,7 +52,7 @@ event.register("numba:compile", names)
 import numpy as np
 from solar import ExpertConfig, Loader, MemoryConfig, PlanningConfig, Shuffle, Weighted, dist
 from solar.schedule.nodefile import node_plan_to_file
-from solar.schedule.nodeplan import Hosts
+from solar.schedule.grouping import Hosts
 
 data, tmp = sys.argv[1], sys.argv[2]
 d = dist.init()

@@ -33,7 +33,8 @@ from node_bench import graph_sampler
 
 from solar import BufferConfig, PlanSpec, RunConfig
 from solar.schedule._common import HIT
-from solar.schedule.nodeplan import Hosts, NodePlanner
+from solar.schedule.grouping import Hosts
+from solar.schedule.nodeplan import NodePlanner
 
 NEVER = np.int64(1) << 62
 

@@ -59,7 +59,8 @@ def _digest(h, part) -> None:
 
 def child(a) -> None:
     from solar import BufferConfig, NeighborSampler, PlanSpec, RunConfig
-    from solar.schedule.nodeplan import Hosts, NodePlanner, stage_bound
+    from solar.schedule.grouping import Hosts, stage_bound
+    from solar.schedule.nodeplan import NodePlanner
     from solar.schedule.nodestream import NodeStream
     from solar.schedule.planner import Planner
 

@@ -22,8 +22,9 @@ from solar.config import parse_size
 from solar.graph.neighbor import NeighborSampler
 from solar.io.sources import describe_source
 from solar.runtime.setup import page_layout
+from solar.schedule.grouping import Hosts
 from solar.schedule.nodefile import node_plan_to_file
-from solar.schedule.nodeplan import Hosts, node_totals
+from solar.schedule.nodeplan import node_totals
 
 
 def main() -> None:

@@ -87,7 +87,8 @@ def make_graph(path: Path) -> Path:
 def node_planners(spec: PlanSpec, hosts_text: str) -> list:
     """The planners of ``spec``'s node plan on ``hosts_text``: one for all hosts, or one per
     host where hosts differ in size (each is planned alone)."""
-    from solar.schedule.nodeplan import Hosts, NodePlanner
+    from solar.schedule.grouping import Hosts
+    from solar.schedule.nodeplan import NodePlanner
 
     hosts = Hosts.parse(hosts_text, spec.run.world_size)
     alone = [None] if hosts.uniform else list(range(hosts.count))
@@ -95,7 +96,8 @@ def node_planners(spec: PlanSpec, hosts_text: str) -> list:
 
 
 def node_totals_of(spec: PlanSpec, hosts_text: str) -> dict:
-    from solar.schedule.nodeplan import Hosts, node_totals
+    from solar.schedule.grouping import Hosts
+    from solar.schedule.nodeplan import node_totals
 
     return node_totals(spec, Hosts.parse(hosts_text, spec.run.world_size))
 

@@ -36,7 +36,7 @@ from solar.io.reader import Reader
 from solar.io.sources import describe_source
 from solar.runtime.holdings import Holdings, Host, RawRefill
 from solar.runtime.steps import Steps
-from solar.schedule.nodeplan import Hosts, stage_bound
+from solar.schedule.grouping import Hosts, stage_bound
 from solar.schedule.nodestream import NodeStream
 
 

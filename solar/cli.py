@@ -303,7 +303,8 @@ def _run_plan(spec: PlanSpec, out: str | None, plot_out: str | None, as_json: bo
         plot_plan(summary, Path(plot_out))
         summary["plot"] = plot_out
     if hosts:  # one buffer per host, side by side (solar/schedule/nodeplan.py)
-        from solar.schedule.nodeplan import Hosts, node_totals
+        from solar.schedule.grouping import Hosts
+        from solar.schedule.nodeplan import node_totals
 
         node = node_totals(spec, Hosts.parse(hosts, spec.run.world_size, "--hosts"))
         node["fewer_reads"] = summary["reads"] / max(1, node["reads"])
@@ -376,8 +377,9 @@ def _plan_graph(data, keys, world_size, batch_size, epochs, buffer, seed, memory
 def _run_node_plan(spec: PlanSpec, out: str | None, as_json: bool, hosts_text: str) -> None:
     """``solar plan --share node``: one buffer per host of ``hosts_text`` (HxL), into a node
     plan file at ``out`` if given; its figures printed (solar/schedule/nodefile.py)."""
+    from solar.schedule.grouping import Hosts
     from solar.schedule.nodefile import format_node_summary, node_plan_to_file, node_summary
-    from solar.schedule.nodeplan import Hosts, node_totals
+    from solar.schedule.nodeplan import node_totals
     from solar.schedule.planfile import fingerprint as node_fingerprint
 
     if spec.buffer.tier:

@@ -38,8 +38,8 @@ from solar.options import ExpertConfig, LoaderConfig, MemoryConfig, Paths, Plann
 from solar.runtime import pipeline
 from solar.runtime.setup import Setup, check_snapshots, configure
 from solar.schedule import Plan, make_plan
+from solar.schedule.grouping import stage_bound
 from solar.schedule.nodefile import NodeFileStream, NodePlan, make_node_plan
-from solar.schedule.nodeplan import stage_bound
 from solar.schedule.nodestream import NodeStream
 from solar.schedule.order import step_bounds
 from solar.schedule.samplers import Sampler, Trace, extras_of

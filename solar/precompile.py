@@ -18,7 +18,7 @@ import numpy as np
 from solar.config import ReaderConfig
 from solar.loader import Loader
 from solar.options import ExpertConfig, MemoryConfig, PlanningConfig
-from solar.schedule.nodeplan import Hosts
+from solar.schedule.grouping import Hosts
 from solar.schedule.samplers import Weighted
 from solar.warm import Warmth, measured, rehearse_node, tiny_spec
 

@@ -50,8 +50,8 @@ from solar.io.info import DatasetInfo, StoredLayout
 from solar.options import ExpertConfig, LoaderConfig, MemoryConfig, PlanningConfig
 from solar.runtime.setup import Setup
 from solar.runtime.steps import Steps
+from solar.schedule.grouping import Hosts, stage_bound
 from solar.schedule.nodefile import NodeFileStream, NodePlan, load_node_plan, node_plan_to_file
-from solar.schedule.nodeplan import Hosts, stage_bound
 from solar.schedule.nodestream import NodeStream
 from solar.schedule.plan import make_plan, plan_to_file
 from solar.schedule.samplers import SHUFFLE, Sampler, Trace, Weighted, is_shuffle

@@ -26,8 +26,9 @@ from solar.cli import cli
 from solar.errors import PlanMismatchError, SolarError
 from solar.options import ExpertConfig, MemoryConfig, PlanningConfig
 from solar.schedule import ADMIT, HIT, PEER, load_plan
-from solar.schedule.nodefile import NodePlan, load_node_plan, node_plan_to_file
-from solar.schedule.nodeplan import Hosts, NodeEpoch, NodePlanner, node_totals
+from solar.schedule.grouping import Hosts, NodeEpoch
+from solar.schedule.nodefile import NodePlan, load_node_plan, make_node_plan, node_plan_to_file
+from solar.schedule.nodeplan import NodePlanner, node_totals
 from solar.schedule.nodevalidate import NodeValidator
 from solar.schedule.planfile import PlanWriter
 from solar.schedule.planfile import fingerprint as node_fingerprint
@@ -247,6 +248,17 @@ def test_a_loaders_plan_is_its_node_plan_made_in_memory_saved_as_the_file_would_
             again.set_epoch(e)
             got += [b["index"].numpy() for b in again]
         assert all(np.array_equal(a, b) for a, b in zip(got, served, strict=True))
+
+
+def test_a_whole_node_plan_of_unequal_hosts_is_refused_in_one_line():
+    """Hosts of 3 and 1 ranks are planned each alone as the loader runs; a whole plan in
+    memory (what ``Loader.plan`` makes) is refused naming them, as is its file."""
+    hosts = Hosts(((0, 1, 2), (3,)))
+    with pytest.raises(SolarError, match=r"hosts \[\[0, 1, 2\], \[3\]\]: ranks per host differ"):
+        make_node_plan(_spec(), hosts)
+    with pytest.raises(SolarError, match="as many ranks on every host"):
+        node_totals(_spec(), hosts, sink=lambda ne: None)
+    assert node_totals(_spec(), hosts)["hosts"] == [[0, 1, 2], [3]]  # planned, host by host
 
 
 # -- untrusted input ----------------------------------------------------------------------------

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from solar import BufferConfig, PlanSpec, RunConfig, Weighted
-from solar.schedule.nodeplan import Hosts, stage_bound
+from solar.schedule.grouping import Hosts, stage_bound
 from solar.schedule.nodestream import NodeStream
 from solar.schedule.planner import Planner
 

@@ -18,7 +18,8 @@ from helpers import write_h5
 from solar import BufferConfig, PlanSpec, RunConfig, Shuffle, Weighted
 from solar.errors import SolarError
 from solar.host.region import PREFIX
-from solar.schedule.nodeplan import Hosts, NodePlanner, stage_bound
+from solar.schedule.grouping import Hosts, stage_bound
+from solar.schedule.nodeplan import NodePlanner
 from solar.schedule.nodestream import NodeStream
 
 SHM_DIR = "/dev/shm"  # where no node region or tier may leave a name

@@ -18,6 +18,9 @@ from plan_checks import _replay
 from solar import BufferConfig, PlanSpec, RunConfig
 from solar.errors import CorruptPlanError, SolarError
 from solar.schedule._common import HIT, PEER, SIDE
+from solar.schedule.draws import own_draws
+from solar.schedule.grouping import Hosts, stage_bound
+from solar.schedule.hostspec import host_parts, node_spec
 from solar.schedule.nodeboard import (
     PART,
     EpochBoard,
@@ -28,15 +31,7 @@ from solar.schedule.nodeboard import (
     unpack,
     unpack_draws,
 )  # fmt: skip
-from solar.schedule.nodeplan import (
-    Hosts,
-    NodePlanner,
-    host_parts,
-    node_spec,
-    node_totals,
-    own_draws,
-    stage_bound,
-)  # fmt: skip
+from solar.schedule.nodeplan import NodePlanner, node_totals
 from solar.schedule.nodestream import NodeStream
 from solar.schedule.nodeview import assemble
 from solar.schedule.rankplan import RankPlan

@@ -12,9 +12,12 @@ from plan_checks import _replay
 
 from solar import BufferConfig, PlanSpec, RunConfig
 from solar.errors import SolarError
+from solar.host.place import _by_name
 from solar.schedule._common import ADMIT, DEMOTE, HIT, PEER, SIDE, TADMIT, THIT, tier_slot_count
+from solar.schedule.grouping import Hosts
+from solar.schedule.hostspec import host_parts, node_spec
 from solar.schedule.nodeequal import node_transfer
-from solar.schedule.nodeplan import Hosts, NodePlanner, host_parts, node_spec
+from solar.schedule.nodeplan import NodePlanner
 from solar.schedule.order import nominal_batches
 from solar.schedule.pagemates import PageLayout
 from solar.schedule.planner import Planner
@@ -256,7 +259,7 @@ def test_a_shared_row_is_read_once_and_the_reads_balanced():
 
 def test_hosts_grammar_and_refusals():
     assert Hosts.parse("2x2", 4).groups == ((0, 1), (2, 3))
-    assert Hosts.of_names(["a", "b", "a", "b"]).groups == ((0, 2), (1, 3))
+    assert Hosts(_by_name(["a", "b", "a", "b"])).groups == ((0, 2), (1, 3))
     with pytest.raises(SolarError, match="SOLAR_HOSTS"):
         Hosts.parse("2x3", 4)
     with pytest.raises(SolarError, match="SOLAR_HOSTS"):

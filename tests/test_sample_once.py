@@ -15,7 +15,7 @@ import pytest
 from solar import Loader, NeighborSampler, PlanningConfig, RunConfig
 from solar.graph import generate_graph, neighbor
 from solar.schedule import rng
-from solar.schedule.samplers import every_rank
+from solar.schedule.draws import every_rank, own_draws
 
 
 @pytest.fixture(scope="module")
@@ -88,6 +88,6 @@ def test_every_rank_draws_put_together_are_the_epochs_draws(graph_file):
     n = sampler.graph.num_nodes
     run = RunConfig(n, 3, 16, 2, 7, False, sampler.draws(n, 48))
     whole = sampler.epoch(run, 1)
-    parts = every_rank(run, [sampler.rank_epoch(run, 1, r) for r in range(3)])
+    parts = every_rank(run, {r: own_draws(sampler, run, 1, r) for r in range(3)})
     np.testing.assert_array_equal(parts.offsets, whole.offsets)
     np.testing.assert_array_equal(parts.ids, whole.ids)

@@ -41,8 +41,9 @@ from solar.errors import SolarError
 from solar.graph.csr import Graph, check_nodes
 from solar.graph.ingest import topology, warn_missing
 from solar.schedule import rng
+from solar.schedule.draws import EpochDraws, rank_draws
 from solar.schedule.order import epoch_permutation
-from solar.schedule.samplers import BatchExtras, EpochDraws, Sampler, _span, rank_draws
+from solar.schedule.samplers import BatchExtras, Sampler, _span
 
 _NEIGHBOR_STREAM = 2  # spawn-key tag of the neighbour draws (Weighted's is 1)
 MAX_HOPS = 64

@@ -32,8 +32,8 @@ from solar.io.sources import describe_source
 from solar.launch import detect_launcher
 from solar.options import LoaderConfig
 from solar.schedule import Plan, PlanSpec
+from solar.schedule.grouping import Hosts, unequal_refusal
 from solar.schedule.nodefile import NodePlan, open_given
-from solar.schedule.nodeplan import Hosts, unequal_refusal
 from solar.schedule.pagemates import PageLayout
 from solar.schedule.samplers import SHUFFLE, Sampler, extras_of, is_shuffle
 from solar.schedule.spec import equal_by_default

@@ -18,7 +18,7 @@ import numpy as np
 from solar.errors import SolarError
 from solar.schedule.nodestream import NodeStream
 from solar.schedule.rankplan import StepPlan
-from solar.schedule.samplers import Sampler, serves_draws
+from solar.schedule.samplers import NO_EXTRAS, Sampler, extras_of
 from solar.schedule.spec import PlanSpec
 from solar.schedule.stream import RankStream
 from solar.schedule.transfer import Transfer
@@ -39,7 +39,7 @@ class Steps:
         # one with a delivery side is drawn once: the planner's draws of its epoch are served.
         self.own_batches = spec.traced and not spec.affinity
         self._drawn = stream.drawn if self.own_batches else None
-        self._served = self._drawn if serves_draws(spec.sampler) else None
+        self._served = self._drawn if extras_of(spec.sampler) is not NO_EXTRAS else None
 
     def enter(self, k: int) -> None:
         """Step ``k`` is served next: planned now if it must be (waiting for the planner),

@@ -45,10 +45,10 @@ import numpy as np
 from solar.errors import CorruptPlanError, SolarError, first_error
 from solar.host import memfd as _memfd
 from solar.schedule._common import PEER
+from solar.schedule.draws import EpochDraws
+from solar.schedule.grouping import Hosts, NodeEpoch
 from solar.schedule.nodeparts import Parts
-from solar.schedule.nodeplan import Hosts, NodeEpoch
 from solar.schedule.planner import EpochPlan, RankEpoch
-from solar.schedule.samplers import EpochDraws
 from solar.schedule.spec import PlanSpec
 
 MAGIC = 0x534F4C41524E4F44  # "SOLARNOD"

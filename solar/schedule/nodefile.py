@@ -22,7 +22,9 @@ import numpy as np
 
 from solar.errors import PlanMismatchError, SolarError
 from solar.schedule._common import Progress
-from solar.schedule.nodeplan import Hosts, NodeEpoch, node_spec, node_totals, stage_bound
+from solar.schedule.grouping import Hosts, NodeEpoch, stage_bound
+from solar.schedule.hostspec import node_spec
+from solar.schedule.nodeplan import node_totals
 from solar.schedule.nodestream import NodeStream
 from solar.schedule.nodevalidate import NodeValidator
 from solar.schedule.plan import Plan, Planned, load_plan
@@ -41,7 +43,14 @@ def grouping(hosts: Hosts) -> str:
 
 def make_node_plan(spec: PlanSpec, hosts: Hosts, progress: Progress | None = None) -> NodePlan:
     """Plan ``spec``'s run with one buffer per host of ``hosts`` and keep every decision in
-    memory (as :func:`~solar.schedule.plan.make_plan` does per rank)."""
+    memory (as :func:`~solar.schedule.plan.make_plan` does per rank). Hosts of different sizes
+    are refused: each is planned alone while the loader runs, and a whole plan's epoch holds
+    every host's decisions as one."""
+    if not hosts.uniform:
+        sizes = [len(g) for g in hosts.groups]
+        raise SolarError(f"hosts {hosts.as_record()}: ranks per host differ ({sizes}); a whole "
+                         "node plan (Loader.plan, solar plan --share node) needs as many ranks "
+                         "on every host (the loader plans each host alone as it runs)")  # fmt: skip
     epochs: list[NodeEpoch] = []
     t0 = time.perf_counter()
     totals = node_totals(spec, hosts, sink=_counted(epochs.append, spec, progress))

@@ -29,9 +29,9 @@ import numpy as np
 from solar.config import BufferConfig
 from solar.errors import CorruptPlanError
 from solar.schedule._common import SIDE
+from solar.schedule.draws import EpochDraws
 from solar.schedule.pagemates import PageLayout
 from solar.schedule.planner import EpochPlan
-from solar.schedule.samplers import EpochDraws
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,7 @@ solar/schedule/snapshot.py), from the newest one of this grouping at or before t
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import threading
 import time
@@ -41,19 +42,14 @@ import numpy as np
 from solar.errors import CorruptPlanError, SolarError
 from solar.schedule import snapshot
 from solar.schedule._common import ADMIT, DEMOTE, HIT, PEER, SIDE, TADMIT, THIT, tier_slot_count
+from solar.schedule.draws import EpochDraws
+from solar.schedule.grouping import Hosts, NodeEpoch
+from solar.schedule.hostspec import host_parts, node_spec
 from solar.schedule.nodeboard import BoardReader, Interrupted, board_of
 from solar.schedule.nodeequal import node_transfer
-from solar.schedule.nodeplan import (
-    Hosts,
-    NodeEpoch,
-    NodePlanner,
-    host_parts,
-    host_phases,
-    node_spec,
-)  # fmt: skip
+from solar.schedule.nodeplan import NodePlanner, host_phases
 from solar.schedule.nodeview import assemble
 from solar.schedule.rankplan import RankPlan, StepPlan
-from solar.schedule.samplers import EpochDraws
 from solar.schedule.snapshot import save_or_warn
 from solar.schedule.spec import PlanSpec
 from solar.schedule.stream import EpochsAhead
@@ -326,7 +322,8 @@ class NodeStream(EpochsAhead):
             and not self._reads_board()
             and not self.parted
         ):  # nearer (a part's planner replans: snapshots are whole)
-            p = snapshot.load(self.snapshots, self.spec, epoch, at, self.hosts) or p
+            node = functools.partial(NodePlanner, self.spec, self.hosts)
+            p = snapshot.load(self.snapshots, self.spec, epoch, at, self.hosts, node) or p
             at = -1 if p is None or p.epoch > epoch else p.epoch
         if p is None or at < 0:
             p = self._new_planner()

@@ -34,8 +34,9 @@ from numba import njit
 
 from solar.errors import CorruptPlanError
 from solar.schedule._common import ADMIT, DEMOTE, HIT, PEER, SIDE, TADMIT, THIT
+from solar.schedule.grouping import Hosts, NodeEpoch
+from solar.schedule.hostspec import HostSampler, node_spec
 from solar.schedule.nodeequal import rank_targets
-from solar.schedule.nodeplan import Hosts, HostSampler, NodeEpoch, node_spec
 from solar.schedule.spec import PlanSpec
 from solar.schedule.validate import RankValidator, TraceValidator
 

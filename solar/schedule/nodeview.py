@@ -15,8 +15,8 @@ import dataclasses
 
 import numpy as np
 
+from solar.schedule.grouping import NodeEpoch
 from solar.schedule.nodeparts import Parts, merged
-from solar.schedule.nodeplan import NodeEpoch
 from solar.schedule.planner import EpochPlan, RankEpoch
 
 

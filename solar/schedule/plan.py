@@ -20,7 +20,7 @@ import numpy as np
 from solar._memory import require_memory
 from solar.errors import CorruptPlanError, PlanMismatchError, SolarError
 from solar.schedule._common import Progress, slot_count, tier_slot_count
-from solar.schedule.nodeplan import Hosts
+from solar.schedule.grouping import Hosts
 from solar.schedule.planfile import PlanFile, PlanWriter, fingerprint
 from solar.schedule.planner import EpochPlan, Planner, RankEpoch, epoch_order_of
 from solar.schedule.rankplan import RankPlan

@@ -40,7 +40,7 @@ buffers' plan; no tier), format version 3, and in addition::
             holds the per-rank inputs (a Loader's), the fingerprint covers spec, hosts and
             kind, ``stats`` the node's totals (a JSON object)
     checksums     (E, H + P, 16)  each host's part (as above), then each rank's service
-    epochs/<k>/ranks/...   every rank's service (:class:`~solar.schedule.nodeplan.NodeEpoch`):
+    epochs/<k>/ranks/...   every rank's service (:class:`~solar.schedule.grouping.NodeEpoch`):
                            rank_offsets, step_offsets (every rank's: with equal batches their
                            counts drive the exchange across hosts), sample, slot, flags (with
                            PEER), reader (int16: the global rank reading the row, -1: a hit)
@@ -67,7 +67,8 @@ import numpy as np
 from solar._atomic import atomic_path
 from solar.errors import CorruptPlanError, SolarError, first_line
 from solar.schedule._common import no_tier, tier_slot_count
-from solar.schedule.nodeplan import Hosts, NodeEpoch, node_spec
+from solar.schedule.grouping import Hosts, NodeEpoch
+from solar.schedule.hostspec import node_spec
 from solar.schedule.order import sample_dtype
 from solar.schedule.planner import EpochPlan, RankEpoch, epoch_order_of, peer_counts
 from solar.schedule.spec import FORMAT_VERSION, PlanSpec, fingerprint_of
@@ -142,7 +143,7 @@ def _fingerprint(spec: dict, hosts: list[list[int]], kind: str) -> str:
 class PlanWriter:
     """Streams a plan into a temporary file beside ``path``; renamed into place on success.
     ``epoch_order``: the planner's (default: ``spec``'s own); ``hosts``: a plan grouped by
-    host (epochs added are then :class:`~solar.schedule.nodeplan.NodeEpoch`)."""
+    host (epochs added are then :class:`~solar.schedule.grouping.NodeEpoch`)."""
 
     def __init__(
         self,

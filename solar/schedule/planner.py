@@ -15,10 +15,10 @@ import numpy as np
 from numba import njit
 
 from solar.schedule._common import EpochSchedule, tier_slot_count
+from solar.schedule.draws import RankDraws
 from solar.schedule.epochs import EpochOrder
 from solar.schedule.policies import make_policy
 from solar.schedule.reorder import reorder_epochs
-from solar.schedule.samplers import RankDraws
 from solar.schedule.spec import PlanSpec
 from solar.schedule.traces import TraceOrder
 

@@ -21,8 +21,9 @@ a rank's epoch, one batch), what bounds them and what identifies them. :class:`B
 what delivery needs of a sampler whose batches carry more than rows (a neighbour sampler's
 subgraph): the keys it needs, the entries it adds to a batch from the step's sampler output,
 what a loss averages over. Each batch is drawn once per run: a rank's epoch is drawn by
-:class:`RankDraws` (for the planner, or for the runtime serving a plan made elsewhere), and the
-sampler's output of each batch (``EpochDraws.outputs``) travels with it to delivery.
+``RankDraws`` (solar/schedule/draws.py; for the planner, or for the runtime serving a plan
+made elsewhere), and the sampler's output of each batch (``EpochDraws.outputs``) travels with
+it to delivery.
 """
 
 from __future__ import annotations
@@ -30,7 +31,6 @@ from __future__ import annotations
 import hashlib
 import os
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -42,21 +42,10 @@ from solar._memory import require_memory
 from solar.config import RunConfig
 from solar.errors import SolarError
 from solar.schedule import rng
+from solar.schedule.draws import EpochDraws, only_rank
 from solar.schedule.order import nominal_batches, step_bounds
 
 _WEIGHTED_STREAM = 1  # spawn-key tag of Weighted's draws (epoch permutations use no tag)
-
-
-@dataclass(frozen=True)
-class EpochDraws:
-    """One epoch's draws of every rank: rank r's batch at the epoch's step t is
-    ``ids[offsets[t * P + r] : offsets[t * P + r + 1]]``, in batch order; ``outputs[t * P +
-    r]`` is what the sampler made of it for delivery (:class:`BatchExtras`: e.g. a neighbour
-    sampler's subgraph, whose nodes are the batch's ids), None where it made nothing."""
-
-    ids: np.ndarray  # (draws,) int64 sample ids
-    offsets: np.ndarray  # (steps * P + 1,) int64
-    outputs: Sequence[Any] | None = None  # (steps * P,) per batch, or None: no outputs
 
 
 class Sampler:
@@ -93,9 +82,9 @@ class Sampler:
         """Rank ``rank``'s batches of ``epoch`` in :meth:`epoch`'s layout, every other rank's
         batch empty: all a rank planning only its own accesses needs (a sampler without
         affinity decides who serves what, so each rank's plan depends on its draws alone), and
-        for a sampler with a delivery side (:func:`serves_draws`) all the rank serves: with
+        for a sampler with a delivery side (:func:`extras_of`) all the rank serves: with
         its output of each of the rank's batches (``EpochDraws.outputs``)."""
-        return _only_rank(self.epoch(run, epoch), run, rank)
+        return only_rank(self.epoch(run, epoch), run, rank)
 
     def global_batch(self, run: RunConfig, epoch: int, step: int) -> np.ndarray:
         """Every draw of global step ``step`` (within the epoch), in draw order."""
@@ -153,55 +142,6 @@ NO_EXTRAS = BatchExtras()
 def extras_of(sampler: Any) -> BatchExtras:
     """The delivery side of ``sampler``: itself if it adds to its batches, else rows alone."""
     return sampler if isinstance(sampler, BatchExtras) else NO_EXTRAS
-
-
-def serves_draws(sampler: Any) -> bool:
-    """Whether the runtime serves the planner's draws of ``sampler``'s batches, kept with
-    their outputs (:class:`RankDraws`): a sampler with a delivery side, each of whose batches
-    is then sampled once per run. Any other is asked again for a batch when it is served, and
-    a batch that differs from its plan's is refused (a Trace function must not change its
-    mind)."""
-    return isinstance(sampler, BatchExtras)
-
-
-class RankDraws:
-    """Rank ``rank``'s draws of ``run``, one epoch at a time, each drawn once
-    (:meth:`Sampler.rank_epoch`) by whichever asks first -- the planner looking ahead, or the
-    runtime serving a plan made elsewhere -- and kept, with the sampler's output of each batch,
-    until the runtime is past it (:meth:`forget_before`): the planner's draw is what the
-    runtime serves. At most ``keep`` epochs are held (the one served, the one planned ahead and
-    the planner's look-ahead): beyond that the oldest is dropped (drawn again if asked)."""
-
-    def __init__(self, sampler: Sampler, run: RunConfig, rank: int, keep: int) -> None:
-        self.sampler, self.run, self.rank = sampler, run, rank
-        self._kept: Kept[EpochDraws] = Kept(keep)
-
-    def epoch(self, epoch: int) -> EpochDraws:
-        """The rank's draws of ``epoch`` (:meth:`Sampler.rank_epoch`'s layout and outputs)."""
-        return self._kept.get(epoch, lambda: self.sampler.rank_epoch(self.run, epoch, self.rank))
-
-    def own(self, epoch: int) -> EpochDraws:
-        """:meth:`epoch` with one batch per step (steps + 1 offsets; no outputs)."""
-        return rank_steps(self.epoch(epoch), self.run, self.rank)
-
-    def source(self, epoch: int, rank: int) -> EpochDraws:
-        """Rank ``rank``'s batches of ``epoch``, one per step, for a planner of this rank's
-        host (solar/schedule/nodeplan.py): this rank's kept (:meth:`own`), another's drawn."""
-        if rank == self.rank:
-            return self.own(epoch)
-        return rank_steps(self.sampler.rank_epoch(self.run, epoch, rank), self.run, rank)
-
-    def batch(self, k: int) -> tuple[np.ndarray, Any]:
-        """Global step ``k``'s batch of the rank: its ids and the sampler's output (or None)."""
-        e, t = divmod(k, self.run.steps_per_epoch)
-        d = self.epoch(e)
-        g = t * self.run.world_size + self.rank
-        return d.ids[d.offsets[g] : d.offsets[g + 1]], \
-            None if d.outputs is None else d.outputs[g]  # fmt: skip
-
-    def forget_before(self, epoch: int) -> None:
-        """The epochs before ``epoch`` are served: drop them."""
-        self._kept.drop(lambda e: e < epoch)  # type: ignore[operator]
 
 
 class Shuffle(Sampler):
@@ -498,48 +438,6 @@ def _split(run: RunConfig) -> np.ndarray:
     offsets = np.zeros(sizes.size + 1, np.int64)
     np.cumsum(sizes, out=offsets[1:])
     return offsets
-
-
-def _only_rank(draws: EpochDraws, run: RunConfig, rank: int) -> EpochDraws:
-    """``draws`` with every batch but rank ``rank``'s emptied (the same layout)."""
-    mine = np.arange(run.steps_per_epoch, dtype=np.int64) * run.world_size + rank
-    lo, hi = draws.offsets[mine], draws.offsets[mine + 1]
-    return rank_draws(run, [draws.ids[a:b] for a, b in zip(lo, hi, strict=True)], rank)
-
-
-def rank_steps(draws: EpochDraws, run: RunConfig, rank: int) -> EpochDraws:
-    """Rank ``rank``'s batches of ``draws`` with one batch per step: (steps + 1) offsets."""
-    g = np.arange(run.steps_per_epoch) * run.world_size + rank
-    lo, hi = draws.offsets[g], draws.offsets[g + 1]
-    offsets = np.zeros(lo.size + 1, np.int64)
-    np.cumsum(hi - lo, out=offsets[1:])
-    idx = np.repeat(lo - offsets[:-1], hi - lo) + np.arange(int(offsets[-1]))
-    return EpochDraws(draws.ids[idx], offsets)
-
-
-def every_rank(run: RunConfig, draws: list[EpochDraws]) -> EpochDraws:
-    """One epoch's draws of every rank from ``draws[r]``, rank r's (:meth:`Sampler.rank_epoch`'s
-    layout, every other rank's batch empty), without their outputs."""
-    world = run.world_size
-    g = np.arange(run.steps_per_epoch * world)
-    sizes = np.array([draws[r].offsets[i + 1] - draws[r].offsets[i]
-                      for i, r in zip(g, g % world, strict=True)], np.int64)  # fmt: skip
-    offsets = np.zeros(g.size + 1, np.int64)
-    np.cumsum(sizes, out=offsets[1:])
-    ids = [draws[r].ids[draws[r].offsets[i] : draws[r].offsets[i + 1]]
-           for i, r in zip(g, g % world, strict=True)]  # fmt: skip
-    return EpochDraws(np.concatenate(ids) if ids else np.zeros(0, np.int64), offsets)
-
-
-def rank_draws(run: RunConfig, batches: list[np.ndarray], rank: int) -> EpochDraws:
-    """An epoch's draws in :class:`EpochDraws`' layout from rank ``rank``'s ``batches`` (one
-    per step), every other rank's batch empty."""
-    sizes = np.zeros(run.steps_per_epoch * run.world_size, np.int64)
-    sizes[rank :: run.world_size] = [b.size for b in batches]
-    offsets = np.zeros(sizes.size + 1, np.int64)
-    np.cumsum(sizes, out=offsets[1:])
-    ids = np.concatenate(batches) if batches else np.zeros(0, np.int64)
-    return EpochDraws(ids.astype(np.int64, copy=False), offsets)
 
 
 def _span(run: RunConfig, step: int, rank: int) -> tuple[int, int]:

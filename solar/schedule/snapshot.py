@@ -25,15 +25,18 @@ import re
 import warnings
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
 from solar._atomic import atomic_path
 from solar.errors import SolarError
-from solar.schedule.nodeplan import Hosts, NodePlanner
+from solar.schedule.grouping import Hosts
 from solar.schedule.planner import Planner
 from solar.schedule.spec import PlanSpec
+
+if TYPE_CHECKING:  # the host planner is passed in: per-rank snapshots need none of it
+    from solar.schedule.nodeplan import NodePlanner
 
 
 class Restorable(Protocol):
@@ -102,7 +105,7 @@ def save(directory: str | os.PathLike, planner: Planner | NodePlanner) -> Path |
     this plan's older snapshots; None if its policy keeps no state worth saving. A node
     planner must plan every host (its snapshot holds every host's state)."""
     state_of: Restorable
-    if isinstance(planner, NodePlanner):
+    if not isinstance(planner, Planner):
         if planner.only_host is not None:
             raise ValueError("a node snapshot holds every host's state: plan them all")
         key, kind, extra = _identity(planner.spec, planner.hosts)
@@ -130,18 +133,22 @@ def save(directory: str | os.PathLike, planner: Planner | NodePlanner) -> Path |
 
 
 def load(directory: str | os.PathLike, spec: PlanSpec, epoch: int, after: int = -1,
-         hosts: Hosts | None = None) -> Any:  # fmt: skip
-    """A planner for ``spec`` (with ``hosts``: a :class:`NodePlanner` of its run over them)
-    restored from its newest valid snapshot in ``directory`` taken at an epoch at or before
-    ``epoch`` and after ``after`` (a planner already there needs none older); None if there is
-    none. A snapshot refused is named in a warning and skipped."""
+         hosts: Hosts | None = None,
+         node: Callable[[], NodePlanner] | None = None) -> Any:  # fmt: skip
+    """A planner for ``spec`` (with ``hosts``: the node planner ``node()`` makes of its run
+    over them, planning every host) restored from its newest valid snapshot in ``directory``
+    taken at an epoch at or before ``epoch`` and after ``after`` (a planner already there
+    needs none older); None if there is none. A snapshot refused is named in a warning and
+    skipped."""
     made: Any = None
     key, kind, extra = _identity(spec, hosts)
     for e in _epochs(Path(directory), key, kind):
         if e > epoch or e <= after:
             continue
         # A refused restore leaves it as it was.
-        made = made or (Planner(spec) if hosts is None else NodePlanner(spec, hosts))
+        if hosts is not None and node is None:
+            raise ValueError("a node snapshot is restored into a node planner: give node=")
+        made = made or (Planner(spec) if node is None else node())
         into: Restorable = made if hosts is None else made.planner
         state = into.snapshot()
         if state is None:

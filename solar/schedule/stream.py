@@ -28,10 +28,11 @@ import numpy as np
 from solar._process import ProcessLocal
 from solar.schedule import snapshot
 from solar.schedule._common import slot_count, tier_slot_count
+from solar.schedule.draws import RankDraws
 from solar.schedule.plan import Plan
 from solar.schedule.planner import Planner, RankEpoch
 from solar.schedule.rankplan import RankPlan, _replay
-from solar.schedule.samplers import RankDraws, serves_draws
+from solar.schedule.samplers import NO_EXTRAS, extras_of
 from solar.schedule.spec import PlanSpec
 from solar.schedule.traces import default_horizon
 
@@ -136,7 +137,7 @@ class EpochsAhead:
             spec = self.spec
             horizon = default_horizon(spec.run, spec.sampler) if spec.horizon is None \
                 else spec.horizon  # fmt: skip
-            bg.drawn = RankDraws(spec.sampler, spec.run, self.rank, horizon + 3)
+            bg.drawn = RankDraws(spec.sampler, spec.run, self.rank, horizon + 2)
         return bg.drawn
 
     def _new_planner(self) -> Any:
@@ -230,7 +231,7 @@ class RankStream(EpochsAhead):
     def _new_planner(self) -> Planner:
         """A planner from epoch 0: of this rank alone, unless rank 0 saves snapshots (they hold
         every rank's state: then every rank is planned)."""
-        drawn = self.drawn if serves_draws(self.spec.sampler) else None
+        drawn = self.drawn if extras_of(self.spec.sampler) is not NO_EXTRAS else None
         return Planner(self.spec, only_rank=self.rank if self.snapshots is None else None,
                        draws=drawn)  # fmt: skip
 

@@ -26,9 +26,10 @@ from numba import njit
 
 from solar.config import RunConfig
 from solar.schedule._common import EPOCH_SHIFT, NEVER
+from solar.schedule.draws import EpochDraws, RankDraws, every_rank
 from solar.schedule.order import sample_dtype
 from solar.schedule.pagemates import LOOK_AHEAD, LaterUses, PageLayout
-from solar.schedule.samplers import EpochDraws, RankDraws, Sampler, every_rank
+from solar.schedule.samplers import Sampler
 
 # Bytes the planner holds per access of the horizon: its pair id, next use, sample, rank and
 # decisions (measured: bench/sampler_bench.py).
@@ -161,9 +162,7 @@ class TraceOrder:
             if mine is None:
                 return self.sampler.epoch(self.run, k)
             # Every rank planned: the rank's own draws kept for it, the others' drawn here.
-            return every_rank(self.run, [mine.epoch(k) if r == mine.rank else
-                                         self.sampler.rank_epoch(self.run, k, r)
-                                         for r in range(self.run.world_size)])  # fmt: skip
+            return every_rank(self.run, {r: mine.source(k, r) for r in range(self.run.world_size)})
         if mine is not None:
             return mine.epoch(k)
         return self.sampler.rank_epoch(self.run, k, self.only_rank)

@@ -26,7 +26,8 @@ from solar.io.reader import Reader
 from solar.io.sources import describe_source
 from solar.runtime.holdings import Holdings, Host, RawRefill
 from solar.runtime.steps import Steps
-from solar.schedule.nodeplan import Hosts, NodePlanner, stage_bound
+from solar.schedule.grouping import Hosts, stage_bound
+from solar.schedule.nodeplan import NodePlanner
 from solar.schedule.nodestream import NodeStream
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: shared helpers

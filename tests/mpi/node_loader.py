@@ -33,7 +33,8 @@ import numpy as np
 
 from solar import Loader, NeighborSampler, Shuffle, dist, host
 from solar.graph import neighbor
-from solar.schedule.nodeplan import Hosts, NodePlanner
+from solar.schedule.grouping import Hosts
+from solar.schedule.nodeplan import NodePlanner
 from solar.schedule.order import nominal_batches
 from solar.schedule.rng import stream_key
 from solar.schedule.transfer import moved_rows

@@ -19,7 +19,8 @@ import h5py
 import numpy as np
 
 from solar import Loader, dist
-from solar.schedule.nodeplan import Hosts, NodePlanner
+from solar.schedule.grouping import Hosts
+from solar.schedule.nodeplan import NodePlanner
 from solar.schedule.planner import Planner
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: shared helpers

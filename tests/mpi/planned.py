@@ -7,7 +7,8 @@ import numpy as np
 
 from solar import host
 from solar.schedule._common import HIT, PEER, SIDE, THIT
-from solar.schedule.nodeplan import Hosts, NodePlanner
+from solar.schedule.grouping import Hosts
+from solar.schedule.nodeplan import NodePlanner
 
 
 class Planned(NamedTuple):
