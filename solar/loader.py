@@ -133,14 +133,15 @@ class Loader(IterableDataset[dict]):
         memory: MemoryConfig | None = None,
         planning: PlanningConfig | None = None,
         expert: ExpertConfig | None = None,
+        **moved: Any,  # the keywords that moved into the records: refused, saying where
     ) -> None:
+        LoaderConfig.refuse_moved(moved)
         self._construct(LoaderConfig(
             paths=paths, keys=keys, batch_size=batch_size, epochs=epochs, buffer=buffer,
             seed=seed, sampler=sampler, transform=transform, batch_transform=batch_transform,
             batch_format=batch_format, drop_last=drop_last, comm=comm, rank=rank,
-            world_size=world_size, reader=reader or ReaderConfig(),
-            memory=memory or MemoryConfig(), planning=planning or PlanningConfig(),
-            expert=expert or ExpertConfig(),
+            world_size=world_size,  # None for a record: its defaults (LoaderConfig's own)
+            reader=reader, memory=memory, planning=planning, expert=expert,  # type: ignore[arg-type]
         ))  # fmt: skip
 
     @classmethod
