@@ -1,7 +1,8 @@
 """Frozen configuration of a run and of the per-rank buffer; the one grammar of sizes.
 
-Sizes (``Loader(buffer=, tier_size=)``, ``solar plan -C/-D``, ``solar bench --buffer/--tier-size``,
-the examples' ``--buffer``) are read by :func:`parse_size` alone, in one of three forms:
+Sizes (``Loader(buffer=)``, ``MemoryConfig(tier_size=)``, ``solar plan -C/-D``, ``solar bench
+--buffer/--tier-size``, the examples' ``--buffer``) are read by :func:`parse_size` alone, in one
+of three forms:
 
 * samples, a whole number: ``500`` -- **per rank**;
 * bytes, a number and a unit: ``4GiB``, ``512MB``, ``1.5KB`` (B, KB, MB, GB, TB: powers of

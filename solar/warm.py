@@ -215,10 +215,9 @@ def rehearse_node(spec: PlanSpec, hosts: Hosts, rank: int, plan_file: bool = Fal
     """The node buffer's own kernels, here, with no communicator or shared memory: rank
     ``rank``'s steps of ``spec``'s node plan over ``hosts`` (its host planned whole by this
     process: the kernels a local rank's part of it runs), taken in order as the runtime takes
-    them, then a jump back
-    (a resume's refill); with ``plan_file``, from a node plan file proven first, as
-    ``Loader(plan=FILE, share="node")`` reads one; and the host barrier's. ``spec``: a tiny run
-    (:func:`tiny_spec`)."""
+    them, then a jump back (a resume's refill); with ``plan_file``, from a node plan file proven
+    first, as ``Loader(planning=PlanningConfig(plan=FILE), memory=MemoryConfig(share="node"))``
+    reads one; and the host barrier's. ``spec``: a tiny run (:func:`tiny_spec`)."""
     hostbarrier.warm_up()
     stage = stage_bound(spec, hosts)
     with contextlib.ExitStack() as stack:
