@@ -91,7 +91,8 @@ class MemoryConfig:
     sampler that splits its own batches, the solar policy, a RAM buffer, no deterministic
     transform), also keep the rows that share pages with a step's reads when they are used
     sooner than what the buffer holds (:mod:`solar.schedule.pagemates`); raw batch memory then
-    has room for twice a batch's rows. False plans rows alone.
+    has room for twice a batch's rows. False plans rows alone. (A plan given decides it:
+    :class:`PlanningConfig`'s ``plan``.)
     """
 
     tier: str | os.PathLike | None = None
@@ -114,8 +115,9 @@ class PlanningConfig:
 
     ``plan``: a :class:`~solar.schedule.plan.Plan` or a plan file (``solar plan -o``, or
     ``solar plan --share node`` for a node buffer: ``share="auto"`` then follows the file's
-    kind), proven safe by every rank before any byte moves; its choices (policy, horizon,
-    equal batches, page mates) hold. None: planned one epoch ahead in the background.
+    kind), proven safe by every rank before any byte moves; its choices hold over this
+    record's ``policy``, ``horizon`` and ``equal_batches`` and :class:`MemoryConfig`'s
+    ``page_mates``. None: planned one epoch ahead in the background.
 
     ``policy``: ``"solar"`` (Belady over the known future) or a baseline
     (:data:`solar.schedule.POLICIES`). ``slack``: a rank may serve up to
