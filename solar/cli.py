@@ -171,8 +171,8 @@ def cli() -> None:
 @click.option("--share", "share_mode", type=click.Choice(["rank", "node"]), default="rank",
               show_default=True,
               help="rank: a buffer per rank; node: one buffer per host, shared by its ranks "
-                   "(Loader(share=\"node\")): --out writes a node plan file, which records "
-                   "--hosts.")  # fmt: skip
+                   "(Loader(memory=MemoryConfig(share=\"node\"))): --out writes a node plan "
+                   "file, which records --hosts.")  # fmt: skip
 @click.option("--hosts", help="The ranks grouped by host, HOSTSxRANKS (e.g. 2x2: ranks 0-1 on "
                               "one host, 2-3 on another; 3,1: hosts of 3 and 1 ranks, reported "
                               "but not written to a file). --share node: the node plan's "

@@ -1,7 +1,8 @@
 """Frozen configuration of a run and of the per-rank buffer; the one grammar of sizes.
 
-Sizes (``Loader(buffer=, tier_size=)``, ``solar plan -C/-D``, ``solar bench --buffer/--tier-size``,
-the examples' ``--buffer``) are read by :func:`parse_size` alone, in one of three forms:
+Sizes (``Loader(buffer=)``, ``MemoryConfig(tier_size=)``, ``solar plan -C/-D``, ``solar bench
+--buffer/--tier-size``, the examples' ``--buffer``) are read by :func:`parse_size` alone, in one
+of three forms:
 
 * samples, a whole number: ``500`` -- **per rank**;
 * bytes, a number and a unit: ``4GiB``, ``512MB``, ``1.5KB`` (B, KB, MB, GB, TB: powers of
@@ -117,6 +118,14 @@ class RunConfig:
         return self.samples_per_epoch * self.epochs
 
 
+def check_slack(slack: float) -> None:
+    """Refuse, in one line, a batch slack that is not a finite number in [0, 1000]."""
+    if not (isinstance(slack, int | float) and math.isfinite(slack)):
+        raise SolarError(f"slack must be a finite number, got {slack!r}")
+    if not 0 <= slack <= 1000:
+        raise SolarError(f"slack must be between 0 and 1000, got {slack}")
+
+
 @dataclass(frozen=True)
 class BufferConfig:
     """The per-rank buffer: ``capacity`` samples held in RAM across steps, ``tier`` more on a
@@ -136,10 +145,7 @@ class BufferConfig:
                 raise SolarError(f"{name} must be a whole number of samples, got {value!r}")
             if value < 0:
                 raise SolarError(f"{name} must be >= 0 samples, got {value}")
-        if not (isinstance(self.slack, int | float) and math.isfinite(self.slack)):
-            raise SolarError(f"slack must be a finite number, got {self.slack!r}")
-        if not 0 <= self.slack <= 1000:
-            raise SolarError(f"slack must be between 0 and 1000, got {self.slack}")
+        check_slack(self.slack)
         # 0 and 0.0 must fingerprint alike.
         object.__setattr__(self, "slack", float(self.slack))
 

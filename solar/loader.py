@@ -133,14 +133,15 @@ class Loader(IterableDataset[dict]):
         memory: MemoryConfig | None = None,
         planning: PlanningConfig | None = None,
         expert: ExpertConfig | None = None,
+        **moved: Any,  # the keywords that moved into the records: refused, saying where
     ) -> None:
+        LoaderConfig.refuse_moved(moved)
         self._construct(LoaderConfig(
             paths=paths, keys=keys, batch_size=batch_size, epochs=epochs, buffer=buffer,
             seed=seed, sampler=sampler, transform=transform, batch_transform=batch_transform,
             batch_format=batch_format, drop_last=drop_last, comm=comm, rank=rank,
-            world_size=world_size, reader=reader or ReaderConfig(),
-            memory=memory or MemoryConfig(), planning=planning or PlanningConfig(),
-            expert=expert or ExpertConfig(),
+            world_size=world_size,  # None for a record: its defaults (LoaderConfig's own)
+            reader=reader, memory=memory, planning=planning, expert=expert,  # type: ignore[arg-type]
         ))  # fmt: skip
 
     @classmethod
@@ -158,22 +159,19 @@ class Loader(IterableDataset[dict]):
         with abort_job_on_error(args.comm), measured() as warmth:
             setup = configure(args)
             check_snapshots(snapshots)
-            self._args = args
             self._adopt(setup, snapshots)
             if args.memory.share == "auto" and setup.hosts is not None and setup.rank == 0:
                 log.info("share='auto': one buffer per host (hosts of ranks %s), planned over "
                          "the union of their accesses; MemoryConfig(share='rank') for a "
                          "buffer per rank", setup.hosts.as_record())  # fmt: skip
-            self._start(warm)
-        self.stats.compile_seconds = warmth[0].compile_seconds
-        self.stats.compiled = warmth[0].compiled
-        if warm and warmth[0].compiled:  # (a rehearsal's own tiny Loader is not warm)
-            log.info(
-                "this Loader compiled %d numba kernels in %.1f s (numba's cache did not hold "
-                "them); `solar warm` (run by `make`) compiles them once per install, then a "
-                "Loader loads them in milliseconds",
-                warmth[0].compiled, warmth[0].compile_seconds,
-            )  # fmt: skip
+            self._start(args)
+        w = warmth[0]
+        self.stats.compile_seconds, self.stats.compiled = w.compile_seconds, w.compiled
+        if warm and w.compiled:  # (a rehearsal's own tiny Loader is not warm)
+            log.info("this Loader compiled %d numba kernels in %.1f s (numba's cache did not "
+                     "hold them); `solar warm` (run by `make`) compiles them once per install, "
+                     "then a Loader loads them in milliseconds", w.compiled,
+                     w.compile_seconds)  # fmt: skip
 
     def _adopt(self, setup: Setup, snapshots: str | os.PathLike | None) -> None:
         """Take ``setup``'s decisions: the attributes users read, the rank's plan stream, the
@@ -216,23 +214,22 @@ class Loader(IterableDataset[dict]):
         self._closed = False
         self._pipeline: ProcessLocal[pipeline.Pipeline] = ProcessLocal(self._build)
 
-    def _start(self, warm: bool) -> None:
+    def _start(self, args: LoaderConfig) -> None:
         """Allocate (and touch) the buffer, create the tier file and warm the reader now, not
         inside the first epoch: an impossible budget or a full disk fails here, and epoch 0
-        measures loading, not set-up. With ``warm``, plan the first epoch from now on and
-        rehearse the run (every kernel its epochs call, compiled now: solar/warm.py)."""
+        measures loading, not set-up. With ``ExpertConfig.warm``, plan the first epoch from now
+        on and rehearse the run of ``args`` (every kernel its epochs call, compiled now:
+        solar/warm.py)."""
         try:
             self._pipeline.get()
             # (Not without the warm-up: the planning thread would then compile under numba's
             # lock, which a fork meanwhile would leave held in the child.)
-            if warm:
+            if args.expert.warm:
                 self._stream.start()
             t0 = time.perf_counter()
             self.reader.warm_up()
-            if warm:
-                given = self._plan
-                kind = None if given is None else "memory" if given.file is None else "file"
-                rehearse_loader(self._args, self._setup, kind, Loader.from_config)
+            if args.expert.warm:
+                rehearse_loader(args, self._setup, Loader.from_config)
             self.stats.warm_seconds = time.perf_counter() - t0
         except BaseException:
             self.close()  # no thread, process or tier file outlives a Loader never made
@@ -266,11 +263,9 @@ class Loader(IterableDataset[dict]):
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
-        # The exchange belongs to this process's communicator: a copy cannot take part.
+        # The exchange and the communicators belong to this process: a copy cannot take part.
         state["_exchange"] = None
-        # Its communicators stay here too.
         state["_setup"] = dataclasses.replace(self._setup, comm=None, host_comm=None)
-        state["_args"] = dataclasses.replace(self._args, comm=None)
         return state
 
     @property

@@ -26,18 +26,36 @@ the Loader's rehearsal derives its tiny run's record from the real one
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, fields
 from typing import Any
 
-from solar.config import DEFAULT_SLACK, ReaderConfig
+from solar.config import DEFAULT_SLACK, ReaderConfig, check_slack
+from solar.errors import SolarError
 from solar.io.info import DatasetInfo
 from solar.io.throttle import Throttle
 from solar.schedule import Plan
+from solar.schedule.nodefile import NodePlan
+from solar.schedule.policies import POLICIES, TRACE_POLICIES
 from solar.schedule.samplers import Sampler
 from solar.transform import SampleFn, Transform
 
 Paths = str | os.PathLike | Sequence[str | os.PathLike] | Mapping[str, Any] | DatasetInfo
+SHARES = ("auto", "rank", "node")
+
+
+def _check(name: str, value: Any, ok: bool, what: str) -> None:
+    """Refuse, in one line naming the parameter, a record's field that is not ``what``."""
+    if not ok:
+        raise SolarError(f"{name} must be {what}, got {value!r}")
+
+
+def _is_path(value: Any) -> bool:
+    return isinstance(value, (str, os.PathLike))
+
+
+def _is_bool(value: Any, optional: bool = False) -> bool:
+    return isinstance(value, bool) or (optional and value is None)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -73,13 +91,22 @@ class MemoryConfig:
     sampler that splits its own batches, the solar policy, a RAM buffer, no deterministic
     transform), also keep the rows that share pages with a step's reads when they are used
     sooner than what the buffer holds (:mod:`solar.schedule.pagemates`); raw batch memory then
-    has room for twice a batch's rows. False plans rows alone.
+    has room for twice a batch's rows. False plans rows alone. (A plan given decides it:
+    :class:`PlanningConfig`'s ``plan``.)
     """
 
     tier: str | os.PathLike | None = None
     tier_size: int | str = 0
     share: str = "auto"
     page_mates: bool = True
+
+    def __post_init__(self) -> None:
+        t, size = self.tier, self.tier_size
+        _check("tier", t, t is None or _is_path(t), "a directory or None")
+        _check("tier_size", size, isinstance(size, int | str) and not isinstance(size, bool),
+               'a size (500, "4GiB", "10%")')  # fmt: skip
+        _check("share", self.share, self.share in SHARES, f"one of {SHARES}")
+        _check("page_mates", self.page_mates, _is_bool(self.page_mates), "True or False")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -88,8 +115,9 @@ class PlanningConfig:
 
     ``plan``: a :class:`~solar.schedule.plan.Plan` or a plan file (``solar plan -o``, or
     ``solar plan --share node`` for a node buffer: ``share="auto"`` then follows the file's
-    kind), proven safe by every rank before any byte moves; its choices (policy, horizon,
-    equal batches, page mates) hold. None: planned one epoch ahead in the background.
+    kind), proven safe by every rank before any byte moves; its choices hold over this
+    record's ``policy``, ``horizon`` and ``equal_batches`` and :class:`MemoryConfig`'s
+    ``page_mates``. None: planned one epoch ahead in the background.
 
     ``policy``: ``"solar"`` (Belady over the known future) or a baseline
     (:data:`solar.schedule.POLICIES`). ``slack``: a rank may serve up to
@@ -113,12 +141,25 @@ class PlanningConfig:
     instead of from epoch 0 (with a node buffer: the node planner's, of this grouping).
     """
 
-    plan: Plan | str | os.PathLike | None = None
+    plan: Plan | NodePlan | str | os.PathLike | None = None
     policy: str = "solar"
     slack: float = DEFAULT_SLACK
     equal_batches: bool | None = None
     horizon: int | None = None
     snapshots: str | os.PathLike | None = None
+
+    def __post_init__(self) -> None:
+        plan, h, names = self.plan, self.horizon, sorted({*POLICIES, *TRACE_POLICIES})
+        _check("plan", plan, plan is None or _is_path(plan) or isinstance(plan, Plan | NodePlan),
+               "a Plan, a plan file or None")  # fmt: skip
+        _check("policy", self.policy, self.policy in names, f"one of {', '.join(names)}")
+        check_slack(self.slack)
+        _check("equal_batches", self.equal_batches, _is_bool(self.equal_batches, optional=True),
+               "True, False or None")  # fmt: skip
+        _check("horizon", h, h is None or (isinstance(h, int) and not isinstance(h, bool)
+               and h >= 0), "a whole number of epochs >= 0 or None")  # fmt: skip
+        s = self.snapshots
+        _check("snapshots", s, s is None or _is_path(s), "a directory or None")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -136,13 +177,19 @@ class ExpertConfig:
     warm: bool = True
     throttle: Throttle | None = None
 
+    def __post_init__(self) -> None:
+        _check("warm", self.warm, _is_bool(self.warm), "True or False")
+        t = self.throttle
+        _check("throttle", t, t is None or isinstance(t, Throttle), "a Throttle or None")
+
 
 @dataclass(frozen=True, kw_only=True)
 class LoaderConfig:
     """Everything a :class:`~solar.loader.Loader` is built from: its keywords and records.
 
     ``Loader(...)`` makes one of its arguments; ``Loader.from_config`` takes one made
-    elsewhere. :func:`~solar.runtime.setup.configure` decides it.
+    elsewhere. :func:`~solar.runtime.setup.configure` decides it. A record left out or None
+    is its class's defaults; anything but the record is refused in one line.
     """
 
     paths: Paths
@@ -163,3 +210,32 @@ class LoaderConfig:
     memory: MemoryConfig = field(default_factory=MemoryConfig)
     planning: PlanningConfig = field(default_factory=PlanningConfig)
     expert: ExpertConfig = field(default_factory=ExpertConfig)
+
+    def __post_init__(self) -> None:
+        for name, record in RECORDS.items():
+            value = getattr(self, name)
+            if value is None:  # the record's defaults, each owned by its field
+                object.__setattr__(self, name, record())
+            elif not isinstance(value, record):
+                raise SolarError(f"{name} must be a {record.__name__}, e.g. {name}="
+                                 f"{record.__name__}(...), got {value!r}")  # fmt: skip
+
+    @staticmethod
+    def refuse_moved(keywords: Iterable[str]) -> None:
+        """Refuse a Loader keyword that moved into a record (:data:`MOVED`) in one line saying
+        where it went; any other unknown keyword as Python does (a typo is not hidden)."""
+        for name in keywords:
+            if name not in MOVED:
+                raise TypeError(f"Loader.__init__() got an unexpected keyword argument {name!r}")
+            where = MOVED[name]
+            raise SolarError(f"Loader({name}=...): moved to {where}="
+                             f"{RECORDS[where].__name__}({name}=...)")  # fmt: skip
+
+
+# LoaderConfig's records by keyword.
+RECORDS: dict[str, type] = {"reader": ReaderConfig, "memory": MemoryConfig,
+                            "planning": PlanningConfig, "expert": ExpertConfig}  # fmt: skip
+# The keywords a Loader took before the records (issue 44), and the record each moved to.
+MOVED = {"one_per_file": "reader"} | {
+    f.name: name for name in ("memory", "planning", "expert") for f in fields(RECORDS[name])
+}

@@ -53,7 +53,7 @@ from solar.runtime.steps import Steps
 from solar.schedule.grouping import Hosts, stage_bound
 from solar.schedule.nodefile import NodeFileStream, NodePlan, load_node_plan, node_plan_to_file
 from solar.schedule.nodestream import NodeStream
-from solar.schedule.plan import make_plan, plan_to_file
+from solar.schedule.plan import Plan, make_plan, plan_to_file
 from solar.schedule.samplers import SHUFFLE, Sampler, Trace, Weighted, is_shuffle
 from solar.schedule.spec import PlanSpec
 
@@ -215,10 +215,9 @@ def rehearse_node(spec: PlanSpec, hosts: Hosts, rank: int, plan_file: bool = Fal
     """The node buffer's own kernels, here, with no communicator or shared memory: rank
     ``rank``'s steps of ``spec``'s node plan over ``hosts`` (its host planned whole by this
     process: the kernels a local rank's part of it runs), taken in order as the runtime takes
-    them, then a jump back
-    (a resume's refill); with ``plan_file``, from a node plan file proven first, as
-    ``Loader(plan=FILE, share="node")`` reads one; and the host barrier's. ``spec``: a tiny run
-    (:func:`tiny_spec`)."""
+    them, then a jump back (a resume's refill); with ``plan_file``, from a node plan file proven
+    first, as ``Loader(planning=PlanningConfig(plan=FILE), memory=MemoryConfig(share="node"))``
+    reads one; and the host barrier's. ``spec``: a tiny run (:func:`tiny_spec`)."""
     hostbarrier.warm_up()
     stage = stage_bound(spec, hosts)
     with contextlib.ExitStack() as stack:
@@ -240,14 +239,16 @@ def rehearse_node(spec: PlanSpec, hosts: Hosts, rank: int, plan_file: bool = Fal
         steps.refill_at(min(spec.run.steps_per_epoch, spec.run.num_steps - 1))
 
 
-def rehearse_loader(args: LoaderConfig, setup: Setup, plan: str | None,
+def rehearse_loader(args: LoaderConfig, setup: Setup,
                     make: Callable[[LoaderConfig], Any]) -> Warmth:  # fmt: skip
     """Run a tiny copy of a Loader's run (``args`` as ``setup`` decided them) over its own
     files to its end, then drop it: every kernel the Loader's epochs call is compiled (or
-    loaded from the cache) by then (a node buffer's own kernels by :func:`rehearse_node`).
-    ``plan``: how the real run's plan came, ``"file"`` or ``"memory"`` (None: streamed);
-    ``make``: a Loader of a record (``Loader.from_config``)."""
-    info = setup.info
+    loaded from the cache) by then (a node buffer's own kernels by :func:`rehearse_node`),
+    its plan coming as the real one's: from a file, made in memory, or streamed. ``make``: a
+    Loader of a record (``Loader.from_config``)."""
+    info, given = setup.info, setup.given  # (a node plan given: rehearse_node's)
+    given = given if isinstance(given, Plan) else None
+    plan = None if given is None else "memory" if given.file is None else "file"
     with measured() as w:
         fit = max(1, READ_BUDGET // max(1, info.sample_bytes)) * setup.world_size
         first = head(info, tiny_spec(setup.spec, min(info.num_samples, fit)).run.num_samples)

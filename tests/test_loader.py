@@ -13,7 +13,7 @@ from helpers import every_batch, reference, skip_without_o_direct
 
 from solar import Loader, PlanMismatchError, ReaderConfig, SolarError
 from solar.loader import LoaderStats
-from solar.options import PlanningConfig
+from solar.options import ExpertConfig, LoaderConfig, MemoryConfig, PlanningConfig
 
 N = 103  # prime: no batch size divides it
 
@@ -380,3 +380,66 @@ def test_loaders_dropped_without_close_release_their_files(tmp_path):
         del ld
     gc.collect()
     assert len(os.listdir("/proc/self/fd")) < before + 5
+
+
+OLD_KEYWORDS = {  # the Loader's keywords before the records, and where each went
+    "memory=MemoryConfig": ["share", "tier", "tier_size", "page_mates"],
+    "planning=PlanningConfig": ["plan", "policy", "slack", "equal_batches", "horizon",
+                                "snapshots"],
+    "expert=ExpertConfig": ["warm", "throttle"],
+    "reader=ReaderConfig": ["one_per_file"],
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("where, name", [(w, n) for w, ns in OLD_KEYWORDS.items() for n in ns])
+def test_an_old_keyword_says_in_one_line_where_it_moved(tmp_path, where, name):
+    paths = [_write(tmp_path / "d.h5", 0, N)]
+    with pytest.raises(SolarError) as err:
+        Loader(paths, batch_size=4, epochs=1, buffer=10, **{name: "node"})
+    assert str(err.value) == f"Loader({name}=...): moved to {where}({name}=...)"
+
+
+def test_an_unknown_keyword_is_a_type_error_as_python_raises(tmp_path):
+    paths = [_write(tmp_path / "d.h5", 0, N)]
+    with pytest.raises(TypeError, match="unexpected keyword argument 'bufer'") as err:
+        Loader(paths, batch_size=4, epochs=1, buffer=10, bufer=10)
+    assert not isinstance(err.value, SolarError)
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda: LoaderConfig(paths="d.h5", epochs=1, buffer=1, memory=PlanningConfig()),
+     "memory must be a MemoryConfig, e.g. memory=MemoryConfig(...), got PlanningConfig("),
+    (lambda: LoaderConfig(paths="d.h5", epochs=1, buffer=1, memory={"share": "rank"}),
+     "memory must be a MemoryConfig"),
+    (lambda: LoaderConfig(paths="d.h5", epochs=1, buffer=1, reader=ReaderConfig),
+     "reader must be a ReaderConfig"),
+    (lambda: MemoryConfig(share="nodes"), "share must be one of ('auto', 'rank', 'node')"),
+    (lambda: MemoryConfig(tier_size=1.5), "tier_size must be a size"),
+    (lambda: MemoryConfig(page_mates="no"), "page_mates must be True or False"),
+    (lambda: PlanningConfig(policy="belady"), "policy must be one of "),
+    (lambda: PlanningConfig(slack=-1), "slack must be between 0 and 1000"),
+    (lambda: PlanningConfig(horizon=-1), "horizon must be a whole number of epochs"),
+    (lambda: PlanningConfig(equal_batches="yes"), "equal_batches must be True, False or None"),
+    (lambda: PlanningConfig(plan=3), "plan must be a Plan, a plan file or None"),
+    (lambda: ExpertConfig(warm=None), "warm must be True or False"),
+    (lambda: ExpertConfig(throttle=0.1), "throttle must be a Throttle or None"),
+])  # fmt: skip
+def test_records_are_refused_in_one_line_where_they_are_made(make, message):
+    with pytest.raises(SolarError) as err:
+        make()
+    assert "\n" not in str(err.value) and str(err.value).startswith(message), err.value
+
+
+def test_a_record_given_as_none_is_its_defaults_in_either_build(tmp_path):
+    paths = [_write(tmp_path / "d.h5", 0, N)]
+    config = LoaderConfig(paths=paths, batch_size=4, epochs=1, buffer=10, reader=None,
+                          memory=None, planning=None, expert=None)  # fmt: skip
+    assert (config.reader, config.memory) == (ReaderConfig(), MemoryConfig())
+    assert (config.planning, config.expert) == (PlanningConfig(), ExpertConfig())
+    ref = reference(paths)
+    for ld in (Loader.from_config(config), Loader(paths, batch_size=4, epochs=1, buffer=10,
+                                                  reader=None, memory=None)):  # fmt: skip
+        with ld:
+            assert ld.config == ReaderConfig() and ld.share == "rank"
+            for b in ld:
+                assert np.array_equal(b["img"].numpy(), ref["img"][b["index"].numpy()])

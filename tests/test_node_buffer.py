@@ -206,11 +206,11 @@ def test_a_node_loader_refuses_what_it_does_not_run_in_one_line(data, tmp_path, 
         ld.close()
     if kwargs.get("transform") == "held":
         kwargs["transform"] = Transform(lambda s, rng: s, deterministic=True)
-    memory = MemoryConfig(share=kwargs.pop("share"))
-    planning = PlanningConfig(plan=kwargs.pop("plan", None))
-    with pytest.raises(SolarError) as err:
-        Loader(data, ["x"], batch_size=12, epochs=1, buffer=20, **kwargs, memory=memory,
-               planning=planning, expert=ExpertConfig(warm=False))  # fmt: skip
+    share, planning = kwargs.pop("share"), PlanningConfig(plan=kwargs.pop("plan", None))
+    with pytest.raises(SolarError) as err:  # (an unknown share: where its record is made)
+        Loader(data, ["x"], batch_size=12, epochs=1, buffer=20, **kwargs,
+               memory=MemoryConfig(share=share), planning=planning,
+               expert=ExpertConfig(warm=False))  # fmt: skip
     msg = str(err.value)
     assert "\n" not in msg and word in msg, msg
 

@@ -99,7 +99,7 @@ def test_npy_one_per_file_and_many_per_file(tmp_path, world):
 def test_identity_covers_the_new_sources(tmp_path):
     root = one_per_file_h5(tmp_path / "d")
     a = describe_source(root, one_per_file=True).identity
-    with pytest.warns(UserWarning, match="one_per_file=True"):
+    with pytest.warns(UserWarning, match=r"pass reader=ReaderConfig\(one_per_file=True\)"):
         b = describe_source(root, ["grp/lab"]).identity  # each file read as 3 samples
     assert a != b
     d = tmp_path / "n"

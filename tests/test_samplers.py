@@ -448,3 +448,17 @@ def test_huge_weights_keep_their_proportions():
     ids = s.epoch(RunConfig(3, 1, 100, 1, draws=30_000), 0).ids
     counts = np.bincount(ids, minlength=3)
     assert counts[2] == 0 and abs(counts[0] - counts[1]) < 1000
+
+
+@pytest.mark.parametrize("name", ["loss_count", "check_keys", "extras", "supersedes"])
+def test_a_sampler_with_delivery_names_but_no_batch_extras_is_refused(data, name):
+    path, _ = data
+
+    class Counted(Weighted):  # delivery would never call it: refused, not ignored
+        pass
+
+    setattr(Counted, name, ("x",) if name == "supersedes" else lambda self, *a: None)
+    with pytest.raises(SolarError, match=rf"Counted defines {name}, .*: subclass "
+                       r"BatchExtras: extras\(output, batch\)$") as err:  # fmt: skip
+        Loader(path, batch_size=4, epochs=1, buffer=4, sampler=Counted(np.ones(53)))
+    assert "\n" not in str(err.value)

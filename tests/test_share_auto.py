@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from solar import BufferConfig, PlanSpec, RunConfig, Weighted
+from solar import BufferConfig, MemoryConfig, PlanSpec, RunConfig, Weighted
 from solar.errors import SolarError
 from solar.host import place
 from solar.runtime.setup import _share
@@ -81,8 +81,8 @@ def test_every_rank_falls_back_if_one_ranks_configuration_is_not_run(monkeypatch
     assert decide("auto", spec(SPLIT), comm) == (None, None) and comm.gathered == 3
     with pytest.raises(SolarError, match=r"ranks disagree on share: ranks \[1, 2, 3\]"):
         decide("node", spec(SPLIT), FakeComm(4, others="rank"))
-    with pytest.raises(SolarError, match="share must be one of"):
-        decide("host", spec(SPLIT), FakeComm(4))
+    with pytest.raises(SolarError, match="share must be one of"):  # refused where it is made
+        decide(MemoryConfig(share="host").share, spec(SPLIT), FakeComm(4))
 
 
 @pytest.mark.parametrize("buffer, snapshots, word", [

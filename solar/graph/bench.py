@@ -13,9 +13,9 @@ budget (``buffer``: a share of the feature rows over all ranks, or rows or bytes
   :mod:`solar.schedule.pagemates`): solar's Loader with that policy, the same reader
   (O_DIRECT page spans of small rows, ``PageGather``); on request ``solar-rows``, solar
   planning rows alone; ``solar-node`` (with several ranks by default, ``--share auto``; or
-  ``--share node``), solar with one buffer per
-  host shared by its ranks (``Loader(share="node")``: Belady over the host's union, a row several
-  local ranks need read once).
+  ``--share node``), solar with one buffer per host shared by its ranks
+  (``MemoryConfig(share="node")``: Belady over the host's union, a row several local ranks need
+  read once).
 
 As in ``solar bench``: every rank runs each loader's epoch in turn, in an order rotated every
 epoch, behind a barrier; an epoch's time is the slowest rank's. Feature reads bypass the page

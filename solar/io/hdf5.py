@@ -89,7 +89,8 @@ def describe(
     if not one_per_file and len(files) > 8 and max(lengths) <= 4:
         warnings.warn(
             f"{len(files)} HDF5 files hold at most {max(lengths)} samples each along their "
-            "first axis: if each file is one sample, pass one_per_file=True (--one-per-file)",
+            "first axis: if each file is one sample, pass "
+            "reader=ReaderConfig(one_per_file=True) (--one-per-file)",
             stacklevel=2,
         )
     table = whole.where

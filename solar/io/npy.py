@@ -139,7 +139,8 @@ def scan_npy(names: list[str], paths: list[list[Path]], one_per_file: bool) -> S
             shape, dtype, offset, sizes[i, k] = npy_header(path)
             mtimes[i, k] = os.stat(path).st_mtime_ns  # its identity as described
             if not one_per_file and not shape:
-                raise SolarError(f"{path}: a scalar (one sample per file? use one_per_file=True)")
+                raise SolarError(f"{path}: a scalar (one sample per file? use "
+                                 "reader=ReaderConfig(one_per_file=True))")  # fmt: skip
             sample = shape if one_per_file else shape[1:]
             n = 1 if one_per_file else shape[0]
             if want is None:

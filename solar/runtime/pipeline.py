@@ -218,7 +218,8 @@ def _host_holdings(setup: Setup, stream: NodeStream, steps: Steps) -> Holdings:
     if (setup.comm is None and setup.world_size > 1) or os.getpid() != stream.pid:
         raise SolarError('share="node": this process is not the one that joined its host '
                          "(a forked or unpickled copy cannot join its host's buffer: iterate "
-                         "the Loader where it was made, or pass share='rank')")  # fmt: skip
+                         "the Loader where it was made, or pass "
+                         "memory=MemoryConfig(share='rank'))")  # fmt: skip
     keys = [(k.sample_shape, k.native_dtype) for k in setup.held_keys]
     parts = Host.region_parts(stream.slots, stream.stage_rows, keys)
     region = NodeRegion(NodeRegion.size_of(parts), hc, stream.host, stream.local,

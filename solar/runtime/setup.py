@@ -150,9 +150,6 @@ def _check_batch_format(batch_format: str) -> None:
                              "(pip install 'solar[pyg]')") from None  # fmt: skip
 
 
-SHARES = ("auto", "rank", "node")
-
-
 def _share(share: str, spec: PlanSpec, holds_transformed: bool, world: int, comm: Any,
            snapshots: bool = False) -> tuple[Hosts | None, Any]:  # fmt: skip
     """The ranks grouped by host (``SOLAR_HOSTS=HxL`` forces a grouping) and this rank's host
@@ -161,9 +158,7 @@ def _share(share: str, spec: PlanSpec, holds_transformed: bool, world: int, comm
     ``"auto"``: a node buffer where it pays and runs (:func:`_auto_share`)."""
     # Every rank takes the same branch, and refuses alike: a rank with a buffer of its own
     # (or gone) would never join the host collectives the others' node buffer runs.
-    agree(comm, share, "share")
-    if share not in SHARES:
-        raise SolarError(f"share must be one of {SHARES}, got {share!r}")
+    agree(comm, share, "share")  # (one of SHARES: MemoryConfig checked it)
     if share == "rank":
         return None, None
     why = node_unsupported(spec, holds_transformed, world, comm)
@@ -239,12 +234,11 @@ def _auto_share(spec: PlanSpec, why: str, world: int, comm: Any,
     return hosts, host_comm(comm)  # (made here: every rank has agreed on a host buffer)
 
 
-def _reader_config(info: DatasetInfo, reader: ReaderConfig | None) -> ReaderConfig:
+def _reader_config(info: DatasetInfo, config: ReaderConfig) -> ReaderConfig:
     import torch
 
     for k in info.keys:
         torch_dtype(k)
-    config = reader or ReaderConfig()
     if config.pin_memory and not torch.cuda.is_available():
         warnings.warn("pin_memory=True but no accelerator: not pinning", stacklevel=5)
         config = dataclasses.replace(config, pin_memory=False)

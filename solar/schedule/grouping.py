@@ -86,7 +86,7 @@ class Hosts:
         sizes = [len(g) for g in self.groups]
         return (f"hosts: ranks per host differ ({sizes}); a sampler with affinity splits "
                 "each global batch evenly over the hosts: it needs them equal "
-                "(share='rank')")  # fmt: skip
+                "(memory=MemoryConfig(share='rank'))")  # fmt: skip
 
     def host_of(self, rank: int) -> int:
         """The host of global rank ``rank``."""

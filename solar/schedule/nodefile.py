@@ -1,6 +1,6 @@
 """The node plan opened: a plan file grouped by host (solar/schedule/planfile.py, one buffer
 per host: solar/schedule/nodeplan.py), written by ``solar plan --share node`` and streamed by
-``Loader(plan=FILE, share="node")``.
+``Loader(planning=PlanningConfig(plan=FILE), memory=MemoryConfig(share="node"))``.
 
 A node plan file is untrusted input like any plan file: :meth:`NodePlan.validate` proves it
 (solar/schedule/nodevalidate.py, on :func:`~solar.schedule.validate.prove`'s collective) before
@@ -84,9 +84,9 @@ def _counted(sink: Callable[[NodeEpoch], None], spec: PlanSpec,
 @dataclass(frozen=True, eq=False)
 class NodePlan(Planned):
     """A node plan: made in memory by :func:`make_node_plan` (``epochs``), or a node plan
-    file opened by :func:`load_node_plan` (``file``), what ``Loader(plan=FILE, share="node")``
-    is given. ``spec`` is the per-rank inputs it was made for; ``stats`` the node's totals
-    (:func:`~solar.schedule.nodeplan.node_totals`)."""
+    file opened by :func:`load_node_plan` (``file``), what ``Loader(planning=PlanningConfig(
+    plan=FILE), memory=MemoryConfig(share="node"))`` is given. ``spec`` is the per-rank inputs
+    it was made for; ``stats`` the node's totals (:func:`~solar.schedule.nodeplan.node_totals`)."""
 
     spec: PlanSpec
     hosts: Hosts
@@ -171,7 +171,8 @@ def open_given(plan: Any, share: str) -> Plan | NodePlan | None:
                          "node plan file (`solar plan --share node -o FILE`)")  # fmt: skip
     if share == "rank" and isinstance(got, NodePlan):
         raise SolarError(
-            f'{where}: a node plan file (one buffer per host): pass share="node", '
+            f"{where}: a node plan file (one buffer per host): pass "
+            'memory=MemoryConfig(share="node"), '
             "or plan the run per rank (`solar plan` without --share node)"
         )
     return got

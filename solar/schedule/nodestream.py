@@ -1,4 +1,4 @@
-"""One rank's share of its host's node plan, one epoch at a time (``Loader(share="node")``).
+"""One rank's share of its host's node plan, one epoch at a time (``MemoryConfig(share="node")``).
 
 The node version of :class:`~solar.schedule.stream.RankStream`: a :class:`NodeStream` plans
 its host's buffer (solar/schedule/nodeplan.py: Belady over the union of the host's ranks'

@@ -244,7 +244,8 @@ def load_plan(path: str | os.PathLike, sampler: Sampler | None = None) -> Plan:
     f = PlanFile.open(path)
     if f.hosts is not None:
         raise SolarError(f"plan {path}: a node plan file (one buffer per host): "
-                         'open it with Loader(plan=..., share="node")')  # fmt: skip
+                         "open it with Loader(planning=PlanningConfig(plan=...), "
+                         'memory=MemoryConfig(share="node"))')  # fmt: skip
     plan = Plan(f.spec, f.epoch_order, f.stats, f.plan_seconds, f.fingerprint, file=f)
     if sampler is not None:
         plan = plan.bound_to(dataclasses.replace(f.spec, sampler=sampler))

@@ -140,8 +140,16 @@ NO_EXTRAS = BatchExtras()
 
 
 def extras_of(sampler: Any) -> BatchExtras:
-    """The delivery side of ``sampler``: itself if it adds to its batches, else rows alone."""
-    return sampler if isinstance(sampler, BatchExtras) else NO_EXTRAS
+    """The delivery side of ``sampler``: itself if it adds to its batches, else rows alone (a
+    sampler defining delivery's names without being a BatchExtras is refused: never ignored)."""
+    if isinstance(sampler, BatchExtras):
+        return sampler
+    stray = [n for n in ("extras", "check_keys", "loss_count", "supersedes") if hasattr(sampler, n)]
+    if stray:
+        raise SolarError(f"sampler {type(sampler).__name__} defines {', '.join(stray)}, which "
+                         "delivery calls of a BatchExtras only: subclass BatchExtras: "
+                         "extras(output, batch)")  # fmt: skip
+    return NO_EXTRAS
 
 
 class Shuffle(Sampler):
