@@ -20,7 +20,7 @@ from solar.errors import CorruptPlanError, SolarError
 from solar.schedule._common import HIT, PEER, SIDE
 from solar.schedule.draws import own_draws
 from solar.schedule.grouping import Hosts, stage_bound
-from solar.schedule.hostspec import host_parts, node_spec
+from solar.schedule.hostrun import host_parts, node_spec
 from solar.schedule.nodeboard import (
     PART,
     EpochBoard,

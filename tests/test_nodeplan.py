@@ -15,7 +15,7 @@ from solar.errors import SolarError
 from solar.host.place import _by_name
 from solar.schedule._common import ADMIT, DEMOTE, HIT, PEER, SIDE, TADMIT, THIT, tier_slot_count
 from solar.schedule.grouping import Hosts
-from solar.schedule.hostspec import host_parts, node_spec
+from solar.schedule.hostrun import host_parts, node_spec
 from solar.schedule.nodeequal import node_transfer
 from solar.schedule.nodeplan import NodePlanner
 from solar.schedule.order import nominal_batches

@@ -23,7 +23,7 @@ import numpy as np
 from solar.errors import PlanMismatchError, SolarError
 from solar.schedule._common import Progress
 from solar.schedule.grouping import Hosts, NodeEpoch, stage_bound
-from solar.schedule.hostspec import node_spec
+from solar.schedule.hostrun import node_spec
 from solar.schedule.nodeplan import node_totals
 from solar.schedule.nodestream import NodeStream
 from solar.schedule.nodevalidate import NodeValidator

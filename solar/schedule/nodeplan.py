@@ -45,7 +45,7 @@ from solar.schedule._common import (
 )  # fmt: skip
 from solar.schedule.draws import EpochDraws
 from solar.schedule.grouping import Hosts, NodeEpoch
-from solar.schedule.hostspec import HostSampler, host_parts, node_spec, part_spec
+from solar.schedule.hostrun import HostSampler, host_parts, node_spec, part_spec
 from solar.schedule.nodeequal import deal_equal, rank_targets
 from solar.schedule.nodeparts import Parts, merge
 from solar.schedule.planner import EpochPlan, Planner

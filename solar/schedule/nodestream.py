@@ -44,7 +44,7 @@ from solar.schedule import snapshot
 from solar.schedule._common import ADMIT, DEMOTE, HIT, PEER, SIDE, TADMIT, THIT, tier_slot_count
 from solar.schedule.draws import EpochDraws
 from solar.schedule.grouping import Hosts, NodeEpoch
-from solar.schedule.hostspec import host_parts, node_spec
+from solar.schedule.hostrun import host_parts, node_spec
 from solar.schedule.nodeboard import BoardReader, Interrupted, board_of
 from solar.schedule.nodeequal import node_transfer
 from solar.schedule.nodeplan import NodePlanner, host_phases

@@ -35,7 +35,7 @@ from numba import njit
 from solar.errors import CorruptPlanError
 from solar.schedule._common import ADMIT, DEMOTE, HIT, PEER, SIDE, TADMIT, THIT
 from solar.schedule.grouping import Hosts, NodeEpoch
-from solar.schedule.hostspec import HostSampler, node_spec
+from solar.schedule.hostrun import HostSampler, node_spec
 from solar.schedule.nodeequal import rank_targets
 from solar.schedule.spec import PlanSpec
 from solar.schedule.validate import RankValidator, TraceValidator

@@ -68,7 +68,7 @@ from solar._atomic import atomic_path
 from solar.errors import CorruptPlanError, SolarError, first_line
 from solar.schedule._common import no_tier, tier_slot_count
 from solar.schedule.grouping import Hosts, NodeEpoch
-from solar.schedule.hostspec import node_spec
+from solar.schedule.hostrun import node_spec
 from solar.schedule.order import sample_dtype
 from solar.schedule.planner import EpochPlan, RankEpoch, epoch_order_of, peer_counts
 from solar.schedule.spec import FORMAT_VERSION, PlanSpec, fingerprint_of
