@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import gc
 import importlib
+import subprocess
 import sys
 import types
 
@@ -195,24 +196,25 @@ def test_a_jobs_places_are_dropped_with_it_and_its_communicators_freed(monkeypat
 
 
 def test_torchcomm_names_the_default_group_in_force():
-    """A TorchComm made before a re-init names the new group after it (place memoises on it)."""
-    import torch.distributed as td
-
-    from solar.dist import TorchComm
-
-    assert not td.is_initialized()
-    keys = []
-    try:
-        td.init_process_group("gloo", store=td.HashStore(), rank=0, world_size=1)
-        comm = TorchComm()
-        keys.append(comm.group_key)
-        td.destroy_process_group()
-        td.init_process_group("gloo", store=td.HashStore(), rank=0, world_size=1)
-        keys.append(comm.group_key)
-    finally:
-        if td.is_initialized():
-            td.destroy_process_group()
-    assert keys[0][0] == keys[1][0] == "torch" and keys[0][1] is not keys[1][1]
+    """A TorchComm made before a re-init names the new group after it (place memoises on it).
+    In a process of its own: another test of this worker may have left a group initialised."""
+    code = """
+import torch.distributed as td
+from solar.dist import TorchComm
+keys = []
+td.init_process_group("gloo", store=td.HashStore(), rank=0, world_size=1)
+comm = TorchComm()
+keys.append(comm.group_key)
+td.destroy_process_group()
+td.init_process_group("gloo", store=td.HashStore(), rank=0, world_size=1)
+keys.append(comm.group_key)
+td.destroy_process_group()
+assert keys[0][0] == keys[1][0] == "torch" and keys[0][1] is not keys[1][1], keys
+print("ok")
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
 
 
 def test_a_comm_that_cannot_split_stays_the_jobs_and_says_so(monkeypatch):
