@@ -36,11 +36,12 @@ from solar.schedule.summary import PlanSummary, closing_lines, reads_line
 from solar.transform import load_transform
 
 _READER = ReaderConfig()  # the defaults shown by --help
-_MEMORY, _PLANNING = MemoryConfig(), PlanningConfig()
+_PLANNING = PlanningConfig()
 
 # -- option groups: the records of solar.options, each option defined once -----------------------
-# A command takes the options of a group that apply to it; one function per record turns them
-# into it (reader_config, memory_config, planning_config), as a Loader takes them.
+# A command takes the options of a group that apply to it and builds the record from them
+# (MemoryConfig, PlanningConfig directly; reader_config, which keeps ReaderConfig's defaults
+# for options a command lacks), as a Loader takes them.
 ONE_PER_FILE = click.option("--one-per-file", is_flag=True,
                             help="Each data file is one sample (its datasets).")  # fmt: skip
 THREADS = click.option("--threads", default=str(_READER.threads), show_default=True,
@@ -72,22 +73,6 @@ def reader_config(
     if read_ahead is not None:
         config = dataclasses.replace(config, read_ahead=read_ahead)
     return config
-
-
-def memory_config(tier: str | None = None, tier_size: str = "0",
-                  share: str = _MEMORY.share) -> MemoryConfig:  # fmt: skip
-    """--tier, --tier-size, --share as the MemoryConfig they set (sizes as written: read with
-    the data)."""
-    return MemoryConfig(tier=tier, tier_size=tier_size, share=share)
-
-
-def planning_config(slack: float = _PLANNING.slack, policy: str = _PLANNING.policy,
-                    equal_batches: bool | None = None,
-                    horizon: int | None = None) -> PlanningConfig:  # fmt: skip
-    """--slack, --policy, --equal-batches/--variable-batches, --horizon as the
-    PlanningConfig they set."""
-    return PlanningConfig(slack=slack, policy=policy, equal_batches=equal_batches,
-                          horizon=horizon)  # fmt: skip
 
 
 # A plan this long gets a progress bar (a few seconds of work).
@@ -220,8 +205,9 @@ def plan(
         raise SolarError("--share node: no --plot (yet)")
     hosts_of = (share_mode, hosts)
     reader = reader_config(one_per_file)
-    memory = memory_config(tier_size=tier_size, share=share_mode)
-    planning = planning_config(slack, policy, equal_batches, horizon)
+    memory = MemoryConfig(tier_size=tier_size, share=share_mode)
+    planning = PlanningConfig(slack=slack, policy=policy, equal_batches=equal_batches,
+                              horizon=horizon)  # fmt: skip
     if sampler_kind == "neighbor":
         _plan_graph(data, keys, world_size, batch_size, epochs, buffer, seed, memory, planning,
                     fanouts, out, plot_out, as_json, hosts_of,
@@ -790,7 +776,7 @@ def bench(data, keys, one_per_file, world_size, batch_size, epochs, buffer, tier
     for path in (json_out, plot_out):
         _check_out(path, force)
     reader = reader_config(one_per_file, threads, read_ahead)
-    memory, planning = memory_config(tier, tier_size), planning_config(slack)
+    memory, planning = MemoryConfig(tier=tier, tier_size=tier_size), PlanningConfig(slack=slack)
     if share_mode == "node" and sampler_kind != "neighbor":
         raise SolarError("--share node: with --sampler neighbor only (for now)")
     if share_mode == "auto":  # both side by side where a node buffer applies, unless --loaders
