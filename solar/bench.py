@@ -765,12 +765,30 @@ def _save(plt: Any, fig: Any, legend_axes: Any, path: Path) -> None:
     os.replace(tmp, path)
 
 
+def relaunch_command(world: int, argv: list[str]) -> tuple[list[str], dict[str, str]]:
+    """The command and environment that run this same command under ``mpiexec -n world``.
+
+    The ranks import the solar this process runs, whatever the working directory holds: ``-P``
+    keeps the directory (a clone named ``solar/`` beside the user, say) off the import path, and
+    a solar run from a source tree has that tree put first."""
+    mpiexec = Path(sys.executable).with_name("mpiexec")
+    if not mpiexec.exists():
+        raise SolarError(f"--world-size {world} needs mpiexec (not found beside {sys.executable})")
+    import site
+
+    import solar
+
+    env = {**os.environ, "SOLAR_BENCH_CHILD": "1"}
+    root = str(Path(solar.__file__).resolve().parents[1])
+    if root not in {str(Path(p).resolve()) for p in site.getsitepackages()}:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
+    cmd = [str(mpiexec), "-n", str(world), sys.executable, "-P", "-m", "solar.cli", *argv]
+    return cmd, env
+
+
 def relaunch_under_mpi(world: int, argv: list[str]) -> int:
     """Run this same command under ``mpiexec -n world`` (the one beside this Python)."""
     import subprocess
 
-    mpiexec = Path(sys.executable).with_name("mpiexec")
-    if not mpiexec.exists():
-        raise SolarError(f"--world-size {world} needs mpiexec (not found beside {sys.executable})")
-    cmd = [str(mpiexec), "-n", str(world), sys.executable, "-m", "solar.cli", *argv]
-    return subprocess.call(cmd, env={**os.environ, "SOLAR_BENCH_CHILD": "1"})
+    cmd, env = relaunch_command(world, argv)
+    return subprocess.call(cmd, env=env)

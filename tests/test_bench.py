@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -236,3 +237,20 @@ def test_bench_gathers_gnn_features_with_every_loader(tmp_path, world):
     bad = subprocess.run([SOLAR, "bench", graph, "--share", "node"],
                          capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
     assert bad.returncode != 0 and "--share node: with --sampler neighbor only" in bad.stderr
+
+
+def test_the_relaunch_imports_this_solar_whatever_the_working_directory_holds(tmp_path):
+    """`solar bench -P 4` from a folder holding a clone named solar/ ran the clone (issue 47)."""
+    import solar
+    from solar import bench
+
+    decoy = tmp_path / "solar"
+    decoy.mkdir()
+    (decoy / "__init__.py").write_text("raise ImportError('the decoy was imported')\n")
+    (decoy / "cli.py").write_text("raise ImportError('the decoy was imported')\n")
+    cmd, env = bench.relaunch_command(2, ["--version"])
+    python_onwards = cmd[cmd.index(sys.executable):]  # the rank's command, without mpiexec
+    probe = [*python_onwards[:-3], "-c", "import solar, sys; print(solar.__file__)"]
+    out = subprocess.run(probe, cwd=tmp_path, env=env, capture_output=True, text=True, check=True)
+    assert os.path.samefile(out.stdout.strip(), solar.__file__)
+    assert python_onwards[1:4] == ["-P", "-m", "solar.cli"]
