@@ -249,7 +249,7 @@ def test_the_relaunch_imports_this_solar_whatever_the_working_directory_holds(tm
     (decoy / "__init__.py").write_text("raise ImportError('the decoy was imported')\n")
     (decoy / "cli.py").write_text("raise ImportError('the decoy was imported')\n")
     cmd, env = bench.relaunch_command(2, ["--version"])
-    python_onwards = cmd[cmd.index(sys.executable):]  # the rank's command, without mpiexec
+    python_onwards = cmd[cmd.index(sys.executable) :]  # the rank's command, without mpiexec
     probe = [*python_onwards[:-3], "-c", "import solar, sys; print(solar.__file__)"]
     out = subprocess.run(probe, cwd=tmp_path, env=env, capture_output=True, text=True, check=True)
     assert os.path.samefile(out.stdout.strip(), solar.__file__)
