@@ -194,3 +194,24 @@ def test_help_shows_what_the_site_shows():
 
     doc = write_graph.__doc__ or ""
     assert "module docstring" not in doc and "OGB-style directory" in doc
+
+
+def test_every_field_of_a_documented_record_is_described():
+    """The records are shown without members (their docstrings say what each field does):
+    each field is named in its record's docstring, and the Loader's keywords, which
+    ``LoaderConfig`` holds, are the Loader's parameters (its signature and docstring)."""
+    import dataclasses
+    import inspect
+
+    from solar.loader import Loader
+
+    records = [d for d in DIRECTIVES if d.endswith("Config") and d != "solar.options.LoaderConfig"]
+    assert len(records) >= 6
+    for dotted in records:
+        cls = _object(dotted)
+        doc = cls.__doc__ or ""
+        missing = [f.name for f in dataclasses.fields(cls) if f"``{f.name}``" not in doc]
+        assert missing == [], f"{dotted}: fields not described {missing}"
+    loader_config = _object("solar.options.LoaderConfig")
+    keywords = set(inspect.signature(Loader).parameters) - {"moved"}
+    assert {f.name for f in dataclasses.fields(loader_config)} == keywords
