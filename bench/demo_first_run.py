@@ -19,31 +19,16 @@ import tempfile
 import time
 from pathlib import Path
 
-# Counts numba's compilations (not cache loads), outermost only, by kernel, then runs the demo.
+# Runs the demo, then prints the kernels numba compiled (not loaded from its cache) meanwhile.
 DEMO = r"""
-import json, sys, threading
-from numba.core import event
-
-class Names(event.Listener):
-    def __init__(self):
-        self.depth, self.log, self.lock = 0, [], threading.Lock()
-    def on_start(self, ev):
-        with self.lock:
-            self.depth += 1
-    def on_end(self, ev):
-        with self.lock:
-            self.depth -= 1
-            if self.depth == 0:
-                f = ev.data["dispatcher"].py_func
-                self.log.append(f"{f.__module__}.{f.__qualname__}")
-
-names = Names()
-event.register("numba:compile", names)
+import json, sys
 from solar.cli import cli
+from solar.warm import TALLY
+
 try:
     cli.main(["demo", "--dir", sys.argv[1]], standalone_mode=False)
 finally:
-    print("COMPILED " + json.dumps(names.log), flush=True)
+    print("COMPILED " + json.dumps(TALLY.names), flush=True)
 """
 
 
