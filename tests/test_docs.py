@@ -215,3 +215,17 @@ def test_every_field_of_a_documented_record_is_described():
     loader_config = _object("solar.options.LoaderConfig")
     keywords = set(inspect.signature(Loader).parameters) - {"moved"}
     assert {f.name for f in dataclasses.fields(loader_config)} == keywords
+
+
+def test_the_pyg_guide_says_which_code_runs():
+    """The PyG guide's ``python`` blocks (tests/test_readme.py runs each, in a process of its
+    own, on a small generated graph) need nothing solar's environment lacks; PyG's own
+    ``NeighborLoader``, which needs pyg-lib or torch-sparse (no wheel for the pinned torch),
+    is only in a fragment, and the page says so before any code."""
+    guide = PAGES["docs/guides/pyg.md"]
+    runnable, fragments = re.split(r"^```", guide, flags=re.M), guide.split("```py\n")
+    python = [b for b in runnable if b.startswith("python\n")]
+    assert len(python) >= 2 and not any("NeighborLoader(" in b for b in python)
+    assert len(fragments) == 2 and "NeighborLoader(" in fragments[1].split("```")[0]
+    before_code = guide.split("```")[0]
+    assert "pyg-lib" in before_code and "ImportError" in before_code
