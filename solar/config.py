@@ -55,9 +55,11 @@ DEFAULT_SLACK = 0.25
 class RunConfig:
     """The shape of a training run: everything the access order depends on.
 
-    ``batch_size`` is the nominal local batch of one rank; a global step covers
-    ``batch_size * world_size`` positions of the epoch's order. ``draws`` is the number of
-    positions per epoch when a sampler draws other than ``num_samples`` (None: all of them).
+    ``num_samples`` samples, served by ``world_size`` ranks. ``batch_size`` is the nominal
+    local batch of one rank; a global step covers ``batch_size * world_size`` positions of
+    the epoch's order, over ``epochs`` epochs whose orders are drawn from ``seed``;
+    ``drop_last`` drops each epoch's short last step. ``draws`` is the number of positions
+    per epoch when a sampler draws other than ``num_samples`` (None: all of them).
     """
 
     num_samples: int
@@ -281,6 +283,10 @@ class ReaderConfig:
     copies to an accelerator; ``decode_chunks`` reads chunked datasets chunk by chunk, decoding
     them on the threads (else through h5py, one reader at a time); ``one_per_file`` reads each
     file whole as one sample (its datasets), else files hold samples along their first axis.
+    ``page_gap``: with ``O_DIRECT``, rows of at most 16 KiB (a GNN's feature rows) whose pages
+    are within ``page_gap`` pages of each other are read in one request, the gap discarded
+    (0: only rows sharing or touching pages); fewer, longer reads pay where requests, not
+    bytes, are the limit.
 
     ``threads="auto"``: start at :data:`AUTO_THREADS` and let the Loader's tuner
     (solar/tune.py) move the reader (and decoding) threads and the read-ahead depth online,

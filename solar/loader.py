@@ -112,6 +112,20 @@ class Loader(IterableDataset[dict]):
     ``num_sampled_nodes``/``num_sampled_edges`` (made after ``batch_transform``).
     """
 
+    stats: LoaderStats
+    """What this rank's run cost, as it goes: ``stats.epochs[e]`` one epoch's totals (``print``
+    gives one line: samples, hit rate, bytes read, seconds, stall), ``stats.stages(e)`` and
+    ``stats.bottleneck(e)`` the pipeline's stages, ``stats.json_lines()`` every step,
+    ``stats.warm_seconds`` and ``stats.compile_seconds`` the warm-up
+    (:class:`~solar.stats.LoaderStats`)."""
+    share: str
+    """``"node"`` when the ranks of each host share one buffer, else ``"rank"``: decided at
+    construction, alike on every rank (``MemoryConfig.share``)."""
+    rank: int
+    """This process's rank in the run."""
+    world_size: int
+    """The run's number of ranks."""
+
     def __init__(
         self,
         paths: Paths,

@@ -19,6 +19,7 @@ from solar.config import ReaderConfig
 from solar.loader import Loader
 from solar.options import ExpertConfig, MemoryConfig, PlanningConfig
 from solar.schedule.grouping import Hosts
+from solar.schedule.plan import plan_to_file
 from solar.schedule.samplers import Weighted
 from solar.warm import Warmth, measured, rehearse_node, tiny_spec
 
@@ -32,9 +33,11 @@ NODE_KINDS = (("traced", False, False, False), ("traced", True, False, False),
 
 def common_configs() -> list[dict[str, Any]]:
     """What ``solar warm`` rehearses: every policy of each sampler, with and without a tier,
-    one rank and several, on float32 samples in one HDF5 file and in one-sample files; and,
-    first (the longest), one buffer per host of :data:`NODE_KINDS`, in one process (their
-    kernels compiled once)."""
+    one rank and several, on float32 samples in one HDF5 file and in one-sample files; the
+    solar policy served from a plan file (``solar plan -o``, then
+    ``PlanningConfig(plan=FILE)``: the plan's writing and its proof, as ``solar demo`` runs);
+    and, first (the longest), one buffer per host of :data:`NODE_KINDS`, in one process
+    (their kernels compiled once)."""
     from solar.schedule.policies import POLICIES, TIERED, TRACE_POLICIES
 
     out: list[dict[str, Any]] = [dict(world=2, policy="solar", share="node", tier=False,
@@ -46,6 +49,9 @@ def common_configs() -> list[dict[str, Any]]:
         for policy in TRACE_POLICIES:
             for tier in (False, True) if policy == "solar" else (False,):
                 out.append(dict(world=world, policy=policy, tier=tier, sampler="weighted"))
+        for sampler in ("shuffle", "weighted"):
+            out.append(dict(world=world, policy="solar", tier=False, sampler=sampler,
+                            plan_file=True))  # fmt: skip
     return out
 
 
@@ -63,15 +69,27 @@ def warm_config(cfg: dict[str, Any], root: Path) -> None:
     if tier is not None:
         tier.mkdir(exist_ok=True)
     for source, one in ((data, False), (root / "files", True)):
-        for rank in range(cfg["world"]):
-            with warnings.catch_warnings():  # (varying batches: these serve nobody)
-                warnings.simplefilter("ignore", UserWarning)
-                ld = Loader(source, batch_size=4, epochs=2, buffer=5, rank=rank,
-                            world_size=cfg["world"], sampler=sampler,
-                            planning=PlanningConfig(policy=cfg["policy"]),
-                            reader=ReaderConfig(one_per_file=one),
-                            memory=MemoryConfig(tier=tier, tier_size=8 if tier else 0))  # fmt: skip
-            ld.close()
+        kw = dict(batch_size=4, epochs=2, buffer=5, world_size=cfg["world"], sampler=sampler,
+                  reader=ReaderConfig(one_per_file=one),
+                  memory=MemoryConfig(tier=tier, tier_size=8 if tier else 0))  # fmt: skip
+        planning = PlanningConfig(policy=cfg["policy"])
+        with warnings.catch_warnings():  # (varying batches: these serve nobody)
+            warnings.simplefilter("ignore", UserWarning)
+            if cfg.get("plan_file"):
+                name = f"plan-{os.getpid()}-{cfg['sampler']}-{cfg['world']}-{int(one)}.h5"
+                planning = _planned(source, kw, planning, root / name)
+            for rank in range(cfg["world"]):
+                Loader(source, rank=rank, planning=planning, **kw).close()
+
+
+def _planned(source: Path, kw: dict[str, Any], planning: PlanningConfig,
+             path: Path) -> PlanningConfig:  # fmt: skip
+    """The run of a Loader of ``source`` and ``kw`` planned into the plan file ``path``, as
+    ``solar plan -o`` writes one: its Loaders read it (and prove it) instead of planning."""
+    made = Loader(source, rank=0, planning=planning, expert=ExpertConfig(warm=False), **kw)
+    made.close()
+    plan_to_file(made.spec, path)
+    return PlanningConfig(plan=path)
 
 
 def _warm_node(data: Path, root: Path, n: int) -> None:
@@ -148,4 +166,5 @@ def _name(cfg: dict[str, Any]) -> str:
     if cfg.get("share") == "node":
         return f"{cfg['policy']} (node buffers of {cfg['world']} ranks: {len(NODE_KINDS)} kinds)"
     tier = ", tier" if cfg["tier"] else ""
-    return f"{cfg['policy']} ({cfg['sampler']}{tier}, P={cfg['world']})"
+    given = ", from a plan file" if cfg.get("plan_file") else ""
+    return f"{cfg['policy']} ({cfg['sampler']}{tier}{given}, P={cfg['world']})"

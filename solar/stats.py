@@ -304,12 +304,14 @@ class LoaderStats:
     share: str = "rank"  # "node": the host's ranks share one buffer (Loader.share)
 
     def epoch(self, e: int) -> EpochStats:
+        """Epoch ``e``'s totals (made empty if it has none yet)."""
         got = self.epochs.get(e)
         if got is None:
             got = self.epochs[e] = EpochStats()
         return got
 
     def record(self, s: StepStats) -> None:
+        """Add step ``s`` to its epoch's totals and to ``steps``."""
         self.epoch(s.epoch).add(s)
         self.steps.append(s)
 
@@ -334,4 +336,5 @@ class LoaderStats:
         return bottleneck(self.stages(epoch))
 
     def json_lines(self) -> str:
+        """Every step's figures (:class:`StepStats`), one JSON object a line."""
         return "".join(json.dumps(dataclasses.asdict(s)) + "\n" for s in self.steps)

@@ -65,11 +65,13 @@ READ_BUDGET = 64 << 20
 
 class _CompileTally(event.Listener):
     """Counts numba's compilations in this process (not loads from its cache) and their time;
-    a compilation nested in another (a callee) counts within its caller's."""
+    a compilation nested in another (a callee) counts within its caller's. ``names``: the
+    kernels compiled, in order (``module.qualname``)."""
 
     def __init__(self) -> None:
         self.count = 0
         self.seconds = 0.0
+        self.names: list[str] = []
         self._depth = 0
         self._t0 = 0.0
         self._lock = threading.Lock()  # (numba compiles under its own lock: one at a time)
@@ -86,6 +88,8 @@ class _CompileTally(event.Listener):
             if self._depth == 0:
                 self.count += 1
                 self.seconds += time.perf_counter() - self._t0
+                f = ev.data["dispatcher"].py_func
+                self.names.append(f"{f.__module__}.{f.__qualname__}")
 
 
 TALLY = _CompileTally()

@@ -137,6 +137,27 @@ def test_no_kernel_compiles_inside_an_epoch(tmp_path, case):
     assert all(w > 0 for w in out["warm"])
 
 
+# What a script run by _after_warm may call: serve a Loader's epochs, report what changed.
+AFTER_WARM = textwrap.dedent(
+    """
+    import json
+    from solar.warm import TALLY, signatures
+
+    def serve(ld):
+        for e in range(ld.run.epochs):
+            ld.set_epoch(e)
+            for _ in ld:
+                pass
+        ld.close()
+
+    def report(before, compiles):
+        after = signatures()
+        print(json.dumps({"new": {k: after[k] - before[k] for k in after
+                                  if after[k] != before[k]},
+                          "compiled": TALLY.count - compiles}))
+    """
+)
+
 NODE_AFTER_WARM = textwrap.dedent(
     """
     import json, sys
@@ -157,14 +178,8 @@ NODE_AFTER_WARM = textwrap.dedent(
                             (Shuffle(), MemoryConfig(share="node"))):
         ld = Loader(root / "data.h5", batch_size=6, epochs=4, buffer=11, sampler=sampler,
                     memory=memory, expert=ExpertConfig(warm=False))
-        for e in range(ld.run.epochs):
-            ld.set_epoch(e)
-            for _ in ld:
-                pass
-        ld.close()
-    after = signatures()
-    print(json.dumps({"new": {k: after[k] - before[k] for k in after if after[k] != before[k]},
-                      "compiled": TALLY.count - compiles}))
+        serve(ld)
+    report(before, compiles)
     """
 )
 
@@ -174,13 +189,59 @@ def test_solar_warm_rehearses_a_node_buffers_kernels(tmp_path):
     configurations, a node job of other sizes (unwarmed: a host of one rank here, planning,
     its tier and serving) calls no kernel signature they did not compile or load. (Without
     their node rehearsal it would: the node planner's and the host barrier's kernels.)"""
+    out = _after_warm(NODE_AFTER_WARM, tmp_path)
+    assert out["new"] == {} and out["compiled"] == 0, out
+
+
+def _after_warm(script: str, root) -> dict:
+    """``script``'s report (kernel signatures new after its warm-up, kernels compiled), run
+    in a fresh process over ``solar warm``'s generated data in ``root``."""
     from solar.precompile import _write_data
 
-    _write_data(tmp_path, 40)
-    result = subprocess.run([sys.executable, "-c", NODE_AFTER_WARM, str(tmp_path)],
+    _write_data(root, 40)
+    result = subprocess.run([sys.executable, "-c", AFTER_WARM + script, str(root)],
                             capture_output=True, text=True, timeout=300, check=False)  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
-    out = json.loads(result.stdout.strip().splitlines()[-1])
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+DEMO_AFTER_WARM = textwrap.dedent(
+    """
+    import json, sys, warnings
+    from pathlib import Path
+    from solar import Loader, PlanningConfig
+    from solar.cli import cli
+    from solar.precompile import common_configs, warm_config
+    from solar.warm import TALLY, signatures
+
+    root = Path(sys.argv[1])
+    for cfg in common_configs():  # (of solar warm's, those the demo's kind of run needs)
+        if cfg.get("plan_file") and cfg["sampler"] == "shuffle":
+            warm_config(cfg, root)
+    before, compiles = signatures(), TALLY.count
+    # solar demo's job, smaller: `solar plan -o`, then each rank's Loader serving the file.
+    plan = root / "demo.plan.h5"
+    cli.main(["plan", str(root / "data.h5"), "-P", "4", "-B", "3", "-E", "3", "-C", "7",
+              "--variable-batches", "-o", str(plan)], "solar", standalone_mode=False)
+    for rank in range(4):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            ld = Loader(root / "data.h5", batch_size=3, epochs=3, buffer=7, rank=rank,
+                        world_size=4, planning=PlanningConfig(plan=plan))
+        serve(ld)
+    report(before, compiles)
+    """
+)
+
+
+def test_solar_warm_covers_the_demos_job(tmp_path):
+    """``make demo`` after ``solar warm`` compiles nothing: after the configurations ``solar
+    warm`` serves from a plan file with Shuffle (a subset of its own), the demo's job
+    (``solar plan -o`` of 4 ranks, then each rank's Loader serving that file, of other sizes)
+    calls no kernel signature they did not compile or load. (Before they were warmed, the
+    demo compiled the plan summary's and the plan proof's kernels: bench/demo_first_run.py
+    counts it on a fresh cache.)"""
+    out = _after_warm(DEMO_AFTER_WARM, tmp_path)
     assert out["new"] == {} and out["compiled"] == 0, out
 
 

@@ -1,26 +1,5 @@
-"""A graph as users have it, in solar's graph file: ``write_graph`` (and ``solar convert``).
-
-Sources (``source`` of :func:`write_graph`):
-
-* a PyTorch Geometric ``Data`` (or any object with ``edge_index``, and optionally ``x``,
-  ``y``, ``train_mask``/``val_mask``/``test_mask`` or ``train_idx``/...), or a ``.pt`` file
-  holding one (``torch.save(data, path)``; loaded with pickle: only files you trust);
-* a dict of the same names (``edge_index``, ``x`` or ``features``, ``y`` or ``labels``,
-  masks or index arrays, ``num_nodes``), or of a CSR's ``indptr`` and ``indices``;
-* an OGB-style directory of ``.npy`` files (the arrays of OGB's node-property datasets as
-  ``NodePropPredDataset`` gives them: ``edge_index.npy`` (2, E) or ``edge.npy`` (E, 2),
-  ``node_feat.npy``, ``node_label.npy`` (N,) or (N, 1), ``train_idx.npy`` or
-  ``split/<name>/train.npy`` and ``valid``/``test``; OGB's ``edge.csv(.gz)`` and split CSVs
-  too; also in a ``raw/`` subdirectory);
-* an edge list: a ``.npy`` file of (2, E) or (E, 2) node ids, or a text file (``.csv``,
-  ``.txt``, ``.tsv``, gzipped or not: two ids per line, ``#`` comments and a header skipped),
-  with ``features=``, ``labels=`` and the splits given as arrays or ``.npy`` paths.
-
-Edges are source → target (PyG's ``edge_index[0]`` → ``edge_index[1]``); ``undirected=True``
-stores both directions. Arrays in memory (numpy, torch) are read in blocks; files are read
-with ``pread`` in blocks, never memory-mapped whole, so a graph larger than memory converts in
-about ``memory`` bytes plus 8 bytes per node (:mod:`solar.graph.csrwrite`). Missing labels or
-training split: a warning (once each), since batches then have no ``y`` or every node seeds.
+"""A graph as users have it, in solar's graph file: :func:`write_graph` (and ``solar
+convert``); the sources it takes are listed in its docstring.
 
 :func:`topology` gives :class:`~solar.graph.neighbor.NeighborSampler` a graph from the same
 in-memory forms (the CSR built in memory; features stay where the Loader reads them).
@@ -79,12 +58,37 @@ def write_graph(
     force: bool = False,
     progress: Progress | None = None,
 ) -> dict:
-    """Write ``source`` (module docstring) to ``dst`` as solar's graph file, verified and
-    atomically; keyword arrays or ``.npy`` paths add or replace its parts. ``memory``: the
-    bytes the conversion may use beyond 8 per node (bytes or "512MiB"). ``order``: a node
-    permutation (new id i is old node ``order[i]``) or a function of the written
-    :class:`~solar.graph.csr.Graph` returning one, to relabel the nodes (e.g. for locality).
-    Returns what was written (nodes, edges, features' shape and dtype, splits)."""
+    """Write ``source`` to ``dst`` as solar's graph file, verified and atomically (what
+    ``solar convert`` does); keyword arrays or ``.npy`` paths add or replace its parts.
+
+    ``source`` is one of:
+
+    * a PyTorch Geometric ``Data`` (or any object with ``edge_index``, and optionally ``x``,
+      ``y``, ``train_mask``/``val_mask``/``test_mask`` or ``train_idx``/...), or a ``.pt`` file
+      holding one (``torch.save(data, path)``; loaded with pickle: only files you trust);
+    * a dict of the same names (``edge_index``, ``x`` or ``features``, ``y`` or ``labels``,
+      masks or index arrays, ``num_nodes``), or of a CSR's ``indptr`` and ``indices``;
+    * an OGB-style directory of ``.npy`` files (the arrays of OGB's node-property datasets as
+      ``NodePropPredDataset`` gives them: ``edge_index.npy`` (2, E) or ``edge.npy`` (E, 2),
+      ``node_feat.npy``, ``node_label.npy`` (N,) or (N, 1), ``train_idx.npy`` or
+      ``split/<name>/train.npy`` and ``valid``/``test``; OGB's ``edge.csv(.gz)`` and split
+      CSVs too; also in a ``raw/`` subdirectory);
+    * an edge list: a ``.npy`` file of (2, E) or (E, 2) node ids, or a text file (``.csv``,
+      ``.txt``, ``.tsv``, gzipped or not: two ids per line, ``#`` comments and a header
+      skipped), with ``features=``, ``labels=`` and the splits given as arrays or ``.npy``
+      paths.
+
+    Edges are source → target (PyG's ``edge_index[0]`` → ``edge_index[1]``);
+    ``undirected=True`` stores both directions. Arrays in memory (numpy, torch) are read in
+    blocks; files are read with ``pread`` in blocks, never memory-mapped whole, so a graph
+    larger than memory converts in about ``memory`` bytes (bytes or ``"512MiB"``) plus 8 bytes
+    per node (:mod:`solar.graph.csrwrite`). Missing labels or training split: a warning (once
+    each), since batches then have no ``y`` or every node seeds. ``dst`` existing is refused
+    unless ``force``.
+
+    ``order``: a node permutation (new id i is old node ``order[i]``) or a function of the
+    written :class:`~solar.graph.csr.Graph` returning one, to relabel the nodes (e.g. for
+    locality). Returns what was written (nodes, edges, features' shape and dtype, splits)."""
     dst = Path(dst)
     if dst.exists() and not force:
         raise SolarError(f"{dst}: exists (use --force to overwrite)")
