@@ -39,7 +39,7 @@ from solar.runtime import pipeline
 from solar.runtime.setup import Setup, check_snapshots, configure
 from solar.schedule import Plan, make_plan
 from solar.schedule.grouping import stage_bound
-from solar.schedule.nodefile import NodeFileStream, NodePlan, make_node_plan
+from solar.schedule.nodefile import NodeFileStream
 from solar.schedule.nodestream import NodeStream
 from solar.schedule.order import step_bounds
 from solar.schedule.samplers import Sampler, Trace, extras_of
@@ -182,14 +182,13 @@ class Loader(IterableDataset[dict]):
         self.sampler, self.reader, self.out_keys = setup.sampler, setup.reader, setup.out_keys
         self.transform, self.batch_transform = setup.transform, setup.batch_transform
         given = setup.given
-        self._plan: Plan | None = given if isinstance(given, Plan) else None
-        self._node_plan: NodePlan | None = None  # share="node": made on first use of .plan
+        self._plan: Plan | None = given  # or made on first use of .plan
         # This rank's part, one epoch at a time: read from the plan given, or planned one
         # epoch ahead in the background.
         self._stream: RankStream | NodeStream
         if setup.hosts is None:
-            self._stream = RankStream(self.spec, self.rank, self._plan, snapshots)
-        elif isinstance(given, NodePlan):  # share="node": this rank's share of its host's plan
+            self._stream = RankStream(self.spec, self.rank, given, snapshots)
+        elif given is not None:  # share="node": this rank's share of its host's plan
             self._stream = NodeFileStream(given, self.rank, stage_bound(self.spec, setup.hosts))
         else:
             self._stream = NodeStream(self.spec, self.rank, setup.hosts,
@@ -246,20 +245,13 @@ class Loader(IterableDataset[dict]):
         return pipeline.build(self._setup, self._stream, self.stats, self._exchange)
 
     @property
-    def plan(self) -> Plan | NodePlan:
+    def plan(self) -> Plan:
         """The whole plan: the one given, or (for inspection; it costs a whole-run planning)
-        the plan this loader streams, made on first use; with ``share="node"`` the node plan
-        (every host's buffer and every rank's service)."""
-        hosts, given = self._setup.hosts, self._setup.given
-        if hosts is None:
-            if self._plan is None:
-                self._plan = make_plan(self.spec)
-            return self._plan
-        if isinstance(given, NodePlan):
-            return given
-        if self._node_plan is None:
-            self._node_plan = make_node_plan(self.spec, hosts)
-        return self._node_plan
+        the plan this loader streams, made on first use, of its grouping (with
+        ``share="node"`` every host's buffer and every rank's service)."""
+        if self._plan is None:
+            self._plan = make_plan(self.spec, hosts=self._setup.hosts)
+        return self._plan
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
@@ -363,7 +355,9 @@ class Loader(IterableDataset[dict]):
         """What the global batches depend on: not the world size or local batch, only their
         product (mosaicml-streaming's elastic determinism)."""
         run = self.run
-        order = self._plan.epoch_order if self._plan is not None else np.arange(run.epochs)
+        plan = self._plan  # (a plan grouped by host: the run's order, as states always had)
+        order = plan.epoch_order if plan is not None and plan.hosts is None else \
+            np.arange(run.epochs)  # fmt: skip
         key: tuple = (self.spec.dataset, run.num_samples, run.global_batch, run.epochs,
                       run.seed, run.drop_last, np.asarray(order).tolist())  # fmt: skip
         if self.spec.traced:
