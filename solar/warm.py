@@ -291,7 +291,7 @@ def rehearse_loader(args: LoaderConfig, setup: Setup,
                 for _ in zip(tiny, range(1), strict=False):
                     pass
             setup.sampler.rehearse(setup.run, setup.rank)  # its own kernels, if any
-        if setup.hosts is not None:  # a node buffer: the tiny Loader ran per rank; the node's own
+        if setup.shared:  # a node buffer: the tiny Loader ran per rank; the node's own
             rehearse_node(spec, setup.hosts, setup.rank, setup.given is not None)
     if w[0].compiled:
         settle_compiler_garbage()

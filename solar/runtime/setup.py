@@ -61,11 +61,25 @@ class Setup:
     tier_dir: str | os.PathLike | None
     comm: Any
     batch_format: str = "dict"  # or "pyg": batches as torch_geometric Data
-    # share="node": the job's ranks grouped by host, and this rank's host communicator (the
-    # shared region's construction is its collective; the steps' barriers are the region's
-    # own, solar/host/barrier.py); None: a buffer per rank.
-    hosts: Hosts | None = None
+    # The job's ranks grouped by the buffer they share: by host, with this rank's host
+    # communicator (share="node": the shared region's construction is its collective; the
+    # steps' barriers are the region's own, solar/host/barrier.py), or a host of one rank per
+    # rank (a buffer per rank: Hosts.grid(P, 1)).
+    hosts: Hosts = dataclasses.field(default_factory=lambda: Hosts.grid(1, 1))
     host_comm: Any = None
+    # Whether a host's ranks share one buffer; else each rank, a host of one rank, keeps a
+    # private one: no region, staging or barrier (decided here, once, for every stage).
+    shared: bool = False
+
+    @property
+    def share(self) -> str:
+        """``"node"`` (one buffer per host) or ``"rank"`` (a host of one rank per rank)."""
+        return "node" if self.shared else "rank"
+
+    @property
+    def plan_hosts(self) -> Hosts | None:
+        """The grouping the plan is made for (None: a buffer per rank)."""
+        return self.hosts if self.shared else None
 
     @property
     def holds_transformed(self) -> bool:
@@ -135,8 +149,8 @@ def configure(args: LoaderConfig) -> Setup:
         given.check_hosts(hosts)  # the job's grouping is the file's
         given.validate(r, comm)  # then proven safe, as any plan file
     return Setup(info, r, w, cores, config, run, spec, given, chosen,
-                 io, fn, batch_transform, out, held, memory.tier, comm, args.batch_format, hosts,
-                 hc)  # fmt: skip
+                 io, fn, batch_transform, out, held, memory.tier, comm, args.batch_format,
+                 Hosts.grid(w, 1) if hosts is None else hosts, hc, hosts is not None)  # fmt: skip
 
 
 def _check_batch_format(batch_format: str) -> None:
