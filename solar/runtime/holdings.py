@@ -189,11 +189,13 @@ class Holdings:
         repeats copied) and apply its buffer and tier updates, in the plan's order: the
         holdings then match step ``k + 1``."""
         host = self.host
-        for stg, out in zip(host.staging, batch, strict=True):
-            copy_rows(out, step.stage_rows, stg, step.stage_at)
+        if step.stage_rows.size:  # rows read here that other local ranks need
+            for stg, out in zip(host.staging, batch, strict=True):
+                copy_rows(out, step.stage_rows, stg, step.stage_at)
         host.wait(k, STAGED)  # every local rank's hits gathered, its shared reads staged
-        for stg, out in zip(host.staging, batch, strict=True):
-            copy_rows(stg, step.peer_at, out, step.peer_rows)
+        if step.peer_rows.size:  # rows another local rank read for this one
+            for stg, out in zip(host.staging, batch, strict=True):
+                copy_rows(stg, step.peer_at, out, step.peer_rows)
         if step.copy_dst.size:  # a sample drawn twice in the batch: read once, copied
             for rows in batch:
                 copy_rows(rows, step.copy_src, rows, step.copy_dst)
