@@ -51,7 +51,7 @@ event.register("numba:compile", names)
 
 import numpy as np
 from solar import ExpertConfig, Loader, MemoryConfig, PlanningConfig, Shuffle, Weighted, dist
-from solar.schedule.nodefile import node_plan_to_file
+from solar.schedule.plan import plan_to_file
 from solar.schedule.grouping import Hosts
 
 data, tmp = sys.argv[1], sys.argv[2]
@@ -78,7 +78,7 @@ for name, kw in cases.items():
         made = Loader(data, **kw, expert=ExpertConfig(warm=False))
         path = os.path.join(tmp, "node-plan.h5")
         if rank == 0:
-            node_plan_to_file(made.spec, Hosts.grid(1, 2), path)
+            plan_to_file(made.spec, hosts=Hosts.grid(1, 2), path=path)
         comm.Barrier()
         made.close()
         kw["planning"] = PlanningConfig(plan=path)

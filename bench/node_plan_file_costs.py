@@ -23,8 +23,8 @@ from solar.graph.neighbor import NeighborSampler
 from solar.io.sources import describe_source
 from solar.runtime.setup import page_layout
 from solar.schedule.grouping import Hosts
-from solar.schedule.nodefile import node_plan_to_file
 from solar.schedule.nodeplan import node_totals
+from solar.schedule.plan import plan_to_file
 
 
 def main() -> None:
@@ -54,7 +54,7 @@ def main() -> None:
             totals = node_totals(spec, hosts)
             only = time.perf_counter() - t0
             t0 = time.perf_counter()
-            plan = node_plan_to_file(spec, hosts, Path(tmp) / f"{grouping}.h5").bound_to(spec)
+            plan = plan_to_file(spec, hosts=hosts, path=Path(tmp) / f"{grouping}.h5").bound_to(spec)
             to_file = time.perf_counter() - t0
             plan.validate(0)
             t0 = time.perf_counter()

@@ -261,12 +261,21 @@ def plan(
 def _run_plan(spec: PlanSpec, out: str | None, plot_out: str | None, as_json: bool,
               hosts_of: tuple[str, str | None] = ("rank", None)) -> None:  # fmt: skip
     """Plan ``spec`` (into ``out`` if given), print its summary, plot its epochs.
-    ``hosts_of``: (--share, --hosts)."""
+    ``hosts_of``: (--share, --hosts): with ``--share node`` one buffer per host of --hosts
+    (HxL, default 1xP), the grouping the plan's; per rank, --hosts shows a node buffer's
+    figures beside."""
+    from solar.schedule.grouping import Hosts
+
     share_mode, hosts = hosts_of
+    grouped = None
     if share_mode == "node":
-        _run_node_plan(spec, out, as_json, hosts or f"1x{spec.run.world_size}")
-        return
-    warmth = _warm_planner(spec, bool(out))
+        if spec.buffer.tier:
+            raise SolarError("--share node: a node tier is not planned yet (no --tier-size)")
+        if plot_out:
+            raise SolarError("--plot: per-rank plans only (not with --share node)")
+        grouped = Hosts.parse(hosts or f"1x{spec.run.world_size}", spec.run.world_size,
+                              "--hosts")  # fmt: skip
+    warmth = _warm_planner(spec, bool(out), grouped)
     if warmth.compiled:
         log.info("compiled %d planner kernels in %.1f s (numba's cache did not hold them); "
                  "`solar warm` (run by `make`) compiles them once per install",
@@ -276,27 +285,25 @@ def _run_plan(spec: PlanSpec, out: str | None, plot_out: str | None, as_json: bo
     with _progress(run, enabled=run.num_accesses >= _PROGRESS_ACCESSES) as progress:
         # Streamed one epoch at a time: memory does not grow with the number of epochs.
         result = (
-            plan_to_file(spec, out, progress, epochs.append).summary
+            plan_to_file(spec, out, progress, epochs.append, grouped).summary
             if out
-            else simulate(spec, progress, epochs.append)
+            else simulate(spec, progress, epochs.append, grouped)
         )
     summary = plan_summary(result, Path(out) if out else None)
     summary.update(warm_seconds=warmth.seconds, compile_seconds=warmth.compile_seconds)
-    summary["hit_rate_per_epoch"] = [h / max(1, a) for a, h in epochs]
+    if grouped is None:
+        summary["hit_rate_per_epoch"] = [h / max(1, a) for a, h in epochs]
     if plot_out:
         from solar.bench import plot_plan
 
         plot_plan(summary, Path(plot_out))
         summary["plot"] = plot_out
-    if hosts:  # one buffer per host, side by side (solar/schedule/nodeplan.py)
-        from solar.schedule.grouping import Hosts
-        from solar.schedule.nodeplan import node_totals
-
-        node = node_totals(spec, Hosts.parse(hosts, spec.run.world_size, "--hosts"))
+    if hosts and grouped is None:  # one buffer per host, side by side
+        node = simulate(spec, hosts=Hosts.parse(hosts, spec.run.world_size, "--hosts")).stats
         node["fewer_reads"] = summary["reads"] / max(1, node["reads"])
         summary["node"] = node
-    click.echo(json.dumps(summary) if as_json else format_summary(summary))
-    if hosts and not as_json:
+    click.echo(json.dumps(summary) if as_json else _format_plan(summary))
+    if "node" in summary and not as_json:
         n = summary["node"]
         click.echo(f"one buffer per host ({hosts}): hit rate {n['hit_rate']:.3f} of the node's "
                    f"{n['accesses']} accesses, {n['reads_per_epoch']:.0f} reads/epoch "
@@ -360,43 +367,18 @@ def _plan_graph(data, keys, world_size, batch_size, epochs, buffer, seed, memory
     _run_plan(spec, out, plot_out, as_json, hosts_of)
 
 
-def _run_node_plan(spec: PlanSpec, out: str | None, as_json: bool, hosts_text: str) -> None:
-    """``solar plan --share node``: one buffer per host of ``hosts_text`` (HxL), into a node
-    plan file at ``out`` if given; its figures printed (solar/schedule/nodefile.py)."""
-    from solar.schedule.grouping import Hosts
-    from solar.schedule.nodefile import format_node_summary, node_plan_to_file, node_summary
-    from solar.schedule.nodeplan import node_totals
-    from solar.schedule.planfile import fingerprint as node_fingerprint
-
-    if spec.buffer.tier:
-        raise SolarError("--share node: a node tier is not planned yet (no --tier-size)")
-    hosts = Hosts.parse(hosts_text, spec.run.world_size, "--hosts")
-    run = spec.run
-    with _progress(run, enabled=run.num_accesses >= _PROGRESS_ACCESSES) as progress:
-        if out:
-            made = node_plan_to_file(spec, hosts, out, progress)
-            totals, seconds = dict(made.stats), made.plan_seconds
-            fingerprint = made.fingerprint
-        else:
-            t0 = time.perf_counter()
-            totals = node_totals(spec, hosts)
-            seconds = time.perf_counter() - t0
-            fingerprint = node_fingerprint(spec, hosts)
-    summary = node_summary(spec, hosts, totals, seconds, fingerprint, Path(out) if out else None)
-    click.echo(json.dumps(summary) if as_json else format_node_summary(summary))
-
-
-def _warm_planner(spec: PlanSpec, to_file: bool):
-    """Compile the planner's kernels on a tiny copy of ``spec`` first: the plan's time is
-    planning, not compiling (solar/warm.py)."""
+def _warm_planner(spec: PlanSpec, to_file: bool, hosts: Any = None):
+    """Compile the planner's kernels on a tiny copy of ``spec`` first (grouped by ``hosts``
+    if given): the plan's time is planning, not compiling (solar/warm.py)."""
     import tempfile
 
     from solar.warm import rehearse_planning
 
     with tempfile.TemporaryDirectory(prefix="solar-warm-") as tmp:
         if to_file:
-            return rehearse_planning(spec, lambda s: plan_to_file(s, Path(tmp) / "p.h5"))
-        return rehearse_planning(spec, simulate)
+            return rehearse_planning(spec, lambda s: plan_to_file(s, Path(tmp) / "p.h5",
+                                                                  hosts=hosts))  # fmt: skip
+        return rehearse_planning(spec, lambda s: simulate(s, hosts=hosts))
 
 
 @cli.command(short_help="Compile solar's kernels into numba's cache (once per install).")
@@ -555,19 +537,11 @@ def inspect(data: tuple[str, ...], keys: tuple[str, ...], one_per_file: bool, ve
 
 def _plan_files(files: list[Path]) -> dict[Path, dict]:
     """The plan files among ``files`` (``solar plan -o``'s), each with its summary."""
-    from solar.schedule.nodefile import load_node_plan, node_summary
     from solar.schedule.plan import load_plan
     from solar.schedule.planfile import kind_of
 
-    out = {}
-    for f in files:
-        kind = kind_of(f)
-        if kind == "node":
-            p = load_node_plan(f)
-            out[f] = node_summary(p.spec, p.hosts, p.stats, p.plan_seconds, p.fingerprint, Path(f))
-        elif kind == "rank":
-            out[f] = plan_summary(load_plan(f).summary, Path(f))
-    return out
+    return {f: plan_summary(load_plan(f).summary, Path(f)) for f in files
+            if kind_of(f) is not None}  # fmt: skip
 
 
 def _format_plan(s: dict) -> str:
@@ -913,7 +887,12 @@ def _check_world(world_size: int, launcher: str, started: int) -> None:
 
 
 def plan_summary(p: PlanSummary, path: Path | None = None) -> dict:
-    """The figures `solar plan` reports, as a JSON-ready dict."""
+    """The figures `solar plan` reports, as a JSON-ready dict (grouped by host:
+    :func:`~solar.schedule.nodefile.node_summary`'s)."""
+    if p.hosts is not None:
+        from solar.schedule.nodefile import node_summary
+
+        return node_summary(p, path)
     run, spec = p.run, p.spec
     reads = p.accesses - p.hits
     summary = {

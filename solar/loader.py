@@ -38,12 +38,8 @@ from solar.options import ExpertConfig, LoaderConfig, MemoryConfig, Paths, Plann
 from solar.runtime import pipeline
 from solar.runtime.setup import Setup, check_snapshots, configure
 from solar.schedule import Plan, make_plan
-from solar.schedule.grouping import stage_bound
-from solar.schedule.nodefile import NodeFileStream, NodePlan, make_node_plan
-from solar.schedule.nodestream import NodeStream
 from solar.schedule.order import step_bounds
 from solar.schedule.samplers import Sampler, Trace, extras_of
-from solar.schedule.stream import RankStream
 from solar.stats import LoaderStats
 from solar.transform import SampleFn, Transform
 from solar.warm import measured, rehearse_loader
@@ -174,7 +170,7 @@ class Loader(IterableDataset[dict]):
             setup = configure(args)
             check_snapshots(snapshots)
             self._adopt(setup, snapshots)
-            if args.memory.share == "auto" and setup.hosts is not None and setup.rank == 0:
+            if args.memory.share == "auto" and setup.shared and setup.rank == 0:
                 log.info("share='auto': one buffer per host (hosts of ranks %s), planned over "
                          "the union of their accesses; MemoryConfig(share='rank') for a "
                          "buffer per rank", setup.hosts.as_record())  # fmt: skip
@@ -196,25 +192,16 @@ class Loader(IterableDataset[dict]):
         self.sampler, self.reader, self.out_keys = setup.sampler, setup.reader, setup.out_keys
         self.transform, self.batch_transform = setup.transform, setup.batch_transform
         given = setup.given
-        self._plan: Plan | None = given if isinstance(given, Plan) else None
-        self._node_plan: NodePlan | None = None  # share="node": made on first use of .plan
+        self._plan: Plan | None = given  # or made on first use of .plan
         # This rank's part, one epoch at a time: read from the plan given, or planned one
         # epoch ahead in the background.
-        self._stream: RankStream | NodeStream
-        if setup.hosts is None:
-            self._stream = RankStream(self.spec, self.rank, self._plan, snapshots)
-        elif isinstance(given, NodePlan):  # share="node": this rank's share of its host's plan
-            self._stream = NodeFileStream(given, self.rank, stage_bound(self.spec, setup.hosts))
-        else:
-            self._stream = NodeStream(self.spec, self.rank, setup.hosts,
-                                      stage_bound(self.spec, setup.hosts), snapshots,
-                                      setup.host_comm)  # fmt: skip
+        self._stream = pipeline.stream(setup, snapshots)
         self._exchange: Exchange | None = None
         if self.spec.equal_batches and self.world_size > 1:
             # Rows move as delivered: transformed, if there is a transform.
             self._exchange = Exchange(setup.comm, self.out_keys)
         # Decided at construction, alike on every rank: "node" (one buffer per host) or "rank".
-        self.share = "rank" if setup.hosts is None else "node"
+        self.share = setup.share
         self.stats = LoaderStats(share=self.share)
         self._yielded: tuple[int, int] | None = None  # (epoch, step) last yielded
         # Rows of each global step of an epoch (a sampler's trace: of the epoch named).
@@ -252,7 +239,7 @@ class Loader(IterableDataset[dict]):
     def _build(self) -> pipeline.Pipeline:
         """This process's pipeline. A forked child builds its own, with a new buffer and tier
         refilled before it serves (its parent's reads and files are not its own)."""
-        if self._closed and self._setup.hosts is not None:
+        if self._closed and self._setup.shared:
             # Building again would make its host's buffer and board: a collective of the
             # host's ranks, which a rank serving alone after close would wait in forever.
             raise SolarError('share="node": this Loader is closed (its host\'s buffer and '
@@ -260,20 +247,13 @@ class Loader(IterableDataset[dict]):
         return pipeline.build(self._setup, self._stream, self.stats, self._exchange)
 
     @property
-    def plan(self) -> Plan | NodePlan:
+    def plan(self) -> Plan:
         """The whole plan: the one given, or (for inspection; it costs a whole-run planning)
-        the plan this loader streams, made on first use; with ``share="node"`` the node plan
-        (every host's buffer and every rank's service)."""
-        hosts, given = self._setup.hosts, self._setup.given
-        if hosts is None:
-            if self._plan is None:
-                self._plan = make_plan(self.spec)
-            return self._plan
-        if isinstance(given, NodePlan):
-            return given
-        if self._node_plan is None:
-            self._node_plan = make_node_plan(self.spec, hosts)
-        return self._node_plan
+        the plan this loader streams, made on first use, of its grouping (with
+        ``share="node"`` every host's buffer and every rank's service)."""
+        if self._plan is None:
+            self._plan = make_plan(self.spec, hosts=self._setup.plan_hosts)
+        return self._plan
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
@@ -369,7 +349,7 @@ class Loader(IterableDataset[dict]):
             "epoch": epoch,
             "next_step": self._next,
         }
-        if self._setup.hosts is not None:  # the grouping it came from (any other loads it)
+        if self._setup.shared:  # the grouping it came from (any other loads it)
             state["hosts"] = self._setup.hosts.as_record()
         return state
 
@@ -377,7 +357,9 @@ class Loader(IterableDataset[dict]):
         """What the global batches depend on: not the world size or local batch, only their
         product (mosaicml-streaming's elastic determinism)."""
         run = self.run
-        order = self._plan.epoch_order if self._plan is not None else np.arange(run.epochs)
+        plan = self._plan  # (a plan grouped by host: the run's order, as states always had)
+        order = plan.epoch_order if plan is not None and plan.hosts is None else \
+            np.arange(run.epochs)  # fmt: skip
         key: tuple = (self.spec.dataset, run.num_samples, run.global_batch, run.epochs,
                       run.seed, run.drop_last, np.asarray(order).tolist())  # fmt: skip
         if self.spec.traced:

@@ -35,7 +35,6 @@ from solar.errors import SolarError
 from solar.io.info import DatasetInfo
 from solar.io.throttle import Throttle
 from solar.schedule import Plan
-from solar.schedule.nodefile import NodePlan
 from solar.schedule.policies import POLICIES, TRACE_POLICIES
 from solar.schedule.samplers import Sampler
 from solar.transform import SampleFn, Transform
@@ -141,7 +140,7 @@ class PlanningConfig:
     instead of from epoch 0 (with a node buffer: the node planner's, of this grouping).
     """
 
-    plan: Plan | NodePlan | str | os.PathLike | None = None
+    plan: Plan | str | os.PathLike | None = None
     policy: str = "solar"
     slack: float = DEFAULT_SLACK
     equal_batches: bool | None = None
@@ -150,7 +149,7 @@ class PlanningConfig:
 
     def __post_init__(self) -> None:
         plan, h, names = self.plan, self.horizon, sorted({*POLICIES, *TRACE_POLICIES})
-        _check("plan", plan, plan is None or _is_path(plan) or isinstance(plan, Plan | NodePlan),
+        _check("plan", plan, plan is None or _is_path(plan) or isinstance(plan, Plan),
                "a Plan, a plan file or None")  # fmt: skip
         _check("policy", self.policy, self.policy in names, f"one of {', '.join(names)}")
         check_slack(self.slack)

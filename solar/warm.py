@@ -51,9 +51,9 @@ from solar.options import ExpertConfig, LoaderConfig, MemoryConfig, PlanningConf
 from solar.runtime.setup import Setup
 from solar.runtime.steps import Steps
 from solar.schedule.grouping import Hosts, stage_bound
-from solar.schedule.nodefile import NodeFileStream, NodePlan, load_node_plan, node_plan_to_file
+from solar.schedule.nodefile import NodeFileStream
 from solar.schedule.nodestream import NodeStream
-from solar.schedule.plan import Plan, make_plan, plan_to_file
+from solar.schedule.plan import load_plan, make_plan, plan_to_file
 from solar.schedule.samplers import SHUFFLE, Sampler, Trace, Weighted, is_shuffle
 from solar.schedule.spec import PlanSpec
 
@@ -228,8 +228,8 @@ def rehearse_node(spec: PlanSpec, hosts: Hosts, rank: int, plan_file: bool = Fal
         stream: NodeStream
         if plan_file:
             tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="solar-warm-"))
-            node_plan_to_file(spec, hosts, Path(tmp) / "node-plan.h5")
-            plan = load_node_plan(Path(tmp) / "node-plan.h5", spec.sampler)
+            plan_to_file(spec, Path(tmp) / "node-plan.h5", hosts=hosts)
+            plan = load_plan(Path(tmp) / "node-plan.h5", spec.sampler)
             plan.validate(rank)  # (without a communicator: every host's part)
             stream = NodeFileStream(plan, rank, stage)
         else:
@@ -251,7 +251,7 @@ def rehearse_loader(args: LoaderConfig, setup: Setup,
     its plan coming as the real one's: from a file, made in memory, or streamed. ``make``: a
     Loader of a record (``Loader.from_config``)."""
     info, given = setup.info, setup.given  # (a node plan given: rehearse_node's)
-    given = given if isinstance(given, Plan) else None
+    given = given if given is not None and given.hosts is None else None
     plan = None if given is None else "memory" if given.file is None else "file"
     with measured() as w:
         fit = max(1, READ_BUDGET // max(1, info.sample_bytes)) * setup.world_size
@@ -295,8 +295,8 @@ def rehearse_loader(args: LoaderConfig, setup: Setup,
                 for _ in zip(tiny, range(1), strict=False):
                     pass
             setup.sampler.rehearse(setup.run, setup.rank)  # its own kernels, if any
-        if setup.hosts is not None:  # a node buffer: the tiny Loader ran per rank; the node's own
-            rehearse_node(spec, setup.hosts, setup.rank, isinstance(setup.given, NodePlan))
+        if setup.shared:  # a node buffer: the tiny Loader ran per rank; the node's own
+            rehearse_node(spec, setup.hosts, setup.rank, setup.given is not None)
     if w[0].compiled:
         settle_compiler_garbage()
     return w[0]

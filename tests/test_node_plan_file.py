@@ -27,9 +27,9 @@ from solar.errors import PlanMismatchError, SolarError
 from solar.options import ExpertConfig, MemoryConfig, PlanningConfig
 from solar.schedule import ADMIT, HIT, PEER, load_plan
 from solar.schedule.grouping import Hosts, NodeEpoch
-from solar.schedule.nodefile import NodePlan, load_node_plan, make_node_plan, node_plan_to_file
 from solar.schedule.nodeplan import NodePlanner, node_totals
 from solar.schedule.nodevalidate import NodeValidator
+from solar.schedule.plan import Plan, make_plan, plan_to_file
 from solar.schedule.planfile import PlanWriter
 from solar.schedule.planfile import fingerprint as node_fingerprint
 from solar.schedule.planner import EpochPlan
@@ -74,9 +74,9 @@ def _edited(path: Path, edit: Callable[[NodeEpoch], NodeEpoch], hosts: Hosts | N
 
 
 def _validate(path: Path) -> None:
-    plan = load_node_plan(path)
+    plan = load_plan(path)
     sampler = None if plan.spec.equal_batches else _spec().sampler  # (Shuffle: recorded whole)
-    load_node_plan(path, sampler).validate(0)  # no comm: every host proven here
+    load_plan(path, sampler).validate(0)  # no comm: every host proven here
 
 
 # Shuffle with equal batches: 250 rows, a short last batch of 10 (2 or 3 rows a rank).
@@ -96,7 +96,7 @@ def _assert_holds_the_planners_epochs(made, spec, hosts) -> None:
 @pytest.mark.parametrize("grouping", ["1x4", "2x2"])
 def test_a_node_plan_file_holds_the_node_plan_with_its_grouping(tmp_path, grouping):
     spec, hosts = _spec(), Hosts.parse(grouping)
-    made = node_plan_to_file(spec, hosts, tmp_path / "n.h5").bound_to(spec)
+    made = plan_to_file(spec, hosts=hosts, path=tmp_path / "n.h5").bound_to(spec)
     assert made.hosts == hosts and made.fingerprint == node_fingerprint(spec, hosts)
     assert made.file.stats == node_totals(spec, hosts)
     assert made.file.stats["peer_rows"] > 0  # local ranks share rows: PEER services held
@@ -110,7 +110,7 @@ def test_a_node_plan_file_holds_the_node_plan_with_its_grouping(tmp_path, groupi
 
 def test_a_shuffle_node_plan_file_proves_safe(tmp_path):
     spec = dataclasses.replace(_spec(Shuffle()), sampler=Shuffle())
-    node_plan_to_file(spec, Hosts.grid(2, 2), tmp_path / "n.h5").validate(1)
+    plan_to_file(spec, hosts=Hosts.grid(2, 2), path=tmp_path / "n.h5").validate(1)
 
 
 def test_solar_plan_writes_the_same_node_plan_file_of_equal_batches_in_a_fresh_process(tmp_path):
@@ -124,7 +124,7 @@ def test_solar_plan_writes_the_same_node_plan_file_of_equal_batches_in_a_fresh_p
     r = subprocess.run([sys.executable, "-m", "solar.cli", *args], capture_output=True,
                        text=True, timeout=120)  # fmt: skip
     assert r.returncode == 0, r.stderr[-2000:]
-    here = node_plan_to_file(EQUAL, Hosts.grid(2, 2), tmp_path / "here.h5")
+    here = plan_to_file(EQUAL, hosts=Hosts.grid(2, 2), path=tmp_path / "here.h5")
     with h5py.File(out) as a, h5py.File(here.file.path) as b:
         names: list[str] = []
         a.visit(names.append)
@@ -144,7 +144,7 @@ def test_a_node_plan_file_holds_equal_batches_and_proves_every_rank_its_share(tm
     hosts' peer counts, which the file does not (a file of equal batches once failed its own
     checksum); every rank's step offsets come back, whose counts drive the exchange."""
     hosts = Hosts.parse(grouping)
-    made = node_plan_to_file(EQUAL, hosts, tmp_path / "n.h5")
+    made = plan_to_file(EQUAL, hosts=hosts, path=tmp_path / "n.h5")
     assert made.spec.equal_batches
     _assert_holds_the_planners_epochs(made, EQUAL, hosts)
     made.validate(0)
@@ -162,7 +162,7 @@ def test_solar_plan_share_node_writes_a_node_plan_file(tmp_path):
     r = CliRunner().invoke(cli, args)
     assert r.exit_code == 0, r.output
     assert "hosts 2x2 [[0, 1], [2, 3]]" in r.output and f"-> {out}" in r.output
-    plan = load_node_plan(out)
+    plan = load_plan(out)
     assert plan.hosts == Hosts.grid(2, 2) and plan.spec.equal_batches  # a Loader's default
     assert "--variable-batches" not in args and plan.file.stats["moved_rows"] > 0
     again = CliRunner().invoke(cli, args)
@@ -172,7 +172,7 @@ def test_solar_plan_share_node_writes_a_node_plan_file(tmp_path):
     s = json.loads(CliRunner().invoke(cli, [*args[:-4], "--json"]).output)  # default: 1x4
     assert s["share"] == "node" and s["hosts"] == [[0, 1, 2, 3]]
     with pytest.raises(SolarError, match="a node plan file") as err:
-        load_plan(out)  # a per-rank reader refuses it in one line
+        load_plan(out).rank(0)  # a per-rank query refuses it in one line
     assert "\n" not in str(err.value)
 
 
@@ -181,7 +181,7 @@ def test_a_loader_serves_a_node_plan_file_and_refuses_the_other_kind(tmp_path):
     data = write_h5(tmp_path / "d.h5", x=x)
     kw = dict(batch_size=8, epochs=2, buffer=20, expert=ExpertConfig(warm=False), seed=3)
     ld = Loader(data, ["x"], **kw)
-    node = node_plan_to_file(ld.spec, Hosts.grid(1, 1), tmp_path / "n.h5")
+    node = plan_to_file(ld.spec, hosts=Hosts.grid(1, 1), path=tmp_path / "n.h5")
     ld.close()
     served, state = [], None
     with Loader(data, ["x"], **kw, planning=PlanningConfig(plan=node.file.path),
@@ -233,13 +233,13 @@ def test_a_loaders_plan_is_its_node_plan_made_in_memory_saved_as_the_file_would_
     served = []
     with Loader(data, ["x"], **kw) as ld:
         plan = ld.plan
-        assert isinstance(plan, NodePlan) and ld.plan is plan and plan.hosts == Hosts.grid(1, 1)
+        assert isinstance(plan, Plan) and ld.plan is plan and plan.hosts == Hosts.grid(1, 1)
         assert plan.stats == node_totals(ld.spec, plan.hosts) and plan.header is None
         for e in range(2):
             ld.set_epoch(e)
             served += [b["index"].numpy() for b in ld]
         assert ld.stats.totals().reads == plan.stats["reads"]
-        saved = load_node_plan(plan.save(tmp_path / "n.h5"))
+        saved = load_plan(plan.save(tmp_path / "n.h5"))
         _assert_holds_the_planners_epochs(saved, ld.spec, plan.hosts)
         saved.validate(0)
         assert saved.stats == plan.stats and saved.fingerprint == plan.fingerprint
@@ -256,7 +256,7 @@ def test_a_whole_node_plan_of_unequal_hosts_is_refused_in_one_line():
     memory (what ``Loader.plan`` makes) is refused naming them, as is its file."""
     hosts = Hosts(((0, 1, 2), (3,)))
     with pytest.raises(SolarError, match=r"hosts \[\[0, 1, 2\], \[3\]\]: ranks per host differ"):
-        make_node_plan(_spec(), hosts)
+        make_plan(_spec(), hosts=hosts)
     with pytest.raises(SolarError, match="as many ranks on every host"):
         node_totals(_spec(), hosts, sink=lambda ne: None)
     assert node_totals(_spec(), hosts)["hosts"] == [[0, 1, 2], [3]]  # planned, host by host
@@ -482,14 +482,14 @@ def test_a_node_plan_file_serves_h5py_bytes_on_two_hosts_and_refuses_another_gro
     ld = Loader(data, ["x"], batch_size=12, epochs=3, buffer="10%", sampler=sampler, seed=5, rank=0,
                 world_size=4, expert=ExpertConfig(warm=False),
                 planning=PlanningConfig(equal_batches=False))  # fmt: skip
-    good = node_plan_to_file(ld.spec, Hosts.grid(2, 2), tmp_path / "p22.h5").file.path
-    other = node_plan_to_file(ld.spec, Hosts.grid(1, 4), tmp_path / "p14.h5").file.path
+    good = plan_to_file(ld.spec, hosts=Hosts.grid(2, 2), path=tmp_path / "p22.h5").file.path
+    other = plan_to_file(ld.spec, hosts=Hosts.grid(1, 4), path=tmp_path / "p14.h5").file.path
     ld.close()
     ld = Loader(data, ["x"], batch_size=12, epochs=3, buffer="10%", seed=5, rank=0, world_size=4,
                 expert=ExpertConfig(warm=False),
                 planning=PlanningConfig(equal_batches=False))  # fmt: skip
     spec = dataclasses.replace(ld.spec, equal_batches=True)  # Shuffle's, as a job's
-    equal = node_plan_to_file(spec, Hosts.grid(2, 2), tmp_path / "eq22.h5").file.path
+    equal = plan_to_file(spec, hosts=Hosts.grid(2, 2), path=tmp_path / "eq22.h5").file.path
     ld.close()
     env = {k: v for k, v in os.environ.items() if not k.startswith(FOREIGN)}
     env["SOLAR_HOSTS"] = "2x2"

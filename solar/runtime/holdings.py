@@ -31,10 +31,11 @@ rank:
 No lock: the plan orders every write before the reads that depend on it. The barrier is the
 region's own (solar/host/barrier.py), each wait labelled with its step and phase: a rank
 that runs other steps than its host's (it left an epoch early, or seeked alone) fails the
-barrier in one line instead of matching a peer's other step. A rank alone (``host`` None: a
-private buffer, the mode decided at construction) has nothing to stage, take or wait for; its
-tier hits are read ahead with its storage reads (solar.runtime.reads), where a host's cannot be
-(another local rank may write the slot until the step starts).
+barrier in one line instead of matching a peer's other step. A rank alone (:class:`Alone`, a
+host of one rank with a private buffer: the mode decided at construction, once) has nothing to
+stage, take or wait for; its tier hits are read ahead with its storage reads
+(solar.runtime.reads), where a host's cannot be (another local rank may write the slot until the
+step starts), and its tier writes run on into later steps.
 """
 
 from __future__ import annotations
@@ -77,6 +78,8 @@ class Host:
     waits for every local rank at step ``k``'s ``phase`` (the region's
     :class:`~solar.host.barrier.HostBarrier`); ``tier``: the host's tier file, or None."""
 
+    reads_tier = True  # tier hits read at the step: another local rank may write their slot
+
     def __init__(self, region: NodeRegion, slots: int, stage_rows: int, keys: list[Key],
                  barrier: Barrier, tier: NodeTierFile | None = None) -> None:  # fmt: skip
         self.slots = [region.carve((slots, *shape), dt) for shape, dt in keys]
@@ -99,6 +102,13 @@ class Host:
         self.barrier_seconds += time.perf_counter() - t0
         self.barriers += 1
 
+    def stored(self, k: int) -> None:
+        """Step ``k``'s updates by this rank done: its tier writes on disk (another local rank
+        may read them next), then every local rank's (before any hit of k + 1)."""
+        if self.tier is not None:
+            self.tier.wait_writes()
+        self.wait(k, STORED)
+
     def close(self) -> None:
         """This rank is done with the host's buffer (a peer still waiting for it fails)."""
         close = getattr(self.barrier, "close", None)
@@ -106,16 +116,42 @@ class Host:
             close()
 
 
+class Alone:
+    """A host of one rank: a private buffer (``staging`` of no rows: nothing shared), no
+    barrier to wait at, tier hits read ahead with the storage reads (``reads_tier`` False) and
+    tier writes that run on into later steps. What :class:`Host` answers, at no cost."""
+
+    reads_tier = False
+    barriers = 0
+    barrier_seconds = 0.0
+
+    def __init__(self, arrays: list[np.ndarray], tier: TierFile | None) -> None:
+        self.staging = [a[:0] for a in arrays]
+        self.tier = tier
+
+    def wait(self, k: int, phase: int) -> None:
+        """Nothing to wait for: no other rank shares the buffer."""
+
+    def stored(self, k: int) -> None:
+        """Step ``k``'s updates applied: its tier writes may go on (held reads wait for them)."""
+        if self.tier is not None:
+            self.tier.done_writing(k)
+
+    def close(self) -> None:
+        """Nothing shared to leave."""
+
+
 class Holdings:
-    """A rank's RAM buffer and tier in one process, and the step they match: its own, or its
-    share of its ``host``'s (a collective of the host's ranks every step, and at a refill)."""
+    """A rank's RAM buffer and tier in one process, and the step they match: its own (a host
+    of one rank: ``host`` None, :class:`Alone`), or its share of its ``host``'s (a collective
+    of the host's ranks every step, and at a refill)."""
 
     def __init__(self, buffer: SlotBuffer, tier: TierFile | None, steps: Steps,
                  refill: Refill, host: Host | None = None) -> None:  # fmt: skip
         self.buffer = buffer
         self.tier = tier
         self.steps = steps
-        self.host = host
+        self.host: Host | Alone = Alone(buffer.arrays, tier) if host is None else host
         self._refill = refill
         self._at = 0  # an empty buffer and tier are the plan's state before step 0
 
@@ -141,7 +177,7 @@ class Holdings:
         """Copy step's RAM hits into batch rows ``into`` (per key); a host's tier hits are
         read too (no local rank updates a cell before the step's first host barrier)."""
         self.buffer.gather(step.hit_slots, into, step.hit_rows)
-        if self.host is not None and step.tier_rows.size:
+        if self.host.reads_tier and step.tier_rows.size:
             assert self.tier is not None
             futures = self.tier.submit_read(step.tier_slots, into, step.tier_rows)
             wait(futures)
@@ -153,10 +189,11 @@ class Holdings:
         repeats copied) and apply its buffer and tier updates, in the plan's order: the
         holdings then match step ``k + 1``."""
         host = self.host
-        if host is not None:
+        if step.stage_rows.size:  # rows read here that other local ranks need
             for stg, out in zip(host.staging, batch, strict=True):
                 copy_rows(out, step.stage_rows, stg, step.stage_at)
-            host.wait(k, STAGED)  # every local rank's hits gathered, its shared reads staged
+        host.wait(k, STAGED)  # every local rank's hits gathered, its shared reads staged
+        if step.peer_rows.size:  # rows another local rank read for this one
             for stg, out in zip(host.staging, batch, strict=True):
                 copy_rows(stg, step.peer_at, out, step.peer_rows)
         if step.copy_dst.size:  # a sample drawn twice in the batch: read once, copied
@@ -165,7 +202,6 @@ class Holdings:
         if step.in_order:
             self._update_in_order(k, step, batch)
         elif step.phase_waits is not None:  # the host updates a cell twice: its phases in turn
-            assert host is not None
             for n, waits in enumerate(step.phase_waits.tolist()):
                 if waits:
                     self._written()
@@ -173,11 +209,7 @@ class Holdings:
                 self._update(_phase(step, n), batch)
         else:
             self._update(step, batch)
-        if host is not None:
-            self._written()
-            host.wait(k, STORED)  # every store done (before any hit of k + 1), staging taken
-        elif self.tier is not None:
-            self.tier.done_writing(k)
+        host.stored(k)  # every store done (before any hit of k + 1), staging taken
         self._at = k + 1
 
     def _written(self) -> None:
@@ -218,8 +250,7 @@ class Holdings:
         """Remove the tier file; leave the host's buffer."""
         if self.tier is not None:
             self.tier.close()
-        if self.host is not None:
-            self.host.close()
+        self.host.close()
 
 
 def _phase(step: StepPlan, n: int) -> StepPlan:
@@ -248,17 +279,14 @@ class RawRefill:
         self.tier = tier
         self.keys = keys
         self.rows = max(1, rows)
-        self.host, self.local, self.per_host = host, local, per_host
+        self.host: Host | Alone = Alone(buffer.arrays, tier) if host is None else host
+        self.local, self.per_host = local, per_host
 
     def fill(self, k: int, cells: np.ndarray, samples: np.ndarray) -> int:
-        host = self.host
-        if host is not None:
-            host.wait(k, REFILL)  # no local rank still gathers hits from the slots overwritten
-            mine = slice(self.local, None, self.per_host)
-            cells, samples = cells[mine], samples[mine]
-        nbytes = self._fill(cells, samples)
-        if host is not None:
-            host.wait(k, REFILLED)  # the buffer and tier whole before any rank's first hit
+        self.host.wait(k, REFILL)  # no local rank still gathers hits from the slots overwritten
+        mine = slice(self.local, None, self.per_host)
+        nbytes = self._fill(cells[mine], samples[mine])
+        self.host.wait(k, REFILLED)  # the buffer and tier whole before any rank's first hit
         return nbytes
 
     def _fill(self, cells: np.ndarray, samples: np.ndarray) -> int:

@@ -30,6 +30,8 @@ from solar.runtime.setup import Setup
 from solar.runtime.steps import Steps
 from solar.runtime.transforms import HeldTransformAssembly, TransformAssembly, TransformedRefill
 from solar.runtime.workers import TransformPool
+from solar.schedule.grouping import stage_bound
+from solar.schedule.nodefile import NodeFileStream
 from solar.schedule.nodestream import NodeStream
 from solar.schedule.stream import RankStream
 from solar.stats import LoaderStats, StepStats
@@ -143,6 +145,19 @@ class Pipeline:
             self.pool.close()
 
 
+def stream(setup: Setup, snapshots: str | os.PathLike | None) -> RankStream | NodeStream:
+    """This rank's part of ``setup``'s plan, one epoch at a time: read from the plan given, or
+    planned one epoch ahead in the background; of its own buffer (a host of one rank), or its
+    share of its host's (``setup.shared``: the host's plan, planned or read)."""
+    given = setup.given
+    if not setup.shared:
+        return RankStream(setup.spec, setup.rank, given, snapshots)
+    stage = stage_bound(setup.spec, setup.hosts)
+    if given is not None:
+        return NodeFileStream(given, setup.rank, stage)
+    return NodeStream(setup.spec, setup.rank, setup.hosts, stage, snapshots, setup.host_comm)
+
+
 def build(setup: Setup, stream: RankStream | NodeStream, stats: LoaderStats,
           exchange: Exchange | None) -> Pipeline:  # fmt: skip
     """This process's pipeline for ``setup``'s run, its buffer and tier allocated now (with
@@ -156,7 +171,7 @@ def build(setup: Setup, stream: RankStream | NodeStream, stats: LoaderStats,
     between steps would then wait for it)."""
     spec, run = setup.spec, setup.run
     steps = Steps(spec, setup.rank, stream)
-    shared = isinstance(stream, NodeStream)
+    shared = setup.shared
     pool = None
     if setup.transform is not None:
         pool = TransformPool(setup.transform, run.seed, setup.info.keys, setup.out_keys,

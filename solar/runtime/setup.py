@@ -33,7 +33,7 @@ from solar.launch import detect_launcher
 from solar.options import LoaderConfig
 from solar.schedule import Plan, PlanSpec
 from solar.schedule.grouping import Hosts, unequal_refusal
-from solar.schedule.nodefile import NodePlan, open_given
+from solar.schedule.nodefile import open_given
 from solar.schedule.pagemates import PageLayout
 from solar.schedule.samplers import SHUFFLE, Sampler, extras_of, is_shuffle
 from solar.schedule.spec import equal_by_default
@@ -51,7 +51,7 @@ class Setup:
     config: ReaderConfig
     run: RunConfig
     spec: PlanSpec
-    given: Plan | NodePlan | None  # a plan given (proven safe), or None: streamed
+    given: Plan | None  # a plan given (proven safe), or None: streamed
     sampler: Sampler
     reader: Reader
     transform: Transform | None
@@ -61,11 +61,25 @@ class Setup:
     tier_dir: str | os.PathLike | None
     comm: Any
     batch_format: str = "dict"  # or "pyg": batches as torch_geometric Data
-    # share="node": the job's ranks grouped by host, and this rank's host communicator (the
-    # shared region's construction is its collective; the steps' barriers are the region's
-    # own, solar/host/barrier.py); None: a buffer per rank.
-    hosts: Hosts | None = None
+    # The job's ranks grouped by the buffer they share: by host, with this rank's host
+    # communicator (share="node": the shared region's construction is its collective; the
+    # steps' barriers are the region's own, solar/host/barrier.py), or a host of one rank per
+    # rank (a buffer per rank: Hosts.grid(P, 1)).
+    hosts: Hosts = dataclasses.field(default_factory=lambda: Hosts.grid(1, 1))
     host_comm: Any = None
+    # Whether a host's ranks share one buffer; else each rank, a host of one rank, keeps a
+    # private one: no region, staging or barrier (decided here, once, for every stage).
+    shared: bool = False
+
+    @property
+    def share(self) -> str:
+        """``"node"`` (one buffer per host) or ``"rank"`` (a host of one rank per rank)."""
+        return "node" if self.shared else "rank"
+
+    @property
+    def plan_hosts(self) -> Hosts | None:
+        """The grouping the plan is made for (None: a buffer per rank)."""
+        return self.hosts if self.shared else None
 
     @property
     def holds_transformed(self) -> bool:
@@ -88,9 +102,9 @@ def configure(args: LoaderConfig) -> Setup:
     sampler = args.sampler
     chosen = SHUFFLE if sampler is None else sampler
     run = _run(info, chosen, w, args.batch_size, args.epochs, args.seed, args.drop_last)
-    made = open_given(plan, share)  # of the kind share runs: per rank or per node
-    if share == "auto" and made is not None:  # a plan file's kind is the share it was made for
-        share = "node" if isinstance(made, NodePlan) else "rank"
+    made = open_given(plan, share)  # of the grouping share runs: per rank or per host
+    if share == "auto" and made is not None:  # a plan's grouping is the share it was made for
+        share = "rank" if made.hosts is None else "node"
     policy = planning.policy
     equal_batches = _equal_batches(planning.equal_batches, made, chosen, buf, policy, w, comm)
     fn = as_transform(args.transform)
@@ -111,7 +125,7 @@ def configure(args: LoaderConfig) -> Setup:
     # An epoch's draws (ids and their places), which every rank holds: sized by the user.
     require_memory(16 * run.samples_per_epoch,
                    f"sampler: an epoch of {run.samples_per_epoch} draws", local)  # fmt: skip
-    if isinstance(given, Plan):
+    if given is not None and given.hosts is None:
         given.validate(r, comm)  # a file is proven safe before any byte moves, by all ranks
     io = Reader(info, config, args.expert.throttle)
     _check_batch_format(args.batch_format)
@@ -131,12 +145,12 @@ def configure(args: LoaderConfig) -> Setup:
     agree(comm, [(k.name, k.sample_shape, k.dtype.str) for k in out],
           "the transform's output keys, shapes and dtypes")  # fmt: skip
     hosts, hc = _share(share, spec, holds, w, comm, planning.snapshots is not None)
-    if isinstance(given, NodePlan) and hosts is not None:
+    if given is not None and given.hosts is not None and hosts is not None:
         given.check_hosts(hosts)  # the job's grouping is the file's
         given.validate(r, comm)  # then proven safe, as any plan file
     return Setup(info, r, w, cores, config, run, spec, given, chosen,
-                 io, fn, batch_transform, out, held, memory.tier, comm, args.batch_format, hosts,
-                 hc)  # fmt: skip
+                 io, fn, batch_transform, out, held, memory.tier, comm, args.batch_format,
+                 Hosts.grid(w, 1) if hosts is None else hosts, hc, hosts is not None)  # fmt: skip
 
 
 def _check_batch_format(batch_format: str) -> None:
@@ -263,7 +277,7 @@ def _buffer(info: DatasetInfo, world: int, buffer: int | str, tier: str | os.Pat
     return BufferConfig(capacity, slack, tier_capacity)
 
 
-def _equal_batches(equal: bool | None, made: Plan | NodePlan | None, sampler: Sampler,
+def _equal_batches(equal: bool | None, made: Plan | None, sampler: Sampler,
                    buf: BufferConfig, policy: str, world: int, comm: Any) -> bool:  # fmt: skip
     """Whether every rank's batch is ``batch_size`` rows each step: as asked; a given plan's
     choice; by default (None), as a DataLoader's, wherever ranks can exchange rows (several
@@ -340,13 +354,13 @@ def page_layout(info: DatasetInfo) -> PageLayout | None:
 
 def agree_on_plan(
     spec: PlanSpec,
-    made: Plan | NodePlan | None,
+    made: Plan | None,
     source: str,
     pages: PageLayout | None,
     page_mates: bool,
     holds_transformed: bool,
     comm: Any,
-) -> tuple[PlanSpec, Plan | NodePlan | None]:
+) -> tuple[PlanSpec, Plan | None]:
     """The plan's inputs and the plan given (``made``, from ``source``), bound to them; the
     same on every rank, or none goes on. ``pages``: the data's page layout (None: rows share
     no pages worth keeping)."""

@@ -1,7 +1,9 @@
 """The Plan, the only contract between the planner and the runtime, and the ways to get one:
 :func:`make_plan` keeps every decision in memory, :func:`plan_to_file` streams them to a plan
 file (:mod:`solar.schedule.planfile`) and :func:`load_plan` opens one; :func:`simulate` keeps
-only the totals (a :class:`~solar.schedule.summary.PlanSummary`).
+only the totals (a :class:`~solar.schedule.summary.PlanSummary`). Each takes the grouping:
+``hosts`` None plans a buffer per rank, a :class:`~solar.schedule.grouping.Hosts` one buffer
+per host (solar/schedule/nodeplan.py), a plan of the same class with its grouping a field.
 """
 
 from __future__ import annotations
@@ -13,14 +15,17 @@ from collections.abc import Callable
 from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Self
+from typing import Any
 
 import numpy as np
 
 from solar._memory import require_memory
 from solar.errors import CorruptPlanError, PlanMismatchError, SolarError
 from solar.schedule._common import Progress, slot_count, tier_slot_count
-from solar.schedule.grouping import Hosts
+from solar.schedule.grouping import Hosts, stage_bound
+from solar.schedule.hostrun import node_spec
+from solar.schedule.nodeplan import node_totals
+from solar.schedule.nodevalidate import NodeValidator
 from solar.schedule.planfile import PlanFile, PlanWriter, fingerprint
 from solar.schedule.planner import EpochPlan, Planner, RankEpoch, epoch_order_of
 from solar.schedule.rankplan import RankPlan
@@ -33,20 +38,27 @@ from solar.schedule.validate import Proof, RankValidator, TraceValidator, peers_
 EpochTotals = Callable[[tuple[int, int]], None]
 
 
-class Planned:
-    """What every plan answers, of a buffer per rank or of one per host (``hosts``: the
-    grouping, :class:`~solar.schedule.nodefile.NodePlan`): made in memory (``epochs``) or
-    opened from a plan file (``file``), its header, whether it was made for a spec, the spec
-    bound, saving it."""
+def grouping(hosts: Hosts) -> str:
+    """``hosts`` as a user reads it: ``2x2 [[0, 1], [2, 3]]``."""
+    return f"{hosts.count}x{hosts.local} {hosts.as_record()}"
+
+
+@dataclass(frozen=True, eq=False)
+class Plan(Totals):
+    """A schedule for every rank and step, of a buffer per rank or of one per host
+    (``hosts``, the grouping: :mod:`solar.schedule.nodeplan`; None: a buffer per rank): made
+    in memory by :func:`make_plan` (``epochs``), or opened by :func:`load_plan` (``file``).
+    ``spec`` is the per-rank inputs it was made for; ``stats`` every rank's totals, or a
+    grouped plan's node totals (:func:`~solar.schedule.nodeplan.node_totals`)."""
 
     spec: PlanSpec
-    stats: Any
+    epoch_order: np.ndarray  # (E,) int64: the permutation index each run epoch uses
+    stats: Any  # tuple[RankStats, ...]; grouped: the node's totals (a dict)
     plan_seconds: float
     fingerprint: str
-    epoch_order: np.ndarray  # (E,) int64: the permutation index each run epoch uses
-    epochs: list | None
-    file: PlanFile | None
-    hosts: Hosts | None
+    epochs: list | None = None  # every epoch's decisions, made in this process
+    file: PlanFile | None = None  # or a plan file, read on demand
+    hosts: Hosts | None = None  # the grouping by host (None: a buffer per rank)
 
     def __post_init__(self) -> None:
         if (self.epochs is None) == (self.file is None):
@@ -57,12 +69,12 @@ class Planned:
         """A plan file's header checksum (ranks compare it); None for a plan in memory."""
         return self.file.header if self.file is not None else None
 
-    def bound_to(self, spec: PlanSpec) -> Self:
+    def bound_to(self, spec: PlanSpec) -> Plan:
         """This plan with ``spec``, which has its fingerprint: a plan file records its
         sampler's identity, ``spec`` holds the sampler itself, to prove the plan against."""
         if fingerprint(spec, self.hosts) != self.fingerprint:
             raise PlanMismatchError("plan: bound to a spec it was not made for")
-        return dataclasses.replace(self, spec=spec)  # type: ignore[type-var]
+        return dataclasses.replace(self, spec=spec)
 
     def check(self, expected: PlanSpec, source: str = "plan") -> None:
         """Refuse this plan unless it was made for ``expected`` (on its hosts); name the
@@ -71,6 +83,15 @@ class Planned:
             return
         diff = differences(self.spec, expected)
         raise PlanMismatchError(f"{source} was made for another dataset or run: {diff}")
+
+    def check_hosts(self, hosts: Hosts) -> None:
+        """Refuse a job whose ranks are grouped otherwise than the plan's, in one line."""
+        if hosts != self.hosts:
+            where = "plan" if self.file is None else f"plan {self.file.path}"
+            made = "a buffer per rank" if self.hosts is None else f"hosts {grouping(self.hosts)}"
+            raise PlanMismatchError(f"{where}: made for {made}, but this job's ranks are "
+                                    f"grouped {grouping(hosts)} (by host name, or "
+                                    "SOLAR_HOSTS)")  # fmt: skip
 
     def save(self, path: str | os.PathLike) -> Path:
         """Write the plan atomically: to a temporary file beside ``path``, then rename."""
@@ -82,26 +103,12 @@ class Planned:
             writer.finish(self.stats, self.plan_seconds)
         return Path(path)
 
-
-@dataclass(frozen=True, eq=False)
-class Plan(Planned, Totals):
-    """A schedule for every rank and step: made in memory by :func:`make_plan` (``epochs``),
-    or opened by :func:`load_plan` (``file``)."""
-
-    spec: PlanSpec
-    epoch_order: np.ndarray  # (E,) int64: the permutation index each run epoch uses
-    stats: tuple[RankStats, ...]
-    plan_seconds: float
-    fingerprint: str
-    epochs: list[EpochPlan] | None = None  # every epoch's decisions, made in this process
-    file: PlanFile | None = None  # or a plan file, read on demand
-    hosts: None = None  # a buffer per rank: no grouping by host
-
     # -- queries -------------------------------------------------------------------------
     @property
     def summary(self) -> PlanSummary:
         """The totals without the decisions."""
-        return PlanSummary(self.spec, self.stats, self.plan_seconds, self.fingerprint)
+        return PlanSummary(self.spec, self.stats, self.plan_seconds, self.fingerprint,
+                           self.hosts)  # fmt: skip
 
     @property
     def slots(self) -> int:
@@ -117,13 +124,28 @@ class Plan(Planned, Totals):
         if not 0 <= r < self.world_size:
             raise SolarError(f"rank {r} is outside this plan's world size {self.world_size}")
 
-    def rank_epoch(self, r: int, k: int) -> RankEpoch:
-        """Rank ``r``'s part of run epoch ``k`` (from a file: checked against its checksum,
-        not validated; :meth:`rank` validates)."""
-        self._check_rank(r)
+    def _per_rank(self) -> None:
+        """Refuse, in one line, a per-rank query of a plan grouped by host."""
+        if self.hosts is not None:
+            where = "plan" if self.file is None else f"plan {self.file.path}"
+            raise SolarError(f"{where}: a node plan file (one buffer per host): a rank's "
+                             "service is plan.rank_epoch(rank, epoch)")  # fmt: skip
+
+    def epoch(self, k: int) -> Any:
+        """Epoch ``k`` whole (an :class:`~solar.schedule.planner.EpochPlan`; grouped a
+        :class:`~solar.schedule.grouping.NodeEpoch`; from a file: checksummed, validated only
+        by :meth:`validate`)."""
         if self.epochs is not None:
-            return self.epochs[k].rank(r)
+            return self.epochs[k]
         assert self.file is not None
+        return self.file.epoch(k)
+
+    def rank_epoch(self, r: int, k: int) -> RankEpoch:
+        """Rank ``r``'s part of run epoch ``k`` (grouped: its service; from a file: checked
+        against its checksum, not validated; :meth:`rank` validates)."""
+        self._check_rank(r)
+        if self.file is None or self.hosts is not None:
+            return self.epoch(k).rank(r)
         return self.file.read(r, k)
 
     def rank(self, r: int, comm: Any = None) -> RankPlan:
@@ -132,6 +154,7 @@ class Plan(Planned, Totals):
         A plan made in this process is trusted. One read from a file is untrusted: it is proven
         safe first, as :meth:`validate` does (collectively with ``comm``).
         """
+        self._per_rank()
         self._check_rank(r)
         if self.epochs is not None:
             parts = [ep.rank(r) for ep in self.epochs]
@@ -147,10 +170,33 @@ class Plan(Planned, Totals):
         :class:`~solar.schedule.validate.RankValidator` (ranges, the seed's permutations, a
         replay proving every hit). With ``comm`` (every rank calls this collectively) the ranks
         prove together that each epoch serves every sample exactly once; without it, this
-        process checks every rank's part itself. A plan made in this process is trusted."""
+        process checks every rank's part itself. Grouped by host, each rank proves its host's
+        part (:class:`~solar.schedule.nodevalidate.NodeValidator`), one rank speaking for its
+        host's digests; alone, this process proves every host's. A plan made in this process
+        is trusted."""
         self._check_rank(r)
-        if self.epochs is None:
+        if self.epochs is not None:
+            return
+        if self.hosts is not None:
+            self._prove_hosts(r, comm)
+        else:
             self._prove(r, comm, keep=False)
+
+    def _prove_hosts(self, rank: int, comm: Any) -> None:
+        from solar import dist  # a light module: no MPI or torch import
+
+        assert self.file is not None and self.hosts is not None
+        f, key, hosts, spec = self.file, dist.shared_key(comm), self.hosts, self.spec
+        mine = hosts.host_of(rank)
+
+        def check(alone: bool) -> Proof:
+            v = NodeValidator(spec, hosts, f.epoch_order, key, stage_bound(spec, hosts),
+                              None if alone else [mine])  # fmt: skip
+            for k in range(spec.run.epochs):
+                v.check(f.epoch(k))
+            return v.mine, v.expected, None
+
+        prove(f.path, comm, check, speaks=hosts.groups[mine][0] == rank)
 
     def _prove(self, r: int, comm: Any, keep: bool) -> list[RankEpoch] | None:
         from solar import dist  # a light module: no MPI or torch import
@@ -204,12 +250,25 @@ class Plan(Planned, Totals):
         return rp.steps()[served], rp.sample[served], rp.hit[served]
 
 
-def make_plan(spec: PlanSpec, progress: Progress | None = None) -> Plan:
-    """Plan a run and keep every decision in memory (about 9 bytes per access)."""
-    _check_memory(spec, keep_all=True)
-    epochs: list[EpochPlan] = []
-    order, stats, seconds = _run_planner(spec, epochs.append, progress)
-    return Plan(spec, order, stats, seconds, spec.fingerprint, epochs=epochs)
+def make_plan(spec: PlanSpec, progress: Progress | None = None, hosts: Hosts | None = None) -> Plan:
+    """Plan a run and keep every decision in memory (about 9 bytes per access); grouped by
+    ``hosts``: one buffer per host (hosts of different sizes are refused: each is planned
+    alone while the loader runs, and a whole plan's epoch holds every host's decisions)."""
+    if hosts is None:
+        _check_memory(spec, keep_all=True)
+        epochs: list = []
+        order, stats, seconds = _run_planner(spec, epochs.append, progress)
+        return Plan(spec, order, stats, seconds, spec.fingerprint, epochs=epochs)
+    if not hosts.uniform:
+        sizes = [len(g) for g in hosts.groups]
+        raise SolarError(f"hosts {hosts.as_record()}: ranks per host differ ({sizes}); a whole "
+                         "node plan (Loader.plan, solar plan --share node) needs as many ranks "
+                         "on every host (the loader plans each host alone as it runs)")  # fmt: skip
+    epochs = []
+    t0 = time.perf_counter()
+    totals = node_totals(spec, hosts, sink=_counted(epochs.append, spec, progress))
+    return Plan(spec, epoch_order_of(node_spec(spec, hosts)), totals, time.perf_counter() - t0,
+                fingerprint(spec, hosts), epochs=epochs, hosts=hosts)  # fmt: skip
 
 
 def plan_to_file(
@@ -217,36 +276,62 @@ def plan_to_file(
     path: str | os.PathLike,
     progress: Progress | None = None,
     on_epoch: EpochTotals | None = None,
+    hosts: Hosts | None = None,
 ) -> Plan:
-    """Plan a run straight into a plan file, one epoch at a time (memory independent of E).
-    ``on_epoch((accesses, hits))`` is told each epoch's totals as it is planned."""
-    _check_memory(spec, keep_all=False)
-    order = epoch_order_of(spec)  # the header needs it first; the planner takes the same one
-    with PlanWriter(path, spec, order) as writer:
-        _, stats, seconds = _run_planner(spec, writer.add, progress, order, on_epoch)
-        writer.finish(stats, seconds)
+    """Plan a run straight into a plan file, one epoch at a time (memory independent of E;
+    atomically: a temporary name, then a rename); grouped by ``hosts``: one buffer per host.
+    ``on_epoch((accesses, hits))`` is told each epoch's totals of a per-rank plan."""
+    if hosts is None:
+        _check_memory(spec, keep_all=False)
+        order = epoch_order_of(spec)  # the header needs it first; the planner takes the same
+        with PlanWriter(path, spec, order) as writer:
+            _, stats, seconds = _run_planner(spec, writer.add, progress, order, on_epoch)
+            writer.finish(stats, seconds)
+        return load_plan(path)
+    t0 = time.perf_counter()
+    with PlanWriter(path, spec, hosts=hosts) as writer:
+        totals = node_totals(spec, hosts, sink=_counted(writer.add, spec, progress))
+        writer.finish(totals, time.perf_counter() - t0)
     return load_plan(path)
 
 
+def _counted(sink: Callable[[Any], None], spec: PlanSpec,
+             progress: Progress | None) -> Callable[[Any], None]:  # fmt: skip
+    """``sink``, telling ``progress`` each epoch's steps."""
+
+    def add(ne: Any) -> None:
+        sink(ne)
+        if progress is not None:
+            progress(spec.run.steps_per_epoch)
+
+    return add
+
+
 def simulate(
-    spec: PlanSpec, progress: Progress | None = None, on_epoch: EpochTotals | None = None
+    spec: PlanSpec,
+    progress: Progress | None = None,
+    on_epoch: EpochTotals | None = None,
+    hosts: Hosts | None = None,
 ) -> PlanSummary:
-    """Plan a run and keep only its totals: a simulator for runs too large to store.
-    ``on_epoch((accesses, hits))`` is told each epoch's totals as it is planned."""
-    _check_memory(spec, keep_all=False)
-    _, stats, seconds = _run_planner(spec, None, progress, None, on_epoch)
-    return PlanSummary(spec, stats, seconds, spec.fingerprint)
+    """Plan a run and keep only its totals: a simulator for runs too large to store (grouped
+    by ``hosts``: one buffer per host, hosts of any sizes). ``on_epoch((accesses, hits))`` is
+    told each epoch's totals of a per-rank plan as it is planned."""
+    if hosts is None:
+        _check_memory(spec, keep_all=False)
+        _, stats, seconds = _run_planner(spec, None, progress, None, on_epoch)
+        return PlanSummary(spec, stats, seconds, spec.fingerprint)
+    t0 = time.perf_counter()
+    totals = node_totals(spec, hosts)
+    return PlanSummary(spec, totals, time.perf_counter() - t0, fingerprint(spec, hosts), hosts)
 
 
 def load_plan(path: str | os.PathLike, sampler: Sampler | None = None) -> Plan:
-    """Open a plan file; rank data is read on demand and checked against its checksums. A plan
-    of a general sampler is proven against ``sampler`` (it must be the one it was made with)."""
+    """Open a plan file, per rank or grouped by host (its ``hosts``); rank data is read on
+    demand and checked against its checksums. A plan of a general sampler is proven against
+    ``sampler`` (it must be the one it was made with)."""
     f = PlanFile.open(path)
-    if f.hosts is not None:
-        raise SolarError(f"plan {path}: a node plan file (one buffer per host): "
-                         "open it with Loader(planning=PlanningConfig(plan=...), "
-                         'memory=MemoryConfig(share="node"))')  # fmt: skip
-    plan = Plan(f.spec, f.epoch_order, f.stats, f.plan_seconds, f.fingerprint, file=f)
+    plan = Plan(f.spec, f.epoch_order, f.stats, f.plan_seconds, f.fingerprint, file=f,
+                hosts=f.hosts)  # fmt: skip
     if sampler is not None:
         plan = plan.bound_to(dataclasses.replace(f.spec, sampler=sampler))
     return plan

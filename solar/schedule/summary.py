@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from numba import njit
@@ -13,6 +14,9 @@ from solar.config import RunConfig
 from solar.schedule._common import ADMIT, HIT, SIDE, THIT, EpochSchedule
 from solar.schedule.spec import PlanSpec
 from solar.schedule.transfer import moved_rows, shares_of_steps
+
+if TYPE_CHECKING:
+    from solar.schedule.grouping import Hosts
 
 
 @dataclass(frozen=True)
@@ -31,11 +35,17 @@ class RankStats:
 
 
 class Totals:
-    """Figures of a run derived from its spec and per-rank totals: shared by
-    :class:`PlanSummary` and :class:`~solar.schedule.plan.Plan`."""
+    """Figures of a run derived from its spec and per-rank totals (or, grouped by host, the
+    node's totals: a dict): shared by :class:`PlanSummary` and
+    :class:`~solar.schedule.plan.Plan`."""
 
     spec: PlanSpec
-    stats: tuple[RankStats, ...]
+    stats: Any  # tuple[RankStats, ...]; grouped by host: the node's totals (a dict)
+
+    def _sum(self, name: str) -> int:
+        if isinstance(self.stats, dict):
+            return int(self.stats.get(name, 0))
+        return sum(getattr(s, name) for s in self.stats)
 
     @property
     def run(self) -> RunConfig:
@@ -47,16 +57,16 @@ class Totals:
 
     @property
     def accesses(self) -> int:
-        return sum(s.accesses for s in self.stats)
+        return self._sum("accesses")
 
     @property
     def hits(self) -> int:
         """Hits from RAM and from the tier."""
-        return sum(s.hits for s in self.stats)
+        return self._sum("hits")
 
     @property
     def tier_hits(self) -> int:
-        return sum(s.tier_hits for s in self.stats)
+        return self._sum("tier_hits")
 
     @property
     def ram_hits(self) -> int:
@@ -78,9 +88,10 @@ class PlanSummary(Totals):
     returns, and :attr:`Plan.summary <solar.schedule.plan.Plan.summary>`."""
 
     spec: PlanSpec
-    stats: tuple[RankStats, ...]
+    stats: Any  # tuple[RankStats, ...]; grouped: the node's totals (a dict)
     plan_seconds: float
     fingerprint: str
+    hosts: Hosts | None = None  # the grouping by host (None: a buffer per rank)
 
 
 @njit(cache=True, nogil=True)

@@ -16,8 +16,8 @@ import h5py
 import numpy as np
 
 from solar import Loader, Shuffle, dist
-from solar.schedule.nodefile import load_node_plan
 from solar.schedule.order import nominal_batches
+from solar.schedule.plan import load_plan
 from solar.schedule.transfer import delivered
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: shared helpers
@@ -48,7 +48,7 @@ for e in range(E):
 tot = ld.stats.totals()
 ld.close()
 # The rows this rank read from storage: the accesses the file names it the reader of.
-plan = load_node_plan(good)
+plan = load_plan(good)
 want = 0
 for k in range(E):
     ne = plan.epoch(k)
@@ -64,7 +64,7 @@ eq = Loader(path, ["x"], batch_size=12, epochs=E, buffer="10%", sampler=Shuffle(
             seed=5, memory=MemoryConfig(share="node"), expert=ExpertConfig(warm=False),
             planning=PlanningConfig(plan=equal))  # fmt: skip
 assert eq.spec.equal_batches
-plan = load_node_plan(equal)
+plan = load_plan(equal)
 for e in range(E):
     eq.set_epoch(e)
     ranks = plan.epoch(e).ranks
