@@ -96,7 +96,7 @@ def test_accuracy(model: nn.Module, data: Path, fanouts: tuple, batch: int, test
     with torch.no_grad(), loader as ld:
         for b in ld:
             n = b["batch_size"]
-            correct += int((model(b["x"], b["edge_index"])[:n].argmax(1) == b["y"]).sum())
+            correct += int((model(b["x"], b["edge_index"])[:n].argmax(1) == b["y"][:n]).sum())
     return correct / len(test)
 
 
@@ -174,11 +174,11 @@ def main() -> None:
             n = batch["batch_size"]
             optimizer.zero_grad()
             logits = model(batch["x"], batch["edge_index"])[:n]
-            losses = nn.functional.cross_entropy(logits, batch["y"], reduction="sum")
+            losses = nn.functional.cross_entropy(logits, batch["y"][:n], reduction="sum")
             dist.scale_loss(losses, loader).backward()  # over the step's seeds on all ranks
             optimizer.step()
             loss_total += float(losses.detach())
-            correct += float((logits.argmax(1) == batch["y"]).sum())
+            correct += float((logits.argmax(1) == batch["y"][:n]).sum())
             seeds += n
             nodes += batch["x"].shape[0]
             if opts.checkpoint_every and (step + 1) % opts.checkpoint_every == 0:

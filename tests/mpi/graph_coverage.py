@@ -27,7 +27,8 @@ for e in range(2):
         n_id = b["n_id"].numpy()
         assert b["x"].numpy().tobytes() == feats[n_id].tobytes(), (d.rank, e)
         bs = b["batch_size"]
-        assert np.array_equal(b["y"].numpy(), labels[n_id[:bs]])
+        assert np.array_equal(b["y"].numpy()[:bs], labels[n_id[:bs]])
+        assert np.array_equal(b["y"].numpy(), labels[n_id])  # every sampled node's, as PyG's
         src, dst = n_id[b["edge_index"].numpy()]
         for s, t in zip(src.tolist(), dst.tolist(), strict=True):
             assert s in indices[indptr[t] : indptr[t + 1]]
