@@ -8,9 +8,9 @@
 The node features stay on storage; solar plans which rows each rank keeps in RAM (Belady over
 the sampled subgraphs) and reads the rest. Each batch is laid out as PyTorch Geometric's
 ``NeighborLoader`` yields it (``x`` with the seeds first, ``edge_index`` in local ids from
-neighbour to target, ``y`` of the seeds, ``batch_size``), so a PyG model runs unchanged:
-``SAGEConv`` where torch_geometric is installed, else the plain-torch layer below (the same
-mean aggregation). The loss is the sum of the seeds' losses scaled by
+neighbour to target, ``y`` of every node, ``batch_size``: the seeds' are ``y[:batch_size]``),
+so a PyG model runs unchanged: ``SAGEConv`` where torch_geometric is installed, else the
+plain-torch layer below (the same mean aggregation). The loss is the sum of the seeds' losses scaled by
 ``solar.dist.scale_loss`` over the step's seeds on all ranks. Rank 0 logs loss, accuracy,
 nodes/s and hit rate per epoch and checkpoints (model, optimizer, loader states) at each
 epoch end and every ``--checkpoint-every`` steps; ``--resume`` continues exactly. At the end

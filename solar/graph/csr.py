@@ -15,8 +15,8 @@ truncated) can reach a kernel, which may thus index them unchecked (measured, is
 copy costs its memory, checked first, and a read; a mapped topology checked in the kernel would
 still fault on a truncated file). Everything read is untrusted: indptr must start at 0, never
 decrease and end at E; indices must name nodes; labels and the splits must fit N (an
-(N, 1) column, as OGB keeps labels, from any source), a split naming no node twice. A bad graph is refused with one line
-naming the file and dataset.
+(N, 1) column, as OGB keeps labels, from any source), a split naming no node twice. A bad
+graph is refused with one line naming the file and dataset.
 """
 
 from __future__ import annotations

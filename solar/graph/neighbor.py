@@ -197,9 +197,10 @@ class NeighborSampler(Sampler, BatchExtras):
         key = rng.stream_key(run.seed, _NEIGHBOR_STREAM, epoch, step)
         g = self.graph
         at = self.input_id(run, epoch, step, rank)
-        out = _sample(g.indptr, g.indices, self.train[at], np.array(self.fanouts, np.int64), key,
-                      scratch)  # fmt: skip
-        return Subgraph(*out, input_id=np.asarray(at, np.int64))
+        nodes, src, dst, hop_nodes, hop_edges = _sample(
+            g.indptr, g.indices, self.train[at], np.array(self.fanouts, np.int64), key, scratch
+        )
+        return Subgraph(nodes, src, dst, hop_nodes, hop_edges, np.asarray(at, np.int64))
 
     def epoch(self, run: RunConfig, epoch: int) -> EpochDraws:
         def make() -> EpochDraws:
