@@ -156,8 +156,10 @@ class NeighborSampler(Sampler, BatchExtras):
                              f"batch_size {run.batch_size}")  # fmt: skip
         last = run.samples_per_epoch - (run.steps_per_epoch - 1) * run.global_batch
         if last < run.world_size:
+            fix = "drop_last=True or another batch size" if run.steps_per_epoch > 1 else \
+                "fewer ranks"  # fmt: skip
             raise SolarError(f"the last global batch has {last} seeds for {run.world_size} "
-                             "ranks: use drop_last=True or another batch size")  # fmt: skip
+                             f"ranks: use {fix}")  # fmt: skip
         if self.graph.num_nodes > _LOCAL_MAX and self.batch_bound(run) > _LOCAL_MAX:
             raise SolarError(f"NeighborSampler: a subgraph of up to {self.batch_bound(run)} "
                              f"nodes, over {_LOCAL_MAX}: use smaller fanouts")  # fmt: skip
