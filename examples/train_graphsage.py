@@ -10,8 +10,8 @@ the sampled subgraphs) and reads the rest. Each batch is laid out as PyTorch Geo
 ``NeighborLoader`` yields it (``x`` with the seeds first, ``edge_index`` in local ids from
 neighbour to target, ``y`` of every node, ``batch_size``: the seeds' are ``y[:batch_size]``),
 so a PyG model runs unchanged: ``SAGEConv`` where torch_geometric is installed, else the
-plain-torch layer below (the same mean aggregation). The loss is the sum of the seeds' losses scaled by
-``solar.dist.scale_loss`` over the step's seeds on all ranks. Rank 0 logs loss, accuracy,
+plain-torch layer below (the same mean aggregation). The loss is the sum of the seeds' losses
+scaled by ``solar.dist.scale_loss`` over the step's seeds on all ranks. Rank 0 logs loss, accuracy,
 nodes/s and hit rate per epoch and checkpoints (model, optimizer, loader states) at each
 epoch end and every ``--checkpoint-every`` steps; ``--resume`` continues exactly. At the end
 rank 0 reports the accuracy on the graph's ``test_idx`` (a validation Loader of its own). On

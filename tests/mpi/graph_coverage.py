@@ -1,5 +1,5 @@
-"""Under mpiexec: a NeighborSampler's batches on every rank are h5py's feature rows, the
-seeds' labels and a subgraph of the graph; every training node seeds once per epoch; with
+"""Under mpiexec: a NeighborSampler's batches on every rank are h5py's feature rows, every
+sampled node's labels and a subgraph of the graph; every training node seeds once per epoch; with
 several ranks on this host, one node buffer by default (share="auto"), as planned; an epoch
 of fewer seeds than a global batch is one short step, split evenly.
 
