@@ -8,10 +8,10 @@
 The node features stay on storage; solar plans which rows each rank keeps in RAM (Belady over
 the sampled subgraphs) and reads the rest. Each batch is laid out as PyTorch Geometric's
 ``NeighborLoader`` yields it (``x`` with the seeds first, ``edge_index`` in local ids from
-neighbour to target, ``y`` of the seeds, ``batch_size``), so a PyG model runs unchanged:
-``SAGEConv`` where torch_geometric is installed, else the plain-torch layer below (the same
-mean aggregation). The loss is the sum of the seeds' losses scaled by
-``solar.dist.scale_loss`` over the step's seeds on all ranks. Rank 0 logs loss, accuracy,
+neighbour to target, ``y`` of every node, ``batch_size``: the seeds' are ``y[:batch_size]``),
+so a PyG model runs unchanged: ``SAGEConv`` where torch_geometric is installed, else the
+plain-torch layer below (the same mean aggregation). The loss is the sum of the seeds' losses
+scaled by ``solar.dist.scale_loss`` over the step's seeds on all ranks. Rank 0 logs loss, accuracy,
 nodes/s and hit rate per epoch and checkpoints (model, optimizer, loader states) at each
 epoch end and every ``--checkpoint-every`` steps; ``--resume`` continues exactly. At the end
 rank 0 reports the accuracy on the graph's ``test_idx`` (a validation Loader of its own). On
@@ -96,7 +96,7 @@ def test_accuracy(model: nn.Module, data: Path, fanouts: tuple, batch: int, test
     with torch.no_grad(), loader as ld:
         for b in ld:
             n = b["batch_size"]
-            correct += int((model(b["x"], b["edge_index"])[:n].argmax(1) == b["y"]).sum())
+            correct += int((model(b["x"], b["edge_index"])[:n].argmax(1) == b["y"][:n]).sum())
     return correct / len(test)
 
 
@@ -174,11 +174,11 @@ def main() -> None:
             n = batch["batch_size"]
             optimizer.zero_grad()
             logits = model(batch["x"], batch["edge_index"])[:n]
-            losses = nn.functional.cross_entropy(logits, batch["y"], reduction="sum")
+            losses = nn.functional.cross_entropy(logits, batch["y"][:n], reduction="sum")
             dist.scale_loss(losses, loader).backward()  # over the step's seeds on all ranks
             optimizer.step()
             loss_total += float(losses.detach())
-            correct += float((logits.argmax(1) == batch["y"]).sum())
+            correct += float((logits.argmax(1) == batch["y"][:n]).sum())
             seeds += n
             nodes += batch["x"].shape[0]
             if opts.checkpoint_every and (step + 1) % opts.checkpoint_every == 0:

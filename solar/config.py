@@ -57,8 +57,9 @@ class RunConfig:
 
     ``num_samples`` samples, served by ``world_size`` ranks. ``batch_size`` is the nominal
     local batch of one rank; a global step covers ``batch_size * world_size`` positions of
-    the epoch's order, over ``epochs`` epochs whose orders are drawn from ``seed``;
-    ``drop_last`` drops each epoch's short last step. ``draws`` is the number of positions
+    the epoch's order, over ``epochs`` epochs whose orders are drawn from ``seed``; the last
+    step takes the rest (split evenly over the ranks; with ``drop_last`` dropped), even when
+    an epoch has fewer positions than a global batch. ``draws`` is the number of positions
     per epoch when a sampler draws other than ``num_samples`` (None: all of them).
     """
 
@@ -81,11 +82,14 @@ class RunConfig:
             raise SolarError(f"seed must be a non-negative integer, got {self.seed!r}")
         if self.world_size > 32767:
             raise SolarError(f"world_size {self.world_size} exceeds the supported 32767 ranks")
-        if self.global_batch > self.epoch_draws:
+        # Fewer draws than a global batch: one short step, split evenly over the ranks (as
+        # DistributedSampler and a DataLoader serve it); drop_last would leave no step.
+        if self.drop_last and self.global_batch > self.epoch_draws:
             what = "samples of the dataset" if self.draws is None else "draws of an epoch"
             raise SolarError(
                 f"global batch batch_size×world_size = {self.batch_size}×{self.world_size} "
-                f"= {self.global_batch} exceeds the {self.epoch_draws} {what}"
+                f"= {self.global_batch} exceeds the {self.epoch_draws} {what}: with "
+                "drop_last=True an epoch has no step (drop_last=False serves them in one)"
             )
 
     @property

@@ -104,7 +104,10 @@ def _bad_inputs(tmp_path: Path, small_h5: Path) -> dict[str, tuple[list, str]]:
         "zero batch": ([small_h5, "-P", 2, "-B", 0, "-E", 2, "-C", 5], "batch_size must be"),
         "negative epochs": ([small_h5, "-P", 2, "-B", 4, "-E", -1, "-C", 5], "epochs must be"),
         "negative buffer": ([small_h5, "-P", 2, "-B", 4, "-E", 2, "-C", "-5"], "buffer"),
-        "batch over data": ([small_h5, "-P", 4, "-B", 30, "-E", 2, "-C", 5], "exceeds the 103"),
+        "batch over data": (
+            [small_h5, "-P", 4, "-B", 30, "-E", 2, "-C", 5, "--drop-last"],
+            "exceeds the 103",
+        ),
         "bytes unknown": (
             ["--samples", 100, "-P", 2, "-B", 4, "-E", 2, "-C", "1GiB"],
             "sample size",

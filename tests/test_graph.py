@@ -208,7 +208,8 @@ def test_loader_batches_are_pyg_shaped_and_byte_exact(graph_file, world):
                     assert b["x"].numpy().tobytes() == feats[n_id].tobytes()
                     assert "features" not in b and "index" not in b  # x and n_id say it
                     bs = b["batch_size"]
-                    np.testing.assert_array_equal(b["y"].numpy(), labels[n_id[:bs]])
+                    np.testing.assert_array_equal(b["y"].numpy()[:bs], labels[n_id[:bs]])
+                    np.testing.assert_array_equal(b["y"].numpy(), labels[n_id])  # every node's
                     assert sum(b["num_sampled_nodes"]) == n_id.size
                     assert sum(b["num_sampled_edges"]) == b["edge_index"].shape[1]
                     ei = b["edge_index"].numpy()

@@ -69,7 +69,9 @@ def test_a_pyg_data_converts_and_is_served_byte_identical(tmp_path):
         for b in ld:
             n_id = b["n_id"].numpy()
             assert b["x"].numpy().tobytes() == x.numpy()[n_id].tobytes()
-            np.testing.assert_array_equal(b["y"].numpy(), y.numpy()[n_id[: b["batch_size"]]])
+            np.testing.assert_array_equal(b["y"].numpy()[: b["batch_size"]],
+                                          y.numpy()[n_id[: b["batch_size"]]])  # fmt: skip
+            np.testing.assert_array_equal(b["y"].numpy(), y.numpy()[n_id])  # every node's
             src, dst = n_id[b["edge_index"].numpy()]
             pos = np.minimum(np.searchsorted(keys, src * n + dst), e - 1)
             assert np.array_equal(keys[pos], src * n + dst)  # every edge served is the Data's
@@ -209,7 +211,8 @@ def test_batches_are_pyg_data_by_one_argument(tmp_path):
             assert isinstance(b, Data)
             b = b.to("cpu")
             assert b.x.numpy().tobytes() == feats[b.n_id.numpy()].tobytes()
-            assert b.batch_size == b.y.shape[0] == b.num_sampled_nodes[0] <= 32
+            assert b.batch_size == b.y[: b.batch_size].shape[0] == b.num_sampled_nodes[0] <= 32
+            assert b.y.shape[0] == b.num_nodes  # every sampled node's label, as PyG's
             assert sum(b.num_sampled_edges) == b.edge_index.shape[1]
             assert b.num_nodes == b.n_id.shape[0]
             assert "features" not in b and "index" not in b

@@ -118,13 +118,14 @@ SERVE = [
     ("mpiexec", 3, 0.5, "chunked"), ("mpiexec", 4, 0.25, "one file"),
     ("torchrun", 3, 0.25, "three files"), ("srun", 2, 0.5, "one file"),
     ("mpiexec", 3, 0.25, "one file, tier"), ("mpiexec", 3, 0.25, "chunked, tier"),
-    ("mpiexec", 3, 0.25, "chunked, one sample a chunk"),
+    ("mpiexec", 3, 0.25, "chunked, one sample a chunk"), ("mpiexec", 3, 0.25, "one file, short"),
 ]  # fmt: skip
 WEIGHTED = [(2, "affinity", False, False), (3, "split", True, False), (3, "affinity", True, True)]
 EQUAL = [
     ("mpiexec", 2, 0.25, "one file"), ("mpiexec", 3, 0.5, "three files"),
     ("mpiexec", 3, 0.25, "one file, tier"), ("mpiexec", 3, 0.25, "one file, plan file"),
     ("torchrun", 3, 0.5, "one file, tier"), ("mpiexec", 3, 0.25, "one file, transform"),
+    ("mpiexec", 2, 0.25, "one file, short"),
 ]  # fmt: skip
 
 
@@ -145,7 +146,7 @@ def serve_args(tmp_path: Path, launcher: str, ranks: int, slack: float, layout: 
     if layout.endswith("tier"):
         (tmp_path / "nvme").mkdir()
         tier = ["--tier", tmp_path / "nvme", "--tier-size", 20]
-    return [*data, "--slack", slack, *tier]
+    return [*data, "--slack", slack, *tier, *_short(layout, ranks)]
 
 
 def weighted_args(tmp_path: Path, ranks: int, mode: str, tier: bool, plan: bool) -> list:
@@ -194,7 +195,12 @@ def equal_args(tmp_path: Path, launcher: str, ranks: int, slack: float, layout: 
         )  # fmt: skip
         assert made.returncode == 0, made.stderr
         args += ["--plan", tmp_path / "p.h5"]
-    return [*data, *args]
+    return [*data, *args, *_short(layout, ranks)]
+
+
+def _short(layout: str, ranks: int) -> list:
+    """A short epoch: a global batch beyond the N samples, one step split evenly (issue 46)."""
+    return ["--batch-size", N // ranks + 5] if layout.endswith("short") else []
 
 
 # Every coverage.py case: (test, launcher, ranks, the case's parameters, its arguments' maker).

@@ -51,7 +51,7 @@ def test_short_batch_is_split_evenly():
         ({"batch_size": -1}, "batch_size must be a positive integer"),
         ({"epochs": 0}, "epochs"),
         ({"world_size": 0}, "world_size"),
-        ({"batch_size": 30}, "exceeds the 100 samples"),
+        ({"batch_size": 30, "drop_last": True}, "exceeds the 100 samples.*no step"),
         ({"seed": -1}, "seed"),
     ],
 )

@@ -3,9 +3,10 @@
 ``indptr`` (N + 1,) and ``indices`` (E,) say that node v's neighbours are
 ``indices[indptr[v]:indptr[v + 1]]`` (for a PyG ``NeighborLoader`` user: the nodes whose
 messages reach v, i.e. CSC of ``edge_index`` with edges source → target). ``labels`` (N,) and
-``train_idx`` are optional. A graph comes from one HDF5 file (datasets ``indptr``,
-``indices``, ``labels``, ``train_idx``: what ``solar gen --preset graph`` writes), or from a
-dict of arrays or ``.npy`` paths (an OGB-style graph as it is, no conversion).
+the splits ``train_idx``, ``valid_idx``, ``test_idx`` are optional. A graph comes from one
+HDF5 file (datasets ``indptr``, ``indices``, ``labels`` and the splits: what ``solar gen
+--preset graph`` and ``write_graph`` write), or from a dict of arrays or ``.npy`` paths (an
+OGB-style graph as it is, no conversion).
 
 The parts are read (not memory-mapped) into private arrays of the types the kernels take
 (``indptr`` int64, ``indices`` int32 or int64: uint32, uint64 or big-endian as stored are
@@ -13,9 +14,9 @@ converted once), and validated there: no later change of the files (rewritten in
 truncated) can reach a kernel, which may thus index them unchecked (measured, issue 33: the
 copy costs its memory, checked first, and a read; a mapped topology checked in the kernel would
 still fault on a truncated file). Everything read is untrusted: indptr must start at 0, never
-decrease and end at E; indices must name nodes; labels and the training split must fit N (an
-(N, 1) column, as OGB keeps labels, from any source). A bad graph is refused with one line
-naming the file and dataset.
+decrease and end at E; indices must name nodes; labels and the splits must fit N (an
+(N, 1) column, as OGB keeps labels, from any source), a split naming no node twice. A bad
+graph is refused with one line naming the file and dataset.
 """
 
 from __future__ import annotations
@@ -34,17 +35,23 @@ from solar.errors import SolarError
 from solar.io.npy import read_npy_header
 from solar.launch import ranks_here
 
-PARTS = ("indptr", "indices", "labels", "train_idx")
+SPLITS = ("train_idx", "valid_idx", "test_idx")
+PARTS = ("indptr", "indices", "labels", *SPLITS)
+# A split's name in a batch (PyG's: a boolean mask over the batch's nodes), and its bit in
+# Graph.split_bits.
+MASKS = {"train_idx": "train_mask", "valid_idx": "val_mask", "test_idx": "test_mask"}
 
 
 class Graph:
     """A validated CSR graph (see the module's docstring).
 
     ``Graph(path)``: an HDF5 file holding ``indptr`` and ``indices`` (and optionally
-    ``labels``, ``train_idx``); ``Graph({"indptr": ..., "indices": ..., ...})``: arrays or
-    ``.npy`` paths. The arrays are private, read-only copies: ``indptr`` int64, ``indices``
-    int32 (int64 when N or the stored type needs it), any byte order or integer type converted
-    once, then validated.
+    ``labels``, ``train_idx``, ``valid_idx``, ``test_idx``); ``Graph({"indptr": ..., "indices":
+    ..., ...})``: arrays or ``.npy`` paths. The arrays are private, read-only copies: ``indptr``
+    int64, ``indices`` int32 (int64 when N or the stored type needs it), any byte order or
+    integer type converted once, then validated. ``splits``: the splits present, by name;
+    ``split_bits`` (N,) uint8, bit i set where node v is in the i-th of :data:`SPLITS` (None
+    without splits): what a batch's masks are sliced from, one byte per node.
     """
 
     def __init__(self, source: str | os.PathLike | Mapping[str, Any]) -> None:
@@ -64,14 +71,17 @@ class Graph:
             parts = _from_hdf5(Path(source))
         self.indptr, self.indices = parts["indptr"], parts["indices"]
         self.labels: np.ndarray | None = parts.get("labels")
-        self.train_idx: np.ndarray | None = parts.get("train_idx")
         self.num_nodes = check_csr(self.indptr, self.indices, self.where)
         self.num_edges = int(self.indices.shape[0])
         if self.labels is not None:
             self.labels = _node_array(self.labels, self.num_nodes, f"{self.where}: labels")
-        if self.train_idx is not None:
-            self.train_idx = check_nodes(self.train_idx, self.num_nodes, f"{self.where}: train_idx")
-        for a in (self.indptr, self.indices, self.labels, self.train_idx):
+        self.splits: dict[str, np.ndarray] = {
+            k: check_nodes(parts[k], self.num_nodes, f"{self.where}: {k}", empty=k != "train_idx")
+            for k in SPLITS if k in parts
+        }  # fmt: skip
+        self.train_idx: np.ndarray | None = self.splits.get("train_idx")
+        self.split_bits = _split_bits(self.splits, self.num_nodes) if self.splits else None
+        for a in (self.indptr, self.indices, self.labels, self.split_bits, *self.splits.values()):
             if a is not None:
                 a.flags.writeable = False  # validated once: nothing may change them after
         self._digest: str | None = None
@@ -153,18 +163,30 @@ def _csr_problem(indptr, indices, n):  # pragma: no cover - compiled
     return 0
 
 
-def check_nodes(ids: Any, n: int, where: str) -> np.ndarray:
-    """``ids`` as distinct int64 node ids of a graph of ``n`` nodes, or a one-line refusal."""
+def check_nodes(ids: Any, n: int, where: str, empty: bool = False) -> np.ndarray:
+    """``ids`` as distinct int64 node ids of a graph of ``n`` nodes (none only if ``empty``), or
+    a one-line refusal."""
     a = np.asarray(ids)
-    if a.ndim != 1 or a.size == 0 or not np.issubdtype(a.dtype, np.integer):
-        raise SolarError(f"{where}: expected a non-empty 1-D integer array, got {a.dtype} "
-                         f"{a.shape}")  # fmt: skip
+    if a.ndim != 1 or (a.size == 0 and not empty) or not np.issubdtype(a.dtype, np.integer):
+        what = "a 1-D" if empty else "a non-empty 1-D"
+        raise SolarError(f"{where}: expected {what} integer array, got {a.dtype} {a.shape}")
     a = a.astype(np.int64)
+    if a.size == 0:
+        return a
     if a.min() < 0 or a.max() >= n:
         raise SolarError(f"{where}: node ids outside 0..{n - 1}")
     if np.unique(a).size != a.size:
         raise SolarError(f"{where}: a node is listed twice")
     return a
+
+
+def _split_bits(splits: Mapping[str, np.ndarray], n: int) -> np.ndarray:
+    """(n,) uint8: bit i of node v set where v is in split ``SPLITS[i]`` (validated ids)."""
+    bits = np.zeros(n, np.uint8)
+    for i, name in enumerate(SPLITS):
+        if name in splits:
+            bits[splits[name]] |= np.uint8(1 << i)
+    return bits
 
 
 def _node_array(a: np.ndarray, n: int, where: str) -> np.ndarray:

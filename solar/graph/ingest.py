@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from solar.errors import SolarError
-from solar.graph.csr import Graph, as_graph
+from solar.graph.csr import MASKS, Graph, as_graph
 from solar.graph.csrwrite import (
     DEFAULT_MEMORY,
     GraphParts,
@@ -38,7 +38,6 @@ LABEL_FILES = ("node_label.npy", "node-label.npy", "y.npy", "labels.npy", "label
                "node-label.csv.gz", "node-label.csv")  # fmt: skip
 SPLIT_STEMS = {"train_idx": ("train_idx", "train"), "valid_idx": ("valid_idx", "val_idx",
                "valid", "val"), "test_idx": ("test_idx", "test")}  # fmt: skip
-_MASKS = {"train_idx": "train_mask", "valid_idx": "val_mask", "test_idx": "test_mask"}
 _TEXT = (".csv", ".txt", ".tsv", ".el", ".edges")
 
 
@@ -175,7 +174,7 @@ def is_graph_source(path: str | os.PathLike) -> bool:
 def topology(graph: Any) -> Graph:
     """A :class:`Graph` from what :class:`~solar.graph.neighbor.NeighborSampler` is given: a
     Graph, a path, a dict of CSR parts, or an in-memory PyG ``Data`` / dict with
-    ``edge_index`` (the CSR by target built here; its ``y`` and training mask or index
+    ``edge_index`` (the CSR by target built here; its ``y`` and splits, as masks or indices,
     come along, its features do not: the Loader reads them from a file)."""
     if isinstance(graph, Graph | str | os.PathLike):
         return as_graph(graph)
@@ -204,8 +203,9 @@ def topology(graph: Any) -> Graph:
     parts: dict[str, Any] = {"indptr": indptr, "indices": src[order]}
     if f.get("labels") is not None:
         parts["labels"] = class_labels(_numpy(f["labels"]))
-    if f.get("train_idx") is not None:
-        parts["train_idx"] = _index(f["train_idx"], "train_idx")
+    for k in SPLIT_STEMS:
+        if f.get(k) is not None:
+            parts[k] = _index(f[k], k)
     return Graph(parts)
 
 
@@ -228,7 +228,7 @@ def _fields(obj: Any) -> dict[str, Any]:
                 out[name] = get(k)
                 break
     for name, stems in SPLIT_STEMS.items():
-        for k in (*stems, _MASKS[name]):
+        for k in (*stems, MASKS[name]):
             if get(k) is not None:
                 out[name] = get(k)
                 break

@@ -15,14 +15,20 @@ A step's ids are its subgraph's distinct nodes, seeds first, then each hop's new
 order they were reached: the feature rows solar plans and reads. A rank's epoch is sampled once
 (:meth:`NeighborSampler.rank_epoch`, for its planner): the subgraphs travel with the draws to
 delivery (``EpochDraws.outputs``, PyG's ``SamplerOutput``), where
-:meth:`NeighborSampler.extras` joins a step's subgraph to its rows, adding what a GNN trains on
-(PyG's layout): ``x`` (the rows of the loader's feature key, which it
-replaces in the batch), ``y`` (the seeds' labels), ``edge_index`` (2, E) in local ids, edges
-from the sampled neighbour (row 0) to the node it was sampled for (row 1), ``n_id`` (the node
-ids, replacing the Loader's ``index``), ``batch_size`` and ``num_sampled_nodes`` /
-``num_sampled_edges`` per hop. Edge features are not carried (no ``e_id``): a graph file holds
-the topology and node rows only. ``Loader(..., batch_format="pyg")`` makes each batch a PyG
-``Data`` of these.
+:meth:`NeighborSampler.extras` joins a step's subgraph to its rows and to the graph's node
+attributes, once, adding what PyG's ``NeighborLoader`` yields for a homogeneous graph: ``x``
+(the rows of the loader's feature key, which it replaces in the batch), every node attribute
+the graph holds sliced by ``n_id`` -- ``y`` (every sampled node's label: the seeds' are
+``y[:batch_size]``) and ``train_mask`` / ``val_mask`` / ``test_mask`` (bool, from the graph's
+splits, each where the graph has it) --, ``edge_index`` (2, E) in local ids, edges from the
+sampled neighbour (row 0) to the node it was sampled for (row 1), ``n_id`` (the node ids,
+replacing the Loader's ``index``), ``input_id`` (the seeds' positions in the sampler's
+``train``, NeighborLoader's index into its ``input_nodes``), ``batch_size`` and
+``num_sampled_nodes`` / ``num_sampled_edges`` per hop. No ``e_id``: a graph file does not keep
+the edges' ids in their source (its CSR is the edges regrouped by target), so no edge
+attribute could be joined to them. Labels and splits are held in memory (8 bytes and one byte
+per node), validated when the graph is read. ``Loader(..., batch_format="pyg")`` makes each
+batch a PyG ``Data`` of these.
 """
 
 from __future__ import annotations
@@ -38,7 +44,7 @@ from numba import njit, typeof
 from solar._kept import Kept
 from solar.config import RunConfig
 from solar.errors import SolarError
-from solar.graph.csr import Graph, check_nodes
+from solar.graph.csr import MASKS, SPLITS, Graph, check_nodes
 from solar.graph.ingest import topology, warn_missing
 from solar.schedule import rng
 from solar.schedule.draws import EpochDraws, rank_draws
@@ -58,8 +64,9 @@ _M2 = np.uint64(0x94D049BB133111EB)
 class Subgraph:
     """One (epoch, step, rank) sample, the sampler's output of a batch (PyG's
     ``SamplerOutput``): ``nodes`` (seeds first, distinct), the edges in local ids (``src`` the
-    sampled neighbour, ``dst`` the node it was drawn for), and per hop the nodes first reached
-    and the edges drawn (``hop_nodes[0]`` = the seeds)."""
+    sampled neighbour, ``dst`` the node it was drawn for), per hop the nodes first reached
+    and the edges drawn (``hop_nodes[0]`` = the seeds), and ``input_id``, the seeds' positions
+    in the sampler's ``train`` (PyG's ``SamplerOutput.metadata[0]``)."""
 
     nodes: np.ndarray  # (n,) int64
     # Local ids as int32 (a subgraph has fewer than 2^31 nodes: check_run): an epoch of them
@@ -68,6 +75,7 @@ class Subgraph:
     dst: np.ndarray  # (E,) int32
     hop_nodes: np.ndarray  # (hops + 1,) int64
     hop_edges: np.ndarray  # (hops,) int64
+    input_id: np.ndarray  # (seeds,) int64
 
 
 class NeighborSampler(Sampler, BatchExtras):
@@ -148,8 +156,10 @@ class NeighborSampler(Sampler, BatchExtras):
                              f"batch_size {run.batch_size}")  # fmt: skip
         last = run.samples_per_epoch - (run.steps_per_epoch - 1) * run.global_batch
         if last < run.world_size:
+            fix = "drop_last=True or another batch size" if run.steps_per_epoch > 1 else \
+                "fewer ranks"  # fmt: skip
             raise SolarError(f"the last global batch has {last} seeds for {run.world_size} "
-                             "ranks: use drop_last=True or another batch size")  # fmt: skip
+                             f"ranks: use {fix}")  # fmt: skip
         if self.graph.num_nodes > _LOCAL_MAX and self.batch_bound(run) > _LOCAL_MAX:
             raise SolarError(f"NeighborSampler: a subgraph of up to {self.batch_bound(run)} "
                              f"nodes, over {_LOCAL_MAX}: use smaller fanouts")  # fmt: skip
@@ -165,9 +175,12 @@ class NeighborSampler(Sampler, BatchExtras):
 
     def seeds(self, run: RunConfig, epoch: int, step: int, rank: int) -> np.ndarray:
         """Rank ``rank``'s seed nodes at ``step`` of ``epoch`` (int64)."""
+        return self.train[self.input_id(run, epoch, step, rank)]
+
+    def input_id(self, run: RunConfig, epoch: int, step: int, rank: int) -> np.ndarray:
+        """The positions in ``train`` of rank ``rank``'s seeds at ``step`` of ``epoch``."""
         lo, hi = _span(run, step, rank)
-        perm = self._permutation(run.seed, epoch)
-        return self.train[perm[lo:hi]]
+        return self._permutation(run.seed, epoch)[lo:hi]
 
     def _permutation(self, seed: int, epoch: int) -> np.ndarray:
         return self._perms.get((seed, epoch),
@@ -185,9 +198,11 @@ class NeighborSampler(Sampler, BatchExtras):
     ) -> Subgraph:
         key = rng.stream_key(run.seed, _NEIGHBOR_STREAM, epoch, step)
         g = self.graph
-        out = _sample(g.indptr, g.indices, self.seeds(run, epoch, step, rank),
-                      np.array(self.fanouts, np.int64), key, scratch)  # fmt: skip
-        return Subgraph(*out)
+        at = self.input_id(run, epoch, step, rank)
+        nodes, src, dst, hop_nodes, hop_edges = _sample(
+            g.indptr, g.indices, self.train[at], np.array(self.fanouts, np.int64), key, scratch
+        )
+        return Subgraph(nodes, src, dst, hop_nodes, hop_edges, np.asarray(at, np.int64))
 
     def epoch(self, run: RunConfig, epoch: int) -> EpochDraws:
         def make() -> EpochDraws:
@@ -255,26 +270,38 @@ class NeighborSampler(Sampler, BatchExtras):
 
     def extras(self, output: Any, batch: Mapping[str, Any]) -> dict[str, Any]:
         """PyG ``NeighborLoader``'s fields for a batch from its subgraph ``output``, joined to
-        its rows (module docstring)."""
+        its rows and to the graph's node attributes (module docstring)."""
         import torch
 
         if not isinstance(output, Subgraph):
             raise SolarError("NeighborSampler: a batch delivered without its subgraph (its "
                              "draws came from another sampler)")  # fmt: skip
         sub = output
-        seeds = int(sub.hop_nodes[0])
         out: dict[str, Any] = {
             "edge_index": torch.from_numpy(_edge_index(sub)),
             "n_id": torch.from_numpy(sub.nodes),
-            "batch_size": seeds,
+            "input_id": torch.from_numpy(sub.input_id),
+            "batch_size": int(sub.hop_nodes[0]),
             "num_sampled_nodes": sub.hop_nodes.tolist(),
             "num_sampled_edges": sub.hop_edges.tolist(),
         }
         if self.features in batch:
             out["x"] = batch[self.features]
-        if self.graph.labels is not None:
-            out["y"] = torch.from_numpy(np.asarray(self.graph.labels[sub.nodes[:seeds]], np.int64))
+        out.update({k: torch.from_numpy(v) for k, v in node_attributes(self.graph, sub.nodes)})
         return out
+
+
+def node_attributes(graph: Graph, n_id: np.ndarray) -> list[tuple[str, np.ndarray]]:
+    """The graph's node attributes held in memory sliced by ``n_id`` (validated node ids), by
+    their names in a PyG batch: ``y`` (int64 labels), then each split's boolean mask."""
+    out = []
+    if graph.labels is not None:
+        out.append(("y", np.asarray(graph.labels[n_id], np.int64)))
+    if graph.split_bits is not None:
+        bits = graph.split_bits[n_id]
+        out += [(MASKS[name], (bits & np.uint8(1 << i)) != 0)
+                for i, name in enumerate(SPLITS) if name in graph.splits]  # fmt: skip
+    return out
 
 
 def _edge_index(sub: Subgraph) -> np.ndarray:

@@ -3,6 +3,7 @@
 
 mpiexec -n P python tests/mpi/coverage.py DATA.h5 [DATA2.h5 ...] --slack X
     [--tier DIR --tier-size D] [--weighted {affinity,split}] [--plan PLAN.h5] [--equal-batches]
+    [--batch-size B]
 mpiexec -n P python tests/mpi/coverage.py --cases CASES.json
     one job for several cases (a JSON list of such argument lists), run one after the other,
     each line prefixed with ``case I: ``: starting the ranks (torch, solar) costs more than a
@@ -50,6 +51,7 @@ parser.add_argument("--tier-size", type=int, default=0)
 parser.add_argument("--weighted", choices=["affinity", "split"])
 parser.add_argument("--plan", help="A `solar plan` file to load (proven against the sampler).")
 parser.add_argument("--equal-batches", action="store_true")
+parser.add_argument("--batch-size", type=int, default=4, help="beyond N/P: a short epoch")
 parser.add_argument("--transform", action="store_true")
 parser.add_argument("--share", default="auto", help="The Loader's share (rank: a rank's tier).")
 
@@ -64,7 +66,7 @@ def check(opts: argparse.Namespace, d: dist.Dist, tag: str) -> None:
     ref = {k: np.concatenate(v) for k, v in ref.items()}
     n = len(next(iter(ref.values())))
     kw = {
-        "batch_size": 4,
+        "batch_size": opts.batch_size,
         "epochs": opts.epochs,
         "buffer": 12,
         "comm": d.comm,
