@@ -11,8 +11,9 @@ over the edge stream, never from all edges in memory: a counting pass (in-degree
 checked, an order-free checksum of the (source, target) pairs; skipped when the source knows
 its degrees), then, per range of targets whose rows fit the budget, a pass that places that
 range's sources (in stream order within a row) and writes the range. Memory: 8·(N + 1) bytes
-of row pointers (the degrees are counted into them) plus ``memory``'s blocks; edges that do not
-fit take ⌈E·4 / budget⌉ passes.
+of row pointers (the degrees are counted into them) plus ``memory``: half for the stream's
+blocks of edges (~40 B an edge), half for the range being placed (12 B an edge: its entry and
+its row's cursor), so the edges take ⌈24·E / memory⌉ placing passes (one from E = memory / 24).
 
 Before the atomic rename the file is read back: every row source's hash must equal what was
 written, the CSR must be one of N nodes, and its pairs' checksum must equal the stream's. A
@@ -144,7 +145,7 @@ def write_csr_graph(
             f.create_dataset("indptr", data=indptr)
             digests["indptr"] = _Digest().update(indptr)
             ind = _dataset(f, "indices", (e,), itype)
-            place_budget = max(budget // 2 - chunk * 40, budget // 8)
+            place_budget = budget - chunk * 40  # the half the stream's blocks leave
             h = _Digest()
             ranges = list(row_ranges(indptr, max(1, place_budget // (itype.itemsize + 8))))
             ticks.total = ticks.done + len(ranges) * max(e, stream_edges)
@@ -221,9 +222,9 @@ def _int64(a: Any, where: str) -> np.ndarray:
 
 
 def edge_block(budget: int) -> int:
-    """Edges per block of a pass over the edges within ``budget`` bytes (~40 B each: the
-    block's ids, a converted copy, a text reader's bytes)."""
-    return int(min(1 << 24, max(1 << 12, budget // 64)))
+    """Edges per block of a pass over the edges: half of ``budget`` at ~40 B each (the
+    block's ids, a converted or relabelled copy, a text reader's bytes)."""
+    return int(min(1 << 24, max(1 << 12, budget // 80)))
 
 
 @njit(cache=True, nogil=True)

@@ -458,18 +458,21 @@ class NpyEdges:
         self.num_nodes: int | None = None
 
     def chunks(self, size: int, lo: int = 0, hi: int | None = None):
+        """(src, dst) arrays of at most ``size`` edges, reused: each pair is valid until the
+        next is asked for (one block's worth in memory, not two)."""
         item, e = self.dtype.itemsize, self.num_edges
+        size = max(1, min(int(size), e))
+        src, dst = np.empty(size, self.dtype), np.empty(size, self.dtype)
+        block = np.empty((size, 2), self.dtype) if self.interleaved else None
         for a in range(0, e, size):
-            b = min(a + size, e)
-            if self.interleaved:
-                block = np.empty((b - a, 2), self.dtype)
-                _pread_into(self.path, block, self.offset + 2 * a * item)
-                yield block[:, 0], block[:, 1]
+            k = min(a + size, e) - a
+            if block is not None:
+                _pread_into(self.path, block[:k], self.offset + 2 * a * item)
+                src[:k], dst[:k] = block[:k, 0], block[:k, 1]
             else:
-                s, d = np.empty(b - a, self.dtype), np.empty(b - a, self.dtype)
-                _pread_into(self.path, s, self.offset + a * item)
-                _pread_into(self.path, d, self.offset + (e + a) * item)
-                yield s, d
+                _pread_into(self.path, src[:k], self.offset + a * item)
+                _pread_into(self.path, dst[:k], self.offset + (e + a) * item)
+            yield src[:k], dst[:k]
 
     def degrees(self) -> None:
         return None
