@@ -40,8 +40,8 @@ def _pairs_of(h5: Path) -> list[tuple[int, int]]:
 
 def test_separators_comments_and_a_header_are_read_as_declared(tmp_path):
     p = tmp_path / "e.csv"
-    p.write_bytes(b"# SNAP-style comment\n% and another\nsrc,dst\n1,2\n3 4\n5\t6\r\n 7 , 8 \n"
-                  b"\n9,\t10\n11  12")  # fmt: skip
+    p.write_bytes(b"\xef\xbb\xbf# SNAP-style comment\n% and another\nsrc,dst\n1,2\n3 4\n"
+                  b"5\t6\r\n 7 , 8 \n\n9,\t10\n11  12")  # fmt: skip
     assert _edges(p).tolist() == [[1, 2], [3, 4], [5, 6], [7, 8], [9, 10], [11, 12]]
     w = tmp_path / "w.txt"
     w.write_text("src dst weight\n0 1 0.5\n2 3 -1e-3\n4 5 7\n")

@@ -13,7 +13,8 @@ its degrees), then, per range of targets whose rows fit the budget, a pass that 
 range's sources (in stream order within a row) and writes the range. Memory: 8·(N + 1) bytes
 of row pointers (the degrees are counted into them) plus ``memory``: half for the stream's
 blocks of edges (~40 B an edge), half for the range being placed (12 B an edge: its entry and
-its row's cursor), so the edges take ⌈24·E / memory⌉ placing passes (one from E = memory / 24).
+its row's cursor; a range holds at most as many nodes), so about 24·max(E, N) / memory placing
+passes.
 
 Before the atomic rename the file is read back: every row source's hash must equal what was
 written, the CSR must be one of N nodes, and its pairs' checksum must equal the stream's. A

@@ -3,7 +3,8 @@
 A line holds exactly two node ids (``src dst``), or, with ``weights="ignore"``, two ids and a
 number (``src dst weight``, the weight checked as a number and dropped, never taken for an id).
 Ids are decimal integers of 0..2^63 - 1 (no sign, no fraction, no exponent). Fields are
-separated by a comma (blanks around it allowed) or by spaces/tabs; a line may end in ``\\r``.
+separated by a comma (blanks around it allowed) or by spaces/tabs; a line may end in ``\\r``
+(and the file begin with a UTF-8 byte order mark).
 Blank lines and comment lines (first non-blank character ``#`` or ``%``) are skipped, and the
 first other line is a header, skipped, if it begins with a letter, a quote or ``_``. Any other
 line is refused in one line naming the file, its line number and its text. ``.gz`` files are
@@ -63,6 +64,10 @@ class TextEdges:
         cols = 3 if self.weights == "ignore" else 2
         have, eof, line = 0, False, 0
         with open_text(self.path) as f:
+            have, eof = self._fill(f, buf, 0)
+            if bytes(buf[:3]) == b"\xef\xbb\xbf" and have >= 3:  # a UTF-8 byte order mark
+                _shift(buf, 3, have)
+                have -= 3
             while True:
                 if not eof:
                     have, eof = self._fill(f, buf, have)
