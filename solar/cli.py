@@ -85,7 +85,20 @@ log = logging.getLogger(__name__)  # solar.cli
 _LOG_AFTER, _LOG_EVERY = 5.0, 60.0
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _Commands(click.Group):
+    """solar's command group. An ``EOFError`` out of a command is data that ended early (a
+    truncated file, a cut pipe), an error: click's ``main`` would take it for the user's end of
+    input and report an interrupt (exit 130); its prompts turn a real one into ``Abort``
+    themselves."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except EOFError as exc:
+            raise SolarError(f"input ended early ({exc or 'EOFError'})") from None
+
+
+@click.group(cls=_Commands, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="solar")
 def cli() -> None:
     """solar: clairvoyant data loading for distributed training on HDF5 datasets and GNN
@@ -571,6 +584,11 @@ def _format_plan(s: dict) -> str:
 @click.option("--nodes", "--num-nodes", "num_nodes", type=int,
               help="graph: node count (default: from the rows).")  # fmt: skip
 @click.option("--undirected", is_flag=True, help="graph: store each edge both ways.")
+@click.option("--weight-column", "weights", type=click.Choice(["none", "ignore"]),
+              default="none", show_default=True,
+              help="graph: a text edge list's third column, a weight: none (two ids a line, "
+                   "any other line refused) or ignore (src dst weight; the weight is checked "
+                   "as a number and dropped).")  # fmt: skip
 @click.option(
     "--memory",
     default="1GiB",
@@ -580,7 +598,7 @@ def _format_plan(s: dict) -> str:
 def convert(
     src: tuple[str, ...], dst: str, keys: tuple[str, ...], one_per_file: bool, align: int,
     force: bool, features: str | None, labels: str | None, splits: tuple[str, ...],
-    num_nodes: int | None, undirected: bool, memory: str,
+    num_nodes: int | None, undirected: bool, weights: str, memory: str,
 ) -> None:  # fmt: skip
     """Rewrite SRC (HDF5 or .npy files, globs, directories) as one contiguous, aligned DST;
     or a graph (a PyG .pt file, an OGB-style directory, an edge list .csv/.npy with
@@ -589,7 +607,7 @@ def convert(
     from solar.io.convert import convert as run_convert
 
     check_writable(dst)
-    graph_opts = features or labels or splits or num_nodes or undirected
+    graph_opts = features or labels or splits or num_nodes or undirected or weights != "none"
     given = click.get_current_context().get_parameter_source
     if len(src) == 1 and (graph_opts or is_graph_source(src[0])):
         if keys or one_per_file:
@@ -600,7 +618,8 @@ def convert(
                              "array on a 4 KiB page; drop --align")  # fmt: skip
         got = convert_graph(src[0], dst, features=features, labels=labels, splits=splits,
                             num_nodes=num_nodes, undirected=undirected, memory=memory,
-                            force=force, progress=_counter("converting"))  # fmt: skip
+                            weights=None if weights == "none" else weights, force=force,
+                            progress=_counter("converting"))  # fmt: skip
         click.echo(f"{dst}: graph of {got['nodes']} nodes, {got['edges']} edges, features "
                    f"{got['features']}, splits {got['splits']}; verified")  # fmt: skip
         return

@@ -11,7 +11,10 @@ over the edge stream, never from all edges in memory: a counting pass (in-degree
 checked, an order-free checksum of the (source, target) pairs; skipped when the source knows
 its degrees), then, per range of targets whose rows fit the budget, a pass that places that
 range's sources (in stream order within a row) and writes the range. Memory: 8·(N + 1) bytes
-of row pointers plus ``memory``'s blocks; edges that do not fit take ⌈E·4 / budget⌉ passes.
+of row pointers (the degrees are counted into them) plus ``memory``: half for the stream's
+blocks of edges (~40 B an edge), half for the range being placed (12 B an edge: its entry and
+its row's cursor; a range holds at most as many nodes), so about 24·max(E, N) / memory placing
+passes.
 
 Before the atomic rename the file is read back: every row source's hash must equal what was
 written, the CSR must be one of N nodes, and its pairs' checksum must equal the stream's. A
@@ -116,18 +119,19 @@ def write_csr_graph(
         order = np.asarray(order, np.int64)
         inv = _inverse(order, n)
     itype = np.dtype(np.int32 if n < 2**31 else np.int64)
-    chunk = int(min(1 << 24, max(1 << 12, budget // 64)))  # edges per block (~40 B each)
+    chunk = edge_block(budget)
     stream = _Stream(parts.edges, parts.undirected, inv)
     stream_edges = int(getattr(parts.edges, "num_edges", None) or 0) * (1 + parts.undirected)
     ticks = _Ticks(progress, stream_edges)
     known = parts.edges.degrees() if inv is None and not parts.undirected else None
-    if known is not None:
-        counts, checksum = np.asarray(known, np.int64), None
-    else:
-        counts, checksum = stream.count(chunk, ticks)
+    # The in-degrees are counted into indptr[1:] and summed there: 8 B per node, not 16.
     indptr = np.zeros(n + 1, np.int64)
-    np.cumsum(counts, out=indptr[1:])
-    del counts
+    if known is not None:
+        indptr[1:] = known
+        checksum = None
+    else:
+        checksum = stream.count(chunk, ticks, indptr[1:])
+    _prefix_sum(indptr)
     e = int(indptr[-1])
     rows = {
         k: v for k, v in (("features", parts.features), ("labels", parts.labels)) if v is not None
@@ -142,7 +146,7 @@ def write_csr_graph(
             f.create_dataset("indptr", data=indptr)
             digests["indptr"] = _Digest().update(indptr)
             ind = _dataset(f, "indices", (e,), itype)
-            place_budget = max(budget // 2 - chunk * 40, budget // 8)
+            place_budget = budget - chunk * 40  # the half the stream's blocks leave
             h = _Digest()
             ranges = list(row_ranges(indptr, max(1, place_budget // (itype.itemsize + 8))))
             ticks.total = ticks.done + len(ranges) * max(e, stream_edges)
@@ -192,13 +196,13 @@ class _Stream:
             if self.undirected:
                 yield d, s
 
-    def count(self, size: int, ticks: _Ticks) -> tuple[np.ndarray, int]:
-        counts = np.zeros(self.n, np.int64)
+    def count(self, size: int, ticks: _Ticks, counts: np.ndarray) -> int:
+        """In-degrees added into ``counts``; the pairs' checksum."""
         total = np.zeros(1, np.uint64)
         for s, d in self._chunks(size):
             _count(s, d, self.n, counts, total)
             ticks.add(s.size)
-        return counts, int(total[0])
+        return int(total[0])
 
     def place(self, size, lo, hi, cursor, out, indptr, ticks) -> None:
         for s, d in self._chunks(size, lo, hi):
@@ -216,6 +220,27 @@ def _int64(a: Any, where: str) -> np.ndarray:
     if not np.issubdtype(a.dtype, np.integer):
         raise SolarError(f"{where}: node ids must be integers, got {a.dtype}")
     return np.ascontiguousarray(a, np.int64).reshape(-1)
+
+
+def edge_block(budget: int) -> int:
+    """Edges per block of a pass over the edges: half of ``budget`` at ~40 B each (the
+    block's ids, a converted or relabelled copy, a text reader's bytes)."""
+    return int(min(1 << 24, max(1 << 12, budget // 80)))
+
+
+@njit(cache=True, nogil=True)
+def _prefix_sum(a):  # pragma: no cover - compiled
+    """``a`` made its own running sum, in place (no copy: it is 8 B per node)."""
+    for j in range(1, a.shape[0]):
+        a[j] += a[j - 1]
+
+
+@njit(cache=True, nogil=True)
+def _ascending(a):  # pragma: no cover - compiled
+    for j in range(1, a.shape[0]):
+        if a[j] < a[j - 1]:
+            return False
+    return True
 
 
 @njit(cache=True, nogil=True)
@@ -407,7 +432,7 @@ def _verify(
                 h.update(d[lo : lo + step])
             if h.digest() != want.digest():
                 raise SolarError(f"{path}: {name} does not read back as written")
-        if indptr[0] != 0 or np.any(np.diff(indptr) < 0) or indptr[-1] != f["indices"].shape[0]:
+        if indptr[0] != 0 or not _ascending(indptr) or indptr[-1] != f["indices"].shape[0]:
             raise SolarError(f"{path}: indptr is not a row pointer")
         total = np.zeros(1, np.uint64)
         ind = f["indices"]

@@ -7,8 +7,6 @@ in-memory forms (the CSR built in memory; features stay where the Loader reads t
 
 from __future__ import annotations
 
-import gzip
-import io
 import os
 import warnings
 from collections.abc import Mapping
@@ -24,9 +22,12 @@ from solar.graph.csrwrite import (
     GraphParts,
     Progress,
     class_labels,
+    edge_block,
+    memory_bytes,
     row_ranges,
     write_csr_graph,
 )
+from solar.graph.textedges import TextEdges, read_numbers
 from solar.io.npy import read_npy_header
 
 # Names an OGB-style directory's arrays go by (the first found wins), looked up in the
@@ -52,6 +53,7 @@ def write_graph(
     test_idx: Any = None,
     num_nodes: int | None = None,
     undirected: bool = False,
+    weights: str | None = None,
     memory: int | str = DEFAULT_MEMORY,
     order: Any = None,
     force: bool = False,
@@ -73,17 +75,21 @@ def write_graph(
       ``split/<name>/train.npy`` and ``valid``/``test``; OGB's ``edge.csv(.gz)`` and split
       CSVs too; also in a ``raw/`` subdirectory);
     * an edge list: a ``.npy`` file of (2, E) or (E, 2) node ids, or a text file (``.csv``,
-      ``.txt``, ``.tsv``, gzipped or not: two ids per line, ``#`` comments and a header
-      skipped), with ``features=``, ``labels=`` and the splits given as arrays or ``.npy``
-      paths.
+      ``.txt``, ``.tsv``, gzipped or not), read strictly (:mod:`solar.graph.textedges`): two
+      integer ids a line separated by a comma or blanks, ``#``/``%`` comments and one header
+      line skipped, any other line refused naming its file and line; with ``features=``,
+      ``labels=`` and the splits given as arrays or ``.npy`` paths.
 
     Edges are source → target (PyG's ``edge_index[0]`` → ``edge_index[1]``);
     ``undirected=True`` stores both directions. Arrays in memory (numpy, torch) are read in
     blocks; files are read with ``pread`` in blocks, never memory-mapped whole, so a graph
     larger than memory converts in about ``memory`` bytes (bytes or ``"512MiB"``) plus 8 bytes
-    per node (:mod:`solar.graph.csrwrite`). Missing labels or training split: a warning (once
-    each), since batches then have no ``y`` or every node seeds. ``dst`` existing is refused
-    unless ``force``.
+    per node (:mod:`solar.graph.csrwrite`), the pass finding the node count (when not given)
+    included. Missing labels or training split: a warning (once each), since batches then have
+    no ``y`` or every node seeds. ``dst`` existing is refused unless ``force``.
+
+    ``weights``: a text edge list's third column, a weight (``"ignore"``: checked as a number
+    and dropped); ``None``: two ids a line.
 
     ``order``: a node permutation (new id i is old node ``order[i]``) or a function of the
     written :class:`~solar.graph.csr.Graph` returning one, to relabel the nodes (e.g. for
@@ -91,9 +97,10 @@ def write_graph(
     dst = Path(dst)
     if dst.exists() and not force:
         raise SolarError(f"{dst}: exists (use --force to overwrite)")
+    memory_bytes(memory)  # (a bad budget refused before any pass)
     parts = graph_parts(source, features=features, labels=labels, train_idx=train_idx,
                         valid_idx=valid_idx, test_idx=test_idx, num_nodes=num_nodes,
-                        undirected=undirected)  # fmt: skip
+                        undirected=undirected, weights=weights, memory=memory)  # fmt: skip
     warn_missing(str(source) if isinstance(source, str | os.PathLike) else "graph",
                  parts.labels is not None, parts.splits.get("train_idx") is not None)  # fmt: skip
     if callable(order):
@@ -102,9 +109,12 @@ def write_graph(
 
 
 def graph_parts(source: Any, **given: Any) -> GraphParts:
-    """``source`` and the keyword parts as the writer's :class:`GraphParts`."""
+    """``source`` and the keyword parts as the writer's :class:`GraphParts` (``memory``: the
+    budget of the pass finding the node count, ``weights``: :func:`write_graph`'s)."""
     num_nodes = given.pop("num_nodes", None)
     undirected = bool(given.pop("undirected", False))
+    weights = given.pop("weights", None)
+    memory = given.pop("memory", DEFAULT_MEMORY)
     found: dict[str, Any] = {}
     if isinstance(source, str | os.PathLike):
         path = Path(source)
@@ -137,7 +147,8 @@ def graph_parts(source: Any, **given: Any) -> GraphParts:
         num_nodes = (
             feats.shape[0] if feats is not None else labs.shape[0] if labs is not None else None
         )
-    edges = edges_of(found["edges"], None if num_nodes is None else int(num_nodes))
+    edges = edges_of(found["edges"], None if num_nodes is None else int(num_nodes),
+                     weights=weights, memory=memory)  # fmt: skip
     splits = {k: _index(found[k], k) for k in SPLIT_STEMS if found.get(k) is not None}
     return GraphParts(edges, feats, labs, splits, undirected)
 
@@ -308,8 +319,7 @@ def _small(path: Path) -> np.ndarray:
             return np.load(path, allow_pickle=False)
         except (OSError, ValueError) as exc:
             raise SolarError(f"{path}: not a readable .npy file ({exc})") from None
-    with _open_text(path) as f:
-        return _parse_text(f.read(), path)
+    return read_numbers(path)
 
 
 def rows_of(value: Any, name: str) -> Any:
@@ -325,25 +335,36 @@ def rows_of(value: Any, name: str) -> Any:
     return ArrayRows(value, name)
 
 
-def edges_of(value: Any, num_nodes: int | None) -> Any:
+def edges_of(
+    value: Any,
+    num_nodes: int | None,
+    *,
+    weights: str | None = None,
+    memory: int | str = DEFAULT_MEMORY,
+) -> Any:
     """An edge source for a (2, E) or (E, 2) array or tensor, an .npy or text edge list, or a
-    :class:`Graph`; ``num_nodes`` found by a pass over the ids if not given."""
+    :class:`Graph`; ``num_nodes`` found by a pass over the ids (in blocks the ``memory``
+    budget holds) if not given. ``weights``: a text edge list's weight column."""
+    text = isinstance(value, str | os.PathLike) and Path(value).suffix != ".npy"
+    if weights is not None and not text:
+        raise SolarError(f"weights={weights!r}: only a text edge list has a weight column")
     if isinstance(value, Graph):
         src: Any = CsrEdges(value)
     elif isinstance(value, str | os.PathLike):
         path = Path(value)
-        src = NpyEdges(path) if path.suffix == ".npy" else TextEdges(path)
+        src = TextEdges(path, weights) if text else NpyEdges(path)
     else:
         src = ArrayEdges(value)
     if num_nodes is None:
-        num_nodes = src.num_nodes if getattr(src, "num_nodes", None) else _max_id(src) + 1
+        num_nodes = src.num_nodes if getattr(src, "num_nodes", None) else (
+            _max_id(src, edge_block(memory_bytes(memory))) + 1)  # fmt: skip
     src.num_nodes = int(num_nodes)
     return src
 
 
-def _max_id(src: Any) -> int:
+def _max_id(src: Any, block: int) -> int:
     top = -1
-    for s, d in src.chunks(1 << 22):
+    for s, d in src.chunks(block):
         s, d = np.asarray(s), np.asarray(d)
         if s.size:
             top = max(top, int(s.max()), int(d.max()))
@@ -439,44 +460,21 @@ class NpyEdges:
         self.num_nodes: int | None = None
 
     def chunks(self, size: int, lo: int = 0, hi: int | None = None):
+        """(src, dst) arrays of at most ``size`` edges, reused: each pair is valid until the
+        next is asked for (one block's worth in memory, not two)."""
         item, e = self.dtype.itemsize, self.num_edges
+        size = max(1, min(int(size), e))
+        src, dst = np.empty(size, self.dtype), np.empty(size, self.dtype)
+        block = np.empty((size, 2), self.dtype) if self.interleaved else None
         for a in range(0, e, size):
-            b = min(a + size, e)
-            if self.interleaved:
-                block = np.empty((b - a, 2), self.dtype)
-                _pread_into(self.path, block, self.offset + 2 * a * item)
-                yield block[:, 0], block[:, 1]
+            k = min(a + size, e) - a
+            if block is not None:
+                _pread_into(self.path, block[:k], self.offset + 2 * a * item)
+                src[:k], dst[:k] = block[:k, 0], block[:k, 1]
             else:
-                s, d = np.empty(b - a, self.dtype), np.empty(b - a, self.dtype)
-                _pread_into(self.path, s, self.offset + a * item)
-                _pread_into(self.path, d, self.offset + (e + a) * item)
-                yield s, d
-
-    def degrees(self) -> None:
-        return None
-
-
-class TextEdges:
-    """Edges of a text file: two ids a line (comma, tab or space), ``#``/``%`` comments and a
-    non-numeric header skipped; gzipped if it ends in ``.gz``."""
-
-    def __init__(self, path: Path) -> None:
-        if not path.is_file():
-            raise SolarError(f"{path}: no such file")
-        self.path, self.where = path, str(path)
-        self.num_nodes: int | None = None
-
-    def chunks(self, size: int, lo: int = 0, hi: int | None = None):
-        with _open_text(self.path) as f:
-            while True:
-                lines = f.readlines(max(1 << 16, size * 12))
-                if not lines:
-                    return
-                ids = _parse_text(b"".join(lines), self.path)
-                if ids.size % 2:
-                    raise SolarError(f"{self.path}: a line without two node ids")
-                pairs = ids.reshape(-1, 2)
-                yield pairs[:, 0], pairs[:, 1]
+                _pread_into(self.path, src[:k], self.offset + a * item)
+                _pread_into(self.path, dst[:k], self.offset + (e + a) * item)
+            yield src[:k], dst[:k]
 
     def degrees(self) -> None:
         return None
@@ -534,32 +532,6 @@ def _is_text(path: Path) -> bool:
     if suffixes and suffixes[-1] == ".gz":
         suffixes = suffixes[:-1]
     return bool(suffixes) and suffixes[-1] in _TEXT
-
-
-def _open_text(path: Path) -> Any:
-    try:
-        return gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")
-    except OSError as exc:
-        raise SolarError(f"{path}: cannot read ({exc.strerror})") from None
-
-
-def _parse_text(text: bytes, path: Path) -> np.ndarray:
-    """The integers of ``text`` (ids separated by commas or whitespace), comment lines and a
-    non-numeric header line dropped."""
-    lines = [ln for ln in text.split(b"\n") if ln.strip() and ln.lstrip()[:1] not in (b"#", b"%")]
-    if lines and not lines[0].strip()[:1].replace(b"-", b"").isdigit():
-        lines = lines[1:]
-    body = b" ".join(lines).replace(b",", b" ").replace(b"\t", b" ")
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("error")
-            values = np.loadtxt(io.BytesIO(body), dtype=np.float64, ndmin=1) if body.strip() \
-                else np.zeros(0)  # fmt: skip
-    except ValueError as exc:
-        raise SolarError(f"{path}: not a list of node ids ({exc})") from None
-    if np.isnan(values).any():
-        return values
-    return values.astype(np.int64)
 
 
 def _np_dtype(a: Any) -> np.dtype:

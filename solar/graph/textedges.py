@@ -1,0 +1,306 @@
+"""Text edge lists read strictly: a declared shape per line, parsed by a compiled kernel.
+
+A line holds exactly two node ids (``src dst``), or, with ``weights="ignore"``, two ids and a
+number (``src dst weight``, the weight checked as a number and dropped, never taken for an id).
+Ids are decimal integers of 0..2^63 - 1 (no sign, no fraction, no exponent). Fields are
+separated by a comma (blanks around it allowed) or by spaces/tabs; a line may end in ``\\r``
+(and the file begin with a UTF-8 byte order mark).
+Blank lines and comment lines (first non-blank character ``#`` or ``%``) are skipped, and the
+first other line is a header, skipped, if it begins with a letter, a quote or ``_``. Any other
+line is refused in one line naming the file, its line number and its text. ``.gz`` files are
+decompressed on the way; a truncated or non-gzip file is refused naming it.
+
+The file is read into one byte buffer (never a Python object per line, never ``loadtxt``), at
+most 16 bytes per edge of the block asked for, plus the block's two int64 arrays: about 32
+bytes per edge, within the 40 the writer counts (:mod:`solar.graph.csrwrite`). A line longer
+than the buffer is refused.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import warnings
+import zlib
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from numba import njit
+
+from solar.errors import SolarError
+
+WEIGHTS = (None, "ignore")  # what a weight column may be: none (two ids a line), or ignored
+MIN_BUFFER = 1 << 16  # the longest line a file may hold is the buffer (64 KiB at least)
+_BYTES_PER_EDGE = 16
+
+# Kernel results (``res``): bytes consumed, edges written, lines passed, error, bad line's start.
+_OK, _SHAPE, _OVERFLOW, _NEGATIVE, _FRACTION = 0, 1, 2, 3, 4
+_INT64_MAX = (1 << 63) - 1
+
+
+class TextEdges:
+    """Edges of a text edge list (module docstring), read again for every pass."""
+
+    def __init__(self, path: Path, weights: str | None = None) -> None:
+        if weights not in WEIGHTS:
+            raise SolarError(f"weights: expected None or 'ignore', got {weights!r}")
+        if not path.is_file():
+            raise SolarError(f"{path}: no such file")
+        self.path, self.where, self.weights = path, str(path), weights
+        self.num_nodes: int | None = None
+
+    def chunks(self, size: int, lo: int = 0, hi: int | None = None):
+        """(src, dst) int64 arrays of at most ``size`` edges, in file order. The arrays are
+        reused: each pair is valid until the next is asked for."""
+        size = max(1, int(size))
+        buf = np.empty(max(MIN_BUFFER, _BYTES_PER_EDGE * size), np.uint8)
+        src, dst = np.empty(size, np.int64), np.empty(size, np.int64)
+        # res: consumed, edges, lines, error, bad line's start, a data/header line seen
+        res = np.zeros(6, np.int64)
+        cols = 3 if self.weights == "ignore" else 2
+        have, eof, line = 0, False, 0
+        with open_text(self.path) as f:
+            have, eof = self._fill(f, buf, 0)
+            if bytes(buf[:3]) == b"\xef\xbb\xbf" and have >= 3:  # a UTF-8 byte order mark
+                _shift(buf, 3, have)
+                have -= 3
+            while True:
+                if not eof:
+                    have, eof = self._fill(f, buf, have)
+                _parse(buf, have, eof, cols, src, dst, res)
+                if res[3] != _OK:
+                    raise self._refuse(buf, have, int(res[4]), line + int(res[2]) + 1, res[3])
+                line += int(res[2])
+                consumed, k = int(res[0]), int(res[1])
+                if k:
+                    yield src[:k], dst[:k]
+                _shift(buf, consumed, have)
+                have -= consumed
+                if eof and have == 0:
+                    return
+                if consumed == 0 and k == 0 and have == buf.shape[0]:
+                    raise SolarError(f"{self.path}:{line + 1}: a line longer than "
+                                     f"{buf.shape[0]} bytes")  # fmt: skip
+
+    def degrees(self) -> None:
+        return None
+
+    def _fill(self, f: Any, buf: np.ndarray, have: int) -> tuple[int, bool]:
+        """Read into ``buf[have:]`` until it is full or the file ends."""
+        view = buf.data
+        with read_errors(self.path):
+            while have < buf.shape[0]:
+                # (at most 1 MiB a call: a gzip file reads through a bytes object that long)
+                got = f.readinto(view[have : have + (1 << 20)])
+                if not got:
+                    return have, True
+                have += got
+        return have, False
+
+    def _refuse(self, buf: np.ndarray, have: int, start: int, line: int, code: int) -> Exception:
+        ends = np.flatnonzero(buf[start:have] == 10)
+        end = start + int(ends[0]) if ends.size else have
+        text = bytes(buf[start:end]).rstrip(b"\r").decode("utf-8", "backslashreplace")
+        shown = json.dumps(text if len(text) <= 80 else text[:77] + "...", ensure_ascii=False)
+        want = "2 integer ids" + (" and a weight" if self.weights == "ignore" else "")
+        why = {
+            _SHAPE: f"expected {want}",
+            _OVERFLOW: f"a node id above {_INT64_MAX} (int64's largest)",
+            _NEGATIVE: "a negative node id",
+            _FRACTION: "node ids must be integers",
+        }[int(code)]
+        return SolarError(f"{self.path}:{line}: {why}, got {shown}")
+
+
+def open_text(path: Path) -> Any:
+    """``path`` opened for reading bytes, decompressed if it ends in ``.gz`` (read it under
+    :func:`read_errors`)."""
+    try:
+        return gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb", buffering=0)
+    except OSError as exc:
+        raise SolarError(f"{path}: cannot read ({exc.strerror})") from None
+
+
+@contextmanager
+def read_errors(path: Path) -> Iterator[None]:
+    """A failed read of ``path`` (a truncated or non-gzip ``.gz`` among them) as a one-line
+    :class:`SolarError` naming it."""
+    try:
+        yield
+    except EOFError:
+        raise SolarError(f"{path}: truncated gzip file (the compressed data ends before its "
+                         "end marker)") from None  # fmt: skip
+    except gzip.BadGzipFile as exc:
+        raise SolarError(f"{path}: not a readable gzip file ({exc})") from None
+    except zlib.error as exc:
+        raise SolarError(f"{path}: corrupt gzip data ({exc})") from None
+    except OSError as exc:
+        raise SolarError(f"{path}: cannot read ({exc.strerror or exc})") from None
+
+
+def read_numbers(path: Path) -> np.ndarray:
+    """The numbers of a small text file (a split, a node count, labels) read whole: comma or
+    blank separated, comment lines and a non-numeric header line dropped; int64 unless one is
+    NaN."""
+    with open_text(path) as f, read_errors(path):
+        text = f.read()
+    lines = [ln for ln in text.split(b"\n") if ln.strip() and ln.lstrip()[:1] not in (b"#", b"%")]
+    if lines and not lines[0].strip()[:1].replace(b"-", b"").isdigit():
+        lines = lines[1:]
+    body = b" ".join(lines).replace(b",", b" ").replace(b"\t", b" ")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            values = np.loadtxt(io.BytesIO(body), dtype=np.float64, ndmin=1) if body.strip() \
+                else np.zeros(0)  # fmt: skip
+    except ValueError as exc:
+        raise SolarError(f"{path}: not a list of numbers ({exc})") from None
+    if np.isnan(values).any():
+        return values
+    return values.astype(np.int64)
+
+
+@njit(cache=True, nogil=True)
+def _shift(buf, consumed, have):  # pragma: no cover - compiled
+    """Move ``buf[consumed:have]`` to the front (an overlapping copy, lowest bytes first)."""
+    have = min(have, buf.shape[0])
+    for j in range(max(consumed, 0), have):
+        buf[j - consumed] = buf[j]
+
+
+@njit(cache=True, inline="always")
+def _blank(c):  # pragma: no cover - compiled
+    return c == 32 or c == 9
+
+
+@njit(cache=True, inline="always")
+def _digit(c):  # pragma: no cover - compiled
+    return c >= 48 and c <= 57
+
+
+@njit(cache=True, inline="always")
+def _id(buf, p, e, out, k):  # pragma: no cover - compiled
+    """Parse an id at ``buf[p:e]`` into ``out[k]``: (position after it, error code)."""
+    if p < e and buf[p] == 45 and p + 1 < e and _digit(buf[p + 1]):
+        return p, 3
+    if p >= e or not _digit(buf[p]):
+        return p, 1
+    v = np.int64(0)
+    while p < e and _digit(buf[p]):
+        d = np.int64(buf[p] - 48)
+        if v > (np.int64(9223372036854775807) - d) // 10:
+            return p, 2
+        v = v * 10 + d
+        p += 1
+    if p < e and (buf[p] == 46 or buf[p] == 101 or buf[p] == 69):  # '.', 'e', 'E'
+        return p, 4
+    out[k] = v
+    return p, 0
+
+
+@njit(cache=True, inline="always")
+def _sep(buf, p, e):  # pragma: no cover - compiled
+    """Skip a separator (blanks, or a comma with blanks around it): its end, or -1 if none."""
+    q = p
+    while q < e and _blank(buf[q]):
+        q += 1
+    if q < e and buf[q] == 44:
+        q += 1
+        while q < e and _blank(buf[q]):
+            q += 1
+    elif q == p:
+        return -1
+    return q
+
+
+@njit(cache=True, inline="always")
+def _number(buf, p, e):  # pragma: no cover - compiled
+    """Skip a decimal number (sign, digits, fraction, exponent): its end, or -1 if none."""
+    if p < e and (buf[p] == 43 or buf[p] == 45):
+        p += 1
+    digits = 0
+    while p < e and _digit(buf[p]):
+        p += 1
+        digits += 1
+    if p < e and buf[p] == 46:
+        p += 1
+        while p < e and _digit(buf[p]):
+            p += 1
+            digits += 1
+    if digits == 0:
+        return -1
+    if p < e and (buf[p] == 101 or buf[p] == 69):
+        p += 1
+        if p < e and (buf[p] == 43 or buf[p] == 45):
+            p += 1
+        if p >= e or not _digit(buf[p]):
+            return -1
+        while p < e and _digit(buf[p]):
+            p += 1
+    return p
+
+
+@njit(cache=True, nogil=True)
+def _parse(buf, n, final, cols, src, dst, res):  # pragma: no cover - compiled
+    """Parse the whole lines of ``buf[:n]`` (the last one too if ``final``) into ``src``/
+    ``dst`` until they are full. ``res``: [0] bytes consumed, [1] edges, [2] lines passed,
+    [3] error code (0: none), [4] the bad line's start; [5] whether a data or header line was
+    seen (kept across calls). Every index is checked against the arrays' lengths."""
+    n = min(n, buf.shape[0])
+    cap = min(src.shape[0], dst.shape[0])
+    i, k, lines = 0, 0, 0
+    res[3] = 0
+    while i < n:
+        j = i
+        while j < n and buf[j] != 10:
+            j += 1
+        if j == n and not final:
+            break
+        nxt = j + 1 if j < n else n
+        e = j
+        if e > i and buf[e - 1] == 13:
+            e -= 1
+        p = i
+        while p < e and _blank(buf[p]):
+            p += 1
+        if p == e or buf[p] == 35 or buf[p] == 37:  # blank, '#' or '%': skipped
+            lines += 1
+            i = nxt
+            continue
+        if k >= cap:
+            break
+        c = buf[p]
+        if res[5] == 0:
+            res[5] = 1
+            if (c >= 65 and c <= 90) or (c >= 97 and c <= 122) or c == 34 or c == 39 or c == 95:
+                lines += 1  # the header
+                i = nxt
+                continue
+        p, err = _id(buf, p, e, src, k)
+        if err == 0:
+            p = _sep(buf, p, e)
+            if p < 0:
+                err = 1
+            else:
+                p, err = _id(buf, p, e, dst, k)
+        if err == 0 and cols == 3:
+            p = _sep(buf, p, e)
+            p = _number(buf, p, e) if p >= 0 else -1
+            if p < 0:
+                err = 1
+        if err == 0:
+            while p < e and _blank(buf[p]):
+                p += 1
+            if p != e:
+                err = 1
+        if err != 0:
+            res[3], res[4] = err, i
+            break
+        k += 1
+        lines += 1
+        i = nxt
+    res[0], res[1], res[2] = i, k, lines
