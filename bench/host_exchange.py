@@ -37,8 +37,8 @@ import numpy as np
 def _plan(args) -> tuple[list[int], list[float], list[float], int]:
     from solar import BufferConfig, PlanSpec, RunConfig, Weighted
     from solar.schedule.grouping import Hosts
+    from solar.schedule.hostpayload import digest, pack, unpack
     from solar.schedule.hostrun import host_parts, node_spec
-    from solar.schedule.nodeboard import digest, pack, unpack
     from solar.schedule.nodeplan import NodePlanner
 
     n, ranks = args.samples, args.ranks
