@@ -546,3 +546,18 @@ def test_a_part_posted_as_another_or_holding_its_rows_is_refused_in_one_line():
     assert unpack_part(m, part=1, **kw).ranks.sample.size  # (as posted: accepted)
     os.close(fd)
     os.close(fd0)
+
+
+@pytest.mark.parametrize(("launcher", "n", "grouping"), [
+    ("mpiexec", 4, "2x2"), ("torchrun", 4, "3,1"),
+])  # fmt: skip
+def test_host_ranks_exchange_restart_and_close_under_a_launcher(launcher, n, grouping):
+    """tests/mpi/host_exchange.py: over MPI's duplicated host communicator and torch's second
+    gloo group per host (hosts of 3 and 1 ranks), every rank serves its host's plan in order,
+    after a jump forward and a restart, and every rank closes while local rank 0's planning
+    thread waits in a round ahead of the others."""
+    from test_mpi import launch
+
+    result = launch(launcher, n, "host_exchange.py", grouping, timeout=240)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"host exchange {grouping}: ok" in result.stdout
