@@ -561,3 +561,16 @@ def test_host_ranks_exchange_restart_and_close_under_a_launcher(launcher, n, gro
     result = launch(launcher, n, "host_exchange.py", grouping, timeout=240)
     assert result.returncode == 0, result.stderr[-3000:]
     assert f"host exchange {grouping}: ok" in result.stdout
+
+
+def test_ranks_restarting_at_other_epochs_are_named_in_one_line():
+    """A restart's stop agrees on the epoch too: a local rank that restarts at another epoch
+    than its host's (or closes while they restart) is named, on both sides, in one line."""
+    lead, other = _exchanges()
+    with ThreadPoolExecutor(2) as pool:
+        made = [pool.submit(lead.stop, lambda: None, 0), pool.submit(other.stop, lambda: None, 2)]
+        for f in made:
+            with pytest.raises(SolarError, match="must take the same epochs") as exc:
+                f.result(timeout=60)
+            assert "restarts at epoch 0" in str(exc.value)
+            assert "restarts at epoch 2" in str(exc.value)

@@ -201,16 +201,29 @@ class HostExchange:
             os.close(got)
 
     # -- the foreground -------------------------------------------------------------------------
-    def stop(self, join: Callable[[], None]) -> None:
+    def stop(self, join: Callable[[], None], epoch: int = -1) -> None:
         """Stop the planning thread's rounds with the host's ranks (a collective of the host's
         communicator, in the foreground): agree on the rounds the furthest thread began, make
         the ones this rank's thread has not (stop records), ``join`` the thread (its next
         round raises :class:`Interrupted`), release the payloads. Rounds may begin again
-        after."""
+        after. ``epoch``: the epoch this rank restarts at (-1: it closes): the host's ranks
+        must agree, else the first that differs is named in one line (by the watch first: the
+        host barrier names both ranks and steps)."""
         with self._state:
             self._limit = self.rounds  # no round begins meanwhile
-        me = np.array([self.host, self.local, self.rounds], np.int64)
-        target = int(self._local(_gather(self.comm, me, self._check))[:, 2].max())
+        me = np.array([self.host, self.local, self.rounds, epoch], np.int64)
+        every = self._local(_gather(self.comm, me, self._check))
+        odd = np.flatnonzero(every[:, 3] != epoch)
+        if odd.size:  # (every rank is still in its stop: the watch sees it waiting)
+            if self.watch is not None:
+                self.watch()
+            q, e = int(odd[0]), int(every[odd[0], 3])
+            raise SolarError(
+                f"host exchange: local rank {self.local} of host {self.host} "
+                f"{_doing(epoch)} but local rank {q} {_doing(e)}: the ranks of a host must "
+                "take the same epochs (did one seek alone with set_epoch or load_state_dict?)"
+            )
+        target = int(every[:, 2].max())
         with self._state:
             self._limit = target
         while self._stop_round(target):
@@ -272,6 +285,10 @@ class HostExchange:
             self.closed = True
         if hasattr(self.pcomm, "Free"):
             self.pcomm.Free()
+
+
+def _doing(epoch: int) -> str:
+    return "closes" if epoch < 0 else f"restarts at epoch {epoch}"
 
 
 def _close(fd: int) -> None:

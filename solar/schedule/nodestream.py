@@ -322,14 +322,17 @@ class NodeStream(EpochsAhead):
 
     def _restart_at(self, epoch: int) -> None:
         """Replan up to ``epoch`` (from where the planner is, if not past it; else from 0)."""
-        if self.exchange is not None and self._bg.get().planner is not None and \
-                epoch >= self._first:  # fmt: skip
+        # With the exchange, the host's ranks decide alike (on the epoch they serve, not on
+        # how far each has planned): a jump forward plans on (with snapshots, past the next
+        # epoch, a restart: rank 0 loads the nearest), a jump back restarts.
+        ahead = epoch >= self._first and (epoch <= self._first + 1 or not self.host_saves)
+        if self.exchange is not None and self._bg.get().planner is not None and ahead:
             self._advance(epoch)
             return
         t0 = time.perf_counter()
         p: Any = None  # (a NodePlanner or EpochReader)
         if self.exchange is not None:  # a jump back: the host's planning threads stop first
-            self._stop()
+            self._stop(epoch)
         if not self.parted:  # (a part's planner is never resumed: see _stop)
             p = self._settled_planner()
         at = -1 if p is None or p.epoch > epoch else p.epoch
@@ -373,18 +376,23 @@ class NodeStream(EpochsAhead):
                 self._window = None
         self.wait_seconds += time.perf_counter() - t0
 
+    def _new_planning(self) -> Any:
+        if os.getpid() != self.pid:  # a forked child: it plans its host itself, no exchange
+            self.exchange, self.parted = None, False
+        return super()._new_planning()
+
     def _collect(self, wait: bool) -> bool:
         bg = self._bg.get()
         if wait and bg.future is not None and self.exchange is not None:
             self.exchange.wait(bg.future)  # (its peers and the host barrier checked meanwhile)
         return super()._collect(wait)
 
-    def _stop(self) -> None:
+    def _stop(self, epoch: int) -> None:
         """Stop the host's planning threads together (solar/host/exchange.py) and drop the
         epoch being planned, if any: each rank's may be another (the next epoch is planned as
         soon as the last is collected). A part's planner is dropped (a restart replans)."""
         assert self.exchange is not None
-        self.exchange.stop(self._join)
+        self.exchange.stop(self._join, epoch)
 
     def _join(self) -> None:
         bg = self._bg.here()
