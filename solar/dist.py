@@ -304,6 +304,7 @@ class TorchComm:
         # ``group``: a process group of some of the job's ranks (its ``parent``'s: the job's
         # comm, which ends the job on Abort); None: the default group.
         self._group, self._parent = group, parent
+        self._groups: list[list[int]] | None = None  # (split_hosts': every host's ranks)
         self._rank, self._size = td.get_rank(group), td.get_world_size(group)
         # Where the object collectives' tensors live: NCCL moves only CUDA memory.
         self._device = torch.device("cpu")
@@ -338,7 +339,39 @@ class TorchComm:
         if self._group is not None:
             raise SolarError("TorchComm.split_hosts: only the job's communicator splits")
         mine, _ = td.new_subgroups_by_enumeration(groups, backend="gloo")
-        return TorchComm(group=mine, parent=self)
+        made = TorchComm(group=mine, parent=self)
+        made._groups = [list(g) for g in groups]
+        return made
+
+    def dup(self) -> TorchComm:
+        """Another communicator of this one's ranks, over groups of its own (a collective of
+        the whole job: a host's communicator is duplicated with every host's)."""
+        groups = self._groups
+        if self._group is None:
+            groups = [list(range(self._size))]
+        if groups is None:
+            raise SolarError("TorchComm.dup: only the job's or split_hosts' communicators")
+        root = self if self._parent is None else self._parent
+        return root.split_hosts(groups)
+
+    def allgather_ints(self, values: np.ndarray, wait: Any = None) -> np.ndarray:
+        """Every rank's int64 ``values`` (one row per rank), without pickling; ``wait``: called
+        every few milliseconds until the collective completes."""
+        torch = self._torch
+        mine = torch.from_numpy(np.ascontiguousarray(values, np.int64).copy()).to(self._device)
+        every = [torch.empty_like(mine) for _ in range(self._size)]
+        work = self._td.all_gather(every, mine, group=self._group, async_op=True)
+        if wait is not None:
+            pause, due = 5e-5, time.monotonic() + 0.05
+            while not work.is_completed():
+                if time.monotonic() > due:
+                    wait()
+                    due = time.monotonic() + 0.05
+                time.sleep(pause)
+                pause = min(2 * pause, 0.005)
+        work.wait()
+        hold(mine, *every)
+        return np.stack([t.cpu().numpy() for t in every])
 
     def Get_rank(self) -> int:
         """This process's rank."""

@@ -113,7 +113,7 @@ def test_a_peer_at_another_step_fails_the_barrier_naming_both():
 
 def _plan_wait(b, k, seconds=5.0):
     """Wait for step ``k``'s plan (never made: a peer's payload never posted), checking as
-    a node plan's wait does (solar/schedule/nodeboard.py's ``watch``)."""
+    a node plan's wait does (solar/host/exchange.py's ``watch``)."""
     b.planning(k)
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:

@@ -264,7 +264,7 @@ def test_hosts_grammar_and_refusals():
         Hosts.parse("2x3", 4)
     with pytest.raises(SolarError, match="SOLAR_HOSTS"):
         Hosts.parse("two", 4)
-    assert not Hosts(((0, 1), (2,))).uniform  # (tests/test_nodeboard.py: unequal hosts)
+    assert not Hosts(((0, 1), (2,))).uniform  # (tests/test_hostexchange.py: unequal hosts)
     with pytest.raises(SolarError, match=r"ranks 0\.\.P-1"):
         Hosts(((0, 1), (1, 2)))
 

@@ -15,9 +15,13 @@ section per part; plans its part from every local rank's section of it; posts th
 puts its view of the epoch together from every part (solar/schedule/nodeview.py). Otherwise
 (a sampler with affinity: every host planned at once, as the split of a global batch needs;
 or rank 0 saving snapshots) local rank 0 plans and publishes each epoch's host part and the
-host's other ranks map it (solar/schedule/nodeboard.py). Without the host's communicator (one
-rank per host, a test) a rank plans its host itself: the plan is a pure function of the
-inputs, the same either way. With
+host's other ranks map it. What they exchange is bytes in sealed memfds
+(solar/schedule/hostpayload.py) named in rounds of a communicator the planning thread owns
+(solar/host/exchange.py): every local rank makes the same rounds in the same order, so a jump
+forward plans on (every epoch, on every local rank alike) and a jump back, or a close, first
+stops the host's planning threads together. Without the host's communicator (one rank per
+host, a test) a rank plans its host itself: the plan is a pure function of the inputs, the
+same either way. With
 equal batches on several hosts, :meth:`~NodeWindow.transfer` is the rank's exchange of the
 host's surplus rows with other hosts' ranks (solar/schedule/nodeequal.py). With a tier, the
 step's tier hits and tier writes too, its updates cut into the host's phases where the host
@@ -40,12 +44,13 @@ from typing import Any
 import numpy as np
 
 from solar.errors import CorruptPlanError, SolarError
+from solar.host.exchange import HostExchange, Interrupted
+from solar.schedule import hostpayload as payload
 from solar.schedule import snapshot
 from solar.schedule._common import ADMIT, DEMOTE, HIT, PEER, SIDE, TADMIT, THIT, tier_slot_count
 from solar.schedule.draws import EpochDraws
 from solar.schedule.grouping import Hosts, NodeEpoch
 from solar.schedule.hostrun import host_parts, node_spec
-from solar.schedule.nodeboard import BoardReader, Interrupted, board_of
 from solar.schedule.nodeequal import node_transfer
 from solar.schedule.nodeplan import NodePlanner, host_phases
 from solar.schedule.nodeview import assemble
@@ -209,16 +214,19 @@ class NodeStream(EpochsAhead):
         self.spe = int(spec.run.steps_per_epoch)
         self.wait_seconds = 0.0
         self.pid = os.getpid()  # the process that joined its host (a forked child cannot)
-        # With the host's communicator, the host's board (a collective now, in the
-        # foreground; solar/schedule/nodeboard.py).
-        self.board = board_of(comm, spec, hosts, self.host, rank, self._saves())
-        # A buffer in parts (solar/schedule/nodeparts.py) with the host's board: every local
-        # rank plans its part from the ranks' posted draws (on the host of a rank saving
-        # snapshots, that rank plans every host's every part and its host's ranks take its
-        # epochs: they hold every host's state).
+        # With the host's communicator, the exchange of the host's ranks (a collective now,
+        # in the foreground; solar/host/exchange.py), and what names this run's payloads.
+        self.exchange = _exchange_of(comm, hosts, self.host, self.local, self._saves())
+        self.tag = payload.digest(spec.fingerprint, hosts, self.host)
+        # Whether a rank of this host saves node planner snapshots (the host's ranks decide
+        # alike how its plan is made).
+        self.host_saves = self._saves() if self.exchange is None else any(self.exchange.extras)
+        # A buffer in parts (solar/schedule/nodeparts.py) with the exchange: every local rank
+        # plans its part from the ranks' draws (on the host of a rank saving snapshots, that
+        # rank plans every host's every part and its host's ranks take its epochs: they hold
+        # every host's state).
         self.parts = host_parts(host_spec, hosts, self.host)
-        self.parted = (self.board is not None and self.parts is not None
-                       and not self.board.host_saves)  # fmt: skip
+        self.parted = self.exchange is not None and self.parts is not None and not self.host_saves
         self._barrier: Any = None  # the host's barrier, once watched (watch)
         self._reset()
 
@@ -231,12 +239,13 @@ class NodeStream(EpochsAhead):
 
     def __getstate__(self) -> dict:
         keep = ("spec", "rank", "hosts", "host", "group", "local", "slots", "tier_slots",
-                "stage_rows", "spe", "wait_seconds", "snapshots", "pid", "parts")  # fmt: skip
+                "stage_rows", "spe", "wait_seconds", "snapshots", "pid", "parts",
+                "tag")  # fmt: skip
         return {k: self.__dict__[k] for k in keep}
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
-        self.board, self.parted = None, False  # (a copy plans its host itself)
+        self.exchange, self.parted = None, False  # (a copy plans its host itself)
         self._barrier = None
         self._reset()
 
@@ -247,8 +256,8 @@ class NodeStream(EpochsAhead):
         host's is named at once, in one line (else it would wait for payloads its host's
         ranks never post, and they for it at their barrier)."""
         self._barrier = barrier
-        if self.board is not None:
-            self.board.watch = barrier.check_planning
+        if self.exchange is not None:
+            self.exchange.watch = barrier.check_planning
 
     @contextlib.contextmanager
     def _planning(self, k: int) -> Iterator[None]:
@@ -266,60 +275,71 @@ class NodeStream(EpochsAhead):
         """Whether this rank saves node planner snapshots (rank 0, given a directory)."""
         return self.snapshots is not None and self.rank == 0
 
-    def _reads_board(self) -> bool:
+    def _reads_epochs(self) -> bool:
         """Whether this rank takes its host's epochs from local rank 0 (plans nothing)."""
-        return self.board is not None and not self.board.publisher and not self.parted
+        return self.exchange is not None and self.local != 0 and not self.parted
 
-    def _new_planner(self) -> NodePlanner | BoardReader | PartPlanner:
+    def _new_planner(self) -> NodePlanner | EpochReader | PartPlanner:
         """A node planner from epoch 0: of this rank's host alone, unless it saves snapshots
         (they hold every host's state); a reader of local rank 0's epochs on the others; with
         a buffer in parts, of this rank's part, from the draws its host's ranks post."""
-        if self._reads_board():
-            assert self.board is not None
-            return BoardReader(self.board, self._unpack)
+        if self._reads_epochs():
+            return EpochReader(self)
         if self.parted:
             return PartPlanner(self)
         return NodePlanner(self.spec, self.hosts, only_host=None if self._saves() else self.host,
                            source=self.drawn.source)  # fmt: skip
 
-    def _next_epoch(self, planner: NodePlanner | BoardReader | PartPlanner) -> NodeEpoch:
+    def _next_epoch(self, planner: NodePlanner | EpochReader | PartPlanner) -> NodeEpoch:
         """Plan the next epoch (in the background thread), or take local rank 0's; local rank
         0 publishes it, rank 0 saves a snapshot. With a buffer in parts every local rank
         plans and posts its part, then takes every part."""
-        if isinstance(planner, BoardReader):
+        if isinstance(planner, EpochReader | PartPlanner):
             return planner.next()
-        if isinstance(planner, PartPlanner):
-            return planner.next()
-        if self.board is None:
+        if self.exchange is None:
             part = planner.next()
         else:
             contents = planner.planner.contents(self.host)
             ne = planner.next()
-            self.board.publish(ne, contents)
-            part = self._unpack(ne.epoch)  # local rank 0 keeps its host's part, as the others
+            fd = payload.pack(ne, self.host, np.asarray(contents, np.int64), self.tag)
+            got = self.exchange.round(payload.WHOLE, ne.epoch, fd)
+            part = self._unpack(got[0], ne.epoch)  # local rank 0 keeps its part, as the others
         if self._saves() and planner.only_host is None:
             snapshots = self.snapshots
             assert snapshots is not None
             save_or_warn(lambda: snapshot.save(snapshots, planner), "node planner snapshot")
         return part
 
-    def _unpack(self, epoch: int) -> NodeEpoch:
-        assert self.board is not None
-        return self.board.epoch(epoch, self.spec.run.num_samples, self.slots, self.tier_slots)
+    def _unpack(self, rec: np.ndarray | None, epoch: int) -> NodeEpoch:
+        """Epoch ``epoch`` of this host's plan, from local rank 0's payload ``rec`` (checked)."""
+        assert self.exchange is not None
+        if rec is None:
+            raise CorruptPlanError(f"node plan: local rank 0 posted no epoch {epoch}")
+        return payload.unpack(self.exchange.open(rec), epoch=epoch, hosts=self.hosts,
+                              host=self.host, rank=self.rank, steps=self.spe,
+                              num_samples=self.spec.run.num_samples, slots=self.slots,
+                              tier=self.tier_slots, tag=self.tag)  # fmt: skip
 
     def _restart_at(self, epoch: int) -> None:
         """Replan up to ``epoch`` (from where the planner is, if not past it; else from 0)."""
+        # With the exchange, the host's ranks decide alike (on the epoch they serve, not on
+        # how far each has planned): a jump forward plans on (with snapshots, past the next
+        # epoch, a restart: rank 0 loads the nearest), a jump back restarts.
+        ahead = epoch >= self._first and (epoch <= self._first + 1 or not self.host_saves)
+        if self.exchange is not None and self._bg.get().planner is not None and ahead:
+            self._advance(epoch)
+            return
         t0 = time.perf_counter()
-        p: Any = None  # (a NodePlanner or BoardReader)
-        if self.parted:  # (a part's planner is never resumed: see _interrupt)
-            self._interrupt()
-        else:
+        p: Any = None  # (a NodePlanner or EpochReader)
+        if self.exchange is not None:  # a jump back: the host's planning threads stop first
+            self._stop(epoch)
+        if not self.parted:  # (a part's planner is never resumed: see _stop)
             p = self._settled_planner()
         at = -1 if p is None or p.epoch > epoch else p.epoch
         if (
             at < epoch
             and self.snapshots is not None
-            and not self._reads_board()
+            and not self._reads_epochs()
             and not self.parted
         ):  # nearer (a part's planner replans: snapshots are whole)
             node = functools.partial(NodePlanner, self.spec, self.hosts)
@@ -331,7 +351,7 @@ class NodeStream(EpochsAhead):
         while p.epoch < epoch:
             p.planner.skip()
         self._first = epoch
-        if self.board is None:
+        if self.exchange is None:
             self._initial = p.planner.contents(self.host)
             self._parts = [self._next_epoch(p)]
         else:  # the contents as the epoch starts come with it
@@ -341,32 +361,60 @@ class NodeStream(EpochsAhead):
         self.wait_seconds += time.perf_counter() - t0
         self._submit()
 
-    def _interrupt(self) -> None:
-        """Stop the epoch being planned in parts, if any, and drop its planner (a restart
-        replans from epoch 0): it may wait for a part its host's ranks, restarting too, never
-        plan, and each rank's planner may be at another epoch (the next epoch is planned as
-        soon as the last is collected). Every wait begun before now on the board ends."""
-        assert self.board is not None
-        self.board.interrupt()
+    def _advance(self, epoch: int) -> None:
+        """Plan on to ``epoch`` (a jump forward, with the exchange): every local rank plans
+        every epoch in order, whichever it skips; the epochs before it are dropped."""
+        t0 = time.perf_counter()
+        while self._first + len(self._parts) <= epoch:
+            if self._bg.get().future is None:
+                self._submit()
+            self._collect(wait=True)
+            if len(self._parts) > 1 and self._first < epoch:
+                self._initial = self._initial_at(self._first + 1)
+                self._parts = self._parts[1:]
+                self._first += 1
+                self._window = None
+        self.wait_seconds += time.perf_counter() - t0
+
+    def _new_planning(self) -> Any:
+        if os.getpid() != self.pid:  # a forked child: it plans its host itself, no exchange
+            self.exchange, self.parted = None, False
+        return super()._new_planning()
+
+    def _collect(self, wait: bool) -> bool:
         bg = self._bg.get()
-        if bg.future is not None:
-            try:
-                bg.future.result()
-            except Interrupted:
-                pass
-            bg.future = None
+        if wait and bg.future is not None and self.exchange is not None:
+            self.exchange.wait(bg.future)  # (its peers and the host barrier checked meanwhile)
+        return super()._collect(wait)
+
+    def _stop(self, epoch: int) -> None:
+        """Stop the host's planning threads together (solar/host/exchange.py) and drop the
+        epoch being planned, if any: each rank's may be another (the next epoch is planned as
+        soon as the last is collected). A part's planner is dropped (a restart replans)."""
+        assert self.exchange is not None
+        self.exchange.stop(self._join, epoch)
+
+    def _join(self) -> None:
+        bg = self._bg.here()
+        if bg is None or bg.future is None:
+            return
+        assert self.exchange is not None
+        try:
+            self.exchange.wait(bg.future)
+        except Interrupted:
+            pass
+        bg.future = None
 
     def close(self) -> None:
-        """Stop planning (a rank waiting for a payload of its host stops waiting)."""
-        if self.board is not None:
-            self.board.closed = True
+        """Stop planning: with the exchange, together with the host's ranks (a collective of
+        the host's communicator: every local rank closes its stream)."""
+        if self.exchange is not None and os.getpid() == self.pid:
+            self.exchange.close(self._join)
         super().close()
-        if self.board is not None:
-            self.board.close()
 
     def _initial_at(self, e: int) -> np.ndarray:
         """The host's buffer as epoch ``e`` of the window starts (taken with it from the
-        board, or derived)."""
+        exchange, or derived)."""
         initial = self._parts[e - self._first].initial
         return super()._initial_at(e) if initial is None else initial
 
@@ -378,24 +426,49 @@ class NodeStream(EpochsAhead):
         return self._window
 
 
-class PartPlanner:
-    """A local rank's planner of its part of the host's buffer (solar/schedule/nodeparts.py)
-    and the draws it plans from: its own, drawn and posted one section per part; its host's
-    ranks', taken from the board (:meth:`draws`). Each epoch it plans its part, posts it,
-    takes every part and puts its rank's view together (solar/schedule/nodeview.py). One per
-    start or restart: a restart interrupts the board, ending every wait of the one before
-    (its ``era``)."""
+class EpochReader:
+    """A planner's stand-in on the host's other ranks: its epochs are local rank 0's, taken in
+    the exchange's rounds (``NodeStream`` drives it as it drives a :class:`NodePlanner`)."""
 
     def __init__(self, stream: NodeStream) -> None:
-        board, parts = stream.board, stream.parts
-        assert board is not None and parts is not None
-        self.stream, self.board, self.parts = stream, board, parts
-        self.era = board.era
+        self.stream = stream
+        self.epoch = 0
+        self.planner = self  # (NodeStream skips epochs and asks contents through .planner)
+
+    def skip(self) -> None:
+        """Go past an epoch without taking it (local rank 0 skips it too)."""
+        self.epoch += 1
+
+    def next(self) -> NodeEpoch:
+        """The next epoch, as local rank 0 published it (a round: waits for it)."""
+        s = self.stream
+        assert s.exchange is not None
+        got = s.exchange.round(payload.WHOLE, self.epoch)
+        ne = s._unpack(got[0], self.epoch)
+        self.epoch += 1
+        return ne
+
+
+class PartPlanner:
+    """A local rank's planner of its part of the host's buffer (solar/schedule/nodeparts.py)
+    and the draws it plans from: every local rank's, exchanged an epoch at a time in epoch
+    order (each rank draws its own batches and posts them, one section per part), as far
+    ahead as the planner looks before each epoch is planned (so that every local rank makes
+    the same rounds in the same order). Each epoch it plans its part, posts it, takes every
+    part and puts its rank's view together (solar/schedule/nodeview.py). One per start or
+    restart (a restart stops the exchange's rounds first: solar/host/exchange.py)."""
+
+    def __init__(self, stream: NodeStream) -> None:
+        ex, parts = stream.exchange, stream.parts
+        assert ex is not None and parts is not None
+        self.stream, self.ex, self.parts = stream, ex, parts
         self._drawn: dict[tuple[int, int], EpochDraws] = {}
         self._lock = threading.Lock()
+        self._through = -1  # draws exchanged through this epoch
         self._planned = -1  # the last epoch planned: its draws are never asked again
         self.node = NodePlanner(stream.spec, stream.hosts, only_host=stream.host,
                                 part=stream.local, source=self.draws)  # fmt: skip
+        self.horizon = max(int(getattr(p.order, "horizon", 0)) for p in self.node.planner.planners)
         self.planner = self  # (NodeStream skips epochs and asks contents through .planner)
 
     @property
@@ -408,30 +481,46 @@ class PartPlanner:
 
     def skip(self) -> None:
         """Plan the next epoch, post nothing (every rank of the host skips it too)."""
+        self._ahead()
         self.node.planner.skip()
         self._planned_through(self.node.epoch - 1)
 
+    def _ahead(self) -> None:
+        """Exchange the draws the planner may look at as it plans its next epoch."""
+        end = min(self.epoch + self.horizon, self.stream.spec.run.epochs - 1)
+        with self._lock:
+            self._exchange_through(end)
+
     def draws(self, epoch: int, r: int) -> EpochDraws:
-        """Rank ``r``'s draws of ``epoch`` that this part needs (this rank's own are drawn and
-        posted before any other is awaited: a rank draws only its own batches). Kept until the
-        epoch is planned: the planner asks an epoch's as it looks ahead and again as it plans
-        it, and a peer's payload is taken once (it may be gone after)."""
-        s = self.stream
+        """Rank ``r``'s draws of ``epoch`` that this part needs (exchanged before the epoch
+        the planner plans, or now, in order). Kept until the epoch is planned: the planner asks
+        an epoch's as it looks ahead and again as it plans it."""
         with self._lock:  # (the planner draws two epochs at once, on two threads)
             if epoch <= self._planned:
                 raise SolarError(f"node plan: draws of epoch {epoch} asked again after it was "
                                  "planned")  # fmt: skip
-            if (epoch, s.rank) not in self._drawn:
-                mine = self.parts.split(s.drawn.own(epoch))  # kept: the runtime serves it
-                self.board.publish_draws(epoch, mine)
-                self._drawn[(epoch, s.rank)] = mine[s.local]
-            got = self._drawn.get((epoch, r))
-        if got is None:  # (awaited outside the lock: the other epoch's thread posts meanwhile)
-            got = self.board.draws(epoch, s.group.index(r), self.parts, s.local,
-                                   s.spec.run.num_samples, self.era)  # fmt: skip
-            with self._lock:
-                self._drawn[(epoch, r)] = got
-        return got
+            self._exchange_through(epoch)
+            return self._drawn[(epoch, r)]
+
+    def _exchange_through(self, epoch: int) -> None:
+        """The host's ranks' draws of every epoch through ``epoch``, one round each."""
+        s = self.stream
+        while self._through < epoch:
+            k = self._through + 1
+            mine = self.parts.split(s.drawn.own(k))  # kept: the runtime serves it
+            got = self.ex.round(payload.DRAWS, k, payload.pack_draws(mine, k, s.rank, s.tag))
+            for q, r in enumerate(s.group):
+                if q == s.local:
+                    self._drawn[(k, r)] = mine[s.local]
+                    continue
+                rec = got[q]
+                if rec is None:
+                    raise CorruptPlanError(f"node plan: rank {r} posted no draws of epoch {k}")
+                self._drawn[(k, r)] = payload.unpack_draws(
+                    self.ex.open(rec), epoch=k, rank=r, steps=s.spe, layout=self.parts,
+                    part=s.local, num_samples=s.spec.run.num_samples, tag=s.tag,
+                )  # fmt: skip
+            self._through = k
 
     def _planned_through(self, epoch: int) -> None:
         with self._lock:
@@ -442,14 +531,40 @@ class PartPlanner:
     def next(self) -> NodeEpoch:
         """Plan this part's next epoch, post it, and return this rank's view of the host's."""
         s, parts = self.stream, self.parts
+        self._ahead()
         contents = self.contents(s.host)
         mine = self.node.next()
         self._planned_through(mine.epoch)
-        self.board.publish_part(mine, contents)
-        got = [self.board.part(mine.epoch, parts, j, s.spec.run.num_samples,
-                               parts.size(s.slots, j), parts.size(s.tier_slots, j), self.era)
-               for j in range(parts.count)]  # fmt: skip
-        return assemble(got, s.rank, list(s.group), parts, s.slots, s.tier_slots)
+        fd = payload.pack(mine, s.host, np.asarray(contents, np.int64), s.tag, s.local)
+        got = self.ex.round(payload.PART, mine.epoch, fd)
+        views = [self._part(got[j], mine.epoch, j) for j in range(parts.count)]
+        return assemble(views, s.rank, list(s.group), parts, s.slots, s.tier_slots)
+
+    def _part(self, rec: np.ndarray | None, epoch: int, j: int) -> NodeEpoch:
+        """Part ``j`` of the host's buffer at ``epoch``, from the payload of the local rank
+        that plans it (checked: its cells, this rank's rows of that part)."""
+        s, parts = self.stream, self.parts
+        if rec is None:
+            raise CorruptPlanError(f"node plan: local rank {j} posted no part of epoch {epoch}")
+        return payload.unpack_part(self.ex.open(rec), epoch=epoch, hosts=s.hosts, host=s.host,
+                           rank=s.rank, steps=s.spe, num_samples=s.spec.run.num_samples,
+                           layout=parts, part=j, slots=parts.size(s.slots, j),
+                           tier=parts.size(s.tier_slots, j), tag=s.tag)  # fmt: skip
+
+
+def _exchange_of(comm: Any, hosts: Hosts, host: int, local: int,
+                 saves: bool) -> HostExchange | None:  # fmt: skip
+    """The exchange of this rank's host where several ranks share it and a communicator is
+    given (a collective of ``comm``), else None: the rank plans its host itself. ``saves``:
+    this rank saves node planner snapshots (every local rank learns whether one does)."""
+    if comm is None:
+        return None
+    size = len(hosts.groups[host])
+    if size < 2:
+        if hasattr(comm, "dup") and not hasattr(comm, "Dup"):
+            comm.dup()  # (torch.distributed: every rank creates every host's groups)
+        return None
+    return HostExchange(comm, host, local, size, int(saves), payload.KINDS)
 
 
 def _found(shared: np.ndarray, where: np.ndarray, rows: np.ndarray) -> bool:

@@ -1,6 +1,6 @@
 """A rank's view of its host's epoch planned in parts (solar/schedule/nodeparts.py).
 
-Each local rank plans one part of the host's buffer and posts it (solar/schedule/nodeboard.py);
+Each local rank plans one part of the host's buffer and posts it (solar/schedule/hostpayload.py);
 every rank takes all of them and puts together only what it uses: its own service (the
 merged plan's order: every step's served rows part by part, then its side rows), the staging
 sets, the host's buffer as the epoch starts and, only when a resume asks, the host's decisions
@@ -89,7 +89,7 @@ def _staged(parts: list[NodeEpoch], starts: np.ndarray) -> tuple[np.ndarray, np.
 def assemble(parts: list[NodeEpoch], rank: int, group: list[int], layout: Parts, slots: int,
              tier: int) -> NodeEpoch:  # fmt: skip
     """Rank ``rank``'s view of its host's epoch from the host's ``parts`` (each as
-    :func:`~solar.schedule.nodeboard.unpack` checked it; cells numbered within the part) of a
+    :func:`~solar.schedule.hostpayload.unpack` checked it; cells numbered within the part) of a
     buffer of ``slots`` RAM and ``tier`` tier slots cut by ``layout``."""
     first = parts[0]
     slot_bases, tier_bases = layout.bases(slots), layout.bases(tier)

@@ -1,7 +1,9 @@
-"""Planning once per host (solar/schedule/nodeboard.py): local rank 0 publishes each epoch of
-its host's node plan in a memfd, the others map it; what they receive is what they would have
+"""Planning once per host: local rank 0 publishes each epoch of its host's node plan in a
+sealed memfd (solar/schedule/hostpayload.py), named to the others in a round of the planning
+thread's communicator (solar/host/exchange.py); what they receive is what they would have
 planned, and a payload that is not is refused in one line. Hosts of unequal sizes
-(solar/schedule/nodeplan.py) are planned one host at a time."""
+(solar/schedule/nodeplan.py) are planned one host at a time. (Under mpiexec and torchrun, with
+restarts and closes while planning is ahead: tests/mpi/host_exchange.py.)"""
 
 from __future__ import annotations
 
@@ -17,20 +19,25 @@ from plan_checks import _replay
 
 from solar import BufferConfig, PlanSpec, RunConfig
 from solar.errors import CorruptPlanError, SolarError
+from solar.host.exchange import FD, HostExchange, Interrupted
 from solar.schedule._common import HIT, PEER, SIDE
 from solar.schedule.draws import own_draws
 from solar.schedule.grouping import Hosts, stage_bound
-from solar.schedule.hostrun import host_parts, node_spec
-from solar.schedule.nodeboard import (
+from solar.schedule.hostpayload import (
+    DRAWS,
+    KINDS,
     PART,
-    EpochBoard,
+    WHOLE,
     _layout,
     _offsets,
     digest,
     pack,
+    pack_draws,
     unpack,
     unpack_draws,
+    unpack_part,
 )  # fmt: skip
+from solar.schedule.hostrun import host_parts, node_spec
 from solar.schedule.nodeplan import NodePlanner, node_totals
 from solar.schedule.nodestream import NodeStream
 from solar.schedule.nodeview import assemble
@@ -39,22 +46,34 @@ from solar.schedule.samplers import SHUFFLE, Weighted
 
 
 class _Pair:
-    """The host communicator of two boards made in one process, on two threads."""
+    """The host communicator of two ranks in one process, on two threads (``dup``: the
+    planning thread's, another pair)."""
 
     def __init__(self) -> None:
         self.slots: list = [None, None]
         self.gate = threading.Barrier(2)
+        self.lock = threading.Lock()
+        self.child: _Pair | None = None
 
     def of(self, local: int):
         pair = self
 
         class Comm:
+            def Get_size(self):
+                return 2
+
             def allgather(self, obj):
                 pair.slots[local] = obj
                 pair.gate.wait()
                 got = list(pair.slots)
                 pair.gate.wait()
                 return got
+
+            def dup(self):
+                with pair.lock:
+                    if pair.child is None:
+                        pair.child = _Pair()
+                return pair.child.of(local)
 
         return Comm()
 
@@ -65,25 +84,49 @@ def _spec(world=2, n=600, batch=10, epochs=3, cap=15):
     return PlanSpec(run, BufferConfig(cap), sampler=Weighted(w, affinity=False))
 
 
-def _boards(spec, hosts):
+def _exchanges():
+    """The exchanges of a host's two local ranks, made together (on two threads)."""
     pair = _Pair()
-    tag = digest(spec.fingerprint, hosts, 0)
-    steps = spec.run.steps_per_epoch
     with ThreadPoolExecutor(2) as pool:
-        made = [pool.submit(EpochBoard, pair.of(j), hosts, 0, j, tag, steps) for j in (0, 1)]
-        return made[0].result(), made[1].result()
+        made = [pool.submit(HostExchange, pair.of(j), 0, j, 2, j, KINDS) for j in (0, 1)]
+        lead, other = made[0].result(), made[1].result()
+    assert lead.extras == other.extras == [0, 1] and lead.pcomm is not None
+    return lead, other
+
+
+def _round(ex, *args):
+    """Round ``args`` on both exchanges at once (their planning threads); both results."""
+    with ThreadPoolExecutor(2) as pool:
+        made = [pool.submit(e.round, *a) for e, a in zip(ex, args, strict=True)]
+        return [f.result(timeout=60) for f in made]
+
+
+def _stop(ex):
+    with ThreadPoolExecutor(2) as pool:
+        for f in [pool.submit(e.stop, lambda: None) for e in ex]:
+            f.result(timeout=60)
+
+
+def _epoch(ex, rec, spec, hosts, k, cells, rank=1):
+    return unpack(ex.open(rec), epoch=k, hosts=hosts, host=0, rank=rank,
+                  steps=spec.run.steps_per_epoch, num_samples=spec.run.num_samples, slots=cells,
+                  tier=0, tag=digest(spec.fingerprint, hosts, 0))  # fmt: skip
 
 
 def test_each_rank_receives_the_epochs_it_would_have_planned():
     spec, hosts = _spec(), Hosts.grid(1, 2)
-    lead, other = _boards(spec, hosts)
+    lead, other = _exchanges()
+    tag = digest(spec.fingerprint, hosts, 0)
     cells = node_spec(spec, hosts).slots
     p, q = NodePlanner(spec, hosts, only_host=0), NodePlanner(spec, hosts, only_host=0)
     for k in range(spec.run.epochs):
         contents = p.planner.contents(0)
-        lead.publish(p.next(), contents)
+        fd = pack(p.next(), 0, contents, tag)
+        mine, theirs = _round((lead, other), (WHOLE, k, fd), (WHOLE, k))
+        assert theirs[1] is None and int(theirs[0][FD]) == fd
+        assert mine[1] is None and np.array_equal(mine[0], theirs[0])
         want = q.next()
-        got = other.epoch(k, spec.run.num_samples, cells)
+        got = _epoch(other, theirs[0], spec, hosts, k, cells)
         for r in (0, 1):
             a, b = got.rank(r), want.rank(r)
             for name in ("sample", "slot", "flags", "step_offsets", "tslot"):
@@ -102,20 +145,23 @@ def test_each_rank_receives_the_epochs_it_would_have_planned():
             assert np.array_equal(values[offsets[t] : offsets[t + 1]],
                                   np.unique(np.concatenate(taken)))  # fmt: skip
         assert np.any(got.ranks.flags & PEER)  # (the case shares rows)
-    # A descriptor is closed once both took its epoch (at the next publication), the last one
-    # at close; the reader's mappings live on.
-    assert len(lead._fds) == 1
-    lead.close()
-    assert not lead._fds
+        last = fd
+    # A descriptor is closed once every rank mapped its payload (at the next round), the last
+    # one as the exchange stops; the reader's mappings live on.
+    assert lead._held == [last]
+    _stop((lead, other))
+    assert not lead._held
+    with pytest.raises(OSError):
+        os.fstat(last)
+    assert np.array_equal(got.ranks.sample, want.ranks.sample)
 
 
 def _payload(spec, hosts):
-    lead, _ = _boards(spec, hosts)
     p = NodePlanner(spec, hosts, only_host=0)
     contents = p.planner.contents(0)
-    fd = lead.publish(p.next(), contents)
+    fd = pack(p.next(), 0, contents, digest(spec.fingerprint, hosts, 0))
     size = os.fstat(fd).st_size
-    return lead, bytearray(os.pread(fd, size, 0))
+    return fd, bytearray(os.pread(fd, size, 0))
 
 
 def _unpack(buf, spec, hosts, **kw):
@@ -130,7 +176,8 @@ def _unpack(buf, spec, hosts, **kw):
 
 def test_a_corrupted_shared_epoch_is_refused_in_one_line():
     spec, hosts = _spec(), Hosts.grid(1, 2)
-    lead, buf = _payload(spec, hosts)
+    fd, buf = _payload(spec, hosts)
+    os.close(fd)
     ne = _unpack(buf, spec, hosts)  # as published: accepted
     n_host, n_ranks = ne.host.sample.size, ne.ranks.sample.size
     with pytest.raises(CorruptPlanError, match="another run, host or epoch"):
@@ -162,21 +209,19 @@ def test_a_corrupted_shared_epoch_is_refused_in_one_line():
     ne = _unpack(b, spec, hosts)
     with pytest.raises(CorruptPlanError, match="host slots"):
         ne.host.rank(0)
-    lead.close()
 
 
 def test_a_published_epoch_cannot_change_after_it_was_checked():
     """A payload is checked once, then used in place: a same-user process that opens local
-    rank 0's descriptor (the mailbox names it) can neither rewrite it (a slot out of range
-    for a kernel) nor truncate it (SIGBUS in every rank mapping it), and a mailbox entry
-    naming a payload that could change is refused in one line."""
+    rank 0's descriptor (a round names it) can neither rewrite it (a slot out of range for a
+    kernel) nor truncate it (SIGBUS in every rank mapping it), and a record naming a payload
+    that could change, or another file than it names, is refused in one line."""
     spec, hosts = _spec(), Hosts.grid(1, 2)
-    lead, other = _boards(spec, hosts)
+    lead, other = _exchanges()
     cells = node_spec(spec, hosts).slots
-    p = NodePlanner(spec, hosts, only_host=0)
-    contents = p.planner.contents(0)
-    fd = lead.publish(p.next(), contents)
-    ne = other.epoch(0, spec.run.num_samples, cells)
+    fd, _ = _payload(spec, hosts)
+    _, got = _round((lead, other), (WHOLE, 0, fd), (WHOLE, 0))
+    ne = _epoch(other, got[0], spec, hosts, 0, cells)
     slots = ne.ranks.slot.copy()
     w = os.open(f"/proc/{os.getpid()}/fd/{fd}", os.O_RDWR)
     try:
@@ -189,53 +234,37 @@ def test_a_published_epoch_cannot_change_after_it_was_checked():
     finally:
         os.close(w)
     assert np.array_equal(ne.ranks.slot, slots)
-    # The same bytes in a memfd anyone may write, named in the mailbox as epoch 1's.
+    # The same bytes in a memfd anyone may write, named in a record (a peer's payload is
+    # opened through /proc, its inode and seals checked).
     size = os.fstat(fd).st_size
     fake = os.memfd_create("fake")
     os.pwrite(fake, os.pread(fd, size, 0), 0)
-    row = other.box[0, 1]  # (local rank 0's entries)
-    row[:7] = (2, 1, os.getpid(), fake, os.fstat(fake).st_ino, size, 0)
-    with pytest.raises(CorruptPlanError, match="sealed"):
-        other.take(1)
+    rec = got[0].copy()
+    rec[4:8] = (os.getpid(), fake, os.fstat(fake).st_ino, size)
+    other.pid = -1  # (opened as another process's, through /proc)
+    with pytest.raises(CorruptPlanError, match="not sealed"):
+        other.open(rec)
+    rec[6] += 1  # another file than the record names: refused
+    with pytest.raises(SolarError, match="no longer the file"):
+        other.open(rec)
+    rec[4] = 2**22 + 7  # (no such process)
+    with pytest.raises(SolarError, match="cannot open"):
+        other.open(rec)
     os.close(fake)
-    lead.close()
+    _stop((lead, other))
 
 
-def test_a_mailbox_that_could_shrink_under_its_ranks_is_refused_in_one_line():
-    """Every local rank maps the mailbox: one that a process could truncate (SIGBUS in every
-    rank) is not local rank 0's, whose is sealed; both ranks refuse it."""
-    spec, hosts = _spec(), Hosts.grid(1, 2)
-    fake = os.memfd_create("fake")
-    os.ftruncate(fake, 1 << 16)
-    pair = _Pair()
-    other = pair.of(1)
-
-    class Swap:  # the other rank's first gather: local rank 0 named as an unsealed memfd
-        first = True
-
-        def allgather(self, obj):
-            got = other.allgather(obj)
-            if self.first:
-                self.first = False
-                got[0] = (*got[0][:2], (os.getpid(), fake, os.fstat(fake).st_ino), "", False)
-            return got
-
-    tag, steps = digest(spec.fingerprint, hosts, 0), spec.run.steps_per_epoch
+def test_a_round_after_close_or_while_stopping_is_interrupted():
+    lead, other = _exchanges()
+    _stop((lead, other))  # (nothing begun: agreed at 0 rounds)
     with ThreadPoolExecutor(2) as pool:
-        made = [pool.submit(EpochBoard, pair.of(0), hosts, 0, 0, tag, steps),
-                pool.submit(EpochBoard, Swap(), hosts, 0, 1, tag, steps)]  # fmt: skip
-        for f in made:
-            with pytest.raises(SolarError, match="is not a sealed mailbox"):
-                f.result()
-    os.close(fake)
-
-
-def test_a_rank_waiting_for_an_epoch_stops_when_the_board_closes():
-    spec, hosts = _spec(), Hosts.grid(1, 2)
-    _, other = _boards(spec, hosts)
-    other.closed = True
-    with pytest.raises(SolarError, match="closed while epoch 0"):
-        other.take(0)
+        for f in [pool.submit(e.close, lambda: None) for e in (lead, other)]:
+            f.result(timeout=60)
+    fd = os.memfd_create("x")
+    with pytest.raises(Interrupted, match="part of epoch 3 interrupted"):
+        other.round(PART, 3, fd)
+    with pytest.raises(OSError):
+        os.fstat(fd)  # (the exchange owned it: closed)
 
 
 def _read(part, t):
@@ -290,7 +319,8 @@ def test_each_rank_plans_its_part_and_sees_the_host_plan_merged():
     service in the plan one process makes of every part, merged: the same rows, decisions,
     cells, readers, staging sets, initial cells and (asked on a resume) host decisions."""
     spec, hosts = _spec(), Hosts.grid(1, 2)
-    boards = _boards(spec, hosts)
+    ex = _exchanges()
+    tag = digest(spec.fingerprint, hosts, 0)
     hspec = node_spec(spec, hosts)
     parts = host_parts(hspec, hosts, 0)
     assert parts is not None and parts.count == 2
@@ -301,12 +331,17 @@ def test_each_rank_plans_its_part_and_sees_the_host_plan_merged():
     for k in range(spec.run.epochs):
         contents = whole.planner.contents(0)
         want = whole.next()
-        for j, b in enumerate(boards):
+        fds = []
+        for j in (0, 1):
             c = mine[j].planner.contents(0)
-            b.publish_part(mine[j].next(), c)
-        for r, b in enumerate(boards):
-            got = assemble([b.part(k, parts, j, n, *cells[j]) for j in (0, 1)], r, [0, 1], parts,
-                           hspec.slots, 0)  # fmt: skip
+            fds.append(pack(mine[j].next(), 0, c, tag, j))
+        recs = _round(ex, (PART, k, fds[0]), (PART, k, fds[1]))
+        for r, b in enumerate(ex):
+            got = assemble([unpack_part(b.open(recs[r][j]), epoch=k, hosts=hosts, host=0, rank=r,
+                                        steps=spec.run.steps_per_epoch, num_samples=n,
+                                        layout=parts, part=j, slots=cells[j][0], tier=0,
+                                        tag=tag) for j in (0, 1)],
+                           r, [0, 1], parts, hspec.slots, 0)  # fmt: skip
             a, w = got.rank(r), want.rank(r)
             for name in ("sample", "slot", "flags", "step_offsets", "tslot"):
                 assert getattr(a, name).tobytes() == getattr(w, name).tobytes(), (k, r, name)
@@ -324,13 +359,13 @@ def test_each_rank_plans_its_part_and_sees_the_host_plan_merged():
                 peer = (a.flags[so[t] : so[t + 1]] & PEER) != 0
                 staged = values[offsets[t] : offsets[t + 1]]
                 assert np.all(np.isin(got.at[so[t] : so[t + 1]][peer], staged))
-    for b in boards:
-        b.close()
+    _stop(ex)
 
 
 def test_a_ranks_posted_draws_are_taken_part_by_part_and_checked():
     spec, hosts = _spec(), Hosts.grid(1, 2)
-    lead, other = _boards(spec, hosts)
+    lead, other = _exchanges()
+    tag = digest(spec.fingerprint, hosts, 0)
     parts = host_parts(node_spec(spec, hosts), hosts, 0)
     assert parts is not None
     own = own_draws(spec.sampler, spec.run, 0, 1)
@@ -339,14 +374,17 @@ def test_a_ranks_posted_draws_are_taken_part_by_part_and_checked():
         assert np.array_equal(split[j].ids, kept_part(parts, own, j).ids)
         assert np.array_equal(split[j].offsets, kept_part(parts, own, j).offsets)
     assert sum(d.ids.size for d in split) == own.ids.size
-    fd = other.publish_draws(0, split)
+    fd = pack_draws(split, 0, 1, tag)
+    got0, _ = _round((lead, other), (DRAWS, 0), (DRAWS, 0, fd))
     n = spec.run.num_samples
+    steps = spec.run.steps_per_epoch
     for j in (0, 1):
-        got, want = lead.draws(0, 1, parts, j, n), kept_part(parts, own, j)
+        got = unpack_draws(lead.open(got0[1]), epoch=0, rank=1, steps=steps, layout=parts,
+                           part=j, num_samples=n, tag=tag)  # fmt: skip
+        want = kept_part(parts, own, j)
         assert np.array_equal(got.ids, want.ids) and np.array_equal(got.offsets, want.offsets)
     # Untrusted: an id out of range, or offsets that are not, refused in one line.
     buf = bytearray(os.pread(fd, os.fstat(fd).st_size, 0))
-    steps = spec.run.steps_per_epoch
 
     def refused(edit, match):
         b = bytearray(buf)
@@ -375,21 +413,45 @@ def test_a_ranks_posted_draws_are_taken_part_by_part_and_checked():
     refused(other_part, "rows of other parts")
     refused(back, "offsets")
     refused(other_epoch, "another run, rank or epoch")
-    lead.close()
-    other.close()
+    _stop((lead, other))
 
 
-def test_a_rank_waiting_for_what_is_never_posted_gives_up_in_one_line(monkeypatch):
-    """A poster alive that never posts what a rank awaits (a rank that seeked alone waits for
-    epochs its host planned long ago) ends the wait in one line after the board's limit."""
-    monkeypatch.setattr("solar.schedule.nodeboard._WAIT_ALIVE", 0.05)
-    spec, hosts = _spec(), Hosts.grid(1, 2)
-    lead, other = _boards(spec, hosts)
-    other.wait_limit = 0.2
-    with pytest.raises(SolarError, match=r"posted no part of epoch 5 within 0\.2 s"):
-        other.take(5, kind=PART, src=0)
-    lead.close()
-    other.close()
+def test_ranks_exchanging_other_epochs_or_kinds_are_named_in_one_line():
+    """A round's records disagree (a rank plans another epoch, or posts its part where its
+    host's ranks post their draws): every rank refuses it in one line naming both."""
+    lead, other = _exchanges()
+    for theirs, what in (((PART, 5), "part of epoch 5"), ((DRAWS, 6), "draws of epoch 6")):
+        with ThreadPoolExecutor(2) as pool:
+            made = [pool.submit(lead.round, PART, 4), pool.submit(other.round, *theirs)]
+            for f in made:
+                with pytest.raises(SolarError, match="must plan the same epochs") as exc:
+                    f.result(timeout=60)
+                assert "part of epoch 4" in str(exc.value) and what in str(exc.value)
+    _stop((lead, other))
+
+
+def test_a_stop_completes_the_rounds_a_rank_began_alone():
+    """Rank 0's planning thread is ahead: it waits in a round rank 1's never begins. A stop
+    (restart, close) completes it with a stop record, the thread's round is interrupted, no
+    round begins after, and the payloads go."""
+    lead, other = _exchanges()
+    fd = os.memfd_create("x")
+    with ThreadPoolExecutor(1) as pool:
+        ahead = pool.submit(lead.round, PART, 0, fd)
+        with ThreadPoolExecutor(2) as stops:
+            done = [stops.submit(lead.stop, lambda: ahead.exception(timeout=60)),
+                    stops.submit(other.stop, lambda: None)]  # fmt: skip
+            for f in done:
+                f.result(timeout=60)
+        with pytest.raises(Interrupted):
+            ahead.result()
+    assert lead.rounds == other.rounds == 1 and not lead._held
+    with pytest.raises(OSError):
+        os.fstat(fd)
+    # Rounds begin again after a stop, in step.
+    a, b = _round((lead, other), (DRAWS, 0), (DRAWS, 0))
+    assert a == [None, None] and b == [None, None]
+    _stop((lead, other))
 
 
 def _streams(spec, hosts):
@@ -400,8 +462,6 @@ def _streams(spec, hosts):
                             pair.of(r)) for r in (0, 1)]  # fmt: skip
         streams = [f.result() for f in made]
     assert all(s.parted for s in streams)
-    for s in streams:
-        s.board.wait_limit = 20.0  # (a hang fails the test in one line)
     return streams
 
 
@@ -443,8 +503,7 @@ def test_ranks_planning_parts_serve_every_step_in_order_and_after_jumps():
             s.start()
         got = _both(streams, lambda s: _services(s, every))
         assert got == [want(0, every), want(1, every)], trial
-        for s in streams:
-            s.close()
+        _both(streams, lambda s: s.close())  # (a collective of the host's ranks)
     streams = _streams(spec, hosts)
     for s in streams:
         s.start()
@@ -454,13 +513,15 @@ def test_ranks_planning_parts_serve_every_step_in_order_and_after_jumps():
     ahead, back = range(3 * spe, 4 * spe), range(spe, 2 * spe)
     assert _both(streams, lambda s: _services(s, ahead)) == [want(0, ahead), want(1, ahead)]
     assert _both(streams, lambda s: _services(s, back)) == [want(0, back), want(1, back)]
-    for s in streams:
-        s.close()
+    # Rank 0 plans ahead again (epoch 2 collected, 3 planned); rank 1 not: both close.
+    streams[0].window(2 * spe)
+    assert streams[0].planned_end >= 3 * spe
+    _both(streams, lambda s: s.close())
+    assert all(s.exchange.closed and not s.exchange._held for s in streams)
 
 
 def test_a_part_posted_as_another_or_holding_its_rows_is_refused_in_one_line():
     spec, hosts = _spec(), Hosts.grid(1, 2)
-    lead, other = _boards(spec, hosts)
     hspec = node_spec(spec, hosts)
     parts = host_parts(hspec, hosts, 0)
     assert parts is not None
@@ -469,6 +530,8 @@ def test_a_part_posted_as_another_or_holding_its_rows_is_refused_in_one_line():
     contents = p1.planner.contents(0)
     ne = p1.next()
     cells = (parts.size(hspec.slots, 1), 0)
+    kw = dict(epoch=0, hosts=hosts, host=0, rank=1, steps=spec.run.steps_per_epoch,
+              num_samples=n, layout=parts, slots=cells[0], tier=0, tag=tag)  # fmt: skip
     # Part 1's epoch posted as part 1, taken as part 0: its header names another part.
     fd = pack(ne, 0, contents, tag, 1)
     m = mmap.mmap(fd, os.fstat(fd).st_size, prot=mmap.PROT_READ)
@@ -476,32 +539,38 @@ def test_a_part_posted_as_another_or_holding_its_rows_is_refused_in_one_line():
         unpack(m, epoch=0, hosts=hosts, host=0, rank=1, steps=spec.run.steps_per_epoch,
                num_samples=n, slots=cells[0], tier=0, tag=tag, part=0)  # fmt: skip
     # Part 1's rows posted as part 0 (cells in range): refused, its rows are not part 0's.
-    lead._post(PART, 0, pack(ne, 0, contents, tag, 0))
+    fd0 = pack(ne, 0, contents, tag, 0)
+    m0 = mmap.mmap(fd0, os.fstat(fd0).st_size, prot=mmap.PROT_READ)
     with pytest.raises(CorruptPlanError, match="rows of other parts"):
-        other.part(0, parts, 0, n, *cells)
+        unpack_part(m0, part=0, **kw)
+    assert unpack_part(m, part=1, **kw).ranks.sample.size  # (as posted: accepted)
     os.close(fd)
-    lead.close()
-    other.close()
+    os.close(fd0)
 
 
-def test_a_mark_left_on_a_recycled_entry_does_not_release_the_new_payload():
-    """A rank's "taken" mark is the payload's sequence number: one written as the entry was
-    recycled (the old payload's) leaves the new payload's descriptor open until it is taken."""
-    spec, hosts = _spec(), Hosts.grid(1, 2)
-    lead, other = _boards(spec, hosts)
-    p = NodePlanner(spec, hosts, only_host=0)
-    contents = p.planner.contents(0)
-    lead.publish(p.next(), contents)
-    old = int(lead.box[0, 0, 0])  # (entry 0's sequence number, posted)
-    other.take(0)
-    assert int(lead.box[0, 0, 9]) == old
-    row = lead.box[0, 0]
-    row[0] += 2  # recycled: a new payload in entry 0, the other rank's mark still the old one
-    row[8] = row[0]
-    lead._release(done_only=True)
-    assert 0 in lead._fds  # kept: not taken by every rank
-    row[9] = row[0]
-    lead._release(done_only=True)
-    assert 0 not in lead._fds
-    lead.close()
-    other.close()
+@pytest.mark.parametrize(("launcher", "n", "grouping"), [
+    ("mpiexec", 4, "2x2"), ("torchrun", 4, "3,1"),
+])  # fmt: skip
+def test_host_ranks_exchange_restart_and_close_under_a_launcher(launcher, n, grouping):
+    """tests/mpi/host_exchange.py: over MPI's duplicated host communicator and torch's second
+    gloo group per host (hosts of 3 and 1 ranks), every rank serves its host's plan in order,
+    after a jump forward and a restart, and every rank closes while local rank 0's planning
+    thread waits in a round ahead of the others."""
+    from test_mpi import launch
+
+    result = launch(launcher, n, "host_exchange.py", grouping, timeout=240)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"host exchange {grouping}: ok" in result.stdout
+
+
+def test_ranks_restarting_at_other_epochs_are_named_in_one_line():
+    """A restart's stop agrees on the epoch too: a local rank that restarts at another epoch
+    than its host's (or closes while they restart) is named, on both sides, in one line."""
+    lead, other = _exchanges()
+    with ThreadPoolExecutor(2) as pool:
+        made = [pool.submit(lead.stop, lambda: None, 0), pool.submit(other.stop, lambda: None, 2)]
+        for f in made:
+            with pytest.raises(SolarError, match="must take the same epochs") as exc:
+                f.result(timeout=60)
+            assert "restarts at epoch 0" in str(exc.value)
+            assert "restarts at epoch 2" in str(exc.value)

@@ -1,0 +1,299 @@
+"""What a host's ranks exchange while they plan (their draws, their planned parts): the bytes
+in sealed memfds, their names over a communicator that the planning thread alone uses.
+
+A :class:`HostExchange` is made by the host's ranks together, in the foreground, from the
+host's communicator: it makes a second one (MPI ``Dup``; under torch.distributed a second gloo
+group per host, :meth:`~solar.dist.TorchComm.dup`) that only the planning thread calls, so that
+the foreground's collectives and the planning thread's never meet on one communicator. A
+:meth:`~HostExchange.round` is one allgather on it of a small record per local rank (the
+payload's pid, descriptor, inode and size, what it is and of which epoch): every rank then
+knows where every payload is and maps what it needs (:meth:`~HostExchange.open`: the inode
+that proves it is still that file, its seals: no process can change it after its checks; the
+caller checks its contents as untrusted input). A poster keeps its descriptors until the next
+round completes: every rank mapped them by then (each maps what a round names before it enters
+the next). No lock shared between processes, no polling, no marks.
+
+The rounds are collectives, so every local rank's planning thread makes the same rounds in the
+same order (the planner's epochs, in order), and a round's records must agree (kind and epoch:
+a rank that does otherwise is named in one line). A planning thread blocked in a round cannot be
+interrupted, so a restart or a close stops it with the host's ranks together
+(:meth:`~HostExchange.stop`, in the foreground, a collective of the host's communicator every
+local rank makes at a restart or a close): they agree on the number of rounds the furthest
+rank's thread has begun; each rank makes the rounds its own thread has not (with a stop record:
+a thread that receives one ends its epoch with :class:`Interrupted`), and its thread begins no
+more; then they release their payloads. Nothing waits forever: a peer that dies ends the job
+(the launcher's teardown), and the foreground's waits check that every peer still runs.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from solar._process import alive, start_time
+from solar.errors import CorruptPlanError, SolarError
+from solar.host import memfd as _memfd
+
+# A record: int64 fields, one per local rank and round.
+_FIELDS = 9
+HOST, LOCAL, KIND, EPOCH, PID, FD, INO, NBYTES, ROUND = range(_FIELDS)
+STOP = -1  # KIND of a round made by a stopping rank's foreground
+TICK_S = 0.05  # how often a foreground wait checks its peers and its watch
+_PEER = "host exchange: a local rank's payload"
+
+
+class Interrupted(SolarError):
+    """A round ended by a stop of the host's ranks (a restart or a close): its epoch is dropped."""
+
+
+def planning_comm(comm: Any) -> Any:
+    """A communicator of ``comm``'s ranks for the planning thread alone (a collective of
+    ``comm``; under torch.distributed, of the whole job: every rank creates every host's
+    group). MPI must run threads concurrently (``MPI.THREAD_MULTIPLE``, mpi4py's default):
+    the planning thread's collectives run while the foreground makes its own; refused in one
+    line otherwise."""
+    if hasattr(comm, "Dup"):  # mpi4py
+        from mpi4py import MPI
+
+        level = MPI.Query_thread()
+        if level < MPI.THREAD_MULTIPLE:
+            names = {MPI.THREAD_SINGLE: "SINGLE", MPI.THREAD_FUNNELED: "FUNNELED",
+                     MPI.THREAD_SERIALIZED: "SERIALIZED"}  # fmt: skip
+            raise SolarError(
+                f"host buffer: MPI runs threads at level THREAD_{names.get(level, level)}, but "
+                "a host's ranks exchange their plans from a planning thread while the "
+                "foreground runs its own collectives: initialise MPI with THREAD_MULTIPLE "
+                '(mpi4py\'s default; mpi4py.rc.threads = True) or use share="rank"'
+            )
+        return comm.Dup()
+    if hasattr(comm, "dup"):
+        return comm.dup()
+    raise SolarError("host buffer: its communicator cannot make one for the planning thread "
+                     "(an mpi4py communicator or solar.dist.TorchComm)")  # fmt: skip
+
+
+def _gather(comm: Any, rec: np.ndarray, check: Callable[[], None] | None = None) -> np.ndarray:
+    """Every rank's ``rec`` (int64, one row per rank of ``comm``); ``check``: called every
+    tick until it completes (it raises to give up: a peer gone), where the communicator has a
+    non-blocking collective (MPI's waits otherwise never end for a peer that is gone)."""
+    size = comm.Get_size()
+    if hasattr(comm, "Iallgather"):  # MPI: the records as they are, no pickling
+        out = np.empty((size, rec.size), np.int64)
+        req = comm.Iallgather(rec, out)
+        if check is None:
+            req.Wait()
+            return out
+        pause, due = 5e-5, time.monotonic() + TICK_S
+        while not req.Test():
+            if time.monotonic() > due:
+                check()
+                due = time.monotonic() + TICK_S
+            time.sleep(pause)
+            pause = min(2 * pause, 0.005)
+        return out
+    if hasattr(comm, "allgather_ints"):
+        return comm.allgather_ints(rec, check)
+    return np.array(comm.allgather(rec.tolist()), np.int64).reshape(size, rec.size)
+
+
+class HostExchange:
+    """The exchange of local rank ``local`` of host ``host`` (``size`` local ranks) over
+    ``comm``, the host's communicator (or a communicator of several hosts: other hosts'
+    records are left out). A collective of ``comm``: every rank also states ``extra`` (an int),
+    every local rank's in :attr:`extras`."""
+
+    def __init__(self, comm: Any, host: int, local: int, size: int, extra: int = 0,
+                 names: dict[int, str] | None = None) -> None:  # fmt: skip
+        self.comm, self.host, self.local, self.size = comm, host, local, size
+        self.names = names or {}  # kinds named in messages
+        self.pcomm = planning_comm(comm)
+        self.pid = os.getpid()  # (its own payloads are mapped through its descriptors)
+        me = np.array([host, local, os.getpid(), start_time(os.getpid()), int(extra)], np.int64)
+        every = _gather(comm, me)
+        mine = every[every[:, 0] == host]
+        if sorted(mine[:, 1].tolist()) != list(range(size)):
+            raise SolarError(f"host exchange: host {host}'s ranks are not {size} local ranks")
+        mine = mine[np.argsort(mine[:, 1])]
+        self.peers = [(int(p), int(s)) for p, s in mine[:, 2:4]]
+        self.extras = [int(x) for x in mine[:, 4]]
+        self.watch: Callable[[], None] | None = None  # the foreground's waits call it
+        self._state = threading.Lock()  # guards rounds, limit and the held descriptors
+        self._turn = threading.Lock()  # one round at a time (the planner's two threads)
+        self.rounds = 0  # rounds begun on the planning communicator
+        self._limit: int | None = None  # no round begins past it (a stop under way)
+        self._held: list[int] = []  # descriptors posted in the last round
+        self.closed = False
+
+    # -- the planning thread --------------------------------------------------------------------
+    def round(self, kind: int, epoch: int, fd: int = -1, part: int = 0) -> list[np.ndarray | None]:
+        """One round (a collective of the planning communicator): this rank posts the sealed
+        memfd ``fd`` (-1: nothing; the exchange owns it from now on) as ``kind`` of ``epoch``;
+        returns every local rank's record (None where it posted nothing). Raises
+        :class:`Interrupted` if the host's ranks are stopping."""
+        with self._turn:
+            with self._state:
+                if self.closed or (self._limit is not None and self.rounds >= self._limit):
+                    _close(fd)
+                    raise Interrupted(f"host exchange: {self._name(kind)} of epoch {epoch} "
+                                      "interrupted")  # fmt: skip
+                self.rounds += 1
+                n = self.rounds
+            rec = np.array([self.host, self.local, kind, epoch, -1, -1, -1, 0, n], np.int64)
+            if fd >= 0:
+                st = os.fstat(fd)
+                rec[PID : NBYTES + 1] = (os.getpid(), fd, st.st_ino, st.st_size)
+            try:
+                got = self._local(_gather(self.pcomm, rec, self._alive))
+            except BaseException:
+                _close(fd)
+                raise
+            self._rotate([fd] if fd >= 0 else [])
+        if np.any(got[:, KIND] == STOP):
+            raise Interrupted(f"host exchange: {self._name(kind)} of epoch {epoch} interrupted")
+        odd = np.flatnonzero((got[:, KIND] != kind) | (got[:, EPOCH] != epoch))
+        if odd.size:
+            q = int(odd[0])
+            raise SolarError(
+                f"host exchange: local rank {self.local} exchanges {self._name(kind)} of epoch "
+                f"{epoch} but local rank {q} {self._name(int(got[q, KIND]))} of epoch "
+                f"{int(got[q, EPOCH])}: the ranks "
+                "of a host must plan the same epochs in the same order"
+            )
+        return [None if r[FD] < 0 else r for r in got]
+
+    def _name(self, kind: int) -> str:
+        return self.names.get(kind, f"kind {kind}")
+
+    def _local(self, every: np.ndarray) -> np.ndarray:
+        mine = every[every[:, HOST] == self.host]
+        return mine[np.argsort(mine[:, LOCAL])]
+
+    def _rotate(self, fds: list[int]) -> None:
+        """Close the descriptors of the round before (every rank mapped its payloads before
+        it entered this one); hold ``fds`` until the next."""
+        with self._state:
+            old, self._held = self._held, fds
+        for fd in old:
+            _close(fd)
+
+    def open(self, rec: np.ndarray) -> mmap.mmap:
+        """The payload ``rec`` names, mapped read-only: this rank's own, or a peer's opened
+        through /proc with its inode proved and its seals checked (it cannot change after the
+        caller checks it). Refused in one line otherwise."""
+        pid, fd, ino, nbytes = (int(v) for v in rec[PID : NBYTES + 1])
+        if pid == self.pid:
+            return mmap.mmap(fd, nbytes, prot=mmap.PROT_READ)
+        got, err = _memfd.open_peer((pid, fd, ino), nbytes, os.O_RDONLY, _PEER)
+        if got < 0:
+            raise SolarError(err)
+        try:
+            if not _memfd.sealed(got, _memfd.FROZEN):
+                raise CorruptPlanError(f"{_PEER} (/proc/{pid}/fd/{fd}) is not sealed: another "
+                                       "process could change it after it was checked")  # fmt: skip
+            return mmap.mmap(got, nbytes, prot=mmap.PROT_READ)
+        finally:
+            os.close(got)
+
+    # -- the foreground -------------------------------------------------------------------------
+    def stop(self, join: Callable[[], None], epoch: int = -1) -> None:
+        """Stop the planning thread's rounds with the host's ranks (a collective of the host's
+        communicator, in the foreground): agree on the rounds the furthest thread began, make
+        the ones this rank's thread has not (stop records), ``join`` the thread (its next
+        round raises :class:`Interrupted`), release the payloads. Rounds may begin again
+        after. ``epoch``: the epoch this rank restarts at (-1: it closes): the host's ranks
+        must agree, else the first that differs is named in one line (by the watch first: the
+        host barrier names both ranks and steps)."""
+        with self._state:
+            self._limit = self.rounds  # no round begins meanwhile
+        me = np.array([self.host, self.local, self.rounds, epoch], np.int64)
+        every = self._local(_gather(self.comm, me, self._check))
+        odd = np.flatnonzero(every[:, 3] != epoch)
+        if odd.size:  # (every rank is still in its stop: the watch sees it waiting)
+            if self.watch is not None:
+                self.watch()
+            q, e = int(odd[0]), int(every[odd[0], 3])
+            raise SolarError(
+                f"host exchange: local rank {self.local} of host {self.host} "
+                f"{_doing(epoch)} but local rank {q} {_doing(e)}: the ranks of a host must "
+                "take the same epochs (did one seek alone with set_epoch or load_state_dict?)"
+            )
+        target = int(every[:, 2].max())
+        with self._state:
+            self._limit = target
+        while self._stop_round(target):
+            pass
+        join()
+        # Every rank's thread is joined: what they mapped is mapped; then the last payloads go.
+        _gather(self.pcomm, np.array([self.host, self.local, STOP, -1, -1, -1, -1, 0, 0],
+                                     np.int64), self._check)  # fmt: skip
+        self._rotate([])
+        with self._state:
+            self._limit = None
+
+    def _stop_round(self, target: int) -> bool:
+        """Make one round this rank's thread has not, short of ``target`` (False: none left)."""
+        self._acquire(self._turn)  # (the thread may be in a round: the others complete it)
+        try:
+            with self._state:
+                if self.rounds >= target:
+                    return False
+                self.rounds += 1
+                n = self.rounds
+            rec = np.array([self.host, self.local, STOP, -1, -1, -1, -1, 0, n], np.int64)
+            _gather(self.pcomm, rec, self._check)
+            return True
+        finally:
+            self._turn.release()
+
+    def _acquire(self, lock: threading.Lock) -> None:
+        while not lock.acquire(timeout=TICK_S):
+            self._check()
+
+    def _check(self) -> None:
+        """A foreground wait's tick: its watch (a rank elsewhere is named), every peer alive."""
+        if self.watch is not None:
+            self.watch()
+        self._alive()
+
+    def _alive(self) -> None:
+        """Raise if a local rank is gone (a round would wait for it forever)."""
+        for q, (pid, start) in enumerate(self.peers):
+            if q != self.local and not alive(pid, start):
+                raise SolarError(f"host exchange: local rank {q} of host {self.host} (pid {pid}) "
+                                 "is gone")  # fmt: skip
+
+    def wait(self, future: Any) -> Any:
+        """``future``'s result (the planning thread's epoch), checking meanwhile."""
+        while True:
+            try:
+                return future.result(timeout=TICK_S)
+            except TimeoutError:
+                self._check()
+
+    def close(self, join: Callable[[], None]) -> None:
+        """Stop (:meth:`stop`) for good and free the planning communicator."""
+        if self.closed:
+            return
+        self.stop(join)
+        with self._state:
+            self.closed = True
+        if hasattr(self.pcomm, "Free"):
+            self.pcomm.Free()
+
+
+def _doing(epoch: int) -> str:
+    return "closes" if epoch < 0 else f"restarts at epoch {epoch}"
+
+
+def _close(fd: int) -> None:
+    if fd >= 0:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
