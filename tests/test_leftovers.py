@@ -17,6 +17,7 @@ import h5py
 import numpy as np
 import pytest
 from test_mpi import MPIEXEC, launch
+from transform_fns import exits, kills_itself
 
 import solar._memory
 from solar import Loader, SolarError, Weighted
@@ -90,7 +91,7 @@ def test_an_abort_ends_the_transform_processes_before_it_exits():
     from solar._process import run_abort_hooks
     from solar.runtime.procs import ProcessTransforms
 
-    pool = ProcessTransforms(1, _exits, 0, (), ())
+    pool = ProcessTransforms(1, exits, 0, (), ())
     pids = [w.pid for w in pool._workers]
     assert len(pids) == 1 and _alive(pids[0])
     run_abort_hooks()
@@ -102,20 +103,8 @@ def test_an_abort_ends_the_transform_processes_before_it_exits():
     run_abort_hooks()  # a closed pool's hook is gone
 
 
-def _exits(sample, rng):
-    if int(sample["label"]) == 57:
-        os._exit(3)
-    return {"img": sample["img"]}
-
-
-def _kills_itself(sample, rng):
-    if int(sample["label"]) == 57:
-        os.kill(os.getpid(), signal.SIGKILL)
-    return {"img": sample["img"]}
-
-
-@pytest.mark.parametrize(("fn", "how"), [(_exits, "exited with status 3"),
-                                         (_kills_itself, r"was killed by SIGKILL")])  # fmt: skip
+@pytest.mark.parametrize(("fn", "how"), [(exits, "exited with status 3"),
+                                         (kills_itself, r"was killed by SIGKILL")])  # fmt: skip
 def test_a_dying_worker_process_is_one_line_naming_the_step(data, fn, how):
     ld = Loader(data, batch_size=10, epochs=1, buffer=0,
                 transform=Transform(fn, processes=True, workers=1),
@@ -131,7 +120,7 @@ def test_too_few_descriptors_for_transform_processes_is_one_line(data):
     script = textwrap.dedent(f"""
         import resource, sys
         sys.path.insert(0, {str(Path(__file__).parent)!r})
-        from test_leftovers import _exits
+        from transform_fns import exits
         from solar import ExpertConfig, Loader, SolarError
         from solar.transform import Transform
         if __name__ == "__main__":
@@ -139,7 +128,7 @@ def test_too_few_descriptors_for_transform_processes_is_one_line(data):
             try:
                 ld = Loader({str(data)!r}, batch_size=10, epochs=1, buffer=0,
                             expert=ExpertConfig(warm=False),
-                            transform=Transform(_exits, processes=True, workers=1))
+                            transform=Transform(exits, processes=True, workers=1))
                 list(ld)
             except SolarError as exc:
                 print(exc)
