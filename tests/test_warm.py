@@ -1,7 +1,9 @@
 """No kernel compiles inside an epoch: a Loader compiles (or loads) every numba kernel its
 epochs call when it is constructed (solar/warm.py). Proven without timing, by numba's own
 records: each kernel's signatures and numba's compile events, before and after whole runs,
-each case in a fresh process (one where nothing has been compiled or loaded yet)."""
+each case in a fresh process (one where nothing has been compiled or loaded yet): forked from
+one that has imported what the cases import and loaded no kernel (:data:`ZYGOTE`), so that
+each case does not import torch again."""
 
 from __future__ import annotations
 
@@ -9,6 +11,8 @@ import json
 import subprocess
 import sys
 import textwrap
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import h5py
 import numpy as np
@@ -86,6 +90,68 @@ CHILD = textwrap.dedent(
 )
 
 
+# Reads one case a line (a script, its arguments, a directory for its output) and runs each
+# in a child forked from this process, which imported the cases' modules and loaded no kernel
+# (checked): the child starts with nothing compiled or loaded, as a fresh process would.
+ZYGOTE = textwrap.dedent(
+    """
+    import atexit, json, os, signal, sys, traceback
+    import numpy as np
+    from solar import (ExpertConfig, Loader, MemoryConfig, NeighborSampler, PlanningConfig,
+                       ReaderConfig, Shuffle, Weighted)
+    from solar.precompile import common_configs, warm_config
+    from solar.schedule.plan import plan_to_file
+    from solar.warm import TALLY, signatures
+
+    loaded = {k: v for k, v in signatures().items() if v}
+    assert not loaded and TALLY.count == 0, f"kernels loaded at import: {loaded}"
+    for line in sys.stdin:
+        code, argv, out = json.loads(line)
+        pid = os.fork()
+        if pid == 0:
+            status = 1
+            try:
+                signal.alarm(300)  # a case that hangs ends (as subprocess.run's timeout did)
+                for fd, name in ((1, "stdout"), (2, "stderr")):
+                    os.dup2(os.open(os.path.join(out, name), os.O_WRONLY | os.O_CREAT), fd)
+                sys.argv = ["-c", *argv]
+                exec(compile(code, "<case>", "exec"), {"__name__": "__main__"})
+                status = 0
+            except BaseException:
+                traceback.print_exc()
+            finally:
+                atexit._run_exitfuncs()  # what a process's exit runs (closing what it made)
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(status)
+        _, status = os.waitpid(pid, 0)
+        print(os.waitstatus_to_exitcode(status), flush=True)
+    """
+)
+
+Run = Callable[..., subprocess.CompletedProcess]
+
+
+@pytest.fixture(scope="module")
+def fresh() -> Iterator[Run]:
+    """Runs a script with arguments in a fresh process (a child of :data:`ZYGOTE`)."""
+    zygote = subprocess.Popen([sys.executable, "-c", ZYGOTE], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)  # fmt: skip
+    assert zygote.stdin is not None and zygote.stdout is not None
+
+    def run(code: str, *args: str, out: Path) -> subprocess.CompletedProcess:
+        zygote.stdin.write(json.dumps([code, list(args), str(out)]) + "\n")
+        zygote.stdin.flush()
+        status = zygote.stdout.readline().strip()
+        assert status, f"the zygote ended ({zygote.wait()})"
+        return subprocess.CompletedProcess(args, int(status), (out / "stdout").read_text(),
+                                           (out / "stderr").read_text())  # fmt: skip
+
+    yield run
+    zygote.stdin.close()
+    zygote.wait(timeout=60)
+
+
 def _data(tmp_path, kind: str, n: int) -> str:
     if kind == "graph":  # 96 B feature rows, 42 to a page
         from solar.graph import generate_graph
@@ -115,17 +181,14 @@ def _data(tmp_path, kind: str, n: int) -> str:
 
 
 @pytest.mark.parametrize("case", CASES)
-def test_no_kernel_compiles_inside_an_epoch(tmp_path, case):
+def test_no_kernel_compiles_inside_an_epoch(tmp_path, case, fresh):
     kw = dict(CASES[case])
     n = 157
     kw.update(paths=_data(tmp_path, kw.pop("data"), n), batch_size=12, epochs=3, buffer=30, n=n)
     if kw.get("memory", {}).get("tier") == "TIER":
         (tmp_path / "nvme").mkdir()
         kw["memory"] = {**kw["memory"], "tier": str(tmp_path / "nvme")}
-    result = subprocess.run(
-        [sys.executable, "-c", CHILD, json.dumps(kw), str(tmp_path / "plan.h5")],
-        capture_output=True, text=True, timeout=300, check=False,
-    )  # fmt: skip
+    result = fresh(CHILD, json.dumps(kw), str(tmp_path / "plan.h5"), out=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     out = json.loads(result.stdout.strip().splitlines()[-1])
     assert out["served"] >= 3 * n // kw.get("world_size", 1) - 3 * 12  # the epochs ran
@@ -169,7 +232,7 @@ NODE_AFTER_WARM = textwrap.dedent(
 )
 
 
-def test_solar_warm_rehearses_a_node_buffers_kernels(tmp_path):
+def test_solar_warm_rehearses_a_node_buffers_kernels(tmp_path, fresh):
     """``solar warm`` rehearses node buffers in one process, without MPI: after its node
     configurations, a node job of other sizes (unwarmed: a host of one rank here, planning,
     its tier and serving) calls no kernel signature they did not compile or load. (Without
@@ -177,8 +240,7 @@ def test_solar_warm_rehearses_a_node_buffers_kernels(tmp_path):
     from solar.precompile import _write_data
 
     _write_data(tmp_path, 40)
-    result = subprocess.run([sys.executable, "-c", NODE_AFTER_WARM, str(tmp_path)],
-                            capture_output=True, text=True, timeout=300, check=False)  # fmt: skip
+    result = fresh(NODE_AFTER_WARM, str(tmp_path), out=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     out = json.loads(result.stdout.strip().splitlines()[-1])
     assert out["new"] == {} and out["compiled"] == 0, out
