@@ -2,21 +2,19 @@
 epochs call when it is constructed (solar/warm.py). Proven without timing, by numba's own
 records: each kernel's signatures and numba's compile events, before and after whole runs,
 each case in a fresh process (one where nothing has been compiled or loaded yet): forked from
-one that has imported what the cases import and loaded no kernel (:data:`ZYGOTE`), so that
+one that has imported what the cases import and loaded no kernel (tests/fresh.py), so that
 each case does not import torch again."""
 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import textwrap
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Iterator
 
 import h5py
 import numpy as np
 import pytest
+from fresh import Run, zygote
 
 from solar.options import ExpertConfig, PlanningConfig
 from solar.warm import dispatchers, head, tiny_spec
@@ -90,12 +88,10 @@ CHILD = textwrap.dedent(
 )
 
 
-# Reads one case a line (a script, its arguments, a directory for its output) and runs each
-# in a child forked from this process, which imported the cases' modules and loaded no kernel
-# (checked): the child starts with nothing compiled or loaded, as a fresh process would.
-ZYGOTE = textwrap.dedent(
+# Imported once: each case runs in a child forked from the process that imported these and
+# loaded no kernel (checked), so it starts with nothing compiled or loaded.
+PRELOAD = textwrap.dedent(
     """
-    import atexit, json, os, signal, sys, traceback
     import numpy as np
     from solar import (ExpertConfig, Loader, MemoryConfig, NeighborSampler, PlanningConfig,
                        ReaderConfig, Shuffle, Weighted)
@@ -105,51 +101,14 @@ ZYGOTE = textwrap.dedent(
 
     loaded = {k: v for k, v in signatures().items() if v}
     assert not loaded and TALLY.count == 0, f"kernels loaded at import: {loaded}"
-    for line in sys.stdin:
-        code, argv, out = json.loads(line)
-        pid = os.fork()
-        if pid == 0:
-            status = 1
-            try:
-                signal.alarm(300)  # a case that hangs ends (as subprocess.run's timeout did)
-                for fd, name in ((1, "stdout"), (2, "stderr")):
-                    os.dup2(os.open(os.path.join(out, name), os.O_WRONLY | os.O_CREAT), fd)
-                sys.argv = ["-c", *argv]
-                exec(compile(code, "<case>", "exec"), {"__name__": "__main__"})
-                status = 0
-            except BaseException:
-                traceback.print_exc()
-            finally:
-                atexit._run_exitfuncs()  # what a process's exit runs (closing what it made)
-                sys.stdout.flush()
-                sys.stderr.flush()
-                os._exit(status)
-        _, status = os.waitpid(pid, 0)
-        print(os.waitstatus_to_exitcode(status), flush=True)
     """
 )
-
-Run = Callable[..., subprocess.CompletedProcess]
 
 
 @pytest.fixture(scope="module")
 def fresh() -> Iterator[Run]:
-    """Runs a script with arguments in a fresh process (a child of :data:`ZYGOTE`)."""
-    zygote = subprocess.Popen([sys.executable, "-c", ZYGOTE], stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, text=True)  # fmt: skip
-    assert zygote.stdin is not None and zygote.stdout is not None
-
-    def run(code: str, *args: str, out: Path) -> subprocess.CompletedProcess:
-        zygote.stdin.write(json.dumps([code, list(args), str(out)]) + "\n")
-        zygote.stdin.flush()
-        status = zygote.stdout.readline().strip()
-        assert status, f"the zygote ended ({zygote.wait()})"
-        return subprocess.CompletedProcess(args, int(status), (out / "stdout").read_text(),
-                                           (out / "stderr").read_text())  # fmt: skip
-
-    yield run
-    zygote.stdin.close()
-    zygote.wait(timeout=60)
+    with zygote(PRELOAD) as run:
+        yield run
 
 
 def _data(tmp_path, kind: str, n: int) -> str:
