@@ -85,6 +85,7 @@ def test_a_killed_rank_leaves_no_worker_and_no_shared_memory_name(data, tmp_path
     assert [r["shm"] for r in reports] == [[]] * ranks
 
 
+@pytest.mark.one_process
 def test_an_abort_ends_the_transform_processes_before_it_exits():
     """dist.abort and the torch abort path end the process with os._exit or MPI_Abort (no
     finaliser runs): the hooks they run first end the workers."""
@@ -103,6 +104,7 @@ def test_an_abort_ends_the_transform_processes_before_it_exits():
     run_abort_hooks()  # a closed pool's hook is gone
 
 
+@pytest.mark.one_process
 @pytest.mark.parametrize(("fn", "how"), [(exits, "exited with status 3"),
                                          (kills_itself, r"was killed by SIGKILL")])  # fmt: skip
 def test_a_dying_worker_process_is_one_line_naming_the_step(data, fn, how):
@@ -116,6 +118,7 @@ def test_a_dying_worker_process_is_one_line_naming_the_step(data, fn, how):
     ld.close()
 
 
+@pytest.mark.one_process
 def test_too_few_descriptors_for_transform_processes_is_one_line(data):
     script = textwrap.dedent(f"""
         import resource, sys
@@ -166,6 +169,7 @@ def _cgroup(tmp_path: Path, version: int, limit: str, used: int, file_pages: int
     return str(fs), str(proc)
 
 
+@pytest.mark.one_process
 @pytest.mark.parametrize("version", [1, 2])
 def test_the_memory_check_sees_the_cgroups_room(tmp_path, monkeypatch, version):
     """Room = limit - (usage - file pages it would reclaim), the smaller of it and
@@ -192,6 +196,7 @@ def test_the_memory_check_sees_the_cgroups_room(tmp_path, monkeypatch, version):
     assert cgroup_room(fs, str(tmp_path / "missing")) is None
 
 
+@pytest.mark.one_process
 def test_a_buffer_beyond_the_cgroups_limit_is_refused(data, tmp_path, monkeypatch):
     """The issue's case (buffer="2GiB" in a 1 GiB cgroup, the host with more free), scaled
     down to this dataset: a cgroup of 4 KiB."""
@@ -204,6 +209,7 @@ def test_a_buffer_beyond_the_cgroups_limit_is_refused(data, tmp_path, monkeypatc
         Loader(data, batch_size=10, epochs=1, buffer="100%", expert=ExpertConfig(warm=False))
 
 
+@pytest.mark.one_process
 def test_a_run_or_weights_sized_beyond_memory_are_refused_before_allocating(data, monkeypatch):
     with pytest.raises(
         SolarError, match=r"sampler: an epoch of 1000000000000 draws: .* GiB exceed"
