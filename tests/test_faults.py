@@ -39,6 +39,7 @@ def originals(tmp_path_factory) -> dict[str, list[Path]]:
     return {mode: faults.make_data(base / mode, mode) for mode in faults.MODES}
 
 
+@pytest.mark.one_process
 def test_seeded_faults_serve_exact_bytes_or_stop_in_one_line(originals, tmp_path):
     seen = []
     for mode, seed in CASES:
@@ -50,6 +51,7 @@ def test_seeded_faults_serve_exact_bytes_or_stop_in_one_line(originals, tmp_path
     assert set(seen) == {"exact", "read error (", "changed sinc"}, seen
 
 
+@pytest.mark.one_process
 def test_a_transient_eio_under_o_direct_is_read_again_not_a_short_read(originals, tmp_path):
     """It reported "short read (12288 of 12288 bytes)": the read again succeeded, and its
     bytes were then taken for a short file."""
@@ -58,6 +60,7 @@ def test_a_transient_eio_under_o_direct_is_read_again_not_a_short_read(originals
     assert o.injected["eio_once"] > 0 and o.stopped is None and o.ok, o
 
 
+@pytest.mark.one_process
 def test_a_memory_fault_names_batch_memory_not_the_data_file(tmp_path):
     """Batch memory whose pages cannot be backed (a full /dev/shm: EFAULT) is not a read
     error of the data file. Here: a mapping of a file truncated under it."""
@@ -75,6 +78,7 @@ def test_a_memory_fault_names_batch_memory_not_the_data_file(tmp_path):
     reader.close()
 
 
+@pytest.mark.one_process
 def test_a_truncated_file_names_its_key_and_sample(tmp_path):
     path = write_h5(tmp_path / "d.h5", x=np.arange(96 * 256, dtype=np.float32).reshape(96, 256))
     ref = reference([path])

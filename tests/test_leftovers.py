@@ -17,6 +17,7 @@ import h5py
 import numpy as np
 import pytest
 from test_mpi import MPIEXEC, launch
+from transform_fns import exits, kills_itself
 
 import solar._memory
 from solar import Loader, SolarError, Weighted
@@ -84,13 +85,14 @@ def test_a_killed_rank_leaves_no_worker_and_no_shared_memory_name(data, tmp_path
     assert [r["shm"] for r in reports] == [[]] * ranks
 
 
+@pytest.mark.one_process
 def test_an_abort_ends_the_transform_processes_before_it_exits():
     """dist.abort and the torch abort path end the process with os._exit or MPI_Abort (no
     finaliser runs): the hooks they run first end the workers."""
     from solar._process import run_abort_hooks
     from solar.runtime.procs import ProcessTransforms
 
-    pool = ProcessTransforms(1, _exits, 0, (), ())
+    pool = ProcessTransforms(1, exits, 0, (), ())
     pids = [w.pid for w in pool._workers]
     assert len(pids) == 1 and _alive(pids[0])
     run_abort_hooks()
@@ -102,20 +104,9 @@ def test_an_abort_ends_the_transform_processes_before_it_exits():
     run_abort_hooks()  # a closed pool's hook is gone
 
 
-def _exits(sample, rng):
-    if int(sample["label"]) == 57:
-        os._exit(3)
-    return {"img": sample["img"]}
-
-
-def _kills_itself(sample, rng):
-    if int(sample["label"]) == 57:
-        os.kill(os.getpid(), signal.SIGKILL)
-    return {"img": sample["img"]}
-
-
-@pytest.mark.parametrize(("fn", "how"), [(_exits, "exited with status 3"),
-                                         (_kills_itself, r"was killed by SIGKILL")])  # fmt: skip
+@pytest.mark.one_process
+@pytest.mark.parametrize(("fn", "how"), [(exits, "exited with status 3"),
+                                         (kills_itself, r"was killed by SIGKILL")])  # fmt: skip
 def test_a_dying_worker_process_is_one_line_naming_the_step(data, fn, how):
     ld = Loader(data, batch_size=10, epochs=1, buffer=0,
                 transform=Transform(fn, processes=True, workers=1),
@@ -127,11 +118,12 @@ def test_a_dying_worker_process_is_one_line_naming_the_step(data, fn, how):
     ld.close()
 
 
+@pytest.mark.one_process
 def test_too_few_descriptors_for_transform_processes_is_one_line(data):
     script = textwrap.dedent(f"""
         import resource, sys
         sys.path.insert(0, {str(Path(__file__).parent)!r})
-        from test_leftovers import _exits
+        from transform_fns import exits
         from solar import ExpertConfig, Loader, SolarError
         from solar.transform import Transform
         if __name__ == "__main__":
@@ -139,7 +131,7 @@ def test_too_few_descriptors_for_transform_processes_is_one_line(data):
             try:
                 ld = Loader({str(data)!r}, batch_size=10, epochs=1, buffer=0,
                             expert=ExpertConfig(warm=False),
-                            transform=Transform(_exits, processes=True, workers=1))
+                            transform=Transform(exits, processes=True, workers=1))
                 list(ld)
             except SolarError as exc:
                 print(exc)
@@ -177,6 +169,7 @@ def _cgroup(tmp_path: Path, version: int, limit: str, used: int, file_pages: int
     return str(fs), str(proc)
 
 
+@pytest.mark.one_process
 @pytest.mark.parametrize("version", [1, 2])
 def test_the_memory_check_sees_the_cgroups_room(tmp_path, monkeypatch, version):
     """Room = limit - (usage - file pages it would reclaim), the smaller of it and
@@ -203,6 +196,7 @@ def test_the_memory_check_sees_the_cgroups_room(tmp_path, monkeypatch, version):
     assert cgroup_room(fs, str(tmp_path / "missing")) is None
 
 
+@pytest.mark.one_process
 def test_a_buffer_beyond_the_cgroups_limit_is_refused(data, tmp_path, monkeypatch):
     """The issue's case (buffer="2GiB" in a 1 GiB cgroup, the host with more free), scaled
     down to this dataset: a cgroup of 4 KiB."""
@@ -215,6 +209,7 @@ def test_a_buffer_beyond_the_cgroups_limit_is_refused(data, tmp_path, monkeypatc
         Loader(data, batch_size=10, epochs=1, buffer="100%", expert=ExpertConfig(warm=False))
 
 
+@pytest.mark.one_process
 def test_a_run_or_weights_sized_beyond_memory_are_refused_before_allocating(data, monkeypatch):
     with pytest.raises(
         SolarError, match=r"sampler: an epoch of 1000000000000 draws: .* GiB exceed"

@@ -22,12 +22,14 @@ import os
 import shlex
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import h5py
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from fresh import Run, zygote
 
 from solar.cli import cli
 from solar.graph import generate_graph
@@ -138,14 +140,19 @@ def test_the_pages_have_the_examples_this_file_runs():
     assert all(any(key in block for block in PYTHON) for key in PRELUDE)
 
 
-@pytest.mark.parametrize("block", list(PYTHON), ids=list(PYTHON.values()))
-def test_python_block_runs(block, workdir):
-    prelude = "".join(code for key, code in PRELUDE.items() if key in block)
+@pytest.fixture(scope="module")
+def fresh(workdir) -> Iterator[Run]:
+    """Fresh processes in ``workdir``, forked from one that imported torch and solar once."""
     env = {**os.environ, "SOLAR_LAUNCHER": "none", "PYTHONPATH": str(ROOT)}
-    res = subprocess.run(
-        [sys.executable, "-c", prelude + block], cwd=workdir, env=env, capture_output=True,
-        text=True, timeout=120,
-    )  # fmt: skip
+    preload = "import h5py, numpy, torch, torch.distributed, torch.utils.data, solar, solar.dist"
+    with zygote(preload, cwd=workdir, env=env) as run:
+        yield run
+
+
+@pytest.mark.parametrize("block", list(PYTHON), ids=list(PYTHON.values()))
+def test_python_block_runs(block, fresh, tmp_path):
+    prelude = "".join(code for key, code in PRELUDE.items() if key in block)
+    res = fresh(prelude + block, out=tmp_path)
     assert res.returncode == 0, res.stderr[-3000:]
 
 

@@ -48,6 +48,7 @@ def tree(root, kind: str = "h5"):
     return order
 
 
+@pytest.mark.one_process
 @pytest.mark.parametrize("kind", ["h5", "npy"])
 def test_a_directory_tree_is_walked_in_sorted_order_and_served_exactly(tmp_path, kind):
     order = tree(tmp_path / "train", kind)
@@ -78,6 +79,7 @@ def test_a_directory_tree_is_walked_in_sorted_order_and_served_exactly(tmp_path,
     assert (np.bincount(np.concatenate(seen), minlength=N) == 2).all()
 
 
+@pytest.mark.one_process
 def test_a_directory_with_nothing_usable_names_itself(tmp_path):
     (tmp_path / "d" / "sub").mkdir(parents=True)
     (tmp_path / "d" / "sub" / "a.txt").write_text("x")
@@ -110,6 +112,7 @@ class _Comm:
         return [obj, self.peer(obj)]
 
 
+@pytest.mark.one_process
 def test_a_peers_table_is_validated(tmp_path):
     files = tree(tmp_path / "t")
     whole = describe_source(files, one_per_file=True)
@@ -147,6 +150,7 @@ def test_a_peers_table_is_validated(tmp_path):
         describe_source(files, one_per_file=True, comm=_Comm(lambda _: ("ok", other)))
 
 
+@pytest.mark.one_process
 def test_shared_scan_gives_parts_in_file_order():
     made = []
 
@@ -169,6 +173,7 @@ def test_ranks_share_one_scan_and_serve_exact_bytes(tmp_path, ranks, kind):
         assert f"rank {r} of {ranks}: ok" in result.stdout, result.stdout
 
 
+@pytest.mark.one_process
 def test_low_level_scan_agrees_with_the_general_one(tmp_path, monkeypatch):
     """The scan's fast path (h5py's low-level calls, plain datasets only) finds what the general
     path finds, for every kind of dataset; anything not plain goes the general way."""

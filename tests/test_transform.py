@@ -11,6 +11,7 @@ import h5py
 import numpy as np
 import pytest
 from helpers import every_batch
+from transform_fns import crop_flip_noise, fails_on_50, shrink
 
 from solar import Loader, MemoryConfig, SolarError, Weighted
 from solar.transform import Transform, repeats, sample_rng
@@ -26,16 +27,6 @@ def data(tmp_path: Path) -> Path:
         f["img"] = rng.random((N, 12, 12), dtype=np.float32)
         f["label"] = np.arange(N, dtype=np.int64) * 3
     return path
-
-
-def crop_flip_noise(sample, rng):
-    """A typical augmentation: random crop to 8×8, random flip, log, noise; label kept."""
-    i, j = rng.integers(0, 5, size=2)
-    x = sample["img"][i : i + 8, j : j + 8]
-    if rng.random() < 0.5:
-        x = x[:, ::-1]
-    x = np.log1p(x) + rng.normal(0, 0.01, x.shape).astype(np.float32)
-    return {"img": x.astype(np.float32), "label": sample["label"]}
 
 
 def expected(ref: dict, fn, seed: int, epoch: int, step: int, ids: np.ndarray) -> dict:
@@ -177,12 +168,6 @@ def test_declared_outputs_and_a_batch_transform(data):
     ld.close()
 
 
-def fails_on_50(sample, rng):
-    if sample["label"] == 150:
-        raise ValueError("no 50s here")
-    return {"img": sample["img"]}
-
-
 @pytest.mark.parametrize("processes", [False, True])
 def test_a_failing_transform_names_the_sample_and_epoch(data, processes):
     t = Transform(fails_on_50, processes=processes, workers=2)
@@ -246,11 +231,6 @@ def test_a_batch_transform_that_fails_names_the_step(data):
 def test_repeats_count_earlier_occurrences():
     assert repeats(np.array([5, 3, 5, 5, 3, 9])).tolist() == [0, 0, 1, 2, 1, 0]
     assert repeats(np.array([], np.int64)).tolist() == []
-
-
-def shrink(sample, rng):
-    """Deterministic: the centre, doubled, as float64 (other shape and dtype than the raw)."""
-    return {"centre": sample["img"][2:10, 2:10].astype(np.float64) * 2, "label": sample["label"]}
 
 
 def check_shrunk(ref: dict, batch: dict) -> None:

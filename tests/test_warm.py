@@ -1,18 +1,20 @@
 """No kernel compiles inside an epoch: a Loader compiles (or loads) every numba kernel its
 epochs call when it is constructed (solar/warm.py). Proven without timing, by numba's own
 records: each kernel's signatures and numba's compile events, before and after whole runs,
-each case in a fresh process (one where nothing has been compiled or loaded yet)."""
+each case in a fresh process (one where nothing has been compiled or loaded yet): forked from
+one that has imported what the cases import and loaded no kernel (tests/fresh.py), so that
+each case does not import torch again."""
 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import textwrap
+from collections.abc import Iterator
 
 import h5py
 import numpy as np
 import pytest
+from fresh import Run, zygote
 
 from solar.options import ExpertConfig, PlanningConfig
 from solar.warm import dispatchers, head, tiny_spec
@@ -86,6 +88,29 @@ CHILD = textwrap.dedent(
 )
 
 
+# Imported once: each case runs in a child forked from the process that imported these and
+# loaded no kernel (checked), so it starts with nothing compiled or loaded.
+PRELOAD = textwrap.dedent(
+    """
+    import numpy as np
+    from solar import (ExpertConfig, Loader, MemoryConfig, NeighborSampler, PlanningConfig,
+                       ReaderConfig, Shuffle, Weighted)
+    from solar.precompile import common_configs, warm_config
+    from solar.schedule.plan import plan_to_file
+    from solar.warm import TALLY, signatures
+
+    loaded = {k: v for k, v in signatures().items() if v}
+    assert not loaded and TALLY.count == 0, f"kernels loaded at import: {loaded}"
+    """
+)
+
+
+@pytest.fixture(scope="module")
+def fresh() -> Iterator[Run]:
+    with zygote(PRELOAD) as run:
+        yield run
+
+
 def _data(tmp_path, kind: str, n: int) -> str:
     if kind == "graph":  # 96 B feature rows, 42 to a page
         from solar.graph import generate_graph
@@ -115,17 +140,14 @@ def _data(tmp_path, kind: str, n: int) -> str:
 
 
 @pytest.mark.parametrize("case", CASES)
-def test_no_kernel_compiles_inside_an_epoch(tmp_path, case):
+def test_no_kernel_compiles_inside_an_epoch(tmp_path, case, fresh):
     kw = dict(CASES[case])
     n = 157
     kw.update(paths=_data(tmp_path, kw.pop("data"), n), batch_size=12, epochs=3, buffer=30, n=n)
     if kw.get("memory", {}).get("tier") == "TIER":
         (tmp_path / "nvme").mkdir()
         kw["memory"] = {**kw["memory"], "tier": str(tmp_path / "nvme")}
-    result = subprocess.run(
-        [sys.executable, "-c", CHILD, json.dumps(kw), str(tmp_path / "plan.h5")],
-        capture_output=True, text=True, timeout=300, check=False,
-    )  # fmt: skip
+    result = fresh(CHILD, json.dumps(kw), str(tmp_path / "plan.h5"), out=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     out = json.loads(result.stdout.strip().splitlines()[-1])
     assert out["served"] >= 3 * n // kw.get("world_size", 1) - 3 * 12  # the epochs ran
@@ -184,23 +206,22 @@ NODE_AFTER_WARM = textwrap.dedent(
 )
 
 
-def test_solar_warm_rehearses_a_node_buffers_kernels(tmp_path):
+def test_solar_warm_rehearses_a_node_buffers_kernels(tmp_path, fresh):
     """``solar warm`` rehearses node buffers in one process, without MPI: after its node
     configurations, a node job of other sizes (unwarmed: a host of one rank here, planning,
     its tier and serving) calls no kernel signature they did not compile or load. (Without
     their node rehearsal it would: the node planner's and the host barrier's kernels.)"""
-    out = _after_warm(NODE_AFTER_WARM, tmp_path)
+    out = _after_warm(fresh, NODE_AFTER_WARM, tmp_path)
     assert out["new"] == {} and out["compiled"] == 0, out
 
 
-def _after_warm(script: str, root) -> dict:
+def _after_warm(fresh: Run, script: str, root) -> dict:
     """``script``'s report (kernel signatures new after its warm-up, kernels compiled), run
     in a fresh process over ``solar warm``'s generated data in ``root``."""
     from solar.precompile import _write_data
 
     _write_data(root, 40)
-    result = subprocess.run([sys.executable, "-c", AFTER_WARM + script, str(root)],
-                            capture_output=True, text=True, timeout=300, check=False)  # fmt: skip
+    result = fresh(AFTER_WARM + script, str(root), out=root)
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads(result.stdout.strip().splitlines()[-1])
 
@@ -234,14 +255,14 @@ DEMO_AFTER_WARM = textwrap.dedent(
 )
 
 
-def test_solar_warm_covers_the_demos_job(tmp_path):
+def test_solar_warm_covers_the_demos_job(tmp_path, fresh):
     """``make demo`` after ``solar warm`` compiles nothing: after the configurations ``solar
     warm`` serves from a plan file with Shuffle (a subset of its own), the demo's job
     (``solar plan -o`` of 4 ranks, then each rank's Loader serving that file, of other sizes)
     calls no kernel signature they did not compile or load. (Before they were warmed, the
     demo compiled the plan summary's and the plan proof's kernels: bench/demo_first_run.py
     counts it on a fresh cache.)"""
-    out = _after_warm(DEMO_AFTER_WARM, tmp_path)
+    out = _after_warm(fresh, DEMO_AFTER_WARM, tmp_path)
     assert out["new"] == {} and out["compiled"] == 0, out
 
 

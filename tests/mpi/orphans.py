@@ -17,9 +17,6 @@ import sys
 import time
 from pathlib import Path
 
-from solar import Loader, Transform
-from solar.options import ExpertConfig
-
 
 def double(sample, rng):
     return {"img": sample["img"] * 2}
@@ -35,7 +32,9 @@ def shm_names(pid: int) -> set[str]:
 
 
 if __name__ == "__main__":
-    from solar import dist
+    # Imported here: a worker (spawned) runs this file's top for ``double``, without torch.
+    from solar import Loader, Transform, dist
+    from solar.options import ExpertConfig
 
     comm = dist.job_comm()  # mpiexec's world (MPICH's /dev/shm names taken off), else None
     rank, size = (comm.Get_rank(), comm.Get_size()) if comm else (0, 1)
