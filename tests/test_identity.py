@@ -19,7 +19,7 @@ from helpers import reference, write_h5
 from solar import Loader, SolarError
 from solar.config import ReaderConfig
 from solar.io import handles
-from solar.io.identity import DEV, INO, MTIME, SIZE, FileChanged, Identities
+from solar.io.identity import CTIME, DEV, INO, MTIME, SIZE, FileChanged, Identities
 from solar.options import ExpertConfig
 
 N = 96
@@ -61,6 +61,35 @@ def test_hdf5_file_rewritten_in_place_stops_the_run(tmp_path):
     loader.close()
 
 
+def test_rewrite_in_place_with_its_times_put_back_stops_the_run(tmp_path):
+    # What `cp -p` or `rsync --inplace -t` onto the file do: the same inode and size, other
+    # bytes, the atime and mtime put back. Only the ctime tells (a user cannot set it).
+    x = np.arange(N * 16, dtype=np.float32).reshape(N, 16)
+    path = write_h5(tmp_path / "d.h5", x=x)
+    ref = reference([path])
+    loader = Loader([path], batch_size=8, epochs=2, buffer=16,
+                    reader=ReaderConfig(threads=2, read_ahead=1),
+                    expert=ExpertConfig(warm=False))  # fmt: skip
+    data = path.read_bytes()
+    offset = data.index(x.tobytes())  # contiguous: x's bytes as they are on disk
+
+    def rewrite() -> None:
+        was = os.stat(path)
+        with open(path, "r+b") as f:
+            f.seek(offset)
+            f.write((-x).tobytes())
+        os.utime(path, ns=(was.st_atime_ns, was.st_mtime_ns))
+        now = os.stat(path)
+        assert (now.st_ino, now.st_size, now.st_mtime_ns) == (was.st_ino, was.st_size,
+                                                              was.st_mtime_ns)  # fmt: skip
+
+    served, message = _serve(loader, ref, rewrite, after=3)
+    assert served < 2 * N // 8
+    assert "d.h5: changed since it was opened (its ctime moved" in message
+    assert "\n" not in message
+    loader.close()
+
+
 def test_replaced_one_sample_file_stops_the_run_beyond_the_descriptor_cache(tmp_path, monkeypatch):
     # A small descriptor cache (as under `ulimit -n 64`): files are opened per read.
     monkeypatch.setattr(handles, "fd_capacity", lambda: 16)
@@ -90,11 +119,12 @@ def test_identities_name_what_changed(tmp_path):
     ids.check_paths()  # pins it
     was = os.stat(path)
     pinned = ids.table[0]
-    assert (pinned[DEV], pinned[INO], pinned[SIZE], pinned[MTIME]) == (
+    assert (pinned[DEV], pinned[INO], pinned[SIZE], pinned[MTIME], pinned[CTIME]) == (
         was.st_dev,
         was.st_ino,
         was.st_size,
         was.st_mtime_ns,
+        was.st_ctime_ns,
     )
     with open(path, "r+b") as f:
         f.truncate(10)
