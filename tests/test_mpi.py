@@ -413,6 +413,21 @@ def test_a_loader_without_distributed_arguments_uses_the_jobs_world(tmp_path, la
         (str(r), str(ranks)) for r in range(ranks)
     ]
     assert "OK" in result.stdout
+    # rank=/world_size= given with the job's group: checked against it (issue 45, 5).
+    group = "MPI's world" if launcher == "mpiexec" else "the process group"
+    for r, (out, _) in enumerate(result.ranks):
+        places = dict(re.findall(r"^place (\{.*?\}): (.*)$", out, re.M))
+        say = f"but {group} says rank {r} of {ranks}: pass neither (or comm=)"
+        assert places == {
+            f"{{'world_size': {ranks + 1}}}": f"refused: world_size={ranks + 1} (rank 0 by "
+            f"default) {say} to use it, or rank=0, world_size=1 for this process alone",
+            f"{{'rank': 0, 'world_size': {ranks}}}": "accepted"
+            if r == 0
+            else f"refused: rank=0, world_size={ranks} {say} to use it, or rank=0, world_size=1 "
+            "for this process alone",
+            f"{{'rank': {r}, 'world_size': {ranks}}}": "accepted",
+            "{'rank': 0, 'world_size': 1}": "accepted",
+        }, out
 
 
 @pytest.mark.parametrize("launcher", ["torchrun", "srun"])
