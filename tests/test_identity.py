@@ -19,7 +19,8 @@ from helpers import reference, write_h5
 from solar import Loader, SolarError
 from solar.config import ReaderConfig
 from solar.io import handles
-from solar.io.identity import CTIME, DEV, INO, MTIME, SIZE, FileChanged, Identities
+from solar.io.executor import _same_files
+from solar.io.identity import CTIME, DEV, INO, MTIME, SIZE, FileChanged, Identities, stamp
 from solar.options import ExpertConfig
 
 N = 96
@@ -133,3 +134,22 @@ def test_identities_name_what_changed(tmp_path):
     os.unlink(path)
     with pytest.raises(FileChanged, match="removed"):
         ids.check_paths()
+
+
+def test_the_compiled_check_reads_the_identity_stamp_does(tmp_path):
+    # The open-read-close loop's statx (solar/io/executor.py) must pin and compare what
+    # solar.io.identity.stamp says, the ctime too; a mismatch would only fall back to Python.
+    path = tmp_path / "f.bin"
+    path.write_bytes(b"a" * 100)
+    ids = Identities([path])
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        one, first = np.array([fd], np.int64), np.zeros(1, np.int64)
+        assert _same_files(one, first, ids.table) == -1  # pinned by the compiled check
+        assert tuple(ids.table[0].tolist()) == stamp(os.stat(path))
+        os.chmod(path, 0o600)  # only the ctime moves
+        assert _same_files(one, first, ids.table) == 0
+        with pytest.raises(FileChanged, match=r"f\.bin: changed since it was opened \(its ctime"):
+            ids.check_fd(0, fd)
+    finally:
+        os.close(fd)
