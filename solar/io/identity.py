@@ -10,9 +10,9 @@ is described (they are the same on every host of a shared file system), the devi
 are pinned by each process when it first opens the file (they are a host's: a FUSE mount
 numbers inodes per mount), and every later open, every use of a descriptor and each epoch's
 start compare them: a change refuses the run in one line naming the file, "changed since it
-was opened". solar never writes, chmods or links a data file it reads, so a ctime that moved
-is someone else's doing (a chmod of the data while a run reads it is refused too: its bytes
-cannot be told apart from a rewrite's by metadata).
+was opened". solar never writes, renames, chmods or links a data file it reads, so a ctime
+that moved is someone else's doing (a rename, link or chmod of the data while a run reads it is
+refused too: by metadata it cannot be told from a rewrite whose mtime was put back).
 
 :class:`Identities` is one process's table of them, by path index; its ``table`` is what the
 compiled open-read-close loop checks (solar/io/executor.py) without the GIL.
@@ -58,7 +58,7 @@ def _change(was: tuple[int, ...], now: tuple[int, ...]) -> str | None:
         return "modified in place" if ino >= 0 else "modified or replaced"
     if ctime >= 0 and now[CTIME] != ctime:
         return ("its ctime moved, its size and mtime did not: rewritten with its mtime put "
-                "back, or chmod'ed")  # fmt: skip
+                "back, or renamed, linked or chmod'ed")  # fmt: skip
     return None
 
 
