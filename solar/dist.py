@@ -59,6 +59,7 @@ __all__ = [
     "abort_job_on_error",
     "agree",
     "allreduce",
+    "check_place",
     "detect_launcher",
     "first_error",
     "init",
@@ -117,9 +118,13 @@ def job_comm(comm: Any = None, rank: int | None = None, world_size: int | None =
     world of more than one process (mpiexec). ``comm`` if given, and none where the caller
     places the rank itself (``rank``/``world_size``: a plan made offline, ranks simulated in
     one process). None for a process alone. A job its launcher says has several ranks, none
-    of which can be had, is refused in one line: a Loader never runs as world 1 there."""
-    if comm is not None or rank is not None or world_size is not None:
+    of which can be had, is refused in one line: a Loader never runs as world 1 there; so is
+    a ``rank``/``world_size`` that contradicts the job's initialised group (:func:`check_place`)."""
+    if comm is not None:
         return comm
+    if rank is not None or world_size is not None:
+        check_place(rank, world_size)
+        return None
     if _state is not None and _state.world_size > 1:
         return _state.comm
     import torch.distributed as td
@@ -145,6 +150,47 @@ def job_comm(comm: Any = None, rank: int | None = None, world_size: int | None =
                      "(or torch.distributed.init_process_group) first, or pass comm= (one "
                      "process, e.g. a batch script outside srun: SOLAR_LAUNCHER=none or "
                      "rank=0, world_size=1)")  # fmt: skip
+
+
+def check_place(rank: int | None, world_size: int | None) -> None:
+    """Refuse in one line a place given by hand (``rank``/``world_size``, no comm) that the
+    job's initialised group contradicts: another world size, or another rank in it (two ranks
+    saying rank 0 would serve the same samples twice; world_size=3 of 2 would never serve a
+    third). ``rank=0, world_size=1`` (or rank alone 0) is this process alone, e.g. a validation
+    loader of rank 0: accepted in any job. Without a group, any place is the caller's."""
+    r_given = 0 if rank is None else rank
+    w_given = 1 if world_size is None else world_size
+    if (r_given, w_given) == (0, 1):
+        return
+    found = _group_place()
+    if found is None or (r_given, w_given) == found[:2]:
+        return
+    r, w, who = found
+    given = ", ".join(f"{k}={v}" for k, v in (("rank", rank), ("world_size", world_size))
+                      if v is not None)  # fmt: skip
+    if rank is None:
+        given += " (rank 0 by default)"
+    raise SolarError(f"{given} but {who} says rank {r} of {w}: pass neither (or comm=) to "
+                     "use it, or rank=0, world_size=1 for this process alone")  # fmt: skip
+
+
+def _group_place() -> tuple[int, int, str] | None:
+    """This process's (rank, world size, who says so) in the job's initialised group of
+    several ranks: :func:`init`'s, torch.distributed's default group or MPI's world (if this
+    process initialised MPI: mpi4py is never imported here, that would initialise it)."""
+    if _state is not None and _state.world_size > 1:
+        who = "MPI's world" if _state.launcher == "mpi" else "the process group"
+        return _state.rank, _state.world_size, who
+    import torch.distributed as td
+
+    if td.is_available() and td.is_initialized() and td.get_world_size() > 1:
+        return td.get_rank(), td.get_world_size(), "the process group"
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
+        world = mpi.COMM_WORLD
+        if world.Get_size() > 1:
+            return world.Get_rank(), world.Get_size(), "MPI's world"
+    return None
 
 
 def _init_mpi(backend: str | None, timeout_s: float) -> Dist:

@@ -197,7 +197,7 @@ def head(info: DatasetInfo, n: int) -> DatasetInfo:
         stored = StoredLayout(
             st.offsets[:nfiles], st.chunk_rows[:nfiles], st.decodable[:nfiles],
             None if st.sizes is None else st.sizes[:nfiles],
-            None if st.mtimes is None else st.mtimes[:nfiles],
+            None if st.times is None else st.times[:nfiles],
         )  # fmt: skip
     return dataclasses.replace(
         info, files=info.files[:nfiles], lengths=tuple(lengths),

@@ -8,7 +8,6 @@ import json
 import os
 import re
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -16,6 +15,7 @@ import faults
 import numpy as np
 import pytest
 from helpers import reference, write_h5
+from ranks_apart import MPIEXEC, run_job
 
 from solar import Loader, SolarError
 from solar.config import ReaderConfig
@@ -25,7 +25,6 @@ from solar.options import ExpertConfig
 
 HERE = Path(__file__).parent
 ROOT = HERE.parent
-MPIEXEC = Path(sys.executable).with_name("mpiexec")
 
 # (mode, seed): what each does at rate 0.03 (deterministic: drawn per bytes read, not per
 # thread order). Transient faults served exactly; a bad sector and a file changed in place
@@ -109,10 +108,8 @@ def test_seeded_faults_under_mpiexec(originals, tmp_path):
         pytest.skip("no mpiexec beside python")
     work = tmp_path / "mpi"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    cmd = [str(MPIEXEC), "-n", "3", sys.executable, str(HERE / "mpi" / "faults.py"),
-           str(work), "buffered", *MPI_SEEDS]  # fmt: skip
-    result = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env,
-                            check=False)  # fmt: skip
+    argv = [str(HERE / "mpi" / "faults.py"), str(work), "buffered", *MPI_SEEDS]
+    result = run_job(MPIEXEC, 3, argv, 240, env)  # each rank's lines apart
     outcomes = [json.loads(line) for f in sorted(work.glob("outcomes-*.jsonl"))
                 for line in f.read_text().splitlines()]  # fmt: skip
     assert "Traceback" not in result.stderr, result.stderr[-3000:]

@@ -19,7 +19,8 @@ from helpers import reference, write_h5
 from solar import Loader, SolarError
 from solar.config import ReaderConfig
 from solar.io import handles
-from solar.io.identity import DEV, INO, MTIME, SIZE, FileChanged, Identities
+from solar.io.executor import _same_files
+from solar.io.identity import CTIME, DEV, INO, MTIME, SIZE, FileChanged, Identities, stamp
 from solar.options import ExpertConfig
 
 N = 96
@@ -61,6 +62,35 @@ def test_hdf5_file_rewritten_in_place_stops_the_run(tmp_path):
     loader.close()
 
 
+def test_rewrite_in_place_with_its_times_put_back_stops_the_run(tmp_path):
+    # What `cp -p` or `rsync --inplace -t` onto the file do: the same inode and size, other
+    # bytes, the atime and mtime put back. Only the ctime tells (a user cannot set it).
+    x = np.arange(N * 16, dtype=np.float32).reshape(N, 16)
+    path = write_h5(tmp_path / "d.h5", x=x)
+    ref = reference([path])
+    loader = Loader([path], batch_size=8, epochs=2, buffer=16,
+                    reader=ReaderConfig(threads=2, read_ahead=1),
+                    expert=ExpertConfig(warm=False))  # fmt: skip
+    data = path.read_bytes()
+    offset = data.index(x.tobytes())  # contiguous: x's bytes as they are on disk
+
+    def rewrite() -> None:
+        was = os.stat(path)
+        with open(path, "r+b") as f:
+            f.seek(offset)
+            f.write((-x).tobytes())
+        os.utime(path, ns=(was.st_atime_ns, was.st_mtime_ns))
+        now = os.stat(path)
+        assert (now.st_ino, now.st_size, now.st_mtime_ns) == (was.st_ino, was.st_size,
+                                                              was.st_mtime_ns)  # fmt: skip
+
+    served, message = _serve(loader, ref, rewrite, after=3)
+    assert served < 2 * N // 8
+    assert "d.h5: changed since it was opened (its ctime moved" in message
+    assert "\n" not in message
+    loader.close()
+
+
 def test_replaced_one_sample_file_stops_the_run_beyond_the_descriptor_cache(tmp_path, monkeypatch):
     # A small descriptor cache (as under `ulimit -n 64`): files are opened per read.
     monkeypatch.setattr(handles, "fd_capacity", lambda: 16)
@@ -90,11 +120,12 @@ def test_identities_name_what_changed(tmp_path):
     ids.check_paths()  # pins it
     was = os.stat(path)
     pinned = ids.table[0]
-    assert (pinned[DEV], pinned[INO], pinned[SIZE], pinned[MTIME]) == (
+    assert (pinned[DEV], pinned[INO], pinned[SIZE], pinned[MTIME], pinned[CTIME]) == (
         was.st_dev,
         was.st_ino,
         was.st_size,
         was.st_mtime_ns,
+        was.st_ctime_ns,
     )
     with open(path, "r+b") as f:
         f.truncate(10)
@@ -103,3 +134,22 @@ def test_identities_name_what_changed(tmp_path):
     os.unlink(path)
     with pytest.raises(FileChanged, match="removed"):
         ids.check_paths()
+
+
+def test_the_compiled_check_reads_the_identity_stamp_does(tmp_path):
+    # The open-read-close loop's statx (solar/io/executor.py) must pin and compare what
+    # solar.io.identity.stamp says, the ctime too; a mismatch would only fall back to Python.
+    path = tmp_path / "f.bin"
+    path.write_bytes(b"a" * 100)
+    ids = Identities([path])
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        one, first = np.array([fd], np.int64), np.zeros(1, np.int64)
+        assert _same_files(one, first, ids.table) == -1  # pinned by the compiled check
+        assert tuple(ids.table[0].tolist()) == stamp(os.stat(path))
+        os.chmod(path, 0o600)  # only the ctime moves
+        assert _same_files(one, first, ids.table) == 0
+        with pytest.raises(FileChanged, match=r"f\.bin: changed since it was opened \(its ctime"):
+            ids.check_fd(0, fd)
+    finally:
+        os.close(fd)

@@ -21,13 +21,12 @@ from typing import Any
 import h5py
 import numpy as np
 import pytest
+from ranks_apart import MPIEXEC, TORCHRUN, Job, joined, run_job
 
 from solar.launch import srun_port
 
 HERE = Path(__file__).parent / "mpi"
 EXAMPLE = HERE.parent.parent / "examples" / "train_surrogate.py"
-MPIEXEC = Path(sys.executable).with_name("mpiexec")
-TORCHRUN = Path(sys.executable).with_name("torchrun")
 N = 103
 # "Promptly", for a job one of whose ranks failed: it ends within this, or the test fails (the
 # launch raises TimeoutExpired). A hang guard, not a speed: without solar's abort the other
@@ -40,8 +39,9 @@ FOREIGN = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "SO
 FOREIGN_PREFIXES = ("SLURM_", "PMI_", "OMPI_", "TORCHELASTIC_")
 
 
-def launch(launcher: str, n: int, script: str | Path, *args, timeout: float = 300):
-    """Run ``script`` (in tests/mpi, or a path) on ``n`` ranks under ``launcher``."""
+def launch(launcher: str, n: int, script: str | Path, *args, timeout: float = 300) -> Job:
+    """Run ``script`` (in tests/mpi, or a path) on ``n`` ranks under ``launcher``; each rank's
+    output is read apart (tests/ranks_apart.py)."""
     argv = [str(HERE / script if isinstance(script, str) else script), *map(str, args)]
     env = {k: v for k, v in os.environ.items()
            if k not in FOREIGN and not k.startswith(FOREIGN_PREFIXES)}  # fmt: skip
@@ -50,16 +50,10 @@ def launch(launcher: str, n: int, script: str | Path, *args, timeout: float = 30
     exe = MPIEXEC if launcher == "mpiexec" else TORCHRUN
     if not exe.exists():
         pytest.skip(f"no {exe.name} beside python")
-    if launcher == "mpiexec":
-        cmd = [str(exe), "-n", str(n), sys.executable, *argv]
-    else:
-        cmd = [str(exe), "--standalone", "--nproc_per_node", str(n), *argv]
-    return subprocess.run(
-        cmd, capture_output=True, text=True, timeout=timeout, env=env, check=False
-    )
+    return run_job(exe, n, argv, timeout, env)
 
 
-def simulated_srun(n: int, argv: list[str], env: dict, timeout: float):
+def simulated_srun(n: int, argv: list[str], env: dict, timeout: float) -> Job:
     """Start ``n`` processes as ``srun -n n`` would on one node: one job step, tasks 0..n-1."""
     job = free_job_id()
     with tempfile.TemporaryDirectory() as tmp:
@@ -80,14 +74,12 @@ def simulated_srun(n: int, argv: list[str], env: dict, timeout: float):
                 p.kill()
         texts = []
         for out, err in outs:
-            texts.append([])
-            for f in (out, err):
-                f.seek(0)
-                texts[-1].append(f.read())
-                f.close()
-    code = next((c for c in codes if c != 0), 0)
-    return subprocess.CompletedProcess(argv, code, "".join(t[0] for t in texts),
-                                       "".join(t[1] for t in texts))  # fmt: skip
+            out.seek(0)
+            err.seek(0)
+            texts.append((out.read(), err.read()))
+            out.close()
+            err.close()
+    return joined(argv, next((c for c in codes if c != 0), 0), texts)
 
 
 def free_job_id() -> int:
@@ -260,8 +252,8 @@ def test_ranks_serve_every_sample_once_with_h5py_bytes(coverage_job, launcher, r
     check_case(result, tag, ranks)
     for r in range(ranks):
         if layout.startswith("chunked"):  # decoded chunk by chunk by solar, not through h5py
-            # (ranks' lines may interleave: "chunks" not followed by another path)
-            assert re.search(rf"{tag}rank {r} of {ranks}: read paths chunks(?!,)", result.stdout)
+            out = result.ranks[r][0]
+            assert re.search(rf"^{tag}rank {r} of {ranks}: read paths chunks$", out, re.M), out
 
 
 @pytest.mark.parametrize(("ranks", "mode", "tier", "plan"), WEIGHTED)
@@ -427,6 +419,21 @@ def test_a_loader_without_distributed_arguments_uses_the_jobs_world(tmp_path, la
         (str(r), str(ranks)) for r in range(ranks)
     ]
     assert "OK" in result.stdout
+    # rank=/world_size= given with the job's group: checked against it (issue 45, 5).
+    group = "MPI's world" if launcher == "mpiexec" else "the process group"
+    for r, (out, _) in enumerate(result.ranks):
+        places = dict(re.findall(r"^place (\{.*?\}): (.*)$", out, re.M))
+        say = f"but {group} says rank {r} of {ranks}: pass neither (or comm=)"
+        assert places == {
+            f"{{'world_size': {ranks + 1}}}": f"refused: world_size={ranks + 1} (rank 0 by "
+            f"default) {say} to use it, or rank=0, world_size=1 for this process alone",
+            f"{{'rank': 0, 'world_size': {ranks}}}": "accepted"
+            if r == 0
+            else f"refused: rank=0, world_size={ranks} {say} to use it, or rank=0, world_size=1 "
+            "for this process alone",
+            f"{{'rank': {r}, 'world_size': {ranks}}}": "accepted",
+            "{'rank': 0, 'world_size': 1}": "accepted",
+        }, out
 
 
 @pytest.mark.parametrize("launcher", ["torchrun", "srun"])
@@ -436,7 +443,8 @@ def test_a_loader_refuses_a_job_it_cannot_reach(tmp_path, launcher):
     with h5py.File(path, "w") as f:
         f["x"] = np.zeros((N, 3))
     result = launch(launcher, 2, "default_world.py", path, "none")
-    lines = [x for x in result.stdout.splitlines() if x.startswith("refused: ")]
-    assert len(lines) == 2 and "world 1" not in result.stdout, result.stdout + result.stderr
-    assert f"launched by {launcher} as rank" in lines[0]
-    assert "torch.distributed is not initialised: call solar.dist.init()" in lines[0]
+    for r, (out, _) in enumerate(result.ranks):  # each rank's own output, not their interleaving
+        assert out.startswith("refused: ") and out.count("\n") == 1, result.ranks
+        assert f"launched by {launcher} as rank {r}" in out
+        assert "torch.distributed is not initialised: call solar.dist.init()" in out
+    assert "world 1" not in result.stdout

@@ -2,19 +2,17 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 from helpers import write_h5
+from ranks_apart import MPIEXEC, run_job
 
 from solar import BufferConfig, Plan, PlanSpec, RunConfig, make_plan
 from solar.io.hdf5 import describe
 from solar.schedule.planner import EpochPlan
 
-MPIEXEC = Path(sys.executable).with_name("mpiexec")
 SCRIPT = Path(__file__).parent / "mpi" / "plan_file.py"
 N = 61
 
@@ -42,11 +40,10 @@ def _plan(data: Path, path: Path, swap: bool) -> Path:
 def test_ranks_validate_a_plan_file_together(tmp_path, swap):
     data = write_h5(tmp_path / "d.h5", x=np.arange(N * 3, dtype=np.float32).reshape(N, 3))
     plan = _plan(data, tmp_path / "p.h5", swap)
-    cmd = [str(MPIEXEC), "-n", "2", sys.executable, str(SCRIPT), str(data), str(plan)]
-    result = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
+    result = run_job(MPIEXEC, 2, [str(SCRIPT), str(data), str(plan)], 120)
     if not swap:
         assert result.returncode == 0, result.stderr[-3000:]
-        assert result.stdout.count(": ok") == 2
+        assert [out.count(": ok") for out, _ in result.ranks] == [1, 1], result.ranks
     else:
         assert result.returncode != 0
         assert "epoch 0 does not serve each of its samples exactly once" in result.stderr

@@ -5,14 +5,13 @@
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 from helpers import write_h5
+from ranks_apart import MPIEXEC, TORCHRUN, run_job
 
 from solar.errors import SolarError
 from solar.host.region import PREFIX, NodeRegion, fits
@@ -25,8 +24,6 @@ SHM_DIR = "/dev/shm"  # where no node region or tier may leave a name
 pytestmark = pytest.mark.xdist_group("launchers")
 
 HERE = Path(__file__).parent / "mpi"
-MPIEXEC = Path(sys.executable).with_name("mpiexec")
-TORCHRUN = Path(sys.executable).with_name("torchrun")
 FOREIGN_PREFIXES = ("SLURM_", "PMI_", "OMPI_", "TORCHELASTIC_", "MPI_")
 
 
@@ -37,11 +34,7 @@ def _mpiexec(n: int, *args, timeout: float, script: str = "node_buffer.py",
         pytest.skip(f"no {launcher.name} beside python")
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(FOREIGN_PREFIXES) and k != "SOLAR_HOSTS"}  # fmt: skip
-    argv = [str(HERE / script), *map(str, args)]
-    cmd = [str(launcher), "-n", str(n), sys.executable, *argv]
-    if launcher == TORCHRUN:
-        cmd = [str(launcher), "--standalone", "--nproc_per_node", str(n), *argv]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    return run_job(launcher, n, [str(HERE / script), *map(str, args)], timeout, env)
 
 
 def _left_by(result) -> list[str]:

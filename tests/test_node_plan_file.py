@@ -20,6 +20,7 @@ from click.testing import CliRunner
 from helpers import skewed_weighted, write_h5
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from ranks_apart import MPIEXEC, run_job
 
 from solar import BufferConfig, CorruptPlanError, Loader, PlanSpec, RunConfig, Shuffle, Weighted
 from solar.cli import cli
@@ -468,7 +469,6 @@ def test_any_edit_of_a_service_is_refused_or_harmless(tmp_path_factory, field, w
 
 
 # -- under mpiexec ------------------------------------------------------------------------------
-MPIEXEC = Path(sys.executable).with_name("mpiexec")
 FOREIGN = ("SLURM_", "PMI_", "OMPI_", "TORCHELASTIC_", "MPI_")
 
 
@@ -494,9 +494,7 @@ def test_a_node_plan_file_serves_h5py_bytes_on_two_hosts_and_refuses_another_gro
     env = {k: v for k, v in os.environ.items() if not k.startswith(FOREIGN)}
     env["SOLAR_HOSTS"] = "2x2"
     script = Path(__file__).parent / "mpi" / "node_plan_file.py"
-    cmd = [str(MPIEXEC), "-n", "4", sys.executable, str(script), str(data), str(good), str(other),
-           str(equal)]  # fmt: skip
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=env)
+    r = run_job(MPIEXEC, 4, [str(script), str(data), str(good), str(other), str(equal)], 180, env)
     assert "rows read as the file says" in r.stdout, r.stderr[-3000:]
     assert "equal batches: every rank its share" in r.stdout, r.stderr[-3000:]
     assert r.returncode != 0 and "unreachable" not in r.stderr

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from helpers import write_h5
+from ranks_apart import MPIEXEC, run_job
 
 from solar import BufferConfig, PlanSpec, RunConfig, Shuffle, Weighted
 from solar.errors import SolarError
@@ -103,7 +104,6 @@ def test_a_node_plan_with_a_tier_runs_as_planned(kind, grid):
 
 # -- under mpiexec ---------------------------------------------------------------------------
 HERE = Path(__file__).parent / "mpi"
-MPIEXEC = Path(sys.executable).with_name("mpiexec")
 FOREIGN_PREFIXES = ("SLURM_", "PMI_", "OMPI_", "TORCHELASTIC_", "MPI_")
 
 
@@ -112,8 +112,7 @@ def _mpiexec(n: int, *args, timeout: float):
         pytest.skip("no mpiexec beside python")
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(FOREIGN_PREFIXES) and k != "SOLAR_HOSTS"}  # fmt: skip
-    cmd = [str(MPIEXEC), "-n", str(n), sys.executable, str(HERE / "node_tier.py"), *map(str, args)]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    return run_job(MPIEXEC, n, [str(HERE / "node_tier.py"), *map(str, args)], timeout, env)
 
 
 def _shm() -> set[str]:

@@ -98,21 +98,24 @@ def _advise_preadv_each(fds, iov, offsets, got):
 
 @njit(cache=True, nogil=True)
 def _same_file(fd, ident, f, stx, empty):  # pragma: no cover - compiled
-    """Whether descriptor ``fd`` is path f's file: ``ident[f]`` (size, mtime ns, device,
-    inode; -1 not known yet, then pinned) against its statx (solar/io/identity.py)."""
+    """Whether descriptor ``fd`` is path f's file: ``ident[f]`` (size, mtime ns, ctime ns,
+    device, inode; -1 not known yet, then pinned) against its statx (solar/io/identity.py's
+    ``stamp``)."""
     if libc.statx(fd, empty.ctypes.data, libc.AT_EMPTY_PATH, libc.STATX_BASIC_STATS,
                   stx.ctypes.data) != 0:  # fmt: skip
         return False
-    # struct statx (little-endian): ino at byte 32, size 40, mtime (s, ns) 112 and 120,
-    # device (major, minor) 136 and 140; the device as glibc's makedev encodes it.
+    # struct statx (little-endian): ino at byte 32, size 40, ctime (s, ns) 96 and 104, mtime
+    # 112 and 120, device (major, minor) 136 and 140; the device as glibc's makedev encodes it.
     major, minor = stx[17] & 0xFFFFFFFF, stx[17] >> 32
     dev = ((major & 0xFFFFF000) << 32) | ((major & 0xFFF) << 8)
     dev |= ((minor & 0xFFFFFF00) << 12) | (minor & 0xFF)
-    now = (stx[5], stx[14] * 1_000_000_000 + (stx[15] & 0xFFFFFFFF), dev, stx[4])
-    for c in range(4):
+    ns = 1_000_000_000
+    mtime, ctime = stx[14] * ns + (stx[15] & 0xFFFFFFFF), stx[12] * ns + (stx[13] & 0xFFFFFFFF)
+    now = (stx[5], mtime, ctime, dev, stx[4])
+    for c in range(5):
         if ident[f, c] >= 0 and ident[f, c] != now[c]:
             return False
-    for c in range(4):
+    for c in range(5):
         if ident[f, c] < 0:
             ident[f, c] = now[c]
     return True

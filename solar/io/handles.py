@@ -234,10 +234,10 @@ class Files:
         self.h5_paths = info.files
         self.direct_io = direct_io
         self.throttle = throttle  # solar.io.throttle.Throttle: an emulated remote file system
-        # Each file's identity: size and mtime as described, device and inode at first open.
+        # Each file's identity: size and times as described, device and inode at first open.
         st = info.stored
-        sizes, mtimes = (None, None) if st is None else (_flat(st.sizes), _flat(st.mtimes))
-        self.identities = Identities(self.paths, sizes, mtimes, functools.partial(_cut, info))
+        sizes, times = (None, None) if st is None else (_flat(st.sizes), _flat(st.times))
+        self.identities = Identities(self.paths, sizes, times, functools.partial(_cut, info))
         # The opener must not hold self: the finalizer below keeps it alive.
         opener = functools.partial(_open_read, self.paths, direct_io, self.identities)
         self.fds = FdCache(fd_capacity(), opener, self.identities.check_fd)
@@ -356,13 +356,11 @@ def _open_read(paths: tuple[Path, ...], o_direct: bool, identities: Identities, 
 
 
 def _flat(table: np.ndarray | None) -> np.ndarray | None:
-    """A (files, 1 or keys) table from the scan as one value per path of ``all_files`` (a
+    """A (files, 1 or keys, ...) table from the scan as one row per path of ``all_files`` (a
     .npy key's files after the previous key's)."""
     if table is None:
         return None
-    if table.shape[1] == 1:
-        return table[:, 0]
-    return np.ascontiguousarray(table.T).reshape(-1)
+    return np.ascontiguousarray(table.swapaxes(0, 1)).reshape(-1, *table.shape[2:])
 
 
 def _close_all(fds: FdCache, files: H5Cache) -> None:

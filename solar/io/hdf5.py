@@ -20,6 +20,7 @@ import numpy as np
 
 from solar.errors import SolarError, first_line, truncated
 from solar.io.codecs import Decoder, decoder_for, describe_decoding
+from solar.io.identity import CTIME, stamp
 from solar.io.info import DatasetInfo, KeyInfo, StoredLayout
 from solar.io.scan import ScanPart, check_part, empty_part, merge_parts, on_root, shared_scan
 
@@ -95,7 +96,7 @@ def describe(
         )
     table = whole.where
     stored = StoredLayout(
-        table[..., 0], table[..., 1], table[..., 2].astype(bool), whole.sizes, whole.mtimes
+        table[..., 0], table[..., 1], table[..., 2].astype(bool), whole.sizes, whole.times
     )
     infos = tuple(KeyInfo(n, s, np.dtype(d)) for n, s, d in found)
     return DatasetInfo(
@@ -119,14 +120,13 @@ def scan_hdf5(files: Sequence[Path], names: list[str], one_per_file: bool) -> Sc
     lengths = []
     where: list[list[tuple[int, int, bool]]] = []
     sizes = []
-    mtimes = []
+    times = []
     encoded = [name.encode() for name in names]
     for path in files:
         try:
-            st = os.stat(path)
-            size, mtime = st.st_size, st.st_mtime_ns  # its identity as described
+            size, *time = stamp(os.stat(path))[: CTIME + 1]  # its identity as described
         except OSError:
-            size = mtime = -1  # (open_h5 says why)
+            size, time = -1, [-1, -1]  # (open_h5 says why)
         plain = _scan_plain(path, encoded, names, one_per_file, size) if size >= 0 else None
         if plain is not None:
             n, found, stored = plain
@@ -134,8 +134,7 @@ def scan_hdf5(files: Sequence[Path], names: list[str], one_per_file: bool) -> Sc
         else:
             try:
                 with open_h5(path) as f:
-                    st = os.stat(path)
-                    size, mtime = st.st_size, st.st_mtime_ns
+                    size, *time = stamp(os.stat(path))[: CTIME + 1]
                     n, found = _check_keys(f, path, names, one_per_file, size)
                     where.append([_stored(f[name]) for name in names])
             except (OSError, RuntimeError, KeyError, ValueError, TypeError) as exc:
@@ -151,14 +150,14 @@ def scan_hdf5(files: Sequence[Path], names: list[str], one_per_file: bool) -> Sc
                 )
         lengths.append(n)
         sizes.append(size)
-        mtimes.append(mtime)
+        times.append(time)
     if not files:
         return empty_part(len(names), 1)
     keys = tuple((k.name, k.sample_shape, k.dtype.str) for k in infos or ())
     table = np.array(where, np.int64).reshape(len(files), len(names), 3)
     return ScanPart(
         keys, np.array(lengths, np.int64), table, np.array(sizes, np.int64).reshape(-1, 1),
-        np.array(mtimes, np.int64).reshape(-1, 1),
+        np.array(times, np.int64).reshape(-1, 1, 2),
     )  # fmt: skip
 
 

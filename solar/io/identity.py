@@ -1,13 +1,18 @@
-"""The identity of every file a run reads: device, inode, size and modification time.
+"""The identity of every file a run reads: size, modification and status change times, device
+and inode (:func:`stamp`, the one definition of it).
 
 A file rewritten in place (``cp`` over it, ``h5py.File(path, "w")``: the same inode, a new
 mtime or size) or replaced (another inode under the name) no longer holds the bytes the run
-planned from; reading on would serve other bytes as the old samples. So the size and mtime are
-recorded when the dataset is described (they are the same on every host of a shared file
-system), the device and inode are pinned by each process when it first opens the file (they
-are a host's: a FUSE mount numbers inodes per mount), and every later open, every use of a
-descriptor and each epoch's start compare them: a change refuses the run in one line naming
-the file, "changed since it was opened".
+planned from; reading on would serve other bytes as the old samples. The mtime can be put back
+(``os.utime``, ``cp -p``, ``rsync --inplace -t``), the ctime cannot: any write, chmod, chown or
+link sets it to the kernel's clock. So the size, mtime and ctime are recorded when the dataset
+is described (they are the same on every host of a shared file system), the device and inode
+are pinned by each process when it first opens the file (they are a host's: a FUSE mount
+numbers inodes per mount), and every later open, every use of a descriptor and each epoch's
+start compare them: a change refuses the run in one line naming the file, "changed since it
+was opened". solar never writes, renames, chmods or links a data file it reads, so a ctime
+that moved is someone else's doing (a rename, link or chmod of the data while a run reads it is
+refused too: by metadata it cannot be told from a rewrite whose mtime was put back).
 
 :class:`Identities` is one process's table of them, by path index; its ``table`` is what the
 compiled open-read-close loop checks (solar/io/executor.py) without the GIL.
@@ -23,7 +28,14 @@ import numpy as np
 
 from solar.errors import SolarError
 
-SIZE, MTIME, DEV, INO = range(4)  # columns of Identities.table; -1: not known yet
+# Columns of Identities.table (-1: not known yet): what a scan records of a file, then what
+# each process pins at its first open. solar/io/executor.py reads the same from statx.
+SIZE, MTIME, CTIME, DEV, INO = range(5)
+
+
+def stamp(st: os.stat_result) -> tuple[int, int, int, int, int]:
+    """A file's identity from its stat, in the columns of :attr:`Identities.table`."""
+    return (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_dev, st.st_ino)
 
 
 class FileChanged(SolarError):
@@ -35,41 +47,45 @@ def changed(path: str | os.PathLike, what: str) -> FileChanged:
     return FileChanged(f"{path}: changed since it was opened ({what})")
 
 
-def _change(was: tuple[int, int, int, int], now: tuple[int, int, int, int]) -> str | None:
-    size, mtime, dev, ino = was
-    if (dev >= 0 and now[2] != dev) or (ino >= 0 and now[3] != ino):
+def _change(was: tuple[int, ...], now: tuple[int, ...]) -> str | None:
+    size, mtime, ctime, dev, ino = was
+    if (dev >= 0 and now[DEV] != dev) or (ino >= 0 and now[INO] != ino):
         return "another file replaced it"
-    if size >= 0 and now[0] != size:
-        how = "truncated" if now[0] < size else "grown"
-        return f"{how}: {size} -> {now[0]} bytes"
-    if mtime >= 0 and now[1] != mtime:
+    if size >= 0 and now[SIZE] != size:
+        how = "truncated" if now[SIZE] < size else "grown"
+        return f"{how}: {size} -> {now[SIZE]} bytes"
+    if mtime >= 0 and now[MTIME] != mtime:
         return "modified in place" if ino >= 0 else "modified or replaced"
+    if ctime >= 0 and now[CTIME] != ctime:
+        return ("its ctime moved, its size and mtime did not: rewritten with its mtime put "
+                "back, or renamed, linked or chmod'ed")  # fmt: skip
     return None
 
 
 class Identities:
-    """One process's identities of ``paths``: size and mtime as described (-1: unknown, then
-    taken at the first open), device and inode pinned at the first open."""
+    """One process's identities of ``paths``: size, mtime and ctime as described (-1:
+    unknown, then taken at the first open), device and inode pinned at the first open."""
 
     def __init__(
         self,
         paths: Sequence[str | os.PathLike],
         sizes: np.ndarray | None = None,
-        mtimes: np.ndarray | None = None,
+        times: np.ndarray | None = None,
         cut: Callable[[int, int], str | None] | None = None,
     ) -> None:
-        """``cut(i, size)``: what a truncation of path i to ``size`` bytes lost (e.g. the
-        first sample), said in its error."""
+        """``times``: (paths, 2) mtime and ctime ns as described. ``cut(i, size)``: what a
+        truncation of path i to ``size`` bytes lost (e.g. the first sample), said in its
+        error."""
         self.paths = paths
         self.cut = cut
         n = len(paths)
-        # (paths, 4) int64: SIZE, MTIME, DEV, INO. Written by the compiled loop too (a pin,
-        # the same value whoever writes it), so a plain array.
-        self.table = np.full((n, 4), -1, np.int64)
+        # (paths, 5) int64: SIZE, MTIME, CTIME, DEV, INO. Written by the compiled loop too (a
+        # pin, the same value whoever writes it), so a plain array.
+        self.table = np.full((n, 5), -1, np.int64)
         if sizes is not None:
             self.table[:, SIZE] = np.asarray(sizes, np.int64).reshape(n)
-        if mtimes is not None:
-            self.table[:, MTIME] = np.asarray(mtimes, np.int64).reshape(n)
+        if times is not None:
+            self.table[:, MTIME : CTIME + 1] = np.asarray(times, np.int64).reshape(n, 2)
         self._lock = threading.Lock()
         # Rows known in full, as tuples: the common check is one comparison (a descriptor is
         # checked after every use: this is on the hot path).
@@ -77,7 +93,7 @@ class Identities:
 
     def check(self, i: int, st: os.stat_result) -> None:
         """``st`` (of path i, just stat'ed) is its identity; pins what is not known yet."""
-        now = (st.st_size, st.st_mtime_ns, st.st_dev, st.st_ino)
+        now = stamp(st)
         if self._known[i] == now:
             return
         row = self.table[i]
@@ -88,7 +104,7 @@ class Identities:
             raise changed(self.paths[i], what if lost is None else f"{what}: {lost}")
         if -1 in was:
             with self._lock:
-                for c in (SIZE, MTIME, DEV, INO):
+                for c in range(len(now)):
                     if row[c] < 0:
                         row[c] = now[c]
         self._known[i] = now

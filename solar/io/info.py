@@ -42,7 +42,7 @@ class StoredLayout:
     chunk_rows: np.ndarray  # (files, keys) int64
     decodable: np.ndarray  # (files, keys) bool
     sizes: np.ndarray | None = None  # (files, 1 or keys) int64: bytes of each (key's) file
-    mtimes: np.ndarray | None = None  # (files, 1 or keys) int64: their mtimes (ns) as scanned
+    times: np.ndarray | None = None  # (files, 1 or keys, 2) int64: mtime, ctime (ns) as scanned
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ import numpy as np
 from numpy.lib import format as npformat
 
 from solar.errors import SolarError, first_line, truncated
+from solar.io.identity import CTIME, MTIME, stamp
 from solar.io.info import DatasetInfo, KeyInfo, StoredLayout
 from solar.io.scan import ScanPart, check_part, empty_part, merge_parts, shared_scan
 
@@ -112,7 +113,7 @@ def describe_npy(
     found, whole = merge_parts(parts, paths[0], nkeys, nkeys)
     stored = StoredLayout(
         whole.where[..., 0], np.zeros((nfiles, nkeys), np.int64),
-        np.zeros((nfiles, nkeys), bool), whole.sizes, whole.mtimes,
+        np.zeros((nfiles, nkeys), bool), whole.sizes, whole.times,
     )  # fmt: skip
     infos = tuple(KeyInfo(n, s, np.dtype(d)) for n, s, d in found)
     key_files = tuple(tuple(p) for p in paths)
@@ -130,14 +131,14 @@ def scan_npy(names: list[str], paths: list[list[Path]], one_per_file: bool) -> S
         return empty_part(nkeys, nkeys)
     where = np.zeros((nfiles, nkeys, 3), np.int64)
     sizes = np.empty((nfiles, nkeys), np.int64)
-    mtimes = np.empty((nfiles, nkeys), np.int64)
+    times = np.empty((nfiles, nkeys, 2), np.int64)
     lengths = np.empty(nfiles, np.int64)
     infos: list[tuple[str, tuple[int, ...], str]] = []
     for k, name in enumerate(names):
         want: tuple[tuple[int, ...], np.dtype] | None = None
         for i, path in enumerate(paths[k]):
             shape, dtype, offset, sizes[i, k] = npy_header(path)
-            mtimes[i, k] = os.stat(path).st_mtime_ns  # its identity as described
+            times[i, k] = stamp(os.stat(path))[MTIME : CTIME + 1]  # its identity as described
             if not one_per_file and not shape:
                 raise SolarError(f"{path}: a scalar (one sample per file? use "
                                  "reader=ReaderConfig(one_per_file=True))")  # fmt: skip
@@ -159,4 +160,4 @@ def scan_npy(names: list[str], paths: list[list[Path]], one_per_file: bool) -> S
                     f"({names[0]!r}) has {lengths[i]}"
                 )
             where[i, k, 0] = offset
-    return ScanPart(tuple(infos), lengths, where, sizes, mtimes)
+    return ScanPart(tuple(infos), lengths, where, sizes, times)

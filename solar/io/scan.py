@@ -46,22 +46,23 @@ class ScanPart:
     (empty for no files); ``lengths``: samples per file; ``where[f, k]``: (byte offset or -1,
     rows per chunk or 0, 1 if solar decodes its chunks) of key k in file f; ``sizes[f, j]``:
     bytes of file f (one column for HDF5; one per key for .npy, whose keys have files each);
-    ``mtimes``: their modification times in ns, alike (None: not recorded). With the sizes they
-    are the files' identity as described (solar/io/identity.py).
+    ``times[f, j]``: their modification and status change times in ns (None: not recorded).
+    With the sizes they are the files' identity as described (solar/io/identity.py).
     """
 
     keys: tuple[tuple[str, tuple[int, ...], str], ...]
     lengths: np.ndarray  # (files,) int64
     where: np.ndarray  # (files, keys, 3) int64
     sizes: np.ndarray  # (files, 1 or keys) int64
-    mtimes: np.ndarray | None = None  # (files, 1 or keys) int64
+    times: np.ndarray | None = None  # (files, 1 or keys, 2) int64: mtime, ctime
 
 
 def empty_part(nkeys: int, size_columns: int) -> ScanPart:
     """The part of no files."""
     z = np.zeros(0, np.int64)
     sizes = np.zeros((0, size_columns), np.int64)
-    return ScanPart((), z, np.zeros((0, nkeys, 3), np.int64), sizes, sizes.copy())
+    times = np.zeros((0, size_columns, 2), np.int64)
+    return ScanPart((), z, np.zeros((0, nkeys, 3), np.int64), sizes, times)
 
 
 def share(n: int, rank: int, world: int) -> tuple[int, int]:
@@ -173,12 +174,12 @@ def check_part(
                            ("sizes", part.sizes, (m, size_columns))):  # fmt: skip
         if not isinstance(a, np.ndarray) or a.dtype != np.int64 or a.shape != shape:
             raise bad(f"{name} is not int64 {shape}")
-    mtimes = part.mtimes
-    if mtimes is not None and (
-        not isinstance(mtimes, np.ndarray) or mtimes.dtype != np.int64
-        or mtimes.shape != (m, size_columns)
+    times = part.times
+    if times is not None and (
+        not isinstance(times, np.ndarray) or times.dtype != np.int64
+        or times.shape != (m, size_columns, 2)
     ):  # fmt: skip
-        raise bad(f"mtimes is not int64 {(m, size_columns)}")
+        raise bad(f"times is not int64 {(m, size_columns, 2)}")
     if not isinstance(part.keys, tuple) or len(part.keys) != (nkeys if m else 0):
         raise bad(f"{len(part.keys) if isinstance(part.keys, tuple) else '?'} keys, not {nkeys}")
     row_bytes = np.zeros(nkeys, np.int64)
@@ -240,8 +241,8 @@ def merge_parts(
         np.concatenate([p.sizes for p in parts])
         if parts
         else np.zeros((0, size_columns), np.int64),
-        np.concatenate([p.mtimes for p in parts])
-        if parts and all(p.mtimes is not None for p in parts)
+        np.concatenate([p.times for p in parts])
+        if parts and all(p.times is not None for p in parts)
         else None,
     )
     return list(keys or ()), whole

@@ -2,7 +2,8 @@
 world_size, as a DataLoader user writes it, under any launcher. MODE ``init``: after
 ``solar.dist.init()``; ``torch``: after the user's own ``torch.distributed.init_process_group``
 (torchrun's env://); ``none``: nothing initialised (mpiexec: found from MPI; torchrun and
-srun: refused in one line). Each rank prints ``rank r world w`` and, per epoch, its ids and
+srun: refused in one line). Each rank prints ``rank r world w``, whether Loaders placed by
+hand (``rank=``/``world_size=``) are accepted or refused, and, per epoch, its ids and
 whether its rows are h5py's; rank 0 checks every sample is served once per epoch and the
 local batches are equal, and prints ``OK``."""
 
@@ -27,6 +28,15 @@ except SolarError as exc:
 comm = dist.job_comm()
 rank, world = loader.rank, loader.world_size
 print(f"rank {rank} world {world}", flush=True)
+# A place given by hand is checked against the job's group: another world size or another
+# rank refused, the group's own or this process alone accepted.
+for place in ({"world_size": world + 1}, {"rank": 0, "world_size": world},
+              {"rank": rank, "world_size": world}, {"rank": 0, "world_size": 1}):  # fmt: skip
+    try:
+        Loader(path, batch_size=4, epochs=1, buffer=8, **place).close()
+        print(f"place {place}: accepted", flush=True)
+    except SolarError as exc:
+        print(f"place {place}: refused: {exc}", flush=True)
 with h5py.File(path) as f:
     ref = f["x"][()]
 for e in range(2):
