@@ -164,8 +164,8 @@ class Plan(Totals):
             parts = proven
         return RankPlan.from_parts(r, parts, self.slots, tier_slots=self.tier_slots)
 
-    def validate(self, r: int, comm: Any = None) -> None:
-        """Prove rank ``r``'s part of a plan file safe to execute, epoch by epoch, keeping none
+    def validate(self, rank: int, comm: Any = None) -> None:
+        """Prove rank ``rank``'s part of a plan file safe to execute, epoch by epoch, keeping none
         of it (memory O(N + slots)): its checksums, then
         :class:`~solar.schedule.validate.RankValidator` (ranges, the seed's permutations, a
         replay proving every hit). With ``comm`` (every rank calls this collectively) the ranks
@@ -174,13 +174,13 @@ class Plan(Totals):
         part (:class:`~solar.schedule.nodevalidate.NodeValidator`), one rank speaking for its
         host's digests; alone, this process proves every host's. A plan made in this process
         is trusted."""
-        self._check_rank(r)
+        self._check_rank(rank)
         if self.epochs is not None:
             return
         if self.hosts is not None:
-            self._prove_hosts(r, comm)
+            self._prove_hosts(rank, comm)
         else:
-            self._prove(r, comm, keep=False)
+            self._prove(rank, comm, keep=False)
 
     def _prove_hosts(self, rank: int, comm: Any) -> None:
         from solar import dist  # a light module: no MPI or torch import
