@@ -68,6 +68,8 @@ def test_separators_comments_and_a_header_are_read_as_declared(tmp_path):
         ("0,1,\n", None, 'e.csv:1: expected 2 integer ids, got "0,1,"'),
         ("0,1,0.5\n2,3\n", "ignore", 'e.csv:2: expected 2 integer ids and a weight, got "2,3"'),
         ("0,1,w\n", "ignore", 'e.csv:1: expected 2 integer ids and a weight, got "0,1,w"'),
+        # a first line of numbers written nan/inf is no header
+        ("nan,1\n0,1\n", None, 'e.csv:1: expected 2 integer ids, got "nan,1"'),
     ],
 )
 def test_a_line_not_of_the_declared_shape_is_refused_naming_it(tmp_path, text, weights, message):
@@ -198,12 +200,70 @@ def test_the_kernel_stays_in_bounds_whatever_the_bytes(monkeypatch):
         s, d, res = np.zeros(cap, np.int64), np.zeros(cap, np.int64), np.zeros(6, np.int64)
         textedges._parse(buf, n, final, cols, s, d, res)
         compiled.append((res.tolist(), s.tolist(), d.tolist()))
-    for name in ("_blank", "_digit", "_id", "_sep", "_number"):
+    column = []  # the one-column kernel (labels or ids) on the same bytes
+    for buf, _, _, cols, cap in cases:
+        out, res = np.zeros(cap, np.int64), np.zeros(6, np.int64)
+        textedges._parse_column(buf, len(buf), cols == 3, out, res)
+        column.append((res.tolist(), out.tolist()))
+    for name in ("_blank", "_digit", "_id", "_sep", "_number", "_word", "_header", "_label"):
         monkeypatch.setattr(textedges, name, getattr(textedges, name).py_func)
-    for (buf, n, final, cols, cap), want in zip(cases, compiled, strict=True):
+    for (buf, n, final, cols, cap), want, col in zip(cases, compiled, column, strict=True):
         s, d, res = np.zeros(cap, np.int64), np.zeros(cap, np.int64), np.zeros(6, np.int64)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # (uint8 arithmetic on the Python path)
             textedges._parse.py_func(buf, n, final, cols, s, d, res)
-        assert (res.tolist(), s.tolist(), d.tolist()) == want
-        assert 0 <= res[0] <= len(buf) and 0 <= res[1] <= cap
+            assert (res.tolist(), s.tolist(), d.tolist()) == want
+            assert 0 <= res[0] <= len(buf) and 0 <= res[1] <= cap
+            out, res = np.zeros(cap, np.int64), np.zeros(6, np.int64)
+            textedges._parse_column.py_func(buf, len(buf), cols == 3, out, res)
+            assert (res.tolist(), out.tolist()) == col
+            assert 0 <= res[0] <= len(buf) and 0 <= res[1] <= cap
+
+
+# -- one-column files: labels, splits, node counts --------------------------------------------
+EDGES = np.array([[0, 1, 2, 3], [1, 2, 3, 0]])
+
+
+def test_labels_and_splits_in_text_keep_every_line(tmp_path):
+    """A labels CSV whose first line is -1 or nan (unlabelled), +3 or 2.0, and a split whose
+    first line is a node id, keep that line (it used to be dropped as a header, shifting every
+    label by one node); a real header is skipped; labels and split end up in the file as
+    written."""
+    edges = EDGES
+    lab, train = tmp_path / "node-label.csv", tmp_path / "train.csv"
+    lab.write_text("-1\n2\nnan\n+3\n")
+    train.write_text("3\n0\n")
+    _convert({"edge_index": edges}, tmp_path / "g.h5", labels=lab, train_idx=train)
+    with h5py.File(tmp_path / "g.h5") as f:
+        assert f["labels"][()].tolist() == [-1, 2, -1, 3]
+        assert f["train_idx"][()].tolist() == [3, 0]
+    lab.write_text("# OGB-style\nlabel\nNaN\n2.0\n1e0\n-1\n")
+    train.write_text('"node"\r\n1\r\n')
+    _convert({"edge_index": edges}, tmp_path / "h.h5", labels=lab, train_idx=train)
+    with h5py.File(tmp_path / "h.h5") as f:
+        assert f["labels"][()].tolist() == [-1, 2, 1, -1]
+        assert f["train_idx"][()].tolist() == [1]
+
+
+@pytest.mark.parametrize(
+    "name, text, message",
+    [
+        ("labels", "0\n1,2\n3\n4\n", 'labels.csv:2: expected one class label, got "1,2"'),
+        ("labels", "y,z\n0,1\n2,3\n", 'labels.csv:2: expected one class label, got "0,1"'),
+        ("labels", ".5\n1\n2\n3\n", "labels.csv:1: a class label must be a whole number"),
+        ("labels", "1\n2\ninf\n3\n", "labels.csv:3: a class label must be a whole number"),
+        ("labels", "1\n2\n3\nx\n", 'labels.csv:4: expected one class label, got "x"'),
+        ("train_idx", "-1\n2\n", 'train_idx.csv:1: a negative node id, got "-1"'),
+        ("train_idx", "nan\n2\n", 'train_idx.csv:1: expected one integer node id, got "nan"'),
+        ("train_idx", "+3\n2\n", 'train_idx.csv:1: expected one integer node id, got "+3"'),
+        ("train_idx", "1\n2.0\n", 'train_idx.csv:2: node ids must be integers, got "2.0"'),
+        ("train_idx", "1 2\n", 'train_idx.csv:1: expected one integer node id, got "1 2"'),
+    ],
+)
+def test_a_bad_line_of_a_one_column_file_is_refused_naming_it(tmp_path, name, text, message):
+    p = tmp_path / f"{name}.csv"
+    p.write_text(text)
+    with pytest.raises(SolarError) as got:
+        _convert({"edge_index": EDGES}, tmp_path / "g.h5", **{name: p})
+    assert str(got.value).startswith(f"{p.parent}/{message}") and "\n" not in str(got.value)
+    assert not (tmp_path / "g.h5").exists()

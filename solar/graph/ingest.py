@@ -311,15 +311,16 @@ def _find(root: Path, names: tuple[str, ...], splits: bool = False) -> Path | No
     return None
 
 
-def _small(path: Path) -> np.ndarray:
-    """A small array (a split, a count, labels in text) read whole."""
+def _small(path: Path, labels: bool = False) -> np.ndarray:
+    """A small array (a split, a count, labels) read whole: an ``.npy`` file, or a text file
+    of one column (:func:`~solar.graph.textedges.read_numbers`, node ids or ``labels``)."""
     if path.suffix == ".npy":
         read_npy_header(path)  # (an odd header: refused in one line, as by every .npy reader)
         try:
             return np.load(path, allow_pickle=False)
         except (OSError, ValueError) as exc:
             raise SolarError(f"{path}: not a readable .npy file ({exc})") from None
-    return read_numbers(path)
+    return read_numbers(path, labels)
 
 
 def rows_of(value: Any, name: str) -> Any:
@@ -329,8 +330,10 @@ def rows_of(value: Any, name: str) -> Any:
         path = Path(value)
         if path.suffix == ".npy":
             return NpyRows(path)
-        if _is_text(path):
-            return ArrayRows(_small(path), name)
+        if _is_text(path) and name == "labels":
+            return ArrayRows(_small(path, labels=True), name)
+        if _is_text(path):  # (a text file is read as one column: a row of several is refused)
+            raise SolarError(f"{name}: {path}: give rows of several numbers as an .npy file")
         raise SolarError(f"{name}: {path} is not an .npy file")
     return ArrayRows(value, name)
 

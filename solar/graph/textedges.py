@@ -6,9 +6,11 @@ Ids are decimal integers of 0..2^63 - 1 (no sign, no fraction, no exponent). Fie
 separated by a comma (blanks around it allowed) or by spaces/tabs; a line may end in ``\\r``
 (and the file begin with a UTF-8 byte order mark).
 Blank lines and comment lines (first non-blank character ``#`` or ``%``) are skipped, and the
-first other line is a header, skipped, if it begins with a letter, a quote or ``_``. Any other
-line is refused in one line naming the file, its line number and its text. ``.gz`` files are
-decompressed on the way; a truncated or non-gzip file is refused naming it.
+first other line is a header, skipped, if it begins with a letter, a quote or ``_`` (and is
+not a number written ``nan`` or ``inf``). Any other line is refused in one line naming the
+file, its line number and its text. ``.gz`` files are decompressed on the way; a truncated or
+non-gzip file is refused naming it. The one-column files beside an edge list (labels, splits,
+a node count) are read by the same rules, one number a line (:func:`read_numbers`).
 
 The file is read into one byte buffer (never a Python object per line, never ``loadtxt``), at
 most 16 bytes per edge of the block asked for, plus the block's two int64 arrays: about 32
@@ -19,9 +21,7 @@ than the buffer is refused.
 from __future__ import annotations
 
 import gzip
-import io
 import json
-import warnings
 import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -38,7 +38,7 @@ MIN_BUFFER = 1 << 16  # the longest line a file may hold is the buffer (64 KiB a
 _BYTES_PER_EDGE = 16
 
 # Kernel results (``res``): bytes consumed, edges written, lines passed, error, bad line's start.
-_OK, _SHAPE, _OVERFLOW, _NEGATIVE, _FRACTION = 0, 1, 2, 3, 4
+_OK, _SHAPE, _OVERFLOW, _NEGATIVE, _FRACTION, _NOT_WHOLE = 0, 1, 2, 3, 4, 5
 _INT64_MAX = (1 << 63) - 1
 
 
@@ -102,18 +102,26 @@ class TextEdges:
         return have, False
 
     def _refuse(self, buf: np.ndarray, have: int, start: int, line: int, code: int) -> Exception:
-        ends = np.flatnonzero(buf[start:have] == 10)
-        end = start + int(ends[0]) if ends.size else have
-        text = bytes(buf[start:end]).rstrip(b"\r").decode("utf-8", "backslashreplace")
-        shown = json.dumps(text if len(text) <= 80 else text[:77] + "...", ensure_ascii=False)
         want = "2 integer ids" + (" and a weight" if self.weights == "ignore" else "")
-        why = {
-            _SHAPE: f"expected {want}",
-            _OVERFLOW: f"a node id above {_INT64_MAX} (int64's largest)",
-            _NEGATIVE: "a negative node id",
-            _FRACTION: "node ids must be integers",
-        }[int(code)]
-        return SolarError(f"{self.path}:{line}: {why}, got {shown}")
+        return _refusal(self.path, buf, have, start, line, code, want)
+
+
+def _refusal(path: Path, buf: np.ndarray, have: int, start: int, line: int, code: int,
+             want: str) -> SolarError:  # fmt: skip
+    """The one-line error for the bad line at ``buf[start:]`` (line number ``line``)."""
+    ends = np.flatnonzero(buf[start:have] == 10)
+    end = start + int(ends[0]) if ends.size else have
+    text = bytes(buf[start:end]).rstrip(b"\r").decode("utf-8", "backslashreplace")
+    shown = json.dumps(text if len(text) <= 80 else text[:77] + "...", ensure_ascii=False)
+    why = {
+        _SHAPE: f"expected {want}",
+        _OVERFLOW: f"a {'label' if want.endswith('label') else 'node id'} above {_INT64_MAX} "
+        "(int64's largest)",
+        _NEGATIVE: "a negative node id",
+        _FRACTION: "node ids must be integers",
+        _NOT_WHOLE: "a class label must be a whole number (or NaN: unlabelled)",
+    }[int(code)]
+    return SolarError(f"{path}:{line}: {why}, got {shown}")
 
 
 def open_text(path: Path) -> Any:
@@ -142,26 +150,24 @@ def read_errors(path: Path) -> Iterator[None]:
         raise SolarError(f"{path}: cannot read ({exc.strerror or exc})") from None
 
 
-def read_numbers(path: Path) -> np.ndarray:
-    """The numbers of a small text file (a split, a node count, labels) read whole: comma or
-    blank separated, comment lines and a non-numeric header line dropped; int64 unless one is
-    NaN."""
+def read_numbers(path: Path, labels: bool = False) -> np.ndarray:
+    """The one column of a small text file read whole and as strictly as an edge list: node
+    ids (a split, a node count), or with ``labels`` class labels (integers, whole numbers as
+    floats, ``nan`` -- OGB's unlabelled -- read as -1). One number a line; blank and comment
+    lines skipped, a first line beginning with a letter, a quote or ``_`` (not ``nan``/``inf``)
+    taken as the header; any other line refused naming the file and line. int64."""
     with open_text(path) as f, read_errors(path):
         text = f.read()
-    lines = [ln for ln in text.split(b"\n") if ln.strip() and ln.lstrip()[:1] not in (b"#", b"%")]
-    if lines and not lines[0].strip()[:1].replace(b"-", b"").isdigit():
-        lines = lines[1:]
-    body = b" ".join(lines).replace(b",", b" ").replace(b"\t", b" ")
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("error")
-            values = np.loadtxt(io.BytesIO(body), dtype=np.float64, ndmin=1) if body.strip() \
-                else np.zeros(0)  # fmt: skip
-    except ValueError as exc:
-        raise SolarError(f"{path}: not a list of numbers ({exc})") from None
-    if np.isnan(values).any():
-        return values
-    return values.astype(np.int64)
+    buf = np.frombuffer(text, np.uint8)
+    if buf[:3].tobytes() == b"\xef\xbb\xbf":
+        buf = buf[3:]
+    out = np.empty(int(np.count_nonzero(buf == 10)) + 1, np.int64)
+    res = np.zeros(6, np.int64)
+    _parse_column(buf, buf.shape[0], labels, out, res)
+    if res[3] != _OK:
+        want = "one class label" if labels else "one integer node id"
+        raise _refusal(path, buf, buf.shape[0], int(res[4]), int(res[2]) + 1, int(res[3]), want)
+    return out[: int(res[1])].copy()
 
 
 @njit(cache=True, nogil=True)
@@ -273,11 +279,10 @@ def _parse(buf, n, final, cols, src, dst, res):  # pragma: no cover - compiled
             continue
         if k >= cap:
             break
-        c = buf[p]
         if res[5] == 0:
             res[5] = 1
-            if (c >= 65 and c <= 90) or (c >= 97 and c <= 122) or c == 34 or c == 39 or c == 95:
-                lines += 1  # the header
+            if _header(buf, p, e):
+                lines += 1
                 i = nxt
                 continue
         p, err = _id(buf, p, e, src, k)
@@ -292,6 +297,158 @@ def _parse(buf, n, final, cols, src, dst, res):  # pragma: no cover - compiled
             p = _number(buf, p, e) if p >= 0 else -1
             if p < 0:
                 err = 1
+        if err == 0:
+            while p < e and _blank(buf[p]):
+                p += 1
+            if p != e:
+                err = 1
+        if err != 0:
+            res[3], res[4] = err, i
+            break
+        k += 1
+        lines += 1
+        i = nxt
+    res[0], res[1], res[2] = i, k, lines
+
+
+@njit(cache=True, inline="always")
+def _word(buf, p, e):  # pragma: no cover - compiled
+    """1 if ``buf[p:e]`` begins with the field ``nan``, 2 if ``inf`` or ``infinity`` (any
+    case), else 0."""
+    if p + 3 > e:
+        return 0
+    a, b, c = buf[p] | 32, buf[p + 1] | 32, buf[p + 2] | 32
+    q = p + 3
+    if a == 110 and b == 97 and c == 110:  # "nan"
+        kind = 1
+    elif a == 105 and b == 110 and c == 102:  # "inf", maybe "inity" after it
+        kind = 2
+        rest = q + 5 <= e
+        for j, ch in enumerate((105, 110, 105, 116, 121)):  # "inity"
+            rest = rest and (buf[q + j] | 32) == ch
+        if rest:
+            q += 5
+    else:
+        return 0
+    if q == e or _blank(buf[q]) or buf[q] == 44:
+        return kind
+    return 0
+
+
+@njit(cache=True, inline="always")
+def _header(buf, p, e):  # pragma: no cover - compiled
+    """Whether the first data line (from ``p``) is a header: it begins with a letter, a quote
+    or ``_``, and is not a number written ``nan`` or ``inf``."""
+    c = buf[p]
+    starts = (c >= 65 and c <= 90) or (c >= 97 and c <= 122) or c == 34 or c == 39 or c == 95
+    return starts and _word(buf, p, e) == 0
+
+
+@njit(cache=True, inline="always")
+def _label(buf, p, e, out, k):  # pragma: no cover - compiled
+    """Parse a class label at ``buf[p:e]`` into ``out[k]``: an optionally signed decimal
+    number that is whole (``3``, ``+3``, ``3.0``, ``3e2``), or ``nan`` (-1, unlabelled).
+    Returns (position after it, error code)."""
+    neg = p < e and buf[p] == 45
+    if p < e and (buf[p] == 43 or buf[p] == 45):
+        p += 1
+    word = _word(buf, p, e)
+    if word == 1:
+        out[k] = -1
+        return p + 3, 0
+    if word == 2:
+        return p, 5
+    top = np.int64(9223372036854775807)
+    v, digits, scale = np.int64(0), 0, 0
+    while p < e and _digit(buf[p]):
+        d = np.int64(buf[p] - 48)
+        if v > (top - d) // 10:
+            return p, 2
+        v = v * 10 + d
+        p += 1
+        digits += 1
+    if p < e and buf[p] == 46:
+        p += 1
+        zeros = 0  # a fraction's zeros, kept until a digit after them needs them
+        while p < e and _digit(buf[p]):
+            d = np.int64(buf[p] - 48)
+            digits += 1
+            if d == 0:
+                zeros += 1
+            else:
+                for _ in range(zeros + 1):
+                    if v > top // 10:
+                        return p, 2
+                    v *= 10
+                if v > top - d:
+                    return p, 2
+                v += d
+                scale -= zeros + 1
+                zeros = 0
+            p += 1
+    if digits == 0:
+        return p, 1
+    if p < e and (buf[p] == 101 or buf[p] == 69):
+        p += 1
+        eneg = p < e and buf[p] == 45
+        if p < e and (buf[p] == 43 or buf[p] == 45):
+            p += 1
+        if p >= e or not _digit(buf[p]):
+            return p, 1
+        x = 0
+        while p < e and _digit(buf[p]):
+            x = min(x * 10 + (int(buf[p]) - 48), 10000)
+            p += 1
+        scale += -x if eneg else x
+    while scale < 0 and v != 0 and v % 10 == 0:
+        v //= 10
+        scale += 1
+    if scale < 0 and v != 0:
+        return p, 5
+    while scale > 0 and v != 0:
+        if v > top // 10:
+            return p, 2
+        v *= 10
+        scale -= 1
+    out[k] = -v if neg else v
+    return p, 0
+
+
+@njit(cache=True, nogil=True)
+def _parse_column(buf, n, labels, out, res):  # pragma: no cover - compiled
+    """Parse every line of ``buf[:n]`` as one node id (or one class label if ``labels``) into
+    ``out`` (a slot per line at least); ``res`` as :func:`_parse`'s."""
+    n = min(n, buf.shape[0])
+    i, k, lines = 0, 0, 0
+    res[3] = 0
+    while i < n:
+        j = i
+        while j < n and buf[j] != 10:
+            j += 1
+        nxt = j + 1 if j < n else n
+        e = j
+        if e > i and buf[e - 1] == 13:
+            e -= 1
+        p = i
+        while p < e and _blank(buf[p]):
+            p += 1
+        if p == e or buf[p] == 35 or buf[p] == 37:  # blank, '#' or '%': skipped
+            lines += 1
+            i = nxt
+            continue
+        if res[5] == 0:
+            res[5] = 1
+            if _header(buf, p, e):
+                lines += 1
+                i = nxt
+                continue
+        if k >= out.shape[0]:
+            res[3], res[4] = 1, i
+            break
+        if labels:
+            p, err = _label(buf, p, e, out, k)
+        else:
+            p, err = _id(buf, p, e, out, k)
         if err == 0:
             while p < e and _blank(buf[p]):
                 p += 1
