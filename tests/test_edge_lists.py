@@ -163,8 +163,10 @@ def test_only_an_interrupt_exits_130(tmp_path, capsys, monkeypatch, raised, code
     assert capsys.readouterr().err.strip().splitlines()[-1] == line
 
 
-@pytest.mark.parametrize("num_nodes", [None, 40])
-def test_every_pass_asks_for_blocks_the_budget_holds(tmp_path, monkeypatch, num_nodes):
+@pytest.mark.parametrize("num_nodes, order", [(None, False), (40, False), (40, True)])
+def test_every_pass_asks_for_blocks_the_budget_holds(tmp_path, monkeypatch, num_nodes, order):
+    """A block's edges at their bytes (40, or 48 with a node order's relabelled copy) fill at
+    most half the budget."""
     asked: list[int] = []
     chunks = TextEdges.chunks
 
@@ -175,10 +177,12 @@ def test_every_pass_asks_for_blocks_the_budget_holds(tmp_path, monkeypatch, num_
     monkeypatch.setattr(TextEdges, "chunks", recording)
     p = tmp_path / "e.csv"
     p.write_text("".join(f"{i},{(i * 7) % 40}\n" for i in range(40)))
-    _convert(p, tmp_path / "g.h5", memory="16MiB", num_nodes=num_nodes)
+    perm = np.random.default_rng(0).permutation(40) if order else None
+    _convert(p, tmp_path / "g.h5", memory="16MiB", num_nodes=num_nodes, order=perm)
     # the node count's pass (when not given), the counting pass and one placing pass
-    assert asked == [edge_block(memory_bytes("16MiB"))] * (3 if num_nodes is None else 2)
-    assert edge_block(memory_bytes("16MiB")) * 40 <= memory_bytes("16MiB") // 2
+    block = edge_block(memory_bytes("16MiB"), relabel=order)
+    assert asked == [block] * (3 if num_nodes is None else 2)
+    assert block * (48 if order else 40) <= memory_bytes("16MiB") // 2
 
 
 def test_the_kernel_stays_in_bounds_whatever_the_bytes(monkeypatch):

@@ -12,9 +12,9 @@ checked, an order-free checksum of the (source, target) pairs; skipped when the 
 its degrees), then, per range of targets whose rows fit the budget, a pass that places that
 range's sources (in stream order within a row) and writes the range. Memory: 8·(N + 1) bytes
 of row pointers (the degrees are counted into them) plus ``memory``: half for the stream's
-blocks of edges (~40 B an edge), half for the range being placed (12 B an edge: its entry and
-its row's cursor; a range holds at most as many nodes), so about 24·max(E, N) / memory placing
-passes.
+blocks of edges (~40 B an edge, 48 with a node order: :func:`edge_bytes`), half for the range
+being placed (12 B an edge: its entry and its row's cursor; a range holds at most as many
+nodes), so about 24·max(E, N) / memory placing passes.
 
 Before the atomic rename the file is read back: every row source's hash must equal what was
 written, the CSR must be one of N nodes, and its pairs' checksum must equal the stream's. A
@@ -119,7 +119,7 @@ def write_csr_graph(
         order = np.asarray(order, np.int64)
         inv = _inverse(order, n)
     itype = np.dtype(np.int32 if n < 2**31 else np.int64)
-    chunk = edge_block(budget)
+    chunk = edge_block(budget, relabel=inv is not None)
     stream = _Stream(parts.edges, parts.undirected, inv)
     stream_edges = int(getattr(parts.edges, "num_edges", None) or 0) * (1 + parts.undirected)
     ticks = _Ticks(progress, stream_edges)
@@ -146,7 +146,7 @@ def write_csr_graph(
             f.create_dataset("indptr", data=indptr)
             digests["indptr"] = _Digest().update(indptr)
             ind = _dataset(f, "indices", (e,), itype)
-            place_budget = budget - chunk * 40  # the half the stream's blocks leave
+            place_budget = budget - chunk * edge_bytes(inv is not None)  # what blocks leave
             h = _Digest()
             ranges = list(row_ranges(indptr, max(1, place_budget // (itype.itemsize + 8))))
             ticks.total = ticks.done + len(ranges) * max(e, stream_edges)
@@ -222,10 +222,17 @@ def _int64(a: Any, where: str) -> np.ndarray:
     return np.ascontiguousarray(a, np.int64).reshape(-1)
 
 
-def edge_block(budget: int) -> int:
-    """Edges per block of a pass over the edges: half of ``budget`` at ~40 B each (the
-    block's ids, a converted or relabelled copy, a text reader's bytes)."""
-    return int(min(1 << 24, max(1 << 12, budget // 80)))
+def edge_block(budget: int, relabel: bool = False) -> int:
+    """Edges per block of a pass over the edges: half of ``budget`` at :func:`edge_bytes`
+    each."""
+    return int(min(1 << 24, max(1 << 12, budget // (2 * edge_bytes(relabel)))))
+
+
+def edge_bytes(relabel: bool = False) -> int:
+    """Bytes an edge of a block costs: ~40 (the block's two int64 ids, and a text reader's
+    16 bytes or an ``.npy`` block's converted copy), 48 with a node order (its relabelled
+    copy: 16 more, e.g. a text list's 16 + 16 + 16)."""
+    return 48 if relabel else 40
 
 
 @njit(cache=True, nogil=True)

@@ -14,8 +14,8 @@ a node count) are read by the same rules, one number a line (:func:`read_numbers
 
 The file is read into one byte buffer (never a Python object per line, never ``loadtxt``), at
 most 16 bytes per edge of the block asked for, plus the block's two int64 arrays: about 32
-bytes per edge, within the 40 the writer counts (:mod:`solar.graph.csrwrite`). A line longer
-than the buffer is refused.
+bytes per edge, within the 40 the writer counts (48 with a node order, whose relabelled copy
+adds 16: :func:`solar.graph.csrwrite.edge_bytes`). A line longer than the buffer is refused.
 """
 
 from __future__ import annotations
@@ -87,6 +87,8 @@ class TextEdges:
                                      f"{buf.shape[0]} bytes")  # fmt: skip
 
     def degrees(self) -> None:
+        """None: a text list's in-degrees are known only by a pass over its lines (the
+        writer's counting pass)."""
         return None
 
     def _fill(self, f: Any, buf: np.ndarray, have: int) -> tuple[int, bool]:
