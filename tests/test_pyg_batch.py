@@ -45,11 +45,19 @@ def _file_graph(path: Path) -> dict[str, np.ndarray]:
     return out
 
 
+def _output(sub) -> dict:
+    """A sampled subgraph as PyG's ``SamplerOutput`` fields (node ids, local edges source →
+    target, input_id, per-hop counts)."""
+    return {"node": sub.nodes, "row": sub.src.astype(np.int64), "col": sub.dst.astype(np.int64),
+            "input_id": sub.input_id, "nodes": sub.hop_nodes.tolist(),
+            "edges": sub.hop_edges.tolist()}  # fmt: skip
+
+
 def _expected(graph: dict[str, np.ndarray], out: dict) -> dict:
-    """The batch PyG builds from a sampler output ``out`` (node ids, local edges, input_id,
-    per-hop counts): NeighborLoader's own join (``NodeLoader.filter_fn``: ``filter_data`` of
-    the graph's Data, then n_id, input_id, batch_size, num_sampled_*), or without PyG the same
-    built with numpy (every node attribute indexed by n_id)."""
+    """The batch PyG builds from a sampler output ``out`` (:func:`_output`): NeighborLoader's
+    own join (``NodeLoader.filter_fn``: ``filter_data`` of the graph's Data, then n_id,
+    input_id, batch_size, num_sampled_*), or without PyG the same built with numpy (every node
+    attribute indexed by n_id)."""
     try:
         from torch_geometric.data import Data
         from torch_geometric.loader import NodeLoader
@@ -93,23 +101,24 @@ def _same(name: str, got, want) -> None:
 @pytest.mark.parametrize("world", [1, 2])
 def test_batches_are_neighborloaders_from_the_same_subgraph(graph_file, world, batch_format):
     """Every attribute of every batch equals the one PyG's NeighborLoader joins to the same
-    sampled subgraph (its node ids, edges, input ids): the same names, dtypes and values; no
-    e_id (the file keeps no edge ids)."""
+    sampled subgraph, recomputed apart from the Loader by another sampler
+    (``subgraph(run, epoch, step, rank)``: its node ids, edges, input ids, per-hop counts):
+    the same names, dtypes and values; no e_id (the file keeps no edge ids)."""
     if batch_format == "pyg":
         pytest.importorskip("torch_geometric")
     graph = _file_graph(graph_file)
+    apart = NeighborSampler(graph_file, (3, 2), batch_size=25)
     for rank in range(world):
         sampler = NeighborSampler(graph_file, (3, 2), batch_size=25)
         with Loader(graph_file, ["features"], sampler=sampler, epochs=2, buffer=60, rank=rank,
                     world_size=world, batch_format=batch_format) as ld:  # fmt: skip
             for e in range(2):
                 ld.set_epoch(e)
-                for b in ld:
+                steps = 0
+                for step, b in enumerate(ld):
+                    steps += 1
                     names = set(b.keys())
-                    ei = b["edge_index"].numpy()
-                    out = {"node": b["n_id"].numpy(), "row": ei[0], "col": ei[1],
-                           "input_id": b["input_id"].numpy(), "nodes": b["num_sampled_nodes"],
-                           "edges": b["num_sampled_edges"]}  # fmt: skip
+                    out = _output(apart.subgraph(ld.run, e, step, rank))
                     want = _expected(graph, out)
                     assert names == set(want), names ^ set(want)
                     assert "e_id" not in names
@@ -117,6 +126,7 @@ def test_batches_are_neighborloaders_from_the_same_subgraph(graph_file, world, b
                         _same(name, b[name], want[name])
                     seeds = b["n_id"][: b["batch_size"]].numpy()
                     np.testing.assert_array_equal(graph["train_idx"][out["input_id"]], seeds)
+                assert steps == ld.run.steps_per_epoch > 0
 
 
 def test_an_in_memory_data_brings_its_splits_as_masks():
