@@ -202,10 +202,12 @@ def test_a_short_epoch_loader_serves_every_seed_once_with_h5py_rows(graph_file):
         np.testing.assert_array_equal(np.sort(np.concatenate(seen)), train)
 
 
-def test_pyg_documentations_loop_runs_unchanged_on_1_and_2_ranks(tmp_path):
+def test_pyg_documentations_loop_runs_unchanged_alone_and_under_mpiexec(tmp_path):
     """examples/pyg_loop.py (PyG's loops: y[:batch_size], masks, input_id) on a graph
-    converted with write_graph: on 1 rank two steps an epoch, on 2 one short step of 60 seeds
-    each; every input node once per epoch, the loss falls, test accuracy far above chance."""
+    converted with write_graph: on 1 rank two steps an epoch, on 2 (mpiexec) one short step of
+    60 seeds each; every input node once per epoch, the loss falls, test accuracy far above
+    chance. 6 epochs (seeds fixed): test accuracy 0.70 on 2 ranks, ~0.8 on 1, against 0.5
+    asked (chance 1/6); 4 epochs left 2 ranks at 0.545, too near it."""
     import os
     import subprocess
     import sys
@@ -213,7 +215,8 @@ def test_pyg_documentations_loop_runs_unchanged_on_1_and_2_ranks(tmp_path):
     from test_mpi import FOREIGN, FOREIGN_PREFIXES, launch
 
     example = Path(__file__).parent.parent / "examples" / "pyg_loop.py"
-    args = ["--data", tmp_path / "p.h5", "--epochs", 8]
+    epochs = 6
+    args = ["--data", tmp_path / "p.h5", "--epochs", epochs]
     env = {k: v for k, v in os.environ.items()
            if k not in FOREIGN and not k.startswith(FOREIGN_PREFIXES)}  # fmt: skip
     one = subprocess.run([sys.executable, example, *map(str, args)], capture_output=True,
@@ -222,7 +225,7 @@ def test_pyg_documentations_loop_runs_unchanged_on_1_and_2_ranks(tmp_path):
     for result, steps in ((one, 2), (two, 1)):
         assert result.returncode == 0, result.stderr[-3000:]
         lines = [s.split() for s in result.stdout.splitlines() if s.startswith("epoch")]
-        assert len(lines) == 8, result.stdout
+        assert len(lines) == epochs, result.stdout
         assert all(s[5] == str(steps) and s[-1] == "True" for s in lines), result.stdout
         assert float(lines[-1][3]) < float(lines[0][3]), result.stdout
         acc = [s for s in result.stdout.splitlines() if s.startswith("accuracy")]
