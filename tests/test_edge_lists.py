@@ -207,7 +207,7 @@ def test_the_kernel_stays_in_bounds_whatever_the_bytes(monkeypatch):
     column = []  # the one-column kernel (labels or ids) on the same bytes
     for buf, _, _, cols, cap in cases:
         out, res = np.zeros(cap, np.int64), np.zeros(6, np.int64)
-        textedges._parse_column(buf, len(buf), cols == 3, out, res)
+        textedges._parse(buf, len(buf), True, cols - 2, out, out, res)  # one label, one id
         column.append((res.tolist(), out.tolist()))
     for name in ("_blank", "_digit", "_id", "_sep", "_number", "_word", "_header", "_label"):
         monkeypatch.setattr(textedges, name, getattr(textedges, name).py_func)
@@ -219,7 +219,7 @@ def test_the_kernel_stays_in_bounds_whatever_the_bytes(monkeypatch):
             assert (res.tolist(), s.tolist(), d.tolist()) == want
             assert 0 <= res[0] <= len(buf) and 0 <= res[1] <= cap
             out, res = np.zeros(cap, np.int64), np.zeros(6, np.int64)
-            textedges._parse_column.py_func(buf, len(buf), cols == 3, out, res)
+            textedges._parse.py_func(buf, len(buf), True, cols - 2, out, out, res)
             assert (res.tolist(), out.tolist()) == col
             assert 0 <= res[0] <= len(buf) and 0 <= res[1] <= cap
 

@@ -40,6 +40,7 @@ _BYTES_PER_EDGE = 16
 # Kernel results (``res``): bytes consumed, edges written, lines passed, error, bad line's start.
 _OK, _SHAPE, _OVERFLOW, _NEGATIVE, _FRACTION, _NOT_WHOLE = 0, 1, 2, 3, 4, 5
 _INT64_MAX = (1 << 63) - 1
+_ONE_LABEL, _ONE_ID = 0, 1  # the kernel's one-column modes (``cols``)
 
 
 class TextEdges:
@@ -163,9 +164,11 @@ def read_numbers(path: Path, labels: bool = False) -> np.ndarray:
     buf = np.frombuffer(text, np.uint8)
     if buf[:3].tobytes() == b"\xef\xbb\xbf":
         buf = buf[3:]
-    out = np.empty(int(np.count_nonzero(buf == 10)) + 1, np.int64)
+    out = np.empty(int(np.count_nonzero(buf == 10)) + 1, np.int64)  # a slot per line
     res = np.zeros(6, np.int64)
-    _parse_column(buf, buf.shape[0], labels, out, res)
+    _parse(buf, buf.shape[0], True, _ONE_LABEL if labels else _ONE_ID, out, out, res)
+    if res[3] == _OK and res[0] != buf.shape[0]:  # (never: a slot per line)
+        res[3], res[4] = _SHAPE, res[0]
     if res[3] != _OK:
         want = "one class label" if labels else "one integer node id"
         raise _refusal(path, buf, buf.shape[0], int(res[4]), int(res[2]) + 1, int(res[3]), want)
@@ -255,9 +258,11 @@ def _number(buf, p, e):  # pragma: no cover - compiled
 @njit(cache=True, nogil=True)
 def _parse(buf, n, final, cols, src, dst, res):  # pragma: no cover - compiled
     """Parse the whole lines of ``buf[:n]`` (the last one too if ``final``) into ``src``/
-    ``dst`` until they are full. ``res``: [0] bytes consumed, [1] edges, [2] lines passed,
-    [3] error code (0: none), [4] the bad line's start; [5] whether a data or header line was
-    seen (kept across calls). Every index is checked against the arrays' lengths."""
+    ``dst`` until they are full: ``cols`` 2 ids a line, 3 two ids and a weight, or one column
+    into ``src`` (``dst`` unused): ``_ONE_ID`` an id, ``_ONE_LABEL`` a class label. ``res``:
+    [0] bytes consumed, [1] edges (values), [2] lines passed, [3] error code (0: none), [4] the
+    bad line's start; [5] whether a data or header line was seen (kept across calls). Every
+    index is checked against the arrays' lengths."""
     n = min(n, buf.shape[0])
     cap = min(src.shape[0], dst.shape[0])
     i, k, lines = 0, 0, 0
@@ -287,8 +292,11 @@ def _parse(buf, n, final, cols, src, dst, res):  # pragma: no cover - compiled
                 lines += 1
                 i = nxt
                 continue
-        p, err = _id(buf, p, e, src, k)
-        if err == 0:
+        if cols == _ONE_LABEL:
+            p, err = _label(buf, p, e, src, k)
+        else:
+            p, err = _id(buf, p, e, src, k)
+        if err == 0 and cols >= 2:
             p = _sep(buf, p, e)
             if p < 0:
                 err = 1
@@ -414,52 +422,3 @@ def _label(buf, p, e, out, k):  # pragma: no cover - compiled
         scale -= 1
     out[k] = -v if neg else v
     return p, 0
-
-
-@njit(cache=True, nogil=True)
-def _parse_column(buf, n, labels, out, res):  # pragma: no cover - compiled
-    """Parse every line of ``buf[:n]`` as one node id (or one class label if ``labels``) into
-    ``out`` (a slot per line at least); ``res`` as :func:`_parse`'s."""
-    n = min(n, buf.shape[0])
-    i, k, lines = 0, 0, 0
-    res[3] = 0
-    while i < n:
-        j = i
-        while j < n and buf[j] != 10:
-            j += 1
-        nxt = j + 1 if j < n else n
-        e = j
-        if e > i and buf[e - 1] == 13:
-            e -= 1
-        p = i
-        while p < e and _blank(buf[p]):
-            p += 1
-        if p == e or buf[p] == 35 or buf[p] == 37:  # blank, '#' or '%': skipped
-            lines += 1
-            i = nxt
-            continue
-        if res[5] == 0:
-            res[5] = 1
-            if _header(buf, p, e):
-                lines += 1
-                i = nxt
-                continue
-        if k >= out.shape[0]:
-            res[3], res[4] = 1, i
-            break
-        if labels:
-            p, err = _label(buf, p, e, out, k)
-        else:
-            p, err = _id(buf, p, e, out, k)
-        if err == 0:
-            while p < e and _blank(buf[p]):
-                p += 1
-            if p != e:
-                err = 1
-        if err != 0:
-            res[3], res[4] = err, i
-            break
-        k += 1
-        lines += 1
-        i = nxt
-    res[0], res[1], res[2] = i, k, lines
