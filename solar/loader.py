@@ -84,7 +84,10 @@ class Loader(IterableDataset[dict]):
     the initialised torch.distributed group, or mpiexec's MPI world) and refuses a job of
     several ranks it cannot reach. ``comm`` passes one; ``rank``/``world_size`` without it
     place this process by hand (plans made offline, ranks simulated in one process, a Loader
-    that only some ranks make, e.g. a validation loader on rank 0: ``rank=0, world_size=1``).
+    that only some ranks make, e.g. a validation loader on rank 0: ``rank=0, world_size=1``);
+    a place the job's group contradicts is refused. A part of the job (the data-parallel ranks
+    of a model-parallel job) passes its communicator: ``comm=TorchComm(group=dp_group)`` or an
+    MPI sub-communicator (``comm.Split``).
     With a communicator, construction is collective (every rank makes its Loader) and a
     failure in it ends the job, so that no rank waits for another forever. With several
     ranks, a communicator and the Shuffle sampler every rank's batch is exactly
