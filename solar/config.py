@@ -292,6 +292,13 @@ class ReaderConfig:
     (0: only rows sharing or touching pages); fewer, longer reads pay where requests, not
     bytes, are the limit.
 
+    ``identity``: what tells a data file changed under the run (solar/io/identity.py), besides
+    its size, device and inode. ``"ctime"`` (default): its mtime and ctime, so a rewrite whose
+    mtime was put back (``cp -p``, ``rsync --inplace -t``) is refused, and so is a chmod, ACL
+    change, rename or hard link of the data meanwhile. ``"mtime"``: its mtime only, for file
+    systems that move ctimes on their own during a long run (an HSM's archive attributes,
+    ACL or chmod sweeps, a backup's hard links); such a rewrite then goes unseen.
+
     ``threads="auto"``: start at :data:`AUTO_THREADS` and let the Loader's tuner
     (solar/tune.py) move the reader (and decoding) threads and the read-ahead depth online,
     by the measured stage figures; ``loader.stats.tuned`` says where they settled.
@@ -311,6 +318,7 @@ class ReaderConfig:
     # are the limit (bench/gnn_bench.py gaps measures it: README, "Graphs").
     page_gap: int = 0
     one_per_file: bool = False  # each file is one sample (solar.io.sources)
+    identity: str = "ctime"  # "mtime": a ctime that moves alone is not a change
 
     def __post_init__(self) -> None:
         for name, low in (("threads", 1), ("read_ahead", 0), ("read_ahead_samples", 0),
@@ -324,6 +332,8 @@ class ReaderConfig:
         for name in ("direct_io", "pin_memory", "decode_chunks", "one_per_file"):
             if not isinstance(getattr(self, name), bool):
                 raise SolarError(f"{name} must be True or False, got {getattr(self, name)!r}")
+        if self.identity not in ("ctime", "mtime"):
+            raise SolarError(f'identity must be "ctime" or "mtime", got {self.identity!r}')
 
     @property
     def auto(self) -> bool:

@@ -157,7 +157,11 @@ def check_place(rank: int | None, world_size: int | None) -> None:
     job's initialised group contradicts: another world size, or another rank in it (two ranks
     saying rank 0 would serve the same samples twice; world_size=3 of 2 would never serve a
     third). ``rank=0, world_size=1`` (or rank alone 0) is this process alone, e.g. a validation
-    loader of rank 0: accepted in any job. Without a group, any place is the caller's."""
+    loader of rank 0: accepted in any job. Without a group, any place is the caller's. A part
+    of the job (a model-parallel job's data-parallel ranks, whose tensor-parallel peers serve
+    the same samples) is given by its communicator, not by hand: the message names
+    ``TorchComm(group=dp_group)`` and MPI's ``Split``. (solar's own builds, the warm-up's
+    tiny Loader, are not checked: ``Loader._rehearsal``.)"""
     r_given = 0 if rank is None else rank
     w_given = 1 if world_size is None else world_size
     if (r_given, w_given) == (0, 1):
@@ -171,7 +175,10 @@ def check_place(rank: int | None, world_size: int | None) -> None:
     if rank is None:
         given += " (rank 0 by default)"
     raise SolarError(f"{given} but {who} says rank {r} of {w}: pass neither (or comm=) to "
-                     "use it, or rank=0, world_size=1 for this process alone")  # fmt: skip
+                     "use it, rank=0, world_size=1 for this process alone, or a part's "
+                     "communicator for a part of the job (the data-parallel ranks of a "
+                     "model-parallel job: comm=solar.dist.TorchComm(group=dp_group), or an "
+                     "MPI sub-communicator, comm.Split(...))")  # fmt: skip
 
 
 def _group_place() -> tuple[int, int, str] | None:

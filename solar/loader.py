@@ -84,7 +84,10 @@ class Loader(IterableDataset[dict]):
     the initialised torch.distributed group, or mpiexec's MPI world) and refuses a job of
     several ranks it cannot reach. ``comm`` passes one; ``rank``/``world_size`` without it
     place this process by hand (plans made offline, ranks simulated in one process, a Loader
-    that only some ranks make, e.g. a validation loader on rank 0: ``rank=0, world_size=1``).
+    that only some ranks make, e.g. a validation loader on rank 0: ``rank=0, world_size=1``);
+    a place the job's group contradicts is refused. A part of the job (the data-parallel ranks
+    of a model-parallel job) passes its communicator: ``comm=TorchComm(group=dp_group)`` or an
+    MPI sub-communicator (``comm.Split``).
     With a communicator, construction is collective (every rank makes its Loader) and a
     failure in it ends the job, so that no rank waits for another forever. With several
     ranks, a communicator and the Shuffle sampler every rank's batch is exactly
@@ -161,9 +164,21 @@ class Loader(IterableDataset[dict]):
         loader._construct(config)
         return loader
 
-    def _construct(self, args: LoaderConfig) -> None:
-        """Decide ``args`` (the job's communicator if they give no place), then start."""
-        args = dataclasses.replace(args, comm=job_comm(args.comm, args.rank, args.world_size))
+    @classmethod
+    def _rehearsal(cls, config: LoaderConfig) -> Loader:
+        """A Loader of ``config`` that solar builds itself (the warm-up's tiny copy of a run,
+        placed with ``rank``/``world_size`` and no communicator): its place is the real
+        Loader's, which may be in a sub-communicator, so it is not checked against the job's
+        group (:func:`solar.dist.check_place` checks only what a user passed)."""
+        loader = cls.__new__(cls)
+        loader._construct(config, internal=True)
+        return loader
+
+    def _construct(self, args: LoaderConfig, internal: bool = False) -> None:
+        """Decide ``args`` (the job's communicator if they give no place; ``internal``: solar's
+        own build, taken as given), then start."""
+        if not internal:
+            args = dataclasses.replace(args, comm=job_comm(args.comm, args.rank, args.world_size))
         snapshots, warm = args.planning.snapshots, args.expert.warm
         # Other ranks may be waiting in the plan agreement: a failure here takes the job down.
         with abort_job_on_error(args.comm), measured() as warmth:
@@ -230,7 +245,7 @@ class Loader(IterableDataset[dict]):
             t0 = time.perf_counter()
             self.reader.warm_up()
             if args.expert.warm:
-                rehearse_loader(args, self._setup, Loader.from_config)
+                rehearse_loader(args, self._setup, Loader._rehearsal)
             self.stats.warm_seconds = time.perf_counter() - t0
         except BaseException:
             self.close()  # no thread, process or tier file outlives a Loader never made

@@ -249,7 +249,9 @@ def rehearse_loader(args: LoaderConfig, setup: Setup,
     files to its end, then drop it: every kernel the Loader's epochs call is compiled (or
     loaded from the cache) by then (a node buffer's own kernels by :func:`rehearse_node`),
     its plan coming as the real one's: from a file, made in memory, or streamed. ``make``: a
-    Loader of a record (``Loader.from_config``)."""
+    Loader of a record built as solar's own (``Loader._rehearsal``: its ``rank``/``world_size``
+    are the real Loader's place, which may be in a sub-communicator, so not checked against
+    the job's group)."""
     info, given = setup.info, setup.given  # (a node plan given: rehearse_node's)
     given = given if given is not None and given.hosts is None else None
     plan = None if given is None else "memory" if given.file is None else "file"

@@ -20,17 +20,30 @@ from solar import Loader, SolarError
 from solar.config import ReaderConfig
 from solar.io import handles
 from solar.io.executor import _same_files
-from solar.io.identity import CTIME, DEV, INO, MTIME, SIZE, FileChanged, Identities, stamp
+from solar.io.identity import (
+    CTIME,
+    DEV,
+    IGNORED,
+    INO,
+    MTIME,
+    SIZE,
+    FileChanged,
+    Identities,
+    stamp,
+)
 from solar.options import ExpertConfig
 
 N = 96
 
 
-def _serve(loader: Loader, ref: dict, change, after: int) -> tuple[int, str]:
+def _serve(loader: Loader, ref: dict, change, after: int, refused: bool = True) -> tuple[int, str]:
     """Iterate epochs 0-1, calling ``change()`` after ``after`` batches; every batch served
-    must be h5py's copy of the original. Returns (batches served, the error's message)."""
+    must be h5py's copy of the original. Returns (batches served, the error's message; with
+    ``refused`` False, both epochs served to their end and "")."""
     served = 0
-    with pytest.raises(SolarError) as err:
+
+    def run() -> None:
+        nonlocal served
         for e in range(2):
             loader.set_epoch(e)
             for batch in loader:
@@ -40,6 +53,12 @@ def _serve(loader: Loader, ref: dict, change, after: int) -> tuple[int, str]:
                 if served == after:
                     time.sleep(0.02)  # past the file system's timestamp granularity
                     change()
+
+    if not refused:
+        run()
+        return served, ""
+    with pytest.raises(SolarError) as err:
+        run()
     return served, str(err.value)
 
 
@@ -136,6 +155,17 @@ def test_identities_name_what_changed(tmp_path):
         ids.check_paths()
 
 
+def _move_ctime(path) -> None:
+    """chmod ``path`` (alternating modes, both readable) until its ctime moves: only it does.
+    Bounded, without sleeps: where the ctime's resolution is coarse, a chmod may keep it."""
+    was = os.stat(path).st_ctime_ns
+    for k in range(200_000):
+        os.chmod(path, 0o600 if k % 2 == 0 else 0o644)
+        if os.stat(path).st_ctime_ns != was:
+            return
+    pytest.fail(f"{path}: its ctime did not move in 200,000 chmods")
+
+
 def test_the_compiled_check_reads_the_identity_stamp_does(tmp_path):
     # The open-read-close loop's statx (solar/io/executor.py) must pin and compare what
     # solar.io.identity.stamp says, the ctime too; a mismatch would only fall back to Python.
@@ -147,9 +177,56 @@ def test_the_compiled_check_reads_the_identity_stamp_does(tmp_path):
         one, first = np.array([fd], np.int64), np.zeros(1, np.int64)
         assert _same_files(one, first, ids.table) == -1  # pinned by the compiled check
         assert tuple(ids.table[0].tolist()) == stamp(os.stat(path))
-        os.chmod(path, 0o600)  # only the ctime moves
+        _move_ctime(path)  # only the ctime moves (however coarse its resolution)
         assert _same_files(one, first, ids.table) == 0
         with pytest.raises(FileChanged, match=r"f\.bin: changed since it was opened \(its ctime"):
             ids.check_fd(0, fd)
     finally:
         os.close(fd)
+
+
+def test_identity_mtime_leaves_the_ctime_out_of_both_checks(tmp_path):
+    # ReaderConfig(identity="mtime"): the ctime neither pinned nor compared, by the compiled
+    # check (one-sample files read beyond the descriptor cache) and by Python's alike.
+    path = tmp_path / "f.bin"
+    path.write_bytes(b"a" * 100)
+    ids = Identities([path], identity="mtime")
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        one, first = np.array([fd], np.int64), np.zeros(1, np.int64)
+        assert _same_files(one, first, ids.table) == -1
+        assert ids.table[0, CTIME] == IGNORED and ids.table[0, INO] == os.stat(path).st_ino
+        _move_ctime(path)
+        assert _same_files(one, first, ids.table) == -1 and ids.table[0, CTIME] == IGNORED
+        ids.check_fd(0, fd)
+        ids.check_paths()
+        with open(path, "r+b") as f:  # the mtime still tells a rewrite
+            f.write(b"b")
+        assert _same_files(one, first, ids.table) == 0
+        with pytest.raises(FileChanged, match="modified in place"):
+            ids.check_fd(0, fd)
+    finally:
+        os.close(fd)
+    with pytest.raises(SolarError, match='identity must be "ctime" or "mtime", got \'atime\''):
+        ReaderConfig(identity="atime")
+
+
+@pytest.mark.parametrize("identity", ["ctime", "mtime"])
+def test_a_chmod_mid_run_is_refused_unless_identity_is_mtime(tmp_path, identity):
+    # An HSM's attributes, an ACL sweep, a backup's hard link: only the ctime moves. Refused
+    # by default, naming the opt-out; with identity="mtime" the run goes on, h5py's bytes.
+    x = np.arange(N * 16, dtype=np.float32).reshape(N, 16)
+    path = write_h5(tmp_path / "d.h5", x=x)
+    ref = reference([path])
+    loader = Loader([path], batch_size=8, epochs=2, buffer=16,
+                    reader=ReaderConfig(threads=2, read_ahead=1, identity=identity),
+                    expert=ExpertConfig(warm=False))  # fmt: skip
+    strict = identity == "ctime"
+    served, message = _serve(loader, ref, lambda: _move_ctime(path), after=3, refused=strict)
+    loader.close()
+    if strict:
+        assert "d.h5: changed since it was opened (its ctime moved" in message, message
+        assert 'ReaderConfig(identity="mtime")' in message and "\n" not in message
+        assert served < 2 * N // 8
+    else:
+        assert served == 2 * N // 8

@@ -424,13 +424,17 @@ def test_a_loader_without_distributed_arguments_uses_the_jobs_world(tmp_path, la
     for r, (out, _) in enumerate(result.ranks):
         places = dict(re.findall(r"^place (\{.*?\}): (.*)$", out, re.M))
         say = f"but {group} says rank {r} of {ranks}: pass neither (or comm=)"
+        # The way out for a part of the job (a model-parallel job's data-parallel ranks).
+        out_of = ("to use it, rank=0, world_size=1 for this process alone, or a part's "
+                  "communicator for a part of the job (the data-parallel ranks of a "
+                  "model-parallel job: comm=solar.dist.TorchComm(group=dp_group), or an MPI "
+                  "sub-communicator, comm.Split(...))")  # fmt: skip
         assert places == {
             f"{{'world_size': {ranks + 1}}}": f"refused: world_size={ranks + 1} (rank 0 by "
-            f"default) {say} to use it, or rank=0, world_size=1 for this process alone",
+            f"default) {say} {out_of}",
             f"{{'rank': 0, 'world_size': {ranks}}}": "accepted"
             if r == 0
-            else f"refused: rank=0, world_size={ranks} {say} to use it, or rank=0, world_size=1 "
-            "for this process alone",
+            else f"refused: rank=0, world_size={ranks} {say} {out_of}",
             f"{{'rank': {r}, 'world_size': {ranks}}}": "accepted",
             "{'rank': 0, 'world_size': 1}": "accepted",
         }, out

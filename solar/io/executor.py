@@ -99,8 +99,8 @@ def _advise_preadv_each(fds, iov, offsets, got):
 @njit(cache=True, nogil=True)
 def _same_file(fd, ident, f, stx, empty):  # pragma: no cover - compiled
     """Whether descriptor ``fd`` is path f's file: ``ident[f]`` (size, mtime ns, ctime ns,
-    device, inode; -1 not known yet, then pinned) against its statx (solar/io/identity.py's
-    ``stamp``)."""
+    device, inode; -1 not known yet, then pinned; -2 ignored, solar/io/identity.py's
+    ``IGNORED``) against its statx (solar/io/identity.py's ``stamp``)."""
     if libc.statx(fd, empty.ctypes.data, libc.AT_EMPTY_PATH, libc.STATX_BASIC_STATS,
                   stx.ctypes.data) != 0:  # fmt: skip
         return False
@@ -116,7 +116,7 @@ def _same_file(fd, ident, f, stx, empty):  # pragma: no cover - compiled
         if ident[f, c] >= 0 and ident[f, c] != now[c]:
             return False
     for c in range(5):
-        if ident[f, c] < 0:
+        if ident[f, c] == -1:  # (identity.UNKNOWN; IGNORED, -2, stays)
             ident[f, c] = now[c]
     return True
 

@@ -228,7 +228,8 @@ class Files:
     ``direct_io``: descriptors opened with O_DIRECT.
     """
 
-    def __init__(self, info: DatasetInfo, direct_io: bool, throttle: Any) -> None:
+    def __init__(self, info: DatasetInfo, direct_io: bool, throttle: Any,
+                 identity: str = "ctime") -> None:  # fmt: skip
         self.info = info
         self.paths = info.all_files
         self.h5_paths = info.files
@@ -237,7 +238,8 @@ class Files:
         # Each file's identity: size and times as described, device and inode at first open.
         st = info.stored
         sizes, times = (None, None) if st is None else (_flat(st.sizes), _flat(st.times))
-        self.identities = Identities(self.paths, sizes, times, functools.partial(_cut, info))
+        self.identities = Identities(self.paths, sizes, times, functools.partial(_cut, info),
+                                     identity)  # fmt: skip
         # The opener must not hold self: the finalizer below keeps it alive.
         opener = functools.partial(_open_read, self.paths, direct_io, self.identities)
         self.fds = FdCache(fd_capacity(), opener, self.identities.check_fd)

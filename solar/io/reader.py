@@ -47,6 +47,7 @@ class Reader:
         self.direct_io = config.direct_io
         self.decode_chunks = config.decode_chunks
         self.page_gap = config.page_gap
+        self.identity = config.identity
         self.throttle = throttle  # solar.io.throttle.Throttle: an emulated remote file system
         self.executor = Executor(config.thread_count)
         self._starts = np.concatenate([[0], np.cumsum(info.lengths)]).astype(np.int64)
@@ -57,7 +58,7 @@ class Reader:
         self._sources: ProcessLocal[dict[tuple[int, int], ChunkSource]] = ProcessLocal(dict)
 
     def _open(self) -> Files:
-        return Files(self.info, self.direct_io, self.throttle)
+        return Files(self.info, self.direct_io, self.throttle, self.identity)
 
     def _stored_layouts(self, info: DatasetInfo) -> FileLayouts:
         """Layouts from what ``describe`` recorded: no file is opened again."""

@@ -4,9 +4,10 @@ row h5py's bytes, the node plan's storage reads (the Loader's counters, summed o
 equal the plan's), tier hits among its hits. A state taken mid-epoch 2, loaded by new Loaders,
 serves the same batches without replaying an epoch (the node planner restored from rank 0's
 snapshot, the buffer and tier refilled); loaded by 2 ranks of twice the batch (each half of
-the job a 2-rank job of its own: elastic), the same global batches. On two hosts of 2 with
-snapshots on every rank, host 0 follows rank 0's whole plan and host 1 plans in parts: the
-same batches, planned reads, an exact resume. Nothing is left in the tier directory.
+the job a 2-rank job of its own, ``comm.Split``, warmed: elastic), the same global batches.
+On two hosts of 2 with snapshots on every rank, host 0 follows rank 0's whole plan and host 1
+plans in parts: the same batches, planned reads, an exact resume. Nothing is left in the tier
+directory.
 
 mpiexec -n 4 python tests/mpi/node_tier.py DATA.h5 TIERDIR SNAPSHOTS_DIR
 """
@@ -37,11 +38,11 @@ sampler = skewed_weighted(n)
 E, B = 3, 11
 
 
-def loader(c, batch_size=B, snapshots=None):
+def loader(c, batch_size=B, snapshots=None, warm=False):
     return Loader(path, ["x"], batch_size=batch_size, epochs=E, buffer="3%", sampler=sampler,
                   comm=c, seed=5, memory=MemoryConfig(tier=tier, tier_size="6%", share="node"),
                   planning=PlanningConfig(equal_batches=False, snapshots=snapshots),
-                  expert=ExpertConfig(warm=False))  # fmt: skip
+                  expert=ExpertConfig(warm=warm))  # fmt: skip
 
 
 os.environ["SOLAR_HOSTS"] = "1x4"
@@ -83,7 +84,9 @@ Planner.skip = skip
 everyone = {k: np.sort(np.concatenate(comm.allgather(v))) for k, v in served.items()}
 half = comm.Split(rank // 2, rank)
 os.environ["SOLAR_HOSTS"] = "1x2"
-el = loader(half, batch_size=2 * B)
+# Warmed: its rehearsal (a tiny Loader placed as rank 1 of 2 on ranks 1 and 3) is solar's own,
+# not checked against MPI's world of 4 (solar.dist.check_place checks what a user passed).
+el = loader(half, batch_size=2 * B, warm=True)
 el.load_state_dict(state)
 k = state["next_step"]
 for b in el:
