@@ -29,6 +29,16 @@ def test_gen_writes_presets_and_refuses_to_overwrite(tmp_path, capsys):
         assert f["volume"].chunks == (2, 64, 64, 64) and f["volume"].compression == "gzip"
 
 
+def gen(args: list) -> None:
+    """``solar gen ARGS``, in this process (an interpreter start less than a subprocess)."""
+    from click.testing import CliRunner
+
+    from solar.cli import cli
+
+    result = CliRunner().invoke(cli, ["gen", *map(str, args)])
+    assert result.exit_code == 0, result.output
+
+
 def res_logical(tmp_path: Path, loader: str) -> list[int]:
     return json.loads((tmp_path / "r.json").read_text())["loaders"][loader]["logical_bytes_read"]
 
@@ -41,7 +51,7 @@ def res_hits(tmp_path: Path) -> list[list[int]]:
 @pytest.mark.parametrize("world", [1, 2])
 def test_bench_compares_loaders_with_json_and_plot(tmp_path, world):
     data = tmp_path / "d.h5"
-    subprocess.run([SOLAR, "gen", data, "--preset", "braggnn", "--samples", "600"], check=True)
+    gen([data, "--preset", "braggnn", "--samples", "600"])
     result = subprocess.run(
         [SOLAR, "bench", data, "-P", str(world), "-E", "2", "-B", "16", "--buffer", "100%",
          "--loaders", "torch,lru,solar", "--workers", "1", "--json", tmp_path / "r.json",
@@ -81,7 +91,7 @@ def test_bench_compares_loaders_with_json_and_plot(tmp_path, world):
 
 def test_bench_compares_equal_batches_with_variable_ones_and_slack_0(tmp_path):
     data = tmp_path / "d.h5"
-    subprocess.run([SOLAR, "gen", data, "--preset", "braggnn", "--samples", "600"], check=True)
+    gen([data, "--preset", "braggnn", "--samples", "600"])
     result = subprocess.run(
         [SOLAR, "bench", data, "-P", "2", "-E", "3", "-B", "16", "--buffer", "50%",
          "--loaders", "solar,solar-slack0", "--variable-batches", "--json", tmp_path / "r.json"],
@@ -105,7 +115,7 @@ def test_bench_compares_equal_batches_with_variable_ones_and_slack_0(tmp_path):
 def test_bench_with_a_second_tier(tmp_path):
     data, nvme = tmp_path / "d.h5", tmp_path / "nvme"
     nvme.mkdir()
-    subprocess.run([SOLAR, "gen", data, "--preset", "braggnn", "--samples", "400"], check=True)
+    gen([data, "--preset", "braggnn", "--samples", "400"])
     result = subprocess.run(
         [SOLAR, "bench", data, "-P", "2", "-E", "3", "-B", "8", "--buffer", "10%",
          "--tier", nvme, "--tier-size", "100%", "--loaders", "nopfs,solar,solar-ram",
@@ -147,7 +157,7 @@ def test_bench_with_a_weighted_sampler(tmp_path):
     import numpy as np
 
     data = tmp_path / "d.h5"
-    subprocess.run([SOLAR, "gen", data, "--preset", "braggnn", "--samples", "300"], check=True)
+    gen([data, "--preset", "braggnn", "--samples", "300"])
     np.save(tmp_path / "w.npy", (1.0 + np.arange(300)) ** -1.0)
     result = subprocess.run(
         [SOLAR, "bench", data, "-P", "2", "-E", "2", "-B", "8", "--buffer", "20%", "--workers",
@@ -170,7 +180,7 @@ def test_bench_applies_one_transform_in_every_loader(tmp_path):
     """--transform: the DataLoader in __getitem__, solar in its pipeline, solar-inloop in the
     training loop; CPU seconds per sample reported for each; a bad one refused up front."""
     data, mod = tmp_path / "d.h5", tmp_path / "aug.py"
-    subprocess.run([SOLAR, "gen", data, "--preset", "braggnn", "--samples", "300"], check=True)
+    gen([data, "--preset", "braggnn", "--samples", "300"])
     mod.write_text("def halve(sample, rng):\n    return {k: v / 2 for k, v in sample.items()}\n")
     result = subprocess.run(
         [SOLAR, "bench", data, "-E", "2", "-B", "16", "--buffer", "25%", "--workers", "1",
@@ -197,8 +207,7 @@ def test_bench_gathers_gnn_features_with_every_loader(tmp_path, world):
     rows under one budget; steps/s, nodes/s, hit rate and read amplification per loader (two
     ranks: also solar-node, by default: --share auto)."""
     graph = tmp_path / "g.h5"
-    subprocess.run([SOLAR, "gen", graph, "--preset", "graph", "--nodes", "3000", "--avg-degree",
-                    "6", "--features", "16"], check=True)  # fmt: skip
+    gen([graph, "--preset", "graph", "--nodes", "3000", "--avg-degree", "6", "--features", "16"])
     result = subprocess.run(
         [SOLAR, "bench", graph, "--sampler", "neighbor", "--fanouts", "4,3", "-P", str(world),
          "-E", "2", "-B", "32", "--buffer", "20%", "--json", tmp_path / "r.json",
