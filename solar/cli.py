@@ -32,7 +32,7 @@ from solar.schedule.plan import plan_to_file, simulate
 from solar.schedule.policies import TRACE_POLICIES
 from solar.schedule.samplers import make_sampler
 from solar.schedule.spec import equal_by_default
-from solar.schedule.summary import PlanSummary, closing_lines, reads_line
+from solar.schedule.summary import NodeTotals, PlanSummary, closing_lines, reads_line
 from solar.transform import load_transform
 
 _READER = ReaderConfig()  # the defaults shown by --help
@@ -312,7 +312,9 @@ def _run_plan(spec: PlanSpec, out: str | None, plot_out: str | None, as_json: bo
         plot_plan(summary, Path(plot_out))
         summary["plot"] = plot_out
     if hosts and grouped is None:  # one buffer per host, side by side
-        node = simulate(spec, hosts=Hosts.parse(hosts, spec.run.world_size, "--hosts")).stats
+        totals = simulate(spec, hosts=Hosts.parse(hosts, spec.run.world_size, "--hosts")).stats
+        assert isinstance(totals, NodeTotals)
+        node = totals.as_dict()
         node["fewer_reads"] = summary["reads"] / max(1, node["reads"])
         summary["node"] = node
     click.echo(json.dumps(summary) if as_json else _format_plan(summary))
@@ -912,6 +914,7 @@ def plan_summary(p: PlanSummary, path: Path | None = None) -> dict:
         from solar.schedule.nodefile import node_summary
 
         return node_summary(p, path)
+    assert isinstance(p.stats, tuple)
     run, spec = p.run, p.spec
     reads = p.accesses - p.hits
     summary = {

@@ -18,7 +18,7 @@ from solar.schedule.grouping import NodeEpoch
 from solar.schedule.nodestream import NodeStream
 from solar.schedule.plan import Plan, grouping, load_plan
 from solar.schedule.rankplan import _replay
-from solar.schedule.summary import PlanSummary, closing_lines, reads_line
+from solar.schedule.summary import NodeTotals, PlanSummary, closing_lines, reads_line
 
 
 def open_given(plan: Any, share: str) -> Plan | None:
@@ -87,14 +87,14 @@ def node_summary(p: PlanSummary, path: Path | None = None) -> dict:
     the run, the grouping, the node's totals (:func:`~solar.schedule.nodeplan.node_totals`),
     the file written."""
     spec, run = p.spec, p.spec.run
-    assert p.hosts is not None
+    assert p.hosts is not None and isinstance(p.stats, NodeTotals)
     s = {
         "share": "node", "policy": spec.policy, "num_samples": run.num_samples,
         "sample_bytes": spec.sample_bytes, "world_size": run.world_size,
         "batch_size": run.batch_size, "epochs": run.epochs, "buffer": spec.buffer.capacity,
         "slack": spec.buffer.slack, "steps_per_epoch": run.steps_per_epoch,
         "sampler": spec.sampler.identity() or {"kind": "shuffle"},
-        **p.stats, "grouping": grouping(p.hosts), "plan_seconds": p.plan_seconds,
+        **p.stats.as_dict(), "grouping": grouping(p.hosts), "plan_seconds": p.plan_seconds,
         "fingerprint": p.fingerprint,
     }  # fmt: skip
     s["bytes_read_per_epoch"] = (s["reads_per_epoch"] * spec.sample_bytes

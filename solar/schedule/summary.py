@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -34,17 +34,44 @@ class RankStats:
     received: int = 0  # equal batches: rows delivered here that another rank served
 
 
+@dataclass(frozen=True)
+class NodeTotals:
+    """A plan grouped by host's totals over the run (:func:`~solar.schedule.nodeplan.node_totals`,
+    what ``solar plan --share node`` reports): the node's accesses (the union of each host's
+    ranks'), hits (from RAM or the tier), tier hits, storage reads (page mates apart), rows a
+    rank takes from another's read."""
+
+    hosts: list  # the global ranks of each host
+    buffer_per_host: Any  # int, or each host's where hosts differ in size (list)
+    accesses: int
+    hits: int  # from RAM or the tier
+    tier_hits: int
+    reads: int
+    side_reads: int  # page mates
+    peer_rows: int
+    hit_rate: float
+    reads_per_epoch: float
+    moved_rows: int | None = None  # equal batches: rows the exchange moves between hosts
+
+    def as_dict(self) -> dict:
+        """JSON-ready (a plan file's ``stats``; ``moved_rows`` only with equal batches)."""
+        out = asdict(self)
+        if self.moved_rows is None:
+            del out["moved_rows"]
+        return out
+
+
 class Totals:
     """Figures of a run derived from its spec and per-rank totals (or, grouped by host, the
-    node's totals: a dict): shared by :class:`PlanSummary` and
+    node's :class:`NodeTotals`): shared by :class:`PlanSummary` and
     :class:`~solar.schedule.plan.Plan`."""
 
     spec: PlanSpec
-    stats: Any  # tuple[RankStats, ...]; grouped by host: the node's totals (a dict)
+    stats: tuple[RankStats, ...] | NodeTotals
 
     def _sum(self, name: str) -> int:
-        if isinstance(self.stats, dict):
-            return int(self.stats.get(name, 0))
+        if isinstance(self.stats, NodeTotals):
+            return int(getattr(self.stats, name))
         return sum(getattr(s, name) for s in self.stats)
 
     @property
@@ -88,7 +115,7 @@ class PlanSummary(Totals):
     returns, and :attr:`Plan.summary <solar.schedule.plan.Plan.summary>`."""
 
     spec: PlanSpec
-    stats: Any  # tuple[RankStats, ...]; grouped: the node's totals (a dict)
+    stats: tuple[RankStats, ...] | NodeTotals
     plan_seconds: float
     fingerprint: str
     hosts: Hosts | None = None  # the grouping by host (None: a buffer per rank)
