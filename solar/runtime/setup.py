@@ -31,9 +31,8 @@ from solar.io.reader import Reader
 from solar.io.sources import describe_source
 from solar.launch import detect_launcher
 from solar.options import LoaderConfig
-from solar.schedule import Plan, PlanSpec
+from solar.schedule import Plan, PlanSpec, load_plan
 from solar.schedule.grouping import Hosts, unequal_refusal
-from solar.schedule.nodefile import open_given
 from solar.schedule.pagemates import PageLayout
 from solar.schedule.samplers import SHUFFLE, Sampler, extras_of, is_shuffle
 from solar.schedule.spec import equal_by_default
@@ -275,6 +274,24 @@ def _buffer(info: DatasetInfo, world: int, buffer: int | str, tier: str | os.Pat
             f"(got tier={tier!r}, tier_size={tier_size!r})"
         )
     return BufferConfig(capacity, slack, tier_capacity)
+
+
+def open_given(plan: Any, share: str) -> Plan | None:
+    """The plan a Loader is given (None, a plan, or a file opened) of the grouping its
+    ``share`` runs: per rank, or per host (``"node"``); one line refusing the other
+    (``"auto"`` takes either: the plan's grouping decides)."""
+    got = load_plan(plan) if isinstance(plan, (str, os.PathLike)) else plan
+    where = f"plan {plan}" if isinstance(plan, (str, os.PathLike)) else "plan"
+    if share == "node" and got is not None and got.hosts is None:
+        raise SolarError(f'{where}: a per-rank plan (a buffer per rank); share="node" runs a '
+                         "node plan file (`solar plan --share node -o FILE`)")  # fmt: skip
+    if share == "rank" and got is not None and got.hosts is not None:
+        raise SolarError(
+            f"{where}: a node plan file (one buffer per host): pass "
+            'memory=MemoryConfig(share="node"), '
+            "or plan the run per rank (`solar plan` without --share node)"
+        )
+    return got
 
 
 def _equal_batches(equal: bool | None, made: Plan | None, sampler: Sampler,

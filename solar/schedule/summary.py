@@ -9,7 +9,6 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from numba import njit
 
-from solar._units import format_bytes
 from solar.config import RunConfig
 from solar.schedule._common import ADMIT, HIT, SIDE, THIT, EpochSchedule
 from solar.schedule.spec import PlanSpec
@@ -169,28 +168,3 @@ class Tally:
         each = zip(acc, hits, admits, low, high, tier, sent, received, strict=True)
         return tuple(RankStats(a, h, a - h, ad, lo, hi, t, s, rc)
                      for a, h, ad, lo, hi, t, s, rc in each)  # fmt: skip
-
-
-# -- the lines of ``solar plan``'s report both kinds of plan print ------------------------------
-def reads_line(s: dict, unit: str) -> str:
-    """``reads per epoch: ...`` of a plan's figures ``s`` (``solar plan --json``'s), counted in
-    ``unit`` (samples, feature rows), with their bytes where known."""
-    per_epoch = f"{s['reads_per_epoch']:.0f} {unit}"
-    if s["bytes_read_per_epoch"] is not None:
-        per_epoch += f" ({format_bytes(s['bytes_read_per_epoch'])})"
-    return f"reads per epoch: {per_epoch}"
-
-
-def closing_lines(s: dict) -> list[str]:
-    """The last lines of a plan's report (figures ``s``): how long planning took and the file
-    written, the kernels' warm-up where ``s`` has one (not in the planning time), and the
-    fingerprint."""
-    where = f" -> {s['out']} ({format_bytes(s['file_bytes'])})" if "out" in s else ""
-    lines = [f"planned in {s['plan_seconds']:.2f} s{where}"]
-    if "compile_seconds" in s:
-        lines.append(
-            f"kernels warmed first in {s['warm_seconds']:.2f} s "
-            f"(compiling {s['compile_seconds']:.2f} s; not in the planning time)"
-        )
-    lines.append(f"fingerprint {s['fingerprint']}")
-    return lines
