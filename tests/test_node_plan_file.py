@@ -95,6 +95,25 @@ def _assert_holds_the_planners_epochs(made, spec, hosts) -> None:
         assert np.array_equal(got.reader, want.reader) and np.array_equal(got.at, want.at)
 
 
+def test_a_grouped_plan_sizes_a_host_buffer_and_refuses_a_rank_plan_in_memory_too():
+    """A grouped plan's ``slots``/``tier_slots`` are a host's buffer (its ranks'), not a
+    rank's; a per-rank query of one made in memory is refused in one line that does not call it
+    a file."""
+    spec = dataclasses.replace(_spec(), buffer=BufferConfig(8, 0.25, tier=24))
+    hosts = Hosts.grid(2, 2)
+    plan = make_plan(spec, hosts=hosts)
+    host = NodePlanner(spec, hosts).host_spec
+    assert (plan.slots, plan.tier_slots) == (host.slots, 2 * 24) != (spec.slots, 24)
+    assert host.slots == 2 * spec.slots  # (well below N)
+    per_rank = make_plan(spec)
+    assert (per_rank.slots, per_rank.tier_slots) == (spec.slots, 24)
+    with pytest.raises(SolarError, match=r"^plan: grouped by host \(one buffer per host\)") as e:
+        plan.rank(0)
+    assert "\n" not in str(e.value) and "file" not in str(e.value)
+    got = plan.rank_epoch(1, 0)  # the service of a rank: as planned
+    assert np.array_equal(got.sample, plan.epoch(0).rank(1).sample)
+
+
 def _tier_hits(plan: Plan) -> tuple[int, int]:
     """A grouped plan's (tier hits, RAM hits) counted from its hosts' decisions."""
     flags = np.concatenate([plan.epoch(k).host.flags for k in range(plan.run.epochs)])

@@ -280,15 +280,16 @@ def open_given(plan: Any, share: str) -> Plan | None:
     """The plan a Loader is given (None, a plan, or a file opened) of the grouping its
     ``share`` runs: per rank, or per host (``"node"``); one line refusing the other
     (``"auto"`` takes either: the plan's grouping decides)."""
-    got = load_plan(plan) if isinstance(plan, (str, os.PathLike)) else plan
-    where = f"plan {plan}" if isinstance(plan, (str, os.PathLike)) else "plan"
+    in_file = isinstance(plan, (str, os.PathLike))
+    got = load_plan(plan) if in_file else plan
+    where = f"plan {plan}" if in_file else "plan"
     if share == "node" and got is not None and got.hosts is None:
         raise SolarError(f'{where}: a per-rank plan (a buffer per rank); share="node" runs a '
                          "node plan file (`solar plan --share node -o FILE`)")  # fmt: skip
     if share == "rank" and got is not None and got.hosts is not None:
         raise SolarError(
-            f"{where}: a node plan file (one buffer per host): pass "
-            'memory=MemoryConfig(share="node"), '
+            f"{where}: {'a node plan file' if in_file else 'grouped by host'} (one buffer "
+            'per host): pass memory=MemoryConfig(share="node"), '
             "or plan the run per rank (`solar plan` without --share node)"
         )
     return got
