@@ -59,12 +59,12 @@ class Setup:
     held_keys: tuple[KeyInfo, ...]  # the keys the buffer and tier hold
     tier_dir: str | os.PathLike | None
     comm: Any
-    batch_format: str = "dict"  # or "pyg": batches as torch_geometric Data
     # The job's ranks grouped by the buffer they share: by host, with this rank's host
     # communicator (share="node": the shared region's construction is its collective; the
     # steps' barriers are the region's own, solar/host/barrier.py), or a host of one rank per
-    # rank (a buffer per rank: Hosts.grid(P, 1)).
-    hosts: Hosts = dataclasses.field(default_factory=lambda: Hosts.grid(1, 1))
+    # rank (a buffer per rank: Hosts.grid(P, 1)). No default: any one is wrong for some world.
+    hosts: Hosts
+    batch_format: str = "dict"  # or "pyg": batches as torch_geometric Data
     host_comm: Any = None
     # Whether a host's ranks share one buffer; else each rank, a host of one rank, keeps a
     # private one: no region, staging or barrier (decided here, once, for every stage).
@@ -148,8 +148,9 @@ def configure(args: LoaderConfig) -> Setup:
         given.check_hosts(hosts)  # the job's grouping is the file's
         given.validate(r, comm)  # then proven safe, as any plan file
     return Setup(info, r, w, cores, config, run, spec, given, chosen,
-                 io, fn, batch_transform, out, held, memory.tier, comm, args.batch_format,
-                 Hosts.grid(w, 1) if hosts is None else hosts, hc, hosts is not None)  # fmt: skip
+                 io, fn, batch_transform, out, held, memory.tier, comm,
+                 Hosts.grid(w, 1) if hosts is None else hosts, batch_format=args.batch_format,
+                 host_comm=hc, shared=hosts is not None)  # fmt: skip
 
 
 def _check_batch_format(batch_format: str) -> None:
