@@ -65,8 +65,8 @@ def main() -> None:
             out[grouping] = {
                 "plan_only_s": only, "plan_to_file_s": to_file, "validate_every_host_s": proven,
                 "file_bytes": size, "rank_accesses": accesses,
-                "bytes_per_rank_access": size / accesses, "hit_rate": totals["hit_rate"],
-                "peer_rows": totals["peer_rows"], "reads": totals["reads"],
+                "bytes_per_rank_access": size / accesses, "hit_rate": totals.hit_rate,
+                "peer_rows": totals.peer_rows, "reads": totals.reads,
             }  # fmt: skip
             print(grouping, json.dumps(out[grouping]), flush=True)
     if a.out:

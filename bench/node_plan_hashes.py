@@ -99,7 +99,12 @@ def node_totals_of(spec: PlanSpec, hosts_text: str) -> dict:
     from solar.schedule.grouping import Hosts
     from solar.schedule.nodeplan import node_totals
 
-    return node_totals(spec, Hosts.parse(hosts_text, spec.run.world_size))
+    totals = node_totals(spec, Hosts.parse(hosts_text, spec.run.world_size))
+    # A NodeTotals record since tier hits are counted (a dict before): its fields but
+    # tier_hits, which earlier commits lack, hashed alike.
+    out = totals.as_dict() if hasattr(totals, "as_dict") else dict(totals)
+    out.pop("tier_hits", None)
+    return out
 
 
 def plan_specs(graph: Path):

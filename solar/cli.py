@@ -27,12 +27,13 @@ from solar.config import (
 )
 from solar.errors import SolarError
 from solar.options import MemoryConfig, PlanningConfig
+from solar.plan_report import PlanReport, plan_summary
 from solar.schedule import POLICIES, PlanSpec
 from solar.schedule.plan import plan_to_file, simulate
 from solar.schedule.policies import TRACE_POLICIES
 from solar.schedule.samplers import make_sampler
 from solar.schedule.spec import equal_by_default
-from solar.schedule.summary import PlanSummary, closing_lines, reads_line
+from solar.schedule.summary import NodeTotals
 from solar.transform import load_transform
 
 _READER = ReaderConfig()  # the defaults shown by --help
@@ -302,7 +303,8 @@ def _run_plan(spec: PlanSpec, out: str | None, plot_out: str | None, as_json: bo
             if out
             else simulate(spec, progress, epochs.append, grouped)
         )
-    summary = plan_summary(result, Path(out) if out else None)
+    report = plan_summary(result, Path(out) if out else None)
+    summary = report.figures
     summary.update(warm_seconds=warmth.seconds, compile_seconds=warmth.compile_seconds)
     if grouped is None:
         summary["hit_rate_per_epoch"] = [h / max(1, a) for a, h in epochs]
@@ -312,10 +314,12 @@ def _run_plan(spec: PlanSpec, out: str | None, plot_out: str | None, as_json: bo
         plot_plan(summary, Path(plot_out))
         summary["plot"] = plot_out
     if hosts and grouped is None:  # one buffer per host, side by side
-        node = simulate(spec, hosts=Hosts.parse(hosts, spec.run.world_size, "--hosts")).stats
+        totals = simulate(spec, hosts=Hosts.parse(hosts, spec.run.world_size, "--hosts")).stats
+        assert isinstance(totals, NodeTotals)
+        node = totals.as_dict()
         node["fewer_reads"] = summary["reads"] / max(1, node["reads"])
         summary["node"] = node
-    click.echo(json.dumps(summary) if as_json else _format_plan(summary))
+    click.echo(json.dumps(summary) if as_json else report.text())
     if "node" in summary and not as_json:
         n = summary["node"]
         click.echo(f"one buffer per host ({hosts}): hit rate {n['hit_rate']:.3f} of the node's "
@@ -535,12 +539,12 @@ def inspect(data: tuple[str, ...], keys: tuple[str, ...], one_per_file: bool, ve
     if as_json:
         out: dict[str, Any] = {"graphs": [g.as_dict() for g in found]}
         if plans:
-            out["plans"] = list(plans.values())
+            out["plans"] = [p.figures for p in plans.values()]
         if summary is not None:
             out.update(summary=summary.as_dict(), datasets=[r.as_dict() for r in reports])
         click.echo(json.dumps(out))
         return
-    parts = [_format_plan(p) for p in plans.values()] + [format_graph(g) for g in found]
+    parts = [p.text() for p in plans.values()] + [format_graph(g) for g in found]
     if summary is not None:
         parts.append(format_overview(summary, verbose))
         if verbose:
@@ -548,19 +552,13 @@ def inspect(data: tuple[str, ...], keys: tuple[str, ...], one_per_file: bool, ve
     click.echo("\n\n".join(parts))
 
 
-def _plan_files(files: list[Path]) -> dict[Path, dict]:
-    """The plan files among ``files`` (``solar plan -o``'s), each with its summary."""
+def _plan_files(files: list[Path]) -> dict[Path, PlanReport]:
+    """The plan files among ``files`` (``solar plan -o``'s), each with its report."""
     from solar.schedule.plan import load_plan
     from solar.schedule.planfile import kind_of
 
     return {f: plan_summary(load_plan(f).summary, Path(f)) for f in files
             if kind_of(f) is not None}  # fmt: skip
-
-
-def _format_plan(s: dict) -> str:
-    from solar.schedule.nodefile import format_node_summary
-
-    return format_node_summary(s) if s.get("share") == "node" else format_summary(s)
 
 
 @cli.command(short_help="Rewrite any layout as one contiguous, aligned, verified HDF5 file.")
@@ -903,101 +901,6 @@ def _bench_graph(data, keys, world_size, batch_size, epochs, buffer, loaders,
 def _check_world(world_size: int, launcher: str, started: int) -> None:
     if started != world_size:
         raise SolarError(f"--world-size {world_size} but {launcher} started {started} ranks")
-
-
-def plan_summary(p: PlanSummary, path: Path | None = None) -> dict:
-    """The figures `solar plan` reports, as a JSON-ready dict (grouped by host:
-    :func:`~solar.schedule.nodefile.node_summary`'s)."""
-    if p.hosts is not None:
-        from solar.schedule.nodefile import node_summary
-
-        return node_summary(p, path)
-    run, spec = p.run, p.spec
-    reads = p.accesses - p.hits
-    summary = {
-        "policy": spec.policy,
-        "num_samples": run.num_samples,
-        "sample_bytes": spec.sample_bytes,
-        "world_size": run.world_size,
-        "batch_size": run.batch_size,
-        "epochs": run.epochs,
-        "buffer": spec.buffer.capacity,
-        "tier_size": spec.buffer.tier,
-        "slack": spec.buffer.slack,
-        "steps_per_epoch": run.steps_per_epoch,
-        "accesses": p.accesses,
-        "hits": p.hits,
-        "ram_hits": p.ram_hits,
-        "tier_hits": p.tier_hits,
-        "reads": reads,
-        "hit_rate": p.hit_rate,
-        "bound": None if spec.traced else p.bound,  # (P·C bounds permutations only)
-        "sampler": spec.sampler.identity() or {"kind": "shuffle"},
-        "reads_per_epoch": reads / run.epochs,
-        "bytes_read_per_epoch": (reads * spec.sample_bytes / run.epochs)
-        if spec.sample_bytes
-        else None,
-        "plan_seconds": p.plan_seconds,
-        "fingerprint": p.fingerprint,
-        "ranks": [dict(rank=r, **vars(s)) for r, s in enumerate(p.stats)],
-        "equal_batches": spec.equal_batches,
-    }
-    if spec.equal_batches:  # rows served by one rank and delivered by another
-        moved = sum(s.sent for s in p.stats) / run.epochs
-        summary.update(
-            rows_moved_per_epoch=moved,
-            moved_share=moved / run.samples_per_epoch,
-            bytes_moved_per_epoch=moved * spec.sample_bytes if spec.sample_bytes else None,
-        )
-    if path is not None:
-        size = path.stat().st_size
-        summary.update(out=str(path), file_bytes=size, bytes_per_access=size / p.accesses)
-    return summary
-
-
-def format_summary(s: dict) -> str:
-    """``solar plan``'s report: the run, each rank's figures, the hit rate against the bound."""
-    each = f" ({format_bytes(s['sample_bytes'])} each)" if s["sample_bytes"] else ""
-    graph = s["sampler"]["kind"] == "neighbor"  # a graph's feature rows, B seed nodes per rank
-    unit = "feature rows" if graph else "samples"
-    lines = [
-        f"policy {s['policy']}: N={s['num_samples']} {unit}{each}, P={s['world_size']}, "
-        f"B={s['batch_size']}{' seeds' if graph else ''}, E={s['epochs']}, "
-        f"{s['steps_per_epoch']} steps/epoch, buffer {s['buffer']} {unit}/rank"
-        + (f" + tier {s['tier_size']}" if s["tier_size"] else "")
-        + f", slack {s['slack']}",
-        f"{'rank':>5} {'accesses':>10} {'hits':>10} {'reads':>10} {'batch min-max':>14}",
-    ]
-    for r in s["ranks"]:
-        batch = f"{r['min_batch']}-{r['max_batch']}"
-        lines.append(
-            f"{r['rank']:>5} {r['accesses']:>10} {r['hits']:>10} {r['reads']:>10} {batch:>14}"
-        )
-    lines.append(f"{'all':>5} {s['accesses']:>10} {s['hits']:>10} {s['reads']:>10}")
-    if s["tier_size"]:
-        lines.append(f"hits from RAM {s['ram_hits']}, from the tier {s['tier_hits']}")
-    if s["bound"] is None:
-        lines.append(f"hit rate {100 * s['hit_rate']:.2f} % ({s['sampler']['kind']} sampler)")
-    else:
-        share = s["hit_rate"] / s["bound"] if s["bound"] else 1.0
-        held = "P·(C+D)" if s["tier_size"] else "P·C"
-        lines.append(
-            f"hit rate {100 * s['hit_rate']:.2f} %, bound min({held}, N)·(E−1)/(N·E) = "
-            f"{100 * s['bound']:.2f} % ({100 * share:.1f} % of it)"
-        )
-    rates = s.get("hit_rate_per_epoch") or []
-    if 1 < len(rates) <= 12:
-        lines.append("hit rate per epoch: " + ", ".join(f"{100 * r:.1f} %" for r in rates))
-    lines.append(reads_line(s, "samples"))
-    if s["equal_batches"]:
-        moved = f"{s['rows_moved_per_epoch']:.0f} rows ({100 * s['moved_share']:.1f} %"
-        if s["bytes_moved_per_epoch"] is not None:
-            moved += f", {format_bytes(s['bytes_moved_per_epoch'])}"
-        lines.append(f"equal batches: moved between ranks per epoch {moved})")
-    lines += closing_lines(s)
-    if s.get("plot"):
-        lines.append(f"plot -> {s['plot']}")
-    return "\n".join(lines)
 
 
 def _counter(label: str):

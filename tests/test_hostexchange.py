@@ -304,7 +304,7 @@ def test_hosts_of_unequal_sizes_where_the_sampler_fixes_each_rank_batch():
         reads += sum(ne.storage_reads() for ne in epochs)
     # `solar plan --hosts 3,1`'s figures: every host's, each planned alone.
     got = node_totals(spec, hosts)
-    assert got["buffer_per_host"] == [30, 10] and got["reads"] + got["side_reads"] == reads
+    assert got.buffer_per_host == [30, 10] and got.reads + got.side_reads == reads
     # A sampler with affinity splits each global batch evenly over the hosts: refused.
     shuffle = PlanSpec(RunConfig(900, 4, 8, 2), BufferConfig(10), sampler=SHUFFLE)
     with pytest.raises(SolarError, match=r"ranks per host differ \(\[3, 1\]\)"):

@@ -26,14 +26,15 @@ from solar import BufferConfig, CorruptPlanError, Loader, PlanSpec, RunConfig, S
 from solar.cli import cli
 from solar.errors import PlanMismatchError, SolarError
 from solar.options import ExpertConfig, MemoryConfig, PlanningConfig
-from solar.schedule import ADMIT, HIT, PEER, load_plan
+from solar.schedule import ADMIT, HIT, PEER, SIDE, THIT, load_plan
 from solar.schedule.grouping import Hosts, NodeEpoch
 from solar.schedule.nodeplan import NodePlanner, node_totals
 from solar.schedule.nodevalidate import NodeValidator
-from solar.schedule.plan import Plan, make_plan, plan_to_file
+from solar.schedule.plan import Plan, make_plan, plan_to_file, simulate
 from solar.schedule.planfile import PlanWriter
 from solar.schedule.planfile import fingerprint as node_fingerprint
 from solar.schedule.planner import EpochPlan
+from solar.schedule.summary import NodeTotals
 
 N = 240
 RUN = RunConfig(N, 4, 6, 3, seed=5)
@@ -56,7 +57,7 @@ def _write(spec: PlanSpec, hosts: Hosts, epochs: list[NodeEpoch], path: Path) ->
     with PlanWriter(path, spec, hosts=hosts) as w:
         for ne in epochs:
             w.add(ne)
-        w.finish({}, 0.0)
+        w.finish(NodeTotals(hosts.as_record(), 0, 0, 0, 0, 0, 0, 0, 0.0, 0.0), 0.0)
     return path
 
 
@@ -94,13 +95,62 @@ def _assert_holds_the_planners_epochs(made, spec, hosts) -> None:
         assert np.array_equal(got.reader, want.reader) and np.array_equal(got.at, want.at)
 
 
+def test_a_grouped_plan_sizes_a_host_buffer_and_refuses_a_rank_plan_in_memory_too():
+    """A grouped plan's ``slots``/``tier_slots`` are a host's buffer (its ranks'), not a
+    rank's; a per-rank query of one made in memory is refused in one line that does not call it
+    a file."""
+    spec = dataclasses.replace(_spec(), buffer=BufferConfig(8, 0.25, tier=24))
+    hosts = Hosts.grid(2, 2)
+    plan = make_plan(spec, hosts=hosts)
+    host = NodePlanner(spec, hosts).host_spec
+    assert (plan.slots, plan.tier_slots) == (host.slots, 2 * 24) != (spec.slots, 24)
+    assert host.slots == 2 * spec.slots  # (well below N)
+    per_rank = make_plan(spec)
+    assert (per_rank.slots, per_rank.tier_slots) == (spec.slots, 24)
+    with pytest.raises(SolarError, match=r"^plan: grouped by host \(one buffer per host\)") as e:
+        plan.rank(0)
+    assert "\n" not in str(e.value) and "file" not in str(e.value)
+    got = plan.rank_epoch(1, 0)  # the service of a rank: as planned
+    assert np.array_equal(got.sample, plan.epoch(0).rank(1).sample)
+
+
+def _tier_hits(plan: Plan) -> tuple[int, int]:
+    """A grouped plan's (tier hits, RAM hits) counted from its hosts' decisions."""
+    flags = np.concatenate([plan.epoch(k).host.flags for k in range(plan.run.epochs)])
+    served = (flags & SIDE) == 0
+    return (int(np.count_nonzero((flags & THIT != 0) & served)),
+            int(np.count_nonzero((flags & HIT != 0) & served)))  # fmt: skip
+
+
+@pytest.mark.parametrize("grouping", ["4x1", "2x2"])
+def test_a_node_plan_counts_its_tier_hits(grouping):
+    """A grouped plan's tier hits are its hosts' THIT accesses (they were 0, every hit from
+    RAM), in memory and simulated (a node plan file has no tier yet); with one rank per host
+    it is the per-rank plan, decision for decision, and so are its totals."""
+    spec, hosts = dataclasses.replace(_spec(), buffer=BufferConfig(8, 0.25, tier=24)), \
+        Hosts.parse(grouping)  # fmt: skip
+    plan = make_plan(spec, hosts=hosts)
+    tier_hits, ram_hits = _tier_hits(plan)
+    assert tier_hits > 0 and (plan.tier_hits, plan.ram_hits) == (tier_hits, ram_hits)
+    assert simulate(spec, hosts=hosts).tier_hits == tier_hits
+    if hosts.local > 1:
+        return
+    per_rank = make_plan(spec)
+    for k in range(RUN.epochs):
+        got, want = plan.epoch(k).host, per_rank.epoch(k)
+        for name in ("rank_offsets", "step_offsets", "sample", "slot", "flags", "tslot"):
+            assert np.array_equal(getattr(got, name), getattr(want, name)), (k, name)
+    assert (plan.tier_hits, plan.hits, plan.accesses) == \
+        (per_rank.tier_hits, per_rank.hits, per_rank.accesses)  # fmt: skip
+
+
 @pytest.mark.parametrize("grouping", ["1x4", "2x2"])
 def test_a_node_plan_file_holds_the_node_plan_with_its_grouping(tmp_path, grouping):
     spec, hosts = _spec(), Hosts.parse(grouping)
     made = plan_to_file(spec, hosts=hosts, path=tmp_path / "n.h5").bound_to(spec)
     assert made.hosts == hosts and made.fingerprint == node_fingerprint(spec, hosts)
     assert made.file.stats == node_totals(spec, hosts)
-    assert made.file.stats["peer_rows"] > 0  # local ranks share rows: PEER services held
+    assert made.file.stats.peer_rows > 0  # local ranks share rows: PEER services held
     _assert_holds_the_planners_epochs(made, spec, hosts)
     made.validate(0)
     other = Hosts.parse("2x2" if grouping == "1x4" else "1x4")
@@ -165,7 +215,7 @@ def test_solar_plan_share_node_writes_a_node_plan_file(tmp_path):
     assert "hosts 2x2 [[0, 1], [2, 3]]" in r.output and f"-> {out}" in r.output
     plan = load_plan(out)
     assert plan.hosts == Hosts.grid(2, 2) and plan.spec.equal_batches  # a Loader's default
-    assert "--variable-batches" not in args and plan.file.stats["moved_rows"] > 0
+    assert "--variable-batches" not in args and plan.file.stats.moved_rows > 0
     again = CliRunner().invoke(cli, args)
     assert again.exit_code != 0 and "exists (use --force" in str(again.exception)
     shown = CliRunner().invoke(cli, ["inspect", str(out)])
@@ -198,7 +248,7 @@ def test_a_loader_serves_a_node_plan_file_and_refuses_the_other_kind(tmp_path):
                 if (e, t) == (1, 3):
                     state = got.state_dict()
             assert np.array_equal(np.sort(np.concatenate(seen)), np.arange(90))
-        assert got.stats.totals().reads == node.file.stats["reads"]
+        assert got.stats.totals().reads == node.file.stats.reads
     # An exact resume inside epoch 1: the buffer refilled from the file's plan, same batches.
     with Loader(data, ["x"], **kw, planning=PlanningConfig(plan=node.file.path),
                 memory=MemoryConfig(share="node")) as again:  # fmt: skip
@@ -239,7 +289,7 @@ def test_a_loaders_plan_is_its_node_plan_made_in_memory_saved_as_the_file_would_
         for e in range(2):
             ld.set_epoch(e)
             served += [b["index"].numpy() for b in ld]
-        assert ld.stats.totals().reads == plan.stats["reads"]
+        assert ld.stats.totals().reads == plan.stats.reads
         saved = load_plan(plan.save(tmp_path / "n.h5"))
         _assert_holds_the_planners_epochs(saved, ld.spec, plan.hosts)
         saved.validate(0)
@@ -260,7 +310,7 @@ def test_a_whole_node_plan_of_unequal_hosts_is_refused_in_one_line():
         make_plan(_spec(), hosts=hosts)
     with pytest.raises(SolarError, match="as many ranks on every host"):
         node_totals(_spec(), hosts, sink=lambda ne: None)
-    assert node_totals(_spec(), hosts)["hosts"] == [[0, 1, 2], [3]]  # planned, host by host
+    assert node_totals(_spec(), hosts).hosts == [[0, 1, 2], [3]]  # planned, host by host
 
 
 # -- untrusted input ----------------------------------------------------------------------------
@@ -427,7 +477,7 @@ def _damage(path: Path, how: str) -> None:
         ("byte", "rank 0's service fails its checksum"),
         ("grouping", "fingerprint does not match its recorded inputs and hosts"),
         ("kind", "fingerprint does not match"),
-        ("old", "format version 2, this solar reads 3 (grouped by host)"),
+        ("old", "format version 2, this solar reads 4 (grouped by host)"),
     ],
 )
 def test_a_damaged_node_plan_file_is_refused_in_one_line(tmp_path, how, words):

@@ -25,7 +25,7 @@ from solar.cache.slots import SlotBuffer
 from solar.io.info import KeyInfo
 from solar.runtime import pipeline
 from solar.runtime.delivery import Delivery
-from solar.runtime.holdings import Holdings
+from solar.runtime.holdings import Alone, Holdings
 from solar.runtime.memory import BatchMemory, InFlight
 from solar.runtime.reads import ReadAhead
 from solar.runtime.setup import configure
@@ -176,7 +176,8 @@ class _PlanSteps:
 def _holdings(data: np.ndarray) -> tuple[Holdings, _Refill]:
     buffer = SlotBuffer(4, KEYS)
     refill = _Refill(data, buffer)
-    return Holdings(buffer, None, _PlanSteps(), refill), refill  # type: ignore[arg-type]
+    alone = Alone(buffer.arrays, None)
+    return Holdings(buffer, None, _PlanSteps(), refill, alone), refill  # type: ignore[arg-type]
 
 
 def test_holdings_gather_settle_and_own_their_step():

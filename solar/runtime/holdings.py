@@ -102,11 +102,15 @@ class Host:
         self.barrier_seconds += time.perf_counter() - t0
         self.barriers += 1
 
-    def stored(self, k: int) -> None:
-        """Step ``k``'s updates by this rank done: its tier writes on disk (another local rank
-        may read them next), then every local rank's (before any hit of k + 1)."""
+    def written(self) -> None:
+        """This rank's tier writes on disk (another local rank may read them next)."""
         if self.tier is not None:
             self.tier.wait_writes()
+
+    def stored(self, k: int) -> None:
+        """Step ``k``'s updates by this rank done: its tier writes on disk, then every local
+        rank's (before any hit of k + 1)."""
+        self.written()
         self.wait(k, STORED)
 
     def close(self) -> None:
@@ -132,6 +136,9 @@ class Alone:
     def wait(self, k: int, phase: int) -> None:
         """Nothing to wait for: no other rank shares the buffer."""
 
+    def written(self) -> None:
+        """Nothing to wait for: no other rank reads its tier (its writes run on)."""
+
     def stored(self, k: int) -> None:
         """Step ``k``'s updates applied: its tier writes may go on (held reads wait for them)."""
         if self.tier is not None:
@@ -143,15 +150,15 @@ class Alone:
 
 class Holdings:
     """A rank's RAM buffer and tier in one process, and the step they match: its own (a host
-    of one rank: ``host`` None, :class:`Alone`), or its share of its ``host``'s (a collective
-    of the host's ranks every step, and at a refill)."""
+    of one rank: ``host`` an :class:`Alone`), or its share of its ``host``'s (a collective of
+    the host's ranks every step, and at a refill). ``host`` is the one its ``refill`` has."""
 
     def __init__(self, buffer: SlotBuffer, tier: TierFile | None, steps: Steps,
-                 refill: Refill, host: Host | None = None) -> None:  # fmt: skip
+                 refill: Refill, host: Host | Alone) -> None:  # fmt: skip
         self.buffer = buffer
         self.tier = tier
         self.steps = steps
-        self.host: Host | Alone = Alone(buffer.arrays, tier) if host is None else host
+        self.host = host
         self._refill = refill
         self._at = 0  # an empty buffer and tier are the plan's state before step 0
 
@@ -204,18 +211,13 @@ class Holdings:
         elif step.phase_waits is not None:  # the host updates a cell twice: its phases in turn
             for n, waits in enumerate(step.phase_waits.tolist()):
                 if waits:
-                    self._written()
+                    host.written()
                     host.wait(k, UPDATED)  # another rank's updates of this phase's cells done
                 self._update(_phase(step, n), batch)
         else:
             self._update(step, batch)
         host.stored(k)  # every store done (before any hit of k + 1), staging taken
         self._at = k + 1
-
-    def _written(self) -> None:
-        """This rank's tier writes on disk (another local rank may read them next)."""
-        if self.tier is not None:
-            self.tier.wait_writes()
 
     def _update(self, step: StepPlan, batch: list[np.ndarray]) -> None:
         buf, tier = self.buffer, self.tier
@@ -272,14 +274,14 @@ class RawRefill:
     two host barriers (a collective of the host's ranks)."""
 
     def __init__(self, reader: Reader, buffer: SlotBuffer, tier: TierFile | None,
-                 keys: tuple[KeyInfo, ...], rows: int, host: Host | None = None,
+                 keys: tuple[KeyInfo, ...], rows: int, host: Host | Alone,
                  local: int = 0, per_host: int = 1) -> None:  # fmt: skip
         self.reader = reader
         self.buffer = buffer
         self.tier = tier
         self.keys = keys
         self.rows = max(1, rows)
-        self.host: Host | Alone = Alone(buffer.arrays, tier) if host is None else host
+        self.host = host
         self.local, self.per_host = local, per_host
 
     def fill(self, k: int, cells: np.ndarray, samples: np.ndarray) -> int:

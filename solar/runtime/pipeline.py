@@ -23,7 +23,7 @@ from solar.exchange import Exchange
 from solar.host.region import NodeRegion
 from solar.runtime.assembly import Assembly
 from solar.runtime.delivery import Delivered, Delivery
-from solar.runtime.holdings import Holdings, Host, RawRefill, Refill
+from solar.runtime.holdings import Alone, Holdings, Host, RawRefill, Refill
 from solar.runtime.memory import BatchMemory, InFlight
 from solar.runtime.reads import ReadAhead, Reads
 from solar.runtime.setup import Setup
@@ -217,13 +217,14 @@ def _holdings(setup: Setup, stream: RankStream, steps: Steps,
             staging_slots=max(64, (256 << 20) // tier_stride(setup.held_keys)),  # 256 MiB
         )  # fmt: skip
     buffer = SlotBuffer(stream.slots, setup.held_keys)
+    alone = Alone(buffer.arrays, tier)  # the holdings' host and their refill's: of one rank
     n = spec.buffer.cap(run.batch_size)  # rows a refill reads at a time
-    refill: Refill = RawRefill(setup.reader, buffer, tier, setup.info.keys, n)
+    refill: Refill = RawRefill(setup.reader, buffer, tier, setup.info.keys, n, alone)
     if setup.holds_transformed:
         assert pool is not None
         refill = TransformedRefill(setup.reader, pool, buffer, tier, steps, setup.info.keys,
                                    setup.out_keys, n)  # fmt: skip
-    return Holdings(buffer, tier, steps, refill)
+    return Holdings(buffer, tier, steps, refill, alone)
 
 
 def _host_holdings(setup: Setup, stream: NodeStream, steps: Steps) -> Holdings:

@@ -31,9 +31,8 @@ from solar.io.reader import Reader
 from solar.io.sources import describe_source
 from solar.launch import detect_launcher
 from solar.options import LoaderConfig
-from solar.schedule import Plan, PlanSpec
+from solar.schedule import Plan, PlanSpec, load_plan
 from solar.schedule.grouping import Hosts, unequal_refusal
-from solar.schedule.nodefile import open_given
 from solar.schedule.pagemates import PageLayout
 from solar.schedule.samplers import SHUFFLE, Sampler, extras_of, is_shuffle
 from solar.schedule.spec import equal_by_default
@@ -60,12 +59,12 @@ class Setup:
     held_keys: tuple[KeyInfo, ...]  # the keys the buffer and tier hold
     tier_dir: str | os.PathLike | None
     comm: Any
-    batch_format: str = "dict"  # or "pyg": batches as torch_geometric Data
     # The job's ranks grouped by the buffer they share: by host, with this rank's host
     # communicator (share="node": the shared region's construction is its collective; the
     # steps' barriers are the region's own, solar/host/barrier.py), or a host of one rank per
-    # rank (a buffer per rank: Hosts.grid(P, 1)).
-    hosts: Hosts = dataclasses.field(default_factory=lambda: Hosts.grid(1, 1))
+    # rank (a buffer per rank: Hosts.grid(P, 1)). No default: any one is wrong for some world.
+    hosts: Hosts
+    batch_format: str = "dict"  # or "pyg": batches as torch_geometric Data
     host_comm: Any = None
     # Whether a host's ranks share one buffer; else each rank, a host of one rank, keeps a
     # private one: no region, staging or barrier (decided here, once, for every stage).
@@ -149,8 +148,9 @@ def configure(args: LoaderConfig) -> Setup:
         given.check_hosts(hosts)  # the job's grouping is the file's
         given.validate(r, comm)  # then proven safe, as any plan file
     return Setup(info, r, w, cores, config, run, spec, given, chosen,
-                 io, fn, batch_transform, out, held, memory.tier, comm, args.batch_format,
-                 Hosts.grid(w, 1) if hosts is None else hosts, hc, hosts is not None)  # fmt: skip
+                 io, fn, batch_transform, out, held, memory.tier, comm,
+                 Hosts.grid(w, 1) if hosts is None else hosts, batch_format=args.batch_format,
+                 host_comm=hc, shared=hosts is not None)  # fmt: skip
 
 
 def _check_batch_format(batch_format: str) -> None:
@@ -275,6 +275,25 @@ def _buffer(info: DatasetInfo, world: int, buffer: int | str, tier: str | os.Pat
             f"(got tier={tier!r}, tier_size={tier_size!r})"
         )
     return BufferConfig(capacity, slack, tier_capacity)
+
+
+def open_given(plan: Any, share: str) -> Plan | None:
+    """The plan a Loader is given (None, a plan, or a file opened) of the grouping its
+    ``share`` runs: per rank, or per host (``"node"``); one line refusing the other
+    (``"auto"`` takes either: the plan's grouping decides)."""
+    in_file = isinstance(plan, (str, os.PathLike))
+    got = load_plan(plan) if in_file else plan
+    where = f"plan {plan}" if in_file else "plan"
+    if share == "node" and got is not None and got.hosts is None:
+        raise SolarError(f'{where}: a per-rank plan (a buffer per rank); share="node" runs a '
+                         "node plan file (`solar plan --share node -o FILE`)")  # fmt: skip
+    if share == "rank" and got is not None and got.hosts is not None:
+        raise SolarError(
+            f"{where}: {'a node plan file' if in_file else 'grouped by host'} (one buffer "
+            'per host): pass memory=MemoryConfig(share="node"), '
+            "or plan the run per rank (`solar plan` without --share node)"
+        )
+    return got
 
 
 def _equal_batches(equal: bool | None, made: Plan | None, sampler: Sampler,

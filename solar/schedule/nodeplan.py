@@ -50,6 +50,7 @@ from solar.schedule.nodeequal import deal_equal, rank_targets
 from solar.schedule.nodeparts import Parts, merge
 from solar.schedule.planner import EpochPlan, Planner
 from solar.schedule.spec import PlanSpec
+from solar.schedule.summary import NodeTotals
 from solar.schedule.transfer import moved_rows
 
 
@@ -487,18 +488,18 @@ def _phases(ram, stores, tier, writes, local, phase, waits):
 
 
 def node_totals(spec: PlanSpec, hosts: Hosts, buffer: BufferConfig | None = None,
-                sink: Callable[[NodeEpoch], None] | None = None) -> dict:  # fmt: skip
+                sink: Callable[[NodeEpoch], None] | None = None) -> NodeTotals:  # fmt: skip
     """The node plan's figures over the run (what ``solar plan --hosts`` reports): the
-    node's accesses (its ranks' union), hits, storage reads (page mates apart), rows a rank
-    takes from another's read, and the reads per epoch. Planned epoch by epoch, each handed
-    to ``sink`` (a node plan file's writer) if given."""
+    node's accesses (its ranks' union), hits (tier hits among them), storage reads (page mates
+    apart), rows a rank takes from another's read, and the reads per epoch. Planned epoch by
+    epoch, each handed to ``sink`` (a node plan file's writer) if given."""
     # Hosts of different sizes: each planned alone (its decisions depend on its ranks alone).
     alone = [None] if hosts.uniform else list(range(hosts.count))
     if sink is not None and not hosts.uniform:
         raise SolarError(f"hosts {hosts.as_record()}: a node plan file needs as many ranks on "
                          "every host")  # fmt: skip
     planners = [NodePlanner(spec, hosts, buffer, only_host=h) for h in alone]
-    acc = hits = reads = side = shared = moved = 0
+    acc = hits = tier_hits = reads = side = shared = moved = 0
     for p in [q for _ in range(spec.run.epochs) for q in planners]:  # epoch by epoch
         ne = p.next()
         if sink is not None:
@@ -510,15 +511,12 @@ def node_totals(spec: PlanSpec, hosts: Hosts, buffer: BufferConfig | None = None
         hit = (f & (HIT | THIT)) != 0
         acc += int(served.sum())
         hits += int((hit & served).sum())
+        tier_hits += int((((f & THIT) != 0) & served).sum())
         reads += int((~hit & served).sum())
         side += int((~served).sum())
         shared += int(np.count_nonzero(ne.ranks.flags & PEER))
-    out = {"hosts": hosts.as_record(),
-           "buffer_per_host": [q.host_spec.slots for q in planners] if len(planners) > 1
-           else planners[0].host_spec.slots,
-           "accesses": acc, "hits": hits, "reads": reads, "side_reads": side,
-           "peer_rows": shared, "hit_rate": hits / max(1, acc),
-           "reads_per_epoch": reads / spec.run.epochs}  # fmt: skip
-    if spec.equal_batches:  # rows the exchange moves between hosts over the run
-        out["moved_rows"] = moved
-    return out
+    sizes = [q.host_spec.slots for q in planners]
+    return NodeTotals(hosts.as_record(), sizes if len(sizes) > 1 else sizes[0], acc, hits,
+                      tier_hits, reads, side, shared, hits / max(1, acc),
+                      reads / spec.run.epochs,
+                      moved if spec.equal_batches else None)  # fmt: skip

@@ -112,13 +112,20 @@ class Plan(Totals):
 
     @property
     def slots(self) -> int:
-        """Buffer slots a rank needs: the capacity, or N if that is smaller."""
-        return slot_count(self.spec.run, self.spec.buffer)
+        """Slots of a buffer: a rank's (its capacity, or N if that is smaller); grouped by
+        host, a host's (its ranks' capacities, at most N)."""
+        return self._buffer_spec.slots
 
     @property
     def tier_slots(self) -> int:
-        """Tier slots a rank needs (0: no second tier)."""
-        return tier_slot_count(self.spec.run, self.spec.buffer)
+        """Tier slots of a buffer, a rank's or grouped by host a host's (0: no second tier)."""
+        spec = self._buffer_spec
+        return tier_slot_count(spec.run, spec.buffer)
+
+    @property
+    def _buffer_spec(self) -> PlanSpec:
+        """The inputs of the buffers this plan decides for: a rank's, or a host's."""
+        return self.spec if self.hosts is None else node_spec(self.spec, self.hosts)
 
     def _check_rank(self, r: int) -> None:
         if not 0 <= r < self.world_size:
@@ -127,9 +134,10 @@ class Plan(Totals):
     def _per_rank(self) -> None:
         """Refuse, in one line, a per-rank query of a plan grouped by host."""
         if self.hosts is not None:
-            where = "plan" if self.file is None else f"plan {self.file.path}"
-            raise SolarError(f"{where}: a node plan file (one buffer per host): a rank's "
-                             "service is plan.rank_epoch(rank, epoch)")  # fmt: skip
+            what = "plan: grouped by host" if self.file is None else \
+                f"plan {self.file.path}: a node plan file"  # fmt: skip
+            raise SolarError(f"{what} (one buffer per host), no per-rank plan: a rank's service "
+                             "is plan.rank_epoch(rank, epoch)")  # fmt: skip
 
     def epoch(self, k: int) -> Any:
         """Epoch ``k`` whole (an :class:`~solar.schedule.planner.EpochPlan`; grouped a

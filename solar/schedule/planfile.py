@@ -34,7 +34,7 @@ writes it into tier ``tslot``. RELEASE marks a hit that is the sample's last use
 
 Grouped by host (one buffer per host, solar/schedule/nodeplan.py: ``solar plan --share node``)
 the file is the plan of the host run (host h as rank h: every section above is the hosts'
-buffers' plan; no tier), format version 3, and in addition::
+buffers' plan; no tier), format version 4, and in addition::
 
     attrs   kind="node", hosts (JSON: the global ranks of each host, in local order); ``spec``
             holds the per-rank inputs (a Loader's), the fingerprint covers spec, hosts and
@@ -72,10 +72,10 @@ from solar.schedule.hostrun import node_spec
 from solar.schedule.order import sample_dtype
 from solar.schedule.planner import EpochPlan, RankEpoch, epoch_order_of, peer_counts
 from solar.schedule.spec import FORMAT_VERSION, PlanSpec, fingerprint_of
-from solar.schedule.summary import RankStats
+from solar.schedule.summary import NodeTotals, RankStats
 
 FORMAT = "solar-plan"
-GROUPED_VERSION = 3  # the format version of a plan grouped by host (version 2 and a grouping)
+GROUPED_VERSION = 4  # a plan grouped by host: version 2 and a grouping (4: stats count tier hits)
 KIND = "node"  # a grouped plan's kind (one buffer per host); a per-rank plan's is "rank"
 
 Layout = dict[str, tuple[tuple[int, ...], np.dtype]]  # dataset name -> (shape, dtype)
@@ -208,15 +208,15 @@ class PlanWriter:
                 self.checksums[ep.epoch, r] = np.frombuffer(digest, np.uint8)
         self._next += 1
 
-    def finish(self, stats: tuple[RankStats, ...] | dict, plan_seconds: float) -> None:
+    def finish(self, stats: tuple[RankStats, ...] | NodeTotals, plan_seconds: float) -> None:
         """Write the header (``stats``: every rank's totals, or a grouped plan's node totals);
         the file is renamed into place when the ``with`` block ends."""
         if self._next != self.spec.run.epochs:
             raise SolarError(f"plan: {self._next} of {self.spec.run.epochs} epochs written")
         # (asdict deep-copies: slow at P=4096.) Plans without equal batches keep the records,
         # and so the header checksums, they always had.
-        if isinstance(stats, dict):
-            stats_json = json.dumps(stats, sort_keys=True)
+        if isinstance(stats, NodeTotals):
+            stats_json = json.dumps(stats.as_dict(), sort_keys=True)
         else:
             stats_json = json.dumps([_record(s) for s in stats])
         f = self._file
@@ -251,7 +251,7 @@ class PlanFile:
     spec: PlanSpec  # the per-rank inputs (grouped too: a Loader's)
     fingerprint: str
     epoch_order: np.ndarray  # (E,) int64
-    stats: Any  # tuple[RankStats, ...]; grouped: the node's totals (dict)
+    stats: tuple[RankStats, ...] | NodeTotals  # grouped: the node's totals
     plan_seconds: float
     checksums: np.ndarray  # (E, P, 16) uint8; grouped (E, H + P, 16)
     header: str  # the header checksum: ranks compare it
@@ -311,9 +311,9 @@ class PlanFile:
                     raise CorruptPlanError(
                         f"plan {path}: its header fails its checksum (corrupt file)"
                     )
-                stats = json.loads(stats_json)
-                if not grouped:
-                    stats = tuple(RankStats(**s) for s in stats)
+                records = json.loads(stats_json)
+                stats = (NodeTotals(**records) if grouped
+                         else tuple(RankStats(**s) for s in records))  # fmt: skip
                 seconds = float(f.attrs["plan_seconds"])
         except (OSError, KeyError, ValueError, TypeError, RuntimeError, SolarError) as exc:
             if isinstance(exc, CorruptPlanError):
@@ -321,7 +321,7 @@ class PlanFile:
             raise CorruptPlanError(
                 f"plan {path}: unreadable or corrupt ({first_line(exc)})"
             ) from None
-        if hosts is None and len(stats) != run.world_size:
+        if isinstance(stats, tuple) and len(stats) != run.world_size:
             raise CorruptPlanError(f"plan {path}: per-rank records do not match its world size")
         if not _usable_order(epoch_order, spec, hosts):
             raise CorruptPlanError(f"plan {path}: its epoch order is not one this run can use")

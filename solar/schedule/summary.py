@@ -3,13 +3,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from numba import njit
 
-from solar._units import format_bytes
 from solar.config import RunConfig
 from solar.schedule._common import ADMIT, HIT, SIDE, THIT, EpochSchedule
 from solar.schedule.spec import PlanSpec
@@ -34,17 +33,44 @@ class RankStats:
     received: int = 0  # equal batches: rows delivered here that another rank served
 
 
+@dataclass(frozen=True)
+class NodeTotals:
+    """A plan grouped by host's totals over the run (:func:`~solar.schedule.nodeplan.node_totals`,
+    what ``solar plan --share node`` reports): the node's accesses (the union of each host's
+    ranks'), hits (from RAM or the tier), tier hits, storage reads (page mates apart), rows a
+    rank takes from another's read."""
+
+    hosts: list  # the global ranks of each host
+    buffer_per_host: Any  # int, or each host's where hosts differ in size (list)
+    accesses: int
+    hits: int  # from RAM or the tier
+    tier_hits: int
+    reads: int
+    side_reads: int  # page mates
+    peer_rows: int
+    hit_rate: float
+    reads_per_epoch: float
+    moved_rows: int | None = None  # equal batches: rows the exchange moves between hosts
+
+    def as_dict(self) -> dict:
+        """JSON-ready (a plan file's ``stats``; ``moved_rows`` only with equal batches)."""
+        out = asdict(self)
+        if self.moved_rows is None:
+            del out["moved_rows"]
+        return out
+
+
 class Totals:
     """Figures of a run derived from its spec and per-rank totals (or, grouped by host, the
-    node's totals: a dict): shared by :class:`PlanSummary` and
+    node's :class:`NodeTotals`): shared by :class:`PlanSummary` and
     :class:`~solar.schedule.plan.Plan`."""
 
     spec: PlanSpec
-    stats: Any  # tuple[RankStats, ...]; grouped by host: the node's totals (a dict)
+    stats: tuple[RankStats, ...] | NodeTotals
 
     def _sum(self, name: str) -> int:
-        if isinstance(self.stats, dict):
-            return int(self.stats.get(name, 0))
+        if isinstance(self.stats, NodeTotals):
+            return int(getattr(self.stats, name))
         return sum(getattr(s, name) for s in self.stats)
 
     @property
@@ -88,7 +114,7 @@ class PlanSummary(Totals):
     returns, and :attr:`Plan.summary <solar.schedule.plan.Plan.summary>`."""
 
     spec: PlanSpec
-    stats: Any  # tuple[RankStats, ...]; grouped: the node's totals (a dict)
+    stats: tuple[RankStats, ...] | NodeTotals
     plan_seconds: float
     fingerprint: str
     hosts: Hosts | None = None  # the grouping by host (None: a buffer per rank)
@@ -142,28 +168,3 @@ class Tally:
         each = zip(acc, hits, admits, low, high, tier, sent, received, strict=True)
         return tuple(RankStats(a, h, a - h, ad, lo, hi, t, s, rc)
                      for a, h, ad, lo, hi, t, s, rc in each)  # fmt: skip
-
-
-# -- the lines of ``solar plan``'s report both kinds of plan print ------------------------------
-def reads_line(s: dict, unit: str) -> str:
-    """``reads per epoch: ...`` of a plan's figures ``s`` (``solar plan --json``'s), counted in
-    ``unit`` (samples, feature rows), with their bytes where known."""
-    per_epoch = f"{s['reads_per_epoch']:.0f} {unit}"
-    if s["bytes_read_per_epoch"] is not None:
-        per_epoch += f" ({format_bytes(s['bytes_read_per_epoch'])})"
-    return f"reads per epoch: {per_epoch}"
-
-
-def closing_lines(s: dict) -> list[str]:
-    """The last lines of a plan's report (figures ``s``): how long planning took and the file
-    written, the kernels' warm-up where ``s`` has one (not in the planning time), and the
-    fingerprint."""
-    where = f" -> {s['out']} ({format_bytes(s['file_bytes'])})" if "out" in s else ""
-    lines = [f"planned in {s['plan_seconds']:.2f} s{where}"]
-    if "compile_seconds" in s:
-        lines.append(
-            f"kernels warmed first in {s['warm_seconds']:.2f} s "
-            f"(compiling {s['compile_seconds']:.2f} s; not in the planning time)"
-        )
-    lines.append(f"fingerprint {s['fingerprint']}")
-    return lines

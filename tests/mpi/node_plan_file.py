@@ -77,7 +77,7 @@ for e in range(E):
 tot = eq.stats.totals()
 eq.close()
 moved = comm.allreduce(tot.sent)
-assert moved == comm.allreduce(tot.received) == plan.file.stats["moved_rows"] > 0, moved
+assert moved == comm.allreduce(tot.received) == plan.file.stats.moved_rows > 0, moved
 if rank == 0:
     print(f"node plan file, equal batches: every rank its share, {moved} rows moved", flush=True)
 comm.Barrier()
