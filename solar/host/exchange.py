@@ -21,8 +21,10 @@ interrupted, so a restart or a close stops it with the host's ranks together
 local rank makes at a restart or a close): they agree on the number of rounds the furthest
 rank's thread has begun; each rank makes the rounds its own thread has not (with a stop record:
 a thread that receives one ends its epoch with :class:`Interrupted`), and its thread begins no
-more; then they release their payloads. Nothing waits forever: a peer that dies ends the job
-(the launcher's teardown), and the foreground's waits check that every peer still runs.
+more; then they release their payloads. A rank failing alone does not stop: it abandons its
+exchange (:meth:`~HostExchange.abandon`, no collective: its peers, alive, may never close) and
+the job ends. Nothing waits forever: a peer that dies ends the job (the launcher's teardown),
+and the foreground's waits check that every peer still runs.
 """
 
 from __future__ import annotations
@@ -127,8 +129,9 @@ class HostExchange:
         self._turn = threading.Lock()  # one round at a time (the planner's two threads)
         self.rounds = 0  # rounds begun on the planning communicator
         self._limit: int | None = None  # no round begins past it (a stop under way)
-        self._held: list[int] = []  # descriptors posted in the last round
+        self._held: list[int] = []  # descriptors posted in the last round (or since a stop)
         self.closed = False
+        self._abandoned = False  # closed alone, on an error path (abandon)
 
     # -- the planning thread --------------------------------------------------------------------
     def round(self, kind: int, epoch: int, fd: int = -1, part: int = 0) -> list[np.ndarray | None]:
@@ -145,16 +148,20 @@ class HostExchange:
                 self.rounds += 1
                 n = self.rounds
             rec = np.array([self.host, self.local, kind, epoch, -1, -1, -1, 0, n], np.int64)
-            if fd >= 0:
-                st = os.fstat(fd)
-                rec[PID : NBYTES + 1] = (os.getpid(), fd, st.st_ino, st.st_size)
             try:
-                got = self._local(_gather(self.pcomm, rec, self._alive))
+                if fd >= 0:
+                    st = os.fstat(fd)
+                    rec[PID : NBYTES + 1] = (os.getpid(), fd, st.st_ino, st.st_size)
+                got = self._local(_gather(self.pcomm, rec, self._planning_check))
             except BaseException:
                 _close(fd)
                 raise
-            self._rotate([fd] if fd >= 0 else [])
-        if np.any(got[:, KIND] == STOP):
+            stopping = bool(np.any(got[:, KIND] == STOP))
+            # A stop round was made by a rank's foreground, maybe while its thread still maps
+            # the round before's payloads: nothing is released until the stop's last gather
+            # (every thread joined).
+            self._rotate([fd] if fd >= 0 else [], keep=stopping)
+        if stopping:
             raise Interrupted(f"host exchange: {self._name(kind)} of epoch {epoch} interrupted")
         odd = np.flatnonzero((got[:, KIND] != kind) | (got[:, EPOCH] != epoch))
         if odd.size:
@@ -174,11 +181,17 @@ class HostExchange:
         mine = every[every[:, HOST] == self.host]
         return mine[np.argsort(mine[:, LOCAL])]
 
-    def _rotate(self, fds: list[int]) -> None:
+    def _rotate(self, fds: list[int], keep: bool = False) -> None:
         """Close the descriptors of the round before (every rank mapped its payloads before
-        it entered this one); hold ``fds`` until the next."""
+        it entered this one); hold ``fds`` until the next. ``keep``: close none (a stop's
+        round: the rounds before may not all be mapped yet). Once abandoned, close all."""
         with self._state:
-            old, self._held = self._held, fds
+            if keep and not self._abandoned:
+                old, self._held = [], self._held + fds
+            else:
+                old, self._held = self._held, fds
+            if self._abandoned:
+                old, self._held = old + self._held, []
         for fd in old:
             _close(fd)
 
@@ -261,6 +274,13 @@ class HostExchange:
             self.watch()
         self._alive()
 
+    def _planning_check(self) -> None:
+        """A planning thread's wait's tick: its exchange abandoned (its round ends), every peer
+        alive."""
+        if self._abandoned:
+            raise Interrupted("host exchange: abandoned (this rank is failing)")
+        self._alive()
+
     def _alive(self) -> None:
         """Raise if a local rank is gone (a round would wait for it forever)."""
         for q, (pid, start) in enumerate(self.peers):
@@ -285,6 +305,16 @@ class HostExchange:
             self.closed = True
         if hasattr(self.pcomm, "Free"):
             self.pcomm.Free()
+
+    def abandon(self) -> None:
+        """Close alone, on an error path (this rank is failing; its peers, alive, may never
+        close: a stop would wait for them forever): no collective. The planning thread's
+        round ends within a tick (:class:`Interrupted`) and begins no more; this rank's
+        payloads are released. The planning communicator is left to the job's end (a round
+        of it may be pending)."""
+        with self._state:
+            self.closed = self._abandoned = True
+        self._rotate([])
 
 
 def _doing(epoch: int) -> str:

@@ -405,12 +405,16 @@ class NodeStream(EpochsAhead):
             pass
         bg.future = None
 
-    def close(self) -> None:
+    def close(self, abandon: bool = False) -> None:
         """Stop planning: with the exchange, together with the host's ranks (a collective of
-        the host's communicator: every local rank closes its stream)."""
+        the host's communicator: every local rank closes its stream); with ``abandon`` (an
+        error path: the host's other ranks may never close), alone."""
         if self.exchange is not None and os.getpid() == self.pid:
-            self.exchange.close(self._join)
-        super().close()
+            if abandon:
+                self.exchange.abandon()
+            else:
+                self.exchange.close(self._join)
+        super().close(abandon)
 
     def _initial_at(self, e: int) -> np.ndarray:
         """The host's buffer as epoch ``e`` of the window starts (taken with it from the

@@ -178,11 +178,12 @@ class EpochsAhead:
         self._submit()
         return True
 
-    def close(self) -> None:
-        """Stop the planning thread (after its current epoch)."""
+    def close(self, abandon: bool = False) -> None:
+        """Stop the planning thread (after its current epoch); ``abandon``: without waiting
+        for it (an error path: the job is ending)."""
         bg = self._bg.drop()  # a forked child never touches its parent's thread
         if bg is not None and bg.pool is not None:
-            bg.pool.shutdown(wait=True)
+            bg.pool.shutdown(wait=not abandon, cancel_futures=abandon)
 
 
 class RankStream(EpochsAhead):
