@@ -51,7 +51,7 @@ class _Pair:
 
     def __init__(self) -> None:
         self.slots: list = [None, None]
-        self.gate = threading.Barrier(2)
+        self.gate = threading.Barrier(2, timeout=60)  # (a hang guard: a deadlock raises)
         self.lock = threading.Lock()
         self.child: _Pair | None = None
 
@@ -454,14 +454,15 @@ def test_a_stop_completes_the_rounds_a_rank_began_alone():
     _stop((lead, other))
 
 
-def _streams(spec, hosts):
-    """Two ranks of one host, each a NodeStream planning its part (on two threads)."""
+def _streams(spec, hosts, snapshots=None):
+    """Two ranks of one host, each a NodeStream planning its part (on two threads); with
+    ``snapshots`` (rank 0 saves them), rank 0 plans and rank 1 takes its epochs."""
     pair = _Pair()
     with ThreadPoolExecutor(2) as pool:
-        made = [pool.submit(NodeStream, spec, r, hosts, stage_bound(spec, hosts), None,
-                            pair.of(r)) for r in (0, 1)]  # fmt: skip
+        made = [pool.submit(NodeStream, spec, r, hosts, stage_bound(spec, hosts),
+                            snapshots if r == 0 else None, pair.of(r)) for r in (0, 1)]  # fmt: skip
         streams = [f.result() for f in made]
-    assert all(s.parted for s in streams)
+    assert all(s.parted == (snapshots is None) for s in streams)
     return streams
 
 
@@ -574,3 +575,33 @@ def test_ranks_restarting_at_other_epochs_are_named_in_one_line():
                 f.result(timeout=60)
             assert "restarts at epoch 0" in str(exc.value)
             assert "restarts at epoch 2" in str(exc.value)
+
+
+def test_ranks_collected_unevenly_restart_alike_on_a_jump_past_the_next_epoch(tmp_path):
+    """With snapshots (rank 0 plans, rank 1 takes its epochs), a jump from epoch 0 to 2 is a
+    restart on every local rank, decided from the epoch served, not from how far each rank
+    collected: rank 0 holds epoch 1 (its window ends at 2), rank 1 does not (at 1). Deciding
+    from the window's end, rank 0 waited for epoch 2 and rank 1 stopped: a deadlock."""
+    spec, hosts = _spec(epochs=4), Hosts.grid(1, 2)
+    whole = NodePlanner(spec, hosts, only_host=0)
+    epochs = [whole.next() for _ in range(spec.run.epochs)]
+    spe = spec.run.steps_per_epoch
+    streams = _streams(spec, hosts, tmp_path)
+    assert all(s.host_saves for s in streams)
+    for s in streams:
+        s.start()
+    _both(streams, lambda s: s.window(0))
+    streams[0]._bg.get().future.result()
+    assert streams[0].planned_end == 2 * spe  # rank 0 collects epoch 1; rank 1 does not
+    jump = range(2 * spe, 3 * spe)
+    got = _both(streams, lambda s: _services(s, jump))
+    for r in (0, 1):
+        want = []
+        for k in jump:
+            ranks = epochs[k // spe].ranks
+            lo, so = ranks.rank_offsets[r], ranks.step_offsets[r]
+            sl = slice(int(lo + so[k % spe]), int(lo + so[k % spe + 1]))
+            want.append(ranks.sample[sl][(ranks.flags[sl] & SIDE) == 0].astype(np.int64).tobytes())
+        assert got[r] == want, r
+    _both(streams, lambda s: s.close())
+    assert all(s.exchange.closed and not s.exchange._held for s in streams)

@@ -320,15 +320,26 @@ class NodeStream(EpochsAhead):
                               num_samples=self.spec.run.num_samples, slots=self.slots,
                               tier=self.tier_slots, tag=self.tag)  # fmt: skip
 
+    def _restarts(self, e: int) -> bool:
+        """With the exchange, whether serving epoch ``e`` restarts the host's planning (a
+        collective stop), decided alike on every local rank: from the epoch against the
+        window's first, which the host's barrier keeps in step, never from how far each rank
+        has collected. A jump back restarts; with snapshots, so does a jump past the next
+        epoch (rank 0 loads the nearest); a jump forward otherwise plans on."""
+        if self.exchange is None:
+            return False
+        return e < self._first or (self.host_saves and e > self._first + 1)
+
+    def _reach(self, e: int) -> None:
+        if self.exchange is None:
+            super()._reach(e)
+        elif self._restarts(e) or self._bg.get().planner is None:
+            self._restart_at(e)  # (whatever this rank's window holds: its peers' may differ)
+        else:
+            self._advance(e)
+
     def _restart_at(self, epoch: int) -> None:
         """Replan up to ``epoch`` (from where the planner is, if not past it; else from 0)."""
-        # With the exchange, the host's ranks decide alike (on the epoch they serve, not on
-        # how far each has planned): a jump forward plans on (with snapshots, past the next
-        # epoch, a restart: rank 0 loads the nearest), a jump back restarts.
-        ahead = epoch >= self._first and (epoch <= self._first + 1 or not self.host_saves)
-        if self.exchange is not None and self._bg.get().planner is not None and ahead:
-            self._advance(epoch)
-            return
         t0 = time.perf_counter()
         p: Any = None  # (a NodePlanner or EpochReader)
         if self.exchange is not None:  # a jump back: the host's planning threads stop first
