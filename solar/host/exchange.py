@@ -54,25 +54,40 @@ class Interrupted(SolarError):
     """A round ended by a stop of the host's ranks (a restart or a close): its epoch is dropped."""
 
 
+def threads_unsupported(comm: Any) -> str:
+    """Why ``comm`` cannot serve a planning thread's collectives beside the foreground's, or
+    "": MPI must run threads concurrently (``MPI.THREAD_MULTIPLE``, mpi4py's default).
+    (solar.runtime.setup's list of what a node buffer does not run holds it.)"""
+    if not hasattr(comm, "Dup"):  # (not mpi4py: torch.distributed's groups are thread-safe)
+        return ""
+    multiple, level = _mpi_threads()
+    if multiple:
+        return ""
+    return (f"MPI runs threads at level THREAD_{level}, but a host's ranks exchange their "
+            "plans from a planning thread while the foreground runs its own collectives: "
+            "initialise MPI with THREAD_MULTIPLE (mpi4py's default; mpi4py.rc.threads = True) "
+            'or use share="rank"')  # fmt: skip
+
+
+def _mpi_threads() -> tuple[bool, str]:
+    """Whether MPI runs threads concurrently (THREAD_MULTIPLE), and its level's name."""
+    from mpi4py import MPI
+
+    level = MPI.Query_thread()
+    names = {MPI.THREAD_SINGLE: "SINGLE", MPI.THREAD_FUNNELED: "FUNNELED",
+             MPI.THREAD_SERIALIZED: "SERIALIZED", MPI.THREAD_MULTIPLE: "MULTIPLE"}  # fmt: skip
+    return level >= MPI.THREAD_MULTIPLE, names.get(level, str(level))
+
+
 def planning_comm(comm: Any) -> Any:
     """A communicator of ``comm``'s ranks for the planning thread alone (a collective of
     ``comm``; under torch.distributed, of the whole job: every rank creates every host's
-    group). MPI must run threads concurrently (``MPI.THREAD_MULTIPLE``, mpi4py's default):
-    the planning thread's collectives run while the foreground makes its own; refused in one
-    line otherwise."""
+    group). Refused in one line where MPI does not run threads concurrently
+    (:func:`threads_unsupported`)."""
+    why = threads_unsupported(comm)
+    if why:
+        raise SolarError(f"host buffer: {why}")
     if hasattr(comm, "Dup"):  # mpi4py
-        from mpi4py import MPI
-
-        level = MPI.Query_thread()
-        if level < MPI.THREAD_MULTIPLE:
-            names = {MPI.THREAD_SINGLE: "SINGLE", MPI.THREAD_FUNNELED: "FUNNELED",
-                     MPI.THREAD_SERIALIZED: "SERIALIZED"}  # fmt: skip
-            raise SolarError(
-                f"host buffer: MPI runs threads at level THREAD_{names.get(level, level)}, but "
-                "a host's ranks exchange their plans from a planning thread while the "
-                "foreground runs its own collectives: initialise MPI with THREAD_MULTIPLE "
-                '(mpi4py\'s default; mpi4py.rc.threads = True) or use share="rank"'
-            )
         return comm.Dup()
     if hasattr(comm, "dup"):
         return comm.dup()
