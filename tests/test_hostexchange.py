@@ -10,6 +10,7 @@ from __future__ import annotations
 import mmap
 import os
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -452,6 +453,37 @@ def test_a_stop_completes_the_rounds_a_rank_began_alone():
     a, b = _round((lead, other), (DRAWS, 0), (DRAWS, 0))
     assert a == [None, None] and b == [None, None]
     _stop((lead, other))
+
+
+def test_a_stop_round_releases_no_payload_a_thread_may_still_map():
+    """Rank 1's planning thread took round 1's payloads and maps them after its round
+    returns; meanwhile rank 0's foreground stops, completing rank 0's thread's round 2 with
+    a stop record: rank 0 must not release round 1's payload then (rank 1 would fail to map
+    it: an error, not the Interrupted a stop makes). It goes at the stop's end."""
+    lead, other = _exchanges()
+    first = [os.memfd_create("a"), os.memfd_create("b")]
+    for fd in first:
+        os.write(fd, b"payload")
+    got = _round((lead, other), (DRAWS, 0, first[0]), (DRAWS, 0, first[1]))
+    later = os.memfd_create("c")
+    with ThreadPoolExecutor(1) as pool:
+        ahead = pool.submit(lead.round, DRAWS, 1, later)
+        while lead.rounds < 2:  # (its round begun: the stop completes it)
+            time.sleep(0.001)
+
+        def mapped_after_the_stop_round():  # (rank 1's thread, late: rank 0's round is done)
+            assert isinstance(ahead.exception(timeout=60), Interrupted)
+            other.open(got[1][0]).close()
+
+        with ThreadPoolExecutor(2) as stops:
+            done = [stops.submit(lead.stop, lambda: ahead.exception(timeout=60)),
+                    stops.submit(other.stop, mapped_after_the_stop_round)]  # fmt: skip
+            for f in done:
+                f.result(timeout=60)
+    assert not lead._held and not other._held
+    for fd in (*first, later):
+        with pytest.raises(OSError):
+            os.fstat(fd)  # (released at the stop's end)
 
 
 def _streams(spec, hosts, snapshots=None):
