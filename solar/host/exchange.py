@@ -32,13 +32,12 @@ from __future__ import annotations
 import mmap
 import os
 import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-from solar._process import alive, start_time
+from solar._process import alive, poll, start_time
 from solar.errors import CorruptPlanError, SolarError
 from solar.host import memfd as _memfd
 
@@ -106,13 +105,7 @@ def _gather(comm: Any, rec: np.ndarray, check: Callable[[], None] | None = None)
         if check is None:
             req.Wait()
             return out
-        pause, due = 5e-5, time.monotonic() + TICK_S
-        while not req.Test():
-            if time.monotonic() > due:
-                check()
-                due = time.monotonic() + TICK_S
-            time.sleep(pause)
-            pause = min(2 * pause, 0.005)
+        poll(req.Test, check, TICK_S)
         return out
     if hasattr(comm, "allgather_ints"):
         return comm.allgather_ints(rec, check)

@@ -577,7 +577,7 @@ def _exchange_of(comm: Any, hosts: Hosts, host: int, local: int,
     size = len(hosts.groups[host])
     if size < 2:
         if hasattr(comm, "dup") and not hasattr(comm, "Dup"):
-            comm.dup()  # (torch.distributed: every rank creates every host's groups)
+            comm.dup().Free()  # (torch.distributed: every rank creates every host's groups)
         return None
     return HostExchange(comm, host, local, size, int(saves), payload.KINDS)
 
