@@ -486,6 +486,23 @@ def test_a_stop_round_releases_no_payload_a_thread_may_still_map():
             os.fstat(fd)  # (released at the stop's end)
 
 
+def test_a_wait_for_a_rank_alive_that_never_begins_a_round_gives_up_in_one_line():
+    """Rank 0 waits for its thread's round, which rank 1 (alive: seeked alone) never begins:
+    after the limit (the host barrier's, 30 min; here 0.3 s) one line names the wait."""
+    lead, other = _exchanges()
+    lead.limit_s = 0.3
+    with ThreadPoolExecutor(2) as pool:
+        ahead = pool.submit(lead.round, DRAWS, 0)
+        with pytest.raises(SolarError) as err:
+            lead.wait(ahead)
+        assert "host exchange: local rank 0 of host 0 waited more than 0.3 s for " in \
+            str(err.value) and "local ranks [1] run" in str(err.value)  # fmt: skip
+        assert "\n" not in str(err.value)
+        late = pool.submit(other.round, DRAWS, 0)  # (then it comes: the round completes)
+        assert ahead.result(timeout=60) == late.result(timeout=60) == [None, None]
+    _stop((lead, other))
+
+
 def _streams(spec, hosts, snapshots=None):
     """Two ranks of one host, each a NodeStream planning its part (on two threads); with
     ``snapshots`` (rank 0 saves them), rank 0 plans and rank 1 takes its epochs."""

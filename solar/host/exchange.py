@@ -32,6 +32,7 @@ from __future__ import annotations
 import mmap
 import os
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -40,6 +41,7 @@ import numpy as np
 from solar._process import alive, poll, start_time
 from solar.errors import CorruptPlanError, SolarError
 from solar.host import memfd as _memfd
+from solar.host.barrier import TIMEOUT_S
 
 # A record: int64 fields, one per local rank and round.
 _FIELDS = 9
@@ -133,6 +135,10 @@ class HostExchange:
         self.peers = [(int(p), int(s)) for p, s in mine[:, 2:4]]
         self.extras = [int(x) for x in mine[:, 4]]
         self.watch: Callable[[], None] | None = None  # the foreground's waits call it
+        # A foreground wait for ranks alive that never begin a round (one that seeked alone)
+        # gives up after this: the host barrier's (NodeStream.watch sets its barrier's).
+        self.limit_s = TIMEOUT_S
+        self._waiting = (0.0, "")  # (since when, for what) the foreground waits
         self._state = threading.Lock()  # guards rounds, limit and the held descriptors
         self._turn = threading.Lock()  # one round at a time (the planner's two threads)
         self.rounds = 0  # rounds begun on the planning communicator
@@ -232,6 +238,7 @@ class HostExchange:
         host barrier names both ranks and steps)."""
         with self._state:
             self._limit = self.rounds  # no round begins meanwhile
+        self._waiting = (time.monotonic(), "its host's ranks to stop their planning together")
         me = np.array([self.host, self.local, self.rounds, epoch], np.int64)
         every = self._local(_gather(self.comm, me, self._check))
         odd = np.flatnonzero(every[:, 3] != epoch)
@@ -277,10 +284,19 @@ class HostExchange:
             self._check()
 
     def _check(self) -> None:
-        """A foreground wait's tick: its watch (a rank elsewhere is named), every peer alive."""
+        """A foreground wait's tick: its watch (a rank elsewhere is named), every peer alive,
+        the wait within :attr:`limit_s`."""
         if self.watch is not None:
             self.watch()
         self._alive()
+        since, what = self._waiting
+        if time.monotonic() - since > self.limit_s:
+            others = [q for q in range(self.size) if q != self.local]
+            raise SolarError(
+                f"host exchange: local rank {self.local} of host {self.host} waited more than "
+                f"{self.limit_s:g} s for {what}: local ranks {others} run but one never began "
+                "the round (did a rank seek alone with set_epoch or load_state_dict, or hang?)"
+            )
 
     def _planning_check(self) -> None:
         """A planning thread's wait's tick: its exchange abandoned (its round ends), every peer
@@ -298,6 +314,7 @@ class HostExchange:
 
     def wait(self, future: Any) -> Any:
         """``future``'s result (the planning thread's epoch), checking meanwhile."""
+        self._waiting = (time.monotonic(), "its host's ranks' rounds of the plan it waits for")
         while True:
             try:
                 return future.result(timeout=TICK_S)

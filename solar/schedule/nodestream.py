@@ -258,6 +258,7 @@ class NodeStream(EpochsAhead):
         self._barrier = barrier
         if self.exchange is not None:
             self.exchange.watch = barrier.check_planning
+            self.exchange.limit_s = barrier.timeout_s  # (its waits give up as the barrier's)
 
     @contextlib.contextmanager
     def _planning(self, k: int) -> Iterator[None]:
