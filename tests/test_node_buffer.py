@@ -221,7 +221,7 @@ def test_a_node_loader_refuses_what_it_does_not_run_in_one_line(data, tmp_path, 
 
 
 def test_a_closed_node_loader_refuses_to_serve_in_one_line(data):
-    """Its host's buffer and plan board are released at close: serving again would rebuild
+    """Its host's buffer and plan exchange are released at close: serving again would rebuild
     them, a collective of its host's ranks that a rank iterating alone waits in forever (the
     others gone on to their own collectives). Refused instead: the job ends."""
     from solar import Loader, Weighted
