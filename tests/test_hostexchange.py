@@ -521,6 +521,18 @@ def _both(streams, run):
         return [f.result(timeout=60) for f in [pool.submit(run, s) for s in streams]]
 
 
+def _served_by_plan(epochs, spe, r, steps):
+    """Rank ``r``'s batches at ``steps`` as the whole host's plan (``epochs``) gives them."""
+    out = []
+    for k in steps:
+        ranks = epochs[k // spe].ranks
+        lo, so = ranks.rank_offsets[r], ranks.step_offsets[r]
+        sl = slice(int(lo + so[k % spe]), int(lo + so[k % spe + 1]))
+        side = (ranks.flags[sl] & SIDE) != 0
+        out.append(ranks.sample[sl][~side].astype(np.int64).tobytes())
+    return out
+
+
 def _services(s, steps):
     return [s.window(k).step(k).samples.tobytes() for k in steps]
 
@@ -537,14 +549,7 @@ def test_ranks_planning_parts_serve_every_step_in_order_and_after_jumps():
     spe = spec.run.steps_per_epoch
 
     def want(r, steps):
-        out = []
-        for k in steps:
-            ranks = epochs[k // spe].ranks
-            lo, so = ranks.rank_offsets[r], ranks.step_offsets[r]
-            sl = slice(int(lo + so[k % spe]), int(lo + so[k % spe + 1]))
-            side = (ranks.flags[sl] & SIDE) != 0
-            out.append(ranks.sample[sl][~side].astype(np.int64).tobytes())
-        return out
+        return _served_by_plan(epochs, spe, r, steps)
 
     every = range(6 * spe)
     for trial in range(12):  # (the ranks' threads interleave differently each time)
@@ -645,12 +650,6 @@ def test_ranks_collected_unevenly_restart_alike_on_a_jump_past_the_next_epoch(tm
     jump = range(2 * spe, 3 * spe)
     got = _both(streams, lambda s: _services(s, jump))
     for r in (0, 1):
-        want = []
-        for k in jump:
-            ranks = epochs[k // spe].ranks
-            lo, so = ranks.rank_offsets[r], ranks.step_offsets[r]
-            sl = slice(int(lo + so[k % spe]), int(lo + so[k % spe + 1]))
-            want.append(ranks.sample[sl][(ranks.flags[sl] & SIDE) == 0].astype(np.int64).tobytes())
-        assert got[r] == want, r
+        assert got[r] == _served_by_plan(epochs, spe, r, jump), r
     _both(streams, lambda s: s.close())
     assert all(s.exchange.closed and not s.exchange._held for s in streams)
