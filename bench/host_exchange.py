@@ -18,7 +18,7 @@ the seconds to pack it into a sealed memfd and to map and check it (unpack, one 
 Then ``--ranks`` processes (gloo, this machine) allgather payloads of those sizes (each rank
 its part, padded to the largest as solar.dist.TorchComm does): the median seconds of
 ``--repeat`` rounds and the bytes each rank then holds privately (every part), against the
-memfd board's (each rank maps every part, but touches only its own service's pages).
+memfd exchange's (each rank maps every part, but touches only its own service's pages).
 
 Measured (2 shared cores, other jobs running: noisy), ``--samples 1000000 --batch 1024``:
 parts of 9.6-9.9 MiB; memfd pack 0.03-0.22 s, map and check 0.001-0.03 s; gloo allgather

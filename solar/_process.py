@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
@@ -117,6 +118,20 @@ def nofile_error(what: str) -> SolarError:
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
     return SolarError(f"{what}: too many open files: this process may open {soft} (ulimit -n "
                       f"{soft}): raise the limit, or use fewer workers or files")  # fmt: skip
+
+
+# -- a wait that gives up ------------------------------------------------------------------------
+def poll(done: Callable[[], bool], check: Callable[[], None], every: float = 0.05) -> None:
+    """Wait until ``done()``, calling ``check()`` every ``every`` seconds (it raises to give
+    up: a peer gone). Sleeps grow from 50 µs to 5 ms: a collective's completion is seen within
+    5 ms without a core spun (the one polling loop of solar's non-blocking collectives)."""
+    pause, due = 5e-5, time.monotonic() + every
+    while not done():
+        if time.monotonic() > due:
+            check()
+            due = time.monotonic() + every
+        time.sleep(pause)
+        pause = min(2 * pause, 0.005)
 
 
 # -- a process's identity ------------------------------------------------------------------------

@@ -44,7 +44,7 @@ from typing import Any
 import numpy as np
 
 from solar._held_tensors import hold
-from solar._process import run_abort_hooks
+from solar._process import poll, run_abort_hooks
 from solar.errors import SolarError, first_error, first_line
 from solar.host.place import place
 from solar.launch import Launch, detect_launcher
@@ -330,6 +330,10 @@ _EXIT = "exit"  # the word that wakes a rank's abort watcher at a normal exit
 _LINGER_S = 10.0  # how long the rank serving the store waits at exit for the others
 
 
+# A freed TorchComm's group: torch refuses it in any collective (None would mean the job's).
+_FREED = object()
+
+
 class TorchComm:
     """mpi4py's few collectives that solar and its examples use, over torch.distributed.
 
@@ -407,6 +411,14 @@ class TorchComm:
         root = self if self._parent is None else self._parent
         return root.split_hosts(groups)
 
+    def Free(self) -> None:
+        """Destroy this communicator's group (one of :meth:`split_hosts` or :meth:`dup`; local,
+        as MPI's ``Free`` of a duplicate is for its caller); the job's is never freed."""
+        if self._parent is None or self._group is None:
+            raise SolarError("TorchComm.Free: only split_hosts' or dup's communicators")
+        group, self._group = self._group, _FREED
+        self._td.destroy_process_group(group)
+
     def allgather_ints(self, values: np.ndarray, wait: Any = None) -> np.ndarray:
         """Every rank's int64 ``values`` (one row per rank), without pickling; ``wait``: called
         every few milliseconds until the collective completes."""
@@ -414,16 +426,12 @@ class TorchComm:
         mine = torch.from_numpy(np.ascontiguousarray(values, np.int64).copy()).to(self._device)
         every = [torch.empty_like(mine) for _ in range(self._size)]
         work = self._td.all_gather(every, mine, group=self._group, async_op=True)
-        if wait is not None:
-            pause, due = 5e-5, time.monotonic() + 0.05
-            while not work.is_completed():
-                if time.monotonic() > due:
-                    wait()
-                    due = time.monotonic() + 0.05
-                time.sleep(pause)
-                pause = min(2 * pause, 0.005)
-        work.wait()
-        hold(mine, *every)
+        try:
+            if wait is not None:
+                poll(work.is_completed, wait)
+            work.wait()
+        finally:  # (given up on, the collective may still write them: held)
+            hold(mine, *every)
         return np.stack([t.cpu().numpy() for t in every])
 
     def Get_rank(self) -> int:

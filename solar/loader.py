@@ -248,14 +248,16 @@ class Loader(IterableDataset[dict]):
                 rehearse_loader(args, self._setup, Loader._rehearsal)
             self.stats.warm_seconds = time.perf_counter() - t0
         except BaseException:
-            self.close()  # no thread, process or tier file outlives a Loader never made
+            # No thread, process or tier file outlives a Loader never made; closed alone (the
+            # other ranks, alive, may never close: a host's collective close would hang).
+            self.close(abandon=True)
             raise
 
     def _build(self) -> pipeline.Pipeline:
         """This process's pipeline. A forked child builds its own, with a new buffer and tier
         refilled before it serves (its parent's reads and files are not its own)."""
         if self._closed and self._setup.shared:
-            # Building again would make its host's buffer and board: a collective of the
+            # Building again would make its host's buffer and exchange: a collective of the
             # host's ranks, which a rank serving alone after close would wait in forever.
             raise SolarError('share="node": this Loader is closed (its host\'s buffer and '
                              "plan are released); make a new Loader")  # fmt: skip
@@ -415,14 +417,16 @@ class Loader(IterableDataset[dict]):
         if runner is not None:
             runner.wait_reads()
 
-    def close(self) -> None:
+    def close(self, abandon: bool = False) -> None:
         """Stop the background work; remove the tier file. (With ``share="node"`` the Loader
-        serves no more: its host's buffer and plan are released.)"""
+        serves no more: its host's buffer and plan are released, together with the host's
+        ranks.) ``abandon``: on an error path, this rank alone (no collective: the others
+        may never close)."""
         self._closed = True
         runner = self._pipeline.drop()  # a forked child never waits for its parent's reads
         if runner is not None:
             runner.close()
-        self._stream.close()
+        self._stream.close(abandon)
         self.reader.close()
         if self._exchange is not None:
             self._exchange.close()
@@ -431,7 +435,7 @@ class Loader(IterableDataset[dict]):
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.close()
+        self.close(abandon=exc[0] is not None)  # (an exception: this rank alone, see close)
 
 
 def _check_torch_caller(caller: Any) -> None:

@@ -217,6 +217,57 @@ print("ok")
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
 
 
+def test_a_torch_comms_duplicate_is_freed_and_a_gather_given_up_holds_its_tensors():
+    """TorchComm.Free destroys a duplicate's gloo group (a host exchange's, or the one a host
+    of one rank makes with the others and discards); a gather whose wait gives up (a peer
+    gone) still holds its tensors (the collective may write them later)."""
+    code = """
+import types
+import numpy as np
+import torch.distributed as td
+from torch.distributed import distributed_c10d as c10d
+from solar import _held_tensors
+from solar.dist import TorchComm
+from solar.errors import SolarError
+td.init_process_group("gloo", store=td.HashStore(), rank=0, world_size=1)
+comm = TorchComm()
+before = len(c10d._world.pg_map)
+d = comm.dup()
+assert len(c10d._world.pg_map) == before + 1
+assert d.allgather_ints(np.arange(3), lambda: None).tolist() == [[0, 1, 2]]
+d.Free()
+assert len(c10d._world.pg_map) == before
+try:
+    comm.Free()
+    raise AssertionError("the job's communicator freed")
+except SolarError:
+    pass
+
+class Pending:  # a collective that never completes
+    def is_completed(self):
+        return False
+
+def gone():
+    raise SolarError("peer gone")
+
+_held_tensors.wait_for_release()  # (the gathers before: let go of)
+comm._td = types.SimpleNamespace(all_gather=lambda *a, **k: Pending())
+try:
+    comm.allgather_ints(np.arange(3), gone)
+    raise AssertionError("not given up")
+except SolarError:
+    pass
+got = _held_tensors._held
+assert len(got) == 2 and got[0].tolist() == [0, 1, 2], got  # (its own and the one received)
+_held_tensors._held.clear()
+td.destroy_process_group()
+print("ok")
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
+
+
 def test_a_comm_that_cannot_split_stays_the_jobs_and_says_so(monkeypatch):
     monkeypatch.setenv("SOLAR_HOSTS", "3,1")
     job = Job(0, ["x"] * 4)

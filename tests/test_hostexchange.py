@@ -10,6 +10,7 @@ from __future__ import annotations
 import mmap
 import os
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -51,7 +52,7 @@ class _Pair:
 
     def __init__(self) -> None:
         self.slots: list = [None, None]
-        self.gate = threading.Barrier(2)
+        self.gate = threading.Barrier(2, timeout=60)  # (a hang guard: a deadlock raises)
         self.lock = threading.Lock()
         self.child: _Pair | None = None
 
@@ -454,14 +455,63 @@ def test_a_stop_completes_the_rounds_a_rank_began_alone():
     _stop((lead, other))
 
 
-def _streams(spec, hosts):
-    """Two ranks of one host, each a NodeStream planning its part (on two threads)."""
+def test_a_stop_round_releases_no_payload_a_thread_may_still_map():
+    """Rank 1's planning thread took round 1's payloads and maps them after its round
+    returns; meanwhile rank 0's foreground stops, completing rank 0's thread's round 2 with
+    a stop record: rank 0 must not release round 1's payload then (rank 1 would fail to map
+    it: an error, not the Interrupted a stop makes). It goes at the stop's end."""
+    lead, other = _exchanges()
+    first = [os.memfd_create("a"), os.memfd_create("b")]
+    for fd in first:
+        os.write(fd, b"payload")
+    got = _round((lead, other), (DRAWS, 0, first[0]), (DRAWS, 0, first[1]))
+    later = os.memfd_create("c")
+    with ThreadPoolExecutor(1) as pool:
+        ahead = pool.submit(lead.round, DRAWS, 1, later)
+        while lead.rounds < 2:  # (its round begun: the stop completes it)
+            time.sleep(0.001)
+
+        def mapped_after_the_stop_round():  # (rank 1's thread, late: rank 0's round is done)
+            assert isinstance(ahead.exception(timeout=60), Interrupted)
+            other.open(got[1][0]).close()
+
+        with ThreadPoolExecutor(2) as stops:
+            done = [stops.submit(lead.stop, lambda: ahead.exception(timeout=60)),
+                    stops.submit(other.stop, mapped_after_the_stop_round)]  # fmt: skip
+            for f in done:
+                f.result(timeout=60)
+    assert not lead._held and not other._held
+    for fd in (*first, later):
+        with pytest.raises(OSError):
+            os.fstat(fd)  # (released at the stop's end)
+
+
+def test_a_wait_for_a_rank_alive_that_never_begins_a_round_gives_up_in_one_line():
+    """Rank 0 waits for its thread's round, which rank 1 (alive: seeked alone) never begins:
+    after the limit (the host barrier's, 30 min; here 0.3 s) one line names the wait."""
+    lead, other = _exchanges()
+    lead.limit_s = 0.3
+    with ThreadPoolExecutor(2) as pool:
+        ahead = pool.submit(lead.round, DRAWS, 0)
+        with pytest.raises(SolarError) as err:
+            lead.wait(ahead)
+        assert "host exchange: local rank 0 of host 0 waited more than 0.3 s for " in \
+            str(err.value) and "local ranks [1] run" in str(err.value)  # fmt: skip
+        assert "\n" not in str(err.value)
+        late = pool.submit(other.round, DRAWS, 0)  # (then it comes: the round completes)
+        assert ahead.result(timeout=60) == late.result(timeout=60) == [None, None]
+    _stop((lead, other))
+
+
+def _streams(spec, hosts, snapshots=None):
+    """Two ranks of one host, each a NodeStream planning its part (on two threads); with
+    ``snapshots`` (rank 0 saves them), rank 0 plans and rank 1 takes its epochs."""
     pair = _Pair()
     with ThreadPoolExecutor(2) as pool:
-        made = [pool.submit(NodeStream, spec, r, hosts, stage_bound(spec, hosts), None,
-                            pair.of(r)) for r in (0, 1)]  # fmt: skip
+        made = [pool.submit(NodeStream, spec, r, hosts, stage_bound(spec, hosts),
+                            snapshots if r == 0 else None, pair.of(r)) for r in (0, 1)]  # fmt: skip
         streams = [f.result() for f in made]
-    assert all(s.parted for s in streams)
+    assert all(s.parted == (snapshots is None) for s in streams)
     return streams
 
 
@@ -469,6 +519,18 @@ def _both(streams, run):
     """``run(stream)`` on both ranks at once; their results (an error raised)."""
     with ThreadPoolExecutor(2) as pool:
         return [f.result(timeout=60) for f in [pool.submit(run, s) for s in streams]]
+
+
+def _served_by_plan(epochs, spe, r, steps):
+    """Rank ``r``'s batches at ``steps`` as the whole host's plan (``epochs``) gives them."""
+    out = []
+    for k in steps:
+        ranks = epochs[k // spe].ranks
+        lo, so = ranks.rank_offsets[r], ranks.step_offsets[r]
+        sl = slice(int(lo + so[k % spe]), int(lo + so[k % spe + 1]))
+        side = (ranks.flags[sl] & SIDE) != 0
+        out.append(ranks.sample[sl][~side].astype(np.int64).tobytes())
+    return out
 
 
 def _services(s, steps):
@@ -487,14 +549,7 @@ def test_ranks_planning_parts_serve_every_step_in_order_and_after_jumps():
     spe = spec.run.steps_per_epoch
 
     def want(r, steps):
-        out = []
-        for k in steps:
-            ranks = epochs[k // spe].ranks
-            lo, so = ranks.rank_offsets[r], ranks.step_offsets[r]
-            sl = slice(int(lo + so[k % spe]), int(lo + so[k % spe + 1]))
-            side = (ranks.flags[sl] & SIDE) != 0
-            out.append(ranks.sample[sl][~side].astype(np.int64).tobytes())
-        return out
+        return _served_by_plan(epochs, spe, r, steps)
 
     every = range(6 * spe)
     for trial in range(12):  # (the ranks' threads interleave differently each time)
@@ -574,3 +629,27 @@ def test_ranks_restarting_at_other_epochs_are_named_in_one_line():
                 f.result(timeout=60)
             assert "restarts at epoch 0" in str(exc.value)
             assert "restarts at epoch 2" in str(exc.value)
+
+
+def test_ranks_collected_unevenly_restart_alike_on_a_jump_past_the_next_epoch(tmp_path):
+    """With snapshots (rank 0 plans, rank 1 takes its epochs), a jump from epoch 0 to 2 is a
+    restart on every local rank, decided from the epoch served, not from how far each rank
+    collected: rank 0 holds epoch 1 (its window ends at 2), rank 1 does not (at 1). Deciding
+    from the window's end, rank 0 waited for epoch 2 and rank 1 stopped: a deadlock."""
+    spec, hosts = _spec(epochs=4), Hosts.grid(1, 2)
+    whole = NodePlanner(spec, hosts, only_host=0)
+    epochs = [whole.next() for _ in range(spec.run.epochs)]
+    spe = spec.run.steps_per_epoch
+    streams = _streams(spec, hosts, tmp_path)
+    assert all(s.host_saves for s in streams)
+    for s in streams:
+        s.start()
+    _both(streams, lambda s: s.window(0))
+    streams[0]._bg.get().future.result()
+    assert streams[0].planned_end == 2 * spe  # rank 0 collects epoch 1; rank 1 does not
+    jump = range(2 * spe, 3 * spe)
+    got = _both(streams, lambda s: _services(s, jump))
+    for r in (0, 1):
+        assert got[r] == _served_by_plan(epochs, spe, r, jump), r
+    _both(streams, lambda s: s.close())
+    assert all(s.exchange.closed and not s.exchange._held for s in streams)

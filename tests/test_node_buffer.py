@@ -147,6 +147,18 @@ def test_a_rank_leaving_an_epoch_early_ends_the_job_in_one_line(data, graph):
     assert _left_by(result) == []
 
 
+def test_a_rank_raising_inside_its_loader_ends_the_job_in_one_line(data, graph):
+    """Rank 1 raises inside ``with Loader(...)`` while the others wait in a collective: its
+    close is its own (not the host's collective stop, which would wait for ranks that never
+    close): the job ends promptly with its one line. (The timeout is a hang guard.)"""
+    result = _mpiexec(4, data, graph, "raise", "1x4", timeout=90, script="node_loader.py")
+    assert result.returncode != 0 and "unreachable" not in result.stderr
+    lines = [x for x in result.stderr.splitlines() if "boom from rank 1" in x]
+    assert lines == ["solar: rank 1: error: boom from rank 1's training step"], \
+        result.stderr[-3000:]  # fmt: skip
+    assert _left_by(result) == []
+
+
 @pytest.mark.parametrize("launcher, grouping", [(MPIEXEC, "1x4"), (TORCHRUN, "3,1")])
 def test_a_rank_serving_another_epoch_than_its_host_is_named_at_once(data, graph, launcher,
                                                                      grouping):  # fmt: skip
@@ -209,7 +221,7 @@ def test_a_node_loader_refuses_what_it_does_not_run_in_one_line(data, tmp_path, 
 
 
 def test_a_closed_node_loader_refuses_to_serve_in_one_line(data):
-    """Its host's buffer and plan board are released at close: serving again would rebuild
+    """Its host's buffer and plan exchange are released at close: serving again would rebuild
     them, a collective of its host's ranks that a rank iterating alone waits in forever (the
     others gone on to their own collectives). Refused instead: the job ends."""
     from solar import Loader, Weighted

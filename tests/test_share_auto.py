@@ -73,6 +73,32 @@ def test_auto_falls_back_where_node_refuses_in_one_line(monkeypatch, kw, word):
     assert str(err.value).startswith(f'share="node": {word}') and "\n" not in str(err.value)
 
 
+class FakeMPIComm(FakeComm):
+    """An mpi4py communicator's look (its planning thread's is a ``Dup``)."""
+
+    def Dup(self):
+        raise AssertionError("no communicator is made for a node buffer that does not run")
+
+
+@pytest.mark.parametrize("level", ["SERIALIZED", "FUNNELED"])
+def test_mpi_without_concurrent_threads_falls_back_or_refuses_in_setup(monkeypatch, level):
+    """A node buffer's planning thread exchanges over MPI beside the foreground: below
+    THREAD_MULTIPLE "auto" falls back to a buffer per rank and "node" refuses in setup, on
+    every rank alike (not in the NodeStream, after "auto" chose it)."""
+    from solar.host import exchange
+
+    monkeypatch.setenv("SOLAR_HOSTS", "1x4")
+    monkeypatch.setattr(exchange, "_mpi_threads", lambda: (False, level))
+    assert decide("auto", spec(SPLIT), FakeMPIComm(4)) == (None, None)
+    with pytest.raises(SolarError) as err:
+        decide("node", spec(SPLIT), FakeMPIComm(4))
+    assert str(err.value).startswith(f'share="node": comm: MPI runs threads at level '
+                                     f"THREAD_{level}") and "\n" not in str(err.value)  # fmt: skip
+    monkeypatch.setattr(exchange, "_mpi_threads", lambda: (True, "MULTIPLE"))
+    assert exchange.threads_unsupported(FakeMPIComm(4)) == ""
+    assert exchange.threads_unsupported(FakeComm(4)) == ""  # (torch's groups: no level)
+
+
 def test_every_rank_falls_back_if_one_ranks_configuration_is_not_run(monkeypatch):
     monkeypatch.setenv("SOLAR_HOSTS", "1x4")
     # (the host names and share itself agreed: configure places the rank first, one gather)

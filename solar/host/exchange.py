@@ -21,8 +21,10 @@ interrupted, so a restart or a close stops it with the host's ranks together
 local rank makes at a restart or a close): they agree on the number of rounds the furthest
 rank's thread has begun; each rank makes the rounds its own thread has not (with a stop record:
 a thread that receives one ends its epoch with :class:`Interrupted`), and its thread begins no
-more; then they release their payloads. Nothing waits forever: a peer that dies ends the job
-(the launcher's teardown), and the foreground's waits check that every peer still runs.
+more; then they release their payloads. A rank failing alone does not stop: it abandons its
+exchange (:meth:`~HostExchange.abandon`, no collective: its peers, alive, may never close) and
+the job ends. Nothing waits forever: a peer that dies ends the job (the launcher's teardown),
+and the foreground's waits check that every peer still runs.
 """
 
 from __future__ import annotations
@@ -36,9 +38,10 @@ from typing import Any
 
 import numpy as np
 
-from solar._process import alive, start_time
+from solar._process import alive, poll, start_time
 from solar.errors import CorruptPlanError, SolarError
 from solar.host import memfd as _memfd
+from solar.host.barrier import TIMEOUT_S
 
 # A record: int64 fields, one per local rank and round.
 _FIELDS = 9
@@ -52,25 +55,40 @@ class Interrupted(SolarError):
     """A round ended by a stop of the host's ranks (a restart or a close): its epoch is dropped."""
 
 
+def threads_unsupported(comm: Any) -> str:
+    """Why ``comm`` cannot serve a planning thread's collectives beside the foreground's, or
+    "": MPI must run threads concurrently (``MPI.THREAD_MULTIPLE``, mpi4py's default).
+    (solar.runtime.setup's list of what a node buffer does not run holds it.)"""
+    if not hasattr(comm, "Dup"):  # (not mpi4py: torch.distributed's groups are thread-safe)
+        return ""
+    multiple, level = _mpi_threads()
+    if multiple:
+        return ""
+    return (f"MPI runs threads at level THREAD_{level}, but a host's ranks exchange their "
+            "plans from a planning thread while the foreground runs its own collectives: "
+            "initialise MPI with THREAD_MULTIPLE (mpi4py's default; mpi4py.rc.threads = True) "
+            'or use share="rank"')  # fmt: skip
+
+
+def _mpi_threads() -> tuple[bool, str]:
+    """Whether MPI runs threads concurrently (THREAD_MULTIPLE), and its level's name."""
+    from mpi4py import MPI
+
+    level = MPI.Query_thread()
+    names = {MPI.THREAD_SINGLE: "SINGLE", MPI.THREAD_FUNNELED: "FUNNELED",
+             MPI.THREAD_SERIALIZED: "SERIALIZED", MPI.THREAD_MULTIPLE: "MULTIPLE"}  # fmt: skip
+    return level >= MPI.THREAD_MULTIPLE, names.get(level, str(level))
+
+
 def planning_comm(comm: Any) -> Any:
     """A communicator of ``comm``'s ranks for the planning thread alone (a collective of
     ``comm``; under torch.distributed, of the whole job: every rank creates every host's
-    group). MPI must run threads concurrently (``MPI.THREAD_MULTIPLE``, mpi4py's default):
-    the planning thread's collectives run while the foreground makes its own; refused in one
-    line otherwise."""
+    group). Refused in one line where MPI does not run threads concurrently
+    (:func:`threads_unsupported`)."""
+    why = threads_unsupported(comm)
+    if why:
+        raise SolarError(f"host buffer: {why}")
     if hasattr(comm, "Dup"):  # mpi4py
-        from mpi4py import MPI
-
-        level = MPI.Query_thread()
-        if level < MPI.THREAD_MULTIPLE:
-            names = {MPI.THREAD_SINGLE: "SINGLE", MPI.THREAD_FUNNELED: "FUNNELED",
-                     MPI.THREAD_SERIALIZED: "SERIALIZED"}  # fmt: skip
-            raise SolarError(
-                f"host buffer: MPI runs threads at level THREAD_{names.get(level, level)}, but "
-                "a host's ranks exchange their plans from a planning thread while the "
-                "foreground runs its own collectives: initialise MPI with THREAD_MULTIPLE "
-                '(mpi4py\'s default; mpi4py.rc.threads = True) or use share="rank"'
-            )
         return comm.Dup()
     if hasattr(comm, "dup"):
         return comm.dup()
@@ -89,13 +107,7 @@ def _gather(comm: Any, rec: np.ndarray, check: Callable[[], None] | None = None)
         if check is None:
             req.Wait()
             return out
-        pause, due = 5e-5, time.monotonic() + TICK_S
-        while not req.Test():
-            if time.monotonic() > due:
-                check()
-                due = time.monotonic() + TICK_S
-            time.sleep(pause)
-            pause = min(2 * pause, 0.005)
+        poll(req.Test, check, TICK_S)
         return out
     if hasattr(comm, "allgather_ints"):
         return comm.allgather_ints(rec, check)
@@ -123,12 +135,17 @@ class HostExchange:
         self.peers = [(int(p), int(s)) for p, s in mine[:, 2:4]]
         self.extras = [int(x) for x in mine[:, 4]]
         self.watch: Callable[[], None] | None = None  # the foreground's waits call it
+        # A foreground wait for ranks alive that never begin a round (one that seeked alone)
+        # gives up after this: the host barrier's (NodeStream.watch sets its barrier's).
+        self.limit_s = TIMEOUT_S
+        self._waiting = (0.0, "")  # (since when, for what) the foreground waits
         self._state = threading.Lock()  # guards rounds, limit and the held descriptors
         self._turn = threading.Lock()  # one round at a time (the planner's two threads)
         self.rounds = 0  # rounds begun on the planning communicator
         self._limit: int | None = None  # no round begins past it (a stop under way)
-        self._held: list[int] = []  # descriptors posted in the last round
+        self._held: list[int] = []  # descriptors posted in the last round (or since a stop)
         self.closed = False
+        self._abandoned = False  # closed alone, on an error path (abandon)
 
     # -- the planning thread --------------------------------------------------------------------
     def round(self, kind: int, epoch: int, fd: int = -1, part: int = 0) -> list[np.ndarray | None]:
@@ -145,16 +162,20 @@ class HostExchange:
                 self.rounds += 1
                 n = self.rounds
             rec = np.array([self.host, self.local, kind, epoch, -1, -1, -1, 0, n], np.int64)
-            if fd >= 0:
-                st = os.fstat(fd)
-                rec[PID : NBYTES + 1] = (os.getpid(), fd, st.st_ino, st.st_size)
             try:
-                got = self._local(_gather(self.pcomm, rec, self._alive))
+                if fd >= 0:
+                    st = os.fstat(fd)
+                    rec[PID : NBYTES + 1] = (os.getpid(), fd, st.st_ino, st.st_size)
+                got = self._local(_gather(self.pcomm, rec, self._planning_check))
             except BaseException:
                 _close(fd)
                 raise
-            self._rotate([fd] if fd >= 0 else [])
-        if np.any(got[:, KIND] == STOP):
+            stopping = bool(np.any(got[:, KIND] == STOP))
+            # A stop round was made by a rank's foreground, maybe while its thread still maps
+            # the round before's payloads: nothing is released until the stop's last gather
+            # (every thread joined).
+            self._rotate([fd] if fd >= 0 else [], keep=stopping)
+        if stopping:
             raise Interrupted(f"host exchange: {self._name(kind)} of epoch {epoch} interrupted")
         odd = np.flatnonzero((got[:, KIND] != kind) | (got[:, EPOCH] != epoch))
         if odd.size:
@@ -174,11 +195,17 @@ class HostExchange:
         mine = every[every[:, HOST] == self.host]
         return mine[np.argsort(mine[:, LOCAL])]
 
-    def _rotate(self, fds: list[int]) -> None:
+    def _rotate(self, fds: list[int], keep: bool = False) -> None:
         """Close the descriptors of the round before (every rank mapped its payloads before
-        it entered this one); hold ``fds`` until the next."""
+        it entered this one); hold ``fds`` until the next. ``keep``: close none (a stop's
+        round: the rounds before may not all be mapped yet). Once abandoned, close all."""
         with self._state:
-            old, self._held = self._held, fds
+            if keep and not self._abandoned:
+                old, self._held = [], self._held + fds
+            else:
+                old, self._held = self._held, fds
+            if self._abandoned:
+                old, self._held = old + self._held, []
         for fd in old:
             _close(fd)
 
@@ -211,6 +238,7 @@ class HostExchange:
         host barrier names both ranks and steps)."""
         with self._state:
             self._limit = self.rounds  # no round begins meanwhile
+        self._waiting = (time.monotonic(), "its host's ranks to stop their planning together")
         me = np.array([self.host, self.local, self.rounds, epoch], np.int64)
         every = self._local(_gather(self.comm, me, self._check))
         odd = np.flatnonzero(every[:, 3] != epoch)
@@ -256,9 +284,25 @@ class HostExchange:
             self._check()
 
     def _check(self) -> None:
-        """A foreground wait's tick: its watch (a rank elsewhere is named), every peer alive."""
+        """A foreground wait's tick: its watch (a rank elsewhere is named), every peer alive,
+        the wait within :attr:`limit_s`."""
         if self.watch is not None:
             self.watch()
+        self._alive()
+        since, what = self._waiting
+        if time.monotonic() - since > self.limit_s:
+            others = [q for q in range(self.size) if q != self.local]
+            raise SolarError(
+                f"host exchange: local rank {self.local} of host {self.host} waited more than "
+                f"{self.limit_s:g} s for {what}: local ranks {others} run but one never began "
+                "the round (did a rank seek alone with set_epoch or load_state_dict, or hang?)"
+            )
+
+    def _planning_check(self) -> None:
+        """A planning thread's wait's tick: its exchange abandoned (its round ends), every peer
+        alive."""
+        if self._abandoned:
+            raise Interrupted("host exchange: abandoned (this rank is failing)")
         self._alive()
 
     def _alive(self) -> None:
@@ -270,6 +314,7 @@ class HostExchange:
 
     def wait(self, future: Any) -> Any:
         """``future``'s result (the planning thread's epoch), checking meanwhile."""
+        self._waiting = (time.monotonic(), "its host's ranks' rounds of the plan it waits for")
         while True:
             try:
                 return future.result(timeout=TICK_S)
@@ -285,6 +330,16 @@ class HostExchange:
             self.closed = True
         if hasattr(self.pcomm, "Free"):
             self.pcomm.Free()
+
+    def abandon(self) -> None:
+        """Close alone, on an error path (this rank is failing; its peers, alive, may never
+        close: a stop would wait for them forever): no collective. The planning thread's
+        round ends within a tick (:class:`Interrupted`) and begins no more; this rank's
+        payloads are released. The planning communicator is left to the job's end (a round
+        of it may be pending)."""
+        with self._state:
+            self.closed = self._abandoned = True
+        self._rotate([])
 
 
 def _doing(epoch: int) -> str:

@@ -26,6 +26,7 @@ from solar.config import BufferConfig, ReaderConfig, RunConfig, parse_size
 from solar.dist import agree, first_error
 from solar.errors import SolarError
 from solar.host import Place, host_comm, place
+from solar.host.exchange import threads_unsupported
 from solar.io.info import DatasetInfo, KeyInfo
 from solar.io.reader import Reader
 from solar.io.sources import describe_source
@@ -220,6 +221,10 @@ def node_unsupported(spec: PlanSpec, holds_transformed: bool, world: int, comm: 
                 "yet (Transform(deterministic=False) holds raw rows)")  # fmt: skip
     if world > 1 and comm is None:
         return "comm: the ranks of a host synchronise every step (pass comm=)"
+    if world > 1:
+        why = threads_unsupported(comm)  # (its planning thread's exchange: solar.host.exchange)
+        if why:
+            return f"comm: {why}"
     return ""
 
 

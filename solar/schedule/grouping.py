@@ -166,7 +166,8 @@ class NodeEpoch:
     ranks: EpochPlan
     reader: np.ndarray  # (rank accesses,) int16: global rank reading it; -1: a buffer hit
     at: np.ndarray  # (rank accesses,) int64 index into host.sample
-    # Taken from local rank 0's payload (solar/schedule/hostpayload.py): every step's staging set
+    # Taken from the exchange (solar/schedule/hostpayload.py: local rank 0's payload, or in parts
+    # assembled from every part's, solar/schedule/nodeview.py): every step's staging set
     # (offsets, sorted host indexes) and the host's buffer as the epoch starts. None: derived.
     staged: tuple[np.ndarray, np.ndarray] | None = None
     initial: np.ndarray | None = None

@@ -17,17 +17,19 @@ puts its view of the epoch together from every part (solar/schedule/nodeview.py)
 or rank 0 saving snapshots) local rank 0 plans and publishes each epoch's host part and the
 host's other ranks map it. What they exchange is bytes in sealed memfds
 (solar/schedule/hostpayload.py) named in rounds of a communicator the planning thread owns
-(solar/host/exchange.py): every local rank makes the same rounds in the same order, so a jump
-forward plans on (every epoch, on every local rank alike) and a jump back, or a close, first
-stops the host's planning threads together. Without the host's communicator (one rank per
-host, a test) a rank plans its host itself: the plan is a pure function of the inputs, the
-same either way. With
-equal batches on several hosts, :meth:`~NodeWindow.transfer` is the rank's exchange of the
-host's surplus rows with other hosts' ranks (solar/schedule/nodeequal.py). With a tier, the
-step's tier hits and tier writes too, its updates cut into the host's phases where the host
-updates a cell twice (:func:`~solar.schedule.nodeplan.host_phases`). (A node plan file is read
-by solar/schedule/nodefile.py's subclass.) A jump back replans from epoch 0, or, given a
-directory of node planner snapshots (rank 0 saves one after each epoch it plans, of every host:
+(solar/host/exchange.py; the planners that take part: solar/schedule/hostplanners.py): every
+local rank makes the same rounds in the same order, so a jump forward plans on (every epoch, on
+every local rank alike) and a jump back (with snapshots, also one past the next epoch), or a
+close, first stops the host's planning threads together, decided alike on every local rank
+from the epoch served. A rank failing alone closes alone (``close(abandon=True)``). Without the
+host's communicator (one rank per host, a test) a rank plans its host itself: the plan is a
+pure function of the inputs, the same either way. With equal batches on several hosts,
+:meth:`~NodeWindow.transfer` is the rank's exchange of the host's surplus rows with other hosts'
+ranks (solar/schedule/nodeequal.py). With a tier, the step's tier hits and tier writes too, its
+updates cut into the host's phases where the host updates a cell twice
+(:func:`~solar.schedule.nodeplan.host_phases`). (A node plan file is read by
+solar/schedule/nodefile.py's subclass.) A jump back replans from epoch 0, or, given a directory
+of node planner snapshots (rank 0 saves one after each epoch it plans, of every host:
 solar/schedule/snapshot.py), from the newest one of this grouping at or before the epoch.
 """
 
@@ -36,7 +38,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -44,16 +45,15 @@ from typing import Any
 import numpy as np
 
 from solar.errors import CorruptPlanError, SolarError
-from solar.host.exchange import HostExchange, Interrupted
+from solar.host.exchange import Interrupted
 from solar.schedule import hostpayload as payload
 from solar.schedule import snapshot
 from solar.schedule._common import ADMIT, DEMOTE, HIT, PEER, SIDE, TADMIT, THIT, tier_slot_count
-from solar.schedule.draws import EpochDraws
 from solar.schedule.grouping import Hosts, NodeEpoch
+from solar.schedule.hostplanners import EpochReader, PartPlanner, exchange_of
 from solar.schedule.hostrun import host_parts, node_spec
 from solar.schedule.nodeequal import node_transfer
 from solar.schedule.nodeplan import NodePlanner, host_phases
-from solar.schedule.nodeview import assemble
 from solar.schedule.rankplan import RankPlan, StepPlan
 from solar.schedule.snapshot import save_or_warn
 from solar.schedule.spec import PlanSpec
@@ -216,7 +216,7 @@ class NodeStream(EpochsAhead):
         self.pid = os.getpid()  # the process that joined its host (a forked child cannot)
         # With the host's communicator, the exchange of the host's ranks (a collective now,
         # in the foreground; solar/host/exchange.py), and what names this run's payloads.
-        self.exchange = _exchange_of(comm, hosts, self.host, self.local, self._saves())
+        self.exchange = exchange_of(comm, hosts, self.host, self.local, self._saves())
         self.tag = payload.digest(spec.fingerprint, hosts, self.host)
         # Whether a rank of this host saves node planner snapshots (the host's ranks decide
         # alike how its plan is made).
@@ -258,6 +258,7 @@ class NodeStream(EpochsAhead):
         self._barrier = barrier
         if self.exchange is not None:
             self.exchange.watch = barrier.check_planning
+            self.exchange.limit_s = barrier.timeout_s  # (its waits give up as the barrier's)
 
     @contextlib.contextmanager
     def _planning(self, k: int) -> Iterator[None]:
@@ -320,15 +321,27 @@ class NodeStream(EpochsAhead):
                               num_samples=self.spec.run.num_samples, slots=self.slots,
                               tier=self.tier_slots, tag=self.tag)  # fmt: skip
 
+    def _restarts(self, e: int) -> bool:
+        """With the exchange, whether serving epoch ``e`` restarts the host's planning (a
+        collective stop), decided alike on every local rank: from the epoch against the
+        window's first, which the host's barrier keeps in step, never from how far each rank
+        has collected. A jump back restarts; with snapshots, so does a jump past the next
+        epoch (rank 0 loads the nearest); a jump forward otherwise plans on."""
+        if self.exchange is None:
+            return False
+        return e < self._first or (self.host_saves and e > self._first + 1)
+
+    def _reach(self, e: int) -> None:
+        self._in_child()  # (before deciding: a forked child never stops its parent's host)
+        if self.exchange is None:
+            super()._reach(e)
+        elif self._restarts(e) or self._bg.get().planner is None:
+            self._restart_at(e)  # (whatever this rank's window holds: its peers' may differ)
+        else:
+            self._advance(e)
+
     def _restart_at(self, epoch: int) -> None:
         """Replan up to ``epoch`` (from where the planner is, if not past it; else from 0)."""
-        # With the exchange, the host's ranks decide alike (on the epoch they serve, not on
-        # how far each has planned): a jump forward plans on (with snapshots, past the next
-        # epoch, a restart: rank 0 loads the nearest), a jump back restarts.
-        ahead = epoch >= self._first and (epoch <= self._first + 1 or not self.host_saves)
-        if self.exchange is not None and self._bg.get().planner is not None and ahead:
-            self._advance(epoch)
-            return
         t0 = time.perf_counter()
         p: Any = None  # (a NodePlanner or EpochReader)
         if self.exchange is not None:  # a jump back: the host's planning threads stop first
@@ -377,9 +390,13 @@ class NodeStream(EpochsAhead):
         self.wait_seconds += time.perf_counter() - t0
 
     def _new_planning(self) -> Any:
-        if os.getpid() != self.pid:  # a forked child: it plans its host itself, no exchange
-            self.exchange, self.parted = None, False
+        self._in_child()
         return super()._new_planning()
+
+    def _in_child(self) -> None:
+        """In a forked child, drop the exchange (its parent's): it plans its host itself."""
+        if os.getpid() != self.pid:
+            self.exchange, self.parted = None, False
 
     def _collect(self, wait: bool) -> bool:
         bg = self._bg.get()
@@ -405,12 +422,16 @@ class NodeStream(EpochsAhead):
             pass
         bg.future = None
 
-    def close(self) -> None:
+    def close(self, abandon: bool = False) -> None:
         """Stop planning: with the exchange, together with the host's ranks (a collective of
-        the host's communicator: every local rank closes its stream)."""
+        the host's communicator: every local rank closes its stream); with ``abandon`` (an
+        error path: the host's other ranks may never close), alone."""
         if self.exchange is not None and os.getpid() == self.pid:
-            self.exchange.close(self._join)
-        super().close()
+            if abandon:
+                self.exchange.abandon()
+            else:
+                self.exchange.close(self._join)
+        super().close(abandon)
 
     def _initial_at(self, e: int) -> np.ndarray:
         """The host's buffer as epoch ``e`` of the window starts (taken with it from the
@@ -424,147 +445,6 @@ class NodeStream(EpochsAhead):
             self._window = NodeWindow(self, self._parts, self._first, self._initial,
                                       last == self.spec.run.epochs)  # fmt: skip
         return self._window
-
-
-class EpochReader:
-    """A planner's stand-in on the host's other ranks: its epochs are local rank 0's, taken in
-    the exchange's rounds (``NodeStream`` drives it as it drives a :class:`NodePlanner`)."""
-
-    def __init__(self, stream: NodeStream) -> None:
-        self.stream = stream
-        self.epoch = 0
-        self.planner = self  # (NodeStream skips epochs and asks contents through .planner)
-
-    def skip(self) -> None:
-        """Go past an epoch without taking it (local rank 0 skips it too)."""
-        self.epoch += 1
-
-    def next(self) -> NodeEpoch:
-        """The next epoch, as local rank 0 published it (a round: waits for it)."""
-        s = self.stream
-        assert s.exchange is not None
-        got = s.exchange.round(payload.WHOLE, self.epoch)
-        ne = s._unpack(got[0], self.epoch)
-        self.epoch += 1
-        return ne
-
-
-class PartPlanner:
-    """A local rank's planner of its part of the host's buffer (solar/schedule/nodeparts.py)
-    and the draws it plans from: every local rank's, exchanged an epoch at a time in epoch
-    order (each rank draws its own batches and posts them, one section per part), as far
-    ahead as the planner looks before each epoch is planned (so that every local rank makes
-    the same rounds in the same order). Each epoch it plans its part, posts it, takes every
-    part and puts its rank's view together (solar/schedule/nodeview.py). One per start or
-    restart (a restart stops the exchange's rounds first: solar/host/exchange.py)."""
-
-    def __init__(self, stream: NodeStream) -> None:
-        ex, parts = stream.exchange, stream.parts
-        assert ex is not None and parts is not None
-        self.stream, self.ex, self.parts = stream, ex, parts
-        self._drawn: dict[tuple[int, int], EpochDraws] = {}
-        self._lock = threading.Lock()
-        self._through = -1  # draws exchanged through this epoch
-        self._planned = -1  # the last epoch planned: its draws are never asked again
-        self.node = NodePlanner(stream.spec, stream.hosts, only_host=stream.host,
-                                part=stream.local, source=self.draws)  # fmt: skip
-        self.horizon = max(int(getattr(p.order, "horizon", 0)) for p in self.node.planner.planners)
-        self.planner = self  # (NodeStream skips epochs and asks contents through .planner)
-
-    @property
-    def epoch(self) -> int:
-        return self.node.epoch
-
-    def contents(self, host: int) -> np.ndarray:
-        """This part's cells before the next epoch (numbered within the part)."""
-        return self.node.planner.contents(host)
-
-    def skip(self) -> None:
-        """Plan the next epoch, post nothing (every rank of the host skips it too)."""
-        self._ahead()
-        self.node.planner.skip()
-        self._planned_through(self.node.epoch - 1)
-
-    def _ahead(self) -> None:
-        """Exchange the draws the planner may look at as it plans its next epoch."""
-        end = min(self.epoch + self.horizon, self.stream.spec.run.epochs - 1)
-        with self._lock:
-            self._exchange_through(end)
-
-    def draws(self, epoch: int, r: int) -> EpochDraws:
-        """Rank ``r``'s draws of ``epoch`` that this part needs (exchanged before the epoch
-        the planner plans, or now, in order). Kept until the epoch is planned: the planner asks
-        an epoch's as it looks ahead and again as it plans it."""
-        with self._lock:  # (the planner draws two epochs at once, on two threads)
-            if epoch <= self._planned:
-                raise SolarError(f"node plan: draws of epoch {epoch} asked again after it was "
-                                 "planned")  # fmt: skip
-            self._exchange_through(epoch)
-            return self._drawn[(epoch, r)]
-
-    def _exchange_through(self, epoch: int) -> None:
-        """The host's ranks' draws of every epoch through ``epoch``, one round each."""
-        s = self.stream
-        while self._through < epoch:
-            k = self._through + 1
-            mine = self.parts.split(s.drawn.own(k))  # kept: the runtime serves it
-            got = self.ex.round(payload.DRAWS, k, payload.pack_draws(mine, k, s.rank, s.tag))
-            for q, r in enumerate(s.group):
-                if q == s.local:
-                    self._drawn[(k, r)] = mine[s.local]
-                    continue
-                rec = got[q]
-                if rec is None:
-                    raise CorruptPlanError(f"node plan: rank {r} posted no draws of epoch {k}")
-                self._drawn[(k, r)] = payload.unpack_draws(
-                    self.ex.open(rec), epoch=k, rank=r, steps=s.spe, layout=self.parts,
-                    part=s.local, num_samples=s.spec.run.num_samples, tag=s.tag,
-                )  # fmt: skip
-            self._through = k
-
-    def _planned_through(self, epoch: int) -> None:
-        with self._lock:
-            self._planned = epoch
-            for k in [k for k in self._drawn if k[0] <= epoch]:
-                del self._drawn[k]
-
-    def next(self) -> NodeEpoch:
-        """Plan this part's next epoch, post it, and return this rank's view of the host's."""
-        s, parts = self.stream, self.parts
-        self._ahead()
-        contents = self.contents(s.host)
-        mine = self.node.next()
-        self._planned_through(mine.epoch)
-        fd = payload.pack(mine, s.host, np.asarray(contents, np.int64), s.tag, s.local)
-        got = self.ex.round(payload.PART, mine.epoch, fd)
-        views = [self._part(got[j], mine.epoch, j) for j in range(parts.count)]
-        return assemble(views, s.rank, list(s.group), parts, s.slots, s.tier_slots)
-
-    def _part(self, rec: np.ndarray | None, epoch: int, j: int) -> NodeEpoch:
-        """Part ``j`` of the host's buffer at ``epoch``, from the payload of the local rank
-        that plans it (checked: its cells, this rank's rows of that part)."""
-        s, parts = self.stream, self.parts
-        if rec is None:
-            raise CorruptPlanError(f"node plan: local rank {j} posted no part of epoch {epoch}")
-        return payload.unpack_part(self.ex.open(rec), epoch=epoch, hosts=s.hosts, host=s.host,
-                           rank=s.rank, steps=s.spe, num_samples=s.spec.run.num_samples,
-                           layout=parts, part=j, slots=parts.size(s.slots, j),
-                           tier=parts.size(s.tier_slots, j), tag=s.tag)  # fmt: skip
-
-
-def _exchange_of(comm: Any, hosts: Hosts, host: int, local: int,
-                 saves: bool) -> HostExchange | None:  # fmt: skip
-    """The exchange of this rank's host where several ranks share it and a communicator is
-    given (a collective of ``comm``), else None: the rank plans its host itself. ``saves``:
-    this rank saves node planner snapshots (every local rank learns whether one does)."""
-    if comm is None:
-        return None
-    size = len(hosts.groups[host])
-    if size < 2:
-        if hasattr(comm, "dup") and not hasattr(comm, "Dup"):
-            comm.dup()  # (torch.distributed: every rank creates every host's groups)
-        return None
-    return HostExchange(comm, host, local, size, int(saves), payload.KINDS)
 
 
 def _found(shared: np.ndarray, where: np.ndarray, rows: np.ndarray) -> bool:

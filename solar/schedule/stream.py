@@ -84,12 +84,11 @@ class EpochsAhead:
                 return w
         e = k // self.spe
         end = self._first + len(self._parts)
-        if self._first <= e < end:
+        if self._first <= e < end and not (trim and self._restarts(e)):
             self._collect(wait=False)
         else:
             with self._planning(k):  # this rank waits for step k's plan meanwhile
-                if not (e == end and self._extend()):
-                    self._restart_at(e)
+                self._reach(e)
         if trim and e > self._first:
             # Epochs before e are done with: the buffer state at e's start replaces them.
             self._initial = self._initial_at(e)
@@ -97,6 +96,17 @@ class EpochsAhead:
             self._first = e
             self._window = None
         return self._current()
+
+    def _restarts(self, e: int) -> bool:
+        """Whether serving epoch ``e`` restarts the planning, wherever the window ends (a
+        host's ranks decide it alike: NodeStream)."""
+        return False
+
+    def _reach(self, e: int) -> None:
+        """Make epoch ``e`` (not in the window) the window's: the next epoch, waited for, or
+        planned again from where it can be."""
+        if not (e == self._first + len(self._parts) and self._extend()):
+            self._restart_at(e)
 
     def _planning(self, k: int) -> contextlib.AbstractContextManager:
         """While this rank waits for step ``k``'s plan (a host's rank shows it to its host)."""
@@ -178,11 +188,12 @@ class EpochsAhead:
         self._submit()
         return True
 
-    def close(self) -> None:
-        """Stop the planning thread (after its current epoch)."""
+    def close(self, abandon: bool = False) -> None:
+        """Stop the planning thread (after its current epoch); ``abandon``: without waiting
+        for it (an error path: the job is ending)."""
         bg = self._bg.drop()  # a forked child never touches its parent's thread
         if bg is not None and bg.pool is not None:
-            bg.pool.shutdown(wait=True)
+            bg.pool.shutdown(wait=not abandon, cancel_futures=abandon)
 
 
 class RankStream(EpochsAhead):

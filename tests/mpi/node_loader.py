@@ -13,6 +13,8 @@ torchrun --nproc_per_node 4 tests/mpi/node_loader.py DATA.h5 GRAPH.h5 serve 3,1 
 mpiexec -n 4 python tests/mpi/node_loader.py DATA.h5 GRAPH.h5 kill 2x2      (rank 1 killed: -9,
                                                                           with a node tier)
 mpiexec -n 4 python tests/mpi/node_loader.py DATA.h5 GRAPH.h5 break 1x4     (rank 1 breaks early)
+mpiexec -n 4 python tests/mpi/node_loader.py DATA.h5 GRAPH.h5 raise 1x4     (rank 1 raises inside
+                                    `with Loader`: its close is not a collective)
 mpiexec -n 4 python tests/mpi/node_loader.py DATA.h5 GRAPH.h5 mismatch 1x4  (rank 1 serves
                                     epoch 2, its host's ranks epoch 0; torchrun too)
 mpiexec -n 4 python tests/mpi/node_loader.py DATA.h5 GRAPH.h5 disagree 3,1  (snapshots on
@@ -32,6 +34,7 @@ import h5py
 import numpy as np
 
 from solar import Loader, NeighborSampler, Shuffle, dist, host
+from solar.errors import SolarError
 from solar.graph import neighbor
 from solar.schedule.grouping import Hosts
 from solar.schedule.nodeplan import NodePlanner
@@ -159,6 +162,14 @@ for grouping in groupings:
         if rank == 0:
             print("unreachable", file=sys.stderr)
         comm.Barrier()  # would wait forever for rank 1
+        sys.exit(0)
+    if mode == "raise":  # rank 1 raises in its training loop, the others wait in a collective
+        with ld:
+            for t, _ in enumerate(ld):
+                if (rank, t) == (1, 2):
+                    raise SolarError("boom from rank 1's training step")
+                comm.Barrier()  # a training step: waits for every rank (forever, for rank 1)
+        print("unreachable", file=sys.stderr)
         sys.exit(0)
     if mode == "break":  # rank 1 leaves epoch 0 early: its host's barriers fail, in one line
         for e in range(E):
