@@ -215,7 +215,7 @@ def grouping_unsupported(spec: PlanSpec, hosts: Hosts, where: Place, comm: Any,
 def node_unsupported(spec: PlanSpec, holds_transformed: bool, world: int, comm: Any) -> str:
     """Why a node buffer does not run this configuration yet (the parameter first), or "":
     the one list of it (``share="node"`` refuses with it, ``"auto"`` falls back per rank).
-    (A plan file decides before: its kind is the share, solar.schedule.nodefile.open_given.)"""
+    (A plan file decides before: its kind is the share: open_given.)"""
     if holds_transformed:
         return ("transform: a deterministic transform's rows held transformed are not shared "
                 "yet (Transform(deterministic=False) holds raw rows)")  # fmt: skip
