@@ -7,7 +7,7 @@ itself, made by the host's ranks together (:func:`exchange_of`)."""
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -19,8 +19,40 @@ from solar.schedule.grouping import Hosts, NodeEpoch
 from solar.schedule.nodeplan import NodePlanner
 from solar.schedule.nodeview import assemble
 
-if TYPE_CHECKING:
-    from solar.schedule.nodestream import NodeStream
+
+class NodeStream(Protocol):
+    """What the planners read of the stream that drives them (solar/schedule/nodestream.py;
+    named here, not imported: that module imports this one): its place on the host, its
+    exchange, parts and draws, and the check of local rank 0's payload."""
+
+    @property
+    def spec(self) -> Any: ...
+    @property
+    def spe(self) -> int: ...
+    @property
+    def rank(self) -> int: ...
+    @property
+    def hosts(self) -> Hosts: ...
+    @property
+    def host(self) -> int: ...
+    @property
+    def group(self) -> Any: ...
+    @property
+    def local(self) -> int: ...
+    @property
+    def exchange(self) -> HostExchange | None: ...
+    @property
+    def parts(self) -> Any: ...
+    @property
+    def tag(self) -> Any: ...
+    @property
+    def drawn(self) -> Any: ...
+    @property
+    def slots(self) -> int: ...
+    @property
+    def tier_slots(self) -> int: ...
+
+    def _unpack(self, rec: np.ndarray | None, epoch: int) -> NodeEpoch: ...
 
 
 class EpochReader:

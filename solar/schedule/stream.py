@@ -189,11 +189,11 @@ class EpochsAhead:
         return True
 
     def close(self, abandon: bool = False) -> None:
-        """Stop the planning thread (after its current epoch); ``abandon``: without waiting
-        for it (an error path: the job is ending)."""
+        """Stop the planning thread (after its current epoch); ``abandon`` (an error path):
+        its epochs not begun are cancelled."""
         bg = self._bg.drop()  # a forked child never touches its parent's thread
         if bg is not None and bg.pool is not None:
-            bg.pool.shutdown(wait=not abandon, cancel_futures=abandon)
+            bg.pool.shutdown(wait=True, cancel_futures=abandon)
 
 
 class RankStream(EpochsAhead):
