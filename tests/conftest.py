@@ -43,6 +43,7 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "one_process: in a launching file, launches no ranks")
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads the marks it adds
 def pytest_collection_modifyitems(items):
     for item in items:
         name = item.nodeid.split("::", 1)[0].rsplit("/", 1)[-1]
