@@ -627,6 +627,10 @@ def abort(comm: Any, exc_info: tuple | None = None) -> None:
         time.sleep(5)
         os._exit(1)
     global _aborting
+    if _aborting:
+        # Its error is printed and the job's abort issued: the hooks wrapping one another (and
+        # an abort that returns while the launcher ends the job) must not print it again.
+        os._exit(1)
     _aborting = True
     exc_type, exc, tb = exc_info or sys.exc_info()
     rank = comm.Get_rank()
