@@ -25,32 +25,21 @@ class NodeStream(Protocol):
     named here, not imported: that module imports this one): its place on the host, its
     exchange, parts and draws, and the check of local rank 0's payload."""
 
+    spec: Any
+    spe: int
+    rank: int
+    hosts: Hosts
+    host: int
+    group: Any
+    local: int
+    exchange: HostExchange | None
+    parts: Any
+    tag: Any
+    slots: int
+    tier_slots: int
+
     @property
-    def spec(self) -> Any: ...
-    @property
-    def spe(self) -> int: ...
-    @property
-    def rank(self) -> int: ...
-    @property
-    def hosts(self) -> Hosts: ...
-    @property
-    def host(self) -> int: ...
-    @property
-    def group(self) -> Any: ...
-    @property
-    def local(self) -> int: ...
-    @property
-    def exchange(self) -> HostExchange | None: ...
-    @property
-    def parts(self) -> Any: ...
-    @property
-    def tag(self) -> Any: ...
-    @property
-    def drawn(self) -> Any: ...
-    @property
-    def slots(self) -> int: ...
-    @property
-    def tier_slots(self) -> int: ...
+    def drawn(self) -> Any: ...  # (a property of NodeStream's)
 
     def _unpack(self, rec: np.ndarray | None, epoch: int) -> NodeEpoch: ...
 
