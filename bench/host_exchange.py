@@ -46,6 +46,7 @@ import numpy as np
 def _plan(args) -> tuple[list[int], list[float], list[float], int]:
     from solar import BufferConfig, PlanSpec, RunConfig, Weighted
     from solar.schedule.grouping import Hosts
+    from solar.host.memfd import frozen
     from solar.schedule.hostpayload import digest, pack, unpack
     from solar.schedule.hostrun import host_parts, node_spec
     from solar.schedule.nodeplan import NodePlanner
@@ -66,7 +67,7 @@ def _plan(args) -> tuple[list[int], list[float], list[float], int]:
         contents = p.planner.contents(0)
         ne = p.next()
         t0 = time.perf_counter()
-        fd = pack(ne, 0, contents, tag, j)
+        fd = frozen(*pack(ne, 0, contents, tag, j))
         packs.append(time.perf_counter() - t0)
         size = os.fstat(fd).st_size
         sizes.append(size)
@@ -109,6 +110,7 @@ def _launched(args) -> None:
     from solar import BufferConfig, PlanSpec, RunConfig, Weighted, dist, host
     from solar.host.exchange import HostExchange
     from solar.schedule.grouping import Hosts
+    from solar.host.memfd import frozen
     from solar.schedule.hostpayload import KINDS, PART, digest, pack, unpack_part
     from solar.schedule.hostrun import host_parts, node_spec
     from solar.schedule.nodeplan import NodePlanner
@@ -134,7 +136,7 @@ def _launched(args) -> None:
     for _ in range(args.repeat):
         hc.Barrier()
         t0 = time.perf_counter()
-        fd = pack(ne, h, contents, tag, j)
+        fd = frozen(*pack(ne, h, contents, tag, j))
         t1 = time.perf_counter()
         nbytes = os.fstat(fd).st_size
         got = ex.round(PART, 0, fd)

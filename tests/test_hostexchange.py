@@ -1,5 +1,5 @@
 """Planning once per host: local rank 0 publishes each epoch of its host's node plan in a
-sealed memfd (solar/schedule/hostpayload.py), named to the others in a round of the planning
+sealed memfd (solar/schedule/hostpayload.py's bytes, solar/host/memfd.py), named to the others in a round of the planning
 thread's communicator (solar/host/exchange.py); what they receive is what they would have
 planned, and a payload that is not is refused in one line. Hosts of unequal sizes
 (solar/schedule/nodeplan.py) are planned one host at a time. (Under mpiexec and torchrun, with
@@ -21,6 +21,7 @@ from plan_checks import _replay
 from solar import BufferConfig, PlanSpec, RunConfig
 from solar.errors import CorruptPlanError, SolarError
 from solar.host.exchange import FD, HostExchange, Interrupted
+from solar.host.memfd import frozen
 from solar.schedule._common import HIT, PEER, SIDE
 from solar.schedule.draws import own_draws
 from solar.schedule.grouping import Hosts, stage_bound
@@ -122,7 +123,7 @@ def test_each_rank_receives_the_epochs_it_would_have_planned():
     p, q = NodePlanner(spec, hosts, only_host=0), NodePlanner(spec, hosts, only_host=0)
     for k in range(spec.run.epochs):
         contents = p.planner.contents(0)
-        fd = pack(p.next(), 0, contents, tag)
+        fd = frozen(*pack(p.next(), 0, contents, tag))
         mine, theirs = _round((lead, other), (WHOLE, k, fd), (WHOLE, k))
         assert theirs[1] is None and int(theirs[0][FD]) == fd
         assert mine[1] is None and np.array_equal(mine[0], theirs[0])
@@ -160,7 +161,7 @@ def test_each_rank_receives_the_epochs_it_would_have_planned():
 def _payload(spec, hosts):
     p = NodePlanner(spec, hosts, only_host=0)
     contents = p.planner.contents(0)
-    fd = pack(p.next(), 0, contents, digest(spec.fingerprint, hosts, 0))
+    fd = frozen(*pack(p.next(), 0, contents, digest(spec.fingerprint, hosts, 0)))
     size = os.fstat(fd).st_size
     return fd, bytearray(os.pread(fd, size, 0))
 
@@ -335,7 +336,7 @@ def test_each_rank_plans_its_part_and_sees_the_host_plan_merged():
         fds = []
         for j in (0, 1):
             c = mine[j].planner.contents(0)
-            fds.append(pack(mine[j].next(), 0, c, tag, j))
+            fds.append(frozen(*pack(mine[j].next(), 0, c, tag, j)))
         recs = _round(ex, (PART, k, fds[0]), (PART, k, fds[1]))
         for r, b in enumerate(ex):
             got = assemble([unpack_part(b.open(recs[r][j]), epoch=k, hosts=hosts, host=0, rank=r,
@@ -375,7 +376,7 @@ def test_a_ranks_posted_draws_are_taken_part_by_part_and_checked():
         assert np.array_equal(split[j].ids, kept_part(parts, own, j).ids)
         assert np.array_equal(split[j].offsets, kept_part(parts, own, j).offsets)
     assert sum(d.ids.size for d in split) == own.ids.size
-    fd = pack_draws(split, 0, 1, tag)
+    fd = frozen(*pack_draws(split, 0, 1, tag))
     got0, _ = _round((lead, other), (DRAWS, 0), (DRAWS, 0, fd))
     n = spec.run.num_samples
     steps = spec.run.steps_per_epoch
@@ -588,13 +589,13 @@ def test_a_part_posted_as_another_or_holding_its_rows_is_refused_in_one_line():
     kw = dict(epoch=0, hosts=hosts, host=0, rank=1, steps=spec.run.steps_per_epoch,
               num_samples=n, layout=parts, slots=cells[0], tier=0, tag=tag)  # fmt: skip
     # Part 1's epoch posted as part 1, taken as part 0: its header names another part.
-    fd = pack(ne, 0, contents, tag, 1)
+    fd = frozen(*pack(ne, 0, contents, tag, 1))
     m = mmap.mmap(fd, os.fstat(fd).st_size, prot=mmap.PROT_READ)
     with pytest.raises(CorruptPlanError, match="another run, host or epoch"):
         unpack(m, epoch=0, hosts=hosts, host=0, rank=1, steps=spec.run.steps_per_epoch,
                num_samples=n, slots=cells[0], tier=0, tag=tag, part=0)  # fmt: skip
     # Part 1's rows posted as part 0 (cells in range): refused, its rows are not part 0's.
-    fd0 = pack(ne, 0, contents, tag, 0)
+    fd0 = frozen(*pack(ne, 0, contents, tag, 0))
     m0 = mmap.mmap(fd0, os.fstat(fd0).st_size, prot=mmap.PROT_READ)
     with pytest.raises(CorruptPlanError, match="rows of other parts"):
         unpack_part(m0, part=0, **kw)

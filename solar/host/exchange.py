@@ -34,7 +34,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -49,6 +49,15 @@ HOST, LOCAL, KIND, EPOCH, PID, FD, INO, NBYTES, ROUND = range(_FIELDS)
 STOP = -1  # KIND of a round made by a stopping rank's foreground
 TICK_S = 0.05  # how often a foreground wait checks its peers and its watch
 _PEER = "host exchange: a local rank's payload"
+
+
+class Payload(NamedTuple):
+    """Bytes a rank posts (:meth:`HostExchange.post`): ``nbytes`` long, each ``(offset,
+    array)`` of ``pieces`` at its offset; ``label`` names its memfd."""
+
+    label: str
+    nbytes: int
+    pieces: list[tuple[int, np.ndarray]]
 
 
 class Interrupted(SolarError):
@@ -187,6 +196,12 @@ class HostExchange:
                 "of a host must plan the same epochs in the same order"
             )
         return [None if r[FD] < 0 else r for r in got]
+
+    def post(self, kind: int, epoch: int,
+             payload: Payload | None = None) -> list[np.ndarray | None]:  # fmt: skip
+        """:meth:`round`, posting ``payload`` (None: nothing) in a sealed memfd of its own."""
+        fd = -1 if payload is None else _memfd.frozen(*payload)
+        return self.round(kind, epoch, fd)
 
     def _name(self, kind: int) -> str:
         return self.names.get(kind, f"kind {kind}")

@@ -11,6 +11,8 @@ from __future__ import annotations
 import fcntl
 import os
 
+import numpy as np
+
 # Never shorter or longer than mapped; F_SEAL_SEAL: no later seal either.
 SIZE_SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
 FROZEN = fcntl.F_SEAL_WRITE | SIZE_SEALS  # and no byte written anymore
@@ -62,3 +64,22 @@ def open_peer(of: Ident, size: int, mode: int, what: str) -> tuple[int, str]:
         os.close(got)
         return -1, f"{what}: {path} is no longer the file its creator shared"
     return got, ""
+
+
+def frozen(label: str, nbytes: int, pieces: list[tuple[int, np.ndarray]]) -> int:
+    """A new memfd of ``nbytes`` holding each ``(offset, array)`` of ``pieces``, sealed
+    :data:`FROZEN` (checked once, then used in place: no process can rewrite, shrink or grow
+    it); its descriptor."""
+    fd = create(label, nbytes)
+    try:
+        for at, a in pieces:
+            # The kernel copies: no page faults of a fresh mapping.
+            view = np.ascontiguousarray(a).data.cast("B")
+            done = 0
+            while done < view.nbytes:
+                done += os.pwrite(fd, view[done:], at + done)
+        seal(fd, FROZEN)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd

@@ -1,9 +1,10 @@
 """What a host's ranks exchange as they plan their host's buffer (solar/schedule/nodestream.py),
 as bytes: each rank's draws of an epoch, one section per part of the buffer (:func:`pack_draws`),
 each rank's part of the epoch (:func:`pack`, cells numbered within the part), or local rank 0's
-plan of the host's epoch. Each payload is a memfd of its own, sealed once written (no process
-can then rewrite, shrink or grow it: its checks hold while it is used in place); the exchange
-(solar/host/exchange.py) names it to the host's ranks over the planning thread's communicator.
+plan of the host's epoch: pure values (a :class:`~solar.host.exchange.Payload`); the exchange
+(solar/host/exchange.py) puts each in shared memory of its own, sealed once written (its checks
+hold while it is used in place), and names it to the host's ranks over the planning thread's
+communicator.
 
 An epoch's payload holds this host's part only: the buffer decisions, the host's ranks'
 service, every step's staging set (the rows of the host some local rank takes from another's
@@ -18,14 +19,12 @@ decisions (checked when first used): the pages of the others' services stay out 
 from __future__ import annotations
 
 import hashlib
-import mmap
-import os
 from typing import Any
 
 import numpy as np
 
 from solar.errors import CorruptPlanError, SolarError
-from solar.host import memfd as _memfd
+from solar.host.exchange import Payload
 from solar.schedule._common import PEER
 from solar.schedule.draws import EpochDraws
 from solar.schedule.grouping import Hosts, NodeEpoch
@@ -85,9 +84,9 @@ def staging_sets(h_steps: np.ndarray, at: np.ndarray, flags: np.ndarray,
 
 
 def pack(ne: NodeEpoch, host: int, contents: np.ndarray, tag: tuple[int, int],
-         part: int = -1) -> int:  # fmt: skip
-    """Host ``host``'s part of ``ne`` (and its buffer ``contents`` as the epoch starts) in a
-    new memfd; returns its descriptor. ``part``: ``ne`` is that part of the host's buffer."""
+         part: int = -1) -> Payload:  # fmt: skip
+    """Host ``host``'s part of ``ne`` and its buffer ``contents`` as the epoch starts, as
+    bytes to post. ``part``: ``ne`` is that part of the host's buffer."""
     group = sorted(ne.hosts.groups[host])
     h = ne.host.rank(host)
     steps = h.step_offsets.size - 1
@@ -107,59 +106,37 @@ def pack(ne: NodeEpoch, host: int, contents: np.ndarray, tag: tuple[int, int],
     }  # fmt: skip
     layout = _layout(steps, ne.hosts.world, h.sample.size, hi - lo, s_val.size, contents.size)
     where, nbytes = _offsets(layout)
-    fd = _memfd.create("solar-nodeplan", nbytes)
-    try:
-        head = np.array([MAGIC, VERSION, ne.epoch, host, ne.hosts.world, steps, ne.hosts.count,
-                         len(group), h.sample.size, r_at.size, s_val.size, contents.size, nbytes,
-                         tag[0], tag[1], part + 1], np.int64)  # fmt: skip
-        _write(fd, head, 0)
-        for name, dt, n in layout:
-            a = np.ascontiguousarray(arrays[name], dtype=dt)
-            if a.size != n:
-                raise SolarError(f"node plan: {name} has {a.size} entries, not {n}")
-            _write(fd, a, where[name])
-        # Checked once, then used in place: sealed, no process can rewrite, shrink (SIGBUS in
-        # every rank mapping it) or grow it after its checks.
-        _memfd.seal(fd, _memfd.FROZEN)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
+    head = np.array([MAGIC, VERSION, ne.epoch, host, ne.hosts.world, steps, ne.hosts.count,
+                     len(group), h.sample.size, r_at.size, s_val.size, contents.size, nbytes,
+                     tag[0], tag[1], part + 1], np.int64)  # fmt: skip
+    pieces = [(0, head)]
+    for name, dt, n in layout:
+        a = np.ascontiguousarray(arrays[name], dtype=dt)
+        if a.size != n:
+            raise SolarError(f"node plan: {name} has {a.size} entries, not {n}")
+        pieces.append((where[name], a))
+    return Payload("solar-nodeplan", nbytes, pieces)
 
 
-def _write(fd: int, a: np.ndarray, at: int) -> None:
-    """``a``'s bytes at offset ``at`` (the kernel copies: no page faults of a fresh mapping)."""
-    view = np.ascontiguousarray(a).data.cast("B")
-    done = 0
-    while done < view.nbytes:
-        done += os.pwrite(fd, view[done:], at + done)
-
-
-def pack_draws(parts: list[EpochDraws], epoch: int, rank: int, tag: tuple[int, int]) -> int:
+def pack_draws(parts: list[EpochDraws], epoch: int, rank: int, tag: tuple[int, int]) -> Payload:
     """Rank ``rank``'s draws of ``epoch``, one section per part of its host's buffer (each
-    part's planner reads only its own), in a new sealed memfd; returns its descriptor."""
+    part's planner reads only its own)."""
     steps = parts[0].offsets.size - 1
     sizes = [d.ids.size for d in parts]
     starts = np.concatenate([[0], np.cumsum(sizes)])
     offsets = np.concatenate([d.offsets + starts[j] for j, d in enumerate(parts)])
     n = int(starts[-1])
     nbytes = (_HEAD + offsets.size + n) * 8
-    fd = _memfd.create("solar-nodedraws", nbytes)
-    try:
-        head = np.array([DRAWS_MAGIC, VERSION, epoch, rank, steps, len(parts), n, nbytes,
-                         tag[0], tag[1], 0, 0, 0, 0, 0, 0], np.int64)  # fmt: skip
-        _write(fd, head, 0)
-        _write(fd, offsets.astype(np.int64), _HEAD * 8)
-        for j, d in enumerate(parts):
-            _write(fd, np.asarray(d.ids, np.int64), (_HEAD + offsets.size + int(starts[j])) * 8)
-        _memfd.seal(fd, _memfd.FROZEN)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
+    head = np.array([DRAWS_MAGIC, VERSION, epoch, rank, steps, len(parts), n, nbytes,
+                     tag[0], tag[1], 0, 0, 0, 0, 0, 0], np.int64)  # fmt: skip
+    pieces = [(0, head), (_HEAD * 8, offsets.astype(np.int64))]
+    for j, d in enumerate(parts):
+        pieces.append(((_HEAD + offsets.size + int(starts[j])) * 8, np.asarray(d.ids, np.int64)))
+    return Payload("solar-nodedraws", nbytes, pieces)
 
 
-def unpack_draws(m: mmap.mmap, *, epoch: int, rank: int, steps: int, layout: Parts, part: int,
+# ``m`` below: a payload's bytes as the exchange maps them, read-only (any buffer numpy reads).
+def unpack_draws(m: Any, *, epoch: int, rank: int, steps: int, layout: Parts, part: int,
                  num_samples: int, tag: tuple[int, int]) -> EpochDraws:  # fmt: skip
     """Part ``part``'s section of rank ``rank``'s draws of ``epoch`` (views of the mapping),
     checked: header, offsets, every id in range and of that part of ``layout``."""
@@ -215,7 +192,7 @@ def _offsets_ok(what: str, o: np.ndarray, end: int) -> None:
         raise CorruptPlanError(f"node plan (shared epoch): {what} are not offsets 0..{end}")
 
 
-def unpack(m: mmap.mmap, *, epoch: int, hosts: Hosts, host: int, rank: int, steps: int,
+def unpack(m: Any, *, epoch: int, hosts: Hosts, host: int, rank: int, steps: int,
            num_samples: int, slots: int, tier: int, tag: tuple[int, int],
            part: int = -1) -> NodeEpoch:  # fmt: skip
     """The NodeEpoch a payload holds (``part``: that part of the host's buffer, its cells
@@ -284,7 +261,7 @@ def unpack(m: mmap.mmap, *, epoch: int, hosts: Hosts, host: int, rank: int, step
                      all_steps=w_steps)  # fmt: skip
 
 
-def unpack_part(m: mmap.mmap, *, epoch: int, hosts: Hosts, host: int, rank: int, steps: int,
+def unpack_part(m: Any, *, epoch: int, hosts: Hosts, host: int, rank: int, steps: int,
                 num_samples: int, layout: Parts, part: int, slots: int, tier: int,
                 tag: tuple[int, int]) -> NodeEpoch:  # fmt: skip
     """Part ``part`` of ``layout`` of host ``host``'s buffer at ``epoch`` (:func:`unpack`,

@@ -1,13 +1,16 @@
 """The planners a :class:`~solar.schedule.nodestream.NodeStream` drives where its host's ranks
 exchange their plans (solar/host/exchange.py): an :class:`EpochReader` takes local rank 0's
 epochs; a :class:`PartPlanner` plans this rank's part of the host's buffer from every local
-rank's draws and puts its view of the host's epoch together from every part. And the exchange
-itself, made by the host's ranks together (:func:`exchange_of`)."""
+rank's draws and puts its view of the host's epoch together from every part; each built with
+its collaborators (the exchange, the parts, the checks of what peers post: :class:`Checks`).
+And the exchange itself, made by the host's ranks together (:func:`exchange_of`)."""
 
 from __future__ import annotations
 
 import threading
-from typing import Any, Protocol
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -16,42 +19,68 @@ from solar.host.exchange import HostExchange
 from solar.schedule import hostpayload as payload
 from solar.schedule.draws import EpochDraws
 from solar.schedule.grouping import Hosts, NodeEpoch
+from solar.schedule.nodeparts import Parts
 from solar.schedule.nodeplan import NodePlanner
 from solar.schedule.nodeview import assemble
+from solar.schedule.spec import PlanSpec
 
 
-class NodeStream(Protocol):
-    """What the planners read of the stream that drives them (solar/schedule/nodestream.py;
-    named here, not imported: that module imports this one): its place on the host, its
-    exchange, parts and draws, and the check of local rank 0's payload."""
+@dataclass(frozen=True)
+class Checks:
+    """How rank ``rank`` of host ``host`` checks what its host's ranks post (payloads are
+    untrusted: solar/schedule/hostpayload.py): the run's ``steps`` per epoch and
+    ``num_samples``, the host's ``slots`` and ``tier`` cells, the run's ``tag``, the buffer's
+    ``parts`` (None: planned whole)."""
 
-    spec: Any
-    spe: int
-    rank: int
     hosts: Hosts
     host: int
-    group: Any
-    local: int
-    exchange: HostExchange | None
-    parts: Any
-    tag: Any
+    rank: int
+    steps: int
+    num_samples: int
     slots: int
-    tier_slots: int
+    tier: int
+    tag: tuple[int, int]
+    parts: Parts | None = None
 
-    @property
-    def drawn(self) -> Any: ...  # (a property of NodeStream's)
+    def epoch(self, ex: HostExchange, rec: np.ndarray | None, epoch: int) -> NodeEpoch:
+        """Epoch ``epoch`` of this host's plan, from local rank 0's record ``rec``."""
+        if rec is None:
+            raise CorruptPlanError(f"node plan: local rank 0 posted no epoch {epoch}")
+        return payload.unpack(ex.open(rec), epoch=epoch, hosts=self.hosts, host=self.host,
+                              rank=self.rank, steps=self.steps, num_samples=self.num_samples,
+                              slots=self.slots, tier=self.tier, tag=self.tag)  # fmt: skip
 
-    def _unpack(self, rec: np.ndarray | None, epoch: int) -> NodeEpoch: ...
+    def part(self, ex: HostExchange, rec: np.ndarray | None, epoch: int, j: int) -> NodeEpoch:
+        """Part ``j`` of the host's buffer at ``epoch``, from the record of the local rank that
+        plans it (its cells, this rank's rows of that part)."""
+        parts = self.parts
+        assert parts is not None
+        if rec is None:
+            raise CorruptPlanError(f"node plan: local rank {j} posted no part of epoch {epoch}")
+        return payload.unpack_part(ex.open(rec), epoch=epoch, hosts=self.hosts, host=self.host,
+                                   rank=self.rank, steps=self.steps, num_samples=self.num_samples,
+                                   layout=parts, part=j, slots=parts.size(self.slots, j),
+                                   tier=parts.size(self.tier, j), tag=self.tag)  # fmt: skip
+
+    def draws(self, ex: HostExchange, rec: np.ndarray | None, epoch: int, r: int,
+              part: int) -> EpochDraws:  # fmt: skip
+        """Part ``part``'s section of rank ``r``'s draws of ``epoch``, from its record."""
+        assert self.parts is not None
+        if rec is None:
+            raise CorruptPlanError(f"node plan: rank {r} posted no draws of epoch {epoch}")
+        return payload.unpack_draws(ex.open(rec), epoch=epoch, rank=r, steps=self.steps,
+                                    layout=self.parts, part=part, num_samples=self.num_samples,
+                                    tag=self.tag)  # fmt: skip
 
 
 class EpochReader:
     """A planner's stand-in on the host's other ranks: its epochs are local rank 0's, taken in
-    the exchange's rounds (``NodeStream`` drives it as it drives a :class:`NodePlanner`)."""
+    the exchange's rounds (the stream drives it as it drives a :class:`NodePlanner`)."""
 
-    def __init__(self, stream: NodeStream) -> None:
-        self.stream = stream
+    def __init__(self, ex: HostExchange, check: Checks) -> None:
+        self.ex, self.check = ex, check
         self.epoch = 0
-        self.planner = self  # (NodeStream skips epochs and asks contents through .planner)
+        self.planner = self  # (the stream skips epochs and asks contents through .planner)
 
     def skip(self) -> None:
         """Go past an epoch without taking it (local rank 0 skips it too)."""
@@ -59,35 +88,36 @@ class EpochReader:
 
     def next(self) -> NodeEpoch:
         """The next epoch, as local rank 0 published it (a round: waits for it)."""
-        s = self.stream
-        assert s.exchange is not None
-        got = s.exchange.round(payload.WHOLE, self.epoch)
-        ne = s._unpack(got[0], self.epoch)
+        ne = self.check.epoch(self.ex, self.ex.post(payload.WHOLE, self.epoch)[0], self.epoch)
         self.epoch += 1
         return ne
 
 
 class PartPlanner:
-    """A local rank's planner of its part of the host's buffer (solar/schedule/nodeparts.py)
-    and the draws it plans from: every local rank's, exchanged an epoch at a time in epoch
-    order (each rank draws its own batches and posts them, one section per part), as far
-    ahead as the planner looks before each epoch is planned (so that every local rank makes
-    the same rounds in the same order). Each epoch it plans its part, posts it, takes every
-    part and puts its rank's view together (solar/schedule/nodeview.py). One per start or
-    restart (a restart stops the exchange's rounds first: solar/host/exchange.py)."""
+    """Rank ``rank``'s planner of its part of its host's buffer (``parts``:
+    solar/schedule/nodeparts.py) and the draws it plans from: every local rank's, exchanged
+    an epoch at a time in epoch order over ``ex`` (each rank draws its own batches, ``own``,
+    and posts them, one section per part), as far ahead as the planner looks before each
+    epoch is planned (so that every local rank makes the same rounds in the same order). Each
+    epoch it plans its part, posts it, takes every part (checked by ``check``) and puts its
+    rank's view together (solar/schedule/nodeview.py). One per start or restart (a restart
+    stops the exchange's rounds first: solar/host/exchange.py)."""
 
-    def __init__(self, stream: NodeStream) -> None:
-        ex, parts = stream.exchange, stream.parts
-        assert ex is not None and parts is not None
-        self.stream, self.ex, self.parts = stream, ex, parts
+    def __init__(self, spec: PlanSpec, hosts: Hosts, rank: int, ex: HostExchange, parts: Parts,
+                 own: Callable[[int], EpochDraws], check: Checks) -> None:  # fmt: skip
+        self.spec, self.rank, self.ex, self.parts, self.own, self.check = \
+            spec, rank, ex, parts, own, check  # fmt: skip
+        self.host = hosts.host_of(rank)
+        self.group = list(hosts.groups[self.host])
+        self.local = self.group.index(rank)
         self._drawn: dict[tuple[int, int], EpochDraws] = {}
         self._lock = threading.Lock()
         self._through = -1  # draws exchanged through this epoch
         self._planned = -1  # the last epoch planned: its draws are never asked again
-        self.node = NodePlanner(stream.spec, stream.hosts, only_host=stream.host,
-                                part=stream.local, source=self.draws)  # fmt: skip
+        self.node = NodePlanner(spec, hosts, only_host=self.host, part=self.local,
+                                source=self.draws)  # fmt: skip
         self.horizon = max(int(getattr(p.order, "horizon", 0)) for p in self.node.planner.planners)
-        self.planner = self  # (NodeStream skips epochs and asks contents through .planner)
+        self.planner = self  # (the stream skips epochs and asks contents through .planner)
 
     @property
     def epoch(self) -> int:
@@ -105,7 +135,7 @@ class PartPlanner:
 
     def _ahead(self) -> None:
         """Exchange the draws the planner may look at as it plans its next epoch."""
-        end = min(self.epoch + self.horizon, self.stream.spec.run.epochs - 1)
+        end = min(self.epoch + self.horizon, self.spec.run.epochs - 1)
         with self._lock:
             self._exchange_through(end)
 
@@ -122,22 +152,14 @@ class PartPlanner:
 
     def _exchange_through(self, epoch: int) -> None:
         """The host's ranks' draws of every epoch through ``epoch``, one round each."""
-        s = self.stream
         while self._through < epoch:
             k = self._through + 1
-            mine = self.parts.split(s.drawn.own(k))  # kept: the runtime serves it
-            got = self.ex.round(payload.DRAWS, k, payload.pack_draws(mine, k, s.rank, s.tag))
-            for q, r in enumerate(s.group):
-                if q == s.local:
-                    self._drawn[(k, r)] = mine[s.local]
-                    continue
-                rec = got[q]
-                if rec is None:
-                    raise CorruptPlanError(f"node plan: rank {r} posted no draws of epoch {k}")
-                self._drawn[(k, r)] = payload.unpack_draws(
-                    self.ex.open(rec), epoch=k, rank=r, steps=s.spe, layout=self.parts,
-                    part=s.local, num_samples=s.spec.run.num_samples, tag=s.tag,
-                )  # fmt: skip
+            mine = self.parts.split(self.own(k))  # kept: the runtime serves it
+            got = self.ex.post(payload.DRAWS, k,
+                               payload.pack_draws(mine, k, self.rank, self.check.tag))  # fmt: skip
+            for q, r in enumerate(self.group):
+                self._drawn[(k, r)] = mine[q] if q == self.local else \
+                    self.check.draws(self.ex, got[q], k, r, self.local)  # fmt: skip
             self._through = k
 
     def _planned_through(self, epoch: int) -> None:
@@ -148,26 +170,16 @@ class PartPlanner:
 
     def next(self) -> NodeEpoch:
         """Plan this part's next epoch, post it, and return this rank's view of the host's."""
-        s, parts = self.stream, self.parts
         self._ahead()
-        contents = self.contents(s.host)
+        contents = self.contents(self.host)
         mine = self.node.next()
         self._planned_through(mine.epoch)
-        fd = payload.pack(mine, s.host, np.asarray(contents, np.int64), s.tag, s.local)
-        got = self.ex.round(payload.PART, mine.epoch, fd)
-        views = [self._part(got[j], mine.epoch, j) for j in range(parts.count)]
-        return assemble(views, s.rank, list(s.group), parts, s.slots, s.tier_slots)
-
-    def _part(self, rec: np.ndarray | None, epoch: int, j: int) -> NodeEpoch:
-        """Part ``j`` of the host's buffer at ``epoch``, from the payload of the local rank
-        that plans it (checked: its cells, this rank's rows of that part)."""
-        s, parts = self.stream, self.parts
-        if rec is None:
-            raise CorruptPlanError(f"node plan: local rank {j} posted no part of epoch {epoch}")
-        return payload.unpack_part(self.ex.open(rec), epoch=epoch, hosts=s.hosts, host=s.host,
-                           rank=s.rank, steps=s.spe, num_samples=s.spec.run.num_samples,
-                           layout=parts, part=j, slots=parts.size(s.slots, j),
-                           tier=parts.size(s.tier_slots, j), tag=s.tag)  # fmt: skip
+        data = payload.pack(mine, self.host, np.asarray(contents, np.int64), self.check.tag,
+                            self.local)  # fmt: skip
+        got = self.ex.post(payload.PART, mine.epoch, data)
+        views = [self.check.part(self.ex, got[j], mine.epoch, j) for j in range(self.parts.count)]
+        return assemble(views, self.rank, self.group, self.parts, self.check.slots,
+                        self.check.tier)  # fmt: skip
 
 
 def exchange_of(comm: Any, hosts: Hosts, host: int, local: int,

@@ -50,7 +50,7 @@ from solar.schedule import hostpayload as payload
 from solar.schedule import snapshot
 from solar.schedule._common import ADMIT, DEMOTE, HIT, PEER, SIDE, TADMIT, THIT, tier_slot_count
 from solar.schedule.grouping import Hosts, NodeEpoch
-from solar.schedule.hostplanners import EpochReader, PartPlanner, exchange_of
+from solar.schedule.hostplanners import Checks, EpochReader, PartPlanner, exchange_of
 from solar.schedule.hostrun import host_parts, node_spec
 from solar.schedule.nodeequal import node_transfer
 from solar.schedule.nodeplan import NodePlanner, host_phases
@@ -217,7 +217,7 @@ class NodeStream(EpochsAhead):
         # With the host's communicator, the exchange of the host's ranks (a collective now,
         # in the foreground; solar/host/exchange.py), and what names this run's payloads.
         self.exchange = exchange_of(comm, hosts, self.host, self.local, self._saves())
-        self.tag = payload.digest(spec.fingerprint, hosts, self.host)
+        tag = payload.digest(spec.fingerprint, hosts, self.host)
         # Whether a rank of this host saves node planner snapshots (the host's ranks decide
         # alike how its plan is made).
         self.host_saves = self._saves() if self.exchange is None else any(self.exchange.extras)
@@ -226,6 +226,9 @@ class NodeStream(EpochsAhead):
         # rank plans every host's every part and its host's ranks take its epochs: they hold
         # every host's state).
         self.parts = host_parts(host_spec, hosts, self.host)
+        # How this rank checks its host's ranks' payloads.
+        self.check = Checks(hosts, self.host, rank, self.spe, spec.run.num_samples, self.slots,
+                            self.tier_slots, tag, self.parts)  # fmt: skip
         self.parted = self.exchange is not None and self.parts is not None and not self.host_saves
         self._barrier: Any = None  # the host's barrier, once watched (watch)
         self._reset()
@@ -240,7 +243,7 @@ class NodeStream(EpochsAhead):
     def __getstate__(self) -> dict:
         keep = ("spec", "rank", "hosts", "host", "group", "local", "slots", "tier_slots",
                 "stage_rows", "spe", "wait_seconds", "snapshots", "pid", "parts",
-                "tag")  # fmt: skip
+                "check")  # fmt: skip
         return {k: self.__dict__[k] for k in keep}
 
     def __setstate__(self, state: dict) -> None:
@@ -285,9 +288,12 @@ class NodeStream(EpochsAhead):
         (they hold every host's state); a reader of local rank 0's epochs on the others; with
         a buffer in parts, of this rank's part, from the draws its host's ranks post."""
         if self._reads_epochs():
-            return EpochReader(self)
+            assert self.exchange is not None
+            return EpochReader(self.exchange, self.check)
         if self.parted:
-            return PartPlanner(self)
+            assert self.exchange is not None and self.parts is not None
+            return PartPlanner(self.spec, self.hosts, self.rank, self.exchange, self.parts,
+                               self.drawn.own, self.check)  # fmt: skip
         return NodePlanner(self.spec, self.hosts, only_host=None if self._saves() else self.host,
                            source=self.drawn.source)  # fmt: skip
 
@@ -302,24 +308,15 @@ class NodeStream(EpochsAhead):
         else:
             contents = planner.planner.contents(self.host)
             ne = planner.next()
-            fd = payload.pack(ne, self.host, np.asarray(contents, np.int64), self.tag)
-            got = self.exchange.round(payload.WHOLE, ne.epoch, fd)
-            part = self._unpack(got[0], ne.epoch)  # local rank 0 keeps its part, as the others
+            data = payload.pack(ne, self.host, np.asarray(contents, np.int64), self.check.tag)
+            got = self.exchange.post(payload.WHOLE, ne.epoch, data)
+            # Local rank 0 keeps its part, as the others.
+            part = self.check.epoch(self.exchange, got[0], ne.epoch)
         if self._saves() and planner.only_host is None:
             snapshots = self.snapshots
             assert snapshots is not None
             save_or_warn(lambda: snapshot.save(snapshots, planner), "node planner snapshot")
         return part
-
-    def _unpack(self, rec: np.ndarray | None, epoch: int) -> NodeEpoch:
-        """Epoch ``epoch`` of this host's plan, from local rank 0's payload ``rec`` (checked)."""
-        assert self.exchange is not None
-        if rec is None:
-            raise CorruptPlanError(f"node plan: local rank 0 posted no epoch {epoch}")
-        return payload.unpack(self.exchange.open(rec), epoch=epoch, hosts=self.hosts,
-                              host=self.host, rank=self.rank, steps=self.spe,
-                              num_samples=self.spec.run.num_samples, slots=self.slots,
-                              tier=self.tier_slots, tag=self.tag)  # fmt: skip
 
     def _restarts(self, e: int) -> bool:
         """With the exchange, whether serving epoch ``e`` restarts the host's planning (a
