@@ -45,8 +45,8 @@ import numpy as np
 
 def _plan(args) -> tuple[list[int], list[float], list[float], int]:
     from solar import BufferConfig, PlanSpec, RunConfig, Weighted
-    from solar.schedule.grouping import Hosts
     from solar.host.memfd import frozen
+    from solar.schedule.grouping import Hosts
     from solar.schedule.hostpayload import digest, pack, unpack
     from solar.schedule.hostrun import host_parts, node_spec
     from solar.schedule.nodeplan import NodePlanner
@@ -109,8 +109,8 @@ def _launched(args) -> None:
     rank's), and for a round of records alone."""
     from solar import BufferConfig, PlanSpec, RunConfig, Weighted, dist, host
     from solar.host.exchange import HostExchange
-    from solar.schedule.grouping import Hosts
     from solar.host.memfd import frozen
+    from solar.schedule.grouping import Hosts
     from solar.schedule.hostpayload import KINDS, PART, digest, pack, unpack_part
     from solar.schedule.hostrun import host_parts, node_spec
     from solar.schedule.nodeplan import NodePlanner
