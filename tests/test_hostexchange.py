@@ -1,9 +1,10 @@
 """Planning once per host: local rank 0 publishes each epoch of its host's node plan in a
 sealed memfd (solar/schedule/hostpayload.py's bytes; solar/host/memfd.py), named to the
 others in a round of the planning thread's communicator (solar/host/exchange.py); what they
-receive is what they would have planned, and a payload that is not is refused in one line. Hosts of unequal sizes
-(solar/schedule/nodeplan.py) are planned one host at a time. (Under mpiexec and torchrun, with
-restarts and closes while planning is ahead: tests/mpi/host_exchange.py.)"""
+receive is what they would have planned, and a payload that is not is refused in one line.
+Hosts of unequal sizes (solar/schedule/nodeplan.py) are planned one host at a time. (Under
+mpiexec and torchrun, with restarts and closes while planning is ahead:
+tests/mpi/host_exchange.py.)"""
 
 from __future__ import annotations
 
