@@ -12,14 +12,13 @@ The graph: ``solar gen G.h5 --preset graph --nodes 1000000 --avg-degree 20 --fea
 aggregate buffer ``--buffer`` of the nodes. Every figure is measured in a fresh process
 (``rank``: ``Planner(only_rank=0)`` over the run, alone on the machine; ``ranks``: every rank
 ``Planner(only_rank=r)`` under ``mpiexec -n L``; ``every``: ``NodePlanner(only_host=0)``;
-``once``: ``NodeStream`` under ``mpiexec -n L`` with the host's communicator, every rank pulling
-every epoch). Per process: wall and CPU seconds from the first planned epoch asked to the last
-one received (sampling included: a rank samples its own batches to plan them), peak RSS
-growth over the process's state before planning (the graph loaded), and at the end the
-private and proportional (PSS: shared pages split between the processes mapping them) memory.
-L processes on this machine's 2 cores slow each other (caches, switches): compare ``once``
-with ``ranks``, measured alike; ``rank`` is the idle machine's figure.
-"""
+``once``: ``RankStream`` (a host's share) under ``mpiexec -n L`` with the host's communicator,
+every rank pulling every epoch). Per process: wall and CPU seconds from the first planned epoch
+asked to the last one received (sampling included: a rank samples its own batches to plan
+them), peak RSS growth over the process's state before planning (the graph loaded), and at the
+end the private and proportional (PSS: shared pages split between the processes mapping them)
+memory. L processes on this machine's 2 cores slow each other (caches, switches): compare
+``once`` with ``ranks``, measured alike; ``rank`` is the idle machine's figure."""
 
 from __future__ import annotations
 
@@ -61,8 +60,8 @@ def child(a) -> None:
     from solar import BufferConfig, NeighborSampler, PlanSpec, RunConfig
     from solar.schedule.grouping import Hosts, stage_bound
     from solar.schedule.nodeplan import NodePlanner
-    from solar.schedule.nodestream import NodeStream
     from solar.schedule.planner import Planner
+    from solar.schedule.stream import RankStream
 
     comm, rank = None, 0
     if a.which in ("once", "ranks"):
@@ -94,7 +93,7 @@ def child(a) -> None:
                 _digest(hs[r], ne.rank(r))
         fp = [h.hexdigest() for h in hs]
     else:
-        st = NodeStream(spec, rank, hosts, stage_bound(spec, hosts), comm=comm)
+        st = RankStream(spec, rank, hosts=hosts, stage_rows=stage_bound(spec, hosts), comm=comm)
         st.start()
         h = hashlib.blake2b(digest_size=8)
         spe = run.steps_per_epoch

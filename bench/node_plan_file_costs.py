@@ -1,4 +1,4 @@
-"""Node plan files (solar/schedule/nodefile.py): planning into a file against planning only,
+"""Node plan files (read by solar/schedule/stream.py): planning into a file against planning only,
 proving it safe (every host, in one process), its size per access. A GNN neighbour sampler,
 fanouts (10, 5), 256 seeds per rank, P=4 ranks grouped 1x4 and 2x2, 10 % aggregate buffer,
 E=3; each figure after a first (warming) call.

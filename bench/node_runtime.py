@@ -7,7 +7,8 @@ side in one run, under mpiexec on one host:
 
 GNN feature gathering, ``NeighborSampler(fanouts (10, 5), 1024 seeds per rank)``, an aggregate
 buffer of ``--buffer`` of the features. Every mode runs the Loader's node step (a
-``NodeStream``'s steps run by ``Holdings`` of a ``Host``, solar/runtime/holdings.py) over the same
+``RankStream``'s steps of a host's share run by ``Holdings`` of a ``Host``,
+solar/runtime/holdings.py) over the same
 sampler: ``per-rank`` executes the node plan of one rank per host (today's per-rank plan, C/P
 rows each, proven equal by tests/test_nodeplan.py), ``node`` the node plan of one host of P
 ranks (C rows shared), its barriers the region's own (solar/host/barrier.py), and
@@ -37,7 +38,7 @@ from solar.io.sources import describe_source
 from solar.runtime.holdings import Holdings, Host, RawRefill
 from solar.runtime.steps import Steps
 from solar.schedule.grouping import Hosts, stage_bound
-from solar.schedule.nodestream import NodeStream
+from solar.schedule.stream import RankStream
 
 
 def main() -> None:
@@ -67,7 +68,7 @@ def main() -> None:
         if name == "node-mpi-barrier":  # the node plan, other barriers
             prepared[name] = prepared["node"]
             continue
-        stream = NodeStream(spec, rank, hosts, stage_bound(spec, hosts))
+        stream = RankStream(spec, rank, hosts=hosts, stage_rows=stage_bound(spec, hosts))
         steps = Steps(spec, rank, stream)
         plans = [steps.plan(k) for k in range(run.num_steps)]
         prepared[name] = (hosts, stream, steps, plans)

@@ -51,11 +51,10 @@ from solar.options import ExpertConfig, LoaderConfig, MemoryConfig, PlanningConf
 from solar.runtime.setup import Setup
 from solar.runtime.steps import Steps
 from solar.schedule.grouping import Hosts, stage_bound
-from solar.schedule.nodefile import NodeFileStream
-from solar.schedule.nodestream import NodeStream
 from solar.schedule.plan import load_plan, make_plan, plan_to_file
 from solar.schedule.samplers import SHUFFLE, Sampler, Trace, Weighted, is_shuffle
 from solar.schedule.spec import PlanSpec
+from solar.schedule.stream import RankStream
 
 # A rehearsal's size: steps per epoch, local batch and epochs (epoch 0 reads everything; 1 and
 # 2 hit, admit, evict and demote), and the bytes one rank may read for it.
@@ -225,15 +224,15 @@ def rehearse_node(spec: PlanSpec, hosts: Hosts, rank: int, plan_file: bool = Fal
     hostbarrier.warm_up()
     stage = stage_bound(spec, hosts)
     with contextlib.ExitStack() as stack:
-        stream: NodeStream
+        stream: RankStream
         if plan_file:
             tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="solar-warm-"))
             plan_to_file(spec, Path(tmp) / "node-plan.h5", hosts=hosts)
             plan = load_plan(Path(tmp) / "node-plan.h5", spec.sampler)
             plan.validate(rank)  # (without a communicator: every host's part)
-            stream = NodeFileStream(plan, rank, stage)
+            stream = RankStream(plan.spec, rank, plan, stage_rows=stage)
         else:
-            stream = NodeStream(spec, rank, hosts, stage)
+            stream = RankStream(spec, rank, hosts=hosts, stage_rows=stage)
         stack.callback(stream.close)
         stream.start()
         steps = Steps(spec, rank, stream)

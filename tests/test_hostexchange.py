@@ -42,10 +42,10 @@ from solar.schedule.hostpayload import (
 )  # fmt: skip
 from solar.schedule.hostrun import host_parts, node_spec
 from solar.schedule.nodeplan import NodePlanner, node_totals
-from solar.schedule.nodestream import NodeStream
 from solar.schedule.nodeview import assemble
 from solar.schedule.rankplan import RankPlan
 from solar.schedule.samplers import SHUFFLE, Weighted
+from solar.schedule.stream import RankStream
 
 
 class _Pair:
@@ -506,12 +506,13 @@ def test_a_wait_for_a_rank_alive_that_never_begins_a_round_gives_up_in_one_line(
 
 
 def _streams(spec, hosts, snapshots=None):
-    """Two ranks of one host, each a NodeStream planning its part (on two threads); with
-    ``snapshots`` (rank 0 saves them), rank 0 plans and rank 1 takes its epochs."""
+    """Two ranks of one host, each a RankStream of its host's share planning its part (on two
+    threads); with ``snapshots`` (rank 0 saves them), rank 0 plans and rank 1 takes its epochs."""
     pair = _Pair()
     with ThreadPoolExecutor(2) as pool:
-        made = [pool.submit(NodeStream, spec, r, hosts, stage_bound(spec, hosts),
-                            snapshots if r == 0 else None, pair.of(r)) for r in (0, 1)]  # fmt: skip
+        made = [pool.submit(RankStream, spec, r, None, snapshots if r == 0 else None,
+                            hosts=hosts, stage_rows=stage_bound(spec, hosts), comm=pair.of(r))
+                for r in (0, 1)]  # fmt: skip
         streams = [f.result() for f in made]
     assert all(s.parted == (snapshots is None) for s in streams)
     return streams

@@ -13,8 +13,8 @@ import pytest
 
 from solar import BufferConfig, PlanSpec, RunConfig, Weighted
 from solar.schedule.grouping import Hosts, stage_bound
-from solar.schedule.nodestream import NodeStream
 from solar.schedule.planner import Planner
+from solar.schedule.stream import RankStream
 
 N = 211
 FIELDS = ("samples", "read_rows", "hit_slots", "admit_slots", "tier_slots", "demote_tslots",
@@ -27,7 +27,7 @@ def _spec() -> PlanSpec:
                     sampler=Weighted(w, affinity=False))  # fmt: skip
 
 
-def _steps(stream: NodeStream, ks: range) -> list:
+def _steps(stream: RankStream, ks: range) -> list:
     out = [stream.window(k).step(k) for k in ks]
     stream.close()
     return out
@@ -43,14 +43,17 @@ def test_a_node_stream_resumes_from_rank_0s_snapshot_as_planned_from_epoch_0(tmp
     spec, hosts = _spec(), Hosts.grid(2, 2)
     bound = stage_bound(spec, hosts)
     spe, steps = spec.run.steps_per_epoch, spec.run.num_steps
-    ref = _steps(NodeStream(spec, 1, hosts, bound), range(steps))
-    _steps(NodeStream(spec, 0, hosts, bound, tmp_path), range(steps))  # rank 0 saves
+    ref = _steps(RankStream(spec, 1, hosts=hosts, stage_rows=bound), range(steps))
+    # Rank 0 saves.
+    _steps(RankStream(spec, 0, snapshots=tmp_path, hosts=hosts, stage_rows=bound), range(steps))
     assert sorted(os.listdir(tmp_path))[-1].endswith("-e3.npz")
-    _steps(NodeStream(spec, 1, hosts, bound, tmp_path / "none"), range(1))  # others do not
+    # The others do not.
+    _steps(RankStream(spec, 1, snapshots=tmp_path / "none", hosts=hosts, stage_rows=bound),
+           range(1))  # fmt: skip
     assert not (tmp_path / "none").exists()
     monkeypatch.setattr(Planner, "skip", lambda self: pytest.fail("replayed an epoch"))
     k0 = 3 * spe + 1  # a jump into epoch 3: the host's buffer and tier as planned there
-    stream = NodeStream(spec, 1, hosts, bound, tmp_path)
+    stream = RankStream(spec, 1, snapshots=tmp_path, hosts=hosts, stage_rows=bound)
     cells, _ = stream.window(k0).refill_at(k0)
     assert np.any(cells >= stream.slots)  # tier cells among them
     _same(_steps(stream, range(k0, steps)), ref[k0:])
@@ -58,15 +61,18 @@ def test_a_node_stream_resumes_from_rank_0s_snapshot_as_planned_from_epoch_0(tmp
 
 def test_a_snapshot_of_another_grouping_is_refused_in_one_line(tmp_path):
     spec = _spec()
-    _steps(NodeStream(spec, 0, Hosts.grid(1, 4), 64, tmp_path), range(spec.run.num_steps))
+    _steps(RankStream(spec, 0, snapshots=tmp_path, hosts=Hosts.grid(1, 4), stage_rows=64),
+           range(spec.run.num_steps))  # fmt: skip
     hosts = Hosts.grid(2, 2)
     k0 = 2 * spec.run.steps_per_epoch
-    ref = _steps(NodeStream(spec, 0, hosts, 64), range(k0, k0 + 3))
+    ref = _steps(RankStream(spec, 0, hosts=hosts, stage_rows=64), range(k0, k0 + 3))
     with pytest.warns(UserWarning) as caught:
-        got = _steps(NodeStream(spec, 0, hosts, 64, tmp_path), range(k0, k0 + 3))
+        got = _steps(RankStream(spec, 0, snapshots=tmp_path, hosts=hosts, stage_rows=64),
+                     range(k0, k0 + 3))  # fmt: skip
     msg = str(caught[0].message)
     assert "refused" in msg and "hosts [[0, 1, 2, 3]]" in msg and "\n" not in msg, msg
     _same(got, ref)  # replanned from epoch 0
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # its own grouping's are taken without a word
-        _steps(NodeStream(spec, 0, Hosts.grid(1, 4), 64, tmp_path), range(k0, k0 + 1))
+        _steps(RankStream(spec, 0, snapshots=tmp_path, hosts=Hosts.grid(1, 4), stage_rows=64),
+               range(k0, k0 + 1))  # fmt: skip

@@ -21,7 +21,7 @@ from solar.errors import SolarError
 from solar.host.region import PREFIX
 from solar.schedule.grouping import Hosts, stage_bound
 from solar.schedule.nodeplan import NodePlanner
-from solar.schedule.nodestream import NodeStream
+from solar.schedule.stream import RankStream
 
 SHM_DIR = "/dev/shm"  # where no node region or tier may leave a name
 
@@ -30,7 +30,8 @@ def _execute(spec: PlanSpec, hosts: Hosts) -> tuple[int, int, int]:
     """Run every host's node plan over sample ids (a cell holds the id of the sample in it):
     every hit, tier hit and peer row must be its sample. Returns (tier hits, steps in order,
     storage reads)."""
-    streams = [NodeStream(spec, r, hosts, stage_bound(spec, hosts)) for r in range(hosts.world)]
+    bound = stage_bound(spec, hosts)
+    streams = [RankStream(spec, r, hosts=hosts, stage_rows=bound) for r in range(hosts.world)]
     slots, tslots = streams[0].slots, streams[0].tier_slots
     assert tslots > 0
     ram = np.full((hosts.count, slots), -1, np.int64)

@@ -84,7 +84,7 @@ class FakeMPIComm(FakeComm):
 def test_mpi_without_concurrent_threads_falls_back_or_refuses_in_setup(monkeypatch, level):
     """A node buffer's planning thread exchanges over MPI beside the foreground: below
     THREAD_MULTIPLE "auto" falls back to a buffer per rank and "node" refuses in setup, on
-    every rank alike (not in the NodeStream, after "auto" chose it)."""
+    every rank alike (not in the stream, after "auto" chose it)."""
     from solar.host import exchange
 
     monkeypatch.setenv("SOLAR_HOSTS", "1x4")

@@ -145,7 +145,7 @@ class HostExchange:
         self.extras = [int(x) for x in mine[:, 4]]
         self.watch: Callable[[], None] | None = None  # the foreground's waits call it
         # A foreground wait for ranks alive that never begin a round (one that seeked alone)
-        # gives up after this: the host barrier's (NodeStream.watch sets its barrier's).
+        # gives up after this: the host barrier's (RankStream.watch sets its barrier's).
         self.limit_s = TIMEOUT_S
         self._waiting = (0.0, "")  # (since when, for what) the foreground waits
         self._state = threading.Lock()  # guards rounds, limit and the held descriptors

@@ -31,8 +31,6 @@ from solar.runtime.steps import Steps
 from solar.runtime.transforms import HeldTransformAssembly, TransformAssembly, TransformedRefill
 from solar.runtime.workers import TransformPool
 from solar.schedule.grouping import stage_bound
-from solar.schedule.nodefile import NodeFileStream
-from solar.schedule.nodestream import NodeStream
 from solar.schedule.stream import RankStream
 from solar.stats import LoaderStats, StepStats
 from solar.tune import MAX_READ_AHEAD, READ_AHEAD_BYTES, Knob, Tuner, reader_knobs
@@ -145,7 +143,7 @@ class Pipeline:
             self.pool.close()
 
 
-def stream(setup: Setup, snapshots: str | os.PathLike | None) -> RankStream | NodeStream:
+def stream(setup: Setup, snapshots: str | os.PathLike | None) -> RankStream:
     """This rank's part of ``setup``'s plan, one epoch at a time: read from the plan given, or
     planned one epoch ahead in the background; of its own buffer (a host of one rank), or its
     share of its host's (``setup.shared``: the host's plan, planned or read)."""
@@ -154,16 +152,17 @@ def stream(setup: Setup, snapshots: str | os.PathLike | None) -> RankStream | No
         return RankStream(setup.spec, setup.rank, given, snapshots)
     stage = stage_bound(setup.spec, setup.hosts)
     if given is not None:
-        return NodeFileStream(given, setup.rank, stage)
-    return NodeStream(setup.spec, setup.rank, setup.hosts, stage, snapshots, setup.host_comm)
+        return RankStream(given.spec, setup.rank, given, stage_rows=stage)
+    return RankStream(setup.spec, setup.rank, None, snapshots, hosts=setup.hosts, stage_rows=stage,
+                      comm=setup.host_comm)  # fmt: skip
 
 
-def build(setup: Setup, stream: RankStream | NodeStream, stats: LoaderStats,
+def build(setup: Setup, stream: RankStream, stats: LoaderStats,
           exchange: Exchange | None) -> Pipeline:  # fmt: skip
     """This process's pipeline for ``setup``'s run, its buffer and tier allocated now (with
     ``share="node"``, the host's shared buffer: a collective of the host's ranks).
 
-    A host's buffer (a :class:`~solar.schedule.nodestream.NodeStream`) holds no transformed
+    A host's buffer (``setup.shared``: a stream of a rank's share of it) holds no transformed
     rows (refused by setup) and runs no step read before its plan (its peer rows are another
     rank's), no tier hit read ahead (another rank may write its slot until the step starts:
     the holdings read them at the step), and no step assembled ahead: a rank never waits at a
@@ -176,7 +175,7 @@ def build(setup: Setup, stream: RankStream | NodeStream, stats: LoaderStats,
     if setup.transform is not None:
         pool = TransformPool(setup.transform, run.seed, setup.info.keys, setup.out_keys,
                              setup.cores)  # fmt: skip
-    holdings = _host_holdings(setup, stream, steps) if isinstance(stream, NodeStream) else \
+    holdings = _host_holdings(setup, stream, steps) if shared else \
         _holdings(setup, stream, steps, pool)  # fmt: skip
     memory = BatchMemory(
         setup.info.keys, spec.batch_rows(steps.served_rows()),
@@ -227,7 +226,7 @@ def _holdings(setup: Setup, stream: RankStream, steps: Steps,
     return Holdings(buffer, tier, steps, refill, alone)
 
 
-def _host_holdings(setup: Setup, stream: NodeStream, steps: Steps) -> Holdings:
+def _host_holdings(setup: Setup, stream: RankStream, steps: Steps) -> Holdings:
     """``share="node"``: the host's buffer and staging rows in one shared region, its tier one
     file shared by its ranks, the steps collectives of the host's ranks."""
     hc = setup.host_comm

@@ -1,9 +1,10 @@
-"""The planners a :class:`~solar.schedule.nodestream.NodeStream` drives where its host's ranks
-exchange their plans (solar/host/exchange.py): an :class:`EpochReader` takes local rank 0's
-epochs; a :class:`PartPlanner` plans this rank's part of the host's buffer from every local
-rank's draws and puts its view of the host's epoch together from every part; each built with
-its collaborators (the exchange, the parts, the checks of what peers post: :class:`Checks`).
-And the exchange itself, made by the host's ranks together (:func:`exchange_of`)."""
+"""The planners a :class:`~solar.schedule.stream.RankStream` of a host's share drives where its
+host's ranks exchange their plans (solar/host/exchange.py): an :class:`EpochReader` takes local
+rank 0's epochs; a :class:`PartPlanner` plans this rank's part of the host's buffer from every
+local rank's draws and puts its view of the host's epoch together from every part; each built
+with its collaborators (the exchange, the parts, the checks of what peers post:
+:class:`Checks`). And the exchange itself, made by the host's ranks together
+(:func:`exchange_of`)."""
 
 from __future__ import annotations
 

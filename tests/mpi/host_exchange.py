@@ -23,7 +23,7 @@ from solar import BufferConfig, PlanSpec, RunConfig, Weighted, dist, host  # noq
 from solar.schedule._common import SIDE  # noqa: E402
 from solar.schedule.grouping import Hosts, stage_bound  # noqa: E402
 from solar.schedule.nodeplan import NodePlanner  # noqa: E402
-from solar.schedule.nodestream import NodeStream  # noqa: E402
+from solar.schedule.stream import RankStream  # noqa: E402
 
 d = dist.init()
 comm, rank = d.comm, d.rank
@@ -55,7 +55,7 @@ def served(s, steps):
 
 
 def stream():
-    s = NodeStream(spec, rank, hosts, stage_bound(spec, hosts), None, host_comm)
+    s = RankStream(spec, rank, hosts=hosts, stage_rows=stage_bound(spec, hosts), comm=host_comm)
     assert s.parted == (where.local_size > 1), (rank, s.parted)
     s.start()
     return s

@@ -1,5 +1,6 @@
 """Under mpiexec: the node buffer (solar/runtime/holdings.py) executing a node plan through
-the Loader's own step (``NodeStream``'s steps run by a ``Host``'s ``Holdings``), without the
+the Loader's own step (``RankStream``'s steps of a host's share run by a ``Host``'s
+``Holdings``), without the
 rest of the pipeline: every rank's rows h5py's bytes, every access served, the host's storage reads
 the plan's; an exact resume (a new region refilled to a step inside epoch 1) serves the same
 bytes.
@@ -28,7 +29,7 @@ from solar.runtime.holdings import Holdings, Host, RawRefill
 from solar.runtime.steps import Steps
 from solar.schedule.grouping import Hosts, stage_bound
 from solar.schedule.nodeplan import NodePlanner
-from solar.schedule.nodestream import NodeStream
+from solar.schedule.stream import RankStream
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: shared helpers
 from helpers import skewed_weighted
@@ -51,7 +52,7 @@ keys = [(k.sample_shape, k.native_dtype) for k in info.keys]
 
 def holdings(hosts: Hosts, hc) -> tuple[Holdings, Steps]:
     """This rank's node holdings over a new region, and the steps they run."""
-    stream = NodeStream(spec, rank, hosts, stage_bound(spec, hosts))
+    stream = RankStream(spec, rank, hosts=hosts, stage_rows=stage_bound(spec, hosts))
     steps = Steps(spec, rank, stream)
     parts = Host.region_parts(stream.slots, stream.stage_rows, keys)
     region = NodeRegion(NodeRegion.size_of(parts), hc, stream.host, stream.local,
