@@ -127,3 +127,39 @@ def test_lazy_imports_count(tmp_path):
     path.write_text(src)
     modules = _modules()
     assert _imports("solar.fake", path, modules) == {"solar.stats", "solar.runtime.steps"}
+
+
+_SHARING = ("mmap", "fcntl", "solar.host.memfd", "memfd_create", "/proc")
+
+
+def _shares_memory(root: Path) -> list[str]:
+    """What the modules under ``root`` use of a host's shared memory (see below)."""
+    bad = []
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names: list[str] = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                names = [base, *(f"{base}.{a.name}" for a in node.names)]
+            elif isinstance(node, ast.Attribute) and node.attr == "memfd_create":
+                names = ["memfd_create"]
+            elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+                names = ["/proc"] if "/proc/" in node.value else []
+            bad += [f"{path.name}: {n}" for n in names if n in _SHARING]
+    return bad
+
+
+def test_the_planner_is_pure():
+    """solar/schedule/ decides; what a host's processes share (memfds, mappings, /proc paths)
+    lives in solar/host/: no module of schedule imports mmap, fcntl or solar.host.memfd,
+    creates a memfd or names a /proc path."""
+    assert not _shares_memory(PACKAGE / "schedule"), _shares_memory(PACKAGE / "schedule")
+
+
+def test_the_purity_check_finds_shared_memory(tmp_path):
+    (tmp_path / "m.py").write_text("import mmap\nfd = os.memfd_create('x')\n")
+    (tmp_path / "n.py").write_text("from solar.host import memfd\np = f'/proc/{pid}/fd/{fd}'\n")
+    assert _shares_memory(tmp_path) == ["m.py: mmap", "m.py: memfd_create",
+                                        "n.py: solar.host.memfd", "n.py: /proc"]  # fmt: skip
