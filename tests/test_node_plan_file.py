@@ -550,3 +550,33 @@ def test_a_node_plan_file_serves_h5py_bytes_on_two_hosts_and_refuses_another_gro
     assert r.returncode != 0 and "unreachable" not in r.stderr
     assert (f"plan {other}: made for hosts 1x4 [[0, 1, 2, 3]], but this job's ranks are "
             "grouped 2x2 [[0, 1], [2, 3]]") in r.stderr  # fmt: skip
+
+
+@pytest.mark.parametrize("hosts", [None, Hosts.grid(1, 4)], ids=["per-rank", "1x4"])
+def test_a_plan_file_of_either_grouping_resumes_as_planned(tmp_path, hosts):
+    """One stream reads a plan file of any grouping as it plans one: jumped into the last
+    epoch (a resume: the file's epochs before it replayed), a rank's step and the buffer (and
+    per rank, tier) it must hold are the planned stream's."""
+    from solar.schedule.stream import RankStream
+
+    tier = 6 if hosts is None else 0  # (a node tier is not planned into a file)
+    spec = dataclasses.replace(_spec(), buffer=BufferConfig(8, 0.25, tier=tier))
+    plan = plan_to_file(spec, tmp_path / "p.h5", hosts=hosts)
+    plan = load_plan(plan.file.path, spec.sampler)
+    planned = RankStream(spec, 1, hosts=hosts)
+    read = RankStream(plan.spec, 1, plan)
+    tier_held = 0
+    try:
+        for k in range(2 * spec.run.steps_per_epoch, spec.run.num_steps):
+            want, got = planned.window(k), read.window(k)
+            cells, samples = want.refill_at(k)
+            assert [a.tolist() for a in got.refill_at(k)] == [cells.tolist(), samples.tolist()]
+            tier_held += int(np.count_nonzero(cells >= planned.slots))
+            a, b = want.step(k), got.step(k)
+            assert a.samples.tolist() == b.samples.tolist()
+            assert a.tier_slots.tolist() == b.tier_slots.tolist()
+            assert a.admit_slots.tolist() == b.admit_slots.tolist()
+    finally:
+        planned.close()
+        read.close()
+    assert tier_held or not tier  # (the tier holds rows a later step reads)
