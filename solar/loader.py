@@ -164,21 +164,9 @@ class Loader(IterableDataset[dict]):
         loader._construct(config)
         return loader
 
-    @classmethod
-    def _rehearsal(cls, config: LoaderConfig) -> Loader:
-        """A Loader of ``config`` that solar builds itself (the warm-up's tiny copy of a run,
-        placed with ``rank``/``world_size`` and no communicator): its place is the real
-        Loader's, which may be in a sub-communicator, so it is not checked against the job's
-        group (:func:`solar.dist.check_place` checks only what a user passed)."""
-        loader = cls.__new__(cls)
-        loader._construct(config, internal=True)
-        return loader
-
-    def _construct(self, args: LoaderConfig, internal: bool = False) -> None:
-        """Decide ``args`` (the job's communicator if they give no place; ``internal``: solar's
-        own build, taken as given), then start."""
-        if not internal:
-            args = dataclasses.replace(args, comm=job_comm(args.comm, args.rank, args.world_size))
+    def _construct(self, args: LoaderConfig) -> None:
+        """Decide ``args`` (the job's communicator if they give no place), then start."""
+        args = dataclasses.replace(args, comm=job_comm(args.comm, args.rank, args.world_size))
         snapshots, warm = args.planning.snapshots, args.expert.warm
         # Other ranks may be waiting in the plan agreement: a failure here takes the job down.
         with abort_job_on_error(args.comm), measured() as warmth:
@@ -245,7 +233,7 @@ class Loader(IterableDataset[dict]):
             t0 = time.perf_counter()
             self.reader.warm_up()
             if args.expert.warm:
-                rehearse_loader(args, self._setup, Loader._rehearsal)
+                rehearse_loader(args, self._setup, Loader.from_config)
             self.stats.warm_seconds = time.perf_counter() - t0
         except BaseException:
             # No thread, process or tier file outlives a Loader never made; closed alone (the
