@@ -8,6 +8,7 @@ import logging
 import os
 import sys
 import time
+from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -768,6 +769,7 @@ def bench(data, keys, one_per_file, world_size, batch_size, epochs, buffer, tier
     memory, planning = MemoryConfig(tier=tier, tier_size=tier_size), PlanningConfig(slack=slack)
     names = None if loaders is None else tuple(x for x in loaders.split(",") if x)
     cfg: Any
+    run: Callable[..., dict | None]
     if sampler_kind == "neighbor":  # GNN feature gathering: its own loaders (solar/graph/bench.py)
         from solar.graph import bench as graph_bench
         from solar.graph.neighbor import NeighborSampler
