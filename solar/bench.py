@@ -38,7 +38,7 @@ from solar.config import DEFAULT_SLACK, ReaderConfig, per_rank
 from solar.dist import MAX, allreduce
 from solar.errors import SolarError
 from solar.io.bandwidth import read_bandwidth
-from solar.io.pagecache import evict
+from solar.io.pagecache import cold_rounds, evict
 from solar.io.sources import describe_source
 from solar.io.throttle import Throttle
 from solar.options import ExpertConfig, MemoryConfig, PlanningConfig
@@ -423,38 +423,31 @@ def _run_epochs(cfg: BenchConfig, loaders: dict[str, Any], files: list, sample_b
                 comm: Any, fn: Any, progress: Any) -> dict[str, LoaderResult]:  # fmt: skip
     """Every loader's epochs, interleaved in an order rotated each epoch, each from cold
     storage behind a barrier; their figures over all ranks."""
-    rank = comm.Get_rank()
     results = {name: LoaderResult(name) for name in loaders}
-    names = list(loaders)
-    for epoch in range(cfg.epochs):
-        # Rotate the order each epoch: no loader always follows the same one.
-        for name in names[epoch % len(names) :] + names[: epoch % len(names)]:
-            loader = loaders[name]
-            if rank == 0:
-                evict(files)
-            comm.Barrier()
-            t0, cpu0 = time.perf_counter(), machine_cpu_seconds()
-            inloop = (fn, cfg.seed) if name == INLOOP else None
-            count = _epoch(name, loader, epoch, cfg.compute_ms, inloop)
-            seconds = allreduce(comm, time.perf_counter() - t0, MAX)
-            r = results[name]
-            r.epoch_seconds.append(seconds)
-            r.cpu_seconds.append(machine_cpu_seconds() - cpu0)  # rank 0's figure is reported
-            r.samples.append(comm.allreduce(count))
-            if name != "torch":
-                st = loader.stats.epochs[epoch]
-                r.hits.append(comm.allreduce(st.hits))
-                r.tier_hits.append(comm.allreduce(st.tier_hits))
-                r.bytes_read.append(comm.allreduce(st.bytes_read))
-                r.logical_bytes.append(comm.allreduce(st.reads + st.side_reads) * sample_bytes)
-                r.stall_seconds.append(allreduce(comm, st.stall_seconds, MAX))
-                r.rows_moved.append(comm.allreduce(st.sent))
-                r.exchange_seconds.append(allreduce(comm, st.exchange_seconds, MAX))
-            else:
-                r.bytes_read.append(r.samples[-1] * sample_bytes)
-                r.logical_bytes.append(r.samples[-1] * sample_bytes)
-            if progress is not None and rank == 0:
-                progress(epoch, name, seconds)
+    for epoch, name in cold_rounds(list(loaders), cfg.epochs, comm, lambda: evict(files)):
+        loader = loaders[name]
+        t0, cpu0 = time.perf_counter(), machine_cpu_seconds()
+        inloop = (fn, cfg.seed) if name == INLOOP else None
+        count = _epoch(name, loader, epoch, cfg.compute_ms, inloop)
+        seconds = allreduce(comm, time.perf_counter() - t0, MAX)
+        r = results[name]
+        r.epoch_seconds.append(seconds)
+        r.cpu_seconds.append(machine_cpu_seconds() - cpu0)  # rank 0's figure is reported
+        r.samples.append(comm.allreduce(count))
+        if name != "torch":
+            st = loader.stats.epochs[epoch]
+            r.hits.append(comm.allreduce(st.hits))
+            r.tier_hits.append(comm.allreduce(st.tier_hits))
+            r.bytes_read.append(comm.allreduce(st.bytes_read))
+            r.logical_bytes.append(comm.allreduce(st.reads + st.side_reads) * sample_bytes)
+            r.stall_seconds.append(allreduce(comm, st.stall_seconds, MAX))
+            r.rows_moved.append(comm.allreduce(st.sent))
+            r.exchange_seconds.append(allreduce(comm, st.exchange_seconds, MAX))
+        else:
+            r.bytes_read.append(r.samples[-1] * sample_bytes)
+            r.logical_bytes.append(r.samples[-1] * sample_bytes)
+        if progress is not None and comm.Get_rank() == 0:
+            progress(epoch, name, seconds)
     return results
 
 
@@ -641,7 +634,7 @@ def format_results(res: dict) -> str:
         lines.append(
             f"bound (run): the largest hit rate over the whole run, epoch 0 cold, "
             f"min(P·C, N)·(E−1)/(N·E) = {100 * res['bound']:.1f} %; from epoch 1 on, per "
-            f"epoch: {100 * steady_bound(res):.1f} % (the plot's dashed line)"
+            f"epoch: {100 * steady_bound(res['bound'], c['epochs']):.1f} % (the plot's dashed line)"
         )
     idle = not res["config"].get("compute_ms")
     for name, e in res["loaders"].items():
@@ -693,11 +686,10 @@ def _logical_bytes(e: dict) -> list[int]:
     return e.get("logical_bytes_read", e["bytes_read"])
 
 
-def steady_bound(res: dict) -> float:
+def steady_bound(bound: float, epochs: int) -> float:
     """The bound on one epoch's hit rate from epoch 1 on (epoch 0 is cold): the whole run's
-    bound, ``min(P·C, N)·(E−1)/(N·E)``, without its cold epoch."""
-    epochs = res["config"]["epochs"]
-    return res["bound"] * epochs / max(1, epochs - 1)
+    ``bound``, ``min(P·C, N)·(E−1)/(N·E)``, without its cold epoch."""
+    return bound * epochs / max(1, epochs - 1)
 
 
 def plot(res: dict, path: Path) -> None:
@@ -714,12 +706,7 @@ def plot(res: dict, path: Path) -> None:
     for k in names:
         if "hit_rate_per_epoch" in res["loaders"][k]:
             b.plot([100 * h for h in res["loaders"][k]["hit_rate_per_epoch"]], marker="o", label=k)
-    if "bound" in res:
-        b.axhline(100 * steady_bound(res), ls="--", color="gray",
-                  label=f"bound, epochs ≥ 1 (run: {100 * res['bound']:.1f} %)")  # fmt: skip
-    b.set_xticks(range(res["config"]["epochs"]))
-    b.set_xlabel("epoch")
-    b.set_ylabel("hit rate %")
+    _hit_rate_axes(b, res["config"]["epochs"], res.get("bound"))
     b.set_title("feature rows served from the buffer" if graph else "buffer hit rate")
     _save(plt, fig, b, path)
 
@@ -730,17 +717,22 @@ def plot_plan(summary: dict, path: Path) -> None:
     plt, fig, (b,) = _figure(1)
     rates = [100 * h for h in summary["hit_rate_per_epoch"]]
     b.plot(range(len(rates)), rates, marker="o", label=f"{summary['policy']} (planned)")
-    if summary.get("bound") is not None:
-        epochs = summary["epochs"]
-        b.axhline(100 * summary["bound"] * epochs / max(1, epochs - 1), ls="--", color="gray",
-                  label=f"bound, epochs ≥ 1 (run: {100 * summary['bound']:.1f} %)")  # fmt: skip
-    b.set_xticks(range(len(rates)))
-    b.set_xlabel("epoch")
-    b.set_ylabel("hit rate %")
+    _hit_rate_axes(b, len(rates), summary.get("bound"), summary["epochs"])
     kind = summary["sampler"]["kind"]
     b.set_title(f"N={summary['num_samples']}, P={summary['world_size']}, "
                 f"B={summary['batch_size']}, C={summary['buffer']}/rank, {kind}")  # fmt: skip
     _save(plt, fig, b, path)
+
+
+def _hit_rate_axes(b: Any, shown: int, bound: float | None, epochs: int | None = None) -> None:
+    """``shown`` epochs along x, hit rate % along y, and the bound on epochs >= 1 of a run of
+    ``epochs`` (default ``shown``) whose bound is ``bound`` (None: none)."""
+    if bound is not None:
+        b.axhline(100 * steady_bound(bound, epochs or shown), ls="--", color="gray",
+                  label=f"bound, epochs ≥ 1 (run: {100 * bound:.1f} %)")  # fmt: skip
+    b.set_xticks(range(shown))
+    b.set_xlabel("epoch")
+    b.set_ylabel("hit rate %")
 
 
 def _figure(panels: int) -> tuple[Any, Any, Any]:

@@ -8,6 +8,7 @@ import logging
 import os
 import sys
 import time
+from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,7 @@ from typing import Any
 import click
 from click.core import ParameterSource
 
-from solar._atomic import check_writable
+from solar._atomic import check_writable, write_json
 from solar._units import format_bytes
 from solar.config import (
     BufferConfig,
@@ -757,70 +758,75 @@ def gen(out, preset, samples, chunks, compression, nodes, avg_degree, features, 
 def bench(data, keys, one_per_file, world_size, batch_size, epochs, buffer, tier, tier_size,
           slack, loaders, variable_batches, workers, threads, read_ahead, throttle, compute_ms,
           seed, sampler_kind, fanouts, probe_seconds, weights, transform, share_mode, json_out,
-          plot_out,
-          force) -> None:  # fmt: skip
+          plot_out, force) -> None:  # fmt: skip
     """Compare the PyTorch DataLoader and every policy on DATA, cold storage each epoch
     (--sampler neighbor: GNN feature gathering on a graph file)."""
-
     from solar import bench as harness
 
     for path in (json_out, plot_out):
         _check_out(path, force)
     reader = reader_config(one_per_file, threads, read_ahead)
     memory, planning = MemoryConfig(tier=tier, tier_size=tier_size), PlanningConfig(slack=slack)
-    if share_mode == "node" and sampler_kind != "neighbor":
-        raise SolarError("--share node: with --sampler neighbor only (for now)")
-    if share_mode == "auto":  # both side by side where a node buffer applies, unless --loaders
-        both = sampler_kind == "neighbor" and world_size > 1 and loaders is None
-        share_mode = "node" if both else "rank"
-    if share_mode == "node":  # solar-node beside solar
-        loaders = ",".join(dict.fromkeys([*(loaders or ",".join(_graph_loaders())).split(","),
-                                          "solar", "solar-node"]))  # fmt: skip
+    names = None if loaders is None else tuple(x for x in loaders.split(",") if x)
+    cfg: Any
+    run: Callable[..., dict | None]
     if sampler_kind == "neighbor":  # GNN feature gathering: its own loaders (solar/graph/bench.py)
-        others = {"--one-per-file": one_per_file, "--tier": tier,
-                  "--variable-batches": variable_batches,
-                  "--weights": weights, "--transform": transform,
-                  "--workers": workers is not None}  # fmt: skip
-        _bench_graph(data, keys, world_size, batch_size, epochs, buffer, loaders, reader,
-                     throttle, compute_ms, seed, fanouts, json_out, plot_out,
-                     [k for k, v in others.items() if v], probe_seconds)  # fmt: skip
-        return
-    _refuse_graph(data, keys, "bench")
-    share = share_or_size(buffer, "--buffer")
-    tier_share = share_or_size(str(memory.tier_size), "--tier-size")
-    if (memory.tier is None) != Size.parse(memory.tier_size, "--tier-size").zero:
-        raise SolarError("--tier DIR and --tier-size > 0 go together")
-    make_sampler(sampler_kind, weights)  # a bad --weights fails here, before any rank starts
-    if transform:
-        load_transform(transform)  # a bad --transform fails here, before any rank starts
-    if loaders is None:
-        loaders = ",".join(
-            harness.default_loaders(tier is not None, weights is not None, transform is not None)
-        )
-    if variable_batches and "solar-variable" not in loaders.split(","):
-        loaders += ",solar-variable"
-    comm = _bench_ranks(world_size)
-    cfg = harness.BenchConfig(
-        paths=tuple(data), keys=tuple(keys) or None, batch_size=batch_size, epochs=epochs,
-        buffer=share, tier=tier, tier_size=tier_share, slack=planning.slack,
-        loaders=tuple(x for x in loaders.split(",") if x),
-        workers=workers, reader=reader, throttle=throttle, compute_ms=compute_ms, seed=seed,
-        weights=weights, transform=transform,
-    )  # fmt: skip
+        from solar.graph import bench as graph_bench
+        from solar.graph.neighbor import NeighborSampler
 
-    result = harness.run(cfg, comm, _epoch_done)
-    if result is None:
+        others = {"--one-per-file": one_per_file, "--tier": tier,
+                  "--variable-batches": variable_batches, "--weights": weights,
+                  "--transform": transform, "--workers": workers is not None}  # fmt: skip
+        if any(others.values()):
+            raise SolarError("--sampler neighbor does not take "
+                             f"{', '.join(k for k, v in others.items() if v)}")  # fmt: skip
+        if len(data) != 1 or len(keys) > 1:
+            raise SolarError("--sampler neighbor takes one graph file (solar gen --preset graph) "
+                             "and at most one --key (default: features)")  # fmt: skip
+        # solar-node beside solar: asked, or (auto) where several ranks run and no --loaders.
+        if share_mode == "node" or (share_mode == "auto" and world_size > 1 and names is None):
+            names = tuple(dict.fromkeys([*(names or graph_bench.GRAPH_LOADERS), "solar",
+                                         "solar-node"]))  # fmt: skip
+        cfg = graph_bench.GraphBenchConfig(
+            path=data[0], key=keys[0] if keys else "features",
+            fanouts=graph_bench.parse_fanouts(fanouts), batch_size=batch_size, epochs=epochs,
+            buffer=share_or_size(buffer, "--buffer"), loaders=names or graph_bench.GRAPH_LOADERS,
+            reader=dataclasses.replace(reader, direct_io=True), throttle=throttle,
+            compute_ms=compute_ms, seed=seed, probe_seconds=probe_seconds,
+        )  # fmt: skip
+        # A bad graph, fanouts or batch fails here, before any rank starts.
+        NeighborSampler(cfg.path, cfg.fanouts, cfg.batch_size, features=cfg.key)
+        run, text = graph_bench.run_graph, graph_bench.format_graph_results
+    else:
+        if share_mode == "node":
+            raise SolarError("--share node: with --sampler neighbor only (for now)")
+        _refuse_graph(data, keys, "bench")
+        if (memory.tier is None) != Size.parse(memory.tier_size, "--tier-size").zero:
+            raise SolarError("--tier DIR and --tier-size > 0 go together")
+        make_sampler(sampler_kind, weights)  # a bad --weights fails here, before any rank starts
+        if transform:
+            load_transform(transform)  # a bad --transform fails here, before any rank starts
+        if names is None:
+            names = harness.default_loaders(tier is not None, weights is not None,
+                                            transform is not None)  # fmt: skip
+        if variable_batches and "solar-variable" not in names:
+            names += ("solar-variable",)
+        cfg = harness.BenchConfig(
+            paths=tuple(data), keys=tuple(keys) or None, batch_size=batch_size, epochs=epochs,
+            buffer=share_or_size(buffer, "--buffer"), tier=tier,
+            tier_size=share_or_size(str(memory.tier_size), "--tier-size"), slack=planning.slack,
+            loaders=names, workers=workers, reader=reader, throttle=throttle,
+            compute_ms=compute_ms, seed=seed, weights=weights, transform=transform,
+        )  # fmt: skip
+        run, text = harness.run, harness.format_results
+    result = run(cfg, _bench_ranks(world_size), _epoch_done)
+    if result is None:  # (a rank other than 0)
         return
-    click.echo(harness.format_results(result))
-    _write_json(json_out, result)
+    click.echo(text(result))
+    if json_out:
+        write_json(json_out, result)
     if plot_out:
         harness.plot(result, Path(plot_out))
-
-
-def _graph_loaders() -> tuple[str, ...]:
-    from solar.graph.bench import GRAPH_LOADERS
-
-    return GRAPH_LOADERS
 
 
 def _bench_ranks(world_size: int) -> Any:
@@ -846,13 +852,6 @@ def _epoch_done(epoch: int, name: str, seconds: float) -> None:
     click.echo(f"epoch {epoch} {name}: {seconds:.2f} s", err=True)
 
 
-def _write_json(path: str | None, result: dict) -> None:
-    if path:
-        from solar._atomic import write_json
-
-        write_json(path, result)
-
-
 def _threads(text: str) -> int | str:
     """--threads: a count, or "auto" (ReaderConfig checks the value)."""
     text = text.strip()
@@ -860,42 +859,6 @@ def _threads(text: str) -> int | str:
         return int(text)
     except ValueError:
         return text
-
-
-def _bench_graph(data, keys, world_size, batch_size, epochs, buffer, loaders,
-                 reader: ReaderConfig, throttle, compute_ms, seed, fanouts, json_out, plot_out,
-                 refused, probe_seconds: float = 1.0) -> None:  # fmt: skip
-    """``solar bench GRAPH.h5 --sampler neighbor``: mmap, lru, static and solar gathering the
-    feature rows of sampled subgraphs under one memory budget (solar/graph/bench.py)."""
-    from solar.graph import bench as graph_bench
-
-    if refused:
-        raise SolarError(f"--sampler neighbor does not take {', '.join(refused)}")
-    if len(data) != 1 or len(keys) > 1:
-        raise SolarError("--sampler neighbor takes one graph file (solar gen --preset graph) "
-                         "and at most one --key (default: features)")  # fmt: skip
-    cfg = graph_bench.GraphBenchConfig(
-        path=data[0], key=keys[0] if keys else "features",
-        fanouts=graph_bench.parse_fanouts(fanouts), batch_size=batch_size, epochs=epochs,
-        buffer=share_or_size(buffer, "--buffer"),
-        loaders=tuple(x for x in loaders.split(",") if x) if loaders else graph_bench.GRAPH_LOADERS,
-        reader=dataclasses.replace(reader, direct_io=True),
-        throttle=throttle, compute_ms=compute_ms, seed=seed, probe_seconds=probe_seconds,
-    )  # fmt: skip
-    from solar.graph.neighbor import NeighborSampler
-
-    # A bad graph, fanouts or batch fails here, before any rank starts.
-    NeighborSampler(cfg.path, cfg.fanouts, cfg.batch_size, features=cfg.key)
-    comm = _bench_ranks(world_size)
-    result = graph_bench.run_graph(cfg, comm, _epoch_done)
-    if result is None:
-        return
-    click.echo(graph_bench.format_graph_results(result))
-    _write_json(json_out, result)
-    if plot_out:
-        from solar import bench as harness
-
-        harness.plot(result, Path(plot_out))
 
 
 def _check_world(world_size: int, launcher: str, started: int) -> None:

@@ -45,23 +45,18 @@ import numpy as np
 
 from solar._held_tensors import hold
 from solar._process import poll, run_abort_hooks
-from solar.errors import SolarError, first_error, first_line
+from solar.errors import SolarError, first_line
 from solar.host.place import place
 from solar.launch import Launch, detect_launcher
 
+# The public surface (docs/api.md, the guides and examples); the rest serves solar itself.
 __all__ = [
     "MAX",
     "SUM",
     "Dist",
-    "Launch",
     "TorchComm",
-    "abort",
-    "abort_job_on_error",
-    "agree",
     "allreduce",
-    "check_place",
     "detect_launcher",
-    "first_error",
     "init",
     "install_abort_on_error",
     "job_comm",
@@ -119,11 +114,11 @@ def job_comm(comm: Any = None, rank: int | None = None, world_size: int | None =
     places the rank itself (``rank``/``world_size``: a plan made offline, ranks simulated in
     one process). None for a process alone. A job its launcher says has several ranks, none
     of which can be had, is refused in one line: a Loader never runs as world 1 there; so is
-    a ``rank``/``world_size`` that contradicts the job's initialised group (:func:`check_place`)."""
+    a ``rank``/``world_size`` that contradicts the job's initialised group."""
     if comm is not None:
         return comm
     if rank is not None or world_size is not None:
-        check_place(rank, world_size)
+        _check_place(rank, world_size)
         return None
     if _state is not None and _state.world_size > 1:
         return _state.comm
@@ -152,7 +147,7 @@ def job_comm(comm: Any = None, rank: int | None = None, world_size: int | None =
                      "rank=0, world_size=1)")  # fmt: skip
 
 
-def check_place(rank: int | None, world_size: int | None) -> None:
+def _check_place(rank: int | None, world_size: int | None) -> None:
     """Refuse in one line a place given by hand (``rank``/``world_size``, no comm) that the
     job's initialised group contradicts: another world size, or another rank in it (two ranks
     saying rank 0 would serve the same samples twice; world_size=3 of 2 would never serve a
@@ -160,8 +155,7 @@ def check_place(rank: int | None, world_size: int | None) -> None:
     loader of rank 0: accepted in any job. Without a group, any place is the caller's. A part
     of the job (a model-parallel job's data-parallel ranks, whose tensor-parallel peers serve
     the same samples) is given by its communicator, not by hand: the message names
-    ``TorchComm(group=dp_group)`` and MPI's ``Split``. (solar's own builds, the warm-up's
-    tiny Loader, are not checked: ``Loader._rehearsal``.)"""
+    ``TorchComm(group=dp_group)`` and MPI's ``Split``."""
     r_given = 0 if rank is None else rank
     w_given = 1 if world_size is None else world_size
     if (r_given, w_given) == (0, 1):

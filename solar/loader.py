@@ -164,21 +164,9 @@ class Loader(IterableDataset[dict]):
         loader._construct(config)
         return loader
 
-    @classmethod
-    def _rehearsal(cls, config: LoaderConfig) -> Loader:
-        """A Loader of ``config`` that solar builds itself (the warm-up's tiny copy of a run,
-        placed with ``rank``/``world_size`` and no communicator): its place is the real
-        Loader's, which may be in a sub-communicator, so it is not checked against the job's
-        group (:func:`solar.dist.check_place` checks only what a user passed)."""
-        loader = cls.__new__(cls)
-        loader._construct(config, internal=True)
-        return loader
-
-    def _construct(self, args: LoaderConfig, internal: bool = False) -> None:
-        """Decide ``args`` (the job's communicator if they give no place; ``internal``: solar's
-        own build, taken as given), then start."""
-        if not internal:
-            args = dataclasses.replace(args, comm=job_comm(args.comm, args.rank, args.world_size))
+    def _construct(self, args: LoaderConfig) -> None:
+        """Decide ``args`` (the job's communicator if they give no place), then start."""
+        args = dataclasses.replace(args, comm=job_comm(args.comm, args.rank, args.world_size))
         snapshots, warm = args.planning.snapshots, args.expert.warm
         # Other ranks may be waiting in the plan agreement: a failure here takes the job down.
         with abort_job_on_error(args.comm), measured() as warmth:
@@ -206,28 +194,23 @@ class Loader(IterableDataset[dict]):
         self.config, self.run, self.spec = setup.config, setup.run, setup.spec
         self.sampler, self.reader, self.out_keys = setup.sampler, setup.reader, setup.out_keys
         self.transform, self.batch_transform = setup.transform, setup.batch_transform
-        given = setup.given
-        self._plan: Plan | None = given  # or made on first use of .plan
+        self._plan: Plan | None = setup.given  # or made on first use of .plan
         # This rank's part, one epoch at a time: read from the plan given, or planned one
         # epoch ahead in the background.
         self._stream = pipeline.stream(setup, snapshots)
-        self._exchange: Exchange | None = None
-        if self.spec.equal_batches and self.world_size > 1:
-            # Rows move as delivered: transformed, if there is a transform.
-            self._exchange = Exchange(setup.comm, self.out_keys)
+        # Equal batches: rows move as delivered (transformed, if there is a transform).
+        equal = self.spec.equal_batches and self.world_size > 1
+        self._exchange = Exchange(setup.comm, self.out_keys) if equal else None
         # Decided at construction, alike on every rank: "node" (one buffer per host) or "rank".
         self.share = setup.share
         self.stats = LoaderStats(share=self.share)
         self._yielded: tuple[int, int] | None = None  # (epoch, step) last yielded
         # Rows of each global step of an epoch (a sampler's trace: of the epoch named).
         self._global_rows: tuple[int, np.ndarray] = (-1, np.diff(step_bounds(self.run)))
-        self._epoch = 0
-        self._next = 0  # global step the next iteration starts from
+        self._epoch, self._next = 0, 0  # the epoch chosen, the global step to start from
         # Whether set_epoch (or a resume) came since the last iteration began, and whether
         # an epoch iterated again without it has been warned of (once per Loader).
-        self._epoch_chosen = True
-        self._warned_again = False
-        self._closed = False
+        self._epoch_chosen, self._warned_again, self._closed = True, False, False
         self._pipeline: ProcessLocal[pipeline.Pipeline] = ProcessLocal(self._build)
 
     def _start(self, args: LoaderConfig) -> None:
@@ -245,7 +228,7 @@ class Loader(IterableDataset[dict]):
             t0 = time.perf_counter()
             self.reader.warm_up()
             if args.expert.warm:
-                rehearse_loader(args, self._setup, Loader._rehearsal)
+                rehearse_loader(args, self._setup, Loader.from_config)
             self.stats.warm_seconds = time.perf_counter() - t0
         except BaseException:
             # No thread, process or tier file outlives a Loader never made; closed alone (the
@@ -403,12 +386,10 @@ class Loader(IterableDataset[dict]):
             epoch, step = int(state["epoch"]), int(state["next_step"])
         except (KeyError, TypeError, ValueError):
             raise SolarError("loader state lacks a whole 'epoch' and 'next_step'") from None
-        spe = self.run.steps_per_epoch
-        if not (0 <= step <= self.run.num_steps and epoch * spe <= step <= (epoch + 1) * spe):
+        spe = run.steps_per_epoch
+        if not (0 <= step <= run.num_steps and epoch * spe <= step <= (epoch + 1) * spe):
             raise SolarError(f"loader state: step {step} is not within epoch {epoch} of this run")
-        self._epoch = min(epoch, self.run.epochs - 1)
-        self._next = step
-        self._epoch_chosen = True
+        self._epoch, self._next, self._epoch_chosen = min(epoch, run.epochs - 1), step, True
 
     def wait_reads(self) -> None:
         """Wait until the reads under way (ahead of the next step, maybe into the next epoch)

@@ -159,7 +159,6 @@ def _adder() -> Any:
 EpochStats.add = _adder()  # type: ignore[method-assign]
 
 
-STAGES = ("read", "decode", "transform", "trainer")
 # The trainer limits the pipeline when it waits for less than this share of its time.
 TRAINER_WAIT = 0.10
 

@@ -248,9 +248,8 @@ def rehearse_loader(args: LoaderConfig, setup: Setup,
     files to its end, then drop it: every kernel the Loader's epochs call is compiled (or
     loaded from the cache) by then (a node buffer's own kernels by :func:`rehearse_node`),
     its plan coming as the real one's: from a file, made in memory, or streamed. ``make``: a
-    Loader of a record built as solar's own (``Loader._rehearsal``: its ``rank``/``world_size``
-    are the real Loader's place, which may be in a sub-communicator, so not checked against
-    the job's group)."""
+    Loader of a record (``Loader.from_config``); the tiny one is placed as the real one, on
+    its communicator (a collective, as the real construction), and exchanges no rows."""
     info, given = setup.info, setup.given  # (a node plan given: rehearse_node's)
     given = given if given is not None and given.hosts is None else None
     plan = None if given is None else "memory" if given.file is None else "file"
@@ -261,26 +260,26 @@ def rehearse_loader(args: LoaderConfig, setup: Setup,
         run = spec.run
         with contextlib.ExitStack() as stack:
             made: Any = None
-            # (The tiny Loader has no communicator: its ranks exchange no rows.)
+            # (The tiny Loader's ranks exchange no rows: each plans and serves its own.)
             alone = dataclasses.replace(spec, equal_batches=False)
             if plan == "file":  # the same path as the real run's: read from a file, proven
                 tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="solar-warm-"))
                 made = plan_to_file(alone, Path(tmp) / "plan.h5")
             elif plan == "memory":
                 made = make_plan(alone)
-            # The real run's reader, on its first files, with the tiny run's decisions alone:
-            # no communicator, transform, host buffer, snapshots or warm-up of its own.
+            # The real run's reader and place, on its first files, with the tiny run's
+            # decisions alone: no exchange, transform, host buffer, snapshots or warm-up.
             tiny_args = dataclasses.replace(
                 args, paths=first, keys=[k.name for k in info.keys], batch_size=run.batch_size,
                 epochs=run.epochs, buffer=spec.buffer.capacity, seed=run.seed,
                 sampler=spec.sampler, transform=None, batch_transform=None,
-                batch_format="dict", drop_last=run.drop_last, comm=None, rank=setup.rank,
+                batch_format="dict", drop_last=run.drop_last, comm=setup.comm, rank=setup.rank,
                 world_size=run.world_size, reader=setup.config,
                 memory=MemoryConfig(tier=setup.tier_dir if spec.buffer.tier else None,
                                     tier_size=spec.buffer.tier, share="rank",
                                     page_mates=spec.pages is not None),
                 planning=PlanningConfig(plan=made, policy=spec.policy, slack=spec.buffer.slack,
-                                        horizon=spec.horizon),
+                                        horizon=spec.horizon, equal_batches=False),
                 expert=ExpertConfig(warm=False),
             )  # fmt: skip
             with warnings.catch_warnings():  # the real run said what its tiny copy would

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from fresh import Run, zygote
 
-from solar.options import ExpertConfig, PlanningConfig
+from solar.options import ExpertConfig, LoaderConfig, PlanningConfig
 from solar.warm import dispatchers, head, tiny_spec
 
 # Each case: Loader keyword arguments, a record's as a dict (``data``: the case's data).
@@ -280,6 +280,31 @@ def test_a_rehearsal_keeps_the_runs_choices(small_h5):
     assert run.num_samples < 103 and run.batch_size <= 4
     first = head(ld.info, 40)
     assert first.num_samples == 40 and first.files == ld.info.files
+
+
+def test_the_rehearsal_is_placed_on_the_real_loaders_communicator(small_h5):
+    """The warm-up's tiny Loader is built as any Loader, on the real one's communicator and
+    place (a Loader of a sub-communicator rehearses on it; nothing checks its place against
+    the job's group), its rows not exchanged (equal_batches False)."""
+    import dataclasses
+
+    from solar import Loader
+    from solar.warm import rehearse_loader
+
+    seen = []
+
+    def make(config):  # the record the tiny Loader is built of; run here without the comm
+        seen.append(config)
+        return Loader.from_config(dataclasses.replace(config, comm=None))
+
+    with Loader(small_h5, batch_size=4, epochs=2, buffer=8, rank=1, world_size=2,
+                expert=ExpertConfig(warm=False)) as ld:  # fmt: skip
+        comm = object()  # (the real Loader's, as its setup holds it)
+        args = LoaderConfig(paths=ld.info, batch_size=4, epochs=2, buffer=8, rank=1, world_size=2)
+        rehearse_loader(args, dataclasses.replace(ld._setup, comm=comm), make)
+    (tiny,) = seen
+    assert tiny.comm is comm and (tiny.rank, tiny.world_size) == (1, 2)
+    assert tiny.planning.equal_batches is False and not tiny.expert.warm
 
 
 def test_every_kernel_is_found():

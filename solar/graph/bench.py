@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -39,6 +38,7 @@ from solar._memory import PAGE
 from solar.config import ReaderConfig, RunConfig, per_rank
 from solar.dist import MAX, allreduce
 from solar.errors import SolarError
+from solar.io.pagecache import cold_rounds, evict
 from solar.io.throttle import Throttle
 from solar.options import ExpertConfig, MemoryConfig, PlanningConfig
 
@@ -174,29 +174,28 @@ def _run_epochs(cfg: GraphBenchConfig, loaders: dict[str, Any], info: Any, offse
     """Every loader's epochs, interleaved in an order rotated each epoch, the features'
     cached pages dropped before each; their figures over all ranks."""
     rank = comm.Get_rank()
-    nbytes_all = info.num_samples * info.sample_bytes
     results: dict[str, dict[str, list]] = {
         name: {k: [] for k in ("seconds", "steps", "rows", "hits", "reads", "bytes_read", "first")}
         for name in cfg.loaders
     }
-    names = list(cfg.loaders)
-    for epoch in range(cfg.epochs):
-        for name in names[epoch % len(names) :] + names[: epoch % len(names)]:
-            if rank == 0 and offset >= 0:
-                _drop_range(info.all_files[0], offset, nbytes_all)
-            comm.Barrier()
-            t0 = time.perf_counter()
-            steps, rows, hits, reads, nbytes, first = _graph_epoch(loaders[name], epoch, rank,
-                                                                   cfg.compute_ms)  # fmt: skip
-            seconds = allreduce(comm, time.perf_counter() - t0, MAX)
-            r = results[name]
-            r["seconds"].append(seconds)
-            r["steps"].append(allreduce(comm, steps, MAX))  # global steps
-            r["first"].append(allreduce(comm, first - t0, MAX))
-            for k, v in (("rows", rows), ("hits", hits), ("reads", reads), ("bytes_read", nbytes)):
-                r[k].append(comm.allreduce(v))
-            if progress is not None and rank == 0:
-                progress(epoch, name, seconds)
+
+    def drop() -> None:  # the features' cached pages (the topology stays mapped)
+        if offset >= 0:
+            evict(info.all_files[0], offset, info.num_samples * info.sample_bytes)
+
+    for epoch, name in cold_rounds(list(cfg.loaders), cfg.epochs, comm, drop):
+        t0 = time.perf_counter()
+        steps, rows, hits, reads, nbytes, first = _graph_epoch(loaders[name], epoch, rank,
+                                                               cfg.compute_ms)  # fmt: skip
+        seconds = allreduce(comm, time.perf_counter() - t0, MAX)
+        r = results[name]
+        r["seconds"].append(seconds)
+        r["steps"].append(allreduce(comm, steps, MAX))  # global steps
+        r["first"].append(allreduce(comm, first - t0, MAX))
+        for k, v in (("rows", rows), ("hits", hits), ("reads", reads), ("bytes_read", nbytes)):
+            r[k].append(comm.allreduce(v))
+        if progress is not None and rank == 0:
+            progress(epoch, name, seconds)
     return results
 
 
@@ -268,16 +267,6 @@ def _graph_epoch(loader: Any, epoch: int, rank: int, compute_ms: float):
     loader.wait_reads()  # reads started into the next epoch are this window's
     st = loader.stats.epochs[epoch]
     return steps, rows, st.hits, st.reads, st.bytes_read, first
-
-
-def _drop_range(path: os.PathLike, offset: int, length: int) -> None:
-    from solar.io.pagecache import drop
-
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        drop(fd, offset, length)
-    finally:
-        os.close(fd)
 
 
 def format_graph_results(res: dict) -> str:

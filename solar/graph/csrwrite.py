@@ -252,7 +252,8 @@ def _bad_ids(s, d, n):  # pragma: no cover - compiled
 
 
 @njit(cache=True, inline="always")
-def _mix(z):  # pragma: no cover - compiled
+def mix64(z):  # pragma: no cover - compiled
+    """splitmix64's finaliser of the uint64 ``z`` (the checksums' and graph generator's)."""
     z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
     z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
     return z ^ (z >> np.uint64(31))
@@ -265,7 +266,7 @@ def _count(s, d, n, counts, total):  # pragma: no cover - compiled
     acc = total[0]
     for j in range(s.shape[0]):
         counts[d[j]] += 1
-        acc += _mix(np.uint64(s[j]) * np.uint64(n) + np.uint64(d[j]))
+        acc += mix64(np.uint64(s[j]) * np.uint64(n) + np.uint64(d[j]))
     total[0] = acc
 
 
@@ -280,7 +281,7 @@ def _rows_sum(indptr, indices, lo, n, total):  # pragma: no cover - compiled
             s = indices[j]
             if s < 0 or s >= n:
                 return True
-            acc += _mix(np.uint64(s) * np.uint64(n) + np.uint64(lo + r))
+            acc += mix64(np.uint64(s) * np.uint64(n) + np.uint64(lo + r))
     total[0] = acc
     return False
 
@@ -405,7 +406,7 @@ class _Digest:
 def _fold(vals, pos, total):  # pragma: no cover - compiled
     acc = total[0]
     for i in range(vals.shape[0]):
-        acc += _mix(np.uint64(vals[i]) + np.uint64(pos + i) * np.uint64(0x9E3779B97F4A7C15))
+        acc += mix64(np.uint64(vals[i]) + np.uint64(pos + i) * np.uint64(0x9E3779B97F4A7C15))
     total[0] = acc
 
 

@@ -37,7 +37,7 @@ import numpy as np
 from numba import njit
 
 from solar.errors import SolarError
-from solar.graph.csrwrite import GraphParts, write_csr_graph
+from solar.graph.csrwrite import GraphParts, mix64, write_csr_graph
 
 CLASSES = 8
 HOMOPHILY = 0.8
@@ -201,17 +201,10 @@ def _key(seed: int) -> np.uint64:
 
 # -- counter-based draws (numba) ---------------------------------------------------------------
 @njit(cache=True, inline="always")
-def _mix(z):  # pragma: no cover - compiled
-    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    return z ^ (z >> np.uint64(31))
-
-
-@njit(cache=True, inline="always")
 def _u01(key, a, b):  # pragma: no cover - compiled
     """A uniform in [0, 1) from the stream (key, a, b)."""
-    z = _mix(key + np.uint64(a) * _GOLDEN)
-    z = _mix(z + (np.uint64(b) + np.uint64(1)) * _GOLDEN)
+    z = mix64(key + np.uint64(a) * _GOLDEN)
+    z = mix64(z + (np.uint64(b) + np.uint64(1)) * _GOLDEN)
     return np.float64(z >> np.uint64(11)) * (1.0 / 9007199254740992.0)
 
 
@@ -271,14 +264,14 @@ def _draw(key, base, i, n, bits, k, own, homophily, inv_e, a, lo, span):  # prag
     else another uniformly), then a member by the power law's inverse CDF (community c's
     member j has weight ∝ (a[c] + j)^-alpha; lo, span: the CDF's ends, precomputed;
     ``base``: node v's stream)."""
-    z = _mix(base + (np.uint64(i) + np.uint64(1)) * _GOLDEN)
+    z = mix64(base + (np.uint64(i) + np.uint64(1)) * _GOLDEN)
     c = own
     if k > 1:
         coin = np.float64(z & np.uint64(0x7FF)) * (1.0 / 2048.0)  # 11 low bits: ~0.05 %
         if coin >= homophily:
             c = (own + 1 + int(np.float64((z >> np.uint64(11)) & np.uint64(0xFFFF)) *
                                (1.0 / 65536.0) * (k - 1))) % k  # fmt: skip
-    u = np.float64(_mix(z ^ _GOLDEN) >> np.uint64(11)) * (1.0 / 9007199254740992.0)
+    u = np.float64(mix64(z ^ _GOLDEN) >> np.uint64(11)) * (1.0 / 9007199254740992.0)
     t = lo[c] + u * span[c]
     x = (t * t if inv_e == 2.0 else t**inv_e) - a[c]
     size = (n - c + k - 1) // k  # members c, c + k, ... below n
@@ -305,7 +298,7 @@ def _edges(lo, hi, n, bits, key, alpha, k, homophily, deg, out):  # pragma: no c
         d = deg[v - lo]
         draws = 0  # node v's own stream: the same whatever block it is drawn in
         own = _permute(v, n, bits, key, True) % k
-        base = _mix(key + np.uint64(v) * _GOLDEN)
+        base = mix64(key + np.uint64(v) * _GOLDEN)
         row = out[p : p + d]
         got = 0
         tries = 0

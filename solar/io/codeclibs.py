@@ -25,17 +25,6 @@ except ImportError:  # pragma: no cover - exercised only on a partial install
 imagecodecs: Any = _imagecodecs
 
 
-def c_function(module: str, symbol: str, restype, argtypes):
-    """A C function of the library an imagecodecs extension links, or None if not exported."""
-    try:
-        lib = ctypes.CDLL(importlib.import_module(f"imagecodecs.{module}").__file__)
-        fn = getattr(lib, symbol)
-    except (ImportError, OSError, AttributeError):
-        return None
-    fn.restype, fn.argtypes = restype, argtypes
-    return fn
-
-
 def external(symbol: str, restype: Any, *argtypes: Any) -> Any:
     """A C function declared to numba by name (``types.ExternalFunction``), for cached kernels
     (its library made visible by :func:`link_codec_libraries`)."""

@@ -233,11 +233,6 @@ def _probe(path: Path, name: str, n: int, count: int, with_solar: bool) -> dict[
     return out
 
 
-def as_dicts(reports: list[DatasetReport]) -> list[dict]:
-    """Every report as JSON-ready values."""
-    return [r.as_dict() for r in reports]
-
-
 def format_reports(reports: list[DatasetReport]) -> str:
     lines = []
     current = None

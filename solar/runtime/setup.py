@@ -23,8 +23,8 @@ from solar._memory import require_memory
 from solar.cache.batches import torch_dtype
 from solar.cache.slots import check_budget
 from solar.config import BufferConfig, ReaderConfig, RunConfig, parse_size
-from solar.dist import agree, first_error
-from solar.errors import SolarError
+from solar.dist import agree
+from solar.errors import SolarError, first_error
 from solar.host import Place, host_comm, place
 from solar.host.exchange import threads_unsupported
 from solar.io.info import DatasetInfo, KeyInfo

@@ -84,8 +84,8 @@ Planner.skip = skip
 everyone = {k: np.sort(np.concatenate(comm.allgather(v))) for k, v in served.items()}
 half = comm.Split(rank // 2, rank)
 os.environ["SOLAR_HOSTS"] = "1x2"
-# Warmed: its rehearsal (a tiny Loader placed as rank 1 of 2 on ranks 1 and 3) is solar's own,
-# not checked against MPI's world of 4 (solar.dist.check_place checks what a user passed).
+# Warmed: its rehearsal (a tiny Loader placed as rank 1 of 2 on ranks 1 and 3) runs on the
+# real Loader's sub-communicator, not checked against MPI's world of 4.
 el = loader(half, batch_size=2 * B, warm=True)
 el.load_state_dict(state)
 k = state["next_step"]
