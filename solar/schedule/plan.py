@@ -236,21 +236,14 @@ def make_plan(spec: PlanSpec, progress: Progress | None = None, hosts: Hosts | N
     """Plan a run and keep every decision in memory (about 9 bytes per access); grouped by
     ``hosts``: one buffer per host (hosts of different sizes are refused: each is planned
     alone while the loader runs, and a whole plan's epoch holds every host's decisions)."""
-    if hosts is None:
-        _check_memory(spec, keep_all=True)
-        epochs: list = []
-        order, stats, seconds = _run_planner(spec, epochs.append, progress)
-        return Plan(spec, order, stats, seconds, spec.fingerprint, epochs=epochs)
-    if not hosts.uniform:
+    if hosts is not None and not hosts.uniform:
         sizes = [len(g) for g in hosts.groups]
         raise SolarError(f"hosts {hosts.as_record()}: ranks per host differ ({sizes}); a whole "
                          "node plan (Loader.plan, solar plan --share node) needs as many ranks "
                          "on every host (the loader plans each host alone as it runs)")  # fmt: skip
-    epochs = []
-    t0 = time.perf_counter()
-    totals = node_totals(spec, hosts, sink=_counted(epochs.append, spec, progress))
-    return Plan(spec, epoch_order_of(node_spec(spec, hosts)), totals, time.perf_counter() - t0,
-                fingerprint(spec, hosts), epochs=epochs, hosts=hosts)  # fmt: skip
+    epochs: list = []
+    order, stats, seconds = _plan(spec, hosts, epochs.append, progress, keep_all=True)
+    return Plan(spec, order, stats, seconds, fingerprint(spec, hosts), epochs=epochs, hosts=hosts)
 
 
 def plan_to_file(
@@ -263,30 +256,12 @@ def plan_to_file(
     """Plan a run straight into a plan file, one epoch at a time (memory independent of E;
     atomically: a temporary name, then a rename); grouped by ``hosts``: one buffer per host.
     ``on_epoch((accesses, hits))`` is told each epoch's totals of a per-rank plan."""
-    if hosts is None:
-        _check_memory(spec, keep_all=False)
-        order = epoch_order_of(spec)  # the header needs it first; the planner takes the same
-        with PlanWriter(path, spec, order) as writer:
-            _, stats, seconds = _run_planner(spec, writer.add, progress, order, on_epoch)
-            writer.finish(stats, seconds)
-        return load_plan(path)
-    t0 = time.perf_counter()
-    with PlanWriter(path, spec, hosts=hosts) as writer:
-        totals = node_totals(spec, hosts, sink=_counted(writer.add, spec, progress))
-        writer.finish(totals, time.perf_counter() - t0)
+    # The header needs the epoch order first; the planner takes the same.
+    order = epoch_order_of(spec if hosts is None else node_spec(spec, hosts))
+    with PlanWriter(path, spec, order, hosts) as writer:
+        _, stats, seconds = _plan(spec, hosts, writer.add, progress, on_epoch, order)
+        writer.finish(stats, seconds)
     return load_plan(path)
-
-
-def _counted(sink: Callable[[Any], None], spec: PlanSpec,
-             progress: Progress | None) -> Callable[[Any], None]:  # fmt: skip
-    """``sink``, telling ``progress`` each epoch's steps."""
-
-    def add(ne: Any) -> None:
-        sink(ne)
-        if progress is not None:
-            progress(spec.run.steps_per_epoch)
-
-    return add
 
 
 def simulate(
@@ -298,13 +273,29 @@ def simulate(
     """Plan a run and keep only its totals: a simulator for runs too large to store (grouped
     by ``hosts``: one buffer per host, hosts of any sizes). ``on_epoch((accesses, hits))`` is
     told each epoch's totals of a per-rank plan as it is planned."""
+    _, stats, seconds = _plan(spec, hosts, None, progress, on_epoch)
+    return PlanSummary(spec, stats, seconds, fingerprint(spec, hosts), hosts)
+
+
+def _plan(spec: PlanSpec, hosts: Hosts | None, sink: Callable[[Any], None] | None,
+          progress: Progress | None, on_epoch: EpochTotals | None = None,
+          epoch_order: np.ndarray | None = None,
+          keep_all: bool = False) -> tuple[np.ndarray, Any, float]:  # fmt: skip
+    """Plan every epoch in order, of either grouping, handing each to ``sink`` (or nothing):
+    the epoch order, the totals (every rank's; grouped, the node's) and the seconds taken."""
     if hosts is None:
-        _check_memory(spec, keep_all=False)
-        _, stats, seconds = _run_planner(spec, None, progress, None, on_epoch)
-        return PlanSummary(spec, stats, seconds, spec.fingerprint)
+        _check_memory(spec, keep_all)
+        return _run_planner(spec, sink, progress, epoch_order, on_epoch)
     t0 = time.perf_counter()
-    totals = node_totals(spec, hosts)
-    return PlanSummary(spec, totals, time.perf_counter() - t0, fingerprint(spec, hosts), hosts)
+
+    def add(ne: Any) -> None:  # (a sink telling ``progress`` each epoch's steps)
+        assert sink is not None
+        sink(ne)
+        if progress is not None:
+            progress(spec.run.steps_per_epoch)
+
+    totals = node_totals(spec, hosts, sink=None if sink is None else add)
+    return epoch_order_of(node_spec(spec, hosts)), totals, time.perf_counter() - t0
 
 
 def load_plan(path: str | os.PathLike, sampler: Sampler | None = None) -> Plan:

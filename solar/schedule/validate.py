@@ -370,12 +370,7 @@ class RankValidator:
     def check(self, part: RankEpoch) -> None:
         """Prove the next epoch's part safe, or raise a one-line CorruptPlanError naming the
         rank and step."""
-        run, k = self.run, part.epoch
-        if k != self.next_epoch:
-            raise CorruptPlanError(f"rank {self.rank}: epoch {k} checked before {self.next_epoch}")
-        rp = RankPlan(self.rank, part.sample, part.slot, part.flags, part.step_offsets,
-                      self.slots, first_step=k * run.steps_per_epoch,
-                      tier_slots=self.tier_slots, tslot=part.tslot)  # fmt: skip
+        run, k, rp = self.run, part.epoch, self._next(part)
         _check_shapes(rp, run)
         served = self.order.served(k)
         self.order.prefetch(k + 1)  # drawn while the checks below run
@@ -390,6 +385,15 @@ class RankValidator:
         if self.equal_batches:
             self._check_peers(part, np.diff(self.bounds))
         self.next_epoch += 1
+
+    def _next(self, part: RankEpoch) -> RankPlan:
+        """The next epoch's part as a :class:`RankPlan` (one out of order is refused)."""
+        k = part.epoch
+        if k != self.next_epoch:
+            raise CorruptPlanError(f"rank {self.rank}: epoch {k} checked before {self.next_epoch}")
+        return RankPlan(self.rank, part.sample, part.slot, part.flags, part.step_offsets,
+                        self.slots, first_step=k * self.run.steps_per_epoch,
+                        tier_slots=self.tier_slots, tslot=part.tslot)  # fmt: skip
 
     def _check_peers(self, part: RankEpoch, global_sizes: np.ndarray) -> None:
         k0 = part.epoch * self.run.steps_per_epoch
@@ -422,12 +426,7 @@ class TraceValidator(RankValidator):
         self.trace = TraceOrder(run, spec.sampler, horizon=0, affinity=spec.affinity)
 
     def check(self, part: RankEpoch) -> None:
-        run, k, r = self.run, part.epoch, self.rank
-        if k != self.next_epoch:
-            raise CorruptPlanError(f"rank {r}: epoch {k} checked before {self.next_epoch}")
-        rp = RankPlan(r, part.sample, part.slot, part.flags, part.step_offsets, self.slots,
-                      first_step=k * run.steps_per_epoch, tier_slots=self.tier_slots,
-                      tslot=part.tslot)  # fmt: skip
+        run, k, r, rp = self.run, part.epoch, self.rank, self._next(part)
         _check_shapes(rp, run, limit=None)
         t = self.trace.epoch(k)
         counts = np.diff(rp.step_offsets)
@@ -502,17 +501,7 @@ class PlanValidator:
             q: TraceValidator(bs, slots, q, key, tier) if bs.traced else
             RankValidator(bs.run, epoch_order, slots, q, key, tier, equal) for q in self.parts
         }  # fmt: skip
-        self.services = (
-            None
-            if hosts is None
-            else _Services(
-                spec,
-                hosts,
-                bs,
-                slots,
-                stage_bound(spec, hosts) if stage_rows is None else stage_rows,
-            )
-        )
+        self.services = None if hosts is None else _Services(spec, hosts, bs, stage_rows)
 
     @property
     def mine(self) -> np.ndarray:
@@ -552,11 +541,11 @@ class _Services:
     """The proof of every rank's service of its host's part (the module's docstring), host by
     host; the node buffer as the ranks' stores leave it carries over epochs."""
 
-    def __init__(self, spec: PlanSpec, hosts: Hosts, host_spec: PlanSpec, slots: int,
-                 stage_rows: int) -> None:  # fmt: skip
-        self.spec, self.hosts, self.host_spec = spec, hosts, host_spec
-        self.slots, self.stage_rows = slots, stage_rows
-        n, cells = spec.run.num_samples, max(1, slots)
+    def __init__(self, spec: PlanSpec, hosts: Hosts, host_spec: PlanSpec,
+                 stage_rows: int | None) -> None:  # fmt: skip
+        self.spec, self.hosts, self.host_spec, self.slots = spec, hosts, host_spec, host_spec.slots
+        self.stage_rows = stage_bound(spec, hosts) if stage_rows is None else stage_rows
+        n, cells = spec.run.num_samples, max(1, self.slots)
         self.state = {h: np.full(cells, -1, np.int64) for h in range(hosts.count)}
         self.rstamp, self.bstamp = np.full(n, -1, np.int64), np.full(n, -1, np.int64)
         self.sstamp, self.hlast = np.full(cells, -1, np.int64), np.full(cells, -1, np.int64)
