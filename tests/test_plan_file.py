@@ -82,6 +82,17 @@ def test_corrupt_data_is_refused(saved):
     plan.rank_epoch(1, 1)  # and so does an untouched epoch
     with pytest.raises(CorruptPlanError, match=r"rank 1's data of epoch 2 fails its checksum"):
         plan.rank(1)
+    with pytest.raises(CorruptPlanError, match=r"epoch 2: rank 1's data fails its checksum"):
+        plan.epoch(2)  # read whole, as a plan of any grouping is
+
+
+def test_an_epoch_is_read_back_whole_as_planned(saved):
+    """One reader for every grouping: a per-rank plan's epoch read whole is the planner's."""
+    plan, path = saved
+    for k in range(SPEC.run.epochs):
+        got, want = load_plan(path).epoch(k), plan.epoch(k)
+        for name in ("rank_offsets", "step_offsets", "sample", "slot", "flags", "tslot"):
+            np.testing.assert_array_equal(getattr(got, name), getattr(want, name))
 
 
 def test_edited_inputs_are_refused(saved):
