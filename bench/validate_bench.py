@@ -32,7 +32,7 @@ def measure(run: RunConfig, capacity: int) -> dict:
         t0 = time.perf_counter()
         # What each rank does under a communicator: read, checksum and validate its own part
         # epoch by epoch (then one allgather of E digests).
-        loaded._validated(0, key=1, keep=False)
+        loaded._validated([0], key=1, keep=False)
         rank_seconds = time.perf_counter() - t0
         rp = plan.rank(0)
         t0 = time.perf_counter()

@@ -556,10 +556,10 @@ def inspect(data: tuple[str, ...], keys: tuple[str, ...], one_per_file: bool, ve
 def _plan_files(files: list[Path]) -> dict[Path, PlanReport]:
     """The plan files among ``files`` (``solar plan -o``'s), each with its report."""
     from solar.schedule.plan import load_plan
-    from solar.schedule.planfile import kind_of
+    from solar.schedule.planfile import is_plan_file
 
     return {f: plan_summary(load_plan(f).summary, Path(f)) for f in files
-            if kind_of(f) is not None}  # fmt: skip
+            if is_plan_file(f)}  # fmt: skip
 
 
 @cli.command(short_help="Rewrite any layout as one contiguous, aligned, verified HDF5 file.")

@@ -1,7 +1,7 @@
 """Node plan files (solar/schedule/planfile.py grouped by host): ``solar plan --share node``
 writes the node plan with its grouping; ``Loader(plan=FILE, share="node")`` serves it, refusing
 another grouping or kind; an edited file (checksums recomputed) or a damaged one is refused in one
-line before any byte moves (solar/schedule/nodevalidate.py)."""
+line before any byte moves (solar/schedule/validate.py)."""
 
 from __future__ import annotations
 
@@ -29,12 +29,12 @@ from solar.options import ExpertConfig, MemoryConfig, PlanningConfig
 from solar.schedule import ADMIT, HIT, PEER, SIDE, THIT, load_plan
 from solar.schedule.grouping import Hosts, NodeEpoch
 from solar.schedule.nodeplan import NodePlanner, node_totals
-from solar.schedule.nodevalidate import NodeValidator
 from solar.schedule.plan import Plan, make_plan, plan_to_file, simulate
 from solar.schedule.planfile import PlanWriter
 from solar.schedule.planfile import fingerprint as node_fingerprint
 from solar.schedule.planner import EpochPlan
 from solar.schedule.summary import NodeTotals
+from solar.schedule.validate import PlanValidator
 
 N = 240
 RUN = RunConfig(N, 4, 6, 3, seed=5)
@@ -446,7 +446,7 @@ def test_rows_shared_beyond_the_staging_rows_are_refused():
     spec, hosts = _spec(), Hosts.grid(1, 4)
     ne = _epochs(spec, hosts)[0]
     assert np.any(ne.ranks.flags & PEER)
-    v = NodeValidator(dataclasses.replace(spec), hosts, np.arange(3), 7, stage_rows=0)
+    v = PlanValidator(dataclasses.replace(spec), hosts, np.arange(3), 7, stage_rows=0)
     with pytest.raises(CorruptPlanError, match="more rows shared between local ranks"):
         v.check(ne)
 
@@ -464,8 +464,8 @@ def _damage(path: Path, how: str) -> None:
             g["flags"][...] = a
         elif how == "grouping":
             f.attrs["hosts"] = json.dumps([[0, 2], [1, 3]])
-        elif how == "kind":
-            f.attrs["kind"] = "rank"
+        elif how == "kind":  # a grouped file claiming a buffer per rank
+            f.attrs["hosts"] = json.dumps(None)
         elif how == "old":  # a node plan file of the format before the grouping joined it
             f.attrs["format_version"] = 2
 
@@ -477,7 +477,7 @@ def _damage(path: Path, how: str) -> None:
         ("byte", "rank 0's service fails its checksum"),
         ("grouping", "fingerprint does not match its recorded inputs and hosts"),
         ("kind", "fingerprint does not match"),
-        ("old", "format version 2, this solar reads 4 (grouped by host)"),
+        ("old", "format version 2, this solar reads 5 (grouped by host)"),
     ],
 )
 def test_a_damaged_node_plan_file_is_refused_in_one_line(tmp_path, how, words):

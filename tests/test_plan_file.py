@@ -49,7 +49,7 @@ def test_file_is_plain_hdf5_with_documented_fields(saved):
     _, path = saved
     with h5py.File(path, "r") as f:
         assert f.attrs["format"] == "solar-plan"
-        assert f.attrs["format_version"] == 2
+        assert f.attrs["format_version"] == 5 and f.attrs["hosts"] == "null"  # a buffer per rank
         assert set(f) == {"epoch_order", "checksums", "epochs"}
         assert set(f["epochs"]) == {str(k) for k in range(SPEC.run.epochs)}
         for k in range(SPEC.run.epochs):
@@ -82,6 +82,17 @@ def test_corrupt_data_is_refused(saved):
     plan.rank_epoch(1, 1)  # and so does an untouched epoch
     with pytest.raises(CorruptPlanError, match=r"rank 1's data of epoch 2 fails its checksum"):
         plan.rank(1)
+    with pytest.raises(CorruptPlanError, match=r"epoch 2: rank 1's data fails its checksum"):
+        plan.epoch(2)  # read whole, as a plan of any grouping is
+
+
+def test_an_epoch_is_read_back_whole_as_planned(saved):
+    """One reader for every grouping: a per-rank plan's epoch read whole is the planner's."""
+    plan, path = saved
+    for k in range(SPEC.run.epochs):
+        got, want = load_plan(path).epoch(k), plan.epoch(k)
+        for name in ("rank_offsets", "step_offsets", "sample", "slot", "flags", "tslot"):
+            np.testing.assert_array_equal(getattr(got, name), getattr(want, name))
 
 
 def test_edited_inputs_are_refused(saved):
@@ -167,7 +178,7 @@ def test_a_version_1_file_is_refused_with_a_clear_message(saved):
     with h5py.File(path, "r+") as f:
         f.attrs["format_version"] = 1
     with pytest.raises(
-        CorruptPlanError, match="format version 1, this solar reads 2: plan the run"
+        CorruptPlanError, match="format version 1, this solar reads 5: plan the run"
     ):
         load_plan(path)
 

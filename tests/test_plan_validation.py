@@ -125,7 +125,7 @@ def test_an_edited_plan_is_refused_naming_file_rank_and_step(tmp_path, dataset, 
     with pytest.raises(CorruptPlanError, match=message):
         Loader([dataset], batch_size=4, epochs=3, buffer=12, seed=3, rank=bad_rank, world_size=2,
                planning=PlanningConfig(plan=path))  # fmt: skip
-    loaded._validated(1 - bad_rank, key=1, keep=False)  # the untouched rank alone is valid
+    loaded._validated([1 - bad_rank], key=1, keep=False)  # the untouched rank alone is valid
 
 
 def test_another_seeds_permutation_is_refused(tmp_path, dataset):
@@ -147,7 +147,7 @@ def test_a_sample_served_by_two_ranks_is_caught_across_ranks(tmp_path, dataset):
 
     loaded = load_plan(_edited(plan, tmp_path / "dup.plan.h5", swap))  # epoch 0
     key = 12345
-    parts = [loaded._validated(r, key, keep=False)[1] for r in (0, 1)]
+    parts = [loaded._validated([r], key, keep=False)[1] for r in (0, 1)]
     total = parts[0].mine + parts[1].mine  # each rank alone is consistent
     with pytest.raises(CorruptPlanError, match="epoch 0 does not serve each of its samples"):
         check_coverage(total, parts[0].expected)

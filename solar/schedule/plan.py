@@ -22,17 +22,16 @@ import numpy as np
 from solar._memory import require_memory
 from solar.errors import CorruptPlanError, PlanMismatchError, SolarError
 from solar.schedule._common import Progress, slot_count, tier_slot_count
-from solar.schedule.grouping import Hosts, stage_bound
+from solar.schedule.grouping import Hosts
 from solar.schedule.hostrun import node_spec
 from solar.schedule.nodeplan import node_totals
-from solar.schedule.nodevalidate import NodeValidator
 from solar.schedule.planfile import PlanFile, PlanWriter, fingerprint
 from solar.schedule.planner import EpochPlan, Planner, RankEpoch, epoch_order_of
 from solar.schedule.rankplan import RankPlan
 from solar.schedule.samplers import Sampler
 from solar.schedule.spec import PlanSpec, differences
 from solar.schedule.summary import PlanSummary, RankStats, Tally, Totals
-from solar.schedule.validate import Proof, RankValidator, TraceValidator, peers_error, prove
+from solar.schedule.validate import PlanValidator, Proof, peers_error, prove
 
 # Told each epoch's (accesses, hits) as it is planned (solar plan --plot).
 EpochTotals = Callable[[tuple[int, int]], None]
@@ -175,80 +174,55 @@ class Plan(Totals):
     def validate(self, rank: int, comm: Any = None) -> None:
         """Prove rank ``rank``'s part of a plan file safe to execute, epoch by epoch, keeping none
         of it (memory O(N + slots)): its checksums, then
-        :class:`~solar.schedule.validate.RankValidator` (ranges, the seed's permutations, a
-        replay proving every hit). With ``comm`` (every rank calls this collectively) the ranks
-        prove together that each epoch serves every sample exactly once; without it, this
-        process checks every rank's part itself. Grouped by host, each rank proves its host's
-        part (:class:`~solar.schedule.nodevalidate.NodeValidator`), one rank speaking for its
-        host's digests; alone, this process proves every host's. A plan made in this process
-        is trusted."""
+        :class:`~solar.schedule.validate.PlanValidator` (ranges, the sampler's draws, a replay
+        proving every hit; grouped by host, each rank's service of its host's part). With
+        ``comm`` (every rank calls this collectively) the ranks prove together that each epoch
+        serves every sample exactly once, each rank its buffer's part (grouped: its host's, one
+        rank speaking for its host's digests); without it, this process proves every part. A
+        plan made in this process is trusted."""
         self._check_rank(rank)
-        if self.epochs is not None:
-            return
-        if self.hosts is not None:
-            self._prove_hosts(rank, comm)
-        else:
+        if self.epochs is None:
             self._prove(rank, comm, keep=False)
 
-    def _prove_hosts(self, rank: int, comm: Any) -> None:
-        from solar import dist  # a light module: no MPI or torch import
-
-        assert self.file is not None and self.hosts is not None
-        f, key, hosts, spec = self.file, dist.shared_key(comm), self.hosts, self.spec
-        mine = hosts.host_of(rank)
-
-        def check(alone: bool) -> Proof:
-            v = NodeValidator(spec, hosts, f.epoch_order, key, stage_bound(spec, hosts),
-                              None if alone else [mine])  # fmt: skip
-            for k in range(spec.run.epochs):
-                v.check(f.epoch(k))
-            return v.mine, v.expected, None
-
-        prove(f.path, comm, check, speaks=hosts.groups[mine][0] == rank)
-
-    def _prove(self, r: int, comm: Any, keep: bool) -> list[RankEpoch] | None:
+    def _prove(self, rank: int, comm: Any, keep: bool) -> list[RankEpoch] | None:
         from solar import dist  # a light module: no MPI or torch import
 
         assert self.file is not None
-        key = dist.shared_key(comm)
-        kept: list[list[RankEpoch] | None] = [None]
+        key, hosts = dist.shared_key(comm), self.hosts
+        mine = rank if hosts is None else hosts.host_of(rank)
+        count = self.world_size if hosts is None else hosts.count
+        kept: list[list | None] = [None]
 
         def check(alone: bool) -> Proof:
-            kept[0], v = self._validated(r, key, keep)
-            if not alone:
-                return v.mine, v.expected, v.peers_digest
-            # Without a communicator, every rank's part is proven in this process.
-            vs = [v, *(self._validated(o, key, False)[1] for o in range(self.world_size)
-                       if o != r)]  # fmt: skip
-            error = peers_error([u.peers_digest for u in vs])
+            parts = [mine, *(q for q in range(count) if q != mine)] if alone else [mine]
+            # A rank's part is read alone, a validator each (memory O(N) a part); a host's part
+            # comes with its ranks' services in its epoch, read once for every host proven.
+            batches = [[q] for q in parts] if hosts is None else [parts]
+            proven = [self._validated(b, key, keep and b[0] == mine) for b in batches]
+            kept[0] = proven[0][0]
+            vs = [v for _, v in proven]
+            error = peers_error([v.peers_digest for v in vs])
             if error is not None:
                 raise CorruptPlanError(error)
-            total = np.asarray(np.sum([u.mine for u in vs], axis=0, dtype=np.uint64))
-            return total, v.expected, None
+            total = np.asarray(np.sum([v.mine for v in vs], axis=0, dtype=np.uint64))
+            return total, vs[0].expected, None if alone else vs[0].peers_digest
 
-        prove(self.file.path, comm, check)
+        prove(self.file.path, comm, check, speaks=hosts is None or hosts.groups[mine][0] == rank)
         return kept[0]
 
-    def _validated(self, r: int, key: int, keep: bool) -> tuple[list[RankEpoch] | None, Any]:
-        """Rank ``r``'s parts from the file, checksummed and validated epoch by epoch (kept if
-        ``keep``); the validator, holding its digests."""
-        assert self.file is not None
-        v: RankValidator
-        if self.spec.traced:
-            v = TraceValidator(self.spec, self.slots, r, key, self.tier_slots)
-        else:
-            v = RankValidator(self.run, self.epoch_order, self.slots, r, key, self.tier_slots,
-                              self.spec.equal_batches)  # fmt: skip
-        parts = []
-        with closing(self.file.parts(r)) as each:  # the file is closed whatever happens
-            for part in each:
-                try:
-                    v.check(part)
-                except CorruptPlanError as exc:
-                    raise CorruptPlanError(f"plan {self.file.path}: {exc}") from None
+    def _validated(self, parts: list[int], key: int, keep: bool) -> tuple[list | None, Any]:
+        """``parts`` of the file (a rank's, or hosts' with their services), checksummed and
+        validated epoch by epoch (kept if ``keep``); the validator, holding its digests."""
+        f = self.file
+        assert f is not None
+        v = PlanValidator(self.spec, self.hosts, f.epoch_order, key, parts)
+        kept = []
+        with closing(f.parts(parts[0]) if self.hosts is None else f.epochs()) as each:
+            for ep in each:  # (the file is closed whatever happens)
+                v.check(ep)
                 if keep:
-                    parts.append(part)
-        return (parts if keep else None), v
+                    kept.append(ep)
+        return (kept if keep else None), v
 
     def trace(self, rank: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``(step, sample, hit)`` over ``rank``'s accesses in service order (a hit from RAM
@@ -262,21 +236,14 @@ def make_plan(spec: PlanSpec, progress: Progress | None = None, hosts: Hosts | N
     """Plan a run and keep every decision in memory (about 9 bytes per access); grouped by
     ``hosts``: one buffer per host (hosts of different sizes are refused: each is planned
     alone while the loader runs, and a whole plan's epoch holds every host's decisions)."""
-    if hosts is None:
-        _check_memory(spec, keep_all=True)
-        epochs: list = []
-        order, stats, seconds = _run_planner(spec, epochs.append, progress)
-        return Plan(spec, order, stats, seconds, spec.fingerprint, epochs=epochs)
-    if not hosts.uniform:
+    if hosts is not None and not hosts.uniform:
         sizes = [len(g) for g in hosts.groups]
         raise SolarError(f"hosts {hosts.as_record()}: ranks per host differ ({sizes}); a whole "
                          "node plan (Loader.plan, solar plan --share node) needs as many ranks "
                          "on every host (the loader plans each host alone as it runs)")  # fmt: skip
-    epochs = []
-    t0 = time.perf_counter()
-    totals = node_totals(spec, hosts, sink=_counted(epochs.append, spec, progress))
-    return Plan(spec, epoch_order_of(node_spec(spec, hosts)), totals, time.perf_counter() - t0,
-                fingerprint(spec, hosts), epochs=epochs, hosts=hosts)  # fmt: skip
+    epochs: list = []
+    order, stats, seconds = _plan(spec, hosts, epochs.append, progress, keep_all=True)
+    return Plan(spec, order, stats, seconds, fingerprint(spec, hosts), epochs=epochs, hosts=hosts)
 
 
 def plan_to_file(
@@ -289,30 +256,12 @@ def plan_to_file(
     """Plan a run straight into a plan file, one epoch at a time (memory independent of E;
     atomically: a temporary name, then a rename); grouped by ``hosts``: one buffer per host.
     ``on_epoch((accesses, hits))`` is told each epoch's totals of a per-rank plan."""
-    if hosts is None:
-        _check_memory(spec, keep_all=False)
-        order = epoch_order_of(spec)  # the header needs it first; the planner takes the same
-        with PlanWriter(path, spec, order) as writer:
-            _, stats, seconds = _run_planner(spec, writer.add, progress, order, on_epoch)
-            writer.finish(stats, seconds)
-        return load_plan(path)
-    t0 = time.perf_counter()
-    with PlanWriter(path, spec, hosts=hosts) as writer:
-        totals = node_totals(spec, hosts, sink=_counted(writer.add, spec, progress))
-        writer.finish(totals, time.perf_counter() - t0)
+    # The header needs the epoch order first; the planner takes the same.
+    order = epoch_order_of(spec if hosts is None else node_spec(spec, hosts))
+    with PlanWriter(path, spec, order, hosts) as writer:
+        _, stats, seconds = _plan(spec, hosts, writer.add, progress, on_epoch, order)
+        writer.finish(stats, seconds)
     return load_plan(path)
-
-
-def _counted(sink: Callable[[Any], None], spec: PlanSpec,
-             progress: Progress | None) -> Callable[[Any], None]:  # fmt: skip
-    """``sink``, telling ``progress`` each epoch's steps."""
-
-    def add(ne: Any) -> None:
-        sink(ne)
-        if progress is not None:
-            progress(spec.run.steps_per_epoch)
-
-    return add
 
 
 def simulate(
@@ -324,13 +273,29 @@ def simulate(
     """Plan a run and keep only its totals: a simulator for runs too large to store (grouped
     by ``hosts``: one buffer per host, hosts of any sizes). ``on_epoch((accesses, hits))`` is
     told each epoch's totals of a per-rank plan as it is planned."""
+    _, stats, seconds = _plan(spec, hosts, None, progress, on_epoch)
+    return PlanSummary(spec, stats, seconds, fingerprint(spec, hosts), hosts)
+
+
+def _plan(spec: PlanSpec, hosts: Hosts | None, sink: Callable[[Any], None] | None,
+          progress: Progress | None, on_epoch: EpochTotals | None = None,
+          epoch_order: np.ndarray | None = None,
+          keep_all: bool = False) -> tuple[np.ndarray, Any, float]:  # fmt: skip
+    """Plan every epoch in order, of either grouping, handing each to ``sink`` (or nothing):
+    the epoch order, the totals (every rank's; grouped, the node's) and the seconds taken."""
     if hosts is None:
-        _check_memory(spec, keep_all=False)
-        _, stats, seconds = _run_planner(spec, None, progress, None, on_epoch)
-        return PlanSummary(spec, stats, seconds, spec.fingerprint)
+        _check_memory(spec, keep_all)
+        return _run_planner(spec, sink, progress, epoch_order, on_epoch)
     t0 = time.perf_counter()
-    totals = node_totals(spec, hosts)
-    return PlanSummary(spec, totals, time.perf_counter() - t0, fingerprint(spec, hosts), hosts)
+
+    def add(ne: Any) -> None:  # (a sink telling ``progress`` each epoch's steps)
+        assert sink is not None
+        sink(ne)
+        if progress is not None:
+            progress(spec.run.steps_per_epoch)
+
+    totals = node_totals(spec, hosts, sink=None if sink is None else add)
+    return epoch_order_of(node_spec(spec, hosts)), totals, time.perf_counter() - t0
 
 
 def load_plan(path: str | os.PathLike, sampler: Sampler | None = None) -> Plan:

@@ -16,7 +16,7 @@ from solar.schedule.samplers import SHUFFLE, Sampler, is_shuffle, sampler_from_r
 
 # The version of the plan file format (solar/schedule/planfile.py). It is one of a spec's
 # inputs, so a plan of another format never matches a spec's fingerprint.
-FORMAT_VERSION = 2
+FORMAT_VERSION = 5
 
 
 @dataclass(frozen=True)
