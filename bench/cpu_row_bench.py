@@ -108,8 +108,9 @@ def _references(path: str, n_ids: list) -> dict:
     t = torch.from_numpy(feats)
     rows = sum(int(i.size) for i in n_ids)
     out = {}
-    for name, fn in (("np_take", lambda i: np.take(feats, i, axis=0)),
-                     ("index_select", lambda i: t.index_select(0, torch.from_numpy(i)))):  # fmt: skip
+    take = ("np_take", lambda i: np.take(feats, i, axis=0))
+    select = ("index_select", lambda i: t.index_select(0, torch.from_numpy(i)))
+    for name, fn in (take, select):
         c0 = time.process_time()
         for i in n_ids:
             fn(i)
@@ -187,8 +188,9 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=1024)
     p.add_argument("--buffer", default="10%")
     p.add_argument("--references", action="store_true", help="run: np.take / index_select too")
-    p.add_argument("--stages", action="store_true",
-                   help="run: thread CPU seconds per stage (patched timers)")
+    p.add_argument(
+        "--stages", action="store_true", help="run: thread CPU seconds per stage (patched timers)"
+    )
     p.add_argument("--base", help="compare: the other tree")
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--json", help="write the result here too")

@@ -233,8 +233,8 @@ class NeighborSampler(Sampler, BatchExtras):
         every batch of the run is sampled once, by its draws."""
         g = self.graph
         seeds = self.train[:1]
-        _sample.compile(tuple(typeof(a) for a in (
-            g.indptr, g.indices, seeds, np.array(self.fanouts, np.int64), np.uint64(0))))  # fmt: skip
+        args = (g.indptr, g.indices, seeds, np.array(self.fanouts, np.int64), np.uint64(0))
+        _sample.compile(tuple(typeof(a) for a in args))
 
     def batch(self, run: RunConfig, epoch: int, step: int, rank: int) -> np.ndarray:
         return self.subgraph(run, epoch, step, rank).nodes
