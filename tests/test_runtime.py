@@ -84,8 +84,8 @@ def test_a_step_put_in_its_batch_order_is_what_sorting_gives(seed):
         np.append(samples[1:], samples[0]).tolist(),  # (the same: accepted)
         [*samples[1:].tolist(), int(distinct.max()) + 1],  # one the batch lacks
         [*samples[1:].tolist(), int(samples[1])],  # one twice, one missing
-        samples[1:].tolist(),
-    ):  # one fewer
+        samples[1:].tolist(),  # one fewer
+    ):
         s = _step(3, bad)
         if sorted(bad) == sorted(samples.tolist()):
             s.in_batch(ids)
