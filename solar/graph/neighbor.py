@@ -122,6 +122,8 @@ class NeighborSampler(Sampler, BatchExtras):
         if train is None:
             train = self.graph.train_idx if self.graph.train_idx is not None else np.arange(n)
         self.train = check_nodes(train, n, "train")
+        self.train.flags.writeable = False
+        self._train_digest: tuple[np.ndarray, str] | None = None
         if not isinstance(features, str):
             raise SolarError("features: the name of the Loader's key (e.g. 'features'); "
                              "features in memory go to storage first: "
@@ -232,7 +234,7 @@ class NeighborSampler(Sampler, BatchExtras):
         """Compile (or load) the sampling kernel for this graph's arrays, sampling nothing:
         every batch of the run is sampled once, by its draws."""
         g = self.graph
-        seeds = self.train[:1]
+        seeds = self.train[:1].copy()  # (writeable, as every call passes)
         args = (g.indptr, g.indices, seeds, np.array(self.fanouts, np.int64), np.uint64(0))
         _sample.compile(tuple(typeof(a) for a in args))
 
@@ -258,9 +260,11 @@ class NeighborSampler(Sampler, BatchExtras):
     def identity(self) -> dict[str, Any]:
         import hashlib
 
+        # Asked per step (is_shuffle): train, this sampler's own read-only copy, hashed once.
+        if self._train_digest is None or self._train_digest[0] is not self.train:
+            self._train_digest = (self.train, hashlib.sha256(self.train.tobytes()).hexdigest())
         return {"kind": self.kind, "graph": self.graph.identity, "fanouts": list(self.fanouts),
-                "batch_size": self.batch_size,
-                "train": hashlib.sha256(self.train.tobytes()).hexdigest()}  # fmt: skip
+                "batch_size": self.batch_size, "train": self._train_digest[1]}  # fmt: skip
 
     def extras(self, output: Any, batch: Mapping[str, Any]) -> dict[str, Any]:
         """PyG ``NeighborLoader``'s fields for a batch from its subgraph ``output``, joined to
