@@ -49,6 +49,51 @@ def _step(k: int, samples: Sequence[int], hits: Sequence[int] = (), slots: Seque
                     np.asarray(to, np.int64))  # fmt: skip
 
 
+def _in_batch_by_sorting(step: StepPlan, ids: np.ndarray) -> StepPlan | None:
+    """StepPlan.in_batch as it was (np.unique): the reference its hash must equal."""
+    uniq, first, inverse = np.unique(ids, return_index=True, return_inverse=True)
+    at = np.searchsorted(uniq, step.samples)
+    if uniq.size != step.size or not np.array_equal(uniq[np.minimum(at, uniq.size - 1)],
+                                                    step.samples):  # fmt: skip
+        return None
+    rows, src = first[at], first[inverse]
+    dst = np.flatnonzero(src != np.arange(ids.size))
+    return step._replace(samples=ids, read_rows=rows[step.read_rows], hit_rows=rows[step.hit_rows],
+                         admit_rows=rows[step.admit_rows], rows=rows, copy_src=src[dst],
+                         copy_dst=dst)  # fmt: skip
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_step_put_in_its_batch_order_is_what_sorting_gives(seed):
+    """in_batch (a hash of the batch's ids) maps accesses to rows as np.unique did, repeats
+    copied; a batch that is not the step's accesses, each once, is refused."""
+    rng = np.random.default_rng(seed)
+    distinct = rng.choice(1 << 40, 200, replace=False) if seed % 2 else rng.permutation(300)[:200]
+    ids = rng.choice(distinct, 260) if seed < 3 else rng.permutation(distinct)  # with repeats
+    samples = rng.permutation(np.unique(ids))  # the plan's order (hits first, say)
+    hit = np.sort(rng.choice(samples.size, samples.size // 3, replace=False))
+    step = _step(3, samples.tolist(), hit.tolist(), list(range(hit.size)), [0, 1], [5, 6])
+    got, want = step.in_batch(ids), _in_batch_by_sorting(step, ids)
+    assert want is not None
+    for name in ("samples", "read_rows", "hit_rows", "admit_rows", "rows", "copy_src",
+                 "copy_dst"):  # fmt: skip
+        np.testing.assert_array_equal(getattr(got, name), getattr(want, name), err_msg=name)
+    ordered = _step(3, np.unique(ids).tolist())
+    assert ordered.in_batch(np.unique(ids)) is ordered  # already the batch: itself
+    for bad in (
+        np.append(samples[1:], samples[0]).tolist(),  # (the same: accepted)
+        [*samples[1:].tolist(), int(distinct.max()) + 1],  # one the batch lacks
+        [*samples[1:].tolist(), int(samples[1])],  # one twice, one missing
+        samples[1:].tolist(),  # one fewer
+    ):
+        s = _step(3, bad)
+        if sorted(bad) == sorted(samples.tolist()):
+            s.in_batch(ids)
+            continue
+        with pytest.raises(ValueError, match="differs from the plan"):
+            s.in_batch(ids)
+
+
 # -- the generic checker ------------------------------------------------------------------------
 def check_seek(
     make: Callable[[], Any],

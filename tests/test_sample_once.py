@@ -33,9 +33,9 @@ class _Counted:
         self.kernel = kernel
         self.calls: Counter = Counter()
 
-    def __call__(self, indptr, indices, seeds, fanouts, key, local):
+    def __call__(self, indptr, indices, seeds, fanouts, key):
         self.calls[int(key), np.asarray(seeds).tobytes()] += 1
-        return self.kernel(indptr, indices, seeds, fanouts, key, local)
+        return self.kernel(indptr, indices, seeds, fanouts, key)
 
     def __getattr__(self, name):  # (compile, signatures: the kernel's)
         return getattr(self.kernel, name)

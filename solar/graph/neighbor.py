@@ -122,6 +122,8 @@ class NeighborSampler(Sampler, BatchExtras):
         if train is None:
             train = self.graph.train_idx if self.graph.train_idx is not None else np.arange(n)
         self.train = check_nodes(train, n, "train")
+        self.train.flags.writeable = False
+        self._train_digest: tuple[np.ndarray, str] | None = None
         if not isinstance(features, str):
             raise SolarError("features: the name of the Loader's key (e.g. 'features'); "
                              "features in memory go to storage first: "
@@ -190,26 +192,22 @@ class NeighborSampler(Sampler, BatchExtras):
         """The sampled subgraph of rank ``rank`` at ``step`` of ``epoch``, sampled now (a run
         samples each once: :meth:`rank_epoch`)."""
         self.check_run(run)
-        scratch = np.full(self.graph.num_nodes, -1, np.int64)
-        return self._sample(run, epoch, step, rank, scratch)
+        return self._sample(run, epoch, step, rank)
 
-    def _sample(
-        self, run: RunConfig, epoch: int, step: int, rank: int, scratch: np.ndarray
-    ) -> Subgraph:
+    def _sample(self, run: RunConfig, epoch: int, step: int, rank: int) -> Subgraph:
         key = rng.stream_key(run.seed, _NEIGHBOR_STREAM, epoch, step)
         g = self.graph
         at = self.input_id(run, epoch, step, rank)
         nodes, src, dst, hop_nodes, hop_edges = _sample(
-            g.indptr, g.indices, self.train[at], np.array(self.fanouts, np.int64), key, scratch
+            g.indptr, g.indices, self.train[at], np.array(self.fanouts, np.int64), key
         )
         return Subgraph(nodes, src, dst, hop_nodes, hop_edges, np.asarray(at, np.int64))
 
     def epoch(self, run: RunConfig, epoch: int) -> EpochDraws:
         def make() -> EpochDraws:
             self.check_run(run)
-            scratch = np.full(self.graph.num_nodes, -1, np.int64)  # reset by each call
             rows = [
-                self._sample(run, epoch, t, r, scratch).nodes
+                self._sample(run, epoch, t, r).nodes
                 for t in range(run.steps_per_epoch)
                 for r in range(run.world_size)
             ]
@@ -223,8 +221,7 @@ class NeighborSampler(Sampler, BatchExtras):
         """Only rank ``rank``'s subgraphs of ``epoch`` (a P-th of :meth:`epoch`'s work): their
         nodes the draws, the subgraphs their outputs (each one's nodes a view of the draws)."""
         self.check_run(run)
-        scratch = np.full(self.graph.num_nodes, -1, np.int64)  # reset by each call
-        subs = [self._sample(run, epoch, t, rank, scratch) for t in range(run.steps_per_epoch)]
+        subs = [self._sample(run, epoch, t, rank) for t in range(run.steps_per_epoch)]
         d = rank_draws(run, [s.nodes for s in subs], rank)
         at = d.offsets[np.arange(run.steps_per_epoch) * run.world_size + rank]
         outputs: list[Any] = [None] * (run.steps_per_epoch * run.world_size)
@@ -237,10 +234,9 @@ class NeighborSampler(Sampler, BatchExtras):
         """Compile (or load) the sampling kernel for this graph's arrays, sampling nothing:
         every batch of the run is sampled once, by its draws."""
         g = self.graph
-        seeds = self.train[:1]
-        _sample.compile(tuple(typeof(a) for a in (
-            g.indptr, g.indices, seeds, np.array(self.fanouts, np.int64), np.uint64(0),
-            np.zeros(1, np.int64))))  # fmt: skip
+        seeds = self.train[:1].copy()  # (writeable, as every call passes)
+        args = (g.indptr, g.indices, seeds, np.array(self.fanouts, np.int64), np.uint64(0))
+        _sample.compile(tuple(typeof(a) for a in args))
 
     def batch(self, run: RunConfig, epoch: int, step: int, rank: int) -> np.ndarray:
         return self.subgraph(run, epoch, step, rank).nodes
@@ -264,9 +260,11 @@ class NeighborSampler(Sampler, BatchExtras):
     def identity(self) -> dict[str, Any]:
         import hashlib
 
+        # Asked per step (is_shuffle): train, this sampler's own read-only copy, hashed once.
+        if self._train_digest is None or self._train_digest[0] is not self.train:
+            self._train_digest = (self.train, hashlib.sha256(self.train.tobytes()).hexdigest())
         return {"kind": self.kind, "graph": self.graph.identity, "fanouts": list(self.fanouts),
-                "batch_size": self.batch_size,
-                "train": hashlib.sha256(self.train.tobytes()).hexdigest()}  # fmt: skip
+                "batch_size": self.batch_size, "train": self._train_digest[1]}  # fmt: skip
 
     def extras(self, output: Any, batch: Mapping[str, Any]) -> dict[str, Any]:
         """PyG ``NeighborLoader``'s fields for a batch from its subgraph ``output``, joined to
@@ -339,9 +337,38 @@ def _choose(key, v, h, d, k, chosen):  # pragma: no cover - compiled
         c += 1
 
 
+@njit(cache=True, inline="always")
+def _find(keys, x, mask):  # pragma: no cover - compiled
+    """The slot of node ``x`` in the open-addressed table ``keys`` (-1: empty, linear
+    probing): where it is, or the empty slot where it goes."""
+    i = np.intp(_mix(np.uint64(x)) & mask)
+    while keys[i] != x and keys[i] >= 0:
+        i = (i + np.intp(1)) & np.intp(mask)
+    return i
+
+
+@njit(cache=True)
+def _table(nodes, n, room):  # pragma: no cover - compiled
+    """A table of ``nodes[:n]`` (node -> local id) with room for ``room`` nodes at most half
+    full: (keys, local ids, mask)."""
+    size = 16
+    while size < 2 * room:
+        size *= 2
+    keys = np.full(size, -1, np.int64)
+    local = np.empty(size, np.int32)
+    mask = np.uint64(size - 1)
+    for i in range(n):
+        at = _find(keys, nodes[i], mask)
+        keys[at] = nodes[i]
+        local[at] = i
+    return keys, local, mask
+
+
 @njit(cache=True, nogil=True)
-def _sample(indptr, indices, seeds, fanouts, key, local):  # pragma: no cover - compiled
-    """The k-hop sample around ``seeds``; ``local`` (N,) is all -1 on entry and on return.
+def _sample(indptr, indices, seeds, fanouts, key):  # pragma: no cover - compiled
+    """The k-hop sample around ``seeds``. Each node's local id is kept in a hash table of the
+    subgraph's nodes (sized by the subgraph, never by the graph: a step costs what its
+    subgraph costs, issue 48).
 
     Returns (nodes, src, dst, hop_nodes, hop_edges) as in :class:`Subgraph`."""
     hops = fanouts.shape[0]
@@ -354,7 +381,11 @@ def _sample(indptr, indices, seeds, fanouts, key, local):  # pragma: no cover - 
     chosen = np.empty(max(1, fanouts.max()), np.int64)
     for i in range(s):
         nodes[i] = seeds[i]
-        local[seeds[i]] = i
+    keys, local, mask = _table(nodes, 0, s)
+    for i in range(s):  # a repeated seed: its last position, as an array indexed by node
+        at = _find(keys, seeds[i], mask)
+        keys[at] = seeds[i]
+        local[at] = i
     n = s
     e = 0
     lo, hi = 0, s
@@ -372,6 +403,8 @@ def _sample(indptr, indices, seeds, fanouts, key, local):  # pragma: no cover - 
             dst = _grown(dst, size, e)
         if n + need > nodes.shape[0]:
             nodes = _grown(nodes, max(2 * nodes.shape[0], n + need), n)
+        if 2 * (n + need) > keys.shape[0]:
+            keys, local, mask = _table(nodes, n, n + need)
         for i in range(lo, hi):
             v = nodes[i]
             a = indptr[v]
@@ -380,19 +413,19 @@ def _sample(indptr, indices, seeds, fanouts, key, local):  # pragma: no cover - 
             if k < d:
                 _choose(key, v, h, d, k, chosen)
             for j in range(k):
-                u = indices[a + (chosen[j] if k < d else j)]
-                if local[u] < 0:
-                    local[u] = n
+                u = np.int64(indices[a + (chosen[j] if k < d else j)])
+                at = _find(keys, u, mask)
+                if keys[at] < 0:
+                    keys[at] = u
+                    local[at] = n
                     nodes[n] = u
                     n += 1
-                src[e] = local[u]
+                src[e] = local[at]
                 dst[e] = i
                 e += 1
         hop_nodes[h + 1] = n - hi
         hop_edges[h] = e - (hop_edges[:h].sum())
         lo, hi = hi, n
-    for i in range(n):
-        local[nodes[i]] = -1
     return nodes[:n].copy(), src[:e].copy(), dst[:e].copy(), hop_nodes, hop_edges
 
 

@@ -36,7 +36,9 @@ class Steps:
         self.spe = spec.run.steps_per_epoch
         # A trace split by the sampler (not the planner): a rank's batch is the sampler's;
         # one with a delivery side is drawn once: the planner's draws of its epoch are served.
-        self.own_batches = spec.traced and not spec.affinity
+        # Modes decided once (each asks the sampler for its identity: not per step).
+        self.traced, self.affinity = spec.traced, spec.affinity
+        self.own_batches = self.traced and not self.affinity
         self._drawn = stream.drawn if self.own_batches else None
         self._served = self._drawn if extras_of(spec.sampler) is not NO_EXTRAS else None
 
@@ -61,10 +63,10 @@ class Steps:
     def plan(self, k: int) -> StepPlan:
         """Step ``k``'s plan, its rows in the sampler's batch order."""
         step = self._stream.window(k, trim=False).step(k)
-        if not self.spec.traced:
+        if not self.traced:
             return step  # Shuffle: the planner chose the batch, its order is the plan's
         e, t = divmod(k, self.spe)
-        if self.spec.affinity:  # the draws of the global batch the planner gave this rank
+        if self.affinity:  # the draws of the global batch the planner gave this rank
             draws = self.sampler.global_batch(self.run, e, t)
             ids = draws[np.isin(draws, step.samples)]
         else:
@@ -117,7 +119,7 @@ class Steps:
         """Rows a served batch may have: no local batch exceeds the cap of a full nominal
         share (or a sampler's longest; batch memory grows for a longer one)."""
         rows = self.spec.buffer.cap(self.run.batch_size)
-        if self.spec.traced:
+        if self.traced:
             rows = self.sampler.max_batch(self.run) or rows
         return rows
 

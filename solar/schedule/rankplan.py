@@ -100,14 +100,12 @@ class StepPlan(NamedTuple):  # a NamedTuple: one is made per step, cheaper than 
         """This step as a sampler's batch ``ids`` (batch order, repeats allowed): each access
         lands in the row of its sample's first occurrence, repeats are copies of it. Raises
         ValueError unless the step's accesses are exactly the distinct ``ids``."""
-        uniq, first, inverse = np.unique(ids, return_index=True, return_inverse=True)
-        at = np.searchsorted(uniq, self.samples)
-        if uniq.size != self.size or not np.array_equal(uniq[np.minimum(at, uniq.size - 1)],
-                                                        self.samples):  # fmt: skip
+        rows = np.empty(self.size, np.int64)  # access j -> the first row of its sample
+        src = np.empty(ids.size, np.int64)  # row i -> the first row of its sample
+        # A hash of the batch's ids, not a sort: a step costs O(its rows) (issue 47).
+        if not _batch_rows(ids, self.samples, rows, src):
             raise ValueError("the sampler's batch differs from the plan's accesses")
-        rows = first[at]  # access j -> the first row of its sample
-        src = first[inverse]
-        if uniq.size == ids.size and np.array_equal(rows, np.arange(ids.size)):
+        if self.size == ids.size and np.array_equal(rows, np.arange(ids.size)):
             return self  # the accesses are the batch, in its order
         dst = np.flatnonzero(src != np.arange(ids.size))
         # Side rows follow the batch: they move with its length.
@@ -328,6 +326,44 @@ class RankPlan:
         if np.any(samples < 0):
             raise CorruptPlanError(f"rank {self.rank}, step {k}: a later hit reads an empty slot")
         return cells, samples
+
+
+@njit(cache=True, nogil=True)
+def _batch_rows(ids, samples, rows, src):  # pragma: no cover - compiled
+    """Whether ``samples`` are the distinct ``ids`` (each once, in any order); fills ``rows[j]``
+    with the first position of ``samples[j]`` in ``ids`` and ``src[i]`` with that of
+    ``ids[i]``. An open-addressed table of the ids (linear probing), sized by the batch."""
+    n = ids.shape[0]
+    bits = 4
+    while (1 << bits) < 2 * n:
+        bits += 1
+    mask = (1 << bits) - 1
+    shift = np.uint64(64 - bits)
+    keys = np.empty(1 << bits, np.int64)
+    first = np.zeros(1 << bits, np.int64)  # first position + 1 (0: an empty slot)
+    distinct = 0
+    for i in range(n):
+        x = ids[i]
+        at = np.intp((np.uint64(x) * np.uint64(0x9E3779B97F4A7C15)) >> shift)
+        while first[at] != 0 and keys[at] != x:
+            at = (at + 1) & mask
+        if first[at] == 0:
+            keys[at] = x
+            first[at] = i + 1
+            distinct += 1
+        src[i] = first[at] - 1
+    if distinct != samples.shape[0]:
+        return False
+    for j in range(samples.shape[0]):
+        x = samples[j]
+        at = np.intp((np.uint64(x) * np.uint64(0x9E3779B97F4A7C15)) >> shift)
+        while first[at] != 0 and keys[at] != x:
+            at = (at + 1) & mask
+        if first[at] <= 0:
+            return False  # not among the ids, or a second access to one
+        rows[j] = first[at] - 1
+        first[at] = -first[at]  # taken
+    return True
 
 
 @njit(cache=True, nogil=True)

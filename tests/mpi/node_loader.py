@@ -76,9 +76,9 @@ class Counted:
     def __init__(self, kernel):
         self.kernel, self.calls = kernel, Counter()
 
-    def __call__(self, indptr, indices, seeds, fanouts, key, local):
+    def __call__(self, indptr, indices, seeds, fanouts, key):
         self.calls[int(key), np.asarray(seeds).tobytes()] += 1
-        return self.kernel(indptr, indices, seeds, fanouts, key, local)
+        return self.kernel(indptr, indices, seeds, fanouts, key)
 
     def __getattr__(self, name):
         return getattr(self.kernel, name)
