@@ -1,0 +1,267 @@
+"""The misses stage: where a step's storage reads come from, as the planner decided.
+
+:class:`RandomMisses` reads them from the source (random pages: the reader's tasks). A
+:class:`Packer` obeys :func:`solar.schedule.packing.plan_windows`: it cuts the planned steps
+into windows as they are planned, builds each packed window ahead (a sequential scan of the
+source in chunks, each chunk's rows written to every step's region: solar/cache/packed.py)
+while earlier steps are served, and reads a packed step's region in one contiguous run;
+windows the model keeps random are read as :class:`RandomMisses` reads them. Every byte moves
+through the rank's one executor. Its disk never exceeds ``disk_bytes``: a window is built once
+the windows before it that are done with have freed theirs.
+
+Which to build is decided once, at construction (``setup.configure``): a Loader without a
+disk budget for packing has a :class:`RandomMisses`, and nothing here runs.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+from solar._units import format_bytes
+from solar.cache.packed import PackedFile, chunk_write
+from solar.io.reader import Reader
+from solar.schedule.packing import DeviceRates, RowsAt, Window, plan_windows
+
+IN_FLIGHT = 2  # source chunks read or written at once while packing (staging memory)
+
+
+class Misses(Protocol):
+    """Starts step ``k``'s storage reads ``samples`` into ``out[key][rows]``."""
+
+    def submit(self, k: int, samples: np.ndarray, out: list[np.ndarray],
+               rows: np.ndarray) -> list[Future]: ...  # fmt: skip
+
+    def close(self) -> None: ...
+
+
+class RandomMisses:
+    """Today's path: the reader's tasks read the rows from the source."""
+
+    def __init__(self, reader: Reader) -> None:
+        self.reader = reader
+
+    def submit(self, k: int, samples: np.ndarray, out: list[np.ndarray],
+               rows: np.ndarray) -> list[Future]:  # fmt: skip
+        return self.reader.submit(samples, out, rows)
+
+    def close(self) -> None:
+        pass
+
+
+@dataclass(frozen=True)
+class PackSetup:
+    """Packing as decided at construction: where, how much disk, the source's rows and the
+    device's rates."""
+
+    directory: str | os.PathLike
+    disk_bytes: int
+    at: RowsAt
+    rates: DeviceRates
+    margin: float
+    name: str
+
+    @property
+    def window_bytes(self) -> int:
+        """A window's most: two live at once (one read, the next built)."""
+        return self.disk_bytes // 2
+
+
+@dataclass
+class PackFigures:
+    """What packing did: the windows decided (in step order), bytes scanned from the source
+    and written to the packed layouts, the most disk held at once, seconds building."""
+
+    windows: list[Window] = field(default_factory=list)
+    scan_bytes: int = 0
+    written_bytes: int = 0
+    disk_peak: int = 0
+    build_seconds: float = 0.0
+    built: int = 0
+
+    def as_dict(self) -> dict:
+        return {"windows": [w.as_dict() for w in self.windows], "scan_bytes": self.scan_bytes,
+                "written_bytes": self.written_bytes, "disk_peak_bytes": self.disk_peak,
+                "build_seconds": self.build_seconds, "windows_built": self.built}  # fmt: skip
+
+    def describe(self) -> str:
+        packed = sum(w.packed for w in self.windows)
+        return (f"{packed} of {len(self.windows)} windows packed, "
+                f"{format_bytes(self.scan_bytes)} scanned, {format_bytes(self.written_bytes)} "
+                f"written, disk at most {format_bytes(self.disk_peak)}")  # fmt: skip
+
+
+class StepMisses(Protocol):
+    """What the packer asks of the steps (solar/runtime/steps.py's :class:`Steps`)."""
+
+    spe: int
+
+    @property
+    def last_planned(self) -> int: ...
+
+    def misses(self, k: int) -> np.ndarray: ...
+
+
+class _Built:
+    """One packed window: its file, its build under way, the reads of it started."""
+
+    def __init__(self, window: Window, file: PackedFile, build: Future) -> None:
+        self.window, self.file, self.build = window, file, build
+        self.sealed = False
+        self.reads: list[Future] = []
+
+
+class Packer:
+    """The misses of the steps, from packed windows where the model chose them (see module)."""
+
+    def __init__(self, steps: StepMisses, reader: Reader, setup: PackSetup) -> None:
+        self.steps = steps
+        self.reader = reader
+        self.setup = setup
+        self.figures = PackFigures()
+        self._random = RandomMisses(reader)
+        self._windows: collections.deque[Window] = collections.deque()  # decided, not done
+        self._decided = -1  # steps before this are decided (-1: none yet)
+        self._built: dict[int, _Built] = {}  # by window's first step
+        self._disk = 0
+        self._last = -1
+        self._lock = threading.Lock()
+        # One thread drives the passes (their reads and writes are the executor's tasks).
+        self._builder = ThreadPoolExecutor(1, thread_name_prefix="solar-pack")
+
+    def submit(self, k: int, samples: np.ndarray, out: list[np.ndarray],
+               rows: np.ndarray) -> list[Future]:  # fmt: skip
+        """Step ``k``'s reads, from its packed window if it is in one, else the source's."""
+        self._advance(k)
+        w = self._window_of(k)
+        if w is None or not w.packed or samples.size == 0:
+            return self._random.submit(k, samples, out, rows)
+        b = self._built[w.first]
+        if not b.sealed:  # built while earlier steps were served; waited for if it is not yet
+            b.build.result()
+            b.sealed = True
+        dest = out[0].reshape(out[0].shape[0], -1).view(np.uint8)
+        tasks = b.file.read_tasks(k, samples, dest, rows, self.reader.executor.threads)
+        futures = self.reader.executor.start(b.file, tasks)
+        b.reads += futures
+        return futures
+
+    def close(self) -> None:
+        """Wait for the passes under way; free every packed file."""
+        self._reset()
+        self._builder.shutdown(wait=True)
+
+    # -- windows -------------------------------------------------------------------------------
+    def _advance(self, k: int) -> None:
+        """Decide the windows of the steps planned since, free those done with, start the
+        builds the disk allows."""
+        if k < self._last:  # served again from an earlier step: start over from k
+            self._reset()
+        self._last = k
+        spe = self.steps.spe
+        if self._decided < 0:
+            self._decided = k
+        end = self.steps.last_planned + 1
+        while self._decided < end:
+            e_end = min(end, (self._decided // spe + 1) * spe)  # windows within an epoch
+            reads = [self.steps.misses(s) for s in range(self._decided, e_end)]
+            lead = bool(self.figures.windows)
+            new = plan_windows(reads, self._decided, self.setup.at, self.setup.rates,
+                               window_bytes=self.setup.window_bytes, margin=self.setup.margin,
+                               lead=lead)  # fmt: skip
+            self.figures.windows += new
+            self._windows.extend(new)
+            self._decided = e_end
+        while self._windows and self._windows[0].end <= k:
+            self._windows.popleft()  # its steps all started: its file goes once they are read
+        self._release_done(k)
+        for w in self._windows:
+            if not w.packed or w.first in self._built:
+                continue
+            if self._disk + w.rows * self.setup.at.row_bytes > self.setup.disk_bytes:
+                break  # in order: a later window waits for this one
+            self._start_build(w)
+
+    def _window_of(self, k: int) -> Window | None:
+        for w in self._windows:
+            if w.first <= k < w.end:
+                return w
+        return None
+
+    def _release_done(self, k: int) -> None:
+        """Free the packed windows wholly before ``k`` whose reads have all ended."""
+        for b in list(self._built.values()):
+            if b.window.end <= k and b.build.done() and all(f.done() for f in b.reads):
+                self._free(b)
+
+    def _free(self, b: _Built) -> None:
+        if self._built.pop(b.window.first, None) is not None:
+            b.file.close()
+            self._disk -= b.file.nbytes
+
+    def _reset(self) -> None:
+        for b in list(self._built.values()):
+            wait([b.build])
+            wait(b.reads)
+            self._free(b)
+        self._windows.clear()
+        self._decided = -1
+
+    # -- building ------------------------------------------------------------------------------
+    def _start_build(self, w: Window) -> None:
+        steps = np.arange(w.first, w.end, dtype=np.int64)
+        samples = [np.sort(self.steps.misses(int(s))) for s in steps]
+        file = PackedFile(self.setup.directory, steps, samples, self.setup.at.row_bytes,
+                          self.setup.name)  # fmt: skip
+        self._disk += file.nbytes
+        self.figures.disk_peak = max(self.figures.disk_peak, self._disk)
+        self._built[w.first] = _Built(w, file, self._builder.submit(self._build, file))
+
+    def _build(self, file: PackedFile) -> None:
+        """One sequential pass: the source chunks holding the window's rows read in order
+        (``IN_FLIGHT`` at a time), each chunk's rows written to every step's region; then
+        the file sealed (synced, dropped, its identity pinned)."""
+        t0 = time.perf_counter()
+        at, ex = self.setup.at, self.reader.executor
+        info = self.reader.info
+        key = info.keys[0]
+        chunks = np.unique(np.concatenate(file.samples) // at.chunk_rows)
+        staging = [np.empty((at.chunk_rows, *key.sample_shape), key.native_dtype)
+                   for _ in range(IN_FLIGHT)]  # fmt: skip
+        flight: collections.deque[tuple[list[Future], list[Future]]] = collections.deque()
+        scanned = written = 0
+        try:
+            for i, c in enumerate(chunks.tolist()):
+                if len(flight) == IN_FLIGHT:
+                    r, wr = flight.popleft()
+                    scanned += sum(f.result()[0] for f in r)
+                    written += sum(f.result()[0] for f in wr)
+                first, end = c * at.chunk_rows, min(at.rows, (c + 1) * at.chunk_rows)
+                buf = staging[i % IN_FLIGHT]
+                ids = np.arange(first, end, dtype=np.int64)
+                reads = self.reader.submit(ids, [buf], np.arange(ids.size, dtype=np.int64))
+                u8 = buf.reshape(buf.shape[0], -1).view(np.uint8)
+                task = chunk_write(file, u8, first, end)
+                writes = ex.start(file, [task], after=reads) if task is not None else []
+                flight.append((reads, writes))
+            while flight:
+                r, wr = flight.popleft()
+                scanned += sum(f.result()[0] for f in r)
+                written += sum(f.result()[0] for f in wr)
+            file.seal()
+        finally:
+            for r, wr in flight:
+                wait(r + wr)  # none may still use the staging memory
+        with self._lock:
+            f = self.figures
+            f.scan_bytes += scanned
+            f.written_bytes += written
+            f.build_seconds += time.perf_counter() - t0
+            f.built += 1
