@@ -729,12 +729,20 @@ def gen(out, preset, samples, chunks, compression, nodes, avg_degree, features, 
               help="weighted: every loader draws by --weights (the DataLoader with "
                    "WeightedRandomSampler); neighbor: GNN feature gathering on a graph "
                    "(solar gen --preset graph), loaders mmap, lru, static, solar "
-                   "(and solar-rows: no page mates).")  # fmt: skip
+                   "(and solar-rows: no page mates; solar-random: no packed "
+                   "windows, every miss a random page read).")  # fmt: skip
 @click.option("--fanouts", default="10,5", show_default=True,
               help="--sampler neighbor: neighbours per node at each hop (-1: all).")  # fmt: skip
 @click.option("--probe-seconds", type=float, default=1.0, show_default=True,
               help="--sampler neighbor: seconds per queue depth of the storage probe reported "
                    "beside the figures (random 4 KiB reads, O_DIRECT; 0: none).")  # fmt: skip
+@click.option("--pack-disk", default="8GiB", show_default=True,
+              help="--sampler neighbor: disk per rank for solar's packed windows (misses "
+                   "packed in plan order where the cost model finds it faster; 0: none; "
+                   "solar-random: never).")  # fmt: skip
+@click.option("--pack-dir", type=click.Path(file_okay=False),
+              help="--sampler neighbor: where the packed windows go (node-local; default: "
+                   "the system's temporary directory).")  # fmt: skip
 @click.option(
     "--weights", type=click.Path(), help="Weights .npy (one per sample) of --sampler weighted."
 )
@@ -756,9 +764,8 @@ def gen(out, preset, samples, chunks, compression, nodes, avg_degree, features, 
 @click.option("--force", is_flag=True, help="Overwrite --json and --plot if they exist.")
 def bench(data, keys, one_per_file, world_size, batch_size, epochs, buffer, tier, tier_size,
           slack, loaders, variable_batches, workers, threads, read_ahead, throttle, compute_ms,
-          seed, sampler_kind, fanouts, probe_seconds, weights, transform, share_mode, json_out,
-          plot_out,
-          force) -> None:  # fmt: skip
+          seed, sampler_kind, fanouts, probe_seconds, pack_disk, pack_dir, weights, transform,
+          share_mode, json_out, plot_out, force) -> None:  # fmt: skip
     """Compare the PyTorch DataLoader and every policy on DATA, cold storage each epoch
     (--sampler neighbor: GNN feature gathering on a graph file)."""
 
@@ -783,7 +790,8 @@ def bench(data, keys, one_per_file, world_size, batch_size, epochs, buffer, tier
                   "--workers": workers is not None}  # fmt: skip
         _bench_graph(data, keys, world_size, batch_size, epochs, buffer, loaders, reader,
                      throttle, compute_ms, seed, fanouts, json_out, plot_out,
-                     [k for k, v in others.items() if v], probe_seconds)  # fmt: skip
+                     [k for k, v in others.items() if v], probe_seconds,
+                     (pack_disk, pack_dir))  # fmt: skip
         return
     _refuse_graph(data, keys, "bench")
     share = share_or_size(buffer, "--buffer")
@@ -864,7 +872,8 @@ def _threads(text: str) -> int | str:
 
 def _bench_graph(data, keys, world_size, batch_size, epochs, buffer, loaders,
                  reader: ReaderConfig, throttle, compute_ms, seed, fanouts, json_out, plot_out,
-                 refused, probe_seconds: float = 1.0) -> None:  # fmt: skip
+                 refused, probe_seconds: float = 1.0,
+                 pack: tuple[str, str | None] = ("8GiB", None)) -> None:  # fmt: skip
     """``solar bench GRAPH.h5 --sampler neighbor``: mmap, lru, static and solar gathering the
     feature rows of sampled subgraphs under one memory budget (solar/graph/bench.py)."""
     from solar.graph import bench as graph_bench
@@ -881,6 +890,7 @@ def _bench_graph(data, keys, world_size, batch_size, epochs, buffer, loaders,
         loaders=tuple(x for x in loaders.split(",") if x) if loaders else graph_bench.GRAPH_LOADERS,
         reader=dataclasses.replace(reader, direct_io=True),
         throttle=throttle, compute_ms=compute_ms, seed=seed, probe_seconds=probe_seconds,
+        pack_disk=pack[0], pack_dir=pack[1],
     )  # fmt: skip
     from solar.graph.neighbor import NeighborSampler
 

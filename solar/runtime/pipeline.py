@@ -188,7 +188,10 @@ def build(setup: Setup, stream: RankStream | NodeStream, stats: LoaderStats,
     ahead_tier = None if shared else holdings.tier  # tier hits read ahead with the reads
     # The first step read before its plan: a sampler that splits its own batches, no tier.
     first_ahead = steps.own_batches and holdings.tier is None and not shared
-    misses = None if setup.pack is None else Packer(steps, setup.reader, setup.pack)
+    misses = None
+    if setup.pack is not None:
+        misses = Packer(steps, setup.reader, setup.pack)
+        stats.packing = misses.figures
     queue = ReadAhead(Reads(steps, setup.reader, memory, ahead_tier, setup.holds_transformed,
                             misses), setup.config.read_ahead_steps(run.batch_size),
                       first_ahead)  # fmt: skip
