@@ -2,11 +2,12 @@
 
 Region ``j`` of a :class:`PackedFile` holds step ``steps[j]``'s storage reads (its misses and
 side rows), sorted by sample id, back to back: a step reads one contiguous region, and a
-sequential scan of the source writes, for each source chunk, one contiguous piece of every
-step's region (:func:`chunk_write`). Which window is packed is the planner's decision
+sequential scan of the source writes, for each source chunk, one page-aligned piece of every
+step's region (:meth:`PackedFile.chunk_write`). Which window is packed is the planner's decision
 (solar/schedule/packing.py); building and reading it, the runtime's (solar/runtime/packing.py).
-Its reads and writes are :class:`~solar.io.tasks.PreadvRuns` on this byte source, run by the
-rank's one executor as the tier's records are: rows at known offsets of a local file, the
+Its writes are :class:`~solar.io.tasks.PreadvRuns` and its reads
+:class:`~solar.io.tasks.PageGather` on this byte source, run by the rank's one executor as
+the tier's records and the source's rows are: rows at known offsets of a local file are the
 same task whatever the file.
 
 Untrusted like every file: created unlinked (nothing can open or replace it by name; it is
@@ -21,54 +22,82 @@ and a short read is an error: no other bytes are ever served.
 from __future__ import annotations
 
 import contextlib
+import errno
 import itertools
 import os
 import socket
 from pathlib import Path
 
 import numpy as np
+from numba import njit
 
+from solar._memory import PAGE
 from solar._units import format_bytes
-from solar.cache.tier import _check_directory, sanitise, unlinked_file
+from solar.cache.tier import _check_directory, reopen_direct, sanitise, unlinked_file
 from solar.errors import SolarError
 from solar.io.handles import memory_fault
 from solar.io.identity import Identities, changed
 from solar.io.pagecache import drop
-from solar.io.tasks import IOV_MAX, PreadvRuns, coalesce_runs
+from solar.io.tasks import PreadvRuns, Task, gather_tasks
 
 _INSTANCES = itertools.count()
 
 
 class PackedFile:
-    """The packed layout of steps ``steps`` (region j: ``counts[j]`` rows of ``row_bytes``),
-    an executor byte source (solar/io/executor.py)."""
+    """The packed layout of steps ``steps`` (region j: step ``steps[j]``'s reads
+    ``samples[j]``, sorted), an executor byte source (solar/io/executor.py).
 
-    direct_io = False  # rows land at any address; its written pages are dropped instead
+    Region j is a run of pieces, one per source chunk of ``chunk_rows`` rows holding any of
+    its samples, each padded to whole pages, so that every write of a pass is page-aligned
+    (``O_DIRECT``: written pages never sit in the page cache, whose write-back here ran at
+    a tenth of direct writes) and a step reads its region as page spans (:class:`PageGather`).
+    """
+
     throttle = None  # node-local: never the emulated remote file system
 
     def __init__(self, directory: str | os.PathLike, steps: np.ndarray, samples: list[np.ndarray],
-                 row_bytes: int, name: str) -> None:  # fmt: skip
-        """``samples[j]``: step ``steps[j]``'s reads, sorted."""
+                 row_bytes: int, chunk_rows: int, name: str) -> None:  # fmt: skip
         directory = Path(directory)
         _check_directory(directory)
         self.steps = np.asarray(steps, np.int64)
         self.samples = samples
-        counts = np.array([s.size for s in samples], np.int64)
-        self.starts = np.concatenate([[0], np.cumsum(counts)])  # region j: rows [starts[j], j+1)
-        self.row_bytes = row_bytes
-        self.nbytes = int(self.starts[-1]) * row_bytes
+        self.row_bytes, self.chunk_rows = row_bytes, chunk_rows
+        self._lay_out()
         host = sanitise(socket.gethostname())
         seq = next(_INSTANCES)
         self.path = directory / f"solar-pack-{sanitise(name)}.{seq}-{host}-{os.getpid()}.bin"
-        self._fd = unlinked_file(self.path)
+        fd = unlinked_file(self.path)
         try:
-            os.posix_fallocate(self._fd, 0, max(1, self.nbytes))
+            os.posix_fallocate(fd, 0, max(PAGE, self.nbytes))
         except OSError as exc:
-            os.close(self._fd)
+            os.close(fd)
             raise SolarError(f"packed layout {self.path}: cannot allocate "
                              f"{format_bytes(self.nbytes)} ({exc.strerror})") from None  # fmt: skip
+        self._fd, self.direct_io = reopen_direct(fd, self.path, True)
         self._ids: Identities | None = None  # pinned once built
         self.closed = False
+
+    def _lay_out(self) -> None:
+        """Rows step-major, by sample within a step; pieces (step, chunk) padded to pages."""
+        rb = self.row_bytes
+        counts = np.array([s.size for s in self.samples], np.int64)
+        self.row_start = np.concatenate([[0], np.cumsum(counts)])  # step j: rows [j, j + 1)
+        ids = np.concatenate(self.samples) if self.samples else np.zeros(0, np.int64)
+        self.ids = ids.astype(np.int64)
+        step = np.repeat(np.arange(counts.size), counts)
+        chunk = self.ids // self.chunk_rows
+        new = np.ones(ids.size, np.bool_)
+        new[1:] = (step[1:] != step[:-1]) | (chunk[1:] != chunk[:-1])
+        first = np.flatnonzero(new)  # each piece's first row
+        rows = np.diff(np.append(first, ids.size))
+        padded = -(-rows * rb // PAGE) * PAGE
+        self.piece_first, self.piece_rows, self.piece_bytes = first, rows, padded
+        self.piece_chunk = chunk[first]
+        self.piece_at = np.concatenate([[0], np.cumsum(padded)])  # file offset of each piece
+        piece = np.cumsum(new) - 1
+        # Each row's byte offset in the file (sorted within a step: its region's order).
+        self.at = self.piece_at[piece] + (np.arange(ids.size) - first[piece]) * rb
+        self.nbytes = int(self.piece_at[-1])
 
     # -- a byte source of the executor ---------------------------------------------------------
     def fd(self, i: int) -> contextlib.AbstractContextManager[int]:
@@ -87,27 +116,21 @@ class PackedFile:
             raise changed(self.path, f"truncated: {self.nbytes} -> {st.st_size} bytes")
 
     def io_error(self, i: int, offset: int, exc: OSError) -> SolarError:
-        if exc.errno == 14:  # EFAULT: the memory read into or written from, not the file
-            return memory_fault(f"packed layout {self.path}: row {offset // self.row_bytes}")
-        return SolarError(f"packed layout {self.path}: row {offset // self.row_bytes}: "
-                          f"{exc.strerror}")  # fmt: skip
+        if exc.errno == errno.EFAULT:  # the memory read into or written from, not the file
+            return memory_fault(f"packed layout {self.path}: byte {offset}")
+        return SolarError(f"packed layout {self.path}: byte {offset}: {exc.strerror}")
 
     def short_transfer(self, i: int, offset: int, want: int, got: int, write: bool) -> SolarError:
         verb = "wrote" if write else "read"
-        return SolarError(f"packed layout {self.path}: row {offset // self.row_bytes}: {verb} "
-                          f"{got} of {want} B")  # fmt: skip
+        return SolarError(f"packed layout {self.path}: byte {offset}: {verb} {got} of {want} B")
 
     # -- its life ------------------------------------------------------------------------------
     def seal(self) -> None:
         """Built: synced, its pages dropped, its identity pinned (checked on every read)."""
         drop(self._fd)
-        ids = Identities([self.path], sizes=np.array([self.nbytes]))
+        ids = Identities([self.path], sizes=np.array([max(PAGE, self.nbytes)]))
         ids.check(0, os.fstat(self._fd))  # pins mtime, ctime, device and inode
         self._ids = ids
-
-    def drop_written(self) -> None:
-        """Write back and drop what was written so far (a pass's pages are not a cache)."""
-        drop(self._fd)
 
     def close(self) -> None:
         """Free the file (its space returns with the descriptor)."""
@@ -124,51 +147,60 @@ class PackedFile:
         return j
 
     def read_tasks(self, k: int, samples: np.ndarray, dest: np.ndarray, rows: np.ndarray,
-                   groups: int) -> list[PreadvRuns]:  # fmt: skip
+                   groups: int) -> list[Task]:  # fmt: skip
         """The tasks reading step ``k``'s reads ``samples`` into rows ``rows`` of ``dest``
-        ((batch rows, row bytes) uint8): its region, one ``preadv`` per ``IOV_MAX`` rows,
-        in at most ``groups`` tasks. Raises unless ``samples`` are the ones packed."""
+        ((batch rows, row bytes) uint8): its region's page spans, in at most ``groups``
+        tasks. Raises unless ``samples`` are the ones packed."""
         j = self.region(k)
         order = np.argsort(samples, kind="stable")
         if not np.array_equal(samples[order], self.samples[j]):
             raise SolarError(f"packed layout {self.path}: step {k} reads other samples than "
                              "the ones packed")  # fmt: skip
-        n = int(order.size)
-        if n == 0:
+        if order.size == 0:
             return []
-        if rows.size and (int(rows.min()) < 0 or int(rows.max()) >= dest.shape[0]):
+        if int(rows.min()) < 0 or int(rows.max()) >= dest.shape[0]:
             raise SolarError(f"destination row out of range 0..{dest.shape[0] - 1}")
-        rb = self.row_bytes
-        iov = np.empty((n, 2), np.uint64)
-        iov[:, 0] = dest.ctypes.data + rows[order].astype(np.uint64) * np.uint64(rb)
-        iov[:, 1] = rb
-        starts = np.arange(0, n, IOV_MAX, dtype=np.int64)
-        counts = np.minimum(IOV_MAX, n - starts)
-        offsets = (int(self.starts[j]) + starts) * rb
-        g = max(1, min(groups, starts.size))
-        return [PreadvRuns(0, iov, starts[i::g], counts[i::g], offsets[i::g]) for i in range(g)]
+        src = self.at[self.row_start[j] : self.row_start[j + 1]]
+        return gather_tasks(0, src, self.row_bytes, rows[order], dest, groups, 0)
+
+    def chunk_write(self, staging: np.ndarray, c: int, out: np.ndarray) -> PreadvRuns | None:
+        """The task writing, from ``staging`` (source chunk ``c``'s rows, (rows, row bytes)
+        uint8), its piece of every step's region, assembled in ``out`` (page-aligned, at least
+        :meth:`chunk_bytes` of ``c``). None if no step reads from chunk ``c``."""
+        pieces = np.flatnonzero(self.piece_chunk == c)
+        if pieces.size == 0:
+            return None
+        sizes = self.piece_bytes[pieces]
+        base = np.concatenate([[0], np.cumsum(sizes)])
+        _assemble(staging, self.ids, self.piece_first[pieces], self.piece_rows[pieces],
+                  base[:-1], c * self.chunk_rows, out)  # fmt: skip
+        iov = np.empty((pieces.size, 2), np.uint64)
+        iov[:, 0] = out.ctypes.data + base[:-1].astype(np.uint64)
+        iov[:, 1] = sizes
+        one = np.arange(pieces.size, dtype=np.int64)
+        return PreadvRuns(0, iov, one, np.ones(pieces.size, np.int64), self.piece_at[pieces],
+                          write=True)  # fmt: skip
+
+    def chunk_bytes(self, c: int) -> int:
+        """Bytes of chunk ``c``'s pieces (what :meth:`chunk_write` assembles)."""
+        return int(self.piece_bytes[self.piece_chunk == c].sum())
+
+    @property
+    def chunks(self) -> np.ndarray:
+        """The source chunks holding any packed row, in file order."""
+        return np.unique(self.piece_chunk)
 
 
-def chunk_write(packed: PackedFile, staging: np.ndarray, first: int, end: int) -> PreadvRuns | None:
-    """The task writing, from ``staging`` (rows ``first..end - 1`` of the source, (rows, row
-    bytes) uint8), every packed row whose sample is among them: one contiguous piece of each
-    step's region (its samples are sorted). None if no step reads any."""
-    pos, src = [], []
-    for j, s in enumerate(packed.samples):
-        a, b = np.searchsorted(s, [first, end])
-        if b > a:
-            pos.append(np.arange(packed.starts[j] + a, packed.starts[j] + b, dtype=np.int64))
-            src.append(s[a:b] - first)
-    if not pos:
-        return None
-    where, rows = np.concatenate(pos), np.concatenate(src)
-    runs = coalesce_runs(where, IOV_MAX)  # in file order: runs of consecutive packed rows
-    rb = packed.row_bytes
-    iov = np.empty((rows.size, 2), np.uint64)
-    iov[:, 0] = staging.ctypes.data + rows[runs.order].astype(np.uint64) * np.uint64(rb)
-    iov[:, 1] = rb
-    offsets = where[runs.order][runs.starts] * rb
-    return PreadvRuns(0, iov, runs.starts, runs.counts, offsets, write=True)
+@njit(cache=True, nogil=True)
+def _assemble(staging, ids, first, rows, base, lo, out):  # pragma: no cover - compiled
+    """Piece p's rows (packed rows ``first[p]..first[p] + rows[p] - 1``, samples ``ids``) from
+    ``staging`` (source rows from ``lo``) to ``out[base[p]:]``, back to back."""
+    width = staging.shape[1]
+    for p in range(first.shape[0]):
+        at = base[p]
+        for i in range(first[p], first[p] + rows[p]):
+            out[at : at + width] = staging[ids[i] - lo]
+            at += width
 
 
 class _Checked:

@@ -25,8 +25,9 @@ from typing import Protocol
 
 import numpy as np
 
+from solar._memory import aligned
 from solar._units import format_bytes
-from solar.cache.packed import PackedFile, chunk_write
+from solar.cache.packed import PackedFile
 from solar.io.reader import Reader
 from solar.schedule.packing import DeviceRates, RowsAt, Window, plan_windows
 
@@ -143,7 +144,7 @@ class Packer:
         w = self._window_of(k)
         if w is None or not w.packed or samples.size == 0:
             return self._random.submit(k, samples, out, rows)
-        b = self._built[w.first]
+        b = self._built.get(w.first) or self._build_now(w)
         if not b.sealed:  # built while earlier steps were served; waited for if it is not yet
             b.build.result()
             b.sealed = True
@@ -185,9 +186,18 @@ class Packer:
         for w in self._windows:
             if not w.packed or w.first in self._built:
                 continue
-            if self._disk + w.rows * self.setup.at.row_bytes > self.setup.disk_bytes:
+            if self._disk + w.nbytes > self.setup.disk_bytes:
                 break  # in order: a later window waits for this one
             self._start_build(w)
+
+    def _build_now(self, w: Window) -> _Built:
+        """Window ``w``, due now and not built: the disk of windows whose reads are still in
+        flight (a short window before it, read ahead) is freed once they end."""
+        while self._disk + w.nbytes > self.setup.disk_bytes:
+            b = next(b for b in self._built.values() if b.window.first < w.first)
+            wait([b.build, *b.reads])
+            self._free(b)
+        return self._start_build(w)
 
     def _window_of(self, k: int) -> Window | None:
         for w in self._windows:
@@ -204,7 +214,7 @@ class Packer:
     def _free(self, b: _Built) -> None:
         if self._built.pop(b.window.first, None) is not None:
             b.file.close()
-            self._disk -= b.file.nbytes
+            self._disk -= b.window.nbytes
 
     def _reset(self) -> None:
         for b in list(self._built.values()):
@@ -215,26 +225,29 @@ class Packer:
         self._decided = -1
 
     # -- building ------------------------------------------------------------------------------
-    def _start_build(self, w: Window) -> None:
+    def _start_build(self, w: Window) -> _Built:
         steps = np.arange(w.first, w.end, dtype=np.int64)
         samples = [np.sort(self.steps.misses(int(s))) for s in steps]
-        file = PackedFile(self.setup.directory, steps, samples, self.setup.at.row_bytes,
+        at = self.setup.at
+        file = PackedFile(self.setup.directory, steps, samples, at.row_bytes, at.chunk_rows,
                           self.setup.name)  # fmt: skip
-        self._disk += file.nbytes
+        self._disk += w.nbytes
         self.figures.disk_peak = max(self.figures.disk_peak, self._disk)
-        self._built[w.first] = _Built(w, file, self._builder.submit(self._build, file))
+        b = self._built[w.first] = _Built(w, file, self._builder.submit(self._build, file))
+        return b
 
     def _build(self, file: PackedFile) -> None:
         """One sequential pass: the source chunks holding the window's rows read in order
-        (``IN_FLIGHT`` at a time), each chunk's rows written to every step's region; then
-        the file sealed (synced, dropped, its identity pinned)."""
+        (``IN_FLIGHT`` at a time), each chunk's pieces of every step's region assembled and
+        written; then the file sealed (synced, its identity pinned)."""
         t0 = time.perf_counter()
         at, ex = self.setup.at, self.reader.executor
-        info = self.reader.info
-        key = info.keys[0]
-        chunks = np.unique(np.concatenate(file.samples) // at.chunk_rows)
+        key = self.reader.info.keys[0]
+        chunks = file.chunks
+        most = max(file.chunk_bytes(int(c)) for c in chunks)
         staging = [np.empty((at.chunk_rows, *key.sample_shape), key.native_dtype)
                    for _ in range(IN_FLIGHT)]  # fmt: skip
+        outs = [aligned(most) for _ in range(IN_FLIGHT)]
         flight: collections.deque[tuple[list[Future], list[Future]]] = collections.deque()
         scanned = written = 0
         try:
@@ -247,13 +260,15 @@ class Packer:
                 buf = staging[i % IN_FLIGHT]
                 ids = np.arange(first, end, dtype=np.int64)
                 reads = self.reader.submit(ids, [buf], np.arange(ids.size, dtype=np.int64))
-                u8 = buf.reshape(buf.shape[0], -1).view(np.uint8)
-                task = chunk_write(file, u8, first, end)
-                writes = ex.start(file, [task], after=reads) if task is not None else []
-                flight.append((reads, writes))
+                try:
+                    scanned += sum(f.result()[0] for f in reads)  # assembled once read
+                finally:
+                    wait(reads)
+                task = file.chunk_write(buf.reshape(buf.shape[0], -1).view(np.uint8), c,
+                                        outs[i % IN_FLIGHT])  # fmt: skip
+                flight.append(([], ex.start(file, [task]) if task is not None else []))
             while flight:
                 r, wr = flight.popleft()
-                scanned += sum(f.result()[0] for f in r)
                 written += sum(f.result()[0] for f in wr)
             file.seal()
         finally:

@@ -55,6 +55,7 @@ class Window:
     end: int
     packed: bool
     rows: int  # missed rows (each step's reads, side rows included)
+    nbytes: int  # disk its packed layout takes: the rows, each step's pieces padded to pages
     pages: int  # distinct pages those rows lie in, step by step (the random path's reads)
     scan_bytes: int  # source chunks a packing pass reads
     random_seconds: float
@@ -62,6 +63,7 @@ class Window:
 
     def as_dict(self) -> dict:
         return {"steps": [self.first, self.end], "packed": self.packed, "rows": self.rows,
+                "disk_bytes": self.nbytes,
                 "pages": self.pages, "scan_bytes": self.scan_bytes,
                 "random_seconds": self.random_seconds,
                 "packed_seconds": self.packed_seconds}  # fmt: skip
@@ -76,6 +78,13 @@ def step_pages(samples: np.ndarray, at: RowsAt) -> int:
     if at.row_bytes <= PAGE:  # a row spans one or two pages
         return int(np.unique(np.concatenate([first, last])).size)
     return int((last - first + 1).sum())  # large rows: pages of distinct rows rarely meet
+
+
+def step_bytes(samples: np.ndarray, at: RowsAt) -> int:
+    """Disk of one step's region: its rows, in one piece per source chunk holding any,
+    each padded to whole pages (solar/cache/packed.py)."""
+    pieces = np.unique(np.asarray(samples, np.int64) // at.chunk_rows).size
+    return int(samples.size) * at.row_bytes + pieces * PAGE
 
 
 def scan_bytes(samples: np.ndarray, at: RowsAt) -> int:
@@ -112,18 +121,18 @@ def plan_windows(reads: Sequence[np.ndarray], first: int, at: RowsAt, rates: Dev
     served while the first one is packed; without one, the first step is a window of its
     own, read at random (the next window's packing overlaps it: nothing earlier to overlap)."""
     windows: list[Window] = []
+    disk = [step_bytes(r, at) for r in reads]
     a = 0
     while a < len(reads):
         b, nbytes = a, 0
         more = lead or a > 0  # else the run's first step alone
-        while b < len(reads) and (
-            b == a or (more and nbytes + reads[b].size * at.row_bytes <= window_bytes)
-        ):
-            nbytes += int(reads[b].size) * at.row_bytes
+        while b < len(reads) and (b == a or (more and nbytes + disk[b] <= window_bytes)):
+            nbytes += disk[b]
             b += 1
         rows, pages, scan, random, packed = costs(reads[a:b], at, rates)
-        fits = rows * at.row_bytes <= window_bytes
+        fits = nbytes <= window_bytes
         choose = fits and rows > 0 and packed * margin < random and (lead or bool(windows))
-        windows.append(Window(first + a, first + b, choose, rows, pages, scan, random, packed))
+        windows.append(Window(first + a, first + b, choose, rows, nbytes, pages, scan, random,
+                              packed))  # fmt: skip
         a = b
     return windows
