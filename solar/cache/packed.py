@@ -172,8 +172,11 @@ class PackedFile:
             return None
         sizes = self.piece_bytes[pieces]
         base = np.concatenate([[0], np.cumsum(sizes)])
-        _assemble(staging, self.ids, self.piece_first[pieces], self.piece_rows[pieces],
-                  base[:-1], c * self.chunk_rows, out)  # fmt: skip
+        # In 8-byte words where rows allow (a row copy by bytes ran at a tenth of the speed).
+        w = 8 if self.row_bytes % 8 == 0 else 1
+        _assemble(staging.view(f"u{w}"), self.ids, self.piece_first[pieces],
+                  self.piece_rows[pieces], base[:-1] // w, c * self.chunk_rows,
+                  out.view(f"u{w}"))  # fmt: skip
         iov = np.empty((pieces.size, 2), np.uint64)
         iov[:, 0] = out.ctypes.data + base[:-1].astype(np.uint64)
         iov[:, 1] = sizes
@@ -194,7 +197,8 @@ class PackedFile:
 @njit(cache=True, nogil=True)
 def _assemble(staging, ids, first, rows, base, lo, out):  # pragma: no cover - compiled
     """Piece p's rows (packed rows ``first[p]..first[p] + rows[p] - 1``, samples ``ids``) from
-    ``staging`` (source rows from ``lo``) to ``out[base[p]:]``, back to back."""
+    ``staging`` (source rows from ``lo``) to ``out[base[p]:]``, back to back (in words of
+    ``out``'s and ``staging``'s one type)."""
     width = staging.shape[1]
     for p in range(first.shape[0]):
         at = base[p]
