@@ -19,6 +19,7 @@ import collections
 import os
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -28,6 +29,7 @@ import numpy as np
 from solar._memory import aligned
 from solar._units import format_bytes
 from solar.cache.packed import PackedFile
+from solar.io.executor import JobResult, when_all
 from solar.io.reader import Reader
 from solar.schedule.packing import DeviceRates, RowsAt, Window, plan_windows
 
@@ -115,7 +117,6 @@ class _Built:
 
     def __init__(self, window: Window, file: PackedFile, build: Future) -> None:
         self.window, self.file, self.build = window, file, build
-        self.sealed = False
         self.reads: list[Future] = []
 
 
@@ -145,12 +146,14 @@ class Packer:
         if w is None or not w.packed or samples.size == 0:
             return self._random.submit(k, samples, out, rows)
         b = self._built.get(w.first) or self._build_now(w)
-        if not b.sealed:  # built while earlier steps were served; waited for if it is not yet
-            b.build.result()
-            b.sealed = True
         dest = out[0].reshape(out[0].shape[0], -1).view(np.uint8)
         tasks = b.file.read_tasks(k, samples, dest, rows, self.reader.executor.threads)
-        futures = self.reader.executor.start(b.file, tasks)
+        ex, file = self.reader.executor, b.file
+        if b.build.done():
+            b.build.result()  # a failed pass fails the steps it packed
+            futures = ex.start(file, tasks)
+        else:  # started once it is built (no reader thread waits for a pass)
+            futures = [_then(b.build, lambda: ex.start(file, tasks))]
         b.reads += futures
         return futures
 
@@ -280,3 +283,32 @@ class Packer:
             f.written_bytes += written
             f.build_seconds += time.perf_counter() - t0
             f.built += 1
+
+
+def _then(first: Future, start: Callable[[], list[Future]]) -> Future:
+    """A future of the reads ``start()`` starts once ``first`` has ended well (on the thread
+    that ends it), done when they all are: their summed :class:`JobResult`, or the first
+    error of ``first`` or of them."""
+    outer: Future = Future()
+    outer.set_running_or_notify_cancel()
+
+    def ended(inner: list[Future]) -> None:
+        try:
+            got = [f.result() for f in inner]
+        except BaseException as exc:
+            outer.set_exception(exc)
+        else:
+            outer.set_result(JobResult(sum(r[0] for r in got), sum(r[1] for r in got),
+                                       sum(r[2] for r in got)))  # fmt: skip
+
+    def built(f: Future) -> None:
+        try:
+            f.result()
+            inner = start()
+        except BaseException as exc:
+            outer.set_exception(exc)
+            return
+        when_all(inner, lambda: ended(inner))
+
+    first.add_done_callback(built)
+    return outer
