@@ -888,7 +888,7 @@ def _bench_graph(data, keys, world_size, batch_size, epochs, buffer, loaders,
         fanouts=graph_bench.parse_fanouts(fanouts), batch_size=batch_size, epochs=epochs,
         buffer=share_or_size(buffer, "--buffer"),
         loaders=tuple(x for x in loaders.split(",") if x) if loaders else graph_bench.GRAPH_LOADERS,
-        reader=dataclasses.replace(reader, direct_io=True),
+        reader=reader,  # the Loader's default read path: what a user gets
         throttle=throttle, compute_ms=compute_ms, seed=seed, probe_seconds=probe_seconds,
         pack_disk=pack[0], pack_dir=pack[1],
     )  # fmt: skip

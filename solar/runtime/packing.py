@@ -251,32 +251,36 @@ class Packer:
         staging = [np.empty((at.chunk_rows, *key.sample_shape), key.native_dtype)
                    for _ in range(IN_FLIGHT)]  # fmt: skip
         outs = [aligned(most) for _ in range(IN_FLIGHT)]
-        flight: collections.deque[tuple[list[Future], list[Future]]] = collections.deque()
+        n = len(chunks)
+        reading: list[Future] = []
+        writing: collections.deque[list[Future]] = collections.deque()
         scanned = written = 0
+
+        def scan(i: int) -> list[Future]:  # chunk i read into its staging rows
+            first = int(chunks[i]) * at.chunk_rows
+            ids = np.arange(first, min(at.rows, first + at.chunk_rows), dtype=np.int64)
+            return self.reader.submit(ids, [staging[i % IN_FLIGHT]],
+                                      np.arange(ids.size, dtype=np.int64))  # fmt: skip
+
         try:
-            for i, c in enumerate(chunks.tolist()):
-                if len(flight) == IN_FLIGHT:
-                    r, wr = flight.popleft()
-                    scanned += sum(f.result()[0] for f in r)
-                    written += sum(f.result()[0] for f in wr)
-                first, end = c * at.chunk_rows, min(at.rows, (c + 1) * at.chunk_rows)
+            reading = scan(0)
+            for i in range(n):
+                now = reading
+                # The next chunk is read while this one is assembled (its staging rows were
+                # assembled from, synchronously, at chunk i - 1).
+                reading = scan(i + 1) if i + 1 < n else []
+                scanned += sum(f.result()[0] for f in now)
+                if len(writing) == IN_FLIGHT:  # chunk i - 2's write, from outs[i % 2]
+                    written += sum(f.result()[0] for f in writing.popleft())
                 buf = staging[i % IN_FLIGHT]
-                ids = np.arange(first, end, dtype=np.int64)
-                reads = self.reader.submit(ids, [buf], np.arange(ids.size, dtype=np.int64))
-                try:
-                    scanned += sum(f.result()[0] for f in reads)  # assembled once read
-                finally:
-                    wait(reads)
-                task = file.chunk_write(buf.reshape(buf.shape[0], -1).view(np.uint8), c,
-                                        outs[i % IN_FLIGHT])  # fmt: skip
-                flight.append(([], ex.start(file, [task]) if task is not None else []))
-            while flight:
-                r, wr = flight.popleft()
-                written += sum(f.result()[0] for f in wr)
+                task = file.chunk_write(buf.reshape(buf.shape[0], -1).view(np.uint8),
+                                        int(chunks[i]), outs[i % IN_FLIGHT])  # fmt: skip
+                writing.append(ex.start(file, [task]) if task is not None else [])
+            while writing:
+                written += sum(f.result()[0] for f in writing.popleft())
             file.seal()
         finally:
-            for r, wr in flight:
-                wait(r + wr)  # none may still use the staging memory
+            wait(reading + [f for w in writing for f in w])  # none may still use staging
         with self._lock:
             f = self.figures
             f.scan_bytes += scanned

@@ -28,6 +28,7 @@ from solar.dist import agree, first_error
 from solar.errors import SolarError
 from solar.host import Place, host_comm, place
 from solar.host.exchange import threads_unsupported
+from solar.io.handles import open_descriptor
 from solar.io.info import DatasetInfo, KeyInfo
 from solar.io.reader import Reader
 from solar.io.sources import describe_source
@@ -102,7 +103,7 @@ def configure(args: LoaderConfig) -> Setup:
     r, w = rank_and_world(comm, args.rank, args.world_size)
     local = place(comm).machine_size  # they share the machine's cores and memory
     cores = cpu_share(local)  # this rank's share: transform workers, CPU budget
-    config = _reader_config(info, args.reader)
+    config = _reader_config(info, args.reader, args.sampler)
     buf = _buffer(info, w, args.buffer, memory.tier, memory.tier_size, planning.slack, local)
     sampler = args.sampler
     chosen = SHUFFLE if sampler is None else sampler
@@ -293,15 +294,30 @@ def _auto_share(spec: PlanSpec, why: str, world: int, comm: Any,
     return hosts, host_comm(comm)  # (made here: every rank has agreed on a host buffer)
 
 
-def _reader_config(info: DatasetInfo, config: ReaderConfig) -> ReaderConfig:
+def _reader_config(info: DatasetInfo, config: ReaderConfig, sampler: Any) -> ReaderConfig:
     import torch
 
     for k in info.keys:
         torch_dtype(k)
+    if config.direct_io is None:  # the default: decided here, once
+        config = dataclasses.replace(config, direct_io=_direct_by_default(info, sampler))
     if config.pin_memory and not torch.cuda.is_available():
         warnings.warn("pin_memory=True but no accelerator: not pinning", stacklevel=5)
         config = dataclasses.replace(config, pin_memory=False)
     return config
+
+
+def _direct_by_default(info: DatasetInfo, sampler: Any) -> bool:
+    """O_DIRECT for a neighbour sampler's feature rows (the plan's buffer is the only cache,
+    as every GNN figure of docs/performance.md is measured) where the file system takes it;
+    else the page cache (samples: ``solar bench`` evicts their pages each epoch)."""
+    if getattr(sampler, "kind", None) != "neighbor" or info.one_per_file:
+        return False
+    try:
+        os.close(open_descriptor(info.all_files[0], os.O_RDONLY, o_direct=True))
+    except SolarError:  # NoDirectIO (tmpfs, some overlays), or the file cannot be opened
+        return False
+    return True
 
 
 def _buffer(info: DatasetInfo, world: int, buffer: int | str, tier: str | os.PathLike | None,
