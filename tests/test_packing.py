@@ -19,7 +19,7 @@ from solar.graph import generate_graph
 from solar.io.executor import Executor, wait_all
 from solar.io.identity import FileChanged
 from solar.options import MemoryConfig, PackingConfig
-from solar.schedule.packing import DeviceRates, RowsAt, plan_windows, step_pages
+from solar.schedule.packing import DeviceRates, RowsAt, plan_windows, scan_bytes, step_pages
 
 HDD_LIKE = DeviceRates(random_pages_per_second=75e3, sequential_bytes_per_second=1e9)
 NVME = DeviceRates(random_pages_per_second=1e6, sequential_bytes_per_second=3e9)
@@ -48,6 +48,25 @@ def test_the_model_packs_where_random_pages_are_dear_and_keeps_pages_where_they_
     assert not plan_windows(few, 0, big, HDD_LIKE, **kw)[0].packed
 
 
+@pytest.mark.parametrize("row_bytes", [96, 1024, 3000, 4096, 20000])
+def test_pages_and_scans_are_counted_as_a_brute_force_counts_them(row_bytes):
+    """The random path's distinct pages of a step (sorted rows, repeats allowed) and a
+    window's scanned chunks (the last one short), against sets of them."""
+    n = 10_007
+    at = RowsAt(offset=777, row_bytes=row_bytes, rows=n, chunk_rows=1000)
+    rng = np.random.default_rng(row_bytes)
+    reads = [np.sort(rng.integers(0, n, m)) for m in (1, 50, 3000)] + [np.array([n - 1])]
+    for r in reads:
+        start = at.offset + r * row_bytes
+        pages = {
+            p for s in start.tolist() for p in range(s // 4096, (s + row_bytes - 1) // 4096 + 1)
+        }
+        assert step_pages(r, at) == len(pages)
+    chunks = {int(c) for r in reads for c in (r // 1000).tolist()}
+    want = sum(min(1000, n - 1000 * c) for c in chunks) * row_bytes
+    assert scan_bytes(reads, at) == want
+
+
 def test_windows_are_bounded_and_the_runs_first_step_is_read_at_random():
     """Without an earlier window (``lead``), the first step is a window of its own, read at
     random; windows hold at most ``window_bytes`` of disk; a step larger than that is a
@@ -74,7 +93,7 @@ def _source(n: int, width: int) -> np.ndarray:
 
 def _built(tmp_path, data: np.ndarray, samples: list[np.ndarray], chunk_rows: int,
            ex: Executor) -> PackedFile:  # fmt: skip
-    n, width = data.shape
+    width = data.shape[1]
     packed = PackedFile(tmp_path, np.arange(10, 10 + len(samples)), samples, width, chunk_rows,
                         "t")  # fmt: skip
     for c in packed.chunks.tolist():
@@ -135,7 +154,7 @@ def test_a_packed_layout_written_to_or_truncated_after_its_build_is_refused(tmp_
         finally:
             os.close(fd)
         dest[:] = 0
-        with pytest.raises(FileChanged, match="packed.*changed since it was opened"):
+        with pytest.raises(FileChanged, match=r"packed.*changed since it was opened"):
             wait_all(ex.start(packed, packed.read_tasks(10, samples[0], dest, rows, groups=1)))
         assert not dest.any()
         packed.close()
@@ -194,8 +213,14 @@ def test_packed_windows_serve_the_random_paths_batches_byte_for_byte(graph, tmp_
     assert len(packed) >= len(ws) // 2 and figures.built == len(packed)
     assert figures.written_bytes >= sum(w.rows for w in packed) * feats[0].nbytes
     chunk = 2**16 // feats[0].nbytes
-    scans = [s for s in seen if s.size > 1 and np.array_equal(s, np.arange(s[0], s[-1] + 1))
-             and s[0] % chunk == 0 and (s.size == chunk or s[-1] == feats.shape[0] - 1)]
+    scans = [
+        s
+        for s in seen
+        if s.size > 1
+        and np.array_equal(s, np.arange(s[0], s[-1] + 1))
+        and s[0] % chunk == 0
+        and (s.size == chunk or s[-1] == feats.shape[0] - 1)
+    ]
     assert len(scans) >= len(packed)
     assert len(seen) - len(scans) <= sum(w.end - w.first for w in ws if not w.packed) + 1
 

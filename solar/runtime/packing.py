@@ -132,6 +132,7 @@ class Packer:
         self._windows: collections.deque[Window] = collections.deque()  # decided, not done
         self._decided = -1  # steps before this are decided (-1: none yet)
         self._built: dict[int, _Built] = {}  # by window's first step
+        self._reads: dict[int, list[np.ndarray]] = {}  # packed windows' sorted reads, unbuilt
         self._disk = 0
         self._last = -1
         self._lock = threading.Lock()
@@ -175,13 +176,16 @@ class Packer:
         end = self.steps.last_planned + 1
         while self._decided < end:
             e_end = min(end, (self._decided // spe + 1) * spe)  # windows within an epoch
-            reads = [self.steps.misses(s) for s in range(self._decided, e_end)]
+            reads = [np.sort(self.steps.misses(s)) for s in range(self._decided, e_end)]
             lead = bool(self.figures.windows)
             new = plan_windows(reads, self._decided, self.setup.at, self.setup.rates,
                                window_bytes=self.setup.window_bytes, margin=self.setup.margin,
                                lead=lead)  # fmt: skip
             self.figures.windows += new
             self._windows.extend(new)
+            for w in new:  # a packed window's reads, kept until it is built
+                if w.packed:
+                    self._reads[w.first] = reads[w.first - self._decided : w.end - self._decided]
             self._decided = e_end
         while self._windows and self._windows[0].end <= k:
             self._windows.popleft()  # its steps all started: its file goes once they are read
@@ -225,12 +229,13 @@ class Packer:
             wait(b.reads)
             self._free(b)
         self._windows.clear()
+        self._reads.clear()
         self._decided = -1
 
     # -- building ------------------------------------------------------------------------------
     def _start_build(self, w: Window) -> _Built:
         steps = np.arange(w.first, w.end, dtype=np.int64)
-        samples = [np.sort(self.steps.misses(int(s))) for s in steps]
+        samples = self._reads.pop(w.first)
         at = self.setup.at
         file = PackedFile(self.setup.directory, steps, samples, at.row_bytes, at.chunk_rows,
                           self.setup.name)  # fmt: skip

@@ -70,42 +70,47 @@ class Window:
 
 
 def step_pages(samples: np.ndarray, at: RowsAt) -> int:
-    """Distinct pages holding rows ``samples`` (what the random path reads for one step)."""
+    """Distinct pages holding rows ``samples`` (sorted; what the random path reads for one
+    step)."""
     if samples.size == 0:
         return 0
     start = at.offset + np.asarray(samples, np.int64) * at.row_bytes
     first, last = start // PAGE, (start + at.row_bytes - 1) // PAGE
-    if at.row_bytes <= PAGE:  # a row spans one or two pages
-        return int(np.unique(np.concatenate([first, last])).size)
-    return int((last - first + 1).sum())  # large rows: pages of distinct rows rarely meet
+    # Rows sorted: each row's pages past the last page counted so far are new.
+    seen = np.maximum.accumulate(last)
+    since = np.maximum(first[1:], seen[:-1] + 1)
+    return int(last[0] - first[0] + 1) + int(np.maximum(last[1:] - since + 1, 0).sum())
 
 
 def step_bytes(samples: np.ndarray, at: RowsAt) -> int:
-    """Disk of one step's region: its rows, in one piece per source chunk holding any,
-    each padded to whole pages (solar/cache/packed.py)."""
-    pieces = np.unique(np.asarray(samples, np.int64) // at.chunk_rows).size
+    """Disk of one step's region (``samples`` sorted): its rows, in one piece per source
+    chunk holding any, each padded to whole pages (solar/cache/packed.py)."""
+    if samples.size == 0:
+        return 0
+    chunks = np.asarray(samples, np.int64) // at.chunk_rows
+    pieces = 1 + int(np.count_nonzero(np.diff(chunks)))
     return int(samples.size) * at.row_bytes + pieces * PAGE
 
 
-def scan_bytes(samples: np.ndarray, at: RowsAt) -> int:
-    """Bytes of the source chunks holding any of ``samples``."""
-    if samples.size == 0:
-        return 0
-    chunks = np.unique(np.asarray(samples, np.int64) // at.chunk_rows)
-    last = (at.rows - 1) // at.chunk_rows
-    tail = at.rows - last * at.chunk_rows
-    return int((chunks.size - (chunks[-1] == last)) * at.chunk_rows + (chunks[-1] == last)
-               * tail) * at.row_bytes  # fmt: skip
+def scan_bytes(reads: Sequence[np.ndarray], at: RowsAt) -> int:
+    """Bytes of the source chunks holding any of the steps' ``reads``."""
+    count = -(-at.rows // at.chunk_rows)
+    held = np.zeros(count, np.bool_)
+    for r in reads:
+        held[np.asarray(r, np.int64) // at.chunk_rows] = True
+    sizes = np.full(count, at.chunk_rows, np.int64)
+    sizes[-1] = at.rows - (count - 1) * at.chunk_rows
+    return int(sizes[held].sum()) * at.row_bytes
 
 
 def costs(
     reads: Sequence[np.ndarray], at: RowsAt, rates: DeviceRates
 ) -> tuple[int, int, int, float, float]:
     """(rows, pages, scan bytes, random seconds, packed seconds) of steps whose reads are
-    ``reads`` (sample ids each)."""
+    ``reads`` (sorted sample ids each)."""
     rows = sum(int(r.size) for r in reads)
     pages = sum(step_pages(r, at) for r in reads)
-    scan = scan_bytes(np.concatenate(list(reads)) if reads else np.zeros(0, np.int64), at)
+    scan = scan_bytes(reads, at)
     nbytes = rows * at.row_bytes
     random = pages / rates.random_pages_per_second
     packed = (scan + 2 * nbytes) / rates.sequential_bytes_per_second
@@ -114,7 +119,8 @@ def costs(
 
 def plan_windows(reads: Sequence[np.ndarray], first: int, at: RowsAt, rates: DeviceRates, *,
                  window_bytes: int, margin: float, lead: bool) -> list[Window]:  # fmt: skip
-    """Steps ``first, first + 1, ...`` (their reads: ``reads[j]`` of step ``first + j``) cut
+    """Steps ``first, first + 1, ...`` (their reads: ``reads[j]``, sorted, of step
+    ``first + j``) cut
     into windows of at most ``window_bytes`` packed bytes (a step's misses are never split;
     a step larger than that is a window of its own, read at random), each packed where its
     packed cost times ``margin`` is below its random cost. ``lead``: an earlier window is
