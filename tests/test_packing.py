@@ -67,17 +67,24 @@ def test_pages_and_scans_are_counted_as_a_brute_force_counts_them(row_bytes):
     assert scan_bytes(reads, at) == want
 
 
-def test_windows_are_bounded_and_the_runs_first_step_is_read_at_random():
-    """Without an earlier window (``lead``), the first step is a window of its own, read at
-    random; windows hold at most ``window_bytes`` of disk; a step larger than that is a
-    window of its own, never packed; the windows cover the steps in order."""
+def test_windows_are_bounded_and_the_runs_first_window_is_read_at_random():
+    """Without an earlier window (``lead``), the first window is read at random, its steps
+    the fewest whose random reads take as long as packing the next window; windows hold at
+    most ``window_bytes`` of disk; a step larger than that is a window of its own, never
+    packed; the windows cover the steps in order."""
     n = 100_000
     at = RowsAt(offset=0, row_bytes=1024, rows=n, chunk_rows=1000)
     reads = _reads(10, 3000, n)
     reads[6] = np.arange(9000, dtype=np.int64)  # larger than a window
     rates = DeviceRates(1e3, 1e9)
     ws = plan_windows(reads, 0, at, rates, window_bytes=7 * 2**20, margin=1.0, lead=False)
-    assert (ws[0].first, ws[0].end, ws[0].packed) == (0, 1, False)
+    assert (ws[0].first, ws[0].end, ws[0].packed) == (0, 1, False)  # pages dear: one step
+    # Every step reads rows 0, 25, ..., 24975 (25 chunks, 1000 pages): a pass scans 25.6 MB
+    # and writes 7 MiB (a window) in 0.33 s at 100 MB/s; a step's pages take 0.1 s at 10k/s.
+    spread = [np.arange(0, 25_000, 25, dtype=np.int64)] * 10
+    opening = plan_windows(spread, 0, at, DeviceRates(1e4, 1e8), window_bytes=7 * 2**20,
+                           margin=1.0, lead=False)[0]  # fmt: skip
+    assert (opening.end, opening.packed, opening.pages) == (4, False, 4000)
     assert [w.first for w in ws[1:]] == [w.end for w in ws[:-1]] and ws[-1].end == 10
     assert all(w.nbytes <= 7 * 2**20 or (w.end - w.first == 1 and not w.packed) for w in ws)
     (own,) = [w for w in ws if w.first == 6]
@@ -99,9 +106,9 @@ def _built(tmp_path, data: np.ndarray, samples: list[np.ndarray], chunk_rows: in
     for c in packed.chunks.tolist():
         staging = np.ascontiguousarray(data[c * chunk_rows : (c + 1) * chunk_rows])
         out = aligned(packed.chunk_bytes(c))  # O_DIRECT writes: page-aligned memory
-        task = packed.chunk_write(staging, c, out)
-        assert task is not None
-        wait_all(ex.start(packed, [task]))
+        tasks = packed.chunk_write(staging, c, out, groups=2)
+        assert tasks
+        wait_all(ex.start(packed, tasks))
     packed.seal()
     return packed
 

@@ -163,13 +163,16 @@ class PackedFile:
         src = self.at[self.row_start[j] : self.row_start[j + 1]]
         return gather_tasks(0, src, self.row_bytes, rows[order], dest, groups, 0)
 
-    def chunk_write(self, staging: np.ndarray, c: int, out: np.ndarray) -> PreadvRuns | None:
-        """The task writing, from ``staging`` (source chunk ``c``'s rows, (rows, row bytes)
+    def chunk_write(self, staging: np.ndarray, c: int, out: np.ndarray,
+                    groups: int = 1) -> list[PreadvRuns]:  # fmt: skip
+        """The tasks writing, from ``staging`` (source chunk ``c``'s rows, (rows, row bytes)
         uint8), its piece of every step's region, assembled in ``out`` (page-aligned, at least
-        :meth:`chunk_bytes` of ``c``). None if no step reads from chunk ``c``."""
+        :meth:`chunk_bytes` of ``c``): one write per piece, dealt over at most ``groups``
+        tasks (synchronous direct writes: one in flight per thread); none if no step reads
+        from chunk ``c``."""
         pieces = np.flatnonzero(self.piece_chunk == c)
         if pieces.size == 0:
-            return None
+            return []
         sizes = self.piece_bytes[pieces]
         base = np.concatenate([[0], np.cumsum(sizes)])
         # In 8-byte words where rows allow (a row copy by bytes ran at a tenth of the speed).
@@ -180,9 +183,10 @@ class PackedFile:
         iov = np.empty((pieces.size, 2), np.uint64)
         iov[:, 0] = out.ctypes.data + base[:-1].astype(np.uint64)
         iov[:, 1] = sizes
-        one = np.arange(pieces.size, dtype=np.int64)
-        return PreadvRuns(0, iov, one, np.ones(pieces.size, np.int64), self.piece_at[pieces],
-                          write=True)  # fmt: skip
+        one, at = np.arange(pieces.size, dtype=np.int64), self.piece_at[pieces]
+        g = max(1, min(groups, pieces.size))
+        return [PreadvRuns(0, iov, one[i::g], np.ones(one[i::g].size, np.int64), at[i::g],
+                           write=True) for i in range(g)]  # fmt: skip
 
     def chunk_bytes(self, c: int) -> int:
         """Bytes of chunk ``c``'s pieces (what :meth:`chunk_write` assembles)."""

@@ -278,9 +278,9 @@ class Packer:
                 if len(writing) == IN_FLIGHT:  # chunk i - 2's write, from outs[i % 2]
                     written += sum(f.result()[0] for f in writing.popleft())
                 buf = staging[i % IN_FLIGHT]
-                task = file.chunk_write(buf.reshape(buf.shape[0], -1).view(np.uint8),
-                                        int(chunks[i]), outs[i % IN_FLIGHT])  # fmt: skip
-                writing.append(ex.start(file, [task]) if task is not None else [])
+                rows = buf.reshape(buf.shape[0], -1).view(np.uint8)
+                tasks = file.chunk_write(rows, int(chunks[i]), outs[i % IN_FLIGHT], ex.threads)
+                writing.append(ex.start(file, tasks))
             while writing:
                 written += sum(f.result()[0] for f in writing.popleft())
             file.seal()

@@ -120,19 +120,22 @@ def costs(
 def plan_windows(reads: Sequence[np.ndarray], first: int, at: RowsAt, rates: DeviceRates, *,
                  window_bytes: int, margin: float, lead: bool) -> list[Window]:  # fmt: skip
     """Steps ``first, first + 1, ...`` (their reads: ``reads[j]``, sorted, of step
-    ``first + j``) cut
-    into windows of at most ``window_bytes`` packed bytes (a step's misses are never split;
-    a step larger than that is a window of its own, read at random), each packed where its
-    packed cost times ``margin`` is below its random cost. ``lead``: an earlier window is
-    served while the first one is packed; without one, the first step is a window of its
-    own, read at random (the next window's packing overlaps it: nothing earlier to overlap)."""
+    ``first + j``) cut into windows of at most ``window_bytes`` packed bytes (a step's misses
+    are never split; a step larger than that is a window of its own, read at random), each
+    packed where its packed cost times ``margin`` is below its random cost. ``lead``: an
+    earlier window is served while the first one is packed. Without one (the run's start),
+    the first window is read at random while the next is packed: its steps, the fewest
+    (one at least) whose random reads take as long as that packing pass would."""
     windows: list[Window] = []
     disk = [step_bytes(r, at) for r in reads]
+    lead_in = len(reads) if lead else _lead_in(reads, disk, at, rates, window_bytes)
     a = 0
     while a < len(reads):
         b, nbytes = a, 0
-        more = lead or a > 0  # else the run's first step alone
-        while b < len(reads) and (b == a or (more and nbytes + disk[b] <= window_bytes)):
+        opening = a == 0 and not lead  # the run's first window: lead_in steps, at random
+        while b < len(reads):
+            if b > a and (b >= lead_in if opening else nbytes + disk[b] > window_bytes):
+                break
             nbytes += disk[b]
             b += 1
         rows, pages, scan, random, packed = costs(reads[a:b], at, rates)
@@ -142,3 +145,18 @@ def plan_windows(reads: Sequence[np.ndarray], first: int, at: RowsAt, rates: Dev
                               packed))  # fmt: skip
         a = b
     return windows
+
+
+def _lead_in(reads: Sequence[np.ndarray], disk: list[int], at: RowsAt, rates: DeviceRates,
+             window_bytes: int) -> int:  # fmt: skip
+    """Steps of the run's first window: the fewest (one at least) whose random reads take as
+    long as the pass packing the next window (a scan and a write of at most
+    ``window_bytes``)."""
+    write = min(window_bytes, sum(disk))
+    build = (scan_bytes(reads, at) + write) / rates.sequential_bytes_per_second
+    spent = 0.0
+    for j, r in enumerate(reads):
+        spent += step_pages(r, at) / rates.random_pages_per_second
+        if spent >= build:
+            return j + 1
+    return len(reads)
