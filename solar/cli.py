@@ -736,10 +736,10 @@ def gen(out, preset, samples, chunks, compression, nodes, avg_degree, features, 
 @click.option("--probe-seconds", type=float, default=1.0, show_default=True,
               help="--sampler neighbor: seconds per queue depth of the storage probe reported "
                    "beside the figures (random 4 KiB reads, O_DIRECT; 0: none).")  # fmt: skip
-@click.option("--pack-disk", default="8GiB", show_default=True,
+@click.option("--pack-disk",
               help="--sampler neighbor: disk per rank for solar's packed windows (misses "
-                   "packed in plan order where the cost model finds it faster; 0: none; "
-                   "solar-random: never).")  # fmt: skip
+                   "packed in plan order where the cost model finds it faster; default 8GiB; "
+                   "0: none; solar-random: never).")  # fmt: skip
 @click.option("--pack-dir", type=click.Path(file_okay=False),
               help="--sampler neighbor: where the packed windows go (node-local; default: "
                    "the system's temporary directory).")  # fmt: skip
@@ -873,7 +873,7 @@ def _threads(text: str) -> int | str:
 def _bench_graph(data, keys, world_size, batch_size, epochs, buffer, loaders,
                  reader: ReaderConfig, throttle, compute_ms, seed, fanouts, json_out, plot_out,
                  refused, probe_seconds: float = 1.0,
-                 pack: tuple[str, str | None] = ("8GiB", None)) -> None:  # fmt: skip
+                 pack: tuple[str | None, str | None] = (None, None)) -> None:  # fmt: skip
     """``solar bench GRAPH.h5 --sampler neighbor``: mmap, lru, static and solar gathering the
     feature rows of sampled subgraphs under one memory budget (solar/graph/bench.py)."""
     from solar.graph import bench as graph_bench
@@ -890,7 +890,7 @@ def _bench_graph(data, keys, world_size, batch_size, epochs, buffer, loaders,
         loaders=tuple(x for x in loaders.split(",") if x) if loaders else graph_bench.GRAPH_LOADERS,
         reader=reader,  # the Loader's default read path: what a user gets
         throttle=throttle, compute_ms=compute_ms, seed=seed, probe_seconds=probe_seconds,
-        pack_disk=pack[0], pack_dir=pack[1],
+        pack_dir=pack[1], **({} if pack[0] is None else {"pack_disk": pack[0]}),
     )  # fmt: skip
     from solar.graph.neighbor import NeighborSampler
 

@@ -74,7 +74,7 @@ class GraphBenchConfig:
     probe_seconds: float = 1.0
     # ``solar``'s packed windows (MemoryConfig(pack=...)): their disk per rank (0: none) and
     # directory (None: the system's temporary one); the model is fed the probe's rates.
-    pack_disk: str = "8GiB"
+    pack_disk: str = "8GiB"  # (the one default: solar bench --pack-disk leaves it)
     pack_dir: str | None = None
 
     def __post_init__(self) -> None:

@@ -171,8 +171,8 @@ class Packer:
             self._reset()
         self._last = k
         spe = self.steps.spe
-        if self._decided < 0:
-            self._decided = k
+        # The first step, or one past every decision (a resume further on): decide from it.
+        self._decided = max(self._decided, k)
         end = self.steps.last_planned + 1
         while self._decided < end:
             e_end = min(end, (self._decided // spe + 1) * spe)  # windows within an epoch
