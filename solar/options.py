@@ -92,6 +92,10 @@ class MemoryConfig:
     sooner than what the buffer holds (:mod:`solar.schedule.pagemates`); raw batch memory then
     has room for twice a batch's rows. False plans rows alone. (A plan given decides it:
     :class:`PlanningConfig`'s ``plan``.)
+
+    ``pack``: a :class:`PackingConfig`: where a window of steps reads its misses faster from a
+    layout packed in plan order on node-local disk than as random pages, it is packed there
+    (none by default: it needs a disk budget).
     """
 
     tier: str | os.PathLike | None = None

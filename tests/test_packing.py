@@ -248,3 +248,24 @@ def test_the_disk_bound_holds_and_packing_is_refused_where_it_cannot_run(graph, 
                epochs=1, buffer=150, memory=tier)  # fmt: skip
     with pytest.raises(SolarError, match="margin must be a positive number"):
         PackingConfig(disk="1MiB", margin=0)
+
+
+def test_a_resumed_run_with_packed_windows_serves_the_same_batches(graph, tmp_path):
+    """Resumed mid-epoch from its state, a packing Loader decides its windows from the step
+    it resumes at and serves the batches of an uninterrupted run, byte for byte."""
+    path, _ = graph
+    with _loader(path, "4MiB", tmp_path) as ld:
+        whole = every_batch(ld, range(3))
+    spe = len(whole) // 3
+    with _loader(path, "4MiB", tmp_path) as ld:
+        ld.set_epoch(1)
+        it = iter(ld)
+        for _ in range(spe // 2):
+            next(it)
+        state = ld.state_dict()
+    with _loader(path, "4MiB", tmp_path) as ld:
+        ld.load_state_dict(state)
+        rest = every_batch(ld, [1, 2])
+        assert ld.stats.packing.built > 0
+    for got, want in zip(rest, whole[spe + spe // 2 :], strict=True):
+        assert got["x"].numpy().tobytes() == want["x"].numpy().tobytes()
