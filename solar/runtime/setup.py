@@ -103,7 +103,7 @@ def configure(args: LoaderConfig) -> Setup:
     r, w = rank_and_world(comm, args.rank, args.world_size)
     local = place(comm).machine_size  # they share the machine's cores and memory
     cores = cpu_share(local)  # this rank's share: transform workers, CPU budget
-    config = _reader_config(info, args.reader, args.sampler)
+    config = _reader_config(info, args.reader)
     buf = _buffer(info, w, args.buffer, memory.tier, memory.tier_size, planning.slack, local)
     sampler = args.sampler
     chosen = SHUFFLE if sampler is None else sampler
@@ -133,7 +133,12 @@ def configure(args: LoaderConfig) -> Setup:
                    f"sampler: an epoch of {run.samples_per_epoch} draws", local)  # fmt: skip
     if given is not None and given.hosts is None:
         given.validate(r, comm)  # a file is proven safe before any byte moves, by all ranks
-    io = Reader(info, config, args.expert.throttle)
+    # The read path, decided here once (direct_io None: the Loader's choice); ``config`` keeps
+    # what was asked, the reader says what was chosen (``loader.reader.direct_io``).
+    chosen_io = config
+    if config.direct_io is None:
+        chosen_io = dataclasses.replace(config, direct_io=_direct_by_default(info, args.sampler))
+    io = Reader(info, chosen_io, args.expert.throttle)
     _check_batch_format(args.batch_format)
     batch_transform = args.batch_transform
     if batch_transform is not None and not callable(batch_transform):
@@ -294,13 +299,11 @@ def _auto_share(spec: PlanSpec, why: str, world: int, comm: Any,
     return hosts, host_comm(comm)  # (made here: every rank has agreed on a host buffer)
 
 
-def _reader_config(info: DatasetInfo, config: ReaderConfig, sampler: Any) -> ReaderConfig:
+def _reader_config(info: DatasetInfo, config: ReaderConfig) -> ReaderConfig:
     import torch
 
     for k in info.keys:
         torch_dtype(k)
-    if config.direct_io is None:  # the default: decided here, once
-        config = dataclasses.replace(config, direct_io=_direct_by_default(info, sampler))
     if config.pin_memory and not torch.cuda.is_available():
         warnings.warn("pin_memory=True but no accelerator: not pinning", stacklevel=5)
         config = dataclasses.replace(config, pin_memory=False)
