@@ -12,7 +12,7 @@ if "NUMBA_CACHE_DIR" not in _os.environ and not _os.access(_os.path.dirname(__fi
 from solar.config import BufferConfig, ReaderConfig, RunConfig
 from solar.errors import CorruptPlanError, PlanMismatchError, SolarError
 from solar.graph import Graph, NeighborSampler
-from solar.options import ExpertConfig, LoaderConfig, MemoryConfig, PlanningConfig
+from solar.options import ExpertConfig, LoaderConfig, MemoryConfig, PackingConfig, PlanningConfig
 from solar.schedule import Plan, PlanSpec, load_plan, make_plan
 from solar.schedule.samplers import Shuffle, Trace, Weighted
 from solar.transform import Transform
@@ -26,6 +26,7 @@ __all__ = [
     "LoaderConfig",
     "MemoryConfig",
     "NeighborSampler",
+    "PackingConfig",
     "Plan",
     "PlanMismatchError",
     "PlanSpec",

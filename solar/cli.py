@@ -730,12 +730,20 @@ def gen(out, preset, samples, chunks, compression, nodes, avg_degree, features, 
               help="weighted: every loader draws by --weights (the DataLoader with "
                    "WeightedRandomSampler); neighbor: GNN feature gathering on a graph "
                    "(solar gen --preset graph), loaders mmap, lru, static, solar "
-                   "(and solar-rows: no page mates).")  # fmt: skip
+                   "(and solar-rows: no page mates; solar-random: no packed "
+                   "windows, every miss a random page read).")  # fmt: skip
 @click.option("--fanouts", default="10,5", show_default=True,
               help="--sampler neighbor: neighbours per node at each hop (-1: all).")  # fmt: skip
 @click.option("--probe-seconds", type=float, default=1.0, show_default=True,
               help="--sampler neighbor: seconds per queue depth of the storage probe reported "
                    "beside the figures (random 4 KiB reads, O_DIRECT; 0: none).")  # fmt: skip
+@click.option("--pack-disk",
+              help="--sampler neighbor: disk per rank for solar's packed windows (misses "
+                   "packed in plan order where the cost model finds it faster; default 8GiB; "
+                   "0: none; solar-random: never).")  # fmt: skip
+@click.option("--pack-dir", type=click.Path(file_okay=False),
+              help="--sampler neighbor: where the packed windows go (node-local; default: "
+                   "the system's temporary directory).")  # fmt: skip
 @click.option(
     "--weights", type=click.Path(), help="Weights .npy (one per sample) of --sampler weighted."
 )
@@ -757,8 +765,8 @@ def gen(out, preset, samples, chunks, compression, nodes, avg_degree, features, 
 @click.option("--force", is_flag=True, help="Overwrite --json and --plot if they exist.")
 def bench(data, keys, one_per_file, world_size, batch_size, epochs, buffer, tier, tier_size,
           slack, loaders, variable_batches, workers, threads, read_ahead, throttle, compute_ms,
-          seed, sampler_kind, fanouts, probe_seconds, weights, transform, share_mode, json_out,
-          plot_out, force) -> None:  # fmt: skip
+          seed, sampler_kind, fanouts, probe_seconds, pack_disk, pack_dir, weights, transform,
+          share_mode, json_out, plot_out, force) -> None:  # fmt: skip
     """Compare the PyTorch DataLoader and every policy on DATA, cold storage each epoch
     (--sampler neighbor: GNN feature gathering on a graph file)."""
     from solar import bench as harness
@@ -791,8 +799,9 @@ def bench(data, keys, one_per_file, world_size, batch_size, epochs, buffer, tier
             path=data[0], key=keys[0] if keys else "features",
             fanouts=graph_bench.parse_fanouts(fanouts), batch_size=batch_size, epochs=epochs,
             buffer=share_or_size(buffer, "--buffer"), loaders=names or graph_bench.GRAPH_LOADERS,
-            reader=dataclasses.replace(reader, direct_io=True), throttle=throttle,
-            compute_ms=compute_ms, seed=seed, probe_seconds=probe_seconds,
+            reader=reader, throttle=throttle,  # the Loader's default read path: what a user gets
+            compute_ms=compute_ms, seed=seed, probe_seconds=probe_seconds, pack_dir=pack_dir,
+            **({} if pack_disk is None else {"pack_disk": pack_disk}),
         )  # fmt: skip
         # A bad graph, fanouts or batch fails here, before any rank starts.
         NeighborSampler(cfg.path, cfg.fanouts, cfg.batch_size, features=cfg.key)

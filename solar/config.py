@@ -283,10 +283,14 @@ class ReaderConfig:
     ``threads`` read concurrently (``preadv`` releases the GIL); ``read_ahead`` steps are read
     ahead of the one being served, and at least ``read_ahead_samples`` samples (more steps at
     small batches; 0 read-ahead steps: none); ``direct_io`` reads with ``O_DIRECT`` (the page
-    cache is bypassed, so the buffer is the only cache); ``pin_memory`` pins batches for fast
-    copies to an accelerator; ``decode_chunks`` reads chunked datasets chunk by chunk, decoding
-    them on the threads (else through h5py, one reader at a time); ``one_per_file`` reads each
-    file whole as one sample (its datasets), else files hold samples along their first axis.
+    cache is bypassed, so the buffer is the only cache; None, the default: chosen once by the
+    Loader, ``O_DIRECT`` for a neighbour sampler's feature rows where the file system takes
+    it, as ``solar bench --sampler neighbor`` measures them, else the page cache, as
+    ``solar bench`` measures samples with their pages evicted each epoch); ``pin_memory`` pins
+    batches for fast copies to an accelerator; ``decode_chunks`` reads chunked datasets chunk by
+    chunk, decoding them on the threads (else through h5py, one reader at a time);
+    ``one_per_file`` reads each file whole as one sample (its datasets), else files hold
+    samples along their first axis.
     ``page_gap``: with ``O_DIRECT``, rows of at most 16 KiB (a GNN's feature rows) whose pages
     are within ``page_gap`` pages of each other are read in one request, the gap discarded
     (0: only rows sharing or touching pages); fewer, longer reads pay where requests, not
@@ -309,7 +313,10 @@ class ReaderConfig:
     # Measured, cold, gzip one sample per chunk at batch size 1: 4 samples ahead 1,020/s,
     # 8 to 64 samples 1,160-1,220/s (bench/chunk_bench.py's Loader pattern).
     read_ahead_samples: int = 16
-    direct_io: bool = False
+    # None: chosen by the Loader, once (solar.runtime.setup): O_DIRECT for a neighbour
+    # sampler's feature rows where the file system takes it (the buffer is then the only
+    # cache, as `solar bench --sampler neighbor` measures), else the page cache.
+    direct_io: bool | None = None
     pin_memory: bool = False
     decode_chunks: bool = True  # False: chunked datasets are read through h5py (as before)
     # O_DIRECT reads of small rows (<= 16 KiB, e.g. a GNN's feature rows): rows whose pages are
@@ -329,7 +336,9 @@ class ReaderConfig:
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
                 what = 'an integer >= 1 or "auto"' if name == "threads" else f"an integer >= {low}"
                 raise SolarError(f"{name} must be {what}, got {value!r}")
-        for name in ("direct_io", "pin_memory", "decode_chunks", "one_per_file"):
+        if self.direct_io is not None and not isinstance(self.direct_io, bool):
+            raise SolarError(f"direct_io must be True, False or None, got {self.direct_io!r}")
+        for name in ("pin_memory", "decode_chunks", "one_per_file"):
             if not isinstance(getattr(self, name), bool):
                 raise SolarError(f"{name} must be True or False, got {getattr(self, name)!r}")
         if self.identity not in ("ctime", "mtime"):

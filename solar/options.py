@@ -92,12 +92,17 @@ class MemoryConfig:
     sooner than what the buffer holds (:mod:`solar.schedule.pagemates`); raw batch memory then
     has room for twice a batch's rows. False plans rows alone. (A plan given decides it:
     :class:`PlanningConfig`'s ``plan``.)
+
+    ``pack``: a :class:`PackingConfig`: where a window of steps reads its misses faster from a
+    layout packed in plan order on node-local disk than as random pages, it is packed there
+    (none by default: it needs a disk budget).
     """
 
     tier: str | os.PathLike | None = None
     tier_size: int | str = 0
     share: str = "auto"
     page_mates: bool = True
+    pack: PackingConfig = field(default_factory=lambda: PackingConfig())
 
     def __post_init__(self) -> None:
         t, size = self.tier, self.tier_size
@@ -106,6 +111,61 @@ class MemoryConfig:
                'a size (500, "4GiB", "10%")')  # fmt: skip
         _check("share", self.share, self.share in SHARES, f"one of {SHARES}")
         _check("page_mates", self.page_mates, _is_bool(self.page_mates), "True or False")
+        _check("pack", self.pack, isinstance(self.pack, PackingConfig), "a PackingConfig")
+
+
+@dataclass(frozen=True, kw_only=True)
+class PackingConfig:
+    """Misses read in the order the device likes (``MemoryConfig(pack=...)``).
+
+    The plan knows every step's misses ahead. Where a window of steps would read them
+    faster from a layout packed in plan order on node-local disk (each step's misses one
+    contiguous region, built ahead by a sequential scan of the source and a sequential write,
+    while earlier steps are served) than as random pages, that window is packed
+    (solar/schedule/packing.py decides, from the device's rates); else read as today.
+    Batches are the same bytes either way; only where a miss's bytes come from changes.
+
+    ``disk``: the most disk the packed layouts may take at once, per rank, as bytes
+    (``"8GiB"``) or rows; 0 (default): no packing. Two windows live at once (one read, the
+    next built), so a window holds at most half of it. ``directory``: where (node-local
+    storage; default: the tier's directory, else the system's temporary one).
+    ``random_pages_per_second`` and ``sequential_bytes_per_second``: the device's rates
+    (solar/io/probe.py); None: probed on the source at construction for ``probe_seconds``.
+    ``margin``: a window is packed where its packed cost times this is below its random
+    cost. ``chunk_bytes``: the source is scanned in reads of this size (a few in flight).
+    For now: one file, one contiguous key (a GNN's features, a contiguous HDF5 dataset), a
+    buffer per rank without a tier or a deterministic transform; else refused in one line.
+    """
+
+    disk: int | str = 0
+    directory: str | os.PathLike | None = None
+    random_pages_per_second: float | None = None
+    sequential_bytes_per_second: float | None = None
+    margin: float = 1.25
+    chunk_bytes: int = 16 * 2**20
+    probe_seconds: float = 0.5
+
+    def __post_init__(self) -> None:
+        d = self.disk
+        _check("pack disk", d, isinstance(d, int | str) and not isinstance(d, bool),
+               'a size ("8GiB", rows) or 0')  # fmt: skip
+        _check("pack directory", self.directory, self.directory is None
+               or _is_path(self.directory), "a directory or None")  # fmt: skip
+        for name in ("random_pages_per_second", "sequential_bytes_per_second"):
+            v = getattr(self, name)
+            _check(name, v, v is None or (isinstance(v, int | float) and v > 0),
+                   "a positive rate or None")  # fmt: skip
+        _check("margin", self.margin, isinstance(self.margin, int | float) and self.margin > 0,
+               "a positive number")  # fmt: skip
+        _check("chunk_bytes", self.chunk_bytes, isinstance(self.chunk_bytes, int)
+               and self.chunk_bytes >= 2**16, "at least 64 KiB")  # fmt: skip
+        _check("probe_seconds", self.probe_seconds, isinstance(self.probe_seconds, int | float)
+               and self.probe_seconds > 0, "positive")  # fmt: skip
+
+    @property
+    def on(self) -> bool:
+        """Whether packing may happen at all (a disk budget given)."""
+        return self.disk not in (0, "0")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -301,6 +301,10 @@ class LoaderStats:
     tuned: dict[str, int] = field(default_factory=dict)
     tuning: list[dict] = field(default_factory=list)
     share: str = "rank"  # "node": the host's ranks share one buffer (Loader.share)
+    # MemoryConfig(pack=...): the packer's figures (solar.runtime.packing.PackFigures: the
+    # windows decided, bytes scanned and written, the most disk held), else None. Packed
+    # reads are in the epochs' bytes_read; the passes' scans and writes are here.
+    packing: Any = None
 
     def epoch(self, e: int) -> EpochStats:
         """Epoch ``e``'s totals (made empty if it has none yet)."""

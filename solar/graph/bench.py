@@ -40,13 +40,14 @@ from solar.dist import MAX, allreduce
 from solar.errors import SolarError
 from solar.io.pagecache import cold_rounds, evict
 from solar.io.throttle import Throttle
-from solar.options import ExpertConfig, MemoryConfig, PlanningConfig
+from solar.options import ExpertConfig, MemoryConfig, PackingConfig, PlanningConfig
 
 GRAPH_LOADERS = ("mmap", "lru", "static", "solar")
 # Also on request: ``solar-rows``, solar planning rows alone (no page mates): what they add;
 # ``solar-node``, solar with one buffer per host (--share node; --share auto with -P > 1).
-MORE_LOADERS = ("solar-rows", "solar-node")
-_POLICY = {"solar-rows": "solar", "solar-node": "solar"}
+# ``solar-random``, solar reading every miss as random pages (no packing): today's path.
+MORE_LOADERS = ("solar-rows", "solar-node", "solar-random")
+_POLICY = {"solar-rows": "solar", "solar-node": "solar", "solar-random": "solar"}
 
 
 @dataclass(frozen=True)
@@ -62,13 +63,19 @@ class GraphBenchConfig:
     # solar.config reads it ("2000" rows, "64MiB": per rank; "10%").
     buffer: float | str = 0.1
     loaders: tuple[str, ...] = GRAPH_LOADERS
-    reader: ReaderConfig = field(default_factory=lambda: ReaderConfig(direct_io=True))
+    # The Loader's default read path (O_DIRECT for feature rows where the file system takes
+    # it: solar.runtime.setup), what a user gets; the mmap baseline reads with O_DIRECT.
+    reader: ReaderConfig = field(default_factory=ReaderConfig)
     throttle: str | None = None  # "MBps,latency_ms" per rank
     compute_ms: float = 0.0  # a simulated training step
     seed: int = 0
     # Seconds per queue depth of the storage probe run beside the figures (solar/io/probe.py,
     # on the features' bytes, rank 0, before the epochs); 0: none.
     probe_seconds: float = 1.0
+    # ``solar``'s packed windows (MemoryConfig(pack=...)): their disk per rank (0: none) and
+    # directory (None: the system's temporary one); the model is fed the probe's rates.
+    pack_disk: str = "8GiB"  # (the one default: solar bench --pack-disk leaves it)
+    pack_dir: str | None = None
 
     def __post_init__(self) -> None:
         known = GRAPH_LOADERS + MORE_LOADERS
@@ -103,17 +110,19 @@ def run_graph(cfg: GraphBenchConfig, comm: Any, progress=None) -> dict | None:
         cfg.buffer, num_samples=n, sample_bytes=row_bytes, world_size=world, name="--buffer"
     )
     throttle = Throttle.parse(cfg.throttle) if cfg.throttle else None
-    loaders, construct = _make_loaders(cfg, info, comm, capacity, throttle)
     probed = None
     if rank == 0 and cfg.probe_seconds > 0 and offset >= 0 and throttle is None:
         from solar.io.probe import probe
 
         probed = probe(info.all_files[0], seconds=cfg.probe_seconds, offset=offset,
                        length=n * row_bytes)  # fmt: skip
+    # Measured before the loaders are made: the packing model is fed these rates.
+    rates = comm.bcast(None if probed is None else (probed.best, probed.sequential), root=0)
+    loaders, construct = _make_loaders(cfg, info, comm, capacity, throttle, rates)
     comm.Barrier()
     results = _run_epochs(cfg, loaders, info, offset, comm, progress)
     for ld in loaders.values():
-        (ld[0] if isinstance(ld, tuple) else ld).close()
+        (ld[0] if isinstance(ld, tuple) else ld).close()  # (figures stay readable)
     if rank != 0:
         return None
     out: dict = {
@@ -128,7 +137,14 @@ def run_graph(cfg: GraphBenchConfig, comm: Any, progress=None) -> dict | None:
         },
         "loaders": {name: _figures(r, row_bytes, construct[name]) for name, r in results.items()},
         "probe": None if probed is None else probed.as_dict(),
+        "read_path": _read_path(loaders),
     }
+    for name, ld in loaders.items():
+        packing = None if isinstance(ld, tuple) else ld.stats.packing
+        if packing is not None:  # the passes' scans are read bytes of the run too
+            e = out["loaders"][name]
+            e["packing"] = packing.as_dict()
+            e["bytes_read_with_packing"] = sum(e["bytes_read"]) + packing.scan_bytes
     for base in ("mmap", "static"):
         rate = out["loaders"].get(base, {}).get("nodes_per_second")
         for e in out["loaders"].values():
@@ -137,10 +153,12 @@ def run_graph(cfg: GraphBenchConfig, comm: Any, progress=None) -> dict | None:
 
 
 def _make_loaders(
-    cfg: GraphBenchConfig, info: Any, comm: Any, capacity: int, throttle: Throttle | None
-) -> tuple[dict[str, Any], dict[str, float]]:
+    cfg: GraphBenchConfig, info: Any, comm: Any, capacity: int, throttle: Throttle | None,
+    rates: tuple[float, float] | None,
+) -> tuple[dict[str, Any], dict[str, float]]:  # fmt: skip
     """Each loader of ``cfg`` under ``capacity`` rows per rank, and the seconds each took to
-    make (slowest rank)."""
+    make (slowest rank). ``solar`` packs misses where the model (fed ``rates``: random pages/s
+    and sequential bytes/s, else probed by the Loader) chooses, within ``cfg.pack_disk``."""
     from solar.graph.mmapbase import MmapGather
     from solar.graph.neighbor import NeighborSampler
     from solar.loader import Loader
@@ -163,10 +181,25 @@ def _make_loaders(
                 planning=PlanningConfig(policy=_POLICY.get(name, name)),
                 expert=ExpertConfig(throttle=throttle),
                 memory=MemoryConfig(page_mates=name != "solar-rows",
-                                    share="node" if name == "solar-node" else "rank"),
+                                    share="node" if name == "solar-node" else "rank",
+                                    pack=_pack(cfg, rates) if name == "solar" and world == 1
+                                    else PackingConfig()),
             )  # fmt: skip
         construct[name] = allreduce(comm, time.perf_counter() - t0, MAX)
     return loaders, construct
+
+
+def _read_path(loaders: dict[str, Any]) -> str:
+    """How solar's loaders read the features (the Loader's choice, or the one given)."""
+    paths = {ld.reader.direct_io for ld in loaders.values() if not isinstance(ld, tuple)}
+    return " and ".join(sorted("O_DIRECT" if p else "page cache" for p in paths)) or "O_DIRECT"
+
+
+def _pack(cfg: GraphBenchConfig, rates: tuple[float, float] | None) -> PackingConfig:
+    """``solar``'s packing: ``cfg``'s disk and directory, the probe's rates if measured."""
+    r, s = rates if rates is not None else (None, None)
+    return PackingConfig(disk=cfg.pack_disk, directory=cfg.pack_dir, random_pages_per_second=r,
+                         sequential_bytes_per_second=s)  # fmt: skip
 
 
 def _run_epochs(cfg: GraphBenchConfig, loaders: dict[str, Any], info: Any, offset: int,
@@ -308,5 +341,24 @@ def format_graph_results(res: dict) -> str:
             f"{e['pages_per_second']:,.0f} | "
             f"{e['construct_seconds']:.2f} | "
             f"{e['first_wait_seconds']:.2f} | {epochs} |"
+        )
+    lines.append("")
+    lines.append(f"read path: {res.get('read_path', 'O_DIRECT')} (the Loader's default; "
+                 "solar's packed windows: O_DIRECT page spans too)")  # fmt: skip
+    for name, e in res["loaders"].items():
+        p = e.get("packing")
+        if p is None:
+            continue
+        ws = p["windows"]
+        how = ("packed" if w["packed"] else "random" for w in ws[:12])
+        chosen = ", ".join(f"{w['steps'][0]}-{w['steps'][1] - 1}:{h}"
+                           for w, h in zip(ws, how, strict=False))  # fmt: skip
+        chosen += " ..." if len(ws) > 12 else ""
+        lines.append(
+            f"{name}: {sum(w['packed'] for w in ws)} of {len(ws)} windows packed ({chosen}); "
+            f"passes scanned {p['scan_bytes'] / 1e9:.2f} GB and wrote "
+            f"{p['written_bytes'] / 1e9:.2f} GB in {p['build_seconds']:.1f} s (within the "
+            f"epochs' wall time); extra disk at most {p['disk_peak_bytes'] / 1e9:.2f} GB; GB "
+            f"read with the scans {e['bytes_read_with_packing'] / 1e9:.2f}"
         )
     return "\n".join(lines)

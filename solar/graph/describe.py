@@ -109,7 +109,7 @@ def _notes(g: GraphReport) -> list[str]:
                    "uncompressed for row-sized reads")  # fmt: skip
     elif not x.aligned:
         out.append(f"features start at offset {x.offset}, not on a 4 KiB page: O_DIRECT "
-                   "gathers (solar bench --sampler neighbor, direct_io=True) take a bounce "
+                   "gathers (a neighbour sampler's default) take a bounce "
                    "copy; write them page-aligned")  # fmt: skip
     if g.classes is None:
         out.append("no 'labels': batches carry no y")

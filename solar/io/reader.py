@@ -44,7 +44,7 @@ class Reader:
     ) -> None:
         config = config or ReaderConfig()
         self.info = info
-        self.direct_io = config.direct_io
+        self.direct_io = bool(config.direct_io)  # (None, not chosen by a Loader: buffered)
         self.decode_chunks = config.decode_chunks
         self.page_gap = config.page_gap
         self.identity = config.identity

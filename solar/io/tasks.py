@@ -483,7 +483,7 @@ def _offset_tasks(
     offsets = layout.offset + srt[runs.starts] * row_bytes
     if direct_io and row_bytes <= SMALL_ROW:
         src = layout.offset + srt * row_bytes
-        return _gather_tasks(f, src, row_bytes, rows, dest, groups, page_gap)
+        return gather_tasks(f, src, row_bytes, rows, dest, groups, page_gap)
     if direct_io:
         return [
             BounceRun(f, int(off), row_bytes, (0,), (dest,), rows[a : a + n])
@@ -495,7 +495,7 @@ def _offset_tasks(
     return _deal_runs(f, iov, runs.starts, runs.counts, offsets, groups)
 
 
-def _gather_tasks(
+def gather_tasks(
     f: int, src: np.ndarray, row_bytes: int, rows: np.ndarray, dest: np.ndarray, groups: int,
     page_gap: int,
 ) -> list[Task]:  # fmt: skip

@@ -25,6 +25,7 @@ from solar.runtime.assembly import Assembly
 from solar.runtime.delivery import Delivered, Delivery
 from solar.runtime.holdings import Alone, Holdings, Host, RawRefill, Refill
 from solar.runtime.memory import BatchMemory, InFlight
+from solar.runtime.packing import Packer
 from solar.runtime.reads import ReadAhead, Reads
 from solar.runtime.setup import Setup
 from solar.runtime.steps import Steps
@@ -138,6 +139,7 @@ class Pipeline:
     def close(self) -> None:
         """Wait for the work under way; remove the tier file; stop the transform workers."""
         self._drain(0)
+        self.queue.reads.misses.close()
         self.holdings.close()
         if self.pool is not None:
             self.pool.close()
@@ -185,8 +187,13 @@ def build(setup: Setup, stream: RankStream, stats: LoaderStats,
     ahead_tier = None if shared else holdings.tier  # tier hits read ahead with the reads
     # The first step read before its plan: a sampler that splits its own batches, no tier.
     first_ahead = steps.own_batches and holdings.tier is None and not shared
-    queue = ReadAhead(Reads(steps, setup.reader, memory, ahead_tier, setup.holds_transformed),
-                      setup.config.read_ahead_steps(run.batch_size), first_ahead)  # fmt: skip
+    misses = None
+    if setup.pack is not None:
+        misses = Packer(steps, setup.reader, setup.pack)
+        stats.packing = misses.figures
+    queue = ReadAhead(Reads(steps, setup.reader, memory, ahead_tier, setup.holds_transformed,
+                            misses), setup.config.read_ahead_steps(run.batch_size),
+                      first_ahead)  # fmt: skip
     assembly = Assembly(steps, queue, memory, holdings)
     if pool is not None:
         kind = HeldTransformAssembly if setup.holds_transformed else TransformAssembly

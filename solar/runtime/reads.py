@@ -19,6 +19,7 @@ from solar.cache.tier import TierFile
 from solar.io.executor import combine, step_io
 from solar.io.reader import Reader
 from solar.runtime.memory import BatchMemory, InFlight, ReadFigures
+from solar.runtime.packing import Misses, RandomMisses
 from solar.runtime.steps import Steps
 from solar.schedule.rankplan import StepPlan
 
@@ -34,9 +35,13 @@ class Reads:
         memory: BatchMemory,
         tier: TierFile | None,
         tier_into_out: bool,
+        misses: Misses | None = None,
     ) -> None:
         self.steps = steps
         self.reader = reader
+        # Where the storage reads come from: the source's pages, or packed windows
+        # (solar/runtime/packing.py), decided at construction.
+        self.misses: Misses = RandomMisses(reader) if misses is None else misses
         self.memory = memory
         self.tier = tier
         self.tier_into_out = tier_into_out
@@ -51,7 +56,7 @@ class Reads:
         if reads.size or step.tier_rows.size:
             self.memory.provide(io, *self.steps.rows(k, step))
             if reads.size:
-                io.futures = self.reader.submit(reads, io.batch, read_rows)
+                io.futures = self.misses.submit(k, reads, io.batch, read_rows)
             io.storage = len(io.futures)
             # (Without a tier here, a node's: its holdings read its hits at the step.)
             if step.tier_rows.size and self.tier is not None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import tempfile
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -27,13 +28,16 @@ from solar.dist import agree
 from solar.errors import SolarError, first_error
 from solar.host import Place, host_comm, place
 from solar.host.exchange import threads_unsupported
+from solar.io.handles import open_descriptor
 from solar.io.info import DatasetInfo, KeyInfo
 from solar.io.reader import Reader
 from solar.io.sources import describe_source
 from solar.launch import detect_launcher
-from solar.options import LoaderConfig
+from solar.options import LoaderConfig, MemoryConfig
+from solar.runtime.packing import PackSetup
 from solar.schedule import Plan, PlanSpec, load_plan
 from solar.schedule.grouping import Hosts, unequal_refusal
+from solar.schedule.packing import DeviceRates, RowsAt
 from solar.schedule.pagemates import PageLayout
 from solar.schedule.samplers import SHUFFLE, Sampler, extras_of, is_shuffle
 from solar.schedule.spec import equal_by_default
@@ -70,6 +74,8 @@ class Setup:
     # Whether a host's ranks share one buffer; else each rank, a host of one rank, keeps a
     # private one: no region, staging or barrier (decided here, once, for every stage).
     shared: bool = False
+    # Misses read from packed windows where the model chooses (None: always as random pages).
+    pack: PackSetup | None = None
 
     @property
     def share(self) -> str:
@@ -127,7 +133,12 @@ def configure(args: LoaderConfig) -> Setup:
                    f"sampler: an epoch of {run.samples_per_epoch} draws", local)  # fmt: skip
     if given is not None and given.hosts is None:
         given.validate(r, comm)  # a file is proven safe before any byte moves, by all ranks
-    io = Reader(info, config, args.expert.throttle)
+    # The read path, decided here once (direct_io None: the Loader's choice); ``config`` keeps
+    # what was asked, the reader says what was chosen (``loader.reader.direct_io``).
+    chosen_io = config
+    if config.direct_io is None:
+        chosen_io = dataclasses.replace(config, direct_io=_direct_by_default(info, args.sampler))
+    io = Reader(info, chosen_io, args.expert.throttle)
     _check_batch_format(args.batch_format)
     batch_transform = args.batch_transform
     if batch_transform is not None and not callable(batch_transform):
@@ -148,10 +159,45 @@ def configure(args: LoaderConfig) -> Setup:
     if given is not None and given.hosts is not None and hosts is not None:
         given.check_hosts(hosts)  # the job's grouping is the file's
         given.validate(r, comm)  # then proven safe, as any plan file
+    pack = _packing(memory, info, config, r, hosts is not None, holds)
     return Setup(info, r, w, cores, config, run, spec, given, chosen,
                  io, fn, batch_transform, out, held, memory.tier, comm,
                  Hosts.grid(w, 1) if hosts is None else hosts, batch_format=args.batch_format,
-                 host_comm=hc, shared=hosts is not None)  # fmt: skip
+                 host_comm=hc, shared=hosts is not None, pack=pack)  # fmt: skip
+
+
+def _packing(memory: MemoryConfig, info: DatasetInfo, config: ReaderConfig, rank: int,
+             shared: bool, holds: bool) -> PackSetup | None:  # fmt: skip
+    """Packing as ``memory.pack`` asks, decided here once: where, how much disk, the rows'
+    place and the device's rates (given, or probed on the source now); None if not asked."""
+    pc = memory.pack
+    if not pc.on:
+        return None
+    offset = -1 if info.stored is None else int(info.stored.offsets[0, 0])
+    why = None
+    if len(info.all_files) != 1 or len(info.keys) != 1 or info.one_per_file or offset < 0:
+        why = "one file with one contiguous key"
+    elif memory.tier is not None or shared or holds:
+        why = "a buffer per rank, without a tier or a deterministic transform"
+    if why is not None:
+        raise SolarError(f"pack: packing misses needs {why} for now "
+                         "(PackingConfig(disk=0) reads misses as pages)")  # fmt: skip
+    row_bytes = info.keys[0].row_bytes
+    disk = parse_size(pc.disk, sample_bytes=row_bytes, name="pack disk") * row_bytes
+    rates = None
+    if pc.random_pages_per_second is not None and pc.sequential_bytes_per_second is not None:
+        rates = DeviceRates(pc.random_pages_per_second, pc.sequential_bytes_per_second)
+    else:
+        from solar.io.probe import probe  # (only where packing is asked for without rates)
+
+        got = probe(info.all_files[0], depths=(32, 64), seconds=pc.probe_seconds,
+                    offset=offset, length=info.num_samples * row_bytes)  # fmt: skip
+        rates = DeviceRates(pc.random_pages_per_second or got.best,
+                            pc.sequential_bytes_per_second or got.sequential)  # fmt: skip
+    directory = pc.directory or memory.tier or tempfile.gettempdir()
+    chunk_rows = max(1, pc.chunk_bytes // row_bytes)
+    at = RowsAt(offset, row_bytes, info.num_samples, chunk_rows)
+    return PackSetup(directory, disk, at, rates, pc.margin, f"r{rank}")
 
 
 def _check_batch_format(batch_format: str) -> None:
@@ -262,6 +308,19 @@ def _reader_config(info: DatasetInfo, config: ReaderConfig) -> ReaderConfig:
         warnings.warn("pin_memory=True but no accelerator: not pinning", stacklevel=5)
         config = dataclasses.replace(config, pin_memory=False)
     return config
+
+
+def _direct_by_default(info: DatasetInfo, sampler: Any) -> bool:
+    """O_DIRECT for a neighbour sampler's feature rows (the plan's buffer is the only cache,
+    as every GNN figure of docs/performance.md is measured) where the file system takes it;
+    else the page cache (samples: ``solar bench`` evicts their pages each epoch)."""
+    if getattr(sampler, "kind", None) != "neighbor" or info.one_per_file:
+        return False
+    try:
+        os.close(open_descriptor(info.all_files[0], os.O_RDONLY, o_direct=True))
+    except SolarError:  # NoDirectIO (tmpfs, some overlays), or the file cannot be opened
+        return False
+    return True
 
 
 def _buffer(info: DatasetInfo, world: int, buffer: int | str, tier: str | os.PathLike | None,

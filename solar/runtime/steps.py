@@ -82,6 +82,12 @@ class Steps:
                 f"the one planned ({why})"
             ) from None
 
+    def misses(self, k: int) -> np.ndarray:
+        """Step ``k``'s storage reads (its misses, then its side rows) as the plan has them:
+        the samples :meth:`plan`'s ``storage_reads`` reads, in the plan's order (asked of
+        planned steps ahead, so without the sampler's batch order)."""
+        return self._stream.window(k, trim=False).step(k).storage_reads()[0]
+
     def first_batch(self) -> np.ndarray:
         """The run's first step's ids as the sampler draws them for this rank (a sampler
         that splits its own batches: known once its first epoch is drawn, before it is
