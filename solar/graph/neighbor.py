@@ -87,7 +87,10 @@ class NeighborSampler(Sampler, BatchExtras):
     training split; features are read from the Loader's file). ``fanouts``: neighbours per node at
     each hop (-1: all). ``batch_size``: seeds per rank and step (the Loader's default).
     ``train``: the seed nodes (default: the graph's ``train_idx``, else every node).
-    ``features``: the loader key whose rows become ``x``.
+    ``features``: the loader key whose rows become ``x``. ``comm``: the job's communicator (an
+    mpi4py communicator or :class:`~solar.dist.TorchComm`; a collective of its ranks): a graph
+    read from files is held once per host, sealed and mapped read-only by its ranks, not once
+    per rank.
     """
 
     kind = "neighbor"
@@ -104,8 +107,9 @@ class NeighborSampler(Sampler, BatchExtras):
         batch_size: int = 1024,
         train: Any = None,
         features: str = "features",
+        comm: Any = None,
     ) -> None:
-        self.graph = topology(graph)
+        self.graph = topology(graph, comm)
         f = tuple(fanouts)
         if not 1 <= len(f) <= MAX_HOPS or not all(
             isinstance(x, int | np.integer) and not isinstance(x, bool) and (x > 0 or x == -1)
