@@ -53,6 +53,7 @@ from solar.schedule.samplers import BatchExtras, Sampler, _span
 
 _NEIGHBOR_STREAM = 2  # spawn-key tag of the neighbour draws (Weighted's is 1)
 MAX_HOPS = 64
+_EMPTY = np.zeros(0, np.int64)
 _LOCAL_MAX = 2**31 - 1  # a subgraph's local ids are int32
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
@@ -219,7 +220,11 @@ class NeighborSampler(Sampler, BatchExtras):
             ]
             offsets = np.zeros(len(rows) + 1, np.int64)
             np.cumsum([r.size for r in rows], out=offsets[1:])
-            return EpochDraws(np.concatenate(rows), offsets)
+            ids = np.empty(int(offsets[-1]), np.int64)
+            for i in range(len(rows)):  # each row let go once copied: one copy at a time
+                ids[offsets[i] : offsets[i + 1]] = rows[i]
+                rows[i] = _EMPTY
+            return EpochDraws(ids, offsets)
 
         return self._cache.get((run, epoch), make)
 
