@@ -40,6 +40,13 @@ class SealedBytes:
         self.inode = inode
         self.nbytes = len(mapped)
 
+    def close(self) -> None:
+        """Unmap (and let go the mapping's descriptor) unless arrays of it are alive."""
+        try:
+            self._map.close()
+        except BufferError:
+            pass  # (unmapped with the last of them)
+
     def array(self, offset: int, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
         """The read-only array of ``shape`` and ``dtype`` at byte ``offset``."""
         return np.ndarray(shape, np.dtype(dtype), buffer=self._map, offset=offset)
@@ -108,6 +115,8 @@ def host_sealed(comm: Any, produce: Produce, check: Callable[[SealedBytes, Any],
         if fd >= 0:
             os.close(fd)
     if err:
+        if sealed is not None:
+            sealed.close()  # (Python's mmap holds a descriptor of its own)
         raise SolarError(err)
     assert sealed is not None and made is not None
     return sealed, made[2]
