@@ -37,6 +37,8 @@ def opened(path: str, comm) -> dict:
     g = Graph(path, comm)
     seconds = time.perf_counter() - t0
     touched = int(g.indptr[::512].sum()) + int(g.indices[::1024].sum())  # every page read
+    if comm is not None:
+        comm.Barrier()  # every rank's pages touched before any counts whom they are shared by
     after = rollup()
     nbytes = int(g.indptr.nbytes + g.indices.nbytes)
     got = {k: after[k] - before[k] for k in ("Rss", "Pss", "Private_Clean", "Private_Dirty")}
