@@ -297,12 +297,28 @@ def _run_plan(spec: PlanSpec, out: str | None, plot_out: str | None, as_json: bo
                  warmth.compiled, warmth.compile_seconds)  # fmt: skip
     epochs: list[tuple[int, int]] = []  # (accesses, hits) of each epoch
     run = spec.run
-    with _progress(run, enabled=run.num_accesses >= _PROGRESS_ACCESSES) as progress:
-        # Streamed one epoch at a time: memory does not grow with the number of epochs.
+    large = run.num_accesses >= _PROGRESS_ACCESSES
+    if grouped is None:  # what it will hold, before it holds any of it
+        from solar._memory import memory_room
+        from solar.schedule.plan import plan_memory
+
+        need, room = plan_memory(spec), memory_room()
+        if room is None or need.need <= room[0]:  # (else the planner refuses, in one line)
+            click.echo(f"solar: {need.text(room)}", err=True)
+
+    def epoch_done(totals: tuple[int, int]) -> None:
+        epochs.append(totals)
+        if large:  # each epoch's figures as it is planned, not only the run's at its end
+            log.info("epoch %d: %d accesses, hit rate %.3f", len(epochs) - 1, totals[0],
+                     totals[1] / max(1, totals[0]))  # fmt: skip
+
+    with _progress(run, enabled=large) as progress:
+        # Streamed one epoch at a time (a plan file written epoch by epoch): memory does not
+        # grow with the number of epochs.
         result = (
-            plan_to_file(spec, out, progress, epochs.append, grouped).summary
+            plan_to_file(spec, out, progress, epoch_done, grouped).summary
             if out
-            else simulate(spec, progress, epochs.append, grouped)
+            else simulate(spec, progress, epoch_done, grouped)
         )
     report = plan_summary(result, Path(out) if out else None)
     summary = report.figures

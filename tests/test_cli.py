@@ -39,6 +39,33 @@ def test_plan_json_reports_the_figures(tmp_path, capsys):
     assert s["bytes_per_access"] < 40  # tiny plan: HDF5 headers dominate
 
 
+def test_plan_prints_its_memory_first_and_streams_a_run_larger_than_memory(tmp_path, capsys,
+                                                                          monkeypatch):  # fmt: skip
+    """`solar plan` says what it will hold before planning; written to a file (or simulated) a
+    run is planned one epoch at a time, so a run whose decisions exceed the memory is planned
+    where the same run kept in memory (make_plan) is refused."""
+    import solar._memory
+    from solar import BufferConfig, PlanSpec, RunConfig, make_plan
+    from solar.errors import SolarError
+    from solar.schedule.plan import plan_memory
+
+    spec = PlanSpec(RunConfig(20_000, 4, 8, 40, 0), BufferConfig(500))
+    streamed, kept = plan_memory(spec), plan_memory(spec, keep_all=True)
+    assert streamed.accesses == 800_000 and streamed.per_epoch == 20_000
+    assert kept.need - streamed.need == 10 * 800_000
+    room = streamed.need + 1_000_000  # the run's decisions (~8 MB) do not fit
+    monkeypatch.setattr(solar._memory, "available_memory", lambda: room)
+    monkeypatch.setattr(solar._memory, "cgroup_room", lambda: None)
+    with pytest.raises(SolarError, match="planning 800000 accesses"):
+        make_plan(spec)
+    out = tmp_path / "p.h5"
+    args = ["plan", "--samples", 20_000, "-P", 4, "-B", 8, "-E", 40, "-C", 500, "-o", out, "--json"]
+    code, stdout, err = run_cli(args, capsys)
+    assert code == 0, err
+    assert "planning: at most 800000 accesses (20000 per epoch): about" in err
+    assert json.loads(stdout)["accesses"] == 800_000 == load_plan(out).accesses
+
+
 def test_plan_with_a_second_tier_reports_ram_and_tier_hits(tmp_path, capsys):
     args = ["plan", "--samples", 1000, "-P", 2, "-B", 8, "-E", 3, "-C", 50, "--tier-size", 300]
     code, out, _ = run_cli([*args, "--json"], capsys)

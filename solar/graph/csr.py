@@ -13,7 +13,11 @@ The parts are read (not memory-mapped) into private arrays of the types the kern
 converted once), and validated there: no later change of the files (rewritten in place,
 truncated) can reach a kernel, which may thus index them unchecked (measured, issue 33: the
 copy costs its memory, checked first, and a read; a mapped topology checked in the kernel would
-still fault on a truncated file). Everything read is untrusted: indptr must start at 0, never
+still fault on a truncated file). Given the job's communicator, a host of several ranks holds one
+such copy (issue 48: 2.2 GB at 3·10^7 nodes, per rank before): read and validated by its local
+rank 0 into a memfd then sealed against any write (solar/host/sealed.py), mapped read-only by
+every rank of the host; no process can change those bytes after the check, so the kernels stay
+bounds-safe. Everything read is untrusted: indptr must start at 0, never
 decrease and end at E; indices must name nodes; labels and the splits must fit N (an
 (N, 1) column, as OGB keeps labels, from any source), a split naming no node twice. A bad
 graph is refused with one line naming the file and dataset.
@@ -32,6 +36,7 @@ from numba import njit
 
 from solar._memory import require_memory
 from solar.errors import SolarError
+from solar.host.sealed import SealedBytes, host_sealed, host_shares, layout
 from solar.io.npy import read_npy_header
 from solar.launch import ranks_here
 
@@ -52,10 +57,15 @@ class Graph:
     integer type converted once, then validated. ``splits``: the splits present, by name;
     ``split_bits`` (N,) uint8, bit i set where node v is in the i-th of :data:`SPLITS` (None
     without splits): what a batch's masks are sliced from, one byte per node.
+
+    ``comm`` (the job's communicator; a collective of its ranks): where a host runs several
+    ranks, the parts are read and validated once per host into a sealed memfd that each of its
+    ranks maps read-only (``shared``, solar/host/sealed.py), not copied into every rank.
     """
 
-    def __init__(self, source: str | os.PathLike | Mapping[str, Any]) -> None:
+    def __init__(self, source: str | os.PathLike | Mapping[str, Any], comm: Any = None) -> None:
         self._source = source
+        opened: Callable[[Callable[[dict[str, _Part]], Any]], Any]
         if isinstance(source, Mapping):
             unknown = set(source) - set(PARTS)
             if unknown:
@@ -64,14 +74,27 @@ class Graph:
                     hint = ": NeighborSampler takes a dict with edge_index; write_graph a file"
                 raise SolarError(f"graph: unknown parts {sorted(unknown)} (expected {PARTS}){hint}")
             self.where = "graph"
-            parts = _load({k: _opened(v, f"graph {k}") for k, v in source.items()
-                           if v is not None}, self.where)  # fmt: skip
+
+            def opened(load: Callable[[dict[str, _Part]], Any]) -> Any:
+                return load({k: _opened(v, f"graph {k}") for k, v in source.items()
+                             if v is not None})  # fmt: skip
         else:
             self.where = f"graph {source}"
-            parts = _from_hdf5(Path(source))
+
+            def opened(load: Callable[[dict[str, _Part]], Any]) -> Any:
+                return _from_hdf5(Path(source), load)
+
+        # One copy per host where a host runs several ranks (checked once, then sealed: no
+        # process can change it), else private memory (checked here).
+        self.shared: SealedBytes | None = None
+        if comm is not None and host_shares(comm):
+            self.shared, parts = _host_copy(opened, self.where, comm)
+        else:
+            parts = opened(lambda p: _load(p, self.where))
+            check_csr(parts["indptr"], parts["indices"], self.where)
         self.indptr, self.indices = parts["indptr"], parts["indices"]
         self.labels: np.ndarray | None = parts.get("labels")
-        self.num_nodes = check_csr(self.indptr, self.indices, self.where)
+        self.num_nodes = int(self.indptr.shape[0] - 1)
         self.num_edges = int(self.indices.shape[0])
         if self.labels is not None:
             self.labels = _node_array(self.labels, self.num_nodes, f"{self.where}: labels")
@@ -108,7 +131,7 @@ class Graph:
         if isinstance(self._source, Mapping) and not all(
             v is None or isinstance(v, str | os.PathLike) for v in self._source.values()
         ):
-            return dict(self.__dict__)
+            return {**self.__dict__, "shared": None}  # (its arrays pickled as copies)
         return {"_source": self._source, "_digest": self.identity}
 
     def __setstate__(self, state: dict) -> None:
@@ -121,9 +144,10 @@ class Graph:
                              "in this process)")  # fmt: skip
 
 
-def as_graph(graph: Graph | str | os.PathLike | Mapping[str, Any]) -> Graph:
-    """``graph`` as a :class:`Graph` (a path or a dict of parts is opened)."""
-    return graph if isinstance(graph, Graph) else Graph(graph)
+def as_graph(graph: Graph | str | os.PathLike | Mapping[str, Any], comm: Any = None) -> Graph:
+    """``graph`` as a :class:`Graph` (a path or a dict of parts is opened; once per host of
+    ``comm``'s job if given)."""
+    return graph if isinstance(graph, Graph) else Graph(graph, comm)
 
 
 def check_csr(indptr: np.ndarray, indices: np.ndarray, where: str) -> int:
@@ -207,6 +231,18 @@ class _Part(NamedTuple):
 def _load(parts: dict[str, _Part], where: str) -> dict[str, np.ndarray]:
     """Every part read once into private memory, in the dtype the kernels take (checked
     against the memory the job has first)."""
+    kinds = _kinds(parts, where)
+    nbytes = sum(int(np.prod(shape, dtype=np.int64)) * dt.itemsize for shape, dt in kinds.values())
+    n, e = kinds["indptr"][0][0] - 1, kinds["indices"][0][0]
+    # Every rank of the host holds its own copy: the check counts them all.
+    require_memory(nbytes, f"{where}: its topology in memory ({n} nodes, {e} edges)",
+                   ranks_here())  # fmt: skip
+    return _read(parts, {k: np.empty(shape, dt) for k, (shape, dt) in kinds.items()})
+
+
+def _kinds(parts: dict[str, _Part], where: str) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+    """The shape and the dtype the kernels take of every part (checked: the CSR is there and
+    of integers)."""
     for need in ("indptr", "indices"):
         if need not in parts:
             raise SolarError(f"{where}: no {need!r}")
@@ -220,16 +256,50 @@ def _load(parts: dict[str, _Part], where: str) -> dict[str, np.ndarray]:
     dtypes["indptr"] = np.dtype(np.int64)
     small = parts["indices"].dtype.itemsize <= 4 and n <= np.iinfo(np.int32).max
     dtypes["indices"] = np.dtype(np.int32 if small else np.int64)
-    sizes = {k: int(np.prod(p.shape, dtype=np.int64)) for k, p in parts.items()}
-    nbytes = sum(sizes[k] * dtypes[k].itemsize for k in parts)
-    # Every rank of the host holds its own copy: the check counts them all.
-    require_memory(nbytes, f"{where}: its topology in memory ({n} nodes, "
-                         f"{sizes['indices']} edges)", ranks_here())  # fmt: skip
+    return {k: (tuple(p.shape), dtypes[k]) for k, p in parts.items()}
+
+
+def _read(parts: dict[str, _Part], into: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """``parts`` read into the arrays ``into`` (converted), flattened as the kernels take them."""
     out = {}
     for k, p in parts.items():
-        a = np.empty(p.shape, dtypes[k])
+        a = into[k]
         if a.size:
             p.read(a)
+        out[k] = a.reshape(-1) if a.ndim == 2 and 1 in a.shape else a
+    return out
+
+
+def _host_copy(opened: Callable[[Callable[[dict[str, _Part]], Any]], Any], where: str,
+               comm: Any) -> tuple[SealedBytes, dict[str, np.ndarray]]:  # fmt: skip
+    """The parts read once per host into a sealed memfd (solar/host/sealed.py) and checked
+    there by local rank 0; this rank's read-only views of them (a collective of ``comm``)."""
+
+    def produce(alloc: Callable[[int], np.ndarray]) -> dict[str, Any]:
+        def load(parts: dict[str, _Part]) -> dict[str, Any]:
+            kinds = _kinds(parts, where)
+            offsets, total = layout(kinds)
+            buf = alloc(total)
+            views = {k: np.ndarray(shape, dt, buffer=buf, offset=offsets[k])
+                     for k, (shape, dt) in kinds.items()}  # fmt: skip
+            _read(parts, views)
+            return {k: (offsets[k], shape, dt.str) for k, (shape, dt) in kinds.items()}
+
+        return opened(load)
+
+    def check(sealed: SealedBytes, record: dict[str, Any]) -> dict[str, Any]:
+        got = _carved(sealed, record)
+        check_csr(got["indptr"], got["indices"], where)  # once, on bytes no one can change now
+        return record
+
+    shared, record = host_sealed(comm, produce, check, f"{where}: its topology")
+    return shared, _carved(shared, record)
+
+
+def _carved(sealed: SealedBytes, record: dict[str, Any]) -> dict[str, np.ndarray]:
+    out = {}
+    for k, (offset, shape, dt) in record.items():
+        a = sealed.array(offset, shape, dt)
         out[k] = a.reshape(-1) if a.ndim == 2 and 1 in a.shape else a
     return out
 
@@ -275,8 +345,9 @@ def _npy(path: Path, where: str) -> _Part:
     return _Part(_flat(shape), dtype, read)
 
 
-def _from_hdf5(path: Path) -> dict[str, np.ndarray]:
-    """The parts an HDF5 file holds, read into private memory (HDF5 converts the types)."""
+def _from_hdf5(path: Path, load: Callable[[dict[str, _Part]], Any]) -> Any:
+    """What ``load`` makes of the parts an HDF5 file holds (read while it is open; HDF5
+    converts the types)."""
     import h5py
 
     try:
@@ -289,7 +360,7 @@ def _from_hdf5(path: Path) -> dict[str, np.ndarray]:
                 if not isinstance(d, h5py.Dataset):
                     raise SolarError(f"graph {path}: {name} is not a dataset")
                 parts[name] = _Part(_flat(d.shape), d.dtype, _h5_reader(path, d))
-            return _load(parts, f"graph {path}")
+            return load(parts)
     except OSError as exc:
         raise SolarError(f"graph {path}: not a readable HDF5 file ({exc})") from None
 

@@ -53,6 +53,7 @@ from solar.schedule.samplers import BatchExtras, Sampler, _span
 
 _NEIGHBOR_STREAM = 2  # spawn-key tag of the neighbour draws (Weighted's is 1)
 MAX_HOPS = 64
+_EMPTY = np.zeros(0, np.int64)
 _LOCAL_MAX = 2**31 - 1  # a subgraph's local ids are int32
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
@@ -87,7 +88,10 @@ class NeighborSampler(Sampler, BatchExtras):
     training split; features are read from the Loader's file). ``fanouts``: neighbours per node at
     each hop (-1: all). ``batch_size``: seeds per rank and step (the Loader's default).
     ``train``: the seed nodes (default: the graph's ``train_idx``, else every node).
-    ``features``: the loader key whose rows become ``x``.
+    ``features``: the loader key whose rows become ``x``. ``comm``: the job's communicator (an
+    mpi4py communicator or :class:`~solar.dist.TorchComm`; a collective of its ranks): a graph
+    read from files is held once per host, sealed and mapped read-only by its ranks, not once
+    per rank.
     """
 
     kind = "neighbor"
@@ -104,8 +108,9 @@ class NeighborSampler(Sampler, BatchExtras):
         batch_size: int = 1024,
         train: Any = None,
         features: str = "features",
+        comm: Any = None,
     ) -> None:
-        self.graph = topology(graph)
+        self.graph = topology(graph, comm)
         f = tuple(fanouts)
         if not 1 <= len(f) <= MAX_HOPS or not all(
             isinstance(x, int | np.integer) and not isinstance(x, bool) and (x > 0 or x == -1)
@@ -213,7 +218,11 @@ class NeighborSampler(Sampler, BatchExtras):
             ]
             offsets = np.zeros(len(rows) + 1, np.int64)
             np.cumsum([r.size for r in rows], out=offsets[1:])
-            return EpochDraws(np.concatenate(rows), offsets)
+            ids = np.empty(int(offsets[-1]), np.int64)
+            for i in range(len(rows)):  # each row let go once copied: one copy at a time
+                ids[offsets[i] : offsets[i + 1]] = rows[i]
+                rows[i] = _EMPTY
+            return EpochDraws(ids, offsets)
 
         return self._cache.get((run, epoch), make)
 

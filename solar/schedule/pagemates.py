@@ -73,8 +73,8 @@ class LaterUses:
 
     epoch: int
     base: int  # the first key indexed (a rank planning alone: its own keys only)
-    first: np.ndarray  # (keys + 1,) int64
-    pos: np.ndarray  # (window,) int64
+    first: np.ndarray  # (keys + 1,) int32 (int64 for a window of 2^31 accesses or more)
+    pos: np.ndarray  # (window,) as first
     starts: np.ndarray  # (epochs in window + 1,) int64
 
     @classmethod
@@ -83,12 +83,17 @@ class LaterUses:
         ``base .. base + keys - 1``."""
         starts = np.zeros(len(pairs) + 1, np.int64)
         np.cumsum([p.size for p in pairs], out=starts[1:])
-        window = np.concatenate(pairs) if pairs else np.zeros(0, np.int64)
+        # (one epoch's keys are used as they are: no copy of the window, 8 B per access)
+        window = pairs[0] if len(pairs) == 1 else np.concatenate(pairs) if pairs else \
+            np.zeros(0, np.int64)  # fmt: skip
         if window.size and (window.min() < base or window.max() >= base + keys):
             raise SolarError(f"page mates: the trace names keys outside {base}..{base + keys - 1}"
                              " (a sampler's rank_epoch gave another rank's batches?)")  # fmt: skip
-        first = np.zeros(keys + 1, np.int64)
-        pos = np.empty(window.size, np.int64)
+        # Offsets and positions within the window: int32 while it holds fewer than 2^31
+        # accesses (4 B per key, P·N of them without affinity, and 4 B per access).
+        dt = np.int32 if window.size < 2**31 else np.int64
+        first = np.zeros(keys + 1, dt)
+        pos = np.empty(window.size, dt)
         _group_positions(window, np.int64(base), first, pos)
         return cls(epoch, base, first, pos, starts)
 

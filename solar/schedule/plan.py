@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from solar._memory import require_memory
+from solar._units import format_bytes
 from solar.errors import CorruptPlanError, PlanMismatchError, SolarError
 from solar.schedule._common import Progress, slot_count, tier_slot_count
 from solar.schedule.grouping import Hosts
@@ -345,8 +346,33 @@ def trace_accesses(spec: PlanSpec) -> int:
     return int(max(run.samples_per_epoch, bound))
 
 
-def _check_memory(spec: PlanSpec, keep_all: bool) -> None:
-    """Refuse a plan that cannot fit in memory, before allocating any of it."""
+@dataclass(frozen=True)
+class PlanMemory:
+    """What planning a run holds at its peak, estimated from its spec before planning starts
+    (:func:`plan_memory`): ``need`` bytes for at most ``accesses`` accesses over the run,
+    ``per_epoch`` in an epoch (a sampler's trace: its bound), ``held`` epochs of them at once
+    (the trace's look-ahead and the one planned; 1 for Shuffle, whose order is two arrays of N).
+    A plan written to a file or simulated is planned one epoch at a time: ``need`` does not
+    grow with the epochs beyond ``held``."""
+
+    need: int
+    accesses: int
+    per_epoch: int
+    held: int
+
+    def text(self, room: tuple[int, str] | None = None) -> str:
+        """One line: the figure, and the memory ``room`` (:func:`memory_room`) beside it."""
+        held = f", {self.held} epochs of it held at once" if self.held > 1 else ""
+        line = (f"planning: at most {self.accesses} accesses ({self.per_epoch} per epoch{held}): "
+                f"about {format_bytes(self.need)} of memory")  # fmt: skip
+        if room is not None:
+            line += f" ({format_bytes(room[0])} {room[1]})"
+        return line
+
+
+def plan_memory(spec: PlanSpec, keep_all: bool = False) -> PlanMemory:
+    """What planning ``spec`` holds at its peak (:class:`PlanMemory`); ``keep_all``: every
+    decision kept in memory (:func:`make_plan`), not streamed into a file or a summary."""
     run = spec.run
     # Planner state, two epochs of order and next uses, one epoch's decisions (measured peak:
     # bench/plan_bench.py); a plan kept in memory adds about 9 bytes per access.
@@ -356,18 +382,27 @@ def _check_memory(spec: PlanSpec, keep_all: bool) -> None:
         + 24 * run.world_size * slot_count(run, spec.buffer)
         + 36 * run.world_size * tier_slot_count(run, spec.buffer)
     )
-    accesses = trace_accesses(spec) * run.epochs if spec.traced else run.num_accesses
+    per_epoch = trace_accesses(spec) if spec.traced else run.samples_per_epoch
+    accesses = per_epoch * run.epochs if spec.traced else run.num_accesses
     if keep_all:
         need += 10 * accesses
     if spec.policy != "solar" or (spec.traced and not spec.affinity):
         need += 16 * run.world_size * run.num_samples  # per-(rank, sample) tables
+    held = 1
     if spec.traced:  # the trace over the horizon (solar.schedule.traces)
         from solar.schedule.pagemates import LOOK_AHEAD
         from solar.schedule.traces import BYTES_PER_ACCESS, default_horizon
 
         h = default_horizon(run, spec.sampler) if spec.horizon is None else spec.horizon
-        need += BYTES_PER_ACCESS * trace_accesses(spec) * (min(h, run.epochs - 1) + 1)
+        held = min(h, run.epochs - 1) + 1
+        need += BYTES_PER_ACCESS * per_epoch * held
         if spec.pages is not None:  # page mates: a key index and its window, side rows
-            window = trace_accesses(spec) * (min(h, LOOK_AHEAD, run.epochs - 1) + 1)
-            need += 16 * run.world_size * run.num_samples + 8 * window + 20 * trace_accesses(spec)
-    require_memory(need, f"planning {accesses} accesses")
+            window = per_epoch * (min(h, LOOK_AHEAD, run.epochs - 1) + 1)
+            need += 16 * run.world_size * run.num_samples + 8 * window + 20 * per_epoch
+    return PlanMemory(int(need), int(accesses), int(per_epoch), held)
+
+
+def _check_memory(spec: PlanSpec, keep_all: bool) -> None:
+    """Refuse a plan that cannot fit in memory, before allocating any of it."""
+    m = plan_memory(spec, keep_all)
+    require_memory(m.need, f"planning {m.accesses} accesses")

@@ -152,7 +152,9 @@ class TraceOrder:
         sample, rank = sample[:n].copy(), rank[:n].copy()
         bounds = np.zeros(steps + 1, np.int64)
         np.cumsum(counts.sum(axis=1), out=bounds[1:])
-        pair = rank.astype(np.int64) * run.num_samples + sample
+        pair = rank.astype(np.int64)  # rank * N + sample, in place: no temporaries
+        pair *= run.num_samples
+        pair += sample
         return EpochTrace(sample, pair, rank, counts, bounds)
 
     def draws(self, k: int) -> EpochDraws:

@@ -1,0 +1,61 @@
+"""Under mpiexec, one host: a NeighborSampler given the job's communicator holds the graph's
+topology once per host -- every rank maps the same sealed memfd read-only --
+and its batches are byte-identical to a private copy's; the graph file rewritten after the load
+does not change what is served.
+
+mpiexec -n P python tests/mpi/shared_graph.py GRAPH.h5
+"""
+
+import os
+import sys
+
+import h5py
+import numpy as np
+
+from solar import Loader, NeighborSampler, dist
+from solar.graph.csr import Graph
+
+d = dist.init()
+path = sys.argv[1]
+
+
+def batches(sampler: NeighborSampler) -> list[bytes]:
+    with Loader(path, ["features"], sampler=sampler, epochs=1, buffer=60, comm=d.comm) as ld:
+        ld.set_epoch(0)
+        return [b"".join(b[k].numpy().tobytes() for k in ("n_id", "x", "y", "edge_index"))
+                for b in ld]  # fmt: skip
+
+
+def mappings() -> list[str]:
+    with open("/proc/self/maps") as f:
+        return [line for line in f if "solar-sealed" in line]
+
+
+private = NeighborSampler(path, (4, 2), batch_size=13)
+assert private.graph.shared is None
+before = batches(private)
+shared = NeighborSampler(path, (4, 2), batch_size=13, comm=d.comm)
+g = shared.graph
+assert g.shared is not None
+inodes = d.comm.allgather(g.shared.inode)
+assert len(set(inodes)) == 1, inodes  # one memfd for the host
+maps = mappings()
+assert maps and all(line.split()[1] == "r--s" for line in maps), maps  # read-only, shared
+for k in ("indptr", "indices", "labels"):
+    a, b = getattr(g, k), getattr(private.graph, k)
+    assert a.dtype == b.dtype and np.array_equal(a, b) and not a.flags.writeable, k
+fds = [os.readlink(f"/proc/self/fd/{fd}") for fd in os.listdir("/proc/self/fd")
+       if os.path.exists(f"/proc/self/fd/{fd}")]  # fmt: skip
+# One descriptor, the mapping's own (Python's mmap keeps a dup of the one it maps; solar's own
+# is closed once every local rank has mapped it).
+assert len([f for f in fds if "solar-sealed" in f]) == 1, fds
+
+# The file rewritten after the load: every edge now points at node 0.
+d.comm.Barrier()
+if d.rank == 0:
+    with h5py.File(path, "r+") as f:
+        f["indices"][...] = 0
+d.comm.Barrier()
+assert int(np.count_nonzero(Graph(path).indices)) == 0  # (the rewrite happened)
+assert batches(shared) == before, "the shared topology changed with its file"
+print("ok", d.rank, inodes[0])
