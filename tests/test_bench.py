@@ -1,4 +1,5 @@
-"""`solar gen` and `solar bench` (run as the console script, as users do)."""
+"""`solar gen` and `solar bench` (runs as the console script, as users do; refusals of bad
+arguments through the same entry point, solar.cli.main, in this process: no interpreter start)."""
 
 from __future__ import annotations
 
@@ -153,7 +154,7 @@ def test_bench_bad_input_is_one_line(tmp_path, capsys):
         assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
 
 
-def test_bench_with_a_weighted_sampler(tmp_path):
+def test_bench_with_a_weighted_sampler(tmp_path, capsys):
     import numpy as np
 
     data = tmp_path / "d.h5"
@@ -171,12 +172,11 @@ def test_bench_with_a_weighted_sampler(tmp_path):
     hits = {k: v["hit_rate"] for k, v in res["loaders"].items() if "hit_rate" in v}
     assert hits["solar"] >= max(hits["lru"], hits["static"]) and hits["solar"] > 0
     assert "bound" not in res  # the permutation bound does not apply
-    bad = subprocess.run([SOLAR, "bench", data, "--sampler", "weighted"], capture_output=True,
-                         text=True, check=False)  # fmt: skip
-    assert bad.returncode != 0 and "--weights" in bad.stderr
+    code, _, err = run_cli(["bench", data, "--sampler", "weighted"], capsys)
+    assert code != 0 and "--weights" in err
 
 
-def test_bench_applies_one_transform_in_every_loader(tmp_path):
+def test_bench_applies_one_transform_in_every_loader(tmp_path, capsys):
     """--transform: the DataLoader in __getitem__, solar in its pipeline, solar-inloop in the
     training loop; CPU seconds per sample reported for each; a bad one refused up front."""
     data, mod = tmp_path / "d.h5", tmp_path / "aug.py"
@@ -194,15 +194,14 @@ def test_bench_applies_one_transform_in_every_loader(tmp_path):
     # two short epochs may see none).
     assert all(e["cpu_seconds_per_sample"] >= 0 for e in res["loaders"].values())
     assert res["config"]["transform"] == f"{mod}:halve"
-    bad = subprocess.run([SOLAR, "bench", data, "--transform", f"{mod}:nothing"],
-                         capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
-    assert bad.returncode != 0
-    assert f"--transform {mod}:nothing: {mod} has no function 'nothing'" in bad.stderr
+    code, _, err = run_cli(["bench", data, "--transform", f"{mod}:nothing"], capsys)
+    assert code != 0
+    assert f"--transform {mod}:nothing: {mod} has no function 'nothing'" in err
 
 
 # Two ranks make node buffers (solar-node): in the launching jobs' group (tests/conftest.py).
 @pytest.mark.parametrize("world", [1, pytest.param(2, marks=pytest.mark.xdist_group("launchers"))])
-def test_bench_gathers_gnn_features_with_every_loader(tmp_path, world):
+def test_bench_gathers_gnn_features_with_every_loader(tmp_path, world, capsys):
     """--sampler neighbor: mmap (emulated), lru, static and solar gather the same subgraphs'
     rows under one budget; steps/s, nodes/s, hit rate and read amplification per loader (two
     ranks: also solar-node, by default: --share auto)."""
@@ -236,16 +235,15 @@ def test_bench_gathers_gnn_features_with_every_loader(tmp_path, world):
     assert all(e["pages_per_second"] > 0 for e in loaders)
     if world > 1:
         return
-    bad = subprocess.run([SOLAR, "bench", graph, "--sampler", "neighbor", "--loaders", "torch"],
-                         capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
-    assert bad.returncode != 0 and "unknown torch with --sampler neighbor" in bad.stderr
-    bad = subprocess.run([SOLAR, "bench", graph, "--sampler", "neighbor", "--fanouts", "4,x"],
-                         capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
-    assert bad.returncode != 0 and "--fanouts: expected integers" in bad.stderr
-    assert "Traceback" not in bad.stderr
-    bad = subprocess.run([SOLAR, "bench", graph, "--share", "node"],
-                         capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
-    assert bad.returncode != 0 and "--share node: with --sampler neighbor only" in bad.stderr
+    # Refusals, in this process (solar.cli.main, the console script's entry: a traceback
+    # would be an exception here, not an exit).
+    code, _, err = run_cli(["bench", graph, "--sampler", "neighbor", "--loaders", "torch"], capsys)
+    assert code != 0 and "unknown torch with --sampler neighbor" in err
+    code, _, err = run_cli(["bench", graph, "--sampler", "neighbor", "--fanouts", "4,x"], capsys)
+    assert code != 0 and "--fanouts: expected integers" in err
+    assert "Traceback" not in err
+    code, _, err = run_cli(["bench", graph, "--share", "node"], capsys)
+    assert code != 0 and "--share node: with --sampler neighbor only" in err
 
 
 def test_the_relaunch_imports_this_solar_whatever_the_working_directory_holds(tmp_path):

@@ -402,26 +402,56 @@ def test_training_example_resumes_exactly_under_either_launcher(tmp_path):
     assert checksum and checksum == [line for line in resumed.splitlines() if "checksum" in line]
 
 
+# default_world.py's jobs: (launcher, ranks) -> its modes, one after the other in one job (a
+# launch costs more than a mode): a refusal with nothing initialised, then the same job's
+# ranks initialised, where both tests ask for the same launcher and size.
+WORLD_MODES = {("torchrun", 2): ("none", "torch"), ("torchrun", 3): ("init",),
+               ("mpiexec", 3): ("none",), ("srun", 2): ("none", "init")}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def world_job(tmp_path_factory):
+    """``(launcher, ranks, mode) -> (job, [rank r's stdout of that mode])``: default_world.py
+    run once per launcher and size, over N rows (N = 103: no size divides it)."""
+    jobs: dict[tuple[str, int], Job] = {}
+
+    def get(launcher: str, ranks: int, mode: str) -> tuple[Job, list[str]]:
+        modes = WORLD_MODES[launcher, ranks]
+        if (launcher, ranks) not in jobs:
+            path = tmp_path_factory.mktemp("world") / "d.h5"
+            with h5py.File(path, "w") as f:
+                f["x"] = np.random.default_rng(0).standard_normal((N, 3))
+            jobs[launcher, ranks] = launch(launcher, ranks, "default_world.py", path,
+                                           ",".join(modes))  # fmt: skip
+        job = jobs[launcher, ranks]
+        outs = []
+        for out, _ in job.ranks:  # each rank's own output, then the part of it of `mode`
+            parts = re.split(r"^== mode (\w+) ==\n", out, flags=re.M)
+            assert parts[0] == "", out
+            outs.append(dict(zip(parts[1::2], parts[2::2], strict=True)).get(mode, ""))
+        return job, outs
+
+    return get
+
+
 @pytest.mark.parametrize(("launcher", "mode", "ranks"), [
     ("torchrun", "torch", 2), ("torchrun", "init", 3), ("mpiexec", "none", 3),
     ("srun", "init", 2),
 ])  # fmt: skip
-def test_a_loader_without_distributed_arguments_uses_the_jobs_world(tmp_path, launcher, mode,
+def test_a_loader_without_distributed_arguments_uses_the_jobs_world(world_job, launcher, mode,
                                                                     ranks):  # fmt: skip
     """As DistributedSampler finds its group: each sample once per epoch over the job's ranks,
     equal local batches, h5py's bytes (N = 103: no size divides it)."""
-    path = tmp_path / "d.h5"
-    with h5py.File(path, "w") as f:
-        f["x"] = np.random.default_rng(0).standard_normal((N, 3))
-    result = launch(launcher, ranks, "default_world.py", path, mode)
+    result, outs = world_job(launcher, ranks, mode)
+    stdout = "".join(outs)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
-    assert sorted(re.findall(r"rank (\d) world (\d)", result.stdout)) == [
+    assert sorted(re.findall(r"rank (\d) world (\d)", stdout)) == [
         (str(r), str(ranks)) for r in range(ranks)
     ]
-    assert "OK" in result.stdout
+    assert "OK" in stdout
     # rank=/world_size= given with the job's group: checked against it (issue 45, 5).
     group = "MPI's world" if launcher == "mpiexec" else "the process group"
-    for r, (out, _) in enumerate(result.ranks):
+    for r, out in enumerate(outs):
         places = dict(re.findall(r"^place (\{.*?\}): (.*)$", out, re.M))
         say = f"but {group} says rank {r} of {ranks}: pass neither (or comm=)"
         # The way out for a part of the job (a model-parallel job's data-parallel ranks).
@@ -441,14 +471,11 @@ def test_a_loader_without_distributed_arguments_uses_the_jobs_world(tmp_path, la
 
 
 @pytest.mark.parametrize("launcher", ["torchrun", "srun"])
-def test_a_loader_refuses_a_job_it_cannot_reach(tmp_path, launcher):
+def test_a_loader_refuses_a_job_it_cannot_reach(world_job, launcher):
     """Several ranks and no process group: one line saying what to do, never world 1."""
-    path = tmp_path / "d.h5"
-    with h5py.File(path, "w") as f:
-        f["x"] = np.zeros((N, 3))
-    result = launch(launcher, 2, "default_world.py", path, "none")
-    for r, (out, _) in enumerate(result.ranks):  # each rank's own output, not their interleaving
+    result, outs = world_job(launcher, 2, "none")
+    for r, out in enumerate(outs):  # each rank's own output, not their interleaving
         assert out.startswith("refused: ") and out.count("\n") == 1, result.ranks
         assert f"launched by {launcher} as rank {r}" in out
         assert "torch.distributed is not initialised: call solar.dist.init()" in out
-    assert "world 1" not in result.stdout
+    assert "world 1" not in "".join(outs)

@@ -202,7 +202,11 @@ def test_a_short_epoch_loader_serves_every_seed_once_with_h5py_rows(graph_file):
         np.testing.assert_array_equal(np.sort(np.concatenate(seen)), train)
 
 
-def test_pyg_documentations_loop_runs_unchanged_alone_and_under_mpiexec(tmp_path):
+# The run alone launches no ranks: out of the launching jobs' group (tests/conftest.py), so
+# that it runs beside that group's serial line, not in it.
+@pytest.mark.parametrize("ranks", [pytest.param(1, marks=pytest.mark.one_process), 2],
+                         ids=["alone", "mpiexec"])  # fmt: skip
+def test_pyg_documentations_loop_runs_unchanged_alone_and_under_mpiexec(tmp_path, ranks):
     """examples/pyg_loop.py (PyG's loops: y[:batch_size], masks, input_id) on a graph
     converted with write_graph: on 1 rank two steps an epoch, on 2 (mpiexec) one short step of
     60 seeds each; every input node once per epoch, the loss falls, test accuracy far above
@@ -219,14 +223,16 @@ def test_pyg_documentations_loop_runs_unchanged_alone_and_under_mpiexec(tmp_path
     args = ["--data", tmp_path / "p.h5", "--epochs", epochs]
     env = {k: v for k, v in os.environ.items()
            if k not in FOREIGN and not k.startswith(FOREIGN_PREFIXES)}  # fmt: skip
-    one = subprocess.run([sys.executable, example, *map(str, args)], capture_output=True,
-                         text=True, timeout=300, env=env, check=False)  # fmt: skip
-    two = launch("mpiexec", 2, example, *args)
-    for result, steps in ((one, 2), (two, 1)):
-        assert result.returncode == 0, result.stderr[-3000:]
-        lines = [s.split() for s in result.stdout.splitlines() if s.startswith("epoch")]
-        assert len(lines) == epochs, result.stdout
-        assert all(s[5] == str(steps) and s[-1] == "True" for s in lines), result.stdout
-        assert float(lines[-1][3]) < float(lines[0][3]), result.stdout
-        acc = [s for s in result.stdout.splitlines() if s.startswith("accuracy")]
-        assert acc and float(acc[0].split()[-1]) > 0.5, result.stdout  # chance: 1/6
+    if ranks == 1:
+        result = subprocess.run([sys.executable, example, *map(str, args)], capture_output=True,
+                                text=True, timeout=300, env=env, check=False)  # fmt: skip
+    else:
+        result = launch("mpiexec", 2, example, *args)
+    steps = {1: 2, 2: 1}[ranks]
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = [s.split() for s in result.stdout.splitlines() if s.startswith("epoch")]
+    assert len(lines) == epochs, result.stdout
+    assert all(s[5] == str(steps) and s[-1] == "True" for s in lines), result.stdout
+    assert float(lines[-1][3]) < float(lines[0][3]), result.stdout
+    acc = [s for s in result.stdout.splitlines() if s.startswith("accuracy")]
+    assert acc and float(acc[0].split()[-1]) > 0.5, result.stdout  # chance: 1/6

@@ -20,8 +20,6 @@ from __future__ import annotations
 import itertools
 import os
 import shlex
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -186,16 +184,15 @@ def test_solar_command_line(command, workdir, monkeypatch):
                 (workdir / name).unlink(missing_ok=True)
 
 
-def test_the_example_script_helps_and_runs(tmp_path):
-    script = ROOT / "examples" / "train_surrogate.py"
-    env = {**os.environ, "SOLAR_LAUNCHER": "none", "PYTHONPATH": str(ROOT)}
-    res = subprocess.run([sys.executable, str(script), "--help"], capture_output=True, text=True,
-                         env=env, timeout=60)  # fmt: skip
+def test_the_example_script_helps_and_runs(fresh, tmp_path):
+    """The script as ``python SCRIPT ARGS`` runs it: as ``__main__`` in a fresh process (one
+    forked from the fixture's, SOLAR_LAUNCHER=none); every path it writes is given."""
+    run = (ROOT / "examples" / "train_surrogate.py").read_text()
+    res = fresh(run, "--help", out=tmp_path)
     assert res.returncode == 0 and "--epochs" in res.stdout
     args = ["--data", str(tmp_path / "d.h5"), "--samples", "48", "--epochs", "1",
             "--batch-size", "16", "--checkpoint", str(tmp_path / "ck.pt")]  # fmt: skip
-    res = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True,
-                         env=env, cwd=tmp_path, timeout=120)  # fmt: skip
+    res = fresh(run, *args, out=tmp_path)
     assert res.returncode == 0, res.stderr[-3000:]
     assert (tmp_path / "ck.pt").exists()
 

@@ -163,14 +163,35 @@ def test_shared_scan_gives_parts_in_file_order():
     assert made == [(0, 0)]  # this rank's share of none
 
 
+# tests/mpi/scan.py's jobs: ranks -> the kinds of tree it checks, one after the other in one job
+# (a launch costs more than a case).
+SCAN_JOBS = {2: ("h5",), 3: ("h5", "npy")}
+
+
+@pytest.fixture(scope="module")
+def scan_job(tmp_path_factory):
+    """``ranks -> the finished job`` of scan.py over a tree of each kind of SCAN_JOBS[ranks]."""
+    jobs = {}
+
+    def get(ranks: int):
+        if ranks not in jobs:
+            args = []
+            for kind in SCAN_JOBS[ranks]:
+                root = tmp_path_factory.mktemp(f"scan-{kind}") / "train"
+                tree(root, kind)
+                args += [root, *(["--npy"] if kind == "npy" else [])]
+            jobs[ranks] = launch("mpiexec", ranks, "scan.py", *args)
+        return jobs[ranks]
+
+    return get
+
+
 @pytest.mark.parametrize(("ranks", "kind"), [(2, "h5"), (3, "h5"), (3, "npy")])
-def test_ranks_share_one_scan_and_serve_exact_bytes(tmp_path, ranks, kind):
-    tree(tmp_path / "train", kind)
-    args = ["--npy"] if kind == "npy" else []
-    result = launch("mpiexec", ranks, "scan.py", tmp_path / "train", *args)
-    assert result.returncode == 0, result.stderr[-3000:]
+def test_ranks_share_one_scan_and_serve_exact_bytes(scan_job, ranks, kind):
+    result = scan_job(ranks)
     for r in range(ranks):
-        assert f"rank {r} of {ranks}: ok" in result.stdout, result.stdout
+        assert f"{kind}: rank {r} of {ranks}: ok" in result.stdout, result.stdout + result.stderr
+    assert result.returncode == 0, result.stderr[-3000:]
 
 
 @pytest.mark.one_process
