@@ -41,7 +41,7 @@ FANOUTS = (10, 5)
 STAGES = {
     "graph load": [("solar.graph.ingest", None, "topology")],
     "sample": [("solar.graph.neighbor", "NeighborSampler", "rank_epoch")],
-    "plan": [("solar.schedule.planner", "Planner", "next_schedule")],
+    "plan": [("solar.schedule.keep.planner", "Planner", "next_schedule")],
     "step plan": [("solar.runtime.steps", "Steps", "plan")],
     "read: tasks": [("solar.io.reader", "Reader", "submit")],
     "read: preadv": [("solar.io.executor", "Executor", "_job")],

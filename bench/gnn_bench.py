@@ -58,8 +58,8 @@ from solar import BufferConfig, NeighborSampler, PlanSpec, RunConfig, make_plan
 from solar._memory import PAGE
 from solar.io.tasks import RUN_MAX_BYTES, page_spans
 from solar.options import ExpertConfig, PlanningConfig
-from solar.schedule.pagemates import PageLayout
-from solar.schedule.plan import simulate
+from solar.schedule.keep.pagemates import PageLayout
+from solar.schedule.plans.plan import simulate
 
 FANOUTS = (10, 5)
 
@@ -348,7 +348,7 @@ def first_batch(args) -> dict | None:
 def inspector(args) -> dict:
     """Seconds to plan rank 0's first epoch (what its first batch waits for), planning every
     rank (as before a rank planned alone) against rank 0 alone, alternated, one process."""
-    from solar.schedule.planner import Planner
+    from solar.schedule.keep.planner import Planner
 
     tiny = NeighborSampler(args.graph, FANOUTS, batch_size=8)  # kernels loaded, not timed
     Planner(PlanSpec(_run(tiny, 1, 2), BufferConfig(100, 0.25), "solar", sampler=tiny)).next_rank(0)

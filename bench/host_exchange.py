@@ -1,5 +1,5 @@
 """What a host's ranks exchange per epoch to plan their host's buffer in parts, and what it
-costs: sealed memfds (solar/schedule/hostpayload.py) against a gloo allgather of the same
+costs: sealed memfds (solar/schedule/plans/hostpayload.py) against a gloo allgather of the same
 bytes on the host's ranks (issue 44 item 2: would a collective on a communicator of the
 planning thread carry the bytes as well?); and, under a launcher (``--launched``), the
 exchange as it runs (solar/host/exchange.py): per epoch, each rank packs its part, one round
@@ -46,10 +46,10 @@ import numpy as np
 def _plan(args) -> tuple[list[int], list[float], list[float], int]:
     from solar import BufferConfig, PlanSpec, RunConfig, Weighted
     from solar.host.memfd import frozen
-    from solar.schedule.grouping import Hosts
-    from solar.schedule.hostpayload import digest, pack, unpack
-    from solar.schedule.hostrun import host_parts, node_spec
-    from solar.schedule.nodeplan import NodePlanner
+    from solar.schedule.keep.grouping import Hosts
+    from solar.schedule.keep.hostplan import HostPlanner
+    from solar.schedule.keep.hostrun import host_parts, host_run_spec
+    from solar.schedule.plans.hostpayload import digest, pack, unpack
 
     n, ranks = args.samples, args.ranks
     w = ((1.0 + np.arange(n)) ** -0.8)[np.random.default_rng(1).permutation(n)]
@@ -57,13 +57,13 @@ def _plan(args) -> tuple[list[int], list[float], list[float], int]:
     spec = PlanSpec(RunConfig(n, ranks, args.batch, 2, seed=4), BufferConfig(cap),
                     sampler=Weighted(w, affinity=False))  # fmt: skip
     hosts = Hosts.grid(1, ranks)
-    hspec = node_spec(spec, hosts)
+    hspec = host_run_spec(spec, hosts)
     parts = host_parts(hspec, hosts, 0)
     assert parts is not None, "no parts: a sampler that fixes each rank's batch plans in parts"
     tag = digest(spec.fingerprint, hosts, 0)
     sizes, packs, maps = [], [], []
     for j in range(parts.count):
-        p = NodePlanner(spec, hosts, only_host=0, part=j)
+        p = HostPlanner(spec, hosts, only_host=0, part=j)
         contents = p.planner.contents(0)
         ne = p.next()
         t0 = time.perf_counter()
@@ -110,10 +110,10 @@ def _launched(args) -> None:
     from solar import BufferConfig, PlanSpec, RunConfig, Weighted, dist, host
     from solar.host.exchange import HostExchange
     from solar.host.memfd import frozen
-    from solar.schedule.grouping import Hosts
-    from solar.schedule.hostpayload import KINDS, PART, digest, pack, unpack_part
-    from solar.schedule.hostrun import host_parts, node_spec
-    from solar.schedule.nodeplan import NodePlanner
+    from solar.schedule.keep.grouping import Hosts
+    from solar.schedule.keep.hostplan import HostPlanner
+    from solar.schedule.keep.hostrun import host_parts, host_run_spec
+    from solar.schedule.plans.hostpayload import KINDS, PART, digest, pack, unpack_part
 
     d = dist.init()
     comm, world = d.comm, d.comm.Get_size()
@@ -124,11 +124,11 @@ def _launched(args) -> None:
     spec = PlanSpec(RunConfig(n, world, args.batch, 2, seed=4),
                     BufferConfig(int(args.buffer * n / world)),
                     sampler=Weighted(w, affinity=False))  # fmt: skip
-    hspec = node_spec(spec, hosts)
+    hspec = host_run_spec(spec, hosts)
     parts = host_parts(hspec, hosts, where.host)
     assert parts is not None
     j, h, tag = where.local_rank, where.host, digest(spec.fingerprint, hosts, where.host)
-    p = NodePlanner(spec, hosts, only_host=h, part=j)
+    p = HostPlanner(spec, hosts, only_host=h, part=j)
     contents = p.planner.contents(h)
     ne = p.next()
     ex = HostExchange(hc, h, j, where.local_size, 0, KINDS)

@@ -28,7 +28,7 @@ equal batches' transfers; node plan: none within a host, the hosts' surplus acro
 
 ``cost``: seconds (wall and CPU: the CPU figures hold on a loaded machine) and peak RSS of
 planning one host of ``--world`` ranks (its union, planned by
-:class:`NodePlanner(only_host=0)`) against planning one rank's trace alone
+:class:`HostPlanner(only_host=0)`) against planning one rank's trace alone
 (``Planner(only_rank=0)``), each in a fresh process; sampling (the host's: all its ranks'
 subgraphs) and planning timed apart.
 """
@@ -48,13 +48,13 @@ from pathlib import Path
 import numpy as np
 
 from solar import BufferConfig, NeighborSampler, PlanSpec, RunConfig
-from solar.schedule._common import HIT, SIDE, THIT
-from solar.schedule.grouping import Hosts
-from solar.schedule.nodeequal import node_transfer
-from solar.schedule.nodeplan import NodePlanner
-from solar.schedule.pagemates import PageLayout
-from solar.schedule.planner import Planner
-from solar.schedule.samplers import SHUFFLE, Weighted
+from solar.schedule.draw.samplers import SHUFFLE, Weighted
+from solar.schedule.keep.grouping import Hosts
+from solar.schedule.keep.hostequal import host_transfer
+from solar.schedule.keep.hostplan import HostPlanner
+from solar.schedule.keep.pagemates import PageLayout
+from solar.schedule.keep.planner import Planner
+from solar.schedule.keep.policy import HIT, SIDE, THIT
 
 PAGES = PageLayout(0, 256 * 4)  # F=256 float32 rows, 4 KiB pages
 
@@ -117,7 +117,7 @@ def per_rank(spec: PlanSpec) -> dict:
 
 def per_node(spec: PlanSpec, hosts: Hosts) -> dict:
     """One buffer per host (the rank spec's buffer times the ranks per host)."""
-    p, tot, t0 = NodePlanner(spec, hosts), {}, time.perf_counter()
+    p, tot, t0 = HostPlanner(spec, hosts), {}, time.perf_counter()
     moved = within = 0
     for _ in range(spec.run.epochs):
         ne = p.next()
@@ -125,7 +125,7 @@ def per_node(spec: PlanSpec, hosts: Hosts) -> dict:
         if spec.equal_batches:  # what the Loader's exchange moves: each rank's transfer
             counts = np.diff(ne.ranks.step_offsets, axis=1)  # (P, steps)
             for t in range(counts.shape[1]):
-                tr = [node_transfer(ne.ranks.step_offsets, t, r, hosts.count)
+                tr = [host_transfer(ne.ranks.step_offsets, t, r, hosts.count)
                       for r in range(spec.run.world_size)]  # fmt: skip
                 if tr[0] is None:
                     continue
@@ -230,7 +230,7 @@ def _cost_child(a) -> None:
         kept = {e: s.rank_epoch(run, e, 0) for e in range(run.epochs)}
         s.rank_epoch = lambda run_, e, r: kept[e]  # type: ignore[method-assign]
     else:
-        q = NodePlanner(spec, Hosts.grid(1, a.world), only_host=0)
+        q = HostPlanner(spec, Hosts.grid(1, a.world), only_host=0)
         for e in range(run.epochs):  # kept by the HostSampler (its last four)
             q.host_spec.sampler.rank_draws(e, 0)  # type: ignore[attr-defined]
     t1, c1 = time.perf_counter(), time.process_time()

@@ -51,8 +51,8 @@ event.register("numba:compile", names)
 
 import numpy as np
 from solar import ExpertConfig, Loader, MemoryConfig, PlanningConfig, Shuffle, Weighted, dist
-from solar.schedule.plan import plan_to_file
-from solar.schedule.grouping import Hosts
+from solar.schedule.plans.plan import plan_to_file
+from solar.schedule.keep.grouping import Hosts
 
 data, tmp = sys.argv[1], sys.argv[2]
 d = dist.init()

@@ -6,7 +6,7 @@ at L=8, docs/performance.md.)
         [--buffer 0.1] [--model block|chung-lu] [--out bench/results/node-partition-sim.json]
 
 The host's union of accesses, step by step, is taken from the node planner
-(:class:`NodePlanner(only_host=0)`, no page mates, no tier); then Belady with bypass at step
+(:class:`HostPlanner(only_host=0)`, no page mates, no tier); then Belady with bypass at step
 granularity (a step's hits first, their keys become their next uses; a read is kept if used
 sooner than the farthest held row of its part, else bypassed) is replayed over it here, with
 the C slots whole (parts=1: must equal the planner's hits, which checks this replay) and cut
@@ -32,9 +32,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from node_bench import graph_sampler
 
 from solar import BufferConfig, PlanSpec, RunConfig
-from solar.schedule._common import HIT
-from solar.schedule.grouping import Hosts
-from solar.schedule.nodeplan import NodePlanner
+from solar.schedule.keep.grouping import Hosts
+from solar.schedule.keep.hostplan import HostPlanner
+from solar.schedule.keep.policy import HIT
 
 NEVER = np.int64(1) << 62
 
@@ -107,7 +107,7 @@ def union_trace(a) -> tuple[np.ndarray, np.ndarray, int, int]:
     n, world = a.nodes, a.world
     run = RunConfig(n, world, a.batch, a.epochs, 0, False, s.draws(n, world * a.batch))
     spec = PlanSpec(run, BufferConfig(int(a.buffer * n) // world, 0.25), sampler=s)
-    planner = NodePlanner(spec, Hosts.grid(1, world), only_host=0)
+    planner = HostPlanner(spec, Hosts.grid(1, world), only_host=0)
     seqs, bounds, hits = [], [np.zeros(1, np.int64)], 0
     for _ in range(a.epochs):
         h = planner.next().host  # one host: its part is the whole epoch, step-major

@@ -1,8 +1,8 @@
 """What planning a host costs each rank (issue 35): one rank's trace planned alone, and every
 local rank its own side by side (``share="rank"`` in a job), against the node plan of a host
-of L local ranks — planned whole by one process (``NodePlanner``: what solar plan, plan files
+of L local ranks — planned whole by one process (``HostPlanner``: what solar plan, plan files
 and a rank saving snapshots do) and as a job plans it (each local rank plans one part of the
-host's buffer from the draws its host's ranks post: solar/schedule/nodeparts.py).
+host's buffer from the draws its host's ranks post: solar/schedule/keep/hostparts.py).
 
     python bench/node_plan_cost.py --graph G.h5 [--ranks 4 8 --epochs 3 --batch 1024]
         [--buffer 0.1] [--out bench/results/node-plan-cost-parts.json]
@@ -11,7 +11,7 @@ The graph: ``solar gen G.h5 --preset graph --nodes 1000000 --avg-degree 20 --fea
 (only its CSR is read). Sampler: ``NeighborSampler(fanouts (10, 5), --batch seeds per rank)``;
 aggregate buffer ``--buffer`` of the nodes. Every figure is measured in a fresh process
 (``rank``: ``Planner(only_rank=0)`` over the run, alone on the machine; ``ranks``: every rank
-``Planner(only_rank=r)`` under ``mpiexec -n L``; ``every``: ``NodePlanner(only_host=0)``;
+``Planner(only_rank=r)`` under ``mpiexec -n L``; ``every``: ``HostPlanner(only_host=0)``;
 ``once``: ``RankStream`` (a host's share) under ``mpiexec -n L`` with the host's communicator,
 every rank pulling every epoch). Per process: wall and CPU seconds from the first planned epoch
 asked to the last one received (sampling included: a rank samples its own batches to plan
@@ -58,10 +58,10 @@ def _digest(h, part) -> None:
 
 def child(a) -> None:
     from solar import BufferConfig, NeighborSampler, PlanSpec, RunConfig
-    from solar.schedule.grouping import Hosts, stage_bound
-    from solar.schedule.nodeplan import NodePlanner
-    from solar.schedule.planner import Planner
-    from solar.schedule.stream import RankStream
+    from solar.schedule.keep.grouping import Hosts, stage_bound
+    from solar.schedule.keep.hostplan import HostPlanner
+    from solar.schedule.keep.planner import Planner
+    from solar.schedule.plans.stream import RankStream
 
     comm, rank = None, 0
     if a.which in ("once", "ranks"):
@@ -84,7 +84,7 @@ def child(a) -> None:
         for _ in range(run.epochs):
             acc += p.next_rank(rank).sample.size
     elif a.which == "every":
-        q = NodePlanner(spec, hosts, only_host=0)
+        q = HostPlanner(spec, hosts, only_host=0)
         hs = [hashlib.blake2b(digest_size=8) for _ in range(world)]
         for _ in range(run.epochs):
             ne = q.next()

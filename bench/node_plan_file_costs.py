@@ -1,4 +1,4 @@
-"""Node plan files (read by solar/schedule/stream.py): planning into a file against planning only,
+"""Node plan files (read by schedule/plans/stream.py): planning into a file against planning only,
 proving it safe (every host, in one process), its size per access. A GNN neighbour sampler,
 fanouts (10, 5), 256 seeds per rank, P=4 ranks grouped 1x4 and 2x2, 10 % aggregate buffer,
 E=3; each figure after a first (warming) call.
@@ -22,9 +22,9 @@ from solar.config import parse_size
 from solar.graph.neighbor import NeighborSampler
 from solar.io.sources import describe_source
 from solar.runtime.setup import page_layout
-from solar.schedule.grouping import Hosts
-from solar.schedule.nodeplan import node_totals
-from solar.schedule.plan import plan_to_file
+from solar.schedule.keep.grouping import Hosts
+from solar.schedule.keep.hostplan import host_totals
+from solar.schedule.plans.plan import plan_to_file
 
 
 def main() -> None:
@@ -49,9 +49,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for grouping in ("1x4", "2x2"):
             hosts = Hosts.parse(grouping)
-            node_totals(spec, hosts)  # kernels and the sampler warm
+            host_totals(spec, hosts)  # kernels and the sampler warm
             t0 = time.perf_counter()
-            totals = node_totals(spec, hosts)
+            totals = host_totals(spec, hosts)
             only = time.perf_counter() - t0
             t0 = time.perf_counter()
             plan = plan_to_file(spec, hosts=hosts, path=Path(tmp) / f"{grouping}.h5").bound_to(spec)

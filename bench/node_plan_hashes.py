@@ -8,13 +8,13 @@ show a change leaves every decision alone, byte for byte, with its reads.
 
 (``--no-launch``: the in-process plans only.) One line per case, sorted: a name and hashes.
 
-* ``plan ...``: the whole node plan in process (:class:`NodePlanner`) of groupings 1x4, 2x2
+* ``plan ...``: the whole node plan in process (:class:`HostPlanner`) of groupings 1x4, 2x2
   and 3,1 (hosts of 3 and 1 ranks) for Shuffle (with and without equal batches), Weighted
   with affinity, Weighted(affinity=False), a NeighborSampler on a small generated graph and
   a Trace; with and without a tier, page mates where they apply, sizes that do not divide;
   3 epochs. Per case: a hash of every array of every epoch (the hosts' plan, every rank's
   service: samples, slots, flags, tier slots, step offsets; who reads each row, and its host
-  access) and one of ``node_totals``; a grouping the planner refuses is ``refused: why``.
+  access) and one of ``host_totals``; a grouping the planner refuses is ``refused: why``.
 * ``run ...``: a Loader with ``share="node"`` run as every rank under ``mpiexec -n 4`` and
   ``torchrun --nproc_per_node 4`` (groupings via ``SOLAR_HOSTS``), on a small dataset and
   on a small graph (NeighborSampler: the host buffer planned in parts). Per rank and case:
@@ -87,20 +87,20 @@ def make_graph(path: Path) -> Path:
 def node_planners(spec: PlanSpec, hosts_text: str) -> list:
     """The planners of ``spec``'s node plan on ``hosts_text``: one for all hosts, or one per
     host where hosts differ in size (each is planned alone)."""
-    from solar.schedule.grouping import Hosts
-    from solar.schedule.nodeplan import NodePlanner
+    from solar.schedule.keep.grouping import Hosts
+    from solar.schedule.keep.hostplan import HostPlanner
 
     hosts = Hosts.parse(hosts_text, spec.run.world_size)
     alone = [None] if hosts.uniform else list(range(hosts.count))
-    return [NodePlanner(spec, hosts, only_host=h) for h in alone]
+    return [HostPlanner(spec, hosts, only_host=h) for h in alone]
 
 
 def node_totals_of(spec: PlanSpec, hosts_text: str) -> dict:
-    from solar.schedule.grouping import Hosts
-    from solar.schedule.nodeplan import node_totals
+    from solar.schedule.keep.grouping import Hosts
+    from solar.schedule.keep.hostplan import host_totals
 
-    totals = node_totals(spec, Hosts.parse(hosts_text, spec.run.world_size))
-    # A NodeTotals record since tier hits are counted (a dict before): its fields but
+    totals = host_totals(spec, Hosts.parse(hosts_text, spec.run.world_size))
+    # A HostTotals record since tier hits are counted (a dict before): its fields but
     # tier_hits, which earlier commits lack, hashed alike.
     out = totals.as_dict() if hasattr(totals, "as_dict") else dict(totals)
     out.pop("tier_hits", None)
@@ -112,7 +112,7 @@ def plan_specs(graph: Path):
     from solar.graph.neighbor import NeighborSampler
     from solar.io.sources import describe_source
     from solar.runtime.setup import page_layout
-    from solar.schedule.pagemates import PageLayout
+    from solar.schedule.keep.pagemates import PageLayout
 
     def spec(n, b, sampler, cap, tier=0, slack=0.0, equal=False, pages=None, drop=False):
         draws = sampler.draws(n, WORLD * b)

@@ -37,8 +37,8 @@ from solar.io.reader import Reader
 from solar.io.sources import describe_source
 from solar.runtime.holdings import Holdings, Host, RawRefill
 from solar.runtime.steps import Steps
-from solar.schedule.grouping import Hosts, stage_bound
-from solar.schedule.stream import RankStream
+from solar.schedule.keep.grouping import Hosts, stage_bound
+from solar.schedule.plans.stream import RankStream
 
 
 def main() -> None:

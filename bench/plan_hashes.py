@@ -25,7 +25,7 @@ from solar import BufferConfig, PlanSpec, RunConfig, load_plan, make_plan
 try:
     from solar.schedule import simulate
 except ImportError:  # before plan.py was split (97d142c and earlier)
-    from solar.schedule.plan import simulate
+    from solar.schedule.plans.plan import simulate
 
 
 def specs():

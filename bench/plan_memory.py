@@ -67,7 +67,7 @@ def _spec(args: argparse.Namespace):
 
 def child(args: argparse.Namespace) -> None:
     """One case, in this process: its figures as one JSON line."""
-    from solar.schedule.plan import plan_to_file, simulate
+    from solar.schedule.plans.plan import plan_to_file, simulate
 
     spec, topology = _spec(args)
     with tempfile.TemporaryDirectory() as tmp:

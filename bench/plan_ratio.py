@@ -4,7 +4,7 @@ that a shared machine's drift hits both alike; per pair the ratio P=1024 / P=8 o
 time (``plan_seconds``: the planner alone) and of the process's wall time, min and median,
 and each run's hit rate against its bound. ``--file``: each run writes its plan file (``-o``),
 whose per-rank checksums with equal batches each cover every rank's counts (P^2 bytes an
-epoch, solar/schedule/planfile.py).
+epoch, solar/schedule/plans/planfile.py).
 
     PYTHONPATH=. python bench/plan_ratio.py [--rounds 7] [--file] [--json out.json]
 """

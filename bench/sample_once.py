@@ -30,7 +30,7 @@ FANOUTS = (10, 5)
 
 
 def _bytes(args) -> list[dict]:
-    from solar.schedule.traces import BYTES_PER_ACCESS
+    from solar.schedule.draw.traces import BYTES_PER_ACCESS
 
     out = []
     sampler = NeighborSampler(args.graph, FANOUTS, batch_size=args.batch)

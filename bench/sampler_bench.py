@@ -23,7 +23,7 @@ import numpy as np
 
 from solar import BufferConfig, PlanSpec, RunConfig, Weighted
 from solar._atomic import write_json
-from solar.schedule.plan import simulate
+from solar.schedule.plans.plan import simulate
 
 
 def weights(n: int, seed: int = 0) -> np.ndarray:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from solar import BufferConfig, PlanSpec, RunConfig, load_plan, make_plan
 from solar._atomic import write_json
-from solar.schedule.validate import validate_rank
+from solar.schedule.plans.validate import validate_rank
 
 
 def measure(run: RunConfig, capacity: int) -> dict:

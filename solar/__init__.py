@@ -14,7 +14,7 @@ from solar.errors import CorruptPlanError, PlanMismatchError, SolarError
 from solar.graph import Graph, NeighborSampler
 from solar.options import ExpertConfig, LoaderConfig, MemoryConfig, PackingConfig, PlanningConfig
 from solar.schedule import Plan, PlanSpec, load_plan, make_plan
-from solar.schedule.samplers import Shuffle, Trace, Weighted
+from solar.schedule.draw.samplers import Shuffle, Trace, Weighted
 from solar.transform import Transform
 
 __all__ = [

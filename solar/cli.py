@@ -30,11 +30,11 @@ from solar.errors import SolarError
 from solar.options import MemoryConfig, PlanningConfig
 from solar.plan_report import PlanReport, plan_summary
 from solar.schedule import POLICIES, PlanSpec
-from solar.schedule.plan import plan_to_file, simulate
-from solar.schedule.policies import TRACE_POLICIES
-from solar.schedule.samplers import make_sampler
-from solar.schedule.spec import equal_by_default
-from solar.schedule.summary import NodeTotals
+from solar.schedule.draw.samplers import make_sampler
+from solar.schedule.keep.policies import TRACE_POLICIES
+from solar.schedule.plans.plan import plan_to_file, simulate
+from solar.schedule.plans.spec import equal_by_default
+from solar.schedule.plans.summary import HostTotals
 from solar.transform import load_transform
 
 _READER = ReaderConfig()  # the defaults shown by --help
@@ -279,7 +279,7 @@ def _run_plan(spec: PlanSpec, out: str | None, plot_out: str | None, as_json: bo
     ``hosts_of``: (--share, --hosts): with ``--share node`` one buffer per host of --hosts
     (HxL, default 1xP), the grouping the plan's; per rank, --hosts shows a node buffer's
     figures beside."""
-    from solar.schedule.grouping import Hosts
+    from solar.schedule.keep.grouping import Hosts
 
     share_mode, hosts = hosts_of
     grouped = None
@@ -300,7 +300,7 @@ def _run_plan(spec: PlanSpec, out: str | None, plot_out: str | None, as_json: bo
     large = run.num_accesses >= _PROGRESS_ACCESSES
     if grouped is None:  # what it will hold, before it holds any of it
         from solar._memory import memory_room
-        from solar.schedule.plan import plan_memory
+        from solar.schedule.plans.plan import plan_memory
 
         need, room = plan_memory(spec), memory_room()
         if room is None or need.need <= room[0]:  # (else the planner refuses, in one line)
@@ -332,7 +332,7 @@ def _run_plan(spec: PlanSpec, out: str | None, plot_out: str | None, as_json: bo
         summary["plot"] = plot_out
     if hosts and grouped is None:  # one buffer per host, side by side
         totals = simulate(spec, hosts=Hosts.parse(hosts, spec.run.world_size, "--hosts")).stats
-        assert isinstance(totals, NodeTotals)
+        assert isinstance(totals, HostTotals)
         node = totals.as_dict()
         node["fewer_reads"] = summary["reads"] / max(1, node["reads"])
         summary["node"] = node
@@ -571,8 +571,8 @@ def inspect(data: tuple[str, ...], keys: tuple[str, ...], one_per_file: bool, ve
 
 def _plan_files(files: list[Path]) -> dict[Path, PlanReport]:
     """The plan files among ``files`` (``solar plan -o``'s), each with its report."""
-    from solar.schedule.plan import load_plan
-    from solar.schedule.planfile import is_plan_file
+    from solar.schedule.plans.plan import load_plan
+    from solar.schedule.plans.planfile import is_plan_file
 
     return {f: plan_summary(load_plan(f).summary, Path(f)) for f in files
             if is_plan_file(f)}  # fmt: skip

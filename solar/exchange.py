@@ -1,6 +1,6 @@
 """Equal local batches at run time: a step's surplus rows move between ranks.
 
-:mod:`solar.schedule.transfer` says, from every rank's served counts, which rows each rank
+:mod:`solar.schedule.keep.transfer` says, from every rank's served counts, which rows each rank
 sends to which: a rank over its share sends the rows after its first ``keep``, a rank under it
 receives rows into its batch after its own. :class:`Exchange` moves them through the job's own
 communicator, with one all-to-all per step (the keys' rows and the sample ids packed per
@@ -26,7 +26,7 @@ from solar._held_tensors import hold
 from solar.cache.slots import copy_rows
 from solar.errors import SolarError
 from solar.io.info import KeyInfo
-from solar.schedule.transfer import Transfer
+from solar.schedule.keep.transfer import Transfer
 
 
 def _bytes2d(a: np.ndarray) -> np.ndarray:

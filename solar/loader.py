@@ -5,9 +5,9 @@ row. What it runs is solar.runtime: :func:`~solar.runtime.setup.configure` decid
 construction, and one :class:`~solar.runtime.pipeline.Pipeline` per process runs each step
 through the stages (see solar/runtime/__init__.py for who owns what). Three places, one each:
 a sample's bytes are read by ``Executor._run`` (solar/io/executor.py), from storage or the
-tier; the decision to keep or evict them was made by the planner (solar/schedule/belady.py
+tier; the decision to keep or evict them was made by the planner (solar/schedule/keep/belady.py
 for the ``solar`` policy) and reaches the runtime as a
-:class:`~solar.schedule.rankplan.StepPlan`; they are copied into a batch by
+:class:`~solar.schedule.plans.rankplan.StepPlan`; they are copied into a batch by
 :meth:`~solar.runtime.holdings.Holdings.gather` (hits) and by the reads themselves, which land
 in the batch's rows.
 """
@@ -38,8 +38,8 @@ from solar.options import ExpertConfig, LoaderConfig, MemoryConfig, Paths, Plann
 from solar.runtime import pipeline
 from solar.runtime.setup import Setup, check_snapshots, configure
 from solar.schedule import Plan, make_plan
-from solar.schedule.order import step_bounds
-from solar.schedule.samplers import Sampler, Trace, extras_of
+from solar.schedule.draw.order import step_bounds
+from solar.schedule.draw.samplers import Sampler, Trace, extras_of
 from solar.stats import LoaderStats
 from solar.transform import SampleFn, Transform
 from solar.warm import measured, rehearse_loader
@@ -93,7 +93,7 @@ class Loader(IterableDataset[dict]):
     ranks, a communicator and the Shuffle sampler every rank's batch is exactly
     ``batch_size`` rows every step, as a DataLoader's (``PlanningConfig.equal_batches``).
 
-    ``sampler`` draws each step's ids (:mod:`solar.schedule.samplers`): ``Shuffle()`` (the
+    ``sampler`` draws each step's ids (:mod:`solar.schedule.draw.samplers`): ``Shuffle()`` (the
     default), ``Weighted(...)``, ``Trace(...)`` or a ``NeighborSampler``; with the latter the
     sampler splits the batches over the ranks, and a batch may repeat an id (read once,
     copied).

@@ -35,8 +35,8 @@ from solar.errors import SolarError
 from solar.io.info import DatasetInfo
 from solar.io.throttle import Throttle
 from solar.schedule import Plan
-from solar.schedule.policies import POLICIES, TRACE_POLICIES
-from solar.schedule.samplers import Sampler
+from solar.schedule.draw.samplers import Sampler
+from solar.schedule.keep.policies import POLICIES, TRACE_POLICIES
 from solar.transform import SampleFn, Transform
 
 Paths = str | os.PathLike | Sequence[str | os.PathLike] | Mapping[str, Any] | DatasetInfo
@@ -74,12 +74,12 @@ class MemoryConfig:
     else a buffer per rank, as ``"rank"`` always does. The choice is made once, alike on every
     rank: ``loader.share`` and ``stats.share`` say it. ``"node"`` asks for it: the ranks of a
     host share one RAM buffer of their buffers' sum, in shared memory, planned by Belady over
-    the union of their accesses (solar/schedule/nodeplan.py); a row several local ranks need
+    the union of their accesses (solar/schedule/keep/hostplan.py); a row several local ranks need
     at a step is read once, by one of them, and copied to the others. Ranks are grouped by
     host name (``SOLAR_HOSTS=HxL`` forces H hosts of L consecutive ranks). With a sampler
     with affinity (``Shuffle``, ``Weighted``) the host's share of each global batch is dealt
     over its ranks; with equal batches only a host's surplus moves to ranks of other hosts
-    (solar/schedule/nodeequal.py). The host's tier (its ranks' sizes summed) is one file in
+    (solar/schedule/keep/hostequal.py). The host's tier (its ranks' sizes summed) is one file in
     the directory shared by its ranks; snapshots are the node planner's. For now no
     deterministic transform (``"node"`` refuses it in one line, ``"auto"`` then keeps a buffer
     per rank). Every step is a collective of the host's ranks: every local rank iterates the
@@ -89,7 +89,7 @@ class MemoryConfig:
     ``page_mates``: where rows are at most half a page (one file, one contiguous key, a
     sampler that splits its own batches, the solar policy, a RAM buffer, no deterministic
     transform), also keep the rows that share pages with a step's reads when they are used
-    sooner than what the buffer holds (:mod:`solar.schedule.pagemates`); raw batch memory then
+    sooner than what the buffer holds (:mod:`solar.schedule.keep.pagemates`); raw batch memory then
     has room for twice a batch's rows. False plans rows alone. (A plan given decides it:
     :class:`PlanningConfig`'s ``plan``.)
 
@@ -122,7 +122,7 @@ class PackingConfig:
     faster from a layout packed in plan order on node-local disk (each step's misses one
     contiguous region, built ahead by a sequential scan of the source and a sequential write,
     while earlier steps are served) than as random pages, that window is packed
-    (solar/schedule/packing.py decides, from the device's rates); else read as today.
+    (solar/schedule/plans/packing.py decides, from the device's rates); else read as today.
     Batches are the same bytes either way; only where a miss's bytes come from changes.
 
     ``disk``: the most disk the packed layouts may take at once, per rank, as bytes
@@ -172,7 +172,7 @@ class PackingConfig:
 class PlanningConfig:
     """How a Loader's plan is made, or where it comes from.
 
-    ``plan``: a :class:`~solar.schedule.plan.Plan` or a plan file (``solar plan -o``, or
+    ``plan``: a :class:`~solar.schedule.plans.plan.Plan` or a plan file (``solar plan -o``, or
     ``solar plan --share node`` for a node buffer: ``share="auto"`` then follows the file's
     kind), proven safe by every rank before any byte moves; its choices hold over this
     record's ``policy``, ``horizon`` and ``equal_batches`` and :class:`MemoryConfig`'s

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from solar._units import format_bytes
-from solar.schedule.plan import grouping
-from solar.schedule.summary import NodeTotals, PlanSummary
+from solar.schedule.plans.plan import grouping
+from solar.schedule.plans.summary import HostTotals, PlanSummary
 
 
 @dataclass(frozen=True)
@@ -129,10 +129,10 @@ def format_summary(s: dict) -> str:
 
 def node_summary(p: PlanSummary, path: Path | None = None) -> dict:
     """The figures ``solar plan --share node`` reports (JSON-ready) of a plan grouped by host:
-    the run, the grouping, the node's totals (:func:`~solar.schedule.nodeplan.node_totals`),
+    the run, the grouping, the node's totals (:func:`~solar.schedule.keep.hostplan.host_totals`),
     the file written."""
     spec, run = p.spec, p.spec.run
-    assert p.hosts is not None and isinstance(p.stats, NodeTotals)
+    assert p.hosts is not None and isinstance(p.stats, HostTotals)
     s = {
         "share": "node", "policy": spec.policy, "num_samples": run.num_samples,
         "sample_bytes": spec.sample_bytes, "world_size": run.world_size,

@@ -18,9 +18,9 @@ import numpy as np
 from solar.config import ReaderConfig
 from solar.loader import Loader
 from solar.options import ExpertConfig, MemoryConfig, PlanningConfig
-from solar.schedule.grouping import Hosts
-from solar.schedule.plan import plan_to_file
-from solar.schedule.samplers import Weighted
+from solar.schedule.draw.samplers import Weighted
+from solar.schedule.keep.grouping import Hosts
+from solar.schedule.plans.plan import plan_to_file
 from solar.warm import Warmth, measured, rehearse_node, tiny_spec
 
 # The node buffers ``solar warm`` rehearses, on a host of 2 ranks with the solar policy:
@@ -38,7 +38,7 @@ def common_configs() -> list[dict[str, Any]]:
     ``PlanningConfig(plan=FILE)``: the plan's writing and its proof, as ``solar demo`` runs);
     and, first (the longest), one buffer per host of :data:`NODE_KINDS`, in one process
     (their kernels compiled once)."""
-    from solar.schedule.policies import POLICIES, TIERED, TRACE_POLICIES
+    from solar.schedule.keep.policies import POLICIES, TIERED, TRACE_POLICIES
 
     out: list[dict[str, Any]] = [dict(world=2, policy="solar", share="node", tier=False,
                                       sampler="node kinds")]  # fmt: skip

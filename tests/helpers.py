@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from solar import SolarError, Weighted
-from solar.schedule.draws import EpochDraws
+from solar.schedule.draw.draws import EpochDraws
 
 
 def write_h5(path: Path, **datasets: np.ndarray) -> Path:

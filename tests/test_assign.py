@@ -12,8 +12,8 @@ from numba import njit
 from numba.core.registry import CPUDispatcher
 
 from solar import BufferConfig, PlanSpec, RunConfig, make_plan
-from solar.schedule import belady
-from solar.schedule.assign import assign_balanced
+from solar.schedule.keep import belady
+from solar.schedule.keep.assign import assign_balanced
 
 
 @njit(cache=True)

@@ -47,7 +47,7 @@ def test_plan_prints_its_memory_first_and_streams_a_run_larger_than_memory(tmp_p
     import solar._memory
     from solar import BufferConfig, PlanSpec, RunConfig, make_plan
     from solar.errors import SolarError
-    from solar.schedule.plan import plan_memory
+    from solar.schedule.plans.plan import plan_memory
 
     spec = PlanSpec(RunConfig(20_000, 4, 8, 40, 0), BufferConfig(500))
     streamed, kept = plan_memory(spec), plan_memory(spec, keep_all=True)

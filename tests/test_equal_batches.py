@@ -17,18 +17,18 @@ from solar import BufferConfig, CorruptPlanError, Loader, PlanSpec, RunConfig, S
 from solar.cli import main
 from solar.options import PlanningConfig
 from solar.schedule import load_plan, make_plan
-from solar.schedule.order import nominal_batches, step_bounds
-from solar.schedule.plan import simulate
-from solar.schedule.planner import RankEpoch
-from solar.schedule.samplers import Weighted
-from solar.schedule.transfer import (
+from solar.schedule.draw.order import nominal_batches, step_bounds
+from solar.schedule.draw.samplers import Weighted
+from solar.schedule.keep.planner import RankEpoch
+from solar.schedule.keep.transfer import (
     check_counts,
     delivered,
     moved_rows,
     rank_transfer,
     transfer_matrix,
 )
-from solar.schedule.validate import RankValidator, peers_error, validate_rank
+from solar.schedule.plans.plan import simulate
+from solar.schedule.plans.validate import RankValidator, peers_error, validate_rank
 
 
 def _spec(n=103, world=3, batch=4, epochs=3, slack=0.5, equal=True, **run) -> PlanSpec:

@@ -18,8 +18,8 @@ from solar.graph.reorder import relabel, reorder_nodes, rows_per_page
 from solar.io import aio
 from solar.io.probe import probe
 from solar.schedule import HIT
-from solar.schedule.pagemates import PageLayout
-from solar.schedule.planner import Planner
+from solar.schedule.keep.pagemates import PageLayout
+from solar.schedule.keep.planner import Planner
 
 
 def _spec(ids: np.ndarray, capacity: int, row_bytes: int, pages: bool) -> PlanSpec:

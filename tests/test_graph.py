@@ -299,7 +299,7 @@ def test_a_rank_planning_alone_plans_what_the_whole_run_gives_it(graph_file, wor
     """Without affinity a rank's part depends on its own draws alone: a planner of that rank
     (sampling only its subgraphs, as a Loader's does) decides exactly as one of every rank,
     tier included."""
-    from solar.schedule.planner import Planner
+    from solar.schedule.keep.planner import Planner
 
     sampler = NeighborSampler(graph_file, (3, 2), batch_size=16)
     run = _run(sampler, 997, world, epochs=3)
@@ -323,7 +323,7 @@ def test_memory_checks_count_a_batch_as_its_subgraph_not_its_seeds(graph_file, m
     which no sampled subgraph exceeds."""
     import solar._memory
     from solar import ReaderConfig
-    from solar.schedule.plan import trace_accesses
+    from solar.schedule.plans.plan import trace_accesses
 
     sampler = NeighborSampler(graph_file, (3, 2), batch_size=16)
     run = _run(sampler, 997, 2, epochs=2)

@@ -1,8 +1,8 @@
 """Planning once per host: local rank 0 publishes each epoch of its host's node plan in a
-sealed memfd (solar/schedule/hostpayload.py's bytes; solar/host/memfd.py), named to the
+sealed memfd (solar/schedule/plans/hostpayload.py's bytes; solar/host/memfd.py), named to the
 others in a round of the planning thread's communicator (solar/host/exchange.py); what they
 receive is what they would have planned, and a payload that is not is refused in one line.
-Hosts of unequal sizes (solar/schedule/nodeplan.py) are planned one host at a time. (Under
+Hosts of unequal sizes (solar/schedule/keep/hostplan.py) are planned one host at a time. (Under
 mpiexec and torchrun, with restarts and closes while planning is ahead:
 tests/mpi/host_exchange.py.)"""
 
@@ -23,10 +23,13 @@ from solar import BufferConfig, PlanSpec, RunConfig
 from solar.errors import CorruptPlanError, SolarError
 from solar.host.exchange import FD, HostExchange, Interrupted
 from solar.host.memfd import frozen
-from solar.schedule._common import HIT, PEER, SIDE
-from solar.schedule.draws import own_draws
-from solar.schedule.grouping import Hosts, stage_bound
-from solar.schedule.hostpayload import (
+from solar.schedule.draw.draws import own_draws
+from solar.schedule.draw.samplers import SHUFFLE, Weighted
+from solar.schedule.keep.grouping import Hosts, stage_bound
+from solar.schedule.keep.hostplan import HostPlanner, host_totals
+from solar.schedule.keep.hostrun import host_parts, host_run_spec
+from solar.schedule.keep.policy import HIT, PEER, SIDE
+from solar.schedule.plans.hostpayload import (
     DRAWS,
     KINDS,
     PART,
@@ -40,12 +43,9 @@ from solar.schedule.hostpayload import (
     unpack_draws,
     unpack_part,
 )  # fmt: skip
-from solar.schedule.hostrun import host_parts, node_spec
-from solar.schedule.nodeplan import NodePlanner, node_totals
-from solar.schedule.nodeview import assemble
-from solar.schedule.rankplan import RankPlan
-from solar.schedule.samplers import SHUFFLE, Weighted
-from solar.schedule.stream import RankStream
+from solar.schedule.plans.hostview import assemble
+from solar.schedule.plans.rankplan import RankPlan
+from solar.schedule.plans.stream import RankStream
 
 
 class _Pair:
@@ -120,8 +120,8 @@ def test_each_rank_receives_the_epochs_it_would_have_planned():
     spec, hosts = _spec(), Hosts.grid(1, 2)
     lead, other = _exchanges()
     tag = digest(spec.fingerprint, hosts, 0)
-    cells = node_spec(spec, hosts).slots
-    p, q = NodePlanner(spec, hosts, only_host=0), NodePlanner(spec, hosts, only_host=0)
+    cells = host_run_spec(spec, hosts).slots
+    p, q = HostPlanner(spec, hosts, only_host=0), HostPlanner(spec, hosts, only_host=0)
     for k in range(spec.run.epochs):
         contents = p.planner.contents(0)
         fd = frozen(*pack(p.next(), 0, contents, tag))
@@ -160,7 +160,7 @@ def test_each_rank_receives_the_epochs_it_would_have_planned():
 
 
 def _payload(spec, hosts):
-    p = NodePlanner(spec, hosts, only_host=0)
+    p = HostPlanner(spec, hosts, only_host=0)
     contents = p.planner.contents(0)
     fd = frozen(*pack(p.next(), 0, contents, digest(spec.fingerprint, hosts, 0)))
     size = os.fstat(fd).st_size
@@ -171,7 +171,7 @@ def _unpack(buf, spec, hosts, **kw):
     m = mmap.mmap(-1, len(buf))
     m[:] = bytes(buf)
     args = dict(epoch=0, hosts=hosts, host=0, rank=1, steps=spec.run.steps_per_epoch,
-                num_samples=spec.run.num_samples, slots=node_spec(spec, hosts).slots, tier=0,
+                num_samples=spec.run.num_samples, slots=host_run_spec(spec, hosts).slots, tier=0,
                 tag=digest(spec.fingerprint, hosts, 0))  # fmt: skip
     args.update(kw)
     return unpack(m, **args)
@@ -221,7 +221,7 @@ def test_a_published_epoch_cannot_change_after_it_was_checked():
     that could change, or another file than it names, is refused in one line."""
     spec, hosts = _spec(), Hosts.grid(1, 2)
     lead, other = _exchanges()
-    cells = node_spec(spec, hosts).slots
+    cells = host_run_spec(spec, hosts).slots
     fd, _ = _payload(spec, hosts)
     _, got = _round((lead, other), (WHOLE, 0, fd), (WHOLE, 0))
     ne = _epoch(other, got[0], spec, hosts, 0, cells)
@@ -285,9 +285,9 @@ def test_hosts_of_unequal_sizes_where_the_sampler_fixes_each_rank_batch():
     draws = spec.sampler
     reads = 0
     for h, group in enumerate(hosts.groups):
-        hspec = node_spec(spec, hosts, host=h)
+        hspec = host_run_spec(spec, hosts, host=h)
         assert hspec.buffer.capacity == 10 * len(group)
-        p = NodePlanner(spec, hosts, only_host=h)
+        p = HostPlanner(spec, hosts, only_host=h)
         epochs = [p.next() for _ in range(spec.run.epochs)]
         for k, ne in enumerate(epochs):
             for r in group:
@@ -306,30 +306,30 @@ def test_hosts_of_unequal_sizes_where_the_sampler_fixes_each_rank_batch():
         _replay(rp, hspec.slots, 0)
         reads += sum(ne.storage_reads() for ne in epochs)
     # `solar plan --hosts 3,1`'s figures: every host's, each planned alone.
-    got = node_totals(spec, hosts)
+    got = host_totals(spec, hosts)
     assert got.buffer_per_host == [30, 10] and got.reads + got.side_reads == reads
     # A sampler with affinity splits each global batch evenly over the hosts: refused.
     shuffle = PlanSpec(RunConfig(900, 4, 8, 2), BufferConfig(10), sampler=SHUFFLE)
     with pytest.raises(SolarError, match=r"ranks per host differ \(\[3, 1\]\)"):
-        NodePlanner(shuffle, hosts, only_host=0)
+        HostPlanner(shuffle, hosts, only_host=0)
     with pytest.raises(SolarError, match="ranks per host differ"):
-        node_spec(spec, hosts)  # (every host at once: which size?)
+        host_run_spec(spec, hosts)  # (every host at once: which size?)
 
 
 def test_each_rank_plans_its_part_and_sees_the_host_plan_merged():
-    """A host's buffer in parts (solar/schedule/nodeparts.py): each local rank plans and posts
+    """A host's buffer in parts (solar/schedule/keep/hostparts.py): each local rank plans and posts
     one part; every rank's view, put together from the parts it takes (nodeview.py), is its
     service in the plan one process makes of every part, merged: the same rows, decisions,
     cells, readers, staging sets, initial cells and (asked on a resume) host decisions."""
     spec, hosts = _spec(), Hosts.grid(1, 2)
     ex = _exchanges()
     tag = digest(spec.fingerprint, hosts, 0)
-    hspec = node_spec(spec, hosts)
+    hspec = host_run_spec(spec, hosts)
     parts = host_parts(hspec, hosts, 0)
     assert parts is not None and parts.count == 2
     cells = [(parts.size(hspec.slots, j), 0) for j in (0, 1)]
-    mine = [NodePlanner(spec, hosts, only_host=0, part=j) for j in (0, 1)]
-    whole = NodePlanner(spec, hosts, only_host=0)
+    mine = [HostPlanner(spec, hosts, only_host=0, part=j) for j in (0, 1)]
+    whole = HostPlanner(spec, hosts, only_host=0)
     n = spec.run.num_samples
     for k in range(spec.run.epochs):
         contents = whole.planner.contents(0)
@@ -369,7 +369,7 @@ def test_a_ranks_posted_draws_are_taken_part_by_part_and_checked():
     spec, hosts = _spec(), Hosts.grid(1, 2)
     lead, other = _exchanges()
     tag = digest(spec.fingerprint, hosts, 0)
-    parts = host_parts(node_spec(spec, hosts), hosts, 0)
+    parts = host_parts(host_run_spec(spec, hosts), hosts, 0)
     assert parts is not None
     own = own_draws(spec.sampler, spec.run, 0, 1)
     split = parts.split(own)  # (every part's at once, each batch in its order)
@@ -547,7 +547,7 @@ def test_ranks_planning_parts_serve_every_step_in_order_and_after_jumps():
     back, each serves the steps the whole plan gives it (the parts' planners are dropped and
     replanned: no rank waits for a part its host's ranks will not plan)."""
     spec, hosts = _spec(epochs=6), Hosts.grid(1, 2)
-    whole = NodePlanner(spec, hosts, only_host=0)
+    whole = HostPlanner(spec, hosts, only_host=0)
     epochs = [whole.next() for _ in range(spec.run.epochs)]
     spe = spec.run.steps_per_epoch
 
@@ -580,11 +580,11 @@ def test_ranks_planning_parts_serve_every_step_in_order_and_after_jumps():
 
 def test_a_part_posted_as_another_or_holding_its_rows_is_refused_in_one_line():
     spec, hosts = _spec(), Hosts.grid(1, 2)
-    hspec = node_spec(spec, hosts)
+    hspec = host_run_spec(spec, hosts)
     parts = host_parts(hspec, hosts, 0)
     assert parts is not None
     n, tag = spec.run.num_samples, digest(spec.fingerprint, hosts, 0)
-    p1 = NodePlanner(spec, hosts, only_host=0, part=1)
+    p1 = HostPlanner(spec, hosts, only_host=0, part=1)
     contents = p1.planner.contents(0)
     ne = p1.next()
     cells = (parts.size(hspec.slots, 1), 0)
@@ -640,7 +640,7 @@ def test_ranks_collected_unevenly_restart_alike_on_a_jump_past_the_next_epoch(tm
     collected: rank 0 holds epoch 1 (its window ends at 2), rank 1 does not (at 1). Deciding
     from the window's end, rank 0 waited for epoch 2 and rank 1 stopped: a deadlock."""
     spec, hosts = _spec(epochs=4), Hosts.grid(1, 2)
-    whole = NodePlanner(spec, hosts, only_host=0)
+    whole = HostPlanner(spec, hosts, only_host=0)
     epochs = [whole.next() for _ in range(spec.run.epochs)]
     spe = spec.run.steps_per_epoch
     streams = _streams(spec, hosts, tmp_path)

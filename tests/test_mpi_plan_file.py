@@ -11,7 +11,7 @@ from ranks_apart import MPIEXEC, run_job
 
 from solar import BufferConfig, Plan, PlanSpec, RunConfig, make_plan
 from solar.io.hdf5 import describe
-from solar.schedule.planner import EpochPlan
+from solar.schedule.keep.planner import EpochPlan
 
 SCRIPT = Path(__file__).parent / "mpi" / "plan_file.py"
 N = 61

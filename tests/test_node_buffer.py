@@ -199,7 +199,7 @@ def test_ranks_given_different_arguments_decide_alike_or_are_refused_in_one_line
 )
 def test_a_node_loader_refuses_what_it_does_not_run_in_one_line(data, tmp_path, kwargs, word):
     from solar import Loader, Transform, Weighted
-    from solar.schedule.plan import plan_to_file
+    from solar.schedule.plans.plan import plan_to_file
 
     kwargs = {k: str(tmp_path) if v == "TMP" else v for k, v in kwargs.items()}
     sampler = Weighted(np.ones(600), affinity=False)

@@ -1,7 +1,7 @@
-"""Node plan files (solar/schedule/planfile.py grouped by host): ``solar plan --share node``
+"""Node plan files (solar/schedule/plans/planfile.py grouped by host): ``solar plan --share node``
 writes the node plan with its grouping; ``Loader(plan=FILE, share="node")`` serves it, refusing
 another grouping or kind; an edited file (checksums recomputed) or a damaged one is refused in one
-line before any byte moves (solar/schedule/validate.py)."""
+line before any byte moves (solar/schedule/plans/validate.py)."""
 
 from __future__ import annotations
 
@@ -27,14 +27,14 @@ from solar.cli import cli
 from solar.errors import PlanMismatchError, SolarError
 from solar.options import ExpertConfig, MemoryConfig, PlanningConfig
 from solar.schedule import ADMIT, HIT, PEER, SIDE, THIT, load_plan
-from solar.schedule.grouping import Hosts, NodeEpoch
-from solar.schedule.nodeplan import NodePlanner, node_totals
-from solar.schedule.plan import Plan, make_plan, plan_to_file, simulate
-from solar.schedule.planfile import PlanWriter
-from solar.schedule.planfile import fingerprint as node_fingerprint
-from solar.schedule.planner import EpochPlan
-from solar.schedule.summary import NodeTotals
-from solar.schedule.validate import PlanValidator
+from solar.schedule.keep.grouping import HostEpoch, Hosts
+from solar.schedule.keep.hostplan import HostPlanner, host_totals
+from solar.schedule.keep.planner import EpochPlan
+from solar.schedule.plans.plan import Plan, make_plan, plan_to_file, simulate
+from solar.schedule.plans.planfile import PlanWriter
+from solar.schedule.plans.planfile import fingerprint as node_fingerprint
+from solar.schedule.plans.summary import HostTotals
+from solar.schedule.plans.validate import PlanValidator
 
 N = 240
 RUN = RunConfig(N, 4, 6, 3, seed=5)
@@ -46,22 +46,22 @@ def _spec(sampler=None) -> PlanSpec:
     return PlanSpec(RUN, BufferConfig(8, 0.25), sampler=s if sampler is None else sampler)
 
 
-def _epochs(spec: PlanSpec, hosts: Hosts) -> list[NodeEpoch]:
-    p = NodePlanner(spec, hosts)
+def _epochs(spec: PlanSpec, hosts: Hosts) -> list[HostEpoch]:
+    p = HostPlanner(spec, hosts)
     return [p.next() for _ in range(spec.run.epochs)]
 
 
-def _write(spec: PlanSpec, hosts: Hosts, epochs: list[NodeEpoch], path: Path) -> Path:
+def _write(spec: PlanSpec, hosts: Hosts, epochs: list[HostEpoch], path: Path) -> Path:
     """A node plan file of ``epochs`` with every checksum computed (as a tool editing it
     would)."""
     with PlanWriter(path, spec, hosts=hosts) as w:
         for ne in epochs:
             w.add(ne)
-        w.finish(NodeTotals(hosts.as_record(), 0, 0, 0, 0, 0, 0, 0, 0.0, 0.0), 0.0)
+        w.finish(HostTotals(hosts.as_record(), 0, 0, 0, 0, 0, 0, 0, 0.0, 0.0), 0.0)
     return path
 
 
-def _edited(path: Path, edit: Callable[[NodeEpoch], NodeEpoch], hosts: Hosts | None = None,
+def _edited(path: Path, edit: Callable[[HostEpoch], HostEpoch], hosts: Hosts | None = None,
             epoch: int = 0, spec: PlanSpec | None = None) -> Path:  # fmt: skip
     spec, hosts = spec or _spec(), hosts or Hosts.grid(1, 4)
     epochs = _epochs(spec, hosts)
@@ -102,7 +102,7 @@ def test_a_grouped_plan_sizes_a_host_buffer_and_refuses_a_rank_plan_in_memory_to
     spec = dataclasses.replace(_spec(), buffer=BufferConfig(8, 0.25, tier=24))
     hosts = Hosts.grid(2, 2)
     plan = make_plan(spec, hosts=hosts)
-    host = NodePlanner(spec, hosts).host_spec
+    host = HostPlanner(spec, hosts).host_spec
     assert (plan.slots, plan.tier_slots) == (host.slots, 2 * 24) != (spec.slots, 24)
     assert host.slots == 2 * spec.slots  # (well below N)
     per_rank = make_plan(spec)
@@ -149,7 +149,7 @@ def test_a_node_plan_file_holds_the_node_plan_with_its_grouping(tmp_path, groupi
     spec, hosts = _spec(), Hosts.parse(grouping)
     made = plan_to_file(spec, hosts=hosts, path=tmp_path / "n.h5").bound_to(spec)
     assert made.hosts == hosts and made.fingerprint == node_fingerprint(spec, hosts)
-    assert made.file.stats == node_totals(spec, hosts)
+    assert made.file.stats == host_totals(spec, hosts)
     assert made.file.stats.peer_rows > 0  # local ranks share rows: PEER services held
     _assert_holds_the_planners_epochs(made, spec, hosts)
     made.validate(0)
@@ -285,7 +285,7 @@ def test_a_loaders_plan_is_its_node_plan_made_in_memory_saved_as_the_file_would_
     with Loader(data, ["x"], **kw) as ld:
         plan = ld.plan
         assert isinstance(plan, Plan) and ld.plan is plan and plan.hosts == Hosts.grid(1, 1)
-        assert plan.stats == node_totals(ld.spec, plan.hosts) and plan.header is None
+        assert plan.stats == host_totals(ld.spec, plan.hosts) and plan.header is None
         for e in range(2):
             ld.set_epoch(e)
             served += [b["index"].numpy() for b in ld]
@@ -309,12 +309,12 @@ def test_a_whole_node_plan_of_unequal_hosts_is_refused_in_one_line():
     with pytest.raises(SolarError, match=r"hosts \[\[0, 1, 2\], \[3\]\]: ranks per host differ"):
         make_plan(_spec(), hosts=hosts)
     with pytest.raises(SolarError, match="as many ranks on every host"):
-        node_totals(_spec(), hosts, sink=lambda ne: None)
-    assert node_totals(_spec(), hosts).hosts == [[0, 1, 2], [3]]  # planned, host by host
+        host_totals(_spec(), hosts, sink=lambda ne: None)
+    assert host_totals(_spec(), hosts).hosts == [[0, 1, 2], [3]]  # planned, host by host
 
 
 # -- untrusted input ----------------------------------------------------------------------------
-def _first(ne: NodeEpoch, flag: int, rank: int | None = None) -> int:
+def _first(ne: HostEpoch, flag: int, rank: int | None = None) -> int:
     f = ne.ranks.flags
     lo, hi = (0, f.size) if rank is None else (ne.ranks.rank_offsets[rank],
                                                ne.ranks.rank_offsets[rank + 1])  # fmt: skip
@@ -557,7 +557,7 @@ def test_a_plan_file_of_either_grouping_resumes_as_planned(tmp_path, hosts):
     """One stream reads a plan file of any grouping as it plans one: jumped into the last
     epoch (a resume: the file's epochs before it replayed), a rank's step and the buffer (and
     per rank, tier) it must hold are the planned stream's."""
-    from solar.schedule.stream import RankStream
+    from solar.schedule.plans.stream import RankStream
 
     tier = 6 if hosts is None else 0  # (a node tier is not planned into a file)
     spec = dataclasses.replace(_spec(), buffer=BufferConfig(8, 0.25, tier=tier))

@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 from solar import BufferConfig, PlanSpec, RunConfig, Weighted
-from solar.schedule.grouping import Hosts, stage_bound
-from solar.schedule.planner import Planner
-from solar.schedule.stream import RankStream
+from solar.schedule.keep.grouping import Hosts, stage_bound
+from solar.schedule.keep.planner import Planner
+from solar.schedule.plans.stream import RankStream
 
 N = 211
 FIELDS = ("samples", "read_rows", "hit_slots", "admit_slots", "tier_slots", "demote_tslots",

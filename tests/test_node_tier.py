@@ -19,9 +19,9 @@ from ranks_apart import MPIEXEC, run_job
 from solar import BufferConfig, PlanSpec, RunConfig, Shuffle, Weighted
 from solar.errors import SolarError
 from solar.host.region import PREFIX
-from solar.schedule.grouping import Hosts, stage_bound
-from solar.schedule.nodeplan import NodePlanner
-from solar.schedule.stream import RankStream
+from solar.schedule.keep.grouping import Hosts, stage_bound
+from solar.schedule.keep.hostplan import HostPlanner
+from solar.schedule.plans.stream import RankStream
 
 SHM_DIR = "/dev/shm"  # where no node region or tier may leave a name
 
@@ -99,7 +99,7 @@ def test_a_node_plan_with_a_tier_runs_as_planned(kind, grid):
     hosts = Hosts.grid(*grid)
     thits, ordered, reads = _execute(spec, hosts)
     assert thits > 0 and ordered > 0  # tier hits, and steps whose host updates a cell twice
-    planner = NodePlanner(spec, hosts)
+    planner = HostPlanner(spec, hosts)
     assert reads == sum(planner.next().storage_reads() for _ in range(run.epochs))
 
 

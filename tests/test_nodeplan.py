@@ -1,4 +1,4 @@
-"""Property tests of the node plan (solar/schedule/nodeplan.py): one buffer per host."""
+"""Property tests of the node plan (solar/schedule/keep/hostplan.py): one buffer per host."""
 
 from __future__ import annotations
 
@@ -13,17 +13,17 @@ from plan_checks import _replay
 from solar import BufferConfig, PlanSpec, RunConfig
 from solar.errors import SolarError
 from solar.host.place import _by_name
-from solar.schedule._common import ADMIT, DEMOTE, HIT, PEER, SIDE, TADMIT, THIT, tier_slot_count
-from solar.schedule.grouping import Hosts
-from solar.schedule.hostrun import host_parts, node_spec
-from solar.schedule.nodeequal import node_transfer
-from solar.schedule.nodeplan import NodePlanner
-from solar.schedule.order import nominal_batches
-from solar.schedule.pagemates import PageLayout
-from solar.schedule.planner import Planner
-from solar.schedule.rankplan import RankPlan
-from solar.schedule.samplers import SHUFFLE, Weighted
-from solar.schedule.transfer import delivered, transfer_matrix
+from solar.schedule.draw.order import nominal_batches
+from solar.schedule.draw.samplers import SHUFFLE, Weighted
+from solar.schedule.keep.grouping import Hosts
+from solar.schedule.keep.hostequal import host_transfer
+from solar.schedule.keep.hostplan import HostPlanner
+from solar.schedule.keep.hostrun import host_parts, host_run_spec
+from solar.schedule.keep.pagemates import PageLayout
+from solar.schedule.keep.planner import Planner
+from solar.schedule.keep.policy import ADMIT, DEMOTE, HIT, PEER, SIDE, TADMIT, THIT, tier_slot_count
+from solar.schedule.keep.transfer import delivered, transfer_matrix
+from solar.schedule.plans.rankplan import RankPlan
 
 STORE = ADMIT | TADMIT | DEMOTE
 
@@ -52,7 +52,7 @@ def node_cases(draw):
 
 
 def plan_all(spec, hosts):
-    p = NodePlanner(spec, hosts)
+    p = HostPlanner(spec, hosts)
     return [p.next() for _ in range(spec.run.epochs)]
 
 
@@ -61,7 +61,7 @@ def check_node_plan(spec, hosts, epochs) -> None:
     that buffer, of the aggregate capacity, proves), or read at that step by exactly one local
     rank that needs it; the hosts' buffers replay."""
     run = spec.run
-    hspec = node_spec(spec, hosts)
+    hspec = host_run_spec(spec, hosts)
     traced_fixed = spec.traced and not spec.affinity
     for ne in epochs:
         host, ranks = ne.host, ne.ranks
@@ -144,10 +144,10 @@ def test_node_plan_serves_every_access_once(case):
 @given(node_cases())
 def test_a_host_buffer_in_parts_keeps_each_row_in_its_parts_cells(case):
     """Where a sampler fixes each rank's batch, a host's buffer is planned in one part per
-    local rank (solar/schedule/nodeparts.py): every RAM and tier cell the plan names for a row
+    local rank (solar/schedule/keep/hostparts.py): every RAM and tier cell the plan names for a row
     is one of its part's, so the parts, planned apart, never collide; part sizes add up."""
     spec, hosts = case
-    hspec = node_spec(spec, hosts)
+    hspec = host_run_spec(spec, hosts)
     parts = host_parts(hspec, hosts)
     if parts is None:
         assert not (spec.traced and not spec.affinity) or hosts.local == 1
@@ -239,7 +239,7 @@ def test_equal_node_batches_give_every_rank_its_share_moving_only_the_hosts_surp
                 surplus += max(0, int(c[list(g)].sum() - share[list(g)].sum()))
             assert int(m.sum()) == surplus
             for r in range(world):
-                moved = node_transfer(ne.ranks.step_offsets, t, r, hosts.count)
+                moved = host_transfer(ne.ranks.step_offsets, t, r, hosts.count)
                 if hosts.count == 1:
                     assert moved is None and c[r] == share[r]
                 else:

@@ -5,7 +5,7 @@ import pytest
 
 from solar import RunConfig, SolarError
 from solar.config import BufferConfig, parse_size
-from solar.schedule.order import (
+from solar.schedule.draw.order import (
     access_sequence,
     epoch_permutation,
     interleaved_ranks,
@@ -78,7 +78,7 @@ def test_buffer_sizes():
 
 
 def test_next_uses_of_a_repeated_sample_are_refused_not_written_past_the_end():
-    from solar.schedule.epochs import EpochOrder
+    from solar.schedule.draw.epochs import EpochOrder
 
     run = RunConfig(10, 1, 3, 3, 0, True)  # 9 served per epoch: one sample left out
     order = EpochOrder(run, np.arange(3))

@@ -1,4 +1,4 @@
-"""Misses packed in plan order (solar/schedule/packing.py decides, solar/cache/packed.py lays
+"""Misses packed in plan order (solar/schedule/plans/packing.py decides, solar/cache/packed.py lays
 out, solar/runtime/packing.py builds and reads): the model's choices, the layout's round trip,
 batches byte for byte as the random path's, a tampered layout refused, the disk bound."""
 
@@ -19,7 +19,7 @@ from solar.graph import generate_graph
 from solar.io.executor import Executor, wait_all
 from solar.io.identity import FileChanged
 from solar.options import MemoryConfig, PackingConfig
-from solar.schedule.packing import DeviceRates, RowsAt, plan_windows, scan_bytes, step_pages
+from solar.schedule.plans.packing import DeviceRates, RowsAt, plan_windows, scan_bytes, step_pages
 
 HDD_LIKE = DeviceRates(random_pages_per_second=75e3, sequential_bytes_per_second=1e9)
 NVME = DeviceRates(random_pages_per_second=1e6, sequential_bytes_per_second=3e9)

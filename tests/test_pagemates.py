@@ -1,4 +1,5 @@
-"""Page mates (solar.schedule.pagemates): rows sharing a page with a step's reads, kept free."""
+"""Page mates (solar.schedule.keep.pagemates): rows sharing a page with a step's reads, kept
+free."""
 
 from __future__ import annotations
 
@@ -14,10 +15,10 @@ from solar.errors import CorruptPlanError, SolarError
 from solar.graph import generate_graph
 from solar.options import ExpertConfig, MemoryConfig, PlanningConfig
 from solar.schedule import HIT
-from solar.schedule._common import ADMIT, SIDE
-from solar.schedule.pagemates import LaterUses, PageLayout, mates_of, next_after
-from solar.schedule.planner import Planner, RankEpoch
-from solar.schedule.validate import TraceValidator
+from solar.schedule.keep.pagemates import LaterUses, PageLayout, mates_of, next_after
+from solar.schedule.keep.planner import Planner, RankEpoch
+from solar.schedule.keep.policy import ADMIT, SIDE
+from solar.schedule.plans.validate import TraceValidator
 
 
 @pytest.fixture(scope="module")
@@ -208,7 +209,7 @@ def test_the_first_steps_reads_start_before_its_plan_is_made(graph, monkeypatch)
     import threading
     import time
 
-    from solar.schedule.stream import RankStream
+    from solar.schedule.plans.stream import RankStream
 
     path, _, feats = graph
     gate = threading.Event()

@@ -17,8 +17,8 @@ from plan_checks import specs
 from solar import BufferConfig, CorruptPlanError, Loader, Plan, PlanSpec, RunConfig, make_plan
 from solar.options import PlanningConfig
 from solar.schedule import ADMIT, HIT, RELEASE, load_plan
-from solar.schedule.planner import EpochPlan
-from solar.schedule.validate import check_coverage, validate_rank
+from solar.schedule.keep.planner import EpochPlan
+from solar.schedule.plans.validate import check_coverage, validate_rank
 
 N = 61
 RUN = RunConfig(N, 2, 4, 3, seed=3)
@@ -161,7 +161,7 @@ def test_a_sample_served_by_two_ranks_is_caught_across_ranks(tmp_path, dataset):
 def test_an_epoch_order_this_run_cannot_use_is_refused(tmp_path, dataset):
     import h5py
 
-    from solar.schedule import planfile
+    from solar.schedule.plans import planfile
 
     path = make_plan(_spec(dataset)).save(tmp_path / "p.h5")
     with h5py.File(path, "r+") as f:

@@ -10,7 +10,7 @@ from plan_checks import check_plan, specs
 
 from solar import BufferConfig, PlanSpec, RunConfig, make_plan
 from solar.schedule import HIT, POLICIES
-from solar.schedule.order import access_sequence
+from solar.schedule.draw.order import access_sequence
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])

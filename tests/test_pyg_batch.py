@@ -15,7 +15,7 @@ from solar import Loader, NeighborSampler, PlanSpec
 from solar.config import BufferConfig, RunConfig
 from solar.errors import SolarError
 from solar.graph import generate_graph
-from solar.schedule.planner import Planner
+from solar.schedule.keep.planner import Planner
 
 MASKS = {"train_idx": "train_mask", "valid_idx": "val_mask", "test_idx": "test_mask"}
 

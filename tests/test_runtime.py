@@ -29,9 +29,9 @@ from solar.runtime.holdings import Alone, Holdings
 from solar.runtime.memory import BatchMemory, InFlight
 from solar.runtime.reads import ReadAhead
 from solar.runtime.setup import configure
-from solar.schedule.rankplan import StepPlan
-from solar.schedule.samplers import BatchExtras
-from solar.schedule.stream import RankStream
+from solar.schedule.draw.samplers import BatchExtras
+from solar.schedule.plans.rankplan import StepPlan
+from solar.schedule.plans.stream import RankStream
 from solar.stats import LoaderStats
 
 KEYS = (KeyInfo("x", (3,), np.dtype(np.float32)),)

@@ -14,8 +14,8 @@ import pytest
 
 from solar import Loader, NeighborSampler, PlanningConfig, RunConfig
 from solar.graph import generate_graph, neighbor
-from solar.schedule import rng
-from solar.schedule.draws import every_rank, own_draws
+from solar.schedule.draw import rng
+from solar.schedule.draw.draws import every_rank, own_draws
 
 
 @pytest.fixture(scope="module")

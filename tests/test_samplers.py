@@ -1,4 +1,4 @@
-"""Samplers (solar.schedule.samplers) and the planner and runtime of their traces."""
+"""Samplers (solar.schedule.draw.samplers) and the planner and runtime of their traces."""
 
 from __future__ import annotations
 
@@ -22,10 +22,10 @@ from solar import (
     make_plan,
 )
 from solar.schedule import HIT
-from solar.schedule._common import THIT
-from solar.schedule.plan import plan_to_file
-from solar.schedule.rng import uniform
-from solar.schedule.samplers import SHUFFLE, _alias_table
+from solar.schedule.draw.rng import uniform
+from solar.schedule.draw.samplers import SHUFFLE, _alias_table
+from solar.schedule.keep.policy import THIT
+from solar.schedule.plans.plan import plan_to_file
 
 # -- the samplers -----------------------------------------------------------------------------
 
@@ -364,8 +364,8 @@ def test_thit_flag_is_used_with_a_tier():
 def test_a_restored_trace_planner_decides_as_the_run_that_saved_it(
     tmp_path_factory, world, tier, affinity, horizon, epoch, seed
 ):
-    from solar.schedule import snapshot
-    from solar.schedule.planner import Planner
+    from solar.schedule.keep.planner import Planner
+    from solar.schedule.plans import snapshot
 
     spec = _weighted_spec(90, world, 4, 4, 6, seed, tier, horizon=horizon, affinity=affinity)
     directory = tmp_path_factory.mktemp("snap")
@@ -412,8 +412,8 @@ def test_a_draw_moved_to_another_step_and_rank_is_refused():
     """With affinity the ranks' digests bind each draw to its step: moving a sample from one
     step (on one rank) to another step (on the other rank) keeps each epoch's multiset but not
     the global batches, and coverage fails."""
-    from solar.schedule.planner import RankEpoch
-    from solar.schedule.validate import TraceValidator, coverage_error
+    from solar.schedule.keep.planner import RankEpoch
+    from solar.schedule.plans.validate import TraceValidator, coverage_error
 
     spec = PlanSpec(RunConfig(40, 2, 4, 1, 3), BufferConfig(0), "solar",
                     sampler=Weighted((1.0 + np.arange(40)) ** -1.0))  # fmt: skip

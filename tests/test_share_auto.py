@@ -12,7 +12,7 @@ from solar import BufferConfig, MemoryConfig, PlanSpec, RunConfig, Weighted
 from solar.errors import SolarError
 from solar.host import place
 from solar.runtime.setup import _share
-from solar.schedule.samplers import SHUFFLE
+from solar.schedule.draw.samplers import SHUFFLE
 
 
 class FakeComm:

@@ -18,9 +18,9 @@ from plan_checks import specs
 from solar import Loader, SolarError
 from solar.config import BufferConfig, RunConfig
 from solar.options import PlanningConfig
-from solar.schedule import snapshot
-from solar.schedule.planner import Planner
-from solar.schedule.spec import PlanSpec
+from solar.schedule.keep.planner import Planner
+from solar.schedule.plans import snapshot
+from solar.schedule.plans.spec import PlanSpec
 
 FIELDS = ("sample", "slot", "flags", "tslot", "rank_offsets", "step_offsets")
 

@@ -13,8 +13,8 @@ from plan_checks import specs
 
 from solar import Loader, SolarError, make_plan
 from solar.options import PlanningConfig
-from solar.schedule.planner import Planner
-from solar.schedule.stream import RankStream
+from solar.schedule.keep.planner import Planner
+from solar.schedule.plans.stream import RankStream
 
 N = 97
 

@@ -17,11 +17,11 @@ from test_planner_properties import brute_force_optimum
 
 from solar import BufferConfig, CorruptPlanError, PlanSpec, RunConfig, SolarError, make_plan
 from solar.schedule import load_plan
-from solar.schedule._common import DEMOTE, HIT, THIT
-from solar.schedule.order import access_sequence
-from solar.schedule.planner import Planner
-from solar.schedule.stream import RankStream
-from solar.schedule.validate import validate_rank
+from solar.schedule.draw.order import access_sequence
+from solar.schedule.keep.planner import Planner
+from solar.schedule.keep.policy import DEMOTE, HIT, THIT
+from solar.schedule.plans.stream import RankStream
+from solar.schedule.plans.validate import validate_rank
 
 SLOW = {"deadline": None, "suppress_health_check": [HealthCheck.too_slow]}
 
@@ -145,7 +145,7 @@ def test_starting_from_refill_alone_every_later_tier_hit_matches():
     later hit (RAM or tier) still finds its sample."""
     run = RunConfig(120, 1, 6, 4, seed=2)
     rp = make_plan(PlanSpec(run, BufferConfig(8, 0, 20))).rank(0)
-    from solar.schedule.rankplan import _replay
+    from solar.schedule.plans.rankplan import _replay
 
     for k in range(0, run.num_steps, 7):
         cells, samples = rp.refill_at(k)

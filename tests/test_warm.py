@@ -32,7 +32,7 @@ CASES = {
     ".npy files, weighted, a plan file": dict(
         data="npy", reader={"one_per_file": True}, sampler="weighted", plan_file=True
     ),
-    # Small feature rows: the planner keeps their page mates (solar.schedule.pagemates).
+    # Small feature rows: the planner keeps their page mates (solar.schedule.keep.pagemates).
     "a graph's features, neighbour sampling": dict(data="graph", sampler="neighbor"),
     # One buffer per host (a host of one rank here): the node planner's kernels, and a tier's.
     "a node buffer, weighted without affinity, a tier": dict(
@@ -46,7 +46,7 @@ CHILD = textwrap.dedent(
     import numpy as np
     from solar import (ExpertConfig, Loader, MemoryConfig, NeighborSampler, PlanningConfig,
                        ReaderConfig, Weighted)
-    from solar.schedule.plan import plan_to_file
+    from solar.schedule.plans.plan import plan_to_file
     from solar.warm import TALLY, signatures
 
     kw = json.loads(sys.argv[1])
@@ -96,7 +96,7 @@ PRELOAD = textwrap.dedent(
     from solar import (ExpertConfig, Loader, MemoryConfig, NeighborSampler, PlanningConfig,
                        ReaderConfig, Shuffle, Weighted)
     from solar.precompile import common_configs, warm_config
-    from solar.schedule.plan import plan_to_file
+    from solar.schedule.plans.plan import plan_to_file
     from solar.warm import TALLY, signatures
 
     loaded = {k: v for k, v in signatures().items() if v}
@@ -309,8 +309,9 @@ def test_the_rehearsal_is_placed_on_the_real_loaders_communicator(small_h5):
 
 def test_every_kernel_is_found():
     found = dispatchers()
-    for name in ("solar.cache.slots._copy_rows", "solar.schedule.belady._solar_steps",
-                 "solar.schedule.rankplan._replay", "solar.io.executor._iov_runs"):  # fmt: skip
+    for name in ("solar.cache.slots._copy_rows", "solar.schedule.keep.belady._solar_steps",
+                 "solar.schedule.plans.rankplan._replay",
+                 "solar.io.executor._iov_runs"):  # fmt: skip
         assert name in found
 
 

@@ -1,6 +1,6 @@
 """``NeighborSampler``: k-hop neighbour sampling around seed nodes, as a solar sampler.
 
-Each epoch the training nodes are permuted (``solar.schedule.order.epoch_permutation`` of the
+Each epoch the training nodes are permuted (``solar.schedule.draw.order.epoch_permutation`` of the
 split, keyed by the run's seed and the epoch); global step t takes positions ``[t·G,
 (t+1)·G)`` of it, G = P·B, and rank r the r-th contiguous share (``affinity`` is False: the
 sampler, not the planner, fixes the split, so every seed is served exactly once per epoch).
@@ -8,7 +8,7 @@ Around its seeds a rank samples ``fanouts[h]`` neighbours per node at hop h, wit
 replacement (all of them when a node has fewer; -1: all), expanding at hop h only the nodes
 first reached at hop h - 1, as PyTorch Geometric's ``NeighborLoader`` does. Which neighbours
 node v draws at hop h of step t of epoch e is a pure function of (seed, e, t, v, h): the
-counter-based stream of :mod:`solar.schedule.rng` (splitmix64), Floyd's sampling of k of d
+counter-based stream of :mod:`solar.schedule.draw.rng` (splitmix64), Floyd's sampling of k of d
 positions. Any step is recomputed alone, on any rank, in any process.
 
 A step's ids are its subgraph's distinct nodes, seeds first, then each hop's new nodes in the
@@ -46,10 +46,10 @@ from solar.config import RunConfig
 from solar.errors import SolarError
 from solar.graph.csr import MASKS, SPLITS, Graph, check_nodes
 from solar.graph.ingest import topology, warn_missing
-from solar.schedule import rng
-from solar.schedule.draws import EpochDraws, rank_draws
-from solar.schedule.order import epoch_permutation
-from solar.schedule.samplers import BatchExtras, Sampler, _span
+from solar.schedule.draw import rng
+from solar.schedule.draw.draws import EpochDraws, rank_draws
+from solar.schedule.draw.order import epoch_permutation
+from solar.schedule.draw.samplers import BatchExtras, Sampler, _span
 
 _NEIGHBOR_STREAM = 2  # spawn-key tag of the neighbour draws (Weighted's is 1)
 MAX_HOPS = 64
@@ -320,7 +320,7 @@ def _edge_index(sub: Subgraph) -> np.ndarray:
 
 @njit(cache=True, inline="always")
 def _mix(z):  # pragma: no cover - compiled
-    """splitmix64's finaliser (the same arithmetic as :func:`solar.schedule.rng.bits`)."""
+    """splitmix64's finaliser (the same arithmetic as :func:`solar.schedule.draw.rng.bits`)."""
     z = (z ^ (z >> np.uint64(30))) * _M1
     z = (z ^ (z >> np.uint64(27))) * _M2
     return z ^ (z >> np.uint64(31))

@@ -22,7 +22,7 @@ reads.py        starting a step's storage and tier reads into its batch memory; 
 holdings.py     the RAM buffer and the tier, and the step they match (``Holdings.at``); hits
                 gathered into a batch; the plan's updates applied; refills. A rank's own
                 buffer is a host of one rank; with one buffer per host (a node plan,
-                solar/schedule/nodeplan.py) a ``Host``: the host's shared buffer and staging
+                solar/schedule/keep/hostplan.py) a ``Host``: the host's shared buffer and staging
                 rows, rows read once for the host, host barriers per step, the host's tier
                 one shared file, its hits read at the step
 assembly.py     a step's batch from its reads and hits (rows as read)

@@ -21,7 +21,7 @@ from solar.exchange import Exchange
 from solar.io.info import KeyInfo
 from solar.runtime.memory import InFlight
 from solar.runtime.steps import Steps
-from solar.schedule.samplers import extras_of
+from solar.schedule.draw.samplers import extras_of
 
 
 class Delivered(NamedTuple):

@@ -3,13 +3,13 @@
 :class:`Holdings` is the sole owner of ``at``, the step whose start the buffer and tier match
 (-1: none, until a refill). It gathers a step's hits into a batch and applies the step's
 updates (the plan's admissions, demotions and tier writes; overwriting a slot is the eviction,
-decided by the planner: for the ``solar`` policy Belady in solar/schedule/belady.py).
+decided by the planner: for the ``solar`` policy Belady in solar/schedule/keep/belady.py).
 After a resume or a jump it refills itself to a step through the :class:`Refill` it was built
 with: :class:`RawRefill` (rows as stored) or, where a deterministic transform's rows are held,
 the transform stage's (solar.runtime.transforms).
 
 A rank's buffer is a host of one rank. With one buffer per host (a node plan,
-solar/schedule/nodeplan.py) the host's RAM buffer is one shared region (solar/host/region.py)
+solar/schedule/keep/hostplan.py) the host's RAM buffer is one shared region (solar/host/region.py)
 every local rank maps, with a staging area where a row read for several local ranks is put by
 its reader for the others, and the host's tier one file they all opened
 (solar/cache/nodetier.py): the :class:`Host` the holdings are built with. Per step ``k`` a
@@ -24,7 +24,7 @@ rank:
    it (only a row's reader stores it): demotions, admissions, tier admissions, its tier
    writes waited for; where the host updates a cell twice in the step, in the plan's
    phases, with a barrier before those that update a cell another rank updated since the
-   last one (solar/schedule/nodeplan.py ``host_phases``);
+   last one (solar/schedule/keep/hostplan.py ``host_phases``);
 5. waits at the host's barrier (every store and tier write of step k is done before any hit
    of step k + 1, and every staging row is taken before it is overwritten).
 
@@ -57,7 +57,7 @@ from solar.io.info import KeyInfo
 from solar.io.reader import Reader
 from solar.runtime.steps import Steps
 from solar.schedule import ADMIT, DEMOTE
-from solar.schedule.rankplan import StepPlan
+from solar.schedule.plans.rankplan import StepPlan
 
 Key = tuple[tuple[int, ...], Any]  # a key's sample shape and dtype
 Barrier = Callable[[int, int], None]  # waits for the host's ranks at (step, phase)

@@ -10,7 +10,7 @@ import numpy as np
 
 from solar.cache.batches import Allocator, BatchPool
 from solar.io.info import KeyInfo
-from solar.schedule.rankplan import StepPlan
+from solar.schedule.plans.rankplan import StepPlan
 
 
 class ReadFigures(NamedTuple):  # NamedTuples: one is made per step, cheaper than a dataclass

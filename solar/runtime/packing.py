@@ -1,7 +1,7 @@
 """The misses stage: where a step's storage reads come from, as the planner decided.
 
 :class:`RandomMisses` reads them from the source (random pages: the reader's tasks). A
-:class:`Packer` obeys :func:`solar.schedule.packing.plan_windows`: it cuts the planned steps
+:class:`Packer` obeys :func:`solar.schedule.plans.packing.plan_windows`: it cuts the planned steps
 into windows as they are planned, builds each packed window ahead (a sequential scan of the
 source in chunks, each chunk's rows written to every step's region: solar/cache/packed.py)
 while earlier steps are served, and reads a packed step's region in one contiguous run;
@@ -31,7 +31,7 @@ from solar._units import format_bytes
 from solar.cache.packed import PackedFile
 from solar.io.executor import JobResult, when_all
 from solar.io.reader import Reader
-from solar.schedule.packing import DeviceRates, RowsAt, Window, plan_windows
+from solar.schedule.plans.packing import DeviceRates, RowsAt, Window, plan_windows
 
 IN_FLIGHT = 2  # source chunks read or written at once while packing (staging memory)
 

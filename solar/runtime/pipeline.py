@@ -31,8 +31,8 @@ from solar.runtime.setup import Setup
 from solar.runtime.steps import Steps
 from solar.runtime.transforms import HeldTransformAssembly, TransformAssembly, TransformedRefill
 from solar.runtime.workers import TransformPool
-from solar.schedule.grouping import stage_bound
-from solar.schedule.stream import RankStream
+from solar.schedule.keep.grouping import stage_bound
+from solar.schedule.plans.stream import RankStream
 from solar.stats import LoaderStats, StepStats
 from solar.tune import MAX_READ_AHEAD, READ_AHEAD_BYTES, Knob, Tuner, reader_knobs
 

@@ -21,7 +21,7 @@ from solar.io.reader import Reader
 from solar.runtime.memory import BatchMemory, InFlight, ReadFigures
 from solar.runtime.packing import Misses, RandomMisses
 from solar.runtime.steps import Steps
-from solar.schedule.rankplan import StepPlan
+from solar.schedule.plans.rankplan import StepPlan
 
 
 class Reads:

@@ -4,7 +4,7 @@ Every stage asks :class:`Steps` about a global step ``k`` — its plan in the sa
 order, the sampler's output of it, the rows of batch memory it needs, its exchange of rows, the
 buffer updates of a step that touches a slot twice, its transform jobs — and nothing else reads
 the rank's plan. A sampler that draws each rank's batches is asked once per epoch: its draws
-(the planner's, :attr:`~solar.schedule.stream.RankStream.drawn`) are what the steps serve. The
+(the planner's, :attr:`~solar.schedule.plans.stream.RankStream.drawn`) are what the steps serve. The
 window of planned epochs is trimmed in one place, :meth:`Steps.enter`: when a step becomes
 the next one served, the epochs before it are done with.
 """
@@ -16,11 +16,11 @@ from typing import Any
 import numpy as np
 
 from solar.errors import SolarError
-from solar.schedule.rankplan import StepPlan
-from solar.schedule.samplers import NO_EXTRAS, Sampler, extras_of
-from solar.schedule.spec import PlanSpec
-from solar.schedule.stream import RankStream
-from solar.schedule.transfer import Transfer
+from solar.schedule.draw.samplers import NO_EXTRAS, Sampler, extras_of
+from solar.schedule.keep.transfer import Transfer
+from solar.schedule.plans.rankplan import StepPlan
+from solar.schedule.plans.spec import PlanSpec
+from solar.schedule.plans.stream import RankStream
 from solar.transform import Rows, repeats
 
 

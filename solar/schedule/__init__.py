@@ -1,11 +1,12 @@
-"""The planner: order → assignment → eviction → Plan, all pure functions of the inputs."""
+"""The planner: what is drawn → who keeps what → the Plan, all pure functions of the inputs
+(no shared memory, no processes: solar/host/ holds those). Layout: README.md beside this file."""
 
-from solar.schedule._common import ADMIT, DEMOTE, HIT, PEER, RELEASE, SIDE, THIT
-from solar.schedule.order import epoch_permutation
-from solar.schedule.plan import Plan, load_plan, make_plan
-from solar.schedule.policies import POLICIES
-from solar.schedule.rankplan import RankPlan, StepPlan
-from solar.schedule.spec import PlanSpec
+from solar.schedule.draw.order import epoch_permutation
+from solar.schedule.keep.policies import POLICIES
+from solar.schedule.keep.policy import ADMIT, DEMOTE, HIT, PEER, RELEASE, SIDE, THIT
+from solar.schedule.plans.plan import Plan, load_plan, make_plan
+from solar.schedule.plans.rankplan import RankPlan, StepPlan
+from solar.schedule.plans.spec import PlanSpec
 
 __all__ = [
     "ADMIT",

@@ -10,7 +10,7 @@ mpiexec -n P python tests/mpi/coverage.py --cases CASES.json
     case, so the tests run each launcher and job size once.
 
 With --equal-batches every batch is the rank's nominal share and holds the samples the plan's
-exchange (solar.schedule.transfer) delivers to it, in its order. With --transform each sample
+exchange (solar.schedule.keep.transfer) delivers to it, in its order. With --transform each sample
 passes through a transform drawing from its rng: every row carries the draws its (seed, epoch,
 sample, step) give, wherever it was transformed, in the first run and the resumed one.
 """
@@ -26,8 +26,8 @@ import numpy as np
 from planned import planned
 
 from solar import Loader, MemoryConfig, PlanningConfig, Weighted, dist
-from solar.schedule.order import nominal_batches
-from solar.schedule.transfer import delivered
+from solar.schedule.draw.order import nominal_batches
+from solar.schedule.keep.transfer import delivered
 from solar.transform import sample_rng
 
 

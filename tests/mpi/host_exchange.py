@@ -20,10 +20,10 @@ grouping = sys.argv[1]
 os.environ["SOLAR_HOSTS"] = grouping
 
 from solar import BufferConfig, PlanSpec, RunConfig, Weighted, dist, host  # noqa: E402
-from solar.schedule._common import SIDE  # noqa: E402
-from solar.schedule.grouping import Hosts, stage_bound  # noqa: E402
-from solar.schedule.nodeplan import NodePlanner  # noqa: E402
-from solar.schedule.stream import RankStream  # noqa: E402
+from solar.schedule.keep.grouping import Hosts, stage_bound  # noqa: E402
+from solar.schedule.keep.hostplan import HostPlanner  # noqa: E402
+from solar.schedule.keep.policy import SIDE  # noqa: E402
+from solar.schedule.plans.stream import RankStream  # noqa: E402
 
 d = dist.init()
 comm, rank = d.comm, d.rank
@@ -36,7 +36,7 @@ run = RunConfig(n, comm.Get_size(), 10, E, seed=4)
 w = ((1.0 + np.arange(n)) ** -0.8)[np.random.default_rng(2).permutation(n)]
 spec = PlanSpec(run, BufferConfig(15), sampler=Weighted(w, affinity=False))
 spe = run.steps_per_epoch
-whole = NodePlanner(spec, hosts, only_host=where.host)
+whole = HostPlanner(spec, hosts, only_host=where.host)
 epochs = [whole.next() for _ in range(E)]
 
 

@@ -27,9 +27,9 @@ from solar.io.reader import Reader
 from solar.io.sources import describe_source
 from solar.runtime.holdings import Holdings, Host, RawRefill
 from solar.runtime.steps import Steps
-from solar.schedule.grouping import Hosts, stage_bound
-from solar.schedule.nodeplan import NodePlanner
-from solar.schedule.stream import RankStream
+from solar.schedule.keep.grouping import Hosts, stage_bound
+from solar.schedule.keep.hostplan import HostPlanner
+from solar.schedule.plans.stream import RankStream
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: shared helpers
 from helpers import skewed_weighted
@@ -103,7 +103,7 @@ for grouping in groupings:
     again.refill(k0)
     for k in range(k0, run.num_steps):
         serve(again, steps2, k)
-    planner = NodePlanner(spec, hosts)
+    planner = HostPlanner(spec, hosts)
     planned = sum(planner.next().storage_reads() for _ in range(run.epochs))
     total = comm.allreduce(reads)
     assert total == planned, (grouping, total, planned)

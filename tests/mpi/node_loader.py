@@ -36,11 +36,11 @@ import numpy as np
 from solar import Loader, NeighborSampler, Shuffle, dist, host
 from solar.errors import SolarError
 from solar.graph import neighbor
-from solar.schedule.grouping import Hosts
-from solar.schedule.nodeplan import NodePlanner
-from solar.schedule.order import nominal_batches
-from solar.schedule.rng import stream_key
-from solar.schedule.transfer import moved_rows
+from solar.schedule.draw.order import nominal_batches
+from solar.schedule.draw.rng import stream_key
+from solar.schedule.keep.grouping import Hosts
+from solar.schedule.keep.hostplan import HostPlanner
+from solar.schedule.keep.transfer import moved_rows
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: shared helpers
 from helpers import checked_ids, skewed_weighted
@@ -91,9 +91,9 @@ def planned_reads(ld):
     """Rows the node plan reads from storage over the run, every host's (page mates too)."""
     hosts = Hosts(host.place(comm).groups)
     if not hosts.uniform:  # hosts of different sizes: each planned alone
-        planners = [NodePlanner(ld.spec, hosts, only_host=h) for h in range(hosts.count)]
+        planners = [HostPlanner(ld.spec, hosts, only_host=h) for h in range(hosts.count)]
         return sum(p.next().storage_reads() for p in planners for _ in range(E))
-    p = NodePlanner(ld.spec, hosts)
+    p = HostPlanner(ld.spec, hosts)
     return sum(p.next().storage_reads() for _ in range(E))
 
 
@@ -102,7 +102,7 @@ def cross_host_surplus(ld):
     hosts = Hosts(host.place(comm).groups)
     if hosts.count == 1:
         return 0
-    p = NodePlanner(ld.spec, hosts)
+    p = HostPlanner(ld.spec, hosts)
     return sum(int(moved_rows(np.diff(p.next().ranks.step_offsets, axis=1).T)[0].sum())
                for _ in range(E))  # fmt: skip
 

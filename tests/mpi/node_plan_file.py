@@ -16,9 +16,9 @@ import h5py
 import numpy as np
 
 from solar import Loader, Shuffle, dist
-from solar.schedule.order import nominal_batches
-from solar.schedule.plan import load_plan
-from solar.schedule.transfer import delivered
+from solar.schedule.draw.order import nominal_batches
+from solar.schedule.keep.transfer import delivered
+from solar.schedule.plans.plan import load_plan
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: shared helpers
 from helpers import checked_ids, skewed_weighted

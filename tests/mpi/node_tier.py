@@ -20,9 +20,9 @@ import h5py
 import numpy as np
 
 from solar import Loader, dist
-from solar.schedule.grouping import Hosts
-from solar.schedule.nodeplan import NodePlanner
-from solar.schedule.planner import Planner
+from solar.schedule.keep.grouping import Hosts
+from solar.schedule.keep.hostplan import HostPlanner
+from solar.schedule.keep.planner import Planner
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: shared helpers
 from helpers import checked_ids, skewed_weighted
@@ -59,7 +59,7 @@ for e in range(E):
             state = ld.state_dict()
 tot = ld.stats.totals()
 reads, tier_hits = comm.allreduce(tot.reads + tot.side_reads), comm.allreduce(tot.tier_hits)
-planner = NodePlanner(ld.spec, Hosts.grid(1, 4))
+planner = HostPlanner(ld.spec, Hosts.grid(1, 4))
 planned = sum(planner.next().storage_reads() for _ in range(E))
 assert reads == planned and tier_hits > 0, (reads, planned, tier_hits)
 ld.close()
@@ -97,7 +97,7 @@ assert k == E * spe, k
 el.close()
 
 # Two hosts of 2, snapshots on every rank: host 0's ranks take rank 0's whole plan (it saves
-# every host's), host 1's each plan a part of their buffer (solar/schedule/nodeparts.py) and
+# every host's), host 1's each plan a part of their buffer (solar/schedule/keep/hostparts.py) and
 # replan on a resume: the same batches, the planned reads.
 os.environ["SOLAR_HOSTS"] = "2x2"
 snaps2 = os.path.join(snaps, "2x2")
@@ -114,7 +114,7 @@ for e in range(E):
         if (e, t) == (2, 1):
             state = two.state_dict()
 reads2 = comm.allreduce(two.stats.totals().reads + two.stats.totals().side_reads)
-planner = NodePlanner(two.spec, Hosts.grid(2, 2))
+planner = HostPlanner(two.spec, Hosts.grid(2, 2))
 assert reads2 == sum(planner.next().storage_reads() for _ in range(E)), reads2
 two.close()
 comm.Barrier()

@@ -6,9 +6,9 @@ from typing import NamedTuple
 import numpy as np
 
 from solar import host
-from solar.schedule._common import HIT, PEER, SIDE, THIT
-from solar.schedule.grouping import Hosts
-from solar.schedule.nodeplan import NodePlanner
+from solar.schedule.keep.grouping import Hosts
+from solar.schedule.keep.hostplan import HostPlanner
+from solar.schedule.keep.policy import HIT, PEER, SIDE, THIT
 
 
 class Planned(NamedTuple):
@@ -22,7 +22,7 @@ def planned(ld, comm) -> Planned:
     if ld.share == "rank":
         s = ld.plan.stats[ld.rank]
         return Planned(s.hits, s.tier_hits, s.reads)
-    p = NodePlanner(ld.spec, Hosts(host.place(comm).groups))
+    p = HostPlanner(ld.spec, Hosts(host.place(comm).groups))
     hits = reads = 0
     for _ in range(ld.run.epochs):
         f = p.next().rank(ld.rank).flags

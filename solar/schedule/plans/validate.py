@@ -1,0 +1,742 @@
+"""Proof that an untrusted plan, of any grouping, is safe to execute for a run.
+
+A plan file's checksums are unkeyed: they catch accidents, not edits. Before the runtime moves
+a byte, :func:`validate_rank` proves, in one numba pass over the rank's accesses (plus one
+permutation per epoch):
+
+* sample ids, slots and flags are within range, and step offsets are consistent with the run;
+* every sample the rank serves at global step k is in step k of that epoch's permutation for
+  the run's seed, and none is served twice in an epoch;
+* every HIT (THIT) reads a RAM (tier) slot that, replaying the plan's own admissions and
+  demotions in order, holds that sample at the start of the step (so nothing is read from a
+  slot never written).
+
+Across ranks, exactly-once coverage is proven with a keyed multiset digest per epoch: each rank
+sums ``mix(sample, key)`` over what it serves, and the ranks' sums must add up to the digest of
+the epoch's samples. The key is drawn at run time, so an edited file cannot be crafted to match.
+
+With equal batches, each rank's part also carries every rank's served counts, from which the
+ranks compute the exchange of rows (:mod:`solar.schedule.keep.transfer`). The validator proves them
+non-negative, adding up to each step's global batch, and equal to the rank's own in its column;
+``peers_digest`` lets the ranks prove they all hold the same counts. Then every rank's column is
+what that rank serves, every row served is delivered exactly once (the exchange is a bijection
+from the surplus rows onto the missing ones), and served exactly once means delivered exactly once.
+
+A plan grouped by host (solar/schedule/keep/hostplan.py) is proven the same way, each host's buffer
+as a rank of the host run (a buffer per rank is a plan of hosts of one rank), and then every
+rank's service of its host's part (:class:`_Services`, one numba pass):
+
+* each access points (``at``) into its host's accesses of the same step and names the same
+  sample; a hit carries the host's decision and reads a slot that, replaying the stores the
+  ranks make (only a row's reader stores it), holds that sample as the step starts; a read is
+  the host's miss, stored as the host says (or a store the plan drops: one the host overwrites
+  at the same step); after each step every slot the host stores holds what the host plan says
+  (a resume refills the host plan's buffer); a ``PEER`` row names a reader of the same host
+  that reads that row at that step, and every rank naming one row names the same reader; every
+  host access is served (with Shuffle's affinity, by exactly one rank); no slot is stored twice
+  in a step; side rows follow the batch; the rows shared at a step fit the host's staging rows;
+* with a sampler that fixes each rank's batch, each rank serves exactly its batch's ids;
+* with equal batches, every rank's served counts (which drive the exchange across hosts) are
+  the equal shares of its host's (:func:`~solar.schedule.keep.hostequal.rank_targets`).
+
+Every index is checked before a kernel uses it: an edited file is refused in one line, it
+never reaches memory it does not name.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+from numba import njit
+
+from solar.config import RunConfig
+from solar.errors import CorruptPlanError
+from solar.schedule.draw.epochs import EpochOrder, _positions
+from solar.schedule.draw.order import step_bounds
+from solar.schedule.draw.traces import TraceOrder
+from solar.schedule.keep.grouping import HostEpoch, Hosts, stage_bound
+from solar.schedule.keep.hostequal import rank_targets
+from solar.schedule.keep.hostrun import HostSampler, host_run_spec
+from solar.schedule.keep.planner import EpochPlan, RankEpoch
+from solar.schedule.keep.policy import (
+    ADMIT,
+    DEMOTE,
+    HIT,
+    PEER,
+    RELEASE,
+    SIDE,
+    TADMIT,
+    THIT,
+    tier_slot_count,
+)
+from solar.schedule.keep.transfer import check_counts
+from solar.schedule.plans.rankplan import RankPlan, _replay
+from solar.schedule.plans.spec import PlanSpec
+
+_OK, _SAMPLE, _FLAGS, _SLOT, _NOT_IN_STEP, _REPEATED, _STALE_HIT, _SIDE_FIRST = range(8)
+
+# The flag sets an access may carry, and the cells each names: bit 0 a RAM slot, bit 1 a tier
+# slot, bit 2 "valid". Anything else is refused.
+_NEEDS = np.zeros(2 * SIDE, np.int8)
+for _f, _needs in (
+    (0, 0), (HIT, 1), (HIT | RELEASE, 1), (ADMIT, 1),  # RAM only
+    (THIT, 2), (THIT | RELEASE, 2), (TADMIT, 2),  # the tier only
+    (THIT | ADMIT, 3), (THIT | ADMIT | DEMOTE, 3), (ADMIT | DEMOTE, 3),  # promotions, demotions
+):  # fmt: skip
+    _NEEDS[_f] = 4 | _needs
+# A sampler's trace in a RAM buffer may also store side rows (pagemates.py), after the batch.
+_NEEDS_SIDES = _NEEDS.copy()
+_NEEDS_SIDES[SIDE | ADMIT] = 4 | 1
+
+
+@njit(cache=True, inline="always")
+def _mix(x, key):
+    """splitmix64's finaliser of ``x ^ key``: a well-spread 64-bit hash."""
+    z = np.uint64(x) ^ key
+    z += np.uint64(0x9E3779B97F4A7C15)
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))
+
+
+@njit(cache=True, nogil=True)
+def _digest(samples, key):
+    """The keyed multiset digest of ``samples``: the sum of their mixes (wrapping)."""
+    digest = np.uint64(0)
+    for j in range(samples.shape[0]):
+        digest += _mix(samples[j], key)
+    return digest
+
+
+@njit(cache=True, inline="always")
+def _check_cells(x, f, s, ts, n, c, cells, needs, state):
+    """An access's sample, flags and cells in range, and a hit reading its sample."""
+    if x < 0 or x >= n:
+        return _SAMPLE
+    need = needs[f] if f < needs.shape[0] else 0
+    if need == 0:
+        return _FLAGS
+    if (s != -1 and not need & 1) or (need & 1 and not 0 <= s < c):
+        return _SLOT
+    if (ts != -1 and not need & 2) or (need & 2 and not 0 <= ts < cells - c):
+        return _SLOT
+    if (f & HIT and state[s] != x) or (f & THIT and state[c + ts] != x):
+        return _STALE_HIT
+    return _OK
+
+
+@njit(cache=True, nogil=True)
+def _check_epoch(sample, slot, tslot, flags, offsets, k0, bounds, pos, seen, stamp, c, state,
+                 key, needs):  # fmt: skip
+    """Check one epoch's steps of a rank; returns (code, access index, digest of its samples).
+
+    ``state`` (the replay of the buffer's cells: ``c`` RAM slots, then the tier's) and
+    ``seen`` (stamp of the epoch a sample was last served in) carry over from epoch to epoch.
+    """
+    n = pos.shape[0]
+    cells = state.shape[0]
+    digest = np.uint64(0)
+    for t in range(bounds.shape[0] - 1):
+        a, b = offsets[k0 + t], offsets[k0 + t + 1]
+        lo, hi = bounds[t], bounds[t + 1]
+        for i in range(a, b):  # checks, and hits against the buffer as the step starts
+            x = sample[i]
+            code = _check_cells(x, flags[i], slot[i], tslot[i], n, c, cells, needs, state)
+            if code == _STALE_HIT or code == _OK:  # (in step first: the likelier edit)
+                p = pos[x]
+                if p < lo or p >= hi:
+                    return _NOT_IN_STEP, i, digest
+                if seen[x] == stamp:
+                    return _REPEATED, i, digest
+                seen[x] = stamp
+            if code != _OK:
+                return code, i, digest
+            digest += _mix(x, key)
+        _replay(sample, slot, tslot, flags, a, b, c, state)  # then the updates, in order
+    return _OK, -1, digest
+
+
+@njit(cache=True, nogil=True)
+def _check_trace_epoch(sample, slot, tslot, flags, offsets, n, c, state, key, needs, stride):
+    """:func:`_check_epoch` for a sampler's trace, whose accesses were compared with the
+    sampler's already: ranges, flags and hits by replay. The digest mixes ``t * stride + x``
+    for access x at the epoch's step t (``stride`` N: each draw bound to its step)."""
+    cells = state.shape[0]
+    digest = np.uint64(0)
+    for t in range(offsets.shape[0] - 1):
+        a, b = offsets[t], offsets[t + 1]
+        sides = False
+        for i in range(a, b):
+            code = _check_cells(sample[i], flags[i], slot[i], tslot[i], n, c, cells, needs,
+                                state)  # fmt: skip
+            if code == _OK and sides and not flags[i] & SIDE:
+                code = _SIDE_FIRST  # the runtime serves a step's first rows, sides after them
+            if code != _OK:
+                return code, i, digest
+            if flags[i] & SIDE:
+                sides = True  # stored, not served: not in the digest
+            else:
+                digest += _mix(t * stride + sample[i], key)
+        _replay(sample, slot, tslot, flags, a, b, c, state)
+    return _OK, -1, digest
+
+
+# A service's refusals (0: none).
+(_AT, _S_SAMPLE, _S_REPEATED, _S_SIDE_FIRST, _TIER, _HIT, _S_SLOT, _STALE, _READER, _READERS,
+ _READ, _PEER, _UNSERVED, _TWICE, _NOT_READ, _STAGE, _STORES, _DIVERGE) = range(1, 19)  # fmt: skip
+
+_WHAT = {
+    _AT: "its access points outside its host's accesses of the step",
+    _S_SAMPLE: "its sample is not the host's access it points at",
+    _S_REPEATED: "it serves one sample twice in the step",
+    _S_SIDE_FIRST: "a row is served after a side row (side rows follow the batch)",
+    _TIER: "a tier flag (no node tier is run)",
+    _HIT: "a hit that is not the host's hit (flags, slot or reader differ)",
+    _S_SLOT: "a slot outside the node buffer",
+    _STALE: "a hit from a slot that does not hold its sample (its rows never stored there)",
+    _READER: "a row whose reader is not a rank of its host",
+    _READERS: "two ranks name different readers of one row",
+    _READ: "a read that is not the host's miss as planned (flags or slot differ)",
+    _PEER: "a PEER row that is not a host miss taken as planned (flags, slot or side row)",
+    _UNSERVED: "a host access no rank of the host serves",
+    _TWICE: "a host access served by two ranks",
+    _NOT_READ: "a PEER row whose reader does not read it at that step",
+    _STAGE: "more rows shared between local ranks than the host's staging rows",
+    _STORES: "two stores into one slot at one step",
+    _DIVERGE: "the ranks' stores leave a slot otherwise than the host plan's (a resume refills "
+    "the host plan's)",
+}
+
+
+@njit(cache=True, nogil=True)
+def _check_services(h_sample, h_slot, h_flags, h_base, h_off, r_sample, r_slot, r_flags,
+                    r_reader, r_at, r_base, r_off, group, local_of, n, slots, exclusive,
+                    stage_rows, state, hlast, claim, covered, readby, peer, rstamp, sstamp,
+                    tag0):  # fmt: skip
+    """One epoch of a host's ranks' services (see the module's docstring); ``state`` (the
+    node buffer as the ranks' stores leave it) carries over epochs. Returns (code, local rank,
+    access index, step)."""
+    local = group.shape[0]
+    world = local_of.shape[0]
+    steps = h_off.shape[0] - 1
+    for t in range(steps):
+        a, b = h_base + h_off[t], h_base + h_off[t + 1]
+        for i in range(a, b):
+            claim[i - h_base] = -2
+            covered[i - h_base] = 0
+            readby[i - h_base] = 0
+            peer[i - h_base] = 0
+        for j in range(local):
+            r = group[j]
+            tag = tag0 + t * local + j
+            sides = False
+            for u in range(r_base[j] + r_off[j, t], r_base[j] + r_off[j, t + 1]):
+                i = r_at[u]
+                if i < a or i >= b:
+                    return _AT, j, u, t
+                x = r_sample[u]
+                if x != h_sample[i] or x < 0 or x >= n:
+                    return _S_SAMPLE, j, u, t
+                if rstamp[x] == tag:
+                    return _S_REPEATED, j, u, t
+                rstamp[x] = tag
+                f, hf, s, rd = r_flags[u], h_flags[i], r_slot[u], r_reader[u]
+                if f & SIDE:
+                    sides = True
+                elif sides:
+                    return _S_SIDE_FIRST, j, u, t
+                if (f | hf) & (THIT | TADMIT | DEMOTE):
+                    return _TIER, j, u, t
+                if hf & HIT:
+                    if f != hf or s != h_slot[i] or rd != -1:
+                        return _HIT, j, u, t
+                    if s < 0 or s >= slots:
+                        return _S_SLOT, j, u, t
+                    if state[s] != x:
+                        return _STALE, j, u, t
+                else:
+                    if rd < 0 or rd >= world or local_of[rd] < 0:
+                        return _READER, j, u, t
+                    c = claim[i - h_base]
+                    if c == -2:
+                        claim[i - h_base] = rd
+                    elif c != rd:
+                        return _READERS, j, u, t
+                    if rd == r:
+                        kept = f == hf and s == h_slot[i]
+                        dropped = hf & ADMIT and f == hf & ~ADMIT and s == -1
+                        if not (kept or dropped):
+                            return _READ, j, u, t
+                        if f & ADMIT and (s < 0 or s >= slots):
+                            return _S_SLOT, j, u, t
+                        readby[i - h_base] = 1
+                    else:
+                        if f != PEER or s != -1 or hf & SIDE:
+                            return _PEER, j, u, t
+                        peer[i - h_base] = 1
+                covered[i - h_base] += 1
+        staged = 0
+        for i in range(a, b):
+            c = covered[i - h_base]
+            if c == 0:
+                return _UNSERVED, -1, i, t
+            if c > 1 and (exclusive or h_flags[i] & SIDE):
+                return _TWICE, -1, i, t
+            if claim[i - h_base] != -2 and readby[i - h_base] == 0:
+                return _NOT_READ, -1, i, t
+            staged += peer[i - h_base]
+        if staged > stage_rows:
+            return _STAGE, -1, a, t
+        # The step's stores, once every hit of it has read the buffer as the step starts.
+        for j in range(local):
+            for u in range(r_base[j] + r_off[j, t], r_base[j] + r_off[j, t + 1]):
+                if r_flags[u] & ADMIT:
+                    s = r_slot[u]
+                    if sstamp[s] == tag0 + t:
+                        return _STORES, j, u, t
+                    sstamp[s] = tag0 + t
+                    state[s] = r_sample[u]
+        # Every slot the host stores at the step holds what its last store put there: the
+        # buffer a resume refills (the host plan's) is the one the ranks' stores make.
+        for i in range(a, b):
+            if h_flags[i] & ADMIT:
+                hlast[h_slot[i]] = h_sample[i]
+        for i in range(a, b):
+            if h_flags[i] & ADMIT and state[h_slot[i]] != hlast[h_slot[i]]:
+                return _DIVERGE, -1, i, t
+    return _OK, -1, -1, -1
+
+
+@njit(cache=True, nogil=True)
+def _not_batch(ids, offsets, r, world, sample, flags, step_offsets, stamp, tag0):
+    """The first step at which rank ``r`` serves other than its batch's distinct ids (its
+    accesses' samples are in range and distinct within a step: proven first), or -1."""
+    for t in range(step_offsets.shape[0] - 1):
+        g = t * world + r
+        tag = tag0 + t
+        distinct = 0
+        for u in range(offsets[g], offsets[g + 1]):
+            x = ids[u]
+            if stamp[x] != tag:
+                stamp[x] = tag
+                distinct += 1
+        served = 0
+        for u in range(step_offsets[t], step_offsets[t + 1]):
+            if flags[u] & SIDE:
+                continue
+            if stamp[sample[u]] != tag:
+                return t
+            served += 1
+        if served != distinct:
+            return t
+    return -1
+
+
+class RankValidator:
+    """Validates one rank's parts of a plan epoch by epoch, in order, carrying the replay of its
+    buffer and the samples it has served; memory O(N + slots), whatever the number of epochs.
+
+    ``mine`` and ``expected`` (E,) uint64 hold the keyed digests of the epochs checked so far:
+    of the samples this rank serves, and of all samples each epoch serves.
+    """
+
+    def __init__(
+        self,
+        run: RunConfig,
+        epoch_order: np.ndarray,
+        slots: int,
+        rank: int,
+        key: int,
+        tier_slots: int = 0,
+        equal_batches: bool = False,
+    ) -> None:
+        self.run, self.epoch_order, self.slots, self.rank = run, epoch_order, slots, rank
+        self.tier_slots = tier_slots
+        self.equal_batches = equal_batches
+        self._peers = hashlib.blake2b(digest_size=16)  # every rank's counts, epoch by epoch
+        self.key = np.uint64(key)
+        self.bounds = step_bounds(run)
+        self.pos = np.empty(run.num_samples, np.int64)
+        self.seen = np.full(run.num_samples, -1, np.int64)
+        self.state = np.full(slots + tier_slots, -1, np.int64)  # cells as the next epoch starts
+        self.mine = np.zeros(run.epochs, np.uint64)
+        self.expected = np.zeros(run.epochs, np.uint64)
+        self.next_epoch = 0
+        self.order = EpochOrder(run, epoch_order, keep=2)
+
+    def check(self, part: RankEpoch) -> None:
+        """Prove the next epoch's part safe, or raise a one-line CorruptPlanError naming the
+        rank and step."""
+        run, k, rp = self.run, part.epoch, self._next(part)
+        _check_shapes(rp, run)
+        served = self.order.served(k)
+        self.order.prefetch(k + 1)  # drawn while the checks below run
+        _positions(served, 0, self.pos)
+        self.expected[k] = _digest(served, self.key)
+        code, i, self.mine[k] = _check_epoch(
+            rp.sample, rp.slot, rp.tslot, rp.flags, rp.step_offsets, 0, self.bounds, self.pos,
+            self.seen, k, self.slots, self.state, self.key, _NEEDS,
+        )  # fmt: skip
+        if code != _OK:
+            raise CorruptPlanError(_describe(code, i, rp, self.state))
+        if self.equal_batches:
+            self._check_peers(part, np.diff(self.bounds))
+        self.next_epoch += 1
+
+    def _next(self, part: RankEpoch) -> RankPlan:
+        """The next epoch's part as a :class:`RankPlan` (one out of order is refused)."""
+        k = part.epoch
+        if k != self.next_epoch:
+            raise CorruptPlanError(f"rank {self.rank}: epoch {k} checked before {self.next_epoch}")
+        return RankPlan(self.rank, part.sample, part.slot, part.flags, part.step_offsets,
+                        self.slots, first_step=k * self.run.steps_per_epoch,
+                        tier_slots=self.tier_slots, tslot=part.tslot)  # fmt: skip
+
+    def _check_peers(self, part: RankEpoch, global_sizes: np.ndarray) -> None:
+        k0 = part.epoch * self.run.steps_per_epoch
+        if part.peers is None:
+            raise CorruptPlanError(f"rank {self.rank}, step {k0}: no peer counts (equal batches)")
+        error = check_counts(part.peers, global_sizes, self.rank, np.diff(part.step_offsets))
+        if error is not None:
+            raise CorruptPlanError(f"rank {self.rank}, epoch {part.epoch}: {error}")
+        self._peers.update(np.ascontiguousarray(part.peers, dtype=np.int64).data)
+
+    @property
+    def peers_digest(self) -> str | None:
+        """Digest of every rank's counts in the epochs checked (equal batches; else None):
+        the same on every rank, or the ranks would exchange rows inconsistently."""
+        return self._peers.hexdigest() if self.equal_batches else None
+
+
+class TraceValidator(RankValidator):
+    """:class:`RankValidator` for a general sampler's plan. Without affinity every step's
+    accesses are the distinct ids of the rank's batch as the sampler draws it (in any order);
+    with, they are distinct ids of the step's global batch (and the ranks' digests prove each
+    served exactly once). Every hit is held (a replay), as with Shuffle."""
+
+    def __init__(self, spec: PlanSpec, slots: int, rank: int, key: int, tier_slots: int = 0):
+        run = spec.run
+        super().__init__(run, np.arange(run.epochs), slots, rank, key, tier_slots)
+        self.affinity = spec.affinity
+        # Side rows only where the spec plans page mates, at most a batch's length a step.
+        self.needs = _NEEDS if spec.pages is None else _NEEDS_SIDES
+        self.trace = TraceOrder(run, spec.sampler, horizon=0, affinity=spec.affinity)
+
+    def check(self, part: RankEpoch) -> None:
+        run, k, r, rp = self.run, part.epoch, self.rank, self._next(part)
+        _check_shapes(rp, run, limit=None)
+        t = self.trace.epoch(k)
+        counts = np.diff(rp.step_offsets)
+        steps = np.repeat(np.arange(counts.size), counts)
+        side = (rp.flags & SIDE) != 0  # stored, not served (their flags are checked below)
+        sides = np.bincount(steps[side], minlength=counts.size)
+        over = np.flatnonzero(2 * sides > counts)  # more side rows than the batch has
+        if over.size:
+            raise CorruptPlanError(f"rank {r}, step {rp.first_step + int(over[0])}: "
+                                   "more side rows than the batch has rows")  # fmt: skip
+        bad = self._not_drawn(rp, steps, ~side, counts - sides, t)
+        if bad is not None:
+            raise CorruptPlanError(f"rank {r}, step {rp.first_step + bad}: the accesses "
+                                   "are not the sampler's batch")  # fmt: skip
+        # With affinity the ranks' digests must add up per (step, sample): a draw moved to
+        # another step on another rank would leave the epoch's multiset of samples intact.
+        stride = np.int64(run.num_samples) if self.affinity else np.int64(0)
+        steps = np.repeat(np.arange(t.counts.shape[0], dtype=np.int64), t.counts.sum(axis=1))
+        self.expected[k] = _digest(steps * stride + t.sample, self.key)
+        code, i, self.mine[k] = _check_trace_epoch(
+            rp.sample, rp.slot, rp.tslot, rp.flags, rp.step_offsets, run.num_samples,
+            self.slots, self.state, self.key, self.needs, stride,
+        )  # fmt: skip
+        if code != _OK:
+            raise CorruptPlanError(_describe(code, i, rp, self.state))
+        self.next_epoch += 1
+
+    def _not_drawn(self, rp: RankPlan, steps: np.ndarray, served: np.ndarray,
+                   counts: np.ndarray, t) -> int | None:  # fmt: skip
+        """The first step (within the epoch) whose served accesses (``served``, ``counts`` per
+        step; ``steps``: each access's step) the sampler did not draw, or None."""
+        n = np.int64(self.run.num_samples)
+        if not np.all((rp.sample >= 0) & (rp.sample < n)):
+            return int(steps[np.argmax((rp.sample < 0) | (rp.sample >= n))])
+        steps = steps[served]
+        keys = steps * n + rp.sample[served]  # (step, sample): unique within the epoch
+        if self.affinity:
+            drawn = np.repeat(np.arange(t.counts.shape[0]), t.counts[:, 0]) * n + t.sample
+            ok = np.isin(keys, drawn)
+            _, first = np.unique(keys, return_index=True)
+            ok[np.setdiff1d(np.arange(keys.size), first)] = False  # served twice in a step
+        else:
+            if not np.array_equal(counts, t.counts[:, self.rank]):
+                return int(np.argmax(counts != t.counts[:, self.rank]))
+            want = steps * n + t.sample[t.rank == self.rank]
+            ok = np.sort(keys) == np.sort(want)
+            keys = np.sort(keys)
+        if np.all(ok):
+            return None
+        return int(keys[np.argmax(~ok)] // n)
+
+
+class PlanValidator:
+    """Validates parts of a plan of any grouping epoch by epoch, in order: each buffer's part
+    ``parts`` (default every one: a rank's, or grouped by ``hosts`` a host's, the host as a rank
+    of the host run) by :class:`RankValidator` (a sampler's trace: :class:`TraceValidator`),
+    then, grouped, every rank's service of it (:class:`_Services`). A buffer per rank is a plan
+    of hosts of one rank whose service is its buffer's part: nothing more to prove.
+    ``mine``/``expected``: the keyed digests of the parts proven and of every epoch (their sum
+    over all parts must equal it)."""
+
+    def __init__(self, spec: PlanSpec, hosts: Hosts | None, epoch_order: np.ndarray, key: int,
+                 parts: list[int] | None = None,
+                 stage_rows: int | None = None) -> None:  # fmt: skip
+        self.spec, self.hosts = spec, hosts
+        bs = spec if hosts is None else host_run_spec(spec, hosts)  # the buffers' inputs
+        count = spec.run.world_size if hosts is None else hosts.count
+        self.parts = list(range(count)) if parts is None else parts
+        slots, tier = bs.slots, tier_slot_count(bs.run, bs.buffer)
+        equal = hosts is None and spec.equal_batches  # (grouped: the ranks' shares instead)
+        self.buffers: dict[int, RankValidator] = {
+            q: TraceValidator(bs, slots, q, key, tier) if bs.traced else
+            RankValidator(bs.run, epoch_order, slots, q, key, tier, equal) for q in self.parts
+        }  # fmt: skip
+        self.services = None if hosts is None else _Services(spec, hosts, bs, stage_rows)
+
+    @property
+    def mine(self) -> np.ndarray:
+        return np.asarray(np.sum([v.mine for v in self.buffers.values()], axis=0,
+                                 dtype=np.uint64))  # fmt: skip
+
+    @property
+    def expected(self) -> np.ndarray:
+        return self.buffers[self.parts[0]].expected
+
+    @property
+    def peers_digest(self) -> str | None:
+        """The part's digest of every rank's counts (one part of equal batches; else None)."""
+        return self.buffers[self.parts[0]].peers_digest if len(self.parts) == 1 else None
+
+    def check(self, ep: RankEpoch | EpochPlan | HostEpoch) -> None:
+        """Prove the next epoch of the parts proven safe (``ep``: the epoch, or the one part
+        proven of it), or raise a one-line CorruptPlanError naming the rank or host and step."""
+        for q in self.parts:
+            if not isinstance(ep, HostEpoch):
+                self.buffers[q].check(ep.rank(q) if isinstance(ep, EpochPlan) else ep)
+                continue
+            assert self.services is not None
+            try:
+                self.buffers[q].check(ep.host.rank(q))
+            except CorruptPlanError as exc:
+                msg = str(exc)
+                raise CorruptPlanError("host plan: host " + msg[5:] if msg.startswith("rank ")
+                                       else f"host plan: {msg}") from None  # fmt: skip
+            self.services.check(ep, q)
+        if self.services is not None and self.spec.equal_batches:
+            assert isinstance(ep, HostEpoch)
+            self.services.shares(ep, ep.epoch * self.spec.run.steps_per_epoch)
+
+
+class _Services:
+    """The proof of every rank's service of its host's part (the module's docstring), host by
+    host; the node buffer as the ranks' stores leave it carries over epochs."""
+
+    def __init__(self, spec: PlanSpec, hosts: Hosts, host_spec: PlanSpec,
+                 stage_rows: int | None) -> None:  # fmt: skip
+        self.spec, self.hosts, self.host_spec, self.slots = spec, hosts, host_spec, host_spec.slots
+        self.stage_rows = stage_bound(spec, hosts) if stage_rows is None else stage_rows
+        n, cells = spec.run.num_samples, max(1, self.slots)
+        self.state = {h: np.full(cells, -1, np.int64) for h in range(hosts.count)}
+        self.rstamp, self.bstamp = np.full(n, -1, np.int64), np.full(n, -1, np.int64)
+        self.sstamp, self.hlast = np.full(cells, -1, np.int64), np.full(cells, -1, np.int64)
+        self.exclusive = not (spec.traced and not spec.affinity)  # else a rank's batch is fixed
+        self.table = hosts.table()
+
+    def shares(self, ne: HostEpoch, first_step: int) -> None:
+        """Every rank's served counts are its equal share of its host's (every rank's: the
+        exchange needs them all, and every rank computes it from them alike)."""
+        host = np.diff(ne.host.step_offsets, axis=1).T  # (steps, H)
+        ranks = np.diff(ne.ranks.step_offsets, axis=1).T  # (steps, P)
+        try:
+            want = rank_targets(host, self.hosts.groups)
+        except AssertionError:  # host counts no dealing can meet (proven hosts never give)
+            want = None
+        bad = np.arange(ranks.shape[0]) if want is None else \
+            np.flatnonzero(np.any(ranks != want, axis=1))  # fmt: skip
+        if bad.size:
+            t = int(bad[0])
+            r = 0 if want is None else int(np.flatnonzero(ranks[t] != want[t])[0])
+            raise CorruptPlanError(f"node plan: rank {r}, step {first_step + t}: its served "
+                                   "rows are not its equal share of its host's (equal "
+                                   "batches)")  # fmt: skip
+
+    def check(self, ne: HostEpoch, h: int) -> None:
+        host, ranks = ne.host, ne.ranks
+        k, spe = ne.epoch, self.spec.run.steps_per_epoch
+        group = self.table[h]
+        local_of = np.full(self.hosts.world, -1, np.int64)
+        local_of[group] = np.arange(group.size)
+        part = int(host.rank_offsets[h + 1] - host.rank_offsets[h])
+        claim, covered, readby, peer = (np.zeros(max(1, part), np.int64) for _ in range(4))
+        code, j, _, t = _check_services(
+            host.sample, host.slot, host.flags, int(host.rank_offsets[h]), host.step_offsets[h],
+            ranks.sample, ranks.slot, ranks.flags, ne.reader, ne.at,
+            ranks.rank_offsets[group], ranks.step_offsets[group], group, local_of,
+            self.spec.run.num_samples, self.slots, self.exclusive, self.stage_rows,
+            self.state[h], self.hlast, claim, covered, readby, peer, self.rstamp, self.sstamp,
+            np.int64((k * self.hosts.count + h) * spe * group.size),
+        )  # fmt: skip
+        if code != _OK:
+            who = f"rank {int(group[j])}" if j >= 0 else f"host {h}"
+            raise CorruptPlanError(f"node plan: {who}, step {k * spe + t}: {_WHAT[code]}")
+        if isinstance(self.host_spec.sampler, HostSampler):
+            self._batches(ne, h, k)
+
+    def _batches(self, ne: HostEpoch, h: int, k: int) -> None:
+        """Each rank of host ``h`` serves exactly the distinct ids of its batch at each step."""
+        sampler = self.host_spec.sampler
+        assert isinstance(sampler, HostSampler)
+        run = self.spec.run
+        draws = sampler.rank_draws(k)  # every rank's, as the host validator drew them
+        ranks = ne.ranks
+        for r in self.table[h]:
+            a, b = int(ranks.rank_offsets[r]), int(ranks.rank_offsets[r + 1])
+            t = _not_batch(draws.ids, draws.offsets, int(r), run.world_size, ranks.sample[a:b],
+                           ranks.flags[a:b], ranks.step_offsets[r], self.bstamp,
+                           np.int64((k * run.world_size + r) * run.steps_per_epoch))  # fmt: skip
+            if t >= 0:
+                raise CorruptPlanError(f"node plan: rank {int(r)}, step "
+                                       f"{k * run.steps_per_epoch + t}: the accesses are not "
+                                       "the sampler's batch")  # fmt: skip
+
+
+def validate_rank(
+    rp: RankPlan, run: RunConfig, epoch_order: np.ndarray, key: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Prove a whole-run ``rp`` safe for ``run``, or raise a one-line CorruptPlanError naming
+    rank and step. Returns the digests ``(mine, expected)`` of :class:`RankValidator`."""
+    spe = run.steps_per_epoch
+    if rp.first_step != 0 or rp.initial is not None or rp.num_steps != run.num_steps:
+        raise CorruptPlanError(f"rank {rp.rank}: {rp.num_steps} steps, the run has {run.num_steps}")
+    v = RankValidator(run, epoch_order, rp.slots, rp.rank, key, rp.tier_slots,
+                      rp.peers is not None)  # fmt: skip
+    off = rp.step_offsets
+    bad = np.flatnonzero(np.diff(off) < 0)
+    if off[0] != 0 or off[-1] != rp.sample.size or bad.size:
+        k = int(bad[0]) if bad.size else 0
+        raise CorruptPlanError(f"rank {rp.rank}, step {k}: step offsets are not monotone")
+    for e in range(run.epochs):
+        lo, hi = int(off[e * spe]), int(off[(e + 1) * spe])
+        peers = None if rp.peers is None else rp.peers[e * spe : (e + 1) * spe]
+        v.check(RankEpoch(e, rp.sample[lo:hi], rp.slot[lo:hi], rp.flags[lo:hi],
+                          off[e * spe : (e + 1) * spe + 1] - lo, rp.tslot[lo:hi],
+                          peers))  # fmt: skip
+    return v.mine, v.expected
+
+
+def coverage_error(mine: list[np.ndarray], expected: np.ndarray) -> str | None:
+    """Why the ranks' digests ``mine`` (summed, wrapping) differ from the epochs' own, or None."""
+    total = np.sum(mine, axis=0, dtype=np.uint64)
+    bad = np.flatnonzero(total != expected)
+    if bad.size:
+        return f"epoch {int(bad[0])} does not serve each of its samples exactly once across ranks"
+    return None
+
+
+def peers_error(digests: list[str | None]) -> str | None:
+    """Why the ranks' digests of every rank's counts (equal batches) differ, or None."""
+    if any(d != digests[0] for d in digests):
+        return "ranks hold different counts of each other's batches (equal batches)"
+    return None
+
+
+# What proving a plan's part gives: the keyed digests of what it serves and of every epoch's
+# samples (RankValidator.mine, .expected), and its digest of every rank's counts (or None).
+Proof = tuple[np.ndarray, np.ndarray, str | None]
+
+
+def prove(path: Any, comm: Any, check: Callable[[bool], Proof], speaks: bool = True) -> None:
+    """Prove an untrusted plan (the file at ``path``) safe, or raise one CorruptPlanError line
+    naming it, on every rank at once. ``check(alone)`` proves this process's part (a rank's, a
+    host's): with ``alone`` (no communicator of more than one process) every part, its digests
+    summed; it raises CorruptPlanError naming what is wrong. With ``comm`` (every rank calls
+    this collectively) every rank learns every rank's verdict, so all raise together (none is
+    left waiting in a collective for a rank that gave up), and the parts' digests (each part's
+    once: ``speaks``) prove every epoch's samples served exactly once."""
+    together = comm is not None and comm.Get_size() > 1
+    mine = expected = peers = error = None
+    try:
+        mine, expected, peers = check(not together)
+    except CorruptPlanError as exc:
+        error = str(exc)
+    if together:
+        verdicts = comm.allgather((mine if speaks else None, error, peers))
+        error = next((e for _, e, _ in verdicts if e is not None), None)
+        if error is None and expected is not None:
+            error = coverage_error([m for m, _, _ in verdicts if m is not None], expected)
+        if error is None:
+            error = peers_error([p for _, _, p in verdicts])
+    elif error is None and mine is not None and expected is not None:
+        error = coverage_error([mine], expected)
+    if error is not None:
+        where = "" if error.startswith("plan ") else f"plan {path}: "
+        raise CorruptPlanError(where + error)
+
+
+def check_coverage(total: np.ndarray, expected: np.ndarray) -> None:
+    """Refuse a plan whose ranks' summed digests differ from the epochs' own."""
+    error = coverage_error([total], expected)
+    if error is not None:
+        raise CorruptPlanError(error)
+
+
+def _check_shapes(rp: RankPlan, run: RunConfig, limit: int | None = -1) -> None:
+    """One epoch's part: its arrays' types and shapes, and step offsets from 0 to its length,
+    no step longer than ``limit`` (-1: the global batch; None: no limit)."""
+    where, k0 = f"rank {rp.rank}", rp.first_step
+    off = rp.step_offsets
+    if off.shape != (run.steps_per_epoch + 1,):
+        raise CorruptPlanError(
+            f"{where}, step {k0}: {off.size - 1} steps in an epoch of {run.steps_per_epoch}"
+        )
+    arrays = (off, rp.sample, rp.slot, rp.flags, rp.tslot)
+    if not all(np.issubdtype(a.dtype, np.integer) for a in arrays):
+        raise CorruptPlanError(f"{where}, step {k0}: plan arrays must hold integers")
+    if not rp.sample.shape == rp.slot.shape == rp.flags.shape == rp.tslot.shape:
+        raise CorruptPlanError(f"{where}, step {k0}: plan arrays differ in length")
+    steps = np.diff(off)
+    if off[0] != 0 or off[-1] != rp.sample.size or np.any(steps < 0):
+        k = int(np.argmax(steps < 0)) if np.any(steps < 0) else 0
+        raise CorruptPlanError(f"{where}, step {k0 + k}: step offsets are not monotone from 0 to A")
+    if limit is not None and np.any(steps > run.global_batch):
+        k = int(np.argmax(steps > run.global_batch))
+        raise CorruptPlanError(
+            f"{where}, step {k0 + k}: {steps[k]} samples exceed the global batch"
+        )
+
+
+def _describe(code: int, i: int, rp: RankPlan, state: np.ndarray) -> str:
+    k = rp.first_step + int(np.searchsorted(rp.step_offsets, i, side="right") - 1)
+    x, s, f, ts = int(rp.sample[i]), int(rp.slot[i]), int(rp.flags[i]), int(rp.tslot[i])
+    need = int(_NEEDS_SIDES[f]) if f < _NEEDS_SIDES.size else 0
+    if code == _SAMPLE:
+        what = f"sample id {x} is out of range"
+    elif code == _FLAGS:
+        what = f"sample {x} has invalid flags {f:#x}"
+    elif code == _SLOT and need & 1 and not 0 <= s < rp.slots:
+        what = f"sample {x} names slot {s}, outside 0..{rp.slots - 1}"
+    elif code == _SLOT and need & 2 and not 0 <= ts < rp.tier_slots:
+        what = f"sample {x} names tier slot {ts}, outside 0..{rp.tier_slots - 1}"
+    elif code == _SLOT:
+        what = f"sample {x} names slot {s} / tier slot {ts} its flags {f:#x} do not use"
+    elif code == _NOT_IN_STEP:
+        what = f"sample {x} is not in this step of the epoch's permutation for the seed"
+    elif code == _REPEATED:
+        what = f"sample {x} is served twice in one epoch"
+    elif code == _SIDE_FIRST:
+        what = f"sample {x} is served after a side row (side rows follow the batch)"
+    else:
+        cell, name = (s, f"slot {s}") if f & HIT else (rp.slots + ts, f"tier slot {ts}")
+        held = f"sample {int(state[cell])}" if state[cell] >= 0 else "nothing written"
+        what = f"hit for sample {x} from {name}, which holds {held}"
+    return f"rank {rp.rank}, step {k}: {what}"
