@@ -58,7 +58,7 @@ from solar import BufferConfig, NeighborSampler, PlanSpec, RunConfig, make_plan
 from solar._memory import PAGE
 from solar.io.tasks import RUN_MAX_BYTES, page_spans
 from solar.options import ExpertConfig, PlanningConfig
-from solar.schedule.keep.pagemates import PageLayout
+from solar.schedule.draw.pagemates import PageLayout
 from solar.schedule.plans.plan import simulate
 
 FANOUTS = (10, 5)

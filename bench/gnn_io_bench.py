@@ -122,7 +122,7 @@ def reorder(args: argparse.Namespace) -> None:
 
     from solar import BufferConfig, NeighborSampler, PlanSpec, RunConfig, make_plan
     from solar.graph.reorder import METHODS, relabel, reorder_nodes
-    from solar.schedule.keep.pagemates import PageLayout
+    from solar.schedule.draw.pagemates import PageLayout
 
     if args.community:  # a graph of communities numbered at random (GRAPH names none)
         indptr, indices = community_graph(args.community)
@@ -208,7 +208,7 @@ def _plan_reads(plan, epoch: int, rank: int, row_bytes: int) -> tuple[int, int]:
     rows not hit and its side rows, each step's pages counted once."""
     import numpy as np
 
-    from solar.schedule.keep.policy import HIT, SIDE
+    from solar.schedule.policy import HIT, SIDE
 
     re = plan.rank_epoch(rank, epoch)
     rows = pages = 0

@@ -48,13 +48,13 @@ from pathlib import Path
 import numpy as np
 
 from solar import BufferConfig, NeighborSampler, PlanSpec, RunConfig
+from solar.schedule.draw.pagemates import PageLayout
 from solar.schedule.draw.samplers import SHUFFLE, Weighted
 from solar.schedule.keep.grouping import Hosts
 from solar.schedule.keep.hostequal import host_transfer
 from solar.schedule.keep.hostplan import HostPlanner
-from solar.schedule.keep.pagemates import PageLayout
 from solar.schedule.keep.planner import Planner
-from solar.schedule.keep.policy import HIT, SIDE, THIT
+from solar.schedule.policy import HIT, SIDE, THIT
 
 PAGES = PageLayout(0, 256 * 4)  # F=256 float32 rows, 4 KiB pages
 

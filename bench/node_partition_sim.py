@@ -34,7 +34,7 @@ from node_bench import graph_sampler
 from solar import BufferConfig, PlanSpec, RunConfig
 from solar.schedule.keep.grouping import Hosts
 from solar.schedule.keep.hostplan import HostPlanner
-from solar.schedule.keep.policy import HIT
+from solar.schedule.policy import HIT
 
 NEVER = np.int64(1) << 62
 

@@ -112,7 +112,7 @@ def plan_specs(graph: Path):
     from solar.graph.neighbor import NeighborSampler
     from solar.io.sources import describe_source
     from solar.runtime.setup import page_layout
-    from solar.schedule.keep.pagemates import PageLayout
+    from solar.schedule.draw.pagemates import PageLayout
 
     def spec(n, b, sampler, cap, tier=0, slack=0.0, equal=False, pages=None, drop=False):
         draws = sampler.draws(n, WORLD * b)

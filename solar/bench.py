@@ -42,7 +42,7 @@ from solar.io.pagecache import cold_rounds, evict
 from solar.io.sources import describe_source
 from solar.io.throttle import Throttle
 from solar.options import ExpertConfig, MemoryConfig, PlanningConfig
-from solar.schedule.keep.policies import TIERED
+from solar.schedule.policies import TIERED
 from solar.transform import Transform, load_transform, sample_rng
 from solar.tune import MAX_READ_THREADS
 

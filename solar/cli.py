@@ -31,10 +31,10 @@ from solar.options import MemoryConfig, PlanningConfig
 from solar.plan_report import PlanReport, plan_summary
 from solar.schedule import POLICIES, PlanSpec
 from solar.schedule.draw.samplers import make_sampler
-from solar.schedule.keep.policies import TRACE_POLICIES
+from solar.schedule.keep.summary import HostTotals
 from solar.schedule.plans.plan import plan_to_file, simulate
-from solar.schedule.plans.spec import equal_by_default
-from solar.schedule.plans.summary import HostTotals
+from solar.schedule.policies import TRACE_POLICIES
+from solar.schedule.spec import equal_by_default
 from solar.transform import load_transform
 
 _READER = ReaderConfig()  # the defaults shown by --help

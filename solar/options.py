@@ -36,7 +36,7 @@ from solar.io.info import DatasetInfo
 from solar.io.throttle import Throttle
 from solar.schedule import Plan
 from solar.schedule.draw.samplers import Sampler
-from solar.schedule.keep.policies import POLICIES, TRACE_POLICIES
+from solar.schedule.policies import POLICIES, TRACE_POLICIES
 from solar.transform import SampleFn, Transform
 
 Paths = str | os.PathLike | Sequence[str | os.PathLike] | Mapping[str, Any] | DatasetInfo
@@ -89,7 +89,7 @@ class MemoryConfig:
     ``page_mates``: where rows are at most half a page (one file, one contiguous key, a
     sampler that splits its own batches, the solar policy, a RAM buffer, no deterministic
     transform), also keep the rows that share pages with a step's reads when they are used
-    sooner than what the buffer holds (:mod:`solar.schedule.keep.pagemates`); raw batch memory then
+    sooner than what the buffer holds (:mod:`solar.schedule.draw.pagemates`); raw batch memory then
     has room for twice a batch's rows. False plans rows alone. (A plan given decides it:
     :class:`PlanningConfig`'s ``plan``.)
 

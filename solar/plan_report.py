@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from solar._units import format_bytes
+from solar.schedule.keep.summary import HostTotals, PlanSummary
 from solar.schedule.plans.plan import grouping
-from solar.schedule.plans.summary import HostTotals, PlanSummary
 
 
 @dataclass(frozen=True)

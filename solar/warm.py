@@ -53,8 +53,8 @@ from solar.runtime.steps import Steps
 from solar.schedule.draw.samplers import SHUFFLE, Sampler, Trace, Weighted, is_shuffle
 from solar.schedule.keep.grouping import Hosts, stage_bound
 from solar.schedule.plans.plan import load_plan, make_plan, plan_to_file
-from solar.schedule.plans.spec import PlanSpec
 from solar.schedule.plans.stream import RankStream
+from solar.schedule.spec import PlanSpec
 
 # A rehearsal's size: steps per epoch, local batch and epochs (epoch 0 reads everything; 1 and
 # 2 hit, admit, evict and demote), and the bytes one rank may read for it.

@@ -18,7 +18,7 @@ from solar.graph.reorder import relabel, reorder_nodes, rows_per_page
 from solar.io import aio
 from solar.io.probe import probe
 from solar.schedule import HIT
-from solar.schedule.keep.pagemates import PageLayout
+from solar.schedule.draw.pagemates import PageLayout
 from solar.schedule.keep.planner import Planner
 
 

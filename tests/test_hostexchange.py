@@ -28,7 +28,6 @@ from solar.schedule.draw.samplers import SHUFFLE, Weighted
 from solar.schedule.keep.grouping import Hosts, stage_bound
 from solar.schedule.keep.hostplan import HostPlanner, host_totals
 from solar.schedule.keep.hostrun import host_parts, host_run_spec
-from solar.schedule.keep.policy import HIT, PEER, SIDE
 from solar.schedule.plans.hostpayload import (
     DRAWS,
     KINDS,
@@ -46,6 +45,7 @@ from solar.schedule.plans.hostpayload import (
 from solar.schedule.plans.hostview import assemble
 from solar.schedule.plans.rankplan import RankPlan
 from solar.schedule.plans.stream import RankStream
+from solar.schedule.policy import HIT, PEER, SIDE
 
 
 class _Pair:

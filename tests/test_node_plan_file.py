@@ -30,10 +30,10 @@ from solar.schedule import ADMIT, HIT, PEER, SIDE, THIT, load_plan
 from solar.schedule.keep.grouping import HostEpoch, Hosts
 from solar.schedule.keep.hostplan import HostPlanner, host_totals
 from solar.schedule.keep.planner import EpochPlan
+from solar.schedule.keep.summary import HostTotals
 from solar.schedule.plans.plan import Plan, make_plan, plan_to_file, simulate
 from solar.schedule.plans.planfile import PlanWriter
 from solar.schedule.plans.planfile import fingerprint as node_fingerprint
-from solar.schedule.plans.summary import HostTotals
 from solar.schedule.plans.validate import PlanValidator
 
 N = 240

@@ -14,16 +14,16 @@ from solar import BufferConfig, PlanSpec, RunConfig
 from solar.errors import SolarError
 from solar.host.place import _by_name
 from solar.schedule.draw.order import nominal_batches
+from solar.schedule.draw.pagemates import PageLayout
 from solar.schedule.draw.samplers import SHUFFLE, Weighted
 from solar.schedule.keep.grouping import Hosts
 from solar.schedule.keep.hostequal import host_transfer
 from solar.schedule.keep.hostplan import HostPlanner
 from solar.schedule.keep.hostrun import host_parts, host_run_spec
-from solar.schedule.keep.pagemates import PageLayout
 from solar.schedule.keep.planner import Planner
-from solar.schedule.keep.policy import ADMIT, DEMOTE, HIT, PEER, SIDE, TADMIT, THIT, tier_slot_count
 from solar.schedule.keep.transfer import delivered, transfer_matrix
 from solar.schedule.plans.rankplan import RankPlan
+from solar.schedule.policy import ADMIT, DEMOTE, HIT, PEER, SIDE, TADMIT, THIT, tier_slot_count
 
 STORE = ADMIT | TADMIT | DEMOTE
 

@@ -1,4 +1,4 @@
-"""Page mates (solar.schedule.keep.pagemates): rows sharing a page with a step's reads, kept
+"""Page mates (solar.schedule.draw.pagemates): rows sharing a page with a step's reads, kept
 free."""
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ from solar.errors import CorruptPlanError, SolarError
 from solar.graph import generate_graph
 from solar.options import ExpertConfig, MemoryConfig, PlanningConfig
 from solar.schedule import HIT
-from solar.schedule.keep.pagemates import LaterUses, PageLayout, mates_of, next_after
+from solar.schedule.draw.pagemates import LaterUses, PageLayout, mates_of, next_after
 from solar.schedule.keep.planner import Planner, RankEpoch
-from solar.schedule.keep.policy import ADMIT, SIDE
 from solar.schedule.plans.validate import TraceValidator
+from solar.schedule.policy import ADMIT, SIDE
 
 
 @pytest.fixture(scope="module")

@@ -19,9 +19,9 @@ from solar import (
     make_plan,
 )
 from solar.errors import SolarError
+from solar.schedule.keep.summary import PlanSummary
 from solar.schedule.plans.plan import plan_to_file, simulate
 from solar.schedule.plans.planfile import PlanFile, section_layout
-from solar.schedule.plans.summary import PlanSummary
 
 SPEC = PlanSpec(RunConfig(97, 3, 4, 3, seed=5), BufferConfig(9, 0.25), sample_bytes=80)
 

@@ -24,8 +24,8 @@ from solar import (
 from solar.schedule import HIT
 from solar.schedule.draw.rng import uniform
 from solar.schedule.draw.samplers import SHUFFLE, _alias_table
-from solar.schedule.keep.policy import THIT
 from solar.schedule.plans.plan import plan_to_file
+from solar.schedule.policy import THIT
 
 # -- the samplers -----------------------------------------------------------------------------
 

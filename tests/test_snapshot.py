@@ -20,7 +20,7 @@ from solar.config import BufferConfig, RunConfig
 from solar.options import PlanningConfig
 from solar.schedule.keep.planner import Planner
 from solar.schedule.plans import snapshot
-from solar.schedule.plans.spec import PlanSpec
+from solar.schedule.spec import PlanSpec
 
 FIELDS = ("sample", "slot", "flags", "tslot", "rank_offsets", "step_offsets")
 

@@ -19,9 +19,9 @@ from solar import BufferConfig, CorruptPlanError, PlanSpec, RunConfig, SolarErro
 from solar.schedule import load_plan
 from solar.schedule.draw.order import access_sequence
 from solar.schedule.keep.planner import Planner
-from solar.schedule.keep.policy import DEMOTE, HIT, THIT
 from solar.schedule.plans.stream import RankStream
 from solar.schedule.plans.validate import validate_rank
+from solar.schedule.policy import DEMOTE, HIT, THIT
 
 SLOW = {"deadline": None, "suppress_health_check": [HealthCheck.too_slow]}
 

@@ -32,7 +32,7 @@ CASES = {
     ".npy files, weighted, a plan file": dict(
         data="npy", reader={"one_per_file": True}, sampler="weighted", plan_file=True
     ),
-    # Small feature rows: the planner keeps their page mates (solar.schedule.keep.pagemates).
+    # Small feature rows: the planner keeps their page mates (solar.schedule.draw.pagemates).
     "a graph's features, neighbour sampling": dict(data="graph", sampler="neighbor"),
     # One buffer per host (a host of one rank here): the node planner's kernels, and a tier's.
     "a node buffer, weighted without affinity, a tier": dict(

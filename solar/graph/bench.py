@@ -10,7 +10,7 @@ budget (``buffer``: a share of the feature rows over all ranks, or rows or bytes
   budget's bytes, missing pages read with O_DIRECT on the reader's threads);
 * ``lru``, ``static`` (hot nodes by the frequency of a pre-sampled epoch, as DiskGNN and GIDS
   cache) and ``solar`` (Belady over the sampler's trace, keeping the page mates of its reads:
-  :mod:`solar.schedule.keep.pagemates`): solar's Loader with that policy, the same reader
+  :mod:`solar.schedule.draw.pagemates`): solar's Loader with that policy, the same reader
   (O_DIRECT page spans of small rows, ``PageGather``); on request ``solar-rows``, solar
   planning rows alone; ``solar-node`` (with several ranks by default, ``--share auto``; or
   ``--share node``), solar with one buffer per host shared by its ranks

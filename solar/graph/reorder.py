@@ -2,7 +2,7 @@
 
 A GNN's feature rows (512 B-2 KiB) are read in 4 KiB pages: a page read for one row brings
 its page mates along, useful only if they are used at the same step (coalesced: one read) or
-soon after (kept as page mates, :mod:`solar.schedule.keep.pagemates`). With nodes numbered at
+soon after (kept as page mates, :mod:`solar.schedule.draw.pagemates`). With nodes numbered at
 random a page's other rows are random nodes, seldom in the same subgraph. DiskGNN (arXiv
 2405.05231) reorders nodes so that a mini-batch's rows are packed; solar's converter may renumber
 nodes when it writes a graph (the sampler's results are the same up to the renumbering), and

@@ -36,11 +36,11 @@ from solar.launch import detect_launcher
 from solar.options import LoaderConfig, MemoryConfig
 from solar.runtime.packing import PackSetup
 from solar.schedule import Plan, PlanSpec, load_plan
+from solar.schedule.draw.pagemates import PageLayout
 from solar.schedule.draw.samplers import SHUFFLE, Sampler, extras_of, is_shuffle
 from solar.schedule.keep.grouping import Hosts, unequal_refusal
-from solar.schedule.keep.pagemates import PageLayout
 from solar.schedule.plans.packing import DeviceRates, RowsAt
-from solar.schedule.plans.spec import equal_by_default
+from solar.schedule.spec import equal_by_default
 from solar.transform import Transform, as_transform, first_outputs, output_keys
 
 
@@ -424,7 +424,7 @@ def rank_and_world(comm: Any, rank: int | None, world_size: int | None) -> tuple
 
 
 def page_layout(info: DatasetInfo) -> PageLayout | None:
-    """Where the rows lie, if a page read brings other rows along (solar.schedule.keep.pagemates):
+    """Where the rows lie, if a page read brings other rows along (solar.schedule.draw.pagemates):
     one file and one contiguous key of rows at most half a page. Else None."""
     if len(info.all_files) != 1 or len(info.keys) != 1 or info.one_per_file:
         return None

@@ -19,8 +19,8 @@ from solar.errors import SolarError
 from solar.schedule.draw.samplers import NO_EXTRAS, Sampler, extras_of
 from solar.schedule.keep.transfer import Transfer
 from solar.schedule.plans.rankplan import StepPlan
-from solar.schedule.plans.spec import PlanSpec
 from solar.schedule.plans.stream import RankStream
+from solar.schedule.spec import PlanSpec
 from solar.transform import Rows, repeats
 
 

@@ -2,11 +2,11 @@
 (no shared memory, no processes: solar/host/ holds those). Layout: README.md beside this file."""
 
 from solar.schedule.draw.order import epoch_permutation
-from solar.schedule.keep.policies import POLICIES
-from solar.schedule.keep.policy import ADMIT, DEMOTE, HIT, PEER, RELEASE, SIDE, THIT
 from solar.schedule.plans.plan import Plan, load_plan, make_plan
 from solar.schedule.plans.rankplan import RankPlan, StepPlan
-from solar.schedule.plans.spec import PlanSpec
+from solar.schedule.policies import POLICIES
+from solar.schedule.policy import ADMIT, DEMOTE, HIT, PEER, RELEASE, SIDE, THIT
+from solar.schedule.spec import PlanSpec
 
 __all__ = [
     "ADMIT",

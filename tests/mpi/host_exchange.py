@@ -22,8 +22,8 @@ os.environ["SOLAR_HOSTS"] = grouping
 from solar import BufferConfig, PlanSpec, RunConfig, Weighted, dist, host  # noqa: E402
 from solar.schedule.keep.grouping import Hosts, stage_bound  # noqa: E402
 from solar.schedule.keep.hostplan import HostPlanner  # noqa: E402
-from solar.schedule.keep.policy import SIDE  # noqa: E402
 from solar.schedule.plans.stream import RankStream  # noqa: E402
+from solar.schedule.policy import SIDE  # noqa: E402
 
 d = dist.init()
 comm, rank = d.comm, d.rank

@@ -8,7 +8,7 @@ import numpy as np
 from solar import host
 from solar.schedule.keep.grouping import Hosts
 from solar.schedule.keep.hostplan import HostPlanner
-from solar.schedule.keep.policy import HIT, PEER, SIDE, THIT
+from solar.schedule.policy import HIT, PEER, SIDE, THIT
 
 
 class Planned(NamedTuple):

@@ -15,7 +15,7 @@ from numba import njit
 from solar.config import BufferConfig, RunConfig
 from solar.schedule.draw.order import sample_dtype, step_bounds
 from solar.schedule.keep.assign import assign_interleaved, assign_round_robin, step_caps
-from solar.schedule.keep.policy import (
+from solar.schedule.policy import (
     ADMIT,
     HIT,
     EpochSchedule,

@@ -12,7 +12,7 @@ from numba import njit
 from solar.config import BufferConfig, RunConfig
 from solar.schedule.draw.order import sample_dtype, step_bounds
 from solar.schedule.keep.assign import assign_interleaved
-from solar.schedule.keep.policy import ADMIT, HIT, EpochSchedule, OccupantContents, slot_count
+from solar.schedule.policy import ADMIT, HIT, EpochSchedule, OccupantContents, slot_count
 
 
 @njit(cache=True, inline="always")

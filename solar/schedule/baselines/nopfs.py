@@ -15,7 +15,7 @@ from solar.config import BufferConfig, RunConfig
 from solar.schedule.draw.epochs import EpochOrder
 from solar.schedule.draw.order import interleaved_ranks, step_bounds
 from solar.schedule.keep.assign import assign_interleaved
-from solar.schedule.keep.policy import (
+from solar.schedule.policy import (
     ADMIT,
     HIT,
     TADMIT,

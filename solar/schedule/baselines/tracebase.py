@@ -15,7 +15,7 @@ from solar.config import BufferConfig, RunConfig
 from solar.errors import SolarError
 from solar.schedule.draw.traces import TraceOrder
 from solar.schedule.keep.maxheap import empty_heaps, rekey
-from solar.schedule.keep.policy import ADMIT, EPOCH_SHIFT, HIT, EpochSchedule, no_tier, slot_count
+from solar.schedule.policy import ADMIT, EPOCH_SHIFT, HIT, EpochSchedule, no_tier, slot_count
 
 POS_FIELD = 0  # fields of ``cells``: heap position, then the pair held
 

@@ -17,7 +17,7 @@ from solar._kept import Kept
 from solar._process import ProcessLocal
 from solar.config import RunConfig
 from solar.schedule.draw.order import epoch_permutation, epoch_samples
-from solar.schedule.keep.policy import NEVER
+from solar.schedule.policy import NEVER
 
 
 @njit(cache=True, nogil=True)

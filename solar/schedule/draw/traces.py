@@ -27,9 +27,9 @@ from numba import njit
 from solar.config import RunConfig
 from solar.schedule.draw.draws import EpochDraws, RankDraws, every_rank
 from solar.schedule.draw.order import sample_dtype
+from solar.schedule.draw.pagemates import LOOK_AHEAD, LaterUses, PageLayout
 from solar.schedule.draw.samplers import Sampler
-from solar.schedule.keep.pagemates import LOOK_AHEAD, LaterUses, PageLayout
-from solar.schedule.keep.policy import EPOCH_SHIFT, NEVER
+from solar.schedule.policy import EPOCH_SHIFT, NEVER
 
 # Bytes the planner holds per access of the horizon: its pair id, next use, sample, rank and
 # decisions (measured: bench/sampler_bench.py).
@@ -214,7 +214,7 @@ class TraceOrder:
 
     def later_uses(self, k: int) -> LaterUses:
         """Every use of every key in epoch ``k`` and the next (within the horizon;
-        :mod:`solar.schedule.keep.pagemates`): when a row not accessed now is next used. Raises
+        :mod:`solar.schedule.draw.pagemates`): when a row not accessed now is next used. Raises
         SolarError if a rank planning alone was given another rank's keys."""
         end = min(self.run.epochs, k + min(self.horizon, LOOK_AHEAD) + 1)
         pairs = [self.epoch(e).pair for e in range(k, end)]

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from solar.schedule.keep.policy import HIT
+from solar.schedule.policy import HIT
 
 
 @njit(cache=True, inline="always")

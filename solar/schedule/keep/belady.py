@@ -25,10 +25,10 @@ from numba import njit
 
 from solar.config import BufferConfig, RunConfig
 from solar.schedule.draw.order import sample_dtype, step_bounds
+from solar.schedule.draw.pagemates import mates_of, next_after, with_sides
 from solar.schedule.keep.assign import assign_affinity, assign_balanced, step_caps
 from solar.schedule.keep.maxheap import ARITY, empty_heaps, rekey, sift_down, sift_up
-from solar.schedule.keep.pagemates import mates_of, next_after, with_sides
-from solar.schedule.keep.policy import (
+from solar.schedule.policy import (
     ADMIT,
     DEMOTE,
     HIT,

@@ -14,8 +14,8 @@ from solar.config import RunConfig
 from solar.errors import SolarError
 from solar.host.grouping import host_sizes
 from solar.schedule.keep.planner import EpochPlan, RankEpoch
-from solar.schedule.keep.policy import HIT, THIT
-from solar.schedule.plans.spec import PlanSpec
+from solar.schedule.policy import HIT, THIT
+from solar.schedule.spec import PlanSpec
 
 MAX_LOCAL = 63  # local ranks per host: a row's needers are a bit mask in an int64
 

@@ -26,8 +26,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from solar.schedule.keep.policy import HIT, THIT
 from solar.schedule.keep.transfer import Transfer, rank_transfer
+from solar.schedule.policy import HIT, THIT
 
 
 def rank_targets(host_counts: np.ndarray, groups: tuple[tuple[int, ...], ...]) -> np.ndarray:

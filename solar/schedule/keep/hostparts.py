@@ -29,9 +29,9 @@ import numpy as np
 from solar.config import BufferConfig
 from solar.errors import CorruptPlanError
 from solar.schedule.draw.draws import EpochDraws
-from solar.schedule.keep.pagemates import PageLayout
+from solar.schedule.draw.pagemates import PageLayout
 from solar.schedule.keep.planner import EpochPlan
-from solar.schedule.keep.policy import SIDE
+from solar.schedule.policy import SIDE
 
 
 @dataclass(frozen=True)

@@ -38,7 +38,9 @@ from solar.schedule.keep.hostequal import deal_equal, rank_targets
 from solar.schedule.keep.hostparts import Parts, merge
 from solar.schedule.keep.hostrun import HostSampler, host_parts, host_run_spec, part_spec
 from solar.schedule.keep.planner import EpochPlan, Planner
-from solar.schedule.keep.policy import (
+from solar.schedule.keep.summary import HostTotals
+from solar.schedule.keep.transfer import moved_rows
+from solar.schedule.policy import (
     ADMIT,
     DEMOTE,
     HIT,
@@ -49,9 +51,7 @@ from solar.schedule.keep.policy import (
     EpochSchedule,
     tier_slot_count,
 )  # fmt: skip
-from solar.schedule.keep.transfer import moved_rows
-from solar.schedule.plans.spec import PlanSpec
-from solar.schedule.plans.summary import HostTotals
+from solar.schedule.spec import PlanSpec
 
 
 class PartPlanners:

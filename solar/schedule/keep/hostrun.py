@@ -18,8 +18,8 @@ from solar.schedule.draw.samplers import Sampler
 from solar.schedule.draw.traces import default_horizon
 from solar.schedule.keep.grouping import Hosts, host_ranks, host_run, unequal_refusal
 from solar.schedule.keep.hostparts import Parts
-from solar.schedule.keep.policy import tier_slot_count
-from solar.schedule.plans.spec import PlanSpec
+from solar.schedule.policy import tier_slot_count
+from solar.schedule.spec import PlanSpec
 
 
 class HostSampler(Sampler):

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from solar.schedule.keep.policy import NEVER
+from solar.schedule.policy import NEVER
 
 ARITY = 4
 

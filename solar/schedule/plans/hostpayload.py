@@ -29,7 +29,7 @@ from solar.schedule.draw.draws import EpochDraws
 from solar.schedule.keep.grouping import HostEpoch, Hosts
 from solar.schedule.keep.hostparts import Parts
 from solar.schedule.keep.planner import EpochPlan, RankEpoch
-from solar.schedule.keep.policy import PEER
+from solar.schedule.policy import PEER
 
 MAGIC = 0x534F4C41524E4F44  # "SOLARNOD"
 VERSION = 3  # 2: every rank's step offsets (w_steps); 3: parts, draws, one row per poster

@@ -23,7 +23,7 @@ from solar.schedule.keep.hostparts import Parts
 from solar.schedule.keep.hostplan import HostPlanner
 from solar.schedule.plans import hostpayload as payload
 from solar.schedule.plans.hostview import assemble
-from solar.schedule.plans.spec import PlanSpec
+from solar.schedule.spec import PlanSpec
 
 
 @dataclass(frozen=True)

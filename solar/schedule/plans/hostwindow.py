@@ -23,9 +23,9 @@ from solar.errors import CorruptPlanError, SolarError
 from solar.schedule.keep.grouping import HostEpoch
 from solar.schedule.keep.hostequal import host_transfer
 from solar.schedule.keep.hostplan import host_phases
-from solar.schedule.keep.policy import ADMIT, DEMOTE, HIT, PEER, SIDE, TADMIT, THIT
 from solar.schedule.keep.transfer import Transfer
 from solar.schedule.plans.rankplan import RankPlan, StepPlan
+from solar.schedule.policy import ADMIT, DEMOTE, HIT, PEER, SIDE, TADMIT, THIT
 
 
 @dataclass(frozen=True)

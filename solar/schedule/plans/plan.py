@@ -1,7 +1,7 @@
 """The Plan, the only contract between the planner and the runtime, and the ways to get one:
 :func:`make_plan` keeps every decision in memory, :func:`plan_to_file` streams them to a plan
 file (:mod:`solar.schedule.plans.planfile`) and :func:`load_plan` opens one; :func:`simulate` keeps
-only the totals (a :class:`~solar.schedule.plans.summary.PlanSummary`). Each takes the grouping:
+only the totals (a :class:`~solar.schedule.keep.summary.PlanSummary`). Each takes the grouping:
 ``hosts`` None plans a buffer per rank, a :class:`~solar.schedule.keep.grouping.Hosts` one buffer
 per host (solar/schedule/keep/hostplan.py), a plan of the same class with its grouping a field.
 """
@@ -27,12 +27,12 @@ from solar.schedule.keep.grouping import Hosts
 from solar.schedule.keep.hostplan import host_totals
 from solar.schedule.keep.hostrun import host_run_spec
 from solar.schedule.keep.planner import EpochPlan, Planner, RankEpoch, epoch_order_of
-from solar.schedule.keep.policy import Progress, slot_count, tier_slot_count
+from solar.schedule.keep.summary import PlanSummary, RankStats, Tally, Totals
 from solar.schedule.plans.planfile import PlanFile, PlanWriter, fingerprint
 from solar.schedule.plans.rankplan import RankPlan
-from solar.schedule.plans.spec import PlanSpec, differences
-from solar.schedule.plans.summary import PlanSummary, RankStats, Tally, Totals
 from solar.schedule.plans.validate import PlanValidator, Proof, peers_error, prove
+from solar.schedule.policy import Progress, slot_count, tier_slot_count
+from solar.schedule.spec import PlanSpec, differences
 
 # Told each epoch's (accesses, hits) as it is planned (solar plan --plot).
 EpochTotals = Callable[[tuple[int, int]], None]
@@ -390,8 +390,8 @@ def plan_memory(spec: PlanSpec, keep_all: bool = False) -> PlanMemory:
         need += 16 * run.world_size * run.num_samples  # per-(rank, sample) tables
     held = 1
     if spec.traced:  # the trace over the horizon (solar.schedule.draw.traces)
+        from solar.schedule.draw.pagemates import LOOK_AHEAD
         from solar.schedule.draw.traces import BYTES_PER_ACCESS, default_horizon
-        from solar.schedule.keep.pagemates import LOOK_AHEAD
 
         h = default_horizon(run, spec.sampler) if spec.horizon is None else spec.horizon
         held = min(h, run.epochs - 1) + 1

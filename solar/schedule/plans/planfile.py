@@ -67,9 +67,9 @@ from solar.schedule.draw.order import sample_dtype
 from solar.schedule.keep.grouping import HostEpoch, Hosts
 from solar.schedule.keep.hostrun import host_run_spec
 from solar.schedule.keep.planner import EpochPlan, RankEpoch, epoch_order_of, peer_counts
-from solar.schedule.keep.policy import no_tier, tier_slot_count
-from solar.schedule.plans.spec import FORMAT_VERSION, PlanSpec, fingerprint_of
-from solar.schedule.plans.summary import HostTotals, RankStats
+from solar.schedule.keep.summary import HostTotals, RankStats
+from solar.schedule.policy import no_tier, tier_slot_count
+from solar.schedule.spec import FORMAT_VERSION, PlanSpec, fingerprint_of
 
 FORMAT = "solar-plan"
 SERVICES = "ranks/"  # a grouped plan's services of an epoch: epochs/<k>/ranks/<name>

@@ -15,8 +15,8 @@ from numba import njit
 from numpy.typing import NDArray
 
 from solar.errors import CorruptPlanError
-from solar.schedule.keep.policy import ADMIT, DEMOTE, HIT, RELEASE, SIDE, TADMIT, THIT, no_tier
 from solar.schedule.keep.transfer import Transfer, rank_transfer
+from solar.schedule.policy import ADMIT, DEMOTE, HIT, RELEASE, SIDE, TADMIT, THIT, no_tier
 
 if TYPE_CHECKING:  # planner.py does not import this module: no cycle at run time either
     from solar.schedule.keep.planner import RankEpoch

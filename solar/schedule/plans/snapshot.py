@@ -33,7 +33,7 @@ from solar._atomic import atomic_path
 from solar.errors import SolarError
 from solar.schedule.keep.grouping import Hosts
 from solar.schedule.keep.planner import Planner
-from solar.schedule.plans.spec import PlanSpec
+from solar.schedule.spec import PlanSpec
 
 if TYPE_CHECKING:  # the host planner is passed in: per-rank snapshots need none of it
     from solar.schedule.keep.hostplan import HostPlanner

@@ -55,14 +55,14 @@ from solar.schedule.keep.grouping import Hosts, stage_bound
 from solar.schedule.keep.hostplan import HostPlanner
 from solar.schedule.keep.hostrun import host_parts, host_run_spec
 from solar.schedule.keep.planner import Planner, RankEpoch
-from solar.schedule.keep.policy import slot_count, tier_slot_count
 from solar.schedule.plans import hostpayload as payload
 from solar.schedule.plans import snapshot
 from solar.schedule.plans.hostplanners import Checks, EpochReader, PartPlanner, exchange_of
 from solar.schedule.plans.hostwindow import HostWindow, Share
 from solar.schedule.plans.plan import Plan
 from solar.schedule.plans.rankplan import RankPlan, _replay
-from solar.schedule.plans.spec import PlanSpec
+from solar.schedule.policy import slot_count, tier_slot_count
+from solar.schedule.spec import PlanSpec
 
 
 class OwnPlanner:

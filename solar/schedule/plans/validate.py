@@ -61,7 +61,9 @@ from solar.schedule.keep.grouping import HostEpoch, Hosts, stage_bound
 from solar.schedule.keep.hostequal import rank_targets
 from solar.schedule.keep.hostrun import HostSampler, host_run_spec
 from solar.schedule.keep.planner import EpochPlan, RankEpoch
-from solar.schedule.keep.policy import (
+from solar.schedule.keep.transfer import check_counts
+from solar.schedule.plans.rankplan import RankPlan, _replay
+from solar.schedule.policy import (
     ADMIT,
     DEMOTE,
     HIT,
@@ -72,9 +74,7 @@ from solar.schedule.keep.policy import (
     THIT,
     tier_slot_count,
 )
-from solar.schedule.keep.transfer import check_counts
-from solar.schedule.plans.rankplan import RankPlan, _replay
-from solar.schedule.plans.spec import PlanSpec
+from solar.schedule.spec import PlanSpec
 
 _OK, _SAMPLE, _FLAGS, _SLOT, _NOT_IN_STEP, _REPEATED, _STALE_HIT, _SIDE_FIRST = range(8)
 

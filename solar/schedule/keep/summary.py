@@ -10,9 +10,9 @@ import numpy as np
 from numba import njit
 
 from solar.config import RunConfig
-from solar.schedule.keep.policy import ADMIT, HIT, SIDE, THIT, EpochSchedule
 from solar.schedule.keep.transfer import moved_rows, shares_of_steps
-from solar.schedule.plans.spec import PlanSpec
+from solar.schedule.policy import ADMIT, HIT, SIDE, THIT, EpochSchedule
+from solar.schedule.spec import PlanSpec
 
 if TYPE_CHECKING:
     from solar.schedule.keep.grouping import Hosts

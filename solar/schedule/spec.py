@@ -9,10 +9,10 @@ from dataclasses import dataclass, field
 
 from solar.config import BufferConfig, RunConfig
 from solar.errors import SolarError
+from solar.schedule.draw.pagemates import PageLayout
 from solar.schedule.draw.samplers import SHUFFLE, Sampler, is_shuffle, sampler_from_record
-from solar.schedule.keep.pagemates import PageLayout
-from solar.schedule.keep.policies import check_policy
-from solar.schedule.keep.policy import slot_count
+from solar.schedule.policies import check_policy
+from solar.schedule.policy import slot_count
 
 # The version of the plan file format (solar/schedule/plans/planfile.py). It is one of a spec's
 # inputs, so a plan of another format never matches a spec's fingerprint.
@@ -36,7 +36,7 @@ class PlanSpec:
     # Every rank delivers exactly its nominal share each step: the rows a rank serves beyond
     # it move to the ranks under it (solar.schedule.keep.transfer); Shuffle's planning only.
     equal_batches: bool = False
-    # Where the sampled rows lie in the file read (solar.schedule.keep.pagemates): the solar policy
+    # Where the sampled rows lie in the file read (solar.schedule.draw.pagemates): the solar policy
     # then keeps rows that share pages with a step's reads. A sampler's trace without affinity,
     # a RAM buffer only.
     pages: PageLayout | None = None
@@ -72,7 +72,7 @@ class PlanSpec:
     @property
     def plans_page_mates(self) -> bool:
         """Whether its rows' page layout (``pages``) may be planned: a sampler's trace split by
-        the sampler, the solar policy, a RAM buffer (solar.schedule.keep.pagemates)."""
+        the sampler, the solar policy, a RAM buffer (solar.schedule.draw.pagemates)."""
         solar_ram = self.policy == "solar" and not self.buffer.tier
         return self.traced and not self.affinity and solar_ram
 

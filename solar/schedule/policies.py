@@ -9,7 +9,7 @@ from solar.config import BufferConfig, RunConfig
 from solar.errors import SolarError
 from solar.schedule.baselines import artifact, interleaved, nopfs, tracebase
 from solar.schedule.keep import belady
-from solar.schedule.keep.policy import Policy
+from solar.schedule.policy import Policy
 
 PolicyFactory = Callable[[RunConfig, BufferConfig, Any], Policy]  # (run, buffer, order)
 

@@ -24,7 +24,7 @@ from numba import njit
 
 from solar._memory import PAGE
 from solar.errors import SolarError
-from solar.schedule.keep.policy import EPOCH_SHIFT
+from solar.schedule.policy import EPOCH_SHIFT
 
 
 @dataclass(frozen=True)
