@@ -318,7 +318,7 @@ def test_hosts_of_unequal_sizes_where_the_sampler_fixes_each_rank_batch():
 
 def test_each_rank_plans_its_part_and_sees_the_host_plan_merged():
     """A host's buffer in parts (solar/schedule/keep/hostparts.py): each local rank plans and posts
-    one part; every rank's view, put together from the parts it takes (nodeview.py), is its
+    one part; every rank's view, put together from the parts it takes (plans/hostview.py), is its
     service in the plan one process makes of every part, merged: the same rows, decisions,
     cells, readers, staging sets, initial cells and (asked on a resume) host decisions."""
     spec, hosts = _spec(), Hosts.grid(1, 2)

@@ -60,7 +60,7 @@ class StepPlan(NamedTuple):  # a NamedTuple: one is made per step, cheaper than 
     # Side rows (pagemates.py): read with the reads into rows ``size..size + m - 1`` after the
     # batch, stored as admissions (``admit_rows`` name them), never served.
     side_samples: NDArray[np.int64] = _NONE  # (m,)
-    # A node buffer (nodestream.py): rows this rank read that other local ranks take, put
+    # A node buffer (plans/hostwindow.py): rows this rank read that other local ranks take, put
     # into the host's staging rows ``stage_at``; rows it takes from staging rows ``peer_at``.
     stage_rows: NDArray[np.int64] = _NONE
     stage_at: NDArray[np.int64] = _NONE
@@ -68,7 +68,7 @@ class StepPlan(NamedTuple):  # a NamedTuple: one is made per step, cheaper than 
     peer_at: NDArray[np.int64] = _NONE
     # A node step whose host updates a cell twice: its updates in phases applied in turn,
     # each demotion's, admission's and tier admission's phase, and before each phase whether
-    # the host's ranks wait for each other (nodeplan.host_phases; None: one phase).
+    # the host's ranks wait for each other (keep/hostplan.host_phases; None: one phase).
     phase_waits: NDArray[np.bool_] | None = None
     demote_phase: NDArray[np.int64] | None = None
     admit_phase: NDArray[np.int64] | None = None

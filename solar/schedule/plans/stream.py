@@ -21,7 +21,7 @@ newest snapshot at or before the wanted epoch.
 
 A host's ranks given its communicator plan together (schedule/plans/hostplanners.py): where the
 sampler fixes each rank's batch, the host's buffer is planned in parts (solar/schedule/
-nodeparts.py), each local rank drawing its own batches, planning its part from every local
+keep/hostparts.py), each local rank drawing its own batches, planning its part from every local
 rank's draws and putting its view together from every part (solar/schedule/plans/hostview.py);
 otherwise local rank 0 plans and publishes each epoch of its host and the others take it. What
 they exchange is bytes (schedule/plans/hostpayload.py) in rounds of a communicator the planning
