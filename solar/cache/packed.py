@@ -32,8 +32,7 @@ import numpy as np
 from numba import njit
 
 from solar._memory import PAGE
-from solar._units import format_bytes
-from solar.cache.tier import _check_directory, reopen_direct, sanitise, unlinked_file
+from solar.cache.tier import Checked, check_directory, create_file, sanitise
 from solar.errors import SolarError
 from solar.io.handles import memory_fault
 from solar.io.identity import Identities, changed
@@ -58,7 +57,7 @@ class PackedFile:
     def __init__(self, directory: str | os.PathLike, steps: np.ndarray, samples: list[np.ndarray],
                  row_bytes: int, chunk_rows: int, name: str) -> None:  # fmt: skip
         directory = Path(directory)
-        _check_directory(directory)
+        check_directory(directory, "packed layout")
         self.steps = np.asarray(steps, np.int64)
         self.samples = samples
         self.row_bytes, self.chunk_rows = row_bytes, chunk_rows
@@ -66,14 +65,8 @@ class PackedFile:
         host = sanitise(socket.gethostname())
         seq = next(_INSTANCES)
         self.path = directory / f"solar-pack-{sanitise(name)}.{seq}-{host}-{os.getpid()}.bin"
-        fd = unlinked_file(self.path)
-        try:
-            os.posix_fallocate(fd, 0, max(PAGE, self.nbytes))
-        except OSError as exc:
-            os.close(fd)
-            raise SolarError(f"packed layout {self.path}: cannot allocate "
-                             f"{format_bytes(self.nbytes)} ({exc.strerror})") from None  # fmt: skip
-        self._fd, self.direct_io = reopen_direct(fd, self.path, True)
+        self._fd, self.direct_io = create_file(self.path, max(PAGE, self.nbytes), True,
+                                               "packed layout")  # fmt: skip
         self._ids: Identities | None = None  # pinned once built
         self.closed = False
 
@@ -93,6 +86,9 @@ class PackedFile:
         padded = -(-rows * rb // PAGE) * PAGE
         self.piece_first, self.piece_rows, self.piece_bytes = first, rows, padded
         self.piece_chunk = chunk[first]
+        # Pieces by chunk (in file order within one): a chunk's pieces are a slice of it.
+        self._by_chunk = np.argsort(self.piece_chunk, kind="stable")
+        self._chunk_of = self.piece_chunk[self._by_chunk]
         self.piece_at = np.concatenate([[0], np.cumsum(padded)])  # file offset of each piece
         piece = np.cumsum(new) - 1
         # Each row's byte offset in the file (sorted within a step: its region's order).
@@ -102,7 +98,7 @@ class PackedFile:
     # -- a byte source of the executor ---------------------------------------------------------
     def fd(self, i: int) -> contextlib.AbstractContextManager[int]:
         """Its descriptor; once sealed, its identity checked before and after the task."""
-        return _Checked(self)
+        return Checked(self.check, self._fd)
 
     def check(self) -> None:
         """Raise (one line) if the file changed since it was built (or is being built and is
@@ -170,7 +166,7 @@ class PackedFile:
         :meth:`chunk_bytes` of ``c``): one write per piece, dealt over at most ``groups``
         tasks (synchronous direct writes: one in flight per thread); none if no step reads
         from chunk ``c``."""
-        pieces = np.flatnonzero(self.piece_chunk == c)
+        pieces = self._pieces(c)
         if pieces.size == 0:
             return []
         sizes = self.piece_bytes[pieces]
@@ -190,7 +186,12 @@ class PackedFile:
 
     def chunk_bytes(self, c: int) -> int:
         """Bytes of chunk ``c``'s pieces (what :meth:`chunk_write` assembles)."""
-        return int(self.piece_bytes[self.piece_chunk == c].sum())
+        return int(self.piece_bytes[self._pieces(c)].sum())
+
+    def _pieces(self, c: int) -> np.ndarray:
+        """The pieces of chunk ``c``, in file order."""
+        lo, hi = np.searchsorted(self._chunk_of, [c, c + 1])
+        return self._by_chunk[lo:hi]
 
     @property
     def chunks(self) -> np.ndarray:
@@ -209,20 +210,3 @@ def _assemble(staging, ids, first, rows, base, lo, out):  # pragma: no cover - c
         for i in range(first[p], first[p] + rows[p]):
             out[at : at + width] = staging[ids[i] - lo]
             at += width
-
-
-class _Checked:
-    """A task's use of the packed file's descriptor, its identity checked around it."""
-
-    __slots__ = ("packed",)
-
-    def __init__(self, packed: PackedFile) -> None:
-        self.packed = packed
-
-    def __enter__(self) -> int:
-        self.packed.check()
-        return self.packed._fd
-
-    def __exit__(self, kind: object, *rest: object) -> None:
-        if kind is None:
-            self.packed.check()

@@ -41,6 +41,7 @@ import threading
 import time
 import warnings
 import weakref
+from collections.abc import Callable
 from concurrent.futures import Future, wait
 from pathlib import Path
 
@@ -100,7 +101,7 @@ class TierFile:
         # A process may hold several tiers of one plan and rank (loaders live side by side).
         seq = next(_INSTANCES)
         self.path = directory / f"solar-tier-{sanitise(name)}.{seq}-{host}-{os.getpid()}.bin"
-        self._adopt(*_create(self.path, self.nbytes, direct_io))
+        self._adopt(*create_file(self.path, self.nbytes, direct_io))
 
     def _lay_out(self, directory: str | os.PathLike, slots: int, keys: tuple[KeyInfo, ...],
                  executor: Executor, staging_slots: int) -> Path:  # fmt: skip
@@ -115,7 +116,7 @@ class TierFile:
         self.executor = executor
         self.throttle = None  # node-local: never the emulated remote file system
         directory = Path(directory)
-        _check_directory(directory)
+        check_directory(directory)
         return directory
 
     def _adopt(self, fd: int, direct_io: bool) -> None:
@@ -135,7 +136,7 @@ class TierFile:
     def fd(self, i: int) -> contextlib.AbstractContextManager[int]:
         """The tier's descriptor (it has one file: ``i`` is 0), its size checked before and
         after the task's reads or writes: a truncated (or re-extended) file yields no slot."""
-        return _Checked(self)
+        return Checked(self.check_size, self._fd)
 
     def check_size(self) -> None:
         """Raise (one line) unless the file still has its ``nbytes``."""
@@ -366,22 +367,23 @@ class TierFile:
         self.close()
 
 
-class _Checked:
-    """A task's use of the tier's descriptor, the file's size checked around it (a class, not
-    a generator: it is entered per task)."""
+class Checked:
+    """A task's use of a file's descriptor ``fd``, ``check()`` called before and after it (a
+    class, not a generator: it is entered per task): a tier's size, a packed layout's
+    identity."""
 
-    __slots__ = ("tier",)
+    __slots__ = ("check", "fd")
 
-    def __init__(self, tier: TierFile) -> None:
-        self.tier = tier
+    def __init__(self, check: Callable[[], None], fd: int) -> None:
+        self.check, self.fd = check, fd
 
     def __enter__(self) -> int:
-        self.tier.check_size()
-        return self.tier._fd
+        self.check()
+        return self.fd
 
     def __exit__(self, kind: object, *rest: object) -> None:
         if kind is None:
-            self.tier.check_size()
+            self.check()
 
 
 class _State:
@@ -441,20 +443,23 @@ def _settle(held: Future, futures: list[Future]) -> None:
         held.set_exception(exc)
 
 
-def _create(path: Path, nbytes: int, direct_io: bool) -> tuple[int, bool]:
+def create_file(path: Path, nbytes: int, direct_io: bool,
+                what: str = "tier") -> tuple[int, bool]:  # fmt: skip
     """A new unlinked file of ``nbytes`` allocated bytes in ``path``'s directory; its
-    descriptor and whether O_DIRECT is on."""
-    fd = unlinked_file(path)
+    descriptor and whether O_DIRECT is on. Nothing is left open if it fails (one line,
+    naming ``what``: a tier, a packed layout)."""
+    fd = unlinked_file(path, what)
     try:
         os.posix_fallocate(fd, 0, nbytes)  # before O_DIRECT: glibc may emulate it by writes
-        return reopen_direct(fd, path, direct_io)
+        return reopen_direct(fd, path, direct_io, what)
     except (OSError, SolarError) as exc:
         os.close(fd)
         why = exc.strerror if isinstance(exc, OSError) else exc
-        raise SolarError(f"tier {path}: cannot allocate {format_bytes(nbytes)} ({why})") from None
+        raise SolarError(f"{what} {path}: cannot allocate {format_bytes(nbytes)} ({why})") from None
 
 
-def reopen_direct(fd: int, path: str | os.PathLike, direct_io: bool) -> tuple[int, bool]:
+def reopen_direct(fd: int, path: str | os.PathLike, direct_io: bool,
+                  what: str = "tier") -> tuple[int, bool]:  # fmt: skip
     """``fd`` opened again with O_DIRECT (by its descriptor: it may have no name) and closed,
     if ``direct_io`` and the file system has it; else ``fd``. The descriptor and whether
     O_DIRECT is on."""
@@ -462,14 +467,14 @@ def reopen_direct(fd: int, path: str | os.PathLike, direct_io: bool) -> tuple[in
         try:
             dfd = open_descriptor(f"/proc/self/fd/{fd}", os.O_RDWR, o_direct=True)
         except NoDirectIO:
-            warnings.warn(f"tier {path}: no O_DIRECT here, using buffered I/O", stacklevel=4)
+            warnings.warn(f"{what} {path}: no O_DIRECT here, using buffered I/O", stacklevel=4)
         else:
             os.close(fd)
             return dfd, True
     return fd, False
 
 
-def unlinked_file(path: Path) -> int:
+def unlinked_file(path: Path, what: str = "tier") -> int:
     """A new empty file in ``path``'s directory with no name (O_TMPFILE; else created as
     ``path`` and unlinked at once, a crash in between leaving it to :func:`remove_stale`)."""
     flags = os.O_RDWR | getattr(os, "O_TMPFILE", 0)
@@ -478,26 +483,27 @@ def unlinked_file(path: Path) -> int:
             return os.open(path.parent, flags, 0o600)
     except OSError as exc:
         if exc.errno not in (errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL, errno.ENOENT):
-            raise SolarError(f"tier {path}: cannot create ({exc.strerror})") from None
+            raise SolarError(f"{what} {path}: cannot create ({exc.strerror})") from None
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
     except OSError as exc:
-        raise SolarError(f"tier {path}: cannot create ({exc.strerror})") from None
+        raise SolarError(f"{what} {path}: cannot create ({exc.strerror})") from None
     try:
         os.unlink(path)
     except OSError as exc:
         os.close(fd)
-        raise SolarError(f"tier {path}: cannot unlink ({exc.strerror})") from None
+        raise SolarError(f"{what} {path}: cannot unlink ({exc.strerror})") from None
     return fd
 
 
-def _check_directory(directory: Path) -> None:
+def check_directory(directory: Path, what: str = "tier") -> None:
+    """Raise (one line naming ``what``) unless ``directory`` is a writable directory."""
     if not directory.exists():
-        raise SolarError(f"tier {directory}: directory does not exist")
+        raise SolarError(f"{what} {directory}: directory does not exist")
     if not directory.is_dir():
-        raise SolarError(f"tier {directory}: not a directory")
+        raise SolarError(f"{what} {directory}: not a directory")
     if not os.access(directory, os.W_OK | os.X_OK):
-        raise SolarError(f"tier {directory}: directory is not writable")
+        raise SolarError(f"{what} {directory}: directory is not writable")
 
 
 def remove_stale(directory: Path, host: str, prefix: str = "solar-tier-") -> list[Path]:
