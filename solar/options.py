@@ -127,8 +127,9 @@ class PackingConfig:
 
     ``disk``: the most disk the packed layouts may take at once, per rank, as bytes
     (``"8GiB"``) or rows; 0 (default): no packing. Two windows live at once (one read, the
-    next built), so a window holds at most half of it. ``directory``: where (node-local
-    storage; default: the tier's directory, else the system's temporary one).
+    next built), so a window holds at most half of it; refused unless ``directory`` has it
+    free. ``directory``: where (node-local storage; default: the system's temporary
+    directory, refused where that is tmpfs: memory, not disk).
     ``random_pages_per_second`` and ``sequential_bytes_per_second``: the device's rates
     (solar/io/probe.py); None: probed on the source at construction for ``probe_seconds``.
     ``margin``: a window is packed where its packed cost times this is below its random

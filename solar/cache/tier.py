@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import ctypes
 import errno
 import functools
 import itertools
@@ -504,6 +505,19 @@ def check_directory(directory: Path, what: str = "tier") -> None:
         raise SolarError(f"{what} {directory}: not a directory")
     if not os.access(directory, os.W_OK | os.X_OK):
         raise SolarError(f"{what} {directory}: directory is not writable")
+
+
+_IN_MEMORY = (0x01021994, 0x858458F6)  # statfs f_type of tmpfs, ramfs (linux/magic.h)
+
+
+def in_memory(directory: str | os.PathLike) -> bool:
+    """Whether ``directory``'s file system keeps files in memory (tmpfs, ramfs): statfs's
+    f_type, the struct's first field (``os.statvfs`` has no type)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    buf = ctypes.create_string_buffer(512)  # struct statfs is 120 bytes on 64-bit Linux
+    if libc.statfs(os.fsencode(directory), buf) != 0:
+        return False  # not Linux, or not statfs-able: the writes will tell
+    return ctypes.c_long.from_buffer(buf).value in _IN_MEMORY
 
 
 def remove_stale(directory: Path, host: str, prefix: str = "solar-tier-") -> list[Path]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import socket
 import tempfile
 import warnings
 from collections.abc import Callable
@@ -21,8 +22,10 @@ import numpy as np
 
 from solar._cpu import cpu_share
 from solar._memory import require_memory
+from solar._units import format_bytes
 from solar.cache.batches import torch_dtype
 from solar.cache.slots import check_budget
+from solar.cache.tier import check_directory, in_memory, remove_stale, sanitise
 from solar.config import BufferConfig, ReaderConfig, RunConfig, parse_size
 from solar.dist import agree
 from solar.errors import SolarError, first_error
@@ -184,6 +187,7 @@ def _packing(memory: MemoryConfig, info: DatasetInfo, config: ReaderConfig, rank
                          "(PackingConfig(disk=0) reads misses as pages)")  # fmt: skip
     row_bytes = info.keys[0].row_bytes
     disk = parse_size(pc.disk, sample_bytes=row_bytes, name="pack disk") * row_bytes
+    directory = _pack_directory(pc.directory, disk)
     rates = None
     if pc.random_pages_per_second is not None and pc.sequential_bytes_per_second is not None:
         rates = DeviceRates(pc.random_pages_per_second, pc.sequential_bytes_per_second)
@@ -194,10 +198,27 @@ def _packing(memory: MemoryConfig, info: DatasetInfo, config: ReaderConfig, rank
                     offset=offset, length=info.num_samples * row_bytes)  # fmt: skip
         rates = DeviceRates(pc.random_pages_per_second or got.best,
                             pc.sequential_bytes_per_second or got.sequential)  # fmt: skip
-    directory = pc.directory or memory.tier or tempfile.gettempdir()
     chunk_rows = max(1, pc.chunk_bytes // row_bytes)
     at = RowsAt(offset, row_bytes, info.num_samples, chunk_rows)
     return PackSetup(directory, disk, at, rates, pc.margin, f"r{rank}")
+
+
+def _pack_directory(given: str | os.PathLike | None, disk: int) -> Path:
+    """The packed layouts' directory, checked (one line naming the parameter): writable, with
+    ``disk`` bytes free once this host's crashed runs' layouts are removed, and on disk (the
+    default, the system's temporary directory, refused where it is tmpfs: memory)."""
+    directory = Path(tempfile.gettempdir() if given is None else given)
+    check_directory(directory, "pack directory")
+    if given is None and in_memory(directory):
+        raise SolarError(f"pack directory: the default {directory} is tmpfs (memory, "
+                         "not disk): name one on a node-local disk")  # fmt: skip
+    remove_stale(directory, sanitise(socket.gethostname()), "solar-pack-")
+    vfs = os.statvfs(directory)
+    free = vfs.f_bavail * vfs.f_frsize
+    if disk > free:
+        raise SolarError(f"pack disk: {format_bytes(disk)} asked, {format_bytes(free)} free "
+                         f"in {directory}")  # fmt: skip
+    return directory
 
 
 def _check_batch_format(batch_format: str) -> None:
