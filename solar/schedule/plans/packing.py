@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-PAGE = 4096
+from solar._memory import PAGE
 
 
 @dataclass(frozen=True)
