@@ -16,9 +16,11 @@ disk budget for packing has a :class:`RandomMisses`, and nothing here runs.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import os
 import threading
 import time
+import warnings
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
@@ -29,6 +31,7 @@ import numpy as np
 from solar._memory import aligned
 from solar._units import format_bytes
 from solar.cache.packed import PackedFile
+from solar.errors import SolarError
 from solar.io.executor import JobResult, when_all
 from solar.io.reader import Reader
 from solar.schedule.plans.packing import DeviceRates, RowsAt, Window, plan_windows
@@ -136,6 +139,8 @@ class Packer:
         self._disk = 0
         self._last = -1
         self._lock = threading.Lock()
+        self._stop = threading.Event()  # closing: a pass ends at its next chunk
+        self._warned = False
         # One thread drives the passes (their reads and writes are the executor's tasks).
         self._builder = ThreadPoolExecutor(1, thread_name_prefix="solar-pack")
 
@@ -147,6 +152,8 @@ class Packer:
         if w is None or not w.packed or samples.size == 0:
             return self._random.submit(k, samples, out, rows)
         b = self._built.get(w.first) or self._build_now(w)
+        if b is None:  # its packed file could not be made: read at random
+            return self._random.submit(k, samples, out, rows)
         dest = out[0].reshape(out[0].shape[0], -1).view(np.uint8)
         tasks = b.file.read_tasks(k, samples, dest, rows, self.reader.executor.threads)
         ex, file = self.reader.executor, b.file
@@ -159,7 +166,8 @@ class Packer:
         return futures
 
     def close(self) -> None:
-        """Wait for the passes under way; free every packed file."""
+        """Stop the passes under way (at their next chunk); free every packed file."""
+        self._stop.set()
         self._reset()
         self._builder.shutdown(wait=True)
 
@@ -190,18 +198,21 @@ class Packer:
         while self._windows and self._windows[0].end <= k:
             self._windows.popleft()  # its steps all started: its file goes once they are read
         self._release_done(k)
-        for w in self._windows:
+        for w in list(self._windows):  # (a window whose file cannot be made turns random)
             if not w.packed or w.first in self._built:
                 continue
             if self._disk + w.nbytes > self.setup.disk_bytes:
                 break  # in order: a later window waits for this one
             self._start_build(w)
 
-    def _build_now(self, w: Window) -> _Built:
+    def _build_now(self, w: Window) -> _Built | None:
         """Window ``w``, due now and not built: the disk of windows whose reads are still in
         flight (a short window before it, read ahead) is freed once they end."""
         while self._disk + w.nbytes > self.setup.disk_bytes:
-            b = next(b for b in self._built.values() if b.window.first < w.first)
+            b = next((b for b in self._built.values() if b.window.first < w.first), None)
+            if b is None:  # (windows are built in order, each at most half the disk)
+                raise SolarError(f"pack: steps {w.first}..{w.end - 1}: "
+                                 f"{format_bytes(w.nbytes)} do not fit the disk left")  # fmt: skip
             wait([b.build, *b.reads])
             self._free(b)
         return self._start_build(w)
@@ -233,16 +244,34 @@ class Packer:
         self._decided = -1
 
     # -- building ------------------------------------------------------------------------------
-    def _start_build(self, w: Window) -> _Built:
+    def _start_build(self, w: Window) -> _Built | None:
+        """Window ``w``'s packed file made and its pass started; None, the window read at
+        random instead (warned once), where the file cannot be made (no space, no
+        descriptor left): training goes on."""
         steps = np.arange(w.first, w.end, dtype=np.int64)
-        samples = self._reads.pop(w.first)
         at = self.setup.at
-        file = PackedFile(self.setup.directory, steps, samples, at.row_bytes, at.chunk_rows,
-                          self.setup.name)  # fmt: skip
+        try:
+            file = PackedFile(self.setup.directory, steps, self._reads[w.first], at.row_bytes,
+                              at.chunk_rows, self.setup.name)  # fmt: skip
+        except SolarError as exc:
+            self._unpack(w, exc)
+            return None
+        del self._reads[w.first]  # (kept until made: a later try finds them)
         self._disk += w.nbytes
         self.figures.disk_peak = max(self.figures.disk_peak, self._disk)
         b = self._built[w.first] = _Built(w, file, self._builder.submit(self._build, file))
         return b
+
+    def _unpack(self, w: Window, exc: SolarError) -> None:
+        """Window ``w`` read at random from now on (its packed file could not be made)."""
+        if not self._warned:
+            self._warned = True
+            warnings.warn(f"{exc}: steps {w.first}..{w.end - 1} (and any other window whose "
+                          "packed file cannot be made) read at random", stacklevel=4)  # fmt: skip
+        random = dataclasses.replace(w, packed=False)
+        self._windows = collections.deque(random if x is w else x for x in self._windows)
+        self.figures.windows = [random if x is w else x for x in self.figures.windows]
+        self._reads.pop(w.first, None)
 
     def _build(self, file: PackedFile) -> None:
         """One sequential pass: the source chunks holding the window's rows read in order
@@ -270,6 +299,8 @@ class Packer:
         try:
             reading = scan(0)
             for i in range(n):
+                if self._stop.is_set():  # closing: no pass outlives its loader for long
+                    raise SolarError(f"packed layout {file.path}: closed while built")
                 now = reading
                 # The next chunk is read while this one is assembled (its staging rows were
                 # assembled from, synchronously, at chunk i - 1).
