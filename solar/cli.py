@@ -755,11 +755,12 @@ def gen(out, preset, samples, chunks, compression, nodes, avg_degree, features, 
                    "beside the figures (random 4 KiB reads, O_DIRECT; 0: none).")  # fmt: skip
 @click.option("--pack-disk",
               help="--sampler neighbor: disk per rank for solar's packed windows (misses "
-                   "packed in plan order where the cost model finds it faster; default 8GiB; "
-                   "0: none; solar-random: never).")  # fmt: skip
+                   "packed in plan order where the cost model finds it faster; default: "
+                   "GraphBenchConfig.pack_disk, solar/graph/bench.py; 0: none; solar-random: "
+                   "never).")  # fmt: skip
 @click.option("--pack-dir", type=click.Path(file_okay=False),
               help="--sampler neighbor: where the packed windows go (node-local; default: "
-                   "the system's temporary directory).")  # fmt: skip
+                   "the system's temporary directory, refused where it is tmpfs).")  # fmt: skip
 @click.option(
     "--weights", type=click.Path(), help="Weights .npy (one per sample) of --sampler weighted."
 )

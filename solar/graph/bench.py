@@ -73,7 +73,8 @@ class GraphBenchConfig:
     # on the features' bytes, rank 0, before the epochs); 0: none.
     probe_seconds: float = 1.0
     # ``solar``'s packed windows (MemoryConfig(pack=...)): their disk per rank (0: none) and
-    # directory (None: the system's temporary one); the model is fed the probe's rates.
+    # directory (None: the system's temporary one, refused where it is tmpfs); the model is fed
+    # the probe's rates.
     pack_disk: str = "8GiB"  # (the one default: solar bench --pack-disk leaves it)
     pack_dir: str | None = None
 
