@@ -44,6 +44,7 @@ import numpy as np
 from numba.core import event
 from numba.core.dispatcher import Dispatcher
 
+from solar.cache.packed import rehearse as rehearse_packing
 from solar.config import BufferConfig, RunConfig
 from solar.host import barrier as hostbarrier
 from solar.io.info import DatasetInfo, StoredLayout
@@ -295,6 +296,8 @@ def rehearse_loader(args: LoaderConfig, setup: Setup,
                 for _ in zip(tiny, range(1), strict=False):
                     pass
             setup.sampler.rehearse(setup.run, setup.rank)  # its own kernels, if any
+            if setup.pack is not None:  # (the tiny Loader packs nothing: no disk given)
+                rehearse_packing(setup.pack.at.row_bytes)
         if setup.shared:  # a node buffer: the tiny Loader ran per rank; the node's own
             rehearse_node(spec, setup.hosts, setup.rank, setup.given is not None)
     if w[0].compiled:

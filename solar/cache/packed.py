@@ -171,8 +171,7 @@ class PackedFile:
             return []
         sizes = self.piece_bytes[pieces]
         base = np.concatenate([[0], np.cumsum(sizes)])
-        # In 8-byte words where rows allow (a row copy by bytes ran at a tenth of the speed).
-        w = 8 if self.row_bytes % 8 == 0 else 1
+        w = _word(self.row_bytes)
         _assemble(staging.view(f"u{w}"), self.ids, self.piece_first[pieces],
                   self.piece_rows[pieces], base[:-1] // w, c * self.chunk_rows,
                   out.view(f"u{w}"))  # fmt: skip
@@ -197,6 +196,22 @@ class PackedFile:
     def chunks(self) -> np.ndarray:
         """The source chunks holding any packed row, in file order."""
         return np.unique(self.piece_chunk)
+
+
+def _word(row_bytes: int) -> int:
+    """Bytes of the words rows are copied in: 8 where rows allow (a row copied by bytes ran
+    at a tenth of the speed)."""
+    return 8 if row_bytes % 8 == 0 else 1
+
+
+def rehearse(row_bytes: int) -> None:
+    """Compile (or load from the cache) the kernel :meth:`PackedFile.chunk_write` runs for
+    rows of ``row_bytes`` bytes, with its argument types (solar/warm.py's rehearsal: the
+    first packed window would compile it on the builder thread)."""
+    w, one = _word(row_bytes), np.zeros(1, np.int64)
+    rows = np.zeros((1, row_bytes), np.uint8)
+    _assemble(rows.view(f"u{w}"), one, one, np.ones(1, np.int64), one, 0,
+              np.zeros(row_bytes, np.uint8).view(f"u{w}"))  # fmt: skip
 
 
 @njit(cache=True, nogil=True)
