@@ -8,13 +8,14 @@ the same rows.
     python bench/cpu_row_bench.py run /tmp/g1m.h5 [--epochs 3 --stages]    # one run, this tree
 
 ``run``: one rank (P = 1) of ``Loader(graph, ["features"], sampler=NeighborSampler(fanouts
-(10, 5), batch 1024), buffer 10 %)`` (its defaults otherwise: reads through the page cache)
-for ``--epochs`` epochs, the features read once before so that every read is a page-cache
-hit. Timed: process CPU seconds (``time.process_time``: all threads) from the Loader's
-construction to its last batch, and per epoch; a row is a served feature row (``n_id``'s
-length summed over the batches). Also the Loader's own ``stats.bottleneck()`` and per-stage
-figures, and two references on the rows of one epoch: ``np.take`` and ``torch.index_select``
-from the features in memory (rows per CPU-second of the gather alone).
+(10, 5), batch 1024), buffer 10 %)`` (its defaults otherwise, but reading through the page
+cache: ``ReaderConfig(direct_io=False)``) for ``--epochs`` epochs, the features read once
+before so that every read is a page-cache hit. Timed: process CPU seconds
+(``time.process_time``: all threads) from the Loader's construction to its last batch, and
+per epoch; a row is a served feature row (``n_id``'s length summed over the batches). Also
+the Loader's own ``stats.bottleneck()`` and per-stage figures, and two references on the
+rows of one epoch: ``np.take`` and ``torch.index_select`` from the features in memory (rows
+per CPU-second of the gather alone).
 
 ``compare``: ``run`` in fresh processes under two trees (``--base``: a checkout of another
 commit, e.g. ``git worktree add /tmp/base d98193d``; and this tree), alternated, ``--runs``
@@ -121,15 +122,16 @@ def _references(path: str, n_ids: list) -> dict:
 def run(args: argparse.Namespace) -> dict:
     import numpy as np
 
-    from solar import Loader, NeighborSampler
+    from solar import Loader, NeighborSampler, ReaderConfig
 
     _warm(args.graph)
     spent = _account() if args.stages else None
     c0, t0 = time.process_time(), time.perf_counter()
     sampler = NeighborSampler(args.graph, FANOUTS, batch_size=args.batch)
     rows, epoch_cpu, epoch_rows, keep = 0, [], [], []
+    # Page-cache reads named (a neighbour sampler's default is O_DIRECT where it opens).
     with Loader(args.graph, ["features"], sampler=sampler, epochs=args.epochs,
-                buffer=args.buffer) as ld:  # fmt: skip
+                buffer=args.buffer, reader=ReaderConfig(direct_io=False)) as ld:  # fmt: skip
         built = time.process_time() - c0
         for e in range(args.epochs):
             ce, re_ = time.process_time(), rows
