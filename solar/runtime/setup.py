@@ -332,10 +332,11 @@ def _reader_config(info: DatasetInfo, config: ReaderConfig) -> ReaderConfig:
 
 
 def _direct_by_default(info: DatasetInfo, sampler: Any) -> bool:
-    """O_DIRECT for a neighbour sampler's feature rows (the plan's buffer is the only cache,
-    as every GNN figure of docs/performance.md is measured) where the file system takes it;
-    else the page cache (samples: ``solar bench`` evicts their pages each epoch)."""
-    if getattr(sampler, "kind", None) != "neighbor" or info.one_per_file:
+    """O_DIRECT where the sampler's ``direct_by_default`` asks it (a neighbour sampler's
+    feature rows: the plan's buffer is their only cache, as every GNN figure of
+    docs/performance.md is measured) and the file system takes it; else the page cache
+    (samples: ``solar bench`` evicts their pages each epoch)."""
+    if not getattr(sampler, "direct_by_default", False) or info.one_per_file:
         return False
     try:
         os.close(open_descriptor(info.all_files[0], os.O_RDONLY, o_direct=True))

@@ -54,6 +54,9 @@ class Sampler:
 
     kind: ClassVar[str]
     affinity: bool = False  # the planner splits global batches (see the module's docstring)
+    # Its rows read with O_DIRECT where ReaderConfig(direct_io=None) leaves it to the Loader:
+    # the plan's buffer is their only cache (a GNN's features); else the page cache.
+    direct_by_default: bool = False
     # Epochs of look-ahead its trace's reuse needs (None: the planner's default, see traces.py).
     horizon: int | None = None
 
