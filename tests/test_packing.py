@@ -5,18 +5,22 @@ batches byte for byte as the random path's, a tampered layout refused, the disk 
 from __future__ import annotations
 
 import os
+import tempfile
+import warnings
 
 import h5py
 import numpy as np
 import pytest
-from helpers import every_batch
+from helpers import every_batch, skip_without_o_direct, write_h5
 
 from solar import Loader, NeighborSampler
 from solar._memory import aligned
 from solar.cache.packed import PackedFile
+from solar.cache.tier import in_memory
 from solar.errors import SolarError
 from solar.graph import generate_graph
 from solar.io.executor import Executor, wait_all
+from solar.io.handles import NoDirectIO, TooManyOpen, open_descriptor
 from solar.io.identity import FileChanged
 from solar.options import MemoryConfig, PackingConfig
 from solar.schedule.plans.packing import DeviceRates, RowsAt, plan_windows, scan_bytes, step_pages
@@ -269,3 +273,109 @@ def test_a_resumed_run_with_packed_windows_serves_the_same_batches(graph, tmp_pa
         assert ld.stats.packing.built > 0
     for got, want in zip(rest, whole[spe + spe // 2 :], strict=True):
         assert got["x"].numpy().tobytes() == want["x"].numpy().tobytes()
+
+
+def test_a_pack_directory_missing_short_of_space_or_tmpfs_by_default_is_refused(
+    graph, tmp_path, monkeypatch
+):
+    """Checked at construction, each refusal one line naming the parameter: a directory that
+    does not exist, one without the disk budget free, and the default (the system's
+    temporary directory) where it is tmpfs: memory, not disk."""
+    path, feats = graph
+    with pytest.raises(SolarError, match=r"^pack directory \S+none: directory does not exist$"):
+        _loader(path, "1MiB", tmp_path / "none")
+    vfs = os.statvfs(tmp_path)
+    rows = vfs.f_bavail * vfs.f_frsize // feats[0].nbytes + 10**6  # more than is free
+    with pytest.raises(SolarError, match=r"^pack disk: \S+ \w+ asked, \S+ \w+ free in \S+$"):
+        _loader(path, rows, tmp_path)
+    if not in_memory("/dev/shm"):
+        pytest.skip("/dev/shm is not tmpfs here")
+    monkeypatch.setattr(tempfile, "tempdir", "/dev/shm")
+    with pytest.raises(SolarError, match=r"^pack directory: the default /dev/shm is tmpfs"):
+        _loader(path, "1MiB", None)
+
+
+def test_a_packed_file_that_cannot_be_made_mid_run_turns_its_window_random(
+    graph, tmp_path, monkeypatch
+):
+    """Every other packed file fails to be made (as on ENOSPC or EMFILE): training goes on,
+    those windows read at random, warned once; the batches are the random path's, byte for
+    byte; the windows whose files were made are packed and built."""
+    import solar.runtime.packing as runtime_packing
+
+    path, feats = graph
+    with _loader(path, 0, tmp_path) as plain:
+        want = every_batch(plain, range(3))
+    made = runtime_packing.PackedFile
+    calls: list[int] = []
+
+    def every_other(*args, **kwargs):
+        calls.append(int(args[1][0]))
+        if len(calls) % 2 == 0:
+            raise SolarError("packed layout x: cannot allocate 1 MiB (No space left on device)")
+        return made(*args, **kwargs)
+
+    monkeypatch.setattr(runtime_packing, "PackedFile", every_other)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with _loader(path, "4MiB", tmp_path) as ld:
+            got = every_batch(ld, range(3))
+            figures = ld.stats.packing
+    assert len(calls) >= 2 and len(set(calls)) == len(calls)  # each window tried once
+    said = [w for w in caught if "read at random" in str(w.message)]
+    assert len(said) == 1 and "No space left on device" in str(said[0].message)
+    made_files = len(calls) - len(calls) // 2
+    assert figures.built == sum(w.packed for w in figures.windows) == made_files
+    assert len(got) == len(want)
+    for a, b in zip(got, want, strict=True):
+        assert a["x"].numpy().tobytes() == b["x"].numpy().tobytes()
+        assert a["x"].numpy().tobytes() == feats[a["n_id"].numpy()].tobytes()
+
+
+def test_a_packed_file_not_reopened_with_o_direct_leaves_no_descriptor(tmp_path, monkeypatch):
+    """Its creation failing past the file's allocation (running out of descriptors at the
+    O_DIRECT reopen) refuses in one line and closes what it opened."""
+    import solar.cache.tier as tier
+
+    def refuse(path, flags, o_direct):
+        raise TooManyOpen(f"{path}: cannot open (Too many open files)")
+
+    monkeypatch.setattr(tier, "open_descriptor", refuse)
+    before = sorted(os.listdir("/proc/self/fd"))
+    with pytest.raises(SolarError, match=r"^packed layout \S+: cannot allocate .*Too many open"):
+        PackedFile(tmp_path, np.arange(1), [np.arange(3)], 64, 16, "t")
+    assert sorted(os.listdir("/proc/self/fd")) == before
+
+
+def test_o_direct_by_default_for_a_neighbour_samplers_features_where_it_opens(
+    graph, tmp_path, monkeypatch
+):
+    """ReaderConfig(direct_io=None): a neighbour sampler's features are read with O_DIRECT
+    where the file system takes it, through the page cache where it refuses it; Shuffle's
+    samples through the page cache."""
+    import solar.runtime.setup as setup
+
+    path, _ = graph
+
+    def gnn() -> Loader:
+        sampler = NeighborSampler(path, (4, 2), batch_size=23)
+        return Loader(path, ["features"], sampler=sampler, epochs=1, buffer=150)
+
+    with skip_without_o_direct():
+        os.close(open_descriptor(path, os.O_RDONLY, o_direct=True))
+    with gnn() as ld:
+        assert ld.reader.direct_io is True
+    opened = setup.open_descriptor
+
+    def no_direct(p, flags, o_direct):
+        if o_direct:
+            raise NoDirectIO(f"{p}: the file system does not support O_DIRECT")
+        return opened(p, flags, o_direct)
+
+    monkeypatch.setattr(setup, "open_descriptor", no_direct)
+    with gnn() as ld:
+        assert ld.reader.direct_io is False
+    monkeypatch.undo()
+    samples = write_h5(tmp_path / "s.h5", x=np.arange(64 * 8, dtype=np.float32).reshape(64, 8))
+    with Loader([samples], batch_size=4, epochs=1, buffer=8) as ld:
+        assert ld.reader.direct_io is False
