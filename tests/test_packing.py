@@ -379,3 +379,17 @@ def test_o_direct_by_default_for_a_neighbour_samplers_features_where_it_opens(
     samples = write_h5(tmp_path / "s.h5", x=np.arange(64 * 8, dtype=np.float32).reshape(64, 8))
     with Loader([samples], batch_size=4, epochs=1, buffer=8) as ld:
         assert ld.reader.direct_io is False
+
+
+@pytest.mark.parametrize("width", [1024, 20])  # words of 8 bytes, and bytes
+def test_the_rehearsal_compiles_the_kernel_a_pass_runs(tmp_path, width):
+    """packed.rehearse (solar/warm.py's, where packing is configured) leaves a pass nothing
+    to compile: the kernel's signature is the one chunk_write calls."""
+    from solar.cache.packed import _assemble, rehearse
+
+    rehearse(width)
+    known = list(_assemble.signatures)
+    ex = Executor(2)
+    _built(tmp_path, _source(300, width), [np.arange(0, 300, 7, dtype=np.int64)], 64, ex).close()
+    ex.close()
+    assert list(_assemble.signatures) == known
