@@ -53,7 +53,7 @@ import numpy as np
 from numba import njit
 
 from solar.config import RunConfig
-from solar.errors import CorruptPlanError
+from solar.errors import CorruptPlanError, first_line
 from solar.schedule.draw.epochs import EpochOrder, _positions
 from solar.schedule.draw.order import step_bounds
 from solar.schedule.draw.traces import TraceOrder
@@ -659,16 +659,21 @@ def prove(path: Any, comm: Any, check: Callable[[bool], Proof], speaks: bool = T
     """Prove an untrusted plan (the file at ``path``) safe, or raise one CorruptPlanError line
     naming it, on every rank at once. ``check(alone)`` proves this process's part (a rank's, a
     host's): with ``alone`` (no communicator of more than one process) every part, its digests
-    summed; it raises CorruptPlanError naming what is wrong. With ``comm`` (every rank calls
-    this collectively) every rank learns every rank's verdict, so all raise together (none is
-    left waiting in a collective for a rank that gave up), and the parts' digests (each part's
-    once: ``speaks``) prove every epoch's samples served exactly once."""
+    summed; it raises CorruptPlanError naming what is wrong (any other exception is the
+    rank's verdict alike, its type named: what a file holds may fail anything). With ``comm``
+    (every rank calls this collectively) every rank learns every rank's verdict, so all raise
+    together (none is left waiting in a collective for a rank that gave up), and the parts'
+    digests (each part's once: ``speaks``) prove every epoch's samples served exactly once."""
     together = comm is not None and comm.Get_size() > 1
     mine = expected = peers = error = None
+    cause: Exception | None = None
     try:
         mine, expected, peers = check(not together)
     except CorruptPlanError as exc:
         error = str(exc)
+    except Exception as exc:  # (an untrusted file may fail anything: the peers wait below)
+        who = f"rank {comm.Get_rank()}: " if together else ""
+        error, cause = f"{who}{type(exc).__name__}: {first_line(exc)}", exc
     if together:
         verdicts = comm.allgather((mine if speaks else None, error, peers))
         error = next((e for _, e, _ in verdicts if e is not None), None)
@@ -680,7 +685,7 @@ def prove(path: Any, comm: Any, check: Callable[[bool], Proof], speaks: bool = T
         error = coverage_error([mine], expected)
     if error is not None:
         where = "" if error.startswith("plan ") else f"plan {path}: "
-        raise CorruptPlanError(where + error)
+        raise CorruptPlanError(where + error) from cause
 
 
 def check_coverage(total: np.ndarray, expected: np.ndarray) -> None:
