@@ -43,6 +43,7 @@ from solar.config import RunConfig
 from solar.errors import CorruptPlanError, first_line
 from solar.schedule.draw.epochs import EpochOrder, _positions
 from solar.schedule.draw.order import step_bounds
+from solar.schedule.draw.rng import GOLDEN, mix64
 from solar.schedule.draw.traces import TraceOrder
 from solar.schedule.keep.grouping import HostEpoch, Hosts
 from solar.schedule.keep.hostrun import host_run_spec
@@ -80,12 +81,10 @@ _NEEDS_SIDES[SIDE | ADMIT] = 4 | 1
 
 @njit(cache=True, inline="always")
 def _mix(x, key):
-    """splitmix64's finaliser of ``x ^ key``: a well-spread 64-bit hash."""
+    """splitmix64 of ``x ^ key``: a well-spread 64-bit hash."""
     z = np.uint64(x) ^ key
-    z += np.uint64(0x9E3779B97F4A7C15)
-    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    return z ^ (z >> np.uint64(31))
+    z += GOLDEN
+    return mix64(z)
 
 
 @njit(cache=True, nogil=True)
