@@ -8,6 +8,7 @@ tests/mpi/host_exchange.py.)"""
 
 from __future__ import annotations
 
+import errno
 import mmap
 import os
 import threading
@@ -21,7 +22,7 @@ from plan_checks import _replay
 
 from solar import BufferConfig, PlanSpec, RunConfig
 from solar.errors import CorruptPlanError, SolarError
-from solar.host.exchange import FD, HostExchange, Interrupted
+from solar.host.exchange import FD, HostExchange, Interrupted, Payload
 from solar.host.memfd import frozen
 from solar.schedule.draw.draws import own_draws
 from solar.schedule.draw.samplers import SHUFFLE, Weighted
@@ -430,6 +431,30 @@ def test_ranks_exchanging_other_epochs_or_kinds_are_named_in_one_line():
                 with pytest.raises(SolarError, match="must plan the same epochs") as exc:
                     f.result(timeout=60)
                 assert "part of epoch 4" in str(exc.value) and what in str(exc.value)
+    _stop((lead, other))
+
+
+def test_a_rank_that_cannot_make_its_payload_fails_every_rank_of_the_round(monkeypatch):
+    """Local rank 1's memfd cannot be made (no room): it still enters the round, saying so, and
+    every rank raises the same line instead of its peers waiting for it."""
+    import solar.host.exchange as exchange
+
+    def frozen_or_full(label, nbytes, pieces):
+        if label == "full":
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return frozen(label, nbytes, pieces)
+
+    monkeypatch.setattr(exchange._memfd, "frozen", frozen_or_full)
+    lead, other = _exchanges()
+    piece = [(0, np.arange(4, dtype=np.int64))]
+    with ThreadPoolExecutor(2) as pool:
+        made = [pool.submit(lead.post, PART, 2, Payload("ok", 32, piece)),
+                pool.submit(other.post, PART, 2, Payload("full", 32, piece))]  # fmt: skip
+        for f in made:
+            with pytest.raises(SolarError) as exc:
+                f.result(timeout=60)
+            assert str(exc.value) == ("host exchange: local rank 1 cannot post its part of "
+                                      "epoch 2: No space left on device")  # fmt: skip
     _stop((lead, other))
 
 

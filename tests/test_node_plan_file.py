@@ -451,6 +451,21 @@ def test_rows_shared_beyond_the_staging_rows_are_refused():
         v.check(ne)
 
 
+def test_a_rank_proving_its_host_keeps_the_state_of_that_host_only():
+    """Under a communicator each rank proves its own host's part (Plan._prove): the services
+    proof holds the buffer state of the hosts proven only, the same as a proof of every host."""
+    spec, hosts = _spec(), Hosts.grid(2, 2)
+    mine = PlanValidator(spec, hosts, np.arange(3), 7, parts=[1])
+    every = PlanValidator(spec, hosts, np.arange(3), 7)
+    for ne in _epochs(spec, hosts):
+        mine.check(ne)
+        every.check(ne)
+    assert mine.services is not None and every.services is not None
+    assert list(mine.services.state) == [1] and list(every.services.state) == [0, 1]
+    np.testing.assert_array_equal(mine.services.state[1], every.services.state[1])
+    assert np.any(mine.services.state[1] >= 0)  # (the buffer was filled)
+
+
 def _damage(path: Path, how: str) -> None:
     with h5py.File(path, "r+") as f:
         g = f["epochs/1/ranks"]

@@ -4,7 +4,9 @@ moves, and the runtime's views of a plan (steps, buffer states) agree with a rep
 from __future__ import annotations
 
 import re
+import threading
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +20,7 @@ from solar import BufferConfig, CorruptPlanError, Loader, Plan, PlanSpec, RunCon
 from solar.options import PlanningConfig
 from solar.schedule import ADMIT, HIT, RELEASE, load_plan
 from solar.schedule.keep.planner import EpochPlan
-from solar.schedule.plans.validate import check_coverage, validate_rank
+from solar.schedule.plans.validate import check_coverage, prove, validate_rank
 
 N = 61
 RUN = RunConfig(N, 2, 4, 3, seed=3)
@@ -156,6 +158,47 @@ def test_a_sample_served_by_two_ranks_is_caught_across_ranks(tmp_path, dataset):
         loaded.rank(0)
     honest = [validate_rank(plan.rank(r), RUN, plan.epoch_order, key) for r in (0, 1)]
     check_coverage(honest[0][0] + honest[1][0], honest[0][1])
+
+
+def test_a_rank_whose_check_fails_otherwise_fails_every_rank_alike():
+    # Two ranks on two threads: rank 1's checker fails with no CorruptPlanError (what an
+    # untrusted file holds may fail anything); rank 0 must not wait for it in a collective.
+    gate, slots = threading.Barrier(2, timeout=60), [None, None]  # (a deadlock raises)
+
+    class Comm:
+        def __init__(self, rank):
+            self.rank = rank
+
+        def Get_size(self):
+            return 2
+
+        def Get_rank(self):
+            return self.rank
+
+        def allgather(self, obj):
+            slots[self.rank] = obj
+            gate.wait()
+            got = list(slots)
+            gate.wait()
+            return got
+
+    def check(rank):
+        def run(alone):
+            assert not alone
+            if rank == 1:
+                raise ValueError("cannot reshape array of size 3\ninto shape (2,)")
+            return np.zeros(4, np.uint64), np.zeros(4, np.uint64), None
+
+        return run
+
+    def one(rank):
+        with pytest.raises(CorruptPlanError) as info:
+            prove("p.h5", Comm(rank), check(rank))
+        return str(info.value)
+
+    with ThreadPoolExecutor(2) as pool:
+        got = [f.result(timeout=60) for f in [pool.submit(one, r) for r in (0, 1)]]
+    assert got == ["plan p.h5: rank 1: ValueError: cannot reshape array of size 3"] * 2
 
 
 def test_an_epoch_order_this_run_cannot_use_is_refused(tmp_path, dataset):

@@ -37,6 +37,7 @@ from numba import njit
 from solar._atomic import atomic_path
 from solar.config import Size
 from solar.errors import SolarError
+from solar.schedule.draw.rng import GOLDEN, mix64
 
 ALIGN = 4096
 DEFAULT_MEMORY = 2**30
@@ -251,14 +252,6 @@ def _bad_ids(s, d, n):  # pragma: no cover - compiled
     return -1
 
 
-@njit(cache=True, inline="always")
-def mix64(z):  # pragma: no cover - compiled
-    """splitmix64's finaliser of the uint64 ``z`` (the checksums' and graph generator's)."""
-    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    return z ^ (z >> np.uint64(31))
-
-
 @njit(cache=True, nogil=True)
 def _count(s, d, n, counts, total):  # pragma: no cover - compiled
     """In-degrees into ``counts`` and the pairs' order-free checksum into ``total[0]`` (ids
@@ -406,7 +399,7 @@ class _Digest:
 def _fold(vals, pos, total):  # pragma: no cover - compiled
     acc = total[0]
     for i in range(vals.shape[0]):
-        acc += mix64(np.uint64(vals[i]) + np.uint64(pos + i) * np.uint64(0x9E3779B97F4A7C15))
+        acc += mix64(np.uint64(vals[i]) + np.uint64(pos + i) * GOLDEN)
     total[0] = acc
 
 

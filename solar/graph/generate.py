@@ -37,15 +37,14 @@ import numpy as np
 from numba import njit
 
 from solar.errors import SolarError
-from solar.graph.csrwrite import GraphParts, mix64, write_csr_graph
+from solar.graph.csrwrite import GraphParts, write_csr_graph
+from solar.schedule.draw.rng import GOLDEN, mix64
 
 CLASSES = 8
 HOMOPHILY = 0.8
 SIGNAL = 1.0
 VALID_FRACTION = TEST_FRACTION = 0.1
 _ROW_BLOCK = 4096  # features are drawn per block of this many nodes (a fixed stream each)
-
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 
 
 def generate_graph(
@@ -203,8 +202,8 @@ def _key(seed: int) -> np.uint64:
 @njit(cache=True, inline="always")
 def _u01(key, a, b):  # pragma: no cover - compiled
     """A uniform in [0, 1) from the stream (key, a, b)."""
-    z = mix64(key + np.uint64(a) * _GOLDEN)
-    z = mix64(z + (np.uint64(b) + np.uint64(1)) * _GOLDEN)
+    z = mix64(key + np.uint64(a) * GOLDEN)
+    z = mix64(z + (np.uint64(b) + np.uint64(1)) * GOLDEN)
     return np.float64(z >> np.uint64(11)) * (1.0 / 9007199254740992.0)
 
 
@@ -219,11 +218,11 @@ def _feistel(x, bits, key, inverse):  # pragma: no cover - compiled
     right = np.uint64(x) & mask
     for i in range(4):
         r = 3 - i if inverse else i
-        k = key + np.uint64(r + 1) * _GOLDEN
+        k = key + np.uint64(r + 1) * GOLDEN
         if inverse:
-            left, right = right ^ ((((left ^ k) | np.uint64(1)) * _GOLDEN) >> shift), left
+            left, right = right ^ ((((left ^ k) | np.uint64(1)) * GOLDEN) >> shift), left
         else:
-            left, right = right, left ^ ((((right ^ k) | np.uint64(1)) * _GOLDEN) >> shift)
+            left, right = right, left ^ ((((right ^ k) | np.uint64(1)) * GOLDEN) >> shift)
     return (left << half) | right
 
 
@@ -264,14 +263,14 @@ def _draw(key, base, i, n, bits, k, own, homophily, inv_e, a, lo, span):  # prag
     else another uniformly), then a member by the power law's inverse CDF (community c's
     member j has weight ∝ (a[c] + j)^-alpha; lo, span: the CDF's ends, precomputed;
     ``base``: node v's stream)."""
-    z = mix64(base + (np.uint64(i) + np.uint64(1)) * _GOLDEN)
+    z = mix64(base + (np.uint64(i) + np.uint64(1)) * GOLDEN)
     c = own
     if k > 1:
         coin = np.float64(z & np.uint64(0x7FF)) * (1.0 / 2048.0)  # 11 low bits: ~0.05 %
         if coin >= homophily:
             c = (own + 1 + int(np.float64((z >> np.uint64(11)) & np.uint64(0xFFFF)) *
                                (1.0 / 65536.0) * (k - 1))) % k  # fmt: skip
-    u = np.float64(mix64(z ^ _GOLDEN) >> np.uint64(11)) * (1.0 / 9007199254740992.0)
+    u = np.float64(mix64(z ^ GOLDEN) >> np.uint64(11)) * (1.0 / 9007199254740992.0)
     t = lo[c] + u * span[c]
     x = (t * t if inv_e == 2.0 else t**inv_e) - a[c]
     size = (n - c + k - 1) // k  # members c, c + k, ... below n
@@ -298,7 +297,7 @@ def _edges(lo, hi, n, bits, key, alpha, k, homophily, deg, out):  # pragma: no c
         d = deg[v - lo]
         draws = 0  # node v's own stream: the same whatever block it is drawn in
         own = _permute(v, n, bits, key, True) % k
-        base = mix64(key + np.uint64(v) * _GOLDEN)
+        base = mix64(key + np.uint64(v) * GOLDEN)
         row = out[p : p + d]
         got = 0
         tries = 0

@@ -49,16 +49,13 @@ from solar.graph.ingest import topology, warn_missing
 from solar.schedule.draw import rng
 from solar.schedule.draw.draws import EpochDraws, rank_draws
 from solar.schedule.draw.order import epoch_permutation
+from solar.schedule.draw.rng import GOLDEN, mix64
 from solar.schedule.draw.samplers import BatchExtras, Sampler, _span
 
 _NEIGHBOR_STREAM = 2  # spawn-key tag of the neighbour draws (Weighted's is 1)
 MAX_HOPS = 64
 _EMPTY = np.zeros(0, np.int64)
 _LOCAL_MAX = 2**31 - 1  # a subgraph's local ids are int32
-
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
-_M1 = np.uint64(0xBF58476D1CE4E5B9)
-_M2 = np.uint64(0x94D049BB133111EB)
 
 
 @dataclass(frozen=True)
@@ -319,23 +316,15 @@ def _edge_index(sub: Subgraph) -> np.ndarray:
     return out
 
 
-@njit(cache=True, inline="always")
-def _mix(z):  # pragma: no cover - compiled
-    """splitmix64's finaliser (the same arithmetic as :func:`solar.schedule.draw.rng.bits`)."""
-    z = (z ^ (z >> np.uint64(30))) * _M1
-    z = (z ^ (z >> np.uint64(27))) * _M2
-    return z ^ (z >> np.uint64(31))
-
-
 @njit(cache=True, nogil=True)
 def _choose(key, v, h, d, k, chosen):  # pragma: no cover - compiled
     """Floyd's sampling of ``k`` of positions ``0..d-1`` without replacement into
     ``chosen[:k]``: draw c (0-based) is position ``c + 1`` of the stream of (``key``, node v,
     hop h), a 53-bit uniform scaled to ``0..j`` (Floyd's j)."""
-    sub = _mix(key + (np.uint64(v) * np.uint64(MAX_HOPS) + np.uint64(h) + np.uint64(1)) * _GOLDEN)
+    sub = mix64(key + (np.uint64(v) * np.uint64(MAX_HOPS) + np.uint64(h) + np.uint64(1)) * GOLDEN)
     c = 0
     for j in range(d - k, d):
-        u = _mix(sub + np.uint64(c + 1) * _GOLDEN) >> np.uint64(11)
+        u = mix64(sub + np.uint64(c + 1) * GOLDEN) >> np.uint64(11)
         t = int(np.float64(u) * (1.0 / 9007199254740992.0) * (j + 1))  # 0..j
         if t > j:
             t = j
@@ -351,7 +340,7 @@ def _choose(key, v, h, d, k, chosen):  # pragma: no cover - compiled
 def _find(keys, x, mask):  # pragma: no cover - compiled
     """The slot of node ``x`` in the open-addressed table ``keys`` (-1: empty, linear
     probing): where it is, or the empty slot where it goes."""
-    i = np.intp(_mix(np.uint64(x)) & mask)
+    i = np.intp(mix64(np.uint64(x)) & mask)
     while keys[i] != x and keys[i] >= 0:
         i = (i + np.intp(1)) & np.intp(mask)
     return i

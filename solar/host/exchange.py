@@ -29,6 +29,7 @@ and the foreground's waits check that every peer still runs.
 
 from __future__ import annotations
 
+import errno
 import mmap
 import os
 import threading
@@ -47,6 +48,7 @@ from solar.host.barrier import TIMEOUT_S
 _FIELDS = 9
 HOST, LOCAL, KIND, EPOCH, PID, FD, INO, NBYTES, ROUND = range(_FIELDS)
 STOP = -1  # KIND of a round made by a stopping rank's foreground
+FAILED = -2  # FD of a rank that could not make its payload (NBYTES: the errno)
 TICK_S = 0.05  # how often a foreground wait checks its peers and its watch
 _PEER = "host exchange: a local rank's payload"
 
@@ -157,11 +159,13 @@ class HostExchange:
         self._abandoned = False  # closed alone, on an error path (abandon)
 
     # -- the planning thread --------------------------------------------------------------------
-    def round(self, kind: int, epoch: int, fd: int = -1, part: int = 0) -> list[np.ndarray | None]:
+    def round(self, kind: int, epoch: int, fd: int = -1, part: int = 0,
+              failed: Exception | None = None) -> list[np.ndarray | None]:  # fmt: skip
         """One round (a collective of the planning communicator): this rank posts the sealed
-        memfd ``fd`` (-1: nothing; the exchange owns it from now on) as ``kind`` of ``epoch``;
-        returns every local rank's record (None where it posted nothing). Raises
-        :class:`Interrupted` if the host's ranks are stopping."""
+        memfd ``fd`` (-1: nothing; the exchange owns it from now on) as ``kind`` of ``epoch``,
+        or that it ``failed`` to make it; returns every local rank's record (None where it
+        posted nothing). Raises :class:`Interrupted` if the host's ranks are stopping, and
+        SolarError (one line, on every rank) if one failed."""
         with self._turn:
             with self._state:
                 if self.closed or (self._limit is not None and self.rounds >= self._limit):
@@ -175,6 +179,8 @@ class HostExchange:
                 if fd >= 0:
                     st = os.fstat(fd)
                     rec[PID : NBYTES + 1] = (os.getpid(), fd, st.st_ino, st.st_size)
+                elif failed is not None:
+                    rec[FD], rec[NBYTES] = FAILED, getattr(failed, "errno", errno.ENOMEM) or 0
                 got = self._local(_gather(self.pcomm, rec, self._planning_check))
             except BaseException:
                 _close(fd)
@@ -186,6 +192,13 @@ class HostExchange:
             self._rotate([fd] if fd >= 0 else [], keep=stopping)
         if stopping:
             raise Interrupted(f"host exchange: {self._name(kind)} of epoch {epoch} interrupted")
+        bad = np.flatnonzero(got[:, FD] == FAILED)
+        if bad.size:
+            q, code = int(bad[0]), int(got[bad[0], NBYTES])
+            raise SolarError(
+                f"host exchange: local rank {q} cannot post its {self._name(kind)} of epoch "
+                f"{epoch}: {os.strerror(code) if code else 'its memfd failed'}"
+            ) from failed
         odd = np.flatnonzero((got[:, KIND] != kind) | (got[:, EPOCH] != epoch))
         if odd.size:
             q = int(odd[0])
@@ -200,7 +213,12 @@ class HostExchange:
     def post(self, kind: int, epoch: int,
              payload: Payload | None = None) -> list[np.ndarray | None]:  # fmt: skip
         """:meth:`round`, posting ``payload`` (None: nothing) in a sealed memfd of its own."""
-        fd = -1 if payload is None else _memfd.frozen(*payload)
+        if payload is None:
+            return self.round(kind, epoch)
+        try:
+            fd = _memfd.frozen(*payload)
+        except (OSError, MemoryError) as exc:  # (no memory or room: the peers wait in the round)
+            return self.round(kind, epoch, failed=exc)
         return self.round(kind, epoch, fd)
 
     def _name(self, kind: int) -> str:

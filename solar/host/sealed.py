@@ -9,8 +9,9 @@ map, and no process can change them any more. Descriptors are closed once every 
 mapped it; nothing is ever named (nothing in ``/dev/shm``); the memory goes with the last
 mapping. What solar/graph/csr.py holds a graph's topology in (issue 48): one copy per host.
 
-The construction is a collective of the host's communicator (:func:`solar.host.host_comm`);
-every rank fails alike.
+The construction is a collective of the job's communicator (the bytes travel within each host's,
+:func:`solar.host.host_comm`); every rank of the job fails alike, so that no host goes on into
+the job's next collective while another has failed.
 """
 
 from __future__ import annotations
@@ -109,8 +110,9 @@ def host_sealed(comm: Any, produce: Produce, check: Callable[[SealedBytes, Any],
                     sealed = _mapped(fd)
                 except OSError as exc:
                     err = f"{what}: cannot map {made[1] / 2**30:.2f} GiB read-only: {exc}"
-        # Every local rank has it mapped (or failed) before local rank 0 lets its descriptor go.
-        err = first_error(hc, err)
+        # Every local rank has it mapped (or failed) before local rank 0 lets its descriptor go;
+        # over the job's communicator, so that a host that failed fails every host alike.
+        err = first_error(comm, err)
     finally:
         if fd >= 0:
             os.close(fd)

@@ -1,7 +1,8 @@
 """Under mpiexec, one host: a NeighborSampler given the job's communicator holds the graph's
 topology once per host -- every rank maps the same sealed memfd read-only --
 and its batches are byte-identical to a private copy's; the graph file rewritten after the load
-does not change what is served.
+does not change what is served. Then as two hosts of one rank (SOLAR_HOSTS=1,1): one host's
+failure fails the other's rank alike (no rank goes on into the job's next collective alone).
 
 mpiexec -n P python tests/mpi/shared_graph.py GRAPH.h5
 """
@@ -13,7 +14,9 @@ import h5py
 import numpy as np
 
 from solar import Loader, NeighborSampler, dist
+from solar.errors import SolarError
 from solar.graph.csr import Graph
+from solar.host.sealed import host_sealed
 
 d = dist.init()
 path = sys.argv[1]
@@ -58,4 +61,19 @@ if d.rank == 0:
 d.comm.Barrier()
 assert int(np.count_nonzero(Graph(path).indices)) == 0  # (the rewrite happened)
 assert batches(shared) == before, "the shared topology changed with its file"
+
+os.environ["SOLAR_HOSTS"] = "1,1"  # (placed again: each rank a host of its own)
+
+
+def produce(alloc):
+    alloc(100)
+    if d.rank == 1:
+        raise SolarError("host of rank 1: its bytes will not do")
+
+
+try:
+    host_sealed(d.comm, produce, lambda sealed, record: record, "test")
+    raise AssertionError("a host's failure did not reach every host")
+except SolarError as exc:
+    assert str(exc) == "host of rank 1: its bytes will not do", exc
 print("ok", d.rank, inodes[0])

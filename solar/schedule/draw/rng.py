@@ -11,10 +11,21 @@ keeps stable) turns a seed and a spawn key into the 64-bit key.
 from __future__ import annotations
 
 import numpy as np
+from numba import njit
 
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+GOLDEN = np.uint64(0x9E3779B97F4A7C15)  # splitmix64's increment (2**64 over the golden ratio)
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
+
+
+@njit(cache=True, inline="always")
+def mix64(z):  # pragma: no cover - compiled
+    """splitmix64's finaliser of the uint64 ``z`` (in kernels; ``mix64.py_func`` on arrays): its
+    one copy, whose outputs the streams here, the neighbour draws, the graphs' checksums and
+    generator and the plans' digests all depend on."""
+    z = (z ^ (z >> np.uint64(30))) * _M1
+    z = (z ^ (z >> np.uint64(27))) * _M2
+    return z ^ (z >> np.uint64(31))
 
 
 def stream_key(seed: int, *spawn_key: int) -> np.uint64:
@@ -26,10 +37,7 @@ def stream_key(seed: int, *spawn_key: int) -> np.uint64:
 def bits(key: np.uint64, positions: np.ndarray) -> np.ndarray:
     """64 random bits per position of the stream ``key``: same shape as ``positions``, uint64."""
     with np.errstate(over="ignore"):  # the arithmetic is modulo 2**64 by design
-        z = key + positions.astype(np.uint64) * _GOLDEN
-        z = (z ^ (z >> np.uint64(30))) * _M1
-        z = (z ^ (z >> np.uint64(27))) * _M2
-        return z ^ (z >> np.uint64(31))
+        return mix64.py_func(key + positions.astype(np.uint64) * GOLDEN)
 
 
 def uniform(key: np.uint64, positions: np.ndarray) -> np.ndarray:
