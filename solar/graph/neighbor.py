@@ -34,6 +34,8 @@ batch a PyG ``Data`` of these.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -126,7 +128,6 @@ class NeighborSampler(Sampler, BatchExtras):
             train = self.graph.train_idx if self.graph.train_idx is not None else np.arange(n)
         self.train = check_nodes(train, n, "train")
         self.train.flags.writeable = False
-        self._train_digest: tuple[np.ndarray, str] | None = None
         if not isinstance(features, str):
             raise SolarError("features: the name of the Loader's key (e.g. 'features'); "
                              "features in memory go to storage first: "
@@ -265,13 +266,14 @@ class NeighborSampler(Sampler, BatchExtras):
         return int(total)
 
     def identity(self) -> dict[str, Any]:
-        import hashlib
-
-        # Asked per step (is_shuffle): train, this sampler's own read-only copy, hashed once.
-        if self._train_digest is None or self._train_digest[0] is not self.train:
-            self._train_digest = (self.train, hashlib.sha256(self.train.tobytes()).hexdigest())
         return {"kind": self.kind, "graph": self.graph.identity, "fanouts": list(self.fanouts),
-                "batch_size": self.batch_size, "train": self._train_digest[1]}  # fmt: skip
+                "batch_size": self.batch_size, "train": self._train_digest}  # fmt: skip
+
+    @functools.cached_property
+    def _train_digest(self) -> str:
+        """train's hash, once: it is this sampler's own read-only copy (identity is asked per
+        step, by is_shuffle)."""
+        return hashlib.sha256(self.train.tobytes()).hexdigest()
 
     def extras(self, output: Any, batch: Mapping[str, Any]) -> dict[str, Any]:
         """PyG ``NeighborLoader``'s fields for a batch from its subgraph ``output``, joined to
