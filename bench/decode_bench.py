@@ -36,7 +36,14 @@ import imagecodecs
 import numpy as np
 
 from solar._atomic import write_json
-from solar.io.chunks import chunk_index, read_chunk, read_rows
+from solar.io.chunks import (
+    chunk_index,
+    chunks_for_rows,
+    decode_chunk,
+    decodes_into_rows,
+    fill_absent,
+    read_chunk,
+)
 from solar.io.codecs import Decoder, decoder_for
 from solar.io.generate import generate
 
@@ -60,6 +67,26 @@ FILTERS = {
 }
 REPEATS = 3
 TRIALS = 7
+
+
+def read_rows(idx, dec, rows, fd, out, pool=None) -> None:
+    """pread + decode + scatter of every chunk ``rows`` need into ``out``; with ``pool``, the
+    chunks dealt over two tasks per worker (a future per chunk costs as much as a fast decode)."""
+    plan = chunks_for_rows(idx, rows)
+    fill_absent(idx, plan, out)
+    into_rows = decodes_into_rows(idx, out)
+
+    def some(ks: range) -> None:
+        for k in ks:
+            raw = read_chunk(fd, idx, int(plan.reads[k]))
+            decode_chunk(idx, dec, plan, k, raw, out, into_rows=into_rows)
+
+    if pool is None or plan.reads.size < 2:
+        some(range(plan.reads.size))
+        return
+    tasks = min(plan.reads.size, 2 * pool._max_workers)
+    for future in [pool.submit(some, range(t, plan.reads.size, tasks)) for t in range(tasks)]:
+        future.result()
 
 
 def rates(run, items: int, pool: ThreadPoolExecutor) -> tuple[float, float]:

@@ -25,13 +25,14 @@ from solar.io.chunks import (
     ChunkIndex,
     _general_plan,
     _one_row_plan,
-    assemble,
     chunk_index,
     chunks_for_rows,
+    decode_chunk,
     decodes_into_rows,
+    fill_absent,
     one_row_chunks,
     read_chunk,
-    read_rows,
+    scatter_chunk,
 )
 from solar.io.codecs import Decoder, Unsupported, decoder_for, describe_decoding, pipeline
 from solar.io.filters import verify_fletcher32
@@ -73,6 +74,28 @@ def _write(path, data, chunks, *, name="x", fillvalue=None, rows=None, **filters
     return name
 
 
+def _read_rows(index, decoder, rows, fd, out, *, targets=None, pool=None):
+    """Every chunk ``rows`` need read (``os.pread``), decoded and scattered into ``out``
+    (``out[targets[j]]`` for row j if given), chunk by chunk on ``pool`` if given: the steps
+    of the executor's chunk task (solar/io/executor.py), without its files and jobs."""
+    plan = chunks_for_rows(index, rows)
+    fill_absent(index, plan, out, targets)
+    into_rows = decodes_into_rows(index, out)
+
+    def one(k: int) -> None:
+        raw = read_chunk(fd, index, int(plan.reads[k]))
+        decode_chunk(index, decoder, plan, k, raw, out, targets, into_rows=into_rows)
+
+    list((pool.map if pool else map)(one, range(plan.reads.size)))
+
+
+def _assemble(index, plan, chunks, out, targets=None):
+    """Decoded chunks (``chunks[k]`` for ``plan.reads[k]``) and fill values copied into rows."""
+    fill_absent(index, plan, out, targets)
+    for k, chunk in enumerate(chunks):
+        scatter_chunk(index, plan, k, chunk, out, targets)
+
+
 def _check(path, name="x", *, rows=None, threads=0) -> tuple[ChunkIndex, Decoder]:
     """Decode ``rows`` (default: all, reversed, with repeats) and compare with h5py's bytes."""
     with h5py.File(path, "r") as f:
@@ -93,9 +116,9 @@ def _check(path, name="x", *, rows=None, threads=0) -> tuple[ChunkIndex, Decoder
     try:
         if threads:
             with ThreadPoolExecutor(threads) as pool:
-                read_rows(index, decoder, rows, fd, out, pool=pool)
+                _read_rows(index, decoder, rows, fd, out, pool=pool)
         else:
-            read_rows(index, decoder, rows, fd, out)
+            _read_rows(index, decoder, rows, fd, out)
         for k in range(index.num_chunks):
             assert len(read_chunk(fd, index, k)) == index.sizes[k]
     finally:
@@ -195,10 +218,10 @@ def test_one_sample_per_chunk_decodes_into_rows(tmp_path, flt):
             decoder, want = decoder_for(f["x"]), f["x"][()][rows]
         for dtype in (">f4", "<f4"):
             got = np.empty((4, 6, 4), dtype)
-            read_rows(index, decoder, rows, fd, got)
+            _read_rows(index, decoder, rows, fd, got)
             assert np.array_equal(got, want)
             buf = np.zeros((7, 6, 4), dtype)
-            read_rows(index, decoder, rows, fd, buf, targets=slots)
+            _read_rows(index, decoder, rows, fd, buf, targets=slots)
             assert np.array_equal(buf[slots], want) and not buf[[2, 4, 5]].any()
     finally:
         os.close(fd)
@@ -506,12 +529,13 @@ def test_plugin_files_decode_without_hdf5plugin(tmp_path):
     data = _data((6, 16), "<f4")
     _write(path, data, (2, 16), **FILTERS["shuffle+zstd"])
     code = (
-        "import h5py, numpy as np, os, sys\n"
-        "from solar.io.chunks import chunk_index, read_rows\n"
-        "from solar.io.codecs import decoder_for\n"
-        "d = h5py.File(sys.argv[1])['x']\n"
+        "import numpy as np, sys\n"
+        "from solar.io.reader import Reader\n"
+        "from solar.io.sources import describe_source\n"
+        "reader = Reader(describe_source(sys.argv[1], ['x']))\n"
         "out = np.empty((6, 16), '<f4')\n"
-        "read_rows(chunk_index(d), decoder_for(d), range(6), os.open(sys.argv[1], 0), out)\n"
+        "reader.read(np.arange(6), [out])\n"
+        "reader.close()\n"
         "assert 'hdf5plugin' not in sys.modules\n"
         "sys.stdout.buffer.write(out.tobytes())\n"
     )
@@ -589,7 +613,7 @@ def test_plan_reads_each_chunk_once_and_covers_every_row(seed):
     # assembling fake chunks gives every element its own global position, or the fill value
     chunks_data = [_fake_chunk(index, int(p)) for p in plan.reads]
     out = np.full((rows.size, *shape[1:]), 12345, "<i8")
-    assemble(index, plan, chunks_data, out)
+    _assemble(index, plan, chunks_data, out)
     truth = np.arange(int(np.prod(shape))).reshape(shape)[rows]
     element_chunk = np.stack(
         np.meshgrid(
@@ -610,7 +634,7 @@ def test_plan_targets_scatter_into_buffer_slots():
     plan = chunks_for_rows(index, rows)
     slots = np.array([5, 1, 3])
     buf = np.zeros((6, 4), "<i8")
-    assemble(index, plan, [_fake_chunk(index, int(p)) for p in plan.reads], buf, targets=slots)
+    _assemble(index, plan, [_fake_chunk(index, int(p)) for p in plan.reads], buf, targets=slots)
     assert np.array_equal(buf[slots], np.arange(40).reshape(10, 4)[rows])
     assert not buf[[0, 2, 4]].any()
     with pytest.raises(ValueError, match="row 10 is outside"):

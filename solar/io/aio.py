@@ -58,7 +58,6 @@ class Context:
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.syscall.restype = ctypes.c_long
-_refused: list[str] = []  # why the kernel refused a context (the first refusal), for reports
 
 
 def _destroy(handle: int) -> None:
@@ -72,9 +71,6 @@ def context(depth: int = MAX_DEPTH) -> Context | None:
         return None
     handle = ctypes.c_ulong(0)
     if _libc.syscall(ctypes.c_long(_SETUP), ctypes.c_long(depth), ctypes.byref(handle)) < 0:
-        err = ctypes.get_errno()
-        if not _refused:
-            _refused.append(f"io_setup: {os.strerror(err)}")
         return None
     return Context(handle.value)
 
@@ -96,18 +92,6 @@ def available() -> bool:
         return False
     ctx.close()
     return True
-
-
-def refusal() -> str | None:
-    """Why the kernel refused AIO (None: it never did): a context it would not open, or reads
-    it stopped taking midway (that thread reads with ``preadv`` from then on)."""
-    return _refused[0] if _refused else None
-
-
-def stopped_midway() -> None:
-    """Record that the kernel stopped taking or reporting a context's reads (for refusal())."""
-    if not _refused:
-        _refused.append("io_submit/io_getevents stopped midway: preadv from then on")
 
 
 def read_spans(

@@ -5,10 +5,9 @@ size, filter mask) from h5py's chunk index; chunks never written are absent and 
 dataset's fill value. ``chunks_for_rows`` is a pure function from the index and the sample rows
 a step needs (indices along axis 0) to a ``RowPlan``: which chunks to read, each once and in file
 order, and for each needed row the piece of which chunk holds it. ``scatter_chunk`` and
-``fill_absent`` (or ``assemble``) copy decoded chunks into destination rows, one numpy copy per
-chunk, converting to the destination's byte order. ``decode_chunk`` decodes one read into its
-rows (straight into a row when a chunk is exactly one), as the reader does; ``read_rows`` is a
-small reference executor (``os.pread`` + ``decode_chunk``, optionally on a thread pool).
+``fill_absent`` copy decoded chunks into destination rows, one numpy copy per chunk, converting
+to the destination's byte order. ``decode_chunk`` decodes one read into its rows (straight into
+a row when a chunk is exactly one); the executor (solar/io/executor.py) reads the chunks.
 
 A chunk whose sample dimensions are cut (e.g. chunks (7, 2, 4) over shape (N, 5, 6)) covers one
 *cell* of the chunk grid along the sample axes; a row is then assembled from one piece per cell.
@@ -20,7 +19,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Any
 
@@ -297,19 +295,6 @@ def fill_absent(
         out[(rows[cells == cell], *dst)] = index.fill_value
 
 
-def assemble(
-    index: ChunkIndex,
-    plan: RowPlan,
-    chunks: Sequence[np.ndarray],
-    out: np.ndarray,
-    targets: np.ndarray | None = None,
-) -> None:
-    """Copy decoded chunks (``chunks[k]`` for ``plan.reads[k]``) and fill values into rows."""
-    fill_absent(index, plan, out, targets)
-    for k, chunk in enumerate(chunks):
-        scatter_chunk(index, plan, k, chunk, out, targets)
-
-
 def decodes_into_rows(index: ChunkIndex, out: np.ndarray) -> bool:
     """Whether a chunk of ``index`` is exactly one row of ``out``, byte for byte."""
     return (
@@ -360,49 +345,3 @@ def decode_chunk(
     decoder.decode(raw, mask, where, out=out[first : first + 1])
     if rows.size > 1:
         out[rows[1:]] = out[first]
-
-
-def read_rows(
-    index: ChunkIndex,
-    decoder: Decoder,
-    rows: Sequence[int] | np.ndarray,
-    fd: int,
-    out: np.ndarray,
-    *,
-    targets: np.ndarray | None = None,
-    pool: Executor | None = None,
-) -> RowPlan:
-    """Reference executor: read, decode and scatter every chunk ``rows`` need into ``out``.
-
-    With ``pool``, chunks are split over two tasks per worker (pread, decode, scatter). When a
-    chunk is exactly one sample and ``out`` has the file's dtype, it is decoded straight into
-    its destination row (no intermediate array, no copy).
-    """
-    plan = chunks_for_rows(index, rows)
-    fill_absent(index, plan, out, targets)
-    into_rows = decodes_into_rows(index, out)
-
-    def one(k: int) -> None:
-        raw = read_chunk(fd, index, int(plan.reads[k]))
-        decode_chunk(index, decoder, plan, k, raw, out, targets, into_rows=into_rows)
-
-    if pool is None or plan.reads.size < 2:
-        for k in range(plan.reads.size):
-            one(k)
-        return plan
-
-    def some(ks: range) -> None:
-        for k in ks:
-            one(k)
-
-    # A few tasks per thread, not one per chunk: a future costs tens of µs with the GIL held,
-    # as much as decoding a fast codec's chunk (measured: 0.7× on 2 threads for bitshuffle-lz4).
-    tasks = min(plan.reads.size, 2 * _workers(pool))
-    for future in [pool.submit(some, range(t, plan.reads.size, tasks)) for t in range(tasks)]:
-        future.result()
-    return plan
-
-
-def _workers(pool: Executor) -> int:
-    """The pool's worker count (ThreadPoolExecutor's), else 2."""
-    return max(1, int(getattr(pool, "_max_workers", 2)))

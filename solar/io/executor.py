@@ -432,7 +432,6 @@ class Executor:
                 if ctx is None or aio.read_spans(ctx.handle, fd, bounce, at[:-1], t.lo[a:b],
                                                  size, got, QUEUE_DEPTH) < 0:  # fmt: skip
                     if ctx is not None:  # the kernel stopped midway: preadv from now on
-                        aio.stopped_midway()
                         ctx = local.aio = None
                     spans = np.arange(b - a)
                     _iov_runs(fd, iov, spans, np.ones(b - a, np.int64), t.lo[a:b], False, got)
