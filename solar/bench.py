@@ -623,7 +623,7 @@ def format_results(res: dict) -> str:
         speedup = f"{e['speedup']:.2f}×" if e["speedup"] else "—"
         lines.append(
             f"| {name} | {e['samples_per_second']:.0f} | {speedup} | {hit} | {bound} | {ram} | "
-            f"{tiers} | {sum(_logical_bytes(e)) / 1e9:.2f} | {stall} | "
+            f"{tiers} | {sum(e['logical_bytes_read']) / 1e9:.2f} | {stall} | "
             f"{1e3 * e['cpu_seconds_per_sample']:.2f} | {epochs} |"
         )
     lines.append("")
@@ -665,11 +665,10 @@ def format_results(res: dict) -> str:
         )
     s = res["loaders"].get("solar", {})
     if "epoch_limit_seconds" in s:
-        # Each epoch's limit and the term that sets it (older results have no terms).
-        terms = s.get("epoch_limit_terms") or [{} for _ in s["epoch_limit_seconds"]]
+        # Each epoch's limit and the term that sets it.
         limit = " ".join(
             f"{t:.2f}" + (f" ({max(ts, key=ts.__getitem__)})" if ts else "")
-            for t, ts in zip(s["epoch_limit_seconds"], terms, strict=True)
+            for t, ts in zip(s["epoch_limit_seconds"], s["epoch_limit_terms"], strict=True)
         )
         lines.append(
             f"\nsolar epoch time / time limit: {s['share_of_limit']:.2f} "
@@ -680,11 +679,6 @@ def format_results(res: dict) -> str:
 
 def _tuned(knobs: dict) -> str:
     return ", ".join(f"{k} {v}" for k, v in knobs.items())
-
-
-def _logical_bytes(e: dict) -> list[int]:
-    """A loader's logical bytes read per epoch (results before they were kept: as stored)."""
-    return e.get("logical_bytes_read", e["bytes_read"])
 
 
 def steady_bound(bound: float, epochs: int) -> float:

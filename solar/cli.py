@@ -56,6 +56,10 @@ READ_AHEAD = click.option(
 TIER = click.option("--tier", type=click.Path(), help="Directory on local NVMe for a second tier.")
 SLACK = click.option("--slack", type=float, default=_PLANNING.slack, show_default=True,
                      help="Extra share of B a rank may serve to keep its hits.")  # fmt: skip
+FANOUTS = click.option("--fanouts", default="10,5", show_default=True, help="--sampler "
+                       "neighbor: neighbours per node at each hop (-1: all).")  # fmt: skip
+WEIGHTS = click.option("--weights", type=click.Path(),
+                       help="Weights .npy (one per sample) of --sampler weighted.")  # fmt: skip
 
 
 def tier_size_option(default: str) -> Any:
@@ -147,11 +151,8 @@ def cli() -> None:
     "--weights), neighbor (a graph file's k-hop subgraphs around -B seeds per rank, "
     "--fanouts).",
 )
-@click.option("--fanouts", default="10,5", show_default=True,
-              help="--sampler neighbor: neighbours per node at each hop (-1: all).")  # fmt: skip
-@click.option(
-    "--weights", type=click.Path(), help="Weights .npy (one per sample) of --sampler weighted."
-)
+@FANOUTS
+@WEIGHTS
 @click.option("--draws", "--num-samples", "num_samples", type=int,
               help="Draws per epoch of --sampler weighted (default N).")  # fmt: skip
 @click.option(
@@ -224,15 +225,14 @@ def plan(
     planning = PlanningConfig(slack=slack, policy=policy, equal_batches=equal_batches,
                               horizon=horizon)  # fmt: skip
     if sampler_kind == "neighbor":
-        _plan_graph(data, keys, world_size, batch_size, epochs, buffer, seed, memory, planning,
-                    fanouts, out, plot_out, as_json, hosts_of,
-                    [k for k, v in {"--one-per-file": one_per_file, "--samples": samples,
-                                    "--sample-bytes": sample_bytes, "--drop-last": drop_last,
-                                    "--equal-batches": equal_batches,
-                                    "--reorder-epochs": reorder_epochs, "--weights": weights,
-                                    "--num-samples": num_samples,
-                                    "--no-replacement": no_replacement}.items()
-                     if v])  # fmt: skip
+        key = _graph_key(data, keys, {"--one-per-file": one_per_file, "--samples": samples,
+                                      "--sample-bytes": sample_bytes, "--drop-last": drop_last,
+                                      "--equal-batches": equal_batches,
+                                      "--reorder-epochs": reorder_epochs, "--weights": weights,
+                                      "--num-samples": num_samples,
+                                      "--no-replacement": no_replacement})  # fmt: skip
+        _plan_graph(data[0], key, world_size, batch_size, epochs, buffer, seed, memory, planning,
+                    fanouts, out, plot_out, as_json, hosts_of)  # fmt: skip
         return
     _refuse_graph(data, keys, "plan")
     dataset = None
@@ -365,9 +365,21 @@ def _refuse_graph(data: tuple[str, ...], keys: tuple[str, ...], command: str) ->
                          "and gathers their feature rows")  # fmt: skip
 
 
-def _plan_graph(data, keys, world_size, batch_size, epochs, buffer, seed, memory: MemoryConfig,
-                planning: PlanningConfig, fanouts, out, plot_out, as_json, hosts_of,
-                refused) -> None:  # fmt: skip
+def _graph_key(data: tuple[str, ...], keys: tuple[str, ...], others: dict[str, Any]) -> str:
+    """--sampler neighbor's arguments: one graph file, at most one --key (its features key,
+    returned), none of ``others`` (the options of samples given: refused in one line)."""
+    if any(others.values()):
+        raise SolarError("--sampler neighbor does not take "
+                         f"{', '.join(k for k, v in others.items() if v)}")  # fmt: skip
+    if len(data) != 1 or len(keys) > 1:
+        raise SolarError("--sampler neighbor takes one graph file (solar gen --preset graph) "
+                         "and at most one --key (default: features)")  # fmt: skip
+    return keys[0] if keys else "features"
+
+
+def _plan_graph(path, key, world_size, batch_size, epochs, buffer, seed, memory: MemoryConfig,
+                planning: PlanningConfig, fanouts, out, plot_out, as_json,
+                hosts_of) -> None:  # fmt: skip
     """``solar plan GRAPH.h5 --sampler neighbor``: the plan a Loader with a NeighborSampler
     makes of the graph's feature rows (page mates included where the rows share pages)."""
     from solar.graph.bench import parse_fanouts
@@ -375,14 +387,8 @@ def _plan_graph(data, keys, world_size, batch_size, epochs, buffer, seed, memory
     from solar.io.sources import describe_source
     from solar.runtime.setup import page_layout
 
-    if refused:
-        raise SolarError(f"--sampler neighbor does not take {', '.join(refused)}")
-    if len(data) != 1 or len(keys) > 1:
-        raise SolarError("--sampler neighbor takes one graph file (solar gen --preset graph) "
-                         "and at most one --key (default: features)")  # fmt: skip
-    key = keys[0] if keys else "features"
-    sampler = NeighborSampler(data[0], parse_fanouts(fanouts), batch_size, features=key)
-    info = describe_source(data[0], [key])
+    sampler = NeighborSampler(path, parse_fanouts(fanouts), batch_size, features=key)
+    info = describe_source(path, [key])
     n, row = info.num_samples, info.sample_bytes
     sampler.check(n)
     draws = sampler.draws(n, world_size * batch_size)
@@ -748,8 +754,7 @@ def gen(out, preset, samples, chunks, compression, nodes, avg_degree, features, 
                    "(solar gen --preset graph), loaders mmap, lru, static, solar "
                    "(and solar-rows: no page mates; solar-random: no packed "
                    "windows, every miss a random page read).")  # fmt: skip
-@click.option("--fanouts", default="10,5", show_default=True,
-              help="--sampler neighbor: neighbours per node at each hop (-1: all).")  # fmt: skip
+@FANOUTS
 @click.option("--probe-seconds", type=float, default=1.0, show_default=True,
               help="--sampler neighbor: seconds per queue depth of the storage probe reported "
                    "beside the figures (random 4 KiB reads, O_DIRECT; 0: none).")  # fmt: skip
@@ -761,9 +766,7 @@ def gen(out, preset, samples, chunks, compression, nodes, avg_degree, features, 
 @click.option("--pack-dir", type=click.Path(file_okay=False),
               help="--sampler neighbor: where the packed windows go (node-local; default: "
                    "the system's temporary directory, refused where it is tmpfs).")  # fmt: skip
-@click.option(
-    "--weights", type=click.Path(), help="Weights .npy (one per sample) of --sampler weighted."
-)
+@WEIGHTS
 @click.option("--transform", metavar="MODULE:FUNC",
               help="A per-sample transform fn(sample, rng) (MODULE importable or a .py path): "
                    "the DataLoader runs it in __getitem__, solar in its pipeline, solar-inloop "
@@ -799,21 +802,16 @@ def bench(data, keys, one_per_file, world_size, batch_size, epochs, buffer, tier
         from solar.graph import bench as graph_bench
         from solar.graph.neighbor import NeighborSampler
 
-        others = {"--one-per-file": one_per_file, "--tier": tier,
-                  "--variable-batches": variable_batches, "--weights": weights,
-                  "--transform": transform, "--workers": workers is not None}  # fmt: skip
-        if any(others.values()):
-            raise SolarError("--sampler neighbor does not take "
-                             f"{', '.join(k for k, v in others.items() if v)}")  # fmt: skip
-        if len(data) != 1 or len(keys) > 1:
-            raise SolarError("--sampler neighbor takes one graph file (solar gen --preset graph) "
-                             "and at most one --key (default: features)")  # fmt: skip
+        key = _graph_key(data, keys, {"--one-per-file": one_per_file, "--tier": tier,
+                                      "--variable-batches": variable_batches,
+                                      "--weights": weights, "--transform": transform,
+                                      "--workers": workers is not None})  # fmt: skip
         # solar-node beside solar: asked, or (auto) where several ranks run and no --loaders.
         if share_mode == "node" or (share_mode == "auto" and world_size > 1 and names is None):
             names = tuple(dict.fromkeys([*(names or graph_bench.GRAPH_LOADERS), "solar",
                                          "solar-node"]))  # fmt: skip
         cfg = graph_bench.GraphBenchConfig(
-            path=data[0], key=keys[0] if keys else "features",
+            path=data[0], key=key,
             fanouts=graph_bench.parse_fanouts(fanouts), batch_size=batch_size, epochs=epochs,
             buffer=share_or_size(buffer, "--buffer"), loaders=names or graph_bench.GRAPH_LOADERS,
             reader=reader, throttle=throttle,  # the Loader's default read path: what a user gets

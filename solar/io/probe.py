@@ -1,6 +1,6 @@
 """What the storage gives: random 4 KiB page reads per second against queue depth, and
-sequential bandwidth, measured with ``O_DIRECT`` on a file (``solar inspect --probe``, and
-beside every figure of ``solar bench --sampler neighbor``).
+sequential bandwidth, measured with ``O_DIRECT`` on a file (beside every figure of ``solar bench
+--sampler neighbor``, and for a packing cost model given no rates).
 
 A GNN's feature gathering is bound by random page reads (README, "Graphs"): the rate it
 reaches means something only next to the rate the device gives at the queue depth the reader
@@ -27,7 +27,6 @@ from solar.io import aio, libc
 
 DEPTHS = (1, 8, 32, 64)
 SEQ_BLOCK = 2**20  # sequential reads: 1 MiB each, 4 in flight
-SCRATCH_BYTES = 1 << 30  # the file probe() writes when given a directory
 SUBMITTERS = max(1, min(2, cores()))  # threads submitting AIO reads
 
 
@@ -76,12 +75,9 @@ def probe(
     length: int | None = None,
     seed: int = 0,
 ) -> ProbeResult:
-    """Measure the storage under ``path``: a file (its bytes ``[offset, offset + length)``
-    are read, never written) or a directory (a scratch file of ``SCRATCH_BYTES`` is written
-    there, probed and removed). About ``seconds`` per depth and for the sequential read."""
+    """Measure the storage under the file ``path``: its bytes ``[offset, offset + length)``
+    are read, never written. About ``seconds`` per depth and for the sequential read."""
     path = os.fspath(path)
-    if os.path.isdir(path):
-        return _probe_scratch(path, depths, seconds, seed)
     try:
         size = os.path.getsize(path)
     except OSError as exc:
@@ -113,23 +109,6 @@ def probe(
     finally:
         os.close(fd)
     return ProbeResult(path, pages * PAGE, random, seq, engine)
-
-
-def _probe_scratch(directory: str, depths, seconds: float, seed: int) -> ProbeResult:
-    scratch = os.path.join(directory, f".solar-probe-{os.getpid()}")
-    try:
-        with open(scratch, "wb") as f:
-            block = np.random.default_rng(seed).integers(0, 256, 1 << 24, np.uint8).tobytes()
-            for _ in range(SCRATCH_BYTES // len(block)):
-                f.write(block)
-            f.flush()
-            os.fsync(f.fileno())
-        return probe(scratch, depths=depths, seconds=seconds, seed=seed)
-    except OSError as exc:
-        raise SolarError(f"{directory}: cannot write a probe file ({exc.strerror})") from None
-    finally:
-        if os.path.exists(scratch):
-            os.unlink(scratch)
 
 
 def _random_rate(fd, ctx, depth, lo, pages, seconds, rng) -> float:
