@@ -36,6 +36,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -121,7 +122,8 @@ def reorder(args: argparse.Namespace) -> None:
     import numpy as np
 
     from solar import BufferConfig, NeighborSampler, PlanSpec, RunConfig, make_plan
-    from solar.graph.reorder import METHODS, relabel, reorder_nodes
+    from solar.graph import Graph, write_graph
+    from solar.graph.reorder import METHODS, reorder_nodes
     from solar.schedule.draw.pagemates import PageLayout
 
     if args.community:  # a graph of communities numbered at random (GRAPH names none)
@@ -142,10 +144,13 @@ def reorder(args: argparse.Namespace) -> None:
         t0 = time.perf_counter()
         order = reorder_nodes(indptr, indices, method=method)
         took = time.perf_counter() - t0
-        ptr, ind = relabel(indptr, indices, order)
+        with tempfile.TemporaryDirectory() as tmp:  # renumbered as the converter writes it
+            path = Path(tmp) / "g.h5"
+            write_graph({"indptr": indptr, "indices": indices}, path, order=order)
+            g = Graph(path)
+            graph = {"indptr": np.array(g.indptr), "indices": np.array(g.indices)}
         new_id = np.empty(n, np.int64)
         new_id[order] = np.arange(n)
-        graph = {"indptr": ptr, "indices": ind}
         sampler = NeighborSampler(graph, (10, 5), 1024, train=np.sort(new_id[train]))
         run = RunConfig(n, world, 1024, args.epochs, 0, False, sampler.draws(n, world * 1024))
         entry: dict = {"seconds": took}

@@ -5,6 +5,7 @@ AIO, solar/io/aio.py), the storage probe (solar/io/probe.py), node reordering
 from __future__ import annotations
 
 import os
+import warnings
 
 import numpy as np
 import pytest
@@ -14,7 +15,8 @@ from hypothesis import strategies as st
 from solar import BufferConfig, PlanSpec, RunConfig, Trace, make_plan
 from solar._memory import PAGE, aligned
 from solar.errors import SolarError
-from solar.graph.reorder import relabel, reorder_nodes, rows_per_page
+from solar.graph import Graph, write_graph
+from solar.graph.reorder import reorder_nodes, rows_per_page
 from solar.io import aio
 from solar.io.probe import probe
 from solar.schedule import HIT
@@ -201,14 +203,25 @@ def _community_graph(n=4000, comms=80, deg=12, seed=0):
     return indptr, b[o]
 
 
-def test_reorder_gives_a_permutation_and_relabel_keeps_every_edge():
+def _relabel(tmp_path, indptr, indices, order):
+    """The CSR graph renumbered by ``order`` as the converter writes it (``write_graph``'s
+    ``order``: new id i is old node ``order[i]``)."""
+    path = tmp_path / "relabelled.h5"
+    with warnings.catch_warnings():  # (no labels, no training split: warned, and beside the point)
+        warnings.simplefilter("ignore")
+        write_graph({"indptr": indptr, "indices": indices}, path, order=order, force=True)
+    g = Graph(path)
+    return np.asarray(g.indptr), np.asarray(g.indices)
+
+
+def test_reorder_gives_a_permutation_and_relabel_keeps_every_edge(tmp_path):
     indptr, indices = _community_graph()
     n = indptr.size - 1
     deg = np.diff(indptr)
     for method in ("hybrid", "bfs", "degree", "none"):
         order = reorder_nodes(indptr, indices, method=method)
         assert np.array_equal(np.sort(order), np.arange(n))
-        ptr, ind = relabel(indptr, indices, order)
+        ptr, ind = _relabel(tmp_path, indptr, indices, order)
         new = np.empty(n, np.int64)
         new[order] = np.arange(n)
         for v in (0, 17, n - 1):  # old node v is new node new[v], same neighbours renamed
@@ -220,10 +233,10 @@ def test_reorder_gives_a_permutation_and_relabel_keeps_every_edge():
     with pytest.raises(SolarError, match="indices must be node ids"):
         reorder_nodes(indptr, indices + n)
     with pytest.raises(SolarError, match="permutation"):
-        relabel(indptr, indices, np.zeros(n, np.int64))
+        _relabel(tmp_path, indptr, indices, np.zeros(n, np.int64))
 
 
-def test_breadth_first_order_packs_a_communitys_rows_into_pages():
+def test_breadth_first_order_packs_a_communitys_rows_into_pages(tmp_path):
     """On a graph of communities numbered at random, 2-hop neighbourhoods read more rows per
     page after the breadth-first renumbering."""
     indptr, indices = _community_graph()
@@ -241,7 +254,7 @@ def test_breadth_first_order_packs_a_communitys_rows_into_pages():
     seeds = rng.integers(0, n, 200)
     before = rows_per_page(hoods(indptr, indices, seeds), 256)
     order = reorder_nodes(indptr, indices, method="bfs")
-    ptr, ind = relabel(indptr, indices, order)
+    ptr, ind = _relabel(tmp_path, indptr, indices, order)
     new = np.empty(n, np.int64)
     new[order] = np.arange(n)
     after = rows_per_page(hoods(ptr, ind, new[seeds]), 256)

@@ -2,19 +2,19 @@
 
 A degree-corrected stochastic block model, generated target by target in bounded memory:
 
-* Node weights follow a power law: the node of weight rank r has weight ``(1 + r) ** -alpha``;
+* Node weights follow a power law: the node of weight rank r has weight ``(1 + r) ** -ALPHA``;
   ranks are spread over the node ids by a keyed pseudo-random permutation (a Feistel network
   on the ids, cycle-walked), so hubs lie all over the file, not at its start (which would
   flatter page-sized reads), and no permutation array is held.
-* Communities: rank r belongs to community ``r mod classes`` (each has the same degree
+* Communities: rank r belongs to community ``r mod CLASSES`` (each has the same degree
   profile); a node's label is its community.
 * Node v has ``round(avg_degree · w_v / mean w)`` in-neighbours (its CSR row), distinct and
-  never itself: each drawn from v's own community with probability ``homophily``, else from
+  never itself: each drawn from v's own community with probability ``HOMOPHILY``, else from
   another community chosen uniformly; within a community, in proportion to the weights (an
   inverse-CDF draw of the power law). Hubs are hubs both ways: a node's in-degree and its
   expected out-degree both follow its weight.
 * Features are weakly informative float32 rows: Gaussian noise plus the community's centroid
-  scaled to ``signal`` (the distance between centroids relative to the noise, whatever F), so
+  scaled to ``SIGNAL`` (the distance between centroids relative to the noise, whatever F), so
   an MLP on the features alone is far from perfect while a GNN that averages a node's
   neighbours (mostly of its community) sees through the noise: on a small graph a 2-layer
   GraphSAGE beats an MLP by tens of points (tests/test_graph_ingest.py).
@@ -40,6 +40,7 @@ from solar.errors import SolarError
 from solar.graph.csrwrite import GraphParts, write_csr_graph
 from solar.schedule.draw.rng import GOLDEN, mix64
 
+ALPHA = 0.5
 CLASSES = 8
 HOMOPHILY = 0.8
 SIGNAL = 1.0
@@ -54,34 +55,25 @@ def generate_graph(
     features: int,
     *,
     seed: int = 0,
-    alpha: float = 0.5,
     train_fraction: float = 0.1,
-    classes: int = CLASSES,
-    homophily: float = HOMOPHILY,
-    signal: float = SIGNAL,
-    memory: int | str = 2**30,
     progress: Callable[[int, int], None] | None = None,
 ) -> Path:
     """Write the graph of the module's docstring to ``path``: datasets ``indptr`` (N + 1,)
     int64, ``indices`` (E,) int32 (int64 from 2^31 nodes), ``features`` (N, F) float32,
     ``labels`` (N,) int64, ``train_idx``, ``valid_idx``, ``test_idx`` (sorted) int64 (a
     ``train_fraction`` of the nodes, then 10 % each, disjoint)."""
-    for name, value in (("nodes", nodes), ("features", features), ("classes", classes)):
+    for name, value in (("nodes", nodes), ("features", features)):
         if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
             raise SolarError(f"{name} must be a positive integer, got {value!r}")
     if not (0 < avg_degree < nodes):
         raise SolarError(f"avg-degree must be in (0, nodes), got {avg_degree}")
     if not 0 < train_fraction <= 1:
         raise SolarError(f"train fraction must be in (0, 1], got {train_fraction}")
-    if not 0 <= alpha < 1:
-        raise SolarError(f"alpha must be in [0, 1), got {alpha}")
-    if not 0 <= homophily <= 1:
-        raise SolarError(f"homophily must be in [0, 1], got {homophily}")
-    model = _Model(nodes, float(avg_degree), alpha, classes, homophily, seed)
-    rows = _Features(model, features, signal, seed)
+    model = _Model(nodes, float(avg_degree), ALPHA, CLASSES, HOMOPHILY, seed)
+    rows = _Features(model, features, SIGNAL, seed)
     splits = _splits(model, train_fraction)
     parts = GraphParts(model, rows, _Labels(model), splits)
-    write_csr_graph(path, parts, memory=memory, progress=progress)
+    write_csr_graph(path, parts, progress=progress)
     return Path(path)
 
 

@@ -16,9 +16,9 @@ these orders are cheap proxies for "used together", computed in O(N + E):
 * ``"hybrid"`` (the default): the top ``hot`` share of nodes by degree first (hubs, read at
   most steps, packed together), then the rest in breadth-first order.
 
-:func:`reorder_nodes` returns ``order``, a permutation: new id ``i`` is old node ``order[i]``.
-:func:`relabel` renumbers a CSR graph by it. ``bench/gnn_io_bench.py reorder`` measures rows
-per page read before and after.
+:func:`reorder_nodes` returns ``order``, a permutation: new id ``i`` is old node ``order[i]``;
+the converter renumbers a graph by it as it writes it (:func:`solar.graph.write_graph`'s
+``order``). ``bench/gnn_io_bench.py reorder`` measures rows per page read before and after.
 """
 
 from __future__ import annotations
@@ -86,36 +86,6 @@ def _bfs(indptr, indices, by_degree, first):  # pragma: no cover - compiled
                 order[tail] = u
                 tail += 1
     return order
-
-
-def relabel(
-    indptr: np.ndarray, indices: np.ndarray, order: np.ndarray
-) -> tuple[np.ndarray, np.ndarray]:
-    """The CSR graph renumbered by ``order`` (new id i = old node ``order[i]``): node i's
-    neighbours are old node order[i]'s, renamed, in the same order."""
-    indptr = np.asarray(indptr, np.int64)
-    n = indptr.size - 1
-    order = np.asarray(order, np.int64)
-    if order.shape != (n,) or not np.array_equal(np.sort(order), np.arange(n)):
-        raise SolarError(f"relabel: order must be a permutation of 0..{n - 1}")
-    new_id = np.empty(n, np.int64)
-    new_id[order] = np.arange(n, dtype=np.int64)
-    deg = np.diff(indptr)[order]
-    out_ptr = np.zeros(n + 1, np.int64)
-    np.cumsum(deg, out=out_ptr[1:])
-    out = np.empty(indices.size, np.asarray(indices).dtype)
-    _relabel(indptr, np.asarray(indices), order, new_id, out_ptr, out)
-    return out_ptr, out
-
-
-@njit(cache=True, nogil=True)
-def _relabel(indptr, indices, order, new_id, out_ptr, out):  # pragma: no cover - compiled
-    for i in range(order.shape[0]):
-        v = order[i]
-        a = out_ptr[i]
-        for j in range(indptr[v], indptr[v + 1]):
-            out[a] = new_id[indices[j]]
-            a += 1
 
 
 def rows_per_page(
