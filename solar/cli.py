@@ -224,19 +224,26 @@ def plan(
     memory = MemoryConfig(tier_size=tier_size, share=share_mode)
     planning = PlanningConfig(slack=slack, policy=policy, equal_batches=equal_batches,
                               horizon=horizon)  # fmt: skip
-    if sampler_kind == "neighbor":
+    info = dataset = pages = None
+    if sampler_kind == "neighbor":  # a graph's feature rows, as a Loader with a NeighborSampler
+        from solar.graph.bench import parse_fanouts
+        from solar.graph.neighbor import NeighborSampler
+        from solar.io.sources import describe_source
+        from solar.runtime.setup import page_layout
+
         key = _graph_key(data, keys, {"--one-per-file": one_per_file, "--samples": samples,
                                       "--sample-bytes": sample_bytes, "--drop-last": drop_last,
                                       "--equal-batches": equal_batches,
                                       "--reorder-epochs": reorder_epochs, "--weights": weights,
                                       "--num-samples": num_samples,
                                       "--no-replacement": no_replacement})  # fmt: skip
-        _plan_graph(data[0], key, world_size, batch_size, epochs, buffer, seed, memory, planning,
-                    fanouts, out, plot_out, as_json, hosts_of)  # fmt: skip
-        return
-    _refuse_graph(data, keys, "plan")
-    dataset = None
-    if data:
+        sampler: Any = NeighborSampler(data[0], parse_fanouts(fanouts), batch_size, features=key)
+        info = describe_source(data[0], [key])
+        pages = page_layout(info)  # page mates where the rows share pages, as a Loader plans
+    else:
+        _refuse_graph(data, keys, "plan")
+        sampler = make_sampler(sampler_kind, weights, num_samples, not no_replacement)
+    if data and info is None:
         from solar.io.sources import describe_source
 
         info = describe_source(list(data), list(keys) or None, one_per_file=reader.one_per_file)
@@ -246,6 +253,7 @@ def plan(
             raise SolarError(
                 f"--sample-bytes {sample_bytes} disagrees with the data's {info.sample_bytes}"
             )
+    if info is not None:
         samples, sample_bytes, dataset = info.num_samples, info.sample_bytes, info.identity
     elif keys:
         raise SolarError("--key needs data files")
@@ -253,11 +261,11 @@ def plan(
         raise SolarError("give data files or --samples N")
     if sample_bytes is not None and sample_bytes <= 0:
         raise SolarError(f"--sample-bytes must be positive, got {sample_bytes}")
-    sampler = make_sampler(sampler_kind, weights, num_samples, not no_replacement)
     sampler.check(samples)
     draws = sampler.draws(samples, world_size * batch_size)
     run = RunConfig(samples, world_size, batch_size, epochs, seed, drop_last,
                     None if draws == samples else draws)  # fmt: skip
+    sampler.check_run(run)
     capacity, tier = (
         parse_size(text, sample_bytes=sample_bytes, name=name, num_samples=samples,
                    world_size=world_size)
@@ -270,6 +278,8 @@ def plan(
         run, BufferConfig(capacity, planning.slack, tier), planning.policy, reorder_epochs,
         sample_bytes, dataset, sampler, planning.horizon, equal_batches,
     )  # fmt: skip
+    if pages is not None and spec.plans_page_mates:
+        spec = dataclasses.replace(spec, pages=pages)
     _run_plan(spec, out, plot_out, as_json, hosts_of)
 
 
@@ -375,36 +385,6 @@ def _graph_key(data: tuple[str, ...], keys: tuple[str, ...], others: dict[str, A
         raise SolarError("--sampler neighbor takes one graph file (solar gen --preset graph) "
                          "and at most one --key (default: features)")  # fmt: skip
     return keys[0] if keys else "features"
-
-
-def _plan_graph(path, key, world_size, batch_size, epochs, buffer, seed, memory: MemoryConfig,
-                planning: PlanningConfig, fanouts, out, plot_out, as_json,
-                hosts_of) -> None:  # fmt: skip
-    """``solar plan GRAPH.h5 --sampler neighbor``: the plan a Loader with a NeighborSampler
-    makes of the graph's feature rows (page mates included where the rows share pages)."""
-    from solar.graph.bench import parse_fanouts
-    from solar.graph.neighbor import NeighborSampler
-    from solar.io.sources import describe_source
-    from solar.runtime.setup import page_layout
-
-    sampler = NeighborSampler(path, parse_fanouts(fanouts), batch_size, features=key)
-    info = describe_source(path, [key])
-    n, row = info.num_samples, info.sample_bytes
-    sampler.check(n)
-    draws = sampler.draws(n, world_size * batch_size)
-    run = RunConfig(n, world_size, batch_size, epochs, seed, False,
-                    None if draws == n else draws)  # fmt: skip
-    sampler.check_run(run)
-    capacity, tier = (
-        parse_size(text, sample_bytes=row, name=name, num_samples=n, world_size=world_size)
-        for text, name in ((buffer, "--buffer"), (memory.tier_size, "--tier-size"))
-    )  # fmt: skip
-    spec = PlanSpec(run, BufferConfig(capacity, planning.slack, tier), planning.policy, False, row,
-                    info.identity, sampler, planning.horizon, False)  # fmt: skip
-    pages = page_layout(info)
-    if pages is not None and spec.plans_page_mates:  # as a Loader plans it (page_mates=True)
-        spec = dataclasses.replace(spec, pages=pages)
-    _run_plan(spec, out, plot_out, as_json, hosts_of)
 
 
 def _warm_planner(spec: PlanSpec, to_file: bool, hosts: Any = None):
