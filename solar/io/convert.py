@@ -20,7 +20,7 @@ import numpy as np
 from solar._atomic import atomic_path
 from solar.errors import SolarError
 from solar.io.hdf5 import describe, open_h5
-from solar.io.sources import expand_sources
+from solar.io.sources import list_sources
 
 _BLOCK_BYTES = 64 * 2**20
 
@@ -47,14 +47,11 @@ def convert(
         raise SolarError(f"{dst}: exists (use --force to overwrite)")
     if align <= 0 or align & (align - 1):
         raise SolarError(f"--align must be a power of two, got {align}")
-    files = expand_sources(srcs)
+    npy, found = list_sources(list(srcs), keys)
+    ((key, files),) = found.items()
     if any(f.resolve() == dst.resolve() for f in files):
         raise SolarError(f"{dst}: is also a source")
-    npy = [f.suffix == ".npy" for f in files]
-    if any(npy) and not all(npy):
-        raise SolarError("sources mix .npy and HDF5 files")
-    kind = _NpySources if all(npy) else _H5Sources
-    reader = kind(files, keys, one_per_file)
+    reader = _NpySources(files, key, one_per_file) if npy else _H5Sources(files, keys, one_per_file)
     n = sum(s.count for s in reader.sources)
     digests = {k: hashlib.blake2b(digest_size=16) for k in reader.keys}
     with atomic_path(dst) as tmp:
@@ -120,10 +117,8 @@ def _block_rows(f: h5py.File, keys: dict) -> int:
 
 
 class _NpySources:
-    def __init__(self, files: list[Path], keys: list[str] | None, one_per_file: bool) -> None:
-        if keys and len(keys) > 1:
-            raise SolarError(".npy sources hold one array each: give at most one --key")
-        self.key = keys[0] if keys else "data"
+    def __init__(self, files: list[Path], key: str, one_per_file: bool) -> None:
+        self.key = key
         self.one_per_file = one_per_file
         self.sources = []
         self.keys: dict[str, tuple[tuple[int, ...], np.dtype]] = {}

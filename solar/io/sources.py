@@ -117,13 +117,15 @@ def _list(
     paths: PathsArg | Mapping[str, PathsArg], keys: list[str] | None
 ) -> tuple[bool, dict[str, list[str]]]:
     """(whether the files are .npy, their files by key; "" for HDF5's)."""
-    npy, found = _list_paths(paths, keys)
+    npy, found = list_sources(paths, keys)
     return npy, {k: [os.fspath(f) for f in fs] for k, fs in found.items()}
 
 
-def _list_paths(
+def list_sources(
     paths: PathsArg | Mapping[str, PathsArg], keys: list[str] | None
 ) -> tuple[bool, dict[str, list[Path]]]:
+    """(whether the files are .npy, their files by key: a .npy key's own, ``""`` for HDF5's),
+    the files' kinds and the keys checked (one key at most for .npy files)."""
     if isinstance(paths, Mapping):
         if keys:
             raise SolarError("a dict of .npy keys names its keys: give no keys as well")
