@@ -96,13 +96,12 @@ def shared_scan(
     n: int,
     scan: Callable[[int, int], ScanPart],
     check: Callable[[ScanPart, int, int], None],
-    mode: str | None = None,
 ) -> list[ScanPart]:
     """Every rank's parts of a scan of ``n`` files, in file order: ``scan(lo, hi)`` scans files
     ``[lo, hi)``; parts received from other ranks pass ``check(part, lo, hi)`` first."""
     if comm is None or comm.Get_size() <= 1:
         return [scan(0, n)]
-    mode = mode or SCAN_MODE
+    mode = SCAN_MODE  # (bench/scan_bench.py sets it to compare the three)
     if mode == EVERY:
         return [scan(0, n)]
     rank, world = comm.Get_rank(), comm.Get_size()
