@@ -42,8 +42,7 @@ _PLANNING = PlanningConfig()
 
 # -- option groups: the records of solar.options, each option defined once -----------------------
 # A command takes the options of a group that apply to it and builds the record from them
-# (MemoryConfig, PlanningConfig directly; reader_config, which keeps ReaderConfig's defaults
-# for options a command lacks), as a Loader takes them.
+# (ReaderConfig, MemoryConfig, PlanningConfig), as a Loader takes them.
 ONE_PER_FILE = click.option("--one-per-file", is_flag=True,
                             help="Each data file is one sample (its datasets).")  # fmt: skip
 THREADS = click.option("--threads", default=str(_READER.threads), show_default=True,
@@ -66,19 +65,6 @@ def tier_size_option(default: str) -> Any:
     """``--tier-size``: the second tier (with --tier on a Loader or bench), as --buffer."""
     return click.option("--tier-size", "-D", default=default, show_default=True,
                         help="Second tier (local NVMe), as --buffer.")  # fmt: skip
-
-
-def reader_config(
-    one_per_file: bool = False, threads: str | None = None, read_ahead: int | None = None
-) -> ReaderConfig:
-    """--one-per-file, --threads, --read-ahead as the ReaderConfig they set (a command
-    without an option keeps its default)."""
-    config = ReaderConfig(one_per_file=one_per_file)
-    if threads is not None:
-        config = dataclasses.replace(config, threads=_threads(threads))
-    if read_ahead is not None:
-        config = dataclasses.replace(config, read_ahead=read_ahead)
-    return config
 
 
 # A plan this long gets a progress bar (a few seconds of work).
@@ -220,7 +206,6 @@ def plan(
     if share_mode == "node" and plot_out:
         raise SolarError("--share node: no --plot (yet)")
     hosts_of = (share_mode, hosts)
-    reader = reader_config(one_per_file)
     memory = MemoryConfig(tier_size=tier_size, share=share_mode)
     planning = PlanningConfig(slack=slack, policy=policy, equal_batches=equal_batches,
                               horizon=horizon)  # fmt: skip
@@ -246,7 +231,7 @@ def plan(
     if data and info is None:
         from solar.io.sources import describe_source
 
-        info = describe_source(list(data), list(keys) or None, one_per_file=reader.one_per_file)
+        info = describe_source(list(data), list(keys) or None, one_per_file=one_per_file)
         if samples is not None and samples != info.num_samples:
             raise SolarError(f"--samples {samples} disagrees with the data's {info.num_samples}")
         if sample_bytes is not None and sample_bytes != info.sample_bytes:
@@ -773,7 +758,8 @@ def bench(data, keys, one_per_file, world_size, batch_size, epochs, buffer, tier
 
     for path in (json_out, plot_out):
         _check_out(path, force)
-    reader = reader_config(one_per_file, threads, read_ahead)
+    reader = ReaderConfig(one_per_file=one_per_file, threads=_threads(threads),
+                          read_ahead=read_ahead)  # fmt: skip
     memory, planning = MemoryConfig(tier=tier, tier_size=tier_size), PlanningConfig(slack=slack)
     names = None if loaders is None else tuple(x for x in loaders.split(",") if x)
     cfg: Any
