@@ -159,11 +159,6 @@ class MmapGather:
                              "(a memory map needs one)")  # fmt: skip
         return cls(info.all_files[0], offset, info.keys[0].row_bytes, budget, threads, throttle)
 
-    @property
-    def capacity_bytes(self) -> int:
-        """The emulated page cache's size."""
-        return int(self.pool.nbytes)
-
     def gather(self, ids: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
         """Rows ``ids`` (distinct) as ``(len(ids), row_bytes)`` uint8, in order."""
         ids = np.asarray(ids, np.int64)
