@@ -247,7 +247,7 @@ def test_the_disk_bound_holds_and_packing_is_refused_where_it_cannot_run(graph, 
         assert all(w.nbytes <= 128 * 1024 for w in f.windows if w.packed)
         assert f.built > 0
     tier = MemoryConfig(tier=str(tmp_path), tier_size=100, pack=PackingConfig(disk="1MiB"))
-    with pytest.raises(SolarError, match="pack: packing misses needs a buffer per rank"):
+    with pytest.raises(SolarError, match="pack: packing misses needs a buffer without a tier"):
         Loader(path, ["features"], sampler=NeighborSampler(path, (4, 2), batch_size=23),
                epochs=1, buffer=150, memory=tier)  # fmt: skip
     with pytest.raises(SolarError, match="margin must be a positive number"):
@@ -255,8 +255,9 @@ def test_the_disk_bound_holds_and_packing_is_refused_where_it_cannot_run(graph, 
 
 
 def test_a_resumed_run_with_packed_windows_serves_the_same_batches(graph, tmp_path):
-    """Resumed mid-epoch from its state, a packing Loader decides its windows from the step
-    it resumes at and serves the batches of an uninterrupted run, byte for byte."""
+    """Resumed mid-epoch from its state, a packing Loader obeys the windows its planner
+    decided for the epoch it resumes in (from the step it resumes at) and serves the batches
+    of an uninterrupted run, byte for byte."""
     path, _ = graph
     with _loader(path, "4MiB", tmp_path) as ld:
         whole = every_batch(ld, range(3))
