@@ -394,3 +394,22 @@ def test_the_rehearsal_compiles_the_kernel_a_pass_runs(tmp_path, width):
     _built(tmp_path, _source(300, width), [np.arange(0, 300, 7, dtype=np.int64)], 64, ex).close()
     ex.close()
     assert list(_assemble.signatures) == known
+
+
+@pytest.mark.xdist_group("launchers")  # node buffers: beside the tests watching their names
+def test_a_hosts_ranks_pack_the_misses_its_plan_gives_each_byte_for_byte(graph, tmp_path):
+    """``share="node"`` under mpiexec (one host of 3 ranks; nodes, seeds and chunks dividing
+    nothing; the script runs as well on 2): whole epochs of every rank's batches are the
+    random path's, byte for byte, and h5py's rows, with its hits; each rank's windows,
+    decided by its planner, cover its steps and hold exactly the storage reads the host plan
+    gives it; its packed windows are built (tests/mpi/host_packing.py)."""
+    from ranks_apart import MPIEXEC, run_job
+
+    if not MPIEXEC.exists():
+        pytest.skip("no mpiexec beside python")
+    script = os.path.join(os.path.dirname(__file__), "mpi", "host_packing.py")
+    env = {k: v for k, v in os.environ.items() if k != "SOLAR_HOSTS"}
+    result = run_job(MPIEXEC, 3, [script, str(graph[0]), str(tmp_path)], 240, env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "host packing 3 ranks: ok" in result.stdout
+    assert os.listdir(tmp_path) == []  # every packed layout freed (unlinked from the start)
