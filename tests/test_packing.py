@@ -236,6 +236,36 @@ def test_packed_windows_serve_the_random_paths_batches_byte_for_byte(graph, tmp_
     assert len(seen) - len(scans) <= sum(w.end - w.first for w in ws if not w.packed) + 1
 
 
+def test_the_planning_thread_decides_the_windows_and_the_runtime_obeys_them(
+    graph, tmp_path, monkeypatch
+):
+    """Each epoch's windows are decided once, on the planning thread, as the epoch is planned
+    (the run's first without a lead: its first window at random); the runtime's windows are
+    exactly those, in order, and its packed steps are the ones built."""
+    import threading
+
+    import solar.schedule.plans.stream as stream_module
+
+    path, _ = graph
+    decided: list[tuple[int, str, tuple]] = []
+    decide = stream_module.epoch_windows
+
+    def recording(epoch, *args, **kwargs):
+        got = decide(epoch, *args, **kwargs)
+        decided.append((epoch, threading.current_thread().name, got.windows))
+        return got
+
+    monkeypatch.setattr(stream_module, "epoch_windows", recording)
+    with _loader(path, "4MiB", tmp_path) as ld:
+        every_batch(ld, range(3))
+        figures = ld.stats.packing
+    assert [e for e, _, _ in decided] == [0, 1, 2]
+    assert all(name.startswith("solar-plan") for _, name, _ in decided)
+    assert not decided[0][2][0].packed  # the run's start: read while the next is packed
+    assert figures.windows == [w for _, _, ws in decided for w in ws]
+    assert figures.built == sum(w.packed for w in figures.windows) > 0
+
+
 def test_the_disk_bound_holds_and_packing_is_refused_where_it_cannot_run(graph, tmp_path):
     """The packed files live never take more than the disk given (two windows of at most half
     of it); a tier, or packing asked with bad values, is refused in one line."""
