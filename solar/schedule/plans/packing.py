@@ -1,6 +1,8 @@
 """Where a window of steps reads its misses: random pages of the source (as the reader does)
 or a layout packed in plan order on node-local disk. A pure decision, made from the plan's
-misses and the device's rates; the runtime obeys it (solar/runtime/packing.py).
+misses and the device's rates on the planning thread, as each epoch of a rank's plan is made
+(:func:`epoch_windows`, called by solar/schedule/plans/stream.py, of the rank's own storage reads
+whichever buffer it plans); the runtime obeys it (solar/runtime/packing.py).
 
 Costs, in seconds of one device (the packing shares it with the steps it overlaps):
 
