@@ -389,11 +389,13 @@ class RankStream:
         while p.epoch < epoch:
             p.planner.skip()
         self._first = epoch
-        contents = p.planner.contents(self.host) if self.exchange is None else None
-        part, windows = self._decided(p, ahead=False)
+        if self.exchange is None:
+            self._initial = p.planner.contents(self.host)
+            part, windows = self._decided(p, ahead=False)
+        else:  # the contents as the epoch starts come with it
+            part, windows = self._decided(p, ahead=False)
+            self._initial = part.initial
         self._parts = [part]
-        # (With the exchange, the contents as the epoch starts come with it.)
-        self._initial = part.initial if contents is None else contents
         self._windows = {}
         self._keep(windows)
         self._window = None
