@@ -15,7 +15,9 @@ budget (``buffer``: a share of the feature rows over all ranks, or rows or bytes
   planning rows alone; ``solar-node`` (with several ranks by default, ``--share auto``; or
   ``--share node``), solar with one buffer per host shared by its ranks
   (``MemoryConfig(share="node")``: Belady over the host's union, a row several local ranks need
-  read once).
+  read once). ``solar`` and ``solar-node`` read misses from windows packed in plan order where
+  the cost model chooses (``--pack-disk``); ``solar-random`` and ``solar-node-random`` are them
+  reading every miss as random pages.
 
 As in ``solar bench``: every rank runs each loader's epoch in turn, in an order rotated every
 epoch, behind a barrier; an epoch's time is the slowest rank's. Feature reads bypass the page
