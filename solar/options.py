@@ -134,8 +134,10 @@ class PackingConfig:
     (solar/io/probe.py); None: probed on the source at construction for ``probe_seconds``.
     ``margin``: a window is packed where its packed cost times this is below its random
     cost. ``chunk_bytes``: the source is scanned in reads of this size (a few in flight).
-    For now: one file, one contiguous key (a GNN's features, a contiguous HDF5 dataset), a
-    buffer per rank without a tier or a deterministic transform; else refused in one line.
+    The planner decides the windows with the plan; each rank packs the misses it reads: its
+    own buffer's, or (``share="node"``) those its host's plan gives it to read. For now: one
+    file, one contiguous key (a GNN's features, a contiguous HDF5 dataset), a buffer without
+    a tier or a deterministic transform; else refused in one line.
     """
 
     disk: int | str = 0

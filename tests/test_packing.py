@@ -236,6 +236,36 @@ def test_packed_windows_serve_the_random_paths_batches_byte_for_byte(graph, tmp_
     assert len(seen) - len(scans) <= sum(w.end - w.first for w in ws if not w.packed) + 1
 
 
+def test_the_planning_thread_decides_the_windows_and_the_runtime_obeys_them(
+    graph, tmp_path, monkeypatch
+):
+    """Each epoch's windows are decided once, on the planning thread, as the epoch is planned
+    (the run's first without a lead: its first window at random); the runtime's windows are
+    exactly those, in order, and its packed steps are the ones built."""
+    import threading
+
+    import solar.schedule.plans.stream as stream_module
+
+    path, _ = graph
+    decided: list[tuple[int, str, tuple]] = []
+    decide = stream_module.epoch_windows
+
+    def recording(epoch, *args, **kwargs):
+        got = decide(epoch, *args, **kwargs)
+        decided.append((epoch, threading.current_thread().name, got.windows))
+        return got
+
+    monkeypatch.setattr(stream_module, "epoch_windows", recording)
+    with _loader(path, "4MiB", tmp_path) as ld:
+        every_batch(ld, range(3))
+        figures = ld.stats.packing
+    assert [e for e, _, _ in decided] == [0, 1, 2]
+    assert all(name.startswith("solar-plan") for _, name, _ in decided)
+    assert not decided[0][2][0].packed  # the run's start: read while the next is packed
+    assert figures.windows == [w for _, _, ws in decided for w in ws]
+    assert figures.built == sum(w.packed for w in figures.windows) > 0
+
+
 def test_the_disk_bound_holds_and_packing_is_refused_where_it_cannot_run(graph, tmp_path):
     """The packed files live never take more than the disk given (two windows of at most half
     of it); a tier, or packing asked with bad values, is refused in one line."""
@@ -247,7 +277,7 @@ def test_the_disk_bound_holds_and_packing_is_refused_where_it_cannot_run(graph, 
         assert all(w.nbytes <= 128 * 1024 for w in f.windows if w.packed)
         assert f.built > 0
     tier = MemoryConfig(tier=str(tmp_path), tier_size=100, pack=PackingConfig(disk="1MiB"))
-    with pytest.raises(SolarError, match="pack: packing misses needs a buffer per rank"):
+    with pytest.raises(SolarError, match="pack: packing misses needs a buffer without a tier"):
         Loader(path, ["features"], sampler=NeighborSampler(path, (4, 2), batch_size=23),
                epochs=1, buffer=150, memory=tier)  # fmt: skip
     with pytest.raises(SolarError, match="margin must be a positive number"):
@@ -255,8 +285,9 @@ def test_the_disk_bound_holds_and_packing_is_refused_where_it_cannot_run(graph, 
 
 
 def test_a_resumed_run_with_packed_windows_serves_the_same_batches(graph, tmp_path):
-    """Resumed mid-epoch from its state, a packing Loader decides its windows from the step
-    it resumes at and serves the batches of an uninterrupted run, byte for byte."""
+    """Resumed mid-epoch from its state, a packing Loader obeys the windows its planner
+    decided for the epoch it resumes in (from the step it resumes at) and serves the batches
+    of an uninterrupted run, byte for byte."""
     path, _ = graph
     with _loader(path, "4MiB", tmp_path) as ld:
         whole = every_batch(ld, range(3))
@@ -393,3 +424,22 @@ def test_the_rehearsal_compiles_the_kernel_a_pass_runs(tmp_path, width):
     _built(tmp_path, _source(300, width), [np.arange(0, 300, 7, dtype=np.int64)], 64, ex).close()
     ex.close()
     assert list(_assemble.signatures) == known
+
+
+@pytest.mark.xdist_group("launchers")  # node buffers: beside the tests watching their names
+def test_a_hosts_ranks_pack_the_misses_its_plan_gives_each_byte_for_byte(graph, tmp_path):
+    """``share="node"`` under mpiexec (one host of 3 ranks; nodes, seeds and chunks dividing
+    nothing; the script runs as well on 2): whole epochs of every rank's batches are the
+    random path's, byte for byte, and h5py's rows, with its hits; each rank's windows,
+    decided by its planner, cover its steps and hold exactly the storage reads the host plan
+    gives it; its packed windows are built (tests/mpi/host_packing.py)."""
+    from ranks_apart import MPIEXEC, run_job
+
+    if not MPIEXEC.exists():
+        pytest.skip("no mpiexec beside python")
+    script = os.path.join(os.path.dirname(__file__), "mpi", "host_packing.py")
+    env = {k: v for k, v in os.environ.items() if k != "SOLAR_HOSTS"}
+    result = run_job(MPIEXEC, 3, [script, str(graph[0]), str(tmp_path)], 240, env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "host packing 3 ranks: ok" in result.stdout
+    assert os.listdir(tmp_path) == []  # every packed layout freed (unlinked from the start)

@@ -15,7 +15,9 @@ budget (``buffer``: a share of the feature rows over all ranks, or rows or bytes
   planning rows alone; ``solar-node`` (with several ranks by default, ``--share auto``; or
   ``--share node``), solar with one buffer per host shared by its ranks
   (``MemoryConfig(share="node")``: Belady over the host's union, a row several local ranks need
-  read once).
+  read once). ``solar`` and ``solar-node`` read misses from windows packed in plan order where
+  the cost model chooses (``--pack-disk``); ``solar-random`` and ``solar-node-random`` are them
+  reading every miss as random pages.
 
 As in ``solar bench``: every rank runs each loader's epoch in turn, in an order rotated every
 epoch, behind a barrier; an epoch's time is the slowest rank's. Feature reads bypass the page
@@ -45,9 +47,12 @@ from solar.options import ExpertConfig, MemoryConfig, PackingConfig, PlanningCon
 GRAPH_LOADERS = ("mmap", "lru", "static", "solar")
 # Also on request: ``solar-rows``, solar planning rows alone (no page mates): what they add;
 # ``solar-node``, solar with one buffer per host (--share node; --share auto with -P > 1).
-# ``solar-random``, solar reading every miss as random pages (no packing): today's path.
-MORE_LOADERS = ("solar-rows", "solar-node", "solar-random")
-_POLICY = {"solar-rows": "solar", "solar-node": "solar", "solar-random": "solar"}
+# ``solar-random``, solar reading every miss as random pages (no packing): today's path;
+# ``solar-node-random``, solar-node so.
+MORE_LOADERS = ("solar-rows", "solar-node", "solar-random", "solar-node-random")
+_POLICY = {"solar-rows": "solar", "solar-node": "solar", "solar-random": "solar",
+           "solar-node-random": "solar"}  # fmt: skip
+_PACKED = ("solar", "solar-node")  # the loaders packing misses where the model chooses
 
 
 @dataclass(frozen=True)
@@ -72,7 +77,8 @@ class GraphBenchConfig:
     # Seconds per queue depth of the storage probe run beside the figures (solar/io/probe.py,
     # on the features' bytes, rank 0, before the epochs); 0: none.
     probe_seconds: float = 1.0
-    # ``solar``'s packed windows (MemoryConfig(pack=...)): their disk per rank (0: none) and
+    # ``solar``'s and ``solar-node``'s packed windows (MemoryConfig(pack=...)): their disk per
+    # rank (0: none) and
     # directory (None: the system's temporary one, refused where it is tmpfs); the model is fed
     # the probe's rates.
     pack_disk: str = "8GiB"  # (the one default: solar bench --pack-disk leaves it)
@@ -124,6 +130,7 @@ def run_graph(cfg: GraphBenchConfig, comm: Any, progress=None) -> dict | None:
     results = _run_epochs(cfg, loaders, info, offset, comm, progress)
     for ld in loaders.values():
         (ld[0] if isinstance(ld, tuple) else ld).close()  # (figures stay readable)
+    packing = _packing_over_ranks(loaders, comm)
     if rank != 0:
         return None
     out: dict = {
@@ -140,12 +147,10 @@ def run_graph(cfg: GraphBenchConfig, comm: Any, progress=None) -> dict | None:
         "probe": None if probed is None else probed.as_dict(),
         "read_path": _read_path(loaders),
     }
-    for name, ld in loaders.items():
-        packing = None if isinstance(ld, tuple) else ld.stats.packing
-        if packing is not None:  # the passes' scans are read bytes of the run too
-            e = out["loaders"][name]
-            e["packing"] = packing.as_dict()
-            e["bytes_read_with_packing"] = sum(e["bytes_read"]) + packing.scan_bytes
+    for name, p in packing.items():  # the passes' scans are read bytes of the run too
+        e = out["loaders"][name]
+        e["packing"] = p
+        e["bytes_read_with_packing"] = sum(e["bytes_read"]) + p["scan_bytes"]
     for base in ("mmap", "static"):
         rate = out["loaders"].get(base, {}).get("nodes_per_second")
         for e in out["loaders"].values():
@@ -182,12 +187,29 @@ def _make_loaders(
                 planning=PlanningConfig(policy=_POLICY.get(name, name)),
                 expert=ExpertConfig(throttle=throttle),
                 memory=MemoryConfig(page_mates=name != "solar-rows",
-                                    share="node" if name == "solar-node" else "rank",
-                                    pack=_pack(cfg, rates) if name == "solar" and world == 1
+                                    share="node" if name.startswith("solar-node") else "rank",
+                                    pack=_pack(cfg, rates) if name in _PACKED
                                     else PackingConfig()),
             )  # fmt: skip
         construct[name] = allreduce(comm, time.perf_counter() - t0, MAX)
     return loaders, construct
+
+
+def _packing_over_ranks(loaders: dict[str, Any], comm: Any) -> dict[str, dict]:
+    """Each packing loader's figures (solar.runtime.packing.PackFigures): bytes scanned and
+    written, passes' seconds, windows built and the disk held at once, summed over the ranks
+    (each packs its own reads); the windows and their choice, rank 0's."""
+    out = {}
+    for name, ld in loaders.items():
+        packing = None if isinstance(ld, tuple) else ld.stats.packing
+        if packing is None:  # (alike on every rank: the loaders are the same)
+            continue
+        p = packing.as_dict()
+        for k in ("scan_bytes", "written_bytes", "disk_peak_bytes", "build_seconds",
+                  "windows_built"):  # fmt: skip
+            p[k] = allreduce(comm, p[k])
+        out[name] = p
+    return out
 
 
 def _read_path(loaders: dict[str, Any]) -> str:
@@ -356,10 +378,10 @@ def format_graph_results(res: dict) -> str:
                            for w, h in zip(ws, how, strict=False))  # fmt: skip
         chosen += " ..." if len(ws) > 12 else ""
         lines.append(
-            f"{name}: {sum(w['packed'] for w in ws)} of {len(ws)} windows packed ({chosen}); "
-            f"passes scanned {p['scan_bytes'] / 1e9:.2f} GB and wrote "
+            f"{name}: {sum(w['packed'] for w in ws)} of {len(ws)} windows packed on rank 0 "
+            f"({chosen}); all ranks' passes scanned {p['scan_bytes'] / 1e9:.2f} GB and wrote "
             f"{p['written_bytes'] / 1e9:.2f} GB in {p['build_seconds']:.1f} s (within the "
-            f"epochs' wall time); extra disk at most {p['disk_peak_bytes'] / 1e9:.2f} GB; GB "
-            f"read with the scans {e['bytes_read_with_packing'] / 1e9:.2f}"
+            f"epochs' wall time); extra disk at most {p['disk_peak_bytes'] / 1e9:.2f} GB (the "
+            f"ranks' peaks summed); GB read with the scans {e['bytes_read_with_packing'] / 1e9:.2f}"
         )
     return "\n".join(lines)

@@ -1,13 +1,16 @@
 """The misses stage: where a step's storage reads come from, as the planner decided.
 
 :class:`RandomMisses` reads them from the source (random pages: the reader's tasks). A
-:class:`Packer` obeys :func:`solar.schedule.plans.packing.plan_windows`: it cuts the planned steps
-into windows as they are planned, builds each packed window ahead (a sequential scan of the
-source in chunks, each chunk's rows written to every step's region: solar/cache/packed.py)
-while earlier steps are served, and reads a packed step's region in one contiguous run;
-windows the model keeps random are read as :class:`RandomMisses` reads them. Every byte moves
-through the rank's one executor. Its disk never exceeds ``disk_bytes``: a window is built once
-the windows before it that are done with have freed theirs.
+:class:`Packer` obeys the windows the planning thread decided for each epoch as it planned it
+(:meth:`solar.schedule.plans.stream.RankStream.windows`, by
+:func:`solar.schedule.plans.packing.plan_windows`; of this rank's own storage reads, whichever
+buffer it plans: a host's ranks each pack the misses the host plan gives them): it builds each
+packed window ahead (a sequential scan of the source in chunks, each chunk's rows written to
+every step's region: solar/cache/packed.py) while earlier steps are served, and reads a packed
+step's region in one contiguous run; windows the planner kept random are read as
+:class:`RandomMisses` reads them. Every byte moves through the rank's one executor. Its disk
+never exceeds ``disk_bytes``: a window is built once the windows before it that are done with
+have freed theirs.
 
 Which to build is decided once, at construction (``setup.configure``): a Loader without a
 disk budget for packing has a :class:`RandomMisses`, and nothing here runs.
@@ -34,7 +37,7 @@ from solar.cache.packed import PackedFile
 from solar.errors import SolarError
 from solar.io.executor import JobResult, when_all
 from solar.io.reader import Reader
-from solar.schedule.plans.packing import DeviceRates, RowsAt, Window, plan_windows
+from solar.schedule.plans.packing import EpochWindows, PackModel, RowsAt, Window
 
 IN_FLIGHT = 2  # source chunks read or written at once while packing (staging memory)
 
@@ -64,20 +67,19 @@ class RandomMisses:
 
 @dataclass(frozen=True)
 class PackSetup:
-    """Packing as decided at construction: where, how much disk, the source's rows and the
-    device's rates."""
+    """Packing as decided at construction: where, how much disk, and the model the planner
+    decides the windows by (a window's most: half the disk, two live at once: one read, the
+    next built)."""
 
     directory: str | os.PathLike
     disk_bytes: int
-    at: RowsAt
-    rates: DeviceRates
-    margin: float
+    model: PackModel
     name: str
 
     @property
-    def window_bytes(self) -> int:
-        """A window's most: two live at once (one read, the next built)."""
-        return self.disk_bytes // 2
+    def at(self) -> RowsAt:
+        """Where the source's rows are."""
+        return self.model.at
 
 
 @dataclass
@@ -112,7 +114,7 @@ class StepMisses(Protocol):
     @property
     def last_planned(self) -> int: ...
 
-    def misses(self, k: int) -> np.ndarray: ...
+    def windows(self, epoch: int) -> EpochWindows | None: ...
 
 
 class _Built:
@@ -132,8 +134,8 @@ class Packer:
         self.setup = setup
         self.figures = PackFigures()
         self._random = RandomMisses(reader)
-        self._windows: collections.deque[Window] = collections.deque()  # decided, not done
-        self._decided = -1  # steps before this are decided (-1: none yet)
+        self._windows: collections.deque[Window] = collections.deque()  # taken, not done
+        self._taken = -1  # epochs before this are taken from the planner (-1: none yet)
         self._built: dict[int, _Built] = {}  # by window's first step
         self._reads: dict[int, list[np.ndarray]] = {}  # packed windows' sorted reads, unbuilt
         self._disk = 0
@@ -173,28 +175,25 @@ class Packer:
 
     # -- windows -------------------------------------------------------------------------------
     def _advance(self, k: int) -> None:
-        """Decide the windows of the steps planned since, free those done with, start the
-        builds the disk allows."""
+        """Take the planner's windows of the epochs planned since (from ``k`` on), free those
+        done with, start the builds the disk allows."""
         if k < self._last:  # served again from an earlier step: start over from k
             self._reset()
         self._last = k
         spe = self.steps.spe
-        # The first step, or one past every decision (a resume further on): decide from it.
-        self._decided = max(self._decided, k)
-        end = self.steps.last_planned + 1
-        while self._decided < end:
-            e_end = min(end, (self._decided // spe + 1) * spe)  # windows within an epoch
-            reads = [np.sort(self.steps.misses(s)) for s in range(self._decided, e_end)]
-            lead = bool(self.figures.windows)
-            new = plan_windows(reads, self._decided, self.setup.at, self.setup.rates,
-                               window_bytes=self.setup.window_bytes, margin=self.setup.margin,
-                               lead=lead)  # fmt: skip
+        # The first step's epoch, or one past every epoch taken (a resume further on).
+        self._taken = max(self._taken, k // spe)
+        while self._taken * spe <= self.steps.last_planned:
+            got = self.steps.windows(self._taken)
+            self._taken += 1
+            if got is None:  # (no epoch served or read ahead is dropped: never)
+                continue
+            new = [w for w in got.windows if w.end > k]
             self.figures.windows += new
             self._windows.extend(new)
             for w in new:  # a packed window's reads, kept until it is built
                 if w.packed:
-                    self._reads[w.first] = reads[w.first - self._decided : w.end - self._decided]
-            self._decided = e_end
+                    self._reads[w.first] = got.reads[w.first]
         while self._windows and self._windows[0].end <= k:
             self._windows.popleft()  # its steps all started: its file goes once they are read
         self._release_done(k)
@@ -241,7 +240,7 @@ class Packer:
             self._free(b)
         self._windows.clear()
         self._reads.clear()
-        self._decided = -1
+        self._taken = -1
 
     # -- building ------------------------------------------------------------------------------
     def _start_build(self, w: Window) -> _Built | None:

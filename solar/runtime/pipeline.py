@@ -150,13 +150,15 @@ def stream(setup: Setup, snapshots: str | os.PathLike | None) -> RankStream:
     planned one epoch ahead in the background; of its own buffer (a host of one rank), or its
     share of its host's (``setup.shared``: the host's plan, planned or read)."""
     given = setup.given
+    # Where the misses are read from: the planner decides it with the plan (packing's model).
+    packing = None if setup.pack is None else setup.pack.model
     if not setup.shared:
-        return RankStream(setup.spec, setup.rank, given, snapshots)
+        return RankStream(setup.spec, setup.rank, given, snapshots, packing=packing)
     stage = stage_bound(setup.spec, setup.hosts)
     if given is not None:
-        return RankStream(given.spec, setup.rank, given, stage_rows=stage)
+        return RankStream(given.spec, setup.rank, given, stage_rows=stage, packing=packing)
     return RankStream(setup.spec, setup.rank, None, snapshots, hosts=setup.hosts, stage_rows=stage,
-                      comm=setup.host_comm)  # fmt: skip
+                      comm=setup.host_comm, packing=packing)  # fmt: skip
 
 
 def build(setup: Setup, stream: RankStream, stats: LoaderStats,

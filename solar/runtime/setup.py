@@ -42,7 +42,7 @@ from solar.schedule import Plan, PlanSpec, load_plan
 from solar.schedule.draw.pagemates import PageLayout
 from solar.schedule.draw.samplers import SHUFFLE, Sampler, extras_of, is_shuffle
 from solar.schedule.keep.grouping import Hosts, unequal_refusal
-from solar.schedule.plans.packing import DeviceRates, RowsAt
+from solar.schedule.plans.packing import DeviceRates, PackModel, RowsAt
 from solar.schedule.spec import equal_by_default
 from solar.transform import Transform, as_transform, first_outputs, output_keys
 
@@ -162,17 +162,19 @@ def configure(args: LoaderConfig) -> Setup:
     if given is not None and given.hosts is not None and hosts is not None:
         given.check_hosts(hosts)  # the job's grouping is the file's
         given.validate(r, comm)  # then proven safe, as any plan file
-    pack = _packing(memory, info, config, r, hosts is not None, holds)
+    pack = _packing(memory, info, r, holds, local)
     return Setup(info, r, w, cores, config, run, spec, given, chosen,
                  io, fn, batch_transform, out, held, memory.tier, comm,
                  Hosts.grid(w, 1) if hosts is None else hosts, batch_format=args.batch_format,
                  host_comm=hc, shared=hosts is not None, pack=pack)  # fmt: skip
 
 
-def _packing(memory: MemoryConfig, info: DatasetInfo, config: ReaderConfig, rank: int,
-             shared: bool, holds: bool) -> PackSetup | None:  # fmt: skip
-    """Packing as ``memory.pack`` asks, decided here once: where, how much disk, the rows'
-    place and the device's rates (given, or probed on the source now); None if not asked."""
+def _packing(memory: MemoryConfig, info: DatasetInfo, rank: int, holds: bool,
+             local: int) -> PackSetup | None:  # fmt: skip
+    """Packing as ``memory.pack`` asks, decided here once: where, how much disk (per rank: the
+    machine's ``local`` ranks each pack their own reads, whichever buffer they plan), the
+    rows' place and the device's rates (given, or probed on the source now); None if not
+    asked."""
     pc = memory.pack
     if not pc.on:
         return None
@@ -180,14 +182,14 @@ def _packing(memory: MemoryConfig, info: DatasetInfo, config: ReaderConfig, rank
     why = None
     if len(info.all_files) != 1 or len(info.keys) != 1 or info.one_per_file or offset < 0:
         why = "one file with one contiguous key"
-    elif memory.tier is not None or shared or holds:
-        why = "a buffer per rank, without a tier or a deterministic transform"
+    elif memory.tier is not None or holds:
+        why = "a buffer without a tier or a deterministic transform"
     if why is not None:
         raise SolarError(f"pack: packing misses needs {why} for now "
                          "(PackingConfig(disk=0) reads misses as pages)")  # fmt: skip
     row_bytes = info.keys[0].row_bytes
     disk = parse_size(pc.disk, sample_bytes=row_bytes, name="pack disk") * row_bytes
-    directory = _pack_directory(pc.directory, disk)
+    directory = _pack_directory(pc.directory, disk, local)
     rates = None
     if pc.random_pages_per_second is not None and pc.sequential_bytes_per_second is not None:
         rates = DeviceRates(pc.random_pages_per_second, pc.sequential_bytes_per_second)
@@ -200,13 +202,15 @@ def _packing(memory: MemoryConfig, info: DatasetInfo, config: ReaderConfig, rank
                             pc.sequential_bytes_per_second or got.sequential)  # fmt: skip
     chunk_rows = max(1, pc.chunk_bytes // row_bytes)
     at = RowsAt(offset, row_bytes, info.num_samples, chunk_rows)
-    return PackSetup(directory, disk, at, rates, pc.margin, f"r{rank}")
+    model = PackModel(at, rates, disk // 2, pc.margin)  # two windows live: one read, one built
+    return PackSetup(directory, disk, model, f"r{rank}")
 
 
-def _pack_directory(given: str | os.PathLike | None, disk: int) -> Path:
+def _pack_directory(given: str | os.PathLike | None, disk: int, local: int = 1) -> Path:
     """The packed layouts' directory, checked (one line naming the parameter): writable, with
-    ``disk`` bytes free once this host's crashed runs' layouts are removed, and on disk (the
-    default, the system's temporary directory, refused where it is tmpfs: memory)."""
+    ``disk`` bytes free for each of the machine's ``local`` ranks once this host's crashed
+    runs' layouts are removed, and on disk (the default, the system's temporary directory,
+    refused where it is tmpfs: memory)."""
     directory = Path(tempfile.gettempdir() if given is None else given)
     check_directory(directory, "pack directory")
     if given is None and in_memory(directory):
@@ -215,9 +219,10 @@ def _pack_directory(given: str | os.PathLike | None, disk: int) -> Path:
     remove_stale(directory, sanitise(socket.gethostname()), "solar-pack-")
     vfs = os.statvfs(directory)
     free = vfs.f_bavail * vfs.f_frsize
-    if disk > free:
-        raise SolarError(f"pack disk: {format_bytes(disk)} asked, {format_bytes(free)} free "
-                         f"in {directory}")  # fmt: skip
+    if disk * local > free:
+        each = "" if local == 1 else f" for each of {local} ranks on this machine"
+        raise SolarError(f"pack disk: {format_bytes(disk)} asked{each}, {format_bytes(free)} "
+                         f"free in {directory}")  # fmt: skip
     return directory
 
 

@@ -18,6 +18,7 @@ import numpy as np
 from solar.errors import SolarError
 from solar.schedule.draw.samplers import NO_EXTRAS, Sampler, extras_of
 from solar.schedule.keep.transfer import Transfer
+from solar.schedule.plans.packing import EpochWindows
 from solar.schedule.plans.rankplan import StepPlan
 from solar.schedule.plans.stream import RankStream
 from solar.schedule.spec import PlanSpec
@@ -82,11 +83,10 @@ class Steps:
                 f"the one planned ({why})"
             ) from None
 
-    def misses(self, k: int) -> np.ndarray:
-        """Step ``k``'s storage reads (its misses, then its side rows) as the plan has them:
-        the samples :meth:`plan`'s ``storage_reads`` reads, in the plan's order (asked of
-        planned steps ahead, so without the sampler's batch order)."""
-        return self._stream.window(k, trim=False).step(k).storage_reads()[0]
+    def windows(self, epoch: int) -> EpochWindows | None:
+        """Where the planner decided this rank reads its misses of ``epoch`` (random pages
+        or packed windows), once it is planned; None without packing."""
+        return self._stream.windows(epoch)
 
     def first_batch(self) -> np.ndarray:
         """The run's first step's ids as the sampler draws them for this rank (a sampler

@@ -1,6 +1,8 @@
 """Where a window of steps reads its misses: random pages of the source (as the reader does)
 or a layout packed in plan order on node-local disk. A pure decision, made from the plan's
-misses and the device's rates; the runtime obeys it (solar/runtime/packing.py).
+misses and the device's rates on the planning thread, as each epoch of a rank's plan is made
+(:func:`epoch_windows`, called by solar/schedule/plans/stream.py, of the rank's own storage reads
+whichever buffer it plans); the runtime obeys it (solar/runtime/packing.py).
 
 Costs, in seconds of one device (the packing shares it with the steps it overlaps):
 
@@ -160,3 +162,35 @@ def _lead_in(reads: Sequence[np.ndarray], disk: list[int], at: RowsAt, rates: De
         if spent >= build:
             return j + 1
     return len(reads)
+
+
+@dataclass(frozen=True)
+class PackModel:
+    """What the planner decides a rank's windows from: where the source's rows are, the
+    device's rates, a window's most disk and the margin packing must win by."""
+
+    at: RowsAt
+    rates: DeviceRates
+    window_bytes: int
+    margin: float
+
+
+@dataclass(frozen=True)
+class EpochWindows:
+    """A rank's windows of one epoch (they cover its steps, in order), and the sorted reads
+    of each packed window's steps (by its first step): what its packing pass lays out."""
+
+    epoch: int
+    windows: tuple[Window, ...]
+    reads: dict[int, list[np.ndarray]]
+
+
+def epoch_windows(epoch: int, reads: Sequence[np.ndarray], first: int, model: PackModel,
+                  lead: bool) -> EpochWindows:  # fmt: skip
+    """Epoch ``epoch``'s windows (its steps from ``first``, their storage reads ``reads[j]``
+    in any order), as :func:`plan_windows` cuts and chooses them."""
+    ordered = [np.sort(np.asarray(r, np.int64)) for r in reads]
+    ws = plan_windows(ordered, first, model.at, model.rates, window_bytes=model.window_bytes,
+                      margin=model.margin, lead=lead)  # fmt: skip
+    packed = {w.first: ordered[w.first - first : w.end - first] for w in ws if w.packed}
+    return EpochWindows(epoch, tuple(ws), packed)

@@ -19,6 +19,14 @@ it; or, given a directory of planner snapshots (:mod:`solar.schedule.plans.snaps
 writes after each epoch it plans, of every rank or host), from the nearer of the planner and the
 newest snapshot at or before the wanted epoch.
 
+Given a :class:`~solar.schedule.plans.packing.PackModel`, the same thread decides, as it plans each
+epoch, where the rank's misses of that epoch are read from (:meth:`RankStream.windows`: random
+pages, or a window packed in plan order; schedule/plans/packing.py): from the rank's own storage
+reads, so that on a host's buffer each rank packs the misses the host plan gives it to read. The
+runtime obeys (solar/runtime/packing.py). An epoch planned ahead is packed while the one before
+is served (``lead``); the run's first epoch, or one replanned in the foreground (a resume), is
+not: its first window is read at random while the next is packed.
+
 A host's ranks given its communicator plan together (schedule/plans/hostplanners.py): where the
 sampler fixes each rank's batch, the host's buffer is planned in parts (solar/schedule/
 keep/hostparts.py), each local rank drawing its own batches, planning its part from every local
@@ -59,6 +67,7 @@ from solar.schedule.plans import hostpayload as payload
 from solar.schedule.plans import snapshot
 from solar.schedule.plans.hostplanners import Checks, EpochReader, PartPlanner, exchange_of
 from solar.schedule.plans.hostwindow import HostWindow, Share
+from solar.schedule.plans.packing import EpochWindows, PackModel, epoch_windows
 from solar.schedule.plans.plan import Plan
 from solar.schedule.plans.rankplan import RankPlan, _replay
 from solar.schedule.policy import slot_count, tier_slot_count
@@ -120,12 +129,14 @@ class RankStream:
     share of its host's; ``stage_rows``, the host's staging rows (default: the bound of
     :func:`~solar.schedule.keep.grouping.stage_bound`); ``comm``, the host's communicator its host's
     ranks plan together over; ``snapshots``, a directory of planner snapshots (rank 0
-    writes)."""
+    writes); ``packing``, the model its misses' windows are decided by (None: all random)."""
 
     def __init__(self, spec: PlanSpec, rank: int, plan: Plan | None = None,
                  snapshots: str | os.PathLike | None = None, *, hosts: Hosts | None = None,
-                 stage_rows: int | None = None, comm: Any = None) -> None:  # fmt: skip
+                 stage_rows: int | None = None, comm: Any = None,
+                 packing: PackModel | None = None) -> None:  # fmt: skip
         self.spec, self.rank, self.plan, self.snapshots = spec, rank, plan, snapshots
+        self.packing = packing
         self.hosts = plan.hosts if hosts is None and plan is not None else hosts
         self.spe = int(spec.run.steps_per_epoch)
         self.wait_seconds = 0.0  # time callers waited for planning (replays included)
@@ -178,8 +189,9 @@ class RankStream:
         self._first = 0
         self._initial: np.ndarray | None = None  # the buffer (cells) as epoch _first starts
         self._window: RankPlan | HostWindow | None = None
+        self._windows: dict[int, EpochWindows] = {}  # by epoch, of the epochs planned (packing)
 
-    _KEEP = ("spec", "rank", "plan", "snapshots", "hosts", "spe", "wait_seconds", "pid",
+    _KEEP = ("spec", "rank", "plan", "snapshots", "packing", "hosts", "spe", "wait_seconds", "pid",
              "parts", "check", "share", "host", "group", "local", "slots", "tier_slots",
              "stage_rows", "host_saves")  # fmt: skip
 
@@ -238,15 +250,23 @@ class RankStream:
     def _current(self) -> RankPlan | HostWindow:
         if self._window is None:
             complete = self._first + len(self._parts) == self.spec.run.epochs
-            if self.share is None:
-                self._window = RankPlan.from_parts(
-                    self.rank, self._parts, self.slots, first_step=self._first * self.spe,
-                    initial=self._initial, complete=complete, tier_slots=self.tier_slots,
-                )  # fmt: skip
-            else:
-                self._window = HostWindow(self.share, self._parts, self._first, self._initial,
-                                          complete)  # fmt: skip
+            self._window = self._view(self._parts, self._first, self._initial, complete)
         return self._window
+
+    def _view(self, parts: list, first: int, initial: np.ndarray | None,
+              complete: bool) -> RankPlan | HostWindow:  # fmt: skip
+        """This rank's plan over consecutive epochs ``parts`` from epoch ``first``."""
+        if self.share is None:
+            return RankPlan.from_parts(self.rank, parts, self.slots, first_step=first * self.spe,
+                                       initial=initial, complete=complete,
+                                       tier_slots=self.tier_slots)  # fmt: skip
+        return HostWindow(self.share, parts, first, initial, complete)
+
+    def windows(self, epoch: int) -> EpochWindows | None:
+        """The windows the planner decided for ``epoch`` (planned, not yet dropped), or None
+        (not planned, or no packing)."""
+        self._collect(wait=False)
+        return self._windows.get(epoch)
 
     def _initial_at(self, e: int) -> np.ndarray:
         """The buffer as epoch ``e`` of the window starts (taken with it from the exchange, or
@@ -322,6 +342,23 @@ class RankStream:
             snapshot.save_or_warn(lambda: snapshot.save(snapshots, state), "planner snapshot")
         return part
 
+    def _decided(self, planner: Any, ahead: bool) -> tuple[Any, EpochWindows | None]:
+        """The next epoch (:meth:`_next_epoch`) and, with packing, where this rank reads its
+        misses in it (``ahead``: planned while the epoch before is served)."""
+        part = self._next_epoch(planner)
+        if self.packing is None:
+            return part, None
+        e, spe = part.epoch, self.spe
+        view = self._view([part], e, None, True)
+        reads = [view.step(k).storage_reads()[0] for k in range(e * spe, (e + 1) * spe)]
+        return part, epoch_windows(e, reads, e * spe, self.packing, lead=ahead and e > 0)
+
+    def _keep(self, windows: EpochWindows | None) -> None:
+        """Hold an epoch's windows beside its plan (those of epochs dropped go)."""
+        self._windows = {e: w for e, w in self._windows.items() if e >= self._first}
+        if windows is not None:
+            self._windows[windows.epoch] = windows
+
     def _restored(self, epoch: int, after: int) -> Any:
         """A planner restored from the newest snapshot at or before ``epoch``, after
         ``after``; None if none."""
@@ -354,10 +391,13 @@ class RankStream:
         self._first = epoch
         if self.exchange is None:
             self._initial = p.planner.contents(self.host)
-            self._parts = [self._next_epoch(p)]
+            part, windows = self._decided(p, ahead=False)
         else:  # the contents as the epoch starts come with it
-            self._parts = [self._next_epoch(p)]
-            self._initial = self._parts[0].initial
+            part, windows = self._decided(p, ahead=False)
+            self._initial = part.initial
+        self._parts = [part]
+        self._windows = {}
+        self._keep(windows)
         self._window = None
         self.wait_seconds += time.perf_counter() - t0
         self._submit()
@@ -369,7 +409,7 @@ class RankStream:
         if bg.future is None and bg.planner.epoch < self.spec.run.epochs:
             if bg.pool is None:
                 bg.pool = ThreadPoolExecutor(1, thread_name_prefix="solar-plan")
-            bg.future = bg.pool.submit(self._next_epoch, bg.planner)
+            bg.future = bg.pool.submit(self._decided, bg.planner, True)
 
     def _settled_planner(self) -> Any:
         """The process's planner once no epoch is being planned with it (None: none yet)."""
@@ -387,11 +427,12 @@ class RankStream:
         if wait and self.exchange is not None:
             self.exchange.wait(bg.future)  # (its peers and the host barrier checked meanwhile)
         t0 = time.perf_counter()
-        part = bg.future.result()
+        part, windows = bg.future.result()
         self.wait_seconds += time.perf_counter() - t0
         bg.future = None
         if part.epoch == self._first + len(self._parts):
             self._parts.append(part)
+            self._keep(windows)
             self._window = None
         self._submit()
         return True
