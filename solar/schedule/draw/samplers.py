@@ -68,6 +68,11 @@ class Sampler:
     def check(self, num_samples: int) -> None:
         """Refuse a dataset of ``num_samples`` this sampler cannot draw from."""
 
+    def bind(self, comm: Any) -> None:
+        """The communicator of the Loader that draws from it (None: a process alone), given at
+        the Loader's construction, on every rank of it (a collective): what it holds once per
+        host, it reads now."""
+
     def check_run(self, run: RunConfig) -> None:
         """Refuse a run this sampler cannot draw (the Loader asks before planning)."""
 
