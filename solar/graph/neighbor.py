@@ -141,6 +141,7 @@ class NeighborSampler(Sampler, BatchExtras):
         self.supersedes = ("index", features)
         self._cache: Kept[EpochDraws] = Kept(3)  # every rank's nodes (a whole plan's)
         self._perms: Kept[np.ndarray] = Kept(4)  # the split's permutation of recent epochs
+        self._typical: Kept[int] = Kept(2)  # typical_batch of recent runs
 
     # -- the sampler contract ----------------------------------------------------------------
     def bind(self, comm: Any) -> None:
@@ -273,6 +274,20 @@ class NeighborSampler(Sampler, BatchExtras):
             frontier = min(n, frontier * (widest if f < 0 else f))
             total = min(n, total + frontier)
         return int(total)
+
+    def typical_batch(self, run: RunConfig) -> int | None:
+        """Every rank's subgraphs of the first (up to) two steps of epoch 0 sampled, their
+        largest size plus 10 %: what a step's accesses come to (their sizes vary little with
+        ~10^3 seeds), at most :meth:`batch_bound` (a worst case, ~2x at 10^6 nodes: issue 48)."""
+        self.check_run(run)
+
+        def sampled() -> int:
+            steps = range(min(2, run.steps_per_epoch))
+            sizes = [self._sample(run, 0, t, r).nodes.size for t in steps
+                     for r in range(run.world_size)]  # fmt: skip
+            return min(self.batch_bound(run), int(1.1 * max(sizes)))
+
+        return self._typical.get(run, sampled)
 
     def identity(self) -> dict[str, Any]:
         return {"kind": self.kind, "graph": self.graph.identity, "fanouts": list(self.fanouts),

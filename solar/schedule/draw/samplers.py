@@ -109,6 +109,11 @@ class Sampler:
         what memory checks count a batch as (its rows, and a trace's accesses per step)."""
         return self.max_batch(run) or run.batch_size
 
+    def typical_batch(self, run: RunConfig) -> int | None:
+        """About this many distinct ids in a local batch (an upper estimate from a few batches
+        drawn, where :meth:`batch_bound` is far above what is drawn), or None: the bound."""
+        return None
+
     def rehearse(self, run: RunConfig, rank: int) -> None:
         """Call every kernel of this sampler's own that the run's epochs call, once, before them
         (solar/warm.py: a rehearsal's tiny copy of the run samples another way): nothing here."""
