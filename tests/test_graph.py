@@ -461,12 +461,15 @@ def _sealed_memfds() -> list[str]:
     return left
 
 
-def test_one_sealed_topology_per_host_under_mpiexec(graph_file, tmp_path):
+@pytest.mark.parametrize("launcher", ["mpiexec", "torchrun"])
+def test_one_sealed_topology_per_host_under_a_launcher(graph_file, tmp_path, launcher):
+    """Given the job's communicator, or by default through the Loader's (MPI's world or
+    torch.distributed's group): one sealed memfd per host (tests/mpi/shared_graph.py)."""
     from test_mpi import launch
 
     path = tmp_path / "g.h5"  # (rewritten by the job)
     shutil.copy(graph_file, path)
-    result = launch("mpiexec", 2, "shared_graph.py", path)
+    result = launch(launcher, 2, "shared_graph.py", path)
     assert result.returncode == 0, result.stderr[-3000:]
     inodes = {line.split()[2] for line in result.stdout.splitlines() if line.startswith("ok")}
     assert len(inodes) == 1, result.stdout  # both ranks mapped the same memfd
