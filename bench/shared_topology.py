@@ -1,8 +1,11 @@
 """A graph's topology per process: private copies (no communicator) or one sealed copy per
-host (``Graph(path, comm)``, solar/host/sealed.py), under one launcher.
+host (``Graph(path, comm)``, solar/host/sealed.py), under one launcher; ``--way loader``: a
+NeighborSampler made without a communicator, bound to the job's as a Loader binds it (the
+default).
 
     mpiexec -n 4 python bench/shared_topology.py GRAPH.h5 --way private
     mpiexec -n 4 python bench/shared_topology.py GRAPH.h5 --way shared
+    mpiexec -n 4 python bench/shared_topology.py GRAPH.h5 --way loader
 
 Each rank opens the graph one way, reads every page of it (a sampler's kernels will), then
 reports what that added to its memory in ``/proc/self/smaps_rollup``: RSS, PSS (shared pages
@@ -18,6 +21,7 @@ import time
 
 from solar import dist
 from solar.graph.csr import Graph
+from solar.graph.neighbor import NeighborSampler
 
 
 def rollup() -> dict[str, int]:
@@ -31,14 +35,18 @@ def rollup() -> dict[str, int]:
     return out
 
 
-def opened(path: str, comm) -> dict:
+def opened(path: str, comm, way: str) -> dict:
     before = rollup()
     t0 = time.perf_counter()
-    g = Graph(path, comm)
+    if way == "loader":
+        sampler = NeighborSampler(path, (15, 10, 5))
+        sampler.bind(comm)  # (what Loader(..., sampler=sampler) does, with the job's comm)
+        g = sampler.graph
+    else:
+        g = Graph(path, comm if way == "shared" else None)
     seconds = time.perf_counter() - t0
     touched = int(g.indptr[::512].sum()) + int(g.indices[::1024].sum())  # every page read
-    if comm is not None:
-        comm.Barrier()  # every rank's pages touched before any counts whom they are shared by
+    comm.Barrier()  # every rank's pages touched before any counts whom they are shared by
     after = rollup()
     nbytes = int(g.indptr.nbytes + g.indices.nbytes)
     got = {k: after[k] - before[k] for k in ("Rss", "Pss", "Private_Clean", "Private_Dirty")}
@@ -50,12 +58,11 @@ def opened(path: str, comm) -> dict:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("graph")
-    p.add_argument("--way", choices=["private", "shared"], required=True)
+    p.add_argument("--way", choices=["private", "shared", "loader"], required=True)
     p.add_argument("--json")
     args = p.parse_args()
     d = dist.init()
-    comm = d.comm if args.way == "shared" else None
-    rows = {args.way: d.comm.gather(opened(args.graph, comm), root=0)}
+    rows = {args.way: d.comm.gather(opened(args.graph, d.comm, args.way), root=0)}
     d.comm.Barrier()  # (every rank still maps it while the others measure)
     if d.is_root:
         result = {"ranks": d.world_size, **rows}

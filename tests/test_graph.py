@@ -344,12 +344,21 @@ def test_memory_checks_count_a_batch_as_its_subgraph_not_its_seeds(graph_file, m
     monkeypatch.setattr(solar._memory, "available_memory", lambda: (100 + 4 * 320) * 20)
     Loader(graph_file, ["features"], sampler=sampler, epochs=1, buffer=100, reader=reader,
            expert=ExpertConfig(warm=False)).close()  # fmt: skip
-    # The planner's trace: every rank's largest subgraph every step, not one access per seed.
+    # The planner's trace: every rank's subgraph every step, not one access per seed; each
+    # counted as the sampler's typical subgraph (a few sampled, the largest + 10 %), at most
+    # its bound, at least what an epoch draws.
     spec = PlanSpec(run, BufferConfig(10, 0.0), "solar", sampler=sampler)
-    assert trace_accesses(spec) == 2 * run.steps_per_epoch * bound > run.samples_per_epoch
-    # ~122 kB counting one access per seed, ~412 kB counting the subgraphs.
+    per_epoch, estimated = trace_accesses(spec)
+    typical = sampler.typical_batch(run)
+    assert estimated and typical is not None and typical <= bound
+    assert per_epoch == 2 * run.steps_per_epoch * typical > run.samples_per_epoch
+    for e in range(2):
+        drawn = sum(sampler.batch(run, e, t, r).size for t in range(run.steps_per_epoch)
+                    for r in range(2))  # fmt: skip
+        assert drawn <= per_epoch
+    # ~122 kB counting one access per seed, ~340 kB counting the subgraphs.
     monkeypatch.setattr(solar._memory, "available_memory", lambda: 250_000)
-    with pytest.raises(SolarError, match=f"planning {2 * trace_accesses(spec)} accesses"):
+    with pytest.raises(SolarError, match=f"planning {2 * per_epoch} accesses"):
         make_plan(spec)
 
 
@@ -452,12 +461,15 @@ def _sealed_memfds() -> list[str]:
     return left
 
 
-def test_one_sealed_topology_per_host_under_mpiexec(graph_file, tmp_path):
+@pytest.mark.parametrize("launcher", ["mpiexec", "torchrun"])
+def test_one_sealed_topology_per_host_under_a_launcher(graph_file, tmp_path, launcher):
+    """Given the job's communicator, or by default through the Loader's (MPI's world or
+    torch.distributed's group): one sealed memfd per host (tests/mpi/shared_graph.py)."""
     from test_mpi import launch
 
     path = tmp_path / "g.h5"  # (rewritten by the job)
     shutil.copy(graph_file, path)
-    result = launch("mpiexec", 2, "shared_graph.py", path)
+    result = launch(launcher, 2, "shared_graph.py", path)
     assert result.returncode == 0, result.stderr[-3000:]
     inodes = {line.split()[2] for line in result.stdout.splitlines() if line.startswith("ok")}
     assert len(inodes) == 1, result.stdout  # both ranks mapped the same memfd

@@ -174,7 +174,9 @@ def _make_loaders(
     construct: dict[str, float] = {}
     for name in cfg.loaders:
         t0 = time.perf_counter()
-        sampler = NeighborSampler(cfg.path, cfg.fanouts, cfg.batch_size, features=cfg.key)
+        # (the topology once per host: the Loader's default, given here for the mmap baseline)
+        sampler = NeighborSampler(cfg.path, cfg.fanouts, cfg.batch_size, features=cfg.key,
+                                  comm=comm)  # fmt: skip
         if name == "mmap":
             gather = MmapGather.of_key(cfg.path, cfg.key, capacity * info.sample_bytes,
                                        cfg.reader.thread_count, throttle)  # fmt: skip

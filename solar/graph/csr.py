@@ -17,16 +17,19 @@ still fault on a truncated file). Given the job's communicator, a host of severa
 such copy (issue 48: 2.2 GB at 3·10^7 nodes, per rank before): read and validated by its local
 rank 0 into a memfd then sealed against any write (solar/host/sealed.py), mapped read-only by
 every rank of the host; no process can change those bytes after the check, so the kernels stay
-bounds-safe. Everything read is untrusted: indptr must start at 0, never
-decrease and end at E; indices must name nodes; labels and the splits must fit N (an
-(N, 1) column, as OGB keeps labels, from any source), a split naming no node twice. A bad
-graph is refused with one line naming the file and dataset.
+bounds-safe. A graph opened with ``defer`` reads its splits at once and the rest when
+:meth:`Graph.hold` is given the communicator (a NeighborSampler's, in a job of several ranks a
+host: its Loader's, by default) or when first used (privately). Everything read is
+untrusted: indptr must start at 0, never decrease and end at E; indices must name nodes;
+labels and the splits must fit N (an (N, 1) column, as OGB keeps labels, from any source), a
+split naming no node twice. A bad graph is refused with one line naming the file and dataset.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -41,7 +44,8 @@ from solar.io.npy import read_npy_header
 from solar.launch import ranks_here
 
 SPLITS = ("train_idx", "valid_idx", "test_idx")
-PARTS = ("indptr", "indices", "labels", *SPLITS)
+BULK = ("indptr", "indices", "labels")  # what a host holds once (the splits: every rank)
+PARTS = (*BULK, *SPLITS)
 # A split's name in a batch (PyG's: a boolean mask over the batch's nodes), and its bit in
 # Graph.split_bits.
 MASKS = {"train_idx": "train_mask", "valid_idx": "val_mask", "test_idx": "test_mask"}
@@ -61,9 +65,12 @@ class Graph:
     ``comm`` (the job's communicator; a collective of its ranks): where a host runs several
     ranks, the parts are read and validated once per host into a sealed memfd that each of its
     ranks maps read-only (``shared``, solar/host/sealed.py), not copied into every rank.
+    ``defer``: only the splits are read now; ``indptr``, ``indices`` and ``labels`` by
+    :meth:`hold` (given the communicator then) or when first used.
     """
 
-    def __init__(self, source: str | os.PathLike | Mapping[str, Any], comm: Any = None) -> None:
+    def __init__(self, source: str | os.PathLike | Mapping[str, Any], comm: Any = None,
+                 *, defer: bool = False) -> None:  # fmt: skip
         self._source = source
         opened: Callable[[Callable[[dict[str, _Part]], Any]], Any]
         if isinstance(source, Mapping):
@@ -84,30 +91,105 @@ class Graph:
             def opened(load: Callable[[dict[str, _Part]], Any]) -> Any:
                 return _from_hdf5(Path(source), load)
 
-        # One copy per host where a host runs several ranks (checked once, then sealed: no
-        # process can change it), else private memory (checked here).
-        self.shared: SealedBytes | None = None
-        if comm is not None and host_shares(comm):
-            self.shared, parts = _host_copy(opened, self.where, comm)
-        else:
-            parts = opened(lambda p: _load(p, self.where))
-            check_csr(parts["indptr"], parts["indices"], self.where)
-        self.indptr, self.indices = parts["indptr"], parts["indices"]
-        self.labels: np.ndarray | None = parts.get("labels")
-        self.num_nodes = int(self.indptr.shape[0] - 1)
-        self.num_edges = int(self.indices.shape[0])
-        if self.labels is not None:
-            self.labels = _node_array(self.labels, self.num_nodes, f"{self.where}: labels")
+        self._opened = opened
+        self._lock = threading.Lock()
+        # The splits now (small: the sampler's seeds come from them), the rest by hold().
+        self._kinds, splits = opened(self._splits_read)
+        self.num_nodes = int(self._kinds["indptr"][0][0] - 1)
+        self.num_edges = int(self._kinds["indices"][0][0])
+        if "labels" in self._kinds:
+            _node_array(self._kinds["labels"], self.num_nodes, f"{self.where}: labels")
         self.splits: dict[str, np.ndarray] = {
-            k: check_nodes(parts[k], self.num_nodes, f"{self.where}: {k}", empty=k != "train_idx")
-            for k in SPLITS if k in parts
+            k: check_nodes(v, self.num_nodes, f"{self.where}: {k}", empty=k != "train_idx")
+            for k, v in splits.items()
         }  # fmt: skip
         self.train_idx: np.ndarray | None = self.splits.get("train_idx")
         self.split_bits = _split_bits(self.splits, self.num_nodes) if self.splits else None
-        for a in (self.indptr, self.indices, self.labels, self.split_bits, *self.splits.values()):
+        for a in (self.split_bits, *self.splits.values()):
             if a is not None:
                 a.flags.writeable = False  # validated once: nothing may change them after
+        self.shared: SealedBytes | None = None
+        self._bulk: dict[str, np.ndarray] | None = None
         self._digest: str | None = None
+        if not defer:
+            self.hold(comm)
+
+    def _splits_read(self, parts: dict[str, _Part]) -> tuple[dict, dict[str, np.ndarray]]:
+        kinds = _kinds(parts, self.where)
+        small = {k: parts[k] for k in SPLITS if k in parts}
+        return kinds, _read(small, {k: np.empty(*kinds[k]) for k in small})
+
+    def hold(self, comm: Any = None) -> None:
+        """Read the topology (``indptr``, ``indices``, ``labels``) now if it is not yet held:
+        once per host into a sealed memfd mapped read-only by each of its ranks where ``comm``
+        (the job's communicator) runs several ranks on a host -- a collective of its ranks,
+        which all join if any has not read it yet --, else into private memory. A graph made
+        with ``defer=True`` (a NeighborSampler's, in a job of several ranks a host, until its
+        Loader passes the job's communicator) is held by this call or read privately when
+        first used."""
+        if comm is not None and host_shares(comm):
+            if not any(comm.allgather(self._bulk is None)):
+                return
+            shared, parts = _host_copy(self._bulk_opened, self.where, comm)
+            with self._lock:
+                if self._bulk is None:
+                    self._adopt(parts)
+                    self.shared = shared
+                    return
+            # (this rank had read it already: it keeps what it has served from)
+            del parts
+            shared.close()
+            return
+        with self._lock:
+            if self._bulk is None:
+                parts = self._bulk_opened(lambda p: _load(p, self.where))
+                check_csr(parts["indptr"], parts["indices"], self.where)
+                self._adopt(parts)
+
+    def _bulk_opened(self, load: Callable[[dict[str, _Part]], Any]) -> Any:
+        """What ``load`` makes of the topology's parts (the file opened again: its shapes
+        must be the ones seen when the graph was opened)."""
+
+        def bulk(parts: dict[str, _Part]) -> Any:
+            got = {k: p for k, p in parts.items() if k in BULK}
+            if {k: p.shape for k, p in got.items()} != {k: self._kinds[k][0] for k in got} or \
+                    set(got) != {k for k in self._kinds if k in BULK}:  # fmt: skip
+                raise SolarError(f"{self.where}: changed since it was opened (its parts' "
+                                 "shapes differ)")  # fmt: skip
+            return load(got)
+
+        return self._opened(bulk)
+
+    def _adopt(self, parts: dict[str, np.ndarray]) -> None:
+        for a in parts.values():
+            a.flags.writeable = False  # validated once: nothing may change them after
+        self._bulk = parts
+
+    def _held(self) -> dict[str, np.ndarray]:
+        if self._bulk is None:
+            self.hold()  # (deferred and never given a communicator: private)
+        assert self._bulk is not None
+        return self._bulk
+
+    @property
+    def indptr(self) -> np.ndarray:
+        """(N + 1,) int64 row pointer (read-only)."""
+        return self._held()["indptr"]
+
+    @property
+    def indices(self) -> np.ndarray:
+        """(E,) int32 or int64 neighbours (read-only)."""
+        return self._held()["indices"]
+
+    @property
+    def labels(self) -> np.ndarray | None:
+        """(N,) labels as stored (read-only), or None (read only if the graph has them)."""
+        return self._held()["labels"] if "labels" in self._kinds else None
+
+    @property
+    def has_labels(self) -> bool:
+        """Whether the graph has labels (without reading them)."""
+        return "labels" in self._kinds
 
     @property
     def identity(self) -> str:
@@ -131,12 +213,14 @@ class Graph:
         if isinstance(self._source, Mapping) and not all(
             v is None or isinstance(v, str | os.PathLike) for v in self._source.values()
         ):
-            return {**self.__dict__, "shared": None}  # (its arrays pickled as copies)
+            self._held()
+            # (its arrays pickled as copies; nothing left to open)
+            return {**self.__dict__, "shared": None, "_opened": None, "_lock": None}
         return {"_source": self._source, "_digest": self.identity}
 
     def __setstate__(self, state: dict) -> None:
-        if "indptr" in state:
-            self.__dict__.update(state)
+        if "_bulk" in state:
+            self.__dict__.update(state, _lock=threading.Lock())
             return
         self.__init__(state["_source"])  # type: ignore[misc]
         if self.identity != state["_digest"]:
@@ -144,10 +228,11 @@ class Graph:
                              "in this process)")  # fmt: skip
 
 
-def as_graph(graph: Graph | str | os.PathLike | Mapping[str, Any], comm: Any = None) -> Graph:
+def as_graph(graph: Graph | str | os.PathLike | Mapping[str, Any], comm: Any = None,
+             defer: bool = False) -> Graph:  # fmt: skip
     """``graph`` as a :class:`Graph` (a path or a dict of parts is opened; once per host of
-    ``comm``'s job if given)."""
-    return graph if isinstance(graph, Graph) else Graph(graph, comm)
+    ``comm``'s job if given; its topology read later if ``defer``: :meth:`Graph.hold`)."""
+    return graph if isinstance(graph, Graph) else Graph(graph, comm, defer=defer)
 
 
 def check_csr(indptr: np.ndarray, indices: np.ndarray, where: str) -> int:
@@ -213,10 +298,11 @@ def _split_bits(splits: Mapping[str, np.ndarray], n: int) -> np.ndarray:
     return bits
 
 
-def _node_array(a: np.ndarray, n: int, where: str) -> np.ndarray:
-    if a.ndim != 1 or a.shape[0] != n or not np.issubdtype(a.dtype, np.integer):
-        raise SolarError(f"{where}: expected {n} integer labels, got {a.dtype} {a.shape}")
-    return a
+def _node_array(kind: tuple[tuple[int, ...], np.dtype], n: int, where: str) -> None:
+    """Refuse labels (their shape and dtype as stored) that are not one integer per node."""
+    shape, dtype = kind
+    if len(shape) != 1 or shape[0] != n or not np.issubdtype(dtype, np.integer):
+        raise SolarError(f"{where}: expected {n} integer labels, got {dtype} {shape}")
 
 
 class _Part(NamedTuple):

@@ -182,16 +182,17 @@ def is_graph_source(path: str | os.PathLike) -> bool:
 
 
 # -- in-memory topology ------------------------------------------------------------------------
-def topology(graph: Any, comm: Any = None) -> Graph:
+def topology(graph: Any, comm: Any = None, defer: bool = False) -> Graph:
     """A :class:`Graph` from what :class:`~solar.graph.neighbor.NeighborSampler` is given: a
     Graph, a path, a dict of CSR parts, or an in-memory PyG ``Data`` / dict with
     ``edge_index`` (the CSR by target built here; its ``y`` and splits, as masks or indices,
     come along, its features do not: the Loader reads them from a file). ``comm``: a path or
-    CSR parts are held once per host of its job (:class:`Graph`)."""
+    CSR parts are held once per host of its job (:class:`Graph`); ``defer``: read when the
+    Loader passes its communicator (:meth:`Graph.hold`), or when first used."""
     if isinstance(graph, Graph | str | os.PathLike):
-        return as_graph(graph, comm)
+        return as_graph(graph, comm, defer)
     if isinstance(graph, Mapping) and "edge_index" not in graph:
-        return as_graph(graph, comm)
+        return as_graph(graph, comm, defer)
     if not (isinstance(graph, Mapping) or hasattr(graph, "edge_index")):
         raise SolarError(f"graph: expected a path, a Graph, a PyG Data or a dict with "
                          f"edge_index or indptr/indices, got {type(graph).__name__}")  # fmt: skip
@@ -218,7 +219,7 @@ def topology(graph: Any, comm: Any = None) -> Graph:
     for k in SPLIT_STEMS:
         if f.get(k) is not None:
             parts[k] = _index(f[k], k)
-    return Graph(parts)
+    return Graph(parts, comm, defer=defer)
 
 
 # -- reading what users have -------------------------------------------------------------------

@@ -48,6 +48,7 @@ from solar.config import RunConfig
 from solar.errors import SolarError
 from solar.graph.csr import MASKS, SPLITS, Graph, check_nodes
 from solar.graph.ingest import topology, warn_missing
+from solar.launch import ranks_here
 from solar.schedule.draw import rng
 from solar.schedule.draw.draws import EpochDraws, rank_draws
 from solar.schedule.draw.order import epoch_permutation
@@ -90,7 +91,8 @@ class NeighborSampler(Sampler, BatchExtras):
     ``features``: the loader key whose rows become ``x``. ``comm``: the job's communicator (an
     mpi4py communicator or :class:`~solar.dist.TorchComm`; a collective of its ranks): a graph
     read from files is held once per host, sealed and mapped read-only by its ranks, not once
-    per rank.
+    per rank. Without it, in a job of several ranks a host, the topology is read when the
+    Loader passes its communicator (:meth:`bind`; a Loader's default): once per host as well.
     """
 
     kind = "neighbor"
@@ -110,7 +112,9 @@ class NeighborSampler(Sampler, BatchExtras):
         features: str = "features",
         comm: Any = None,
     ) -> None:
-        self.graph = topology(graph, comm)
+        # In a job of several ranks a host and no communicator yet, the topology waits for the
+        # Loader's (bind): one copy per host by default, not one per rank.
+        self.graph = topology(graph, comm, defer=comm is None and ranks_here() > 1)
         f = tuple(fanouts)
         if not 1 <= len(f) <= MAX_HOPS or not all(
             isinstance(x, int | np.integer) and not isinstance(x, bool) and (x > 0 or x == -1)
@@ -122,7 +126,7 @@ class NeighborSampler(Sampler, BatchExtras):
         self.fanouts = tuple(int(x) for x in f)
         self.batch_size = batch_size
         n = self.graph.num_nodes
-        warn_missing(self.graph.where, self.graph.labels is not None,
+        warn_missing(self.graph.where, self.graph.has_labels,
                      train is not None or self.graph.train_idx is not None)  # fmt: skip
         if train is None:
             train = self.graph.train_idx if self.graph.train_idx is not None else np.arange(n)
@@ -137,8 +141,14 @@ class NeighborSampler(Sampler, BatchExtras):
         self.supersedes = ("index", features)
         self._cache: Kept[EpochDraws] = Kept(3)  # every rank's nodes (a whole plan's)
         self._perms: Kept[np.ndarray] = Kept(4)  # the split's permutation of recent epochs
+        self._typical: Kept[int] = Kept(2)  # typical_batch of recent runs
 
     # -- the sampler contract ----------------------------------------------------------------
+    def bind(self, comm: Any) -> None:
+        """The Loader's communicator (a collective of its ranks): the topology, if not yet
+        read, is read now, once per host where a host runs several of them."""
+        self.graph.hold(comm)
+
     def draws(self, num_samples: int, global_batch: int) -> int:
         return int(self.train.size)  # positions of an epoch: one per seed
 
@@ -264,6 +274,20 @@ class NeighborSampler(Sampler, BatchExtras):
             frontier = min(n, frontier * (widest if f < 0 else f))
             total = min(n, total + frontier)
         return int(total)
+
+    def typical_batch(self, run: RunConfig) -> int | None:
+        """Every rank's subgraphs of the first (up to) two steps of epoch 0 sampled, their
+        largest size plus 10 %: what a step's accesses come to (their sizes vary little with
+        ~10^3 seeds), at most :meth:`batch_bound` (a worst case, ~2x at 10^6 nodes: issue 48)."""
+        self.check_run(run)
+
+        def sampled() -> int:
+            steps = range(min(2, run.steps_per_epoch))
+            sizes = [self._sample(run, 0, t, r).nodes.size for t in steps
+                     for r in range(run.world_size)]  # fmt: skip
+            return min(self.batch_bound(run), int(1.1 * max(sizes)))
+
+        return self._typical.get(run, sampled)
 
     def identity(self) -> dict[str, Any]:
         return {"kind": self.kind, "graph": self.graph.identity, "fanouts": list(self.fanouts),

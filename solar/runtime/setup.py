@@ -110,6 +110,7 @@ def configure(args: LoaderConfig) -> Setup:
     buf = _buffer(info, w, args.buffer, memory.tier, memory.tier_size, planning.slack, local)
     sampler = args.sampler
     chosen = SHUFFLE if sampler is None else sampler
+    chosen.bind(comm)  # (a graph's topology: once per host of the job, by default)
     run = _run(info, chosen, w, args.batch_size, args.epochs, args.seed, args.drop_last)
     made = open_given(plan, share)  # of the grouping share runs: per rank or per host
     if share == "auto" and made is not None:  # a plan's grouping is the share it was made for

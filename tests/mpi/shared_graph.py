@@ -1,6 +1,7 @@
 """Under mpiexec, one host: a NeighborSampler given the job's communicator holds the graph's
-topology once per host -- every rank maps the same sealed memfd read-only --
-and its batches are byte-identical to a private copy's; the graph file rewritten after the load
+topology once per host -- every rank maps the same sealed memfd read-only --, and so does one
+given none, once its Loader passes the job's (the default); their batches are byte-identical
+to a private copy's; the graph file rewritten after the load
 does not change what is served. Then as two hosts of one rank (SOLAR_HOSTS=1,1): one host's
 failure fails the other's rank alike (no rank goes on into the job's next collective alone).
 
@@ -34,24 +35,49 @@ def mappings() -> list[str]:
         return [line for line in f if "solar-sealed" in line]
 
 
-private = NeighborSampler(path, (4, 2), batch_size=13)
+private = NeighborSampler(Graph(path), (4, 2), batch_size=13)  # (a Graph read: private)
 assert private.graph.shared is None
 before = batches(private)
-shared = NeighborSampler(path, (4, 2), batch_size=13, comm=d.comm)
+assert private.graph.shared is None  # (a Loader leaves a graph already read as it is)
+
+
+def sealed_fds() -> int:
+    fds = [os.readlink(f"/proc/self/fd/{fd}") for fd in os.listdir("/proc/self/fd")
+           if os.path.exists(f"/proc/self/fd/{fd}")]  # fmt: skip
+    return len([f for f in fds if "solar-sealed" in f])
+
+
+def one_per_host(g: Graph, held: int) -> int:
+    """``g``'s topology is one sealed memfd of the host, mapped read-only, equal to the private
+    copy's; ``held``: the sealed graphs this rank maps now."""
+    assert g.shared is not None
+    inodes = d.comm.allgather(g.shared.inode)
+    assert len(set(inodes)) == 1, inodes  # one memfd for the host
+    maps = mappings()
+    assert maps and all(line.split()[1] == "r--s" for line in maps), maps  # read-only, shared
+    assert any(f" {g.shared.inode} " in line for line in maps), maps
+    for k in ("indptr", "indices", "labels"):
+        a, b = getattr(g, k), getattr(private.graph, k)
+        assert a.dtype == b.dtype and np.array_equal(a, b) and not a.flags.writeable, k
+    # One descriptor each, the mapping's own (Python's mmap keeps a dup of the one it maps;
+    # solar's own is closed once every local rank has mapped it).
+    assert sealed_fds() == held, sealed_fds()
+    return inodes[0]
+
+
+# Given the job's communicator: read once per host when made.
+explicit = NeighborSampler(path, (4, 2), batch_size=13, comm=d.comm)
+first = one_per_host(explicit.graph, 1)
+assert batches(explicit) == before
+# By default (no communicator) the topology waits for the Loader's: nothing read when made,
+# then one copy per host, by the Loader's construction.
+shared = NeighborSampler(path, (4, 2), batch_size=13)
+assert shared.graph.shared is None and sealed_fds() == 1
+assert batches(shared) == before
 g = shared.graph
-assert g.shared is not None
-inodes = d.comm.allgather(g.shared.inode)
-assert len(set(inodes)) == 1, inodes  # one memfd for the host
-maps = mappings()
-assert maps and all(line.split()[1] == "r--s" for line in maps), maps  # read-only, shared
-for k in ("indptr", "indices", "labels"):
-    a, b = getattr(g, k), getattr(private.graph, k)
-    assert a.dtype == b.dtype and np.array_equal(a, b) and not a.flags.writeable, k
-fds = [os.readlink(f"/proc/self/fd/{fd}") for fd in os.listdir("/proc/self/fd")
-       if os.path.exists(f"/proc/self/fd/{fd}")]  # fmt: skip
-# One descriptor, the mapping's own (Python's mmap keeps a dup of the one it maps; solar's own
-# is closed once every local rank has mapped it).
-assert len([f for f in fds if "solar-sealed" in f]) == 1, fds
+second = one_per_host(g, 2)
+assert second != first
+inodes = [second]
 
 # The file rewritten after the load: every edge now points at node 0.
 d.comm.Barrier()

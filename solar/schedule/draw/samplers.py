@@ -68,6 +68,11 @@ class Sampler:
     def check(self, num_samples: int) -> None:
         """Refuse a dataset of ``num_samples`` this sampler cannot draw from."""
 
+    def bind(self, comm: Any) -> None:
+        """The communicator of the Loader that draws from it (None: a process alone), given at
+        the Loader's construction, on every rank of it (a collective): what it holds once per
+        host, it reads now."""
+
     def check_run(self, run: RunConfig) -> None:
         """Refuse a run this sampler cannot draw (the Loader asks before planning)."""
 
@@ -103,6 +108,11 @@ class Sampler:
         """At most this many distinct ids in any local batch, known without drawing the run:
         what memory checks count a batch as (its rows, and a trace's accesses per step)."""
         return self.max_batch(run) or run.batch_size
+
+    def typical_batch(self, run: RunConfig) -> int | None:
+        """About this many distinct ids in a local batch (an upper estimate from a few batches
+        drawn, where :meth:`batch_bound` is far above what is drawn), or None: the bound."""
+        return None
 
     def rehearse(self, run: RunConfig, rank: int) -> None:
         """Call every kernel of this sampler's own that the run's epochs call, once, before them

@@ -337,13 +337,17 @@ def _run_planner(
     return planner.epoch_order, tally.stats(), time.perf_counter() - t0
 
 
-def trace_accesses(spec: PlanSpec) -> int:
-    """At most this many accesses in an epoch of a sampler's trace: its draws, or every rank's
-    largest batch every step where batches hold more than their draws (a neighbour sampler's
-    subgraphs: ~50 nodes per seed)."""
+def trace_accesses(spec: PlanSpec) -> tuple[int, bool]:
+    """About this many accesses in an epoch of a sampler's trace, and whether that is an
+    estimate: its draws, or every rank's batch every step where batches hold more than their
+    draws (a neighbour sampler's subgraphs: ~50 nodes per seed), each counted as the sampler's
+    typical batch (a few drawn) or else its bound."""
     run = spec.run
-    bound = spec.sampler.batch_bound(run) * run.world_size * run.steps_per_epoch
-    return int(max(run.samples_per_epoch, bound))
+    typical = spec.sampler.typical_batch(run)
+    batch = spec.sampler.batch_bound(run) if typical is None else typical
+    accesses = batch * run.world_size * run.steps_per_epoch
+    return int(max(run.samples_per_epoch, accesses)), typical is not None and \
+        accesses > run.samples_per_epoch  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -359,11 +363,13 @@ class PlanMemory:
     accesses: int
     per_epoch: int
     held: int
+    estimated: bool = False  # accesses from a few batches drawn (else a bound)
 
     def text(self, room: tuple[int, str] | None = None) -> str:
         """One line: the figure, and the memory ``room`` (:func:`memory_room`) beside it."""
         held = f", {self.held} epochs of it held at once" if self.held > 1 else ""
-        line = (f"planning: at most {self.accesses} accesses ({self.per_epoch} per epoch{held}): "
+        many = "about" if self.estimated else "at most"
+        line = (f"planning: {many} {self.accesses} accesses ({self.per_epoch} per epoch{held}): "
                 f"about {format_bytes(self.need)} of memory")  # fmt: skip
         if room is not None:
             line += f" ({format_bytes(room[0])} {room[1]})"
@@ -382,7 +388,8 @@ def plan_memory(spec: PlanSpec, keep_all: bool = False) -> PlanMemory:
         + 24 * run.world_size * slot_count(run, spec.buffer)
         + 36 * run.world_size * tier_slot_count(run, spec.buffer)
     )
-    per_epoch = trace_accesses(spec) if spec.traced else run.samples_per_epoch
+    per_epoch, estimated = trace_accesses(spec) if spec.traced else (run.samples_per_epoch,
+                                                                        False)  # fmt: skip
     accesses = per_epoch * run.epochs if spec.traced else run.num_accesses
     if keep_all:
         need += 10 * accesses
@@ -399,7 +406,7 @@ def plan_memory(spec: PlanSpec, keep_all: bool = False) -> PlanMemory:
         if spec.pages is not None:  # page mates: a key index and its window, side rows
             window = per_epoch * (min(h, LOOK_AHEAD, run.epochs - 1) + 1)
             need += 16 * run.world_size * run.num_samples + 8 * window + 20 * per_epoch
-    return PlanMemory(int(need), int(accesses), int(per_epoch), held)
+    return PlanMemory(int(need), int(accesses), int(per_epoch), held, estimated)
 
 
 def _check_memory(spec: PlanSpec, keep_all: bool) -> None:
