@@ -15,12 +15,15 @@ from typing import Any
 
 import numpy as np
 
-from solar.config import ReaderConfig
+from solar.config import BufferConfig, ReaderConfig, RunConfig
 from solar.loader import Loader
 from solar.options import ExpertConfig, MemoryConfig, PlanningConfig
-from solar.schedule.draw.samplers import Weighted
+from solar.schedule.draw.samplers import SHUFFLE, Weighted
 from solar.schedule.keep.grouping import Hosts
+from solar.schedule.keep.hostplan import HostPlanner
+from solar.schedule.keep.planner import Planner
 from solar.schedule.plans.plan import plan_to_file
+from solar.schedule.spec import PlanSpec
 from solar.warm import Warmth, measured, rehearse_node, signatures, tiny_spec, unreached
 
 # The node buffers ``solar warm`` rehearses, on a host of 2 ranks with the solar policy:
@@ -129,6 +132,12 @@ def _warm_node(data: Path, root: Path, n: int) -> None:
         # (Equal batches: a Loader's need a communicator, a plan's do not.)
         spec = tiny_spec(dataclasses.replace(ld.spec, equal_batches=equal))
         rehearse_node(spec, hosts, 0, plan_file)
+    # An epoch of one access: its arrays (tier slots: none, a read-only -1) are views numba
+    # types as contiguous, not strided: signatures of the planners' kernels of their own.
+    for sampler in (SHUFFLE, Weighted(np.ones(1), affinity=False)):
+        one = PlanSpec(RunConfig(1, 1, 1, 2), BufferConfig(1), sampler=sampler)
+        HostPlanner(one, Hosts.grid(1, 1)).next()
+        Planner(one).next_all()
 
 
 def layouts() -> dict[str, dict[str, Any]]:
