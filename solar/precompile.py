@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from solar.cache.packed import rehearse as rehearse_packing
 from solar.config import BufferConfig, ReaderConfig, RunConfig
 from solar.loader import Loader
 from solar.options import ExpertConfig, MemoryConfig, PlanningConfig
@@ -81,6 +82,8 @@ def warm_config(cfg: dict[str, Any], root: Path) -> None:
             warnings.simplefilter("ignore", UserWarning)
             Loader(source, batch_size=4, epochs=2, buffer=5,
                    reader=ReaderConfig(one_per_file=source.is_dir())).close()  # fmt: skip
+        for row_bytes in (8, 3):  # a packed window's copy: rows of whole words, and not
+            rehearse_packing(row_bytes)
         return
     sampler = Weighted(1.0 / (1.0 + np.arange(n))) if cfg["sampler"] == "weighted" else None
     tier = root / f"tier-{os.getpid()}" if cfg["tier"] else None
@@ -187,11 +190,12 @@ def _warm_graph(root: Path, world: int) -> None:
     serving its features by neighbour sampling (the sampler's, the page mates' planning, the
     feature reads')."""
     from solar.graph import Graph, NeighborSampler, generate_graph, write_graph
-    from solar.graph.reorder import reorder_nodes
+    from solar.graph.reorder import relabel, reorder_nodes
 
     path = root / f"graph-{os.getpid()}.h5"
     generate_graph(path, 300, 6.0, 24, seed=1, train_fraction=0.5)
     g = Graph(path)
+    relabel(g.indptr, g.indices, reorder_nodes(g.indptr, g.indices))  # (solar's own reorder)
     src = np.repeat(np.arange(g.num_nodes), np.diff(g.indptr))
     text = root / f"edges-{os.getpid()}.txt"
     np.savetxt(text, np.stack([src, g.indices], axis=1), fmt="%d")
