@@ -40,8 +40,9 @@ def common_configs() -> list[dict[str, Any]]:
     one rank and several, on float32 samples in one HDF5 file and in one-sample files; the
     solar policy served from a plan file (``solar plan -o``, then
     ``PlanningConfig(plan=FILE)``: the plan's writing and its proof, as ``solar demo`` runs);
-    and, first (the longest), one buffer per host of :data:`NODE_KINDS`, in one process
-    (their kernels compiled once)."""
+    first (the longest), one buffer per host of :data:`NODE_KINDS`, in one process (their
+    kernels compiled once), and a graph (:func:`_warm_graph`); and the stored layouts of
+    :func:`layouts`. What none of them reaches, :func:`warm_ahead` names."""
     from solar.schedule.policies import POLICIES, TIERED, TRACE_POLICIES
 
     out: list[dict[str, Any]] = [
