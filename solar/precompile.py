@@ -138,8 +138,8 @@ def _warm_node(data: Path, root: Path, n: int) -> None:
         rehearse_node(spec, hosts, 0, plan_file)
     # An epoch of one access: its arrays (tier slots: none, a read-only -1) are views numba
     # types as contiguous, not strided: signatures of the planners' kernels of their own.
-    for sampler in (SHUFFLE, Weighted(np.ones(1), affinity=False)):
-        one = PlanSpec(RunConfig(1, 1, 1, 2), BufferConfig(1), sampler=sampler)
+    for draws in (SHUFFLE, Weighted(np.ones(1), affinity=False)):
+        one = PlanSpec(RunConfig(1, 1, 1, 2), BufferConfig(1), sampler=draws)
         HostPlanner(one, Hosts.grid(1, 1)).next()
         Planner(one).next_all()
 
