@@ -15,13 +15,17 @@ from typing import Any
 
 import numpy as np
 
-from solar.config import ReaderConfig
+from solar.cache.packed import rehearse as rehearse_packing
+from solar.config import BufferConfig, ReaderConfig, RunConfig
 from solar.loader import Loader
 from solar.options import ExpertConfig, MemoryConfig, PlanningConfig
-from solar.schedule.draw.samplers import Weighted
+from solar.schedule.draw.samplers import SHUFFLE, Weighted
 from solar.schedule.keep.grouping import Hosts
+from solar.schedule.keep.hostplan import HostPlanner
+from solar.schedule.keep.planner import Planner
 from solar.schedule.plans.plan import plan_to_file
-from solar.warm import Warmth, measured, rehearse_node, tiny_spec
+from solar.schedule.spec import PlanSpec
+from solar.warm import Warmth, measured, rehearse_node, signatures, tiny_spec, unreached
 
 # The node buffers ``solar warm`` rehearses, on a host of 2 ranks with the solar policy:
 # (sampler, tier, a node plan file, equal batches). Weighted(affinity=False) stands for every
@@ -36,12 +40,18 @@ def common_configs() -> list[dict[str, Any]]:
     one rank and several, on float32 samples in one HDF5 file and in one-sample files; the
     solar policy served from a plan file (``solar plan -o``, then
     ``PlanningConfig(plan=FILE)``: the plan's writing and its proof, as ``solar demo`` runs);
-    and, first (the longest), one buffer per host of :data:`NODE_KINDS`, in one process
-    (their kernels compiled once)."""
+    first (the longest), one buffer per host of :data:`NODE_KINDS`, in one process (their
+    kernels compiled once), and a graph (:func:`_warm_graph`); and the stored layouts of
+    :func:`layouts`. What none of them reaches, :func:`warm_ahead` names."""
     from solar.schedule.policies import POLICIES, TIERED, TRACE_POLICIES
 
-    out: list[dict[str, Any]] = [dict(world=2, policy="solar", share="node", tier=False,
-                                      sampler="node kinds")]  # fmt: skip
+    out: list[dict[str, Any]] = [
+        dict(world=2, policy="solar", share="node", tier=False, sampler="node kinds"),
+        dict(world=2, policy="solar", tier=False, sampler="neighbor"),
+    ]
+    # Each stored layout's read and decode kernels (one policy: they do not depend on it).
+    out += [dict(world=1, policy="solar", tier=False, sampler="shuffle", layout=name)
+            for name in layouts()]  # fmt: skip
     for world in (1, 2):
         for policy in POLICIES:
             for tier in (False, True) if policy in TIERED else (False,):
@@ -63,6 +73,18 @@ def warm_config(cfg: dict[str, Any], root: Path) -> None:
         _write_data(root, n)
     if cfg.get("share") == "node":
         _warm_node(data, root, n)
+        return
+    if cfg["sampler"] == "neighbor":
+        _warm_graph(root, cfg["world"])
+        return
+    if "layout" in cfg:
+        source = _write_layout(root, cfg["layout"], n)
+        with warnings.catch_warnings():  # (varying batches: these serve nobody)
+            warnings.simplefilter("ignore", UserWarning)
+            Loader(source, batch_size=4, epochs=2, buffer=5,
+                   reader=ReaderConfig(one_per_file=source.is_dir())).close()  # fmt: skip
+        for row_bytes in (8, 3):  # a packed window's copy: rows of whole words, and not
+            rehearse_packing(row_bytes)
         return
     sampler = Weighted(1.0 / (1.0 + np.arange(n))) if cfg["sampler"] == "weighted" else None
     tier = root / f"tier-{os.getpid()}" if cfg["tier"] else None
@@ -114,6 +136,79 @@ def _warm_node(data: Path, root: Path, n: int) -> None:
         # (Equal batches: a Loader's need a communicator, a plan's do not.)
         spec = tiny_spec(dataclasses.replace(ld.spec, equal_batches=equal))
         rehearse_node(spec, hosts, 0, plan_file)
+    # An epoch of one access: its arrays (tier slots: none, a read-only -1) are views numba
+    # types as contiguous, not strided: signatures of the planners' kernels of their own.
+    for draws in (SHUFFLE, Weighted(np.ones(1), affinity=False)):
+        one = PlanSpec(RunConfig(1, 1, 1, 2), BufferConfig(1), sampler=draws)
+        HostPlanner(one, Hosts.grid(1, 1)).next()
+        Planner(one).next_all()
+
+
+def layouts() -> dict[str, dict[str, Any]]:
+    """The stored layouts whose read and decode paths have kernels of their own, each as
+    h5py's ``create_dataset`` keywords (``"npy"``: one ``.npy`` file a sample): chunks of one
+    sample (the fused decode path, solar/io/fused.py; chunks of several share its kernels),
+    the shuffle and bitshuffle filters' loops (bitshuffle where hdf5plugin writes it)."""
+    out: dict[str, dict[str, Any]] = {
+        "gzip+shuffle, a chunk a sample": dict(chunks=(1, 8, 8), compression="gzip",
+                                               shuffle=True),
+        "npy": {},
+    }  # fmt: skip
+    try:
+        import hdf5plugin
+    except ImportError:  # (optional: only the bitshuffle filter's kernel goes unwarmed)
+        return out
+    out["bitshuffle(lz4), a chunk a sample"] = dict(
+        chunks=(1, 8, 8), **hdf5plugin.Bitshuffle(cname="lz4")
+    )
+    return out
+
+
+def _write_layout(root: Path, name: str, n: int) -> Path:
+    """:func:`_write_data`'s samples stored as :func:`layouts` names: a file, or a directory
+    of ``.npy`` files."""
+    import h5py
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((n, 8, 8)).astype(np.float32)
+    tag = f"{os.getpid()}-{list(layouts()).index(name)}"
+    if name == "npy":
+        out = root / f"npy-{tag}"
+        out.mkdir(exist_ok=True)
+        for i in range(n):
+            np.save(out / f"{i:03d}.npy", x[i])
+        return out
+    path = root / f"layout-{tag}.h5"
+    with h5py.File(path, "w") as f:
+        f.create_dataset("x", data=x, **layouts()[name])
+        f["y"] = rng.standard_normal((n, 2)).astype(np.float32)
+    return path
+
+
+def _warm_graph(root: Path, world: int) -> None:
+    """A graph's kernels: generating one (``solar gen --preset graph``), converting a text
+    edge list reordered for locality (``solar convert``), and Loaders of ``world`` ranks
+    serving its features by neighbour sampling (the sampler's, the page mates' planning, the
+    feature reads')."""
+    from solar.graph import Graph, NeighborSampler, generate_graph, write_graph
+    from solar.graph.reorder import relabel, reorder_nodes
+
+    path = root / f"graph-{os.getpid()}.h5"
+    generate_graph(path, 300, 6.0, 24, seed=1, train_fraction=0.5)
+    g = Graph(path)
+    relabel(g.indptr, g.indices, reorder_nodes(g.indptr, g.indices))  # (solar's own reorder)
+    src = np.repeat(np.arange(g.num_nodes), np.diff(g.indptr))
+    text = root / f"edges-{os.getpid()}.txt"
+    np.savetxt(text, np.stack([src, g.indices], axis=1), fmt="%d")
+    with warnings.catch_warnings():  # (no labels or split; varying batches: serve nobody)
+        warnings.simplefilter("ignore", UserWarning)
+        write_graph(text, root / f"text-{os.getpid()}.h5", num_nodes=g.num_nodes,
+                    undirected=True, order=lambda h: reorder_nodes(h.indptr, h.indices),
+                    force=True)  # fmt: skip
+        for rank in range(world):
+            sampler = NeighborSampler(path, (3, 2), batch_size=8)
+            Loader(path, keys=["features"], sampler=sampler, batch_size=8, epochs=2,
+                   buffer=20, rank=rank, world_size=world).close()  # fmt: skip
 
 
 def _write_data(root: Path, n: int) -> None:
@@ -135,8 +230,10 @@ def _write_data(root: Path, n: int) -> None:
 
 def warm_ahead(jobs: int = 1, progress: Callable[[str], None] | None = None) -> Warmth:
     """Compile the kernels of :func:`common_configs` into numba's cache, in ``jobs``
-    processes (each takes every ``jobs``-th configuration)."""
+    processes (each takes every ``jobs``-th configuration); then name, through ``progress``,
+    the kernels of solar that none of them reached (:func:`solar.warm.unreached`)."""
     configs = common_configs()
+    reached: set[str] = set()
     with measured() as w, tempfile.TemporaryDirectory(prefix="solar-warm-") as tmp:
         root = Path(tmp)
         _write_data(root, 40)
@@ -145,26 +242,37 @@ def warm_ahead(jobs: int = 1, progress: Callable[[str], None] | None = None) -> 
                 if progress is not None:
                     progress(_name(cfg))
                 warm_config(cfg, root)
+            reached = {k for k, n in signatures().items() if n}
         else:
             import multiprocessing as mp
 
             ctx = mp.get_context("spawn")  # a fresh interpreter each: no inherited threads
             with ctx.Pool(jobs) as pool:
-                for name in pool.imap_unordered(_warm_one, [(c, str(root)) for c in configs]):
+                args = [(c, str(root)) for c in configs]
+                for name, got in pool.imap_unordered(_warm_one, args):
+                    reached |= got
                     if progress is not None:
                         progress(name)
+    left = unreached(reached)
+    if progress is not None and left:
+        progress(f"not reached by these configurations ({len(left)}: compiled at first "
+                 f"use): {', '.join(left)}")  # fmt: skip
     return w[0]
 
 
-def _warm_one(arg: tuple[dict[str, Any], str]) -> str:
+def _warm_one(arg: tuple[dict[str, Any], str]) -> tuple[str, set[str]]:
     cfg, root = arg
     warm_config(cfg, Path(root))
-    return _name(cfg)
+    return _name(cfg), {k for k, n in signatures().items() if n}
 
 
 def _name(cfg: dict[str, Any]) -> str:
     if cfg.get("share") == "node":
         return f"{cfg['policy']} (node buffers of {cfg['world']} ranks: {len(NODE_KINDS)} kinds)"
+    if "layout" in cfg:
+        return f"{cfg['policy']} ({cfg['layout']})"
+    if cfg["sampler"] == "neighbor":
+        return f"a graph: generated, converted, neighbour sampling (P={cfg['world']})"
     tier = ", tier" if cfg["tier"] else ""
     given = ", from a plan file" if cfg.get("plan_file") else ""
     return f"{cfg['policy']} ({cfg['sampler']}{tier}{given}, P={cfg['world']})"

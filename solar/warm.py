@@ -135,6 +135,14 @@ def signatures() -> dict[str, int]:
     return {name: len(d.signatures) for name, d in dispatchers().items()}
 
 
+def unreached(reached: set[str]) -> list[str]:
+    """solar's kernels called from Python (not only inlined into other kernels) that are not
+    in ``reached``: what a warm-up that compiled (or loaded) ``reached`` left to the first run
+    that calls them, found by walking the package, so a new kernel shows up without a list."""
+    return sorted(name for name, d in dispatchers().items()
+                  if name not in reached and d.targetoptions.get("inline") != "always")  # fmt: skip
+
+
 # -- rehearsals --------------------------------------------------------------------------------
 def tiny_spec(
     spec: PlanSpec, num_samples: int | None = None, dataset: str | None = None

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import os
+import time
 from pathlib import Path
 
 import h5py
@@ -41,6 +43,27 @@ _LAUNCHING = {"test_mpi.py", "test_node_buffer.py", "test_faults.py", "test_left
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "one_process: in a launching file, launches no ranks")
+    config.stash[_STARTED] = time.time()
+
+
+# Kernels numba compiled while the tests ran, in any process (xdist workers, ranks): each one
+# adds to the cache an index written then. `solar warm` (run by `make`) compiles the common
+# ones ahead, so each test does not compile them again; what it leaves out is listed at the
+# end of the run, to extend it (solar/precompile.py) where it is worth the time.
+_STARTED = pytest.StashKey[float]()
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    if hasattr(config, "workerinput") or _STARTED not in config.stash:
+        return
+    where = os.environ.get("NUMBA_CACHE_DIR")
+    root = Path(where) if where else Path(__file__).resolve().parents[1] / "solar"
+    since = config.stash[_STARTED]
+    new = sorted(p.name.split(".py")[0] for p in root.rglob("*.nbi")
+                 if p.stat().st_mtime >= since)  # fmt: skip
+    if new:
+        terminalreporter.write_line(f"numba compiled kernels during the tests ({len(new)} "
+                                    f"cache indexes written): {', '.join(new)}")  # fmt: skip
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads the marks it adds

@@ -46,7 +46,9 @@ def _run(size: int, body, timeout_s: float = 5.0) -> list[str]:
     for p in procs:
         p.start()
     got = {}
-    deadline = time.monotonic() + 20
+    # A bound on a hang, not a speed: the machine may be loaded (other jobs' ranks) and every
+    # crossing needs all ``size`` processes scheduled. Longer than any barrier's timeout.
+    deadline = time.monotonic() + max(60.0, 4 * timeout_s)
     while len(got) < size and time.monotonic() < deadline:
         try:
             local, msg = q.get(timeout=0.2)
@@ -75,7 +77,9 @@ def test_no_rank_leaves_a_barrier_before_every_rank_arrived():
             assert (seen >= k).all(), (local, k, seen.tolist())
             b(k, hb.STORED)
 
-    assert _run(size, body) == ["ok"] * size
+    # What is under test is the order (every peer's mark before anyone leaves), not the
+    # timeout: one long enough that a process descheduled on a loaded machine is only late.
+    assert _run(size, body, timeout_s=120.0) == ["ok"] * size
 
 
 def test_a_dead_peer_fails_the_barrier_promptly_naming_it():
@@ -85,10 +89,10 @@ def test_a_dead_peer_fails_the_barrier_promptly_naming_it():
         t0 = time.monotonic()
         try:
             b(0, hb.STAGED)
-        finally:
-            assert time.monotonic() - t0 < 4.0  # at a tick (50 ms), not at the timeout (5 s)
+        finally:  # at a tick (50 ms), not at the timeout (30 s), even on a loaded machine
+            assert time.monotonic() - t0 < 15.0
 
-    got = _run(3, body)
+    got = _run(3, body, timeout_s=30.0)
     for msg in got[:2]:
         assert msg.startswith("host barrier: rank ") and "rank 6 is gone (pid " in msg, got
         assert "epoch 0 step 0 (its rows staged)" in msg and "\n" not in msg
