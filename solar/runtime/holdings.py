@@ -56,7 +56,6 @@ from solar.host.region import NodeRegion
 from solar.io.info import KeyInfo
 from solar.io.reader import Reader
 from solar.runtime.steps import Steps
-from solar.schedule import ADMIT, DEMOTE
 from solar.schedule.plans.rankplan import StepPlan
 
 Key = tuple[tuple[int, ...], Any]  # a key's sample shape and dtype
@@ -206,9 +205,7 @@ class Holdings:
         if step.copy_dst.size:  # a sample drawn twice in the batch: read once, copied
             for rows in batch:
                 copy_rows(rows, step.copy_src, rows, step.copy_dst)
-        if step.in_order:
-            self._update_in_order(k, step, batch)
-        elif step.phase_waits is not None:  # the host updates a cell twice: its phases in turn
+        if step.phase_waits is not None:  # the buffer updates a cell twice: its phases in turn
             for n, waits in enumerate(step.phase_waits.tolist()):
                 if waits:
                     host.written()
@@ -228,19 +225,6 @@ class Holdings:
         if step.tadmit_rows.size:
             assert tier is not None
             tier.submit_write(step.tadmit_tslots, batch, step.tadmit_rows)
-
-    def _update_in_order(self, k: int, step: StepPlan, batch: list[np.ndarray]) -> None:
-        """A slot updated twice in the step (rare): one update at a time, in access order."""
-        assert self.tier is not None
-        for flag, src, dst in self.steps.actions(k):
-            if flag != DEMOTE:  # src is an access of the step: its batch row
-                src = step.row(src)
-            one_src, one_dst = np.array([src]), np.array([dst])
-            if flag == ADMIT:
-                self.buffer.store(batch, one_src, one_dst)
-            else:
-                self.tier.submit_write(one_dst, self.buffer.arrays if flag == DEMOTE else batch,
-                                       one_src)  # fmt: skip
 
     def reset(self, k: int) -> None:
         """Start the tier's run of steps at ``k`` (its held reads dropped: they would start

@@ -2,9 +2,9 @@
 one runs.
 
 A :class:`RankStream` hands the runtime a window of rank ``rank``'s plan over the current epoch
-and whatever later epochs are already planned: of its own buffer (a host of one rank: a
-:class:`~solar.schedule.plans.rankplan.RankPlan`), or of its share of its host's (``hosts``: a
-:class:`~solar.schedule.plans.hostwindow.HostWindow` of the node plan, schedule/keep/hostplan.py).
+and whatever later epochs are already planned (a
+:class:`~solar.schedule.plans.rankplan.RankPlan`): of its own buffer (a host of one rank), or
+of its share of its host's (``hosts``: the host plan, schedule/keep/hostplan.py).
 Planning runs in one background thread (the numba kernels release the GIL), one epoch ahead of
 the consumer; memory holds the planner's state, O(N + P·C), and the window, whatever the number
 of epochs. The epochs come from a planner, or from a plan given (made, or a file proven safe:
@@ -58,9 +58,8 @@ from solar.schedule.keep.planner import Planner, RankEpoch
 from solar.schedule.plans import hostpayload as payload
 from solar.schedule.plans import snapshot
 from solar.schedule.plans.hostplanners import Checks, EpochReader, PartPlanner, exchange_of
-from solar.schedule.plans.hostwindow import HostWindow, Share
 from solar.schedule.plans.plan import Plan
-from solar.schedule.plans.rankplan import RankPlan, _replay
+from solar.schedule.plans.rankplan import RankPlan, Share, _replay
 from solar.schedule.policy import slot_count, tier_slot_count
 from solar.schedule.spec import PlanSpec
 
@@ -133,13 +132,13 @@ class RankStream:
         self.exchange: Any = None
         self.parts: Any = None
         self.check: Checks | None = None
-        self.share: Share | None = None
         self.group: tuple[int, ...]
         if self.hosts is None:  # a buffer of its own: a host of one rank
             self.host, self.group, self.local = rank, (rank,), 0
             self.slots = slot_count(spec.run, spec.buffer)
             self.tier_slots = tier_slot_count(spec.run, spec.buffer)
             self.stage_rows = 0
+            self.share = Share.alone(rank, self.slots, self.tier_slots, self.spe)
         else:
             self._join(self.hosts, stage_rows, comm)
         # Whether a rank of this host saves node planner snapshots (the host's ranks decide
@@ -177,7 +176,7 @@ class RankStream:
         self._parts: list = []  # consecutive epochs, from self._first
         self._first = 0
         self._initial: np.ndarray | None = None  # the buffer (cells) as epoch _first starts
-        self._window: RankPlan | HostWindow | None = None
+        self._window: RankPlan | None = None
 
     _KEEP = ("spec", "rank", "plan", "snapshots", "hosts", "spe", "wait_seconds", "pid",
              "parts", "check", "share", "host", "group", "local", "slots", "tier_slots",
@@ -209,7 +208,7 @@ class RankStream:
         self._collect(wait=False)
         return (self._first + len(self._parts)) * self.spe
 
-    def window(self, k: int, trim: bool = True) -> RankPlan | HostWindow:
+    def window(self, k: int, trim: bool = True) -> RankPlan:
         """A window of the plan that holds global step ``k``: planned now if it must be.
 
         With ``trim`` (the step being served, not one read ahead), epochs before k's are
@@ -235,17 +234,11 @@ class RankStream:
             self._window = None
         return self._current()
 
-    def _current(self) -> RankPlan | HostWindow:
+    def _current(self) -> RankPlan:
         if self._window is None:
             complete = self._first + len(self._parts) == self.spec.run.epochs
-            if self.share is None:
-                self._window = RankPlan.from_parts(
-                    self.rank, self._parts, self.slots, first_step=self._first * self.spe,
-                    initial=self._initial, complete=complete, tier_slots=self.tier_slots,
-                )  # fmt: skip
-            else:
-                self._window = HostWindow(self.share, self._parts, self._first, self._initial,
-                                          complete)  # fmt: skip
+            self._window = RankPlan(self.share, self._parts, self._first * self.spe,
+                                    self._initial, complete)  # fmt: skip
         return self._window
 
     def _initial_at(self, e: int) -> np.ndarray:
