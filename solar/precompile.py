@@ -38,7 +38,7 @@ def common_configs() -> list[dict[str, Any]]:
     ``PlanningConfig(plan=FILE)``: the plan's writing and its proof, as ``solar demo`` runs);
     and, first (the longest), one buffer per host of :data:`NODE_KINDS`, in one process
     (their kernels compiled once)."""
-    from solar.schedule.policies import POLICIES, TIERED, TRACE_POLICIES
+    from solar.schedule.policy import POLICIES, TIERED, TRACE_POLICIES
 
     out: list[dict[str, Any]] = [dict(world=2, policy="solar", share="node", tier=False,
                                       sampler="node kinds")]  # fmt: skip
