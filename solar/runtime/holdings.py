@@ -8,7 +8,7 @@ After a resume or a jump it refills itself to a step through the :class:`Refill`
 with: :class:`RawRefill` (rows as stored) or, where a deterministic transform's rows are held,
 the transform stage's (solar.runtime.transforms).
 
-A rank's buffer is a host of one rank. With one buffer per host (a node plan,
+A rank's buffer is a host of one rank. With one buffer per host (a host plan,
 solar/schedule/keep/hostplan.py) the host's RAM buffer is one shared region (solar/host/region.py)
 every local rank maps, with a staging area where a row read for several local ranks is put by
 its reader for the others, and the host's tier one file they all opened

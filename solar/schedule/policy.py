@@ -22,7 +22,7 @@ DEMOTE = 32  # with ADMIT: first, what RAM `slot` holds is written into tier `ts
 # With ADMIT: not served. A row sharing a page with the step's reads, read with them (its
 # bytes come with pages read anyway) only to be stored. A step's side rows follow its batch.
 SIDE = 64
-# A node plan's miss read at the step by another rank of the host (solar.schedule.keep.hostplan):
+# A host plan's miss read at the step by another rank of the host (solar.schedule.keep.hostplan):
 # copied from that rank's shared batch memory, neither read nor stored by this rank.
 PEER = 128
 

@@ -141,7 +141,7 @@ class RankStream:
             self.share = Share.alone(rank, self.slots, self.tier_slots, self.spe)
         else:
             self._join(self.hosts, stage_rows, comm)
-        # Whether a rank of this host saves node planner snapshots (the host's ranks decide
+        # Whether a rank of this host saves host planner snapshots (the host's ranks decide
         # alike how its plan is made).
         self.host_saves = self._saves() if self.exchange is None else any(self.exchange.extras)
         # A buffer in parts with the exchange: every local rank plans its part from the ranks'
