@@ -33,7 +33,8 @@ region's own (solar/host/barrier.py), each wait labelled with its step and phase
 that runs other steps than its host's (it left an epoch early, or seeked alone) fails the
 barrier in one line instead of matching a peer's other step. A rank alone (:class:`Alone`, a
 host of one rank with a private buffer: the mode decided at construction, once) has nothing to
-stage, take or wait for; its tier hits are read ahead with its storage reads
+stage, take or wait for (its phases, where it updates a cell twice in a step, follow one
+another without a barrier); its tier hits are read ahead with its storage reads
 (solar.runtime.reads), where a host's cannot be (another local rank may write the slot until the
 step starts), and its tier writes run on into later steps.
 """

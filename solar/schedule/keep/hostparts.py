@@ -17,7 +17,7 @@ rows-alone hits, 99.999 % with page mates.
 :func:`merge` puts the parts' epochs together into the host's (one definition of the node
 plan, whoever computes it): side rows follow a step's served rows, so at every step the
 host's served rows come part by part, then its side rows part by part; a rank's service
-likewise. Where a job plans, each local rank plans one part (solar/schedule/plans/hostwindow.py).
+likewise. Where a job plans, each local rank plans one part (solar/schedule/plans/hostview.py).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""What a host's ranks exchange as they plan their host's buffer (schedule/plans/hostwindow.py),
+"""What a host's ranks exchange as they plan their host's buffer (schedule/plans/rankplan.py),
 as bytes: each rank's draws of an epoch, one section per part of the buffer (:func:`pack_draws`),
 each rank's part of the epoch (:func:`pack`, cells numbered within the part), or local rank 0's
 plan of the host's epoch: pure values (a :class:`~solar.host.exchange.Payload`); the exchange
