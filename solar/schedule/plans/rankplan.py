@@ -156,6 +156,11 @@ class Share:
         return cls(rank, rank, 0, (rank,), slots, tier_slots, 0, spe, False)
 
 
+def _decision(i: int, doc: str) -> Any:
+    """A :class:`RankPlan` attribute: its ``i``-th array of the buffer's decisions."""
+    return property(lambda self: self._arrays[i], doc=doc)
+
+
 class RankPlan:
     """Rank ``share.rank``'s window of its buffer's plan: consecutive epochs ``parts`` (its own
     :class:`~solar.schedule.keep.planner.RankEpoch`, or its host's
@@ -216,35 +221,12 @@ class RankPlan:
                 np.concatenate([p.flags for p in parts]), np.concatenate(offsets), tslot,
                 peers)  # fmt: skip
 
-    @property
-    def sample(self) -> np.ndarray:
-        """(A,) sample id of each access (int32, or int64 if N >= 2**31)."""
-        return self._arrays[0]
-
-    @property
-    def slot(self) -> np.ndarray:
-        """(A,) int32 RAM slot, -1: none."""
-        return self._arrays[1]
-
-    @property
-    def flags(self) -> np.ndarray:
-        """(A,) uint8: HIT | ADMIT | RELEASE | THIT | TADMIT | DEMOTE | SIDE."""
-        return self._arrays[2]
-
-    @property
-    def step_offsets(self) -> np.ndarray:
-        """(num_steps + 1,) int64: local step t is accesses [offsets[t], [t + 1])."""
-        return self._arrays[3]
-
-    @property
-    def tslot(self) -> np.ndarray:
-        """(A,) int32 tier slot, -1: none (without a tier, ``no_tier``'s -1s in no memory)."""
-        return self._arrays[4]
-
-    @property
-    def peers(self) -> np.ndarray | None:
-        """With equal batches: every rank's served counts at each step, (num_steps, P)."""
-        return self._arrays[5]
+    sample = _decision(0, "(A,) sample id of each access (int32, or int64 if N >= 2**31)")
+    slot = _decision(1, "(A,) int32 RAM slot, -1: none")
+    flags = _decision(2, "(A,) uint8: HIT | ADMIT | RELEASE | THIT | TADMIT | DEMOTE | SIDE")
+    step_offsets = _decision(3, "(num_steps + 1,) int64: local step t is [offsets[t], [t + 1])")
+    tslot = _decision(4, "(A,) int32 tier slot, -1: none (no tier: no_tier's, in no memory)")
+    peers = _decision(5, "With equal batches: every rank's served counts, (num_steps, P)")
 
     @property
     def cells(self) -> int:
