@@ -275,9 +275,8 @@ class RankPlan:
             return self._host_step(k, part, t)
         a, b = int(part.step_offsets[t]), int(part.step_offsets[t + 1])
         f, slot, tslot = part.flags[a:b], part.slot[a:b], part.tslot[a:b]
-        own = np.arange(b - a)
         return _step_plan(k, self.tier_slots, f, part.sample[a:b], slot, tslot,
-                          lambda: _updates([(own, f, slot, tslot)]), 0)  # fmt: skip
+                          lambda: _updates([(np.arange(b - a), f, slot, tslot)]), 0)  # fmt: skip
 
     def _host_step(self, k: int, ne: HostEpoch, t: int) -> StepPlan:
         """Step ``k`` (local step ``t`` of ``ne``) of a rank sharing its host's buffer."""
@@ -378,11 +377,11 @@ def _step_plan(k: int, tier_slots: int, f: np.ndarray, sample: np.ndarray, slot:
     """Step ``k`` of a rank (local rank ``local`` of its buffer) whose accesses are ``f``,
     ``sample``, ``slot``, ``tslot``; ``updates()``, its buffer's updates of the step (as
     :func:`_updates` gives them), asked only where a tier's updates may need phases."""
-    if np.any(f & (THIT | TADMIT | DEMOTE)) and not tier_slots:
+    if not tier_slots and np.any(f & (THIT | TADMIT | DEMOTE)):
         raise CorruptPlanError(f"host plan: step {k} uses a tier the buffer does not have")
     side = (f & SIDE) != 0
     served = int(np.count_nonzero(~side))
-    if np.any(side[:served]):
+    if served < f.size and np.any(side[:served]):
         raise CorruptPlanError(f"host plan: step {k}'s side rows do not follow its batch")
     x, slot = sample.astype(np.int64), slot.astype(np.int64)
     hit, admit, thit = (f & HIT) != 0, (f & ADMIT) != 0, (f & THIT) != 0
@@ -397,11 +396,10 @@ def _step_plan(k: int, tier_slots: int, f: np.ndarray, sample: np.ndarray, slot:
     tier = dict(tier_rows=rows[thit], tier_slots=tslot[thit], demote_slots=slot[demote],
                 demote_tslots=tslot[demote], tadmit_rows=rows[tadmit],
                 tadmit_tslots=tslot[tadmit])  # fmt: skip
-    # The buffer's phases where it updates a cell twice (the host's ranks all see them).
+    # The buffer's phases: where it updates a cell twice, in turn (the host's ranks alike).
     u = updates()
-    stores, writes = u[(u[:, 3] & ADMIT) != 0, 4], u[(u[:, 3] & (TADMIT | DEMOTE)) != 0, 5]
-    if np.unique(stores).size < stores.size or np.unique(writes).size < writes.size:
-        phase, waits = host_phases(u[:, 1], u[:, 3], u[:, 4], u[:, 5])
+    phase, waits = host_phases(u[:, 1], u[:, 3], u[:, 4], u[:, 5])
+    if waits.size > 1:
         of = np.full(f.size, -1, np.int64)
         me = u[:, 1] == local
         of[u[me, 2]] = phase[me]
@@ -419,7 +417,7 @@ def _updates(ranks: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]])
         j = np.flatnonzero(f & (ADMIT | TADMIT | DEMOTE))
         parts.append(np.stack([at[j], np.full(j.size, q), j, f[j], slot[j], tslot[j]], axis=1))
     out = np.concatenate(parts).astype(np.int64)
-    return out[np.argsort(out[:, 0], kind="stable")]
+    return out if len(parts) == 1 else out[np.argsort(out[:, 0], kind="stable")]
 
 
 def _found(shared: np.ndarray, where: np.ndarray, rows: np.ndarray) -> bool:
