@@ -26,7 +26,7 @@ from solar import BufferConfig, PlanSpec, RunConfig, make_plan
 from solar._atomic import write_json
 from solar.schedule import POLICIES
 from solar.schedule.draw.order import access_sequence
-from solar.schedule.policies import get_policy
+from solar.schedule.keep.policies import get_policy
 
 SCALE = ["--samples", "1000000", "-P", "8", "-B", "64", "-E", "20", "-C", "12500"]
 QUICK_SCALE = ["--samples", "100000", "-P", "8", "-B", "64", "-E", "5", "-C", "1250"]

@@ -42,7 +42,7 @@ from solar.io.pagecache import cold_rounds, evict
 from solar.io.sources import describe_source
 from solar.io.throttle import Throttle
 from solar.options import ExpertConfig, MemoryConfig, PlanningConfig
-from solar.schedule.policies import TIERED
+from solar.schedule.policy import TIERED
 from solar.transform import Transform, load_transform, sample_rng
 from solar.tune import MAX_READ_THREADS
 
@@ -50,7 +50,7 @@ log = logging.getLogger(__name__)  # solar.bench: what the harness is doing, for
 WARM_FIELDS = ("warm_seconds", "compile_seconds")  # of loader.stats, reported per loader
 LOADERS = ("torch", "lru", "fifo", "solar-artifact", "nopfs", "solar", "solar-ram", "static")
 # With a weighted sampler: solar's baselines on the sampler's own split
-# (solar.schedule.baselines.tracebase).
+# (solar.schedule.keep.baselines.tracebase).
 WEIGHTED_LOADERS = ("torch", "lru", "static", "nopfs", "solar", "solar-ram")
 # Variants of solar, compared when asked for: equal local batches (surplus rows handed between
 # ranks, solar.exchange: the default with several ranks), local batches varying within the

@@ -33,7 +33,7 @@ from solar.schedule import POLICIES, PlanSpec
 from solar.schedule.draw.samplers import make_sampler
 from solar.schedule.keep.summary import HostTotals
 from solar.schedule.plans.plan import plan_to_file, simulate
-from solar.schedule.policies import TRACE_POLICIES
+from solar.schedule.policy import TRACE_POLICIES
 from solar.schedule.spec import equal_by_default
 from solar.transform import load_transform
 

@@ -36,7 +36,7 @@ from solar.io.info import DatasetInfo
 from solar.io.throttle import Throttle
 from solar.schedule import Plan
 from solar.schedule.draw.samplers import Sampler
-from solar.schedule.policies import POLICIES, TRACE_POLICIES
+from solar.schedule.policy import POLICIES, TRACE_POLICIES
 from solar.transform import SampleFn, Transform
 
 Paths = str | os.PathLike | Sequence[str | os.PathLike] | Mapping[str, Any] | DatasetInfo

@@ -43,7 +43,7 @@ def common_configs() -> list[dict[str, Any]]:
     first (the longest), one buffer per host of :data:`NODE_KINDS`, in one process (their
     kernels compiled once), and a graph (:func:`_warm_graph`); and the stored layouts of
     :func:`layouts`. What none of them reaches, :func:`warm_ahead` names."""
-    from solar.schedule.policies import POLICIES, TIERED, TRACE_POLICIES
+    from solar.schedule.policy import POLICIES, TIERED, TRACE_POLICIES
 
     out: list[dict[str, Any]] = [
         dict(world=2, policy="solar", share="node", tier=False, sampler="node kinds"),
@@ -191,12 +191,11 @@ def _warm_graph(root: Path, world: int) -> None:
     serving its features by neighbour sampling (the sampler's, the page mates' planning, the
     feature reads')."""
     from solar.graph import Graph, NeighborSampler, generate_graph, write_graph
-    from solar.graph.reorder import relabel, reorder_nodes
+    from solar.graph.reorder import reorder_nodes
 
     path = root / f"graph-{os.getpid()}.h5"
     generate_graph(path, 300, 6.0, 24, seed=1, train_fraction=0.5)
     g = Graph(path)
-    relabel(g.indptr, g.indices, reorder_nodes(g.indptr, g.indices))  # (solar's own reorder)
     src = np.repeat(np.arange(g.num_nodes), np.diff(g.indptr))
     text = root / f"edges-{os.getpid()}.txt"
     np.savetxt(text, np.stack([src, g.indices], axis=1), fmt="%d")

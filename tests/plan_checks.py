@@ -8,8 +8,7 @@ from hypothesis import strategies as st
 from solar import BufferConfig, PlanSpec, RunConfig
 from solar.schedule import POLICIES, Plan
 from solar.schedule.draw.order import access_sequence, nominal_batches, step_bounds
-from solar.schedule.policies import TIERED
-from solar.schedule.policy import ADMIT, DEMOTE, HIT, RELEASE, TADMIT, THIT
+from solar.schedule.policy import ADMIT, DEMOTE, HIT, RELEASE, TADMIT, THIT, TIERED
 
 
 def check_plan(plan: Plan) -> None:

@@ -222,7 +222,7 @@ def test_solar_plan_share_node_writes_a_node_plan_file(tmp_path):
     assert shown.exit_code == 0 and "hosts 2x2 [[0, 1], [2, 3]]" in shown.output, shown.output
     s = json.loads(CliRunner().invoke(cli, [*args[:-4], "--json"]).output)  # default: 1x4
     assert s["share"] == "node" and s["hosts"] == [[0, 1, 2, 3]]
-    with pytest.raises(SolarError, match="a node plan file") as err:
+    with pytest.raises(SolarError, match="a host plan file") as err:
         load_plan(out).rank(0)  # a per-rank query refuses it in one line
     assert "\n" not in str(err.value)
 

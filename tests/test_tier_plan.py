@@ -205,3 +205,29 @@ def test_an_edited_tier_slot_is_refused(tier_plan, edit, message):
     assert re.search(message, str(info.value)), str(info.value)
     with h5py.File(edited) as f:  # tier slots live in the epoch's section
         assert f["epochs/1/tslot"].dtype == np.int32
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_step_updating_a_cell_twice_applies_its_phases_in_turn(seed):
+    """A rank's own buffer (a host of one rank): where a step stores a RAM slot or writes a
+    tier slot twice, its updates come in phases; applied as the holdings apply them (each
+    phase in bulk: demotions, stores, tier admissions) they give the plan's next state."""
+    run = RunConfig(60, 1, 8, 4, seed=seed)
+    rp = make_plan(PlanSpec(run, BufferConfig(3, 0, 10))).rank(0)
+    phased = 0
+    for k in range(run.num_steps):
+        step, state = rp.step(k), rp.contents_at(k)
+        x = step.samples
+        waits = [False] if step.phase_waits is None else step.phase_waits.tolist()
+        assert not any(waits), "a rank alone never waits for another"
+        phased += len(waits) > 1
+        for n in range(len(waits)):
+            phases = (step.demote_phase, step.admit_phase, step.tadmit_phase)
+            d, a, t = (slice(None) if p is None else p == n for p in phases)
+            state[rp.slots + step.demote_tslots[d]] = state[step.demote_slots[d]]
+            state[step.admit_slots[a]] = x[step.admit_rows[a]]
+            state[rp.slots + step.tadmit_tslots[t]] = x[step.tadmit_rows[t]]
+        want = rp.contents_at(k + 1)
+        held = want >= 0  # (a released cell keeps its stale row: the plan never reads it)
+        np.testing.assert_array_equal(state[held], want[held], err_msg=f"step {k}")
+    assert phased > 0

@@ -21,7 +21,7 @@ reads.py        starting a step's storage and tier reads into its batch memory; 
                 queue; the read figures
 holdings.py     the RAM buffer and the tier, and the step they match (``Holdings.at``); hits
                 gathered into a batch; the plan's updates applied; refills. A rank's own
-                buffer is a host of one rank; with one buffer per host (a node plan,
+                buffer is a host of one rank; with one buffer per host (a host plan,
                 solar/schedule/keep/hostplan.py) a ``Host``: the host's shared buffer and staging
                 rows, rows read once for the host, host barriers per step, the host's tier
                 one shared file, its hits read at the step

@@ -8,7 +8,7 @@ After a resume or a jump it refills itself to a step through the :class:`Refill`
 with: :class:`RawRefill` (rows as stored) or, where a deterministic transform's rows are held,
 the transform stage's (solar.runtime.transforms).
 
-A rank's buffer is a host of one rank. With one buffer per host (a node plan,
+A rank's buffer is a host of one rank. With one buffer per host (a host plan,
 solar/schedule/keep/hostplan.py) the host's RAM buffer is one shared region (solar/host/region.py)
 every local rank maps, with a staging area where a row read for several local ranks is put by
 its reader for the others, and the host's tier one file they all opened
@@ -33,7 +33,8 @@ region's own (solar/host/barrier.py), each wait labelled with its step and phase
 that runs other steps than its host's (it left an epoch early, or seeked alone) fails the
 barrier in one line instead of matching a peer's other step. A rank alone (:class:`Alone`, a
 host of one rank with a private buffer: the mode decided at construction, once) has nothing to
-stage, take or wait for; its tier hits are read ahead with its storage reads
+stage, take or wait for (its phases, where it updates a cell twice in a step, follow one
+another without a barrier); its tier hits are read ahead with its storage reads
 (solar.runtime.reads), where a host's cannot be (another local rank may write the slot until the
 step starts), and its tier writes run on into later steps.
 """
@@ -56,7 +57,6 @@ from solar.host.region import NodeRegion
 from solar.io.info import KeyInfo
 from solar.io.reader import Reader
 from solar.runtime.steps import Steps
-from solar.schedule import ADMIT, DEMOTE
 from solar.schedule.plans.rankplan import StepPlan
 
 Key = tuple[tuple[int, ...], Any]  # a key's sample shape and dtype
@@ -206,9 +206,7 @@ class Holdings:
         if step.copy_dst.size:  # a sample drawn twice in the batch: read once, copied
             for rows in batch:
                 copy_rows(rows, step.copy_src, rows, step.copy_dst)
-        if step.in_order:
-            self._update_in_order(k, step, batch)
-        elif step.phase_waits is not None:  # the host updates a cell twice: its phases in turn
+        if step.phase_waits is not None:  # the buffer updates a cell twice: its phases in turn
             for n, waits in enumerate(step.phase_waits.tolist()):
                 if waits:
                     host.written()
@@ -228,19 +226,6 @@ class Holdings:
         if step.tadmit_rows.size:
             assert tier is not None
             tier.submit_write(step.tadmit_tslots, batch, step.tadmit_rows)
-
-    def _update_in_order(self, k: int, step: StepPlan, batch: list[np.ndarray]) -> None:
-        """A slot updated twice in the step (rare): one update at a time, in access order."""
-        assert self.tier is not None
-        for flag, src, dst in self.steps.actions(k):
-            if flag != DEMOTE:  # src is an access of the step: its batch row
-                src = step.row(src)
-            one_src, one_dst = np.array([src]), np.array([dst])
-            if flag == ADMIT:
-                self.buffer.store(batch, one_src, one_dst)
-            else:
-                self.tier.submit_write(one_dst, self.buffer.arrays if flag == DEMOTE else batch,
-                                       one_src)  # fmt: skip
 
     def reset(self, k: int) -> None:
         """Start the tier's run of steps at ``k`` (its held reads dropped: they would start

@@ -1,12 +1,12 @@
 """What step k is: the one place that answers it for the runtime.
 
 Every stage asks :class:`Steps` about a global step ``k`` — its plan in the sampler's batch
-order, the sampler's output of it, the rows of batch memory it needs, its exchange of rows, the
-buffer updates of a step that touches a slot twice, its transform jobs — and nothing else reads
-the rank's plan. A sampler that draws each rank's batches is asked once per epoch: its draws
-(the planner's, :attr:`~solar.schedule.plans.stream.RankStream.drawn`) are what the steps serve. The
-window of planned epochs is trimmed in one place, :meth:`Steps.enter`: when a step becomes
-the next one served, the epochs before it are done with.
+order, the sampler's output of it, the rows of batch memory it needs, its exchange of rows, its
+transform jobs — and nothing else reads the rank's plan. A sampler that draws each rank's
+batches is asked once per epoch: its draws (the planner's,
+:attr:`~solar.schedule.plans.stream.RankStream.drawn`) are what the steps serve. The window of
+planned epochs is trimmed in one place, :meth:`Steps.enter`: when a step becomes the next one
+served, the epochs before it are done with.
 """
 
 from __future__ import annotations
@@ -128,10 +128,6 @@ class Steps:
         if self.traced:
             rows = self.sampler.max_batch(self.run) or rows
         return rows
-
-    def actions(self, k: int) -> list[tuple[int, int, int]]:
-        """Step ``k``'s buffer updates access by access (a step that updates a slot twice)."""
-        return self._stream.window(k, trim=False).step_actions(k)
 
     def refill_at(self, k: int) -> tuple[np.ndarray, np.ndarray]:
         """``(cells, samples)`` the buffer and tier must hold to start at step ``k`` (which is

@@ -4,8 +4,7 @@
 from solar.schedule.draw.order import epoch_permutation
 from solar.schedule.plans.plan import Plan, load_plan, make_plan
 from solar.schedule.plans.rankplan import RankPlan, StepPlan
-from solar.schedule.policies import POLICIES
-from solar.schedule.policy import ADMIT, DEMOTE, HIT, PEER, RELEASE, SIDE, THIT
+from solar.schedule.policy import ADMIT, DEMOTE, HIT, PEER, POLICIES, RELEASE, SIDE, THIT
 from solar.schedule.spec import PlanSpec
 
 __all__ = [

@@ -9,6 +9,7 @@ from typing import Protocol
 import numpy as np
 
 from solar.config import BufferConfig, RunConfig
+from solar.errors import SolarError
 
 # Per-access flags of a plan (a uint8 bit set). ``slot`` names a RAM slot, ``tslot`` a slot of
 # the rank's second tier (a file on local NVMe).
@@ -21,7 +22,7 @@ DEMOTE = 32  # with ADMIT: first, what RAM `slot` holds is written into tier `ts
 # With ADMIT: not served. A row sharing a page with the step's reads, read with them (its
 # bytes come with pages read anyway) only to be stored. A step's side rows follow its batch.
 SIDE = 64
-# A node plan's miss read at the step by another rank of the host (solar.schedule.keep.hostplan):
+# A host plan's miss read at the step by another rank of the host (solar.schedule.keep.hostplan):
 # copied from that rank's shared batch memory, neither read nor stored by this rank.
 PEER = 128
 
@@ -115,3 +116,25 @@ def tier_slot_count(run: RunConfig, buffer: BufferConfig) -> int:
 def cap_table(run: RunConfig, buffer: BufferConfig) -> np.ndarray:
     """``cap[b]``: the largest local batch allowed to a rank whose nominal share is ``b``."""
     return np.array([buffer.cap(b) for b in range(run.batch_size + 2)], dtype=np.int64)
+
+
+# The policies by name (their factories: solar/schedule/keep/policies.py).
+POLICIES = ("solar", "lru", "fifo", "solar-artifact", "nopfs")
+# Those of a general sampler's trace (solar.schedule.draw.traces): the baselines take the
+# sampler's own split (rank r's share of each global batch), each rank a cache of its own.
+TRACE_POLICIES = ("solar", "lru", "static", "nopfs")
+TIERED = ("solar", "nopfs")  # the policies that plan a second tier
+
+
+def check_policy(name: str, buffer: BufferConfig, traced: bool = False) -> None:
+    """Refuse an unknown policy (for a general sampler's trace if ``traced``), or one that
+    cannot plan ``buffer``'s second tier."""
+    names = TRACE_POLICIES if traced else POLICIES
+    if name not in names:
+        what = "for this sampler " if traced else ""
+        raise SolarError(f"policy: unknown {name!r} {what}(choose from {', '.join(names)})")
+    if buffer.tier and name not in (("solar",) if traced else TIERED):
+        raise SolarError(
+            f"policy {name!r} has no second tier (tier_size {buffer.tier}): "
+            f"use {'solar' if traced else ' or '.join(TIERED)}"
+        )

@@ -11,8 +11,7 @@ from solar.config import BufferConfig, RunConfig
 from solar.errors import SolarError
 from solar.schedule.draw.pagemates import PageLayout
 from solar.schedule.draw.samplers import SHUFFLE, Sampler, is_shuffle, sampler_from_record
-from solar.schedule.policies import check_policy
-from solar.schedule.policy import slot_count
+from solar.schedule.policy import check_policy, slot_count
 
 # The version of the plan file format (solar/schedule/plans/planfile.py). It is one of a spec's
 # inputs, so a plan of another format never matches a spec's fingerprint.

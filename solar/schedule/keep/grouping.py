@@ -1,6 +1,6 @@
-"""The job's ranks grouped by host (:class:`Hosts`), the run as a node planner sees it (one
-rank per host), and one epoch of a node plan (:class:`HostEpoch`): what the per-rank modules
-(plan files, snapshots, the plan) need of the node plan, without its planner
+"""The job's ranks grouped by host (:class:`Hosts`), the run as a host planner sees it (one
+rank per host), and one epoch of a host plan (:class:`HostEpoch`): what the per-rank modules
+(plan files, snapshots, the plan) need of the host plan, without its planner
 (solar/schedule/keep/hostplan.py)."""
 
 from __future__ import annotations
@@ -109,7 +109,7 @@ class Hosts:
 
 
 def host_run(run: RunConfig, hosts: Hosts, host: int | None = None) -> RunConfig:
-    """The run as the node planner sees it: one rank per host, ``L·B`` rows per step each
+    """The run as the host planner sees it: one rank per host, ``L·B`` rows per step each
     (the same global batches and steps). Hosts of different sizes are planned one at a time:
     ``host``'s ``L``."""
     if hosts.world != run.world_size:
@@ -146,7 +146,7 @@ def unequal_refusal(spec: PlanSpec, hosts: Hosts) -> str:
 
 @dataclass(frozen=True)
 class HostEpoch:
-    """One epoch of the node plan.
+    """One epoch of the host plan.
 
     ``host`` is the hosts' buffers' plan, host h as rank h (the planner's output for the host
     run). ``ranks`` is every rank's service: its accesses at each step (its batch's distinct
@@ -175,7 +175,7 @@ class HostEpoch:
     all_steps: np.ndarray | None = None
 
     def rank(self, r: int) -> RankEpoch:
-        """Rank ``r``'s service (flags with PEER; slots name the node buffer's cells)."""
+        """Rank ``r``'s service (flags with PEER; slots name the host buffer's cells)."""
         return self.ranks.rank(r)
 
     def storage_reads(self) -> int:

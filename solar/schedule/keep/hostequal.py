@@ -1,6 +1,6 @@
-"""Equal local batches from a node buffer: a host's served rows dealt over its ranks.
+"""Equal local batches from a host buffer: a host's served rows dealt over its ranks.
 
-With Shuffle (node-level affinity) the node planner splits each global batch over the hosts,
+With Shuffle (node-level affinity) the host planner splits each global batch over the hosts,
 host h serving ``c_h`` rows within slack (solar/schedule/keep/hostplan.py). With ``equal_batches``
 every rank must deliver its nominal share ``n_r``
 (:func:`~solar.schedule.draw.order.nominal_batches`
@@ -50,7 +50,7 @@ def rank_targets(host_counts: np.ndarray, groups: tuple[tuple[int, ...], ...]) -
         less = dfc // local + (asc[None, :] < dfc % local)  # larger share first
         out[:, ranks] = nh + extra - less
     if np.any(out < 0) or not np.array_equal(out.sum(axis=1), sizes):
-        raise AssertionError("equal node batches: a host's rows cannot be dealt")
+        raise AssertionError("equal host batches: a host's rows cannot be dealt")
     return out
 
 
@@ -106,11 +106,11 @@ def _deal(bounds, host_of, flags, flat, starts, targets, reader, out_rank, out_a
             counts[t, r] += 1
         for r in range(flat.shape[0]):
             if left[r] != 0:
-                raise AssertionError("equal node batches: targets do not match the host's rows")
+                raise AssertionError("equal host batches: targets do not match the host's rows")
 
 
 def host_transfer(step_offsets: np.ndarray, t: int, rank: int, hosts: int) -> Transfer | None:
-    """Rank ``rank``'s exchange at local step ``t`` of a node epoch whose ranks' step offsets
+    """Rank ``rank``'s exchange at local step ``t`` of a host epoch whose ranks' step offsets
     are ``step_offsets`` (P, steps + 1): the rows it serves over its share go to ranks of other
     hosts. None on one host (every rank serves its share)."""
     if hosts <= 1:

@@ -5,7 +5,7 @@ Planning a host's union on one process costs that process several times one rank
 batch, the host's buffer is cut into ``p`` parts (``p``: the host's ranks): a row belongs to
 part ``page(row) mod p`` (its first byte's page; without a page layout, ``row mod p``), and
 part ``j`` owns the RAM slots ``base(S, j)..`` (``S // p`` of them, one more for the first
-``S % p`` parts) and its share of the tier slots alike. Each part is planned as a node plan
+``S % p`` parts) and its share of the tier slots alike. Each part is planned as a host plan
 of its own (the host's ranks' batches filtered to its rows, its slots): parts share no row
 and no cell, so every part's decisions hold in the whole buffer, and local rank ``j`` can
 plan part ``j`` while the others plan theirs. A page's rows fall in one part, so its page
@@ -17,7 +17,7 @@ rows-alone hits, 99.999 % with page mates.
 :func:`merge` puts the parts' epochs together into the host's (one definition of the node
 plan, whoever computes it): side rows follow a step's served rows, so at every step the
 host's served rows come part by part, then its side rows part by part; a rank's service
-likewise. Where a job plans, each local rank plans one part (solar/schedule/plans/hostwindow.py).
+likewise. Where a job plans, each local rank plans one part (solar/schedule/plans/hostview.py).
 """
 
 from __future__ import annotations
@@ -120,7 +120,7 @@ def _places(plans: list[EpochPlan]) -> tuple[list[np.ndarray], np.ndarray]:
     every = np.concatenate(out) if out else np.zeros(0, np.int64)
     if every.size != m or (m and (every.min() < 0 or every.max() >= m
                                   or np.any(np.bincount(every, minlength=m) != 1))):  # fmt: skip
-        raise CorruptPlanError("node plan (parts): a part's side rows do not follow its "
+        raise CorruptPlanError("host plan (parts): a part's side rows do not follow its "
                                "served rows at every step")  # fmt: skip
     return out, total.reshape(shape)
 

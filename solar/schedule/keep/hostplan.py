@@ -1,7 +1,7 @@
 """One buffer per node: the ranks of a host share one RAM buffer (and tier), planned by Belady
 over the host's union of accesses (design.md §22).
 
-The node plan reuses the planner unchanged: the host becomes the planner's "rank". For a
+The host plan reuses the planner unchanged: the host becomes the planner's "rank". For a
 sampler that fixes each rank's batch (a GNN's neighbour sampler, ``Trace``, ``Weighted(...,
 affinity=False)``) :class:`HostSampler` gives each host, at every step, the concatenation of
 its ranks' batches, whose distinct ids (traces.py) are the host's union: Belady with bypass,
@@ -13,13 +13,13 @@ dealt round-robin (no row moves between ranks of a host: any of them can serve a
 node holds).
 
 :func:`plan_host_epoch` then says, for every rank and step, how each of its accesses is
-served: a hit in the node buffer (``HIT``/``THIT``, its cell), read from storage by this rank
+served: a hit in the host buffer (``HIT``/``THIT``, its cell), read from storage by this rank
 (its ``ADMIT``/``TADMIT``/``DEMOTE`` with it: the reader stores it), or read at the same step
 by another local rank (``PEER``, :attr:`HostEpoch.reader` names it) and copied from shared
 memory. A miss several local ranks need is read by the one with the fewest reads of the step
 so far (ties: the lowest local rank); a page mate by the rank reading its page.
 
-With one rank per host the node plan is today's per-rank plan, decision for decision.
+With one rank per host the host plan is today's per-rank plan, decision for decision.
 """
 
 from __future__ import annotations
@@ -115,7 +115,7 @@ class HostPlanner:
         self.part = part
         count = 1 if self.parts is None else self.parts.count
         if part is not None and not 0 <= part < count:
-            raise SolarError(f"node plan: part {part} of a buffer planned in {count}")
+            raise SolarError(f"host plan: part {part} of a buffer planned in {count}")
         if self.parts is None:
             specs = [self.host_spec]
         else:
@@ -188,7 +188,7 @@ def plan_host_epoch(
             rank_run.num_samples, layout, n_pages, reader, out_rank, out_at, counts,
         )  # fmt: skip
         if bad >= 0:
-            raise SolarError(f"node plan: epoch {k}: a rank's access {bad} is not in its host's")
+            raise SolarError(f"host plan: epoch {k}: a rank's access {bad} is not in its host's")
         m = int(counts.sum())
         out_rank, out_at = out_rank[:m], out_at[:m]
     else:
@@ -489,14 +489,14 @@ def _phases(ram, stores, tier, writes, local, phase, waits):
 
 def host_totals(spec: PlanSpec, hosts: Hosts, buffer: BufferConfig | None = None,
                 sink: Callable[[HostEpoch], None] | None = None) -> HostTotals:  # fmt: skip
-    """The node plan's figures over the run (what ``solar plan --hosts`` reports): the
+    """The host plan's figures over the run (what ``solar plan --hosts`` reports): the
     node's accesses (its ranks' union), hits (tier hits among them), storage reads (page mates
     apart), rows a rank takes from another's read, and the reads per epoch. Planned epoch by
-    epoch, each handed to ``sink`` (a node plan file's writer) if given."""
+    epoch, each handed to ``sink`` (a host plan file's writer) if given."""
     # Hosts of different sizes: each planned alone (its decisions depend on its ranks alone).
     alone = [None] if hosts.uniform else list(range(hosts.count))
     if sink is not None and not hosts.uniform:
-        raise SolarError(f"hosts {hosts.as_record()}: a node plan file needs as many ranks on "
+        raise SolarError(f"hosts {hosts.as_record()}: a host plan file needs as many ranks on "
                          "every host")  # fmt: skip
     planners = [HostPlanner(spec, hosts, buffer, only_host=h) for h in alone]
     acc = hits = tier_hits = reads = side = shared = moved = 0

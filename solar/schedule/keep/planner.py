@@ -18,7 +18,7 @@ from solar.schedule.draw.draws import RankDraws
 from solar.schedule.draw.epochs import EpochOrder
 from solar.schedule.draw.reorder import reorder_epochs
 from solar.schedule.draw.traces import TraceOrder
-from solar.schedule.policies import make_policy
+from solar.schedule.keep.policies import make_policy
 from solar.schedule.policy import EpochSchedule, tier_slot_count
 from solar.schedule.spec import PlanSpec
 

@@ -1,4 +1,4 @@
-"""What a host's ranks exchange as they plan their host's buffer (schedule/plans/hostwindow.py),
+"""What a host's ranks exchange as they plan their host's buffer (schedule/plans/rankplan.py),
 as bytes: each rank's draws of an epoch, one section per part of the buffer (:func:`pack_draws`),
 each rank's part of the epoch (:func:`pack`, cells numbered within the part), or local rank 0's
 plan of the host's epoch: pure values (a :class:`~solar.host.exchange.Payload`); the exchange
@@ -93,7 +93,7 @@ def pack(ne: HostEpoch, host: int, contents: np.ndarray, tag: tuple[int, int],
     ro, so = ne.ranks.rank_offsets, ne.ranks.step_offsets
     lo, hi = int(ro[group[0]]), int(ro[group[-1] + 1])  # the group's ranks are consecutive
     if group != list(range(group[0], group[-1] + 1)):
-        raise SolarError(f"node plan: host {host}'s ranks {group} are not consecutive")
+        raise SolarError(f"host plan: host {host}'s ranks {group} are not consecutive")
     r_at = ne.at[lo:hi] - ne.host.rank_offsets[host]  # (indexes into the host's own part)
     s_off, s_val = staging_sets(h.step_offsets, r_at, ne.ranks.flags[lo:hi], h.sample.size)
     arrays = {
@@ -113,7 +113,7 @@ def pack(ne: HostEpoch, host: int, contents: np.ndarray, tag: tuple[int, int],
     for name, dt, n in layout:
         a = np.ascontiguousarray(arrays[name], dtype=dt)
         if a.size != n:
-            raise SolarError(f"node plan: {name} has {a.size} entries, not {n}")
+            raise SolarError(f"host plan: {name} has {a.size} entries, not {n}")
         pieces.append((where[name], a))
     return Payload("solar-nodeplan", nbytes, pieces)
 
@@ -141,7 +141,7 @@ def unpack_draws(m: Any, *, epoch: int, rank: int, steps: int, layout: Parts, pa
     """Part ``part``'s section of rank ``rank``'s draws of ``epoch`` (views of the mapping),
     checked: header, offsets, every id in range and of that part of ``layout``."""
     parts = layout.count
-    bad = f"node plan (rank {rank}'s shared draws)"
+    bad = f"host plan (rank {rank}'s shared draws)"
     if len(m) < _HEAD * 8:
         raise CorruptPlanError(f"{bad}: {len(m)} bytes, shorter than its header")
     head = [int(v) for v in np.ndarray(_HEAD, np.int64, buffer=m)]
@@ -182,14 +182,14 @@ class _Host(EpochPlan):
 
 
 def _in(what: str, a: np.ndarray, lo: int, hi: int,
-        bad: str = "node plan (shared epoch)") -> None:  # fmt: skip
+        bad: str = "host plan (shared epoch)") -> None:  # fmt: skip
     if a.size and (int(a.min()) < lo or int(a.max()) >= hi):
         raise CorruptPlanError(f"{bad}: {what} outside [{lo}, {hi})")
 
 
 def _offsets_ok(what: str, o: np.ndarray, end: int) -> None:
     if o.size == 0 or o[0] != 0 or o[-1] != end or np.any(np.diff(o) < 0):
-        raise CorruptPlanError(f"node plan (shared epoch): {what} are not offsets 0..{end}")
+        raise CorruptPlanError(f"host plan (shared epoch): {what} are not offsets 0..{end}")
 
 
 def unpack(m: Any, *, epoch: int, hosts: Hosts, host: int, rank: int, steps: int,
@@ -198,7 +198,7 @@ def unpack(m: Any, *, epoch: int, hosts: Hosts, host: int, rank: int, steps: int
     """The HostEpoch a payload holds (``part``: that part of the host's buffer, its cells
     ``slots`` and ``tier``), seen by global rank ``rank``: its views of the mapping, after
     checking the header and everything this rank uses (see the module's docstring)."""
-    bad = "node plan (shared epoch)"
+    bad = "host plan (shared epoch)"
     if len(m) < _HEAD * 8:
         raise CorruptPlanError(f"{bad}: {len(m)} bytes, shorter than its header")
     head = [int(v) for v in np.ndarray(_HEAD, np.int64, buffer=m)]
@@ -270,6 +270,6 @@ def unpack_part(m: Any, *, epoch: int, hosts: Hosts, host: int, rank: int, steps
                 num_samples=num_samples, slots=slots, tier=tier, tag=tag, part=part)  # fmt: skip
     own = ne.ranks.rank(rank).sample
     if own.size and np.any(layout.of(own) != part):
-        raise CorruptPlanError(f"node plan (part {part}): this rank's service holds rows "
+        raise CorruptPlanError(f"host plan (part {part}): this rank's service holds rows "
                                "of other parts")  # fmt: skip
     return ne

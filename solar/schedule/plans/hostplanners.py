@@ -46,7 +46,7 @@ class Checks:
     def epoch(self, ex: HostExchange, rec: np.ndarray | None, epoch: int) -> HostEpoch:
         """Epoch ``epoch`` of this host's plan, from local rank 0's record ``rec``."""
         if rec is None:
-            raise CorruptPlanError(f"node plan: local rank 0 posted no epoch {epoch}")
+            raise CorruptPlanError(f"host plan: local rank 0 posted no epoch {epoch}")
         return payload.unpack(ex.open(rec), epoch=epoch, hosts=self.hosts, host=self.host,
                               rank=self.rank, steps=self.steps, num_samples=self.num_samples,
                               slots=self.slots, tier=self.tier, tag=self.tag)  # fmt: skip
@@ -57,7 +57,7 @@ class Checks:
         parts = self.parts
         assert parts is not None
         if rec is None:
-            raise CorruptPlanError(f"node plan: local rank {j} posted no part of epoch {epoch}")
+            raise CorruptPlanError(f"host plan: local rank {j} posted no part of epoch {epoch}")
         return payload.unpack_part(ex.open(rec), epoch=epoch, hosts=self.hosts, host=self.host,
                                    rank=self.rank, steps=self.steps, num_samples=self.num_samples,
                                    layout=parts, part=j, slots=parts.size(self.slots, j),
@@ -68,7 +68,7 @@ class Checks:
         """Part ``part``'s section of rank ``r``'s draws of ``epoch``, from its record."""
         assert self.parts is not None
         if rec is None:
-            raise CorruptPlanError(f"node plan: rank {r} posted no draws of epoch {epoch}")
+            raise CorruptPlanError(f"host plan: rank {r} posted no draws of epoch {epoch}")
         return payload.unpack_draws(ex.open(rec), epoch=epoch, rank=r, steps=self.steps,
                                     layout=self.parts, part=part, num_samples=self.num_samples,
                                     tag=self.tag)  # fmt: skip
@@ -146,7 +146,7 @@ class PartPlanner:
         an epoch's as it looks ahead and again as it plans it."""
         with self._lock:  # (the planner draws two epochs at once, on two threads)
             if epoch <= self._planned:
-                raise SolarError(f"node plan: draws of epoch {epoch} asked again after it was "
+                raise SolarError(f"host plan: draws of epoch {epoch} asked again after it was "
                                  "planned")  # fmt: skip
             self._exchange_through(epoch)
             return self._drawn[(epoch, r)]
@@ -187,7 +187,7 @@ def exchange_of(comm: Any, hosts: Hosts, host: int, local: int,
                  saves: bool) -> HostExchange | None:  # fmt: skip
     """The exchange of this rank's host where several ranks share it and a communicator is
     given (a collective of ``comm``), else None: the rank plans its host itself. ``saves``:
-    this rank saves node planner snapshots (every local rank learns whether one does)."""
+    this rank saves host planner snapshots (every local rank learns whether one does)."""
     if comm is None:
         return None
     size = len(hosts.groups[host])

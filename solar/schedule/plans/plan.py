@@ -49,7 +49,7 @@ class Plan(Totals):
     (``hosts``, the grouping: :mod:`solar.schedule.keep.hostplan`; None: a buffer per rank): made
     in memory by :func:`make_plan` (``epochs``), or opened by :func:`load_plan` (``file``).
     ``spec`` is the per-rank inputs it was made for; ``stats`` every rank's totals, or a
-    grouped plan's node totals (:func:`~solar.schedule.keep.hostplan.host_totals`)."""
+    grouped plan's host totals (:func:`~solar.schedule.keep.hostplan.host_totals`)."""
 
     spec: PlanSpec
     epoch_order: np.ndarray  # (E,) int64: the permutation index each run epoch uses
@@ -135,7 +135,7 @@ class Plan(Totals):
         """Refuse, in one line, a per-rank query of a plan grouped by host."""
         if self.hosts is not None:
             what = "plan: grouped by host" if self.file is None else \
-                f"plan {self.file.path}: a node plan file"  # fmt: skip
+                f"plan {self.file.path}: a host plan file"  # fmt: skip
             raise SolarError(f"{what} (one buffer per host), no per-rank plan: a rank's service "
                              "is plan.rank_epoch(rank, epoch)")  # fmt: skip
 
@@ -240,7 +240,7 @@ def make_plan(spec: PlanSpec, progress: Progress | None = None, hosts: Hosts | N
     if hosts is not None and not hosts.uniform:
         sizes = [len(g) for g in hosts.groups]
         raise SolarError(f"hosts {hosts.as_record()}: ranks per host differ ({sizes}); a whole "
-                         "node plan (Loader.plan, solar plan --share node) needs as many ranks "
+                         "host plan (Loader.plan, solar plan --share node) needs as many ranks "
                          "on every host (the loader plans each host alone as it runs)")  # fmt: skip
     epochs: list = []
     order, stats, seconds = _plan(spec, hosts, epochs.append, progress, keep_all=True)

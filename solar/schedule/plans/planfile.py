@@ -135,7 +135,7 @@ class PlanWriter:
         hosts: Hosts | None = None,
     ) -> None:
         if hosts is not None and spec.buffer.tier:
-            raise SolarError("node plan: a node tier is not planned yet (no --tier-size)")
+            raise SolarError("host plan: a host tier is not planned yet (no --tier-size)")
         self.spec, self.hosts = spec, hosts
         self.fingerprint = fingerprint(spec, hosts)
         buffers = spec if hosts is None else host_run_spec(spec, hosts)
@@ -176,7 +176,7 @@ class PlanWriter:
         self._next += 1
 
     def finish(self, stats: tuple[RankStats, ...] | HostTotals, plan_seconds: float) -> None:
-        """Write the header (``stats``: every rank's totals, or a grouped plan's node totals);
+        """Write the header (``stats``: every rank's totals, or a grouped plan's host totals);
         the file is renamed into place when the ``with`` block ends."""
         if self._next != self.spec.run.epochs:
             raise SolarError(f"plan: {self._next} of {self.spec.run.epochs} epochs written")

@@ -1,25 +1,40 @@
-"""One rank's part of a plan, and the pure values the runtime executes: steps and buffer states.
+"""A rank's window of its buffer's plan, and the pure values the runtime executes: steps and
+buffer states. A buffer of its own is a host of one rank: one :class:`RankPlan` serves both.
 
 The runtime never works out what to do from flags itself: it asks :meth:`RankPlan.step` for a
 :class:`StepPlan` (what to read, gather and store at one step) and :meth:`RankPlan.refill_at`
 for what the buffer must hold to start at a step. Both are pure functions of the plan.
+
+With one buffer per host (``MemoryConfig(share="node")``) the window's epochs are the host
+plan's (:class:`~solar.schedule.keep.grouping.HostEpoch`, schedule/keep/hostplan.py: Belady over
+the union of the host's ranks' accesses) and a step is this rank's: its hits in the host's
+slots, its own storage reads, the admissions it stores (only a row's reader stores it), and its
+``PEER`` rows, read at the same step by another local rank and taken from the host's staging
+rows (``stage_rows``/``stage_at``, ``peer_rows``/``peer_at``). Buffer states are the host's
+(every local rank fills its share of a refill). With equal batches, :meth:`RankPlan.transfer`
+is the rank's exchange of rows with other ranks (of other hosts: solar/schedule/keep/hostequal.py).
+Where the host (or a rank alone) updates a cell twice in a step, its updates are cut into phases
+applied in turn (:func:`~solar.schedule.keep.hostplan.host_phases`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, NamedTuple
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 import numpy as np
 from numba import njit
 from numpy.typing import NDArray
 
-from solar.errors import CorruptPlanError
+from solar.errors import CorruptPlanError, SolarError
+from solar.schedule.keep.grouping import HostEpoch
+from solar.schedule.keep.hostequal import host_transfer
+from solar.schedule.keep.hostplan import host_phases
+from solar.schedule.keep.planner import RankEpoch
 from solar.schedule.keep.transfer import Transfer, rank_transfer
-from solar.schedule.policy import ADMIT, DEMOTE, HIT, RELEASE, SIDE, TADMIT, THIT, no_tier
-
-if TYPE_CHECKING:  # planner.py does not import this module: no cycle at run time either
-    from solar.schedule.keep.planner import RankEpoch
+from solar.schedule.policy import ADMIT, DEMOTE, HIT, PEER, RELEASE, SIDE, TADMIT, THIT, no_tier
 
 _NONE = np.zeros(0, np.int64)
 _NONE.flags.writeable = False
@@ -33,9 +48,8 @@ class StepPlan(NamedTuple):  # a NamedTuple: one is made per step, cheaper than 
     ``tier_slots``, both as they stand at the start of the step; ``read_rows`` are read from
     storage. Once the batch is assembled, in order: RAM ``demote_slots`` are written to tier
     ``demote_tslots``, ``admit_rows`` are stored into RAM ``admit_slots`` and ``tadmit_rows``
-    written to tier ``tadmit_tslots``. When a RAM slot is stored or a tier slot written twice
-    in the step (``in_order``), these must be applied access by access, as
-    :meth:`RankPlan.step_actions` lists them. All arrays are int64 and 1-D.
+    written to tier ``tadmit_tslots``; where the buffer updates a cell twice in the step, in
+    the phases below, in turn. All arrays are int64 and 1-D.
     """
 
     step: int
@@ -51,24 +65,22 @@ class StepPlan(NamedTuple):  # a NamedTuple: one is made per step, cheaper than 
     demote_tslots: NDArray[np.int64] = _NONE  # (demotions,)
     tadmit_rows: NDArray[np.int64] = _NONE  # (tier admits,)
     tadmit_tslots: NDArray[np.int64] = _NONE  # (tier admits,)
-    in_order: bool = False
-    # A sampler's batch with repeats: access j lands in batch row ``rows[j]`` (None: row j),
-    # and once the batch is assembled rows ``copy_src`` are copied into ``copy_dst``.
-    rows: NDArray[np.int64] | None = None
+    # A sampler's batch with repeats: once the batch is assembled rows ``copy_src`` are copied
+    # into ``copy_dst``.
     copy_src: NDArray[np.int64] = _NONE
     copy_dst: NDArray[np.int64] = _NONE
     # Side rows (pagemates.py): read with the reads into rows ``size..size + m - 1`` after the
     # batch, stored as admissions (``admit_rows`` name them), never served.
     side_samples: NDArray[np.int64] = _NONE  # (m,)
-    # A node buffer (plans/hostwindow.py): rows this rank read that other local ranks take, put
+    # A host's buffer: rows this rank read that other local ranks take, put
     # into the host's staging rows ``stage_at``; rows it takes from staging rows ``peer_at``.
     stage_rows: NDArray[np.int64] = _NONE
     stage_at: NDArray[np.int64] = _NONE
     peer_rows: NDArray[np.int64] = _NONE
     peer_at: NDArray[np.int64] = _NONE
-    # A node step whose host updates a cell twice: its updates in phases applied in turn,
-    # each demotion's, admission's and tier admission's phase, and before each phase whether
-    # the host's ranks wait for each other (keep/hostplan.host_phases; None: one phase).
+    # A step whose buffer updates a cell twice: its updates in phases applied in turn, each
+    # demotion's, admission's and tier admission's phase, and before each phase whether the
+    # host's ranks wait for each other (keep/hostplan.host_phases; None: one phase).
     phase_waits: NDArray[np.bool_] | None = None
     demote_phase: NDArray[np.int64] | None = None
     admit_phase: NDArray[np.int64] | None = None
@@ -92,10 +104,6 @@ class StepPlan(NamedTuple):  # a NamedTuple: one is made per step, cheaper than 
         return (np.concatenate([self.samples[self.read_rows], self.side_samples]),
                 np.concatenate([self.read_rows, sides]))  # fmt: skip
 
-    def row(self, j: int) -> int:
-        """The batch row of the step's access ``j``."""
-        return j if self.rows is None else int(self.rows[j])
-
     def in_batch(self, ids: NDArray[np.int64]) -> StepPlan:
         """This step as a sampler's batch ``ids`` (batch order, repeats allowed): each access
         lands in the row of its sample's first occurrence, repeats are copies of it. Raises
@@ -114,7 +122,7 @@ class StepPlan(NamedTuple):  # a NamedTuple: one is made per step, cheaper than 
             samples=ids.astype(np.int64), read_rows=rows[self.read_rows],
             hit_rows=rows[self.hit_rows], admit_rows=rows[self.admit_rows],
             tier_rows=rows[self.tier_rows], tadmit_rows=rows[self.tadmit_rows],
-            stage_rows=rows[self.stage_rows], peer_rows=rows[self.peer_rows], rows=rows,
+            stage_rows=rows[self.stage_rows], peer_rows=rows[self.peer_rows],
             copy_src=src[dst], copy_dst=dst,
         )  # fmt: skip
 
@@ -125,36 +133,52 @@ class StepPlan(NamedTuple):  # a NamedTuple: one is made per step, cheaper than 
 
 
 @dataclass(frozen=True)
-class RankPlan:
-    """One rank's accesses in service order, cut into global steps, over ``slots`` RAM slots
-    and ``tier_slots`` tier slots.
-
-    It may be a window of the run: steps ``first_step`` to ``first_step + num_steps - 1``,
-    with the buffer holding ``initial`` (sample per cell, -1: nothing needed) as the window
-    starts; ``complete`` says whether the window reaches the end of the run. Steps are always
-    named by their global index. Buffer states are arrays over cells: RAM slots ``0..slots-1``,
-    then tier slot t as cell ``slots + t``.
-    """
+class Share:
+    """Rank ``rank``'s place in its buffer: local rank ``local`` of host ``host`` (global ranks
+    ``group``), the buffer's ``slots`` and ``tier_slots``, the host's ``stage_rows`` (rows one
+    local rank reads for others at a step, at most), the run's steps per epoch ``spe`` and
+    whether its batches are equalised across hosts (``equal``). A buffer of its own: a host of
+    one rank (:meth:`alone`)."""
 
     rank: int
-    sample: NDArray[np.integer]  # (A,) sample id of each access (int32, or int64 if N >= 2**31)
-    slot: NDArray[np.int32]  # (A,) RAM slot, -1: none
-    flags: NDArray[np.uint8]  # (A,) HIT | ADMIT | RELEASE | THIT | TADMIT | DEMOTE | SIDE
-    step_offsets: NDArray[np.int64]  # (num_steps + 1,) local step t is [offsets[t], [t + 1])
+    host: int
+    local: int
+    group: tuple[int, ...]
     slots: int
-    first_step: int = 0
-    initial: NDArray[np.int64] | None = None  # (cells,); None: an empty buffer
-    complete: bool = True
-    tier_slots: int = 0
-    # (A,) tier slot, -1: none (without a tier, ``no_tier``'s -1s in no memory)
-    tslot: NDArray[np.int32] = field(kw_only=True)
-    # With equal batches: every rank's served counts at each step, (num_steps, P) int32.
-    peers: NDArray[np.int32] | None = field(default=None, kw_only=True)
+    tier_slots: int
+    stage_rows: int
+    spe: int
+    equal: bool
 
-    @property
-    def cells(self) -> int:
-        """RAM slots and tier slots together."""
-        return self.slots + self.tier_slots
+    @classmethod
+    def alone(cls, rank: int, slots: int, tier_slots: int, spe: int) -> Share:
+        """Rank ``rank`` with a buffer of its own (its exchange, if any, is in its epochs)."""
+        return cls(rank, rank, 0, (rank,), slots, tier_slots, 0, spe, False)
+
+
+def _decision(i: int, doc: str) -> Any:
+    """A :class:`RankPlan` attribute: its ``i``-th array of the buffer's decisions."""
+    return property(lambda self: self._arrays[i], doc=doc)
+
+
+class RankPlan:
+    """Rank ``share.rank``'s window of its buffer's plan: consecutive epochs ``parts`` (its own
+    :class:`~solar.schedule.keep.planner.RankEpoch`, or its host's
+    :class:`~solar.schedule.keep.grouping.HostEpoch`) from global step ``first_step``, over
+    ``slots`` RAM slots and ``tier_slots`` tier slots, with the buffer holding ``initial``
+    (sample per cell, -1: nothing needed; None: empty) as the window starts; ``complete`` says
+    whether the window reaches the end of the run. Steps are always named by their global
+    index. Buffer states are arrays over cells: RAM slots ``0..slots-1``, then tier slot t as
+    cell ``slots + t``. The buffer's decisions over the window (``sample``, ``slot``,
+    ``flags``, ``step_offsets``, ``tslot``: a host's, the host as one rank) are put together
+    when first asked (a host's: by a resume's replay)."""
+
+    def __init__(self, share: Share, parts: list, first_step: int = 0,
+                 initial: np.ndarray | None = None, complete: bool = True) -> None:  # fmt: skip
+        self.share, self.parts, self.first_step = share, parts, first_step
+        self.initial, self.complete = initial, complete
+        self.rank, self.slots, self.tier_slots = share.rank, share.slots, share.tier_slots
+        self.end_step = first_step + len(parts) * share.spe  # the first global step after it
 
     @classmethod
     def from_parts(
@@ -167,40 +191,51 @@ class RankPlan:
         complete: bool = True,
         tier_slots: int = 0,
     ) -> RankPlan:
-        """Concatenate consecutive epochs' parts (``RankEpoch``) of one rank."""
+        """Consecutive epochs' parts (``RankEpoch``) of one rank's own buffer."""
+        spe = int(parts[0].step_offsets.size - 1) if parts else 0
+        return cls(Share.alone(rank, slots, tier_slots, spe), parts, first_step, initial,
+                   complete)  # fmt: skip
+
+    @functools.cached_property
+    def _arrays(self) -> tuple[Any, ...]:
+        """The buffer's decisions over the window: sample, slot, flags, step offsets, tslot,
+        peers (every rank's served counts with equal batches, else None)."""
+        parts = self.parts
+        if parts and isinstance(parts[0], HostEpoch):
+            parts = [ne.host.rank(self.share.host) for ne in parts]
+        if len(parts) == 1:  # (as given: a validator's epoch is checked as read)
+            p = parts[0]
+            return p.sample, p.slot, p.flags, p.step_offsets, p.tslot, p.peers
         offsets = [np.zeros(1, np.int64)]
         base = 0
         for p in parts:
             offsets.append(p.step_offsets[1:] + base)
             base += int(p.step_offsets[-1])
         sample = np.concatenate([p.sample for p in parts])
-        tslot = np.concatenate([p.tslot for p in parts]) if tier_slots else no_tier(sample.size)
+        tslot = np.concatenate([p.tslot for p in parts]) if self.tier_slots \
+            else no_tier(sample.size)  # fmt: skip
         peers = None
         if parts and all(p.peers is not None for p in parts):
             peers = np.concatenate([p.peers for p in parts])
-        return cls(
-            rank,
-            sample,
-            np.concatenate([p.slot for p in parts]),
-            np.concatenate([p.flags for p in parts]),
-            np.concatenate(offsets),
-            slots,
-            first_step,
-            initial,
-            complete,
-            tier_slots,
-            tslot=tslot,
-            peers=peers,
-        )
+        return (sample, np.concatenate([p.slot for p in parts]),
+                np.concatenate([p.flags for p in parts]), np.concatenate(offsets), tslot,
+                peers)  # fmt: skip
+
+    sample = _decision(0, "(A,) sample id of each access (int32, or int64 if N >= 2**31)")
+    slot = _decision(1, "(A,) int32 RAM slot, -1: none")
+    flags = _decision(2, "(A,) uint8: HIT | ADMIT | RELEASE | THIT | TADMIT | DEMOTE | SIDE")
+    step_offsets = _decision(3, "(num_steps + 1,) int64: local step t is [offsets[t], [t + 1])")
+    tslot = _decision(4, "(A,) int32 tier slot, -1: none (no tier: no_tier's, in no memory)")
+    peers = _decision(5, "With equal batches: every rank's served counts, (num_steps, P)")
+
+    @property
+    def cells(self) -> int:
+        """RAM slots and tier slots together."""
+        return self.slots + self.tier_slots
 
     @property
     def num_steps(self) -> int:
-        return int(self.step_offsets.size - 1)
-
-    @property
-    def end_step(self) -> int:
-        """The first global step after the window."""
-        return self.first_step + self.num_steps
+        return self.end_step - self.first_step
 
     @property
     def hit(self) -> np.ndarray:
@@ -232,63 +267,71 @@ class RankPlan:
         return t
 
     def step(self, k: int) -> StepPlan:
-        """The instructions of global step ``k``."""
-        t = self._local(k)
-        a, b = int(self.step_offsets[t]), int(self.step_offsets[t + 1])
-        flags, slots = self.flags[a:b], self.slot[a:b].astype(np.int64)
-        hit = (flags & HIT) != 0
-        admit = (flags & ADMIT) != 0
-        samples = self.sample[a:b].astype(np.int64)
-        served = b - a
-        if self.tier_slots == 0 and served and flags[-1] & SIDE:  # side rows follow the batch
-            served = int(np.argmax((flags & SIDE) != 0))
-            side = np.arange(served, b - a)
-            return StepPlan(k, samples[:served], np.flatnonzero(~hit[:served]),
-                            np.flatnonzero(hit), slots[hit], np.flatnonzero(admit),
-                            slots[admit], side_samples=samples[side])  # fmt: skip
-        if not self.tier_slots or not np.any(flags & (THIT | TADMIT | DEMOTE)):
-            return StepPlan(k, samples, np.flatnonzero(~hit), np.flatnonzero(hit), slots[hit],
-                            np.flatnonzero(admit), slots[admit])  # fmt: skip
-        tslots = self.tslot[a:b].astype(np.int64)
-        thit = (flags & THIT) != 0
-        demote = (flags & DEMOTE) != 0
-        tadmit = (flags & TADMIT) != 0
-        admit_slots = slots[admit]
-        writes = tslots[demote | tadmit]
-        # Applying demotions, then stores, then tier admissions in bulk is the access order
-        # unless a RAM slot is stored twice or a tier slot written twice.
-        in_order = np.unique(admit_slots).size < admit_slots.size or (
-            np.unique(writes).size < writes.size
-        )
-        return StepPlan(
-            k, samples, np.flatnonzero(~(hit | thit)), np.flatnonzero(hit), slots[hit],
-            np.flatnonzero(admit), admit_slots, np.flatnonzero(thit), tslots[thit],
-            slots[demote], tslots[demote], np.flatnonzero(tadmit), tslots[tadmit],
-            in_order=bool(in_order),
-        )  # fmt: skip
+        """The rank's instructions at global step ``k``: its accesses in service order, then
+        its side rows."""
+        e, t = divmod(self._local(k), self.share.spe)
+        part = self.parts[e]
+        if isinstance(part, HostEpoch):
+            return self._host_step(k, part, t)
+        a, b = int(part.step_offsets[t]), int(part.step_offsets[t + 1])
+        f, slot, tslot = part.flags[a:b], part.slot[a:b], part.tslot[a:b]
+        return _step_plan(k, self.tier_slots, f, part.sample[a:b], slot, tslot,
+                          lambda: _updates([(np.arange(b - a), f, slot, tslot)]), 0)  # fmt: skip
+
+    def _host_step(self, k: int, ne: HostEpoch, t: int) -> StepPlan:
+        """Step ``k`` (local step ``t`` of ``ne``) of a rank sharing its host's buffer."""
+        s = self.share
+        ranks, so = ne.ranks, ne.ranks.step_offsets
+
+        def span(q: int) -> slice:
+            lo = ranks.rank_offsets[q]
+            return slice(int(lo + so[q, t]), int(lo + so[q, t + 1]))
+
+        # The host's staging rows of the step: its accesses some local rank takes as PEER, in
+        # sample order (every local rank computes the same, or takes the published ones).
+        if ne.staged is not None:
+            shared = ne.staged[1][ne.staged[0][t] : ne.staged[0][t + 1]]
+        else:
+            taken = [ne.at[span(q)][(ranks.flags[span(q)] & PEER) != 0] for q in s.group]
+            shared = np.unique(np.concatenate(taken))
+        if shared.size > s.stage_rows:
+            raise SolarError(f"host buffer: step {k} shares {shared.size} rows between local "
+                             f"ranks, more than the {s.stage_rows} staging rows made for a "
+                             "batch of at most the sampler's bound")  # fmt: skip
+        mine = span(s.rank)
+        f, at = ranks.flags[mine], ne.at[mine]
+
+        def updates() -> np.ndarray:
+            spans = [span(r) for r in s.group]
+            return _updates([(ne.at[q], ranks.flags[q], ranks.slot[q], ranks.tslot[q])
+                             for q in spans])  # fmt: skip
+
+        step = _step_plan(k, s.tier_slots, f, ranks.sample[mine], ranks.slot[mine],
+                          ranks.tslot[mine], updates, s.local)  # fmt: skip
+        if not shared.size:
+            return step
+        peer = (f & PEER) != 0
+        stage = ((f & (HIT | THIT | PEER)) == 0) & np.isin(at, shared)
+        peer_at = np.searchsorted(shared, at[peer]).astype(np.int64)
+        stage_at = np.searchsorted(shared, at[stage]).astype(np.int64)
+        if ne.staged is not None and not (_found(shared, peer_at, at[peer])
+                                          and _found(shared, stage_at, at[stage])):  # fmt: skip
+            raise CorruptPlanError(f"host plan (shared epoch): step {k}'s staging set does not "
+                                   "hold the rows its ranks stage and take")  # fmt: skip
+        return step._replace(stage_rows=np.flatnonzero(stage), stage_at=stage_at,
+                             peer_rows=np.flatnonzero(peer), peer_at=peer_at)  # fmt: skip
 
     def transfer(self, k: int) -> Transfer | None:
-        """Step ``k``'s exchange of rows with the other ranks (equal batches), or None."""
-        if self.peers is None:
-            return None
-        return rank_transfer(self.peers[self._local(k)], self.rank)
-
-    def step_actions(self, k: int) -> list[tuple[int, int, int]]:
-        """Step ``k``'s buffer updates access by access, for steps ``in_order``: a list of
-        ``(flag, row, slot)`` with flag DEMOTE (``row`` is the RAM slot, ``slot`` the tier
-        slot), ADMIT (row into RAM slot) or TADMIT (row into tier slot)."""
-        t = self._local(k)
-        a, b = int(self.step_offsets[t]), int(self.step_offsets[t + 1])
-        out = []
-        for j in np.flatnonzero(self.flags[a:b] & (ADMIT | TADMIT | DEMOTE)).tolist():
-            f, s, ts = int(self.flags[a + j]), int(self.slot[a + j]), int(self.tslot[a + j])
-            if f & DEMOTE:
-                out.append((DEMOTE, s, ts))
-            if f & ADMIT:
-                out.append((ADMIT, j, s))
-            if f & TADMIT:
-                out.append((TADMIT, j, ts))
-        return out
+        """Step ``k``'s exchange of rows with the other ranks (equal batches; with a host's
+        buffer, the rows it serves over its share go to ranks of other hosts), or None."""
+        e, t = divmod(self._local(k), self.share.spe)
+        part = self.parts[e]
+        if isinstance(part, HostEpoch):
+            if not self.share.equal:
+                return None
+            so = part.ranks.step_offsets if part.all_steps is None else part.all_steps
+            return host_transfer(so, t, self.rank, part.hosts.count)
+        return None if part.peers is None else rank_transfer(part.peers[t], self.rank)
 
     def contents_at(self, k: int) -> NDArray[np.int64]:
         """The sample each cell holds at the start of step ``k`` (-1: empty): shape (cells,).
@@ -326,6 +369,61 @@ class RankPlan:
         if np.any(samples < 0):
             raise CorruptPlanError(f"rank {self.rank}, step {k}: a later hit reads an empty slot")
         return cells, samples
+
+
+def _step_plan(k: int, tier_slots: int, f: np.ndarray, sample: np.ndarray, slot: np.ndarray,
+               tslot: np.ndarray, updates: Callable[[], np.ndarray],
+               local: int) -> StepPlan:  # fmt: skip
+    """Step ``k`` of a rank (local rank ``local`` of its buffer) whose accesses are ``f``,
+    ``sample``, ``slot``, ``tslot``; ``updates()``, its buffer's updates of the step (as
+    :func:`_updates` gives them), asked only where a tier's updates may need phases."""
+    if not tier_slots and np.any(f & (THIT | TADMIT | DEMOTE)):
+        raise CorruptPlanError(f"host plan: step {k} uses a tier the buffer does not have")
+    side = (f & SIDE) != 0
+    served = int(np.count_nonzero(~side))
+    if served < f.size and np.any(side[:served]):
+        raise CorruptPlanError(f"host plan: step {k}'s side rows do not follow its batch")
+    x, slot = sample.astype(np.int64), slot.astype(np.int64)
+    hit, admit, thit = (f & HIT) != 0, (f & ADMIT) != 0, (f & THIT) != 0
+    own = (f & (HIT | THIT | PEER | SIDE)) == 0
+    step = StepPlan(k, x[:served], np.flatnonzero(own), np.flatnonzero(hit), slot[hit],
+                    np.flatnonzero(admit), slot[admit], side_samples=x[side])  # fmt: skip
+    if not tier_slots:
+        return step
+    rows = np.arange(f.size, dtype=np.int64)
+    tslot = tslot.astype(np.int64)
+    demote, tadmit = (f & DEMOTE) != 0, (f & TADMIT) != 0
+    tier = dict(tier_rows=rows[thit], tier_slots=tslot[thit], demote_slots=slot[demote],
+                demote_tslots=tslot[demote], tadmit_rows=rows[tadmit],
+                tadmit_tslots=tslot[tadmit])  # fmt: skip
+    # The buffer's phases: where it updates a cell twice, in turn (the host's ranks alike).
+    u = updates()
+    phase, waits = host_phases(u[:, 1], u[:, 3], u[:, 4], u[:, 5])
+    if waits.size > 1:
+        of = np.full(f.size, -1, np.int64)
+        me = u[:, 1] == local
+        of[u[me, 2]] = phase[me]
+        tier.update(phase_waits=waits, demote_phase=of[demote], admit_phase=of[admit],
+                    tadmit_phase=of[tadmit])  # fmt: skip
+    return step._replace(**tier)
+
+
+def _updates(ranks: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]) -> np.ndarray:
+    """A buffer's updates at one step, from each local rank's ``(at, flags, slot, tslot)`` of
+    its accesses, in the buffer's access order (``at``): rows ``(at, local rank, access,
+    flags, slot, tslot)`` (access: its index in that rank's step), int64."""
+    parts = []
+    for q, (at, f, slot, tslot) in enumerate(ranks):
+        j = np.flatnonzero(f & (ADMIT | TADMIT | DEMOTE))
+        parts.append(np.stack([at[j], np.full(j.size, q), j, f[j], slot[j], tslot[j]], axis=1))
+    out = np.concatenate(parts).astype(np.int64)
+    return out if len(parts) == 1 else out[np.argsort(out[:, 0], kind="stable")]
+
+
+def _found(shared: np.ndarray, where: np.ndarray, rows: np.ndarray) -> bool:
+    """Whether ``shared[where]`` is ``rows`` (a staging set received is untrusted)."""
+    return not where.size or (int(where.max()) < shared.size
+                              and bool(np.all(shared[where] == rows)))  # fmt: skip
 
 
 @njit(cache=True, nogil=True)

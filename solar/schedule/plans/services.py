@@ -37,9 +37,9 @@ _WHAT = {
     _S_SAMPLE: "its sample is not the host's access it points at",
     _S_REPEATED: "it serves one sample twice in the step",
     _S_SIDE_FIRST: "a row is served after a side row (side rows follow the batch)",
-    _TIER: "a tier flag (no node tier is run)",
+    _TIER: "a tier flag (no host tier is run)",
     _HIT: "a hit that is not the host's hit (flags, slot or reader differ)",
-    _S_SLOT: "a slot outside the node buffer",
+    _S_SLOT: "a slot outside the host buffer",
     _STALE: "a hit from a slot that does not hold its sample (its rows never stored there)",
     _READER: "a row whose reader is not a rank of its host",
     _READERS: "two ranks name different readers of one row",
@@ -61,7 +61,7 @@ def _check_services(h_sample, h_slot, h_flags, h_base, h_off, r_sample, r_slot, 
                     stage_rows, state, hlast, claim, covered, readby, peer, rstamp, sstamp,
                     tag0):  # fmt: skip
     """One epoch of a host's ranks' services (see the module's docstring); ``state`` (the
-    node buffer as the ranks' stores leave it) carries over epochs. Returns (code, local rank,
+    host buffer as the ranks' stores leave it) carries over epochs. Returns (code, local rank,
     access index, step)."""
     local = group.shape[0]
     world = local_of.shape[0]

@@ -8,7 +8,7 @@ used only if its checksum, names, shapes, ranges, the uniqueness of its samples 
 order under the recomputed keys all hold (else a warning, and the planner replans from epoch 0),
 so a planner restored from one makes exactly the decisions of the run that saved it.
 
-A node planner's (one buffer per host, solar/schedule/keep/hostplan.py) is the same file of its host
+A host planner's (one buffer per host, solar/schedule/keep/hostplan.py) is the same file of its host
 planner's state, named for the run (the per-rank spec's fingerprint) and carrying the grouping
 of the ranks by host it was planned for: a snapshot of another grouping is refused in one
 warning line (and the planner replans from epoch 0), whatever the sampler (a grouping changes a
@@ -41,7 +41,7 @@ if TYPE_CHECKING:  # the host planner is passed in: per-rank snapshots need none
 
 class Restorable(Protocol):
     """What a snapshot is taken of and restored into: a :class:`Planner`, or the planners of
-    a node buffer's parts (solar/schedule/keep/hostplan.py)."""
+    a host buffer's parts (solar/schedule/keep/hostplan.py)."""
 
     spec: PlanSpec
 
@@ -94,7 +94,7 @@ def save_or_warn(save: Callable[[], object], what: str) -> None:
 
 def _identity(spec: PlanSpec, hosts: Hosts | None) -> tuple[str, str, dict]:
     """The key and kind naming a snapshot file of ``spec``'s run (grouped by ``hosts``), and
-    what its header adds: a node planner's run and grouping."""
+    what its header adds: a host planner's run and grouping."""
     if hosts is None:
         return spec.fingerprint, "planner", {}
     return spec.fingerprint, "nodeplanner", {"hosts": hosts.as_record(), "run": spec.fingerprint}
@@ -107,7 +107,7 @@ def save(directory: str | os.PathLike, planner: Planner | HostPlanner) -> Path |
     state_of: Restorable
     if not isinstance(planner, Planner):
         if planner.only_host is not None:
-            raise ValueError("a node snapshot holds every host's state: plan them all")
+            raise ValueError("a host snapshot holds every host's state: plan them all")
         key, kind, extra = _identity(planner.spec, planner.hosts)
         state_of = planner.planner
     else:
@@ -135,7 +135,7 @@ def save(directory: str | os.PathLike, planner: Planner | HostPlanner) -> Path |
 def load(directory: str | os.PathLike, spec: PlanSpec, epoch: int, after: int = -1,
          hosts: Hosts | None = None,
          node: Callable[[], HostPlanner] | None = None) -> Any:  # fmt: skip
-    """A planner for ``spec`` (with ``hosts``: the node planner ``node()`` makes of its run
+    """A planner for ``spec`` (with ``hosts``: the host planner ``node()`` makes of its run
     over them, planning every host) restored from its newest valid snapshot in ``directory``
     taken at an epoch at or before ``epoch`` and after ``after`` (a planner already there
     needs none older); None if there is none. A snapshot refused is named in a warning and
@@ -147,7 +147,7 @@ def load(directory: str | os.PathLike, spec: PlanSpec, epoch: int, after: int = 
             continue
         # A refused restore leaves it as it was.
         if hosts is not None and node is None:
-            raise ValueError("a node snapshot is restored into a node planner: give node=")
+            raise ValueError("a host snapshot is restored into a host planner: give node=")
         made = made or (Planner(spec) if node is None else node())
         into: Restorable = made if hosts is None else made.planner
         state = into.snapshot()

@@ -2,9 +2,9 @@
 one runs.
 
 A :class:`RankStream` hands the runtime a window of rank ``rank``'s plan over the current epoch
-and whatever later epochs are already planned: of its own buffer (a host of one rank: a
-:class:`~solar.schedule.plans.rankplan.RankPlan`), or of its share of its host's (``hosts``: a
-:class:`~solar.schedule.plans.hostwindow.HostWindow` of the node plan, schedule/keep/hostplan.py).
+and whatever later epochs are already planned (a
+:class:`~solar.schedule.plans.rankplan.RankPlan`): of its own buffer (a host of one rank), or
+of its share of its host's (``hosts``: the host plan, schedule/keep/hostplan.py).
 Planning runs in one background thread (the numba kernels release the GIL), one epoch ahead of
 the consumer; memory holds the planner's state, O(N + P·C), and the window, whatever the number
 of epochs. The epochs come from a planner, or from a plan given (made, or a file proven safe:
@@ -66,10 +66,9 @@ from solar.schedule.keep.planner import Planner, RankEpoch
 from solar.schedule.plans import hostpayload as payload
 from solar.schedule.plans import snapshot
 from solar.schedule.plans.hostplanners import Checks, EpochReader, PartPlanner, exchange_of
-from solar.schedule.plans.hostwindow import HostWindow, Share
 from solar.schedule.plans.packing import EpochWindows, PackModel, epoch_windows
 from solar.schedule.plans.plan import Plan
-from solar.schedule.plans.rankplan import RankPlan, _replay
+from solar.schedule.plans.rankplan import RankPlan, Share, _replay
 from solar.schedule.policy import slot_count, tier_slot_count
 from solar.schedule.spec import PlanSpec
 
@@ -144,16 +143,16 @@ class RankStream:
         self.exchange: Any = None
         self.parts: Any = None
         self.check: Checks | None = None
-        self.share: Share | None = None
         self.group: tuple[int, ...]
         if self.hosts is None:  # a buffer of its own: a host of one rank
             self.host, self.group, self.local = rank, (rank,), 0
             self.slots = slot_count(spec.run, spec.buffer)
             self.tier_slots = tier_slot_count(spec.run, spec.buffer)
             self.stage_rows = 0
+            self.share = Share.alone(rank, self.slots, self.tier_slots, self.spe)
         else:
             self._join(self.hosts, stage_rows, comm)
-        # Whether a rank of this host saves node planner snapshots (the host's ranks decide
+        # Whether a rank of this host saves host planner snapshots (the host's ranks decide
         # alike how its plan is made).
         self.host_saves = self._saves() if self.exchange is None else any(self.exchange.extras)
         # A buffer in parts with the exchange: every local rank plans its part from the ranks'
@@ -188,7 +187,7 @@ class RankStream:
         self._parts: list = []  # consecutive epochs, from self._first
         self._first = 0
         self._initial: np.ndarray | None = None  # the buffer (cells) as epoch _first starts
-        self._window: RankPlan | HostWindow | None = None
+        self._window: RankPlan | None = None
         self._windows: dict[int, EpochWindows] = {}  # by epoch, of the epochs planned (packing)
 
     _KEEP = ("spec", "rank", "plan", "snapshots", "packing", "hosts", "spe", "wait_seconds", "pid",
@@ -221,7 +220,7 @@ class RankStream:
         self._collect(wait=False)
         return (self._first + len(self._parts)) * self.spe
 
-    def window(self, k: int, trim: bool = True) -> RankPlan | HostWindow:
+    def window(self, k: int, trim: bool = True) -> RankPlan:
         """A window of the plan that holds global step ``k``: planned now if it must be.
 
         With ``trim`` (the step being served, not one read ahead), epochs before k's are
@@ -247,20 +246,16 @@ class RankStream:
             self._window = None
         return self._current()
 
-    def _current(self) -> RankPlan | HostWindow:
+    def _current(self) -> RankPlan:
         if self._window is None:
             complete = self._first + len(self._parts) == self.spec.run.epochs
             self._window = self._view(self._parts, self._first, self._initial, complete)
         return self._window
 
     def _view(self, parts: list, first: int, initial: np.ndarray | None,
-              complete: bool) -> RankPlan | HostWindow:  # fmt: skip
+              complete: bool) -> RankPlan:  # fmt: skip
         """This rank's plan over consecutive epochs ``parts`` from epoch ``first``."""
-        if self.share is None:
-            return RankPlan.from_parts(self.rank, parts, self.slots, first_step=first * self.spe,
-                                       initial=initial, complete=complete,
-                                       tier_slots=self.tier_slots)  # fmt: skip
-        return HostWindow(self.share, parts, first, initial, complete)
+        return RankPlan(self.share, parts, first * self.spe, initial, complete)
 
     def windows(self, epoch: int) -> EpochWindows | None:
         """The windows the planner decided for ``epoch`` (planned, not yet dropped), or None

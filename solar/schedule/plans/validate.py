@@ -225,9 +225,9 @@ class RankValidator:
         k = part.epoch
         if k != self.next_epoch:
             raise CorruptPlanError(f"rank {self.rank}: epoch {k} checked before {self.next_epoch}")
-        return RankPlan(self.rank, part.sample, part.slot, part.flags, part.step_offsets,
-                        self.slots, first_step=k * self.run.steps_per_epoch,
-                        tier_slots=self.tier_slots, tslot=part.tslot)  # fmt: skip
+        return RankPlan.from_parts(self.rank, [part], self.slots,
+                                   first_step=k * self.run.steps_per_epoch,
+                                   tier_slots=self.tier_slots)  # fmt: skip
 
     def _check_peers(self, part: RankEpoch, global_sizes: np.ndarray) -> None:
         k0 = part.epoch * self.run.steps_per_epoch
