@@ -446,7 +446,7 @@ def worker(address: str, threads: int | None, wait_s: float) -> None:
     Remote(address=...)), then read, transform and send the steps this worker owns until
     they are done. Start it as a job of its own (its death must not end the trainers'):
     `solar worker HOST:PORT` on each worker host, under any launcher or none."""
-    from solar.remote.worker import serve
+    from solar.worker import serve
 
     if threads is not None and threads < 1:
         raise SolarError(f"--threads must be >= 1, got {threads}")

@@ -1,7 +1,7 @@
 """Preprocessing workers on other hosts: planned, as members of the plan's grouping.
 
 A trainer (a Loader's rank) with ``Transform(fn, remote=Remote(...))`` is served by workers
-started as a job of their own (``solar worker ADDRESS``, solar/remote/worker.py), so that a
+started as a job of their own (``solar worker ADDRESS``, solar/worker.py), so that a
 worker's death never takes the trainers' job down (mpiexec and torchrun end every rank of a job
 when one dies). They meet at a TCPStore served by trainer rank 0 (solar/remote/link.py); each
 (trainer, worker) pair then talks over a two-rank gloo process group of its own, whose dead
@@ -16,8 +16,8 @@ and transforms locally what was not delivered in time or was owned by a worker t
 (solar/runtime/remote.py). The bytes are the same either way: a sample's generator is a
 function of (seed, epoch, sample, occurrence).
 
-Modules: this one the configuration; ``link`` the meeting and the pairs; ``worker`` the
-worker's loop (imported by the CLI only: it builds on solar.runtime).
+Modules: this one the configuration; ``link`` the meeting and the pairs. The worker's loop is
+solar/worker.py (it builds on solar.runtime, which builds on this package).
 """
 
 from __future__ import annotations
