@@ -10,12 +10,13 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import h5py
 import numpy as np
 import pytest
-from ranks_apart import MPIEXEC, run_job
+from ranks_apart import MPIEXEC, TORCHRUN, run_job
 from transform_fns import crop_flip_noise
 
 from solar import Loader, SolarError
@@ -102,6 +103,7 @@ def test_a_trainer_with_a_worker_yields_the_bytes_it_would_transform_itself(data
     out, err = worker.communicate(timeout=60)
     assert worker.returncode == 0, err
     assert "steps" in out
+    assert not [t for t in threading.enumerate() if t.name.startswith("solar-remote")]
 
 
 def test_a_worker_killed_mid_epoch_costs_no_sample(data):
@@ -130,20 +132,23 @@ def test_a_worker_killed_mid_epoch_costs_no_sample(data):
         ld.close()
         ref.close()
     assert worker.returncode == -signal.SIGKILL
+    assert not [t for t in threading.enumerate() if t.name.startswith("solar-remote")]
 
 
-@pytest.mark.parametrize("n_workers", [1, 2])
-def test_two_trainers_and_their_workers_under_mpiexec(data, n_workers):
-    """mpiexec -n 2 trainers, 1 or 2 workers started apart (one serving both trainers, or one
-    each): batches byte-identical to local transforms, each sample once per epoch over the
-    ranks, every trainer's worker delivering."""
-    if not MPIEXEC.exists():
-        pytest.skip("no mpiexec beside python")
+@pytest.mark.parametrize(("launcher", "n_workers"),
+                         [("mpiexec", 1), ("mpiexec", 2), ("torchrun", 2)])  # fmt: skip
+def test_two_trainers_and_their_workers_either_launcher(data, launcher, n_workers):
+    """2 trainers (mpiexec or torchrun), 1 or 2 workers started apart (one serving both
+    trainers, or one each): batches byte-identical to local transforms, each sample once per
+    epoch over the ranks, every trainer's worker delivering."""
+    exe = MPIEXEC if launcher == "mpiexec" else TORCHRUN
+    if not exe.exists():
+        pytest.skip(f"no {exe.name} beside python")
     address = free_address()
     workers = [start_worker(address) for _ in range(n_workers)]
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    job = run_job(MPIEXEC, 2, [str(ROOT / "tests" / "mpi" / "remote.py"), str(data), address,
-                               str(n_workers), "2"], 240, env)  # fmt: skip
+    job = run_job(exe, 2, [str(ROOT / "tests" / "mpi" / "remote.py"), str(data), address,
+                           str(n_workers), "2"], 240, env)  # fmt: skip
     outs = [w.communicate(timeout=60) for w in workers]
     assert job.returncode == 0, job.stderr
     for r in range(2):

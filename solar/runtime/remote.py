@@ -234,6 +234,7 @@ class RemoteTransforms(TransformPool):
             self._live.remove(w)
             self.figures[w].lost = True
             self._lost[w].set_result(None)
+            self._outbox[w].put((DONE, DONE))  # its credit thread ends
             mine = {k: p for k, p in self._pending.items() if p.worker == w}
             for k in mine:
                 del self._pending[k]
