@@ -112,7 +112,7 @@ def run_solar(args, remote: bool) -> dict:
     rate = timed_epochs(ld, args.epochs, args.batch)
     figures = {}
     if remote:
-        figures = {w: vars(f) for w, f in ld._pipeline.get().pool.figures.items()}
+        figures = {w: vars(f) for w, f in ld.stats.remote.items()}
     ld.close()
     if worker is not None:
         worker.wait(timeout=120)

@@ -435,7 +435,7 @@ def warm(jobs: int) -> None:
     )
 
 
-@cli.command(short_help="Serve trainers as a preprocessing worker (Transform(remote=...)).")
+@cli.command(short_help="Transform trainers' steps as a preprocessing worker on another host.")
 @click.argument("address")
 @click.option("--threads", type=int, default=None,
               help="Transform threads (default: this process's cores).")  # fmt: skip
