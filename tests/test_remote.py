@@ -17,7 +17,7 @@ import h5py
 import numpy as np
 import pytest
 from ranks_apart import MPIEXEC, TORCHRUN, run_job
-from transform_fns import crop_flip_noise
+from transform_fns import crop_flip_noise, shrink
 
 from solar import Loader, SolarError
 from solar.remote import Remote
@@ -68,6 +68,30 @@ def test_bad_remote_settings_are_refused_in_one_line():
             Remote(**{"address": "127.0.0.1:1", **bad})
     with pytest.raises(SolarError, match="remote"):
         Transform(crop_flip_noise, remote="127.0.0.1:1")  # type: ignore[arg-type]
+
+
+def test_what_remote_cannot_serve_yet_is_refused_in_one_line(data):
+    """Held transformed rows (deterministic) are refused before any meeting is attempted."""
+    t = Transform(shrink, deterministic=True, remote=Remote(free_address(), join_s=1))
+    with pytest.raises(SolarError, match="remote=: not with a deterministic"):
+        Loader(data, batch_size=10, epochs=1, buffer=20, rank=0, world_size=1, transform=t)
+
+
+def test_no_worker_coming_the_trainer_transforms_every_step_itself(data):
+    """No worker joins within join_s: the trainer starts without one and yields the bytes of
+    local transforms."""
+    args = dict(batch_size=10, epochs=1, buffer=20, seed=5, rank=0, world_size=1)
+    r = Remote(free_address(), join_s=1)
+    ld = Loader(data, transform=Transform(crop_flip_noise, workers=1, remote=r), **args)
+    ref = Loader(data, transform=Transform(crop_flip_noise, workers=1), **args)
+    try:
+        assert ld.stats.remote == {}
+        for a, b in zip(ld, ref, strict=True):
+            for k in b:
+                assert np.array_equal(a[k].numpy(), b[k].numpy()), k
+    finally:
+        ld.close()
+        ref.close()
 
 
 def _pair(data: Path, address: str, epochs: int, **remote):
