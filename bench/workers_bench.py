@@ -10,7 +10,9 @@ SOLAR_BENCH_REPS. The trainer does nothing but take batches (its core is the tra
 alone). Modes run one after the other, each in a fresh process (``--mode`` runs one):
 ``alone``, ``worker`` (Remote, keep=1: every other step the worker's), ``dataloader``
 (torch DataLoader, num_workers=1, h5py in the worker), ``transport`` (a gloo pair: one
-batch's rows per message). Model on paper: with transform time t per sample, transport CPU
+batch's rows per message), ``fault`` (the worker killed -9 half-way through epoch 1 of 3:
+each epoch's seconds, the time lost against half an epoch with it and half alone; needs
+``--epochs 3`` or more). Model on paper: with transform time t per sample, transport CPU
 cost x per sample on the receiving trainer and c on the sender, a trainer keeping
 ``keep`` of every ``keep + n`` steps reaches ``(keep + n) / max(keep * t + n * x, t + c)``
 samples/s (alone: 1/t); it is printed beside the measured ratio.
@@ -109,6 +111,9 @@ def run_solar(args, remote: bool) -> dict:
     t = Transform(fn, workers=1, remote=r)
     ld = Loader(args.data, batch_size=args.batch, epochs=args.epochs, buffer=args.batch, seed=0,
                 rank=0, world_size=1, transform=t)  # fmt: skip
+    if args.mode == "fault":
+        assert worker is not None
+        return killed(ld, worker, args.epochs)
     rate = timed_epochs(ld, args.epochs, args.batch)
     figures = {}
     if remote:
@@ -117,6 +122,23 @@ def run_solar(args, remote: bool) -> dict:
     if worker is not None:
         worker.wait(timeout=120)
     return {"samples_s": rate, "workers": figures}
+
+
+def killed(ld, worker: subprocess.Popen, epochs: int) -> dict:
+    """kill -9 of the worker half-way through epoch 1: each epoch's seconds (epoch 0 with the
+    worker, then the killed one, then the trainer alone) and its figures."""
+    seconds = []
+    for e in range(epochs):
+        ld.set_epoch(e)
+        t0 = time.perf_counter()
+        for t, _ in enumerate(ld):
+            if e == 1 and t == len(ld) // 2:
+                worker.kill()
+        seconds.append(time.perf_counter() - t0)
+    figures = {w: vars(f) for w, f in ld.stats.remote.items()}
+    ld.close()
+    worker.wait(timeout=60)
+    return {"epoch_seconds": seconds, "workers": figures}
 
 
 def run_dataloader(args) -> dict:
@@ -203,8 +225,8 @@ def main() -> None:
     p.add_argument("--ms", type=float, default=4.0)
     p.add_argument("--cores", default="0,1", help="trainer's core, worker's core")
     p.add_argument("--data", default=None, help="HDF5 file (default: made in /tmp)")
-    p.add_argument("--mode", default="all",
-                   choices=["all", "alone", "worker", "dataloader", "transport"])  # fmt: skip
+    modes = ["all", "alone", "worker", "dataloader", "transport", "fault"]
+    p.add_argument("--mode", default="all", choices=modes)
     p.add_argument("--role", default="recv", help=argparse.SUPPRESS)
     p.add_argument("--address", default=None, help=argparse.SUPPRESS)
     p.add_argument("--worker-core", type=int, default=None, help=argparse.SUPPRESS)
@@ -217,6 +239,7 @@ def main() -> None:
         return
     if args.mode != "all":
         got = {"alone": lambda: run_solar(args, False), "worker": lambda: run_solar(args, True),
+               "fault": lambda: run_solar(args, True),
                "dataloader": lambda: run_dataloader(args),
                "transport": lambda: run_transport(args)}[args.mode]()  # fmt: skip
         print(json.dumps(got))
@@ -229,7 +252,7 @@ def main() -> None:
     env = dict(os.environ, SOLAR_BENCH_REPS=str(reps),
                PYTHONPATH=os.pathsep.join([str(ROOT), str(HERE)]))  # fmt: skip
     results = {}
-    for mode in ("transport", "alone", "worker", "dataloader"):
+    for mode in ("transport", "alone", "worker", "dataloader", "fault"):
         cmd = [sys.executable, __file__, "--mode", mode, "--data", str(data), "--samples",
                str(args.samples), "--epochs", str(args.epochs), "--batch", str(args.batch),
                "--cores", args.cores]  # fmt: skip
@@ -248,6 +271,9 @@ def main() -> None:
     print(f"1 trainer + 1 worker vs alone: {results['worker']['samples_s'] / (1 / t):.2f}x "
           f"(model {model:.2f}x); DataLoader(num_workers=1) vs alone: "
           f"{results['dataloader']['samples_s'] * t:.2f}x")  # fmt: skip
+    e0, e1, e2 = results["fault"]["epoch_seconds"][:3]
+    print(f"worker killed -9 mid-epoch 1: epochs {e0:.2f} s (with it), {e1:.2f} s (killed), "
+          f"{e2:.2f} s (alone); lost vs half of each: {e1 - (e0 + e2) / 2:+.2f} s")  # fmt: skip
 
 
 if __name__ == "__main__":
