@@ -159,6 +159,47 @@ def test_a_worker_killed_mid_epoch_costs_no_sample(data):
     assert not [t for t in threading.enumerate() if t.name.startswith("solar-remote")]
 
 
+TRAINER = """
+import sys, time
+sys.path.insert(0, {tests!r})
+from transform_fns import crop_flip_noise
+from solar import Loader, Remote, Transform
+r = Remote({address!r}, join_s=60)
+ld = Loader({data!r}, batch_size=10, epochs=3, buffer=20, rank=0, world_size=1,
+            transform=Transform(crop_flip_noise, workers=1, remote=r))
+for b in ld:
+    print("served", flush=True)
+    time.sleep(600)
+"""
+
+
+def test_a_trainer_killed_leaves_no_worker_behind(data):
+    """kill -9 of the trainer mid-epoch: its worker sees the pair broken and ends."""
+    address = free_address()
+    worker = start_worker(address)
+    code = TRAINER.format(tests=str(ROOT / "tests"), address=address, data=str(data))
+    trainer = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
+                               env=dict(os.environ, PYTHONPATH=str(ROOT)))  # fmt: skip
+    try:
+        assert trainer.stdout is not None and trainer.stdout.readline() == "served\n"
+        trainer.kill()
+        worker.wait(timeout=60)  # (the test fails here if the worker lingers)
+    finally:
+        trainer.kill()
+        worker.kill()
+        trainer.wait()
+    assert trainer.returncode == -signal.SIGKILL
+
+
+def test_a_worker_whose_trainers_never_come_says_so_in_one_line():
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    res = subprocess.run([sys.executable, "-m", "solar.cli", "worker", free_address(),
+                          "--wait", "1"], env=env, capture_output=True, text=True,
+                         timeout=120)  # fmt: skip
+    assert res.returncode == 1
+    assert res.stderr.startswith("solar: error: ") and len(res.stderr.splitlines()) == 1, res.stderr
+
+
 @pytest.mark.parametrize(("launcher", "n_workers"), [("mpiexec", 2), ("torchrun", 1)])
 def test_two_trainers_and_their_workers_either_launcher(data, launcher, n_workers):
     """2 trainers (mpiexec or torchrun), 2 or 1 workers started apart (one each, or one

@@ -20,6 +20,7 @@ from __future__ import annotations
 import datetime
 import hashlib
 import pickle
+import socket
 import time
 from typing import Any
 
@@ -65,12 +66,29 @@ def _store(remote: Remote, serve: bool, seconds: float) -> Any:
 
     host, port = remote.host_port
     timeout = datetime.timedelta(seconds=seconds)
+    if not serve:
+        _reachable(host, port, seconds)
     try:
         return td.TCPStore(host, port, None, serve, timeout=timeout, wait_for_workers=False)
     except (RuntimeError, OSError) as exc:
         what = "serve" if serve else "reach"
         raise SolarError(f"Remote {remote.address}: cannot {what} the workers' store "
                          f"({first_line(exc)})") from None  # fmt: skip
+
+
+def _reachable(host: str, port: int, seconds: float) -> None:
+    """Wait until something listens at ``host:port`` (a connect probe, closed at once), or say
+    in one line that nothing did: torch's store client logs pages of C++ frames on a timeout."""
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            socket.create_connection((host, port), timeout=1).close()
+            return
+        except OSError as exc:
+            if time.monotonic() >= deadline:
+                raise SolarError(f"Remote {host}:{port}: nothing serves the workers' store "
+                                 f"there after {seconds:.0f} s ({exc})") from None  # fmt: skip
+            time.sleep(0.1)
 
 
 def _pair(store: Any, trainer: int, worker: int, rank: int) -> Any:
@@ -124,9 +142,13 @@ class WorkerLink:
 
     def __init__(self, remote: Remote, wait_s: float) -> None:
         self.store = _store(remote, False, wait_s)  # the trainers may start later
-        self.id = int(self.store.add(COUNT, 1)) - 1
-        self.job = pickle.loads(self.store.get(JOB))  # the trainers' own (their store)
-        roster = int(self.store.get(ROSTER))
+        try:
+            self.id = int(self.store.add(COUNT, 1)) - 1
+            self.job = pickle.loads(self.store.get(JOB))  # the trainers' own (their store)
+            roster = int(self.store.get(ROSTER))
+        except RuntimeError as exc:  # gone, or never said within wait_s
+            raise SolarError(f"worker at {remote.address}: the trainers did not start within "
+                             f"{wait_s:.0f} s ({first_line(exc)})") from None  # fmt: skip
         self.roster = roster
         self.late = self.id >= roster
         self.groups: dict[int, Any] = {}
