@@ -158,6 +158,9 @@ class RemoteTransforms(TransformPool):
         if k == self._position:
             return
         self._position = k
+        with self._lock:  # deliveries of steps before it are no longer wanted
+            for old in [j for j in self._stash if j < k]:
+                del self._stash[old]
         limit = DONE if k == DONE else k + self.remote.window
         for w in self._live:
             self._outbox[w].put((k, limit))
