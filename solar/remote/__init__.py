@@ -5,7 +5,9 @@ started as a job of their own (``solar worker ADDRESS``, solar/worker.py), so th
 worker's death never takes the trainers' job down (mpiexec and torchrun end every rank of a job
 when one dies). They meet at a TCPStore served by trainer rank 0 (solar/remote/link.py); each
 (trainer, worker) pair then talks over a two-rank gloo process group of its own, whose dead
-peer raises on the other side instead of ending it.
+peer raises on the other side instead of ending it. (MPI's port functions were the other
+engine at hand: MPICH refuses to connect two singleton processes, ``MPI_Comm_connect`` failing
+with overlapping groups, and without ULFM gives no promise about a peer that dies.)
 
 Every member runs the same pure plan: a worker knows which samples its trainers serve at each
 step, and each step of a trainer is owned by the trainer or one of its workers
