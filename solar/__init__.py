@@ -13,6 +13,7 @@ from solar.config import BufferConfig, ReaderConfig, RunConfig
 from solar.errors import CorruptPlanError, PlanMismatchError, SolarError
 from solar.graph import Graph, NeighborSampler
 from solar.options import ExpertConfig, LoaderConfig, MemoryConfig, PackingConfig, PlanningConfig
+from solar.remote import Remote
 from solar.schedule import Plan, PlanSpec, load_plan, make_plan
 from solar.schedule.draw.samplers import Shuffle, Trace, Weighted
 from solar.transform import Transform
@@ -32,6 +33,7 @@ __all__ = [
     "PlanSpec",
     "PlanningConfig",
     "ReaderConfig",
+    "Remote",
     "RunConfig",
     "Shuffle",
     "SolarError",

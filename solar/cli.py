@@ -406,6 +406,26 @@ def warm(jobs: int) -> None:
     )
 
 
+@cli.command(short_help="Transform trainers' steps as a preprocessing worker on another host.")
+@click.argument("address")
+@click.option("--threads", type=int, default=None,
+              help="Transform threads (default: this process's cores).")  # fmt: skip
+@click.option("--wait", "wait_s", type=float, default=600.0, show_default=True,
+              help="Seconds to wait for the trainers to start.")  # fmt: skip
+def worker(address: str, threads: int | None, wait_s: float) -> None:
+    """Join the trainers meeting at ADDRESS (host:port of trainer rank 0, as in their
+    Remote(address=...)), then read, transform and send the steps this worker owns until
+    they are done. Start it as a job of its own (its death must not end the trainers'):
+    `solar worker HOST:PORT` on each worker host, under any launcher or none."""
+    from solar.worker import serve
+
+    if threads is not None and threads < 1:
+        raise SolarError(f"--threads must be >= 1, got {threads}")
+    got = serve(address, threads, wait_s)
+    click.echo(f"worker {got.id}: {sum(got.sent.values())} steps, {got.rows} rows sent to "
+               f"trainers {sorted(got.sent)} in {got.seconds:.1f} s")  # fmt: skip
+
+
 @cli.command(short_help="Make a small dataset, plan a 4-rank run, run it, compare.")
 @click.option("--dir", "directory", type=click.Path(), default=".demo", show_default=True,
               help="Directory for the demo's dataset (kept for the next run) and plan "

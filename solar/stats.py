@@ -274,6 +274,8 @@ def bottleneck(stages: dict[str, StageFigures]) -> Bottleneck:
         top = max(busy, key=lambda s: s.utilisation)
         name = top.name
         head = f"bottleneck: {_figure(top, long=True)}"
+        if name == "transform":  # other hosts' cores can take it (solar/remote)
+            head += " (preprocessing workers would help: Transform(remote=Remote(...)))"
         rest = [_figure(s) for s in busy if s is not top] + [wait_text]
     return Bottleneck(name, "; ".join([head, *rest]))
 
@@ -305,6 +307,10 @@ class LoaderStats:
     # windows decided, bytes scanned and written, the most disk held), else None. Packed
     # reads are in the epochs' bytes_read; the passes' scans and writes are here.
     packing: Any = None
+    # Transform(remote=...): each preprocessing worker's figures by its number
+    # (solar.runtime.remote.WorkerFigures: steps and rows delivered and used, bytes, steps
+    # transformed here because late, refused deliveries, whether it was lost), else None.
+    remote: Any = None
 
     def epoch(self, e: int) -> EpochStats:
         """Epoch ``e``'s totals (made empty if it has none yet)."""

@@ -26,6 +26,7 @@ import numpy as np
 
 from solar.errors import SolarError
 from solar.io.info import KeyInfo
+from solar.remote import Remote
 
 SampleFn = Callable[[dict[str, np.ndarray], np.random.Generator], Mapping[str, np.ndarray]]
 
@@ -47,7 +48,9 @@ class Transform:
     alone (not on ``rng``), so the buffer and the tier may keep transformed samples: a hit is
     then served as held, only storage reads are transformed (one step ahead, since a step's
     admissions are its transformed rows). Their slots hold transformed rows, but ``buffer``
-    and ``tier_size`` given in bytes are converted with the raw sample's size.
+    and ``tier_size`` given in bytes are converted with the raw sample's size. ``remote``:
+    preprocessing workers that transform some steps for the trainers (:class:`solar.remote.Remote`;
+    ``fn`` must pickle: the workers import it).
     """
 
     fn: SampleFn
@@ -56,6 +59,7 @@ class Transform:
     out: Mapping[str, tuple[Sequence[int], Any]] | None = None
     ahead: int = 2
     deterministic: bool = False
+    remote: Remote | None = None
 
     def __post_init__(self) -> None:
         if not callable(self.fn):
@@ -65,6 +69,8 @@ class Transform:
             raise SolarError(f"transform workers must be 'auto' or an integer >= 1, got {w!r}")
         if not isinstance(self.ahead, int) or isinstance(self.ahead, bool) or self.ahead < 0:
             raise SolarError(f"transform ahead must be an integer >= 0, got {self.ahead!r}")
+        if self.remote is not None and not isinstance(self.remote, Remote):
+            raise SolarError(f"transform remote must be a solar.remote.Remote, got {self.remote!r}")
         for name in ("processes", "deterministic"):
             if not isinstance(getattr(self, name), bool):
                 raise SolarError(f"transform {name} must be True or False, "

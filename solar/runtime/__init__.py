@@ -30,6 +30,9 @@ transforms.py   transformed assemblies: scheduling transforms, steps assembled a
                 refill of held transformed rows
 workers.py      the transform workers, threads or processes (one parameter); procs.py the
                 processes' shared memory
+remote.py       a trainer's transforms shared with preprocessing workers on other hosts
+                (solar/remote): a worker's steps taken as delivered, the late or lost ones
+                transformed here
 delivery.py     trim or exchange (equal batches), the dict, extras, ``batch_transform``
 pipeline.py     the per-process object: the stages composed, one step run, its figures recorded
 ==============  ===============================================================================

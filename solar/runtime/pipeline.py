@@ -27,6 +27,7 @@ from solar.runtime.holdings import Alone, Holdings, Host, RawRefill, Refill
 from solar.runtime.memory import BatchMemory, InFlight
 from solar.runtime.packing import Packer
 from solar.runtime.reads import ReadAhead, Reads
+from solar.runtime.remote import RemoteTransforms
 from solar.runtime.setup import Setup
 from solar.runtime.steps import Steps
 from solar.runtime.transforms import HeldTransformAssembly, TransformAssembly, TransformedRefill
@@ -175,8 +176,11 @@ def build(setup: Setup, stream: RankStream, stats: LoaderStats,
     spec, run = setup.spec, setup.run
     steps = Steps(spec, setup.rank, stream)
     shared = setup.shared
-    pool = None
-    if setup.transform is not None:
+    pool: TransformPool | None = None
+    if setup.transform is not None and setup.transform.remote is not None:
+        pool = RemoteTransforms(setup, steps.spe)  # workers on other hosts share its steps
+        stats.remote = pool.figures
+    elif setup.transform is not None:
         pool = TransformPool(setup.transform, run.seed, setup.info.keys, setup.out_keys,
                              setup.cores)  # fmt: skip
     holdings = _host_holdings(setup, stream, steps) if shared else \

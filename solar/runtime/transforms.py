@@ -88,6 +88,7 @@ class TransformAssembly(Assembly):
         """Wait for step ``k``'s transforms, assembling the next steps as their reads land,
         so that their transforms queue behind these and the workers never idle."""
         t0 = time.perf_counter()
+        io.transforms = self.pool.due(k, io.transforms)  # (a worker's step: here if late)
         try:
             while running := [f for f in io.transforms if not f.done()]:
                 more = len(self.ready) < self.ahead
@@ -106,6 +107,7 @@ class TransformAssembly(Assembly):
         wait([f for io in self.ready for f in io.transforms])
 
     def drain(self) -> None:
+        self.pool.forget()  # (steps a worker was to deliver: not waited for)
         self.wait()
         self.ready.clear()
 

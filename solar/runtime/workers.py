@@ -80,6 +80,14 @@ class TransformPool:
         args = (self.seed, self.keys, src, self.out_keys, dst)
         return [pool.submit(transform_rows, fn, *args, part) for part in jobs]
 
+    def due(self, k: int, futures: list[Future]) -> list[Future]:
+        """Step ``k`` is served now: what to wait for (its own futures: every step is this
+        pool's; solar.runtime.remote's may transform here what a worker did not deliver)."""
+        return futures
+
+    def forget(self) -> None:
+        """The steps assembled ahead are dropped (nothing to forget: every step is here)."""
+
     def close(self) -> None:
         """Stop the workers (after the tasks under way)."""
         if self._pool is not None:

@@ -1,0 +1,73 @@
+"""Preprocessing workers on other hosts: planned, as members of the plan's grouping.
+
+A trainer (a Loader's rank) with ``Transform(fn, remote=Remote(...))`` is served by workers
+started as a job of their own (``solar worker ADDRESS``, solar/worker.py), so that a
+worker's death never takes the trainers' job down (mpiexec and torchrun end every rank of a job
+when one dies). They meet at a TCPStore served by trainer rank 0 (solar/remote/link.py); each
+(trainer, worker) pair then talks over a two-rank gloo process group of its own, whose dead
+peer raises on the other side instead of ending it. (MPI's port functions were the other
+engine at hand: MPICH refuses to connect two singleton processes, ``MPI_Comm_connect`` failing
+with overlapping groups, and without ULFM gives no promise about a peer that dies.)
+
+Every member runs the same pure plan: a worker knows which samples its trainers serve at each
+step, and each step of a trainer is owned by the trainer or one of its workers
+(:func:`~solar.remote.link.owner`, a pure function of the step). A worker reads and transforms
+its steps ahead, within the credit its trainer gives it (``window`` steps past the step being
+served), and sends each finished step; the trainer's transform stage takes it when it arrives
+and transforms locally what was not delivered in time or was owned by a worker that died
+(solar/runtime/remote.py). The bytes are the same either way: a sample's generator is a
+function of (seed, epoch, sample, occurrence).
+
+Modules: this one the configuration; ``link`` the meeting and the pairs. The worker's loop is
+solar/worker.py (it builds on solar.runtime, which builds on this package).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from solar.errors import SolarError
+
+__all__ = ["Remote"]
+
+
+@dataclass(frozen=True)
+class Remote:
+    """Where a Loader's trainers meet their preprocessing workers, and how they share steps.
+
+    ``address``: ``"host:port"`` where trainer rank 0 serves the meeting's store (its host, a
+    free port: workers connect to it with ``solar worker host:port``). ``workers``: how many
+    the trainers wait for, at most ``join_s`` seconds (fewer joined: the trainers transform
+    the rest). ``keep``: of every ``keep + n`` steps of a trainer served by ``n`` workers,
+    the trainer transforms ``keep`` itself (0: all to the workers, whose late steps the trainer
+    still transforms). ``window``: steps past the one being served that a worker may deliver
+    (its credit). ``wait_s``: how long a trainer waits for a worker's step it needs before
+    transforming it itself.
+    """
+
+    address: str
+    workers: int = 1
+    keep: int = 1
+    window: int = 8
+    wait_s: float = 2.0
+    join_s: float = 60.0
+
+    def __post_init__(self) -> None:
+        host, sep, port = self.address.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise SolarError(f"Remote address must be 'host:port', got {self.address!r}")
+        for name in ("workers", "keep", "window"):
+            v = getattr(self, name)
+            low = 1 if name != "keep" else 0
+            if not isinstance(v, int) or isinstance(v, bool) or v < low:
+                raise SolarError(f"Remote {name} must be an integer >= {low}, got {v!r}")
+        for name in ("wait_s", "join_s"):
+            v = getattr(self, name)
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or not v > 0:
+                raise SolarError(f"Remote {name} must be a positive number, got {v!r}")
+
+    @property
+    def host_port(self) -> tuple[str, int]:
+        """The store's host and port."""
+        host, _, port = self.address.rpartition(":")
+        return host, int(port)

@@ -1,0 +1,255 @@
+"""A trainer's transforms shared with its preprocessing workers (solar/remote).
+
+:class:`RemoteTransforms` stands where the transform pool stands (the transform stage calls
+``submit`` and, when it serves a step, ``due``): a step its own (:func:`~solar.remote.link.owner`)
+goes to the local pool; a worker's step is waited for, its rows copied into the batch when
+they arrive. What is not delivered when the step is served (within ``wait_s``), and every step
+of a worker that died, is transformed here: a slow or lost worker costs throughput, never a
+sample. A receiver thread per worker takes its deliveries; credits (``[position, limit]``) tell
+it how far ahead it may go and which steps are no longer wanted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import queue
+import threading
+import time
+from concurrent.futures import FIRST_COMPLETED, Future, wait
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from solar.errors import SolarError
+from solar.remote.link import DONE, TrainerLink, digest, owner
+from solar.runtime.setup import Setup
+from solar.runtime.workers import TransformPool
+from solar.transform import Rows
+
+
+@dataclass
+class WorkerFigures:
+    """One worker's part of this trainer's run, as it goes."""
+
+    steps: int = 0  # steps delivered and used
+    rows: int = 0
+    bytes: int = 0
+    late: int = 0  # steps of its that the trainer transformed (not delivered in time)
+    refused: int = 0  # deliveries that were not the trainer's step (digest differs)
+    lost: bool = False  # its pair broke (the worker died): its steps are the trainer's
+
+
+@dataclass
+class _Pending:
+    src: list[np.ndarray]
+    dst: list[np.ndarray]
+    job: Rows
+    worker: int
+    future: Future = field(default_factory=Future)
+
+
+def _done(futures: list[Future], target: Future) -> None:
+    """Resolve ``target`` with the busy seconds of ``futures`` once all are done."""
+    left = [len(futures)]
+    lock = threading.Lock()
+
+    def one(_: Future) -> None:
+        with lock:
+            left[0] -= 1
+            if left[0]:
+                return
+        errors = [f.exception() for f in futures if f.exception() is not None]
+        if errors:
+            target.set_exception(errors[0])
+        else:
+            target.set_result(sum(f.result() for f in futures))
+
+    if not futures:
+        target.set_result(0.0)
+    for f in futures:
+        f.add_done_callback(one)
+
+
+class RemoteTransforms(TransformPool):
+    """This trainer's transform pool with its workers' deliveries in front of it."""
+
+    def __init__(self, setup: Setup, spe: int) -> None:
+        spec = setup.transform
+        assert spec is not None and spec.remote is not None
+        if setup.shared or setup.holds_transformed:
+            why = "a buffer per host" if setup.shared else "a deterministic transform's rows held"
+            raise SolarError(f"transform remote=: not with {why} (yet): pass "
+                             "MemoryConfig(share='rank') or deterministic=False")  # fmt: skip
+        super().__init__(spec, setup.run.seed, setup.info.keys, setup.out_keys, setup.cores)
+        remote = self.remote = spec.remote
+        self.spe = spe
+        job = {
+            "spec": setup.spec, "info": setup.info, "out_keys": setup.out_keys,
+            "transform": spec, "seed": setup.run.seed, "world": setup.world_size,
+            "keep": remote.keep,
+            "reader": dataclasses.replace(setup.config, direct_io=setup.reader.direct_io),
+        }  # fmt: skip
+        self.link = link = TrainerLink(remote, setup.rank, setup.world_size, setup.comm, job)
+        self.figures = {w: WorkerFigures() for w in link.groups}
+        self._lock = threading.Lock()
+        self._roster = sorted(link.groups)  # who owns which step: fixed for the run
+        self._live = list(self._roster)
+        self._lost: dict[int, Future] = {w: Future() for w in self._roster}  # its pair broke
+        self._pending: dict[int, _Pending] = {}
+        self._stash: dict[int, tuple[int, list[np.ndarray]]] = {}  # arrived before asked
+        self._position = -1  # the step being served (credits count from it)
+        self._outbox: dict[int, queue.SimpleQueue] = {w: queue.SimpleQueue() for w in self._live}
+        self._closing = False
+        # Per worker: its deliveries received, its credits sent (gloo's operations complete in
+        # ``wait``: one blocking thread each way).
+        self._links = [
+            threading.Thread(target=fn, args=(w,), daemon=True, name=f"solar-remote-{w}")
+            for w in self._live
+            for fn in (self._receive, self._send_credits)
+        ]
+        for t in self._links:
+            t.start()
+
+    def submit(self, src: list[np.ndarray], dst: list[np.ndarray], job: Rows) -> list[Future]:
+        """Transform ``job``'s rows into ``dst``: here, or by the step's worker."""
+        k = job.epoch * self.spe + job.step
+        if self._position < 0:
+            self._credit(k)  # the first step asked for: the workers start from it
+        with self._lock:
+            # A lost worker's steps are the trainer's (the others keep theirs: they never
+            # learn of it).
+            w = owner(k, self.remote.keep, self._roster)
+            if w is None or w not in self._live:
+                return super().submit(src, dst, job)
+            p = _Pending(src, dst, job, w)
+            got = self._stash.pop(k, None)
+            if got is None:
+                self._pending[k] = p
+                return [p.future]
+        self._deliver(k, p, *got)
+        return [p.future]
+
+    def due(self, k: int, futures: list[Future]) -> list[Future]:
+        """Step ``k`` is served now: its worker's rows within ``wait_s``, else transformed
+        here (the futures to wait for instead)."""
+        self._credit(k)
+        p = self._pending.get(k)
+        if p is None:
+            return futures
+        wait([p.future, self._lost[p.worker]], self.remote.wait_s, return_when=FIRST_COMPLETED)
+        with self._lock:
+            if self._pending.pop(k, None) is None:  # delivered (or made here) meanwhile
+                return futures
+            self.figures[p.worker].late += 1
+        local = super().submit(p.src, p.dst, p.job)
+        _done(local, p.future)
+        return local
+
+    def forget(self) -> None:
+        """The steps assembled ahead are dropped (a seek): nothing waits for their workers."""
+        with self._lock:
+            dropped, self._pending = self._pending, {}
+        for p in dropped.values():
+            p.future.set_result(0.0)
+
+    # -- credits and deliveries -------------------------------------------------------------
+    def _credit(self, k: int) -> None:
+        """Tell every live worker: steps from ``k`` are wanted, up to ``k + window``."""
+        if k == self._position:
+            return
+        self._position = k
+        with self._lock:  # deliveries of steps before it are no longer wanted
+            for old in [j for j in self._stash if j < k]:
+                del self._stash[old]
+        limit = DONE if k == DONE else k + self.remote.window
+        for w in self._live:
+            self._outbox[w].put((k, limit))
+
+    def _send_credits(self, w: int) -> None:
+        """Worker ``w``'s credits, the latest of those queued each time (gloo's send completes
+        only in ``wait``: a thread of its own), until the trainer is done or the pair breaks."""
+        import torch
+
+        box, group = self._outbox[w], self.link.groups[w]
+        while True:
+            credit = box.get()
+            while not box.empty():
+                credit = box.get()  # only the latest matters
+            try:
+                group.send([torch.tensor(credit, dtype=torch.int64)], 1, 0).wait()
+            except RuntimeError:
+                if not self._closing:
+                    self._lose(w)
+                return
+            if credit[0] == DONE:
+                return
+
+    def _receive(self, w: int) -> None:
+        """Worker ``w``'s deliveries, until its pair breaks (it died, or the run is done)."""
+        import torch
+
+        group = self.link.groups[w]
+        head = torch.empty(3, dtype=torch.int64)
+        try:
+            while True:
+                group.recv([head], 1, 1).wait()
+                k, n, dig = (int(v) for v in head)
+                rows = []
+                for key in self.out_keys:
+                    t = torch.empty(n * key.row_bytes, dtype=torch.uint8)
+                    group.recv([t], 1, 2).wait()
+                    rows.append(t.numpy().view(key.native_dtype).reshape(n, *key.sample_shape))
+                self._arrived(w, k, dig, rows)
+        except RuntimeError:
+            if not self._closing:
+                self._lose(w)
+
+    def _arrived(self, w: int, k: int, dig: int, rows: list[np.ndarray]) -> None:
+        with self._lock:
+            p = self._pending.pop(k, None)
+            if p is None:
+                if k >= self._position:  # asked for later (assembled after it came)
+                    self._stash[k] = (dig, rows)
+                return
+        self._deliver(k, p, dig, rows)
+
+    def _deliver(self, k: int, p: _Pending, dig: int, rows: list[np.ndarray]) -> None:
+        """Copy a worker's rows of step ``k`` into the batch, if they are the step's."""
+        fig = self.figures[p.worker]
+        n = p.job.rows.size
+        if dig != digest(p.job.samples, p.job.repeat) or any(r.shape[0] != n for r in rows):
+            fig.refused += 1  # not this trainer's step: transformed here
+            _done(super().submit(p.src, p.dst, p.job), p.future)
+            return
+        t0 = time.perf_counter()
+        for dst, got in zip(p.dst, rows, strict=True):
+            dst[p.job.rows] = got
+        fig.steps, fig.rows = fig.steps + 1, fig.rows + n
+        fig.bytes += sum(r.nbytes for r in rows)
+        p.future.set_result(time.perf_counter() - t0)
+
+    def _lose(self, w: int) -> None:
+        """Worker ``w`` is gone: its pending steps are transformed here, and its steps from now
+        on are the trainer's."""
+        with self._lock:
+            if w not in self._live:
+                return
+            self._live.remove(w)
+            self.figures[w].lost = True
+            self._lost[w].set_result(None)
+            self._outbox[w].put((DONE, DONE))  # its credit thread ends
+            mine = {k: p for k, p in self._pending.items() if p.worker == w}
+            for k in mine:
+                del self._pending[k]
+        for p in mine.values():
+            _done(super().submit(p.src, p.dst, p.job), p.future)
+
+    def close(self) -> None:
+        """Tell the workers this trainer is done, wait for its threads, stop the pool."""
+        self._closing = True
+        self._credit(DONE)
+        self.forget()
+        deadline = time.monotonic() + 10
+        for t in self._links:
+            t.join(max(0.0, deadline - time.monotonic()))
+        super().close()

@@ -1,0 +1,169 @@
+"""A preprocessing worker: the steps it owns of its trainers' plan, read, transformed, sent.
+
+``solar worker HOST:PORT`` (or :func:`serve`) joins the trainers at their store, takes the
+job (plan spec, data, transform) and plans each served trainer's steps as that trainer does
+(a :class:`~solar.runtime.steps.Steps` of the trainer's rank: the same pure plan). Then, in
+step order over its trainers, within each trainer's credit: read the step's samples, transform
+them with the trainer's generators, send the rows. It ends when every trainer is done or gone;
+a trainer that dies costs the others nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import time
+from concurrent.futures import wait
+from typing import Any
+
+import numpy as np
+
+from solar._cpu import cpu_share
+from solar.io.reader import Reader
+from solar.remote import Remote
+from solar.remote.link import DONE, WorkerLink, digest, owner, pairs
+from solar.runtime.steps import Steps
+from solar.runtime.workers import TransformPool
+from solar.schedule.plans.stream import RankStream
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class Served:
+    """One trainer as its worker sees it; ``credits`` (a thread: gloo's operations complete
+    in ``wait``) keeps ``position`` and ``limit`` as the trainer says, under ``changed``."""
+
+    rank: int
+    group: Any  # the pair's gloo group (trainer 0, worker 1)
+    steps: Steps
+    workers: list[int]  # the trainer's workers: who owns which step
+    changed: threading.Condition
+    position: int = -1  # steps below it are no longer wanted (-1: no credit yet)
+    limit: int = 0  # steps from it on not yet
+    done: bool = False  # the trainer is done, or gone
+    next: int = 0  # the next step to look at
+    sent: int = 0  # steps sent
+
+    def credits(self) -> None:
+        """Take the trainer's credits until it is done or its pair breaks."""
+        import torch
+
+        t = torch.empty(2, dtype=torch.int64)
+        try:
+            while True:
+                self.group.recv([t], 0, 0).wait()
+                position, limit = int(t[0]), int(t[1])
+                with self.changed:
+                    if position == DONE:
+                        break
+                    self.position, self.limit = position, limit
+                    self.changed.notify_all()
+        except RuntimeError:
+            pass
+        with self.changed:
+            self.done = True
+            self.changed.notify_all()
+
+
+@dataclasses.dataclass
+class WorkerReport:
+    """What a worker did: steps and rows sent per trainer, seconds busy."""
+
+    id: int
+    sent: dict[int, int]
+    rows: int = 0
+    seconds: float = 0.0
+
+
+def serve(address: str, threads: int | None = None, wait_s: float = 600.0) -> WorkerReport:
+    """Serve the trainers meeting at ``address`` until they are done; ``threads``: transform
+    threads (default: this process's cores); ``wait_s``: how long to wait for the trainers."""
+    link = WorkerLink(Remote(address), wait_s)
+    report = WorkerReport(link.id, {})
+    if link.late:
+        log.warning("solar worker %d: the trainers started without it", link.id)
+        return report
+    job = link.job
+    spec, info, out_keys = job["spec"], job["info"], job["out_keys"]
+    transform = dataclasses.replace(job["transform"], processes=False, remote=None)
+    reader = Reader(info, job["reader"])
+    pool = TransformPool(transform, job["seed"], info.keys, out_keys,
+                         threads or cpu_share(1))  # fmt: skip
+    mine = pairs(int(job["world"]), link.roster)
+    changed = threading.Condition()
+    served = {
+        r: Served(r, g, Steps(spec, r, RankStream(spec, r)),
+                  sorted(w for rr, w in mine if rr == r), changed)
+        for r, g in link.groups.items()
+    }  # fmt: skip
+    for s in served.values():
+        threading.Thread(target=s.credits, daemon=True, name=f"solar-credits-{s.rank}").start()
+    t0 = time.perf_counter()
+    every = dict(served)
+    try:
+        _loop(link.id, served, job, reader, pool, report)
+    finally:
+        report.seconds = time.perf_counter() - t0
+        report.sent = {r: s.sent for r, s in every.items()}
+        pool.close()
+        reader.close()
+    return report
+
+
+def _loop(me: int, served: dict[int, Served], job: dict, reader: Reader, pool: TransformPool,
+          report: WorkerReport) -> None:  # fmt: skip
+    """Round robin over the trainers: each one's next owned step within its credit."""
+    keep, end = int(job["keep"]), int(job["spec"].run.num_steps)
+    changed = next(iter(served.values())).changed if served else threading.Condition()
+    while served:
+        moved = False
+        for r, s in list(served.items()):
+            with changed:
+                if s.done:
+                    del served[r]
+                    continue
+                position, limit = s.position, s.limit
+            if position < 0:
+                continue
+            k = max(s.next, position)
+            while k < end and owner(k, keep, s.workers) != me:
+                k += 1
+            s.next = k
+            if k >= end or k >= limit:
+                continue  # no credit (or its run's steps are all sent): wait for the trainer
+            try:
+                report.rows += _send(s, k, reader, pool, job)
+            except RuntimeError:  # the pair broke: the trainer died
+                del served[r]
+                continue
+            s.next, s.sent, moved = k + 1, s.sent + 1, True
+        if not moved:
+            with changed:
+                changed.wait(0.05)  # a credit, or a trainer done
+
+
+def _send(s: Served, k: int, reader: Reader, pool: TransformPool, job: dict) -> int:
+    """Read, transform and send step ``k`` of trainer ``s``; returns its rows."""
+    import torch
+
+    s.steps.enter(k)
+    plan = s.steps.plan(k)
+    n = plan.size
+    rows = np.arange(n)
+    task = s.steps.transform_job(k, plan, rows)
+    cap = max(n, s.steps.served_rows())
+    raw = pool.staging(reader.info.keys, cap)
+    out = pool.staging(job["out_keys"], cap)
+    reader.read(plan.samples, raw, rows)
+    futures = pool.submit(raw, out, task)
+    wait(futures)
+    for f in futures:
+        f.result()  # a transform's failure ends the worker (the trainer meets it too)
+    head = torch.tensor([k, n, digest(task.samples, task.repeat)], dtype=torch.int64)
+    s.group.send([head], 0, 1).wait()
+    for a in out:
+        t = torch.from_numpy(np.ascontiguousarray(a[:n]).reshape(-1).view(np.uint8))
+        s.group.send([t], 0, 2).wait()
+    return n

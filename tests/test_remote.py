@@ -1,0 +1,225 @@
+"""Preprocessing workers on other hosts (solar/remote, solar/runtime/remote.py): a trainer
+served by workers of another job yields the bytes it would transform itself, whole epochs, and
+a worker killed mid-epoch costs no sample."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+from ranks_apart import MPIEXEC, TORCHRUN, run_job
+from transform_fns import crop_flip_noise, shrink
+
+from solar import Loader, SolarError
+from solar.remote import Remote
+from solar.remote.link import owner, pairs
+from solar.transform import Transform
+
+N = 103  # a prime: no batch divides it
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def data(tmp_path: Path) -> Path:
+    rng = np.random.default_rng(7)
+    path = tmp_path / "d.h5"
+    with h5py.File(path, "w") as f:
+        f["img"] = rng.random((N, 12, 12), dtype=np.float32)
+        f["label"] = np.arange(N, dtype=np.int64) * 3
+    return path
+
+
+def free_address() -> str:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"127.0.0.1:{s.getsockname()[1]}"
+
+
+def start_worker(address: str) -> subprocess.Popen:
+    """``solar worker ADDRESS``: a process of its own, as on another host."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "tests")]))
+    return subprocess.Popen([sys.executable, "-m", "solar.cli", "worker", address, "--threads",
+                             "1", "--wait", "120"], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+
+
+def test_steps_are_owned_in_turn_and_pairs_cover_every_trainer_and_worker():
+    assert pairs(2, 1) == [(0, 0), (1, 0)]
+    assert pairs(2, 4) == [(0, 0), (0, 2), (1, 1), (1, 3)]
+    assert pairs(3, 2) == [(0, 0), (1, 1), (2, 0)]
+    assert [owner(k, 1, [3]) for k in range(4)] == [None, 3, None, 3]
+    assert [owner(k, 0, [1, 5]) for k in range(4)] == [1, 5, 1, 5]
+    assert [owner(k, 2, []) for k in range(3)] == [None] * 3
+
+
+def test_bad_remote_settings_are_refused_in_one_line():
+    for bad, word in [(dict(address="nohost"), "host:port"), (dict(workers=0), "workers"),
+                      (dict(window=0), "window"), (dict(wait_s=-1), "wait_s")]:  # fmt: skip
+        with pytest.raises(SolarError, match=word):
+            Remote(**{"address": "127.0.0.1:1", **bad})
+    with pytest.raises(SolarError, match="remote"):
+        Transform(crop_flip_noise, remote="127.0.0.1:1")  # type: ignore[arg-type]
+
+
+def test_what_remote_cannot_serve_yet_is_refused_in_one_line(data):
+    """Held transformed rows (deterministic) are refused before any meeting is attempted."""
+    t = Transform(shrink, deterministic=True, remote=Remote(free_address(), join_s=1))
+    with pytest.raises(SolarError, match="remote=: not with a deterministic"):
+        Loader(data, batch_size=10, epochs=1, buffer=20, rank=0, world_size=1, transform=t)
+
+
+def test_no_worker_coming_the_trainer_transforms_every_step_itself(data):
+    """No worker joins within join_s: the trainer starts without one and yields the bytes of
+    local transforms."""
+    args = dict(batch_size=10, epochs=1, buffer=20, seed=5, rank=0, world_size=1)
+    r = Remote(free_address(), join_s=1)
+    ld = Loader(data, transform=Transform(crop_flip_noise, workers=1, remote=r), **args)
+    ref = Loader(data, transform=Transform(crop_flip_noise, workers=1), **args)
+    try:
+        assert ld.stats.remote == {}
+        for a, b in zip(ld, ref, strict=True):
+            for k in b:
+                assert np.array_equal(a[k].numpy(), b[k].numpy()), k
+    finally:
+        ld.close()
+        ref.close()
+
+
+def _pair(data: Path, address: str, epochs: int, **remote):
+    args = dict(batch_size=10, epochs=epochs, buffer=20, seed=5, rank=0, world_size=1)
+    r = Remote(address, join_s=60, **remote)
+    ld = Loader(data, transform=Transform(crop_flip_noise, workers=1, remote=r), **args)
+    ref = Loader(data, transform=Transform(crop_flip_noise, workers=1), **args)
+    return ld, ref
+
+
+def test_a_trainer_with_a_worker_yields_the_bytes_it_would_transform_itself(data):
+    """Whole epochs, N = 103 over batches of 10: every batch byte-identical to a Loader that
+    transforms locally; the worker's steps were delivered (half of them: keep=1); the worker
+    ends when the trainer closes."""
+    address = free_address()
+    worker = start_worker(address)
+    ld, ref = _pair(data, address, 2)
+    try:
+        for e in range(2):
+            ld.set_epoch(e)
+            ref.set_epoch(e)
+            for a, b in zip(ld, ref, strict=True):
+                assert a.keys() == b.keys()
+                for k in b:
+                    assert np.array_equal(a[k].numpy(), b[k].numpy()), (e, k)
+        (fig,) = ld.stats.remote.values()
+        assert fig.steps + fig.late == 11  # its steps: 11 of the run's 22 (keep=1)
+        assert fig.steps > 0 and fig.refused == 0 and not fig.lost
+        assert fig.bytes == fig.rows * (8 * 8 * 4 + 8)  # an 8x8 float32 crop and a label
+    finally:
+        ld.close()
+        ref.close()
+    out, err = worker.communicate(timeout=60)
+    assert worker.returncode == 0, err
+    assert "steps" in out
+    assert not [t for t in threading.enumerate() if t.name.startswith("solar-remote")]
+
+
+def test_a_worker_killed_mid_epoch_costs_no_sample(data):
+    """kill -9 of the worker in epoch 1 of 3: the run completes, every batch byte-identical to
+    local transforms, every sample once per epoch; the trainer takes the worker's steps."""
+    address = free_address()
+    worker = start_worker(address)
+    ld, ref = _pair(data, address, 3, keep=0)  # every step the worker's while it lives
+    stats = ld.stats
+    try:
+        for e in range(3):
+            ld.set_epoch(e)
+            ref.set_epoch(e)
+            seen = []
+            for t, (a, b) in enumerate(zip(ld, ref, strict=True)):
+                if e == 1 and t == 4:
+                    worker.send_signal(signal.SIGKILL)
+                    worker.wait(timeout=30)
+                for k in b:
+                    assert np.array_equal(a[k].numpy(), b[k].numpy()), (e, t, k)
+                seen.append(a["index"].numpy())
+            assert np.array_equal(np.sort(np.concatenate(seen)), np.arange(N)), e
+        (fig,) = stats.remote.values()
+        assert fig.lost and fig.steps >= 5  # epoch 0 and the start of epoch 1 delivered
+    finally:
+        ld.close()
+        ref.close()
+    assert worker.returncode == -signal.SIGKILL
+    assert not [t for t in threading.enumerate() if t.name.startswith("solar-remote")]
+
+
+TRAINER = """
+import sys, time
+sys.path.insert(0, {tests!r})
+from transform_fns import crop_flip_noise
+from solar import Loader, Remote, Transform
+r = Remote({address!r}, join_s=60)
+ld = Loader({data!r}, batch_size=10, epochs=3, buffer=20, rank=0, world_size=1,
+            transform=Transform(crop_flip_noise, workers=1, remote=r))
+for b in ld:
+    print("served", flush=True)
+    time.sleep(600)
+"""
+
+
+def test_a_trainer_killed_leaves_no_worker_behind(data):
+    """kill -9 of the trainer mid-epoch: its worker sees the pair broken and ends."""
+    address = free_address()
+    worker = start_worker(address)
+    code = TRAINER.format(tests=str(ROOT / "tests"), address=address, data=str(data))
+    trainer = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
+                               env=dict(os.environ, PYTHONPATH=str(ROOT)))  # fmt: skip
+    try:
+        assert trainer.stdout is not None and trainer.stdout.readline() == "served\n"
+        trainer.kill()
+        worker.wait(timeout=60)  # (the test fails here if the worker lingers)
+    finally:
+        trainer.kill()
+        worker.kill()
+        trainer.wait()
+    assert trainer.returncode == -signal.SIGKILL
+
+
+def test_a_worker_whose_trainers_never_come_says_so_in_one_line(capsys):
+    from solar.cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["worker", free_address(), "--wait", "1"])
+    assert exit_.value.code == 1
+    err = capsys.readouterr().err
+    assert err.startswith("solar: error: ") and len(err.splitlines()) == 1, err
+    assert "nothing serves the workers' store" in err
+
+
+@pytest.mark.parametrize(("launcher", "n_workers"), [("mpiexec", 2), ("torchrun", 1)])
+def test_two_trainers_and_their_workers_either_launcher(data, launcher, n_workers):
+    """2 trainers (mpiexec or torchrun), 2 or 1 workers started apart (one each, or one
+    serving both trainers): batches byte-identical to local transforms, each sample once per
+    epoch over the ranks, every trainer's worker delivering."""
+    exe = MPIEXEC if launcher == "mpiexec" else TORCHRUN
+    if not exe.exists():
+        pytest.skip(f"no {exe.name} beside python")
+    address = free_address()
+    workers = [start_worker(address) for _ in range(n_workers)]
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    job = run_job(exe, 2, [str(ROOT / "tests" / "mpi" / "remote.py"), str(data), address,
+                           str(n_workers), "2"], 240, env)  # fmt: skip
+    outs = [w.communicate(timeout=60) for w in workers]
+    assert job.returncode == 0, job.stderr
+    for r in range(2):
+        got = re.search(rf"rank {r}: ok, workers \[(\d)\], delivered (\d+)", job.ranks[r][0])
+        assert got is not None, job.ranks[r]
+        assert int(got[1]) == r % n_workers and int(got[2]) > 0
+    for w, (_, err) in zip(workers, outs, strict=True):
+        assert w.returncode == 0, err
