@@ -416,7 +416,8 @@ def worker(address: str, threads: int | None, wait_s: float) -> None:
     """Join the trainers meeting at ADDRESS (host:port of trainer rank 0, as in their
     Remote(address=...)), then read, transform and send the steps this worker owns until
     they are done. Start it as a job of its own (its death must not end the trainers'):
-    `solar worker HOST:PORT` on each worker host, under any launcher or none."""
+    `solar worker HOST:PORT` on each worker host, under any launcher or none. The trainers'
+    secret comes in SOLAR_REMOTE_KEY (required: the job and the rows are signed with it)."""
     from solar.worker import serve
 
     if threads is not None and threads < 1:

@@ -71,6 +71,8 @@ class Transform:
             raise SolarError(f"transform ahead must be an integer >= 0, got {self.ahead!r}")
         if self.remote is not None and not isinstance(self.remote, Remote):
             raise SolarError(f"transform remote must be a solar.remote.Remote, got {self.remote!r}")
+        if self.remote is not None:
+            _picklable(self.fn)
         for name in ("processes", "deterministic"):
             if not isinstance(getattr(self, name), bool):
                 raise SolarError(f"transform {name} must be True or False, "
@@ -79,6 +81,18 @@ class Transform:
     def worker_count(self, cores: int) -> int:
         """Workers to start with, given this rank's share of the cores."""
         return cores if self.workers == "auto" else int(self.workers)
+
+
+def _picklable(fn: SampleFn) -> None:
+    """The workers import ``fn`` by its pickle: say now, in one line, if it has none."""
+    import pickle
+
+    try:
+        pickle.dumps(fn)
+    except Exception:  # (pickle raises several kinds)
+        name = getattr(fn, "__qualname__", repr(fn))
+        raise SolarError(f"transform remote=: fn {name} cannot be pickled for the workers "
+                         "(define it at a module's top level)") from None  # fmt: skip
 
 
 def as_transform(value: SampleFn | Transform | None) -> Transform | None:

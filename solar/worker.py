@@ -22,7 +22,7 @@ import numpy as np
 from solar._cpu import cpu_share
 from solar.io.reader import Reader
 from solar.remote import Remote
-from solar.remote.link import DONE, WorkerLink, digest, owner, pairs
+from solar.remote.link import DONE, HEAD, WorkerLink, digest, mac, owner
 from solar.runtime.steps import Steps
 from solar.runtime.workers import TransformPool
 from solar.schedule.plans.stream import RankStream
@@ -44,6 +44,7 @@ class Served:
     limit: int = 0  # steps from it on not yet
     done: bool = False  # the trainer is done, or gone
     next: int = 0  # the next step to look at
+    last: int = -1  # the position last looked at (below it: the trainer went back)
     sent: int = 0  # steps sent
 
     def credits(self) -> None:
@@ -77,10 +78,12 @@ class WorkerReport:
     seconds: float = 0.0
 
 
-def serve(address: str, threads: int | None = None, wait_s: float = 600.0) -> WorkerReport:
+def serve(address: str, threads: int | None = None, wait_s: float = 600.0,
+          key: str | None = None) -> WorkerReport:  # fmt: skip
     """Serve the trainers meeting at ``address`` until they are done; ``threads``: transform
-    threads (default: this process's cores); ``wait_s``: how long to wait for the trainers."""
-    link = WorkerLink(Remote(address), wait_s)
+    threads (default: this process's cores); ``wait_s``: how long to wait for the trainers;
+    ``key``: the trainers' secret (default: ``$SOLAR_REMOTE_KEY``)."""
+    link = WorkerLink(Remote(address, key=key), wait_s)
     report = WorkerReport(link.id, {})
     if link.late:
         log.warning("solar worker %d: the trainers started without it", link.id)
@@ -91,11 +94,9 @@ def serve(address: str, threads: int | None = None, wait_s: float = 600.0) -> Wo
     reader = Reader(info, job["reader"])
     pool = TransformPool(transform, job["seed"], info.keys, out_keys,
                          threads or cpu_share(1))  # fmt: skip
-    mine = pairs(int(job["world"]), link.roster)
     changed = threading.Condition()
     served = {
-        r: Served(r, g, Steps(spec, r, RankStream(spec, r)),
-                  sorted(w for rr, w in mine if rr == r), changed)
+        r: Served(r, g, Steps(spec, r, RankStream(spec, r)), link.live[r], changed)
         for r, g in link.groups.items()
     }  # fmt: skip
     for s in served.values():
@@ -103,7 +104,7 @@ def serve(address: str, threads: int | None = None, wait_s: float = 600.0) -> Wo
     t0 = time.perf_counter()
     every = dict(served)
     try:
-        _loop(link.id, served, job, reader, pool, report)
+        _loop(link.id, served, job, reader, pool, report, link.key)
     finally:
         report.seconds = time.perf_counter() - t0
         report.sent = {r: s.sent for r, s in every.items()}
@@ -113,7 +114,7 @@ def serve(address: str, threads: int | None = None, wait_s: float = 600.0) -> Wo
 
 
 def _loop(me: int, served: dict[int, Served], job: dict, reader: Reader, pool: TransformPool,
-          report: WorkerReport) -> None:  # fmt: skip
+          report: WorkerReport, secret: bytes) -> None:  # fmt: skip
     """Round robin over the trainers: each one's next owned step within its credit."""
     keep, end = int(job["keep"]), int(job["spec"].run.num_steps)
     changed = next(iter(served.values())).changed if served else threading.Condition()
@@ -123,10 +124,14 @@ def _loop(me: int, served: dict[int, Served], job: dict, reader: Reader, pool: T
             with changed:
                 if s.done:
                     del served[r]
+                    _last_word(s)
                     continue
                 position, limit = s.position, s.limit
             if position < 0:
                 continue
+            if position < s.last:  # the trainer went back (a seek): its steps are wanted again
+                s.next = position
+            s.last = position
             k = max(s.next, position)
             while k < end and owner(k, keep, s.workers) != me:
                 k += 1
@@ -134,7 +139,7 @@ def _loop(me: int, served: dict[int, Served], job: dict, reader: Reader, pool: T
             if k >= end or k >= limit:
                 continue  # no credit (or its run's steps are all sent): wait for the trainer
             try:
-                report.rows += _send(s, k, reader, pool, job)
+                report.rows += _send(s, k, reader, pool, job, secret)
             except RuntimeError:  # the pair broke: the trainer died
                 del served[r]
                 continue
@@ -144,7 +149,18 @@ def _loop(me: int, served: dict[int, Served], job: dict, reader: Reader, pool: T
                 changed.wait(0.05)  # a credit, or a trainer done
 
 
-def _send(s: Served, k: int, reader: Reader, pool: TransformPool, job: dict) -> int:
+def _last_word(s: Served) -> None:
+    """The header that ends the trainer's receiver (it said DONE; if it is gone, no matter)."""
+    import torch
+
+    try:
+        s.group.send([torch.full((HEAD,), DONE, dtype=torch.int64)], 0, 1).wait()
+    except RuntimeError:
+        pass
+
+
+def _send(s: Served, k: int, reader: Reader, pool: TransformPool, job: dict,
+          secret: bytes) -> int:  # fmt: skip
     """Read, transform and send step ``k`` of trainer ``s``; returns its rows."""
     import torch
 
@@ -161,9 +177,10 @@ def _send(s: Served, k: int, reader: Reader, pool: TransformPool, job: dict) -> 
     wait(futures)
     for f in futures:
         f.result()  # a transform's failure ends the worker (the trainer meets it too)
-    head = torch.tensor([k, n, digest(task.samples, task.repeat)], dtype=torch.int64)
-    s.group.send([head], 0, 1).wait()
-    for a in out:
-        t = torch.from_numpy(np.ascontiguousarray(a[:n]).reshape(-1).view(np.uint8))
-        s.group.send([t], 0, 2).wait()
+    first = np.array([k, n, digest(task.samples, task.repeat)], np.int64)
+    data = [np.ascontiguousarray(a[:n]).reshape(-1).view(np.uint8) for a in out]
+    signature = np.frombuffer(mac(secret, first.tobytes(), *(d.data for d in data)), np.int64)
+    s.group.send([torch.from_numpy(np.concatenate([first, signature]))], 0, 1).wait()
+    for d in data:
+        s.group.send([torch.from_numpy(d)], 0, 2).wait()
     return n

@@ -30,6 +30,18 @@ def small_h5(tmp_path: Path) -> Path:
     return path
 
 
+@pytest.fixture
+def data(tmp_path: Path) -> Path:
+    """Images 12x12 float32 and labels, 103 samples (the transform tests' file; a test file's
+    own ``data`` fixture overrides this one)."""
+    rng = np.random.default_rng(7)
+    path = tmp_path / "d.h5"
+    with h5py.File(path, "w") as f:
+        f["img"] = rng.random((103, 12, 12), dtype=np.float32)
+        f["label"] = np.arange(103, dtype=np.int64) * 3
+    return path
+
+
 # Tests that launch jobs of several ranks (mpiexec, torchrun, srun) run one at a time in one
 # pytest worker (`make test` runs two, --dist loadgroup): two such jobs at once put 6+ ranks on
 # 2 cores, and a rank's exit then races torch's store threads at interpreter shutdown. The node

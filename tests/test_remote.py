@@ -13,7 +13,6 @@ import sys
 import threading
 from pathlib import Path
 
-import h5py
 import numpy as np
 import pytest
 from ranks_apart import MPIEXEC, TORCHRUN, run_job
@@ -28,14 +27,10 @@ N = 103  # a prime: no batch divides it
 ROOT = Path(__file__).resolve().parent.parent
 
 
-@pytest.fixture
-def data(tmp_path: Path) -> Path:
-    rng = np.random.default_rng(7)
-    path = tmp_path / "d.h5"
-    with h5py.File(path, "w") as f:
-        f["img"] = rng.random((N, 12, 12), dtype=np.float32)
-        f["label"] = np.arange(N, dtype=np.int64) * 3
-    return path
+@pytest.fixture(autouse=True)
+def key(monkeypatch):
+    """The trainers' and workers' shared secret (the workers inherit the environment)."""
+    monkeypatch.setenv("SOLAR_REMOTE_KEY", "test-secret")
 
 
 def free_address() -> str:
@@ -96,7 +91,7 @@ def test_no_worker_coming_the_trainer_transforms_every_step_itself(data):
 
 def _pair(data: Path, address: str, epochs: int, **remote):
     args = dict(batch_size=10, epochs=epochs, buffer=20, seed=5, rank=0, world_size=1)
-    r = Remote(address, join_s=60, **remote)
+    r = Remote(address, **{"join_s": 60, **remote})
     ld = Loader(data, transform=Transform(crop_flip_noise, workers=1, remote=r), **args)
     ref = Loader(data, transform=Transform(crop_flip_noise, workers=1), **args)
     return ld, ref
@@ -223,3 +218,53 @@ def test_two_trainers_and_their_workers_either_launcher(data, launcher, n_worker
         assert int(got[1]) == r % n_workers and int(got[2]) > 0
     for w, (_, err) in zip(workers, outs, strict=True):
         assert w.returncode == 0, err
+
+
+class _Boom:
+    def __reduce__(self):
+        return (os.abort, ())  # unpickled: the process ends
+
+
+def test_a_job_is_unpickled_only_when_signed_with_the_key_by_the_same_code(monkeypatch):
+    """The worker checks the job's HMAC and the trainers' versions before pickle.loads: a job
+    that would run anything when unpickled is refused unread under another key."""
+    from solar.remote.link import open_job, sign_job
+
+    signed = sign_job(b"k1", {"x": 1}, "transform_fns")
+    assert open_job(b"k1", signed, "w") == {"x": 1}
+    with pytest.raises(SolarError, match="signature does not match"):
+        open_job(b"k2", sign_job(b"k1", {"x": _Boom()}, None), "w")
+    with pytest.raises(SolarError, match="signature does not match"):
+        open_job(b"k1", signed[:-2] + b"2.", "w")  # altered in the store
+    import solar
+
+    with monkeypatch.context() as m:  # a trainer on another version
+        m.setattr(solar, "__version__", "9.9")
+        other = sign_job(b"k1", {"x": _Boom()}, "transform_fns")
+    with pytest.raises(SolarError, match=r"other code \(solar 9.9 there"):
+        open_job(b"k1", other, "w")
+
+
+def test_remote_without_a_key_or_with_an_unpicklable_fn_is_refused_in_one_line(data, monkeypatch):
+    monkeypatch.delenv("SOLAR_REMOTE_KEY")
+    t = Transform(crop_flip_noise, remote=Remote(free_address(), join_s=1))
+    with pytest.raises(SolarError, match=r"no key: pass Remote\(key=...\) or set SOLAR_REMOTE_KEY"):
+        Loader(data, batch_size=10, epochs=1, buffer=20, rank=0, world_size=1, transform=t)
+    with pytest.raises(SolarError, match="<lambda> cannot be pickled"):
+        Transform(lambda s, rng: s, remote=Remote(free_address(), key="k"))
+
+
+def test_a_loader_closed_before_its_first_batch_ends_its_worker_and_frees_the_port(data):
+    """close() before any step: the worker is told DONE and exits; no thread is left; the
+    store's port is free for the next Loader of the same Remote."""
+    address = free_address()
+    worker = start_worker(address)
+    ld, ref = _pair(data, address, 1)
+    ref.close()
+    ld.close()
+    _, err = worker.communicate(timeout=30)
+    assert worker.returncode == 0, err
+    assert not [t for t in threading.enumerate() if t.name.startswith("solar-remote")]
+    again, ref = _pair(data, address, 1, join_s=1)  # no worker: the trainer alone
+    again.close()
+    ref.close()

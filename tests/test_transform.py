@@ -19,16 +19,6 @@ from solar.transform import Transform, repeats, sample_rng
 N = 103
 
 
-@pytest.fixture
-def data(tmp_path: Path) -> Path:
-    rng = np.random.default_rng(7)
-    path = tmp_path / "d.h5"
-    with h5py.File(path, "w") as f:
-        f["img"] = rng.random((N, 12, 12), dtype=np.float32)
-        f["label"] = np.arange(N, dtype=np.int64) * 3
-    return path
-
-
 def expected(ref: dict, fn, seed: int, epoch: int, step: int, ids: np.ndarray) -> dict:
     """``fn`` applied to h5py's rows with each draw's generator."""
     again = repeats(ids)

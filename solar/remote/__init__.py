@@ -24,7 +24,7 @@ solar/worker.py (it builds on solar.runtime, which builds on this package).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from solar.errors import SolarError
 
@@ -42,7 +42,9 @@ class Remote:
     the trainer transforms ``keep`` itself (0: all to the workers, whose late steps the trainer
     still transforms). ``window``: steps past the one being served that a worker may deliver
     (its credit). ``wait_s``: how long a trainer waits for a worker's step it needs before
-    transforming it itself.
+    transforming it itself. ``key``: the secret shared with the workers (default:
+    ``$SOLAR_REMOTE_KEY``; one of the two is required): the job they run and the rows they send
+    are signed with it; give it to the workers out of band (their ``SOLAR_REMOTE_KEY``).
     """
 
     address: str
@@ -51,6 +53,7 @@ class Remote:
     window: int = 8
     wait_s: float = 2.0
     join_s: float = 60.0
+    key: str | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         host, sep, port = self.address.rpartition(":")
@@ -61,6 +64,8 @@ class Remote:
             low = 1 if name != "keep" else 0
             if not isinstance(v, int) or isinstance(v, bool) or v < low:
                 raise SolarError(f"Remote {name} must be an integer >= {low}, got {v!r}")
+        if self.key is not None and (not isinstance(self.key, str) or not self.key):
+            raise SolarError("Remote key must be a non-empty string")
         for name in ("wait_s", "join_s"):
             v = getattr(self, name)
             if not isinstance(v, (int, float)) or isinstance(v, bool) or not v > 0:

@@ -9,16 +9,28 @@ the other side's operations raise, and nothing else. Pairs are made in (trainer,
 order on every process, so no two wait for each other.
 
 Messages on a pair: the worker sends each step it owns as a header, int64 ``[step, rows,
-digest]`` (the digest of the step's samples and repeats: the trainer refuses a step that is
-not its own), then one uint8 tensor per output key; the trainer sends credits, int64
-``[position, limit]``: steps below ``position`` are no longer wanted, steps from ``limit`` on
-not yet (``position = -1``: the trainer is done).
+digest, mac x 4]`` (the digest of the step's samples and repeats: the trainer refuses a step
+that is not its own; the mac an HMAC-SHA256 under the job's key over the header's first three
+and the rows' bytes), then one uint8 tensor per output key; after its trainer's last credit, a
+header of step ``DONE`` alone. The trainer sends credits, int64 ``[position, limit]``: steps
+below ``position`` are no longer wanted, steps from ``limit`` on not yet (``position = -1``:
+the trainer is done).
+
+Trust: the store and the pairs are plain TCP. What a worker runs (the pickled job) and what a
+trainer copies into a batch (the rows) are signed with the shared key (``Remote(key=)`` or
+``SOLAR_REMOTE_KEY``, given to workers out of band): a process without it can delay or
+disturb a run (credits, the roster, connecting as a worker), never make a worker unpickle its
+job or a trainer serve its bytes. Nothing is encrypted.
 """
 
 from __future__ import annotations
 
 import datetime
 import hashlib
+import hmac
+import importlib.util
+import json
+import os
 import pickle
 import socket
 import time
@@ -30,6 +42,9 @@ from solar.errors import SolarError, first_line
 from solar.remote import Remote
 
 JOB, COUNT, ROSTER = "solar-remote/job", "solar-remote/count", "solar-remote/roster"
+LIVE = "solar-remote/live/"  # + a trainer's rank: its workers that paired (json)
+KEY_ENV = "SOLAR_REMOTE_KEY"
+HEAD = 7  # a delivery's header: step, rows, digest, HMAC-SHA256 as 4 int64
 DONE = -1  # a credit's position: the trainer serves no more
 _FOREVER = datetime.timedelta(days=365)  # a pair's operations: a dead peer raises sooner
 
@@ -58,6 +73,68 @@ def digest(samples: np.ndarray, repeat: np.ndarray) -> int:
     h = hashlib.blake2b(np.ascontiguousarray(samples, np.int64).tobytes(), digest_size=8)
     h.update(np.ascontiguousarray(repeat, np.int64).tobytes())
     return int.from_bytes(h.digest(), "little", signed=True)
+
+
+def key(remote: Remote | None, who: str) -> bytes:
+    """The shared secret: ``Remote(key=)``, else ``$SOLAR_REMOTE_KEY``; required."""
+    k = (remote.key if remote is not None else None) or os.environ.get(KEY_ENV)
+    if not k:
+        raise SolarError(f"{who}: no key: pass Remote(key=...) or set {KEY_ENV} (the same "
+                         "secret on the trainers and the workers)")  # fmt: skip
+    return k.encode()
+
+
+def mac(secret: bytes, *parts: bytes | memoryview) -> bytes:
+    """HMAC-SHA256 of ``parts`` under ``secret``."""
+    h = hmac.new(secret, digestmod=hashlib.sha256)
+    for part in parts:
+        h.update(part)
+    return h.digest()
+
+
+def versions(module: str | None) -> dict[str, str | None]:
+    """What must match between trainers and workers for their bytes to match: solar, numpy
+    and torch, and the source of the transform's ``module`` (None: not to be found)."""
+    import torch
+
+    import solar
+
+    return {"solar": solar.__version__, "numpy": np.__version__, "torch": torch.__version__,
+            "module": module, "source": _module_hash(module)}  # fmt: skip
+
+
+def sign_job(secret: bytes, job: dict, module: str | None) -> bytes:
+    """The job as stored: its HMAC, then the trainers' versions (json, one line), then the
+    pickle; the worker checks both before unpickling anything."""
+    body = json.dumps(versions(module)).encode() + b"\n" + pickle.dumps(job)
+    return mac(secret, body) + body
+
+
+def open_job(secret: bytes, signed: bytes, where: str) -> dict:
+    """The job a worker may run: signed under ``secret``, by the same code (one line if not)."""
+    body = signed[32:]
+    if not hmac.compare_digest(signed[:32], mac(secret, body)):
+        raise SolarError(f"{where}: the job's signature does not match this worker's key "
+                         f"({KEY_ENV}): refused unread")  # fmt: skip
+    head, _, pickled = body.partition(b"\n")
+    theirs = json.loads(head)
+    mine = versions(theirs.get("module"))
+    if mine != theirs:
+        diff = ", ".join(f"{k} {theirs.get(k)} there, {v} here"
+                         for k, v in mine.items() if theirs.get(k) != v)  # fmt: skip
+        raise SolarError(f"{where}: the trainers run other code ({diff}): refused")
+    return pickle.loads(pickled)  # signed by trainer rank 0, same code
+
+
+def _module_hash(name: str | None) -> str | None:
+    if not name or name == "__main__":
+        return None
+    try:
+        spec = importlib.util.find_spec(name)
+        src = spec.loader.get_source(name) if spec and spec.loader else None  # type: ignore[attr-defined]
+    except (ImportError, AttributeError, ValueError, OSError):
+        return None
+    return None if src is None else hashlib.sha256(src.encode()).hexdigest()[:16]
 
 
 def _store(remote: Remote, serve: bool, seconds: float) -> Any:
@@ -102,13 +179,15 @@ def _pair(store: Any, trainer: int, worker: int, rank: int) -> Any:
 class TrainerLink:
     """A trainer's side of the meeting: its workers' pairs (a collective of the trainers)."""
 
-    def __init__(self, remote: Remote, rank: int, world: int, comm: Any, job: dict) -> None:
+    def __init__(self, remote: Remote, rank: int, world: int, comm: Any, job: dict,
+                 module: str | None) -> None:  # fmt: skip
         self.remote = remote
         self.rank = rank
+        self.key = key(remote, f"Remote {remote.address}")
         # Rank 0's serves the meeting; the others wait for its roster (after join_s).
         self.store = _store(remote, rank == 0, 2 * remote.join_s + 30)
         if rank == 0:
-            self.store.set(JOB, pickle.dumps(job))
+            self.store.set(JOB, sign_job(self.key, job, module))  # workers unpickle it
             came = _wait_for(self.store, remote.workers, remote.join_s)
             self.store.set(ROSTER, str(came))
         try:
@@ -125,8 +204,20 @@ class TrainerLink:
                 self.groups[w] = _pair(self.store, r, w, 0)
             except RuntimeError:  # it died before pairing: served without it
                 continue
+        # Who owns which step follows from the workers that paired: they read it here.
+        self.store.set(f"{LIVE}{rank}", json.dumps(sorted(self.groups)))
         if comm is not None and comm.Get_size() > 1:
             comm.Barrier()  # rank 0's store lives on: every trainer has its pairs
+
+    def close(self) -> None:
+        """Release the pairs and the store (rank 0: its port)."""
+        for g in self.groups.values():
+            try:
+                g.shutdown()
+            except RuntimeError:
+                pass
+        self.groups.clear()
+        self.store = None
 
 
 def _wait_for(store: Any, n: int, seconds: float) -> int:
@@ -141,19 +232,29 @@ class WorkerLink:
     """A worker's side of the meeting: its number, the job, its trainers' pairs."""
 
     def __init__(self, remote: Remote, wait_s: float) -> None:
+        where = f"worker at {remote.address}"
+        self.key = key(remote, where)
         self.store = _store(remote, False, wait_s)  # the trainers may start later
         try:
             self.id = int(self.store.add(COUNT, 1)) - 1
-            self.job = pickle.loads(self.store.get(JOB))  # the trainers' own (their store)
+            signed = self.store.get(JOB)
             roster = int(self.store.get(ROSTER))
         except RuntimeError as exc:  # gone, or never said within wait_s
-            raise SolarError(f"worker at {remote.address}: the trainers did not start within "
+            raise SolarError(f"{where}: the trainers did not start within "
                              f"{wait_s:.0f} s ({first_line(exc)})") from None  # fmt: skip
+        self.job = open_job(self.key, signed, where)
         self.roster = roster
         self.late = self.id >= roster
         self.groups: dict[int, Any] = {}
+        self.live: dict[int, list[int]] = {}  # a trainer -> its workers that paired
         if self.late:
             return
         for r, w in pairs(int(self.job["world"]), roster):
             if w == self.id:
                 self.groups[r] = _pair(self.store, r, w, 1)
+        try:
+            for r in self.groups:
+                self.live[r] = json.loads(self.store.get(f"{LIVE}{r}"))
+        except RuntimeError as exc:
+            raise SolarError(f"{where}: a trainer did not say its workers "
+                             f"({first_line(exc)})") from None  # fmt: skip

@@ -178,7 +178,7 @@ def build(setup: Setup, stream: RankStream, stats: LoaderStats,
     shared = setup.shared
     pool: TransformPool | None = None
     if setup.transform is not None and setup.transform.remote is not None:
-        pool = RemoteTransforms(setup, steps.spe)  # workers on other hosts share its steps
+        pool = RemoteTransforms(setup, steps.spe, steps.served_rows())  # workers share its steps
         stats.remote = pool.figures
     elif setup.transform is not None:
         pool = TransformPool(setup.transform, run.seed, setup.info.keys, setup.out_keys,

@@ -12,6 +12,7 @@ it how far ahead it may go and which steps are no longer wanted.
 from __future__ import annotations
 
 import dataclasses
+import hmac
 import queue
 import threading
 import time
@@ -21,7 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from solar.errors import SolarError
-from solar.remote.link import DONE, TrainerLink, digest, owner
+from solar.remote.link import DONE, HEAD, TrainerLink, digest, mac, owner
 from solar.runtime.setup import Setup
 from solar.runtime.workers import TransformPool
 from solar.transform import Rows
@@ -35,7 +36,7 @@ class WorkerFigures:
     rows: int = 0
     bytes: int = 0
     late: int = 0  # steps of its that the trainer transformed (not delivered in time)
-    refused: int = 0  # deliveries that were not the trainer's step (digest differs)
+    refused: int = 0  # deliveries not the trainer's step (digest) or not signed (the key)
     lost: bool = False  # its pair broke (the worker died): its steps are the trainer's
 
 
@@ -73,7 +74,7 @@ def _done(futures: list[Future], target: Future) -> None:
 class RemoteTransforms(TransformPool):
     """This trainer's transform pool with its workers' deliveries in front of it."""
 
-    def __init__(self, setup: Setup, spe: int) -> None:
+    def __init__(self, setup: Setup, spe: int, cap: int) -> None:
         spec = setup.transform
         assert spec is not None and spec.remote is not None
         if setup.shared or setup.holds_transformed:
@@ -82,21 +83,23 @@ class RemoteTransforms(TransformPool):
                              "MemoryConfig(share='rank') or deterministic=False")  # fmt: skip
         super().__init__(spec, setup.run.seed, setup.info.keys, setup.out_keys, setup.cores)
         remote = self.remote = spec.remote
-        self.spe = spe
+        self.spe, self.cap = spe, cap  # cap: rows a step may have
         job = {
             "spec": setup.spec, "info": setup.info, "out_keys": setup.out_keys,
-            "transform": spec, "seed": setup.run.seed, "world": setup.world_size,
-            "keep": remote.keep,
+            "transform": dataclasses.replace(spec, remote=None),  # (never the key)
+            "seed": setup.run.seed, "world": setup.world_size, "keep": remote.keep,
             "reader": dataclasses.replace(setup.config, direct_io=setup.reader.direct_io),
         }  # fmt: skip
-        self.link = link = TrainerLink(remote, setup.rank, setup.world_size, setup.comm, job)
+        module = getattr(spec.fn, "__module__", None)
+        self.link = link = TrainerLink(remote, setup.rank, setup.world_size, setup.comm, job,
+                                       module)  # fmt: skip
         self.figures = {w: WorkerFigures() for w in link.groups}
         self._lock = threading.Lock()
         self._roster = sorted(link.groups)  # who owns which step: fixed for the run
         self._live = list(self._roster)
         self._lost: dict[int, Future] = {w: Future() for w in self._roster}  # its pair broke
         self._pending: dict[int, _Pending] = {}
-        self._stash: dict[int, tuple[int, list[np.ndarray]]] = {}  # arrived before asked
+        self._stash: dict[int, tuple[int, bool, list[np.ndarray]]] = {}  # came before asked
         self._position = -1  # the step being served (credits count from it)
         self._outbox: dict[int, queue.SimpleQueue] = {w: queue.SimpleQueue() for w in self._live}
         self._closing = False
@@ -122,6 +125,7 @@ class RemoteTransforms(TransformPool):
             if w is None or w not in self._live:
                 return super().submit(src, dst, job)
             p = _Pending(src, dst, job, w)
+            assert k not in self._pending, f"step {k} submitted twice"
             got = self._stash.pop(k, None)
             if got is None:
                 self._pending[k] = p
@@ -189,36 +193,50 @@ class RemoteTransforms(TransformPool):
         import torch
 
         group = self.link.groups[w]
-        head = torch.empty(3, dtype=torch.int64)
+        head = torch.empty(HEAD, dtype=torch.int64)
         try:
             while True:
                 group.recv([head], 1, 1).wait()
-                k, n, dig = (int(v) for v in head)
-                rows = []
+                k, n, dig = (int(v) for v in head[:3])
+                if k == DONE:  # the worker's last word: the trainer is done
+                    return
+                if not self._expected(k, n):
+                    break  # a worker that says nonsense is lost
+                rows, raw = [], [memoryview(head[:3].numpy().tobytes())]
                 for key in self.out_keys:
                     t = torch.empty(n * key.row_bytes, dtype=torch.uint8)
                     group.recv([t], 1, 2).wait()
+                    raw.append(t.numpy().data)
                     rows.append(t.numpy().view(key.native_dtype).reshape(n, *key.sample_shape))
-                self._arrived(w, k, dig, rows)
-        except RuntimeError:
-            if not self._closing:
-                self._lose(w)
+                signed = hmac.compare_digest(head[3:].numpy().tobytes(), mac(self.link.key, *raw))
+                self._arrived(w, k, dig, signed, rows)
+        except Exception:
+            pass
+        if not self._closing:
+            self._lose(w)
 
-    def _arrived(self, w: int, k: int, dig: int, rows: list[np.ndarray]) -> None:
+    def _expected(self, k: int, n: int) -> bool:
+        """Whether ``n`` rows may be step ``k``'s (before allocating them)."""
+        with self._lock:
+            p = self._pending.get(k)
+        return 0 <= n <= self.cap if p is None else n == p.job.rows.size
+
+    def _arrived(self, w: int, k: int, dig: int, signed: bool, rows: list[np.ndarray]) -> None:
         with self._lock:
             p = self._pending.pop(k, None)
             if p is None:
                 if k >= self._position:  # asked for later (assembled after it came)
-                    self._stash[k] = (dig, rows)
+                    self._stash[k] = (dig, signed, rows)
                 return
-        self._deliver(k, p, dig, rows)
+        self._deliver(k, p, dig, signed, rows)
 
-    def _deliver(self, k: int, p: _Pending, dig: int, rows: list[np.ndarray]) -> None:
-        """Copy a worker's rows of step ``k`` into the batch, if they are the step's."""
+    def _deliver(self, k: int, p: _Pending, dig: int, signed: bool, rows: list[np.ndarray]) -> None:
+        """Copy a worker's rows of step ``k`` into the batch, if they are the step's, signed."""
         fig = self.figures[p.worker]
         n = p.job.rows.size
-        if dig != digest(p.job.samples, p.job.repeat) or any(r.shape[0] != n for r in rows):
-            fig.refused += 1  # not this trainer's step: transformed here
+        mine = dig == digest(p.job.samples, p.job.repeat)
+        if not (signed and mine) or any(r.shape[0] != n for r in rows):
+            fig.refused += 1  # not this trainer's step, or not signed: transformed here
             _done(super().submit(p.src, p.dst, p.job), p.future)
             return
         t0 = time.perf_counter()
@@ -247,9 +265,13 @@ class RemoteTransforms(TransformPool):
     def close(self) -> None:
         """Tell the workers this trainer is done, wait for its threads, stop the pool."""
         self._closing = True
-        self._credit(DONE)
+        with self._lock:  # (not through _credit: DONE is also where credits start)
+            self._position = DONE
+            for w in self._live:
+                self._outbox[w].put((DONE, DONE))
         self.forget()
         deadline = time.monotonic() + 10
-        for t in self._links:
+        for t in self._links:  # a worker's last header ends its receiver
             t.join(max(0.0, deadline - time.monotonic()))
+        self.link.close()
         super().close()
