@@ -268,3 +268,64 @@ def test_a_loader_closed_before_its_first_batch_ends_its_worker_and_frees_the_po
     again, ref = _pair(data, address, 1, join_s=1)  # no worker: the trainer alone
     again.close()
     ref.close()
+
+
+def _huge(s, k, *_):
+    """A delivery header claiming 10**12 rows (a trainer must not allocate them)."""
+    import torch
+
+    s.group.send([torch.tensor([k, 10**12, 0, 0, 0, 0, 0])], 0, 1).wait()
+    return 0
+
+
+@pytest.mark.parametrize("wrong", ["signature", "rows"])
+def test_a_delivery_not_signed_or_not_the_steps_size_is_refused(data, monkeypatch, wrong):
+    """A worker in this process sends rows signed with another key (refused, transformed
+    here) or a header of 10**12 rows (the worker is lost): the bytes are the local ones."""
+    import solar.worker
+
+    if wrong == "signature":
+        monkeypatch.setattr(solar.worker, "mac", lambda secret, *parts: bytes(32))
+    else:
+        monkeypatch.setattr(solar.worker, "_send", _huge)
+    address = free_address()
+    worker = threading.Thread(target=solar.worker.serve, args=(address, 1, 60), daemon=True)
+    worker.start()
+    ld, ref = _pair(data, address, 1, wait_s=0.5)
+    try:
+        for a, b in zip(ld, ref, strict=True):
+            for k in b:
+                assert np.array_equal(a[k].numpy(), b[k].numpy()), k
+        (fig,) = ld.stats.remote.values()
+        assert fig.steps == 0
+        assert fig.refused > 0 if wrong == "signature" else fig.lost
+    finally:
+        ld.close()
+        ref.close()
+    worker.join(30)
+    assert not worker.is_alive()
+
+
+def test_a_worker_follows_its_trainer_back_after_load_state_dict(data):
+    """Epoch 0 served, then the state of its start loaded: the worker sends epoch 0's steps
+    again (they are wanted again), and the bytes are the local ones."""
+    address = free_address()
+    worker = start_worker(address)
+    ld, ref = _pair(data, address, 2, keep=0, wait_s=1)
+    start = ld.state_dict()
+
+    def epoch_0() -> int:
+        ld.load_state_dict(start)
+        ref.load_state_dict(start)
+        for a, b in zip(ld, ref, strict=True):
+            for k in b:
+                assert np.array_equal(a[k].numpy(), b[k].numpy()), k
+        return sum(f.steps for f in ld.stats.remote.values())
+
+    try:
+        first = epoch_0()
+        assert epoch_0() - first >= 6  # of the 11 steps served again (a few may be late)
+    finally:
+        ld.close()
+        ref.close()
+    worker.communicate(timeout=60)
