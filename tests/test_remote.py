@@ -329,3 +329,38 @@ def test_a_worker_follows_its_trainer_back_after_load_state_dict(data):
         ld.close()
         ref.close()
     worker.communicate(timeout=60)
+
+
+def test_a_worker_that_hangs_is_taken_for_lost(data, monkeypatch):
+    """A worker (in this process) that delivers once, then hangs: after a few late steps in a
+    row the trainer takes it for lost and transforms its steps; the bytes are the local ones."""
+    import solar.worker
+
+    real, hang, calls = solar.worker._send, threading.Event(), []
+
+    def send_once(*args):
+        calls.append(1)
+        if len(calls) > 1:
+            hang.wait(60)
+        return real(*args)
+
+    monkeypatch.setattr(solar.worker, "_send", send_once)
+    address = free_address()
+    worker = threading.Thread(target=solar.worker.serve, args=(address, 1, 60), daemon=True)
+    worker.start()
+    ld, ref = _pair(data, address, 2, keep=0, wait_s=0.3)
+    try:
+        for e in range(2):
+            ld.set_epoch(e)
+            ref.set_epoch(e)
+            for a, b in zip(ld, ref, strict=True):
+                for k in b:
+                    assert np.array_equal(a[k].numpy(), b[k].numpy()), k
+        (fig,) = ld.stats.remote.values()
+        assert fig.lost and fig.steps <= 1 and fig.late < 22
+    finally:
+        hang.set()
+        ld.close()
+        ref.close()
+    worker.join(30)
+    assert not worker.is_alive()

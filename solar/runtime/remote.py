@@ -27,6 +27,10 @@ from solar.runtime.setup import Setup
 from solar.runtime.workers import TransformPool
 from solar.transform import Rows
 
+# Consecutive steps of a worker transformed here because late before it is taken for hung
+# (lost); one that has delivered nothing yet (starting: imports, kernels) is given 4 times more.
+HUNG_AFTER = 4
+
 
 @dataclass
 class WorkerFigures:
@@ -37,7 +41,8 @@ class WorkerFigures:
     bytes: int = 0
     late: int = 0  # steps of its that the trainer transformed (not delivered in time)
     refused: int = 0  # deliveries not the trainer's step (digest) or not signed (the key)
-    lost: bool = False  # its pair broke (the worker died): its steps are the trainer's
+    lost: bool = False  # its pair broke (it died), or it hung: its steps are the trainer's
+    behind: int = 0  # its steps late in a row
 
 
 @dataclass
@@ -144,9 +149,13 @@ class RemoteTransforms(TransformPool):
         with self._lock:
             if self._pending.pop(k, None) is None:  # delivered (or made here) meanwhile
                 return futures
-            self.figures[p.worker].late += 1
+            fig = self.figures[p.worker]
+            fig.late, fig.behind = fig.late + 1, fig.behind + 1
+            hung = fig.behind >= HUNG_AFTER * (1 if fig.steps else 4)
         local = super().submit(p.src, p.dst, p.job)
         _done(local, p.future)
+        if hung:
+            self._lose(p.worker)
         return local
 
     def forget(self) -> None:
@@ -242,7 +251,7 @@ class RemoteTransforms(TransformPool):
         t0 = time.perf_counter()
         for dst, got in zip(p.dst, rows, strict=True):
             dst[p.job.rows] = got
-        fig.steps, fig.rows = fig.steps + 1, fig.rows + n
+        fig.steps, fig.rows, fig.behind = fig.steps + 1, fig.rows + n, 0
         fig.bytes += sum(r.nbytes for r in rows)
         p.future.set_result(time.perf_counter() - t0)
 
