@@ -22,6 +22,7 @@ from solar import Loader, SolarError
 from solar.remote import Remote
 from solar.remote.link import owner, pairs
 from solar.transform import Transform
+from solar.worker import serve
 
 N = 103  # a prime: no batch divides it
 ROOT = Path(__file__).resolve().parent.parent
@@ -252,6 +253,8 @@ def test_remote_without_a_key_or_with_an_unpicklable_fn_is_refused_in_one_line(d
         Loader(data, batch_size=10, epochs=1, buffer=20, rank=0, world_size=1, transform=t)
     with pytest.raises(SolarError, match="<lambda> cannot be pickled"):
         Transform(lambda s, rng: s, remote=Remote(free_address(), key="k"))
+    with pytest.raises(SolarError, match=r"worker at .*: no key"):
+        serve(free_address(), wait_s=1)
 
 
 def test_a_loader_closed_before_its_first_batch_ends_its_worker_and_frees_the_port(data):
