@@ -219,9 +219,9 @@ class RemoteTransforms(TransformPool):
                     rows.append(t.numpy().view(key.native_dtype).reshape(n, *key.sample_shape))
                 signed = hmac.compare_digest(head[3:].numpy().tobytes(), mac(self.link.key, *raw))
                 self._arrived(w, k, dig, signed, rows)
-        except Exception:
+        except Exception:  # whatever ends this thread (a broken pair, a bad message)
             pass
-        if not self._closing:
+        if not self._closing:  # ... the worker is lost
             self._lose(w)
 
     def _expected(self, k: int, n: int) -> bool:
