@@ -88,6 +88,39 @@ def test_a_graph_from_npy_files_is_the_same_private_graph(tmp_path, graph_file):
     assert g.identity == Graph(graph_file).identity
 
 
+def _first_use(sampler: NeighborSampler):
+    assert sampler.graph.shared is None and sampler.graph._bulk is None  # (not read yet)
+    return lambda: sampler.graph.indptr
+
+
+def test_a_deferred_topology_refuses_its_file_rewritten_with_the_same_shapes(
+    graph_file, tmp_path, monkeypatch
+):
+    """A topology read later than its splits (Graph(defer=True); a NeighborSampler's with no
+    communicator in a job of several ranks a host, until hold() or first use) comes from the
+    file the splits came from: one rewritten in place with the same shapes is refused in one
+    line naming it, never half old (the seeds), half new (the edges)."""
+    path = tmp_path / "g.h5"
+    monkeypatch.setattr("solar.graph.neighbor.ranks_here", lambda: 2)  # (a host of two ranks)
+    opened = {
+        "Graph(defer=True), hold()": lambda: Graph(path, defer=True).hold,
+        "NeighborSampler, first use": lambda: _first_use(NeighborSampler(path, (3,), 8)),
+    }
+    for how, later in opened.items():
+        shutil.copy(graph_file, path)
+        read = later()
+        st = os.stat(path)
+        with h5py.File(path, "r+") as f:
+            f["indices"][...] = 0  # every shape as it was
+        # (a later mtime, as a clock tick would give: a coarse clock may not have moved yet)
+        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+        with pytest.raises(SolarError, match=f"graph {path}: changed since it was opened") as e:
+            read()
+        assert "\n" not in str(e.value), how
+    shutil.copy(graph_file, path)  # unchanged: read as before
+    assert np.array_equal(Graph(path, defer=True).indices, Graph(graph_file).indices)
+
+
 # -- the generator -----------------------------------------------------------------------------
 def test_the_generated_graph_is_a_power_law_block_model(graph_file):
     g = Graph(graph_file)
@@ -358,8 +391,30 @@ def test_memory_checks_count_a_batch_as_its_subgraph_not_its_seeds(graph_file, m
         assert drawn <= per_epoch
     # ~122 kB counting one access per seed, ~340 kB counting the subgraphs.
     monkeypatch.setattr(solar._memory, "available_memory", lambda: 250_000)
-    with pytest.raises(SolarError, match=f"planning {2 * per_epoch} accesses"):
+    with pytest.raises(SolarError, match=f"planning an estimated {2 * per_epoch} accesses"):
         make_plan(spec)
+
+
+def test_the_typical_subgraph_samples_a_few_steps_whatever_the_world(graph_file, monkeypatch):
+    """The trace's estimate of a subgraph (typical_batch) samples the first two steps of at
+    most four ranks spread over the world (rank 0 and the last among them), not every rank's:
+    its cost is bounded at any P."""
+    sampler = NeighborSampler(graph_file, (3, 2), batch_size=2)
+    seen: list[tuple[int, int]] = []
+    sample = sampler._sample
+
+    def counted(run, epoch, step, rank):
+        seen.append((step, rank))
+        return sample(run, epoch, step, rank)
+
+    monkeypatch.setattr(sampler, "_sample", counted)
+    for world, ranks in ((3, {0, 1, 2}), (13, {0, 4, 8, 12})):
+        seen.clear()
+        run = _run(sampler, 997, world)
+        typical = sampler.typical_batch(run)
+        assert sorted(seen) == sorted((t, r) for t in (0, 1) for r in ranks), world
+        largest = max(sample(run, 0, t, r).nodes.size for t, r in seen)
+        assert typical == min(sampler.batch_bound(run), int(1.1 * largest))
 
 
 def test_the_mmap_baseline_gathers_exact_rows_through_a_page_lru_of_its_budget(tmp_path):
@@ -450,14 +505,24 @@ def test_a_features_key_the_loader_does_not_read_is_one_line(graph_file):
                world_size=1)  # fmt: skip
 
 
-def _sealed_memfds() -> list[str]:
-    """Descriptors and /dev/shm entries of sealed topologies (solar/host/sealed.py) left."""
-    left = [n for n in os.listdir("/dev/shm") if "solar-sealed" in n]
-    for fd_dir in Path("/proc").glob("[0-9]*/fd"):
+def _left_by(job: list[str]) -> list[str]:
+    """What the job's own processes left (its "ok" lines: pid, start time and the /dev/shm
+    names each rank mapped or held): a rank still running -- the same pid and start time --
+    and its descriptors of sealed topologies (solar/host/sealed.py), or one of those names
+    still in /dev/shm. Other jobs' processes and names on the machine are not looked at."""
+    left = []
+    for line in job:
+        pid, start, *names = line.split()[3:]
+        left += [f"/dev/shm/{n}" for n in names if os.path.exists(f"/dev/shm/{n}")]
+        left += [f"/dev/shm/{n}" for n in names if "solar-sealed" in n]  # (never named)
         try:
-            left += [str(p) for p in fd_dir.iterdir() if "solar-sealed" in os.readlink(p)]
-        except OSError:  # (a process gone, or another user's)
+            with open(f"/proc/{pid}/stat") as f:
+                alive = f.read().rsplit(")", 1)[1].split()[19] == start
+            fds = [os.readlink(p) for p in Path(f"/proc/{pid}/fd").iterdir()] if alive else []
+        except OSError:  # (gone)
             continue
+        if alive:
+            left += [f"rank process {pid}", *(f for f in fds if "solar-sealed" in f)]
     return left
 
 
@@ -471,7 +536,8 @@ def test_one_sealed_topology_per_host_under_a_launcher(graph_file, tmp_path, lau
     shutil.copy(graph_file, path)
     result = launch(launcher, 2, "shared_graph.py", path)
     assert result.returncode == 0, result.stderr[-3000:]
-    inodes = {line.split()[2] for line in result.stdout.splitlines() if line.startswith("ok")}
+    job = [line for line in result.stdout.splitlines() if line.startswith("ok")]
+    inodes = {line.split()[2] for line in job}
     assert len(inodes) == 1, result.stdout  # both ranks mapped the same memfd
     assert result.stdout.count("ok ") == 2, result.stdout
-    assert not _sealed_memfds()
+    assert not _left_by(job)

@@ -40,6 +40,7 @@ from numba import njit
 from solar._memory import require_memory
 from solar.errors import SolarError
 from solar.host.sealed import SealedBytes, host_sealed, host_shares, layout
+from solar.io.identity import FileChanged, Identities
 from solar.io.npy import read_npy_header
 from solar.launch import ranks_here
 
@@ -66,7 +67,11 @@ class Graph:
     ranks, the parts are read and validated once per host into a sealed memfd that each of its
     ranks maps read-only (``shared``, solar/host/sealed.py), not copied into every rank.
     ``defer``: only the splits are read now; ``indptr``, ``indices`` and ``labels`` by
-    :meth:`hold` (given the communicator then) or when first used.
+    :meth:`hold` (given the communicator then) or when first used: outside a Loader in a job
+    of several ranks a host, a private read at first use, so a bad graph's errors appear then.
+    The files' identities (solar/io/identity.py) are recorded when the graph is opened and
+    compared when the rest is read: a file changed in between (rewritten in place, even with
+    the same shapes) is refused in one line naming it, "changed since it was opened".
     """
 
     def __init__(self, source: str | os.PathLike | Mapping[str, Any], comm: Any = None,
@@ -93,6 +98,10 @@ class Graph:
 
         self._opened = opened
         self._lock = threading.Lock()
+        # The files' identities now, before the splits are read: the topology read later
+        # (deferred, or by another process of the host) must come from the same bytes, which
+        # equal shapes alone do not show (a file rewritten in place).
+        self._files: Identities | None = _identities(source)
         # The splits now (small: the sampler's seeds come from them), the rest by hold().
         self._kinds, splits = opened(self._splits_read)
         self.num_nodes = int(self._kinds["indptr"][0][0] - 1)
@@ -128,8 +137,15 @@ class Graph:
         Loader passes the job's communicator) is held by this call or read privately when
         first used."""
         if comm is not None and host_shares(comm):
-            if not any(comm.allgather(self._bulk is None)):
+            # Every rank's own files checked (its splits came from them), the verdict shared:
+            # no rank leaves the collective alone.
+            stale = self._changed() if self._bulk is None else None
+            states = comm.allgather((self._bulk is None, stale))
+            if not any(need for need, _ in states):
                 return
+            for _, why in states:
+                if why is not None:
+                    raise FileChanged(why)
             shared, parts = _host_copy(self._bulk_opened, self.where, comm)
             with self._lock:
                 if self._bulk is None:
@@ -156,9 +172,27 @@ class Graph:
                     set(got) != {k for k in self._kinds if k in BULK}:  # fmt: skip
                 raise SolarError(f"{self.where}: changed since it was opened (its parts' "
                                  "shapes differ)")  # fmt: skip
-            return load(got)
+            self._unchanged()
+            out = load(got)
+            self._unchanged()  # (and not rewritten while it was read)
+            return out
 
         return self._opened(bulk)
+
+    def _unchanged(self) -> None:
+        """Refuse files that changed since the graph was opened (:mod:`solar.io.identity`)."""
+        if self._files is not None:
+            try:
+                self._files.check_paths()
+            except FileChanged as exc:
+                raise FileChanged(f"graph {exc}") from None
+
+    def _changed(self) -> str | None:
+        try:
+            self._unchanged()
+        except FileChanged as exc:
+            return str(exc)
+        return None
 
     def _adopt(self, parts: dict[str, np.ndarray]) -> None:
         for a in parts.values():
@@ -215,7 +249,7 @@ class Graph:
         ):
             self._held()
             # (its arrays pickled as copies; nothing left to open)
-            return {**self.__dict__, "shared": None, "_opened": None, "_lock": None}
+            return {**self.__dict__, **dict.fromkeys(("shared", "_opened", "_lock", "_files"))}
         return {"_source": self._source, "_digest": self.identity}
 
     def __setstate__(self, state: dict) -> None:
@@ -380,6 +414,22 @@ def _host_copy(opened: Callable[[Callable[[dict[str, _Part]], Any]], Any], where
 
     shared, record = host_sealed(comm, produce, check, f"{where}: its topology")
     return shared, _carved(shared, record)
+
+
+def _identities(source: str | os.PathLike | Mapping[str, Any]) -> Identities | None:
+    """The identities of the files ``source`` names, pinned now (None: all in memory)."""
+    if isinstance(source, Mapping):
+        paths = [v for v in source.values() if isinstance(v, str | os.PathLike)]
+    else:
+        paths = [source]
+    if not paths:
+        return None
+    files = Identities(paths)
+    try:
+        files.check_paths()
+    except SolarError:  # (absent or unreadable: opening it says so, in the graph's words)
+        return None
+    return files
 
 
 def _carved(sealed: SealedBytes, record: dict[str, Any]) -> dict[str, np.ndarray]:

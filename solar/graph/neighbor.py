@@ -59,6 +59,9 @@ _NEIGHBOR_STREAM = 2  # spawn-key tag of the neighbour draws (Weighted's is 1)
 MAX_HOPS = 64
 _EMPTY = np.zeros(0, np.int64)
 _LOCAL_MAX = 2**31 - 1  # a subgraph's local ids are int32
+# typical_batch samples these many first steps of these many ranks: its cost is bounded at any
+# world size (every rank's first steps sampled was slow at large P).
+_TYPICAL_STEPS, _TYPICAL_RANKS = 2, 4
 
 
 @dataclass(frozen=True)
@@ -93,6 +96,9 @@ class NeighborSampler(Sampler, BatchExtras):
     read from files is held once per host, sealed and mapped read-only by its ranks, not once
     per rank. Without it, in a job of several ranks a host, the topology is read when the
     Loader passes its communicator (:meth:`bind`; a Loader's default): once per host as well.
+    Used outside a Loader there, the topology is read privately (a copy per rank) at first
+    use, and a bad graph's errors appear then, not here; a graph file changed since this
+    sampler opened it (its identity, solar/io/identity.py) is refused then, naming the file.
     """
 
     kind = "neighbor"
@@ -276,15 +282,18 @@ class NeighborSampler(Sampler, BatchExtras):
         return int(total)
 
     def typical_batch(self, run: RunConfig) -> int | None:
-        """Every rank's subgraphs of the first (up to) two steps of epoch 0 sampled, their
-        largest size plus 10 %: what a step's accesses come to (their sizes vary little with
-        ~10^3 seeds), at most :meth:`batch_bound` (a worst case, ~2x at 10^6 nodes: issue 48)."""
+        """An estimate: the subgraphs of the first (up to) two steps of epoch 0 of at most
+        four ranks spread over the world (rank 0 and the last among them; every rank up to
+        four) sampled, their largest size plus 10 %: what a step's accesses come to (their sizes
+        vary little with ~10^3 seeds), at most :meth:`batch_bound` (a worst case, ~2x at 10^6
+        nodes: issue 48). A bounded cost whatever the world's size (8 subgraphs at most)."""
         self.check_run(run)
 
         def sampled() -> int:
-            steps = range(min(2, run.steps_per_epoch))
-            sizes = [self._sample(run, 0, t, r).nodes.size for t in steps
-                     for r in range(run.world_size)]  # fmt: skip
+            steps = range(min(_TYPICAL_STEPS, run.steps_per_epoch))
+            ranks = np.unique(np.linspace(0, run.world_size - 1,
+                                          min(_TYPICAL_RANKS, run.world_size)).round())  # fmt: skip
+            sizes = [self._sample(run, 0, t, int(r)).nodes.size for t in steps for r in ranks]
             return min(self.batch_bound(run), int(1.1 * max(sizes)))
 
         return self._typical.get(run, sampled)

@@ -412,4 +412,6 @@ def plan_memory(spec: PlanSpec, keep_all: bool = False) -> PlanMemory:
 def _check_memory(spec: PlanSpec, keep_all: bool) -> None:
     """Refuse a plan that cannot fit in memory, before allocating any of it."""
     m = plan_memory(spec, keep_all)
-    require_memory(m.need, f"planning {m.accesses} accesses")
+    # (a traced sampler's accesses may be estimated from a few batches drawn: said so)
+    many = "an estimated " if m.estimated else ""
+    require_memory(m.need, f"planning {many}{m.accesses} accesses")
