@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import secrets
 import socket
 import subprocess
 import sys
@@ -249,7 +250,9 @@ def main() -> None:
     data = Path(args.data or f"/tmp/workers_bench_{args.samples}.h5")
     if not data.exists():
         make_data(data, args.samples)
-    env = dict(os.environ, SOLAR_BENCH_REPS=str(reps),
+    # The trainers and the worker share a secret, as any run with workers must (one per run).
+    key = os.environ.get("SOLAR_REMOTE_KEY") or secrets.token_hex(16)
+    env = dict(os.environ, SOLAR_BENCH_REPS=str(reps), SOLAR_REMOTE_KEY=key,
                PYTHONPATH=os.pathsep.join([str(ROOT), str(HERE)]))  # fmt: skip
     results = {}
     for mode in ("transport", "alone", "worker", "dataloader", "fault"):
