@@ -44,7 +44,7 @@ __all__ = [
     "make_plan",
 ]
 
-__version__ = "0.1.0"
+from solar._version import __version__ as __version__
 
 
 def __getattr__(name: str):

@@ -97,9 +97,9 @@ def versions(module: str | None) -> dict[str, str | None]:
     and torch, and the source of the transform's ``module`` (None: not to be found)."""
     import torch
 
-    import solar
+    from solar import _version
 
-    return {"solar": solar.__version__, "numpy": np.__version__, "torch": torch.__version__,
+    return {"solar": _version.__version__, "numpy": np.__version__, "torch": torch.__version__,
             "module": module, "source": _module_hash(module)}  # fmt: skip
 
 
