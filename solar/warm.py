@@ -54,6 +54,7 @@ from solar.runtime.steps import Steps
 from solar.schedule.draw.samplers import SHUFFLE, Sampler, Trace, Weighted, is_shuffle
 from solar.schedule.keep.grouping import Hosts, stage_bound
 from solar.schedule.plans.plan import load_plan, make_plan, plan_to_file
+from solar.schedule.plans.rankplan import rehearse_phases
 from solar.schedule.plans.stream import RankStream
 from solar.schedule.spec import PlanSpec
 
@@ -306,6 +307,8 @@ def rehearse_loader(args: LoaderConfig, setup: Setup,
             setup.sampler.rehearse(setup.run, setup.rank)  # its own kernels, if any
             if setup.pack is not None:  # (the tiny Loader packs nothing: no disk given)
                 rehearse_packing(setup.pack.at.row_bytes)
+            if spec.buffer.tier:  # (a tiny run's steps may never store a slot twice)
+                rehearse_phases()
         if setup.shared:  # a node buffer: the tiny Loader ran per rank; the node's own
             rehearse_node(spec, setup.hosts, setup.rank, setup.given is not None)
     if w[0].compiled:

@@ -18,10 +18,11 @@ from test_planner_properties import brute_force_optimum
 from solar import BufferConfig, CorruptPlanError, PlanSpec, RunConfig, SolarError, make_plan
 from solar.schedule import load_plan
 from solar.schedule.draw.order import access_sequence
+from solar.schedule.keep.hostplan import host_phases
 from solar.schedule.keep.planner import Planner
 from solar.schedule.plans.stream import RankStream
 from solar.schedule.plans.validate import validate_rank
-from solar.schedule.policy import DEMOTE, HIT, THIT
+from solar.schedule.policy import ADMIT, DEMOTE, HIT, TADMIT, THIT
 
 SLOW = {"deadline": None, "suppress_health_check": [HealthCheck.too_slow]}
 
@@ -231,3 +232,35 @@ def test_a_step_updating_a_cell_twice_applies_its_phases_in_turn(seed):
         held = want >= 0  # (a released cell keeps its stale row: the plan never reads it)
         np.testing.assert_array_equal(state[held], want[held], err_msg=f"step {k}")
     assert phased > 0
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_rank_alone_has_phases_exactly_where_host_phases_cuts_its_updates(seed):
+    """A rank's own buffer asks keep/hostplan.host_phases only of a step naming a cell twice
+    (most steps name each once): every step's phases are still the kernel's over all its
+    updates, one phase (none given) where it finds no cell named twice."""
+    run = RunConfig(60, 2, 8, 4, seed=seed)
+    plan = make_plan(PlanSpec(run, BufferConfig(3, 0, 10)))
+    phased = single = 0
+    for r in range(run.world_size):
+        rp = plan.rank(r)
+        for k in range(run.num_steps):
+            step = rp.step(k)
+            t = k - rp.first_step
+            a, b = int(rp.step_offsets[t]), int(rp.step_offsets[t + 1])
+            f, slot, tslot = rp.flags[a:b], rp.slot[a:b], rp.tslot[a:b]
+            j = np.flatnonzero(f & (ADMIT | TADMIT | DEMOTE))
+            phase, waits = host_phases(np.zeros(j.size, np.int64), f[j], slot[j], tslot[j])
+            if waits.size == 1:
+                single += 1
+                assert step.phase_waits is None, f"rank {r}, step {k}"
+                continue
+            phased += 1
+            assert step.phase_waits is not None, f"rank {r}, step {k}"
+            np.testing.assert_array_equal(step.phase_waits, waits)
+            of = np.full(f.size, -1, np.int64)
+            of[j] = phase
+            np.testing.assert_array_equal(step.admit_phase, of[step.admit_rows])
+            np.testing.assert_array_equal(step.tadmit_phase, of[step.tadmit_rows])
+            np.testing.assert_array_equal(step.demote_phase, of[np.flatnonzero(f & DEMOTE)])
+    assert phased > 0 and single > 0

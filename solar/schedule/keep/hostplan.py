@@ -455,8 +455,10 @@ def host_phases(local: np.ndarray, flags: np.ndarray, slot: np.ndarray,
     _, tier = np.unique(writes, return_inverse=True)
     phase = np.empty(f.size, np.int64)
     waits = np.zeros(f.size + 1, np.bool_)
+    # (Contiguous: a column of the updates is strided unless it holds one row, and the
+    # kernel's signature should not depend on how many there are.)
     count = _phases(ram.ravel(), stores >= 0, tier.ravel(), writes >= 0,
-                    np.asarray(local, np.int64), phase, waits)  # fmt: skip
+                    np.ascontiguousarray(local, np.int64), phase, waits)  # fmt: skip
     return phase, waits[:count]
 
 

@@ -276,7 +276,8 @@ class RankPlan:
         a, b = int(part.step_offsets[t]), int(part.step_offsets[t + 1])
         f, slot, tslot = part.flags[a:b], part.slot[a:b], part.tslot[a:b]
         return _step_plan(k, self.tier_slots, f, part.sample[a:b], slot, tslot,
-                          lambda: _updates([(np.arange(b - a), f, slot, tslot)]), 0)  # fmt: skip
+                          lambda: _updates([(np.arange(b - a), f, slot, tslot)]), 0,
+                          True)  # fmt: skip
 
     def _host_step(self, k: int, ne: HostEpoch, t: int) -> StepPlan:
         """Step ``k`` (local step ``t`` of ``ne``) of a rank sharing its host's buffer."""
@@ -307,7 +308,7 @@ class RankPlan:
                              for q in spans])  # fmt: skip
 
         step = _step_plan(k, s.tier_slots, f, ranks.sample[mine], ranks.slot[mine],
-                          ranks.tslot[mine], updates, s.local)  # fmt: skip
+                          ranks.tslot[mine], updates, s.local, len(s.group) == 1)  # fmt: skip
         if not shared.size:
             return step
         peer = (f & PEER) != 0
@@ -372,40 +373,128 @@ class RankPlan:
 
 
 def _step_plan(k: int, tier_slots: int, f: np.ndarray, sample: np.ndarray, slot: np.ndarray,
-               tslot: np.ndarray, updates: Callable[[], np.ndarray],
-               local: int) -> StepPlan:  # fmt: skip
-    """Step ``k`` of a rank (local rank ``local`` of its buffer) whose accesses are ``f``,
-    ``sample``, ``slot``, ``tslot``; ``updates()``, its buffer's updates of the step (as
-    :func:`_updates` gives them), asked only where a tier's updates may need phases."""
-    if not tier_slots and np.any(f & (THIT | TADMIT | DEMOTE)):
+               tslot: np.ndarray, updates: Callable[[], np.ndarray], local: int,
+               alone: bool) -> StepPlan:  # fmt: skip
+    """Step ``k`` of a rank (local rank ``local`` of its buffer; ``alone``: the buffer's only
+    rank) whose accesses are ``f``, ``sample``, ``slot``, ``tslot``; ``updates()``, its
+    buffer's updates of the step (as :func:`_updates` gives them), asked only where a tier's
+    updates may need phases."""
+    x = sample.astype(np.int64)
+    slot = slot.astype(np.int64)
+    # One pass over the step's accesses sorts them into what each stage does (_split_step).
+    out = np.empty((_TIER_ROWS if tier_slots else _RAM_ROWS, f.size), np.int64)
+    bad, served, own, hits, admits, thits, demotes, tadmits, again = _split_step(
+        f.astype(np.uint8), slot, tslot.astype(np.int64) if tier_slots else slot, out
+    )  # fmt: skip
+    if bad == 1:
         raise CorruptPlanError(f"host plan: step {k} uses a tier the buffer does not have")
-    side = (f & SIDE) != 0
-    served = int(np.count_nonzero(~side))
-    if served < f.size and np.any(side[:served]):
+    if bad == 2:
         raise CorruptPlanError(f"host plan: step {k}'s side rows do not follow its batch")
-    x, slot = sample.astype(np.int64), slot.astype(np.int64)
-    hit, admit, thit = (f & HIT) != 0, (f & ADMIT) != 0, (f & THIT) != 0
-    own = (f & (HIT | THIT | PEER | SIDE)) == 0
-    step = StepPlan(k, x[:served], np.flatnonzero(own), np.flatnonzero(hit), slot[hit],
-                    np.flatnonzero(admit), slot[admit], side_samples=x[side])  # fmt: skip
+    step = StepPlan(k, x[:served], out[0, :own], out[1, :hits], out[2, :hits], out[3, :admits],
+                    out[4, :admits], side_samples=x[served:])  # fmt: skip
     if not tier_slots:
         return step
-    rows = np.arange(f.size, dtype=np.int64)
-    tslot = tslot.astype(np.int64)
-    demote, tadmit = (f & DEMOTE) != 0, (f & TADMIT) != 0
-    tier = dict(tier_rows=rows[thit], tier_slots=tslot[thit], demote_slots=slot[demote],
-                demote_tslots=tslot[demote], tadmit_rows=rows[tadmit],
-                tadmit_tslots=tslot[tadmit])  # fmt: skip
-    # The buffer's phases: where it updates a cell twice, in turn (the host's ranks alike).
-    u = updates()
-    phase, waits = host_phases(u[:, 1], u[:, 3], u[:, 4], u[:, 5])
-    if waits.size > 1:
-        of = np.full(f.size, -1, np.int64)
-        me = u[:, 1] == local
-        of[u[me, 2]] = phase[me]
-        tier.update(phase_waits=waits, demote_phase=of[demote], admit_phase=of[admit],
-                    tadmit_phase=of[tadmit])  # fmt: skip
+    tier: dict[str, Any] = dict(
+        tier_rows=out[5, :thits], tier_slots=out[6, :thits], demote_slots=out[8, :demotes],
+        demote_tslots=out[9, :demotes], tadmit_rows=out[10, :tadmits],
+        tadmit_tslots=out[11, :tadmits],
+    )  # fmt: skip
+    # The buffer's phases: where it updates a cell twice, in turn (the host's ranks alike). A
+    # rank alone whose updates name each cell once has one phase: the kernel is not asked.
+    if again or not alone:
+        u = updates()
+        phase, waits = host_phases(u[:, 1], u[:, 3], u[:, 4], u[:, 5])
+        if waits.size > 1:
+            of = np.full(f.size, -1, np.int64)
+            me = u[:, 1] == local
+            of[u[me, 2]] = phase[me]
+            tier.update(phase_waits=waits, demote_phase=of[out[7, :demotes]],
+                        admit_phase=of[out[3, :admits]],
+                        tadmit_phase=of[out[10, :tadmits]])  # fmt: skip
     return step._replace(**tier)
+
+
+# Rows of _split_step's output: without a tier, then with one.
+_RAM_ROWS, _TIER_ROWS = 5, 12
+
+
+@njit(cache=True, nogil=True)
+def _split_step(flags, slot, tslot, out):  # pragma: no cover - compiled
+    """A step's accesses sorted into what is done with each, in access order, into the rows of
+    ``out``: 0 storage reads (not hit, taken from a peer or a side row), 1-2 hits and their
+    slots, 3-4 admissions and their slots; with a tier (12 rows), 5-6 tier hits and their tier
+    slots, 7-9 demotions (access, slot, tier slot), 10-11 tier admissions and their tier slots.
+    Returns ``(bad, served, reads, hits, admits, tier hits, demotions, tier admits, again)``:
+    bad 1, a tier used without one; 2, a side row before a served one; ``served``, rows before
+    the side rows; ``again``, whether (with a tier) a RAM slot is stored, or a tier slot
+    written, twice (keep/hostplan.host_phases' phases are needed)."""
+    tier = out.shape[0] > 5
+    n = flags.shape[0]
+    bad = 0
+    served = n
+    c = np.zeros(6, np.int64)
+    for i in range(n):
+        f = flags[i]
+        if f & (THIT | TADMIT | DEMOTE) and not tier:
+            bad = 1
+        if f & SIDE:
+            served = min(served, i)
+        elif served < n and bad == 0:
+            bad = 2
+        if not f & (HIT | THIT | PEER | SIDE):
+            out[0, c[0]] = i
+            c[0] += 1
+        if f & HIT:
+            out[1, c[1]] = i
+            out[2, c[1]] = slot[i]
+            c[1] += 1
+        if f & ADMIT:
+            out[3, c[2]] = i
+            out[4, c[2]] = slot[i]
+            c[2] += 1
+        if not tier:
+            continue
+        if f & THIT:
+            out[5, c[3]] = i
+            out[6, c[3]] = tslot[i]
+            c[3] += 1
+        if f & DEMOTE:
+            out[7, c[4]] = i
+            out[8, c[4]] = slot[i]
+            out[9, c[4]] = tslot[i]
+            c[4] += 1
+        if f & TADMIT:
+            out[10, c[5]] = i
+            out[11, c[5]] = tslot[i]
+            c[5] += 1
+    again = False
+    if tier and bad == 0:
+        # A cell named twice: its stores (RAM slots admitted), then its writes (tier slots
+        # admitted or demoted into, one per access), each sorted, then side by side.
+        stores = np.sort(out[4, : c[2]])
+        writes = np.empty(n, np.int64)
+        m = 0
+        for i in range(n):
+            if flags[i] & (TADMIT | DEMOTE):
+                writes[m] = tslot[i]
+                m += 1
+        writes = np.sort(writes[:m])
+        for cells in (stores, writes):
+            for j in range(1, cells.shape[0]):
+                if cells[j] >= 0 and cells[j] == cells[j - 1]:
+                    again = True
+    return bad, served, c[0], c[1], c[2], c[3], c[4], c[5], again
+
+
+def rehearse_phases() -> None:
+    """Build a step whose buffer stores a RAM slot twice: the phases' kernels
+    (keep/hostplan.host_phases), which a rank alone asks only of such a step, now and then
+    inside an epoch, are loaded before it (solar/warm.py)."""
+    f, slot, tslot = np.full(2, ADMIT, np.uint8), np.zeros(2, np.int32), np.full(2, -1, np.int32)
+    step = _step_plan(0, 1, f, np.arange(2), slot, tslot,
+                      lambda: _updates([(np.arange(2), f, slot, tslot)]), 0, True)  # fmt: skip
+    if step.phase_waits is None:
+        raise AssertionError("a slot stored twice in a step: phases expected")
 
 
 def _updates(ranks: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]) -> np.ndarray:
