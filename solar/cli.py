@@ -30,7 +30,7 @@ from solar.errors import SolarError
 from solar.options import MemoryConfig, PlanningConfig
 from solar.plan_report import PlanReport, plan_summary
 from solar.schedule import POLICIES, PlanSpec
-from solar.schedule.draw.samplers import make_sampler
+from solar.schedule.draw.samplers import make_sampler, sampler_run
 from solar.schedule.keep.summary import HostTotals
 from solar.schedule.plans.plan import plan_to_file, simulate
 from solar.schedule.policy import TRACE_POLICIES
@@ -246,11 +246,7 @@ def plan(
         raise SolarError("give data files or --samples N")
     if sample_bytes is not None and sample_bytes <= 0:
         raise SolarError(f"--sample-bytes must be positive, got {sample_bytes}")
-    sampler.check(samples)
-    draws = sampler.draws(samples, world_size * batch_size)
-    run = RunConfig(samples, world_size, batch_size, epochs, seed, drop_last,
-                    None if draws == samples else draws)  # fmt: skip
-    sampler.check_run(run)
+    run = sampler_run(sampler, samples, world_size, batch_size, epochs, seed, drop_last)
     capacity, tier = (
         parse_size(text, sample_bytes=sample_bytes, name=name, num_samples=samples,
                    world_size=world_size)

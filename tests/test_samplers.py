@@ -23,7 +23,7 @@ from solar import (
 )
 from solar.schedule import HIT
 from solar.schedule.draw.rng import uniform
-from solar.schedule.draw.samplers import SHUFFLE, _alias_table
+from solar.schedule.draw.samplers import SHUFFLE, _alias_table, sampler_run
 from solar.schedule.plans.plan import plan_to_file
 from solar.schedule.policy import THIT
 
@@ -113,6 +113,20 @@ def test_trace_array_rows_and_padding():
         Trace(a).batch(run, 0, 1, 0)
     with pytest.raises(SolarError, match=r"outside 0\.\.4"):
         Trace(lambda e, t, r: [9]).batch(run, 0, 0, 0)
+
+
+def test_sampler_run_is_the_run_a_loader_makes():
+    """One path from a sampler to its run: draws other than the samples are recorded, the
+    dataset and the run refused first (but for a rehearsal's unchecked run)."""
+    assert sampler_run(SHUFFLE, 10, 2, 3, 1).draws is None
+    assert sampler_run(Weighted(np.ones(10), 4), 10, 2, 3, 1) == RunConfig(10, 2, 3, 1, draws=4)
+    with pytest.raises(SolarError, match="3 weights for a dataset of 10"):
+        sampler_run(Weighted(np.ones(3)), 10, 1, 2, 1)
+    trace = Trace(np.zeros((1, 2, 1, 3), np.int64))
+    assert sampler_run(trace, 5, 1, 3, 1, 7) == RunConfig(5, 1, 3, 1, 7, draws=6)
+    with pytest.raises(SolarError, match=r"is not \(epochs 2, steps 2, ranks 1, B\)"):
+        sampler_run(trace, 5, 1, 3, 2)
+    assert sampler_run(trace, 5, 1, 3, 2, check=False) == RunConfig(5, 1, 3, 2, draws=6)
 
 
 # -- the planner ------------------------------------------------------------------------------

@@ -37,12 +37,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from solar._memory import PAGE
-from solar.config import ReaderConfig, RunConfig, per_rank
+from solar.config import ReaderConfig, per_rank
 from solar.dist import MAX, allreduce
 from solar.errors import SolarError
 from solar.io.pagecache import cold_rounds, evict
 from solar.io.throttle import Throttle
 from solar.options import ExpertConfig, MemoryConfig, PackingConfig, PlanningConfig
+from solar.schedule.draw.samplers import sampler_run
 
 GRAPH_LOADERS = ("mmap", "lru", "static", "solar")
 # Also on request: ``solar-rows``, solar planning rows alone (no page mates): what they add;
@@ -180,7 +181,9 @@ def _make_loaders(
         if name == "mmap":
             gather = MmapGather.of_key(cfg.path, cfg.key, capacity * info.sample_bytes,
                                        cfg.reader.thread_count, throttle)  # fmt: skip
-            run = _run_config(sampler, info.num_samples, world, cfg.epochs, cfg.seed)
+            # The run (and refusals) of the Loaders beside it.
+            run = sampler_run(sampler, info.num_samples, world, sampler.batch_size,
+                              cfg.epochs, cfg.seed)  # fmt: skip
             loaders[name] = (gather, sampler, run)
         else:
             loaders[name] = Loader(
@@ -284,16 +287,6 @@ def _figures(r: dict[str, list], row_bytes: int, construct: float) -> dict:
 
 def _rates(hits: list[int], rows: list[int]) -> list[float]:
     return [h / max(1, x) for h, x in zip(hits, rows, strict=True)]
-
-
-def _run_config(sampler: Any, n: int, world: int, epochs: int, seed: int) -> RunConfig:
-    """The run a Loader makes of this sampler (its steps and seeds)."""
-    draws = sampler.draws(n, world * sampler.batch_size)
-    run = RunConfig(
-        n, world, sampler.batch_size, epochs, seed, False, None if draws == n else draws
-    )
-    sampler.check_run(run)
-    return run
 
 
 def _graph_epoch(loader: Any, epoch: int, rank: int, compute_ms: float):

@@ -40,7 +40,7 @@ from solar.options import LoaderConfig, MemoryConfig
 from solar.runtime.packing import PackSetup
 from solar.schedule import Plan, PlanSpec, load_plan
 from solar.schedule.draw.pagemates import PageLayout
-from solar.schedule.draw.samplers import SHUFFLE, Sampler, extras_of, is_shuffle
+from solar.schedule.draw.samplers import SHUFFLE, Sampler, extras_of, is_shuffle, sampler_run
 from solar.schedule.keep.grouping import Hosts, unequal_refusal
 from solar.schedule.plans.packing import DeviceRates, PackModel, RowsAt
 from solar.schedule.spec import equal_by_default
@@ -423,12 +423,7 @@ def _run(info: DatasetInfo, sampler: Sampler, world: int, batch_size: int | None
         batch_size = getattr(sampler, "batch_size", None)
         if batch_size is None:
             raise SolarError("Loader needs batch_size (this sampler has none)")
-    n = info.num_samples
-    sampler.check(n)
-    draws = sampler.draws(n, world * batch_size)
-    run = RunConfig(n, world, batch_size, epochs, seed, drop_last, None if draws == n else draws)
-    sampler.check_run(run)
-    return run
+    return sampler_run(sampler, info.num_samples, world, batch_size, epochs, seed, drop_last)
 
 
 def check_snapshots(snapshots: str | os.PathLike | None) -> None:

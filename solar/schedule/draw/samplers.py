@@ -445,6 +445,22 @@ def sampler_from_record(record: dict[str, Any] | None) -> Sampler:
     return SHUFFLE if record is None else RecordedSampler(record)
 
 
+def sampler_run(sampler: Sampler, num_samples: int, world_size: int, batch_size: int,
+                epochs: int, seed: int = 0, drop_last: bool = False, *,
+                check: bool = True) -> RunConfig:  # fmt: skip
+    """The run a Loader makes of ``sampler`` over ``num_samples`` samples: its draws per epoch
+    (None where they are the samples), the dataset and the run refused first if the sampler
+    cannot draw them (``check``; the one path the Loader, the CLI and the benches take)."""
+    if check:
+        sampler.check(num_samples)
+    draws = sampler.draws(num_samples, world_size * batch_size)
+    run = RunConfig(num_samples, world_size, batch_size, epochs, seed, drop_last,
+                    None if draws == num_samples else draws)  # fmt: skip
+    if check:
+        sampler.check_run(run)
+    return run
+
+
 def is_shuffle(sampler: Sampler) -> bool:
     """Whether ``sampler`` is the default, planned with rank affinity."""
     return sampler.identity() is None
