@@ -51,6 +51,7 @@ from solar.graph.ingest import topology, warn_missing
 from solar.launch import ranks_here
 from solar.schedule.draw import rng
 from solar.schedule.draw.draws import EpochDraws, rank_draws
+from solar.schedule.draw.idtable import find, id_table
 from solar.schedule.draw.order import epoch_permutation
 from solar.schedule.draw.rng import GOLDEN, mix64
 from solar.schedule.draw.samplers import BatchExtras, Sampler, _span
@@ -371,28 +372,14 @@ def _choose(key, v, h, d, k, chosen):  # pragma: no cover - compiled
         c += 1
 
 
-@njit(cache=True, inline="always")
-def _find(keys, x, mask):  # pragma: no cover - compiled
-    """The slot of node ``x`` in the open-addressed table ``keys`` (-1: empty, linear
-    probing): where it is, or the empty slot where it goes."""
-    i = np.intp(mix64(np.uint64(x)) & mask)
-    while keys[i] != x and keys[i] >= 0:
-        i = (i + np.intp(1)) & np.intp(mask)
-    return i
-
-
 @njit(cache=True)
 def _table(nodes, n, room):  # pragma: no cover - compiled
     """A table of ``nodes[:n]`` (node -> local id) with room for ``room`` nodes at most half
     full: (keys, local ids, mask)."""
-    size = 16
-    while size < 2 * room:
-        size *= 2
-    keys = np.full(size, -1, np.int64)
-    local = np.empty(size, np.int32)
-    mask = np.uint64(size - 1)
+    keys, mask = id_table(room)
+    local = np.empty(keys.shape[0], np.int32)
     for i in range(n):
-        at = _find(keys, nodes[i], mask)
+        at = find(keys, nodes[i], mask)
         keys[at] = nodes[i]
         local[at] = i
     return keys, local, mask
@@ -417,7 +404,7 @@ def _sample(indptr, indices, seeds, fanouts, key):  # pragma: no cover - compile
         nodes[i] = seeds[i]
     keys, local, mask = _table(nodes, 0, s)
     for i in range(s):  # a repeated seed: its last position, as an array indexed by node
-        at = _find(keys, seeds[i], mask)
+        at = find(keys, seeds[i], mask)
         keys[at] = seeds[i]
         local[at] = i
     n = s
@@ -448,7 +435,7 @@ def _sample(indptr, indices, seeds, fanouts, key):  # pragma: no cover - compile
                 _choose(key, v, h, d, k, chosen)
             for j in range(k):
                 u = np.int64(indices[a + (chosen[j] if k < d else j)])
-                at = _find(keys, u, mask)
+                at = find(keys, u, mask)
                 if keys[at] < 0:
                     keys[at] = u
                     local[at] = n

@@ -29,6 +29,7 @@ from numba import njit
 from numpy.typing import NDArray
 
 from solar.errors import CorruptPlanError, SolarError
+from solar.schedule.draw.idtable import find, id_table
 from solar.schedule.keep.grouping import HostEpoch
 from solar.schedule.keep.hostequal import host_transfer
 from solar.schedule.keep.hostplan import host_phases
@@ -519,22 +520,17 @@ def _found(shared: np.ndarray, where: np.ndarray, rows: np.ndarray) -> bool:
 def _batch_rows(ids, samples, rows, src):  # pragma: no cover - compiled
     """Whether ``samples`` are the distinct ``ids`` (each once, in any order); fills ``rows[j]``
     with the first position of ``samples[j]`` in ``ids`` and ``src[i]`` with that of
-    ``ids[i]``. An open-addressed table of the ids (linear probing), sized by the batch."""
+    ``ids[i]``. A table of the ids (draw/idtable.py), sized by the batch."""
     n = ids.shape[0]
-    bits = 4
-    while (1 << bits) < 2 * n:
-        bits += 1
-    mask = (1 << bits) - 1
-    shift = np.uint64(64 - bits)
-    keys = np.empty(1 << bits, np.int64)
-    first = np.zeros(1 << bits, np.int64)  # first position + 1 (0: an empty slot)
+    keys, mask = id_table(n)
+    first = np.zeros(keys.shape[0], np.int64)  # first position + 1 (0: not an id)
     distinct = 0
     for i in range(n):
         x = ids[i]
-        at = np.intp((np.uint64(x) * np.uint64(0x9E3779B97F4A7C15)) >> shift)
-        while first[at] != 0 and keys[at] != x:
-            at = (at + 1) & mask
-        if first[at] == 0:
+        if x < 0:
+            return False  # not a sample id
+        at = find(keys, x, mask)
+        if keys[at] < 0:
             keys[at] = x
             first[at] = i + 1
             distinct += 1
@@ -543,10 +539,8 @@ def _batch_rows(ids, samples, rows, src):  # pragma: no cover - compiled
         return False
     for j in range(samples.shape[0]):
         x = samples[j]
-        at = np.intp((np.uint64(x) * np.uint64(0x9E3779B97F4A7C15)) >> shift)
-        while first[at] != 0 and keys[at] != x:
-            at = (at + 1) & mask
-        if first[at] <= 0:
+        at = find(keys, x, mask) if x >= 0 else 0
+        if x < 0 or keys[at] != x or first[at] <= 0:
             return False  # not among the ids, or a second access to one
         rows[j] = first[at] - 1
         first[at] = -first[at]  # taken
