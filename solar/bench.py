@@ -6,7 +6,7 @@ DistributedSampler over an h5py Dataset opened lazily in its workers, and solar'
 each policy. Before every loader's epoch rank 0
 evicts the data files' pages (posix_fadvise DONTNEED) and all ranks pass a barrier; an epoch's
 time is the slowest rank's. Limits measured in the same run: the files' cold read bandwidth
-as the loaders read (every rank, its reader threads, random batches; solar/io/bandwidth.py)
+as the loaders read (every rank, its reader threads, random batches; solar/cache/bandwidth.py)
 and memory copy bandwidth, giving the epoch time limit
 ``max(bytes_read / read_bw, bytes_hit / mem_bw, compute)``: these overlap, so an epoch lasts
 at least as long as the busiest.
@@ -33,11 +33,10 @@ from typing import Any
 import numpy as np
 
 from solar._cpu import cores
-from solar.cache.bandwidth import tier_read_bandwidth
+from solar.cache.bandwidth import read_bandwidth, tier_read_bandwidth
 from solar.config import DEFAULT_SLACK, ReaderConfig, per_rank
 from solar.dist import MAX, allreduce
 from solar.errors import SolarError
-from solar.io.bandwidth import read_bandwidth
 from solar.io.pagecache import cold_rounds, evict
 from solar.io.sources import describe_source
 from solar.io.throttle import Throttle
@@ -340,7 +339,7 @@ def _limits(cfg: BenchConfig, info: Any, comm: Any, throttle: Throttle | None) -
     """The bandwidths the epochs' limit is made of, measured now, the same on every rank.
 
     Storage read as the loaders read it (all ranks, their threads, random batches): the
-    limit it gives is a lower bound on an epoch's time (solar/io/bandwidth.py).
+    limit it gives is a lower bound on an epoch's time (solar/cache/bandwidth.py).
     threads="auto" may read with up to MAX_READ_THREADS: the limit is measured with those,
     else it would not bound what the tuned loaders reach."""
     rank, world = comm.Get_rank(), comm.Get_size()
@@ -413,7 +412,7 @@ def _solar_loaders(cfg: BenchConfig, info: Any, comm: Any, capacity: tuple[int, 
             planning=dataclasses.replace(PlanningConfig(policy=policy, slack=cfg.slack),
                                          **VARIANTS.get(name, {})),
             expert=ExpertConfig(throttle=throttle),
-            # (The node buffer is solar-node's, in the GNN bench.)
+            # (The node buffer is solar-host's, in the GNN bench.)
             memory=MemoryConfig(tier=cfg.tier if tiered else None,
                                 tier_size=tier_capacity if tiered else 0, share="rank"),
         )  # fmt: skip
