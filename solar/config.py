@@ -260,9 +260,11 @@ def per_rank(
     if isinstance(size, float):
         if not 0 <= size <= 1:
             raise SolarError(f"{name}: a share of the dataset must be in [0, 1], got {size}")
-        return math.ceil(Fraction(str(size)) * num_samples / max(1, world_size))
-    return parse_size(size, sample_bytes=sample_bytes, name=name, num_samples=num_samples,
-                      world_size=world_size)  # fmt: skip
+        parsed = Size("share", Fraction(str(size)), str(size))
+    else:
+        parsed = Size.parse(size, name)
+    return parsed.per_rank(sample_bytes=sample_bytes, num_samples=num_samples,
+                           world_size=world_size, name=name)  # fmt: skip
 
 
 def share_or_size(text: str, name: str) -> float | str:
