@@ -10,8 +10,8 @@ measures decoding, not storage.
 1. codecs: per layout, the stored/raw ratio; decode CPU time per sample on one thread (stored
    bytes already in memory, decoded straight into batch rows); samples/s doing the same on 1 and 2
    threads (2T/1T near 2 means the codec releases the GIL; the machine has 2 cores shared with
-   others); ``read_rows`` (pread + decode + scatter, warm page cache) on 1 and 2 threads; h5py
-   ``dset[i]`` for the three keys on 1 and 2 threads.
+   others); ``read_rows`` (the Reader's chunk path: pread + decode + scatter, warm page cache)
+   on Readers of 1 and 2 threads; h5py ``dset[i]`` for the three keys on 1 and 2 threads.
 2. filters: each filter alone on diffraction images of Poisson photon counts (so that every
    codec has something to compress, as real diffraction data does): CPU µs per 256 KiB chunk
    and chunks/s on 1 and 2 threads of ``Decoder.decode`` — the GIL check of each library.
@@ -36,16 +36,12 @@ import imagecodecs
 import numpy as np
 
 from solar._atomic import write_json
-from solar.io.chunks import (
-    chunk_index,
-    chunks_for_rows,
-    decode_chunk,
-    decodes_into_rows,
-    fill_absent,
-    read_chunk,
-)
+from solar.config import ReaderConfig
+from solar.io.chunks import chunk_index, read_chunk
 from solar.io.codecs import Decoder, decoder_for
 from solar.io.generate import generate
+from solar.io.reader import Reader
+from solar.io.sources import describe_source
 
 KEYS = ("diffraction", "amplitude", "phase")
 CODECS = {
@@ -67,26 +63,6 @@ FILTERS = {
 }
 REPEATS = 3
 TRIALS = 7
-
-
-def read_rows(idx, dec, rows, fd, out, pool=None) -> None:
-    """pread + decode + scatter of every chunk ``rows`` need into ``out``; with ``pool``, the
-    chunks dealt over two tasks per worker (a future per chunk costs as much as a fast decode)."""
-    plan = chunks_for_rows(idx, rows)
-    fill_absent(idx, plan, out)
-    into_rows = decodes_into_rows(idx, out)
-
-    def some(ks: range) -> None:
-        for k in ks:
-            raw = read_chunk(fd, idx, int(plan.reads[k]))
-            decode_chunk(idx, dec, plan, k, raw, out, into_rows=into_rows)
-
-    if pool is None or plan.reads.size < 2:
-        some(range(plan.reads.size))
-        return
-    tasks = min(plan.reads.size, 2 * pool._max_workers)
-    for future in [pool.submit(some, range(t, plan.reads.size, tasks)) for t in range(tasks)]:
-        future.result()
 
 
 def rates(run, items: int, pool: ThreadPoolExecutor) -> tuple[float, float]:
@@ -175,20 +151,25 @@ def bench_codec(path: Path, n: int, batch: int) -> dict:
             lambda p: on_threads(p, decode_sample, range(n)), n, pool
         )
 
-    # read_rows: pread (warm) + decode + scatter, a batch of random rows per call
-    with h5py.File(path, "r") as f:
-        dsets = {k: f[k] for k in KEYS}
-        fd = os.open(path, os.O_RDONLY)
-        batches = [order[s : s + batch] for s in range(0, n, batch)]
+    # read_rows: the Reader's chunk path (pread, warm + decode + scatter), a batch of random
+    # rows per call, on a Reader of 1 thread and one of 2
+    info = describe_source(str(path), list(KEYS))
+    readers = [Reader(info, ReaderConfig(threads=t)) for t in (1, 2)]
+    batches = [order[s : s + batch] for s in range(0, n, batch)]
 
-        def rows_pass(pool):
-            for rows in batches:
-                for k, (idx, dec, _) in chunks.items():
-                    read_rows(idx, dec, rows, fd, outs[k][: rows.size], pool=pool)
+    def rows_pass(pool):
+        reader = readers[pool is not None]
+        for rows in batches:
+            reader.read(rows, [outs[k][: rows.size] for k in KEYS])
 
+    try:
         with ThreadPoolExecutor(2) as pool:
             res["read_rows_1t"], res["read_rows_2t"] = rates(rows_pass, n, pool)
-        os.close(fd)
+    finally:
+        for reader in readers:
+            reader.close()
+    with h5py.File(path, "r") as f:
+        dsets = {k: f[k] for k in KEYS}
 
         def h5py_sample(j: int) -> None:
             i = int(order[j])
