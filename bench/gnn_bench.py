@@ -59,15 +59,14 @@ from solar._memory import PAGE
 from solar.io.tasks import RUN_MAX_BYTES, page_spans
 from solar.options import ExpertConfig, PlanningConfig
 from solar.schedule.draw.pagemates import PageLayout
+from solar.schedule.draw.samplers import sampler_run
 from solar.schedule.plans.plan import simulate
 
 FANOUTS = (10, 5)
 
 
 def _run(sampler: NeighborSampler, world: int, epochs: int, seed: int = 0) -> RunConfig:
-    n = sampler.graph.num_nodes
-    draws = sampler.draws(n, world * sampler.batch_size)
-    return RunConfig(n, world, sampler.batch_size, epochs, seed, False, draws)
+    return sampler_run(sampler, sampler.graph.num_nodes, world, sampler.batch_size, epochs, seed)
 
 
 def rank_steps(sampler: NeighborSampler, run: RunConfig, r: int) -> list[np.ndarray]:

@@ -121,10 +121,11 @@ def reorder(args: argparse.Namespace) -> None:
     import h5py
     import numpy as np
 
-    from solar import BufferConfig, NeighborSampler, PlanSpec, RunConfig, make_plan
+    from solar import BufferConfig, NeighborSampler, PlanSpec, make_plan
     from solar.graph import Graph, write_graph
     from solar.graph.reorder import METHODS, reorder_nodes
     from solar.schedule.draw.pagemates import PageLayout
+    from solar.schedule.draw.samplers import sampler_run
 
     if args.community:  # a graph of communities numbered at random (GRAPH names none)
         indptr, indices = community_graph(args.community)
@@ -152,7 +153,7 @@ def reorder(args: argparse.Namespace) -> None:
         new_id = np.empty(n, np.int64)
         new_id[order] = np.arange(n)
         sampler = NeighborSampler(graph, (10, 5), 1024, train=np.sort(new_id[train]))
-        run = RunConfig(n, world, 1024, args.epochs, 0, False, sampler.draws(n, world * 1024))
+        run = sampler_run(sampler, n, world, 1024, args.epochs)
         entry: dict = {"seconds": took}
         for e in range(args.epochs):  # no cache: every row of every step
             d = sampler.epoch(run, e)

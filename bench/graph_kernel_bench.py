@@ -20,13 +20,14 @@ import time
 
 
 def measure(path: str, epochs: int, world: int) -> dict:
-    from solar import NeighborSampler, RunConfig
+    from solar import NeighborSampler
+    from solar.schedule.draw.samplers import sampler_run
 
     t0 = time.perf_counter()
     sampler = NeighborSampler(path, (10, 5), 1024)
     opened = time.perf_counter() - t0
     n = sampler.graph.num_nodes
-    run = RunConfig(n, world, 1024, epochs + 1, seed=1, draws=sampler.draws(n, 1024 * world))
+    run = sampler_run(sampler, n, world, 1024, epochs + 1, seed=1)
     sampler.rank_epoch(run, 0, 0)  # compiled and warm
     times = []
     for e in range(1, epochs + 1):

@@ -49,7 +49,7 @@ import numpy as np
 
 from solar import BufferConfig, NeighborSampler, PlanSpec, RunConfig
 from solar.schedule.draw.pagemates import PageLayout
-from solar.schedule.draw.samplers import SHUFFLE, Weighted
+from solar.schedule.draw.samplers import SHUFFLE, Weighted, sampler_run
 from solar.schedule.keep.grouping import Hosts
 from solar.schedule.keep.hostequal import host_transfer
 from solar.schedule.keep.hostplan import HostPlanner
@@ -160,8 +160,7 @@ def gnn(a) -> dict:
     s = graph_sampler(a.nodes, a.degree, a.batch, model=a.model)
     build = time.perf_counter() - t0
     n, world = a.nodes, a.world
-    draws = s.draws(n, world * a.batch)
-    run = RunConfig(n, world, a.batch, a.epochs, 0, False, draws)
+    run = sampler_run(s, n, world, a.batch, a.epochs)
     c = int(a.buffer * n)
     out: dict = {"model": a.model, "graph_seconds": round(build, 1)}
     for name, pages in (("rows", None), ("page_mates", PAGES)):
@@ -219,8 +218,7 @@ def _cost_child(a) -> None:
         a.nodes = s.graph.num_nodes
     else:
         s = graph_sampler(a.nodes, a.degree, a.batch)
-    run = RunConfig(a.nodes, a.world, a.batch, a.epochs, 0, False,
-                    s.draws(a.nodes, a.world * a.batch))  # fmt: skip
+    run = sampler_run(s, a.nodes, a.world, a.batch, a.epochs)
     spec = _spec(run, int(a.buffer * a.nodes) // a.world, s)
     base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     # Sampling first, timed apart (each rank samples its own subgraphs to train on anyway;

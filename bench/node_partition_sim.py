@@ -31,7 +31,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from node_bench import graph_sampler
 
-from solar import BufferConfig, PlanSpec, RunConfig
+from solar import BufferConfig, PlanSpec
+from solar.schedule.draw.samplers import sampler_run
 from solar.schedule.keep.grouping import Hosts
 from solar.schedule.keep.hostplan import HostPlanner
 from solar.schedule.policy import HIT
@@ -105,7 +106,7 @@ def union_trace(a) -> tuple[np.ndarray, np.ndarray, int, int]:
     """The host's union (step-major samples, step bounds) and the planner's hits on it."""
     s = graph_sampler(a.nodes, 20.0, a.batch, model=a.model)
     n, world = a.nodes, a.world
-    run = RunConfig(n, world, a.batch, a.epochs, 0, False, s.draws(n, world * a.batch))
+    run = sampler_run(s, n, world, a.batch, a.epochs)
     spec = PlanSpec(run, BufferConfig(int(a.buffer * n) // world, 0.25), sampler=s)
     planner = HostPlanner(spec, Hosts.grid(1, world), only_host=0)
     seqs, bounds, hits = [], [np.zeros(1, np.int64)], 0

@@ -57,7 +57,8 @@ def _digest(h, part) -> None:
 
 
 def child(a) -> None:
-    from solar import BufferConfig, NeighborSampler, PlanSpec, RunConfig
+    from solar import BufferConfig, NeighborSampler, PlanSpec
+    from solar.schedule.draw.samplers import sampler_run
     from solar.schedule.keep.grouping import Hosts, stage_bound
     from solar.schedule.keep.hostplan import HostPlanner
     from solar.schedule.keep.planner import Planner
@@ -70,7 +71,7 @@ def child(a) -> None:
         comm, rank = MPI.COMM_WORLD, MPI.COMM_WORLD.Get_rank()
     s = NeighborSampler(a.graph, (10, 5), a.batch)
     n, world = s.graph.num_nodes, a.local
-    run = RunConfig(n, world, a.batch, a.epochs, 0, False, s.draws(n, world * a.batch))
+    run = sampler_run(s, n, world, a.batch, a.epochs)
     spec = PlanSpec(run, BufferConfig(int(a.buffer * n) // world, 0.25), sampler=s)
     hosts = Hosts.grid(1, world)
     fp: str | list[str] = ""

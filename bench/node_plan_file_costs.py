@@ -17,11 +17,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from solar import BufferConfig, PlanSpec, RunConfig
+from solar import BufferConfig, PlanSpec
 from solar.config import parse_size
 from solar.graph.neighbor import NeighborSampler
 from solar.io.sources import describe_source
 from solar.runtime.setup import page_layout
+from solar.schedule.draw.samplers import sampler_run
 from solar.schedule.keep.grouping import Hosts
 from solar.schedule.keep.hostplan import host_totals
 from solar.schedule.plans.plan import plan_to_file
@@ -36,8 +37,7 @@ def main() -> None:
     sampler = NeighborSampler(a.graph, (10, 5), batch)
     info = describe_source(a.graph, ["features"])
     n = info.num_samples
-    draws = sampler.draws(n, world * batch)
-    run = RunConfig(n, world, batch, epochs, 0, False, None if draws == n else draws)
+    run = sampler_run(sampler, n, world, batch, epochs)
     cap = parse_size("10%", sample_bytes=info.sample_bytes, num_samples=n, world_size=world)
     spec = PlanSpec(run, BufferConfig(cap, 0.25), "solar", False, info.sample_bytes,
                     info.identity, sampler, None, False)  # fmt: skip

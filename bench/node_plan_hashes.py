@@ -41,7 +41,7 @@ from pathlib import Path
 
 import numpy as np
 
-from solar import BufferConfig, PlanSpec, RunConfig, Shuffle, Trace, Weighted
+from solar import BufferConfig, PlanSpec, Shuffle, Trace, Weighted
 from solar.errors import SolarError
 
 GROUPINGS = ("1x4", "2x2", "3,1")
@@ -113,12 +113,10 @@ def plan_specs(graph: Path):
     from solar.io.sources import describe_source
     from solar.runtime.setup import page_layout
     from solar.schedule.draw.pagemates import PageLayout
+    from solar.schedule.draw.samplers import sampler_run
 
     def spec(n, b, sampler, cap, tier=0, slack=0.0, equal=False, pages=None, drop=False):
-        draws = sampler.draws(n, WORLD * b)
-        run = RunConfig(n, WORLD, b, EPOCHS, seed=5, drop_last=drop,
-                        draws=None if draws == n else draws)  # fmt: skip
-        sampler.check_run(run)
+        run = sampler_run(sampler, n, WORLD, b, EPOCHS, seed=5, drop_last=drop)
         return PlanSpec(run, BufferConfig(cap, slack, tier), sampler=sampler,
                         equal_batches=equal, pages=pages)  # fmt: skip
 

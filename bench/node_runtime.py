@@ -29,7 +29,7 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-from solar import BufferConfig, NeighborSampler, PlanSpec, RunConfig, dist
+from solar import BufferConfig, NeighborSampler, PlanSpec, dist
 from solar.cache.slots import SlotBuffer
 from solar.config import ReaderConfig
 from solar.host.region import NodeRegion
@@ -37,6 +37,7 @@ from solar.io.reader import Reader
 from solar.io.sources import describe_source
 from solar.runtime.holdings import Holdings, Host, RawRefill
 from solar.runtime.steps import Steps
+from solar.schedule.draw.samplers import sampler_run
 from solar.schedule.keep.grouping import Hosts, stage_bound
 from solar.schedule.plans.stream import RankStream
 
@@ -58,7 +59,7 @@ def main() -> None:
     info = describe_source([a.graph], ["features"])
     reader = Reader(info, ReaderConfig(threads=a.threads, direct_io=True))
     n = sampler.graph.num_nodes
-    run = RunConfig(n, world, a.seeds, a.epochs, 0, False, sampler.draws(n, world * a.seeds))
+    run = sampler_run(sampler, n, world, a.seeds, a.epochs)
     spec = PlanSpec(run, BufferConfig(int(a.buffer * n) // world), sampler=sampler)
     keys = [(k.sample_shape, k.native_dtype) for k in info.keys]
     modes = {"per-rank": Hosts.grid(world, 1), "node": Hosts.grid(1, world),

@@ -23,8 +23,9 @@ import time
 
 import numpy as np
 
-from solar import ExpertConfig, Loader, NeighborSampler, RunConfig
+from solar import ExpertConfig, Loader, NeighborSampler
 from solar.graph import neighbor
+from solar.schedule.draw.samplers import sampler_run
 
 FANOUTS = (10, 5)
 
@@ -36,8 +37,7 @@ def _bytes(args) -> list[dict]:
     sampler = NeighborSampler(args.graph, FANOUTS, batch_size=args.batch)
     n = sampler.graph.num_nodes
     for world in args.world:
-        run = RunConfig(n, world, args.batch, 2, 0, False,
-                        sampler.draws(n, world * args.batch))  # fmt: skip
+        run = sampler_run(sampler, n, world, args.batch, 2)
         d = sampler.rank_epoch(run, 0, 0)
         subs = [s for s in (d.outputs or []) if s is not None]
         edges = sum(s.src.nbytes + s.dst.nbytes for s in subs)

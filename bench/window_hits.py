@@ -22,11 +22,12 @@ import warnings
 
 import numpy as np
 
-from solar import BufferConfig, PlanSpec, RunConfig
+from solar import BufferConfig, PlanSpec
 from solar.config import parse_size
 from solar.graph.neighbor import NeighborSampler
 from solar.io.sources import describe_source
 from solar.schedule.draw import traces
+from solar.schedule.draw.samplers import sampler_run
 from solar.schedule.plans.plan import simulate
 from solar.schedule.policy import EPOCH_SHIFT, NEVER
 
@@ -63,7 +64,7 @@ def main() -> None:
     sampler = NeighborSampler(a.graph, (15, 10, 5), a.B)
     info = describe_source(a.graph, ["features"])
     n, row = info.num_samples, info.sample_bytes
-    run = RunConfig(n, a.P, a.B, a.E, 0, False, sampler.draws(n, a.P * a.B))
+    run = sampler_run(sampler, n, a.P, a.B, a.E)
     cap = parse_size("10%", sample_bytes=row, num_samples=n, world_size=a.P, name="buffer")
     spec = PlanSpec(run, BufferConfig(cap), "solar", False, row, info.identity, sampler, None,
                     False)  # fmt: skip
