@@ -755,7 +755,7 @@ def gen(out, preset, samples, chunks, compression, nodes, avg_degree, features, 
                    "in the training loop.")  # fmt: skip
 @click.option("--share", "share_mode", type=click.Choice(["auto", "rank", "node"]),
               default="auto", show_default=True,
-              help="node (with --sampler neighbor): also solar-node, solar with one buffer per "
+              help="node (with --sampler neighbor): also solar-host, solar with one buffer per "
                    "host shared by its ranks, side by side with solar (a buffer per rank); "
                    "auto: so where several ranks run (-P > 1), their accesses overlap "
                    "(--sampler neighbor) and no --loaders are named; rank: solar "
@@ -789,10 +789,10 @@ def bench(data, keys, one_per_file, world_size, batch_size, epochs, buffer, tier
                                       "--variable-batches": variable_batches,
                                       "--weights": weights, "--transform": transform,
                                       "--workers": workers is not None})  # fmt: skip
-        # solar-node beside solar: asked, or (auto) where several ranks run and no --loaders.
+        # solar-host beside solar: asked, or (auto) where several ranks run and no --loaders.
         if share_mode == "node" or (share_mode == "auto" and world_size > 1 and names is None):
             names = tuple(dict.fromkeys([*(names or graph_bench.GRAPH_LOADERS), "solar",
-                                         "solar-node"]))  # fmt: skip
+                                         "solar-host"]))  # fmt: skip
         cfg = graph_bench.GraphBenchConfig(
             path=data[0], key=key,
             fanouts=graph_bench.parse_fanouts(fanouts), batch_size=batch_size, epochs=epochs,

@@ -199,12 +199,12 @@ def test_bench_applies_one_transform_in_every_loader(tmp_path, capsys):
     assert f"--transform {mod}:nothing: {mod} has no function 'nothing'" in err
 
 
-# Two ranks make node buffers (solar-node): in the launching jobs' group (tests/conftest.py).
+# Two ranks make node buffers (solar-host): in the launching jobs' group (tests/conftest.py).
 @pytest.mark.parametrize("world", [1, pytest.param(2, marks=pytest.mark.xdist_group("launchers"))])
 def test_bench_gathers_gnn_features_with_every_loader(tmp_path, world, capsys):
     """--sampler neighbor: mmap (emulated), lru, static and solar gather the same subgraphs'
     rows under one budget; steps/s, nodes/s, hit rate and read amplification per loader (two
-    ranks: also solar-node, by default: --share auto)."""
+    ranks: also solar-host, by default: --share auto)."""
     graph = tmp_path / "g.h5"
     gen([graph, "--preset", "graph", "--nodes", "3000", "--avg-degree", "6", "--features", "16"])
     result = subprocess.run(
@@ -215,7 +215,7 @@ def test_bench_gathers_gnn_features_with_every_loader(tmp_path, world, capsys):
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     res = json.loads((tmp_path / "r.json").read_text())
-    node = ["solar-node"] if world > 1 else []
+    node = ["solar-host"] if world > 1 else []
     assert list(res["loaders"]) == ["mmap", "lru", "static", "solar", *node]
     assert res["config"]["world_size"] == world and res["config"]["fanouts"] == [4, 3]
     loaders = res["loaders"].values()

@@ -12,11 +12,11 @@ budget (``buffer``: a share of the feature rows over all ranks, or rows or bytes
   cache) and ``solar`` (Belady over the sampler's trace, keeping the page mates of its reads:
   :mod:`solar.schedule.draw.pagemates`): solar's Loader with that policy, the same reader
   (O_DIRECT page spans of small rows, ``PageGather``); on request ``solar-rows``, solar
-  planning rows alone; ``solar-node`` (with several ranks by default, ``--share auto``; or
+  planning rows alone; ``solar-host`` (with several ranks by default, ``--share auto``; or
   ``--share node``), solar with one buffer per host shared by its ranks
   (``MemoryConfig(share="node")``: Belady over the host's union, a row several local ranks need
-  read once). ``solar`` and ``solar-node`` read misses from windows packed in plan order where
-  the cost model chooses (``--pack-disk``); ``solar-random`` and ``solar-node-random`` are them
+  read once). ``solar`` and ``solar-host`` read misses from windows packed in plan order where
+  the cost model chooses (``--pack-disk``); ``solar-random`` and ``solar-host-random`` are them
   reading every miss as random pages.
 
 As in ``solar bench``: every rank runs each loader's epoch in turn, in an order rotated every
@@ -47,13 +47,11 @@ from solar.schedule.draw.samplers import sampler_run
 
 GRAPH_LOADERS = ("mmap", "lru", "static", "solar")
 # Also on request: ``solar-rows``, solar planning rows alone (no page mates): what they add;
-# ``solar-node``, solar with one buffer per host (--share node; --share auto with -P > 1).
+# ``solar-host``, solar with one buffer per host (--share node; --share auto with -P > 1).
 # ``solar-random``, solar reading every miss as random pages (no packing): today's path;
-# ``solar-node-random``, solar-node so.
-MORE_LOADERS = ("solar-rows", "solar-node", "solar-random", "solar-node-random")
-_POLICY = {"solar-rows": "solar", "solar-node": "solar", "solar-random": "solar",
-           "solar-node-random": "solar"}  # fmt: skip
-_PACKED = ("solar", "solar-node")  # the loaders packing misses where the model chooses
+# ``solar-host-random``, solar-host so.
+MORE_LOADERS = ("solar-rows", "solar-host", "solar-random", "solar-host-random")
+_PACKED = ("solar", "solar-host")  # the loaders packing misses where the model chooses
 
 
 @dataclass(frozen=True)
@@ -78,7 +76,7 @@ class GraphBenchConfig:
     # Seconds per queue depth of the storage probe run beside the figures (solar/io/probe.py,
     # on the features' bytes, rank 0, before the epochs); 0: none.
     probe_seconds: float = 1.0
-    # ``solar``'s and ``solar-node``'s packed windows (MemoryConfig(pack=...)): their disk per
+    # ``solar``'s and ``solar-host``'s packed windows (MemoryConfig(pack=...)): their disk per
     # rank (0: none) and
     # directory (None: the system's temporary one, refused where it is tmpfs); the model is fed
     # the probe's rates.
@@ -189,10 +187,10 @@ def _make_loaders(
             loaders[name] = Loader(
                 info, [cfg.key], sampler=sampler, epochs=cfg.epochs, buffer=capacity, comm=comm,
                 reader=cfg.reader, seed=cfg.seed,
-                planning=PlanningConfig(policy=_POLICY.get(name, name)),
+                planning=PlanningConfig(policy=name.partition("-")[0]),  # solar-*: solar
                 expert=ExpertConfig(throttle=throttle),
                 memory=MemoryConfig(page_mates=name != "solar-rows",
-                                    share="node" if name.startswith("solar-node") else "rank",
+                                    share="node" if name.startswith("solar-host") else "rank",
                                     pack=_pack(cfg, rates) if name in _PACKED
                                     else PackingConfig()),
             )  # fmt: skip
