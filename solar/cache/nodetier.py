@@ -21,8 +21,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from solar._units import format_bytes
-from solar.cache.tier import TierFile, remove_stale, reopen_direct, sanitise, unlinked_file
+from solar.cache.tier import TierFile, remove_stale, reopen_direct, reserved_file, room, sanitise
 from solar.errors import SolarError, first_error
 from solar.host import memfd as _memfd
 from solar.host.region import host_creators
@@ -52,9 +51,11 @@ class NodeTierFile(TierFile):
             self.path = directory / name  # (names it in messages only)
             try:  # (any failure here is said in the collective below, never skips it)
                 remove_stale(directory, machine, PREFIX)
-                err = _room(directory, self.nbytes, slots, self.stride)
+                err = room(directory, self.nbytes, slots, self.stride, "the node's tier ")
                 if not err:
-                    fd, err = _reserved(self.path, self.nbytes)
+                    fd = reserved_file(self.path, self.nbytes)
+            except SolarError as exc:
+                err = str(exc)
             except OSError as exc:
                 err = f"tier {directory}: {exc.strerror}"
             made = (str(self.path), _memfd.ident(fd) if fd >= 0 else made[1])
@@ -75,29 +76,3 @@ class NodeTierFile(TierFile):
             os.close(fd)
             raise
         self._adopt(fd, direct)
-
-
-def _reserved(path: Path, nbytes: int) -> tuple[int, str]:
-    """A new nameless file of ``nbytes`` reserved bytes in ``path``'s directory: its
-    descriptor, or -1 and one line."""
-    try:
-        fd = unlinked_file(path)
-    except (SolarError, OSError) as exc:
-        return -1, str(exc) if isinstance(exc, SolarError) else f"tier {path}: {exc.strerror}"
-    try:
-        os.posix_fallocate(fd, 0, nbytes)  # before O_DIRECT: glibc may emulate it by writes
-    except OSError as exc:
-        os.close(fd)
-        return -1, f"tier {path}: cannot reserve {format_bytes(nbytes)} ({exc.strerror})"
-    return fd, ""
-
-
-def _room(directory: Path, nbytes: int, slots: int, stride: int) -> str:
-    """Why ``nbytes`` do not fit in ``directory`` now ("" if they do), in one line."""
-    vfs = os.statvfs(directory)
-    free = vfs.f_bavail * vfs.f_frsize
-    if nbytes <= free:
-        return ""
-    return (f"tier {directory}: the node's tier needs {format_bytes(nbytes)} for {slots} slots "
-            f"of {format_bytes(stride)}, {format_bytes(free)} free (a smaller tier_size, or "
-            "another directory)")  # fmt: skip

@@ -92,13 +92,9 @@ class TierFile:
         directory = self._lay_out(directory, slots, keys, executor, staging_slots)
         host = sanitise(socket.gethostname())
         remove_stale(directory, host)  # first: a crashed run's file may hold the space we need
-        vfs = os.statvfs(directory)
-        free = vfs.f_bavail * vfs.f_frsize
-        if self.nbytes > free:
-            raise SolarError(
-                f"tier {directory}: needs {format_bytes(self.nbytes)} for {slots} slots of "
-                f"{format_bytes(self.stride)}, {format_bytes(free)} free"
-            )
+        err = room(directory, self.nbytes, slots, self.stride)
+        if err:
+            raise SolarError(err)
         # A process may hold several tiers of one plan and rank (loaders live side by side).
         seq = next(_INSTANCES)
         self.path = directory / f"solar-tier-{sanitise(name)}.{seq}-{host}-{os.getpid()}.bin"
@@ -449,14 +445,38 @@ def create_file(path: Path, nbytes: int, direct_io: bool,
     """A new unlinked file of ``nbytes`` allocated bytes in ``path``'s directory; its
     descriptor and whether O_DIRECT is on. Nothing is left open if it fails (one line,
     naming ``what``: a tier, a packed layout)."""
-    fd = unlinked_file(path, what)
+    fd = reserved_file(path, nbytes, what)
     try:
-        os.posix_fallocate(fd, 0, nbytes)  # before O_DIRECT: glibc may emulate it by writes
         return reopen_direct(fd, path, direct_io, what)
     except (OSError, SolarError) as exc:
         os.close(fd)
         why = exc.strerror if isinstance(exc, OSError) else exc
         raise SolarError(f"{what} {path}: cannot allocate {format_bytes(nbytes)} ({why})") from None
+
+
+def reserved_file(path: Path, nbytes: int, what: str = "tier") -> int:
+    """A new unlinked file (:func:`unlinked_file`) of ``nbytes`` reserved bytes: a file that
+    does not fit fails here, in one line naming ``what``, not mid-run; nothing left open."""
+    fd = unlinked_file(path, what)
+    try:
+        os.posix_fallocate(fd, 0, nbytes)  # before O_DIRECT: glibc may emulate it by writes
+    except OSError as exc:
+        os.close(fd)
+        raise SolarError(f"{what} {path}: cannot allocate {format_bytes(nbytes)} "
+                         f"({exc.strerror})") from None  # fmt: skip
+    return fd
+
+
+def room(directory: Path, nbytes: int, slots: int, stride: int, whose: str = "") -> str:
+    """Why ``nbytes`` of ``slots`` slots do not fit in ``directory`` now ("" if they do), in
+    one line (``whose``: "the node's tier " for a host's)."""
+    vfs = os.statvfs(directory)
+    free = vfs.f_bavail * vfs.f_frsize
+    if nbytes <= free:
+        return ""
+    return (f"tier {directory}: {whose}needs {format_bytes(nbytes)} for {slots} slots of "
+            f"{format_bytes(stride)}, {format_bytes(free)} free (a smaller tier_size, or "
+            "another directory)")  # fmt: skip
 
 
 def reopen_direct(fd: int, path: str | os.PathLike, direct_io: bool,
