@@ -126,22 +126,6 @@ class LoaderResult:
     tuned: list[dict] = field(default_factory=list)
 
 
-def sequential_bandwidth(paths: list[Path], limit: int = 2**30, repeats: int = 3) -> float:
-    """Cold sequential read bandwidth of the files: 16 MiB reads of at most ``limit`` bytes,
-    median of ``repeats`` runs (the host caches this virtual disk erratically)."""
-    block = bytearray(16 * 2**20)
-    rates = []
-    for _ in range(repeats):
-        evict(paths)
-        total, t0 = 0, time.perf_counter()
-        for path in paths:
-            with open(path, "rb", buffering=0) as f:
-                while total < limit and (n := f.readinto(block)):
-                    total += n
-        rates.append(total / (time.perf_counter() - t0))
-    return float(np.median(rates))
-
-
 def machine_cpu_seconds() -> float:
     """CPU seconds spent by every process on this machine so far (busy, not idle or waiting
     for I/O): what a loader's epoch costs, workers and ranks included, when it runs alone."""
