@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from solar.errors import SolarError
-from solar.host.sealed import LABEL, host_sealed, host_shares, layout
+from solar.host.region import layout
+from solar.host.sealed import LABEL, host_sealed, host_shares
 
 
 def _ours() -> list[str]:

@@ -14,7 +14,8 @@ from helpers import write_h5
 from ranks_apart import MPIEXEC, TORCHRUN, run_job
 
 from solar.errors import SolarError
-from solar.host.region import PREFIX, NodeRegion, fits
+from solar.host.memfd import fits
+from solar.host.region import PREFIX, NodeRegion
 from solar.options import ExpertConfig, MemoryConfig, PlanningConfig
 
 SHM_DIR = "/dev/shm"  # where no node region or tier may leave a name

@@ -39,7 +39,8 @@ from numba import njit
 
 from solar._memory import require_memory
 from solar.errors import SolarError
-from solar.host.sealed import SealedBytes, host_sealed, host_shares, layout
+from solar.host.region import layout
+from solar.host.sealed import SealedBytes, host_sealed, host_shares
 from solar.io.identity import FileChanged, Identities
 from solar.io.npy import read_npy_header
 from solar.launch import ranks_here

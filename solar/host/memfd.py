@@ -13,6 +13,9 @@ import os
 
 import numpy as np
 
+from solar._memory import memory_room
+from solar.errors import SolarError
+
 # Never shorter or longer than mapped; F_SEAL_SEAL: no later seal either.
 SIZE_SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
 FROZEN = fcntl.F_SEAL_WRITE | SIZE_SEALS  # and no byte written anymore
@@ -33,6 +36,29 @@ def create(label: str, nbytes: int, reserve: bool = False) -> int:
         os.close(fd)
         raise
     return fd
+
+
+def fits(nbytes: int, what: str) -> str:
+    """Why ``nbytes`` of shared memory do not fit now ("" if they do): the memory available
+    (a memfd's pages are charged there, not to /dev/shm), one line naming ``what``."""
+    room = memory_room()  # the host's MemAvailable or the cgroup's room
+    if room is not None and nbytes > room[0]:
+        gib = nbytes / 2**30
+        return f"{what}: {gib:.2f} GiB exceed the {room[0] / 2**30:.2f} GiB of memory {room[1]}"
+    return ""
+
+
+def reserved(label: str, nbytes: int, what: str) -> int:
+    """:func:`create` with its pages reserved, refused first if it does not :func:`fit
+    <fits>`; raises SolarError in one line naming ``what``."""
+    err = fits(nbytes, what)
+    if err:
+        raise SolarError(err)
+    try:
+        return create(label, nbytes, reserve=True)
+    except OSError as exc:
+        raise SolarError(f"{what}: cannot reserve {nbytes / 2**30:.2f} GiB of shared memory: "
+                         f"{exc.strerror}") from None  # fmt: skip
 
 
 def seal(fd: int, seals: int) -> None:

@@ -21,23 +21,13 @@ from typing import Any
 
 import numpy as np
 
-from solar._memory import PAGE, memory_room
+from solar._memory import PAGE
 from solar.errors import SolarError, first_error
 from solar.host import barrier as hostbarrier
 from solar.host import memfd as _memfd
 from solar.host.barrier import HostBarrier
 
 PREFIX = "solar-node-"  # (the memfd's label, seen in /proc/PID/maps; never a file's name)
-
-
-def fits(nbytes: int, what: str) -> str:
-    """Why ``nbytes`` of shared memory do not fit now ("" if they do): the memory available
-    (a memfd's pages are charged there, not to /dev/shm), one line naming ``what``."""
-    room = memory_room()  # the host's MemAvailable or the cgroup's room
-    if room is not None and nbytes > room[0]:
-        gib = nbytes / 2**30
-        return f"{what}: {gib:.2f} GiB exceed the {room[0] / 2**30:.2f} GiB of memory {room[1]}"
-    return ""
 
 
 class NodeRegion:
@@ -55,18 +45,15 @@ class NodeRegion:
         self.local_rank = local_rank
         fd, err, made = -1, "", (os.getpid(), -1, -1)
         if local_rank == 0:
-            err = fits(self.nbytes, what)
-            if not err:
-                try:
-                    fd = _memfd.create(PREFIX + "region", self.nbytes, reserve=True)
-                    _memfd.seal(fd, _memfd.SIZE_SEALS)  # never shorter than mapped: no SIGBUS
-                    made = _memfd.ident(fd)
-                except OSError as exc:
-                    if fd >= 0:
-                        os.close(fd)
-                        fd = -1
-                    err = (f"{what}: cannot reserve {self.nbytes / 2**30:.2f} GiB of shared "
-                           f"memory: {exc.strerror}")  # fmt: skip
+            try:
+                fd = _memfd.reserved(PREFIX + "region", self.nbytes, what)
+                _memfd.seal(fd, _memfd.SIZE_SEALS)  # never shorter than mapped: no SIGBUS
+                made = _memfd.ident(fd)
+            except SolarError as exc:
+                err = str(exc)
+            except OSError as exc:
+                os.close(fd)
+                fd, err = -1, f"{what}: cannot seal its shared memory: {exc.strerror}"
         try:
             err, made = host_creators(comm, host, local_rank, err, made)
             if not err and local_rank != 0:
@@ -118,11 +105,18 @@ class NodeRegion:
     @staticmethod
     def size_of(parts: list[tuple[tuple[int, ...], Any]]) -> int:
         """Bytes :meth:`carve` needs for ``parts`` (shape, dtype), in order."""
-        total = 0
-        for shape, dt in parts:
-            total = -(-(total + int(np.prod(shape, dtype=np.int64)) * np.dtype(dt).itemsize)
-                      // PAGE) * PAGE  # fmt: skip
-        return total
+        return layout(dict(enumerate(parts)))[1]
+
+
+def layout(parts: dict[Any, tuple[tuple[int, ...], Any]]) -> tuple[dict[Any, int], int]:
+    """Page-aligned byte offsets of ``parts`` (name: (shape, dtype)), in order, as
+    :meth:`NodeRegion.carve` places them, and the bytes they take."""
+    at, offsets = 0, {}
+    for name, (shape, dt) in parts.items():
+        offsets[name] = at
+        n = int(np.prod(shape, dtype=np.int64)) * np.dtype(dt).itemsize
+        at = -(-(at + n) // PAGE) * PAGE
+    return offsets, at
 
 
 def host_creators(comm: Any, host: int, local: int, err: str, made: Any) -> tuple[str, Any]:

@@ -23,11 +23,10 @@ from typing import Any
 
 import numpy as np
 
-from solar._memory import PAGE
 from solar.errors import SolarError, first_error
 from solar.host import memfd as _memfd
 from solar.host.place import host_comm, place
-from solar.host.region import fits, host_creators
+from solar.host.region import host_creators
 
 LABEL = "solar-sealed"  # (the memfd's label, seen in /proc/PID/maps)
 
@@ -58,17 +57,6 @@ def host_shares(comm: Any) -> bool:
     :func:`solar.host.place`): where it does, :func:`host_sealed` saves memory; the same
     answer on every rank, so that all of them call it or none."""
     return comm is not None and comm.Get_size() > 1 and max(map(len, place(comm).groups)) > 1
-
-
-def layout(parts: dict[str, tuple[tuple[int, ...], Any]]) -> tuple[dict[str, int], int]:
-    """Page-aligned byte offsets of ``parts`` (name: (shape, dtype)), in order, and the bytes
-    they take."""
-    at, offsets = 0, {}
-    for name, (shape, dt) in parts.items():
-        offsets[name] = at
-        n = int(np.prod(shape, dtype=np.int64)) * np.dtype(dt).itemsize
-        at = -(-(at + n) // PAGE) * PAGE
-    return offsets, max(at, PAGE)
 
 
 Produce = Callable[[Callable[[int], np.ndarray]], Any]  # given alloc(nbytes): a record
@@ -133,16 +121,8 @@ def _made(produce: Produce, what: str) -> tuple[int, str, Any]:
         nbytes = max(int(nbytes), 1)
         if held:
             raise SolarError(f"{what}: allocated twice")
-        err = fits(nbytes, what)
-        if err:
-            raise SolarError(err)
-        try:
-            fd = _memfd.create(LABEL, nbytes, reserve=True)
-        except OSError as exc:
-            raise SolarError(f"{what}: cannot reserve {nbytes / 2**30:.2f} GiB of shared "
-                             f"memory: {exc.strerror}") from None  # fmt: skip
-        held.append(fd)
-        held.append(mmap.mmap(fd, nbytes, mmap.MAP_SHARED))
+        held.append(_memfd.reserved(LABEL, nbytes, what))
+        held.append(mmap.mmap(held[0], nbytes, mmap.MAP_SHARED))
         return np.frombuffer(held[1], np.uint8)
 
     try:
