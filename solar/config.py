@@ -257,12 +257,10 @@ def per_rank(
 ) -> int:  # fmt: skip
     """:func:`parse_size` of a benchmark config's size, where a float is a share of the
     dataset as a fraction (0.5: 50 %, over all ranks), as their results files record it."""
-    if isinstance(size, float):
-        if not 0 <= size <= 1:
-            raise SolarError(f"{name}: a share of the dataset must be in [0, 1], got {size}")
-        parsed = Size("share", Fraction(str(size)), str(size))
-    else:
-        parsed = Size.parse(size, name)
+    if isinstance(size, float) and not 0 <= size <= 1:
+        raise SolarError(f"{name}: a share of the dataset must be in [0, 1], got {size}")
+    parsed = (Size("share", Fraction(str(size)), str(size)) if isinstance(size, float)
+              else Size.parse(size, name))  # fmt: skip
     return parsed.per_rank(sample_bytes=sample_bytes, num_samples=num_samples,
                            world_size=world_size, name=name)  # fmt: skip
 
