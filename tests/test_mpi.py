@@ -290,7 +290,7 @@ def test_a_compiled_model_on_equal_batches_compiles_once_with_exact_gradients(tm
 def test_a_rank_failing_before_its_exchange_ends_the_job_promptly(tmp_path, launcher):
     """With equal batches the others wait for rank 1's rows: its failed read ends them all."""
     data = write(tmp_path / "d.h5", 0, N)
-    result = launch(launcher, 3, "equal_fail.py", data, timeout=HANG_GUARD)
+    result = launch(launcher, 2, "equal_fail.py", data, timeout=HANG_GUARD)
     assert result.returncode != 0
     assert "boom from rank 1's read" in result.stderr, result.stderr[-3000:]
     assert "solar: rank 1" in result.stderr
@@ -302,51 +302,55 @@ def test_a_transform_failing_on_one_rank_ends_the_job_promptly(tmp_path, launche
     """The others wait in a training step's collective: rank 1's failed transform, named by
     sample and epoch, ends them all."""
     data = write(tmp_path / "d.h5", 0, N)
-    result = launch(launcher, 3, "transform_fail.py", data, timeout=HANG_GUARD)
+    result = launch(launcher, 2, "transform_fail.py", data, timeout=HANG_GUARD)
     assert result.returncode != 0
     assert re.search(r"transform of sample \d+ \(epoch \d\) failed: ValueError: boom from "
                      "rank 1's transform", result.stderr), result.stderr[-3000:]  # fmt: skip
     assert "unreachable" not in result.stderr
 
 
+# gradients.py's jobs, (launcher, ranks) -> the modes it checks, one after the other in one job
+# (a launch costs more than a check); both tests read each.
+GRADIENT_JOBS = {("mpiexec", 2): ("variable", "default"), ("torchrun", 3): ("variable", "default")}
+
+
 @pytest.fixture(scope="module")
 def gradients_job(tmp_path_factory):
-    """``(launcher, ranks, modes) -> CompletedProcess`` of gradients.py checking ``modes`` in
-    one job (N = 103 for "variable", 102 for "default"): torchrun on 3 ranks runs both once, so
-    the "default" mode failing there fails both tests that share the job."""
+    """``(launcher, ranks) -> (CompletedProcess, modes)`` of gradients.py checking the modes of
+    GRADIENT_JOBS in one job (N = 103 for "variable", 102 for "default"): a mode failing
+    fails both tests that share the job."""
     jobs: dict[tuple, subprocess.CompletedProcess] = {}
 
-    def get(launcher: str, ranks: int, modes: tuple[str, ...]) -> subprocess.CompletedProcess:
-        if (launcher, ranks, modes) not in jobs:
+    def get(launcher: str, ranks: int) -> tuple[subprocess.CompletedProcess, tuple[str, ...]]:
+        modes = GRADIENT_JOBS[launcher, ranks]
+        if (launcher, ranks) not in jobs:
             tmp = tmp_path_factory.mktemp("gradients")
             args = []
             for mode in modes:
                 n = N if mode == "variable" else 102
                 args += [write(tmp / f"{mode}.h5", 0, n), mode]
-            jobs[launcher, ranks, modes] = launch(launcher, ranks, "gradients.py", *args)
-        return jobs[launcher, ranks, modes]
+            jobs[launcher, ranks] = launch(launcher, ranks, "gradients.py", *args)
+        return jobs[launcher, ranks], modes
 
     return get
 
 
-@pytest.mark.parametrize(("launcher", "modes"), [
-    ("mpiexec", ("variable",)), ("torchrun", ("variable", "default")),
-], ids=["mpiexec", "torchrun"])  # fmt: skip
-def test_ddp_gradients_equal_a_single_process_step(gradients_job, launcher, modes):
-    result = gradients_job(launcher, 3, modes)
+@pytest.mark.parametrize(("launcher", "ranks"), list(GRADIENT_JOBS),
+                         ids=[f"{la}-{r}" for la, r in GRADIENT_JOBS])  # fmt: skip
+def test_ddp_gradients_equal_a_single_process_step(gradients_job, launcher, ranks):
+    result, modes = gradients_job(launcher, ranks)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stdout.count("gradients equal") == 3 * len(modes)
+    assert result.stdout.count("gradients equal") == ranks * len(modes)
     assert re.search(r"rank 0: gradients equal, \d+ steps, [1-9]\d* uneven", result.stdout)
 
 
-@pytest.mark.parametrize(("launcher", "ranks", "modes"), [
-    ("mpiexec", 2, ("default",)), ("torchrun", 3, ("variable", "default")),
-], ids=["mpiexec-2", "torchrun-3"])  # fmt: skip
+@pytest.mark.parametrize(("launcher", "ranks"), list(GRADIENT_JOBS),
+                         ids=[f"{la}-{r}" for la, r in GRADIENT_JOBS])  # fmt: skip
 def test_ddp_with_the_default_loader_and_a_mean_loss_equals_one_process(gradients_job, launcher,
-                                                                        ranks, modes):  # fmt: skip
+                                                                        ranks):  # fmt: skip
     """Equal batches by default: a ported loop's ``loss.mean()`` gives the global mean's
     gradient (N = 102: not a multiple of the global batch; its last step splits evenly)."""
-    result = gradients_job(launcher, ranks, modes)
+    result, modes = gradients_job(launcher, ranks)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.count("gradients equal") == ranks * len(modes)
     assert re.search(r"rank 0: gradients equal, \d+ steps, 0 uneven", result.stdout)
