@@ -10,6 +10,7 @@ import json
 import os
 import random
 import re
+import runpy
 import socket
 import subprocess
 import sys
@@ -141,6 +142,17 @@ def serve_args(tmp_path: Path, launcher: str, ranks: int, slack: float, layout: 
     return [*data, "--slack", slack, *tier, *_short(layout, ranks)]
 
 
+def solar_plan(*args) -> None:
+    """``solar plan ARGS``, in this process: it plans alone (no communicator, nothing
+    initialised), and an interpreter start costs more than the plan."""
+    from click.testing import CliRunner
+
+    from solar.cli import cli
+
+    made = CliRunner().invoke(cli, ["plan", *map(str, args)])
+    assert made.exit_code == 0, (made.output, made.exception)
+
+
 def weighted_args(tmp_path: Path, ranks: int, mode: str, tier: bool, plan: bool) -> list:
     """coverage.py's arguments for a case of WEIGHTED (under mpiexec)."""
     data = write(tmp_path / "d.h5", 0, N)
@@ -154,13 +166,9 @@ def weighted_args(tmp_path: Path, ranks: int, mode: str, tier: bool, plan: bool)
         w = (1.0 + np.arange(N)) ** -1.1
         w[::17] = 0
         np.save(tmp_path / "w.npy", w)
-        made = subprocess.run(
-            [str(Path(sys.executable).with_name("solar")), "plan", str(data), "-P", str(ranks),
-             "-B", "4", "-E", "3", "-C", "12", "-D", "20", "--sampler", "weighted", "--weights",
-             str(tmp_path / "w.npy"), "-o", str(tmp_path / "p.h5")],
-            capture_output=True, text=True, check=False,
-        )  # fmt: skip
-        assert made.returncode == 0, made.stderr
+        solar_plan(data, "-P", ranks, "-B", 4, "-E", 3, "-C", 12, "-D", 20, "--sampler",
+                   "weighted", "--weights", tmp_path / "w.npy", "-o",
+                   tmp_path / "p.h5")  # fmt: skip
         args += ["--plan", tmp_path / "p.h5"]
     return [data, *args]
 
@@ -179,13 +187,8 @@ def equal_args(tmp_path: Path, launcher: str, ranks: int, slack: float, layout: 
     if layout.endswith("transform"):  # rows move transformed, their draws their own
         args += ["--transform"]
     if layout.endswith("plan file"):
-        made = subprocess.run(
-            [str(Path(sys.executable).with_name("solar")), "plan", *map(str, data), "-P",
-             str(ranks), "-B", "4", "-E", "3", "-C", "12", "--slack", str(slack),
-             "--equal-batches", "-o", str(tmp_path / "p.h5")],
-            capture_output=True, text=True, check=False,
-        )  # fmt: skip
-        assert made.returncode == 0, made.stderr
+        solar_plan(*data, "-P", ranks, "-B", 4, "-E", 3, "-C", 12, "--slack", slack,
+                   "--equal-batches", "-o", tmp_path / "p.h5")  # fmt: skip
         args += ["--plan", tmp_path / "p.h5"]
     return [*data, *args, *_short(layout, ranks)]
 
@@ -373,12 +376,16 @@ def test_a_failing_rank_ends_the_job_promptly(launcher, wait):
 
 
 @pytest.mark.one_process
-def test_training_example_help_lists_its_options():
-    result = subprocess.run([sys.executable, EXAMPLE, "--help"], capture_output=True, text=True,
-                            timeout=120, check=False)  # fmt: skip
-    assert result.returncode == 0, result.stderr[-3000:]
+def test_training_example_help_lists_its_options(monkeypatch, capsys):
+    """``python EXAMPLE --help``, in this process: its options are parsed before anything is
+    made or initialised (no interpreter start, no import of torch again for it)."""
+    monkeypatch.setattr(sys, "argv", [str(EXAMPLE), "--help"])
+    with pytest.raises(SystemExit) as exited:
+        runpy.run_path(str(EXAMPLE), run_name="__main__")
+    out, err = capsys.readouterr()
+    assert exited.value.code == 0, err[-3000:]
     for option in ("--data", "--buffer", "% of data", "--resume", "--keep-checkpoints"):
-        assert option in result.stdout
+        assert option in out
 
 
 def test_training_example_resumes_exactly_under_either_launcher(tmp_path):
