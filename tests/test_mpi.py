@@ -278,13 +278,12 @@ def test_equal_batches_deliver_every_sample_once_with_h5py_bytes(
     check_case(result, tag, ranks)
 
 
-def test_a_compiled_model_on_equal_batches_compiles_once_with_exact_gradients(tmp_path):
+def test_a_compiled_model_on_equal_batches_compiles_once_with_exact_gradients(gradients_job):
     """torch.compile (dynamo, a backend counting the graphs it is handed; inductor itself in
     bench/compile_bench.py) under DDP for 2 epochs: no compilation after the first step, and
     each step's gradients equal one process's over the same global batch, the loss a plain
-    mean (no re-weighting)."""
-    data = write(tmp_path / "d.h5", 0, N)
-    result = launch("mpiexec", 2, "compiled.py", data)
+    mean (no re-weighting). (compiled.py, in the job of gradients.py's checks on 2 ranks.)"""
+    result, _ = gradients_job("mpiexec", 2)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.count("none after the first step, gradients equal") == 2, result.stdout
 
@@ -313,15 +312,17 @@ def test_a_transform_failing_on_one_rank_ends_the_job_promptly(tmp_path, launche
 
 
 # gradients.py's jobs, (launcher, ranks) -> the modes it checks, one after the other in one job
-# (a launch costs more than a check); both tests read each.
-GRADIENT_JOBS = {("mpiexec", 2): ("variable", "default"), ("torchrun", 3): ("variable", "default")}
+# (a launch costs more than a check); both DDP tests read each, the compiled model's test
+# the first ("compiled": tests/mpi/compiled.py, each rank's line saying "gradients equal" too).
+GRADIENT_JOBS = {("mpiexec", 2): ("variable", "default", "compiled"),
+                 ("torchrun", 3): ("variable", "default")}  # fmt: skip
 
 
 @pytest.fixture(scope="module")
 def gradients_job(tmp_path_factory):
     """``(launcher, ranks) -> (CompletedProcess, modes)`` of gradients.py checking the modes of
-    GRADIENT_JOBS in one job (N = 103 for "variable", 102 for "default"): a mode failing
-    fails both tests that share the job."""
+    GRADIENT_JOBS in one job (N = 103 for "variable" and "compiled", 102 for "default"): a
+    mode failing fails every test that shares the job."""
     jobs: dict[tuple, subprocess.CompletedProcess] = {}
 
     def get(launcher: str, ranks: int) -> tuple[subprocess.CompletedProcess, tuple[str, ...]]:
@@ -330,7 +331,7 @@ def gradients_job(tmp_path_factory):
             tmp = tmp_path_factory.mktemp("gradients")
             args = []
             for mode in modes:
-                n = N if mode == "variable" else 102
+                n = 102 if mode == "default" else N
                 args += [write(tmp / f"{mode}.h5", 0, n), mode]
             jobs[launcher, ranks] = launch(launcher, ranks, "gradients.py", *args)
         return jobs[launcher, ranks], modes
