@@ -62,6 +62,8 @@ def common_configs() -> list[dict[str, Any]]:
         for sampler in ("shuffle", "weighted"):
             out.append(dict(world=world, policy="solar", tier=False, sampler=sampler,
                             plan_file=True))  # fmt: skip
+    # A plan file's proof with a tier: its tier slots an array of their own, not a view.
+    out.append(dict(world=2, policy="solar", tier=True, sampler="weighted", plan_file=True))
     return out
 
 
@@ -147,11 +149,14 @@ def _warm_node(data: Path, root: Path, n: int) -> None:
 def layouts() -> dict[str, dict[str, Any]]:
     """The stored layouts whose read and decode paths have kernels of their own, each as
     h5py's ``create_dataset`` keywords (``"npy"``: one ``.npy`` file a sample): chunks of one
-    sample (the fused decode path, solar/io/fused.py; chunks of several share its kernels),
-    the shuffle and bitshuffle filters' loops (bitshuffle where hdf5plugin writes it)."""
+    sample (the fused decode path, solar/io/fused.py) and of several (the shuffle filter's
+    loop over a decompressed chunk's read-only bytes), the shuffle and bitshuffle filters'
+    loops (bitshuffle where hdf5plugin writes it)."""
     out: dict[str, dict[str, Any]] = {
         "gzip+shuffle, a chunk a sample": dict(chunks=(1, 8, 8), compression="gzip",
                                                shuffle=True),
+        "gzip+shuffle, chunks of 4 samples": dict(chunks=(4, 8, 8), compression="gzip",
+                                                  shuffle=True),
         "npy": {},
     }  # fmt: skip
     try:

@@ -87,3 +87,21 @@ def pytest_collection_modifyitems(items):
             continue
         if name in _LAUNCHING or any(w in test for w in ("mpiexec", "either_launcher")):
             item.add_marker(pytest.mark.xdist_group("launchers"))
+
+
+@pytest.fixture(scope="session")
+def bench_run(tmp_path_factory):
+    """``name -> (its CompletedProcess, its directory)``: a run of tests/bench_runs.py's RUNS,
+    made once in this process, however many tests read it (mark them
+    ``xdist_group("bench_runs")``: one worker runs them all, the run once)."""
+    from bench_runs import RUNS
+
+    made: dict[str, tuple] = {}
+
+    def get(name: str) -> tuple:
+        if name not in made:
+            tmp = tmp_path_factory.mktemp(f"bench_{name}")
+            made[name] = (RUNS[name](tmp), tmp)
+        return made[name]
+
+    return get

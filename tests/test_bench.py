@@ -90,14 +90,9 @@ def test_bench_compares_loaders_with_json_and_plot(tmp_path, world):
         assert {"read_threads", "decode_threads", "read_ahead"} <= set(solar["tuned"][0])
 
 
-def test_bench_compares_equal_batches_with_variable_ones_and_slack_0(tmp_path):
-    data = tmp_path / "d.h5"
-    gen([data, "--preset", "braggnn", "--samples", "600"])
-    result = subprocess.run(
-        [SOLAR, "bench", data, "-P", "2", "-E", "3", "-B", "16", "--buffer", "50%",
-         "--loaders", "solar,solar-slack0", "--variable-batches", "--json", tmp_path / "r.json"],
-        capture_output=True, text=True, timeout=300, check=False,
-    )  # fmt: skip
+@pytest.mark.xdist_group("bench_runs")
+def test_bench_compares_equal_batches_with_variable_ones_and_slack_0(bench_run):
+    result, tmp_path = bench_run("equal")  # (tests/bench_runs.py: 600 samples, P 2, E 3, B 16)
     assert result.returncode == 0, result.stderr[-3000:]
     res = json.loads((tmp_path / "r.json").read_text())
     assert list(res["loaders"]) == ["solar", "solar-slack0", "solar-variable"]
@@ -113,16 +108,10 @@ def test_bench_compares_equal_batches_with_variable_ones_and_slack_0(tmp_path):
     assert "solar: moved between ranks" in result.stdout
 
 
-def test_bench_with_a_second_tier(tmp_path):
-    data, nvme = tmp_path / "d.h5", tmp_path / "nvme"
-    nvme.mkdir()
-    gen([data, "--preset", "braggnn", "--samples", "400"])
-    result = subprocess.run(
-        [SOLAR, "bench", data, "-P", "2", "-E", "3", "-B", "8", "--buffer", "10%",
-         "--tier", nvme, "--tier-size", "100%", "--loaders", "nopfs,solar,solar-ram",
-         "--json", tmp_path / "r.json", "--throttle", "200,1"],
-        capture_output=True, text=True, timeout=300, check=False,
-    )  # fmt: skip
+@pytest.mark.xdist_group("bench_runs")
+def test_bench_with_a_second_tier(bench_run):
+    result, tmp_path = bench_run("tier")  # (tests/bench_runs.py: 400 samples, P 2, E 3, B 8)
+    nvme = tmp_path / "nvme"
     assert result.returncode == 0, result.stderr[-3000:]
     assert "tier hits" in result.stdout and "tier read" in result.stdout
     res = json.loads((tmp_path / "r.json").read_text())

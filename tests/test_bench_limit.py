@@ -4,19 +4,18 @@ The limit is ``max(bytes_read / read_bw, hits · sample_bytes / P / mem_bw, tier
 sample_bytes / tier_bw, steps · compute)`` (:func:`solar.bench.limit_terms`). Here it is
 checked on handed-in numbers (each term, which one wins, the tier's only with tier hits,
 memory's per rank, every term positive), then in the shape of every scenario of
-bench/scenarios.py (preset × aggregate buffer; one rank in process, two under mpiexec; a tier)
-for structure: the result's limits are the function applied to the result's own recorded
-inputs (bytes read, hits, steps, config, the bandwidths measured in the run), with the terms
-the epoch has. Whether the limit stays below the measured epochs is a comparison of two noisy
-wall-clock measurements: bench/limit_bench.py reports it, with its spread over runs.
+bench/scenarios.py (preset × aggregate buffer; one rank in process, two under mpiexec in the
+runs tests/test_bench.py checks too; a tier) for structure: the result's limits are the
+function applied to the result's own recorded inputs (bytes read, hits, steps, config, the
+bandwidths measured in the run), with the terms the epoch has. Whether the limit stays below
+the measured epochs is a comparison of two noisy wall-clock measurements:
+bench/limit_bench.py reports it, with its spread over runs.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import json
-import subprocess
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -32,7 +31,6 @@ spec = importlib.util.spec_from_file_location(
 )
 scenarios = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(scenarios)
-SOLAR = str(Path(sys.executable).with_name("solar"))
 SMALL = {"ptychonn": 96, "braggnn": 1500, "autophasenn": 40}  # a few tens of MB at most
 
 # Bandwidths in bytes/s, handed in: storage 1 GB/s and the tiers 2 GB/s (all ranks'), memory
@@ -219,18 +217,13 @@ def test_every_buffer_scenarios_limit_is_the_formula_of_its_figures(tmp_path, pr
             assert set(res["loaders"]["solar"]["epoch_limit_terms"][1]) == {"memory"}
 
 
+# Two ranks: the runs tests/test_bench.py checks too (tests/bench_runs.py, one each, shared):
+# equal batches without a tier (half the data held), and a tier behind RAM.
+@pytest.mark.xdist_group("bench_runs")
 @pytest.mark.parametrize("tier", [False, True])
-def test_the_limit_on_two_ranks_is_the_formula_of_its_figures(tmp_path, tier):
-    data = generate(tmp_path / "d.h5", "ptychonn", SMALL["ptychonn"])
+def test_the_limit_on_two_ranks_is_the_formula_of_its_figures(bench_run, tier):
+    result, tmp_path = bench_run("tier" if tier else "equal")
     out = tmp_path / "r.json"
-    (tmp_path / "tier").mkdir()
-    tiered = ["--tier", tmp_path / "tier", "--tier-size", "50%"]
-    result = subprocess.run(
-        [SOLAR, "bench", data, "-P", "2", "-E", "2", "-B", "8", "--buffer",
-         "25%" if tier else "50%", "--loaders", "solar", "--json", out,
-         *(tiered if tier else [])],
-        capture_output=True, text=True, timeout=300, check=False,
-    )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     res = json.loads(out.read_text())
     assert res["limits"]["read_threads"] == 2 * 8 and res["config"]["world_size"] == 2

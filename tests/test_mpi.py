@@ -10,6 +10,7 @@ import json
 import os
 import random
 import re
+import runpy
 import socket
 import subprocess
 import sys
@@ -141,6 +142,17 @@ def serve_args(tmp_path: Path, launcher: str, ranks: int, slack: float, layout: 
     return [*data, "--slack", slack, *tier, *_short(layout, ranks)]
 
 
+def solar_plan(*args) -> None:
+    """``solar plan ARGS``, in this process: it plans alone (no communicator, nothing
+    initialised), and an interpreter start costs more than the plan."""
+    from click.testing import CliRunner
+
+    from solar.cli import cli
+
+    made = CliRunner().invoke(cli, ["plan", *map(str, args)])
+    assert made.exit_code == 0, (made.output, made.exception)
+
+
 def weighted_args(tmp_path: Path, ranks: int, mode: str, tier: bool, plan: bool) -> list:
     """coverage.py's arguments for a case of WEIGHTED (under mpiexec)."""
     data = write(tmp_path / "d.h5", 0, N)
@@ -154,13 +166,9 @@ def weighted_args(tmp_path: Path, ranks: int, mode: str, tier: bool, plan: bool)
         w = (1.0 + np.arange(N)) ** -1.1
         w[::17] = 0
         np.save(tmp_path / "w.npy", w)
-        made = subprocess.run(
-            [str(Path(sys.executable).with_name("solar")), "plan", str(data), "-P", str(ranks),
-             "-B", "4", "-E", "3", "-C", "12", "-D", "20", "--sampler", "weighted", "--weights",
-             str(tmp_path / "w.npy"), "-o", str(tmp_path / "p.h5")],
-            capture_output=True, text=True, check=False,
-        )  # fmt: skip
-        assert made.returncode == 0, made.stderr
+        solar_plan(data, "-P", ranks, "-B", 4, "-E", 3, "-C", 12, "-D", 20, "--sampler",
+                   "weighted", "--weights", tmp_path / "w.npy", "-o",
+                   tmp_path / "p.h5")  # fmt: skip
         args += ["--plan", tmp_path / "p.h5"]
     return [data, *args]
 
@@ -179,13 +187,8 @@ def equal_args(tmp_path: Path, launcher: str, ranks: int, slack: float, layout: 
     if layout.endswith("transform"):  # rows move transformed, their draws their own
         args += ["--transform"]
     if layout.endswith("plan file"):
-        made = subprocess.run(
-            [str(Path(sys.executable).with_name("solar")), "plan", *map(str, data), "-P",
-             str(ranks), "-B", "4", "-E", "3", "-C", "12", "--slack", str(slack),
-             "--equal-batches", "-o", str(tmp_path / "p.h5")],
-            capture_output=True, text=True, check=False,
-        )  # fmt: skip
-        assert made.returncode == 0, made.stderr
+        solar_plan(*data, "-P", ranks, "-B", 4, "-E", 3, "-C", 12, "--slack", slack,
+                   "--equal-batches", "-o", tmp_path / "p.h5")  # fmt: skip
         args += ["--plan", tmp_path / "p.h5"]
     return [*data, *args, *_short(layout, ranks)]
 
@@ -275,13 +278,12 @@ def test_equal_batches_deliver_every_sample_once_with_h5py_bytes(
     check_case(result, tag, ranks)
 
 
-def test_a_compiled_model_on_equal_batches_compiles_once_with_exact_gradients(tmp_path):
+def test_a_compiled_model_on_equal_batches_compiles_once_with_exact_gradients(gradients_job):
     """torch.compile (dynamo, a backend counting the graphs it is handed; inductor itself in
     bench/compile_bench.py) under DDP for 2 epochs: no compilation after the first step, and
     each step's gradients equal one process's over the same global batch, the loss a plain
-    mean (no re-weighting)."""
-    data = write(tmp_path / "d.h5", 0, N)
-    result = launch("mpiexec", 2, "compiled.py", data)
+    mean (no re-weighting). (compiled.py, in the job of gradients.py's checks on 2 ranks.)"""
+    result, _ = gradients_job("mpiexec", 2)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.count("none after the first step, gradients equal") == 2, result.stdout
 
@@ -290,7 +292,7 @@ def test_a_compiled_model_on_equal_batches_compiles_once_with_exact_gradients(tm
 def test_a_rank_failing_before_its_exchange_ends_the_job_promptly(tmp_path, launcher):
     """With equal batches the others wait for rank 1's rows: its failed read ends them all."""
     data = write(tmp_path / "d.h5", 0, N)
-    result = launch(launcher, 3, "equal_fail.py", data, timeout=HANG_GUARD)
+    result = launch(launcher, 2, "equal_fail.py", data, timeout=HANG_GUARD)
     assert result.returncode != 0
     assert "boom from rank 1's read" in result.stderr, result.stderr[-3000:]
     assert "solar: rank 1" in result.stderr
@@ -302,51 +304,57 @@ def test_a_transform_failing_on_one_rank_ends_the_job_promptly(tmp_path, launche
     """The others wait in a training step's collective: rank 1's failed transform, named by
     sample and epoch, ends them all."""
     data = write(tmp_path / "d.h5", 0, N)
-    result = launch(launcher, 3, "transform_fail.py", data, timeout=HANG_GUARD)
+    result = launch(launcher, 2, "transform_fail.py", data, timeout=HANG_GUARD)
     assert result.returncode != 0
     assert re.search(r"transform of sample \d+ \(epoch \d\) failed: ValueError: boom from "
                      "rank 1's transform", result.stderr), result.stderr[-3000:]  # fmt: skip
     assert "unreachable" not in result.stderr
 
 
+# gradients.py's jobs, (launcher, ranks) -> the modes it checks, one after the other in one job
+# (a launch costs more than a check); both DDP tests read each, the compiled model's test
+# the first ("compiled": tests/mpi/compiled.py, each rank's line saying "gradients equal" too).
+GRADIENT_JOBS = {("mpiexec", 2): ("variable", "default", "compiled"),
+                 ("torchrun", 3): ("variable", "default")}  # fmt: skip
+
+
 @pytest.fixture(scope="module")
 def gradients_job(tmp_path_factory):
-    """``(launcher, ranks, modes) -> CompletedProcess`` of gradients.py checking ``modes`` in
-    one job (N = 103 for "variable", 102 for "default"): torchrun on 3 ranks runs both once, so
-    the "default" mode failing there fails both tests that share the job."""
+    """``(launcher, ranks) -> (CompletedProcess, modes)`` of gradients.py checking the modes of
+    GRADIENT_JOBS in one job (N = 103 for "variable" and "compiled", 102 for "default"): a
+    mode failing fails every test that shares the job."""
     jobs: dict[tuple, subprocess.CompletedProcess] = {}
 
-    def get(launcher: str, ranks: int, modes: tuple[str, ...]) -> subprocess.CompletedProcess:
-        if (launcher, ranks, modes) not in jobs:
+    def get(launcher: str, ranks: int) -> tuple[subprocess.CompletedProcess, tuple[str, ...]]:
+        modes = GRADIENT_JOBS[launcher, ranks]
+        if (launcher, ranks) not in jobs:
             tmp = tmp_path_factory.mktemp("gradients")
             args = []
             for mode in modes:
-                n = N if mode == "variable" else 102
+                n = 102 if mode == "default" else N
                 args += [write(tmp / f"{mode}.h5", 0, n), mode]
-            jobs[launcher, ranks, modes] = launch(launcher, ranks, "gradients.py", *args)
-        return jobs[launcher, ranks, modes]
+            jobs[launcher, ranks] = launch(launcher, ranks, "gradients.py", *args)
+        return jobs[launcher, ranks], modes
 
     return get
 
 
-@pytest.mark.parametrize(("launcher", "modes"), [
-    ("mpiexec", ("variable",)), ("torchrun", ("variable", "default")),
-], ids=["mpiexec", "torchrun"])  # fmt: skip
-def test_ddp_gradients_equal_a_single_process_step(gradients_job, launcher, modes):
-    result = gradients_job(launcher, 3, modes)
+@pytest.mark.parametrize(("launcher", "ranks"), list(GRADIENT_JOBS),
+                         ids=[f"{la}-{r}" for la, r in GRADIENT_JOBS])  # fmt: skip
+def test_ddp_gradients_equal_a_single_process_step(gradients_job, launcher, ranks):
+    result, modes = gradients_job(launcher, ranks)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stdout.count("gradients equal") == 3 * len(modes)
+    assert result.stdout.count("gradients equal") == ranks * len(modes)
     assert re.search(r"rank 0: gradients equal, \d+ steps, [1-9]\d* uneven", result.stdout)
 
 
-@pytest.mark.parametrize(("launcher", "ranks", "modes"), [
-    ("mpiexec", 2, ("default",)), ("torchrun", 3, ("variable", "default")),
-], ids=["mpiexec-2", "torchrun-3"])  # fmt: skip
+@pytest.mark.parametrize(("launcher", "ranks"), list(GRADIENT_JOBS),
+                         ids=[f"{la}-{r}" for la, r in GRADIENT_JOBS])  # fmt: skip
 def test_ddp_with_the_default_loader_and_a_mean_loss_equals_one_process(gradients_job, launcher,
-                                                                        ranks, modes):  # fmt: skip
+                                                                        ranks):  # fmt: skip
     """Equal batches by default: a ported loop's ``loss.mean()`` gives the global mean's
     gradient (N = 102: not a multiple of the global batch; its last step splits evenly)."""
-    result = gradients_job(launcher, ranks, modes)
+    result, modes = gradients_job(launcher, ranks)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.count("gradients equal") == ranks * len(modes)
     assert re.search(r"rank 0: gradients equal, \d+ steps, 0 uneven", result.stdout)
@@ -369,12 +377,16 @@ def test_a_failing_rank_ends_the_job_promptly(launcher, wait):
 
 
 @pytest.mark.one_process
-def test_training_example_help_lists_its_options():
-    result = subprocess.run([sys.executable, EXAMPLE, "--help"], capture_output=True, text=True,
-                            timeout=120, check=False)  # fmt: skip
-    assert result.returncode == 0, result.stderr[-3000:]
+def test_training_example_help_lists_its_options(monkeypatch, capsys):
+    """``python EXAMPLE --help``, in this process: its options are parsed before anything is
+    made or initialised (no interpreter start, no import of torch again for it)."""
+    monkeypatch.setattr(sys, "argv", [str(EXAMPLE), "--help"])
+    with pytest.raises(SystemExit) as exited:
+        runpy.run_path(str(EXAMPLE), run_name="__main__")
+    out, err = capsys.readouterr()
+    assert exited.value.code == 0, err[-3000:]
     for option in ("--data", "--buffer", "% of data", "--resume", "--keep-checkpoints"):
-        assert option in result.stdout
+        assert option in out
 
 
 def test_training_example_resumes_exactly_under_either_launcher(tmp_path):

@@ -8,10 +8,14 @@ mpiexec -n 3 python tests/mpi/gradients.py DATA.h5 default
     argument: equal batches) and ``loss.mean()`` (N: a short last step that the ranks split
     evenly, e.g. N = 102 for P = 2 or 3 and B = 4);
 mpiexec -n 3 python tests/mpi/gradients.py DATA.h5 variable DATA2.h5 default
-    both in one job, one after the other (starting the ranks costs more than a check).
+    both in one job, one after the other (starting the ranks costs more than a check);
+mpiexec -n 2 python tests/mpi/gradients.py ... DATA.h5 compiled
+    tests/mpi/compiled.py's check (a torch.compile'd model under DDP) in the same job.
 """
 
+import runpy
 import sys
+from pathlib import Path
 
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -73,4 +77,9 @@ def check(path: str, mode: str, d: dist.Dist) -> None:
 
 job = dist.init()
 for path, mode in zip(sys.argv[1::2], sys.argv[2::2], strict=True):
-    check(path, mode, job)
+    if mode == "compiled":  # (its dist.init() is this one's)
+        compiled = Path(__file__).with_name("compiled.py")
+        sys.argv = [str(compiled), path]
+        runpy.run_path(str(compiled), run_name="__main__")
+    else:
+        check(path, mode, job)

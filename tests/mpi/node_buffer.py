@@ -7,6 +7,8 @@ bytes.
 
 mpiexec -n 4 python tests/mpi/node_buffer.py DATA.h5 run 1x4 2x2   (groupings in turn)
 mpiexec -n 4 python tests/mpi/node_buffer.py DATA.h5 kill 2x2      (rank 1 killed: -9)
+mpiexec -n 4 python tests/mpi/node_buffer.py DATA.h5 run 1x4 2x2 kill 2x2   (one job: the runs,
+                                    every rank saying "rank R: runs done", then the kill)
 
 Each rank prints ``pid PID`` first: the test checks these processes are gone and left no
 /dev/shm name.
@@ -34,7 +36,13 @@ from solar.schedule.plans.stream import RankStream
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: shared helpers
 from helpers import skewed_weighted
 
-path, mode, groupings = sys.argv[1], sys.argv[2], sys.argv[3:]
+path = sys.argv[1]
+cases, mode = [], ""  # (mode, grouping): a mode's word, then its groupings
+for word in sys.argv[2:]:
+    if word in ("run", "kill"):
+        mode = word
+    else:
+        cases.append((mode, word))
 comm = dist.job_comm()  # MPI.COMM_WORLD (MPICH's /dev/shm names taken off)
 dist.install_abort_on_error(comm)  # a failed check ends the job, not a hang in a barrier
 rank, world = comm.Get_rank(), comm.Get_size()
@@ -79,12 +87,14 @@ def serve(hold: Holdings, steps: Steps, k: int) -> tuple[np.ndarray, int, int]:
     return st.samples, samples.size, st.peer_rows.size
 
 
-for grouping in groupings:
+for i, (mode, grouping) in enumerate(cases):
     os.environ["SOLAR_HOSTS"] = grouping
     where = host.place(comm)
     hosts, hc = Hosts(where.groups), host.host_comm(comm)
     hold, steps = holdings(hosts, hc)
     if mode == "kill":
+        if i:  # the runs before it: every rank passed their last barrier, each checked
+            print(f"rank {rank}: runs done", flush=True)
         comm.Barrier()
         if rank == 1:
             os.kill(os.getpid(), signal.SIGKILL)

@@ -12,13 +12,17 @@ torchrun --nproc_per_node 4 tests/mpi/node_loader.py DATA.h5 GRAPH.h5 serve 3,1 
                                     of the skewed sampler only; each host a gloo group)
 mpiexec -n 4 python tests/mpi/node_loader.py DATA.h5 GRAPH.h5 kill 2x2      (rank 1 killed: -9,
                                                                           with a node tier)
-mpiexec -n 4 python tests/mpi/node_loader.py DATA.h5 GRAPH.h5 break 1x4     (rank 1 breaks early)
-mpiexec -n 4 python tests/mpi/node_loader.py DATA.h5 GRAPH.h5 raise 1x4     (rank 1 raises inside
+mpiexec -n 2 python tests/mpi/node_loader.py DATA.h5 GRAPH.h5 break 1x2     (rank 1 breaks early)
+mpiexec -n 2 python tests/mpi/node_loader.py DATA.h5 GRAPH.h5 raise 1x2     (rank 1 raises inside
                                     `with Loader`: its close is not a collective)
-mpiexec -n 4 python tests/mpi/node_loader.py DATA.h5 GRAPH.h5 mismatch 1x4  (rank 1 serves
+mpiexec -n 2 python tests/mpi/node_loader.py DATA.h5 GRAPH.h5 mismatch 1x2  (rank 1 serves
                                     epoch 2, its host's ranks epoch 0; torchrun too)
-mpiexec -n 4 python tests/mpi/node_loader.py DATA.h5 GRAPH.h5 disagree 3,1  (snapshots on
+mpiexec -n 3 python tests/mpi/node_loader.py DATA.h5 GRAPH.h5 disagree 2,1  (snapshots on
                                     rank 0 alone; then rank 1 asks share="rank", the others "node")
+
+Modes follow one another in one job, each with its groupings (``run 1x4 2x2 3,1 kill 2x2``:
+starting the ranks costs more than a case); before a mode that ends the job, each rank says
+``rank R: runs done`` when every rank has passed the checks of the modes before it.
 
 Each rank prints ``pid PID`` first: the test checks these processes are gone and left no
 /dev/shm name.
@@ -47,7 +51,14 @@ from helpers import checked_ids, skewed_weighted
 
 from solar.options import ExpertConfig, MemoryConfig, PlanningConfig
 
-path, graph, mode, groupings = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
+MODES = ("run", "serve", "kill", "break", "raise", "mismatch", "disagree")
+path, graph = sys.argv[1], sys.argv[2]
+cases, mode = [], ""  # (mode, grouping): a mode's word, then its groupings
+for word in sys.argv[3:]:
+    if word in MODES:
+        mode = word
+    else:
+        cases.append((mode, word))
 d = dist.init()
 comm, rank = d.comm, d.rank
 print(f"pid {os.getpid()}", flush=True)
@@ -107,8 +118,10 @@ def cross_host_surplus(ld):
                for _ in range(E))  # fmt: skip
 
 
-for grouping in groupings:
+for i, (mode, grouping) in enumerate(cases):
     os.environ["SOLAR_HOSTS"] = grouping
+    if i and mode not in ("run", "serve"):  # (each case before ended in a barrier after its
+        print(f"rank {rank}: runs done", flush=True)  # checks: every rank passed them)
     if mode == "kill":  # with the node's tier (a file in DATA's directory's killtier/)
         tier = os.path.join(os.path.dirname(path), "killtier")
         if rank == 0:
