@@ -213,7 +213,7 @@ class TraceOrder:
         return nus[0]
 
     def later_uses(self, k: int) -> LaterUses:
-        """Every use of every key in epoch ``k`` and the next (within the horizon;
+        """Each key's first use in epoch ``k`` and the next (within the horizon;
         :mod:`solar.schedule.draw.pagemates`): when a row not accessed now is next used. Raises
         SolarError if a rank planning alone was given another rank's keys."""
         end = min(self.run.epochs, k + min(self.horizon, LOOK_AHEAD) + 1)

@@ -25,7 +25,7 @@ from numba import njit
 
 from solar.config import BufferConfig, RunConfig
 from solar.schedule.draw.order import sample_dtype, step_bounds
-from solar.schedule.draw.pagemates import mates_of, next_after, with_sides
+from solar.schedule.draw.pagemates import mates_of, with_sides
 from solar.schedule.keep.assign import assign_affinity, assign_balanced, step_caps
 from solar.schedule.keep.maxheap import ARITY, empty_heaps, rekey, sift_down, sift_up
 from solar.schedule.policy import (
@@ -283,8 +283,9 @@ def _grown(a):
 
 
 # Fields of ``_trace_steps``'s page ``layout`` (int64): where rows lie (pagemates.PageLayout),
-# N, the epoch planned, its first global step, and the first key of the index ``later``.
-_OFFSET, _ROW, _PAGE, _N, _EPOCH, _K0, _BASE = range(7)
+# N, the first global position past the window of ``later``, the epoch's first global step, and
+# the first key of ``later``.
+_OFFSET, _ROW, _PAGE, _N, _LIMIT, _K0, _BASE = range(7)
 
 
 @njit(cache=True, inline="always")
@@ -299,7 +300,7 @@ def _mates(seq, sample, flags, a, b, t, world, seg_counts, layout, later, state,
     if key.shape[1] == 0:
         return m, side  # no buffer to offer them to
     offset, row_bytes, page, n = layout[_OFFSET], layout[_ROW], layout[_PAGE], layout[_N]
-    first, pos, starts = later
+    keys = later.shape[0]
     page_stamp, row_stamp = state
     seg_id, side_sample, side_slot = side
     p = a
@@ -326,11 +327,12 @@ def _mates(seq, sample, flags, a, b, t, world, seg_counts, layout, later, state,
                     if m == room:
                         break
                     v = seq[i] - x + y  # rank r's key of sample y
-                    if row_stamp[y] == tag or holder[v] >= 0:
+                    w = v - layout[_BASE]
+                    if row_stamp[y] == tag or w < 0 or w >= keys or holder[v] >= 0:
                         continue
-                    nxt = next_after(v - layout[_BASE], b, first, pos, starts, layout[_EPOCH])
-                    if nxt < 0 or nxt >= key[r, 0]:
-                        continue  # the buffer holds only sooner uses
+                    nxt = later[w]  # its first use past this step (not accessed in it)
+                    if nxt < 0 or nxt >= layout[_LIMIT] or nxt >= key[r, 0]:
+                        continue  # not used within the window, or the buffer holds sooner
                     if m == side_sample.shape[0]:
                         seg_id, side_sample, side_slot = (_grown(seg_id), _grown(side_sample),
                                                           _grown(side_slot))  # fmt: skip
@@ -340,6 +342,16 @@ def _mates(seq, sample, flags, a, b, t, world, seg_counts, layout, later, state,
                     m += 1
         p = q
     return m, (seg_id, side_sample, side_slot)
+
+
+@njit(cache=True, inline="always")
+def _passed(seq, nu, a, b, base, later):
+    """The step's accesses ``[a, b)`` are passed: each key's first use not yet passed
+    (pagemates.LaterUses) becomes its next use."""
+    for i in range(a, b):
+        w = seq[i] - base
+        if 0 <= w < later.shape[0]:
+            later[w] = nu[i]
 
 
 @njit(cache=True, nogil=True)
@@ -357,7 +369,8 @@ def _trace_steps(
     accesses are reordered: a step's accesses are a set, the runtime puts each in its batch
     row), their keys become their next uses, and only then are the reads admitted or bypassed.
     Then, given a page ``layout``, the rows sharing pages with the reads are offered
-    (:func:`_mates`). Returns the side rows kept: their count and ``side``.
+    (:func:`_mates`), their next uses read from ``later`` (pagemates.LaterUses.first, moved
+    forward here step by step). Returns the side rows kept: their count and ``side``.
     """
     scratch = np.empty(_longest(bounds), np.int64)
     m = 0
@@ -380,6 +393,8 @@ def _trace_steps(
             # The run's first step is read before its plan is made (Reads.start_first in
             # solar/runtime/reads.py): no page mates there, they would be read apart from its
             # pages.
+            if layout.shape[0]:
+                _passed(seq, nu, a, b, layout[_BASE], later)
             if layout.shape[0] and layout[_K0] + k > 0:
                 m, side = _mates(seq, sample, flags, a, b, k, counts.shape[1], counts[k],
                                  layout, later, stamps, holder, hslot, key, heap, cells, side,
@@ -535,12 +550,12 @@ class TracePolicy(SolarPolicy):
         )  # fmt: skip
         tslot = out.tslot if self.tier else np.empty(0, np.int32)
         none = np.zeros(0, np.int64)
-        layout, later = none, (none, none, none)
+        layout, later = none, none
         if self.pages is not None:
             p, uses = self.pages, self.order.later_uses(k)
-            layout = np.array([p.offset, p.row_bytes, p.page, self.run.num_samples, uses.epoch,
+            layout = np.array([p.offset, p.row_bytes, p.page, self.run.num_samples, uses.limit,
                                k * self.run.steps_per_epoch, uses.base], np.int64)  # fmt: skip
-            later = (uses.first, uses.pos, uses.starts)
+            later = uses.first
         room = 0 if self.pages is None else n // 4 + 16  # side rows: grown as kept
         side = (np.empty(room, np.int64), np.empty(room, np.int64), np.empty(room, np.int32))
         m, side = _trace_steps(
