@@ -15,7 +15,7 @@ from solar.errors import CorruptPlanError, SolarError
 from solar.graph import generate_graph
 from solar.options import ExpertConfig, MemoryConfig, PlanningConfig
 from solar.schedule import HIT
-from solar.schedule.draw.pagemates import LaterUses, PageLayout, mates_of
+from solar.schedule.draw.pagemates import NEXT, SEEN, LaterUses, PageLayout, mates_of
 from solar.schedule.keep.planner import Planner, RankEpoch
 from solar.schedule.plans.validate import TraceValidator
 from solar.schedule.policy import ADMIT, NEVER, SIDE
@@ -69,9 +69,10 @@ def test_later_uses_give_a_keys_first_use_at_or_after_a_position(epochs, v, w):
     assert uses.end == 5 + len(pairs) and uses.limit == (5 + len(pairs)) << 40
     for i in range(min(w, window.size)):  # passed: its next use in the window, or beyond it
         later = [j for j in range(i + 1, window.size) if window[j] == window[i]]
-        uses.first[window[i]] = position(later[0]) if later else NEVER
+        uses.table[window[i], NEXT] = position(later[0]) if later else NEVER
     at = [i for i in range(window.size) if window[i] == v and i >= w]
-    got = int(uses.first[v])
+    assert np.all(uses.table[:, SEEN] == -1)
+    got = int(uses.table[v, NEXT])
     if not at:
         assert got == -1 or got >= uses.limit
     else:

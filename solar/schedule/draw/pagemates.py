@@ -64,21 +64,27 @@ class PageLayout:
 LOOK_AHEAD = 1
 
 
+NEXT, SEEN = 0, 1  # columns of LaterUses.table
+
+
 @dataclass(frozen=True)
 class LaterUses:
     """When each key is next used, over a window of the trace: epoch ``epoch`` and the next
-    few, up to (not including) epoch ``end``. ``first[v]`` is key ``base + v``'s first access
-    in the window, as a global position (``(epoch << EPOCH_SHIFT) + index``), or -1.
+    few, up to (not including) epoch ``end``. ``table[v, NEXT]`` is key ``base + v``'s first
+    access in the window, as a global position (``(epoch << EPOCH_SHIFT) + index``), or -1;
+    ``table[v, SEEN]``, -1.
 
     The planner moves it forward as it passes the epoch's steps
-    (:func:`solar.schedule.keep.belady._trace_steps`): a key accessed at a step gets that
-    access's next use, so ``first[v]`` is always the key's first use not yet passed (a
-    position at or past ``limit`` lies outside the window: not used within it). One table
-    entry per key, no index of every position (O(keys), built in one pass)."""
+    (:func:`solar.schedule.keep.belady._trace_steps`): a key accessed at global step k gets
+    that access's next use and ``SEEN`` = k, so ``table[v, NEXT]`` is always the key's first
+    use not yet passed (a position at or past ``limit`` lies outside the window: not used
+    within it), and ``SEEN`` says whether the key was accessed at the step being planned. One
+    row per key, both fields in one cache line, no index of every position (built in one
+    pass)."""
 
     epoch: int
     base: int  # the first key (a rank planning alone: its own keys only)
-    first: np.ndarray  # (keys,) int64, moved forward in place by the planner
+    table: np.ndarray  # (keys, 2) int64, moved forward in place by the planner
     end: int  # the first epoch past the window
 
     @property
@@ -90,27 +96,27 @@ class LaterUses:
     def of(cls, epoch: int, pairs: list[np.ndarray], base: int, keys: int) -> LaterUses:
         """The table of the window whose epochs' keys, in order, are ``pairs`` (from epoch
         ``epoch`` on), all within ``base .. base + keys - 1``."""
-        first = np.full(keys, -1, np.int64)
+        table = np.full((keys, 2), -1, np.int64)
         # Latest epoch first, each backwards: a key's earliest access is written last.
         for e in range(len(pairs) - 1, -1, -1):
             if not _first_uses(pairs[e], np.int64(base), np.int64(epoch + e) << EPOCH_SHIFT,
-                               first):  # fmt: skip
+                               table):  # fmt: skip
                 raise SolarError(f"page mates: the trace names keys outside {base}.."
                                  f"{base + keys - 1} (a sampler's rank_epoch gave another "
                                  "rank's batches?)")  # fmt: skip
-        return cls(epoch, base, first, epoch + len(pairs))
+        return cls(epoch, base, table, epoch + len(pairs))
 
 
 @njit(cache=True, nogil=True)
-def _first_uses(pair, base, start, first):
-    """``first[pair[i] - base]`` = ``start + i``, the earliest i last; False (``first``
-    partly written) if a key lies outside ``first``."""
-    n = first.shape[0]
+def _first_uses(pair, base, start, table):
+    """``table[pair[i] - base, NEXT]`` = ``start + i``, the earliest i last; False (``table``
+    partly written) if a key lies outside it."""
+    n = table.shape[0]
     for i in range(pair.shape[0] - 1, -1, -1):
         v = pair[i] - base
         if v < 0 or v >= n:
             return False
-        first[v] = start + i
+        table[v, NEXT] = start + i
     return True
 
 

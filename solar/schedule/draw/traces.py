@@ -149,7 +149,8 @@ class TraceOrder:
         counts = np.zeros((steps, world), np.int32)
         stamp = np.full(run.num_samples, -1, np.int64)  # per call: epochs are drawn in threads
         n = _distinct(ids, offsets, world, stamp, 0, sample, rank, counts)
-        sample, rank = sample[:n].copy(), rank[:n].copy()
+        if n < ids.size:  # (a sampler's batches of distinct ids, as a neighbour sampler's,
+            sample, rank = sample[:n].copy(), rank[:n].copy()  # are kept as they are)
         bounds = np.zeros(steps + 1, np.int64)
         np.cumsum(counts.sum(axis=1), out=bounds[1:])
         pair = rank.astype(np.int64)  # rank * N + sample, in place: no temporaries

@@ -402,8 +402,9 @@ def plan_memory(spec: PlanSpec, keep_all: bool = False) -> PlanMemory:
         h = default_horizon(run, spec.sampler) if spec.horizon is None else spec.horizon
         held = min(h, run.epochs - 1) + 1
         need += BYTES_PER_ACCESS * per_epoch * held
-        if spec.pages is not None:  # page mates: a next use per key, stamps, side rows
-            need += 16 * run.world_size * run.num_samples + 20 * per_epoch
+        if spec.pages is not None:  # page mates: a next use and a stamp per key, page stamps
+            # (a page holds 2 rows or more), side rows
+            need += (16 * run.world_size + 4) * run.num_samples + 20 * per_epoch
     return PlanMemory(int(need), int(accesses), int(per_epoch), held, estimated)
 
 
