@@ -368,7 +368,7 @@ def _trace_steps(
     accesses are reordered: a step's accesses are a set, the runtime puts each in its batch
     row), their keys become their next uses, and only then are the reads admitted or bypassed.
     Then, given a page ``layout``, the rows sharing pages with the reads are offered
-    (:func:`_mates`), their next uses read from ``later`` (pagemates.LaterUses.first, moved
+    (:func:`_mates`), their next uses read from ``later`` (pagemates.LaterUses.table, moved
     forward here step by step). Returns the side rows kept: their count and ``side``.
     """
     scratch = np.empty(_longest(bounds), np.int64)
@@ -389,11 +389,11 @@ def _trace_steps(
                          heap, rkey, rheap, cells)  # fmt: skip
         else:
             _ram_step(seq, nu, a, b, rank, slot_out, flags, holder, hslot, key, heap, cells)
+            if layout.shape[0]:
+                _passed(seq, nu, a, b, layout[_BASE], layout[_K0] + k, later)
             # The run's first step is read before its plan is made (Reads.start_first in
             # solar/runtime/reads.py): no page mates there, they would be read apart from its
             # pages.
-            if layout.shape[0]:
-                _passed(seq, nu, a, b, layout[_BASE], layout[_K0] + k, later)
             if layout.shape[0] and layout[_K0] + k > 0:
                 m, side = _mates(seq, sample, flags, a, b, k, counts.shape[1], counts[k],
                                  layout, later, page_stamp, holder, hslot, key, heap, cells, side,
