@@ -15,10 +15,10 @@ from solar.errors import CorruptPlanError, SolarError
 from solar.graph import generate_graph
 from solar.options import ExpertConfig, MemoryConfig, PlanningConfig
 from solar.schedule import HIT
-from solar.schedule.draw.pagemates import LaterUses, PageLayout, mates_of, next_after
+from solar.schedule.draw.pagemates import NEXT, SEEN, LaterUses, PageLayout, mates_of
 from solar.schedule.keep.planner import Planner, RankEpoch
 from solar.schedule.plans.validate import TraceValidator
-from solar.schedule.policy import ADMIT, SIDE
+from solar.schedule.policy import ADMIT, NEVER, SIDE
 
 
 @pytest.fixture(scope="module")
@@ -54,16 +54,34 @@ def test_mates_of_a_page_are_the_rows_wholly_inside_it(offset, row, page, n, p):
 @given(st.lists(st.lists(st.integers(0, 6), max_size=12), min_size=1, max_size=3),
        st.integers(0, 6), st.integers(0, 40))  # fmt: skip
 def test_later_uses_give_a_keys_first_use_at_or_after_a_position(epochs, v, w):
+    """The table starts at each key's first use in the window; moved forward past the
+    positions before ``w`` as the planner moves it (an access's key gets its next use), it
+    gives key v's first use at or after ``w``, as a global position, or none."""
     pairs = [np.array(e, np.int64) + 10 for e in epochs]  # keys 10..16: indexed from 10
     uses = LaterUses.of(5, pairs, 10, 7)
     window = np.concatenate(pairs) - 10
+    starts = np.concatenate([[0], np.cumsum([p.size for p in pairs])])
+
+    def position(i):  # window index -> global position
+        e = int(np.searchsorted(starts, i, side="right") - 1)
+        return ((5 + e) << 40) + i - int(starts[e])
+
+    assert uses.end == 5 + len(pairs) and uses.limit == (5 + len(pairs)) << 40
+    for i in range(min(w, window.size)):  # passed: its next use in the window, or beyond it
+        later = [j for j in range(i + 1, window.size) if window[j] == window[i]]
+        uses.table[window[i], NEXT] = position(later[0]) if later else NEVER
     at = [i for i in range(window.size) if window[i] == v and i >= w]
-    got = next_after(v, w, uses.first, uses.pos, uses.starts, 5)
+    assert np.all(uses.table[:, SEEN] == -1)
+    got = int(uses.table[v, NEXT])
     if not at:
-        assert got == -1
+        assert got == -1 or got >= uses.limit
     else:
-        e = int(np.searchsorted(uses.starts, at[0], side="right") - 1)
-        assert got == ((5 + e) << 40) + at[0] - int(uses.starts[e])
+        assert got == position(at[0])
+
+
+def test_later_uses_refuse_a_key_outside_the_table():
+    with pytest.raises(SolarError, match=r"outside 10\.\.16"):
+        LaterUses.of(0, [np.array([10, 17], np.int64)], 10, 7)
 
 
 def _parts(spec: PlanSpec, rank: int) -> list[RankEpoch]:

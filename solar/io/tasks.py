@@ -93,7 +93,9 @@ class Runs:
 def coalesce_runs(local: np.ndarray, max_rows: int) -> Runs:
     """Group sample indices (within one file) into runs of adjacent samples, each at most
     ``max_rows`` long; a repeated index starts a new run."""
-    order = np.argsort(local, kind="stable")
+    # Not a stable sort: a repeated index reads the same bytes into each of its rows in any
+    # order, and the default sort is ~6x faster (0.4 against 2.5 ms for a GNN step's 43k rows).
+    order = np.argsort(local)
     srt = local[order]
     new_run = np.ones(srt.size, np.bool_)
     new_run[1:] = np.diff(srt) != 1

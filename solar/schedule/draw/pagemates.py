@@ -10,8 +10,8 @@ read in page spans (solar.io.tasks.PageGather): its side rows add no page and no
 buffered, the kernel has read their pages with the reads' anyway.
 
 This module holds the pure parts: the layout that says which rows share a page
-(:class:`PageLayout`), the index of next uses by (rank, sample) key over the epoch planned and
-the next (:class:`LaterUses`, ``LOOK_AHEAD``), and the merge of a step's side rows after its
+(:class:`PageLayout`), the table of each (rank, sample) key's next use over the epoch planned
+and the next (:class:`LaterUses`, ``LOOK_AHEAD``), and the merge of a step's side rows after its
 batch (:func:`with_sides`).
 """
 
@@ -60,77 +60,64 @@ class PageLayout:
 
 
 # Epochs after the current one whose uses a page mate's next use is looked for: a row used
-# later than that is not kept (it would be evicted before then anyway); the index stays O(A).
+# later than that is not kept (it would be evicted before then anyway).
 LOOK_AHEAD = 1
+
+
+NEXT, SEEN = 0, 1  # columns of LaterUses.table
 
 
 @dataclass(frozen=True)
 class LaterUses:
-    """Every access position of epoch ``epoch`` and the next few (a window of the trace:
-    ``starts[e]`` is the window position where epoch ``epoch + e`` begins), grouped by key:
-    key ``base + v``'s positions, ascending, are ``pos[first[v]:first[v + 1]]`` (a counting
-    sort, O(window + keys))."""
+    """When each key is next used, over a window of the trace: epoch ``epoch`` and the next
+    few, up to (not including) epoch ``end``. ``table[v, NEXT]`` is key ``base + v``'s first
+    access in the window, as a global position (``(epoch << EPOCH_SHIFT) + index``), or -1;
+    ``table[v, SEEN]``, -1.
+
+    The planner moves it forward as it passes the epoch's steps
+    (:func:`solar.schedule.keep.belady._trace_steps`): a key accessed at global step k gets
+    that access's next use and ``SEEN`` = k, so ``table[v, NEXT]`` is always the key's first
+    use not yet passed (a position at or past ``limit`` lies outside the window: not used
+    within it), and ``SEEN`` says whether the key was accessed at the step being planned. One
+    row per key, both fields in one cache line, no index of every position (built in one
+    pass)."""
 
     epoch: int
-    base: int  # the first key indexed (a rank planning alone: its own keys only)
-    first: np.ndarray  # (keys + 1,) int32 (int64 for a window of 2^31 accesses or more)
-    pos: np.ndarray  # (window,) as first
-    starts: np.ndarray  # (epochs in window + 1,) int64
+    base: int  # the first key (a rank planning alone: its own keys only)
+    table: np.ndarray  # (keys, 2) int64, moved forward in place by the planner
+    end: int  # the first epoch past the window
+
+    @property
+    def limit(self) -> int:
+        """The first global position past the window."""
+        return self.end << EPOCH_SHIFT
 
     @classmethod
     def of(cls, epoch: int, pairs: list[np.ndarray], base: int, keys: int) -> LaterUses:
-        """The index of the window whose epochs' keys, in order, are ``pairs``, all within
-        ``base .. base + keys - 1``."""
-        starts = np.zeros(len(pairs) + 1, np.int64)
-        np.cumsum([p.size for p in pairs], out=starts[1:])
-        # (one epoch's keys are used as they are: no copy of the window, 8 B per access)
-        window = pairs[0] if len(pairs) == 1 else np.concatenate(pairs) if pairs else \
-            np.zeros(0, np.int64)  # fmt: skip
-        if window.size and (window.min() < base or window.max() >= base + keys):
-            raise SolarError(f"page mates: the trace names keys outside {base}..{base + keys - 1}"
-                             " (a sampler's rank_epoch gave another rank's batches?)")  # fmt: skip
-        # Offsets and positions within the window: int32 while it holds fewer than 2^31
-        # accesses (4 B per key, P·N of them without affinity, and 4 B per access).
-        dt = np.int32 if window.size < 2**31 else np.int64
-        first = np.zeros(keys + 1, dt)
-        pos = np.empty(window.size, dt)
-        _group_positions(window, np.int64(base), first, pos)
-        return cls(epoch, base, first, pos, starts)
+        """The table of the window whose epochs' keys, in order, are ``pairs`` (from epoch
+        ``epoch`` on), all within ``base .. base + keys - 1``."""
+        table = np.full((keys, 2), -1, np.int64)
+        # Latest epoch first, each backwards: a key's earliest access is written last.
+        for e in range(len(pairs) - 1, -1, -1):
+            if not _first_uses(pairs[e], np.int64(base), np.int64(epoch + e) << EPOCH_SHIFT,
+                               table):  # fmt: skip
+                raise SolarError(f"page mates: the trace names keys outside {base}.."
+                                 f"{base + keys - 1} (a sampler's rank_epoch gave another "
+                                 "rank's batches?)")  # fmt: skip
+        return cls(epoch, base, table, epoch + len(pairs))
 
 
 @njit(cache=True, nogil=True)
-def _group_positions(window, base, first, pos):
-    """Counting sort of window positions by key: ``first`` (keys + 1, zeroed) becomes the
-    offsets, ``pos`` the positions, each key's ascending."""
-    for i in range(window.shape[0]):
-        first[window[i] - base + 1] += 1
-    for v in range(1, first.shape[0]):
-        first[v] += first[v - 1]
-    fill = first[:-1].copy()
-    for i in range(window.shape[0]):
-        v = window[i] - base
-        pos[fill[v]] = i
-        fill[v] += 1
-
-
-@njit(cache=True, inline="always")
-def next_after(v, w, first, pos, starts, epoch):
-    """Key ``v``'s (indexed from the index's ``base``) first use at window position ``w`` or
-    later, as a global position (``(epoch << EPOCH_SHIFT) + index``), or -1 if none."""
-    lo, hi = first[v], first[v + 1]
-    while lo < hi:  # the first position >= w
-        mid = (lo + hi) // 2
-        if pos[mid] < w:
-            lo = mid + 1
-        else:
-            hi = mid
-    if lo == first[v + 1]:
-        return -1
-    p = pos[lo]
-    e = 0
-    while starts[e + 1] <= p:
-        e += 1
-    return ((epoch + e) << EPOCH_SHIFT) + (p - starts[e])
+def _first_uses(pair, base, start, table):
+    """``table[pair[i] - base, NEXT]`` = ``start + i``, the earliest i last; False (``table``
+    partly written) if a key lies outside it."""
+    n = table.shape[0]
+    for i in range(pair.shape[0] - 1, -1, -1):
+        v = pair[i] - base
+        if v < 0 or v >= n:
+            return False
+        table[v, NEXT] = start + i
+    return True
 
 
 @njit(cache=True, inline="always")

@@ -149,7 +149,8 @@ class TraceOrder:
         counts = np.zeros((steps, world), np.int32)
         stamp = np.full(run.num_samples, -1, np.int64)  # per call: epochs are drawn in threads
         n = _distinct(ids, offsets, world, stamp, 0, sample, rank, counts)
-        sample, rank = sample[:n].copy(), rank[:n].copy()
+        if n < ids.size:  # (a sampler's batches of distinct ids, as a neighbour sampler's,
+            sample, rank = sample[:n].copy(), rank[:n].copy()  # are kept as they are)
         bounds = np.zeros(steps + 1, np.int64)
         np.cumsum(counts.sum(axis=1), out=bounds[1:])
         pair = rank.astype(np.int64)  # rank * N + sample, in place: no temporaries
@@ -213,7 +214,7 @@ class TraceOrder:
         return nus[0]
 
     def later_uses(self, k: int) -> LaterUses:
-        """Every use of every key in epoch ``k`` and the next (within the horizon;
+        """Each key's first use in epoch ``k`` and the next (within the horizon;
         :mod:`solar.schedule.draw.pagemates`): when a row not accessed now is next used. Raises
         SolarError if a rank planning alone was given another rank's keys."""
         end = min(self.run.epochs, k + min(self.horizon, LOOK_AHEAD) + 1)

@@ -25,7 +25,7 @@ from numba import njit
 
 from solar.config import BufferConfig, RunConfig
 from solar.schedule.draw.order import sample_dtype, step_bounds
-from solar.schedule.draw.pagemates import mates_of, next_after, with_sides
+from solar.schedule.draw.pagemates import NEXT, SEEN, mates_of, with_sides
 from solar.schedule.keep.assign import assign_affinity, assign_balanced, step_caps
 from solar.schedule.keep.maxheap import ARITY, empty_heaps, rekey, sift_down, sift_up
 from solar.schedule.policy import (
@@ -283,13 +283,14 @@ def _grown(a):
 
 
 # Fields of ``_trace_steps``'s page ``layout`` (int64): where rows lie (pagemates.PageLayout),
-# N, the epoch planned, its first global step, and the first key of the index ``later``.
-_OFFSET, _ROW, _PAGE, _N, _EPOCH, _K0, _BASE = range(7)
+# N, the first global position past the window of ``later``, the epoch's first global step, and
+# the first key of ``later``.
+_OFFSET, _ROW, _PAGE, _N, _LIMIT, _K0, _BASE = range(7)
 
 
 @njit(cache=True, inline="always")
-def _mates(seq, sample, flags, a, b, t, world, seg_counts, layout, later, state, holder, hslot,
-           key, heap, cells, side, m):  # fmt: skip
+def _mates(seq, sample, flags, a, b, t, world, seg_counts, layout, later, page_stamp, holder,
+           hslot, key, heap, cells, side, m):  # fmt: skip
     """Offer step ``t``'s page mates (accesses ``[a, b)``) to each rank's buffer
     (pagemates.py): a row wholly inside a page the rank reads now, not accessed by it now and
     not held, is admitted, as a read is, if its next use is sooner than the farthest held; at
@@ -299,15 +300,13 @@ def _mates(seq, sample, flags, a, b, t, world, seg_counts, layout, later, state,
     if key.shape[1] == 0:
         return m, side  # no buffer to offer them to
     offset, row_bytes, page, n = layout[_OFFSET], layout[_ROW], layout[_PAGE], layout[_N]
-    first, pos, starts = later
-    page_stamp, row_stamp = state
+    keys = later.shape[0]
+    now = layout[_K0] + t
     seg_id, side_sample, side_slot = side
     p = a
     for r in range(world):
         q = p + seg_counts[r]
-        tag = (layout[_K0] + t) * world + r
-        for i in range(p, q):
-            row_stamp[sample[i]] = tag
+        tag = now * world + r
         room = m + seg_counts[r]  # side rows up to the batch's own length
         for i in range(p, q):
             if m == room:
@@ -326,11 +325,12 @@ def _mates(seq, sample, flags, a, b, t, world, seg_counts, layout, later, state,
                     if m == room:
                         break
                     v = seq[i] - x + y  # rank r's key of sample y
-                    if row_stamp[y] == tag or holder[v] >= 0:
-                        continue
-                    nxt = next_after(v - layout[_BASE], b, first, pos, starts, layout[_EPOCH])
-                    if nxt < 0 or nxt >= key[r, 0]:
-                        continue  # the buffer holds only sooner uses
+                    w = v - layout[_BASE]
+                    if w < 0 or w >= keys or later[w, SEEN] == now or holder[v] >= 0:
+                        continue  # accessed by the rank now, or held
+                    nxt = later[w, NEXT]  # its first use past this step
+                    if nxt < 0 or nxt >= layout[_LIMIT] or nxt >= key[r, 0]:
+                        continue  # not used within the window, or the buffer holds sooner
                     if m == side_sample.shape[0]:
                         seg_id, side_sample, side_slot = (_grown(seg_id), _grown(side_sample),
                                                           _grown(side_slot))  # fmt: skip
@@ -342,12 +342,23 @@ def _mates(seq, sample, flags, a, b, t, world, seg_counts, layout, later, state,
     return m, (seg_id, side_sample, side_slot)
 
 
+@njit(cache=True, inline="always")
+def _passed(seq, nu, a, b, base, now, later):
+    """Global step ``now``'s accesses ``[a, b)`` are passed: each key's first use not yet
+    passed (pagemates.LaterUses) becomes its next use, and the key is marked seen now."""
+    for i in range(a, b):
+        w = seq[i] - base
+        if 0 <= w < later.shape[0]:
+            later[w, NEXT] = nu[i]
+            later[w, SEEN] = now
+
+
 @njit(cache=True, nogil=True)
 def _trace_steps(
     seq, nu, sample, rank, bounds, counts, tiered,  # one epoch of a trace: (rank, sample) ids
     holder, hslot, key, heap, rkey, rheap, cells,  # state, carried across calls
     slot_out, tslot_out, flags,  # outputs
-    layout, later, stamps, side,  # page mates (layout empty: none), see _mates
+    layout, later, page_stamp, side,  # page mates (layout empty: none), see _mates
 ):  # fmt: skip
     """Belady over a sampler's trace: the sampler chose who serves each access (``rank``), and
     an id names a (rank, sample) pair, so an id held is held by the rank serving it: a hit.
@@ -357,7 +368,8 @@ def _trace_steps(
     accesses are reordered: a step's accesses are a set, the runtime puts each in its batch
     row), their keys become their next uses, and only then are the reads admitted or bypassed.
     Then, given a page ``layout``, the rows sharing pages with the reads are offered
-    (:func:`_mates`). Returns the side rows kept: their count and ``side``.
+    (:func:`_mates`), their next uses read from ``later`` (pagemates.LaterUses.table, moved
+    forward here step by step). Returns the side rows kept: their count and ``side``.
     """
     scratch = np.empty(_longest(bounds), np.int64)
     m = 0
@@ -377,12 +389,14 @@ def _trace_steps(
                          heap, rkey, rheap, cells)  # fmt: skip
         else:
             _ram_step(seq, nu, a, b, rank, slot_out, flags, holder, hslot, key, heap, cells)
+            if layout.shape[0]:
+                _passed(seq, nu, a, b, layout[_BASE], layout[_K0] + k, later)
             # The run's first step is read before its plan is made (Reads.start_first in
             # solar/runtime/reads.py): no page mates there, they would be read apart from its
             # pages.
             if layout.shape[0] and layout[_K0] + k > 0:
                 m, side = _mates(seq, sample, flags, a, b, k, counts.shape[1], counts[k],
-                                 layout, later, stamps, holder, hslot, key, heap, cells, side,
+                                 layout, later, page_stamp, holder, hslot, key, heap, cells, side,
                                  m)  # fmt: skip
     return m, side
 
@@ -513,12 +527,12 @@ class TracePolicy(SolarPolicy):
     def __init__(self, run: RunConfig, buffer: BufferConfig, order: Any) -> None:
         super().__init__(run, buffer, order)
         self.pages = order.pages  # where rows lie, to keep their page mates (PlanSpec.pages)
-        self._stamps = (np.zeros(0, np.int64), np.zeros(0, np.int64))
+        self._stamps = np.zeros(0, np.int64)
         if self.pages is not None:
             p = self.pages
             pages_n = (p.offset + run.num_samples * p.row_bytes) // p.page + 1
-            # Stamps of the (step, rank) that last read each page and accessed each sample.
-            self._stamps = (np.full(pages_n, -1, np.int64), np.full(run.num_samples, -1, np.int64))
+            # Stamps of the (step, rank) that last read each page (LaterUses marks the keys).
+            self._stamps = np.full(pages_n, -1, np.int64)
 
     def contents(self, r: int) -> np.ndarray:
         ids = self.occupant[r].astype(np.int64)
@@ -535,13 +549,15 @@ class TracePolicy(SolarPolicy):
         )  # fmt: skip
         tslot = out.tslot if self.tier else np.empty(0, np.int32)
         none = np.zeros(0, np.int64)
-        layout, later = none, (none, none, none)
+        layout, later = none, np.zeros((0, 2), np.int64)
         if self.pages is not None:
             p, uses = self.pages, self.order.later_uses(k)
-            layout = np.array([p.offset, p.row_bytes, p.page, self.run.num_samples, uses.epoch,
+            layout = np.array([p.offset, p.row_bytes, p.page, self.run.num_samples, uses.limit,
                                k * self.run.steps_per_epoch, uses.base], np.int64)  # fmt: skip
-            later = (uses.first, uses.pos, uses.starts)
-        room = 0 if self.pages is None else n // 4 + 16  # side rows: grown as kept
+            later = uses.table
+        # Side rows: room for half the accesses (~a third are kept at a 10 % buffer), grown
+        # if more are; memory is only touched as rows are kept.
+        room = 0 if self.pages is None else n // 2 + 16
         side = (np.empty(room, np.int64), np.empty(room, np.int64), np.empty(room, np.int32))
         m, side = _trace_steps(
             seq, next_use, trace.sample, trace.rank, trace.bounds, trace.counts, self.tier > 0,

@@ -397,15 +397,14 @@ def plan_memory(spec: PlanSpec, keep_all: bool = False) -> PlanMemory:
         need += 16 * run.world_size * run.num_samples  # per-(rank, sample) tables
     held = 1
     if spec.traced:  # the trace over the horizon (solar.schedule.draw.traces)
-        from solar.schedule.draw.pagemates import LOOK_AHEAD
         from solar.schedule.draw.traces import BYTES_PER_ACCESS, default_horizon
 
         h = default_horizon(run, spec.sampler) if spec.horizon is None else spec.horizon
         held = min(h, run.epochs - 1) + 1
         need += BYTES_PER_ACCESS * per_epoch * held
-        if spec.pages is not None:  # page mates: a key index and its window, side rows
-            window = per_epoch * (min(h, LOOK_AHEAD, run.epochs - 1) + 1)
-            need += 16 * run.world_size * run.num_samples + 8 * window + 20 * per_epoch
+        if spec.pages is not None:  # page mates: a next use and a stamp per key, page stamps
+            # (a page holds 2 rows or more), side rows
+            need += (16 * run.world_size + 4) * run.num_samples + 20 * per_epoch
     return PlanMemory(int(need), int(accesses), int(per_epoch), held, estimated)
 
 
