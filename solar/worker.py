@@ -1,11 +1,14 @@
 """A preprocessing worker: the steps it owns of its trainers' plan, read, transformed, sent.
 
 ``solar worker HOST:PORT`` (or :func:`serve`) joins the trainers at their store, takes the
-job (plan spec, data, transform) and plans each served trainer's steps as that trainer does
-(a :class:`~solar.runtime.steps.Steps` of the trainer's rank: the same pure plan). Then, in
-step order over its trainers, within each trainer's credit: read the step's samples, transform
-them with the trainer's generators, send the rows. It ends when every trainer is done or gone;
-a trainer that dies costs the others nothing.
+job (plan spec, data, transform) and plans, for each served trainer, the buffer of the steps it
+owns of that trainer (solar/schedule/draw/members.py: the same planner, fed the trainer's
+trace masked to this worker's steps; a buffer per (worker, trainer) pair). Then, in step order
+over its trainers, within each trainer's credit: its hits gathered from that buffer, its misses
+read, its admissions stored (the holdings stage of a Loader's rank), the rows transformed with
+the trainer's generators and sent. Where the trainer's batches depend on its whole buffer's
+plan (Shuffle over several ranks) it reads every row of its steps, unplanned. It ends when
+every trainer is done or gone; a trainer that dies costs the others nothing.
 """
 
 from __future__ import annotations
@@ -20,12 +23,17 @@ from typing import Any
 import numpy as np
 
 from solar._cpu import cpu_share
+from solar.cache.slots import SlotBuffer
 from solar.io.reader import Reader
 from solar.remote import Remote
-from solar.remote.link import DONE, HEAD, WorkerLink, digest, mac, owner
+from solar.remote.link import DONE, HEAD, WorkerLink, digest, mac
+from solar.runtime.holdings import Alone, Holdings, RawRefill
 from solar.runtime.steps import Steps
 from solar.runtime.workers import TransformPool
+from solar.schedule.draw.members import member_spec, owner
+from solar.schedule.plans.rankplan import StepPlan
 from solar.schedule.plans.stream import RankStream
+from solar.schedule.policy import slot_count
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +46,7 @@ class Served:
     rank: int
     group: Any  # the pair's gloo group (trainer 0, worker 1)
     steps: Steps
+    holdings: Holdings | None  # its buffer of this trainer's steps (None: rows read unplanned)
     workers: list[int]  # the trainer's workers: who owns which step
     changed: threading.Condition
     position: int = -1  # steps below it are no longer wanted (-1: no credit yet)
@@ -76,6 +85,8 @@ class WorkerReport:
     sent: dict[int, int]
     rows: int = 0
     seconds: float = 0.0
+    hits: int = 0  # rows taken from its buffers
+    reads: int = 0  # rows read from storage (misses; and refills)
 
 
 def serve(address: str, threads: int | None = None, wait_s: float = 600.0,
@@ -95,10 +106,15 @@ def serve(address: str, threads: int | None = None, wait_s: float = 600.0,
     pool = TransformPool(transform, job["seed"], info.keys, out_keys,
                          threads or cpu_share(1))  # fmt: skip
     changed = threading.Condition()
-    served = {
-        r: Served(r, g, Steps(spec, r, RankStream(spec, r)), link.live[r], changed)
-        for r, g in link.groups.items()
-    }  # fmt: skip
+    served, streams = {}, []
+    ram = dataclasses.replace(spec, buffer=dataclasses.replace(spec.buffer, tier=0))  # its own
+    for r, g in link.groups.items():
+        mine = member_spec(ram, r, int(job["keep"]), tuple(link.live[r]), link.id) \
+            if job.get("members") else None  # fmt: skip
+        streams.append(RankStream(mine or spec, r))
+        steps = Steps(spec, r, streams[-1])
+        held = None if mine is None else _holdings(steps, reader)
+        served[r] = Served(r, g, steps, held, link.live[r], changed)
     for s in served.values():
         threading.Thread(target=s.credits, daemon=True, name=f"solar-credits-{s.rank}").start()
     t0 = time.perf_counter()
@@ -110,6 +126,8 @@ def serve(address: str, threads: int | None = None, wait_s: float = 600.0,
         report.sent = {r: s.sent for r, s in every.items()}
         pool.close()
         reader.close()
+        for st in streams:
+            st.close()
     return report
 
 
@@ -139,7 +157,7 @@ def _loop(me: int, served: dict[int, Served], job: dict, reader: Reader, pool: T
             if k >= end or k >= limit:
                 continue  # no credit (or its run's steps are all sent): wait for the trainer
             try:
-                report.rows += _send(s, k, reader, pool, job, secret)
+                report.rows += _send(s, k, reader, pool, job, secret, report)
             except RuntimeError:  # the pair broke: the trainer died
                 del served[r]
                 continue
@@ -160,19 +178,15 @@ def _last_word(s: Served) -> None:
 
 
 def _send(s: Served, k: int, reader: Reader, pool: TransformPool, job: dict,
-          secret: bytes) -> int:  # fmt: skip
-    """Read, transform and send step ``k`` of trainer ``s``; returns its rows."""
+          secret: bytes, report: WorkerReport) -> int:  # fmt: skip
+    """Read (from its buffer where it keeps them), transform and send step ``k`` of trainer
+    ``s``; returns its rows."""
     import torch
 
-    s.steps.enter(k)
-    plan = s.steps.plan(k)
+    plan, raw = _assemble(s, k, reader, pool, report)
     n = plan.size
-    rows = np.arange(n)
-    task = s.steps.transform_job(k, plan, rows)
-    cap = max(n, s.steps.served_rows())
-    raw = pool.staging(reader.info.keys, cap)
-    out = pool.staging(job["out_keys"], cap)
-    reader.read(plan.samples, raw, rows)
+    task = s.steps.transform_job(k, plan, np.arange(n))
+    out = pool.staging(job["out_keys"], len(raw[0]))
     futures = pool.submit(raw, out, task)
     wait(futures)
     for f in futures:
@@ -184,3 +198,49 @@ def _send(s: Served, k: int, reader: Reader, pool: TransformPool, job: dict,
     for d in data:
         s.group.send([torch.from_numpy(d)], 0, 2).wait()
     return n
+
+
+def _assemble(s: Served, k: int, reader: Reader, pool: TransformPool,
+              report: WorkerReport) -> tuple[StepPlan, list[np.ndarray]]:  # fmt: skip
+    """Step ``k``'s plan and raw rows of trainer ``s`` (the pool's staging rows): read (no
+    buffer), or its hits gathered, its misses read and its updates applied, the buffer brought
+    to step ``k`` first: the steps between applied (another member's: nothing), or, an epoch or
+    more behind or after a seek back, refilled."""
+    steps, held = s.steps, s.holdings
+    if held is None:
+        steps.enter(k)
+        plan = steps.plan(k)
+        raw = pool.staging(reader.info.keys, max(plan.size, steps.served_rows()))
+        reader.read(plan.samples, raw, np.arange(plan.size))
+        report.reads += plan.size
+        return plan, raw
+    if not 0 <= held.at <= k or k - held.at >= steps.spe:
+        steps.enter(k)
+        cells, _ = steps.refill_at(k)
+        held.refill(k)
+        report.reads += cells.size
+    while True:  # the steps it skipped (another member's, or late): their updates, not sent
+        j = held.at
+        steps.enter(j)
+        plan = steps.plan(j)
+        raw = pool.staging(reader.info.keys, max(plan.rows_needed, steps.served_rows()))
+        held.gather(plan, raw)
+        reads, rows = plan.storage_reads()
+        if reads.size:
+            reader.read(reads, raw, rows)
+        held.settle(j, plan, raw)
+        report.hits += plan.hit_rows.size
+        report.reads += reads.size
+        if j == k:
+            return plan, raw
+
+
+def _holdings(steps: Steps, reader: Reader) -> Holdings:
+    """A buffer of this worker's steps of one trainer: RAM slots as the trainer's spec gives
+    them (no tier)."""
+    slots = slot_count(steps.run, steps.spec.buffer)
+    buffer = SlotBuffer(slots, reader.info.keys)
+    alone = Alone(buffer.arrays, None)
+    rows = steps.spec.buffer.cap(steps.run.batch_size)
+    return Holdings(buffer, None, steps, RawRefill(reader, buffer, None, reader.info.keys, rows,
+                                                   alone), alone)  # fmt: skip

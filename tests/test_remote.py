@@ -20,7 +20,8 @@ from transform_fns import crop_flip_noise, shrink
 
 from solar import Loader, SolarError
 from solar.remote import Remote
-from solar.remote.link import owner, pairs
+from solar.remote.link import pairs
+from solar.schedule.draw.members import owner
 from solar.transform import Transform
 from solar.worker import serve
 
@@ -148,6 +149,10 @@ def test_a_worker_killed_mid_epoch_costs_no_sample(data):
             assert np.array_equal(np.sort(np.concatenate(seen)), np.arange(N)), e
         (fig,) = stats.remote.values()
         assert fig.lost and fig.steps >= 5  # epoch 0 and the start of epoch 1 delivered
+        # Every step the worker's (keep=0): the trainer plans no buffer, reads nothing of
+        # its own; what the worker did not deliver it read from storage, outside any buffer.
+        assert stats.totals().reads == 0
+        assert fig.read + fig.rows == 3 * N and fig.read > 0
     finally:
         ld.close()
         ref.close()
@@ -367,3 +372,59 @@ def test_a_worker_that_hangs_is_taken_for_lost(data, monkeypatch):
         ref.close()
     worker.join(30)
     assert not worker.is_alive()
+
+
+def _planned_reads(spec, member: int, keep: int = 1) -> tuple[int, int]:
+    """Rows member ``member`` of rank 0's plan reads and hits, over the run (its own plan)."""
+    from solar.runtime.steps import Steps
+    from solar.schedule.draw.members import member_spec
+    from solar.schedule.plans.stream import RankStream
+
+    stream = RankStream(member_spec(spec, 0, keep, (0,), member), 0)
+    steps, reads, hits = Steps(spec, 0, stream), 0, 0
+    try:
+        for k in range(spec.run.num_steps):
+            steps.enter(k)
+            plan = steps.plan(k)
+            if steps.owns(k):
+                reads += plan.read_rows.size
+                hits += plan.hit_rows.size
+            else:  # another member's: nothing read or kept here
+                assert plan.read_rows.size == plan.hit_rows.size == plan.admit_rows.size == 0
+    finally:
+        stream.close()
+    return reads, hits
+
+
+def test_each_member_reads_only_its_own_steps_planned_misses_and_keeps_its_rows(data):
+    """1 trainer, 1 worker, 3 epochs (keep=1: every other step the worker's): the bytes are
+    the local ones; the trainer reads from storage exactly the planned misses of its own
+    steps (the worker's steps' rows are neither read nor kept here), fewer than alone; the
+    worker serves its steps from its own buffer (hits > 0) and reads its planned misses."""
+    from solar.schedule.draw.members import TRAINER
+
+    address = free_address()
+    worker = start_worker(address)
+    ld, ref = _pair(data, address, 3, wait_s=60)
+    try:
+        for e in range(3):
+            ld.set_epoch(e)
+            ref.set_epoch(e)
+            for a, b in zip(ld, ref, strict=True):
+                for k in b:
+                    assert np.array_equal(a[k].numpy(), b[k].numpy()), (e, k)
+        (fig,) = ld.stats.remote.values()
+        assert fig.steps == 16 and fig.late == 0 and fig.read == 0  # 16 of 33 steps
+        mine, _ = _planned_reads(ld.spec, TRAINER)
+        assert ld.stats.totals().reads == mine
+        assert 0 < mine < ref.stats.totals().reads  # alone it reads every step's misses
+        theirs, hits = _planned_reads(ld.spec, 0)
+        assert hits > 0
+    finally:
+        ld.close()
+        ref.close()
+    out, err = worker.communicate(timeout=60)
+    assert worker.returncode == 0, err
+    got = re.search(r"(\d+) rows from its buffer, (\d+) read", out)
+    assert got is not None, out
+    assert (int(got[1]), int(got[2])) == (hits, theirs)

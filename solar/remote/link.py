@@ -59,15 +59,6 @@ def pairs(trainers: int, workers: int) -> list[tuple[int, int]]:
     return sorted((w % trainers, w) for w in range(workers))
 
 
-def owner(k: int, keep: int, workers: list[int]) -> int | None:
-    """Who transforms step ``k`` of a trainer served by ``workers`` (live, sorted): None for the
-    trainer itself (``keep`` steps of every ``keep + len(workers)``), else a worker."""
-    if not workers:
-        return None
-    p = k % (keep + len(workers))
-    return None if p < keep else workers[p - keep]
-
-
 def digest(samples: np.ndarray, repeat: np.ndarray) -> int:
     """A step's identity on the wire: its samples and their repeats, in batch order."""
     h = hashlib.blake2b(np.ascontiguousarray(samples, np.int64).tobytes(), digest_size=8)

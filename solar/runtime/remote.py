@@ -16,15 +16,19 @@ import hmac
 import queue
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from solar.errors import SolarError
-from solar.remote.link import DONE, HEAD, TrainerLink, digest, mac, owner
+from solar.remote.link import DONE, HEAD, TrainerLink, digest, mac
 from solar.runtime.setup import Setup
+from solar.runtime.steps import Steps
 from solar.runtime.workers import TransformPool
+from solar.schedule.draw.members import TRAINER, member_spec, owner
+from solar.schedule.spec import PlanSpec
 from solar.transform import Rows
 
 # Consecutive steps of a worker transformed here because late before it is taken for hung
@@ -40,6 +44,7 @@ class WorkerFigures:
     rows: int = 0
     bytes: int = 0
     late: int = 0  # steps of its that the trainer transformed (not delivered in time)
+    read: int = 0  # rows of its steps the trainer read from storage to transform them
     refused: int = 0  # deliveries not the trainer's step (digest) or not signed (the key)
     lost: bool = False  # its pair broke (it died), or it hung: its steps are the trainer's
     behind: int = 0  # its steps late in a row
@@ -54,53 +59,84 @@ class _Pending:
     future: Future = field(default_factory=Future)
 
 
-def _done(futures: list[Future], target: Future) -> None:
-    """Resolve ``target`` with the busy seconds of ``futures`` once all are done."""
+def _after(futures: list[Future], then: Callable[[Future], None]) -> None:
+    """Call ``then`` once every one of ``futures`` is done (with the last one)."""
     left = [len(futures)]
     lock = threading.Lock()
 
-    def one(_: Future) -> None:
+    def one(f: Future) -> None:
         with lock:
             left[0] -= 1
             if left[0]:
                 return
+        then(f)
+
+    if not futures:
+        then(Future())
+    for f in futures:
+        f.add_done_callback(one)
+
+
+def _done(futures: list[Future], target: Future) -> None:
+    """Resolve ``target`` with the busy seconds of ``futures`` once all are done."""
+
+    def then(_: Future) -> None:
         errors = [f.exception() for f in futures if f.exception() is not None]
         if errors:
             target.set_exception(errors[0])
         else:
             target.set_result(sum(f.result() for f in futures))
 
-    if not futures:
-        target.set_result(0.0)
-    for f in futures:
-        f.add_done_callback(one)
+    _after(futures, then)
+
+
+def meet(setup: Setup) -> TrainerLink | None:
+    """This trainer's meeting with its workers (a collective of the trainers), before its plan
+    is made: who owns which step follows from the workers that paired. None without remote."""
+    spec = setup.transform
+    if spec is None or spec.remote is None:
+        return None
+    if setup.shared or setup.holds_transformed:
+        why = "a buffer per host" if setup.shared else "a deterministic transform's rows held"
+        raise SolarError(f"transform remote=: not with {why} (yet): pass "
+                         "MemoryConfig(share='rank') or deterministic=False")  # fmt: skip
+    remote = spec.remote
+    job = {
+        "spec": setup.spec, "info": setup.info, "out_keys": setup.out_keys,
+        "transform": dataclasses.replace(spec, remote=None),  # (never the key)
+        "seed": setup.run.seed, "world": setup.world_size, "keep": remote.keep,
+        "reader": dataclasses.replace(setup.config, direct_io=setup.reader.direct_io),
+        "members": setup.given is None,  # each member plans its own buffer (not a plan given)
+    }  # fmt: skip
+    module = getattr(spec.fn, "__module__", None)
+    return TrainerLink(remote, setup.rank, setup.world_size, setup.comm, job, module)
+
+
+def trainer_spec(setup: Setup, link: TrainerLink) -> PlanSpec | None:
+    """The plan of this trainer's own buffer, over the steps it keeps, or None: every step's
+    rows read here (its batches depend on its buffer's plan, or a plan is given)."""
+    if setup.given is not None:
+        return None
+    return member_spec(setup.spec, setup.rank, link.remote.keep, tuple(sorted(link.groups)),
+                       TRAINER)  # fmt: skip
 
 
 class RemoteTransforms(TransformPool):
     """This trainer's transform pool with its workers' deliveries in front of it."""
 
-    def __init__(self, setup: Setup, spe: int, cap: int) -> None:
+    def __init__(self, setup: Setup, link: TrainerLink, steps: Steps) -> None:
         spec = setup.transform
         assert spec is not None and spec.remote is not None
-        if setup.shared or setup.holds_transformed:
-            why = "a buffer per host" if setup.shared else "a deterministic transform's rows held"
-            raise SolarError(f"transform remote=: not with {why} (yet): pass "
-                             "MemoryConfig(share='rank') or deterministic=False")  # fmt: skip
         super().__init__(spec, setup.run.seed, setup.info.keys, setup.out_keys, setup.cores)
-        remote = self.remote = spec.remote
-        self.spe, self.cap = spe, cap  # cap: rows a step may have
-        job = {
-            "spec": setup.spec, "info": setup.info, "out_keys": setup.out_keys,
-            "transform": dataclasses.replace(spec, remote=None),  # (never the key)
-            "seed": setup.run.seed, "world": setup.world_size, "keep": remote.keep,
-            "reader": dataclasses.replace(setup.config, direct_io=setup.reader.direct_io),
-        }  # fmt: skip
-        module = getattr(spec.fn, "__module__", None)
-        self.link = link = TrainerLink(remote, setup.rank, setup.world_size, setup.comm, job,
-                                       module)  # fmt: skip
+        self.remote, self.link = spec.remote, link
+        self.spe, self.cap = steps.spe, steps.served_rows()  # cap: rows a step may have
+        # Each member keeps its own steps' rows (a mode of the plan, decided at construction):
+        # a worker's step is not read here, so transforming it here reads it first, outside
+        # the buffer (the reader's executor: the one that reads every row of this process).
+        self.reader = setup.reader if steps.member is not None else None
         self.figures = {w: WorkerFigures() for w in link.groups}
         self._lock = threading.Lock()
-        self._roster = sorted(link.groups)  # who owns which step: fixed for the run
+        self._roster = sorted(link.groups)  # who owns which step: fixed for the run (the plan's)
         self._live = list(self._roster)
         self._lost: dict[int, Future] = {w: Future() for w in self._roster}  # its pair broke
         self._pending: dict[int, _Pending] = {}
@@ -127,8 +163,10 @@ class RemoteTransforms(TransformPool):
             # A lost worker's steps are the trainer's (the others keep theirs: they never
             # learn of it).
             w = owner(k, self.remote.keep, self._roster)
-            if w is None or w not in self._live:
+            if w is None:
                 return super().submit(src, dst, job)
+            if w not in self._live:
+                return self._here(src, dst, job, w)
             p = _Pending(src, dst, job, w)
             assert k not in self._pending, f"step {k} submitted twice"
             got = self._stash.pop(k, None)
@@ -152,7 +190,7 @@ class RemoteTransforms(TransformPool):
             fig = self.figures[p.worker]
             fig.late, fig.behind = fig.late + 1, fig.behind + 1
             hung = fig.behind >= HUNG_AFTER * (1 if fig.steps else 4)
-        local = super().submit(p.src, p.dst, p.job)
+        local = self._here(p.src, p.dst, p.job, p.worker)
         _done(local, p.future)
         if hung:
             self._lose(p.worker)
@@ -164,6 +202,27 @@ class RemoteTransforms(TransformPool):
             dropped, self._pending = self._pending, {}
         for p in dropped.values():
             p.future.set_result(0.0)
+
+    def _here(self, src: list[np.ndarray], dst: list[np.ndarray], job: Rows,
+              w: int) -> list[Future]:  # fmt: skip
+        """Worker ``w``'s step transformed here: with each member keeping its own steps, its
+        rows read first, from storage, outside the buffer (no plan of this trainer's keeps
+        them)."""
+        if self.reader is None:
+            return super().submit(src, dst, job)
+        self.figures[w].read += int(job.rows.size)
+        reads = self.reader.submit(job.samples, src, job.rows)
+        target: Future = Future()
+
+        def transform(_: Future) -> None:
+            errors = [f.exception() for f in reads if f.exception() is not None]
+            if errors:
+                target.set_exception(errors[0])
+            else:
+                _done(TransformPool.submit(self, src, dst, job), target)
+
+        _after(reads, transform)
+        return [target]
 
     # -- credits and deliveries -------------------------------------------------------------
     def _credit(self, k: int) -> None:
@@ -246,7 +305,7 @@ class RemoteTransforms(TransformPool):
         mine = dig == digest(p.job.samples, p.job.repeat)
         if not (signed and mine) or any(r.shape[0] != n for r in rows):
             fig.refused += 1  # not this trainer's step, or not signed: transformed here
-            _done(super().submit(p.src, p.dst, p.job), p.future)
+            _done(self._here(p.src, p.dst, p.job, p.worker), p.future)
             return
         t0 = time.perf_counter()
         for dst, got in zip(p.dst, rows, strict=True):
@@ -269,7 +328,7 @@ class RemoteTransforms(TransformPool):
             for k in mine:
                 del self._pending[k]
         for p in mine.values():
-            _done(super().submit(p.src, p.dst, p.job), p.future)
+            _done(self._here(p.src, p.dst, p.job, p.worker), p.future)
 
     def close(self) -> None:
         """Tell the workers this trainer is done, wait for its threads, stop the pool."""
