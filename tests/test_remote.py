@@ -203,11 +203,15 @@ def test_a_worker_whose_trainers_never_come_says_so_in_one_line(capsys):
     assert "nothing serves the workers' store" in err
 
 
-@pytest.mark.parametrize(("launcher", "n_workers"), [("mpiexec", 2), ("torchrun", 1)])
-def test_two_trainers_and_their_workers_either_launcher(data, launcher, n_workers):
+@pytest.mark.parametrize(("launcher", "n_workers", "sampler"),
+                         [("mpiexec", 2, "shuffle"), ("torchrun", 1, "shuffle"),
+                          ("mpiexec", 2, "split"), ("torchrun", 1, "split")])  # fmt: skip
+def test_two_trainers_and_their_workers_either_launcher(data, launcher, n_workers, sampler):
     """2 trainers (mpiexec or torchrun), 2 or 1 workers started apart (one each, or one
     serving both trainers): batches byte-identical to local transforms, each sample once per
-    epoch over the ranks, every trainer's worker delivering."""
+    epoch over the ranks, every trainer's worker delivering. Each rank's batch its own
+    (``split``): each trainer reads fewer rows than alone (its own steps' misses); Shuffle,
+    whose batches the planner splits, as many."""
     exe = MPIEXEC if launcher == "mpiexec" else TORCHRUN
     if not exe.exists():
         pytest.skip(f"no {exe.name} beside python")
@@ -215,11 +219,11 @@ def test_two_trainers_and_their_workers_either_launcher(data, launcher, n_worker
     workers = [start_worker(address) for _ in range(n_workers)]
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     job = run_job(exe, 2, [str(ROOT / "tests" / "mpi" / "remote.py"), str(data), address,
-                           str(n_workers), "2"], 240, env)  # fmt: skip
+                           str(n_workers), "2", sampler], 240, env)  # fmt: skip
     outs = [w.communicate(timeout=60) for w in workers]
     assert job.returncode == 0, job.stderr
     for r in range(2):
-        got = re.search(rf"rank {r}: ok, workers \[(\d)\], delivered (\d+)", job.ranks[r][0])
+        got = re.search(rf"rank {r}: ok, workers \[(\d)\], delivered (\d+), read", job.ranks[r][0])
         assert got is not None, job.ranks[r]
         assert int(got[1]) == r % n_workers and int(got[2]) > 0
     for w, (_, err) in zip(workers, outs, strict=True):
