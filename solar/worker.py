@@ -17,6 +17,7 @@ import dataclasses
 import logging
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import wait
 from typing import Any
 
@@ -30,7 +31,7 @@ from solar.remote.link import DONE, HEAD, WorkerLink, digest, mac
 from solar.runtime.holdings import Alone, Holdings, RawRefill
 from solar.runtime.steps import Steps
 from solar.runtime.workers import TransformPool
-from solar.schedule.draw.members import member_spec, owner
+from solar.schedule.draw.members import Roster, member_spec, owner, workers_in
 from solar.schedule.plans.rankplan import StepPlan
 from solar.schedule.plans.stream import RankStream
 from solar.schedule.policy import slot_count
@@ -45,9 +46,10 @@ class Served:
 
     rank: int
     group: Any  # the pair's gloo group (trainer 0, worker 1)
-    steps: Steps
-    holdings: Holdings | None  # its buffer of this trainer's steps (None: rows read unplanned)
-    workers: list[int]  # the trainer's workers: who owns which step
+    # Its plan of this trainer's steps (a roster: the trainer's workers by epoch, who owns
+    # which step) -> (stream, steps, buffer: None where it reads rows unplanned).
+    planned: Callable[[int, Roster], tuple[RankStream, Steps, Holdings | None]]
+    roster: dict[int, tuple[int, ...]]  # the trainer's workers by epoch (as rank 0 decided)
     changed: threading.Condition
     position: int = -1  # steps below it are no longer wanted (-1: no credit yet)
     limit: int = 0  # steps from it on not yet
@@ -55,6 +57,32 @@ class Served:
     next: int = 0  # the next step to look at
     last: int = -1  # the position last looked at (below it: the trainer went back)
     sent: int = 0  # steps sent
+
+    def __post_init__(self) -> None:
+        self.stream, self.steps, self.holdings = self.planned(self.rank, self.rosters())
+
+    def rosters(self) -> Roster:
+        return tuple(sorted(self.roster.items()))
+
+    def owner(self, k: int, keep: int) -> int | None:
+        """Who owns step ``k`` of this trainer, as far as this worker knows."""
+        return owner(k, keep, workers_in(self.rosters(), k // self.steps.spe))
+
+    def learn(self, e: int, members: Callable[[int], dict[int, list[int]] | None]) -> None:
+        """Epoch ``e``'s workers of this trainer, once trainer rank 0 has decided them; where
+        this worker's steps change, its buffer of them is planned again (then refilled)."""
+        if e == 0 or e in self.roster:
+            return
+        got = members(e)
+        if got is None:
+            return  # not yet: the last workers known meanwhile
+        before = workers_in(self.rosters(), e)
+        self.roster[e] = tuple(got.get(self.rank, []))
+        if self.roster[e] != before:
+            self.next = min(self.next, e * self.steps.spe)  # its steps there looked at again
+            if self.holdings is not None:
+                self.stream.close()
+                self.stream, self.steps, self.holdings = self.planned(self.rank, self.rosters())
 
     def credits(self) -> None:
         """Take the trainer's credits until it is done or its pair breaks."""
@@ -106,34 +134,37 @@ def serve(address: str, threads: int | None = None, wait_s: float = 600.0,
     pool = TransformPool(transform, job["seed"], info.keys, out_keys,
                          threads or cpu_share(1))  # fmt: skip
     changed = threading.Condition()
-    served, streams = {}, []
     ram = dataclasses.replace(spec, buffer=dataclasses.replace(spec.buffer, tier=0))  # its own
-    for r, g in link.groups.items():
-        mine = member_spec(ram, r, int(job["keep"]), tuple(link.live[r]), link.id) \
+
+    def planned(r: int, roster: Roster) -> tuple[RankStream, Steps, Holdings | None]:
+        mine = member_spec(ram, r, int(job["keep"]), roster, link.id) \
             if job.get("members") else None  # fmt: skip
-        streams.append(RankStream(mine or spec, r))
-        steps = Steps(spec, r, streams[-1])
-        held = None if mine is None else _holdings(steps, reader)
-        served[r] = Served(r, g, steps, held, link.live[r], changed)
+        stream = RankStream(mine or spec, r)
+        steps = Steps(spec, r, stream)
+        return stream, steps, None if mine is None else _holdings(steps, reader)
+
+    served = {r: Served(r, g, planned, {0: tuple(link.live[r])}, changed)
+              for r, g in link.groups.items()}  # fmt: skip
     for s in served.values():
         threading.Thread(target=s.credits, daemon=True, name=f"solar-credits-{s.rank}").start()
     t0 = time.perf_counter()
     every = dict(served)
     try:
-        _loop(link.id, served, job, reader, pool, report, link.key)
+        _loop(link, served, job, reader, pool, report)
     finally:
         report.seconds = time.perf_counter() - t0
         report.sent = {r: s.sent for r, s in every.items()}
         pool.close()
         reader.close()
-        for st in streams:
-            st.close()
+        for s in every.values():
+            s.stream.close()
     return report
 
 
-def _loop(me: int, served: dict[int, Served], job: dict, reader: Reader, pool: TransformPool,
-          report: WorkerReport, secret: bytes) -> None:  # fmt: skip
+def _loop(link: WorkerLink, served: dict[int, Served], job: dict, reader: Reader,
+          pool: TransformPool, report: WorkerReport) -> None:  # fmt: skip
     """Round robin over the trainers: each one's next owned step within its credit."""
+    me, secret = link.id, link.key
     keep, end = int(job["keep"]), int(job["spec"].run.num_steps)
     changed = next(iter(served.values())).changed if served else threading.Condition()
     while served:
@@ -150,8 +181,15 @@ def _loop(me: int, served: dict[int, Served], job: dict, reader: Reader, pool: T
             if position < s.last:  # the trainer went back (a seek): its steps are wanted again
                 s.next = position
             s.last = position
-            k = max(s.next, position)
-            while k < end and owner(k, keep, s.workers) != me:
+            k, e = max(s.next, position), -1
+            while k < min(end, limit):
+                if k // s.steps.spe != e:  # (a new epoch's workers, once decided)
+                    e, before = k // s.steps.spe, s.next
+                    s.learn(e, link.members)
+                    if s.next < before:  # its steps changed: looked at again from there
+                        k = max(s.next, position)
+                if s.owner(k, keep) == me:
+                    break
                 k += 1
             s.next = k
             if k >= end or k >= limit:

@@ -33,6 +33,7 @@ import json
 import os
 import pickle
 import socket
+import threading
 import time
 from typing import Any
 
@@ -42,7 +43,10 @@ from solar.errors import SolarError, first_line
 from solar.remote import Remote
 
 JOB, COUNT, ROSTER = "solar-remote/job", "solar-remote/count", "solar-remote/roster"
-LIVE = "solar-remote/live/"  # + a trainer's rank: its workers that paired (json)
+LIVE = "solar-remote/live/"  # + a trainer's rank: its workers that paired, still live (json)
+# + an epoch: every trainer's workers in it (json {rank: workers}), decided by trainer rank 0
+# as it starts the epoch (each trainer's live workers then), read by everyone.
+EPOCH = "solar-remote/epoch/"
 KEY_ENV = "SOLAR_REMOTE_KEY"
 HEAD = 7  # a delivery's header: step, rows, digest, HMAC-SHA256 as 4 int64
 DONE = -1  # a credit's position: the trainer serves no more
@@ -196,9 +200,33 @@ class TrainerLink:
             except RuntimeError:  # it died before pairing: served without it
                 continue
         # Who owns which step follows from the workers that paired: they read it here.
-        self.store.set(f"{LIVE}{rank}", json.dumps(sorted(self.groups)))
+        self.world = world
+        self._lock = threading.Lock()  # the store's client, from the receivers' threads too
+        self.lost(list(self.groups))
         if comm is not None and comm.Get_size() > 1:
             comm.Barrier()  # rank 0's store lives on: every trainer has its pairs
+
+    def lost(self, live: list[int]) -> None:
+        """This trainer's workers still live (one was lost): trainer rank 0 reads them as it
+        starts the next epoch."""
+        with self._lock:
+            if self.store is not None:
+                self.store.set(f"{LIVE}{self.rank}", json.dumps(sorted(live)))
+
+    def members(self, epoch: int) -> dict[int, list[int]]:
+        """Every trainer's workers in ``epoch`` (> 0): decided by trainer rank 0 as it starts
+        it, once (each trainer's live workers then), waited for by the others."""
+        where = f"{EPOCH}{epoch}"
+        with self._lock:
+            if self.rank == 0 and not self.store.check([where]):
+                live = {r: json.loads(self.store.get(f"{LIVE}{r}")) for r in range(self.world)}
+                self.store.set(where, json.dumps(live))
+            try:
+                got = self.store.get(where)
+            except RuntimeError as exc:  # rank 0 never said: it failed (the job is ending)
+                raise SolarError(f"Remote {self.remote.address}: no workers of epoch {epoch} "
+                                 f"from trainer rank 0 ({first_line(exc)})") from None  # fmt: skip
+        return {int(r): w for r, w in json.loads(got).items()}
 
     def close(self) -> None:
         """Release the pairs and the store (rank 0: its port)."""
@@ -208,7 +236,8 @@ class TrainerLink:
             except RuntimeError:
                 pass
         self.groups.clear()
-        self.store = None
+        with self._lock:
+            self.store = None
 
 
 def _wait_for(store: Any, n: int, seconds: float) -> int:
@@ -249,3 +278,11 @@ class WorkerLink:
         except RuntimeError as exc:
             raise SolarError(f"{where}: a trainer did not say its workers "
                              f"({first_line(exc)})") from None  # fmt: skip
+
+    def members(self, epoch: int) -> dict[int, list[int]] | None:
+        """Every trainer's workers in ``epoch``, once trainer rank 0 has decided them (None:
+        not yet; the worker goes on with the last it knows)."""
+        where = f"{EPOCH}{epoch}"
+        if not self.store.check([where]):
+            return None
+        return {int(r): w for r, w in json.loads(self.store.get(where)).items()}

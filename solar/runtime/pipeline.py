@@ -56,6 +56,8 @@ class Pipeline:
         self.pool = pool
         self._comm = comm  # with equal batches the other ranks wait for this one's rows
         self._served = (-1, 0.0)  # the last step served, and when
+        # Transform(remote=): its epochs' members (who owns which step) come from trainer rank 0.
+        self.remote = pool if isinstance(pool, RemoteTransforms) else None
 
     @property
     def tier(self) -> TierFile | None:
@@ -88,6 +90,7 @@ class Pipeline:
         with abort_job_on_error(self._comm):
             if k % self.steps.spe == 0:  # an epoch's start: the files are still the data's
                 self.queue.reads.reader.check_files()
+                self._members(k // self.steps.spe)
             self.seek(k)  # if another iterator (or a failed step) moved the buffer elsewhere
             if k == 0 and self.holdings.at == 0:  # nothing held: where the run's mode says,
                 self.queue.start_first()  # the first step's reads, while its plan is made
@@ -106,6 +109,18 @@ class Pipeline:
                 raise
             del io  # the raw rows go back to their pool
             return self.delivery.batch(k, rows)
+
+    def _members(self, e: int) -> None:
+        """Epoch ``e``'s members of this trainer's plan (preprocessing workers: who owns which
+        step), as trainer rank 0 decided them; where this trainer's own buffer is planned
+        again, the work under way (of the old plan) is dropped and the buffer refilled."""
+        stream = None if self.remote is None else self.remote.epoch(e)
+        if stream is None:
+            return
+        self.assembly.drain()
+        self.queue.drain()
+        self.steps.retrace(stream)
+        self.holdings.lose()  # (seek refills it to the new plan)
 
     def _record(self, k: int, io: InFlight, rows: Delivered, began: float) -> None:
         """Step ``k``'s figures, each from the stage that wrote it."""

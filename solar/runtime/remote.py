@@ -27,7 +27,8 @@ from solar.remote.link import DONE, HEAD, TrainerLink, digest, mac
 from solar.runtime.setup import Setup
 from solar.runtime.steps import Steps
 from solar.runtime.workers import TransformPool
-from solar.schedule.draw.members import TRAINER, member_spec, owner
+from solar.schedule.draw.members import TRAINER, Roster, member_spec, owner, workers_in
+from solar.schedule.plans.stream import RankStream
 from solar.schedule.spec import PlanSpec
 from solar.transform import Rows
 
@@ -117,8 +118,8 @@ def trainer_spec(setup: Setup, link: TrainerLink) -> PlanSpec | None:
     rows read here (its batches depend on its buffer's plan, or a plan is given)."""
     if setup.given is not None:
         return None
-    return member_spec(setup.spec, setup.rank, link.remote.keep, tuple(sorted(link.groups)),
-                       TRAINER)  # fmt: skip
+    return member_spec(setup.spec, setup.rank, link.remote.keep,
+                       ((0, tuple(sorted(link.groups))),), TRAINER)  # fmt: skip
 
 
 class RemoteTransforms(TransformPool):
@@ -128,7 +129,7 @@ class RemoteTransforms(TransformPool):
         spec = setup.transform
         assert spec is not None and spec.remote is not None
         super().__init__(spec, setup.run.seed, setup.info.keys, setup.out_keys, setup.cores)
-        self.remote, self.link = spec.remote, link
+        self.remote, self.link, self.setup = spec.remote, link, setup
         self.spe, self.cap = steps.spe, steps.served_rows()  # cap: rows a step may have
         # Each member keeps its own steps' rows (a mode of the plan, decided at construction):
         # a worker's step is not read here, so transforming it here reads it first, outside
@@ -136,9 +137,12 @@ class RemoteTransforms(TransformPool):
         self.reader = setup.reader if steps.member is not None else None
         self.figures = {w: WorkerFigures() for w in link.groups}
         self._lock = threading.Lock()
-        self._roster = sorted(link.groups)  # who owns which step: fixed for the run (the plan's)
-        self._live = list(self._roster)
-        self._lost: dict[int, Future] = {w: Future() for w in self._roster}  # its pair broke
+        # Who owns which step: this trainer's workers by epoch, as trainer rank 0 decides them
+        # at each epoch's start (from 0: those that paired); a later epoch has the last's.
+        self._roster: dict[int, tuple[int, ...]] = {0: tuple(sorted(link.groups))}
+        self._plans: list[RankStream] = []  # this trainer's plans made since (closed with it)
+        self._live = sorted(link.groups)
+        self._lost: dict[int, Future] = {w: Future() for w in self._live}  # its pair broke
         self._pending: dict[int, _Pending] = {}
         self._stash: dict[int, tuple[int, bool, list[np.ndarray]]] = {}  # came before asked
         self._position = -1  # the step being served (credits count from it)
@@ -160,9 +164,9 @@ class RemoteTransforms(TransformPool):
         if self._position < 0:
             self._credit(k)  # the first step asked for: the workers start from it
         with self._lock:
-            # A lost worker's steps are the trainer's (the others keep theirs: they never
-            # learn of it).
-            w = owner(k, self.remote.keep, self._roster)
+            # A lost worker's steps are the trainer's until the next epoch divides them among
+            # the workers still live.
+            w = owner(k, self.remote.keep, workers_in(self._rosters(), job.epoch))
             if w is None:
                 return super().submit(src, dst, job)
             if w not in self._live:
@@ -175,6 +179,30 @@ class RemoteTransforms(TransformPool):
                 return [p.future]
         self._deliver(k, p, *got)
         return [p.future]
+
+    def _rosters(self) -> Roster:
+        return tuple(sorted(self._roster.items()))
+
+    def epoch(self, e: int) -> RankStream | None:
+        """Epoch ``e`` starts: its workers as trainer rank 0 decided them (every trainer's
+        live workers at its start: a worker lost in the epoch before is no longer one, its
+        steps divided among the others). With each member keeping its own steps, a new plan
+        of this trainer's buffer where they changed (None: the same plan)."""
+        if e == 0 or not self.figures:  # (no worker ever paired: nothing to decide)
+            return None
+        mine = tuple(w for w in self.link.members(e).get(self.link.rank, []) if w in self.figures)
+        with self._lock:
+            before = workers_in(self._rosters(), e)
+            self._roster[e] = mine
+            if before == mine or self.reader is None:
+                return None
+            roster = self._rosters()
+        setup = self.setup
+        spec = member_spec(setup.spec, setup.rank, self.remote.keep, roster, TRAINER)
+        assert spec is not None  # (the mode is the run's: a roster from epoch 0 with workers)
+        packing = None if setup.pack is None else setup.pack.model
+        self._plans.append(RankStream(spec, setup.rank, packing=packing))
+        return self._plans[-1]
 
     def due(self, k: int, futures: list[Future]) -> list[Future]:
         """Step ``k`` is served now: its worker's rows within ``wait_s``, else transformed
@@ -327,6 +355,8 @@ class RemoteTransforms(TransformPool):
             mine = {k: p for k, p in self._pending.items() if p.worker == w}
             for k in mine:
                 del self._pending[k]
+            live = list(self._live)
+        self.link.lost(live)  # (rank 0 divides its steps at the next epoch's start)
         for p in mine.values():
             _done(self._here(p.src, p.dst, p.job, p.worker), p.future)
 
@@ -342,4 +372,6 @@ class RemoteTransforms(TransformPool):
         for t in self._links:  # a worker's last header ends its receiver
             t.join(max(0.0, deadline - time.monotonic()))
         self.link.close()
+        for plan in self._plans:
+            plan.close()
         super().close()

@@ -50,6 +50,12 @@ class Steps:
         self._drawn = stream.drawn if own else None
         self._served = self._drawn if extras_of(spec.sampler) is not NO_EXTRAS else None
 
+    def retrace(self, stream: RankStream) -> None:
+        """A member's buffer planned again (its epoch's members changed: solar/remote): the
+        steps from now on are ``stream``'s (the holdings refill to it)."""
+        assert self.member is not None and isinstance(stream.spec.sampler, MemberTrace)
+        self._stream, self.member = stream, stream.spec.sampler
+
     def enter(self, k: int) -> None:
         """Step ``k`` is served next: planned now if it must be (waiting for the planner),
         and the window's epochs before it dropped. The only trim of the window."""

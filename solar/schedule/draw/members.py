@@ -41,24 +41,39 @@ def owner(k: int, keep: int, workers: list[int] | tuple[int, ...]) -> int | None
     return None if p < keep else workers[p - keep]
 
 
+Roster = tuple[tuple[int, tuple[int, ...]], ...]  # (first epoch, workers) by epoch, sorted
+
+
+def workers_in(roster: Roster, epoch: int) -> tuple[int, ...]:
+    """The workers of ``roster`` in ``epoch``: those of its last entry at or before it."""
+    got: tuple[int, ...] = ()
+    for first, workers in roster:
+        if first > epoch:
+            break
+        got = workers
+    return got
+
+
 class MemberTrace(Sampler):
     """The steps of trainer ``rank`` that ``member`` owns (:data:`TRAINER`, or a worker's
-    number) when ``keep`` and ``workers`` share them (:func:`owner`): ``base``'s batches of
-    the rank there, every other batch empty."""
+    number) when ``keep`` and the workers of each epoch (``roster``) share them
+    (:func:`owner`): ``base``'s batches of the rank there, every other batch empty. Epochs
+    not in the roster yet are taken to have its last entry's workers (a later entry is a new
+    trace: its members plan again)."""
 
     kind = "member"
     affinity = False
 
-    def __init__(self, base: Sampler, rank: int, keep: int, workers: tuple[int, ...],
-                 member: int) -> None:  # fmt: skip
+    def __init__(self, base: Sampler, rank: int, keep: int, roster: Roster, member: int,
+                 spe: int) -> None:  # fmt: skip
         self.base, self.rank, self.keep = base, rank, keep
-        self.workers, self.member = tuple(workers), member
+        self.roster, self.member, self.spe = roster, member, spe
         self.horizon = base.horizon
         self._base: Kept[EpochDraws] = Kept(3)  # planner and runtime ask alike
 
     def owns(self, k: int) -> bool:
         """Whether global step ``k`` of the trainer is this member's."""
-        w = owner(k, self.keep, self.workers)
+        w = owner(k, self.keep, workers_in(self.roster, k // self.spe))
         return (w is None) if self.member == TRAINER else w == self.member
 
     def base_epoch(self, run: RunConfig, epoch: int) -> EpochDraws:
@@ -90,22 +105,23 @@ class MemberTrace(Sampler):
 
     def identity(self) -> dict[str, Any]:
         return {"kind": self.kind, "base": self.base.identity(), "rank": self.rank,
-                "keep": self.keep, "workers": list(self.workers),
+                "keep": self.keep, "roster": [[e, list(w)] for e, w in self.roster],
                 "member": self.member}  # fmt: skip
 
 
-def member_spec(spec: PlanSpec, rank: int, keep: int, workers: tuple[int, ...],
+def member_spec(spec: PlanSpec, rank: int, keep: int, roster: Roster,
                 member: int) -> PlanSpec | None:  # fmt: skip
     """The plan of ``member``'s buffer over trainer ``rank``'s steps it owns (``spec``: the
-    trainer's run), or None where the trainer's batches depend on its buffer's plan (Shuffle
+    trainer's run; ``roster``: its workers by epoch, from epoch 0), or None where the run
+    starts without workers, or where the trainer's batches depend on its buffer's plan (Shuffle
     over several ranks, a sampler with affinity or equal batches) or its sampler delivers
     more than rows: there every member reads its steps' rows unplanned."""
     base = spec.sampler
     fixed = spec.run.world_size == 1 and not spec.reorder_epochs if is_shuffle(base) \
         else not spec.affinity  # fmt: skip
-    if not fixed or spec.equal_batches or extras_of(base) is not NO_EXTRAS or not workers:
+    if not fixed or spec.equal_batches or extras_of(base) is not NO_EXTRAS or not roster[0][1]:
         return None
-    trace = MemberTrace(base, rank, keep, workers, member)
+    trace = MemberTrace(base, rank, keep, roster, member, spec.run.steps_per_epoch)
     # The trainer's policy where it plans a trace (Belady, ``solar``, where it does not).
     policy = spec.policy if spec.policy in TRACE_POLICIES and not spec.buffer.tier else "solar"
     return dataclasses.replace(spec, sampler=trace, policy=policy, pages=None)
