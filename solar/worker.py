@@ -39,6 +39,9 @@ from solar.schedule.policy import slot_count
 log = logging.getLogger(__name__)
 
 
+Planned = Callable[[int, Roster], tuple[RankStream, Steps, "Holdings | None"]]
+
+
 @dataclasses.dataclass
 class Served:
     """One trainer as its worker sees it; ``credits`` (a thread: gloo's operations complete
@@ -48,7 +51,7 @@ class Served:
     group: Any  # the pair's gloo group (trainer 0, worker 1)
     # Its plan of this trainer's steps (a roster: the trainer's workers by epoch, who owns
     # which step) -> (stream, steps, buffer: None where it reads rows unplanned).
-    planned: Callable[[int, Roster], tuple[RankStream, Steps, Holdings | None]]
+    planned: Planned
     roster: dict[int, tuple[int, ...]]  # the trainer's workers by epoch (as rank 0 decided)
     changed: threading.Condition
     position: int = -1  # steps below it are no longer wanted (-1: no credit yet)
@@ -124,9 +127,9 @@ def serve(address: str, threads: int | None = None, wait_s: float = 600.0,
     ``key``: the trainers' secret (default: ``$SOLAR_REMOTE_KEY``)."""
     link = WorkerLink(Remote(address, key=key), wait_s)
     report = WorkerReport(link.id, {})
-    if link.late:
-        log.warning("solar worker %d: the trainers started without it", link.id)
-        return report
+    if link.late:  # given trainers at an epoch's start, if it comes before they are done
+        log.info("solar worker %d: the trainers started without it: it waits for an epoch's "
+                 "start", link.id)  # fmt: skip
     job = link.job
     spec, info, out_keys = job["spec"], job["info"], job["out_keys"]
     transform = dataclasses.replace(job["transform"], processes=False, remote=None)
@@ -143,31 +146,59 @@ def serve(address: str, threads: int | None = None, wait_s: float = 600.0,
         steps = Steps(spec, r, stream)
         return stream, steps, None if mine is None else _holdings(steps, reader)
 
-    served = {r: Served(r, g, planned, {0: tuple(link.live[r])}, changed)
-              for r, g in link.groups.items()}  # fmt: skip
-    for s in served.values():
-        threading.Thread(target=s.credits, daemon=True, name=f"solar-credits-{s.rank}").start()
+    served: dict[int, Served] = {}
+    every: list[Served] = []  # (a trainer served again has two)
+    for r, g in link.groups.items():
+        _serving(Served(r, g, planned, {0: tuple(link.live[r])}, changed), served, every)
     t0 = time.perf_counter()
-    every = dict(served)
     try:
-        _loop(link, served, job, reader, pool, report)
+        _loop(link, served, job, reader, pool, report, every, planned, changed)
     finally:
         report.seconds = time.perf_counter() - t0
-        report.sent = {r: s.sent for r, s in every.items()}
+        for s in every:
+            report.sent[s.rank] = report.sent.get(s.rank, 0) + s.sent
         pool.close()
         reader.close()
-        for s in every.values():
+        for s in every:
             s.stream.close()
     return report
 
 
+def _serving(s: Served, served: dict[int, Served], every: list[Served]) -> None:
+    """Serve trainer ``s`` from now on: its credits taken by a thread of their own."""
+    served[s.rank] = s
+    every.append(s)
+    threading.Thread(target=s.credits, daemon=True, name=f"solar-credits-{s.rank}").start()
+
+
+def _given(link: WorkerLink, served: dict[int, Served], every: list[Served], seen: int,
+           planned: Planned, changed: threading.Condition) -> int:  # fmt: skip
+    """The trainers that took this worker at the last epoch's start trainer rank 0 decided
+    (after ``seen``), paired now; returns that epoch."""
+    e = link.latest()
+    got = link.members(e) if e > seen else None
+    if got is None:
+        return seen
+    for r, workers in sorted(got.items()):
+        if link.id not in workers or r in served:
+            continue
+        group = link.pair(e, r)
+        if group is not None:
+            _serving(Served(r, group, planned, {0: (), e: tuple(workers)}, changed), served,
+                     every)  # fmt: skip
+    return e
+
+
 def _loop(link: WorkerLink, served: dict[int, Served], job: dict, reader: Reader,
-          pool: TransformPool, report: WorkerReport) -> None:  # fmt: skip
-    """Round robin over the trainers: each one's next owned step within its credit."""
+          pool: TransformPool, report: WorkerReport, every: list[Served], planned: Planned,
+          changed: threading.Condition) -> None:  # fmt: skip
+    """Round robin over the trainers: each one's next owned step within its credit; at an
+    epoch's start, the trainers that take it. Until the trainers are done."""
     me, secret = link.id, link.key
     keep, end = int(job["keep"]), int(job["spec"].run.num_steps)
-    changed = next(iter(served.values())).changed if served else threading.Condition()
-    while served:
+    seen = link.latest()
+    while served or not link.finished():
+        seen = _given(link, served, every, seen, planned, changed)
         moved = False
         for r, s in list(served.items()):
             with changed:

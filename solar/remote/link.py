@@ -47,6 +47,9 @@ LIVE = "solar-remote/live/"  # + a trainer's rank: its workers that paired, stil
 # + an epoch: every trainer's workers in it (json {rank: workers}), decided by trainer rank 0
 # as it starts the epoch (each trainer's live workers then), read by everyone.
 EPOCH = "solar-remote/epoch/"
+LATEST = "solar-remote/latest"  # the last epoch decided (workers not paired yet look there)
+EVER = "solar-remote/ever"  # every worker ever given a trainer (json; rank 0 keeps it)
+FINISHED = "solar-remote/finished"  # trainer rank 0 is done: workers not paired end
 KEY_ENV = "SOLAR_REMOTE_KEY"
 HEAD = 7  # a delivery's header: step, rows, digest, HMAC-SHA256 as 4 int64
 DONE = -1  # a credit's position: the trainer serves no more
@@ -61,6 +64,15 @@ def pairs(trainers: int, workers: int) -> list[tuple[int, int]]:
     if workers <= trainers:
         return [(r, r % workers) for r in range(trainers)]
     return sorted((w % trainers, w) for w in range(workers))
+
+
+def assign(trainers: int, workers: list[int]) -> dict[int, list[int]]:
+    """Each trainer's workers when ``workers`` (sorted numbers) serve ``trainers``: as
+    :func:`pairs` divides as many."""
+    got: dict[int, list[int]] = {r: [] for r in range(trainers)}
+    for r, i in pairs(trainers, len(workers)):
+        got[r].append(workers[i])
+    return got
 
 
 def digest(samples: np.ndarray, repeat: np.ndarray) -> int:
@@ -163,11 +175,13 @@ def _reachable(host: str, port: int, seconds: float) -> None:
             time.sleep(0.1)
 
 
-def _pair(store: Any, trainer: int, worker: int, rank: int) -> Any:
-    """The two-rank gloo group of ``(trainer, worker)``; ``rank``: 0 the trainer, 1 the worker."""
+def _pair(store: Any, trainer: int, worker: int, rank: int, epoch: int = 0) -> Any:
+    """The two-rank gloo group of ``(trainer, worker)`` made at ``epoch``'s start; ``rank``: 0
+    the trainer, 1 the worker."""
     import torch.distributed as td
 
-    prefixed = td.PrefixStore(f"solar-remote/pair/{trainer}/{worker}/", store)
+    at = "" if epoch == 0 else f"{epoch}/"
+    prefixed = td.PrefixStore(f"solar-remote/pair/{at}{trainer}/{worker}/", store)
     return td.ProcessGroupGloo(prefixed, rank, 2, _FOREVER)
 
 
@@ -202,12 +216,12 @@ class TrainerLink:
         # Who owns which step follows from the workers that paired: they read it here.
         self.world = world
         self._lock = threading.Lock()  # the store's client, from the receivers' threads too
-        self.lost(list(self.groups))
+        self.live(list(self.groups))
         if comm is not None and comm.Get_size() > 1:
             comm.Barrier()  # rank 0's store lives on: every trainer has its pairs
 
-    def lost(self, live: list[int]) -> None:
-        """This trainer's workers still live (one was lost): trainer rank 0 reads them as it
+    def live(self, live: list[int]) -> None:
+        """This trainer's workers now (one was lost, or came): trainer rank 0 reads them as it
         starts the next epoch."""
         with self._lock:
             if self.store is not None:
@@ -215,18 +229,43 @@ class TrainerLink:
 
     def members(self, epoch: int) -> dict[int, list[int]]:
         """Every trainer's workers in ``epoch`` (> 0): decided by trainer rank 0 as it starts
-        it, once (each trainer's live workers then), waited for by the others."""
+        it, once (:func:`assign`), waited for by the others."""
         where = f"{EPOCH}{epoch}"
         with self._lock:
             if self.rank == 0 and not self.store.check([where]):
-                live = {r: json.loads(self.store.get(f"{LIVE}{r}")) for r in range(self.world)}
-                self.store.set(where, json.dumps(live))
+                self.store.set(where, json.dumps(self._decide()))
+                self.store.set(LATEST, str(epoch))
             try:
                 got = self.store.get(where)
             except RuntimeError as exc:  # rank 0 never said: it failed (the job is ending)
                 raise SolarError(f"Remote {self.remote.address}: no workers of epoch {epoch} "
                                  f"from trainer rank 0 ({first_line(exc)})") from None  # fmt: skip
         return {int(r): w for r, w in json.loads(got).items()}
+
+    def _decide(self) -> dict[int, list[int]]:
+        """Rank 0: the workers live now (those every trainer still has, and those that came
+        since, never given a trainer) divided among the trainers."""
+        store = self.store
+        ever = set(json.loads(store.get(EVER))) if store.check([EVER]) else set(range(self.roster))
+        live = set().union(*(json.loads(store.get(f"{LIVE}{r}")) for r in range(self.world)))
+        came = set(range(int(store.add(COUNT, 0))))
+        workers = sorted((live & ever) | (came - ever))
+        store.set(EVER, json.dumps(sorted(ever | came)))
+        return assign(self.world, workers)
+
+    def pair(self, epoch: int, worker: int) -> Any:
+        """A new pair with ``worker``, given this trainer at ``epoch``'s start (None: it never
+        came: gone meanwhile)."""
+        try:
+            return _pair(self.store, self.rank, worker, 0, epoch)
+        except RuntimeError:
+            return None
+
+    def finish(self) -> None:
+        """Rank 0: the trainers are done; workers never given a trainer end."""
+        with self._lock:
+            if self.rank == 0 and self.store is not None:
+                self.store.set(FINISHED, "1")
 
     def close(self) -> None:
         """Release the pairs and the store (rank 0: its port)."""
@@ -286,3 +325,22 @@ class WorkerLink:
         if not self.store.check([where]):
             return None
         return {int(r): w for r, w in json.loads(self.store.get(where)).items()}
+
+    def latest(self) -> int:
+        """The last epoch whose workers trainer rank 0 decided (0: none since the start)."""
+        return int(self.store.get(LATEST)) if self.store.check([LATEST]) else 0
+
+    def finished(self) -> bool:
+        """Whether the trainers are done (or their store gone)."""
+        try:
+            return bool(self.store.check([FINISHED]))
+        except RuntimeError:
+            return True
+
+    def pair(self, epoch: int, trainer: int) -> Any:
+        """A new pair with ``trainer``, which took this worker at ``epoch``'s start (None: it
+        is gone)."""
+        try:
+            return _pair(self.store, trainer, self.id, 1, epoch)
+        except RuntimeError:
+            return None

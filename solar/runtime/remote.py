@@ -148,15 +148,9 @@ class RemoteTransforms(TransformPool):
         self._position = -1  # the step being served (credits count from it)
         self._outbox: dict[int, queue.SimpleQueue] = {w: queue.SimpleQueue() for w in self._live}
         self._closing = False
-        # Per worker: its deliveries received, its credits sent (gloo's operations complete in
-        # ``wait``: one blocking thread each way).
-        self._links = [
-            threading.Thread(target=fn, args=(w,), daemon=True, name=f"solar-remote-{w}")
-            for w in self._live
-            for fn in (self._receive, self._send_credits)
-        ]
-        for t in self._links:
-            t.start()
+        self._links: list[threading.Thread] = []
+        for w in self._live:
+            self._start(w)
 
     def submit(self, src: list[np.ndarray], dst: list[np.ndarray], job: Rows) -> list[Future]:
         """Transform ``job``'s rows into ``dst``: here, or by the step's worker."""
@@ -188,9 +182,9 @@ class RemoteTransforms(TransformPool):
         live workers at its start: a worker lost in the epoch before is no longer one, its
         steps divided among the others). With each member keeping its own steps, a new plan
         of this trainer's buffer where they changed (None: the same plan)."""
-        if e == 0 or not self.figures:  # (no worker ever paired: nothing to decide)
+        if e == 0:
             return None
-        mine = tuple(w for w in self.link.members(e).get(self.link.rank, []) if w in self.figures)
+        mine = self._join(e, self.link.members(e).get(self.link.rank, []))
         with self._lock:
             before = workers_in(self._rosters(), e)
             self._roster[e] = mine
@@ -203,6 +197,39 @@ class RemoteTransforms(TransformPool):
         packing = None if setup.pack is None else setup.pack.model
         self._plans.append(RankStream(spec, setup.rank, packing=packing))
         return self._plans[-1]
+
+    def _join(self, e: int, workers: list[int]) -> tuple[int, ...]:
+        """This trainer's ``workers`` of epoch ``e``: new pairs with those it does not hold
+        (joined since, or another trainer's before), those it no longer has told it is done
+        (their steps here); the workers it has of them."""
+        gone = [w for w in self._live if w not in workers]
+        for w in gone:
+            self._drop(w, lost=False)
+        for w in workers:
+            if w in self._live or (w in self.figures and self.figures[w].lost):
+                continue
+            group = self.link.pair(e, w)
+            if group is None:
+                continue  # gone meanwhile
+            self.link.groups[w] = group
+            with self._lock:
+                self.figures.setdefault(w, WorkerFigures())
+                self._lost[w], self._outbox[w] = Future(), queue.SimpleQueue()
+                self._live.append(w)
+                if self._position >= 0:
+                    self._outbox[w].put((self._position, self._position + self.remote.window))
+            self._start(w)
+        live = sorted(self._live)
+        self.link.live(live)
+        return tuple(w for w in workers if w in live)
+
+    def _start(self, w: int) -> None:
+        """Worker ``w``'s threads: its deliveries received, its credits sent (gloo's
+        operations complete in ``wait``: one blocking thread each way)."""
+        for fn in (self._receive, self._send_credits):
+            t = threading.Thread(target=fn, args=(w,), daemon=True, name=f"solar-remote-{w}")
+            self._links.append(t)
+            t.start()
 
     def due(self, k: int, futures: list[Future]) -> list[Future]:
         """Step ``k`` is served now: its worker's rows within ``wait_s``, else transformed
@@ -344,25 +371,33 @@ class RemoteTransforms(TransformPool):
 
     def _lose(self, w: int) -> None:
         """Worker ``w`` is gone: its pending steps are transformed here, and its steps from now
-        on are the trainer's."""
+        on are the trainer's (until the next epoch divides them among the workers live)."""
+        self._drop(w, lost=True)
+
+    def _drop(self, w: int, lost: bool) -> None:
+        """Worker ``w`` serves no more (``lost``: it died or hung; else another trainer has
+        it from this epoch on): told so, its pending steps transformed here."""
         with self._lock:
             if w not in self._live:
                 return
             self._live.remove(w)
-            self.figures[w].lost = True
-            self._lost[w].set_result(None)
+            if lost:
+                self.figures[w].lost = True
+                self._lost[w].set_result(None)
             self._outbox[w].put((DONE, DONE))  # its credit thread ends
             mine = {k: p for k, p in self._pending.items() if p.worker == w}
             for k in mine:
                 del self._pending[k]
             live = list(self._live)
-        self.link.lost(live)  # (rank 0 divides its steps at the next epoch's start)
+        if lost:
+            self.link.live(live)  # (rank 0 divides its steps at the next epoch's start)
         for p in mine.values():
             _done(self._here(p.src, p.dst, p.job, p.worker), p.future)
 
     def close(self) -> None:
         """Tell the workers this trainer is done, wait for its threads, stop the pool."""
         self._closing = True
+        self.link.finish()  # (rank 0: workers never given a trainer end)
         with self._lock:  # (not through _credit: DONE is also where credits start)
             self._position = DONE
             for w in self._live:

@@ -112,14 +112,19 @@ class MemberTrace(Sampler):
 def member_spec(spec: PlanSpec, rank: int, keep: int, roster: Roster,
                 member: int) -> PlanSpec | None:  # fmt: skip
     """The plan of ``member``'s buffer over trainer ``rank``'s steps it owns (``spec``: the
-    trainer's run; ``roster``: its workers by epoch, from epoch 0), or None where the run
-    starts without workers, or where the trainer's batches depend on its buffer's plan (Shuffle
+    trainer's run; ``roster``: its workers by epoch, from epoch 0), or None where it has no
+    worker, or where the trainer's batches depend on its buffer's plan (Shuffle
     over several ranks, a sampler with affinity or equal batches) or its sampler delivers
     more than rows: there every member reads its steps' rows unplanned."""
     base = spec.sampler
     fixed = spec.run.world_size == 1 and not spec.reorder_epochs if is_shuffle(base) \
         else not spec.affinity  # fmt: skip
-    if not fixed or spec.equal_batches or extras_of(base) is not NO_EXTRAS or not roster[0][1]:
+    if (
+        not fixed
+        or spec.equal_batches
+        or extras_of(base) is not NO_EXTRAS
+        or not any(w for _, w in roster)
+    ):
         return None
     trace = MemberTrace(base, rank, keep, roster, member, spec.run.steps_per_epoch)
     # The trainer's policy where it plans a trace (Belady, ``solar``, where it does not).
