@@ -196,7 +196,7 @@ def _loop(link: WorkerLink, served: dict[int, Served], job: dict, reader: Reader
     epoch's start, the trainers that take it. Until the trainers are done."""
     me, secret = link.id, link.key
     keep, end = int(job["keep"]), int(job["spec"].run.num_steps)
-    seen = link.latest()
+    seen = 0  # (the epochs decided before it got here, too)
     while served or not link.finished():
         seen = _given(link, served, every, seen, planned, changed)
         moved = False

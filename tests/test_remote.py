@@ -472,3 +472,83 @@ def test_a_lost_workers_steps_go_to_the_workers_still_live_from_the_next_epoch(d
     _, err = workers[1].communicate(timeout=60)
     assert workers[1].returncode == 0, err
     assert workers[0].returncode == -signal.SIGKILL
+
+
+def test_a_worker_joining_after_the_trainers_began_is_used_from_an_epoch_start(data):
+    """1 trainer with 1 worker (keep=0); a second worker started after epoch 0, registered
+    before epoch 1 starts: from epoch 1 the two share the steps (a pair made at its start),
+    the bytes are the local ones, every sample once per epoch."""
+    import torch.distributed as td
+
+    from solar.remote.link import COUNT
+
+    address = free_address()
+    first = start_worker(address)
+    ld, ref = _pair(data, address, 3, keep=0, wait_s=30)
+    later = None
+    try:
+        for e in range(3):
+            ld.set_epoch(e)
+            ref.set_epoch(e)
+            seen = []
+            for a, b in zip(ld, ref, strict=True):
+                for k in b:
+                    assert np.array_equal(a[k].numpy(), b[k].numpy()), (e, k)
+                seen.append(a["index"].numpy())
+            assert np.array_equal(np.sort(np.concatenate(seen)), np.arange(N)), e
+            if e == 0:  # it registers with the trainers' store before epoch 1 starts
+                later = start_worker(address)
+                host, port = address.rsplit(":", 1)
+                store = td.TCPStore(host, int(port), None, False, wait_for_workers=False)
+                while int(store.add(COUNT, 0)) < 2:
+                    assert later.poll() is None, later.communicate()
+        assert sorted(ld.stats.remote) == [0, 1]
+        old, new = ld.stats.remote[0], ld.stats.remote[1]
+        assert new.steps > 0 and not new.lost and not old.lost
+        assert old.steps + old.late < 3 * 11  # it no longer has every step
+    finally:
+        ld.close()
+        ref.close()
+    assert later is not None
+    for w in (first, later):
+        out, err = w.communicate(timeout=60)
+        assert w.returncode == 0, err
+    assert "rows sent to trainers [0]" in out
+
+
+def test_a_lost_workers_trainer_is_served_by_another_trainers_worker_from_the_next_epoch(data):
+    """2 trainers (mpiexec), a worker each; rank 0 kills its own worker (-9) in epoch 0 of 3:
+    once it is taken for lost (its steps late 4 in a row), from the next epoch's start the
+    worker still live serves both trainers (a pair made then), the bytes are the local ones,
+    every sample once per epoch over the ranks."""
+    import torch.distributed as td
+
+    from solar.remote.link import COUNT
+
+    if not MPIEXEC.exists():
+        pytest.skip("no mpiexec beside python")
+    address = free_address()
+    host, port = address.rsplit(":", 1)
+    first = start_worker(address)  # worker 0, rank 0's: registered before the second starts
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    argv = [str(ROOT / "tests" / "mpi" / "remote.py"), str(data), address, "2", "3", "split",
+            str(first.pid)]  # fmt: skip
+    done: list = []
+    job = threading.Thread(target=lambda: done.append(run_job(MPIEXEC, 2, argv, 240, env)))
+    job.start()
+    store = td.TCPStore(host, int(port), None, False, wait_for_workers=False)  # rank 0's
+    while int(store.add(COUNT, 0)) < 1:
+        assert first.poll() is None, first.communicate()
+    second = start_worker(address)
+    job.join(300)
+    (ran,) = done
+    said, err = second.communicate(timeout=60)
+    first.wait(timeout=30)
+    assert ran.returncode == 0, ran.stderr
+    assert second.returncode == 0, err
+    assert first.returncode == -signal.SIGKILL
+    # Rank 0: its worker 0 lost, worker 1 (rank 1's) serving it too from epoch 2.
+    got = re.search(r"rank 0: ok, workers \[0, 1\], delivered (\d+)", ran.ranks[0][0])
+    assert got is not None, ran.ranks[0]
+    assert re.search(r"rank 1: ok, workers \[1\], delivered [1-9]", ran.ranks[1][0])
+    assert "rows sent to trainers [0, 1]" in said, said  # (worker 1: both, from epoch 2)

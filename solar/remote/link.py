@@ -322,13 +322,20 @@ class WorkerLink:
         """Every trainer's workers in ``epoch``, once trainer rank 0 has decided them (None:
         not yet; the worker goes on with the last it knows)."""
         where = f"{EPOCH}{epoch}"
-        if not self.store.check([where]):
+        try:
+            if not self.store.check([where]):
+                return None
+            return {int(r): w for r, w in json.loads(self.store.get(where)).items()}
+        except RuntimeError:  # the store is gone: so are the trainers
             return None
-        return {int(r): w for r, w in json.loads(self.store.get(where)).items()}
 
     def latest(self) -> int:
-        """The last epoch whose workers trainer rank 0 decided (0: none since the start)."""
-        return int(self.store.get(LATEST)) if self.store.check([LATEST]) else 0
+        """The last epoch whose workers trainer rank 0 decided (0: none since the start; -1:
+        the trainers' store is gone)."""
+        try:
+            return int(self.store.get(LATEST)) if self.store.check([LATEST]) else 0
+        except RuntimeError:
+            return -1
 
     def finished(self) -> bool:
         """Whether the trainers are done (or their store gone)."""
