@@ -127,6 +127,27 @@ def test_a_trainer_with_a_worker_yields_the_bytes_it_would_transform_itself(data
     assert not [t for t in threading.enumerate() if t.name.startswith("solar-remote")]
 
 
+def _kill(worker: subprocess.Popen) -> None:
+    worker.send_signal(signal.SIGKILL)
+    worker.wait(timeout=30)
+
+
+def _compared(ld, ref, epochs: int, before) -> None:
+    """``epochs`` of ``ld`` against ``ref`` (transforming locally): every batch byte-identical,
+    every sample once per epoch; ``before(e, t)`` is called before step t of epoch e is
+    compared."""
+    for e in range(epochs):
+        ld.set_epoch(e)
+        ref.set_epoch(e)
+        seen = []
+        for t, (a, b) in enumerate(zip(ld, ref, strict=True)):
+            before(e, t)
+            for k in b:
+                assert np.array_equal(a[k].numpy(), b[k].numpy()), (e, t, k)
+            seen.append(a["index"].numpy())
+        assert np.array_equal(np.sort(np.concatenate(seen)), np.arange(N)), e
+
+
 def test_a_worker_killed_mid_epoch_costs_no_sample(data):
     """kill -9 of the worker in epoch 1 of 3: the run completes, every batch byte-identical to
     local transforms, every sample once per epoch; the trainer takes the worker's steps (read
@@ -136,18 +157,7 @@ def test_a_worker_killed_mid_epoch_costs_no_sample(data):
     ld, ref = _pair(data, address, 3, keep=0)  # every step the worker's while it lives
     stats = ld.stats
     try:
-        for e in range(3):
-            ld.set_epoch(e)
-            ref.set_epoch(e)
-            seen = []
-            for t, (a, b) in enumerate(zip(ld, ref, strict=True)):
-                if e == 1 and t == 4:
-                    worker.send_signal(signal.SIGKILL)
-                    worker.wait(timeout=30)
-                for k in b:
-                    assert np.array_equal(a[k].numpy(), b[k].numpy()), (e, t, k)
-                seen.append(a["index"].numpy())
-            assert np.array_equal(np.sort(np.concatenate(seen)), np.arange(N)), e
+        _compared(ld, ref, 3, lambda e, t: e == 1 and t == 4 and _kill(worker))
         (fig,) = stats.remote.values()
         assert fig.lost and fig.steps >= 5  # epoch 0 and the start of epoch 1 delivered
         # Every step the worker's (keep=0): the trainer plans no buffer, reads nothing of
@@ -414,12 +424,7 @@ def test_each_member_reads_only_its_own_steps_planned_misses_and_keeps_its_rows(
     worker = start_worker(address)
     ld, ref = _pair(data, address, 3, wait_s=60)
     try:
-        for e in range(3):
-            ld.set_epoch(e)
-            ref.set_epoch(e)
-            for a, b in zip(ld, ref, strict=True):
-                for k in b:
-                    assert np.array_equal(a[k].numpy(), b[k].numpy()), (e, k)
+        _compared(ld, ref, 3, lambda e, t: None)
         (fig,) = ld.stats.remote.values()
         assert fig.steps == 16 and fig.late == 0 and fig.read == 0  # 16 of 33 steps
         mine, _ = _planned_reads(ld.spec, TRAINER)
@@ -447,18 +452,7 @@ def test_a_lost_workers_steps_go_to_the_workers_still_live_from_the_next_epoch(d
     workers = [start_worker(address) for _ in range(2)]
     ld, ref = _pair(data, address, 3, workers=2, keep=0, wait_s=30)
     try:
-        for e in range(3):
-            ld.set_epoch(e)
-            ref.set_epoch(e)
-            seen = []
-            for t, (a, b) in enumerate(zip(ld, ref, strict=True)):
-                if e == 1 and t == 4:
-                    workers[0].send_signal(signal.SIGKILL)
-                    workers[0].wait(timeout=30)
-                for k in b:
-                    assert np.array_equal(a[k].numpy(), b[k].numpy()), (e, t, k)
-                seen.append(a["index"].numpy())
-            assert np.array_equal(np.sort(np.concatenate(seen)), np.arange(N)), e
+        _compared(ld, ref, 3, lambda e, t: e == 1 and t == 4 and _kill(workers[0]))
         (lost,), (live,) = ([f for f in ld.stats.remote.values() if f.lost is x]
                             for x in (True, False))  # fmt: skip
         assert lost.read > 0
