@@ -16,6 +16,14 @@ each epoch's seconds, the time lost against half an epoch with it and half alone
 cost x per sample on the receiving trainer and c on the sender, a trainer keeping
 ``keep`` of every ``keep + n`` steps reaches ``(keep + n) / max(keep * t + n * x, t + c)``
 samples/s (alone: 1/t); it is printed beside the measured ratio.
+
+Storage: every run starts with the file's pages evicted (posix_fadvise(DONTNEED),
+solar.io.pagecache.evict, as bench/loader_bench.py). Rows read from storage are counted per
+member: the trainer's (its buffer's misses, plus the worker's steps it had to read and
+transform itself) and the worker's (its own buffer's misses; the rows its buffer served).
+Alone, the trainer reads what it read with a worker before each member kept its own steps
+(the first step of issue 49 left the trainer's plan unchanged); with one, only its own steps'
+misses.
 """
 
 from __future__ import annotations
@@ -23,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import secrets
 import socket
 import subprocess
@@ -96,10 +105,12 @@ def run_solar(args, remote: bool) -> dict:
     from workers_bench import busy as fn  # pickled by reference: the worker imports it
 
     from solar import Loader
+    from solar.io.pagecache import evict
     from solar.remote import Remote
     from solar.transform import Transform
 
     pin(args.trainer_core)
+    evict(args.data)  # storage cold for every run
     worker = None
     r = None
     if remote:
@@ -107,11 +118,11 @@ def run_solar(args, remote: bool) -> dict:
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(HERE)]))
         worker = subprocess.Popen(["taskset", "-c", str(args.worker_core), sys.executable, "-m",
                                    "solar.cli", "worker", address, "--threads", "1"],
-                                  env=env, stdout=subprocess.DEVNULL)  # fmt: skip
+                                  env=env, stdout=subprocess.PIPE, text=True)  # fmt: skip
         r = Remote(address, keep=1, window=8)
     t = Transform(fn, workers=1, remote=r)
-    ld = Loader(args.data, batch_size=args.batch, epochs=args.epochs, buffer=args.batch, seed=0,
-                rank=0, world_size=1, transform=t)  # fmt: skip
+    ld = Loader(args.data, batch_size=args.batch, epochs=args.epochs, buffer=args.buffer,
+                seed=0, rank=0, world_size=1, transform=t)  # fmt: skip
     if args.mode == "fault":
         assert worker is not None
         return killed(ld, worker, args.epochs)
@@ -119,10 +130,18 @@ def run_solar(args, remote: bool) -> dict:
     figures = {}
     if remote:
         figures = {w: vars(f) for w, f in ld.stats.remote.items()}
+    # Rows the trainer read from storage: its buffer's misses, and its workers' steps it read
+    # to transform them itself (late or lost).
+    fallback = sum(f["read"] for f in figures.values())
+    out = {"samples_s": rate, "workers": figures, "trainer_reads": ld.stats.totals().reads,
+           "trainer_fallback_reads": fallback, "trainer_hits": ld.stats.totals().hits}  # fmt: skip
     ld.close()
     if worker is not None:
-        worker.wait(timeout=120)
-    return {"samples_s": rate, "workers": figures}
+        said, _ = worker.communicate(timeout=120)
+        got = re.search(r"(\d+) rows from its buffer, (\d+) read", said or "")
+        if got is not None:
+            out.update(worker_hits=int(got[1]), worker_reads=int(got[2]))
+    return out
 
 
 def killed(ld, worker: subprocess.Popen, epochs: int) -> dict:
@@ -224,6 +243,7 @@ def main() -> None:
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--ms", type=float, default=4.0)
+    p.add_argument("--buffer", type=int, default=None, help="samples (default: --batch)")
     p.add_argument("--cores", default="0,1", help="trainer's core, worker's core")
     p.add_argument("--data", default=None, help="HDF5 file (default: made in /tmp)")
     modes = ["all", "alone", "worker", "dataloader", "transport", "fault"]
@@ -232,6 +252,7 @@ def main() -> None:
     p.add_argument("--address", default=None, help=argparse.SUPPRESS)
     p.add_argument("--worker-core", type=int, default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
+    args.buffer = args.batch if args.buffer is None else args.buffer
     cores = [int(c) for c in args.cores.split(",")]
     args.trainer_core = cores[0]
     args.worker_core = cores[1] if args.worker_core is None else args.worker_core
@@ -258,7 +279,7 @@ def main() -> None:
     for mode in ("transport", "alone", "worker", "dataloader", "fault"):
         cmd = [sys.executable, __file__, "--mode", mode, "--data", str(data), "--samples",
                str(args.samples), "--epochs", str(args.epochs), "--batch", str(args.batch),
-               "--cores", args.cores]  # fmt: skip
+               "--buffer", str(args.buffer), "--cores", args.cores]  # fmt: skip
         out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True).stdout
         results[mode] = json.loads(out.strip().splitlines()[-1])
         print(mode, results[mode], flush=True)
@@ -274,6 +295,11 @@ def main() -> None:
     print(f"1 trainer + 1 worker vs alone: {results['worker']['samples_s'] / (1 / t):.2f}x "
           f"(model {model:.2f}x); DataLoader(num_workers=1) vs alone: "
           f"{results['dataloader']['samples_s'] * t:.2f}x")  # fmt: skip
+    a, w = results["alone"], results["worker"]
+    print(f"rows read from storage over {args.epochs} epochs: trainer alone (as with a worker "
+          f"before members kept their own steps) {a['trainer_reads']}; with a worker: trainer "
+          f"{w['trainer_reads']} (+{w['trainer_fallback_reads']} of the worker's steps, late), "
+          f"worker {w.get('worker_reads')} ({w.get('worker_hits')} from its buffer)")  # fmt: skip
     e0, e1, e2 = results["fault"]["epoch_seconds"][:3]
     print(f"worker killed -9 mid-epoch 1: epochs {e0:.2f} s (with it), {e1:.2f} s (killed), "
           f"{e2:.2f} s (alone); lost vs half of each: {e1 - (e0 + e2) / 2:+.2f} s")  # fmt: skip

@@ -420,7 +420,8 @@ def worker(address: str, threads: int | None, wait_s: float) -> None:
         raise SolarError(f"--threads must be >= 1, got {threads}")
     got = serve(address, threads, wait_s)
     click.echo(f"worker {got.id}: {sum(got.sent.values())} steps, {got.rows} rows sent to "
-               f"trainers {sorted(got.sent)} in {got.seconds:.1f} s")  # fmt: skip
+               f"trainers {sorted(got.sent)} in {got.seconds:.1f} s; {got.hits} rows from its "
+               f"buffer, {got.reads} read")  # fmt: skip
 
 
 @cli.command(short_help="Make a small dataset, plan a 4-rank run, run it, compare.")

@@ -35,7 +35,7 @@ from solar.dist import abort_job_on_error, job_comm
 from solar.errors import SolarError
 from solar.exchange import Exchange
 from solar.options import ExpertConfig, LoaderConfig, MemoryConfig, Paths, PlanningConfig
-from solar.runtime import pipeline
+from solar.runtime import pipeline, remote
 from solar.runtime.setup import Setup, check_snapshots, configure
 from solar.schedule import Plan, make_plan
 from solar.schedule.draw.order import step_bounds
@@ -197,7 +197,9 @@ class Loader(IterableDataset[dict]):
         self._plan: Plan | None = setup.given  # or made on first use of .plan
         # This rank's part, one epoch at a time: read from the plan given, or planned one
         # epoch ahead in the background.
-        self._stream = pipeline.stream(setup, snapshots)
+        # Preprocessing workers met first: who owns which step decides this rank's plan.
+        self._link = remote.meet(setup)
+        self._stream = pipeline.stream(setup, snapshots, self._link)
         # Equal batches: rows move as delivered (transformed, if there is a transform).
         equal = self.spec.equal_batches and self.world_size > 1
         self._exchange = Exchange(setup.comm, self.out_keys) if equal else None
@@ -244,7 +246,7 @@ class Loader(IterableDataset[dict]):
             # host's ranks, which a rank serving alone after close would wait in forever.
             raise SolarError('share="node": this Loader is closed (its host\'s buffer and '
                              "plan are released); make a new Loader")  # fmt: skip
-        return pipeline.build(self._setup, self._stream, self.stats, self._exchange)
+        return pipeline.build(self._setup, self._stream, self.stats, self._exchange, self._link)
 
     @property
     def plan(self) -> Plan:
@@ -258,7 +260,7 @@ class Loader(IterableDataset[dict]):
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
         # The exchange and the communicators belong to this process: a copy cannot take part.
-        state["_exchange"] = None
+        state["_exchange"] = state["_link"] = None
         state["_setup"] = dataclasses.replace(self._setup, comm=None, host_comm=None)
         return state
 
@@ -408,6 +410,8 @@ class Loader(IterableDataset[dict]):
         if runner is not None:
             runner.close()
         self._stream.close(abandon)
+        if self._link is not None:  # (the pipeline's pool closed it, unless never built)
+            self._link.close()
         self.reader.close()
         if self._exchange is not None:
             self._exchange.close()

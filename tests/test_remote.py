@@ -20,7 +20,8 @@ from transform_fns import crop_flip_noise, shrink
 
 from solar import Loader, SolarError
 from solar.remote import Remote
-from solar.remote.link import owner, pairs
+from solar.remote.link import pairs
+from solar.schedule.draw.members import owner
 from solar.transform import Transform
 from solar.worker import serve
 
@@ -126,28 +127,45 @@ def test_a_trainer_with_a_worker_yields_the_bytes_it_would_transform_itself(data
     assert not [t for t in threading.enumerate() if t.name.startswith("solar-remote")]
 
 
+def _kill(worker: subprocess.Popen) -> None:
+    worker.send_signal(signal.SIGKILL)
+    worker.wait(timeout=30)
+
+
+def _compared(ld, ref, epochs: int, before) -> None:
+    """``epochs`` of ``ld`` against ``ref`` (transforming locally): every batch byte-identical,
+    every sample once per epoch; ``before(e, t)`` is called before step t of epoch e is
+    compared."""
+    for e in range(epochs):
+        ld.set_epoch(e)
+        ref.set_epoch(e)
+        seen = []
+        for t, (a, b) in enumerate(zip(ld, ref, strict=True)):
+            before(e, t)
+            for k in b:
+                assert np.array_equal(a[k].numpy(), b[k].numpy()), (e, t, k)
+            seen.append(a["index"].numpy())
+        assert np.array_equal(np.sort(np.concatenate(seen)), np.arange(N)), e
+
+
 def test_a_worker_killed_mid_epoch_costs_no_sample(data):
     """kill -9 of the worker in epoch 1 of 3: the run completes, every batch byte-identical to
-    local transforms, every sample once per epoch; the trainer takes the worker's steps."""
+    local transforms, every sample once per epoch; the trainer takes the worker's steps (read
+    outside its buffer in epoch 1, in its own plan from epoch 2)."""
     address = free_address()
     worker = start_worker(address)
     ld, ref = _pair(data, address, 3, keep=0)  # every step the worker's while it lives
     stats = ld.stats
     try:
-        for e in range(3):
-            ld.set_epoch(e)
-            ref.set_epoch(e)
-            seen = []
-            for t, (a, b) in enumerate(zip(ld, ref, strict=True)):
-                if e == 1 and t == 4:
-                    worker.send_signal(signal.SIGKILL)
-                    worker.wait(timeout=30)
-                for k in b:
-                    assert np.array_equal(a[k].numpy(), b[k].numpy()), (e, t, k)
-                seen.append(a["index"].numpy())
-            assert np.array_equal(np.sort(np.concatenate(seen)), np.arange(N)), e
+        _compared(ld, ref, 3, lambda e, t: e == 1 and t == 4 and _kill(worker))
         (fig,) = stats.remote.values()
         assert fig.lost and fig.steps >= 5  # epoch 0 and the start of epoch 1 delivered
+        # Every step the worker's (keep=0): the trainer plans no buffer, reads nothing of
+        # its own; what the worker did not deliver in epoch 1 it read from storage, outside
+        # any buffer; from epoch 2 on (no worker left) the steps are its own, planned (but
+        # the few assembled ahead of epoch 2's start, read before its workers were decided).
+        assert stats.totals(0).reads == stats.totals(1).reads == 0 < stats.totals(2).reads
+        assert 2 * N <= fig.read + fig.rows < 2 * N + 40 and fig.read > 0
     finally:
         ld.close()
         ref.close()
@@ -198,11 +216,15 @@ def test_a_worker_whose_trainers_never_come_says_so_in_one_line(capsys):
     assert "nothing serves the workers' store" in err
 
 
-@pytest.mark.parametrize(("launcher", "n_workers"), [("mpiexec", 2), ("torchrun", 1)])
-def test_two_trainers_and_their_workers_either_launcher(data, launcher, n_workers):
+@pytest.mark.parametrize(("launcher", "n_workers", "sampler"),
+                         [("mpiexec", 2, "shuffle"), ("torchrun", 1, "shuffle"),
+                          ("mpiexec", 2, "split"), ("torchrun", 1, "split")])  # fmt: skip
+def test_two_trainers_and_their_workers_either_launcher(data, launcher, n_workers, sampler):
     """2 trainers (mpiexec or torchrun), 2 or 1 workers started apart (one each, or one
     serving both trainers): batches byte-identical to local transforms, each sample once per
-    epoch over the ranks, every trainer's worker delivering."""
+    epoch over the ranks, every trainer's worker delivering. Each rank's batch its own
+    (``split``): each trainer reads fewer rows than alone (its own steps' misses); Shuffle,
+    whose batches the planner splits, as many."""
     exe = MPIEXEC if launcher == "mpiexec" else TORCHRUN
     if not exe.exists():
         pytest.skip(f"no {exe.name} beside python")
@@ -210,11 +232,11 @@ def test_two_trainers_and_their_workers_either_launcher(data, launcher, n_worker
     workers = [start_worker(address) for _ in range(n_workers)]
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     job = run_job(exe, 2, [str(ROOT / "tests" / "mpi" / "remote.py"), str(data), address,
-                           str(n_workers), "2"], 240, env)  # fmt: skip
+                           str(n_workers), "2", sampler], 240, env)  # fmt: skip
     outs = [w.communicate(timeout=60) for w in workers]
     assert job.returncode == 0, job.stderr
     for r in range(2):
-        got = re.search(rf"rank {r}: ok, workers \[(\d)\], delivered (\d+)", job.ranks[r][0])
+        got = re.search(rf"rank {r}: ok, workers \[(\d)\], delivered (\d+), read", job.ranks[r][0])
         assert got is not None, job.ranks[r]
         assert int(got[1]) == r % n_workers and int(got[2]) > 0
     for w, (_, err) in zip(workers, outs, strict=True):
@@ -367,3 +389,160 @@ def test_a_worker_that_hangs_is_taken_for_lost(data, monkeypatch):
         ref.close()
     worker.join(30)
     assert not worker.is_alive()
+
+
+def _planned_reads(spec, member: int, keep: int = 1) -> tuple[int, int]:
+    """Rows member ``member`` of rank 0's plan reads and hits, over the run (its own plan)."""
+    from solar.runtime.steps import Steps
+    from solar.schedule.draw.members import member_spec
+    from solar.schedule.plans.stream import RankStream
+
+    stream = RankStream(member_spec(spec, 0, keep, ((0, (0,)),), member), 0)
+    steps, reads, hits = Steps(spec, 0, stream), 0, 0
+    try:
+        for k in range(spec.run.num_steps):
+            steps.enter(k)
+            plan = steps.plan(k)
+            if steps.owns(k):
+                reads += plan.read_rows.size
+                hits += plan.hit_rows.size
+            else:  # another member's: nothing read or kept here
+                assert plan.read_rows.size == plan.hit_rows.size == plan.admit_rows.size == 0
+    finally:
+        stream.close()
+    return reads, hits
+
+
+def test_each_member_reads_only_its_own_steps_planned_misses_and_keeps_its_rows(data):
+    """1 trainer, 1 worker, 3 epochs (keep=1: every other step the worker's): the bytes are
+    the local ones; the trainer reads from storage exactly the planned misses of its own
+    steps (the worker's steps' rows are neither read nor kept here), fewer than alone; the
+    worker serves its steps from its own buffer (hits > 0) and reads its planned misses."""
+    from solar.schedule.draw.members import TRAINER
+
+    address = free_address()
+    worker = start_worker(address)
+    ld, ref = _pair(data, address, 3, wait_s=60)
+    try:
+        _compared(ld, ref, 3, lambda e, t: None)
+        (fig,) = ld.stats.remote.values()
+        assert fig.steps == 16 and fig.late == 0 and fig.read == 0  # 16 of 33 steps
+        mine, _ = _planned_reads(ld.spec, TRAINER)
+        assert ld.stats.totals().reads == mine
+        assert 0 < mine < ref.stats.totals().reads  # alone it reads every step's misses
+        theirs, hits = _planned_reads(ld.spec, 0)
+        assert hits > 0
+    finally:
+        ld.close()
+        ref.close()
+    out, err = worker.communicate(timeout=60)
+    assert worker.returncode == 0, err
+    got = re.search(r"(\d+) rows from its buffer, (\d+) read", out)
+    assert got is not None, out
+    assert (int(got[1]), int(got[2])) == (hits, theirs)
+
+
+def test_a_lost_workers_steps_go_to_the_workers_still_live_from_the_next_epoch(data):
+    """1 trainer, 2 workers (keep=0: every step a worker's, in turn); kill -9 of worker 0 in
+    epoch 1 of 3: the rest of its epoch-1 steps are the trainer's (read and transformed
+    here), and from epoch 2, as trainer rank 0 decided at its start, every step is worker
+    1's (planned again, its buffer refilled); the bytes are the local ones, every sample once
+    per epoch."""
+    address = free_address()
+    workers = [start_worker(address) for _ in range(2)]
+    ld, ref = _pair(data, address, 3, workers=2, keep=0, wait_s=30)
+    try:
+        _compared(ld, ref, 3, lambda e, t: e == 1 and t == 4 and _kill(workers[0]))
+        (lost,), (live,) = ([f for f in ld.stats.remote.values() if f.lost is x]
+                            for x in (True, False))  # fmt: skip
+        assert lost.read > 0
+        # The live worker's steps: every other step of epochs 0 and 1 (11), then all 11 of
+        # epoch 2 (16 or 17 without the division).
+        assert live.steps + live.late >= 22 and live.refused == 0
+        assert ld.stats.totals().reads == 0  # the trainer kept no step
+    finally:
+        ld.close()
+        ref.close()
+    _, err = workers[1].communicate(timeout=60)
+    assert workers[1].returncode == 0, err
+    assert workers[0].returncode == -signal.SIGKILL
+
+
+def test_a_worker_joining_after_the_trainers_began_is_used_from_an_epoch_start(data):
+    """1 trainer with 1 worker (keep=0); a second worker started after epoch 0, registered
+    before epoch 1 starts: from epoch 1 the two share the steps (a pair made at its start),
+    the bytes are the local ones, every sample once per epoch."""
+    import torch.distributed as td
+
+    from solar.remote.link import COUNT
+
+    address = free_address()
+    first = start_worker(address)
+    ld, ref = _pair(data, address, 3, keep=0, wait_s=30)
+    later = None
+    try:
+        for e in range(3):
+            ld.set_epoch(e)
+            ref.set_epoch(e)
+            seen = []
+            for a, b in zip(ld, ref, strict=True):
+                for k in b:
+                    assert np.array_equal(a[k].numpy(), b[k].numpy()), (e, k)
+                seen.append(a["index"].numpy())
+            assert np.array_equal(np.sort(np.concatenate(seen)), np.arange(N)), e
+            if e == 0:  # it registers with the trainers' store before epoch 1 starts
+                later = start_worker(address)
+                host, port = address.rsplit(":", 1)
+                store = td.TCPStore(host, int(port), None, False, wait_for_workers=False)
+                while int(store.add(COUNT, 0)) < 2:
+                    assert later.poll() is None, later.communicate()
+        assert sorted(ld.stats.remote) == [0, 1]
+        old, new = ld.stats.remote[0], ld.stats.remote[1]
+        assert new.steps > 0 and not new.lost and not old.lost
+        assert old.steps + old.late < 3 * 11  # it no longer has every step
+    finally:
+        ld.close()
+        ref.close()
+    assert later is not None
+    for w in (first, later):
+        out, err = w.communicate(timeout=60)
+        assert w.returncode == 0, err
+    assert "rows sent to trainers [0]" in out
+
+
+def test_a_lost_workers_trainer_is_served_by_another_trainers_worker_from_the_next_epoch(data):
+    """2 trainers (mpiexec), a worker each; rank 0 kills its own worker (-9) in epoch 0 of 3:
+    once it is taken for lost (its steps late 4 in a row), from the next epoch's start the
+    worker still live serves both trainers (a pair made then), the bytes are the local ones,
+    every sample once per epoch over the ranks."""
+    import torch.distributed as td
+
+    from solar.remote.link import COUNT
+
+    if not MPIEXEC.exists():
+        pytest.skip("no mpiexec beside python")
+    address = free_address()
+    host, port = address.rsplit(":", 1)
+    first = start_worker(address)  # worker 0, rank 0's: registered before the second starts
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    argv = [str(ROOT / "tests" / "mpi" / "remote.py"), str(data), address, "2", "3", "split",
+            str(first.pid)]  # fmt: skip
+    done: list = []
+    job = threading.Thread(target=lambda: done.append(run_job(MPIEXEC, 2, argv, 240, env)))
+    job.start()
+    store = td.TCPStore(host, int(port), None, False, wait_for_workers=False)  # rank 0's
+    while int(store.add(COUNT, 0)) < 1:
+        assert first.poll() is None, first.communicate()
+    second = start_worker(address)
+    job.join(300)
+    (ran,) = done
+    said, err = second.communicate(timeout=60)
+    first.wait(timeout=30)
+    assert ran.returncode == 0, ran.stderr
+    assert second.returncode == 0, err
+    assert first.returncode == -signal.SIGKILL
+    # Rank 0: its worker 0 lost, worker 1 (rank 1's) serving it too from epoch 2.
+    got = re.search(r"rank 0: ok, workers \[0, 1\], delivered (\d+)", ran.ranks[0][0])
+    assert got is not None, ran.ranks[0]
+    assert re.search(r"rank 1: ok, workers \[1\], delivered [1-9]", ran.ranks[1][0])
+    assert "rows sent to trainers [0, 1]" in said, said  # (worker 1: both, from epoch 2)

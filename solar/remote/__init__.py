@@ -11,12 +11,18 @@ with overlapping groups, and without ULFM gives no promise about a peer that die
 
 Every member runs the same pure plan: a worker knows which samples its trainers serve at each
 step, and each step of a trainer is owned by the trainer or one of its workers
-(:func:`~solar.remote.link.owner`, a pure function of the step). A worker reads and transforms
-its steps ahead, within the credit its trainer gives it (``window`` steps past the step being
-served), and sends each finished step; the trainer's transform stage takes it when it arrives
-and transforms locally what was not delivered in time or was owned by a worker that died
-(solar/runtime/remote.py). The bytes are the same either way: a sample's generator is a
-function of (seed, epoch, sample, occurrence).
+(:func:`~solar.schedule.draw.members.owner`, a pure function of the step). Each member keeps a
+buffer of its own over the steps it owns (solar/schedule/draw/members.py: the trainer's trace
+masked to them, planned by the same planner): the trainer reads and keeps only its own steps'
+rows, a worker those of its steps (a buffer per trainer it serves). A worker reads and
+transforms its steps ahead, within the credit its trainer gives it (``window`` steps past the
+step being served), and sends each finished step; the trainer's transform stage takes it when
+it arrives and, what was not delivered in time or was owned by a worker that died, reads from
+storage (outside its buffer) and transforms itself (solar/runtime/remote.py). The bytes are
+the same either way: a sample's generator is a function of (seed, epoch, sample, occurrence).
+Where the trainer's batches depend on its whole buffer's plan (Shuffle over several trainers:
+the planner chooses who serves what) the trainer reads every row and a worker its steps' rows
+unplanned, as before.
 
 Modules: this one the configuration; ``link`` the meeting and the pairs. The worker's loop is
 solar/worker.py (it builds on solar.runtime, which builds on this package).

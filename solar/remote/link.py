@@ -33,6 +33,7 @@ import json
 import os
 import pickle
 import socket
+import threading
 import time
 from typing import Any
 
@@ -42,7 +43,13 @@ from solar.errors import SolarError, first_line
 from solar.remote import Remote
 
 JOB, COUNT, ROSTER = "solar-remote/job", "solar-remote/count", "solar-remote/roster"
-LIVE = "solar-remote/live/"  # + a trainer's rank: its workers that paired (json)
+LIVE = "solar-remote/live/"  # + a trainer's rank: its workers that paired, still live (json)
+# + an epoch: every trainer's workers in it (json {rank: workers}), decided by trainer rank 0
+# as it starts the epoch (each trainer's live workers then), read by everyone.
+EPOCH = "solar-remote/epoch/"
+LATEST = "solar-remote/latest"  # the last epoch decided (workers not paired yet look there)
+EVER = "solar-remote/ever"  # every worker ever given a trainer (json; rank 0 keeps it)
+FINISHED = "solar-remote/finished"  # trainer rank 0 is done: workers not paired end
 KEY_ENV = "SOLAR_REMOTE_KEY"
 HEAD = 7  # a delivery's header: step, rows, digest, HMAC-SHA256 as 4 int64
 DONE = -1  # a credit's position: the trainer serves no more
@@ -59,13 +66,13 @@ def pairs(trainers: int, workers: int) -> list[tuple[int, int]]:
     return sorted((w % trainers, w) for w in range(workers))
 
 
-def owner(k: int, keep: int, workers: list[int]) -> int | None:
-    """Who transforms step ``k`` of a trainer served by ``workers`` (live, sorted): None for the
-    trainer itself (``keep`` steps of every ``keep + len(workers)``), else a worker."""
-    if not workers:
-        return None
-    p = k % (keep + len(workers))
-    return None if p < keep else workers[p - keep]
+def assign(trainers: int, workers: list[int]) -> dict[int, list[int]]:
+    """Each trainer's workers when ``workers`` (sorted numbers) serve ``trainers``: as
+    :func:`pairs` divides as many."""
+    got: dict[int, list[int]] = {r: [] for r in range(trainers)}
+    for r, i in pairs(trainers, len(workers)):
+        got[r].append(workers[i])
+    return got
 
 
 def digest(samples: np.ndarray, repeat: np.ndarray) -> int:
@@ -168,11 +175,13 @@ def _reachable(host: str, port: int, seconds: float) -> None:
             time.sleep(0.1)
 
 
-def _pair(store: Any, trainer: int, worker: int, rank: int) -> Any:
-    """The two-rank gloo group of ``(trainer, worker)``; ``rank``: 0 the trainer, 1 the worker."""
+def _pair(store: Any, trainer: int, worker: int, rank: int, epoch: int = 0) -> Any:
+    """The two-rank gloo group of ``(trainer, worker)`` made at ``epoch``'s start; ``rank``: 0
+    the trainer, 1 the worker."""
     import torch.distributed as td
 
-    prefixed = td.PrefixStore(f"solar-remote/pair/{trainer}/{worker}/", store)
+    at = "" if epoch == 0 else f"{epoch}/"
+    prefixed = td.PrefixStore(f"solar-remote/pair/{at}{trainer}/{worker}/", store)
     return td.ProcessGroupGloo(prefixed, rank, 2, _FOREVER)
 
 
@@ -205,9 +214,58 @@ class TrainerLink:
             except RuntimeError:  # it died before pairing: served without it
                 continue
         # Who owns which step follows from the workers that paired: they read it here.
-        self.store.set(f"{LIVE}{rank}", json.dumps(sorted(self.groups)))
+        self.world = world
+        self._lock = threading.Lock()  # the store's client, from the receivers' threads too
+        self.live(list(self.groups))
         if comm is not None and comm.Get_size() > 1:
             comm.Barrier()  # rank 0's store lives on: every trainer has its pairs
+
+    def live(self, live: list[int]) -> None:
+        """This trainer's workers now (one was lost, or came): trainer rank 0 reads them as it
+        starts the next epoch."""
+        with self._lock:
+            if self.store is not None:
+                self.store.set(f"{LIVE}{self.rank}", json.dumps(sorted(live)))
+
+    def members(self, epoch: int) -> dict[int, list[int]]:
+        """Every trainer's workers in ``epoch`` (> 0): decided by trainer rank 0 as it starts
+        it, once (:func:`assign`), waited for by the others."""
+        where = f"{EPOCH}{epoch}"
+        with self._lock:
+            if self.rank == 0 and not self.store.check([where]):
+                self.store.set(where, json.dumps(self._decide()))
+                self.store.set(LATEST, str(epoch))
+            try:
+                got = self.store.get(where)
+            except RuntimeError as exc:  # rank 0 never said: it failed (the job is ending)
+                raise SolarError(f"Remote {self.remote.address}: no workers of epoch {epoch} "
+                                 f"from trainer rank 0 ({first_line(exc)})") from None  # fmt: skip
+        return {int(r): w for r, w in json.loads(got).items()}
+
+    def _decide(self) -> dict[int, list[int]]:
+        """Rank 0: the workers live now (those every trainer still has, and those that came
+        since, never given a trainer) divided among the trainers."""
+        store = self.store
+        ever = set(json.loads(store.get(EVER))) if store.check([EVER]) else set(range(self.roster))
+        live = set().union(*(json.loads(store.get(f"{LIVE}{r}")) for r in range(self.world)))
+        came = set(range(int(store.add(COUNT, 0))))
+        workers = sorted((live & ever) | (came - ever))
+        store.set(EVER, json.dumps(sorted(ever | came)))
+        return assign(self.world, workers)
+
+    def pair(self, epoch: int, worker: int) -> Any:
+        """A new pair with ``worker``, given this trainer at ``epoch``'s start (None: it never
+        came: gone meanwhile)."""
+        try:
+            return _pair(self.store, self.rank, worker, 0, epoch)
+        except RuntimeError:
+            return None
+
+    def finish(self) -> None:
+        """Rank 0: the trainers are done; workers never given a trainer end."""
+        with self._lock:
+            if self.rank == 0 and self.store is not None:
+                self.store.set(FINISHED, "1")
 
     def close(self) -> None:
         """Release the pairs and the store (rank 0: its port)."""
@@ -217,7 +275,8 @@ class TrainerLink:
             except RuntimeError:
                 pass
         self.groups.clear()
-        self.store = None
+        with self._lock:
+            self.store = None
 
 
 def _wait_for(store: Any, n: int, seconds: float) -> int:
@@ -258,3 +317,37 @@ class WorkerLink:
         except RuntimeError as exc:
             raise SolarError(f"{where}: a trainer did not say its workers "
                              f"({first_line(exc)})") from None  # fmt: skip
+
+    def members(self, epoch: int) -> dict[int, list[int]] | None:
+        """Every trainer's workers in ``epoch``, once trainer rank 0 has decided them (None:
+        not yet; the worker goes on with the last it knows)."""
+        where = f"{EPOCH}{epoch}"
+        try:
+            if not self.store.check([where]):
+                return None
+            return {int(r): w for r, w in json.loads(self.store.get(where)).items()}
+        except RuntimeError:  # the store is gone: so are the trainers
+            return None
+
+    def latest(self) -> int:
+        """The last epoch whose workers trainer rank 0 decided (0: none since the start; -1:
+        the trainers' store is gone)."""
+        try:
+            return int(self.store.get(LATEST)) if self.store.check([LATEST]) else 0
+        except RuntimeError:
+            return -1
+
+    def finished(self) -> bool:
+        """Whether the trainers are done (or their store gone)."""
+        try:
+            return bool(self.store.check([FINISHED]))
+        except RuntimeError:
+            return True
+
+    def pair(self, epoch: int, trainer: int) -> Any:
+        """A new pair with ``trainer``, which took this worker at ``epoch``'s start (None: it
+        is gone)."""
+        try:
+            return _pair(self.store, trainer, self.id, 1, epoch)
+        except RuntimeError:
+            return None

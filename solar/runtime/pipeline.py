@@ -21,13 +21,14 @@ from solar.dist import abort_job_on_error, shared_key
 from solar.errors import SolarError
 from solar.exchange import Exchange
 from solar.host.region import NodeRegion
+from solar.remote.link import TrainerLink
 from solar.runtime.assembly import Assembly
 from solar.runtime.delivery import Delivered, Delivery
 from solar.runtime.holdings import Alone, Holdings, Host, RawRefill, Refill
 from solar.runtime.memory import BatchMemory, InFlight
 from solar.runtime.packing import Packer
 from solar.runtime.reads import ReadAhead, Reads
-from solar.runtime.remote import RemoteTransforms
+from solar.runtime.remote import RemoteTransforms, trainer_spec
 from solar.runtime.setup import Setup
 from solar.runtime.steps import Steps
 from solar.runtime.transforms import HeldTransformAssembly, TransformAssembly, TransformedRefill
@@ -55,6 +56,8 @@ class Pipeline:
         self.pool = pool
         self._comm = comm  # with equal batches the other ranks wait for this one's rows
         self._served = (-1, 0.0)  # the last step served, and when
+        # Transform(remote=): its epochs' members (who owns which step) come from trainer rank 0.
+        self.remote = pool if isinstance(pool, RemoteTransforms) else None
 
     @property
     def tier(self) -> TierFile | None:
@@ -87,6 +90,7 @@ class Pipeline:
         with abort_job_on_error(self._comm):
             if k % self.steps.spe == 0:  # an epoch's start: the files are still the data's
                 self.queue.reads.reader.check_files()
+                self._members(k // self.steps.spe)
             self.seek(k)  # if another iterator (or a failed step) moved the buffer elsewhere
             if k == 0 and self.holdings.at == 0:  # nothing held: where the run's mode says,
                 self.queue.start_first()  # the first step's reads, while its plan is made
@@ -105,6 +109,18 @@ class Pipeline:
                 raise
             del io  # the raw rows go back to their pool
             return self.delivery.batch(k, rows)
+
+    def _members(self, e: int) -> None:
+        """Epoch ``e``'s members of this trainer's plan (preprocessing workers: who owns which
+        step), as trainer rank 0 decided them; where this trainer's own buffer is planned
+        again, the work under way (of the old plan) is dropped and the buffer refilled."""
+        stream = None if self.remote is None else self.remote.epoch(e)
+        if stream is None:
+            return
+        self.assembly.drain()
+        self.queue.drain()
+        self.steps.retrace(stream)
+        self.holdings.lose()  # (seek refills it to the new plan)
 
     def _record(self, k: int, io: InFlight, rows: Delivered, began: float) -> None:
         """Step ``k``'s figures, each from the stage that wrote it."""
@@ -146,13 +162,18 @@ class Pipeline:
             self.pool.close()
 
 
-def stream(setup: Setup, snapshots: str | os.PathLike | None) -> RankStream:
+def stream(setup: Setup, snapshots: str | os.PathLike | None,
+           link: TrainerLink | None = None) -> RankStream:  # fmt: skip
     """This rank's part of ``setup``'s plan, one epoch at a time: read from the plan given, or
     planned one epoch ahead in the background; of its own buffer (a host of one rank), or its
-    share of its host's (``setup.shared``: the host's plan, planned or read)."""
+    share of its host's (``setup.shared``: the host's plan, planned or read); served by
+    preprocessing workers (``link``), of the steps it keeps (solar/schedule/draw/members.py)."""
     given = setup.given
     # Where the misses are read from: the planner decides it with the plan (packing's model).
     packing = None if setup.pack is None else setup.pack.model
+    mine = None if link is None else trainer_spec(setup, link)
+    if mine is not None:  # (no snapshots: rank 0's are of the run's plan, not a member's)
+        return RankStream(mine, setup.rank, packing=packing)
     if not setup.shared:
         return RankStream(setup.spec, setup.rank, given, snapshots, packing=packing)
     stage = stage_bound(setup.spec, setup.hosts)
@@ -162,8 +183,8 @@ def stream(setup: Setup, snapshots: str | os.PathLike | None) -> RankStream:
                       comm=setup.host_comm, packing=packing)  # fmt: skip
 
 
-def build(setup: Setup, stream: RankStream, stats: LoaderStats,
-          exchange: Exchange | None) -> Pipeline:  # fmt: skip
+def build(setup: Setup, stream: RankStream, stats: LoaderStats, exchange: Exchange | None,
+          link: TrainerLink | None = None) -> Pipeline:  # fmt: skip
     """This process's pipeline for ``setup``'s run, its buffer and tier allocated now (with
     ``share="node"``, the host's shared buffer: a collective of the host's ranks).
 
@@ -177,8 +198,8 @@ def build(setup: Setup, stream: RankStream, stats: LoaderStats,
     steps = Steps(spec, setup.rank, stream)
     shared = setup.shared
     pool: TransformPool | None = None
-    if setup.transform is not None and setup.transform.remote is not None:
-        pool = RemoteTransforms(setup, steps.spe, steps.served_rows())  # workers share its steps
+    if link is not None:
+        pool = RemoteTransforms(setup, link, steps)  # workers share its steps
         stats.remote = pool.figures
     elif setup.transform is not None:
         pool = TransformPool(setup.transform, run.seed, setup.info.keys, setup.out_keys,
@@ -192,7 +213,9 @@ def build(setup: Setup, stream: RankStream, stats: LoaderStats,
     )  # fmt: skip
     ahead_tier = None if shared else holdings.tier  # tier hits read ahead with the reads
     # The first step read before its plan: a sampler that splits its own batches, no tier.
-    first_ahead = steps.own_batches and holdings.tier is None and not shared
+    first_ahead = (
+        steps.own_batches and holdings.tier is None and not shared and steps.member is None
+    )  # (a member's first step may be another member's)
     misses = None
     if setup.pack is not None:
         misses = Packer(steps, setup.reader, setup.pack)

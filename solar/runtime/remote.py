@@ -16,15 +16,20 @@ import hmac
 import queue
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from solar.errors import SolarError
-from solar.remote.link import DONE, HEAD, TrainerLink, digest, mac, owner
+from solar.remote.link import DONE, HEAD, TrainerLink, digest, mac
 from solar.runtime.setup import Setup
+from solar.runtime.steps import Steps
 from solar.runtime.workers import TransformPool
+from solar.schedule.draw.members import TRAINER, Roster, member_spec, owner, workers_in
+from solar.schedule.plans.stream import RankStream
+from solar.schedule.spec import PlanSpec
 from solar.transform import Rows
 
 # Consecutive steps of a worker transformed here because late before it is taken for hung
@@ -40,6 +45,7 @@ class WorkerFigures:
     rows: int = 0
     bytes: int = 0
     late: int = 0  # steps of its that the trainer transformed (not delivered in time)
+    read: int = 0  # rows of its steps the trainer read from storage to transform them
     refused: int = 0  # deliveries not the trainer's step (digest) or not signed (the key)
     lost: bool = False  # its pair broke (it died), or it hung: its steps are the trainer's
     behind: int = 0  # its steps late in a row
@@ -54,69 +60,97 @@ class _Pending:
     future: Future = field(default_factory=Future)
 
 
-def _done(futures: list[Future], target: Future) -> None:
-    """Resolve ``target`` with the busy seconds of ``futures`` once all are done."""
+def _after(futures: list[Future], then: Callable[[Future], None]) -> None:
+    """Call ``then`` once every one of ``futures`` is done (with the last one)."""
     left = [len(futures)]
     lock = threading.Lock()
 
-    def one(_: Future) -> None:
+    def one(f: Future) -> None:
         with lock:
             left[0] -= 1
             if left[0]:
                 return
+        then(f)
+
+    if not futures:
+        then(Future())
+    for f in futures:
+        f.add_done_callback(one)
+
+
+def _done(futures: list[Future], target: Future) -> None:
+    """Resolve ``target`` with the busy seconds of ``futures`` once all are done."""
+
+    def then(_: Future) -> None:
         errors = [f.exception() for f in futures if f.exception() is not None]
         if errors:
             target.set_exception(errors[0])
         else:
             target.set_result(sum(f.result() for f in futures))
 
-    if not futures:
-        target.set_result(0.0)
-    for f in futures:
-        f.add_done_callback(one)
+    _after(futures, then)
+
+
+def meet(setup: Setup) -> TrainerLink | None:
+    """This trainer's meeting with its workers (a collective of the trainers), before its plan
+    is made: who owns which step follows from the workers that paired. None without remote."""
+    spec = setup.transform
+    if spec is None or spec.remote is None:
+        return None
+    if setup.shared or setup.holds_transformed:
+        why = "a buffer per host" if setup.shared else "a deterministic transform's rows held"
+        raise SolarError(f"transform remote=: not with {why} (yet): pass "
+                         "MemoryConfig(share='rank') or deterministic=False")  # fmt: skip
+    remote = spec.remote
+    job = {
+        "spec": setup.spec, "info": setup.info, "out_keys": setup.out_keys,
+        "transform": dataclasses.replace(spec, remote=None),  # (never the key)
+        "seed": setup.run.seed, "world": setup.world_size, "keep": remote.keep,
+        "reader": dataclasses.replace(setup.config, direct_io=setup.reader.direct_io),
+        "members": setup.given is None,  # each member plans its own buffer (not a plan given)
+    }  # fmt: skip
+    module = getattr(spec.fn, "__module__", None)
+    return TrainerLink(remote, setup.rank, setup.world_size, setup.comm, job, module)
+
+
+def trainer_spec(setup: Setup, link: TrainerLink) -> PlanSpec | None:
+    """The plan of this trainer's own buffer, over the steps it keeps, or None: every step's
+    rows read here (its batches depend on its buffer's plan, or a plan is given)."""
+    if setup.given is not None:
+        return None
+    return member_spec(setup.spec, setup.rank, link.remote.keep,
+                       ((0, tuple(sorted(link.groups))),), TRAINER)  # fmt: skip
 
 
 class RemoteTransforms(TransformPool):
     """This trainer's transform pool with its workers' deliveries in front of it."""
 
-    def __init__(self, setup: Setup, spe: int, cap: int) -> None:
+    def __init__(self, setup: Setup, link: TrainerLink, steps: Steps) -> None:
         spec = setup.transform
         assert spec is not None and spec.remote is not None
-        if setup.shared or setup.holds_transformed:
-            why = "a buffer per host" if setup.shared else "a deterministic transform's rows held"
-            raise SolarError(f"transform remote=: not with {why} (yet): pass "
-                             "MemoryConfig(share='rank') or deterministic=False")  # fmt: skip
         super().__init__(spec, setup.run.seed, setup.info.keys, setup.out_keys, setup.cores)
-        remote = self.remote = spec.remote
-        self.spe, self.cap = spe, cap  # cap: rows a step may have
-        job = {
-            "spec": setup.spec, "info": setup.info, "out_keys": setup.out_keys,
-            "transform": dataclasses.replace(spec, remote=None),  # (never the key)
-            "seed": setup.run.seed, "world": setup.world_size, "keep": remote.keep,
-            "reader": dataclasses.replace(setup.config, direct_io=setup.reader.direct_io),
-        }  # fmt: skip
-        module = getattr(spec.fn, "__module__", None)
-        self.link = link = TrainerLink(remote, setup.rank, setup.world_size, setup.comm, job,
-                                       module)  # fmt: skip
+        self.remote, self.link, self.setup = spec.remote, link, setup
+        self.spe, self.cap = steps.spe, steps.served_rows()  # cap: rows a step may have
+        # Each member keeps its own steps' rows (a mode of the plan, decided at construction):
+        # a worker's step is not read here, so transforming it here reads it first, outside
+        # the buffer (the reader's executor: the one that reads every row of this process).
+        self.reader = setup.reader if steps.member is not None else None
         self.figures = {w: WorkerFigures() for w in link.groups}
         self._lock = threading.Lock()
-        self._roster = sorted(link.groups)  # who owns which step: fixed for the run
-        self._live = list(self._roster)
-        self._lost: dict[int, Future] = {w: Future() for w in self._roster}  # its pair broke
+        # Who owns which step: this trainer's workers by epoch, as trainer rank 0 decides them
+        # at each epoch's start (from 0: those that paired); a later epoch has the last's.
+        self._roster: dict[int, tuple[int, ...]] = {0: tuple(sorted(link.groups))}
+        self._plans: list[RankStream] = []  # this trainer's plans made since (closed with it)
+        self._live = sorted(link.groups)
+        self._lost: dict[int, Future] = {w: Future() for w in self._live}  # its pair broke
         self._pending: dict[int, _Pending] = {}
         self._stash: dict[int, tuple[int, bool, list[np.ndarray]]] = {}  # came before asked
         self._position = -1  # the step being served (credits count from it)
         self._outbox: dict[int, queue.SimpleQueue] = {w: queue.SimpleQueue() for w in self._live}
         self._closing = False
-        # Per worker: its deliveries received, its credits sent (gloo's operations complete in
-        # ``wait``: one blocking thread each way).
-        self._links = [
-            threading.Thread(target=fn, args=(w,), daemon=True, name=f"solar-remote-{w}")
-            for w in self._live
-            for fn in (self._receive, self._send_credits)
-        ]
-        for t in self._links:
-            t.start()
+        self._links: list[threading.Thread] = []
+        for w in self._live:
+            self._start(w)
 
     def submit(self, src: list[np.ndarray], dst: list[np.ndarray], job: Rows) -> list[Future]:
         """Transform ``job``'s rows into ``dst``: here, or by the step's worker."""
@@ -124,11 +158,13 @@ class RemoteTransforms(TransformPool):
         if self._position < 0:
             self._credit(k)  # the first step asked for: the workers start from it
         with self._lock:
-            # A lost worker's steps are the trainer's (the others keep theirs: they never
-            # learn of it).
-            w = owner(k, self.remote.keep, self._roster)
-            if w is None or w not in self._live:
+            # A lost worker's steps are the trainer's until the next epoch divides them among
+            # the workers still live.
+            w = owner(k, self.remote.keep, workers_in(self._rosters(), job.epoch))
+            if w is None:
                 return super().submit(src, dst, job)
+            if w not in self._live:
+                return self._here(src, dst, job, w)
             p = _Pending(src, dst, job, w)
             assert k not in self._pending, f"step {k} submitted twice"
             got = self._stash.pop(k, None)
@@ -137,6 +173,63 @@ class RemoteTransforms(TransformPool):
                 return [p.future]
         self._deliver(k, p, *got)
         return [p.future]
+
+    def _rosters(self) -> Roster:
+        return tuple(sorted(self._roster.items()))
+
+    def epoch(self, e: int) -> RankStream | None:
+        """Epoch ``e`` starts: its workers as trainer rank 0 decided them (every trainer's
+        live workers at its start: a worker lost in the epoch before is no longer one, its
+        steps divided among the others). With each member keeping its own steps, a new plan
+        of this trainer's buffer where they changed (None: the same plan)."""
+        if e == 0:
+            return None
+        mine = self._join(e, self.link.members(e).get(self.link.rank, []))
+        with self._lock:
+            before = workers_in(self._rosters(), e)
+            self._roster[e] = mine
+            if before == mine or self.reader is None:
+                return None
+            roster = self._rosters()
+        setup = self.setup
+        spec = member_spec(setup.spec, setup.rank, self.remote.keep, roster, TRAINER)
+        assert spec is not None  # (the mode is the run's: a roster from epoch 0 with workers)
+        packing = None if setup.pack is None else setup.pack.model
+        self._plans.append(RankStream(spec, setup.rank, packing=packing))
+        return self._plans[-1]
+
+    def _join(self, e: int, workers: list[int]) -> tuple[int, ...]:
+        """This trainer's ``workers`` of epoch ``e``: new pairs with those it does not hold
+        (joined since, or another trainer's before), those it no longer has told it is done
+        (their steps here); the workers it has of them."""
+        gone = [w for w in self._live if w not in workers]
+        for w in gone:
+            self._drop(w, lost=False)
+        for w in workers:
+            if w in self._live or (w in self.figures and self.figures[w].lost):
+                continue
+            group = self.link.pair(e, w)
+            if group is None:
+                continue  # gone meanwhile
+            self.link.groups[w] = group
+            with self._lock:
+                self.figures.setdefault(w, WorkerFigures())
+                self._lost[w], self._outbox[w] = Future(), queue.SimpleQueue()
+                self._live.append(w)
+                if self._position >= 0:
+                    self._outbox[w].put((self._position, self._position + self.remote.window))
+            self._start(w)
+        live = sorted(self._live)
+        self.link.live(live)
+        return tuple(w for w in workers if w in live)
+
+    def _start(self, w: int) -> None:
+        """Worker ``w``'s threads: its deliveries received, its credits sent (gloo's
+        operations complete in ``wait``: one blocking thread each way)."""
+        for fn in (self._receive, self._send_credits):
+            t = threading.Thread(target=fn, args=(w,), daemon=True, name=f"solar-remote-{w}")
+            self._links.append(t)
+            t.start()
 
     def due(self, k: int, futures: list[Future]) -> list[Future]:
         """Step ``k`` is served now: its worker's rows within ``wait_s``, else transformed
@@ -152,7 +245,7 @@ class RemoteTransforms(TransformPool):
             fig = self.figures[p.worker]
             fig.late, fig.behind = fig.late + 1, fig.behind + 1
             hung = fig.behind >= HUNG_AFTER * (1 if fig.steps else 4)
-        local = super().submit(p.src, p.dst, p.job)
+        local = self._here(p.src, p.dst, p.job, p.worker)
         _done(local, p.future)
         if hung:
             self._lose(p.worker)
@@ -164,6 +257,27 @@ class RemoteTransforms(TransformPool):
             dropped, self._pending = self._pending, {}
         for p in dropped.values():
             p.future.set_result(0.0)
+
+    def _here(self, src: list[np.ndarray], dst: list[np.ndarray], job: Rows,
+              w: int) -> list[Future]:  # fmt: skip
+        """Worker ``w``'s step transformed here: with each member keeping its own steps, its
+        rows read first, from storage, outside the buffer (no plan of this trainer's keeps
+        them)."""
+        if self.reader is None:
+            return super().submit(src, dst, job)
+        self.figures[w].read += int(job.rows.size)
+        reads = self.reader.submit(job.samples, src, job.rows)
+        target: Future = Future()
+
+        def transform(_: Future) -> None:
+            errors = [f.exception() for f in reads if f.exception() is not None]
+            if errors:
+                target.set_exception(errors[0])
+            else:
+                _done(TransformPool.submit(self, src, dst, job), target)
+
+        _after(reads, transform)
+        return [target]
 
     # -- credits and deliveries -------------------------------------------------------------
     def _credit(self, k: int) -> None:
@@ -246,7 +360,7 @@ class RemoteTransforms(TransformPool):
         mine = dig == digest(p.job.samples, p.job.repeat)
         if not (signed and mine) or any(r.shape[0] != n for r in rows):
             fig.refused += 1  # not this trainer's step, or not signed: transformed here
-            _done(super().submit(p.src, p.dst, p.job), p.future)
+            _done(self._here(p.src, p.dst, p.job, p.worker), p.future)
             return
         t0 = time.perf_counter()
         for dst, got in zip(p.dst, rows, strict=True):
@@ -257,23 +371,33 @@ class RemoteTransforms(TransformPool):
 
     def _lose(self, w: int) -> None:
         """Worker ``w`` is gone: its pending steps are transformed here, and its steps from now
-        on are the trainer's."""
+        on are the trainer's (until the next epoch divides them among the workers live)."""
+        self._drop(w, lost=True)
+
+    def _drop(self, w: int, lost: bool) -> None:
+        """Worker ``w`` serves no more (``lost``: it died or hung; else another trainer has
+        it from this epoch on): told so, its pending steps transformed here."""
         with self._lock:
             if w not in self._live:
                 return
             self._live.remove(w)
-            self.figures[w].lost = True
-            self._lost[w].set_result(None)
+            if lost:
+                self.figures[w].lost = True
+                self._lost[w].set_result(None)
             self._outbox[w].put((DONE, DONE))  # its credit thread ends
             mine = {k: p for k, p in self._pending.items() if p.worker == w}
             for k in mine:
                 del self._pending[k]
+            live = list(self._live)
+        if lost:
+            self.link.live(live)  # (rank 0 divides its steps at the next epoch's start)
         for p in mine.values():
-            _done(super().submit(p.src, p.dst, p.job), p.future)
+            _done(self._here(p.src, p.dst, p.job, p.worker), p.future)
 
     def close(self) -> None:
         """Tell the workers this trainer is done, wait for its threads, stop the pool."""
         self._closing = True
+        self.link.finish()  # (rank 0: workers never given a trainer end)
         with self._lock:  # (not through _credit: DONE is also where credits start)
             self._position = DONE
             for w in self._live:
@@ -283,4 +407,6 @@ class RemoteTransforms(TransformPool):
         for t in self._links:  # a worker's last header ends its receiver
             t.join(max(0.0, deadline - time.monotonic()))
         self.link.close()
+        for plan in self._plans:
+            plan.close()
         super().close()

@@ -159,7 +159,8 @@ def configure(args: LoaderConfig) -> Setup:
                            sum(k.row_bytes for k in held), local)  # fmt: skip
     agree(comm, [(k.name, k.sample_shape, k.dtype.str) for k in out],
           "the transform's output keys, shapes and dtypes")  # fmt: skip
-    hosts, hc = _share(share, spec, holds, w, comm, planning.snapshots is not None)
+    remote = fn is not None and fn.remote is not None
+    hosts, hc = _share(share, spec, holds, w, comm, planning.snapshots is not None, remote)
     if given is not None and given.hosts is not None and hosts is not None:
         given.check_hosts(hosts)  # the job's grouping is the file's
         given.validate(r, comm)  # then proven safe, as any plan file
@@ -239,7 +240,7 @@ def _check_batch_format(batch_format: str) -> None:
 
 
 def _share(share: str, spec: PlanSpec, holds_transformed: bool, world: int, comm: Any,
-           snapshots: bool = False) -> tuple[Hosts | None, Any]:  # fmt: skip
+           snapshots: bool = False, remote: bool = False) -> tuple[Hosts | None, Any]:  # fmt: skip
     """The ranks grouped by host (``SOLAR_HOSTS=HxL`` forces a grouping) and this rank's host
     communicator, for a node buffer; (None, None): a buffer per rank. ``"node"``: refused,
     in one line naming the parameter, where the node buffer does not run the configuration;
@@ -249,7 +250,7 @@ def _share(share: str, spec: PlanSpec, holds_transformed: bool, world: int, comm
     agree(comm, share, "share")  # (one of SHARES: MemoryConfig checked it)
     if share == "rank":
         return None, None
-    why = node_unsupported(spec, holds_transformed, world, comm)
+    why = node_unsupported(spec, holds_transformed, world, comm, remote)
     if share == "auto":
         return _auto_share(spec, why, world, comm, snapshots)
     why = first_error(comm, why)  # (a rank's own arguments, e.g. its transform, may differ)
@@ -285,10 +286,15 @@ def grouping_unsupported(spec: PlanSpec, hosts: Hosts, where: Place, comm: Any,
     return why
 
 
-def node_unsupported(spec: PlanSpec, holds_transformed: bool, world: int, comm: Any) -> str:
+def node_unsupported(spec: PlanSpec, holds_transformed: bool, world: int, comm: Any,
+                     remote: bool = False) -> str:  # fmt: skip
     """Why a node buffer does not run this configuration yet (the parameter first), or "":
     the one list of it (``share="node"`` refuses with it, ``"auto"`` falls back per rank).
-    (A plan file decides before: its kind is the share: open_given.)"""
+    (A plan file decides before: its kind is the share: open_given.) ``remote``: the
+    transform's preprocessing workers (solar/remote) share a rank's steps, not a host's."""
+    if remote:
+        return ("transform remote=: not with a buffer per host yet: pass "
+                "MemoryConfig(share='rank') or no remote")  # fmt: skip
     if holds_transformed:
         return ("transform: a deterministic transform's rows held transformed are not shared "
                 "yet (Transform(deterministic=False) holds raw rows)")  # fmt: skip

@@ -16,10 +16,11 @@ from typing import Any
 import numpy as np
 
 from solar.errors import SolarError
+from solar.schedule.draw.members import MemberTrace
 from solar.schedule.draw.samplers import NO_EXTRAS, Sampler, extras_of
 from solar.schedule.keep.transfer import Transfer
 from solar.schedule.plans.packing import EpochWindows
-from solar.schedule.plans.rankplan import StepPlan
+from solar.schedule.plans.rankplan import StepPlan, elsewhere
 from solar.schedule.plans.stream import RankStream
 from solar.schedule.spec import PlanSpec
 from solar.transform import Rows, repeats
@@ -40,8 +41,20 @@ class Steps:
         # Modes decided once (each asks the sampler for its identity: not per step).
         self.traced, self.affinity = spec.traced, spec.affinity
         self.own_batches = self.traced and not self.affinity
-        self._drawn = stream.drawn if self.own_batches else None
+        # A member's buffer (solar/schedule/draw/members.py): the stream plans the steps this
+        # member owns; the others are served by another member of the trainer's plan, their
+        # rows neither read nor kept here.
+        member = stream.spec.sampler
+        self.member = member if isinstance(member, MemberTrace) else None
+        own = self.own_batches and self.member is None
+        self._drawn = stream.drawn if own else None
         self._served = self._drawn if extras_of(spec.sampler) is not NO_EXTRAS else None
+
+    def retrace(self, stream: RankStream) -> None:
+        """A member's buffer planned again (its epoch's members changed: solar/remote): the
+        steps from now on are ``stream``'s (the holdings refill to it)."""
+        assert self.member is not None and isinstance(stream.spec.sampler, MemberTrace)
+        self._stream, self.member = stream, stream.spec.sampler
 
     def enter(self, k: int) -> None:
         """Step ``k`` is served next: planned now if it must be (waiting for the planner),
@@ -63,6 +76,8 @@ class Steps:
 
     def plan(self, k: int) -> StepPlan:
         """Step ``k``'s plan, its rows in the sampler's batch order."""
+        if self.member is not None:
+            return self._member_step(k)
         step = self._stream.window(k, trim=False).step(k)
         if not self.traced:
             return step  # Shuffle: the planner chose the batch, its order is the plan's
@@ -72,6 +87,24 @@ class Steps:
             ids = draws[np.isin(draws, step.samples)]
         else:
             ids = self._own(k)[0]
+        return self._in_batch(k, step, ids)
+
+    def _member_step(self, k: int) -> StepPlan:
+        """Step ``k`` of a member's buffer: planned if the member owns it; else its batch with
+        nothing read or kept here (another member serves it)."""
+        assert self.member is not None
+        ids = self.member.base_batch(self.run, *divmod(k, self.spe))
+        if self.member.owns(k):
+            return self._in_batch(k, self._stream.window(k, trim=False).step(k), ids)
+        return self._in_batch(k, elsewhere(k, ids), ids)
+
+    def owns(self, k: int) -> bool:
+        """Whether this member reads and keeps step ``k``'s rows (every step, but for a
+        member's buffer: :attr:`member`)."""
+        return self.member is None or self.member.owns(k)
+
+    def _in_batch(self, k: int, step: StepPlan, ids: np.ndarray) -> StepPlan:
+        """``step`` as the sampler's batch ``ids`` (refused in one line if it is not)."""
         try:
             return step.in_batch(ids)
         except ValueError:

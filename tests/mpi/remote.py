@@ -1,10 +1,16 @@
 """Trainers served by preprocessing workers of another job: every batch byte-identical to a
 Loader transforming locally, whole epochs, each sample once per epoch over the ranks.
 
-mpiexec -n 2 python tests/mpi/remote.py DATA.h5 HOST:PORT WORKERS EPOCHS
-(the workers: ``solar worker HOST:PORT``, started apart)
+mpiexec -n 2 python tests/mpi/remote.py DATA.h5 HOST:PORT WORKERS EPOCHS [SAMPLER [PID]]
+(the workers: ``solar worker HOST:PORT``, started apart). SAMPLER ``shuffle`` (default: the
+planner splits each global batch, every row read by its trainer) or ``split`` (each rank's
+batch its own: each member keeps a buffer of its own steps, the trainer reads only its own).
+PID: rank 0 kills it (its worker, -9) at step 1 of epoch 0 (credit of 2 steps: its steps are
+late from then on, and it is taken for lost within epochs 0 and 1).
 """
 
+import os
+import signal
 import sys
 from pathlib import Path
 
@@ -15,19 +21,25 @@ from transform_fns import crop_flip_noise
 
 from solar import Loader, dist
 from solar.remote import Remote
+from solar.schedule.draw.samplers import SHUFFLE, Weighted
 from solar.transform import Transform
 
 path, address, workers, epochs = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+split = sys.argv[5:6] == ["split"]
+victim = int(sys.argv[6]) if len(sys.argv) > 6 else None
 d = dist.init(timeout_s=300)
-args = dict(batch_size=10, epochs=epochs, buffer=20, seed=3, comm=d.comm)
-remote = Remote(address, workers=workers, keep=1, join_s=60)
+sampler = Weighted(np.ones(103), replacement=False, affinity=False) if split else SHUFFLE
+args = dict(batch_size=10, epochs=epochs, buffer=20, seed=3, comm=d.comm, sampler=sampler)
+remote = Remote(address, workers=workers, keep=1, join_s=60, window=2 if victim else 8)
 ld = Loader(path, transform=Transform(crop_flip_noise, workers=1, remote=remote), **args)
 ref = Loader(path, transform=Transform(crop_flip_noise, workers=1), **args)
 for e in range(epochs):
     ld.set_epoch(e)
     ref.set_epoch(e)
     ids = []
-    for a, b in zip(ld, ref, strict=True):
+    for t, (a, b) in enumerate(zip(ld, ref, strict=True)):
+        if victim is not None and d.rank == 0 and (e, t) == (0, 1):
+            os.kill(victim, signal.SIGKILL)
         for k in b:
             assert np.array_equal(a[k].numpy(), b[k].numpy()), (e, k)
         ids.append(a["index"].numpy())
@@ -35,6 +47,11 @@ for e in range(epochs):
     assert np.array_equal(every, np.arange(103)), (e, every)
 figures = ld.stats.remote
 delivered = sum(f.steps for f in figures.values())
-print(f"rank {d.rank}: ok, workers {sorted(figures)}, delivered {delivered}", flush=True)
+# Rows this trainer read from storage: its buffer's misses, and its workers' late steps.
+reads = ld.stats.totals().reads + sum(f.read for f in figures.values())
+alone = ref.stats.totals().reads
+assert (reads < alone) if split else (reads == alone), (reads, alone)
+said = f"workers {sorted(figures)}, delivered {delivered}, read {reads} of {alone}"
+print(f"rank {d.rank}: ok, {said}", flush=True)
 ld.close()
 ref.close()

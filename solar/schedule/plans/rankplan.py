@@ -133,6 +133,15 @@ class StepPlan(NamedTuple):  # a NamedTuple: one is made per step, cheaper than 
         return np.concatenate([self.demote_tslots, self.tadmit_tslots])
 
 
+def elsewhere(k: int, ids: NDArray[np.int64]) -> StepPlan:
+    """Step ``k`` of batch ``ids`` served by another member of the plan (a preprocessing
+    worker: solar/schedule/draw/members.py): its distinct samples, none read, hit or kept
+    here."""
+    _, first = np.unique(ids, return_index=True)
+    samples = np.asarray(ids, np.int64)[np.sort(first)]
+    return StepPlan(k, samples, _NONE, _NONE, _NONE, _NONE, _NONE)
+
+
 @dataclass(frozen=True)
 class Share:
     """Rank ``rank``'s place in its buffer: local rank ``local`` of host ``host`` (global ranks

@@ -1,0 +1,132 @@
+"""A member's trace: the steps of a trainer that one member of its plan serves.
+
+A trainer (a Loader's rank) served by preprocessing workers (solar/remote) shares its steps
+with them: step ``k`` is the trainer's own or one worker's (:func:`owner`, a pure function of
+the step). Each member keeps a buffer of its own over the steps it owns: the trainer reads and
+keeps only its own steps' rows, a worker those of its steps. A member's buffer is planned by
+the same planner as any rank's, fed :class:`MemberTrace`: the trainer's batches (its
+sampler's, or Shuffle's global batch for a trainer alone) with every step another member owns
+left empty. A step mask over a trace, so the planner's trace path (TraceOrder, Belady per
+rank) plans it unchanged.
+
+Only where a trainer's batches are fixed before its buffer is planned (:func:`member_spec`):
+a sampler that splits its own batches (no affinity, no equal batches), or Shuffle for a
+trainer alone. Where the planner chooses who serves what (Shuffle over several ranks), the
+batches depend on the whole buffer's plan, and a member's buffer cannot be planned apart.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+
+from solar._kept import Kept
+from solar.config import RunConfig
+from solar.schedule.draw.draws import EpochDraws, every_rank, rank_steps
+from solar.schedule.draw.samplers import NO_EXTRAS, Sampler, extras_of, is_shuffle
+from solar.schedule.policy import TRACE_POLICIES
+from solar.schedule.spec import PlanSpec
+
+TRAINER = -1  # the member that is the trainer itself (workers are numbered from 0)
+
+
+def owner(k: int, keep: int, workers: list[int] | tuple[int, ...]) -> int | None:
+    """Who transforms step ``k`` of a trainer served by ``workers`` (live, sorted): None for the
+    trainer itself (``keep`` steps of every ``keep + len(workers)``), else a worker."""
+    if not workers:
+        return None
+    p = k % (keep + len(workers))
+    return None if p < keep else workers[p - keep]
+
+
+Roster = tuple[tuple[int, tuple[int, ...]], ...]  # (first epoch, workers) by epoch, sorted
+
+
+def workers_in(roster: Roster, epoch: int) -> tuple[int, ...]:
+    """The workers of ``roster`` in ``epoch``: those of its last entry at or before it."""
+    got: tuple[int, ...] = ()
+    for first, workers in roster:
+        if first > epoch:
+            break
+        got = workers
+    return got
+
+
+class MemberTrace(Sampler):
+    """The steps of trainer ``rank`` that ``member`` owns (:data:`TRAINER`, or a worker's
+    number) when ``keep`` and the workers of each epoch (``roster``) share them
+    (:func:`owner`): ``base``'s batches of the rank there, every other batch empty. Epochs
+    not in the roster yet are taken to have its last entry's workers (a later entry is a new
+    trace: its members plan again)."""
+
+    kind = "member"
+    affinity = False
+
+    def __init__(self, base: Sampler, rank: int, keep: int, roster: Roster, member: int,
+                 spe: int) -> None:  # fmt: skip
+        self.base, self.rank, self.keep = base, rank, keep
+        self.roster, self.member, self.spe = roster, member, spe
+        self.horizon = base.horizon
+        self._base: Kept[EpochDraws] = Kept(3)  # planner and runtime ask alike
+
+    def owns(self, k: int) -> bool:
+        """Whether global step ``k`` of the trainer is this member's."""
+        w = owner(k, self.keep, workers_in(self.roster, k // self.spe))
+        return (w is None) if self.member == TRAINER else w == self.member
+
+    def base_epoch(self, run: RunConfig, epoch: int) -> EpochDraws:
+        """The trainer's batches of ``epoch``, every step (one per step: (steps + 1) offsets)."""
+        return self._base.get(
+            (run, epoch), lambda: rank_steps(self.base.epoch(run, epoch), run, self.rank)
+        )
+
+    def base_batch(self, run: RunConfig, epoch: int, step: int) -> np.ndarray:
+        """The trainer's batch at ``step`` of ``epoch``, whoever owns it."""
+        d = self.base_epoch(run, epoch)
+        return d.ids[d.offsets[step] : d.offsets[step + 1]]
+
+    def epoch(self, run: RunConfig, epoch: int) -> EpochDraws:
+        d = self.base_epoch(run, epoch)
+        spe = run.steps_per_epoch
+        mine = np.array([self.owns(epoch * spe + t) for t in range(spe)], np.bool_)
+        sizes = np.diff(d.offsets) * mine
+        offsets = np.zeros(spe + 1, np.int64)
+        np.cumsum(sizes, out=offsets[1:])
+        ids = d.ids[np.repeat(mine, np.diff(d.offsets))]
+        return every_rank(run, {self.rank: EpochDraws(ids, offsets)})
+
+    def max_batch(self, run: RunConfig) -> int | None:
+        return self.base.max_batch(run)
+
+    def batch_bound(self, run: RunConfig) -> int:
+        return self.base.batch_bound(run)
+
+    def identity(self) -> dict[str, Any]:
+        return {"kind": self.kind, "base": self.base.identity(), "rank": self.rank,
+                "keep": self.keep, "roster": [[e, list(w)] for e, w in self.roster],
+                "member": self.member}  # fmt: skip
+
+
+def member_spec(spec: PlanSpec, rank: int, keep: int, roster: Roster,
+                member: int) -> PlanSpec | None:  # fmt: skip
+    """The plan of ``member``'s buffer over trainer ``rank``'s steps it owns (``spec``: the
+    trainer's run; ``roster``: its workers by epoch, from epoch 0), or None where it has no
+    worker, or where the trainer's batches depend on its buffer's plan (Shuffle
+    over several ranks, a sampler with affinity or equal batches) or its sampler delivers
+    more than rows: there every member reads its steps' rows unplanned."""
+    base = spec.sampler
+    fixed = spec.run.world_size == 1 and not spec.reorder_epochs if is_shuffle(base) \
+        else not spec.affinity  # fmt: skip
+    if (
+        not fixed
+        or spec.equal_batches
+        or extras_of(base) is not NO_EXTRAS
+        or not any(w for _, w in roster)
+    ):
+        return None
+    trace = MemberTrace(base, rank, keep, roster, member, spec.run.steps_per_epoch)
+    # The trainer's policy where it plans a trace (Belady, ``solar``, where it does not).
+    policy = spec.policy if spec.policy in TRACE_POLICIES and not spec.buffer.tier else "solar"
+    return dataclasses.replace(spec, sampler=trace, policy=policy, pages=None)
