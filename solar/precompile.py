@@ -200,10 +200,10 @@ def _write_layout(root: Path, name: str, n: int) -> Path:
 
 
 def _warm_graph(root: Path, world: int) -> None:
-    """A graph's kernels: generating one (``solar gen --preset graph``), converting a text
-    edge list reordered for locality (``solar convert``), and Loaders of ``world`` ranks
-    serving its features by neighbour sampling (the sampler's, the page mates' planning, the
-    feature reads')."""
+    """A graph's kernels: generating one (``solar gen --preset graph``), converting an OGB
+    directory of text files reordered for locality (``solar convert``), and Loaders of
+    ``world`` ranks serving its features by neighbour sampling (the sampler's, the page mates'
+    planning, the feature reads'), over its file and over its edges as PyG holds them."""
     from solar.graph import Graph, NeighborSampler, generate_graph, write_graph
     from solar.graph.reorder import reorder_nodes
 
@@ -211,13 +211,18 @@ def _warm_graph(root: Path, world: int) -> None:
     generate_graph(path, 300, 6.0, 24, seed=1, train_fraction=0.5)
     g = Graph(path)
     src = np.repeat(np.arange(g.num_nodes), np.diff(g.indptr))
-    text = root / f"edges-{os.getpid()}.txt"
-    np.savetxt(text, np.stack([src, g.indices], axis=1), fmt="%d")
-    with warnings.catch_warnings():  # (no labels or split; varying batches: serve nobody)
+    # As OGB lays one out: text edges, and a node count, labels and a split of one number
+    # a line (read from bytes, read-only: a signature of the parser's own).
+    text = root / f"ogb-{os.getpid()}"
+    (text / "split").mkdir(parents=True)
+    np.savetxt(text / "edge.csv", np.stack([src, g.indices], axis=1), fmt="%d", delimiter=",")
+    np.savetxt(text / "num-node-list.csv", [g.num_nodes], fmt="%d")
+    np.savetxt(text / "node-label.csv", g.labels, fmt="%d")
+    np.savetxt(text / "split" / "train.csv", g.train_idx, fmt="%d")
+    with warnings.catch_warnings():  # (varying batches: these serve nobody)
         warnings.simplefilter("ignore", UserWarning)
-        write_graph(text, root / f"text-{os.getpid()}.h5", num_nodes=g.num_nodes,
-                    undirected=True, order=lambda h: reorder_nodes(h.indptr, h.indices),
-                    force=True)  # fmt: skip
+        write_graph(text, root / f"text-{os.getpid()}.h5", undirected=True,
+                    order=lambda h: reorder_nodes(h.indptr, h.indices), force=True)  # fmt: skip
         for rank in range(world):
             sampler = NeighborSampler(path, (3, 2), batch_size=8)
             Loader(path, keys=["features"], sampler=sampler, batch_size=8, epochs=2,
