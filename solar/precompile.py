@@ -217,8 +217,10 @@ def _warm_graph(root: Path, world: int) -> None:
     (text / "split").mkdir(parents=True)
     np.savetxt(text / "edge.csv", np.stack([src, g.indices], axis=1), fmt="%d", delimiter=",")
     np.savetxt(text / "num-node-list.csv", [g.num_nodes], fmt="%d")
-    np.savetxt(text / "node-label.csv", g.labels, fmt="%d")
-    np.savetxt(text / "split" / "train.csv", g.train_idx, fmt="%d")
+    labels, train = g.labels, g.train_idx
+    assert labels is not None and train is not None  # (a generated graph has both)
+    np.savetxt(text / "node-label.csv", labels, fmt="%d")
+    np.savetxt(text / "split" / "train.csv", train, fmt="%d")
     with warnings.catch_warnings():  # (varying batches: these serve nobody)
         warnings.simplefilter("ignore", UserWarning)
         write_graph(text, root / f"text-{os.getpid()}.h5", undirected=True,
