@@ -23,7 +23,7 @@ from solar.schedule.draw.samplers import SHUFFLE, Weighted
 from solar.schedule.keep.grouping import Hosts
 from solar.schedule.keep.hostplan import HostPlanner
 from solar.schedule.keep.planner import Planner
-from solar.schedule.plans.plan import plan_to_file
+from solar.schedule.plans.plan import load_plan, plan_to_file
 from solar.schedule.spec import PlanSpec
 from solar.warm import Warmth, measured, rehearse_node, signatures, tiny_spec, unreached
 
@@ -62,8 +62,10 @@ def common_configs() -> list[dict[str, Any]]:
         for sampler in ("shuffle", "weighted"):
             out.append(dict(world=world, policy="solar", tier=False, sampler=sampler,
                             plan_file=True))  # fmt: skip
-    # A plan file's proof with a tier: its tier slots an array of their own, not a view.
-    out.append(dict(world=2, policy="solar", tier=True, sampler="weighted", plan_file=True))
+    # A plan file's proof with a tier (a trace's and Shuffle's, their own kernels): its tier
+    # slots an array of their own, not a view.
+    out += [dict(world=2, policy="solar", tier=True, sampler=sampler, plan_file=True)
+            for sampler in ("weighted", "shuffle")]  # fmt: skip
     return out
 
 
@@ -144,6 +146,13 @@ def _warm_node(data: Path, root: Path, n: int) -> None:
         one = PlanSpec(RunConfig(1, 1, 1, 2), BufferConfig(1), sampler=draws)
         HostPlanner(one, Hosts.grid(1, 1)).next()
         Planner(one).next_all()
+    # ... and its plan file, proven and replayed (a resume's refill) as a Loader serving it
+    # proves and replays one (a rank's window of one access, in a job of small batches).
+    path = root / f"one-{os.getpid()}.plan.h5"
+    plan_to_file(PlanSpec(RunConfig(1, 1, 1, 2), BufferConfig(1)), path)
+    plan = load_plan(path)
+    plan.validate(0)
+    plan.rank(0).refill_at(1)
 
 
 def layouts() -> dict[str, dict[str, Any]]:
@@ -191,10 +200,10 @@ def _write_layout(root: Path, name: str, n: int) -> Path:
 
 
 def _warm_graph(root: Path, world: int) -> None:
-    """A graph's kernels: generating one (``solar gen --preset graph``), converting a text
-    edge list reordered for locality (``solar convert``), and Loaders of ``world`` ranks
-    serving its features by neighbour sampling (the sampler's, the page mates' planning, the
-    feature reads')."""
+    """A graph's kernels: generating one (``solar gen --preset graph``), converting an OGB
+    directory of text files reordered for locality (``solar convert``), and Loaders of
+    ``world`` ranks serving its features by neighbour sampling (the sampler's, the page mates'
+    planning, the feature reads'), over its file and over its edges as PyG holds them."""
     from solar.graph import Graph, NeighborSampler, generate_graph, write_graph
     from solar.graph.reorder import reorder_nodes
 
@@ -202,17 +211,31 @@ def _warm_graph(root: Path, world: int) -> None:
     generate_graph(path, 300, 6.0, 24, seed=1, train_fraction=0.5)
     g = Graph(path)
     src = np.repeat(np.arange(g.num_nodes), np.diff(g.indptr))
-    text = root / f"edges-{os.getpid()}.txt"
-    np.savetxt(text, np.stack([src, g.indices], axis=1), fmt="%d")
-    with warnings.catch_warnings():  # (no labels or split; varying batches: serve nobody)
+    # As OGB lays one out: text edges, and a node count, labels and a split of one number
+    # a line (read from bytes, read-only: a signature of the parser's own).
+    text = root / f"ogb-{os.getpid()}"
+    (text / "split").mkdir(parents=True)
+    np.savetxt(text / "edge.csv", np.stack([src, g.indices], axis=1), fmt="%d", delimiter=",")
+    np.savetxt(text / "num-node-list.csv", [g.num_nodes], fmt="%d")
+    labels, train = g.labels, g.train_idx
+    assert labels is not None and train is not None  # (a generated graph has both)
+    np.savetxt(text / "node-label.csv", labels, fmt="%d")
+    np.savetxt(text / "split" / "train.csv", train, fmt="%d")
+    with warnings.catch_warnings():  # (varying batches: these serve nobody)
         warnings.simplefilter("ignore", UserWarning)
-        write_graph(text, root / f"text-{os.getpid()}.h5", num_nodes=g.num_nodes,
-                    undirected=True, order=lambda h: reorder_nodes(h.indptr, h.indices),
-                    force=True)  # fmt: skip
+        write_graph(text, root / f"text-{os.getpid()}.h5", undirected=True,
+                    order=lambda h: reorder_nodes(h.indptr, h.indices), force=True)  # fmt: skip
         for rank in range(world):
             sampler = NeighborSampler(path, (3, 2), batch_size=8)
             Loader(path, keys=["features"], sampler=sampler, batch_size=8, epochs=2,
                    buffer=20, rank=rank, world_size=world).close()  # fmt: skip
+        # The same graph as PyG holds it in memory (a Data's int64 edge_index, source then
+        # target): its neighbours kept int64, the sampler's signature of their own.
+        edges = {"edge_index": np.stack([g.indices, src]).astype(np.int64),
+                 "num_nodes": g.num_nodes, "train_idx": g.train_idx}  # fmt: skip
+        sampler = NeighborSampler(edges, (3, 2), batch_size=8)
+        Loader(path, keys=["features"], sampler=sampler, batch_size=8, epochs=2,
+               buffer=20).close()  # fmt: skip
 
 
 def _write_data(root: Path, n: int) -> None:

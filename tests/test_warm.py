@@ -226,6 +226,51 @@ def _after_warm(fresh: Run, script: str, root) -> dict:
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
+GRAPH_AFTER_WARM = textwrap.dedent(
+    """
+    import sys
+    from pathlib import Path
+    import numpy as np
+    from solar import ExpertConfig, Loader, NeighborSampler
+    from solar.graph import Graph, generate_graph
+    from solar.graph.csr import check_csr
+    from solar.precompile import common_configs, warm_config
+    from solar.warm import TALLY, signatures
+
+    root = Path(sys.argv[1])
+    for cfg in common_configs():
+        if cfg["sampler"] == "neighbor":
+            warm_config(cfg, root)
+    before, compiles = signatures(), TALLY.count
+    path = root / "other.h5"
+    generate_graph(path, 157, 5.0, 16, seed=3, train_fraction=0.4)
+    g = Graph(path)
+    target = np.repeat(np.arange(g.num_nodes), np.diff(g.indptr))
+    edges = {"edge_index": np.stack([g.indices, target]).astype(np.int64),
+             "num_nodes": g.num_nodes, "train_idx": g.train_idx}
+    for graph in (path, edges):  # int32 neighbours, and PyG's int64 ones
+        sampler = NeighborSampler(graph, (2, 2), batch_size=6)
+        serve(Loader(path, keys=["features"], sampler=sampler, batch_size=6, epochs=2,
+                     buffer=30, expert=ExpertConfig(warm=False)))
+    # A host's sealed copy (Graph.hold with a communicator): its parts checked as read-only
+    # views of mapped bytes.
+    for indices in (g.indices, edges["edge_index"][0]):
+        check_csr(*(np.frombuffer(a.tobytes(), a.dtype) for a in (g.indptr, indices)), "sealed")
+    report(before, compiles)
+    """
+)
+
+
+def test_solar_warm_rehearses_a_graphs_read_only_topologies(tmp_path, fresh):
+    """A graph's topology is read-only wherever it is held (a rank's private copy, a host's
+    sealed one) and int32 or int64 (PyG's edge_index): after ``solar warm``'s graph
+    configuration, sampling and serving another graph of either kind, and checking a sealed
+    copy's read-only views, call no kernel signature it did not compile or load (numba
+    specialises on the read-only flag and the dtype: before, the test suite compiled both)."""
+    out = _after_warm(fresh, GRAPH_AFTER_WARM, tmp_path)
+    assert out["new"] == {} and out["compiled"] == 0, out
+
+
 DEMO_AFTER_WARM = textwrap.dedent(
     """
     import json, sys, warnings

@@ -160,6 +160,9 @@ class Graph:
         with self._lock:
             if self._bulk is None:
                 parts = self._bulk_opened(lambda p: _load(p, self.where))
+                # Checked read-only, as a host's sealed copy is: one signature of the check's
+                # kernel for both (numba specialises on the flag), the one `solar warm` compiles.
+                _frozen(parts)
                 check_csr(parts["indptr"], parts["indices"], self.where)
                 self._adopt(parts)
 
@@ -196,9 +199,7 @@ class Graph:
         return None
 
     def _adopt(self, parts: dict[str, np.ndarray]) -> None:
-        for a in parts.values():
-            a.flags.writeable = False  # validated once: nothing may change them after
-        self._bulk = parts
+        self._bulk = _frozen(parts)  # validated once: nothing may change them after
 
     def _held(self) -> dict[str, np.ndarray]:
         if self._bulk is None:
@@ -261,6 +262,13 @@ class Graph:
         if self.identity != state["_digest"]:
             raise SolarError(f"{self.where}: changed since it was opened (its topology differs "
                              "in this process)")  # fmt: skip
+
+
+def _frozen(parts: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """``parts``, each made read-only."""
+    for a in parts.values():
+        a.flags.writeable = False
+    return parts
 
 
 def as_graph(graph: Graph | str | os.PathLike | Mapping[str, Any], comm: Any = None,
