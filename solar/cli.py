@@ -150,6 +150,10 @@ def cli() -> None:
     help="Epochs of look-ahead for --sampler weighted "
     "(default: the whole run if it fits in memory).",
 )
+@click.option("--window", type=int,
+              help="Plan each epoch of --sampler neighbor in windows of this many steps (next "
+                   "uses known one window ahead: memory grows with the window, not the "
+                   "epoch; default: whole epochs wherever they fit).")  # fmt: skip
 @click.option("--out", "-o", type=click.Path(),
               help="Plan file to write; without it, plan and report only.")  # fmt: skip
 @click.option("--plot", "plot_out", type=click.Path(),
@@ -190,6 +194,7 @@ def plan(
     num_samples: int | None,
     no_replacement: bool,
     horizon: int | None,
+    window: int | None,
     out: str | None,
     plot_out: str | None,
     force: bool,
@@ -208,7 +213,7 @@ def plan(
     hosts_of = (share_mode, hosts)
     memory = MemoryConfig(tier_size=tier_size, share=share_mode)
     planning = PlanningConfig(slack=slack, policy=policy, equal_batches=equal_batches,
-                              horizon=horizon)  # fmt: skip
+                              horizon=horizon, window=window)  # fmt: skip
     info = dataset = pages = None
     if sampler_kind == "neighbor":  # a graph's feature rows, as a Loader with a NeighborSampler
         from solar.graph.bench import parse_fanouts
@@ -257,7 +262,7 @@ def plan(
         equal_batches = equal_by_default(world_size, sampler)
     spec = PlanSpec(
         run, BufferConfig(capacity, planning.slack, tier), planning.policy, reorder_epochs,
-        sample_bytes, dataset, sampler, planning.horizon, equal_batches,
+        sample_bytes, dataset, sampler, planning.horizon, equal_batches, None, planning.window,
     )  # fmt: skip
     if pages is not None and spec.plans_page_mates:
         spec = dataclasses.replace(spec, pages=pages)

@@ -323,9 +323,13 @@ def _run_planner(
     planner = Planner(spec, epoch_order)
     tally = Tally(spec.run.world_size, spec.equal_batches)
     for _ in range(spec.run.epochs):
-        seq, sched = planner.next_schedule()
         before = tally.a[:2].sum(axis=1).tolist()
-        tally.add(sched)
+        if sink is None:  # totals alone: an epoch planned in windows is tallied window by window
+            for part in planner.next_parts():
+                tally.add(part)
+        else:
+            seq, sched = planner.next_schedule()
+            tally.add(sched)
         if on_epoch is not None:
             accesses, hits = (x - y for x, y in zip(tally.a[:2].sum(axis=1).tolist(), before,
                                                    strict=True))  # fmt: skip
