@@ -204,7 +204,11 @@ class Planner:
         planner plans rank ``r`` alone)."""
         if self.only_rank is not None and r != self.only_rank:
             raise ValueError(f"this planner plans rank {self.only_rank} alone, not rank {r}")
-        seq, sched = self.next_schedule()
+        return self.rank_part(r, *self.next_schedule())
+
+    def rank_part(self, r: int, seq: np.ndarray, sched: EpochSchedule) -> RankEpoch:
+        """Rank ``r``'s part of the last epoch planned (``seq`` and ``sched`` from
+        :meth:`next_schedule`)."""
         mine = np.flatnonzero(sched.rank == r)
         step_offsets = np.zeros(sched.counts.shape[0] + 1, np.int64)
         np.cumsum(sched.access_counts[:, r], out=step_offsets[1:])
