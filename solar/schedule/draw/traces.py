@@ -393,19 +393,22 @@ def default_horizon(run: RunConfig, sampler: Sampler | None = None) -> int:
 WINDOW_BUDGET = 6 << 30
 
 
-def step_accesses(run: RunConfig, sampler: Sampler) -> int:
+def step_accesses(run: RunConfig, sampler: Sampler, typical: bool = True) -> int:
     """About this many accesses in a step of a sampler's trace, over every rank: the
-    sampler's typical batch (a few drawn), else its bound, or a step's draws if more."""
-    typical = sampler.typical_batch(run)
-    batch = sampler.batch_bound(run) if typical is None else typical
+    sampler's typical batch (a few drawn; ``typical`` False: never drawn), else its bound, or
+    a step's draws if more."""
+    drawn = sampler.typical_batch(run) if typical else None
+    batch = sampler.batch_bound(run) if drawn is None else drawn
     return int(max(run.global_batch, batch * run.world_size))
 
 
 def default_window(run: RunConfig, sampler: Sampler) -> int | None:
     """Steps per window of an epoch planned in windows where its trace and its look-ahead
     do not fit ``WINDOW_BUDGET`` (the most that do, with one window of look-ahead; at least
-    1), else None: whole epochs. A pure function of the run and sampler."""
-    per_step = step_accesses(run, sampler) * BYTES_PER_ACCESS
-    if 2 * per_step * run.steps_per_epoch <= WINDOW_BUDGET:
-        return None
+    1), else None: whole epochs. A pure function of the run and sampler; a run that fits by
+    the sampler's bound draws nothing to know it."""
+    for typical in (False, True):
+        per_step = step_accesses(run, sampler, typical) * BYTES_PER_ACCESS
+        if 2 * per_step * run.steps_per_epoch <= WINDOW_BUDGET:
+            return None
     return int(max(1, WINDOW_BUDGET // (2 * per_step)))
