@@ -10,7 +10,7 @@ import h5py
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from helpers import every_batch
+from helpers import every_batch, resumed_batches
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -173,15 +173,7 @@ def test_a_loader_planning_in_windows_serves_exact_rows_each_seed_once(graph, wo
         for b in whole:
             n_id = b["n_id"].numpy()
             assert b["x"].numpy().tobytes() == feats[n_id].tobytes()
-        with make() as ld:
-            ld.set_epoch(1)
-            it = iter(ld)
-            for _ in range(spe // 2):
-                next(it)
-            state = ld.state_dict()
-        with make() as ld:
-            ld.load_state_dict(state)
-            rest = every_batch(ld, [1, 2])
+        rest = resumed_batches(make, 1, spe // 2, [1, 2])
         for got_b, want in zip(rest, whole[spe + spe // 2 :], strict=True):
             assert got_b["x"].numpy().tobytes() == want["x"].numpy().tobytes()
 
