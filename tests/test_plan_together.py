@@ -73,3 +73,36 @@ def test_a_node_buffer_is_refused_under_mpiexec_in_one_line(graph):
     job = run_job(MPIEXEC, 2, [str(SCRIPT), "-", *args], 120)
     assert job.returncode != 0
     assert "under mpiexec plans a buffer per rank as one host" in job.stderr
+
+
+def test_a_plan_written_rank_by_rank_is_the_plan_written_whole(graph, tmp_path):
+    """PlanWriter.add_ranks (each rank's part as it comes, from its own planner) writes the
+    file plan_to_file writes; a part that is not its offsets' is refused."""
+    from solar import BufferConfig, NeighborSampler, PlanSpec, RunConfig, SolarError
+    from solar.schedule.keep.planner import Planner
+    from solar.schedule.plans.plan import plan_to_file
+    from solar.schedule.plans.planfile import PlanWriter
+    from solar.schedule.plans.together import share
+
+    sampler = NeighborSampler(graph, (4, 2), batch_size=24)
+    n = sampler.graph.num_nodes
+    run = RunConfig(n, 3, 24, 2, 1, False, sampler.draws(n, 72))
+    spec = PlanSpec(run, BufferConfig(100, 0.25, 30), sampler=sampler)
+    assert share(spec, 2, 0) == [0, 2] and share(spec, 2, 1) == [1]
+    whole = plan_to_file(spec, tmp_path / "whole.h5")
+    planners = [Planner(spec, only_rank=r) for r in range(3)]
+    with PlanWriter(tmp_path / "ranks.h5", spec, planners[0].epoch_order) as writer:
+        for k in range(2):
+            parts = [p.next_rank(r) for r, p in enumerate(planners)]
+            offsets = np.stack([p.step_offsets for p in parts])
+            writer.add_ranks(k, offsets, iter(parts))
+        writer.finish(whole.stats, whole.plan_seconds)
+    a, b = _datasets(tmp_path / "whole.h5"), _datasets(tmp_path / "ranks.h5")
+    assert sorted(a) == sorted(b) and all(np.array_equal(a[k], b[k]) for k in a)
+    planners = [Planner(spec, only_rank=r) for r in range(3)]
+    parts = [p.next_rank(r) for r, p in enumerate(planners)]
+    offsets = np.stack([p.step_offsets for p in parts])
+    with pytest.raises(SolarError, match="rank 1's part is not its offsets'"), \
+            PlanWriter(tmp_path / "bad.h5", spec) as writer:  # fmt: skip
+        writer.add_ranks(0, offsets, iter([parts[0], parts[0], parts[2]]))
+    assert not list(tmp_path.glob("*bad*"))  # nothing half-written
