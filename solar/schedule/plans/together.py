@@ -31,11 +31,11 @@ from solar.schedule.plans.plan import (
     simulate,
 )
 from solar.schedule.plans.planfile import PlanWriter, fingerprint
-from solar.schedule.policy import Progress
+from solar.schedule.policy import Progress, no_tier, tier_slot_count
 from solar.schedule.spec import PlanSpec
 
-_PART = 7  # message tags of a rank's part sent to process 0: one per array (+ the field)
-_FIELDS = ("sample", "slot", "flags", "tslot")
+_PART = 7  # the tag of a rank's part sent to process 0, one message an array, in this order
+_FIELDS = ("sample", "slot", "flags", "tslot")  # (tier slots only where a tier is planned)
 
 
 def share(spec: PlanSpec, procs: int, q: int) -> list[int]:
@@ -126,13 +126,14 @@ def _gather_parts(comm: Any, spec: PlanSpec, k: int, parts: dict[int, RankEpoch]
     """Epoch ``k``'s parts of every rank to process 0's ``writer``, in rank order, one at a
     time (each process sends its own as process 0 asks for them, one array a message)."""
     world, procs = spec.run.world_size, comm.Get_size()
+    fields = _FIELDS if tier_slot_count(spec.run, spec.buffer) else _FIELDS[:3]
     offsets = np.zeros((world, spec.run.steps_per_epoch + 1), np.int64)
     for r, part in parts.items():
         offsets[r] = part.step_offsets
     offsets = comm.allreduce(offsets)  # (each rank's row from its process, zeros elsewhere)
     if writer is None:
         for r in sorted(parts):
-            for name in _FIELDS:
+            for name in fields:
                 a = np.ascontiguousarray(getattr(parts[r], name))
                 comm.Send(a, dest=0, tag=_PART)
             parts[r] = None  # type: ignore[assignment]  # (sent: let go)
@@ -144,10 +145,9 @@ def _gather_parts(comm: Any, spec: PlanSpec, k: int, parts: dict[int, RankEpoch]
                 yield parts.pop(r)
                 continue
             n = int(offsets[r, -1])
-            got = {}
-            for name, dtype in zip(_FIELDS, (None, np.int32, np.uint8, np.int32), strict=True):
-                dt = _sample_dtype(spec) if dtype is None else dtype
-                got[name] = np.empty(n, dt)
+            got = {"tslot": no_tier(n)}
+            for name, dtype in zip(fields, (None, np.int32, np.uint8, np.int32), strict=False):
+                got[name] = np.empty(n, _sample_dtype(spec) if dtype is None else dtype)
                 comm.Recv(got[name], source=r % procs, tag=_PART)
             yield RankEpoch(k, got["sample"], got["slot"], got["flags"], offsets[r], got["tslot"])
 
