@@ -274,8 +274,10 @@ class TraceOrder:
             later = None
             if self.pages is not None:
                 later = self._window_uses(k, offset, trace, ahead, nxt)
+            size = trace.pair.size
             yield Window(k, self._steps(j)[0], offset, trace, nu, later)
-            offset += trace.pair.size
+            del trace, nu, later, ahead  # (planned: let go before the next window is drawn)
+            offset += size
 
     def _window_uses(self, k: int, offset: int, trace: EpochTrace, ahead: EpochTrace | None,
                      nxt: tuple[int, int] | None) -> LaterUses:  # fmt: skip

@@ -151,7 +151,9 @@ class Planner:
             raise IndexError(f"the run has {self.spec.run.epochs} epochs, all planned")
         assert isinstance(self.order, TraceOrder)
         for w in self.order.windows(k):
-            yield self.policy.plan_window(w)  # type: ignore[attr-defined]
+            part = self.policy.plan_window(w)  # type: ignore[attr-defined]
+            del w  # (its trace and index let go before the next window is drawn)
+            yield part
         self.epoch += 1
 
     def snapshot(self) -> dict[str, np.ndarray] | None:
