@@ -1,6 +1,7 @@
 """Bytes per planned access: the planner's peak memory over its accesses, Shuffle and GNN.
 
-    python bench/plan_memory.py [--nodes 1000000] [--samples 1000000] [--json out.json]
+    python bench/plan_memory.py [--nodes 1000000] [--samples 1000000] [--graph G.h5]
+                                [--windows 2,5] [--only neighbor] [--json out.json]
 
 Each case runs in a fresh process (``--case``): imports, the graph's topology read (GNN), then
 the peak RSS reset (``/proc/self/clear_refs``), then one ``simulate`` of the run (what
@@ -12,7 +13,9 @@ bytes are the graph's, not the plan's).
 Cases: Shuffle over ``--samples`` (P=8, B=64, E=3, buffer 10 %); a NeighborSampler over a
 generated graph of ``--nodes`` (average degree 16, F=8, 4 % training nodes; fanouts (15, 10,
 5), B=1024, P=8, E=1 and 3, buffer 10 %): the issue-48 stand-in's shape at a size planned in a
-minute here.
+minute here. ``--graph``: that graph file instead of a generated one. ``--windows``: the GNN
+cases again with the epoch planned in windows of that many steps (``PlanSpec.window``), beside
+the whole-epoch plan (its hit rate against it). ``--only``: the cases of one sampler.
 """
 
 from __future__ import annotations
@@ -55,7 +58,7 @@ def _spec(args: argparse.Namespace):
     run = RunConfig(n, 8, 1024, args.epochs, 0, False, None if draws == n else draws)
     cap = parse_size("10%", sample_bytes=row, num_samples=n, world_size=8, name="buffer")
     spec = PlanSpec(run, BufferConfig(cap), "solar", False, row, info.identity, sampler, None,
-                    False)  # fmt: skip
+                    False, None, args.window)  # fmt: skip
     pages = page_layout(info)
     if pages is not None and spec.plans_page_mates:
         import dataclasses
@@ -89,6 +92,8 @@ def child(args: argparse.Namespace) -> None:
         peak = _rss("VmHWM")
     accesses = summary.accesses
     print(json.dumps({"case": args.case, "epochs": args.epochs, "to_file": bool(args.out),
+                      "window": spec.steps_window if spec.traced else None,
+                      "steps_per_epoch": spec.run.steps_per_epoch, "hits": summary.hits,
                       "accesses": accesses, "hit_rate": round(summary.hit_rate, 4),
                       "seconds": round(seconds, 2),
                       "peak_over_base": peak - base, "topology_bytes": topology,
@@ -100,6 +105,9 @@ def main() -> None:
     p.add_argument("--nodes", type=int, default=1_000_000)
     p.add_argument("--samples", type=int, default=1_000_000)
     p.add_argument("--json", help="also write the results here")
+    p.add_argument("--windows", default="", help="GNN cases planned in windows of these steps")
+    p.add_argument("--only", choices=["shuffle", "neighbor"], help="the cases of one sampler")
+    p.add_argument("--window", type=int, help=argparse.SUPPRESS)
     p.add_argument("--case", help=argparse.SUPPRESS)
     p.add_argument("--graph", help=argparse.SUPPRESS)
     p.add_argument("--epochs", type=int, default=1, help=argparse.SUPPRESS)
@@ -112,19 +120,28 @@ def main() -> None:
 
     results = []
     with tempfile.TemporaryDirectory() as tmp:
-        graph = Path(tmp) / "g.h5"
-        generate_graph(graph, args.nodes, 16.0, 8, seed=0, train_fraction=0.04)
+        graph = Path(args.graph) if args.graph else Path(tmp) / "g.h5"
+        if not args.graph:
+            generate_graph(graph, args.nodes, 16.0, 8, seed=0, train_fraction=0.04)
+        gnn = [["--epochs", "1"], ["--epochs", "3"], ["--epochs", "1", "--out"]]
         cases = [["--case", "shuffle", "--epochs", "3"],
                  ["--case", "shuffle", "--epochs", "3", "--out"],
-                 ["--case", "neighbor", "--epochs", "1"],
-                 ["--case", "neighbor", "--epochs", "3"],
-                 ["--case", "neighbor", "--epochs", "1", "--out"]]  # fmt: skip
+                 *(["--case", "neighbor", *c] for c in gnn),
+                 *(["--case", "neighbor", *c, "--window", w] for w in args.windows.split(",")
+                   if w for c in gnn)]  # fmt: skip
+        cases = [c for c in cases if args.only in (None, c[1])]
         for case in cases:
             cmd = [sys.executable, __file__, *case, "--graph", str(graph),
                    "--samples", str(args.samples)]  # fmt: skip
             out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=os.environ)
-            results.append(json.loads(out.stdout.strip().splitlines()[-1]))
-            print(json.dumps(results[-1]), flush=True)
+            got = json.loads(out.stdout.strip().splitlines()[-1])
+            fields = ("case", "window", "epochs", "to_file")
+            key = (got["case"], None, got["epochs"], got["to_file"])
+            whole = [r for r in results if tuple(r[f] for f in fields) == key]
+            if got["window"] is not None and whole:  # the hits a window keeps
+                got["hits_kept"] = round(got["hits"] / max(1, whole[0]["hits"]), 4)
+            results.append(got)
+            print(json.dumps(got), flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
 

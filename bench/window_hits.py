@@ -1,21 +1,28 @@
 """What planning a GNN epoch in windows of steps costs in hits, against the whole-epoch plan.
 
-    python bench/window_hits.py GRAPH.h5 [--windows 1,2,5,10] [--ahead 0,1,2] [-B 128] [-P 8] [-E 2]
+    python bench/window_hits.py GRAPH.h5 [--windows 1,2,5,10] [--ahead 0,1,2] [-B 128] [-P 8]
+                                [-E 2] [--buffer 10%] [--planned [--pages]]
 
 A plan made window by window (W steps at a time, when an epoch's trace does not fit) knows
 next uses only up to its window's end: Belady then sees every access whose next use lies
 beyond it as never used again. This simulates exactly that, in one process, with the solar
-policy over the graph's NeighborSampler (fanouts 15, 10, 5; buffer 10 % of the rows; page
-mates off, so that next uses are the one input that changes): each epoch's next uses beyond
-the end of the access's window are replaced by NEVER; the totals are ``simulate``'s. W = 0
+policy over the graph's NeighborSampler (fanouts 15, 10, 5; buffer ``--buffer``, 10 % of the
+rows by default; page mates off, so that next uses are the one input that changes): each
+epoch's next uses beyond the end of the access's window are replaced by NEVER; the totals
+are ``simulate``'s. W = 0
 is the whole-epoch plan (the horizon of the sampler: next uses into the next epoch too).
 ``--ahead``: each window's next uses known that many steps past its end (its trace drawn
 further: W + A steps held to plan W).
+
+``--planned``: the planner's own windows instead (``PlanSpec.window``: each window's next uses
+known to the end of the window after it, drawn once), ``--pages`` with page mates as a Loader
+plans them; ``--ahead`` does not apply.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import time
 import warnings
@@ -58,22 +65,35 @@ def main() -> None:
     p.add_argument("-B", type=int, default=128)
     p.add_argument("-P", type=int, default=8)
     p.add_argument("-E", type=int, default=2)
+    p.add_argument("--buffer", default="10%", help="the buffer, as solar plan's --buffer")
     p.add_argument("--json")
+    p.add_argument("--planned", action="store_true", help="the planner's windows (PlanSpec.window)")
+    p.add_argument("--pages", action="store_true", help="with page mates (--planned)")
     a = p.parse_args()
     warnings.simplefilter("ignore")
     sampler = NeighborSampler(a.graph, (15, 10, 5), a.B)
     info = describe_source(a.graph, ["features"])
     n, row = info.num_samples, info.sample_bytes
     run = sampler_run(sampler, n, a.P, a.B, a.E)
-    cap = parse_size("10%", sample_bytes=row, num_samples=n, world_size=a.P, name="buffer")
+    cap = parse_size(a.buffer, sample_bytes=row, num_samples=n, world_size=a.P, name="buffer")
     spec = PlanSpec(run, BufferConfig(cap), "solar", False, row, info.identity, sampler, None,
                     False)  # fmt: skip
+    if a.pages:
+        from solar.runtime.setup import page_layout
+
+        spec = dataclasses.replace(spec, pages=page_layout(info))
     rows = []
     cases = [(w, h) for w in map(int, a.windows.split(",")) for h in map(int, a.ahead.split(","))]
+    if a.planned:
+        cases = [(w, w) for w in map(int, a.windows.split(","))]
     for w, h in [(0, 0), *cases]:
-        traces.TraceOrder.with_next_use = WHOLE if w == 0 else windowed(w, h)
+        if a.planned:
+            run_spec = dataclasses.replace(spec, window=w or None)
+        else:
+            run_spec = spec
+            traces.TraceOrder.with_next_use = WHOLE if w == 0 else windowed(w, h)
         t0 = time.perf_counter()
-        s = simulate(spec)
+        s = simulate(run_spec)
         seconds = round(time.perf_counter() - t0, 1)
         rows.append({"window_steps": w, "ahead_steps": h, "steps_per_epoch": run.steps_per_epoch,
                      "accesses": s.accesses, "hits": s.hits, "hit_rate": round(s.hit_rate, 5),

@@ -150,6 +150,10 @@ def cli() -> None:
     help="Epochs of look-ahead for --sampler weighted "
     "(default: the whole run if it fits in memory).",
 )
+@click.option("--window", type=int,
+              help="Plan each epoch of --sampler neighbor in windows of this many steps (next "
+                   "uses known one window ahead: memory grows with the window, not the "
+                   "epoch; default: whole epochs wherever they fit).")  # fmt: skip
 @click.option("--out", "-o", type=click.Path(),
               help="Plan file to write; without it, plan and report only.")  # fmt: skip
 @click.option("--plot", "plot_out", type=click.Path(),
@@ -190,6 +194,7 @@ def plan(
     num_samples: int | None,
     no_replacement: bool,
     horizon: int | None,
+    window: int | None,
     out: str | None,
     plot_out: str | None,
     force: bool,
@@ -205,10 +210,11 @@ def plan(
         _check_out(path, force)
     if share_mode == "node" and plot_out:
         raise SolarError("--share node: no --plot (yet)")
+    comm = _job_comm(share_mode, hosts)  # under mpiexec: its processes plan as one host
     hosts_of = (share_mode, hosts)
     memory = MemoryConfig(tier_size=tier_size, share=share_mode)
     planning = PlanningConfig(slack=slack, policy=policy, equal_batches=equal_batches,
-                              horizon=horizon)  # fmt: skip
+                              horizon=horizon, window=window)  # fmt: skip
     info = dataset = pages = None
     if sampler_kind == "neighbor":  # a graph's feature rows, as a Loader with a NeighborSampler
         from solar.graph.bench import parse_fanouts
@@ -222,7 +228,9 @@ def plan(
                                       "--reorder-epochs": reorder_epochs, "--weights": weights,
                                       "--num-samples": num_samples,
                                       "--no-replacement": no_replacement})  # fmt: skip
-        sampler: Any = NeighborSampler(data[0], parse_fanouts(fanouts), batch_size, features=key)
+        # (under mpiexec the topology is read once, shared by the host's processes)
+        sampler: Any = NeighborSampler(data[0], parse_fanouts(fanouts), batch_size, features=key,
+                                       comm=comm)  # fmt: skip
         info = describe_source(data[0], [key])
         pages = page_layout(info)  # page mates where the rows share pages, as a Loader plans
     else:
@@ -257,19 +265,56 @@ def plan(
         equal_batches = equal_by_default(world_size, sampler)
     spec = PlanSpec(
         run, BufferConfig(capacity, planning.slack, tier), planning.policy, reorder_epochs,
-        sample_bytes, dataset, sampler, planning.horizon, equal_batches,
+        sample_bytes, dataset, sampler, planning.horizon, equal_batches, None, planning.window,
     )  # fmt: skip
     if pages is not None and spec.plans_page_mates:
         spec = dataclasses.replace(spec, pages=pages)
-    _run_plan(spec, out, plot_out, as_json, hosts_of)
+    _run_plan(spec, out, plot_out, as_json, hosts_of, comm)
+
+
+def _job_comm(share_mode: str, hosts: str | None) -> Any:
+    """MPI's world where mpiexec started several processes of ``solar plan`` (they plan the
+    run as one host, each its share of the ranks: solar/schedule/plans/together.py), else
+    None. A node buffer or --hosts is refused there, in one line."""
+    from solar.launch import detect_launcher
+
+    launch = detect_launcher()
+    if launch.kind != "mpi" or launch.world_size < 2:
+        return None
+    if share_mode == "node" or hosts:
+        raise SolarError("solar plan under mpiexec plans a buffer per rank as one host: no "
+                         "--share node or --hosts (run it as one process)")  # fmt: skip
+    from mpi4py import MPI
+
+    from solar.dist import install_abort_on_error
+
+    comm = MPI.COMM_WORLD
+    install_abort_on_error(comm)  # (a process failing ends the job, never a hang)
+    return comm
+
+
+def _planned(spec: PlanSpec, out: str | None, progress: Any, epoch_done: Callable,
+             grouped: Any, comm: Any) -> Any:  # fmt: skip
+    """The run planned (into ``out``) and its totals: by this process, or with the processes
+    of ``comm`` as one host (None on all but the first)."""
+    if comm is not None:
+        from solar.dist import abort_job_on_error
+        from solar.schedule.plans.together import plan_together
+
+        with abort_job_on_error(comm):
+            return plan_together(spec, comm, out, progress, epoch_done)
+    if out:
+        return plan_to_file(spec, out, progress, epoch_done, grouped).summary
+    return simulate(spec, progress, epoch_done, grouped)
 
 
 def _run_plan(spec: PlanSpec, out: str | None, plot_out: str | None, as_json: bool,
-              hosts_of: tuple[str, str | None] = ("rank", None)) -> None:  # fmt: skip
+              hosts_of: tuple[str, str | None] = ("rank", None),
+              comm: Any = None) -> None:  # fmt: skip
     """Plan ``spec`` (into ``out`` if given), print its summary, plot its epochs.
     ``hosts_of``: (--share, --hosts): with ``--share node`` one buffer per host of --hosts
     (HxL, default 1xP), the grouping the plan's; per rank, --hosts shows a node buffer's
-    figures beside."""
+    figures beside. ``comm``: the processes planning it together (the first reports)."""
     from solar.schedule.keep.grouping import Hosts
 
     share_mode, hosts = hosts_of
@@ -288,14 +333,10 @@ def _run_plan(spec: PlanSpec, out: str | None, plot_out: str | None, as_json: bo
                  warmth.compiled, warmth.compile_seconds)  # fmt: skip
     epochs: list[tuple[int, int]] = []  # (accesses, hits) of each epoch
     run = spec.run
-    large = run.num_accesses >= _PROGRESS_ACCESSES
-    if grouped is None:  # what it will hold, before it holds any of it
-        from solar._memory import memory_room
-        from solar.schedule.plans.plan import plan_memory
-
-        need, room = plan_memory(spec), memory_room()
-        if room is None or need.need <= room[0]:  # (else the planner refuses, in one line)
-            click.echo(f"solar: {need.text(room)}", err=True)
+    root = comm is None or comm.Get_rank() == 0
+    large = run.num_accesses >= _PROGRESS_ACCESSES and root
+    if grouped is None and root:  # what it will hold, before it holds any of it
+        _say_memory(spec, bool(out), comm)
 
     def epoch_done(totals: tuple[int, int]) -> None:
         epochs.append(totals)
@@ -306,11 +347,9 @@ def _run_plan(spec: PlanSpec, out: str | None, plot_out: str | None, as_json: bo
     with _progress(run, enabled=large) as progress:
         # Streamed one epoch at a time (a plan file written epoch by epoch): memory does not
         # grow with the number of epochs.
-        result = (
-            plan_to_file(spec, out, progress, epoch_done, grouped).summary
-            if out
-            else simulate(spec, progress, epoch_done, grouped)
-        )
+        result = _planned(spec, out, progress, epoch_done, grouped, comm)
+    if result is None:  # (another process of the job reports)
+        return
     report = plan_summary(result, Path(out) if out else None)
     summary = report.figures
     summary.update(warm_seconds=warmth.seconds, compile_seconds=warmth.compile_seconds)
@@ -333,6 +372,25 @@ def _run_plan(spec: PlanSpec, out: str | None, plot_out: str | None, as_json: bo
         click.echo(f"one buffer per host ({hosts}): hit rate {n['hit_rate']:.3f} of the node's "
                    f"{n['accesses']} accesses, {n['reads_per_epoch']:.0f} reads/epoch "
                    f"({n['fewer_reads']:.2f}x fewer than per-rank buffers)")  # fmt: skip
+
+
+def _say_memory(spec: PlanSpec, to_file: bool, comm: Any) -> None:
+    """Print what planning will hold, per process (each of ``comm``'s its share of ranks)."""
+    from solar._memory import memory_room
+    from solar.schedule.plans.plan import plan_memory
+
+    ranks = None
+    if comm is not None:
+        from solar.schedule.plans.together import share
+
+        first = share(spec, comm.Get_size(), 0)
+        ranks = max(len(first), 1)
+        click.echo(f"solar: {comm.Get_size()} processes plan the {spec.run.world_size} ranks "
+                   f"as one host, each its share (process 0: ranks {first})",
+                   err=True)  # fmt: skip
+    need, room = plan_memory(spec, tallied=not to_file, ranks=ranks), memory_room()
+    if room is None or need.need <= room[0]:  # (else the planner refuses, in one line)
+        click.echo(f"solar: {need.text(room)}", err=True)
 
 
 def _check_out(path: str | None, force: bool) -> None:

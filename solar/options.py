@@ -197,6 +197,11 @@ class PlanningConfig:
     ``horizon``: epochs the planner looks ahead for a sampler's trace (``Weighted``,
     ``Trace``, ``NeighborSampler``); None: the whole run if it fits in memory.
 
+    ``window``: a sampler's trace without affinity (``NeighborSampler``, ``Trace``) planned in
+    windows of this many steps, each window's next uses known one window ahead: the planner's
+    memory grows with the window, not the epoch, for a few hits (bench/window_hits.py). None:
+    whole epochs wherever an epoch's trace fits (``solar.schedule.draw.traces.default_window``).
+
     ``snapshots``: a directory (shared by the ranks, beside the checkpoints) where rank 0
     saves the planner's state after each epoch it plans, a few MB; a resume
     (``load_state_dict``) then replans from the newest snapshot at or before its epoch
@@ -208,6 +213,7 @@ class PlanningConfig:
     slack: float = DEFAULT_SLACK
     equal_batches: bool | None = None
     horizon: int | None = None
+    window: int | None = None
     snapshots: str | os.PathLike | None = None
 
     def __post_init__(self) -> None:
@@ -220,6 +226,9 @@ class PlanningConfig:
                "True, False or None")  # fmt: skip
         _check("horizon", h, h is None or (isinstance(h, int) and not isinstance(h, bool)
                and h >= 0), "a whole number of epochs >= 0 or None")  # fmt: skip
+        w = self.window
+        _check("window", w, w is None or (isinstance(w, int) and not isinstance(w, bool)
+               and w >= 1), "a whole number of steps >= 1 or None")  # fmt: skip
         s = self.snapshots
         _check("snapshots", s, s is None or _is_path(s), "a directory or None")
 

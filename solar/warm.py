@@ -176,10 +176,11 @@ def tiny_spec(
     # made for (its real run was checked; the rehearsal only calls its kernels).
     small = sampler_run(sampler, n, p, b, epochs, run.seed, run.drop_last, check=False)
     horizon = None if spec.horizon is None else min(spec.horizon, epochs)
+    window = None if spec.steps_window is None else 1  # (the windowed planner's kernels)
     return PlanSpec(
         small, BufferConfig(scaled(buf.capacity), buf.slack, scaled(buf.tier)), spec.policy,
         spec.reorder_epochs, spec.sample_bytes, dataset or spec.dataset, sampler, horizon,
-        spec.equal_batches, spec.pages,
+        spec.equal_batches, spec.pages, window,
     )  # fmt: skip
 
 
@@ -297,7 +298,8 @@ def rehearse_loader(args: LoaderConfig, setup: Setup,
                                     tier_size=spec.buffer.tier, share="rank",
                                     page_mates=spec.pages is not None),
                 planning=PlanningConfig(plan=made, policy=spec.policy, slack=spec.buffer.slack,
-                                        horizon=spec.horizon, equal_batches=False),
+                                        horizon=spec.horizon, window=spec.window,
+                                        equal_batches=False),
                 expert=ExpertConfig(warm=False),
             )  # fmt: skip
             with warnings.catch_warnings():  # the real run said what its tiny copy would

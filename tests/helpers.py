@@ -64,6 +64,21 @@ def every_batch(loader, epochs: range | list[int]) -> list[dict]:
     return out
 
 
+def resumed_batches(make, epoch: int, served: int, epochs: list[int]) -> list[dict]:
+    """Copies of the batches of a Loader ``make()`` resumed (``load_state_dict``) from the
+    state another one saved after serving ``served`` batches of ``epoch``: the rest of
+    ``epochs`` (from ``epoch``)."""
+    with make() as ld:
+        ld.set_epoch(epoch)
+        it = iter(ld)
+        for _ in range(served):
+            next(it)
+        state = ld.state_dict()
+    with make() as ld:
+        ld.load_state_dict(state)
+        return every_batch(ld, epochs)
+
+
 @contextlib.contextmanager
 def skip_without_o_direct() -> Iterator[None]:
     """Skip the test where the file system refuses O_DIRECT (tmpfs, some overlays)."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 import h5py
 import numpy as np
 import pytest
-from helpers import every_batch
+from helpers import every_batch, resumed_batches
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -208,15 +208,7 @@ def test_the_loader_reads_side_rows_serves_exact_rows_and_resumes(graph, world):
             assert b["x"].shape[0] == n_id.size
             assert b["x"].numpy().tobytes() == feats[n_id].tobytes()
         spe = len(whole) // 3
-        with make() as ld:
-            ld.set_epoch(1)
-            it = iter(ld)
-            for _ in range(spe // 2):
-                next(it)
-            state = ld.state_dict()
-        with make() as ld:
-            ld.load_state_dict(state)
-            rest = every_batch(ld, [1, 2])
+        rest = resumed_batches(make, 1, spe // 2, [1, 2])
         for got, want in zip(rest, whole[spe + spe // 2 :], strict=True):
             assert got["x"].numpy().tobytes() == want["x"].numpy().tobytes()
 

@@ -50,7 +50,7 @@ from solar.graph.csr import MASKS, SPLITS, Graph, check_nodes
 from solar.graph.ingest import topology, warn_missing
 from solar.launch import ranks_here
 from solar.schedule.draw import rng
-from solar.schedule.draw.draws import EpochDraws, rank_draws
+from solar.schedule.draw.draws import EpochDraws, every_rank, one_per_step, rank_draws
 from solar.schedule.draw.idtable import find, id_table
 from solar.schedule.draw.order import epoch_permutation
 from solar.schedule.draw.rng import GOLDEN, mix64
@@ -241,6 +241,16 @@ class NeighborSampler(Sampler, BatchExtras):
             return EpochDraws(ids, offsets)
 
         return self._cache.get((run, epoch), make)
+
+    def window(self, run: RunConfig, epoch: int, t0: int, t1: int,
+               rank: int | None = None) -> EpochDraws:  # fmt: skip
+        """Only steps ``t0 .. t1 - 1``'s subgraphs (of every rank, or of ``rank`` alone): a
+        plan in windows of steps holds a window's nodes, never an epoch's."""
+        self.check_run(run)
+        ranks = range(run.world_size) if rank is None else [rank]
+        mine = {r: one_per_step([self._sample(run, epoch, t, r).nodes for t in range(t0, t1)])
+                for r in ranks}  # fmt: skip
+        return every_rank(run, mine, t1 - t0)
 
     def rank_epoch(self, run: RunConfig, epoch: int, rank: int) -> EpochDraws:
         """Only rank ``rank``'s subgraphs of ``epoch`` (a P-th of :meth:`epoch`'s work): their

@@ -119,13 +119,14 @@ def configure(args: LoaderConfig) -> Setup:
     equal_batches = _equal_batches(planning.equal_batches, made, chosen, buf, policy, w, comm)
     fn = as_transform(args.transform)
     holds = fn is not None and fn.deterministic
-    # Policy, epoch order, horizon and page mates are a given plan's choice.
+    # Policy, epoch order, horizon, page mates and windows are a given plan's choice.
     chose = None if made is None else made.spec
     spec = PlanSpec(
         run, buf, policy if chose is None else chose.policy,
         False if chose is None else chose.reorder_epochs, info.sample_bytes, info.identity,
         chosen, planning.horizon if chose is None else chose.horizon, equal_batches,
         None if chose is None else chose.pages,
+        planning.window if chose is None else chose.window,
     )  # fmt: skip
     source = f"plan {plan}" if isinstance(plan, (str, os.PathLike)) else "plan"
     spec, given = agree_on_plan(spec, made, source, page_layout(info), memory.page_mates, holds,

@@ -39,6 +39,10 @@ class PlanSpec:
     # then keeps rows that share pages with a step's reads. A sampler's trace without affinity,
     # a RAM buffer only.
     pages: PageLayout | None = None
+    # A sampler's trace planned in windows of this many steps, each window's next uses known
+    # one window ahead (traces.py: memory grows with the window, not the epoch); None: the
+    # default (traces.default_window: the whole epoch wherever its trace fits).
+    window: int | None = None
 
     def __post_init__(self) -> None:
         check_policy(self.policy, self.buffer, traced=self.traced)
@@ -51,6 +55,14 @@ class PlanSpec:
         if self.pages is not None and not self.plans_page_mates:
             raise SolarError("pages: page mates are planned for a sampler's trace without "
                              "affinity, by the solar policy, in a RAM buffer only")  # fmt: skip
+        if self.window is not None:
+            w = self.window
+            if not isinstance(w, int) or isinstance(w, bool) or w < 1:
+                raise SolarError(f"window must be a whole number of steps >= 1 or None, got {w!r}")
+            if not self.plans_windows:
+                raise SolarError("window: a sampler's trace without affinity (a NeighborSampler, "
+                                 "a Trace), planned by the solar policy, is planned in windows "
+                                 "of steps")  # fmt: skip
         if self.equal_batches and self.traced:
             raise SolarError(
                 "equal_batches applies to the default Shuffle sampler only (another sampler "
@@ -74,6 +86,23 @@ class PlanSpec:
         the sampler, the solar policy, a RAM buffer (solar.schedule.draw.pagemates)."""
         solar_ram = self.policy == "solar" and not self.buffer.tier
         return self.traced and not self.affinity and solar_ram
+
+    @property
+    def plans_windows(self) -> bool:
+        """Whether it may be planned in windows of steps (``window``): a sampler's trace split
+        by the sampler, the solar policy (Belady's next uses are what a window cuts)."""
+        return self.traced and not self.affinity and self.policy == "solar"
+
+    @property
+    def steps_window(self) -> int | None:
+        """Steps per window its epochs are planned in: ``window``, else the default
+        (:func:`~solar.schedule.draw.traces.default_window`, where windows may be planned);
+        None: whole epochs."""
+        if self.window is not None or not self.plans_windows:
+            return self.window
+        from solar.schedule.draw.traces import default_window
+
+        return default_window(self.run, self.sampler)
 
     @property
     def slots(self) -> int:
@@ -114,6 +143,8 @@ class PlanSpec:
             d.update(equal_batches=True)
         if self.pages is not None:
             d.update(pages=self.pages.as_record())
+        if self.window is not None:  # (a plan of whole epochs keeps its fingerprint)
+            d.update(window=self.window)
         return d
 
     @classmethod
@@ -124,7 +155,7 @@ class PlanSpec:
         pages = None if d.get("pages") is None else PageLayout.from_record(d["pages"])
         return cls(run, buffer, d["policy"], d["reorder_epochs"], d["sample_bytes"], d["dataset"],
                    sampler_from_record(d.get("sampler")), d.get("horizon"),
-                   bool(d.get("equal_batches", False)), pages)  # fmt: skip
+                   bool(d.get("equal_batches", False)), pages, d.get("window"))  # fmt: skip
 
     @property
     def fingerprint(self) -> str:

@@ -76,6 +76,14 @@ class RankDraws:
         self._kept.drop(lambda e: e < epoch)  # type: ignore[operator]
 
 
+def steps_of(draws: EpochDraws, run: RunConfig, t0: int, t1: int) -> EpochDraws:
+    """Steps ``t0 .. t1 - 1`` of an epoch's ``draws``: every rank's batches at those steps, in
+    :class:`EpochDraws`' layout ((t1 - t0) steps), views of ``draws``' ids (no outputs)."""
+    w = run.world_size
+    offsets = draws.offsets[t0 * w : t1 * w + 1]
+    return EpochDraws(draws.ids[offsets[0] : offsets[-1]], offsets - offsets[0])
+
+
 def only_rank(draws: EpochDraws, run: RunConfig, rank: int) -> EpochDraws:
     """``draws`` with every batch but rank ``rank``'s emptied (the same layout)."""
     return every_rank(run, {rank: rank_steps(draws, run, rank)})
@@ -97,11 +105,12 @@ def own_draws(sampler: Drawer, run: RunConfig, epoch: int, rank: int) -> EpochDr
     return rank_steps(sampler.rank_epoch(run, epoch, rank), run, rank)
 
 
-def every_rank(run: RunConfig, steps: Mapping[int, EpochDraws]) -> EpochDraws:
+def every_rank(run: RunConfig, steps: Mapping[int, EpochDraws],
+               count: int | None = None) -> EpochDraws:  # fmt: skip
     """One epoch's draws in :class:`EpochDraws`' layout from ``steps[r]``, rank r's batches one
     per step (:func:`rank_steps`' layout); a rank not in ``steps`` has empty batches. No
-    outputs."""
-    world, n = run.world_size, run.steps_per_epoch
+    outputs. ``count``: steps of them (default: an epoch's)."""
+    world, n = run.world_size, run.steps_per_epoch if count is None else count
     sizes = np.zeros((n, world), np.int64)
     for r, d in steps.items():
         sizes[:, r] = np.diff(d.offsets)
@@ -116,10 +125,15 @@ def every_rank(run: RunConfig, steps: Mapping[int, EpochDraws]) -> EpochDraws:
     return EpochDraws(ids, offsets)
 
 
-def rank_draws(run: RunConfig, batches: list[np.ndarray], rank: int) -> EpochDraws:
-    """An epoch's draws in :class:`EpochDraws`' layout from rank ``rank``'s ``batches`` (one
-    per step), every other rank's batch empty."""
+def one_per_step(batches: list[np.ndarray]) -> EpochDraws:
+    """A rank's ``batches``, one per step, in :func:`rank_steps`' layout."""
     offsets = np.zeros(len(batches) + 1, np.int64)
     np.cumsum([b.size for b in batches], out=offsets[1:])
     ids = np.concatenate(batches) if batches else np.zeros(0, np.int64)
-    return every_rank(run, {rank: EpochDraws(ids, offsets)})
+    return EpochDraws(ids, offsets)
+
+
+def rank_draws(run: RunConfig, batches: list[np.ndarray], rank: int) -> EpochDraws:
+    """An epoch's draws in :class:`EpochDraws`' layout from rank ``rank``'s ``batches`` (one
+    per step), every other rank's batch empty."""
+    return every_rank(run, {rank: one_per_step(batches)})

@@ -70,11 +70,12 @@ NEXT, SEEN = 0, 1  # columns of LaterUses.table
 @dataclass(frozen=True)
 class LaterUses:
     """When each key is next used, over a window of the trace: epoch ``epoch`` and the next
-    few, up to (not including) epoch ``end``. ``table[v, NEXT]`` is key ``base + v``'s first
-    access in the window, as a global position (``(epoch << EPOCH_SHIFT) + index``), or -1;
-    ``table[v, SEEN]``, -1.
+    few (:meth:`of`), or a window of an epoch's steps and the window after it
+    (:meth:`at`; solar.schedule.draw.traces.TraceOrder.windows), up to (not including) global
+    position ``limit``. ``table[v, NEXT]`` is key ``base + v``'s first access in the window,
+    as a global position (``(epoch << EPOCH_SHIFT) + index``), or -1; ``table[v, SEEN]``, -1.
 
-    The planner moves it forward as it passes the epoch's steps
+    The planner moves it forward as it passes the window's steps
     (:func:`solar.schedule.keep.belady._trace_steps`): a key accessed at global step k gets
     that access's next use and ``SEEN`` = k, so ``table[v, NEXT]`` is always the key's first
     use not yet passed (a position at or past ``limit`` lies outside the window: not used
@@ -85,26 +86,34 @@ class LaterUses:
     epoch: int
     base: int  # the first key (a rank planning alone: its own keys only)
     table: np.ndarray  # (keys, 2) int64, moved forward in place by the planner
-    end: int  # the first epoch past the window
+    limit: int  # the first global position past the window
 
     @property
-    def limit(self) -> int:
-        """The first global position past the window."""
-        return self.end << EPOCH_SHIFT
+    def end(self) -> int:
+        """The first epoch wholly past the window."""
+        return ((self.limit - 1) >> EPOCH_SHIFT) + 1
 
     @classmethod
     def of(cls, epoch: int, pairs: list[np.ndarray], base: int, keys: int) -> LaterUses:
         """The table of the window whose epochs' keys, in order, are ``pairs`` (from epoch
         ``epoch`` on), all within ``base .. base + keys - 1``."""
+        starts = [(epoch + e) << EPOCH_SHIFT for e in range(len(pairs))]
+        return cls.at(epoch, pairs, starts, (epoch + len(pairs)) << EPOCH_SHIFT, base, keys)
+
+    @classmethod
+    def at(cls, epoch: int, pairs: list[np.ndarray], starts: list[int], limit: int, base: int,
+           keys: int) -> LaterUses:  # fmt: skip
+        """The table of the window (of epoch ``epoch`` on) whose parts' keys, in order, are
+        ``pairs``, ``pairs[e]``'s first at global position ``starts[e]``, ending before
+        ``limit``; every key within ``base .. base + keys - 1``."""
         table = np.full((keys, 2), -1, np.int64)
-        # Latest epoch first, each backwards: a key's earliest access is written last.
+        # Latest part first, each backwards: a key's earliest access is written last.
         for e in range(len(pairs) - 1, -1, -1):
-            if not _first_uses(pairs[e], np.int64(base), np.int64(epoch + e) << EPOCH_SHIFT,
-                               table):  # fmt: skip
+            if not _first_uses(pairs[e], np.int64(base), np.int64(starts[e]), table):
                 raise SolarError(f"page mates: the trace names keys outside {base}.."
                                  f"{base + keys - 1} (a sampler's rank_epoch gave another "
                                  "rank's batches?)")  # fmt: skip
-        return cls(epoch, base, table, epoch + len(pairs))
+        return cls(epoch, base, table, int(limit))
 
 
 @njit(cache=True, nogil=True)

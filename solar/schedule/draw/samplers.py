@@ -42,7 +42,7 @@ from solar._memory import require_memory
 from solar.config import RunConfig
 from solar.errors import SolarError
 from solar.schedule.draw import rng
-from solar.schedule.draw.draws import EpochDraws, only_rank
+from solar.schedule.draw.draws import EpochDraws, only_rank, steps_of
 from solar.schedule.draw.order import nominal_batches, step_bounds
 
 _WEIGHTED_STREAM = 1  # spawn-key tag of Weighted's draws (epoch permutations use no tag)
@@ -93,6 +93,15 @@ class Sampler:
         for a sampler with a delivery side (:func:`extras_of`) all the rank serves: with
         its output of each of the rank's batches (``EpochDraws.outputs``)."""
         return only_rank(self.epoch(run, epoch), run, rank)
+
+    def window(self, run: RunConfig, epoch: int, t0: int, t1: int,
+               rank: int | None = None) -> EpochDraws:  # fmt: skip
+        """Steps ``t0 .. t1 - 1`` of ``epoch``: every rank's batches (``rank``: only its, the
+        others empty) in :meth:`epoch`'s layout of ``t1 - t0`` steps, no outputs: what a plan
+        in windows of steps draws (solar/schedule/draw/traces.py). By default cut from the
+        epoch's draws; a sampler that draws a step alone draws only those."""
+        whole = self.epoch(run, epoch) if rank is None else self.rank_epoch(run, epoch, rank)
+        return steps_of(whole, run, t0, t1)
 
     def global_batch(self, run: RunConfig, epoch: int, step: int) -> np.ndarray:
         """Every draw of global step ``step`` (within the epoch), in draw order."""

@@ -13,11 +13,19 @@ come from one backward pass over epochs k..k+H. With the horizon reaching the en
 (the default when the run's trace fits the memory budget) one pass over the rest of the run
 serves every later epoch. Under skew a sample's next draw may be epochs away; the planner's
 hits against the horizon are what ``bench/sampler_bench.py`` reports.
+
+An epoch whose trace does not fit (:func:`default_window`), or a plan asked so
+(``PlanSpec.window``), is planned in windows of W steps (:meth:`TraceOrder.windows`): each
+window's next uses come from a backward pass over it and the window after it (the next
+epoch's first, for the last, within the horizon), each window drawn once (the sampler's
+``window``). The planner then holds two windows of trace, not two epochs; a reuse farther
+than the next window is not seen (bench/window_hits.py: the hits a window costs).
 """
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -25,7 +33,7 @@ import numpy as np
 from numba import njit
 
 from solar.config import RunConfig
-from solar.schedule.draw.draws import EpochDraws, RankDraws, every_rank
+from solar.schedule.draw.draws import EpochDraws, RankDraws, every_rank, steps_of
 from solar.schedule.draw.order import sample_dtype
 from solar.schedule.draw.pagemates import LOOK_AHEAD, LaterUses, PageLayout
 from solar.schedule.draw.samplers import Sampler
@@ -47,6 +55,21 @@ class EpochTrace:
     rank: np.ndarray  # (A,) int16
     counts: np.ndarray  # (steps, P) int32: distinct ids per rank and step
     bounds: np.ndarray  # (steps + 1,) int64: each global step's first access
+
+
+@dataclass(frozen=True)
+class Window:
+    """Steps ``first_step ..`` of epoch ``epoch`` (``trace``: their accesses, as an epoch's),
+    with each access's next use (global positions) up to the end of the window after it, and
+    page mates' next uses over the two (``later``, given a page layout). ``offset``: its first
+    access's index within the epoch."""
+
+    epoch: int
+    first_step: int
+    offset: int
+    trace: EpochTrace
+    next_use: np.ndarray  # (accesses,) int64
+    later: LaterUses | None = None
 
 
 @njit(cache=True, nogil=True)
@@ -81,6 +104,14 @@ def _backward(pair, base, nu, last):
 
 
 @njit(cache=True, nogil=True)
+def _remember(pair, base, last):
+    """:func:`_backward` keeping no next uses: ``last[pair[i]]`` = ``base + i``, the first
+    access of each key (a window's look-ahead, whose own next uses are not asked)."""
+    for i in range(pair.shape[0] - 1, -1, -1):
+        last[pair[i]] = base + i
+
+
+@njit(cache=True, nogil=True)
 def _forget(pair, last):
     """``last[v]`` = NEVER again for every id of ``pair``."""
     for i in range(pair.shape[0]):
@@ -104,8 +135,12 @@ class TraceOrder:
         only_rank: int | None = None,
         pages: PageLayout | None = None,
         draws: RankDraws | None = None,
+        window: int | None = None,
     ) -> None:
         self.run, self.sampler = run, sampler
+        # Steps per window of an epoch planned in windows (None: whole epochs).
+        self.window = None if window is None else max(1, min(int(window), run.steps_per_epoch))
+        self._ahead: dict[tuple[int, int], EpochTrace] = {}  # the window drawn as look-ahead
         self.affinity = affinity
         self.pages = pages  # where the traced rows lie, for a policy that reads page mates
         # Without affinity each rank's decisions depend on its own accesses alone: a rank
@@ -135,10 +170,13 @@ class TraceOrder:
             return got
 
     def _make(self, k: int) -> EpochTrace:
+        return self._trace(self.draws(k), k, self.run.steps_per_epoch)
+
+    def _trace(self, draws: EpochDraws, k: int, steps: int) -> EpochTrace:
+        """The accesses of ``draws``, ``steps`` steps of epoch ``k`` (an epoch, or a window)."""
         run = self.run
-        draws = self.draws(k)
         ids, offsets = draws.ids, draws.offsets
-        world, steps = run.world_size, run.steps_per_epoch
+        world = run.world_size
         if offsets.shape != (steps * world + 1,):
             raise ValueError(f"sampler: epoch {k} has {offsets.size - 1} batches, expected "
                              f"{steps} steps × {world} ranks")  # fmt: skip
@@ -169,6 +207,92 @@ class TraceOrder:
         if mine is not None:
             return mine.epoch(k)
         return self.sampler.rank_epoch(self.run, k, self.only_rank)
+
+    # -- an epoch in windows of steps ------------------------------------------------------------
+    @property
+    def window_count(self) -> int:
+        """Windows of an epoch (1: planned whole)."""
+        w = self.window or self.run.steps_per_epoch
+        return -(-self.run.steps_per_epoch // w)
+
+    def _steps(self, j: int) -> tuple[int, int]:
+        w = self.window or self.run.steps_per_epoch
+        return j * w, min((j + 1) * w, self.run.steps_per_epoch)
+
+    def window_draws(self, k: int, j: int) -> EpochDraws:
+        """The draws of window ``j`` of epoch ``k`` (of ``only_rank`` alone, if set): a
+        rank's kept draws cut, else the sampler's ``window``."""
+        t0, t1 = self._steps(j)
+        mine = self._rank_draws
+        if mine is not None and self.only_rank is not None:
+            return steps_of(mine.epoch(k), self.run, t0, t1)
+        return self.sampler.window(self.run, k, t0, t1, self.only_rank)
+
+    def window_trace(self, k: int, j: int) -> EpochTrace:
+        """Window ``j`` of epoch ``k``'s accesses: the one drawn as look-ahead, or drawn now."""
+        with self._lock:
+            got = self._ahead.pop((k, j), None)
+        return self._draw_window(k, j) if got is None else got
+
+    def _draw_window(self, k: int, j: int) -> EpochTrace:
+        t0, t1 = self._steps(j)
+        return self._trace(self.window_draws(k, j), k, t1 - t0)
+
+    def _next_window(self, k: int, j: int) -> tuple[int, int] | None:
+        """The window after window ``j`` of epoch ``k`` within the horizon (None: none)."""
+        if j + 1 < self.window_count:
+            return k, j + 1
+        if k + 1 < self.run.epochs and self.horizon >= 1:
+            return k + 1, 0
+        return None
+
+    def windows(self, k: int) -> Iterator[Window]:
+        """Epoch ``k`` window by window, in order, each with its next uses up to the end of
+        the window after it (:class:`Window`); the window after is drawn once, kept for its
+        turn. Memory: two windows of trace."""
+        offset = 0
+        with self._lock:
+            self._front = k
+            self._epochs.clear()  # (whole epochs are not held beside windows)
+        for j in range(self.window_count):
+            trace = self.window_trace(k, j)
+            nxt = self._next_window(k, j)
+            ahead = None if nxt is None else self._draw_window(*nxt)
+            base = (np.int64(k) << EPOCH_SHIFT) + offset
+            nu = np.empty(trace.pair.size, np.int64)
+            with self._lock:
+                if ahead is not None:  # its first uses: where the window's next uses end
+                    assert nxt is not None
+                    self._ahead = {nxt: ahead}
+                    after = base + trace.pair.size if nxt[0] == k else \
+                        np.int64(nxt[0]) << EPOCH_SHIFT  # fmt: skip
+                    _remember(ahead.pair, after, self._last)
+                _backward(trace.pair, base, nu, self._last)
+                _forget(trace.pair, self._last)
+                if ahead is not None:
+                    _forget(ahead.pair, self._last)
+            later = None
+            if self.pages is not None:
+                later = self._window_uses(k, offset, trace, ahead, nxt)
+            size = trace.pair.size
+            yield Window(k, self._steps(j)[0], offset, trace, nu, later)
+            del trace, nu, later, ahead  # (planned: let go before the next window is drawn)
+            offset += size
+
+    def _window_uses(self, k: int, offset: int, trace: EpochTrace, ahead: EpochTrace | None,
+                     nxt: tuple[int, int] | None) -> LaterUses:  # fmt: skip
+        """Page mates' next uses over a window and the window after it (its look-ahead, as
+        :meth:`later_uses` an epoch's), positions global: the window's from its ``offset`` in
+        epoch ``k``, the window after's where it begins (the next epoch's from 0)."""
+        n = self.run.num_samples
+        base, keys = (0, self._keys) if self.only_rank is None else (self.only_rank * n, n)
+        start = (k << EPOCH_SHIFT) + offset
+        pairs, starts, limit = [trace.pair], [start], start + trace.pair.size
+        if ahead is not None:
+            assert nxt is not None
+            after = limit if nxt[0] == k else nxt[0] << EPOCH_SHIFT
+            pairs, starts, limit = [trace.pair, ahead.pair], [start, after], after + ahead.pair.size
+        return LaterUses.at(k, pairs, starts, limit, base, keys)
 
     @property
     def _last(self) -> np.ndarray:
@@ -228,8 +352,12 @@ class TraceOrder:
         """The first position after epoch ``k`` (within the horizon of epoch k + 1) of each of
         ``pairs``: what a snapshot's held ids need on restore."""
         out = np.full(pairs.size, NEVER, np.int64)
-        for e in range(k + 1, min(self.run.epochs, k + self.horizon + 2)):
-            t = self.epoch(e).pair
+        later = range(k + 1, min(self.run.epochs, k + self.horizon + 2))
+        if self.window is not None:  # the window after the epoch's last, if any
+            later = later[: min(1, self.horizon)]
+        for e in later:
+            # (planned in windows, the keys as epoch k + 1 starts look into its first window)
+            t = self.epoch(e).pair if self.window is None else self._draw_window(e, 0).pair
             order = np.argsort(t, kind="stable")
             at = np.searchsorted(t[order], pairs)
             at = np.minimum(at, max(t.size - 1, 0))
@@ -260,3 +388,30 @@ def default_horizon(run: RunConfig, sampler: Sampler | None = None) -> int:
         return int(min(max(0, run.epochs - 1), sampler.horizon))
     per_epoch = max(1, run.samples_per_epoch) * BYTES_PER_ACCESS
     return int(max(1, min(run.epochs - 1, HORIZON_BUDGET // per_epoch - 1)))
+
+
+# The trace an epoch planned whole may hold with its look-ahead (two epochs of it, at
+# ``BYTES_PER_ACCESS``): beyond, it is planned in windows of steps that do fit. A constant, as
+# ``HORIZON_BUDGET``: every rank (and every resume) cuts an epoch alike.
+WINDOW_BUDGET = 6 << 30
+
+
+def step_accesses(run: RunConfig, sampler: Sampler, typical: bool = True) -> int:
+    """About this many accesses in a step of a sampler's trace, over every rank: the
+    sampler's typical batch (a few drawn; ``typical`` False: never drawn), else its bound, or
+    a step's draws if more."""
+    drawn = sampler.typical_batch(run) if typical else None
+    batch = sampler.batch_bound(run) if drawn is None else drawn
+    return int(max(run.global_batch, batch * run.world_size))
+
+
+def default_window(run: RunConfig, sampler: Sampler) -> int | None:
+    """Steps per window of an epoch planned in windows where its trace and its look-ahead
+    do not fit ``WINDOW_BUDGET`` (the most that do, with one window of look-ahead; at least
+    1), else None: whole epochs. A pure function of the run and sampler; a run that fits by
+    the sampler's bound draws nothing to know it."""
+    for typical in (False, True):
+        per_step = step_accesses(run, sampler, typical) * BYTES_PER_ACCESS
+        if 2 * per_step * run.steps_per_epoch <= WINDOW_BUDGET:
+            return None
+    return int(max(1, WINDOW_BUDGET // (2 * per_step)))

@@ -25,7 +25,8 @@ from numba import njit
 
 from solar.config import BufferConfig, RunConfig
 from solar.schedule.draw.order import sample_dtype, step_bounds
-from solar.schedule.draw.pagemates import NEXT, SEEN, mates_of, with_sides
+from solar.schedule.draw.pagemates import NEXT, SEEN, LaterUses, mates_of, with_sides
+from solar.schedule.draw.traces import EpochTrace, Window
 from solar.schedule.keep.assign import assign_affinity, assign_balanced, step_caps
 from solar.schedule.keep.maxheap import ARITY, empty_heaps, rekey, sift_down, sift_up
 from solar.schedule.policy import (
@@ -541,7 +542,23 @@ class TracePolicy(SolarPolicy):
     def plan_epoch(self, k: int, seq: np.ndarray, next_use: np.ndarray | None) -> EpochSchedule:
         """Decide epoch ``k``: ``seq`` holds its (rank, sample) ids, ``next_use`` theirs."""
         assert next_use is not None and self.order is not None
-        trace = self.order.epoch(k)
+        uses = None if self.pages is None else self.order.later_uses(k)
+        return self._plan(k * self.run.steps_per_epoch, self.order.epoch(k), seq, next_use, uses)
+
+    def plan_window(self, w: Window) -> EpochSchedule:
+        """Decide window ``w`` of an epoch planned in windows (traces.TraceOrder.windows): its
+        steps' decisions, as an epoch's, with its accesses named (``sample``)."""
+        k0 = w.epoch * self.run.steps_per_epoch + w.first_step
+        out = self._plan(k0, w.trace, w.trace.pair, w.next_use, w.later)
+        if out.sample is None:
+            out.sample = w.trace.sample
+        return out
+
+    def _plan(self, k0: int, trace: EpochTrace, seq: np.ndarray, next_use: np.ndarray,
+              uses: LaterUses | None) -> EpochSchedule:  # fmt: skip
+        """Decide the steps of ``trace`` (an epoch's, or a window's), the first global step
+        ``k0``: ``seq`` holds its (rank, sample) ids, ``next_use`` theirs, ``uses`` page
+        mates' next uses (pagemates.LaterUses, given a page layout)."""
         n = seq.size
         out = EpochSchedule(
             rank=trace.rank, slot=np.empty(n, np.int32), flags=np.zeros(n, np.uint8),
@@ -551,9 +568,10 @@ class TracePolicy(SolarPolicy):
         none = np.zeros(0, np.int64)
         layout, later = none, np.zeros((0, 2), np.int64)
         if self.pages is not None:
-            p, uses = self.pages, self.order.later_uses(k)
+            assert uses is not None
+            p = self.pages
             layout = np.array([p.offset, p.row_bytes, p.page, self.run.num_samples, uses.limit,
-                               k * self.run.steps_per_epoch, uses.base], np.int64)  # fmt: skip
+                               k0, uses.base], np.int64)  # fmt: skip
             later = uses.table
         # Side rows: room for half the accesses (~a third are kept at a 10 % buffer), grown
         # if more are; memory is only touched as rows are kept.

@@ -9,6 +9,7 @@ exactly those of planning the whole run at once.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -19,7 +20,7 @@ from solar.schedule.draw.epochs import EpochOrder
 from solar.schedule.draw.reorder import reorder_epochs
 from solar.schedule.draw.traces import TraceOrder
 from solar.schedule.keep.policies import make_policy
-from solar.schedule.policy import EpochSchedule, tier_slot_count
+from solar.schedule.policy import EpochSchedule, no_tier, tier_slot_count
 from solar.schedule.spec import PlanSpec
 
 
@@ -98,9 +99,12 @@ class Planner:
         # is the same, the other ranks' parts are empty. ``draws``: that rank's draws, kept
         # for its runtime to serve (solar/schedule/draw/samplers.py).
         self.only_rank = only_rank if rank_alone(spec) else None
+        # ``window``: an epoch's steps planned in windows of that many (PlanSpec.steps_window:
+        # the trace of an epoch too large to hold), None: whole epochs.
+        self.window = spec.steps_window if spec.traced else None
         if spec.traced:
             self.order = TraceOrder(run, spec.sampler, spec.horizon, spec.affinity,
-                                    self.only_rank, spec.pages, draws)  # fmt: skip
+                                    self.only_rank, spec.pages, draws, self.window)  # fmt: skip
         else:
             self.order = EpochOrder(run, self.epoch_order)
         self.policy = make_policy(spec.policy, run, spec.buffer, self.order)
@@ -112,6 +116,10 @@ class Planner:
         k = self.epoch
         if k >= self.spec.run.epochs:
             raise IndexError(f"the run has {self.spec.run.epochs} epochs, all planned")
+        if self.window is not None:
+            sched = joined(list(self.next_parts()))
+            assert sched.sample is not None
+            return sched.sample, sched
         if self.policy.needs_next_use:
             seq, nu = self.order.with_next_use(k)
             self.order.ahead(k + 1)  # computed while the kernel below runs without the GIL
@@ -127,6 +135,26 @@ class Planner:
         elif self.spec.traced:  # seq held (rank, sample) pairs; the plan names samples
             seq = self.order.served(k)
         return seq, sched
+
+    def next_parts(self) -> Iterator[EpochSchedule]:
+        """Plan the next epoch in its windows of steps, each window's decisions as it is
+        planned (``sample`` names its accesses): all a tally needs, in memory that grows with
+        the window, not the epoch (:meth:`next_schedule` joins them). Planned whole (no
+        window), the epoch is one part. Consume it to the end before planning on."""
+        if self.window is None:
+            seq, sched = self.next_schedule()
+            sched.sample = seq
+            yield sched
+            return
+        k = self.epoch
+        if k >= self.spec.run.epochs:
+            raise IndexError(f"the run has {self.spec.run.epochs} epochs, all planned")
+        assert isinstance(self.order, TraceOrder)
+        for w in self.order.windows(k):
+            part = self.policy.plan_window(w)  # type: ignore[attr-defined]
+            del w  # (its trace and page mates' table let go before the next window is drawn)
+            yield part
+        self.epoch += 1
 
     def snapshot(self) -> dict[str, np.ndarray] | None:
         """The state before the next epoch (:mod:`solar.schedule.plans.snapshot`), or None if the
@@ -178,7 +206,11 @@ class Planner:
         planner plans rank ``r`` alone)."""
         if self.only_rank is not None and r != self.only_rank:
             raise ValueError(f"this planner plans rank {self.only_rank} alone, not rank {r}")
-        seq, sched = self.next_schedule()
+        return self.rank_part(r, *self.next_schedule())
+
+    def rank_part(self, r: int, seq: np.ndarray, sched: EpochSchedule) -> RankEpoch:
+        """Rank ``r``'s part of the last epoch planned (``seq`` and ``sched`` from
+        :meth:`next_schedule`)."""
         # Planned alone, every access is the rank's own: its arrays as they are (no gather of
         # an epoch's ~10^7 accesses into fresh memory).
         mine = slice(None) if self.only_rank == r else np.flatnonzero(sched.rank == r)
@@ -192,6 +224,25 @@ class Planner:
         """What rank r's cells (RAM slots, then tier slots) hold for later use before the next
         epoch: (slots + tier slots,) int64."""
         return self.policy.contents(r)
+
+
+def joined(parts: list[EpochSchedule]) -> EpochSchedule:
+    """The decisions of consecutive windows of an epoch as the epoch's (each field joined in
+    turn, the parts' copy of it let go: the epoch's decisions are held about once)."""
+
+    def join(name: str) -> np.ndarray:
+        arrays = [getattr(p, name) for p in parts]
+        for p in parts:
+            setattr(p, name, None)
+        return np.concatenate(arrays)
+
+    n = sum(p.rank.size for p in parts)
+    tiered = any(p.tslot.strides != (0,) for p in parts)  # (no_tier: -1s in no memory)
+    sides = None if parts[0].sides is None else join("sides")
+    return EpochSchedule(
+        rank=join("rank"), slot=join("slot"), flags=join("flags"), counts=join("counts"),
+        tslot=join("tslot") if tiered else no_tier(n), sample=join("sample"), sides=sides,
+    )  # fmt: skip
 
 
 @njit(cache=True, nogil=True)

@@ -285,7 +285,7 @@ def _plan(spec: PlanSpec, hosts: Hosts | None, sink: Callable[[Any], None] | Non
     """Plan every epoch in order, of either grouping, handing each to ``sink`` (or nothing):
     the epoch order, the totals (every rank's; grouped, the node's) and the seconds taken."""
     if hosts is None:
-        _check_memory(spec, keep_all)
+        _check_memory(spec, keep_all, tallied=sink is None)
         return _run_planner(spec, sink, progress, epoch_order, on_epoch)
     t0 = time.perf_counter()
 
@@ -323,9 +323,13 @@ def _run_planner(
     planner = Planner(spec, epoch_order)
     tally = Tally(spec.run.world_size, spec.equal_batches)
     for _ in range(spec.run.epochs):
-        seq, sched = planner.next_schedule()
         before = tally.a[:2].sum(axis=1).tolist()
-        tally.add(sched)
+        if sink is None:  # totals alone: an epoch planned in windows is tallied window by window
+            for part in planner.next_parts():
+                tally.add(part)
+        else:
+            seq, sched = planner.next_schedule()
+            tally.add(sched)
         if on_epoch is not None:
             accesses, hits = (x - y for x, y in zip(tally.a[:2].sum(axis=1).tolist(), before,
                                                    strict=True))  # fmt: skip
@@ -355,19 +359,23 @@ class PlanMemory:
     """What planning a run holds at its peak, estimated from its spec before planning starts
     (:func:`plan_memory`): ``need`` bytes for at most ``accesses`` accesses over the run,
     ``per_epoch`` in an epoch (a sampler's trace: its bound), ``held`` epochs of them at once
-    (the trace's look-ahead and the one planned; 1 for Shuffle, whose order is two arrays of N).
-    A plan written to a file or simulated is planned one epoch at a time: ``need`` does not
-    grow with the epochs beyond ``held``."""
+    (the trace's look-ahead and the one planned; 1 for Shuffle, whose order is two arrays of N),
+    or, planned in windows of ``window`` steps, two windows of them. A plan written to a file
+    or simulated is planned one epoch at a time: ``need`` does not grow with the epochs beyond
+    ``held``."""
 
     need: int
     accesses: int
     per_epoch: int
     held: int
     estimated: bool = False  # accesses from a few batches drawn (else a bound)
+    window: int | None = None
 
     def text(self, room: tuple[int, str] | None = None) -> str:
         """One line: the figure, and the memory ``room`` (:func:`memory_room`) beside it."""
         held = f", {self.held} epochs of it held at once" if self.held > 1 else ""
+        if self.window is not None:
+            held = f", planned in windows of {self.window} steps"
         many = "about" if self.estimated else "at most"
         line = (f"planning: {many} {self.accesses} accesses ({self.per_epoch} per epoch{held}): "
                 f"about {format_bytes(self.need)} of memory")  # fmt: skip
@@ -376,41 +384,60 @@ class PlanMemory:
         return line
 
 
-def plan_memory(spec: PlanSpec, keep_all: bool = False) -> PlanMemory:
+# Bytes of an epoch's decisions planned in windows, joined (sample, rank, slot, flags), and
+# grouped by rank for a plan file: what the epoch holds beyond its two windows of trace.
+_JOINED_BYTES = 20
+
+
+def plan_memory(spec: PlanSpec, keep_all: bool = False, tallied: bool = False,
+                ranks: int | None = None) -> PlanMemory:  # fmt: skip
     """What planning ``spec`` holds at its peak (:class:`PlanMemory`); ``keep_all``: every
-    decision kept in memory (:func:`make_plan`), not streamed into a file or a summary."""
+    decision kept in memory (:func:`make_plan`), not streamed into a file or a summary;
+    ``tallied``: only totals kept (:func:`simulate`: an epoch planned in windows is tallied
+    window by window); ``ranks``: this process plans that many ranks alone, a planner each
+    (solar/schedule/plans/together.py), not every rank."""
     run = spec.run
+    planners = 1 if ranks is None else ranks
+    part = 1.0 if ranks is None else ranks / run.world_size  # its share of the accesses
     # Planner state, two epochs of order and next uses, one epoch's decisions (measured peak:
     # bench/plan_bench.py); a plan kept in memory adds about 9 bytes per access.
     need = (
-        48 * run.num_samples
-        + 40 * run.samples_per_epoch
-        + 24 * run.world_size * slot_count(run, spec.buffer)
-        + 36 * run.world_size * tier_slot_count(run, spec.buffer)
+        planners
+        * (
+            48 * run.num_samples
+            + 24 * run.world_size * slot_count(run, spec.buffer)
+            + 36 * run.world_size * tier_slot_count(run, spec.buffer)
+        )
+        + 40 * run.samples_per_epoch * part
     )
     per_epoch, estimated = trace_accesses(spec) if spec.traced else (run.samples_per_epoch,
                                                                         False)  # fmt: skip
     accesses = per_epoch * run.epochs if spec.traced else run.num_accesses
     if keep_all:
-        need += 10 * accesses
+        need += 10 * accesses * part
     if spec.policy != "solar" or (spec.traced and not spec.affinity):
-        need += 16 * run.world_size * run.num_samples  # per-(rank, sample) tables
-    held = 1
+        need += planners * 16 * run.world_size * run.num_samples  # per-(rank, sample) tables
+    held, window = 1, spec.steps_window if spec.traced else None
     if spec.traced:  # the trace over the horizon (solar.schedule.draw.traces)
         from solar.schedule.draw.traces import BYTES_PER_ACCESS, default_horizon
 
         h = default_horizon(run, spec.sampler) if spec.horizon is None else spec.horizon
         held = min(h, run.epochs - 1) + 1
-        need += BYTES_PER_ACCESS * per_epoch * held
+        trace: float = per_epoch * held
+        if window is not None:  # two windows of trace; the epoch's decisions joined
+            trace = per_epoch * min(1.0, 2 * window / run.steps_per_epoch)
+            need += 0 if tallied else _JOINED_BYTES * per_epoch * part
+        need += BYTES_PER_ACCESS * trace * part
         if spec.pages is not None:  # page mates: a next use and a stamp per key, page stamps
             # (a page holds 2 rows or more), side rows
-            need += (16 * run.world_size + 4) * run.num_samples + 20 * per_epoch
-    return PlanMemory(int(need), int(accesses), int(per_epoch), held, estimated)
+            need += planners * (16 * run.world_size + 4) * run.num_samples
+            need += 20 * (per_epoch if window is None else trace) * part
+    return PlanMemory(int(need), int(accesses), int(per_epoch), held, estimated, window)
 
 
-def _check_memory(spec: PlanSpec, keep_all: bool) -> None:
+def _check_memory(spec: PlanSpec, keep_all: bool, tallied: bool = False) -> None:
     """Refuse a plan that cannot fit in memory, before allocating any of it."""
-    m = plan_memory(spec, keep_all)
+    m = plan_memory(spec, keep_all, tallied)
     # (a traced sampler's accesses may be estimated from a few batches drawn: said so)
     many = "an estimated " if m.estimated else ""
     require_memory(m.need, f"planning {many}{m.accesses} accesses")

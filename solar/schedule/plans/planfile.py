@@ -53,7 +53,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Generator, Mapping
+from collections.abc import Generator, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -173,6 +173,44 @@ class PlanWriter:
             g.create_dataset(name, data=data)
         self.checksums[ep.epoch] = _checksums(ep.epoch, arrays, self.fingerprint,
                                               self.spec.equal_batches and not grouped)  # fmt: skip
+        self._next += 1
+
+    def add_ranks(self, epoch: int, step_offsets: np.ndarray, parts: Iterable[RankEpoch]) -> None:
+        """Write the next epoch's section of a plan per rank one rank's part at a time, in rank
+        order (each held only while written: ranks planned by several processes, their parts
+        sent to this one): ``step_offsets`` (P, steps + 1) every rank's, known first."""
+        assert epoch == self._next and self.hosts is None, (epoch, self._next)
+        spec = self.spec
+        if spec.equal_batches:
+            raise SolarError("plan: a plan of equal batches is written whole (add)")
+        world, tier = spec.run.world_size, "tslot" in self.layout
+        step_offsets = np.asarray(step_offsets, np.int64)
+        rank_offsets = np.zeros(world + 1, np.int64)
+        np.cumsum(step_offsets[:, -1], out=rank_offsets[1:])
+        n = int(rank_offsets[-1])
+        g = self._file.create_group(f"epochs/{epoch}")
+        g.create_dataset("rank_offsets", data=rank_offsets)
+        g.create_dataset("step_offsets", data=step_offsets)
+        names = ["sample", "slot", "flags", *(["tslot"] if tier else [])]
+        sets = {name: g.create_dataset(name, (n,), self.layout[name][1]) for name in names}
+        _expect({**sets, "rank_offsets": rank_offsets, "step_offsets": step_offsets},
+                self.layout, f"plan: epoch {epoch} as planned", SolarError)  # fmt: skip
+        digests = []
+        for r, part in enumerate(parts):
+            lo, hi = int(rank_offsets[r]), int(rank_offsets[r + 1])
+            if part.sample.size != hi - lo or not np.array_equal(part.step_offsets,
+                                                                 step_offsets[r]):  # fmt: skip
+                raise SolarError(f"plan: epoch {epoch}: rank {r}'s part is not its offsets'")
+            arrays = {name: np.asarray(getattr(part, name), self.layout[name][1])
+                      for name in names}  # fmt: skip
+            for name, a in arrays.items():
+                sets[name][lo:hi] = a
+            as_read = RankEpoch(epoch, arrays["sample"], arrays["slot"], arrays["flags"],
+                                step_offsets[r], arrays.get("tslot", part.tslot))  # fmt: skip
+            digests.append(_part_checksum(as_read, r, self.fingerprint, tier))
+        if len(digests) != world:
+            raise SolarError(f"plan: epoch {epoch}: {len(digests)} of {world} ranks' parts")
+        self.checksums[epoch] = np.frombuffer(b"".join(digests), np.uint8).reshape(world, 16)
         self._next += 1
 
     def finish(self, stats: tuple[RankStats, ...] | HostTotals, plan_seconds: float) -> None:
