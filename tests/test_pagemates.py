@@ -15,7 +15,15 @@ from solar.errors import CorruptPlanError, SolarError
 from solar.graph import generate_graph
 from solar.options import ExpertConfig, MemoryConfig, PlanningConfig
 from solar.schedule import HIT
-from solar.schedule.draw.pagemates import NEXT, SEEN, LaterUses, PageLayout, mates_of
+from solar.schedule.draw.pagemates import (
+    NEXT,
+    SEEN,
+    LaterUses,
+    PageLayout,
+    cleared,
+    mates_of,
+    new_table,
+)
 from solar.schedule.keep.planner import Planner, RankEpoch
 from solar.schedule.plans.validate import TraceValidator
 from solar.schedule.policy import ADMIT, NEVER, SIDE
@@ -58,7 +66,7 @@ def test_later_uses_give_a_keys_first_use_at_or_after_a_position(epochs, v, w):
     positions before ``w`` as the planner moves it (an access's key gets its next use), it
     gives key v's first use at or after ``w``, as a global position, or none."""
     pairs = [np.array(e, np.int64) + 10 for e in epochs]  # keys 10..16: indexed from 10
-    uses = LaterUses.of(5, pairs, 10, 7)
+    uses = LaterUses.of(5, pairs, 10, new_table(7))
     window = np.concatenate(pairs) - 10
     starts = np.concatenate([[0], np.cumsum([p.size for p in pairs])])
 
@@ -81,7 +89,29 @@ def test_later_uses_give_a_keys_first_use_at_or_after_a_position(epochs, v, w):
 
 def test_later_uses_refuse_a_key_outside_the_table():
     with pytest.raises(SolarError, match=r"outside 10\.\.16"):
-        LaterUses.of(0, [np.array([10, 17], np.int64)], 10, 7)
+        LaterUses.of(0, [np.array([10, 17], np.int64)], 10, new_table(7))
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 6), max_size=12), min_size=1, max_size=3),
+       st.lists(st.lists(st.integers(0, 6), max_size=12), min_size=1, max_size=3),
+       st.integers(0, 40))  # fmt: skip
+def test_a_table_given_back_is_as_new_for_the_next_window(first, second, w):
+    """After a window's table is built, moved forward by the planner over its keys and
+    cleared of the keys its window named, it is all -1s: the next window's, built in it, is
+    the one a new table gives (an order allocates one table, never one per window)."""
+    pairs = [np.array(e, np.int64) + 10 for e in first]
+    table = new_table(7)
+    uses = LaterUses.of(5, pairs, 10, table)
+    window = np.concatenate(pairs) - 10
+    for i in range(min(w, window.size)):  # the planner's moves: the window's keys only
+        uses.table[window[i], NEXT] = 1234 + i
+        uses.table[window[i], SEEN] = i
+    cleared(table, pairs, 10)
+    assert np.all(table == -1)
+    nxt = [np.array(e, np.int64) + 10 for e in second]
+    again = LaterUses.of(6, nxt, 10, table)
+    assert np.array_equal(again.table, LaterUses.of(6, nxt, 10, new_table(7)).table)
 
 
 def _parts(spec: PlanSpec, rank: int) -> list[RankEpoch]:

@@ -81,7 +81,9 @@ class LaterUses:
     use not yet passed (a position at or past ``limit`` lies outside the window: not used
     within it), and ``SEEN`` says whether the key was accessed at the step being planned. One
     row per key, both fields in one cache line, no index of every position (built in one
-    pass)."""
+    pass). The table is its order's one buffer (:meth:`at` fills a table of -1s; :func:`cleared`
+    gives it back): an order lends one window's at a time, so a LaterUses is read only while
+    its window is planned."""
 
     epoch: int
     base: int  # the first key (a rank planning alone: its own keys only)
@@ -94,26 +96,52 @@ class LaterUses:
         return ((self.limit - 1) >> EPOCH_SHIFT) + 1
 
     @classmethod
-    def of(cls, epoch: int, pairs: list[np.ndarray], base: int, keys: int) -> LaterUses:
+    def of(cls, epoch: int, pairs: list[np.ndarray], base: int, table: np.ndarray) -> LaterUses:
         """The table of the window whose epochs' keys, in order, are ``pairs`` (from epoch
-        ``epoch`` on), all within ``base .. base + keys - 1``."""
+        ``epoch`` on), all within ``base .. base + len(table) - 1``, written into ``table``
+        (all -1s)."""
         starts = [(epoch + e) << EPOCH_SHIFT for e in range(len(pairs))]
-        return cls.at(epoch, pairs, starts, (epoch + len(pairs)) << EPOCH_SHIFT, base, keys)
+        return cls.at(epoch, pairs, starts, (epoch + len(pairs)) << EPOCH_SHIFT, base, table)
 
     @classmethod
     def at(cls, epoch: int, pairs: list[np.ndarray], starts: list[int], limit: int, base: int,
-           keys: int) -> LaterUses:  # fmt: skip
+           table: np.ndarray) -> LaterUses:  # fmt: skip
         """The table of the window (of epoch ``epoch`` on) whose parts' keys, in order, are
         ``pairs``, ``pairs[e]``'s first at global position ``starts[e]``, ending before
-        ``limit``; every key within ``base .. base + keys - 1``."""
-        table = np.full((keys, 2), -1, np.int64)
+        ``limit``; every key within ``base .. base + len(table) - 1``. Written into ``table``
+        ((keys, 2) int64, all -1s: :func:`new_table`, or one :func:`cleared` of the rows the
+        last window's ``pairs`` touched, planner's moves included): no pass over every key."""
         # Latest part first, each backwards: a key's earliest access is written last.
         for e in range(len(pairs) - 1, -1, -1):
             if not _first_uses(pairs[e], np.int64(base), np.int64(starts[e]), table):
+                cleared(table, pairs, base)
                 raise SolarError(f"page mates: the trace names keys outside {base}.."
-                                 f"{base + keys - 1} (a sampler's rank_epoch gave another "
-                                 "rank's batches?)")  # fmt: skip
+                                 f"{base + table.shape[0] - 1} (a sampler's rank_epoch gave "
+                                 "another rank's batches?)")  # fmt: skip
         return cls(epoch, base, table, int(limit))
+
+
+def new_table(keys: int) -> np.ndarray:
+    """A table for :meth:`LaterUses.at` of ``keys`` keys, all -1s: allocated once per order."""
+    return np.full((keys, 2), -1, np.int64)
+
+
+def cleared(table: np.ndarray, pairs: list[np.ndarray], base: int) -> None:
+    """Rows of ``pairs``' keys (``base`` the first key) back to -1: all a window's
+    :meth:`LaterUses.at` and its planning wrote (the planner moves only the window's keys),
+    so ``table`` is all -1s again, at the cost of the window's accesses, not of the keys."""
+    for pair in pairs:
+        _clear(pair, np.int64(base), table)
+
+
+@njit(cache=True, nogil=True)
+def _clear(pair, base, table):
+    n = table.shape[0]
+    for i in range(pair.shape[0]):
+        v = pair[i] - base
+        if 0 <= v < n:
+            table[v, NEXT] = -1
+            table[v, SEEN] = -1
 
 
 @njit(cache=True, nogil=True)

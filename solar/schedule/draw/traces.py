@@ -35,7 +35,7 @@ from numba import njit
 from solar.config import RunConfig
 from solar.schedule.draw.draws import EpochDraws, RankDraws, every_rank, steps_of
 from solar.schedule.draw.order import sample_dtype
-from solar.schedule.draw.pagemates import LOOK_AHEAD, LaterUses, PageLayout
+from solar.schedule.draw.pagemates import LOOK_AHEAD, LaterUses, PageLayout, cleared, new_table
 from solar.schedule.draw.samplers import Sampler
 from solar.schedule.policy import EPOCH_SHIFT, NEVER
 
@@ -153,6 +153,11 @@ class TraceOrder:
         self.horizon = default_horizon(run, sampler) if horizon is None else max(0, int(horizon))
         self._keys = run.num_samples * (1 if self.affinity else run.world_size)
         self._last_table: np.ndarray | None = None  # made when next uses are first asked for
+        # Page mates' table (LaterUses), one for the run, lent to one window (or epoch) at a
+        # time; ``_lent``: the keys whose rows the last one wrote, cleared before the next.
+        self._mates: np.ndarray | None = None
+        self._lent: list[np.ndarray] = []
+        self._lent_base = 0
         self._lock = threading.Lock()
         self._epochs: dict[int, EpochTrace] = {}
         self._front = 0  # the epoch being planned: the ones before it are done with
@@ -276,6 +281,7 @@ class TraceOrder:
                 later = self._window_uses(k, offset, trace, ahead, nxt)
             size = trace.pair.size
             yield Window(k, self._steps(j)[0], offset, trace, nu, later)
+            self.give_back()
             del trace, nu, later, ahead  # (planned: let go before the next window is drawn)
             offset += size
 
@@ -284,15 +290,33 @@ class TraceOrder:
         """Page mates' next uses over a window and the window after it (its look-ahead, as
         :meth:`later_uses` an epoch's), positions global: the window's from its ``offset`` in
         epoch ``k``, the window after's where it begins (the next epoch's from 0)."""
-        n = self.run.num_samples
-        base, keys = (0, self._keys) if self.only_rank is None else (self.only_rank * n, n)
         start = (k << EPOCH_SHIFT) + offset
         pairs, starts, limit = [trace.pair], [start], start + trace.pair.size
         if ahead is not None:
             assert nxt is not None
             after = limit if nxt[0] == k else nxt[0] << EPOCH_SHIFT
             pairs, starts, limit = [trace.pair, ahead.pair], [start, after], after + ahead.pair.size
-        return LaterUses.at(k, pairs, starts, limit, base, keys)
+        return self._lend(k, pairs, starts, limit)
+
+    def _lend(self, k: int, pairs: list[np.ndarray], starts: list[int], limit: int) -> LaterUses:
+        """:meth:`LaterUses.at` in the order's one table: the rows the last one lent wrote are
+        cleared first (:meth:`give_back`), so it is no longer to be read."""
+        self.give_back()
+        n = self.run.num_samples  # a rank planning alone draws only its own keys
+        base, keys = (0, self._keys) if self.only_rank is None else (self.only_rank * n, n)
+        if self._mates is None:
+            self._mates = new_table(keys)
+        uses = LaterUses.at(k, pairs, starts, limit, base, self._mates)
+        self._lent, self._lent_base = pairs, base
+        return uses
+
+    def give_back(self) -> None:
+        """The last :class:`LaterUses` lent is planned: its rows back to -1 (its keys' only,
+        no pass over every key), its traces let go."""
+        if self._lent:
+            assert self._mates is not None
+            cleared(self._mates, self._lent, self._lent_base)
+            self._lent = []
 
     @property
     def _last(self) -> np.ndarray:
@@ -343,10 +367,8 @@ class TraceOrder:
         SolarError if a rank planning alone was given another rank's keys."""
         end = min(self.run.epochs, k + min(self.horizon, LOOK_AHEAD) + 1)
         pairs = [self.epoch(e).pair for e in range(k, end)]
-        if self.only_rank is None:
-            return LaterUses.of(k, pairs, 0, self._keys)
-        n = self.run.num_samples  # a rank planning alone draws only its own keys
-        return LaterUses.of(k, pairs, self.only_rank * n, n)
+        starts = [(k + e) << EPOCH_SHIFT for e in range(len(pairs))]
+        return self._lend(k, pairs, starts, end << EPOCH_SHIFT)
 
     def next_use(self, k: int, pairs: np.ndarray) -> np.ndarray:
         """The first position after epoch ``k`` (within the horizon of epoch k + 1) of each of

@@ -542,8 +542,13 @@ class TracePolicy(SolarPolicy):
     def plan_epoch(self, k: int, seq: np.ndarray, next_use: np.ndarray | None) -> EpochSchedule:
         """Decide epoch ``k``: ``seq`` holds its (rank, sample) ids, ``next_use`` theirs."""
         assert next_use is not None and self.order is not None
-        uses = None if self.pages is None else self.order.later_uses(k)
-        return self._plan(k * self.run.steps_per_epoch, self.order.epoch(k), seq, next_use, uses)
+        k0, trace = k * self.run.steps_per_epoch, self.order.epoch(k)
+        if self.pages is None:
+            return self._plan(k0, trace, seq, next_use, None)
+        try:
+            return self._plan(k0, trace, seq, next_use, self.order.later_uses(k))
+        finally:
+            self.order.give_back()  # (the order's one page-mate table: its rows cleared)
 
     def plan_window(self, w: Window) -> EpochSchedule:
         """Decide window ``w`` of an epoch planned in windows (traces.TraceOrder.windows): its

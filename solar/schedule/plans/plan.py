@@ -428,9 +428,11 @@ def plan_memory(spec: PlanSpec, keep_all: bool = False, tallied: bool = False,
             trace = per_epoch * min(1.0, 2 * window / run.steps_per_epoch)
             need += 0 if tallied else _JOINED_BYTES * per_epoch * part
         need += BYTES_PER_ACCESS * trace * part
-        if spec.pages is not None:  # page mates: a next use and a stamp per key, page stamps
-            # (a page holds 2 rows or more), side rows
-            need += planners * (16 * run.world_size + 4) * run.num_samples
+        if spec.pages is not None:  # page mates: the order's one table, a next use and a
+            # stamp per key (N keys with affinity or a rank planned alone, else P·N), once per
+            # planner however many windows; page stamps (a page holds 2 rows or more); side rows
+            keys = run.num_samples * (1 if spec.affinity or ranks is not None else run.world_size)
+            need += planners * (16 * keys + 4 * run.num_samples)
             need += 20 * (per_epoch if window is None else trace) * part
     return PlanMemory(int(need), int(accesses), int(per_epoch), held, estimated, window)
 
