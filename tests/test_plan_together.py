@@ -144,4 +144,18 @@ def test_processes_with_no_rank_of_their_own_wait_asleep(tmp_path):
     assert sorted(a) == sorted(b) and all(np.array_equal(a[k], b[k]) for k in a)
     waited = json.loads(next(x for x in out0.splitlines() if x.startswith("waited: "))[8:])
     cpu, wall = waited[1]
-    assert wall >= 1.0 and cpu < 0.25 * wall, waited
+    assert wall >= 1.0 and cpu < 0.05 * wall, waited  # (MPICH polling: about 0.3 here)
+
+
+def test_the_memory_check_sums_the_processes_of_a_host(graph, tmp_path):
+    """Each process's share fits in the memory free, the host's processes together do not:
+    refused in one line, before any plans, nothing written."""
+    args = [str(graph), "--sampler", "neighbor", "--fanouts", "4,2", "-B", "24", "-P", "4",
+            "-E", "2", "--buffer", "120"]  # fmt: skip
+    job = run_job(MPIEXEC, 2, [str(SCRIPT), "--room", str(tmp_path / "p.h5"), *args], 120)
+    assert job.returncode != 0
+    err = job.ranks[0][1]
+    assert "with this host's 2 processes: " in err and "of memory available" in err, \
+        job.stderr[-3000:]  # fmt: skip
+    assert "Traceback" not in err and "processes plan the" not in err
+    assert not list(tmp_path.iterdir())

@@ -1,11 +1,12 @@
 """Under mpiexec: ``solar plan`` run by every process plans as one host, each its share of the
 ranks, the topology read once for the host (every process maps the same sealed memfd).
 
-mpiexec -n Q python tests/mpi/plan_cli.py [--narrow|--slow] OUT.h5|- ARGS...
+mpiexec -n Q python tests/mpi/plan_cli.py [--narrow|--slow|--room] OUT.h5|- ARGS...
 (ARGS: solar plan's, less -o). --narrow: process 1 sends its ranks' slots as int16 (a part
 narrower than its offsets say). --slow: process 0 sleeps 1 s before planning every rank, and
 process 0 prints, as ``waited: [[cpu, wall], ...]``, each process's CPU and wall seconds spent
-waiting for it.
+waiting for it. --room: the memory free is three quarters of what the host's processes
+need together (each process's own need fits).
 """
 
 import dataclasses
@@ -32,6 +33,22 @@ if mode == "--narrow" and comm.Get_rank() == 1:
                 for r, p in epoch(*a, **kw).items()}  # fmt: skip
 
     together._epoch = narrow
+if mode == "--room":
+    from solar import _memory
+
+    measure, free, host = together.host_memory, _memory.memory_room, []
+
+    def recorded_memory(*a, **kw):
+        host.append(measure(*a, **kw))
+        return host[-1]
+
+    def room():
+        if not host:  # (before the host's figure: `solar plan` warming its kernels)
+            return free()
+        assert all(h.mine.need <= 0.75 * h.host for h in host), host
+        return int(0.75 * host[-1].host), "available"
+
+    together.host_memory, _memory.memory_room = recorded_memory, room
 if mode == "--slow":
     wait, plan_to_file = together.wait_asleep, together.plan_to_file
 
