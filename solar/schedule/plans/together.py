@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -107,8 +107,12 @@ def plan_together(
 def wait_asleep(comm: Any, every: float = 0.05) -> None:
     """A barrier of ``comm`` waited for asleep, not polled: a process with nothing to plan
     leaves its core to those planning (its wait ends at most ``every`` seconds late)."""
-    req = comm.Ibarrier()
-    while not req.Test():
+    _asleep(comm.Ibarrier().Test, every)
+
+
+def _asleep(done: Callable[[], bool], every: float = 0.05) -> None:
+    """Until ``done()`` (an MPI request's test, which also drives MPI's progress), asleep."""
+    while not done():
         time.sleep(every)
 
 
@@ -182,12 +186,16 @@ def _gather_parts(comm: Any, spec: PlanSpec, k: int, parts: dict[int, RankEpoch]
     for r, part in parts.items():
         offsets[r] = part.step_offsets
     offsets = comm.allreduce(offsets)  # (each rank's row from its process, zeros elsewhere)
-    if writer is None:
+    if writer is None:  # (sent without waiting for process 0's writes in a polling Send)
+        from mpi4py import MPI  # (comm is one of its communicators)
+
+        sends = []
         for r in sorted(parts):
             for name in fields:
                 a = np.ascontiguousarray(getattr(parts[r], name))
-                comm.Send(a, dest=0, tag=_PART)
-            parts[r] = None  # type: ignore[assignment]  # (sent: let go)
+                sends.append((comm.Isend(a, dest=0, tag=_PART), a))  # (a held until sent)
+            parts[r] = None  # type: ignore[assignment]
+        _asleep(lambda: bool(MPI.Request.Testall([req for req, _ in sends])))
         return
 
     def each() -> Iterator[RankEpoch]:
