@@ -335,7 +335,7 @@ def _run_plan(spec: PlanSpec, out: str | None, plot_out: str | None, as_json: bo
     run = spec.run
     root = comm is None or comm.Get_rank() == 0
     large = run.num_accesses >= _PROGRESS_ACCESSES and root
-    if grouped is None and root:  # what it will hold, before it holds any of it
+    if grouped is None and (root or comm is not None):  # what it will hold, before it holds any
         _say_memory(spec, bool(out), comm)
 
     def epoch_done(totals: tuple[int, int]) -> None:
@@ -375,22 +375,30 @@ def _run_plan(spec: PlanSpec, out: str | None, plot_out: str | None, as_json: bo
 
 
 def _say_memory(spec: PlanSpec, to_file: bool, comm: Any) -> None:
-    """Print what planning will hold, per process (each of ``comm``'s its share of ranks)."""
+    """Print what planning will hold; with ``comm`` (a collective of its processes, each its
+    share of ranks), per process and per host (the host's processes summed), from the first."""
     from solar._memory import memory_room
     from solar.schedule.plans.plan import plan_memory
 
-    ranks = None
-    if comm is not None:
-        from solar.schedule.plans.together import share
+    if comm is None:
+        need, room = plan_memory(spec, tallied=not to_file), memory_room()
+        if room is None or need.need <= room[0]:  # (else the planner refuses, in one line)
+            click.echo(f"solar: {need.text(room)}", err=True)
+        return
+    from solar._units import format_bytes
+    from solar.schedule.plans.together import host_memory, share
 
-        first = share(spec, comm.Get_size(), 0)
-        ranks = max(len(first), 1)
-        click.echo(f"solar: {comm.Get_size()} processes plan the {spec.run.world_size} ranks "
-                   f"as one host, each its share (process 0: ranks {first})",
-                   err=True)  # fmt: skip
-    need, room = plan_memory(spec, tallied=not to_file, ranks=ranks), memory_room()
-    if room is None or need.need <= room[0]:  # (else the planner refuses, in one line)
-        click.echo(f"solar: {need.text(room)}", err=True)
+    host, room = host_memory(spec, comm, tallied=not to_file), memory_room()
+    if comm.Get_rank() != 0 or (room is not None and host.host > room[0]):
+        return  # (another process reports; or the check refuses it, in one line)
+    first = share(spec, comm.Get_size(), 0)
+    click.echo(f"solar: {comm.Get_size()} processes plan the {spec.run.world_size} ranks "
+               f"as one host, each its share (process 0: ranks {first})", err=True)  # fmt: skip
+    line = host.mine.text().replace(" of memory", " of memory per process (process 0)")
+    line += f", {format_bytes(host.host)} for this host's {host.processes} processes"
+    if room is not None:
+        line += f" ({format_bytes(room[0])} {room[1]})"
+    click.echo(f"solar: {line}", err=True)
 
 
 def _check_out(path: str | None, force: bool) -> None:

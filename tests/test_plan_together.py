@@ -53,6 +53,8 @@ def test_processes_plan_as_one_host_the_file_one_process_writes(graph, tmp_path,
     # The memory figure comes first, then the summary, once (from process 0).
     assert f"{procs} processes plan the 4 ranks as one host" in err0
     assert "planning: about" in err0
+    assert "of memory per process (process 0)" in err0
+    assert f"for this host's {procs} processes" in err0
     assert all(not out for out, _ in job.ranks[1:])
     summary = json.loads(out0.splitlines()[0])
     assert summary["hits"] == json.loads(res.output.splitlines()[-1])["hits"] > 0
@@ -106,3 +108,54 @@ def test_a_plan_written_rank_by_rank_is_the_plan_written_whole(graph, tmp_path):
             PlanWriter(tmp_path / "bad.h5", spec) as writer:  # fmt: skip
         writer.add_ranks(0, offsets, iter([parts[0], parts[0], parts[2]]))
     assert not list(tmp_path.glob("*bad*"))  # nothing half-written
+
+
+def test_a_part_narrower_than_its_offsets_is_refused_in_one_line(graph, tmp_path):
+    """Process 1 sends its ranks' slots as int16: process 0 refuses the part (never writes the
+    uninitialised rest as the plan), the job ends, nothing is written."""
+    args = [str(graph), "--sampler", "neighbor", "--fanouts", "4,2", "-B", "24", "-P", "2",
+            "-E", "2", "--buffer", "120"]  # fmt: skip
+    out = tmp_path / "narrow.h5"
+    job = run_job(MPIEXEC, 2, [str(SCRIPT), "--narrow", str(out), *args], 120)
+    assert job.returncode != 0
+    err = job.ranks[0][1]
+    assert "process 1 sent rank 1's slots of epoch 0 as" in err, job.stderr[-3000:]
+    assert "bytes, not the" in err and "int32 its offsets say" in err
+    assert "Traceback" not in err
+    assert not list(tmp_path.iterdir())  # nothing half-written
+
+
+def test_processes_with_no_rank_of_their_own_wait_asleep(tmp_path):
+    """Shuffle's ranks are planned together by process 0 (the file one process writes); the
+    other process waits for it asleep, not polling a core (its CPU time a small part of its
+    wait: process 0 sleeps 1 s before planning)."""
+    args = ["--samples", "4000", "-B", "16", "-P", "4", "-E", "2", "--buffer", "200", "--json"]
+    one = tmp_path / "one.h5"
+    res = CliRunner().invoke(cli, ["plan", *args, "-o", str(one)])
+    assert res.exit_code == 0, res.output
+    together = tmp_path / "together.h5"
+    job = run_job(MPIEXEC, 2, [str(SCRIPT), "--slow", str(together), *args], 240)
+    assert job.returncode == 0, job.stderr[-3000:]
+    out0, err0 = job.ranks[0]
+    assert "2 processes plan the 4 ranks as one host, each its share (process 0: ranks " \
+           "[0, 1, 2, 3])" in err0  # fmt: skip
+    assert "per process (process 0)" in err0 and "for this host's 2 processes" in err0
+    a, b = _datasets(one), _datasets(together)
+    assert sorted(a) == sorted(b) and all(np.array_equal(a[k], b[k]) for k in a)
+    waited = json.loads(next(x for x in out0.splitlines() if x.startswith("waited: "))[8:])
+    cpu, wall = waited[1]
+    assert wall >= 1.0 and cpu < 0.05 * wall, waited  # (MPICH polling: about 0.3 here)
+
+
+def test_the_memory_check_sums_the_processes_of_a_host(graph, tmp_path):
+    """Each process's share fits in the memory free, the host's processes together do not:
+    refused in one line, before any plans, nothing written."""
+    args = [str(graph), "--sampler", "neighbor", "--fanouts", "4,2", "-B", "24", "-P", "4",
+            "-E", "2", "--buffer", "120"]  # fmt: skip
+    job = run_job(MPIEXEC, 2, [str(SCRIPT), "--room", str(tmp_path / "p.h5"), *args], 120)
+    assert job.returncode != 0
+    err = job.ranks[0][1]
+    assert "with this host's 2 processes: " in err and "of memory available" in err, \
+        job.stderr[-3000:]  # fmt: skip
+    assert "Traceback" not in err and "processes plan the" not in err
+    assert not list(tmp_path.iterdir())

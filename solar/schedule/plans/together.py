@@ -6,7 +6,11 @@ A rank's plan depends on its own accesses alone where the sampler fixes each ran
 (a NeighborSampler, a Trace: :func:`~solar.schedule.keep.planner.rank_alone`), so process q
 plans ranks q, q + Q, ... alone (a planner each, as a Loader's rank does) and the decisions
 are those of one process planning every rank. Where a rank's plan needs every rank's accesses
-(Shuffle's affinity, equal batches) process 0 plans them all and the others wait.
+(Shuffle's affinity, equal batches) process 0 plans them all and the others wait, asleep (an
+``Ibarrier`` tested between sleeps: MPICH's ``Barrier`` polls, a core burnt per waiting process).
+
+Memory is checked per host before any process allocates: the needs of the processes that share
+a host's memory (MPI's ``COMM_TYPE_SHARED``: :func:`~solar.host.place.place`) summed.
 """
 
 from __future__ import annotations
@@ -14,17 +18,21 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
 from solar._memory import require_memory
+from solar.errors import SolarError
+from solar.host.place import place
 from solar.schedule.draw.order import sample_dtype
 from solar.schedule.keep.planner import Planner, RankEpoch, rank_alone
 from solar.schedule.keep.summary import PlanSummary, Tally
 from solar.schedule.plans.plan import (
     EpochTotals,
+    PlanMemory,
     load_plan,
     plan_memory,
     plan_to_file,
@@ -58,17 +66,16 @@ def plan_together(
     process 0) or only its totals. Returns the run's totals on process 0 (None elsewhere);
     ``on_epoch`` and ``progress`` are told there, epoch by epoch."""
     q, procs = comm.Get_rank(), comm.Get_size()
+    require_host_memory(spec, comm, tallied=path is None)
     if not rank_alone(spec):  # process 0 plans every rank, as one process would
         made: PlanSummary | None = None
         if q == 0:
             made = plan_to_file(spec, path, progress, on_epoch).summary if path is not None \
                 else simulate(spec, progress, on_epoch)  # fmt: skip
-        comm.Barrier()
+        wait_asleep(comm)
         return made
     t0 = time.perf_counter()
     mine = share(spec, procs, q)
-    m = plan_memory(spec, tallied=path is None, ranks=max(1, len(mine)))
-    require_memory(m.need, f"planning ranks {mine} of {m.accesses} accesses")
     planners = {r: Planner(spec, only_rank=r) for r in mine}
     tallies = {r: Tally(spec.run.world_size) for r in mine}  # (a rank's batch: its own)
     with contextlib.ExitStack() as stack:
@@ -95,6 +102,54 @@ def plan_together(
     if path is not None:
         return load_plan(path).summary
     return PlanSummary(spec, stats, seconds, fingerprint(spec, None))
+
+
+def wait_asleep(comm: Any, every: float = 0.05) -> None:
+    """A barrier of ``comm`` waited for asleep, not polled: a process with nothing to plan
+    leaves its core to those planning (its wait ends at most ``every`` seconds late)."""
+    _asleep(comm.Ibarrier().Test, every)
+
+
+def _asleep(done: Callable[[], bool], every: float = 0.05) -> None:
+    """Until ``done()`` (an MPI request's test, which also drives MPI's progress), asleep."""
+    while not done():
+        time.sleep(every)
+
+
+@dataclass(frozen=True)
+class HostMemory:
+    """What planning holds on this process's host: ``mine``, this process's figure (a share of
+    the ranks, or every rank on process 0 where they cannot be planned apart); ``host``,
+    bytes the ``processes`` of the host hold together (theirs summed)."""
+
+    mine: PlanMemory
+    host: int
+    processes: int
+
+
+def host_memory(spec: PlanSpec, comm: Any, tallied: bool) -> HostMemory:
+    """This host's :class:`HostMemory` (a collective of ``comm``): the processes sharing the
+    host's memory (MPI's ``COMM_TYPE_SHARED``) add up their needs."""
+    mine = share(spec, comm.Get_size(), comm.Get_rank())
+    if rank_alone(spec):
+        m = plan_memory(spec, tallied=tallied, ranks=max(1, len(mine)))
+    else:  # process 0 plans every rank as one process; the others hold no planner
+        m = plan_memory(spec, tallied=tallied)
+        m = m if mine else replace(m, need=0)
+    machine = place(comm).machine_comm or comm
+    needs = machine.allgather(m.need)
+    return HostMemory(m, int(sum(needs)), len(needs))
+
+
+def require_host_memory(spec: PlanSpec, comm: Any, tallied: bool) -> None:
+    """Refuse, in one line from one process a host, a plan whose processes on a host need
+    more memory together than the host has free, before any allocates (a collective)."""
+    got = host_memory(spec, comm, tallied)
+    machine = place(comm).machine_comm or comm
+    if machine.Get_rank() == 0:  # (the others wait below; a refusal here ends the job)
+        require_memory(got.host, f"planning {got.mine.accesses} accesses with this host's "
+                                 f"{got.processes} processes")  # fmt: skip
+    wait_asleep(machine)
 
 
 def _accesses_hits(tallies: dict[int, Tally]) -> np.ndarray:
@@ -131,12 +186,16 @@ def _gather_parts(comm: Any, spec: PlanSpec, k: int, parts: dict[int, RankEpoch]
     for r, part in parts.items():
         offsets[r] = part.step_offsets
     offsets = comm.allreduce(offsets)  # (each rank's row from its process, zeros elsewhere)
-    if writer is None:
+    if writer is None:  # (sent without waiting for process 0's writes in a polling Send)
+        from mpi4py import MPI  # (comm is one of its communicators)
+
+        sends = []
         for r in sorted(parts):
             for name in fields:
                 a = np.ascontiguousarray(getattr(parts[r], name))
-                comm.Send(a, dest=0, tag=_PART)
-            parts[r] = None  # type: ignore[assignment]  # (sent: let go)
+                sends.append((comm.Isend(a, dest=0, tag=_PART), a))  # (a held until sent)
+            parts[r] = None  # type: ignore[assignment]
+        _asleep(lambda: bool(MPI.Request.Testall([req for req, _ in sends])))
         return
 
     def each() -> Iterator[RankEpoch]:
@@ -148,10 +207,25 @@ def _gather_parts(comm: Any, spec: PlanSpec, k: int, parts: dict[int, RankEpoch]
             got = {"tslot": no_tier(n)}
             for name, dtype in zip(fields, (None, np.int32, np.uint8, np.int32), strict=False):
                 got[name] = np.empty(n, _sample_dtype(spec) if dtype is None else dtype)
-                comm.Recv(got[name], source=r % procs, tag=_PART)
+                _receive(comm, got[name], r % procs, f"rank {r}'s {name}s of epoch {k}")
             yield RankEpoch(k, got["sample"], got["slot"], got["flags"], offsets[r], got["tslot"])
 
     writer.add_ranks(k, offsets, each())
+
+
+def _receive(comm: Any, buf: np.ndarray, source: int, what: str) -> None:
+    """``buf`` filled by a message of ``source``, refused (in one line, the job ended by the
+    caller's abort) unless it is exactly ``buf``'s size: a part of the wrong length or type
+    would be written, and checksummed, as the plan."""
+    from mpi4py import MPI  # (comm is one of its communicators)
+
+    status = MPI.Status()
+    comm.Probe(source=source, tag=_PART, status=status)
+    got = status.Get_count(MPI.BYTE)
+    if got != buf.nbytes:
+        raise SolarError(f"process {source} sent {what} as {got} bytes, not the {buf.nbytes} "
+                         f"of {buf.size} {buf.dtype} its offsets say")  # fmt: skip
+    comm.Recv(buf, source=source, tag=_PART)
 
 
 def _sample_dtype(spec: PlanSpec) -> np.dtype:
