@@ -546,3 +546,56 @@ def test_a_lost_workers_trainer_is_served_by_another_trainers_worker_from_the_ne
     assert got is not None, ran.ranks[0]
     assert re.search(r"rank 1: ok, workers \[1\], delivered [1-9]", ran.ranks[1][0])
     assert "rows sent to trainers [0, 1]" in said, said  # (worker 1: both, from epoch 2)
+
+
+@pytest.mark.timeout(120)
+def test_a_worker_that_registered_and_failed_is_never_waited_for_past_join_s(data):
+    """After epoch 0 (no worker), number 0 is taken by a process that never opens the job
+    (no ``ready``) and number 1 by one that says it is ready and never pairs: epoch 1 gives
+    the trainer number 1 only, whose pair is not made within join_s: a lost worker, its steps
+    transformed here (the bytes the local ones); epoch 2 gives it none."""
+    import json
+
+    import torch.distributed as td
+
+    from solar.remote.link import COUNT, EPOCH, READY
+
+    address = free_address()
+    ld, ref = _pair(data, address, 3, join_s=2, keep=0)
+    host, port = address.rsplit(":", 1)
+    store = None
+    try:
+        for e in range(3):
+            ld.set_epoch(e)
+            ref.set_epoch(e)
+            for a, b in zip(ld, ref, strict=True):
+                for k in b:
+                    assert np.array_equal(a[k].numpy(), b[k].numpy()), (e, k)
+            if e == 0:
+                store = td.TCPStore(host, int(port), None, False, wait_for_workers=False)
+                assert int(store.add(COUNT, 1)) == 1  # failed before opening the job
+                assert int(store.add(COUNT, 1)) == 2
+                store.set(f"{READY}1", "1")  # ready, then never pairs
+        assert store is not None
+        assert json.loads(store.get(f"{EPOCH}1")) == {"0": [1]}
+        assert json.loads(store.get(f"{EPOCH}2")) == {"0": []}
+        assert list(ld.stats.remote) == [1] and ld.stats.remote[1].lost
+        assert ld.stats.remote[1].steps == 0
+    finally:
+        ld.close()
+        ref.close()
+
+
+def test_what_the_store_says_of_workers_is_checked_in_one_line():
+    """The store is untrusted: worker lists and epochs' members are refused unless sound."""
+    from solar.remote.link import MAX_WORKERS, parse_ids, parse_members
+
+    assert parse_ids(b"[3, 1]", "x") == [1, 3]
+    assert parse_members(b'{"0": [2], "1": []}', 2, "x") == {0: [2], 1: []}
+    for bad in [b"{", b'"a"', b"[1, 1]", b"[-1]", f"[{MAX_WORKERS}]".encode(), b"[true]",
+                b"[1.5]"]:  # fmt: skip
+        with pytest.raises(SolarError, match="refused"):
+            parse_ids(bad, "x")
+    for bad in [b"[]", b'{"2": []}', b'{"a": []}', b'{"0": [1], "1": [1]}', b'{"0": "1"}']:
+        with pytest.raises(SolarError, match="refused"):
+            parse_members(bad, 2, "x")
