@@ -599,3 +599,43 @@ def test_what_the_store_says_of_workers_is_checked_in_one_line():
     for bad in [b"[]", b'{"2": []}', b'{"a": []}', b'{"0": [1], "1": [1]}', b'{"0": "1"}']:
         with pytest.raises(SolarError, match="refused"):
             parse_members(bad, 2, "x")
+
+
+class _StoreGone:
+    """The trainers' store, as if gone for what a trainer says of its live workers."""
+
+    def __init__(self, real) -> None:
+        self.real = real
+
+    def set(self, k: str, v) -> None:
+        from solar.remote.link import LIVE
+
+        if k.startswith(LIVE):
+            raise RuntimeError("Connection reset by peer")
+        self.real.set(k, v)
+
+    def __getattr__(self, name: str):
+        return getattr(self.real, name)
+
+
+@pytest.mark.timeout(120)
+def test_a_worker_lost_while_the_store_is_gone_leaves_no_step_unfinished(data):
+    """kill -9 of the worker with steps of its pending, the store refusing what the trainer
+    says of its workers: its pending steps are transformed here all the same (the bytes the
+    local ones, every sample once)."""
+    address = free_address()
+    worker = start_worker(address)
+    ld, ref = _pair(data, address, 1, keep=0, wait_s=30)
+    try:
+
+        def before(e: int, t: int) -> None:
+            if t == 4:
+                ld._link.store = _StoreGone(ld._link.store)
+                _kill(worker)
+
+        _compared(ld, ref, 1, before)
+        (fig,) = ld.stats.remote.values()
+        assert fig.lost and fig.read > 0
+    finally:
+        ld.close()
+        ref.close()

@@ -270,10 +270,16 @@ class TrainerLink:
 
     def live(self, live: list[int]) -> None:
         """This trainer's workers now (one was lost, or came): trainer rank 0 reads them as it
-        starts the next epoch."""
+        starts the next epoch. A store gone (trainer rank 0 ended) is no matter: there is no
+        next epoch."""
         with self._lock:
-            if self.store is not None:
+            if self.store is None:
+                return
+            try:
                 self.store.set(f"{LIVE}{self.rank}", json.dumps(sorted(live)))
+            except RuntimeError as exc:
+                log.info("Remote %s: trainer %d's workers not said (%s)", self.remote.address,
+                         self.rank, first_line(exc))  # fmt: skip
 
     def members(self, epoch: int) -> dict[int, list[int]]:
         """Every trainer's workers in ``epoch`` (> 0): decided by trainer rank 0 as it starts

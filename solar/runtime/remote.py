@@ -395,10 +395,10 @@ class RemoteTransforms(TransformPool):
             for k in mine:
                 del self._pending[k]
             live = list(self._live)
+        for p in mine.values():  # first: nothing after may leave a step unfinished
+            _done(self._here(p.src, p.dst, p.job, p.worker), p.future)
         if lost:
             self.link.live(live)  # (rank 0 divides its steps at the next epoch's start)
-        for p in mine.values():
-            _done(self._here(p.src, p.dst, p.job, p.worker), p.future)
 
     def close(self) -> None:
         """Tell the workers this trainer is done, wait for its threads, stop the pool."""
