@@ -639,3 +639,20 @@ def test_a_worker_lost_while_the_store_is_gone_leaves_no_step_unfinished(data):
     finally:
         ld.close()
         ref.close()
+
+
+def test_a_copy_of_a_remote_loader_is_refused_in_one_line(data):
+    """A pickled copy has no pairs of its own (its workers' steps would be read by no one):
+    iterating it is refused; the original serves."""
+    import pickle
+
+    r = Remote(free_address(), join_s=1)
+    ld = Loader(data, batch_size=10, epochs=1, buffer=20, seed=5, rank=0, world_size=1,
+                transform=Transform(crop_flip_noise, workers=1, remote=r))  # fmt: skip
+    try:
+        copy = pickle.loads(pickle.dumps(ld))
+        with pytest.raises(SolarError, match="remote=: this Loader is a copy"):
+            next(iter(copy))
+        assert sum(len(b["index"]) for b in ld) == N
+    finally:
+        ld.close()

@@ -239,6 +239,7 @@ class TrainerLink:
                  module: str | None) -> None:  # fmt: skip
         self.remote = remote
         self.rank = rank
+        self.pid = os.getpid()  # its pairs and threads are this process's (a copy has none)
         self.key = key(remote, f"Remote {remote.address}")
         # Rank 0's serves the meeting; the others wait for its roster (after join_s).
         self.store = _store(remote, rank == 0, 2 * remote.join_s + 30)
