@@ -31,7 +31,8 @@ from solar.remote.link import DONE, HEAD, WorkerLink, digest, done, mac
 from solar.runtime.holdings import Alone, Holdings, RawRefill
 from solar.runtime.steps import Steps
 from solar.runtime.workers import TransformPool
-from solar.schedule.draw.members import Roster, member_spec, owner, workers_in
+from solar.schedule.draw.members import Roster, owner, workers_in
+from solar.schedule.plans.members import member_spec
 from solar.schedule.plans.rankplan import StepPlan
 from solar.schedule.plans.stream import RankStream
 from solar.schedule.policy import slot_count

@@ -394,7 +394,7 @@ def test_a_worker_that_hangs_is_taken_for_lost(data, monkeypatch):
 def _planned_reads(spec, member: int, keep: int = 1) -> tuple[int, int]:
     """Rows member ``member`` of rank 0's plan reads and hits, over the run (its own plan)."""
     from solar.runtime.steps import Steps
-    from solar.schedule.draw.members import member_spec
+    from solar.schedule.plans.members import member_spec
     from solar.schedule.plans.stream import RankStream
 
     stream = RankStream(member_spec(spec, 0, keep, ((0, (0,)),), member), 0)

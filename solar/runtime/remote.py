@@ -27,7 +27,8 @@ from solar.remote.link import DONE, HEAD, TrainerLink, digest, done, mac
 from solar.runtime.setup import Setup
 from solar.runtime.steps import Steps
 from solar.runtime.workers import TransformPool
-from solar.schedule.draw.members import TRAINER, Roster, member_spec, owner, workers_in
+from solar.schedule.draw.members import TRAINER, Roster, owner, workers_in
+from solar.schedule.plans.members import member_spec
 from solar.schedule.plans.stream import RankStream
 from solar.schedule.spec import PlanSpec
 from solar.transform import Rows
