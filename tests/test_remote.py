@@ -591,12 +591,12 @@ def test_what_the_store_says_of_workers_is_checked_in_one_line():
     from solar.remote.link import MAX_WORKERS, parse_ids, parse_members
 
     assert parse_ids(b"[3, 1]", "x") == [1, 3]
-    assert parse_members(b'{"0": [2], "1": []}', 2, "x") == {0: [2], 1: []}
+    assert parse_members(b'{"0": [2], "1": [2]}', 2, "x") == {0: [2], 1: [2]}
     for bad in [b"{", b'"a"', b"[1, 1]", b"[-1]", f"[{MAX_WORKERS}]".encode(), b"[true]",
                 b"[1.5]"]:  # fmt: skip
         with pytest.raises(SolarError, match="refused"):
             parse_ids(bad, "x")
-    for bad in [b"[]", b'{"2": []}', b'{"a": []}', b'{"0": [1], "1": [1]}', b'{"0": "1"}']:
+    for bad in [b"[]", b'{"2": []}', b'{"a": []}', b'{"0": [1, 1]}', b'{"0": "1"}']:
         with pytest.raises(SolarError, match="refused"):
             parse_members(bad, 2, "x")
 

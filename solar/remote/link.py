@@ -212,7 +212,7 @@ def parse_ids(raw: bytes | str, what: str) -> list[int]:
 
 def parse_members(raw: bytes | str, world: int, what: str) -> dict[int, list[int]]:
     """Every trainer's workers as trainer rank 0 wrote them (json ``{rank: workers}``),
-    checked: ranks below ``world``, each worker a number once (one line if not)."""
+    checked: ranks below ``world``, each a list of workers (one line if not)."""
     try:
         got = json.loads(raw)
     except (ValueError, UnicodeDecodeError):
@@ -220,11 +220,8 @@ def parse_members(raw: bytes | str, world: int, what: str) -> dict[int, list[int
     if not isinstance(got, dict) or not all(isinstance(r, str) and r.isdigit() and
                                             int(r) < world for r in got):  # fmt: skip
         raise SolarError(f"the workers' store: {what} is not the trainers' workers: refused")
-    out = {int(r): parse_ids(json.dumps(w), what) for r, w in got.items()}
-    every = [i for w in out.values() for i in w]
-    if len(set(every)) != len(every):
-        raise SolarError(f"the workers' store: {what} gives a worker twice: refused")
-    return out
+    # (A worker may serve several trainers: fewer workers than trainers.)
+    return {int(r): parse_ids(json.dumps(w), what) for r, w in got.items()}
 
 
 def _count(store: Any) -> int:
@@ -286,15 +283,27 @@ class TrainerLink:
         """Every trainer's workers in ``epoch`` (> 0): decided by trainer rank 0 as it starts
         it, once (:func:`assign`), waited for by the others."""
         where = f"{EPOCH}{epoch}"
-        with self._lock:
-            if self.rank == 0 and not self.store.check([where]):
-                self.store.set(where, json.dumps(self._decide()))
-                self.store.set(LATEST, str(epoch))
-            try:
-                got = self.store.get(where)
-            except RuntimeError as exc:  # rank 0 never said: it failed (the job is ending)
-                raise SolarError(f"Remote {self.remote.address}: no workers of epoch {epoch} "
-                                 f"from trainer rank 0 ({first_line(exc)})") from None  # fmt: skip
+        # Polled, the lock (and the store's client) free between looks: the receivers'
+        # threads say a lost worker meanwhile.
+        deadline = time.monotonic() + 2 * self.remote.join_s + 30
+        got, why = None, "not said in time"
+        while got is None:
+            with self._lock:
+                try:
+                    if self.rank == 0 and not self.store.check([where]):
+                        self.store.set(where, json.dumps(self._decide()))
+                        self.store.set(LATEST, str(epoch))
+                    got = self.store.get(where) if self.store.check([where]) else None
+                except RuntimeError as exc:  # rank 0's store is gone: the job is ending
+                    why = first_line(exc)
+                    break
+            if got is None and time.monotonic() >= deadline:
+                break
+            if got is None:
+                time.sleep(0.02)
+        if got is None:  # rank 0 never said: it failed (the job is ending)
+            raise SolarError(f"Remote {self.remote.address}: no workers of epoch {epoch} "
+                             f"from trainer rank 0 ({why})")  # fmt: skip
         return parse_members(got, self.world, f"the workers of epoch {epoch}")
 
     def _decide(self) -> dict[int, list[int]]:
