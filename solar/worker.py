@@ -27,11 +27,12 @@ from solar._cpu import cpu_share
 from solar.cache.slots import SlotBuffer
 from solar.io.reader import Reader
 from solar.remote import Remote
-from solar.remote.link import DONE, HEAD, WorkerLink, digest, mac
+from solar.remote.link import DONE, HEAD, WorkerLink, digest, done, mac
 from solar.runtime.holdings import Alone, Holdings, RawRefill
 from solar.runtime.steps import Steps
 from solar.runtime.workers import TransformPool
-from solar.schedule.draw.members import Roster, member_spec, owner, workers_in
+from solar.schedule.draw.members import Roster, owner, workers_in
+from solar.schedule.plans.members import member_spec
 from solar.schedule.plans.rankplan import StepPlan
 from solar.schedule.plans.stream import RankStream
 from solar.schedule.policy import slot_count
@@ -94,7 +95,7 @@ class Served:
         t = torch.empty(2, dtype=torch.int64)
         try:
             while True:
-                self.group.recv([t], 0, 0).wait()
+                done(self.group.recv([t], 0, 0))
                 position, limit = int(t[0]), int(t[1])
                 with self.changed:
                     if position == DONE:
@@ -173,20 +174,22 @@ def _serving(s: Served, served: dict[int, Served], every: list[Served]) -> None:
 
 def _given(link: WorkerLink, served: dict[int, Served], every: list[Served], seen: int,
            planned: Planned, changed: threading.Condition) -> int:  # fmt: skip
-    """The trainers that took this worker at the last epoch's start trainer rank 0 decided
-    (after ``seen``), paired now; returns that epoch."""
-    e = link.latest()
-    got = link.members(e) if e > seen else None
-    if got is None:
-        return seen
-    for r, workers in sorted(got.items()):
-        if link.id not in workers or r in served:
-            continue
-        group = link.pair(e, r)
-        if group is not None:
-            _serving(Served(r, group, planned, {0: (), e: tuple(workers)}, changed), served,
-                     every)  # fmt: skip
-    return e
+    """The trainers that took this worker at each epoch's start trainer rank 0 decided since
+    ``seen``, in order (a pairing it was given is never skipped), paired now; returns the last
+    epoch looked at."""
+    for e in range(seen + 1, link.latest() + 1):
+        got = link.members(e)
+        if got is None:
+            return e - 1
+        for r, workers in sorted(got.items()):
+            if link.id not in workers or r in served:
+                continue
+            group = link.pair(e, r)
+            if group is not None:
+                _serving(Served(r, group, planned, {0: (), e: tuple(workers)}, changed),
+                         served, every)  # fmt: skip
+        seen = e
+    return seen
 
 
 def _loop(link: WorkerLink, served: dict[int, Served], job: dict, reader: Reader,
@@ -241,7 +244,7 @@ def _last_word(s: Served) -> None:
     import torch
 
     try:
-        s.group.send([torch.full((HEAD,), DONE, dtype=torch.int64)], 0, 1).wait()
+        done(s.group.send([torch.full((HEAD,), DONE, dtype=torch.int64)], 0, 1))
     except RuntimeError:
         pass
 
@@ -263,9 +266,9 @@ def _send(s: Served, k: int, reader: Reader, pool: TransformPool, job: dict,
     first = np.array([k, n, digest(task.samples, task.repeat)], np.int64)
     data = [np.ascontiguousarray(a[:n]).reshape(-1).view(np.uint8) for a in out]
     signature = np.frombuffer(mac(secret, first.tobytes(), *(d.data for d in data)), np.int64)
-    s.group.send([torch.from_numpy(np.concatenate([first, signature]))], 0, 1).wait()
+    done(s.group.send([torch.from_numpy(np.concatenate([first, signature]))], 0, 1))
     for d in data:
-        s.group.send([torch.from_numpy(d)], 0, 2).wait()
+        done(s.group.send([torch.from_numpy(d)], 0, 2))
     return n
 
 

@@ -394,7 +394,7 @@ def test_a_worker_that_hangs_is_taken_for_lost(data, monkeypatch):
 def _planned_reads(spec, member: int, keep: int = 1) -> tuple[int, int]:
     """Rows member ``member`` of rank 0's plan reads and hits, over the run (its own plan)."""
     from solar.runtime.steps import Steps
-    from solar.schedule.draw.members import member_spec
+    from solar.schedule.plans.members import member_spec
     from solar.schedule.plans.stream import RankStream
 
     stream = RankStream(member_spec(spec, 0, keep, ((0, (0,)),), member), 0)
@@ -546,3 +546,113 @@ def test_a_lost_workers_trainer_is_served_by_another_trainers_worker_from_the_ne
     assert got is not None, ran.ranks[0]
     assert re.search(r"rank 1: ok, workers \[1\], delivered [1-9]", ran.ranks[1][0])
     assert "rows sent to trainers [0, 1]" in said, said  # (worker 1: both, from epoch 2)
+
+
+@pytest.mark.timeout(120)
+def test_a_worker_that_registered_and_failed_is_never_waited_for_past_join_s(data):
+    """After epoch 0 (no worker), number 0 is taken by a process that never opens the job
+    (no ``ready``) and number 1 by one that says it is ready and never pairs: epoch 1 gives
+    the trainer number 1 only, whose pair is not made within join_s: a lost worker, its steps
+    transformed here (the bytes the local ones); epoch 2 gives it none."""
+    import json
+
+    import torch.distributed as td
+
+    from solar.remote.link import COUNT, EPOCH, READY
+
+    address = free_address()
+    ld, ref = _pair(data, address, 3, join_s=2, keep=0)
+    host, port = address.rsplit(":", 1)
+    store = None
+    try:
+        for e in range(3):
+            ld.set_epoch(e)
+            ref.set_epoch(e)
+            for a, b in zip(ld, ref, strict=True):
+                for k in b:
+                    assert np.array_equal(a[k].numpy(), b[k].numpy()), (e, k)
+            if e == 0:
+                store = td.TCPStore(host, int(port), None, False, wait_for_workers=False)
+                assert int(store.add(COUNT, 1)) == 1  # failed before opening the job
+                assert int(store.add(COUNT, 1)) == 2
+                store.set(f"{READY}1", "1")  # ready, then never pairs
+        assert store is not None
+        assert json.loads(store.get(f"{EPOCH}1")) == {"0": [1]}
+        assert json.loads(store.get(f"{EPOCH}2")) == {"0": []}
+        assert list(ld.stats.remote) == [1] and ld.stats.remote[1].lost
+        assert ld.stats.remote[1].steps == 0
+    finally:
+        ld.close()
+        ref.close()
+
+
+def test_what_the_store_says_of_workers_is_checked_in_one_line():
+    """The store is untrusted: worker lists and epochs' members are refused unless sound."""
+    from solar.remote.link import MAX_WORKERS, parse_ids, parse_members
+
+    assert parse_ids(b"[3, 1]", "x") == [1, 3]
+    assert parse_members(b'{"0": [2], "1": [2]}', 2, "x") == {0: [2], 1: [2]}
+    for bad in [b"{", b'"a"', b"[1, 1]", b"[-1]", f"[{MAX_WORKERS}]".encode(), b"[true]",
+                b"[1.5]"]:  # fmt: skip
+        with pytest.raises(SolarError, match="refused"):
+            parse_ids(bad, "x")
+    for bad in [b"[]", b'{"2": []}', b'{"a": []}', b'{"0": [1, 1]}', b'{"0": "1"}']:
+        with pytest.raises(SolarError, match="refused"):
+            parse_members(bad, 2, "x")
+
+
+class _StoreGone:
+    """The trainers' store, as if gone for what a trainer says of its live workers."""
+
+    def __init__(self, real) -> None:
+        self.real = real
+
+    def set(self, k: str, v) -> None:
+        from solar.remote.link import LIVE
+
+        if k.startswith(LIVE):
+            raise RuntimeError("Connection reset by peer")
+        self.real.set(k, v)
+
+    def __getattr__(self, name: str):
+        return getattr(self.real, name)
+
+
+@pytest.mark.timeout(120)
+def test_a_worker_lost_while_the_store_is_gone_leaves_no_step_unfinished(data):
+    """kill -9 of the worker with steps of its pending, the store refusing what the trainer
+    says of its workers: its pending steps are transformed here all the same (the bytes the
+    local ones, every sample once)."""
+    address = free_address()
+    worker = start_worker(address)
+    ld, ref = _pair(data, address, 1, keep=0, wait_s=30)
+    try:
+
+        def before(e: int, t: int) -> None:
+            if t == 4:
+                ld._link.store = _StoreGone(ld._link.store)
+                _kill(worker)
+
+        _compared(ld, ref, 1, before)
+        (fig,) = ld.stats.remote.values()
+        assert fig.lost and fig.read > 0
+    finally:
+        ld.close()
+        ref.close()
+
+
+def test_a_copy_of_a_remote_loader_is_refused_in_one_line(data):
+    """A pickled copy has no pairs of its own (its workers' steps would be read by no one):
+    iterating it is refused; the original serves."""
+    import pickle
+
+    r = Remote(free_address(), join_s=1)
+    ld = Loader(data, batch_size=10, epochs=1, buffer=20, seed=5, rank=0, world_size=1,
+                transform=Transform(crop_flip_noise, workers=1, remote=r))  # fmt: skip
+    try:
+        copy = pickle.loads(pickle.dumps(ld))
+        with pytest.raises(SolarError, match="remote=: this Loader is a copy"):
+            next(iter(copy))
+        assert sum(len(b["index"]) for b in ld) == N
+    finally:
+        ld.close()

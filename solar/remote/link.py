@@ -30,6 +30,7 @@ import hashlib
 import hmac
 import importlib.util
 import json
+import logging
 import os
 import pickle
 import socket
@@ -48,12 +49,14 @@ LIVE = "solar-remote/live/"  # + a trainer's rank: its workers that paired, stil
 # as it starts the epoch (each trainer's live workers then), read by everyone.
 EPOCH = "solar-remote/epoch/"
 LATEST = "solar-remote/latest"  # the last epoch decided (workers not paired yet look there)
-EVER = "solar-remote/ever"  # every worker ever given a trainer (json; rank 0 keeps it)
+READY = "solar-remote/ready/"  # + a worker's number: it opened the job (it can pair)
 FINISHED = "solar-remote/finished"  # trainer rank 0 is done: workers not paired end
 KEY_ENV = "SOLAR_REMOTE_KEY"
 HEAD = 7  # a delivery's header: step, rows, digest, HMAC-SHA256 as 4 int64
 DONE = -1  # a credit's position: the trainer serves no more
 _FOREVER = datetime.timedelta(days=365)  # a pair's operations: a dead peer raises sooner
+MAX_WORKERS = 4096  # numbers beyond it, in the store, are not workers (the store is untrusted)
+log = logging.getLogger(__name__)
 
 
 def pairs(trainers: int, workers: int) -> list[tuple[int, int]]:
@@ -175,14 +178,55 @@ def _reachable(host: str, port: int, seconds: float) -> None:
             time.sleep(0.1)
 
 
-def _pair(store: Any, trainer: int, worker: int, rank: int, epoch: int = 0) -> Any:
+def _pair(store: Any, trainer: int, worker: int, rank: int, epoch: int, seconds: float) -> Any:
     """The two-rank gloo group of ``(trainer, worker)`` made at ``epoch``'s start; ``rank``: 0
-    the trainer, 1 the worker."""
+    the trainer, 1 the worker. Made within ``seconds`` (a peer that never comes raises: it
+    registered and then failed); its operations wait as long as they must (:func:`done`)."""
     import torch.distributed as td
 
     at = "" if epoch == 0 else f"{epoch}/"
     prefixed = td.PrefixStore(f"solar-remote/pair/{at}{trainer}/{worker}/", store)
-    return td.ProcessGroupGloo(prefixed, rank, 2, _FOREVER)
+    return td.ProcessGroupGloo(prefixed, rank, 2, datetime.timedelta(seconds=seconds))
+
+
+def done(work: Any) -> None:
+    """Wait for a pair's operation: a dead peer raises; a slow one is waited for (the pair's
+    own timeout bounds only its making)."""
+    work.wait(_FOREVER)
+
+
+def parse_ids(raw: bytes | str, what: str) -> list[int]:
+    """Workers' numbers as a store holds them (json), checked: a list of distinct numbers
+    below :data:`MAX_WORKERS` (one line if not: the store is untrusted)."""
+    try:
+        got = json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        got = None
+    ok = isinstance(got, list) and all(
+        isinstance(i, int) and not isinstance(i, bool) and 0 <= i < MAX_WORKERS for i in got
+    )
+    if not ok or len(set(got)) != len(got):
+        raise SolarError(f"the workers' store: {what} is not a list of workers: refused")
+    return sorted(got)
+
+
+def parse_members(raw: bytes | str, world: int, what: str) -> dict[int, list[int]]:
+    """Every trainer's workers as trainer rank 0 wrote them (json ``{rank: workers}``),
+    checked: ranks below ``world``, each a list of workers (one line if not)."""
+    try:
+        got = json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        got = None
+    if not isinstance(got, dict) or not all(isinstance(r, str) and r.isdigit() and
+                                            int(r) < world for r in got):  # fmt: skip
+        raise SolarError(f"the workers' store: {what} is not the trainers' workers: refused")
+    # (A worker may serve several trainers: fewer workers than trainers.)
+    return {int(r): parse_ids(json.dumps(w), what) for r, w in got.items()}
+
+
+def _count(store: Any) -> int:
+    """Workers registered (numbers taken), at most :data:`MAX_WORKERS`."""
+    return max(0, min(int(store.add(COUNT, 0)), MAX_WORKERS))
 
 
 class TrainerLink:
@@ -192,6 +236,7 @@ class TrainerLink:
                  module: str | None) -> None:  # fmt: skip
         self.remote = remote
         self.rank = rank
+        self.pid = os.getpid()  # its pairs and threads are this process's (a copy has none)
         self.key = key(remote, f"Remote {remote.address}")
         # Rank 0's serves the meeting; the others wait for its roster (after join_s).
         self.store = _store(remote, rank == 0, 2 * remote.join_s + 30)
@@ -210,11 +255,12 @@ class TrainerLink:
             if r != rank:
                 continue
             try:
-                self.groups[w] = _pair(self.store, r, w, 0)
-            except RuntimeError:  # it died before pairing: served without it
+                self.groups[w] = _pair(self.store, r, w, 0, 0, remote.join_s)
+            except RuntimeError:  # it failed before pairing: served without it
                 continue
         # Who owns which step follows from the workers that paired: they read it here.
         self.world = world
+        self._ever = set(range(roster))  # rank 0: every worker ever given a trainer
         self._lock = threading.Lock()  # the store's client, from the receivers' threads too
         self.live(list(self.groups))
         if comm is not None and comm.Get_size() > 1:
@@ -222,42 +268,63 @@ class TrainerLink:
 
     def live(self, live: list[int]) -> None:
         """This trainer's workers now (one was lost, or came): trainer rank 0 reads them as it
-        starts the next epoch."""
+        starts the next epoch. A store gone (trainer rank 0 ended) is no matter: there is no
+        next epoch."""
         with self._lock:
-            if self.store is not None:
+            if self.store is None:
+                return
+            try:
                 self.store.set(f"{LIVE}{self.rank}", json.dumps(sorted(live)))
+            except RuntimeError as exc:
+                log.info("Remote %s: trainer %d's workers not said (%s)", self.remote.address,
+                         self.rank, first_line(exc))  # fmt: skip
 
     def members(self, epoch: int) -> dict[int, list[int]]:
         """Every trainer's workers in ``epoch`` (> 0): decided by trainer rank 0 as it starts
         it, once (:func:`assign`), waited for by the others."""
         where = f"{EPOCH}{epoch}"
-        with self._lock:
-            if self.rank == 0 and not self.store.check([where]):
-                self.store.set(where, json.dumps(self._decide()))
-                self.store.set(LATEST, str(epoch))
-            try:
-                got = self.store.get(where)
-            except RuntimeError as exc:  # rank 0 never said: it failed (the job is ending)
-                raise SolarError(f"Remote {self.remote.address}: no workers of epoch {epoch} "
-                                 f"from trainer rank 0 ({first_line(exc)})") from None  # fmt: skip
-        return {int(r): w for r, w in json.loads(got).items()}
+        # Polled, the lock (and the store's client) free between looks: the receivers'
+        # threads say a lost worker meanwhile.
+        deadline = time.monotonic() + 2 * self.remote.join_s + 30
+        got, why = None, "not said in time"
+        while got is None:
+            with self._lock:
+                try:
+                    if self.rank == 0 and not self.store.check([where]):
+                        self.store.set(where, json.dumps(self._decide()))
+                        self.store.set(LATEST, str(epoch))
+                    got = self.store.get(where) if self.store.check([where]) else None
+                except RuntimeError as exc:  # rank 0's store is gone: the job is ending
+                    why = first_line(exc)
+                    break
+            if got is None and time.monotonic() >= deadline:
+                break
+            if got is None:
+                time.sleep(0.02)
+        if got is None:  # rank 0 never said: it failed (the job is ending)
+            raise SolarError(f"Remote {self.remote.address}: no workers of epoch {epoch} "
+                             f"from trainer rank 0 ({why})")  # fmt: skip
+        return parse_members(got, self.world, f"the workers of epoch {epoch}")
 
     def _decide(self) -> dict[int, list[int]]:
         """Rank 0: the workers live now (those every trainer still has, and those that came
-        since, never given a trainer) divided among the trainers."""
-        store = self.store
-        ever = set(json.loads(store.get(EVER))) if store.check([EVER]) else set(range(self.roster))
-        live = set().union(*(json.loads(store.get(f"{LIVE}{r}")) for r in range(self.world)))
-        came = set(range(int(store.add(COUNT, 0))))
-        workers = sorted((live & ever) | (came - ever))
-        store.set(EVER, json.dumps(sorted(ever | came)))
-        return assign(self.world, workers)
+        since, never given a trainer, and opened the job: ready) divided among the trainers."""
+        store, ever = self.store, self._ever
+        live: set[int] = set()
+        for r in range(self.world):
+            try:
+                live.update(parse_ids(store.get(f"{LIVE}{r}"), f"trainer {r}'s live workers"))
+            except SolarError as exc:  # (written by a trainer: someone else's bytes)
+                log.warning("%s", exc)
+        came = {i for i in range(_count(store)) if i not in ever and store.check([f"{READY}{i}"])}
+        self._ever = ever | came
+        return assign(self.world, sorted((live & ever) | came))
 
     def pair(self, epoch: int, worker: int) -> Any:
-        """A new pair with ``worker``, given this trainer at ``epoch``'s start (None: it never
-        came: gone meanwhile)."""
+        """A new pair with ``worker``, given this trainer at ``epoch``'s start, made within
+        ``join_s`` (None: it never came: failed or gone meanwhile)."""
         try:
-            return _pair(self.store, self.rank, worker, 0, epoch)
+            return _pair(self.store, self.rank, worker, 0, epoch, self.remote.join_s)
         except RuntimeError:
             return None
 
@@ -282,7 +349,7 @@ class TrainerLink:
 def _wait_for(store: Any, n: int, seconds: float) -> int:
     """Workers registered within ``seconds`` (at most ``n``)."""
     deadline = time.monotonic() + seconds
-    while (came := int(store.add(COUNT, 0))) < n and time.monotonic() < deadline:
+    while (came := _count(store)) < n and time.monotonic() < deadline:
         time.sleep(0.05)
     return min(came, n)
 
@@ -301,7 +368,11 @@ class WorkerLink:
         except RuntimeError as exc:  # gone, or never said within wait_s
             raise SolarError(f"{where}: the trainers did not start within "
                              f"{wait_s:.0f} s ({first_line(exc)})") from None  # fmt: skip
+        if not 0 <= self.id < MAX_WORKERS:
+            raise SolarError(f"{where}: number {self.id}: more than {MAX_WORKERS} workers came")
         self.job = open_job(self.key, signed, where)
+        self.join_s = float(self.job.get("join_s", 60.0))
+        self.store.set(f"{READY}{self.id}", "1")  # it can pair: trainer rank 0 may assign it
         self.roster = roster
         self.late = self.id >= roster
         self.groups: dict[int, Any] = {}
@@ -310,10 +381,10 @@ class WorkerLink:
             return
         for r, w in pairs(int(self.job["world"]), roster):
             if w == self.id:
-                self.groups[r] = _pair(self.store, r, w, 1)
+                self.groups[r] = _pair(self.store, r, w, 1, 0, self.join_s)
         try:
             for r in self.groups:
-                self.live[r] = json.loads(self.store.get(f"{LIVE}{r}"))
+                self.live[r] = parse_ids(self.store.get(f"{LIVE}{r}"), f"trainer {r}'s workers")
         except RuntimeError as exc:
             raise SolarError(f"{where}: a trainer did not say its workers "
                              f"({first_line(exc)})") from None  # fmt: skip
@@ -325,17 +396,22 @@ class WorkerLink:
         try:
             if not self.store.check([where]):
                 return None
-            return {int(r): w for r, w in json.loads(self.store.get(where)).items()}
+            got = self.store.get(where)
         except RuntimeError:  # the store is gone: so are the trainers
             return None
+        return parse_members(got, int(self.job["world"]), f"the workers of epoch {epoch}")
 
     def latest(self) -> int:
         """The last epoch whose workers trainer rank 0 decided (0: none since the start; -1:
         the trainers' store is gone)."""
         try:
-            return int(self.store.get(LATEST)) if self.store.check([LATEST]) else 0
+            raw = self.store.get(LATEST) if self.store.check([LATEST]) else b"0"
         except RuntimeError:
             return -1
+        try:
+            return max(0, int(raw))
+        except ValueError:
+            raise SolarError(f"the workers' store: the last epoch {raw[:20]!r}: refused") from None
 
     def finished(self) -> bool:
         """Whether the trainers are done (or their store gone)."""
@@ -345,9 +421,9 @@ class WorkerLink:
             return True
 
     def pair(self, epoch: int, trainer: int) -> Any:
-        """A new pair with ``trainer``, which took this worker at ``epoch``'s start (None: it
-        is gone)."""
+        """A new pair with ``trainer``, which took this worker at ``epoch``'s start, made within
+        ``join_s`` (None: it is gone)."""
         try:
-            return _pair(self.store, trainer, self.id, 1, epoch)
+            return _pair(self.store, trainer, self.id, 1, epoch, self.join_s)
         except RuntimeError:
             return None

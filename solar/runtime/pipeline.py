@@ -194,6 +194,12 @@ def build(setup: Setup, stream: RankStream, stats: LoaderStats, exchange: Exchan
     the holdings read them at the step), and no step assembled ahead: a rank never waits at a
     host barrier for a step the others have not been asked for (a trainer's own collectives
     between steps would then wait for it)."""
+    remote = setup.transform is not None and setup.transform.remote is not None
+    if remote and (link is None or link.pid != os.getpid()):
+        # A copy (pickled, or forked) has no pairs of its own: its workers' steps would be
+        # read by no one.
+        raise SolarError("transform remote=: this Loader is a copy of the one that met its "
+                         "workers (pickled or in a forked process): iterate that one")  # fmt: skip
     spec, run = setup.spec, setup.run
     steps = Steps(spec, setup.rank, stream)
     shared = setup.shared

@@ -23,11 +23,12 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from solar.errors import SolarError
-from solar.remote.link import DONE, HEAD, TrainerLink, digest, mac
+from solar.remote.link import DONE, HEAD, TrainerLink, digest, done, mac
 from solar.runtime.setup import Setup
 from solar.runtime.steps import Steps
 from solar.runtime.workers import TransformPool
-from solar.schedule.draw.members import TRAINER, Roster, member_spec, owner, workers_in
+from solar.schedule.draw.members import TRAINER, Roster, owner, workers_in
+from solar.schedule.plans.members import member_spec
 from solar.schedule.plans.stream import RankStream
 from solar.schedule.spec import PlanSpec
 from solar.transform import Rows
@@ -106,6 +107,7 @@ def meet(setup: Setup) -> TrainerLink | None:
         "spec": setup.spec, "info": setup.info, "out_keys": setup.out_keys,
         "transform": dataclasses.replace(spec, remote=None),  # (never the key)
         "seed": setup.run.seed, "world": setup.world_size, "keep": remote.keep,
+        "join_s": remote.join_s,
         "reader": dataclasses.replace(setup.config, direct_io=setup.reader.direct_io),
         "members": setup.given is None,  # each member plans its own buffer (not a plan given)
     }  # fmt: skip
@@ -209,8 +211,12 @@ class RemoteTransforms(TransformPool):
             if w in self._live or (w in self.figures and self.figures[w].lost):
                 continue
             group = self.link.pair(e, w)
-            if group is None:
-                continue  # gone meanwhile
+            if group is None:  # it never came (failed, or gone meanwhile): a lost worker,
+                with self._lock:  # its steps of the epoch transformed here
+                    self.figures.setdefault(w, WorkerFigures()).lost = True
+                    self._lost[w] = Future()
+                    self._lost[w].set_result(None)
+                continue
             self.link.groups[w] = group
             with self._lock:
                 self.figures.setdefault(w, WorkerFigures())
@@ -219,9 +225,10 @@ class RemoteTransforms(TransformPool):
                 if self._position >= 0:
                     self._outbox[w].put((self._position, self._position + self.remote.window))
             self._start(w)
-        live = sorted(self._live)
-        self.link.live(live)
-        return tuple(w for w in workers if w in live)
+        self.link.live(sorted(self._live))
+        # The roster as decided (the workers count the same owners): a step of one not live
+        # is transformed here.
+        return tuple(workers)
 
     def _start(self, w: int) -> None:
         """Worker ``w``'s threads: its deliveries received, its credits sent (gloo's
@@ -303,7 +310,7 @@ class RemoteTransforms(TransformPool):
             while not box.empty():
                 credit = box.get()  # only the latest matters
             try:
-                group.send([torch.tensor(credit, dtype=torch.int64)], 1, 0).wait()
+                done(group.send([torch.tensor(credit, dtype=torch.int64)], 1, 0))
             except RuntimeError:
                 if not self._closing:
                     self._lose(w)
@@ -319,7 +326,7 @@ class RemoteTransforms(TransformPool):
         head = torch.empty(HEAD, dtype=torch.int64)
         try:
             while True:
-                group.recv([head], 1, 1).wait()
+                done(group.recv([head], 1, 1))
                 k, n, dig = (int(v) for v in head[:3])
                 if k == DONE:  # the worker's last word: the trainer is done
                     return
@@ -328,7 +335,7 @@ class RemoteTransforms(TransformPool):
                 rows, raw = [], [memoryview(head[:3].numpy().tobytes())]
                 for key in self.out_keys:
                     t = torch.empty(n * key.row_bytes, dtype=torch.uint8)
-                    group.recv([t], 1, 2).wait()
+                    done(group.recv([t], 1, 2))
                     raw.append(t.numpy().data)
                     rows.append(t.numpy().view(key.native_dtype).reshape(n, *key.sample_shape))
                 signed = hmac.compare_digest(head[3:].numpy().tobytes(), mac(self.link.key, *raw))
@@ -389,10 +396,10 @@ class RemoteTransforms(TransformPool):
             for k in mine:
                 del self._pending[k]
             live = list(self._live)
+        for p in mine.values():  # first: nothing after may leave a step unfinished
+            _done(self._here(p.src, p.dst, p.job, p.worker), p.future)
         if lost:
             self.link.live(live)  # (rank 0 divides its steps at the next epoch's start)
-        for p in mine.values():
-            _done(self._here(p.src, p.dst, p.job, p.worker), p.future)
 
     def close(self) -> None:
         """Tell the workers this trainer is done, wait for its threads, stop the pool."""

@@ -9,7 +9,8 @@ sampler's, or Shuffle's global batch for a trainer alone) with every step anothe
 left empty. A step mask over a trace, so the planner's trace path (TraceOrder, Belady per
 rank) plans it unchanged.
 
-Only where a trainer's batches are fixed before its buffer is planned (:func:`member_spec`):
+Only where a trainer's batches are fixed before its buffer is planned
+(:func:`solar.schedule.plans.members.member_spec`, a level up: it reads the plan's spec):
 a sampler that splits its own batches (no affinity, no equal batches), or Shuffle for a
 trainer alone. Where the planner chooses who serves what (Shuffle over several ranks), the
 batches depend on the whole buffer's plan, and a member's buffer cannot be planned apart.
@@ -17,7 +18,6 @@ batches depend on the whole buffer's plan, and a member's buffer cannot be plann
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import numpy as np
@@ -25,9 +25,7 @@ import numpy as np
 from solar._kept import Kept
 from solar.config import RunConfig
 from solar.schedule.draw.draws import EpochDraws, every_rank, rank_steps
-from solar.schedule.draw.samplers import NO_EXTRAS, Sampler, extras_of, is_shuffle
-from solar.schedule.policy import TRACE_POLICIES
-from solar.schedule.spec import PlanSpec
+from solar.schedule.draw.samplers import Sampler
 
 TRAINER = -1  # the member that is the trainer itself (workers are numbered from 0)
 
@@ -107,26 +105,3 @@ class MemberTrace(Sampler):
         return {"kind": self.kind, "base": self.base.identity(), "rank": self.rank,
                 "keep": self.keep, "roster": [[e, list(w)] for e, w in self.roster],
                 "member": self.member}  # fmt: skip
-
-
-def member_spec(spec: PlanSpec, rank: int, keep: int, roster: Roster,
-                member: int) -> PlanSpec | None:  # fmt: skip
-    """The plan of ``member``'s buffer over trainer ``rank``'s steps it owns (``spec``: the
-    trainer's run; ``roster``: its workers by epoch, from epoch 0), or None where it has no
-    worker, or where the trainer's batches depend on its buffer's plan (Shuffle
-    over several ranks, a sampler with affinity or equal batches) or its sampler delivers
-    more than rows: there every member reads its steps' rows unplanned."""
-    base = spec.sampler
-    fixed = spec.run.world_size == 1 and not spec.reorder_epochs if is_shuffle(base) \
-        else not spec.affinity  # fmt: skip
-    if (
-        not fixed
-        or spec.equal_batches
-        or extras_of(base) is not NO_EXTRAS
-        or not any(w for _, w in roster)
-    ):
-        return None
-    trace = MemberTrace(base, rank, keep, roster, member, spec.run.steps_per_epoch)
-    # The trainer's policy where it plans a trace (Belady, ``solar``, where it does not).
-    policy = spec.policy if spec.policy in TRACE_POLICIES and not spec.buffer.tier else "solar"
-    return dataclasses.replace(spec, sampler=trace, policy=policy, pages=None)
