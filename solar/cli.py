@@ -286,10 +286,13 @@ def _job_comm(share_mode: str, hosts: str | None) -> Any:
                          "--share node or --hosts (run it as one process)")  # fmt: skip
     from mpi4py import MPI
 
-    from solar.dist import install_abort_on_error
+    from solar.dist import install_abort_on_error, unname_mpi_segments
+    from solar.host.place import place
 
     comm = MPI.COMM_WORLD
     install_abort_on_error(comm)  # (a process failing ends the job, never a hang)
+    # An aborted job must leave nothing in /dev/shm, as a Loader's does (solar.dist).
+    unname_mpi_segments(place(comm).machine_comm)
     return comm
 
 
