@@ -97,3 +97,17 @@ def kept_part(parts, draws, j):
     kept = np.zeros(mine.size + 1, np.int64)
     np.cumsum(mine, out=kept[1:])
     return EpochDraws(draws.ids[mine], kept[draws.offsets])
+
+
+def paged_graph(folder: Path) -> tuple[Path, object, np.ndarray]:
+    """A graph of 1999 nodes (a prime) of 24 floats (96 B: 42 rows a page, the last straddling
+    two), 30 % of them seeds, in ``folder``: its path, its features' page layout, the features."""
+    from solar.graph import generate_graph
+    from solar.schedule.draw.pagemates import PageLayout
+
+    path = folder / "g.h5"
+    generate_graph(path, 1999, 6.0, 24, seed=5, train_fraction=0.3)
+    with h5py.File(path) as f:
+        offset = f["features"].id.get_offset()
+        feats = f["features"][()]
+    return path, PageLayout(int(offset), feats[0].nbytes), feats

@@ -6,13 +6,12 @@ from __future__ import annotations
 import h5py
 import numpy as np
 import pytest
-from helpers import every_batch, resumed_batches
+from helpers import every_batch, paged_graph, resumed_batches
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from solar import BufferConfig, Loader, NeighborSampler, PlanSpec, RunConfig, make_plan
 from solar.errors import CorruptPlanError, SolarError
-from solar.graph import generate_graph
 from solar.options import ExpertConfig, MemoryConfig, PlanningConfig
 from solar.schedule import HIT
 from solar.schedule.draw.pagemates import (
@@ -31,13 +30,7 @@ from solar.schedule.policy import ADMIT, NEVER, SIDE
 
 @pytest.fixture(scope="module")
 def graph(tmp_path_factory):
-    """1999 nodes (a prime) of 24 floats (96 B: 42 rows a page, the last straddling two)."""
-    path = tmp_path_factory.mktemp("pagemates") / "g.h5"
-    generate_graph(path, 1999, 6.0, 24, seed=5, train_fraction=0.3)
-    with h5py.File(path) as f:
-        offset = f["features"].id.get_offset()
-        feats = f["features"][()]
-    return path, PageLayout(int(offset), feats[0].nbytes), feats
+    return paged_graph(tmp_path_factory.mktemp("pagemates"))
 
 
 def _spec(path, layout, world=2, epochs=3, capacity=120, pages=True) -> PlanSpec:

@@ -6,20 +6,17 @@ from __future__ import annotations
 
 import dataclasses
 
-import h5py
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from helpers import every_batch, resumed_batches
+from helpers import every_batch, paged_graph, resumed_batches
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from solar import BufferConfig, Loader, NeighborSampler, PlanSpec, RunConfig, SolarError, make_plan
 from solar.cli import cli
-from solar.graph import generate_graph
 from solar.options import PlanningConfig
 from solar.schedule import load_plan
-from solar.schedule.draw.pagemates import PageLayout
 from solar.schedule.draw.samplers import Trace
 from solar.schedule.draw.traces import default_window
 from solar.schedule.keep.planner import Planner
@@ -32,13 +29,7 @@ FIELDS = ("sample", "slot", "flags", "tslot", "rank_offsets", "step_offsets")
 
 @pytest.fixture(scope="module")
 def graph(tmp_path_factory):
-    """1999 nodes of 24 floats (96 B: 42 rows a page), 30 % of them seeds."""
-    path = tmp_path_factory.mktemp("windows") / "g.h5"
-    generate_graph(path, 1999, 6.0, 24, seed=5, train_fraction=0.3)
-    with h5py.File(path) as f:
-        offset = f["features"].id.get_offset()
-        feats = f["features"][()]
-    return path, PageLayout(int(offset), feats[0].nbytes), feats
+    return paged_graph(tmp_path_factory.mktemp("windows"))
 
 
 def _spec(path, layout=None, world=2, epochs=3, capacity=120, seed=1, window=None, tier=0):
