@@ -173,7 +173,7 @@ class RemoteTransforms(TransformPool):
             if got is None:
                 self._pending[k] = p
                 return [p.future]
-        self._deliver(k, p, *got)
+        self._copy(p, *got)
         return [p.future]
 
     def _rosters(self) -> Roster:
@@ -358,10 +358,26 @@ class RemoteTransforms(TransformPool):
                 if k >= self._position:  # asked for later (assembled after it came)
                     self._stash[k] = (dig, signed, rows)
                 return
-        self._deliver(k, p, dig, signed, rows)
+        self._copy(p, dig, signed, rows)
 
-    def _deliver(self, k: int, p: _Pending, dig: int, signed: bool, rows: list[np.ndarray]) -> None:
-        """Copy a worker's rows of step ``k`` into the batch, if they are the step's, signed."""
+    def _copy(self, p: _Pending, dig: int, signed: bool, rows: list[np.ndarray]) -> None:
+        """A worker's rows go into the batch on the transform workers, where a step
+        transformed here is written (never on the receiver: it only moves transport bytes)."""
+
+        def copy() -> None:
+            try:
+                self._deliver(p, dig, signed, rows)
+            except BaseException as exc:  # (nothing may leave the step's future unresolved)
+                if not p.future.done():
+                    p.future.set_exception(exc)
+
+        try:
+            self._threads().submit(copy)
+        except RuntimeError:  # the pool resized (or closing) meanwhile: copied here
+            copy()
+
+    def _deliver(self, p: _Pending, dig: int, signed: bool, rows: list[np.ndarray]) -> None:
+        """Copy a worker's rows of its step into the batch, if they are the step's, signed."""
         fig = self.figures[p.worker]
         n = p.job.rows.size
         mine = dig == digest(p.job.samples, p.job.repeat)
