@@ -16,7 +16,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from solar.errors import SolarError
 
@@ -132,6 +132,16 @@ def poll(done: Callable[[], bool], check: Callable[[], None], every: float = 0.0
             due = time.monotonic() + every
         time.sleep(pause)
         pause = min(2 * pause, 0.005)
+
+
+def wait_quietly(comm: Any) -> None:
+    """A barrier of ``comm`` waited for without spinning: MPI's blocking collectives spin, and
+    a process done early would take a core from those still working (ranks may outnumber
+    cores); an ``Ibarrier`` :func:`poll`-ed instead. Nothing for a communicator without one
+    (torch.distributed's: its collectives wait without spinning, and the next one orders)."""
+    if not hasattr(comm, "Ibarrier"):
+        return
+    poll(comm.Ibarrier().Test, lambda: None)
 
 
 # -- a process's identity ------------------------------------------------------------------------

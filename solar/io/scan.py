@@ -18,7 +18,6 @@ collective for a dead peer.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +25,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from solar._process import wait_quietly
 from solar.dist import abort_job_on_error
 from solar.errors import SolarError
 
@@ -82,7 +82,7 @@ def on_root(comm: Any, make: Callable[[], T]) -> T:
                 out = ("ok", make())
             except SolarError as exc:
                 out = ("error", str(exc))
-        _wait_quietly(comm)
+        wait_quietly(comm)
         out = comm.bcast(out, root=0)
     if not (isinstance(out, tuple) and len(out) == 2 and out[0] in ("ok", "error")):
         raise SolarError("rank 0 sent a malformed description of the dataset's files")
@@ -111,12 +111,12 @@ def shared_scan(
     with abort_job_on_error(comm):
         if mode == ROOT:
             mine = _attempt(scan, 0, n) if rank == 0 else None
-            _wait_quietly(comm)
+            wait_quietly(comm)
             got = [comm.bcast(mine, root=0)]
             spans = [(0, n)]
         else:
             mine = _attempt(scan, *share(n, rank, world))
-            _wait_quietly(comm)
+            wait_quietly(comm)
             got = comm.allgather(mine)
             spans = [share(n, r, world) for r in range(world)]
     if not isinstance(got, list) or len(got) != len(spans):
@@ -132,17 +132,6 @@ def shared_scan(
         check(item[1], lo, hi)
         parts.append(item[1])
     return parts
-
-
-def _wait_quietly(comm: Any, poll_s: float = 0.002) -> None:
-    """Wait for every rank to arrive, sleeping between polls: MPI's blocking collectives spin,
-    and ranks done early would take the CPU from those still scanning where ranks outnumber
-    cores (4 ranks on this 2-core machine: the split scan of 10^4 files 2x slower)."""
-    if not hasattr(comm, "Ibarrier"):
-        return  # (torch.distributed's collectives wait without spinning)
-    request = comm.Ibarrier()
-    while not request.Test():
-        time.sleep(poll_s)
 
 
 def _attempt(scan: Callable[[int, int], ScanPart], lo: int, hi: int) -> tuple[str, Any]:

@@ -50,7 +50,7 @@ if mode == "--room":
 
     together.host_memory, _memory.memory_room = recorded_memory, room
 if mode == "--slow":
-    wait, plan_to_file = together.wait_asleep, together.plan_to_file
+    wait, plan_to_file = together.wait_quietly, together.plan_to_file
 
     def slow_plan(*a, **kw):
         time.sleep(1.0)
@@ -62,7 +62,7 @@ if mode == "--slow":
         if c is comm:
             waited[:] = [time.process_time() - cpu, time.perf_counter() - wall]
 
-    together.plan_to_file, together.wait_asleep = slow_plan, timed_wait
+    together.plan_to_file, together.wait_quietly = slow_plan, timed_wait
 made = []
 real = neighbor.NeighborSampler.__init__
 

@@ -6,8 +6,8 @@ A rank's plan depends on its own accesses alone where the sampler fixes each ran
 (a NeighborSampler, a Trace: :func:`~solar.schedule.keep.planner.rank_alone`), so process q
 plans ranks q, q + Q, ... alone (a planner each, as a Loader's rank does) and the decisions
 are those of one process planning every rank. Where a rank's plan needs every rank's accesses
-(Shuffle's affinity, equal batches) process 0 plans them all and the others wait, asleep (an
-``Ibarrier`` tested between sleeps: MPICH's ``Barrier`` polls, a core burnt per waiting process).
+(Shuffle's affinity, equal batches) process 0 plans them all and the others wait, asleep
+(:func:`solar._process.wait_quietly`: MPICH's ``Barrier`` polls, a core burnt per waiting process).
 
 Memory is checked per host before any process allocates: the needs of the processes that share
 a host's memory (MPI's ``COMM_TYPE_SHARED``: :func:`~solar.host.place.place`) summed.
@@ -18,13 +18,14 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
 from solar._memory import require_memory
+from solar._process import poll, wait_quietly
 from solar.errors import SolarError
 from solar.host.place import place
 from solar.schedule.draw.order import sample_dtype
@@ -72,7 +73,7 @@ def plan_together(
         if q == 0:
             made = plan_to_file(spec, path, progress, on_epoch).summary if path is not None \
                 else simulate(spec, progress, on_epoch)  # fmt: skip
-        wait_asleep(comm)
+        wait_quietly(comm)
         return made
     t0 = time.perf_counter()
     mine = share(spec, procs, q)
@@ -102,18 +103,6 @@ def plan_together(
     if path is not None:
         return load_plan(path).summary
     return PlanSummary(spec, stats, seconds, fingerprint(spec, None))
-
-
-def wait_asleep(comm: Any, every: float = 0.05) -> None:
-    """A barrier of ``comm`` waited for asleep, not polled: a process with nothing to plan
-    leaves its core to those planning (its wait ends at most ``every`` seconds late)."""
-    _asleep(comm.Ibarrier().Test, every)
-
-
-def _asleep(done: Callable[[], bool], every: float = 0.05) -> None:
-    """Until ``done()`` (an MPI request's test, which also drives MPI's progress), asleep."""
-    while not done():
-        time.sleep(every)
 
 
 @dataclass(frozen=True)
@@ -149,7 +138,7 @@ def require_host_memory(spec: PlanSpec, comm: Any, tallied: bool) -> None:
     if machine.Get_rank() == 0:  # (the others wait below; a refusal here ends the job)
         require_memory(got.host, f"planning {got.mine.accesses} accesses with this host's "
                                  f"{got.processes} processes")  # fmt: skip
-    wait_asleep(machine)
+    wait_quietly(machine)
 
 
 def _accesses_hits(tallies: dict[int, Tally]) -> np.ndarray:
@@ -195,7 +184,7 @@ def _gather_parts(comm: Any, spec: PlanSpec, k: int, parts: dict[int, RankEpoch]
                 a = np.ascontiguousarray(getattr(parts[r], name))
                 sends.append((comm.Isend(a, dest=0, tag=_PART), a))  # (a held until sent)
             parts[r] = None  # type: ignore[assignment]
-        _asleep(lambda: bool(MPI.Request.Testall([req for req, _ in sends])))
+        poll(lambda: bool(MPI.Request.Testall([req for req, _ in sends])), lambda: None)
         return
 
     def each() -> Iterator[RankEpoch]:
