@@ -397,7 +397,7 @@ def _say_memory(spec: PlanSpec, to_file: bool, comm: Any) -> None:
     first = share(spec, comm.Get_size(), 0)
     click.echo(f"solar: {comm.Get_size()} processes plan the {spec.run.world_size} ranks "
                f"as one host, each its share (process 0: ranks {first})", err=True)  # fmt: skip
-    line = host.mine.text().replace(" of memory", " of memory per process (process 0)")
+    line = host.mine.text(whose=" per process (process 0)")
     line += f", {format_bytes(host.host)} for this host's {host.processes} processes"
     if room is not None:
         line += f" ({format_bytes(room[0])} {room[1]})"

@@ -371,14 +371,15 @@ class PlanMemory:
     estimated: bool = False  # accesses from a few batches drawn (else a bound)
     window: int | None = None
 
-    def text(self, room: tuple[int, str] | None = None) -> str:
-        """One line: the figure, and the memory ``room`` (:func:`memory_room`) beside it."""
+    def text(self, room: tuple[int, str] | None = None, whose: str = "") -> str:
+        """One line: the figure (``whose``: e.g. " per process"), and the memory ``room``
+        (:func:`memory_room`) beside it."""
         held = f", {self.held} epochs of it held at once" if self.held > 1 else ""
         if self.window is not None:
             held = f", planned in windows of {self.window} steps"
         many = "about" if self.estimated else "at most"
         line = (f"planning: {many} {self.accesses} accesses ({self.per_epoch} per epoch{held}): "
-                f"about {format_bytes(self.need)} of memory")  # fmt: skip
+                f"about {format_bytes(self.need)} of memory{whose}")  # fmt: skip
         if room is not None:
             line += f" ({format_bytes(room[0])} {room[1]})"
         return line
