@@ -264,13 +264,14 @@ class TraceOrder:
             nxt = self._next_window(k, j)
             ahead = None if nxt is None else self._draw_window(*nxt)
             base = (np.int64(k) << EPOCH_SHIFT) + offset
+            # Where the window after begins (its own epoch's start, if the next epoch's).
+            after = base + trace.pair.size if nxt is None or nxt[0] == k else \
+                np.int64(nxt[0]) << EPOCH_SHIFT  # fmt: skip
             nu = np.empty(trace.pair.size, np.int64)
             with self._lock:
                 if ahead is not None:  # its first uses: where the window's next uses end
                     assert nxt is not None
                     self._ahead = {nxt: ahead}
-                    after = base + trace.pair.size if nxt[0] == k else \
-                        np.int64(nxt[0]) << EPOCH_SHIFT  # fmt: skip
                     _remember(ahead.pair, after, self._last)
                 _backward(trace.pair, base, nu, self._last)
                 _forget(trace.pair, self._last)
@@ -278,23 +279,20 @@ class TraceOrder:
                     _forget(ahead.pair, self._last)
             later = None
             if self.pages is not None:
-                later = self._window_uses(k, offset, trace, ahead, nxt)
+                later = self._window_uses(k, int(base), trace, ahead, int(after))
             size = trace.pair.size
             yield Window(k, self._steps(j)[0], offset, trace, nu, later)
             self.give_back()
             del trace, nu, later, ahead  # (planned: let go before the next window is drawn)
             offset += size
 
-    def _window_uses(self, k: int, offset: int, trace: EpochTrace, ahead: EpochTrace | None,
-                     nxt: tuple[int, int] | None) -> LaterUses:  # fmt: skip
-        """Page mates' next uses over a window and the window after it (its look-ahead, as
-        :meth:`later_uses` an epoch's), positions global: the window's from its ``offset`` in
-        epoch ``k``, the window after's where it begins (the next epoch's from 0)."""
-        start = (k << EPOCH_SHIFT) + offset
+    def _window_uses(self, k: int, start: int, trace: EpochTrace, ahead: EpochTrace | None,
+                     after: int) -> LaterUses:  # fmt: skip
+        """Page mates' next uses over a window of epoch ``k`` and the window after it (its
+        look-ahead, as :meth:`later_uses` an epoch's), positions global: the window's from
+        ``start``, the window after's from ``after``."""
         pairs, starts, limit = [trace.pair], [start], start + trace.pair.size
         if ahead is not None:
-            assert nxt is not None
-            after = limit if nxt[0] == k else nxt[0] << EPOCH_SHIFT
             pairs, starts, limit = [trace.pair, ahead.pair], [start, after], after + ahead.pair.size
         return self._lend(k, pairs, starts, limit)
 
