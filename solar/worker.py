@@ -88,6 +88,12 @@ class Served:
                 self.stream.close()
                 self.stream, self.steps, self.holdings = self.planned(self.rank, self.rosters())
 
+    def release(self) -> None:
+        """This trainer is no longer served: its plan stopped, its buffer let go (a worker
+        keeps only the counters of the trainers it served)."""
+        self.stream.close()
+        self.holdings = None
+
     def credits(self) -> None:
         """Take the trainer's credits until it is done or its pair breaks."""
         import torch
@@ -148,7 +154,7 @@ def serve(address: str, threads: int | None = None, wait_s: float = 600.0,
         return stream, steps, None if mine is None else _holdings(steps, reader)
 
     served: dict[int, Served] = {}
-    every: list[Served] = []  # (a trainer served again has two)
+    every: list[Served] = []  # (a trainer served again has two; those ended, released)
     for r, g in link.groups.items():
         _serving(Served(r, g, planned, {0: tuple(link.live[r])}, changed), served, every)
     t0 = time.perf_counter()
@@ -208,6 +214,7 @@ def _loop(link: WorkerLink, served: dict[int, Served], job: dict, reader: Reader
                 if s.done:
                     del served[r]
                     _last_word(s)
+                    s.release()
                     continue
                 position, limit = s.position, s.limit
             if position < 0:
@@ -232,6 +239,7 @@ def _loop(link: WorkerLink, served: dict[int, Served], job: dict, reader: Reader
                 report.rows += _send(s, k, reader, pool, job, secret, report)
             except RuntimeError:  # the pair broke: the trainer died
                 del served[r]
+                s.release()
                 continue
             s.next, s.sent, moved = k + 1, s.sent + 1, True
         if not moved:
