@@ -6,9 +6,11 @@ owns of that trainer (solar/schedule/draw/members.py: the same planner, fed the 
 trace masked to this worker's steps; a buffer per (worker, trainer) pair). Then, in step order
 over its trainers, within each trainer's credit: its hits gathered from that buffer, its misses
 read, its admissions stored (the holdings stage of a Loader's rank), the rows transformed with
-the trainer's generators and sent. Where the trainer's batches depend on its whole buffer's
-plan (Shuffle over several ranks) it reads every row of its steps, unplanned. It ends when
-every trainer is done or gone; a trainer that dies costs the others nothing.
+the trainer's generators and sent. Where the trainer's whole plan decides its batches (Shuffle
+over several ranks) the worker plans that first, as the trainer does (pass 1: the batches),
+then its buffer over its steps of them (pass 2). Only where a plan is given (a file) does it
+read every row of its steps, unplanned. It ends when every trainer is done or gone; a trainer
+that dies costs the others nothing.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from solar.remote.link import DONE, HEAD, WorkerLink, digest, done, mac
 from solar.runtime.holdings import Alone, Holdings, RawRefill
 from solar.runtime.steps import Steps
 from solar.runtime.workers import TransformPool
-from solar.schedule.draw.members import Roster, owner, workers_in
+from solar.schedule.draw.members import MemberTrace, Roster, owner, workers_in
 from solar.schedule.plans.members import member_spec
 from solar.schedule.plans.rankplan import StepPlan
 from solar.schedule.plans.stream import RankStream
@@ -40,7 +42,10 @@ from solar.schedule.policy import slot_count
 log = logging.getLogger(__name__)
 
 
-Planned = Callable[[int, Roster], tuple[RankStream, Steps, "Holdings | None"]]
+# A trainer's plan (its rank, roster and, planned again, the member trace before: its pass 1
+# taken over) -> (stream, steps, buffer).
+Planned = Callable[[int, Roster, "MemberTrace | None"],
+                   tuple[RankStream, Steps, "Holdings | None"]]  # fmt: skip
 
 
 @dataclasses.dataclass
@@ -63,7 +68,7 @@ class Served:
     sent: int = 0  # steps sent
 
     def __post_init__(self) -> None:
-        self.stream, self.steps, self.holdings = self.planned(self.rank, self.rosters())
+        self.stream, self.steps, self.holdings = self.planned(self.rank, self.rosters(), None)
 
     def rosters(self) -> Roster:
         return tuple(sorted(self.roster.items()))
@@ -86,7 +91,8 @@ class Served:
             self.next = min(self.next, e * self.steps.spe)  # its steps there looked at again
             if self.holdings is not None:
                 self.stream.close()
-                self.stream, self.steps, self.holdings = self.planned(self.rank, self.rosters())
+                self.stream, self.steps, self.holdings = self.planned(
+                    self.rank, self.rosters(), self.steps.member)
 
     def release(self) -> None:
         """This trainer is no longer served: its plan stopped, its buffer let go (a worker
@@ -144,11 +150,13 @@ def serve(address: str, threads: int | None = None, wait_s: float = 600.0,
     pool = TransformPool(transform, job["seed"], info.keys, out_keys,
                          threads or cpu_share(1))  # fmt: skip
     changed = threading.Condition()
-    ram = dataclasses.replace(spec, buffer=dataclasses.replace(spec.buffer, tier=0))  # its own
 
-    def planned(r: int, roster: Roster) -> tuple[RankStream, Steps, Holdings | None]:
-        mine = member_spec(ram, r, int(job["keep"]), roster, link.id) \
-            if job.get("members") else None  # fmt: skip
+    def planned(r: int, roster: Roster,
+                before: MemberTrace | None) -> tuple[RankStream, Steps, Holdings | None]:  # fmt: skip
+        # Its buffer in RAM (the trainer's tier is the trainer's); the trainer's batches as
+        # its spec decides them (pass 1 of the trainer's whole spec, tier and all).
+        mine = member_spec(spec, r, int(job["keep"]), roster, link.id, ram=True,
+                           before=before) if job.get("members") else None  # fmt: skip
         stream = RankStream(mine or spec, r)
         steps = Steps(spec, r, stream)
         return stream, steps, None if mine is None else _holdings(steps, reader)

@@ -111,3 +111,27 @@ def paged_graph(folder: Path) -> tuple[Path, object, np.ndarray]:
         offset = f["features"].id.get_offset()
         feats = f["features"][()]
     return path, PageLayout(int(offset), feats[0].nbytes), feats
+
+
+def planned_reads(spec, rank: int, roster, member: int, keep: int = 1) -> tuple[int, int]:
+    """Rows ``member`` of trainer ``rank``'s plan (``spec``: the trainer's; ``roster``: its
+    workers by epoch) reads and hits over the run, by its own plan (a member's buffer:
+    solar/schedule/plans/members.py); its batches checked against the trainer's alone."""
+    from solar.runtime.steps import Steps
+    from solar.schedule.plans.members import member_spec
+    from solar.schedule.plans.stream import RankStream
+
+    stream = RankStream(member_spec(spec, rank, keep, roster, member), rank)
+    steps, reads, hits = Steps(spec, rank, stream), 0, 0
+    try:
+        for k in range(spec.run.num_steps):
+            steps.enter(k)
+            plan = steps.plan(k)
+            if steps.owns(k):
+                reads += plan.read_rows.size
+                hits += plan.hit_rows.size
+            else:  # another member's: nothing read or kept here
+                assert plan.read_rows.size == plan.hit_rows.size == plan.admit_rows.size == 0
+    finally:
+        stream.close()
+    return reads, hits

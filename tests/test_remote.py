@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import planned_reads
 from ranks_apart import MPIEXEC, TORCHRUN, run_job
 from transform_fns import crop_flip_noise, shrink
 
@@ -221,10 +222,13 @@ def test_a_worker_whose_trainers_never_come_says_so_in_one_line(capsys):
                           ("mpiexec", 2, "split"), ("torchrun", 1, "split")])  # fmt: skip
 def test_two_trainers_and_their_workers_either_launcher(data, launcher, n_workers, sampler):
     """2 trainers (mpiexec or torchrun), 2 or 1 workers started apart (one each, or one
-    serving both trainers): batches byte-identical to local transforms, each sample once per
-    epoch over the ranks, every trainer's worker delivering. Each rank's batch its own
-    (``split``): each trainer reads fewer rows than alone (its own steps' misses); Shuffle,
-    whose batches the planner splits, as many."""
+    serving both trainers): batches byte-identical to local transforms (N = 103 over batches
+    of 10, whole epochs), each sample once per epoch over the ranks, every trainer's worker
+    delivering. Each member keeps a buffer of its own steps, whatever decides the batches:
+    each rank's own (``split``), or Shuffle's (the default: the whole job's plan splits each
+    global batch with affinity, equal batches; pass 1 decides them, each member's buffer is
+    planned over them): each trainer reads fewer rows than alone, exactly its own plan's
+    misses (checked in the job), and each worker's buffer hits and reads are its plans'."""
     exe = MPIEXEC if launcher == "mpiexec" else TORCHRUN
     if not exe.exists():
         pytest.skip(f"no {exe.name} beside python")
@@ -235,12 +239,20 @@ def test_two_trainers_and_their_workers_either_launcher(data, launcher, n_worker
                            str(n_workers), "2", sampler], 240, env)  # fmt: skip
     outs = [w.communicate(timeout=60) for w in workers]
     assert job.returncode == 0, job.stderr
+    planned = np.zeros((n_workers, 2), np.int64)  # each worker's hits and reads, planned
     for r in range(2):
         got = re.search(rf"rank {r}: ok, workers \[(\d)\], delivered (\d+), read", job.ranks[r][0])
         assert got is not None, job.ranks[r]
         assert int(got[1]) == r % n_workers and int(got[2]) > 0
-    for w, (_, err) in zip(workers, outs, strict=True):
+        for w, hits, reads in re.findall(rf"rank {r}: worker (\d) planned (\d+) hits (\d+) "
+                                         "reads", job.ranks[r][0]):  # fmt: skip
+            planned[int(w)] += (int(hits), int(reads))
+    for w, (out, err) in zip(workers, outs, strict=True):
         assert w.returncode == 0, err
+        said = re.search(r"worker (\d): .* (\d+) rows from its buffer, (\d+) read", out)
+        assert said is not None, out
+        assert (int(said[2]), int(said[3])) == tuple(planned[int(said[1])]), (out, planned)
+    assert planned[:, 1].all()  # each worker read its own plan's misses
 
 
 class _Boom:
@@ -391,28 +403,6 @@ def test_a_worker_that_hangs_is_taken_for_lost(data, monkeypatch):
     assert not worker.is_alive()
 
 
-def _planned_reads(spec, member: int, keep: int = 1) -> tuple[int, int]:
-    """Rows member ``member`` of rank 0's plan reads and hits, over the run (its own plan)."""
-    from solar.runtime.steps import Steps
-    from solar.schedule.plans.members import member_spec
-    from solar.schedule.plans.stream import RankStream
-
-    stream = RankStream(member_spec(spec, 0, keep, ((0, (0,)),), member), 0)
-    steps, reads, hits = Steps(spec, 0, stream), 0, 0
-    try:
-        for k in range(spec.run.num_steps):
-            steps.enter(k)
-            plan = steps.plan(k)
-            if steps.owns(k):
-                reads += plan.read_rows.size
-                hits += plan.hit_rows.size
-            else:  # another member's: nothing read or kept here
-                assert plan.read_rows.size == plan.hit_rows.size == plan.admit_rows.size == 0
-    finally:
-        stream.close()
-    return reads, hits
-
-
 def test_each_member_reads_only_its_own_steps_planned_misses_and_keeps_its_rows(data):
     """1 trainer, 1 worker, 3 epochs (keep=1: every other step the worker's): the bytes are
     the local ones; the trainer reads from storage exactly the planned misses of its own
@@ -427,10 +417,10 @@ def test_each_member_reads_only_its_own_steps_planned_misses_and_keeps_its_rows(
         _compared(ld, ref, 3, lambda e, t: None)
         (fig,) = ld.stats.remote.values()
         assert fig.steps == 16 and fig.late == 0 and fig.read == 0  # 16 of 33 steps
-        mine, _ = _planned_reads(ld.spec, TRAINER)
+        mine, _ = planned_reads(ld.spec, 0, ((0, (0,)),), TRAINER)
         assert ld.stats.totals().reads == mine
         assert 0 < mine < ref.stats.totals().reads  # alone it reads every step's misses
-        theirs, hits = _planned_reads(ld.spec, 0)
+        theirs, hits = planned_reads(ld.spec, 0, ((0, (0,)),), 0)
         assert hits > 0
     finally:
         ld.close()
@@ -656,3 +646,53 @@ def test_a_copy_of_a_remote_loader_is_refused_in_one_line(data):
         assert sum(len(b["index"]) for b in ld) == N
     finally:
         ld.close()
+
+
+@pytest.mark.parametrize("case", ["equal", "unequal", "weighted"])
+def test_each_members_batches_are_those_the_whole_plan_decides(case):
+    """Two passes (solar/schedule/plans/members.py), 2 trainers, a worker each (keep=1), 3
+    epochs, N = 103 over batches of 10: Shuffle with equal batches (the default), with
+    batches that vary within the slack, or a sampler with affinity. Step for step, every
+    member's plan (pass 2) serves the batch and exchange of the trainer's run without workers
+    (pass 1), in its order; the member reads and keeps the rows of its own steps only, and the
+    trainer reads fewer rows than alone; a seek back (epoch 0 after epoch 2) plans pass 1
+    again alike."""
+    from solar.config import BufferConfig, RunConfig
+    from solar.runtime.steps import Steps
+    from solar.schedule.draw.members import TRAINER
+    from solar.schedule.draw.samplers import Weighted
+    from solar.schedule.plans.members import member_spec
+    from solar.schedule.plans.stream import RankStream
+    from solar.schedule.spec import PlanSpec
+
+    run = RunConfig(N, 2, 10, 3, seed=3)
+    extra = {"weighted": dict(sampler=Weighted(np.ones(N)))}.get(case, {})
+    spec = PlanSpec(run, BufferConfig(20, 0.1), equal_batches=case == "equal", **extra)
+    for r in range(2):
+        alone = RankStream(spec, r)
+        streams, every = [alone], {}
+        try:
+            steps = Steps(spec, r, alone)
+            for m in (TRAINER, r):
+                mine = member_spec(spec, r, 1, ((0, (r,)),), m)
+                assert mine is not None and mine.traced and not mine.equal_batches
+                streams.append(RankStream(mine, r))
+                every[m] = Steps(spec, r, streams[-1])
+            reads = dict.fromkeys([TRAINER, r, "alone"], 0)
+            for k in [*range(run.num_steps), 0]:  # (then back to step 0)
+                steps.enter(k)
+                want, tr = steps.plan(k), steps.transfer(k)
+                reads["alone"] += want.read_rows.size
+                for m, member in every.items():
+                    member.enter(k)
+                    got = member.plan(k)
+                    assert np.array_equal(got.samples, want.samples), (r, m, k)
+                    assert repr(member.transfer(k)) == repr(tr), (r, m, k)
+                    taken, rows = got.read_rows.size + got.hit_rows.size, np.unique(got.samples)
+                    assert taken == (rows.size if member.owns(k) else 0), (r, m, k)
+                    reads[m] += got.read_rows.size
+            assert (tr is not None) == (case == "equal")
+            assert 0 < reads[TRAINER] < reads["alone"] and reads[r] > 0, reads
+        finally:
+            for s in streams:
+                s.close()

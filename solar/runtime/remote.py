@@ -116,8 +116,10 @@ def meet(setup: Setup) -> TrainerLink | None:
 
 
 def trainer_spec(setup: Setup, link: TrainerLink) -> PlanSpec | None:
-    """The plan of this trainer's own buffer, over the steps it keeps, or None: every step's
-    rows read here (its batches depend on its buffer's plan, or a plan is given)."""
+    """The plan of this trainer's own buffer, over the steps it keeps (over its batches as its
+    whole plan decides them, where it does: two passes, solar/schedule/plans/members.py), or
+    None: every step's rows read here (a plan is given, or its sampler delivers more than
+    rows)."""
     if setup.given is not None:
         return None
     return member_spec(setup.spec, setup.rank, link.remote.keep,
@@ -133,6 +135,7 @@ class RemoteTransforms(TransformPool):
         super().__init__(spec, setup.run.seed, setup.info.keys, setup.out_keys, setup.cores)
         self.remote, self.link, self.setup = spec.remote, link, setup
         self.spe, self.cap = steps.spe, steps.served_rows()  # cap: rows a step may have
+        self._steps = steps
         # Each member keeps its own steps' rows (a mode of the plan, decided at construction):
         # a worker's step is not read here, so transforming it here reads it first, outside
         # the buffer (the reader's executor: the one that reads every row of this process).
@@ -194,7 +197,8 @@ class RemoteTransforms(TransformPool):
                 return None
             roster = self._rosters()
         setup = self.setup
-        spec = member_spec(setup.spec, setup.rank, self.remote.keep, roster, TRAINER)
+        spec = member_spec(setup.spec, setup.rank, self.remote.keep, roster, TRAINER,
+                           before=self._steps.member)  # (its pass 1 taken over)
         assert spec is not None  # (the mode is the run's: a roster from epoch 0 with workers)
         packing = None if setup.pack is None else setup.pack.model
         self._plans.append(RankStream(spec, setup.rank, packing=packing))

@@ -19,6 +19,7 @@ from solar.errors import SolarError
 from solar.schedule.draw.members import MemberTrace
 from solar.schedule.draw.samplers import NO_EXTRAS, Sampler, extras_of
 from solar.schedule.keep.transfer import Transfer
+from solar.schedule.plans.members import Decided
 from solar.schedule.plans.packing import EpochWindows
 from solar.schedule.plans.rankplan import StepPlan, elsewhere
 from solar.schedule.plans.stream import RankStream
@@ -44,17 +45,26 @@ class Steps:
         # A member's buffer (solar/schedule/draw/members.py): the stream plans the steps this
         # member owns; the others are served by another member of the trainer's plan, their
         # rows neither read nor kept here.
-        member = stream.spec.sampler
-        self.member = member if isinstance(member, MemberTrace) else None
+        self.member: MemberTrace | None = None
+        self._decided: Decided | None = None  # the trainer's batches as pass 1 decided them
+        self._trace(stream.spec.sampler)
         own = self.own_batches and self.member is None
         self._drawn = stream.drawn if own else None
         self._served = self._drawn if extras_of(spec.sampler) is not NO_EXTRAS else None
+
+    def _trace(self, member: Sampler) -> None:
+        """A member's buffer's trace (else none), and the plan that decided its batches (pass
+        1: solar/schedule/plans/members.py) where the sampler did not."""
+        self.member = member if isinstance(member, MemberTrace) else None
+        base = None if self.member is None else self.member.base
+        self._decided = base if isinstance(base, Decided) else None
 
     def retrace(self, stream: RankStream) -> None:
         """A member's buffer planned again (its epoch's members changed: solar/remote): the
         steps from now on are ``stream``'s (the holdings refill to it)."""
         assert self.member is not None and isinstance(stream.spec.sampler, MemberTrace)
-        self._stream, self.member = stream, stream.spec.sampler
+        self._stream = stream
+        self._trace(stream.spec.sampler)
 
     def enter(self, k: int) -> None:
         """Step ``k`` is served next: planned now if it must be (waiting for the planner),
@@ -142,7 +152,10 @@ class Steps:
         return self.sampler.batch(self.run, e, t, self.rank), None
 
     def transfer(self, k: int) -> Transfer | None:
-        """Step ``k``'s exchange of rows with the other ranks (equal batches), or None."""
+        """Step ``k``'s exchange of rows with the other ranks (equal batches), or None; a
+        member's buffer: pass 1's (its plan is of the rank's batches alone)."""
+        if self._decided is not None:
+            return self._decided.transfer(k)
         return self._stream.window(k, trim=False).transfer(k)
 
     def rows(self, k: int, step: StepPlan) -> tuple[int, int]:

@@ -4,16 +4,18 @@ A trainer (a Loader's rank) served by preprocessing workers (solar/remote) share
 with them: step ``k`` is the trainer's own or one worker's (:func:`owner`, a pure function of
 the step). Each member keeps a buffer of its own over the steps it owns: the trainer reads and
 keeps only its own steps' rows, a worker those of its steps. A member's buffer is planned by
-the same planner as any rank's, fed :class:`MemberTrace`: the trainer's batches (its
-sampler's, or Shuffle's global batch for a trainer alone) with every step another member owns
-left empty. A step mask over a trace, so the planner's trace path (TraceOrder, Belady per
-rank) plans it unchanged.
+the same planner as any rank's, fed :class:`MemberTrace`: the trainer's batches with every
+step another member owns left empty. A step mask over a trace, so the planner's trace path
+(TraceOrder, Belady per rank) plans it unchanged.
 
-Only where a trainer's batches are fixed before its buffer is planned
-(:func:`solar.schedule.plans.members.member_spec`, a level up: it reads the plan's spec):
-a sampler that splits its own batches (no affinity, no equal batches), or Shuffle for a
-trainer alone. Where the planner chooses who serves what (Shuffle over several ranks), the
-batches depend on the whole buffer's plan, and a member's buffer cannot be planned apart.
+The trainer's batches are those of its run without workers, whoever decides them: its
+sampler, where it splits its own batches (no affinity, no equal batches) or is Shuffle for a
+trainer alone; else the whole job's plan (Shuffle over several ranks, whose planner splits
+each global batch with affinity to the ranks' buffers; a sampler with affinity; equal
+batches), planned first, every rank, as without workers: pass 1 of
+:func:`solar.schedule.plans.members.member_spec` (a level up: it plans), whose decided batches
+are the trace's base here. Every batch is the same either way; only who reads and keeps its
+rows differs.
 """
 
 from __future__ import annotations

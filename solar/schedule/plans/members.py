@@ -1,38 +1,162 @@
 """A member's plan: the buffer of the steps of a trainer that one member serves.
 
 The trace is solar/schedule/draw/members.py's (:class:`MemberTrace`); here, the spec that
-plans it (the trainer's, its sampler masked to the member's steps), where it can be planned
-apart from the trainer's other members.
+plans it: the trainer's, its batches masked to the member's steps. Where the sampler fixes
+each rank's batch (no affinity, no equal batches; Shuffle for a trainer alone) they are the
+sampler's. Where the plan decides them -- Shuffle over several trainers (the planner splits
+each global batch with affinity to what each rank's buffer holds, within the slack), a
+sampler with affinity, equal batches -- planning is two passes, the batches unchanged:
+
+1. the whole job's plan, every rank, exactly as without workers (:class:`Decided`): of it,
+   the trainer's served batches in their order and, with equal batches, its exchange of rows;
+2. each member's buffer planned over those decided batches (a trace with no affinity: the
+   planner's trace path, unchanged).
+
+Trainer and workers each compute pass 1 themselves (a pure function of the spec): nothing
+more is exchanged. Pass 1 runs one epoch ahead of pass 2 (the member's plan looks one epoch
+ahead: its buffer's reuse across an epoch's end).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
+import threading
+from typing import Any
 
+import numpy as np
+
+from solar.config import RunConfig
+from solar.schedule.draw.draws import EpochDraws, every_rank
 from solar.schedule.draw.members import MemberTrace, Roster
-from solar.schedule.draw.samplers import NO_EXTRAS, extras_of, is_shuffle
-from solar.schedule.policy import TRACE_POLICIES
+from solar.schedule.draw.samplers import NO_EXTRAS, Sampler, extras_of, is_shuffle
+from solar.schedule.keep.planner import Planner, RankEpoch
+from solar.schedule.keep.transfer import Transfer, rank_transfer
+from solar.schedule.policy import SIDE, TRACE_POLICIES
 from solar.schedule.spec import PlanSpec
 
 
-def member_spec(spec: PlanSpec, rank: int, keep: int, roster: Roster,
-                member: int) -> PlanSpec | None:  # fmt: skip
+class Decided(Sampler):
+    """Trainer ``rank``'s batches as ``spec``'s whole plan decides them (pass 1): every rank
+    planned, epoch by epoch, as the run without workers plans them; of each epoch the rank's
+    served batches (in the order served) and every rank's served counts (equal batches: the
+    rank's exchange, :meth:`transfer`). Its epochs hold the rank's batches, every other
+    rank's empty: a trace that fixes the rank's batches, a :class:`MemberTrace`'s base.
+    Planned when asked, in order; the last :attr:`KEEP` epochs kept (one asked again after
+    them, a seek back, is planned again from epoch 0)."""
+
+    kind = "decided"
+    affinity = False
+    horizon = 1  # (the member's plan looks one epoch ahead: pass 1 one epoch beyond pass 2)
+    KEEP = 4  # the epoch served, the one planned, its look-ahead, and one spare
+
+    def __init__(self, spec: PlanSpec, rank: int) -> None:
+        self.spec, self.rank = spec, rank
+        self._reset()
+
+    def _reset(self) -> None:
+        self._pid = os.getpid()
+        self._planner: Planner | None = None
+        self._planning = threading.Lock()  # one epoch planned at a time, in order
+        self._lock = threading.Lock()  # the epochs kept (read while the next is planned)
+        self._kept: dict[int, tuple[EpochDraws, np.ndarray | None]] = {}
+
+    def __getstate__(self) -> dict:
+        return {"spec": self.spec, "rank": self.rank}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._reset()
+
+    def decided(self, epoch: int) -> tuple[EpochDraws, np.ndarray | None]:
+        """Epoch ``epoch``'s batches of the rank, one per step ((steps + 1) offsets), and
+        every rank's served counts per step ((steps, P); None without equal batches)."""
+        if self._pid != os.getpid():  # a forked child: its parent's planner may be mid-epoch
+            self._reset()
+        with self._lock:
+            got = self._kept.get(epoch)
+        if got is not None:
+            return got
+        with self._planning:
+            with self._lock:
+                got = self._kept.get(epoch)
+            p = self._planner
+            if got is None and (p is None or p.epoch > epoch):
+                p = self._planner = Planner(self.spec, only_rank=self.rank)
+            while got is None:
+                assert p is not None
+                part = p.next_rank(self.rank)
+                mine = (self._served(part), part.peers)
+                with self._lock:
+                    self._kept = {e: v for e, v in self._kept.items()
+                                  if part.epoch - self.KEEP < e < part.epoch}  # fmt: skip
+                    self._kept[part.epoch] = mine
+                got = mine if part.epoch == epoch else None
+            return got
+
+    def _served(self, part: RankEpoch) -> EpochDraws:
+        """The rank's batches of a planned epoch: its served accesses (not side rows) in
+        service order; a traced sampler's (affinity), the draws of each global batch the
+        plan gave it, in draw order (repeats too), as the runtime serves them
+        (solar/runtime/steps.py)."""
+        run = self.spec.run
+        spe = run.steps_per_epoch
+        served = (part.flags & SIDE) == 0
+        step = np.repeat(np.arange(spe), np.diff(part.step_offsets))[served]
+        ids = part.sample[served].astype(np.int64)
+        if self.spec.traced:
+            d = self.spec.sampler.epoch(run, part.epoch)
+            of = np.repeat(np.arange(spe), np.diff(d.offsets[:: run.world_size]))
+            n = run.num_samples
+            mine = np.isin(of * n + d.ids, step * n + ids)
+            ids, step = d.ids[mine].astype(np.int64), of[mine]
+        offsets = np.zeros(spe + 1, np.int64)
+        np.cumsum(np.bincount(step, minlength=spe), out=offsets[1:])
+        return EpochDraws(ids, offsets)
+
+    def epoch(self, run: RunConfig, epoch: int) -> EpochDraws:
+        return every_rank(run, {self.rank: self.decided(epoch)[0]})
+
+    def transfer(self, k: int) -> Transfer | None:
+        """The rank's exchange of rows at global step ``k`` (equal batches), or None: pass
+        1's, as the run without workers exchanges them."""
+        e, t = divmod(k, self.spec.run.steps_per_epoch)
+        peers = self.decided(e)[1]
+        return None if peers is None else rank_transfer(peers[t], self.rank)
+
+    def max_batch(self, run: RunConfig) -> int | None:
+        s = self.spec
+        return s.sampler.max_batch(run) if s.traced else s.buffer.cap(run.batch_size)
+
+    def batch_bound(self, run: RunConfig) -> int:
+        s = self.spec
+        return s.sampler.batch_bound(run) if s.traced else s.buffer.cap(run.batch_size)
+
+    def identity(self) -> dict[str, Any]:
+        return {"kind": self.kind, "plan": self.spec.fingerprint, "rank": self.rank}
+
+
+def member_spec(spec: PlanSpec, rank: int, keep: int, roster: Roster, member: int, *,
+                ram: bool = False, before: MemberTrace | None = None) -> PlanSpec | None:  # fmt: skip
     """The plan of ``member``'s buffer over trainer ``rank``'s steps it owns (``spec``: the
     trainer's run; ``roster``: its workers by epoch, from epoch 0), or None where it has no
-    worker, or where the trainer's batches depend on its buffer's plan (Shuffle
-    over several ranks, a sampler with affinity or equal batches) or its sampler delivers
-    more than rows: there every member reads its steps' rows unplanned."""
-    base = spec.sampler
+    worker or its sampler delivers more than rows: there every member reads its steps' rows
+    unplanned. Where the plan decides the trainer's batches, they are pass 1's
+    (:class:`Decided`; ``before``: an earlier member trace of this trainer, another roster,
+    whose pass 1 is taken over: planned once). ``ram``: a buffer in RAM alone (a worker's)."""
+    base: Sampler = spec.sampler
+    if extras_of(base) is not NO_EXTRAS or not any(w for _, w in roster):
+        return None
     fixed = spec.run.world_size == 1 and not spec.reorder_epochs if is_shuffle(base) \
         else not spec.affinity  # fmt: skip
-    if (
-        not fixed
-        or spec.equal_batches
-        or extras_of(base) is not NO_EXTRAS
-        or not any(w for _, w in roster)
-    ):
-        return None
+    horizon = spec.horizon
+    if not fixed or spec.equal_batches:
+        base = before.base if before is not None and isinstance(before.base, Decided) \
+            else Decided(spec, rank)  # fmt: skip
+        horizon = None  # (the base's: one epoch)
     trace = MemberTrace(base, rank, keep, roster, member, spec.run.steps_per_epoch)
+    buffer = dataclasses.replace(spec.buffer, tier=0) if ram else spec.buffer
     # The trainer's policy where it plans a trace (Belady, ``solar``, where it does not).
-    policy = spec.policy if spec.policy in TRACE_POLICIES and not spec.buffer.tier else "solar"
-    return dataclasses.replace(spec, sampler=trace, policy=policy, pages=None)
+    policy = spec.policy if spec.policy in TRACE_POLICIES and not buffer.tier else "solar"
+    return dataclasses.replace(spec, sampler=trace, policy=policy, pages=None, buffer=buffer,
+                               horizon=horizon, equal_batches=False, reorder_epochs=False)  # fmt: skip
