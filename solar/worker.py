@@ -92,7 +92,8 @@ class Served:
             if self.holdings is not None:
                 self.stream.close()
                 self.stream, self.steps, self.holdings = self.planned(
-                    self.rank, self.rosters(), self.steps.member)
+                    self.rank, self.rosters(), self.steps.member
+                )
 
     def release(self) -> None:
         """This trainer is no longer served: its plan stopped, its buffer let go (a worker
@@ -151,8 +152,9 @@ def serve(address: str, threads: int | None = None, wait_s: float = 600.0,
                          threads or cpu_share(1))  # fmt: skip
     changed = threading.Condition()
 
-    def planned(r: int, roster: Roster,
-                before: MemberTrace | None) -> tuple[RankStream, Steps, Holdings | None]:  # fmt: skip
+    def planned(
+        r: int, roster: Roster, before: MemberTrace | None
+    ) -> tuple[RankStream, Steps, Holdings | None]:
         # Its buffer in RAM (the trainer's tier is the trainer's); the trainer's batches as
         # its spec decides them (pass 1 of the trainer's whole spec, tier and all).
         mine = member_spec(spec, r, int(job["keep"]), roster, link.id, ram=True,

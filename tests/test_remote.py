@@ -656,7 +656,8 @@ def test_each_members_batches_are_those_the_whole_plan_decides(case):
     member's plan (pass 2) serves the batch and exchange of the trainer's run without workers
     (pass 1), in its order; the member reads and keeps the rows of its own steps only, and the
     trainer reads fewer rows than alone; a seek back (epoch 0 after epoch 2) plans pass 1
-    again alike."""
+    again alike; planned again for another roster (its worker lost), the trainer's buffer
+    takes over pass 1."""
     from solar.config import BufferConfig, RunConfig
     from solar.runtime.steps import Steps
     from solar.schedule.draw.members import TRAINER
@@ -673,12 +674,18 @@ def test_each_members_batches_are_those_the_whole_plan_decides(case):
         streams, every = [alone], {}
         try:
             steps = Steps(spec, r, alone)
-            for m in (TRAINER, r):
-                mine = member_spec(spec, r, 1, ((0, (r,)),), m)
+            for m in (TRAINER, r, "lost"):
+                if m == "lost":  # the trainer's again, its worker lost from epoch 2 on
+                    before = every[TRAINER].member
+                    mine = member_spec(spec, r, 1, ((0, (r,)), (2, ())), TRAINER, before=before)
+                    assert mine is not None and before is not None
+                    assert mine.sampler.base is before.base  # (pass 1 taken over: planned once)
+                else:
+                    mine = member_spec(spec, r, 1, ((0, (r,)),), m)
                 assert mine is not None and mine.traced and not mine.equal_batches
                 streams.append(RankStream(mine, r))
                 every[m] = Steps(spec, r, streams[-1])
-            reads = dict.fromkeys([TRAINER, r, "alone"], 0)
+            reads = dict.fromkeys([TRAINER, r, "lost", "alone"], 0)
             for k in [*range(run.num_steps), 0]:  # (then back to step 0)
                 steps.enter(k)
                 want, tr = steps.plan(k), steps.transfer(k)
@@ -693,6 +700,7 @@ def test_each_members_batches_are_those_the_whole_plan_decides(case):
                     reads[m] += got.read_rows.size
             assert (tr is not None) == (case == "equal")
             assert 0 < reads[TRAINER] < reads["alone"] and reads[r] > 0, reads
+            assert reads[TRAINER] < reads["lost"]  # (it keeps every step of epoch 2)
         finally:
             for s in streams:
                 s.close()

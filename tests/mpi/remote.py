@@ -40,8 +40,9 @@ sampler = Weighted(np.ones(103), replacement=False, affinity=False) if split els
 args = dict(batch_size=10, epochs=epochs, buffer=20, seed=3, comm=d.comm, sampler=sampler)
 # Without a victim, a worker's step is waited for (none late: each member reads its plan's).
 wait_s = 2.0 if victim else 60.0
-remote = Remote(address, workers=workers, keep=1, join_s=60, window=2 if victim else 8,
-                wait_s=wait_s)
+remote = Remote(
+    address, workers=workers, keep=1, join_s=60, window=2 if victim else 8, wait_s=wait_s
+)
 ld = Loader(path, transform=Transform(crop_flip_noise, workers=1, remote=remote), **args)
 ref = Loader(path, transform=Transform(crop_flip_noise, workers=1), **args)
 for e in range(epochs):

@@ -136,8 +136,16 @@ class Decided(Sampler):
         return {"kind": self.kind, "plan": self.spec.fingerprint, "rank": self.rank}
 
 
-def member_spec(spec: PlanSpec, rank: int, keep: int, roster: Roster, member: int, *,
-                ram: bool = False, before: MemberTrace | None = None) -> PlanSpec | None:  # fmt: skip
+def member_spec(
+    spec: PlanSpec,
+    rank: int,
+    keep: int,
+    roster: Roster,
+    member: int,
+    *,
+    ram: bool = False,
+    before: MemberTrace | None = None,
+) -> PlanSpec | None:
     """The plan of ``member``'s buffer over trainer ``rank``'s steps it owns (``spec``: the
     trainer's run; ``roster``: its workers by epoch, from epoch 0), or None where it has no
     worker or its sampler delivers more than rows: there every member reads its steps' rows
@@ -159,4 +167,5 @@ def member_spec(spec: PlanSpec, rank: int, keep: int, roster: Roster, member: in
     # The trainer's policy where it plans a trace (Belady, ``solar``, where it does not).
     policy = spec.policy if spec.policy in TRACE_POLICIES and not buffer.tier else "solar"
     return dataclasses.replace(spec, sampler=trace, policy=policy, pages=None, buffer=buffer,
-                               horizon=horizon, equal_batches=False, reorder_epochs=False)  # fmt: skip
+                               horizon=horizon, equal_batches=False,
+                               reorder_epochs=False)  # fmt: skip
