@@ -23,7 +23,8 @@ member: the trainer's (its buffer's misses, plus the worker's steps it had to re
 transform itself) and the worker's (its own buffer's misses; the rows its buffer served).
 Alone, the trainer reads what it read with a worker before each member kept its own steps
 (the first step of issue 49 left the trainer's plan unchanged); with one, only its own steps'
-misses.
+misses. Several trainers under the default Shuffle (batches the whole plan decides, two-pass
+member plans): bench/member_reads.py counts each member's rows read.
 """
 
 from __future__ import annotations
