@@ -32,7 +32,8 @@ from solar.schedule.draw.members import MemberTrace, Roster
 from solar.schedule.draw.samplers import NO_EXTRAS, Sampler, extras_of, is_shuffle
 from solar.schedule.keep.planner import Planner, RankEpoch
 from solar.schedule.keep.transfer import Transfer, rank_transfer
-from solar.schedule.policy import SIDE, TRACE_POLICIES
+from solar.schedule.plans.rankplan import RankPlan
+from solar.schedule.policy import TRACE_POLICIES
 from solar.schedule.spec import PlanSpec
 
 
@@ -101,9 +102,10 @@ class Decided(Sampler):
         (solar/runtime/steps.py)."""
         run = self.spec.run
         spe = run.steps_per_epoch
-        served = (part.flags & SIDE) == 0
-        step = np.repeat(np.arange(spe), np.diff(part.step_offsets))[served]
-        ids = part.sample[served].astype(np.int64)
+        plan = RankPlan.from_parts(self.rank, [part], 0)  # (what a rank serves: one place)
+        served = plan.served
+        step = np.repeat(np.arange(spe), plan.batch_sizes())
+        ids = plan.sample[served].astype(np.int64)
         if self.spec.traced:
             d = self.spec.sampler.epoch(run, part.epoch)
             of = np.repeat(np.arange(spe), np.diff(d.offsets[:: run.world_size]))
