@@ -61,6 +61,7 @@ class Decided(Sampler):
         self._planning = threading.Lock()  # one epoch planned at a time, in order
         self._lock = threading.Lock()  # the epochs kept (read while the next is planned)
         self._kept: dict[int, tuple[EpochDraws, np.ndarray | None]] = {}
+        self._identity: dict[str, Any] | None = None
 
     def __getstate__(self) -> dict:
         return {"spec": self.spec, "rank": self.rank}
@@ -135,7 +136,9 @@ class Decided(Sampler):
         return s.sampler.batch_bound(run) if s.traced else s.buffer.cap(run.batch_size)
 
     def identity(self) -> dict[str, Any]:
-        return {"kind": self.kind, "plan": self.spec.fingerprint, "rank": self.rank}
+        if self._identity is None:  # (asked whenever a spec's mode is: made once)
+            self._identity = {"kind": self.kind, "plan": self.spec.fingerprint, "rank": self.rank}
+        return self._identity
 
 
 def member_spec(
