@@ -3,8 +3,7 @@ Loader transforming locally, whole epochs, each sample once per epoch over the r
 
 mpiexec -n 2 python tests/mpi/remote.py DATA.h5 HOST:PORT WORKERS EPOCHS [SAMPLER [PID]]
 (the workers: ``solar worker HOST:PORT``, started apart). SAMPLER ``shuffle`` (default: the
-planner splits each global batch, every row read by its trainer) or ``split`` (each rank's
-batch its own: each member keeps a buffer of its own steps, the trainer reads only its own).
+planner splits each global batch, equal batches) or ``split`` (each rank's batch its own).
 PID: rank 0 kills it (its worker, -9) at step 1 of epoch 0 (credit of 2 steps: its steps are
 late from then on, and it is taken for lost within epochs 0 and 1).
 
