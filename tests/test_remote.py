@@ -704,3 +704,69 @@ def test_each_members_batches_are_those_the_whole_plan_decides(case):
         finally:
             for s in streams:
                 s.close()
+
+
+def test_pass_one_is_planned_once_per_epoch_however_far_pass_two_runs_ahead(monkeypatch):
+    """Pass 1 (solar/schedule/plans/members.py ``Decided``) over 7 epochs, equal batches, the
+    runtime reading how far its plan runs (``last_planned``) every step, so pass 2 plans ahead
+    as far as it can: pass 1 keeps its epochs from the consumer's on (not the last few it
+    planned), each planned once by one planner. A roster change (its worker lost from epoch 4
+    on) plans pass 2 again from epoch 0, and with it pass 1's epochs before the consumer's
+    (0 .. 2), once; a seek back past 4 epochs (6 to 1) plans pass 1 again from epoch 0 to
+    the end (6, the consumer's before, still kept). Batches and exchanges are the run's
+    without workers throughout."""
+    import time
+
+    from solar.config import BufferConfig, RunConfig
+    from solar.runtime.steps import Steps
+    from solar.schedule.draw.members import TRAINER
+    from solar.schedule.plans import members
+    from solar.schedule.plans.members import member_spec
+    from solar.schedule.plans.stream import RankStream
+    from solar.schedule.spec import PlanSpec
+
+    made = []
+
+    class Counted(members.Planner):
+        def __init__(self, *a, **k):
+            made.append(1)
+            super().__init__(*a, **k)
+
+    monkeypatch.setattr(members, "Planner", Counted)
+    E = 7
+    run = RunConfig(N, 2, 10, E, seed=3)
+    spec = PlanSpec(run, BufferConfig(20, 0.1), equal_batches=True)
+    spe = run.steps_per_epoch
+    mine = member_spec(spec, 0, 1, ((0, (0,)),), TRAINER)
+    assert mine is not None
+    decided = mine.sampler.base
+    stream, alone = RankStream(mine, 0), RankStream(spec, 0)
+    streams = [stream, alone]
+    steps, ref = Steps(spec, 0, stream), Steps(spec, 0, alone)
+
+    def serve(ks) -> None:
+        for k in ks:
+            steps.enter(k)
+            ref.enter(k)
+            assert steps.last_planned >= k - 1  # (read every step: pass 2 plans on)
+            if k % spe == 0:
+                time.sleep(0.05)  # (pass 2 runs ahead meanwhile)
+            assert np.array_equal(steps.plan(k).samples, ref.plan(k).samples), k
+            assert repr(steps.transfer(k)) == repr(ref.transfer(k)), k
+
+    try:
+        stream.start()
+        serve(range(4 * spe))
+        assert len(made) == 1 and decided.planned <= E
+        again = member_spec(spec, 0, 1, ((0, (0,)), (4, ())), TRAINER, before=steps.member)
+        assert again is not None and again.sampler.base is decided  # (the same pass 1)
+        stream.close()
+        streams.append(stream := RankStream(again, 0))
+        steps.retrace(stream)
+        serve(range(4 * spe, run.num_steps))
+        assert (len(made), decided.planned) == (2, E + 3)  # (0 .. 2 again)
+        serve(range(1 * spe, run.num_steps))  # back from epoch 6 to epoch 1
+        assert (len(made), decided.planned) == (3, E + 3 + 6)  # (0 .. 5 again)
+    finally:
+        for s in streams:
+            s.close()

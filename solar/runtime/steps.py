@@ -68,8 +68,14 @@ class Steps:
 
     def enter(self, k: int) -> None:
         """Step ``k`` is served next: planned now if it must be (waiting for the planner),
-        and the window's epochs before it dropped. The only trim of the window."""
+        and the window's epochs before it dropped. The only trim of the window, and of pass
+        1's epochs (a seek back lowers their mark first: what it plans again is kept)."""
+        e, decided = k // self.spe, self._decided
+        if decided is not None and e < decided.floor:
+            decided.forget_before(e)
         self._stream.window(k, trim=True)
+        if decided is not None:
+            decided.forget_before(e)
         if self._drawn is not None:
             self._drawn.forget_before(k // self.spe)
 

@@ -13,8 +13,9 @@ sampler with affinity, equal batches -- planning is two passes, the batches unch
    planner's trace path, unchanged).
 
 Trainer and workers each compute pass 1 themselves (a pure function of the spec): nothing
-more is exchanged. Pass 1 runs one epoch ahead of pass 2 (the member's plan looks one epoch
-ahead: its buffer's reuse across an epoch's end).
+more is exchanged. Pass 1 is planned on demand, in order, in the thread that asks first: pass
+2's planner (its look-ahead asks the epoch after the one it plans) or the runtime; it is kept
+from the consumer's epoch on (:meth:`Decided.forget_before`).
 """
 
 from __future__ import annotations
@@ -43,13 +44,18 @@ class Decided(Sampler):
     served batches (in the order served) and every rank's served counts (equal batches: the
     rank's exchange, :meth:`transfer`). Its epochs hold the rank's batches, every other
     rank's empty: a trace that fixes the rank's batches, a :class:`MemberTrace`'s base.
-    Planned when asked, in order; the last :attr:`KEEP` epochs kept (one asked again after
-    them, a seek back, is planned again from epoch 0)."""
+
+    Planned when asked, in order, and kept from the consumer's epoch on
+    (:meth:`forget_before`, which :class:`~solar.runtime.steps.Steps` calls as a step is
+    entered): at most the epochs from the one served to the last pass 2 has planned, plus its
+    look-ahead -- the span of pass 2's own window (its stream plans ahead as far as it is let;
+    schedule/plans/stream.py), one epoch more. An epoch asked before the consumer's (a seek back
+    past it, or pass 2 planned again from epoch 0 after a roster change) is planned again from
+    epoch 0, not kept. No planner snapshots: a resume plans pass 1 from epoch 0."""
 
     kind = "decided"
     affinity = False
-    horizon = 1  # (the member's plan looks one epoch ahead: pass 1 one epoch beyond pass 2)
-    KEEP = 4  # the epoch served, the one planned, its look-ahead, and one spare
+    horizon = 1  # (the member's plan looks one epoch ahead: its buffer's reuse across an epoch)
 
     def __init__(self, spec: PlanSpec, rank: int) -> None:
         self.spec, self.rank = spec, rank
@@ -61,6 +67,8 @@ class Decided(Sampler):
         self._planning = threading.Lock()  # one epoch planned at a time, in order
         self._lock = threading.Lock()  # the epochs kept (read while the next is planned)
         self._kept: dict[int, tuple[EpochDraws, np.ndarray | None]] = {}
+        self.floor = 0  # the consumer's epoch: those before it are not kept
+        self.planned = 0  # epochs planned by this process (a replan counts again)
         self._identity: dict[str, Any] | None = None
 
     def __getstate__(self) -> dict:
@@ -69,6 +77,15 @@ class Decided(Sampler):
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
         self._reset()
+
+    def forget_before(self, epoch: int) -> None:
+        """The consumer serves ``epoch`` next: the epochs before it are dropped (and not kept
+        if planned again); a seek back lowers the mark."""
+        if epoch == self.floor:
+            return  # (asked every step)
+        with self._lock:
+            self.floor = epoch
+            self._kept = {e: v for e, v in self._kept.items() if e >= epoch}
 
     def decided(self, epoch: int) -> tuple[EpochDraws, np.ndarray | None]:
         """Epoch ``epoch``'s batches of the rank, one per step ((steps + 1) offsets), and
@@ -87,12 +104,16 @@ class Decided(Sampler):
                 p = self._planner = Planner(self.spec, only_rank=self.rank)
             while got is None:
                 assert p is not None
-                part = p.next_rank(self.rank)
+                try:
+                    part = p.next_rank(self.rank)
+                except BaseException:
+                    self._planner = None  # (mid-epoch: planned again from epoch 0 if asked)
+                    raise
+                self.planned += 1
                 mine = (self._served(part), part.peers)
                 with self._lock:
-                    self._kept = {e: v for e, v in self._kept.items()
-                                  if part.epoch - self.KEEP < e < part.epoch}  # fmt: skip
-                    self._kept[part.epoch] = mine
+                    if part.epoch >= self.floor:
+                        self._kept[part.epoch] = mine
                 got = mine if part.epoch == epoch else None
             return got
 
