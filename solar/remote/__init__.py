@@ -20,9 +20,13 @@ step being served), and sends each finished step; the trainer's transform stage 
 it arrives and, what was not delivered in time or was owned by a worker that died, reads from
 storage (outside its buffer) and transforms itself (solar/runtime/remote.py). The bytes are
 the same either way: a sample's generator is a function of (seed, epoch, sample, occurrence).
-Where the trainer's batches depend on its whole buffer's plan (Shuffle over several trainers:
-the planner chooses who serves what) the trainer reads every row and a worker its steps' rows
-unplanned, as before.
+Where the trainer's batches depend on the whole job's plan (Shuffle over several trainers,
+whose planner splits each global batch with affinity to the ranks' buffers; a sampler with
+affinity; equal batches) planning is two passes, on every member alike
+(solar/schedule/plans/members.py): pass 1 plans the whole job as without workers and gives
+the trainer's batches (and its exchange of rows), pass 2 each member's buffer over its steps
+of them. Only where a plan is given (a file), or the sampler delivers more than rows, do
+members read their steps' rows unplanned.
 
 Modules: this one the configuration; ``link`` the meeting and the pairs. The worker's loop is
 solar/worker.py (it builds on solar.runtime, which builds on this package).
