@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from solar.errors import SolarError
+from solar.schedule.draw.draws import given_draws
 from solar.schedule.draw.members import MemberTrace
 from solar.schedule.draw.samplers import NO_EXTRAS, Sampler, extras_of
 from solar.schedule.keep.transfer import Transfer
@@ -100,7 +101,7 @@ class Steps:
         e, t = divmod(k, self.spe)
         if self.affinity:  # the draws of the global batch the planner gave this rank
             draws = self.sampler.global_batch(self.run, e, t)
-            ids = draws[np.isin(draws, step.samples)]
+            ids = draws[given_draws(draws, step.samples)]
         else:
             ids = self._own(k)[0]
         return self._in_batch(k, step, ids)

@@ -76,6 +76,15 @@ class RankDraws:
         self._kept.drop(lambda e: e < epoch)  # type: ignore[operator]
 
 
+def given_draws(drawn: np.ndarray, given: np.ndarray) -> np.ndarray:
+    """Which of a global batch's draws ``drawn`` (in draw order, repeats too) a rank serves,
+    where the plan splits the batch (a sampler with affinity): those among ``given``, the ids
+    the plan gave the rank -- its batch is ``drawn[mask]``, in draw order. The one rule, for
+    a step (solar/runtime/steps.py) or an epoch at once (keys ``step * N + id`` on both
+    sides: solar/schedule/plans/members.py)."""
+    return np.isin(drawn, given)
+
+
 def steps_of(draws: EpochDraws, run: RunConfig, t0: int, t1: int) -> EpochDraws:
     """Steps ``t0 .. t1 - 1`` of an epoch's ``draws``: every rank's batches at those steps, in
     :class:`EpochDraws`' layout ((t1 - t0) steps), views of ``draws``' ids (no outputs)."""

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from solar.config import RunConfig
-from solar.schedule.draw.draws import EpochDraws, every_rank
+from solar.schedule.draw.draws import EpochDraws, every_rank, given_draws
 from solar.schedule.draw.members import MemberTrace, Roster
 from solar.schedule.draw.samplers import NO_EXTRAS, Sampler, extras_of, is_shuffle
 from solar.schedule.keep.planner import Planner, RankEpoch
@@ -132,7 +132,7 @@ class Decided(Sampler):
             d = self.spec.sampler.epoch(run, part.epoch)
             of = np.repeat(np.arange(spe), np.diff(d.offsets[:: run.world_size]))
             n = run.num_samples
-            mine = np.isin(of * n + d.ids, step * n + ids)
+            mine = given_draws(of * n + d.ids, step * n + ids)
             ids, step = d.ids[mine].astype(np.int64), of[mine]
         offsets = np.zeros(spe + 1, np.int64)
         np.cumsum(np.bincount(step, minlength=spe), out=offsets[1:])
