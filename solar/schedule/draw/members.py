@@ -10,8 +10,9 @@ step another member owns left empty. A step mask over a trace, so the planner's 
 
 The trainer's batches are those of its run without workers, whoever decides them: its
 sampler, where it splits its own batches (no affinity, no equal batches) or is Shuffle for a
-trainer alone; else the whole job's plan (Shuffle over several ranks, whose planner splits
-each global batch with affinity to the ranks' buffers; a sampler with affinity; equal
+trainer alone without ``reorder_epochs``; else the whole job's plan (Shuffle over several
+ranks, whose planner splits each global batch with affinity to the ranks' buffers; Shuffle
+whose planner picks each epoch's permutation, ``reorder_epochs``; a sampler with affinity; equal
 batches), planned first, every rank, as without workers: pass 1 of
 :func:`solar.schedule.plans.members.member_spec` (a level up: it plans), whose decided batches
 are the trace's base here. Every batch is the same either way; only who reads and keeps its

@@ -2,10 +2,12 @@
 
 The trace is solar/schedule/draw/members.py's (:class:`MemberTrace`); here, the spec that
 plans it: the trainer's, its batches masked to the member's steps. Where the sampler fixes
-each rank's batch (no affinity, no equal batches; Shuffle for a trainer alone) they are the
-sampler's. Where the plan decides them -- Shuffle over several trainers (the planner splits
-each global batch with affinity to what each rank's buffer holds, within the slack), a
-sampler with affinity, equal batches -- planning is two passes, the batches unchanged:
+each rank's batch (no affinity, no equal batches; Shuffle for a trainer alone, its epochs in
+the sampler's order) they are the sampler's. Where the plan decides them -- Shuffle over
+several trainers (the planner splits each global batch with affinity to what each rank's
+buffer holds, within the slack), Shuffle with ``reorder_epochs`` (the planner picks each
+epoch's permutation), a sampler with affinity, equal batches -- planning is two passes, the
+batches unchanged:
 
 1. the whole job's plan, every rank, exactly as without workers (:class:`Decided`): of it,
    the trainer's served batches in their order and, with equal batches, its exchange of rows;
