@@ -649,23 +649,32 @@ def test_a_copy_of_a_remote_loader_is_refused_in_one_line(data):
 
 
 @pytest.mark.parametrize("case", ["equal", "unequal", "weighted"])
-def test_each_members_batches_are_those_the_whole_plan_decides(case):
+def test_each_members_batches_are_those_the_whole_plan_decides(case, monkeypatch):
     """Two passes (solar/schedule/plans/members.py), 2 trainers, a worker each (keep=1), 3
     epochs, N = 103 over batches of 10: Shuffle with equal batches (the default), with
     batches that vary within the slack, or a sampler with affinity. Step for step, every
     member's plan (pass 2) serves the batch and exchange of the trainer's run without workers
     (pass 1), in its order; the member reads and keeps the rows of its own steps only, and the
     trainer reads fewer rows than alone; a seek back (epoch 0 after epoch 2) plans pass 1
-    again alike; planned again for another roster (its worker lost), the trainer's buffer
-    takes over pass 1."""
+    again alike (from epoch 0, once); planned again for another roster (its worker lost), the
+    trainer's buffer takes over pass 1 (the same one: no more planners)."""
     from solar.config import BufferConfig, RunConfig
     from solar.runtime.steps import Steps
     from solar.schedule.draw.members import TRAINER
     from solar.schedule.draw.samplers import Weighted
+    from solar.schedule.plans import members
     from solar.schedule.plans.members import member_spec
     from solar.schedule.plans.stream import RankStream
     from solar.schedule.spec import PlanSpec
 
+    made = []
+
+    class Counted(members.Planner):
+        def __init__(self, *a, **k):
+            made.append(1)
+            super().__init__(*a, **k)
+
+    monkeypatch.setattr(members, "Planner", Counted)
     run = RunConfig(N, 2, 10, 3, seed=3)
     extra = {"weighted": dict(sampler=Weighted(np.ones(N)))}.get(case, {})
     spec = PlanSpec(run, BufferConfig(20, 0.1), equal_batches=case == "equal", **extra)
@@ -679,7 +688,7 @@ def test_each_members_batches_are_those_the_whole_plan_decides(case):
                     before = every[TRAINER].member
                     mine = member_spec(spec, r, 1, ((0, (r,)), (2, ())), TRAINER, before=before)
                     assert mine is not None and before is not None
-                    assert mine.sampler.base is before.base  # (pass 1 taken over: planned once)
+                    assert mine.sampler.base is before.base  # (pass 1 taken over)
                 else:
                     mine = member_spec(spec, r, 1, ((0, (r,)),), m)
                 assert mine is not None and mine.traced and not mine.equal_batches
@@ -699,6 +708,12 @@ def test_each_members_batches_are_those_the_whole_plan_decides(case):
                     assert taken == (rows.size if member.owns(k) else 0), (r, m, k)
                     reads[m] += got.read_rows.size
             assert (tr is not None) == (case == "equal")
+            # Two pass 1s (the trainer's buffer's, taken over for the lost roster; the
+            # worker's), each planned from epoch 0 twice: the run (3 epochs, once each), then
+            # the seek back (epoch 0, and 1 if pass 2 plans on before it is closed).
+            decided = {id(s.spec.sampler.base): s.spec.sampler.base for s in streams[1:]}
+            assert len(made) == 4 * (r + 1) and len(decided) == 2, (r, len(made))
+            assert all(d.planned in (4, 5) for d in decided.values()), r
             assert 0 < reads[TRAINER] < reads["alone"] and reads[r] > 0, reads
             assert reads[TRAINER] < reads["lost"]  # (it keeps every step of epoch 2)
         finally:

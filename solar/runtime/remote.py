@@ -199,7 +199,7 @@ class RemoteTransforms(TransformPool):
         setup = self.setup
         spec = member_spec(
             setup.spec, setup.rank, self.remote.keep, roster, TRAINER, before=self._steps.member
-        )  # (its pass 1 taken over)
+        )  # (its pass 1 taken over: its epochs from the one served on)
         assert spec is not None  # (the mode is the run's: a roster from epoch 0 with workers)
         packing = None if setup.pack is None else setup.pack.model
         self._plans.append(RankStream(spec, setup.rank, packing=packing))

@@ -179,7 +179,9 @@ def member_spec(
     worker or its sampler delivers more than rows: there every member reads its steps' rows
     unplanned. Where the plan decides the trainer's batches, they are pass 1's
     (:class:`Decided`; ``before``: an earlier member trace of this trainer, another roster,
-    whose pass 1 is taken over: planned once). ``ram``: a buffer in RAM alone (a worker's)."""
+    whose pass 1 is taken over: its epochs kept from the one served on, reused; those before,
+    which pass 2, planned again from epoch 0, asks again, are planned again once). ``ram``:
+    a buffer in RAM alone (a worker's)."""
     base: Sampler = spec.sampler
     if extras_of(base) is not NO_EXTRAS or not any(w for _, w in roster):
         return None
