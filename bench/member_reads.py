@@ -12,33 +12,12 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Callable
 
 from solar.config import BufferConfig, RunConfig
-from solar.runtime.steps import Steps
+from solar.runtime.steps import planned_rows
 from solar.schedule.draw.members import TRAINER, owner
 from solar.schedule.plans.members import member_spec
-from solar.schedule.plans.stream import RankStream
 from solar.schedule.spec import PlanSpec
-
-
-def counted(spec: PlanSpec, rank: int, plan: PlanSpec,
-            mine: Callable[[int], bool] = lambda k: True) -> tuple[int, int, int]:  # fmt: skip
-    """Rows read, hit and served over the run at the steps ``mine`` says (and ``plan``'s
-    member owns), by ``plan`` of trainer ``rank`` (``spec``: the trainer's)."""
-    stream = RankStream(plan, rank)
-    steps, reads, hits, rows = Steps(spec, rank, stream), 0, 0, 0
-    try:
-        for k in range(spec.run.num_steps):
-            steps.enter(k)
-            step = steps.plan(k)
-            if mine(k) and steps.owns(k):
-                reads += step.read_rows.size
-                hits += step.hit_rows.size
-                rows += step.size
-    finally:
-        stream.close()
-    return reads, hits, rows
 
 
 def main() -> None:
@@ -58,19 +37,19 @@ def main() -> None:
     for r in range(args.ranks):
         workers = [r * args.workers + i for i in range(args.workers)]
         roster = ((0, tuple(workers)),)
-        alone = counted(spec, r, spec)[0]
+        alone = planned_rows(spec, r, spec)[0]
         row = {"rank": r, "trainer_alone": alone}
         mine = member_spec(spec, r, args.keep, roster, TRAINER)
         assert mine is not None
-        row["trainer"] = counted(spec, r, mine)[0]
+        row["trainer"] = planned_rows(spec, r, mine)[0]
         for w in workers:
             theirs = member_spec(spec, r, args.keep, roster, w)
             assert theirs is not None
-            reads, hits, _ = counted(spec, r, theirs)
+            reads, hits, _ = planned_rows(spec, r, theirs)
             of = tuple(workers)  # (a worker's steps read unplanned: every row of them)
-            unplanned = counted(spec, r, spec, lambda k, w=w, of=of: owner(k, args.keep, of) == w)[
-                2
-            ]
+            unplanned = planned_rows(
+                spec, r, spec, mine=lambda k, w=w, of=of: owner(k, args.keep, of) == w
+            )[2]
             row[f"worker{w}"] = {"unplanned": unplanned, "reads": reads, "hits": hits}
         out.append(row)
         print(json.dumps(row), flush=True)

@@ -116,22 +116,25 @@ def paged_graph(folder: Path) -> tuple[Path, object, np.ndarray]:
 def planned_reads(spec, rank: int, roster, member: int, keep: int = 1) -> tuple[int, int]:
     """Rows ``member`` of trainer ``rank``'s plan (``spec``: the trainer's; ``roster``: its
     workers by epoch) reads and hits over the run, by its own plan (a member's buffer:
-    solar/schedule/plans/members.py); its batches checked against the trainer's alone."""
-    from solar.runtime.steps import Steps
+    solar/schedule/plans/members.py); its batches checked, step for step, against the
+    trainer's alone (the run without workers), and another member's steps to read and keep
+    nothing here."""
+    from solar.runtime.steps import Steps, planned_rows
     from solar.schedule.plans.members import member_spec
     from solar.schedule.plans.stream import RankStream
 
-    stream = RankStream(member_spec(spec, rank, keep, roster, member), rank)
-    steps, reads, hits = Steps(spec, rank, stream), 0, 0
+    alone_stream = RankStream(spec, rank)
+    alone = Steps(spec, rank, alone_stream)
+
+    def check(k: int, steps, plan) -> None:
+        alone.enter(k)
+        assert np.array_equal(plan.samples, alone.plan(k).samples), (rank, member, k)
+        if not steps.owns(k):  # another member's: nothing read or kept here
+            assert plan.read_rows.size == plan.hit_rows.size == plan.admit_rows.size == 0
+
     try:
-        for k in range(spec.run.num_steps):
-            steps.enter(k)
-            plan = steps.plan(k)
-            if steps.owns(k):
-                reads += plan.read_rows.size
-                hits += plan.hit_rows.size
-            else:  # another member's: nothing read or kept here
-                assert plan.read_rows.size == plan.hit_rows.size == plan.admit_rows.size == 0
+        mine = member_spec(spec, rank, keep, roster, member)
+        reads, hits, _ = planned_rows(spec, rank, mine, each=check)
     finally:
-        stream.close()
+        alone_stream.close()
     return reads, hits

@@ -11,6 +11,7 @@ served, the epochs before it are done with.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -203,3 +204,32 @@ class Steps:
         d = self.sampler.epoch(self.run, epoch)
         rows = np.diff(d.offsets).reshape(self.spe, self.run.world_size)
         return rows.sum(axis=1)
+
+
+def planned_rows(
+    spec: PlanSpec,
+    rank: int,
+    plan: PlanSpec,
+    mine: Callable[[int], bool] | None = None,
+    each: Callable[[int, Steps, StepPlan], None] | None = None,
+) -> tuple[int, int, int]:
+    """Rows read, hit and served over the run, by its plan, at the steps ``mine`` says (every
+    one, if None) that ``plan``'s member owns: ``plan`` of trainer ``rank``, a member's buffer
+    (solar/schedule/plans/members.py) or the rank's own (``spec``: the trainer's run). A
+    member reads exactly its plan's misses, so the counts are what a run reads (tests and
+    bench/member_reads.py count them). ``each(k, steps, step)`` is shown every step served."""
+    stream = RankStream(plan, rank)
+    steps, reads, hits, rows = Steps(spec, rank, stream), 0, 0, 0
+    try:
+        for k in range(spec.run.num_steps):
+            steps.enter(k)
+            step = steps.plan(k)
+            if each is not None:
+                each(k, steps, step)
+            if (mine is None or mine(k)) and steps.owns(k):
+                reads += step.read_rows.size
+                hits += step.hit_rows.size
+                rows += step.size
+    finally:
+        stream.close()
+    return reads, hits, rows
