@@ -730,6 +730,7 @@ def test_pass_one_is_planned_once_per_epoch_however_far_pass_two_runs_ahead(monk
     (0 .. 2), once; a seek back past 4 epochs (6 to 1) plans pass 1 again from epoch 0 to
     the end (6, the consumer's before, still kept). Batches and exchanges are the run's
     without workers throughout."""
+    import dataclasses
     import time
 
     from solar.config import BufferConfig, RunConfig
@@ -782,6 +783,11 @@ def test_pass_one_is_planned_once_per_epoch_however_far_pass_two_runs_ahead(monk
         assert (len(made), decided.planned) == (2, E + 3)  # (0 .. 2 again)
         serve(range(1 * spe, run.num_steps))  # back from epoch 6 to epoch 1
         assert (len(made), decided.planned) == (3, E + 3 + 6)  # (0 .. 5 again)
+        # Pass 2 looks one epoch ahead, or less if the user's horizon says so.
+        assert mine.horizon == 1
+        for h, want in ((0, 0), (3, 1)):
+            got = member_spec(dataclasses.replace(spec, horizon=h), 0, 1, ((0, (0,)),), TRAINER)
+            assert got is not None and got.horizon == want
     finally:
         for s in streams:
             s.close()

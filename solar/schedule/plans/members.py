@@ -57,7 +57,7 @@ class Decided(Sampler):
 
     kind = "decided"
     affinity = False
-    horizon = 1  # (the member's plan looks one epoch ahead: its buffer's reuse across an epoch)
+    horizon = 1  # (pass 2's look-ahead at most: see member_spec)
 
     def __init__(self, spec: PlanSpec, rank: int) -> None:
         self.spec, self.rank = spec, rank
@@ -191,7 +191,10 @@ def member_spec(
     if not fixed or spec.equal_batches:
         base = before.base if before is not None and isinstance(before.base, Decided) \
             else Decided(spec, rank)  # fmt: skip
-        horizon = None  # (the base's: one epoch)
+        # Pass 2 looks ahead the user's horizon, at most one epoch (the buffer's reuse across
+        # an epoch's end): every epoch it looks ahead is one more pass 1 plans and keeps
+        # beyond the one served (pass 1 itself plans with the user's).
+        horizon = 1 if spec.horizon is None else min(spec.horizon, 1)
     trace = MemberTrace(base, rank, keep, roster, member, spec.run.steps_per_epoch)
     buffer = dataclasses.replace(spec.buffer, tier=0) if ram else spec.buffer
     # The trainer's policy where it plans a trace (Belady, ``solar``, where it does not).
