@@ -114,7 +114,7 @@ class Pipeline:
         """Epoch ``e``'s members of this trainer's plan (preprocessing workers: who owns which
         step), as trainer rank 0 decided them; where this trainer's own buffer is planned
         again, the work under way (of the old plan) is dropped and the buffer refilled."""
-        stream = None if self.remote is None else self.remote.epoch(e)
+        stream = None if self.remote is None else self.remote.epoch(e, self.steps.member)
         if stream is None:
             return
         self.assembly.drain()

@@ -27,7 +27,7 @@ from solar.remote.link import DONE, HEAD, TrainerLink, digest, done, mac
 from solar.runtime.setup import Setup
 from solar.runtime.steps import Steps
 from solar.runtime.workers import TransformPool
-from solar.schedule.draw.members import TRAINER, Roster, owner, workers_in
+from solar.schedule.draw.members import TRAINER, MemberTrace, Roster, owner, workers_in
 from solar.schedule.plans.members import member_spec
 from solar.schedule.plans.stream import RankStream
 from solar.schedule.spec import PlanSpec
@@ -135,7 +135,6 @@ class RemoteTransforms(TransformPool):
         super().__init__(spec, setup.run.seed, setup.info.keys, setup.out_keys, setup.cores)
         self.remote, self.link, self.setup = spec.remote, link, setup
         self.spe, self.cap = steps.spe, steps.served_rows()  # cap: rows a step may have
-        self._steps = steps
         # Each member keeps its own steps' rows (a mode of the plan, decided at construction):
         # a worker's step is not read here, so transforming it here reads it first, outside
         # the buffer (the reader's executor: the one that reads every row of this process).
@@ -182,24 +181,25 @@ class RemoteTransforms(TransformPool):
     def _rosters(self) -> Roster:
         return tuple(sorted(self._roster.items()))
 
-    def epoch(self, e: int) -> RankStream | None:
+    def epoch(self, e: int, before: MemberTrace | None) -> RankStream | None:
         """Epoch ``e`` starts: its workers as trainer rank 0 decided them (every trainer's
         live workers at its start: a worker lost in the epoch before is no longer one, its
         steps divided among the others). With each member keeping its own steps, a new plan
-        of this trainer's buffer where they changed (None: the same plan)."""
+        of this trainer's buffer where they changed (None: the same plan), taking over pass 1
+        of ``before``, its buffer's trace until now."""
         if e == 0:
             return None
         mine = self._join(e, self.link.members(e).get(self.link.rank, []))
         with self._lock:
-            before = workers_in(self._rosters(), e)
+            was = workers_in(self._rosters(), e)
             self._roster[e] = mine
-            if before == mine or self.reader is None:
+            if was == mine or self.reader is None:
                 return None
             roster = self._rosters()
         setup = self.setup
-        spec = member_spec(
-            setup.spec, setup.rank, self.remote.keep, roster, TRAINER, before=self._steps.member
-        )  # (its pass 1 taken over: its epochs from the one served on)
+        # (its pass 1 taken over: its epochs from the one served on)
+        spec = member_spec(setup.spec, setup.rank, self.remote.keep, roster, TRAINER,
+                           before=before)  # fmt: skip
         assert spec is not None  # (the mode is the run's: a roster from epoch 0 with workers)
         packing = None if setup.pack is None else setup.pack.model
         self._plans.append(RankStream(spec, setup.rank, packing=packing))
