@@ -21,6 +21,7 @@ rows differs.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -42,6 +43,7 @@ def owner(k: int, keep: int, workers: list[int] | tuple[int, ...]) -> int | None
     return None if p < keep else workers[p - keep]
 
 
+Batches = Callable[[RunConfig, int], EpochDraws]  # a rank's batches of an epoch, one per step
 Roster = tuple[tuple[int, tuple[int, ...]], ...]  # (first epoch, workers) by epoch, sorted
 
 
@@ -60,14 +62,16 @@ class MemberTrace(Sampler):
     number) when ``keep`` and the workers of each epoch (``roster``) share them
     (:func:`owner`): ``base``'s batches of the rank there, every other batch empty. Epochs
     not in the roster yet are taken to have its last entry's workers (a later entry is a new
-    trace: its members plan again)."""
+    trace: its members plan again). ``batches(run, epoch)``: the rank's batches of an epoch,
+    one per step, where ``base`` has them so (pass 1's decided batches:
+    solar/schedule/plans/members.py); else cut from ``base``'s epoch."""
 
     kind = "member"
     affinity = False
 
     def __init__(self, base: Sampler, rank: int, keep: int, roster: Roster, member: int,
-                 spe: int) -> None:  # fmt: skip
-        self.base, self.rank, self.keep = base, rank, keep
+                 spe: int, batches: Batches | None = None) -> None:  # fmt: skip
+        self.base, self.rank, self.keep, self.batches = base, rank, keep, batches
         self.roster, self.member, self.spe = roster, member, spe
         self.horizon = base.horizon
         self._base: Kept[EpochDraws] = Kept(3)  # planner and runtime ask alike
@@ -79,9 +83,14 @@ class MemberTrace(Sampler):
 
     def base_epoch(self, run: RunConfig, epoch: int) -> EpochDraws:
         """The trainer's batches of ``epoch``, every step (one per step: (steps + 1) offsets)."""
-        return self._base.get(
-            (run, epoch), lambda: rank_steps(self.base.epoch(run, epoch), run, self.rank)
-        )
+        batches = self.batches
+        if batches is None:
+            return self._base.get(
+                (run, epoch), lambda: rank_steps(self.base.epoch(run, epoch), run, self.rank)
+            )
+        # (kept here too: pass 1 keeps none before its consumer's epoch, which pass 2 planned
+        # again from epoch 0 asks, as the current and as the look-ahead epoch)
+        return self._base.get((run, epoch), lambda: batches(run, epoch))
 
     def base_batch(self, run: RunConfig, epoch: int, step: int) -> np.ndarray:
         """The trainer's batch at ``step`` of ``epoch``, whoever owns it."""

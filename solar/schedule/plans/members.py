@@ -140,6 +140,11 @@ class Decided(Sampler):
         np.cumsum(np.bincount(step, minlength=spe), out=offsets[1:])
         return EpochDraws(ids, offsets)
 
+    def rank_batches(self, run: RunConfig, epoch: int) -> EpochDraws:
+        """The rank's batches of ``epoch``, one per step (a :class:`MemberTrace`'s
+        ``batches``: no round trip through every rank's layout)."""
+        return self.decided(epoch)[0]
+
     def epoch(self, run: RunConfig, epoch: int) -> EpochDraws:
         return every_rank(run, {self.rank: self.decided(epoch)[0]})
 
@@ -195,7 +200,8 @@ def member_spec(
         # an epoch's end): every epoch it looks ahead is one more pass 1 plans and keeps
         # beyond the one served (pass 1 itself plans with the user's).
         horizon = 1 if spec.horizon is None else min(spec.horizon, 1)
-    trace = MemberTrace(base, rank, keep, roster, member, spec.run.steps_per_epoch)
+    batches = base.rank_batches if isinstance(base, Decided) else None
+    trace = MemberTrace(base, rank, keep, roster, member, spec.run.steps_per_epoch, batches)
     buffer = dataclasses.replace(spec.buffer, tier=0) if ram else spec.buffer
     # The trainer's policy where it plans a trace (Belady, ``solar``, where it does not).
     policy = spec.policy if spec.policy in TRACE_POLICIES and not buffer.tier else "solar"
