@@ -648,16 +648,18 @@ def test_a_copy_of_a_remote_loader_is_refused_in_one_line(data):
         ld.close()
 
 
-@pytest.mark.parametrize("case", ["equal", "unequal", "weighted"])
+@pytest.mark.parametrize("case", ["equal", "unequal", "weighted", "tier", "reorder"])
 def test_each_members_batches_are_those_the_whole_plan_decides(case, monkeypatch):
     """Two passes (solar/schedule/plans/members.py), 2 trainers, a worker each (keep=1), 3
     epochs, N = 103 over batches of 10: Shuffle with equal batches (the default), with
-    batches that vary within the slack, or a sampler with affinity. Step for step, every
-    member's plan (pass 2) serves the batch and exchange of the trainer's run without workers
-    (pass 1), in its order; the member reads and keeps the rows of its own steps only, and the
-    trainer reads fewer rows than alone; a seek back (epoch 0 after epoch 2) plans pass 1
-    again alike (from epoch 0, once); planned again for another roster (its worker lost), the
-    trainer's buffer takes over pass 1 (the same one: no more planners)."""
+    batches that vary within the slack, or a sampler with affinity; equal batches with a
+    tier of 10 (the worker's buffer in RAM alone, as a worker plans it: ``ram``); or Shuffle
+    for one trainer with ``reorder_epochs`` (its planner picks the epochs' order). Step for
+    step, every member's plan (pass 2) serves the batch and exchange of the trainer's run
+    without workers (pass 1), in its order; the member reads and keeps the rows of its own
+    steps only, and the trainer reads fewer rows than alone; a seek back (epoch 0 after epoch
+    2) plans pass 1 again alike (from epoch 0, once); planned again for another roster (its
+    worker lost), the trainer's buffer takes over pass 1 (the same one: no more planners)."""
     from solar.config import BufferConfig, RunConfig
     from solar.runtime.steps import Steps
     from solar.schedule.draw.members import TRAINER
@@ -675,10 +677,13 @@ def test_each_members_batches_are_those_the_whole_plan_decides(case, monkeypatch
             super().__init__(*a, **k)
 
     monkeypatch.setattr(members, "Planner", Counted)
-    run = RunConfig(N, 2, 10, 3, seed=3)
-    extra = {"weighted": dict(sampler=Weighted(np.ones(N)))}.get(case, {})
-    spec = PlanSpec(run, BufferConfig(20, 0.1), equal_batches=case == "equal", **extra)
-    for r in range(2):
+    run = RunConfig(N, 1 if case == "reorder" else 2, 10, 3, seed=3)
+    extra = {"weighted": dict(sampler=Weighted(np.ones(N))),
+             "reorder": dict(reorder_epochs=True)}.get(case, {})  # fmt: skip
+    equal = case in ("equal", "tier")
+    buffer = BufferConfig(20, 0.1, 10 if case == "tier" else 0)
+    spec = PlanSpec(run, buffer, equal_batches=equal, **extra)
+    for r in range(run.world_size):
         alone = RankStream(spec, r)
         streams, every = [alone], {}
         try:
@@ -690,8 +695,11 @@ def test_each_members_batches_are_those_the_whole_plan_decides(case, monkeypatch
                     assert mine is not None and before is not None
                     assert mine.sampler.base is before.base  # (pass 1 taken over)
                 else:
-                    mine = member_spec(spec, r, 1, ((0, (r,)),), m)
+                    mine = member_spec(spec, r, 1, ((0, (r,)),), m, ram=m == r)  # (a worker's)
+                    assert mine is not None
+                    assert mine.buffer.tier == (0 if m == r else buffer.tier)
                 assert mine is not None and mine.traced and not mine.equal_batches
+                assert isinstance(mine.sampler.base, members.Decided)  # (two passes)
                 streams.append(RankStream(mine, r))
                 every[m] = Steps(spec, r, streams[-1])
             reads = dict.fromkeys([TRAINER, r, "lost", "alone"], 0)
@@ -704,10 +712,11 @@ def test_each_members_batches_are_those_the_whole_plan_decides(case, monkeypatch
                     got = member.plan(k)
                     assert np.array_equal(got.samples, want.samples), (r, m, k)
                     assert repr(member.transfer(k)) == repr(tr), (r, m, k)
-                    taken, rows = got.read_rows.size + got.hit_rows.size, np.unique(got.samples)
+                    taken = got.read_rows.size + got.hit_rows.size + got.tier_rows.size
+                    rows = np.unique(got.samples)
                     assert taken == (rows.size if member.owns(k) else 0), (r, m, k)
                     reads[m] += got.read_rows.size
-            assert (tr is not None) == (case == "equal")
+            assert (tr is not None) == equal
             # Two pass 1s (the trainer's buffer's, taken over for the lost roster; the
             # worker's), each planned from epoch 0 twice: the run (3 epochs, once each), then
             # the seek back (epoch 0, and 1 if pass 2 plans on before it is closed).
