@@ -34,7 +34,7 @@ from solar.runtime.holdings import Alone, Holdings, RawRefill
 from solar.runtime.steps import Steps
 from solar.runtime.workers import TransformPool
 from solar.schedule.draw.members import MemberTrace, Roster, owner, workers_in
-from solar.schedule.plans.members import member_spec
+from solar.schedule.plans.members import WholePlan, member_spec
 from solar.schedule.plans.rankplan import StepPlan
 from solar.schedule.plans.stream import RankStream
 from solar.schedule.policy import slot_count
@@ -99,6 +99,7 @@ class Served:
         """This trainer is no longer served: its plan stopped, its buffer let go (a worker
         keeps only the counters of the trainers it served)."""
         self.stream.close()
+        self.steps.release()  # (its pass 1 kept for the trainers it still serves)
         self.holdings = None
 
     def credits(self) -> None:
@@ -151,6 +152,7 @@ def serve(address: str, threads: int | None = None, wait_s: float = 600.0,
     pool = TransformPool(transform, job["seed"], info.keys, out_keys,
                          threads or cpu_share(1))  # fmt: skip
     changed = threading.Condition()
+    whole = WholePlan(spec)  # pass 1, one for every trainer it serves (planned if asked)
 
     def planned(
         r: int, roster: Roster, before: MemberTrace | None
@@ -158,7 +160,7 @@ def serve(address: str, threads: int | None = None, wait_s: float = 600.0,
         # Its buffer in RAM (the trainer's tier is the trainer's); the trainer's batches as
         # its spec decides them (pass 1 of the trainer's whole spec, tier and all).
         mine = member_spec(spec, r, int(job["keep"]), roster, link.id, ram=True,
-                           before=before) if job.get("members") else None  # fmt: skip
+                           before=before, whole=whole) if job.get("members") else None  # fmt: skip
         stream = RankStream(mine or spec, r)
         steps = Steps(spec, r, stream)
         return stream, steps, None if mine is None else _holdings(steps, reader)

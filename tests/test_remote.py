@@ -800,3 +800,50 @@ def test_pass_one_is_planned_once_per_epoch_however_far_pass_two_runs_ahead(monk
     finally:
         for s in streams:
             s.close()
+
+
+def test_a_workers_trainers_share_one_pass_one(monkeypatch):
+    """A worker serving 2 trainers (equal batches, 4 epochs) plans pass 1 once for both
+    (``WholePlan``: one planner, each epoch planned once), each trainer's batches and
+    exchanges its run's without workers; a trainer released (no longer served) leaves the
+    other's pass 1 as it was, nothing kept for it."""
+    from solar.config import BufferConfig, RunConfig
+    from solar.runtime.steps import Steps
+    from solar.schedule.plans import members
+    from solar.schedule.plans.members import WholePlan, member_spec
+    from solar.schedule.plans.stream import RankStream
+    from solar.schedule.spec import PlanSpec
+
+    made = []
+
+    class Counted(members.Planner):
+        def __init__(self, *a, **k):
+            made.append(1)
+            super().__init__(*a, **k)
+
+    monkeypatch.setattr(members, "Planner", Counted)
+    run = RunConfig(N, 2, 10, 4, seed=3)
+    spec = PlanSpec(run, BufferConfig(20, 0.1), equal_batches=True)
+    whole, streams, pairs = WholePlan(spec), [], []
+    try:
+        for r in range(2):
+            mine = member_spec(spec, r, 1, ((0, (0,)),), 0, ram=True, whole=whole)
+            assert mine is not None and mine.sampler.base.whole is whole
+            streams += [RankStream(mine, r), RankStream(spec, r)]
+            pairs.append((Steps(spec, r, streams[-2]), Steps(spec, r, streams[-1])))
+        for k in range(run.num_steps):
+            for r, (steps, ref) in enumerate(pairs):
+                if r == 1 and k == 2 * run.steps_per_epoch:
+                    steps.release()  # (trainer 1 no longer served from epoch 2)
+                if r == 1 and k >= 2 * run.steps_per_epoch:
+                    continue
+                steps.enter(k)
+                ref.enter(k)
+                got, want = steps.plan(k), ref.plan(k)
+                assert np.array_equal(got.samples, want.samples), (r, k)
+                assert repr(steps.transfer(k)) == repr(ref.transfer(k)), (r, k)
+        assert (len(made), whole.planned) == (1, run.epochs)
+        assert all(r == 0 for r, _ in whole._kept)  # (none kept for trainer 1)
+    finally:
+        for s in streams:
+            s.close()

@@ -68,6 +68,12 @@ class Steps:
         self._stream = stream
         self._trace(stream.spec.sampler)
 
+    def release(self) -> None:
+        """This rank's steps are no longer served here: pass 1 keeps nothing more for it (it
+        may be shared with other trainers' steps: a worker's)."""
+        if self._decided is not None:
+            self._decided.release()
+
     def enter(self, k: int) -> None:
         """Step ``k`` is served next: planned now if it must be (waiting for the planner),
         and the window's epochs before it dropped. The only trim of the window, and of pass

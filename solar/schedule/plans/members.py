@@ -39,13 +39,127 @@ from solar.schedule.plans.rankplan import RankPlan
 from solar.schedule.policy import TRACE_POLICIES
 from solar.schedule.spec import PlanSpec
 
+Mine = tuple[EpochDraws, "np.ndarray | None"]  # a rank's batches of an epoch, its peers' counts
+
+
+class WholePlan:
+    """Pass 1 of ``spec``: the whole job's plan, every rank, as the run without workers plans
+    it, epoch by epoch, when asked, in order; of each epoch planned, the batches of each rank
+    a :class:`Decided` asks for (a worker's trainers share one: one planner, however many
+    trainers it serves), kept from that rank's consumer's epoch on (:meth:`forget_before`).
+    No planner snapshots: a resume plans pass 1 from epoch 0."""
+
+    def __init__(self, spec: PlanSpec) -> None:
+        self.spec = spec
+        self._reset()
+
+    def _reset(self) -> None:
+        self._pid = os.getpid()
+        self._planner: Planner | None = None
+        self._planning = threading.Lock()  # one epoch planned at a time, in order
+        self._lock = threading.Lock()  # the epochs kept (read while the next is planned)
+        self._kept: dict[tuple[int, int], Mine] = {}  # by (rank, epoch)
+        self._floors: dict[int, int] = {}  # each rank's consumer's epoch: none kept before
+        self.planned = 0  # epochs planned by this process (a replan counts again)
+
+    def __getstate__(self) -> dict:
+        return {"spec": self.spec}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._reset()
+
+    def _here(self) -> None:
+        if self._pid != os.getpid():  # a forked child: its parent's planner may be mid-epoch
+            self._reset()
+
+    def floor(self, rank: int) -> int:
+        """The epoch rank ``rank``'s consumer serves (as last told)."""
+        return self._floors.get(rank, 0)
+
+    def forget_before(self, rank: int, epoch: int) -> None:
+        """Rank ``rank``'s consumer serves ``epoch`` next: its epochs before it are dropped
+        (and not kept if planned again); a seek back lowers the mark."""
+        self._here()
+        with self._lock:
+            self._floors[rank] = epoch
+            self._kept = {(r, e): v for (r, e), v in self._kept.items() if r != rank or e >= epoch}
+
+    def join(self, rank: int) -> None:
+        """Rank ``rank``'s batches are kept from now on, from epoch 0 (its consumer's, until it
+        says): a rank joining after pass 1 planned on has the epochs before planned again."""
+        self._here()
+        with self._lock:
+            self._floors.setdefault(rank, 0)
+
+    def release(self, rank: int) -> None:
+        """Rank ``rank`` is no longer served here: nothing more kept for it."""
+        with self._lock:
+            self._floors.pop(rank, None)
+            self._kept = {(r, e): v for (r, e), v in self._kept.items() if r != rank}
+
+    def decided(self, rank: int, epoch: int) -> Mine:
+        """Epoch ``epoch``'s batches of rank ``rank``, one per step ((steps + 1) offsets), and
+        every rank's served counts per step ((steps, P); None without equal batches)."""
+        self._here()
+        with self._lock:
+            self._floors.setdefault(rank, 0)
+            got = self._kept.get((rank, epoch))
+        if got is not None:
+            return got
+        with self._planning:
+            with self._lock:
+                got = self._kept.get((rank, epoch))
+            p = self._planner
+            if got is None and (p is None or p.epoch > epoch):
+                p = self._planner = Planner(self.spec)
+            while got is None:
+                assert p is not None
+                try:
+                    seq, sched = p.next_schedule()
+                except BaseException:
+                    self._planner = None  # (mid-epoch: planned again from epoch 0 if asked)
+                    raise
+                self.planned += 1
+                e = p.epoch - 1
+                with self._lock:
+                    ranks = [r for r, f in self._floors.items() if e >= f or r == rank]
+                made = {r: self._served(r, p.rank_part(r, seq, sched)) for r in ranks}
+                with self._lock:
+                    for r, mine in made.items():
+                        if e >= self._floors.get(r, e + 1):
+                            self._kept[r, e] = mine
+                got = made[rank] if e == epoch else None
+            return got
+
+    def _served(self, rank: int, part: RankEpoch) -> Mine:
+        """Rank ``rank``'s batches of a planned epoch (``part``, its part) and every rank's
+        served counts: its served accesses (not side rows) in service order; a traced
+        sampler's (affinity), the draws of each global batch the plan gave it, in draw order
+        (repeats too), as the runtime serves them (solar/runtime/steps.py)."""
+        run = self.spec.run
+        spe = run.steps_per_epoch
+        plan = RankPlan.from_parts(rank, [part], 0)  # (what a rank serves: one place)
+        served = plan.served
+        step = np.repeat(np.arange(spe), plan.batch_sizes())
+        ids = plan.sample[served].astype(np.int64)
+        if self.spec.traced:
+            d = self.spec.sampler.epoch(run, part.epoch)
+            of = np.repeat(np.arange(spe), np.diff(d.offsets[:: run.world_size]))
+            n = run.num_samples
+            mine = given_draws(of * n + d.ids, step * n + ids)
+            ids, step = d.ids[mine].astype(np.int64), of[mine]
+        offsets = np.zeros(spe + 1, np.int64)
+        np.cumsum(np.bincount(step, minlength=spe), out=offsets[1:])
+        return EpochDraws(ids, offsets), part.peers
+
 
 class Decided(Sampler):
-    """Trainer ``rank``'s batches as ``spec``'s whole plan decides them (pass 1): every rank
-    planned, epoch by epoch, as the run without workers plans them; of each epoch the rank's
-    served batches (in the order served) and every rank's served counts (equal batches: the
-    rank's exchange, :meth:`transfer`). Its epochs hold the rank's batches, every other
-    rank's empty: a trace that fixes the rank's batches, a :class:`MemberTrace`'s base.
+    """Trainer ``rank``'s batches as ``spec``'s whole plan decides them (pass 1, of ``whole``,
+    which it may share: a worker's trainers' ranks): of each epoch the rank's served batches
+    (in the order served) and every rank's served counts (equal batches: the rank's exchange,
+    :meth:`transfer`). Its epochs hold the rank's batches, every other rank's empty: a trace
+    that fixes the rank's batches, a :class:`MemberTrace`'s base.
 
     Planned when asked, in order, and kept from the consumer's epoch on
     (:meth:`forget_before`, which :class:`~solar.runtime.steps.Steps` calls as a step is
@@ -59,86 +173,36 @@ class Decided(Sampler):
     affinity = False
     horizon = 1  # (pass 2's look-ahead at most: see member_spec)
 
-    def __init__(self, spec: PlanSpec, rank: int) -> None:
+    def __init__(self, spec: PlanSpec, rank: int, whole: WholePlan | None = None) -> None:
         self.spec, self.rank = spec, rank
-        self._reset()
-
-    def _reset(self) -> None:
-        self._pid = os.getpid()
-        self._planner: Planner | None = None
-        self._planning = threading.Lock()  # one epoch planned at a time, in order
-        self._lock = threading.Lock()  # the epochs kept (read while the next is planned)
-        self._kept: dict[int, tuple[EpochDraws, np.ndarray | None]] = {}
-        self.floor = 0  # the consumer's epoch: those before it are not kept
-        self.planned = 0  # epochs planned by this process (a replan counts again)
+        self.whole = WholePlan(spec) if whole is None else whole
+        self.whole.join(rank)
         self._identity: dict[str, Any] | None = None
 
-    def __getstate__(self) -> dict:
-        return {"spec": self.spec, "rank": self.rank}
+    @property
+    def floor(self) -> int:
+        """The epoch the rank's consumer serves (as last told)."""
+        return self.whole.floor(self.rank)
 
-    def __setstate__(self, state: dict) -> None:
-        self.__dict__.update(state)
-        self._reset()
+    @property
+    def planned(self) -> int:
+        """Epochs pass 1 planned in this process (a replan counts again)."""
+        return self.whole.planned
 
     def forget_before(self, epoch: int) -> None:
         """The consumer serves ``epoch`` next: the epochs before it are dropped (and not kept
         if planned again); a seek back lowers the mark."""
-        if epoch == self.floor:
-            return  # (asked every step)
-        with self._lock:
-            self.floor = epoch
-            self._kept = {e: v for e, v in self._kept.items() if e >= epoch}
+        if epoch != self.floor:  # (asked every step)
+            self.whole.forget_before(self.rank, epoch)
 
-    def decided(self, epoch: int) -> tuple[EpochDraws, np.ndarray | None]:
+    def release(self) -> None:
+        """The rank is no longer served here (its pass 1 shared: the others' kept)."""
+        self.whole.release(self.rank)
+
+    def decided(self, epoch: int) -> Mine:
         """Epoch ``epoch``'s batches of the rank, one per step ((steps + 1) offsets), and
         every rank's served counts per step ((steps, P); None without equal batches)."""
-        if self._pid != os.getpid():  # a forked child: its parent's planner may be mid-epoch
-            self._reset()
-        with self._lock:
-            got = self._kept.get(epoch)
-        if got is not None:
-            return got
-        with self._planning:
-            with self._lock:
-                got = self._kept.get(epoch)
-            p = self._planner
-            if got is None and (p is None or p.epoch > epoch):
-                p = self._planner = Planner(self.spec, only_rank=self.rank)
-            while got is None:
-                assert p is not None
-                try:
-                    part = p.next_rank(self.rank)
-                except BaseException:
-                    self._planner = None  # (mid-epoch: planned again from epoch 0 if asked)
-                    raise
-                self.planned += 1
-                mine = (self._served(part), part.peers)
-                with self._lock:
-                    if part.epoch >= self.floor:
-                        self._kept[part.epoch] = mine
-                got = mine if part.epoch == epoch else None
-            return got
-
-    def _served(self, part: RankEpoch) -> EpochDraws:
-        """The rank's batches of a planned epoch: its served accesses (not side rows) in
-        service order; a traced sampler's (affinity), the draws of each global batch the
-        plan gave it, in draw order (repeats too), as the runtime serves them
-        (solar/runtime/steps.py)."""
-        run = self.spec.run
-        spe = run.steps_per_epoch
-        plan = RankPlan.from_parts(self.rank, [part], 0)  # (what a rank serves: one place)
-        served = plan.served
-        step = np.repeat(np.arange(spe), plan.batch_sizes())
-        ids = plan.sample[served].astype(np.int64)
-        if self.spec.traced:
-            d = self.spec.sampler.epoch(run, part.epoch)
-            of = np.repeat(np.arange(spe), np.diff(d.offsets[:: run.world_size]))
-            n = run.num_samples
-            mine = given_draws(of * n + d.ids, step * n + ids)
-            ids, step = d.ids[mine].astype(np.int64), of[mine]
-        offsets = np.zeros(spe + 1, np.int64)
-        np.cumsum(np.bincount(step, minlength=spe), out=offsets[1:])
-        return EpochDraws(ids, offsets)
+        return self.whole.decided(self.rank, epoch)
 
     def rank_batches(self, run: RunConfig, epoch: int) -> EpochDraws:
         """The rank's batches of ``epoch``, one per step (a :class:`MemberTrace`'s
@@ -178,6 +242,7 @@ def member_spec(
     *,
     ram: bool = False,
     before: MemberTrace | None = None,
+    whole: WholePlan | None = None,
 ) -> PlanSpec | None:
     """The plan of ``member``'s buffer over trainer ``rank``'s steps it owns (``spec``: the
     trainer's run; ``roster``: its workers by epoch, from epoch 0), or None where it has no
@@ -186,7 +251,8 @@ def member_spec(
     (:class:`Decided`; ``before``: an earlier member trace of this trainer, another roster,
     whose pass 1 is taken over: its epochs kept from the one served on, reused; those before,
     which pass 2, planned again from epoch 0, asks again, are planned again once). ``ram``:
-    a buffer in RAM alone (a worker's)."""
+    a buffer in RAM alone (a worker's). ``whole``: pass 1, shared by the trainers this process
+    serves (a worker's: one planner, not one per trainer)."""
     base: Sampler = spec.sampler
     if extras_of(base) is not NO_EXTRAS or not any(w for _, w in roster):
         return None
@@ -195,7 +261,7 @@ def member_spec(
     horizon = spec.horizon
     if not fixed or spec.equal_batches:
         base = before.base if before is not None and isinstance(before.base, Decided) \
-            else Decided(spec, rank)  # fmt: skip
+            else Decided(spec, rank, whole)  # fmt: skip
         # Pass 2 looks ahead the user's horizon, at most one epoch (the buffer's reuse across
         # an epoch's end): every epoch it looks ahead is one more pass 1 plans and keeps
         # beyond the one served (pass 1 itself plans with the user's).
