@@ -36,6 +36,22 @@ def key(monkeypatch):
     monkeypatch.setenv("SOLAR_REMOTE_KEY", "test-secret")
 
 
+@pytest.fixture
+def made(monkeypatch) -> list:
+    """Pass 1's planners made (solar/schedule/plans/members.py), one entry each."""
+    from solar.schedule.plans import members
+
+    made: list = []
+
+    class Counted(members.Planner):
+        def __init__(self, *a, **k):
+            made.append(1)
+            super().__init__(*a, **k)
+
+    monkeypatch.setattr(members, "Planner", Counted)
+    return made
+
+
 def free_address() -> str:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -649,7 +665,7 @@ def test_a_copy_of_a_remote_loader_is_refused_in_one_line(data):
 
 
 @pytest.mark.parametrize("case", ["equal", "unequal", "weighted", "tier", "reorder"])
-def test_each_members_batches_are_those_the_whole_plan_decides(case, monkeypatch):
+def test_each_members_batches_are_those_the_whole_plan_decides(case, made):
     """Two passes (solar/schedule/plans/members.py), 2 trainers, a worker each (keep=1), 3
     epochs, N = 103 over batches of 10: Shuffle with equal batches (the default), with
     batches that vary within the slack, or a sampler with affinity; equal batches with a
@@ -669,14 +685,6 @@ def test_each_members_batches_are_those_the_whole_plan_decides(case, monkeypatch
     from solar.schedule.plans.stream import RankStream
     from solar.schedule.spec import PlanSpec
 
-    made = []
-
-    class Counted(members.Planner):
-        def __init__(self, *a, **k):
-            made.append(1)
-            super().__init__(*a, **k)
-
-    monkeypatch.setattr(members, "Planner", Counted)
     run = RunConfig(N, 1 if case == "reorder" else 2, 10, 3, seed=3)
     extra = {"weighted": dict(sampler=Weighted(np.ones(N))),
              "reorder": dict(reorder_epochs=True)}.get(case, {})  # fmt: skip
@@ -730,7 +738,7 @@ def test_each_members_batches_are_those_the_whole_plan_decides(case, monkeypatch
                 s.close()
 
 
-def test_pass_one_is_planned_once_per_epoch_however_far_pass_two_runs_ahead(monkeypatch):
+def test_pass_one_is_planned_once_per_epoch_however_far_pass_two_runs_ahead(made):
     """Pass 1 (solar/schedule/plans/members.py ``Decided``) over 7 epochs, equal batches, the
     runtime reading how far its plan runs (``last_planned``) every step, so pass 2 plans ahead
     as far as it can: pass 1 keeps its epochs from the consumer's on (not the last few it
@@ -745,19 +753,10 @@ def test_pass_one_is_planned_once_per_epoch_however_far_pass_two_runs_ahead(monk
     from solar.config import BufferConfig, RunConfig
     from solar.runtime.steps import Steps
     from solar.schedule.draw.members import TRAINER
-    from solar.schedule.plans import members
     from solar.schedule.plans.members import member_spec
     from solar.schedule.plans.stream import RankStream
     from solar.schedule.spec import PlanSpec
 
-    made = []
-
-    class Counted(members.Planner):
-        def __init__(self, *a, **k):
-            made.append(1)
-            super().__init__(*a, **k)
-
-    monkeypatch.setattr(members, "Planner", Counted)
     E = 7
     run = RunConfig(N, 2, 10, E, seed=3)
     spec = PlanSpec(run, BufferConfig(20, 0.1), equal_batches=True)
@@ -802,26 +801,17 @@ def test_pass_one_is_planned_once_per_epoch_however_far_pass_two_runs_ahead(monk
             s.close()
 
 
-def test_a_workers_trainers_share_one_pass_one(monkeypatch):
+def test_a_workers_trainers_share_one_pass_one(made):
     """A worker serving 2 trainers (equal batches, 4 epochs) plans pass 1 once for both
     (``WholePlan``: one planner, each epoch planned once), each trainer's batches and
     exchanges its run's without workers; a trainer released (no longer served) leaves the
     other's pass 1 as it was, nothing kept for it."""
     from solar.config import BufferConfig, RunConfig
     from solar.runtime.steps import Steps
-    from solar.schedule.plans import members
     from solar.schedule.plans.members import WholePlan, member_spec
     from solar.schedule.plans.stream import RankStream
     from solar.schedule.spec import PlanSpec
 
-    made = []
-
-    class Counted(members.Planner):
-        def __init__(self, *a, **k):
-            made.append(1)
-            super().__init__(*a, **k)
-
-    monkeypatch.setattr(members, "Planner", Counted)
     run = RunConfig(N, 2, 10, 4, seed=3)
     spec = PlanSpec(run, BufferConfig(20, 0.1), equal_batches=True)
     whole, streams, pairs = WholePlan(spec), [], []
