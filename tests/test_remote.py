@@ -837,3 +837,34 @@ def test_a_workers_trainers_share_one_pass_one(made):
     finally:
         for s in streams:
             s.close()
+
+
+def test_pass_one_whose_planner_fails_mid_epoch_is_planned_again_from_epoch_0(made, monkeypatch):
+    """A planner that raised mid-epoch is not used again (its state is half an epoch's): the
+    next ask plans from epoch 0 with a new one, the same batches as a pass 1 that never
+    failed."""
+    from solar.config import BufferConfig, RunConfig
+    from solar.schedule.plans import members
+    from solar.schedule.plans.members import WholePlan
+    from solar.schedule.spec import PlanSpec
+
+    spec = PlanSpec(RunConfig(N, 2, 10, 3, seed=3), BufferConfig(20, 0.1), equal_batches=True)
+    whole = WholePlan(spec)
+    whole.decided(0, 0)
+    plan = members.Planner.next_schedule
+    failed: list = []
+
+    def once(self):
+        if not failed:
+            failed.append(1)
+            raise RuntimeError("boom")
+        return plan(self)
+
+    monkeypatch.setattr(members.Planner, "next_schedule", once)
+    with pytest.raises(RuntimeError, match="boom"):
+        whole.decided(0, 1)
+    got, peers = whole.decided(0, 1)
+    assert len(made) == 2 and whole.planned == 1 + 2  # (epoch 0, then 0 and 1 again)
+    want, theirs = WholePlan(spec).decided(0, 1)
+    assert np.array_equal(got.ids, want.ids) and np.array_equal(got.offsets, want.offsets)
+    assert np.array_equal(peers, theirs)
