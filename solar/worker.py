@@ -8,9 +8,9 @@ over its trainers, within each trainer's credit: its hits gathered from that buf
 read, its admissions stored (the holdings stage of a Loader's rank), the rows transformed with
 the trainer's generators and sent. Where the trainer's whole plan decides its batches (Shuffle
 over several ranks) the worker plans that first, as the trainer does (pass 1: the batches;
-once for all the trainers it serves), then its buffer over its steps of them (pass 2). Only where a plan is given (a file) does it
-read every row of its steps, unplanned. It ends when every trainer is done or gone; a trainer
-that dies costs the others nothing.
+once for all the trainers it serves), then its buffer over its steps of them (pass 2). Only
+where a plan is given (a file) does it read every row of its steps, unplanned. It ends when
+every trainer is done or gone; a trainer that dies costs the others nothing.
 """
 
 from __future__ import annotations
