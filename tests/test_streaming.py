@@ -3,6 +3,7 @@ resume on another world size with the same global batch."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +16,7 @@ from solar import Loader, SolarError, make_plan
 from solar.options import PlanningConfig
 from solar.schedule.keep.planner import Planner
 from solar.schedule.plans.stream import RankStream
+from solar.schedule.spec import PlanSpec
 
 N = 97
 
@@ -58,6 +60,27 @@ def test_windows_serve_exactly_the_whole_plans_steps(spec):
             a, b = win.step(t), whole.step(t)
             for name in ("samples", "hit_rows", "hit_slots", "admit_rows", "admit_slots"):
                 np.testing.assert_array_equal(getattr(a, name), getattr(b, name))
+    stream.close()
+
+
+def test_a_stream_plans_one_epoch_ahead_of_the_one_served_no_further():
+    """However long the consumer lingers, the stream holds the epoch served and the next: a
+    plan of many epochs is never held whole (nor planned ahead of need)."""
+    from solar.config import BufferConfig, RunConfig
+
+    spec = PlanSpec(RunConfig(num_samples=64, batch_size=8, epochs=6, world_size=1, seed=1),
+                    BufferConfig(capacity=16))  # fmt: skip
+    stream = RankStream(spec, 0)
+    spe = spec.run.steps_per_epoch
+    for e in range(spec.run.epochs):
+        stream.window(e * spe)
+        want = min(e + 2, spec.run.epochs) * spe
+        deadline = time.monotonic() + 60  # (a loaded machine plans slowly)
+        while stream.planned_end < want and time.monotonic() < deadline:
+            time.sleep(0.01)
+        for _ in range(50):  # time for the planning thread to run further, if it would
+            time.sleep(0.01)
+            assert stream.planned_end == want
     stream.close()
 
 

@@ -244,6 +244,8 @@ class RankStream:
             self._parts = self._parts[e - self._first :]
             self._first = e
             self._window = None
+            if self._bg.get().planner is not None:  # (a forked child replans when needed)
+                self._submit()  # the epoch after e, if not planned or being planned
         return self._current()
 
     def _current(self) -> RankPlan:
@@ -401,7 +403,9 @@ class RankStream:
         """Start planning the planner's next epoch in the background, if any remain."""
         bg = self._bg.get()
         assert bg.planner is not None
-        if bg.future is None and bg.planner.epoch < self.spec.run.epochs:
+        # One epoch ahead of the one served, no further: each epoch planned is a plan held.
+        end = min(self.spec.run.epochs, self._first + 2)
+        if bg.future is None and bg.planner.epoch < end:
             if bg.pool is None:
                 bg.pool = ThreadPoolExecutor(1, thread_name_prefix="solar-plan")
             bg.future = bg.pool.submit(self._decided, bg.planner, True)
@@ -480,7 +484,10 @@ class RankStream:
 
     def _extend(self) -> bool:
         """Add the epoch after the window (waiting for the planner if need be)."""
-        return self._bg.get().future is not None and self._collect(wait=True)
+        bg = self._bg.get()
+        if bg.future is None and bg.planner is not None:
+            self._submit()  # (not begun if the window was as far ahead as planning goes)
+        return bg.future is not None and self._collect(wait=True)
 
     def _advance(self, epoch: int) -> None:
         """Plan on to ``epoch`` (a jump forward, with the exchange): every local rank plans
