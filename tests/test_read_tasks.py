@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from solar import ReaderConfig, SolarError
 from solar._memory import PAGE
 from solar.io.tasks import (
+    JOIN_GAP,
     BounceRun,
     H5Rows,
     Layout,
@@ -119,8 +120,9 @@ def test_executing_the_plan_puts_each_sample_in_its_row(direct_io, data):
         local = x - starts[f]
         want = contents[f][header + local * row_bytes : header + (local + 1) * row_bytes]
         np.testing.assert_array_equal(out[0][r], want)
-    # Each run of adjacent samples within a file is one request, not one per sample; with
-    # O_DIRECT, each run of samples whose pages touch or overlap.
+    # Each run of samples within a file at most JOIN_GAP bytes apart is one request (a
+    # repeated sample starts one), not one per sample; with O_DIRECT, each run of samples
+    # whose pages touch or overlap.
     files = np.searchsorted(starts, samples, side="right") - 1
     runs = 0
     for f in np.unique(files):
@@ -132,8 +134,8 @@ def test_executing_the_plan_puts_each_sample_in_its_row(direct_io, data):
             )
             runs += 1 + int(np.count_nonzero(first[1:] > last[:-1] + 1))
         else:
-            runs += 1 + int(np.count_nonzero(np.diff(srt) != 1))
-        runs += 0 if direct_io else int(np.sum(samples[files == f].size - srt.size))
+            gap = np.diff(np.sort(samples[files == f])) - 1
+            runs += 1 + int(np.count_nonzero((gap < 0) | (gap > JOIN_GAP // row_bytes)))
     assert len(store.requests) == runs
 
 
@@ -161,16 +163,36 @@ def test_page_spans_cover_every_row_in_whole_pages(offsets, row_bytes, gap, max_
 
 
 def test_adjacent_samples_are_one_request_and_threads_share_runs():
-    layouts = [[Layout(0, 16, 0)]]
-    out = [np.zeros((12, 16), np.uint8)]
+    layouts = [[Layout(0, 1024, 0)]]  # rows more than JOIN_GAP apart are separate requests
+    out = [np.zeros((12, 1024), np.uint8)]
     samples = np.array([0, 1, 2, 3, 10, 11, 20, 30], np.int64)
     tasks = plan_reads(layouts, np.array([0, 40]), samples, out, np.arange(8),
                        direct_io=False, groups=2)  # fmt: skip
-    store = FakeStore([bytes(640)])
+    store = FakeStore([bytes(40 * 1024)])
     for t in tasks:
         store.run(t)
-    assert sorted(store.requests) == [(0, 0, 64), (0, 160, 32), (0, 320, 16), (0, 480, 16)]
+    assert sorted(store.requests) == [(0, 0, 4096), (0, 10240, 2048), (0, 20480, 1024),
+                                      (0, 30720, 1024)]  # fmt: skip
     assert len(tasks) == 2 and {t.requests for t in tasks} == {2}
+
+
+def test_samples_within_a_page_of_each_other_are_one_buffered_request():
+    """The bytes between them are read into GAP, never into the batch: rows not asked for
+    stay as they were."""
+    assert JOIN_GAP == PAGE
+    layouts = [[Layout(512, 1024, 0)]]
+    contents = np.random.default_rng(2).integers(0, 255, 512 + 20 * 1024, np.uint8)
+    out = [np.zeros((6, 1024), np.uint8)]
+    samples = np.array([7, 0, 13, 2], np.int64)  # 0-2-7: gaps of 1 and 4 rows; 13: 5 rows
+    tasks = plan_reads(layouts, np.array([0, 20]), samples, out, np.arange(4),
+                       direct_io=False, groups=1)  # fmt: skip
+    store = FakeStore([contents.tobytes()])
+    for t in tasks:
+        store.run(t)
+    assert sorted(store.requests) == [(0, 512, 8 * 1024), (0, 512 + 13 * 1024, 1024)]
+    for row, x in enumerate(samples.tolist()):
+        np.testing.assert_array_equal(out[0][row], contents[512 + x * 1024 : 512 + (x + 1) * 1024])
+    assert not out[0][4:].any()
 
 
 def test_datasets_without_an_offset_go_through_h5py():
