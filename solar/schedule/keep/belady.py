@@ -398,7 +398,8 @@ def _trace_steps(
             # pages.
             if layout.shape[0] and layout[_K0] + k > 0:
                 m, side = _mates(sample, flags, a, b, k, counts.shape[1], counts[k], layout,
-                                 later, index, pages, holder, hslot, key, heap, cells, side, m)
+                                 later, index, pages, holder, hslot, key, heap, cells, side,
+                                 m)  # fmt: skip
     return m, side
 
 
@@ -573,7 +574,8 @@ class TracePolicy(SolarPolicy):
         return out
 
     def _decide(self, k0: int, trace: EpochTrace, seq: np.ndarray, next_use: np.ndarray,
-                uses: LaterUses | None, keys: np.ndarray, held: np.ndarray) -> EpochSchedule:
+                uses: LaterUses | None, keys: np.ndarray,
+                held: np.ndarray) -> EpochSchedule:  # fmt: skip
         """:meth:`_plan` over local keys: ``seq`` and the cells' ids name ``held``'s rows
         (holder, cell)."""
         n = seq.size
