@@ -4,8 +4,7 @@ gigabytes per rank planned; a window's keys are the accesses of two windows of s
 
 ``keys`` are the window's distinct keys, sorted; key ``keys[v]`` is local key ``v`` in every
 table of the window (next uses' backward pass, page mates' table, who holds what). Sorted, the
-numbering keeps the keys' order and is found again with ``searchsorted``; :func:`key_index`
-finds a key from a kernel (page mates, which are named by sample, not by access).
+numbering keeps the keys' order: the keys of a run of rows (a page's mates) are a run of them.
 """
 
 from __future__ import annotations
@@ -13,37 +12,27 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from solar.schedule.draw.idtable import find, id_table
+from solar.schedule.draw.idtable import id_table
 from solar.schedule.draw.rng import mix64
 
 
 def key_space(parts: list[np.ndarray]) -> tuple[np.ndarray, list[np.ndarray]]:
     """The distinct keys of ``parts`` (int64, sorted) and each part's keys as local keys
-    (int64 indices into them)."""
-    if not parts:
-        return np.zeros(0, np.int64), []
-    keys = np.unique(np.concatenate(parts) if len(parts) > 1 else parts[0]).astype(np.int64)
-    return keys, [np.searchsorted(keys, p).astype(np.int64) for p in parts]
-
-
-@njit(cache=True, nogil=True)
-def key_index(keys):  # pragma: no cover - compiled
-    """A hash of ``keys`` (distinct, >= 0) to their positions: ``(table, mask, local)``, read
-    with :func:`local_key`."""
-    table, mask = id_table(keys.shape[0])
-    local = np.empty(table.shape[0], np.int64)
-    for v in range(keys.shape[0]):
-        i = find(table, keys[v], mask)
-        table[i] = keys[v]
-        local[i] = v
-    return table, mask, local
-
-
-@njit(cache=True, inline="always")
-def local_key(table, mask, local, x):  # pragma: no cover - compiled
-    """Key ``x``'s local key in :func:`key_index`'s hash, or -1 if it is not one of them."""
-    i = find(table, x, mask)
-    return local[i] if table[i] == x else -1
+    (int64 indices into them): one sort of them all (np.unique's hash and searchsorted's
+    random probes cost several times more at a window's size)."""
+    every = np.concatenate(parts).astype(np.int64, copy=False) if parts else \
+        np.zeros(0, np.int64)  # fmt: skip
+    order = np.argsort(every)
+    ordered = every[order]
+    new = np.empty(ordered.size, np.bool_)
+    new[:1] = True
+    np.not_equal(ordered[1:], ordered[:-1], out=new[1:])
+    keys = ordered[new]
+    del ordered
+    local = np.empty(every.size, np.int64)
+    local[order] = np.cumsum(new) - 1
+    ends = np.cumsum([p.size for p in parts])[:-1]
+    return keys, np.split(local, ends) if parts else []
 
 
 @njit(cache=True)

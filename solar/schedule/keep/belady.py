@@ -24,7 +24,7 @@ import numpy as np
 from numba import njit
 
 from solar.config import BufferConfig, RunConfig
-from solar.schedule.draw.keyspace import first_mark, key_index, local_key, marks
+from solar.schedule.draw.keyspace import first_mark, marks
 from solar.schedule.draw.order import sample_dtype, step_bounds
 from solar.schedule.draw.pagemates import NEXT, SEEN, LaterUses, mates_of, with_sides
 from solar.schedule.draw.traces import EpochTrace, Window
@@ -290,15 +290,15 @@ _OFFSET, _ROW, _PAGE, _N, _LIMIT, _K0 = range(6)
 
 
 @njit(cache=True, inline="always")
-def _mates(sample, flags, a, b, t, world, seg_counts, layout, later, index, pages, holder,
+def _mates(sample, flags, a, b, t, world, seg_counts, layout, later, keys, pages, holder,
            hslot, key, heap, cells, side, m):  # fmt: skip
     """Offer step ``t``'s page mates (accesses ``[a, b)``) to each rank's buffer
     (pagemates.py): a row wholly inside a page the rank reads now, not accessed by it now and
     not held, is admitted, as a read is, if its next use is sooner than the farthest held; at
     most as many as the rank's batch (they share its batch memory). Appends ``(segment,
     sample, slot)`` to ``side`` from row ``m``; returns the new row count and ``side`` (grown
-    if need be). Keys are the window's local keys: a mate's is found by its (rank, sample)
-    key in ``index`` (keyspace.key_index), none if the window never uses it."""
+    if need be). Keys are the window's local keys: local key ``v`` is (rank, sample) key
+    ``keys[v]`` (sorted)."""
     if key.shape[1] == 0:
         return m, side  # no buffer to offer them to
     offset, row_bytes, page, n = layout[_OFFSET], layout[_ROW], layout[_PAGE], layout[_N]
@@ -322,13 +322,17 @@ def _mates(sample, flags, a, b, t, world, seg_counts, layout, later, index, page
                 if not first_mark(ptable, pstamp, pmask, pg, tag):
                     continue
                 y0, y1 = mates_of(pg, offset, row_bytes, page, n)
-                for y in range(y0, y1):
+                # Rank r's keys of rows y0..y1 - 1 the window uses: a run of the sorted keys
+                # (a mate the window never uses is never kept), in the rows' order.
+                v = np.searchsorted(keys, r * n + y0)
+                while v < keys.shape[0] and keys[v] < r * n + y1:
                     if m == room:
                         break
-                    v = local_key(index[0], index[1], index[2], r * n + y)  # rank r's key of y
-                    if v < 0 or later[v, SEEN] == now or holder[v] >= 0:
-                        continue  # not used in the window, accessed by the rank now, or held
-                    nxt = later[v, NEXT]  # its first use past this step
+                    w, y = v, keys[v] - r * n
+                    v += 1
+                    if later[w, SEEN] == now or holder[w] >= 0:
+                        continue  # accessed by the rank now, or held
+                    nxt = later[w, NEXT]  # its first use past this step
                     if nxt < 0 or nxt >= layout[_LIMIT] or nxt >= key[r, 0]:
                         continue  # not used within the window, or the buffer holds sooner
                     if m == side_sample.shape[0]:
@@ -336,7 +340,7 @@ def _mates(sample, flags, a, b, t, world, seg_counts, layout, later, index, page
                                                           _grown(side_slot))  # fmt: skip
                     seg_id[m] = t * world + r
                     side_sample[m] = y
-                    side_slot[m] = _replace_top(v, nxt, r, holder, hslot, key, heap, cells)
+                    side_slot[m] = _replace_top(w, nxt, r, holder, hslot, key, heap, cells)
                     m += 1
         p = q
     return m, (seg_id, side_sample, side_slot)
@@ -358,7 +362,7 @@ def _trace_steps(
     seq, nu, sample, rank, bounds, counts, tiered,  # one epoch of a trace: (rank, sample) ids
     holder, hslot, key, heap, rkey, rheap, cells,  # state, carried across calls
     slot_out, tslot_out, flags,  # outputs
-    layout, later, index, side,  # page mates (layout empty: none), see _mates
+    layout, later, keys, side,  # page mates (layout empty: none), see _mates
 ):  # fmt: skip
     """Belady over a sampler's trace: the sampler chose who serves each access (``rank``), and
     an id names a (rank, sample) pair, so an id held is held by the rank serving it: a hit.
@@ -398,7 +402,7 @@ def _trace_steps(
             # pages.
             if layout.shape[0] and layout[_K0] + k > 0:
                 m, side = _mates(sample, flags, a, b, k, counts.shape[1], counts[k], layout,
-                                 later, index, pages, holder, hslot, key, heap, cells, side,
+                                 later, keys, pages, holder, hslot, key, heap, cells, side,
                                  m)  # fmt: skip
     return m, side
 
@@ -585,13 +589,13 @@ class TracePolicy(SolarPolicy):
         )  # fmt: skip
         tslot = out.tslot if self.tier else np.empty(0, np.int32)
         none = np.zeros(0, np.int64)
-        layout, later, index = none, np.zeros((0, 2), np.int64), key_index(none)
+        layout, later = none, np.zeros((0, 2), np.int64)
         if self.pages is not None:
             assert uses is not None
             p = self.pages
             layout = np.array([p.offset, p.row_bytes, p.page, self.run.num_samples, uses.limit,
                                k0], np.int64)  # fmt: skip
-            later, index = uses.table, key_index(keys)
+            later = uses.table
         # Side rows: room for half the accesses (~a third are kept at a 10 % buffer), grown
         # if more are; memory is only touched as rows are kept.
         room = 0 if self.pages is None else n // 2 + 16
@@ -600,7 +604,7 @@ class TracePolicy(SolarPolicy):
             seq, next_use, trace.sample, trace.rank, trace.bounds, trace.counts, self.tier > 0,
             held[:, 0], held[:, 1], self.key,
             self.heap, self.rkey, self.rheap, self.cells, out.slot, tslot, out.flags,
-            layout, later, index, side,
+            layout, later, keys, side,
         )  # fmt: skip
         if self.pages is None:
             return out
