@@ -2,9 +2,10 @@
 them, never by the dataset (issue 48: at N = 10^8 a table of every (rank, sample) key is
 gigabytes per rank planned; a window's keys are the accesses of two windows of steps).
 
-``keys`` are the window's distinct keys, sorted; key ``keys[v]`` is local key ``v`` in every
-table of the window (next uses' backward pass, page mates' table, who holds what). Sorted, the
-numbering keeps the keys' order: the keys of a run of rows (a page's mates) are a run of them.
+``keys`` are the window's keys, sorted (its distinct keys; or every key of their span, where
+that is no wider than its accesses); key ``keys[v]`` is local key ``v`` in every table of the
+window (next uses' backward pass, page mates' table, who holds what). Sorted, the numbering
+keeps the keys' order: the keys of a run of rows (a page's mates) are a run of them.
 """
 
 from __future__ import annotations
@@ -17,11 +18,20 @@ from solar.schedule.draw.rng import mix64
 
 
 def key_space(parts: list[np.ndarray]) -> tuple[np.ndarray, list[np.ndarray]]:
-    """The distinct keys of ``parts`` (int64, sorted) and each part's keys as local keys
-    (int64 indices into them): one sort of them all (np.unique's hash and searchsorted's
-    random probes cost several times more at a window's size)."""
-    every = np.concatenate(parts).astype(np.int64, copy=False) if parts else \
-        np.zeros(0, np.int64)  # fmt: skip
+    """The keys of ``parts`` numbered densely (int64, sorted) and each part's keys as local
+    keys (int64 indices into them): where their span is no wider than their count, every key
+    of the span, numbered by offset (no sort; a table no larger than the accesses); else the
+    distinct keys, by one sort of them all (np.unique's hash and searchsorted's random probes
+    cost several times more at a window's size)."""
+    sizes = [p.size for p in parts]
+    total = sum(sizes)
+    if total == 0:
+        return np.zeros(0, np.int64), [np.zeros(0, np.int64) for _ in parts]
+    lo = min(int(p.min()) for p in parts if p.size)
+    hi = max(int(p.max()) for p in parts if p.size)
+    if hi - lo < total:
+        return np.arange(lo, hi + 1, dtype=np.int64), [p.astype(np.int64) - lo for p in parts]
+    every = np.concatenate(parts).astype(np.int64, copy=False)
     order = np.argsort(every)
     ordered = every[order]
     new = np.empty(ordered.size, np.bool_)
@@ -31,8 +41,7 @@ def key_space(parts: list[np.ndarray]) -> tuple[np.ndarray, list[np.ndarray]]:
     del ordered
     local = np.empty(every.size, np.int64)
     local[order] = np.cumsum(new) - 1
-    ends = np.cumsum([p.size for p in parts])[:-1]
-    return keys, np.split(local, ends) if parts else []
+    return keys, np.split(local, np.cumsum(sizes)[:-1])
 
 
 @njit(cache=True)

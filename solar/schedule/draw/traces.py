@@ -270,7 +270,7 @@ class TraceOrder:
             n = self.run.num_samples
             lo, hi = self.only_rank * n, (self.only_rank + 1) * n - 1
             if keys[0] < lo or keys[-1] > hi:
-                raise SolarError(f"page mates: the trace names keys outside {lo}..{hi} (a "
+                raise SolarError(f"sampler: the trace names keys outside {lo}..{hi} (a "
                                  "sampler's rank_epoch gave another rank's batches?)")  # fmt: skip
         return keys, local
 

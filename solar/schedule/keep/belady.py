@@ -24,7 +24,7 @@ import numpy as np
 from numba import njit
 
 from solar.config import BufferConfig, RunConfig
-from solar.schedule.draw.keyspace import first_mark, marks
+from solar.schedule.draw.keyspace import first_mark, key_space, marks
 from solar.schedule.draw.order import sample_dtype, step_bounds
 from solar.schedule.draw.pagemates import NEXT, SEEN, LaterUses, mates_of, with_sides
 from solar.schedule.draw.traces import EpochTrace, Window
@@ -562,11 +562,13 @@ class TracePolicy(SolarPolicy):
               local: np.ndarray | None = None) -> EpochSchedule:  # fmt: skip
         """Decide the steps of ``trace`` (an epoch's, or a window's), the first global step
         ``k0``: ``seq`` holds its (rank, sample) ids, ``next_use`` theirs, ``uses`` page
-        mates' next uses (pagemates.LaterUses, given a page layout); ``keys`` the distinct
-        keys numbering ``uses``' rows (sorted; default: ``uses.keys``, else ``seq``'s) and
-        ``local`` ``seq`` as local keys (found if not given)."""
+        mates' next uses (pagemates.LaterUses, given a page layout); ``keys`` the keys
+        numbering ``uses``' rows (sorted; default: ``uses.keys``, else ``seq``'s:
+        keyspace.key_space) and ``local`` ``seq`` as local keys (found if not given)."""
+        if keys is None and uses is not None and uses.keys is not None:
+            keys = uses.keys
         if keys is None:
-            keys = uses.keys if uses is not None and uses.keys is not None else np.unique(seq)
+            keys, (local,) = key_space([seq])
         if local is None:
             local = np.searchsorted(keys, seq).astype(np.int64)
         held, extra = _local_cells(self.occupant, keys)
