@@ -290,6 +290,19 @@ _OFFSET, _ROW, _PAGE, _N, _LIMIT, _K0 = range(6)
 
 
 @njit(cache=True, inline="always")
+def _at_least(keys, x):
+    """The first position of sorted ``keys`` whose key is >= ``x``."""
+    lo, hi = 0, keys.shape[0]
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        if keys[mid] < x:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
+@njit(cache=True, inline="always")
 def _mates(sample, flags, a, b, t, world, seg_counts, layout, later, keys, pages, holder,
            hslot, key, heap, cells, side, m):  # fmt: skip
     """Offer step ``t``'s page mates (accesses ``[a, b)``) to each rank's buffer
@@ -324,7 +337,7 @@ def _mates(sample, flags, a, b, t, world, seg_counts, layout, later, keys, pages
                 y0, y1 = mates_of(pg, offset, row_bytes, page, n)
                 # Rank r's keys of rows y0..y1 - 1 the window uses: a run of the sorted keys
                 # (a mate the window never uses is never kept), in the rows' order.
-                v = np.searchsorted(keys, r * n + y0)
+                v = _at_least(keys, r * n + y0)
                 while v < keys.shape[0] and keys[v] < r * n + y1:
                     if m == room:
                         break
@@ -376,8 +389,13 @@ def _trace_steps(
     forward here step by step). Returns the side rows kept: their count and ``side``.
     """
     scratch = np.empty(_longest(bounds), np.int64)
-    # The pages a (step, rank) reads: a row spans at most two (a page holds two rows or more).
-    pages = marks(2 * counts.max() if layout.shape[0] and counts.size else 0)
+    # The pages a (step, rank) reads: a row spans at most two (a page holds two rows or more),
+    # and no more than the rows lie in.
+    room = 0
+    if layout.shape[0] and counts.size:
+        spanned = (layout[_OFFSET] + layout[_N] * layout[_ROW]) // layout[_PAGE] + 1
+        room = min(2 * counts.max(), spanned)
+    pages = marks(room)
     m = 0
     for k in range(bounds.shape[0] - 1):
         a, b = bounds[k], bounds[k + 1]
