@@ -389,8 +389,8 @@ class PlanMemory:
 # grouped by rank for a plan file: what the epoch holds beyond its two windows of trace.
 _JOINED_BYTES = 20
 # Bytes per access of the trace held of the tables keyed by its keys numbered densely
-# (solar/schedule/draw/keyspace.py: the keys and local keys, the backward pass's, page mates'
-# and who holds what; the key hash): a trace's solar policy holds no table of N.
+# (solar/schedule/draw/keyspace.py: the keys, local keys and their sort's temporaries; the
+# backward pass's, page mates' and who holds what): a trace's solar policy holds no table of N.
 _KEYED_BYTES = 120
 
 
