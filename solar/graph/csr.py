@@ -114,10 +114,10 @@ class Graph:
             for k, v in splits.items()
         }  # fmt: skip
         self.train_idx: np.ndarray | None = self.splits.get("train_idx")
-        self.split_bits = _split_bits(self.splits, self.num_nodes) if self.splits else None
-        for a in (self.split_bits, *self.splits.values()):
-            if a is not None:
-                a.flags.writeable = False  # validated once: nothing may change them after
+        # (N bytes: made when a batch's masks are first sliced, never by a planner's process)
+        self._split_bits: np.ndarray | None = None
+        for a in self.splits.values():
+            a.flags.writeable = False  # validated once: nothing may change them after
         self.shared: SealedBytes | None = None
         self._bulk: dict[str, np.ndarray] | None = None
         self._digest: str | None = None
@@ -238,6 +238,18 @@ class Graph:
                     h.update(np.ascontiguousarray(a[lo : lo + (1 << 24)]).tobytes())
             self._digest = h.hexdigest()
         return self._digest
+
+    @property
+    def split_bits(self) -> np.ndarray | None:
+        """(N,) uint8: bit i of node v set where v is in split ``SPLITS[i]`` (None without
+        splits), made at first use."""
+        if self._split_bits is None and self.splits:
+            with self._lock:
+                if self._split_bits is None:
+                    bits = _split_bits(self.splits, self.num_nodes)
+                    bits.flags.writeable = False
+                    self._split_bits = bits
+        return self._split_bits
 
     def degree(self) -> np.ndarray:
         """(N,) int64 number of neighbours of every node."""

@@ -83,12 +83,16 @@ class LaterUses:
     row per key, both fields in one cache line, no index of every position (built in one
     pass). The table is its order's one buffer (:meth:`at` fills a table of -1s; :func:`cleared`
     gives it back): an order lends one window's at a time, so a LaterUses is read only while
-    its window is planned."""
+    its window is planned.
+
+    A trace's order numbers a window's keys densely (solar.schedule.draw.keyspace): row ``v``
+    is then key ``keys[v]`` (``base`` 0), and the table is sized by the window's keys."""
 
     epoch: int
     base: int  # the first key (a rank planning alone: its own keys only)
     table: np.ndarray  # (keys, 2) int64, moved forward in place by the planner
     limit: int  # the first global position past the window
+    keys: np.ndarray | None = None  # each row's key, sorted (None: row v is key base + v)
 
     @property
     def end(self) -> int:
@@ -105,12 +109,13 @@ class LaterUses:
 
     @classmethod
     def at(cls, epoch: int, pairs: list[np.ndarray], starts: list[int], limit: int, base: int,
-           table: np.ndarray) -> LaterUses:  # fmt: skip
+           table: np.ndarray, keys: np.ndarray | None = None) -> LaterUses:  # fmt: skip
         """The table of the window (of epoch ``epoch`` on) whose parts' keys, in order, are
         ``pairs``, ``pairs[e]``'s first at global position ``starts[e]``, ending before
         ``limit``; every key within ``base .. base + len(table) - 1``. Written into ``table``
         ((keys, 2) int64, all -1s: :func:`new_table`, or one :func:`cleared` of the rows the
-        last window's ``pairs`` touched, planner's moves included): no pass over every key."""
+        last window's ``pairs`` touched, planner's moves included): no pass over every key.
+        ``keys``: each row's key, where ``pairs`` are local keys (keyspace.py)."""
         # Latest part first, each backwards: a key's earliest access is written last.
         for e in range(len(pairs) - 1, -1, -1):
             if not _first_uses(pairs[e], np.int64(base), np.int64(starts[e]), table):
@@ -118,7 +123,7 @@ class LaterUses:
                 raise SolarError(f"page mates: the trace names keys outside {base}.."
                                  f"{base + table.shape[0] - 1} (a sampler's rank_epoch gave "
                                  "another rank's batches?)")  # fmt: skip
-        return cls(epoch, base, table, int(limit))
+        return cls(epoch, base, table, int(limit), keys)
 
 
 def new_table(keys: int) -> np.ndarray:

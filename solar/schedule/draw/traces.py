@@ -20,6 +20,10 @@ window's next uses come from a backward pass over it and the window after it (th
 epoch's first, for the last, within the horizon), each window drawn once (the sampler's
 ``window``). The planner then holds two windows of trace, not two epochs; a reuse farther
 than the next window is not seen (bench/window_hits.py: the hits a window costs).
+
+Every table of a pass is sized by the keys it touches, numbered densely
+(:mod:`solar.schedule.draw.keyspace`), never by N or P·N: a window's keys, or an epoch's and its
+look-ahead's (issue 48).
 """
 
 from __future__ import annotations
@@ -33,9 +37,11 @@ import numpy as np
 from numba import njit
 
 from solar.config import RunConfig
+from solar.errors import SolarError
 from solar.schedule.draw.draws import EpochDraws, RankDraws, every_rank, steps_of
+from solar.schedule.draw.keyspace import distinct_batches, key_space
 from solar.schedule.draw.order import sample_dtype
-from solar.schedule.draw.pagemates import LOOK_AHEAD, LaterUses, PageLayout, cleared, new_table
+from solar.schedule.draw.pagemates import LOOK_AHEAD, LaterUses, PageLayout, new_table
 from solar.schedule.draw.samplers import Sampler
 from solar.schedule.policy import EPOCH_SHIFT, NEVER
 
@@ -62,35 +68,18 @@ class Window:
     """Steps ``first_step ..`` of epoch ``epoch`` (``trace``: their accesses, as an epoch's),
     with each access's next use (global positions) up to the end of the window after it, and
     page mates' next uses over the two (``later``, given a page layout). ``offset``: its first
-    access's index within the epoch."""
+    access's index within the epoch. ``keys``: the distinct keys of the window and the window
+    after it, sorted (the local keys of ``later``'s rows); ``local``: the window's accesses
+    as local keys (keyspace.py)."""
 
     epoch: int
     first_step: int
     offset: int
     trace: EpochTrace
     next_use: np.ndarray  # (accesses,) int64
+    keys: np.ndarray  # (keys,) int64, sorted
+    local: np.ndarray  # (accesses,) int64: indices into keys
     later: LaterUses | None = None
-
-
-@njit(cache=True, nogil=True)
-def _distinct(ids, offsets, world, stamp, base, sample_out, rank_out, counts):
-    """Per (step, rank) batch ``g`` of ``ids``, its distinct ids in first-occurrence order;
-    ``stamp[x]`` (carried across calls, ``base`` makes each batch's stamp new) marks ids seen
-    in the current batch. Returns the number of accesses."""
-    n = 0
-    for g in range(offsets.shape[0] - 1):
-        tag = base + g
-        c = 0
-        for j in range(offsets[g], offsets[g + 1]):
-            x = ids[j]
-            if stamp[x] != tag:
-                stamp[x] = tag
-                sample_out[n] = x
-                rank_out[n] = g % world
-                n += 1
-                c += 1
-        counts[g // world, g % world] = c
-    return n
 
 
 @njit(cache=True, nogil=True)
@@ -109,13 +98,6 @@ def _remember(pair, base, last):
     access of each key (a window's look-ahead, whose own next uses are not asked)."""
     for i in range(pair.shape[0] - 1, -1, -1):
         last[pair[i]] = base + i
-
-
-@njit(cache=True, nogil=True)
-def _forget(pair, last):
-    """``last[v]`` = NEVER again for every id of ``pair``."""
-    for i in range(pair.shape[0]):
-        last[pair[i]] = NEVER
 
 
 class TraceOrder:
@@ -151,13 +133,6 @@ class TraceOrder:
             draws = None  # (another run's or rank's: drawn here)
         self._rank_draws = draws
         self.horizon = default_horizon(run, sampler) if horizon is None else max(0, int(horizon))
-        self._keys = run.num_samples * (1 if self.affinity else run.world_size)
-        self._last_table: np.ndarray | None = None  # made when next uses are first asked for
-        # Page mates' table (LaterUses), one for the run, lent to one window (or epoch) at a
-        # time; ``_lent``: the keys whose rows the last one wrote, cleared before the next.
-        self._mates: np.ndarray | None = None
-        self._lent: list[np.ndarray] = []
-        self._lent_base = 0
         self._lock = threading.Lock()
         self._epochs: dict[int, EpochTrace] = {}
         self._front = 0  # the epoch being planned: the ones before it are done with
@@ -190,8 +165,7 @@ class TraceOrder:
         sample = np.empty(ids.size, sample_dtype(run.num_samples))
         rank = np.empty(ids.size, np.int16)
         counts = np.zeros((steps, world), np.int32)
-        stamp = np.full(run.num_samples, -1, np.int64)  # per call: epochs are drawn in threads
-        n = _distinct(ids, offsets, world, stamp, 0, sample, rank, counts)
+        n = distinct_batches(ids, offsets, world, sample, rank, counts)
         if n < ids.size:  # (a sampler's batches of distinct ids, as a neighbour sampler's,
             sample, rank = sample[:n].copy(), rank[:n].copy()  # are kept as they are)
         bounds = np.zeros(steps + 1, np.int64)
@@ -268,60 +242,37 @@ class TraceOrder:
             after = base + trace.pair.size if nxt is None or nxt[0] == k else \
                 np.int64(nxt[0]) << EPOCH_SHIFT  # fmt: skip
             nu = np.empty(trace.pair.size, np.int64)
-            with self._lock:
-                if ahead is not None:  # its first uses: where the window's next uses end
-                    assert nxt is not None
+            keys, local = self._keys_of([trace] if ahead is None else [trace, ahead])
+            last = np.full(keys.size, NEVER, np.int64)
+            if ahead is not None:  # its first uses: where the window's next uses end
+                assert nxt is not None
+                with self._lock:
                     self._ahead = {nxt: ahead}
-                    _remember(ahead.pair, after, self._last)
-                _backward(trace.pair, base, nu, self._last)
-                _forget(trace.pair, self._last)
-                if ahead is not None:
-                    _forget(ahead.pair, self._last)
+                _remember(local[1], after, last)
+            _backward(local[0], base, nu, last)
+            del last
             later = None
             if self.pages is not None:
-                later = self._window_uses(k, int(base), trace, ahead, int(after))
+                starts = [int(base), int(after)][: len(local)]
+                limit = int(after) + ahead.pair.size if ahead is not None else \
+                    int(base) + trace.pair.size  # fmt: skip
+                later = LaterUses.at(k, local, starts, limit, 0, new_table(keys.size), keys)
             size = trace.pair.size
-            yield Window(k, self._steps(j)[0], offset, trace, nu, later)
-            self.give_back()
-            del trace, nu, later, ahead  # (planned: let go before the next window is drawn)
+            yield Window(k, self._steps(j)[0], offset, trace, nu, keys, local[0], later)
+            del trace, nu, later, ahead, keys, local  # (let go before the next is drawn)
             offset += size
 
-    def _window_uses(self, k: int, start: int, trace: EpochTrace, ahead: EpochTrace | None,
-                     after: int) -> LaterUses:  # fmt: skip
-        """Page mates' next uses over a window of epoch ``k`` and the window after it (its
-        look-ahead, as :meth:`later_uses` an epoch's), positions global: the window's from
-        ``start``, the window after's from ``after``."""
-        pairs, starts, limit = [trace.pair], [start], start + trace.pair.size
-        if ahead is not None:
-            pairs, starts, limit = [trace.pair, ahead.pair], [start, after], after + ahead.pair.size
-        return self._lend(k, pairs, starts, limit)
-
-    def _lend(self, k: int, pairs: list[np.ndarray], starts: list[int], limit: int) -> LaterUses:
-        """:meth:`LaterUses.at` in the order's one table: the rows the last one lent wrote are
-        cleared first (:meth:`give_back`), so it is no longer to be read."""
-        self.give_back()
-        n = self.run.num_samples  # a rank planning alone draws only its own keys
-        base, keys = (0, self._keys) if self.only_rank is None else (self.only_rank * n, n)
-        if self._mates is None:
-            self._mates = new_table(keys)
-        uses = LaterUses.at(k, pairs, starts, limit, base, self._mates)
-        self._lent, self._lent_base = pairs, base
-        return uses
-
-    def give_back(self) -> None:
-        """The last :class:`LaterUses` lent is planned: its rows back to -1 (its keys' only,
-        no pass over every key), its traces let go."""
-        if self._lent:
-            assert self._mates is not None
-            cleared(self._mates, self._lent, self._lent_base)
-            self._lent = []
-
-    @property
-    def _last(self) -> np.ndarray:
-        """The backward pass's table, one entry per key: N (affinity) or P·N."""
-        if self._last_table is None:
-            self._last_table = np.full(self._keys, NEVER, np.int64)
-        return self._last_table
+    def _keys_of(self, traces: list[EpochTrace]) -> tuple[np.ndarray, list[np.ndarray]]:
+        """The distinct keys of ``traces`` and their accesses as local keys (keyspace.py).
+        Raises SolarError if a rank planning alone was given another rank's keys."""
+        keys, local = key_space([t.pair for t in traces])
+        if self.only_rank is not None and keys.size:
+            n = self.run.num_samples
+            lo, hi = self.only_rank * n, (self.only_rank + 1) * n - 1
+            if keys[0] < lo or keys[-1] > hi:
+                raise SolarError(f"sampler: the trace names keys outside {lo}..{hi} (a "
+                                 "sampler's rank_epoch gave another rank's batches?)")  # fmt: skip
+        return keys, local
 
     def served(self, k: int) -> np.ndarray:
         """Run epoch ``k``'s accesses' sample ids."""
@@ -349,11 +300,12 @@ class TraceOrder:
                     self._epochs.setdefault(e, t)
         parts = [self.epoch(e) for e in range(k, end)]
         nus = [np.empty(p.pair.size, np.int64) for p in parts]
-        with self._lock:  # latest epoch first: each access sees the next use after it
-            for e, p, nu in zip(range(end - 1, k - 1, -1), parts[::-1], nus[::-1], strict=True):
-                _backward(p.pair, np.int64(e) << EPOCH_SHIFT, nu, self._last)
-            for p in parts:
-                _forget(p.pair, self._last)
+        keys, local = key_space([p.pair for p in parts])
+        last = np.full(keys.size, NEVER, np.int64)
+        # Latest epoch first: each access sees the next use after it.
+        for e, p, nu in zip(range(end - 1, k - 1, -1), local[::-1], nus[::-1], strict=True):
+            _backward(p, np.int64(e) << EPOCH_SHIFT, nu, last)
+        del last, local
         if end == self.run.epochs:  # the window reaches the end: later epochs' are final
             with self._lock:
                 self._nu.update({e: nu for e, nu in zip(range(k + 1, end), nus[1:], strict=True)})
@@ -364,9 +316,9 @@ class TraceOrder:
         :mod:`solar.schedule.draw.pagemates`): when a row not accessed now is next used. Raises
         SolarError if a rank planning alone was given another rank's keys."""
         end = min(self.run.epochs, k + min(self.horizon, LOOK_AHEAD) + 1)
-        pairs = [self.epoch(e).pair for e in range(k, end)]
-        starts = [(k + e) << EPOCH_SHIFT for e in range(len(pairs))]
-        return self._lend(k, pairs, starts, end << EPOCH_SHIFT)
+        keys, local = self._keys_of([self.epoch(e) for e in range(k, end)])
+        starts = [(k + e) << EPOCH_SHIFT for e in range(len(local))]
+        return LaterUses.at(k, local, starts, end << EPOCH_SHIFT, 0, new_table(keys.size), keys)
 
     def next_use(self, k: int, pairs: np.ndarray) -> np.ndarray:
         """The first position after epoch ``k`` (within the horizon of epoch k + 1) of each of

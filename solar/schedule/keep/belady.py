@@ -24,6 +24,7 @@ import numpy as np
 from numba import njit
 
 from solar.config import BufferConfig, RunConfig
+from solar.schedule.draw.keyspace import first_mark, key_space, marks
 from solar.schedule.draw.order import sample_dtype, step_bounds
 from solar.schedule.draw.pagemates import NEXT, SEEN, LaterUses, mates_of, with_sides
 from solar.schedule.draw.traces import EpochTrace, Window
@@ -284,24 +285,37 @@ def _grown(a):
 
 
 # Fields of ``_trace_steps``'s page ``layout`` (int64): where rows lie (pagemates.PageLayout),
-# N, the first global position past the window of ``later``, the epoch's first global step, and
-# the first key of ``later``.
-_OFFSET, _ROW, _PAGE, _N, _LIMIT, _K0, _BASE = range(7)
+# N, the first global position past the window of ``later``, and the epoch's first global step.
+_OFFSET, _ROW, _PAGE, _N, _LIMIT, _K0 = range(6)
 
 
 @njit(cache=True, inline="always")
-def _mates(seq, sample, flags, a, b, t, world, seg_counts, layout, later, page_stamp, holder,
+def _at_least(keys, x):
+    """The first position of sorted ``keys`` whose key is >= ``x``."""
+    lo, hi = 0, keys.shape[0]
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        if keys[mid] < x:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
+@njit(cache=True, inline="always")
+def _mates(sample, flags, a, b, t, world, seg_counts, layout, later, keys, pages, holder,
            hslot, key, heap, cells, side, m):  # fmt: skip
     """Offer step ``t``'s page mates (accesses ``[a, b)``) to each rank's buffer
     (pagemates.py): a row wholly inside a page the rank reads now, not accessed by it now and
     not held, is admitted, as a read is, if its next use is sooner than the farthest held; at
     most as many as the rank's batch (they share its batch memory). Appends ``(segment,
     sample, slot)`` to ``side`` from row ``m``; returns the new row count and ``side`` (grown
-    if need be)."""
+    if need be). Keys are the window's local keys: local key ``v`` is (rank, sample) key
+    ``keys[v]`` (sorted)."""
     if key.shape[1] == 0:
         return m, side  # no buffer to offer them to
     offset, row_bytes, page, n = layout[_OFFSET], layout[_ROW], layout[_PAGE], layout[_N]
-    keys = later.shape[0]
+    ptable, pstamp, pmask = pages  # (the pages each (step, rank) read: keyspace.marks)
     now = layout[_K0] + t
     seg_id, side_sample, side_slot = side
     p = a
@@ -318,16 +332,18 @@ def _mates(seq, sample, flags, a, b, t, world, seg_counts, layout, later, page_s
             lo = (offset + x * row_bytes) // page
             hi = (offset + x * row_bytes + row_bytes - 1) // page
             for pg in range(lo, hi + 1):
-                if page_stamp[pg] == tag:
+                if not first_mark(ptable, pstamp, pmask, pg, tag):
                     continue
-                page_stamp[pg] = tag
                 y0, y1 = mates_of(pg, offset, row_bytes, page, n)
-                for y in range(y0, y1):
+                # Rank r's keys of rows y0..y1 - 1 the window uses: a run of the sorted keys
+                # (a mate the window never uses is never kept), in the rows' order.
+                v = _at_least(keys, r * n + y0)
+                while v < keys.shape[0] and keys[v] < r * n + y1:
                     if m == room:
                         break
-                    v = seq[i] - x + y  # rank r's key of sample y
-                    w = v - layout[_BASE]
-                    if w < 0 or w >= keys or later[w, SEEN] == now or holder[v] >= 0:
+                    w, y = v, keys[v] - r * n
+                    v += 1
+                    if later[w, SEEN] == now or holder[w] >= 0:
                         continue  # accessed by the rank now, or held
                     nxt = later[w, NEXT]  # its first use past this step
                     if nxt < 0 or nxt >= layout[_LIMIT] or nxt >= key[r, 0]:
@@ -337,18 +353,18 @@ def _mates(seq, sample, flags, a, b, t, world, seg_counts, layout, later, page_s
                                                           _grown(side_slot))  # fmt: skip
                     seg_id[m] = t * world + r
                     side_sample[m] = y
-                    side_slot[m] = _replace_top(v, nxt, r, holder, hslot, key, heap, cells)
+                    side_slot[m] = _replace_top(w, nxt, r, holder, hslot, key, heap, cells)
                     m += 1
         p = q
     return m, (seg_id, side_sample, side_slot)
 
 
 @njit(cache=True, inline="always")
-def _passed(seq, nu, a, b, base, now, later):
+def _passed(seq, nu, a, b, now, later):
     """Global step ``now``'s accesses ``[a, b)`` are passed: each key's first use not yet
     passed (pagemates.LaterUses) becomes its next use, and the key is marked seen now."""
     for i in range(a, b):
-        w = seq[i] - base
+        w = seq[i]
         if 0 <= w < later.shape[0]:
             later[w, NEXT] = nu[i]
             later[w, SEEN] = now
@@ -359,7 +375,7 @@ def _trace_steps(
     seq, nu, sample, rank, bounds, counts, tiered,  # one epoch of a trace: (rank, sample) ids
     holder, hslot, key, heap, rkey, rheap, cells,  # state, carried across calls
     slot_out, tslot_out, flags,  # outputs
-    layout, later, page_stamp, side,  # page mates (layout empty: none), see _mates
+    layout, later, keys, side,  # page mates (layout empty: none), see _mates
 ):  # fmt: skip
     """Belady over a sampler's trace: the sampler chose who serves each access (``rank``), and
     an id names a (rank, sample) pair, so an id held is held by the rank serving it: a hit.
@@ -373,6 +389,13 @@ def _trace_steps(
     forward here step by step). Returns the side rows kept: their count and ``side``.
     """
     scratch = np.empty(_longest(bounds), np.int64)
+    # The pages a (step, rank) reads: a row spans at most two (a page holds two rows or more),
+    # and no more than the rows lie in.
+    room = 0
+    if layout.shape[0] and counts.size:
+        spanned = (layout[_OFFSET] + layout[_N] * layout[_ROW]) // layout[_PAGE] + 1
+        room = min(2 * counts.max(), spanned)
+    pages = marks(room)
     m = 0
     for k in range(bounds.shape[0] - 1):
         a, b = bounds[k], bounds[k + 1]
@@ -391,13 +414,13 @@ def _trace_steps(
         else:
             _ram_step(seq, nu, a, b, rank, slot_out, flags, holder, hslot, key, heap, cells)
             if layout.shape[0]:
-                _passed(seq, nu, a, b, layout[_BASE], layout[_K0] + k, later)
+                _passed(seq, nu, a, b, layout[_K0] + k, later)
             # The run's first step is read before its plan is made (Reads.start_first in
             # solar/runtime/reads.py): no page mates there, they would be read apart from its
             # pages.
             if layout.shape[0] and layout[_K0] + k > 0:
-                m, side = _mates(seq, sample, flags, a, b, k, counts.shape[1], counts[k],
-                                 layout, later, page_stamp, holder, hslot, key, heap, cells, side,
+                m, side = _mates(sample, flags, a, b, k, counts.shape[1], counts[k], layout,
+                                 later, keys, pages, holder, hslot, key, heap, cells, side,
                                  m)  # fmt: skip
     return m, side
 
@@ -439,8 +462,9 @@ class SolarPolicy(OccupantContents):
         self.tier = tier_slot_count(run, buffer)
         u = c + self.tier  # cells: RAM slots, then tier slots
         self.ids = run.num_samples * (world if self.ids_per_rank else 1)
-        # holder[x] (rank) and hslot[x] (cell) side by side: one cache miss finds both.
-        held = np.full((self.ids, 2), -1, np.int32)
+        # holder[x] (rank) and hslot[x] (cell) side by side: one cache miss finds both. (A
+        # trace's policy makes them per window, for its keys alone: TracePolicy._plan.)
+        held = np.full((0 if self.ids_per_rank else self.ids, 2), -1, np.int32)
         self.holder, self.hslot = held[:, 0], held[:, 1]
         self.key, self.heap = empty_heaps(world, u)
         self.rkey, self.rheap = empty_heaps(world, c if self.tier else 0)
@@ -481,9 +505,10 @@ class SolarPolicy(OccupantContents):
         keys[ranks, where] = uses
         key, pos = _heap_of(keys, heap, "heap")
         rkey, rpos = _heap_of(keys[:, :c], rheap, "rheap")
-        self.holder[:] = -1
-        self.holder[held] = ranks
-        self.hslot[held] = where
+        if not self.ids_per_rank:
+            self.holder[:] = -1
+            self.holder[held] = ranks
+            self.hslot[held] = where
         self.occupant[:] = occ
         self.key[:], self.heap[:], self.cells[:, :, POS] = key, heap, pos
         self.rkey[:], self.rheap[:] = rkey, rheap
@@ -520,20 +545,15 @@ class SolarPolicy(OccupantContents):
 
 class TracePolicy(SolarPolicy):
     """Belady with bypass, per rank, over a general sampler's trace (the sampler decides who
-    serves what: no affinity). Ids are (rank, sample) pairs, ``rank * N + sample``: the state
-    is O(P·N + P·C), independent of the number of epochs."""
+    serves what: no affinity). Ids are (rank, sample) pairs, ``rank * N + sample``; each
+    window (or epoch) is planned over its keys numbered densely (keyspace.py), held ids
+    included, so that its tables are O(keys of the window + P·C), never O(P·N)."""
 
     ids_per_rank = True
 
     def __init__(self, run: RunConfig, buffer: BufferConfig, order: Any) -> None:
         super().__init__(run, buffer, order)
         self.pages = order.pages  # where rows lie, to keep their page mates (PlanSpec.pages)
-        self._stamps = np.zeros(0, np.int64)
-        if self.pages is not None:
-            p = self.pages
-            pages_n = (p.offset + run.num_samples * p.row_bytes) // p.page + 1
-            # Stamps of the (step, rank) that last read each page (LaterUses marks the keys).
-            self._stamps = np.full(pages_n, -1, np.int64)
 
     def contents(self, r: int) -> np.ndarray:
         ids = self.occupant[r].astype(np.int64)
@@ -543,27 +563,45 @@ class TracePolicy(SolarPolicy):
         """Decide epoch ``k``: ``seq`` holds its (rank, sample) ids, ``next_use`` theirs."""
         assert next_use is not None and self.order is not None
         k0, trace = k * self.run.steps_per_epoch, self.order.epoch(k)
-        if self.pages is None:
-            return self._plan(k0, trace, seq, next_use, None)
-        try:
-            return self._plan(k0, trace, seq, next_use, self.order.later_uses(k))
-        finally:
-            self.order.give_back()  # (the order's one page-mate table: its rows cleared)
+        uses = None if self.pages is None else self.order.later_uses(k)
+        return self._plan(k0, trace, seq, next_use, uses)
 
     def plan_window(self, w: Window) -> EpochSchedule:
         """Decide window ``w`` of an epoch planned in windows (traces.TraceOrder.windows): its
         steps' decisions, as an epoch's, with its accesses named (``sample``)."""
         k0 = w.epoch * self.run.steps_per_epoch + w.first_step
-        out = self._plan(k0, w.trace, w.trace.pair, w.next_use, w.later)
+        out = self._plan(k0, w.trace, w.trace.pair, w.next_use, w.later, w.keys, w.local)
         if out.sample is None:
             out.sample = w.trace.sample
         return out
 
     def _plan(self, k0: int, trace: EpochTrace, seq: np.ndarray, next_use: np.ndarray,
-              uses: LaterUses | None) -> EpochSchedule:  # fmt: skip
+              uses: LaterUses | None, keys: np.ndarray | None = None,
+              local: np.ndarray | None = None) -> EpochSchedule:  # fmt: skip
         """Decide the steps of ``trace`` (an epoch's, or a window's), the first global step
         ``k0``: ``seq`` holds its (rank, sample) ids, ``next_use`` theirs, ``uses`` page
-        mates' next uses (pagemates.LaterUses, given a page layout)."""
+        mates' next uses (pagemates.LaterUses, given a page layout); ``keys`` the keys
+        numbering ``uses``' rows (sorted; default: ``uses.keys``, else ``seq``'s:
+        keyspace.key_space) and ``local`` ``seq`` as local keys (found if not given)."""
+        if keys is None and uses is not None and uses.keys is not None:
+            keys = uses.keys
+        if keys is None:
+            keys, (local,) = key_space([seq])
+        if local is None:
+            local = np.searchsorted(keys, seq).astype(np.int64)
+        held, extra = _local_cells(self.occupant, keys)
+        try:
+            out = self._decide(k0, trace, local, next_use, uses, keys, held)
+        finally:
+            _global_cells(self.occupant, keys, extra)
+        seq[:] = keys[local]  # (the kernel put each step's hits first: seq moves alike)
+        return out
+
+    def _decide(self, k0: int, trace: EpochTrace, seq: np.ndarray, next_use: np.ndarray,
+                uses: LaterUses | None, keys: np.ndarray,
+                held: np.ndarray) -> EpochSchedule:  # fmt: skip
+        """:meth:`_plan` over local keys: ``seq`` and the cells' ids name ``held``'s rows
+        (holder, cell)."""
         n = seq.size
         out = EpochSchedule(
             rank=trace.rank, slot=np.empty(n, np.int32), flags=np.zeros(n, np.uint8),
@@ -576,7 +614,7 @@ class TracePolicy(SolarPolicy):
             assert uses is not None
             p = self.pages
             layout = np.array([p.offset, p.row_bytes, p.page, self.run.num_samples, uses.limit,
-                               k0, uses.base], np.int64)  # fmt: skip
+                               k0], np.int64)  # fmt: skip
             later = uses.table
         # Side rows: room for half the accesses (~a third are kept at a 10 % buffer), grown
         # if more are; memory is only touched as rows are kept.
@@ -584,9 +622,9 @@ class TracePolicy(SolarPolicy):
         side = (np.empty(room, np.int64), np.empty(room, np.int64), np.empty(room, np.int32))
         m, side = _trace_steps(
             seq, next_use, trace.sample, trace.rank, trace.bounds, trace.counts, self.tier > 0,
-            self.holder, self.hslot, self.key,
+            held[:, 0], held[:, 1], self.key,
             self.heap, self.rkey, self.rheap, self.cells, out.slot, tslot, out.flags,
-            layout, later, self._stamps, side,
+            layout, later, keys, side,
         )  # fmt: skip
         if self.pages is None:
             return out
@@ -595,6 +633,29 @@ class TracePolicy(SolarPolicy):
             side[1][:m], side[2][:m], SIDE | ADMIT,
         )  # fmt: skip
         return EpochSchedule(rank, slot, flags, trace.counts, no_tier(sample.size), sample, sides)
+
+
+def _local_cells(occ: np.ndarray, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The cells' ids (``occ``, in place) as local keys: ``keys[v]`` is ``v``, a held id not
+    among them ``keys.size + j`` (``extra[j]``). Returns ``(held, extra)``: ``held[v]`` the
+    (rank, cell) holding local key ``v`` (int32, -1: none), sized by the keys and the held."""
+    ranks, where = np.nonzero(occ >= 0)
+    ids = occ[ranks, where].astype(np.int64)
+    at = np.searchsorted(keys, ids)
+    inside = at < keys.size
+    inside[inside] = keys[at[inside]] == ids[inside]
+    extra = ids[~inside]
+    at[~inside] = keys.size + np.arange(extra.size)
+    held = np.full((keys.size + extra.size, 2), -1, np.int32)
+    held[at, 0], held[at, 1] = ranks, where
+    occ[ranks, where] = at
+    return held, extra
+
+
+def _global_cells(occ: np.ndarray, keys: np.ndarray, extra: np.ndarray) -> None:
+    """The cells' local keys (:func:`_local_cells`) back to ids, in place."""
+    held = occ >= 0
+    occ[held] = np.concatenate([keys, extra])[occ[held]]
 
 
 def _array(state: dict[str, np.ndarray], name: str, dtype, shape: tuple[int, int]) -> np.ndarray:

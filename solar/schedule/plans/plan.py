@@ -388,6 +388,10 @@ class PlanMemory:
 # Bytes of an epoch's decisions planned in windows, joined (sample, rank, slot, flags), and
 # grouped by rank for a plan file: what the epoch holds beyond its two windows of trace.
 _JOINED_BYTES = 20
+# Bytes per access of the trace held of the tables keyed by its keys numbered densely
+# (solar/schedule/draw/keyspace.py: the keys, local keys and their sort's temporaries; the
+# backward pass's, page mates' and who holds what): a trace's solar policy holds no table of N.
+_KEYED_BYTES = 120
 
 
 def plan_memory(spec: PlanSpec, keep_all: bool = False, tallied: bool = False,
@@ -400,12 +404,14 @@ def plan_memory(spec: PlanSpec, keep_all: bool = False, tallied: bool = False,
     run = spec.run
     planners = 1 if ranks is None else ranks
     part = 1.0 if ranks is None else ranks / run.world_size  # its share of the accesses
+    # A sampler's trace without affinity, by the solar policy: tables by the window's keys.
+    keyed = spec.traced and not spec.affinity and spec.policy == "solar"
     # Planner state, two epochs of order and next uses, one epoch's decisions (measured peak:
     # bench/plan_bench.py); a plan kept in memory adds about 9 bytes per access.
     need = (
         planners
         * (
-            48 * run.num_samples
+            (0 if keyed else 48 * run.num_samples)
             + 24 * run.world_size * slot_count(run, spec.buffer)
             + 36 * run.world_size * tier_slot_count(run, spec.buffer)
         )
@@ -416,7 +422,7 @@ def plan_memory(spec: PlanSpec, keep_all: bool = False, tallied: bool = False,
     accesses = per_epoch * run.epochs if spec.traced else run.num_accesses
     if keep_all:
         need += 10 * accesses * part
-    if spec.policy != "solar" or (spec.traced and not spec.affinity):
+    if spec.policy != "solar":
         need += planners * 16 * run.world_size * run.num_samples  # per-(rank, sample) tables
     held, window = 1, spec.steps_window if spec.traced else None
     if spec.traced:  # the trace over the horizon (solar.schedule.draw.traces)
@@ -428,12 +434,8 @@ def plan_memory(spec: PlanSpec, keep_all: bool = False, tallied: bool = False,
         if window is not None:  # two windows of trace; the epoch's decisions joined
             trace = per_epoch * min(1.0, 2 * window / run.steps_per_epoch)
             need += 0 if tallied else _JOINED_BYTES * per_epoch * part
-        need += BYTES_PER_ACCESS * trace * part
-        if spec.pages is not None:  # page mates: the order's one table, a next use and a
-            # stamp per key (N keys with affinity or a rank planned alone, else P·N), once per
-            # planner however many windows; page stamps (a page holds 2 rows or more); side rows
-            keys = run.num_samples * (1 if spec.affinity or ranks is not None else run.world_size)
-            need += planners * (16 * keys + 4 * run.num_samples)
+        need += (BYTES_PER_ACCESS + (_KEYED_BYTES if keyed else 0)) * trace * part
+        if spec.pages is not None:  # page mates' side rows (their tables are keyed)
             need += 20 * (per_epoch if window is None else trace) * part
     return PlanMemory(int(need), int(accesses), int(per_epoch), held, estimated, window)
 

@@ -1,0 +1,91 @@
+"""The keys a window of the trace touches, numbered densely: its planner's tables are sized by
+them, never by the dataset (issue 48: at N = 10^8 a table of every (rank, sample) key is
+gigabytes per rank planned; a window's keys are the accesses of two windows of steps).
+
+``keys`` are the window's keys, sorted (its distinct keys; or every key of their span, where
+that is no wider than its accesses); key ``keys[v]`` is local key ``v`` in every table of the
+window (next uses' backward pass, page mates' table, who holds what). Sorted, the numbering
+keeps the keys' order: the keys of a run of rows (a page's mates) are a run of them.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from solar.schedule.draw.idtable import id_table
+from solar.schedule.draw.rng import mix64
+
+
+def key_space(parts: list[np.ndarray]) -> tuple[np.ndarray, list[np.ndarray]]:
+    """The keys of ``parts`` numbered densely (int64, sorted) and each part's keys as local
+    keys (int64 indices into them): where their span is no wider than their count, every key
+    of the span, numbered by offset (no sort; a table no larger than the accesses); else the
+    distinct keys, by one sort of them all (np.unique's hash and searchsorted's random probes
+    cost several times more at a window's size)."""
+    sizes = [p.size for p in parts]
+    total = sum(sizes)
+    if total == 0:
+        return np.zeros(0, np.int64), [np.zeros(0, np.int64) for _ in parts]
+    lo = min(int(p.min()) for p in parts if p.size)
+    hi = max(int(p.max()) for p in parts if p.size)
+    if hi - lo < total:
+        return np.arange(lo, hi + 1, dtype=np.int64), [p.astype(np.int64) - lo for p in parts]
+    every = np.concatenate(parts).astype(np.int64, copy=False)
+    order = np.argsort(every)
+    ordered = every[order]
+    new = np.empty(ordered.size, np.bool_)
+    new[:1] = True
+    np.not_equal(ordered[1:], ordered[:-1], out=new[1:])
+    keys = ordered[new]
+    del ordered
+    local = np.empty(every.size, np.int64)
+    local[order] = np.cumsum(new) - 1
+    return keys, np.split(local, np.cumsum(sizes)[:-1])
+
+
+@njit(cache=True)
+def marks(room):  # pragma: no cover - compiled
+    """An empty set of up to ``room`` ids per stamp, read with :func:`first_mark`:
+    ``(table, stamp, mask)``. A new stamp starts an empty set (no clearing), so one table
+    serves every batch of a pass, sized by the largest."""
+    table, mask = id_table(room)
+    return table, np.full(table.shape[0], -1, np.int64), mask
+
+
+@njit(cache=True, inline="always")
+def first_mark(table, stamp, mask, x, tag):  # pragma: no cover - compiled
+    """Mark id ``x`` (>= 0) under stamp ``tag``: True if it was not marked under it yet (slots
+    of other stamps are free)."""
+    i = np.intp(mix64(np.uint64(x)) & mask)
+    while stamp[i] == tag and table[i] != x:
+        i = (i + np.intp(1)) & np.intp(mask)
+    if stamp[i] == tag:
+        return False
+    stamp[i] = tag
+    table[i] = x
+    return True
+
+
+@njit(cache=True, nogil=True)
+def distinct_batches(ids, offsets, world, sample_out, rank_out, counts):  # pragma: no cover
+    """Per (step, rank) batch ``g`` of ``ids`` (``offsets``), its distinct ids in
+    first-occurrence order (``rank_out``: ``g % world``; ``counts[g // world, g % world]``:
+    how many), seen ids marked in one :func:`marks` set, a stamp a batch. Returns the number
+    kept."""
+    room = 0
+    for g in range(offsets.shape[0] - 1):
+        room = max(room, offsets[g + 1] - offsets[g])
+    table, stamp, mask = marks(room)
+    n = 0
+    for g in range(offsets.shape[0] - 1):
+        c = 0
+        for j in range(offsets[g], offsets[g + 1]):
+            x = ids[j]
+            if first_mark(table, stamp, mask, x, g):
+                sample_out[n] = x
+                rank_out[n] = g % world
+                n += 1
+                c += 1
+        counts[g // world, g % world] = c
+    return n
