@@ -72,16 +72,18 @@ def test_a_stream_plans_one_epoch_ahead_of_the_one_served_no_further():
                     BufferConfig(capacity=16))  # fmt: skip
     stream = RankStream(spec, 0)
     spe = spec.run.steps_per_epoch
-    for e in range(spec.run.epochs):
-        stream.window(e * spe)
-        want = min(e + 2, spec.run.epochs) * spe
-        deadline = time.monotonic() + 60  # (a loaded machine plans slowly)
-        while stream.planned_end < want and time.monotonic() < deadline:
-            time.sleep(0.01)
-        for _ in range(50):  # time for the planning thread to run further, if it would
-            time.sleep(0.01)
-            assert stream.planned_end == want
-    stream.close()
+    try:
+        for e in range(spec.run.epochs):
+            stream.window(e * spe)
+            want = min(e + 2, spec.run.epochs) * spe
+            deadline = time.monotonic() + 60  # (a loaded machine plans slowly)
+            while stream.planned_end < want and time.monotonic() < deadline:
+                time.sleep(0.01)
+            for _ in range(20):  # time for the planning thread to run further, if it would
+                time.sleep(0.01)
+                assert stream.planned_end == want
+    finally:
+        stream.close()
 
 
 def _served(loaders: list[Loader], epochs: range, ref: dict) -> list[list[np.ndarray]]:
