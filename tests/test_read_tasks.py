@@ -12,7 +12,10 @@ from hypothesis import strategies as st
 from solar import ReaderConfig, SolarError
 from solar._memory import PAGE
 from solar.io.tasks import (
+    GAP,
+    IOV_MAX,
     JOIN_GAP,
+    RUN_MAX_BYTES,
     BounceRun,
     H5Rows,
     Layout,
@@ -20,6 +23,7 @@ from solar.io.tasks import (
     PreadvRuns,
     SlotLayout,
     coalesce_runs,
+    joined_runs,
     page_spans,
     plan_reads,
     plan_slot_reads,
@@ -120,6 +124,7 @@ def test_executing_the_plan_puts_each_sample_in_its_row(direct_io, data):
         local = x - starts[f]
         want = contents[f][header + local * row_bytes : header + (local + 1) * row_bytes]
         np.testing.assert_array_equal(out[0][r], want)
+    assert not np.delete(out[0], rows, axis=0).any()  # no byte reaches a row not asked for
     # Each run of samples within a file at most JOIN_GAP bytes apart is one request (a
     # repeated sample starts one), not one per sample; with O_DIRECT, each run of samples
     # whose pages touch or overlap.
@@ -193,6 +198,70 @@ def test_samples_within_a_page_of_each_other_are_one_buffered_request():
     for row, x in enumerate(samples.tolist()):
         np.testing.assert_array_equal(out[0][row], contents[512 + x * 1024 : 512 + (x + 1) * 1024])
     assert not out[0][4:].any()
+
+
+def _check_joined(srt, row_bytes, gap_rows, max_entries, max_bytes):
+    """joined_runs on sorted samples ``srt`` into rows 0.. of a destination: every property
+    its runs promise, and each cut forced by a repeat, a wide gap or a limit."""
+    dest = np.zeros((srt.size, row_bytes), np.uint8)
+    at, gap_at = dest.ctypes.data, GAP.ctypes.data
+    rows = np.arange(srt.size)
+    iov, starts, counts, offsets = joined_runs(
+        srt, rows, np.uint64(at), row_bytes, 100, np.uint64(gap_at), gap_rows, max_entries,
+        max_bytes,
+    )  # fmt: skip
+    want = PreadvRuns(0, iov, starts, counts, offsets).want()
+    assert np.all(counts <= max_entries) and np.all(want <= max_bytes)
+    assert starts[0] == 0 and np.all(starts[1:] == starts[:-1] + counts[:-1])
+    assert starts[-1] + counts[-1] == len(iov)
+    k = 0  # the next sample (and row): rows come in file order, each once
+    for j, (a, n) in enumerate(zip(starts.tolist(), counts.tolist(), strict=True)):
+        pos, prev_gap = int(offsets[j]), True
+        for e, (address, length) in enumerate(iov[a : a + n].tolist()):
+            if address == gap_at:  # a gap: between two rows, at most JOIN_GAP bytes
+                assert not prev_gap and 0 < e < n - 1 and length <= gap_rows * row_bytes
+                assert length <= JOIN_GAP and length % row_bytes == 0
+            else:  # a row: sample srt[k] at its file offset into row k
+                assert (address, length) == (at + k * row_bytes, row_bytes)
+                assert pos == 100 + srt[k] * row_bytes
+                if e == 0 and k > 0:  # a cut: the next sample could not join the run
+                    gap = int(srt[k] - srt[k - 1]) - 1
+                    full = counts[j - 1] + 1 + (gap > 0) > max_entries
+                    assert gap < 0 or gap > gap_rows or full or \
+                        want[j - 1] + (gap + 1) * row_bytes > max_bytes  # fmt: skip
+                elif e > 0:  # joined: not a repeat
+                    assert srt[k] > srt[k - 1]
+                k += 1
+            prev_gap = address == gap_at
+            pos += length
+    assert k == srt.size
+    assert np.all(iov[:, 1] > 0) and int(want.sum()) >= srt.size * row_bytes
+    return counts, want
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(0, 60), min_size=1, max_size=50), st.sampled_from([512, 1024, 4096]),
+       st.integers(1, 9), st.integers(1, 12))  # fmt: skip
+def test_joined_runs_alternate_rows_and_gaps_within_their_limits(local, row_bytes, entries, rows):
+    srt = np.sort(np.array(local, np.int64))
+    _check_joined(srt, row_bytes, JOIN_GAP // row_bytes, entries, rows * row_bytes)
+
+
+def test_joined_runs_are_cut_at_iov_max_and_run_max_bytes():
+    """The reader's own limits, and a byte limit reached with gaps in every run (with JOIN_GAP
+    of a page, a run with gaps moves at most a page an entry: IOV_MAX binds before
+    RUN_MAX_BYTES, which binds on rows wider than a gap can join)."""
+    every_other = np.arange(0, 2 * IOV_MAX + 10, 2, dtype=np.int64)  # 2 entries a row
+    counts, _ = _check_joined(every_other, 1024, JOIN_GAP // 1024, IOV_MAX, RUN_MAX_BYTES)
+    assert counts.size > 2 and np.all(counts[:-1] == IOV_MAX - (IOV_MAX + 1) % 2)  # odd: row last
+    wide = 4 * PAGE
+    _, want = _check_joined(np.arange(RUN_MAX_BYTES // wide + 9), wide, 0, IOV_MAX, RUN_MAX_BYTES)
+    assert want.tolist() == [RUN_MAX_BYTES, 9 * wide]
+    _, want = _check_joined(np.arange(0, 40, 2, dtype=np.int64), 1024, 4, IOV_MAX, 10 * 1024)
+    assert want.size > 2 and np.all(want[:-1] == 9 * 1024)  # 5 rows, 4 gaps: the next is 2 KiB
+    # A repeated sample starts a new run, even within the limits and next to its twin.
+    counts, _ = _check_joined(np.array([3, 3, 4, 6, 6], np.int64), 1024, 4, 64, 2**20)
+    assert counts.tolist() == [1, 4, 1]
 
 
 def test_datasets_without_an_offset_go_through_h5py():

@@ -82,19 +82,6 @@ def _iov_runs(fd, iov, starts, counts, offsets, write, got):
 
 
 @njit(cache=True, nogil=True)
-def _run_bytes(iov, starts, counts):
-    """The bytes each run moves, from its own entries (a task's runs are a share of a
-    step's iov: PreadvRuns.want sums all of it)."""
-    want = np.empty(starts.shape[0], np.int64)
-    for j in range(starts.shape[0]):
-        n = np.int64(0)
-        for e in range(starts[j], starts[j] + counts[j]):
-            n += np.int64(iov[e, 1])
-        want[j] = n
-    return want
-
-
-@njit(cache=True, nogil=True)
 def _advise_preadv_each(fds, iov, offsets, got):
     """Read j: ``iov[j, 1]`` bytes at ``offsets[j]`` of ``fds[j]``, without the GIL (``got``
     -1 where ``fds[j]`` < 0: a file that did not open). Every read is advised first
@@ -342,8 +329,8 @@ class Executor:
         return JobResult(total, time.perf_counter() - t0, local.decode)
 
     def warm_up(self) -> None:
-        """Compile (or load from numba's cache) the preadv/pwritev kernel now, not at the first
-        read that needs it, maybe inside an epoch."""
+        """Compile (or load from numba's cache) the preadv/pwritev kernel and its runs' byte
+        count now, not at the first read that needs them, maybe inside an epoch."""
         # Runs come as columns of a table (strided: numba's layout 'A'), or contiguous when a
         # task has one run ('C'): both, each a bad descriptor's failed call (nothing read).
         iov = np.zeros((2, 2), np.uint64)
@@ -351,7 +338,7 @@ class Executor:
         for runs in (np.zeros((2, 3), np.int64).T, np.zeros((3, 2), np.int64)):
             starts, counts, offsets = runs
             _iov_runs(-1, iov, starts, counts, offsets, False, got)
-            _run_bytes(iov, starts, counts)
+            PreadvRuns(-1, iov, starts, counts, offsets).want()
         aio.warm_up()
 
     def close(self) -> None:
@@ -388,7 +375,7 @@ class Executor:
         got = np.empty(t.starts.size, np.int64)
         with source.fd(t.file) as fd:
             _iov_runs(fd, t.iov, t.starts, t.counts, t.offsets, t.write, got)
-            want = _run_bytes(t.iov, t.starts, t.counts)
+            want = t.want()
             for j in np.flatnonzero(got != want).tolist():
                 # Once more in Python: finishes an interrupted call, or names the problem.
                 a, n = int(t.starts[j]), int(t.counts[j])

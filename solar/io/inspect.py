@@ -23,6 +23,10 @@ from solar.io.npy import npy_header
 from solar.io.pagecache import evict
 from solar.io.sources import expand_sources
 
+# How a dataset at a byte offset is read (this report's and the overview's one wording).
+OFFSET_READS = ("preadv at computed offsets; through the page cache, rows at most a page apart "
+                "in one call (the bytes between into a scratch page, never served)")  # fmt: skip
+
 _ALIGN = 4096
 
 
@@ -151,8 +155,7 @@ def _npy_report(path: Path, key: str, one_per_file: bool) -> DatasetReport:
                     "sample)"]  # fmt: skip
     else:
         r.read_path, r.read_path_why = "offset", ".npy: the array follows its header"
-        r.advice = ["served at byte offsets: preadv at computed offsets, adjacent samples "
-                    "coalesced"]  # fmt: skip
+        r.advice = [f"served at byte offsets: {OFFSET_READS}"]
     return r
 
 
@@ -173,7 +176,7 @@ def _advice(r: DatasetReport, d: h5py.Dataset, numeric: bool, one_per_file: bool
     if r.layout == "contiguous" and r.offset is None:
         out.append("never written: reads return the fill value")
     elif r.offset_reader:
-        out.append("served at byte offsets: preadv at computed offsets, adjacent samples coalesced")
+        out.append(f"served at byte offsets: {OFFSET_READS}")
         # Alignment changes nothing through the page cache: only O_DIRECT reads (direct_io=True)
         # take a bounce copy of an unaligned dataset, and that is a fact, not advice, here.
     if r.layout == "chunked" and r.chunks:

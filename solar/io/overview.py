@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from solar._units import format_bytes
-from solar.io.inspect import DatasetReport, shape_text
+from solar.io.inspect import OFFSET_READS, DatasetReport, shape_text
 
 # Many files of at most this many rows each look like one sample per file (as
 # solar.io.hdf5.describe warns).
@@ -234,7 +234,7 @@ def _will(o: Overview, per_file: bool) -> None:
         if g.key not in keys:
             keys.append(g.key)
     text = {
-        "offset": "at byte offsets: preadv at computed offsets, adjacent samples coalesced",
+        "offset": f"at byte offsets: {OFFSET_READS}",
         "chunks": "by chunks, decoded by solar in parallel (a random sample reads its chunk)",
         "h5py": "through h5py, one call at a time",
     }

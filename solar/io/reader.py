@@ -1,10 +1,11 @@
 """The sample reader: which tasks read a step's samples from the dataset's files.
 
 Contiguous, uncompressed, native-endian datasets are read with ``preadv`` at computed byte
-offsets straight into the destination rows (no intermediate copy), runs of adjacent samples
-one call; with ``direct_io`` through ``O_DIRECT`` and page-aligned bounce buffers. Chunked
-datasets whose filters solar decodes (``solar.io.codecs``) are read chunk by chunk, decoded
-without the GIL on the executor's threads; others through h5py, each chunk once per request.
+offsets straight into the destination rows (no intermediate copy), rows at most a page apart
+one call (the bytes between read into a scratch page, never served); with ``direct_io``
+through ``O_DIRECT`` and page-aligned bounce buffers. Chunked datasets whose filters solar
+decodes (``solar.io.codecs``) are read chunk by chunk, decoded without the GIL on the
+executor's threads; others through h5py, each chunk once per request.
 One-sample files (HDF5 or ``.npy``) are read one open per file for all its keys.
 
 What to read is decided by :func:`solar.io.tasks.plan_reads` (pure); the tasks run on the

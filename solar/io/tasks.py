@@ -32,7 +32,7 @@ IOV_MAX = min(os.sysconf("SC_IOV_MAX"), 1024) if hasattr(os, "sysconf") else 102
 RUN_MAX_BYTES = 8 * 2**20  # largest single read; longer runs are cut so threads share them
 # Buffered reads: two rows at most this many bytes apart are one call, the bytes between copied
 # into GAP and dropped (ROMIO's data sieving in small): a call and its page-cache lookup cost
-# about as much as copying a page (1 KiB rows from the page cache: 540 -> 471 ns a row).
+# about as much as copying a page (CPU per served row: bench/cpu_row_bench.py).
 JOIN_GAP = PAGE
 GAP = np.empty(JOIN_GAP, np.uint8)  # written by every joined read, never read
 
@@ -134,9 +134,21 @@ class PreadvRuns:
         return int(self.starts.size)
 
     def want(self) -> np.ndarray:
-        """(runs,) bytes each run moves."""
-        ends = np.concatenate([[0], np.cumsum(self.iov[:, 1].astype(np.int64))])
-        return ends[self.starts + self.counts] - ends[self.starts]
+        """(runs,) bytes each run moves: what each call must return."""
+        return run_bytes(self.iov, self.starts, self.counts)
+
+
+@njit(cache=True, nogil=True)
+def run_bytes(iov, starts, counts):  # pragma: no cover - compiled
+    """The bytes each run moves, from its own entries only (a task's runs are a share of a
+    step's iov: summing all of it would cost every task the whole step)."""
+    want = np.empty(starts.shape[0], np.int64)
+    for j in range(starts.shape[0]):
+        n = np.int64(0)
+        for e in range(starts[j], starts[j] + counts[j]):
+            n += np.int64(iov[e, 1])
+        want[j] = n
+    return want
 
 
 @dataclass(frozen=True, eq=False)
