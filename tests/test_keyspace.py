@@ -11,6 +11,9 @@ import numpy as np
 import pytest
 
 from solar import BufferConfig, PlanSpec, RunConfig
+from solar.errors import SolarError
+from solar.schedule import HIT
+from solar.schedule.draw.draws import EpochDraws
 from solar.schedule.draw.keyspace import distinct_batches, key_space
 from solar.schedule.draw.pagemates import PageLayout
 from solar.schedule.draw.samplers import Trace
@@ -78,3 +81,39 @@ def test_a_trace_over_huge_n_is_planned_in_the_memory_of_its_accesses(window, on
             assert np.array_equal(getattr(a, f), getattr(b, f)), f
         kept += int(np.count_nonzero(a.flags))
     assert kept > 0  # (something was held or read alongside: the comparison has teeth)
+
+
+def test_rows_larger_than_a_page_are_planned_with_their_page_mates_offered():
+    """Rows of 100 KB on 4 KiB pages span ~25 pages each: the set of pages a (step, rank)
+    reads is sized for them (it was sized for two a row, and its probe spun forever once
+    full); the plan ends, with hits."""
+    rng = np.random.default_rng(1)
+    ids = rng.integers(0, 300, (2, 4, 2, 16)).astype(np.int64)
+    ids[:, 2:] = ids[:, :2]
+    epochs, steps, world, batch = ids.shape
+    run = RunConfig(300, world, batch, epochs, 0, False, steps * world * batch)
+    spec = PlanSpec(run, BufferConfig(40), sampler=Trace(ids), pages=PageLayout(0, 100_000, 4096))
+    planner = Planner(spec)
+    hits = sum(int(np.count_nonzero(planner.next_schedule()[1].flags & HIT)) for _ in range(epochs))
+    assert hits > 0
+
+
+class _Beyond(Trace):
+    """A sampler subclass whose draws are shifted out of 0..N-1 (Trace checks its own)."""
+
+    shift = 0
+
+    def epoch(self, run, epoch):
+        got = super().epoch(run, epoch)
+        return EpochDraws(got.ids + self.shift, got.offsets, got.outputs)
+
+
+@pytest.mark.parametrize("shift", [64, -1])
+def test_a_sampler_drawing_ids_outside_the_dataset_is_refused_in_one_line(shift):
+    ids = np.arange(64, dtype=np.int64).reshape(1, 4, 2, 8)
+    run = RunConfig(64, 2, 8, 1, 0, False, 64)
+    sampler = _Beyond(ids)
+    sampler.shift = shift
+    with pytest.raises(SolarError, match=r"^sampler _Beyond: epoch 0 draws a sample id outside "
+                                         r"0\.\.63$"):  # fmt: skip
+        Planner(PlanSpec(run, BufferConfig(8), sampler=sampler)).next_schedule()

@@ -58,13 +58,15 @@ def first_mark(table, stamp, mask, x, tag):  # pragma: no cover - compiled
     """Mark id ``x`` (>= 0) under stamp ``tag``: True if it was not marked under it yet (slots
     of other stamps are free)."""
     i = np.intp(mix64(np.uint64(x)) & mask)
-    while stamp[i] == tag and table[i] != x:
+    for _ in range(table.shape[0]):  # bounded: a full table raises, never spins
+        if stamp[i] != tag:
+            stamp[i] = tag
+            table[i] = x
+            return True
+        if table[i] == x:
+            return False
         i = (i + np.intp(1)) & np.intp(mask)
-    if stamp[i] == tag:
-        return False
-    stamp[i] = tag
-    table[i] = x
-    return True
+    raise AssertionError("first_mark: the set is full (sized too small)")
 
 
 @njit(cache=True, nogil=True)

@@ -160,6 +160,11 @@ class TraceOrder:
         if offsets.shape != (steps * world + 1,):
             raise ValueError(f"sampler: epoch {k} has {offsets.size - 1} batches, expected "
                              f"{steps} steps × {world} ranks")  # fmt: skip
+        n_samples = run.num_samples
+        if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= n_samples):
+            # (once here: every table after it is indexed by these ids, unchecked)
+            raise SolarError(f"sampler {type(self.sampler).__name__}: epoch {k} draws a sample "
+                             f"id outside 0..{n_samples - 1}")  # fmt: skip
         if self.affinity:  # one batch per global step, split by the planner
             offsets, world = offsets[::world], 1
         sample = np.empty(ids.size, sample_dtype(run.num_samples))

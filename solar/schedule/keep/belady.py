@@ -389,12 +389,12 @@ def _trace_steps(
     forward here step by step). Returns the side rows kept: their count and ``side``.
     """
     scratch = np.empty(_longest(bounds), np.int64)
-    # The pages a (step, rank) reads: a row spans at most two (a page holds two rows or more),
-    # and no more than the rows lie in.
+    # The pages a (step, rank) reads: a row spans at most row_bytes // page + 2 of them (rows
+    # may be larger than a page), and no more than the rows lie in.
     room = 0
     if layout.shape[0] and counts.size:
         spanned = (layout[_OFFSET] + layout[_N] * layout[_ROW]) // layout[_PAGE] + 1
-        room = min(2 * counts.max(), spanned)
+        room = min(counts.max() * (layout[_ROW] // layout[_PAGE] + 2), spanned)
     pages = marks(room)
     m = 0
     for k in range(bounds.shape[0] - 1):
