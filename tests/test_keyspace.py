@@ -27,11 +27,14 @@ def test_key_space_numbers_the_distinct_keys_in_their_order():
     assert np.array_equal(keys[la], a) and np.array_equal(keys[lb], b)
     empty, none = key_space([])
     assert empty.size == 0 and none == []
-    # A span no wider than the accesses: every key of it, numbered by offset (no sort).
+    # A span less than OFFSET_SPAN (6) times the accesses: every key of it, numbered by
+    # offset (no sort).
     span, (lc,) = key_space([np.array([9, 6, 9, 9], np.int64)])
     assert span.tolist() == [6, 7, 8, 9] and lc.tolist() == [3, 0, 3, 3]
-    sparse, (ls,) = key_space([np.array([9, 5, 9, 9], np.int64)])  # (5 wide, 4 accesses)
-    assert sparse.tolist() == [5, 9] and ls.tolist() == [1, 0, 1, 1]
+    wide, (lw,) = key_space([np.array([28, 5, 28, 28], np.int64)])  # (23 wide, 4 accesses)
+    assert wide.tolist() == list(range(5, 29)) and lw.tolist() == [23, 0, 23, 23]
+    sparse, (ls,) = key_space([np.array([29, 5, 29, 29], np.int64)])  # (24 wide: sorted)
+    assert sparse.tolist() == [5, 29] and ls.tolist() == [1, 0, 1, 1]
 
 
 def test_distinct_batches_keep_first_occurrences_per_batch():
