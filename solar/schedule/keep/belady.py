@@ -563,8 +563,10 @@ class TracePolicy(SolarPolicy):
         """Decide epoch ``k``: ``seq`` holds its (rank, sample) ids, ``next_use`` theirs."""
         assert next_use is not None and self.order is not None
         k0, trace = k * self.run.steps_per_epoch, self.order.epoch(k)
-        uses = None if self.pages is None else self.order.later_uses(k)
-        return self._plan(k0, trace, seq, next_use, uses)
+        if self.pages is None:
+            return self._plan(k0, trace, seq, next_use, None)
+        uses = self.order.later_uses(k)  # (its keys number the epoch's: numbered once)
+        return self._plan(k0, trace, seq, next_use, uses, uses.keys, uses.local)
 
     def plan_window(self, w: Window) -> EpochSchedule:
         """Decide window ``w`` of an epoch planned in windows (traces.TraceOrder.windows): its
@@ -581,14 +583,13 @@ class TracePolicy(SolarPolicy):
         """Decide the steps of ``trace`` (an epoch's, or a window's), the first global step
         ``k0``: ``seq`` holds its (rank, sample) ids, ``next_use`` theirs, ``uses`` page
         mates' next uses (pagemates.LaterUses, given a page layout); ``keys`` the keys
-        numbering ``uses``' rows (sorted; default: ``uses.keys``, else ``seq``'s:
-        keyspace.key_space) and ``local`` ``seq`` as local keys (found if not given)."""
-        if keys is None and uses is not None and uses.keys is not None:
-            keys = uses.keys
-        if keys is None:
+        numbering ``uses``' rows (sorted) and ``local`` ``seq`` as local keys of them (not
+        given: ``seq``'s own, keyspace.key_space)."""
+        if keys is None or local is None:
             keys, (local,) = key_space([seq])
-        if local is None:
-            local = np.searchsorted(keys, seq).astype(np.int64)
+        # self.occupant holds window-local keys until the finally below restores its ids:
+        # snapshot() returns it (a view) and contents() reads it, so both belong to the
+        # thread that plans (a Planner is driven by one thread; none reads it mid-plan).
         held, extra = _local_cells(self.occupant, keys)
         try:
             out = self._decide(k0, trace, local, next_use, uses, keys, held)
