@@ -14,8 +14,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from solar.schedule.draw.idtable import id_table
-from solar.schedule.draw.rng import mix64
+from solar.schedule.draw.idtable import first_mark, marks
 
 # Keys' span per access below which every key of the span is numbered by offset: an arange
 # and a subtraction cost less than the sort, even with a few keys unused per access.
@@ -53,31 +52,6 @@ def key_space(parts: list[np.ndarray]) -> tuple[np.ndarray, list[np.ndarray]]:
     local = np.empty(every.size, np.int64)
     local[order] = np.cumsum(new) - 1
     return keys, np.split(local, np.cumsum(sizes)[:-1])
-
-
-@njit(cache=True)
-def marks(room):  # pragma: no cover - compiled
-    """An empty set of up to ``room`` ids per stamp, read with :func:`first_mark`:
-    ``(table, stamp, mask)``. A new stamp starts an empty set (no clearing), so one table
-    serves every batch of a pass, sized by the largest."""
-    table, mask = id_table(room)
-    return table, np.full(table.shape[0], -1, np.int64), mask
-
-
-@njit(cache=True, inline="always")
-def first_mark(table, stamp, mask, x, tag):  # pragma: no cover - compiled
-    """Mark id ``x`` (>= 0) under stamp ``tag``: True if it was not marked under it yet (slots
-    of other stamps are free)."""
-    i = np.intp(mix64(np.uint64(x)) & mask)
-    for _ in range(table.shape[0]):  # bounded: a full table raises, never spins
-        if stamp[i] != tag:
-            stamp[i] = tag
-            table[i] = x
-            return True
-        if table[i] == x:
-            return False
-        i = (i + np.intp(1)) & np.intp(mask)
-    raise AssertionError("first_mark: the set is full (sized too small)")
 
 
 @njit(cache=True, nogil=True)

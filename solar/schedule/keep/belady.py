@@ -24,7 +24,8 @@ import numpy as np
 from numba import njit
 
 from solar.config import BufferConfig, RunConfig
-from solar.schedule.draw.keyspace import first_mark, key_space, marks
+from solar.schedule.draw.idtable import first_mark, marks
+from solar.schedule.draw.keyspace import key_space
 from solar.schedule.draw.order import sample_dtype, step_bounds
 from solar.schedule.draw.pagemates import NEXT, SEEN, LaterUses, mates_of, with_sides
 from solar.schedule.draw.traces import EpochTrace, Window
