@@ -35,8 +35,8 @@ def find(keys, x, mask):  # pragma: no cover - compiled
 @njit(cache=True)
 def marks(room):  # pragma: no cover - compiled
     """An empty set of up to ``room`` ids per stamp (:func:`id_table`, with a stamp a slot),
-    read with :func:`first_mark`: ``(table, stamp, mask)``. A new stamp starts an empty set (no clearing), so one table
-    serves every batch of a pass, sized by the largest."""
+    read with :func:`first_mark`: ``(table, stamp, mask)``. A new stamp starts an empty set
+    (no clearing), so one table serves every batch of a pass, sized by the largest."""
     table, mask = id_table(room)
     return table, np.full(table.shape[0], -1, np.int64), mask
 
