@@ -11,6 +11,9 @@ import numpy as np
 import pytest
 
 from solar import BufferConfig, PlanSpec, RunConfig
+from solar.errors import SolarError
+from solar.schedule import HIT
+from solar.schedule.draw.draws import EpochDraws
 from solar.schedule.draw.keyspace import distinct_batches, key_space
 from solar.schedule.draw.pagemates import PageLayout
 from solar.schedule.draw.samplers import Trace
@@ -24,11 +27,14 @@ def test_key_space_numbers_the_distinct_keys_in_their_order():
     assert np.array_equal(keys[la], a) and np.array_equal(keys[lb], b)
     empty, none = key_space([])
     assert empty.size == 0 and none == []
-    # A span no wider than the accesses: every key of it, numbered by offset (no sort).
+    # A span less than OFFSET_SPAN (6) times the accesses: every key of it, numbered by
+    # offset (no sort).
     span, (lc,) = key_space([np.array([9, 6, 9, 9], np.int64)])
     assert span.tolist() == [6, 7, 8, 9] and lc.tolist() == [3, 0, 3, 3]
-    sparse, (ls,) = key_space([np.array([9, 5, 9, 9], np.int64)])  # (5 wide, 4 accesses)
-    assert sparse.tolist() == [5, 9] and ls.tolist() == [1, 0, 1, 1]
+    wide, (lw,) = key_space([np.array([28, 5, 28, 28], np.int64)])  # (23 wide, 4 accesses)
+    assert wide.tolist() == list(range(5, 29)) and lw.tolist() == [23, 0, 23, 23]
+    sparse, (ls,) = key_space([np.array([29, 5, 29, 29], np.int64)])  # (24 wide: sorted)
+    assert sparse.tolist() == [5, 29] and ls.tolist() == [1, 0, 1, 1]
 
 
 def test_distinct_batches_keep_first_occurrences_per_batch():
@@ -53,24 +59,48 @@ def _plans(n: int, ids: np.ndarray, window: int | None, only_rank: int | None):
     return [planner.next_schedule() for _ in range(epochs)]
 
 
+def _peak_rss_reset() -> bool:
+    """Reset this process's peak RSS (VmHWM) to its RSS now; False where Linux does not let."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def _rss(field: str) -> int:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) << 10 for line in f if line.startswith(field + ":"))
+
+
+# The largest N whose samples are int32 (the kernels the small run compiles serve it: no int64
+# signatures compiled for this test alone); its (rank, sample) keys pass 2^31.
+HUGE = 2**31 - 1
+
+
 @pytest.mark.parametrize("window", [None, 1])
 @pytest.mark.parametrize("only_rank", [None, 1])
 def test_a_trace_over_huge_n_is_planned_in_the_memory_of_its_accesses(window, only_rank):
-    """The same trace over N = 5000 and N = 10^12: the same decisions (page mates included:
-    rows past the last one drawn are never used), and the huge run's peak of numpy
-    allocations a few megabytes (a table of N, or P·N, keys would be terabytes)."""
+    """The same trace over N = 5000 and N = 2^31 - 1: the same decisions (page mates
+    included: rows past the last one drawn are never used), and the huge run's memory a few
+    megabytes (a table of N, or P·N, keys would be gigabytes). tracemalloc sees numpy's
+    allocations, not those inside numba kernels: the peak RSS over the plan covers those."""
     rng = np.random.default_rng(0)
     ids = rng.integers(0, 5000, (2, 4, 2, 64)).astype(np.int64)
     ids[:, 2:] = ids[:, :2]  # reuse: hits and page mates to keep
     small = _plans(5000, ids, window, only_rank)
-    _plans(10**12, ids, window, only_rank)  # (kernels of int64 samples compiled: not counted)
+    _plans(HUGE, ids, window, only_rank)  # (first calls' costs, numba's included: not counted)
+    rss = _peak_rss_reset() and _rss("VmRSS")
     tracemalloc.start()
     try:
-        huge = _plans(10**12, ids, window, only_rank)
+        huge = _plans(HUGE, ids, window, only_rank)
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
     assert peak < 8 << 20
+    if rss:
+        assert _rss("VmHWM") - rss < 64 << 20
     kept = 0
     for (s0, a), (s1, b) in zip(small, huge, strict=True):
         assert np.array_equal(s0, s1)
@@ -78,3 +108,39 @@ def test_a_trace_over_huge_n_is_planned_in_the_memory_of_its_accesses(window, on
             assert np.array_equal(getattr(a, f), getattr(b, f)), f
         kept += int(np.count_nonzero(a.flags))
     assert kept > 0  # (something was held or read alongside: the comparison has teeth)
+
+
+def test_rows_larger_than_a_page_are_planned_with_their_page_mates_offered():
+    """Rows of 100 KB on 4 KiB pages span ~25 pages each: the set of pages a (step, rank)
+    reads is sized for them (it was sized for two a row, and its probe spun forever once
+    full); the plan ends, with hits."""
+    rng = np.random.default_rng(1)
+    ids = rng.integers(0, 300, (2, 4, 2, 16)).astype(np.int64)
+    ids[:, 2:] = ids[:, :2]
+    epochs, steps, world, batch = ids.shape
+    run = RunConfig(300, world, batch, epochs, 0, False, steps * world * batch)
+    spec = PlanSpec(run, BufferConfig(40), sampler=Trace(ids), pages=PageLayout(0, 100_000, 4096))
+    planner = Planner(spec)
+    hits = sum(int(np.count_nonzero(planner.next_schedule()[1].flags & HIT)) for _ in range(epochs))
+    assert hits > 0
+
+
+class _Beyond(Trace):
+    """A sampler subclass whose draws are shifted out of 0..N-1 (Trace checks its own)."""
+
+    shift = 0
+
+    def epoch(self, run, epoch):
+        got = super().epoch(run, epoch)
+        return EpochDraws(got.ids + self.shift, got.offsets, got.outputs)
+
+
+@pytest.mark.parametrize("shift", [64, -1])
+def test_a_sampler_drawing_ids_outside_the_dataset_is_refused_in_one_line(shift):
+    ids = np.arange(64, dtype=np.int64).reshape(1, 4, 2, 8)
+    run = RunConfig(64, 2, 8, 1, 0, False, 64)
+    sampler = _Beyond(ids)
+    sampler.shift = shift
+    with pytest.raises(SolarError, match=r"^sampler _Beyond: epoch 0 draws a sample id outside "
+                                         r"0\.\.63$"):  # fmt: skip
+        Planner(PlanSpec(run, BufferConfig(8), sampler=sampler)).next_schedule()

@@ -19,10 +19,10 @@ from solar.schedule.draw.pagemates import (
     SEEN,
     LaterUses,
     PageLayout,
-    cleared,
     mates_of,
-    new_table,
 )
+from solar.schedule.draw.samplers import Trace
+from solar.schedule.draw.traces import EpochTrace, TraceOrder
 from solar.schedule.keep.planner import Planner, RankEpoch
 from solar.schedule.plans.validate import TraceValidator
 from solar.schedule.policy import ADMIT, NEVER, SIDE
@@ -58,16 +58,19 @@ def test_later_uses_give_a_keys_first_use_at_or_after_a_position(epochs, v, w):
     """The table starts at each key's first use in the window; moved forward past the
     positions before ``w`` as the planner moves it (an access's key gets its next use), it
     gives key v's first use at or after ``w``, as a global position, or none."""
-    pairs = [np.array(e, np.int64) + 10 for e in epochs]  # keys 10..16: indexed from 10
-    uses = LaterUses.of(5, pairs, 10, new_table(7))
-    window = np.concatenate(pairs) - 10
-    starts = np.concatenate([[0], np.cumsum([p.size for p in pairs])])
+    keys = np.arange(10, 17, dtype=np.int64)  # keys 10..16: local keys 0..6
+    local = [np.array(e, np.int64) for e in epochs]
+    starts = [(5 + e) << 40 for e in range(len(local))]
+    uses = LaterUses.at(5, local, starts, (5 + len(local)) << 40, keys)
+    window = np.concatenate(local)
+    firsts = np.concatenate([[0], np.cumsum([p.size for p in local])])
 
     def position(i):  # window index -> global position
-        e = int(np.searchsorted(starts, i, side="right") - 1)
-        return ((5 + e) << 40) + i - int(starts[e])
+        e = int(np.searchsorted(firsts, i, side="right") - 1)
+        return ((5 + e) << 40) + i - int(firsts[e])
 
-    assert uses.end == 5 + len(pairs) and uses.limit == (5 + len(pairs)) << 40
+    assert uses.end == 5 + len(local) and uses.limit == (5 + len(local)) << 40
+    assert uses.local is local[0] and uses.keys is keys and uses.table.shape == (7, 2)
     for i in range(min(w, window.size)):  # passed: its next use in the window, or beyond it
         later = [j for j in range(i + 1, window.size) if window[j] == window[i]]
         uses.table[window[i], NEXT] = position(later[0]) if later else NEVER
@@ -80,31 +83,16 @@ def test_later_uses_give_a_keys_first_use_at_or_after_a_position(epochs, v, w):
         assert got == position(at[0])
 
 
-def test_later_uses_refuse_a_key_outside_the_table():
-    with pytest.raises(SolarError, match=r"outside 10\.\.16"):
-        LaterUses.of(0, [np.array([10, 17], np.int64)], 10, new_table(7))
-
-
-@settings(max_examples=100, deadline=None)
-@given(st.lists(st.lists(st.integers(0, 6), max_size=12), min_size=1, max_size=3),
-       st.lists(st.lists(st.integers(0, 6), max_size=12), min_size=1, max_size=3),
-       st.integers(0, 40))  # fmt: skip
-def test_a_table_given_back_is_as_new_for_the_next_window(first, second, w):
-    """After a window's table is built, moved forward by the planner over its keys and
-    cleared of the keys its window named, it is all -1s: the next window's, built in it, is
-    the one a new table gives (an order allocates one table, never one per window)."""
-    pairs = [np.array(e, np.int64) + 10 for e in first]
-    table = new_table(7)
-    uses = LaterUses.of(5, pairs, 10, table)
-    window = np.concatenate(pairs) - 10
-    for i in range(min(w, window.size)):  # the planner's moves: the window's keys only
-        uses.table[window[i], NEXT] = 1234 + i
-        uses.table[window[i], SEEN] = i
-    cleared(table, pairs, 10)
-    assert np.all(table == -1)
-    nxt = [np.array(e, np.int64) + 10 for e in second]
-    again = LaterUses.of(6, nxt, 10, table)
-    assert np.array_equal(again.table, LaterUses.of(6, nxt, 10, new_table(7)).table)
+def test_a_rank_planning_alone_refuses_another_ranks_keys():
+    """Its window's keys are numbered once (keyspace.py), every table indexed by them: a key
+    outside the rank's own (rank·N .. rank·N + N - 1) is refused there."""
+    run = RunConfig(64, 2, 8, 1, 0, False, 64)
+    order = TraceOrder(run, Trace(np.arange(64).reshape(1, 4, 2, 8)), only_rank=1)
+    pair = np.array([64, 3], np.int64)  # rank 1's sample 0, then rank 0's sample 3
+    one = np.ones(2, np.int16)
+    trace = EpochTrace(pair % 64, pair, one, np.array([[0, 2]], np.int32), np.array([0, 2]))
+    with pytest.raises(SolarError, match=r"keys outside 64\.\.127"):
+        order._keys_of([trace])
 
 
 def _parts(spec: PlanSpec, rank: int) -> list[RankEpoch]:

@@ -2,7 +2,8 @@
 kernel builds per batch or subgraph, sized by it, never by the dataset or graph (issue 48).
 
 ``keys`` holds the ids (-1: an empty slot); a caller keeps what it maps each id to in arrays of
-its own, indexed by the same slot.
+its own, indexed by the same slot. :func:`marks` is the same table with a stamp a slot: a set
+per stamp, emptied by taking a new stamp, not by clearing.
 """
 
 from __future__ import annotations
@@ -29,3 +30,28 @@ def find(keys, x, mask):  # pragma: no cover - compiled
     while keys[i] != x and keys[i] >= 0:
         i = (i + np.intp(1)) & np.intp(mask)
     return i
+
+
+@njit(cache=True)
+def marks(room):  # pragma: no cover - compiled
+    """An empty set of up to ``room`` ids per stamp (:func:`id_table`, with a stamp a slot),
+    read with :func:`first_mark`: ``(table, stamp, mask)``. A new stamp starts an empty set
+    (no clearing), so one table serves every batch of a pass, sized by the largest."""
+    table, mask = id_table(room)
+    return table, np.full(table.shape[0], -1, np.int64), mask
+
+
+@njit(cache=True, inline="always")
+def first_mark(table, stamp, mask, x, tag):  # pragma: no cover - compiled
+    """Mark id ``x`` (>= 0) under stamp ``tag``: True if it was not marked under it yet (slots
+    of other stamps are free)."""
+    i = np.intp(mix64(np.uint64(x)) & mask)
+    for _ in range(table.shape[0]):  # bounded: a full table raises, never spins
+        if stamp[i] != tag:
+            stamp[i] = tag
+            table[i] = x
+            return True
+        if table[i] == x:
+            return False
+        i = (i + np.intp(1)) & np.intp(mask)
+    raise AssertionError("first_mark: the set is full (sized too small)")

@@ -3,9 +3,10 @@ them, never by the dataset (issue 48: at N = 10^8 a table of every (rank, sample
 gigabytes per rank planned; a window's keys are the accesses of two windows of steps).
 
 ``keys`` are the window's keys, sorted (its distinct keys; or every key of their span, where
-that is no wider than its accesses); key ``keys[v]`` is local key ``v`` in every table of the
-window (next uses' backward pass, page mates' table, who holds what). Sorted, the numbering
-keeps the keys' order: the keys of a run of rows (a page's mates) are a run of them.
+that is less than ``OFFSET_SPAN`` times its accesses); key ``keys[v]`` is local key ``v`` in
+every table of the window (next uses' backward pass, page mates' table, who holds what).
+Sorted, the numbering keeps the keys' order: the keys of a run of rows (a page's mates) are a
+run of them.
 """
 
 from __future__ import annotations
@@ -13,23 +14,32 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from solar.schedule.draw.idtable import id_table
-from solar.schedule.draw.rng import mix64
+from solar.schedule.draw.idtable import first_mark, marks
+
+# Keys' span per access below which every key of the span is numbered by offset: an arange
+# and a subtraction cost less than the sort, even with a few keys unused per access.
+OFFSET_SPAN = 6
+
+# Peak bytes of key_space per access (python bench/keyspace_memory.py: tracemalloc, 2·10^6
+# accesses, spans 0.5 to 1000 per access): the offset
+# path holds the local keys (8) and the span's keys (8 per key); the sort path its argsort,
+# sorted copy, mask and local keys (41) and the distinct keys (8 per key).
+OFFSET_BYTES, SORT_BYTES, KEY_BYTES = 8, 41, 8
 
 
 def key_space(parts: list[np.ndarray]) -> tuple[np.ndarray, list[np.ndarray]]:
     """The keys of ``parts`` numbered densely (int64, sorted) and each part's keys as local
-    keys (int64 indices into them): where their span is no wider than their count, every key
-    of the span, numbered by offset (no sort; a table no larger than the accesses); else the
-    distinct keys, by one sort of them all (np.unique's hash and searchsorted's random probes
-    cost several times more at a window's size)."""
+    keys (int64 indices into them): where their span is less than ``OFFSET_SPAN`` times
+    their count, every key of the span, numbered by offset (no sort); else the distinct
+    keys, by one sort of them all (np.unique's hash and searchsorted's random probes cost
+    several times more at a window's size)."""
     sizes = [p.size for p in parts]
     total = sum(sizes)
     if total == 0:
         return np.zeros(0, np.int64), [np.zeros(0, np.int64) for _ in parts]
     lo = min(int(p.min()) for p in parts if p.size)
     hi = max(int(p.max()) for p in parts if p.size)
-    if hi - lo < total:
+    if hi - lo < OFFSET_SPAN * total:
         return np.arange(lo, hi + 1, dtype=np.int64), [p.astype(np.int64) - lo for p in parts]
     every = np.concatenate(parts).astype(np.int64, copy=False)
     order = np.argsort(every)
@@ -42,29 +52,6 @@ def key_space(parts: list[np.ndarray]) -> tuple[np.ndarray, list[np.ndarray]]:
     local = np.empty(every.size, np.int64)
     local[order] = np.cumsum(new) - 1
     return keys, np.split(local, np.cumsum(sizes)[:-1])
-
-
-@njit(cache=True)
-def marks(room):  # pragma: no cover - compiled
-    """An empty set of up to ``room`` ids per stamp, read with :func:`first_mark`:
-    ``(table, stamp, mask)``. A new stamp starts an empty set (no clearing), so one table
-    serves every batch of a pass, sized by the largest."""
-    table, mask = id_table(room)
-    return table, np.full(table.shape[0], -1, np.int64), mask
-
-
-@njit(cache=True, inline="always")
-def first_mark(table, stamp, mask, x, tag):  # pragma: no cover - compiled
-    """Mark id ``x`` (>= 0) under stamp ``tag``: True if it was not marked under it yet (slots
-    of other stamps are free)."""
-    i = np.intp(mix64(np.uint64(x)) & mask)
-    while stamp[i] == tag and table[i] != x:
-        i = (i + np.intp(1)) & np.intp(mask)
-    if stamp[i] == tag:
-        return False
-    stamp[i] = tag
-    table[i] = x
-    return True
 
 
 @njit(cache=True, nogil=True)

@@ -70,10 +70,11 @@ NEXT, SEEN = 0, 1  # columns of LaterUses.table
 @dataclass(frozen=True)
 class LaterUses:
     """When each key is next used, over a window of the trace: epoch ``epoch`` and the next
-    few (:meth:`of`), or a window of an epoch's steps and the window after it
-    (:meth:`at`; solar.schedule.draw.traces.TraceOrder.windows), up to (not including) global
-    position ``limit``. ``table[v, NEXT]`` is key ``base + v``'s first access in the window,
-    as a global position (``(epoch << EPOCH_SHIFT) + index``), or -1; ``table[v, SEEN]``, -1.
+    (solar.schedule.draw.traces.TraceOrder.later_uses), or a window of an epoch's steps and
+    the window after it (TraceOrder.windows), up to (not including) global position
+    ``limit``. The window's keys are numbered densely (solar.schedule.draw.keyspace): row
+    ``v`` is key ``keys[v]``. ``table[v, NEXT]`` is its first access in the window, as a
+    global position (``(epoch << EPOCH_SHIFT) + index``), or -1; ``table[v, SEEN]``, -1.
 
     The planner moves it forward as it passes the window's steps
     (:func:`solar.schedule.keep.belady._trace_steps`): a key accessed at global step k gets
@@ -81,18 +82,13 @@ class LaterUses:
     use not yet passed (a position at or past ``limit`` lies outside the window: not used
     within it), and ``SEEN`` says whether the key was accessed at the step being planned. One
     row per key, both fields in one cache line, no index of every position (built in one
-    pass). The table is its order's one buffer (:meth:`at` fills a table of -1s; :func:`cleared`
-    gives it back): an order lends one window's at a time, so a LaterUses is read only while
-    its window is planned.
-
-    A trace's order numbers a window's keys densely (solar.schedule.draw.keyspace): row ``v``
-    is then key ``keys[v]`` (``base`` 0), and the table is sized by the window's keys."""
+    pass). Each window has its own table, sized by its keys, let go with it."""
 
     epoch: int
-    base: int  # the first key (a rank planning alone: its own keys only)
     table: np.ndarray  # (keys, 2) int64, moved forward in place by the planner
     limit: int  # the first global position past the window
-    keys: np.ndarray | None = None  # each row's key, sorted (None: row v is key base + v)
+    keys: np.ndarray  # each row's key, sorted
+    local: np.ndarray  # the window's first part's accesses as local keys (rows)
 
     @property
     def end(self) -> int:
@@ -100,66 +96,23 @@ class LaterUses:
         return ((self.limit - 1) >> EPOCH_SHIFT) + 1
 
     @classmethod
-    def of(cls, epoch: int, pairs: list[np.ndarray], base: int, table: np.ndarray) -> LaterUses:
-        """The table of the window whose epochs' keys, in order, are ``pairs`` (from epoch
-        ``epoch`` on), all within ``base .. base + len(table) - 1``, written into ``table``
-        (all -1s)."""
-        starts = [(epoch + e) << EPOCH_SHIFT for e in range(len(pairs))]
-        return cls.at(epoch, pairs, starts, (epoch + len(pairs)) << EPOCH_SHIFT, base, table)
-
-    @classmethod
-    def at(cls, epoch: int, pairs: list[np.ndarray], starts: list[int], limit: int, base: int,
-           table: np.ndarray, keys: np.ndarray | None = None) -> LaterUses:  # fmt: skip
-        """The table of the window (of epoch ``epoch`` on) whose parts' keys, in order, are
-        ``pairs``, ``pairs[e]``'s first at global position ``starts[e]``, ending before
-        ``limit``; every key within ``base .. base + len(table) - 1``. Written into ``table``
-        ((keys, 2) int64, all -1s: :func:`new_table`, or one :func:`cleared` of the rows the
-        last window's ``pairs`` touched, planner's moves included): no pass over every key.
-        ``keys``: each row's key, where ``pairs`` are local keys (keyspace.py)."""
+    def at(cls, epoch: int, local: list[np.ndarray], starts: list[int], limit: int,
+           keys: np.ndarray) -> LaterUses:  # fmt: skip
+        """The table of the window (of epoch ``epoch`` on) whose parts' accesses, as local
+        keys of ``keys`` (keyspace.key_space), are ``local``, ``local[e]``'s first at global
+        position ``starts[e]``, ending before ``limit``."""
+        table = np.full((keys.size, 2), -1, np.int64)
         # Latest part first, each backwards: a key's earliest access is written last.
-        for e in range(len(pairs) - 1, -1, -1):
-            if not _first_uses(pairs[e], np.int64(base), np.int64(starts[e]), table):
-                cleared(table, pairs, base)
-                raise SolarError(f"page mates: the trace names keys outside {base}.."
-                                 f"{base + table.shape[0] - 1} (a sampler's rank_epoch gave "
-                                 "another rank's batches?)")  # fmt: skip
-        return cls(epoch, base, table, int(limit), keys)
-
-
-def new_table(keys: int) -> np.ndarray:
-    """A table for :meth:`LaterUses.at` of ``keys`` keys, all -1s: allocated once per order."""
-    return np.full((keys, 2), -1, np.int64)
-
-
-def cleared(table: np.ndarray, pairs: list[np.ndarray], base: int) -> None:
-    """Rows of ``pairs``' keys (``base`` the first key) back to -1: all a window's
-    :meth:`LaterUses.at` and its planning wrote (the planner moves only the window's keys),
-    so ``table`` is all -1s again, at the cost of the window's accesses, not of the keys."""
-    for pair in pairs:
-        _clear(pair, np.int64(base), table)
+        for e in range(len(local) - 1, -1, -1):
+            _first_uses(local[e], np.int64(starts[e]), table)
+        return cls(epoch, table, int(limit), keys, local[0])
 
 
 @njit(cache=True, nogil=True)
-def _clear(pair, base, table):
-    n = table.shape[0]
-    for i in range(pair.shape[0]):
-        v = pair[i] - base
-        if 0 <= v < n:
-            table[v, NEXT] = -1
-            table[v, SEEN] = -1
-
-
-@njit(cache=True, nogil=True)
-def _first_uses(pair, base, start, table):
-    """``table[pair[i] - base, NEXT]`` = ``start + i``, the earliest i last; False (``table``
-    partly written) if a key lies outside it."""
-    n = table.shape[0]
-    for i in range(pair.shape[0] - 1, -1, -1):
-        v = pair[i] - base
-        if v < 0 or v >= n:
-            return False
-        table[v, NEXT] = start + i
-    return True
+def _first_uses(local, start, table):
+    """``table[local[i], NEXT]`` = ``start + i``, the earliest i last."""
+    for i in range(local.shape[0] - 1, -1, -1):
+        table[local[i], NEXT] = start + i
 
 
 @njit(cache=True, inline="always")

@@ -41,7 +41,7 @@ from solar.errors import SolarError
 from solar.schedule.draw.draws import EpochDraws, RankDraws, every_rank, steps_of
 from solar.schedule.draw.keyspace import distinct_batches, key_space
 from solar.schedule.draw.order import sample_dtype
-from solar.schedule.draw.pagemates import LOOK_AHEAD, LaterUses, PageLayout, new_table
+from solar.schedule.draw.pagemates import LOOK_AHEAD, LaterUses, PageLayout
 from solar.schedule.draw.samplers import Sampler
 from solar.schedule.policy import EPOCH_SHIFT, NEVER
 
@@ -160,6 +160,11 @@ class TraceOrder:
         if offsets.shape != (steps * world + 1,):
             raise ValueError(f"sampler: epoch {k} has {offsets.size - 1} batches, expected "
                              f"{steps} steps × {world} ranks")  # fmt: skip
+        n_samples = run.num_samples
+        if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= n_samples):
+            # (once here: every table after it is indexed by these ids, unchecked)
+            raise SolarError(f"sampler {type(self.sampler).__name__}: epoch {k} draws a sample "
+                             f"id outside 0..{n_samples - 1}")  # fmt: skip
         if self.affinity:  # one batch per global step, split by the planner
             offsets, world = offsets[::world], 1
         sample = np.empty(ids.size, sample_dtype(run.num_samples))
@@ -256,7 +261,7 @@ class TraceOrder:
                 starts = [int(base), int(after)][: len(local)]
                 limit = int(after) + ahead.pair.size if ahead is not None else \
                     int(base) + trace.pair.size  # fmt: skip
-                later = LaterUses.at(k, local, starts, limit, 0, new_table(keys.size), keys)
+                later = LaterUses.at(k, local, starts, limit, keys)
             size = trace.pair.size
             yield Window(k, self._steps(j)[0], offset, trace, nu, keys, local[0], later)
             del trace, nu, later, ahead, keys, local  # (let go before the next is drawn)
@@ -313,12 +318,13 @@ class TraceOrder:
 
     def later_uses(self, k: int) -> LaterUses:
         """Each key's first use in epoch ``k`` and the next (within the horizon;
-        :mod:`solar.schedule.draw.pagemates`): when a row not accessed now is next used. Raises
+        :mod:`solar.schedule.draw.pagemates`): when a row not accessed now is next used; with
+        epoch ``k``'s accesses as local keys (``local``: one numbering for its plan). Raises
         SolarError if a rank planning alone was given another rank's keys."""
         end = min(self.run.epochs, k + min(self.horizon, LOOK_AHEAD) + 1)
         keys, local = self._keys_of([self.epoch(e) for e in range(k, end)])
         starts = [(k + e) << EPOCH_SHIFT for e in range(len(local))]
-        return LaterUses.at(k, local, starts, end << EPOCH_SHIFT, 0, new_table(keys.size), keys)
+        return LaterUses.at(k, local, starts, end << EPOCH_SHIFT, keys)
 
     def next_use(self, k: int, pairs: np.ndarray) -> np.ndarray:
         """The first position after epoch ``k`` (within the horizon of epoch k + 1) of each of

@@ -24,7 +24,8 @@ import numpy as np
 from numba import njit
 
 from solar.config import BufferConfig, RunConfig
-from solar.schedule.draw.keyspace import first_mark, key_space, marks
+from solar.schedule.draw.idtable import first_mark, marks
+from solar.schedule.draw.keyspace import key_space
 from solar.schedule.draw.order import sample_dtype, step_bounds
 from solar.schedule.draw.pagemates import NEXT, SEEN, LaterUses, mates_of, with_sides
 from solar.schedule.draw.traces import EpochTrace, Window
@@ -389,12 +390,12 @@ def _trace_steps(
     forward here step by step). Returns the side rows kept: their count and ``side``.
     """
     scratch = np.empty(_longest(bounds), np.int64)
-    # The pages a (step, rank) reads: a row spans at most two (a page holds two rows or more),
-    # and no more than the rows lie in.
+    # The pages a (step, rank) reads: a row spans at most row_bytes // page + 2 of them (rows
+    # may be larger than a page), and no more than the rows lie in.
     room = 0
     if layout.shape[0] and counts.size:
         spanned = (layout[_OFFSET] + layout[_N] * layout[_ROW]) // layout[_PAGE] + 1
-        room = min(2 * counts.max(), spanned)
+        room = min(counts.max() * (layout[_ROW] // layout[_PAGE] + 2), spanned)
     pages = marks(room)
     m = 0
     for k in range(bounds.shape[0] - 1):
@@ -563,8 +564,10 @@ class TracePolicy(SolarPolicy):
         """Decide epoch ``k``: ``seq`` holds its (rank, sample) ids, ``next_use`` theirs."""
         assert next_use is not None and self.order is not None
         k0, trace = k * self.run.steps_per_epoch, self.order.epoch(k)
-        uses = None if self.pages is None else self.order.later_uses(k)
-        return self._plan(k0, trace, seq, next_use, uses)
+        if self.pages is None:
+            return self._plan(k0, trace, seq, next_use, None)
+        uses = self.order.later_uses(k)  # (its keys number the epoch's: numbered once)
+        return self._plan(k0, trace, seq, next_use, uses, uses.keys, uses.local)
 
     def plan_window(self, w: Window) -> EpochSchedule:
         """Decide window ``w`` of an epoch planned in windows (traces.TraceOrder.windows): its
@@ -581,14 +584,13 @@ class TracePolicy(SolarPolicy):
         """Decide the steps of ``trace`` (an epoch's, or a window's), the first global step
         ``k0``: ``seq`` holds its (rank, sample) ids, ``next_use`` theirs, ``uses`` page
         mates' next uses (pagemates.LaterUses, given a page layout); ``keys`` the keys
-        numbering ``uses``' rows (sorted; default: ``uses.keys``, else ``seq``'s:
-        keyspace.key_space) and ``local`` ``seq`` as local keys (found if not given)."""
-        if keys is None and uses is not None and uses.keys is not None:
-            keys = uses.keys
-        if keys is None:
+        numbering ``uses``' rows (sorted) and ``local`` ``seq`` as local keys of them (not
+        given: ``seq``'s own, keyspace.key_space)."""
+        if keys is None or local is None:
             keys, (local,) = key_space([seq])
-        if local is None:
-            local = np.searchsorted(keys, seq).astype(np.int64)
+        # self.occupant holds window-local keys until the finally below restores its ids:
+        # snapshot() returns it (a view) and contents() reads it, so both belong to the
+        # thread that plans (a Planner is driven by one thread; none reads it mid-plan).
         held, extra = _local_cells(self.occupant, keys)
         try:
             out = self._decide(k0, trace, local, next_use, uses, keys, held)

@@ -388,10 +388,21 @@ class PlanMemory:
 # Bytes of an epoch's decisions planned in windows, joined (sample, rank, slot, flags), and
 # grouped by rank for a plan file: what the epoch holds beyond its two windows of trace.
 _JOINED_BYTES = 20
-# Bytes per access of the trace held of the tables keyed by its keys numbered densely
-# (solar/schedule/draw/keyspace.py: the keys, local keys and their sort's temporaries; the
-# backward pass's, page mates' and who holds what): a trace's solar policy holds no table of N.
-_KEYED_BYTES = 120
+# Bytes per key of the tables keyed by a trace's keys numbered densely: the backward pass's
+# last uses (8), page mates' later uses (16), who holds what (8). A trace's solar policy
+# holds no table of N.
+_TABLE_BYTES = 32
+
+
+def _keyed_bytes(accesses: float, span: int) -> float:
+    """Peak bytes of the keyed tables of ``accesses`` accesses whose keys span ``span``
+    (solar/schedule/draw/keyspace.py: its path taken as key_space takes it; its figures
+    measured by bench/keyspace_memory.py)."""
+    from solar.schedule.draw import keyspace as ks
+
+    if span < ks.OFFSET_SPAN * accesses:  # every key of the span
+        return ks.OFFSET_BYTES * accesses + (ks.KEY_BYTES + _TABLE_BYTES) * span
+    return (ks.SORT_BYTES + ks.KEY_BYTES + _TABLE_BYTES) * accesses  # at most one key each
 
 
 def plan_memory(spec: PlanSpec, keep_all: bool = False, tallied: bool = False,
@@ -434,7 +445,10 @@ def plan_memory(spec: PlanSpec, keep_all: bool = False, tallied: bool = False,
         if window is not None:  # two windows of trace; the epoch's decisions joined
             trace = per_epoch * min(1.0, 2 * window / run.steps_per_epoch)
             need += 0 if tallied else _JOINED_BYTES * per_epoch * part
-        need += (BYTES_PER_ACCESS + (_KEYED_BYTES if keyed else 0)) * trace * part
+        need += BYTES_PER_ACCESS * trace * part
+        if keyed:  # a planner's keys: (rank, sample) pairs of every rank, or of its own
+            span = run.num_samples * (run.world_size if ranks is None else 1)
+            need += planners * _keyed_bytes(trace * part / planners, span)
         if spec.pages is not None:  # page mates' side rows (their tables are keyed)
             need += 20 * (per_epoch if window is None else trace) * part
     return PlanMemory(int(need), int(accesses), int(per_epoch), held, estimated, window)
