@@ -74,15 +74,15 @@ def _rss(field: str) -> int:
         return next(int(line.split()[1]) << 10 for line in f if line.startswith(field + ":"))
 
 
-# The largest N whose samples are int32 (the kernels the small run compiles serve it: no int64
-# signatures compiled for this test alone); its (rank, sample) keys pass 2^31.
-HUGE = 2**31 - 1
+# A huge N whose (rank, sample) ids over 2 ranks stay int32 (the signatures `solar warm` and the
+# small run compile serve it: none compiled for this test alone); a table of N would be GBs.
+HUGE = 2**30 - 1
 
 
 @pytest.mark.parametrize("window", [None, 1])
 @pytest.mark.parametrize("only_rank", [None, 1])
 def test_a_trace_over_huge_n_is_planned_in_the_memory_of_its_accesses(window, only_rank):
-    """The same trace over N = 5000 and N = 2^31 - 1: the same decisions (page mates
+    """The same trace over N = 5000 and N = 2^30 - 1: the same decisions (page mates
     included: rows past the last one drawn are never used), and the huge run's memory a few
     megabytes (a table of N, or P·N, keys would be gigabytes). tracemalloc sees numpy's
     allocations, not those inside numba kernels: the peak RSS over the plan covers those."""
