@@ -100,9 +100,7 @@ def test_no_worker_coming_the_trainer_transforms_every_step_itself(data):
     ref = Loader(data, transform=Transform(crop_flip_noise, workers=1), **args)
     try:
         assert ld.stats.remote == {}
-        for a, b in zip(ld, ref, strict=True):
-            for k in b:
-                assert np.array_equal(a[k].numpy(), b[k].numpy()), k
+        _same_epoch(ld, ref)
     finally:
         ld.close()
         ref.close()
@@ -125,12 +123,7 @@ def test_a_trainer_with_a_worker_yields_the_bytes_it_would_transform_itself(data
     ld, ref = _pair(data, address, 2)
     try:
         for e in range(2):
-            ld.set_epoch(e)
-            ref.set_epoch(e)
-            for a, b in zip(ld, ref, strict=True):
-                assert a.keys() == b.keys()
-                for k in b:
-                    assert np.array_equal(a[k].numpy(), b[k].numpy()), (e, k)
+            _same_epoch(ld, ref, e)
         (fig,) = ld.stats.remote.values()
         assert fig.steps + fig.late == 11  # its steps: 11 of the run's 22 (keep=1)
         assert fig.steps > 0 and fig.refused == 0 and not fig.lost
@@ -149,20 +142,28 @@ def _kill(worker: subprocess.Popen) -> None:
     worker.wait(timeout=30)
 
 
-def _compared(ld, ref, epochs: int, before) -> None:
-    """``epochs`` of ``ld`` against ``ref`` (transforming locally): every batch byte-identical,
-    every sample once per epoch; ``before(e, t)`` is called before step t of epoch e is
-    compared."""
-    for e in range(epochs):
+def _same_epoch(ld, ref, e: int | None = None, before=lambda t: None) -> None:
+    """One epoch of ``ld`` against ``ref`` (transforming locally), epoch ``e`` set on both first
+    (None: as they stand): every batch byte-identical, every sample once; ``before(t)`` is
+    called before step t is compared."""
+    if e is not None:
         ld.set_epoch(e)
         ref.set_epoch(e)
-        seen = []
-        for t, (a, b) in enumerate(zip(ld, ref, strict=True)):
-            before(e, t)
-            for k in b:
-                assert np.array_equal(a[k].numpy(), b[k].numpy()), (e, t, k)
-            seen.append(a["index"].numpy())
-        assert np.array_equal(np.sort(np.concatenate(seen)), np.arange(N)), e
+    seen = []
+    for t, (a, b) in enumerate(zip(ld, ref, strict=True)):
+        before(t)
+        assert a.keys() == b.keys()
+        for k in b:
+            assert np.array_equal(a[k].numpy(), b[k].numpy()), (e, t, k)
+        seen.append(a["index"].numpy())
+    assert np.array_equal(np.sort(np.concatenate(seen)), np.arange(N)), e
+
+
+def _compared(ld, ref, epochs: int, before) -> None:
+    """``epochs`` of ``ld`` against ``ref`` (:func:`_same_epoch`); ``before(e, t)`` is called
+    before step t of epoch e is compared."""
+    for e in range(epochs):
+        _same_epoch(ld, ref, e, lambda t, e=e: before(e, t))
 
 
 def test_a_worker_killed_mid_epoch_costs_no_sample(data):
@@ -346,9 +347,7 @@ def test_a_delivery_not_signed_or_not_the_steps_size_is_refused(data, monkeypatc
     worker.start()
     ld, ref = _pair(data, address, 1, wait_s=0.5)
     try:
-        for a, b in zip(ld, ref, strict=True):
-            for k in b:
-                assert np.array_equal(a[k].numpy(), b[k].numpy()), k
+        _same_epoch(ld, ref)
         (fig,) = ld.stats.remote.values()
         assert fig.steps == 0
         assert fig.refused > 0 if wrong == "signature" else fig.lost
@@ -370,9 +369,7 @@ def test_a_worker_follows_its_trainer_back_after_load_state_dict(data):
     def epoch_0() -> int:
         ld.load_state_dict(start)
         ref.load_state_dict(start)
-        for a, b in zip(ld, ref, strict=True):
-            for k in b:
-                assert np.array_equal(a[k].numpy(), b[k].numpy()), k
+        _same_epoch(ld, ref)
         return sum(f.steps for f in ld.stats.remote.values())
 
     try:
@@ -404,11 +401,7 @@ def test_a_worker_that_hangs_is_taken_for_lost(data, monkeypatch):
     ld, ref = _pair(data, address, 2, keep=0, wait_s=0.3)
     try:
         for e in range(2):
-            ld.set_epoch(e)
-            ref.set_epoch(e)
-            for a, b in zip(ld, ref, strict=True):
-                for k in b:
-                    assert np.array_equal(a[k].numpy(), b[k].numpy()), k
+            _same_epoch(ld, ref, e)
         (fig,) = ld.stats.remote.values()
         assert fig.lost and fig.steps <= 1 and fig.late < 22
     finally:
@@ -488,14 +481,7 @@ def test_a_worker_joining_after_the_trainers_began_is_used_from_an_epoch_start(d
     later = None
     try:
         for e in range(3):
-            ld.set_epoch(e)
-            ref.set_epoch(e)
-            seen = []
-            for a, b in zip(ld, ref, strict=True):
-                for k in b:
-                    assert np.array_equal(a[k].numpy(), b[k].numpy()), (e, k)
-                seen.append(a["index"].numpy())
-            assert np.array_equal(np.sort(np.concatenate(seen)), np.arange(N)), e
+            _same_epoch(ld, ref, e)
             if e == 0:  # it registers with the trainers' store before epoch 1 starts
                 later = start_worker(address)
                 host, port = address.rsplit(":", 1)
@@ -572,11 +558,7 @@ def test_a_worker_that_registered_and_failed_is_never_waited_for_past_join_s(dat
     store = None
     try:
         for e in range(3):
-            ld.set_epoch(e)
-            ref.set_epoch(e)
-            for a, b in zip(ld, ref, strict=True):
-                for k in b:
-                    assert np.array_equal(a[k].numpy(), b[k].numpy()), (e, k)
+            _same_epoch(ld, ref, e)
             if e == 0:
                 store = td.TCPStore(host, int(port), None, False, wait_for_workers=False)
                 assert int(store.add(COUNT, 1)) == 1  # failed before opening the job
