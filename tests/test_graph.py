@@ -331,7 +331,8 @@ def test_direct_io_gathers_small_rows_exactly_and_names_a_short_file(graph_file,
 def test_a_rank_planning_alone_plans_what_the_whole_run_gives_it(graph_file, world, policy):
     """Without affinity a rank's part depends on its own draws alone: a planner of that rank
     (sampling only its subgraphs, as a Loader's does) decides exactly as one of every rank,
-    tier included."""
+    tier included, and holds the same cells; solar's keeps that rank's heaps and cells alone
+    (one row, not P)."""
     from solar.schedule.keep.planner import Planner
 
     sampler = NeighborSampler(graph_file, (3, 2), batch_size=16)
@@ -346,6 +347,15 @@ def test_a_rank_planning_alone_plans_what_the_whole_run_gives_it(graph_file, wor
             got, want = planner.next_rank(r), whole.rank(r)
             for name in ("sample", "slot", "flags", "step_offsets", "tslot"):
                 assert np.array_equal(getattr(got, name), getattr(want, name)), (r, name)
+            assert np.array_equal(planner.contents(r), everyone.contents(r))
+            other = (r + 1) % world  # (not planned there: nothing held)
+            assert np.all(planner.contents(other) == -1)
+            assert planner.contents(other).shape == everyone.contents(other).shape
+    if policy == "solar":
+        for planner in alone:
+            state = planner.policy
+            assert state.key.shape[0] == state.heap.shape[0] == state.cells.shape[0] == 1
+            assert everyone.policy.cells.shape[0] == world
     with pytest.raises(ValueError, match="plans rank 0 alone"):
         Planner(spec, only_rank=0).next_rank(1)
 

@@ -174,6 +174,25 @@ def test_policies_without_state_to_restore_save_nothing(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_planner_of_one_rank_alone_saves_no_snapshot(tmp_path):
+    """A rank planned alone (a sampler's trace without affinity) keeps that rank's cells
+    alone: a snapshot holds every rank's state, so it is refused, nothing written."""
+    from solar import Trace
+
+    run = RunConfig(64, 2, 8, 3, 0, False, 64)
+    ids = np.random.default_rng(1).integers(0, 64, (3, 4, 2, 8))
+    spec = PlanSpec(run, BufferConfig(10), "solar", sampler=Trace(ids))
+    planner = Planner(spec, only_rank=1)
+    planner.next_rank(1)
+    assert planner.policy.occupant.shape[0] == 1
+    with pytest.raises(ValueError, match="every rank's state"):
+        snapshot.save(tmp_path, planner)
+    assert list(tmp_path.iterdir()) == []
+    everyone = Planner(spec)
+    everyone.next_all()
+    assert snapshot.save(tmp_path, everyone) is not None
+
+
 N = 131
 
 

@@ -101,16 +101,17 @@ def _replace_top(x, n, r, holder, hslot, key, heap, cells):
 
 
 @njit(cache=True, inline="always")
-def _ram_step(seq, nu, a, b, rank_out, slot_out, flags, holder, hslot, key, heap, cells):
+def _ram_step(seq, nu, a, b, rank_out, slot_out, flags, holder, hslot, key, heap, cells, base):
     """Buffer updates of one step's accesses ``[a, b)``, placed, in access order: a hit's key
     becomes its next use; a read is admitted if used sooner than the farthest, else bypasses.
     A sample hit in this step has its key equal to its position here, sooner than any read's
-    next use, so it is never evicted before it is served."""
+    next use, so it is never evicted before it is served. Rank r's buffer is row r - ``base``
+    of the heaps and cells (``base`` > 0: a policy keeping only rank ``base``'s rows)."""
     cap_slots = key.shape[1]
     # ``_used`` with c = 0: one heap, no RAM heap to keep beside it (key/heap stand in, unused).
     for i in range(a, b):
         x = seq[i]
-        r = rank_out[i]
+        r = rank_out[i] - base
         n = nu[i]
         if flags[i] & HIT:
             if _used(x, n, r, slot_out[i], 0, holder, key, heap, key, heap, cells):
@@ -135,14 +136,16 @@ def _solar_steps(
     for k in range(bounds.shape[0] - 1):
         a, b = bounds[k], bounds[k + 1]
         _place(seq, a, b, k0 + k, world, cap_of, holder, hslot, count, rank_out, slot_out, flags)
-        _ram_step(seq, nu, a, b, rank_out, slot_out, flags, holder, hslot, key, heap, cells)
+        _ram_step(seq, nu, a, b, rank_out, slot_out, flags, holder, hslot, key, heap, cells,
+                  0)  # fmt: skip
         counts[k, :] = count
 
 
 @njit(cache=True, inline="always")
 def _tiered_step(seq, nu, a, b, rank_out, slot_out, tslot_out, flags, holder, hslot, key, heap,
-                 rkey, rheap, cells):  # fmt: skip
-    """:func:`_ram_step` over cells ``0..C-1`` (RAM slots) and ``C..C+D-1`` (tier slots).
+                 rkey, rheap, cells, base):  # fmt: skip
+    """:func:`_ram_step` over cells ``0..C-1`` (RAM slots) and ``C..C+D-1`` (tier slots); rank
+    r's rows are r - ``base`` as there.
 
     ``key/heap`` (positions ``cells[..., POS]``) is the max-heap of all C + D cells,
     ``rkey/rheap`` (positions ``cells[..., RPOS]``) that of the C RAM cells; ``hslot[x]`` is
@@ -153,7 +156,7 @@ def _tiered_step(seq, nu, a, b, rank_out, slot_out, tslot_out, flags, holder, hs
     u = key.shape[1]
     for i in range(a, b):
         x = seq[i]
-        r = rank_out[i]
+        r = rank_out[i] - base
         n = nu[i]
         tslot_out[i] = -1
         if flags[i] & HIT:
@@ -235,7 +238,7 @@ def _tiered_steps(
         a, b = bounds[k], bounds[k + 1]
         _place(seq, a, b, k0 + k, world, cap_of, holder, hslot, count, rank_out, slot_out, flags)
         _tiered_step(seq, nu, a, b, rank_out, slot_out, tslot_out, flags, holder, hslot, key,
-                     heap, rkey, rheap, cells)  # fmt: skip
+                     heap, rkey, rheap, cells, 0)  # fmt: skip
         counts[k, :] = count
 
 
@@ -305,7 +308,7 @@ def _at_least(keys, x):
 
 @njit(cache=True, inline="always")
 def _mates(sample, flags, a, b, t, world, seg_counts, layout, later, keys, pages, holder,
-           hslot, key, heap, cells, side, m):  # fmt: skip
+           hslot, key, heap, cells, side, m, base):  # fmt: skip
     """Offer step ``t``'s page mates (accesses ``[a, b)``) to each rank's buffer
     (pagemates.py): a row wholly inside a page the rank reads now, not accessed by it now and
     not held, is admitted, as a read is, if its next use is sooner than the farthest held; at
@@ -315,6 +318,8 @@ def _mates(sample, flags, a, b, t, world, seg_counts, layout, later, keys, pages
     ``keys[v]`` (sorted)."""
     if key.shape[1] == 0:
         return m, side  # no buffer to offer them to
+    # (Rank r's buffer is row r - ``base``, as in _ram_step: a rank without a row has no
+    # accesses here.)
     offset, row_bytes, page, n = layout[_OFFSET], layout[_ROW], layout[_PAGE], layout[_N]
     ptable, pstamp, pmask = pages  # (the pages each (step, rank) read: keyspace.marks)
     now = layout[_K0] + t
@@ -347,14 +352,15 @@ def _mates(sample, flags, a, b, t, world, seg_counts, layout, later, keys, pages
                     if later[w, SEEN] == now or holder[w] >= 0:
                         continue  # accessed by the rank now, or held
                     nxt = later[w, NEXT]  # its first use past this step
-                    if nxt < 0 or nxt >= layout[_LIMIT] or nxt >= key[r, 0]:
+                    if nxt < 0 or nxt >= layout[_LIMIT] or nxt >= key[r - base, 0]:
                         continue  # not used within the window, or the buffer holds sooner
                     if m == side_sample.shape[0]:
                         seg_id, side_sample, side_slot = (_grown(seg_id), _grown(side_sample),
                                                           _grown(side_slot))  # fmt: skip
                     seg_id[m] = t * world + r
                     side_sample[m] = y
-                    side_slot[m] = _replace_top(w, nxt, r, holder, hslot, key, heap, cells)
+                    side_slot[m] = _replace_top(w, nxt, r - base, holder, hslot, key, heap,
+                                                cells)  # fmt: skip
                     m += 1
         p = q
     return m, (seg_id, side_sample, side_slot)
@@ -374,7 +380,7 @@ def _passed(seq, nu, a, b, now, later):
 @njit(cache=True, nogil=True)
 def _trace_steps(
     seq, nu, sample, rank, bounds, counts, tiered,  # one epoch of a trace: (rank, sample) ids
-    holder, hslot, key, heap, rkey, rheap, cells,  # state, carried across calls
+    holder, hslot, key, heap, rkey, rheap, cells, base,  # state (rows from rank base on)
     slot_out, tslot_out, flags,  # outputs
     layout, later, keys, side,  # page mates (layout empty: none), see _mates
 ):  # fmt: skip
@@ -411,9 +417,10 @@ def _trace_steps(
             p = q
         if tiered:
             _tiered_step(seq, nu, a, b, rank, slot_out, tslot_out, flags, holder, hslot, key,
-                         heap, rkey, rheap, cells)  # fmt: skip
+                         heap, rkey, rheap, cells, base)  # fmt: skip
         else:
-            _ram_step(seq, nu, a, b, rank, slot_out, flags, holder, hslot, key, heap, cells)
+            _ram_step(seq, nu, a, b, rank, slot_out, flags, holder, hslot, key, heap, cells,
+                      base)  # fmt: skip
             if layout.shape[0]:
                 _passed(seq, nu, a, b, layout[_K0] + k, later)
             # The run's first step is read before its plan is made (Reads.start_first in
@@ -422,7 +429,7 @@ def _trace_steps(
             if layout.shape[0] and layout[_K0] + k > 0:
                 m, side = _mates(sample, flags, a, b, k, counts.shape[1], counts[k], layout,
                                  later, keys, pages, holder, hslot, key, heap, cells, side,
-                                 m)  # fmt: skip
+                                 m, base)  # fmt: skip
     return m, side
 
 
@@ -443,9 +450,10 @@ def _affinity_steps(
         _hits_first(a, b, seq, nu, sample, rank_out, slot_out, flags, scratch)
         if tiered:
             _tiered_step(seq, nu, a, b, rank_out, slot_out, tslot_out, flags, holder, hslot, key,
-                         heap, rkey, rheap, cells)  # fmt: skip
+                         heap, rkey, rheap, cells, 0)  # fmt: skip
         else:
-            _ram_step(seq, nu, a, b, rank_out, slot_out, flags, holder, hslot, key, heap, cells)
+            _ram_step(seq, nu, a, b, rank_out, slot_out, flags, holder, hslot, key, heap, cells,
+                      0)  # fmt: skip
         counts[k, :] = count
 
 
@@ -460,6 +468,11 @@ class SolarPolicy(OccupantContents):
         # A sampler's trace with affinity (traces.py): its epochs' global steps vary in size.
         self.order = order if getattr(order, "traced", False) else None
         world, c = run.world_size, slot_count(run, buffer)
+        # The ranks whose buffers are kept: every rank's, or only the rank a planner plans
+        # alone (TraceOrder.only_rank), whose row 0 then stands for rank ``base``: the heaps
+        # and cells are O(C), not O(P·C), in each process planning a rank.
+        alone: int | None = getattr(order, "only_rank", None)
+        self.base, rows = (0, world) if alone is None else (alone, 1)
         self.tier = tier_slot_count(run, buffer)
         u = c + self.tier  # cells: RAM slots, then tier slots
         self.ids = run.num_samples * (world if self.ids_per_rank else 1)
@@ -467,15 +480,15 @@ class SolarPolicy(OccupantContents):
         # trace's policy makes them per window, for its keys alone: TracePolicy._plan.)
         held = np.full((0 if self.ids_per_rank else self.ids, 2), -1, np.int32)
         self.holder, self.hslot = held[:, 0], held[:, 1]
-        self.key, self.heap = empty_heaps(world, u)
-        self.rkey, self.rheap = empty_heaps(world, c if self.tier else 0)
+        self.key, self.heap = empty_heaps(rows, u)
+        self.rkey, self.rheap = empty_heaps(rows, c if self.tier else 0)
         # Per cell, side by side: its heap position(s) and its sample (one miss finds all).
-        self.cells = np.full((world, u, RPOS + 1 if self.tier else OCC + 1), -1,
+        self.cells = np.full((rows, u, RPOS + 1 if self.tier else OCC + 1), -1,
                              sample_dtype(self.ids))  # fmt: skip
         self.cells[:, :, POS] = self.heap
         if self.tier:
             self.cells[:, :c, RPOS] = self.rheap
-        self.occupant = self.cells[:, :, OCC]  # (P, cells) view: the sample in each cell
+        self.occupant = self.cells[:, :, OCC]  # (rows, cells) view: the sample in each cell
         self.cap_of = cap_table(run, buffer)
         self.bounds = step_bounds(run)
 
@@ -488,11 +501,11 @@ class SolarPolicy(OccupantContents):
         """Take the state of :meth:`snapshot`, proven consistent first: ``next_use(samples)``
         gives their next uses from the epoch it was taken before. Raises ValueError naming
         what is wrong, leaving the policy as it was."""
-        world, u = self.occupant.shape
+        rows, u = self.occupant.shape
         c = self.rkey.shape[1]
-        occ = _array(state, "occupant", self.occupant.dtype, (world, u))
-        heap = _array(state, "heap", np.int32, (world, u))
-        rheap = _array(state, "rheap", np.int32, (world, c))
+        occ = _array(state, "occupant", self.occupant.dtype, (rows, u))
+        heap = _array(state, "heap", np.int32, (rows, u))
+        rheap = _array(state, "rheap", np.int32, (rows, c))
         if occ.size and (occ.min() < -1 or occ.max() >= self.ids):
             raise ValueError("occupant: a sample id out of range")
         ranks, where = np.nonzero(occ >= 0)  # row-major, as occ[occ >= 0]
@@ -502,7 +515,7 @@ class SolarPolicy(OccupantContents):
         uses = next_use(held)
         if np.any(uses == NEVER) and self.order is None:  # (a trace's horizon may end first)
             raise ValueError("occupant: a sample held but never used again")
-        keys = np.full((world, u), NEVER, np.int64)
+        keys = np.full((rows, u), NEVER, np.int64)
         keys[ranks, where] = uses
         key, pos = _heap_of(keys, heap, "heap")
         rkey, rpos = _heap_of(keys[:, :c], rheap, "rheap")
@@ -557,7 +570,9 @@ class TracePolicy(SolarPolicy):
         self.pages = order.pages  # where rows lie, to keep their page mates (PlanSpec.pages)
 
     def contents(self, r: int) -> np.ndarray:
-        ids = self.occupant[r].astype(np.int64)
+        if not 0 <= r - self.base < self.occupant.shape[0]:  # a rank not planned here: empty
+            return np.full(self.occupant.shape[1], -1, np.int64)
+        ids = self.occupant[r - self.base].astype(np.int64)
         return np.where(ids >= 0, ids - r * self.run.num_samples, -1)
 
     def plan_epoch(self, k: int, seq: np.ndarray, next_use: np.ndarray | None) -> EpochSchedule:
@@ -625,7 +640,7 @@ class TracePolicy(SolarPolicy):
         m, side = _trace_steps(
             seq, next_use, trace.sample, trace.rank, trace.bounds, trace.counts, self.tier > 0,
             held[:, 0], held[:, 1], self.key,
-            self.heap, self.rkey, self.rheap, self.cells, out.slot, tslot, out.flags,
+            self.heap, self.rkey, self.rheap, self.cells, self.base, out.slot, tslot, out.flags,
             layout, later, keys, side,
         )  # fmt: skip
         if self.pages is None:

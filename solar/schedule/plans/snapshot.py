@@ -102,8 +102,8 @@ def _identity(spec: PlanSpec, hosts: Hosts | None) -> tuple[str, str, dict]:
 
 def save(directory: str | os.PathLike, planner: Planner | HostPlanner) -> Path | None:
     """Write ``planner``'s state before its next epoch into ``directory`` (atomically) and drop
-    this plan's older snapshots; None if its policy keeps no state worth saving. A node
-    planner must plan every host (its snapshot holds every host's state)."""
+    this plan's older snapshots; None if its policy keeps no state worth saving. A planner
+    must plan every rank (a node planner every host): a snapshot holds all their state."""
     state_of: Restorable
     if not isinstance(planner, Planner):
         if planner.only_host is not None:
@@ -111,6 +111,8 @@ def save(directory: str | os.PathLike, planner: Planner | HostPlanner) -> Path |
         key, kind, extra = _identity(planner.spec, planner.hosts)
         state_of = planner.planner
     else:
+        if planner.only_rank is not None:  # (its policy keeps that rank's cells alone)
+            raise ValueError("a snapshot holds every rank's state: plan them all")
         key, kind, extra = _identity(planner.spec, None)
         state_of = planner
     state = state_of.snapshot()
