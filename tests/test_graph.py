@@ -53,6 +53,35 @@ def test_a_bad_csr_is_refused_in_one_line(indptr, indices, match):
     assert "\n" not in str(info.value)
 
 
+@pytest.mark.parametrize("n", [1, 8, 13, 64])
+def test_node_ids_are_checked_distinct_and_in_range_without_a_sort(n):
+    """check_nodes refuses ids outside 0..n-1 and repeats wherever they are (a bitmap of the n
+    nodes, its last partial byte included); its result is a copy unless copy=False is given
+    int64 ids, which it returns as they are."""
+    from solar.graph.csr import check_nodes
+
+    ids = np.random.default_rng(n).permutation(n).astype(np.int32)
+    got = check_nodes(ids, n, "w")
+    assert got.dtype == np.int64 and np.array_equal(got, ids)
+    for bad, why in ((n, "outside"), (-1, "outside"), (2**40, "outside"), (ids[-1], "twice")):
+        with pytest.raises(SolarError, match=f"w: .*{why}"):
+            check_nodes(np.append(ids, bad), n, "w")
+    own = ids.astype(np.int64)
+    assert check_nodes(own, n, "w", copy=False) is own
+    assert check_nodes(own, n, "w") is not own
+
+
+def test_a_sampler_keeps_its_own_copy_of_the_seeds_it_is_given():
+    g = {"indptr": np.array([0, 1, 2, 3]), "indices": np.array([1, 2, 0]), "train_idx": [2, 0]}
+    graph = Graph(g)
+    train = np.array([1, 2], np.int64)
+    sampler = NeighborSampler(graph, train=train, batch_size=1)
+    train[0] = 0  # (the caller's array changed: not the sampler's seeds)
+    assert sampler.train.tolist() == [1, 2] and not sampler.train.flags.writeable
+    assert NeighborSampler(graph, batch_size=1).train is graph.train_idx  # (no second copy)
+    assert graph.train_idx.tolist() == [2, 0] and not graph.train_idx.flags.writeable
+
+
 def test_bad_labels_and_splits_are_refused(tmp_path):
     g = {"indptr": np.array([0, 1, 2]), "indices": np.array([1, 0])}
     with pytest.raises(SolarError, match="labels: expected 2 integer labels"):

@@ -135,10 +135,11 @@ class NeighborSampler(Sampler, BatchExtras):
         n = self.graph.num_nodes
         warn_missing(self.graph.where, self.graph.has_labels,
                      train is not None or self.graph.train_idx is not None)  # fmt: skip
-        if train is None:
-            train = self.graph.train_idx if self.graph.train_idx is not None else np.arange(n)
-        self.train = check_nodes(train, n, "train")
-        self.train.flags.writeable = False
+        if train is None and self.graph.train_idx is not None:
+            self.train = self.graph.train_idx  # (the graph's own, validated, read-only)
+        else:
+            self.train = check_nodes(np.arange(n) if train is None else train, n, "train")
+            self.train.flags.writeable = False
         if not isinstance(features, str):
             raise SolarError("features: the name of the Loader's key (e.g. 'features'); "
                              "features in memory go to storage first: "
@@ -317,7 +318,7 @@ class NeighborSampler(Sampler, BatchExtras):
     def _train_digest(self) -> str:
         """train's hash, once: it is this sampler's own read-only copy (identity is asked per
         step, by is_shuffle)."""
-        return hashlib.sha256(self.train.tobytes()).hexdigest()
+        return hashlib.sha256(self.train.data).hexdigest()  # (in place: no copy)
 
     def extras(self, output: Any, batch: Mapping[str, Any]) -> dict[str, Any]:
         """PyG ``NeighborLoader``'s fields for a batch from its subgraph ``output``, joined to

@@ -26,7 +26,7 @@ from solar.schedule.draw.samplers import Sampler
 from solar.schedule.keep.grouping import Hosts
 from solar.schedule.keep.hostplan import host_totals
 from solar.schedule.keep.hostrun import host_run_spec
-from solar.schedule.keep.planner import EpochPlan, Planner, RankEpoch, epoch_order_of
+from solar.schedule.keep.planner import EpochPlan, Planner, RankEpoch, epoch_order_of, rank_alone
 from solar.schedule.keep.summary import PlanSummary, RankStats, Tally, Totals
 from solar.schedule.plans.planfile import PlanFile, PlanWriter, fingerprint
 from solar.schedule.plans.rankplan import RankPlan
@@ -417,14 +417,16 @@ def plan_memory(spec: PlanSpec, keep_all: bool = False, tallied: bool = False,
     part = 1.0 if ranks is None else ranks / run.world_size  # its share of the accesses
     # A sampler's trace without affinity, by the solar policy: tables by the window's keys.
     keyed = spec.traced and not spec.affinity and spec.policy == "solar"
+    # Its heaps and cells: every rank's, or the one rank each planner plans alone (belady.py).
+    rows = 1 if keyed and ranks is not None and rank_alone(spec) else run.world_size
     # Planner state, two epochs of order and next uses, one epoch's decisions (measured peak:
     # bench/plan_bench.py); a plan kept in memory adds about 9 bytes per access.
     need = (
         planners
         * (
             (0 if keyed else 48 * run.num_samples)
-            + 24 * run.world_size * slot_count(run, spec.buffer)
-            + 36 * run.world_size * tier_slot_count(run, spec.buffer)
+            + 24 * rows * slot_count(run, spec.buffer)
+            + 36 * rows * tier_slot_count(run, spec.buffer)
         )
         + 40 * run.samples_per_epoch * part
     )
