@@ -150,6 +150,40 @@ def test_a_deferred_topology_refuses_its_file_rewritten_with_the_same_shapes(
     assert np.array_equal(Graph(path, defer=True).indices, Graph(graph_file).indices)
 
 
+def test_a_graph_holds_its_seeds_and_reads_the_other_splits_again_at_first_use(
+    graph_file, tmp_path
+):
+    """Every split is checked when the graph is opened, but only the seeds' is held then: the
+    others (a batch's masks) are read again at first use from the unchanged file, equal to
+    what it holds; a file rewritten meanwhile is refused in one line. Splits given in memory
+    are held (read again, they could be the caller's changes)."""
+    path = tmp_path / "g.h5"
+    shutil.copy(graph_file, path)
+    with h5py.File(path, "r") as f:
+        want = {k: f[k][...] for k in ("train_idx", "valid_idx", "test_idx")}
+    g = Graph(path)
+    assert set(g._splits) == {"train_idx"} and g._later == ("valid_idx", "test_idx")
+    assert NeighborSampler(g, (2,), 8).train is g.train_idx  # (a planner needs no more)
+    assert sorted(g.splits) == sorted(want) and g._later == ()
+    for k, ids in want.items():
+        assert np.array_equal(g.splits[k], ids) and not g.splits[k].flags.writeable
+    bits = g.split_bits
+    assert bits is not None and np.array_equal(np.flatnonzero(bits & 2), np.sort(want["valid_idx"]))
+    g = Graph(path)
+    st = os.stat(path)
+    with h5py.File(path, "r+") as f:
+        f["test_idx"][...] = f["test_idx"][...][::-1]  # every shape as it was
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    with pytest.raises(SolarError, match=f"graph {path}: changed since it was opened") as e:
+        _ = g.split_bits
+    assert "\n" not in str(e.value)
+    parts = {"indptr": np.array([0, 1, 2]), "indices": np.array([1, 0]),
+             "valid_idx": np.array([1])}  # fmt: skip
+    g = Graph(parts)
+    parts["valid_idx"][0] = 0  # (the caller's array: not the graph's split)
+    assert g._later == () and g.splits["valid_idx"].tolist() == [1]
+
+
 # -- the generator -----------------------------------------------------------------------------
 def test_the_generated_graph_is_a_power_law_block_model(graph_file):
     g = Graph(graph_file)

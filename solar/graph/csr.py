@@ -103,22 +103,19 @@ class Graph:
         # (deferred, or by another process of the host) must come from the same bytes, which
         # equal shapes alone do not show (a file rewritten in place).
         self._files: Identities | None = _identities(source)
-        # The splits now (small: the sampler's seeds come from them), the rest by hold().
-        self._kinds, splits = opened(self._splits_read)
+        # The splits now, each read and checked in turn (a bad one refused here), the rest by
+        # hold(). The seeds' split is kept; the others, read from files, are let go and read
+        # again at first use (:attr:`splits`: a batch's masks), so that a planner's process
+        # never holds them (issue 48: 160 MB at 10^8 nodes with 10^7 each in valid and test).
+        self._kinds, self._splits = opened(self._splits_read)
         self.num_nodes = int(self._kinds["indptr"][0][0] - 1)
         self.num_edges = int(self._kinds["indices"][0][0])
         if "labels" in self._kinds:
             _node_array(self._kinds["labels"], self.num_nodes, f"{self.where}: labels")
-        self.splits: dict[str, np.ndarray] = {  # (read here into private arrays: no copy)
-            k: check_nodes(v, self.num_nodes, f"{self.where}: {k}", empty=k != "train_idx",
-                           copy=False)
-            for k, v in splits.items()
-        }  # fmt: skip
-        self.train_idx: np.ndarray | None = self.splits.get("train_idx")
+        self._later = tuple(k for k in SPLITS if k in self._kinds and k not in self._splits)
+        self.train_idx: np.ndarray | None = self._splits.get("train_idx")
         # (N bytes: made when a batch's masks are first sliced, never by a planner's process)
         self._split_bits: np.ndarray | None = None
-        for a in self.splits.values():
-            a.flags.writeable = False  # validated once: nothing may change them after
         self.shared: SealedBytes | None = None
         self._bulk: dict[str, np.ndarray] | None = None
         self._digest: str | None = None
@@ -126,9 +123,35 @@ class Graph:
             self.hold(comm)
 
     def _splits_read(self, parts: dict[str, _Part]) -> tuple[dict, dict[str, np.ndarray]]:
+        """The parts' kinds and the splits kept now (each checked: the others let go)."""
         kinds = _kinds(parts, self.where)
-        small = {k: parts[k] for k in SPLITS if k in parts}
-        return kinds, _read(small, {k: np.empty(*kinds[k]) for k in small})
+        n = kinds["indptr"][0][0] - 1
+        src = self._source
+        kept = {}
+        for k in (k for k in SPLITS if k in parts):
+            got = _split_read(parts, kinds, k, n, self.where)
+            # (a split given in memory is kept: read again, it could be the caller's changes)
+            again = not isinstance(src, Mapping) or isinstance(src[k], str | os.PathLike)
+            if k == "train_idx" or not again:
+                kept[k] = got
+        return kinds, kept
+
+    @property
+    def splits(self) -> dict[str, np.ndarray]:
+        """The splits present, by name: distinct int64 node ids, read-only (those not kept
+        when the graph was opened read again now from its unchanged files, and checked)."""
+        if self._later:
+            with self._lock:
+                if self._later:
+                    names = self._later
+
+                    def again(parts: dict[str, _Part]) -> dict[str, np.ndarray]:
+                        return {k: _split_read(parts, self._kinds, k, self.num_nodes, self.where)
+                                for k in names}  # fmt: skip
+
+                    self._splits = {**self._splits, **self._bulk_opened(again, names)}
+                    self._later = ()
+        return self._splits
 
     def hold(self, comm: Any = None) -> None:
         """Read the topology (``indptr``, ``indices``, ``labels``) now if it is not yet held:
@@ -167,14 +190,15 @@ class Graph:
                 check_csr(parts["indptr"], parts["indices"], self.where)
                 self._adopt(parts)
 
-    def _bulk_opened(self, load: Callable[[dict[str, _Part]], Any]) -> Any:
-        """What ``load`` makes of the topology's parts (the file opened again: its shapes
-        must be the ones seen when the graph was opened)."""
+    def _bulk_opened(self, load: Callable[[dict[str, _Part]], Any],
+                     names: tuple[str, ...] = BULK) -> Any:  # fmt: skip
+        """What ``load`` makes of the topology's parts (or of the parts ``names``; the file
+        opened again: its shapes must be the ones seen when the graph was opened)."""
 
         def bulk(parts: dict[str, _Part]) -> Any:
-            got = {k: p for k, p in parts.items() if k in BULK}
+            got = {k: p for k, p in parts.items() if k in names}
             if {k: p.shape for k, p in got.items()} != {k: self._kinds[k][0] for k in got} or \
-                    set(got) != {k for k in self._kinds if k in BULK}:  # fmt: skip
+                    set(got) != {k for k in self._kinds if k in names}:  # fmt: skip
                 raise SolarError(f"{self.where}: changed since it was opened (its parts' "
                                  "shapes differ)")  # fmt: skip
             self._unchanged()
@@ -244,10 +268,11 @@ class Graph:
     def split_bits(self) -> np.ndarray | None:
         """(N,) uint8: bit i of node v set where v is in split ``SPLITS[i]`` (None without
         splits), made at first use."""
-        if self._split_bits is None and self.splits:
+        splits = self.splits if self._split_bits is None else None  # (takes the lock itself)
+        if splits:
             with self._lock:
                 if self._split_bits is None:
-                    bits = _split_bits(self.splits, self.num_nodes)
+                    bits = _split_bits(splits, self.num_nodes)
                     bits.flags.writeable = False
                     self._split_bits = bits
         return self._split_bits
@@ -263,6 +288,7 @@ class Graph:
             v is None or isinstance(v, str | os.PathLike) for v in self._source.values()
         ):
             self._held()
+            self.splits  # noqa: B018 (every split held: nothing is read again there)
             # (its arrays pickled as copies; nothing left to open)
             return {**self.__dict__, **dict.fromkeys(("shared", "_opened", "_lock", "_files"))}
         return {"_source": self._source, "_digest": self.identity}
@@ -363,6 +389,16 @@ def _nodes_problem(ids, n):  # pragma: no cover - compiled
             return 2
         seen[v >> 3] |= bit
     return 0
+
+
+def _split_read(parts: dict[str, _Part], kinds: dict, name: str, n: int,
+                where: str) -> np.ndarray:  # fmt: skip
+    """Split ``name`` read from ``parts`` and checked (only the training split may not be
+    empty), read-only."""
+    ids = _read({name: parts[name]}, {name: np.empty(*kinds[name])})[name]
+    got = check_nodes(ids, n, f"{where}: {name}", empty=name != "train_idx", copy=False)
+    got.flags.writeable = False  # validated once: nothing may change it after
+    return got
 
 
 def _split_bits(splits: Mapping[str, np.ndarray], n: int) -> np.ndarray:
