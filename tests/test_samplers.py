@@ -449,6 +449,7 @@ def test_a_draw_moved_to_another_step_and_rank_is_refused():
             np.cumsum([len(s) for s in parts[r]], out=offsets[1:])
             m = sample.size
             v = TraceValidator(spec, 0, r, 12345)
+            assert v.seen.size == v.pos.size == 0  # (a trace's checks keep no table of N)
             v.check(RankEpoch(0, sample, np.full(m, -1, np.int32), np.zeros(m, np.uint8),
                               offsets, np.full(m, -1, np.int32)))  # fmt: skip
             mine.append(v.mine)

@@ -177,6 +177,8 @@ class RankValidator:
     of the samples this rank serves, and of all samples each epoch serves.
     """
 
+    permuted = True  # accesses checked against the epoch's permutation (by ``pos``, ``seen``)
+
     def __init__(
         self,
         run: RunConfig,
@@ -193,8 +195,12 @@ class RankValidator:
         self._peers = hashlib.blake2b(digest_size=16)  # every rank's counts, epoch by epoch
         self.key = np.uint64(key)
         self.bounds = step_bounds(run)
-        self.pos = np.empty(run.num_samples, np.int64)
-        self.seen = np.full(run.num_samples, -1, np.int64)
+        # Each sample's position in the epoch's permutation, and the epoch it was last served
+        # in: O(N), none where a sampler's trace is compared with its draws instead (0.8 GB of
+        # ``seen`` at 10^8 nodes, issue 48).
+        n = run.num_samples if self.permuted else 0
+        self.pos = np.empty(n, np.int64)
+        self.seen = np.full(n, -1, np.int64)
         self.state = np.full(slots + tier_slots, -1, np.int64)  # cells as the next epoch starts
         self.mine = np.zeros(run.epochs, np.uint64)
         self.expected = np.zeros(run.epochs, np.uint64)
@@ -249,7 +255,10 @@ class TraceValidator(RankValidator):
     """:class:`RankValidator` for a general sampler's plan. Without affinity every step's
     accesses are the distinct ids of the rank's batch as the sampler draws it (in any order);
     with, they are distinct ids of the step's global batch (and the ranks' digests prove each
-    served exactly once). Every hit is held (a replay), as with Shuffle."""
+    served exactly once). Every hit is held (a replay), as with Shuffle. Memory O(slots + an
+    epoch's trace): no table of N."""
+
+    permuted = False
 
     def __init__(self, spec: PlanSpec, slots: int, rank: int, key: int, tier_slots: int = 0):
         run = spec.run
