@@ -15,7 +15,7 @@ import pytest
 from solar import Graph, NeighborSampler
 from solar.config import RunConfig
 from solar.errors import SolarError
-from solar.graph import generate_graph
+from solar.graph import csr, generate_graph
 
 
 @pytest.fixture(scope="module")
@@ -122,14 +122,21 @@ def test_a_value_no_native_type_holds_is_refused_in_one_line(tmp_path):
         Graph({"indptr": np.array([0, 1, 2]), "indices": np.array([1, 2**31 + 1], np.uint32)})
 
 
-def test_column_labels_and_splits_are_taken_from_hdf5_as_from_npy(graph_file, tmp_path):
-    """OGB keeps labels (and some splits) as (N, 1): accepted from every source alike."""
+@pytest.mark.parametrize("window", [None, 24])
+def test_column_labels_and_splits_are_taken_from_hdf5_as_from_npy(graph_file, tmp_path,
+                                                                  monkeypatch, window):  # fmt: skip
+    """OGB keeps labels (and some splits) as (N, 1), some files as (1, N): accepted from every
+    source alike, whether read at once or a few rows at a time (window: bytes per read)."""
+    if window is not None:
+        monkeypatch.setattr(csr, "_WINDOW", window)
     parts = _parts(graph_file)
-    cols = {**parts, "labels": parts["labels"][:, None], "train_idx": parts["train_idx"][:, None]}
+    cols = {**parts, "labels": parts["labels"][:, None], "train_idx": parts["train_idx"][None]}
     for source in (*_as_files(cols, tmp_path), cols):
         g = Graph(source)
         assert np.array_equal(g.labels, parts["labels"])
         assert np.array_equal(g.train_idx, parts["train_idx"])
+        assert np.array_equal(g.indptr, parts["indptr"])
+        assert np.array_equal(g.indices, parts["indices"])
 
 
 def test_a_graph_changed_before_another_process_opens_it_is_refused(graph_file, tmp_path):

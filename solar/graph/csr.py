@@ -419,11 +419,11 @@ def _node_array(kind: tuple[tuple[int, ...], np.dtype], n: int, where: str) -> N
 
 class _Part(NamedTuple):
     """A part as stored: its shape (an (n, 1) or (1, n) column flattened, as OGB keeps
-    labels), its stored dtype, and how to read it into a private array of a given dtype."""
+    labels), its stored dtype, and how to read rows of it into an array of a given dtype."""
 
     shape: tuple[int, ...]
     dtype: np.dtype
-    read: Callable[[np.ndarray], None]
+    read: Callable[[np.ndarray, int, int], None]  # (out, lo, hi): out[lo:hi] of the first axis
 
 
 def _load(parts: dict[str, _Part], where: str) -> dict[str, np.ndarray]:
@@ -457,13 +457,25 @@ def _kinds(parts: dict[str, _Part], where: str) -> dict[str, tuple[tuple[int, ..
     return {k: (tuple(p.shape), dtypes[k]) for k, p in parts.items()}
 
 
-def _read(parts: dict[str, _Part], into: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """``parts`` read into the arrays ``into`` (converted), flattened as the kernels take them."""
+_WINDOW = 1 << 26  # bytes a part is read in at a time (a host's copy: what its writer holds)
+
+
+def _read(
+    parts: dict[str, _Part],
+    into: dict[str, np.ndarray],
+    written: Callable[[np.ndarray], None] | None = None,
+) -> dict[str, np.ndarray]:
+    """``parts`` read into the arrays ``into`` (converted), flattened as the kernels take them,
+    a window of rows at a time; ``written`` is told each window once it is filled."""
     out = {}
     for k, p in parts.items():
         a = into[k]
         if a.size:
-            p.read(a)
+            rows = max(1, _WINDOW // max(1, a[:1].nbytes))
+            for lo in range(0, len(a), rows):
+                p.read(a, lo, min(len(a), lo + rows))
+                if written is not None:
+                    written(a[lo : lo + rows])
         out[k] = a.reshape(-1) if a.ndim == 2 and 1 in a.shape else a
     return out
 
@@ -473,14 +485,15 @@ def _host_copy(opened: Callable[[Callable[[dict[str, _Part]], Any]], Any], where
     """The parts read once per host into a sealed memfd (solar/host/sealed.py) and checked
     there by local rank 0; this rank's read-only views of them (a collective of ``comm``)."""
 
-    def produce(alloc: Callable[[int], np.ndarray]) -> dict[str, Any]:
+    def produce(alloc: Callable[[int], np.ndarray], written: Callable[[np.ndarray], None]
+                ) -> dict[str, Any]:  # fmt: skip
         def load(parts: dict[str, _Part]) -> dict[str, Any]:
             kinds = _kinds(parts, where)
             offsets, total = layout(kinds)
             buf = alloc(total)
             views = {k: np.ndarray(shape, dt, buffer=buf, offset=offsets[k])
                      for k, (shape, dt) in kinds.items()}  # fmt: skip
-            _read(parts, views)
+            _read(parts, views, written)  # (its pages leave this process as they are filled)
             return {k: (offsets[k], shape, dt.str) for k, (shape, dt) in kinds.items()}
 
         return opened(load)
@@ -524,8 +537,8 @@ def _opened(value: Any, where: str) -> _Part:
         return _npy(Path(value), where)
     a = value if isinstance(value, np.ndarray) else np.asarray(value)
 
-    def read(out: np.ndarray) -> None:
-        out[...] = a.reshape(out.shape)  # converted; a copy the caller cannot change
+    def read(out: np.ndarray, lo: int, hi: int) -> None:
+        out[lo:hi] = a.reshape(out.shape)[lo:hi]  # converted; a copy the caller cannot change
 
     return _Part(_flat(a.shape), a.dtype, read)
 
@@ -545,12 +558,13 @@ def _npy(path: Path, where: str) -> _Part:
     if h.fortran and len(shape) > 1 and 1 not in shape:
         raise SolarError(f"{where}: {path}: {dtype} {shape} is not a plain array")
 
-    def read(out: np.ndarray) -> None:
+    def read(out: np.ndarray, first: int, end: int) -> None:
+        row = int(np.prod(out.shape[1:], dtype=np.int64))
         flat, step = out.reshape(-1), max(1, (1 << 24) // dtype.itemsize)
         with open(path, "rb") as f:
-            f.seek(start)
-            for lo in range(0, flat.size, step):
-                hi = min(flat.size, lo + step)
+            f.seek(start + first * row * dtype.itemsize)
+            for lo in range(first * row, end * row, step):
+                hi = min(end * row, lo + step)
                 raw = f.read((hi - lo) * dtype.itemsize)
                 if len(raw) != (hi - lo) * dtype.itemsize:
                     raise SolarError(f"{where}: {path} ends before its {flat.size} entries")
@@ -579,10 +593,14 @@ def _from_hdf5(path: Path, load: Callable[[dict[str, _Part]], Any]) -> Any:
         raise SolarError(f"graph {path}: not a readable HDF5 file ({exc})") from None
 
 
-def _h5_reader(path: Path, d: Any) -> Callable[[np.ndarray], None]:
-    def read(out: np.ndarray) -> None:
+def _h5_reader(path: Path, d: Any) -> Callable[[np.ndarray, int, int], None]:
+    # Rows of the stored shape: a (1, n) column's are its columns.
+    across = d.ndim == 2 and d.shape[0] == 1 and d.shape[1] != 1
+
+    def read(out: np.ndarray, lo: int, hi: int) -> None:
+        sel = np.s_[:, lo:hi] if across else np.s_[lo:hi]
         try:
-            d.read_direct(out.reshape(d.shape))
+            d.read_direct(out.reshape(d.shape), sel, sel)
         except (OSError, TypeError, ValueError) as exc:
             raise SolarError(f"graph {path}: {d.name} cannot be read ({exc})") from None
 

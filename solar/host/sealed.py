@@ -59,15 +59,19 @@ def host_shares(comm: Any) -> bool:
     return comm is not None and comm.Get_size() > 1 and max(map(len, place(comm).groups)) > 1
 
 
-Produce = Callable[[Callable[[int], np.ndarray]], Any]  # given alloc(nbytes): a record
+# Given alloc(nbytes) and written(view): a record (see host_sealed).
+Produce = Callable[[Callable[[int], np.ndarray], Callable[[np.ndarray], None]], Any]
 
 
 def host_sealed(comm: Any, produce: Produce, check: Callable[[SealedBytes, Any], Any],
                 what: str) -> tuple[SealedBytes, Any]:  # fmt: skip
     """Bytes made once per host of ``comm`` and mapped read-only by each of its ranks.
 
-    On local rank 0, ``produce(alloc)`` calls ``alloc(nbytes)`` once for writable bytes
-    (uint8), fills them and returns a small picklable record; the bytes are then sealed and
+    On local rank 0, ``produce(alloc, written)`` calls ``alloc(nbytes)`` once for writable
+    bytes (uint8), fills them -- calling ``written(view)`` with each part of them once it is
+    final, whose pages then leave the process (they stay in the memfd: its writer holds no more
+    of the copy than it is filling, however large the host's copy) -- and returns a small
+    picklable record; the bytes are then sealed and
     ``check(sealed, record)`` (raising SolarError if they will not do) returns the record every
     local rank gets. Returns this rank's read-only :class:`SealedBytes` and that record. A
     collective of ``comm`` (every rank of the job): every rank fails alike; errors name
@@ -115,7 +119,7 @@ def host_sealed(comm: Any, produce: Produce, check: Callable[[SealedBytes, Any],
 def _made(produce: Produce, what: str) -> tuple[int, str, Any]:
     """A memfd ``produce`` filled, sealed against any change: (its descriptor, "", produce's
     record), or (-1, a line naming ``what``, None)."""
-    held: list = []  # (fd, writable mapping) once allocated
+    held: list = []  # (fd, writable mapping, its bytes) once allocated
 
     def alloc(nbytes: int) -> np.ndarray:
         nbytes = max(int(nbytes), 1)
@@ -123,12 +127,25 @@ def _made(produce: Produce, what: str) -> tuple[int, str, Any]:
             raise SolarError(f"{what}: allocated twice")
         held.append(_memfd.reserved(LABEL, nbytes, what))
         held.append(mmap.mmap(held[0], nbytes, mmap.MAP_SHARED))
-        return np.frombuffer(held[1], np.uint8)
+        held.append(np.frombuffer(held[1], np.uint8))
+        return held[2]
+
+    def written(view: np.ndarray) -> None:
+        # The mapping's pages under ``view`` dropped (a shared mapping's bytes stay in the
+        # memfd; a page shared with the next part faults back in when that part is written).
+        start = view.ctypes.data - held[2].ctypes.data
+        end = start + view.nbytes
+        if not (0 <= start <= end <= len(held[1])):
+            raise SolarError(f"{what}: written() given bytes outside its allocation")
+        start -= start % mmap.PAGESIZE
+        if end > start:
+            held[1].madvise(mmap.MADV_DONTNEED, start, end - start)
 
     try:
-        record = produce(alloc)
+        record = produce(alloc, written)
         if not held:
             alloc(0)
+        del held[2:]  # (its bytes: the mapping closes only without views)
         held[1].close()  # no writable mapping left: F_SEAL_WRITE fails (EBUSY) with one
         _memfd.seal(held[0], _memfd.FROZEN)
         return held[0], "", record
@@ -144,6 +161,7 @@ def _made(produce: Produce, what: str) -> tuple[int, str, Any]:
 
 
 def _release(held: list) -> None:
+    del held[2:]
     if len(held) > 1 and not held[1].closed:
         try:
             held[1].close()

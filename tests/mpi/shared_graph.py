@@ -91,7 +91,7 @@ assert batches(shared) == before, "the shared topology changed with its file"
 os.environ["SOLAR_HOSTS"] = "1,1"  # (placed again: each rank a host of its own)
 
 
-def produce(alloc):
+def produce(alloc, written):
     alloc(100)
     if d.rank == 1:
         raise SolarError("host of rank 1: its bytes will not do")
