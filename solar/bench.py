@@ -20,6 +20,7 @@ measured here as the loaders read them (every rank's tier, its threads, random b
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import math
 import os
@@ -135,8 +136,10 @@ def machine_cpu_seconds() -> float:
     return busy / os.sysconf("SC_CLK_TCK")
 
 
+@functools.cache  # (the machine's: measured once per process, not again each run)
 def memory_bandwidth(nbytes: int = 256 * 2**20, repeats: int = 5) -> float:
-    """Bytes per second of a large in-memory copy (best of ``repeats``: an upper estimate)."""
+    """Bytes per second of a large in-memory copy (best of ``repeats``: an upper estimate),
+    measured at the first call of a process."""
     src = np.ones(nbytes, np.uint8)
     dst = np.ones_like(src)  # (touched: no page faults in the copies timed)
     best = math.inf

@@ -35,6 +35,58 @@ NODE_KINDS = (("traced", False, False, False), ("traced", True, False, False),
               ("shuffle", False, False, True))  # fmt: skip
 
 
+# Signatures that paths none of :func:`common_configs` takes call (the test suite takes them all:
+# ``make test`` listed them as compiled inside the tests, several times where each rank of a job
+# compiled its own): each kernel with its arguments' types, compiled by :func:`_warm_signatures`
+# (``T[C]``/``T[A]``: a contiguous or any array of T, ``T[2C]`` of 2 dimensions, ``ro``
+# read-only). A signature that no longer matches its kernel's calls costs its compile here only.
+SIGNATURES = (
+    # A graph's conversion (its ids checked, its features' digests folded; locality order),
+    # and `solar bench`'s emulated page cache (``mmap``).
+    ("graph.csrwrite._bad_ids", "int64[C]ro int64[C] int64"),
+    ("graph.csrwrite._fold", "uint16[C] int64 uint64[C]"),
+    ("graph.reorder._bfs", "int64[C] int64[C] int64[C] int64"),
+    ("graph.mmapbase._copy_rows", "uint8[2C] int64[C] int64[C] int64 int64 uint8[2C]"),
+    ("graph.mmapbase._copy_rows", "uint8[2C] int64[C] int64[A] int64 int64 uint8[2C]"),
+    ("graph.mmapbase._lru_pages", "int64[C] int64[C] int64[C] int64[C] int64[C] int64[C]"),
+    ("graph.mmapbase._read_pages", "int64 uint8[2C] int64[C] int64[C] int64[C]"),
+    # Reads: asynchronous (aio), of runs given as views, of one-sample files, bitshuffle's
+    # read-only chunks.
+    ("io.aio._read_spans", "int64 int64 uint8[C] int64[C] int64[A] int64[A] int64[C] int64 "
+                           "uint64[2C] uint64[C] int64[2C]"),
+    ("io.executor._iov_runs", "int64 uint64[2C] int64[A] int64[C] int64[A] bool int64[C]"),
+    ("io.executor._open_read_close", "uint8[C]ro int64[C] int64[C] uint64[2C] int64[C] int64[C] "
+                                     "int64 int64[2C]"),
+    ("io.tasks.run_bytes", "uint64[2C] int64[A] int64[C]"),
+    ("io.bitshuffle._run", "uint8[C]ro uint8[C] int64 int64 int64"),
+    # Planning: a trace's epochs, keys and page mates; a tier's Belady steps; a plan file's
+    # (read-only) replay and proof.
+    ("schedule.draw.epochs._fill_first", "int64[C] int64[C] int64 int64[C]"),
+    ("schedule.draw.keyspace.distinct_batches", "int64[C] int64[C] int64 int64[C] int16[C] "
+                                                "int32[2C]"),
+    ("schedule.draw.pagemates.mates_of", "int64 int64 int64 int64 int64"),
+    ("schedule.draw.traces._remember", "int64[C] int64 int64[C]"),
+    ("schedule.keep.belady._tiered_steps", "int32[C] int64[C] int64[C] int64 int64 int64[C] "
+                                           "int32[C] int32[C] int64[2C] int32[2C] int64[2C] "
+                                           "int32[2C] int32[3C] int16[C] int32[C] int32[C] "
+                                           "uint8[C] int32[2C]"),
+    ("schedule.plans.rankplan._read_before_overwrite", "int32[C] int32[C]ro uint8[C] int64[C] "
+                                                       "int64 int64 bool[C]"),
+    ("schedule.plans.rankplan._read_before_overwrite", "int32[C]ro int32[C]ro uint8[C]ro "
+                                                       "int64[C] int64 int64 bool[C]"),
+    ("schedule.plans.rankplan._replay", "int64[C] int32[C] int32[C] uint8[C] int64 int64 int64 "
+                                        "int64[C]"),
+    ("schedule.plans.rankplan._replay", "int64[C]ro int32[C]ro int32[C]ro uint8[C]ro int64 "
+                                        "int64 int64 int64[C]"),
+    ("schedule.plans.services._check_services",
+     "int32[C] int32[C] uint8[C] int64 int64[C] int64[C] int32[C] uint8[C] int16[C] int64[C] "
+     "int64[C] int64[2C] int64[C] int64[C] int64 int64 bool int64 int64[C] int64[C] int64[C] "
+     "int64[C] int64[C] int64[C] int64[C] int64[C] int64"),
+    ("schedule.plans.services._not_batch", "int64[C] int64[C] int64 int64 int64[C] uint8[C] "
+                                           "int64[C] int64[C] int64"),
+)  # fmt: skip
+
+
 def common_configs() -> list[dict[str, Any]]:
     """What ``solar warm`` rehearses: every policy of each sampler, with and without a tier,
     one rank and several, on float32 samples in one HDF5 file and in one-sample files; the
@@ -47,6 +99,7 @@ def common_configs() -> list[dict[str, Any]]:
 
     out: list[dict[str, Any]] = [
         dict(world=2, policy="solar", share="node", tier=False, sampler="node kinds"),
+        dict(world=1, policy="solar", tier=False, sampler="signatures"),
         dict(world=2, policy="solar", tier=False, sampler="neighbor"),
     ]
     # Each stored layout's read and decode kernels (one policy: they do not depend on it).
@@ -80,6 +133,9 @@ def warm_config(cfg: dict[str, Any], root: Path) -> None:
         return
     if cfg["sampler"] == "neighbor":
         _warm_graph(root, cfg["world"])
+        return
+    if cfg["sampler"] == "signatures":
+        _warm_signatures()
         return
     if "layout" in cfg:
         source = _write_layout(root, cfg["layout"], n)
@@ -153,6 +209,31 @@ def _warm_node(data: Path, root: Path, n: int) -> None:
     plan = load_plan(path)
     plan.validate(0)
     plan.rank(0).refill_at(1)
+
+
+def _warm_signatures() -> None:
+    """Compile (or load) each of :data:`SIGNATURES`."""
+    import importlib
+
+    from numba import types
+
+    from solar.io import bitshuffle, fused
+    from solar.io.codeclibs import link_codec_libraries
+
+    for symbols in (bitshuffle._SYMBOLS, fused._SYMBOLS):  # (the codecs' C functions, by name)
+        link_codec_libraries(symbols)
+    for name, sig in SIGNATURES:
+        module, kernel = f"solar.{name}".rsplit(".", 1)
+        argtypes = []
+        for arg in sig.split():
+            dtype, _, shape = arg.partition("[")
+            t: Any = types.boolean if dtype == "bool" else getattr(types, dtype)
+            if shape:  # "2C]ro": dimensions (default 1), layout, read-only
+                inner, _, after = shape.partition("]")
+                layout: Any = inner[-1]
+                t = types.Array(t, int(inner[:-1] or 1), layout, readonly=after == "ro")
+            argtypes.append(t)
+        getattr(importlib.import_module(module), kernel).compile(tuple(argtypes))
 
 
 def layouts() -> dict[str, dict[str, Any]]:
@@ -300,6 +381,8 @@ def _name(cfg: dict[str, Any]) -> str:
         return f"{cfg['policy']} ({cfg['layout']})"
     if cfg["sampler"] == "neighbor":
         return f"a graph: generated, converted, neighbour sampling (P={cfg['world']})"
+    if cfg["sampler"] == "signatures":
+        return f"{len(SIGNATURES)} signatures of paths the configurations do not take"
     tier = ", tier" if cfg["tier"] else ""
     given = ", from a plan file" if cfg.get("plan_file") else ""
     return f"{cfg['policy']} ({cfg['sampler']}{tier}{given}, P={cfg['world']})"

@@ -24,9 +24,10 @@ def _area(size: int) -> np.ndarray:
     return np.frombuffer(mmap.mmap(-1, hb.nbytes(size)), np.int64)
 
 
-def _run(size: int, body, timeout_s: float = 5.0) -> list[str]:
+def _run(size: int, body, timeout_s: float = 60.0) -> list[str]:
     """Run ``body(barrier, local)`` in ``size`` forked processes over one area; each one's
-    outcome ("ok" or its error's message), in local order."""
+    outcome ("ok" or its error's message), in local order. The barrier's timeout, where the
+    test is not of it, is long: on a loaded machine a descheduled process is only late."""
     area = _area(size)
     ctx = mp.get_context("fork")
     q = ctx.Queue()
@@ -115,7 +116,7 @@ def test_a_peer_at_another_step_fails_the_barrier_naming_both():
         assert "leave an epoch early with break" in msg
 
 
-def _plan_wait(b, k, seconds=5.0):
+def _plan_wait(b, k, seconds=60.0):
     """Wait for step ``k``'s plan (never made: a peer's payload never posted), checking as
     a node plan's wait does (solar/host/exchange.py's ``watch``)."""
     b.planning(k)
@@ -129,7 +130,8 @@ def _plan_wait(b, k, seconds=5.0):
 def test_a_rank_waiting_for_another_steps_plan_is_named_at_once_on_both_sides():
     """Local rank 1 seeks alone to epoch 2 and waits for its plan; its peers wait at step 3's
     barrier (for it), or for step 3's plan: every one names the other's step in one line,
-    well before the barrier's timeout (5 s here)."""
+    at a tick, well before the barrier's timeout (60 s: half of it bounds "at once" on a
+    loaded machine; a quiet one takes well under a second)."""
 
     def body(b, local):
         b(2, hb.STAGED)
@@ -142,7 +144,7 @@ def test_a_rank_waiting_for_another_steps_plan_is_named_at_once_on_both_sides():
 
     t0 = time.monotonic()
     got = _run(3, body)
-    assert time.monotonic() - t0 < 4.0, got
+    assert time.monotonic() - t0 < 30.0, got
     assert "rank 5 waits for its plan of epoch 2 step 0 but rank " in got[1], got
     assert "rank 4 waits at epoch 0 step 3 (a refill's start) but rank 5 waits for its plan "\
            "of epoch 2 step 0" in got[0], got  # fmt: skip
