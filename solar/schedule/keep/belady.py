@@ -281,9 +281,9 @@ def _hits_first(a, b, seq, nu, sample, rank, slot, flags, scratch):
 
 
 @njit(cache=True)
-def _grown(a):
-    """``a`` in an array twice as long (its tail uninitialised)."""
-    out = np.empty(2 * a.shape[0] + 16, a.dtype)
+def _grown(a, need):
+    """``a`` in an array twice as long, or ``need`` long if longer (its tail uninitialised)."""
+    out = np.empty(max(2 * a.shape[0] + 16, need), a.dtype)
     out[: a.shape[0]] = a
     return out
 
@@ -294,36 +294,35 @@ _OFFSET, _ROW, _PAGE, _N, _LIMIT, _K0 = range(6)
 
 
 @njit(cache=True, inline="always")
-def _at_least(keys, x):
-    """The first position of sorted ``keys`` whose key is >= ``x``."""
-    lo, hi = 0, keys.shape[0]
-    while lo < hi:
-        mid = (lo + hi) >> 1
-        if keys[mid] < x:
-            lo = mid + 1
-        else:
-            hi = mid
-    return lo
+def _at_least(keys, x, v):
+    """The first position of sorted ``keys`` (distinct) whose key is >= ``x``, walked to from
+    position ``v``: a page mate's key lies a few rows from the read's own (``v``), so a walk
+    of a few steps in one cache line replaces a binary search over the window's keys."""
+    while v > 0 and keys[v - 1] >= x:
+        v -= 1
+    while v < keys.shape[0] and keys[v] < x:
+        v += 1
+    return v
 
 
 @njit(cache=True, inline="always")
-def _mates(sample, flags, a, b, t, world, seg_counts, layout, later, keys, pages, holder,
-           hslot, key, heap, cells, side, m, base):  # fmt: skip
+def _mates(seq, sample, flags, a, b, t, world, seg_counts, layout, later, keys, pages, holder,
+           hslot, key, heap, cells, seg_id, side_sample, side_slot, m, base):  # fmt: skip
     """Offer step ``t``'s page mates (accesses ``[a, b)``) to each rank's buffer
     (pagemates.py): a row wholly inside a page the rank reads now, not accessed by it now and
     not held, is admitted, as a read is, if its next use is sooner than the farthest held; at
-    most as many as the rank's batch (they share its batch memory). Appends ``(segment,
-    sample, slot)`` to ``side`` from row ``m``; returns the new row count and ``side`` (grown
-    if need be). Keys are the window's local keys: local key ``v`` is (rank, sample) key
-    ``keys[v]`` (sorted)."""
+    most as many as the rank's batch (they share its batch memory). Writes ``(segment,
+    sample, slot)`` to the side arrays from row ``m`` (room for ``b - a`` more: no array is
+    reassigned in the loops, which would cost numba a reference count per pass); returns the
+    new row count. Keys are the window's local keys: local key ``v`` is (rank, sample) key
+    ``keys[v]`` (sorted); ``seq[i]`` is access i's."""
     if key.shape[1] == 0:
-        return m, side  # no buffer to offer them to
+        return m  # no buffer to offer them to
     # (Rank r's buffer is row r - ``base``, as in _ram_step: a rank without a row has no
     # accesses here.)
     offset, row_bytes, page, n = layout[_OFFSET], layout[_ROW], layout[_PAGE], layout[_N]
     ptable, pstamp, pmask = pages  # (the pages each (step, rank) read: keyspace.marks)
     now = layout[_K0] + t
-    seg_id, side_sample, side_slot = side
     p = a
     for r in range(world):
         q = p + seg_counts[r]
@@ -343,7 +342,7 @@ def _mates(sample, flags, a, b, t, world, seg_counts, layout, later, keys, pages
                 y0, y1 = mates_of(pg, offset, row_bytes, page, n)
                 # Rank r's keys of rows y0..y1 - 1 the window uses: a run of the sorted keys
                 # (a mate the window never uses is never kept), in the rows' order.
-                v = _at_least(keys, r * n + y0)
+                v = _at_least(keys, r * n + y0, seq[i])
                 while v < keys.shape[0] and keys[v] < r * n + y1:
                     if m == room:
                         break
@@ -354,16 +353,13 @@ def _mates(sample, flags, a, b, t, world, seg_counts, layout, later, keys, pages
                     nxt = later[w, NEXT]  # its first use past this step
                     if nxt < 0 or nxt >= layout[_LIMIT] or nxt >= key[r - base, 0]:
                         continue  # not used within the window, or the buffer holds sooner
-                    if m == side_sample.shape[0]:
-                        seg_id, side_sample, side_slot = (_grown(seg_id), _grown(side_sample),
-                                                          _grown(side_slot))  # fmt: skip
                     seg_id[m] = t * world + r
                     side_sample[m] = y
                     side_slot[m] = _replace_top(w, nxt, r - base, holder, hslot, key, heap,
                                                 cells)  # fmt: skip
                     m += 1
         p = q
-    return m, (seg_id, side_sample, side_slot)
+    return m
 
 
 @njit(cache=True, inline="always")
@@ -403,6 +399,7 @@ def _trace_steps(
         spanned = (layout[_OFFSET] + layout[_N] * layout[_ROW]) // layout[_PAGE] + 1
         room = min(counts.max() * (layout[_ROW] // layout[_PAGE] + 2), spanned)
     pages = marks(room)
+    seg_id, side_sample, side_slot = side
     m = 0
     for k in range(bounds.shape[0] - 1):
         a, b = bounds[k], bounds[k + 1]
@@ -427,10 +424,14 @@ def _trace_steps(
             # solar/runtime/reads.py): no page mates there, they would be read apart from its
             # pages.
             if layout.shape[0] and layout[_K0] + k > 0:
-                m, side = _mates(sample, flags, a, b, k, counts.shape[1], counts[k], layout,
-                                 later, keys, pages, holder, hslot, key, heap, cells, side,
-                                 m, base)  # fmt: skip
-    return m, side
+                if m + b - a > side_sample.shape[0]:  # (a step keeps at most b - a side rows)
+                    seg_id, side_sample, side_slot = (_grown(seg_id, m + b - a),
+                                                      _grown(side_sample, m + b - a),
+                                                      _grown(side_slot, m + b - a))  # fmt: skip
+                m = _mates(seq, sample, flags, a, b, k, counts.shape[1], counts[k], layout, later,
+                           keys, pages, holder, hslot, key, heap, cells, seg_id, side_sample,
+                           side_slot, m, base)  # fmt: skip
+    return m, (seg_id, side_sample, side_slot)
 
 
 @njit(cache=True, nogil=True)
