@@ -144,3 +144,29 @@ def test_a_sampler_drawing_ids_outside_the_dataset_is_refused_in_one_line(shift)
     with pytest.raises(SolarError, match=r"^sampler _Beyond: epoch 0 draws a sample id outside "
                                          r"0\.\.63$"):  # fmt: skip
         Planner(PlanSpec(run, BufferConfig(8), sampler=sampler)).next_schedule()
+
+
+class _Everyone(Trace):
+    """A sampler whose rank_epoch gives every rank's batches (it should leave the others'
+    empty)."""
+
+    def rank_epoch(self, run, epoch, rank):
+        return self.epoch(run, epoch)
+
+
+@pytest.mark.parametrize("window", [None, 2])
+@pytest.mark.parametrize("rank", [0, 1, 2])
+def test_a_rank_planned_alone_refuses_other_ranks_batches_in_one_line(rank, window):
+    """A rank planned alone keeps one row of tables (row rank - only_rank): another rank's
+    accesses, above or below it, would be written outside them or into its own row. Refused
+    in one line naming the sampler and epoch, on the whole-epoch path and in windows."""
+    ids = np.arange(96, dtype=np.int64).reshape(1, 4, 3, 8)
+    run = RunConfig(96, 3, 8, 1, 0, False, 96)
+    spec = PlanSpec(run, BufferConfig(8), sampler=_Everyone(ids), window=window)
+    planner = Planner(spec, only_rank=rank)
+    with pytest.raises(SolarError, match=rf"^sampler _Everyone: epoch 0 gives batches of ranks "
+                                         rf"other than {rank}, planned alone [^\n]*$"):  # fmt: skip
+        planner.next_rank(rank)
+    # (the same draws, each rank's kept to its own: planned)
+    assert Planner(PlanSpec(run, BufferConfig(8), sampler=Trace(ids), window=window),
+                   only_rank=rank).next_rank(rank).sample.size == 32  # fmt: skip

@@ -22,7 +22,7 @@ from solar.schedule.draw.pagemates import (
     mates_of,
 )
 from solar.schedule.draw.samplers import Trace
-from solar.schedule.draw.traces import EpochTrace, TraceOrder
+from solar.schedule.draw.traces import TraceOrder
 from solar.schedule.keep.planner import Planner, RankEpoch
 from solar.schedule.plans.validate import TraceValidator
 from solar.schedule.policy import ADMIT, NEVER, SIDE
@@ -83,16 +83,19 @@ def test_later_uses_give_a_keys_first_use_at_or_after_a_position(epochs, v, w):
         assert got == position(at[0])
 
 
+class _Everyone(Trace):
+    def rank_epoch(self, run, epoch, rank):  # every rank's batches, not only the rank's
+        return self.epoch(run, epoch)
+
+
 def test_a_rank_planning_alone_refuses_another_ranks_keys():
     """Its window's keys are numbered once (keyspace.py), every table indexed by them: a key
-    outside the rank's own (rank·N .. rank·N + N - 1) is refused there."""
+    outside the rank's own (rank·N .. rank·N + N - 1), here rank 0's given to rank 1, is
+    refused before the page mates' next uses are built over it."""
     run = RunConfig(64, 2, 8, 1, 0, False, 64)
-    order = TraceOrder(run, Trace(np.arange(64).reshape(1, 4, 2, 8)), only_rank=1)
-    pair = np.array([64, 3], np.int64)  # rank 1's sample 0, then rank 0's sample 3
-    one = np.ones(2, np.int16)
-    trace = EpochTrace(pair % 64, pair, one, np.array([[0, 2]], np.int32), np.array([0, 2]))
-    with pytest.raises(SolarError, match=r"keys outside 64\.\.127"):
-        order._keys_of([trace])
+    order = TraceOrder(run, _Everyone(np.arange(64).reshape(1, 4, 2, 8)), only_rank=1)
+    with pytest.raises(SolarError, match=r"epoch 0 gives batches of ranks other than 1"):
+        order.later_uses(0)
 
 
 def _parts(spec: PlanSpec, rank: int) -> list[RankEpoch]:

@@ -171,6 +171,11 @@ class TraceOrder:
         rank = np.empty(ids.size, np.int16)
         counts = np.zeros((steps, world), np.int32)
         n = distinct_batches(ids, offsets, world, sample, rank, counts)
+        if self.only_rank is not None and np.delete(counts, self.only_rank, 1).any():
+            # (once here: a rank planned alone has one row of tables, indexed rank - only_rank)
+            raise SolarError(f"sampler {type(self.sampler).__name__}: epoch {k} gives batches "
+                             f"of ranks other than {self.only_rank}, planned alone (its "
+                             "rank_epoch must leave the others' batches empty)")  # fmt: skip
         if n < ids.size:  # (a sampler's batches of distinct ids, as a neighbour sampler's,
             sample, rank = sample[:n].copy(), rank[:n].copy()  # are kept as they are)
         bounds = np.zeros(steps + 1, np.int64)
@@ -247,7 +252,7 @@ class TraceOrder:
             after = base + trace.pair.size if nxt is None or nxt[0] == k else \
                 np.int64(nxt[0]) << EPOCH_SHIFT  # fmt: skip
             nu = np.empty(trace.pair.size, np.int64)
-            keys, local = self._keys_of([trace] if ahead is None else [trace, ahead])
+            keys, local = key_space([trace.pair] if ahead is None else [trace.pair, ahead.pair])
             last = np.full(keys.size, NEVER, np.int64)
             if ahead is not None:  # its first uses: where the window's next uses end
                 assert nxt is not None
@@ -266,18 +271,6 @@ class TraceOrder:
             yield Window(k, self._steps(j)[0], offset, trace, nu, keys, local[0], later)
             del trace, nu, later, ahead, keys, local  # (let go before the next is drawn)
             offset += size
-
-    def _keys_of(self, traces: list[EpochTrace]) -> tuple[np.ndarray, list[np.ndarray]]:
-        """The distinct keys of ``traces`` and their accesses as local keys (keyspace.py).
-        Raises SolarError if a rank planning alone was given another rank's keys."""
-        keys, local = key_space([t.pair for t in traces])
-        if self.only_rank is not None and keys.size:
-            n = self.run.num_samples
-            lo, hi = self.only_rank * n, (self.only_rank + 1) * n - 1
-            if keys[0] < lo or keys[-1] > hi:
-                raise SolarError(f"sampler: the trace names keys outside {lo}..{hi} (a "
-                                 "sampler's rank_epoch gave another rank's batches?)")  # fmt: skip
-        return keys, local
 
     def served(self, k: int) -> np.ndarray:
         """Run epoch ``k``'s accesses' sample ids."""
@@ -319,10 +312,9 @@ class TraceOrder:
     def later_uses(self, k: int) -> LaterUses:
         """Each key's first use in epoch ``k`` and the next (within the horizon;
         :mod:`solar.schedule.draw.pagemates`): when a row not accessed now is next used; with
-        epoch ``k``'s accesses as local keys (``local``: one numbering for its plan). Raises
-        SolarError if a rank planning alone was given another rank's keys."""
+        epoch ``k``'s accesses as local keys (``local``: one numbering for its plan)."""
         end = min(self.run.epochs, k + min(self.horizon, LOOK_AHEAD) + 1)
-        keys, local = self._keys_of([self.epoch(e) for e in range(k, end)])
+        keys, local = key_space([self.epoch(e).pair for e in range(k, end)])
         starts = [(k + e) << EPOCH_SHIFT for e in range(len(local))]
         return LaterUses.at(k, local, starts, end << EPOCH_SHIFT, keys)
 

@@ -319,7 +319,7 @@ def _mates(seq, sample, flags, a, b, t, world, seg_counts, layout, later, keys, 
     if key.shape[1] == 0:
         return m  # no buffer to offer them to
     # (Rank r's buffer is row r - ``base``, as in _ram_step: a rank without a row has no
-    # accesses here.)
+    # accesses here, TraceOrder._trace refusing a trace that gives it any.)
     offset, row_bytes, page, n = layout[_OFFSET], layout[_ROW], layout[_PAGE], layout[_N]
     ptable, pstamp, pmask = pages  # (the pages each (step, rank) read: keyspace.marks)
     now = layout[_K0] + t
@@ -459,7 +459,8 @@ def _affinity_steps(
 
 
 class SolarPolicy(OccupantContents):
-    """Rank affinity and per-rank Belady eviction; state carried across epochs, O(N + P·C)."""
+    """Rank affinity and per-rank Belady eviction; state carried across epochs, O(N + P·C)
+    (O(N + C) for a rank planned alone)."""
 
     needs_next_use = True
     ids_per_rank = False  # ids are samples; TracePolicy's name (rank, sample) pairs
@@ -562,7 +563,8 @@ class TracePolicy(SolarPolicy):
     """Belady with bypass, per rank, over a general sampler's trace (the sampler decides who
     serves what: no affinity). Ids are (rank, sample) pairs, ``rank * N + sample``; each
     window (or epoch) is planned over its keys numbered densely (keyspace.py), held ids
-    included, so that its tables are O(keys of the window + P·C), never O(P·N)."""
+    included, so that its tables are O(keys of the window + P·C) (+ C, not P·C, for a rank
+    planned alone), never O(P·N)."""
 
     ids_per_rank = True
 
