@@ -213,27 +213,38 @@ def _warm_node(data: Path, root: Path, n: int) -> None:
 
 def _warm_signatures() -> None:
     """Compile (or load) each of :data:`SIGNATURES`."""
-    import importlib
-
-    from numba import types
-
     from solar.io import bitshuffle, fused
     from solar.io.codeclibs import link_codec_libraries
 
     for symbols in (bitshuffle._SYMBOLS, fused._SYMBOLS):  # (the codecs' C functions, by name)
         link_codec_libraries(symbols)
     for name, sig in SIGNATURES:
-        module, kernel = f"solar.{name}".rsplit(".", 1)
-        argtypes = []
-        for arg in sig.split():
-            dtype, _, shape = arg.partition("[")
-            t: Any = types.boolean if dtype == "bool" else getattr(types, dtype)
-            if shape:  # "2C]ro": dimensions (default 1), layout, read-only
-                inner, _, after = shape.partition("]")
-                layout: Any = inner[-1]
-                t = types.Array(t, int(inner[:-1] or 1), layout, readonly=after == "ro")
-            argtypes.append(t)
-        getattr(importlib.import_module(module), kernel).compile(tuple(argtypes))
+        kernel_of(name).compile(argument_types(sig))
+
+
+def kernel_of(name: str) -> Any:
+    """The kernel (numba dispatcher) a :data:`SIGNATURES` entry names (``module.kernel``
+    under ``solar.``)."""
+    import importlib
+
+    module, kernel = f"solar.{name}".rsplit(".", 1)
+    return getattr(importlib.import_module(module), kernel)
+
+
+def argument_types(sig: str) -> tuple[Any, ...]:
+    """The numba types of a :data:`SIGNATURES` entry's arguments, parsed (nothing compiled)."""
+    from numba import types
+
+    argtypes = []
+    for arg in sig.split():
+        dtype, _, shape = arg.partition("[")
+        t: Any = types.boolean if dtype == "bool" else getattr(types, dtype)
+        if shape:  # "2C]ro": dimensions (default 1), layout, read-only
+            inner, _, after = shape.partition("]")
+            layout: Any = inner[-1]
+            t = types.Array(t, int(inner[:-1] or 1), layout, readonly=after == "ro")
+        argtypes.append(t)
+    return tuple(argtypes)
 
 
 def layouts() -> dict[str, dict[str, Any]]:

@@ -360,6 +360,28 @@ def test_every_kernel_is_found():
         assert name in found
 
 
+def test_each_warm_signature_names_a_kernel_and_its_arguments():
+    """solar/precompile.py's SIGNATURES are typed by hand: each names a numba kernel, parses
+    (nothing compiled here), and gives as many arguments as the kernel has parameters (a
+    signature left behind by a kernel's change would only cost ``solar warm`` a compile)."""
+    import inspect
+
+    from numba.core.dispatcher import Dispatcher
+    from numba.core.types import Type
+
+    from solar.precompile import SIGNATURES, argument_types, kernel_of
+
+    assert SIGNATURES
+    for name, sig in SIGNATURES:
+        kernel = kernel_of(name)
+        assert isinstance(kernel, Dispatcher), name
+        argtypes = argument_types(sig)
+        assert all(isinstance(t, Type) for t in argtypes), name
+        assert len(argtypes) == len(inspect.signature(kernel.py_func).parameters), name
+    with pytest.raises(AttributeError):  # (a misspelt type is not taken for another)
+        argument_types("int64[C] int46")
+
+
 def test_what_compiling_left_is_frozen_after_a_rehearsal_that_compiled(small_h5, monkeypatch):
     """A warm-up that compiled collects and freezes what numba left (so the epochs' garbage
     collections do not walk it again); one that only loaded kernels leaves the collector be."""
