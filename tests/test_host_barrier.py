@@ -48,8 +48,9 @@ def _run(size: int, body, timeout_s: float = 60.0) -> list[str]:
         p.start()
     got = {}
     # A bound on a hang, not a speed: the machine may be loaded (other jobs' ranks) and every
-    # crossing needs all ``size`` processes scheduled. Longer than any barrier's timeout.
-    deadline = time.monotonic() + max(60.0, 4 * timeout_s)
+    # crossing needs all ``size`` processes scheduled. Longer than any barrier's timeout, by
+    # a margin (not a multiple: a hang costs 90 s, not 240 s, at the 60 s default).
+    deadline = time.monotonic() + max(60.0, timeout_s + 30)
     while len(got) < size and time.monotonic() < deadline:
         try:
             local, msg = q.get(timeout=0.2)

@@ -254,17 +254,24 @@ def test_two_trainers_and_their_workers_either_launcher(data, launcher, n_worker
     addresses: list[str] = []
     while len(addresses) < len(samplers):
         addresses += [a for a in [free_address()] if a not in addresses]
-    # (A later run's workers wait for their trainers while the runs before it go.)
-    workers = {s: [start_worker(a, 120 * (i + 1)) for _ in range(n_workers)]
-               for i, (s, a) in enumerate(zip(samplers, addresses, strict=True))}  # fmt: skip
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    job = run_job(exe, 2, [str(ROOT / "tests" / "mpi" / "remote.py"), str(data),
-                           ",".join(addresses), str(n_workers), "2", ",".join(samplers)],
-                  240 * len(samplers), env)  # fmt: skip
-    if job.returncode != 0:  # (workers whose trainers never came would wait on)
+    workers: dict[str, list[subprocess.Popen]] = {s: [] for s in samplers}
+    try:
+        # (A later run's workers wait for their trainers while the runs before it go.)
+        for i, (s, a) in enumerate(zip(samplers, addresses, strict=True)):
+            workers[s] += [start_worker(a, 120 * (i + 1)) for _ in range(n_workers)]
+        env = dict(os.environ, PYTHONPATH=str(ROOT))
+        job = run_job(exe, 2, [str(ROOT / "tests" / "mpi" / "remote.py"), str(data),
+                               ",".join(addresses), str(n_workers), "2", ",".join(samplers)],
+                      240 * len(samplers), env)  # fmt: skip
+        if job.returncode != 0:  # (workers whose trainers never came would wait on)
+            for w in (w for ws in workers.values() for w in ws):
+                w.kill()
+        outs = {s: [w.communicate(timeout=60) for w in ws] for s, ws in workers.items()}
+    finally:  # (a job that timed out, or a worker that would not end: none left waiting)
         for w in (w for ws in workers.values() for w in ws):
-            w.kill()
-    outs = {s: [w.communicate(timeout=60) for w in ws] for s, ws in workers.items()}
+            if w.poll() is None:
+                w.kill()
+                w.communicate()
     assert job.returncode == 0, job.stderr
     for s in samplers:
         planned = np.zeros((n_workers, 2), np.int64)  # each worker's hits and reads, planned
