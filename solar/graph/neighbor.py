@@ -51,6 +51,7 @@ from solar.graph.ingest import topology, warn_missing
 from solar.launch import ranks_here
 from solar.schedule.draw import rng
 from solar.schedule.draw.draws import EpochDraws, every_rank, one_per_step, rank_draws
+from solar.schedule.draw.grow import grown
 from solar.schedule.draw.idtable import find, id_table
 from solar.schedule.draw.order import epoch_permutation
 from solar.schedule.draw.rng import GOLDEN, mix64
@@ -431,10 +432,10 @@ def _sample(indptr, indices, seeds, fanouts, key):  # pragma: no cover - compile
             need += d if f < 0 or f > d else f
         if e + need > src.shape[0]:
             size = max(2 * src.shape[0], e + need)
-            src = _grown(src, size, e)
-            dst = _grown(dst, size, e)
+            src = grown(src, size, e)
+            dst = grown(dst, size, e)
         if n + need > nodes.shape[0]:
-            nodes = _grown(nodes, max(2 * nodes.shape[0], n + need), n)
+            nodes = grown(nodes, max(2 * nodes.shape[0], n + need), n)
         if 2 * (n + need) > keys.shape[0]:
             keys, local, mask = _table(nodes, n, n + need)
         for i in range(lo, hi):
@@ -459,10 +460,3 @@ def _sample(indptr, indices, seeds, fanouts, key):  # pragma: no cover - compile
         hop_edges[h] = e - (hop_edges[:h].sum())
         lo, hi = hi, n
     return nodes[:n].copy(), src[:e].copy(), dst[:e].copy(), hop_nodes, hop_edges
-
-
-@njit(cache=True, inline="always")
-def _grown(a, size, used):  # pragma: no cover - compiled
-    b = np.empty(size, a.dtype)
-    b[:used] = a[:used]
-    return b

@@ -24,6 +24,7 @@ import numpy as np
 from numba import njit
 
 from solar.config import BufferConfig, RunConfig
+from solar.schedule.draw.grow import grown
 from solar.schedule.draw.idtable import first_mark, marks
 from solar.schedule.draw.keyspace import key_space
 from solar.schedule.draw.order import sample_dtype, step_bounds
@@ -280,14 +281,6 @@ def _hits_first(a, b, seq, nu, sample, rank, slot, flags, scratch):
     flags[a:b] = flags[order]
 
 
-@njit(cache=True)
-def _grown(a, need):
-    """``a`` in an array twice as long, or ``need`` long if longer (its tail uninitialised)."""
-    out = np.empty(max(2 * a.shape[0] + 16, need), a.dtype)
-    out[: a.shape[0]] = a
-    return out
-
-
 # Fields of ``_trace_steps``'s page ``layout`` (int64): where rows lie (pagemates.PageLayout),
 # N, the first global position past the window of ``later``, and the epoch's first global step.
 _OFFSET, _ROW, _PAGE, _N, _LIMIT, _K0 = range(6)
@@ -425,9 +418,10 @@ def _trace_steps(
             # pages.
             if layout.shape[0] and layout[_K0] + k > 0:
                 if m + b - a > side_sample.shape[0]:  # (a step keeps at most b - a side rows)
-                    seg_id, side_sample, side_slot = (_grown(seg_id, m + b - a),
-                                                      _grown(side_sample, m + b - a),
-                                                      _grown(side_slot, m + b - a))  # fmt: skip
+                    size = max(2 * side_sample.shape[0] + 16, m + b - a)
+                    seg_id, side_sample, side_slot = (grown(seg_id, size, m),
+                                                      grown(side_sample, size, m),
+                                                      grown(side_slot, size, m))  # fmt: skip
                 m = _mates(seq, sample, flags, a, b, k, counts.shape[1], counts[k], layout, later,
                            keys, pages, holder, hslot, key, heap, cells, seg_id, side_sample,
                            side_slot, m, base)  # fmt: skip
