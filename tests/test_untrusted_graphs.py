@@ -216,7 +216,8 @@ def test_splits_are_checked_without_memory_for_the_nodes_a_file_declares(tmp_pat
     """A few KB of HDF5 can declare 2^50 nodes (chunked datasets, nothing written): its splits
     are checked for range and repeats in memory of their own size, not of the node count (a
     bitmap of 2^50 nodes is 128 TiB; tracemalloc sees numpy's allocations), and its topology
-    is refused in one line by the memory check before anything of it is read."""
+    is refused in one line by the memory check before anything of it is read, as is a split
+    of more ids than memory holds."""
     from solar.graph.csr import check_nodes
 
     n = 2**50
@@ -244,6 +245,10 @@ def test_splits_are_checked_without_memory_for_the_nodes_a_file_declares(tmp_pat
     with pytest.raises(SolarError, match=f"^graph {path}: its topology in memory") as info:
         Graph(path)
     assert "\n" not in str(info.value)
+    with h5py.File(path, "a") as f:  # (a split as large, nothing behind it either)
+        f.create_dataset("test_idx", shape=(2**44,), dtype="i8", chunks=(1024,))
+    with pytest.raises(SolarError, match=f"^graph {path}: test_idx: its {2**44} ids in memory"):
+        Graph(path, defer=True)
 
 
 def test_a_graph_changed_before_another_process_opens_it_is_refused(graph_file, tmp_path):

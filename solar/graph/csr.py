@@ -429,7 +429,9 @@ def _splits_checked(
         _as_ids(parts[name].dtype, shape, what, empty=name != "train_idx")
         if shape[0] > n:
             raise SolarError(f"{what}: {shape[0]} ids of {n} nodes: a node is listed twice")
-        require_memory(shape[0] * kinds[name][1].itemsize, what, ranks_here())
+        # (the ids as read, and check_nodes' bitmap or sorted copy: at most 8 bytes an id)
+        need = shape[0] * (kinds[name][1].itemsize + 8)
+        require_memory(need, f"{what}: its {shape[0]} ids in memory", ranks_here())
         ids = _read({name: parts[name]}, {name: np.empty(*kinds[name])})[name]
         got = check_nodes(ids, n, what, empty=name != "train_idx", copy=False)
         got.flags.writeable = False  # validated once: nothing may change it after
