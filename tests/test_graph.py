@@ -154,16 +154,20 @@ def test_a_graph_holds_its_seeds_and_reads_the_other_splits_again_at_first_use(
     graph_file, tmp_path
 ):
     """Every split is checked when the graph is opened, but only the seeds' is held then: the
-    others (a batch's masks) are read again at first use from the unchanged file, equal to
-    what it holds; a file rewritten meanwhile is refused in one line. Splits given in memory
-    are held (read again, they could be the caller's changes)."""
+    others (a batch's masks) are read again at first use -- a sampler's bind, which its Loader
+    calls, or the masks asked for -- from the unchanged file, equal to what it holds; a file
+    rewritten meanwhile is refused in one line by either. Splits given in memory are held
+    (read again, they could be the caller's changes)."""
     path = tmp_path / "g.h5"
     shutil.copy(graph_file, path)
     with h5py.File(path, "r") as f:
         want = {k: f[k][...] for k in ("train_idx", "valid_idx", "test_idx")}
     g = Graph(path)
     assert set(g._splits) == {"train_idx"} and g._later == ("valid_idx", "test_idx")
-    assert NeighborSampler(g, (2,), 8).train is g.train_idx  # (a planner needs no more)
+    sampler = NeighborSampler(g, (2,), 8)
+    assert sampler.train is g.train_idx and g._later  # (a planner needs no more)
+    sampler.bind(None)  # (its Loader's: the batches' masks need them, read now)
+    assert sorted(g._splits) == sorted(want) and g._later == ()
     assert sorted(g.splits) == sorted(want) and g._later == ()
     for k, ids in want.items():
         assert np.array_equal(g.splits[k], ids) and not g.splits[k].flags.writeable
@@ -174,9 +178,10 @@ def test_a_graph_holds_its_seeds_and_reads_the_other_splits_again_at_first_use(
     with h5py.File(path, "r+") as f:
         f["test_idx"][...] = f["test_idx"][...][::-1]  # every shape as it was
     os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
-    with pytest.raises(SolarError, match=f"graph {path}: changed since it was opened") as e:
-        _ = g.split_bits
-    assert "\n" not in str(e.value)
+    for first_use in (lambda: g.split_bits, lambda: NeighborSampler(g, (2,), 8).bind(None)):
+        with pytest.raises(SolarError, match=f"graph {path}: changed since it was opened") as e:
+            first_use()
+        assert "\n" not in str(e.value)
     parts = {"indptr": np.array([0, 1, 2]), "indices": np.array([1, 0]),
              "valid_idx": np.array([1])}  # fmt: skip
     g = Graph(parts)
@@ -301,6 +306,7 @@ def test_loader_batches_are_pyg_shaped_and_byte_exact(graph_file, world):
         sampler = NeighborSampler(graph_file, (4, 3), batch_size=40)
         with Loader(graph_file, ["features"], sampler=sampler, epochs=2, buffer=150, rank=rank,
                     world_size=world) as ld:  # fmt: skip
+            assert sampler.graph._later == ()  # (the masks' splits read as it was made)
             for e in range(2):
                 ld.set_epoch(e)
                 for t, b in enumerate(ld):

@@ -4,9 +4,12 @@ changed under a run, never reach the sampling kernel unchecked."""
 from __future__ import annotations
 
 import hashlib
+import os
 import pickle
+import re
 import subprocess
 import sys
+import tracemalloc
 
 import h5py
 import numpy as np
@@ -137,6 +140,115 @@ def test_column_labels_and_splits_are_taken_from_hdf5_as_from_npy(graph_file, tm
         assert np.array_equal(g.train_idx, parts["train_idx"])
         assert np.array_equal(g.indptr, parts["indptr"])
         assert np.array_equal(g.indices, parts["indices"])
+
+
+def test_a_hosts_copy_written_a_few_bytes_at_a_time_holds_every_part(graph_file, tmp_path,
+                                                                     monkeypatch):  # fmt: skip
+    """The host's copy filled a window at a time, each window's pages dropped from its writer
+    as it is filled (written(): windows of 24 bytes, never page-aligned, many to a page, a
+    page shared by two parts): every part there is what h5py reads, from HDF5, .npy and
+    arrays, a (1, N) labels column and an (N, 1) split included."""
+    monkeypatch.setattr(csr, "_WINDOW", 24)
+    parts = _parts(graph_file)
+    with h5py.File(graph_file) as f:
+        parts["valid_idx"] = f["valid_idx"][()]
+    cols = {**parts, "labels": parts["labels"][None], "valid_idx": parts["valid_idx"][:, None]}
+    for source in (*_as_files(cols, tmp_path), cols):
+        opened = Graph(source, defer=True)._opened
+        shared, got = csr._host_copy(opened, "graph", None)
+        try:
+            assert sorted(got) == sorted(parts)
+            for k, want in parts.items():
+                assert got[k].shape == want.shape and np.array_equal(got[k], want), (source, k)
+                assert not got[k].flags.writeable
+        finally:
+            del got
+            shared.close()
+
+
+def test_a_npy_part_is_read_whole_from_the_file_it_opened(tmp_path, monkeypatch):
+    """A part read over several windows reads them all from one descriptor: a .npy file
+    replaced by rename meanwhile (what np.save to a temporary name then mv does) is never
+    read half from each (that it changed is the graph's identity check's to refuse)."""
+    monkeypatch.setattr(csr, "_WINDOW", 64)
+    path, other = tmp_path / "labels.npy", tmp_path / "new.npy"
+    want = np.arange(100, dtype=np.int64)
+    np.save(path, want)
+    np.save(other, want[::-1])
+    part = csr._opened(str(path), "graph labels")
+    swapped = []
+
+    def written(view: np.ndarray) -> None:
+        if not swapped:
+            os.replace(other, path)
+            swapped.append(view.size)
+
+    got = csr._read({"labels": part}, {"labels": np.empty(100, np.int64)}, written)["labels"]
+    assert swapped == [8] and np.array_equal(got, want)
+
+
+@pytest.mark.parametrize("name", ["train_idx", "valid_idx"])
+def test_a_split_that_is_not_one_dimensional_is_refused_before_it_is_read(tmp_path, name):
+    """A 0-d split (a scalar: an array, a 0-d .npy, an HDF5 scalar dataset) or a table of ids
+    is refused in one line naming it, as check_nodes refuses such ids, never an IndexError;
+    so is one of more ids than the graph has nodes, and an HDF5 dataset of no dataspace."""
+    csr_ = {"indptr": np.array([0, 1, 2]), "indices": np.array([1, 0])}
+    for bad in (np.int64(0), np.array([[0, 1], [1, 0]], np.int32)):
+        says = rf"{name}: expected a (non-empty )?1-D integer array, got {bad.dtype} "
+        says += re.escape(str(np.shape(bad)))
+        h5, npys = _as_files({**csr_, name: bad}, tmp_path)
+        for source in (h5, npys, {**csr_, name: bad}):
+            with pytest.raises(SolarError, match=rf"^graph( {h5})?: {says}$"):
+                Graph(source)
+    h5, npys = _as_files({**csr_, name: np.array([1, 0, 1])}, tmp_path)
+    for source in (h5, npys):
+        with pytest.raises(SolarError, match=rf"{name}: 3 ids of 2 nodes: a node is listed"):
+            Graph(source)
+    with h5py.File(h5, "w") as f:
+        f["indptr"], f["indices"] = csr_["indptr"], csr_["indices"]
+        f.create_dataset(name, data=h5py.Empty("i8"))
+    with pytest.raises(SolarError, match=rf"^graph {h5}: {name} holds no array") as info:
+        Graph(h5)
+    assert "\n" not in str(info.value)
+
+
+def test_splits_are_checked_without_memory_for_the_nodes_a_file_declares(tmp_path):
+    """A few KB of HDF5 can declare 2^50 nodes (chunked datasets, nothing written): its splits
+    are checked for range and repeats in memory of their own size, not of the node count (a
+    bitmap of 2^50 nodes is 128 TiB; tracemalloc sees numpy's allocations), and its topology
+    is refused in one line by the memory check before anything of it is read, as is a split
+    of more ids than memory holds."""
+    from solar.graph.csr import check_nodes
+
+    n = 2**50
+    check_nodes(np.array([3, 1]), n, "w")  # (compiled before measuring)
+    path = tmp_path / "huge.h5"
+    with h5py.File(path, "w") as f:
+        f.create_dataset("indptr", shape=(n + 1,), dtype="i8", chunks=(1024,))
+        f.create_dataset("indices", shape=(2**40,), dtype="i8", chunks=(1024,))
+        f["train_idx"] = np.array([0, n - 1, 3])
+        f["valid_idx"] = np.array([7, 2**40])
+    assert path.stat().st_size < 1 << 16
+    tracemalloc.start()
+    try:
+        assert check_nodes(np.array([5, n - 1, 0]), n, "w").tolist() == [5, n - 1, 0]
+        for ids, why in (([5, 0, 5], "listed twice"), ([0, n], "outside"), ([-1, 1], "outside")):
+            with pytest.raises(SolarError, match=f"^w: .*{why}"):
+                check_nodes(np.array(ids), n, "w")
+        g = Graph(path, defer=True)
+        assert g.num_nodes == n and g.train_idx.tolist() == [0, n - 1, 3]
+        assert g.splits["valid_idx"].tolist() == [7, 2**40]
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 8 << 20, peak
+    with pytest.raises(SolarError, match=f"^graph {path}: its topology in memory") as info:
+        Graph(path)
+    assert "\n" not in str(info.value)
+    with h5py.File(path, "a") as f:  # (a split as large, nothing behind it either)
+        f.create_dataset("test_idx", shape=(2**44,), dtype="i8", chunks=(1024,))
+    with pytest.raises(SolarError, match=f"^graph {path}: test_idx: its {2**44} ids in memory"):
+        Graph(path, defer=True)
 
 
 def test_a_graph_changed_before_another_process_opens_it_is_refused(graph_file, tmp_path):

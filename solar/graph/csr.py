@@ -17,12 +17,16 @@ still fault on a truncated file). Given the job's communicator, a host of severa
 such copy (issue 48: 2.2 GB at 3·10^7 nodes, per rank before): read and validated by its local
 rank 0 into a memfd then sealed against any write (solar/host/sealed.py), mapped read-only by
 every rank of the host; no process can change those bytes after the check, so the kernels stay
-bounds-safe. A graph opened with ``defer`` reads its splits at once and the rest when
-:meth:`Graph.hold` is given the communicator (a NeighborSampler's, in a job of several ranks a
-host: its Loader's, by default) or when first used (privately). Everything read is
-untrusted: indptr must start at 0, never decrease and end at E; indices must name nodes;
+bounds-safe. Every split is read and checked when the graph is opened, but only the seeds'
+(``train_idx``) is kept: the others, read from files, are read again (and checked) at first use
+-- a NeighborSampler's :meth:`~solar.graph.neighbor.NeighborSampler.bind`, which its Loader
+calls --, so a planner's process never holds them. A graph opened with ``defer`` reads the
+topology when :meth:`Graph.hold` is given the communicator (a NeighborSampler's, in a job of
+several ranks a host: its Loader's, by default) or when first used (privately). Everything read
+is untrusted: indptr must start at 0, never decrease and end at E; indices must name nodes;
 labels and the splits must fit N (an (N, 1) column, as OGB keeps labels, from any source), a
-split naming no node twice. A bad graph is refused with one line naming the file and dataset.
+split being a 1-D array naming no node twice, refused before it is read if its shape cannot be
+one. A bad graph is refused with one line naming the file and dataset.
 """
 
 from __future__ import annotations
@@ -30,7 +34,8 @@ from __future__ import annotations
 import hashlib
 import os
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -108,6 +113,7 @@ class Graph:
         # again at first use (:attr:`splits`: a batch's masks), so that a planner's process
         # never holds them (issue 48: 160 MB at 10^8 nodes with 10^7 each in valid and test).
         self._kinds, self._splits = opened(self._splits_read)
+        self._unchanged()  # (and not rewritten while its splits were read)
         self.num_nodes = int(self._kinds["indptr"][0][0] - 1)
         self.num_edges = int(self._kinds["indices"][0][0])
         if "labels" in self._kinds:
@@ -125,31 +131,30 @@ class Graph:
     def _splits_read(self, parts: dict[str, _Part]) -> tuple[dict, dict[str, np.ndarray]]:
         """The parts' kinds and the splits kept now (each checked: the others let go)."""
         kinds = _kinds(parts, self.where)
-        n = kinds["indptr"][0][0] - 1
         src = self._source
-        kept = {}
-        for k in (k for k in SPLITS if k in parts):
-            got = _split_read(parts, kinds, k, n, self.where)
+
+        def kept(name: str) -> bool:
             # (a split given in memory is kept: read again, it could be the caller's changes)
-            again = not isinstance(src, Mapping) or isinstance(src[k], str | os.PathLike)
-            if k == "train_idx" or not again:
-                kept[k] = got
-        return kinds, kept
+            return name == "train_idx" or (
+                isinstance(src, Mapping) and not isinstance(src[name], str | os.PathLike)
+            )
+
+        names = tuple(k for k in SPLITS if k in parts)
+        return kinds, _splits_checked(parts, kinds, names, self.where, kept)
 
     @property
     def splits(self) -> dict[str, np.ndarray]:
         """The splits present, by name: distinct int64 node ids, read-only (those not kept
-        when the graph was opened read again now from its unchanged files, and checked)."""
+        when the graph was opened read again now from its unchanged files, and checked: a
+        Loader's sampler does it when bound, :meth:`NeighborSampler.bind`)."""
         if self._later:
             with self._lock:
                 if self._later:
                     names = self._later
-
-                    def again(parts: dict[str, _Part]) -> dict[str, np.ndarray]:
-                        return {k: _split_read(parts, self._kinds, k, self.num_nodes, self.where)
-                                for k in names}  # fmt: skip
-
-                    self._splits = {**self._splits, **self._bulk_opened(again, names)}
+                    again = self._bulk_opened(
+                        lambda parts: _splits_checked(parts, self._kinds, names, self.where),
+                        names)  # fmt: skip
+                    self._splits = {**self._splits, **again}
                     self._later = ()
         return self._splits
 
@@ -358,16 +363,13 @@ def check_nodes(ids: Any, n: int, where: str, empty: bool = False,
                 copy: bool = True) -> np.ndarray:  # fmt: skip
     """``ids`` as distinct int64 node ids of a graph of ``n`` nodes (none only if ``empty``), or
     a one-line refusal. A copy, unless ``copy=False`` (ids no one else holds: a part just
-    read) and they are int64 already."""
+    read) and they are int64 already. Its memory is at most the ids' bytes, whatever ``n``
+    (a file's declared node count is untrusted)."""
     a = np.asarray(ids)
-    if a.ndim != 1 or (a.size == 0 and not empty) or not np.issubdtype(a.dtype, np.integer):
-        what = "a 1-D" if empty else "a non-empty 1-D"
-        raise SolarError(f"{where}: expected {what} integer array, got {a.dtype} {a.shape}")
+    _as_ids(a.dtype, a.shape, where, empty)
     a = a.astype(np.int64, copy=copy)
     if a.size == 0:
         return a
-    # One pass over a bitmap of the n nodes (n / 8 bytes: 12.5 MB at 10^8 nodes), not a sort
-    # of a copy (np.unique: ~3x the ids' bytes at once, 0.5 GB for papers100M-sized splits).
     bad = _nodes_problem(a, n)
     if bad == 1:
         raise SolarError(f"{where}: node ids outside 0..{n - 1}")
@@ -376,29 +378,66 @@ def check_nodes(ids: Any, n: int, where: str, empty: bool = False,
     return a
 
 
+def _as_ids(dtype: np.dtype, shape: tuple[int, ...], where: str, empty: bool) -> None:
+    """Refuse ids (their dtype and shape) that are not a 1-D integer array (a non-empty one
+    unless ``empty``)."""
+    if len(shape) != 1 or (shape[0] == 0 and not empty) or not np.issubdtype(dtype, np.integer):
+        what = "a 1-D" if empty else "a non-empty 1-D"
+        raise SolarError(f"{where}: expected {what} integer array, got {dtype} {shape}")
+
+
 @njit(cache=True, nogil=True)
 def _nodes_problem(ids, n):  # pragma: no cover - compiled
-    """0 if ``ids`` are distinct nodes of ``0..n-1``, 1 if one is outside, 2 if one repeats."""
-    seen = np.zeros((n + 7) >> 3, np.uint8)
-    for i in range(ids.shape[0]):
-        v = ids[i]
-        if v < 0 or v >= n:
+    """0 if ``ids`` are distinct nodes of ``0..n-1``, 1 if one is outside, 2 if one repeats.
+    The range checked first, allocating nothing; the repeats on a bitmap of the n nodes where
+    it is no larger than the ids (n / 8 bytes: 12.5 MB at 10^8 nodes; not np.unique's ~3x the
+    ids' bytes), else on a sorted copy of the ids (a few ids of a huge graph)."""
+    m = ids.shape[0]
+    for i in range(m):
+        if ids[i] < 0 or ids[i] >= n:
             return 1
-        bit = np.uint8(1 << (v & 7))
-        if seen[v >> 3] & bit:
+    if n <= 64 * m:
+        seen = np.zeros((n + 7) >> 3, np.uint8)
+        for i in range(m):
+            v = ids[i]
+            bit = np.uint8(1 << (v & 7))
+            if seen[v >> 3] & bit:
+                return 2
+            seen[v >> 3] |= bit
+        return 0
+    s = np.sort(ids)
+    for i in range(1, m):
+        if s[i] == s[i - 1]:
             return 2
-        seen[v >> 3] |= bit
     return 0
 
 
-def _split_read(parts: dict[str, _Part], kinds: dict, name: str, n: int,
-                where: str) -> np.ndarray:  # fmt: skip
-    """Split ``name`` read from ``parts`` and checked (only the training split may not be
-    empty), read-only."""
-    ids = _read({name: parts[name]}, {name: np.empty(*kinds[name])})[name]
-    got = check_nodes(ids, n, f"{where}: {name}", empty=name != "train_idx", copy=False)
-    got.flags.writeable = False  # validated once: nothing may change it after
-    return got
+def _splits_checked(
+    parts: dict[str, _Part],
+    kinds: dict,
+    names: tuple[str, ...],
+    where: str,
+    kept: Callable[[str], bool] | None = None,
+) -> dict[str, np.ndarray]:
+    """The splits ``names`` of ``parts``, each read and checked in turn (only the training
+    split may not be empty), read-only; those ``kept`` refuses are let go once checked. A
+    split whose shape or type cannot be distinct node ids is refused before it is read."""
+    n = kinds["indptr"][0][0] - 1
+    out = {}
+    for name in names:
+        what, shape = f"{where}: {name}", parts[name].shape
+        _as_ids(parts[name].dtype, shape, what, empty=name != "train_idx")
+        if shape[0] > n:
+            raise SolarError(f"{what}: {shape[0]} ids of {n} nodes: a node is listed twice")
+        # (the ids as read, and check_nodes' bitmap or sorted copy: at most 8 bytes an id)
+        need = shape[0] * (kinds[name][1].itemsize + 8)
+        require_memory(need, f"{what}: its {shape[0]} ids in memory", ranks_here())
+        ids = _read({name: parts[name]}, {name: np.empty(*kinds[name])})[name]
+        got = check_nodes(ids, n, what, empty=name != "train_idx", copy=False)
+        got.flags.writeable = False  # validated once: nothing may change it after
+        if kept is None or kept(name):
+            out[name] = got
+    return out
 
 
 def _split_bits(splits: Mapping[str, np.ndarray], n: int) -> np.ndarray:
@@ -417,13 +456,17 @@ def _node_array(kind: tuple[tuple[int, ...], np.dtype], n: int, where: str) -> N
         raise SolarError(f"{where}: expected {n} integer labels, got {dtype} {shape}")
 
 
+Reader = Callable[[np.ndarray, int, int], None]  # (out, lo, hi): out[lo:hi] of the first axis
+
+
 class _Part(NamedTuple):
     """A part as stored: its shape (an (n, 1) or (1, n) column flattened, as OGB keeps
-    labels), its stored dtype, and how to read rows of it into an array of a given dtype."""
+    labels), its stored dtype, and ``open()``: a context giving the :data:`Reader` of its rows
+    into an array of a given dtype (a file it reads opened once, for every window of rows)."""
 
     shape: tuple[int, ...]
     dtype: np.dtype
-    read: Callable[[np.ndarray, int, int], None]  # (out, lo, hi): out[lo:hi] of the first axis
+    open: Callable[[], AbstractContextManager[Reader]]
 
 
 def _load(parts: dict[str, _Part], where: str) -> dict[str, np.ndarray]:
@@ -465,19 +508,20 @@ def _read(
     into: dict[str, np.ndarray],
     written: Callable[[np.ndarray], None] | None = None,
 ) -> dict[str, np.ndarray]:
-    """``parts`` read into the arrays ``into`` (converted), flattened as the kernels take them,
-    a window of rows at a time; ``written`` is told each window once it is filled."""
-    out = {}
+    """``parts`` read into the arrays ``into`` (of their :func:`_kinds`: converted, columns
+    flattened), a window of rows at a time; ``written`` is told each window once it is
+    filled. Returns ``into``."""
     for k, p in parts.items():
         a = into[k]
-        if a.size:
-            rows = max(1, _WINDOW // max(1, a[:1].nbytes))
+        if not a.size:
+            continue
+        rows = max(1, _WINDOW // max(1, a[:1].nbytes))
+        with p.open() as read:
             for lo in range(0, len(a), rows):
-                p.read(a, lo, min(len(a), lo + rows))
+                read(a, lo, min(len(a), lo + rows))
                 if written is not None:
                     written(a[lo : lo + rows])
-        out[k] = a.reshape(-1) if a.ndim == 2 and 1 in a.shape else a
-    return out
+    return into
 
 
 def _host_copy(opened: Callable[[Callable[[dict[str, _Part]], Any]], Any], where: str,
@@ -524,11 +568,7 @@ def _identities(source: str | os.PathLike | Mapping[str, Any]) -> Identities | N
 
 
 def _carved(sealed: SealedBytes, record: dict[str, Any]) -> dict[str, np.ndarray]:
-    out = {}
-    for k, (offset, shape, dt) in record.items():
-        a = sealed.array(offset, shape, dt)
-        out[k] = a.reshape(-1) if a.ndim == 2 and 1 in a.shape else a
-    return out
+    return {k: sealed.array(offset, shape, dt) for k, (offset, shape, dt) in record.items()}
 
 
 def _opened(value: Any, where: str) -> _Part:
@@ -540,16 +580,24 @@ def _opened(value: Any, where: str) -> _Part:
     def read(out: np.ndarray, lo: int, hi: int) -> None:
         out[lo:hi] = a.reshape(out.shape)[lo:hi]  # converted; a copy the caller cannot change
 
-    return _Part(_flat(a.shape), a.dtype, read)
+    return _Part(_flat(a.shape), a.dtype, _always(read))
+
+
+def _always(read: Reader) -> Callable[[], AbstractContextManager[Reader]]:
+    """A part's ``open`` for ``read`` that needs nothing opened (an array; an HDF5 file,
+    open while it is read)."""
+    return lambda: nullcontext(read)
 
 
 def _flat(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """``shape`` as read: an (n, 1) or (1, n) column as (n,)."""
     return (int(np.prod(shape)),) if len(shape) == 2 and 1 in shape else tuple(shape)
 
 
 def _npy(path: Path, where: str) -> _Part:
     """A ``.npy`` file's part, read with ``read`` calls (a file truncated under the run is a
-    short read, never a fault in mapped memory)."""
+    short read, never a fault in mapped memory), every window of rows from one descriptor (a
+    file replaced by rename between two is not read half from each)."""
     try:
         h = read_npy_header(path)
     except SolarError as exc:
@@ -558,19 +606,24 @@ def _npy(path: Path, where: str) -> _Part:
     if h.fortran and len(shape) > 1 and 1 not in shape:
         raise SolarError(f"{where}: {path}: {dtype} {shape} is not a plain array")
 
-    def read(out: np.ndarray, first: int, end: int) -> None:
-        row = int(np.prod(out.shape[1:], dtype=np.int64))
-        flat, step = out.reshape(-1), max(1, (1 << 24) // dtype.itemsize)
+    @contextmanager
+    def opened() -> Iterator[Reader]:
         with open(path, "rb") as f:
-            f.seek(start + first * row * dtype.itemsize)
-            for lo in range(first * row, end * row, step):
-                hi = min(end * row, lo + step)
-                raw = f.read((hi - lo) * dtype.itemsize)
-                if len(raw) != (hi - lo) * dtype.itemsize:
-                    raise SolarError(f"{where}: {path} ends before its {flat.size} entries")
-                flat[lo:hi] = np.frombuffer(raw, dtype)
 
-    return _Part(_flat(shape), dtype, read)
+            def read(out: np.ndarray, first: int, end: int) -> None:
+                row = int(np.prod(out.shape[1:], dtype=np.int64))
+                flat, step = out.reshape(-1), max(1, (1 << 24) // dtype.itemsize)
+                f.seek(start + first * row * dtype.itemsize)
+                for lo in range(first * row, end * row, step):
+                    hi = min(end * row, lo + step)
+                    raw = f.read((hi - lo) * dtype.itemsize)
+                    if len(raw) != (hi - lo) * dtype.itemsize:
+                        raise SolarError(f"{where}: {path} ends before its {flat.size} entries")
+                    flat[lo:hi] = np.frombuffer(raw, dtype)
+
+            yield read
+
+    return _Part(_flat(shape), dtype, opened)
 
 
 def _from_hdf5(path: Path, load: Callable[[dict[str, _Part]], Any]) -> Any:
@@ -587,13 +640,15 @@ def _from_hdf5(path: Path, load: Callable[[dict[str, _Part]], Any]) -> Any:
                 d = f[name]
                 if not isinstance(d, h5py.Dataset):
                     raise SolarError(f"graph {path}: {name} is not a dataset")
-                parts[name] = _Part(_flat(d.shape), d.dtype, _h5_reader(path, d))
+                if d.shape is None:
+                    raise SolarError(f"graph {path}: {name} holds no array (an empty dataspace)")
+                parts[name] = _Part(_flat(d.shape), d.dtype, _always(_h5_reader(path, d)))
             return load(parts)
     except OSError as exc:
         raise SolarError(f"graph {path}: not a readable HDF5 file ({exc})") from None
 
 
-def _h5_reader(path: Path, d: Any) -> Callable[[np.ndarray, int, int], None]:
+def _h5_reader(path: Path, d: Any) -> Reader:
     # Rows of the stored shape: a (1, n) column's are its columns.
     across = d.ndim == 2 and d.shape[0] == 1 and d.shape[1] != 1
 

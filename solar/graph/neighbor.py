@@ -155,8 +155,12 @@ class NeighborSampler(Sampler, BatchExtras):
     # -- the sampler contract ----------------------------------------------------------------
     def bind(self, comm: Any) -> None:
         """The Loader's communicator (a collective of its ranks): the topology, if not yet
-        read, is read now, once per host where a host runs several of them."""
+        read, is read now, once per host where a host runs several of them; and the splits a
+        batch's masks come from (a planner, never bound, holds only the seeds')."""
         self.graph.hold(comm)
+        # Here, not at the first batch: a file changed since is refused as the Loader is
+        # made (which takes the job down), never mid-epoch, and no batch waits for a read.
+        self.graph.splits  # noqa: B018
 
     def draws(self, num_samples: int, global_batch: int) -> int:
         return int(self.train.size)  # positions of an epoch: one per seed
