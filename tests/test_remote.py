@@ -58,6 +58,33 @@ def free_address() -> str:
         return f"127.0.0.1:{s.getsockname()[1]}"
 
 
+def served_store(address: str, job: threading.Thread, done: list, seconds: float = 120.0):
+    """A client of the store ``job`` (an mpiexec job's thread; its result lands in ``done``)
+    serves at ``address``, once something listens there: a job that ended first fails the test
+    with its ranks' output, never a client retrying against nobody (torch's store client may
+    retry for good)."""
+    import datetime
+    import time
+
+    import torch.distributed as td
+
+    host, port = address.rsplit(":", 1)
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            socket.create_connection((host, int(port)), timeout=1).close()
+            break
+        except OSError:
+            if not job.is_alive():
+                got = done[0] if done else None
+                raise AssertionError(f"the job ended before it served {address}: "
+                                     f"{got.ranks if got else 'no result'}") from None  # fmt: skip
+            assert time.monotonic() < deadline, f"nothing served {address} in {seconds} s"
+            time.sleep(0.1)
+    timeout = datetime.timedelta(seconds=seconds)
+    return td.TCPStore(host, int(port), None, False, timeout=timeout, wait_for_workers=False)
+
+
 def start_worker(address: str, wait_s: int = 120) -> subprocess.Popen:
     """``solar worker ADDRESS``: a process of its own, as on another host, waiting ``wait_s``
     for its trainers."""
@@ -526,14 +553,11 @@ def test_a_lost_workers_trainer_is_served_by_another_trainers_worker_from_the_ne
     once it is taken for lost (its steps late 4 in a row), from the next epoch's start the
     worker still live serves both trainers (a pair made then), the bytes are the local ones,
     every sample once per epoch over the ranks."""
-    import torch.distributed as td
-
     from solar.remote.link import COUNT
 
     if not MPIEXEC.exists():
         pytest.skip("no mpiexec beside python")
     address = free_address()
-    host, port = address.rsplit(":", 1)
     first = start_worker(address)  # worker 0, rank 0's: registered before the second starts
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     argv = [str(ROOT / "tests" / "mpi" / "remote.py"), str(data), address, "2", "3", "split",
@@ -541,14 +565,21 @@ def test_a_lost_workers_trainer_is_served_by_another_trainers_worker_from_the_ne
     done: list = []
     job = threading.Thread(target=lambda: done.append(run_job(MPIEXEC, 2, argv, 240, env)))
     job.start()
-    store = td.TCPStore(host, int(port), None, False, wait_for_workers=False)  # rank 0's
-    while int(store.add(COUNT, 0)) < 1:
-        assert first.poll() is None, first.communicate()
-    second = start_worker(address)
-    job.join(300)
-    (ran,) = done
-    said, err = second.communicate(timeout=60)
-    first.wait(timeout=30)
+    second = None
+    try:
+        store = served_store(address, job, done)  # rank 0's
+        while int(store.add(COUNT, 0)) < 1:
+            assert first.poll() is None, first.communicate()
+        second = start_worker(address)
+        job.join(300)
+        (ran,) = done
+        said, err = second.communicate(timeout=60)
+        first.wait(timeout=30)
+    finally:  # (a failure above leaves no worker waiting for trainers)
+        for w in (first, second):
+            if w is not None and w.poll() is None:
+                w.kill()
+                w.wait()
     assert ran.returncode == 0, ran.stderr
     assert second.returncode == 0, err
     assert first.returncode == -signal.SIGKILL
