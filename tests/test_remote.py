@@ -60,29 +60,25 @@ def free_address() -> str:
 
 def served_store(address: str, job: threading.Thread, done: list, seconds: float = 120.0):
     """A client of the store ``job`` (an mpiexec job's thread; its result lands in ``done``)
-    serves at ``address``, once something listens there: a job that ended first fails the test
-    with its ranks' output, never a client retrying against nobody (torch's store client may
-    retry for good)."""
-    import datetime
+    serves at ``address`` (the workers' own: solar/remote/link.py), probed a second at a time
+    while the job runs: a job that ended first fails the test with its ranks' output, never a
+    client retrying against nobody (torch's store client may retry for good)."""
     import time
 
-    import torch.distributed as td
+    from solar.remote.link import _reachable, _store
 
-    host, port = address.rsplit(":", 1)
+    remote = Remote(address)
     deadline = time.monotonic() + seconds
     while True:
         try:
-            socket.create_connection((host, int(port)), timeout=1).close()
-            break
-        except OSError:
+            _reachable(*remote.host_port, 1.0)
+            return _store(remote, False, seconds)
+        except SolarError:
             if not job.is_alive():
                 got = done[0] if done else None
                 raise AssertionError(f"the job ended before it served {address}: "
                                      f"{got.ranks if got else 'no result'}") from None  # fmt: skip
             assert time.monotonic() < deadline, f"nothing served {address} in {seconds} s"
-            time.sleep(0.1)
-    timeout = datetime.timedelta(seconds=seconds)
-    return td.TCPStore(host, int(port), None, False, timeout=timeout, wait_for_workers=False)
 
 
 def start_worker(address: str, wait_s: int = 120) -> subprocess.Popen:
