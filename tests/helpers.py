@@ -13,6 +13,7 @@ import pytest
 
 from solar import SolarError, Weighted
 from solar.schedule.draw.draws import EpochDraws
+from solar.schedule.draw.samplers import Trace
 
 
 def write_h5(path: Path, **datasets: np.ndarray) -> Path:
@@ -138,3 +139,11 @@ def planned_reads(spec, rank: int, roster, member: int, keep: int = 1) -> tuple[
     finally:
         alone_stream.close()
     return reads, hits
+
+
+class EveryRanksTrace(Trace):
+    """A Trace whose rank_epoch gives every rank's batches (it should leave the others'
+    empty): what a rank planned alone must refuse."""
+
+    def rank_epoch(self, run, epoch, rank):
+        return self.epoch(run, epoch)

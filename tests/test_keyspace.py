@@ -9,6 +9,7 @@ import tracemalloc
 
 import numpy as np
 import pytest
+from helpers import EveryRanksTrace
 
 from solar import BufferConfig, PlanSpec, RunConfig
 from solar.errors import SolarError
@@ -146,14 +147,6 @@ def test_a_sampler_drawing_ids_outside_the_dataset_is_refused_in_one_line(shift)
         Planner(PlanSpec(run, BufferConfig(8), sampler=sampler)).next_schedule()
 
 
-class _Everyone(Trace):
-    """A sampler whose rank_epoch gives every rank's batches (it should leave the others'
-    empty)."""
-
-    def rank_epoch(self, run, epoch, rank):
-        return self.epoch(run, epoch)
-
-
 @pytest.mark.parametrize("window", [None, 2])
 @pytest.mark.parametrize("rank", [0, 1, 2])
 def test_a_rank_planned_alone_refuses_other_ranks_batches_in_one_line(rank, window):
@@ -162,10 +155,10 @@ def test_a_rank_planned_alone_refuses_other_ranks_batches_in_one_line(rank, wind
     in one line naming the sampler and epoch, on the whole-epoch path and in windows."""
     ids = np.arange(96, dtype=np.int64).reshape(1, 4, 3, 8)
     run = RunConfig(96, 3, 8, 1, 0, False, 96)
-    spec = PlanSpec(run, BufferConfig(8), sampler=_Everyone(ids), window=window)
+    spec = PlanSpec(run, BufferConfig(8), sampler=EveryRanksTrace(ids), window=window)
     planner = Planner(spec, only_rank=rank)
-    with pytest.raises(SolarError, match=rf"^sampler _Everyone: epoch 0 gives batches of ranks "
-                                         rf"other than {rank}, planned alone [^\n]*$"):  # fmt: skip
+    refused = rf"^sampler EveryRanksTrace: epoch 0 gives batches of ranks other than {rank}, "
+    with pytest.raises(SolarError, match=refused + r"planned alone [^\n]*$"):
         planner.next_rank(rank)
     # (the same draws, each rank's kept to its own: planned)
     assert Planner(PlanSpec(run, BufferConfig(8), sampler=Trace(ids), window=window),

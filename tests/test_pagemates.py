@@ -6,7 +6,7 @@ from __future__ import annotations
 import h5py
 import numpy as np
 import pytest
-from helpers import every_batch, paged_graph, resumed_batches
+from helpers import EveryRanksTrace, every_batch, paged_graph, resumed_batches
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -21,7 +21,6 @@ from solar.schedule.draw.pagemates import (
     PageLayout,
     mates_of,
 )
-from solar.schedule.draw.samplers import Trace
 from solar.schedule.draw.traces import TraceOrder
 from solar.schedule.keep.planner import Planner, RankEpoch
 from solar.schedule.plans.validate import TraceValidator
@@ -83,17 +82,12 @@ def test_later_uses_give_a_keys_first_use_at_or_after_a_position(epochs, v, w):
         assert got == position(at[0])
 
 
-class _Everyone(Trace):
-    def rank_epoch(self, run, epoch, rank):  # every rank's batches, not only the rank's
-        return self.epoch(run, epoch)
-
-
 def test_a_rank_planning_alone_refuses_another_ranks_keys():
     """Its window's keys are numbered once (keyspace.py), every table indexed by them: a key
     outside the rank's own (rank·N .. rank·N + N - 1), here rank 0's given to rank 1, is
     refused before the page mates' next uses are built over it."""
     run = RunConfig(64, 2, 8, 1, 0, False, 64)
-    order = TraceOrder(run, _Everyone(np.arange(64).reshape(1, 4, 2, 8)), only_rank=1)
+    order = TraceOrder(run, EveryRanksTrace(np.arange(64).reshape(1, 4, 2, 8)), only_rank=1)
     with pytest.raises(SolarError, match=r"epoch 0 gives batches of ranks other than 1"):
         order.later_uses(0)
 

@@ -145,8 +145,13 @@ class Graph:
     @property
     def splits(self) -> dict[str, np.ndarray]:
         """The splits present, by name: distinct int64 node ids, read-only (those not kept
-        when the graph was opened read again now from its unchanged files, and checked: a
-        Loader's sampler does it when bound, :meth:`NeighborSampler.bind`)."""
+        when the graph was opened read again now: :meth:`read_splits`)."""
+        self.read_splits()
+        return self._splits
+
+    def read_splits(self) -> None:
+        """Read again, from its unchanged files, and check the splits not kept when the graph
+        was opened (a Loader's sampler does it when bound, :meth:`NeighborSampler.bind`)."""
         if self._later:
             with self._lock:
                 if self._later:
@@ -156,7 +161,6 @@ class Graph:
                         names)  # fmt: skip
                     self._splits = {**self._splits, **again}
                     self._later = ()
-        return self._splits
 
     def hold(self, comm: Any = None) -> None:
         """Read the topology (``indptr``, ``indices``, ``labels``) now if it is not yet held:
@@ -293,7 +297,7 @@ class Graph:
             v is None or isinstance(v, str | os.PathLike) for v in self._source.values()
         ):
             self._held()
-            self.splits  # noqa: B018 (every split held: nothing is read again there)
+            self.read_splits()  # (every split held: nothing is read again there)
             # (its arrays pickled as copies; nothing left to open)
             return {**self.__dict__, **dict.fromkeys(("shared", "_opened", "_lock", "_files"))}
         return {"_source": self._source, "_digest": self.identity}

@@ -139,7 +139,9 @@ class NeighborSampler(Sampler, BatchExtras):
         if train is None and self.graph.train_idx is not None:
             self.train = self.graph.train_idx  # (the graph's own, validated, read-only)
         else:
-            self.train = check_nodes(np.arange(n) if train is None else train, n, "train")
+            # (a caller's ids copied; the default range is this sampler's own)
+            self.train = check_nodes(np.arange(n) if train is None else train, n, "train",
+                                     copy=train is not None)  # fmt: skip
             self.train.flags.writeable = False
         if not isinstance(features, str):
             raise SolarError("features: the name of the Loader's key (e.g. 'features'); "
@@ -160,7 +162,7 @@ class NeighborSampler(Sampler, BatchExtras):
         self.graph.hold(comm)
         # Here, not at the first batch: a file changed since is refused as the Loader is
         # made (which takes the job down), never mid-epoch, and no batch waits for a read.
-        self.graph.splits  # noqa: B018
+        self.graph.read_splits()
 
     def draws(self, num_samples: int, global_batch: int) -> int:
         return int(self.train.size)  # positions of an epoch: one per seed
