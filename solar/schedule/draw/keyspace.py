@@ -40,7 +40,8 @@ def key_space(parts: list[np.ndarray]) -> tuple[np.ndarray, list[np.ndarray]]:
     lo = min(int(p.min()) for p in parts if p.size)
     hi = max(int(p.max()) for p in parts if p.size)
     if hi - lo < OFFSET_SPAN * total:
-        return np.arange(lo, hi + 1, dtype=np.int64), [p.astype(np.int64) - lo for p in parts]
+        shifted = [p.astype(np.int64, copy=False) - lo for p in parts]  # (one new array each)
+        return np.arange(lo, hi + 1, dtype=np.int64), shifted
     every = np.concatenate(parts).astype(np.int64, copy=False)
     order = np.argsort(every)
     ordered = every[order]

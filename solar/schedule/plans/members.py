@@ -123,7 +123,9 @@ class WholePlan:
                 self.planned += 1
                 e = p.epoch - 1
                 with self._lock:
-                    ranks = [r for r, f in self._floors.items() if e >= f or r == rank]
+                    # (kept from their floors on; the asker's only at the epoch it asks)
+                    ranks = [r for r, f in self._floors.items()
+                             if e >= f or (r, e) == (rank, epoch)]  # fmt: skip
                 made = {r: self._served(r, p.rank_part(r, seq, sched)) for r in ranks}
                 with self._lock:
                     for r, mine in made.items():
@@ -141,7 +143,7 @@ class WholePlan:
         spe = run.steps_per_epoch
         plan = RankPlan.from_parts(rank, [part], 0)  # (what a rank serves: one place)
         served = plan.served
-        step = np.repeat(np.arange(spe), plan.batch_sizes())
+        step = plan.steps()[served]
         ids = plan.sample[served].astype(np.int64)
         if self.spec.traced:
             d = self.spec.sampler.epoch(run, part.epoch)

@@ -22,6 +22,7 @@ import numpy as np
 from solar._memory import require_memory
 from solar._units import format_bytes
 from solar.errors import CorruptPlanError, PlanMismatchError, SolarError
+from solar.schedule.draw import keyspace as ks
 from solar.schedule.draw.samplers import Sampler
 from solar.schedule.keep.grouping import Hosts
 from solar.schedule.keep.hostplan import host_totals
@@ -398,8 +399,6 @@ def _keyed_bytes(accesses: float, span: int) -> float:
     """Peak bytes of the keyed tables of ``accesses`` accesses whose keys span ``span``
     (solar/schedule/draw/keyspace.py: its path taken as key_space takes it; its figures
     measured by bench/keyspace_memory.py)."""
-    from solar.schedule.draw import keyspace as ks
-
     if span < ks.OFFSET_SPAN * accesses:  # every key of the span
         return ks.OFFSET_BYTES * accesses + (ks.KEY_BYTES + _TABLE_BYTES) * span
     return (ks.SORT_BYTES + ks.KEY_BYTES + _TABLE_BYTES) * accesses  # at most one key each
