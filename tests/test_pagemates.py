@@ -16,6 +16,7 @@ from solar.options import ExpertConfig, MemoryConfig, PlanningConfig
 from solar.schedule import HIT
 from solar.schedule.draw.pagemates import (
     NEXT,
+    OFFERED,
     SEEN,
     LaterUses,
     PageLayout,
@@ -69,12 +70,12 @@ def test_later_uses_give_a_keys_first_use_at_or_after_a_position(epochs, v, w):
         return ((5 + e) << 40) + i - int(firsts[e])
 
     assert uses.end == 5 + len(local) and uses.limit == (5 + len(local)) << 40
-    assert uses.local is local[0] and uses.keys is keys and uses.table.shape == (7, 2)
+    assert uses.local is local[0] and uses.keys is keys and uses.table.shape == (7, 3)
     for i in range(min(w, window.size)):  # passed: its next use in the window, or beyond it
         later = [j for j in range(i + 1, window.size) if window[j] == window[i]]
         uses.table[window[i], NEXT] = position(later[0]) if later else NEVER
     at = [i for i in range(window.size) if window[i] == v and i >= w]
-    assert np.all(uses.table[:, SEEN] == -1)
+    assert np.all(uses.table[:, [SEEN, OFFERED]] == -1)
     got = int(uses.table[v, NEXT])
     if not at:
         assert got == -1 or got >= uses.limit

@@ -64,7 +64,7 @@ class PageLayout:
 LOOK_AHEAD = 1
 
 
-NEXT, SEEN = 0, 1  # columns of LaterUses.table
+NEXT, SEEN, OFFERED = 0, 1, 2  # columns of LaterUses.table
 
 
 @dataclass(frozen=True)
@@ -74,18 +74,22 @@ class LaterUses:
     the window after it (TraceOrder.windows), up to (not including) global position
     ``limit``. The window's keys are numbered densely (solar.schedule.draw.keyspace): row
     ``v`` is key ``keys[v]``. ``table[v, NEXT]`` is its first access in the window, as a
-    global position (``(epoch << EPOCH_SHIFT) + index``), or -1; ``table[v, SEEN]``, -1.
+    global position (``(epoch << EPOCH_SHIFT) + index``), or -1; ``table[v, SEEN]`` and
+    ``table[v, OFFERED]``, -1.
 
     The planner moves it forward as it passes the window's steps
     (:func:`solar.schedule.keep.belady._trace_steps`): a key accessed at global step k gets
     that access's next use and ``SEEN`` = k, so ``table[v, NEXT]`` is always the key's first
     use not yet passed (a position at or past ``limit`` lies outside the window: not used
-    within it), and ``SEEN`` says whether the key was accessed at the step being planned. One
-    row per key, both fields in one cache line, no index of every position (built in one
-    pass). Each window has its own table, sized by its keys, let go with it."""
+    within it), and ``SEEN`` says whether the key was accessed at the step being planned.
+    ``OFFERED`` = k marks the key whose row is the first the window uses in a page as that
+    page's, offered at global step k (a page read twice in a step is offered once): a stamp
+    on a row the planner reads anyway, where a set of the step's pages cost two more cache
+    misses a read. One row per key, its fields in one cache line, no index of every position
+    (built in one pass). Each window has its own table, sized by its keys, let go with it."""
 
     epoch: int
-    table: np.ndarray  # (keys, 2) int64, moved forward in place by the planner
+    table: np.ndarray  # (keys, 3) int64, moved forward in place by the planner
     limit: int  # the first global position past the window
     keys: np.ndarray  # each row's key, sorted
     local: np.ndarray  # the window's first part's accesses as local keys (rows)
@@ -101,7 +105,7 @@ class LaterUses:
         """The table of the window (of epoch ``epoch`` on) whose parts' accesses, as local
         keys of ``keys`` (keyspace.key_space), are ``local``, ``local[e]``'s first at global
         position ``starts[e]``, ending before ``limit``."""
-        table = np.full((keys.size, 2), -1, np.int64)
+        table = np.full((keys.size, 3), -1, np.int64)
         # Latest part first, each backwards: a key's earliest access is written last.
         for e in range(len(local) - 1, -1, -1):
             _first_uses(local[e], np.int64(starts[e]), table)

@@ -25,10 +25,9 @@ from numba import njit
 
 from solar.config import BufferConfig, RunConfig
 from solar.schedule.draw.grow import grown
-from solar.schedule.draw.idtable import first_mark, marks
 from solar.schedule.draw.keyspace import key_space
 from solar.schedule.draw.order import sample_dtype, step_bounds
-from solar.schedule.draw.pagemates import NEXT, SEEN, LaterUses, mates_of, with_sides
+from solar.schedule.draw.pagemates import NEXT, OFFERED, SEEN, LaterUses, mates_of, with_sides
 from solar.schedule.draw.traces import EpochTrace, Window
 from solar.schedule.keep.assign import assign_affinity, assign_balanced, step_caps
 from solar.schedule.keep.maxheap import ARITY, empty_heaps, rekey, sift_down, sift_up
@@ -299,8 +298,8 @@ def _at_least(keys, x, v):
 
 
 @njit(cache=True, inline="always")
-def _mates(seq, sample, flags, a, b, t, world, seg_counts, layout, later, keys, pages, holder,
-           hslot, key, heap, cells, seg_id, side_sample, side_slot, m, base):  # fmt: skip
+def _mates(seq, sample, flags, a, b, t, world, seg_counts, layout, later, keys, holder, hslot,
+           key, heap, cells, seg_id, side_sample, side_slot, m, base):  # fmt: skip
     """Offer step ``t``'s page mates (accesses ``[a, b)``) to each rank's buffer
     (pagemates.py): a row wholly inside a page the rank reads now, not accessed by it now and
     not held, is admitted, as a read is, if its next use is sooner than the farthest held; at
@@ -314,12 +313,10 @@ def _mates(seq, sample, flags, a, b, t, world, seg_counts, layout, later, keys, 
     # (Rank r's buffer is row r - ``base``, as in _ram_step: a rank without a row has no
     # accesses here, TraceOrder._trace refusing a trace that gives it any.)
     offset, row_bytes, page, n = layout[_OFFSET], layout[_ROW], layout[_PAGE], layout[_N]
-    ptable, pstamp, pmask = pages  # (the pages each (step, rank) read: keyspace.marks)
     now = layout[_K0] + t
     p = a
     for r in range(world):
         q = p + seg_counts[r]
-        tag = now * world + r
         room = m + seg_counts[r]  # side rows up to the batch's own length
         for i in range(p, q):
             if m == room:
@@ -330,22 +327,24 @@ def _mates(seq, sample, flags, a, b, t, world, seg_counts, layout, later, keys, 
             lo = (offset + x * row_bytes) // page
             hi = (offset + x * row_bytes + row_bytes - 1) // page
             for pg in range(lo, hi + 1):
-                if not first_mark(ptable, pstamp, pmask, pg, tag):
-                    continue
                 y0, y1 = mates_of(pg, offset, row_bytes, page, n)
                 # Rank r's keys of rows y0..y1 - 1 the window uses: a run of the sorted keys
-                # (a mate the window never uses is never kept), in the rows' order.
+                # (a mate the window never uses is never kept), in the rows' order; the
+                # first of them stamped with the page's step (rank r's keys are its own).
                 v = _at_least(keys, r * n + y0, seq[i])
+                if v == keys.shape[0] or keys[v] >= r * n + y1 or later[v, OFFERED] == now:
+                    continue  # no row of the page used in the window, or offered already
+                later[v, OFFERED] = now
                 while v < keys.shape[0] and keys[v] < r * n + y1:
                     if m == room:
                         break
                     w, y = v, keys[v] - r * n
                     v += 1
-                    if later[w, SEEN] == now or holder[w] >= 0:
-                        continue  # accessed by the rank now, or held
                     nxt = later[w, NEXT]  # its first use past this step
-                    if nxt < 0 or nxt >= layout[_LIMIT] or nxt >= key[r - base, 0]:
-                        continue  # not used within the window, or the buffer holds sooner
+                    if later[w, SEEN] == now or nxt < 0 or nxt >= layout[_LIMIT]:
+                        continue  # accessed by the rank now, or not used within the window
+                    if nxt >= key[r - base, 0] or holder[w] >= 0:
+                        continue  # the buffer holds sooner, or holds it (read last: a miss)
                     seg_id[m] = t * world + r
                     side_sample[m] = y
                     side_slot[m] = _replace_top(w, nxt, r - base, holder, hslot, key, heap,
@@ -385,13 +384,6 @@ def _trace_steps(
     forward here step by step). Returns the side rows kept: their count and ``side``.
     """
     scratch = np.empty(_longest(bounds), np.int64)
-    # The pages a (step, rank) reads: a row spans at most row_bytes // page + 2 of them (rows
-    # may be larger than a page), and no more than the rows lie in.
-    room = 0
-    if layout.shape[0] and counts.size:
-        spanned = (layout[_OFFSET] + layout[_N] * layout[_ROW]) // layout[_PAGE] + 1
-        room = min(counts.max() * (layout[_ROW] // layout[_PAGE] + 2), spanned)
-    pages = marks(room)
     seg_id, side_sample, side_slot = side
     m = 0
     for k in range(bounds.shape[0] - 1):
@@ -423,8 +415,8 @@ def _trace_steps(
                                                       grown(side_sample, size, m),
                                                       grown(side_slot, size, m))  # fmt: skip
                 m = _mates(seq, sample, flags, a, b, k, counts.shape[1], counts[k], layout, later,
-                           keys, pages, holder, hslot, key, heap, cells, seg_id, side_sample,
-                           side_slot, m, base)  # fmt: skip
+                           keys, holder, hslot, key, heap, cells, seg_id, side_sample, side_slot,
+                           m, base)  # fmt: skip
     return m, (seg_id, side_sample, side_slot)
 
 
@@ -623,7 +615,7 @@ class TracePolicy(SolarPolicy):
         )  # fmt: skip
         tslot = out.tslot if self.tier else np.empty(0, np.int32)
         none = np.zeros(0, np.int64)
-        layout, later = none, np.zeros((0, 2), np.int64)
+        layout, later = none, np.zeros((0, 3), np.int64)
         if self.pages is not None:
             assert uses is not None
             p = self.pages
