@@ -390,9 +390,9 @@ class PlanMemory:
 # grouped by rank for a plan file: what the epoch holds beyond its two windows of trace.
 _JOINED_BYTES = 20
 # Bytes per key of the tables keyed by a trace's keys numbered densely: the backward pass's
-# last uses (8), page mates' later uses (16), who holds what (8). A trace's solar policy
-# holds no table of N.
-_TABLE_BYTES = 32
+# last uses (8), page mates' later uses (24: next, seen, offered), who holds what (8). A
+# trace's solar policy holds no table of N.
+_TABLE_BYTES = 40
 
 
 def _keyed_bytes(accesses: float, span: int) -> float:
