@@ -125,6 +125,9 @@ def every_rank(run: RunConfig, steps: Mapping[int, EpochDraws],
         sizes[:, r] = np.diff(d.offsets)
     offsets = np.zeros(sizes.size + 1, np.int64)
     np.cumsum(sizes.reshape(-1), out=offsets[1:])
+    if len(steps) == 1:  # the others' batches empty: its batches, in step order, are the ids
+        (d,) = steps.values()
+        return EpochDraws(d.ids[: int(d.offsets[-1])].astype(np.int64, copy=False), offsets)
     ids = np.empty(int(offsets[-1]), np.int64)
     starts = offsets[:-1].reshape(n, world)
     for r, d in steps.items():  # each rank's batches moved to their places at once
