@@ -101,12 +101,15 @@ def _replace_top(x, n, r, holder, hslot, key, heap, cells):
 
 
 @njit(cache=True, inline="always")
-def _ram_step(seq, nu, a, b, rank_out, slot_out, flags, holder, hslot, key, heap, cells, base):
+def _ram_step(seq, nu, a, b, rank_out, slot_out, flags, holder, hslot, key, heap, cells, base,
+              held_hit):  # fmt: skip
     """Buffer updates of one step's accesses ``[a, b)``, placed, in access order: a hit's key
     becomes its next use; a read is admitted if used sooner than the farthest, else bypasses.
     A sample hit in this step has its key equal to its position here, sooner than any read's
     next use, so it is never evicted before it is served. Rank r's buffer is row r - ``base``
-    of the heaps and cells (``base`` > 0: a policy keeping only rank ``base``'s rows)."""
+    of the heaps and cells (``base`` > 0: a policy keeping only rank ``base``'s rows).
+    ``held_hit``: every sample held at the step's start is a hit (a trace's ids name (rank,
+    sample) pairs), so a read's is never held: not looked up (a cache miss a read)."""
     cap_slots = key.shape[1]
     # ``_used`` with c = 0: one heap, no RAM heap to keep beside it (key/heap stand in, unused).
     for i in range(a, b):
@@ -117,7 +120,7 @@ def _ram_step(seq, nu, a, b, rank_out, slot_out, flags, holder, hslot, key, heap
             if _used(x, n, r, slot_out[i], 0, holder, key, heap, key, heap, cells):
                 flags[i] |= RELEASE
             continue
-        h = holder[x]
+        h = -1 if held_hit else holder[x]
         if h >= 0:
             # Held by a rank already at its cap: that rank keeps it for its next use.
             _used(x, n, h, hslot[x], 0, holder, key, heap, key, heap, cells)
@@ -137,7 +140,7 @@ def _solar_steps(
         a, b = bounds[k], bounds[k + 1]
         _place(seq, a, b, k0 + k, world, cap_of, holder, hslot, count, rank_out, slot_out, flags)
         _ram_step(seq, nu, a, b, rank_out, slot_out, flags, holder, hslot, key, heap, cells,
-                  0)  # fmt: skip
+                  0, False)  # fmt: skip
         counts[k, :] = count
 
 
@@ -402,7 +405,7 @@ def _trace_steps(
                          heap, rkey, rheap, cells, base)  # fmt: skip
         else:
             _ram_step(seq, nu, a, b, rank, slot_out, flags, holder, hslot, key, heap, cells,
-                      base)  # fmt: skip
+                      base, True)  # fmt: skip
             if layout.shape[0]:
                 _passed(seq, nu, a, b, layout[_K0] + k, later)
             # The run's first step is read before its plan is made (Reads.start_first in
@@ -440,7 +443,7 @@ def _affinity_steps(
                          heap, rkey, rheap, cells, 0)  # fmt: skip
         else:
             _ram_step(seq, nu, a, b, rank_out, slot_out, flags, holder, hslot, key, heap, cells,
-                      0)  # fmt: skip
+                      0, False)  # fmt: skip
         counts[k, :] = count
 
 
