@@ -14,6 +14,7 @@ from helpers import EveryRanksTrace
 from solar import BufferConfig, PlanSpec, RunConfig
 from solar.errors import SolarError
 from solar.schedule import HIT
+from solar.schedule.draw import keyspace
 from solar.schedule.draw.draws import EpochDraws
 from solar.schedule.draw.keyspace import distinct_batches, key_space
 from solar.schedule.draw.pagemates import PageLayout
@@ -111,10 +112,32 @@ def test_a_trace_over_huge_n_is_planned_in_the_memory_of_its_accesses(window, on
     assert kept > 0  # (something was held or read alongside: the comparison has teeth)
 
 
+@pytest.mark.parametrize("window", [None, 1])
+def test_page_mates_are_kept_alike_whether_the_keys_are_every_key_of_their_span_or_sorted(
+    window, monkeypatch
+):
+    """Keys numbered by offset (every key of their span, many unused) let the page-mate scan
+    find a row's key by arithmetic; sorted (only those used), by a walk: the same decisions,
+    side rows included."""
+    rng = np.random.default_rng(2)
+    ids = rng.integers(0, 400, (2, 4, 2, 64)).astype(np.int64)  # keys span 800 < 6 x accesses
+    ids[:, 2:] = ids[:, :2]
+    by_offset = _plans(400, ids, window, None)
+    monkeypatch.setattr(keyspace, "OFFSET_SPAN", 0)  # every window's keys sorted
+    by_sort = _plans(400, ids, window, None)
+    sides = 0
+    for (s0, a), (s1, b) in zip(by_offset, by_sort, strict=True):
+        assert np.array_equal(s0, s1)
+        for f in ("sample", "rank", "slot", "flags", "counts", "sides"):
+            assert np.array_equal(getattr(a, f), getattr(b, f)), f
+        sides += int(a.sides.sum())
+    assert sides > 0  # (page mates were kept: the comparison has teeth)
+
+
 def test_rows_larger_than_a_page_are_planned_with_their_page_mates_offered():
-    """Rows of 100 KB on 4 KiB pages span ~25 pages each: the set of pages a (step, rank)
-    reads is sized for them (it was sized for two a row, and its probe spun forever once
-    full); the plan ends, with hits."""
+    """Rows of 100 KB on 4 KiB pages span ~25 pages each, none wholly inside one: no page
+    mate to offer (a set of the pages a (step, rank) read, sized for two a row, once spun
+    forever here); the plan ends, with hits."""
     rng = np.random.default_rng(1)
     ids = rng.integers(0, 300, (2, 4, 2, 16)).astype(np.int64)
     ids[:, 2:] = ids[:, :2]

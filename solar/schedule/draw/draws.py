@@ -118,7 +118,8 @@ def every_rank(run: RunConfig, steps: Mapping[int, EpochDraws],
                count: int | None = None) -> EpochDraws:  # fmt: skip
     """One epoch's draws in :class:`EpochDraws`' layout from ``steps[r]``, rank r's batches one
     per step (:func:`rank_steps`' layout); a rank not in ``steps`` has empty batches. No
-    outputs. ``count``: steps of them (default: an epoch's)."""
+    outputs. ``count``: steps of them (default: an epoch's). With one rank in ``steps``, the
+    ids may be a view of its ids (drawn ids are never written in place)."""
     world, n = run.world_size, run.steps_per_epoch if count is None else count
     sizes = np.zeros((n, world), np.int64)
     for r, d in steps.items():

@@ -82,11 +82,12 @@ class LaterUses:
     that access's next use and ``SEEN`` = k, so ``table[v, NEXT]`` is always the key's first
     use not yet passed (a position at or past ``limit`` lies outside the window: not used
     within it), and ``SEEN`` says whether the key was accessed at the step being planned.
-    ``OFFERED`` = k marks the key whose row is the first the window uses in a page as that
-    page's, offered at global step k (a page read twice in a step is offered once): a stamp
-    on a row the planner reads anyway, where a set of the step's pages cost two more cache
-    misses a read. One row per key, its fields in one cache line, no index of every position
-    (built in one pass). Each window has its own table, sized by its keys, let go with it."""
+    ``OFFERED`` = k marks the first of a page's rows among the window's keys (a rank's keys
+    are its own) as that page's, offered at global step k: a page a rank reads twice in a step
+    is offered once. A stamp in the row the planner reads next anyway, where a set of the
+    step's pages cost two more cache misses a read. One row of 24 B per key (its fields
+    mostly in one cache line), no index of every position (built in one pass). Each window has
+    its own table, sized by its keys, let go with it."""
 
     epoch: int
     table: np.ndarray  # (keys, 3) int64, moved forward in place by the planner

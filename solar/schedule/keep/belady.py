@@ -108,8 +108,10 @@ def _ram_step(seq, nu, a, b, rank_out, slot_out, flags, holder, hslot, key, heap
     A sample hit in this step has its key equal to its position here, sooner than any read's
     next use, so it is never evicted before it is served. Rank r's buffer is row r - ``base``
     of the heaps and cells (``base`` > 0: a policy keeping only rank ``base``'s rows).
-    ``held_hit``: every sample held at the step's start is a hit (a trace's ids name (rank,
-    sample) pairs), so a read's is never held: not looked up (a cache miss a read)."""
+    ``held_hit``: the caller flagged HIT every access whose id is held as the step starts, and
+    a step's ids are distinct (a trace's: (rank, sample) pairs of batches made distinct,
+    traces.py), so no read's id is held: not looked up (a cache miss a read). Not so under
+    affinity, where a held sample is read when its holder is at its cap."""
     cap_slots = key.shape[1]
     # ``_used`` with c = 0: one heap, no RAM heap to keep beside it (key/heap stand in, unused).
     for i in range(a, b):
@@ -289,10 +291,21 @@ _OFFSET, _ROW, _PAGE, _N, _LIMIT, _K0 = range(6)
 
 
 @njit(cache=True, inline="always")
-def _at_least(keys, x, v):
-    """The first position of sorted ``keys`` (distinct) whose key is >= ``x``, walked to from
-    position ``v``: a page mate's key lies a few rows from the read's own (``v``), so a walk
-    of a few steps in one cache line replaces a binary search over the window's keys."""
+def _key(keys, v, dense):
+    """Local key ``v``'s key: ``keys[0] + v`` where ``dense`` (the keys are every key of their
+    span, keyspace's offset numbering: no read of a line the step has not touched), else
+    ``keys[v]``."""
+    return keys[0] + v if dense else keys[v]
+
+
+@njit(cache=True, inline="always")
+def _at_least(keys, x, v, dense):
+    """The first position of sorted ``keys`` (distinct) whose key is >= ``x``: by offset where
+    ``dense`` (:func:`_key`), else walked to from position ``v`` (a page mate's key lies a few
+    rows from the read's own, ``v``: a walk of a few steps in one cache line, not a binary
+    search over the window's keys)."""
+    if dense:
+        return min(max(x - keys[0], 0), keys.shape[0])
     while v > 0 and keys[v - 1] >= x:
         v -= 1
     while v < keys.shape[0] and keys[v] < x:
@@ -317,6 +330,8 @@ def _mates(seq, sample, flags, a, b, t, world, seg_counts, layout, later, keys, 
     # accesses here, TraceOrder._trace refusing a trace that gives it any.)
     offset, row_bytes, page, n = layout[_OFFSET], layout[_ROW], layout[_PAGE], layout[_N]
     now = layout[_K0] + t
+    u = keys.shape[0]
+    dense = u > 0 and keys[u - 1] - keys[0] + 1 == u  # (sorted and distinct: keys[0] + v each)
     p = a
     for r in range(world):
         q = p + seg_counts[r]
@@ -331,17 +346,17 @@ def _mates(seq, sample, flags, a, b, t, world, seg_counts, layout, later, keys, 
             hi = (offset + x * row_bytes + row_bytes - 1) // page
             for pg in range(lo, hi + 1):
                 y0, y1 = mates_of(pg, offset, row_bytes, page, n)
-                # Rank r's keys of rows y0..y1 - 1 the window uses: a run of the sorted keys
-                # (a mate the window never uses is never kept), in the rows' order; the
+                # Rank r's keys of rows y0..y1 - 1 among the window's: a run of the sorted
+                # keys (a mate the window never uses is never kept), in the rows' order; the
                 # first of them stamped with the page's step (rank r's keys are its own).
-                v = _at_least(keys, r * n + y0, seq[i])
-                if v == keys.shape[0] or keys[v] >= r * n + y1 or later[v, OFFERED] == now:
-                    continue  # no row of the page used in the window, or offered already
+                v = _at_least(keys, r * n + y0, seq[i], dense)
+                if v == u or _key(keys, v, dense) >= r * n + y1 or later[v, OFFERED] == now:
+                    continue  # none of the page's rows among the keys, or offered already
                 later[v, OFFERED] = now
-                while v < keys.shape[0] and keys[v] < r * n + y1:
+                while v < u and _key(keys, v, dense) < r * n + y1:
                     if m == room:
                         break
-                    w, y = v, keys[v] - r * n
+                    w, y = v, _key(keys, v, dense) - r * n
                     v += 1
                     nxt = later[w, NEXT]  # its first use past this step
                     if later[w, SEEN] == now or nxt < 0 or nxt >= layout[_LIMIT]:
