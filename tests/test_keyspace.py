@@ -19,6 +19,7 @@ from solar.schedule.draw.draws import EpochDraws
 from solar.schedule.draw.keyspace import distinct_batches, key_space
 from solar.schedule.draw.pagemates import PageLayout
 from solar.schedule.draw.samplers import Trace
+from solar.schedule.draw.traces import TraceOrder
 from solar.schedule.keep.planner import Planner
 
 
@@ -132,6 +133,25 @@ def test_page_mates_are_kept_alike_whether_the_keys_are_every_key_of_their_span_
             assert np.array_equal(getattr(a, f), getattr(b, f)), f
         sides += int(a.sides.sum())
     assert sides > 0  # (page mates were kept: the comparison has teeth)
+
+
+class _Distinct(Trace):
+    """A Trace whose batches are distinct, saying so (as a neighbour sampler does)."""
+
+    distinct = True
+
+
+def test_a_sampler_of_distinct_batches_is_traced_as_one_whose_repeats_are_dropped():
+    """Batches of distinct ids (3 ranks) traced as drawn: the trace the pass that keeps first
+    occurrences makes of them, dtypes included."""
+    rng = np.random.default_rng(4)
+    ids = np.stack([rng.permutation(500)[:24] for _ in range(2 * 3 * 3)]).reshape(2, 3, 3, 24)
+    run = RunConfig(500, 3, 24, 2, 0, False, 3 * 3 * 24)
+    for k in range(2):
+        a, b = (TraceOrder(run, s(ids)).epoch(k) for s in (Trace, _Distinct))
+        for f in ("sample", "pair", "rank", "counts", "bounds"):
+            assert np.array_equal(getattr(a, f), getattr(b, f)), f
+            assert getattr(a, f).dtype == getattr(b, f).dtype, f
 
 
 def test_rows_larger_than_a_page_are_planned_with_their_page_mates_offered():

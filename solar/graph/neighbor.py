@@ -106,6 +106,7 @@ class NeighborSampler(Sampler, BatchExtras):
     kind = "neighbor"
     affinity = False
     direct_by_default = True  # its feature rows: the buffer is their one cache
+    distinct = True  # a subgraph's nodes: deduplicated by _sample's table of them
     # A node's reuse is steps away, not epochs (measured, README "Graphs": 20 steps of
     # look-ahead hold every hit of the full future), so the planner looks one epoch ahead:
     # the first batch waits for two epochs' subgraphs, not the whole run's.

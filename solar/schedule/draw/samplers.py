@@ -59,6 +59,9 @@ class Sampler:
     direct_by_default: bool = False
     # Epochs of look-ahead its trace's reuse needs (None: the planner's default, see traces.py).
     horizon: int | None = None
+    # Each batch's ids are distinct by construction (a neighbour sampler's subgraph nodes): the
+    # planner traces them as drawn, without the pass that keeps first occurrences.
+    distinct: bool = False
 
     def draws(self, num_samples: int, global_batch: int) -> int:
         """Ids drawn per epoch over all ranks, for a dataset of ``num_samples`` and global

@@ -167,10 +167,17 @@ class TraceOrder:
                              f"id outside 0..{n_samples - 1}")  # fmt: skip
         if self.affinity:  # one batch per global step, split by the planner
             offsets, world = offsets[::world], 1
-        sample = np.empty(ids.size, sample_dtype(run.num_samples))
-        rank = np.empty(ids.size, np.int16)
-        counts = np.zeros((steps, world), np.int32)
-        n = distinct_batches(ids, offsets, world, sample, rank, counts)
+        if getattr(self.sampler, "distinct", False) and not self.affinity:
+            # (Not under affinity: a global step's batch, the ranks' joined, may repeat an id.)
+            sizes = np.diff(offsets)
+            sample = ids[offsets[0] : offsets[-1]].astype(sample_dtype(run.num_samples))
+            rank = np.repeat((np.arange(sizes.size) % world).astype(np.int16), sizes)
+            counts, n = sizes.reshape(steps, world).astype(np.int32), sample.size
+        else:
+            sample = np.empty(ids.size, sample_dtype(run.num_samples))
+            rank = np.empty(ids.size, np.int16)
+            counts = np.zeros((steps, world), np.int32)
+            n = distinct_batches(ids, offsets, world, sample, rank, counts)
         if self.only_rank is not None and np.delete(counts, self.only_rank, 1).any():
             # (once here: a rank planned alone has one row of tables, indexed rank - only_rank)
             raise SolarError(f"sampler {type(self.sampler).__name__}: epoch {k} gives batches "
