@@ -59,7 +59,8 @@ SIGNATURES = (
                                      "int64 int64[2C]"),
     ("io.tasks.run_bytes", "uint64[2C] int64[A] int64[C]"),
     ("io.bitshuffle._run", "uint8[C]ro uint8[C] int64 int64 int64"),
-    # Planning: a trace's epochs, keys and page mates; a tier's Belady steps; a plan file's
+    # Planning: a trace's epochs, keys and page mates; a tier's Belady steps; a neighbour
+    # sampler's batch rows (a Loader's first batch, not its construction); a plan file's
     # (read-only) replay and proof.
     ("schedule.draw.epochs._fill_first", "int64[C] int64[C] int64 int64[C]"),
     ("schedule.draw.keyspace.distinct_batches", "int64[C] int64[C] int64 int64[C] int16[C] "
@@ -70,6 +71,8 @@ SIGNATURES = (
                                            "int32[C] int32[C] int64[2C] int32[2C] int64[2C] "
                                            "int32[2C] int32[3C] int16[C] int32[C] int32[C] "
                                            "uint8[C] int32[2C]"),
+    ("schedule.plans.rankplan._merged_rows", "int64[C] int64[C] int64 int64[C]"),
+    ("schedule.plans.rankplan._merged_rows", "int64[C]ro int64[C] int64 int64[C]"),
     ("schedule.plans.rankplan._read_before_overwrite", "int32[C] int32[C]ro uint8[C] int64[C] "
                                                        "int64 int64 bool[C]"),
     ("schedule.plans.rankplan._read_before_overwrite", "int32[C]ro int32[C]ro uint8[C]ro "

@@ -184,6 +184,12 @@ def tiny_spec(
     )  # fmt: skip
 
 
+class _DistinctTrace(Trace):
+    """A Trace of distinct batches that says so: a distinct sampler's rehearsal."""
+
+    distinct = True
+
+
 def tiny_sampler(sampler: Sampler, n: int, epochs: int, world: int, batch: int) -> Sampler:
     """A sampler of ``sampler``'s kind over ``n`` samples."""
     if is_shuffle(sampler):
@@ -195,9 +201,15 @@ def tiny_sampler(sampler: Sampler, n: int, epochs: int, world: int, batch: int) 
         return Weighted(w, draws, sampler.replacement, sampler.affinity)
     if isinstance(sampler, Trace) or not sampler.affinity:
         # Any sampler that splits its own batches (a Trace, a NeighborSampler) plans and
-        # serves through the same kernels as a small Trace with repeats.
+        # serves through the same kernels as a small Trace with repeats; one of distinct
+        # batches (Sampler.distinct), as a small Trace of distinct batches saying so.
         steps = max(1, n // (world * batch))
-        ids = np.random.default_rng(0).integers(0, n, (epochs, steps, world, batch))
+        rng = np.random.default_rng(0)
+        if sampler.distinct:
+            shape = (epochs, steps, world)
+            ids = np.stack([rng.permutation(n)[:batch] for _ in range(math.prod(shape))])
+            return _DistinctTrace(ids.reshape(*shape, batch), name="rehearsal")
+        ids = rng.integers(0, n, (epochs, steps, world, batch))
         ids[..., -1] = ids[..., 0]  # a repeat within a batch: read once, copied
         return Trace(ids, name="rehearsal")
     return sampler  # (a sampler with affinity of another kind: rehearsed as it is)

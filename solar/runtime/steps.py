@@ -43,6 +43,7 @@ class Steps:
         # one with a delivery side is drawn once: the planner's draws of its epoch are served.
         # Modes decided once (each asks the sampler for its identity: not per step).
         self.traced, self.affinity = spec.traced, spec.affinity
+        self.distinct = bool(getattr(spec.sampler, "distinct", False))  # (Sampler.distinct)
         self.own_batches = self.traced and not self.affinity
         # A member's buffer (solar/schedule/draw/members.py): the stream plans the steps this
         # member owns; the others are served by another member of the trainer's plan, their
@@ -130,7 +131,7 @@ class Steps:
     def _in_batch(self, k: int, step: StepPlan, ids: np.ndarray) -> StepPlan:
         """``step`` as the sampler's batch ``ids`` (refused in one line if it is not)."""
         try:
-            return step.in_batch(ids)
+            return step.in_batch(ids, self.distinct)
         except ValueError:
             why = "its input changed since it was planned"
             if self.sampler.kind == "trace":

@@ -105,14 +105,20 @@ class StepPlan(NamedTuple):  # a NamedTuple: one is made per step, cheaper than 
         return (np.concatenate([self.samples[self.read_rows], self.side_samples]),
                 np.concatenate([self.read_rows, sides]))  # fmt: skip
 
-    def in_batch(self, ids: NDArray[np.int64]) -> StepPlan:
+    def in_batch(self, ids: NDArray[np.int64], distinct: bool = False) -> StepPlan:
         """This step as a sampler's batch ``ids`` (batch order, repeats allowed): each access
         lands in the row of its sample's first occurrence, repeats are copies of it. Raises
-        ValueError unless the step's accesses are exactly the distinct ``ids``."""
+        ValueError unless the step's accesses are exactly the distinct ``ids``. ``distinct``:
+        the sampler's batches have no repeat (Sampler.distinct)."""
         rows = np.empty(self.size, np.int64)  # access j -> the first row of its sample
         src = np.empty(ids.size, np.int64)  # row i -> the first row of its sample
-        # A hash of the batch's ids, not a sort: a step costs O(its rows) (issue 47).
-        if not _batch_rows(ids, self.samples, rows, src):
+        # A trace's plan keeps its batch's order but for its hits, put first (belady.py
+        # _hits_first): distinct ids are then its hits and the rest interleaved, a merge;
+        # else a hash of the batch's ids, not a sort: a step costs O(its rows) (issue 47).
+        first = self.hit_rows.size + self.tier_rows.size
+        if distinct and _merged_rows(ids, self.samples, first, rows):
+            src = np.arange(ids.size, dtype=np.int64)
+        elif not _batch_rows(ids, self.samples, rows, src):
             raise ValueError("the sampler's batch differs from the plan's accesses")
         if self.size == ids.size and np.array_equal(rows, np.arange(ids.size)):
             return self  # the accesses are the batch, in its order
@@ -523,6 +529,28 @@ def _found(shared: np.ndarray, where: np.ndarray, rows: np.ndarray) -> bool:
     """Whether ``shared[where]`` is ``rows`` (a staging set received is untrusted)."""
     return not where.size or (int(where.max()) < shared.size
                               and bool(np.all(shared[where] == rows)))  # fmt: skip
+
+
+@njit(cache=True, nogil=True)
+def _merged_rows(ids, samples, h, rows):  # pragma: no cover - compiled
+    """Whether ``ids`` are ``samples[:h]`` and ``samples[h:]`` interleaved, each in its order
+    (every id matched once); fills ``rows[j]`` with the position of ``samples[j]`` in ``ids``.
+    With distinct ``ids`` that is :func:`_batch_rows`' answer where it holds (False: ask it)."""
+    n, m = ids.shape[0], samples.shape[0]
+    if n != m or not 0 <= h <= m:
+        return False
+    p, q = 0, h
+    for i in range(n):
+        x = ids[i]
+        if p < h and samples[p] == x:
+            rows[p] = i
+            p += 1
+        elif q < m and samples[q] == x:
+            rows[q] = i
+            q += 1
+        else:
+            return False
+    return True
 
 
 @njit(cache=True, nogil=True)
