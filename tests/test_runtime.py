@@ -94,6 +94,27 @@ def test_a_step_put_in_its_batch_order_is_what_sorting_gives(seed):
             s.in_batch(ids)
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_a_distinct_batch_is_put_in_its_order_by_a_merge_as_by_the_hash(seed):
+    """A distinct sampler's batch (``in_batch(ids, distinct=True)``): a plan that put its hits
+    first, keeping the batch's order otherwise (a trace's), is merged; any other order (the
+    merge refuses it) is hashed; both give what the hash gives, and a batch that is not the
+    step's accesses is refused alike."""
+    rng = np.random.default_rng(seed)
+    ids = rng.choice(1 << 40, 120, replace=False) if seed % 2 else rng.permutation(500)[:120]
+    hit = rng.random(ids.size) < 0.4
+    orders = [np.concatenate([ids[hit], ids[~hit]]), rng.permutation(ids), ids]
+    for n, samples in enumerate(orders):
+        h = int(hit.sum()) if n == 0 else ids.size // 3
+        step = _step(3, samples.tolist(), list(range(h)), list(range(h)), [h], [7])
+        got, want = step.in_batch(ids, distinct=True), step.in_batch(ids)
+        for name in ("samples", "read_rows", "hit_rows", "admit_rows", "copy_src", "copy_dst"):
+            np.testing.assert_array_equal(getattr(got, name), getattr(want, name), err_msg=name)
+    for bad in ([*ids[1:].tolist(), int(ids[0]) + 1], ids[1:].tolist()):
+        with pytest.raises(ValueError, match="differs from the plan"):
+            _step(3, bad, [0], [0]).in_batch(ids, distinct=True)
+
+
 # -- the generic checker ------------------------------------------------------------------------
 def check_seek(
     make: Callable[[], Any],
