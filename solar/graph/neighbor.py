@@ -44,6 +44,7 @@ import numpy as np
 from numba import njit, typeof
 
 from solar._kept import Kept
+from solar._prefetch import prefetch
 from solar.config import RunConfig
 from solar.errors import SolarError
 from solar.graph.csr import MASKS, SPLITS, Graph, check_nodes
@@ -446,6 +447,12 @@ def _sample(indptr, indices, seeds, fanouts, key):  # pragma: no cover - compile
         if 2 * (n + need) > keys.shape[0]:
             keys, local, mask = _table(nodes, n, n + need)
         for i in range(lo, hi):
+            # The frontier's next nodes' offsets, then its next-but-few's neighbours: their
+            # misses overlap this node's (solar/_prefetch.py).
+            if i + 8 < hi:
+                prefetch(indptr, nodes[i + 8])
+            if i + 3 < hi:
+                prefetch(indices, indptr[nodes[i + 3]])
             v = nodes[i]
             a = indptr[v]
             d = indptr[v + 1] - a
