@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 from numba import njit
 
+from solar._prefetch import prefetch
 from solar.config import BufferConfig, RunConfig
 from solar.schedule.draw.grow import grown
 from solar.schedule.draw.keyspace import key_space
@@ -339,6 +340,9 @@ def _mates(seq, sample, flags, a, b, t, world, seg_counts, layout, later, keys, 
         for i in range(p, q):
             if m == room:
                 break
+            if i + 12 < q:  # a later read's rows: their misses overlap this one's
+                prefetch(later, seq[i + 12])
+                prefetch(holder, seq[i + 12])
             if flags[i] & HIT:
                 continue
             x = sample[i]
