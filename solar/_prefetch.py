@@ -26,15 +26,16 @@ _I64 = ir.IntType(64)
 
 def _prefetch(typingctx: Any, arr: Any, i: Any) -> Any:
     """Hint that ``arr[i]`` (row ``i``: the first dimension's stride) is read soon."""
-    if not isinstance(arr, types.Array) or not isinstance(i, types.Integer):
+    if not isinstance(arr, types.Array) or arr.ndim == 0 or not isinstance(i, types.Integer):
         return None
 
     def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
-        aty = signature.args[0]
+        aty, ity = signature.args
         a, idx = args
         ary = context.make_array(aty)(context, builder, a)
         stride = cgutils.unpack_tuple(builder, ary.strides, aty.ndim)[0]
-        idx = builder.sext(idx, _I64) if idx.type.width < 64 else idx
+        if idx.type.width < 64:
+            idx = builder.sext(idx, _I64) if ity.signed else builder.zext(idx, _I64)
         at = builder.add(builder.ptrtoint(ary.data, _I64), builder.mul(idx, stride))
         fn = cgutils.get_or_insert_function(
             builder.module, ir.FunctionType(ir.VoidType(), [_I8P, _I32, _I32, _I32]),

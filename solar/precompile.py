@@ -60,8 +60,8 @@ SIGNATURES = (
     ("io.tasks.run_bytes", "uint64[2C] int64[A] int64[C]"),
     ("io.bitshuffle._run", "uint8[C]ro uint8[C] int64 int64 int64"),
     # Planning: a trace's epochs, keys and page mates; a tier's Belady steps; a neighbour
-    # sampler's batch rows (a Loader's first batch, not its construction); a plan file's
-    # (read-only) replay and proof.
+    # sampler's batch rows (its ids read-only where a host's buffer shares them); a plan
+    # file's (read-only) replay and proof.
     ("schedule.draw.epochs._fill_first", "int64[C] int64[C] int64 int64[C]"),
     ("schedule.draw.keyspace.distinct_batches", "int64[C] int64[C] int64 int64[C] int16[C] "
                                                 "int32[2C]"),

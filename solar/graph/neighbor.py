@@ -107,7 +107,9 @@ class NeighborSampler(Sampler, BatchExtras):
     kind = "neighbor"
     affinity = False
     direct_by_default = True  # its feature rows: the buffer is their one cache
-    distinct = True  # a subgraph's nodes: deduplicated by _sample's table of them
+    # A subgraph's nodes: its seeds distinct (train is checked: check_nodes), each node
+    # after them added once (_sample's table of them).
+    distinct = True
     # A node's reuse is steps away, not epochs (measured, README "Graphs": 20 steps of
     # look-ahead hold every hit of the full future), so the planner looks one epoch ahead:
     # the first batch waits for two epochs' subgraphs, not the whole run's.
@@ -423,7 +425,7 @@ def _sample(indptr, indices, seeds, fanouts, key):  # pragma: no cover - compile
     for i in range(s):
         nodes[i] = seeds[i]
     keys, local, mask = _table(nodes, 0, s)
-    for i in range(s):  # a repeated seed: its last position, as an array indexed by node
+    for i in range(s):  # (seeds are distinct: train is checked)
         at = find(keys, seeds[i], mask)
         keys[at] = seeds[i]
         local[at] = i

@@ -111,18 +111,19 @@ class StepPlan(NamedTuple):  # a NamedTuple: one is made per step, cheaper than 
         ValueError unless the step's accesses are exactly the distinct ``ids``. ``distinct``:
         the sampler's batches have no repeat (Sampler.distinct)."""
         rows = np.empty(self.size, np.int64)  # access j -> the first row of its sample
-        src = np.empty(ids.size, np.int64)  # row i -> the first row of its sample
         # A trace's plan keeps its batch's order but for its hits, put first (belady.py
         # _hits_first): distinct ids are then its hits and the rest interleaved, a merge;
         # else a hash of the batch's ids, not a sort: a step costs O(its rows) (issue 47).
         first = self.hit_rows.size + self.tier_rows.size
         if distinct and _merged_rows(ids, self.samples, first, rows):
-            src = np.arange(ids.size, dtype=np.int64)
-        elif not _batch_rows(ids, self.samples, rows, src):
-            raise ValueError("the sampler's batch differs from the plan's accesses")
+            src = dst = _NONE  # (each row its sample's only one: no copies)
+        else:
+            src = np.empty(ids.size, np.int64)  # row i -> the first row of its sample
+            if not _batch_rows(ids, self.samples, rows, src):
+                raise ValueError("the sampler's batch differs from the plan's accesses")
+            dst = np.flatnonzero(src != np.arange(ids.size))
         if self.size == ids.size and np.array_equal(rows, np.arange(ids.size)):
             return self  # the accesses are the batch, in its order
-        dst = np.flatnonzero(src != np.arange(ids.size))
         # Side rows follow the batch: they move with its length.
         rows = np.concatenate([rows, np.arange(self.side_samples.size) + ids.size])
         return self._replace(
