@@ -21,6 +21,7 @@ from solar.schedule.draw.pagemates import PageLayout
 from solar.schedule.draw.samplers import Trace
 from solar.schedule.draw.traces import TraceOrder
 from solar.schedule.keep.planner import Planner
+from solar.warm import _DistinctTrace  # (a Trace of distinct batches that says so)
 
 
 def test_key_space_numbers_the_distinct_keys_in_their_order():
@@ -46,7 +47,7 @@ def test_distinct_batches_keep_first_occurrences_per_batch():
     offsets = np.array([0, 0, 7, 100, 101, 250, 300], np.int64)  # 3 steps x 2 ranks
     sample, rank = np.empty(300, np.int64), np.empty(300, np.int16)
     counts = np.zeros((3, 2), np.int32)
-    n = distinct_batches(ids, offsets, 2, sample, rank, counts)
+    n = distinct_batches(ids, offsets, 2, sample, rank, counts, False)
     want = [list(dict.fromkeys(ids[a:b].tolist())) for a, b in itertools.pairwise(offsets)]
     assert sample[:n].tolist() == [x for w in want for x in w]
     assert counts.ravel().tolist() == [len(w) for w in want]
@@ -135,12 +136,6 @@ def test_page_mates_are_kept_alike_whether_the_keys_are_every_key_of_their_span_
     assert sides > 0  # (page mates were kept: the comparison has teeth)
 
 
-class _Distinct(Trace):
-    """A Trace whose batches are distinct, saying so (as a neighbour sampler does)."""
-
-    distinct = True
-
-
 def test_a_sampler_of_distinct_batches_is_traced_as_one_whose_repeats_are_dropped():
     """Batches of distinct ids (3 ranks) traced as drawn: the trace the pass that keeps first
     occurrences makes of them, dtypes included."""
@@ -148,7 +143,7 @@ def test_a_sampler_of_distinct_batches_is_traced_as_one_whose_repeats_are_droppe
     ids = np.stack([rng.permutation(500)[:24] for _ in range(2 * 3 * 3)]).reshape(2, 3, 3, 24)
     run = RunConfig(500, 3, 24, 2, 0, False, 3 * 3 * 24)
     for k in range(2):
-        a, b = (TraceOrder(run, s(ids)).epoch(k) for s in (Trace, _Distinct))
+        a, b = (TraceOrder(run, s(ids)).epoch(k) for s in (Trace, _DistinctTrace))
         for f in ("sample", "pair", "rank", "counts", "bounds"):
             assert np.array_equal(getattr(a, f), getattr(b, f)), f
             assert getattr(a, f).dtype == getattr(b, f).dtype, f

@@ -43,7 +43,7 @@ class Steps:
         # one with a delivery side is drawn once: the planner's draws of its epoch are served.
         # Modes decided once (each asks the sampler for its identity: not per step).
         self.traced, self.affinity = spec.traced, spec.affinity
-        self.distinct = bool(getattr(spec.sampler, "distinct", False))  # (Sampler.distinct)
+        self.distinct = spec.sampler.distinct  # its batches without repeats: merged, not hashed
         self.own_batches = self.traced and not self.affinity
         # A member's buffer (solar/schedule/draw/members.py): the stream plans the steps this
         # member owns; the others are served by another member of the trainer's plan, their

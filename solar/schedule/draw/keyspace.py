@@ -56,21 +56,23 @@ def key_space(parts: list[np.ndarray]) -> tuple[np.ndarray, list[np.ndarray]]:
 
 
 @njit(cache=True, nogil=True)
-def distinct_batches(ids, offsets, world, sample_out, rank_out, counts):  # pragma: no cover
+def distinct_batches(ids, offsets, world, sample_out, rank_out, counts,
+                     distinct):  # pragma: no cover  # fmt: skip
     """Per (step, rank) batch ``g`` of ``ids`` (``offsets``), its distinct ids in
     first-occurrence order (``rank_out``: ``g % world``; ``counts[g // world, g % world]``:
-    how many), seen ids marked in one :func:`marks` set, a stamp a batch. Returns the number
-    kept."""
+    how many), seen ids marked in one :func:`marks` set, a stamp a batch; ``distinct``: the
+    batches' ids are distinct already (Sampler.distinct), kept as they are, no set. Returns
+    the number kept."""
     room = 0
     for g in range(offsets.shape[0] - 1):
         room = max(room, offsets[g + 1] - offsets[g])
-    table, stamp, mask = marks(room)
+    table, stamp, mask = marks(0 if distinct else room)
     n = 0
     for g in range(offsets.shape[0] - 1):
         c = 0
         for j in range(offsets[g], offsets[g + 1]):
             x = ids[j]
-            if first_mark(table, stamp, mask, x, g):
+            if distinct or first_mark(table, stamp, mask, x, g):
                 sample_out[n] = x
                 rank_out[n] = g % world
                 n += 1

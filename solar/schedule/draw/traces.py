@@ -124,6 +124,9 @@ class TraceOrder:
         self.window = None if window is None else max(1, min(int(window), run.steps_per_epoch))
         self._ahead: dict[tuple[int, int], EpochTrace] = {}  # the window drawn as look-ahead
         self.affinity = affinity
+        # Batches of distinct ids (Sampler.distinct) traced as drawn; not under affinity: a
+        # global step's batch, the ranks' joined, may repeat an id.
+        self.distinct = sampler.distinct and not affinity
         self.pages = pages  # where the traced rows lie, for a policy that reads page mates
         # Without affinity each rank's decisions depend on its own accesses alone: a rank
         # planning for itself draws only its own batches (the others' are empty).
@@ -167,17 +170,10 @@ class TraceOrder:
                              f"id outside 0..{n_samples - 1}")  # fmt: skip
         if self.affinity:  # one batch per global step, split by the planner
             offsets, world = offsets[::world], 1
-        if getattr(self.sampler, "distinct", False) and not self.affinity:
-            # (Not under affinity: a global step's batch, the ranks' joined, may repeat an id.)
-            sizes = np.diff(offsets)
-            sample = ids[offsets[0] : offsets[-1]].astype(sample_dtype(run.num_samples))
-            rank = np.repeat((np.arange(sizes.size) % world).astype(np.int16), sizes)
-            counts, n = sizes.reshape(steps, world).astype(np.int32), sample.size
-        else:
-            sample = np.empty(ids.size, sample_dtype(run.num_samples))
-            rank = np.empty(ids.size, np.int16)
-            counts = np.zeros((steps, world), np.int32)
-            n = distinct_batches(ids, offsets, world, sample, rank, counts)
+        sample = np.empty(ids.size, sample_dtype(run.num_samples))
+        rank = np.empty(ids.size, np.int16)
+        counts = np.zeros((steps, world), np.int32)
+        n = distinct_batches(ids, offsets, world, sample, rank, counts, self.distinct)
         if self.only_rank is not None and np.delete(counts, self.only_rank, 1).any():
             # (once here: a rank planned alone has one row of tables, indexed rank - only_rank)
             raise SolarError(f"sampler {type(self.sampler).__name__}: epoch {k} gives batches "
