@@ -16,6 +16,22 @@ from solar.schedule.draw.draws import EpochDraws
 from solar.schedule.draw.samplers import Trace
 
 
+def proc_status(field: str) -> int:
+    """This process's ``field`` of /proc/self/status (VmRSS, VmHWM, RssShmem, ...), bytes."""
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) << 10 for line in f if line.startswith(field + ":"))
+
+
+def reset_peak_rss() -> bool:
+    """Reset this process's peak RSS (VmHWM) to its RSS now; False where Linux does not let."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
 def write_h5(path: Path, **datasets: np.ndarray) -> Path:
     """A file with one contiguous dataset per keyword."""
     with h5py.File(path, "w") as f:

@@ -9,7 +9,7 @@ import tracemalloc
 
 import numpy as np
 import pytest
-from helpers import EveryRanksTrace
+from helpers import EveryRanksTrace, proc_status, reset_peak_rss
 
 from solar import BufferConfig, PlanSpec, RunConfig
 from solar.errors import SolarError
@@ -63,21 +63,6 @@ def _plans(n: int, ids: np.ndarray, window: int | None, only_rank: int | None):
     return [planner.next_schedule() for _ in range(epochs)]
 
 
-def _peak_rss_reset() -> bool:
-    """Reset this process's peak RSS (VmHWM) to its RSS now; False where Linux does not let."""
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        return True
-    except OSError:
-        return False
-
-
-def _rss(field: str) -> int:
-    with open("/proc/self/status") as f:
-        return next(int(line.split()[1]) << 10 for line in f if line.startswith(field + ":"))
-
-
 # A huge N whose (rank, sample) ids over 2 ranks stay int32 (the signatures `solar warm` and the
 # small run compile serve it: none compiled for this test alone); a table of N would be GBs.
 HUGE = 2**30 - 1
@@ -95,7 +80,7 @@ def test_a_trace_over_huge_n_is_planned_in_the_memory_of_its_accesses(window, on
     ids[:, 2:] = ids[:, :2]  # reuse: hits and page mates to keep
     small = _plans(5000, ids, window, only_rank)
     _plans(HUGE, ids, window, only_rank)  # (first calls' costs, numba's included: not counted)
-    rss = _peak_rss_reset() and _rss("VmRSS")
+    rss = reset_peak_rss() and proc_status("VmRSS")
     tracemalloc.start()
     try:
         huge = _plans(HUGE, ids, window, only_rank)
@@ -104,7 +89,7 @@ def test_a_trace_over_huge_n_is_planned_in_the_memory_of_its_accesses(window, on
         tracemalloc.stop()
     assert peak < 8 << 20
     if rss:
-        assert _rss("VmHWM") - rss < 64 << 20
+        assert proc_status("VmHWM") - rss < 64 << 20
     kept = 0
     for (s0, a), (s1, b) in zip(small, huge, strict=True):
         assert np.array_equal(s0, s1)
