@@ -622,7 +622,9 @@ class TracePolicy(SolarPolicy):
             out = self._decide(k0, trace, local, next_use, uses, keys, held)
         finally:
             _global_cells(self.occupant, keys, extra)
-        seq[:] = keys[local]  # (the kernel put each step's hits first: seq moves alike)
+        # (the kernel put each step's hits first: seq moves alike; "clip", as local keys are
+        # indices of keys by construction: raise's mode buffers the output in a temporary)
+        np.take(keys, local, out=seq, mode="clip")
         return out
 
     def _decide(self, k0: int, trace: EpochTrace, seq: np.ndarray, next_use: np.ndarray,

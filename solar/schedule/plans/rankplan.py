@@ -213,13 +213,18 @@ class RankPlan:
         return cls(Share.alone(rank, slots, tier_slots, spe), parts, first_step, initial,
                    complete)  # fmt: skip
 
+    def _rank_parts(self) -> list:
+        """The window's epochs as the buffer's own (a host's: the host as one rank)."""
+        parts = self.parts
+        if parts and isinstance(parts[0], HostEpoch):
+            return [ne.host.rank(self.share.host) for ne in parts]
+        return parts
+
     @functools.cached_property
     def _arrays(self) -> tuple[Any, ...]:
         """The buffer's decisions over the window: sample, slot, flags, step offsets, tslot,
         peers (every rank's served counts with equal batches, else None)."""
-        parts = self.parts
-        if parts and isinstance(parts[0], HostEpoch):
-            parts = [ne.host.rank(self.share.host) for ne in parts]
+        parts = self._rank_parts()
         if len(parts) == 1:  # (as given: a validator's epoch is checked as read)
             p = parts[0]
             return p.sample, p.slot, p.flags, p.step_offsets, p.tslot, p.peers
@@ -361,13 +366,20 @@ class RankPlan:
             state = np.full(self.cells, -1, np.int64)
         else:
             state = self.initial.astype(np.int64, copy=True)
-        end = int(self.step_offsets[t])
-        bad = _replay(self.sample, self.slot, self.tslot, self.flags, 0, end, self.slots, state)
-        if bad >= 0:
-            raise CorruptPlanError(
-                f"rank {self.rank}: access {bad} names slot {self.slot[bad]} / "
-                f"tier slot {self.tslot[bad]}"
-            )
+        # Epoch by epoch: the window's arrays are not joined for it (each epoch's would be
+        # copied into fresh memory, once per window, as the stream trims a window every epoch).
+        spe, done = self.share.spe, 0
+        for e, p in enumerate(self._rank_parts()):
+            if e * spe >= t:
+                break
+            end = int(p.step_offsets[min(t - e * spe, spe)])
+            bad = _replay(p.sample, p.slot, p.tslot, p.flags, 0, end, self.slots, state)
+            if bad >= 0:
+                raise CorruptPlanError(
+                    f"rank {self.rank}: access {done + bad} names slot {p.slot[bad]} / "
+                    f"tier slot {p.tslot[bad]}"
+                )
+            done += int(p.step_offsets[-1])
         return state
 
     def refill_at(self, k: int) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
