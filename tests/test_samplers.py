@@ -142,6 +142,32 @@ def _weighted_spec(
     )  # fmt: skip
 
 
+@settings(max_examples=40, deadline=None)
+@given(
+    n=st.integers(3, 30), world=st.integers(1, 3), epochs=st.integers(1, 6),
+    horizon=st.integers(0, 3), seed=st.integers(0, 100),
+)  # fmt: skip
+def test_next_uses_are_the_first_later_use_within_the_horizon(n, world, epochs, horizon, seed):
+    """Every epoch's next uses, asked in order as a planner does (windows that reach the run's
+    end and windows that do not), against a brute force over the whole run's trace."""
+    from solar.schedule.draw.traces import EPOCH_SHIFT, NEVER, TraceOrder
+
+    run = RunConfig(n, world, 2, epochs, seed)
+    order = TraceOrder(run, Weighted((1.0 + np.arange(n)) ** -1.0), horizon)
+    pairs = [TraceOrder(run, order.sampler, horizon).epoch(e).pair for e in range(epochs)]
+    for k in range(epochs):
+        pair, nu = order.with_next_use(k)
+        np.testing.assert_array_equal(pair, pairs[k])
+        want = np.full(pair.size, NEVER, np.int64)
+        for i, x in enumerate(pair.tolist()):
+            for e in range(k, min(epochs, k + order.horizon + 1)):
+                at = np.flatnonzero(pairs[e][i + 1 if e == k else 0 :] == x)
+                if at.size:
+                    want[i] = (e << EPOCH_SHIFT) + int(at[0]) + (i + 1 if e == k else 0)
+                    break
+        np.testing.assert_array_equal(nu, want, err_msg=f"epoch {k}")
+
+
 @settings(max_examples=60, deadline=None)
 @given(
     n=st.integers(3, 40), world=st.integers(1, 3), batch=st.integers(1, 4),

@@ -300,14 +300,21 @@ class TraceOrder:
                 for e, t in made.items():
                     self._epochs.setdefault(e, t)
         parts = [self.epoch(e) for e in range(k, end)]
-        nus = [np.empty(p.pair.size, np.int64) for p in parts]
+        # The later epochs' next uses are final only where the window reaches the run's end
+        # (kept for their turn); else only their first uses are needed: no array of them.
+        final = end == self.run.epochs
+        nus = [np.empty(p.pair.size, np.int64) for p in (parts if final else parts[:1])]
         keys, local = key_space([p.pair for p in parts])
         last = np.full(keys.size, NEVER, np.int64)
         # Latest epoch first: each access sees the next use after it.
-        for e, p, nu in zip(range(end - 1, k - 1, -1), local[::-1], nus[::-1], strict=True):
-            _backward(p, np.int64(e) << EPOCH_SHIFT, nu, last)
+        for e in range(end - 1, k - 1, -1):
+            base = np.int64(e) << EPOCH_SHIFT
+            if e - k < len(nus):
+                _backward(local[e - k], base, nus[e - k], last)
+            else:
+                _remember(local[e - k], base, last)
         del last, local
-        if end == self.run.epochs:  # the window reaches the end: later epochs' are final
+        if final:
             with self._lock:
                 self._nu.update({e: nu for e, nu in zip(range(k + 1, end), nus[1:], strict=True)})
         return nus[0]
