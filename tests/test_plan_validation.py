@@ -240,6 +240,20 @@ def _replay(rp, k: int) -> np.ndarray:
     return state
 
 
+def test_a_replay_names_the_bad_access_by_its_place_in_the_window():
+    """A slot out of range in the window's second epoch: the replay (epoch by epoch) names
+    the access by its index over the whole window, as the joined arrays number it."""
+    plan = make_plan(PlanSpec(RunConfig(40, 1, 4, 3, 5), BufferConfig(6, 0.0), "solar"))
+    rp = plan.rank(0)
+    second = rp.parts[1]
+    j = int(np.flatnonzero(second.flags & ADMIT)[0])
+    second.slot[j] = rp.slots  # one past the last slot
+    at = int(rp.parts[0].step_offsets[-1]) + j
+    with pytest.raises(CorruptPlanError, match=f"rank 0: access {at} names slot {rp.slots} "):
+        rp.contents_at(rp.end_step)
+    rp.contents_at(rp.first_step + rp.share.spe)  # (the first epoch alone is sound)
+
+
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(specs(), st.data())
 def test_step_plans_and_buffer_states_agree_with_a_replay(spec, data):

@@ -24,6 +24,7 @@ from solar import (
 from solar.schedule import HIT
 from solar.schedule.draw.rng import uniform
 from solar.schedule.draw.samplers import SHUFFLE, _alias_table, sampler_run
+from solar.schedule.draw.traces import EPOCH_SHIFT, NEVER, TraceOrder
 from solar.schedule.plans.plan import plan_to_file
 from solar.schedule.policy import THIT
 
@@ -150,8 +151,6 @@ def _weighted_spec(
 def test_next_uses_are_the_first_later_use_within_the_horizon(n, world, epochs, horizon, seed):
     """Every epoch's next uses, asked in order as a planner does (windows that reach the run's
     end and windows that do not), against a brute force over the whole run's trace."""
-    from solar.schedule.draw.traces import EPOCH_SHIFT, NEVER, TraceOrder
-
     run = RunConfig(n, world, 2, epochs, seed)
     order = TraceOrder(run, Weighted((1.0 + np.arange(n)) ** -1.0), horizon)
     pairs = [TraceOrder(run, order.sampler, horizon).epoch(e).pair for e in range(epochs)]

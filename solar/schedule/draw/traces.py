@@ -309,7 +309,7 @@ class TraceOrder:
         # Latest epoch first: each access sees the next use after it.
         for e in range(end - 1, k - 1, -1):
             base = np.int64(e) << EPOCH_SHIFT
-            if e - k < len(nus):
+            if final or e == k:
                 _backward(local[e - k], base, nus[e - k], last)
             else:
                 _remember(local[e - k], base, last)
