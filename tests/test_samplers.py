@@ -153,16 +153,18 @@ def test_next_uses_are_the_first_later_use_within_the_horizon(n, world, epochs, 
     end and windows that do not), against a brute force over the whole run's trace."""
     run = RunConfig(n, world, 2, epochs, seed)
     order = TraceOrder(run, Weighted((1.0 + np.arange(n)) ** -1.0), horizon)
-    pairs = [TraceOrder(run, order.sampler, horizon).epoch(e).pair for e in range(epochs)]
+    ref = TraceOrder(run, order.sampler, horizon)  # (the trace alone: asked no next use)
+    pairs = [ref.epoch(e).pair for e in range(epochs)]
     for k in range(epochs):
         pair, nu = order.with_next_use(k)
         np.testing.assert_array_equal(pair, pairs[k])
         want = np.full(pair.size, NEVER, np.int64)
         for i, x in enumerate(pair.tolist()):
             for e in range(k, min(epochs, k + order.horizon + 1)):
-                at = np.flatnonzero(pairs[e][i + 1 if e == k else 0 :] == x)
+                start = i + 1 if e == k else 0  # (after the access itself, in its own epoch)
+                at = np.flatnonzero(pairs[e][start:] == x)
                 if at.size:
-                    want[i] = (e << EPOCH_SHIFT) + int(at[0]) + (i + 1 if e == k else 0)
+                    want[i] = (e << EPOCH_SHIFT) + start + int(at[0])
                     break
         np.testing.assert_array_equal(nu, want, err_msg=f"epoch {k}")
 
