@@ -66,7 +66,7 @@ SIGNATURES = (
     ("schedule.draw.keyspace.distinct_batches", "int64[C] int64[C] int64 int64[C] int16[C] "
                                                 "int32[2C] bool"),
     ("schedule.draw.pagemates.mates_of", "int64 int64 int64 int64 int64"),
-    ("schedule.draw.traces._remember", "int64[C] int64 int64[C]"),
+    ("schedule.draw.traces._remember", "int64[C] int64 int64 int64[C]"),
     ("schedule.keep.belady._tiered_steps", "int32[C] int64[C] int64[C] int64 int64 int64[C] "
                                            "int32[C] int32[C] int64[2C] int32[2C] int64[2C] "
                                            "int32[2C] int32[3C] int16[C] int32[C] int32[C] "

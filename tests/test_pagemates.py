@@ -14,6 +14,7 @@ from solar import BufferConfig, Loader, NeighborSampler, PlanSpec, RunConfig, ma
 from solar.errors import CorruptPlanError, SolarError
 from solar.options import ExpertConfig, MemoryConfig, PlanningConfig
 from solar.schedule import HIT
+from solar.schedule.draw.keyspace import Numbering
 from solar.schedule.draw.pagemates import (
     NEXT,
     OFFERED,
@@ -61,7 +62,8 @@ def test_later_uses_give_a_keys_first_use_at_or_after_a_position(epochs, v, w):
     keys = np.arange(10, 17, dtype=np.int64)  # keys 10..16: local keys 0..6
     local = [np.array(e, np.int64) for e in epochs]
     starts = [(5 + e) << 40 for e in range(len(local))]
-    uses = LaterUses.at(5, local, starts, (5 + len(local)) << 40, keys)
+    uses = LaterUses.at(5, Numbering(keys, local, 0, False), local[0], starts,
+                        (5 + len(local)) << 40)  # fmt: skip
     window = np.concatenate(local)
     firsts = np.concatenate([[0], np.cumsum([p.size for p in local])])
 

@@ -11,6 +11,8 @@ run of them.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 from numba import njit
 
@@ -27,21 +29,37 @@ OFFSET_SPAN = 6
 OFFSET_BYTES, SORT_BYTES, KEY_BYTES = 8, 41, 8
 
 
-def key_space(parts: list[np.ndarray]) -> tuple[np.ndarray, list[np.ndarray]]:
-    """The keys of ``parts`` numbered densely (int64, sorted) and each part's keys as local
-    keys (int64 indices into them): where their span is less than ``OFFSET_SPAN`` times
-    their count, every key of the span, numbered by offset (no sort); else the distinct
-    keys, by one sort of them all (np.unique's hash and searchsorted's random probes cost
-    several times more at a window's size)."""
+@dataclass(frozen=True)
+class Numbering:
+    """A window's keys numbered densely (:func:`number_keys`): ``keys`` (int64, sorted), and
+    part ``e``'s access ``i`` as local key ``arrays[e][i] - shift``. ``by_offset``: the
+    arrays are the parts themselves (no copy: the kernels subtract ``shift``, the span's first
+    key); else each part's local keys (fresh arrays; ``shift`` 0)."""
+
+    keys: np.ndarray
+    arrays: list[np.ndarray]
+    shift: int
+    by_offset: bool
+
+    def local(self, e: int) -> np.ndarray:
+        """Part ``e``'s local keys as an array of their own (a planner reorders it)."""
+        return self.arrays[e] - self.shift if self.by_offset else self.arrays[e]
+
+
+def number_keys(parts: list[np.ndarray]) -> Numbering:
+    """The keys of ``parts`` (int64) numbered densely: where their span is less than
+    ``OFFSET_SPAN`` times their count, every key of the span, numbered by offset (no sort,
+    no copy); else the distinct keys, by one sort of them all (np.unique's hash and
+    searchsorted's random probes cost several times more at a window's size)."""
     sizes = [p.size for p in parts]
     total = sum(sizes)
     if total == 0:
-        return np.zeros(0, np.int64), [np.zeros(0, np.int64) for _ in parts]
+        return Numbering(np.zeros(0, np.int64), [np.zeros(0, np.int64) for _ in parts], 0, False)
     lo = min(int(p.min()) for p in parts if p.size)
     hi = max(int(p.max()) for p in parts if p.size)
     if hi - lo < OFFSET_SPAN * total:
-        shifted = [p.astype(np.int64, copy=False) - lo for p in parts]  # (one new array each)
-        return np.arange(lo, hi + 1, dtype=np.int64), shifted
+        arrays = [p.astype(np.int64, copy=False) for p in parts]
+        return Numbering(np.arange(lo, hi + 1, dtype=np.int64), arrays, lo, True)
     every = np.concatenate(parts).astype(np.int64, copy=False)
     order = np.argsort(every)
     ordered = every[order]
@@ -52,7 +70,13 @@ def key_space(parts: list[np.ndarray]) -> tuple[np.ndarray, list[np.ndarray]]:
     del ordered
     local = np.empty(every.size, np.int64)
     local[order] = np.cumsum(new) - 1
-    return keys, np.split(local, np.cumsum(sizes)[:-1])
+    return Numbering(keys, np.split(local, np.cumsum(sizes)[:-1]), 0, False)
+
+
+def key_space(parts: list[np.ndarray]) -> tuple[np.ndarray, list[np.ndarray]]:
+    """:func:`number_keys`' keys and each part's local keys as arrays of their own."""
+    n = number_keys(parts)
+    return n.keys, [n.local(e) for e in range(len(parts))]
 
 
 @njit(cache=True, nogil=True)

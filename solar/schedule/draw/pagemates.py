@@ -24,6 +24,7 @@ from numba import njit
 
 from solar._memory import PAGE
 from solar.errors import SolarError
+from solar.schedule.draw.keyspace import Numbering
 from solar.schedule.policy import EPOCH_SHIFT
 
 
@@ -101,23 +102,25 @@ class LaterUses:
         return ((self.limit - 1) >> EPOCH_SHIFT) + 1
 
     @classmethod
-    def at(cls, epoch: int, local: list[np.ndarray], starts: list[int], limit: int,
-           keys: np.ndarray) -> LaterUses:  # fmt: skip
-        """The table of the window (of epoch ``epoch`` on) whose parts' accesses, as local
-        keys of ``keys`` (keyspace.key_space), are ``local``, ``local[e]``'s first at global
-        position ``starts[e]``, ending before ``limit``."""
-        table = np.full((keys.size, 3), -1, np.int64)
+    def at(cls, epoch: int, num: Numbering, local: np.ndarray, starts: list[int],
+           limit: int) -> LaterUses:  # fmt: skip
+        """The table of the window (of epoch ``epoch`` on) whose parts' accesses are numbered
+        by ``num`` (keyspace.number_keys), part ``e``'s first at global position
+        ``starts[e]``, ending before ``limit``; ``local``: the first part's local keys, as an
+        array of their own (``num.local(0)``, kept as :attr:`local`)."""
+        table = np.full((num.keys.size, 3), -1, np.int64)
         # Latest part first, each backwards: a key's earliest access is written last.
-        for e in range(len(local) - 1, -1, -1):
-            _first_uses(local[e], np.int64(starts[e]), table)
-        return cls(epoch, table, int(limit), keys, local[0])
+        for e in range(len(num.arrays) - 1, -1, -1):
+            _first_uses(num.arrays[e], num.shift, np.int64(starts[e]), table)
+        return cls(epoch, table, int(limit), num.keys, local)
 
 
 @njit(cache=True, nogil=True)
-def _first_uses(local, start, table):
-    """``table[local[i], NEXT]`` = ``start + i``, the earliest i last."""
-    for i in range(local.shape[0] - 1, -1, -1):
-        table[local[i], NEXT] = start + i
+def _first_uses(pair, shift, start, table):
+    """``table[pair[i] - shift, NEXT]`` = ``start + i`` (local keys: keyspace.Numbering), the
+    earliest i last."""
+    for i in range(pair.shape[0] - 1, -1, -1):
+        table[pair[i] - shift, NEXT] = start + i
 
 
 @njit(cache=True, inline="always")

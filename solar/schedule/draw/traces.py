@@ -39,7 +39,7 @@ from numba import njit
 from solar.config import RunConfig
 from solar.errors import SolarError
 from solar.schedule.draw.draws import EpochDraws, RankDraws, every_rank, steps_of
-from solar.schedule.draw.keyspace import distinct_batches, key_space
+from solar.schedule.draw.keyspace import distinct_batches, number_keys
 from solar.schedule.draw.order import sample_dtype
 from solar.schedule.draw.pagemates import LOOK_AHEAD, LaterUses, PageLayout
 from solar.schedule.draw.samplers import Sampler
@@ -83,21 +83,22 @@ class Window:
 
 
 @njit(cache=True, nogil=True)
-def _backward(pair, base, nu, last):
-    """One epoch of a backward pass: ``nu[i]`` = ``last[pair[i]]`` (the next use seen so far,
-    NEVER if none), then ``last[pair[i]]`` = this access's position ``base + i``."""
+def _backward(pair, shift, base, nu, last):
+    """One epoch of a backward pass over local keys ``pair - shift`` (keyspace.Numbering):
+    ``nu[i]`` = ``last[v]`` (the next use seen so far, NEVER if none), then ``last[v]`` =
+    this access's position ``base + i``."""
     for i in range(pair.shape[0] - 1, -1, -1):
-        v = pair[i]
+        v = pair[i] - shift
         nu[i] = last[v]
         last[v] = base + i
 
 
 @njit(cache=True, nogil=True)
-def _remember(pair, base, last):
-    """:func:`_backward` keeping no next uses: ``last[pair[i]]`` = ``base + i``, the first
-    access of each key (a window's look-ahead, whose own next uses are not asked)."""
+def _remember(pair, shift, base, last):
+    """:func:`_backward` keeping no next uses: ``last[pair[i] - shift]`` = ``base + i``, the
+    first access of each key (a window's look-ahead, whose own next uses are not asked)."""
     for i in range(pair.shape[0] - 1, -1, -1):
-        last[pair[i]] = base + i
+        last[pair[i] - shift] = base + i
 
 
 class TraceOrder:
@@ -255,24 +256,25 @@ class TraceOrder:
             after = base + trace.pair.size if nxt is None or nxt[0] == k else \
                 np.int64(nxt[0]) << EPOCH_SHIFT  # fmt: skip
             nu = np.empty(trace.pair.size, np.int64)
-            keys, local = key_space([trace.pair] if ahead is None else [trace.pair, ahead.pair])
-            last = np.full(keys.size, NEVER, np.int64)
+            num = number_keys([trace.pair] if ahead is None else [trace.pair, ahead.pair])
+            last = np.full(num.keys.size, NEVER, np.int64)
             if ahead is not None:  # its first uses: where the window's next uses end
                 assert nxt is not None
                 with self._lock:
                     self._ahead = {nxt: ahead}
-                _remember(local[1], after, last)
-            _backward(local[0], base, nu, last)
+                _remember(num.arrays[1], num.shift, after, last)
+            _backward(num.arrays[0], num.shift, base, nu, last)
             del last
+            local = num.local(0)  # (its plan reorders it)
             later = None
             if self.pages is not None:
-                starts = [int(base), int(after)][: len(local)]
+                starts = [int(base), int(after)][: len(num.arrays)]
                 limit = int(after) + ahead.pair.size if ahead is not None else \
                     int(base) + trace.pair.size  # fmt: skip
-                later = LaterUses.at(k, local, starts, limit, keys)
+                later = LaterUses.at(k, num, local, starts, limit)
             size = trace.pair.size
-            yield Window(k, self._steps(j)[0], offset, trace, nu, keys, local[0], later)
-            del trace, nu, later, ahead, keys, local  # (let go before the next is drawn)
+            yield Window(k, self._steps(j)[0], offset, trace, nu, num.keys, local, later)
+            del trace, nu, later, ahead, num, local  # (let go before the next is drawn)
             offset += size
 
     def served(self, k: int) -> np.ndarray:
@@ -304,16 +306,16 @@ class TraceOrder:
         # (kept for their turn); else only their first uses are needed: no array of them.
         final = end == self.run.epochs
         nus = [np.empty(p.pair.size, np.int64) for p in (parts if final else parts[:1])]
-        keys, local = key_space([p.pair for p in parts])
-        last = np.full(keys.size, NEVER, np.int64)
+        num = number_keys([p.pair for p in parts])
+        last = np.full(num.keys.size, NEVER, np.int64)
         # Latest epoch first: each access sees the next use after it.
         for e in range(end - 1, k - 1, -1):
             base = np.int64(e) << EPOCH_SHIFT
             if final or e == k:
-                _backward(local[e - k], base, nus[e - k], last)
+                _backward(num.arrays[e - k], num.shift, base, nus[e - k], last)
             else:
-                _remember(local[e - k], base, last)
-        del last, local
+                _remember(num.arrays[e - k], num.shift, base, last)
+        del last, num
         if final:
             with self._lock:
                 self._nu.update({e: nu for e, nu in zip(range(k + 1, end), nus[1:], strict=True)})
@@ -324,9 +326,9 @@ class TraceOrder:
         :mod:`solar.schedule.draw.pagemates`): when a row not accessed now is next used; with
         epoch ``k``'s accesses as local keys (``local``: one numbering for its plan)."""
         end = min(self.run.epochs, k + min(self.horizon, LOOK_AHEAD) + 1)
-        keys, local = key_space([self.epoch(e).pair for e in range(k, end)])
-        starts = [(k + e) << EPOCH_SHIFT for e in range(len(local))]
-        return LaterUses.at(k, local, starts, end << EPOCH_SHIFT, keys)
+        num = number_keys([self.epoch(e).pair for e in range(k, end)])
+        starts = [e << EPOCH_SHIFT for e in range(k, end)]
+        return LaterUses.at(k, num, num.local(0), starts, end << EPOCH_SHIFT)
 
     def next_use(self, k: int, pairs: np.ndarray) -> np.ndarray:
         """The first position after epoch ``k`` (within the horizon of epoch k + 1) of each of
