@@ -125,12 +125,12 @@ class Faults:
             return -1
 
     # -- the wrapped kernels -----------------------------------------------------------------
-    def _runs(self, fd, iov, starts, counts, offsets, write, got):
+    def _runs(self, fd, iov, starts, counts, offsets, write, got, cached):
         """_iov_runs: one preadv (pwritev) per run."""
         pre = [self._draw(fd, int(o), bool(write)) for o in offsets.tolist()]
         if "change" in pre:
             self._change()
-        self._real["_iov_runs"](fd, iov, starts, counts, offsets, write, got)
+        self._real["_iov_runs"](fd, iov, starts, counts, offsets, write, got, cached)
         for j, kind in enumerate(pre):
             if kind in (None, "change"):
                 continue

@@ -83,7 +83,7 @@ def python_io(monkeypatch) -> None:
     each goes through the executor's retry with os.preadv / os.pwritev, where a test injects
     its fault."""
 
-    def fail(fd, iov, starts, counts, offsets, write, got):
+    def fail(fd, iov, starts, counts, offsets, write, got, cached):
         got[:] = -1
 
     monkeypatch.setattr(executor_mod, "_iov_runs", fail)

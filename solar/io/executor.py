@@ -71,9 +71,24 @@ class ByteSource(Protocol):
 
 
 @njit(cache=True, nogil=True)
-def _iov_runs(fd, iov, starts, counts, offsets, write, got):
-    """One preadv (pwritev) per run of one descriptor, without the GIL."""
+def _iov_runs(fd, iov, starts, counts, offsets, write, got, cached):
+    """One preadv (pwritev) per run of one descriptor, without the GIL.
+
+    Buffered reads (``cached``: each run's bytes; empty: none) take the page cache first:
+    every run is tried from it alone (``RWF_NOWAIT``), a run not wholly there is advised
+    (WILLNEED: its fetch starts, as a failed try's already has where the file system takes
+    tries), and only then are those read, waiting. A step's misses are thus all in flight
+    however few threads read them (:func:`tries_cache`), and its hits cost no wait."""
+    tried = cached.shape[0] > 0
+    if tried:
+        for j in range(starts.shape[0]):
+            at = iov.ctypes.data + 16 * starts[j]
+            got[j] = libc.preadv2(fd, at, counts[j], offsets[j], libc.NOWAIT)
+            if got[j] != cached[j]:
+                libc.fadvise(fd, offsets[j], cached[j], libc.WILLNEED)  # (only advice)
     for j in range(starts.shape[0]):
+        if tried and got[j] == cached[j]:
+            continue
         at = iov.ctypes.data + 16 * starts[j]
         if write:
             got[j] = libc.pwritev(fd, at, counts[j], offsets[j])
@@ -187,6 +202,7 @@ _HOLD = 16  # descriptors one thread holds at a time (one sample per file)
 # disk here gives 52k 4 KiB reads/s at queue depth 8, 79k at 32 (solar/io/probe.py).
 QUEUE_DEPTH = 32
 CORES = cores()
+_NONE = np.zeros(0, np.int64)  # _iov_runs' ``cached``: not a buffered read
 _JOB_BYTES = 512 * 2**10  # stored chunk bytes worth a pool job of their own (see job_count)
 
 
@@ -282,7 +298,7 @@ class Executor:
         if not tasks:
             return []
         decoding = decodes(tasks, source.direct_io)
-        jobs = deal(tasks, job_count(tasks, self._size(decoding), decoding))
+        jobs = deal(tasks, job_count(tasks, self._size(decoding), decoding, source))
         advice = [self._advice(source, job) for job in jobs]
         for a in advice:
             if a is not None:
@@ -301,7 +317,7 @@ class Executor:
         if not tasks:
             return None
         decoding = decodes(tasks, source.direct_io)
-        if job_count(tasks, self._size(decoding), decoding) != 1:
+        if job_count(tasks, self._size(decoding), decoding, source) != 1:
             return None
         return self._job(source, tasks, self._advice(source, tasks, more_than=1))[0]
 
@@ -337,7 +353,7 @@ class Executor:
         got = np.zeros(2, np.int64)
         for runs in (np.zeros((2, 3), np.int64).T, np.zeros((3, 2), np.int64)):
             starts, counts, offsets = runs
-            _iov_runs(-1, iov, starts, counts, offsets, False, got)
+            _iov_runs(-1, iov, starts, counts, offsets, False, got, _NONE)
             PreadvRuns(-1, iov, starts, counts, offsets).want()
         aio.warm_up()
 
@@ -373,9 +389,10 @@ class Executor:
 
     def _iov_runs(self, source: ByteSource, t: PreadvRuns) -> int:
         got = np.empty(t.starts.size, np.int64)
+        want = t.want()
+        cached = _NONE if source.direct_io or t.write else want  # (page cache first)
         with source.fd(t.file) as fd:
-            _iov_runs(fd, t.iov, t.starts, t.counts, t.offsets, t.write, got)
-            want = t.want()
+            _iov_runs(fd, t.iov, t.starts, t.counts, t.offsets, t.write, got, cached)
             for j in np.flatnonzero(got != want).tolist():
                 # Once more in Python: finishes an interrupted call, or names the problem.
                 a, n = int(t.starts[j]), int(t.counts[j])
@@ -435,7 +452,8 @@ class Executor:
                     if ctx is not None:  # the kernel stopped midway: preadv from now on
                         ctx = local.aio = None
                     spans = np.arange(b - a)
-                    _iov_runs(fd, iov, spans, np.ones(b - a, np.int64), t.lo[a:b], False, got)
+                    _iov_runs(fd, iov, spans, np.ones(b - a, np.int64), t.lo[a:b], False, got,
+                              _NONE)  # fmt: skip
                 s, again = 0, -1  # spans before s are scattered; the span read again
                 while True:
                     bad = _scatter_rows(bounce, at[s:], t.lo[a + s : b], got[s:],
@@ -660,10 +678,13 @@ def when_all(futures: Sequence[Future], fn: Callable[[], object]) -> None:
         f.add_done_callback(one_done)
 
 
-def job_count(tasks: Sequence[Task], threads: int, decoding: bool) -> int:
+def job_count(tasks: Sequence[Task], threads: int, decoding: bool, source: ByteSource) -> int:
     """Pool jobs for a step's tasks on a pool of ``threads``: one per thread, except for
     chunk reads too small to share (a job's handoff costs about as much as decoding a few
-    hundred KiB of zstd), and at most one per core for decoding jobs (:func:`decodes`)."""
+    hundred KiB of zstd), and at most one per core for decoding jobs (:func:`decodes`) and
+    for reads that try the page cache first (:func:`tries_cache`)."""
+    if tries_cache(tasks, source):
+        return min(threads, CORES)
     if not all(isinstance(t, ChunkReads) for t in tasks):
         return threads
     work = sum(t.stored_bytes for t in tasks if isinstance(t, ChunkReads))
@@ -679,6 +700,18 @@ def decodes(tasks: Sequence[Task], direct_io: bool) -> bool:
     jobs of steps read ahead, gzip single samples warm, ~15 % faster on 2 threads than on 8.
     """
     return not direct_io and all(isinstance(t, ChunkReads) for t in tasks)
+
+
+def tries_cache(tasks: Sequence[Task], source: ByteSource) -> bool:
+    """Whether a step's tasks all read runs through the page cache (buffered, not written),
+    which :func:`_iov_runs` tries first: a miss's fetch starts as it is tried, so the
+    fetches are in flight however few threads wait, and hits are copies, CPU-bound: such
+    jobs run one per core (more only fight over the cores and the GIL: measured, a GNN
+    loader's epochs from the page cache, 2 cores, 8 jobs a step cost ~12 % more CPU than 2;
+    docs/performance.md). Not from an emulated remote file system (``--throttle``), whose
+    requests overlap only across threads."""
+    return (not source.direct_io and source.throttle is None and bool(tasks)
+            and all(isinstance(t, PreadvRuns) and not t.write for t in tasks))  # fmt: skip
 
 
 def deal(tasks: Sequence[Task], groups: int) -> list[list[Task]]:

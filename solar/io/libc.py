@@ -21,6 +21,7 @@ def _function(name: str, restype, *argtypes):
 
 preadv = _function("preadv", types.intp, _i32, _ptr, _i32, _i64)
 pwritev = _function("pwritev", types.intp, _i32, _ptr, _i32, _i64)
+preadv2 = _function("preadv2", types.intp, _i32, _ptr, _i32, _i64, _i32)  # glibc >= 2.26
 pread = _function("pread", types.intp, _i32, _ptr, _size, _i64)
 fadvise = _function("posix_fadvise", _i32, _i32, _i64, _i64, _i32)
 open_file = _function("open", _i32, _ptr, _i32)  # no mode: O_CREAT is never passed
@@ -31,4 +32,7 @@ AT_EMPTY_PATH = 0x1000
 STATX_BASIC_STATS = 0x7FF
 
 WILLNEED = getattr(os, "POSIX_FADV_WILLNEED", 3)
+# preadv2's flag: from the page cache only, else fail at once (EAGAIN; a miss's fetch is
+# started as it fails). A kernel or file system without it fails every such call.
+NOWAIT = getattr(os, "RWF_NOWAIT", 8)
 O_READ = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)  # as os.open: not inherited
