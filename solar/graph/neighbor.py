@@ -357,11 +357,11 @@ class NeighborSampler(Sampler, BatchExtras):
 def node_attributes(graph: Graph, n_id: np.ndarray) -> list[tuple[str, np.ndarray]]:
     """The graph's node attributes held in memory sliced by ``n_id`` (validated node ids), by
     their names in a PyG batch: ``y`` (int64 labels), then each split's boolean mask."""
-    out = []
+    out = []  # (np.take: about half the time of an index array's subscript, measured)
     if graph.labels is not None:
-        out.append(("y", np.asarray(graph.labels[n_id], np.int64)))
+        out.append(("y", np.asarray(np.take(graph.labels, n_id), np.int64)))
     if graph.split_bits is not None:
-        bits = graph.split_bits[n_id]
+        bits = np.take(graph.split_bits, n_id)
         out += [(MASKS[name], (bits & np.uint8(1 << i)) != 0)
                 for i, name in enumerate(SPLITS) if name in graph.splits]  # fmt: skip
     return out
