@@ -53,6 +53,7 @@ class PackedFile:
     """
 
     throttle = None  # node-local: never the emulated remote file system
+    cache_first = False  # read in page spans (PageGather), never as buffered runs
 
     def __init__(self, directory: str | os.PathLike, steps: np.ndarray, samples: list[np.ndarray],
                  row_bytes: int, chunk_rows: int, name: str) -> None:  # fmt: skip

@@ -112,6 +112,8 @@ class TierFile:
         self.staging_slots = staging_slots
         self.executor = executor
         self.throttle = None  # node-local: never the emulated remote file system
+        # Not tried from the page cache first: a buffered tier's writes drop their pages.
+        self.cache_first = False
         directory = Path(directory)
         check_directory(directory)
         return directory

@@ -61,6 +61,7 @@ class ByteSource(Protocol):
 
     direct_io: bool  # descriptors are opened with O_DIRECT
     throttle: Any  # solar.io.throttle.Throttle (an emulated remote file system) or None
+    cache_first: bool  # buffered runs are tried from the page cache first (_iov_runs)
 
     def fd(self, i: int) -> contextlib.AbstractContextManager[int]: ...
 
@@ -74,17 +75,17 @@ class ByteSource(Protocol):
 def _iov_runs(fd, iov, starts, counts, offsets, write, got, cached):
     """One preadv (pwritev) per run of one descriptor, without the GIL.
 
-    Buffered reads (``cached``: each run's bytes; empty: none) take the page cache first:
-    every run is tried from it alone (``RWF_NOWAIT``), a run not wholly there is advised
-    (WILLNEED: its fetch starts, as a failed try's already has where the file system takes
-    tries), and only then are those read, waiting. A step's misses are thus all in flight
-    however few threads read them (:func:`tries_cache`), and its hits cost no wait."""
-    tried = cached.shape[0] > 0
+    Reads given ``cached`` (each run's bytes; empty: none; a source's ``cache_first``) take
+    the page cache first: every run is tried from it alone (``RWF_NOWAIT``: a miss fails at
+    once, its fetch started), a run not wholly there is advised too (WILLNEED), and only then
+    are those read, waiting. A task's misses are thus all in flight however few threads read
+    them (:func:`tries_cache`), and its hits cost no wait."""
+    tried = not write and cached.shape[0] > 0
     if tried:
         for j in range(starts.shape[0]):
             at = iov.ctypes.data + 16 * starts[j]
             got[j] = libc.preadv2(fd, at, counts[j], offsets[j], libc.NOWAIT)
-            if got[j] != cached[j]:
+            if got[j] != cached[j] and cached[j] > 0:  # (length 0 would advise to the end)
                 libc.fadvise(fd, offsets[j], cached[j], libc.WILLNEED)  # (only advice)
     for j in range(starts.shape[0]):
         if tried and got[j] == cached[j]:
@@ -297,8 +298,10 @@ class Executor:
         future's result is ``(bytes moved, seconds busy)``."""
         if not tasks:
             return []
-        decoding = decodes(tasks, source.direct_io)
-        jobs = deal(tasks, job_count(tasks, self._size(decoding), decoding, source))
+        decoding, cached = decodes(tasks, source.direct_io), tries_cache(tasks, source)
+        jobs = deal(tasks, job_count(tasks, self._size(decoding), decoding, cached))
+        if cached:
+            jobs = [joined(job) for job in jobs]
         advice = [self._advice(source, job) for job in jobs]
         for a in advice:
             if a is not None:
@@ -317,7 +320,7 @@ class Executor:
         if not tasks:
             return None
         decoding = decodes(tasks, source.direct_io)
-        if job_count(tasks, self._size(decoding), decoding, source) != 1:
+        if job_count(tasks, self._size(decoding), decoding, tries_cache(tasks, source)) != 1:
             return None
         return self._job(source, tasks, self._advice(source, tasks, more_than=1))[0]
 
@@ -390,7 +393,7 @@ class Executor:
     def _iov_runs(self, source: ByteSource, t: PreadvRuns) -> int:
         got = np.empty(t.starts.size, np.int64)
         want = t.want()
-        cached = _NONE if source.direct_io or t.write else want  # (page cache first)
+        cached = want if source.cache_first and not t.write else _NONE
         with source.fd(t.file) as fd:
             _iov_runs(fd, t.iov, t.starts, t.counts, t.offsets, t.write, got, cached)
             for j in np.flatnonzero(got != want).tolist():
@@ -678,12 +681,12 @@ def when_all(futures: Sequence[Future], fn: Callable[[], object]) -> None:
         f.add_done_callback(one_done)
 
 
-def job_count(tasks: Sequence[Task], threads: int, decoding: bool, source: ByteSource) -> int:
+def job_count(tasks: Sequence[Task], threads: int, decoding: bool, cached: bool = False) -> int:
     """Pool jobs for a step's tasks on a pool of ``threads``: one per thread, except for
     chunk reads too small to share (a job's handoff costs about as much as decoding a few
     hundred KiB of zstd), and at most one per core for decoding jobs (:func:`decodes`) and
-    for reads that try the page cache first (:func:`tries_cache`)."""
-    if tries_cache(tasks, source):
+    for reads that try the page cache first (``cached``: :func:`tries_cache`)."""
+    if cached:
         return min(threads, CORES)
     if not all(isinstance(t, ChunkReads) for t in tasks):
         return threads
@@ -703,15 +706,33 @@ def decodes(tasks: Sequence[Task], direct_io: bool) -> bool:
 
 
 def tries_cache(tasks: Sequence[Task], source: ByteSource) -> bool:
-    """Whether a step's tasks all read runs through the page cache (buffered, not written),
-    which :func:`_iov_runs` tries first: a miss's fetch starts as it is tried, so the
-    fetches are in flight however few threads wait, and hits are copies, CPU-bound: such
-    jobs run one per core (more only fight over the cores and the GIL: measured, a GNN
-    loader's epochs from the page cache, 2 cores, 8 jobs a step cost ~12 % more CPU than 2;
-    docs/performance.md). Not from an emulated remote file system (``--throttle``), whose
-    requests overlap only across threads."""
-    return (not source.direct_io and source.throttle is None and bool(tasks)
-            and all(isinstance(t, PreadvRuns) and not t.write for t in tasks))  # fmt: skip
+    """Whether a step's tasks all read runs that :func:`_iov_runs` tries from the page cache
+    first (``source.cache_first``, not written): a miss's fetch starts as it is tried, so a
+    job's fetches are in flight however few threads wait, and hits are copies, CPU-bound:
+    such jobs run one per core (more only fight over the cores and the GIL: measured, a GNN
+    loader's epochs from the page cache, 2 cores, 8 jobs a step cost up to ~12 % more CPU
+    than 2; docs/performance.md)."""
+    return source.cache_first and bool(tasks) and \
+        all(isinstance(t, PreadvRuns) and not t.write for t in tasks)  # fmt: skip
+
+
+def joined(job: Sequence[Task]) -> list[Task]:
+    """A job's runs (:func:`tries_cache`'s PreadvRuns) as one task per file and iovec table:
+    one compiled call and one GIL round trip each, not one per task dealt (a step's runs are
+    dealt over a task per thread, its jobs are one per core)."""
+    tables: dict[tuple[int, int], list[PreadvRuns]] = {}
+    for t in job:
+        assert isinstance(t, PreadvRuns)
+        tables.setdefault((t.file, id(t.iov)), []).append(t)
+    out: list[Task] = []
+    for ts in tables.values():
+        if len(ts) == 1:
+            out.append(ts[0])
+            continue
+        starts, counts, offsets = (np.concatenate([getattr(t, f) for t in ts])
+                                   for f in ("starts", "counts", "offsets"))  # fmt: skip
+        out.append(PreadvRuns(ts[0].file, ts[0].iov, starts, counts, offsets))
+    return out
 
 
 def deal(tasks: Sequence[Task], groups: int) -> list[list[Task]]:

@@ -31,6 +31,7 @@ from solar.errors import SolarError, truncated
 from solar.io.hdf5 import open_h5
 from solar.io.identity import Identities
 from solar.io.info import DatasetInfo
+from solar.io.pagecache import takes_tries
 
 
 def open_descriptor(path: str | os.PathLike, flags: int, o_direct: bool) -> int:
@@ -235,6 +236,11 @@ class Files:
         self.h5_paths = info.files
         self.direct_io = direct_io
         self.throttle = throttle  # solar.io.throttle.Throttle: an emulated remote file system
+        # Buffered reads tried from the page cache first where the files' system takes it
+        # (the first file's, as a dataset's lie on one); not for the emulated remote file
+        # system, whose requests overlap only across threads.
+        self.cache_first = (not direct_io and throttle is None and bool(self.paths)
+                            and takes_tries(self.paths[0]))  # fmt: skip
         # Each file's identity: size and times as described, device and inode at first open.
         st = info.stored
         sizes, times = (None, None) if st is None else (_flat(st.sizes), _flat(st.times))

@@ -1,11 +1,16 @@
-"""Making storage cold: drop files' pages from the page cache."""
+"""Making storage cold: drop files' pages from the page cache; and whether a file's reads
+can be tried against the page cache alone."""
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import os
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
+
+from solar.io.libc import NOWAIT
 
 
 def evict(paths: Sequence[str | os.PathLike] | str | os.PathLike, offset: int = 0,
@@ -39,3 +44,28 @@ def drop(fd: int, offset: int = 0, length: int = 0) -> None:
     file. Synced first: DONTNEED drops only clean pages, and freshly written ones are dirty."""
     os.fdatasync(fd)
     os.posix_fadvise(fd, offset, length, os.POSIX_FADV_DONTNEED)
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.preadv2.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_longlong,
+                          ctypes.c_int]  # fmt: skip
+_libc.preadv2.restype = ctypes.c_ssize_t
+
+
+def takes_tries(path: str | os.PathLike) -> bool:
+    """Whether reads of ``path``'s file can be tried against the page cache alone
+    (``preadv2`` with ``RWF_NOWAIT``: a miss fails at once, its fetch started), by a one-byte
+    try: not where the file system refuses it (tmpfs, some network file systems), nor where
+    the file does not open (its reads name that). Through libc, not ``os.preadv``: a probe,
+    not a read of the data."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return False
+    try:
+        byte = ctypes.create_string_buffer(1)
+        iov = (ctypes.c_void_p * 2)(ctypes.addressof(byte), 1)
+        got = _libc.preadv2(fd, ctypes.addressof(iov), 1, 0, NOWAIT)  # (libc.py's flag)
+        return got >= 0 or ctypes.get_errno() == errno.EAGAIN
+    finally:
+        os.close(fd)
