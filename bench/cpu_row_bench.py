@@ -20,6 +20,10 @@ per CPU-second of the gather alone).
 ``compare``: ``run`` in fresh processes under two trees (``--base``: a checkout of another
 commit, e.g. ``git worktree add /tmp/base d98193d``; and this tree), alternated, ``--runs``
 each; CPU time, not wall time, so the figures hold on a shared machine.
+
+``--cold``: the features' pages evicted before each epoch instead (buffered reads from
+storage, as a dataset is read where ``O_DIRECT`` is not chosen): the figure is each epoch's
+wall time (``epoch_wall_s``; epoch 0 also pays the graph's first reads).
 """
 
 from __future__ import annotations
@@ -95,6 +99,15 @@ def _account() -> dict[str, float]:
     return spent
 
 
+def _evict(path: str) -> None:
+    """Drop the file's pages: the next reads come from storage."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
 def _warm(path: str) -> None:
     """Read the file once: every later read is a page-cache hit."""
     with open(path, "rb") as f:
@@ -128,23 +141,27 @@ def run(args: argparse.Namespace) -> dict:
 
     from solar import Loader, NeighborSampler, ReaderConfig
 
-    _warm(args.graph)
+    if not args.cold:
+        _warm(args.graph)
     spent = _account() if args.stages else None
     c0, t0 = time.process_time(), time.perf_counter()
     sampler = NeighborSampler(args.graph, FANOUTS, batch_size=args.batch)
-    rows, epoch_cpu, epoch_rows, keep = 0, [], [], []
+    rows, epoch_cpu, epoch_wall, epoch_rows, keep = 0, [], [], [], []
     # Page-cache reads named (a neighbour sampler's default is O_DIRECT where it opens).
     with Loader(args.graph, ["features"], sampler=sampler, epochs=args.epochs,
                 buffer=args.buffer, reader=ReaderConfig(direct_io=False)) as ld:  # fmt: skip
         built = time.process_time() - c0
         for e in range(args.epochs):
-            ce, re_ = time.process_time(), rows
+            if args.cold:
+                _evict(args.graph)
+            ce, we, re_ = time.process_time(), time.perf_counter(), rows
             ld.set_epoch(e)
             for b in ld:
                 rows += int(b["n_id"].shape[0])
                 if e == 0:
                     keep.append(np.asarray(b["n_id"]).copy())
             epoch_cpu.append(time.process_time() - ce)
+            epoch_wall.append(time.perf_counter() - we)
             epoch_rows.append(rows - re_)
         cpu, wall = time.process_time() - c0, time.perf_counter() - t0
         stats = ld.stats
@@ -154,6 +171,7 @@ def run(args: argparse.Namespace) -> dict:
             "cpu_s": round(cpu, 2), "wall_s": round(wall, 2), "build_cpu_s": round(built, 2),
             "rows_per_cpu_s": rows / cpu,
             "epoch_cpu_s": [round(c, 2) for c in epoch_cpu],
+            "epoch_wall_s": [round(w, 2) for w in epoch_wall],
             "epoch_rows_per_cpu_s": [r / c for r, c in zip(epoch_rows, epoch_cpu, strict=True)],
             "bottleneck": str(stats.bottleneck()), "stages": stages,
             "hit_rate": stats.totals().hit_rate,
@@ -172,7 +190,8 @@ def compare(args: argparse.Namespace) -> dict:
     for i in range(args.runs):
         for name, tree in trees.items():
             cmd = [sys.executable, __file__, "run", args.graph, "--epochs", str(args.epochs)]
-            if i == 0 and name == "new":
+            cmd += ["--cold"] if args.cold else []
+            if i == 0 and name == "new" and not args.cold:
                 cmd.append("--references")
             env = dict(os.environ, PYTHONPATH=tree)
             res = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True)
@@ -180,8 +199,8 @@ def compare(args: argparse.Namespace) -> dict:
             got[name].append(r)
             print(f"{name} run {i}: {r['rows_per_cpu_s'] / 1e6:.3f}M rows/CPU-s "
                   f"({r['rows']} rows, {r['cpu_s']} CPU-s, epochs "
-                  f"{[round(x / 1e6, 3) for x in r['epoch_rows_per_cpu_s']]}M) "
-                  f"{r['bottleneck']}", file=sys.stderr)  # fmt: skip
+                  f"{[round(x / 1e6, 3) for x in r['epoch_rows_per_cpu_s']]}M, wall "
+                  f"{r['epoch_wall_s']} s) {r['bottleneck']}", file=sys.stderr)  # fmt: skip
     med = {k: statistics.median(r["rows_per_cpu_s"] for r in v) for k, v in got.items()}
     return {"median_rows_per_cpu_s": med, "ratio": med["new"] / med["base"], "runs": got}
 
@@ -196,6 +215,11 @@ def main() -> None:
     p.add_argument("--references", action="store_true", help="run: np.take / index_select too")
     p.add_argument(
         "--stages", action="store_true", help="run: thread CPU seconds per stage (patched timers)"
+    )
+    p.add_argument(
+        "--cold",
+        action="store_true",
+        help="evict the features' pages before each epoch (figure: epoch_wall_s)",
     )
     p.add_argument("--base", help="compare: the other tree")
     p.add_argument("--runs", type=int, default=3)
