@@ -84,7 +84,7 @@ def _iov_runs(fd, iov, starts, counts, offsets, write, got, cached):
     if tried:
         for j in range(starts.shape[0]):
             at = iov.ctypes.data + 16 * starts[j]
-            got[j] = libc.preadv2(fd, at, counts[j], offsets[j], libc.NOWAIT)
+            got[j] = libc.syscall(libc.PREADV2, fd, at, counts[j], offsets[j], 0, libc.NOWAIT)
             if got[j] != cached[j] and cached[j] > 0:  # (length 0 would advise to the end)
                 libc.fadvise(fd, offsets[j], cached[j], libc.WILLNEED)  # (only advice)
     for j in range(starts.shape[0]):

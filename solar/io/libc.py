@@ -9,6 +9,7 @@ Pointers are passed as integers (``array.ctypes.data``).
 from __future__ import annotations
 
 import os
+import platform
 
 from numba import types
 
@@ -21,7 +22,11 @@ def _function(name: str, restype, *argtypes):
 
 preadv = _function("preadv", types.intp, _i32, _ptr, _i32, _i64)
 pwritev = _function("pwritev", types.intp, _i32, _ptr, _i32, _i64)
-preadv2 = _function("preadv2", types.intp, _i32, _ptr, _i32, _i64, _i32)  # glibc >= 2.26
+# ``long syscall(long number, ...)`` with the kernel's six arguments: for calls libc may not
+# wrap (preadv2 needs glibc 2.26; RHEL 7's is 2.17).
+syscall = _function("syscall", _i64, _i64, _i64, _i64, _i64, _i64, _i64, _i64)
+# preadv2(fd, iov, count, offset low, offset high, flags): -1 where not known (never tried).
+PREADV2 = {"x86_64": 327, "aarch64": 286}.get(platform.machine(), -1)
 pread = _function("pread", types.intp, _i32, _ptr, _size, _i64)
 fadvise = _function("posix_fadvise", _i32, _i32, _i64, _i64, _i32)
 open_file = _function("open", _i32, _ptr, _i32)  # no mode: O_CREAT is never passed

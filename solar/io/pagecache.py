@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from solar.io.libc import NOWAIT
+from solar.io.libc import NOWAIT, PREADV2
 
 
 def evict(paths: Sequence[str | os.PathLike] | str | os.PathLike, offset: int = 0,
@@ -47,17 +47,17 @@ def drop(fd: int, offset: int = 0, length: int = 0) -> None:
 
 
 _libc = ctypes.CDLL(None, use_errno=True)
-_libc.preadv2.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_longlong,
-                          ctypes.c_int]  # fmt: skip
-_libc.preadv2.restype = ctypes.c_ssize_t
+_libc.syscall.restype = ctypes.c_long
 
 
 def takes_tries(path: str | os.PathLike) -> bool:
     """Whether reads of ``path``'s file can be tried against the page cache alone
     (``preadv2`` with ``RWF_NOWAIT``: a miss fails at once, its fetch started), by a one-byte
-    try: not where the file system refuses it (tmpfs, some network file systems), nor where
-    the file does not open (its reads name that). Through libc, not ``os.preadv``: a probe,
-    not a read of the data."""
+    try: not where the kernel or file system refuses it (tmpfs, some network file systems),
+    nor where the file does not open (its reads name that). Through libc's ``syscall``, as
+    the reading kernel calls it, not ``os.preadv``: a probe, not a read of the data."""
+    if PREADV2 < 0:
+        return False
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
     except OSError:
@@ -65,7 +65,8 @@ def takes_tries(path: str | os.PathLike) -> bool:
     try:
         byte = ctypes.create_string_buffer(1)
         iov = (ctypes.c_void_p * 2)(ctypes.addressof(byte), 1)
-        got = _libc.preadv2(fd, ctypes.addressof(iov), 1, 0, NOWAIT)  # (libc.py's flag)
+        args = (PREADV2, fd, ctypes.addressof(iov), 1, 0, 0, NOWAIT)
+        got = _libc.syscall(*(ctypes.c_long(a) for a in args))
         return got >= 0 or ctypes.get_errno() == errno.EAGAIN
     finally:
         os.close(fd)
