@@ -722,7 +722,7 @@ def joined(job: Sequence[Task]) -> list[Task]:
     dealt over a task per thread, its jobs are one per core)."""
     tables: dict[tuple[int, int], list[PreadvRuns]] = {}
     for t in job:
-        assert isinstance(t, PreadvRuns)
+        assert isinstance(t, PreadvRuns) and not (t.write or t.drop)  # (reads only: kept as is)
         tables.setdefault((t.file, id(t.iov)), []).append(t)
     out: list[Task] = []
     for ts in tables.values():

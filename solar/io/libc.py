@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import platform
+import struct
 
 from numba import types
 
@@ -25,8 +26,10 @@ pwritev = _function("pwritev", types.intp, _i32, _ptr, _i32, _i64)
 # ``long syscall(long number, ...)`` with the kernel's six arguments: for calls libc may not
 # wrap (preadv2 needs glibc 2.26; RHEL 7's is 2.17).
 syscall = _function("syscall", _i64, _i64, _i64, _i64, _i64, _i64, _i64, _i64)
-# preadv2(fd, iov, count, offset low, offset high, flags): -1 where not known (never tried).
-PREADV2 = {"x86_64": 327, "aarch64": 286}.get(platform.machine(), -1)
+# preadv2(fd, iov, count, offset low, offset high, flags): -1 where not known (never tried;
+# the machine names the kernel's architecture: a 32-bit process numbers calls otherwise).
+PREADV2 = {"x86_64": 327, "aarch64": 286}.get(platform.machine(), -1) \
+    if struct.calcsize("P") == 8 else -1  # fmt: skip
 pread = _function("pread", types.intp, _i32, _ptr, _size, _i64)
 fadvise = _function("posix_fadvise", _i32, _i32, _i64, _i64, _i32)
 open_file = _function("open", _i32, _ptr, _i32)  # no mode: O_CREAT is never passed
