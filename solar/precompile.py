@@ -54,10 +54,13 @@ SIGNATURES = (
     # read-only chunks.
     ("io.aio._read_spans", "int64 int64 uint8[C] int64[C] int64[A] int64[A] int64[C] int64 "
                            "uint64[2C] uint64[C] int64[2C]"),
-    ("io.executor._iov_runs", "int64 uint64[2C] int64[A] int64[C] int64[A] bool int64[C] "
+    ("io.executor._iov_runs", "int64 uint64[2C] int64[C] int64[C] int64[C] bool int64[C] "
                             "int64[C]"),
+    ("io.executor._iov_runs", "int64 uint64[2C] int64[A] int64[C] int64[A] bool int64[C] "
+                            "int64[C]"),  # (a packed file's writes, dealt round-robin)
     ("io.executor._open_read_close", "uint8[C]ro int64[C] int64[C] uint64[2C] int64[C] int64[C] "
                                      "int64 int64[2C]"),
+    ("io.tasks.run_bytes", "uint64[2C] int64[C] int64[C]"),
     ("io.tasks.run_bytes", "uint64[2C] int64[A] int64[C]"),
     ("io.bitshuffle._run", "uint8[C]ro uint8[C] int64 int64 int64"),
     # Planning: a trace's epochs, keys and page mates; a tier's Belady steps; a neighbour

@@ -181,6 +181,20 @@ def test_adjacent_samples_are_one_request_and_threads_share_runs():
     assert len(tasks) == 2 and {t.requests for t in tasks} == {2}
 
 
+def test_buffered_runs_are_cut_into_tasks_each_a_sweep_in_file_order():
+    """Each task's runs are consecutive runs of the step's, in file order (a job reading its
+    tasks reads the file in one sweep, not interleaved ones)."""
+    layouts = [[Layout(0, 1024, 0)]]
+    samples = np.random.default_rng(3).choice(1000, 50, replace=False).astype(np.int64) * 10
+    out = [np.zeros((50, 1024), np.uint8)]
+    tasks = plan_reads(layouts, np.array([0, 10000]), samples, out, np.arange(50),
+                       direct_io=False, groups=4)  # fmt: skip
+    offsets = np.concatenate([t.offsets for t in tasks])
+    assert len(tasks) == 4 and offsets.size == 50  # (rows 10 KiB apart: a run each)
+    np.testing.assert_array_equal(offsets, np.sort(samples) * 1024)
+    assert sorted(t.offsets.size for t in tasks) == [12, 12, 13, 13]
+
+
 def test_samples_within_a_page_of_each_other_are_one_buffered_request():
     """The bytes between them are read into GAP, never into the batch: rows not asked for
     stay as they were."""

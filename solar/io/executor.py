@@ -350,14 +350,13 @@ class Executor:
     def warm_up(self) -> None:
         """Compile (or load from numba's cache) the preadv/pwritev kernel and its runs' byte
         count now, not at the first read that needs them, maybe inside an epoch."""
-        # Runs come as columns of a table (strided: numba's layout 'A'), or contiguous when a
-        # task has one run ('C'): both, each a bad descriptor's failed call (nothing read).
+        # Runs come as slices of a step's (contiguous: numba's layout 'C'), each kernel once,
+        # a bad descriptor's failed call (nothing read).
         iov = np.zeros((2, 2), np.uint64)
         got = np.zeros(2, np.int64)
-        for runs in (np.zeros((2, 3), np.int64).T, np.zeros((3, 2), np.int64)):
-            starts, counts, offsets = runs
-            _iov_runs(-1, iov, starts, counts, offsets, False, got, _NONE)
-            PreadvRuns(-1, iov, starts, counts, offsets).want()
+        starts, counts, offsets = np.zeros((3, 2), np.int64)
+        _iov_runs(-1, iov, starts, counts, offsets, False, got, _NONE)
+        PreadvRuns(-1, iov, starts, counts, offsets).want()
         aio.warm_up()
 
     def close(self) -> None:
