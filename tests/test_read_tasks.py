@@ -178,7 +178,8 @@ def test_adjacent_samples_are_one_request_and_threads_share_runs():
         store.run(t)
     assert sorted(store.requests) == [(0, 0, 4096), (0, 10240, 2048), (0, 20480, 1024),
                                       (0, 30720, 1024)]  # fmt: skip
-    assert len(tasks) == 2 and {t.requests for t in tasks} == {2}
+    # (two tasks of 4 rows each: the first run, then the other three)
+    assert [int(t.counts.sum()) for t in tasks] == [4, 4] and sum(t.requests for t in tasks) == 4
 
 
 def test_buffered_runs_are_cut_into_tasks_each_a_sweep_in_file_order():
@@ -193,6 +194,24 @@ def test_buffered_runs_are_cut_into_tasks_each_a_sweep_in_file_order():
     assert len(tasks) == 4 and offsets.size == 50  # (rows 10 KiB apart: a run each)
     np.testing.assert_array_equal(offsets, np.sort(samples) * 1024)
     assert sorted(t.offsets.size for t in tasks) == [12, 12, 13, 13]
+
+
+def test_tier_runs_are_cut_into_tasks_of_about_equal_rows():
+    """Long runs (adjacent slots) and short ones: no task is empty or more than one run over
+    an equal share of the iovec entries, and every run is read once, in file order."""
+    layout = SlotLayout((100,))
+    slots = np.concatenate([np.arange(1536), 2000 + 3 * np.arange(512)]).astype(np.int64)
+    scratch = np.zeros(layout.stride, np.uint8)
+    dest = [np.zeros((slots.size, 100), np.uint8)]
+    for groups in (1, 4, 7, 5000):
+        tasks = plan_slot_reads(layout, slots, dest, np.arange(slots.size), into_rows=True,
+                                scratch=scratch.ctypes.data, groups=groups)  # fmt: skip
+        entries = [int(t.counts.sum()) for t in tasks]
+        runs = np.concatenate([t.counts for t in tasks])
+        assert 0 < len(tasks) <= groups and min(entries) > 0
+        assert max(entries) <= sum(entries) / min(groups, runs.size) + runs.max()
+        offsets = np.concatenate([t.offsets for t in tasks])
+        assert np.all(np.diff(offsets) > 0)  # every run once, in file order
 
 
 def test_samples_within_a_page_of_each_other_are_one_buffered_request():

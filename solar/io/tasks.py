@@ -578,14 +578,19 @@ def _deal_runs(
     groups: int,
     **kind: bool,
 ) -> list[Task]:
-    """Runs cut into at most ``groups`` tasks of consecutive runs, so that threads share
-    them and each reads its share in file order (the runs are sorted): dealt round-robin,
-    a job of several tasks read the file in interleaved sweeps, and page-cache reads cost
-    ~8 % more CPU a GNN run (bench/cpu_row_bench.py, 3 pairs alternated)."""
+    """Runs cut into at most ``groups`` tasks of consecutive runs, about equal in iovec entries
+    (rows: a tier's adjacent slots make long runs), so that threads share them and each reads
+    its share in file order (the runs are sorted): dealt round-robin, a job of several tasks
+    reads the file in interleaved sweeps, and page-cache reads cost ~8 % more CPU a GNN run
+    (bench/cpu_row_bench.py, 3 pairs alternated)."""
     g = min(groups, starts.size)
-    cuts = ((np.arange(g + 1) * starts.size) // max(g, 1)).tolist()
+    if g <= 0:
+        return []
+    ends = np.cumsum(counts)
+    shares = ends[-1] * np.arange(1, g) / g
+    cuts = np.unique(np.concatenate([[0], np.searchsorted(ends, shares) + 1, [starts.size]]))
     return [PreadvRuns(f, iov, starts[a:b], counts[a:b], offsets[a:b], **kind)
-            for a, b in itertools.pairwise(cuts)]  # fmt: skip
+            for a, b in itertools.pairwise(cuts.tolist()) if a < b]  # fmt: skip
 
 
 def _chunk_tasks(
