@@ -23,22 +23,14 @@ import threading
 import weakref
 
 import numpy as np
-from numba import njit, types
+from numba import njit
+
+from solar.io.libc import CLIB, syscall
 
 # io_setup, io_destroy, io_getevents, io_submit
 _NUMBERS = {"x86_64": (206, 207, 208, 209), "aarch64": (0, 1, 4, 2)}
 _SETUP, _DESTROY, _GETEVENTS, _SUBMIT = _NUMBERS.get(platform.machine(), (-1, -1, -1, -1))
 
-# ``long syscall(long, ...)``: the integer arguments pass in registers as for a fixed
-# signature, so numba calls it with six int64s (the unused ones ignored by the kernel).
-_i64 = types.int64
-
-
-def _external(name: str, sig):  # untyped, as solar/io/libc.py's: numba's types confuse mypy
-    return types.ExternalFunction(name, sig)
-
-
-_syscall = _external("syscall", _i64(_i64, _i64, _i64, _i64, _i64, _i64))
 
 _IOCB = 8  # struct iocb: 64 bytes, as 8 uint64 words
 _EVENT = 4  # struct io_event: 32 bytes (data, obj, res, res2)
@@ -56,13 +48,9 @@ class Context:
         self._finalizer()
 
 
-_libc = ctypes.CDLL(None, use_errno=True)
-_libc.syscall.restype = ctypes.c_long
-
-
 def _destroy(handle: int) -> None:
     # Waits for reads still in flight (none, unless a kernel call failed midway).
-    _libc.syscall(ctypes.c_long(_DESTROY), ctypes.c_ulong(handle))
+    CLIB.syscall(ctypes.c_long(_DESTROY), ctypes.c_ulong(handle))
 
 
 def context(depth: int = MAX_DEPTH) -> Context | None:
@@ -70,7 +58,7 @@ def context(depth: int = MAX_DEPTH) -> Context | None:
     if _SETUP < 0 or os.environ.get("SOLAR_NO_AIO"):
         return None
     handle = ctypes.c_ulong(0)
-    if _libc.syscall(ctypes.c_long(_SETUP), ctypes.c_long(depth), ctypes.byref(handle)) < 0:
+    if CLIB.syscall(ctypes.c_long(_SETUP), ctypes.c_long(depth), ctypes.byref(handle)) < 0:
         return None
     return Context(handle.value)
 
@@ -145,14 +133,14 @@ def _read_spans(ctx, fd, buf, at, lo, size, got, depth, iocbs, ptrs, events):  #
     while done < n:
         want = min(depth - (sent - done), n - sent)
         if want > 0:
-            r = _syscall(_SUBMIT, ctx, want, ptrs.ctypes.data + 8 * sent, 0, 0)
+            r = syscall(_SUBMIT, ctx, want, ptrs.ctypes.data + 8 * sent, 0, 0, 0)
             if r > 0:
                 sent += r
             elif sent == done:  # nothing in flight and the kernel takes nothing
                 return -1
         if sent == done:
             continue
-        r = _syscall(_GETEVENTS, ctx, 1, depth, events.ctypes.data, 0)
+        r = syscall(_GETEVENTS, ctx, 1, depth, events.ctypes.data, 0, 0)
         if r < 0:  # EINTR: once more; anything persistent: give up
             fails += 1
             if fails > 1000:

@@ -8,6 +8,7 @@ Pointers are passed as integers (``array.ctypes.data``).
 
 from __future__ import annotations
 
+import ctypes
 import os
 import platform
 import struct
@@ -23,8 +24,10 @@ def _function(name: str, restype, *argtypes):
 
 preadv = _function("preadv", types.intp, _i32, _ptr, _i32, _i64)
 pwritev = _function("pwritev", types.intp, _i32, _ptr, _i32, _i64)
-# ``long syscall(long number, ...)`` with the kernel's six arguments: for calls libc may not
-# wrap (preadv2 needs glibc 2.26; RHEL 7's is 2.17).
+# ``long syscall(long number, ...)`` with the kernel's six arguments (unused ones ignored):
+# for calls libc may not wrap (native AIO, preadv2 before glibc 2.26). The integer arguments
+# pass in registers as for a fixed signature. (solar/host/barrier.py declares its own: host
+# sits below io.)
 syscall = _function("syscall", _i64, _i64, _i64, _i64, _i64, _i64, _i64, _i64)
 # preadv2(fd, iov, count, offset low, offset high, flags): -1 where not known (never tried;
 # the machine names the kernel's architecture: a 32-bit process numbers calls otherwise).
@@ -44,3 +47,7 @@ WILLNEED = getattr(os, "POSIX_FADV_WILLNEED", 3)
 # started as it fails). A kernel or file system without it fails every such call.
 NOWAIT = getattr(os, "RWF_NOWAIT", 8)
 O_READ = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)  # as os.open: not inherited
+
+# libc for the calls made from Python (ctypes, errno kept): ``syscall`` returns a long.
+CLIB = ctypes.CDLL(None, use_errno=True)
+CLIB.syscall.restype = ctypes.c_long

@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from solar.io.libc import NOWAIT, PREADV2
+from solar.io.libc import CLIB, NOWAIT, PREADV2
 
 
 def evict(paths: Sequence[str | os.PathLike] | str | os.PathLike, offset: int = 0,
@@ -46,10 +46,6 @@ def drop(fd: int, offset: int = 0, length: int = 0) -> None:
     os.posix_fadvise(fd, offset, length, os.POSIX_FADV_DONTNEED)
 
 
-_libc = ctypes.CDLL(None, use_errno=True)
-_libc.syscall.restype = ctypes.c_long
-
-
 def takes_tries(path: str | os.PathLike) -> bool:
     """Whether reads of ``path``'s file can be tried against the page cache alone
     (``preadv2`` with ``RWF_NOWAIT``: a miss fails at once, its fetch started), by a one-byte
@@ -66,7 +62,7 @@ def takes_tries(path: str | os.PathLike) -> bool:
         byte = ctypes.create_string_buffer(1)
         iov = (ctypes.c_void_p * 2)(ctypes.addressof(byte), 1)
         args = (PREADV2, fd, ctypes.addressof(iov), 1, 0, 0, NOWAIT)
-        got = _libc.syscall(*(ctypes.c_long(a) for a in args))
+        got = CLIB.syscall(*(ctypes.c_long(a) for a in args))
         return got >= 0 or ctypes.get_errno() == errno.EAGAIN
     finally:
         os.close(fd)
