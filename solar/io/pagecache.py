@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from solar.io.libc import CLIB, NOWAIT, PREADV2
+from solar.io.libc import CLIB, NOWAIT, O_READ, PREADV2
 
 
 def evict(paths: Sequence[str | os.PathLike] | str | os.PathLike, offset: int = 0,
@@ -55,7 +55,7 @@ def takes_tries(path: str | os.PathLike) -> bool:
     if PREADV2 < 0:
         return False
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        fd = os.open(path, O_READ)
     except OSError:
         return False
     try:
