@@ -4,6 +4,7 @@ batches byte for byte as the random path's, a tampered layout refused, the disk 
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import tempfile
 import warnings
@@ -23,7 +24,14 @@ from solar.io.executor import Executor, wait_all
 from solar.io.handles import NoDirectIO, TooManyOpen, open_descriptor
 from solar.io.identity import FileChanged
 from solar.options import MemoryConfig, PackingConfig
-from solar.schedule.plans.packing import DeviceRates, RowsAt, plan_windows, scan_bytes, step_pages
+from solar.schedule.plans.packing import (
+    DeviceRates,
+    PackModel,
+    RowsAt,
+    plan_windows,
+    scan_bytes,
+    step_pages,
+)
 
 HDD_LIKE = DeviceRates(random_pages_per_second=75e3, sequential_bytes_per_second=1e9)
 NVME = DeviceRates(random_pages_per_second=1e6, sequential_bytes_per_second=3e9)
@@ -50,6 +58,10 @@ def test_the_model_packs_where_random_pages_are_dear_and_keeps_pages_where_they_
     big = RowsAt(offset=0, row_bytes=4096, rows=n, chunk_rows=4096)
     few = _reads(2, 20_000, n)  # a whole scan for few rows: dearer than their pages
     assert not plan_windows(few, 0, big, HDD_LIKE, **kw)[0].packed
+    # Whether any window can pack (page mates planned only where none can): its largest.
+    model = PackModel(at, HDD_LIKE, window_bytes=2**32, margin=1.25)
+    assert model.packs() and not dataclasses.replace(model, rates=NVME, window_bytes=2**20).packs()
+    assert not dataclasses.replace(model, rates=DeviceRates(4e6, 3e9)).packs()
 
 
 @pytest.mark.parametrize("row_bytes", [96, 1024, 3000, 4096, 20000])
@@ -182,13 +194,13 @@ def graph(tmp_path_factory):
     return path, feats
 
 
-def _loader(path, disk, directory, **pack) -> Loader:
+def _loader(path, disk, directory, page_mates=True, **pack) -> Loader:
     sampler = NeighborSampler(path, (4, 2), batch_size=23)  # 601 seeds: a short last step
-    config = PackingConfig(disk=disk, directory=directory, random_pages_per_second=100.0,
-                           sequential_bytes_per_second=1e9, chunk_bytes=2**16,
-                           **pack)  # fmt: skip
+    pack = {"random_pages_per_second": 100.0, **pack}  # random pages made dear: windows pack
+    config = PackingConfig(disk=disk, directory=directory, sequential_bytes_per_second=1e9,
+                           chunk_bytes=2**16, **pack)  # fmt: skip
     return Loader(path, ["features"], sampler=sampler, epochs=3, buffer=150,
-                  memory=MemoryConfig(pack=config))  # fmt: skip
+                  memory=MemoryConfig(pack=config, page_mates=page_mates))  # fmt: skip
 
 
 def test_packed_windows_serve_the_random_paths_batches_byte_for_byte(graph, tmp_path):
@@ -198,7 +210,8 @@ def test_packed_windows_serve_the_random_paths_batches_byte_for_byte(graph, tmp_
     obeys them: no miss of a packed step is read from the source (the recording reader sees
     only the passes' whole chunks)."""
     path, feats = graph
-    with _loader(path, 0, tmp_path) as plain:
+    # The same plan read at random: rows alone, as a packing loader plans where it packs.
+    with _loader(path, 0, tmp_path, page_mates=False) as plain:
         assert plain.stats.packing is None
         want = every_batch(plain, range(3))
         hits = plain.stats.totals().hits
@@ -234,6 +247,34 @@ def test_packed_windows_serve_the_random_paths_batches_byte_for_byte(graph, tmp_
     ]
     assert len(scans) >= len(packed)
     assert len(seen) - len(scans) <= sum(w.end - w.first for w in ws if not w.packed) + 1
+
+
+def test_the_plan_reads_rows_alone_where_a_window_can_pack_and_keeps_page_mates_where_none_can(
+    graph, tmp_path
+):
+    """Where random pages are dear (100/s) windows pack and the plan has no page mates: no
+    side row is read, the hits are those of the plan without them. Where they are as cheap
+    as sequential bytes (10^9 pages/s), no window packs and the plan keeps its page mates,
+    its hits and side reads those of the loader without packing; the batches are the same
+    bytes every way."""
+    path, feats = graph
+    runs = {}
+    for name, mates, disk, rate in (("rows", False, 0, 100.0), ("pages", True, 0, 100.0),
+                                    ("dear", True, "4MiB", 100.0),
+                                    ("cheap", True, "4MiB", 1e9)):  # fmt: skip
+        with _loader(path, disk, tmp_path, page_mates=mates,
+                     random_pages_per_second=rate) as ld:  # fmt: skip
+            got = every_batch(ld, range(3))
+            runs[name] = (ld.stats.totals(), ld.stats.packing, got, ld.spec.pages)
+    rows, pages, dear, cheap = (runs[k] for k in ("rows", "pages", "dear", "cheap"))
+    assert pages[0].side_reads > 0 and pages[3] is not None  # this graph's rows share pages
+    assert dear[3] is None and dear[0].side_reads == 0 and dear[0].hits == rows[0].hits
+    assert any(w.packed for w in dear[1].windows)
+    assert cheap[3] is not None and not any(w.packed for w in cheap[1].windows)
+    assert (cheap[0].hits, cheap[0].side_reads) == (pages[0].hits, pages[0].side_reads)
+    for name in ("rows", "pages", "dear", "cheap"):
+        for batch in runs[name][2]:
+            assert batch["x"].numpy().tobytes() == feats[batch["n_id"].numpy()].tobytes()
 
 
 def test_the_planning_thread_decides_the_windows_and_the_runtime_obeys_them(
@@ -335,7 +376,7 @@ def test_a_packed_file_that_cannot_be_made_mid_run_turns_its_window_random(
     import solar.runtime.packing as runtime_packing
 
     path, feats = graph
-    with _loader(path, 0, tmp_path) as plain:
+    with _loader(path, 0, tmp_path, page_mates=False) as plain:
         want = every_batch(plain, range(3))
     made = runtime_packing.PackedFile
     calls: list[int] = []

@@ -27,7 +27,7 @@ from solar.cache.batches import torch_dtype
 from solar.cache.slots import check_budget
 from solar.cache.tier import check_directory, in_memory, remove_stale, sanitise
 from solar.config import BufferConfig, ReaderConfig, RunConfig, parse_size
-from solar.dist import agree
+from solar.dist import MAX, agree, allreduce
 from solar.errors import SolarError, first_error
 from solar.host import Place, host_comm, place
 from solar.host.exchange import threads_unsupported
@@ -129,8 +129,12 @@ def configure(args: LoaderConfig) -> Setup:
         planning.window if chose is None else chose.window,
     )  # fmt: skip
     source = f"plan {plan}" if isinstance(plan, (str, os.PathLike)) else "plan"
-    spec, given = agree_on_plan(spec, made, source, page_layout(info), memory.page_mates, holds,
-                                comm)  # fmt: skip
+    pack = _packing(memory, info, r, holds, local)
+    # Page mates are free only within random page reads: none where a window can be packed
+    # (PackModel.packs), on any rank (their rates are probed apart; the plan is one).
+    packs = allreduce(comm, int(pack is not None and pack.model.packs()), MAX) > 0
+    spec, given = agree_on_plan(spec, made, source, page_layout(info),
+                                memory.page_mates and not packs, holds, comm)  # fmt: skip
     # The buffer with the batches in flight, counted as the sampler's largest batch.
     check_batch_memory(spec, config, info.sample_bytes, ranks=local)
     # An epoch's draws (ids and their places), which every rank holds: sized by the user.
@@ -165,7 +169,6 @@ def configure(args: LoaderConfig) -> Setup:
     if given is not None and given.hosts is not None and hosts is not None:
         given.check_hosts(hosts)  # the job's grouping is the file's
         given.validate(r, comm)  # then proven safe, as any plan file
-    pack = _packing(memory, info, r, holds, local)
     return Setup(info, r, w, cores, config, run, spec, given, chosen,
                  io, fn, batch_transform, out, held, memory.tier, comm,
                  Hosts.grid(w, 1) if hosts is None else hosts, batch_format=args.batch_format,

@@ -32,16 +32,18 @@ feats = h5py.File(graph)["features"][()]
 E = 3
 
 
-def loader(disk):
+def loader(disk, page_mates=True):
     # Random pages made dear (100/s): the planner packs every window it may.
     pack = PackingConfig(disk=disk, directory=directory, random_pages_per_second=100.0,
                          sequential_bytes_per_second=1e9, chunk_bytes=2**16)  # fmt: skip
     return Loader(graph, ["features"], sampler=NeighborSampler(graph, (4, 2), batch_size=23),
-                  epochs=E, buffer=150, comm=comm, memory=MemoryConfig(share="node", pack=pack),
+                  epochs=E, buffer=150, comm=comm,
+                  memory=MemoryConfig(share="node", pack=pack, page_mates=page_mates),
                   expert=ExpertConfig(warm=False))  # fmt: skip
 
 
-with loader(0) as plain:
+# The same plan read at random: rows alone, as a packing loader plans where it packs.
+with loader(0, page_mates=False) as plain:
     assert plain.share == "node" and plain.stats.packing is None
     want = every_batch(plain, range(E))
     hits = plain.stats.totals().hits

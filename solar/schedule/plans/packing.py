@@ -15,7 +15,9 @@ Costs, in seconds of one device (the packing shares it with the steps it overlap
 A row a window misses at two steps is packed twice, once in each step's region: the planner
 chose to read it twice (keeping it would have evicted rows needed sooner), and packing
 follows the plan rather than second-guessing it; a copy costs a row of sequential bytes,
-not a random page, and keeps every step's misses one contiguous region.
+not a random page, and keeps every step's misses one contiguous region. A row that shares a
+page with a miss (a page mate) is not planned where windows can be packed
+(:meth:`PackModel.packs`): it is free only as part of a random page.
 """
 
 from __future__ import annotations
@@ -173,6 +175,21 @@ class PackModel:
     rates: DeviceRates
     window_bytes: int
     margin: float
+
+    def packs(self) -> bool:
+        """Whether a window can be packed on this device: its largest (misses filling
+        ``window_bytes``, each on a page of its own, the whole source scanned) would be.
+
+        Where one can, the plan reads rows alone (no page mates, decided once, at
+        construction): a side row is free only inside a random page read; packed, it is a
+        row written and read back like a miss (+75 % packed bytes measured at a 10 % buffer,
+        for a third more hits). Where none can, every window is read as random pages and the
+        plan keeps page mates, as without packing."""
+        at, rates = self.at, self.rates
+        rows = max(1, self.window_bytes // at.row_bytes)
+        random = rows / rates.random_pages_per_second
+        packed = (at.rows + 2 * rows) * at.row_bytes / rates.sequential_bytes_per_second
+        return packed * self.margin < random
 
 
 @dataclass(frozen=True)
