@@ -804,8 +804,9 @@ def gen(out, preset, samples, chunks, compression, nodes, avg_degree, features, 
               help="weighted: every loader draws by --weights (the DataLoader with "
                    "WeightedRandomSampler); neighbor: GNN feature gathering on a graph "
                    "(solar gen --preset graph), loaders mmap, lru, static, solar "
-                   "(and solar-rows: no page mates; solar-random: no packed "
-                   "windows, every miss a random page read).")  # fmt: skip
+                   "(and solar-rows: no page mates, no packing; solar-random: no "
+                   "packed windows, every miss a random page read, with page mates; "
+                   "solar packs where the model finds it faster, rows alone).")  # fmt: skip
 @FANOUTS
 @click.option("--probe-seconds", type=float, default=1.0, show_default=True,
               help="--sampler neighbor: seconds per queue depth of the storage probe reported "

@@ -90,7 +90,8 @@ class MemoryConfig:
     sampler that splits its own batches, the solar policy, a RAM buffer, no deterministic
     transform), also keep the rows that share pages with a step's reads when they are used
     sooner than what the buffer holds (:mod:`solar.schedule.draw.pagemates`); raw batch memory then
-    has room for twice a batch's rows. False plans rows alone. (A plan given decides it:
+    has room for twice a batch's rows. False plans rows alone, and so does packing where it
+    can pay on the device (:class:`PackingConfig`). (A plan given decides it:
     :class:`PlanningConfig`'s ``plan``.)
 
     ``pack``: a :class:`PackingConfig`: where a window of steps reads its misses faster from a
@@ -135,7 +136,9 @@ class PackingConfig:
     ``margin``: a window is packed where its packed cost times this is below its random
     cost. ``chunk_bytes``: the source is scanned in reads of this size (a few in flight).
     The planner decides the windows with the plan; each rank packs the misses it reads: its
-    own buffer's, or (``share="node"``) those its host's plan gives it to read. For now: one
+    own buffer's, or (``share="node"``) those its host's plan gives it to read. Where packing
+    can pay on the device (on any rank), the plan reads rows alone, without page mates; where it
+    cannot, the Loader does not pack (docs/concepts/buffer.md). For now: one
     file, one contiguous key (a GNN's features, a contiguous HDF5 dataset), a buffer without
     a tier or a deterministic transform; else refused in one line.
     """

@@ -228,6 +228,8 @@ def test_packed_windows_serve_the_random_paths_batches_byte_for_byte(graph, tmp_
         got = every_batch(ld, range(3))
         figures = ld.stats.packing
         assert ld.stats.totals().hits == hits
+        # Random pages dear: packing pays, so the plan reads rows alone (no page mates).
+        assert ld.spec.pages is None and ld.stats.totals().side_reads == 0
     assert len(got) == len(want)
     for a, b in zip(got, want, strict=True):
         assert a["x"].numpy().tobytes() == b["x"].numpy().tobytes()
@@ -249,32 +251,24 @@ def test_packed_windows_serve_the_random_paths_batches_byte_for_byte(graph, tmp_
     assert len(seen) - len(scans) <= sum(w.end - w.first for w in ws if not w.packed) + 1
 
 
-def test_the_plan_reads_rows_alone_where_a_window_can_pack_and_keeps_page_mates_where_none_can(
-    graph, tmp_path
-):
-    """Where random pages are dear (100/s) windows pack and the plan has no page mates: no
-    side row is read, the hits are those of the plan without them. Where they are as cheap
-    as sequential bytes (10^9 pages/s), no window packs and the plan keeps its page mates,
-    its hits and side reads those of the loader without packing; the batches are the same
-    bytes every way."""
+def test_where_packing_cannot_pay_the_loader_does_not_pack_and_keeps_page_mates(graph, tmp_path):
+    """Random pages as cheap as sequential bytes (10^9 pages/s): no window could pay, so the
+    Loader does not pack and its plan keeps page mates: its hits and side reads are those of
+    the loader without packing, its batches the same bytes. (Where pages are dear, the plan
+    reads rows alone: test_packed_windows_serve_the_random_paths_batches_byte_for_byte.)"""
     path, feats = graph
-    runs = {}
-    for name, mates, disk, rate in (("rows", False, 0, 100.0), ("pages", True, 0, 100.0),
-                                    ("dear", True, "4MiB", 100.0),
-                                    ("cheap", True, "4MiB", 1e9)):  # fmt: skip
-        with _loader(path, disk, tmp_path, page_mates=mates,
-                     random_pages_per_second=rate) as ld:  # fmt: skip
-            got = every_batch(ld, range(3))
-            runs[name] = (ld.stats.totals(), ld.stats.packing, got, ld.spec.pages)
-    rows, pages, dear, cheap = (runs[k] for k in ("rows", "pages", "dear", "cheap"))
-    assert pages[0].side_reads > 0 and pages[3] is not None  # this graph's rows share pages
-    assert dear[3] is None and dear[0].side_reads == 0 and dear[0].hits == rows[0].hits
-    assert any(w.packed for w in dear[1].windows)
-    assert cheap[3] is not None and not any(w.packed for w in cheap[1].windows)
-    assert (cheap[0].hits, cheap[0].side_reads) == (pages[0].hits, pages[0].side_reads)
-    for name in ("rows", "pages", "dear", "cheap"):
-        for batch in runs[name][2]:
-            assert batch["x"].numpy().tobytes() == feats[batch["n_id"].numpy()].tobytes()
+    runs = []
+    for disk in (0, "4MiB"):
+        with _loader(path, disk, tmp_path, random_pages_per_second=1e9) as ld:
+            batches = every_batch(ld, range(3))
+            runs.append((ld.stats.totals(), ld.stats.packing, batches, ld.spec.pages))
+    (plain, _, want, pages), (cheap, packing, got, kept) = runs
+    assert pages is not None and plain.side_reads > 0  # this graph's rows share pages
+    assert packing is None and kept == pages
+    assert (cheap.hits, cheap.side_reads) == (plain.hits, plain.side_reads)
+    for a, b in zip(got, want, strict=True):
+        assert a["x"].numpy().tobytes() == b["x"].numpy().tobytes()
+        assert a["x"].numpy().tobytes() == feats[a["n_id"].numpy()].tobytes()
 
 
 def test_the_planning_thread_decides_the_windows_and_the_runtime_obeys_them(

@@ -9,15 +9,16 @@ budget (``buffer``: a share of the feature rows over all ranks, or rows or bytes
   limited to the budget, EMULATED (:mod:`solar.graph.mmapbase`: an LRU of 4 KiB pages of the
   budget's bytes, missing pages read with O_DIRECT on the reader's threads);
 * ``lru``, ``static`` (hot nodes by the frequency of a pre-sampled epoch, as DiskGNN and GIDS
-  cache) and ``solar`` (Belady over the sampler's trace, keeping the page mates of its reads:
-  :mod:`solar.schedule.draw.pagemates`): solar's Loader with that policy, the same reader
-  (O_DIRECT page spans of small rows, ``PageGather``); on request ``solar-rows``, solar
-  planning rows alone; ``solar-host`` (with several ranks by default, ``--share auto``; or
-  ``--share node``), solar with one buffer per host shared by its ranks
+  cache) and ``solar`` (Belady over the sampler's trace): solar's Loader with that policy, the
+  same reader (O_DIRECT page spans of small rows, ``PageGather``); on request ``solar-rows``,
+  solar planning rows alone without packing; ``solar-host`` (with several ranks by default,
+  ``--share auto``; or ``--share node``), solar with one buffer per host shared by its ranks
   (``MemoryConfig(share="node")``: Belady over the host's union, a row several local ranks need
-  read once). ``solar`` and ``solar-host`` read misses from windows packed in plan order where
-  the cost model chooses (``--pack-disk``); ``solar-random`` and ``solar-host-random`` are them
-  reading every miss as random pages.
+  read once). ``solar`` and ``solar-host`` read misses from windows packed in plan order where the
+  cost model chooses (``--pack-disk``), their plans rows alone where packing can pay
+  (``PackModel.packs``); ``solar-random`` and ``solar-host-random`` are them without packing:
+  every miss a random page read, their plans keeping page mates
+  (:mod:`solar.schedule.draw.pagemates`), today's path.
 
 As in ``solar bench``: every rank runs each loader's epoch in turn, in an order rotated every
 epoch, behind a barrier; an epoch's time is the slowest rank's. Feature reads bypass the page
@@ -46,7 +47,7 @@ from solar.options import ExpertConfig, MemoryConfig, PackingConfig, PlanningCon
 from solar.schedule.draw.samplers import sampler_run
 
 GRAPH_LOADERS = ("mmap", "lru", "static", "solar")
-# Also on request: ``solar-rows``, solar planning rows alone (no page mates): what they add;
+# Also on request: ``solar-rows``, solar planning rows alone, no packing: what page mates add;
 # ``solar-host``, solar with one buffer per host (--share node; --share auto with -P > 1).
 # ``solar-random``, solar reading every miss as random pages (no packing): today's path;
 # ``solar-host-random``, solar-host so.

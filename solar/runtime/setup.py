@@ -9,6 +9,7 @@ checked, the keys delivered and held. It starts no thread; the pipeline is built
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import socket
 import tempfile
@@ -45,6 +46,8 @@ from solar.schedule.keep.grouping import Hosts, unequal_refusal
 from solar.schedule.plans.packing import DeviceRates, PackModel, RowsAt
 from solar.schedule.spec import equal_by_default
 from solar.transform import Transform, as_transform, first_outputs, output_keys
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -130,11 +133,11 @@ def configure(args: LoaderConfig) -> Setup:
     )  # fmt: skip
     source = f"plan {plan}" if isinstance(plan, (str, os.PathLike)) else "plan"
     pack = _packing(memory, info, r, holds, local)
-    # Page mates are free only within random page reads: none where a window can be packed
-    # (PackModel.packs), on any rank (their rates are probed apart; the plan is one).
-    packs = allreduce(comm, int(pack is not None and pack.model.packs()), MAX) > 0
+    rows_alone = _rows_alone(pack, comm)
+    if not rows_alone:
+        pack = None  # packing cannot pay here: every miss a random page, with its mates
     spec, given = agree_on_plan(spec, made, source, page_layout(info),
-                                memory.page_mates and not packs, holds, comm)  # fmt: skip
+                                memory.page_mates and not rows_alone, holds, comm)  # fmt: skip
     # The buffer with the batches in flight, counted as the sampler's largest batch.
     check_batch_memory(spec, config, info.sample_bytes, ranks=local)
     # An epoch's draws (ids and their places), which every rank holds: sized by the user.
@@ -210,6 +213,23 @@ def _packing(memory: MemoryConfig, info: DatasetInfo, rank: int, holds: bool,
     at = RowsAt(offset, row_bytes, info.num_samples, chunk_rows)
     model = PackModel(at, rates, disk // 2, pc.margin)  # two windows live: one read, one built
     return PackSetup(directory, disk, model, f"r{rank}")
+
+
+def _rows_alone(pack: PackSetup | None, comm: Any) -> bool:
+    """Whether this run packs and its plan reads rows alone (no page mates): where packing
+    can pay on any rank's device (PackModel.packs; rates are given or probed per rank, the
+    plan is one: every rank reaches this, whatever it was asked). Logged with the rates:
+    probed rates near the line can decide otherwise on a restart (give them to pin it)."""
+    mine = pack is not None and pack.model.packs()
+    agreed = allreduce(comm, int(mine), MAX) > 0
+    if pack is not None:
+        rates = pack.model.rates
+        log.info("pack: %s (%.0f random pages/s, %.3g sequential B/s%s)",
+                 "rows alone, windows packed where the model finds it faster" if agreed else
+                 "no window can pay: misses read as random pages, page mates kept",
+                 rates.random_pages_per_second, rates.sequential_bytes_per_second,
+                 "" if agreed == mine else "; another rank's device packs")  # fmt: skip
+    return agreed
 
 
 def _pack_directory(given: str | os.PathLike | None, disk: int, local: int = 1) -> Path:

@@ -15,9 +15,8 @@ Costs, in seconds of one device (the packing shares it with the steps it overlap
 A row a window misses at two steps is packed twice, once in each step's region: the planner
 chose to read it twice (keeping it would have evicted rows needed sooner), and packing
 follows the plan rather than second-guessing it; a copy costs a row of sequential bytes,
-not a random page, and keeps every step's misses one contiguous region. A row that shares a
-page with a miss (a page mate) is not planned where windows can be packed
-(:meth:`PackModel.packs`): it is free only as part of a random page.
+not a random page, and keeps every step's misses one contiguous region. Page mates are not
+planned where packing can pay (:meth:`PackModel.packs`).
 """
 
 from __future__ import annotations
@@ -177,17 +176,22 @@ class PackModel:
     margin: float
 
     def packs(self) -> bool:
-        """Whether a window can be packed on this device: its largest (misses filling
-        ``window_bytes``, each on a page of its own, the whole source scanned) would be.
+        """Whether packing can pay on this device, estimated at its best: the largest window
+        the disk allows (misses filling ``window_bytes``, none sharing a page, each costing
+        the pages a row spans here, the whole source scanned) is packed by
+        :func:`plan_windows`' rule.
 
-        Where one can, the plan reads rows alone (no page mates, decided once, at
-        construction): a side row is free only inside a random page read; packed, it is a
-        row written and read back like a miss (+75 % packed bytes measured at a 10 % buffer,
-        for a third more hits). Where none can, every window is read as random pages and the
-        plan keeps page mates, as without packing."""
+        Where it is, the plan reads rows alone (solar/runtime/setup.py): a page mate is free
+        only inside a random page read; packed, it is a row written and read back like a
+        miss. Where it is not, the Loader does not pack and keeps page mates, as without
+        packing (docs/concepts/buffer.md, figures in docs/performance.md)."""
         at, rates = self.at, self.rates
         rows = max(1, self.window_bytes // at.row_bytes)
-        random = rows / rates.random_pages_per_second
+        # Pages a row spans, on average (rows straddling a page boundary cost two), over rows
+        # spaced so that none shares a page.
+        spaced = np.arange(0, at.rows, -(-PAGE // at.row_bytes) + 1, dtype=np.int64)[:4096]
+        per_row = step_pages(spaced, at) / max(1, spaced.size)
+        random = rows * per_row / rates.random_pages_per_second
         packed = (at.rows + 2 * rows) * at.row_bytes / rates.sequential_bytes_per_second
         return packed * self.margin < random
 
