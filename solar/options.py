@@ -124,7 +124,8 @@ class PackingConfig:
     contiguous region, built ahead by a sequential scan of the source and a sequential write,
     while earlier steps are served) than as random pages, that window is packed
     (solar/schedule/plans/packing.py decides, from the device's rates); else read as today.
-    Batches are the same bytes either way; only where a miss's bytes come from changes.
+    Batches are the same bytes either way; where packing can pay, the plan reads rows alone
+    (no page mates: fewer hits, fewer bytes), and a packed step's misses come from its layout.
 
     ``disk``: the most disk the packed layouts may take at once, per rank, as bytes
     (``"8GiB"``) or rows; 0 (default): no packing. Two windows live at once (one read, the

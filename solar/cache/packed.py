@@ -1,10 +1,11 @@
 """A window's missed rows packed in plan order: one unlinked file on node-local storage.
 
-Region ``j`` of a :class:`PackedFile` holds step ``steps[j]``'s storage reads (its misses and
-side rows), sorted by sample id, back to back: a step reads one contiguous region, and a
-sequential scan of the source writes, for each source chunk, one page-aligned piece of every
-step's region (:meth:`PackedFile.chunk_write`). Which window is packed is the planner's decision
-(schedule/plans/packing.py); building and reading it, the runtime's (solar/runtime/packing.py).
+Region ``j`` of a :class:`PackedFile` holds step ``steps[j]``'s storage reads (its misses, and side
+rows where a given plan keeps page mates), sorted by sample id, back to back: a step reads one
+contiguous region, and a sequential scan of the source writes, for each source chunk, one
+page-aligned piece of every step's region (:meth:`PackedFile.chunk_write`). Which window is packed
+is the planner's decision (schedule/plans/packing.py); building and reading it, the runtime's
+(solar/runtime/packing.py).
 Its writes are :class:`~solar.io.tasks.PreadvRuns` and its reads
 :class:`~solar.io.tasks.PageGather` on this byte source, run by the rank's one executor as
 the tier's records and the source's rows are: rows at known offsets of a local file are the

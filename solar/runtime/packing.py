@@ -13,7 +13,8 @@ never exceeds ``disk_bytes``: a window is built once the windows before it that 
 have freed theirs.
 
 Which to build is decided once, at construction (``setup.configure``): a Loader without a
-disk budget for packing has a :class:`RandomMisses`, and nothing here runs.
+disk budget for packing, or where packing can pay on no rank's device, has a
+:class:`RandomMisses`, and nothing here runs.
 """
 
 from __future__ import annotations

@@ -42,6 +42,7 @@ from solar.runtime.packing import PackSetup
 from solar.schedule import Plan, PlanSpec, load_plan
 from solar.schedule.draw.pagemates import PageLayout
 from solar.schedule.draw.samplers import SHUFFLE, Sampler, extras_of, is_shuffle, sampler_run
+from solar.schedule.draw.traces import step_accesses
 from solar.schedule.keep.grouping import Hosts, unequal_refusal
 from solar.schedule.plans.packing import DeviceRates, PackModel, RowsAt
 from solar.schedule.spec import equal_by_default
@@ -132,12 +133,18 @@ def configure(args: LoaderConfig) -> Setup:
         planning.window if chose is None else chose.window,
     )  # fmt: skip
     source = f"plan {plan}" if isinstance(plan, (str, os.PathLike)) else "plan"
-    pack = _packing(memory, info, r, holds, local)
-    rows_alone = _rows_alone(pack, comm)
-    if not rows_alone:
-        pack = None  # packing cannot pay here: every miss a random page, with its mates
+    _check_batch_format(args.batch_format)  # (cheap refusals before packing's probe)
+    batch_transform = args.batch_transform
+    if batch_transform is not None and not callable(batch_transform):
+        raise SolarError(f"batch_transform must be callable, got {batch_transform!r}")
+    pack = _packing_agreed(memory, info, r, holds, local, comm)
+    # A window is at most an epoch of one rank's reads: about its accesses, hits and all.
+    epoch_rows = run.steps_per_epoch * -(-step_accesses(run, chosen) // run.world_size)
+    pays = _packing_pays(pack, epoch_rows, comm)
+    if not pays:
+        pack = None  # no window can pay on any rank: misses read as pages, as unpacked
     spec, given = agree_on_plan(spec, made, source, page_layout(info),
-                                memory.page_mates and not rows_alone, holds, comm)  # fmt: skip
+                                memory.page_mates and not pays, holds, comm)  # fmt: skip
     # The buffer with the batches in flight, counted as the sampler's largest batch.
     check_batch_memory(spec, config, info.sample_bytes, ranks=local)
     # An epoch's draws (ids and their places), which every rank holds: sized by the user.
@@ -151,10 +158,6 @@ def configure(args: LoaderConfig) -> Setup:
     if config.direct_io is None:
         chosen_io = dataclasses.replace(config, direct_io=_direct_by_default(info, args.sampler))
     io = Reader(info, chosen_io, args.expert.throttle)
-    _check_batch_format(args.batch_format)
-    batch_transform = args.batch_transform
-    if batch_transform is not None and not callable(batch_transform):
-        raise SolarError(f"batch_transform must be callable, got {batch_transform!r}")
     if fn is not None and fn.processes and config.pin_memory:
         raise SolarError("transform processes write batches in shared memory, not "
                          "pinned: pass pin_memory=False or use thread workers")  # fmt: skip
@@ -215,21 +218,35 @@ def _packing(memory: MemoryConfig, info: DatasetInfo, rank: int, holds: bool,
     return PackSetup(directory, disk, model, f"r{rank}")
 
 
-def _rows_alone(pack: PackSetup | None, comm: Any) -> bool:
-    """Whether this run packs and its plan reads rows alone (no page mates): where packing
-    can pay on any rank's device (PackModel.packs; rates are given or probed per rank, the
-    plan is one: every rank reaches this, whatever it was asked). Logged with the rates:
-    probed rates near the line can decide otherwise on a restart (give them to pin it)."""
-    mine = pack is not None and pack.model.packs()
-    agreed = allreduce(comm, int(mine), MAX) > 0
+def _packing_agreed(memory: MemoryConfig, info: DatasetInfo, rank: int, holds: bool,
+                    local: int, comm: Any) -> PackSetup | None:  # fmt: skip
+    """:func:`_packing`, refused alike on every rank if on any (a rank's own directory or
+    disk may refuse: none is left waiting in the collectives after)."""
+    try:
+        pack, why = _packing(memory, info, rank, holds, local), ""
+    except SolarError as exc:
+        pack, why = None, str(exc)
+    why = first_error(comm, why)
+    if why:
+        raise SolarError(why)
+    return pack
+
+
+def _packing_pays(pack: PackSetup | None, epoch_rows: int, comm: Any) -> bool:
+    """Whether packing can pay on any rank's device (PackModel.packs, windows of at most
+    ``epoch_rows`` misses): then the plan reads rows alone (docs/concepts/buffer.md). Rates
+    are given or probed per rank and the plan is one: every rank calls this collective.
+    Logged with the rates: probed rates near the line may decide otherwise on a restart."""
+    mine = pack is not None and pack.model.packs(epoch_rows)
+    pays = allreduce(comm, int(mine), MAX) > 0
     if pack is not None:
         rates = pack.model.rates
         log.info("pack: %s (%.0f random pages/s, %.3g sequential B/s%s)",
-                 "rows alone, windows packed where the model finds it faster" if agreed else
-                 "no window can pay: misses read as random pages, page mates kept",
+                 "rows alone, windows packed where the model finds it faster" if pays else
+                 "no window can pay: misses read as random pages, as without packing",
                  rates.random_pages_per_second, rates.sequential_bytes_per_second,
-                 "" if agreed == mine else "; another rank's device packs")  # fmt: skip
-    return agreed
+                 "" if pays == mine else "; another rank's device packs")  # fmt: skip
+    return pays
 
 
 def _pack_directory(given: str | os.PathLike | None, disk: int, local: int = 1) -> Path:

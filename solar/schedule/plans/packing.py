@@ -57,7 +57,7 @@ class Window:
     first: int
     end: int
     packed: bool
-    rows: int  # missed rows (each step's reads, side rows included)
+    rows: int  # missed rows (each step's reads; side rows where a given plan keeps them)
     nbytes: int  # disk its packed layout takes: the rows, each step's pieces padded to pages
     pages: int  # distinct pages those rows lie in, step by step (the random path's reads)
     scan_bytes: int  # source chunks a packing pass reads
@@ -114,10 +114,20 @@ def costs(
     rows = sum(int(r.size) for r in reads)
     pages = sum(step_pages(r, at) for r in reads)
     scan = scan_bytes(reads, at)
-    nbytes = rows * at.row_bytes
-    random = pages / rates.random_pages_per_second
-    packed = (scan + 2 * nbytes) / rates.sequential_bytes_per_second
+    random, packed = _seconds(pages, scan, rows * at.row_bytes, rates)
     return rows, pages, scan, random, packed
+
+
+def _seconds(pages: float, scan: int, nbytes: int, rates: DeviceRates) -> tuple[float, float]:
+    """(random, packed) seconds: ``pages`` random page reads, against a scan of ``scan``
+    bytes, a write of ``nbytes`` and their read back, sequential."""
+    return (pages / rates.random_pages_per_second,
+            (scan + 2 * nbytes) / rates.sequential_bytes_per_second)  # fmt: skip
+
+
+def _pays(random: float, packed: float, margin: float) -> bool:
+    """Packing chosen: its cost times ``margin`` below the random pages'."""
+    return packed * margin < random
 
 
 def plan_windows(reads: Sequence[np.ndarray], first: int, at: RowsAt, rates: DeviceRates, *,
@@ -143,7 +153,7 @@ def plan_windows(reads: Sequence[np.ndarray], first: int, at: RowsAt, rates: Dev
             b += 1
         rows, pages, scan, random, packed = costs(reads[a:b], at, rates)
         fits = nbytes <= window_bytes
-        choose = fits and rows > 0 and packed * margin < random and (lead or bool(windows))
+        choose = fits and rows > 0 and _pays(random, packed, margin) and (lead or bool(windows))
         windows.append(Window(first + a, first + b, choose, rows, nbytes, pages, scan, random,
                               packed))  # fmt: skip
         a = b
@@ -175,25 +185,22 @@ class PackModel:
     window_bytes: int
     margin: float
 
-    def packs(self) -> bool:
-        """Whether packing can pay on this device, estimated at its best: the largest window
-        the disk allows (misses filling ``window_bytes``, none sharing a page, each costing
-        the pages a row spans here, the whole source scanned) is packed by
-        :func:`plan_windows`' rule.
+    def packs(self, most_rows: int) -> bool:
+        """Whether packing can pay on this device, an upper estimate: the largest window there
+        can be (its misses filling ``window_bytes``, at most ``most_rows``: an epoch's reads of
+        a rank, hits and all), its misses on pages of their own, each costing the pages a row
+        spans here, the whole source scanned, is packed by :func:`plan_windows`' rule.
 
-        Where it is, the plan reads rows alone (solar/runtime/setup.py): a page mate is free
-        only inside a random page read; packed, it is a row written and read back like a
-        miss. Where it is not, the Loader does not pack and keeps page mates, as without
-        packing (docs/concepts/buffer.md, figures in docs/performance.md)."""
-        at, rates = self.at, self.rates
-        rows = max(1, self.window_bytes // at.row_bytes)
-        # Pages a row spans, on average (rows straddling a page boundary cost two), over rows
-        # spaced so that none shares a page.
+        Where it is, the plan reads rows alone (solar/runtime/setup.py; why:
+        docs/concepts/buffer.md); where not, nothing is packed."""
+        at = self.at
+        rows = max(1, min(self.window_bytes // at.row_bytes, most_rows))
+        # Pages a row spans, on average (one straddling a page boundary costs two), over up to
+        # 4096 rows spaced so that none shares a page: a sample, O(1) at any N.
         spaced = np.arange(0, at.rows, -(-PAGE // at.row_bytes) + 1, dtype=np.int64)[:4096]
-        per_row = step_pages(spaced, at) / max(1, spaced.size)
-        random = rows * per_row / rates.random_pages_per_second
-        packed = (at.rows + 2 * rows) * at.row_bytes / rates.sequential_bytes_per_second
-        return packed * self.margin < random
+        pages = rows * step_pages(spaced, at) / max(1, spaced.size)
+        random, packed = _seconds(pages, at.rows * at.row_bytes, rows * at.row_bytes, self.rates)
+        return _pays(random, packed, self.margin)
 
 
 @dataclass(frozen=True)
