@@ -137,12 +137,7 @@ def configure(args: LoaderConfig) -> Setup:
     batch_transform = args.batch_transform
     if batch_transform is not None and not callable(batch_transform):
         raise SolarError(f"batch_transform must be callable, got {batch_transform!r}")
-    pack = _packing_agreed(memory, info, r, holds, local, comm)
-    # A window is at most an epoch of one rank's reads: about its accesses, hits and all.
-    epoch_rows = run.steps_per_epoch * -(-step_accesses(run, chosen) // run.world_size)
-    pays = _packing_pays(pack, epoch_rows, comm)
-    if not pays:
-        pack = None  # no window can pay on any rank: misses read as pages, as unpacked
+    pack, pays = _packing_pays(memory, info, r, holds, local, run, chosen, comm)
     spec, given = agree_on_plan(spec, made, source, page_layout(info),
                                 memory.page_mates and not pays, holds, comm)  # fmt: skip
     # The buffer with the batches in flight, counted as the sampler's largest batch.
@@ -218,27 +213,30 @@ def _packing(memory: MemoryConfig, info: DatasetInfo, rank: int, holds: bool,
     return PackSetup(directory, disk, model, f"r{rank}")
 
 
-def _packing_agreed(memory: MemoryConfig, info: DatasetInfo, rank: int, holds: bool,
-                    local: int, comm: Any) -> PackSetup | None:  # fmt: skip
-    """:func:`_packing`, refused alike on every rank if on any (a rank's own directory or
-    disk may refuse: none is left waiting in the collectives after)."""
+def _packing_pays(
+    memory: MemoryConfig, info: DatasetInfo, rank: int, holds: bool, local: int, run: RunConfig,
+    sampler: Sampler, comm: Any,
+) -> tuple[PackSetup | None, bool]:  # fmt: skip
+    """Packing (:func:`_packing`) and whether it can pay on any rank's device
+    (PackModel.packs): then the plan reads rows alone (docs/concepts/buffer.md); else nothing
+    is packed (None). One collective that every rank calls, whatever it was asked: the plan
+    is one while rates are given or probed per rank, and a rank's own refusal (its directory,
+    its disk) is every rank's. Logged with the rates: probed rates near the line may decide
+    otherwise on a restart."""
     try:
         pack, why = _packing(memory, info, rank, holds, local), ""
     except SolarError as exc:
         pack, why = None, str(exc)
-    why = first_error(comm, why)
-    if why:
-        raise SolarError(why)
-    return pack
-
-
-def _packing_pays(pack: PackSetup | None, epoch_rows: int, comm: Any) -> bool:
-    """Whether packing can pay on any rank's device (PackModel.packs, windows of at most
-    ``epoch_rows`` misses): then the plan reads rows alone (docs/concepts/buffer.md). Rates
-    are given or probed per rank and the plan is one: every rank calls this collective.
-    Logged with the rates: probed rates near the line may decide otherwise on a restart."""
-    mine = pack is not None and pack.model.packs(epoch_rows)
-    pays = allreduce(comm, int(mine), MAX) > 0
+    mine = False
+    if pack is not None:
+        # A window holds at most an epoch of the rank's reads: at most its accesses (their
+        # bound, no subgraph drawn: a run samples each batch once).
+        step = -(-step_accesses(run, sampler, typical=False) // run.world_size)
+        mine = pack.model.packs(run.steps_per_epoch * step)
+    agreed = allreduce(comm, 2 if why else int(mine), MAX)
+    if agreed == 2:
+        raise SolarError(why or "pack: refused on another rank (its error names why)")
+    pays = agreed == 1
     if pack is not None:
         rates = pack.model.rates
         log.info("pack: %s (%.0f random pages/s, %.3g sequential B/s%s)",
@@ -246,7 +244,7 @@ def _packing_pays(pack: PackSetup | None, epoch_rows: int, comm: Any) -> bool:
                  "no window can pay: misses read as random pages, as without packing",
                  rates.random_pages_per_second, rates.sequential_bytes_per_second,
                  "" if pays == mine else "; another rank's device packs")  # fmt: skip
-    return pays
+    return (pack if pays else None), pays
 
 
 def _pack_directory(given: str | os.PathLike | None, disk: int, local: int = 1) -> Path:
