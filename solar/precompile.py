@@ -56,12 +56,9 @@ SIGNATURES = (
                            "uint64[2C] uint64[C] int64[2C]"),
     ("io.executor._iov_runs", "int64 uint64[2C] int64[C] int64[C] int64[C] bool int64[C] "
                             "int64[C]"),
-    ("io.executor._iov_runs", "int64 uint64[2C] int64[A] int64[C] int64[A] bool int64[C] "
-                            "int64[C]"),  # (a packed file's writes, dealt round-robin)
     ("io.executor._open_read_close", "uint8[C]ro int64[C] int64[C] uint64[2C] int64[C] int64[C] "
                                      "int64 int64[2C]"),
     ("io.tasks.run_bytes", "uint64[2C] int64[C] int64[C]"),
-    ("io.tasks.run_bytes", "uint64[2C] int64[A] int64[C]"),
     ("io.bitshuffle._run", "uint8[C]ro uint8[C] int64 int64 int64"),
     # Planning: a trace's epochs, keys and page mates; a tier's Belady steps; a neighbour
     # sampler's batch rows (its ids read-only where a host's buffer shares them); a plan

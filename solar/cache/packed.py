@@ -38,7 +38,7 @@ from solar.errors import SolarError
 from solar.io.handles import memory_fault
 from solar.io.identity import Identities, changed
 from solar.io.pagecache import drop
-from solar.io.tasks import PreadvRuns, Task, gather_tasks
+from solar.io.tasks import Task, deal_runs, gather_tasks
 
 _INSTANCES = itertools.count()
 
@@ -162,12 +162,12 @@ class PackedFile:
         return gather_tasks(0, src, self.row_bytes, rows[order], dest, groups, 0)
 
     def chunk_write(self, staging: np.ndarray, c: int, out: np.ndarray,
-                    groups: int = 1) -> list[PreadvRuns]:  # fmt: skip
+                    groups: int = 1) -> list[Task]:  # fmt: skip
         """The tasks writing, from ``staging`` (source chunk ``c``'s rows, (rows, row bytes)
         uint8), its piece of every step's region, assembled in ``out`` (page-aligned, at least
-        :meth:`chunk_bytes` of ``c``): one write per piece, dealt over at most ``groups``
-        tasks (synchronous direct writes: one in flight per thread); none if no step reads
-        from chunk ``c``."""
+        :meth:`chunk_bytes` of ``c``): one write per piece, cut into at most ``groups`` tasks
+        of consecutive pieces as any runs are (:func:`~solar.io.tasks.deal_runs`: synchronous
+        direct writes, one in flight per thread); none if no step reads from chunk ``c``."""
         pieces = self._pieces(c)
         if pieces.size == 0:
             return []
@@ -180,10 +180,9 @@ class PackedFile:
         iov = np.empty((pieces.size, 2), np.uint64)
         iov[:, 0] = out.ctypes.data + base[:-1].astype(np.uint64)
         iov[:, 1] = sizes
-        one, at = np.arange(pieces.size, dtype=np.int64), self.piece_at[pieces]
-        g = max(1, min(groups, pieces.size))
-        return [PreadvRuns(0, iov, one[i::g], np.ones(one[i::g].size, np.int64), at[i::g],
-                           write=True) for i in range(g)]  # fmt: skip
+        one = np.arange(pieces.size, dtype=np.int64)  # a piece: one entry of its own
+        return deal_runs(0, iov, one, np.ones_like(one), self.piece_at[pieces], max(1, groups),
+                         write=True)  # fmt: skip
 
     def chunk_bytes(self, c: int) -> int:
         """Bytes of chunk ``c``'s pieces (what :meth:`chunk_write` assembles)."""

@@ -350,9 +350,8 @@ class Executor:
     def warm_up(self) -> None:
         """Compile (or load from numba's cache) the preadv/pwritev kernel and its runs' byte
         count now, not at the first read that needs them, maybe inside an epoch."""
-        # Runs come as contiguous slices of a step's runs (numba's layout 'C'; a packed file's
-        # strided writes are compiled by `solar warm`): each kernel once, a bad descriptor's
-        # failed call (nothing read).
+        # Runs come as contiguous slices (numba's layout 'C', tasks.deal_runs): each kernel
+        # once, a bad descriptor's failed call (nothing read).
         iov = np.zeros((2, 2), np.uint64)
         got = np.zeros(2, np.int64)
         starts, counts, offsets = np.zeros((3, 2), np.int64)

@@ -506,7 +506,7 @@ def _offset_tasks(
             local[order], rows[order], np.uint64(dest.ctypes.data), row_bytes, layout.offset,
             np.uint64(GAP.ctypes.data), JOIN_GAP // max(1, row_bytes), IOV_MAX, RUN_MAX_BYTES,
         )  # fmt: skip
-        return _deal_runs(f, iov, starts, counts, offsets, groups)
+        return deal_runs(f, iov, starts, counts, offsets, groups)
     runs = coalesce_runs(local, min(IOV_MAX, RUN_MAX_BYTES // max(1, row_bytes)))
     srt, rows = local[runs.order], rows[runs.order]
     if row_bytes <= SMALL_ROW:
@@ -569,7 +569,7 @@ def gather_tasks(
     return tasks
 
 
-def _deal_runs(
+def deal_runs(
     f: int,
     iov: np.ndarray,
     starts: np.ndarray,
@@ -707,7 +707,7 @@ def plan_slot_reads(
     # At most ``groups`` tasks, each worth a full run or more: the tier is fast local storage,
     # where a task's handoff costs more than splitting its reads gains.
     groups = max(1, min(groups, -(-slots.size // layout.run_cap)))
-    return _deal_runs(0, iov, runs.starts * per, runs.counts * per, offsets, groups)
+    return deal_runs(0, iov, runs.starts * per, runs.counts * per, offsets, groups)
 
 
 def plan_slot_writes(
