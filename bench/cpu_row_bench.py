@@ -99,15 +99,6 @@ def _account() -> dict[str, float]:
     return spent
 
 
-def _evict(path: str) -> None:
-    """Drop the file's pages: the next reads come from storage."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
-
-
 def _warm(path: str) -> None:
     """Read the file once: every later read is a page-cache hit."""
     with open(path, "rb") as f:
@@ -140,6 +131,7 @@ def run(args: argparse.Namespace) -> dict:
     import numpy as np
 
     from solar import Loader, NeighborSampler, ReaderConfig
+    from solar.io.pagecache import evict
 
     if not args.cold:
         _warm(args.graph)
@@ -153,7 +145,7 @@ def run(args: argparse.Namespace) -> dict:
         built = time.process_time() - c0
         for e in range(args.epochs):
             if args.cold:
-                _evict(args.graph)
+                evict(args.graph)  # the next reads come from storage
             ce, we, re_ = time.process_time(), time.perf_counter(), rows
             ld.set_epoch(e)
             for b in ld:

@@ -197,7 +197,8 @@ class PackModel:
         rows = max(1, min(self.window_bytes // at.row_bytes, most_rows))
         # Pages a row spans, on average (one straddling a page boundary costs two), over up to
         # 4096 rows spaced so that none shares a page: a sample, O(1) at any N.
-        spaced = np.arange(0, at.rows, -(-PAGE // at.row_bytes) + 1, dtype=np.int64)[:4096]
+        step = -(-PAGE // at.row_bytes) + 1
+        spaced = np.arange(0, min(at.rows, 4096 * step), step, dtype=np.int64)
         pages = rows * step_pages(spaced, at) / max(1, spaced.size)
         random, packed = _seconds(pages, at.rows * at.row_bytes, rows * at.row_bytes, self.rates)
         return _pays(random, packed, self.margin)
